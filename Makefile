@@ -1,0 +1,46 @@
+# The two commands: `make run` and `make test`. Both install missing Debian packages
+# (deps/debian-packages.txt), build, and then run the main job or every test.
+JOBS   ?= $(shell nproc)
+BUILD  ?= build
+ASAN   ?= build-asan
+TSAN   ?= build-tsan
+ULA     = $(BUILD)/tools/ula/ula
+
+.PHONY: all deps build run test test-release test-asan test-tsan bench clean
+
+all: build
+
+deps:
+	@./scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+# The main job on the embedded default: one process, CPU backend.
+run: build
+	$(ULA) verify
+
+test: test-release test-asan test-tsan
+	@echo "all test trees passed (release, asan+ubsan, tsan)"
+
+test-release: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+# AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite, in its own tree.
+test-asan: deps
+	@cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DULA_SANITIZE=address,undefined -DULA_BUILD_BENCH=OFF >/dev/null
+	@cmake --build $(ASAN) -j $(JOBS)
+	ctest --test-dir $(ASAN) --output-on-failure -j $(JOBS)
+
+# ThreadSanitizer: the tests of threaded code (labelled `threaded`).
+test-tsan: deps
+	@cmake -S . -B $(TSAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DULA_SANITIZE=thread -DULA_BUILD_BENCH=OFF >/dev/null
+	@cmake --build $(TSAN) -j $(JOBS)
+	ctest --test-dir $(TSAN) --output-on-failure -j $(JOBS) -L threaded
+
+bench: build
+	$(BUILD)/bench/ula_bench
+
+clean:
+	rm -rf $(BUILD) $(ASAN) $(TSAN)

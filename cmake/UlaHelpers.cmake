@@ -1,0 +1,36 @@
+# ula_add_component(NAME DEPS...)
+#   A static library `ula_NAME` built from every *.cc of the calling folder (not its
+#   subfolders), public headers in include/. It joins ULA_COMPONENTS so that `ula::ula`
+#   links it. Adding a source file to a component never edits a CMakeLists.txt.
+function(ula_add_component name)
+  cmake_parse_arguments(ARG "" "" "DEPS" ${ARGN})
+  file(GLOB sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cc)
+  add_library(ula_${name} STATIC ${sources})
+  target_include_directories(ula_${name}
+    PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
+    PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(ula_${name} PUBLIC ${ARG_DEPS})
+  set(ULA_COMPONENTS ${ULA_COMPONENTS} ula_${name} PARENT_SCOPE)
+endfunction()
+
+# ula_add_test(NAME SOURCES... LIBS... [THREADED] [TIMEOUT seconds])
+#   One GoogleTest executable registered with ctest. THREADED tests also run under
+#   ThreadSanitizer; in the TSan tree only THREADED tests are built.
+function(ula_add_test name)
+  cmake_parse_arguments(ARG "THREADED" "TIMEOUT" "SOURCES;LIBS" ${ARGN})
+  if(ULA_SANITIZE MATCHES "thread" AND NOT ARG_THREADED)
+    return()
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main)
+  add_test(NAME ${name} COMMAND ${name})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 600)
+  endif()
+  set(labels unit)
+  if(ARG_THREADED)
+    list(APPEND labels threaded)
+  endif()
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${labels}")
+endfunction()

@@ -1,0 +1,123 @@
+// AddressSpace (DP mode): stable logical addresses over exclusive device/host tiers.
+//
+// Structure. For every rank r and layer group g there is a device SlotPool D[r][g] and a
+// host SlotPool H[r][g] of `entry_bytes` slots, and one LocationTable per group maps a
+// logical address to (tier, rank, slot). A request belongs to one rank (DP: each rank runs
+// the whole model for its own requests); all of its addresses live on that rank. A logical
+// address names one token; it has one entry in every group.
+//
+// Invariants (CheckInvariants):
+//   1. Exclusive residency: a live address has exactly one location per group, on its
+//      request's rank, in a slot that is allocated in that tier's pool; no two live
+//      addresses share a slot; every allocated slot holds exactly one live address.
+//   2. The device owner map is the inverse of the table for device slots; the residency
+//      policy tracks exactly the occupied device slots.
+//   3. Per-request address lists partition the live addresses; free addresses are not live.
+// New entries go to device while it has free slots, otherwise to host.
+//
+// Errors: unknown/duplicate request, unknown or freed address, out-of-range group, wrong
+// byte count, allocation that does not fit, invalid config — each returns an Error and
+// changes nothing.
+//
+// Thread-safety: none; one thread drives an address space (the engine's scheduler). Data
+// copies run on the backend's workers; a location changes only after its copy completed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ula/backend.h"
+#include "ula/error.h"
+#include "ula/ids.h"
+#include "ula/location.h"
+#include "ula/residency_policy.h"
+
+namespace ula {
+
+struct AddressSpaceConfig {
+  std::uint32_t num_ranks = 1;
+  std::uint32_t num_groups = 1;
+  // Bytes of one entry of one group: all layers of the group side by side
+  // (GLM-5: 4 layers x 656 B).
+  std::uint32_t entry_bytes = 656;
+  // KV bytes per rank on each tier, split equally over the groups.
+  std::uint64_t device_bytes_per_rank = 0;
+  std::uint64_t host_bytes_per_rank = 0;
+  PolicyKind policy = DefaultPolicyKind();
+  PolicyOptions policy_options;
+
+  // Names the first bad field.
+  Status Validate() const;
+  std::uint32_t device_slots_per_group() const;
+  std::uint32_t host_slots_per_group() const;
+};
+
+// Bytes of metadata per live entry per group, by part.
+struct MetadataReport {
+  double location_table = 0;   // 8 B per address per group
+  double device_owner = 0;     // reverse map, 4 B per device slot
+  double policy = 0;           // residency policy state
+  double free_bitmaps = 0;     // slot pool free bitmaps
+  double request_lists = 0;    // 4 B per address, shared by all groups
+  double total() const { return location_table + device_owner + policy + free_bitmaps + request_lists; }
+};
+
+class StepPlanner;
+
+class AddressSpace {
+ public:
+  static Result<std::unique_ptr<AddressSpace>> Create(const AddressSpaceConfig& config, Backend& backend);
+  ~AddressSpace();
+  AddressSpace(const AddressSpace&) = delete;
+  AddressSpace& operator=(const AddressSpace&) = delete;
+
+  // Registers a request served by `rank`. kAlreadyExists / kOutOfRange.
+  Status AddRequest(RequestId request, Rank rank);
+  // Appends n_tokens new addresses to the request (prefill or decode) and returns them.
+  // Entries go to device while it has free slots, otherwise to host. kResourceExhausted
+  // if the rank cannot hold them in every group (nothing allocated then).
+  Result<std::vector<LogicalAddr>> Allocate(RequestId request, std::uint32_t n_tokens);
+  // Frees every address of the request and forgets it. kNotFound for an unknown request
+  // (including a second Free).
+  Status Free(RequestId request);
+
+  // Entry bytes by logical address (the engine's KV write; verification reads).
+  // data.size() must equal entry_bytes. kUnsupported on a counting backend.
+  Status Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data);
+  Status Read(LogicalAddr addr, GroupId group, std::span<std::byte> out) const;
+
+  Result<Location> Lookup(LogicalAddr addr, GroupId group) const;
+  Result<std::span<const LogicalAddr>> AddressesOf(RequestId request) const;
+  Result<Rank> RankOf(RequestId request) const;
+  bool IsLive(LogicalAddr addr) const;
+
+  // Ends the current round of every group's residency policy (once per decode step).
+  void AdvanceRound();
+
+  const AddressSpaceConfig& config() const { return config_; }
+  Backend& backend() const { return backend_; }
+  std::uint64_t num_live_addresses() const;
+  std::uint32_t num_requests() const;
+  // Entries of (rank, group) on a tier.
+  std::uint32_t NumUsed(Rank rank, GroupId group, Tier tier) const;
+  std::uint32_t NumFree(Rank rank, GroupId group, Tier tier) const;
+  // Pointer to a device slot's bytes of (rank, group) — what an attention kernel reads
+  // after a step. nullptr on a counting backend.
+  const std::byte* DeviceSlotData(Rank rank, GroupId group, SlotId slot) const;
+  MetadataReport Metadata() const;
+  Status CheckInvariants() const;
+
+ private:
+  friend class StepPlanner;
+  struct State;
+  AddressSpace(const AddressSpaceConfig& config, Backend& backend, std::unique_ptr<State> state);
+
+  AddressSpaceConfig config_;
+  Backend& backend_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace ula

@@ -1,0 +1,109 @@
+// Backend: the narrow platform layer under everything else. Three primitives:
+//   1. create an arena (a byte range) on (tier, rank);
+//   2. submit a batch of equal-size slot copies (or swaps) between two arenas;
+//   3. wait on the fence a submit returned.
+// Everything above src/backend/ talks only to this interface; nothing above it includes
+// MPI or CUDA headers.
+//
+// Implementations:
+//   cpu       real bytes in host memory, copies run on a worker thread (a "copy stream"):
+//             batches complete in submission order; Wait(f) returns once batch f and every
+//             earlier one has completed and its bytes are visible to the caller.
+//   counting  no bytes at all; arenas are sizes, copies only add to the transfer counters.
+//             Lets a full-scale simulation (8 ranks, hundreds of 128K-token requests) fit here.
+//
+// Contract of a batch: every move lies inside its arenas (checked at Submit: an error,
+// nothing submitted); a copy's source and destination ranges never overlap; within one
+// swap batch, no slot appears twice. Counters count a swap as two transfers, one per
+// direction.
+//
+// Thread-safety: Submit, Wait and counters() may be called from any thread; arena creation
+// and destruction must not race with batches that use the arena.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ula/error.h"
+#include "ula/ids.h"
+
+namespace ula {
+
+using ArenaId = StrongId<struct ArenaIdTag, std::uint32_t>;
+using Fence = std::uint64_t;
+
+struct Arena {
+  ArenaId id;
+  Tier tier = Tier::kDevice;
+  Rank rank;
+  std::uint64_t bytes = 0;
+  std::byte* data = nullptr;  // nullptr on the counting backend
+};
+
+struct SlotMove {
+  std::uint64_t src_offset = 0;
+  std::uint64_t dst_offset = 0;
+};
+
+struct CopyBatch {
+  ArenaId src;
+  ArenaId dst;
+  std::uint32_t bytes_per_move = 0;
+  bool swap = false;             // exchange the two ranges instead of copying src -> dst
+  std::vector<SlotMove> moves;
+};
+
+// Bytes and entries moved, by (source tier, destination tier, same rank / other rank).
+struct TransferCounters {
+  // [src tier][dst tier][0 = same rank, 1 = other rank]
+  std::array<std::array<std::array<std::uint64_t, 2>, kNumTiers>, kNumTiers> bytes{};
+  std::array<std::array<std::array<std::uint64_t, 2>, kNumTiers>, kNumTiers> moves{};
+  std::uint64_t batches = 0;
+
+  std::uint64_t Bytes(Tier src, Tier dst, bool cross_rank) const {
+    return bytes[static_cast<int>(src)][static_cast<int>(dst)][cross_rank ? 1 : 0];
+  }
+  std::uint64_t Moves(Tier src, Tier dst, bool cross_rank) const {
+    return moves[static_cast<int>(src)][static_cast<int>(dst)][cross_rank ? 1 : 0];
+  }
+  std::uint64_t TotalBytes() const;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  // A new zero-filled arena (no memory on the counting backend).
+  virtual Result<Arena> CreateArena(Tier tier, Rank rank, std::uint64_t bytes) = 0;
+  virtual Status DestroyArena(ArenaId id) = 0;
+  // The arena's description, or kNotFound.
+  virtual Result<Arena> GetArena(ArenaId id) const = 0;
+  // Whether arenas hold real bytes (false: counting only).
+  virtual bool holds_bytes() const = 0;
+
+  // Validates and enqueues the batch; returns the fence that Wait takes.
+  virtual Result<Fence> Submit(CopyBatch batch) = 0;
+  // Blocks until the batch with this fence and all earlier ones have completed.
+  virtual void Wait(Fence fence) = 0;
+  // Waits for everything submitted so far.
+  virtual void WaitAll() = 0;
+
+  virtual TransferCounters counters() const = 0;
+  virtual void ResetCounters() = 0;
+};
+
+struct CpuBackendOptions {
+  // Worker threads that execute copy batches in order. 0: copies run inside Submit.
+  int copy_threads = 1;
+};
+
+std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options = {});
+std::unique_ptr<Backend> MakeCountingBackend();
+
+}  // namespace ula

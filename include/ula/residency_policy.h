@@ -1,0 +1,80 @@
+// ResidencyPolicy: which entries of one device slot pool stay on device.
+//
+// The policy sees slots only. A slot is *tracked* while it holds an entry and *untracked*
+// while it is free (free slots are the SlotPool's business; the planner uses them before it
+// asks the policy for victims). Time is counted in *rounds*: one round is one scheduling
+// iteration (one decode step of the whole batch), ended by AdvanceRound().
+//
+// Contract shared by every implementation (tests/policy/policy_conformance_test.cc):
+//   - A slot used in the current round (Insert, Touch, or returned by ClaimVictims in this
+//     round) is never returned by ClaimVictims before the next AdvanceRound(): this step's
+//     attention is about to read it (DESIGN.md invariant 3).
+//   - ClaimVictims returns distinct tracked slots, least recently used first by the
+//     policy's own notion of recency, and marks them used in the current round (the caller
+//     fills them with entries this round reads).
+//   - NumEvictable() == tracked slots not used in the current round; ClaimVictims(n)
+//     returns min(n, NumEvictable()) slots.
+//   - Misuse (Insert of a tracked slot, Remove/Touch of an untracked one, a slot past
+//     capacity) is a caller bug: checked with ULA_DCHECK, not an error value. The address
+//     space validates the engine's input before it reaches a policy.
+//
+// Thread-safety: none; one policy per pool, driven by the pool's owner.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "ula/error.h"
+#include "ula/ids.h"
+
+namespace ula {
+
+class ResidencyPolicy {
+ public:
+  virtual ~ResidencyPolicy() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual std::uint32_t capacity() const = 0;
+
+  // A free slot now holds an entry; it counts as used in the current round.
+  virtual void Insert(SlotId slot) = 0;
+  // The slot's entry is gone (freed or moved off the device); the slot is untracked.
+  virtual void Remove(SlotId slot) = 0;
+  // These tracked slots are read in the current round. Duplicates are allowed.
+  virtual void Touch(std::span<const SlotId> slots) = 0;
+  // Picks up to out.size() victims (see contract above). Returns how many were written.
+  virtual std::size_t ClaimVictims(std::span<SlotId> out) = 0;
+  virtual std::uint64_t NumEvictable() const = 0;
+  virtual void AdvanceRound() = 0;
+
+  virtual bool IsTracked(SlotId slot) const = 0;
+  virtual bool UsedInCurrentRound(SlotId slot) const = 0;
+  virtual Status CheckInvariants() const = 0;
+  // Bytes of policy metadata for the whole pool.
+  virtual std::size_t MemoryBytes() const = 0;
+};
+
+enum class PolicyKind : std::uint8_t {
+  kPbLru,         // bucketed approximate LRU over hierarchical bitmaps
+  kExactLruScan,  // a round stamp per slot, scan for the oldest
+  kExactLruList,  // intrusive doubly linked list
+  kClock,         // second-chance clock
+};
+
+struct PolicyOptions {
+  // PB-LRU: number of recent buckets in the ring (R), besides the current and cold ones.
+  std::uint32_t recent_buckets = 8;
+};
+
+std::string_view PolicyKindName(PolicyKind kind);
+// Accepts the names PolicyKindName returns ("pb_lru", "exact_lru_scan", ...).
+Result<PolicyKind> ParsePolicyKind(std::string_view name);
+// The policy the step planner uses unless told otherwise.
+PolicyKind DefaultPolicyKind();
+
+Result<std::unique_ptr<ResidencyPolicy>> MakePolicy(PolicyKind kind, std::uint32_t capacity,
+                                                    const PolicyOptions& options = {});
+
+}  // namespace ula

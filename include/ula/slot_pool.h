@@ -1,0 +1,52 @@
+// SlotPool: `capacity` equal cells of `slot_bytes` over one arena of one (tier, rank).
+// Tracks which cells are free in a HierBitmap (bit set = free), so Allocate and Free are
+// O(levels) and Allocate returns the lowest free slot (dense use, fewer pages touched).
+//
+// Invariants: num_free() == free-bitmap count; slot s lives at arena offset s * slot_bytes.
+// Errors leave the pool unchanged: Allocate on a full pool, Free of an out-of-range or
+// already-free slot.
+// Thread-safety: none; callers serialize.
+#pragma once
+
+#include <cstdint>
+
+#include "ula/backend.h"
+#include "ula/error.h"
+#include "ula/hier_bitmap.h"
+#include "ula/ids.h"
+
+namespace ula {
+
+class SlotPool {
+ public:
+  // The arena must hold at least capacity * slot_bytes bytes.
+  static Result<SlotPool> Create(const Arena& arena, std::uint32_t slot_bytes, std::uint32_t capacity);
+
+  Result<SlotId> Allocate();
+  Status Free(SlotId slot);
+  bool IsAllocated(SlotId slot) const { return slot.value() < capacity_ && !free_.Test(slot.value()); }
+
+  std::uint32_t capacity() const { return capacity_; }
+  std::uint32_t num_free() const { return static_cast<std::uint32_t>(free_.Count()); }
+  std::uint32_t num_used() const { return capacity_ - num_free(); }
+  std::uint32_t slot_bytes() const { return slot_bytes_; }
+  const Arena& arena() const { return arena_; }
+  std::uint64_t offset(SlotId slot) const { return std::uint64_t{slot.value()} * slot_bytes_; }
+  // Pointer to the slot's bytes; nullptr on the counting backend.
+  std::byte* data(SlotId slot) const { return arena_.data ? arena_.data + offset(slot) : nullptr; }
+  const HierBitmap& free_bitmap() const { return free_; }
+
+  Status CheckInvariants() const { return free_.CheckInvariants(); }
+  std::size_t MetadataBytes() const { return free_.MemoryBytes(); }
+
+ private:
+  SlotPool(const Arena& arena, std::uint32_t slot_bytes, std::uint32_t capacity)
+      : arena_(arena), slot_bytes_(slot_bytes), capacity_(capacity), free_(capacity, /*all_set=*/true) {}
+
+  Arena arena_;
+  std::uint32_t slot_bytes_;
+  std::uint32_t capacity_;
+  HierBitmap free_;  // [capacity] bit set = slot free
+};
+
+}  // namespace ula

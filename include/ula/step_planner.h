@@ -1,0 +1,59 @@
+// StepPlanner: one decode step of one layer group on one rank (DP mode), DESIGN.md Part A:
+//
+//   1. validate every selected address (live, on this rank)        -> error, nothing changed
+//   2. dedup the union of all queries' selections
+//   3. look up: device-resident = hit (touch in the current round); host-resident = miss
+//   4. device slots for misses: free slots first, then victims from the residency policy
+//      (never a slot used in this round); a victim swaps places with the missed entry
+//   5. copy (backend batches), wait for the fence, and only then publish the new locations
+//   6. write, for every selection in input order, the device slot attention reads
+//
+// If the step's distinct selections cannot all be on device at once (more than the free
+// plus evictable slots), the step fails with kResourceExhausted before touching anything.
+// Thread-safety: as AddressSpace (one driver thread).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "ula/address_space.h"
+
+namespace ula {
+
+struct StepInput {
+  Rank rank;
+  GroupId group;
+  // The selected addresses of every query of every request of the batch, concatenated in
+  // selection order (e.g. request 0 query 0's top-k, then request 0 query 1's, ...).
+  std::span<const LogicalAddr> selections;
+};
+
+struct StepStats {
+  std::uint64_t selections = 0;
+  std::uint64_t distinct = 0;
+  std::uint64_t hits = 0;          // distinct entries already on device
+  std::uint64_t misses = 0;        // distinct entries fetched from host
+  std::uint64_t into_free = 0;     // misses placed in free device slots
+  std::uint64_t evictions = 0;     // misses that displaced a victim (swaps)
+  std::uint64_t bytes_moved = 0;   // both directions
+  StepStats& operator+=(const StepStats& o);
+};
+
+class StepPlanner {
+ public:
+  explicit StepPlanner(AddressSpace& space);
+
+  // out_slots[i] = device slot holding input.selections[i] after the step.
+  // REQUIRES: out_slots.size() == input.selections.size().
+  Result<StepStats> Step(const StepInput& input, std::span<SlotId> out_slots);
+
+ private:
+  AddressSpace& space_;
+  std::vector<std::uint32_t> seen_epoch_;  // [addresses] dedup stamps
+  std::uint32_t epoch_ = 0;
+  std::vector<LogicalAddr> distinct_, missed_;
+  std::vector<SlotId> hit_slots_, target_slots_;
+};
+
+}  // namespace ula

@@ -1,0 +1,42 @@
+#include "ula/slot_pool.h"
+
+#include <fmt/format.h>
+
+namespace ula {
+
+Result<SlotPool> SlotPool::Create(const Arena& arena, std::uint32_t slot_bytes, std::uint32_t capacity) {
+  if (slot_bytes == 0) return MakeError(ErrorCode::kInvalidArgument, "slot pool: slot_bytes must be > 0");
+  if (capacity == SlotId::kInvalidValue) {
+    return MakeError(ErrorCode::kInvalidArgument, "slot pool: capacity too large");
+  }
+  if (std::uint64_t{slot_bytes} * capacity > arena.bytes) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("slot pool: {} slots of {} B need {} B but the arena holds {} B", capacity,
+                                 slot_bytes, std::uint64_t{slot_bytes} * capacity, arena.bytes));
+  }
+  return SlotPool(arena, slot_bytes, capacity);
+}
+
+Result<SlotId> SlotPool::Allocate() {
+  auto first = free_.FindFirst();
+  if (!first) {
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("slot pool on {} rank {} is full ({} slots)", TierName(arena_.tier),
+                                 arena_.rank.value(), capacity_));
+  }
+  free_.Clear(*first);
+  return SlotId(static_cast<std::uint32_t>(*first));
+}
+
+Status SlotPool::Free(SlotId slot) {
+  if (slot.value() >= capacity_) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("slot {} is out of range (capacity {})", slot.value(), capacity_));
+  }
+  if (free_.Test(slot.value())) {
+    return MakeError(ErrorCode::kFailedPrecondition, fmt::format("slot {} is already free", slot.value()));
+  }
+  free_.Set(slot.value());
+  return Ok();
+}
+
+}  // namespace ula
