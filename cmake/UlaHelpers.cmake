@@ -5,6 +5,10 @@
 function(ula_add_component name)
   cmake_parse_arguments(ARG "" "" "DEPS" ${ARGN})
   file(GLOB sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cc)
+  if(NOT sources)
+    message(STATUS "component ${name}: no sources yet, skipped")
+    return()
+  endif()
   add_library(ula_${name} STATIC ${sources})
   target_include_directories(ula_${name}
     PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
