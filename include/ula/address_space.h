@@ -110,9 +110,10 @@ class AddressSpace {
   MetadataReport Metadata() const;
   Status CheckInvariants() const;
 
+  struct State;  // opaque; defined in src/sparse
+
  private:
   friend class StepPlanner;
-  struct State;
   AddressSpace(const AddressSpaceConfig& config, Backend& backend, std::unique_ptr<State> state);
 
   AddressSpaceConfig config_;

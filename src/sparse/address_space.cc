@@ -1,0 +1,363 @@
+#include "ula/address_space.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <limits>
+
+#include "sparse/address_space_state.h"
+#include "ula/check.h"
+
+namespace ula {
+
+Status AddressSpaceConfig::Validate() const {
+  auto bad = [](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, "AddressSpaceConfig." + msg); };
+  if (num_ranks == 0 || num_ranks > std::numeric_limits<std::uint16_t>::max() - 1) {
+    return bad(fmt::format("num_ranks = {}: must be in [1, 65534]", num_ranks));
+  }
+  if (num_groups == 0 || num_groups > std::numeric_limits<std::uint16_t>::max() - 1) {
+    return bad(fmt::format("num_groups = {}: must be in [1, 65534]", num_groups));
+  }
+  if (entry_bytes == 0) return bad("entry_bytes = 0: must be > 0");
+  const std::uint64_t per_group = std::uint64_t{entry_bytes} * num_groups;
+  const std::uint64_t kMaxSlots = SlotId::kInvalidValue - 1;
+  if (device_bytes_per_rank / per_group == 0) {
+    return bad(fmt::format("device_bytes_per_rank = {}: holds no entry of {} B in each of {} groups",
+                           device_bytes_per_rank, entry_bytes, num_groups));
+  }
+  if (device_bytes_per_rank / per_group > kMaxSlots) {
+    return bad(fmt::format("device_bytes_per_rank = {}: more than 2^32 - 2 slots per group", device_bytes_per_rank));
+  }
+  if (host_bytes_per_rank / per_group > kMaxSlots) {
+    return bad(fmt::format("host_bytes_per_rank = {}: more than 2^32 - 2 slots per group", host_bytes_per_rank));
+  }
+  if (policy_options.recent_buckets == 0) return bad("policy_options.recent_buckets = 0: must be > 0");
+  return Ok();
+}
+
+std::uint32_t AddressSpaceConfig::device_slots_per_group() const {
+  return static_cast<std::uint32_t>(device_bytes_per_rank / (std::uint64_t{entry_bytes} * num_groups));
+}
+std::uint32_t AddressSpaceConfig::host_slots_per_group() const {
+  return static_cast<std::uint32_t>(host_bytes_per_rank / (std::uint64_t{entry_bytes} * num_groups));
+}
+
+AddressSpace::AddressSpace(const AddressSpaceConfig& config, Backend& backend, std::unique_ptr<State> state)
+    : config_(config), backend_(backend), state_(std::move(state)) {}
+
+AddressSpace::~AddressSpace() {
+  backend_.WaitAll();
+  for (ArenaId id : state_->arenas) (void)backend_.DestroyArena(id);
+}
+
+Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceConfig& config, Backend& backend) {
+  ULA_RETURN_IF_ERROR(config.Validate());
+  auto state = std::make_unique<State>();
+  const std::uint32_t dev_slots = config.device_slots_per_group();
+  const std::uint32_t host_slots = config.host_slots_per_group();
+  auto fail = [&](Error e) -> Result<std::unique_ptr<AddressSpace>> {
+    for (ArenaId id : state->arenas) (void)backend.DestroyArena(id);
+    return std::unexpected(std::move(e));
+  };
+  auto make_pool = [&](Tier tier, Rank rank, std::uint32_t slots) -> Result<SlotPool> {
+    auto arena = backend.CreateArena(tier, rank, std::uint64_t{slots} * config.entry_bytes);
+    if (!arena) return std::unexpected(arena.error());
+    state->arenas.push_back(arena->id);
+    return SlotPool::Create(*arena, config.entry_bytes, slots);
+  };
+  state->pools.resize(config.num_ranks);
+  for (std::uint32_t r = 0; r < config.num_ranks; ++r) {
+    for (std::uint32_t g = 0; g < config.num_groups; ++g) {
+      auto device = make_pool(Tier::kDevice, Rank(r), dev_slots);
+      if (!device) return fail(device.error());
+      auto host = make_pool(Tier::kHost, Rank(r), host_slots);
+      if (!host) return fail(host.error());
+      auto policy = MakePolicy(config.policy, dev_slots, config.policy_options);
+      if (!policy) return fail(policy.error());
+      state->pools[r].push_back(GroupPools{std::move(*device), std::move(*host), std::move(*policy),
+                                           std::vector<LogicalAddr>(dev_slots)});
+    }
+  }
+  state->tables.resize(config.num_groups);
+  return std::unique_ptr<AddressSpace>(new AddressSpace(config, backend, std::move(state)));
+}
+
+Status AddressSpace::AddRequest(RequestId request, Rank rank) {
+  if (rank.value() >= config_.num_ranks) {
+    return MakeError(ErrorCode::kOutOfRange,
+                     fmt::format("rank {} is out of range ({} ranks)", rank.value(), config_.num_ranks));
+  }
+  if (state_->requests.contains(request)) {
+    return MakeError(ErrorCode::kAlreadyExists, fmt::format("request {} already exists", request.value()));
+  }
+  state_->requests.emplace(request, RequestState{rank, {}});
+  return Ok();
+}
+
+Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
+  State& st = *state_;
+  auto it = st.requests.find(request);
+  if (it == st.requests.end()) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));
+  }
+  const Rank rank = it->second.rank;
+  for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
+    const GroupPools& gp = st.at(rank, GroupId(g));
+    const std::uint64_t free = std::uint64_t{gp.device.num_free()} + gp.host.num_free();
+    if (n_tokens > free) {
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("request {}: {} new entries do not fit on rank {} group {} ({} free of {})",
+                                   request.value(), n_tokens, rank.value(), g, free,
+                                   std::uint64_t{gp.device.capacity()} + gp.host.capacity()));
+    }
+  }
+  const std::uint64_t addr_room = st.free_addrs.size() + (std::uint64_t{LogicalAddr::kInvalidValue} - st.next_addr);
+  if (n_tokens > addr_room) {
+    return MakeError(ErrorCode::kResourceExhausted, "logical address space exhausted");
+  }
+  std::vector<LogicalAddr> out;
+  out.reserve(n_tokens);
+  for (std::uint32_t i = 0; i < n_tokens; ++i) {
+    LogicalAddr a;
+    if (!st.free_addrs.empty()) {
+      a = st.free_addrs.front();
+      st.free_addrs.pop_front();
+    } else {
+      a = LogicalAddr(st.next_addr++);
+    }
+    out.push_back(a);
+  }
+  for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
+    LocationTable& table = st.tables[g];
+    table.Reserve(st.next_addr);
+    GroupPools& gp = st.at(rank, GroupId(g));
+    for (LogicalAddr a : out) {
+      if (auto dev = gp.device.Allocate()) {
+        table.Set(a, Location::Make(Tier::kDevice, rank, *dev));
+        gp.device_owner[dev->value()] = a;
+        gp.policy->Insert(*dev);
+      } else {
+        auto host = gp.host.Allocate();
+        ULA_CHECK(host.has_value());  // capacity was checked above
+        table.Set(a, Location::Make(Tier::kHost, rank, *host));
+      }
+    }
+  }
+  auto& addrs = it->second.addrs;
+  addrs.insert(addrs.end(), out.begin(), out.end());
+  st.live += n_tokens;
+  ULA_EXPENSIVE_CHECK(*this);
+  return out;
+}
+
+Status AddressSpace::Free(RequestId request) {
+  State& st = *state_;
+  auto it = st.requests.find(request);
+  if (it == st.requests.end()) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown or already freed", request.value()));
+  }
+  const Rank rank = it->second.rank;
+  for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
+    LocationTable& table = st.tables[g];
+    GroupPools& gp = st.at(rank, GroupId(g));
+    for (LogicalAddr a : it->second.addrs) {
+      const Location loc = table.Get(a);
+      if (loc.tier() == Tier::kDevice) {
+        gp.policy->Remove(loc.slot());
+        ULA_CHECK(gp.device.Free(loc.slot()).has_value());
+        gp.device_owner[loc.slot().value()] = LogicalAddr::Invalid();
+      } else {
+        ULA_CHECK(gp.host.Free(loc.slot()).has_value());
+      }
+      table.Erase(a);
+    }
+  }
+  for (LogicalAddr a : it->second.addrs) st.free_addrs.push_back(a);
+  st.live -= it->second.addrs.size();
+  st.requests.erase(it);
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
+
+namespace {
+Result<std::byte*> EntryBytes(const AddressSpace& space, const AddressSpace::State& st, LogicalAddr addr,
+                              GroupId group, std::size_t size) {
+  const auto& cfg = space.config();
+  if (group.value() >= cfg.num_groups) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", group.value(), cfg.num_groups));
+  }
+  if (size != cfg.entry_bytes) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("entry is {} bytes, not {}", cfg.entry_bytes, size));
+  }
+  const Location loc = st.tables[group.value()].Get(addr);
+  if (loc.is_none()) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("logical address {} is not live", addr.value()));
+  }
+  if (!space.backend().holds_bytes()) {
+    return MakeError(ErrorCode::kUnsupported, "the counting backend holds no bytes");
+  }
+  const GroupPools& gp = st.at(loc.rank(), group);
+  const SlotPool& pool = loc.tier() == Tier::kDevice ? gp.device : gp.host;
+  return pool.data(loc.slot());
+}
+}  // namespace
+
+Status AddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data) {
+  auto p = EntryBytes(*this, *state_, addr, group, data.size());
+  if (!p) return std::unexpected(p.error());
+  std::memcpy(*p, data.data(), data.size());
+  return Ok();
+}
+
+Status AddressSpace::Read(LogicalAddr addr, GroupId group, std::span<std::byte> out) const {
+  auto p = EntryBytes(*this, *state_, addr, group, out.size());
+  if (!p) return std::unexpected(p.error());
+  std::memcpy(out.data(), *p, out.size());
+  return Ok();
+}
+
+Result<Location> AddressSpace::Lookup(LogicalAddr addr, GroupId group) const {
+  if (group.value() >= config_.num_groups) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range", group.value()));
+  }
+  const Location loc = state_->tables[group.value()].Get(addr);
+  if (loc.is_none()) return MakeError(ErrorCode::kNotFound, fmt::format("logical address {} is not live", addr.value()));
+  return loc;
+}
+
+Result<std::span<const LogicalAddr>> AddressSpace::AddressesOf(RequestId request) const {
+  auto it = state_->requests.find(request);
+  if (it == state_->requests.end()) return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));
+  return std::span<const LogicalAddr>(it->second.addrs);
+}
+
+Result<Rank> AddressSpace::RankOf(RequestId request) const {
+  auto it = state_->requests.find(request);
+  if (it == state_->requests.end()) return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));
+  return it->second.rank;
+}
+
+bool AddressSpace::IsLive(LogicalAddr addr) const { return !state_->tables[0].Get(addr).is_none(); }
+
+void AddressSpace::AdvanceRound() {
+  for (auto& rank : state_->pools)
+    for (auto& gp : rank) gp.policy->AdvanceRound();
+}
+
+std::uint64_t AddressSpace::num_live_addresses() const { return state_->live; }
+std::uint32_t AddressSpace::num_requests() const { return static_cast<std::uint32_t>(state_->requests.size()); }
+
+std::uint32_t AddressSpace::NumUsed(Rank rank, GroupId group, Tier tier) const {
+  const GroupPools& gp = state_->at(rank, group);
+  return tier == Tier::kDevice ? gp.device.num_used() : gp.host.num_used();
+}
+std::uint32_t AddressSpace::NumFree(Rank rank, GroupId group, Tier tier) const {
+  const GroupPools& gp = state_->at(rank, group);
+  return tier == Tier::kDevice ? gp.device.num_free() : gp.host.num_free();
+}
+
+const std::byte* AddressSpace::DeviceSlotData(Rank rank, GroupId group, SlotId slot) const {
+  return state_->at(rank, group).device.data(slot);
+}
+
+MetadataReport AddressSpace::Metadata() const {
+  // Per entry per group at full occupancy: every byte of metadata divided by the entries
+  // the pools can hold.
+  MetadataReport m;
+  std::uint64_t capacity = 0, owner = 0, policy = 0, bitmaps = 0;
+  for (const auto& rank : state_->pools) {
+    for (const auto& gp : rank) {
+      capacity += std::uint64_t{gp.device.capacity()} + gp.host.capacity();
+      owner += gp.device_owner.size() * sizeof(LogicalAddr);
+      policy += gp.policy->MemoryBytes();
+      bitmaps += gp.device.MetadataBytes() + gp.host.MetadataBytes();
+    }
+  }
+  const double cap = static_cast<double>(std::max<std::uint64_t>(capacity, 1));
+  m.location_table = static_cast<double>(LocationTable::kBytesPerEntry);
+  m.device_owner = owner / cap;
+  m.policy = policy / cap;
+  m.free_bitmaps = bitmaps / cap;
+  m.request_lists = static_cast<double>(sizeof(LogicalAddr)) / config_.num_groups;
+  return m;
+}
+
+Status AddressSpace::CheckInvariants() const {
+  const State& st = *state_;
+  auto fail = [](std::string msg) { return MakeError(ErrorCode::kInternal, "AddressSpace: " + std::move(msg)); };
+  // Owner rank of every address from the request lists (each address in exactly one list).
+  const std::uint32_t n = st.next_addr;
+  std::vector<std::uint16_t> rank_of(n, std::numeric_limits<std::uint16_t>::max());
+  std::uint64_t listed = 0;
+  for (const auto& [id, req] : st.requests) {
+    for (LogicalAddr a : req.addrs) {
+      if (a.value() >= n) return fail(fmt::format("request {} holds address {} never handed out", id.value(), a.value()));
+      if (rank_of[a.value()] != std::numeric_limits<std::uint16_t>::max()) {
+        return fail(fmt::format("address {} is held twice", a.value()));
+      }
+      rank_of[a.value()] = req.rank.value();
+      ++listed;
+    }
+  }
+  if (listed != st.live) return fail(fmt::format("{} listed addresses but live = {}", listed, st.live));
+  if (listed + st.free_addrs.size() != n) {
+    return fail(fmt::format("{} live + {} free addresses != {} handed out", listed, st.free_addrs.size(), n));
+  }
+  for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
+    const LocationTable& table = st.tables[g];
+    std::vector<std::vector<bool>> seen(config_.num_ranks * 2);  // per (rank, tier): slot already located
+    std::vector<std::uint64_t> count(config_.num_ranks * 2, 0);
+    for (std::uint32_t a = 0; a < table.size(); ++a) {
+      const Location loc = table.Get(LogicalAddr(a));
+      const bool live = a < n && rank_of[a] != std::numeric_limits<std::uint16_t>::max();
+      if (loc.is_none()) {
+        if (live) return fail(fmt::format("live address {} has no location in group {}", a, g));
+        continue;
+      }
+      if (!live) return fail(fmt::format("free address {} has a location in group {}", a, g));
+      if (loc.rank().value() != rank_of[a]) {
+        return fail(fmt::format("address {} is on rank {} but its request is on rank {}", a, loc.rank().value(), rank_of[a]));
+      }
+      const GroupPools& gp = st.at(loc.rank(), GroupId(g));
+      const SlotPool& pool = loc.tier() == Tier::kDevice ? gp.device : gp.host;
+      if (!pool.IsAllocated(loc.slot())) {
+        return fail(fmt::format("address {} group {} sits in free {} slot {}", a, g, TierName(loc.tier()), loc.slot().value()));
+      }
+      auto& seen_slots = seen[loc.rank().value() * 2 + static_cast<int>(loc.tier())];
+      if (seen_slots.empty()) seen_slots.resize(pool.capacity());
+      if (seen_slots[loc.slot().value()]) {
+        return fail(fmt::format("{} slot {} of rank {} group {} holds two addresses", TierName(loc.tier()),
+                                loc.slot().value(), loc.rank().value(), g));
+      }
+      seen_slots[loc.slot().value()] = true;
+      if (loc.tier() == Tier::kDevice) {
+        if (gp.device_owner[loc.slot().value()] != LogicalAddr(a)) {
+          return fail(fmt::format("device slot {} owner map disagrees with address {}", loc.slot().value(), a));
+        }
+        if (!gp.policy->IsTracked(loc.slot())) {
+          return fail(fmt::format("device slot {} holds address {} but the policy does not track it", loc.slot().value(), a));
+        }
+      }
+      ++count[loc.rank().value() * 2 + static_cast<int>(loc.tier())];
+    }
+    for (std::uint32_t r = 0; r < config_.num_ranks; ++r) {
+      const GroupPools& gp = st.at(Rank(r), GroupId(g));
+      // Distinct slots: used counts equal located counts, and the owner map has no extras.
+      if (gp.device.num_used() != count[r * 2] || gp.host.num_used() != count[r * 2 + 1]) {
+        return fail(fmt::format("rank {} group {}: pools hold {}/{} entries but the table locates {}/{}", r, g,
+                                gp.device.num_used(), gp.host.num_used(), count[r * 2], count[r * 2 + 1]));
+      }
+      ULA_RETURN_IF_ERROR(gp.device.CheckInvariants());
+      ULA_RETURN_IF_ERROR(gp.host.CheckInvariants());
+      ULA_RETURN_IF_ERROR(gp.policy->CheckInvariants());
+      std::uint64_t tracked = 0;
+      for (std::uint32_t s = 0; s < gp.device.capacity(); ++s) tracked += gp.policy->IsTracked(SlotId(s));
+      if (tracked != gp.device.num_used()) {
+        return fail(fmt::format("rank {} group {}: policy tracks {} slots, {} are occupied", r, g, tracked, gp.device.num_used()));
+      }
+    }
+  }
+  return Ok();
+}
+
+}  // namespace ula

@@ -1,0 +1,41 @@
+// Internal state of AddressSpace, shared with the StepPlanner (same component).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "ula/address_space.h"
+#include "ula/location_table.h"
+#include "ula/slot_pool.h"
+
+namespace ula {
+
+// The pools of one (rank, group).
+struct GroupPools {
+  SlotPool device;
+  SlotPool host;
+  std::unique_ptr<ResidencyPolicy> policy;  // over device slots
+  std::vector<LogicalAddr> device_owner;    // [device capacity] address held by each device slot
+};
+
+struct RequestState {
+  Rank rank;
+  std::vector<LogicalAddr> addrs;  // [tokens] in allocation order
+};
+
+struct AddressSpace::State {
+  std::vector<std::vector<GroupPools>> pools;  // [num_ranks][num_groups]
+  std::vector<LocationTable> tables;           // [num_groups]
+  std::unordered_map<RequestId, RequestState> requests;
+  std::deque<LogicalAddr> free_addrs;  // FIFO: a freed address is reused as late as possible
+  std::uint32_t next_addr = 0;         // addresses [0, next_addr) have been handed out once
+  std::uint64_t live = 0;
+  std::vector<ArenaId> arenas;
+
+  GroupPools& at(Rank r, GroupId g) { return pools[r.value()][g.value()]; }
+  const GroupPools& at(Rank r, GroupId g) const { return pools[r.value()][g.value()]; }
+};
+
+}  // namespace ula

@@ -1,0 +1,140 @@
+#include "ula/step_planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "sparse/address_space_state.h"
+#include "ula/check.h"
+
+namespace ula {
+
+StepStats& StepStats::operator+=(const StepStats& o) {
+  selections += o.selections;
+  distinct += o.distinct;
+  hits += o.hits;
+  misses += o.misses;
+  into_free += o.into_free;
+  evictions += o.evictions;
+  bytes_moved += o.bytes_moved;
+  return *this;
+}
+
+StepPlanner::StepPlanner(AddressSpace& space) : space_(space) {}
+
+Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> out_slots) {
+  AddressSpace::State& st = *space_.state_;
+  const AddressSpaceConfig& cfg = space_.config();
+  if (input.rank.value() >= cfg.num_ranks) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} is out of range ({} ranks)", input.rank.value(), cfg.num_ranks));
+  }
+  if (input.group.value() >= cfg.num_groups) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", input.group.value(), cfg.num_groups));
+  }
+  if (out_slots.size() != input.selections.size()) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("{} output slots for {} selections", out_slots.size(), input.selections.size()));
+  }
+  LocationTable& table = st.tables[input.group.value()];
+  GroupPools& gp = st.at(input.rank, input.group);
+
+  // 1-3. Validate, dedup, classify. Nothing is modified until every check has passed.
+  if (seen_epoch_.size() < table.size()) seen_epoch_.resize(table.size(), 0);
+  if (++epoch_ == 0) {
+    std::fill(seen_epoch_.begin(), seen_epoch_.end(), 0);
+    epoch_ = 1;
+  }
+  distinct_.clear();
+  missed_.clear();
+  hit_slots_.clear();
+  for (std::size_t i = 0; i < input.selections.size(); ++i) {
+    const LogicalAddr a = input.selections[i];
+    const Location loc = table.Get(a);
+    if (loc.is_none()) {
+      return MakeError(ErrorCode::kNotFound,
+                       fmt::format("selection {}: logical address {} is not live", i, a.value()));
+    }
+    if (loc.rank() != input.rank) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("selection {}: address {} lives on rank {}, not rank {}", i, a.value(),
+                                   loc.rank().value(), input.rank.value()));
+    }
+    if (seen_epoch_[a.value()] == epoch_) continue;
+    seen_epoch_[a.value()] = epoch_;
+    distinct_.push_back(a);
+    if (loc.tier() == Tier::kDevice) {
+      hit_slots_.push_back(loc.slot());
+    } else {
+      missed_.push_back(a);
+    }
+  }
+  std::uint64_t newly_used = 0;
+  for (SlotId s : hit_slots_) newly_used += !gp.policy->UsedInCurrentRound(s);
+  const std::uint64_t evictable = gp.policy->NumEvictable() - newly_used;
+  if (missed_.size() > gp.device.num_free() + evictable) {
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("step needs {} distinct entries on device ({} missing) but only {} free and {} "
+                                 "evictable slots remain of {} in rank {} group {}",
+                                 distinct_.size(), missed_.size(), gp.device.num_free(), evictable,
+                                 gp.device.capacity(), input.rank.value(), input.group.value()));
+  }
+
+  // 4. Device slots for the misses: free slots first, then victims.
+  gp.policy->Touch(hit_slots_);
+  const std::size_t n_miss = missed_.size();
+  const std::size_t n_free = std::min<std::size_t>(n_miss, gp.device.num_free());
+  target_slots_.resize(n_miss);
+  for (std::size_t i = 0; i < n_free; ++i) target_slots_[i] = *gp.device.Allocate();
+  const std::size_t claimed = gp.policy->ClaimVictims(std::span(target_slots_).subspan(n_free));
+  ULA_CHECK(claimed == n_miss - n_free);
+
+  // 5. Copy, wait, then publish.
+  StepStats stats;
+  stats.selections = input.selections.size();
+  stats.distinct = distinct_.size();
+  stats.hits = hit_slots_.size();
+  stats.misses = n_miss;
+  stats.into_free = n_free;
+  stats.evictions = n_miss - n_free;
+  if (n_miss > 0) {
+    CopyBatch fetch{gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
+    CopyBatch swap{gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, /*swap=*/true, {}};
+    fetch.moves.reserve(n_free);
+    swap.moves.reserve(n_miss - n_free);
+    for (std::size_t i = 0; i < n_miss; ++i) {
+      const SlotMove move{gp.host.offset(table.Get(missed_[i]).slot()), gp.device.offset(target_slots_[i])};
+      (i < n_free ? fetch : swap).moves.push_back(move);
+    }
+    stats.bytes_moved = (fetch.moves.size() + 2 * swap.moves.size()) * std::uint64_t{cfg.entry_bytes};
+    Fence last = 0;
+    for (CopyBatch* batch : {&fetch, &swap}) {
+      if (batch->moves.empty()) continue;
+      auto fence = space_.backend().Submit(std::move(*batch));
+      ULA_CHECK(fence.has_value());  // offsets come from our own pools
+      last = *fence;
+    }
+    space_.backend().Wait(last);
+    // Bytes have arrived: publish.
+    for (std::size_t i = 0; i < n_miss; ++i) {
+      const LogicalAddr wanted = missed_[i];
+      const SlotId device_slot = target_slots_[i];
+      const SlotId host_slot = table.Get(wanted).slot();
+      if (i < n_free) {
+        ULA_CHECK(gp.host.Free(host_slot).has_value());
+        gp.policy->Insert(device_slot);
+      } else {
+        const LogicalAddr victim = gp.device_owner[device_slot.value()];
+        table.Set(victim, Location::Make(Tier::kHost, input.rank, host_slot));
+      }
+      table.Set(wanted, Location::Make(Tier::kDevice, input.rank, device_slot));
+      gp.device_owner[device_slot.value()] = wanted;
+    }
+  }
+
+  // 6. Physical slots in selection order.
+  for (std::size_t i = 0; i < input.selections.size(); ++i) out_slots[i] = table.Get(input.selections[i]).slot();
+  ULA_EXPENSIVE_CHECK(space_);
+  return stats;
+}
+
+}  // namespace ula

@@ -1,0 +1,352 @@
+#include "ula/consistency_verifier.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <unordered_set>
+
+#include "ula/address_space.h"
+#include "ula/backend.h"
+#include "ula/step_planner.h"
+
+namespace ula {
+
+Status VerifierConfig::Validate() const {
+  auto bad = [](std::string m) { return MakeError(ErrorCode::kInvalidArgument, "VerifierConfig." + m); };
+  if (num_ranks == 0) return bad("num_ranks must be > 0");
+  if (num_groups == 0) return bad("num_groups must be > 0");
+  if (entry_bytes == 0) return bad("entry_bytes must be > 0");
+  if (top_k == 0) return bad("top_k must be > 0");
+  if (max_batch == 0) return bad("max_batch must be > 0");
+  if (queries_per_request == 0) return bad("queries_per_request must be > 0");
+  if (device_slots_per_group < top_k * queries_per_request) {
+    return bad(fmt::format("device_slots_per_group = {}: must hold one request's step (top_k x queries = {})",
+                           device_slots_per_group, top_k * queries_per_request));
+  }
+  if (copy_threads < 0) return bad("copy_threads must be >= 0");
+  return Ok();
+}
+
+namespace {
+
+class Verifier {
+ public:
+  Verifier(const VerifierConfig& cfg, std::unique_ptr<Backend> backend, std::unique_ptr<AddressSpace> space)
+      : cfg_(cfg), rng_(cfg.seed), backend_(std::move(backend)), space_(std::move(space)), planner_(*space_) {
+    report_.seed = cfg.seed;
+  }
+
+  VerifierReport Run() {
+    for (std::uint64_t op = 0; op < cfg_.ops; ++op) {
+      const unsigned roll = rng_() % 100;
+      if (roll < 8 || requests_.empty()) {
+        Arrive();
+      } else if (roll < 30) {
+        Decode();
+      } else if (roll < 36) {
+        Rewrite();
+      } else if (roll < 90) {
+        Step();
+      } else if (roll < 96) {
+        Finish();
+      } else {
+        BadInput();
+      }
+      ++report_.ops;
+    }
+    return report_;
+  }
+
+ private:
+  struct Request {
+    RequestId id;
+    Rank rank;
+    std::vector<LogicalAddr> addrs;
+    std::vector<std::vector<LogicalAddr>> selection;  // [groups * queries] previous step's selection
+  };
+
+  void Fail(std::uint64_t& counter, std::string what) {
+    ++counter;
+    if (report_.first_failures.size() < 10) report_.first_failures.push_back(std::move(what));
+  }
+
+  std::byte* Shadow(LogicalAddr a, std::uint32_t g) {
+    const std::size_t need = (std::size_t{a.value()} + 1) * cfg_.num_groups * cfg_.entry_bytes;
+    if (shadow_.size() < need) shadow_.resize(std::max(need, shadow_.size() * 2));
+    return shadow_.data() + (std::size_t{a.value()} * cfg_.num_groups + g) * cfg_.entry_bytes;
+  }
+
+  void Fill(LogicalAddr a) {
+    for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
+      std::byte* s = Shadow(a, g);
+      for (std::uint32_t i = 0; i < cfg_.entry_bytes; ++i) s[i] = static_cast<std::byte>(rng_());
+      if (auto w = space_->Write(a, GroupId(g), {s, cfg_.entry_bytes}); !w) {
+        Fail(report_.invariant_failures, "write failed: " + w.error().ToString());
+      }
+    }
+  }
+
+  // A fingerprint of the placement: every live entry's location and the pools' occupancy.
+  // Bytes are checked against the shadow instead (AllBytesMatchShadow).
+  std::uint64_t PlacementFingerprint() {
+    std::uint64_t h = 1469598103934665603ull;
+    auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    for (const Request& r : requests_) {
+      for (LogicalAddr a : r.addrs) {
+        for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) mix(space_->Lookup(a, GroupId(g)).value().bits());
+      }
+    }
+    for (std::uint32_t r = 0; r < cfg_.num_ranks; ++r) {
+      for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
+        mix(space_->NumFree(Rank(r), GroupId(g), Tier::kDevice));
+        mix(space_->NumFree(Rank(r), GroupId(g), Tier::kHost));
+      }
+    }
+    mix(space_->num_live_addresses());
+    mix(space_->num_requests());
+    return h;
+  }
+
+  // Every live entry reads back its shadow bytes.
+  bool AllBytesMatchShadow() {
+    std::vector<std::byte> buf(cfg_.entry_bytes);
+    for (const Request& r : requests_) {
+      for (LogicalAddr a : r.addrs) {
+        for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
+          ++report_.entries_checked;
+          if (!space_->Read(a, GroupId(g), buf) || std::memcmp(buf.data(), Shadow(a, g), cfg_.entry_bytes) != 0) {
+            return false;
+          }
+        }
+      }
+    }
+    return true;
+  }
+
+  void CheckInvariants(const char* after) {
+    if (auto s = space_->CheckInvariants(); !s) {
+      Fail(report_.invariant_failures, fmt::format("after {}: {}", after, s.error().message()));
+    }
+  }
+
+  // Runs a call that must be refused with `code` and must change nothing.
+  template <class F>
+  void ExpectRefused(const char* what, ErrorCode code, F&& call) {
+    const std::uint64_t before = PlacementFingerprint();
+    auto result = call();
+    ++report_.bad_input_checks;
+    if (result.has_value()) {
+      Fail(report_.bad_input_failures, fmt::format("{}: accepted", what));
+    } else if (result.error().code() != code) {
+      Fail(report_.bad_input_failures, fmt::format("{}: wrong error {}", what, result.error().ToString()));
+    } else if (PlacementFingerprint() != before || !AllBytesMatchShadow()) {
+      Fail(report_.bad_input_failures, fmt::format("{}: refused but changed state", what));
+    }
+  }
+
+  void Arrive() {
+    if (requests_.size() >= 24) return;
+    const RequestId id(next_request_++);
+    const Rank rank(static_cast<std::uint16_t>(rng_() % cfg_.num_ranks));
+    const std::uint32_t n = cfg_.top_k / 2 + static_cast<std::uint32_t>(rng_() % (6 * cfg_.top_k));
+    if (auto s = space_->AddRequest(id, rank); !s) {
+      Fail(report_.invariant_failures, "AddRequest: " + s.error().ToString());
+      return;
+    }
+    Request req{id, rank, {}, std::vector<std::vector<LogicalAddr>>(cfg_.num_groups * cfg_.queries_per_request)};
+    auto addrs = space_->Allocate(id, n);
+    if (!addrs) {
+      // The rank is full: that is a legitimate refusal; the empty request still counts.
+      if (addrs.error().code() != ErrorCode::kResourceExhausted) {
+        Fail(report_.invariant_failures, "Allocate: " + addrs.error().ToString());
+      }
+    } else {
+      req.addrs = std::move(*addrs);
+      for (LogicalAddr a : req.addrs) Fill(a);
+    }
+    requests_.push_back(std::move(req));
+    CheckInvariants("arrive");
+  }
+
+  void Decode() {
+    Request& r = requests_[rng_() % requests_.size()];
+    auto addrs = space_->Allocate(r.id, 1 + rng_() % 3);
+    if (!addrs) return;  // rank full
+    for (LogicalAddr a : *addrs) {
+      Fill(a);
+      r.addrs.push_back(a);
+    }
+  }
+
+  void Rewrite() {
+    Request& r = requests_[rng_() % requests_.size()];
+    if (r.addrs.empty()) return;
+    for (int i = 0; i < 4; ++i) Fill(r.addrs[rng_() % r.addrs.size()]);
+  }
+
+  // The next selection of one query: part of the previous one, the newest tokens, the
+  // attention sinks, and fresh positions.
+  void Select(Request& r, std::uint32_t slot, std::vector<LogicalAddr>& out) {
+    std::vector<LogicalAddr>& prev = r.selection[slot];
+    const std::size_t k = std::min<std::size_t>(cfg_.top_k, r.addrs.size());
+    std::unordered_set<std::uint32_t> chosen;
+    std::vector<LogicalAddr> next;
+    auto take = [&](LogicalAddr a) {
+      if (next.size() < k && chosen.insert(a.value()).second) next.push_back(a);
+    };
+    for (std::size_t i = 0; i < std::min<std::size_t>(4, r.addrs.size()); ++i) take(r.addrs[i]);
+    for (std::size_t i = 0; i < std::min<std::size_t>(4, r.addrs.size()); ++i) take(r.addrs[r.addrs.size() - 1 - i]);
+    for (LogicalAddr a : prev) {
+      if (rng_() % 100 < 75) take(a);
+    }
+    while (next.size() < k) take(r.addrs[rng_() % r.addrs.size()]);
+    std::shuffle(next.begin(), next.end(), rng_);
+    prev = next;
+    out.insert(out.end(), next.begin(), next.end());
+  }
+
+  void Step() {
+    const Rank rank(static_cast<std::uint16_t>(rng_() % cfg_.num_ranks));
+    std::vector<Request*> batch;
+    for (Request& r : requests_) {
+      if (r.rank == rank && !r.addrs.empty() && batch.size() < cfg_.max_batch && rng_() % 2 == 0) batch.push_back(&r);
+    }
+    if (batch.empty()) return;
+    std::vector<LogicalAddr> selections;
+    std::vector<SlotId> slots;
+    std::vector<std::byte> buf(cfg_.entry_bytes);
+    for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
+      selections.clear();
+      for (Request* r : batch) {
+        for (std::uint32_t q = 0; q < cfg_.queries_per_request; ++q) Select(*r, g * cfg_.queries_per_request + q, selections);
+      }
+      slots.assign(selections.size(), SlotId());
+      const std::uint64_t before = PlacementFingerprint();
+      auto stats = planner_.Step(StepInput{rank, GroupId(g), selections}, slots);
+      if (!stats) {
+        if (stats.error().code() != ErrorCode::kResourceExhausted) {
+          Fail(report_.invariant_failures, "step: " + stats.error().ToString());
+        } else if (PlacementFingerprint() != before || !AllBytesMatchShadow()) {
+          Fail(report_.invariant_failures, "a refused step changed state");
+        }
+        ++report_.rejected_steps;
+        continue;
+      }
+      ++report_.steps;
+      report_.hits += stats->hits;
+      report_.fetches += stats->into_free;
+      report_.swaps += stats->evictions;
+      for (std::size_t i = 0; i < selections.size(); ++i) {
+        const std::byte* got = space_->DeviceSlotData(rank, GroupId(g), slots[i]);
+        const std::byte* want = Shadow(selections[i], g);
+        ++report_.entries_checked;
+        if (std::memcmp(got, want, cfg_.entry_bytes) != 0) {
+          Fail(report_.mismatches, fmt::format("group {} address {} at device slot {}: bytes differ from the shadow", g,
+                                               selections[i].value(), slots[i].value()));
+        }
+        auto loc = space_->Lookup(selections[i], GroupId(g));
+        if (!loc || loc->tier() != Tier::kDevice || loc->slot() != slots[i]) {
+          Fail(report_.mismatches, fmt::format("address {}: table does not say device slot {}", selections[i].value(),
+                                               slots[i].value()));
+        }
+      }
+      // A sample of entries anywhere, through Read().
+      for (int i = 0; i < 4; ++i) {
+        const Request& r = requests_[rng_() % requests_.size()];
+        if (r.addrs.empty()) continue;
+        const LogicalAddr a = r.addrs[rng_() % r.addrs.size()];
+        ++report_.entries_checked;
+        if (!space_->Read(a, GroupId(g), buf) || std::memcmp(buf.data(), Shadow(a, g), cfg_.entry_bytes) != 0) {
+          Fail(report_.mismatches, fmt::format("Read of address {} group {} differs from the shadow", a.value(), g));
+        }
+      }
+      CheckInvariants("step");
+    }
+    space_->AdvanceRound();
+  }
+
+  void Finish() {
+    const std::size_t i = rng_() % requests_.size();
+    const Request r = requests_[i];
+    requests_.erase(requests_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (auto s = space_->Free(r.id); !s) Fail(report_.invariant_failures, "Free: " + s.error().ToString());
+    CheckInvariants("finish");
+    ExpectRefused("double free", ErrorCode::kNotFound, [&] { return space_->Free(r.id); });
+    if (!r.addrs.empty()) {
+      const LogicalAddr freed = r.addrs[rng_() % r.addrs.size()];
+      if (!space_->IsLive(freed)) {
+        std::vector<LogicalAddr> sel{freed};
+        std::vector<SlotId> out(1);
+        ExpectRefused("step with a freed address", ErrorCode::kNotFound,
+                      [&] { return planner_.Step(StepInput{r.rank, GroupId(0), sel}, out); });
+      }
+    }
+  }
+
+  void BadInput() {
+    std::vector<std::byte> buf(cfg_.entry_bytes);
+    const LogicalAddr unknown(LogicalAddr::kInvalidValue - 1);
+    switch (rng_() % 5) {
+      case 0:
+        ExpectRefused("read of an unknown address", ErrorCode::kNotFound,
+                      [&] { return space_->Read(unknown, GroupId(0), buf); });
+        break;
+      case 1:
+        ExpectRefused("allocation larger than the rank", ErrorCode::kResourceExhausted, [&] {
+          return space_->Allocate(requests_.front().id,
+                                  (cfg_.device_slots_per_group + cfg_.host_slots_per_group) + 1);
+        });
+        break;
+      case 2:
+        ExpectRefused("write to an out-of-range group", ErrorCode::kOutOfRange, [&] {
+          return space_->Write(requests_.front().addrs.empty() ? unknown : requests_.front().addrs[0],
+                               GroupId(static_cast<std::uint16_t>(cfg_.num_groups)), buf);
+        });
+        break;
+      case 3: {
+        std::vector<LogicalAddr> sel{unknown};
+        std::vector<SlotId> out(1);
+        ExpectRefused("step with an unknown address", ErrorCode::kNotFound,
+                      [&] { return planner_.Step(StepInput{Rank(0), GroupId(0), sel}, out); });
+        break;
+      }
+      case 4:
+        ExpectRefused("free of an unknown request", ErrorCode::kNotFound,
+                      [&] { return space_->Free(RequestId(~std::uint64_t{0} - 1)); });
+        break;
+    }
+  }
+
+  VerifierConfig cfg_;
+  std::mt19937_64 rng_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<AddressSpace> space_;
+  StepPlanner planner_;
+  std::vector<Request> requests_;
+  std::vector<std::byte> shadow_;  // [addresses][groups][entry_bytes]
+  std::uint64_t next_request_ = 0;
+  VerifierReport report_;
+};
+
+}  // namespace
+
+Result<VerifierReport> RunConsistencyVerifier(const VerifierConfig& config) {
+  ULA_RETURN_IF_ERROR(config.Validate());
+  auto backend = MakeCpuBackend({.copy_threads = config.copy_threads});
+  AddressSpaceConfig space_config;
+  space_config.num_ranks = config.num_ranks;
+  space_config.num_groups = config.num_groups;
+  space_config.entry_bytes = config.entry_bytes;
+  const std::uint64_t per_slot = std::uint64_t{config.entry_bytes} * config.num_groups;
+  space_config.device_bytes_per_rank = per_slot * config.device_slots_per_group;
+  space_config.host_bytes_per_rank = per_slot * config.host_slots_per_group;
+  space_config.policy = config.policy;
+  auto space = AddressSpace::Create(space_config, *backend);
+  if (!space) return std::unexpected(space.error());
+  Verifier verifier(config, std::move(backend), std::move(*space));
+  return verifier.Run();
+}
+
+}  // namespace ula

@@ -1,0 +1,132 @@
+#include "ula/address_space.h"
+
+#include <gtest/gtest.h>
+
+#include "sparse/space_fixture.h"
+
+namespace ula {
+namespace {
+
+using testing::Pattern;
+using testing::SmallConfig;
+using testing::SpaceFixture;
+
+TEST(AddressSpace, NewEntriesGoToDeviceWhileItHasRoomThenToHost) {
+  SpaceFixture f(SmallConfig(4, 8));
+  auto addrs = f.AddFilled(RequestId(1), Rank(0), 6);
+  ASSERT_EQ(addrs.size(), 6u);
+  for (std::size_t i = 0; i < addrs.size(); ++i) {
+    EXPECT_EQ(f.space->Lookup(addrs[i], GroupId(0))->tier(), i < 4 ? Tier::kDevice : Tier::kHost);
+  }
+  EXPECT_EQ(f.space->NumUsed(Rank(0), GroupId(0), Tier::kDevice), 4u);
+  EXPECT_EQ(f.space->NumUsed(Rank(0), GroupId(0), Tier::kHost), 2u);
+  EXPECT_TRUE(f.space->CheckInvariants());
+}
+
+TEST(AddressSpace, EntriesReadBackTheirBytesOnEitherTier) {
+  SpaceFixture f(SmallConfig(2, 8, 1, 3));
+  auto addrs = f.AddFilled(RequestId(1), Rank(0), 5);
+  for (LogicalAddr a : addrs) {
+    for (std::uint32_t g = 0; g < 3; ++g) {
+      std::vector<std::byte> out(32);
+      ASSERT_TRUE(f.space->Read(a, GroupId(g), out));
+      EXPECT_EQ(out, Pattern(a, g, 32));
+    }
+  }
+}
+
+TEST(AddressSpace, FreeReturnsEverySlotAndAddressesAreReusedLast) {
+  SpaceFixture f(SmallConfig(4, 4, 2, 2));
+  auto a = f.AddFilled(RequestId(1), Rank(1), 7);
+  auto b = f.AddFilled(RequestId(2), Rank(1), 1);
+  ASSERT_TRUE(f.space->Free(RequestId(1)));
+  // Request 1 held 4 device + 3 host entries; request 2 sits on host (device was full).
+  EXPECT_EQ(f.space->NumFree(Rank(1), GroupId(1), Tier::kDevice), 4u);
+  EXPECT_EQ(f.space->NumFree(Rank(1), GroupId(1), Tier::kHost), 3u);
+  EXPECT_FALSE(f.space->IsLive(a[0]));
+  EXPECT_TRUE(f.space->IsLive(b[0]));
+  ASSERT_TRUE(f.space->AddRequest(RequestId(3), Rank(1)));
+  auto c = f.space->Allocate(RequestId(3), 1).value();
+  EXPECT_EQ(c[0], a[0]);  // FIFO reuse: the oldest freed address comes back first
+  EXPECT_TRUE(f.space->CheckInvariants());
+}
+
+TEST(AddressSpace, BadInputIsRefusedAndChangesNothing) {
+  SpaceFixture f(SmallConfig(4, 4, 2, 2));
+  auto addrs = f.AddFilled(RequestId(1), Rank(0), 6);
+  f.AddFilled(RequestId(2), Rank(1), 3);
+  ASSERT_TRUE(f.space->AddRequest(RequestId(9), Rank(0)));
+  ASSERT_TRUE(f.space->Free(RequestId(9)));
+  const auto before = f.Take();
+  std::vector<std::byte> buf(32), wrong_size(31);
+  const LogicalAddr unknown(100000);
+
+  EXPECT_EQ(f.space->AddRequest(RequestId(1), Rank(0)).error().code(), ErrorCode::kAlreadyExists);
+  EXPECT_EQ(f.space->AddRequest(RequestId(5), Rank(2)).error().code(), ErrorCode::kOutOfRange);
+  EXPECT_EQ(f.space->Allocate(RequestId(77), 1).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.space->Allocate(RequestId(1), 3).error().code(), ErrorCode::kResourceExhausted);  // 2 left
+  EXPECT_EQ(f.space->Allocate(RequestId(1), 1u << 31).error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_EQ(f.space->Free(RequestId(9)).error().code(), ErrorCode::kNotFound);  // double free
+  EXPECT_EQ(f.space->Free(RequestId(77)).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.space->Read(unknown, GroupId(0), buf).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.space->Write(unknown, GroupId(0), buf).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.space->Read(addrs[0], GroupId(2), buf).error().code(), ErrorCode::kOutOfRange);
+  EXPECT_EQ(f.space->Write(addrs[0], GroupId(0), wrong_size).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(f.space->Lookup(unknown, GroupId(0)).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.space->Lookup(LogicalAddr::Invalid(), GroupId(0)).error().code(), ErrorCode::kNotFound);
+
+  EXPECT_EQ(f.Take(), before);
+  EXPECT_TRUE(f.space->CheckInvariants());
+}
+
+TEST(AddressSpace, ReadsAndWritesAreUnsupportedOnTheCountingBackend) {
+  auto backend = MakeCountingBackend();
+  auto config = SmallConfig(1 << 20, 1 << 22, 8, 20, 2624);
+  auto space = AddressSpace::Create(config, *backend);
+  ASSERT_TRUE(space) << space.error().ToString();
+  ASSERT_TRUE((*space)->AddRequest(RequestId(1), Rank(3)));
+  auto addrs = (*space)->Allocate(RequestId(1), 16384);
+  ASSERT_TRUE(addrs);
+  std::vector<std::byte> buf(2624);
+  EXPECT_EQ((*space)->Read((*addrs)[0], GroupId(0), buf).error().code(), ErrorCode::kUnsupported);
+}
+
+TEST(AddressSpaceConfig, InvalidFieldsAreNamed) {
+  struct Case {
+    const char* field;
+    void (*mutate)(AddressSpaceConfig&);
+  } cases[] = {
+      {"num_ranks", [](AddressSpaceConfig& c) { c.num_ranks = 0; }},
+      {"num_groups", [](AddressSpaceConfig& c) { c.num_groups = 0; }},
+      {"entry_bytes", [](AddressSpaceConfig& c) { c.entry_bytes = 0; }},
+      {"device_bytes_per_rank", [](AddressSpaceConfig& c) { c.device_bytes_per_rank = 10; }},
+      {"host_bytes_per_rank", [](AddressSpaceConfig& c) { c.host_bytes_per_rank = std::uint64_t{1} << 62; }},
+      {"recent_buckets", [](AddressSpaceConfig& c) { c.policy_options.recent_buckets = 0; }},
+  };
+  auto backend = MakeCpuBackend();
+  for (const auto& c : cases) {
+    auto config = SmallConfig(4, 4);
+    c.mutate(config);
+    auto space = AddressSpace::Create(config, *backend);
+    ASSERT_FALSE(space) << c.field;
+    EXPECT_EQ(space.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(space.error().message().find(c.field), std::string::npos) << space.error().message();
+  }
+}
+
+TEST(AddressSpace, MetadataStaysUnderSixteenBytesPerEntryPerGroup) {
+  auto backend = MakeCountingBackend();
+  // GLM-5-like: 20 groups of 4 x 656 B, 100 GB device and 128 GB host per rank.
+  AddressSpaceConfig config;
+  config.num_groups = 20;
+  config.entry_bytes = 4 * 656;
+  config.device_bytes_per_rank = 100ull << 30;
+  config.host_bytes_per_rank = 128ull << 30;
+  auto space = AddressSpace::Create(config, *backend).value();
+  const MetadataReport m = space->Metadata();
+  EXPECT_LE(m.total(), 16.0) << "location " << m.location_table << " owner " << m.device_owner << " policy "
+                             << m.policy << " bitmaps " << m.free_bitmaps << " lists " << m.request_lists;
+}
+
+}  // namespace
+}  // namespace ula

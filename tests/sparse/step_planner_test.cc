@@ -1,0 +1,173 @@
+#include "ula/step_planner.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "sparse/space_fixture.h"
+
+namespace ula {
+namespace {
+
+using testing::Pattern;
+using testing::SmallConfig;
+using testing::SpaceFixture;
+
+void ExpectSlotsHoldEntries(const SpaceFixture& f, GroupId g, std::span<const LogicalAddr> sel,
+                            std::span<const SlotId> slots) {
+  const std::uint32_t bytes = f.space->config().entry_bytes;
+  for (std::size_t i = 0; i < sel.size(); ++i) {
+    const std::byte* got = f.space->DeviceSlotData(Rank(0), g, slots[i]);
+    EXPECT_EQ(std::memcmp(got, Pattern(sel[i], g.value(), bytes).data(), bytes), 0) << "selection " << i;
+  }
+}
+
+TEST(StepPlanner, HitsMoveNothingAndKeepSelectionOrderAndDuplicates) {
+  SpaceFixture f(SmallConfig(8, 8));
+  auto a = f.AddFilled(RequestId(1), Rank(0), 4);
+  std::vector<LogicalAddr> sel{a[3], a[0], a[3], a[2]};
+  std::vector<SlotId> slots(sel.size());
+  auto stats = f.planner.Step({Rank(0), GroupId(0), sel}, slots);
+  ASSERT_TRUE(stats) << stats.error().ToString();
+  EXPECT_EQ(stats->distinct, 3u);
+  EXPECT_EQ(stats->hits, 3u);
+  EXPECT_EQ(stats->bytes_moved, 0u);
+  EXPECT_EQ(slots[0], slots[2]);
+  ExpectSlotsHoldEntries(f, GroupId(0), sel, slots);
+}
+
+TEST(StepPlanner, MissesUseFreeSlotsBeforeEvicting) {
+  SpaceFixture f(SmallConfig(4, 8));
+  f.AddFilled(RequestId(1), Rank(0), 3);           // device slots 0..2
+  auto y = f.AddFilled(RequestId(2), Rank(0), 3);  // device slot 3, then host
+  ASSERT_TRUE(f.space->Free(RequestId(1)));        // 3 device slots free
+  f.space->AdvanceRound();
+  std::vector<LogicalAddr> sel{y[1], y[2]};
+  std::vector<SlotId> slots(2);
+  auto stats = f.planner.Step({Rank(0), GroupId(0), sel}, slots);
+  ASSERT_TRUE(stats);
+  EXPECT_EQ(stats->misses, 2u);
+  EXPECT_EQ(stats->into_free, 2u);
+  EXPECT_EQ(stats->evictions, 0u);
+  EXPECT_EQ(f.space->Lookup(y[0], GroupId(0))->tier(), Tier::kDevice);  // nobody was evicted
+  EXPECT_EQ(f.space->NumUsed(Rank(0), GroupId(0), Tier::kHost), 0u);
+  ExpectSlotsHoldEntries(f, GroupId(0), sel, slots);
+}
+
+TEST(StepPlanner, SwapsAVictimWithTheMissedEntryUnderExclusiveTiers) {
+  SpaceFixture f(SmallConfig(2, 2));
+  auto a = f.AddFilled(RequestId(1), Rank(0), 4);  // a0,a1 on device; a2,a3 on host; all full
+  f.space->AdvanceRound();
+  std::vector<LogicalAddr> sel{a[0], a[2]};
+  std::vector<SlotId> slots(2);
+  auto stats = f.planner.Step({Rank(0), GroupId(0), sel}, slots);
+  ASSERT_TRUE(stats) << stats.error().ToString();
+  EXPECT_EQ(stats->hits, 1u);
+  EXPECT_EQ(stats->evictions, 1u);
+  EXPECT_EQ(f.space->Lookup(a[1], GroupId(0))->tier(), Tier::kHost);  // the victim
+  EXPECT_EQ(f.space->Lookup(a[2], GroupId(0))->tier(), Tier::kDevice);
+  ExpectSlotsHoldEntries(f, GroupId(0), sel, slots);
+  std::vector<std::byte> out(32);
+  ASSERT_TRUE(f.space->Read(a[1], GroupId(0), out));
+  EXPECT_EQ(out, Pattern(a[1], 0, 32));
+  EXPECT_TRUE(f.space->CheckInvariants());
+}
+
+TEST(StepPlanner, NeverEvictsAnEntryUsedInTheCurrentRound) {
+  SpaceFixture f(SmallConfig(2, 4));
+  auto a = f.AddFilled(RequestId(1), Rank(0), 4);
+  f.space->AdvanceRound();
+  std::vector<SlotId> slots(2);
+  std::vector<LogicalAddr> first{a[0], a[1]};
+  ASSERT_TRUE(f.planner.Step({Rank(0), GroupId(0), first}, slots));
+  // Same round: both device slots are in use by this round's attention.
+  std::vector<LogicalAddr> second{a[2]};
+  std::vector<SlotId> one(1);
+  const auto before = f.Take();
+  auto refused = f.planner.Step({Rank(0), GroupId(0), second}, one);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_EQ(f.Take(), before);
+  f.space->AdvanceRound();
+  ASSERT_TRUE(f.planner.Step({Rank(0), GroupId(0), second}, one));
+}
+
+TEST(StepPlanner, RefusedStepsChangeNothing) {
+  SpaceFixture f(SmallConfig(3, 8, 2, 2));
+  auto a = f.AddFilled(RequestId(1), Rank(0), 8);
+  auto other_rank = f.AddFilled(RequestId(2), Rank(1), 2);
+  auto gone = f.AddFilled(RequestId(3), Rank(0), 1);
+  ASSERT_TRUE(f.space->Free(RequestId(3)));
+  f.space->AdvanceRound();
+  const auto before = f.Take();
+  std::vector<SlotId> slots(4);
+  auto step = [&](std::vector<LogicalAddr> sel, Rank r = Rank(0), GroupId g = GroupId(0)) {
+    slots.assign(sel.size(), SlotId());
+    return f.planner.Step({r, g, sel}, slots);
+  };
+  EXPECT_EQ(step({a[0], gone[0]}).error().code(), ErrorCode::kNotFound);             // freed address
+  EXPECT_EQ(step({a[0], LogicalAddr(999)}).error().code(), ErrorCode::kNotFound);    // unknown address
+  EXPECT_EQ(step({a[0], other_rank[0]}).error().code(), ErrorCode::kInvalidArgument);  // wrong rank
+  EXPECT_EQ(step({a[0], a[1], a[2], a[3]}).error().code(), ErrorCode::kResourceExhausted);  // > device
+  EXPECT_EQ(step({a[0]}, Rank(2)).error().code(), ErrorCode::kOutOfRange);
+  EXPECT_EQ(step({a[0]}, Rank(0), GroupId(2)).error().code(), ErrorCode::kOutOfRange);
+  std::vector<LogicalAddr> sel{a[0]};
+  std::vector<SlotId> too_small;
+  EXPECT_EQ(f.planner.Step({Rank(0), GroupId(0), sel}, too_small).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(f.Take(), before);
+  EXPECT_TRUE(f.space->CheckInvariants());
+}
+
+// A backend that records, at the moment each batch is submitted and at the moment the
+// planner waits, what the location table says: publication must follow the copy.
+class SpyBackend final : public Backend {
+ public:
+  explicit SpyBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::function<void()> on_submit, on_wait;
+  Result<Arena> CreateArena(Tier t, Rank r, std::uint64_t b) override { return inner_->CreateArena(t, r, b); }
+  Status DestroyArena(ArenaId id) override { return inner_->DestroyArena(id); }
+  Result<Arena> GetArena(ArenaId id) const override { return inner_->GetArena(id); }
+  bool holds_bytes() const override { return true; }
+  Result<Fence> Submit(CopyBatch batch) override {
+    if (on_submit) on_submit();
+    return inner_->Submit(std::move(batch));
+  }
+  void Wait(Fence f) override {
+    if (on_wait) on_wait();
+    inner_->Wait(f);
+  }
+  void WaitAll() override { inner_->WaitAll(); }
+  TransferCounters counters() const override { return inner_->counters(); }
+  void ResetCounters() override { inner_->ResetCounters(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+TEST(StepPlanner, PublishesNewLocationsOnlyAfterTheCopyCompleted) {
+  SpyBackend spy(MakeCpuBackend({.copy_threads = 1}));
+  auto space = AddressSpace::Create(SmallConfig(2, 4), spy).value();
+  StepPlanner planner(*space);
+  ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
+  auto a = space->Allocate(RequestId(1), 4).value();
+  space->AdvanceRound();
+  int submits = 0, waits = 0;
+  spy.on_submit = [&] {
+    ++submits;
+    EXPECT_EQ(space->Lookup(a[2], GroupId(0))->tier(), Tier::kHost);
+    EXPECT_EQ(space->Lookup(a[3], GroupId(0))->tier(), Tier::kHost);
+  };
+  spy.on_wait = [&] {
+    ++waits;
+    EXPECT_EQ(space->Lookup(a[2], GroupId(0))->tier(), Tier::kHost);
+  };
+  std::vector<LogicalAddr> sel{a[2], a[3]};
+  std::vector<SlotId> slots(2);
+  ASSERT_TRUE(planner.Step({Rank(0), GroupId(0), sel}, slots));
+  EXPECT_GE(submits, 1);
+  EXPECT_EQ(waits, 1);
+  EXPECT_EQ(space->Lookup(a[2], GroupId(0))->tier(), Tier::kDevice);
+}
+
+}  // namespace
+}  // namespace ula

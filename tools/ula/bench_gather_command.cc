@@ -1,0 +1,102 @@
+// `ula bench gather`: translate + gather of selected entries into one contiguous buffer
+// (what an attention kernel's input staging does), against memcpy of the same number of
+// bytes, measured side by side in one run.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "command_registry.h"
+#include "ula/location_table.h"
+
+namespace ula::cli {
+namespace {
+
+struct GatherOptions {
+  std::uint32_t entry_bytes = 656;
+  std::uint64_t pool_mib = 1024;   // device pool the entries are gathered from
+  std::uint32_t selections = 2048 * 64;  // top-k 2048 x batch 64
+  int repeats = 15;
+  std::uint64_t seed = 7;
+  bool json = false;
+};
+
+double MedianSeconds(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int RunGather(const GatherOptions& o) {
+  const std::uint64_t slots = o.pool_mib * 1024 * 1024 / o.entry_bytes;
+  std::vector<std::byte> pool(slots * o.entry_bytes);
+  for (std::size_t i = 0; i < pool.size(); i += 4096) pool[i] = std::byte(i >> 12);
+  // Logical addresses map to scattered device slots, as after many steps of eviction.
+  const std::uint32_t n_addr = static_cast<std::uint32_t>(slots);
+  std::vector<std::uint32_t> perm(n_addr);
+  for (std::uint32_t i = 0; i < n_addr; ++i) perm[i] = i;
+  std::mt19937_64 rng(o.seed);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  LocationTable table;
+  table.Reserve(n_addr);
+  for (std::uint32_t a = 0; a < n_addr; ++a) table.Set(LogicalAddr(a), Location::Make(Tier::kDevice, Rank(0), SlotId(perm[a])));
+  std::vector<LogicalAddr> selected(o.selections);
+  for (auto& a : selected) a = LogicalAddr(static_cast<std::uint32_t>(rng() % n_addr));
+  const std::size_t bytes = std::size_t{o.selections} * o.entry_bytes;
+  std::vector<std::byte> out(bytes), src(bytes);
+  // memcpy's source is as cold as the pool: a separate buffer of the same size, rewritten.
+  std::vector<std::byte> flush(64 << 20);
+  std::vector<Location> locs(o.selections);
+  std::vector<double> t_memcpy, t_gather;
+  for (int rep = 0; rep < o.repeats; ++rep) {
+    std::memset(flush.data(), rep, flush.size());  // evict caches between measurements
+    auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(out.data(), src.data(), bytes);
+    auto t1 = std::chrono::steady_clock::now();
+    std::memset(flush.data(), rep + 1, flush.size());
+    auto t2 = std::chrono::steady_clock::now();
+    table.Translate(selected, locs);
+    std::byte* dst = out.data();
+    for (const Location& loc : locs) {
+      std::memcpy(dst, pool.data() + std::uint64_t{loc.slot().value()} * o.entry_bytes, o.entry_bytes);
+      dst += o.entry_bytes;
+    }
+    auto t3 = std::chrono::steady_clock::now();
+    t_memcpy.push_back(std::chrono::duration<double>(t1 - t0).count());
+    t_gather.push_back(std::chrono::duration<double>(t3 - t2).count());
+  }
+  const double memcpy_gbps = bytes / MedianSeconds(t_memcpy) / 1e9;
+  const double gather_gbps = bytes / MedianSeconds(t_gather) / 1e9;
+  const double ratio = gather_gbps / memcpy_gbps;
+  if (o.json) {
+    nlohmann::json j{{"entry_bytes", o.entry_bytes}, {"selections", o.selections}, {"pool_mib", o.pool_mib},
+                     {"bytes", bytes},               {"repeats", o.repeats},       {"memcpy_gbps", memcpy_gbps},
+                     {"gather_gbps", gather_gbps},   {"ratio", ratio}};
+    fmt::print("{}\n", j.dump());
+  } else {
+    fmt::print("gather of {} entries x {} B ({:.1f} MiB) from a {} MiB pool, median of {} runs\n", o.selections,
+               o.entry_bytes, bytes / 1048576.0, o.pool_mib, o.repeats);
+    fmt::print("  memcpy            {:8.2f} GB/s\n", memcpy_gbps);
+    fmt::print("  translate+gather  {:8.2f} GB/s\n", gather_gbps);
+    fmt::print("  ratio             {:8.3f}\n", ratio);
+  }
+  return 0;
+}
+
+Action SetupGather(CLI::App& app) {
+  auto o = std::make_shared<GatherOptions>();
+  app.add_option("--entry-bytes", o->entry_bytes, "bytes per entry")->capture_default_str();
+  app.add_option("--pool-mib", o->pool_mib, "size of the pool gathered from, MiB")->capture_default_str();
+  app.add_option("--selections", o->selections, "entries gathered per run")->capture_default_str();
+  app.add_option("--repeats", o->repeats, "runs (the median is reported)")->capture_default_str();
+  app.add_option("--seed", o->seed, "random seed")->capture_default_str();
+  app.add_flag("--json", o->json, "print one JSON object");
+  return [o] { return RunGather(*o); };
+}
+
+ULA_REGISTER_COMMAND(bench_gather, "bench", "gather", "translate + gather of selected entries vs memcpy", SetupGather);
+
+}  // namespace
+}  // namespace ula::cli
