@@ -1,0 +1,70 @@
+// Reference sparse MLA attention (reference_attention.h). Entries are copied once into a
+// float scratch matrix (memcpy: entry bytes may be unaligned), then each head runs the
+// softmax in index order.
+#include "ula/reference_attention.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace ula {
+
+Status MlaShape::Validate() const {
+  if (num_heads == 0) return MakeError(ErrorCode::kInvalidArgument, "field 'num_heads': must be >= 1");
+  if (kv_lora_rank == 0) return MakeError(ErrorCode::kInvalidArgument, "field 'kv_lora_rank': must be >= 1");
+  if (!(softmax_scale > 0.0f) || !std::isfinite(softmax_scale)) {
+    return MakeError(ErrorCode::kInvalidArgument, "field 'softmax_scale': must be finite and > 0");
+  }
+  return Ok();
+}
+
+Status SparseMlaAttention(const MlaShape& shape, std::span<const float> query,
+                          std::span<const std::byte* const> entries, std::span<float> out) {
+  ULA_RETURN_IF_ERROR(shape.Validate());
+  if (entries.empty()) return MakeError(ErrorCode::kInvalidArgument, "no selected entries");
+  if (query.size() != shape.query_values()) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("query has {} values, expected {}", query.size(), shape.query_values()));
+  }
+  if (out.size() != shape.output_values()) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("out has {} values, expected {}", out.size(), shape.output_values()));
+  }
+  const std::uint32_t width = shape.kv_lora_rank + shape.rope_dim;
+  const std::size_t n = entries.size();
+  std::vector<float> kv(n * width);  // [n][L + R]
+  for (std::size_t i = 0; i < n; ++i) {
+    if (entries[i] == nullptr) {
+      return MakeError(ErrorCode::kInvalidArgument, fmt::format("selected entry {} is null", i));
+    }
+    std::memcpy(kv.data() + i * width, entries[i], shape.entry_bytes());
+  }
+  std::vector<float> logits(n);
+  for (std::uint32_t h = 0; h < shape.num_heads; ++h) {
+    const float* q = query.data() + std::size_t{h} * width;
+    float max_logit = -INFINITY;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float* e = kv.data() + i * width;
+      float dot = 0.0f;
+      for (std::uint32_t d = 0; d < width; ++d) dot += q[d] * e[d];
+      logits[i] = shape.softmax_scale * dot;
+      if (logits[i] > max_logit) max_logit = logits[i];
+    }
+    float denom = 0.0f;
+    for (std::size_t i = 0; i < n; ++i) {
+      logits[i] = std::exp(logits[i] - max_logit);
+      denom += logits[i];
+    }
+    float* o = out.data() + std::size_t{h} * shape.kv_lora_rank;
+    for (std::uint32_t d = 0; d < shape.kv_lora_rank; ++d) o[d] = 0.0f;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float p = logits[i] / denom;
+      const float* c = kv.data() + i * width;
+      for (std::uint32_t d = 0; d < shape.kv_lora_rank; ++d) o[d] += p * c[d];
+    }
+  }
+  return Ok();
+}
+
+}  // namespace ula
