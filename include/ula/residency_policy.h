@@ -65,7 +65,15 @@ enum class PolicyKind : std::uint8_t {
 
 struct PolicyOptions {
   // PB-LRU: number of recent buckets in the ring (R), besides the current and cold ones.
+  // 0 <= R <= kMaxRecentBuckets.
   std::uint32_t recent_buckets = 8;
+  // PB-LRU, exact_lru_scan: a Touch of at least this many slots is split over OpenMP
+  // threads; smaller ones stay on the calling thread (so batch 1 pays no fork). >= 1.
+  std::uint32_t parallel_min_slots = 1u << 16;
+
+  static constexpr std::uint32_t kMaxRecentBuckets = 1024;
+  // kInvalidArgument naming the bad field, or Ok.
+  Status Validate() const;
 };
 
 std::string_view PolicyKindName(PolicyKind kind);

@@ -1,7 +1,10 @@
 #include <array>
 #include <string>
 
+#include "policy/clock.h"
 #include "policy/exact_lru_list.h"
+#include "policy/exact_lru_scan.h"
+#include "policy/pb_lru.h"
 #include "ula/residency_policy.h"
 
 namespace ula {
@@ -29,17 +32,34 @@ Result<PolicyKind> ParsePolicyKind(std::string_view name) {
                    "unknown policy '" + std::string(name) + "' (pb_lru, exact_lru_scan, exact_lru_list, clock)");
 }
 
-PolicyKind DefaultPolicyKind() { return PolicyKind::kExactLruList; }
+Status PolicyOptions::Validate() const {
+  if (recent_buckets > kMaxRecentBuckets) {
+    return MakeError(ErrorCode::kInvalidArgument, "PolicyOptions.recent_buckets = " + std::to_string(recent_buckets) +
+                                                      " exceeds " + std::to_string(kMaxRecentBuckets));
+  }
+  if (parallel_min_slots == 0) {
+    return MakeError(ErrorCode::kInvalidArgument, "PolicyOptions.parallel_min_slots must be >= 1");
+  }
+  return Ok();
+}
+
+// PB-LRU passes the conformance suite (tests/policy) and is the planner's default.
+PolicyKind DefaultPolicyKind() { return PolicyKind::kPbLru; }
 
 Result<std::unique_ptr<ResidencyPolicy>> MakePolicy(PolicyKind kind, std::uint32_t capacity,
                                                     const PolicyOptions& options) {
+  ULA_RETURN_IF_ERROR(options.Validate());
   switch (kind) {
+    case PolicyKind::kPbLru:
+      return std::make_unique<policy::PbLru>(capacity, options);
+    case PolicyKind::kExactLruScan:
+      return std::make_unique<policy::ExactLruScan>(capacity, options);
     case PolicyKind::kExactLruList:
       return std::make_unique<policy::ExactLruList>(capacity);
-    default:
-      return MakeError(ErrorCode::kUnsupported,
-                       "policy '" + std::string(PolicyKindName(kind)) + "' is not implemented yet");
+    case PolicyKind::kClock:
+      return std::make_unique<policy::Clock>(capacity);
   }
+  return MakeError(ErrorCode::kInvalidArgument, "unknown policy kind " + std::to_string(static_cast<int>(kind)));
 }
 
 }  // namespace ula
