@@ -1,0 +1,63 @@
+// EndLayout: the metadata of one end of the unified buffer, in positions measured from that
+// end's edge (pos 0 = the buffer edge, growing toward the middle), so that the low and the
+// high end share one implementation. Holds no bytes; copies of it are cheap enough to
+// simulate a placement (CanAllocate).
+//
+// Invariants: live blocks and holes tile [0, top) exactly, without overlap; holes are
+// coalesced (no two adjacent) and none ends at top; hole_bytes == sum of hole sizes.
+// Thread-safety: none.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+
+#include "ula/error.h"
+#include "ula/ids.h"
+
+namespace ula::internal {
+
+class EndLayout {
+ public:
+  struct Item {
+    BlockId id;
+    std::uint64_t size = 0;
+    bool pinned = false;
+  };
+  // Called for each compaction move, after the metadata changed.
+  using MoveFn = std::function<void(BlockId id, std::uint64_t from_pos, std::uint64_t to_pos, std::uint64_t size)>;
+
+  std::uint64_t top() const { return top_; }
+  std::uint64_t hole_bytes() const { return hole_bytes_; }
+  const std::map<std::uint64_t, Item>& live() const { return live_; }
+  const std::map<std::uint64_t, std::uint64_t>& holes() const { return holes_; }
+
+  // First fit (nearest the edge) into a hole; the position, or nullopt if no hole fits.
+  std::optional<std::uint64_t> PlaceInHole(BlockId id, std::uint64_t size);
+  // Places at top (the caller has checked the middle); returns the position.
+  std::uint64_t PlaceAtTop(BlockId id, std::uint64_t size);
+  // REQUIRES: a live block at pos.
+  void Release(std::uint64_t pos);
+  // REQUIRES: a live block at pos.
+  void SetId(std::uint64_t pos, BlockId id);
+  // REQUIRES: a live block at pos.
+  void SetPinned(std::uint64_t pos, bool pinned);
+  // Moves unpinned blocks above the outermost pinned block into holes nearer the edge
+  // (first fit, outermost block first) until no move is possible. Returns the bytes moved.
+  // on_move may be empty (simulation).
+  std::uint64_t Compact(const MoveFn& on_move);
+
+  Status CheckInvariants() const;
+
+ private:
+  void AddHole(std::uint64_t pos, std::uint64_t size);
+  void TakeFromHole(std::map<std::uint64_t, std::uint64_t>::iterator hole, std::uint64_t size);
+
+  std::map<std::uint64_t, Item> live_;             // pos -> block
+  std::map<std::uint64_t, std::uint64_t> holes_;  // pos -> size
+  std::uint64_t top_ = 0;
+  std::uint64_t hole_bytes_ = 0;
+};
+
+}  // namespace ula::internal
