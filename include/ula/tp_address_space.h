@@ -1,0 +1,168 @@
+// TpAddressSpace (TP mode, DESIGN.md Part A "Placement modes"): one distributed address
+// space over all P ranks, instead of a full copy of the latent KV on every rank.
+//
+// Structure.
+//   - Directory (replicated: every process of an MPI run holds the same one, because every
+//     rank sees the same scheduler calls): requests -> their logical addresses; per home
+//     rank a FIFO of freed addresses and a count of minted ones. Address a has its home on
+//     rank a mod P; a new token goes to the next rank, round robin, that has room.
+//   - Shard of rank r, group g (held only for the ranks this object hosts: all of them
+//     in-process, one per process under MPI): a device SlotPool and a host SlotPool
+//     (exclusive tiers, as in DP mode), the device residency policy, the device owner map,
+//     and the home table  home[a / P] = location of a  (a fixed array: its memory is what
+//     other ranks read one-sidedly).
+//   - Local buffer of rank r, group g: a device SlotPool of read-only copies of entries
+//     homed on other ranks, with its own residency policy, an owner map and an index
+//     address -> buffer slot.
+//
+// Invariants (CheckInvariants, for every hosted rank):
+//   1. Exclusive residency: each live address homed on r has exactly one home location per
+//      group, on r, in an allocated slot no other address uses; pools hold nothing else.
+//   2. Local-buffer entries are copies of live addresses homed on other ranks; each buffer
+//      slot holds one, the index and the owner map agree, and (when the home is hosted here
+//      and bytes exist) the copy's bytes equal the home's.
+//   3. The policies track exactly the occupied device / buffer slots.
+//   4. Directory: request lists partition the live addresses; freed addresses sit in their
+//      home rank's free list.
+// A Write or Free of an address drops every hosted buffer copy of it first, so a copy
+// never outlives or disagrees with its home.
+//
+// Errors: unknown/duplicate request, unknown or freed address, out-of-range rank or group,
+// wrong byte count, allocation that does not fit, invalid config — each returns an Error
+// and changes nothing.
+//
+// Thread-safety: one driver thread calls the mutating methods. TpStepPlanner::Step may run
+// the hosted ranks of one group on worker threads, and steps of different groups may run
+// concurrently (they touch disjoint per-group state); no other call may overlap a Step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "ula/backend.h"
+#include "ula/error.h"
+#include "ula/ids.h"
+#include "ula/location.h"
+#include "ula/residency_policy.h"
+
+namespace ula {
+
+struct TpConfig {
+  std::uint32_t num_ranks = 2;
+  std::uint32_t num_groups = 1;
+  std::uint32_t entry_bytes = 656;  // one group entry (all layers of the group)
+  // Per rank, split equally over the groups: the shard's device pool, its host extension,
+  // and the local buffer (device memory too).
+  std::uint64_t device_bytes_per_rank = 0;
+  std::uint64_t host_bytes_per_rank = 0;
+  std::uint64_t buffer_bytes_per_rank = 0;
+  PolicyKind policy = DefaultPolicyKind();         // shard device pool
+  PolicyKind buffer_policy = DefaultPolicyKind();  // local buffer
+  PolicyOptions policy_options;
+
+  // Names the first bad field.
+  Status Validate() const;
+  std::uint32_t device_slots_per_group() const;
+  std::uint32_t host_slots_per_group() const;
+  std::uint32_t buffer_slots_per_group() const;
+  // Entries one rank's shard can hold in one group (device + host).
+  std::uint32_t shard_slots_per_group() const { return device_slots_per_group() + host_slots_per_group(); }
+};
+
+// Where a rank's attention reads one selected entry: its own shard's device pool or its
+// local buffer (both device memory of that rank).
+struct TpReadRef {
+  enum class Source : std::uint8_t { kShard = 0, kBuffer = 1 };
+  Source source = Source::kShard;
+  SlotId slot;
+  bool operator==(const TpReadRef&) const = default;
+};
+
+// The memory of one (rank, group) shard that other ranks read: the home table
+// ([shard_slots_per_group] Location bits, indexed by address / P) and the two pool arenas.
+struct TpShardMemory {
+  const Location* home = nullptr;
+  std::uint32_t home_entries = 0;
+  Arena device;
+  Arena host;
+};
+
+class TpStepPlanner;
+
+class TpAddressSpace {
+ public:
+  // Hosts every rank when hosted_ranks is empty (in-process ranks), otherwise only those
+  // (one per process under MPI).
+  static Result<std::unique_ptr<TpAddressSpace>> Create(const TpConfig& config, Backend& backend,
+                                                        std::span<const Rank> hosted_ranks = {});
+  ~TpAddressSpace();
+  TpAddressSpace(const TpAddressSpace&) = delete;
+  TpAddressSpace& operator=(const TpAddressSpace&) = delete;
+
+  static Rank HomeOf(LogicalAddr a, std::uint32_t num_ranks) {
+    return Rank(static_cast<std::uint16_t>(a.value() % num_ranks));
+  }
+  Rank HomeOf(LogicalAddr a) const { return HomeOf(a, config_.num_ranks); }
+  bool Hosts(Rank r) const;
+  std::span<const Rank> hosted_ranks() const { return hosted_; }
+
+  // kAlreadyExists.
+  Status AddRequest(RequestId request);
+  // n_tokens new addresses, striped round robin over the ranks with room; on its home
+  // rank each entry goes to device while it has free slots, otherwise to host.
+  // kNotFound, kResourceExhausted (nothing allocated then).
+  Result<std::vector<LogicalAddr>> Allocate(RequestId request, std::uint32_t n_tokens);
+  // Frees every address of the request (home slots and hosted buffer copies). kNotFound
+  // for an unknown request, including a second Free.
+  Status Free(RequestId request);
+
+  // The engine's KV write: drops hosted buffer copies, then writes the home bytes if the
+  // home is hosted here (call it on every process; the others only drop copies).
+  // kOutOfRange (group), kInvalidArgument (size), kNotFound, kUnsupported (counting).
+  Status Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data);
+  // The home bytes. kUnsupported if the home is not hosted here or on a counting backend.
+  Status Read(LogicalAddr addr, GroupId group, std::span<std::byte> out) const;
+  // The home location (kUnsupported if the home is not hosted here).
+  Result<Location> Lookup(LogicalAddr addr, GroupId group) const;
+  // The buffer slot of `rank`'s copy of addr, or nullopt. kOutOfRange / kNotFound /
+  // kUnsupported (rank not hosted).
+  Result<std::optional<SlotId>> BufferSlot(Rank rank, LogicalAddr addr, GroupId group) const;
+  // Bytes an attention kernel on `rank` reads for ref; nullptr if out of range, not
+  // hosted, or on a counting backend.
+  const std::byte* RefData(Rank rank, GroupId group, TpReadRef ref) const;
+
+  Result<std::span<const LogicalAddr>> AddressesOf(RequestId request) const;
+  bool IsLive(LogicalAddr addr) const;
+  // Ends the current round of every hosted policy (once per decode step).
+  void AdvanceRound();
+
+  const TpConfig& config() const { return config_; }
+  Backend& backend() const { return backend_; }
+  std::uint64_t num_live_addresses() const;
+  std::uint32_t num_requests() const;
+  // Live addresses homed on rank r (directory; known for every rank).
+  std::uint32_t NumHomed(Rank r) const;
+  // Occupancy of a hosted rank's pools (0 for a rank not hosted).
+  std::uint32_t NumUsed(Rank rank, GroupId group, Tier tier) const;
+  std::uint32_t NumFree(Rank rank, GroupId group, Tier tier) const;
+  std::uint32_t NumBuffered(Rank rank, GroupId group) const;
+  // REQUIRES: Hosts(rank), group < num_groups.
+  TpShardMemory ShardMemory(Rank rank, GroupId group) const;
+  Status CheckInvariants() const;
+
+  struct State;  // opaque; src/sparse/tp_state.h
+
+ private:
+  friend class TpStepPlanner;
+  TpAddressSpace(const TpConfig& config, Backend& backend, std::vector<Rank> hosted, std::unique_ptr<State> state);
+
+  TpConfig config_;
+  Backend& backend_;
+  std::vector<Rank> hosted_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace ula

@@ -1,0 +1,82 @@
+// TpStepPlanner: one decode step of one layer group for every rank this process hosts
+// (TP mode, DESIGN.md Part A "One decode step"):
+//
+//   0. validate every selection (live address), dedup the union once, and per hosted rank
+//      split it into entries homed here (hit on device / miss on host) and entries homed
+//      elsewhere (local-buffer hit / miss); check that each rank's misses fit in free plus
+//      evictable slots -> all ranks agree (fabric collective) or the step fails with
+//      nothing changed
+//   1. home phase, per rank: host-resident entries of its own shard swap onto device
+//      exactly as in DP mode (free slots first, then policy victims; never a slot used in
+//      this round); copy, wait, then publish
+//   -- barrier: every home is settled before anyone reads it --
+//   2. remote phase, per rank: buffer hits are touched; misses get buffer slots (free first,
+//      then victims of the buffer policy — read-only copies, dropped without write-back)
+//      and are fetched from their home ranks in one batch per source rank; copy, wait,
+//      then publish the buffer index
+//   -- barrier: nobody mutates a home while another rank may still read it --
+//   3. plan.refs[i][j] = where hosted rank i's attention reads selection j.
+//
+// Hosted ranks run on their own threads when options.parallel_ranks (the in-process
+// engine). Thread-safety: a planner is driven by one thread; use one planner per thread to
+// step different groups concurrently (prefetch, tp_prefetcher.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ula/tp_address_space.h"
+#include "ula/tp_fabric.h"
+
+namespace ula {
+
+struct TpRankStepStats {
+  std::uint64_t distinct = 0;
+  std::uint64_t home_hits = 0;        // homed here, already on device
+  std::uint64_t home_misses = 0;      // homed here, swapped in from host
+  std::uint64_t home_evictions = 0;   // of those, how many displaced a victim (swap)
+  std::uint64_t buffer_hits = 0;      // homed elsewhere, found in the local buffer
+  std::uint64_t remote_fetches = 0;   // homed elsewhere, fetched from the home rank
+  std::uint64_t buffer_evictions = 0; // fetches that replaced an older buffer copy
+  std::uint64_t host_bytes = 0;       // host <-> device bytes of the home phase
+  std::uint64_t remote_bytes = 0;     // bytes fetched from other ranks
+  std::uint32_t source_batches = 0;   // fetch batches (one per source rank with misses)
+  TpRankStepStats& operator+=(const TpRankStepStats& o);
+  bool operator==(const TpRankStepStats&) const = default;
+};
+
+struct TpStepPlan {
+  std::vector<Rank> ranks;                   // [hosted] the hosted ranks, in order
+  std::vector<std::vector<TpReadRef>> refs;  // [hosted][selections]
+  std::vector<TpRankStepStats> stats;        // [hosted]
+  TpRankStepStats Total() const;
+};
+
+struct TpPlannerOptions {
+  bool parallel_ranks = true;  // one thread per hosted rank in each phase
+};
+
+class TpStepPlanner {
+ public:
+  // fabric: nullptr when every rank is hosted in this process; otherwise the fabric whose
+  // local rank the space hosts (the space must be Exposed on it).
+  explicit TpStepPlanner(TpAddressSpace& space, TpFabric* fabric = nullptr, TpPlannerOptions options = {});
+  ~TpStepPlanner();
+
+  // selections: every query of every request of the batch, concatenated (as in DP mode).
+  // kOutOfRange (group), kNotFound (an address that is not live), kResourceExhausted (some
+  // rank's misses do not fit), kFailedPrecondition (another rank refused). Nothing changes
+  // on any error. Collective when a fabric is used.
+  Result<TpStepPlan> Step(GroupId group, std::span<const LogicalAddr> selections);
+
+ private:
+  struct Scratch;
+  TpAddressSpace& space_;
+  TpFabric* fabric_;
+  TpPlannerOptions options_;
+  std::unique_ptr<Scratch> scratch_;
+};
+
+}  // namespace ula

@@ -1,0 +1,459 @@
+// TpAddressSpace: directory, shards and local buffers (see include/ula/tp_address_space.h
+// for the structure and its invariants). Every mutating call validates all of its input
+// before the first change, so an error leaves everything as it was.
+#include "ula/tp_address_space.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "sparse/tp_state.h"
+#include "ula/check.h"
+
+namespace ula {
+
+Status TpConfig::Validate() const {
+  auto bad = [](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, "TpConfig." + msg); };
+  if (num_ranks == 0 || num_ranks > std::numeric_limits<std::uint16_t>::max() - 1) {
+    return bad(fmt::format("num_ranks = {}: must be in [1, 65534]", num_ranks));
+  }
+  if (num_groups == 0 || num_groups > std::numeric_limits<std::uint16_t>::max() - 1) {
+    return bad(fmt::format("num_groups = {}: must be in [1, 65534]", num_groups));
+  }
+  if (entry_bytes == 0) return bad("entry_bytes = 0: must be > 0");
+  const std::uint64_t per_group = std::uint64_t{entry_bytes} * num_groups;
+  if (device_bytes_per_rank / per_group == 0) {
+    return bad(fmt::format("device_bytes_per_rank = {}: holds no entry of {} B in each of {} groups",
+                           device_bytes_per_rank, entry_bytes, num_groups));
+  }
+  if (num_ranks > 1 && buffer_bytes_per_rank / per_group == 0) {
+    return bad(fmt::format("buffer_bytes_per_rank = {}: holds no entry of {} B in each of {} groups",
+                           buffer_bytes_per_rank, entry_bytes, num_groups));
+  }
+  const std::uint64_t shard = (device_bytes_per_rank + host_bytes_per_rank) / per_group;
+  if (shard * num_ranks >= LogicalAddr::kInvalidValue || buffer_bytes_per_rank / per_group >= SlotId::kInvalidValue) {
+    return bad("the pools hold more than 2^32 - 2 addresses over all ranks");
+  }
+  ULA_RETURN_IF_ERROR(policy_options.Validate());
+  return Ok();
+}
+
+std::uint32_t TpConfig::device_slots_per_group() const {
+  return static_cast<std::uint32_t>(device_bytes_per_rank / (std::uint64_t{entry_bytes} * num_groups));
+}
+std::uint32_t TpConfig::host_slots_per_group() const {
+  return static_cast<std::uint32_t>(host_bytes_per_rank / (std::uint64_t{entry_bytes} * num_groups));
+}
+std::uint32_t TpConfig::buffer_slots_per_group() const {
+  return static_cast<std::uint32_t>(buffer_bytes_per_rank / (std::uint64_t{entry_bytes} * num_groups));
+}
+
+TpAddressSpace::TpAddressSpace(const TpConfig& config, Backend& backend, std::vector<Rank> hosted,
+                               std::unique_ptr<State> state)
+    : config_(config), backend_(backend), hosted_(std::move(hosted)), state_(std::move(state)) {}
+
+TpAddressSpace::~TpAddressSpace() {
+  backend_.WaitAll();
+  for (ArenaId id : state_->arenas) (void)backend_.DestroyArena(id);
+}
+
+Result<std::unique_ptr<TpAddressSpace>> TpAddressSpace::Create(const TpConfig& config, Backend& backend,
+                                                              std::span<const Rank> hosted_ranks) {
+  ULA_RETURN_IF_ERROR(config.Validate());
+  std::vector<Rank> hosted(hosted_ranks.begin(), hosted_ranks.end());
+  if (hosted.empty()) {
+    for (std::uint32_t r = 0; r < config.num_ranks; ++r) hosted.push_back(Rank(static_cast<std::uint16_t>(r)));
+  }
+  std::sort(hosted.begin(), hosted.end());
+  for (std::size_t i = 0; i < hosted.size(); ++i) {
+    if (hosted[i].value() >= config.num_ranks) {
+      return MakeError(ErrorCode::kOutOfRange, fmt::format("hosted rank {} is out of range ({} ranks)",
+                                                           hosted[i].value(), config.num_ranks));
+    }
+    if (i > 0 && hosted[i] == hosted[i - 1]) {
+      return MakeError(ErrorCode::kInvalidArgument, fmt::format("rank {} is hosted twice", hosted[i].value()));
+    }
+  }
+  auto state = std::make_unique<State>();
+  const std::uint32_t dev = config.device_slots_per_group();
+  const std::uint32_t host = config.host_slots_per_group();
+  const std::uint32_t buf = config.buffer_slots_per_group();
+  auto fail = [&](Error e) -> Result<std::unique_ptr<TpAddressSpace>> {
+    for (ArenaId id : state->arenas) (void)backend.DestroyArena(id);
+    return std::unexpected(std::move(e));
+  };
+  auto make_pool = [&](Tier tier, Rank rank, std::uint32_t slots) -> Result<SlotPool> {
+    auto arena = backend.CreateArena(tier, rank, std::uint64_t{slots} * config.entry_bytes);
+    if (!arena) return std::unexpected(arena.error());
+    state->arenas.push_back(arena->id);
+    return SlotPool::Create(*arena, config.entry_bytes, slots);
+  };
+  state->free_addrs.resize(config.num_ranks);
+  state->minted.assign(config.num_ranks, 0);
+  state->homed.assign(config.num_ranks, 0);
+  state->shards.resize(config.num_ranks);
+  for (Rank r : hosted) {
+    for (std::uint32_t g = 0; g < config.num_groups; ++g) {
+      auto device = make_pool(Tier::kDevice, r, dev);
+      if (!device) return fail(device.error());
+      auto host_pool = make_pool(Tier::kHost, r, host);
+      if (!host_pool) return fail(host_pool.error());
+      auto buffer = make_pool(Tier::kDevice, r, buf);
+      if (!buffer) return fail(buffer.error());
+      auto policy = MakePolicy(config.policy, dev, config.policy_options);
+      if (!policy) return fail(policy.error());
+      auto buffer_policy = MakePolicy(config.buffer_policy, buf, config.policy_options);
+      if (!buffer_policy) return fail(buffer_policy.error());
+      state->shards[r.value()].push_back(TpGroupShard{std::move(*device), std::move(*host_pool), std::move(*policy),
+                                                      std::vector<LogicalAddr>(dev),
+                                                      std::vector<Location>(std::size_t{dev} + host),
+                                                      std::move(*buffer), std::move(*buffer_policy),
+                                                      std::vector<LogicalAddr>(buf), {}});
+    }
+  }
+  return std::unique_ptr<TpAddressSpace>(new TpAddressSpace(config, backend, std::move(hosted), std::move(state)));
+}
+
+bool TpAddressSpace::Hosts(Rank r) const {
+  return r.value() < config_.num_ranks && !state_->shards[r.value()].empty();
+}
+
+Status TpAddressSpace::AddRequest(RequestId request) {
+  if (state_->requests.contains(request)) {
+    return MakeError(ErrorCode::kAlreadyExists, fmt::format("request {} already exists", request.value()));
+  }
+  state_->requests.emplace(request, std::vector<LogicalAddr>{});
+  return Ok();
+}
+
+Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
+  State& st = *state_;
+  auto it = st.requests.find(request);
+  if (it == st.requests.end()) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));
+  }
+  // Plan the home ranks first: round robin from the cursor over ranks that have room.
+  const std::uint32_t p = config_.num_ranks;
+  const std::uint32_t cap = config_.shard_slots_per_group();
+  std::uint64_t room = 0;
+  for (std::uint32_t r = 0; r < p; ++r) room += cap - st.homed[r];
+  if (n_tokens > room) {
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("request {}: {} new entries do not fit: {} free entries over {} ranks of {} each",
+                                 request.value(), n_tokens, room, p, cap));
+  }
+  std::vector<std::uint32_t> planned(st.homed);
+  std::vector<std::uint16_t> home(n_tokens);
+  std::uint32_t cursor = st.cursor;
+  for (std::uint32_t i = 0; i < n_tokens; ++i) {
+    while (planned[cursor] >= cap) cursor = (cursor + 1) % p;
+    home[i] = static_cast<std::uint16_t>(cursor);
+    ++planned[cursor];
+    cursor = (cursor + 1) % p;
+  }
+  // Mutate.
+  st.cursor = cursor;
+  std::vector<LogicalAddr> out(n_tokens);
+  for (std::uint32_t i = 0; i < n_tokens; ++i) {
+    const std::uint32_t r = home[i];
+    LogicalAddr a;
+    if (!st.free_addrs[r].empty()) {
+      a = st.free_addrs[r].front();
+      st.free_addrs[r].pop_front();
+    } else {
+      a = LogicalAddr(st.minted[r]++ * p + r);
+    }
+    out[i] = a;
+    if (st.live.size() <= a.value()) st.live.resize(std::max<std::size_t>(a.value() + 1, st.live.size() * 2), 0);
+    st.live[a.value()] = 1;
+    ++st.homed[r];
+    if (st.shards[r].empty()) continue;  // homed on a rank another process hosts
+    for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
+      TpGroupShard& sh = st.shards[r][g];
+      Location loc;
+      if (auto dev = sh.device.Allocate()) {
+        loc = Location::Make(Tier::kDevice, Rank(static_cast<std::uint16_t>(r)), *dev);
+        sh.device_owner[dev->value()] = a;
+        sh.policy->Insert(*dev);
+      } else {
+        auto host = sh.host.Allocate();
+        ULA_CHECK(host.has_value());  // room was planned above
+        loc = Location::Make(Tier::kHost, Rank(static_cast<std::uint16_t>(r)), *host);
+      }
+      sh.home[a.value() / p] = loc;
+    }
+  }
+  auto& addrs = it->second;
+  addrs.insert(addrs.end(), out.begin(), out.end());
+  st.num_live += n_tokens;
+  ULA_EXPENSIVE_CHECK(*this);
+  return out;
+}
+
+Status TpAddressSpace::Free(RequestId request) {
+  State& st = *state_;
+  auto it = st.requests.find(request);
+  if (it == st.requests.end()) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown or already freed", request.value()));
+  }
+  const std::uint32_t p = config_.num_ranks;
+  for (LogicalAddr a : it->second) {
+    const std::uint32_t r = a.value() % p;
+    for (Rank hr : hosted_) {
+      for (TpGroupShard& sh : st.shards[hr.value()]) sh.DropCopy(a);
+    }
+    if (!st.shards[r].empty()) {
+      for (TpGroupShard& sh : st.shards[r]) {
+        Location& loc = sh.home[a.value() / p];
+        if (loc.tier() == Tier::kDevice) {
+          sh.policy->Remove(loc.slot());
+          ULA_CHECK(sh.device.Free(loc.slot()).has_value());
+          sh.device_owner[loc.slot().value()] = LogicalAddr::Invalid();
+        } else {
+          ULA_CHECK(sh.host.Free(loc.slot()).has_value());
+        }
+        loc = Location::None();
+      }
+    }
+    st.live[a.value()] = 0;
+    --st.homed[r];
+    st.free_addrs[r].push_back(a);
+  }
+  st.num_live -= it->second.size();
+  st.requests.erase(it);
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
+
+namespace {
+
+Status CheckEntryArgs(const TpConfig& cfg, const TpAddressSpace::State& st, LogicalAddr addr, GroupId group,
+                      std::size_t size) {
+  if (group.value() >= cfg.num_groups) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", group.value(), cfg.num_groups));
+  }
+  if (size != cfg.entry_bytes) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("entry is {} bytes, not {}", cfg.entry_bytes, size));
+  }
+  if (!st.IsLive(addr)) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("logical address {} is not live", addr.value()));
+  }
+  return Ok();
+}
+
+}  // namespace
+
+Status TpAddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data) {
+  ULA_RETURN_IF_ERROR(CheckEntryArgs(config_, *state_, addr, group, data.size()));
+  if (!backend_.holds_bytes()) return MakeError(ErrorCode::kUnsupported, "the counting backend holds no bytes");
+  for (Rank r : hosted_) state_->at(r, group).DropCopy(addr);
+  const Rank home = HomeOf(addr);
+  if (Hosts(home)) {
+    const TpGroupShard& sh = state_->at(home, group);
+    const Location loc = sh.home[addr.value() / config_.num_ranks];
+    const SlotPool& pool = loc.tier() == Tier::kDevice ? sh.device : sh.host;
+    std::memcpy(pool.data(loc.slot()), data.data(), data.size());
+  }
+  return Ok();
+}
+
+Status TpAddressSpace::Read(LogicalAddr addr, GroupId group, std::span<std::byte> out) const {
+  ULA_RETURN_IF_ERROR(CheckEntryArgs(config_, *state_, addr, group, out.size()));
+  if (!backend_.holds_bytes()) return MakeError(ErrorCode::kUnsupported, "the counting backend holds no bytes");
+  const Rank home = HomeOf(addr);
+  if (!Hosts(home)) {
+    return MakeError(ErrorCode::kUnsupported, fmt::format("address {} is homed on rank {}, not hosted here",
+                                                          addr.value(), home.value()));
+  }
+  const TpGroupShard& sh = state_->at(home, group);
+  const Location loc = sh.home[addr.value() / config_.num_ranks];
+  const SlotPool& pool = loc.tier() == Tier::kDevice ? sh.device : sh.host;
+  std::memcpy(out.data(), pool.data(loc.slot()), out.size());
+  return Ok();
+}
+
+Result<Location> TpAddressSpace::Lookup(LogicalAddr addr, GroupId group) const {
+  if (group.value() >= config_.num_groups) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range", group.value()));
+  }
+  if (!state_->IsLive(addr)) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("logical address {} is not live", addr.value()));
+  }
+  const Rank home = HomeOf(addr);
+  if (!Hosts(home)) return MakeError(ErrorCode::kUnsupported, fmt::format("rank {} is not hosted here", home.value()));
+  return state_->at(home, group).home[addr.value() / config_.num_ranks];
+}
+
+Result<std::optional<SlotId>> TpAddressSpace::BufferSlot(Rank rank, LogicalAddr addr, GroupId group) const {
+  if (rank.value() >= config_.num_ranks || group.value() >= config_.num_groups) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} / group {} is out of range", rank.value(), group.value()));
+  }
+  if (!Hosts(rank)) return MakeError(ErrorCode::kUnsupported, fmt::format("rank {} is not hosted here", rank.value()));
+  if (!state_->IsLive(addr)) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("logical address {} is not live", addr.value()));
+  }
+  const auto& buffered = state_->at(rank, group).buffered;
+  auto it = buffered.find(addr.value());
+  if (it == buffered.end()) return std::optional<SlotId>();
+  return std::optional<SlotId>(it->second);
+}
+
+const std::byte* TpAddressSpace::RefData(Rank rank, GroupId group, TpReadRef ref) const {
+  if (group.value() >= config_.num_groups || !Hosts(rank)) return nullptr;
+  const TpGroupShard& sh = state_->at(rank, group);
+  const SlotPool& pool = ref.source == TpReadRef::Source::kShard ? sh.device : sh.buffer;
+  if (ref.slot.value() >= pool.capacity()) return nullptr;
+  return pool.data(ref.slot);
+}
+
+Result<std::span<const LogicalAddr>> TpAddressSpace::AddressesOf(RequestId request) const {
+  auto it = state_->requests.find(request);
+  if (it == state_->requests.end()) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));
+  }
+  return std::span<const LogicalAddr>(it->second);
+}
+
+bool TpAddressSpace::IsLive(LogicalAddr addr) const { return state_->IsLive(addr); }
+
+void TpAddressSpace::AdvanceRound() {
+  for (Rank r : hosted_) {
+    for (TpGroupShard& sh : state_->shards[r.value()]) {
+      sh.policy->AdvanceRound();
+      sh.buffer_policy->AdvanceRound();
+    }
+  }
+}
+
+std::uint64_t TpAddressSpace::num_live_addresses() const { return state_->num_live; }
+std::uint32_t TpAddressSpace::num_requests() const { return static_cast<std::uint32_t>(state_->requests.size()); }
+std::uint32_t TpAddressSpace::NumHomed(Rank r) const {
+  return r.value() < config_.num_ranks ? state_->homed[r.value()] : 0;
+}
+
+std::uint32_t TpAddressSpace::NumUsed(Rank rank, GroupId group, Tier tier) const {
+  if (!Hosts(rank) || group.value() >= config_.num_groups) return 0;
+  const TpGroupShard& sh = state_->at(rank, group);
+  return tier == Tier::kDevice ? sh.device.num_used() : sh.host.num_used();
+}
+std::uint32_t TpAddressSpace::NumFree(Rank rank, GroupId group, Tier tier) const {
+  if (!Hosts(rank) || group.value() >= config_.num_groups) return 0;
+  const TpGroupShard& sh = state_->at(rank, group);
+  return tier == Tier::kDevice ? sh.device.num_free() : sh.host.num_free();
+}
+std::uint32_t TpAddressSpace::NumBuffered(Rank rank, GroupId group) const {
+  if (!Hosts(rank) || group.value() >= config_.num_groups) return 0;
+  return state_->at(rank, group).buffer.num_used();
+}
+
+TpShardMemory TpAddressSpace::ShardMemory(Rank rank, GroupId group) const {
+  const TpGroupShard& sh = state_->at(rank, group);
+  return TpShardMemory{sh.home.data(), static_cast<std::uint32_t>(sh.home.size()), sh.device.arena(), sh.host.arena()};
+}
+
+Status TpAddressSpace::CheckInvariants() const {
+  const State& st = *state_;
+  auto fail = [](std::string msg) { return MakeError(ErrorCode::kInternal, "TpAddressSpace: " + std::move(msg)); };
+  const std::uint32_t p = config_.num_ranks;
+  // Directory.
+  std::vector<std::uint8_t> listed(st.live.size(), 0);
+  std::uint64_t n_listed = 0;
+  std::vector<std::uint32_t> homed(p, 0);
+  for (const auto& [id, addrs] : st.requests) {
+    for (LogicalAddr a : addrs) {
+      if (!st.IsLive(a)) return fail(fmt::format("request {} holds address {} that is not live", id.value(), a.value()));
+      if (listed[a.value()]++) return fail(fmt::format("address {} is held twice", a.value()));
+      ++homed[a.value() % p];
+      ++n_listed;
+    }
+  }
+  if (n_listed != st.num_live) return fail(fmt::format("{} listed addresses but {} live", n_listed, st.num_live));
+  for (std::uint32_t r = 0; r < p; ++r) {
+    if (homed[r] != st.homed[r]) return fail(fmt::format("rank {}: {} homed addresses, counter says {}", r, homed[r], st.homed[r]));
+    if (st.homed[r] > config_.shard_slots_per_group()) return fail(fmt::format("rank {} holds more than its shard", r));
+    for (LogicalAddr a : st.free_addrs[r]) {
+      if (a.value() % p != r || st.IsLive(a)) return fail(fmt::format("free list of rank {} holds address {}", r, a.value()));
+    }
+    if (st.free_addrs[r].size() + st.homed[r] != st.minted[r]) {
+      return fail(fmt::format("rank {}: {} free + {} live != {} minted", r, st.free_addrs[r].size(), st.homed[r], st.minted[r]));
+    }
+  }
+  for (std::size_t a = 0; a < st.live.size(); ++a) {
+    if (st.live[a] && !listed[a]) return fail(fmt::format("live address {} is in no request", a));
+  }
+  // Hosted shards and buffers.
+  for (Rank rank : hosted_) {
+    const std::uint32_t r = rank.value();
+    for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
+      const TpGroupShard& sh = st.shards[r][g];
+      std::vector<bool> dev_seen(sh.device.capacity()), host_seen(sh.host.capacity());
+      std::uint32_t n_dev = 0, n_host = 0;
+      for (std::uint32_t i = 0; i < sh.home.size(); ++i) {
+        const LogicalAddr a(i * p + r);
+        const Location loc = sh.home[i];
+        const bool live = i < st.minted[r] && st.IsLive(a);
+        if (loc.is_none()) {
+          if (live) return fail(fmt::format("live address {} has no home in group {}", a.value(), g));
+          continue;
+        }
+        if (!live) return fail(fmt::format("dead address {} has a home in group {}", a.value(), g));
+        if (loc.rank() != rank) return fail(fmt::format("address {} homed on rank {} is located on rank {}", a.value(), r, loc.rank().value()));
+        const bool dev = loc.tier() == Tier::kDevice;
+        const SlotPool& pool = dev ? sh.device : sh.host;
+        auto& seen = dev ? dev_seen : host_seen;
+        if (!pool.IsAllocated(loc.slot())) return fail(fmt::format("address {} group {} sits in a free slot", a.value(), g));
+        if (seen[loc.slot().value()]) return fail(fmt::format("rank {} group {}: {} slot {} holds two addresses", r, g, TierName(loc.tier()), loc.slot().value()));
+        seen[loc.slot().value()] = true;
+        if (dev) {
+          if (sh.device_owner[loc.slot().value()] != a) return fail(fmt::format("device owner map disagrees for address {}", a.value()));
+          if (!sh.policy->IsTracked(loc.slot())) return fail(fmt::format("device slot of address {} is untracked", a.value()));
+          ++n_dev;
+        } else {
+          ++n_host;
+        }
+      }
+      if (n_dev != sh.device.num_used() || n_host != sh.host.num_used()) {
+        return fail(fmt::format("rank {} group {}: pools hold {}/{} but homes locate {}/{}", r, g, sh.device.num_used(),
+                                sh.host.num_used(), n_dev, n_host));
+      }
+      // Local buffer.
+      if (sh.buffered.size() != sh.buffer.num_used()) {
+        return fail(fmt::format("rank {} group {}: {} buffer slots used but {} indexed", r, g, sh.buffer.num_used(), sh.buffered.size()));
+      }
+      std::vector<std::byte> home_bytes(config_.entry_bytes);
+      for (const auto& [addr, slot] : sh.buffered) {
+        const LogicalAddr a(addr);
+        if (!st.IsLive(a)) return fail(fmt::format("rank {} buffers dead address {}", r, addr));
+        if (addr % p == r) return fail(fmt::format("rank {} buffers its own address {}", r, addr));
+        if (!sh.buffer.IsAllocated(slot) || sh.buffer_owner[slot.value()] != a) {
+          return fail(fmt::format("rank {} group {}: buffer slot {} does not hold address {}", r, g, slot.value(), addr));
+        }
+        if (!sh.buffer_policy->IsTracked(slot)) return fail(fmt::format("buffer slot {} is untracked", slot.value()));
+        const Rank home = HomeOf(a);
+        if (backend_.holds_bytes() && Hosts(home)) {
+          (void)Read(a, GroupId(static_cast<std::uint16_t>(g)), home_bytes);
+          if (std::memcmp(home_bytes.data(), sh.buffer.data(slot), config_.entry_bytes) != 0) {
+            return fail(fmt::format("rank {} group {}: buffered copy of address {} differs from its home", r, g, addr));
+          }
+        }
+      }
+      ULA_RETURN_IF_ERROR(sh.device.CheckInvariants());
+      ULA_RETURN_IF_ERROR(sh.host.CheckInvariants());
+      ULA_RETURN_IF_ERROR(sh.buffer.CheckInvariants());
+      ULA_RETURN_IF_ERROR(sh.policy->CheckInvariants());
+      ULA_RETURN_IF_ERROR(sh.buffer_policy->CheckInvariants());
+      std::uint64_t tracked = 0, tracked_buf = 0;
+      for (std::uint32_t s = 0; s < sh.device.capacity(); ++s) tracked += sh.policy->IsTracked(SlotId(s));
+      for (std::uint32_t s = 0; s < sh.buffer.capacity(); ++s) tracked_buf += sh.buffer_policy->IsTracked(SlotId(s));
+      if (tracked != sh.device.num_used() || tracked_buf != sh.buffer.num_used()) {
+        return fail(fmt::format("rank {} group {}: policies track {}/{} slots, {}/{} occupied", r, g, tracked, tracked_buf,
+                                sh.device.num_used(), sh.buffer.num_used()));
+      }
+    }
+  }
+  return Ok();
+}
+
+}  // namespace ula

@@ -1,0 +1,59 @@
+// Internal state of TpAddressSpace, shared with TpStepPlanner (same component).
+// Layout: a replicated directory plus, for every hosted rank, one TpGroupShard per group.
+// All per-group state is disjoint, which is what lets steps of different groups run on
+// different threads.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "ula/slot_pool.h"
+#include "ula/tp_address_space.h"
+
+namespace ula {
+
+// One rank's share of one layer group.
+struct TpGroupShard {
+  SlotPool device;                               // shard, device tier
+  SlotPool host;                                 // shard, host tier
+  std::unique_ptr<ResidencyPolicy> policy;       // over device slots
+  std::vector<LogicalAddr> device_owner;         // [device capacity]
+  std::vector<Location> home;                    // [shard_slots_per_group] indexed by address / P
+  SlotPool buffer;                               // local buffer, device tier
+  std::unique_ptr<ResidencyPolicy> buffer_policy;
+  std::vector<LogicalAddr> buffer_owner;         // [buffer capacity]
+  std::unordered_map<std::uint32_t, SlotId> buffered;  // address -> buffer slot
+
+  // Drops the buffer copy of `a` if there is one.
+  void DropCopy(LogicalAddr a) {
+    auto it = buffered.find(a.value());
+    if (it == buffered.end()) return;
+    buffer_policy->Remove(it->second);
+    (void)buffer.Free(it->second);
+    buffer_owner[it->second.value()] = LogicalAddr::Invalid();
+    buffered.erase(it);
+  }
+};
+
+struct TpAddressSpace::State {
+  // Directory (replicated).
+  std::unordered_map<RequestId, std::vector<LogicalAddr>> requests;
+  std::vector<std::deque<LogicalAddr>> free_addrs;  // [P] FIFO per home rank
+  std::vector<std::uint32_t> minted;                // [P] addresses r, r+P, ... handed out once
+  std::vector<std::uint32_t> homed;                 // [P] live addresses per home rank
+  std::vector<std::uint8_t> live;                   // [max address + 1] 1 = live
+  std::uint32_t cursor = 0;                         // next rank to receive a token
+  std::uint64_t num_live = 0;
+
+  // Hosted ranks: shards[r] empty for a rank not hosted here.
+  std::vector<std::vector<TpGroupShard>> shards;  // [P][groups]
+  std::vector<ArenaId> arenas;
+
+  TpGroupShard& at(Rank r, GroupId g) { return shards[r.value()][g.value()]; }
+  const TpGroupShard& at(Rank r, GroupId g) const { return shards[r.value()][g.value()]; }
+  bool IsLive(LogicalAddr a) const { return a.value() < live.size() && live[a.value()] != 0; }
+};
+
+}  // namespace ula

@@ -1,0 +1,310 @@
+// TpStepPlanner: validate -> agree -> home phase -> barrier -> remote phase -> barrier ->
+// emit (see include/ula/tp_step_planner.h). The dedup runs once per step and group and is
+// shared read-only by the rank workers; each worker touches only its own rank's shard and
+// buffer of the stepped group, and in the remote phase only reads other ranks' homes,
+// which the barrier has settled.
+#include "ula/tp_step_planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <mutex>
+#include <thread>
+
+#include "sparse/tp_state.h"
+#include "ula/check.h"
+
+namespace ula {
+
+TpRankStepStats& TpRankStepStats::operator+=(const TpRankStepStats& o) {
+  distinct += o.distinct;
+  home_hits += o.home_hits;
+  home_misses += o.home_misses;
+  home_evictions += o.home_evictions;
+  buffer_hits += o.buffer_hits;
+  remote_fetches += o.remote_fetches;
+  buffer_evictions += o.buffer_evictions;
+  host_bytes += o.host_bytes;
+  remote_bytes += o.remote_bytes;
+  source_batches += o.source_batches;
+  return *this;
+}
+
+TpRankStepStats TpStepPlan::Total() const {
+  TpRankStepStats t;
+  for (const auto& s : stats) t += s;
+  return t;
+}
+
+// Per hosted rank: the step's classification and the slots chosen for it.
+struct RankWork {
+  Rank rank;
+  std::vector<SlotId> home_hit_slots, home_targets;
+  std::vector<LogicalAddr> home_missed;
+  std::vector<SlotId> buffer_hit_slots, buffer_targets;
+  std::vector<LogicalAddr> remote_missed;
+  TpRankStepStats stats;
+};
+
+struct TpStepPlanner::Scratch {
+  std::vector<std::uint32_t> seen_epoch;  // [addresses] dedup stamps
+  std::uint32_t epoch = 0;
+  std::vector<LogicalAddr> distinct;
+  std::vector<RankWork> work;  // [hosted]
+};
+
+TpStepPlanner::TpStepPlanner(TpAddressSpace& space, TpFabric* fabric, TpPlannerOptions options)
+    : space_(space), fabric_(fabric), options_(options), scratch_(std::make_unique<Scratch>()) {}
+TpStepPlanner::~TpStepPlanner() = default;
+
+namespace {
+
+template <class F>
+void ForEachRank(std::vector<RankWork>& work, bool parallel, F&& fn) {
+  if (!parallel || work.size() < 2) {
+    for (RankWork& w : work) fn(w);
+    return;
+  }
+  std::vector<std::jthread> threads;
+  threads.reserve(work.size());
+  for (RankWork& w : work) threads.emplace_back([&fn, &w] { fn(w); });
+}
+
+// Home phase of one rank: host-resident entries of its own shard swap onto device.
+void HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w) {
+  sh.policy->Touch(w.home_hit_slots);
+  const std::size_t n_miss = w.home_missed.size();
+  const std::size_t n_free = std::min<std::size_t>(n_miss, sh.device.num_free());
+  w.home_targets.resize(n_miss);
+  for (std::size_t i = 0; i < n_free; ++i) w.home_targets[i] = *sh.device.Allocate();
+  const std::size_t claimed = sh.policy->ClaimVictims(std::span(w.home_targets).subspan(n_free));
+  ULA_CHECK(claimed == n_miss - n_free);
+  w.stats.home_misses = n_miss;
+  w.stats.home_evictions = n_miss - n_free;
+  if (n_miss == 0) return;
+  const std::uint32_t p = cfg.num_ranks;
+  CopyBatch fetch{sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
+  CopyBatch swap{sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, /*swap=*/true, {}};
+  for (std::size_t i = 0; i < n_miss; ++i) {
+    const SlotMove move{sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])};
+    (i < n_free ? fetch : swap).moves.push_back(move);
+  }
+  w.stats.host_bytes = (fetch.moves.size() + 2 * swap.moves.size()) * std::uint64_t{cfg.entry_bytes};
+  Fence last = 0;
+  for (CopyBatch* batch : {&fetch, &swap}) {
+    if (batch->moves.empty()) continue;
+    auto fence = backend.Submit(std::move(*batch));
+    ULA_CHECK(fence.has_value());  // offsets come from our own pools
+    last = *fence;
+  }
+  backend.Wait(last);
+  // Bytes have arrived: publish.
+  for (std::size_t i = 0; i < n_miss; ++i) {
+    const LogicalAddr wanted = w.home_missed[i];
+    const SlotId dev = w.home_targets[i];
+    Location& loc = sh.home[wanted.value() / p];
+    const SlotId host_slot = loc.slot();
+    if (i < n_free) {
+      ULA_CHECK(sh.host.Free(host_slot).has_value());
+      sh.policy->Insert(dev);
+    } else {
+      const LogicalAddr victim = sh.device_owner[dev.value()];
+      sh.home[victim.value() / p] = Location::Make(Tier::kHost, w.rank, host_slot);
+    }
+    loc = Location::Make(Tier::kDevice, w.rank, dev);
+    sh.device_owner[dev.value()] = wanted;
+  }
+}
+
+}  // namespace
+
+Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAddr> selections) {
+  TpAddressSpace::State& st = *space_.state_;
+  const TpConfig& cfg = space_.config();
+  const std::uint32_t p = cfg.num_ranks;
+  Scratch& sc = *scratch_;
+  // Errors every rank sees alike (the directory is replicated): no collective needed.
+  if (group.value() >= cfg.num_groups) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", group.value(), cfg.num_groups));
+  }
+  if (fabric_ != nullptr && (space_.hosted_ranks().size() != 1 || space_.hosted_ranks()[0] != fabric_->local_rank())) {
+    return MakeError(ErrorCode::kFailedPrecondition, "with a fabric the space must host exactly the fabric's local rank");
+  }
+  // 0. Validate and dedup.
+  if (sc.seen_epoch.size() < st.live.size()) sc.seen_epoch.resize(st.live.size(), 0);
+  if (++sc.epoch == 0) {
+    std::fill(sc.seen_epoch.begin(), sc.seen_epoch.end(), 0);
+    sc.epoch = 1;
+  }
+  sc.distinct.clear();
+  for (std::size_t i = 0; i < selections.size(); ++i) {
+    const LogicalAddr a = selections[i];
+    if (!st.IsLive(a)) {
+      return MakeError(ErrorCode::kNotFound, fmt::format("selection {}: logical address {} is not live", i, a.value()));
+    }
+    if (sc.seen_epoch[a.value()] == sc.epoch) continue;
+    sc.seen_epoch[a.value()] = sc.epoch;
+    sc.distinct.push_back(a);
+  }
+  // Classify per hosted rank and check that its misses fit.
+  const auto hosted = space_.hosted_ranks();
+  sc.work.resize(hosted.size());
+  Status local = Ok();
+  for (std::size_t h = 0; h < hosted.size(); ++h) {
+    RankWork& w = sc.work[h];
+    w.rank = hosted[h];
+    w.home_hit_slots.clear();
+    w.home_missed.clear();
+    w.buffer_hit_slots.clear();
+    w.remote_missed.clear();
+    w.stats = {};
+    w.stats.distinct = sc.distinct.size();
+    const TpGroupShard& sh = st.at(w.rank, group);
+    for (LogicalAddr a : sc.distinct) {
+      if (a.value() % p == w.rank.value()) {
+        const Location loc = sh.home[a.value() / p];
+        if (loc.tier() == Tier::kDevice) {
+          w.home_hit_slots.push_back(loc.slot());
+        } else {
+          w.home_missed.push_back(a);
+        }
+      } else if (auto it = sh.buffered.find(a.value()); it != sh.buffered.end()) {
+        w.buffer_hit_slots.push_back(it->second);
+      } else {
+        w.remote_missed.push_back(a);
+      }
+    }
+    w.stats.home_hits = w.home_hit_slots.size();
+    w.stats.buffer_hits = w.buffer_hit_slots.size();
+    auto room = [](const SlotPool& pool, const ResidencyPolicy& policy, const std::vector<SlotId>& hits) {
+      std::uint64_t newly_used = 0;
+      for (SlotId s : hits) newly_used += !policy.UsedInCurrentRound(s);
+      return std::uint64_t{pool.num_free()} + (policy.NumEvictable() - newly_used);
+    };
+    const std::uint64_t home_room = room(sh.device, *sh.policy, w.home_hit_slots);
+    const std::uint64_t buffer_room = room(sh.buffer, *sh.buffer_policy, w.buffer_hit_slots);
+    if (local && w.home_missed.size() > home_room) {
+      local = MakeError(ErrorCode::kResourceExhausted,
+                        fmt::format("rank {} group {}: {} of its own entries must come to device but only {} device "
+                                    "slots are free or evictable", w.rank.value(), group.value(),
+                                    w.home_missed.size(), home_room));
+    }
+    if (local && w.remote_missed.size() > buffer_room) {
+      local = MakeError(ErrorCode::kResourceExhausted,
+                        fmt::format("rank {} group {}: {} remote entries must be fetched but only {} local-buffer "
+                                    "slots are free or evictable", w.rank.value(), group.value(),
+                                    w.remote_missed.size(), buffer_room));
+    }
+  }
+  const bool all_ok = fabric_ ? fabric_->AllTrue(local.has_value()) : local.has_value();
+  if (!local) return std::unexpected(local.error());
+  if (!all_ok) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("group {}: another rank refused the step (its misses do not fit)", group.value()));
+  }
+
+  // 1. Home phase.
+  ForEachRank(sc.work, options_.parallel_ranks,
+              [&](RankWork& w) { HomePhase(cfg, space_.backend(), st.at(w.rank, group), w); });
+  if (fabric_) fabric_->Barrier();
+
+  // 2. Remote phase.
+  Status fetch_status = Ok();
+  std::mutex fetch_mu;
+  ForEachRank(sc.work, options_.parallel_ranks, [&](RankWork& w) {
+    TpGroupShard& sh = st.at(w.rank, group);
+    sh.buffer_policy->Touch(w.buffer_hit_slots);
+    const std::size_t n_miss = w.remote_missed.size();
+    const std::size_t n_free = std::min<std::size_t>(n_miss, sh.buffer.num_free());
+    w.buffer_targets.resize(n_miss);
+    for (std::size_t i = 0; i < n_free; ++i) w.buffer_targets[i] = *sh.buffer.Allocate();
+    const std::size_t claimed = sh.buffer_policy->ClaimVictims(std::span(w.buffer_targets).subspan(n_free));
+    ULA_CHECK(claimed == n_miss - n_free);
+    for (std::size_t i = n_free; i < n_miss; ++i) {  // read-only copies: dropped, no write-back
+      const SlotId s = w.buffer_targets[i];
+      sh.buffered.erase(sh.buffer_owner[s.value()].value());
+      sh.buffer_owner[s.value()] = LogicalAddr::Invalid();
+    }
+    w.stats.remote_fetches = n_miss;
+    w.stats.buffer_evictions = n_miss - n_free;
+    w.stats.remote_bytes = n_miss * std::uint64_t{cfg.entry_bytes};
+    // One batch per source rank (per source tier in-process: a batch spans two arenas).
+    std::vector<std::vector<std::size_t>> by_source(p);
+    for (std::size_t i = 0; i < n_miss; ++i) by_source[w.remote_missed[i].value() % p].push_back(i);
+    Fence last = 0;
+    bool submitted = false;
+    std::vector<LogicalAddr> addrs;
+    std::vector<std::byte*> dst;
+    for (std::uint32_t q = 0; q < p; ++q) {
+      if (by_source[q].empty()) continue;
+      ++w.stats.source_batches;
+      const Rank src(static_cast<std::uint16_t>(q));
+      if (space_.Hosts(src)) {
+        const TpGroupShard& home = st.at(src, group);
+        CopyBatch from_dev{home.device.arena().id, sh.buffer.arena().id, cfg.entry_bytes, false, {}};
+        CopyBatch from_host{home.host.arena().id, sh.buffer.arena().id, cfg.entry_bytes, false, {}};
+        for (std::size_t i : by_source[q]) {
+          const Location loc = home.home[w.remote_missed[i].value() / p];
+          const SlotMove m{(loc.tier() == Tier::kDevice ? home.device : home.host).offset(loc.slot()),
+                           sh.buffer.offset(w.buffer_targets[i])};
+          (loc.tier() == Tier::kDevice ? from_dev : from_host).moves.push_back(m);
+        }
+        for (CopyBatch* b : {&from_dev, &from_host}) {
+          if (b->moves.empty()) continue;
+          auto fence = space_.backend().Submit(std::move(*b));
+          ULA_CHECK(fence.has_value());
+          last = *fence;
+          submitted = true;
+        }
+      } else {
+        addrs.clear();
+        dst.clear();
+        for (std::size_t i : by_source[q]) {
+          addrs.push_back(w.remote_missed[i]);
+          dst.push_back(sh.buffer.data(w.buffer_targets[i]));
+        }
+        if (auto s = fabric_->FetchFromHome(src, group, addrs, dst); !s) {
+          std::lock_guard lock(fetch_mu);
+          if (fetch_status) fetch_status = std::unexpected(s.error());
+        }
+      }
+    }
+    if (submitted) space_.backend().Wait(last);
+    // Bytes have arrived: publish.
+    for (std::size_t i = 0; i < n_miss; ++i) {
+      const SlotId s = w.buffer_targets[i];
+      sh.buffered[w.remote_missed[i].value()] = s;
+      sh.buffer_owner[s.value()] = w.remote_missed[i];
+      if (i < n_free) sh.buffer_policy->Insert(s);
+    }
+  });
+  if (fabric_) fabric_->Barrier();
+  // A failed one-sided get is a broken transport, not bad input: the plan would read
+  // garbage, so it is reported (the buffer state itself stays consistent).
+  if (!fetch_status) return std::unexpected(fetch_status.error());
+
+  // 3. Emit.
+  TpStepPlan plan;
+  plan.ranks.assign(hosted.begin(), hosted.end());
+  plan.refs.resize(hosted.size());
+  plan.stats.resize(hosted.size());
+  for (std::size_t h = 0; h < hosted.size(); ++h) {
+    const RankWork& w = sc.work[h];
+    const TpGroupShard& sh = st.at(w.rank, group);
+    auto& refs = plan.refs[h];
+    refs.resize(selections.size());
+    for (std::size_t j = 0; j < selections.size(); ++j) {
+      const LogicalAddr a = selections[j];
+      if (a.value() % p == w.rank.value()) {
+        refs[j] = TpReadRef{TpReadRef::Source::kShard, sh.home[a.value() / p].slot()};
+      } else {
+        refs[j] = TpReadRef{TpReadRef::Source::kBuffer, sh.buffered.at(a.value())};
+      }
+    }
+    plan.stats[h] = w.stats;
+  }
+  ULA_EXPENSIVE_CHECK(space_);
+  return plan;
+}
+
+}  // namespace ula

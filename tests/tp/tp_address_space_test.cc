@@ -1,0 +1,133 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "tp/tp_fixture.h"
+
+namespace ula {
+namespace {
+
+using testing::SmallTpConfig;
+using testing::TpFixture;
+using testing::TpPattern;
+
+TEST(TpAddressSpace, AddressesAreHomedOnAddressModRanksAndStriped) {
+  TpFixture f(SmallTpConfig(4, 8, 8, 8));
+  auto addrs = f.AddFilled(RequestId(1), 10);
+  std::vector<int> per_rank(4, 0);
+  for (LogicalAddr a : addrs) {
+    auto loc = f.space->Lookup(a, GroupId(0)).value();
+    EXPECT_EQ(loc.rank().value(), a.value() % 4);
+    EXPECT_EQ(loc.tier(), Tier::kDevice);
+    ++per_rank[loc.rank().value()];
+  }
+  EXPECT_EQ(per_rank, (std::vector<int>{3, 3, 2, 2}));
+  EXPECT_TRUE(f.space->CheckInvariants());
+}
+
+TEST(TpAddressSpace, ShardSpillsToHostThenToOtherRanks) {
+  TpFixture f(SmallTpConfig(2, 2, 2, 4));
+  auto addrs = f.AddFilled(RequestId(1), 8);  // exactly the two shards
+  int host = 0;
+  for (LogicalAddr a : addrs) host += f.space->Lookup(a, GroupId(0))->tier() == Tier::kHost;
+  EXPECT_EQ(host, 4);
+  ASSERT_TRUE(f.space->CheckInvariants());
+  // Full: one more token is refused and nothing changes.
+  const auto before = f.Take();
+  auto more = f.space->Allocate(RequestId(1), 1);
+  ASSERT_FALSE(more);
+  EXPECT_EQ(more.error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_EQ(f.Take(), before);
+  // Free, reuse: a freed address returns on the same home rank.
+  ASSERT_TRUE(f.space->Free(RequestId(1)));
+  f.requests.clear();
+  auto again = f.AddFilled(RequestId(2), 3);
+  for (LogicalAddr a : again) EXPECT_EQ(f.space->Lookup(a, GroupId(0))->rank().value(), a.value() % 2);
+  EXPECT_TRUE(f.space->CheckInvariants());
+}
+
+TEST(TpAddressSpace, WriteReadRoundTripsAndRewriteDropsBufferCopies) {
+  TpFixture f(SmallTpConfig(2, 8, 0, 8, /*groups=*/2));
+  auto addrs = f.AddFilled(RequestId(1), 6);
+  ASSERT_TRUE(f.planner.Step(GroupId(1), addrs));
+  // Rank 0 buffers the addresses homed on rank 1.
+  const LogicalAddr remote = addrs[1];
+  ASSERT_EQ(remote.value() % 2, 1u);
+  EXPECT_TRUE(f.space->BufferSlot(Rank(0), remote, GroupId(1)).value().has_value());
+  const auto v1 = TpPattern(remote, 1, 32, 1);
+  ASSERT_TRUE(f.space->Write(remote, GroupId(1), v1));
+  EXPECT_FALSE(f.space->BufferSlot(Rank(0), remote, GroupId(1)).value().has_value());
+  std::vector<std::byte> out(32);
+  ASSERT_TRUE(f.space->Read(remote, GroupId(1), out));
+  EXPECT_EQ(out, v1);
+  EXPECT_TRUE(f.space->CheckInvariants());
+}
+
+TEST(TpAddressSpace, BadInputIsRefusedAndChangesNothing) {
+  TpFixture f(SmallTpConfig(4, 4, 4, 12, 2));
+  auto addrs = f.AddFilled(RequestId(1), 12);
+  ASSERT_TRUE(f.planner.Step(GroupId(0), addrs));
+  const auto before = f.Take();
+  std::vector<std::byte> buf(32), wrong(31);
+  const LogicalAddr unknown(1000000);
+  EXPECT_EQ(f.space->AddRequest(RequestId(1)).error().code(), ErrorCode::kAlreadyExists);
+  EXPECT_EQ(f.space->Allocate(RequestId(9), 1).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.space->Allocate(RequestId(1), 1000).error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_EQ(f.space->Free(RequestId(9)).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.space->Read(unknown, GroupId(0), buf).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.space->Write(unknown, GroupId(0), buf).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.space->Write(addrs[0], GroupId(2), buf).error().code(), ErrorCode::kOutOfRange);
+  EXPECT_EQ(f.space->Write(addrs[0], GroupId(0), wrong).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(f.space->Lookup(addrs[0], GroupId(7)).error().code(), ErrorCode::kOutOfRange);
+  EXPECT_EQ(f.space->BufferSlot(Rank(4), addrs[0], GroupId(0)).error().code(), ErrorCode::kOutOfRange);
+  EXPECT_EQ(f.space->BufferSlot(Rank(0), unknown, GroupId(0)).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.space->RefData(Rank(4), GroupId(0), {}), nullptr);
+  std::vector<LogicalAddr> bad_sel{addrs[0], unknown};
+  EXPECT_EQ(f.planner.Step(GroupId(0), bad_sel).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.planner.Step(GroupId(2), addrs).error().code(), ErrorCode::kOutOfRange);
+  EXPECT_EQ(f.Take(), before);
+  // Double free, and a freed address in a step.
+  ASSERT_TRUE(f.space->Free(RequestId(1)));
+  f.requests.clear();
+  EXPECT_EQ(f.space->Free(RequestId(1)).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.planner.Step(GroupId(0), addrs).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.space->num_live_addresses(), 0u);
+  EXPECT_TRUE(f.space->CheckInvariants());
+}
+
+TEST(TpAddressSpace, InvalidConfigIsRefused) {
+  auto backend = MakeCpuBackend();
+  TpConfig c = testing::SmallTpConfig(2, 4, 4, 4);
+  c.num_ranks = 0;
+  EXPECT_EQ(TpAddressSpace::Create(c, *backend).error().code(), ErrorCode::kInvalidArgument);
+  c = testing::SmallTpConfig(2, 4, 4, 0);
+  EXPECT_EQ(TpAddressSpace::Create(c, *backend).error().code(), ErrorCode::kInvalidArgument);
+  c = testing::SmallTpConfig(2, 0, 4, 4);
+  EXPECT_EQ(TpAddressSpace::Create(c, *backend).error().code(), ErrorCode::kInvalidArgument);
+  c = testing::SmallTpConfig(2, 4, 4, 4);
+  c.entry_bytes = 0;
+  EXPECT_EQ(TpAddressSpace::Create(c, *backend).error().code(), ErrorCode::kInvalidArgument);
+  c = testing::SmallTpConfig(2, 4, 4, 4);
+  std::vector<Rank> hosted{Rank(2)};
+  EXPECT_EQ(TpAddressSpace::Create(c, *backend, hosted).error().code(), ErrorCode::kOutOfRange);
+  hosted = {Rank(1), Rank(1)};
+  EXPECT_EQ(TpAddressSpace::Create(c, *backend, hosted).error().code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(TpAddressSpace, CountingBackendTracksPlacementWithoutBytes) {
+  auto backend = MakeCountingBackend();
+  auto space = TpAddressSpace::Create(SmallTpConfig(8, 64, 64, 64, 1, 2624), *backend).value();
+  TpStepPlanner planner(*space);
+  ASSERT_TRUE(space->AddRequest(RequestId(1)));
+  auto addrs = space->Allocate(RequestId(1), 600).value();
+  std::vector<std::byte> buf(2624);
+  EXPECT_EQ(space->Write(addrs[0], GroupId(0), buf).error().code(), ErrorCode::kUnsupported);
+  std::vector<LogicalAddr> sel(addrs.begin(), addrs.begin() + 40);
+  auto plan = planner.Step(GroupId(0), sel).value();
+  EXPECT_EQ(plan.Total().remote_fetches, 40u * 7);
+  EXPECT_EQ(backend->counters().Bytes(Tier::kDevice, Tier::kDevice, /*cross_rank=*/true), 40u * 7 * 2624);
+  EXPECT_TRUE(space->CheckInvariants());
+}
+
+}  // namespace
+}  // namespace ula
