@@ -1,0 +1,88 @@
+// TpVerifier: the consistency verifier for TP mode (DESIGN.md invariants 1-5 across
+// ranks). It drives a TpAddressSpace with a seeded random workload — requests arrive and
+// decode (entries striped over the ranks), the engine rewrites entries, each round steps
+// every layer group for two sub-batches under memory pressure (home swaps, local-buffer
+// evictions), requests finish — and keeps a shadow of every entry's bytes (float32 values,
+// so that the reference attention can read them). After every step it checks, for every
+// hosted rank, that the bytes at each returned ref equal the shadow; after the second
+// sub-batch of a round it re-checks the first one's refs (current-round entries are never
+// evicted); it runs CheckInvariants (exclusive residency; buffer copies equal their home);
+// and it feeds bad input and checks that each is refused with nothing changed.
+//
+// In-process (fabric == nullptr) it hosts every rank. With an MPI fabric every process
+// runs the same seeded workload and hosts its own rank only; the counters are per process
+// (reduce them across ranks yourself; the MPI test does).
+//
+// Records (config.record): per step and hosted rank the refs and the reference attention
+// output of every request's first query — what the differential test compares between
+// in-process and MPI ranks.
+// Thread-safety: one driver thread (rank workers and copy workers aside).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ula/error.h"
+#include "ula/residency_policy.h"
+#include "ula/tp_address_space.h"
+
+namespace ula {
+
+class TpFabric;
+
+struct TpVerifierConfig {
+  std::uint64_t seed = 1;
+  std::uint64_t ops = 3000;
+  std::uint32_t num_ranks = 4;
+  std::uint32_t num_groups = 2;
+  std::uint32_t entry_bytes = 64;  // float32 values: kv_lora_rank = entry/4 - 4, rope 4
+  std::uint32_t device_slots_per_group = 192;
+  std::uint32_t host_slots_per_group = 1024;
+  std::uint32_t buffer_slots_per_group = 0;  // 0: just enough for one round (2 x max step)
+  std::uint32_t top_k = 32;
+  std::uint32_t max_batch = 3;            // requests per sub-batch
+  std::uint32_t queries_per_request = 3;  // 1 + 2 speculative drafts
+  PolicyKind policy = DefaultPolicyKind();
+  int copy_threads = 1;
+  bool parallel_ranks = true;
+  bool record = false;
+
+  Status Validate() const;
+  std::uint32_t buffer_slots() const;
+};
+
+struct TpStepRecord {
+  std::uint64_t step = 0;
+  std::uint16_t group = 0;
+  std::uint16_t rank = 0;
+  std::vector<TpReadRef> refs;
+  std::vector<float> attention;  // [requests][heads * kv_lora_rank]
+  bool operator==(const TpStepRecord&) const = default;
+};
+
+struct TpVerifierReport {
+  std::uint64_t seed = 0;
+  std::uint64_t ops = 0;
+  std::uint64_t steps = 0;           // successful group steps (all hosted ranks)
+  std::uint64_t rejected_steps = 0;  // refused for lack of room (checked unchanged)
+  std::uint64_t entries_checked = 0;
+  std::uint64_t mismatches = 0;
+  std::uint64_t invariant_failures = 0;
+  std::uint64_t bad_input_checks = 0;
+  std::uint64_t bad_input_failures = 0;
+  std::uint64_t home_swaps = 0;
+  std::uint64_t buffer_hits = 0;
+  std::uint64_t remote_fetches = 0;
+  std::uint64_t buffer_evictions = 0;
+  std::vector<std::string> first_failures;  // up to 10
+  std::vector<TpStepRecord> records;
+
+  bool ok() const { return mismatches == 0 && invariant_failures == 0 && bad_input_failures == 0; }
+};
+
+// fabric: nullptr for in-process ranks; otherwise a fabric of config.num_ranks ranks
+// (collective: every rank calls it with the same config).
+Result<TpVerifierReport> RunTpVerifier(const TpVerifierConfig& config, TpFabric* fabric = nullptr);
+
+}  // namespace ula

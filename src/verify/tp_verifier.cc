@@ -1,0 +1,421 @@
+// TpVerifier (include/ula/tp_verifier.h): a seeded random workload through TP mode with a
+// shadow of every entry's bytes. Every process of an MPI run draws the same random
+// numbers, so the directory calls and selections agree across ranks by construction.
+#include "ula/tp_verifier.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <unordered_set>
+
+#include "ula/backend.h"
+#include "ula/reference_attention.h"
+#include "ula/tp_fabric.h"
+#include "ula/tp_step_planner.h"
+
+namespace ula {
+
+std::uint32_t TpVerifierConfig::buffer_slots() const {
+  return buffer_slots_per_group != 0 ? buffer_slots_per_group : 2 * max_batch * queries_per_request * top_k;
+}
+
+Status TpVerifierConfig::Validate() const {
+  auto bad = [](std::string m) { return MakeError(ErrorCode::kInvalidArgument, "TpVerifierConfig." + m); };
+  if (num_ranks == 0) return bad("num_ranks must be > 0");
+  if (num_groups == 0) return bad("num_groups must be > 0");
+  if (entry_bytes < 32 || entry_bytes % 4 != 0) return bad("entry_bytes must be a multiple of 4, >= 32 (float32 entries)");
+  if (top_k == 0 || max_batch == 0 || queries_per_request == 0) return bad("top_k, max_batch, queries_per_request must be > 0");
+  if (device_slots_per_group < top_k * queries_per_request) {
+    return bad(fmt::format("device_slots_per_group = {}: must hold one request's step ({})", device_slots_per_group,
+                           top_k * queries_per_request));
+  }
+  if (buffer_slots() < top_k * queries_per_request) {
+    return bad(fmt::format("buffer_slots_per_group = {}: must hold one request's step ({})", buffer_slots(),
+                           top_k * queries_per_request));
+  }
+  if (copy_threads < 0) return bad("copy_threads must be >= 0");
+  return Ok();
+}
+
+namespace {
+
+class TpVerifier {
+ public:
+  TpVerifier(const TpVerifierConfig& cfg, TpFabric* fabric, std::unique_ptr<Backend> backend,
+             std::unique_ptr<TpAddressSpace> space)
+      : cfg_(cfg), fabric_(fabric), rng_(cfg.seed), backend_(std::move(backend)), space_(std::move(space)),
+        planner_(*space_, fabric, {.parallel_ranks = cfg.parallel_ranks}) {
+    report_.seed = cfg.seed;
+    const std::uint32_t values = cfg.entry_bytes / 4;
+    mla_ = MlaShape{.num_heads = 2, .kv_lora_rank = values - 4, .rope_dim = 4, .softmax_scale = 0.125f};
+  }
+
+  TpVerifierReport Run() {
+    for (std::uint64_t op = 0; op < cfg_.ops; ++op) {
+      const unsigned roll = rng_() % 100;
+      if (roll < 8 || requests_.empty()) {
+        Arrive();
+      } else if (roll < 28) {
+        Decode();
+      } else if (roll < 34) {
+        Rewrite();
+      } else if (roll < 88) {
+        Step();
+      } else if (roll < 95) {
+        Finish();
+      } else {
+        BadInput();
+      }
+      ++report_.ops;
+    }
+    return std::move(report_);
+  }
+
+ private:
+  struct Request {
+    RequestId id;
+    std::vector<LogicalAddr> addrs;
+    std::vector<std::vector<LogicalAddr>> selection;  // [groups * queries] previous selection
+  };
+
+  void Fail(std::uint64_t& counter, std::string what) {
+    ++counter;
+    if (report_.first_failures.size() < 10) report_.first_failures.push_back(std::move(what));
+  }
+  bool HomeHosted(LogicalAddr a) const { return space_->Hosts(space_->HomeOf(a)); }
+
+  std::byte* Shadow(LogicalAddr a, std::uint32_t g) {
+    const std::size_t need = (std::size_t{a.value()} + 1) * cfg_.num_groups * cfg_.entry_bytes;
+    if (shadow_.size() < need) shadow_.resize(std::max(need, shadow_.size() * 2));
+    return shadow_.data() + (std::size_t{a.value()} * cfg_.num_groups + g) * cfg_.entry_bytes;
+  }
+
+  void Fill(LogicalAddr a) {
+    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
+      std::byte* s = Shadow(a, g);
+      for (std::uint32_t i = 0; i < cfg_.entry_bytes / 4; ++i) {
+        const float v = value(rng_);
+        std::memcpy(s + 4 * i, &v, 4);
+      }
+      if (auto w = space_->Write(a, GroupId(static_cast<std::uint16_t>(g)), {s, cfg_.entry_bytes}); !w) {
+        Fail(report_.invariant_failures, "write failed: " + w.error().ToString());
+      }
+    }
+  }
+
+  // Everything observable on the hosted ranks: home locations, buffer contents, occupancy.
+  std::uint64_t Fingerprint() {
+    std::uint64_t h = 1469598103934665603ull;
+    auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    for (const Request& r : requests_) {
+      for (LogicalAddr a : r.addrs) {
+        for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
+          const GroupId gid(static_cast<std::uint16_t>(g));
+          if (HomeHosted(a)) mix(space_->Lookup(a, gid).value().bits());
+          for (Rank q : space_->hosted_ranks()) {
+            auto slot = space_->BufferSlot(q, a, gid).value();
+            mix(slot ? slot->value() : 0xffffffffu);
+          }
+        }
+      }
+    }
+    for (std::uint32_t q = 0; q < cfg_.num_ranks; ++q) {
+      const Rank rank(static_cast<std::uint16_t>(q));
+      mix(space_->NumHomed(rank));
+      for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
+        const GroupId gid(static_cast<std::uint16_t>(g));
+        mix(space_->NumFree(rank, gid, Tier::kDevice));
+        mix(space_->NumFree(rank, gid, Tier::kHost));
+        mix(space_->NumBuffered(rank, gid));
+      }
+    }
+    mix(space_->num_live_addresses());
+    mix(space_->num_requests());
+    return h;
+  }
+
+  bool HomesMatchShadow() {
+    std::vector<std::byte> buf(cfg_.entry_bytes);
+    for (const Request& r : requests_) {
+      for (LogicalAddr a : r.addrs) {
+        if (!HomeHosted(a)) continue;
+        for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
+          ++report_.entries_checked;
+          if (!space_->Read(a, GroupId(static_cast<std::uint16_t>(g)), buf) ||
+              std::memcmp(buf.data(), Shadow(a, g), cfg_.entry_bytes) != 0) {
+            return false;
+          }
+        }
+      }
+    }
+    return true;
+  }
+
+  void CheckInvariants(const char* after) {
+    if (auto s = space_->CheckInvariants(); !s) {
+      Fail(report_.invariant_failures, fmt::format("after {}: {}", after, s.error().message()));
+    }
+  }
+
+  template <class F>
+  void ExpectRefused(const char* what, ErrorCode code, F&& call) {
+    const std::uint64_t before = Fingerprint();
+    auto result = call();
+    ++report_.bad_input_checks;
+    if (result.has_value()) {
+      Fail(report_.bad_input_failures, fmt::format("{}: accepted", what));
+    } else if (result.error().code() != code) {
+      Fail(report_.bad_input_failures, fmt::format("{}: wrong error {}", what, result.error().ToString()));
+    } else if (Fingerprint() != before || !HomesMatchShadow()) {
+      Fail(report_.bad_input_failures, fmt::format("{}: refused but changed state", what));
+    }
+  }
+
+  void Arrive() {
+    if (requests_.size() >= 24) return;
+    const RequestId id(next_request_++);
+    const std::uint32_t n = cfg_.top_k / 2 + static_cast<std::uint32_t>(rng_() % (6 * cfg_.top_k));
+    if (auto s = space_->AddRequest(id); !s) {
+      Fail(report_.invariant_failures, "AddRequest: " + s.error().ToString());
+      return;
+    }
+    Request req{id, {}, std::vector<std::vector<LogicalAddr>>(cfg_.num_groups * cfg_.queries_per_request)};
+    if (auto addrs = space_->Allocate(id, n)) {
+      req.addrs = std::move(*addrs);
+      for (LogicalAddr a : req.addrs) Fill(a);
+    } else if (addrs.error().code() != ErrorCode::kResourceExhausted) {
+      Fail(report_.invariant_failures, "Allocate: " + addrs.error().ToString());
+    }
+    requests_.push_back(std::move(req));
+    CheckInvariants("arrive");
+  }
+
+  void Decode() {
+    Request& r = requests_[rng_() % requests_.size()];
+    auto addrs = space_->Allocate(r.id, 1 + static_cast<std::uint32_t>(rng_() % 3));
+    if (!addrs) return;
+    for (LogicalAddr a : *addrs) {
+      Fill(a);
+      r.addrs.push_back(a);
+    }
+  }
+
+  void Rewrite() {
+    Request& r = requests_[rng_() % requests_.size()];
+    if (r.addrs.empty()) return;
+    for (int i = 0; i < 4; ++i) Fill(r.addrs[rng_() % r.addrs.size()]);
+  }
+
+  void Select(Request& r, std::uint32_t slot, std::vector<LogicalAddr>& out) {
+    std::vector<LogicalAddr>& prev = r.selection[slot];
+    const std::size_t k = std::min<std::size_t>(cfg_.top_k, r.addrs.size());
+    std::unordered_set<std::uint32_t> chosen;
+    std::vector<LogicalAddr> next;
+    auto take = [&](LogicalAddr a) {
+      if (next.size() < k && chosen.insert(a.value()).second) next.push_back(a);
+    };
+    for (std::size_t i = 0; i < std::min<std::size_t>(4, r.addrs.size()); ++i) take(r.addrs[i]);
+    for (std::size_t i = 0; i < std::min<std::size_t>(4, r.addrs.size()); ++i) take(r.addrs[r.addrs.size() - 1 - i]);
+    for (LogicalAddr a : prev) {
+      if (space_->IsLive(a) && rng_() % 100 < 75) take(a);
+    }
+    while (next.size() < k) take(r.addrs[rng_() % r.addrs.size()]);
+    std::shuffle(next.begin(), next.end(), rng_);
+    prev = next;
+    out.insert(out.end(), next.begin(), next.end());
+  }
+
+  // Checks that every hosted rank reads the shadow at its refs.
+  void CheckPlan(const TpStepPlan& plan, std::uint32_t g, std::span<const LogicalAddr> sel, const char* when) {
+    const GroupId gid(static_cast<std::uint16_t>(g));
+    for (std::size_t h = 0; h < plan.ranks.size(); ++h) {
+      for (std::size_t j = 0; j < sel.size(); ++j) {
+        ++report_.entries_checked;
+        const std::byte* got = space_->RefData(plan.ranks[h], gid, plan.refs[h][j]);
+        if (got == nullptr || std::memcmp(got, Shadow(sel[j], g), cfg_.entry_bytes) != 0) {
+          Fail(report_.mismatches, fmt::format("{}: rank {} group {} address {}: bytes at the ref differ from the shadow",
+                                               when, plan.ranks[h].value(), g, sel[j].value()));
+        }
+      }
+    }
+  }
+
+  void Record(const TpStepPlan& plan, std::uint32_t g, std::span<const LogicalAddr> sel, std::size_t n_requests) {
+    const GroupId gid(static_cast<std::uint16_t>(g));
+    const std::size_t per_query = sel.size() / (n_requests * cfg_.queries_per_request);
+    std::vector<float> query(mla_.query_values());
+    for (std::size_t i = 0; i < query.size(); ++i) query[i] = static_cast<float>((i * 37 + step_ * 11 + g) % 17) / 17.0f - 0.5f;
+    for (std::size_t h = 0; h < plan.ranks.size(); ++h) {
+      TpStepRecord rec{step_, static_cast<std::uint16_t>(g), plan.ranks[h].value(), plan.refs[h], {}};
+      std::vector<const std::byte*> entries;
+      std::vector<float> out(mla_.output_values());
+      for (std::size_t r = 0; r < n_requests; ++r) {
+        entries.clear();
+        const std::size_t base = r * cfg_.queries_per_request * per_query;
+        for (std::size_t j = 0; j < per_query; ++j) entries.push_back(space_->RefData(plan.ranks[h], gid, plan.refs[h][base + j]));
+        if (!SparseMlaAttention(mla_, query, entries, out)) Fail(report_.invariant_failures, "attention refused its input");
+        rec.attention.insert(rec.attention.end(), out.begin(), out.end());
+      }
+      report_.records.push_back(std::move(rec));
+    }
+  }
+
+  void Tally(const TpStepPlan& plan) {
+    const TpRankStepStats t = plan.Total();
+    report_.home_swaps += t.home_evictions;
+    report_.buffer_hits += t.buffer_hits;
+    report_.remote_fetches += t.remote_fetches;
+    report_.buffer_evictions += t.buffer_evictions;
+  }
+
+  // One round: two sub-batches per group, both in the current round.
+  void Step() {
+    std::vector<Request*> batch[2];
+    for (Request& r : requests_) {
+      if (r.addrs.empty() || rng_() % 2 != 0) continue;
+      auto& b = batch[rng_() % 2];
+      if (b.size() < cfg_.max_batch) b.push_back(&r);
+    }
+    ++step_;
+    for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
+      const GroupId gid(static_cast<std::uint16_t>(g));
+      std::vector<LogicalAddr> sel[2];
+      std::optional<TpStepPlan> plans[2];
+      for (int b = 0; b < 2; ++b) {
+        if (batch[b].empty()) continue;
+        for (Request* r : batch[b]) {
+          for (std::uint32_t q = 0; q < cfg_.queries_per_request; ++q) Select(*r, g * cfg_.queries_per_request + q, sel[b]);
+        }
+        // Equal-length per-query selections (for the attention record): only full-k requests.
+        const std::uint64_t before = Fingerprint();
+        auto plan = planner_.Step(gid, sel[b]);
+        if (!plan) {
+          const auto code = plan.error().code();
+          if (code != ErrorCode::kResourceExhausted && code != ErrorCode::kFailedPrecondition) {
+            Fail(report_.invariant_failures, "step: " + plan.error().ToString());
+          } else if (Fingerprint() != before || !HomesMatchShadow()) {
+            Fail(report_.invariant_failures, "a refused step changed state");
+          }
+          ++report_.rejected_steps;
+          continue;
+        }
+        ++report_.steps;
+        Tally(*plan);
+        CheckPlan(*plan, g, sel[b], "after its step");
+        plans[b] = std::move(*plan);
+        CheckInvariants("step");
+      }
+      // The first sub-batch's entries were used in this round: still where its plan says.
+      if (plans[0]) CheckPlan(*plans[0], g, sel[0], "after the next sub-batch of the round");
+      if (cfg_.record) {
+        for (int b = 0; b < 2; ++b) {
+          bool uniform = plans[b].has_value();
+          for (Request* r : batch[b]) uniform = uniform && r->addrs.size() >= cfg_.top_k;
+          if (uniform) Record(*plans[b], g, sel[b], batch[b].size());
+        }
+      }
+    }
+    space_->AdvanceRound();
+  }
+
+  void Finish() {
+    const std::size_t i = rng_() % requests_.size();
+    const Request r = requests_[i];
+    requests_.erase(requests_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (auto s = space_->Free(r.id); !s) Fail(report_.invariant_failures, "Free: " + s.error().ToString());
+    CheckInvariants("finish");
+    ExpectRefused("double free", ErrorCode::kNotFound, [&] { return space_->Free(r.id); });
+    if (!r.addrs.empty()) {
+      const LogicalAddr freed = r.addrs[rng_() % r.addrs.size()];
+      if (!space_->IsLive(freed)) {
+        std::vector<LogicalAddr> sel{freed};
+        ExpectRefused("step with a freed address", ErrorCode::kNotFound, [&] { return planner_.Step(GroupId(0), sel); });
+      }
+    }
+  }
+
+  void BadInput() {
+    std::vector<std::byte> buf(cfg_.entry_bytes);
+    const LogicalAddr unknown(LogicalAddr::kInvalidValue - 1);
+    const Request& front = requests_.front();
+    const LogicalAddr some = front.addrs.empty() ? unknown : front.addrs[0];
+    const GroupId bad_group(static_cast<std::uint16_t>(cfg_.num_groups));
+    switch (rng_() % 6) {
+      case 0:
+        ExpectRefused("write of an unknown address", ErrorCode::kNotFound,
+                      [&] { return space_->Write(unknown, GroupId(0), buf); });
+        break;
+      case 1:
+        ExpectRefused("allocation larger than all shards", ErrorCode::kResourceExhausted, [&] {
+          return space_->Allocate(front.id, cfg_.num_ranks * (cfg_.device_slots_per_group + cfg_.host_slots_per_group) + 1);
+        });
+        break;
+      case 2:
+        ExpectRefused("write to an out-of-range group", front.addrs.empty() ? ErrorCode::kOutOfRange : ErrorCode::kOutOfRange,
+                      [&] { return space_->Write(some, bad_group, buf); });
+        break;
+      case 3: {
+        std::vector<LogicalAddr> sel{unknown};
+        ExpectRefused("step with an unknown address", ErrorCode::kNotFound, [&] { return planner_.Step(GroupId(0), sel); });
+        break;
+      }
+      case 4:
+        ExpectRefused("free of an unknown request", ErrorCode::kNotFound,
+                      [&] { return space_->Free(RequestId(~std::uint64_t{0} - 1)); });
+        break;
+      case 5:
+        ExpectRefused("buffer lookup on an out-of-range rank", ErrorCode::kOutOfRange, [&] {
+          return space_->BufferSlot(Rank(static_cast<std::uint16_t>(cfg_.num_ranks)), some, GroupId(0));
+        });
+        break;
+    }
+  }
+
+  TpVerifierConfig cfg_;
+  TpFabric* fabric_;
+  std::mt19937_64 rng_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<TpAddressSpace> space_;
+  TpStepPlanner planner_;
+  MlaShape mla_;
+  std::vector<Request> requests_;
+  std::vector<std::byte> shadow_;  // [addresses][groups][entry_bytes]
+  std::uint64_t next_request_ = 0;
+  std::uint64_t step_ = 0;
+  TpVerifierReport report_;
+};
+
+}  // namespace
+
+Result<TpVerifierReport> RunTpVerifier(const TpVerifierConfig& config, TpFabric* fabric) {
+  ULA_RETURN_IF_ERROR(config.Validate());
+  if (fabric != nullptr && fabric->num_ranks() != config.num_ranks) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("TpVerifierConfig.num_ranks = {} but the fabric has {} ranks",
+                                                              config.num_ranks, fabric->num_ranks()));
+  }
+  auto backend = MakeCpuBackend({.copy_threads = config.copy_threads});
+  TpConfig tp;
+  tp.num_ranks = config.num_ranks;
+  tp.num_groups = config.num_groups;
+  tp.entry_bytes = config.entry_bytes;
+  const std::uint64_t per = std::uint64_t{config.entry_bytes} * config.num_groups;
+  tp.device_bytes_per_rank = per * config.device_slots_per_group;
+  tp.host_bytes_per_rank = per * config.host_slots_per_group;
+  tp.buffer_bytes_per_rank = per * config.buffer_slots();
+  tp.policy = config.policy;
+  tp.buffer_policy = config.policy;
+  std::vector<Rank> hosted;
+  if (fabric != nullptr) hosted.push_back(fabric->local_rank());
+  auto space = TpAddressSpace::Create(tp, *backend, hosted);
+  if (!space) return std::unexpected(space.error());
+  if (fabric != nullptr) ULA_RETURN_IF_ERROR(fabric->Expose(**space));
+  TpVerifier verifier(config, fabric, std::move(backend), std::move(*space));
+  auto report = verifier.Run();
+  if (fabric != nullptr) fabric->Unexpose();
+  return report;
+}
+
+}  // namespace ula

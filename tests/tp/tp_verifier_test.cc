@@ -1,0 +1,53 @@
+#include "ula/tp_verifier.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+namespace ula {
+namespace {
+
+void ExpectClean(const TpVerifierReport& r) {
+  for (const auto& f : r.first_failures) ADD_FAILURE() << f;
+  EXPECT_EQ(r.mismatches, 0u);
+  EXPECT_EQ(r.invariant_failures, 0u);
+  EXPECT_EQ(r.bad_input_failures, 0u);
+}
+
+TEST(TpVerifier, RandomWorkloadKeepsEveryByteWith2_4_8InProcessRanks) {
+  for (std::uint32_t ranks : {2u, 4u, 8u}) {
+    TpVerifierConfig c;
+    c.seed = 20260505;
+    c.ops = 250;
+    c.num_ranks = ranks;
+    c.device_slots_per_group = 96;  // pressure: home swaps
+    c.buffer_slots_per_group = 320;  // pressure: buffer evictions, some refused rounds
+    c.copy_threads = ranks == 4 ? 0 : 2;
+    std::printf("seed=%llu ranks=%u\n", static_cast<unsigned long long>(c.seed), ranks);
+    auto report = RunTpVerifier(c);
+    ASSERT_TRUE(report) << report.error().ToString();
+    ExpectClean(*report);
+    std::printf("  steps=%llu refused=%llu swaps=%llu hits=%llu fetches=%llu buffer evictions=%llu checked=%llu\n",
+                (unsigned long long)report->steps, (unsigned long long)report->rejected_steps,
+                (unsigned long long)report->home_swaps, (unsigned long long)report->buffer_hits,
+                (unsigned long long)report->remote_fetches, (unsigned long long)report->buffer_evictions,
+                (unsigned long long)report->entries_checked);
+    EXPECT_GT(report->steps, 150u);
+    EXPECT_GT(report->home_swaps, 50u);        // under device pressure
+    EXPECT_GT(report->buffer_evictions, 50u);  // under buffer pressure
+    EXPECT_GT(report->buffer_hits, report->remote_fetches / 4);
+    EXPECT_GT(report->bad_input_checks, 20u);
+  }
+}
+
+TEST(TpVerifier, InvalidConfigIsRefused) {
+  TpVerifierConfig c;
+  c.entry_bytes = 30;
+  EXPECT_EQ(RunTpVerifier(c).error().code(), ErrorCode::kInvalidArgument);
+  c = {};
+  c.device_slots_per_group = 4;
+  EXPECT_EQ(RunTpVerifier(c).error().code(), ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ula
