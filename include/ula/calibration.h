@@ -1,0 +1,59 @@
+// Calibration of the selection model against the real indexer, and the runs both share:
+// the same requests, context lengths, steps and queries (a DecodeSimConfig schedule), so
+// their statistics are comparable side by side.
+//
+// Statistics of a run:
+//   overlap        per request and step t >= 1: |S_t ∩ S_{t-1}| / |S_t| for query 0
+//   draft_overlap  per request, step and draft query j >= 1: |S_j ∩ S_0| / |S_j|
+//   union_per_top_k mean |union of the step's queries| / top_k
+//   first_rate[p]  how often position p (p < 64) is selected by query 0
+//   newest_rate[r] how often the r-th newest position (r < 64) is selected by query 0
+// Fit: sink_tokens / recent_tokens = the leading runs of first_rate / newest_rate >= 0.5;
+// keep_mean, keep_stddev and draft_keep by bisection on synthetic runs until the synthetic
+// overlap mean, overlap stddev and draft-overlap mean match the real ones.
+//
+// Thread-safety: reentrant.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ula/error.h"
+#include "ula/indexer.h"
+#include "ula/indexer_decode.h"
+#include "ula/selection_model.h"
+#include "ula/trace_file.h"
+
+namespace ula {
+
+struct SelectionRunStats {
+  OverlapStats overlap;
+  OverlapStats draft_overlap;
+  double union_per_top_k = 0;
+  std::vector<double> first_rate;   // [64]
+  std::vector<double> newest_rate;  // [64]
+  double seconds = 0;
+  Trace trace;  // kPosition, one group, queries_per_step queries (if recorded)
+};
+
+// The real indexer over the schedule (IndexerDecodeSim with top-k from `shape`).
+Result<SelectionRunStats> RunRealIndexer(const IndexerShape& shape, const DecodeSimConfig& schedule,
+                                         bool record_trace = true);
+// The selection model over the same schedule.
+Result<SelectionRunStats> RunSelectionModel(const SelectionModelParams& params, const DecodeSimConfig& schedule,
+                                            bool record_trace = true);
+
+// Sets keep_mean (others unchanged) so that the synthetic overlap mean over the schedule is
+// as close as it can get to `target` (bisection; the reachable range is bounded by sinks,
+// recent tokens and fresh draws).
+Result<SelectionModelParams> FitKeepForOverlap(SelectionModelParams params, const DecodeSimConfig& schedule,
+                                               double target);
+
+struct CalibrationReport {
+  SelectionRunStats real;
+  SelectionRunStats synthetic;  // with `fitted`
+  SelectionModelParams fitted;
+};
+Result<CalibrationReport> CalibrateSelectionModel(const IndexerShape& shape, const DecodeSimConfig& schedule);
+
+}  // namespace ula

@@ -1,0 +1,78 @@
+// IndexerDecodeSim: decoding at small scale with the real CPU indexer (indexer.h), the
+// ground truth the selection model is calibrated against.
+//
+// Each request starts with prompt_tokens random index keys (unit-norm Gaussian in
+// head_dim); the first sink_tokens keys get sink_boost * u added, u a fixed unit direction.
+// Each step appends one new key per request and evolves its per-head query state
+//
+//   q_t[h] = normalize(query_keep * q_{t-1}[h] + query_noise * noise + query_newest * k_new)
+//
+// (draft query j >= 1 evolves once more from query j-1, without a new key); the indexer
+// scores with q[h] + sink_align * u and fixed per-request head weights in [0.5, 1.5).
+// query_keep sets how slowly attention drifts (step-to-step overlap), query_newest the
+// pull towards the newest tokens (recency), sink_boost/sink_align the attention sinks.
+// The parameters live in configs/workloads/<name>.json with the model they use.
+//
+// Determinism: a pure function of (shape, config); request r draws from its own stream.
+// Thread-safety: none; one thread drives a simulation.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ula/error.h"
+#include "ula/indexer.h"
+
+namespace ula {
+
+struct DecodeSimConfig {
+  std::string model;               // model config name (its indexer shape and top-k)
+  std::uint64_t seed = 1;
+  std::uint32_t num_requests = 0;
+  std::uint32_t prompt_tokens = 0;
+  std::uint32_t decode_steps = 0;
+  std::uint32_t draft_tokens = 0;  // 1 + draft_tokens queries per step
+  double query_keep = 0;
+  double query_noise = 0;
+  double query_newest = 0;
+  std::uint32_t sink_tokens = 0;
+  double sink_boost = 0;
+  double sink_align = 0;
+
+  Status Validate() const;  // names the first bad field
+  std::uint32_t queries_per_step() const { return 1 + draft_tokens; }
+};
+
+Result<DecodeSimConfig> ParseDecodeSimConfig(std::string_view json_text, std::string_view origin = "decode config");
+// config_dir / "workloads" / (name + ".json").
+Result<DecodeSimConfig> LoadDecodeSimConfigByName(std::string_view name, const std::filesystem::path& config_dir);
+
+class IndexerDecodeSim {
+ public:
+  // `salt` gives an independent simulation with the same config (e.g. one per layer group).
+  static Result<std::unique_ptr<IndexerDecodeSim>> Create(const IndexerShape& shape, const DecodeSimConfig& config,
+                                                          std::uint64_t salt = 0);
+  ~IndexerDecodeSim();
+
+  // Appends one token to every request, evolves its queries and runs the indexer:
+  // afterwards Selections(r)[j] is query j's top-k over the context_len(r) tokens.
+  Status Step();
+
+  std::uint32_t num_requests() const;
+  std::uint32_t context_len(std::uint32_t request) const;
+  std::span<const std::vector<std::uint32_t>> Selections(std::uint32_t request) const;
+  // The union of the step's queries (first-appearance order).
+  std::span<const std::uint32_t> UnionSelection(std::uint32_t request) const;
+
+ private:
+  struct State;
+  explicit IndexerDecodeSim(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace ula

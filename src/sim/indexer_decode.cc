@@ -1,0 +1,200 @@
+// IndexerDecodeSim (indexer_decode.h).
+#include "ula/indexer_decode.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "sim/json_fields.h"
+#include "sim/rng.h"
+
+namespace ula {
+namespace {
+
+void Normalize(std::span<float> v) {
+  double norm = 0;
+  for (float x : v) norm += double{x} * x;
+  norm = std::sqrt(norm);
+  if (norm > 0) {
+    for (float& x : v) x = static_cast<float>(x / norm);
+  }
+}
+
+void RandomUnit(sim::Rng& rng, std::span<float> v) {
+  for (float& x : v) x = static_cast<float>(rng.Normal());
+  Normalize(v);
+}
+
+}  // namespace
+
+Status DecodeSimConfig::Validate() const {
+  auto bad = [](const char* f, std::string_view why) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("field '{}': {}", f, why));
+  };
+  if (num_requests == 0) return bad("num_requests", "must be >= 1");
+  if (prompt_tokens == 0) return bad("prompt_tokens", "must be >= 1");
+  if (decode_steps < 2) return bad("decode_steps", "must be >= 2 (overlap needs two steps)");
+  if (draft_tokens > 16) return bad("draft_tokens", "must be <= 16");
+  if (!(query_keep >= 0 && query_keep <= 10)) return bad("query_keep", "must be in [0, 10]");
+  if (!(query_noise >= 0 && query_noise <= 10)) return bad("query_noise", "must be in [0, 10]");
+  if (!(query_newest >= 0 && query_newest <= 10)) return bad("query_newest", "must be in [0, 10]");
+  if (query_keep + query_noise + query_newest <= 0) return bad("query_keep", "query_keep + query_noise + query_newest must be > 0");
+  if (sink_tokens > prompt_tokens) return bad("sink_tokens", "must be <= prompt_tokens");
+  if (!(sink_boost >= 0 && sink_boost <= 100)) return bad("sink_boost", "must be in [0, 100]");
+  if (!(sink_align >= 0 && sink_align <= 100)) return bad("sink_align", "must be in [0, 100]");
+  return Ok();
+}
+
+Result<DecodeSimConfig> ParseDecodeSimConfig(std::string_view json_text, std::string_view origin) {
+  auto f = sim::JsonFields::Parse(json_text, std::string(origin));
+  if (!f) return std::unexpected(f.error());
+  DecodeSimConfig c;
+  auto str = [&](const char* name, std::string* out) -> Status {
+    auto v = f->String(name);
+    if (!v) return std::unexpected(v.error());
+    if (out != nullptr) *out = *v;
+    return Ok();
+  };
+  auto uint = [&](const char* name, std::uint32_t* out, std::uint64_t min, std::uint64_t max) -> Status {
+    auto v = f->UInt(name, min, max);
+    if (!v) return std::unexpected(v.error());
+    *out = static_cast<std::uint32_t>(*v);
+    return Ok();
+  };
+  auto real = [&](const char* name, double* out, double max) -> Status {
+    auto v = f->Double(name, 0, max);
+    if (!v) return std::unexpected(v.error());
+    *out = *v;
+    return Ok();
+  };
+  ULA_RETURN_IF_ERROR(str("name", nullptr));
+  ULA_RETURN_IF_ERROR(str("source", nullptr));
+  ULA_RETURN_IF_ERROR(str("model", &c.model));
+  auto seed = f->UInt("seed", 0, ~std::uint64_t{0});
+  if (!seed) return std::unexpected(seed.error());
+  c.seed = *seed;
+  ULA_RETURN_IF_ERROR(uint("num_requests", &c.num_requests, 1, 1u << 20));
+  ULA_RETURN_IF_ERROR(uint("prompt_tokens", &c.prompt_tokens, 1, 1u << 30));
+  ULA_RETURN_IF_ERROR(uint("decode_steps", &c.decode_steps, 2, 1u << 20));
+  ULA_RETURN_IF_ERROR(uint("draft_tokens", &c.draft_tokens, 0, 16));
+  ULA_RETURN_IF_ERROR(real("query_keep", &c.query_keep, 10));
+  ULA_RETURN_IF_ERROR(real("query_noise", &c.query_noise, 10));
+  ULA_RETURN_IF_ERROR(real("query_newest", &c.query_newest, 10));
+  ULA_RETURN_IF_ERROR(uint("sink_tokens", &c.sink_tokens, 0, 1u << 30));
+  ULA_RETURN_IF_ERROR(real("sink_boost", &c.sink_boost, 100));
+  ULA_RETURN_IF_ERROR(real("sink_align", &c.sink_align, 100));
+  ULA_RETURN_IF_ERROR(f->CheckNoUnknownFields());
+  if (auto st = c.Validate(); !st) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("{}: {}", origin, st.error().message()));
+  }
+  return c;
+}
+
+Result<DecodeSimConfig> LoadDecodeSimConfigByName(std::string_view name, const std::filesystem::path& config_dir) {
+  const auto path = config_dir / "workloads" / (std::string(name) + ".json");
+  auto text = sim::ReadTextFile(path.string());
+  if (!text) return std::unexpected(text.error());
+  return ParseDecodeSimConfig(*text, path.string());
+}
+
+struct IndexerDecodeSim::State {
+  struct Request {
+    explicit Request(std::uint64_t seed) : rng(seed) {}
+    sim::Rng rng;
+    std::vector<float> keys;     // [context_len * head_dim]
+    std::vector<float> q_state;  // [num_heads * head_dim], the evolving query of token t
+    std::vector<float> weights;  // [num_heads]
+    std::vector<std::vector<std::uint32_t>> selections;  // [queries][top_k]
+    std::vector<std::uint32_t> union_sel;
+  };
+  IndexerShape shape;
+  DecodeSimConfig config;
+  Indexer indexer;
+  std::vector<float> sink_dir;  // [head_dim] u
+  std::vector<Request> requests;
+  std::vector<float> noise, scored_query, q_chain;  // scratch
+};
+
+IndexerDecodeSim::IndexerDecodeSim(std::unique_ptr<State> state) : state_(std::move(state)) {}
+IndexerDecodeSim::~IndexerDecodeSim() = default;
+
+Result<std::unique_ptr<IndexerDecodeSim>> IndexerDecodeSim::Create(const IndexerShape& shape,
+                                                                   const DecodeSimConfig& config, std::uint64_t salt) {
+  ULA_RETURN_IF_ERROR(config.Validate());
+  auto indexer = Indexer::Create(shape);
+  if (!indexer) return std::unexpected(indexer.error());
+  auto st = std::unique_ptr<State>(new State{shape, config, std::move(*indexer), {}, {}, {}, {}, {}});
+  const std::uint32_t dim = shape.head_dim;
+  const std::uint64_t base = sim::StreamSeed(config.seed, 0x5eed0000ull + salt);
+  sim::Rng global(base);
+  st->sink_dir.resize(dim);
+  RandomUnit(global, st->sink_dir);
+  for (std::uint32_t r = 0; r < config.num_requests; ++r) {
+    State::Request req(sim::StreamSeed(base, r));
+    req.keys.resize(std::size_t{config.prompt_tokens} * dim);
+    for (std::uint32_t t = 0; t < config.prompt_tokens; ++t) {
+      std::span<float> k(req.keys.data() + std::size_t{t} * dim, dim);
+      RandomUnit(req.rng, k);
+      if (t < config.sink_tokens) {
+        for (std::uint32_t d = 0; d < dim; ++d) k[d] += static_cast<float>(config.sink_boost) * st->sink_dir[d];
+      }
+    }
+    req.q_state.resize(std::size_t{shape.num_heads} * dim);
+    for (std::uint32_t h = 0; h < shape.num_heads; ++h) {
+      RandomUnit(req.rng, std::span<float>(req.q_state.data() + std::size_t{h} * dim, dim));
+    }
+    req.weights.resize(shape.num_heads);
+    for (float& w : req.weights) w = static_cast<float>(0.5 + req.rng.Uniform01());
+    st->requests.push_back(std::move(req));
+  }
+  return std::unique_ptr<IndexerDecodeSim>(new IndexerDecodeSim(std::move(st)));
+}
+
+Status IndexerDecodeSim::Step() {
+  State& s = *state_;
+  const std::uint32_t dim = s.shape.head_dim, heads = s.shape.num_heads;
+  const DecodeSimConfig& c = s.config;
+  s.noise.resize(dim);
+  s.scored_query.resize(std::size_t{heads} * dim);
+  for (State::Request& req : s.requests) {
+    // The new token's key.
+    const std::size_t old = req.keys.size();
+    req.keys.resize(old + dim);
+    std::span<float> k_new(req.keys.data() + old, dim);
+    RandomUnit(req.rng, k_new);
+    req.selections.resize(c.queries_per_step());
+    s.q_chain = req.q_state;
+    for (std::uint32_t j = 0; j < c.queries_per_step(); ++j) {
+      for (std::uint32_t h = 0; h < heads; ++h) {
+        std::span<float> q(s.q_chain.data() + std::size_t{h} * dim, dim);
+        RandomUnit(req.rng, s.noise);
+        for (std::uint32_t d = 0; d < dim; ++d) {
+          q[d] = static_cast<float>(c.query_keep * q[d] + c.query_noise * s.noise[d] + c.query_newest * k_new[d]);
+        }
+        Normalize(q);
+        float* sq = s.scored_query.data() + std::size_t{h} * dim;
+        for (std::uint32_t d = 0; d < dim; ++d) sq[d] = q[d] + static_cast<float>(c.sink_align) * s.sink_dir[d];
+      }
+      if (j == 0) req.q_state = s.q_chain;
+      ULA_RETURN_IF_ERROR(s.indexer.Select({s.scored_query, req.weights}, req.keys, req.selections[j]));
+    }
+    UnionSelections(req.selections, static_cast<std::uint32_t>(req.keys.size() / dim), req.union_sel);
+  }
+  return Ok();
+}
+
+std::uint32_t IndexerDecodeSim::num_requests() const { return static_cast<std::uint32_t>(state_->requests.size()); }
+
+std::uint32_t IndexerDecodeSim::context_len(std::uint32_t request) const {
+  return static_cast<std::uint32_t>(state_->requests.at(request).keys.size() / state_->shape.head_dim);
+}
+
+std::span<const std::vector<std::uint32_t>> IndexerDecodeSim::Selections(std::uint32_t request) const {
+  return state_->requests.at(request).selections;
+}
+
+std::span<const std::uint32_t> IndexerDecodeSim::UnionSelection(std::uint32_t request) const {
+  return state_->requests.at(request).union_sel;
+}
+
+}  // namespace ula
