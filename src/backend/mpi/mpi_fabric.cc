@@ -1,0 +1,159 @@
+// MPI engine for TP mode (include/ula/tp_mpi.h). The only file of the project that
+// includes mpi.h. Windows: per layer group three — the home table (disp unit 8: one
+// Location per address / P), the device pool and the host pool (disp unit 1). Each is
+// locked with MPI_Win_lock_all for the whole exposure; reads are MPI_Get + MPI_Win_flush.
+// The owner writes its window memory only in the planner's home phase, which a Barrier
+// (MPI_Win_sync + MPI_Barrier) separates from the other ranks' reads.
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <vector>
+
+#include "ula/location.h"
+#include "ula/tp_address_space.h"
+#include "ula/tp_mpi.h"
+
+namespace ula {
+
+Result<std::unique_ptr<MpiSession>> MpiSession::Init(int* argc, char*** argv) {
+  int provided = 0;
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    return MakeError(ErrorCode::kIo, "MPI_Init_thread failed");
+  }
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return std::unique_ptr<MpiSession>(new MpiSession(static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(size)));
+}
+
+MpiSession::~MpiSession() { MPI_Finalize(); }
+double MpiSession::Now() { return MPI_Wtime(); }
+
+namespace {
+
+class MpiFabric final : public TpFabric {
+ public:
+  MpiFabric(MPI_Comm comm, std::uint32_t rank, std::uint32_t size) : comm_(comm), rank_(rank), size_(size) {}
+  ~MpiFabric() override {
+    Unexpose();
+    MPI_Comm_free(&comm_);
+  }
+
+  std::uint32_t num_ranks() const override { return size_; }
+  Rank local_rank() const override { return Rank(static_cast<std::uint16_t>(rank_)); }
+
+  Status Expose(const TpAddressSpace& space) override {
+    if (!wins_.empty()) return MakeError(ErrorCode::kFailedPrecondition, "fabric: already exposed");
+    if (space.config().num_ranks != size_ || !space.Hosts(local_rank()) || space.hosted_ranks().size() != 1) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("fabric: the space must have {} ranks and host exactly rank {}", size_, rank_));
+    }
+    entry_bytes_ = space.config().entry_bytes;
+    for (std::uint32_t g = 0; g < space.config().num_groups; ++g) {
+      const TpShardMemory mem = space.ShardMemory(local_rank(), GroupId(static_cast<std::uint16_t>(g)));
+      Windows w{};
+      MPI_Win_create(const_cast<Location*>(mem.home), static_cast<MPI_Aint>(mem.home_entries) * 8, 8, MPI_INFO_NULL,
+                     comm_, &w.home);
+      MPI_Win_create(mem.device.data, static_cast<MPI_Aint>(mem.device.bytes), 1, MPI_INFO_NULL, comm_, &w.device);
+      MPI_Win_create(mem.host.data, static_cast<MPI_Aint>(mem.host.bytes), 1, MPI_INFO_NULL, comm_, &w.host);
+      for (MPI_Win win : {w.home, w.device, w.host}) MPI_Win_lock_all(MPI_MODE_NOCHECK, win);
+      wins_.push_back(w);
+    }
+    MPI_Barrier(comm_);
+    return Ok();
+  }
+
+  void Unexpose() override {
+    if (wins_.empty()) return;
+    MPI_Barrier(comm_);
+    for (Windows& w : wins_) {
+      for (MPI_Win* win : {&w.home, &w.device, &w.host}) {
+        MPI_Win_unlock_all(*win);
+        MPI_Win_free(win);
+      }
+    }
+    wins_.clear();
+  }
+
+  bool AllTrue(bool mine) override {
+    int in = mine ? 1 : 0, out = 0;
+    MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_LAND, comm_);
+    return out != 0;
+  }
+
+  void Barrier() override {
+    for (Windows& w : wins_) {
+      for (MPI_Win win : {w.home, w.device, w.host}) MPI_Win_sync(win);
+    }
+    MPI_Barrier(comm_);
+    for (Windows& w : wins_) {
+      for (MPI_Win win : {w.home, w.device, w.host}) MPI_Win_sync(win);
+    }
+  }
+
+  Status FetchFromHome(Rank src, GroupId group, std::span<const LogicalAddr> addrs,
+                       std::span<std::byte* const> dst) override {
+    if (group.value() >= wins_.size() || src.value() >= size_ || addrs.size() != dst.size()) {
+      return MakeError(ErrorCode::kInvalidArgument, "fabric: bad fetch arguments (not exposed, rank or group)");
+    }
+    const Windows& w = wins_[group.value()];
+    const int target = src.value();
+    locs_.resize(addrs.size());
+    for (std::size_t i = 0; i < addrs.size(); ++i) {
+      MPI_Get(&locs_[i], 8, MPI_BYTE, target, static_cast<MPI_Aint>(addrs[i].value() / size_), 8, MPI_BYTE, w.home);
+    }
+    MPI_Win_flush(target, w.home);
+    bool used_device = false, used_host = false;
+    for (std::size_t i = 0; i < addrs.size(); ++i) {
+      const Location loc = Location::FromBits(locs_[i]);
+      if (loc.is_none() || loc.rank() != src) {
+        return MakeError(ErrorCode::kInternal,
+                         fmt::format("fabric: rank {} has no home for address {}", src.value(), addrs[i].value()));
+      }
+      const bool device = loc.tier() == Tier::kDevice;
+      (device ? used_device : used_host) = true;
+      MPI_Get(dst[i], static_cast<int>(entry_bytes_), MPI_BYTE, target,
+              static_cast<MPI_Aint>(std::uint64_t{loc.slot().value()} * entry_bytes_), static_cast<int>(entry_bytes_),
+              MPI_BYTE, device ? w.device : w.host);
+    }
+    if (used_device) MPI_Win_flush(target, w.device);
+    if (used_host) MPI_Win_flush(target, w.host);
+    return Ok();
+  }
+
+  Status AllGather(std::span<const std::byte> mine, std::span<std::byte> all) override {
+    if (all.size() != mine.size() * size_) {
+      return MakeError(ErrorCode::kInvalidArgument, fmt::format("fabric: all-gather of {} B into {} B", mine.size(), all.size()));
+    }
+    MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, all.data(), static_cast<int>(mine.size()), MPI_BYTE,
+                  comm_);
+    return Ok();
+  }
+
+ private:
+  struct Windows {
+    MPI_Win home, device, host;
+  };
+  MPI_Comm comm_;
+  std::uint32_t rank_, size_;
+  std::uint32_t entry_bytes_ = 0;
+  std::vector<Windows> wins_;  // [groups]
+  std::vector<std::uint64_t> locs_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<TpFabric>> MakeMpiFabric() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return MakeError(ErrorCode::kFailedPrecondition, "MakeMpiFabric: MPI is not initialized");
+  MPI_Comm comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  if (size > 65534) return MakeError(ErrorCode::kOutOfRange, "MakeMpiFabric: more than 65534 ranks");
+  return std::unique_ptr<TpFabric>(new MpiFabric(comm, static_cast<std::uint32_t>(rank), static_cast<std::uint32_t>(size)));
+}
+
+}  // namespace ula

@@ -1,0 +1,129 @@
+// TP mode over MPI, one process per rank (run by ctest through mpirun -np 2 and -np 4).
+//   - the TP consistency verifier with MPI ranks (every rank's reads checked against the
+//     shadow; failures reduced over all ranks),
+//   - the differential test: the same trace through MPI ranks and in-process ranks gives
+//     identical step plans and bit-identical reference-attention outputs on every rank,
+//   - the striped indexer with an MPI all-gather equals the single-rank top-k.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "ula/striped_indexer.h"
+#include "ula/tp_mpi.h"
+#include "ula/tp_verifier.h"
+
+namespace ula {
+namespace {
+
+TpFabric* g_fabric = nullptr;
+
+TpVerifierConfig MpiConfig() {
+  TpVerifierConfig c;
+  c.seed = 424242;
+  c.ops = 250;
+  c.num_ranks = g_fabric->num_ranks();
+  c.device_slots_per_group = 96;
+  c.buffer_slots_per_group = 320;
+  c.record = true;
+  return c;
+}
+
+TEST(TpMpi, VerifierPassesWithMpiRanks) {
+  const TpVerifierConfig c = MpiConfig();
+  std::printf("rank %u: seed=%llu ranks=%u\n", g_fabric->local_rank().value(), static_cast<unsigned long long>(c.seed),
+              c.num_ranks);
+  auto report = RunTpVerifier(c, g_fabric);
+  ASSERT_TRUE(report) << report.error().ToString();
+  for (const auto& f : report->first_failures) ADD_FAILURE() << "rank " << g_fabric->local_rank().value() << ": " << f;
+  std::printf("rank %u: steps=%llu refused=%llu swaps=%llu buffer hits=%llu fetches=%llu checked=%llu\n",
+              g_fabric->local_rank().value(), (unsigned long long)report->steps, (unsigned long long)report->rejected_steps,
+              (unsigned long long)report->home_swaps, (unsigned long long)report->buffer_hits,
+              (unsigned long long)report->remote_fetches, (unsigned long long)report->entries_checked);
+  EXPECT_TRUE(g_fabric->AllTrue(report->ok())) << "some rank failed the verifier";
+  EXPECT_GT(report->steps, 150u);
+  EXPECT_GT(report->remote_fetches, 100u);
+  EXPECT_GT(report->bad_input_checks, 10u);
+}
+
+TEST(TpMpi, DifferentialInProcessAndMpiRanksAgreeBitForBit) {
+  const TpVerifierConfig c = MpiConfig();
+  auto mpi = RunTpVerifier(c, g_fabric);
+  ASSERT_TRUE(mpi) << mpi.error().ToString();
+  auto local = RunTpVerifier(c, nullptr);  // every rank in this process
+  ASSERT_TRUE(local) << local.error().ToString();
+  ASSERT_TRUE(mpi->ok() && local->ok());
+  std::vector<const TpStepRecord*> mine;
+  for (const TpStepRecord& r : local->records) {
+    if (r.rank == g_fabric->local_rank().value()) mine.push_back(&r);
+  }
+  bool same = mine.size() == mpi->records.size() && !mine.empty();
+  for (std::size_t i = 0; same && i < mine.size(); ++i) {
+    const TpStepRecord& a = *mine[i];
+    const TpStepRecord& b = mpi->records[i];
+    same = a.step == b.step && a.group == b.group && a.refs == b.refs && a.attention.size() == b.attention.size() &&
+           std::memcmp(a.attention.data(), b.attention.data(), a.attention.size() * sizeof(float)) == 0;
+    if (!same) ADD_FAILURE() << "record " << i << " (step " << a.step << " group " << a.group << ") differs";
+  }
+  std::printf("rank %u: %zu step records compared (plans + attention outputs)\n", g_fabric->local_rank().value(),
+              mine.size());
+  EXPECT_TRUE(g_fabric->AllTrue(same)) << "some rank saw a difference";
+}
+
+TEST(TpMpi, StripedIndexerGatherEqualsSingleRankTopK) {
+  const std::uint64_t seed = 777;
+  std::mt19937_64 rng(seed);  // same stream on every rank
+  const std::uint32_t p = g_fabric->num_ranks(), me = g_fabric->local_rank().value();
+  bool all_equal = true;
+  for (int trial = 0; trial < 30; ++trial) {
+    const IndexerShape shape{.num_heads = 2, .head_dim = 4, .top_k = 1 + static_cast<std::uint32_t>(rng() % 50)};
+    const std::uint32_t n = 1 + static_cast<std::uint32_t>(rng() % 400);
+    std::vector<float> keys(n * shape.head_dim), query(shape.num_heads * shape.head_dim), weights(shape.num_heads, 0.25f);
+    for (float& v : keys) v = static_cast<float>(static_cast<int>(rng() % 3) - 1);  // many ties
+    for (float& v : query) v = static_cast<float>(static_cast<int>(rng() % 3));
+    const IndexQuery q{query, weights};
+    std::vector<float> scores(n);
+    for (std::uint32_t i = 0; i < n; ++i) scores[i] = IndexScore(shape, q, keys.data() + i * shape.head_dim);
+    std::vector<std::uint32_t> want, got;
+    SelectTopK(scores, shape.top_k, want);
+    std::vector<float> local_keys;
+    std::vector<std::uint32_t> local_pos;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      if ((i * 5 + 1) % p != me) continue;  // the key of position i lives on its address's home
+      local_pos.push_back(i);
+      local_keys.insert(local_keys.end(), keys.begin() + i * shape.head_dim, keys.begin() + (i + 1) * shape.head_dim);
+    }
+    ASSERT_TRUE(StripedSelect(shape, q, local_keys, local_pos, g_fabric, got));
+    all_equal = all_equal && got == want;
+  }
+  EXPECT_TRUE(all_equal);
+}
+
+}  // namespace
+}  // namespace ula
+
+int main(int argc, char** argv) {
+  auto session = ula::MpiSession::Init(&argc, &argv);
+  if (!session) {
+    std::fprintf(stderr, "%s\n", session.error().ToString().c_str());
+    return 2;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  int rc = 0;
+  {
+    auto fabric = ula::MakeMpiFabric();
+    if (!fabric) {
+      std::fprintf(stderr, "%s\n", fabric.error().ToString().c_str());
+      return 2;
+    }
+    ula::g_fabric = fabric->get();
+    if ((*session)->rank() != 0) {  // one rank prints the gtest report
+      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+      delete listeners.Release(listeners.default_result_printer());
+    }
+    rc = RUN_ALL_TESTS();
+    rc = ula::g_fabric->AllTrue(rc == 0) ? 0 : 1;  // every rank exits with the verdict of all
+  }
+  return rc;
+}
