@@ -1,0 +1,47 @@
+// TpPrefetcher: the layer-group pipeline of one decode step (DESIGN.md step 7). While the
+// caller computes group g (its `compute` callback reads group g's plan), the step of group
+// g + 1 — dedup, home swaps, fetches from other ranks — runs on a background worker. Steps
+// of different groups touch disjoint state, so they may overlap; steps themselves run one
+// at a time, in group order, so plans are identical to a serial run.
+//
+// Overlap is measured, not assumed: fetch time = wall time of the group steps, compute
+// time = wall time of the callbacks, overlap = (fetch + compute - wall) / fetch, clamped
+// to [0, 1]; RunStep(..., prefetch = false) runs the same work serially for comparison.
+//
+// In-process ranks only (an MPI fabric's collectives must stay on the main thread).
+// Thread-safety: one driver thread; the worker only runs planner steps.
+#pragma once
+
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "ula/tp_step_planner.h"
+
+namespace ula {
+
+struct TpPipelineStats {
+  double wall_s = 0;
+  double fetch_s = 0;    // sum of the group steps' durations
+  double compute_s = 0;  // sum of the compute callbacks' durations
+  double overlap() const;  // fraction of fetch time hidden behind compute
+  TpRankStepStats totals;  // over groups and hosted ranks
+};
+
+class TpPrefetcher {
+ public:
+  explicit TpPrefetcher(TpAddressSpace& space, TpPlannerOptions options = {});
+
+  using Compute = std::function<void(GroupId, const TpStepPlan&)>;
+  // selections[g]: group g's selections. Groups run in order 0..G-1. On the first failing
+  // group step the error is returned (earlier groups are done; nothing of the failing one
+  // changed). REQUIRES: selections.size() == num_groups.
+  Result<TpPipelineStats> RunStep(std::span<const std::vector<LogicalAddr>> selections, const Compute& compute,
+                                  bool prefetch = true);
+
+ private:
+  TpAddressSpace& space_;
+  TpStepPlanner planner_;
+};
+
+}  // namespace ula
