@@ -1,0 +1,66 @@
+// HybridRunner: serves requests of a HybridModel on a HybridAllocator, with an optional
+// PrefixCache — the small engine loop used by the tests and by `ula bench prefix`.
+//
+// One request: match the longest reusable prefix (KV pages + a checkpoint at exactly that
+// position), lock it, allocate the rest (state, window ring, the pages still needed; a cached
+// partial last page is copied, never written), restore the checkpoint, compute the remaining
+// prompt tokens one at a time (saving a checkpoint every `checkpoint_interval` positions),
+// decode greedily, then hand everything to the cache (or free it). Whenever an allocation
+// does not fit, the cache evicts by the configured rule first.
+// Thread-safety: none; one runner per allocator.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "ula/hybrid_allocator.h"
+#include "ula/hybrid_model.h"
+#include "ula/prefix_cache.h"
+
+namespace ula {
+
+struct ServeOptions {
+  std::uint32_t max_new_tokens = 8;   // >= 1
+  // 0: only the end-of-request checkpoint. A multiple of page_tokens: checkpoints attach to
+  // the node that ends at their position, and interior nodes end at page boundaries.
+  std::uint32_t checkpoint_interval = 0;
+  EvictionRule rule = EvictionRule::kAllocationAware;
+  bool insert_into_cache = true;
+};
+
+struct ServeResult {
+  std::vector<std::uint32_t> output;  // [max_new_tokens]
+  std::vector<float> last_logits;     // [vocab] logits that chose the last output token
+  std::uint32_t matched = 0;          // prompt tokens reused from the cache
+  std::uint32_t recomputed = 0;       // prompt tokens computed
+  EvictionStats evicted;
+  std::vector<double> token_us;       // time of each decode step after the first output
+};
+
+class HybridRunner {
+ public:
+  // `cache` may be null (no prefix caching). The allocator must use the model's kinds.
+  HybridRunner(const HybridModel& model, HybridAllocator& allocator, PrefixCache* cache)
+      : model_(model), allocator_(allocator), cache_(cache) {}
+
+  // REQUIRES: prompt not empty.
+  Result<ServeResult> Serve(std::span<const std::uint32_t> prompt, const ServeOptions& options);
+
+  // Allocates the memory of a request of `tokens` tokens without computing it, in chunks of
+  // `chunk_tokens` (0: all at once), evicting by `rule` as needed.
+  Result<SequenceBlocks> Reserve(std::uint32_t tokens, std::uint32_t chunk_tokens, EvictionRule rule,
+                                 EvictionStats* evicted);
+  // Frees a sequence's own blocks (pages shared with the cache excluded: `shared_pages`).
+  Status Release(const SequenceBlocks& seq, std::size_t shared_pages = 0);
+
+ private:
+  Result<std::vector<BlockId>> Allocate(const Demand& demand, EvictionRule rule, EvictionStats& evicted);
+  Status CopyBlock(BlockId from, BlockId to);
+
+  const HybridModel& model_;
+  HybridAllocator& allocator_;
+  PrefixCache* cache_;
+};
+
+}  // namespace ula

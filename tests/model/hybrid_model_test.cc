@@ -1,0 +1,171 @@
+#include "ula/hybrid_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "ula/fixed_split_allocator.h"
+#include "ula/hybrid_runner.h"
+#include "ula/unified_buffer.h"
+
+namespace ula {
+namespace {
+
+std::unique_ptr<HybridModel> SmallModel() { return HybridModel::Create(HybridModelConfig{}).value(); }
+
+std::unique_ptr<UnifiedBuffer> Buffer(const HybridModel& model, std::uint64_t pages) {
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.kinds = model.Kinds(64);
+  c.capacity_bytes = pages * c.kinds[1].block_bytes;
+  c.padding_kind = kModelKvKind;
+  c.padding_blocks = 1;
+  return UnifiedBuffer::Create(c).value();
+}
+
+std::unique_ptr<PrefixCache> Cache(const HybridModel& model, HybridAllocator& a) {
+  PrefixCacheConfig c;
+  c.page_tokens = model.config().page_tokens;
+  return PrefixCache::Create(c, &a).value();
+}
+
+std::vector<std::uint32_t> RandomTokens(std::uint32_t seed, std::size_t n, std::uint32_t vocab) {
+  std::mt19937 rng(seed);
+  std::vector<std::uint32_t> t(n);
+  for (auto& x : t) x = rng() % vocab;
+  return t;
+}
+
+void ExpectBitIdentical(const ServeResult& a, const ServeResult& b) {
+  EXPECT_EQ(a.output, b.output);
+  ASSERT_EQ(a.last_logits.size(), b.last_logits.size());
+  EXPECT_EQ(std::memcmp(a.last_logits.data(), b.last_logits.data(), a.last_logits.size() * sizeof(float)), 0)
+      << "logits differ in their bits";
+}
+
+// Generating from scratch, on its own buffer, without a cache.
+ServeResult FromScratch(const HybridModel& model, std::span<const std::uint32_t> prompt, std::uint32_t new_tokens) {
+  auto buffer = Buffer(model, 512);
+  HybridRunner runner(model, *buffer, nullptr);
+  auto r = runner.Serve(prompt, ServeOptions{.max_new_tokens = new_tokens});
+  EXPECT_TRUE(r) << r.error().ToString();
+  EXPECT_EQ(buffer->Stats().live_bytes, 0u);  // everything given back
+  return *r;
+}
+
+TEST(HybridModel, ReusingACachedPrefixAtAnIntervalCheckpointIsBitIdenticalToFromScratch) {
+  std::printf("seed 11 for prompts\n");
+  auto model = SmallModel();
+  const auto vocab = model->config().vocab;
+  auto buffer = Buffer(*model, 512);
+  auto cache = Cache(*model, *buffer);
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto a = RandomTokens(11, 100, vocab);
+  // Checkpoints every 32 tokens (32, 64, 96) and at the end (103).
+  ASSERT_TRUE(runner.Serve(a, ServeOptions{.max_new_tokens = 4, .checkpoint_interval = 32}));
+  auto b = std::vector<std::uint32_t>(a.begin(), a.begin() + 80);
+  const auto tail = RandomTokens(12, 30, vocab);
+  b.insert(b.end(), tail.begin(), tail.end());
+  auto reused = runner.Serve(b, ServeOptions{.max_new_tokens = 6, .checkpoint_interval = 32});
+  ASSERT_TRUE(reused) << reused.error().ToString();
+  EXPECT_EQ(reused->matched, 64u);  // shares 80 tokens; the last checkpoint within them is at 64
+  EXPECT_EQ(reused->recomputed, b.size() - 64);
+  ExpectBitIdentical(*reused, FromScratch(*model, b, 6));
+  EXPECT_TRUE(cache->CheckInvariants());
+  EXPECT_TRUE(buffer->CheckInvariants());
+}
+
+TEST(HybridModel, ReusingTheEndOfRequestCheckpointIsBitIdenticalToFromScratch) {
+  auto model = SmallModel();
+  const auto vocab = model->config().vocab;
+  auto buffer = Buffer(*model, 512);
+  auto cache = Cache(*model, *buffer);
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto a = RandomTokens(21, 90, vocab);
+  auto first = runner.Serve(a, ServeOptions{.max_new_tokens = 5});
+  ASSERT_TRUE(first);
+  // A follow-up turn: the whole first conversation (prompt + its output) plus new tokens.
+  // The cache holds 94 tokens: the reused last page is partial and gets copied, not written.
+  std::vector<std::uint32_t> b = a;
+  b.insert(b.end(), first->output.begin(), first->output.end() - 1);  // what the cache holds (94 tokens)
+  const auto tail = RandomTokens(22, 20, vocab);
+  b.insert(b.end(), tail.begin(), tail.end());
+  auto reused = runner.Serve(b, ServeOptions{.max_new_tokens = 5});
+  ASSERT_TRUE(reused);
+  EXPECT_EQ(reused->matched, 94u);
+  ExpectBitIdentical(*reused, FromScratch(*model, b, 5));
+}
+
+TEST(HybridModel, KvPastTheLastCheckpointIsNotReused) {
+  auto model = SmallModel();
+  auto buffer = Buffer(*model, 512);
+  auto cache = Cache(*model, *buffer);
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto a = RandomTokens(31, 100, model->config().vocab);
+  ASSERT_TRUE(runner.Serve(a, ServeOptions{.max_new_tokens = 2, .checkpoint_interval = 48}));
+  // Shares 70 tokens with a; KV exists up to 64 (4 full pages), the last checkpoint <= 70 is at 48.
+  auto b = std::vector<std::uint32_t>(a.begin(), a.begin() + 70);
+  b.push_back((a[70] + 1) % model->config().vocab);
+  auto r = runner.Serve(b, ServeOptions{.max_new_tokens = 2});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->matched, 48u);
+  ExpectBitIdentical(*r, FromScratch(*model, b, 2));
+}
+
+TEST(HybridModel, OutputDoesNotDependOnTheAllocatorOrOnCompaction) {
+  auto model = SmallModel();
+  const auto prompt = RandomTokens(41, 70, model->config().vocab);
+  const ServeResult reference = FromScratch(*model, prompt, 4);
+  // Fixed pools.
+  FixedSplitConfig fc;
+  fc.kinds = model->Kinds(64);
+  fc.capacity_bytes = 256 * fc.kinds[1].block_bytes;
+  fc.fractions = {0.3, 0.5, 0.2};
+  fc.padding_kind = kModelKvKind;
+  fc.padding_blocks = 1;
+  auto fixed = FixedSplitAllocator::Create(fc).value();
+  HybridRunner fixed_runner(*model, *fixed, nullptr);
+  ExpectBitIdentical(*fixed_runner.Serve(prompt, ServeOptions{.max_new_tokens = 4}), reference);
+  // A unified buffer whose blocks get moved by compaction while the request runs: a small
+  // buffer that keeps a cache full of other prefixes, evicted and compacted as needed.
+  auto small = Buffer(*model, 48);
+  auto cache = Cache(*model, *small);
+  HybridRunner runner(*model, *small, cache.get());
+  for (std::uint32_t s = 0; s < 4; ++s) {
+    ASSERT_TRUE(runner.Serve(RandomTokens(100 + s, 60, model->config().vocab),
+                             ServeOptions{.max_new_tokens = 2, .checkpoint_interval = 16}));
+  }
+  auto r = runner.Serve(prompt, ServeOptions{.max_new_tokens = 4});
+  ASSERT_TRUE(r) << r.error().ToString();
+  EXPECT_GT(r->evicted.nodes, 0u);
+  ExpectBitIdentical(*r, reference);
+  EXPECT_TRUE(small->CheckInvariants());
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
+TEST(HybridModel, BadInputIsAnError) {
+  auto model = SmallModel();
+  auto buffer = Buffer(*model, 64);
+  SequenceBlocks seq;
+  std::vector<float> logits(model->config().vocab);
+  EXPECT_EQ(model->Step(*buffer, seq, 0, logits).error().code(), ErrorCode::kFailedPrecondition);
+  seq.pages.push_back(BlockId(5));
+  EXPECT_EQ(model->Step(*buffer, seq, 0, logits).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(model->Step(*buffer, seq, 9999, logits).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(seq.length, 0u);
+  auto cache = Cache(*model, *buffer);
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto live = buffer->LiveBlocks();
+  EXPECT_EQ(runner.Serve(RandomTokens(1, 20, 64), ServeOptions{.checkpoint_interval = 10}).error().code(),
+            ErrorCode::kInvalidArgument);  // not a multiple of the page
+  EXPECT_EQ(runner.Serve({}, ServeOptions{}).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(buffer->LiveBlocks(), live);
+  EXPECT_EQ(cache->num_nodes(), 0u);
+  HybridModelConfig c;
+  c.layers = {LayerKind::kAttention};
+  EXPECT_NE(HybridModel::Create(c).error().message().find("layers"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ula
