@@ -5,7 +5,8 @@
 //   1. sinks:  positions 0 .. sink_tokens-1 (attention sinks);
 //   2. recent: the newest recent_tokens positions;
 //   3. kept:   a uniformly random subset of the previous step's other selections, of size
-//              round(p * |previous others|), p = clamp(keep_mean + keep_stddev * N(0,1), 0, 1)
+//              p * |previous others| (stochastically rounded),
+//              p = clamp(keep_mean + keep_stddev * N(0,1), 0, 1)
 //              drawn afresh each step;
 //   4. fresh:  uniform draws from the rest of the history that the previous step did not
 //              select, until top_k (previously selected positions only if nothing else is left).

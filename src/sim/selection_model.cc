@@ -104,7 +104,10 @@ Status SelectionModel::Step(std::uint64_t stream, std::uint32_t context_len, std
       frac = params_.keep_mean + (params_.keep_stddev > 0 ? params_.keep_stddev * st.rng.Normal() : 0.0);
       frac = std::clamp(frac, 0.0, 1.0);
     }
-    std::uint64_t keep = static_cast<std::uint64_t>(std::llround(frac * static_cast<double>(scratch_.size())));
+    // Stochastic rounding: the expected kept count is exactly frac * |pool|.
+    const double want = frac * static_cast<double>(scratch_.size());
+    std::uint64_t keep = static_cast<std::uint64_t>(want);
+    if (st.rng.Uniform01() < want - static_cast<double>(keep)) ++keep;
     keep = std::min<std::uint64_t>(keep, k - sel.size());
     for (std::uint64_t i = 0; i < keep; ++i) {  // partial Fisher-Yates
       const std::uint64_t r = i + st.rng.Below(scratch_.size() - i);

@@ -1,0 +1,246 @@
+// Workload generator determinism, selection-model statistics, and trace files that replay
+// byte for byte and refuse truncated or corrupt input.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <set>
+
+#include "ula/calibration.h"
+#include "ula/model_config.h"
+#include "ula/selection_model.h"
+#include "ula/trace_file.h"
+#include "ula/workload.h"
+
+namespace ula {
+namespace {
+
+constexpr std::uint64_t kSeed = 4242;
+
+WorkloadConfig Summarization() {
+  auto w = LoadWorkloadConfigByName("long_doc_summarization", DefaultConfigDir());
+  EXPECT_TRUE(w) << (w ? "" : w.error().ToString());
+  return w ? *w : WorkloadConfig{};
+}
+
+TEST(Workload, SameSeedSameRequestsDifferentSeedDifferent) {
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  WorkloadConfig cfg = Summarization();
+  cfg.seed = kSeed;
+  auto a = GenerateWorkload(cfg);
+  auto b = GenerateWorkload(cfg);
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(a->size(), cfg.num_requests);
+  bool same = true;
+  for (std::size_t i = 0; i < a->size(); ++i) {
+    const RequestSpec &x = (*a)[i], &y = (*b)[i];
+    same &= x.id == y.id && x.input_tokens == y.input_tokens && x.output_tokens == y.output_tokens &&
+            x.arrival_s == y.arrival_s;
+    EXPECT_EQ(x.id, RequestId(i));
+    EXPECT_GE(x.input_tokens, 65536u);
+    EXPECT_LE(x.input_tokens, 131072u);
+    EXPECT_GE(x.output_tokens, cfg.min_output_tokens);
+    EXPECT_LE(x.output_tokens, cfg.max_output_tokens);
+    if (i > 0) EXPECT_GE(x.arrival_s, (*a)[i - 1].arrival_s);
+  }
+  EXPECT_TRUE(same);
+  EXPECT_EQ((*a)[0].arrival_s, 0.0);
+  cfg.seed = kSeed + 1;
+  auto c = GenerateWorkload(cfg);
+  ASSERT_TRUE(c);
+  int differ = 0;
+  for (std::size_t i = 0; i < a->size(); ++i) differ += (*a)[i].input_tokens != (*c)[i].input_tokens;
+  EXPECT_GT(differ, 0);
+}
+
+TEST(Workload, RejectsBadFields) {
+  WorkloadConfig cfg = Summarization();
+  cfg.max_input_tokens = cfg.min_input_tokens - 1;
+  auto r = GenerateWorkload(cfg);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message().find("max_input_tokens"), std::string::npos);
+  EXPECT_FALSE(ParseWorkloadConfig("{\"name\": \"x\"}", "w"));
+}
+
+SelectionModelParams Params(double keep) {
+  SelectionModelParams p;
+  p.top_k = 64;
+  p.sink_tokens = 4;
+  p.recent_tokens = 8;
+  p.keep_mean = keep;
+  p.keep_stddev = 0;
+  p.draft_keep = 0.5;
+  p.seed = kSeed;
+  return p;
+}
+
+TEST(SelectionModel, SelectionsAreDistinctInRangeWithSinksAndNewest) {
+  auto model = SelectionModel::Create(Params(0.8));
+  ASSERT_TRUE(model);
+  std::vector<std::vector<std::uint32_t>> out;
+  for (std::uint32_t n = 2000; n < 2050; ++n) {
+    ASSERT_TRUE(model->Step(7, n, 3, out));
+    ASSERT_EQ(out.size(), 3u);
+    for (const auto& sel : out) {
+      ASSERT_EQ(sel.size(), 64u);
+      std::set<std::uint32_t> s(sel.begin(), sel.end());
+      EXPECT_EQ(s.size(), sel.size());
+      EXPECT_LT(*s.rbegin(), n);
+      for (std::uint32_t p = 0; p < 4; ++p) EXPECT_TRUE(s.contains(p));
+      for (std::uint32_t r = 1; r <= 8; ++r) EXPECT_TRUE(s.contains(n - r));
+    }
+  }
+  // A short history: everything is selected.
+  ASSERT_TRUE(model->Step(8, 10, 1, out));
+  EXPECT_EQ(out[0].size(), 10u);
+  EXPECT_FALSE(model->Step(9, 0, 1, out));
+  EXPECT_FALSE(model->Step(9, 10, 0, out));
+}
+
+TEST(SelectionModel, OverlapFollowsKeepAndIsSweepable) {
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  DecodeSimConfig schedule;
+  schedule.num_requests = 4;
+  schedule.prompt_tokens = 4096;
+  schedule.decode_steps = 60;
+  schedule.draft_tokens = 2;
+  double last = -1;
+  for (double keep : {0.0, 0.25, 0.5, 0.75, 1.0}) {
+    auto run = RunSelectionModel(Params(keep), schedule, false);
+    ASSERT_TRUE(run);
+    // Sinks (4) and the 7 newest positions that stay newest carry over; `keep` of the
+    // remaining 53 previous selections is kept; fresh draws avoid the previous step.
+    const double expected = (4 + 7 + keep * 53) / 64.0;
+    EXPECT_NEAR(run->overlap.mean, expected, 0.02) << "keep " << keep;
+    EXPECT_GT(run->overlap.mean, last);
+    last = run->overlap.mean;
+  }
+  // Fitting to a target overlap hits it.
+  for (double target : {0.4, 0.7, 0.95}) {
+    auto p = FitKeepForOverlap(Params(0), schedule, target);
+    ASSERT_TRUE(p);
+    auto run = RunSelectionModel(*p, schedule, false);
+    ASSERT_TRUE(run);
+    EXPECT_NEAR(run->overlap.mean, target, 0.01);
+  }
+}
+
+TEST(SelectionModel, StreamsAreIndependentOfInterleaving) {
+  auto a = SelectionModel::Create(Params(0.7));
+  auto b = SelectionModel::Create(Params(0.7));
+  ASSERT_TRUE(a && b);
+  std::vector<std::vector<std::uint32_t>> x, y, z;
+  for (std::uint32_t n = 500; n < 520; ++n) {
+    ASSERT_TRUE(a->Step(1, n, 2, x));
+    ASSERT_TRUE(b->Step(2, n, 2, z));  // another stream in between
+    ASSERT_TRUE(b->Step(1, n, 2, y));
+    EXPECT_EQ(x, y);
+  }
+}
+
+TEST(SelectionModel, CalibrationMatchesTheRealIndexerOverlap) {
+  DecodeSimConfig schedule;
+  schedule.seed = kSeed;
+  schedule.num_requests = 2;
+  schedule.prompt_tokens = 2048;
+  schedule.decode_steps = 40;
+  schedule.draft_tokens = 2;
+  schedule.query_keep = 1.0;
+  schedule.query_noise = 0.25;
+  schedule.query_newest = 0.15;
+  schedule.sink_tokens = 4;
+  schedule.sink_boost = 3.0;
+  schedule.sink_align = 1.0;
+  auto cal = CalibrateSelectionModel({4, 16, 64}, schedule);
+  ASSERT_TRUE(cal) << cal.error().ToString();
+  EXPECT_GT(cal->real.overlap.mean, 0.3);
+  EXPECT_NEAR(cal->synthetic.overlap.mean, cal->real.overlap.mean, 0.01);
+  EXPECT_NEAR(cal->synthetic.draft_overlap.mean, cal->real.draft_overlap.mean, 0.02);
+  EXPECT_EQ(cal->fitted.sink_tokens, 4u);  // the boosted keys are found as sinks
+  EXPECT_EQ(cal->real.trace.steps.size(), 40u);
+}
+
+Trace SmallTrace() {
+  Trace t;
+  t.kind = TraceValueKind::kPosition;
+  t.num_groups = 2;
+  t.queries_per_step = 3;
+  t.steps.resize(3);
+  std::uint32_t v = 1;
+  for (std::size_t s = 0; s < 3; ++s) {
+    for (std::uint64_t r = 0; r < 2; ++r) {
+      for (std::uint32_t q = 0; q < 3; ++q) {
+        TraceRecord rec{r * 1000 + 5, static_cast<std::uint32_t>(s % 2), q, 5000, {}};
+        for (int i = 0; i < 20; ++i) rec.values.push_back((v = v * 2654435761u % 4999));
+        t.steps[s].records.push_back(rec);
+      }
+    }
+  }
+  return t;
+}
+
+TEST(TraceFile, WriteReadWriteIsByteIdentical) {
+  const Trace t = SmallTrace();
+  const auto path = std::filesystem::temp_directory_path() / ("ula_trace_test_" + std::to_string(::getpid()));
+  ASSERT_TRUE(WriteTraceFile(path, t));
+  auto back = ReadTraceFile(path);
+  ASSERT_TRUE(back) << back.error().ToString();
+  EXPECT_EQ(*back, t);
+  auto a = EncodeTrace(t);
+  auto b = EncodeTrace(*back);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(*a, *b);
+  EXPECT_EQ(std::filesystem::file_size(path), a->size());
+  std::filesystem::remove(path);
+}
+
+TEST(TraceFile, RealAndSyntheticTracesReplayByteForByte) {
+  DecodeSimConfig schedule;
+  schedule.num_requests = 2;
+  schedule.prompt_tokens = 1024;
+  schedule.decode_steps = 8;
+  schedule.draft_tokens = 2;
+  schedule.query_keep = 1.0;
+  schedule.query_noise = 0.3;
+  auto real = RunRealIndexer({4, 16, 32}, schedule);
+  auto syn = RunSelectionModel(Params(0.8), schedule);
+  ASSERT_TRUE(real && syn);
+  for (const Trace* t : {&real->trace, &syn->trace}) {
+    auto a = EncodeTrace(*t);
+    ASSERT_TRUE(a);
+    auto back = DecodeTrace(*a);
+    ASSERT_TRUE(back);
+    EXPECT_EQ(*back, *t);
+    EXPECT_EQ(*EncodeTrace(*back), *a);
+  }
+}
+
+TEST(TraceFile, TruncatedOrCorruptInputIsAnError) {
+  auto bytes = EncodeTrace(SmallTrace());
+  ASSERT_TRUE(bytes);
+  for (std::size_t len = 0; len < bytes->size(); ++len) {
+    auto r = DecodeTrace(std::span<const std::byte>(*bytes).first(len));
+    EXPECT_FALSE(r) << "truncated to " << len;
+  }
+  for (std::size_t i = 0; i < bytes->size(); ++i) {  // every single-byte corruption
+    auto copy = *bytes;
+    copy[i] ^= std::byte{0x5a};
+    EXPECT_FALSE(DecodeTrace(copy)) << "byte " << i;
+  }
+  auto longer = *bytes;
+  longer.push_back(std::byte{0});
+  EXPECT_FALSE(DecodeTrace(longer));
+  EXPECT_FALSE(ReadTraceFile("no/such/trace.bin"));
+}
+
+TEST(TraceFile, RejectsInvalidTraceOnWrite) {
+  Trace t = SmallTrace();
+  t.steps[0].records[0].values.push_back(6000);  // >= context_len
+  EXPECT_FALSE(EncodeTrace(t));
+  t = SmallTrace();
+  t.steps[1].records[0].group = 2;
+  EXPECT_FALSE(EncodeTrace(t));
+}
+
+}  // namespace
+}  // namespace ula
