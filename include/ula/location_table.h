@@ -32,6 +32,10 @@ class LocationTable {
   void Erase(LogicalAddr a) {
     if (a.value() < table_.size()) table_[a.value()] = Location::None();
   }
+  // Hints the cache that Get(a) comes soon.
+  void Prefetch(LogicalAddr a) const {
+    if (a.value() < table_.size()) __builtin_prefetch(&table_[a.value()], 0, 0);
+  }
   // out[i] = Get(addrs[i]). REQUIRES: out.size() == addrs.size().
   void Translate(std::span<const LogicalAddr> addrs, std::span<Location> out) const;
 

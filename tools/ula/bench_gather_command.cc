@@ -10,6 +10,8 @@
 #include <random>
 
 #include "command_registry.h"
+#include "ula/backend.h"
+#include "ula/gather.h"
 #include "ula/location_table.h"
 
 namespace ula::cli {
@@ -30,9 +32,19 @@ double MedianSeconds(std::vector<double> v) {
 }
 
 int RunGather(const GatherOptions& o) {
+  // Every buffer is an arena of the cpu backend, so both sides see the same memory.
+  auto backend = MakeCpuBackend();
   const std::uint64_t slots = o.pool_mib * 1024 * 1024 / o.entry_bytes;
-  std::vector<std::byte> pool(slots * o.entry_bytes);
-  for (std::size_t i = 0; i < pool.size(); i += 4096) pool[i] = std::byte(i >> 12);
+  const std::size_t bytes = std::size_t{o.selections} * o.entry_bytes;
+  auto pool = backend->CreateArena(Tier::kDevice, Rank(0), slots * o.entry_bytes);
+  auto src = backend->CreateArena(Tier::kDevice, Rank(0), bytes);
+  auto out = backend->CreateArena(Tier::kDevice, Rank(0), bytes);
+  if (!pool || !src || !out) {
+    fmt::print(stderr, "ula bench gather: cannot allocate the buffers\n");
+    return 2;
+  }
+  for (std::size_t i = 0; i < slots * o.entry_bytes; i += 4096) pool->data[i] = std::byte(i >> 12);
+  std::memset(src->data, 1, bytes);
   // Logical addresses map to scattered device slots, as after many steps of eviction.
   const std::uint32_t n_addr = static_cast<std::uint32_t>(slots);
   std::vector<std::uint32_t> perm(n_addr);
@@ -44,26 +56,18 @@ int RunGather(const GatherOptions& o) {
   for (std::uint32_t a = 0; a < n_addr; ++a) table.Set(LogicalAddr(a), Location::Make(Tier::kDevice, Rank(0), SlotId(perm[a])));
   std::vector<LogicalAddr> selected(o.selections);
   for (auto& a : selected) a = LogicalAddr(static_cast<std::uint32_t>(rng() % n_addr));
-  const std::size_t bytes = std::size_t{o.selections} * o.entry_bytes;
-  std::vector<std::byte> out(bytes), src(bytes);
-  // memcpy's source is as cold as the pool: a separate buffer of the same size, rewritten.
-  std::vector<std::byte> flush(64 << 20);
-  std::vector<Location> locs(o.selections);
+  std::vector<std::byte> flush(64 << 20);  // rewritten between runs to evict the caches
   std::vector<double> t_memcpy, t_gather;
   for (int rep = 0; rep < o.repeats; ++rep) {
-    std::memset(flush.data(), rep, flush.size());  // evict caches between measurements
+    std::memset(flush.data(), rep, flush.size());
     auto t0 = std::chrono::steady_clock::now();
-    std::memcpy(out.data(), src.data(), bytes);
+    std::memcpy(out->data, src->data, bytes);
     auto t1 = std::chrono::steady_clock::now();
     std::memset(flush.data(), rep + 1, flush.size());
     auto t2 = std::chrono::steady_clock::now();
-    table.Translate(selected, locs);
-    std::byte* dst = out.data();
-    for (const Location& loc : locs) {
-      std::memcpy(dst, pool.data() + std::uint64_t{loc.slot().value()} * o.entry_bytes, o.entry_bytes);
-      dst += o.entry_bytes;
-    }
+    const std::size_t missing = GatherEntries(table, selected, pool->data, o.entry_bytes, out->data);
     auto t3 = std::chrono::steady_clock::now();
+    if (missing != 0) return 1;
     t_memcpy.push_back(std::chrono::duration<double>(t1 - t0).count());
     t_gather.push_back(std::chrono::duration<double>(t3 - t2).count());
   }
