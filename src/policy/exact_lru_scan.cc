@@ -44,7 +44,7 @@ void ExactLruScan::Touch(std::span<const SlotId> slots) noexcept {
       stamp = round;
     }
   } else {
-    fork_join_.Run(slots.size(), [&](std::size_t t, std::size_t begin, std::size_t end) {
+    auto body = [&](std::size_t t, std::size_t begin, std::size_t end) {
       std::uint64_t mine = 0;
       for (std::size_t i = begin; i < end; ++i) {
         std::atomic_ref<std::uint32_t> stamp(stamp_[slots[i].value()]);
@@ -52,7 +52,8 @@ void ExactLruScan::Touch(std::span<const SlotId> slots) noexcept {
         mine += stamp.exchange(round, std::memory_order_relaxed) != round;
       }
       fresh_[t * 8] = mine;  // one cache line per thread
-    });
+    };
+    fork_join_.Run(slots.size(), body);
     for (int t = 0; t < fork_join_.max_threads(); ++t) fresh += std::exchange(fresh_[t * 8], 0);
   }
   used_this_round_ += fresh;

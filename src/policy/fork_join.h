@@ -1,17 +1,18 @@
 // ForkJoin: runs one body on a team of OpenMP threads, splitting [0, n) into contiguous
 // chunks, and makes the fork and the join visible to ThreadSanitizer.
 //
-// libgomp's barriers are not instrumented, so TSan would see no ordering between what the
-// calling thread wrote before `#pragma omp parallel` and what the team reads, or between the
-// team's writes and what the caller reads after it. Run() adds that ordering with atomics
-// TSan understands: a release store before the fork that every member acquires, and a
-// release store per member at its end that the caller acquires after the join.
-// Costs two uncontended atomic stores and (1 + threads) loads per run.
+// libgomp's barriers and its hand-over of the region's shared-variable block are not
+// instrumented, so TSan sees no ordering between what the caller wrote before
+// `#pragma omp parallel` and what the team reads, or between the team's writes and what the
+// caller reads after the region. Run() therefore passes nothing through the region's
+// shared-variable block: the job is published through one process-wide atomic pointer
+// (release by the caller, acquire by every member), and each member ends with a release
+// store the caller acquires after the join. Runs of different ForkJoin objects are
+// serialized by a process-wide mutex (one job pointer).
+// Costs: one mutex, two stores and (1 + threads) loads per run besides the OpenMP fork.
 //
-// Thread-safety: Run() is called by one thread at a time (the policy's driver).
+// Thread-safety: Run() may be called from any thread; runs are serialized.
 #pragma once
-
-#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -20,36 +21,46 @@
 
 namespace ula::policy {
 
+namespace internal {
+struct alignas(64) PaddedEpoch {
+  std::atomic<std::uint64_t> value{0};
+};
+struct ForkJoinJob {
+  void (*run)(const void* ctx, std::size_t thread, std::size_t num_threads) noexcept;
+  const void* ctx;
+  PaddedEpoch* done;  // [threads] each member stores `epoch` when it has finished
+  std::uint64_t epoch;
+};
+// Runs job on a team of `threads` OpenMP threads and returns after all have finished.
+void RunTeam(const ForkJoinJob& job, int threads) noexcept;
+int MaxTeamThreads() noexcept;
+}  // namespace internal
+
 class ForkJoin {
  public:
-  ForkJoin() : max_threads_(std::max(1, omp_get_max_threads())), join_(new Padded[max_threads_]) {}
+  ForkJoin() : max_threads_(internal::MaxTeamThreads()), done_(new internal::PaddedEpoch[max_threads_]) {}
 
   int max_threads() const { return max_threads_; }
 
   // Calls body(thread, begin, end) once per team member, with [begin, end) its chunk of
   // [0, n). thread < max_threads(). Returns after every member has finished.
   template <class Body>
-  void Run(std::size_t n, Body&& body) noexcept {
-    const std::uint64_t epoch = fork_.load(std::memory_order_relaxed) + 1;
-    fork_.store(epoch, std::memory_order_release);
-#pragma omp parallel num_threads(max_threads_)
-    {
-      (void)fork_.load(std::memory_order_acquire);
-      const auto t = static_cast<std::size_t>(omp_get_thread_num());
-      const auto nt = static_cast<std::size_t>(omp_get_num_threads());
-      body(t, n * t / nt, n * (t + 1) / nt);
-      join_[t].value.store(epoch, std::memory_order_release);
-    }
-    for (int t = 0; t < max_threads_; ++t) (void)join_[t].value.load(std::memory_order_acquire);
+  void Run(std::size_t n, Body& body) noexcept {
+    struct Ctx {
+      Body* body;
+      std::size_t n;
+    } ctx{&body, n};
+    auto run = [](const void* c, std::size_t t, std::size_t nt) noexcept {
+      const auto& x = *static_cast<const Ctx*>(c);
+      (*x.body)(t, x.n * t / nt, x.n * (t + 1) / nt);
+    };
+    internal::RunTeam({run, &ctx, done_.get(), ++epoch_}, max_threads_);
   }
 
  private:
-  struct alignas(64) Padded {
-    std::atomic<std::uint64_t> value{0};
-  };
   int max_threads_;
-  std::atomic<std::uint64_t> fork_{0};
-  std::unique_ptr<Padded[]> join_;  // [max_threads_]
+  std::unique_ptr<internal::PaddedEpoch[]> done_;  // [max_threads_]
+  std::uint64_t epoch_ = 0;
 };
 
 }  // namespace ula::policy

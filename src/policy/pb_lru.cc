@@ -64,7 +64,7 @@ void PbLru::MarkSerial(std::span<const SlotId> slots) noexcept {
 }
 
 void PbLru::MarkParallel(std::span<const SlotId> slots) noexcept {
-  fork_join_.Run(slots.size(), [&](std::size_t t, std::size_t begin, std::size_t end) {
+  auto body = [&](std::size_t t, std::size_t begin, std::size_t end) {
     auto& words = touched_words_[t];
     for (std::size_t i = begin; i < end; ++i) {
       const std::uint32_t s = slots[i].value();
@@ -74,7 +74,8 @@ void PbLru::MarkParallel(std::span<const SlotId> slots) noexcept {
       // Exactly one thread sees the word go from zero to non-zero and records it.
       if (word.fetch_or(bit, std::memory_order_relaxed) == 0) words.push_back(s >> 6);
     }
-  });
+  };
+  fork_join_.Run(slots.size(), body);
 }
 
 void PbLru::ApplyMarked() noexcept {
