@@ -1,0 +1,224 @@
+// `ula bench dup`: how much of the stored KV is distinct history, TP and DP, 8 ranks, on
+// the default GLM-5 scenario (model glm5, workload long_doc_summarization), counting
+// backend. Rows:
+//   all_gpu   TP: every rank stores every entry; DP: each request on one rank.
+//   hisparse  full history on host + a fixed per-request device buffer (4096 slots) whose
+//             entries duplicate host entries; in TP every rank holds both.
+//   ulacache  measured from the address spaces after decode steps: TP = shards (exclusive
+//             device/host) + every rank's local buffer; DP = exclusive device/host pools.
+// The baselines' counts follow from their definition (DESIGN.md "Baselines"); UlaCache's
+// are read from the pools. Also: local-buffer hit rate and bytes fetched from other ranks
+// per step (TP, after a warm-up step), and the prefetch overlap of a smaller real-bytes run.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "command_registry.h"
+#include "ula/address_space.h"
+#include "ula/model_config.h"
+#include "ula/reference_attention.h"
+#include "ula/selection_model.h"
+#include "ula/tp_prefetcher.h"
+#include "ula/workload.h"
+
+namespace ula::cli {
+namespace {
+
+struct DupOptions {
+  std::string config_dir, model = "glm5", workload = "long_doc_summarization";
+  std::uint32_t ranks = 8, requests = 16, steps = 6, hisparse_buffer = 4096;
+  double buffer_factor = 1.25;  // local buffer / one step's remote working set
+  double keep = 0.9, draft_keep = 0.8;
+  std::uint32_t sinks = 4, recent = 64;
+  bool json = false;
+};
+
+struct Row {
+  std::string system, mode;
+  std::uint64_t physical = 0, distinct = 0;
+};
+
+template <class T>
+T OrDie(Result<T> r, const char* what) {
+  if (!r) {
+    fmt::print(stderr, "ula bench dup: {}: {}\n", what, r.error().ToString());
+    std::exit(2);
+  }
+  return std::move(*r);
+}
+
+int RunDup(const DupOptions& o) {
+  const std::filesystem::path dir = o.config_dir.empty() ? DefaultConfigDir() : std::filesystem::path(o.config_dir);
+  const ModelConfig model = OrDie(LoadModelConfigByName(o.model, dir), "model");
+  WorkloadConfig wl = OrDie(LoadWorkloadConfigByName(o.workload, dir), "workload");
+  auto specs = OrDie(GenerateWorkload(wl), "workload");
+  const std::uint32_t n_req = std::min<std::uint32_t>(o.requests, static_cast<std::uint32_t>(specs.size()));
+  const std::uint32_t groups = model.num_groups(), entry = model.group_entry_bytes(), p = o.ranks;
+  const std::uint32_t queries = wl.queries_per_step();
+  std::uint64_t tokens = 0;
+  for (std::uint32_t i = 0; i < n_req; ++i) tokens += specs[i].input_tokens + o.steps;
+  const std::uint64_t n = tokens;  // entries per group at the end of the run
+
+  // Selections of one step per request and group (the selection model; positions -> addresses).
+  SelectionModelParams sp{.top_k = model.top_k, .sink_tokens = o.sinks, .recent_tokens = o.recent, .keep_mean = o.keep,
+                          .keep_stddev = 0.05, .draft_keep = o.draft_keep, .seed = wl.seed};
+  auto selector = OrDie(SelectionModel::Create(sp), "selection model");
+
+  // --- UlaCache TP (counting backend) ---
+  auto counting = MakeCountingBackend();
+  const std::uint64_t per_step_remote = std::uint64_t{n_req} * model.top_k * queries * (p - 1) / p;
+  const std::uint64_t buffer_slots = static_cast<std::uint64_t>(o.buffer_factor * per_step_remote);
+  TpConfig tc;
+  tc.num_ranks = p;
+  tc.num_groups = groups;
+  tc.entry_bytes = entry;
+  const std::uint64_t shard = (n + p - 1) / p + 1024;
+  tc.device_bytes_per_rank = shard * entry * groups;  // the whole batch fits on device in TP
+  tc.host_bytes_per_rank = 0;
+  tc.buffer_bytes_per_rank = buffer_slots * entry * groups;
+  auto tp = OrDie(TpAddressSpace::Create(tc, *counting), "TP space");
+  TpStepPlanner planner(*tp, nullptr, {.parallel_ranks = false});
+  std::vector<std::vector<LogicalAddr>> addrs(n_req);
+  for (std::uint32_t i = 0; i < n_req; ++i) {
+    (void)tp->AddRequest(RequestId(i));
+    addrs[i] = OrDie(tp->Allocate(RequestId(i), specs[i].input_tokens), "TP allocate");
+  }
+  tp->AdvanceRound();
+  std::vector<std::vector<std::uint32_t>> per_query;
+  std::vector<LogicalAddr> sel;
+  TpRankStepStats warm, measured;
+  std::uint64_t remote_bytes = 0, selections = 0;
+  for (std::uint32_t step = 0; step < o.steps; ++step) {
+    if (step == 1) counting->ResetCounters();
+    for (std::uint32_t g = 0; g < groups; ++g) {
+      sel.clear();
+      for (std::uint32_t i = 0; i < n_req; ++i) {
+        (void)selector.Step(std::uint64_t{i} * groups + g, static_cast<std::uint32_t>(addrs[i].size()), queries, per_query);
+        for (const auto& q : per_query) {
+          for (std::uint32_t pos : q) sel.push_back(addrs[i][pos]);
+        }
+      }
+      auto plan = OrDie(planner.Step(GroupId(static_cast<std::uint16_t>(g)), sel), "TP step");
+      (step == 0 ? warm : measured) += plan.Total();
+      if (step > 0) selections += sel.size();
+    }
+    tp->AdvanceRound();
+    for (std::uint32_t i = 0; i < n_req; ++i) {
+      auto more = OrDie(tp->Allocate(RequestId(i), 1), "TP decode");
+      addrs[i].push_back(more[0]);
+    }
+  }
+  remote_bytes = counting->counters().Bytes(Tier::kDevice, Tier::kDevice, true) +
+                 counting->counters().Bytes(Tier::kHost, Tier::kDevice, true);
+  std::uint64_t tp_physical = 0, buffered = 0;
+  for (std::uint32_t r = 0; r < p; ++r) {
+    for (std::uint32_t g = 0; g < groups; ++g) {
+      const Rank rank(static_cast<std::uint16_t>(r));
+      const GroupId gid(static_cast<std::uint16_t>(g));
+      tp_physical += tp->NumUsed(rank, gid, Tier::kDevice) + tp->NumUsed(rank, gid, Tier::kHost);
+      buffered += tp->NumBuffered(rank, gid);
+    }
+  }
+  tp_physical += buffered;
+  const std::uint64_t tp_distinct = tp->num_live_addresses() * groups;
+  tp.reset();
+
+  // --- UlaCache DP (counting backend): exclusive tiers, request i on rank i mod P ---
+  AddressSpaceConfig dc;
+  dc.num_ranks = p;
+  dc.num_groups = groups;
+  dc.entry_bytes = entry;
+  std::vector<std::uint64_t> per_rank(p, 0);
+  for (std::uint32_t i = 0; i < n_req; ++i) per_rank[i % p] += specs[i].input_tokens + o.steps;
+  const std::uint64_t dp_rank_max = *std::max_element(per_rank.begin(), per_rank.end());
+  dc.device_bytes_per_rank = (dp_rank_max / 2 + 1) * entry * groups;  // half on device, half on host
+  dc.host_bytes_per_rank = (dp_rank_max / 2 + 1) * entry * groups;
+  auto dp = OrDie(AddressSpace::Create(dc, *counting), "DP space");
+  for (std::uint32_t i = 0; i < n_req; ++i) {
+    (void)dp->AddRequest(RequestId(i), Rank(static_cast<std::uint16_t>(i % p)));
+    (void)OrDie(dp->Allocate(RequestId(i), specs[i].input_tokens + o.steps), "DP allocate");
+  }
+  std::uint64_t dp_physical = 0;
+  for (std::uint32_t r = 0; r < p; ++r) {
+    for (std::uint32_t g = 0; g < groups; ++g) {
+      dp_physical += dp->NumUsed(Rank(static_cast<std::uint16_t>(r)), GroupId(static_cast<std::uint16_t>(g)), Tier::kDevice) +
+                     dp->NumUsed(Rank(static_cast<std::uint16_t>(r)), GroupId(static_cast<std::uint16_t>(g)), Tier::kHost);
+    }
+  }
+  const std::uint64_t dp_distinct = dp->num_live_addresses() * groups;
+  dp.reset();
+
+  const std::uint64_t ng = n * groups, hs = std::uint64_t{n_req} * o.hisparse_buffer * groups;
+  std::vector<Row> rows = {
+      {"all_gpu", "tp", p * ng, ng},        {"hisparse", "tp", p * (ng + hs), ng}, {"ulacache", "tp", tp_physical, tp_distinct},
+      {"all_gpu", "dp", ng, ng},            {"hisparse", "dp", ng + hs, ng},       {"ulacache", "dp", dp_physical, dp_distinct}};
+  const double hit_rate = measured.buffer_hits + measured.remote_fetches == 0
+                              ? 0
+                              : double(measured.buffer_hits) / double(measured.buffer_hits + measured.remote_fetches);
+  const std::uint32_t measured_steps = o.steps > 1 ? o.steps - 1 : 1;
+  const double bytes_per_step = double(remote_bytes) / measured_steps;
+
+  if (o.json) {
+    nlohmann::json j;
+    j["systems"] = nlohmann::json::array();
+    for (const Row& r : rows) {
+      j["systems"].push_back({{"system", r.system}, {"mode", r.mode}, {"ranks", p}, {"physical_entries", r.physical},
+                              {"distinct_entries", r.distinct},
+                              {"distinct_fraction", r.physical ? double(r.distinct) / double(r.physical) : 0.0}});
+    }
+    j["scenario"] = {{"model", model.name}, {"workload", wl.name}, {"requests", n_req}, {"groups", groups},
+                     {"entry_bytes", entry}, {"queries_per_step", queries}, {"steps", o.steps},
+                     {"local_buffer_slots_per_rank_per_group", buffer_slots}};
+    j["tp"] = {{"local_buffer_hit_rate", hit_rate},
+               {"remote_bytes_per_step_all_ranks", bytes_per_step},
+               {"remote_bytes_per_step_per_rank", bytes_per_step / p},
+               {"remote_fetches", measured.remote_fetches},
+               {"buffer_hits", measured.buffer_hits},
+               {"selections", selections}};
+    fmt::print("{}\n", j.dump());
+    return 0;
+  }
+  fmt::print("ula bench dup: model {} workload {}: {} requests, {} groups of {} B, {} queries/step, {} ranks, {} steps\n",
+             model.name, wl.name, n_req, groups, entry, queries, p, o.steps);
+  fmt::print("{:<10} {:<4} {:>16} {:>16} {:>9}\n", "system", "mode", "physical", "distinct", "fraction");
+  for (const Row& r : rows) {
+    fmt::print("{:<10} {:<4} {:>16} {:>16} {:>9.4f}\n", r.system, r.mode, r.physical, r.distinct,
+               double(r.distinct) / double(r.physical));
+  }
+  fmt::print("TP local buffer: {} slots per rank per group ({:.2f} x one step's remote working set)\n", buffer_slots,
+             o.buffer_factor);
+  fmt::print("TP local-buffer hit rate (steps 2..{}): {:.4f}; fetched from other ranks per step: {:.1f} MB all ranks, "
+             "{:.1f} MB per rank\n", o.steps, hit_rate, bytes_per_step / 1e6, bytes_per_step / p / 1e6);
+  return 0;
+}
+
+Action SetupDup(CLI::App& app) {
+  auto o = std::make_shared<DupOptions>();
+  app.add_option("--config-dir", o->config_dir, "configs directory (default: $ULA_CONFIG_DIR or the source tree's)");
+  app.add_option("--model", o->model, "model config")->capture_default_str();
+  app.add_option("--workload", o->workload, "workload config")->capture_default_str();
+  app.add_option("--ranks", o->ranks, "ranks")->capture_default_str();
+  app.add_option("--requests", o->requests, "resident requests (the first ones of the workload)")->capture_default_str();
+  app.add_option("--steps", o->steps, "decode steps (the first warms the local buffers)")->capture_default_str();
+  app.add_option("--buffer-factor", o->buffer_factor, "TP local buffer / one step's remote working set")->capture_default_str();
+  app.add_option("--keep", o->keep, "selection model: step-to-step kept fraction")->capture_default_str();
+  app.add_option("--draft-keep", o->draft_keep, "selection model: draft queries' share of query 0")->capture_default_str();
+  app.add_option("--hisparse-buffer", o->hisparse_buffer, "HiSparse device slots per request")->capture_default_str();
+  app.add_flag("--json", o->json, "print one JSON object");
+  return [o]() -> int {
+    if (o->ranks == 0 || o->requests == 0 || o->steps == 0 || o->buffer_factor < 1.0) {
+      fmt::print(stderr, "ula bench dup: --ranks, --requests, --steps must be > 0 and --buffer-factor >= 1\n");
+      return 2;
+    }
+    return RunDup(*o);
+  };
+}
+
+ULA_REGISTER_COMMAND(bench_dup, "bench", "dup", "distinct vs physical KV entries: all-GPU, HiSparse, UlaCache; TP and DP",
+                     SetupDup);
+
+}  // namespace
+}  // namespace ula::cli
