@@ -1,0 +1,226 @@
+// `ula bench prefix`: the returning-prefix experiment on the small hybrid model.
+// Cache N prefixes, send one unrelated long request that needs memory at once (or in
+// chunks), then send the N prefixes again; compare the eviction rules. Also measures the
+// unified buffer's own overhead on the model: median time between output tokens against
+// fixed pools, same run.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "command_registry.h"
+#include "ula/fixed_split_allocator.h"
+#include "ula/hybrid_runner.h"
+#include "ula/unified_buffer.h"
+
+namespace ula::cli {
+namespace {
+
+struct Options {
+  bool json = false;
+  std::uint32_t prefixes = 28;
+  std::uint32_t prefix_tokens = 512;
+  std::uint32_t suffix_tokens = 16;
+  std::uint32_t new_tokens = 8;
+  std::uint32_t checkpoint_interval = 256;
+  std::uint32_t long_tokens = 7000;
+  std::uint32_t chunk_tokens = 2048;
+  double free_fraction = 0.5;  // free space before the long request, as a fraction of its size
+  std::uint32_t seed = 7;
+};
+
+std::vector<std::uint32_t> RandomTokens(std::mt19937& rng, std::size_t n, std::uint32_t vocab) {
+  std::vector<std::uint32_t> t(n);
+  for (auto& x : t) x = rng() % vocab;
+  return t;
+}
+
+struct Sizes {
+  std::uint64_t page_bytes, state_bytes, window_bytes, checkpoint_bytes;
+  std::uint64_t prefix_bytes;  // one cached prefix: its pages and checkpoints
+  std::uint64_t long_bytes;    // the long request's demand
+  std::uint64_t buffer_bytes;
+};
+
+Sizes ComputeSizes(const HybridModel& model, const Options& o) {
+  const auto kinds = model.Kinds(64);
+  const std::uint32_t P = model.config().page_tokens;
+  Sizes s;
+  s.page_bytes = kinds[1].block_bytes;
+  s.state_bytes = kinds[0].block_bytes;
+  s.window_bytes = kinds[2].block_bytes;
+  s.checkpoint_bytes = s.state_bytes + s.window_bytes;
+  const std::uint32_t fed = o.prefix_tokens + o.new_tokens - 1;
+  const std::uint32_t checkpoints = (o.checkpoint_interval ? o.prefix_tokens / o.checkpoint_interval : 0) + 1;
+  s.prefix_bytes = std::uint64_t{(fed + P - 1) / P} * s.page_bytes + checkpoints * s.checkpoint_bytes;
+  s.long_bytes = std::uint64_t{(o.long_tokens + P - 1) / P} * s.page_bytes + s.checkpoint_bytes;
+  const auto free_bytes = static_cast<std::uint64_t>(o.free_fraction * s.long_bytes) / s.page_bytes * s.page_bytes;
+  s.buffer_bytes = o.prefixes * s.prefix_bytes + free_bytes + s.page_bytes /* padding page */;
+  return s;
+}
+
+struct RunResult {
+  EvictionRule rule;
+  bool chunked;
+  std::uint32_t retained = 0;
+  std::uint64_t recomputed = 0;
+  double returning_ms = 0;
+  EvictionStats evicted;
+};
+
+Result<RunResult> RunOnce(const HybridModel& model, const Options& o, const Sizes& sizes, EvictionRule rule, bool chunked,
+                          const std::vector<std::vector<std::uint32_t>>& prefixes,
+                          const std::vector<std::vector<std::uint32_t>>& returning) {
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.kinds = model.Kinds(64);
+  c.capacity_bytes = sizes.buffer_bytes;
+  c.padding_kind = kModelKvKind;
+  c.padding_blocks = 1;
+  auto buffer = UnifiedBuffer::Create(c);
+  if (!buffer) return std::unexpected(buffer.error());
+  auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = model.config().page_tokens}, buffer->get());
+  if (!cache) return std::unexpected(cache.error());
+  HybridRunner runner(model, **buffer, cache->get());
+  const ServeOptions serve{.max_new_tokens = o.new_tokens, .checkpoint_interval = o.checkpoint_interval, .rule = rule};
+  RunResult r{rule, chunked};
+  for (const auto& p : prefixes) {
+    auto s = runner.Serve(p, serve);
+    if (!s) return std::unexpected(s.error());
+  }
+  auto seq = runner.Reserve(o.long_tokens, chunked ? o.chunk_tokens : 0, rule, &r.evicted);
+  if (!seq) return std::unexpected(seq.error());
+  ULA_RETURN_IF_ERROR(runner.Release(*seq));  // not cacheable: measures what eviction destroyed
+  for (const auto& p : prefixes) r.retained += (*cache)->Holds(p) ? 1 : 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& q : returning) {
+    auto s = runner.Serve(q, serve);
+    if (!s) return std::unexpected(s.error());
+    r.recomputed += s->recomputed - o.suffix_tokens;  // prefix tokens that had to be computed again
+  }
+  r.returning_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ULA_RETURN_IF_ERROR((*buffer)->CheckInvariants());
+  ULA_RETURN_IF_ERROR((*cache)->CheckInvariants());
+  return r;
+}
+
+double Median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// Decode time per token on the unified buffer and on fixed pools, interleaved.
+std::pair<double, double> MeasureTbt(const HybridModel& model, const Options& o) {
+  const auto kinds = model.Kinds(64);
+  UnifiedBufferConfig uc;
+  uc.alignment = 64;
+  uc.kinds = kinds;
+  uc.capacity_bytes = 512 * kinds[1].block_bytes;
+  uc.padding_kind = kModelKvKind;
+  uc.padding_blocks = 1;
+  auto unified = UnifiedBuffer::Create(uc).value();
+  FixedSplitConfig fc;
+  fc.kinds = kinds;
+  fc.capacity_bytes = uc.capacity_bytes;
+  fc.fractions = {0.2, 0.6, 0.2};
+  fc.padding_kind = kModelKvKind;
+  fc.padding_blocks = 1;
+  auto fixed = FixedSplitAllocator::Create(fc).value();
+  std::mt19937 rng(o.seed + 1);
+  const auto prompt = RandomTokens(rng, 256, model.config().vocab);
+  std::vector<double> u, f;
+  for (int rep = 0; rep < 5; ++rep) {
+    for (HybridAllocator* a : {static_cast<HybridAllocator*>(unified.get()), static_cast<HybridAllocator*>(fixed.get())}) {
+      HybridRunner runner(model, *a, nullptr);
+      auto r = runner.Serve(prompt, ServeOptions{.max_new_tokens = 65});
+      auto& out = a == unified.get() ? u : f;
+      out.insert(out.end(), r->token_us.begin(), r->token_us.end());
+    }
+  }
+  return {Median(u), Median(f)};
+}
+
+int Run(const Options& o) {
+  auto model = HybridModel::Create(HybridModelConfig{});
+  if (!model) {
+    fmt::print(stderr, "{}\n", model.error().ToString());
+    return 1;
+  }
+  const Sizes sizes = ComputeSizes(**model, o);
+  std::mt19937 rng(o.seed);
+  std::vector<std::vector<std::uint32_t>> prefixes, returning;
+  for (std::uint32_t i = 0; i < o.prefixes; ++i) {
+    prefixes.push_back(RandomTokens(rng, o.prefix_tokens, (*model)->config().vocab));
+    auto q = prefixes.back();
+    const auto suffix = RandomTokens(rng, o.suffix_tokens, (*model)->config().vocab);
+    q.insert(q.end(), suffix.begin(), suffix.end());
+    returning.push_back(std::move(q));
+  }
+  nlohmann::json out;
+  out["sizes"] = {{"buffer_bytes", sizes.buffer_bytes},       {"page_bytes", sizes.page_bytes},
+                  {"checkpoint_bytes", sizes.checkpoint_bytes}, {"cached_prefix_bytes", sizes.prefix_bytes},
+                  {"all_prefixes_bytes", o.prefixes * sizes.prefix_bytes}, {"long_request_bytes", sizes.long_bytes}};
+  out["setup"] = {{"prefixes", o.prefixes}, {"prefix_tokens", o.prefix_tokens}, {"suffix_tokens", o.suffix_tokens},
+                  {"new_tokens", o.new_tokens}, {"checkpoint_interval", o.checkpoint_interval},
+                  {"long_tokens", o.long_tokens}, {"chunk_tokens", o.chunk_tokens}, {"seed", o.seed}};
+  if (!o.json) {
+    fmt::print("buffer {} KiB: {} prefixes x {} KiB cached ({} KiB) + {} KiB free; long request {} tokens = {} KiB\n",
+               sizes.buffer_bytes >> 10, o.prefixes, sizes.prefix_bytes >> 10, (o.prefixes * sizes.prefix_bytes) >> 10,
+               (sizes.buffer_bytes - o.prefixes * sizes.prefix_bytes) >> 10, o.long_tokens, sizes.long_bytes >> 10);
+    fmt::print("page {} B (16 tokens x 2 attention layers), checkpoint {} B (state {} B + window ring {} B)\n",
+               sizes.page_bytes, sizes.checkpoint_bytes, sizes.state_bytes, sizes.window_bytes);
+    fmt::print("{:<17} {:>7} {:>9} {:>11} {:>13} {:>15}\n", "rule", "chunked", "retained", "recomputed",
+               "returning_ms", "evicted nodes");
+  }
+  out["runs"] = nlohmann::json::array();
+  for (bool chunked : {false, true}) {
+    for (EvictionRule rule : {EvictionRule::kNaive, EvictionRule::kAllocationAware}) {
+      auto r = RunOnce(**model, o, sizes, rule, chunked, prefixes, returning);
+      if (!r) {
+        fmt::print(stderr, "run failed: {}\n", r.error().ToString());
+        return 1;
+      }
+      out["runs"].push_back({{"rule", EvictionRuleName(rule)},
+                             {"chunked", chunked},
+                             {"retained", r->retained},
+                             {"of", o.prefixes},
+                             {"recomputed_tokens", r->recomputed},
+                             {"returning_ms", r->returning_ms},
+                             {"evicted_nodes", r->evicted.nodes},
+                             {"evicted_checkpoints", r->evicted.checkpoints}});
+      if (!o.json) {
+        fmt::print("{:<17} {:>7} {:>6}/{:<2} {:>11} {:>13.1f} {:>15}\n", EvictionRuleName(rule), chunked ? "yes" : "no",
+                   r->retained, o.prefixes, r->recomputed, r->returning_ms, r->evicted.nodes);
+      }
+    }
+  }
+  const auto [unified_us, fixed_us] = MeasureTbt(**model, o);
+  out["tbt"] = {{"unified_median_us", unified_us}, {"fixed_median_us", fixed_us}, {"ratio", unified_us / fixed_us}};
+  if (o.json) {
+    fmt::print("{}\n", out.dump(2));
+  } else {
+    fmt::print("median time between output tokens: unified {:.1f} us, fixed pools {:.1f} us (ratio {:.3f})\n",
+               unified_us, fixed_us, unified_us / fixed_us);
+  }
+  return 0;
+}
+
+Action Setup(CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  app.add_flag("--json", o->json, "print JSON");
+  app.add_option("--prefixes", o->prefixes, "cached prefixes")->check(CLI::Range(1, 1000));
+  app.add_option("--prefix-tokens", o->prefix_tokens, "tokens per prefix")->check(CLI::Range(16, 8192));
+  app.add_option("--long-tokens", o->long_tokens, "tokens of the unrelated request")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--chunk-tokens", o->chunk_tokens, "chunk size of the chunked runs")->check(CLI::Range(16, 1 << 20));
+  app.add_option("--free-fraction", o->free_fraction, "free space before the long request, as a fraction of its size")
+      ->check(CLI::Range(0.0, 10.0));
+  app.add_option("--seed", o->seed, "token seed");
+  return [o] { return Run(*o); };
+}
+
+ULA_REGISTER_COMMAND(bench_prefix, "bench", "prefix", "returning-prefix experiment on the small hybrid model", Setup);
+
+}  // namespace
+}  // namespace ula::cli
