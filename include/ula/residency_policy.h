@@ -65,8 +65,10 @@ enum class PolicyKind : std::uint8_t {
 
 struct PolicyOptions {
   // PB-LRU: number of recent buckets in the ring (R), besides the current and cold ones.
-  // 0 <= R <= kMaxRecentBuckets.
-  std::uint32_t recent_buckets = 8;
+  // 0 <= R <= kMaxRecentBuckets. Costs R + 2 bits per slot. 64: with R = 8 PB-LRU's hit
+  // rate was 0.67 pp below exact LRU on `ula bench policy`'s trace, with 64 within 0.003 pp
+  // (docs/BENCHMARKS.md, "Residency policies").
+  std::uint32_t recent_buckets = 64;
   // PB-LRU, exact_lru_scan: a Touch of at least this many slots is split over OpenMP
   // threads; smaller ones stay on the calling thread (so batch 1 pays no fork). >= 1.
   std::uint32_t parallel_min_slots = 1u << 16;

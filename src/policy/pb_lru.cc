@@ -144,7 +144,7 @@ std::size_t PbLru::ClaimVictims(std::span<SlotId> out) noexcept {
 }
 
 void PbLru::AdvanceRound() noexcept {
-  cur_ = (cur_ + 1) % ring_.size();
+  cur_ = cur_ + 1 == ring_.size() ? 0 : cur_ + 1;
   // The bucket about to be reused holds slots last used R + 1 rounds ago: fold it into cold.
   HierBitmap& reused = ring_[cur_];
   for (auto w = reused.NextNonZeroWord(0); w; w = reused.NextNonZeroWord(*w + 1)) {

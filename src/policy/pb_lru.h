@@ -70,10 +70,10 @@ class PbLru final : public ResidencyPolicy {
  private:
   const HierBitmap& current() const { return ring_[cur_]; }
   // The ring bucket of slots last used `age` rounds ago. REQUIRES: age <= R.
-  HierBitmap& RingAt(std::uint32_t age) { return ring_[(cur_ + ring_.size() - age) % ring_.size()]; }
-  const HierBitmap& RingAt(std::uint32_t age) const {
-    return ring_[(cur_ + ring_.size() - age) % ring_.size()];
-  }
+  // No division: this runs once per probed bucket per touched word.
+  std::size_t RingIndex(std::uint32_t age) const { return cur_ >= age ? cur_ - age : cur_ + ring_.size() - age; }
+  HierBitmap& RingAt(std::uint32_t age) { return ring_[RingIndex(age)]; }
+  const HierBitmap& RingAt(std::uint32_t age) const { return ring_[RingIndex(age)]; }
   HierBitmap& BucketAt(std::uint32_t age) { return age <= recent_buckets() ? RingAt(age) : cold_; }
 
   void MarkSerial(std::span<const SlotId> slots) noexcept;
