@@ -1,0 +1,88 @@
+// `ula verify --mode tp [--mpi]` (tools/ula/tp_verify_cli.h).
+#include "tp_verify_cli.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "ula/tp_verifier.h"
+#ifdef ULA_HAVE_MPI
+#include "ula/tp_mpi.h"
+#endif
+
+namespace ula::cli {
+
+int RunTpVerify(const TpVerifyArgs& a) {
+  TpVerifierConfig c;
+  c.seed = a.seed;
+  c.ops = a.ops;
+  c.num_ranks = a.ranks;
+  c.num_groups = a.groups;
+  c.device_slots_per_group = a.device_slots;
+  c.host_slots_per_group = a.host_slots;
+  c.top_k = a.top_k;
+  if (!a.policy.empty()) {
+    auto kind = ParsePolicyKind(a.policy);
+    if (!kind) {
+      fmt::print(stderr, "ula verify: {}\n", kind.error().ToString());
+      return 2;
+    }
+    c.policy = *kind;
+  }
+  TpFabric* fabric = nullptr;
+#ifdef ULA_HAVE_MPI
+  std::unique_ptr<MpiSession> session;
+  std::unique_ptr<TpFabric> mpi_fabric;
+  if (a.mpi) {
+    auto s = MpiSession::Init(nullptr, nullptr);
+    auto f = s ? MakeMpiFabric() : Result<std::unique_ptr<TpFabric>>(std::unexpected(s.error()));
+    if (!f) {
+      fmt::print(stderr, "ula verify: {}\n", f.error().ToString());
+      return 2;
+    }
+    session = std::move(*s);
+    mpi_fabric = std::move(*f);
+    fabric = mpi_fabric.get();
+    c.num_ranks = fabric->num_ranks();
+  }
+#else
+  if (a.mpi) {
+    fmt::print(stderr, "ula verify: this `ula` was built without MPI (see src/backend/mpi)\n");
+    return 2;
+  }
+#endif
+  const auto start = std::chrono::steady_clock::now();
+  auto report = RunTpVerifier(c, fabric);
+  if (!report) {
+    fmt::print(stderr, "ula verify: {}\n", report.error().ToString());
+    return 2;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const TpVerifierReport& r = *report;
+  const bool all_ok = fabric ? fabric->AllTrue(r.ok()) : r.ok();
+  const std::uint32_t me = fabric ? fabric->local_rank().value() : 0;
+  if (a.json) {
+    nlohmann::json j{{"mode", "tp"}, {"engine", fabric ? "mpi" : "in_process"}, {"rank", me}, {"ranks", c.num_ranks},
+                     {"seed", r.seed}, {"ops", r.ops}, {"steps", r.steps}, {"rejected_steps", r.rejected_steps},
+                     {"entries_checked", r.entries_checked}, {"mismatches", r.mismatches},
+                     {"invariant_failures", r.invariant_failures}, {"bad_input_checks", r.bad_input_checks},
+                     {"bad_input_failures", r.bad_input_failures}, {"home_swaps", r.home_swaps},
+                     {"buffer_hits", r.buffer_hits}, {"remote_fetches", r.remote_fetches},
+                     {"buffer_evictions", r.buffer_evictions}, {"all_ranks_ok", all_ok}, {"seconds", seconds},
+                     {"failures", r.first_failures}};
+    fmt::print("{}\n", j.dump());
+  } else {
+    fmt::print("ula verify --mode tp ({}, rank {} of {}): seed {}, {} operations in {:.1f} s\n",
+               fabric ? "MPI" : "in-process", me, c.num_ranks, r.seed, r.ops, seconds);
+    fmt::print("  steps {} (+{} refused, checked unchanged); home swaps {}; buffer hits {} / fetches {} / evictions {}\n",
+               r.steps, r.rejected_steps, r.home_swaps, r.buffer_hits, r.remote_fetches, r.buffer_evictions);
+    fmt::print("  entries checked {}; mismatches {}; invariant failures {}; bad input refused {} ({} not cleanly)\n",
+               r.entries_checked, r.mismatches, r.invariant_failures, r.bad_input_checks, r.bad_input_failures);
+    for (const auto& f : r.first_failures) fmt::print("  FAIL: {}\n", f);
+    fmt::print("{}\n", all_ok ? "OK: every rank read back the last written bytes" : "FAILED");
+  }
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace ula::cli

@@ -1,0 +1,27 @@
+// `ula verify --mode tp`: the TP consistency verifier from the command line, in-process
+// ranks by default or one process per rank with --mpi (under mpirun). Kept out of
+// verify_command.cc so that file only forwards to it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ula::cli {
+
+struct TpVerifyArgs {
+  std::uint64_t seed = 1;
+  std::uint64_t ops = 3000;
+  std::uint32_t ranks = 4;  // ignored with --mpi (the mpirun size)
+  std::uint32_t groups = 2;
+  std::uint32_t device_slots = 192;
+  std::uint32_t host_slots = 1024;
+  std::uint32_t top_k = 32;
+  std::string policy;
+  bool mpi = false;
+  bool json = false;
+};
+
+// Returns the process exit code (0 ok, 1 verification failed, 2 bad arguments / no MPI).
+int RunTpVerify(const TpVerifyArgs& args);
+
+}  // namespace ula::cli
