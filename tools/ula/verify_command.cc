@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command_registry.h"
+#include "tp_verify_cli.h"
 #include "ula/consistency_verifier.h"
 
 namespace ula::cli {
@@ -23,7 +24,16 @@ Action SetupVerify(CLI::App& app) {
   app.add_option("--top-k", cfg->top_k, "selections per query")->capture_default_str();
   app.add_option("--policy", *policy, "residency policy")->capture_default_str();
   app.add_flag("--json", *json, "print one JSON object");
-  return [cfg, json, policy]() -> int {
+  auto mode = std::make_shared<std::string>("dp");
+  auto mpi = std::make_shared<bool>(false);
+  app.add_option("--mode", *mode, "dp or tp (TP mode, issue 5)")->check(CLI::IsMember({"dp", "tp"}))->capture_default_str();
+  app.add_flag("--mpi", *mpi, "tp: one process per rank (run under mpirun)");
+  return [cfg, json, policy, mode, mpi]() -> int {
+    if (*mode == "tp") {
+      return RunTpVerify({.seed = cfg->seed, .ops = cfg->ops, .ranks = cfg->num_ranks, .groups = cfg->num_groups,
+                          .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,
+                          .top_k = cfg->top_k, .policy = *policy, .mpi = *mpi, .json = *json});
+    }
     auto kind = ParsePolicyKind(*policy);
     if (!kind) {
       fmt::print(stderr, "ula verify: {}\n", kind.error().ToString());
