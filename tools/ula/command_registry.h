@@ -5,7 +5,9 @@
 //   ULA_REGISTER_COMMAND(bench_gather, "bench", "gather vs memcpy", SetupGather);
 //
 // A setup function adds the options to its CLI11 subcommand and returns the action, which
-// returns the process exit code.
+// returns the process exit code. Give it a descriptive name (SetupVerify, SetupGather):
+// a function named plain `Setup` inside namespace ula::cli collides with the type
+// ula::cli::Setup used by the macro. Put the macro inside an anonymous namespace.
 #pragma once
 
 #include <CLI/CLI.hpp>
