@@ -11,7 +11,7 @@ TEST(ConsistencyVerifier, RandomWorkloadUnderPressureKeepsEveryByte) {
   for (int threads : {0, 2}) {
     VerifierConfig c;
     c.seed = 20261129;
-    c.ops = 3000;
+    c.ops = 1500;
     c.copy_threads = threads;
     std::printf("seed=%llu copy_threads=%d\n", static_cast<unsigned long long>(c.seed), threads);
     auto report = RunConsistencyVerifier(c);
@@ -20,9 +20,9 @@ TEST(ConsistencyVerifier, RandomWorkloadUnderPressureKeepsEveryByte) {
     EXPECT_EQ(report->mismatches, 0u);
     EXPECT_EQ(report->invariant_failures, 0u);
     EXPECT_EQ(report->bad_input_failures, 0u);
-    EXPECT_GT(report->swaps, 1000u);  // the run really was under memory pressure
-    EXPECT_GT(report->bad_input_checks, 50u);
-    EXPECT_GT(report->entries_checked, 100000u);
+    EXPECT_GT(report->swaps, 500u);  // the run really was under memory pressure
+    EXPECT_GT(report->bad_input_checks, 20u);
+    EXPECT_GT(report->entries_checked, 50000u);
   }
 }
 
