@@ -8,6 +8,8 @@
 //                 sliding-window ring (per request). Kinds are indices into the config.
 //   virtual block id (BlockId)  what requests and caches hold. A location table maps it to a
 //                 physical byte offset; the offset may change (compaction), the id never does.
+//                 Ids carry a generation: once freed, an id is refused (kNotFound) even after
+//                 its table entry is reused, until that entry has been reallocated 1024 times.
 //   demand        a number of blocks of each kind that must be allocated together
 //                 (e.g. one state block + N KV pages for a new request).
 //   pin           a counted "in use by computation or a transfer" mark. A pinned block is
@@ -114,7 +116,7 @@ class HybridAllocator {
   virtual std::uint64_t Compact() = 0;
 
   virtual AllocatorStats Stats() const = 0;
-  // Every live block, sorted by id.
+  // Every live block, sorted by id (ids sort by their table index).
   virtual std::vector<BlockInfo> LiveBlocks() const = 0;
   virtual Status CheckInvariants() const = 0;
 };

@@ -27,6 +27,13 @@
 // or unpinned; kLazy compacts only when an allocation needs the space. CanAllocate
 // simulates the exact placement (with and without compaction) on a copy of the metadata.
 //
+// Memory: the bytes live in a Backend arena (include/ula/backend.h), like every pool of the
+// project. Create(config, arena) places the buffer on an arena the caller created (and keeps
+// alive): arena.data == nullptr (the counting backend) means accounting only. Create(config)
+// is the convenience path for tests and tools: it owns a CPU backend (no copy threads) and
+// one device arena on rank 0, or no arena at all when hold_bytes is false. Compaction moves
+// bytes with memcpy inside the arena (host memory on the CPU backend).
+//
 // Invariants (CheckInvariants): the live blocks and holes of each end tile [0, top) of that
 // end exactly; no hole touches the top; low top + high top <= usable; every live table
 // entry appears once in its end at its offset; pin counts match the ends' pinned flags.
@@ -38,6 +45,7 @@
 #include <memory>
 #include <vector>
 
+#include "ula/backend.h"
 #include "ula/hybrid_allocator.h"
 
 namespace ula {
@@ -56,7 +64,7 @@ struct UnifiedBufferConfig {
   BlockKind padding_kind = BlockKind(0);
   std::uint32_t padding_blocks = 0;
   CompactionMode compaction = CompactionMode::kLazy;
-  bool hold_bytes = true;  // false: accounting only (large simulations)
+  bool hold_bytes = true;  // Create(config) only; false: accounting only (large simulations)
 
   // Names the first bad field.
   Status Validate() const;
@@ -64,7 +72,11 @@ struct UnifiedBufferConfig {
 
 class UnifiedBuffer final : public HybridAllocator {
  public:
+  // Convenience path: an owned CPU-backend arena (or none when !config.hold_bytes).
   static Result<std::unique_ptr<UnifiedBuffer>> Create(const UnifiedBufferConfig& config);
+  // On the caller's arena, which must hold at least capacity_bytes and outlive the buffer;
+  // config.hold_bytes is ignored (arena.data decides). kInvalidArgument when it is too small.
+  static Result<std::unique_ptr<UnifiedBuffer>> Create(const UnifiedBufferConfig& config, const Arena& arena);
   ~UnifiedBuffer() override;
 
   std::size_t num_kinds() const override { return config_.kinds.size(); }
@@ -77,7 +89,7 @@ class UnifiedBuffer final : public HybridAllocator {
   Result<BlockKind> KindOf(BlockId id) const override;
   Result<std::uint64_t> Offset(BlockId id) const override;
   Status Translate(std::span<const BlockId> ids, std::span<std::uint64_t> offsets) const override;
-  std::byte* base() override { return bytes_.get(); }
+  std::byte* base() override { return bytes_; }
   std::uint64_t Compact() override;
   AllocatorStats Stats() const override;
   std::vector<BlockInfo> LiveBlocks() const override;
@@ -86,6 +98,8 @@ class UnifiedBuffer final : public HybridAllocator {
   // Offset of the first reserved padding byte (== usable bytes).
   std::uint64_t padding_offset() const { return usable_; }
   const UnifiedBufferConfig& config() const { return config_; }
+  // The arena the bytes live in (bytes == 0 and no data when accounting only).
+  const Arena& arena() const { return arena_; }
 
  private:
   explicit UnifiedBuffer(const UnifiedBufferConfig& config);
@@ -98,7 +112,9 @@ class UnifiedBuffer final : public HybridAllocator {
 
   UnifiedBufferConfig config_;
   std::uint64_t usable_ = 0;  // capacity - padding
-  std::unique_ptr<std::byte[]> bytes_;  // [capacity_bytes] or null
+  std::unique_ptr<Backend> owned_backend_;  // Create(config) only; owns arena_
+  Arena arena_;
+  std::byte* bytes_ = nullptr;  // arena_.data: [capacity_bytes] or null
   std::array<std::unique_ptr<internal::EndLayout>, 2> ends_;  // [kLow, kHigh]
   std::unique_ptr<internal::BlockTable> table_;
   std::uint64_t bytes_freed_ = 0;

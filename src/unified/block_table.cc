@@ -9,44 +9,58 @@ namespace ula::internal {
 BlockId BlockTable::Add(BlockKind kind, std::uint64_t pos) {
   std::uint32_t index;
   if (!free_ids_.empty()) {
-    index = free_ids_.back();
-    free_ids_.pop_back();
+    index = free_ids_.front();
+    free_ids_.pop_front();
   } else {
-    ULA_CHECK(entries_.size() < BlockId::kInvalidValue);
+    ULA_CHECK(entries_.size() < kMaxEntries);
     index = static_cast<std::uint32_t>(entries_.size());
     entries_.emplace_back();
   }
-  entries_[index] = Entry{pos, kind, 0, true};
+  Entry& e = entries_[index];
+  e = Entry{pos, kind, e.generation, 0, true};
   ++num_live_;
-  return BlockId(index);
+  return IdAt(index);
 }
 
 void BlockTable::Remove(BlockId id) {
-  Entry& e = entries_.at(id.value());
-  ULA_CHECK(e.live && e.pins == 0);
+  ULA_CHECK(FindLive(id) != nullptr);
+  Entry& e = entries_[IndexOf(id)];
+  ULA_CHECK(e.pins == 0);
   e.live = false;
-  free_ids_.push_back(id.value());
+  e.generation = static_cast<std::uint16_t>((e.generation + 1) & kGenerationMask);
+  free_ids_.push_back(IndexOf(id));
   --num_live_;
 }
 
 Result<const BlockTable::Entry*> BlockTable::Find(BlockId id) const {
-  if (!id.valid() || id.value() >= entries_.size()) {
-    return MakeError(ErrorCode::kNotFound, fmt::format("block {} is unknown", id.valid() ? std::int64_t{id.value()} : -1));
+  if (const Entry* e = FindLive(id)) return e;
+  if (!id.valid()) return MakeError(ErrorCode::kNotFound, "block -1 (invalid id) is unknown");
+  const std::uint32_t index = IndexOf(id);
+  if (index >= entries_.size()) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("block {} (index {}) is unknown", id.value(), index));
   }
-  const Entry& e = entries_[id.value()];
-  if (!e.live) return MakeError(ErrorCode::kNotFound, fmt::format("block {} is not live (freed)", id.value()));
-  return &e;
+  if (!entries_[index].live) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("block {} (index {}) is not live (freed)", id.value(), index));
+  }
+  return MakeError(ErrorCode::kNotFound,
+                   fmt::format("block {} is stale: index {} was freed and reused (generation {}, now {})", id.value(),
+                               index, GenerationOf(id), entries_[index].generation));
 }
 
 Status BlockTable::CheckInvariants() const {
   std::size_t live = 0;
-  for (const auto& e : entries_) live += e.live ? 1 : 0;
+  for (const auto& e : entries_) {
+    live += e.live ? 1 : 0;
+    if (e.generation > kGenerationMask) return MakeError(ErrorCode::kInternal, "block table: generation out of range");
+  }
   if (live != num_live_) return MakeError(ErrorCode::kInternal, "block table: live count is stale");
   if (live + free_ids_.size() != entries_.size()) {
     return MakeError(ErrorCode::kInternal, "block table: free list does not cover the dead entries");
   }
   for (auto id : free_ids_) {
-    if (entries_[id].live) return MakeError(ErrorCode::kInternal, fmt::format("block table: live id {} on the free list", id));
+    if (id >= entries_.size() || entries_[id].live) {
+      return MakeError(ErrorCode::kInternal, fmt::format("block table: live or unknown index {} on the free list", id));
+    }
   }
   return Ok();
 }

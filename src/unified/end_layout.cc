@@ -6,12 +6,56 @@
 
 namespace ula::internal {
 
+namespace {
+constexpr std::size_t kMaxSpare = 64;
+}  // namespace
+
+void EndLayout::EraseLive(LiveMap::iterator it) {
+  if (spare_live_.size() < kMaxSpare) {
+    spare_live_.push_back(live_.extract(it));
+  } else {
+    live_.erase(it);
+  }
+}
+
+void EndLayout::InsertLive(std::uint64_t pos, const Item& item) {
+  if (spare_live_.empty()) {
+    live_.emplace(pos, item);
+    return;
+  }
+  LiveMap::node_type node = std::move(spare_live_.back());
+  spare_live_.pop_back();
+  node.key() = pos;
+  node.mapped() = item;
+  live_.insert(std::move(node));
+}
+
+void EndLayout::EraseHole(HoleMap::iterator it) {
+  if (spare_holes_.size() < kMaxSpare) {
+    spare_holes_.push_back(holes_.extract(it));
+  } else {
+    holes_.erase(it);
+  }
+}
+
+void EndLayout::InsertHole(std::uint64_t pos, std::uint64_t size) {
+  if (spare_holes_.empty()) {
+    holes_.emplace(pos, size);
+    return;
+  }
+  HoleMap::node_type node = std::move(spare_holes_.back());
+  spare_holes_.pop_back();
+  node.key() = pos;
+  node.mapped() = size;
+  holes_.insert(std::move(node));
+}
+
 std::optional<std::uint64_t> EndLayout::PlaceInHole(BlockId id, std::uint64_t size) {
   for (auto it = holes_.begin(); it != holes_.end(); ++it) {
     if (it->second >= size) {
       const std::uint64_t pos = it->first;
       TakeFromHole(it, size);
-      live_.emplace(pos, Item{id, size, false});
+      InsertLive(pos, Item{id, size, false});
       return pos;
     }
   }
@@ -20,7 +64,7 @@ std::optional<std::uint64_t> EndLayout::PlaceInHole(BlockId id, std::uint64_t si
 
 std::uint64_t EndLayout::PlaceAtTop(BlockId id, std::uint64_t size) {
   const std::uint64_t pos = top_;
-  live_.emplace(pos, Item{id, size, false});
+  InsertLive(pos, Item{id, size, false});
   top_ += size;
   return pos;
 }
@@ -29,17 +73,24 @@ void EndLayout::TakeFromHole(std::map<std::uint64_t, std::uint64_t>::iterator ho
   const std::uint64_t pos = hole->first;
   const std::uint64_t hole_size = hole->second;
   ULA_DCHECK(hole_size >= size);
-  holes_.erase(hole);
   hole_bytes_ -= size;
   // A remainder keeps a live block above it (the hole never touched top), so it stays a hole.
-  if (hole_size > size) holes_.emplace(pos + size, hole_size - size);
+  if (hole_size > size) {
+    // Same order in the map: reuse the node in place.
+    auto node = holes_.extract(hole);
+    node.key() = pos + size;
+    node.mapped() = hole_size - size;
+    holes_.insert(std::move(node));
+  } else {
+    EraseHole(hole);
+  }
 }
 
 void EndLayout::Release(std::uint64_t pos) {
   auto it = live_.find(pos);
   ULA_CHECK(it != live_.end());
   const std::uint64_t size = it->second.size;
-  live_.erase(it);
+  EraseLive(it);
   AddHole(pos, size);
 }
 
@@ -63,19 +114,19 @@ void EndLayout::AddHole(std::uint64_t pos, std::uint64_t size) {
     if (prev->first + prev->second == pos) {
       pos = prev->first;
       size += prev->second;
-      holes_.erase(prev);
+      EraseHole(prev);
     }
   }
   if (next != holes_.end() && next->first == pos + size) {
     size += next->second;
-    holes_.erase(next);
+    EraseHole(next);
   }
   if (pos + size == top_) {  // touches the middle: give it back
     top_ = pos;
     hole_bytes_ -= size;
     return;
   }
-  holes_.emplace(pos, size);
+  InsertHole(pos, size);
 }
 
 std::uint64_t EndLayout::Compact(const MoveFn& on_move) {
@@ -93,9 +144,9 @@ std::uint64_t EndLayout::Compact(const MoveFn& on_move) {
       while (hole != holes_.end() && hole->first < from && hole->second < item.size) ++hole;
       if (hole == holes_.end() || hole->first >= from) continue;
       const std::uint64_t to = hole->first;
-      live_.erase(from);
+      EraseLive(std::prev(it.base()));
       TakeFromHole(hole, item.size);
-      live_.emplace(to, item);
+      InsertLive(to, item);
       AddHole(from, item.size);
       moved += item.size;
       if (on_move) on_move(item.id, from, to, item.size);

@@ -1,7 +1,8 @@
 // EndLayout: the metadata of one end of the unified buffer, in positions measured from that
 // end's edge (pos 0 = the buffer edge, growing toward the middle), so that the low and the
 // high end share one implementation. Holds no bytes; copies of it are cheap enough to
-// simulate a placement (CanAllocate).
+// simulate a placement (CanAllocate). Erased map nodes are kept (at most kMaxSpare per map)
+// and reused by the next insert, so steady alloc/free does not call the heap.
 //
 // Invariants: live blocks and holes tile [0, top) exactly, without overlap; holes are
 // coalesced (no two adjacent) and none ends at top; hole_bytes == sum of hole sizes.
@@ -12,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <vector>
 
 #include "ula/error.h"
 #include "ula/ids.h"
@@ -27,6 +29,12 @@ class EndLayout {
   };
   // Called for each compaction move, after the metadata changed.
   using MoveFn = std::function<void(BlockId id, std::uint64_t from_pos, std::uint64_t to_pos, std::uint64_t size)>;
+
+  EndLayout() = default;
+  // Copies the layout, not the spare nodes (a simulation copy allocates what it needs).
+  EndLayout(const EndLayout& other)
+      : live_(other.live_), holes_(other.holes_), top_(other.top_), hole_bytes_(other.hole_bytes_) {}
+  EndLayout& operator=(const EndLayout&) = delete;
 
   std::uint64_t top() const { return top_; }
   std::uint64_t hole_bytes() const { return hole_bytes_; }
@@ -51,6 +59,15 @@ class EndLayout {
   Status CheckInvariants() const;
 
  private:
+  using LiveMap = std::map<std::uint64_t, Item>;
+  using HoleMap = std::map<std::uint64_t, std::uint64_t>;
+  // Node recycling: erasing keeps the map node for the next insert, so the steady state of
+  // alloc/free (a hole opened and filled, a block placed and released) allocates no memory.
+  void EraseLive(LiveMap::iterator it);
+  void InsertLive(std::uint64_t pos, const Item& item);
+  void EraseHole(HoleMap::iterator it);
+  void InsertHole(std::uint64_t pos, std::uint64_t size);
+
   void AddHole(std::uint64_t pos, std::uint64_t size);
   void TakeFromHole(std::map<std::uint64_t, std::uint64_t>::iterator hole, std::uint64_t size);
 
@@ -58,6 +75,8 @@ class EndLayout {
   std::map<std::uint64_t, std::uint64_t> holes_;  // pos -> size
   std::uint64_t top_ = 0;
   std::uint64_t hole_bytes_ = 0;
+  std::vector<LiveMap::node_type> spare_live_;  // detached nodes, reused by InsertLive
+  std::vector<HoleMap::node_type> spare_holes_;
 };
 
 }  // namespace ula::internal

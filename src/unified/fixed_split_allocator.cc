@@ -71,10 +71,12 @@ std::uint32_t FixedSplitAllocator::pool_blocks(BlockKind kind) const {
 
 bool FixedSplitAllocator::CanAllocate(const Demand& demand) const {
   if (demand.blocks.size() != pools_.size()) return false;
+  std::uint64_t num_blocks = 0;
   for (std::size_t k = 0; k < pools_.size(); ++k) {
     if (demand.blocks[k] > pools_[k].free_slots.size()) return false;
+    num_blocks += demand.blocks[k];
   }
-  return true;
+  return table_->CanAdd(num_blocks);
 }
 
 Result<std::vector<BlockId>> FixedSplitAllocator::AllocateDemand(const Demand& demand) {
@@ -88,6 +90,11 @@ Result<std::vector<BlockId>> FixedSplitAllocator::AllocateDemand(const Demand& d
                        fmt::format("fixed split: pool '{}' has {} free blocks, demand wants {}", config_.kinds[k].name,
                                    pools_[k].free_slots.size(), demand.blocks[k]));
     }
+  }
+  std::uint64_t num_blocks = 0;
+  for (std::uint32_t n : demand.blocks) num_blocks += n;
+  if (!table_->CanAdd(num_blocks)) {
+    return MakeError(ErrorCode::kResourceExhausted, fmt::format("fixed split: no block ids left for {} more blocks", num_blocks));
   }
   std::vector<BlockId> ids;
   for (std::size_t k = 0; k < pools_.size(); ++k) {
@@ -154,9 +161,8 @@ Status FixedSplitAllocator::Translate(std::span<const BlockId> ids, std::span<st
   for (BlockId id : ids) {
     if (auto found = table_->Find(id); !found) return std::unexpected(std::move(found).error());
   }
-  const auto& entries = table_->entries();
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    const auto& e = entries[ids[i].value()];
+    const auto& e = *table_->FindLive(ids[i]);
     offsets[i] = pools_[e.kind.value()].base + e.pos * config_.kinds[e.kind.value()].block_bytes;
   }
   return Ok();
@@ -180,7 +186,10 @@ std::vector<BlockInfo> FixedSplitAllocator::LiveBlocks() const {
   std::vector<BlockInfo> out;
   const auto& entries = table_->entries();
   for (std::uint32_t i = 0; i < entries.size(); ++i) {
-    if (entries[i].live) out.push_back(BlockInfo{BlockId(i), entries[i].kind, *Offset(BlockId(i)), entries[i].pins});
+    if (entries[i].live) {
+      const BlockId id = table_->IdAt(i);
+      out.push_back(BlockInfo{id, entries[i].kind, *Offset(id), entries[i].pins});
+    }
   }
   return out;
 }

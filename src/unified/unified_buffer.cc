@@ -61,10 +61,25 @@ UnifiedBuffer::~UnifiedBuffer() = default;
 
 Result<std::unique_ptr<UnifiedBuffer>> UnifiedBuffer::Create(const UnifiedBufferConfig& config) {
   ULA_RETURN_IF_ERROR(config.Validate());
-  std::unique_ptr<UnifiedBuffer> buffer(new UnifiedBuffer(config));
-  if (config.hold_bytes) {
-    buffer->bytes_ = std::make_unique<std::byte[]>(config.capacity_bytes);  // zero-filled
+  if (!config.hold_bytes) return Create(config, Arena{});
+  auto backend = MakeCpuBackend(CpuBackendOptions{.copy_threads = 0});
+  auto arena = backend->CreateArena(Tier::kDevice, Rank(0), config.capacity_bytes);  // zero-filled
+  if (!arena) return std::unexpected(std::move(arena).error());
+  auto buffer = Create(config, *arena);
+  if (buffer) (*buffer)->owned_backend_ = std::move(backend);
+  return buffer;
+}
+
+Result<std::unique_ptr<UnifiedBuffer>> UnifiedBuffer::Create(const UnifiedBufferConfig& config, const Arena& arena) {
+  ULA_RETURN_IF_ERROR(config.Validate());
+  if (arena.data != nullptr && arena.bytes < config.capacity_bytes) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("unified buffer: the arena holds {} B but capacity_bytes is {}", arena.bytes,
+                                 config.capacity_bytes));
   }
+  std::unique_ptr<UnifiedBuffer> buffer(new UnifiedBuffer(config));
+  buffer->arena_ = arena;
+  buffer->bytes_ = arena.data;
   return buffer;
 }
 
@@ -83,26 +98,33 @@ Status UnifiedBuffer::ValidateDemand(const Demand& demand) const {
 namespace {
 
 // Places the demand's blocks of one end, largest kind first; hole first, then the middle.
-// Returns false when the middle runs out. `place` receives (kind, pos) for each block.
-template <class PlaceFn>
+// Returns false when the middle runs out. `new_id(kind)` names each block before it is
+// placed (BlockId::Invalid() in a simulation); `place` receives (kind, id, pos) after.
+template <class IdFn, class PlaceFn>
 bool PlaceEnd(EndLayout& end, int end_index, const UnifiedBufferConfig& config, const Demand& demand,
-              std::uint64_t& middle, PlaceFn&& place) {
-  std::vector<std::size_t> order;
+              std::uint64_t& middle, IdFn&& new_id, PlaceFn&& place) {
+  // Kinds of this end with blocks wanted, largest first (stable): an insertion sort on the
+  // stack, so that the common single-block demand touches no heap.
+  std::array<std::uint8_t, BlockKind::kInvalidValue> order;
+  std::size_t num = 0;
   for (std::size_t k = 0; k < config.kinds.size(); ++k) {
-    if (EndIndex(config.kinds[k].end) == end_index && demand.blocks[k] > 0) order.push_back(k);
+    if (EndIndex(config.kinds[k].end) != end_index || demand.blocks[k] == 0) continue;
+    std::size_t i = num++;
+    for (; i > 0 && config.kinds[order[i - 1]].block_bytes < config.kinds[k].block_bytes; --i) order[i] = order[i - 1];
+    order[i] = static_cast<std::uint8_t>(k);
   }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return config.kinds[a].block_bytes > config.kinds[b].block_bytes; });
-  for (std::size_t k : order) {
+  for (std::size_t o = 0; o < num; ++o) {
+    const std::size_t k = order[o];
     const std::uint64_t size = config.kinds[k].block_bytes;
     for (std::uint32_t n = 0; n < demand.blocks[k]; ++n) {
-      auto pos = end.PlaceInHole(BlockId::Invalid(), size);
+      const BlockId id = new_id(k);
+      auto pos = end.PlaceInHole(id, size);
       if (!pos) {
-        if (middle < size) return false;
+        if (middle < size) return false;  // only in a simulation: a real placement was planned
         middle -= size;
-        pos = end.PlaceAtTop(BlockId::Invalid(), size);
+        pos = end.PlaceAtTop(id, size);
       }
-      place(k, *pos);
+      place(k, id, *pos);
     }
   }
   return true;
@@ -124,9 +146,10 @@ UnifiedBuffer::Plan UnifiedBuffer::PlanDemand(const Demand& demand) const {
       ends[kHigh].Compact({});
     }
     std::uint64_t left = usable_ - ends[kLow].top() - ends[kHigh].top();
-    auto ignore = [](std::size_t, std::uint64_t) {};
-    if (PlaceEnd(ends[kLow], kLow, config_, demand, left, ignore) &&
-        PlaceEnd(ends[kHigh], kHigh, config_, demand, left, ignore)) {
+    auto no_id = [](std::size_t) { return BlockId::Invalid(); };
+    auto ignore = [](std::size_t, BlockId, std::uint64_t) {};
+    if (PlaceEnd(ends[kLow], kLow, config_, demand, left, no_id, ignore) &&
+        PlaceEnd(ends[kHigh], kHigh, config_, demand, left, no_id, ignore)) {
       return compact ? Plan::kFitsAfterCompaction : Plan::kFits;
     }
   }
@@ -135,11 +158,19 @@ UnifiedBuffer::Plan UnifiedBuffer::PlanDemand(const Demand& demand) const {
 
 bool UnifiedBuffer::CanAllocate(const Demand& demand) const {
   if (!ValidateDemand(demand)) return false;
-  return PlanDemand(demand) != Plan::kNoFit;
+  std::uint64_t num_blocks = 0;
+  for (std::uint32_t n : demand.blocks) num_blocks += n;
+  return table_->CanAdd(num_blocks) && PlanDemand(demand) != Plan::kNoFit;
 }
 
 Result<std::vector<BlockId>> UnifiedBuffer::AllocateDemand(const Demand& demand) {
   ULA_RETURN_IF_ERROR(ValidateDemand(demand));
+  std::uint64_t num_blocks = 0;
+  for (std::uint32_t n : demand.blocks) num_blocks += n;
+  if (!table_->CanAdd(num_blocks)) {
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("unified buffer: no block ids left for {} more blocks", num_blocks));
+  }
   const Plan plan = PlanDemand(demand);
   if (plan == Plan::kNoFit) {
     std::uint64_t total = 0;
@@ -150,28 +181,34 @@ Result<std::vector<BlockId>> UnifiedBuffer::AllocateDemand(const Demand& demand)
                                  total, stats.middle_bytes, stats.hole_bytes, usable_));
   }
   if (plan == Plan::kFitsAfterCompaction) Compact();
-  // Placement per kind in kind order of the result: collect per kind, then concatenate.
-  std::vector<std::vector<BlockId>> per_kind(config_.kinds.size());
+  // The result is grouped by kind in kind order: next[k] is where kind k's next id goes.
+  std::array<std::uint32_t, BlockKind::kInvalidValue> next;
+  std::uint32_t total = 0;
+  for (std::size_t k = 0; k < config_.kinds.size(); ++k) {
+    next[k] = total;
+    total += demand.blocks[k];
+  }
+  std::vector<BlockId> ids(total);
   std::uint64_t middle = usable_ - ends_[kLow]->top() - ends_[kHigh]->top();
   for (int e : {kLow, kHigh}) {
     EndLayout& end = *ends_[e];
-    const bool ok = PlaceEnd(end, e, config_, demand, middle, [&](std::size_t k, std::uint64_t pos) {
-      const BlockId id = table_->Add(BlockKind(static_cast<std::uint8_t>(k)), pos);
-      per_kind[k].push_back(id);
-      end.SetId(pos, id);  // PlaceEnd inserted a placeholder id
-    });
+    const bool ok = PlaceEnd(
+        end, e, config_, demand, middle,
+        [&](std::size_t k) { return table_->Add(BlockKind(static_cast<std::uint8_t>(k)), 0); },
+        [&](std::size_t k, BlockId id, std::uint64_t pos) {
+          table_->at(id).pos = pos;
+          ids[next[k]++] = id;
+        });
     ULA_CHECK(ok);
   }
-  std::vector<BlockId> ids;
-  for (auto& v : per_kind) ids.insert(ids.end(), v.begin(), v.end());
   ULA_EXPENSIVE_CHECK(*this);
   return ids;
 }
 
 std::uint64_t UnifiedBuffer::CompactEnd(int e) {
   return ends_[e]->Compact([&](BlockId id, std::uint64_t from, std::uint64_t to, std::uint64_t size) {
-    if (bytes_) {
-      std::memcpy(bytes_.get() + PhysicalOffset(e, to, size), bytes_.get() + PhysicalOffset(e, from, size), size);
+    if (bytes_ != nullptr) {
+      std::memcpy(bytes_ + PhysicalOffset(e, to, size), bytes_ + PhysicalOffset(e, from, size), size);
     }
     table_->at(id).pos = to;  // the only metadata a move changes
     bytes_moved_ += size;
@@ -245,15 +282,14 @@ Status UnifiedBuffer::Translate(std::span<const BlockId> ids, std::span<std::uin
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("translate: {} ids but {} output offsets", ids.size(), offsets.size()));
   }
-  const auto& entries = table_->entries();
   for (BlockId id : ids) {
-    if (!id.valid() || id.value() >= entries.size() || !entries[id.value()].live) {
+    if (table_->FindLive(id) == nullptr) {
       auto found = table_->Find(id);
       return std::unexpected(std::move(found).error());
     }
   }
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    const auto& e = entries[ids[i].value()];
+    const auto& e = *table_->FindLive(ids[i]);
     const KindConfig& k = config_.kinds[e.kind.value()];
     offsets[i] = PhysicalOffset(EndIndex(k.end), e.pos, k.block_bytes);
   }
@@ -282,7 +318,8 @@ std::vector<BlockInfo> UnifiedBuffer::LiveBlocks() const {
   const auto& entries = table_->entries();
   for (std::uint32_t i = 0; i < entries.size(); ++i) {
     if (!entries[i].live) continue;
-    out.push_back(BlockInfo{BlockId(i), entries[i].kind, *Offset(BlockId(i)), entries[i].pins});
+    const BlockId id = table_->IdAt(i);
+    out.push_back(BlockInfo{id, entries[i].kind, *Offset(id), entries[i].pins});
   }
   return out;
 }
@@ -305,7 +342,7 @@ Status UnifiedBuffer::CheckInvariants() const {
     const KindConfig& k = config_.kinds[entry.kind.value()];
     const auto& live = ends_[EndIndex(k.end)]->live();
     auto it = live.find(entry.pos);
-    if (it == live.end() || it->second.id != BlockId(i) || it->second.size != k.block_bytes) {
+    if (it == live.end() || it->second.id != table_->IdAt(i) || it->second.size != k.block_bytes) {
       return MakeError(ErrorCode::kInternal, fmt::format("unified buffer: block {} is not where the table says", i));
     }
     if (it->second.pinned != (entry.pins > 0)) {
