@@ -9,7 +9,8 @@
 // node with a checkpoint (the KV past it is useless without its state).
 //
 // Locks: Lock(match) pins the blocks of every node on the matched path and counts a lock on
-// each node; locked nodes are never evicted and their blocks never move or get freed.
+// each node; locked nodes are never evicted and their blocks never move or get freed. A
+// checkpoint that Insert attaches to a node while it is locked is pinned once per lock too.
 //
 // Eviction: least-recently-used unlocked leaves first (ties: the deepest), freeing the page
 // and the checkpoint of the leaf. MakeRoom stops, by rule:

@@ -81,37 +81,43 @@ PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint3
   std::uint32_t node = 0;
   std::uint32_t pos = 0;
   ++clock_;
+  auto record = [&](std::uint32_t id) {
+    best.length = nodes_[id].end;
+    best.pages = pages;
+    best.path = path;
+    best.checkpoint = nodes_[id].checkpoint;
+  };
   while (true) {
     const Node& n = nodes_[node];
     const std::size_t left = tokens.size() - pos;
+    // A partial page below this node (a leaf) that prefixes the rest and ends at a
+    // checkpoint: the longest one is a candidate, beaten only by a checkpoint deeper down
+    // the full-page path (which ends at pos + P or later).
+    std::uint32_t best_partial = 0;
+    for (const auto& [key, child] : n.children) {
+      if (key.size() >= P || key.size() > left || !nodes_[child].checkpoint.valid()) continue;
+      if (nodes_[child].end > max_length) continue;
+      if (!std::equal(key.begin(), key.end(), tokens.begin() + pos)) continue;
+      if (best_partial == 0 || key.size() > nodes_[best_partial].tokens.size()) best_partial = child;
+    }
+    if (best_partial != 0) {
+      path.push_back(best_partial);
+      pages.push_back(nodes_[best_partial].page);
+      record(best_partial);
+      path.pop_back();
+      pages.pop_back();
+    }
     std::uint32_t next = 0;
-    if (left >= P) {
+    if (left >= P && pos + P <= max_length) {
       std::vector<std::uint32_t> key(tokens.begin() + pos, tokens.begin() + pos + P);
       if (auto it = n.children.find(key); it != n.children.end()) next = it->second;
     }
-    if (next == 0) {
-      // A partial last page: the longest one whose tokens prefix the rest and has a checkpoint.
-      std::uint32_t best_partial = 0;
-      for (const auto& [key, child] : n.children) {
-        if (key.size() >= P || key.size() > left || !nodes_[child].checkpoint.valid()) continue;
-        if (nodes_[child].end > max_length) continue;
-        if (!std::equal(key.begin(), key.end(), tokens.begin() + pos)) continue;
-        if (best_partial == 0 || key.size() > nodes_[best_partial].tokens.size()) best_partial = child;
-      }
-      next = best_partial;
-    }
-    if (next == 0 || nodes_[next].end > max_length) break;
+    if (next == 0) break;
     node = next;
     pos = nodes_[node].end;
     path.push_back(node);
     pages.push_back(nodes_[node].page);
-    if (nodes_[node].checkpoint.valid()) {
-      best.length = pos;
-      best.pages = pages;
-      best.path = path;
-      best.checkpoint = nodes_[node].checkpoint;
-    }
-    if (nodes_[node].tokens.size() < P) break;
+    if (nodes_[node].checkpoint.valid()) record(node);
   }
   for (std::uint32_t id : best.path) nodes_[id].last_use = clock_;
   return best;
@@ -214,7 +220,14 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
   for (const auto& c : checkpoints) {
     auto it = std::find_if(path.begin(), path.end(), [&](std::uint32_t id) { return nodes_[id].end == c.position; });
     if (it != path.end() && !nodes_[*it].checkpoint.valid()) {
-      nodes_[*it].checkpoint = c.checkpoint;
+      Node& n = nodes_[*it];
+      n.checkpoint = c.checkpoint;
+      // A node locked by running requests keeps every block it owns pinned, as Lock would
+      // have; Unlock unpins the checkpoint once per lock.
+      for (std::uint32_t l = 0; l < n.locks; ++l) {
+        ULA_CHECK(allocator_->Pin(c.checkpoint.state).has_value());
+        if (c.checkpoint.window.valid()) ULA_CHECK(allocator_->Pin(c.checkpoint.window).has_value());
+      }
     } else {
       FreeCheckpoint(c.checkpoint);  // duplicate, or not at a node boundary
     }

@@ -132,6 +132,25 @@ TEST(PrefixCache, AllocationAwareEvictionStopsAsSoonAsTheDemandFits) {
   }
 }
 
+TEST(PrefixCache, ACheckpointAttachedToALockedNodeIsPinnedUntilUnlock) {
+  auto a = Buffer(128);
+  auto cache = Cache(*a);
+  InsertSequence(*cache, *a, Tokens(0, 8), {});  // checkpoint only at 8
+  auto q = Tokens(0, 8);
+  q.push_back(1);
+  auto m = cache->Match(q, 8);
+  ASSERT_EQ(m.length, 8u);
+  ASSERT_TRUE(cache->Lock(m));
+  InsertSequence(*cache, *a, Tokens(0, 8), {4});  // attaches a checkpoint at 4 to a locked node
+  auto at4 = cache->Match(Tokens(0, 5), 4);
+  ASSERT_EQ(at4.length, 4u);
+  EXPECT_EQ(a->Free(at4.checkpoint.state).error().code(), ErrorCode::kFailedPrecondition);  // pinned
+  ASSERT_TRUE(cache->Unlock(m));
+  EXPECT_TRUE(a->CheckInvariants());
+  for (const auto& b : a->LiveBlocks()) EXPECT_EQ(b.pins, 0u);
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
 TEST(PrefixCache, BadInputIsAnErrorThatChangesNothing) {
   auto a = Buffer(128);
   auto cache = Cache(*a);
