@@ -1,0 +1,139 @@
+// The three systems of the serving comparison (DESIGN.md "Baselines") and their placement
+// rules, plus the HiSparse per-request device buffer as a real policy.
+//
+// Placement rules, per GPU ("rank"), for a request whose whole history is T tokens
+// (kv = KV bytes per token over all layers in use, ix = index-key bytes per token; index
+// keys stay on device in every system because the indexer scores all of them every step):
+//   all_gpu   device: T*(kv + ix). TP: every rank holds a full copy.
+//   hisparse  device: C*kv (fixed per-request buffer, not lendable) + T*ix;
+//             host: T*kv (the full history). TP: every rank holds its own copy of both.
+//   ulacache  DP: device: T*ix + W*kv (the request's working set, W = min(T, w), w = one step's
+//                 expected distinct selections: top_k x (1 + drafts x (1 - draft_keep)),
+//                 must fit on device in the step), the rest of T*kv on device or host.
+//             TP: the history is striped: each rank holds ceil(T/P) tokens' KV and index
+//                 keys (device: ceil(T/P)*ix + ceil(W/P)*kv + buffer B*kv, B = local-buffer
+//                 entries per request; the rest on device or host).
+// A rank fits a request when device_only + d <= D, host_only + h <= H and
+// device_only + host_only + either + d + h + f <= D + H (d: device-only, h: host-only, f: either).
+// DP places a request on the rank with the most free bytes (lowest index on ties).
+//
+// Thread-safety: none (plain state); one thread per ledger / buffer set.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "ula/error.h"
+#include "ula/serving_config.h"
+
+namespace ula {
+
+enum class SystemKind : std::uint8_t { kAllGpu, kHiSparse, kUlaCache };
+inline constexpr SystemKind kAllSystems[] = {SystemKind::kAllGpu, SystemKind::kHiSparse, SystemKind::kUlaCache};
+std::string_view SystemName(SystemKind s);  // "all_gpu", "hisparse", "ulacache"
+
+struct PlacementRules {
+  SystemKind system = SystemKind::kUlaCache;
+  ParallelMode mode = ParallelMode::kDp;
+  std::uint32_t num_ranks = 1;
+  double device_bytes_per_rank = 0;  // left for KV after weights and activations
+  double host_bytes_per_rank = 0;
+  double kv_bytes_per_token = 0;
+  double index_bytes_per_token = 0;
+  std::uint32_t working_set_entries = 0;     // ulacache: queries * top_k
+  std::uint32_t hisparse_buffer_entries = 0;
+  std::uint32_t tp_buffer_entries = 0;       // ulacache TP, per request
+
+  Status Validate() const;
+};
+
+// Bytes one request needs on one rank it touches.
+struct RankDemand {
+  double device = 0, host = 0, either = 0;
+};
+RankDemand DemandOf(const PlacementRules& rules, std::uint32_t history_tokens);
+
+class AdmissionLedger {
+ public:
+  static Result<AdmissionLedger> Create(const PlacementRules& rules);
+
+  // Places a request of `history_tokens` (its final length) if it fits: the rank (DP) or
+  // rank 0 (TP, where it touches every rank). nullopt if it does not fit now.
+  std::optional<std::uint32_t> TryAdmit(std::uint32_t history_tokens);
+  // Undoes a TryAdmit. REQUIRES: the same rank and length.
+  void Release(std::uint32_t rank, std::uint32_t history_tokens);
+  // Whether the request would fit on this rank (DP) / on the ranks (TP).
+  bool FitsOn(std::uint32_t rank, std::uint32_t history_tokens) const;
+  std::uint32_t admitted() const { return admitted_; }
+  // Bytes reserved on a rank: device-only, host-only, and either tier.
+  double device_only(std::uint32_t rank) const { return device_[rank]; }
+  double host_only(std::uint32_t rank) const { return host_[rank]; }
+  double either(std::uint32_t rank) const { return either_[rank]; }
+  const PlacementRules& rules() const { return rules_; }
+
+ private:
+  explicit AdmissionLedger(const PlacementRules& rules);
+  void Add(std::uint32_t rank, const RankDemand& d, double sign);
+
+  PlacementRules rules_;
+  std::vector<double> device_, host_, either_;  // [num_ranks] bytes reserved
+  std::uint32_t admitted_ = 0;
+};
+
+// The largest number of requests that decode at once: requests are admitted in order until
+// the first that does not fit (it waits; nothing behind it jumps the queue).
+std::uint32_t MaxAdmitted(const PlacementRules& rules, std::span<const std::uint32_t> history_tokens);
+
+// HiSparse device buffers: per request a fixed set of C slots (per layer group) holding
+// copies of host-resident entries, exact LRU at round (step) granularity inside it. The full
+// history lives in host memory; new tokens are written into the buffer and backed up to host.
+// Invariants: each request's slot_of map and its slot table are inverse; at most C entries.
+struct HiSparseStepStats {
+  std::uint64_t distinct = 0, hits = 0, misses = 0, evictions = 0;
+};
+
+class HiSparseBuffers {
+ public:
+  static Result<HiSparseBuffers> Create(std::uint32_t buffer_entries);
+
+  // Prefill of `history` tokens: all go to host; the newest min(C, history) stay in the
+  // buffer. kAlreadyExists / kInvalidArgument (history 0).
+  Status AddRequest(std::uint64_t id, std::uint32_t history);
+  // n new tokens written to device (buffer, LRU victims) and backed up to host.
+  Status Append(std::uint64_t id, std::uint32_t n);
+  // One step of one request: the positions its queries selected (duplicates allowed).
+  // Misses are fetched from host into free slots, then LRU victims not used this round.
+  // kResourceExhausted (nothing changed) if the distinct positions exceed C;
+  // kOutOfRange for a position past the history; kNotFound.
+  Result<HiSparseStepStats> Step(std::uint64_t id, std::span<const std::uint32_t> positions);
+  void AdvanceRound() { ++round_; }
+  Status Finish(std::uint64_t id);
+  std::uint32_t buffer_entries() const { return capacity_; }
+  // Entries of the request in its buffer (kNotFound).
+  Result<std::uint32_t> NumBuffered(std::uint64_t id) const;
+  Status CheckInvariants() const;
+
+ private:
+  struct Request {
+    std::uint32_t history = 0;
+    std::vector<std::uint32_t> slot_of;    // [history] slot or kNone
+    std::vector<std::uint32_t> pos_of;     // [C] position or kNone
+    std::vector<std::uint64_t> last_used;  // [C] round stamps
+    std::uint32_t used = 0;
+  };
+  explicit HiSparseBuffers(std::uint32_t c) : capacity_(c) {}
+  // Fills `count` slots of r with the given positions (free first, then LRU not in round).
+  void Place(Request& r, std::span<const std::uint32_t> positions, HiSparseStepStats* stats);
+
+  std::uint32_t capacity_;
+  std::uint64_t round_ = 1;
+  std::unordered_map<std::uint64_t, Request> requests_;
+  std::vector<std::uint32_t> scratch_, victims_;
+  std::vector<char> mark_;  // [C] scratch marks of one Step
+};
+
+}  // namespace ula

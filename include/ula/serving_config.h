@@ -1,0 +1,101 @@
+// Serving-comparison configs (issue 6): the scenario that `ula compare` runs, the model
+// dimensions that only the cost model needs (weights, FLOPs), and compute rates that the
+// hardware profiles lack. Files:
+//
+//   configs/scenarios/<name>.json  ScenarioConfig: model, workload, the list of
+//                                  (hardware, mode, mtp) configs, cost constants, the
+//                                  selection model and what the simulation samples
+//   configs/costs/<model>.json     ModelCostConfig (weights and FLOPs of a GLM-5-like MoE)
+//   configs/costs/<hardware>.json  ComputeRates (dense BF16 / FP8 FLOP rates)
+//
+// Every number that is a physical or modelling constant is {"value", "source"}; the loaders
+// require every field, reject unknown ones, and name the bad field in errors
+// ("configs/scenarios/x.json: field 'num_ranks': must be >= 1, got 0").
+//
+// Thread-safety: plain values; loaders are reentrant.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ula/error.h"
+#include "ula/selection_model.h"
+
+namespace ula {
+
+enum class ParallelMode : std::uint8_t { kTp, kDp };
+std::string_view ParallelModeName(ParallelMode mode);  // "tp" / "dp"
+
+// Shapes of a DeepSeek-V3-style MoE with MLA that the KV-cache config does not carry.
+struct ModelCostConfig {
+  std::string name;
+  std::uint32_t hidden_size = 0;
+  std::uint32_t q_lora_rank = 0;
+  std::uint32_t qk_nope_head_dim = 0;
+  std::uint32_t v_head_dim = 0;
+  std::uint32_t vocab_size = 0;
+  std::uint32_t dense_intermediate_size = 0;
+  std::uint32_t first_dense_layers = 0;  // the rest are MoE layers
+  std::uint32_t moe_intermediate_size = 0;
+  std::uint32_t routed_experts = 0;
+  std::uint32_t shared_experts = 0;
+  std::uint32_t experts_per_token = 0;
+  double weight_bytes_per_param = 1;     // linear layers
+  double embedding_bytes_per_param = 2;  // embedding, LM head
+
+  Status Validate() const;
+};
+
+struct ComputeRates {
+  std::string name;
+  double dense_bf16_flops = 0;
+  double dense_fp8_flops = 0;
+  Status Validate() const;
+};
+
+struct ScenarioEntry {
+  std::string hardware;  // configs/hardware/<name>.json (and configs/costs/<name>.json)
+  ParallelMode mode = ParallelMode::kTp;
+  bool mtp = false;
+};
+
+// What the decode simulation samples (docs/COST_MODEL.md "What is simulated").
+struct SamplingConfig {
+  std::uint32_t warmup_steps = 2;   // steps after each batch-size change, not measured
+  std::uint32_t measure_steps = 3;  // steps measured per batch size
+  std::vector<std::uint32_t> batch_grid;  // ascending; the admission limit is added
+  std::uint32_t max_requests = 4096;      // requests generated from the workload
+  std::uint64_t seed = 1;                 // workload and MTP acceptance draws
+};
+
+struct ScenarioConfig {
+  std::string name;
+  std::string model;        // configs/models/<model>.json
+  std::string model_costs;  // configs/costs/<model_costs>.json
+  std::string workload;     // configs/workloads/<workload>.json
+  std::uint32_t num_ranks = 8;
+  std::vector<ScenarioEntry> configs;
+  double activation_reserve_fraction = 0.1;  // of HBM, per GPU
+  double mtp_acceptance_rate = 0.7;          // per draft token, sequential
+  double kernel_overhead_s_per_layer = 0;
+  std::uint32_t candidate_bytes = 8;         // striped-indexer gather, per candidate
+  std::uint32_t hisparse_buffer_entries = 4096;            // per request per group
+  std::uint32_t tp_buffer_entries_per_request = 2048;      // UlaCache TP local buffer, MTP off
+  std::uint32_t tp_buffer_entries_per_request_mtp = 3072;  // ... MTP on
+  SelectionModelParams selection;  // top_k is taken from the model
+  SamplingConfig sampling;
+
+  Status Validate() const;
+};
+
+Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::string_view origin = "scenario");
+Result<ScenarioConfig> LoadScenarioConfig(const std::filesystem::path& path);
+Result<ModelCostConfig> ParseModelCostConfig(std::string_view json_text, std::string_view origin = "model costs");
+Result<ModelCostConfig> LoadModelCostConfigByName(std::string_view name, const std::filesystem::path& config_dir);
+Result<ComputeRates> ParseComputeRates(std::string_view json_text, std::string_view origin = "compute rates");
+Result<ComputeRates> LoadComputeRatesByName(std::string_view name, const std::filesystem::path& config_dir);
+
+}  // namespace ula

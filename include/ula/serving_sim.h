@@ -1,0 +1,75 @@
+// The serving comparison (issue 6): for each config of a scenario (hardware x TP/DP x MTP)
+// and each system (all-GPU, HiSparse, UlaCache), the admission limit under the system's
+// placement rules and the decode throughput at batch sizes up to it, from continuous
+// batching on the same workload, the same selection traces and the same memory budgets.
+//
+// What is simulated (docs/COST_MODEL.md "What is simulated"): one representative layer
+// group of one GPU (DP: rank 0 with ceil(B/P) of the B requests; TP: rank 0 of the striped
+// space, or the full copy of the baselines), `warmup_steps` + `measure_steps` decode steps
+// per batch size of the grid, batch sizes visited in ascending order on one continuing
+// system (requests finish and are replaced as in continuous batching). Counters are scaled
+// to all groups by the cost model.
+//
+// Determinism: a pure function of the scenario and the config files (seeded generators,
+// single-threaded planners); two runs give identical results.
+// Thread-safety: reentrant; runs on the calling thread.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ula/baselines.h"
+#include "ula/cost_model.h"
+#include "ula/error.h"
+#include "ula/serving_config.h"
+
+namespace ula {
+
+struct CurvePoint {
+  std::uint32_t batch = 0;       // target concurrent requests (all GPUs)
+  double mean_batch = 0;         // achieved, over the measured steps
+  double tput = 0;               // output tokens / s, all GPUs
+  double step_ms = 0;            // mean step time
+  double tokens_per_step = 0;    // per request
+  double hit_rate = 0;           // distinct selections already on the attending GPU's device
+  double h2d_gb = 0, d2h_gb = 0, nvlink_gb = 0;  // per step, per GPU, all groups
+  StepTime time;                 // mean breakdown
+};
+
+struct SystemResult {
+  SystemKind system = SystemKind::kUlaCache;
+  std::uint32_t admitted = 0;  // largest number decoding at once
+  std::vector<CurvePoint> curve;
+  double peak_tput = 0;
+  std::uint32_t peak_batch = 0;
+  double tpot_b1_ms = 0;       // step time / tokens per step at batch 1 (0 if not run)
+  std::string note;            // why a curve stops early, if it does
+};
+
+struct ConfigResult {
+  ScenarioEntry entry;
+  std::string hardware_label;  // "8xH200"
+  MemoryBudget budget;
+  std::vector<SystemResult> systems;  // in kAllSystems order
+  double seconds = 0;                 // wall time of the simulation
+};
+
+struct ComparisonResult {
+  std::string scenario;
+  std::string model;
+  std::vector<ConfigResult> configs;
+};
+
+struct CompareOptions {
+  std::filesystem::path config_dir;
+  // Called with one line per finished batch size and system (progress on long runs).
+  std::function<void(std::string_view)> progress;
+};
+
+Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario, const CompareOptions& options);
+
+}  // namespace ula

@@ -1,0 +1,244 @@
+// Cost model (cost_model.h): parameter counts, per-GPU memory budget, and the roofline of
+// one decode step. Every constant comes from a config; the formulas are the ones written
+// out in docs/COST_MODEL.md, in the same order.
+#include "ula/cost_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace ula {
+namespace {
+
+constexpr double kGB = 1e9;
+
+std::uint32_t MainGroups(const ModelConfig& m) { return m.num_groups() - m.mtp_layers; }
+
+}  // namespace
+
+WeightParams DeriveWeightParams(const ModelConfig& m, const ModelCostConfig& c) {
+  WeightParams p;
+  const double h = c.hidden_size, heads = m.attention_heads;
+  // MLA: q_a (h x q_lora), q_b (q_lora x heads*(nope+rope)), kv_a (h x (kv_lora+rope)),
+  // kv_b (kv_lora x heads*(nope+v)), o (heads*v x h).
+  p.attention_per_layer = h * c.q_lora_rank + double(c.q_lora_rank) * heads * (c.qk_nope_head_dim + m.qk_rope_head_dim) +
+                          h * (m.kv_lora_rank + m.qk_rope_head_dim) +
+                          double(m.kv_lora_rank) * heads * (c.qk_nope_head_dim + c.v_head_dim) + heads * c.v_head_dim * h;
+  // Indexer: wq (q_lora x index_heads*index_dim), wk (h x index_dim), head weights (h x index_heads).
+  p.indexer_per_group = double(c.q_lora_rank) * m.index_heads * m.index_head_dim + h * m.index_head_dim + h * m.index_heads;
+  p.dense_mlp_per_layer = 3.0 * h * c.dense_intermediate_size;
+  p.expert = 3.0 * h * c.moe_intermediate_size;
+  p.router_per_layer = h * c.routed_experts;
+  p.embedding = double(c.vocab_size) * h;
+  p.mtp_extra = 2.0 * h * h;
+  const double moe_layers = double(m.num_layers) - c.first_dense_layers;
+  const double moe_layer = (double(c.routed_experts) + c.shared_experts) * p.expert + p.router_per_layer;
+  const double main = m.num_layers * p.attention_per_layer + MainGroups(m) * p.indexer_per_group +
+                      c.first_dense_layers * p.dense_mlp_per_layer + moe_layers * moe_layer + 2 * p.embedding;
+  const double mtp = m.mtp_layers * (p.attention_per_layer + p.indexer_per_group + moe_layer + p.mtp_extra);
+  p.total = main + mtp;
+  p.active_per_token = m.num_layers * p.attention_per_layer + MainGroups(m) * p.indexer_per_group +
+                       c.first_dense_layers * p.dense_mlp_per_layer +
+                       moe_layers * ((double(c.experts_per_token) + c.shared_experts) * p.expert + p.router_per_layer) +
+                       p.embedding;  // LM head (the embedding lookup reads one row)
+  return p;
+}
+
+Result<CostModel> CostModel::Create(const CostModelInputs& inputs) {
+  if (auto s = inputs.model.Validate(); !s) return std::unexpected(s.error());
+  if (auto s = inputs.costs.Validate(); !s) return std::unexpected(s.error());
+  if (auto s = inputs.hardware.Validate(); !s) return std::unexpected(s.error());
+  if (inputs.num_ranks == 0) return MakeError(ErrorCode::kInvalidArgument, "field 'num_ranks': must be >= 1");
+  CostModel cm;
+  cm.in_ = inputs;
+  if (!(cm.fp8_flops() > 0)) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("field 'dense_fp8_flops': unknown for hardware '{}' (0 in its profile and its costs file)",
+                                 inputs.hardware.name));
+  }
+  if (!(cm.bf16_flops() > 0)) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("field 'dense_bf16_flops': unknown for hardware '{}'", inputs.hardware.name));
+  }
+  cm.params_ = DeriveWeightParams(inputs.model, inputs.costs);
+  return cm;
+}
+
+double CostModel::fp8_flops() const {
+  return in_.hardware.dense_fp8_flops > 0 ? in_.hardware.dense_fp8_flops : in_.rates.dense_fp8_flops;
+}
+double CostModel::bf16_flops() const {
+  return in_.hardware.dense_bf16_flops > 0 ? in_.hardware.dense_bf16_flops : in_.rates.dense_bf16_flops;
+}
+
+std::uint32_t CostModel::queries() const { return in_.mtp ? 1 + in_.draft_tokens : 1; }
+
+double CostModel::ExpectedTokensPerStep(double a) const {
+  if (!in_.mtp) return 1.0;
+  double expected = 1.0, p = 1.0;
+  for (std::uint32_t d = 0; d < in_.draft_tokens; ++d) {
+    p *= a;
+    expected += p;
+  }
+  return expected;
+}
+
+std::uint64_t CostModel::kv_bytes_per_token() const {
+  const std::uint64_t layers = in_.model.num_layers + (in_.mtp ? in_.model.mtp_layers : 0);
+  return layers * std::uint64_t{in_.model.kv_entry_bytes_per_layer};
+}
+
+std::uint64_t CostModel::index_bytes_per_token() const {
+  const std::uint64_t groups = MainGroups(in_.model) + (in_.mtp ? in_.model.mtp_layers : 0);
+  return groups * std::uint64_t{in_.model.index_key_bytes_per_layer};
+}
+
+MemoryBudget CostModel::Budget() const {
+  const ModelConfig& m = in_.model;
+  const ModelCostConfig& c = in_.costs;
+  const WeightParams& p = params_;
+  const double wb = c.weight_bytes_per_param, eb = c.embedding_bytes_per_param, P = in_.num_ranks;
+  const double moe_layers = double(m.num_layers) - c.first_dense_layers;
+  const double mtp_layers = in_.mtp ? m.mtp_layers : 0;
+  // Weights that DP replicates (attention, indexer, dense MLP, shared experts, routers,
+  // embedding + LM head) and routed experts (sharded over the ranks in both modes).
+  const double replicated_linear =
+      m.num_layers * p.attention_per_layer + MainGroups(m) * p.indexer_per_group + c.first_dense_layers * p.dense_mlp_per_layer +
+      moe_layers * (c.shared_experts * p.expert + p.router_per_layer) +
+      mtp_layers * (p.attention_per_layer + p.indexer_per_group + c.shared_experts * p.expert + p.router_per_layer + p.mtp_extra);
+  const double embeddings = 2 * p.embedding;
+  const double routed = (moe_layers + mtp_layers) * c.routed_experts * p.expert;
+  MemoryBudget b;
+  b.hbm_bytes = static_cast<double>(in_.hardware.device_memory_bytes);
+  b.host_bytes = static_cast<double>(in_.hardware.host_memory_bytes_per_gpu);
+  const double replicated_bytes = replicated_linear * wb + embeddings * eb;
+  const double routed_bytes = routed * wb;
+  if (in_.mode == ParallelMode::kTp) {
+    b.weight_bytes = (replicated_bytes + routed_bytes) / P;
+  } else {
+    b.weight_bytes = replicated_bytes + routed_bytes / P;
+  }
+  b.activation_bytes = in_.activation_reserve_fraction * b.hbm_bytes;
+  b.device_kv_bytes = std::max(0.0, b.hbm_bytes - b.weight_bytes - b.activation_bytes);
+  auto& d = b.derivation;
+  d.push_back(fmt::format("parameters: {:.1f}B total ({} layers + {} MTP), {:.1f}B active per token", p.total / 1e9,
+                          m.num_layers, m.mtp_layers, p.active_per_token / 1e9));
+  d.push_back(fmt::format("weights: attention/indexer/dense/shared/router/MTP-non-routed {:.2f} GB ({} B/param) + "
+                          "embedding+LM head {:.2f} GB ({} B/param) + routed experts {:.2f} GB{}",
+                          replicated_linear * wb / kGB, wb, embeddings * eb / kGB, eb, routed_bytes / kGB,
+                          in_.mtp ? " (MTP layer loaded)" : " (MTP layer not loaded)"));
+  if (in_.mode == ParallelMode::kTp) {
+    d.push_back(fmt::format("TP: every weight split over {} GPUs -> {:.2f} GB per GPU", in_.num_ranks, b.weight_bytes / kGB));
+  } else {
+    d.push_back(fmt::format("DP attention: non-routed weights replicated ({:.2f} GB), routed experts / {} ({:.2f} GB) -> "
+                            "{:.2f} GB per GPU",
+                            replicated_bytes / kGB, in_.num_ranks, routed_bytes / P / kGB, b.weight_bytes / kGB));
+  }
+  d.push_back(fmt::format("device left for KV per GPU = HBM {:.1f} GB - weights {:.2f} GB - activation reserve {:.1f}% "
+                          "({:.2f} GB) = {:.2f} GB",
+                          b.hbm_bytes / kGB, b.weight_bytes / kGB, 100 * in_.activation_reserve_fraction,
+                          b.activation_bytes / kGB, b.device_kv_bytes / kGB));
+  d.push_back(fmt::format("host per GPU = {:.0f} GB; per token: KV {} B ({} layers x {} B), index keys {} B", b.host_bytes / kGB,
+                          kv_bytes_per_token(), kv_bytes_per_token() / m.kv_entry_bytes_per_layer,
+                          m.kv_entry_bytes_per_layer, index_bytes_per_token()));
+  return b;
+}
+
+StepWork CostModel::Work(const StepCounts& k) const {
+  const ModelConfig& m = in_.model;
+  const ModelCostConfig& c = in_.costs;
+  const WeightParams& p = params_;
+  const double P = in_.num_ranks, wb = c.weight_bytes_per_param, eb = c.embedding_bytes_per_param;
+  const double q = queries();
+  const double passes = in_.mtp ? double(in_.draft_tokens) * m.mtp_layers : 0;  // MTP layer passes per step
+  const double moe_layers = double(m.num_layers) - c.first_dense_layers;
+  const double g_main = MainGroups(m);
+  const bool tp = in_.mode == ParallelMode::kTp;
+  StepWork w;
+  w.layers = m.num_layers + static_cast<std::uint32_t>(passes);
+  w.groups = MainGroups(m) + (in_.mtp ? m.mtp_layers : 0);
+
+  // --- Weights: non-routed part read whole (TP: 1/P of it), routed experts: the expected
+  // fraction any token of the step was routed to, over P ranks.
+  auto routed_fraction = [&](double tokens) {
+    return 1.0 - std::pow(1.0 - double(c.experts_per_token) / c.routed_experts, tokens);
+  };
+  const double tokens_main = k.batch_total * q, tokens_mtp = k.batch_total;  // per MTP pass
+  const double non_routed_layer_main = m.num_layers * p.attention_per_layer + g_main * p.indexer_per_group +
+                                       c.first_dense_layers * p.dense_mlp_per_layer +
+                                       moe_layers * (c.shared_experts * p.expert + p.router_per_layer);
+  const double non_routed_mtp = p.attention_per_layer + p.indexer_per_group + c.shared_experts * p.expert +
+                                p.router_per_layer + p.mtp_extra;
+  const double nr_bytes = non_routed_layer_main * wb + p.embedding * eb + passes * (non_routed_mtp * wb + p.embedding * eb);
+  const double routed_bytes = (moe_layers * routed_fraction(tokens_main) + passes * routed_fraction(tokens_mtp)) *
+                              c.routed_experts * p.expert * wb;
+  w.weight_bytes = (tp ? nr_bytes / P : nr_bytes) + routed_bytes / P;
+  // FLOPs: 2 x params x tokens. Non-routed: TP splits every token's work over P; DP does its
+  // own tokens. Routed: balanced over the P ranks in both modes.
+  const double local_tokens_main = tp ? tokens_main / P : k.batch_local * q;
+  const double local_tokens_mtp = tp ? tokens_mtp / P : k.batch_local;
+  const double nr_flops = 2 * ((non_routed_layer_main + p.embedding) * local_tokens_main +
+                               passes * (non_routed_mtp + p.embedding) * local_tokens_mtp);
+  const double routed_flops = 2 * c.experts_per_token * p.expert * (moe_layers * tokens_main + passes * tokens_mtp) / P;
+  w.weight_flops = nr_flops + routed_flops;
+
+  // --- Attention: each query reads top-k entries of every layer (TP: every rank reads the
+  // whole latent entry; heads split the FLOPs).
+  const double entry = m.kv_entry_bytes_per_layer;
+  const double sel_main = k.batch_local * q * m.top_k, sel_mtp = k.batch_local * m.top_k;
+  w.attention_bytes = (sel_main * m.num_layers + sel_mtp * passes) * entry;
+  const double flops_per_entry_head = 2.0 * (m.kv_lora_rank + m.qk_rope_head_dim) + 2.0 * m.kv_lora_rank;
+  const double heads_here = tp ? double(m.attention_heads) / P : m.attention_heads;
+  w.attention_flops = (sel_main * m.num_layers + sel_mtp * passes) * heads_here * flops_per_entry_head;
+
+  // --- Indexer: every scored key is read once per indexer group per step and scored by
+  // each query.
+  const double key = m.index_key_bytes_per_layer;
+  w.indexer_bytes = k.history_scored * (g_main + passes) * key;
+  const double flops_per_key_query = 2.0 * m.index_heads * m.index_head_dim;
+  w.indexer_flops = k.history_scored * (g_main * q + passes) * flops_per_key_query;
+
+  // --- Transfers from the planners' counters (per group -> all groups in use).
+  const double token_bytes = static_cast<double>(kv_bytes_per_token());
+  w.h2d_bytes = k.h2d_entries * token_bytes;
+  w.d2h_bytes = k.d2h_entries * token_bytes;
+  w.nvlink_fetch_bytes = k.nvlink_entries * token_bytes;
+
+  // --- Collectives on the critical path (bytes each GPU sends).
+  const double h = c.hidden_size;
+  if (tp) {  // two ring all-reduces of bf16 activations per layer pass
+    w.collective_bytes += 2.0 * (P - 1) / P * 2.0 * (tokens_main * m.num_layers + tokens_mtp * passes) * h * 2.0;
+  } else {   // MoE all-to-all: fp8 dispatch + bf16 combine to ranks holding the experts
+    w.collective_bytes += (P - 1) / P * c.experts_per_token * h * 3.0 * (k.batch_local * q * moe_layers + k.batch_local * passes);
+  }
+  if (k.striped_indexer) {  // every rank gathers the other ranks' top-k candidates per query
+    w.collective_bytes += (P - 1) * m.top_k * double(in_.candidate_bytes) * k.batch_total * (g_main * q + passes);
+  }
+  return w;
+}
+
+StepTime CostModel::Time(const StepWork& w) const {
+  const HardwareConfig& hw = in_.hardware;
+  const double hbm = hw.hbm_bandwidth_bytes_per_s;
+  StepTime t;
+  t.weights = std::max(w.weight_bytes / hbm, w.weight_flops / fp8_flops());
+  t.attention = std::max(w.attention_bytes / hbm, w.attention_flops / bf16_flops());
+  t.indexer = std::max(w.indexer_bytes / hbm, w.indexer_flops / fp8_flops());
+  t.gpu = t.weights + t.attention + t.indexer;
+  // Host link: full duplex, each direction at the achievable rate. NVLink: the profile's
+  // figure is bidirectional, so one direction gets half.
+  t.host_link = std::max(w.h2d_bytes, w.d2h_bytes) / hw.host_link_bandwidth_bytes_per_s;
+  const double nvlink_dir = hw.nvlink_bandwidth_bytes_per_s / 2;
+  t.nvlink_fetch = w.nvlink_fetch_bytes / nvlink_dir;
+  const double tx = std::max(t.host_link, t.nvlink_fetch);
+  const double g = std::max<std::uint32_t>(w.groups, 1);
+  const double pipelined = tx / g + t.gpu / g + (g - 1) / g * std::max(t.gpu, tx);
+  t.transfer_exposed = pipelined - t.gpu;
+  t.collectives = w.collective_bytes / nvlink_dir;
+  t.overhead = w.layers * in_.kernel_overhead_s_per_layer;
+  t.total = pipelined + t.collectives + t.overhead;
+  return t;
+}
+
+}  // namespace ula

@@ -1,0 +1,324 @@
+// The decode loop of the serving comparison (serving_sim.h).
+//
+// Per (config, system): admission limit from the ledger over the workload in order; then one
+// continuing simulation of the simulated rank visits the batch grid in ascending order. At
+// each batch size it admits requests until the rank holds its share of the batch (or the
+// next request does not fit: it waits), runs warmup steps, then measured steps. Each step:
+// selections from the selection model (query 0 + draft queries), the system's Step on the
+// representative group, new tokens appended (MTP: accepted drafts drawn per request),
+// finished requests replaced, and the cost model turns the step's counters into time.
+// Requests enter mid-decode (a seeded fraction of their output already produced), so that
+// completions are spread as in a long-running server.
+#include "ula/serving_sim.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+
+#include "sim/rng.h"
+#include "sim/serving_systems.h"
+#include "ula/hardware_config.h"
+#include "ula/model_config.h"
+#include "ula/selection_model.h"
+#include "ula/workload.h"
+
+namespace ula {
+namespace {
+
+struct Active {
+  std::uint64_t id = 0;
+  std::uint32_t history = 0;    // tokens written so far
+  std::uint32_t remaining = 0;  // output tokens still to produce
+  sim::Rng rng{0};              // MTP acceptance draws of this request
+};
+
+std::string HardwareLabel(std::uint32_t p, std::string name) {
+  for (char& ch : name) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return fmt::format("{}x{}", p, name);
+}
+
+struct RunContext {
+  const ScenarioConfig& scenario;
+  const ModelConfig& model;
+  const CostModel& cost;
+  const MemoryBudget& budget;
+  const std::vector<RequestSpec>& requests;
+  const std::vector<std::uint32_t>& finals;  // [requests] input + output
+  const std::string& label;
+  const CompareOptions& options;
+};
+
+Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
+  const ScenarioConfig& sc = ctx.scenario;
+  const CostModelInputs& in = ctx.cost.inputs();
+  const bool tp = in.mode == ParallelMode::kTp;
+  const std::uint32_t p = in.num_ranks, q = ctx.cost.queries();
+  SystemResult result;
+  result.system = system;
+
+  PlacementRules rules;
+  rules.system = system;
+  rules.mode = in.mode;
+  rules.num_ranks = p;
+  rules.device_bytes_per_rank = ctx.budget.device_kv_bytes;
+  rules.host_bytes_per_rank = ctx.budget.host_bytes;
+  rules.kv_bytes_per_token = static_cast<double>(ctx.cost.kv_bytes_per_token());
+  rules.index_bytes_per_token = static_cast<double>(ctx.cost.index_bytes_per_token());
+  // One step's distinct selections of a request: top-k for query 0 plus what each draft
+  // query adds beyond it (the selection model's draft_keep); UlaCache must hold them on device.
+  rules.working_set_entries = static_cast<std::uint32_t>(std::ceil(
+      ctx.model.top_k * (1.0 + (q - 1) * (1.0 - sc.selection.draft_keep))));
+  rules.hisparse_buffer_entries = sc.hisparse_buffer_entries;
+  rules.tp_buffer_entries = in.mtp ? sc.tp_buffer_entries_per_request_mtp : sc.tp_buffer_entries_per_request;
+  result.admitted = MaxAdmitted(rules, ctx.finals);
+  if (result.admitted == 0) {
+    result.note = "admits no request: one request's history does not fit its placement rules";
+    return result;
+  }
+
+  sim::SimSystemConfig cfg;
+  cfg.rules = rules;
+  if (!tp) cfg.rules.num_ranks = 1;  // the simulated rank
+  cfg.group_entry_bytes = ctx.model.group_entry_bytes();
+  if (system == SystemKind::kUlaCache) {
+    // Device carve-outs sized at the admission limit: index keys (TP: a 1/P stripe) and the
+    // TP local buffer; the rest of the device and all of the host hold the KV pools.
+    double sum_final = 0;
+    for (std::uint32_t i = 0; i < result.admitted; ++i) sum_final += ctx.finals[i];
+    const double kv = rules.kv_bytes_per_token;
+    const double index_reserve = rules.index_bytes_per_token * sum_final / p;
+    const double buffer_entries = tp ? double(result.admitted) * rules.tp_buffer_entries : 0;
+    const double device_pool = rules.device_bytes_per_rank - index_reserve - buffer_entries * kv;
+    if (device_pool < kv) {
+      result.note = "no device room left for the KV pool";
+      return result;
+    }
+    cfg.device_tokens = static_cast<std::uint64_t>(device_pool / kv);
+    cfg.host_tokens = static_cast<std::uint64_t>(rules.host_bytes_per_rank / kv);
+    cfg.buffer_tokens = static_cast<std::uint64_t>(buffer_entries);
+  }
+  auto made = sim::MakeSimSystem(cfg);
+  if (!made) return std::unexpected(made.error());
+  sim::SimSystem& sys = **made;
+  SelectionModelParams sp = sc.selection;
+  sp.top_k = ctx.model.top_k;
+  auto selection = SelectionModel::Create(sp);
+  if (!selection) return std::unexpected(selection.error());
+
+  std::vector<std::uint32_t> grid;
+  for (std::uint32_t b : sc.sampling.batch_grid) {
+    if (b < result.admitted) grid.push_back(b);
+  }
+  grid.push_back(result.admitted);
+
+  std::deque<Active> active;
+  std::size_t next = 0;
+  bool blocked = false;
+  auto fill = [&](std::uint32_t target) -> Status {
+    blocked = false;
+    while (active.size() < target && next < ctx.requests.size()) {
+      const RequestSpec& r = ctx.requests[next];
+      sim::Rng rng(sim::StreamSeed(sc.sampling.seed, r.id.value()));
+      const auto done = static_cast<std::uint32_t>(rng.Uniform01() * (r.output_tokens - 1));
+      auto ok = sys.Admit(r.id.value(), r.input_tokens + done, ctx.finals[next]);
+      if (!ok) return std::unexpected(ok.error());
+      if (!*ok) {
+        blocked = true;
+        return Ok();  // the queue head waits
+      }
+      active.push_back(Active{r.id.value(), r.input_tokens + done, r.output_tokens - done, std::move(rng)});
+      ++next;
+    }
+    return Ok();
+  };
+
+  std::vector<std::uint64_t> ids;
+  std::vector<std::vector<std::uint32_t>> sel;
+  std::vector<std::vector<std::uint32_t>> queries;
+  const auto wall0 = std::chrono::steady_clock::now();
+  for (std::uint32_t b : grid) {
+    const std::uint32_t target = tp ? b : (b + p - 1) / p;
+    ULA_RETURN_IF_ERROR(fill(target));
+    if (active.empty()) {
+      result.note = fmt::format("batch {}: no request could be admitted", b);
+      break;
+    }
+    double sum_t = 0, sum_tokens = 0, sum_batch = 0, sum_req_tokens = 0, sum_req_steps = 0;
+    double sum_distinct = 0, sum_hits = 0, sum_h2d = 0, sum_d2h = 0, sum_nv = 0;
+    StepTime sum_time;
+    const std::uint32_t steps = sc.sampling.warmup_steps + sc.sampling.measure_steps;
+    bool failed = false;
+    for (std::uint32_t s = 0; s < steps; ++s) {
+      const bool measured = s >= sc.sampling.warmup_steps;
+      ids.clear();
+      sel.resize(active.size());
+      double history_sum = 0;
+      for (std::size_t i = 0; i < active.size(); ++i) {
+        const Active& a = active[i];
+        ids.push_back(a.id);
+        ULA_RETURN_IF_ERROR(selection->Step(a.id, a.history, q, queries));
+        sel[i].clear();
+        for (const auto& qs : queries) sel[i].insert(sel[i].end(), qs.begin(), qs.end());
+        history_sum += a.history;
+      }
+      sim::SimCounters c;
+      if (auto st = sys.Step(ids, std::span(sel).first(active.size()), c); !st) {
+        if (st.error().code() != ErrorCode::kResourceExhausted) return std::unexpected(st.error());
+        result.note = fmt::format("batch {}: {}", b, st.error().message());
+        failed = true;
+        break;
+      }
+      const double local = static_cast<double>(active.size());
+      double tokens_local = 0;
+      for (Active& a : active) {
+        std::uint32_t n = 1;
+        if (in.mtp) {
+          for (std::uint32_t d = 0; d < in.draft_tokens && a.rng.Uniform01() < sc.mtp_acceptance_rate; ++d) ++n;
+        }
+        n = std::min(n, a.remaining);
+        ULA_RETURN_IF_ERROR(sys.Append(a.id, a.history, n, c));
+        a.history += n;
+        a.remaining -= n;
+        tokens_local += n;
+      }
+      StepCounts k;
+      k.batch_local = local;
+      // DP: the other ranks hold the rest of the batch (rank 0 holds the largest share).
+      k.batch_total = tp ? local : std::max(local, double(b) * local / target);
+      k.history_scored = sys.striped_indexer() ? history_sum / p : history_sum;
+      k.striped_indexer = sys.striped_indexer();
+      k.h2d_entries = c.h2d;
+      k.d2h_entries = c.d2h;
+      k.nvlink_entries = c.nvlink;
+      const StepTime t = ctx.cost.Time(ctx.cost.Work(k));
+      if (measured) {
+        sum_t += t.total;
+        sum_tokens += tp ? tokens_local : tokens_local * k.batch_total / local;
+        sum_batch += k.batch_total;
+        sum_req_tokens += tokens_local;
+        sum_req_steps += local;
+        sum_distinct += c.distinct;
+        sum_hits += c.hits;
+        sum_h2d += c.h2d;
+        sum_d2h += c.d2h;
+        sum_nv += c.nvlink;
+        sum_time.weights += t.weights, sum_time.attention += t.attention, sum_time.indexer += t.indexer;
+        sum_time.gpu += t.gpu, sum_time.host_link += t.host_link, sum_time.nvlink_fetch += t.nvlink_fetch;
+        sum_time.transfer_exposed += t.transfer_exposed, sum_time.collectives += t.collectives;
+        sum_time.overhead += t.overhead, sum_time.total += t.total;
+      }
+      // Continuous batching: finished requests leave, waiting ones enter.
+      for (auto it = active.begin(); it != active.end();) {
+        if (it->remaining == 0) {
+          ULA_RETURN_IF_ERROR(sys.Finish(it->id));
+          selection->Forget(it->id);
+          it = active.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      ULA_RETURN_IF_ERROR(fill(target));
+      if (active.empty()) break;
+    }
+    if (failed) break;
+    const double m = sc.sampling.measure_steps;
+    if (sum_t <= 0) continue;
+    CurvePoint pt;
+    pt.batch = b;
+    pt.mean_batch = sum_batch / m;
+    pt.tput = sum_tokens / sum_t;
+    pt.step_ms = 1e3 * sum_t / m;
+    pt.tokens_per_step = sum_req_steps > 0 ? sum_req_tokens / sum_req_steps : 0;
+    pt.hit_rate = sum_distinct > 0 ? sum_hits / sum_distinct : 1;
+    const double tb = static_cast<double>(ctx.cost.kv_bytes_per_token()) / 1e9 / m;
+    pt.h2d_gb = sum_h2d * tb, pt.d2h_gb = sum_d2h * tb, pt.nvlink_gb = sum_nv * tb;
+    pt.time = sum_time;
+    for (double* v : {&pt.time.weights, &pt.time.attention, &pt.time.indexer, &pt.time.gpu, &pt.time.host_link,
+                      &pt.time.nvlink_fetch, &pt.time.transfer_exposed, &pt.time.collectives, &pt.time.overhead,
+                      &pt.time.total}) {
+      *v /= m;
+    }
+    result.curve.push_back(pt);
+    if (ctx.options.progress) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+      ctx.options.progress(fmt::format("  {} {} mtp={} {:<8} batch {:>4} (mean {:>6.1f}{}): {:>9.0f} tok/s, step {:>7.2f} ms, "
+                                       "hit {:.3f}  [{:.1f} s]",
+                                       ctx.label, ParallelModeName(in.mode), in.mtp ? "on" : "off", SystemName(system),
+                                       b, pt.mean_batch, blocked ? ", queue head waits" : "", pt.tput, pt.step_ms,
+                                       pt.hit_rate, secs));
+    }
+  }
+  for (const CurvePoint& pt : result.curve) {
+    if (pt.tput > result.peak_tput) {
+      result.peak_tput = pt.tput;
+      result.peak_batch = pt.batch;
+    }
+    if (pt.batch == 1 && pt.tokens_per_step > 0) result.tpot_b1_ms = pt.step_ms / pt.tokens_per_step;
+  }
+  return result;
+}
+
+}  // namespace
+
+Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario, const CompareOptions& options) {
+  if (auto s = scenario.Validate(); !s) return std::unexpected(s.error());
+  const std::filesystem::path dir = options.config_dir.empty() ? DefaultConfigDir() : options.config_dir;
+  auto model = LoadModelConfigByName(scenario.model, dir);
+  if (!model) return std::unexpected(model.error());
+  auto costs = LoadModelCostConfigByName(scenario.model_costs, dir);
+  if (!costs) return std::unexpected(costs.error());
+  auto wl = LoadWorkloadConfigByName(scenario.workload, dir);
+  if (!wl) return std::unexpected(wl.error());
+  wl->num_requests = scenario.sampling.max_requests;
+  auto requests = GenerateWorkload(*wl);
+  if (!requests) return std::unexpected(requests.error());
+  std::vector<std::uint32_t> finals;
+  for (const RequestSpec& r : *requests) finals.push_back(r.input_tokens + r.output_tokens);
+
+  ComparisonResult out;
+  out.scenario = scenario.name;
+  out.model = scenario.model;
+  for (const ScenarioEntry& e : scenario.configs) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto hw = LoadHardwareConfigByName(e.hardware, dir);
+    if (!hw) return std::unexpected(hw.error());
+    auto rates = LoadComputeRatesByName(e.hardware, dir);
+    if (!rates) return std::unexpected(rates.error());
+    CostModelInputs ci;
+    ci.model = *model;
+    ci.costs = *costs;
+    ci.hardware = *hw;
+    ci.rates = *rates;
+    ci.mode = e.mode;
+    ci.mtp = e.mtp;
+    ci.num_ranks = scenario.num_ranks;
+    ci.draft_tokens = wl->draft_tokens;
+    ci.kernel_overhead_s_per_layer = scenario.kernel_overhead_s_per_layer;
+    ci.candidate_bytes = scenario.candidate_bytes;
+    ci.activation_reserve_fraction = scenario.activation_reserve_fraction;
+    auto cm = CostModel::Create(ci);
+    if (!cm) return std::unexpected(cm.error());
+    ConfigResult cr;
+    cr.entry = e;
+    cr.hardware_label = HardwareLabel(scenario.num_ranks, e.hardware);
+    cr.budget = cm->Budget();
+    if (options.progress) {
+      options.progress(fmt::format("{} {} mtp={}:", cr.hardware_label, ParallelModeName(e.mode), e.mtp ? "on" : "off"));
+      for (const std::string& line : cr.budget.derivation) options.progress("  " + line);
+    }
+    const RunContext ctx{scenario, *model, *cm, cr.budget, *requests, finals, cr.hardware_label, options};
+    for (SystemKind s : kAllSystems) {
+      auto r = RunSystem(ctx, s);
+      if (!r) return std::unexpected(r.error());
+      cr.systems.push_back(std::move(*r));
+    }
+    cr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out.configs.push_back(std::move(cr));
+  }
+  return out;
+}
+
+}  // namespace ula

@@ -1,0 +1,316 @@
+// The SimSystem adapters (serving_systems.h). Each keeps its own request table: request id
+// -> admitted length (ledger release) and, for UlaCache, the logical addresses that the
+// address space handed out, so that a selected position p of a request is addrs[p].
+#include "sim/serving_systems.h"
+
+#include <fmt/format.h>
+
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ula/address_space.h"
+#include "ula/backend.h"
+#include "ula/step_planner.h"
+#include "ula/tp_address_space.h"
+#include "ula/tp_fabric.h"
+#include "ula/tp_step_planner.h"
+
+namespace ula::sim {
+namespace {
+
+struct Admitted {
+  std::uint32_t rank = 0;
+  std::uint32_t final_tokens = 0;
+};
+
+// Ledger bookkeeping shared by every adapter.
+class LedgerSystem : public SimSystem {
+ public:
+  explicit LedgerSystem(AdmissionLedger ledger) : ledger_(std::move(ledger)) {}
+
+ protected:
+  // Ledger part of Admit; nullopt if it does not fit.
+  std::optional<std::uint32_t> Reserve(std::uint64_t id, std::uint32_t final_tokens) {
+    auto rank = ledger_.TryAdmit(final_tokens);
+    if (rank) admitted_[id] = {*rank, final_tokens};
+    return rank;
+  }
+  void Unreserve(std::uint64_t id) {
+    auto it = admitted_.find(id);
+    if (it == admitted_.end()) return;
+    ledger_.Release(it->second.rank, it->second.final_tokens);
+    admitted_.erase(it);
+  }
+  Status ReleaseOrError(std::uint64_t id) {
+    if (!admitted_.contains(id)) return MakeError(ErrorCode::kNotFound, fmt::format("request {} not admitted", id));
+    Unreserve(id);
+    return Ok();
+  }
+
+  AdmissionLedger ledger_;
+  std::unordered_map<std::uint64_t, Admitted> admitted_;
+};
+
+class AllGpuSystem final : public LedgerSystem {
+ public:
+  using LedgerSystem::LedgerSystem;
+  Result<bool> Admit(std::uint64_t id, std::uint32_t, std::uint32_t final_tokens) override {
+    return Reserve(id, final_tokens).has_value();
+  }
+  Status Finish(std::uint64_t id) override { return ReleaseOrError(id); }
+  Status Step(std::span<const std::uint64_t> ids, std::span<const std::vector<std::uint32_t>> sel,
+              SimCounters& c) override {
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      // Every entry is on device: each distinct selection is a hit.
+      seen_.clear();
+      for (std::uint32_t p : sel[i]) seen_.insert(p);
+      c.distinct += seen_.size();
+      c.hits += seen_.size();
+    }
+    return Ok();
+  }
+  Status Append(std::uint64_t, std::uint32_t, std::uint32_t, SimCounters&) override { return Ok(); }
+
+ private:
+  std::unordered_set<std::uint32_t> seen_;
+};
+
+class HiSparseSystem final : public LedgerSystem {
+ public:
+  HiSparseSystem(AdmissionLedger ledger, HiSparseBuffers buffers)
+      : LedgerSystem(std::move(ledger)), buffers_(std::move(buffers)) {}
+  Result<bool> Admit(std::uint64_t id, std::uint32_t history, std::uint32_t final_tokens) override {
+    if (!Reserve(id, final_tokens)) return false;
+    if (auto s = buffers_.AddRequest(id, history); !s) {
+      Unreserve(id);
+      return std::unexpected(s.error());
+    }
+    return true;
+  }
+  Status Finish(std::uint64_t id) override {
+    ULA_RETURN_IF_ERROR(buffers_.Finish(id));
+    return ReleaseOrError(id);
+  }
+  Status Step(std::span<const std::uint64_t> ids, std::span<const std::vector<std::uint32_t>> sel,
+              SimCounters& c) override {
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      auto st = buffers_.Step(ids[i], sel[i]);
+      if (!st) return std::unexpected(st.error());
+      c.distinct += st->distinct;
+      c.hits += st->hits;
+      c.h2d += st->misses;  // fetched from the host copy; evicted copies are dropped
+    }
+    buffers_.AdvanceRound();
+    return Ok();
+  }
+  Status Append(std::uint64_t id, std::uint32_t, std::uint32_t n, SimCounters& c) override {
+    ULA_RETURN_IF_ERROR(buffers_.Append(id, n));
+    c.d2h += n;  // every new token is backed up to host
+    return Ok();
+  }
+
+ private:
+  HiSparseBuffers buffers_;
+};
+
+class UlaDpSystem final : public LedgerSystem {
+ public:
+  UlaDpSystem(AdmissionLedger ledger, std::unique_ptr<Backend> backend, std::unique_ptr<AddressSpace> space)
+      : LedgerSystem(std::move(ledger)), backend_(std::move(backend)), space_(std::move(space)), planner_(*space_) {}
+
+  Result<bool> Admit(std::uint64_t id, std::uint32_t, std::uint32_t final_tokens) override {
+    if (!Reserve(id, final_tokens)) return false;
+    const RequestId req(id);
+    if (auto s = space_->AddRequest(req, Rank(0)); !s) {
+      Unreserve(id);
+      return std::unexpected(s.error());
+    }
+    auto addrs = space_->Allocate(req, final_tokens);
+    if (!addrs) {
+      (void)space_->Free(req);
+      Unreserve(id);
+      if (addrs.error().code() == ErrorCode::kResourceExhausted) return false;
+      return std::unexpected(addrs.error());
+    }
+    addrs_[id] = std::move(*addrs);
+    return true;
+  }
+  Status Finish(std::uint64_t id) override {
+    ULA_RETURN_IF_ERROR(space_->Free(RequestId(id)));
+    addrs_.erase(id);
+    return ReleaseOrError(id);
+  }
+  Status Step(std::span<const std::uint64_t> ids, std::span<const std::vector<std::uint32_t>> sel,
+              SimCounters& c) override {
+    flat_.clear();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const std::vector<LogicalAddr>& a = addrs_.at(ids[i]);
+      for (std::uint32_t p : sel[i]) flat_.push_back(a[p]);
+    }
+    slots_.resize(flat_.size());
+    auto st = planner_.Step(StepInput{Rank(0), GroupId(0), flat_}, slots_);
+    if (!st) return std::unexpected(st.error());
+    space_->AdvanceRound();
+    c.distinct += st->distinct;
+    c.hits += st->hits;
+    c.h2d += st->misses;
+    c.d2h += st->evictions;  // a swap sends the victim to host
+    return Ok();
+  }
+  Status Append(std::uint64_t id, std::uint32_t history, std::uint32_t n, SimCounters& c) override {
+    // The addresses exist since admission; a new token whose entry sits on host is written
+    // there over the host link.
+    const std::vector<LogicalAddr>& a = addrs_.at(id);
+    for (std::uint32_t i = 0; i < n && history + i < a.size(); ++i) {
+      auto loc = space_->Lookup(a[history + i], GroupId(0));
+      if (!loc) return std::unexpected(loc.error());
+      if (loc->tier() == Tier::kHost) c.d2h += 1;
+    }
+    return Ok();
+  }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<AddressSpace> space_;
+  StepPlanner planner_;
+  std::unordered_map<std::uint64_t, std::vector<LogicalAddr>> addrs_;
+  std::vector<LogicalAddr> flat_;
+  std::vector<SlotId> slots_;
+};
+
+// The fabric of a TP space that hosts only rank 0 in counting mode: there are no bytes to
+// fetch and no other processes to agree with (every rank sees the same symmetric load).
+class CountingFabric final : public TpFabric {
+ public:
+  explicit CountingFabric(std::uint32_t p) : p_(p) {}
+  std::uint32_t num_ranks() const override { return p_; }
+  Rank local_rank() const override { return Rank(0); }
+  Status Expose(const TpAddressSpace&) override { return Ok(); }
+  void Unexpose() override {}
+  bool AllTrue(bool mine) override { return mine; }
+  void Barrier() override {}
+  Status FetchFromHome(Rank, GroupId, std::span<const LogicalAddr>, std::span<std::byte* const>) override { return Ok(); }
+  Status AllGather(std::span<const std::byte>, std::span<std::byte>) override { return Ok(); }
+
+ private:
+  std::uint32_t p_;
+};
+
+class UlaTpSystem final : public LedgerSystem {
+ public:
+  UlaTpSystem(AdmissionLedger ledger, std::unique_ptr<Backend> backend, std::unique_ptr<CountingFabric> fabric,
+              std::unique_ptr<TpAddressSpace> space)
+      : LedgerSystem(std::move(ledger)),
+        backend_(std::move(backend)),
+        fabric_(std::move(fabric)),
+        space_(std::move(space)),
+        planner_(*space_, fabric_.get(), TpPlannerOptions{.parallel_ranks = false}) {}
+
+  bool striped_indexer() const override { return true; }
+  Result<bool> Admit(std::uint64_t id, std::uint32_t, std::uint32_t final_tokens) override {
+    if (!Reserve(id, final_tokens)) return false;
+    const RequestId req(id);
+    if (auto s = space_->AddRequest(req); !s) {
+      Unreserve(id);
+      return std::unexpected(s.error());
+    }
+    auto addrs = space_->Allocate(req, final_tokens);
+    if (!addrs) {
+      (void)space_->Free(req);
+      Unreserve(id);
+      if (addrs.error().code() == ErrorCode::kResourceExhausted) return false;
+      return std::unexpected(addrs.error());
+    }
+    addrs_[id] = std::move(*addrs);
+    return true;
+  }
+  Status Finish(std::uint64_t id) override {
+    ULA_RETURN_IF_ERROR(space_->Free(RequestId(id)));
+    addrs_.erase(id);
+    return ReleaseOrError(id);
+  }
+  Status Step(std::span<const std::uint64_t> ids, std::span<const std::vector<std::uint32_t>> sel,
+              SimCounters& c) override {
+    flat_.clear();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const std::vector<LogicalAddr>& a = addrs_.at(ids[i]);
+      for (std::uint32_t p : sel[i]) flat_.push_back(a[p]);
+    }
+    auto plan = planner_.Step(GroupId(0), flat_);
+    if (!plan) return std::unexpected(plan.error());
+    space_->AdvanceRound();
+    const TpRankStepStats& s = plan->stats[0];  // rank 0, the simulated one
+    c.distinct += s.distinct;
+    c.hits += s.home_hits + s.buffer_hits;
+    c.h2d += s.home_misses;
+    c.d2h += s.home_evictions;
+    c.nvlink += s.remote_fetches;
+    return Ok();
+  }
+  Status Append(std::uint64_t id, std::uint32_t history, std::uint32_t n, SimCounters& c) override {
+    const std::vector<LogicalAddr>& a = addrs_.at(id);
+    for (std::uint32_t i = 0; i < n && history + i < a.size(); ++i) {
+      const LogicalAddr addr = a[history + i];
+      if (!space_->Hosts(space_->HomeOf(addr))) continue;  // another rank's write
+      auto loc = space_->Lookup(addr, GroupId(0));
+      if (!loc) return std::unexpected(loc.error());
+      if (loc->tier() == Tier::kHost) c.d2h += 1;
+    }
+    return Ok();
+  }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<CountingFabric> fabric_;
+  std::unique_ptr<TpAddressSpace> space_;
+  TpStepPlanner planner_;
+  std::unordered_map<std::uint64_t, std::vector<LogicalAddr>> addrs_;
+  std::vector<LogicalAddr> flat_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<SimSystem>> MakeSimSystem(const SimSystemConfig& cfg) {
+  auto ledger = AdmissionLedger::Create(cfg.rules);
+  if (!ledger) return std::unexpected(ledger.error());
+  switch (cfg.rules.system) {
+    case SystemKind::kAllGpu:
+      return std::unique_ptr<SimSystem>(new AllGpuSystem(std::move(*ledger)));
+    case SystemKind::kHiSparse: {
+      auto buffers = HiSparseBuffers::Create(cfg.rules.hisparse_buffer_entries);
+      if (!buffers) return std::unexpected(buffers.error());
+      return std::unique_ptr<SimSystem>(new HiSparseSystem(std::move(*ledger), std::move(*buffers)));
+    }
+    case SystemKind::kUlaCache:
+      break;
+  }
+  const std::uint64_t e = cfg.group_entry_bytes;
+  auto backend = MakeCountingBackend();
+  if (cfg.rules.mode == ParallelMode::kDp) {
+    AddressSpaceConfig ac;
+    ac.num_ranks = 1;
+    ac.num_groups = 1;
+    ac.entry_bytes = cfg.group_entry_bytes;
+    ac.device_bytes_per_rank = cfg.device_tokens * e;
+    ac.host_bytes_per_rank = cfg.host_tokens * e;
+    auto space = AddressSpace::Create(ac, *backend);
+    if (!space) return std::unexpected(space.error());
+    return std::unique_ptr<SimSystem>(new UlaDpSystem(std::move(*ledger), std::move(backend), std::move(*space)));
+  }
+  TpConfig tc;
+  tc.num_ranks = cfg.rules.num_ranks;
+  tc.num_groups = 1;
+  tc.entry_bytes = cfg.group_entry_bytes;
+  tc.device_bytes_per_rank = cfg.device_tokens * e;
+  tc.host_bytes_per_rank = cfg.host_tokens * e;
+  tc.buffer_bytes_per_rank = cfg.buffer_tokens * e;
+  const Rank hosted[] = {Rank(0)};
+  auto space = TpAddressSpace::Create(tc, *backend, hosted);
+  if (!space) return std::unexpected(space.error());
+  auto fabric = std::make_unique<CountingFabric>(tc.num_ranks);
+  return std::unique_ptr<SimSystem>(
+      new UlaTpSystem(std::move(*ledger), std::move(backend), std::move(fabric), std::move(*space)));
+}
+
+}  // namespace ula::sim

@@ -1,0 +1,63 @@
+// SimSystem: one system of the serving comparison, driven by the decode loop
+// (serving_sim.cc) for the simulated rank and the representative layer group. Each adapter
+// wraps that system's real placement and policy:
+//   all_gpu   AdmissionLedger only: every entry is on device, nothing ever moves
+//   hisparse  AdmissionLedger + HiSparseBuffers (per-request LRU buffers, host backup)
+//   ulacache  DP: AdmissionLedger + AddressSpace/StepPlanner (PB-LRU), counting backend
+//             TP: AdmissionLedger + TpAddressSpace/TpStepPlanner hosting rank 0 only, with a
+//             no-op fabric (counting backend: no bytes to fetch); ranks are symmetric
+// Admission = the ledger accepts the whole history and (ulacache) the address space can
+// allocate it: UlaCache allocates every address of the final history at admission, so a
+// request never runs out of room mid-decode.
+//
+// Thread-safety: none; one driver thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ula/baselines.h"
+#include "ula/error.h"
+
+namespace ula::sim {
+
+// Per step of the representative group, entries (not bytes).
+struct SimCounters {
+  double distinct = 0, hits = 0;
+  double h2d = 0, d2h = 0, nvlink = 0;
+  SimCounters& operator+=(const SimCounters& o) {
+    distinct += o.distinct, hits += o.hits, h2d += o.h2d, d2h += o.d2h, nvlink += o.nvlink;
+    return *this;
+  }
+};
+
+struct SimSystemConfig {
+  PlacementRules rules;            // for the simulated rank (DP: num_ranks 1)
+  std::uint32_t group_entry_bytes = 0;
+  // Tokens each tier of the simulated rank holds in the representative group (ulacache).
+  std::uint64_t device_tokens = 0;
+  std::uint64_t host_tokens = 0;
+  std::uint64_t buffer_tokens = 0;  // ulacache TP local buffer
+};
+
+class SimSystem {
+ public:
+  virtual ~SimSystem() = default;
+  // Admits request `id` with `history` tokens written (prefill) and `final_tokens` in all.
+  // false: it does not fit now (nothing changed).
+  virtual Result<bool> Admit(std::uint64_t id, std::uint32_t history, std::uint32_t final_tokens) = 0;
+  virtual Status Finish(std::uint64_t id) = 0;
+  // One decode step: sel[i] = every query's selected positions of request ids[i].
+  virtual Status Step(std::span<const std::uint64_t> ids, std::span<const std::vector<std::uint32_t>> sel,
+                      SimCounters& c) = 0;
+  // n new tokens of request id (history grows from `history` to history + n).
+  virtual Status Append(std::uint64_t id, std::uint32_t history, std::uint32_t n, SimCounters& c) = 0;
+  // Whether each GPU scores only its own stripe of the index keys.
+  virtual bool striped_indexer() const { return false; }
+};
+
+Result<std::unique_ptr<SimSystem>> MakeSimSystem(const SimSystemConfig& config);
+
+}  // namespace ula::sim

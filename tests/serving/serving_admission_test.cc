@@ -1,0 +1,179 @@
+// Placement rules and admission of the three systems on hand-sized budgets, and the
+// HiSparse per-request buffer (fixed quota, LRU inside it, not lendable).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "ula/baselines.h"
+
+namespace ula {
+namespace {
+
+// kv 100 B/token, index 10 B/token, device 10000 B, host 20000 B per rank.
+PlacementRules Rules(SystemKind s, ParallelMode m, std::uint32_t ranks = 2) {
+  PlacementRules r;
+  r.system = s;
+  r.mode = m;
+  r.num_ranks = ranks;
+  r.device_bytes_per_rank = 10000;
+  r.host_bytes_per_rank = 20000;
+  r.kv_bytes_per_token = 100;
+  r.index_bytes_per_token = 10;
+  r.working_set_entries = 8;
+  r.hisparse_buffer_entries = 16;
+  r.tp_buffer_entries = 4;
+  return r;
+}
+
+TEST(Admission, AllGpuDpHoldsEachHistoryOnItsOwnRank) {
+  // 10000 / (50 * 110) = 1 request of 50 tokens per rank -> 2 on 2 ranks.
+  const std::vector<std::uint32_t> t(10, 50);
+  EXPECT_EQ(MaxAdmitted(Rules(SystemKind::kAllGpu, ParallelMode::kDp), t), 2u);
+  // 40 tokens: 4400 B -> 2 per rank.
+  EXPECT_EQ(MaxAdmitted(Rules(SystemKind::kAllGpu, ParallelMode::kDp), std::vector<std::uint32_t>(10, 40)), 4u);
+}
+
+TEST(Admission, AllGpuTpKeepsAFullCopyOnEveryRank) {
+  // TP: every rank holds every request, so more ranks do not add capacity.
+  const std::vector<std::uint32_t> t(10, 40);
+  EXPECT_EQ(MaxAdmitted(Rules(SystemKind::kAllGpu, ParallelMode::kTp, 2), t), 2u);
+  EXPECT_EQ(MaxAdmitted(Rules(SystemKind::kAllGpu, ParallelMode::kTp, 8), t), 2u);
+  const RankDemand d = DemandOf(Rules(SystemKind::kAllGpu, ParallelMode::kTp, 8), 40);
+  EXPECT_DOUBLE_EQ(d.device, 40 * 110.0);
+  EXPECT_DOUBLE_EQ(d.host, 0);
+}
+
+TEST(Admission, HiSparseReservesAFixedBufferPerRequestAndTheHistoryOnHost) {
+  const PlacementRules r = Rules(SystemKind::kHiSparse, ParallelMode::kDp);
+  const RankDemand d = DemandOf(r, 50);
+  EXPECT_DOUBLE_EQ(d.device, 16 * 100.0 + 50 * 10.0);  // buffer + index keys
+  EXPECT_DOUBLE_EQ(d.host, 50 * 100.0);                 // full history
+  EXPECT_DOUBLE_EQ(d.either, 0);
+  // Host: 20000 / 5000 = 4 per rank; device: 10000 / 2100 = 4 per rank -> 8.
+  EXPECT_EQ(MaxAdmitted(r, std::vector<std::uint32_t>(20, 50)), 8u);
+  // A short request still takes the whole buffer (the quota is not lent to others).
+  const RankDemand small = DemandOf(r, 2);
+  EXPECT_DOUBLE_EQ(small.device, 16 * 100.0 + 2 * 10.0);
+  EXPECT_EQ(MaxAdmitted(r, std::vector<std::uint32_t>(40, 2)), 12u);  // 10000 / 1620 = 6 per rank
+}
+
+TEST(Admission, UlaCacheDpUsesDeviceAndHostTogether) {
+  const PlacementRules r = Rules(SystemKind::kUlaCache, ParallelMode::kDp);
+  const RankDemand d = DemandOf(r, 50);
+  EXPECT_DOUBLE_EQ(d.device, 50 * 10.0 + 8 * 100.0);  // index keys + working set
+  EXPECT_DOUBLE_EQ(d.either, 42 * 100.0);
+  // (10000 + 20000) / 5500 = 5 per rank -> 10: more than all-GPU (2) and HiSparse (8).
+  EXPECT_EQ(MaxAdmitted(r, std::vector<std::uint32_t>(40, 50)), 10u);
+}
+
+TEST(Admission, UlaCacheTpStripesTheHistoryOverTheRanks) {
+  const PlacementRules r = Rules(SystemKind::kUlaCache, ParallelMode::kTp, 2);
+  const RankDemand d = DemandOf(r, 50);
+  EXPECT_DOUBLE_EQ(d.device, 25 * 10.0 + 4 * 100.0 + 4 * 100.0);  // stripe keys + ws/2 + buffer
+  EXPECT_DOUBLE_EQ(d.either, 21 * 100.0);
+  // Per rank 3150 B of 30000 -> 9 requests (TP: all ranks in step), vs all-GPU TP's 1.
+  EXPECT_EQ(MaxAdmitted(r, std::vector<std::uint32_t>(40, 50)), 9u);
+  EXPECT_EQ(MaxAdmitted(Rules(SystemKind::kAllGpu, ParallelMode::kTp, 2), std::vector<std::uint32_t>(40, 50)), 1u);
+}
+
+TEST(Admission, QueueHeadWaitsAndReleaseFreesRoom) {
+  auto ledger = AdmissionLedger::Create(Rules(SystemKind::kAllGpu, ParallelMode::kDp, 1));
+  ASSERT_TRUE(ledger);
+  EXPECT_TRUE(ledger->TryAdmit(40).has_value());
+  EXPECT_TRUE(ledger->TryAdmit(40).has_value());
+  EXPECT_FALSE(ledger->TryAdmit(40).has_value());  // 3 * 4400 > 10000
+  ledger->Release(0, 40);
+  EXPECT_TRUE(ledger->TryAdmit(40).has_value());
+  // Order matters: a big head blocks smaller ones behind it.
+  EXPECT_EQ(MaxAdmitted(Rules(SystemKind::kAllGpu, ParallelMode::kDp, 1), std::vector<std::uint32_t>{40, 100, 1, 1}), 1u);
+}
+
+TEST(Admission, DpPlacesOnTheEmptiestRank) {
+  auto ledger = AdmissionLedger::Create(Rules(SystemKind::kAllGpu, ParallelMode::kDp, 2));
+  ASSERT_TRUE(ledger);
+  EXPECT_EQ(ledger->TryAdmit(40), 0u);
+  EXPECT_EQ(ledger->TryAdmit(40), 1u);
+  EXPECT_EQ(ledger->TryAdmit(40), 0u);
+}
+
+TEST(Admission, BadRulesNameTheField) {
+  PlacementRules r = Rules(SystemKind::kHiSparse, ParallelMode::kDp);
+  r.hisparse_buffer_entries = 0;
+  auto l = AdmissionLedger::Create(r);
+  ASSERT_FALSE(l);
+  EXPECT_NE(l.error().message().find("hisparse_buffer_entries"), std::string::npos);
+  r = Rules(SystemKind::kAllGpu, ParallelMode::kDp);
+  r.kv_bytes_per_token = 0;
+  l = AdmissionLedger::Create(r);
+  ASSERT_FALSE(l);
+  EXPECT_NE(l.error().message().find("kv_bytes_per_token"), std::string::npos);
+}
+
+TEST(HiSparse, PrefillKeepsTheNewestTokensInTheBuffer) {
+  auto b = HiSparseBuffers::Create(4);
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(b->AddRequest(1, 10));
+  EXPECT_EQ(*b->NumBuffered(1), 4u);
+  b->AdvanceRound();
+  const std::vector<std::uint32_t> newest = {6, 7, 8, 9};
+  auto st = b->Step(1, newest);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->hits, 4u);
+  EXPECT_EQ(st->misses, 0u);
+  EXPECT_TRUE(b->CheckInvariants());
+}
+
+TEST(HiSparse, EvictsTheLeastRecentlyUsedEntryOfTheSameRequest) {
+  auto b = HiSparseBuffers::Create(4);
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(b->AddRequest(1, 10));  // buffer: 6 7 8 9
+  b->AdvanceRound();
+  ASSERT_TRUE(b->Step(1, std::vector<std::uint32_t>{6, 7}));  // 6, 7 recent; 8, 9 older
+  b->AdvanceRound();
+  auto st = b->Step(1, std::vector<std::uint32_t>{0, 1, 6});  // 2 misses evict 8 and 9
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->hits, 1u);
+  EXPECT_EQ(st->misses, 2u);
+  EXPECT_EQ(st->evictions, 2u);
+  b->AdvanceRound();
+  st = b->Step(1, std::vector<std::uint32_t>{0, 1, 6, 7});  // all resident
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->hits, 4u);
+  EXPECT_TRUE(b->CheckInvariants());
+}
+
+TEST(HiSparse, BufferIsNotLentToOtherRequests) {
+  auto b = HiSparseBuffers::Create(4);
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(b->AddRequest(1, 3));  // uses 3 of its 4 slots
+  ASSERT_TRUE(b->AddRequest(2, 20));
+  b->AdvanceRound();
+  // Request 2 needs 5 distinct entries: its own 4 slots are the limit even though request 1
+  // has a free slot.
+  auto st = b->Step(2, std::vector<std::uint32_t>{0, 1, 2, 3, 4});
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_TRUE(b->CheckInvariants());  // nothing changed
+  EXPECT_EQ(*b->NumBuffered(1), 3u);
+}
+
+TEST(HiSparse, NewTokensGoToTheBufferAndBadInputIsRefused) {
+  auto b = HiSparseBuffers::Create(4);
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(b->AddRequest(1, 10));
+  ASSERT_TRUE(b->Append(1, 2));  // 10, 11 displace the oldest
+  b->AdvanceRound();
+  auto st = b->Step(1, std::vector<std::uint32_t>{10, 11});
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->hits, 2u);
+  EXPECT_FALSE(b->Step(1, std::vector<std::uint32_t>{12}));  // past the history
+  EXPECT_FALSE(b->Step(7, std::vector<std::uint32_t>{0}));   // unknown request
+  EXPECT_FALSE(b->AddRequest(1, 5));                        // duplicate
+  EXPECT_TRUE(b->Finish(1));
+  EXPECT_FALSE(b->Finish(1));
+  EXPECT_FALSE(HiSparseBuffers::Create(0));
+  EXPECT_TRUE(b->CheckInvariants());
+}
+
+}  // namespace
+}  // namespace ula

@@ -1,0 +1,207 @@
+// `ula compare [--scenario FILE] [--json] [--out DIR]`: the serving comparison (issue 6),
+// the main job. Prints the memory budget derivation and progress to stderr, the table (or
+// one JSON object with --json) to stdout, writes DIR/compare.csv (every curve point) and
+// DIR/summary.csv, and calls scripts/plot_compare.py for one PNG per config. Without
+// python3 or matplotlib it warns and keeps the CSVs.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "command_registry.h"
+#include "ula/model_config.h"
+#include "ula/serving_sim.h"
+
+namespace ula::cli {
+namespace {
+
+struct CompareCliOptions {
+  std::string scenario;
+  std::string config_dir;
+  std::string out = "compare-out";
+  bool json = false;
+  bool plot = true;
+  bool quiet = false;
+};
+
+const SystemResult& Sys(const ConfigResult& c, SystemKind k) { return c.systems[static_cast<int>(k)]; }
+
+std::string Ratio(double a, double b) { return b > 0 ? fmt::format("{:.2f}x", a / b) : "inf"; }
+
+std::string ConfigName(const ConfigResult& c) {
+  return fmt::format("{} {} mtp={}", c.hardware_label, ParallelModeName(c.entry.mode), c.entry.mtp ? "on" : "off");
+}
+
+std::string FileStem(const ConfigResult& c) {
+  return fmt::format("{}_{}_mtp{}", c.entry.hardware, ParallelModeName(c.entry.mode), c.entry.mtp ? "on" : "off");
+}
+
+nlohmann::json ToJson(const ComparisonResult& r) {
+  nlohmann::json configs = nlohmann::json::array();
+  for (const ConfigResult& c : r.configs) {
+    nlohmann::json systems = nlohmann::json::object();
+    for (const SystemResult& s : c.systems) {
+      nlohmann::json curve = nlohmann::json::array();
+      nlohmann::json detail = nlohmann::json::array();
+      for (const CurvePoint& p : s.curve) {
+        curve.push_back({p.batch, p.tput});
+        detail.push_back({{"batch", p.batch},           {"mean_batch", p.mean_batch}, {"tput", p.tput},
+                          {"step_ms", p.step_ms},       {"hit_rate", p.hit_rate},     {"h2d_gb", p.h2d_gb},
+                          {"d2h_gb", p.d2h_gb},         {"nvlink_gb", p.nvlink_gb},   {"gpu_ms", 1e3 * p.time.gpu},
+                          {"transfer_exposed_ms", 1e3 * p.time.transfer_exposed},
+                          {"collectives_ms", 1e3 * p.time.collectives}});
+      }
+      systems[std::string(SystemName(s.system))] = {{"admitted", s.admitted},     {"peak_tput", s.peak_tput},
+                                                    {"peak_batch", s.peak_batch}, {"tpot_b1_ms", s.tpot_b1_ms},
+                                                    {"curve", curve},             {"points", detail},
+                                                    {"note", s.note}};
+    }
+    configs.push_back({{"hardware", c.hardware_label},
+                       {"mode", std::string(ParallelModeName(c.entry.mode))},
+                       {"mtp", c.entry.mtp},
+                       {"device_kv_bytes_per_gpu", c.budget.device_kv_bytes},
+                       {"host_bytes_per_gpu", c.budget.host_bytes},
+                       {"weight_bytes_per_gpu", c.budget.weight_bytes},
+                       {"seconds", c.seconds},
+                       {"systems", systems}});
+  }
+  return {{"scenario", r.scenario}, {"model", r.model}, {"configs", configs}};
+}
+
+void PrintTable(const ComparisonResult& r) {
+  fmt::print("\nula compare: scenario {}, model {} (throughput = output tokens/s of the 8-GPU node)\n", r.scenario, r.model);
+  fmt::print("{:<20} | {:^31} | {:^31} | {:^31} | {:^19}\n", "", "all_gpu", "hisparse", "ulacache", "ulacache peak vs");
+  fmt::print("{:<20} | {:>5} {:>9} {:>6} {:>8} | {:>5} {:>9} {:>6} {:>8} | {:>5} {:>9} {:>6} {:>8} | {:>9} {:>9}\n", "config",
+             "adm", "peak", "@B", "tpot1", "adm", "peak", "@B", "tpot1", "adm", "peak", "@B", "tpot1", "all_gpu", "hisparse");
+  for (const ConfigResult& c : r.configs) {
+    std::string line = fmt::format("{:<20}", ConfigName(c));
+    for (SystemKind k : kAllSystems) {
+      const SystemResult& s = Sys(c, k);
+      line += fmt::format(" | {:>5} {:>9.0f} {:>6} {:>8.2f}", s.admitted, s.peak_tput, s.peak_batch, s.tpot_b1_ms);
+    }
+    const double u = Sys(c, SystemKind::kUlaCache).peak_tput;
+    line += fmt::format(" | {:>9} {:>9}", Ratio(u, Sys(c, SystemKind::kAllGpu).peak_tput),
+                        Ratio(u, Sys(c, SystemKind::kHiSparse).peak_tput));
+    fmt::print("{}\n", line);
+  }
+  fmt::print("adm = requests decoding at once (admission limit); peak = tokens/s; @B = batch at peak; tpot1 = TPOT at "
+             "batch 1 (ms)\n");
+  for (const ConfigResult& c : r.configs) {
+    for (const SystemResult& s : c.systems) {
+      if (!s.note.empty()) fmt::print("note: {} {}: {}\n", ConfigName(c), SystemName(s.system), s.note);
+    }
+  }
+}
+
+Status WriteCsv(const ComparisonResult& r, const std::filesystem::path& out) {
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec) return MakeError(ErrorCode::kIo, fmt::format("cannot create '{}': {}", out.string(), ec.message()));
+  std::ofstream f(out / "compare.csv");
+  std::ofstream s(out / "summary.csv");
+  if (!f || !s) return MakeError(ErrorCode::kIo, fmt::format("cannot write CSV files in '{}'", out.string()));
+  f << "config,hardware,mode,mtp,system,batch,mean_batch,tput,step_ms,tokens_per_step,hit_rate,h2d_gb,d2h_gb,nvlink_gb,"
+       "weights_ms,attention_ms,indexer_ms,gpu_ms,host_link_ms,nvlink_fetch_ms,transfer_exposed_ms,collectives_ms,"
+       "overhead_ms\n";
+  s << "config,hardware,mode,mtp,system,admitted,peak_tput,peak_batch,tpot_b1_ms,device_kv_gb_per_gpu,host_gb_per_gpu\n";
+  for (const ConfigResult& c : r.configs) {
+    for (const SystemResult& sys : c.systems) {
+      const std::string head = fmt::format("{},{},{},{},{}", FileStem(c), c.hardware_label, ParallelModeName(c.entry.mode),
+                                           c.entry.mtp ? 1 : 0, SystemName(sys.system));
+      s << fmt::format("{},{},{:.1f},{},{:.4f},{:.3f},{:.3f}\n", head, sys.admitted, sys.peak_tput, sys.peak_batch,
+                       sys.tpot_b1_ms, c.budget.device_kv_bytes / 1e9, c.budget.host_bytes / 1e9);
+      for (const CurvePoint& p : sys.curve) {
+        const StepTime& t = p.time;
+        f << fmt::format("{},{},{:.2f},{:.1f},{:.4f},{:.4f},{:.5f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},"
+                         "{:.4f},{:.4f},{:.4f},{:.4f}\n",
+                         head, p.batch, p.mean_batch, p.tput, p.step_ms, p.tokens_per_step, p.hit_rate, p.h2d_gb, p.d2h_gb,
+                         p.nvlink_gb, 1e3 * t.weights, 1e3 * t.attention, 1e3 * t.indexer, 1e3 * t.gpu, 1e3 * t.host_link,
+                         1e3 * t.nvlink_fetch, 1e3 * t.transfer_exposed, 1e3 * t.collectives, 1e3 * t.overhead);
+      }
+    }
+  }
+  if (!f || !s) return MakeError(ErrorCode::kIo, "CSV write failed");
+  return Ok();
+}
+
+// Runs scripts/plot_compare.py (source tree, next to configs/). Returns false with a warning.
+bool Plot(const std::filesystem::path& config_dir, const std::filesystem::path& out) {
+  const std::filesystem::path script = config_dir.parent_path() / "scripts" / "plot_compare.py";
+  const char* python = "/usr/bin/python3";
+  if (!std::filesystem::exists(python)) {
+    fmt::print(stderr, "warning: {} not found: no plots (the CSV files are written)\n", python);
+    return false;
+  }
+  if (!std::filesystem::exists(script)) {
+    fmt::print(stderr, "warning: {} not found: no plots (the CSV files are written)\n", script.string());
+    return false;
+  }
+  const std::string cmd = fmt::format("'{}' '{}' '{}' '{}'", python, script.string(), (out / "compare.csv").string(), out.string());
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    fmt::print(stderr, "warning: the plot script failed (exit {}; is python3-matplotlib installed?): no plots, the CSV "
+                       "files are written\n", rc);
+    return false;
+  }
+  return true;
+}
+
+int Run(const CompareCliOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::filesystem::path dir = o.config_dir.empty() ? DefaultConfigDir() : std::filesystem::path(o.config_dir);
+  const std::filesystem::path scenario_path = o.scenario.empty() ? dir / "scenarios" / "default.json" : std::filesystem::path(o.scenario);
+  auto scenario = LoadScenarioConfig(scenario_path);
+  if (!scenario) {
+    fmt::print(stderr, "ula compare: {}\n", scenario.error().ToString());
+    return 2;
+  }
+  CompareOptions copt;
+  copt.config_dir = dir;
+  if (!o.quiet) {
+    copt.progress = [](std::string_view line) {
+      fmt::print(stderr, "{}\n", line);
+      std::fflush(stderr);
+    };
+  }
+  auto result = RunComparison(*scenario, copt);
+  if (!result) {
+    fmt::print(stderr, "ula compare: {}\n", result.error().ToString());
+    return 1;
+  }
+  if (auto s = WriteCsv(*result, o.out); !s) {
+    fmt::print(stderr, "ula compare: {}\n", s.error().ToString());
+    return 1;
+  }
+  const bool plotted = o.plot && Plot(dir, o.out);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (o.json) {
+    fmt::print("{}\n", ToJson(*result).dump());
+  } else {
+    PrintTable(*result);
+    fmt::print("wrote {}/compare.csv and {}/summary.csv{}; {:.1f} s\n", o.out, o.out,
+               plotted ? fmt::format(" and one PNG per config in {}", o.out) : "", secs);
+  }
+  return 0;
+}
+
+Action SetupCompare(CLI::App& app) {
+  auto o = std::make_shared<CompareCliOptions>();
+  app.add_option("--scenario", o->scenario, "scenario JSON (default: configs/scenarios/default.json)");
+  app.add_option("--config-dir", o->config_dir, "configs directory (default: $ULA_CONFIG_DIR or the source tree's)");
+  app.add_option("--out", o->out, "directory for compare.csv, summary.csv and the plots")->capture_default_str();
+  app.add_flag("--json", o->json, "print one JSON object instead of the table");
+  app.add_flag("!--no-plot", o->plot, "do not call the plot script");
+  app.add_flag("--quiet", o->quiet, "no progress lines on stderr");
+  return [o]() { return Run(*o); };
+}
+
+ULA_REGISTER_COMMAND(compare, "", "compare", "serving comparison: all-GPU vs HiSparse vs UlaCache (admission, throughput)",
+                     SetupCompare);
+
+}  // namespace
+}  // namespace ula::cli
