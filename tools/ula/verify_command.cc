@@ -6,7 +6,9 @@
 
 #include "command_registry.h"
 #include "tp_verify_cli.h"
+#include "ula/attention_check.h"
 #include "ula/consistency_verifier.h"
+#include "ula/model_config.h"
 
 namespace ula::cli {
 namespace {
@@ -24,11 +26,17 @@ Action SetupVerify(CLI::App& app) {
   app.add_option("--top-k", cfg->top_k, "selections per query")->capture_default_str();
   app.add_option("--policy", *policy, "residency policy")->capture_default_str();
   app.add_flag("--json", *json, "print one JSON object");
+  auto attention_model = std::make_shared<std::string>("tiny_glm");
+  auto attention_steps = std::make_shared<std::uint32_t>(16);
+  app.add_option("--attention-model", *attention_model, "float32 model config for the attention check")
+      ->capture_default_str();
+  app.add_option("--attention-steps", *attention_steps, "decode steps of the attention check (0: skip)")
+      ->capture_default_str();
   auto mode = std::make_shared<std::string>("dp");
   auto mpi = std::make_shared<bool>(false);
   app.add_option("--mode", *mode, "dp or tp (TP mode, issue 5)")->check(CLI::IsMember({"dp", "tp"}))->capture_default_str();
   app.add_flag("--mpi", *mpi, "tp: one process per rank (run under mpirun)");
-  return [cfg, json, policy, mode, mpi]() -> int {
+  return [cfg, json, policy, mode, mpi, attention_model, attention_steps]() -> int {
     if (*mode == "tp") {
       return RunTpVerify({.seed = cfg->seed, .ops = cfg->ops, .ranks = cfg->num_ranks, .groups = cfg->num_groups,
                           .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,
@@ -46,8 +54,29 @@ Action SetupVerify(CLI::App& app) {
       fmt::print(stderr, "ula verify: {}\n", report.error().ToString());
       return 2;
     }
+    // Attention end to end: the real indexer selects, the planner moves entries under
+    // pressure, and the reference attention through UlaCache must equal the dense one.
+    AttentionCheckReport att;
+    if (*attention_steps > 0) {
+      auto model = LoadModelConfigByName(*attention_model, DefaultConfigDir());
+      if (!model) {
+        fmt::print(stderr, "ula verify: {}\n", model.error().ToString());
+        return 2;
+      }
+      AttentionCheckOptions options;
+      options.model = *model;
+      options.decode_steps = *attention_steps;
+      options.seed = cfg->seed;
+      auto a = RunAttentionCheckUnderPressure(options, 0.5, 1, cfg->policy);
+      if (!a) {
+        fmt::print(stderr, "ula verify: attention check: {}\n", a.error().ToString());
+        return 2;
+      }
+      att = std::move(*a);
+    }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const VerifierReport& r = *report;
+    const bool ok = r.ok() && att.ok();
     if (*json) {
       nlohmann::json j{{"seed", r.seed},
                        {"ops", r.ops},
@@ -63,7 +92,13 @@ Action SetupVerify(CLI::App& app) {
                        {"swaps", r.swaps},
                        {"policy", *policy},
                        {"seconds", seconds},
-                       {"failures", r.first_failures}};
+                       {"failures", r.first_failures},
+                       {"attention_model", *attention_model},
+                       {"attention_checks", att.checks},
+                       {"attention_mismatches", att.mismatches},
+                       {"attention_entry_mismatches", att.entry_mismatches},
+                       {"attention_steps_with_swaps", att.steps_with_swaps},
+                       {"attention_failures", att.first_failures}};
       fmt::print("{}\n", j.dump());
     } else {
       fmt::print("ula verify: seed {} policy {}, {} operations in {:.1f} s\n", r.seed, *policy, r.ops, seconds);
@@ -74,11 +109,15 @@ Action SetupVerify(CLI::App& app) {
       fmt::print("  mismatches         {:>12}\n", r.mismatches);
       fmt::print("  invariant failures {:>12}\n", r.invariant_failures);
       fmt::print("  bad input refused  {:>12}  ({} not refused cleanly)\n", r.bad_input_checks, r.bad_input_failures);
+      fmt::print("  attention ({}): {} outputs compared with the dense reference, {} differ; {} of {} planner "
+                 "calls swapped\n",
+                 *attention_model, att.checks, att.mismatches, att.steps_with_swaps, att.planner_calls);
       for (const auto& f : r.first_failures) fmt::print("  FAIL: {}\n", f);
-      fmt::print("{}\n", r.ok() ? "OK: every selected entry read back its last written bytes"
-                                : "FAILED: see above");
+      for (const auto& f : att.first_failures) fmt::print("  FAIL (attention): {}\n", f);
+      fmt::print("{}\n", ok ? "OK: every selected entry read back its last written bytes; attention is bit-identical"
+                             : "FAILED: see above");
     }
-    return r.ok() ? 0 : 1;
+    return ok ? 0 : 1;
   };
 }
 
