@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "ula/huge_page_allocator.h"
 #include "ula/ids.h"
 #include "ula/location.h"
 
@@ -43,7 +44,7 @@ class LocationTable {
   std::size_t MemoryBytes() const { return table_.capacity() * sizeof(Location); }
 
  private:
-  std::vector<Location> table_;  // [size] indexed by logical address
+  std::vector<Location, HugePageAllocator<Location>> table_;  // [size] indexed by logical address
 };
 
 }  // namespace ula

@@ -1,7 +1,5 @@
 // The cpu backend: arenas in host memory, copy batches executed in submission order by
 // worker threads (one FIFO "copy stream"). With copy_threads = 0 a batch runs inside Submit.
-#include <sys/mman.h>
-
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +7,7 @@
 #include <thread>
 
 #include "backend/arena_registry.h"
+#include "ula/huge_page_allocator.h"
 
 namespace ula {
 namespace {
@@ -38,19 +37,13 @@ void RunBatch(const Arena& src, const Arena& dst, const CopyBatch& batch) {
 // pinned-host or device allocator would give. A random 656-byte gather over 4 KiB pages
 // takes a TLB miss per entry; with 2 MiB pages it streams (docs/BENCHMARKS.md, gather).
 struct FreeDeleter {
-  void operator()(std::byte* p) const { std::free(p); }
+  void operator()(std::byte* p) const { FreeHugePageMemory(p); }
 };
 using ArenaMemory = std::unique_ptr<std::byte[], FreeDeleter>;
 
 ArenaMemory AllocateArenaMemory(std::uint64_t bytes) {
-  constexpr std::uint64_t kHuge = std::uint64_t{2} << 20;
-  const bool huge = bytes >= kHuge;
-  const std::uint64_t align = huge ? kHuge : 64;
-  const std::uint64_t rounded = (std::max<std::uint64_t>(bytes, 1) + align - 1) / align * align;
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(align, rounded));
-  if (p == nullptr) return nullptr;
-  if (huge) (void)madvise(p, rounded, MADV_HUGEPAGE);
-  std::memset(p, 0, rounded);
+  auto* p = static_cast<std::byte*>(AllocateHugePageMemory(bytes));
+  if (p != nullptr) std::memset(p, 0, bytes);
   return ArenaMemory(p);
 }
 
