@@ -2,8 +2,8 @@
 // slot pool into one contiguous buffer (what a kernel's input staging does on the CPU
 // backend, and the CPU reference for a GPU gather kernel).
 //
-// The loop is software-pipelined: while entry i is copied, the table entry of i + 2D and
-// the bytes of entry i + D are prefetched, so that random 656-byte entries stream at close
+// The loop is software-pipelined: while entry i is copied, the table entry of i + 4D and
+// the bytes of entry i + D are prefetched (D = 8), so that random 656-byte entries stream at close
 // to memcpy bandwidth instead of waiting on one DRAM round trip each.
 // Thread-safety: reads only; safe to run concurrently with other readers.
 #pragma once
