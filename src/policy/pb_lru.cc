@@ -8,18 +8,24 @@
 #include "ula/check.h"
 
 namespace ula::policy {
+namespace {
+constexpr std::size_t kPrefetchAhead = 16;  // Touch: slots between a stamp prefetch and its use
+}  // namespace
 
 PbLru::PbLru(std::uint32_t capacity, const PolicyOptions& options)
     : capacity_(capacity),
       parallel_min_slots_(std::max<std::uint32_t>(1, options.parallel_min_slots)),
       cold_(capacity),
+      stamp_(capacity, 0),
       touch_bits_((std::uint64_t{capacity} + 63) / 64, 0) {
   ring_.reserve(options.recent_buckets + 1);
   for (std::uint32_t i = 0; i <= options.recent_buckets; ++i) ring_.emplace_back(capacity);
-  touched_words_.resize(static_cast<std::size_t>(fork_join_.max_threads()));
+  word_list_.resize(touch_bits_.size());
+  parallel_words_.resize(static_cast<std::size_t>(fork_join_.max_threads()));
+  parallel_stragglers_.resize(parallel_words_.size());
 }
 
-int PbLru::AgeOf(SlotId slot) const {
+int PbLru::AgeOfByScan(SlotId slot) const {
   const std::uint32_t s = slot.value();
   if (s >= capacity_) return -1;
   for (std::uint32_t age = 0; age <= recent_buckets(); ++age) {
@@ -29,8 +35,9 @@ int PbLru::AgeOf(SlotId slot) const {
 }
 
 void PbLru::Insert(SlotId slot) noexcept {
-  ULA_DCHECK(slot.value() < capacity_ && AgeOf(slot) < 0);
+  ULA_DCHECK(slot.value() < capacity_ && stamp_[slot.value()] == 0);
   ring_[cur_].Set(slot.value());
+  stamp_[slot.value()] = round_;
   ++tracked_;
 }
 
@@ -39,12 +46,13 @@ void PbLru::Remove(SlotId slot) noexcept {
   ULA_DCHECK(age >= 0);
   if (age < 0) return;
   BucketAt(static_cast<std::uint32_t>(age)).Clear(slot.value());
+  stamp_[slot.value()] = 0;
   --tracked_;
 }
 
 void PbLru::Touch(std::span<const SlotId> slots) noexcept {
   if (slots.empty()) return;
-  if (slots.size() >= parallel_min_slots_ && touched_words_.size() > 1) {
+  if (slots.size() >= parallel_min_slots_ && parallel_words_.size() > 1) {
     MarkParallel(slots);
   } else {
     MarkSerial(slots);
@@ -53,59 +61,90 @@ void PbLru::Touch(std::span<const SlotId> slots) noexcept {
 }
 
 void PbLru::MarkSerial(std::span<const SlotId> slots) noexcept {
-  auto& words = touched_words_[0];
-  for (SlotId slot : slots) {
-    const std::uint32_t s = slot.value();
-    ULA_DCHECK(s < capacity_);
-    std::uint64_t& word = touch_bits_[s >> 6];
-    if (word == 0) words.push_back(s >> 6);
+  if (stragglers_.size() < slots.size()) stragglers_.resize(slots.size());
+  const std::uint32_t round = round_;
+  const bool has_newest = recent_buckets() >= 1;
+  const SlotId* p = slots.data();
+  const std::size_t n = slots.size();
+  std::uint32_t* stamp = stamp_.data();
+  std::uint64_t* bits = touch_bits_.data();
+  std::uint32_t* words = word_list_.data();
+  std::uint64_t* stragglers = stragglers_.data();
+  std::size_t nw = 0, ns = 0;
+  // Branch-free appends: the data decides the counts, never the control flow.
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchAhead < n) __builtin_prefetch(stamp + p[i + kPrefetchAhead].value());
+    const std::uint32_t s = p[i].value();
+    ULA_DCHECK(s < capacity_ && stamp[s] != 0);
+    const std::uint32_t old = stamp[s];
+    stamp[s] = round;
+    std::uint64_t& word = bits[s >> 6];
+    words[nw] = s >> 6;
+    nw += word == 0;
     word |= std::uint64_t{1} << (s & 63);
+    stragglers[ns] = (std::uint64_t{old} << 32) | s;
+    ns += (old != round) & ((round - old != 1) | !has_newest);
   }
+  num_words_ = nw;
+  num_stragglers_ = ns;
 }
 
 void PbLru::MarkParallel(std::span<const SlotId> slots) noexcept {
+  const std::uint32_t round = round_;
+  const bool has_newest = recent_buckets() >= 1;
   auto body = [&](std::size_t t, std::size_t begin, std::size_t end) {
-    auto& words = touched_words_[t];
+    auto& words = parallel_words_[t];
+    auto& stragglers = parallel_stragglers_[t];
     for (std::size_t i = begin; i < end; ++i) {
+      if (i + kPrefetchAhead < end) __builtin_prefetch(&stamp_[slots[i + kPrefetchAhead].value()]);
       const std::uint32_t s = slots[i].value();
-      const std::uint64_t bit = std::uint64_t{1} << (s & 63);
+      std::atomic_ref<std::uint32_t> stamp(stamp_[s]);
+      if (stamp.load(std::memory_order_relaxed) == round) continue;  // duplicate: skip the RMWs
+      // Exactly one thread sees the old stamp; exactly one sees the word go non-zero.
+      const std::uint32_t old = stamp.exchange(round, std::memory_order_relaxed);
+      if (old == round) continue;
+      if ((round - old != 1) || !has_newest) stragglers.push_back((std::uint64_t{old} << 32) | s);
       std::atomic_ref<std::uint64_t> word(touch_bits_[s >> 6]);
-      if (word.load(std::memory_order_relaxed) & bit) continue;  // duplicate: skip the RMW
-      // Exactly one thread sees the word go from zero to non-zero and records it.
-      if (word.fetch_or(bit, std::memory_order_relaxed) == 0) words.push_back(s >> 6);
+      if (word.fetch_or(std::uint64_t{1} << (s & 63), std::memory_order_relaxed) == 0) words.push_back(s >> 6);
     }
   };
   fork_join_.Run(slots.size(), body);
+  std::size_t nw = 0, ns = 0;
+  if (stragglers_.size() < slots.size()) stragglers_.resize(slots.size());
+  for (std::size_t t = 0; t < parallel_words_.size(); ++t) {
+    for (std::uint32_t w : parallel_words_[t]) word_list_[nw++] = w;
+    for (std::uint64_t x : parallel_stragglers_[t]) stragglers_[ns++] = x;
+    parallel_words_[t].clear();
+    parallel_stragglers_[t].clear();
+  }
+  num_words_ = nw;
+  num_stragglers_ = ns;
 }
 
 void PbLru::ApplyMarked() noexcept {
   HierBitmap& cur = ring_[cur_];
-  const std::uint32_t r = recent_buckets();
-  for (auto& words : touched_words_) {
-    for (std::uint32_t w : words) {
-      const std::uint64_t marked = touch_bits_[w];
-      touch_bits_[w] = 0;
-      std::uint64_t missing = marked & ~cur.word(w);  // marked, not yet in the current bucket
-      const std::uint64_t moving = missing;
-      // Newest bucket first: with overlapping selections most slots were used last round.
-      for (std::uint32_t age = 1; age <= r && missing != 0; ++age) {
-        HierBitmap& b = RingAt(age);
-        if (const std::uint64_t x = b.word(w) & missing; x != 0) {
-          b.AndNotWord(w, x);
-          missing &= ~x;
-        }
-      }
-      if (missing != 0) {
-        if (const std::uint64_t x = cold_.word(w) & missing; x != 0) {
-          cold_.AndNotWord(w, x);
-          missing &= ~x;
-        }
-      }
-      ULA_DCHECK(missing == 0);  // every touched slot is tracked
-      if (moving & ~missing) cur.OrWord(w, moving & ~missing);
-    }
-    words.clear();
+  const std::uint32_t round = round_;
+  // Slots not last used in the previous round go straight to the bucket their old stamp
+  // names: O(1) each, no probing of the R buckets.
+  for (std::size_t i = 0; i < num_stragglers_; ++i) {
+    const std::uint64_t x = stragglers_[i];
+    [[maybe_unused]] const bool was_set = BucketAt(round - static_cast<std::uint32_t>(x >> 32)).Clear(x & 0xffffffffu);
+    ULA_DCHECK(was_set);  // every touched slot is tracked
   }
+  // The others (most of them, with overlapping selections) were used last round: one word
+  // operation per touched word takes them from the newest recent bucket. Marked slots that
+  // were already current are in no other bucket, so the AND leaves them alone.
+  HierBitmap* newest = recent_buckets() >= 1 ? &RingAt(1) : nullptr;
+  for (std::size_t i = 0; i < num_words_; ++i) {
+    const std::uint32_t w = word_list_[i];
+    const std::uint64_t marked = touch_bits_[w];
+    touch_bits_[w] = 0;
+    if (newest != nullptr) {
+      if (const std::uint64_t x = newest->word(w) & marked; x != 0) newest->AndNotWord(w, x);
+    }
+    cur.OrWord(w, marked);
+  }
+  num_words_ = num_stragglers_ = 0;
 }
 
 std::size_t PbLru::TakeFrom(HierBitmap& bucket, std::span<SlotId> out, std::size_t n) noexcept {
@@ -128,7 +167,9 @@ std::size_t PbLru::TakeFrom(HierBitmap& bucket, std::span<SlotId> out, std::size
     bucket.AndNotWord(*w, take);
     cur.OrWord(*w, take);
     for (; take != 0; take &= take - 1) {
-      out[n++] = SlotId(static_cast<std::uint32_t>((*w << 6) | std::countr_zero(take)));
+      const auto s = static_cast<std::uint32_t>((*w << 6) | std::countr_zero(take));
+      stamp_[s] = round_;
+      out[n++] = SlotId(s);
     }
     from = *w;  // a partly taken word ends the loop; a fully taken one is now zero
   }
@@ -136,14 +177,27 @@ std::size_t PbLru::TakeFrom(HierBitmap& bucket, std::span<SlotId> out, std::size
 }
 
 std::size_t PbLru::ClaimVictims(std::span<SlotId> out) noexcept {
-  std::size_t n = TakeFrom(cold_, out, 0);
+  std::size_t n = cold_.Empty() ? 0 : TakeFrom(cold_, out, 0);
   for (std::uint32_t age = recent_buckets(); age >= 1 && n < out.size(); --age) {
-    n = TakeFrom(RingAt(age), out, n);
+    if (HierBitmap& b = RingAt(age); !b.Empty()) n = TakeFrom(b, out, n);
   }
   return n;
 }
 
+void PbLru::RebaseRounds(std::uint32_t round) noexcept {
+  ULA_DCHECK(round >= recent_buckets() + 2);
+  const std::uint32_t cold_age = recent_buckets() + 1;
+  for (std::uint32_t& stamp : stamp_) {
+    if (stamp != 0) stamp = round - std::min(round_ - stamp, cold_age);
+  }
+  round_ = round;
+}
+
 void PbLru::AdvanceRound() noexcept {
+  // Stamps are 32-bit: before the counter wraps, rebase it keeping every age (cold ages
+  // clamp to R + 1, which names the same bucket).
+  if (round_ == ~std::uint32_t{0}) RebaseRounds(recent_buckets() + 2);
+  ++round_;
   cur_ = cur_ + 1 == ring_.size() ? 0 : cur_ + 1;
   // The bucket about to be reused holds slots last used R + 1 rounds ago: fold it into cold.
   HierBitmap& reused = ring_[cur_];
@@ -164,6 +218,18 @@ Status PbLru::CheckInvariants() const {
     if (b.size() != capacity_) return MakeError(ErrorCode::kInternal, "PbLru: bucket of the wrong size");
     ULA_RETURN_IF_ERROR(b.CheckInvariants());
     total += b.Count();
+    // Bucket i (ring first, cold last) must be the bucket each of its slots' stamps names.
+    const int age = i + 1 == buckets.size()
+                        ? static_cast<int>(recent_buckets() + 1)
+                        : static_cast<int>(cur_ >= i ? cur_ - i : cur_ + ring_.size() - i);
+    std::string bad_stamp;
+    b.ForEachSet([&](std::uint64_t s) {
+      if (bad_stamp.empty() && AgeOf(SlotId(static_cast<std::uint32_t>(s))) != age) {
+        bad_stamp = "PbLru: slot " + std::to_string(s) + " lives in the bucket of age " + std::to_string(age) +
+                    " but its stamp says " + std::to_string(AgeOf(SlotId(static_cast<std::uint32_t>(s))));
+      }
+    });
+    if (!bad_stamp.empty()) return MakeError(ErrorCode::kInternal, bad_stamp);
     for (auto w = b.NextNonZeroWord(0); w; w = b.NextNonZeroWord(*w + 1)) {
       for (std::size_t j = i + 1; j < buckets.size(); ++j) {
         if (const std::uint64_t both = b.word(*w) & buckets[j]->word(*w); both != 0) {
@@ -178,8 +244,21 @@ Status PbLru::CheckInvariants() const {
     return MakeError(ErrorCode::kInternal, "PbLru: buckets hold " + std::to_string(total) + " slots but " +
                                                std::to_string(tracked_) + " are tracked");
   }
-  for (const auto& words : touched_words_) {
-    if (!words.empty()) return MakeError(ErrorCode::kInternal, "PbLru: touch scratch not empty");
+  std::uint64_t stamped = 0;
+  for (std::uint32_t stamp : stamp_) {
+    if (stamp == 0) continue;
+    if (stamp > round_) return MakeError(ErrorCode::kInternal, "PbLru: stamp from the future");
+    ++stamped;
+  }
+  if (stamped != tracked_) {
+    return MakeError(ErrorCode::kInternal, "PbLru: " + std::to_string(stamped) + " slots stamped but " +
+                                               std::to_string(tracked_) + " are tracked");
+  }
+  if (num_words_ != 0 || num_stragglers_ != 0) return MakeError(ErrorCode::kInternal, "PbLru: touch scratch not empty");
+  for (std::size_t t = 0; t < parallel_words_.size(); ++t) {
+    if (!parallel_words_[t].empty() || !parallel_stragglers_[t].empty()) {
+      return MakeError(ErrorCode::kInternal, "PbLru: parallel touch scratch not empty");
+    }
   }
   for (std::uint64_t word : touch_bits_) {
     if (word != 0) return MakeError(ErrorCode::kInternal, "PbLru: touch scratch bits not clear");
@@ -188,7 +267,8 @@ Status PbLru::CheckInvariants() const {
 }
 
 std::size_t PbLru::MemoryBytes() const {
-  std::size_t bytes = cold_.MemoryBytes() + touch_bits_.size() * sizeof(std::uint64_t);
+  std::size_t bytes = cold_.MemoryBytes() + touch_bits_.size() * (sizeof(std::uint64_t) + sizeof(std::uint32_t)) +
+                      stamp_.size() * sizeof(std::uint32_t) + stragglers_.capacity() * sizeof(std::uint64_t);
   for (const auto& b : ring_) bytes += b.MemoryBytes();
   return bytes;
 }

@@ -3,22 +3,36 @@
 // State: R + 1 ring buckets and one cold bucket, each a HierBitmap with one bit per slot.
 // ring_[cur_] is the *current* bucket (slots used in this round); ring_[cur_ - a] (mod R+1)
 // holds the slots whose last use was a rounds ago, for a = 1..R; cold_ holds every tracked
-// slot last used more than R rounds ago.
+// slot last used more than R rounds ago. Beside the buckets, stamp_[s] is the round of the
+// slot's last use (0 = untracked), so a slot's bucket is known in O(1):
+//   age = round_ - stamp_[s];  bucket = age <= R ? ring_[cur_ - age] : cold_.
+// The stamp never has to change when the ring advances: a slot's age grows by itself, and
+// the fold into cold_ is a bitmap operation only.
 //
 // Invariants (CheckInvariants):
 //   - every tracked slot lives in exactly one bucket; an untracked slot in none
 //     (the buckets are pairwise disjoint and their counts sum to tracked_);
-//   - the Touch scratch (touch_bits_, touched_words_) is empty between calls.
-// Operations, all bitmap operations — no per-slot list, no timestamps:
-//   - Touch/Insert/ClaimVictims move slots into the current bucket;
+//   - a slot is tracked iff stamp_[s] != 0, and the bucket holding it is the one its stamp
+//     names (the O(1) age agrees with the bucket scan);
+//   - the Touch scratch (touch_bits_, the word and straggler lists) is empty between calls.
+// Operations, all bitmap operations plus one stamp per used slot — no per-slot list:
+//   - Touch/Insert/ClaimVictims move slots into the current bucket and stamp them;
 //   - AdvanceRound moves the ring by one; the bucket about to be reused (last used R+1
 //     rounds ago) is folded into cold_ word by word (cold |= b; b = 0);
 //   - victims: cold_ first, then the recent buckets oldest to newest, lowest slot index
-//     first inside a bucket; never the current bucket (DESIGN.md invariant 3).
-// Touch marks the batch into a scratch word array (this also dedups it), then visits each
-// touched 64-slot word once and moves whole words between buckets. When the batch has at
-// least PolicyOptions::parallel_min_slots slots, the marking is split over OpenMP threads
-// (atomic fetch_or per word); the bucket moves stay on the calling thread.
+//     first inside a bucket (found through the summary levels); never the current bucket
+//     (DESIGN.md invariant 3).
+// Touch, one pass over the batch (branch-free: the data sets the list lengths): stamp each
+// slot with the round, mark it in a scratch word array (which dedups the batch: a slot
+// whose old stamp is the round is a duplicate or already current) and list the slots that
+// were not used in the previous round with their old stamps ("stragglers"). Then each
+// straggler is cleared from the bucket its old stamp names (O(1), no probing of R
+// buckets), and each touched 64-slot word is taken from the newest recent bucket with one
+// AND-NOT (with overlapping selections, most touched slots were used last round) and OR-ed
+// into the current bucket. When the batch has at least PolicyOptions::parallel_min_slots
+// slots, the pass over the batch is split over OpenMP threads (atomic exchange per stamp,
+// atomic fetch_or per scratch word, per-thread lists); the bucket updates stay on the
+// calling thread.
 //
 // What PB-LRU approximates. Exact LRU orders tracked slots by the time of their last use.
 // PB-LRU keeps that time only at round granularity and only for the last R rounds:
@@ -30,12 +44,14 @@
 // slot, are ordered exactly as by an exact LRU with round stamps. With R >= the age of the
 // oldest tracked slot, PB-LRU evicts exactly what ExactLruScan evicts.
 //
-// Costs: Touch O(batch + touched words * buckets probed), Insert O(1), Remove/IsTracked
-// O(R), ClaimVictims(n) O(n + non-empty buckets * levels), AdvanceRound O(non-empty words of
-// the folded bucket). Metadata: (R + 2) bits per slot plus summaries, plus one scratch bit.
+// Costs: Touch O(batch + touched words), Insert/Remove/IsTracked/AgeOf O(1),
+// ClaimVictims(n) O(n + non-empty buckets * levels), AdvanceRound O(non-empty words of the
+// folded bucket). Metadata: (R + 2) bits + a 32-bit stamp per slot, plus summaries, plus one
+// scratch bit. After 2^32 rounds the stamps are rebased once (O(capacity)).
 // Thread-safety: none for callers (one driver thread); Touch uses OpenMP internally.
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "policy/fork_join.h"
@@ -57,14 +73,23 @@ class PbLru final : public ResidencyPolicy {
   std::size_t ClaimVictims(std::span<SlotId> out) noexcept override;
   std::uint64_t NumEvictable() const noexcept override { return tracked_ - current().Count(); }
   void AdvanceRound() noexcept override;
-  bool IsTracked(SlotId slot) const override { return AgeOf(slot) >= 0; }
-  bool UsedInCurrentRound(SlotId slot) const override { return current().Test(slot.value()); }
+  bool IsTracked(SlotId slot) const override { return slot.value() < capacity_ && stamp_[slot.value()] != 0; }
+  bool UsedInCurrentRound(SlotId slot) const override { return stamp_[slot.value()] == round_; }
   Status CheckInvariants() const override;
   std::size_t MemoryBytes() const override;
 
   // The bucket the slot lives in: 0 = current, a in 1..R = used a rounds ago, R + 1 = cold,
-  // -1 = untracked. For tests and diagnostics.
-  int AgeOf(SlotId slot) const;
+  // -1 = untracked. O(1), from the stamp.
+  int AgeOf(SlotId slot) const noexcept {
+    const std::uint32_t s = slot.value();
+    if (s >= capacity_ || stamp_[s] == 0) return -1;
+    return static_cast<int>(std::min(round_ - stamp_[s], recent_buckets() + 1));
+  }
+  // The same, found by testing every bucket (O(R)); for tests of the O(1) path.
+  int AgeOfByScan(SlotId slot) const;
+  // Rebases the round counter to `round` (>= R + 2) keeping every slot's age; what the
+  // wrap after 2^32 rounds does. For tests of that wrap.
+  void RebaseRoundsForTesting(std::uint32_t round) noexcept { RebaseRounds(round); }
   std::uint32_t recent_buckets() const { return static_cast<std::uint32_t>(ring_.size() - 1); }
 
  private:
@@ -78,8 +103,9 @@ class PbLru final : public ResidencyPolicy {
 
   void MarkSerial(std::span<const SlotId> slots) noexcept;
   void MarkParallel(std::span<const SlotId> slots) noexcept;
-  // Moves every marked slot into the current bucket and clears the scratch.
+  // Moves every marked slot into the current bucket, stamps it, and clears the scratch.
   void ApplyMarked() noexcept;
+  void RebaseRounds(std::uint32_t round) noexcept;
   // Claims up to `need` slots of `bucket` into out[n...]; returns the new n.
   std::size_t TakeFrom(HierBitmap& bucket, std::span<SlotId> out, std::size_t n) noexcept;
 
@@ -89,11 +115,17 @@ class PbLru final : public ResidencyPolicy {
   std::size_t cur_ = 0;
   HierBitmap cold_;
   std::uint64_t tracked_ = 0;
+  std::uint32_t round_ = 1;            // rounds start at 1; 0 marks an untracked slot
+  std::vector<std::uint32_t> stamp_;  // [capacity] round of last use, 0 = untracked
 
   // Touch scratch, empty between calls.
-  std::vector<std::uint64_t> touch_bits_;                  // [ceil(capacity / 64)]
-  std::vector<std::vector<std::uint32_t>> touched_words_;  // [threads] words that became non-zero
+  std::vector<std::uint64_t> touch_bits_;  // [ceil(capacity / 64)] marked slots of the batch
+  std::vector<std::uint32_t> word_list_;   // [ceil(capacity / 64)] words that became non-zero
+  std::vector<std::uint64_t> stragglers_;  // [>= batch] (old stamp << 32 | slot), not last used last round
+  std::size_t num_words_ = 0, num_stragglers_ = 0;  // used prefixes of the two lists above
   ForkJoin fork_join_;
+  std::vector<std::vector<std::uint32_t>> parallel_words_;       // [threads] MarkParallel's lists
+  std::vector<std::vector<std::uint64_t>> parallel_stragglers_;  // [threads]
 };
 
 }  // namespace ula::policy

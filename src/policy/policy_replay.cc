@@ -11,84 +11,27 @@
 namespace ula::policy {
 namespace {
 
-class SplitMix64 {
- public:
-  explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t Next() {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, n). REQUIRES: n > 0.
-  std::uint32_t Below(std::uint32_t n) { return static_cast<std::uint32_t>((Next() >> 32) * n >> 32); }
-  double Unit() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
-
- private:
-  std::uint64_t state_;
-};
-
 constexpr std::uint32_t kNone = ~std::uint32_t{0};
 constexpr std::uint32_t kSlotBytes = 656;  // a GLM-5 FP8 entry of one layer; nothing is copied
+constexpr std::size_t kPrefetchAhead = 16;   // lookup: selections between a prefetch and its use
 
 }  // namespace
 
-Status SelectionTraceConfig::Validate() const {
+Status SelectionTrace::Validate() const {
   auto bad = [](const std::string& what) { return MakeError(ErrorCode::kInvalidArgument, "trace: " + what); };
-  if (batch == 0) return bad("batch must be >= 1");
-  if (top_k == 0 || top_k > context_tokens) return bad("top_k must be in [1, context_tokens]");
-  if (steps == 0) return bad("steps must be >= 1");
-  if (!(overlap >= 0 && overlap <= 1)) return bad("overlap must be in [0, 1]");
-  if (!(recent_share >= 0 && recent_share <= 1)) return bad("recent_share must be in [0, 1]");
-  if (recent_window == 0) return bad("recent_window must be >= 1");
-  if (sinks >= top_k) return bad("sinks must be < top_k");
-  if (std::uint64_t{batch} * (context_tokens + steps) > kNone) return bad("batch * (context + steps) exceeds 2^32 - 1");
-  return Ok();
-}
-
-Result<SelectionTrace> GenerateSelectionTrace(const SelectionTraceConfig& config) {
-  ULA_RETURN_IF_ERROR(config.Validate());
-  SelectionTrace trace;
-  trace.config = config;
-  const std::uint32_t span = config.context_tokens + config.steps;
-  trace.num_addresses = std::uint64_t{config.batch} * span;
-  trace.selections.reserve(std::uint64_t{config.batch} * config.top_k * config.steps);
-  trace.step_begin.reserve(config.steps + 1);
-  SplitMix64 rng(config.seed);
-  const auto keep = static_cast<std::uint32_t>(std::lround(config.overlap * config.top_k));
-  std::vector<std::vector<std::uint32_t>> prev(config.batch);  // [batch] previous top-k positions
-  std::vector<std::uint32_t> mark(span, 0);                    // dedup stamps of one request's step
-  std::uint32_t stamp = 0;
-  std::vector<std::uint32_t> sel;
-  for (std::uint32_t t = 0; t < config.steps; ++t) {
-    trace.step_begin.push_back(trace.selections.size());
-    const std::uint32_t len = config.context_tokens + t + 1;
-    for (std::uint32_t r = 0; r < config.batch; ++r) {
-      ++stamp;
-      sel.clear();
-      auto add = [&](std::uint32_t pos) {
-        if (sel.size() < config.top_k && mark[pos] != stamp) {
-          mark[pos] = stamp;
-          sel.push_back(pos);
-        }
-      };
-      add(len - 1);
-      for (std::uint32_t i = 0; i < config.sinks; ++i) add(i);
-      auto& p = prev[r];
-      for (std::uint32_t i = 0; i < std::min<std::size_t>(keep, p.size()); ++i) {
-        std::swap(p[i], p[i + rng.Below(static_cast<std::uint32_t>(p.size() - i))]);
-        add(p[i]);
-      }
-      const std::uint32_t window = std::min(config.recent_window, len);
-      while (sel.size() < config.top_k) {
-        add(rng.Unit() < config.recent_share ? len - 1 - rng.Below(window) : rng.Below(len));
-      }
-      p = sel;
-      for (std::uint32_t pos : sel) trace.selections.push_back(LogicalAddr(r * span + pos));
-    }
+  if (batch == 0 || steps == 0 || context_tokens == 0) return bad("batch, steps and context_tokens must be >= 1");
+  if (num_addresses != std::uint64_t{batch} * (std::uint64_t{context_tokens} + steps)) {
+    return bad("num_addresses must be batch * (context_tokens + steps)");
   }
-  trace.step_begin.push_back(trace.selections.size());
-  return trace;
+  if (num_addresses > kNone) return bad("batch * (context + steps) exceeds 2^32 - 1");
+  if (step_begin.size() != std::size_t{steps} + 1 || step_begin.front() != 0 ||
+      step_begin.back() != selections.size() || !std::is_sorted(step_begin.begin(), step_begin.end())) {
+    return bad("step_begin must be [steps + 1] non-decreasing offsets from 0 to selections.size()");
+  }
+  for (LogicalAddr a : selections) {
+    if (a.value() >= num_addresses) return bad("address " + std::to_string(a.value()) + " out of range");
+  }
+  return Ok();
 }
 
 namespace {
@@ -97,7 +40,8 @@ namespace {
 class Replayer {
  public:
   static Result<std::unique_ptr<Replayer>> Create(const SelectionTrace& trace, const ReplayConfig& config) {
-    const SelectionTraceConfig& tc = trace.config;
+    ULA_RETURN_IF_ERROR(trace.Validate());
+    const SelectionTrace& tc = trace;
     if (!(config.pool_fraction > 0 && config.pool_fraction <= 1)) {
       return MakeError(ErrorCode::kInvalidArgument, "replay: pool_fraction must be in (0, 1]");
     }
@@ -118,16 +62,23 @@ class Replayer {
   Status Step(std::uint32_t t) {
     const auto sel = trace_.Step(t);
     const auto start = std::chrono::steady_clock::now();
-    // Lookup: hit detection, and dedup of the misses.
+    // Lookup: one tight pass over the selections, prefetching the address -> slot entries a
+    // few iterations ahead (the table is batch * span entries, far larger than the caches at
+    // large batch). Hit detection, and dedup of the misses.
     hits_.clear();
     misses_.clear();
-    for (LogicalAddr a : sel) {
-      const std::uint32_t slot = addr_slot_[a.value()];
+    const LogicalAddr* addrs = sel.data();
+    const std::size_t n = sel.size();
+    const std::uint32_t* addr_slot = addr_slot_.data();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i + kPrefetchAhead < n) __builtin_prefetch(addr_slot + addrs[i + kPrefetchAhead].value());
+      const std::uint32_t a = addrs[i].value();
+      const std::uint32_t slot = addr_slot[a];
       if (slot != kNone) {
         hits_.push_back(SlotId(slot));
-      } else if (miss_step_[a.value()] != t + 1) {
-        miss_step_[a.value()] = t + 1;
-        misses_.push_back(a.value());
+      } else if (miss_step_[a] != t + 1) {
+        miss_step_[a] = t + 1;
+        misses_.push_back(a);
       }
     }
     policy_->Touch(hits_);
@@ -213,7 +164,7 @@ Result<std::vector<ReplayResult>> ReplayTrace(const SelectionTrace& trace, std::
     replayers.push_back(std::move(*r));
   }
   const std::size_t n = replayers.size();
-  for (std::uint32_t t = 0; t < trace.config.steps; ++t) {
+  for (std::uint32_t t = 0; t < trace.steps; ++t) {
     for (std::size_t i = 0; i < n; ++i) ULA_RETURN_IF_ERROR(replayers[(i + t) % n]->Step(t));
   }
   std::vector<ReplayResult> results;

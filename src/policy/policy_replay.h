@@ -1,25 +1,22 @@
-// Policy-level replay: a seeded selection trace and a harness that replays it through one
-// residency policy over one device slot pool, for `ula bench policy` and bench/policy_bench.cc.
+// Policy-level replay: a harness that replays a selection trace through one residency
+// policy over one device slot pool, for `ula bench policy`. The trace itself comes from the
+// shared selection model (include/ula/selection_model.h, calibrated against the real
+// indexer in docs/WORKLOADS.md); tools/ula/bench_policy.cc builds it, so that every policy
+// and every other benchmark sees the same calibrated selections.
 //
-// The trace (a stand-in until a shared selection model exists): `batch` requests decode
-// together; request r owns the addresses [r * span, (r + 1) * span), span = context_tokens +
-// steps. At step t request r has context_tokens + t + 1 tokens, and its top-k is
-//   the newest token (written this step) + `sinks` attention sinks (positions 0..sinks-1)
-//   + round(overlap * top_k) positions kept from its previous top-k (a uniform subset)
-//   + fresh draws up to top_k: with probability recent_share from the last recent_window
-//     positions, otherwise uniform over the whole history.
-// A step's selections are the requests' top-k concatenated; no address repeats in a step.
-// The trace is a pure function of its config (own splitmix64 generator).
+// Trace layout: `batch` requests decode together; request r owns the addresses
+// [r * span, (r + 1) * span), span = context_tokens + steps. Step t's selections are the
+// requests' selections (all queries) concatenated; addresses may repeat within a step
+// (speculative-decoding queries overlap), and the harness dedups them.
 //
 // The harness maps addresses to slots itself (an address -> slot array and its inverse; no
-// location table, no data copy). Per step, timed: look up every selection (hit = already on
-// device), Touch the hit slots, place the distinct misses in free slots first (SlotPool) and
-// then in victims from ClaimVictims, AdvanceRound. The newest token of each request is a miss
-// by construction (it has never been on device) for every policy alike.
-// Device pool = pool_fraction * batch * context_tokens slots, all empty at step 0; the first
-// warmup_steps steps are replayed but not measured.
+// location table, no data copy). Per step, timed, for every policy alike: look up every
+// selection in one tight loop with software prefetch (hit = already on device), Touch the
+// hit slots, place the distinct misses in free slots first (SlotPool) and then in victims
+// from ClaimVictims, AdvanceRound. Device pool = pool_fraction * batch * context_tokens
+// slots, all empty at step 0; the first warmup_steps steps are replayed but not measured.
 //
-// Thread-safety: reentrant; a trace is immutable once generated.
+// Thread-safety: reentrant; a trace is immutable once built.
 #pragma once
 
 #include <cstdint>
@@ -32,33 +29,20 @@
 
 namespace ula::policy {
 
-struct SelectionTraceConfig {
-  std::uint32_t batch = 1;               // requests decoding together
-  std::uint32_t context_tokens = 16384;  // history of each request at step 0
-  std::uint32_t top_k = 2048;
-  std::uint32_t steps = 64;
-  double overlap = 0.8;  // fraction of the previous top-k kept, in [0, 1]
-  std::uint32_t sinks = 16;
-  double recent_share = 0.5;  // of the fresh draws, in [0, 1]
-  std::uint32_t recent_window = 4096;
-  std::uint64_t seed = 1;
-
-  // Names the first bad field.
-  Status Validate() const;
-};
-
 struct SelectionTrace {
-  SelectionTraceConfig config;
-  std::uint64_t num_addresses = 0;      // batch * (context_tokens + steps)
+  std::uint32_t batch = 0;           // requests decoding together
+  std::uint32_t context_tokens = 0;  // history of each request at step 0
+  std::uint32_t steps = 0;
+  std::uint64_t num_addresses = 0;        // batch * (context_tokens + steps)
   std::vector<std::uint64_t> step_begin;  // [steps + 1] offsets into selections
   std::vector<LogicalAddr> selections;    // [step_begin[steps]]
 
   std::span<const LogicalAddr> Step(std::uint32_t t) const {
     return std::span(selections).subspan(step_begin[t], step_begin[t + 1] - step_begin[t]);
   }
+  // kInvalidArgument naming the first inconsistency (shape, offsets, an address out of range).
+  Status Validate() const;
 };
-
-Result<SelectionTrace> GenerateSelectionTrace(const SelectionTraceConfig& config);
 
 struct ReplayConfig {
   PolicyKind policy = DefaultPolicyKind();

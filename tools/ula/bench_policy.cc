@@ -1,23 +1,30 @@
-// `ula bench policy`: the same seeded selection trace replayed through every residency
-// policy (pb_lru, exact_lru_scan, exact_lru_list, clock) on the same device pool, for batch
-// sizes 1, 4, 16, 64, 256, plus sweeps of the pool size relative to the working set and of
-// the selection overlap (at batch 64). Per row: hit rate and the median scheduling time of a
-// step (lookup + touch + victim choice + round advance; no data copy). The trace and the
-// harness are src/policy/policy_replay.h.
+// `ula bench policy`: the same selection trace replayed through every residency policy
+// (pb_lru, exact_lru_scan, exact_lru_list, clock) on the same device pool, for batch sizes
+// 1, 4, 16, 64, 256, plus sweeps of the pool size relative to the working set and of the
+// selection overlap (at batch 64). Per row: hit rate and the median scheduling time of a
+// step (lookup + touch + victim choice + round advance; no data copy). The harness is
+// src/policy/policy_replay.h; the trace comes from the shared selection model
+// (include/ula/selection_model.h) with the parameters fitted to the real indexer in
+// docs/WORKLOADS.md ("Selection model"), so it is the trace the other benchmarks use. The
+// overlap sweep changes only keep_mean; each row reports the overlap its trace achieved
+// (mean over requests and steps of |S_t ∩ S_t-1| / |S_t|, query 0).
 //
-// --json prints {"rows":[{"policy", "batch", "pool_fraction", "overlap", "hit_rate",
-// "step_ns_median"}, ...]}; the text table adds each policy's step time relative to the
-// faster exact LRU of the same configuration. The four policies of one configuration are
+// --json prints {"rows":[{"policy", "batch", "pool_fraction", "overlap", "keep_mean",
+// "hit_rate", "step_ns_median"}, ...]}; the text table adds each policy's step time relative
+// to the faster exact LRU of the same configuration. The policies of one configuration are
 // replayed in lockstep (policy_replay.h), so their ratios come from the same run.
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <array>
+#include <cstdlib>
+#include <string>
+#include <vector>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "command_registry.h"
 #include "policy/policy_replay.h"
+#include "ula/selection_model.h"
 
 namespace ula::cli {
 namespace {
@@ -25,43 +32,100 @@ namespace {
 struct BenchPolicyOptions {
   bool json = false;
   bool quick = false;
+  bool no_sweeps = false;
   std::uint64_t seed = 1;
   std::uint32_t recent_buckets = PolicyOptions{}.recent_buckets;
   std::uint32_t parallel_min_slots = PolicyOptions{}.parallel_min_slots;
+  std::vector<std::uint32_t> batches{1, 4, 16, 64, 256};
+  std::vector<std::string> policies{"pb_lru", "exact_lru_scan", "exact_lru_list", "clock"};
+  std::uint32_t context_tokens = 16384, steps = 64, draft_tokens = 0;
+  // docs/WORKLOADS.md, "Selection model": fitted to the real CPU indexer by `ula bench trace`.
+  SelectionModelParams model{.top_k = 2048, .sink_tokens = 4, .recent_tokens = 0, .keep_mean = 0.8666,
+                             .keep_stddev = 0.0231, .draft_keep = 0.8288, .seed = 1};
 };
-
-constexpr std::array<PolicyKind, 4> kPolicies{PolicyKind::kPbLru, PolicyKind::kExactLruScan,
-                                              PolicyKind::kExactLruList, PolicyKind::kClock};
 
 struct Row {
   PolicyKind policy;
   std::uint32_t batch;
   double pool_fraction;
-  double overlap;
+  double overlap;  // achieved by the trace
+  double keep_mean;
   policy::ReplayResult result;
 };
 
 struct Config {
   std::uint32_t batch;
-  double overlap;
+  double keep_mean;
   std::vector<double> pool_fractions;
 };
 
-int RunBenchPolicy(const BenchPolicyOptions& o) {
-  constexpr double kPoolFraction = 0.5, kOverlap = 0.8;
-  constexpr std::uint32_t kSweepBatch = 64;
-  std::vector<Config> configs;
-  for (std::uint32_t batch : {1u, 4u, 16u, 64u, 256u}) {
-    configs.push_back({batch, kOverlap, batch == kSweepBatch ? std::vector<double>{0.25, 0.5, 0.75}
-                                                             : std::vector<double>{kPoolFraction}});
+// The selection model's trace: request r is stream r with context_tokens + t + 1 tokens at
+// step t; its positions map to addresses r * span + pos. Sets *overlap to the mean overlap.
+Result<policy::SelectionTrace> BuildTrace(const BenchPolicyOptions& o, std::uint32_t batch, double keep_mean,
+                                          double* overlap) {
+  SelectionModelParams params = o.model;
+  params.keep_mean = keep_mean;
+  auto model = SelectionModel::Create(params);
+  if (!model) return std::unexpected(model.error());
+  policy::SelectionTrace trace;
+  trace.batch = batch;
+  trace.context_tokens = o.context_tokens;
+  trace.steps = o.steps;
+  const std::uint32_t span = o.context_tokens + o.steps;
+  trace.num_addresses = std::uint64_t{batch} * span;
+  if (trace.num_addresses > ~std::uint32_t{0}) {
+    return MakeError(ErrorCode::kInvalidArgument, "batch * (context + steps) exceeds 2^32 - 1");
   }
-  for (double overlap : {0.5, 0.95}) configs.push_back({kSweepBatch, overlap, {kPoolFraction}});
+  trace.selections.reserve(std::uint64_t{batch} * params.top_k * (1 + o.draft_tokens) * o.steps);
+  std::vector<std::uint32_t> last_step(trace.num_addresses, 0);  // t + 1 of the last query-0 selection
+  std::vector<std::vector<std::uint32_t>> queries;
+  std::uint64_t common = 0, counted = 0;
+  for (std::uint32_t t = 0; t < o.steps; ++t) {
+    trace.step_begin.push_back(trace.selections.size());
+    for (std::uint32_t r = 0; r < batch; ++r) {
+      ULA_RETURN_IF_ERROR(model->Step(r, o.context_tokens + t + 1, 1 + o.draft_tokens, queries));
+      const std::uint64_t base = std::uint64_t{r} * span;
+      for (std::uint32_t pos : queries[0]) {
+        if (t > 0) common += last_step[base + pos] == t;
+        last_step[base + pos] = t + 1;
+      }
+      if (t > 0) counted += queries[0].size();
+      for (const auto& q : queries) {
+        for (std::uint32_t pos : q) trace.selections.push_back(LogicalAddr(static_cast<std::uint32_t>(base + pos)));
+      }
+    }
+  }
+  trace.step_begin.push_back(trace.selections.size());
+  *overlap = counted == 0 ? 0.0 : static_cast<double>(common) / static_cast<double>(counted);
+  return trace;
+}
 
-  policy::SelectionTraceConfig base;
-  base.seed = o.seed;
+int RunBenchPolicy(const BenchPolicyOptions& o_in) {
+  BenchPolicyOptions o = o_in;
+  o.model.seed = o.seed;
+  constexpr double kPoolFraction = 0.5;
+  constexpr std::uint32_t kSweepBatch = 64;
+  std::vector<PolicyKind> kinds;
+  for (const std::string& name : o.policies) {
+    auto kind = ParsePolicyKind(name);
+    if (!kind) {
+      fmt::print(stderr, "ula bench policy: {}\n", kind.error().ToString());
+      return 2;
+    }
+    kinds.push_back(*kind);
+  }
+  const double keep = o.model.keep_mean;
+  std::vector<Config> configs;
+  for (std::uint32_t batch : o.batches) {
+    configs.push_back({batch, keep, batch == kSweepBatch && !o.no_sweeps ? std::vector<double>{0.25, 0.5, 0.75}
+                                                                         : std::vector<double>{kPoolFraction}});
+  }
+  if (!o.no_sweeps) {
+    for (double k : {0.5, 0.95}) configs.push_back({kSweepBatch, k, {kPoolFraction}});
+  }
   if (o.quick) {
-    base.context_tokens = 8192;
-    base.steps = 24;
+    o.context_tokens = 8192;
+    o.steps = 24;
   }
   const std::uint32_t warmup = o.quick ? 8 : 16;
   PolicyOptions options;
@@ -70,17 +134,15 @@ int RunBenchPolicy(const BenchPolicyOptions& o) {
 
   std::vector<Row> rows;
   for (const Config& c : configs) {
-    policy::SelectionTraceConfig tc = base;
-    tc.batch = c.batch;
-    tc.overlap = c.overlap;
-    auto trace = policy::GenerateSelectionTrace(tc);
+    double overlap = 0;
+    auto trace = BuildTrace(o, c.batch, c.keep_mean, &overlap);
     if (!trace) {
       fmt::print(stderr, "ula bench policy: {}\n", trace.error().ToString());
       return 2;
     }
     for (double fraction : c.pool_fractions) {
       std::vector<policy::ReplayConfig> replays;
-      for (PolicyKind kind : kPolicies) {
+      for (PolicyKind kind : kinds) {
         replays.push_back({.policy = kind, .options = options, .pool_fraction = fraction, .warmup_steps = warmup});
       }
       auto results = policy::ReplayTrace(*trace, replays);
@@ -88,8 +150,8 @@ int RunBenchPolicy(const BenchPolicyOptions& o) {
         fmt::print(stderr, "ula bench policy: {}\n", results.error().ToString());
         return 1;
       }
-      for (std::size_t i = 0; i < kPolicies.size(); ++i) {
-        rows.push_back({kPolicies[i], c.batch, fraction, c.overlap, (*results)[i]});
+      for (std::size_t i = 0; i < kinds.size(); ++i) {
+        rows.push_back({kinds[i], c.batch, fraction, overlap, c.keep_mean, (*results)[i]});
       }
     }
   }
@@ -101,24 +163,38 @@ int RunBenchPolicy(const BenchPolicyOptions& o) {
                              {"batch", r.batch},
                              {"pool_fraction", r.pool_fraction},
                              {"overlap", r.overlap},
+                             {"keep_mean", r.keep_mean},
                              {"hit_rate", r.result.hit_rate()},
                              {"step_ns_median", r.result.step_ns_median}});
     }
     fmt::print("{}\n", out.dump());
     return 0;
   }
-  fmt::print("trace: top-k {}, context {} tokens/request, {} steps ({} warm-up), seed {}, R = {}\n", base.top_k,
-             base.context_tokens, base.steps, warmup, base.seed, o.recent_buckets);
+  const char* wait = std::getenv("OMP_WAIT_POLICY");
+  fmt::print(
+      "trace: selection model (top-k {}, sinks {}, recent {}, keep_mean {} +- {}, draft_keep {}, {} draft "
+      "queries), context {} tokens/request, {} steps ({} warm-up), seed {}; R = {}, parallel_min_slots {}, "
+      "OMP_WAIT_POLICY {}\n",
+      o.model.top_k, o.model.sink_tokens, o.model.recent_tokens, o.model.keep_mean, o.model.keep_stddev,
+      o.model.draft_keep, o.draft_tokens, o.context_tokens, o.steps, warmup, o.seed, o.recent_buckets,
+      o.parallel_min_slots, wait ? wait : "(unset)");
   fmt::print("{:<15} {:>5} {:>6} {:>7} {:>10} {:>9} {:>14} {:>11}\n", "policy", "batch", "pool", "overlap",
              "pool_slots", "hit_rate", "step_us_median", "vs_best_lru");
-  for (std::size_t i = 0; i < rows.size(); i += kPolicies.size()) {
-    // rows[i .. i+3] share a configuration, in kPolicies order.
-    const double best_lru = std::min(rows[i + 1].result.step_ns_median, rows[i + 2].result.step_ns_median);
-    for (std::size_t j = i; j < i + kPolicies.size(); ++j) {
+  const std::size_t group = kinds.size();
+  for (std::size_t i = 0; i < rows.size(); i += group) {
+    // rows[i .. i + group) share a configuration, in `kinds` order.
+    double best_lru = 0;
+    for (std::size_t j = i; j < i + group; ++j) {
+      if (rows[j].policy == PolicyKind::kExactLruScan || rows[j].policy == PolicyKind::kExactLruList) {
+        const double ns = rows[j].result.step_ns_median;
+        best_lru = best_lru == 0 ? ns : std::min(best_lru, ns);
+      }
+    }
+    for (std::size_t j = i; j < i + group; ++j) {
       const Row& r = rows[j];
-      fmt::print("{:<15} {:>5} {:>6.2f} {:>7.2f} {:>10} {:>8.4f}% {:>14.1f} {:>11.3f}\n", PolicyKindName(r.policy),
+      fmt::print("{:<15} {:>5} {:>6.2f} {:>7.4f} {:>10} {:>8.4f}% {:>14.1f} {:>11.3f}\n", PolicyKindName(r.policy),
                  r.batch, r.pool_fraction, r.overlap, r.result.pool_slots, 100 * r.result.hit_rate(),
-                 r.result.step_ns_median / 1e3, r.result.step_ns_median / best_lru);
+                 r.result.step_ns_median / 1e3, best_lru == 0 ? 0.0 : r.result.step_ns_median / best_lru);
     }
   }
   return 0;
@@ -128,6 +204,14 @@ Action SetupBenchPolicy(CLI::App& app) {
   auto o = std::make_shared<BenchPolicyOptions>();
   app.add_flag("--json", o->json, "print one JSON object");
   app.add_flag("--quick", o->quick, "shorter trace and smaller contexts (a smoke run)");
+  app.add_flag("--no-sweeps", o->no_sweeps, "only the batch rows (pool 0.5, calibrated overlap)");
+  app.add_option("--batches", o->batches, "batch sizes")->capture_default_str();
+  app.add_option("--policies", o->policies, "policies to replay")->capture_default_str();
+  app.add_option("--context", o->context_tokens, "tokens of history per request at step 0")->capture_default_str();
+  app.add_option("--steps", o->steps, "decode steps (16 warm-up)")->capture_default_str();
+  app.add_option("--draft-tokens", o->draft_tokens, "speculative draft queries per request and step")
+      ->capture_default_str();
+  app.add_option("--keep-mean", o->model.keep_mean, "selection model keep_mean (overlap)")->capture_default_str();
   app.add_option("--seed", o->seed, "trace seed")->capture_default_str();
   app.add_option("--recent-buckets", o->recent_buckets, "PB-LRU ring size R")->capture_default_str();
   app.add_option("--parallel-min-slots", o->parallel_min_slots, "smallest Touch batch split over OpenMP threads")
