@@ -196,7 +196,9 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
       const StepTime t = ctx.cost.Time(ctx.cost.Work(k));
       if (measured) {
         sum_t += t.total;
-        sum_tokens += tp ? tokens_local : tokens_local * k.batch_total / local;
+        // Output tokens at the expected acceptance (the drawn acceptances only grow the
+        // histories): a few measured steps of draws would make MTP curves noisy.
+        sum_tokens += k.batch_total * ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate);
         sum_batch += k.batch_total;
         sum_req_tokens += tokens_local;
         sum_req_steps += local;
@@ -231,7 +233,8 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
     pt.mean_batch = sum_batch / m;
     pt.tput = sum_tokens / sum_t;
     pt.step_ms = 1e3 * sum_t / m;
-    pt.tokens_per_step = sum_req_steps > 0 ? sum_req_tokens / sum_req_steps : 0;
+    pt.tokens_per_step = ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate);
+    (void)sum_req_tokens, (void)sum_req_steps;
     pt.hit_rate = sum_distinct > 0 ? sum_hits / sum_distinct : 1;
     const double tb = static_cast<double>(ctx.cost.kv_bytes_per_token()) / 1e9 / m;
     pt.h2d_gb = sum_h2d * tb, pt.d2h_gb = sum_d2h * tb, pt.nvlink_gb = sum_nv * tb;
