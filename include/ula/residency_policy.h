@@ -71,7 +71,13 @@ struct PolicyOptions {
   std::uint32_t recent_buckets = 64;
   // PB-LRU, exact_lru_scan: a Touch of at least this many slots is split over OpenMP
   // threads; smaller ones stay on the calling thread (so batch 1 pays no fork). >= 1.
-  std::uint32_t parallel_min_slots = 1u << 16;
+  // 2^22 (batch 2048 at top-k 2048): on the 2-core development machine the team never beat
+  // the serial path up to the largest measured touch (batch 256, ~490K slots), with either
+  // wait policy (docs/BENCHMARKS.md, "Residency policies"); lower it on a machine with free
+  // cores after measuring with `ula bench policy --parallel-min-slots`. The parallel path
+  // wants OMP_WAIT_POLICY=passive on a shared machine: libgomp reads it once, at load time,
+  // so it cannot be set from here; spinning workers made steps 4-170x slower there.
+  std::uint32_t parallel_min_slots = 1u << 22;
 
   static constexpr std::uint32_t kMaxRecentBuckets = 1024;
   // kInvalidArgument naming the bad field, or Ok.

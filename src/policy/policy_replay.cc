@@ -65,22 +65,26 @@ class Replayer {
     // Lookup: one tight pass over the selections, prefetching the address -> slot entries a
     // few iterations ahead (the table is batch * span entries, far larger than the caches at
     // large batch). Hit detection, and dedup of the misses.
-    hits_.clear();
-    misses_.clear();
+    // Hits are appended branch-free (most selections hit); misses are the rare branch.
     const LogicalAddr* addrs = sel.data();
     const std::size_t n = sel.size();
     const std::uint32_t* addr_slot = addr_slot_.data();
+    hits_.resize(n);
+    misses_.clear();
+    SlotId* hits = hits_.data();
+    std::size_t num_hits = 0;
     for (std::size_t i = 0; i < n; ++i) {
       if (i + kPrefetchAhead < n) __builtin_prefetch(addr_slot + addrs[i + kPrefetchAhead].value());
       const std::uint32_t a = addrs[i].value();
       const std::uint32_t slot = addr_slot[a];
-      if (slot != kNone) {
-        hits_.push_back(SlotId(slot));
-      } else if (miss_step_[a] != t + 1) {
+      hits[num_hits] = SlotId(slot);
+      num_hits += slot != kNone;
+      if (slot == kNone && miss_step_[a] != t + 1) {
         miss_step_[a] = t + 1;
         misses_.push_back(a);
       }
     }
+    hits_.resize(num_hits);
     policy_->Touch(hits_);
     // Misses: free slots first, then victims.
     std::size_t placed = 0;

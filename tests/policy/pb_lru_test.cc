@@ -120,5 +120,92 @@ TEST(PbLru, MatchesExactLruScanWhileTheRingCoversEveryAge) {
   ExpectOk(pb);
 }
 
+// The O(1) age (round stamps) names the bucket a scan of every bucket finds, through random
+// inserts, touches (with duplicates), claims, removes and ring advances.
+TEST(PbLru, StampAgeAgreesWithTheBucketScan) {
+  const std::uint32_t seed = 5;
+  std::printf("[ seed ] %u\n", seed);
+  std::mt19937 rng(seed);
+  const std::uint32_t capacity = 300;
+  PbLru p(capacity, PolicyOptions{.recent_buckets = 3});
+  std::vector<char> tracked(capacity, 0);
+  for (int round = 0; round < 60; ++round) {
+    std::vector<SlotId> touch;
+    for (int i = 0; i < 50; ++i) {
+      const std::uint32_t s = rng() % capacity;
+      if (tracked[s]) {
+        touch.push_back(SlotId(s));
+        if (rng() % 4 == 0) touch.push_back(SlotId(s));  // a duplicate in the batch
+      } else if (rng() % 3 == 0) {
+        p.Insert(SlotId(s));
+        tracked[s] = 1;
+      }
+    }
+    p.Touch(touch);
+    if (round % 5 == 4) {
+      for (std::uint32_t s = 0; s < capacity; s += 37) {
+        if (tracked[s] && !p.UsedInCurrentRound(SlotId(s))) {
+          p.Remove(SlotId(s));
+          tracked[s] = 0;
+        }
+      }
+    }
+    Claim(p, rng() % 10);
+    for (std::uint32_t s = 0; s < capacity; ++s) {
+      ASSERT_EQ(p.AgeOf(SlotId(s)), p.AgeOfByScan(SlotId(s))) << "slot " << s << " round " << round;
+      ASSERT_EQ(p.IsTracked(SlotId(s)), tracked[s] != 0) << "slot " << s << " round " << round;
+    }
+    ExpectOk(p);
+    p.AdvanceRound();
+  }
+}
+
+TEST(PbLru, OneTouchTakesSlotsFromEveryBucketAndDedups) {
+  PbLru p(256, PolicyOptions{.recent_buckets = 2});
+  for (std::uint32_t s = 0; s < 4; ++s) {
+    p.Insert(SlotId(s * 64 + 1));  // one slot per word, inserted in different rounds
+    p.AdvanceRound();
+  }
+  // Ages now: slot 193 -> 1, 129 -> 2, 65 and 1 -> cold (3).
+  EXPECT_EQ(p.AgeOf(SlotId(193)), 1);
+  EXPECT_EQ(p.AgeOf(SlotId(129)), 2);
+  EXPECT_EQ(p.AgeOf(SlotId(1)), 3);
+  const std::vector<SlotId> batch{SlotId(1), SlotId(193), SlotId(129), SlotId(1), SlotId(65), SlotId(193)};
+  p.Touch(batch);
+  for (std::uint32_t s : {1u, 65u, 129u, 193u}) EXPECT_EQ(p.AgeOf(SlotId(s)), 0) << s;
+  EXPECT_EQ(p.NumEvictable(), 0u);
+  ExpectOk(p);
+}
+
+// After 2^32 rounds the stamps are rebased; ages and victim order do not change.
+TEST(PbLru, RoundCounterRebaseKeepsAgesAndVictimOrder) {
+  const std::uint32_t seed = 3;
+  std::printf("[ seed ] %u\n", seed);
+  std::mt19937 rng(seed);
+  const std::uint32_t capacity = 200;
+  PbLru a(capacity, PolicyOptions{.recent_buckets = 4});
+  PbLru b(capacity, PolicyOptions{.recent_buckets = 4});
+  for (std::uint32_t s = 0; s < capacity; s += 2) {
+    a.Insert(SlotId(s));
+    b.Insert(SlotId(s));
+    if (s % 20 == 0) {
+      a.AdvanceRound();
+      b.AdvanceRound();
+    }
+  }
+  b.RebaseRoundsForTesting(~std::uint32_t{0} - 5);  // b's counter wraps within the loop below
+  for (int round = 0; round < 12; ++round) {
+    std::vector<SlotId> touch;
+    for (int i = 0; i < 15; ++i) touch.push_back(SlotId(2 * (rng() % (capacity / 2))));
+    a.Touch(touch);
+    b.Touch(touch);
+    ASSERT_EQ(Claim(a, 7), Claim(b, 7)) << "round " << round;
+    for (std::uint32_t s = 0; s < capacity; ++s) ASSERT_EQ(a.AgeOf(SlotId(s)), b.AgeOf(SlotId(s))) << s;
+    ExpectOk(b);
+    a.AdvanceRound();
+    b.AdvanceRound();
+  }
+}
+
 }  // namespace
 }  // namespace ula::policy
