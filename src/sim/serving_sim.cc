@@ -146,7 +146,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
       result.note = fmt::format("batch {}: no request could be admitted", b);
       break;
     }
-    double sum_t = 0, sum_tokens = 0, sum_batch = 0, sum_req_tokens = 0, sum_req_steps = 0;
+    double sum_t = 0, sum_tokens = 0, sum_batch = 0;
     double sum_distinct = 0, sum_hits = 0, sum_h2d = 0, sum_d2h = 0, sum_nv = 0;
     StepTime sum_time;
     const std::uint32_t steps = sc.sampling.warmup_steps + sc.sampling.measure_steps;
@@ -172,7 +172,6 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
         break;
       }
       const double local = static_cast<double>(active.size());
-      double tokens_local = 0;
       for (Active& a : active) {
         std::uint32_t n = 1;
         if (in.mtp) {
@@ -182,7 +181,6 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
         ULA_RETURN_IF_ERROR(sys.Append(a.id, a.history, n, c));
         a.history += n;
         a.remaining -= n;
-        tokens_local += n;
       }
       StepCounts k;
       k.batch_local = local;
@@ -200,8 +198,6 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
         // histories): a few measured steps of draws would make MTP curves noisy.
         sum_tokens += k.batch_total * ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate);
         sum_batch += k.batch_total;
-        sum_req_tokens += tokens_local;
-        sum_req_steps += local;
         sum_distinct += c.distinct;
         sum_hits += c.hits;
         sum_h2d += c.h2d;
@@ -234,7 +230,6 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
     pt.tput = sum_tokens / sum_t;
     pt.step_ms = 1e3 * sum_t / m;
     pt.tokens_per_step = ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate);
-    (void)sum_req_tokens, (void)sum_req_steps;
     pt.hit_rate = sum_distinct > 0 ? sum_hits / sum_distinct : 1;
     const double tb = static_cast<double>(ctx.cost.kv_bytes_per_token()) / 1e9 / m;
     pt.h2d_gb = sum_h2d * tb, pt.d2h_gb = sum_d2h * tb, pt.nvlink_gb = sum_nv * tb;
