@@ -20,7 +20,7 @@ PbLru::PbLru(std::uint32_t capacity, const PolicyOptions& options)
       touch_bits_((std::uint64_t{capacity} + 63) / 64, 0) {
   ring_.reserve(options.recent_buckets + 1);
   for (std::uint32_t i = 0; i <= options.recent_buckets; ++i) ring_.emplace_back(capacity);
-  word_list_.resize(touch_bits_.size());
+  word_list_.resize(touch_bits_.size() + 1);  // + 1: MarkSerial's branch-free append writes one past the count
   parallel_words_.resize(static_cast<std::size_t>(fork_join_.max_threads()));
   parallel_stragglers_.resize(parallel_words_.size());
 }
@@ -66,10 +66,11 @@ void PbLru::MarkSerial(std::span<const SlotId> slots) noexcept {
   const bool has_newest = recent_buckets() >= 1;
   const SlotId* p = slots.data();
   const std::size_t n = slots.size();
-  std::uint32_t* stamp = stamp_.data();
-  std::uint64_t* bits = touch_bits_.data();
-  std::uint32_t* words = word_list_.data();
-  std::uint64_t* stragglers = stragglers_.data();
+  // Four distinct arrays: __restrict lets the compiler keep loads across the stores.
+  std::uint32_t* __restrict stamp = stamp_.data();
+  std::uint64_t* __restrict bits = touch_bits_.data();
+  std::uint32_t* __restrict words = word_list_.data();
+  std::uint64_t* __restrict stragglers = stragglers_.data();
   std::size_t nw = 0, ns = 0;
   // Branch-free appends: the data decides the counts, never the control flow.
   for (std::size_t i = 0; i < n; ++i) {

@@ -120,7 +120,7 @@ class PbLru final : public ResidencyPolicy {
 
   // Touch scratch, empty between calls.
   std::vector<std::uint64_t> touch_bits_;  // [ceil(capacity / 64)] marked slots of the batch
-  std::vector<std::uint32_t> word_list_;   // [ceil(capacity / 64)] words that became non-zero
+  std::vector<std::uint32_t> word_list_;   // [ceil(capacity / 64) + 1] words that became non-zero
   std::vector<std::uint64_t> stragglers_;  // [>= batch] (old stamp << 32 | slot), not last used last round
   std::size_t num_words_ = 0, num_stragglers_ = 0;  // used prefixes of the two lists above
   ForkJoin fork_join_;
