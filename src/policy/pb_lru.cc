@@ -63,7 +63,8 @@ void PbLru::Touch(std::span<const SlotId> slots) noexcept {
 void PbLru::MarkSerial(std::span<const SlotId> slots) noexcept {
   if (stragglers_.size() < slots.size()) stragglers_.resize(slots.size());
   const std::uint32_t round = round_;
-  const bool has_newest = recent_buckets() >= 1;
+  // Age of the slots ApplyMarked takes word-wise from the newest bucket; 0 (= none) if R = 0.
+  const std::uint32_t newest_age = recent_buckets() >= 1 ? 1 : 0;
   const SlotId* p = slots.data();
   const std::size_t n = slots.size();
   // Four distinct arrays: __restrict lets the compiler keep loads across the stores.
@@ -73,19 +74,24 @@ void PbLru::MarkSerial(std::span<const SlotId> slots) noexcept {
   std::uint64_t* __restrict stragglers = stragglers_.data();
   std::size_t nw = 0, ns = 0;
   // Branch-free appends: the data decides the counts, never the control flow.
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i + kPrefetchAhead < n) __builtin_prefetch(stamp + p[i + kPrefetchAhead].value());
+  auto mark = [&](std::size_t i) {
     const std::uint32_t s = p[i].value();
     ULA_DCHECK(s < capacity_ && stamp[s] != 0);
-    const std::uint32_t old = stamp[s];
+    const std::uint32_t age = round - stamp[s];  // 0: a duplicate, or already current
+    stragglers[ns] = (std::uint64_t{round - age} << 32) | s;
+    ns += (age != 0) & (age != newest_age);
     stamp[s] = round;
     std::uint64_t& word = bits[s >> 6];
     words[nw] = s >> 6;
     nw += word == 0;
     word |= std::uint64_t{1} << (s & 63);
-    stragglers[ns] = (std::uint64_t{old} << 32) | s;
-    ns += (old != round) & ((round - old != 1) | !has_newest);
+  };
+  std::size_t i = 0;
+  for (; i + kPrefetchAhead < n; ++i) {
+    __builtin_prefetch(stamp + p[i + kPrefetchAhead].value());
+    mark(i);
   }
+  for (; i < n; ++i) mark(i);
   num_words_ = nw;
   num_stragglers_ = ns;
 }
