@@ -65,8 +65,9 @@ enum class PolicyKind : std::uint8_t {
 
 struct PolicyOptions {
   // PB-LRU: number of recent buckets in the ring (R), besides the current and cold ones.
-  // 0 <= R <= kMaxRecentBuckets. Costs R + 2 bits per slot. 64: with R = 8 PB-LRU's hit
-  // rate was 0.67 pp below exact LRU on `ula bench policy`'s trace, with 64 within 0.003 pp
+  // 0 <= R <= kMaxRecentBuckets. Costs R + 2 bits per slot. 64: on the earlier synthetic
+  // trace R = 8 lost 0.67 pp hit rate to exact LRU; on the calibrated selection-model trace
+  // of `ula bench policy` R = 8 is within 0.05 pp and R = 64 within 0.01 pp
   // (docs/BENCHMARKS.md, "Residency policies").
   std::uint32_t recent_buckets = 64;
   // PB-LRU, exact_lru_scan: a Touch of at least this many slots is split over OpenMP
@@ -76,7 +77,8 @@ struct PolicyOptions {
   // wait policy (docs/BENCHMARKS.md, "Residency policies"); lower it on a machine with free
   // cores after measuring with `ula bench policy --parallel-min-slots`. The parallel path
   // wants OMP_WAIT_POLICY=passive on a shared machine: libgomp reads it once, at load time,
-  // so it cannot be set from here; spinning workers made steps 4-170x slower there.
+  // so it cannot be set from here; with spinning workers a batch-4 step took 11.8 ms there
+  // against 0.06 ms serial.
   std::uint32_t parallel_min_slots = 1u << 22;
 
   static constexpr std::uint32_t kMaxRecentBuckets = 1024;
