@@ -17,9 +17,10 @@ build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# The main job on the embedded default: one process, CPU backend.
+# The main job on the embedded default: one process, CPU backend — the serving comparison
+# (tables on stdout, CSV and one PNG per config in compare-out/).
 run: build
-	$(ULA) verify
+	$(ULA) compare
 
 test: test-release test-asan test-tsan
 	@echo "all test trees passed (release, asan+ubsan, tsan)"
@@ -35,7 +36,7 @@ test-asan: deps
 
 # ThreadSanitizer: the tests of threaded code (labelled `threaded`).
 test-tsan: deps
-	@cmake -S . -B $(TSAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DULA_SANITIZE=thread -DULA_BUILD_BENCH=OFF >/dev/null
+	@cmake -S . -B $(TSAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DULA_SANITIZE=thread -DULA_BUILD_BENCH=OFF -DULA_BUILD_TOOLS=OFF >/dev/null
 	@cmake --build $(TSAN) -j $(JOBS)
 	ctest --test-dir $(TSAN) --output-on-failure -j $(JOBS) -L threaded
 
