@@ -45,25 +45,16 @@ std::uint32_t AddressSpaceConfig::host_slots_per_group() const {
 AddressSpace::AddressSpace(const AddressSpaceConfig& config, Backend& backend, std::unique_ptr<State> state)
     : config_(config), backend_(backend), state_(std::move(state)) {}
 
-AddressSpace::~AddressSpace() {
-  backend_.WaitAll();
-  for (ArenaId id : state_->arenas) (void)backend_.DestroyArena(id);
-}
+AddressSpace::~AddressSpace() = default;
 
 Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceConfig& config, Backend& backend) {
   ULA_RETURN_IF_ERROR(config.Validate());
-  auto state = std::make_unique<State>();
+  auto state = std::make_unique<State>(backend);  // on failure its arenas are destroyed
   const std::uint32_t dev_slots = config.device_slots_per_group();
   const std::uint32_t host_slots = config.host_slots_per_group();
-  auto fail = [&](Error e) -> Result<std::unique_ptr<AddressSpace>> {
-    for (ArenaId id : state->arenas) (void)backend.DestroyArena(id);
-    return std::unexpected(std::move(e));
-  };
-  auto make_pool = [&](Tier tier, Rank rank, std::uint32_t slots) -> Result<SlotPool> {
-    auto arena = backend.CreateArena(tier, rank, std::uint64_t{slots} * config.entry_bytes);
-    if (!arena) return std::unexpected(arena.error());
-    state->arenas.push_back(arena->id);
-    return SlotPool::Create(*arena, config.entry_bytes, slots);
+  auto fail = [](Error e) -> Result<std::unique_ptr<AddressSpace>> { return std::unexpected(std::move(e)); };
+  auto make_pool = [&](Tier tier, Rank rank, std::uint32_t slots) {
+    return state->arenas.MakePool(tier, rank, slots, config.entry_bytes);
   };
   state->pools.resize(config.num_ranks);
   for (std::uint32_t r = 0; r < config.num_ranks; ++r) {

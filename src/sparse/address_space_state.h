@@ -8,6 +8,7 @@
 
 #include "ula/address_space.h"
 #include "ula/location_table.h"
+#include "sparse/pool_arenas.h"
 #include "ula/slot_pool.h"
 
 namespace ula {
@@ -26,13 +27,15 @@ struct RequestState {
 };
 
 struct AddressSpace::State {
+  explicit State(Backend& backend) : arenas(backend) {}
+
+  PoolArenas arenas;  // destroyed last: every pool below lives in one of them
   std::vector<std::vector<GroupPools>> pools;  // [num_ranks][num_groups]
   std::vector<LocationTable> tables;           // [num_groups]
   std::unordered_map<RequestId, RequestState> requests;
   std::deque<LogicalAddr> free_addrs;  // FIFO: a freed address is reused as late as possible
   std::uint32_t next_addr = 0;         // addresses [0, next_addr) have been handed out once
   std::uint64_t live = 0;
-  std::vector<ArenaId> arenas;
 
   GroupPools& at(Rank r, GroupId g) { return pools[r.value()][g.value()]; }
   const GroupPools& at(Rank r, GroupId g) const { return pools[r.value()][g.value()]; }

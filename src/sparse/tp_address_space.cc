@@ -54,10 +54,7 @@ TpAddressSpace::TpAddressSpace(const TpConfig& config, Backend& backend, std::ve
                                std::unique_ptr<State> state)
     : config_(config), backend_(backend), hosted_(std::move(hosted)), state_(std::move(state)) {}
 
-TpAddressSpace::~TpAddressSpace() {
-  backend_.WaitAll();
-  for (ArenaId id : state_->arenas) (void)backend_.DestroyArena(id);
-}
+TpAddressSpace::~TpAddressSpace() = default;
 
 Result<std::unique_ptr<TpAddressSpace>> TpAddressSpace::Create(const TpConfig& config, Backend& backend,
                                                               std::span<const Rank> hosted_ranks) {
@@ -76,19 +73,13 @@ Result<std::unique_ptr<TpAddressSpace>> TpAddressSpace::Create(const TpConfig& c
       return MakeError(ErrorCode::kInvalidArgument, fmt::format("rank {} is hosted twice", hosted[i].value()));
     }
   }
-  auto state = std::make_unique<State>();
+  auto state = std::make_unique<State>(backend);  // on failure its arenas are destroyed
   const std::uint32_t dev = config.device_slots_per_group();
   const std::uint32_t host = config.host_slots_per_group();
   const std::uint32_t buf = config.buffer_slots_per_group();
-  auto fail = [&](Error e) -> Result<std::unique_ptr<TpAddressSpace>> {
-    for (ArenaId id : state->arenas) (void)backend.DestroyArena(id);
-    return std::unexpected(std::move(e));
-  };
-  auto make_pool = [&](Tier tier, Rank rank, std::uint32_t slots) -> Result<SlotPool> {
-    auto arena = backend.CreateArena(tier, rank, std::uint64_t{slots} * config.entry_bytes);
-    if (!arena) return std::unexpected(arena.error());
-    state->arenas.push_back(arena->id);
-    return SlotPool::Create(*arena, config.entry_bytes, slots);
+  auto fail = [](Error e) -> Result<std::unique_ptr<TpAddressSpace>> { return std::unexpected(std::move(e)); };
+  auto make_pool = [&](Tier tier, Rank rank, std::uint32_t slots) {
+    return state->arenas.MakePool(tier, rank, slots, config.entry_bytes);
   };
   state->free_addrs.resize(config.num_ranks);
   state->minted.assign(config.num_ranks, 0);

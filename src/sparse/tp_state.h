@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "sparse/pool_arenas.h"
 #include "ula/slot_pool.h"
 #include "ula/tp_address_space.h"
 
@@ -38,6 +39,9 @@ struct TpGroupShard {
 };
 
 struct TpAddressSpace::State {
+  explicit State(Backend& backend) : arenas(backend) {}
+
+  PoolArenas arenas;  // destroyed last: every pool below lives in one of them
   // Directory (replicated).
   std::unordered_map<RequestId, std::vector<LogicalAddr>> requests;
   std::vector<std::deque<LogicalAddr>> free_addrs;  // [P] FIFO per home rank
@@ -49,7 +53,6 @@ struct TpAddressSpace::State {
 
   // Hosted ranks: shards[r] empty for a rank not hosted here.
   std::vector<std::vector<TpGroupShard>> shards;  // [P][groups]
-  std::vector<ArenaId> arenas;
 
   TpGroupShard& at(Rank r, GroupId g) { return shards[r.value()][g.value()]; }
   const TpGroupShard& at(Rank r, GroupId g) const { return shards[r.value()][g.value()]; }

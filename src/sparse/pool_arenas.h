@@ -1,0 +1,38 @@
+// PoolArenas: the arenas an address space created on its backend, owned for its lifetime.
+// MakePool creates one arena and a SlotPool over it; the destructor waits for every copy
+// in flight and destroys the arenas, so a partly built address space (Create failing
+// halfway) and a finished one clean up the same way.
+// Thread-safety: none; owned by one address space.
+#pragma once
+
+#include <vector>
+
+#include "ula/backend.h"
+#include "ula/slot_pool.h"
+
+namespace ula {
+
+class PoolArenas {
+ public:
+  explicit PoolArenas(Backend& backend) : backend_(backend) {}
+  ~PoolArenas() {
+    backend_.WaitAll();
+    for (ArenaId id : ids_) (void)backend_.DestroyArena(id);
+  }
+  PoolArenas(const PoolArenas&) = delete;
+  PoolArenas& operator=(const PoolArenas&) = delete;
+
+  // A new arena of slots * slot_bytes bytes on (tier, rank), and a SlotPool over it.
+  Result<SlotPool> MakePool(Tier tier, Rank rank, std::uint32_t slots, std::uint32_t slot_bytes) {
+    auto arena = backend_.CreateArena(tier, rank, std::uint64_t{slots} * slot_bytes);
+    if (!arena) return std::unexpected(arena.error());
+    ids_.push_back(arena->id);
+    return SlotPool::Create(*arena, slot_bytes, slots);
+  }
+
+ private:
+  Backend& backend_;
+  std::vector<ArenaId> ids_;
+};
+
+}  // namespace ula
