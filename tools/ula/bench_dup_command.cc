@@ -8,7 +8,7 @@
 //             device/host) + every rank's local buffer; DP = exclusive device/host pools.
 // The baselines' counts follow from their definition (DESIGN.md "Baselines"); UlaCache's
 // are read from the pools. Also: local-buffer hit rate and bytes fetched from other ranks
-// per step (TP, after a warm-up step), and the prefetch overlap of a smaller real-bytes run.
+// per step (TP, after a warm-up step). Prefetch overlap: `ula bench tp-prefetch`.
 #include <fmt/format.h>
 
 #include <algorithm>
