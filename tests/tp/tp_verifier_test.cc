@@ -44,7 +44,9 @@ TEST(TpVerifier, RandomWorkloadKeepsEveryByteWith2_4_8InProcessRanks) {
                 (unsigned long long)report->entries_checked);
     EXPECT_GT(report->steps, Scaled(150));
     EXPECT_GT(report->home_swaps, Scaled(50));        // under device pressure
-    if (ranks >= 4) EXPECT_GT(report->buffer_evictions, Scaled(50));  // under buffer pressure
+    if (ranks >= 4) {
+      EXPECT_GT(report->buffer_evictions, Scaled(50));  // under buffer pressure
+    }
     EXPECT_GT(report->buffer_hits, report->remote_fetches / 4);
     EXPECT_GT(report->bad_input_checks, Scaled(20));
   }

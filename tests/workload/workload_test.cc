@@ -41,7 +41,9 @@ TEST(Workload, SameSeedSameRequestsDifferentSeedDifferent) {
     EXPECT_LE(x.input_tokens, 131072u);
     EXPECT_GE(x.output_tokens, cfg.min_output_tokens);
     EXPECT_LE(x.output_tokens, cfg.max_output_tokens);
-    if (i > 0) EXPECT_GE(x.arrival_s, (*a)[i - 1].arrival_s);
+    if (i > 0) {
+      EXPECT_GE(x.arrival_s, (*a)[i - 1].arrival_s);
+    }
   }
   EXPECT_TRUE(same);
   EXPECT_EQ((*a)[0].arrival_s, 0.0);

@@ -85,7 +85,7 @@ Result<RunResult> RunOnce(const HybridModel& model, const Options& o, const Size
   if (!cache) return std::unexpected(cache.error());
   HybridRunner runner(model, **buffer, cache->get());
   const ServeOptions serve{.max_new_tokens = o.new_tokens, .checkpoint_interval = o.checkpoint_interval, .rule = rule};
-  RunResult r{rule, chunked};
+  RunResult r{.rule = rule, .chunked = chunked, .retained = 0, .recomputed = 0, .returning_ms = 0, .evicted = {}};
   for (const auto& p : prefixes) {
     auto s = runner.Serve(p, serve);
     if (!s) return std::unexpected(s.error());
