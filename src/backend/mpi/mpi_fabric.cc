@@ -1,12 +1,15 @@
 // MPI engine for TP mode (include/ula/tp_mpi.h). The only file of the project that
 // includes mpi.h. Windows: per layer group three — the home table (disp unit 8: one
 // Location per address / P), the device pool and the host pool (disp unit 1). Each is
-// locked with MPI_Win_lock_all for the whole exposure; reads are MPI_Get + MPI_Win_flush.
+// locked with MPI_Win_lock_all for the whole exposure; reads are MPI_Get + MPI_Win_flush,
+// coalesced per batch into one MPI_Get per run of contiguous remote memory.
 // The owner writes its window memory only in the planner's home phase, which a Barrier
 // (MPI_Win_sync + MPI_Barrier) separates from the other ranks' reads.
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <climits>
 #include <vector>
 
 #include "ula/location.h"
@@ -91,6 +94,9 @@ class MpiFabric final : public TpFabric {
     }
   }
 
+  // Coalesced: the home locations are read in runs of consecutive home-table indices, and
+  // the bytes in runs of consecutive slots of one tier (one MPI_Get per run). A run whose
+  // destinations are not contiguous gets them through an hindexed origin datatype.
   Status FetchFromHome(Rank src, GroupId group, std::span<const LogicalAddr> addrs,
                        std::span<std::byte* const> dst) override {
     if (group.value() >= wins_.size() || src.value() >= size_ || addrs.size() != dst.size()) {
@@ -98,26 +104,70 @@ class MpiFabric final : public TpFabric {
     }
     const Windows& w = wins_[group.value()];
     const int target = src.value();
-    locs_.resize(addrs.size());
-    for (std::size_t i = 0; i < addrs.size(); ++i) {
-      MPI_Get(&locs_[i], 8, MPI_BYTE, target, static_cast<MPI_Aint>(addrs[i].value() / size_), 8, MPI_BYTE, w.home);
+    const std::size_t n = addrs.size();
+    if (n == 0) return Ok();
+    // 1. Home locations, sorted by home-table index, into locs_ in that order.
+    order_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) order_[i] = static_cast<std::uint32_t>(i);
+    std::sort(order_.begin(), order_.end(),
+              [&](std::uint32_t x, std::uint32_t y) { return addrs[x].value() < addrs[y].value(); });
+    locs_.resize(n);
+    constexpr std::size_t kMaxRunLocs = std::size_t{1} << 27;  // 8-byte locations per get (int count)
+    for (std::size_t k = 0; k < n;) {
+      const std::uint64_t first = addrs[order_[k]].value() / size_;
+      std::size_t len = 1;
+      while (k + len < n && len < kMaxRunLocs && addrs[order_[k + len]].value() / size_ == first + len) ++len;
+      MPI_Get(&locs_[k], static_cast<int>(len * 8), MPI_BYTE, target, static_cast<MPI_Aint>(first),
+              static_cast<int>(len * 8), MPI_BYTE, w.home);
+      k += len;
     }
     MPI_Win_flush(target, w.home);
-    bool used_device = false, used_host = false;
-    for (std::size_t i = 0; i < addrs.size(); ++i) {
-      const Location loc = Location::FromBits(locs_[i]);
+    // 2. The bytes: (tier, slot, destination) sorted by tier then slot.
+    reads_.resize(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t i = order_[k];
+      const Location loc = Location::FromBits(locs_[k]);
       if (loc.is_none() || loc.rank() != src) {
         return MakeError(ErrorCode::kInternal,
                          fmt::format("fabric: rank {} has no home for address {}", src.value(), addrs[i].value()));
       }
-      const bool device = loc.tier() == Tier::kDevice;
-      (device ? used_device : used_host) = true;
-      MPI_Get(dst[i], static_cast<int>(entry_bytes_), MPI_BYTE, target,
-              static_cast<MPI_Aint>(std::uint64_t{loc.slot().value()} * entry_bytes_), static_cast<int>(entry_bytes_),
-              MPI_BYTE, device ? w.device : w.host);
+      reads_[k] = Read{loc.tier() == Tier::kDevice ? 0u : 1u, loc.slot().value(), dst[i]};
     }
-    if (used_device) MPI_Win_flush(target, w.device);
-    if (used_host) MPI_Win_flush(target, w.host);
+    std::sort(reads_.begin(), reads_.end(),
+              [](const Read& x, const Read& y) { return x.tier != y.tier ? x.tier < y.tier : x.slot < y.slot; });
+    const std::uint64_t eb = entry_bytes_;
+    const std::size_t max_run = std::max<std::size_t>(1, static_cast<std::size_t>(INT_MAX) / eb);
+    bool used[2] = {false, false};
+    std::vector<MPI_Datatype> types;
+    for (std::size_t k = 0; k < n;) {
+      const Read& r0 = reads_[k];
+      std::size_t len = 1;
+      bool dst_contiguous = true;
+      while (k + len < n && len < max_run && reads_[k + len].tier == r0.tier &&
+             reads_[k + len].slot == r0.slot + len) {
+        dst_contiguous = dst_contiguous && reads_[k + len].dst == r0.dst + len * eb;
+        ++len;
+      }
+      used[r0.tier] = true;
+      const MPI_Win win = r0.tier == 0 ? w.device : w.host;
+      const int bytes = static_cast<int>(len * eb);
+      const MPI_Aint disp = static_cast<MPI_Aint>(std::uint64_t{r0.slot} * eb);
+      if (dst_contiguous) {
+        MPI_Get(r0.dst, bytes, MPI_BYTE, target, disp, bytes, MPI_BYTE, win);
+      } else {
+        displs_.resize(len);
+        for (std::size_t j = 0; j < len; ++j) MPI_Get_address(reads_[k + j].dst, &displs_[j]);
+        MPI_Datatype type;
+        MPI_Type_create_hindexed_block(static_cast<int>(len), static_cast<int>(eb), displs_.data(), MPI_BYTE, &type);
+        MPI_Type_commit(&type);
+        MPI_Get(MPI_BOTTOM, 1, type, target, disp, bytes, MPI_BYTE, win);
+        types.push_back(type);
+      }
+      k += len;
+    }
+    if (used[0]) MPI_Win_flush(target, w.device);
+    if (used[1]) MPI_Win_flush(target, w.host);
+    for (MPI_Datatype& t : types) MPI_Type_free(&t);
     return Ok();
   }
 
@@ -138,7 +188,15 @@ class MpiFabric final : public TpFabric {
   std::uint32_t rank_, size_;
   std::uint32_t entry_bytes_ = 0;
   std::vector<Windows> wins_;  // [groups]
-  std::vector<std::uint64_t> locs_;
+  struct Read {
+    std::uint32_t tier;  // 0 device, 1 host
+    std::uint32_t slot;
+    std::byte* dst;
+  };
+  std::vector<std::uint64_t> locs_;  // home locations, in order_
+  std::vector<std::uint32_t> order_;
+  std::vector<Read> reads_;
+  std::vector<MPI_Aint> displs_;
 };
 
 }  // namespace
