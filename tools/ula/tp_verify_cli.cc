@@ -6,6 +6,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "ula/tp_fabric.h"
 #include "ula/tp_verifier.h"
 #ifdef ULA_HAVE_MPI
 #include "ula/tp_mpi.h"
