@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "ula/address_space.h"
+#include "verify/verifier_checks.h"
 #include "ula/backend.h"
 #include "ula/step_planner.h"
 
@@ -68,8 +69,7 @@ class Verifier {
   };
 
   void Fail(std::uint64_t& counter, std::string what) {
-    ++counter;
-    if (report_.first_failures.size() < 10) report_.first_failures.push_back(std::move(what));
+    verify_internal::RecordFailure(report_, counter, std::move(what));
   }
 
   std::byte* Shadow(LogicalAddr a, std::uint32_t g) {
@@ -126,24 +126,15 @@ class Verifier {
   }
 
   void CheckInvariants(const char* after) {
-    if (auto s = space_->CheckInvariants(); !s) {
-      Fail(report_.invariant_failures, fmt::format("after {}: {}", after, s.error().message()));
-    }
+    verify_internal::RecordInvariants(report_, space_->CheckInvariants(), after);
   }
 
   // Runs a call that must be refused with `code` and must change nothing.
   template <class F>
   void ExpectRefused(const char* what, ErrorCode code, F&& call) {
-    const std::uint64_t before = PlacementFingerprint();
-    auto result = call();
-    ++report_.bad_input_checks;
-    if (result.has_value()) {
-      Fail(report_.bad_input_failures, fmt::format("{}: accepted", what));
-    } else if (result.error().code() != code) {
-      Fail(report_.bad_input_failures, fmt::format("{}: wrong error {}", what, result.error().ToString()));
-    } else if (PlacementFingerprint() != before || !AllBytesMatchShadow()) {
-      Fail(report_.bad_input_failures, fmt::format("{}: refused but changed state", what));
-    }
+    verify_internal::ExpectRefused(
+        report_, what, code, [&] { return PlacementFingerprint(); }, [&] { return AllBytesMatchShadow(); },
+        std::forward<F>(call));
   }
 
   void Arrive() {

@@ -14,6 +14,7 @@
 #include "ula/reference_attention.h"
 #include "ula/tp_fabric.h"
 #include "ula/tp_step_planner.h"
+#include "verify/verifier_checks.h"
 
 namespace ula {
 
@@ -81,8 +82,7 @@ class TpVerifier {
   };
 
   void Fail(std::uint64_t& counter, std::string what) {
-    ++counter;
-    if (report_.first_failures.size() < 10) report_.first_failures.push_back(std::move(what));
+    verify_internal::RecordFailure(report_, counter, std::move(what));
   }
   bool HomeHosted(LogicalAddr a) const { return space_->Hosts(space_->HomeOf(a)); }
 
@@ -155,23 +155,14 @@ class TpVerifier {
   }
 
   void CheckInvariants(const char* after) {
-    if (auto s = space_->CheckInvariants(); !s) {
-      Fail(report_.invariant_failures, fmt::format("after {}: {}", after, s.error().message()));
-    }
+    verify_internal::RecordInvariants(report_, space_->CheckInvariants(), after);
   }
 
   template <class F>
   void ExpectRefused(const char* what, ErrorCode code, F&& call) {
-    const std::uint64_t before = Fingerprint();
-    auto result = call();
-    ++report_.bad_input_checks;
-    if (result.has_value()) {
-      Fail(report_.bad_input_failures, fmt::format("{}: accepted", what));
-    } else if (result.error().code() != code) {
-      Fail(report_.bad_input_failures, fmt::format("{}: wrong error {}", what, result.error().ToString()));
-    } else if (Fingerprint() != before || !HomesMatchShadow()) {
-      Fail(report_.bad_input_failures, fmt::format("{}: refused but changed state", what));
-    }
+    verify_internal::ExpectRefused(
+        report_, what, code, [&] { return Fingerprint(); }, [&] { return HomesMatchShadow(); },
+        std::forward<F>(call));
   }
 
   void Arrive() {
