@@ -6,40 +6,30 @@
 #include <limits>
 
 #include "sparse/address_space_state.h"
+#include "sparse/pool_geometry.h"
 #include "ula/check.h"
 
 namespace ula {
 
 Status AddressSpaceConfig::Validate() const {
-  auto bad = [](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, "AddressSpaceConfig." + msg); };
-  if (num_ranks == 0 || num_ranks > std::numeric_limits<std::uint16_t>::max() - 1) {
-    return bad(fmt::format("num_ranks = {}: must be in [1, 65534]", num_ranks));
-  }
-  if (num_groups == 0 || num_groups > std::numeric_limits<std::uint16_t>::max() - 1) {
-    return bad(fmt::format("num_groups = {}: must be in [1, 65534]", num_groups));
-  }
-  if (entry_bytes == 0) return bad("entry_bytes = 0: must be > 0");
-  const std::uint64_t per_group = std::uint64_t{entry_bytes} * num_groups;
+  ULA_RETURN_IF_ERROR(
+      ValidatePoolGeometry("AddressSpaceConfig", num_ranks, num_groups, entry_bytes, device_bytes_per_rank));
   const std::uint64_t kMaxSlots = SlotId::kInvalidValue - 1;
-  if (device_bytes_per_rank / per_group == 0) {
-    return bad(fmt::format("device_bytes_per_rank = {}: holds no entry of {} B in each of {} groups",
-                           device_bytes_per_rank, entry_bytes, num_groups));
-  }
-  if (device_bytes_per_rank / per_group > kMaxSlots) {
+  auto bad = [](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, "AddressSpaceConfig." + msg); };
+  if (SlotsPerGroup(device_bytes_per_rank, entry_bytes, num_groups) > kMaxSlots) {
     return bad(fmt::format("device_bytes_per_rank = {}: more than 2^32 - 2 slots per group", device_bytes_per_rank));
   }
-  if (host_bytes_per_rank / per_group > kMaxSlots) {
+  if (SlotsPerGroup(host_bytes_per_rank, entry_bytes, num_groups) > kMaxSlots) {
     return bad(fmt::format("host_bytes_per_rank = {}: more than 2^32 - 2 slots per group", host_bytes_per_rank));
   }
-  if (policy_options.recent_buckets == 0) return bad("policy_options.recent_buckets = 0: must be > 0");
-  return Ok();
+  return policy_options.Validate();
 }
 
 std::uint32_t AddressSpaceConfig::device_slots_per_group() const {
-  return static_cast<std::uint32_t>(device_bytes_per_rank / (std::uint64_t{entry_bytes} * num_groups));
+  return static_cast<std::uint32_t>(SlotsPerGroup(device_bytes_per_rank, entry_bytes, num_groups));
 }
 std::uint32_t AddressSpaceConfig::host_slots_per_group() const {
-  return static_cast<std::uint32_t>(host_bytes_per_rank / (std::uint64_t{entry_bytes} * num_groups));
+  return static_cast<std::uint32_t>(SlotsPerGroup(host_bytes_per_rank, entry_bytes, num_groups));
 }
 
 AddressSpace::AddressSpace(const AddressSpaceConfig& config, Backend& backend, std::unique_ptr<State> state)

@@ -9,25 +9,16 @@
 #include <cstring>
 #include <limits>
 
+#include "sparse/pool_geometry.h"
 #include "sparse/tp_state.h"
 #include "ula/check.h"
 
 namespace ula {
 
 Status TpConfig::Validate() const {
+  ULA_RETURN_IF_ERROR(ValidatePoolGeometry("TpConfig", num_ranks, num_groups, entry_bytes, device_bytes_per_rank));
   auto bad = [](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, "TpConfig." + msg); };
-  if (num_ranks == 0 || num_ranks > std::numeric_limits<std::uint16_t>::max() - 1) {
-    return bad(fmt::format("num_ranks = {}: must be in [1, 65534]", num_ranks));
-  }
-  if (num_groups == 0 || num_groups > std::numeric_limits<std::uint16_t>::max() - 1) {
-    return bad(fmt::format("num_groups = {}: must be in [1, 65534]", num_groups));
-  }
-  if (entry_bytes == 0) return bad("entry_bytes = 0: must be > 0");
   const std::uint64_t per_group = std::uint64_t{entry_bytes} * num_groups;
-  if (device_bytes_per_rank / per_group == 0) {
-    return bad(fmt::format("device_bytes_per_rank = {}: holds no entry of {} B in each of {} groups",
-                           device_bytes_per_rank, entry_bytes, num_groups));
-  }
   if (num_ranks > 1 && buffer_bytes_per_rank / per_group == 0) {
     return bad(fmt::format("buffer_bytes_per_rank = {}: holds no entry of {} B in each of {} groups",
                            buffer_bytes_per_rank, entry_bytes, num_groups));
@@ -41,13 +32,13 @@ Status TpConfig::Validate() const {
 }
 
 std::uint32_t TpConfig::device_slots_per_group() const {
-  return static_cast<std::uint32_t>(device_bytes_per_rank / (std::uint64_t{entry_bytes} * num_groups));
+  return static_cast<std::uint32_t>(SlotsPerGroup(device_bytes_per_rank, entry_bytes, num_groups));
 }
 std::uint32_t TpConfig::host_slots_per_group() const {
-  return static_cast<std::uint32_t>(host_bytes_per_rank / (std::uint64_t{entry_bytes} * num_groups));
+  return static_cast<std::uint32_t>(SlotsPerGroup(host_bytes_per_rank, entry_bytes, num_groups));
 }
 std::uint32_t TpConfig::buffer_slots_per_group() const {
-  return static_cast<std::uint32_t>(buffer_bytes_per_rank / (std::uint64_t{entry_bytes} * num_groups));
+  return static_cast<std::uint32_t>(SlotsPerGroup(buffer_bytes_per_rank, entry_bytes, num_groups));
 }
 
 TpAddressSpace::TpAddressSpace(const TpConfig& config, Backend& backend, std::vector<Rank> hosted,

@@ -101,7 +101,7 @@ TEST(AddressSpaceConfig, InvalidFieldsAreNamed) {
       {"entry_bytes", [](AddressSpaceConfig& c) { c.entry_bytes = 0; }},
       {"device_bytes_per_rank", [](AddressSpaceConfig& c) { c.device_bytes_per_rank = 10; }},
       {"host_bytes_per_rank", [](AddressSpaceConfig& c) { c.host_bytes_per_rank = std::uint64_t{1} << 62; }},
-      {"recent_buckets", [](AddressSpaceConfig& c) { c.policy_options.recent_buckets = 0; }},
+      {"recent_buckets", [](AddressSpaceConfig& c) { c.policy_options.recent_buckets = PolicyOptions::kMaxRecentBuckets + 1; }},
   };
   auto backend = MakeCpuBackend();
   for (const auto& c : cases) {
