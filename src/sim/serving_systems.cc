@@ -114,15 +114,19 @@ class HiSparseSystem final : public LedgerSystem {
   HiSparseBuffers buffers_;
 };
 
-class UlaDpSystem final : public LedgerSystem {
+// The UlaCache adapters (DP and TP) share admission, finish and the flattening of a step's
+// selections: a request's whole history is allocated in the address space when it is
+// admitted. The backend is declared before the space so that it outlives it.
+template <class Space>
+class SpaceSystem : public LedgerSystem {
  public:
-  UlaDpSystem(AdmissionLedger ledger, std::unique_ptr<Backend> backend, std::unique_ptr<AddressSpace> space)
-      : LedgerSystem(std::move(ledger)), backend_(std::move(backend)), space_(std::move(space)), planner_(*space_) {}
+  SpaceSystem(AdmissionLedger ledger, std::unique_ptr<Backend> backend, std::unique_ptr<Space> space)
+      : LedgerSystem(std::move(ledger)), backend_(std::move(backend)), space_(std::move(space)) {}
 
   Result<bool> Admit(std::uint64_t id, std::uint32_t, std::uint32_t final_tokens) override {
     if (!Reserve(id, final_tokens)) return false;
     const RequestId req(id);
-    if (auto s = space_->AddRequest(req, Rank(0)); !s) {
+    if (auto s = AddToSpace(req); !s) {
       Unreserve(id);
       return std::unexpected(s.error());
     }
@@ -141,13 +145,32 @@ class UlaDpSystem final : public LedgerSystem {
     addrs_.erase(id);
     return ReleaseOrError(id);
   }
-  Status Step(std::span<const std::uint64_t> ids, std::span<const std::vector<std::uint32_t>> sel,
-              SimCounters& c) override {
+
+ protected:
+  virtual Status AddToSpace(RequestId req) = 0;
+  // flat_ = the logical addresses of every request's selected positions, in batch order.
+  void Flatten(std::span<const std::uint64_t> ids, std::span<const std::vector<std::uint32_t>> sel) {
     flat_.clear();
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const std::vector<LogicalAddr>& a = addrs_.at(ids[i]);
       for (std::uint32_t p : sel[i]) flat_.push_back(a[p]);
     }
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Space> space_;
+  std::unordered_map<std::uint64_t, std::vector<LogicalAddr>> addrs_;  // [request] its whole history
+  std::vector<LogicalAddr> flat_;
+};
+
+class UlaDpSystem final : public SpaceSystem<AddressSpace> {
+ public:
+  UlaDpSystem(AdmissionLedger ledger, std::unique_ptr<Backend> backend, std::unique_ptr<AddressSpace> space)
+      : SpaceSystem(std::move(ledger), std::move(backend), std::move(space)), planner_(*space_) {}
+
+  Status Step(std::span<const std::uint64_t> ids, std::span<const std::vector<std::uint32_t>> sel,
+              SimCounters& c) override {
+    Flatten(ids, sel);
     slots_.resize(flat_.size());
     auto st = planner_.Step(StepInput{Rank(0), GroupId(0), flat_}, slots_);
     if (!st) return std::unexpected(st.error());
@@ -171,11 +194,9 @@ class UlaDpSystem final : public LedgerSystem {
   }
 
  private:
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<AddressSpace> space_;
+  Status AddToSpace(RequestId req) override { return space_->AddRequest(req, Rank(0)); }
+
   StepPlanner planner_;
-  std::unordered_map<std::uint64_t, std::vector<LogicalAddr>> addrs_;
-  std::vector<LogicalAddr> flat_;
   std::vector<SlotId> slots_;
 };
 
@@ -197,46 +218,18 @@ class CountingFabric final : public TpFabric {
   std::uint32_t p_;
 };
 
-class UlaTpSystem final : public LedgerSystem {
+class UlaTpSystem final : public SpaceSystem<TpAddressSpace> {
  public:
   UlaTpSystem(AdmissionLedger ledger, std::unique_ptr<Backend> backend, std::unique_ptr<CountingFabric> fabric,
               std::unique_ptr<TpAddressSpace> space)
-      : LedgerSystem(std::move(ledger)),
-        backend_(std::move(backend)),
+      : SpaceSystem(std::move(ledger), std::move(backend), std::move(space)),
         fabric_(std::move(fabric)),
-        space_(std::move(space)),
         planner_(*space_, fabric_.get(), TpPlannerOptions{.parallel_ranks = false}) {}
 
   bool striped_indexer() const override { return true; }
-  Result<bool> Admit(std::uint64_t id, std::uint32_t, std::uint32_t final_tokens) override {
-    if (!Reserve(id, final_tokens)) return false;
-    const RequestId req(id);
-    if (auto s = space_->AddRequest(req); !s) {
-      Unreserve(id);
-      return std::unexpected(s.error());
-    }
-    auto addrs = space_->Allocate(req, final_tokens);
-    if (!addrs) {
-      (void)space_->Free(req);
-      Unreserve(id);
-      if (addrs.error().code() == ErrorCode::kResourceExhausted) return false;
-      return std::unexpected(addrs.error());
-    }
-    addrs_[id] = std::move(*addrs);
-    return true;
-  }
-  Status Finish(std::uint64_t id) override {
-    ULA_RETURN_IF_ERROR(space_->Free(RequestId(id)));
-    addrs_.erase(id);
-    return ReleaseOrError(id);
-  }
   Status Step(std::span<const std::uint64_t> ids, std::span<const std::vector<std::uint32_t>> sel,
               SimCounters& c) override {
-    flat_.clear();
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      const std::vector<LogicalAddr>& a = addrs_.at(ids[i]);
-      for (std::uint32_t p : sel[i]) flat_.push_back(a[p]);
-    }
+    Flatten(ids, sel);
     auto plan = planner_.Step(GroupId(0), flat_);
     if (!plan) return std::unexpected(plan.error());
     space_->AdvanceRound();
@@ -261,12 +254,10 @@ class UlaTpSystem final : public LedgerSystem {
   }
 
  private:
-  std::unique_ptr<Backend> backend_;
+  Status AddToSpace(RequestId req) override { return space_->AddRequest(req); }
+
   std::unique_ptr<CountingFabric> fabric_;
-  std::unique_ptr<TpAddressSpace> space_;
   TpStepPlanner planner_;
-  std::unordered_map<std::uint64_t, std::vector<LogicalAddr>> addrs_;
-  std::vector<LogicalAddr> flat_;
 };
 
 }  // namespace
