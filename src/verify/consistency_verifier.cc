@@ -177,25 +177,9 @@ class Verifier {
     for (int i = 0; i < 4; ++i) Fill(r.addrs[rng_() % r.addrs.size()]);
   }
 
-  // The next selection of one query: part of the previous one, the newest tokens, the
-  // attention sinks, and fresh positions.
+  // The next selection of one query (verify_internal::NextSelection).
   void Select(Request& r, std::uint32_t slot, std::vector<LogicalAddr>& out) {
-    std::vector<LogicalAddr>& prev = r.selection[slot];
-    const std::size_t k = std::min<std::size_t>(cfg_.top_k, r.addrs.size());
-    std::unordered_set<std::uint32_t> chosen;
-    std::vector<LogicalAddr> next;
-    auto take = [&](LogicalAddr a) {
-      if (next.size() < k && chosen.insert(a.value()).second) next.push_back(a);
-    };
-    for (std::size_t i = 0; i < std::min<std::size_t>(4, r.addrs.size()); ++i) take(r.addrs[i]);
-    for (std::size_t i = 0; i < std::min<std::size_t>(4, r.addrs.size()); ++i) take(r.addrs[r.addrs.size() - 1 - i]);
-    for (LogicalAddr a : prev) {
-      if (rng_() % 100 < 75) take(a);
-    }
-    while (next.size() < k) take(r.addrs[rng_() % r.addrs.size()]);
-    std::shuffle(next.begin(), next.end(), rng_);
-    prev = next;
-    out.insert(out.end(), next.begin(), next.end());
+    verify_internal::NextSelection(rng_, r.addrs, cfg_.top_k, [](LogicalAddr) { return true; }, r.selection[slot], out);
   }
 
   void Step() {
