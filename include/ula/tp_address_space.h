@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <span>
 #include <vector>
 
@@ -50,12 +51,28 @@
 
 namespace ula {
 
+// Where the attention over entries homed on other ranks runs (docs/ARCHITECTURE.md, "TP
+// attention at home").
+enum class TpAttention : std::uint8_t {
+  // DESIGN.md: every rank fetches the selected entries homed elsewhere into its local
+  // buffer and computes attention over the whole selection.
+  kLocalBuffer = 0,
+  // Every rank computes the attention of all heads over the selected entries of its own
+  // shard only; the partial outputs are merged by their log-sum-exp (partial_attention.h).
+  // No local buffer: no entry is ever stored twice and no KV moves between ranks.
+  kAtHome = 1,
+};
+std::string_view TpAttentionName(TpAttention a);
+// "local_buffer" or "at_home"; kInvalidArgument otherwise.
+Result<TpAttention> ParseTpAttention(std::string_view name);
+
 struct TpConfig {
   std::uint32_t num_ranks = 2;
   std::uint32_t num_groups = 1;
   std::uint32_t entry_bytes = 656;  // one group entry (all layers of the group)
+  TpAttention attention = TpAttention::kLocalBuffer;
   // Per rank, split equally over the groups: the shard's device pool, its host extension,
-  // and the local buffer (device memory too).
+  // and the local buffer (device memory too; must be 0 with TpAttention::kAtHome).
   std::uint64_t device_bytes_per_rank = 0;
   std::uint64_t host_bytes_per_rank = 0;
   std::uint64_t buffer_bytes_per_rank = 0;
@@ -73,9 +90,10 @@ struct TpConfig {
 };
 
 // Where a rank's attention reads one selected entry: its own shard's device pool or its
-// local buffer (both device memory of that rank).
+// local buffer (both device memory of that rank); kElsewhere (TpAttention::kAtHome only):
+// homed on another rank, whose partial attention covers it (slot invalid).
 struct TpReadRef {
-  enum class Source : std::uint8_t { kShard = 0, kBuffer = 1 };
+  enum class Source : std::uint8_t { kShard = 0, kBuffer = 1, kElsewhere = 2 };
   Source source = Source::kShard;
   SlotId slot;
   bool operator==(const TpReadRef&) const = default;
@@ -131,7 +149,7 @@ class TpAddressSpace {
   // kUnsupported (rank not hosted).
   Result<std::optional<SlotId>> BufferSlot(Rank rank, LogicalAddr addr, GroupId group) const;
   // Bytes an attention kernel on `rank` reads for ref; nullptr if out of range, not
-  // hosted, or on a counting backend.
+  // hosted, kElsewhere, or on a counting backend.
   const std::byte* RefData(Rank rank, GroupId group, TpReadRef ref) const;
 
   Result<std::span<const LogicalAddr>> AddressesOf(RequestId request) const;

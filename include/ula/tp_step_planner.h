@@ -17,6 +17,10 @@
 //   -- barrier: nobody mutates a home while another rank may still read it --
 //   3. plan.refs[i][j] = where hosted rank i's attention reads selection j.
 //
+// With TpAttention::kAtHome there is no remote phase and no barrier: entries homed
+// elsewhere get a kElsewhere ref, and each rank's attention covers only its own shard
+// (merge the partial outputs with MergeMlaPartials, partial_attention.h).
+//
 // Hosted ranks run on their own threads when options.parallel_ranks (the in-process
 // engine). Thread-safety: a planner is driven by one thread; use one planner per thread to
 // step different groups concurrently (prefetch, tp_prefetcher.h).
@@ -43,6 +47,7 @@ struct TpRankStepStats {
   std::uint64_t host_bytes = 0;       // host <-> device bytes of the home phase
   std::uint64_t remote_bytes = 0;     // bytes fetched from other ranks
   std::uint32_t source_batches = 0;   // fetch batches (one per source rank with misses)
+  std::uint64_t elsewhere = 0;        // attention at home: homed elsewhere, left to that rank
   TpRankStepStats& operator+=(const TpRankStepStats& o);
   bool operator==(const TpRankStepStats&) const = default;
 };

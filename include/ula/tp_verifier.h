@@ -13,9 +13,17 @@
 // runs the same seeded workload and hosts its own rank only; the counters are per process
 // (reduce them across ranks yourself; the MPI test does).
 //
-// Records (config.record): per step and hosted rank the refs and the reference attention
-// output of every request's first query — what the differential test compares between
-// in-process and MPI ranks.
+// With TpAttention::kAtHome (config.attention) there are no buffer copies: each hosted rank
+// runs PartialMlaAttention over the entries of its own shard for every query of the step,
+// the partials of all ranks are exchanged (in-process directly, under MPI with one
+// AllGather per step), merged in rank order, and the merged output of every query is
+// compared with SparseMlaAttention over the shadow bytes (float tolerance: the sums run in
+// another order) — the attention check runs on every step, not only when recording.
+//
+// Records (config.record): per step and hosted rank the refs and an attention output —
+// with local buffers the reference attention of every request's first query read at the
+// rank's refs, at home the merged output of every query — what the differential test
+// compares between in-process and MPI ranks.
 // Thread-safety: one driver thread (rank workers and copy workers aside).
 #pragma once
 
@@ -39,11 +47,13 @@ struct TpVerifierConfig {
   std::uint32_t entry_bytes = 64;  // float32 values: kv_lora_rank = entry/4 - 4, rope 4
   std::uint32_t device_slots_per_group = 192;
   std::uint32_t host_slots_per_group = 1024;
-  std::uint32_t buffer_slots_per_group = 0;  // 0: just enough for one round (2 x max step)
+  std::uint32_t buffer_slots_per_group = 0;  // 0: just enough for one round (2 x max step);
+                                             // attention at home: must be 0 (no buffer)
   std::uint32_t top_k = 32;
   std::uint32_t max_batch = 3;            // requests per sub-batch
   std::uint32_t queries_per_request = 3;  // 1 + 2 speculative drafts
   PolicyKind policy = DefaultPolicyKind();
+  TpAttention attention = TpAttention::kLocalBuffer;
   int copy_threads = 1;
   bool parallel_ranks = true;
   bool record = false;
@@ -75,10 +85,16 @@ struct TpVerifierReport {
   std::uint64_t buffer_hits = 0;
   std::uint64_t remote_fetches = 0;
   std::uint64_t buffer_evictions = 0;
+  std::uint64_t left_to_home = 0;           // at home: selections covered by another rank
+  std::uint64_t attention_checks = 0;       // at home: merged outputs compared
+  std::uint64_t attention_mismatches = 0;   // at home: outside the tolerance
+  double max_attention_error = 0.0;         // at home: largest |merged - reference|
   std::vector<std::string> first_failures;  // up to 10
   std::vector<TpStepRecord> records;
 
-  bool ok() const { return mismatches == 0 && invariant_failures == 0 && bad_input_failures == 0; }
+  bool ok() const {
+    return mismatches == 0 && invariant_failures == 0 && bad_input_failures == 0 && attention_mismatches == 0;
+  }
 };
 
 // fabric: nullptr for in-process ranks; otherwise a fabric of config.num_ranks ranks

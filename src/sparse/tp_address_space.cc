@@ -15,11 +15,29 @@
 
 namespace ula {
 
+std::string_view TpAttentionName(TpAttention a) {
+  return a == TpAttention::kAtHome ? "at_home" : "local_buffer";
+}
+
+Result<TpAttention> ParseTpAttention(std::string_view name) {
+  if (name == "local_buffer") return TpAttention::kLocalBuffer;
+  if (name == "at_home") return TpAttention::kAtHome;
+  return MakeError(ErrorCode::kInvalidArgument,
+                   fmt::format("TP attention '{}' is unknown (local_buffer or at_home)", name));
+}
+
 Status TpConfig::Validate() const {
   ULA_RETURN_IF_ERROR(ValidatePoolGeometry("TpConfig", num_ranks, num_groups, entry_bytes, device_bytes_per_rank));
   auto bad = [](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, "TpConfig." + msg); };
   const std::uint64_t per_group = std::uint64_t{entry_bytes} * num_groups;
-  if (num_ranks > 1 && buffer_bytes_per_rank / per_group == 0) {
+  if (attention != TpAttention::kLocalBuffer && attention != TpAttention::kAtHome) {
+    return bad(fmt::format("attention = {}: unknown", static_cast<int>(attention)));
+  }
+  if (attention == TpAttention::kAtHome && buffer_bytes_per_rank != 0) {
+    return bad(fmt::format("buffer_bytes_per_rank = {}: attention at home keeps no local buffer (must be 0)",
+                           buffer_bytes_per_rank));
+  }
+  if (attention == TpAttention::kLocalBuffer && num_ranks > 1 && buffer_bytes_per_rank / per_group == 0) {
     return bad(fmt::format("buffer_bytes_per_rank = {}: holds no entry of {} B in each of {} groups",
                            buffer_bytes_per_rank, entry_bytes, num_groups));
   }
@@ -284,6 +302,7 @@ Result<std::optional<SlotId>> TpAddressSpace::BufferSlot(Rank rank, LogicalAddr 
 
 const std::byte* TpAddressSpace::RefData(Rank rank, GroupId group, TpReadRef ref) const {
   if (group.value() >= config_.num_groups || !Hosts(rank)) return nullptr;
+  if (ref.source == TpReadRef::Source::kElsewhere) return nullptr;
   const TpGroupShard& sh = state_->at(rank, group);
   const SlotPool& pool = ref.source == TpReadRef::Source::kShard ? sh.device : sh.buffer;
   if (ref.slot.value() >= pool.capacity()) return nullptr;

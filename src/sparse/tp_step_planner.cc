@@ -27,6 +27,7 @@ TpRankStepStats& TpRankStepStats::operator+=(const TpRankStepStats& o) {
   host_bytes += o.host_bytes;
   remote_bytes += o.remote_bytes;
   source_batches += o.source_batches;
+  elsewhere += o.elsewhere;
   return *this;
 }
 
@@ -122,6 +123,7 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   TpAddressSpace::State& st = *space_.state_;
   const TpConfig& cfg = space_.config();
   const std::uint32_t p = cfg.num_ranks;
+  const bool at_home = cfg.attention == TpAttention::kAtHome;
   Scratch& sc = *scratch_;
   // Errors every rank sees alike (the directory is replicated): no collective needed.
   if (group.value() >= cfg.num_groups) {
@@ -161,7 +163,9 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
     w.stats.distinct = sc.distinct.size();
     const TpGroupShard& sh = st.at(w.rank, group);
     for (LogicalAddr a : sc.distinct) {
-      if (a.value() % p == w.rank.value()) {
+      if (at_home && a.value() % p != w.rank.value()) {
+        ++w.stats.elsewhere;  // its home's partial attention covers it
+      } else if (a.value() % p == w.rank.value()) {
         const Location loc = sh.home[a.value() / p];
         if (loc.tier() == Tier::kDevice) {
           w.home_hit_slots.push_back(loc.slot());
@@ -206,12 +210,13 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   // 1. Home phase.
   ForEachRank(sc.work, options_.parallel_ranks,
               [&](RankWork& w) { HomePhase(cfg, space_.backend(), st.at(w.rank, group), w); });
-  if (fabric_) fabric_->Barrier();
+  // Attention at home: no rank reads another's memory, so no barrier and no remote phase.
+  if (fabric_ && !at_home) fabric_->Barrier();
 
   // 2. Remote phase.
   Status fetch_status = Ok();
   std::mutex fetch_mu;
-  ForEachRank(sc.work, options_.parallel_ranks, [&](RankWork& w) {
+  if (!at_home) ForEachRank(sc.work, options_.parallel_ranks, [&](RankWork& w) {
     TpGroupShard& sh = st.at(w.rank, group);
     sh.buffer_policy->Touch(w.buffer_hit_slots);
     const std::size_t n_miss = w.remote_missed.size();
@@ -278,7 +283,7 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
       if (i < n_free) sh.buffer_policy->Insert(s);
     }
   });
-  if (fabric_) fabric_->Barrier();
+  if (fabric_ && !at_home) fabric_->Barrier();
   // A failed one-sided get is a broken transport, not bad input: the plan would read
   // garbage, so it is reported (the buffer state itself stays consistent).
   if (!fetch_status) return std::unexpected(fetch_status.error());
@@ -297,6 +302,8 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
       const LogicalAddr a = selections[j];
       if (a.value() % p == w.rank.value()) {
         refs[j] = TpReadRef{TpReadRef::Source::kShard, sh.home[a.value() / p].slot()};
+      } else if (at_home) {
+        refs[j] = TpReadRef{TpReadRef::Source::kElsewhere, SlotId::Invalid()};
       } else {
         refs[j] = TpReadRef{TpReadRef::Source::kBuffer, sh.buffered.at(a.value())};
       }

@@ -6,11 +6,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <unordered_set>
 
 #include "ula/backend.h"
+#include "ula/partial_attention.h"
 #include "ula/reference_attention.h"
 #include "ula/tp_fabric.h"
 #include "ula/tp_step_planner.h"
@@ -19,6 +21,7 @@
 namespace ula {
 
 std::uint32_t TpVerifierConfig::buffer_slots() const {
+  if (attention == TpAttention::kAtHome) return 0;
   return buffer_slots_per_group != 0 ? buffer_slots_per_group : 2 * max_batch * queries_per_request * top_k;
 }
 
@@ -32,7 +35,10 @@ Status TpVerifierConfig::Validate() const {
     return bad(fmt::format("device_slots_per_group = {}: must hold one request's step ({})", device_slots_per_group,
                            top_k * queries_per_request));
   }
-  if (buffer_slots() < top_k * queries_per_request) {
+  if (attention == TpAttention::kAtHome && buffer_slots_per_group != 0) {
+    return bad(fmt::format("buffer_slots_per_group = {}: attention at home keeps no local buffer", buffer_slots_per_group));
+  }
+  if (attention == TpAttention::kLocalBuffer && buffer_slots() < top_k * queries_per_request) {
     return bad(fmt::format("buffer_slots_per_group = {}: must hold one request's step ({})", buffer_slots(),
                            top_k * queries_per_request));
   }
@@ -41,6 +47,10 @@ Status TpVerifierConfig::Validate() const {
 }
 
 namespace {
+
+// Merged vs reference attention, relative to 1 + |reference| (float32 sums in another
+// order; the values are convex combinations of entries in [-1, 1]).
+constexpr double kAttentionTolerance = 1e-5;
 
 class TpVerifier {
  public:
@@ -211,6 +221,14 @@ class TpVerifier {
     for (std::size_t h = 0; h < plan.ranks.size(); ++h) {
       for (std::size_t j = 0; j < sel.size(); ++j) {
         ++report_.entries_checked;
+        const bool mine = space_->HomeOf(sel[j]) == plan.ranks[h];
+        if (cfg_.attention == TpAttention::kAtHome && !mine) {
+          if (plan.refs[h][j].source != TpReadRef::Source::kElsewhere) {
+            Fail(report_.mismatches, fmt::format("{}: rank {} group {} address {}: homed elsewhere but not left to its home",
+                                                 when, plan.ranks[h].value(), g, sel[j].value()));
+          }
+          continue;
+        }
         const std::byte* got = space_->RefData(plan.ranks[h], gid, plan.refs[h][j]);
         if (got == nullptr || std::memcmp(got, Shadow(sel[j], g), cfg_.entry_bytes) != 0) {
           Fail(report_.mismatches, fmt::format("{}: rank {} group {} address {}: bytes at the ref differ from the shadow",
@@ -240,12 +258,89 @@ class TpVerifier {
     }
   }
 
+  // Attention at home: every hosted rank's partial over its own shard, exchanged, merged in
+  // rank order, against the reference over the shadow. bounds: query j reads
+  // sel[bounds[j], bounds[j + 1]).
+  void AttendAtHome(const TpStepPlan& plan, std::uint32_t g, std::span<const LogicalAddr> sel,
+                    std::span<const std::size_t> bounds) {
+    const GroupId gid(static_cast<std::uint16_t>(g));
+    const std::size_t n_queries = bounds.size() - 1;
+    const std::size_t pv = PartialValues(mla_);
+    const std::uint32_t p = cfg_.num_ranks;
+    std::vector<std::vector<float>> queries(n_queries, std::vector<float>(mla_.query_values()));
+    for (std::size_t j = 0; j < n_queries; ++j) {
+      for (std::size_t i = 0; i < queries[j].size(); ++i) {
+        queries[j][i] = static_cast<float>((i * 37 + step_ * 11 + g * 5 + j * 3) % 17) / 17.0f - 0.5f;
+      }
+    }
+    // partials[rank][query][pv]
+    std::vector<float> all(std::size_t{p} * n_queries * pv, 0.0f);
+    std::vector<const std::byte*> entries;
+    for (std::size_t h = 0; h < plan.ranks.size(); ++h) {
+      const std::uint32_t r = plan.ranks[h].value();
+      for (std::size_t j = 0; j < n_queries; ++j) {
+        entries.clear();
+        for (std::size_t i = bounds[j]; i < bounds[j + 1]; ++i) {
+          if (plan.refs[h][i].source == TpReadRef::Source::kElsewhere) continue;
+          entries.push_back(space_->RefData(plan.ranks[h], gid, plan.refs[h][i]));
+        }
+        std::span<float> out(all.data() + (std::size_t{r} * n_queries + j) * pv, pv);
+        if (!PartialMlaAttention(mla_, queries[j], entries, out)) {
+          Fail(report_.invariant_failures, "partial attention refused its input");
+        }
+      }
+    }
+    if (fabric_ != nullptr) {
+      const std::uint32_t me = fabric_->local_rank().value();
+      std::vector<float> mine(all.begin() + std::ptrdiff_t(std::size_t{me} * n_queries * pv),
+                              all.begin() + std::ptrdiff_t(std::size_t{me + 1} * n_queries * pv));
+      if (auto s = fabric_->AllGather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all))); !s) {
+        Fail(report_.invariant_failures, "partial exchange failed: " + s.error().ToString());
+        return;
+      }
+    }
+    std::vector<float> parts(std::size_t{p} * pv), merged(mla_.output_values()), want(mla_.output_values());
+    std::vector<float> outputs;
+    for (std::size_t j = 0; j < n_queries; ++j) {
+      for (std::uint32_t r = 0; r < p; ++r) {
+        std::copy_n(all.begin() + std::ptrdiff_t((std::size_t{r} * n_queries + j) * pv), pv,
+                    parts.begin() + std::ptrdiff_t(std::size_t{r} * pv));
+      }
+      entries.clear();
+      for (std::size_t i = bounds[j]; i < bounds[j + 1]; ++i) entries.push_back(Shadow(sel[i], g));
+      if (!MergeMlaPartials(mla_, parts, merged) || !SparseMlaAttention(mla_, queries[j], entries, want)) {
+        Fail(report_.invariant_failures, "merge or reference attention refused its input");
+        continue;
+      }
+      ++report_.attention_checks;
+      double worst = 0.0;
+      for (std::size_t d = 0; d < merged.size(); ++d) {
+        const double err = std::abs(double{merged[d]} - double{want[d]});
+        worst = std::max(worst, err / (1.0 + std::abs(double{want[d]})));
+      }
+      report_.max_attention_error = std::max(report_.max_attention_error, worst);
+      if (!(worst <= kAttentionTolerance)) {
+        Fail(report_.attention_mismatches,
+             fmt::format("step {} group {} query {}: merged attention differs from the reference by {:.3g}", step_, g, j,
+                         worst));
+      }
+      outputs.insert(outputs.end(), merged.begin(), merged.end());
+    }
+    if (cfg_.record) {
+      for (std::size_t h = 0; h < plan.ranks.size(); ++h) {
+        report_.records.push_back(
+            TpStepRecord{step_, static_cast<std::uint16_t>(g), plan.ranks[h].value(), plan.refs[h], outputs});
+      }
+    }
+  }
+
   void Tally(const TpStepPlan& plan) {
     const TpRankStepStats t = plan.Total();
     report_.home_swaps += t.home_evictions;
     report_.buffer_hits += t.buffer_hits;
     report_.remote_fetches += t.remote_fetches;
     report_.buffer_evictions += t.buffer_evictions;
+    report_.left_to_home += t.elsewhere;
   }
 
   // One round: two sub-batches per group, both in the current round.
@@ -260,11 +355,16 @@ class TpVerifier {
     for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
       const GroupId gid(static_cast<std::uint16_t>(g));
       std::vector<LogicalAddr> sel[2];
+      std::vector<std::size_t> bounds[2];
       std::optional<TpStepPlan> plans[2];
       for (int b = 0; b < 2; ++b) {
         if (batch[b].empty()) continue;
+        bounds[b].push_back(0);
         for (Request* r : batch[b]) {
-          for (std::uint32_t q = 0; q < cfg_.queries_per_request; ++q) Select(*r, g * cfg_.queries_per_request + q, sel[b]);
+          for (std::uint32_t q = 0; q < cfg_.queries_per_request; ++q) {
+            Select(*r, g * cfg_.queries_per_request + q, sel[b]);
+            bounds[b].push_back(sel[b].size());
+          }
         }
         // Equal-length per-query selections (for the attention record): only full-k requests.
         const std::uint64_t before = Fingerprint();
@@ -282,12 +382,13 @@ class TpVerifier {
         ++report_.steps;
         Tally(*plan);
         CheckPlan(*plan, g, sel[b], "after its step");
+        if (cfg_.attention == TpAttention::kAtHome) AttendAtHome(*plan, g, sel[b], bounds[b]);
         plans[b] = std::move(*plan);
         CheckInvariants("step");
       }
       // The first sub-batch's entries were used in this round: still where its plan says.
       if (plans[0]) CheckPlan(*plans[0], g, sel[0], "after the next sub-batch of the round");
-      if (cfg_.record) {
+      if (cfg_.record && cfg_.attention == TpAttention::kLocalBuffer) {
         for (int b = 0; b < 2; ++b) {
           bool uniform = plans[b].has_value();
           for (Request* r : batch[b]) uniform = uniform && r->addrs.size() >= cfg_.top_k;
@@ -382,6 +483,7 @@ Result<TpVerifierReport> RunTpVerifier(const TpVerifierConfig& config, TpFabric*
   tp.device_bytes_per_rank = per * config.device_slots_per_group;
   tp.host_bytes_per_rank = per * config.host_slots_per_group;
   tp.buffer_bytes_per_rank = per * config.buffer_slots();
+  tp.attention = config.attention;
   tp.policy = config.policy;
   tp.buffer_policy = config.policy;
   std::vector<Rank> hosted;

@@ -112,6 +112,17 @@ TEST(TpAddressSpace, InvalidConfigIsRefused) {
   EXPECT_EQ(TpAddressSpace::Create(c, *backend, hosted).error().code(), ErrorCode::kOutOfRange);
   hosted = {Rank(1), Rank(1)};
   EXPECT_EQ(TpAddressSpace::Create(c, *backend, hosted).error().code(), ErrorCode::kInvalidArgument);
+  // Attention at home keeps no local buffer: a buffer size is a config error.
+  c = testing::SmallTpConfig(2, 4, 4, 4);
+  c.attention = TpAttention::kAtHome;
+  EXPECT_EQ(TpAddressSpace::Create(c, *backend).error().code(), ErrorCode::kInvalidArgument);
+  c.buffer_bytes_per_rank = 0;
+  EXPECT_TRUE(TpAddressSpace::Create(c, *backend));
+  c.attention = static_cast<TpAttention>(7);
+  EXPECT_EQ(TpAddressSpace::Create(c, *backend).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(ParseTpAttention("at_home").value(), TpAttention::kAtHome);
+  EXPECT_EQ(ParseTpAttention("local_buffer").value(), TpAttention::kLocalBuffer);
+  EXPECT_EQ(ParseTpAttention("buffered").error().code(), ErrorCode::kInvalidArgument);
 }
 
 TEST(TpAddressSpace, CountingBackendTracksPlacementWithoutBytes) {

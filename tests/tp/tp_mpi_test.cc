@@ -21,15 +21,36 @@ namespace {
 
 TpFabric* g_fabric = nullptr;
 
-TpVerifierConfig MpiConfig() {
+TpVerifierConfig MpiConfig(TpAttention attention = TpAttention::kLocalBuffer) {
   TpVerifierConfig c;
   c.seed = 424242;
   c.ops = 250;
   c.num_ranks = g_fabric->num_ranks();
   c.device_slots_per_group = 96;
-  c.buffer_slots_per_group = 320;
+  c.buffer_slots_per_group = attention == TpAttention::kAtHome ? 0 : 320;
+  c.attention = attention;
   c.record = true;
   return c;
+}
+
+// Same records on this rank through MPI ranks and through in-process ranks: plans
+// (refs) and attention outputs bit for bit.
+bool SameRecords(const TpVerifierReport& mpi, const TpVerifierReport& local) {
+  std::vector<const TpStepRecord*> mine;
+  for (const TpStepRecord& r : local.records) {
+    if (r.rank == g_fabric->local_rank().value()) mine.push_back(&r);
+  }
+  bool same = mine.size() == mpi.records.size() && !mine.empty();
+  for (std::size_t i = 0; same && i < mine.size(); ++i) {
+    const TpStepRecord& a = *mine[i];
+    const TpStepRecord& b = mpi.records[i];
+    same = a.step == b.step && a.group == b.group && a.refs == b.refs && a.attention.size() == b.attention.size() &&
+           std::memcmp(a.attention.data(), b.attention.data(), a.attention.size() * sizeof(float)) == 0;
+    if (!same) ADD_FAILURE() << "record " << i << " (step " << a.step << " group " << a.group << ") differs";
+  }
+  std::printf("rank %u: %zu step records compared (plans + attention outputs)\n", g_fabric->local_rank().value(),
+              mine.size());
+  return same;
 }
 
 TEST(TpMpi, VerifierPassesWithMpiRanks) {
@@ -56,21 +77,28 @@ TEST(TpMpi, DifferentialInProcessAndMpiRanksAgreeBitForBit) {
   auto local = RunTpVerifier(c, nullptr);  // every rank in this process
   ASSERT_TRUE(local) << local.error().ToString();
   ASSERT_TRUE(mpi->ok() && local->ok());
-  std::vector<const TpStepRecord*> mine;
-  for (const TpStepRecord& r : local->records) {
-    if (r.rank == g_fabric->local_rank().value()) mine.push_back(&r);
-  }
-  bool same = mine.size() == mpi->records.size() && !mine.empty();
-  for (std::size_t i = 0; same && i < mine.size(); ++i) {
-    const TpStepRecord& a = *mine[i];
-    const TpStepRecord& b = mpi->records[i];
-    same = a.step == b.step && a.group == b.group && a.refs == b.refs && a.attention.size() == b.attention.size() &&
-           std::memcmp(a.attention.data(), b.attention.data(), a.attention.size() * sizeof(float)) == 0;
-    if (!same) ADD_FAILURE() << "record " << i << " (step " << a.step << " group " << a.group << ") differs";
-  }
-  std::printf("rank %u: %zu step records compared (plans + attention outputs)\n", g_fabric->local_rank().value(),
-              mine.size());
-  EXPECT_TRUE(g_fabric->AllTrue(same)) << "some rank saw a difference";
+  EXPECT_TRUE(g_fabric->AllTrue(SameRecords(*mpi, *local))) << "some rank saw a difference";
+}
+
+// Attention at home over MPI: partials exchanged with an all-gather, merged in rank order,
+// checked against the reference on every rank; and the same merged outputs and plans as
+// with in-process ranks, bit for bit.
+TEST(TpMpi, AttentionAtHomeVerifierAndDifferential) {
+  const TpVerifierConfig c = MpiConfig(TpAttention::kAtHome);
+  auto mpi = RunTpVerifier(c, g_fabric);
+  ASSERT_TRUE(mpi) << mpi.error().ToString();
+  for (const auto& f : mpi->first_failures) ADD_FAILURE() << "rank " << g_fabric->local_rank().value() << ": " << f;
+  std::printf("rank %u: at home steps=%llu swaps=%llu attention checks=%llu max error=%.3g\n",
+              g_fabric->local_rank().value(), (unsigned long long)mpi->steps, (unsigned long long)mpi->home_swaps,
+              (unsigned long long)mpi->attention_checks, mpi->max_attention_error);
+  EXPECT_TRUE(g_fabric->AllTrue(mpi->ok())) << "some rank failed the verifier";
+  EXPECT_GT(mpi->steps, 150u);
+  EXPECT_GT(mpi->attention_checks, 500u);
+  EXPECT_EQ(mpi->remote_fetches, 0u);
+  auto local = RunTpVerifier(c, nullptr);
+  ASSERT_TRUE(local) << local.error().ToString();
+  ASSERT_TRUE(local->ok());
+  EXPECT_TRUE(g_fabric->AllTrue(SameRecords(*mpi, *local))) << "some rank saw a difference";
 }
 
 // FetchFromHome coalesces each batch into one MPI_Get per run of contiguous remote

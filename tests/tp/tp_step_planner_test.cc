@@ -33,6 +33,48 @@ TEST(TpStepPlanner, ReadsOwnShardAndFetchesRemoteEntriesOnce) {
   EXPECT_TRUE(f.space->CheckInvariants());
 }
 
+// Attention at home: each rank makes only its own shard's selected entries resident and
+// reads them there; entries homed elsewhere are left to their home (no copy, no fetch).
+TEST(TpStepPlanner, AttentionAtHomeReadsOnlyTheOwnShardAndMovesNothingBetweenRanks) {
+  TpConfig c = SmallTpConfig(4, 4, 12, 0, /*groups=*/2);
+  c.attention = TpAttention::kAtHome;
+  TpFixture f(c);
+  auto addrs = f.AddFilled(RequestId(1), 64);  // 16 per rank: 4 on device, 12 on host
+  f.space->AdvanceRound();
+  std::vector<LogicalAddr> sel(addrs.end() - 12, addrs.end());
+  sel.push_back(sel[3]);
+  auto plan = f.planner.Step(GroupId(1), sel).value();
+  ASSERT_EQ(plan.ranks.size(), 4u);
+  for (std::size_t h = 0; h < 4; ++h) {
+    const Rank r = plan.ranks[h];
+    std::uint64_t mine = 0;
+    for (std::size_t j = 0; j < sel.size(); ++j) {
+      const TpReadRef ref = plan.refs[h][j];
+      if (f.space->HomeOf(sel[j]) != r) {
+        EXPECT_EQ(ref.source, TpReadRef::Source::kElsewhere);
+        EXPECT_EQ(f.space->RefData(r, GroupId(1), ref), nullptr);
+        continue;
+      }
+      ++mine;
+      ASSERT_EQ(ref.source, TpReadRef::Source::kShard);
+      const std::byte* p = f.space->RefData(r, GroupId(1), ref);
+      ASSERT_NE(p, nullptr);
+      const auto want = testing::TpPattern(sel[j], 1, c.entry_bytes);
+      EXPECT_EQ(std::memcmp(p, want.data(), want.size()), 0);
+      EXPECT_EQ(f.space->Lookup(sel[j], GroupId(1)).value().tier(), Tier::kDevice);
+    }
+    EXPECT_EQ(mine, 3u + (f.space->HomeOf(sel[3]) == r ? 1u : 0u));  // striped 3 per rank, plus the duplicate
+    EXPECT_EQ(plan.stats[h].home_misses, 3u);                         // the newest entries lay on host
+    EXPECT_EQ(plan.stats[h].distinct, 12u);
+    EXPECT_EQ(plan.stats[h].home_hits + plan.stats[h].home_misses, 3u);
+    EXPECT_EQ(plan.stats[h].elsewhere, 9u);
+    EXPECT_EQ(plan.stats[h].remote_fetches, 0u);
+    EXPECT_EQ(plan.stats[h].remote_bytes, 0u);
+    EXPECT_EQ(f.space->NumBuffered(r, GroupId(1)), 0u);
+  }
+  EXPECT_TRUE(f.space->CheckInvariants());
+}
+
 TEST(TpStepPlanner, SwapsHostResidentHomeEntriesOntoDevice) {
   TpFixture f(SmallTpConfig(2, 4, 12, 16));
   auto addrs = f.AddFilled(RequestId(1), 32);  // 16 per rank: 4 on device, 12 on host

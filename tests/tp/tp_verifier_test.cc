@@ -52,12 +52,47 @@ TEST(TpVerifier, RandomWorkloadKeepsEveryByteWith2_4_8InProcessRanks) {
   }
 }
 
+// Attention at home: no local buffer; every query's partials from all ranks, merged in
+// rank order, match the reference attention over the shadow.
+TEST(TpVerifier, AttentionAtHomeMatchesTheReferenceWith2_4_8InProcessRanks) {
+  for (std::uint32_t ranks : {2u, 4u, 8u}) {
+    TpVerifierConfig c;
+    c.seed = 20261129;
+    c.ops = kOps;
+    c.num_ranks = ranks;
+    c.top_k = 16;
+    c.device_slots_per_group = 48;  // pressure: home swaps
+    c.attention = TpAttention::kAtHome;
+    c.copy_threads = ranks == 4 ? 0 : 2;
+    std::printf("seed=%llu ranks=%u attention at home\n", static_cast<unsigned long long>(c.seed), ranks);
+    auto report = RunTpVerifier(c);
+    ASSERT_TRUE(report) << report.error().ToString();
+    ExpectClean(*report);
+    EXPECT_EQ(report->attention_mismatches, 0u);
+    std::printf("  steps=%llu refused=%llu swaps=%llu left to home=%llu attention checks=%llu max error=%.3g\n",
+                (unsigned long long)report->steps, (unsigned long long)report->rejected_steps,
+                (unsigned long long)report->home_swaps, (unsigned long long)report->left_to_home,
+                (unsigned long long)report->attention_checks, report->max_attention_error);
+    EXPECT_GT(report->steps, Scaled(150));
+    EXPECT_GT(report->home_swaps, ranks == 8 ? Scaled(10) : Scaled(50));  // 8 shards: 1/8 of a step each
+    EXPECT_GT(report->attention_checks, Scaled(500));
+    EXPECT_GT(report->left_to_home, 0u);
+    EXPECT_EQ(report->remote_fetches, 0u);
+    EXPECT_EQ(report->buffer_hits, 0u);
+    EXPECT_GT(report->bad_input_checks, Scaled(20));
+  }
+}
+
 TEST(TpVerifier, InvalidConfigIsRefused) {
   TpVerifierConfig c;
   c.entry_bytes = 30;
   EXPECT_EQ(RunTpVerifier(c).error().code(), ErrorCode::kInvalidArgument);
   c = {};
   c.device_slots_per_group = 4;
+  EXPECT_EQ(RunTpVerifier(c).error().code(), ErrorCode::kInvalidArgument);
+  c = {};
+  c.attention = TpAttention::kAtHome;
+  c.buffer_slots_per_group = 64;  // no buffer at home
   EXPECT_EQ(RunTpVerifier(c).error().code(), ErrorCode::kInvalidArgument);
 }
 
