@@ -1,5 +1,5 @@
-// The three systems of the serving comparison (DESIGN.md "Baselines") and their placement
-// rules, plus the HiSparse per-request device buffer as a real policy.
+// The systems of the serving comparison (DESIGN.md "Baselines", docs/COST_MODEL.md) and
+// their placement rules, plus the HiSparse per-request device buffer as a real policy.
 //
 // Placement rules, per GPU ("rank"), for a request whose whole history is T tokens
 // (kv = KV bytes per token over all layers in use, ix = index-key bytes per token; index
@@ -13,6 +13,11 @@
 //             TP: the history is striped: each rank holds ceil(T/P) tokens' KV and index
 //                 keys (device: ceil(T/P)*ix + ceil(W/P)*kv + buffer B*kv, B = local-buffer
 //                 entries per request; the rest on device or host).
+//   ulacache_home  TP only (TpAttention::kAtHome: attention computed where the entries
+//             live, no local buffer): as ulacache TP without the buffer,
+//             device ceil(T/P)*ix + ceil(W/P)*kv, the rest on device or host. In DP mode
+//             there is nothing to fetch from other ranks, so it would be ulacache itself:
+//             Validate refuses it there and the comparison does not run it.
 // A rank fits a request when device_only + d <= D, host_only + h <= H and
 // device_only + host_only + either + d + h + f <= D + H (d: device-only, h: host-only, f: either).
 // DP places a request on the rank with the most free bytes (lowest index on ties).
@@ -32,9 +37,14 @@
 
 namespace ula {
 
-enum class SystemKind : std::uint8_t { kAllGpu, kHiSparse, kUlaCache };
-inline constexpr SystemKind kAllSystems[] = {SystemKind::kAllGpu, SystemKind::kHiSparse, SystemKind::kUlaCache};
-std::string_view SystemName(SystemKind s);  // "all_gpu", "hisparse", "ulacache"
+enum class SystemKind : std::uint8_t { kAllGpu, kHiSparse, kUlaCache, kUlaCacheAtHome };
+inline constexpr SystemKind kAllSystems[] = {SystemKind::kAllGpu, SystemKind::kHiSparse, SystemKind::kUlaCache,
+                                             SystemKind::kUlaCacheAtHome};
+std::string_view SystemName(SystemKind s);  // "all_gpu", "hisparse", "ulacache", "ulacache_home"
+// Whether the system exists in this mode (ulacache_home: TP only).
+bool SystemRunsIn(SystemKind s, ParallelMode mode);
+// Both UlaCache systems (address spaces with a working set on device).
+inline bool IsUlaCache(SystemKind s) { return s == SystemKind::kUlaCache || s == SystemKind::kUlaCacheAtHome; }
 
 struct PlacementRules {
   SystemKind system = SystemKind::kUlaCache;
@@ -44,10 +54,11 @@ struct PlacementRules {
   double host_bytes_per_rank = 0;
   double kv_bytes_per_token = 0;
   double index_bytes_per_token = 0;
-  std::uint32_t working_set_entries = 0;     // ulacache: queries * top_k
+  std::uint32_t working_set_entries = 0;     // ulacache, ulacache_home: one step's distinct selections
   std::uint32_t hisparse_buffer_entries = 0;
-  std::uint32_t tp_buffer_entries = 0;       // ulacache TP, per request
+  std::uint32_t tp_buffer_entries = 0;       // ulacache TP, per request; must be 0 for ulacache_home
 
+  // Names the first bad field (kInvalidArgument); ulacache_home in DP mode is refused.
   Status Validate() const;
 };
 

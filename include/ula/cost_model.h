@@ -10,8 +10,9 @@
 // Transfers, from the planners' counters: host link (max of the two directions) and NVLink
 // fetches; they overlap the GPU work of other layer groups (prefetch pipeline): with G
 // groups, t = t_x/G + t_gpu/G + (G-1)/G * max(t_gpu, t_x), t_x = max(host, nvlink).
-// Collectives (TP all-reduce, DP MoE all-to-all, striped-indexer gather) and a fixed
-// per-layer overhead are on the critical path and added. No term depends on which system
+// Collectives (TP all-reduce, DP MoE all-to-all, striped-indexer gather; TP attention at
+// home: the all-gather of the absorbed queries and the exchange of the partial outputs) and
+// a fixed per-layer overhead are on the critical path and added. No term depends on which system
 // is running: systems differ only in the counts they hand in.
 //
 // Thread-safety: immutable after Create; all methods const.
@@ -75,6 +76,13 @@ struct StepCounts {
   double h2d_entries = 0;     // host -> device, per group
   double d2h_entries = 0;     // device -> host (swaps out, write-back, new-token backup)
   double nvlink_entries = 0;  // fetched from other GPUs, per group
+  // TP attention at home (TpAttention::kAtHome): the GPU computes all heads over the
+  // selected entries homed on it, no KV crosses NVLink, the absorbed queries are
+  // all-gathered and the partial outputs exchanged. home_entries / distinct_entries is its
+  // share of the batch's selections (planner: home_hits + home_misses over distinct).
+  bool attention_at_home = false;
+  double home_entries = 0;      // distinct selections homed on this GPU, per group
+  double distinct_entries = 0;  // distinct selections of the batch, per group
 };
 
 struct StepWork {
@@ -82,7 +90,9 @@ struct StepWork {
   double attention_bytes = 0, attention_flops = 0;
   double indexer_bytes = 0, indexer_flops = 0;
   double h2d_bytes = 0, d2h_bytes = 0, nvlink_fetch_bytes = 0;
-  double collective_bytes = 0;  // sent per GPU on NVLink, on the critical path
+  double collective_bytes = 0;  // sent per GPU on NVLink, on the critical path (all below included)
+  double query_gather_bytes = 0;      // attention at home: all-gather of the absorbed queries
+  double partial_exchange_bytes = 0;  // attention at home: partial outputs to their heads' owners
   std::uint32_t layers = 0;     // layer passes per step (main + MTP passes)
   std::uint32_t groups = 1;     // pipeline depth for transfer overlap
 };
@@ -113,6 +123,11 @@ class CostModel {
   double fp8_flops() const;
   double bf16_flops() const;
 
+  // kInvalidArgument (naming the field) for counts Work cannot price: a negative or
+  // non-finite count, attention at home outside TP mode, home_entries > distinct_entries,
+  // or at home with requests but no distinct selections.
+  Status CheckCounts(const StepCounts& c) const;
+  // REQUIRES: CheckCounts(c) is ok.
   StepWork Work(const StepCounts& c) const;
   StepTime Time(const StepWork& w) const;
 

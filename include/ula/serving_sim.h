@@ -1,5 +1,6 @@
 // The serving comparison (issue 6): for each config of a scenario (hardware x TP/DP x MTP)
-// and each system (all-GPU, HiSparse, UlaCache), the admission limit under the system's
+// and each system (all-GPU, HiSparse, UlaCache; in TP also UlaCache with attention at
+// home), the admission limit under the system's
 // placement rules and the decode throughput at batch sizes up to it, from continuous
 // batching on the same workload, the same selection traces and the same memory budgets.
 //
@@ -36,6 +37,7 @@ struct CurvePoint {
   double step_ms = 0;            // mean step time
   double tokens_per_step = 0;    // per request
   double hit_rate = 0;           // distinct selections already on the attending GPU's device
+                                 // (ulacache_home: of those homed on it, the only ones it reads)
   double h2d_gb = 0, d2h_gb = 0, nvlink_gb = 0;  // per step, per GPU, all groups
   StepTime time;                 // mean breakdown
 };
@@ -54,7 +56,14 @@ struct ConfigResult {
   ScenarioEntry entry;
   std::string hardware_label;  // "8xH200"
   MemoryBudget budget;
-  std::vector<SystemResult> systems;  // in kAllSystems order
+  std::vector<SystemResult> systems;  // in kAllSystems order, those that SystemRunsIn the mode
+  // The result of system s, or nullptr if it does not run in this config's mode.
+  const SystemResult* Find(SystemKind s) const {
+    for (const SystemResult& r : systems) {
+      if (r.system == s) return &r;
+    }
+    return nullptr;
+  }
   double seconds = 0;                 // wall time of the simulation
 };
 

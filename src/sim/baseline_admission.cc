@@ -1,4 +1,4 @@
-// Placement rules and admission of the three systems (baselines.h). The ledger only counts
+// Placement rules and admission of the systems (baselines.h). The ledger only counts
 // bytes; the decode simulation (serving_sim.cc) also runs each system's real placement.
 #include <fmt/format.h>
 
@@ -21,8 +21,13 @@ std::string_view SystemName(SystemKind s) {
     case SystemKind::kAllGpu: return "all_gpu";
     case SystemKind::kHiSparse: return "hisparse";
     case SystemKind::kUlaCache: return "ulacache";
+    case SystemKind::kUlaCacheAtHome: return "ulacache_home";
   }
   return "?";
+}
+
+bool SystemRunsIn(SystemKind s, ParallelMode mode) {
+  return s != SystemKind::kUlaCacheAtHome || mode == ParallelMode::kTp;
 }
 
 Status PlacementRules::Validate() const {
@@ -34,9 +39,15 @@ Status PlacementRules::Validate() const {
   if (system == SystemKind::kHiSparse && hisparse_buffer_entries == 0) {
     return FieldError("hisparse_buffer_entries", "must be >= 1");
   }
-  if (system == SystemKind::kUlaCache && working_set_entries == 0) return FieldError("working_set_entries", "must be >= 1");
+  if (IsUlaCache(system) && working_set_entries == 0) return FieldError("working_set_entries", "must be >= 1");
   if (system == SystemKind::kUlaCache && mode == ParallelMode::kTp && tp_buffer_entries == 0) {
     return FieldError("tp_buffer_entries", "must be >= 1");
+  }
+  if (system == SystemKind::kUlaCacheAtHome) {
+    if (mode != ParallelMode::kTp) {
+      return FieldError("mode", "ulacache_home is TP only (in DP mode attention is already where the entries live)");
+    }
+    if (tp_buffer_entries != 0) return FieldError("tp_buffer_entries", "must be 0 for ulacache_home (no local buffer)");
   }
   return Ok();
 }
@@ -52,7 +63,10 @@ RankDemand DemandOf(const PlacementRules& r, std::uint32_t t) {
       d.device = r.hisparse_buffer_entries * kv + t * ix;
       d.host = t * kv;
       break;
-    case SystemKind::kUlaCache: {
+    case SystemKind::kUlaCache:
+    case SystemKind::kUlaCacheAtHome: {
+      // ulacache_home is TP only and has tp_buffer_entries == 0 (Validate): the TP branch
+      // below without the local buffer.
       const double w = std::min<double>(t, r.working_set_entries);
       if (r.mode == ParallelMode::kDp) {
         d.device = t * ix + w * kv;

@@ -7,11 +7,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace ula {
 namespace {
 
 constexpr double kGB = 1e9;
+// Attention at home: the absorbed queries travel as bf16; a partial is the float32 record of
+// partial_attention.h (per head: kv_lora_rank accumulator values, max logit, sum).
+constexpr double kQueryValueBytes = 2;
+constexpr double kPartialValueBytes = 4;
+constexpr double kPartialExtraValues = 2;
 
 std::uint32_t MainGroups(const ModelConfig& m) { return m.num_groups() - m.mtp_layers; }
 
@@ -145,6 +151,31 @@ MemoryBudget CostModel::Budget() const {
   return b;
 }
 
+Status CostModel::CheckCounts(const StepCounts& k) const {
+  const std::pair<const char*, double> fields[] = {
+      {"batch_total", k.batch_total},       {"batch_local", k.batch_local},   {"history_scored", k.history_scored},
+      {"h2d_entries", k.h2d_entries},       {"d2h_entries", k.d2h_entries},   {"nvlink_entries", k.nvlink_entries},
+      {"home_entries", k.home_entries},     {"distinct_entries", k.distinct_entries}};
+  for (const auto& [name, v] : fields) {
+    if (!(v >= 0) || !std::isfinite(v)) {
+      return MakeError(ErrorCode::kInvalidArgument, fmt::format("field '{}': must be finite and >= 0 (got {})", name, v));
+    }
+  }
+  if (k.attention_at_home) {
+    if (in_.mode != ParallelMode::kTp) {
+      return MakeError(ErrorCode::kInvalidArgument, "field 'attention_at_home': TP mode only");
+    }
+    if (k.home_entries > k.distinct_entries) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("field 'home_entries': {} exceeds distinct_entries {}", k.home_entries, k.distinct_entries));
+    }
+    if (k.batch_local > 0 && !(k.distinct_entries > 0)) {
+      return MakeError(ErrorCode::kInvalidArgument, "field 'distinct_entries': must be > 0 when requests decode");
+    }
+  }
+  return Ok();
+}
+
 StepWork CostModel::Work(const StepCounts& k) const {
   const ModelConfig& m = in_.model;
   const ModelCostConfig& c = in_.costs;
@@ -184,13 +215,18 @@ StepWork CostModel::Work(const StepCounts& k) const {
   w.weight_flops = nr_flops + routed_flops;
 
   // --- Attention: each query reads top-k entries of every layer (TP: every rank reads the
-  // whole latent entry; heads split the FLOPs).
+  // whole latent entry; heads split the FLOPs). At home: the GPU reads only the share of
+  // the selections homed on it and computes every head over them, so its bytes are that
+  // share of ordinary TP's and its FLOPs, H heads x share instead of H/P heads x all,
+  // equal ordinary TP's when the share is 1/P.
   const double entry = m.kv_entry_bytes_per_layer;
   const double sel_main = k.batch_local * q * m.top_k, sel_mtp = k.batch_local * m.top_k;
-  w.attention_bytes = (sel_main * m.num_layers + sel_mtp * passes) * entry;
+  const double reads = sel_main * m.num_layers + sel_mtp * passes;
+  const double share = !k.attention_at_home ? 1.0 : (k.distinct_entries > 0 ? k.home_entries / k.distinct_entries : 0.0);
+  w.attention_bytes = share * reads * entry;
   const double flops_per_entry_head = 2.0 * (m.kv_lora_rank + m.qk_rope_head_dim) + 2.0 * m.kv_lora_rank;
-  const double heads_here = tp ? double(m.attention_heads) / P : m.attention_heads;
-  w.attention_flops = (sel_main * m.num_layers + sel_mtp * passes) * heads_here * flops_per_entry_head;
+  const double heads_here = tp && !k.attention_at_home ? double(m.attention_heads) / P : m.attention_heads;
+  w.attention_flops = share * reads * heads_here * flops_per_entry_head;
 
   // --- Indexer: every scored key is read once per indexer group per step and scored by
   // each query.
@@ -214,6 +250,20 @@ StepWork CostModel::Work(const StepCounts& k) const {
   }
   if (k.striped_indexer) {  // every rank gathers the other ranks' top-k candidates per query
     w.collective_bytes += (P - 1) * m.top_k * double(in_.candidate_bytes) * k.batch_total * (g_main * q + passes);
+  }
+  if (k.attention_at_home) {
+    // Per layer pass and query token: (a) all-gather of the absorbed queries, each GPU
+    // receives (and, in a ring, sends) the other ranks' (P-1)/P of H x (kv_lora + rope)
+    // bf16 values; (b) the partials, reduce-scattered to the owners of their heads: each GPU
+    // sends (P-1)/P of H x (kv_lora + 2) float32 values. The hidden-state all-reduces above
+    // stay (the output projection is still split by head).
+    const double query_passes = k.batch_local * q * m.num_layers + k.batch_local * passes;
+    const double heads = m.attention_heads;
+    w.query_gather_bytes =
+        (P - 1) / P * heads * (m.kv_lora_rank + m.qk_rope_head_dim) * kQueryValueBytes * query_passes;
+    w.partial_exchange_bytes =
+        (P - 1) / P * heads * (m.kv_lora_rank + kPartialExtraValues) * kPartialValueBytes * query_passes;
+    w.collective_bytes += w.query_gather_bytes + w.partial_exchange_bytes;
   }
   return w;
 }

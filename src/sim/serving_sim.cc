@@ -72,7 +72,9 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   rules.working_set_entries = static_cast<std::uint32_t>(std::ceil(
       ctx.model.top_k * (1.0 + (q - 1) * (1.0 - sc.selection.draft_keep))));
   rules.hisparse_buffer_entries = sc.hisparse_buffer_entries;
-  rules.tp_buffer_entries = in.mtp ? sc.tp_buffer_entries_per_request_mtp : sc.tp_buffer_entries_per_request;
+  rules.tp_buffer_entries = system == SystemKind::kUlaCacheAtHome ? 0  // attention at home: no local buffer
+                            : in.mtp                                ? sc.tp_buffer_entries_per_request_mtp
+                                                                    : sc.tp_buffer_entries_per_request;
   result.admitted = MaxAdmitted(rules, ctx.finals);
   if (result.admitted == 0) {
     result.note = "admits no request: one request's history does not fit its placement rules";
@@ -83,9 +85,9 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   cfg.rules = rules;
   if (!tp) cfg.rules.num_ranks = 1;  // the simulated rank
   cfg.group_entry_bytes = ctx.model.group_entry_bytes();
-  if (system == SystemKind::kUlaCache) {
+  if (IsUlaCache(system)) {
     // Device carve-outs sized at the admission limit: index keys (TP: a 1/P stripe) and the
-    // TP local buffer; the rest of the device and all of the host hold the KV pools.
+    // TP local buffer (none at home); the rest of the device and all of the host hold the KV pools.
     double sum_final = 0;
     for (std::uint32_t i = 0; i < result.admitted; ++i) sum_final += ctx.finals[i];
     const double kv = rules.kv_bytes_per_token;
@@ -191,6 +193,10 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
       k.h2d_entries = c.h2d;
       k.d2h_entries = c.d2h;
       k.nvlink_entries = c.nvlink;
+      k.attention_at_home = sys.attention_at_home();
+      k.home_entries = c.home;
+      k.distinct_entries = c.batch_distinct;
+      ULA_RETURN_IF_ERROR(ctx.cost.CheckCounts(k));
       const StepTime t = ctx.cost.Time(ctx.cost.Work(k));
       if (measured) {
         sum_t += t.total;
@@ -309,6 +315,7 @@ Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario, const Com
     }
     const RunContext ctx{scenario, *model, *cm, cr.budget, *requests, finals, cr.hardware_label, options};
     for (SystemKind s : kAllSystems) {
+      if (!SystemRunsIn(s, e.mode)) continue;  // ulacache_home: TP only
       auto r = RunSystem(ctx, s);
       if (!r) return std::unexpected(r.error());
       cr.systems.push_back(std::move(*r));

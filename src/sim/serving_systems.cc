@@ -227,6 +227,7 @@ class UlaTpSystem final : public SpaceSystem<TpAddressSpace> {
         planner_(*space_, fabric_.get(), TpPlannerOptions{.parallel_ranks = false}) {}
 
   bool striped_indexer() const override { return true; }
+  bool attention_at_home() const override { return space_->config().attention == TpAttention::kAtHome; }
   Status Step(std::span<const std::uint64_t> ids, std::span<const std::vector<std::uint32_t>> sel,
               SimCounters& c) override {
     Flatten(ids, sel);
@@ -234,11 +235,16 @@ class UlaTpSystem final : public SpaceSystem<TpAddressSpace> {
     if (!plan) return std::unexpected(plan.error());
     space_->AdvanceRound();
     const TpRankStepStats& s = plan->stats[0];  // rank 0, the simulated one
-    c.distinct += s.distinct;
+    const double home = double(s.home_hits) + double(s.home_misses);
+    // At home rank 0 reads only its own shard's selections (the rest are kElsewhere, left to
+    // their homes); with the local buffer it reads the whole union.
+    c.distinct += attention_at_home() ? home : double(s.distinct);
     c.hits += s.home_hits + s.buffer_hits;
     c.h2d += s.home_misses;
     c.d2h += s.home_evictions;
-    c.nvlink += s.remote_fetches;
+    c.nvlink += s.remote_fetches;  // 0 at home
+    c.batch_distinct += s.distinct;
+    c.home += home;
     return Ok();
   }
   Status Append(std::uint64_t id, std::uint32_t history, std::uint32_t n, SimCounters& c) override {
@@ -274,6 +280,7 @@ Result<std::unique_ptr<SimSystem>> MakeSimSystem(const SimSystemConfig& cfg) {
       return std::unique_ptr<SimSystem>(new HiSparseSystem(std::move(*ledger), std::move(*buffers)));
     }
     case SystemKind::kUlaCache:
+    case SystemKind::kUlaCacheAtHome:  // TP only: the ledger's rules refused it in DP mode
       break;
   }
   const std::uint64_t e = cfg.group_entry_bytes;
@@ -295,7 +302,8 @@ Result<std::unique_ptr<SimSystem>> MakeSimSystem(const SimSystemConfig& cfg) {
   tc.entry_bytes = cfg.group_entry_bytes;
   tc.device_bytes_per_rank = cfg.device_tokens * e;
   tc.host_bytes_per_rank = cfg.host_tokens * e;
-  tc.buffer_bytes_per_rank = cfg.buffer_tokens * e;
+  tc.buffer_bytes_per_rank = cfg.buffer_tokens * e;  // TpConfig::Validate refuses a buffer at home
+  tc.attention = cfg.rules.system == SystemKind::kUlaCacheAtHome ? TpAttention::kAtHome : TpAttention::kLocalBuffer;
   const Rank hosted[] = {Rank(0)};
   auto space = TpAddressSpace::Create(tc, *backend, hosted);
   if (!space) return std::unexpected(space.error());

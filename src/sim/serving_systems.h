@@ -6,6 +6,8 @@
 //   ulacache  DP: AdmissionLedger + AddressSpace/StepPlanner (PB-LRU), counting backend
 //             TP: AdmissionLedger + TpAddressSpace/TpStepPlanner hosting rank 0 only, with a
 //             no-op fabric (counting backend: no bytes to fetch); ranks are symmetric
+//   ulacache_home  TP only: the same with TpAttention::kAtHome (no local buffer; rank 0
+//             makes only its own shard's selected entries resident and fetches nothing)
 // Admission = the ledger accepts the whole history and (ulacache) the address space can
 // allocate it: UlaCache allocates every address of the final history at admission, so a
 // request never runs out of room mid-decode.
@@ -24,11 +26,17 @@
 namespace ula::sim {
 
 // Per step of the representative group, entries (not bytes).
+// distinct / hits: the selections the simulated GPU's attention reads and how many of them
+// were already on its device (ulacache_home: only those homed on it).
 struct SimCounters {
   double distinct = 0, hits = 0;
   double h2d = 0, d2h = 0, nvlink = 0;
+  // UlaCache TP (both systems): distinct selections of the whole batch, and those homed on
+  // the simulated rank (planner: distinct, home_hits + home_misses).
+  double batch_distinct = 0, home = 0;
   SimCounters& operator+=(const SimCounters& o) {
     distinct += o.distinct, hits += o.hits, h2d += o.h2d, d2h += o.d2h, nvlink += o.nvlink;
+    batch_distinct += o.batch_distinct, home += o.home;
     return *this;
   }
 };
@@ -39,7 +47,7 @@ struct SimSystemConfig {
   // Tokens each tier of the simulated rank holds in the representative group (ulacache).
   std::uint64_t device_tokens = 0;
   std::uint64_t host_tokens = 0;
-  std::uint64_t buffer_tokens = 0;  // ulacache TP local buffer
+  std::uint64_t buffer_tokens = 0;  // ulacache TP local buffer (must be 0 for ulacache_home)
 };
 
 class SimSystem {
@@ -56,6 +64,8 @@ class SimSystem {
   virtual Status Append(std::uint64_t id, std::uint32_t history, std::uint32_t n, SimCounters& c) = 0;
   // Whether each GPU scores only its own stripe of the index keys.
   virtual bool striped_indexer() const { return false; }
+  // Whether each GPU computes attention only over the entries homed on it (ulacache_home).
+  virtual bool attention_at_home() const { return false; }
 };
 
 Result<std::unique_ptr<SimSystem>> MakeSimSystem(const SimSystemConfig& config);

@@ -2,6 +2,8 @@
 // and the overlap rule on hand-computed cases, the memory budget derivation, and errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "ula/cost_model.h"
 #include "ula/hardware_config.h"
 #include "ula/model_config.h"
@@ -105,6 +107,103 @@ TEST(CostModel, WorkCountsTheSelectedEntriesTheKeysAndTheMovedBytes) {
   s.striped_indexer = true;
   const StepWork ws = cm->Work(s);
   EXPECT_DOUBLE_EQ(ws.collective_bytes - w.collective_bytes, (2 - 1) * 32.0 * 8 * 4 * 2);
+}
+
+// Ordinary UlaCache TP counts and the same step with attention at home, where the GPU's
+// share of the batch's distinct selections is home / distinct.
+StepCounts TpCounts() {
+  StepCounts k;
+  k.batch_total = k.batch_local = 3;
+  k.history_scored = 1000;
+  k.striped_indexer = true;
+  k.h2d_entries = 5;
+  k.d2h_entries = 2;
+  k.nvlink_entries = 7;
+  return k;
+}
+StepCounts AtHome(StepCounts k, double home, double distinct) {
+  k.attention_at_home = true;
+  k.nvlink_entries = 0;  // nothing is fetched
+  k.home_entries = home;
+  k.distinct_entries = distinct;
+  return k;
+}
+
+TEST(CostModel, AttentionAtHomeReadsOneRankthOfTheBytesWithTheSameFlopsAndExchangesQueriesAndPartials) {
+  for (bool mtp : {false, true}) {
+    SCOPED_TRACE(mtp ? "mtp on" : "mtp off");
+    auto cm = CostModel::Create(TinyInputs(ParallelMode::kTp, mtp));  // P = 2
+    ASSERT_TRUE(cm);
+    const ModelConfig& m = cm->inputs().model;  // 4 heads, kv_lora 16, rope 8, 6 layers (+1 MTP)
+    const StepCounts tp = TpCounts();
+    const StepCounts home = AtHome(tp, 50, 100);  // share 1/2 = 1/P
+    ASSERT_TRUE(cm->CheckCounts(tp));
+    ASSERT_TRUE(cm->CheckCounts(home));
+    const StepWork a = cm->Work(tp), b = cm->Work(home);
+    ASSERT_GT(a.attention_bytes, 0);
+    EXPECT_DOUBLE_EQ(b.attention_bytes, a.attention_bytes / 2);
+    EXPECT_DOUBLE_EQ(b.attention_flops, a.attention_flops);
+    // Everything but attention and the collectives is the same step.
+    EXPECT_DOUBLE_EQ(b.weight_bytes, a.weight_bytes);
+    EXPECT_DOUBLE_EQ(b.weight_flops, a.weight_flops);
+    EXPECT_DOUBLE_EQ(b.indexer_bytes, a.indexer_bytes);
+    EXPECT_DOUBLE_EQ(b.h2d_bytes, a.h2d_bytes);
+    EXPECT_DOUBLE_EQ(b.d2h_bytes, a.d2h_bytes);
+    EXPECT_DOUBLE_EQ(b.nvlink_fetch_bytes, 0);
+    EXPECT_GT(a.nvlink_fetch_bytes, 0);
+    EXPECT_DOUBLE_EQ(a.query_gather_bytes, 0);
+    EXPECT_DOUBLE_EQ(a.partial_exchange_bytes, 0);
+    // Query tokens per step x layer passes: 3 requests x q x 6 layers (+ 3 x 2 MTP passes).
+    const double passes = mtp ? 3.0 * 3 * 6 + 3.0 * 2 : 3.0 * 1 * 6;
+    const double gather = (2 - 1) / 2.0 * m.attention_heads * (16 + 8) * 2 * passes;    // bf16 queries
+    const double partials = (2 - 1) / 2.0 * m.attention_heads * (16 + 2) * 4 * passes;  // fp32 records
+    EXPECT_DOUBLE_EQ(b.query_gather_bytes, gather);
+    EXPECT_DOUBLE_EQ(b.partial_exchange_bytes, partials);
+    EXPECT_DOUBLE_EQ(b.collective_bytes - a.collective_bytes, gather + partials);
+    const StepTime ta = cm->Time(a), tb = cm->Time(b);
+    EXPECT_DOUBLE_EQ(tb.nvlink_fetch, 0);
+    EXPECT_GT(ta.nvlink_fetch, 0);
+    EXPECT_DOUBLE_EQ(tb.collectives - ta.collectives, (gather + partials) / (2e11 / 2));
+    EXPECT_LE(tb.attention, ta.attention);
+  }
+}
+
+TEST(CostModel, AttentionAtHomeTakesItsShareFromThePlannersCounts) {
+  auto cm = CostModel::Create(TinyInputs(ParallelMode::kTp, false));
+  ASSERT_TRUE(cm);
+  const StepWork a = cm->Work(TpCounts());
+  // 30 of the batch's 100 distinct selections are homed here: 0.3 of the reads, all 4 heads
+  // over them (ordinary TP: 2 heads over all).
+  const StepWork b = cm->Work(AtHome(TpCounts(), 30, 100));
+  EXPECT_DOUBLE_EQ(b.attention_bytes, 0.3 * a.attention_bytes);
+  EXPECT_DOUBLE_EQ(b.attention_flops, 0.3 * 2 * a.attention_flops);
+  // The exchanges do not depend on the share: every rank sends its partial of every query.
+  const StepWork c = cm->Work(AtHome(TpCounts(), 70, 100));
+  EXPECT_DOUBLE_EQ(c.query_gather_bytes, b.query_gather_bytes);
+  EXPECT_DOUBLE_EQ(c.partial_exchange_bytes, b.partial_exchange_bytes);
+}
+
+TEST(CostModel, CountsWorkCannotPriceAreRefusedWithTheFieldNamed) {
+  auto tp = CostModel::Create(TinyInputs(ParallelMode::kTp, false));
+  auto dp = CostModel::Create(TinyInputs(ParallelMode::kDp, false));
+  ASSERT_TRUE(tp && dp);
+  auto field_of = [](const CostModel& cm, const StepCounts& k) {
+    auto s = cm.CheckCounts(k);
+    if (s) return std::string("accepted");
+    EXPECT_EQ(s.error().code(), ErrorCode::kInvalidArgument);
+    return s.error().message();
+  };
+  EXPECT_EQ(field_of(*tp, TpCounts()), "accepted");
+  EXPECT_EQ(field_of(*tp, AtHome(TpCounts(), 50, 100)), "accepted");
+  EXPECT_NE(field_of(*dp, AtHome(TpCounts(), 50, 100)).find("attention_at_home"), std::string::npos);
+  EXPECT_NE(field_of(*tp, AtHome(TpCounts(), 101, 100)).find("home_entries"), std::string::npos);
+  EXPECT_NE(field_of(*tp, AtHome(TpCounts(), 0, 0)).find("distinct_entries"), std::string::npos);
+  StepCounts bad = TpCounts();
+  bad.h2d_entries = -1;
+  EXPECT_NE(field_of(*tp, bad).find("h2d_entries"), std::string::npos);
+  bad = TpCounts();
+  bad.batch_local = std::nan("");
+  EXPECT_NE(field_of(*tp, bad).find("batch_local"), std::string::npos);
 }
 
 TEST(CostModel, MtpAddsQueriesDraftPassesAndTheMtpLayersKv) {

@@ -1,4 +1,4 @@
-// Placement rules and admission of the three systems on hand-sized budgets, and the
+// Placement rules and admission of the systems on hand-sized budgets, and the
 // HiSparse per-request buffer (fixed quota, LRU inside it, not lendable).
 #include <gtest/gtest.h>
 
@@ -74,6 +74,72 @@ TEST(Admission, UlaCacheTpStripesTheHistoryOverTheRanks) {
   // Per rank 3150 B of 30000 -> 9 requests (TP: all ranks in step), vs all-GPU TP's 1.
   EXPECT_EQ(MaxAdmitted(r, std::vector<std::uint32_t>(40, 50)), 9u);
   EXPECT_EQ(MaxAdmitted(Rules(SystemKind::kAllGpu, ParallelMode::kTp, 2), std::vector<std::uint32_t>(40, 50)), 1u);
+}
+
+PlacementRules AtHomeRules(std::uint32_t ranks = 2) {
+  PlacementRules r = Rules(SystemKind::kUlaCacheAtHome, ParallelMode::kTp, ranks);
+  r.tp_buffer_entries = 0;  // no local buffer
+  return r;
+}
+
+TEST(Admission, UlaCacheAtHomeIsUlaCacheTpWithoutTheBufferReservation) {
+  const PlacementRules r = AtHomeRules();
+  ASSERT_TRUE(r.Validate()) << r.Validate().error().ToString();
+  const RankDemand d = DemandOf(r, 50);
+  EXPECT_DOUBLE_EQ(d.device, 25 * 10.0 + 4 * 100.0);  // stripe keys + ws/2, no buffer
+  EXPECT_DOUBLE_EQ(d.either, 21 * 100.0);
+  EXPECT_DOUBLE_EQ(d.host, 0);
+  const RankDemand u = DemandOf(Rules(SystemKind::kUlaCache, ParallelMode::kTp, 2), 50);
+  EXPECT_DOUBLE_EQ(u.device - d.device, 4 * 100.0);  // exactly the 4-entry buffer
+  EXPECT_DOUBLE_EQ(u.either, d.either);
+  // Per rank 2750 B of 30000 -> 10 requests, one more than ulacache TP's 9.
+  EXPECT_EQ(MaxAdmitted(r, std::vector<std::uint32_t>(40, 50)), 10u);
+  // Never fewer than ulacache TP, whatever the lengths and rank counts.
+  for (std::uint32_t ranks : {1u, 2u, 4u, 8u}) {
+    for (std::uint32_t t : {1u, 3u, 8u, 17u, 50u, 64u, 200u}) {
+      const std::vector<std::uint32_t> hist(400, t);
+      SCOPED_TRACE(testing::Message() << ranks << " ranks, " << t << " tokens");
+      EXPECT_GE(MaxAdmitted(AtHomeRules(ranks), hist),
+                MaxAdmitted(Rules(SystemKind::kUlaCache, ParallelMode::kTp, ranks), hist));
+    }
+  }
+}
+
+TEST(Admission, UlaCacheAtHomeIsTpOnlyWithoutABufferAndBadRulesChangeNothing) {
+  EXPECT_EQ(SystemName(SystemKind::kUlaCacheAtHome), "ulacache_home");
+  EXPECT_TRUE(SystemRunsIn(SystemKind::kUlaCacheAtHome, ParallelMode::kTp));
+  EXPECT_FALSE(SystemRunsIn(SystemKind::kUlaCacheAtHome, ParallelMode::kDp));
+  for (SystemKind s : {SystemKind::kAllGpu, SystemKind::kHiSparse, SystemKind::kUlaCache}) {
+    EXPECT_TRUE(SystemRunsIn(s, ParallelMode::kDp));
+    EXPECT_TRUE(SystemRunsIn(s, ParallelMode::kTp));
+  }
+  PlacementRules r = AtHomeRules();
+  r.mode = ParallelMode::kDp;
+  auto l = AdmissionLedger::Create(r);
+  ASSERT_FALSE(l);
+  EXPECT_EQ(l.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(l.error().message().find("mode"), std::string::npos);
+  EXPECT_EQ(MaxAdmitted(r, std::vector<std::uint32_t>(4, 10)), 0u);
+  r = AtHomeRules();
+  r.tp_buffer_entries = 4;
+  l = AdmissionLedger::Create(r);
+  ASSERT_FALSE(l);
+  EXPECT_NE(l.error().message().find("tp_buffer_entries"), std::string::npos);
+  r = AtHomeRules();
+  r.working_set_entries = 0;
+  l = AdmissionLedger::Create(r);
+  ASSERT_FALSE(l);
+  EXPECT_NE(l.error().message().find("working_set_entries"), std::string::npos);
+  // A request that does not fit leaves every rank's reservations as they were.
+  auto ledger = AdmissionLedger::Create(AtHomeRules());
+  ASSERT_TRUE(ledger);
+  ASSERT_TRUE(ledger->TryAdmit(50));
+  const double dev0 = ledger->device_only(0), dev1 = ledger->device_only(1), eit0 = ledger->either(0);
+  EXPECT_FALSE(ledger->TryAdmit(1000000).has_value());
+  EXPECT_EQ(ledger->admitted(), 1u);
+  EXPECT_DOUBLE_EQ(ledger->device_only(0), dev0);
+  EXPECT_DOUBLE_EQ(ledger->device_only(1), dev1);
+  EXPECT_DOUBLE_EQ(ledger->either(0), eit0);
 }
 
 TEST(Admission, QueueHeadWaitsAndReleaseFreesRoom) {

@@ -1,6 +1,7 @@
 // End to end on the tiny scenario (tests/serving/configs): every system produces a curve up
-// to its admission limit, UlaCache admits at least as many requests as both baselines, runs
-// are deterministic, and bad scenario input is refused with the field named.
+// to its admission limit, UlaCache admits at least as many requests as both baselines (and
+// in TP, UlaCache with attention at home at least as many as UlaCache), runs are
+// deterministic, and bad scenario input is refused with the field named.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -35,7 +36,9 @@ TEST(ServingSim, EverySystemRunsUpToItsAdmissionLimit) {
   const ComparisonResult r = RunTiny();
   ASSERT_EQ(r.configs.size(), 4u);
   for (const ConfigResult& c : r.configs) {
-    ASSERT_EQ(c.systems.size(), 3u);
+    // ulacache_home runs in TP only, after the other three.
+    ASSERT_EQ(c.systems.size(), c.entry.mode == ParallelMode::kTp ? 4u : 3u);
+    for (std::size_t i = 0; i < c.systems.size(); ++i) EXPECT_EQ(c.systems[i].system, kAllSystems[i]);
     EXPECT_GT(c.budget.device_kv_bytes, 0);
     for (const SystemResult& s : c.systems) {
       SCOPED_TRACE(std::string(SystemName(s.system)) + " " + c.hardware_label);
@@ -72,12 +75,45 @@ TEST(ServingSim, TpAllGpuDoesNotGainCapacityFromMoreRanksButUlaCacheDoes) {
   EXPECT_GT(tp.systems[2].admitted, tp.systems[0].admitted);
 }
 
+TEST(ServingSim, AttentionAtHomeRunsInTpOnlyFetchesNothingAndAdmitsAtLeastUlaCacheTp) {
+  const ComparisonResult r = RunTiny();
+  ASSERT_EQ(r.configs.size(), 4u);
+  for (const ConfigResult& c : r.configs) {
+    SCOPED_TRACE(std::string(ParallelModeName(c.entry.mode)) + (c.entry.mtp ? " mtp on" : " mtp off"));
+    const SystemResult* home = c.Find(SystemKind::kUlaCacheAtHome);
+    const SystemResult* ula = c.Find(SystemKind::kUlaCache);
+    ASSERT_NE(ula, nullptr);
+    if (c.entry.mode == ParallelMode::kDp) {
+      EXPECT_EQ(home, nullptr);
+      continue;
+    }
+    ASSERT_NE(home, nullptr);
+    EXPECT_GE(home->admitted, ula->admitted);
+    ASSERT_FALSE(home->curve.empty()) << home->note;
+    for (const CurvePoint& p : home->curve) {
+      EXPECT_DOUBLE_EQ(p.nvlink_gb, 0.0);        // no KV crosses NVLink
+      EXPECT_DOUBLE_EQ(p.time.nvlink_fetch, 0.0);
+    }
+    // The local-buffer system does fetch (the tiny budget has room for its buffers).
+    double fetched = 0;
+    for (const CurvePoint& p : ula->curve) fetched += p.nvlink_gb;
+    EXPECT_GT(fetched, 0);
+    // At batch 1 both run the same request: the same hidden-state all-reduces and candidate
+    // gather, plus the query all-gather and partial exchange at home.
+    ASSERT_EQ(home->curve.front().batch, 1u);
+    ASSERT_EQ(ula->curve.front().batch, 1u);
+    EXPECT_GT(home->curve.front().time.collectives, ula->curve.front().time.collectives);
+    EXPECT_LT(home->curve.front().time.attention, ula->curve.front().time.attention * 1.0001);
+  }
+}
+
 TEST(ServingSim, RunsAreDeterministic) {
   const ComparisonResult a = RunTiny();
   const ComparisonResult b = RunTiny();
   ASSERT_EQ(a.configs.size(), b.configs.size());
   for (std::size_t i = 0; i < a.configs.size(); ++i) {
-    for (std::size_t s = 0; s < 3; ++s) {
+    ASSERT_EQ(a.configs[i].systems.size(), b.configs[i].systems.size());
+    for (std::size_t s = 0; s < a.configs[i].systems.size(); ++s) {
       const SystemResult &x = a.configs[i].systems[s], &y = b.configs[i].systems[s];
       EXPECT_EQ(x.admitted, y.admitted);
       ASSERT_EQ(x.curve.size(), y.curve.size());
