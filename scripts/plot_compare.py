@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""Plots of `ula compare`: one PNG per config, throughput against batch size, all three
-systems on the same axes (admission limits marked). Usage: plot_compare.py COMPARE_CSV OUT_DIR.
+"""Plots of `ula compare`: one PNG per config, throughput against batch size, every system
+on the same axes (admission limits marked); ulacache_home (attention at home) only in TP
+configs. Usage: plot_compare.py COMPARE_CSV OUT_DIR.
 Run with Debian's /usr/bin/python3 and python3-matplotlib."""
 import csv
 import os
@@ -18,7 +19,9 @@ STYLE = {
     "all_gpu": ("all-GPU", "tab:gray", "s"),
     "hisparse": ("HiSparse", "tab:orange", "^"),
     "ulacache": ("UlaCache", "tab:blue", "o"),
+    "ulacache_home": ("UlaCache, attention at home", "tab:green", "D"),
 }
+TP_ONLY = {"ulacache_home"}
 
 
 def main():
@@ -34,6 +37,8 @@ def main():
         fig, ax = plt.subplots(figsize=(7, 4.5))
         first = rs[0]
         for system, (label, color, marker) in STYLE.items():
+            if system in TP_ONLY and first["mode"] != "tp":
+                continue
             pts = [(int(r["batch"]), float(r["tput"])) for r in rs if r["system"] == system]
             if not pts:
                 ax.plot([], [], color=color, marker=marker, label=f"{label} (admits 0)")

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -29,9 +30,17 @@ struct CompareCliOptions {
   bool quiet = false;
 };
 
-const SystemResult& Sys(const ConfigResult& c, SystemKind k) { return c.systems[static_cast<int>(k)]; }
+// Peak throughput of system k in config c; nullopt if it does not run in c's mode.
+std::optional<double> Peak(const ConfigResult& c, SystemKind k) {
+  const SystemResult* s = c.Find(k);
+  if (s == nullptr) return std::nullopt;
+  return s->peak_tput;
+}
 
-std::string Ratio(double a, double b) { return b > 0 ? fmt::format("{:.2f}x", a / b) : "inf"; }
+std::string Ratio(std::optional<double> a, std::optional<double> b) {
+  if (!a || !b) return "-";
+  return *b > 0 ? fmt::format("{:.2f}x", *a / *b) : "inf";
+}
 
 std::string ConfigName(const ConfigResult& c) {
   return fmt::format("{} {} mtp={}", c.hardware_label, ParallelModeName(c.entry.mode), c.entry.mtp ? "on" : "off");
@@ -75,22 +84,32 @@ nlohmann::json ToJson(const ComparisonResult& r) {
 
 void PrintTable(const ComparisonResult& r) {
   fmt::print("\nula compare: scenario {}, model {} (throughput = output tokens/s of the 8-GPU node)\n", r.scenario, r.model);
-  fmt::print("{:<20} | {:^31} | {:^31} | {:^31} | {:^19}\n", "", "all_gpu", "hisparse", "ulacache", "ulacache peak vs");
-  fmt::print("{:<20} | {:>5} {:>9} {:>6} {:>8} | {:>5} {:>9} {:>6} {:>8} | {:>5} {:>9} {:>6} {:>8} | {:>9} {:>9}\n", "config",
-             "adm", "peak", "@B", "tpot1", "adm", "peak", "@B", "tpot1", "adm", "peak", "@B", "tpot1", "all_gpu", "hisparse");
+  fmt::print("{:<20} | {:^31} | {:^31} | {:^31} | {:^31} | {:^19} | {:^9}\n", "", "all_gpu", "hisparse", "ulacache",
+             "ulacache_home", "ulacache peak vs", "home vs");
+  std::string head = fmt::format("{:<20}", "config");
+  for (std::size_t i = 0; i < std::size(kAllSystems); ++i) {
+    head += fmt::format(" | {:>5} {:>9} {:>6} {:>8}", "adm", "peak", "@B", "tpot1");
+  }
+  fmt::print("{} | {:>9} {:>9} | {:>9}\n", head, "all_gpu", "hisparse", "ulacache");
   for (const ConfigResult& c : r.configs) {
     std::string line = fmt::format("{:<20}", ConfigName(c));
     for (SystemKind k : kAllSystems) {
-      const SystemResult& s = Sys(c, k);
-      line += fmt::format(" | {:>5} {:>9.0f} {:>6} {:>8.2f}", s.admitted, s.peak_tput, s.peak_batch, s.tpot_b1_ms);
+      const SystemResult* s = c.Find(k);
+      if (s == nullptr) {
+        line += fmt::format(" | {:>5} {:>9} {:>6} {:>8}", "-", "-", "-", "-");
+      } else {
+        line += fmt::format(" | {:>5} {:>9.0f} {:>6} {:>8.2f}", s->admitted, s->peak_tput, s->peak_batch, s->tpot_b1_ms);
+      }
     }
-    const double u = Sys(c, SystemKind::kUlaCache).peak_tput;
-    line += fmt::format(" | {:>9} {:>9}", Ratio(u, Sys(c, SystemKind::kAllGpu).peak_tput),
-                        Ratio(u, Sys(c, SystemKind::kHiSparse).peak_tput));
+    const std::optional<double> u = Peak(c, SystemKind::kUlaCache);
+    line += fmt::format(" | {:>9} {:>9} | {:>9}", Ratio(u, Peak(c, SystemKind::kAllGpu)),
+                        Ratio(u, Peak(c, SystemKind::kHiSparse)), Ratio(Peak(c, SystemKind::kUlaCacheAtHome), u));
     fmt::print("{}\n", line);
   }
   fmt::print("adm = requests decoding at once (admission limit); peak = tokens/s; @B = batch at peak; tpot1 = TPOT at "
              "batch 1 (ms)\n");
+  fmt::print("ulacache_home = UlaCache TP with attention at home (no local buffer; queries all-gathered, partial outputs "
+             "exchanged); TP only, '-' in DP where it would be ulacache itself\n");
   for (const ConfigResult& c : r.configs) {
     for (const SystemResult& s : c.systems) {
       if (!s.note.empty()) fmt::print("note: {} {}: {}\n", ConfigName(c), SystemName(s.system), s.note);
@@ -200,7 +219,8 @@ Action SetupCompare(CLI::App& app) {
   return [o]() { return Run(*o); };
 }
 
-ULA_REGISTER_COMMAND(compare, "", "compare", "serving comparison: all-GPU vs HiSparse vs UlaCache (admission, throughput)",
+ULA_REGISTER_COMMAND(compare, "", "compare",
+                     "serving comparison: all-GPU vs HiSparse vs UlaCache (TP: also attention at home) (admission, throughput)",
                      SetupCompare);
 
 }  // namespace
