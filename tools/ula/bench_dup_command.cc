@@ -4,11 +4,17 @@
 //   all_gpu   TP: every rank stores every entry; DP: each request on one rank.
 //   hisparse  full history on host + a fixed per-request device buffer (4096 slots) whose
 //             entries duplicate host entries; in TP every rank holds both.
-//   ulacache  measured from the address spaces after decode steps: TP = shards (exclusive
-//             device/host) + every rank's local buffer; DP = exclusive device/host pools.
+//   ulacache  measured from the address spaces after decode steps: TP with attention at home
+//             (TpAttention::kAtHome) = the shards (exclusive device/host), no buffer;
+//             DP = exclusive device/host pools.
+//   ulacache_local_buffer  TP with DESIGN.md's local buffers (TpAttention::kLocalBuffer):
+//             the shards + every rank's local buffer.
 // The baselines' counts follow from their definition (DESIGN.md "Baselines"); UlaCache's
-// are read from the pools. Also: local-buffer hit rate and bytes fetched from other ranks
-// per step (TP, after a warm-up step). Prefetch overlap: `ula bench tp-prefetch`.
+// are read from the pools. Also, per step after a warm-up step, the traffic between ranks
+// of each TP strategy: local buffer = hit rate and KV bytes fetched from other ranks
+// (counted by the backend); at home = the absorbed queries all-gathered and the partial
+// outputs exchanged (bf16 queries, float32 partial records as partial_attention.h), per
+// query token and layer from the model shape. Prefetch overlap: `ula bench tp-prefetch`.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -37,9 +43,17 @@ struct DupOptions {
 };
 
 struct Row {
-  std::string system, mode;
+  std::string system, mode, attention;
   std::uint64_t physical = 0, distinct = 0;
 };
+
+// One TP strategy run on the counting backend.
+struct TpRun {
+  std::uint64_t physical = 0, distinct = 0, buffered = 0;
+  TpRankStepStats measured;       // steps 2.., all ranks
+  std::uint64_t remote_bytes = 0;  // KV bytes fetched from other ranks, steps 2..
+  std::uint64_t selections = 0;    // steps 2..
+}; 
 
 template <class T>
 T OrDie(Result<T> r, const char* what) {
@@ -50,36 +64,34 @@ T OrDie(Result<T> r, const char* what) {
   return std::move(*r);
 }
 
-int RunDup(const DupOptions& o) {
-  const std::filesystem::path dir = o.config_dir.empty() ? DefaultConfigDir() : std::filesystem::path(o.config_dir);
-  const ModelConfig model = OrDie(LoadModelConfigByName(o.model, dir), "model");
-  WorkloadConfig wl = OrDie(LoadWorkloadConfigByName(o.workload, dir), "workload");
-  auto specs = OrDie(GenerateWorkload(wl), "workload");
+// Local buffer slots per rank per group: buffer_factor x one step's remote working set.
+std::uint64_t BufferSlots(const DupOptions& o, const ModelConfig& model, const WorkloadConfig& wl, std::uint32_t n_req) {
+  const std::uint64_t per_step_remote = std::uint64_t{n_req} * model.top_k * wl.queries_per_step() * (o.ranks - 1) / o.ranks;
+  return static_cast<std::uint64_t>(o.buffer_factor * per_step_remote);
+}
+
+// Runs o.steps decode steps of the first requests through one TP strategy (the same
+// selections for both: the selection model is re-seeded) and counts what is stored.
+TpRun RunTp(const DupOptions& o, const ModelConfig& model, const WorkloadConfig& wl,
+            const std::vector<RequestSpec>& specs, TpAttention attention, Backend& counting) {
   const std::uint32_t n_req = std::min<std::uint32_t>(o.requests, static_cast<std::uint32_t>(specs.size()));
   const std::uint32_t groups = model.num_groups(), entry = model.group_entry_bytes(), p = o.ranks;
   const std::uint32_t queries = wl.queries_per_step();
-  std::uint64_t tokens = 0;
-  for (std::uint32_t i = 0; i < n_req; ++i) tokens += specs[i].input_tokens + o.steps;
-  const std::uint64_t n = tokens;  // entries per group at the end of the run
-
-  // Selections of one step per request and group (the selection model; positions -> addresses).
+  std::uint64_t n = 0;  // entries per group at the end of the run
+  for (std::uint32_t i = 0; i < n_req; ++i) n += specs[i].input_tokens + o.steps;
   SelectionModelParams sp{.top_k = model.top_k, .sink_tokens = o.sinks, .recent_tokens = o.recent, .keep_mean = o.keep,
                           .keep_stddev = 0.05, .draft_keep = o.draft_keep, .seed = wl.seed};
   auto selector = OrDie(SelectionModel::Create(sp), "selection model");
-
-  // --- UlaCache TP (counting backend) ---
-  auto counting = MakeCountingBackend();
-  const std::uint64_t per_step_remote = std::uint64_t{n_req} * model.top_k * queries * (p - 1) / p;
-  const std::uint64_t buffer_slots = static_cast<std::uint64_t>(o.buffer_factor * per_step_remote);
   TpConfig tc;
   tc.num_ranks = p;
   tc.num_groups = groups;
   tc.entry_bytes = entry;
+  tc.attention = attention;
   const std::uint64_t shard = (n + p - 1) / p + 1024;
   tc.device_bytes_per_rank = shard * entry * groups;  // the whole batch fits on device in TP
   tc.host_bytes_per_rank = 0;
-  tc.buffer_bytes_per_rank = buffer_slots * entry * groups;
-  auto tp = OrDie(TpAddressSpace::Create(tc, *counting), "TP space");
+  tc.buffer_bytes_per_rank = attention == TpAttention::kAtHome ? 0 : BufferSlots(o, model, wl, n_req) * entry * groups;
+  auto tp = OrDie(TpAddressSpace::Create(tc, counting), "TP space");
   TpStepPlanner planner(*tp, nullptr, {.parallel_ranks = false});
   std::vector<std::vector<LogicalAddr>> addrs(n_req);
   for (std::uint32_t i = 0; i < n_req; ++i) {
@@ -89,10 +101,10 @@ int RunDup(const DupOptions& o) {
   tp->AdvanceRound();
   std::vector<std::vector<std::uint32_t>> per_query;
   std::vector<LogicalAddr> sel;
-  TpRankStepStats warm, measured;
-  std::uint64_t remote_bytes = 0, selections = 0;
+  TpRun run;
+  counting.ResetCounters();
   for (std::uint32_t step = 0; step < o.steps; ++step) {
-    if (step == 1) counting->ResetCounters();
+    if (step == 1) counting.ResetCounters();
     for (std::uint32_t g = 0; g < groups; ++g) {
       sel.clear();
       for (std::uint32_t i = 0; i < n_req; ++i) {
@@ -102,8 +114,10 @@ int RunDup(const DupOptions& o) {
         }
       }
       auto plan = OrDie(planner.Step(GroupId(static_cast<std::uint16_t>(g)), sel), "TP step");
-      (step == 0 ? warm : measured) += plan.Total();
-      if (step > 0) selections += sel.size();
+      if (step > 0) {
+        run.measured += plan.Total();
+        run.selections += sel.size();
+      }
     }
     tp->AdvanceRound();
     for (std::uint32_t i = 0; i < n_req; ++i) {
@@ -111,20 +125,35 @@ int RunDup(const DupOptions& o) {
       addrs[i].push_back(more[0]);
     }
   }
-  remote_bytes = counting->counters().Bytes(Tier::kDevice, Tier::kDevice, true) +
-                 counting->counters().Bytes(Tier::kHost, Tier::kDevice, true);
-  std::uint64_t tp_physical = 0, buffered = 0;
+  run.remote_bytes = counting.counters().Bytes(Tier::kDevice, Tier::kDevice, true) +
+                     counting.counters().Bytes(Tier::kHost, Tier::kDevice, true);
   for (std::uint32_t r = 0; r < p; ++r) {
     for (std::uint32_t g = 0; g < groups; ++g) {
       const Rank rank(static_cast<std::uint16_t>(r));
       const GroupId gid(static_cast<std::uint16_t>(g));
-      tp_physical += tp->NumUsed(rank, gid, Tier::kDevice) + tp->NumUsed(rank, gid, Tier::kHost);
-      buffered += tp->NumBuffered(rank, gid);
+      run.physical += tp->NumUsed(rank, gid, Tier::kDevice) + tp->NumUsed(rank, gid, Tier::kHost);
+      run.buffered += tp->NumBuffered(rank, gid);
     }
   }
-  tp_physical += buffered;
-  const std::uint64_t tp_distinct = tp->num_live_addresses() * groups;
-  tp.reset();
+  run.physical += run.buffered;
+  run.distinct = tp->num_live_addresses() * groups;
+  return run;
+}
+
+int RunDup(const DupOptions& o) {
+  const std::filesystem::path dir = o.config_dir.empty() ? DefaultConfigDir() : std::filesystem::path(o.config_dir);
+  const ModelConfig model = OrDie(LoadModelConfigByName(o.model, dir), "model");
+  WorkloadConfig wl = OrDie(LoadWorkloadConfigByName(o.workload, dir), "workload");
+  auto specs = OrDie(GenerateWorkload(wl), "workload");
+  const std::uint32_t n_req = std::min<std::uint32_t>(o.requests, static_cast<std::uint32_t>(specs.size()));
+  const std::uint32_t groups = model.num_groups(), entry = model.group_entry_bytes(), p = o.ranks;
+  const std::uint32_t queries = wl.queries_per_step();
+  std::uint64_t n = 0;  // entries per group at the end of the run
+  for (std::uint32_t i = 0; i < n_req; ++i) n += specs[i].input_tokens + o.steps;
+
+  auto counting = MakeCountingBackend();
+  const TpRun home = RunTp(o, model, wl, specs, TpAttention::kAtHome, *counting);
+  const TpRun buffered = RunTp(o, model, wl, specs, TpAttention::kLocalBuffer, *counting);
 
   // --- UlaCache DP (counting backend): exclusive tiers, request i on rank i mod P ---
   AddressSpaceConfig dc;
@@ -153,45 +182,78 @@ int RunDup(const DupOptions& o) {
 
   const std::uint64_t ng = n * groups, hs = std::uint64_t{n_req} * o.hisparse_buffer * groups;
   std::vector<Row> rows = {
-      {"all_gpu", "tp", p * ng, ng},        {"hisparse", "tp", p * (ng + hs), ng}, {"ulacache", "tp", tp_physical, tp_distinct},
-      {"all_gpu", "dp", ng, ng},            {"hisparse", "dp", ng + hs, ng},       {"ulacache", "dp", dp_physical, dp_distinct}};
-  const double hit_rate = measured.buffer_hits + measured.remote_fetches == 0
-                              ? 0
-                              : double(measured.buffer_hits) / double(measured.buffer_hits + measured.remote_fetches);
+      {"all_gpu", "tp", "", p * ng, ng},
+      {"hisparse", "tp", "", p * (ng + hs), ng},
+      {"ulacache", "tp", "at_home", home.physical, home.distinct},
+      {"ulacache_local_buffer", "tp", "local_buffer", buffered.physical, buffered.distinct},
+      {"all_gpu", "dp", "", ng, ng},
+      {"hisparse", "dp", "", ng + hs, ng},
+      {"ulacache", "dp", "", dp_physical, dp_distinct}};
+  const TpRankStepStats& m = buffered.measured;
+  const double hit_rate =
+      m.buffer_hits + m.remote_fetches == 0 ? 0 : double(m.buffer_hits) / double(m.buffer_hits + m.remote_fetches);
   const std::uint32_t measured_steps = o.steps > 1 ? o.steps - 1 : 1;
-  const double bytes_per_step = double(remote_bytes) / measured_steps;
+  const double fetch_per_step = double(buffered.remote_bytes) / measured_steps;
+  // Attention at home: per query token and layer pass, each rank receives the other ranks'
+  // absorbed queries (bf16) and sends its partial records of the heads other ranks own
+  // (float32, partial_attention.h). Layer passes per step: layers_per_group per group (the
+  // basis of the group entry, so that both strategies count the same layers).
+  const double others = double(p - 1) / p;
+  const double query_bytes = others * model.attention_heads * (model.kv_lora_rank + model.qk_rope_head_dim) * 2.0;
+  const double partial_bytes = others * model.attention_heads * (model.kv_lora_rank + 2) * 4.0;
+  const double query_tokens = double(n_req) * queries;
+  const double layer_passes = double(groups) * model.layers_per_group;
+  const double exchange_per_rank = query_tokens * layer_passes * (query_bytes + partial_bytes);
+  // KV entries each rank's attention reads per step (per group, summed over groups).
+  const double home_reads = double(home.measured.home_hits + home.measured.home_misses) / p / measured_steps;
+  const double buffered_reads = double(m.distinct) / p / measured_steps;
+  const std::uint64_t buffer_slots = BufferSlots(o, model, wl, n_req);
 
   if (o.json) {
     nlohmann::json j;
     j["systems"] = nlohmann::json::array();
     for (const Row& r : rows) {
-      j["systems"].push_back({{"system", r.system}, {"mode", r.mode}, {"ranks", p}, {"physical_entries", r.physical},
-                              {"distinct_entries", r.distinct},
-                              {"distinct_fraction", r.physical ? double(r.distinct) / double(r.physical) : 0.0}});
+      nlohmann::json row{{"system", r.system}, {"mode", r.mode}, {"ranks", p}, {"physical_entries", r.physical},
+                         {"distinct_entries", r.distinct},
+                         {"distinct_fraction", r.physical ? double(r.distinct) / double(r.physical) : 0.0}};
+      if (!r.attention.empty()) row["tp_attention"] = r.attention;
+      j["systems"].push_back(row);
     }
     j["scenario"] = {{"model", model.name}, {"workload", wl.name}, {"requests", n_req}, {"groups", groups},
                      {"entry_bytes", entry}, {"queries_per_step", queries}, {"steps", o.steps},
                      {"local_buffer_slots_per_rank_per_group", buffer_slots}};
     j["tp"] = {{"local_buffer_hit_rate", hit_rate},
-               {"remote_bytes_per_step_all_ranks", bytes_per_step},
-               {"remote_bytes_per_step_per_rank", bytes_per_step / p},
-               {"remote_fetches", measured.remote_fetches},
-               {"buffer_hits", measured.buffer_hits},
-               {"selections", selections}};
+               {"remote_bytes_per_step_all_ranks", fetch_per_step},
+               {"remote_bytes_per_step_per_rank", fetch_per_step / p},
+               {"remote_fetches", m.remote_fetches},
+               {"buffer_hits", m.buffer_hits},
+               {"selections", buffered.selections},
+               {"at_home_exchange_bytes_per_step_per_rank", exchange_per_rank},
+               {"at_home_query_bytes_per_token_layer", query_bytes},
+               {"at_home_partial_bytes_per_token_layer", partial_bytes},
+               {"at_home_kv_reads_per_step_per_rank", home_reads},
+               {"local_buffer_kv_reads_per_step_per_rank", buffered_reads},
+               {"at_home_remote_fetches", home.measured.remote_fetches}};
     fmt::print("{}\n", j.dump());
     return 0;
   }
   fmt::print("ula bench dup: model {} workload {}: {} requests, {} groups of {} B, {} queries/step, {} ranks, {} steps\n",
              model.name, wl.name, n_req, groups, entry, queries, p, o.steps);
-  fmt::print("{:<10} {:<4} {:>16} {:>16} {:>9}\n", "system", "mode", "physical", "distinct", "fraction");
+  fmt::print("{:<22} {:<4} {:>16} {:>16} {:>9}\n", "system", "mode", "physical", "distinct", "fraction");
   for (const Row& r : rows) {
-    fmt::print("{:<10} {:<4} {:>16} {:>16} {:>9.4f}\n", r.system, r.mode, r.physical, r.distinct,
+    fmt::print("{:<22} {:<4} {:>16} {:>16} {:>9.4f}\n", r.system, r.mode, r.physical, r.distinct,
                double(r.distinct) / double(r.physical));
   }
-  fmt::print("TP local buffer: {} slots per rank per group ({:.2f} x one step's remote working set)\n", buffer_slots,
-             o.buffer_factor);
-  fmt::print("TP local-buffer hit rate (steps 2..{}): {:.4f}; fetched from other ranks per step: {:.1f} MB all ranks, "
-             "{:.1f} MB per rank\n", o.steps, hit_rate, bytes_per_step / 1e6, bytes_per_step / p / 1e6);
+  fmt::print("TP ulacache: attention at home (no local buffer); ulacache_local_buffer: {} buffer slots per rank per "
+             "group ({:.2f} x one step's remote working set)\n", buffer_slots, o.buffer_factor);
+  fmt::print("TP traffic per step and rank (steps 2..{}):\n", o.steps);
+  fmt::print("  local buffer: hit rate {:.4f}; KV fetched from other ranks {:.1f} MB ({:.1f} MB all ranks); "
+             "KV entries read by attention {:.0f}\n", hit_rate, fetch_per_step / p / 1e6, fetch_per_step / 1e6,
+             buffered_reads);
+  fmt::print("  at home:      queries all-gathered + partials exchanged {:.1f} MB ({:.0f} + {:.0f} B per query token "
+             "and layer); KV fetched 0 B; KV entries read by attention {:.0f}\n", exchange_per_rank / 1e6, query_bytes,
+             partial_bytes, home_reads);
+  fmt::print("  at home / local buffer traffic: {:.3f}\n", fetch_per_step > 0 ? exchange_per_rank / (fetch_per_step / p) : 0.0);
   return 0;
 }
 

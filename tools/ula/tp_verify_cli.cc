@@ -31,6 +31,12 @@ int RunTpVerify(const TpVerifyArgs& a) {
     }
     c.policy = *kind;
   }
+  auto attention = ParseTpAttention(a.attention);
+  if (!attention) {
+    fmt::print(stderr, "ula verify: {}\n", attention.error().ToString());
+    return 2;
+  }
+  c.attention = *attention;
   TpFabric* fabric = nullptr;
 #ifdef ULA_HAVE_MPI
   std::unique_ptr<MpiSession> session;
@@ -70,14 +76,22 @@ int RunTpVerify(const TpVerifyArgs& a) {
                      {"invariant_failures", r.invariant_failures}, {"bad_input_checks", r.bad_input_checks},
                      {"bad_input_failures", r.bad_input_failures}, {"home_swaps", r.home_swaps},
                      {"buffer_hits", r.buffer_hits}, {"remote_fetches", r.remote_fetches},
-                     {"buffer_evictions", r.buffer_evictions}, {"all_ranks_ok", all_ok}, {"seconds", seconds},
+                     {"buffer_evictions", r.buffer_evictions}, {"tp_attention", a.attention},
+                     {"left_to_home", r.left_to_home}, {"attention_checks", r.attention_checks},
+                     {"attention_mismatches", r.attention_mismatches}, {"max_attention_error", r.max_attention_error},
+                     {"all_ranks_ok", all_ok}, {"seconds", seconds},
                      {"failures", r.first_failures}};
     fmt::print("{}\n", j.dump());
   } else {
-    fmt::print("ula verify --mode tp ({}, rank {} of {}): seed {}, {} operations in {:.1f} s\n",
-               fabric ? "MPI" : "in-process", me, c.num_ranks, r.seed, r.ops, seconds);
+    fmt::print("ula verify --mode tp ({}, rank {} of {}, attention {}): seed {}, {} operations in {:.1f} s\n",
+               fabric ? "MPI" : "in-process", me, c.num_ranks, a.attention, r.seed, r.ops, seconds);
     fmt::print("  steps {} (+{} refused, checked unchanged); home swaps {}; buffer hits {} / fetches {} / evictions {}\n",
                r.steps, r.rejected_steps, r.home_swaps, r.buffer_hits, r.remote_fetches, r.buffer_evictions);
+    if (c.attention == TpAttention::kAtHome) {
+      fmt::print("  attention at home: {} selections left to their home rank; {} merged outputs vs the reference, "
+                 "{} outside tolerance, largest relative difference {:.3g}\n",
+                 r.left_to_home, r.attention_checks, r.attention_mismatches, r.max_attention_error);
+    }
     fmt::print("  entries checked {}; mismatches {}; invariant failures {}; bad input refused {} ({} not cleanly)\n",
                r.entries_checked, r.mismatches, r.invariant_failures, r.bad_input_checks, r.bad_input_failures);
     for (const auto& f : r.first_failures) fmt::print("  FAIL: {}\n", f);

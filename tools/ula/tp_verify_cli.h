@@ -17,6 +17,7 @@ struct TpVerifyArgs {
   std::uint32_t host_slots = 1024;
   std::uint32_t top_k = 32;
   std::string policy;
+  std::string attention = "local_buffer";  // or "at_home"
   bool mpi = false;
   bool json = false;
 };

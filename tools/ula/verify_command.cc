@@ -36,11 +36,18 @@ Action SetupVerify(CLI::App& app) {
   auto mpi = std::make_shared<bool>(false);
   app.add_option("--mode", *mode, "dp or tp (TP mode, issue 5)")->check(CLI::IsMember({"dp", "tp"}))->capture_default_str();
   app.add_flag("--mpi", *mpi, "tp: one process per rank (run under mpirun)");
-  return [cfg, json, policy, mode, mpi, attention_model, attention_steps]() -> int {
+  auto tp_attention = std::make_shared<std::string>("local_buffer");
+  app.add_option("--tp-attention", *tp_attention,
+                 "tp: local_buffer (fetch remote entries into per-rank buffers) or at_home (partial attention on "
+                 "each shard, merged by log-sum-exp)")
+      ->check(CLI::IsMember({"local_buffer", "at_home"}))
+      ->capture_default_str();
+  return [cfg, json, policy, mode, mpi, attention_model, attention_steps, tp_attention]() -> int {
     if (*mode == "tp") {
       return RunTpVerify({.seed = cfg->seed, .ops = cfg->ops, .ranks = cfg->num_ranks, .groups = cfg->num_groups,
                           .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,
-                          .top_k = cfg->top_k, .policy = *policy, .mpi = *mpi, .json = *json});
+                          .top_k = cfg->top_k, .policy = *policy, .attention = *tp_attention, .mpi = *mpi,
+                          .json = *json});
     }
     auto kind = ParsePolicyKind(*policy);
     if (!kind) {
