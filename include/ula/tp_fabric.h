@@ -45,6 +45,17 @@ class TpFabric {
                                std::span<std::byte* const> dst) = 0;
   // Collective: all.size() == num_ranks() * mine.size(); rank q's bytes land at q * mine.size().
   virtual Status AllGather(std::span<const std::byte> mine, std::span<std::byte> all) = 0;
+  // Collective personalized exchange: send_counts[q] bytes of `send` (blocks in rank
+  // order) go to rank q, and recv holds recv_counts[q] bytes from each rank q, in rank
+  // order (recv_counts[q] must equal what q sends here). Used by the attention at home to
+  // hand every head's partial records to the rank that owns the head. kInvalidArgument
+  // for sizes that do not add up; kUnsupported from a fabric that moves no bytes (the
+  // simulator's counting fabric).
+  virtual Status AllToAllV(std::span<const std::byte> send, std::span<const std::size_t> send_counts,
+                           std::span<std::byte> recv, std::span<const std::size_t> recv_counts) {
+    (void)send, (void)send_counts, (void)recv, (void)recv_counts;
+    return MakeError(ErrorCode::kUnsupported, "this fabric has no all-to-all");
+  }
 };
 
 }  // namespace ula

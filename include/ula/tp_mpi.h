@@ -13,7 +13,7 @@
 // exposed as MPI-3 RMA windows, locked once for the exposure (MPI_Win_lock_all, shared,
 // passive target); FetchFromHome reads the home locations and then the bytes with MPI_Get
 // and MPI_Win_flush, batched per source rank. Barrier is MPI_Win_sync on every window plus
-// MPI_Barrier; AllTrue is MPI_Allreduce(LAND); AllGather is MPI_Allgather.
+// MPI_Barrier; AllTrue is MPI_Allreduce(LAND); AllGather is MPI_Allgather; AllToAllV is MPI_Alltoallv.
 // Thread-safety: MPI is initialized with MPI_THREAD_FUNNELED; call from the main thread.
 #pragma once
 

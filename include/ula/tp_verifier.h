@@ -13,17 +13,17 @@
 // runs the same seeded workload and hosts its own rank only; the counters are per process
 // (reduce them across ranks yourself; the MPI test does).
 //
-// With TpAttention::kAtHome (config.attention) there are no buffer copies: each hosted rank
-// runs PartialMlaAttention over the entries of its own shard for every query of the step,
-// the partials of all ranks are exchanged (in-process directly, under MPI with one
-// AllGather per step), merged in rank order, and the merged output of every query is
-// compared with SparseMlaAttention over the shadow bytes (float tolerance: the sums run in
-// another order) — the attention check runs on every step, not only when recording.
+// With TpAttention::kAtHome (config.attention) there are no buffer copies: after every
+// step AttendAtHome (tp_home_attention.h) runs each hosted rank's partial attention over
+// its own shard for every query of the step, exchanges the records by head owner
+// (in-process by copying, under MPI with one all-to-all), merges them in rank order, and
+// each rank's heads are compared with SparseMlaAttention over the shadow bytes (float
+// tolerance: the sums run in another order) — on every step, not only when recording.
 //
 // Records (config.record): per step and hosted rank the refs and an attention output —
 // with local buffers the reference attention of every request's first query read at the
-// rank's refs, at home the merged output of every query — what the differential test
-// compares between in-process and MPI ranks.
+// rank's refs, at home the merged output of the rank's heads for every query — what the
+// differential test compares between in-process and MPI ranks.
 // Thread-safety: one driver thread (rank workers and copy workers aside).
 #pragma once
 
@@ -86,7 +86,8 @@ struct TpVerifierReport {
   std::uint64_t remote_fetches = 0;
   std::uint64_t buffer_evictions = 0;
   std::uint64_t left_to_home = 0;           // at home: selections covered by another rank
-  std::uint64_t attention_checks = 0;       // at home: merged outputs compared
+  std::uint64_t attention_checks = 0;       // at home: (query, rank with heads) outputs compared
+  std::uint64_t partial_bytes_sent = 0;     // at home: partial records sent to other ranks (hosted)
   std::uint64_t attention_mismatches = 0;   // at home: outside the tolerance
   double max_attention_error = 0.0;         // at home: largest |merged - reference|
   std::vector<std::string> first_failures;  // up to 10

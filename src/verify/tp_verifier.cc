@@ -12,7 +12,7 @@
 #include <unordered_set>
 
 #include "ula/backend.h"
-#include "ula/partial_attention.h"
+#include "ula/tp_home_attention.h"
 #include "ula/reference_attention.h"
 #include "ula/tp_fabric.h"
 #include "ula/tp_step_planner.h"
@@ -60,7 +60,9 @@ class TpVerifier {
         planner_(*space_, fabric, {.parallel_ranks = cfg.parallel_ranks}) {
     report_.seed = cfg.seed;
     const std::uint32_t values = cfg.entry_bytes / 4;
-    mla_ = MlaShape{.num_heads = 2, .kv_lora_rank = values - 4, .rope_dim = 4, .softmax_scale = 0.125f};
+    // At home: 6 heads, so that 4 and 8 ranks own uneven head ranges (some none).
+    const std::uint32_t heads = cfg.attention == TpAttention::kAtHome ? 6 : 2;
+    mla_ = MlaShape{.num_heads = heads, .kv_lora_rank = values - 4, .rope_dim = 4, .softmax_scale = 0.125f};
   }
 
   TpVerifierReport Run() {
@@ -258,78 +260,59 @@ class TpVerifier {
     }
   }
 
-  // Attention at home: every hosted rank's partial over its own shard, exchanged, merged in
-  // rank order, against the reference over the shadow. bounds: query j reads
-  // sel[bounds[j], bounds[j + 1]).
-  void AttendAtHome(const TpStepPlan& plan, std::uint32_t g, std::span<const LogicalAddr> sel,
-                    std::span<const std::size_t> bounds) {
-    const GroupId gid(static_cast<std::uint16_t>(g));
+  // Attention at home (AttendAtHome, tp_home_attention.h): every hosted rank's partials over
+  // its own shard, exchanged by head owner, merged in rank order; each rank's heads against
+  // the reference over the shadow. bounds: query j reads sel[bounds[j], bounds[j + 1]).
+  void CheckAttentionAtHome(const TpStepPlan& plan, std::uint32_t g, std::span<const LogicalAddr> sel,
+                            std::span<const std::size_t> bounds) {
     const std::size_t n_queries = bounds.size() - 1;
-    const std::size_t pv = PartialValues(mla_);
-    const std::uint32_t p = cfg_.num_ranks;
-    std::vector<std::vector<float>> queries(n_queries, std::vector<float>(mla_.query_values()));
+    const std::size_t qv = mla_.query_values();
+    std::vector<float> queries(n_queries * qv);
     for (std::size_t j = 0; j < n_queries; ++j) {
-      for (std::size_t i = 0; i < queries[j].size(); ++i) {
-        queries[j][i] = static_cast<float>((i * 37 + step_ * 11 + g * 5 + j * 3) % 17) / 17.0f - 0.5f;
+      for (std::size_t i = 0; i < qv; ++i) {
+        queries[j * qv + i] = static_cast<float>((i * 37 + step_ * 11 + g * 5 + j * 3) % 17) / 17.0f - 0.5f;
       }
     }
-    // partials[rank][query][pv]
-    std::vector<float> all(std::size_t{p} * n_queries * pv, 0.0f);
+    auto att = AttendAtHome(*space_, plan, GroupId(static_cast<std::uint16_t>(g)), mla_, queries, bounds, fabric_);
+    if (!att) {
+      Fail(report_.invariant_failures, "attention at home failed: " + att.error().ToString());
+      return;
+    }
+    std::vector<float> want(mla_.output_values());
     std::vector<const std::byte*> entries;
-    for (std::size_t h = 0; h < plan.ranks.size(); ++h) {
-      const std::uint32_t r = plan.ranks[h].value();
-      for (std::size_t j = 0; j < n_queries; ++j) {
-        entries.clear();
-        for (std::size_t i = bounds[j]; i < bounds[j + 1]; ++i) {
-          if (plan.refs[h][i].source == TpReadRef::Source::kElsewhere) continue;
-          entries.push_back(space_->RefData(plan.ranks[h], gid, plan.refs[h][i]));
-        }
-        std::span<float> out(all.data() + (std::size_t{r} * n_queries + j) * pv, pv);
-        if (!PartialMlaAttention(mla_, queries[j], entries, out)) {
-          Fail(report_.invariant_failures, "partial attention refused its input");
-        }
-      }
-    }
-    if (fabric_ != nullptr) {
-      const std::uint32_t me = fabric_->local_rank().value();
-      std::vector<float> mine(all.begin() + std::ptrdiff_t(std::size_t{me} * n_queries * pv),
-                              all.begin() + std::ptrdiff_t(std::size_t{me + 1} * n_queries * pv));
-      if (auto s = fabric_->AllGather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all))); !s) {
-        Fail(report_.invariant_failures, "partial exchange failed: " + s.error().ToString());
-        return;
-      }
-    }
-    std::vector<float> parts(std::size_t{p} * pv), merged(mla_.output_values()), want(mla_.output_values());
-    std::vector<float> outputs;
+    const std::uint32_t l = mla_.kv_lora_rank;
     for (std::size_t j = 0; j < n_queries; ++j) {
-      for (std::uint32_t r = 0; r < p; ++r) {
-        std::copy_n(all.begin() + std::ptrdiff_t((std::size_t{r} * n_queries + j) * pv), pv,
-                    parts.begin() + std::ptrdiff_t(std::size_t{r} * pv));
-      }
       entries.clear();
       for (std::size_t i = bounds[j]; i < bounds[j + 1]; ++i) entries.push_back(Shadow(sel[i], g));
-      if (!MergeMlaPartials(mla_, parts, merged) || !SparseMlaAttention(mla_, queries[j], entries, want)) {
-        Fail(report_.invariant_failures, "merge or reference attention refused its input");
+      if (!SparseMlaAttention(mla_, std::span(queries).subspan(j * qv, qv), entries, want)) {
+        Fail(report_.invariant_failures, "reference attention refused its input");
         continue;
       }
-      ++report_.attention_checks;
-      double worst = 0.0;
-      for (std::size_t d = 0; d < merged.size(); ++d) {
-        const double err = std::abs(double{merged[d]} - double{want[d]});
-        worst = std::max(worst, err / (1.0 + std::abs(double{want[d]})));
+      for (std::size_t h = 0; h < att->ranks.size(); ++h) {
+        const HeadRange heads = att->heads[h];
+        if (heads.count() == 0) continue;
+        ++report_.attention_checks;
+        double worst = 0.0;
+        for (std::uint32_t k = 0; k < heads.count(); ++k) {
+          for (std::uint32_t d = 0; d < l; ++d) {
+            const double got = att->outputs[h][(j * heads.count() + k) * l + d];
+            const double ref = want[std::size_t{heads.begin + k} * l + d];
+            worst = std::max(worst, std::abs(got - ref) / (1.0 + std::abs(ref)));
+          }
+        }
+        report_.max_attention_error = std::max(report_.max_attention_error, worst);
+        if (!(worst <= kAttentionTolerance)) {
+          Fail(report_.attention_mismatches,
+               fmt::format("step {} group {} query {} rank {}: merged attention differs from the reference by {:.3g}",
+                           step_, g, j, att->ranks[h].value(), worst));
+        }
       }
-      report_.max_attention_error = std::max(report_.max_attention_error, worst);
-      if (!(worst <= kAttentionTolerance)) {
-        Fail(report_.attention_mismatches,
-             fmt::format("step {} group {} query {}: merged attention differs from the reference by {:.3g}", step_, g, j,
-                         worst));
-      }
-      outputs.insert(outputs.end(), merged.begin(), merged.end());
     }
+    report_.partial_bytes_sent += att->bytes_sent;
     if (cfg_.record) {
       for (std::size_t h = 0; h < plan.ranks.size(); ++h) {
         report_.records.push_back(
-            TpStepRecord{step_, static_cast<std::uint16_t>(g), plan.ranks[h].value(), plan.refs[h], outputs});
+            TpStepRecord{step_, static_cast<std::uint16_t>(g), plan.ranks[h].value(), plan.refs[h], att->outputs[h]});
       }
     }
   }
@@ -382,7 +365,7 @@ class TpVerifier {
         ++report_.steps;
         Tally(*plan);
         CheckPlan(*plan, g, sel[b], "after its step");
-        if (cfg_.attention == TpAttention::kAtHome) AttendAtHome(*plan, g, sel[b], bounds[b]);
+        if (cfg_.attention == TpAttention::kAtHome) CheckAttentionAtHome(*plan, g, sel[b], bounds[b]);
         plans[b] = std::move(*plan);
         CheckInvariants("step");
       }

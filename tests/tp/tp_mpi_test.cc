@@ -170,6 +170,33 @@ TEST(TpMpi, CoalescedFetchReadsEveryEntryExactly) {
   EXPECT_TRUE(g_fabric->AllTrue(ok)) << "some rank read wrong bytes";
 }
 
+// AllToAllV: rank r sends r + q + 1 bytes of value (r * 16 + q) to rank q; counts that do
+// not add up to the buffers are refused before any communication.
+TEST(TpMpi, AllToAllVDeliversEveryBlockInRankOrder) {
+  const std::uint32_t p = g_fabric->num_ranks(), me = g_fabric->local_rank().value();
+  std::vector<std::byte> send, recv;
+  std::vector<std::size_t> sc(p), rc(p);
+  for (std::uint32_t q = 0; q < p; ++q) {
+    sc[q] = me + q + 1;
+    rc[q] = q + me + 1;
+    send.insert(send.end(), sc[q], std::byte(me * 16 + q));
+  }
+  std::size_t total = 0;
+  for (std::size_t c : rc) total += c;
+  recv.assign(total, std::byte{0xff});
+  std::vector<std::size_t> wrong = sc;
+  wrong[0] += 1;
+  EXPECT_EQ(g_fabric->AllToAllV(send, wrong, recv, rc).error().code(), ErrorCode::kInvalidArgument);
+  ASSERT_TRUE(g_fabric->AllToAllV(send, sc, recv, rc));
+  bool ok = true;
+  std::size_t at = 0;
+  for (std::uint32_t q = 0; q < p; ++q) {
+    for (std::size_t i = 0; i < rc[q]; ++i) ok = ok && recv[at + i] == std::byte(q * 16 + me);
+    at += rc[q];
+  }
+  EXPECT_TRUE(g_fabric->AllTrue(ok)) << "some rank received wrong blocks";
+}
+
 TEST(TpMpi, StripedIndexerGatherEqualsSingleRankTopK) {
   const std::uint64_t seed = 777;
   std::mt19937_64 rng(seed);  // same stream on every rank

@@ -180,6 +180,33 @@ class MpiFabric final : public TpFabric {
     return Ok();
   }
 
+  Status AllToAllV(std::span<const std::byte> send, std::span<const std::size_t> send_counts, std::span<std::byte> recv,
+                   std::span<const std::size_t> recv_counts) override {
+    if (send_counts.size() != size_ || recv_counts.size() != size_) {
+      return MakeError(ErrorCode::kInvalidArgument, fmt::format("fabric: all-to-all needs {} counts each way", size_));
+    }
+    std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
+    std::size_t s_total = 0, r_total = 0;
+    for (std::uint32_t q = 0; q < size_; ++q) {
+      if (send_counts[q] > INT_MAX || recv_counts[q] > INT_MAX || s_total > INT_MAX || r_total > INT_MAX) {
+        return MakeError(ErrorCode::kInvalidArgument, "fabric: all-to-all block over 2 GiB");
+      }
+      sc[q] = static_cast<int>(send_counts[q]);
+      sd[q] = static_cast<int>(s_total);
+      rc[q] = static_cast<int>(recv_counts[q]);
+      rd[q] = static_cast<int>(r_total);
+      s_total += send_counts[q];
+      r_total += recv_counts[q];
+    }
+    if (s_total != send.size() || r_total != recv.size()) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("fabric: all-to-all counts add to {} / {} B, buffers hold {} / {} B", s_total, r_total,
+                                   send.size(), recv.size()));
+    }
+    MPI_Alltoallv(send.data(), sc.data(), sd.data(), MPI_BYTE, recv.data(), rc.data(), rd.data(), MPI_BYTE, comm_);
+    return Ok();
+  }
+
  private:
   struct Windows {
     MPI_Win home, device, host;
