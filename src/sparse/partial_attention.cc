@@ -1,6 +1,8 @@
 // Partial sparse MLA attention and the log-sum-exp merge (partial_attention.h).
 #include "ula/partial_attention.h"
 
+#include "sparse/mla_math.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -22,33 +24,15 @@ Status PartialMlaAttention(const MlaShape& shape, std::span<const float> query,
   }
   const std::uint32_t width = shape.kv_lora_rank + shape.rope_dim;
   const std::uint32_t record = shape.kv_lora_rank + 2;
-  const std::size_t n = entries.size();
-  std::vector<float> kv(n * width);  // [n][L + R]
-  for (std::size_t i = 0; i < n; ++i) {
-    if (entries[i] == nullptr) {
-      return MakeError(ErrorCode::kInvalidArgument, fmt::format("selected entry {} is null", i));
-    }
-    std::memcpy(kv.data() + i * width, entries[i], shape.entry_bytes());
-  }
-  std::vector<float> weights(n);
+  std::vector<float> kv, weights;  // [n][L + R], [n]
+  ULA_RETURN_IF_ERROR(mla_internal::GatherEntries(shape, entries, kv));
   for (std::uint32_t h = 0; h < shape.num_heads; ++h) {
-    const float* q = query.data() + std::size_t{h} * width;
     float* acc = partial.data() + std::size_t{h} * record;
-    float max_logit = -INFINITY;
-    for (std::size_t i = 0; i < n; ++i) {
-      const float* e = kv.data() + i * width;
-      float dot = 0.0f;
-      for (std::uint32_t d = 0; d < width; ++d) dot += q[d] * e[d];
-      weights[i] = shape.softmax_scale * dot;
-      if (weights[i] > max_logit) max_logit = weights[i];
-    }
+    const float max_logit = mla_internal::SoftmaxWeights(shape, query.data() + std::size_t{h} * width, kv, weights);
     float sum = 0.0f;
-    for (std::size_t i = 0; i < n; ++i) {
-      weights[i] = std::exp(weights[i] - max_logit);
-      sum += weights[i];
-    }
+    for (float w : weights) sum += w;
     for (std::uint32_t d = 0; d < shape.kv_lora_rank; ++d) acc[d] = 0.0f;
-    for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t i = 0; i < weights.size(); ++i) {
       const float* c = kv.data() + i * width;
       for (std::uint32_t d = 0; d < shape.kv_lora_rank; ++d) acc[d] += weights[i] * c[d];
     }

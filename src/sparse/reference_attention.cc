@@ -3,6 +3,8 @@
 // softmax in index order.
 #include "ula/reference_attention.h"
 
+#include "sparse/mla_math.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -32,34 +34,16 @@ Status SparseMlaAttention(const MlaShape& shape, std::span<const float> query,
                      fmt::format("out has {} values, expected {}", out.size(), shape.output_values()));
   }
   const std::uint32_t width = shape.kv_lora_rank + shape.rope_dim;
-  const std::size_t n = entries.size();
-  std::vector<float> kv(n * width);  // [n][L + R]
-  for (std::size_t i = 0; i < n; ++i) {
-    if (entries[i] == nullptr) {
-      return MakeError(ErrorCode::kInvalidArgument, fmt::format("selected entry {} is null", i));
-    }
-    std::memcpy(kv.data() + i * width, entries[i], shape.entry_bytes());
-  }
-  std::vector<float> logits(n);
+  std::vector<float> kv, weights;  // [n][L + R], [n]
+  ULA_RETURN_IF_ERROR(mla_internal::GatherEntries(shape, entries, kv));
   for (std::uint32_t h = 0; h < shape.num_heads; ++h) {
-    const float* q = query.data() + std::size_t{h} * width;
-    float max_logit = -INFINITY;
-    for (std::size_t i = 0; i < n; ++i) {
-      const float* e = kv.data() + i * width;
-      float dot = 0.0f;
-      for (std::uint32_t d = 0; d < width; ++d) dot += q[d] * e[d];
-      logits[i] = shape.softmax_scale * dot;
-      if (logits[i] > max_logit) max_logit = logits[i];
-    }
+    mla_internal::SoftmaxWeights(shape, query.data() + std::size_t{h} * width, kv, weights);
     float denom = 0.0f;
-    for (std::size_t i = 0; i < n; ++i) {
-      logits[i] = std::exp(logits[i] - max_logit);
-      denom += logits[i];
-    }
+    for (float w : weights) denom += w;
     float* o = out.data() + std::size_t{h} * shape.kv_lora_rank;
     for (std::uint32_t d = 0; d < shape.kv_lora_rank; ++d) o[d] = 0.0f;
-    for (std::size_t i = 0; i < n; ++i) {
-      const float p = logits[i] / denom;
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+      const float p = weights[i] / denom;
       const float* c = kv.data() + i * width;
       for (std::uint32_t d = 0; d < shape.kv_lora_rank; ++d) o[d] += p * c[d];
     }
