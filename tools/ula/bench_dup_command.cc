@@ -4,11 +4,11 @@
 //   all_gpu   TP: every rank stores every entry; DP: each request on one rank.
 //   hisparse  full history on host + a fixed per-request device buffer (4096 slots) whose
 //             entries duplicate host entries; in TP every rank holds both.
-//   ulacache  measured from the address spaces after decode steps: TP with attention at home
-//             (TpAttention::kAtHome) = the shards (exclusive device/host), no buffer;
-//             DP = exclusive device/host pools.
-//   ulacache_local_buffer  TP with DESIGN.md's local buffers (TpAttention::kLocalBuffer):
-//             the shards + every rank's local buffer.
+//   ulacache  measured from the address spaces after decode steps: TP with DESIGN.md's
+//             local buffers (TpAttention::kLocalBuffer) = the shards (exclusive
+//             device/host) + every rank's local buffer; DP = exclusive device/host pools.
+//   ulacache_home  TP with attention at home (TpAttention::kAtHome): the shards, no buffer.
+// (The names are those of `ula compare`.)
 // The baselines' counts follow from their definition (DESIGN.md "Baselines"); UlaCache's
 // are read from the pools. Also, per step after a warm-up step, the traffic between ranks
 // of each TP strategy: local buffer = hit rate and KV bytes fetched from other ranks
@@ -184,8 +184,8 @@ int RunDup(const DupOptions& o) {
   std::vector<Row> rows = {
       {"all_gpu", "tp", "", p * ng, ng},
       {"hisparse", "tp", "", p * (ng + hs), ng},
-      {"ulacache", "tp", "at_home", home.physical, home.distinct},
-      {"ulacache_local_buffer", "tp", "local_buffer", buffered.physical, buffered.distinct},
+      {"ulacache", "tp", "local_buffer", buffered.physical, buffered.distinct},
+      {"ulacache_home", "tp", "at_home", home.physical, home.distinct},
       {"all_gpu", "dp", "", ng, ng},
       {"hisparse", "dp", "", ng + hs, ng},
       {"ulacache", "dp", "", dp_physical, dp_distinct}};
@@ -239,13 +239,13 @@ int RunDup(const DupOptions& o) {
   }
   fmt::print("ula bench dup: model {} workload {}: {} requests, {} groups of {} B, {} queries/step, {} ranks, {} steps\n",
              model.name, wl.name, n_req, groups, entry, queries, p, o.steps);
-  fmt::print("{:<22} {:<4} {:>16} {:>16} {:>9}\n", "system", "mode", "physical", "distinct", "fraction");
+  fmt::print("{:<14} {:<4} {:>16} {:>16} {:>9}\n", "system", "mode", "physical", "distinct", "fraction");
   for (const Row& r : rows) {
-    fmt::print("{:<22} {:<4} {:>16} {:>16} {:>9.4f}\n", r.system, r.mode, r.physical, r.distinct,
+    fmt::print("{:<14} {:<4} {:>16} {:>16} {:>9.4f}\n", r.system, r.mode, r.physical, r.distinct,
                double(r.distinct) / double(r.physical));
   }
-  fmt::print("TP ulacache: attention at home (no local buffer); ulacache_local_buffer: {} buffer slots per rank per "
-             "group ({:.2f} x one step's remote working set)\n", buffer_slots, o.buffer_factor);
+  fmt::print("TP ulacache: local buffers of {} slots per rank per group ({:.2f} x one step's remote working set); "
+             "ulacache_home: attention at home, no buffer\n", buffer_slots, o.buffer_factor);
   fmt::print("TP traffic per step and rank (steps 2..{}):\n", o.steps);
   fmt::print("  local buffer: hit rate {:.4f}; KV fetched from other ranks {:.1f} MB ({:.1f} MB all ranks); "
              "KV entries read by attention {:.0f}\n", hit_rate, fetch_per_step / p / 1e6, fetch_per_step / 1e6,
