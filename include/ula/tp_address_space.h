@@ -13,7 +13,8 @@
 //     other ranks read one-sidedly).
 //   - Local buffer of rank r, group g: a device SlotPool of read-only copies of entries
 //     homed on other ranks, with its own residency policy, an owner map and an index
-//     address -> buffer slot.
+//     address -> buffer slot. Empty (no slots) with TpAttention::kAtHome, where each
+//     rank's attention covers only its own shard.
 //
 // Invariants (CheckInvariants, for every hosted rank):
 //   1. Exclusive residency: each live address homed on r has exactly one home location per

@@ -19,7 +19,7 @@
 //
 // With TpAttention::kAtHome there is no remote phase and no barrier: entries homed
 // elsewhere get a kElsewhere ref, and each rank's attention covers only its own shard
-// (merge the partial outputs with MergeMlaPartials, partial_attention.h).
+// (AttendAtHome, tp_home_attention.h, computes and merges the partial outputs).
 //
 // Hosted ranks run on their own threads when options.parallel_ranks (the in-process
 // engine). Thread-safety: a planner is driven by one thread; use one planner per thread to
