@@ -184,8 +184,8 @@ int RunDup(const DupOptions& o) {
   std::vector<Row> rows = {
       {"all_gpu", "tp", "", p * ng, ng},
       {"hisparse", "tp", "", p * (ng + hs), ng},
-      {"ulacache", "tp", "local_buffer", buffered.physical, buffered.distinct},
-      {"ulacache_home", "tp", "at_home", home.physical, home.distinct},
+      {"ulacache", "tp", std::string(TpAttentionName(TpAttention::kLocalBuffer)), buffered.physical, buffered.distinct},
+      {"ulacache_home", "tp", std::string(TpAttentionName(TpAttention::kAtHome)), home.physical, home.distinct},
       {"all_gpu", "dp", "", ng, ng},
       {"hisparse", "dp", "", ng + hs, ng},
       {"ulacache", "dp", "", dp_physical, dp_distinct}};
