@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sim/json_fields.h"
+#include "config/json_fields.h"
 
 namespace ula {
 namespace {
@@ -24,7 +24,7 @@ Error Prefixed(std::string_view origin, const Error& e) {
 constexpr double kBig = 1e18;
 
 // Reads a sourced positive integer into *out.
-Status SourcedUInt(sim::JsonFields& f, const char* field, std::uint64_t min, std::uint64_t max,
+Status SourcedUInt(config_internal::JsonFields& f, const char* field, std::uint64_t min, std::uint64_t max,
                    std::uint32_t* out) {
   auto v = f.SourcedDouble(field, static_cast<double>(min), static_cast<double>(max));
   if (!v) return std::unexpected(v.error());
@@ -96,9 +96,9 @@ Status ScenarioConfig::Validate() const {
 
 Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::string_view origin_view) {
   const std::string origin(origin_view);
-  auto fields = sim::JsonFields::Parse(json_text, origin);
+  auto fields = config_internal::JsonFields::Parse(json_text, origin);
   if (!fields) return std::unexpected(fields.error());
-  sim::JsonFields& f = *fields;
+  config_internal::JsonFields& f = *fields;
   ScenarioConfig s;
   auto str = [&](const char* field, std::string* out) -> Status {
     auto v = f.String(field);
@@ -178,7 +178,7 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
     return std::unexpected(f.FieldError("selection", "must be an object"));
   }
   {
-    auto sel = sim::JsonFields::FromObject(parsed["selection"], origin + ": field 'selection'");
+    auto sel = config_internal::JsonFields::FromObject(parsed["selection"], origin + ": field 'selection'");
     if (!sel) return std::unexpected(sel.error());
     auto src = sel->String("source");
     if (!src) return std::unexpected(src.error());
@@ -209,7 +209,7 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
   }
   {
     const nlohmann::json& obj = parsed["sampling"];
-    auto sm = sim::JsonFields::FromObject(obj, origin + ": field 'sampling'");
+    auto sm = config_internal::JsonFields::FromObject(obj, origin + ": field 'sampling'");
     if (!sm) return std::unexpected(sm.error());
     auto warm = sm->UInt("warmup_steps", 0, 1000);
     if (!warm) return std::unexpected(warm.error());
@@ -242,16 +242,16 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
 }
 
 Result<ScenarioConfig> LoadScenarioConfig(const std::filesystem::path& path) {
-  auto text = sim::ReadTextFile(path.string());
+  auto text = config_internal::ReadTextFile(path.string());
   if (!text) return std::unexpected(text.error());
   return ParseScenarioConfig(*text, path.string());
 }
 
 Result<ModelCostConfig> ParseModelCostConfig(std::string_view json_text, std::string_view origin_view) {
   const std::string origin(origin_view);
-  auto fields = sim::JsonFields::Parse(json_text, origin);
+  auto fields = config_internal::JsonFields::Parse(json_text, origin);
   if (!fields) return std::unexpected(fields.error());
-  sim::JsonFields& f = *fields;
+  config_internal::JsonFields& f = *fields;
   ModelCostConfig m;
   auto name = f.String("name");
   if (!name) return std::unexpected(name.error());
@@ -290,16 +290,16 @@ Result<ModelCostConfig> ParseModelCostConfig(std::string_view json_text, std::st
 
 Result<ModelCostConfig> LoadModelCostConfigByName(std::string_view name, const std::filesystem::path& config_dir) {
   const auto path = config_dir / "costs" / (std::string(name) + ".json");
-  auto text = sim::ReadTextFile(path.string());
+  auto text = config_internal::ReadTextFile(path.string());
   if (!text) return std::unexpected(text.error());
   return ParseModelCostConfig(*text, path.string());
 }
 
 Result<ComputeRates> ParseComputeRates(std::string_view json_text, std::string_view origin_view) {
   const std::string origin(origin_view);
-  auto fields = sim::JsonFields::Parse(json_text, origin);
+  auto fields = config_internal::JsonFields::Parse(json_text, origin);
   if (!fields) return std::unexpected(fields.error());
-  sim::JsonFields& f = *fields;
+  config_internal::JsonFields& f = *fields;
   ComputeRates r;
   auto name = f.String("name");
   if (!name) return std::unexpected(name.error());
@@ -317,7 +317,7 @@ Result<ComputeRates> ParseComputeRates(std::string_view json_text, std::string_v
 
 Result<ComputeRates> LoadComputeRatesByName(std::string_view name, const std::filesystem::path& config_dir) {
   const auto path = config_dir / "costs" / (std::string(name) + ".json");
-  auto text = sim::ReadTextFile(path.string());
+  auto text = config_internal::ReadTextFile(path.string());
   if (!text) return std::unexpected(text.error());
   return ParseComputeRates(*text, path.string());
 }

@@ -23,7 +23,7 @@
 #include "ula/baselines.h"
 #include "ula/error.h"
 
-namespace ula::sim {
+namespace ula::serving_internal {
 
 // Per step of the representative group, entries (not bytes).
 // distinct / hits: the selections the simulated GPU's attention reads and how many of them
@@ -70,4 +70,4 @@ class SimSystem {
 
 Result<std::unique_ptr<SimSystem>> MakeSimSystem(const SimSystemConfig& config);
 
-}  // namespace ula::sim
+}  // namespace ula::serving_internal

@@ -3,8 +3,8 @@
 
 #include <fmt/format.h>
 
-#include "sim/json_fields.h"
-#include "sim/rng.h"
+#include "config/json_fields.h"
+#include "workload/rng.h"
 
 namespace ula {
 namespace {
@@ -33,7 +33,7 @@ Status WorkloadConfig::Validate() const {
 }
 
 Result<WorkloadConfig> ParseWorkloadConfig(std::string_view json_text, std::string_view origin) {
-  auto fields = sim::JsonFields::Parse(json_text, std::string(origin));
+  auto fields = config_internal::JsonFields::Parse(json_text, std::string(origin));
   if (!fields) return std::unexpected(fields.error());
   WorkloadConfig w;
   auto name = fields->String("name");
@@ -72,7 +72,7 @@ Result<WorkloadConfig> ParseWorkloadConfig(std::string_view json_text, std::stri
 }
 
 Result<WorkloadConfig> LoadWorkloadConfig(const std::filesystem::path& path) {
-  auto text = sim::ReadTextFile(path.string());
+  auto text = config_internal::ReadTextFile(path.string());
   if (!text) return std::unexpected(text.error());
   return ParseWorkloadConfig(*text, path.string());
 }
@@ -83,7 +83,7 @@ Result<WorkloadConfig> LoadWorkloadConfigByName(std::string_view name, const std
 
 Result<std::vector<RequestSpec>> GenerateWorkload(const WorkloadConfig& config) {
   ULA_RETURN_IF_ERROR(config.Validate());
-  sim::Rng rng(config.seed);
+  workload_internal::Rng rng(config.seed);
   std::vector<RequestSpec> out(config.num_requests);
   double t = 0;
   for (std::uint32_t i = 0; i < config.num_requests; ++i) {

@@ -1,5 +1,5 @@
 // JsonFields: see json_fields.h. nlohmann exceptions never leave this file.
-#include "sim/json_fields.h"
+#include "config/json_fields.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-namespace ula::sim {
+namespace ula::config_internal {
 
 Result<JsonFields> JsonFields::Parse(std::string_view text, std::string origin) {
   nlohmann::json parsed;
@@ -128,4 +128,4 @@ Result<std::string> ReadTextFile(const std::string& path) {
   return ss.str();
 }
 
-}  // namespace ula::sim
+}  // namespace ula::config_internal

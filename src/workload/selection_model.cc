@@ -8,14 +8,14 @@
 #include <algorithm>
 #include <cmath>
 
-#include "sim/rng.h"
+#include "workload/rng.h"
 #include "ula/check.h"
 
 namespace ula {
 
 struct SelectionModel::Stream {
   explicit Stream(std::uint64_t seed) : rng(seed) {}
-  sim::Rng rng;
+  workload_internal::Rng rng;
   std::vector<std::uint32_t> prev;  // previous step's query-0 selection
 };
 
@@ -60,7 +60,7 @@ Status SelectionModel::Step(std::uint64_t stream, std::uint32_t context_len, std
   if (num_queries == 0) return MakeError(ErrorCode::kInvalidArgument, "num_queries must be >= 1");
   auto it = streams_.find(stream);
   if (it == streams_.end()) {
-    it = streams_.emplace(stream, std::make_unique<Stream>(sim::StreamSeed(params_.seed, stream))).first;
+    it = streams_.emplace(stream, std::make_unique<Stream>(workload_internal::StreamSeed(params_.seed, stream))).first;
   }
   Stream& st = *it->second;
   const std::uint32_t n = context_len;

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace ula::sim {
+namespace ula::workload_internal {
 
 constexpr std::uint64_t SplitMix64(std::uint64_t& state) {
   std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
@@ -67,4 +67,4 @@ class Rng {
   std::uint64_t s_[4];
 };
 
-}  // namespace ula::sim
+}  // namespace ula::workload_internal

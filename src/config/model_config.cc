@@ -7,7 +7,7 @@
 
 #include <cstdlib>
 
-#include "sim/json_fields.h"
+#include "config/json_fields.h"
 
 #ifndef ULA_SOURCE_CONFIG_DIR
 #define ULA_SOURCE_CONFIG_DIR "configs"
@@ -89,7 +89,7 @@ bool ModelConfig::is_float32() const {
 }
 
 Result<ModelConfig> ParseModelConfig(std::string_view json_text, std::string_view origin) {
-  auto fields = sim::JsonFields::Parse(json_text, std::string(origin));
+  auto fields = config_internal::JsonFields::Parse(json_text, std::string(origin));
   if (!fields) return std::unexpected(fields.error());
   ModelConfig m;
   constexpr std::uint64_t kMax32 = 0xffffffffu;
@@ -135,7 +135,7 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text, std::string_vie
 }
 
 Result<ModelConfig> LoadModelConfig(const std::filesystem::path& path) {
-  auto text = sim::ReadTextFile(path.string());
+  auto text = config_internal::ReadTextFile(path.string());
   if (!text) return std::unexpected(text.error());
   return ParseModelConfig(*text, path.string());
 }

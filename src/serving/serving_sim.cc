@@ -18,8 +18,8 @@
 #include <cmath>
 #include <deque>
 
-#include "sim/rng.h"
-#include "sim/serving_systems.h"
+#include "workload/rng.h"
+#include "serving/serving_systems.h"
 #include "ula/hardware_config.h"
 #include "ula/model_config.h"
 #include "ula/selection_model.h"
@@ -32,7 +32,7 @@ struct Active {
   std::uint64_t id = 0;
   std::uint32_t history = 0;    // tokens written so far
   std::uint32_t remaining = 0;  // output tokens still to produce
-  sim::Rng rng{0};              // MTP acceptance draws of this request
+  workload_internal::Rng rng{0};              // MTP acceptance draws of this request
 };
 
 std::string HardwareLabel(std::uint32_t p, std::string name) {
@@ -81,7 +81,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
     return result;
   }
 
-  sim::SimSystemConfig cfg;
+  serving_internal::SimSystemConfig cfg;
   cfg.rules = rules;
   if (!tp) cfg.rules.num_ranks = 1;  // the simulated rank
   cfg.group_entry_bytes = ctx.model.group_entry_bytes();
@@ -102,9 +102,9 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
     cfg.host_tokens = static_cast<std::uint64_t>(rules.host_bytes_per_rank / kv);
     cfg.buffer_tokens = static_cast<std::uint64_t>(buffer_entries);
   }
-  auto made = sim::MakeSimSystem(cfg);
+  auto made = serving_internal::MakeSimSystem(cfg);
   if (!made) return std::unexpected(made.error());
-  sim::SimSystem& sys = **made;
+  serving_internal::SimSystem& sys = **made;
   SelectionModelParams sp = sc.selection;
   sp.top_k = ctx.model.top_k;
   auto selection = SelectionModel::Create(sp);
@@ -123,7 +123,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
     blocked = false;
     while (active.size() < target && next < ctx.requests.size()) {
       const RequestSpec& r = ctx.requests[next];
-      sim::Rng rng(sim::StreamSeed(sc.sampling.seed, r.id.value()));
+      workload_internal::Rng rng(workload_internal::StreamSeed(sc.sampling.seed, r.id.value()));
       const auto done = static_cast<std::uint32_t>(rng.Uniform01() * (r.output_tokens - 1));
       auto ok = sys.Admit(r.id.value(), r.input_tokens + done, ctx.finals[next]);
       if (!ok) return std::unexpected(ok.error());
@@ -166,7 +166,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
         for (const auto& qs : queries) sel[i].insert(sel[i].end(), qs.begin(), qs.end());
         history_sum += a.history;
       }
-      sim::SimCounters c;
+      serving_internal::SimCounters c;
       if (auto st = sys.Step(ids, std::span(sel).first(active.size()), c); !st) {
         if (st.error().code() != ErrorCode::kResourceExhausted) return std::unexpected(st.error());
         result.note = fmt::format("batch {}: {}", b, st.error().message());

@@ -5,8 +5,8 @@
 
 #include <cmath>
 
-#include "sim/json_fields.h"
-#include "sim/rng.h"
+#include "config/json_fields.h"
+#include "workload/rng.h"
 
 namespace ula {
 namespace {
@@ -20,7 +20,7 @@ void Normalize(std::span<float> v) {
   }
 }
 
-void RandomUnit(sim::Rng& rng, std::span<float> v) {
+void RandomUnit(workload_internal::Rng& rng, std::span<float> v) {
   for (float& x : v) x = static_cast<float>(rng.Normal());
   Normalize(v);
 }
@@ -46,7 +46,7 @@ Status DecodeSimConfig::Validate() const {
 }
 
 Result<DecodeSimConfig> ParseDecodeSimConfig(std::string_view json_text, std::string_view origin) {
-  auto f = sim::JsonFields::Parse(json_text, std::string(origin));
+  auto f = config_internal::JsonFields::Parse(json_text, std::string(origin));
   if (!f) return std::unexpected(f.error());
   DecodeSimConfig c;
   auto str = [&](const char* name, std::string* out) -> Status {
@@ -92,7 +92,7 @@ Result<DecodeSimConfig> ParseDecodeSimConfig(std::string_view json_text, std::st
 
 Result<DecodeSimConfig> LoadDecodeSimConfigByName(std::string_view name, const std::filesystem::path& config_dir) {
   const auto path = config_dir / "workloads" / (std::string(name) + ".json");
-  auto text = sim::ReadTextFile(path.string());
+  auto text = config_internal::ReadTextFile(path.string());
   if (!text) return std::unexpected(text.error());
   return ParseDecodeSimConfig(*text, path.string());
 }
@@ -100,7 +100,7 @@ Result<DecodeSimConfig> LoadDecodeSimConfigByName(std::string_view name, const s
 struct IndexerDecodeSim::State {
   struct Request {
     explicit Request(std::uint64_t seed) : rng(seed) {}
-    sim::Rng rng;
+    workload_internal::Rng rng;
     std::vector<float> keys;     // [context_len * head_dim]
     std::vector<float> q_state;  // [num_heads * head_dim], the evolving query of token t
     std::vector<float> weights;  // [num_heads]
@@ -125,12 +125,12 @@ Result<std::unique_ptr<IndexerDecodeSim>> IndexerDecodeSim::Create(const Indexer
   if (!indexer) return std::unexpected(indexer.error());
   auto st = std::unique_ptr<State>(new State{shape, config, std::move(*indexer), {}, {}, {}, {}, {}});
   const std::uint32_t dim = shape.head_dim;
-  const std::uint64_t base = sim::StreamSeed(config.seed, 0x5eed0000ull + salt);
-  sim::Rng global(base);
+  const std::uint64_t base = workload_internal::StreamSeed(config.seed, 0x5eed0000ull + salt);
+  workload_internal::Rng global(base);
   st->sink_dir.resize(dim);
   RandomUnit(global, st->sink_dir);
   for (std::uint32_t r = 0; r < config.num_requests; ++r) {
-    State::Request req(sim::StreamSeed(base, r));
+    State::Request req(workload_internal::StreamSeed(base, r));
     req.keys.resize(std::size_t{config.prompt_tokens} * dim);
     for (std::uint32_t t = 0; t < config.prompt_tokens; ++t) {
       std::span<float> k(req.keys.data() + std::size_t{t} * dim, dim);

@@ -1,7 +1,7 @@
 // The SimSystem adapters (serving_systems.h). Each keeps its own request table: request id
 // -> admitted length (ledger release) and, for UlaCache, the logical addresses that the
 // address space handed out, so that a selected position p of a request is addrs[p].
-#include "sim/serving_systems.h"
+#include "serving/serving_systems.h"
 
 #include <fmt/format.h>
 
@@ -16,7 +16,7 @@
 #include "ula/tp_fabric.h"
 #include "ula/tp_step_planner.h"
 
-namespace ula::sim {
+namespace ula::serving_internal {
 namespace {
 
 struct Admitted {
@@ -312,4 +312,4 @@ Result<std::unique_ptr<SimSystem>> MakeSimSystem(const SimSystemConfig& cfg) {
       new UlaTpSystem(std::move(*ledger), std::move(backend), std::move(fabric), std::move(*space)));
 }
 
-}  // namespace ula::sim
+}  // namespace ula::serving_internal

@@ -16,7 +16,7 @@
 
 #include "ula/error.h"
 
-namespace ula::sim {
+namespace ula::config_internal {
 
 class JsonFields {
  public:
@@ -51,4 +51,4 @@ class JsonFields {
 // Reads a whole file; kIo naming the path on failure.
 Result<std::string> ReadTextFile(const std::string& path);
 
-}  // namespace ula::sim
+}  // namespace ula::config_internal

@@ -3,7 +3,7 @@
 
 #include <fmt/format.h>
 
-#include "sim/json_fields.h"
+#include "config/json_fields.h"
 
 namespace ula {
 namespace {
@@ -30,7 +30,7 @@ Status HardwareConfig::Validate() const {
 }
 
 Result<HardwareConfig> ParseHardwareConfig(std::string_view json_text, std::string_view origin) {
-  auto fields = sim::JsonFields::Parse(json_text, std::string(origin));
+  auto fields = config_internal::JsonFields::Parse(json_text, std::string(origin));
   if (!fields) return std::unexpected(fields.error());
   HardwareConfig h;
   constexpr double kBig = 1e18;
@@ -72,7 +72,7 @@ Result<HardwareConfig> ParseHardwareConfig(std::string_view json_text, std::stri
 }
 
 Result<HardwareConfig> LoadHardwareConfig(const std::filesystem::path& path) {
-  auto text = sim::ReadTextFile(path.string());
+  auto text = config_internal::ReadTextFile(path.string());
   if (!text) return std::unexpected(text.error());
   return ParseHardwareConfig(*text, path.string());
 }

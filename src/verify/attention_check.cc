@@ -7,7 +7,7 @@
 #include <cstring>
 #include <memory>
 
-#include "sim/rng.h"
+#include "workload/rng.h"
 #include "ula/backend.h"
 #include "ula/indexer_decode.h"
 #include "ula/reference_attention.h"
@@ -80,7 +80,7 @@ Result<AttentionCheckReport> RunAttentionCheck(AddressSpace& space, const Attent
     indexers.push_back(std::move(*sim));
   }
 
-  sim::Rng rng(sim::StreamSeed(options.seed, 0xa77e));
+  workload_internal::Rng rng(workload_internal::StreamSeed(options.seed, 0xa77e));
   std::vector<float> values(entry_bytes / 4);
   auto append_tokens = [&](RequestState& req, std::uint32_t n) -> Status {
     auto addrs = space.Allocate(req.id, n);
