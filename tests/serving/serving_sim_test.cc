@@ -125,6 +125,47 @@ TEST(ServingSim, RunsAreDeterministic) {
   }
 }
 
+// Issue 14, items 3 and 6: UlaCache pays its planner per group, HiSparse its per-layer
+// swap-in kernel with the host fetch on the critical path, all-GPU neither.
+TEST(ServingSim, EachSystemPaysItsOwnKernelsAndHiSparsesFetchIsOnTheCriticalPath) {
+  const ComparisonResult r = RunTiny();
+  ASSERT_EQ(r.configs.size(), 4u);
+  for (const ConfigResult& c : r.configs) {
+    SCOPED_TRACE(std::string(ParallelModeName(c.entry.mode)) + (c.entry.mtp ? " mtp on" : " mtp off"));
+    for (const SystemResult& s : c.systems) {
+      SCOPED_TRACE(std::string(SystemName(s.system)));
+      ASSERT_FALSE(s.curve.empty());
+      const CurvePoint& b1 = s.curve.front();
+      ASSERT_FALSE(b1.measured.empty());
+      for (const StepCounts& k : b1.measured) {
+        EXPECT_EQ(k.planner_per_group, IsUlaCache(s.system));
+        EXPECT_EQ(k.swap_in_per_layer, s.system == SystemKind::kHiSparse);
+      }
+      if (s.system == SystemKind::kAllGpu) {
+        EXPECT_DOUBLE_EQ(b1.time.planner, 0);
+      } else {
+        EXPECT_GT(b1.time.planner, 0);  // batch 1 pays it too
+      }
+    }
+  }
+}
+
+TEST(ServingSim, RepricingWithTheSameInputsReproducesTheRunAndASlowerKernelSlowsIt) {
+  const ComparisonResult r = RunTiny();
+  auto same = RepriceComparison(r, [](CostModelInputs&) {});
+  ASSERT_TRUE(same) << same.error().ToString();
+  auto slow = RepriceComparison(r, [](CostModelInputs& in) { in.rates.sparse_decode_flops *= 0.01; });
+  ASSERT_TRUE(slow) << slow.error().ToString();
+  for (std::size_t i = 0; i < r.configs.size(); ++i) {
+    for (std::size_t s = 0; s < r.configs[i].systems.size(); ++s) {
+      const SystemResult &a = r.configs[i].systems[s], &b = same->configs[i].systems[s], &c = slow->configs[i].systems[s];
+      EXPECT_EQ(b.admitted, a.admitted);
+      EXPECT_NEAR(b.peak_tput, a.peak_tput, 1e-9 * a.peak_tput);
+      EXPECT_LT(c.peak_tput, a.peak_tput);
+    }
+  }
+}
+
 // Replaces one field (a JSON pointer) of the tiny scenario and returns the parse error.
 std::string ErrorWith(const std::string& pointer, const nlohmann::json& value) {
   nlohmann::json j = nlohmann::json::parse(ReadTiny());
@@ -148,6 +189,7 @@ TEST(ServingSim, BadScenarioInputIsRefusedWithTheFieldNamed) {
   EXPECT_NE(ErrorWith("/sampling/measure_steps", 0).find("measure_steps"), std::string::npos);
   EXPECT_NE(ErrorWith("/selection/keep_mean", 2).find("keep_mean"), std::string::npos);
   EXPECT_NE(ErrorWith("/hisparse_buffer_entries", 0).find("hisparse_buffer_entries"), std::string::npos);
+  EXPECT_NE(ErrorWith("/planner_kernels_per_call/value", 0).find("planner_kernels_per_call"), std::string::npos);
   EXPECT_NE(ErrorWith("/bogus", 1).find("bogus"), std::string::npos);
   EXPECT_NE(ErrorWith("/model", nlohmann::json()).find("model"), std::string::npos);
   EXPECT_EQ(ErrorWith("/num_ranks", 2), "accepted");
