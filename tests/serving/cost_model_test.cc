@@ -93,9 +93,11 @@ TEST(CostModel, TransfersOverlapOnlyTheLayersOfTheirOwnGroupAndCollectivesDoNot)
   w.d2h_bytes = 0;
   w.h2d_bytes = 5e6;  // 1 ms < gpu 2 ms: exposed 1/L of it
   EXPECT_NEAR(cm->Time(w).transfer_exposed, 0.5e-3, 1e-12);
-  // HiSparse's per-layer swap-in: its host fetch is exposed in full.
+  // HiSparse's per-layer swap-in: its host fetch is exposed in full, not pipelined.
   w.h2d_critical = true;
   EXPECT_NEAR(cm->Time(w).transfer_exposed, 1e-3 + (1e-3 / 2 + 2e-3 / 2 + 0.5 * 2e-3) - 2e-3, 1e-12);
+  w.nvlink_fetch_bytes = 0;
+  EXPECT_NEAR(cm->Time(w).transfer_exposed, 1e-3, 1e-12);  // nothing else to pipeline
 }
 
 TEST(CostModel, WorkSplitsTransfersByLayerWithinAGroup) {
