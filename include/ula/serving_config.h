@@ -94,6 +94,7 @@ struct ScenarioConfig {
   std::uint32_t planner_kernels_per_call = 2;  // UlaCache planner kernels per group per step
   std::uint32_t candidate_bytes = 8;         // striped-indexer gather, per candidate
   std::uint32_t hisparse_buffer_entries = 4096;            // per request per group
+  double hisparse_host_to_device_ratio = 2;  // SGLang: host pool = ratio x device pool tokens
   std::uint32_t tp_buffer_entries_per_request = 2048;      // UlaCache TP local buffer, MTP off
   std::uint32_t tp_buffer_entries_per_request_mtp = 3072;  // ... MTP on
   SelectionModelParams selection;  // top_k is taken from the model

@@ -88,6 +88,7 @@ Status ScenarioConfig::Validate() const {
   if (planner_kernels_per_call == 0) return FieldError("planner_kernels_per_call", "must be >= 1");
   if (candidate_bytes == 0) return FieldError("candidate_bytes", "must be >= 1");
   if (hisparse_buffer_entries == 0) return FieldError("hisparse_buffer_entries", "must be >= 1");
+  if (!(hisparse_host_to_device_ratio >= 1)) return FieldError("hisparse_host_to_device_ratio", "must be >= 1");
   if (tp_buffer_entries_per_request == 0) return FieldError("tp_buffer_entries_per_request", "must be >= 1");
   if (tp_buffer_entries_per_request_mtp == 0) return FieldError("tp_buffer_entries_per_request_mtp", "must be >= 1");
   if (sampling.measure_steps == 0) return FieldError("sampling.measure_steps", "must be >= 1");
@@ -178,6 +179,7 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
     return Ok();
   };
   ULA_RETURN_IF_ERROR(uint("hisparse_buffer_entries", 1, 1u << 24, &s.hisparse_buffer_entries));
+  ULA_RETURN_IF_ERROR(sourced("hisparse_host_to_device_ratio", 1, 1e6, &s.hisparse_host_to_device_ratio));
   ULA_RETURN_IF_ERROR(uint("tp_buffer_entries_per_request", 1, 1u << 24, &s.tp_buffer_entries_per_request));
   ULA_RETURN_IF_ERROR(uint("tp_buffer_entries_per_request_mtp", 1, 1u << 24, &s.tp_buffer_entries_per_request_mtp));
 

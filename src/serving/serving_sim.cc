@@ -105,6 +105,15 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   rules.working_set_entries = static_cast<std::uint32_t>(std::ceil(
       ctx.model.top_k * (1.0 + (q - 1) * (1.0 - sc.selection.draft_keep))));
   rules.hisparse_buffer_entries = sc.hisparse_buffer_entries;
+  if (system == SystemKind::kHiSparse) {
+    // SGLang sizes HiSparse's pools from the device budget: D device KV slots (the requests'
+    // buffers) and index keys for ratio x D tokens on device, and a host KV pool of ratio x D
+    // tokens (HiSparseDSATokenToKVPool, MLATokenToKVPoolHost with host_size 0). The host pool
+    // caps the histories it can hold, within the host memory.
+    const double ratio = sc.hisparse_host_to_device_ratio;
+    const double pool_tokens = rules.device_bytes_per_rank / (rules.kv_bytes_per_token + ratio * rules.index_bytes_per_token);
+    rules.host_bytes_per_rank = std::min(rules.host_bytes_per_rank, ratio * pool_tokens * rules.kv_bytes_per_token);
+  }
   rules.tp_buffer_entries = system == SystemKind::kUlaCacheAtHome ? 0  // attention at home: no local buffer
                             : in.mtp                                ? sc.tp_buffer_entries_per_request_mtp
                                                                     : sc.tp_buffer_entries_per_request;

@@ -166,6 +166,30 @@ TEST(ServingSim, RepricingWithTheSameInputsReproducesTheRunAndASlowerKernelSlows
   }
 }
 
+// Issue 14, item 9: SGLang sizes HiSparse's host pool as host_to_device_ratio x its device
+// pool, so a small ratio caps HiSparse's admission below what the host memory holds.
+TEST(ServingSim, HiSparsesHostPoolIsTheRatioTimesItsDevicePool) {
+  auto sc = ParseScenarioConfig(ReadTiny(), "tiny.json");
+  ASSERT_TRUE(sc);
+  CompareOptions o;
+  o.config_dir = kTestConfigs;
+  std::vector<std::vector<std::uint32_t>> admitted;  // [ratio][config]
+  for (double ratio : {1.0, 2.0, 1e6}) {
+    sc->hisparse_host_to_device_ratio = ratio;
+    auto r = RunComparison(*sc, o);
+    ASSERT_TRUE(r) << r.error().ToString();
+    admitted.emplace_back();
+    for (const ConfigResult& c : r->configs) admitted.back().push_back(c.Find(SystemKind::kHiSparse)->admitted);
+  }
+  bool capped = false;
+  for (std::size_t c = 0; c < admitted[0].size(); ++c) {
+    EXPECT_LE(admitted[0][c], admitted[1][c]);
+    EXPECT_LE(admitted[1][c], admitted[2][c]);
+    capped = capped || admitted[0][c] < admitted[2][c];
+  }
+  EXPECT_TRUE(capped) << "the ratio never limited HiSparse in the tiny scenario";
+}
+
 // Replaces one field (a JSON pointer) of the tiny scenario and returns the parse error.
 std::string ErrorWith(const std::string& pointer, const nlohmann::json& value) {
   nlohmann::json j = nlohmann::json::parse(ReadTiny());
@@ -190,6 +214,8 @@ TEST(ServingSim, BadScenarioInputIsRefusedWithTheFieldNamed) {
   EXPECT_NE(ErrorWith("/selection/keep_mean", 2).find("keep_mean"), std::string::npos);
   EXPECT_NE(ErrorWith("/hisparse_buffer_entries", 0).find("hisparse_buffer_entries"), std::string::npos);
   EXPECT_NE(ErrorWith("/planner_kernels_per_call/value", 0).find("planner_kernels_per_call"), std::string::npos);
+  EXPECT_NE(ErrorWith("/hisparse_host_to_device_ratio/value", 0.5).find("hisparse_host_to_device_ratio"),
+            std::string::npos);
   EXPECT_NE(ErrorWith("/bogus", 1).find("bogus"), std::string::npos);
   EXPECT_NE(ErrorWith("/model", nlohmann::json()).find("model"), std::string::npos);
   EXPECT_EQ(ErrorWith("/num_ranks", 2), "accepted");

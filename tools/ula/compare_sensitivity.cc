@@ -52,6 +52,8 @@ std::vector<Variant> Variants() {
   auto reserve = [](double r) { return [r](ScenarioConfig& s) { s.activation_reserve_fraction = r; }; };
   v.push_back({"activation reserve", "5 % of HBM", {}, reserve(0.05)});
   v.push_back({"activation reserve", "20 % of HBM", {}, reserve(0.20)});
+  v.push_back({"HiSparse host_to_device_ratio", "unbounded (host memory only)", {},
+               [](ScenarioConfig& s) { s.hisparse_host_to_device_ratio = 1e6; }});
   return v;
 }
 
