@@ -41,6 +41,9 @@ std::vector<Variant> Variants() {
   auto planner = [](double f) { return [f](CostModelInputs& in) { in.rates.planner_s_per_selection *= f; }; };
   v.push_back({"planner time per selection", "x0.25", planner(0.25), {}});
   v.push_back({"planner time per selection", "x4", planner(4), {}});
+  auto launch = [](double f) { return [f](CostModelInputs& in) { in.rates.kernel_launch_s *= f; }; };
+  v.push_back({"kernel launch (planner, swap-in)", "x0.5", launch(0.5), {}});
+  v.push_back({"kernel launch (planner, swap-in)", "x2", launch(2), {}});
   auto acceptance = [](double a) {
     return [a](ScenarioConfig& s) {
       s.mtp_acceptance_rate = a;
@@ -65,7 +68,8 @@ std::optional<double> PeakOf(const ConfigResult& c, SystemKind k) {
 
 std::string RatioText(std::optional<double> a, std::optional<double> b) {
   if (!a || !b) return "-";
-  return *b > 0 ? fmt::format("{:.2f}", *a / *b) : "inf";
+  if (*b > 0) return fmt::format("{:.2f}", *a / *b);
+  return *a > 0 ? "inf" : "-";  // "-": neither admits a request
 }
 
 std::string ConfigLabel(const ConfigResult& c) {
@@ -123,7 +127,7 @@ int RunCompareSensitivity(const ScenarioConfig& scenario, const CompareOptions& 
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   fmt::print("\nadmitted: requests decoding at once; ratios of peak throughput. Re-priced rows keep the base run's "
-             "admission limits and hit rates; MTP-acceptance and activation-reserve rows are new runs. {:.1f} s\n",
+             "admission limits and hit rates; MTP-acceptance, activation-reserve and HiSparse-ratio rows are new runs. {:.1f} s\n",
              secs);
   return 0;
 }
