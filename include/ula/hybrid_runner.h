@@ -2,11 +2,14 @@
 // PrefixCache — the small engine loop used by the tests and by `ula bench prefix`.
 //
 // One request: match the longest reusable prefix (KV pages + a checkpoint at exactly that
-// position), lock it, allocate the rest (state, window ring, the pages still needed; a cached
-// partial last page is copied, never written), restore the checkpoint, compute the remaining
-// prompt tokens one at a time (saving a checkpoint every `checkpoint_interval` positions),
-// decode greedily, then hand everything to the cache (or free it). Whenever an allocation
-// does not fit, the cache evicts by the configured rule first.
+// position) with copy-on-write (the match is locked and the request gets its own copy of
+// the checkpoint's state and ring), allocate the rest (the pages still needed; a cached
+// partial last page is copied, never written), compute the remaining prompt tokens one at
+// a time (saving a checkpoint every `checkpoint_interval` positions and at the match's
+// branching point), decode greedily, then hand everything to the cache (or free it).
+// With `prefill_chunk`, the prompt is computed in chunks and each chunk is inserted into
+// the cache with a copy of the running state (chunked prefill), the lock moving with it.
+// Whenever an allocation does not fit, the cache evicts by the configured rule first.
 // Thread-safety: none; one runner per allocator.
 #pragma once
 
@@ -22,9 +25,13 @@ namespace ula {
 
 struct ServeOptions {
   std::uint32_t max_new_tokens = 8;   // >= 1
-  // 0: only the end-of-request checkpoint. A multiple of page_tokens: checkpoints attach to
-  // the node that ends at their position, and interior nodes end at page boundaries.
+  // 0: only the end-of-request checkpoint; else one every so many tokens (any position).
   std::uint32_t checkpoint_interval = 0;
+  // Also save a checkpoint at the match's branching point (where cached KV ran past the
+  // deepest state), as SGLang's scheduler does.
+  bool checkpoint_at_branch = true;
+  // 0: no chunked prefill; else insert every chunk of this many prompt tokens as it is done.
+  std::uint32_t prefill_chunk = 0;
   EvictionRule rule = EvictionRule::kAllocationAware;
   bool insert_into_cache = true;
 };
@@ -34,6 +41,8 @@ struct ServeResult {
   std::vector<float> last_logits;     // [vocab] logits that chose the last output token
   std::uint32_t matched = 0;          // prompt tokens reused from the cache
   std::uint32_t recomputed = 0;       // prompt tokens computed
+  std::uint32_t branch = 0;           // the match's branching point (0: none)
+  std::uint32_t chunks_inserted = 0;  // chunked prefill: chunks handed to the cache early
   EvictionStats evicted;
   std::vector<double> token_us;       // time of each decode step after the first output
 };

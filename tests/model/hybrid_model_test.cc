@@ -157,8 +157,8 @@ TEST(HybridModel, BadInputIsAnError) {
   auto cache = Cache(*model, *buffer);
   HybridRunner runner(*model, *buffer, cache.get());
   const auto live = buffer->LiveBlocks();
-  EXPECT_EQ(runner.Serve(RandomTokens(1, 20, 64), ServeOptions{.checkpoint_interval = 10}).error().code(),
-            ErrorCode::kInvalidArgument);  // not a multiple of the page
+  EXPECT_EQ(runner.Serve(RandomTokens(1, 20, 64), ServeOptions{.max_new_tokens = 0}).error().code(),
+            ErrorCode::kInvalidArgument);
   EXPECT_EQ(runner.Serve({}, ServeOptions{}).error().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(buffer->LiveBlocks(), live);
   EXPECT_EQ(cache->num_nodes(), 0u);
