@@ -342,21 +342,23 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
   }
   // KV past the last checkpoint is useless to a hybrid model: keep tokens [0, n).
   const std::uint32_t n = at.empty() ? 0 : at.rbegin()->first;
-  // Read-only walk: where the tree stops holding these tokens (s), and its pages there.
-  std::uint32_t s = 0;
+  // Read-only walk: how far the tree holds these tokens (s_all; s within [0, n)), and the
+  // pages it has there (which the sequence may share).
+  std::uint32_t s_all = 0;
   std::vector<std::uint32_t> walk;
-  for (std::uint32_t node = 0; s < n;) {
-    auto it = nodes_[node].children.find(tokens[s]);
+  for (std::uint32_t node = 0; s_all < tokens.size();) {
+    auto it = nodes_[node].children.find(tokens[s_all]);
     if (it == nodes_[node].children.end()) break;
     const Node& c = nodes_[it->second];
     std::uint32_t l = 0;
-    while (l < c.tokens.size() && s + l < n && c.tokens[l] == tokens[s + l]) ++l;
+    while (l < c.tokens.size() && s_all + l < tokens.size() && c.tokens[l] == tokens[s_all + l]) ++l;
     walk.push_back(it->second);
-    s += l;
+    s_all += l;
     if (l < c.tokens.size()) break;
     node = it->second;
   }
-  const std::vector<BlockId> tree_pages = PagesOfPath(walk, s);  // providers of [0, ceil(s/P))
+  const std::vector<BlockId> tree_pages = PagesOfPath(walk, s_all);  // providers of [0, ceil(s_all/P))
+  const std::uint32_t s = std::min(s_all, n);
   const bool head_copy = s < n && s % P != 0;
   const std::uint32_t new_from = head_copy ? s / P : CeilDiv(s, P);  // incoming pages the tree takes
   const std::uint32_t new_to = CeilDiv(n, P);
