@@ -113,6 +113,88 @@ TEST(HybridModel, KvPastTheLastCheckpointIsNotReused) {
   ExpectBitIdentical(*r, FromScratch(*model, b, 2));
 }
 
+std::vector<std::uint32_t> Join(std::span<const std::uint32_t> head, std::span<const std::uint32_t> tail) {
+  std::vector<std::uint32_t> v(head.begin(), head.end());
+  v.insert(v.end(), tail.begin(), tail.end());
+  return v;
+}
+
+TEST(HybridModel, ATokenGranularMatchInsideAPageFromTheBranchingPointIsBitIdentical) {
+  auto model = SmallModel();
+  const auto vocab = model->config().vocab;
+  auto buffer = Buffer(*model, 512);
+  auto cache = Cache(*model, *buffer);
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto a = RandomTokens(51, 100, vocab);
+  ASSERT_TRUE(runner.Serve(a, ServeOptions{.max_new_tokens = 3}));  // a checkpoint only at its end
+  // b diverges from a at 70 (inside page 4): no state there yet, but the KV runs to 70,
+  // so b saves a checkpoint at that branching point.
+  const auto b = Join(std::span(a).first(70), RandomTokens(52, 20, vocab));
+  auto rb = runner.Serve(b, ServeOptions{.max_new_tokens = 3});
+  ASSERT_TRUE(rb);
+  EXPECT_EQ(rb->matched, 0u);
+  EXPECT_EQ(rb->branch, 70u);
+  ExpectBitIdentical(*rb, FromScratch(*model, b, 3));
+  // c shares 75 tokens with a: it resumes at 70, copying the partial page 4 of the cache.
+  const auto c = Join(std::span(a).first(75), RandomTokens(53, 20, vocab));
+  for (int round = 0; round < 2; ++round) {  // twice: the first reuse wrote only its own copies
+    auto rc = runner.Serve(c, ServeOptions{.max_new_tokens = 4, .insert_into_cache = false});
+    ASSERT_TRUE(rc) << rc.error().ToString();
+    EXPECT_EQ(rc->matched, 70u);
+    ExpectBitIdentical(*rc, FromScratch(*model, c, 4));
+  }
+  EXPECT_TRUE(cache->CheckInvariants());
+  EXPECT_TRUE(buffer->CheckInvariants());
+}
+
+TEST(HybridModel, ChunkedPrefillIsBitIdenticalAndItsChunksAreReusedAtOnce) {
+  auto model = SmallModel();
+  const auto vocab = model->config().vocab;
+  auto buffer = Buffer(*model, 512);
+  auto cache = Cache(*model, *buffer);
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto a = RandomTokens(61, 100, vocab);
+  // Chunks of 40 tokens: inserted at 40 and 80, both inside a page (copied to continue).
+  auto ra = runner.Serve(a, ServeOptions{.max_new_tokens = 4, .prefill_chunk = 40});
+  ASSERT_TRUE(ra) << ra.error().ToString();
+  EXPECT_EQ(ra->chunks_inserted, 2u);
+  ExpectBitIdentical(*ra, FromScratch(*model, a, 4));
+  const auto b = Join(std::span(a).first(85), RandomTokens(62, 10, vocab));
+  auto rb = runner.Serve(b, ServeOptions{.max_new_tokens = 4, .prefill_chunk = 8});
+  ASSERT_TRUE(rb) << rb.error().ToString();
+  EXPECT_EQ(rb->matched, 80u);
+  ExpectBitIdentical(*rb, FromScratch(*model, b, 4));
+  EXPECT_TRUE(cache->CheckInvariants());
+  EXPECT_TRUE(buffer->CheckInvariants());
+}
+
+TEST(HybridModel, ATombstonedStateIsRecomputedFromTheNearestStateBitIdentically) {
+  auto model = SmallModel();
+  const auto vocab = model->config().vocab;
+  auto buffer = Buffer(*model, 512);
+  auto cache = Cache(*model, *buffer);
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto a = RandomTokens(71, 100, vocab);
+  auto ra = runner.Serve(a, ServeOptions{.max_new_tokens = 2, .checkpoint_interval = 32});  // 32, 64, 96, 101
+  ASSERT_TRUE(ra);
+  // A running request holds a's end; the states at 96 and 64 are evicted (tombstones).
+  const auto fed = Join(a, std::span(ra->output).first(1));
+  auto held = cache->Match(fed, static_cast<std::uint32_t>(fed.size()));
+  ASSERT_EQ(held.length, 101u);
+  ASSERT_TRUE(cache->Lock(held));
+  const auto stats = cache->Evict(0, 2);
+  EXPECT_EQ(stats.tombstones, 2u);
+  EXPECT_EQ(stats.pages, 0u);
+  ASSERT_TRUE(cache->Unlock(held));
+  const auto b = Join(std::span(a).first(100), RandomTokens(72, 12, vocab));
+  auto rb = runner.Serve(b, ServeOptions{.max_new_tokens = 3});
+  ASSERT_TRUE(rb);
+  EXPECT_EQ(rb->matched, 32u);   // the nearest state left
+  EXPECT_EQ(rb->branch, 100u);   // the KV still runs to 100
+  ExpectBitIdentical(*rb, FromScratch(*model, b, 3));
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
 TEST(HybridModel, OutputDoesNotDependOnTheAllocatorOrOnCompaction) {
   auto model = SmallModel();
   const auto prompt = RandomTokens(41, 70, model->config().vocab);
