@@ -28,8 +28,10 @@ struct ServeOptions {
   // 0: only the end-of-request checkpoint; else one every so many tokens (any position).
   std::uint32_t checkpoint_interval = 0;
   // Also save a checkpoint at the match's branching point (where cached KV ran past the
-  // deepest state), as SGLang's scheduler does.
-  bool checkpoint_at_branch = true;
+  // deepest state) rounded down to a multiple of this (as SGLang aligns it to its chunk
+  // size), when that lies past the match; 0: never. Rounding keeps a chance collision of a
+  // few tokens from costing a checkpoint.
+  std::uint32_t branch_alignment = 16;
   // 0: no chunked prefill; else insert every chunk of this many prompt tokens as it is done.
   std::uint32_t prefill_chunk = 0;
   EvictionRule rule = EvictionRule::kAllocationAware;

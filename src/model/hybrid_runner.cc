@@ -131,7 +131,10 @@ Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, c
   result.matched = m;
   result.recomputed = len - m;
   result.branch = held.branch;
-  const std::uint32_t branch = held.branch;  // held changes with chunked prefill
+  // Where to save a checkpoint for the branching point (0: none); held changes with chunks.
+  const std::uint32_t branch = options.branch_alignment == 0
+                                   ? 0
+                                   : held.branch / options.branch_alignment * options.branch_alignment;
 
   std::vector<float> logits(model_.config().vocab);
   auto save_checkpoint = [&]() -> Status {
@@ -171,13 +174,13 @@ Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, c
   };
   for (std::uint32_t p = m; p < len; ++p) {
     if (Status s = model_.Step(allocator_, seq, prompt[p], logits); !s) return fail(s.error());
-    if (cache_ == nullptr || seq.length == len) continue;
+    if (cache_ == nullptr) continue;
     const bool at_interval = options.checkpoint_interval > 0 && seq.length % options.checkpoint_interval == 0;
-    const bool at_branch = options.checkpoint_at_branch && seq.length == branch;
+    const bool at_branch = branch > m && seq.length == branch;
     if (at_interval || at_branch) {
       if (Status s = save_checkpoint(); !s) return fail(s.error());
     }
-    if (options.prefill_chunk > 0 && (seq.length - m) % options.prefill_chunk == 0) {
+    if (options.prefill_chunk > 0 && seq.length < len && (seq.length - m) % options.prefill_chunk == 0) {
       if (Status s = insert_chunk(); !s) return fail(s.error());
     }
   }

@@ -130,7 +130,7 @@ TEST(HybridModel, ATokenGranularMatchInsideAPageFromTheBranchingPointIsBitIdenti
   // b diverges from a at 70 (inside page 4): no state there yet, but the KV runs to 70,
   // so b saves a checkpoint at that branching point.
   const auto b = Join(std::span(a).first(70), RandomTokens(52, 20, vocab));
-  auto rb = runner.Serve(b, ServeOptions{.max_new_tokens = 3});
+  auto rb = runner.Serve(b, ServeOptions{.max_new_tokens = 3, .branch_alignment = 1});
   ASSERT_TRUE(rb);
   EXPECT_EQ(rb->matched, 0u);
   EXPECT_EQ(rb->branch, 70u);

@@ -2,7 +2,10 @@
 // Cache N prefixes, send one unrelated long request that needs memory at once (or in
 // chunks), then send the N prefixes again; compare the eviction rules. Also measures the
 // unified buffer's own overhead on the model: median time between output tokens against
-// fixed pools, same run.
+// fixed pools, same run. Then the branching experiment: each prefix returns as several
+// variants that share a random part of it and then differ; with checkpoints at the
+// branching point (the cache's token-granular match) against without (checkpoints only
+// every checkpoint_interval tokens and at the end, as the page-granular cache had).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -29,6 +32,7 @@ struct Options {
   std::uint32_t chunk_tokens = 2048;
   double free_fraction = 0.5;  // free space before the long request, as a fraction of its size
   std::uint32_t seed = 7;
+  std::uint32_t variants = 3;  // branching experiment: variants per prefix
 };
 
 std::vector<std::uint32_t> RandomTokens(std::mt19937& rng, std::size_t n, std::uint32_t vocab) {
@@ -106,6 +110,49 @@ Result<RunResult> RunOnce(const HybridModel& model, const Options& o, const Size
   return r;
 }
 
+struct BranchResult {
+  std::uint32_t alignment = 0;
+  std::uint64_t matched = 0, recomputed = 0;
+  std::uint32_t checkpoints = 0;  // in the cache at the end
+  double ms = 0;
+};
+
+// Serves every prefix, then its variants, on a buffer large enough that nothing is evicted.
+Result<BranchResult> RunBranching(const HybridModel& model, const Options& o, const Sizes& sizes,
+                                  std::uint32_t alignment, const std::vector<std::vector<std::uint32_t>>& prefixes,
+                                  const std::vector<std::vector<std::uint32_t>>& variants) {
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.kinds = model.Kinds(64);
+  c.capacity_bytes = (prefixes.size() + variants.size()) * 2 * sizes.prefix_bytes + sizes.page_bytes;
+  c.padding_kind = kModelKvKind;
+  c.padding_blocks = 1;
+  auto buffer = UnifiedBuffer::Create(c);
+  if (!buffer) return std::unexpected(buffer.error());
+  auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = model.config().page_tokens}, buffer->get());
+  if (!cache) return std::unexpected(cache.error());
+  HybridRunner runner(model, **buffer, cache->get());
+  const ServeOptions serve{.max_new_tokens = o.new_tokens, .checkpoint_interval = o.checkpoint_interval,
+                           .branch_alignment = alignment};
+  for (const auto& p : prefixes) {
+    auto s = runner.Serve(p, serve);
+    if (!s) return std::unexpected(s.error());
+  }
+  BranchResult r{.alignment = alignment};
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& v : variants) {
+    auto s = runner.Serve(v, serve);
+    if (!s) return std::unexpected(s.error());
+    r.matched += s->matched;
+    r.recomputed += s->recomputed;
+  }
+  r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  r.checkpoints = static_cast<std::uint32_t>((*cache)->num_checkpoints());
+  ULA_RETURN_IF_ERROR((*buffer)->CheckInvariants());
+  ULA_RETURN_IF_ERROR((*cache)->CheckInvariants());
+  return r;
+}
+
 double Median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
   return v[v.size() / 2];
@@ -164,7 +211,8 @@ int Run(const Options& o) {
                   {"all_prefixes_bytes", o.prefixes * sizes.prefix_bytes}, {"long_request_bytes", sizes.long_bytes}};
   out["setup"] = {{"prefixes", o.prefixes}, {"prefix_tokens", o.prefix_tokens}, {"suffix_tokens", o.suffix_tokens},
                   {"new_tokens", o.new_tokens}, {"checkpoint_interval", o.checkpoint_interval},
-                  {"long_tokens", o.long_tokens}, {"chunk_tokens", o.chunk_tokens}, {"seed", o.seed}};
+                  {"long_tokens", o.long_tokens}, {"chunk_tokens", o.chunk_tokens}, {"seed", o.seed},
+                  {"variants", o.variants}};
   if (!o.json) {
     fmt::print("buffer {} KiB: {} prefixes x {} KiB cached ({} KiB) + {} KiB free; long request {} tokens = {} KiB\n",
                sizes.buffer_bytes >> 10, o.prefixes, sizes.prefix_bytes >> 10, (o.prefixes * sizes.prefix_bytes) >> 10,
@@ -196,6 +244,43 @@ int Run(const Options& o) {
       }
     }
   }
+  // Branching: variant j of prefix i shares its first `shared` tokens (random, at least half).
+  std::vector<std::vector<std::uint32_t>> variants;
+  const std::uint32_t vocab = (*model)->config().vocab;
+  for (const auto& p : prefixes) {
+    const std::uint32_t shared = o.prefix_tokens / 2 + rng() % (o.prefix_tokens / 2);
+    for (std::uint32_t j = 0; j < o.variants; ++j) {
+      std::vector<std::uint32_t> v(p.begin(), p.begin() + shared);
+      auto tail = RandomTokens(rng, o.suffix_tokens * 2, vocab);
+      if (shared < p.size() && tail[0] == p[shared]) tail[0] = (tail[0] + 1) % vocab;
+      v.insert(v.end(), tail.begin(), tail.end());
+      variants.push_back(std::move(v));
+    }
+  }
+  out["branching"] = nlohmann::json::array();
+  if (!o.json) {
+    fmt::print("branching: {} prefixes x {} variants sharing a random {}-{} tokens of it, nothing evicted\n", o.prefixes,
+               o.variants, o.prefix_tokens / 2, o.prefix_tokens - 1);
+    fmt::print("{:<26} {:>12} {:>11} {:>12} {:>9}\n", "checkpoint at branch", "matched", "recomputed", "checkpoints",
+               "ms");
+  }
+  for (std::uint32_t alignment : {0u, (*model)->config().page_tokens}) {
+    auto r = RunBranching(**model, o, sizes, alignment, prefixes, variants);
+    if (!r) {
+      fmt::print(stderr, "branching run failed: {}\n", r.error().ToString());
+      return 1;
+    }
+    const std::string name = alignment == 0 ? "no (interval + end only)" : fmt::format("yes (rounded to {})", alignment);
+    out["branching"].push_back({{"branch_checkpoints", alignment != 0},
+                                {"branch_alignment", alignment},
+                                {"matched_tokens", r->matched},
+                                {"recomputed_tokens", r->recomputed},
+                                {"checkpoints", r->checkpoints},
+                                {"ms", r->ms}});
+    if (!o.json) {
+      fmt::print("{:<26} {:>12} {:>11} {:>12} {:>9.1f}\n", name, r->matched, r->recomputed, r->checkpoints, r->ms);
+    }
+  }
   const auto [unified_us, fixed_us] = MeasureTbt(**model, o);
   out["tbt"] = {{"unified_median_us", unified_us}, {"fixed_median_us", fixed_us}, {"ratio", unified_us / fixed_us}};
   if (o.json) {
@@ -217,6 +302,7 @@ Action Setup(CLI::App& app) {
   app.add_option("--free-fraction", o->free_fraction, "free space before the long request, as a fraction of its size")
       ->check(CLI::Range(0.0, 10.0));
   app.add_option("--seed", o->seed, "token seed");
+  app.add_option("--variants", o->variants, "branching experiment: variants per prefix")->check(CLI::Range(1, 100));
   return [o] { return Run(*o); };
 }
 
