@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -34,6 +35,13 @@ struct ServeOptions {
   std::uint32_t branch_alignment = 16;
   // 0: no chunked prefill; else insert every chunk of this many prompt tokens as it is done.
   std::uint32_t prefill_chunk = 0;
+  // Speculative decoding: each round, `drafter(tokens so far, n)` proposes up to n <=
+  // draft_tokens tokens; the target feeds them all, saving the state (and ring) after each
+  // into its own slot (draft_tokens + 1 state blocks in the allocator), keeps the longest
+  // prefix it agrees with plus its own next token, and rolls the state back to the slot of
+  // the last accepted token. Greedy outputs are those of plain decoding. 0: off.
+  std::uint32_t draft_tokens = 0;
+  std::function<std::vector<std::uint32_t>(std::span<const std::uint32_t>, std::uint32_t)> drafter = nullptr;
   EvictionRule rule = EvictionRule::kAllocationAware;
   bool insert_into_cache = true;
 };
@@ -45,6 +53,7 @@ struct ServeResult {
   std::uint32_t recomputed = 0;       // prompt tokens computed
   std::uint32_t branch = 0;           // the match's branching point (0: none)
   std::uint32_t chunks_inserted = 0;  // chunked prefill: chunks handed to the cache early
+  std::uint32_t drafted = 0, accepted = 0;  // speculative decoding: draft tokens proposed, kept
   EvictionStats evicted;
   std::vector<double> token_us;       // time of each decode step after the first output
 };
@@ -68,6 +77,9 @@ class HybridRunner {
  private:
   Result<std::vector<BlockId>> Allocate(const Demand& demand, EvictionRule rule, EvictionStats& evicted);
   Status CopyBlock(BlockId from, BlockId to);
+  // Speculative rounds until max_new_tokens outputs (result.output holds the first one).
+  Status DecodeSpeculative(std::span<const std::uint32_t> prompt, const ServeOptions& options, SequenceBlocks& seq,
+                           std::vector<float>& logits, ServeResult& result);
 
   const HybridModel& model_;
   HybridAllocator& allocator_;

@@ -73,6 +73,74 @@ Result<SequenceBlocks> HybridRunner::Reserve(std::uint32_t tokens, std::uint32_t
   return seq;
 }
 
+Status HybridRunner::DecodeSpeculative(std::span<const std::uint32_t> prompt, const ServeOptions& options,
+                                       SequenceBlocks& seq, std::vector<float>& logits, ServeResult& result) {
+  const std::uint32_t P = model_.config().page_tokens;
+  const std::size_t kinds = allocator_.num_kinds();
+  const std::uint32_t D = options.draft_tokens;
+  // One slot per position a round feeds: the state (and ring) after it.
+  Demand d = Demand::Of(kinds).Add(kModelStateKind, D + 1);
+  if (model_.has_window()) d.Add(kModelWindowKind, D + 1);
+  auto ids = Allocate(d, options.rule, result.evicted);
+  if (!ids) return std::unexpected(std::move(ids).error());
+  std::vector<Checkpoint> slots(D + 1);
+  std::size_t num_states = 0, num_windows = 0;
+  for (BlockId id : *ids) {
+    if (*allocator_.KindOf(id) == kModelStateKind) slots[num_states++].state = id;
+    else slots[num_windows++].window = id;
+  }
+  auto round = [&]() -> Status {
+    std::vector<std::uint32_t> context(prompt.begin(), prompt.end());
+    context.insert(context.end(), result.output.begin(), result.output.end());
+    std::vector<std::vector<float>> round_logits(D + 1, std::vector<float>(logits.size()));
+    while (result.output.size() < options.max_new_tokens) {
+      const auto k = static_cast<std::uint32_t>(std::min<std::size_t>(D, options.max_new_tokens - result.output.size() - 1));
+      std::vector<std::uint32_t> feed = {result.output.back()};
+      if (k > 0 && options.drafter) {
+        auto drafts = options.drafter(context, k);
+        feed.insert(feed.end(), drafts.begin(), drafts.begin() + std::min<std::size_t>(drafts.size(), k));
+      }
+      // Verification: feed the last output and every draft, saving the state after each.
+      const std::uint32_t start = seq.length;
+      for (std::size_t i = 0; i < feed.size(); ++i) {
+        if (seq.length / P >= seq.pages.size()) {
+          auto page = Allocate(Demand::Of(kinds).Add(kModelKvKind, 1), options.rule, result.evicted);
+          if (!page) return std::unexpected(std::move(page).error());
+          seq.pages.push_back(page->front());
+        }
+        ULA_RETURN_IF_ERROR(model_.Step(allocator_, seq, feed[i], round_logits[i]));
+        ULA_RETURN_IF_ERROR(CopyBlock(seq.state, slots[i].state));
+        if (seq.window.valid()) ULA_RETURN_IF_ERROR(CopyBlock(seq.window, slots[i].window));
+      }
+      // Commit the drafts the target agrees with; roll back past the first it does not.
+      std::size_t a = 0;
+      while (a + 1 < feed.size() && feed[a + 1] == HybridModel::Argmax(round_logits[a])) ++a;
+      if (a + 1 < feed.size()) {
+        ULA_RETURN_IF_ERROR(CopyBlock(slots[a].state, seq.state));
+        if (seq.window.valid()) ULA_RETURN_IF_ERROR(CopyBlock(slots[a].window, seq.window));
+        seq.length = start + static_cast<std::uint32_t>(a) + 1;
+      }
+      for (std::size_t j = 1; j <= a; ++j) {
+        result.output.push_back(feed[j]);
+        context.push_back(feed[j]);
+      }
+      const std::uint32_t next = HybridModel::Argmax(round_logits[a]);
+      result.output.push_back(next);
+      context.push_back(next);
+      logits = round_logits[a];
+      result.drafted += static_cast<std::uint32_t>(feed.size() - 1);
+      result.accepted += static_cast<std::uint32_t>(a);
+    }
+    return Ok();
+  };
+  Status status = round();
+  for (const Checkpoint& c : slots) {
+    (void)allocator_.Free(c.state);
+    if (c.window.valid()) (void)allocator_.Free(c.window);
+  }
+  return status;
+}
+
 Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, const ServeOptions& options) {
   if (prompt.empty()) return MakeError(ErrorCode::kInvalidArgument, "serve: empty prompt");
   if (options.max_new_tokens == 0) return MakeError(ErrorCode::kInvalidArgument, "serve: max_new_tokens must be >= 1");
@@ -186,7 +254,15 @@ Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, c
   }
   std::uint32_t next = HybridModel::Argmax(logits);
   result.output.push_back(next);
-  for (std::uint32_t i = 1; i < options.max_new_tokens; ++i) {
+  if (options.draft_tokens > 0) {
+    if (Status s = DecodeSpeculative(prompt, options, seq, logits, result); !s) return fail(s.error());
+    // Pages written by rejected drafts past the sequence's end are not the cache's business.
+    while (seq.pages.size() > (seq.length + P - 1) / P) {
+      if (Status s = allocator_.Free(seq.pages.back()); !s) return fail(s.error());
+      seq.pages.pop_back();
+    }
+  }
+  for (auto i = static_cast<std::uint32_t>(result.output.size()); i < options.max_new_tokens; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     if (seq.length / P >= seq.pages.size()) {
       auto page = Allocate(Demand::Of(kinds).Add(kModelKvKind, 1), options.rule, result.evicted);

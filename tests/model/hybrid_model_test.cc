@@ -195,6 +195,55 @@ TEST(HybridModel, ATombstonedStateIsRecomputedFromTheNearestStateBitIdentically)
   EXPECT_TRUE(cache->CheckInvariants());
 }
 
+TEST(HybridModel, SpeculativeDecodingIsBitIdenticalForAcceptedPartlyAcceptedAndRejectedDrafts) {
+  auto model = SmallModel();
+  const auto vocab = model->config().vocab;
+  const auto prompt = RandomTokens(81, 75, vocab);
+  const std::uint32_t n = 14;
+  const ServeResult reference = FromScratch(*model, prompt, n);
+  // Drafters built from the reference continuation: right, right but every 3rd token, wrong.
+  auto truth = [&](std::span<const std::uint32_t> context, std::uint32_t k, int mode) {
+    std::vector<std::uint32_t> d;
+    for (std::size_t i = context.size() - prompt.size(); i < reference.output.size() && d.size() < k; ++i) {
+      const std::uint32_t t = reference.output[i];
+      const bool wrong = mode == 2 || (mode == 1 && i % 3 == 0);
+      d.push_back(wrong ? (t + 1) % vocab : t);
+    }
+    return d;
+  };
+  struct Case {
+    int mode;
+    const char* name;
+  };
+  for (const Case& c : {Case{0, "accepted"}, Case{1, "partly accepted"}, Case{2, "rejected"}}) {
+    SCOPED_TRACE(c.name);
+    auto buffer = Buffer(*model, 512);
+    auto cache = Cache(*model, *buffer);
+    HybridRunner runner(*model, *buffer, cache.get());
+    ServeOptions o{.max_new_tokens = n, .draft_tokens = 4};
+    o.drafter = [&](std::span<const std::uint32_t> context, std::uint32_t k) { return truth(context, k, c.mode); };
+    auto r = runner.Serve(prompt, o);
+    ASSERT_TRUE(r) << r.error().ToString();
+    ExpectBitIdentical(*r, reference);
+    EXPECT_GT(r->drafted, 0u);
+    if (c.mode == 0) {
+      EXPECT_EQ(r->accepted, r->drafted);
+    } else if (c.mode == 1) {
+      EXPECT_TRUE(r->accepted > 0 && r->accepted < r->drafted);
+    } else {
+      EXPECT_EQ(r->accepted, 0u);
+    }
+    // The committed state is the right one: a follow-up turn resumes from it bit-identically.
+    auto next_turn = Join(Join(prompt, std::span(r->output).first(n - 1)), RandomTokens(82, 6, vocab));
+    auto follow = runner.Serve(next_turn, ServeOptions{.max_new_tokens = 3});
+    ASSERT_TRUE(follow);
+    EXPECT_EQ(follow->matched, prompt.size() + n - 1);
+    ExpectBitIdentical(*follow, FromScratch(*model, next_turn, 3));
+    EXPECT_TRUE(buffer->CheckInvariants());
+    EXPECT_TRUE(cache->CheckInvariants());
+  }
+}
+
 TEST(HybridModel, OutputDoesNotDependOnTheAllocatorOrOnCompaction) {
   auto model = SmallModel();
   const auto prompt = RandomTokens(41, 70, model->config().vocab);

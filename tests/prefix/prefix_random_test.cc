@@ -299,7 +299,9 @@ class PrefixRandom {
     for (const auto& [key, st] : states_) {
       if (st.locks > 0) continue;
       if (rule == EvictionRule::kNaive && HasExtension(key)) continue;  // naive: leaves only
-      if (!gone.empty()) EXPECT_LE(newest_gone, st.last_use) << "evicted a more recently used state at step " << step_;
+      if (!gone.empty()) {
+        EXPECT_LE(newest_gone, st.last_use) << "evicted a more recently used state at step " << step_;
+      }
       if (refused) ADD_FAILURE() << "refused while an unlocked candidate was left at step " << step_;
     }
   }
@@ -316,7 +318,9 @@ class PrefixRandom {
     const bool fit = buffer_->CanAllocate(d);
     const std::size_t before = states_.size();
     auto ids = Allocate(d);
-    if (fit) EXPECT_EQ(states_.size(), before) << "evicted although the demand fit";
+    if (fit) {
+      EXPECT_EQ(states_.size(), before) << "evicted although the demand fit";
+    }
     if (!ids) return;
     if (Uniform(0, 1) == 0) {
       for (BlockId id : *ids) ASSERT_TRUE(buffer_->Free(id));

@@ -219,8 +219,8 @@ int Run(const Options& o) {
                (sizes.buffer_bytes - o.prefixes * sizes.prefix_bytes) >> 10, o.long_tokens, sizes.long_bytes >> 10);
     fmt::print("page {} B (16 tokens x 2 attention layers), checkpoint {} B (state {} B + window ring {} B)\n",
                sizes.page_bytes, sizes.checkpoint_bytes, sizes.state_bytes, sizes.window_bytes);
-    fmt::print("{:<17} {:>7} {:>9} {:>11} {:>13} {:>15}\n", "rule", "chunked", "retained", "recomputed",
-               "returning_ms", "evicted nodes");
+    fmt::print("{:<17} {:>7} {:>9} {:>11} {:>13} {:>15} {:>13}\n", "rule", "chunked", "retained", "recomputed",
+               "returning_ms", "evicted nodes", "evicted pages");
   }
   out["runs"] = nlohmann::json::array();
   for (bool chunked : {false, true}) {
@@ -237,10 +237,12 @@ int Run(const Options& o) {
                              {"recomputed_tokens", r->recomputed},
                              {"returning_ms", r->returning_ms},
                              {"evicted_nodes", r->evicted.nodes},
+                             {"evicted_pages", r->evicted.pages},
                              {"evicted_checkpoints", r->evicted.checkpoints}});
       if (!o.json) {
-        fmt::print("{:<17} {:>7} {:>6}/{:<2} {:>11} {:>13.1f} {:>15}\n", EvictionRuleName(rule), chunked ? "yes" : "no",
-                   r->retained, o.prefixes, r->recomputed, r->returning_ms, r->evicted.nodes);
+        fmt::print("{:<17} {:>7} {:>6}/{:<2} {:>11} {:>13.1f} {:>15} {:>13}\n", EvictionRuleName(rule),
+                   chunked ? "yes" : "no", r->retained, o.prefixes, r->recomputed, r->returning_ms, r->evicted.nodes,
+                   r->evicted.pages);
       }
     }
   }
