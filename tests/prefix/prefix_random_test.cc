@@ -131,7 +131,8 @@ class PrefixRandom {
     }
   }
   void Garbage(BlockId id) {
-    for (auto& b : buffer_->Bytes(id).value()) b = std::byte(rng_() & 0xff);
+    const std::span<std::byte> span = buffer_->Bytes(id).value();
+    for (auto& b : span) b = std::byte(rng_() & 0xff);
   }
   void FillState(const Checkpoint& c, const Tokens& t, std::size_t n) {
     const std::uint64_t hs = Hash(t, n, 1), hw = Hash(t, n, 2);
