@@ -49,6 +49,17 @@
 //                     tombstone), stopping once allocator.CanAllocate(demand) holds,
 //                     counting every kind and what compaction recovers.
 //
+// Host tier (AttachHostTier, optional). Checkpoints only: a checkpoint evicted from the
+// device goes to a host slot instead of being freed (the node keeps its KV; a leaf whose
+// state went to the host stays a leaf), copied through the Backend interface and published
+// (the host slot recorded, the device blocks freed) only after the copy's fence completed.
+// Match counts host hits (`host_length`: the deepest checkpoint on either tier);
+// MatchCopyOnWrite brings a deeper host checkpoint back first (device blocks allocated,
+// evicting with the path locked, host -> device copy, fence, then published and the host
+// slot freed: exclusive, never on both tiers). A full host drops its least recently used
+// checkpoint. Copies are waited for inside the call, so no node is ever seen mid-copy.
+// KV pages are not offloaded (see docs/ARCHITECTURE.md).
+//
 // Events and metrics. With record_events, every page and checkpoint that enters or leaves
 // the tree is queued as a CacheEvent (TakeEvents drains them) for external routers.
 // Metrics() gives evictable and protected (locked) bytes per kind.
@@ -57,7 +68,7 @@
 // its first token, a non-empty span starting at its parent's end, exactly the pages its span
 // starts (plus at most a head copy when its start is unaligned), all live KV blocks; every
 // page index of its span is provided on its path; its checkpoint blocks are live and of the
-// state (and window) kinds; an unlocked leaf has a checkpoint; a node's KV-lock count is at
+// state (and window) kinds; an unlocked leaf has a checkpoint on some tier; a node's KV-lock count is at
 // most its parent's (unless the parent is the root); state locks only on checkpoints;
 // kv_lru_ holds exactly the unlocked leaves and state_lru_ exactly the unlocked checkpoints,
 // with their current keys; the owned-block set holds exactly the nodes' blocks.
@@ -73,6 +84,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "ula/backend.h"
 #include "ula/hybrid_allocator.h"
 
 namespace ula {
@@ -107,6 +119,7 @@ struct PrefixMatch {
   Checkpoint checkpoint;           // state at `length` (invalid when length == 0)
   std::uint32_t kv_length = 0;     // tokens of the query whose KV the tree holds
   std::uint32_t branch = 0;        // where to save a checkpoint: kv_length when > length, else 0
+  std::uint32_t host_length = 0;   // the deepest checkpoint counting the host tier's (>= length)
   std::vector<std::uint32_t> path; // node ids root-exclusive, for Lock/Unlock
   Checkpoint copy;                 // MatchCopyOnWrite: the request's own copy (caller owns it)
 };
@@ -117,6 +130,14 @@ struct EvictionStats {
   std::uint32_t checkpoints = 0;  // checkpoints freed (with their node or as tombstones)
   std::uint32_t tombstones = 0;   // of which: interior nodes that kept their KV
   std::uint64_t tokens = 0;       // tokens of the removed nodes' spans
+  std::uint32_t offloaded = 0;    // of the checkpoints: moved to the host tier
+};
+
+struct HostTierConfig {
+  Backend* backend = nullptr;  // holds both arenas
+  ArenaId device_arena;        // the allocator's arena (block offsets are offsets in it)
+  Arena host_arena;            // Tier::kHost, >= slots * (state + window block bytes)
+  std::uint32_t slots = 0;     // checkpoints the host tier holds
 };
 
 struct CacheEvent {
@@ -133,12 +154,15 @@ struct KindBytes {
 struct PrefixCacheMetrics {
   KindBytes kv, state, window;
   std::uint64_t nodes = 0, checkpoints = 0, tombstones = 0;
+  std::uint64_t host_checkpoints = 0, host_hits = 0;  // host hits: checkpoints loaded back
 };
 
 class PrefixCache {
  public:
   static Result<std::unique_ptr<PrefixCache>> Create(const PrefixCacheConfig& config, HybridAllocator* allocator);
   ~PrefixCache();
+  // kInvalidArgument for a null backend, unknown arenas or a host arena too small.
+  Status AttachHostTier(const HostTierConfig& config);
 
   // The longest reusable prefix of tokens not longer than max_length; touches its path.
   PrefixMatch Match(std::span<const std::uint32_t> tokens, std::uint32_t max_length);
@@ -182,6 +206,8 @@ class PrefixCache {
   std::size_t num_checkpoints() const;
   // Whether a prefix of exactly these tokens is fully reusable now (checkpoint at its end).
   bool Holds(std::span<const std::uint32_t> tokens) const;
+  // Whether the checkpoint at exactly these tokens is on the host tier.
+  bool HoldsOnHost(std::span<const std::uint32_t> tokens) const;
   PrefixCacheMetrics Metrics() const;
   std::vector<CacheEvent> TakeEvents();
   Status CheckInvariants() const;
@@ -194,6 +220,8 @@ class PrefixCache {
     BlockId head;                       // head copy of page floor(start / P), or invalid
     std::vector<BlockId> pages;         // pages [ceil(start/P), ceil(end/P))
     Checkpoint checkpoint;
+    std::uint32_t host = kNoSlot;  // host slot of an offloaded checkpoint
+    bool host_window = false;      // whether that slot holds a window ring too
     std::uint32_t kv_locks = 0, state_locks = 0;
     std::uint64_t last_use = 0;
     bool live = false;
@@ -202,7 +230,17 @@ class PrefixCache {
   // (last use, depth key, id): begin() is the victim; deeper first on ties.
   using LruKey = std::tuple<std::uint64_t, std::uint32_t, std::uint32_t>;
 
+  static constexpr std::uint32_t kNoSlot = UINT32_MAX;
+
   PrefixCache(const PrefixCacheConfig& config, HybridAllocator* allocator);
+  // Copies a checkpoint between its device blocks and a host slot and waits for it.
+  Status HostCopy(const Checkpoint& c, std::uint32_t slot, bool to_host);
+  // Moves the node's checkpoint to the host tier; false when there is no tier or no slot.
+  bool Offload(std::uint32_t id);
+  // Frees the node's host slot (removing a leaf left with no checkpoint at all).
+  void DropHost(std::uint32_t id, EvictionStats& stats);
+  Status LoadBack(std::uint32_t id, EvictionRule rule);
+
   std::uint32_t NewNode();
   LruKey KeyOf(std::uint32_t id) const;
   // Removes the node from both LRU sets, calls f, puts it back where it belongs.
@@ -228,7 +266,10 @@ class PrefixCache {
   HybridAllocator* allocator_;
   std::vector<Node> nodes_;  // [0] is the root
   std::vector<std::uint32_t> free_nodes_;
-  std::set<LruKey> kv_lru_, state_lru_;
+  std::set<LruKey> kv_lru_, state_lru_, host_lru_;
+  HostTierConfig host_;  // host_.backend == nullptr: no host tier
+  std::vector<std::uint32_t> free_host_;
+  std::uint64_t host_hits_ = 0;
   std::vector<CacheEvent> events_;
   std::unordered_set<BlockId> owned_;  // every block the tree holds
   std::uint64_t clock_ = 0;
