@@ -236,10 +236,12 @@ class PrefixCache {
   // Copies a checkpoint between its device blocks and a host slot and waits for it.
   Status HostCopy(const Checkpoint& c, std::uint32_t slot, bool to_host);
   // Moves the node's checkpoint to the host tier; false when there is no tier or no slot.
-  bool Offload(std::uint32_t id);
+  bool Offload(std::uint32_t id, EvictionStats& stats);
   // Frees the node's host slot (removing a leaf left with no checkpoint at all).
   void DropHost(std::uint32_t id, EvictionStats& stats);
   Status LoadBack(std::uint32_t id, EvictionRule rule);
+  // The node that ends exactly at `length` along tokens (0: none).
+  std::uint32_t NodeAt(std::span<const std::uint32_t> tokens, std::uint32_t length) const;
 
   std::uint32_t NewNode();
   LruKey KeyOf(std::uint32_t id) const;
@@ -270,6 +272,7 @@ class PrefixCache {
   HostTierConfig host_;  // host_.backend == nullptr: no host tier
   std::vector<std::uint32_t> free_host_;
   std::uint64_t host_hits_ = 0;
+  std::uint32_t loading_ = kNoSlot;  // the node LoadBack is bringing back (not droppable)
   std::vector<CacheEvent> events_;
   std::unordered_set<BlockId> owned_;  // every block the tree holds
   std::uint64_t clock_ = 0;

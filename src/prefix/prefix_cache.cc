@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 #include <unordered_set>
 #include <utility>
 
@@ -53,6 +54,149 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::Create(const PrefixCacheConfig
   return std::unique_ptr<PrefixCache>(new PrefixCache(config, allocator));
 }
 
+Status PrefixCache::AttachHostTier(const HostTierConfig& config) {
+  if (host_.backend != nullptr) return MakeError(ErrorCode::kFailedPrecondition, "prefix cache: a host tier is attached already");
+  if (config.backend == nullptr || config.slots == 0) {
+    return MakeError(ErrorCode::kInvalidArgument, "prefix cache host tier: needs a backend and at least one slot");
+  }
+  const std::uint64_t state = allocator_->kind_config(config_.state_kind).block_bytes;
+  const std::uint64_t window = config_.window_kind.valid() ? allocator_->kind_config(config_.window_kind).block_bytes : 0;
+  auto device = config.backend->GetArena(config.device_arena);
+  auto host = config.backend->GetArena(config.host_arena.id);
+  if (!device || !host || host->tier != Tier::kHost || host->bytes < config.slots * (state + window)) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("prefix cache host tier: unknown arenas, or a host arena under {} B",
+                                 config.slots * (state + window)));
+  }
+  host_ = config;
+  host_.host_arena = *host;
+  for (std::uint32_t s = config.slots; s > 0; --s) free_host_.push_back(s - 1);
+  return Ok();
+}
+
+Status PrefixCache::HostCopy(const Checkpoint& c, std::uint32_t slot, bool to_host) {
+  const std::uint64_t state = allocator_->kind_config(config_.state_kind).block_bytes;
+  struct Part {
+    BlockId block;
+    std::uint64_t host_offset, bytes;
+  };
+  std::vector<Part> parts = {{c.state, std::uint64_t{slot} * state, state}};
+  if (c.window.valid()) {
+    const std::uint64_t window = allocator_->kind_config(config_.window_kind).block_bytes;
+    parts.push_back({c.window, std::uint64_t{host_.slots} * state + std::uint64_t{slot} * window, window});
+  }
+  Fence last = 0;
+  for (const Part& p : parts) {
+    auto device = allocator_->Offset(p.block);
+    if (!device) return std::unexpected(std::move(device).error());
+    CopyBatch b;
+    b.src = to_host ? host_.device_arena : host_.host_arena.id;
+    b.dst = to_host ? host_.host_arena.id : host_.device_arena;
+    b.bytes_per_move = static_cast<std::uint32_t>(p.bytes);
+    b.moves = {to_host ? SlotMove{*device, p.host_offset} : SlotMove{p.host_offset, *device}};
+    auto fence = host_.backend->Submit(std::move(b));
+    if (!fence) return std::unexpected(std::move(fence).error());
+    last = *fence;
+  }
+  host_.backend->Wait(last);  // copy, then publish
+  return Ok();
+}
+
+bool PrefixCache::Offload(std::uint32_t id, EvictionStats& stats) {
+  if (host_.backend == nullptr) return false;
+  if (free_host_.empty() && !host_lru_.empty()) DropHost(std::get<2>(*host_lru_.begin()), stats);
+  if (free_host_.empty()) return false;
+  Node& n = nodes_[id];
+  const Checkpoint c = n.checkpoint;
+  const std::uint32_t slot = free_host_.back();
+  for (BlockId b : {c.state, c.window}) {
+    if (b.valid()) ULA_CHECK(allocator_->Pin(b).has_value());  // no move while copied
+  }
+  const Status copied = HostCopy(c, slot, true);
+  for (BlockId b : {c.state, c.window}) {
+    if (b.valid()) ULA_CHECK(allocator_->Unpin(b).has_value());
+  }
+  if (!copied) return false;
+  free_host_.pop_back();
+  Update(id, [&] {
+    n.host = slot;
+    n.host_window = c.window.valid();
+    FreeCheckpoint(c, n.end);
+    n.checkpoint = Checkpoint{};
+  });
+  return true;
+}
+
+void PrefixCache::DropHost(std::uint32_t id, EvictionStats& stats) {
+  Node& n = nodes_[id];
+  Update(id, [&] {
+    free_host_.push_back(n.host);
+    n.host = kNoSlot;
+  });
+  if (n.children.empty() && n.kv_locks == 0 && !n.checkpoint.valid()) RemoveLeaf(id, stats);
+}
+
+Status PrefixCache::LoadBack(std::uint32_t id, EvictionRule rule) {
+  ULA_CHECK(nodes_[id].host != kNoSlot && !nodes_[id].checkpoint.valid());
+  // The node's host copy is not droppable and its KV path is not evictable meanwhile.
+  Update(id, [&] { loading_ = id; });
+  for (std::uint32_t a = id; a != 0; a = nodes_[a].parent) Update(a, [&] { ++nodes_[a].kv_locks; });
+  Demand d = Demand::Of(allocator_->num_kinds()).Add(config_.state_kind, 1);
+  if (nodes_[id].host_window) d.Add(config_.window_kind, 1);
+  Result<std::vector<BlockId>> ids = std::vector<BlockId>{};
+  if (!allocator_->CanAllocate(d)) {
+    if (auto s = MakeRoom(d, rule); !s) ids = std::unexpected(std::move(s).error());
+  }
+  if (ids) ids = allocator_->AllocateDemand(d);
+  Checkpoint c;
+  Status copied = Ok();
+  if (ids) {
+    for (BlockId b : *ids) (allocator_->KindOf(b) == config_.state_kind ? c.state : c.window) = b;
+    for (BlockId b : *ids) ULA_CHECK(allocator_->Pin(b).has_value());
+    copied = HostCopy(c, nodes_[id].host, false);
+    for (BlockId b : *ids) ULA_CHECK(allocator_->Unpin(b).has_value());
+    if (!copied) {
+      for (BlockId b : *ids) ULA_CHECK(allocator_->Free(b).has_value());
+    }
+  }
+  for (std::uint32_t a = id; a != 0; a = nodes_[a].parent) Update(a, [&] { --nodes_[a].kv_locks; });
+  Node& n = nodes_[id];
+  Update(id, [&] {
+    loading_ = kNoSlot;
+    if (ids && copied) {  // publish: the device copy replaces the host one
+      free_host_.push_back(n.host);
+      n.host = kNoSlot;
+      n.checkpoint = c;
+    }
+  });
+  if (!ids) return std::unexpected(std::move(ids).error());
+  if (!copied) return copied;
+  owned_.insert(c.state);
+  if (c.window.valid()) owned_.insert(c.window);
+  if (config_.record_events) events_.push_back({CacheEvent::Type::kStateStored, c.state, n.end});
+  ++host_hits_;
+  return Ok();
+}
+
+std::uint32_t PrefixCache::NodeAt(std::span<const std::uint32_t> tokens, std::uint32_t length) const {
+  std::uint32_t node = 0;
+  std::uint32_t pos = 0;
+  while (pos < length) {
+    auto it = nodes_[node].children.find(tokens[pos]);
+    if (it == nodes_[node].children.end()) return 0;
+    const Node& c = nodes_[it->second];
+    if (c.end > length || !std::equal(c.tokens.begin(), c.tokens.end(), tokens.begin() + pos)) return 0;
+    node = it->second;
+    pos = c.end;
+  }
+  return node;
+}
+
+bool PrefixCache::HoldsOnHost(std::span<const std::uint32_t> tokens) const {
+  const std::uint32_t id = NodeAt(tokens, static_cast<std::uint32_t>(tokens.size()));
+  return id != 0 && nodes_[id].host != kNoSlot;
+}
+
 std::uint32_t PrefixCache::NewNode() {
   std::uint32_t id;
   if (!free_nodes_.empty()) {
@@ -80,11 +224,13 @@ void PrefixCache::Update(std::uint32_t id, F&& f) {
   const LruKey old = KeyOf(id);
   kv_lru_.erase(old);
   state_lru_.erase(old);
+  host_lru_.erase(old);
   f();
   const Node& n = nodes_[id];
   if (!n.live) return;
   if (n.kv_locks == 0 && n.children.empty()) kv_lru_.insert(KeyOf(id));
   if (n.checkpoint.valid() && n.state_locks == 0) state_lru_.insert(KeyOf(id));
+  if (n.host != kNoSlot && id != loading_) host_lru_.insert(KeyOf(id));
 }
 
 void PrefixCache::Touch(std::uint32_t id, std::uint64_t clock) {
@@ -183,6 +329,7 @@ PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint3
     pos = c.end;
     path.push_back(node);
     if (c.end <= max_length && c.checkpoint.valid()) best_depth = path.size();
+    if (c.end <= max_length && (c.checkpoint.valid() || c.host != kNoSlot)) best.host_length = c.end;
   }
   kv_length = pos;
   ++clock_;
@@ -266,7 +413,7 @@ Status PrefixCache::Unlock(const PrefixMatch& match) {
   for (std::uint32_t a = *id; a != 0; a = nodes_[a].parent) Update(a, [&] { --nodes_[a].kv_locks; });
   // A tombstoned leaf that only the lock kept is useless now.
   const Node& d = nodes_[*id];
-  if (d.kv_locks == 0 && d.children.empty() && !d.checkpoint.valid()) {
+  if (d.kv_locks == 0 && d.children.empty() && !d.checkpoint.valid() && d.host == kNoSlot) {
     EvictionStats ignored;
     RemoveLeaf(*id, ignored);
   }
@@ -277,6 +424,10 @@ Status PrefixCache::Unlock(const PrefixMatch& match) {
 Result<PrefixMatch> PrefixCache::MatchCopyOnWrite(std::span<const std::uint32_t> tokens, std::uint32_t max_length,
                                                   EvictionRule rule) {
   PrefixMatch m = Match(tokens, max_length);
+  if (m.host_length > m.length) {  // a deeper checkpoint on the host tier: bring it back
+    ULA_RETURN_IF_ERROR(LoadBack(NodeAt(tokens, m.host_length), rule));
+    m = Match(tokens, max_length);
+  }
   if (m.length == 0) return m;
   ULA_RETURN_IF_ERROR(Lock(m));
   Demand d = Demand::Of(allocator_->num_kinds()).Add(config_.state_kind, 1);
@@ -414,7 +565,10 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
   for (std::uint32_t id : path) {
     Node& c = nodes_[id];
     if (auto it = at.find(c.end); it != at.end() && !c.checkpoint.valid()) {
-      Update(id, [&] { c.checkpoint = it->second; });
+      Update(id, [&] {
+        c.checkpoint = it->second;
+        if (c.host != kNoSlot) free_host_.push_back(std::exchange(c.host, kNoSlot));  // the device copy wins
+      });
       owned_.insert(it->second.state);
       if (it->second.window.valid()) owned_.insert(it->second.window);
       if (config_.record_events) events_.push_back({CacheEvent::Type::kStateStored, it->second.state, c.end});
@@ -461,6 +615,7 @@ void PrefixCache::RemoveLeaf(std::uint32_t id, EvictionStats& stats) {
       stats.pages += static_cast<std::uint32_t>(n.pages.size());
       if (n.checkpoint.valid()) ++stats.checkpoints;
       FreeCheckpoint(n.checkpoint, n.end);
+      if (n.host != kNoSlot) free_host_.push_back(n.host);
       stats.tokens += n.tokens.size();
       ++stats.nodes;
       Update(parent, [&] { nodes_[parent].children.erase(n.tokens.front()); });
@@ -468,13 +623,18 @@ void PrefixCache::RemoveLeaf(std::uint32_t id, EvictionStats& stats) {
     });
     free_nodes_.push_back(id);
     const Node& p = nodes_[parent];
-    id = parent != 0 && p.children.empty() && p.kv_locks == 0 && !p.checkpoint.valid() ? parent : 0;
+    id = parent != 0 && p.children.empty() && p.kv_locks == 0 && !p.checkpoint.valid() && p.host == kNoSlot ? parent : 0;
   }
 }
 
 void PrefixCache::DropCheckpoint(std::uint32_t id, EvictionStats& stats) {
   Node& n = nodes_[id];
   ULA_CHECK(n.checkpoint.valid() && n.state_locks == 0);
+  if (Offload(id, stats)) {  // the state goes to the host tier; the node keeps its KV
+    ++stats.checkpoints;
+    ++stats.offloaded;
+    return;
+  }
   if (n.children.empty() && n.kv_locks == 0) {
     RemoveLeaf(id, stats);
     return;
@@ -571,14 +731,16 @@ PrefixCacheMetrics PrefixCache::Metrics() const {
     ++m.nodes;
     const std::uint64_t kv = (n.pages.size() + (n.head.valid() ? 1 : 0)) * page;
     (n.kv_locks > 0 ? m.kv.protected_bytes : m.kv.evictable) += kv;
+    m.host_checkpoints += n.host != kNoSlot ? 1 : 0;
     if (!n.checkpoint.valid()) {
-      ++m.tombstones;
+      m.tombstones += n.host == kNoSlot ? 1 : 0;
       continue;
     }
     ++m.checkpoints;
     (n.state_locks > 0 ? m.state.protected_bytes : m.state.evictable) += state;
     if (n.checkpoint.window.valid()) (n.state_locks > 0 ? m.window.protected_bytes : m.window.evictable) += window;
   }
+  m.host_hits = host_hits_;
   return m;
 }
 
@@ -587,7 +749,9 @@ Status PrefixCache::CheckInvariants() const {
   auto bad = [](std::uint32_t id, const char* what) {
     return MakeError(ErrorCode::kInternal, fmt::format("prefix cache: node {} {}", id, what));
   };
-  std::size_t blocks = 0, in_kv = 0, in_state = 0;
+  std::size_t blocks = 0, in_kv = 0, in_state = 0, in_host = 0;
+  std::set<std::uint32_t> host_slots(free_host_.begin(), free_host_.end());
+  if (host_slots.size() != free_host_.size()) return MakeError(ErrorCode::kInternal, "prefix cache: a free host slot twice");
   for (std::uint32_t id = 1; id < nodes_.size(); ++id) {
     const Node& n = nodes_[id];
     if (!n.live) continue;
@@ -620,7 +784,14 @@ Status PrefixCache::CheckInvariants() const {
       }
     } else {
       if (n.state_locks > 0) return bad(id, "is state-locked without a checkpoint");
-      if (n.children.empty() && n.kv_locks == 0) return bad(id, "is an unlocked leaf without a checkpoint");
+      if (n.children.empty() && n.kv_locks == 0 && n.host == kNoSlot) return bad(id, "is an unlocked leaf without a checkpoint");
+    }
+    if (n.host != kNoSlot) {
+      if (n.checkpoint.valid() || n.host >= host_.slots || !host_slots.insert(n.host).second) {
+        return bad(id, "has a host slot that is out of range, shared, or beside a device checkpoint");
+      }
+      if ((id != loading_) != host_lru_.contains(KeyOf(id))) return bad(id, "is misplaced in the host LRU set");
+      ++in_host;
     }
     if (n.state_locks > n.kv_locks) return bad(id, "has more state locks than KV locks");
     if (n.parent != 0 && parent.kv_locks < n.kv_locks) return bad(id, "is locked more than its parent");
@@ -634,7 +805,8 @@ Status PrefixCache::CheckInvariants() const {
       if (child >= nodes_.size() || !nodes_[child].live || nodes_[child].parent != id) return bad(id, "has a stale child");
     }
   }
-  if (in_kv != kv_lru_.size() || in_state != state_lru_.size()) {
+  if (host_slots.size() != host_.slots) return MakeError(ErrorCode::kInternal, "prefix cache: a host slot is lost");
+  if (in_kv != kv_lru_.size() || in_state != state_lru_.size() || in_host - (loading_ != kNoSlot) != host_lru_.size()) {
     return MakeError(ErrorCode::kInternal, "prefix cache: an LRU set holds a node that does not belong there");
   }
   if (blocks != owned_.size()) return MakeError(ErrorCode::kInternal, "prefix cache: the owned-block set disagrees with the nodes");

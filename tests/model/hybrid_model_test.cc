@@ -244,6 +244,39 @@ TEST(HybridModel, SpeculativeDecodingIsBitIdenticalForAcceptedPartlyAcceptedAndR
   }
 }
 
+TEST(HybridModel, CheckpointsRoundTrippedThroughTheHostTierAreBitIdentical) {
+  auto model = SmallModel();
+  const auto vocab = model->config().vocab;
+  auto backend = MakeCpuBackend(CpuBackendOptions{.copy_threads = 1});
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.kinds = model->Kinds(64);
+  c.capacity_bytes = 512 * c.kinds[1].block_bytes;
+  c.padding_kind = kModelKvKind;
+  c.padding_blocks = 1;
+  auto device = backend->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
+  auto buffer = UnifiedBuffer::Create(c, device).value();
+  auto host = backend->CreateArena(Tier::kHost, Rank(0), 8 * (c.kinds[0].block_bytes + c.kinds[2].block_bytes)).value();
+  auto cache = Cache(*model, *buffer);
+  ASSERT_TRUE(cache->AttachHostTier({backend.get(), device.id, host, 8}));
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto a = RandomTokens(91, 100, vocab);
+  ASSERT_TRUE(runner.Serve(a, ServeOptions{.max_new_tokens = 4, .checkpoint_interval = 32}));  // 32, 64, 96, 103
+  const auto stats = cache->Evict(0, 10);  // every state goes to the host tier, the KV stays
+  EXPECT_EQ(stats.offloaded, 4u);
+  EXPECT_EQ(stats.pages, 0u);
+  EXPECT_EQ(cache->num_checkpoints(), 0u);
+  EXPECT_EQ(cache->Metrics().host_checkpoints, 4u);
+  const auto b = Join(std::span(a).first(100), RandomTokens(92, 12, vocab));
+  auto rb = runner.Serve(b, ServeOptions{.max_new_tokens = 3});
+  ASSERT_TRUE(rb) << rb.error().ToString();
+  EXPECT_EQ(rb->matched, 96u);  // brought back from the host
+  EXPECT_EQ(cache->Metrics().host_hits, 1u);
+  ExpectBitIdentical(*rb, FromScratch(*model, b, 3));
+  EXPECT_TRUE(cache->CheckInvariants());
+  EXPECT_TRUE(buffer->CheckInvariants());
+}
+
 TEST(HybridModel, OutputDoesNotDependOnTheAllocatorOrOnCompaction) {
   auto model = SmallModel();
   const auto prompt = RandomTokens(41, 70, model->config().vocab);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -279,6 +280,73 @@ TEST(PrefixCache, ChunkedPrefillInsertsEachChunkAndTheLockMovesWithIt) {
   ASSERT_TRUE(a->Free(p3[0]));
   EXPECT_EQ(a->LiveBlocks(), blocks);
   EXPECT_TRUE(cache->CheckInvariants());
+}
+
+void FillBlock(HybridAllocator& a, BlockId id, std::uint8_t value) {
+  auto span = a.Bytes(id).value();
+  std::memset(span.data(), value, span.size());
+}
+bool BlockIs(HybridAllocator& a, BlockId id, std::uint8_t value) {
+  auto span = a.Bytes(id).value();
+  return std::all_of(span.begin(), span.end(), [&](std::byte b) { return b == std::byte(value); });
+}
+
+TEST(PrefixCache, TheHostTierTakesEvictedCheckpointsAndGivesThemBackExclusively) {
+  auto backend = MakeCpuBackend(CpuBackendOptions{.copy_threads = 1});  // copies run asynchronously
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.capacity_bytes = 256 * 64;
+  c.kinds = {{"state", 192, BufferEnd::kLow}, {"kv", 64, BufferEnd::kHigh}, {"swa", 64, BufferEnd::kLow}};
+  c.padding_kind = kKv;
+  auto device = backend->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
+  auto a = UnifiedBuffer::Create(c, device).value();
+  auto host = backend->CreateArena(Tier::kHost, Rank(0), 2 * (192 + 64)).value();
+  auto cache = Cache(*a);
+  EXPECT_EQ(cache->AttachHostTier({backend.get(), device.id, host, 3}).error().code(), ErrorCode::kInvalidArgument);
+  ASSERT_TRUE(cache->AttachHostTier({backend.get(), device.id, host, 2}));
+  InsertSequence(*cache, *a, Tokens(0, 8), {4});
+  const auto at8 = cache->Match(Tokens(0, 8), 8).checkpoint;
+  FillBlock(*a, at8.state, 0x3c);
+  FillBlock(*a, at8.window, 0x4d);
+  (void)cache->Match(Tokens(0, 4), 4);  // the state at 4 is used more recently
+  const auto live = a->Stats().live_bytes;
+  auto ev = cache->Evict(0, 1);
+  EXPECT_EQ(ev.offloaded, 1u);
+  EXPECT_EQ(ev.pages, 0u);
+  EXPECT_EQ(a->Stats().live_bytes, live - 256);  // exclusive: the device blocks are gone
+  EXPECT_FALSE(cache->Holds(Tokens(0, 8)));
+  EXPECT_TRUE(cache->HoldsOnHost(Tokens(0, 8)));
+  auto q = Tokens(0, 8);
+  q.push_back(1);
+  const auto probe = cache->Match(q, 8);
+  EXPECT_EQ(probe.length, 4u);
+  EXPECT_EQ(probe.host_length, 8u);  // a host hit
+  // Copy-on-write brings it back first: the same bytes, on the device only.
+  auto m = cache->MatchCopyOnWrite(q, 8, EvictionRule::kAllocationAware);
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_EQ(m->length, 8u);
+  EXPECT_TRUE(BlockIs(*a, m->checkpoint.state, 0x3c));
+  EXPECT_TRUE(BlockIs(*a, m->checkpoint.window, 0x4d));
+  EXPECT_TRUE(BlockIs(*a, m->copy.state, 0x3c));
+  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 8)));
+  EXPECT_EQ(cache->Metrics().host_checkpoints, 0u);
+  EXPECT_EQ(cache->Metrics().host_hits, 1u);
+  ASSERT_TRUE(cache->Unlock(*m));
+  ASSERT_TRUE(a->Free(m->copy.state));
+  ASSERT_TRUE(a->Free(m->copy.window));
+  // Three checkpoints for two host slots: the least recently used host copy (8) is dropped,
+  // and with it its leaf, which had no checkpoint left on either tier.
+  InsertSequence(*cache, *a, Tokens(100, 4), {});
+  ev = cache->Evict(0, 3);
+  EXPECT_EQ(ev.offloaded, 3u);
+  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 8)));
+  EXPECT_TRUE(cache->HoldsOnHost(Tokens(0, 4)));
+  EXPECT_TRUE(cache->HoldsOnHost(Tokens(100, 4)));
+  EXPECT_EQ(cache->Match(q, 8).kv_length, 4u);
+  EXPECT_EQ(cache->Metrics().host_checkpoints, 2u);
+  EXPECT_EQ(cache->num_checkpoints(), 0u);
+  EXPECT_TRUE(cache->CheckInvariants());
+  EXPECT_TRUE(a->CheckInvariants());
 }
 
 TEST(PrefixCache, EventsReportEveryStoredAndRemovedBlockOnce) {
