@@ -314,6 +314,10 @@ TEST(PrefixCache, TheHostTierTakesEvictedCheckpointsAndGivesThemBackExclusively)
   EXPECT_EQ(ev.offloaded, 1u);
   EXPECT_EQ(ev.pages, 0u);
   EXPECT_EQ(a->Stats().live_bytes, live - 256);  // exclusive: the device blocks are gone
+  for (BlockId junk : a->AllocateDemand(Demand::Of(3).Add(kState, 1).Add(kSwa, 1)).value()) {
+    FillBlock(*a, junk, 0xee);  // overwrite the bytes the checkpoint left behind
+    ASSERT_TRUE(a->Free(junk));
+  }
   EXPECT_FALSE(cache->Holds(Tokens(0, 8)));
   EXPECT_TRUE(cache->HoldsOnHost(Tokens(0, 8)));
   auto q = Tokens(0, 8);
