@@ -314,7 +314,8 @@ TEST(PrefixCache, TheHostTierTakesEvictedCheckpointsAndGivesThemBackExclusively)
   EXPECT_EQ(ev.offloaded, 1u);
   EXPECT_EQ(ev.pages, 0u);
   EXPECT_EQ(a->Stats().live_bytes, live - 256);  // exclusive: the device blocks are gone
-  for (BlockId junk : a->AllocateDemand(Demand::Of(3).Add(kState, 1).Add(kSwa, 1)).value()) {
+  const auto junk_blocks = a->AllocateDemand(Demand::Of(3).Add(kState, 1).Add(kSwa, 1)).value();
+  for (BlockId junk : junk_blocks) {
     FillBlock(*a, junk, 0xee);  // overwrite the bytes the checkpoint left behind
     ASSERT_TRUE(a->Free(junk));
   }
