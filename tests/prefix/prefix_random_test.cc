@@ -35,7 +35,8 @@ constexpr BlockKind kState(0), kKv(1), kSwa(2);
 using Tokens = std::vector<std::uint32_t>;
 
 struct ShadowState {
-  Checkpoint checkpoint;
+  Checkpoint checkpoint;  // stale while on_host
+  bool on_host = false;   // offloaded to the host tier
   std::uint64_t last_use = 0;
   std::uint32_t locks = 0;
   std::vector<std::uint64_t> pinned;  // offsets of state, ring while locked
@@ -55,7 +56,7 @@ std::uint64_t Hash(const Tokens& t, std::size_t n, std::uint64_t salt) {
 
 class PrefixRandom {
  public:
-  PrefixRandom(std::uint32_t seed, CompactionMode mode) : rng_(seed) {
+  PrefixRandom(std::uint32_t seed, CompactionMode mode, std::uint32_t host_slots) : rng_(seed) {
     UnifiedBufferConfig c;
     c.alignment = 64;
     c.capacity_bytes = 160 * 64;
@@ -63,8 +64,15 @@ class PrefixRandom {
     c.padding_kind = kKv;
     c.padding_blocks = 1;
     c.compaction = mode;
-    buffer_ = UnifiedBuffer::Create(c).value();
+    backend_ = MakeCpuBackend(CpuBackendOptions{.copy_threads = 1});
+    const Arena device = backend_->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
+    buffer_ = UnifiedBuffer::Create(c, device).value();
     cache_ = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .record_events = true}, buffer_.get()).value();
+    if (host_slots > 0) {
+      const Arena host = backend_->CreateArena(Tier::kHost, Rank(0), host_slots * (192 + 64)).value();
+      EXPECT_TRUE(cache_->AttachHostTier({backend_.get(), device.id, host, host_slots}));
+      host_ = true;
+    }
     for (int s = 0; s < 4; ++s) {
       Tokens stem(24);
       for (auto& t : stem) t = Uniform(0, 49);
@@ -102,15 +110,20 @@ class PrefixRandom {
     }
     while (!locked_.empty()) UnlockRandom();
     Verify();
-    std::printf("  %d inserts (%d chunked), %d hits, %d evictions (%d refused), %llu states evicted (%llu tombstones), "
-                "%llu bytes moved\n",
+    std::printf("  %d inserts (%d chunked), %d hits, %d evictions (%d refused), %llu states evicted (%llu tombstones, "
+                "%llu offloaded, %llu loaded back), %llu bytes moved\n",
                 inserts_, chunked_, hits_, evictions_, refused_, static_cast<unsigned long long>(evicted_states_),
-                static_cast<unsigned long long>(tombstones_), static_cast<unsigned long long>(buffer_->Stats().bytes_moved));
+                static_cast<unsigned long long>(tombstones_), static_cast<unsigned long long>(offloaded_),
+                static_cast<unsigned long long>(loaded_), static_cast<unsigned long long>(buffer_->Stats().bytes_moved));
     EXPECT_GT(evicted_states_, 0u);
     EXPECT_GT(tombstones_, 0u);
     EXPECT_GT(hits_, 0);
     EXPECT_GT(chunked_, 0);
     EXPECT_GT(buffer_->Stats().blocks_moved, 0u);
+    if (host_) {
+      EXPECT_GT(offloaded_, 0u);
+      EXPECT_GT(loaded_, 0u);
+    }
   }
 
  private:
@@ -175,9 +188,12 @@ class PrefixRandom {
 
   // Match against the shadow: every KV node is a prefix of some checkpointed prefix.
   PrefixMatch MatchAndCheck(const Tokens& tokens, std::uint32_t max_length) {
-    std::size_t want = 0, kv = 0;
+    std::size_t want = 0, kv = 0, host_want = 0;
     for (const auto& [key, st] : states_) {
-      if (key.size() <= max_length && IsPrefix(key, tokens)) want = std::max(want, key.size());
+      if (key.size() <= max_length && IsPrefix(key, tokens)) {
+        host_want = std::max(host_want, key.size());
+        if (!st.on_host) want = std::max(want, key.size());
+      }
       std::size_t l = 0;
       while (l < key.size() && l < tokens.size() && key[l] == tokens[l]) ++l;
       kv = std::max(kv, l);
@@ -186,6 +202,7 @@ class PrefixRandom {
     ++clock_;
     EXPECT_EQ(m.length, want) << "step " << step_;
     EXPECT_EQ(m.kv_length, kv) << "step " << step_;
+    EXPECT_EQ(m.host_length, host_want) << "step " << step_;
     EXPECT_EQ(m.branch, kv > want ? kv : 0) << "step " << step_;
     if (m.length != want) return m;
     EXPECT_EQ(m.pages.size(), (want + kPage - 1) / kPage);
@@ -237,15 +254,33 @@ class PrefixRandom {
     const EvictionRule rule = Uniform(0, 1) ? EvictionRule::kNaive : EvictionRule::kAllocationAware;
     auto m = cache_->MatchCopyOnWrite(q, max_length, rule);
     ++clock_;
-    // A MakeRoom may have run, with the match locked.
-    if (probe.length > 0) ++states_.at(Prefix(q, probe.length)).locks;
-    ObserveEvictions(!m && m.error().code() == ErrorCode::kResourceExhausted, rule);
-    if (probe.length > 0) --states_.at(Prefix(q, probe.length)).locks;
+    // A MakeRoom may have run, with the match locked (when nothing came back from the host;
+    // a load-back evicts with only the KV path locked, so the LRU order is not checked then).
+    const bool loads = probe.host_length > probe.length;
+    if (loads && cache_->Holds(Prefix(q, probe.host_length))) {  // back from the host, under a new block id
+      const Tokens key = Prefix(q, probe.host_length);
+      ShadowState& st = states_.at(key);
+      EXPECT_TRUE(st.on_host);
+      st.on_host = false;
+      if (m) {
+        st.checkpoint = m->checkpoint;
+      } else {  // loaded back, but the request's own copy did not fit: look it up
+        st.checkpoint = cache_->Match(key, probe.host_length).checkpoint;
+        ++clock_;
+        for (auto& [k, other] : states_) {
+          if (IsPrefix(k, key)) other.last_use = clock_;
+        }
+      }
+      ++loaded_;
+    }
+    if (probe.length > 0 && !loads) ++states_.at(Prefix(q, probe.length)).locks;
+    ObserveEvictions(!loads && !m && m.error().code() == ErrorCode::kResourceExhausted, rule, !loads);
+    if (probe.length > 0 && !loads) --states_.at(Prefix(q, probe.length)).locks;
     if (!m) {
       EXPECT_EQ(m.error().code(), ErrorCode::kResourceExhausted) << "step " << step_;
       return;
     }
-    EXPECT_EQ(m->length, probe.length);
+    EXPECT_EQ(m->length, probe.host_length);
     if (m->length == 0) return;
     for (auto& [k, st] : states_) {
       if (IsPrefix(k, Prefix(q, m->length))) st.last_use = clock_;
@@ -278,29 +313,48 @@ class PrefixRandom {
     return *ids;
   }
 
-  // Which shadow states are gone, checked against LRU order and the locks.
-  void ObserveEvictions(bool refused, EvictionRule rule) {
-    std::vector<Tokens> gone;
+  // Which shadow states left the device (freed or offloaded) or the host, checked against
+  // LRU order and the locks.
+  void ObserveEvictions(bool refused, EvictionRule rule, bool check_order = true) {
+    std::vector<Tokens> gone, host_gone;
     std::uint64_t newest_gone = 0;
     for (const auto& [key, st] : states_) {
+      if (st.on_host) {
+        if (!cache_->HoldsOnHost(key)) host_gone.push_back(key);
+        continue;
+      }
       if (buffer_->KindOf(st.checkpoint.state)) continue;
       EXPECT_EQ(st.locks, 0u) << "a locked state was evicted at step " << step_;
       EXPECT_FALSE(buffer_->KindOf(st.checkpoint.window)) << "an evicted state kept its ring";
       gone.push_back(key);
       newest_gone = std::max(newest_gone, st.last_use);
     }
+    if (rule == EvictionRule::kNaive) {  // leaves whose state was on the host go by LRU too
+      for (const auto& key : host_gone) newest_gone = std::max(newest_gone, states_.at(key).last_use);
+    }
     for (const auto& key : gone) {
+      if (cache_->HoldsOnHost(key)) {
+        states_.at(key).on_host = true;
+        ++offloaded_;
+        continue;
+      }
       // A tombstone keeps its KV: some surviving state extends it.
       bool extended = false;
-      for (const auto& [k, st] : states_) extended |= k.size() > key.size() && IsPrefix(key, k) && buffer_->KindOf(st.checkpoint.state);
+      for (const auto& [k, st] : states_) {
+        extended |= k.size() > key.size() && IsPrefix(key, k) && (st.on_host || buffer_->KindOf(st.checkpoint.state));
+      }
       tombstones_ += extended ? 1 : 0;
     }
-    for (const auto& key : gone) states_.erase(key);
+    for (const auto& key : gone) {
+      if (!states_.at(key).on_host) states_.erase(key);
+    }
+    for (const auto& key : host_gone) states_.erase(key);
     evicted_states_ += gone.size();
+    const bool any = !gone.empty() || (rule == EvictionRule::kNaive && !host_gone.empty());
     for (const auto& [key, st] : states_) {
       if (st.locks > 0) continue;
-      if (rule == EvictionRule::kNaive && HasExtension(key)) continue;  // naive: leaves only
-      if (!gone.empty()) {
+      if (rule == EvictionRule::kNaive ? HasExtension(key) : st.on_host) continue;  // the candidates of the rule
+      if (check_order && any) {
         EXPECT_LE(newest_gone, st.last_use) << "evicted a more recently used state at step " << step_;
       }
       if (refused) ADD_FAILURE() << "refused while an unlocked candidate was left at step " << step_;
@@ -335,7 +389,7 @@ class PrefixRandom {
     const std::uint64_t tokens = by_tokens ? Uniform(1, 12) : 0;
     const std::uint32_t states = by_tokens ? 0 : Uniform(1, 3);
     const auto unlocked = static_cast<std::uint32_t>(
-        std::count_if(states_.begin(), states_.end(), [](const auto& kv) { return kv.second.locks == 0; }));
+        std::count_if(states_.begin(), states_.end(), [](const auto& kv) { return kv.second.locks == 0 && !kv.second.on_host; }));
     const auto stats = cache_->Evict(tokens, states);
     ++evictions_;
     ObserveEvictions(false, by_tokens ? EvictionRule::kNaive : EvictionRule::kAllocationAware);
@@ -391,10 +445,10 @@ class PrefixRandom {
     for (const auto& c : cps) {
       n = std::max(n, c.position);
       const Tokens key = Prefix(t, c.position);
-      if (states_.contains(key)) {
+      if (states_.contains(key) && !states_.at(key).on_host) {
         EXPECT_FALSE(buffer_->KindOf(c.checkpoint.state)) << "a duplicate checkpoint was not freed at step " << step_;
       } else {
-        states_[key] = ShadowState{c.checkpoint, 0, 0, {}};
+        states_[key] = ShadowState{c.checkpoint, false, 0, 0, {}};  // new, or replaces a host copy
       }
     }
     for (auto& [k, st] : states_) {
@@ -470,9 +524,14 @@ class PrefixRandom {
   void Verify() {
     ASSERT_TRUE(cache_->CheckInvariants()) << cache_->CheckInvariants().error().ToString();
     ASSERT_TRUE(buffer_->CheckInvariants()) << buffer_->CheckInvariants().error().ToString();
-    ASSERT_EQ(cache_->num_checkpoints(), states_.size()) << "step " << step_;
+    std::size_t on_device = 0, on_host = 0;
+    for (const auto& [key, st] : states_) (st.on_host ? on_host : on_device) += 1;
+    ASSERT_EQ(cache_->num_checkpoints(), on_device) << "step " << step_;
+    ASSERT_EQ(cache_->Metrics().host_checkpoints, on_host) << "step " << step_;
     std::uint64_t state_evictable = 0, state_protected = 0;
     for (const auto& [key, st] : states_) {
+      ASSERT_EQ(cache_->HoldsOnHost(key), st.on_host) << "step " << step_;
+      if (st.on_host) continue;
       ExpectState(st.checkpoint, key, key.size());
       ASSERT_TRUE(cache_->Holds(key)) << "step " << step_;
       (st.locks > 0 ? state_protected : state_evictable) += 192;
@@ -501,7 +560,7 @@ class PrefixRandom {
     }
     const auto live = buffer_->Stats().live_blocks_per_kind;
     ASSERT_EQ(live[kKv.value()], (m.kv.evictable + m.kv.protected_bytes) / 64 + running_pages) << "step " << step_;
-    ASSERT_EQ(live[kState.value()], states_.size() + running_states) << "step " << step_;
+    ASSERT_EQ(live[kState.value()], on_device + running_states) << "step " << step_;
     // The event stream replays to the cache's blocks.
     for (const auto& e : cache_->TakeEvents()) {
       const bool page = e.type == CacheEvent::Type::kPageStored || e.type == CacheEvent::Type::kPageRemoved;
@@ -513,10 +572,11 @@ class PrefixRandom {
       }
     }
     ASSERT_EQ(event_pages_.size() * 64, m.kv.evictable + m.kv.protected_bytes);
-    ASSERT_EQ(event_states_.size(), states_.size());
+    ASSERT_EQ(event_states_.size(), on_device);
   }
 
   std::mt19937 rng_;
+  std::unique_ptr<Backend> backend_;  // holds the device arena (and the host arena)
   std::unique_ptr<UnifiedBuffer> buffer_;
   std::unique_ptr<PrefixCache> cache_;
   std::vector<Tokens> stems_;
@@ -527,7 +587,8 @@ class PrefixRandom {
   std::uint64_t clock_ = 0;
   int step_ = 0;
   int inserts_ = 0, chunked_ = 0, hits_ = 0, evictions_ = 0, refused_ = 0;
-  std::uint64_t evicted_states_ = 0, tombstones_ = 0;
+  std::uint64_t evicted_states_ = 0, tombstones_ = 0, offloaded_ = 0, loaded_ = 0;
+  bool host_ = false;
 };
 
 std::uint32_t Seed(std::uint32_t fixed) {
@@ -535,10 +596,10 @@ std::uint32_t Seed(std::uint32_t fixed) {
   return env != nullptr ? static_cast<std::uint32_t>(std::strtoul(env, nullptr, 10)) : fixed;
 }
 
-void RunPrefixRandom(std::uint32_t seed, CompactionMode mode, int steps) {
-  std::printf("prefix random test: seed=%u mode=%s steps=%d (ULA_TEST_SEED overrides the seed)\n", seed,
-              mode == CompactionMode::kEager ? "eager" : "lazy", steps);
-  PrefixRandom(seed, mode).Run(steps);
+void RunPrefixRandom(std::uint32_t seed, CompactionMode mode, int steps, std::uint32_t host_slots = 0) {
+  std::printf("prefix random test: seed=%u mode=%s steps=%d host slots=%u (ULA_TEST_SEED overrides the seed)\n", seed,
+              mode == CompactionMode::kEager ? "eager" : "lazy", steps, host_slots);
+  PrefixRandom(seed, mode, host_slots).Run(steps);
 }
 
 TEST(PrefixCacheRandom, LazyBufferMatchesTheShadowAndKeepsEveryCachedByte) {
@@ -547,6 +608,10 @@ TEST(PrefixCacheRandom, LazyBufferMatchesTheShadowAndKeepsEveryCachedByte) {
 
 TEST(PrefixCacheRandom, EagerBufferMatchesTheShadowAndKeepsEveryCachedByte) {
   RunPrefixRandom(Seed(99u), CompactionMode::kEager, 2500);
+}
+
+TEST(PrefixCacheRandom, WithAHostTierCheckpointsMoveBetweenTiersAndStayExclusive) {
+  RunPrefixRandom(Seed(4242u), CompactionMode::kLazy, 2500, 6);
 }
 
 }  // namespace
