@@ -354,6 +354,76 @@ TEST(PrefixCache, TheHostTierTakesEvictedCheckpointsAndGivesThemBackExclusively)
   EXPECT_TRUE(a->CheckInvariants());
 }
 
+// Delegates to a real backend; refuses every Submit while `fail` is set.
+class FailingBackend final : public Backend {
+ public:
+  explicit FailingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  bool fail = false;
+  Result<Arena> CreateArena(Tier tier, Rank rank, std::uint64_t bytes) override {
+    return inner_->CreateArena(tier, rank, bytes);
+  }
+  Status DestroyArena(ArenaId id) override { return inner_->DestroyArena(id); }
+  Result<Arena> GetArena(ArenaId id) const override { return inner_->GetArena(id); }
+  bool holds_bytes() const override { return inner_->holds_bytes(); }
+  Result<Fence> Submit(CopyBatch batch) override {
+    if (fail) return MakeError(ErrorCode::kIo, "injected copy failure");
+    return inner_->Submit(std::move(batch));
+  }
+  void Wait(Fence fence) override { inner_->Wait(fence); }
+  void WaitAll() override { inner_->WaitAll(); }
+  TransferCounters counters() const override { return inner_->counters(); }
+  void ResetCounters() override { inner_->ResetCounters(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+TEST(PrefixCache, AFailedHostCopyPublishesNothing) {
+  FailingBackend backend(MakeCpuBackend(CpuBackendOptions{.copy_threads = 1}));
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.capacity_bytes = 256 * 64;
+  c.kinds = {{"state", 192, BufferEnd::kLow}, {"kv", 64, BufferEnd::kHigh}, {"swa", 64, BufferEnd::kLow}};
+  c.padding_kind = kKv;
+  auto device = backend.CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
+  auto a = UnifiedBuffer::Create(c, device).value();
+  auto host = backend.CreateArena(Tier::kHost, Rank(0), 4 * (192 + 64)).value();
+  auto cache = Cache(*a);
+  ASSERT_TRUE(cache->AttachHostTier({&backend, device.id, host, 4}));
+  InsertSequence(*cache, *a, Tokens(0, 8), {4});
+  // Offloading fails: the LRU checkpoint (8, a leaf) is evicted as without a host tier.
+  backend.fail = true;
+  auto ev = cache->Evict(0, 1);
+  EXPECT_EQ(ev.offloaded, 0u);
+  EXPECT_EQ(ev.nodes, 1u);
+  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 8)));
+  EXPECT_EQ(cache->Metrics().host_checkpoints, 0u);
+  // Cached again, the state at 8 goes to the host; bringing it back fails, changes nothing.
+  backend.fail = false;
+  InsertSequence(*cache, *a, Tokens(0, 8), {});
+  ev = cache->Evict(0, 1);
+  ASSERT_EQ(ev.offloaded, 1u);
+  backend.fail = true;
+  const auto blocks = a->LiveBlocks();
+  auto q = Tokens(0, 8);
+  q.push_back(2);
+  auto m = cache->MatchCopyOnWrite(q, 8, EvictionRule::kAllocationAware);
+  ASSERT_FALSE(m);
+  EXPECT_EQ(m.error().code(), ErrorCode::kIo);
+  EXPECT_EQ(a->LiveBlocks(), blocks);
+  EXPECT_TRUE(cache->HoldsOnHost(Tokens(0, 8)));
+  EXPECT_TRUE(cache->CheckInvariants());
+  // Once copies work again, the same call brings it back.
+  backend.fail = false;
+  m = cache->MatchCopyOnWrite(q, 8, EvictionRule::kAllocationAware);
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_EQ(m->length, 8u);
+  ASSERT_TRUE(cache->Unlock(*m));
+  ASSERT_TRUE(a->Free(m->copy.state));
+  ASSERT_TRUE(a->Free(m->copy.window));
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
 TEST(PrefixCache, EventsReportEveryStoredAndRemovedBlockOnce) {
   auto a = Buffer(256);
   auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .record_events = true}, a.get()).value();
