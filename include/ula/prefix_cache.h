@@ -56,7 +56,7 @@
 // Match counts host hits (`host_length`: the deepest checkpoint on either tier);
 // MatchCopyOnWrite brings a deeper host checkpoint back first (device blocks allocated,
 // evicting with the path locked, host -> device copy, fence, then published and the host
-// slot freed: exclusive, never on both tiers). A full host drops its least recently used
+// slot freed: exclusive, never on both tiers); if that fails, it matches on the device. A full host drops its least recently used
 // checkpoint. Copies are waited for inside the call, so no node is ever seen mid-copy.
 // KV pages are not offloaded (see docs/ARCHITECTURE.md).
 //
@@ -166,9 +166,10 @@ class PrefixCache {
 
   // The longest reusable prefix of tokens not longer than max_length; touches its path.
   PrefixMatch Match(std::span<const std::uint32_t> tokens, std::uint32_t max_length);
-  // Match + Lock + the request's own copy of the checkpoint in match.copy (when length > 0),
-  // allocated (evicting by `rule` with the match locked if needed) and copied now. On error
-  // the match is unlocked again (what was evicted stays evicted).
+  // Match (after bringing a deeper host checkpoint back, when it can) + Lock + the request's
+  // own copy of the checkpoint in match.copy (when length > 0), allocated (evicting by
+  // `rule` with the match locked if needed) and copied now. On error the match is unlocked
+  // again (what was evicted stays evicted).
   Result<PrefixMatch> MatchCopyOnWrite(std::span<const std::uint32_t> tokens, std::uint32_t max_length,
                                        EvictionRule rule);
   // kNotFound when a node of the match is gone.

@@ -415,10 +415,9 @@ Status PrefixCache::Unlock(const PrefixMatch& match) {
 Result<PrefixMatch> PrefixCache::MatchCopyOnWrite(std::span<const std::uint32_t> tokens, std::uint32_t max_length,
                                                   EvictionRule rule) {
   PrefixMatch m = Match(tokens, max_length);
-  if (m.host_length > m.length) {  // a deeper checkpoint on the host tier: bring it back
-    ULA_RETURN_IF_ERROR(LoadBack(NodeAt(tokens, m.host_length), rule));
-    m = Match(tokens, max_length);
-  }
+  // A deeper checkpoint on the host tier: bring it back. When that fails (no room, a failed
+  // copy), the request starts from the device match (host_length still says what it missed).
+  if (m.host_length > m.length && LoadBack(NodeAt(tokens, m.host_length), rule)) m = Match(tokens, max_length);
   if (m.length == 0) return m;
   ULA_RETURN_IF_ERROR(Lock(m));
   Demand d = Demand::Of(allocator_->num_kinds()).Add(config_.state_kind, 1);

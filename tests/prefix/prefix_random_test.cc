@@ -280,7 +280,16 @@ class PrefixRandom {
       EXPECT_EQ(m.error().code(), ErrorCode::kResourceExhausted) << "step " << step_;
       return;
     }
-    EXPECT_EQ(m->length, probe.host_length);
+    // The deepest device checkpoint now: the host one brought back, or (when that failed)
+    // what the device still holds.
+    std::size_t want = 0;
+    for (const auto& [key, st] : states_) {
+      if (!st.on_host && key.size() <= max_length && IsPrefix(key, q)) want = std::max(want, key.size());
+    }
+    EXPECT_EQ(m->length, want) << "step " << step_;
+    if (!loads || !cache_->HoldsOnHost(Prefix(q, probe.host_length))) {
+      EXPECT_EQ(m->length, probe.host_length);
+    }
     if (m->length == 0) return;
     for (auto& [k, st] : states_) {
       if (IsPrefix(k, Prefix(q, m->length))) st.last_use = clock_;
