@@ -45,9 +45,10 @@
 // count per kind. MakeRoom evicts until a demand fits, by rule:
 //   kNaive            LRU leaves only; stops once the KV kind alone has the requested pages
 //                     (KV pages free at the start plus pages freed since);
-//   kAllocationAware  the LRU checkpoint first (its whole node when a leaf, else a
-//                     tombstone), stopping once allocator.CanAllocate(demand) holds,
-//                     counting every kind and what compaction recovers.
+//   kAllocationAware  the LRU checkpoint first (to the host tier when there is one; else
+//                     its whole node when a leaf, a tombstone otherwise), stopping once
+//                     allocator.CanAllocate(demand) holds, counting every kind and what
+//                     compaction recovers.
 //
 // Host tier (AttachHostTier, optional). Checkpoints only: a checkpoint evicted from the
 // device goes to a host slot instead of being freed (the node keeps its KV; a leaf whose
@@ -56,8 +57,9 @@
 // Match counts host hits (`host_length`: the deepest checkpoint on either tier);
 // MatchCopyOnWrite brings a deeper host checkpoint back first (device blocks allocated,
 // evicting with the path locked, host -> device copy, fence, then published and the host
-// slot freed: exclusive, never on both tiers); if that fails, it matches on the device. A full host drops its least recently used
-// checkpoint. Copies are waited for inside the call, so no node is ever seen mid-copy.
+// slot freed: exclusive, never on both tiers); if that fails, it matches on the device.
+// A full host drops its least recently used checkpoint. Copies are waited for inside the
+// call, so no node is ever seen mid-copy.
 // KV pages are not offloaded (see docs/ARCHITECTURE.md).
 //
 // Events and metrics. With record_events, every page and checkpoint that enters or leaves
@@ -68,10 +70,12 @@
 // its first token, a non-empty span starting at its parent's end, exactly the pages its span
 // starts (plus at most a head copy when its start is unaligned), all live KV blocks; every
 // page index of its span is provided on its path; its checkpoint blocks are live and of the
-// state (and window) kinds; an unlocked leaf has a checkpoint on some tier; a node's KV-lock count is at
-// most its parent's (unless the parent is the root); state locks only on checkpoints;
-// kv_lru_ holds exactly the unlocked leaves and state_lru_ exactly the unlocked checkpoints,
-// with their current keys; the owned-block set holds exactly the nodes' blocks.
+// state (and window) kinds; an unlocked leaf has a checkpoint on some tier, never on both;
+// a node's KV-lock count is at most its parent's (unless the parent is the root); state
+// locks only on checkpoints; kv_lru_ holds exactly the unlocked leaves, state_lru_ the
+// unlocked checkpoints and host_lru_ the host copies (but the one being loaded back), with
+// their current keys; the owned-block set holds exactly the nodes' blocks; every host slot
+// is either free or held by one node.
 // Thread-safety: none; callers serialize (and own the allocator's thread).
 #pragma once
 
