@@ -11,8 +11,9 @@ changing nothing.
         num_groups=1, entry_bytes=64, device_bytes_per_rank=64 * 64, host_bytes_per_rank=64 * 256))
     space.add_request(7)
     addrs = space.allocate(7, 100)                       # uint32 logical addresses
+    space.advance_round()                                # end of the prefill step
     planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=32)
-    sel = np.full((1, 1, 32), -1, np.int32); sel[0, 0, :20] = addrs[:20]
+    sel = np.full((1, 1, 32), -1, np.int32); sel[0, 0, :20] = addrs[80:]
     idx = np.empty_like(sel)
     planner.step(0, 0, sel, idx)                         # idx: FlashMLA sparse-decode indices
 """

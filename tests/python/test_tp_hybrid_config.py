@@ -157,3 +157,13 @@ def test_stub_and_docstrings_cover_every_binding():
             assert members - in_stub == set(), f"{name}: members missing from the stub"
     for cls in (ext.AddressSpace, ext.EngineStepPlanner, ext.TpAddressSpace, ext.UnifiedBuffer, ext.PrefixCache):
         assert cls.__doc__ and len(cls.__doc__) > 40
+
+
+def test_readme_snippet_runs():
+    text = (REPO / "README.md").read_text()
+    start = text.index("```python\nimport numpy as np, ulacache")
+    code = text[start + len("```python\n"):text.index("```", start + 10)]
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert scope["stats"].misses == 20
+    assert (scope["idx"][0, 0, 20:] == -1).all() and (scope["idx"][0, 0, :20] >= 0).all()
