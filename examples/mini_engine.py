@@ -44,7 +44,22 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+DEBIAN_PYTHON = "/usr/bin/python3"  # the interpreter the package is built for (CMakeLists.txt)
+
+
+def reexec_with_debian_python():
+    """When another python3 comes first on PATH (without numpy, or another ABI than the
+    built extension), run this script with Debian's interpreter instead."""
+    if os.path.exists(DEBIAN_PYTHON) and os.path.realpath(sys.executable) != os.path.realpath(DEBIAN_PYTHON):
+        os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON, *sys.argv])
+
+
+try:
+    import numpy as np
+except ImportError:
+    if __name__ == "__main__":
+        reexec_with_debian_python()
+    raise
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,7 +70,11 @@ def import_ulacache(build_dir):
         if (b / "python" / "ulacache").is_dir():
             sys.path.insert(0, str(b / "python"))
             break
-    import ulacache  # noqa: F401  (installed, or the in-tree build found above)
+    try:
+        import ulacache  # noqa: F401  (installed, or the in-tree build found above)
+    except ImportError:
+        reexec_with_debian_python()
+        raise
     return ulacache
 
 
