@@ -113,12 +113,14 @@ struct CompleteReport {
 };
 
 // Engine-owned memory of one pool (tier, rank, group): num_layers regions of
-// capacity * layer_bytes bytes, layer l starting at base + l * layer_stride.
+// slots * layer_bytes bytes, layer l starting at base + l * layer_stride; slot s of layer l
+// at base + l * layer_stride + s * layer_bytes.
 struct EngineRegion {
   std::uintptr_t base = 0;
   std::uint64_t layer_stride = 0;
   std::uint32_t layer_bytes = 0;
   std::uint32_t num_layers = 1;
+  std::uint32_t slots = 0;  // rows per layer; at least the pool's capacity
 };
 
 class EngineStepPlanner {
@@ -148,7 +150,8 @@ class EngineStepPlanner {
   bool has_pending() const;
 
   // Registers engine-owned memory for (tier, rank, group). kInvalidArgument when
-  // num_layers * layer_bytes != entry_bytes, base is 0, or layers would overlap.
+  // num_layers * layer_bytes != entry_bytes, base is 0, slots is below the pool's
+  // capacity, or layers would overlap. REQUIRES: the memory outlives the planner.
   Status RegisterEngineMemory(Tier tier, Rank rank, GroupId group, const EngineRegion& region);
   // Runs descriptors over the registered regions (memcpy / swap per layer); status[i] = 0
   // on success, 1 when a side of descriptor i has no registered region (nothing copied).

@@ -91,7 +91,9 @@ void BindSparse(py::module_& m) {
   py::class_<DpSpace>(m, "AddressSpace", R"doc(
 DP mode: stable logical addresses (uint32) over exclusive device/host pools per (rank, group).
 Owns its backend: 'cpu' (real bytes, a copy thread) or 'counting' (no bytes: the engine owns
-the memory and runs the copies). A refused call raises a ulacache.Error and changes nothing.)doc")
+the memory and runs the copies). A refused call raises a ulacache.Error and changes nothing.
+One thread at a time drives a space and its planners (as in C++); different spaces may be
+driven from different threads at once (the GIL is released while planning).)doc")
       .def(py::init([](const ula::AddressSpaceConfig& c, const std::string& backend) {
              DpSpace s{MakeBackend(backend), nullptr};
              s.space = Unwrap(ula::AddressSpace::Create(c, *s.backend));
@@ -264,7 +266,8 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
             const auto slots = static_cast<std::uint64_t>(memory.shape(1));
             const auto layer_stride = static_cast<std::uint64_t>(memory.strides(0));
             const auto layer_bytes = static_cast<std::uint32_t>(layer_stride / (slots == 0 ? 1 : slots));
-            ula::EngineRegion region{reinterpret_cast<std::uintptr_t>(memory.data()), layer_stride, layer_bytes, layers};
+            ula::EngineRegion region{reinterpret_cast<std::uintptr_t>(memory.data()), layer_stride, layer_bytes, layers,
+                                     static_cast<std::uint32_t>(slots)};
             Unwrap(p.planner->RegisterEngineMemory(ParseTier(tier), ula::Rank(rank), ula::GroupId(group), region));
             p.registered.push_back(memory);
           },

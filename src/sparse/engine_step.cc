@@ -311,10 +311,14 @@ Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId gro
                                  region.layer_bytes, cfg.entry_bytes));
   }
   const std::uint64_t capacity = tier == Tier::kDevice ? cfg.device_slots_per_group() : cfg.host_slots_per_group();
-  if (region.num_layers > 1 && region.layer_stride < capacity * region.layer_bytes) {
+  if (region.slots < capacity) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("EngineRegion.slots = {}: the {} pool has {} slots",
+                                                              region.slots, TierName(tier), capacity));
+  }
+  if (region.num_layers > 1 && region.layer_stride < std::uint64_t{region.slots} * region.layer_bytes) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("EngineRegion.layer_stride = {}: layers of {} slots x {} bytes overlap",
-                                 region.layer_stride, capacity, region.layer_bytes));
+                                 region.layer_stride, region.slots, region.layer_bytes));
   }
   const std::size_t k = (static_cast<std::size_t>(tier) * cfg.num_ranks + rank.value()) * cfg.num_groups + group.value();
   scratch_->regions[k] = region;

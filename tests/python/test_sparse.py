@@ -212,3 +212,28 @@ def test_pending_plan_refuses_another():
     with pytest.raises(ulacache.InvalidArgumentError):
         planner.complete(fence, np.zeros(n - 1, np.uint8))
     assert planner.complete(fence, np.ones(n, np.uint8)) == (0, n)
+
+
+def test_register_engine_memory_refuses_bad_arrays():
+    space, planner, mem, addrs = engine_fixture()
+    with pytest.raises(ulacache.InvalidArgumentError):   # fewer rows than the pool's slots
+        planner.register_engine_memory("device", 0, 0, np.zeros((2, 4, ENTRY // 2), np.uint8))
+    with pytest.raises(ulacache.InvalidArgumentError):   # layers x row bytes != entry bytes
+        planner.register_engine_memory("device", 0, 0, np.zeros((3, 8, ENTRY // 2), np.uint8))
+    with pytest.raises(ulacache.InvalidArgumentError):   # not C-contiguous
+        planner.register_engine_memory("device", 0, 0, np.zeros((8, 2, ENTRY // 2), np.uint8).transpose(1, 0, 2))
+    with pytest.raises(ulacache.InvalidArgumentError):
+        planner.register_engine_memory("gpu", 0, 0, mem["device"])
+    with pytest.raises(ulacache.OutOfRangeError):
+        planner.register_engine_memory("device", 0, 5, mem["device"])
+    # The registered arrays are still the ones the planner copies through.
+    sel = addrs[30:38].astype(np.int32).reshape(1, 1, 8)
+    idx = np.zeros_like(sel)
+    desc = np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
+    fence, n, _ = planner.plan(0, 0, sel, idx, desc)
+    status = np.ones(n, np.uint8)
+    planner.execute_on_engine_memory(desc[:n], status)
+    assert not status.any()
+    planner.complete(fence, status)
+    for a in addrs:
+        assert np.array_equal(entry_at(space, mem, a), pattern(int(a), 0))

@@ -54,7 +54,7 @@ struct EngineMemory {
   }
   EngineRegion Region() {
     return EngineRegion{reinterpret_cast<std::uintptr_t>(bytes.data()), std::uint64_t{slots} * kLayerBytes, kLayerBytes,
-                        kLayers};
+                        kLayers, slots};
   }
 };
 
@@ -253,6 +253,17 @@ TEST(EngineStep, BadInputChangesNothing) {
   EXPECT_EQ(snapshot(), before);
   EXPECT_EQ(idx, std::vector<std::int32_t>(4, 77));
   EXPECT_FALSE(f.planner->has_pending());
+  // Engine memory that is too small or malformed is refused.
+  EngineRegion small = f.mem[0].Region();
+  small.slots = 3;
+  EXPECT_EQ(f.planner->RegisterEngineMemory(Tier::kDevice, Rank(0), GroupId(0), small).error().code(),
+            ErrorCode::kInvalidArgument);
+  EngineRegion overlap = f.mem[1].Region();
+  overlap.layer_stride = kLayerBytes;
+  EXPECT_FALSE(f.planner->RegisterEngineMemory(Tier::kHost, Rank(0), GroupId(0), overlap));
+  EngineRegion wrong = f.mem[1].Region();
+  wrong.layer_bytes = 8;
+  EXPECT_FALSE(f.planner->RegisterEngineMemory(Tier::kHost, Rank(0), GroupId(0), wrong));
   // With a plan pending: another plan and a wrong fence or status count are refused.
   auto p = plan({6, 7, 8, 9}, {1, 1, 4}, 4);
   ASSERT_TRUE(p);
