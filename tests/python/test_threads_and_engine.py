@@ -55,9 +55,9 @@ def test_two_threads_plan_on_two_spaces_at_once():
             time.sleep(0)  # gives the GIL up here even if a binding never does
 
     old = sys.getswitchinterval()
-    # Switch only where a thread gives the GIL up itself (5 s is far longer than this
-    # thread's loop): a binding that kept the GIL during its C++ call would let the other
-    # thread run no step while this one plans.
+    # Switch only where a thread gives the GIL up itself (5 s is longer than this thread's
+    # loop, which stops after 3 s even on a loaded machine): a binding that kept the GIL
+    # during its C++ call would let the other thread run no step while this one plans.
     sys.setswitchinterval(5.0)
     try:
         t = threading.Thread(target=other)
@@ -66,10 +66,13 @@ def test_two_threads_plan_on_two_spaces_at_once():
         space, planner, sels = a
         idx, desc, status = bufs[0]
         during = 0
-        for i in range(len(sels)):
+        deadline = time.monotonic() + 3.0  # well under the switch interval
+        i = 0
+        while i < len(sels) or (during == 0 and time.monotonic() < deadline):
             c0 = counter[0]
-            plan_and_complete(space, planner, sels[i], idx, desc, status)
+            plan_and_complete(space, planner, sels[i % len(sels)], idx, desc, status)
             during += counter[0] - c0
+            i += 1
         stop.set()
         t.join()
     finally:
