@@ -44,9 +44,11 @@ inline void CheckLayout(const py::array& a, const char* what, bool writable) {
 // dimensions (-1: any). Bad input raises InvalidArgumentError naming `what`.
 template <class T>
 std::span<T> View(const py::array& a, const char* what, int ndim = -1, bool writable = false) {
-  if (!a.dtype().is(py::dtype::of<T>())) {
+  // Equivalent dtypes (numpy's PyArray_EquivTypes, what pybind11's array_t uses), not only
+  // the identical dtype object: an unpickled int32 is a new object that equals int32.
+  if (!py::detail::npy_api::get().PyArray_EquivTypes_(a.dtype().ptr(), py::dtype::of<std::remove_const_t<T>>().ptr())) {
     Throw(ula::ErrorCode::kInvalidArgument, std::string(what) + ": dtype must be " +
-                                                std::string(py::str(py::dtype::of<T>())) + ", got " +
+                                                std::string(py::str(py::dtype::of<std::remove_const_t<T>>())) + ", got " +
                                                 std::string(py::str(a.dtype())));
   }
   if (ndim >= 0 && a.ndim() != ndim) {

@@ -237,3 +237,16 @@ def test_register_engine_memory_refuses_bad_arrays():
     planner.complete(fence, status)
     for a in addrs:
         assert np.array_equal(entry_at(space, mem, a), pattern(int(a), 0))
+
+
+def test_equal_dtype_objects_are_accepted_without_copy():
+    space, addrs = filled()
+    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
+    i32 = np.dtype(np.int32).newbyteorder("=")       # equal to int32, another object
+    assert i32 is not np.dtype(np.int32)
+    sel = np.array([[[40, 41, 1, -1]]], dtype=i32)
+    idx = np.zeros((1, 1, 4), dtype=i32)
+    planner.step(0, 0, sel, idx)
+    assert [space.lookup(int(a), 0)[2] for a in sel.ravel()[:3]] == list(idx.ravel()[:3])  # written in place
+    with pytest.raises(ulacache.InvalidArgumentError):  # other byte order: not equivalent
+        planner.step(0, 0, sel.astype(">i4"), idx)
