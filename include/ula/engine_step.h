@@ -35,10 +35,11 @@
 // kv_caches) uses the slots instead, or registers its regions and lets
 // ExecuteOnEngineMemory run the descriptors over them (a CPU reference executor).
 //
-// Between Plan and Complete one plan is pending per planner:
-//   REQUIRES: no request whose entries are in the pending plan is freed, and no other
-//   planner steps the same (rank, group), before Complete. A second Plan or Step on this
-//   planner is refused with kFailedPrecondition.
+// Between Plan and Complete one plan is pending per planner; its claimed device slots are
+// not yet consistent with the tables (a claimed free slot has no owner):
+//   REQUIRES: no Allocate, Free or other planner's step runs on the space before Complete
+//   (Complete aborts via ULA_CHECK if an entry of the plan was freed). A second Plan or
+//   Step on this planner is refused with kFailedPrecondition.
 //
 // Allocation: Create sizes every scratch array for the largest step (config.max_*) and
 // the largest address count the space can reach; Plan, Complete, ExecuteOnEngineMemory,
