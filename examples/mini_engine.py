@@ -407,6 +407,7 @@ def main(argv=None):
         "device_slots_per_group": device_slots,
         "host_slots_per_group": host_slots,
         "hit_rate": round(st["hits"] / st["distinct"], 4) if st["distinct"] else 0.0,
+        "entries_moved": st["misses"] + st["evictions"],  # host->device fetches + device->host victims
         "entries_fetched": st["misses"],
         "entries_evicted": st["evictions"],
         "bytes_moved": st["bytes_moved"],
