@@ -250,3 +250,19 @@ def test_equal_dtype_objects_are_accepted_without_copy():
     assert [space.lookup(int(a), 0)[2] for a in sel.ravel()[:3]] == list(idx.ravel()[:3])  # written in place
     with pytest.raises(ulacache.InvalidArgumentError):  # other byte order: not equivalent
         planner.step(0, 0, sel.astype(">i4"), idx)
+
+
+def test_two_ranks_each_plan_their_own_entries():
+    space = make_space(8, 32, ranks=2)
+    space.add_request(1, rank=0)
+    space.add_request(2, rank=1)
+    a0, a1 = space.allocate(1, 20), space.allocate(2, 20)
+    space.advance_round()
+    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
+    idx = np.zeros((1, 1, 4), np.int32)
+    before = snapshot(space, list(a0) + list(a1))
+    with pytest.raises(ulacache.InvalidArgumentError, match="rank 1, not rank 0"):
+        planner.step(0, 0, a1[10:14].astype(np.int32).reshape(1, 1, 4), idx)
+    assert snapshot(space, list(a0) + list(a1)) == before
+    planner.step(1, 0, a1[10:14].astype(np.int32).reshape(1, 1, 4), idx)
+    assert [space.lookup(int(a), 0) for a in a1[10:14]] == [("device", 1, int(i)) for i in idx.ravel()]
