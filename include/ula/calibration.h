@@ -12,9 +12,9 @@
 // Fit: sink_tokens / recent_tokens = the leading runs of first_rate / newest_rate >= 0.5;
 // keep_mean, keep_stddev and draft_keep by bisection on synthetic runs until the synthetic
 // overlap mean, overlap stddev and draft-overlap mean match the real ones; then, for each
-// heavy_skew of a grid (0 to 2 by 0.25), return_fraction by bisection until the mean
-// reuse gap matches, keeping the pair whose reuse p90, p99, mean gap and persistent share
-// are nearest the real ones (the largest relative error).
+// heavy_skew of a grid (0, 0.25, 0.5, 1, 1.5; return_window 8), return_fraction by
+// bisection until the mean reuse gap matches, keeping the pair whose reuse p90, p99, mean
+// gap and persistent share are nearest the real ones (the largest relative error).
 //
 // Thread-safety: reentrant.
 #pragma once

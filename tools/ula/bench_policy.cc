@@ -38,7 +38,7 @@ struct BenchPolicyOptions {
   std::uint32_t recent_buckets = PolicyOptions{}.recent_buckets;
   std::uint32_t parallel_min_slots = PolicyOptions{}.parallel_min_slots;
   std::vector<std::uint32_t> batches{1, 4, 16, 64, 256};
-  std::vector<std::string> policies{"pb_lru", "exact_lru_scan", "exact_lru_list", "clock"};
+  std::vector<std::string> policies{"pb_lru", "exact_lru_scan", "exact_lru_list", "clock", "lfu_aged"};
   // Extra PB-LRU ring sizes replayed beside the policies (rows "pb_lru(R=8)", ...).
   std::vector<std::uint32_t> extra_rings{8, 16};
   // Selection-model heavy_skew values of the skew sweep (batch 64, pool 0.5).
