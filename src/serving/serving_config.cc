@@ -184,6 +184,8 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
   ULA_RETURN_IF_ERROR(uint("tp_buffer_entries_per_request_mtp", 1, 1u << 24, &s.tp_buffer_entries_per_request_mtp));
 
   // selection: {source, sink_tokens, recent_tokens, keep_mean, keep_stddev, draft_keep, seed}
+  // and optionally {heavy_skew, return_fraction, return_window} (selection_model.h; default:
+  // none, the overlap-only model)
   (void)f.String("selection", true);
   if (!parsed.contains("selection") || !parsed["selection"].is_object()) {
     return std::unexpected(f.FieldError("selection", "must be an object"));
@@ -205,6 +207,22 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
     if (!dk) return std::unexpected(dk.error());
     auto seed = sel->UInt("seed", 0, ~std::uint64_t{0});
     if (!seed) return std::unexpected(seed.error());
+    const nlohmann::json& sel_json = parsed["selection"];
+    if (sel_json.contains("heavy_skew")) {
+      auto v = sel->Double("heavy_skew", 0, 4);
+      if (!v) return std::unexpected(v.error());
+      s.selection.heavy_skew = *v;
+    }
+    if (sel_json.contains("return_fraction")) {
+      auto v = sel->Double("return_fraction", 0, 1);
+      if (!v) return std::unexpected(v.error());
+      s.selection.return_fraction = *v;
+    }
+    if (sel_json.contains("return_window")) {
+      auto v = sel->UInt("return_window", 1, 64);
+      if (!v) return std::unexpected(v.error());
+      s.selection.return_window = static_cast<std::uint32_t>(*v);
+    }
     ULA_RETURN_IF_ERROR(sel->CheckNoUnknownFields());
     s.selection.sink_tokens = static_cast<std::uint32_t>(*sinks);
     s.selection.recent_tokens = static_cast<std::uint32_t>(*recent);
