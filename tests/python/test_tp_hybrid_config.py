@@ -89,7 +89,7 @@ def test_prefix_cache_insert_match_lock_evict():
     blocks = buf.allocate([1, 3])
     state, pages = int(blocks[0]), blocks[1:]
     cache.insert(tokens, pages, [(12, state, -1)])
-    assert cache.holds(tokens) and cache.num_nodes == 3 and cache.num_checkpoints == 1
+    assert cache.holds(tokens) and cache.num_nodes == 1 and cache.num_checkpoints == 1  # one span of 12 tokens
     m = cache.match(tokens, 12)
     assert m.length == 12 and list(m.pages) == list(pages) and m.checkpoint_state == state
     cache.lock(m)
@@ -101,8 +101,9 @@ def test_prefix_cache_insert_match_lock_evict():
         cache.unlock(m)
     free_kv = 40 - 1 - 2 - 3  # capacity units - padding - state - pages
     ev = cache.make_room(buf, [0, free_kv + 2])
-    # Stops as soon as 2 more pages fit: the leaf's page and its checkpoint (state, 2 units).
-    assert ev.nodes == 1 and ev.pages == 1 and ev.checkpoints == 1
+    # Evicting the checkpoint (state, 2 units) makes room; the leaf is then left without a
+    # state, which no request can resume from, so its 3 pages go with it (prefix_cache.h).
+    assert ev.nodes == 1 and ev.pages == 3 and ev.checkpoints == 1
     assert buf.can_allocate([0, free_kv + 2]) and not cache.holds(tokens)
     cache.check_invariants()
     with pytest.raises(ulacache.InvalidArgumentError):
