@@ -61,7 +61,7 @@ struct MetadataReport {
   double device_owner = 0;     // reverse map, 4 B per device slot
   double policy = 0;           // residency policy state
   double free_bitmaps = 0;     // slot pool free bitmaps
-  double request_lists = 0;    // 4 B per address, shared by all groups
+  double request_lists = 0;    // 4 B list + 8 B owner per address, shared by all groups
   double total() const { return location_table + device_owner + policy + free_bitmaps + request_lists; }
 };
 
@@ -101,11 +101,14 @@ class AddressSpace {
   Backend& backend() const { return backend_; }
   std::uint64_t num_live_addresses() const;
   std::uint32_t num_requests() const;
-  // Entries of (rank, group) on a tier.
+  // Entries of (rank, group) on a tier; 0 for an out-of-range rank or group.
   std::uint32_t NumUsed(Rank rank, GroupId group, Tier tier) const;
   std::uint32_t NumFree(Rank rank, GroupId group, Tier tier) const;
   // Pointer to a device slot's bytes of (rank, group) — what an attention kernel reads
-  // after a step. nullptr on a counting backend.
+  // after a step. nullptr for an out-of-range rank or group, a slot past the pool (also
+  // SlotId::Invalid()), a free slot, or on a counting backend. Valid while the space lives;
+  // the slot holds the entry the step placed there until the next Step of that (rank,
+  // group) after AdvanceRound(), or the entry's Free.
   const std::byte* DeviceSlotData(Rank rank, GroupId group, SlotId slot) const;
   MetadataReport Metadata() const;
   Status CheckInvariants() const;

@@ -1,6 +1,7 @@
 // StepPlanner: one decode step of one layer group on one rank (DP mode), DESIGN.md Part A:
 //
-//   1. validate every selected address (live, on this rank)        -> error, nothing changed
+//   1. validate every selected address (live, owned by its run's request, on this rank)
+//                                                                  -> error, nothing changed
 //   2. dedup the union of all queries' selections
 //   3. look up: device-resident = hit (touch in the current round); host-resident = miss
 //   4. device slots for misses: free slots first, then victims from the residency policy
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "ula/address_space.h"
+#include "ula/selection_run.h"
 
 namespace ula {
 
@@ -27,6 +29,11 @@ struct StepInput {
   // The selected addresses of every query of every request of the batch, concatenated in
   // selection order (e.g. request 0 query 0's top-k, then request 0 query 1's, ...).
   std::span<const LogicalAddr> selections;
+  // Which request each selection belongs to (selection_run.h): runs of consecutive
+  // selections, covering them exactly. The isolation check: a selection whose address is
+  // not live for its run's request (freed, reused by another request, or another
+  // request's) fails the step with kNotFound.
+  std::span<const SelectionRun> runs;
 };
 
 struct StepStats {

@@ -93,10 +93,12 @@ struct TpConfig {
 // Where a rank's attention reads one selected entry: its own shard's device pool or its
 // local buffer (both device memory of that rank); kElsewhere (TpAttention::kAtHome only):
 // homed on another rank, whose partial attention covers it (slot invalid).
+// `reader` is the rank whose plan row holds the ref: RefData refuses a ref of another rank.
 struct TpReadRef {
   enum class Source : std::uint8_t { kShard = 0, kBuffer = 1, kElsewhere = 2 };
   Source source = Source::kShard;
   SlotId slot;
+  Rank reader;
   bool operator==(const TpReadRef&) const = default;
 };
 
@@ -149,8 +151,11 @@ class TpAddressSpace {
   // The buffer slot of `rank`'s copy of addr, or nullopt. kOutOfRange / kNotFound /
   // kUnsupported (rank not hosted).
   Result<std::optional<SlotId>> BufferSlot(Rank rank, LogicalAddr addr, GroupId group) const;
-  // Bytes an attention kernel on `rank` reads for ref; nullptr if out of range, not
-  // hosted, kElsewhere, or on a counting backend.
+  // Bytes an attention kernel on `rank` reads for ref; nullptr if rank or group is out of
+  // range or not hosted, ref.reader != rank (a ref of another rank's plan row), kElsewhere,
+  // a slot past its pool or free, or on a counting backend. The pointer is valid while the
+  // space lives; the slot holds the planned entry until the next Step of that group after
+  // AdvanceRound(), or a Write/Free of the entry.
   const std::byte* RefData(Rank rank, GroupId group, TpReadRef ref) const;
 
   Result<std::span<const LogicalAddr>> AddressesOf(RequestId request) const;
@@ -168,7 +173,7 @@ class TpAddressSpace {
   std::uint32_t NumUsed(Rank rank, GroupId group, Tier tier) const;
   std::uint32_t NumFree(Rank rank, GroupId group, Tier tier) const;
   std::uint32_t NumBuffered(Rank rank, GroupId group) const;
-  // REQUIRES: Hosts(rank), group < num_groups.
+  // Empty (home == nullptr) unless Hosts(rank) and group < num_groups.
   TpShardMemory ShardMemory(Rank rank, GroupId group) const;
   Status CheckInvariants() const;
 

@@ -124,6 +124,8 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
       }
     }
   }
+  st.owner.resize(st.next_addr, RequestId::Invalid());
+  for (LogicalAddr a : out) st.owner[a.value()] = request;
   auto& addrs = it->second.addrs;
   addrs.insert(addrs.end(), out.begin(), out.end());
   st.live += n_tokens;
@@ -153,7 +155,10 @@ Status AddressSpace::Free(RequestId request) {
       table.Erase(a);
     }
   }
-  for (LogicalAddr a : it->second.addrs) st.free_addrs.push_back(a);
+  for (LogicalAddr a : it->second.addrs) {
+    st.owner[a.value()] = RequestId::Invalid();
+    st.free_addrs.push_back(a);
+  }
   st.live -= it->second.addrs.size();
   st.requests.erase(it);
   ULA_EXPENSIVE_CHECK(*this);
@@ -228,17 +233,28 @@ void AddressSpace::AdvanceRound() {
 std::uint64_t AddressSpace::num_live_addresses() const { return state_->live; }
 std::uint32_t AddressSpace::num_requests() const { return static_cast<std::uint32_t>(state_->requests.size()); }
 
+namespace {
+bool InRange(const AddressSpaceConfig& cfg, Rank rank, GroupId group) {
+  return rank.value() < cfg.num_ranks && group.value() < cfg.num_groups;
+}
+}  // namespace
+
 std::uint32_t AddressSpace::NumUsed(Rank rank, GroupId group, Tier tier) const {
+  if (!InRange(config_, rank, group)) return 0;
   const GroupPools& gp = state_->at(rank, group);
   return tier == Tier::kDevice ? gp.device.num_used() : gp.host.num_used();
 }
 std::uint32_t AddressSpace::NumFree(Rank rank, GroupId group, Tier tier) const {
+  if (!InRange(config_, rank, group)) return 0;
   const GroupPools& gp = state_->at(rank, group);
   return tier == Tier::kDevice ? gp.device.num_free() : gp.host.num_free();
 }
 
 const std::byte* AddressSpace::DeviceSlotData(Rank rank, GroupId group, SlotId slot) const {
-  return state_->at(rank, group).device.data(slot);
+  if (!InRange(config_, rank, group)) return nullptr;
+  const SlotPool& pool = state_->at(rank, group).device;
+  if (!pool.IsAllocated(slot)) return nullptr;  // past the pool (SlotId::Invalid() too) or free
+  return pool.data(slot);
 }
 
 MetadataReport AddressSpace::Metadata() const {
@@ -259,7 +275,7 @@ MetadataReport AddressSpace::Metadata() const {
   m.device_owner = owner / cap;
   m.policy = policy / cap;
   m.free_bitmaps = bitmaps / cap;
-  m.request_lists = static_cast<double>(sizeof(LogicalAddr)) / config_.num_groups;
+  m.request_lists = static_cast<double>(sizeof(LogicalAddr) + sizeof(RequestId)) / config_.num_groups;
   return m;
 }
 
@@ -277,12 +293,18 @@ Status AddressSpace::CheckInvariants() const {
         return fail(fmt::format("address {} is held twice", a.value()));
       }
       rank_of[a.value()] = req.rank.value();
+      if (a.value() >= st.owner.size() || st.owner[a.value()] != id) {
+        return fail(fmt::format("address {} of request {} has another owner in the owner map", a.value(), id.value()));
+      }
       ++listed;
     }
   }
   if (listed != st.live) return fail(fmt::format("{} listed addresses but live = {}", listed, st.live));
   if (listed + st.free_addrs.size() != n) {
     return fail(fmt::format("{} live + {} free addresses != {} handed out", listed, st.free_addrs.size(), n));
+  }
+  for (LogicalAddr a : st.free_addrs) {
+    if (st.owner[a.value()].valid()) return fail(fmt::format("free address {} still has an owner", a.value()));
   }
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
     const LocationTable& table = st.tables[g];

@@ -33,6 +33,7 @@ struct AddressSpace::State {
   std::vector<std::vector<GroupPools>> pools;  // [num_ranks][num_groups]
   std::vector<LocationTable> tables;           // [num_groups]
   std::unordered_map<RequestId, RequestState> requests;
+  std::vector<RequestId> owner;        // [next_addr] request holding each address, Invalid when free
   std::deque<LogicalAddr> free_addrs;  // FIFO: a freed address is reused as late as possible
   std::uint32_t next_addr = 0;         // addresses [0, next_addr) have been handed out once
   std::uint64_t live = 0;

@@ -47,12 +47,26 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   distinct_.clear();
   missed_.clear();
   hit_slots_.clear();
+  ULA_RETURN_IF_ERROR(CheckSelectionRuns(input.runs, input.selections.size()));
+  std::size_t next_run = 0, run_end = 0;
+  RequestId request;  // the request of selection i's run
   for (std::size_t i = 0; i < input.selections.size(); ++i) {
+    while (i == run_end) {  // skips runs of count 0; the runs cover every selection
+      request = input.runs[next_run].request;
+      run_end += input.runs[next_run++].count;
+    }
     const LogicalAddr a = input.selections[i];
     const Location loc = table.Get(a);
     if (loc.is_none()) {
       return MakeError(ErrorCode::kNotFound,
-                       fmt::format("selection {}: logical address {} is not live", i, a.value()));
+                       fmt::format("selection {}: logical address {} is not live (a selection of request {}: "
+                                   "freed, or never allocated)", i, a.value(), request.value()));
+    }
+    if (st.owner[a.value()] != request) {
+      return MakeError(ErrorCode::kNotFound,
+                       fmt::format("selection {}: logical address {} belongs to request {}, not to request {} "
+                                   "(a stale address, freed and reused?): refused", i, a.value(),
+                                   st.owner[a.value()].value(), request.value()));
     }
     if (loc.rank() != input.rank) {
       return MakeError(ErrorCode::kInvalidArgument,
@@ -74,9 +88,13 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   if (missed_.size() > gp.device.num_free() + evictable) {
     return MakeError(ErrorCode::kResourceExhausted,
                      fmt::format("step needs {} distinct entries on device ({} missing) but only {} free and {} "
-                                 "evictable slots remain of {} in rank {} group {}",
+                                 "evictable slots remain of {} in rank {} group {}: {} entries are used in this "
+                                 "round (allocated or selected since the last AdvanceRound(), this step's hits "
+                                 "included) and cannot be evicted: call AdvanceRound() after the round's "
+                                 "attention, or select fewer entries per round",
                                  distinct_.size(), missed_.size(), gp.device.num_free(), evictable,
-                                 gp.device.capacity(), input.rank.value(), input.group.value()));
+                                 gp.device.capacity(), input.rank.value(), input.group.value(),
+                                 gp.device.num_used() - evictable));
   }
 
   // 4. Device slots for the misses: free slots first, then victims.

@@ -166,8 +166,12 @@ Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std
       a = LogicalAddr(st.minted[r]++ * p + r);
     }
     out[i] = a;
-    if (st.live.size() <= a.value()) st.live.resize(std::max<std::size_t>(a.value() + 1, st.live.size() * 2), 0);
+    if (st.live.size() <= a.value()) {
+      st.live.resize(std::max<std::size_t>(a.value() + 1, st.live.size() * 2), 0);
+      st.owner.resize(st.live.size(), RequestId::Invalid());
+    }
     st.live[a.value()] = 1;
+    st.owner[a.value()] = request;
     ++st.homed[r];
     if (st.shards[r].empty()) continue;  // homed on a rank another process hosts
     for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
@@ -218,6 +222,7 @@ Status TpAddressSpace::Free(RequestId request) {
       }
     }
     st.live[a.value()] = 0;
+    st.owner[a.value()] = RequestId::Invalid();
     --st.homed[r];
     st.free_addrs[r].push_back(a);
   }
@@ -301,11 +306,11 @@ Result<std::optional<SlotId>> TpAddressSpace::BufferSlot(Rank rank, LogicalAddr 
 }
 
 const std::byte* TpAddressSpace::RefData(Rank rank, GroupId group, TpReadRef ref) const {
-  if (group.value() >= config_.num_groups || !Hosts(rank)) return nullptr;
-  if (ref.source == TpReadRef::Source::kElsewhere) return nullptr;
+  if (group.value() >= config_.num_groups || !Hosts(rank) || ref.reader != rank) return nullptr;
+  if (ref.source != TpReadRef::Source::kShard && ref.source != TpReadRef::Source::kBuffer) return nullptr;
   const TpGroupShard& sh = state_->at(rank, group);
   const SlotPool& pool = ref.source == TpReadRef::Source::kShard ? sh.device : sh.buffer;
-  if (ref.slot.value() >= pool.capacity()) return nullptr;
+  if (!pool.IsAllocated(ref.slot)) return nullptr;  // past the pool (SlotId::Invalid() too) or free
   return pool.data(ref.slot);
 }
 
@@ -350,6 +355,7 @@ std::uint32_t TpAddressSpace::NumBuffered(Rank rank, GroupId group) const {
 }
 
 TpShardMemory TpAddressSpace::ShardMemory(Rank rank, GroupId group) const {
+  if (!Hosts(rank) || group.value() >= config_.num_groups) return {};
   const TpGroupShard& sh = state_->at(rank, group);
   return TpShardMemory{sh.home.data(), static_cast<std::uint32_t>(sh.home.size()), sh.device.arena(), sh.host.arena()};
 }
@@ -366,6 +372,7 @@ Status TpAddressSpace::CheckInvariants() const {
     for (LogicalAddr a : addrs) {
       if (!st.IsLive(a)) return fail(fmt::format("request {} holds address {} that is not live", id.value(), a.value()));
       if (listed[a.value()]++) return fail(fmt::format("address {} is held twice", a.value()));
+      if (st.owner[a.value()] != id) return fail(fmt::format("address {} of request {} has another owner", a.value(), id.value()));
       ++homed[a.value() % p];
       ++n_listed;
     }
@@ -383,6 +390,7 @@ Status TpAddressSpace::CheckInvariants() const {
   }
   for (std::size_t a = 0; a < st.live.size(); ++a) {
     if (st.live[a] && !listed[a]) return fail(fmt::format("live address {} is in no request", a));
+    if (!st.live[a] && st.owner[a].valid()) return fail(fmt::format("dead address {} has an owner", a));
   }
   // Hosted shards and buffers.
   for (Rank rank : hosted_) {

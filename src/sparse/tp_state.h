@@ -48,6 +48,7 @@ struct TpAddressSpace::State {
   std::vector<std::uint32_t> minted;                // [P] addresses r, r+P, ... handed out once
   std::vector<std::uint32_t> homed;                 // [P] live addresses per home rank
   std::vector<std::uint8_t> live;                   // [max address + 1] 1 = live
+  std::vector<RequestId> owner;                     // [live.size()] request of a live address, else Invalid
   std::uint32_t cursor = 0;                         // next rank to receive a token
   std::uint64_t num_live = 0;
 

@@ -190,16 +190,20 @@ class Verifier {
     }
     if (batch.empty()) return;
     std::vector<LogicalAddr> selections;
+    std::vector<SelectionRun> runs;
     std::vector<SlotId> slots;
     std::vector<std::byte> buf(cfg_.entry_bytes);
     for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
       selections.clear();
+      runs.clear();
       for (Request* r : batch) {
+        const std::size_t first = selections.size();
         for (std::uint32_t q = 0; q < cfg_.queries_per_request; ++q) Select(*r, g * cfg_.queries_per_request + q, selections);
+        runs.push_back(SelectionRun{r->id, static_cast<std::uint32_t>(selections.size() - first)});
       }
       slots.assign(selections.size(), SlotId());
       const std::uint64_t before = PlacementFingerprint();
-      auto stats = planner_.Step(StepInput{rank, GroupId(g), selections}, slots);
+      auto stats = planner_.Step(StepInput{rank, GroupId(g), selections, runs}, slots);
       if (!stats) {
         if (stats.error().code() != ErrorCode::kResourceExhausted) {
           Fail(report_.invariant_failures, "step: " + stats.error().ToString());
@@ -250,13 +254,13 @@ class Verifier {
     CheckInvariants("finish");
     ExpectRefused("double free", ErrorCode::kNotFound, [&] { return space_->Free(r.id); });
     if (!r.addrs.empty()) {
+      // Refused whether or not the address is live again for another request (isolation).
       const LogicalAddr freed = r.addrs[rng_() % r.addrs.size()];
-      if (!space_->IsLive(freed)) {
-        std::vector<LogicalAddr> sel{freed};
-        std::vector<SlotId> out(1);
-        ExpectRefused("step with a freed address", ErrorCode::kNotFound,
-                      [&] { return planner_.Step(StepInput{r.rank, GroupId(0), sel}, out); });
-      }
+      std::vector<LogicalAddr> sel{freed};
+      std::vector<SelectionRun> runs{{r.id, 1}};
+      std::vector<SlotId> out(1);
+      ExpectRefused("step with a freed address", ErrorCode::kNotFound,
+                    [&] { return planner_.Step(StepInput{r.rank, GroupId(0), sel, runs}, out); });
     }
   }
 
@@ -282,9 +286,10 @@ class Verifier {
         break;
       case 3: {
         std::vector<LogicalAddr> sel{unknown};
+        std::vector<SelectionRun> runs{{requests_.front().id, 1}};
         std::vector<SlotId> out(1);
         ExpectRefused("step with an unknown address", ErrorCode::kNotFound,
-                      [&] { return planner_.Step(StepInput{Rank(0), GroupId(0), sel}, out); });
+                      [&] { return planner_.Step(StepInput{Rank(0), GroupId(0), sel, runs}, out); });
         break;
       }
       case 4:

@@ -338,20 +338,23 @@ class TpVerifier {
     for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
       const GroupId gid(static_cast<std::uint16_t>(g));
       std::vector<LogicalAddr> sel[2];
+      std::vector<SelectionRun> runs[2];
       std::vector<std::size_t> bounds[2];
       std::optional<TpStepPlan> plans[2];
       for (int b = 0; b < 2; ++b) {
         if (batch[b].empty()) continue;
         bounds[b].push_back(0);
         for (Request* r : batch[b]) {
+          const std::size_t first = sel[b].size();
           for (std::uint32_t q = 0; q < cfg_.queries_per_request; ++q) {
             Select(*r, g * cfg_.queries_per_request + q, sel[b]);
             bounds[b].push_back(sel[b].size());
           }
+          runs[b].push_back(SelectionRun{r->id, static_cast<std::uint32_t>(sel[b].size() - first)});
         }
         // Equal-length per-query selections (for the attention record): only full-k requests.
         const std::uint64_t before = Fingerprint();
-        auto plan = planner_.Step(gid, sel[b]);
+        auto plan = planner_.Step(gid, sel[b], runs[b]);
         if (!plan) {
           const auto code = plan.error().code();
           if (code != ErrorCode::kResourceExhausted && code != ErrorCode::kFailedPrecondition) {
@@ -390,11 +393,12 @@ class TpVerifier {
     CheckInvariants("finish");
     ExpectRefused("double free", ErrorCode::kNotFound, [&] { return space_->Free(r.id); });
     if (!r.addrs.empty()) {
+      // Refused whether or not the address is live again for another request (isolation).
       const LogicalAddr freed = r.addrs[rng_() % r.addrs.size()];
-      if (!space_->IsLive(freed)) {
-        std::vector<LogicalAddr> sel{freed};
-        ExpectRefused("step with a freed address", ErrorCode::kNotFound, [&] { return planner_.Step(GroupId(0), sel); });
-      }
+      std::vector<LogicalAddr> sel{freed};
+      std::vector<SelectionRun> runs{{r.id, 1}};
+      ExpectRefused("step with a freed address", ErrorCode::kNotFound,
+                    [&] { return planner_.Step(GroupId(0), sel, runs); });
     }
   }
 
@@ -420,7 +424,9 @@ class TpVerifier {
         break;
       case 3: {
         std::vector<LogicalAddr> sel{unknown};
-        ExpectRefused("step with an unknown address", ErrorCode::kNotFound, [&] { return planner_.Step(GroupId(0), sel); });
+        std::vector<SelectionRun> runs{{front.id, 1}};
+        ExpectRefused("step with an unknown address", ErrorCode::kNotFound,
+                      [&] { return planner_.Step(GroupId(0), sel, runs); });
         break;
       }
       case 4:

@@ -79,6 +79,24 @@ TEST(AddressSpace, BadInputIsRefusedAndChangesNothing) {
   EXPECT_TRUE(f.space->CheckInvariants());
 }
 
+// Accessors check their arguments: no crash, no pointer into the wrong memory.
+TEST(AddressSpace, AccessorsRefuseOutOfRangeRanksGroupsAndSlots) {
+  SpaceFixture f(SmallConfig(4, 4, /*ranks=*/2, /*groups=*/2));
+  auto a = f.AddFilled(RequestId(1), Rank(0), 2);  // device slots 0 and 1 of rank 0
+  const auto slot = f.space->Lookup(a[0], GroupId(0))->slot();
+  EXPECT_NE(f.space->DeviceSlotData(Rank(0), GroupId(0), slot), nullptr);
+  EXPECT_EQ(f.space->DeviceSlotData(Rank(5), GroupId(0), slot), nullptr);          // rank past the space
+  EXPECT_EQ(f.space->DeviceSlotData(Rank(0), GroupId(2), slot), nullptr);          // group past the space
+  EXPECT_EQ(f.space->DeviceSlotData(Rank(0), GroupId(0), SlotId::Invalid()), nullptr);
+  EXPECT_EQ(f.space->DeviceSlotData(Rank(0), GroupId(0), SlotId(4)), nullptr);     // past the pool
+  EXPECT_EQ(f.space->DeviceSlotData(Rank(0), GroupId(0), SlotId(3)), nullptr);     // a free slot
+  EXPECT_EQ(f.space->NumUsed(Rank(5), GroupId(0), Tier::kDevice), 0u);
+  EXPECT_EQ(f.space->NumFree(Rank(0), GroupId(9), Tier::kHost), 0u);
+  EXPECT_EQ(f.space->Lookup(a[0], GroupId(2)).error().code(), ErrorCode::kOutOfRange);
+  EXPECT_FALSE(f.space->IsLive(LogicalAddr::Invalid()));
+  EXPECT_EQ(f.space->AddRequest(RequestId(2), Rank(2)).error().code(), ErrorCode::kOutOfRange);
+}
+
 TEST(AddressSpace, ReadsAndWritesAreUnsupportedOnTheCountingBackend) {
   auto backend = MakeCountingBackend();
   auto config = SmallConfig(1 << 12, 1 << 14, 8, 20, 2624);
