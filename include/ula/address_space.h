@@ -19,6 +19,22 @@
 // byte count, allocation that does not fit, invalid config — each returns an Error and
 // changes nothing.
 //
+// Rounds (the prefill/decode rule): a round is one scheduler iteration, ended by
+// AdvanceRound() after its attention. Entries allocated in a round, and entries a Step
+// selects in it, are used in that round and are not evicted before AdvanceRound() (the
+// round's attention reads them). An iteration may mix prefill chunks and decode steps:
+// Allocate + Write every new token, Step each group with the iteration's selections, then
+// AdvanceRound(); a step whose misses do not fit beside the round's used entries fails
+// with kResourceExhausted and says so.
+//
+// Isolation: Step takes the request of every selection (selection_run.h) and refuses an
+// address that is not live for that request (freed, reused by another, another's), so no
+// request is handed a slot holding another request's entry, even from a stale selection.
+//
+// Lifetime: `backend` outlives the space (held by reference; the backend's destructor
+// stops the program while a space lives); the space outlives every StepPlanner over it.
+// Spans from AddressesOf are valid until the next Allocate/Free of that request.
+//
 // Thread-safety: none; one thread drives an address space (the engine's scheduler). Data
 // copies run on the backend's workers; a location changes only after its copy completed.
 #pragma once
@@ -94,7 +110,8 @@ class AddressSpace {
   Result<Rank> RankOf(RequestId request) const;
   bool IsLive(LogicalAddr addr) const;
 
-  // Ends the current round of every group's residency policy (once per decode step).
+  // Ends the current round of every group's residency policy: once per scheduler
+  // iteration, after its attention (see "Rounds" above).
   void AdvanceRound();
 
   const AddressSpaceConfig& config() const { return config_; }

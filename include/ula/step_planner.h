@@ -10,7 +10,12 @@
 //   6. write, for every selection in input order, the device slot attention reads
 //
 // If the step's distinct selections cannot all be on device at once (more than the free
-// plus evictable slots), the step fails with kResourceExhausted before touching anything.
+// plus evictable slots: entries allocated or selected in this round are not evictable),
+// the step fails with kResourceExhausted before touching anything; its message counts
+// the entries used in this round and says to call AdvanceRound() after the round's
+// attention.
+// Lifetime: the planner holds the space by reference (the space outlives it); out_slots
+// name device slots whose bytes DeviceSlotData returns, valid as stated there.
 // Thread-safety: as AddressSpace (one driver thread).
 #pragma once
 
@@ -52,7 +57,10 @@ class StepPlanner {
   explicit StepPlanner(AddressSpace& space);
 
   // out_slots[i] = device slot holding input.selections[i] after the step.
-  // REQUIRES: out_slots.size() == input.selections.size().
+  // kOutOfRange (rank, group), kInvalidArgument (out_slots.size() !=
+  // selections.size(), runs that do not cover the selections, an address of another
+  // rank), kNotFound (an address not live for its run's request), kResourceExhausted.
+  // Nothing changes on any error.
   Result<StepStats> Step(const StepInput& input, std::span<SlotId> out_slots);
 
  private:

@@ -32,6 +32,14 @@
 // wrong byte count, allocation that does not fit, invalid config — each returns an Error
 // and changes nothing.
 //
+// Rounds and isolation: as in DP mode (address_space.h): entries allocated or selected in
+// a round are not evicted before AdvanceRound(); TpStepPlanner::Step takes the request of
+// every selection and refuses an address that is not live for it.
+//
+// Lifetime: `backend` outlives the space (the backend's destructor stops the program while
+// a space lives); the space outlives its planners, prefetchers and its exposure on a
+// fabric (TpFabric::Unexpose first). RefData pointers: see RefData.
+//
 // Thread-safety: one driver thread calls the mutating methods. TpStepPlanner::Step may run
 // the hosted ranks of one group on worker threads, and steps of different groups may run
 // concurrently (they touch disjoint per-group state); no other call may overlap a Step.
@@ -160,7 +168,8 @@ class TpAddressSpace {
 
   Result<std::span<const LogicalAddr>> AddressesOf(RequestId request) const;
   bool IsLive(LogicalAddr addr) const;
-  // Ends the current round of every hosted policy (once per decode step).
+  // Ends the current round of every hosted policy: once per scheduler iteration, after
+  // its attention (on every process under MPI).
   void AdvanceRound();
 
   const TpConfig& config() const { return config_; }

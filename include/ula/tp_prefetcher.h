@@ -9,6 +9,7 @@
 // to [0, 1]; RunStep(..., prefetch = false) runs the same work serially for comparison.
 //
 // In-process ranks only (an MPI fabric's collectives must stay on the main thread).
+// Lifetime: holds the space by reference (the space outlives it).
 // Thread-safety: one driver thread; the worker only runs planner steps.
 #pragma once
 

@@ -22,6 +22,8 @@
 // elsewhere get a kElsewhere ref, and each rank's attention covers only its own shard
 // (AttendAtHome, tp_home_attention.h, computes and merges the partial outputs).
 //
+// Lifetime: the planner holds the space and the fabric by reference; both outlive it. A
+// plan is a value; its refs name slots that RefData resolves, valid as stated there.
 // Hosted ranks run on their own threads when options.parallel_ranks (the in-process
 // engine). Thread-safety: a planner is driven by one thread; use one planner per thread to
 // step different groups concurrently (prefetch, tp_prefetcher.h).

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "sparse/space_fixture.h"
+#include "ula/tp_address_space.h"
 
 namespace ula {
 namespace {
@@ -95,6 +96,33 @@ TEST(AddressSpace, AccessorsRefuseOutOfRangeRanksGroupsAndSlots) {
   EXPECT_EQ(f.space->Lookup(a[0], GroupId(2)).error().code(), ErrorCode::kOutOfRange);
   EXPECT_FALSE(f.space->IsLive(LogicalAddr::Invalid()));
   EXPECT_EQ(f.space->AddRequest(RequestId(2), Rank(2)).error().code(), ErrorCode::kOutOfRange);
+}
+
+// Lifetime: the backend outlives its spaces; destroying it first stops the program with a
+// message that says what to do, instead of leaving the space with dangling arenas.
+TEST(AddressSpaceDeathTest, BackendRefusesDestructionWhileASpaceHoldsArenas) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  EXPECT_DEATH(
+      {
+        auto backend = MakeCpuBackend();
+        auto space = AddressSpace::Create(SmallConfig(4, 4), *backend).value();
+        backend.reset();
+      },
+      "destroy every AddressSpace / TpAddressSpace created on a backend before the backend");
+  EXPECT_DEATH(
+      {
+        auto backend = MakeCountingBackend();
+        TpConfig tp;
+        tp.device_bytes_per_rank = tp.buffer_bytes_per_rank = 1 << 12;
+        auto space = TpAddressSpace::Create(tp, *backend).value();
+        backend.reset();
+      },
+      "still hold arenas");
+  auto backend = MakeCpuBackend();  // the right order: space first, then backend
+  auto space = AddressSpace::Create(SmallConfig(4, 4), *backend).value();
+  EXPECT_EQ(backend->num_holders(), 1u);
+  space.reset();
+  EXPECT_EQ(backend->num_holders(), 0u);
 }
 
 TEST(AddressSpace, ReadsAndWritesAreUnsupportedOnTheCountingBackend) {
