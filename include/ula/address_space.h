@@ -77,7 +77,7 @@ struct MetadataReport {
   double device_owner = 0;     // reverse map, 4 B per device slot
   double policy = 0;           // residency policy state
   double free_bitmaps = 0;     // slot pool free bitmaps
-  double request_lists = 0;    // 4 B list + 8 B owner per address, shared by all groups
+  double request_lists = 0;    // 4 B list + 4 B owner tag per address, shared by all groups
   double total() const { return location_table + device_owner + policy + free_bitmaps + request_lists; }
 };
 

@@ -71,7 +71,15 @@ Status AddressSpace::AddRequest(RequestId request, Rank rank) {
   if (state_->requests.contains(request)) {
     return MakeError(ErrorCode::kAlreadyExists, fmt::format("request {} already exists", request.value()));
   }
-  state_->requests.emplace(request, RequestState{rank, {}});
+  State& st = *state_;
+  if (st.next_tag == 0) {  // 2^32 - 1 requests so far: renumber the live ones 1..n
+    st.next_tag = 1;
+    for (auto& [id, req] : st.requests) {
+      req.tag = st.next_tag++;
+      for (LogicalAddr a : req.addrs) st.owner[a.value()] = req.tag;
+    }
+  }
+  st.requests.emplace(request, RequestState{rank, {}, st.next_tag++});
   return Ok();
 }
 
@@ -124,8 +132,8 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
       }
     }
   }
-  st.owner.resize(st.next_addr, RequestId::Invalid());
-  for (LogicalAddr a : out) st.owner[a.value()] = request;
+  st.owner.resize(st.next_addr, 0);
+  for (LogicalAddr a : out) st.owner[a.value()] = it->second.tag;
   auto& addrs = it->second.addrs;
   addrs.insert(addrs.end(), out.begin(), out.end());
   st.live += n_tokens;
@@ -156,7 +164,7 @@ Status AddressSpace::Free(RequestId request) {
     }
   }
   for (LogicalAddr a : it->second.addrs) {
-    st.owner[a.value()] = RequestId::Invalid();
+    st.owner[a.value()] = 0;
     st.free_addrs.push_back(a);
   }
   st.live -= it->second.addrs.size();
@@ -275,7 +283,7 @@ MetadataReport AddressSpace::Metadata() const {
   m.device_owner = owner / cap;
   m.policy = policy / cap;
   m.free_bitmaps = bitmaps / cap;
-  m.request_lists = static_cast<double>(sizeof(LogicalAddr) + sizeof(RequestId)) / config_.num_groups;
+  m.request_lists = static_cast<double>(sizeof(LogicalAddr) + sizeof(std::uint32_t)) / config_.num_groups;
   return m;
 }
 
@@ -293,7 +301,7 @@ Status AddressSpace::CheckInvariants() const {
         return fail(fmt::format("address {} is held twice", a.value()));
       }
       rank_of[a.value()] = req.rank.value();
-      if (a.value() >= st.owner.size() || st.owner[a.value()] != id) {
+      if (a.value() >= st.owner.size() || st.owner[a.value()] != req.tag || req.tag == 0) {
         return fail(fmt::format("address {} of request {} has another owner in the owner map", a.value(), id.value()));
       }
       ++listed;
@@ -304,7 +312,7 @@ Status AddressSpace::CheckInvariants() const {
     return fail(fmt::format("{} live + {} free addresses != {} handed out", listed, st.free_addrs.size(), n));
   }
   for (LogicalAddr a : st.free_addrs) {
-    if (st.owner[a.value()].valid()) return fail(fmt::format("free address {} still has an owner", a.value()));
+    if (st.owner[a.value()] != 0) return fail(fmt::format("free address {} still has an owner", a.value()));
   }
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
     const LocationTable& table = st.tables[g];

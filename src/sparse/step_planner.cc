@@ -22,6 +22,19 @@ StepStats& StepStats::operator+=(const StepStats& o) {
 
 StepPlanner::StepPlanner(AddressSpace& space) : space_(space) {}
 
+namespace {
+// The error path of the isolation check: names both requests (a scan of the requests).
+std::string StaleSelectionMessage(const AddressSpace::State& st, std::size_t i, LogicalAddr a, std::uint32_t tag) {
+  std::uint64_t holder = 0, wanted = 0;
+  for (const auto& [id, req] : st.requests) {
+    if (req.tag == st.owner[a.value()]) holder = id.value();
+    if (req.tag == tag) wanted = id.value();
+  }
+  return fmt::format("selection {}: logical address {} belongs to request {}, not to request {} (a stale address, "
+                     "freed and reused?): refused", i, a.value(), holder, wanted);
+}
+}  // namespace
+
 Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> out_slots) {
   AddressSpace::State& st = *space_.state_;
   const AddressSpaceConfig& cfg = space_.config();
@@ -49,24 +62,29 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   hit_slots_.clear();
   ULA_RETURN_IF_ERROR(CheckSelectionRuns(input.runs, input.selections.size()));
   std::size_t next_run = 0, run_end = 0;
-  RequestId request;  // the request of selection i's run
+  std::uint32_t tag = 0;  // the owner tag of selection i's run's request
   for (std::size_t i = 0; i < input.selections.size(); ++i) {
     while (i == run_end) {  // skips runs of count 0; the runs cover every selection
-      request = input.runs[next_run].request;
-      run_end += input.runs[next_run++].count;
+      const SelectionRun& run = input.runs[next_run++];
+      run_end += run.count;
+      if (run.count == 0) continue;
+      auto req = st.requests.find(run.request);
+      if (req == st.requests.end()) {
+        return MakeError(ErrorCode::kNotFound,
+                         fmt::format("selection {}: request {} of its run is unknown or freed (a stale selection?): "
+                                     "refused", i, run.request.value()));
+      }
+      tag = req->second.tag;
     }
     const LogicalAddr a = input.selections[i];
     const Location loc = table.Get(a);
     if (loc.is_none()) {
       return MakeError(ErrorCode::kNotFound,
-                       fmt::format("selection {}: logical address {} is not live (a selection of request {}: "
-                                   "freed, or never allocated)", i, a.value(), request.value()));
+                       fmt::format("selection {}: logical address {} is not live (freed, or never allocated)", i,
+                                   a.value()));
     }
-    if (st.owner[a.value()] != request) {
-      return MakeError(ErrorCode::kNotFound,
-                       fmt::format("selection {}: logical address {} belongs to request {}, not to request {} "
-                                   "(a stale address, freed and reused?): refused", i, a.value(),
-                                   st.owner[a.value()].value(), request.value()));
+    if (st.owner[a.value()] != tag) {
+      return MakeError(ErrorCode::kNotFound, StaleSelectionMessage(st, i, a, tag));
     }
     if (loc.rank() != input.rank) {
       return MakeError(ErrorCode::kInvalidArgument,

@@ -148,23 +148,35 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   }
   sc.distinct.clear();
   std::size_t next_run = 0, run_end = 0;
-  RequestId request;  // the request of selection i's run
+  std::uint32_t tag = 0;  // the owner tag of selection i's run's request
   for (std::size_t i = 0; i < selections.size(); ++i) {
     while (i == run_end) {  // skips runs of count 0; the runs cover every selection
-      request = runs[next_run].request;
-      run_end += runs[next_run++].count;
+      const SelectionRun& run = runs[next_run++];
+      run_end += run.count;
+      if (run.count == 0) continue;
+      auto req = st.tags.find(run.request);
+      if (req == st.tags.end()) {
+        return MakeError(ErrorCode::kNotFound,
+                         fmt::format("selection {}: request {} of its run is unknown or freed (a stale selection?): "
+                                     "refused", i, run.request.value()));
+      }
+      tag = req->second;
     }
     const LogicalAddr a = selections[i];
     if (!st.IsLive(a)) {
       return MakeError(ErrorCode::kNotFound,
-                       fmt::format("selection {}: logical address {} is not live (a selection of request {}: "
-                                   "freed, or never allocated)", i, a.value(), request.value()));
+                       fmt::format("selection {}: logical address {} is not live (freed, or never allocated)", i,
+                                   a.value()));
     }
-    if (st.owner[a.value()] != request) {
+    if (st.owner[a.value()] != tag) {
+      std::uint64_t holder = 0, wanted = 0;  // the error path: name both requests
+      for (const auto& [id, t] : st.tags) {
+        if (t == st.owner[a.value()]) holder = id.value();
+        if (t == tag) wanted = id.value();
+      }
       return MakeError(ErrorCode::kNotFound,
                        fmt::format("selection {}: logical address {} belongs to request {}, not to request {} "
-                                   "(a stale address, freed and reused?): refused", i, a.value(),
-                                   st.owner[a.value()].value(), request.value()));
+                                   "(a stale address, freed and reused?): refused", i, a.value(), holder, wanted));
     }
     if (sc.seen_epoch[a.value()] == sc.epoch) continue;
     sc.seen_epoch[a.value()] = sc.epoch;

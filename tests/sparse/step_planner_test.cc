@@ -144,7 +144,7 @@ TEST(StepPlanner, RefusesAFreedThenReusedAddressWithNothingChanged) {
   auto refused = f.planner.Step({Rank(0), GroupId(0), stale, Runs(RequestId(1), stale.size())}, slots);
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().code(), ErrorCode::kNotFound);
-  EXPECT_NE(refused.error().message().find("belongs to request 2, not to request 1"), std::string::npos)
+  EXPECT_NE(refused.error().message().find("request 1 of its run is unknown or freed"), std::string::npos)
       << refused.error().ToString();
   EXPECT_EQ(f.Take(), before);
   EXPECT_EQ(slots[0], SlotId());  // no slot was handed out
@@ -155,6 +155,13 @@ TEST(StepPlanner, RefusesAFreedThenReusedAddressWithNothingChanged) {
   std::vector<LogicalAddr> mixed{mine[0], stale[0]};
   std::vector<SelectionRun> runs{{RequestId(3), 1}, {RequestId(1), 1}};
   EXPECT_EQ(f.planner.Step({Rank(0), GroupId(0), mixed, runs}, slots).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.Take(), before3);
+  // A live request's run naming another live request's address.
+  auto other = f.planner.Step({Rank(0), GroupId(0), mixed, Runs(RequestId(3), mixed.size())}, slots);
+  ASSERT_FALSE(other);
+  EXPECT_EQ(other.error().code(), ErrorCode::kNotFound);
+  EXPECT_NE(other.error().message().find("belongs to request 2, not to request 3"), std::string::npos)
+      << other.error().ToString();
   EXPECT_EQ(f.Take(), before3);
   // The owner's own selection of the same addresses is served, with its bytes.
   auto ok = f.planner.Step({Rank(0), GroupId(0), stale, Runs(RequestId(2), stale.size())}, slots);

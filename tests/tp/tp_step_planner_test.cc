@@ -169,17 +169,27 @@ TEST(TpStepPlanner, RefusesAFreedThenReusedAddressWithNothingChanged) {
     auto refused = f.planner.Step(GroupId(0), stale, testing::TpRuns(RequestId(1), stale.size()));
     ASSERT_FALSE(refused);
     EXPECT_EQ(refused.error().code(), ErrorCode::kNotFound);
-    EXPECT_NE(refused.error().message().find("belongs to request 2, not to request 1"), std::string::npos)
+    EXPECT_NE(refused.error().message().find("request 1 of its run is unknown or freed"), std::string::npos)
         << refused.error().ToString();
     EXPECT_EQ(f.Take(), before);
     // One stale run in a batch refuses the whole step.
     std::vector<SelectionRun> runs{{RequestId(2), 2}, {RequestId(1), 1}};
     EXPECT_EQ(f.planner.Step(GroupId(0), stale, runs).error().code(), ErrorCode::kNotFound);
     EXPECT_EQ(f.Take(), before);
+    // A live request's run naming another live request's addresses.
+    auto mine = f.AddFilled(RequestId(3), 1);
+    const auto before3 = f.Take();
+    std::vector<LogicalAddr> mixed{mine[0], stale[0]};
+    auto other = f.planner.Step(GroupId(0), mixed, testing::TpRuns(RequestId(3), mixed.size()));
+    ASSERT_FALSE(other);
+    EXPECT_EQ(other.error().code(), ErrorCode::kNotFound);
+    EXPECT_NE(other.error().message().find("belongs to request 2, not to request 3"), std::string::npos)
+        << other.error().ToString();
+    EXPECT_EQ(f.Take(), before3);
     // Runs that do not cover the selections.
     std::vector<SelectionRun> short_runs{{RequestId(2), 2}};
     EXPECT_EQ(f.planner.Step(GroupId(0), stale, short_runs).error().code(), ErrorCode::kInvalidArgument);
-    EXPECT_EQ(f.Take(), before);
+    EXPECT_EQ(f.Take(), before3);
     auto plan = f.planner.Step(GroupId(0), stale, testing::TpRuns(RequestId(2), stale.size()));
     ASSERT_TRUE(plan) << plan.error().ToString();
     if (attention == TpAttention::kLocalBuffer) f.ExpectPlanReadsPattern(*plan, GroupId(0), stale);
