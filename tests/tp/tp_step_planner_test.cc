@@ -111,6 +111,9 @@ TEST(TpStepPlanner, NeverEvictsBufferEntriesOfTheCurrentRound) {
   auto refused = f.planner.Step(GroupId(0), odd2, testing::TpRuns(RequestId(1), odd2.size()));
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(refused.error().message().find("6 copies are used in this round and cannot be evicted: call "
+                                           "AdvanceRound() after the round's attention"), std::string::npos)
+      << refused.error().ToString();
   EXPECT_EQ(f.Take(), before);
   f.ExpectPlanReadsPattern(first, GroupId(0), odd);  // the first plan is still valid
   f.space->AdvanceRound();
