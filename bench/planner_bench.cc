@@ -28,6 +28,8 @@ void BM_PlannerStep(benchmark::State& state) {
   std::mt19937 rng(3);
   std::vector<LogicalAddr> sel(std::size_t{batch} * top_k);
   std::vector<SlotId> slots(sel.size());
+  std::vector<SelectionRun> runs;  // request r's top-k selections, one run each
+  for (std::uint32_t r = 0; r < batch; ++r) runs.push_back(SelectionRun{RequestId(r), top_k});
   for (std::size_t i = 0; i < sel.size(); ++i) sel[i] = addrs[i / top_k][rng() % history];
   std::uint64_t misses = 0;
   for (auto _ : state) {
@@ -36,7 +38,7 @@ void BM_PlannerStep(benchmark::State& state) {
       const std::size_t j = rng() % sel.size();
       sel[j] = addrs[j / top_k][rng() % history];
     }
-    auto stats = planner.Step({Rank(0), GroupId(0), sel}, slots);
+    auto stats = planner.Step({Rank(0), GroupId(0), sel, runs}, slots);
     misses += stats ? stats->misses : 0;
     space->AdvanceRound();
   }

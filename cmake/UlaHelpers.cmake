@@ -14,6 +14,8 @@ function(ula_add_component name)
     PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
     PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(ula_${name} PUBLIC ${ARG_DEPS})
+  # Exported: a consumer of the installed package compiles the headers as C++23.
+  target_compile_features(ula_${name} PUBLIC cxx_std_23)
   set(ULA_COMPONENTS ${ULA_COMPONENTS} ula_${name} PARENT_SCOPE)
 endfunction()
 

@@ -264,13 +264,15 @@ class UlaStore:
             k = int(mask[b].sum())
             if k:
                 sel[b, 0, :k] = np.asarray(self.addrs[rid], np.int64)[row[:k]]
+        # The request of each row (the isolation check); an empty row (-1) is padding only.
+        requests = np.array([max(rid, 0) for rid in rids], np.uint64)
         if self.mode == "engine":
-            fence, n, st = self.planner.plan(0, g, sel, self.indices, self.desc)
+            fence, n, st = self.planner.plan(0, g, sel, self.indices, self.desc, requests)
             self._run_descriptors(n)
             published, failed = self.planner.complete(fence, self.status[:n])
             assert failed == 0
         else:
-            st = self.planner.step(0, g, sel, self.indices)
+            st = self.planner.step(0, g, sel, self.indices, requests)
         for key in self.stats:
             self.stats[key] += getattr(st, key)
         idx = self.indices[:, 0, :]

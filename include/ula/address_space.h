@@ -19,6 +19,22 @@
 // byte count, allocation that does not fit, invalid config — each returns an Error and
 // changes nothing.
 //
+// Rounds (the prefill/decode rule): a round is one scheduler iteration, ended by
+// AdvanceRound() after its attention. Entries allocated in a round, and entries a Step
+// selects in it, are used in that round and are not evicted before AdvanceRound() (the
+// round's attention reads them). An iteration may mix prefill chunks and decode steps:
+// Allocate + Write every new token, Step each group with the iteration's selections, then
+// AdvanceRound(); a step whose misses do not fit beside the round's used entries fails
+// with kResourceExhausted and says so.
+//
+// Isolation: Step takes the request of every selection (selection_run.h) and refuses an
+// address that is not live for that request (freed, reused by another, another's), so no
+// request is handed a slot holding another request's entry, even from a stale selection.
+//
+// Lifetime: `backend` outlives the space (held by reference; the backend's destructor
+// stops the program while a space lives); the space outlives every StepPlanner over it.
+// Spans from AddressesOf are valid until the next Allocate/Free of that request.
+//
 // Thread-safety: none; one thread drives an address space (the engine's scheduler). Data
 // copies run on the backend's workers; a location changes only after its copy completed.
 #pragma once
@@ -61,7 +77,7 @@ struct MetadataReport {
   double device_owner = 0;     // reverse map, 4 B per device slot
   double policy = 0;           // residency policy state
   double free_bitmaps = 0;     // slot pool free bitmaps
-  double request_lists = 0;    // 4 B per address, shared by all groups
+  double request_lists = 0;    // 4 B list + 4 B owner tag per address, shared by all groups
   double total() const { return location_table + device_owner + policy + free_bitmaps + request_lists; }
 };
 
@@ -94,19 +110,27 @@ class AddressSpace {
   Result<Rank> RankOf(RequestId request) const;
   bool IsLive(LogicalAddr addr) const;
 
-  // Ends the current round of every group's residency policy (once per decode step).
+  // Ends the current round of every group's residency policy: once per scheduler
+  // iteration, after its attention (see "Rounds" above).
   void AdvanceRound();
 
   const AddressSpaceConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
   std::uint64_t num_live_addresses() const;
   std::uint32_t num_requests() const;
-  // Entries of (rank, group) on a tier.
+  // Entries of (rank, group) on a tier; 0 for an out-of-range rank or group.
   std::uint32_t NumUsed(Rank rank, GroupId group, Tier tier) const;
   std::uint32_t NumFree(Rank rank, GroupId group, Tier tier) const;
   // Pointer to a device slot's bytes of (rank, group) — what an attention kernel reads
-  // after a step. nullptr on a counting backend.
+  // after a step. nullptr for an out-of-range rank or group, a slot past the pool (also
+  // SlotId::Invalid()), a free slot, or on a counting backend. Valid while the space lives;
+  // the slot holds the entry the step placed there until the next Step of that (rank,
+  // group) after AdvanceRound(), or the entry's Free.
   const std::byte* DeviceSlotData(Rank rank, GroupId group, SlotId slot) const;
+  // The whole device pool of (rank, group): capacity * entry_bytes bytes, slot s at
+  // s * entry_bytes (what an attention kernel indexes with the slots a step returns). Empty
+  // for an out-of-range rank or group or on a counting backend. Valid while the space lives.
+  std::span<const std::byte> DevicePoolBytes(Rank rank, GroupId group) const;
   MetadataReport Metadata() const;
   Status CheckInvariants() const;
 

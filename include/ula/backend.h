@@ -19,9 +19,15 @@
 //
 // Thread-safety: Submit, Wait and counters() may be called from any thread; arena creation
 // and destruction must not race with batches that use the arena.
+//
+// Lifetime: a backend outlives every object that holds arenas on it (AddressSpace,
+// TpAddressSpace: each holds the backend by reference, AddHolder/RemoveHolder). Destroying
+// a backend while a holder lives stops the program (ULA_CHECK) with a message saying to
+// destroy the spaces first, instead of leaving them with dangling arenas.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -74,7 +80,8 @@ struct TransferCounters {
 
 class Backend {
  public:
-  virtual ~Backend() = default;
+  // ULA_CHECK: no holder is left (see "Lifetime" above).
+  virtual ~Backend();
   Backend() = default;
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
@@ -96,6 +103,15 @@ class Backend {
 
   virtual TransferCounters counters() const = 0;
   virtual void ResetCounters() = 0;
+
+  // An object that keeps arenas of this backend for its lifetime registers itself here
+  // (constructor / destructor); the backend's destructor checks that none is left.
+  void AddHolder() { holders_.fetch_add(1, std::memory_order_relaxed); }
+  void RemoveHolder() { holders_.fetch_sub(1, std::memory_order_relaxed); }
+  std::uint32_t num_holders() const { return holders_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint32_t> holders_{0};
 };
 
 struct CpuBackendOptions {

@@ -135,16 +135,22 @@ class EngineStepPlanner {
   std::uint32_t max_descriptors() const;
 
   // Library path: plan, run on the backend, wait, publish, write indices.
-  // REQUIRES (checked): selections.size() == indices.size() == shape.size().
-  Result<StepStats> Step(Rank rank, GroupId group, const StepShape& shape, std::span<const std::int32_t> selections,
-                         std::span<std::int32_t> indices);
+  // requests[b] is the request of batch row b: every address of row b must be live for it
+  // (the isolation check of selection_run.h: freed, reused or another request's -> kNotFound);
+  // the request of a row of padding only is not looked up.
+  // REQUIRES (checked): requests.size() == shape.batch; selections.size() == indices.size()
+  // == shape.size().
+  Result<StepStats> Step(Rank rank, GroupId group, const StepShape& shape, std::span<const RequestId> requests,
+                         std::span<const std::int32_t> selections, std::span<std::int32_t> indices);
 
   // Engine path, part 1: claims device slots, writes indices (valid once Complete reports
   // no failure) and the descriptors. kInvalidArgument (shape, sizes, an address < -1, too
-  // few descriptor rows), kOutOfRange, kNotFound (an address that is not live: freed or
-  // never allocated), kResourceExhausted, kFailedPrecondition (a plan is pending).
-  Result<PlannedStep> Plan(Rank rank, GroupId group, const StepShape& shape, std::span<const std::int32_t> selections,
-                           std::span<std::int32_t> indices, std::span<CopyDescriptor> out_descriptors);
+  // few descriptor rows), kOutOfRange, kNotFound (a request unknown or freed, an address
+  // not live for its row's request: freed, reused by another request, or another
+  // request's), kResourceExhausted, kFailedPrecondition (a plan is pending).
+  Result<PlannedStep> Plan(Rank rank, GroupId group, const StepShape& shape, std::span<const RequestId> requests,
+                           std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
+                           std::span<CopyDescriptor> out_descriptors);
   // Engine path, part 2: status[i] == 0 publishes descriptor i; anything else publishes
   // nothing for it. kNotFound (not the pending fence), kInvalidArgument (status size).
   Result<CompleteReport> Complete(std::uint64_t fence, std::span<const std::uint8_t> status);

@@ -1,5 +1,5 @@
 // Errors as values. Every recoverable failure of the public API is a `ula::Error`
-// inside a `Result<T>` (std::expected); a normal miss is std::optional. No exception
+// inside a `Result<T>` (std::expected, [[nodiscard]]); a normal miss is std::optional. No exception
 // crosses the public API. A function that returns an error has changed nothing.
 #pragma once
 
@@ -39,9 +39,18 @@ class Error {
   std::string message_;
 };
 
+// Result and Status are std::expected in every respect but one: they are [[nodiscard]],
+// so every call that returns one warns when its result is dropped (cast to void to drop
+// one on purpose).
 template <class T>
-using Result = std::expected<T, Error>;
-using Status = std::expected<void, Error>;
+class [[nodiscard]] Result : public std::expected<T, Error> {
+ public:
+  using std::expected<T, Error>::expected;
+  Result() = default;
+  Result(const std::expected<T, Error>& e) : std::expected<T, Error>(e) {}
+  Result(std::expected<T, Error>&& e) : std::expected<T, Error>(std::move(e)) {}
+};
+using Status = Result<void>;
 
 inline std::unexpected<Error> MakeError(ErrorCode code, std::string message) {
   return std::unexpected<Error>(Error(code, std::move(message)));

@@ -1,6 +1,7 @@
 // StepPlanner: one decode step of one layer group on one rank (DP mode), DESIGN.md Part A:
 //
-//   1. validate every selected address (live, on this rank)        -> error, nothing changed
+//   1. validate every selected address (live, owned by its run's request, on this rank)
+//                                                                  -> error, nothing changed
 //   2. dedup the union of all queries' selections
 //   3. look up: device-resident = hit (touch in the current round); host-resident = miss
 //   4. device slots for misses: free slots first, then victims from the residency policy
@@ -9,7 +10,12 @@
 //   6. write, for every selection in input order, the device slot attention reads
 //
 // If the step's distinct selections cannot all be on device at once (more than the free
-// plus evictable slots), the step fails with kResourceExhausted before touching anything.
+// plus evictable slots: entries allocated or selected in this round are not evictable),
+// the step fails with kResourceExhausted before touching anything; its message counts
+// the entries used in this round and says to call AdvanceRound() after the round's
+// attention.
+// Lifetime: the planner holds the space by reference (the space outlives it); out_slots
+// name device slots whose bytes DeviceSlotData returns, valid as stated there.
 // Thread-safety: as AddressSpace (one driver thread).
 #pragma once
 
@@ -18,6 +24,7 @@
 #include <vector>
 
 #include "ula/address_space.h"
+#include "ula/selection_run.h"
 
 namespace ula {
 
@@ -27,6 +34,11 @@ struct StepInput {
   // The selected addresses of every query of every request of the batch, concatenated in
   // selection order (e.g. request 0 query 0's top-k, then request 0 query 1's, ...).
   std::span<const LogicalAddr> selections;
+  // Which request each selection belongs to (selection_run.h): runs of consecutive
+  // selections, covering them exactly. The isolation check: a selection whose address is
+  // not live for its run's request (freed, reused by another request, or another
+  // request's) fails the step with kNotFound.
+  std::span<const SelectionRun> runs;
 };
 
 struct StepStats {
@@ -45,7 +57,10 @@ class StepPlanner {
   explicit StepPlanner(AddressSpace& space);
 
   // out_slots[i] = device slot holding input.selections[i] after the step.
-  // REQUIRES: out_slots.size() == input.selections.size().
+  // kOutOfRange (rank, group), kInvalidArgument (out_slots.size() !=
+  // selections.size(), runs that do not cover the selections, an address of another
+  // rank), kNotFound (an address not live for its run's request), kResourceExhausted.
+  // Nothing changes on any error.
   Result<StepStats> Step(const StepInput& input, std::span<SlotId> out_slots);
 
  private:

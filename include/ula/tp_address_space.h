@@ -32,6 +32,14 @@
 // wrong byte count, allocation that does not fit, invalid config — each returns an Error
 // and changes nothing.
 //
+// Rounds and isolation: as in DP mode (address_space.h): entries allocated or selected in
+// a round are not evicted before AdvanceRound(); TpStepPlanner::Step takes the request of
+// every selection and refuses an address that is not live for it.
+//
+// Lifetime: `backend` outlives the space (the backend's destructor stops the program while
+// a space lives); the space outlives its planners, prefetchers and its exposure on a
+// fabric (TpFabric::Unexpose first). RefData pointers: see RefData.
+//
 // Thread-safety: one driver thread calls the mutating methods. TpStepPlanner::Step may run
 // the hosted ranks of one group on worker threads, and steps of different groups may run
 // concurrently (they touch disjoint per-group state); no other call may overlap a Step.
@@ -93,10 +101,12 @@ struct TpConfig {
 // Where a rank's attention reads one selected entry: its own shard's device pool or its
 // local buffer (both device memory of that rank); kElsewhere (TpAttention::kAtHome only):
 // homed on another rank, whose partial attention covers it (slot invalid).
+// `reader` is the rank whose plan row holds the ref: RefData refuses a ref of another rank.
 struct TpReadRef {
   enum class Source : std::uint8_t { kShard = 0, kBuffer = 1, kElsewhere = 2 };
   Source source = Source::kShard;
   SlotId slot;
+  Rank reader;
   bool operator==(const TpReadRef&) const = default;
 };
 
@@ -149,13 +159,17 @@ class TpAddressSpace {
   // The buffer slot of `rank`'s copy of addr, or nullopt. kOutOfRange / kNotFound /
   // kUnsupported (rank not hosted).
   Result<std::optional<SlotId>> BufferSlot(Rank rank, LogicalAddr addr, GroupId group) const;
-  // Bytes an attention kernel on `rank` reads for ref; nullptr if out of range, not
-  // hosted, kElsewhere, or on a counting backend.
+  // Bytes an attention kernel on `rank` reads for ref; nullptr if rank or group is out of
+  // range or not hosted, ref.reader != rank (a ref of another rank's plan row), kElsewhere,
+  // a slot past its pool or free, or on a counting backend. The pointer is valid while the
+  // space lives; the slot holds the planned entry until the next Step of that group after
+  // AdvanceRound(), or a Write/Free of the entry.
   const std::byte* RefData(Rank rank, GroupId group, TpReadRef ref) const;
 
   Result<std::span<const LogicalAddr>> AddressesOf(RequestId request) const;
   bool IsLive(LogicalAddr addr) const;
-  // Ends the current round of every hosted policy (once per decode step).
+  // Ends the current round of every hosted policy: once per scheduler iteration, after
+  // its attention (on every process under MPI).
   void AdvanceRound();
 
   const TpConfig& config() const { return config_; }
@@ -168,7 +182,7 @@ class TpAddressSpace {
   std::uint32_t NumUsed(Rank rank, GroupId group, Tier tier) const;
   std::uint32_t NumFree(Rank rank, GroupId group, Tier tier) const;
   std::uint32_t NumBuffered(Rank rank, GroupId group) const;
-  // REQUIRES: Hosts(rank), group < num_groups.
+  // Empty (home == nullptr) unless Hosts(rank) and group < num_groups.
   TpShardMemory ShardMemory(Rank rank, GroupId group) const;
   Status CheckInvariants() const;
 

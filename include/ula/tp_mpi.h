@@ -14,6 +14,8 @@
 // passive target); FetchFromHome reads the home locations and then the bytes with MPI_Get
 // and MPI_Win_flush, batched per source rank. Barrier is MPI_Win_sync on every window plus
 // MPI_Barrier; AllTrue is MPI_Allreduce(LAND); AllGather is MPI_Allgather; AllToAllV is MPI_Alltoallv.
+// Lifetime: the MpiSession outlives the fabric and everything that uses MPI (its
+// destructor finalizes MPI); Unexpose the space before destroying it or the fabric.
 // Thread-safety: MPI is initialized with MPI_THREAD_FUNNELED; call from the main thread.
 #pragma once
 

@@ -9,6 +9,7 @@
 // to [0, 1]; RunStep(..., prefetch = false) runs the same work serially for comparison.
 //
 // In-process ranks only (an MPI fabric's collectives must stay on the main thread).
+// Lifetime: holds the space by reference (the space outlives it).
 // Thread-safety: one driver thread; the worker only runs planner steps.
 #pragma once
 
@@ -33,10 +34,12 @@ class TpPrefetcher {
   explicit TpPrefetcher(TpAddressSpace& space, TpPlannerOptions options = {});
 
   using Compute = std::function<void(GroupId, const TpStepPlan&)>;
-  // selections[g]: group g's selections. Groups run in order 0..G-1. On the first failing
-  // group step the error is returned (earlier groups are done; nothing of the failing one
-  // changed). REQUIRES: selections.size() == num_groups.
-  Result<TpPipelineStats> RunStep(std::span<const std::vector<LogicalAddr>> selections, const Compute& compute,
+  // selections[g]: group g's selections; runs[g]: which request each of them belongs to
+  // (selection_run.h). Groups run in order 0..G-1. On the first failing group step the
+  // error is returned (earlier groups are done; nothing of the failing one changed).
+  // kInvalidArgument unless selections.size() == runs.size() == num_groups.
+  Result<TpPipelineStats> RunStep(std::span<const std::vector<LogicalAddr>> selections,
+                                  std::span<const std::vector<SelectionRun>> runs, const Compute& compute,
                                   bool prefetch = true);
 
  private:

@@ -1,7 +1,8 @@
 // TpStepPlanner: one decode step of one layer group for every rank this process hosts
 // (TP mode, DESIGN.md Part A "One decode step"):
 //
-//   0. validate every selection (live address), dedup the union once, and per hosted rank
+//   0. validate every selection (live address of its run's request, selection_run.h: a
+//      stale or another request's address is refused), dedup the union once, and per hosted rank
 //      split it into entries homed here (hit on device / miss on host) and entries homed
 //      elsewhere (local-buffer hit / miss); check that each rank's misses fit in free plus
 //      evictable slots -> all ranks agree (fabric collective) or the step fails with
@@ -21,6 +22,8 @@
 // elsewhere get a kElsewhere ref, and each rank's attention covers only its own shard
 // (AttendAtHome, tp_home_attention.h, computes and merges the partial outputs).
 //
+// Lifetime: the planner holds the space and the fabric by reference; both outlive it. A
+// plan is a value; its refs name slots that RefData resolves, valid as stated there.
 // Hosted ranks run on their own threads when options.parallel_ranks (the in-process
 // engine). Thread-safety: a planner is driven by one thread; use one planner per thread to
 // step different groups concurrently (prefetch, tp_prefetcher.h).
@@ -32,6 +35,7 @@
 #include <vector>
 
 #include "ula/tp_address_space.h"
+#include "ula/selection_run.h"
 #include "ula/tp_fabric.h"
 
 namespace ula {
@@ -70,11 +74,16 @@ class TpStepPlanner {
   explicit TpStepPlanner(TpAddressSpace& space, TpFabric* fabric = nullptr, TpPlannerOptions options = {});
   ~TpStepPlanner();
 
-  // selections: every query of every request of the batch, concatenated (as in DP mode).
-  // kOutOfRange (group), kNotFound (an address that is not live), kResourceExhausted (some
-  // rank's misses do not fit), kFailedPrecondition (another rank refused). Nothing changes
-  // on any error. Collective when a fabric is used.
-  Result<TpStepPlan> Step(GroupId group, std::span<const LogicalAddr> selections);
+  // selections: every query of every request of the batch, concatenated (as in DP mode);
+  // runs: which request each selection belongs to (selection_run.h, covering them exactly).
+  // kOutOfRange (group), kInvalidArgument (runs that do not cover the selections),
+  // kNotFound (an address that is not live for its run's request: freed, reused by another
+  // request, or another request's), kResourceExhausted (some rank's misses do not fit),
+  // kFailedPrecondition (another rank refused; or the space does not host every rank and
+  // no fabric was given, or the fabric's local rank is not the hosted one). Nothing
+  // changes on any error. Collective when a fabric is used.
+  Result<TpStepPlan> Step(GroupId group, std::span<const LogicalAddr> selections,
+                          std::span<const SelectionRun> runs);
 
  private:
   struct Scratch;

@@ -6,6 +6,9 @@
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "ula/selection_run.h"
 
 #include <span>
 #include <type_traits>
@@ -83,6 +86,14 @@ std::span<const Id> AsIds(std::span<const typename Id::rep_type> s) {
 template <class Id>
 std::span<Id> AsIdsOut(std::span<typename Id::rep_type> s) {
   return {reinterpret_cast<Id*>(s.data()), s.size()};
+}
+
+// Selection runs from Python: a sequence of (request id, count) pairs (selection_run.h).
+inline std::vector<ula::SelectionRun> ToRuns(const std::vector<std::pair<std::uint64_t, std::uint32_t>>& runs) {
+  std::vector<ula::SelectionRun> out;
+  out.reserve(runs.size());
+  for (const auto& [request, count] : runs) out.push_back(ula::SelectionRun{ula::RequestId(request), count});
+  return out;
 }
 
 void BindSparse(py::module_& m);

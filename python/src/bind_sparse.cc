@@ -173,8 +173,9 @@ driven from different threads at once (the GIL is released while planning).)doc"
             DpSpace& s = self.cast<DpSpace&>();
             const auto& c = s.space->config();
             if (rank >= c.num_ranks || group >= c.num_groups) Throw(ula::ErrorCode::kOutOfRange, "rank or group out of range");
-            const std::byte* p = s.space->DeviceSlotData(ula::Rank(rank), ula::GroupId(group), ula::SlotId(0));
-            if (p == nullptr) Throw(ula::ErrorCode::kUnsupported, "the counting backend holds no bytes");
+            const auto pool = s.space->DevicePoolBytes(ula::Rank(rank), ula::GroupId(group));
+            if (pool.empty()) Throw(ula::ErrorCode::kUnsupported, "the counting backend holds no bytes");
+            const std::byte* p = pool.data();
             py::array_t<std::uint8_t> view({static_cast<py::ssize_t>(c.device_slots_per_group()),
                                             static_cast<py::ssize_t>(c.entry_bytes)},
                                            reinterpret_cast<const std::uint8_t*>(p), self);
@@ -195,14 +196,17 @@ driven from different threads at once (the GIL is released while planning).)doc"
       .def(
           "step",
           [](ula::StepPlanner& p, std::uint16_t rank, std::uint16_t group, const py::array& selections,
-             const py::array& out_slots) {
+             const py::array& out_slots, const std::vector<std::pair<std::uint64_t, std::uint32_t>>& runs) {
             auto sel = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(selections, "selections", 1));
             auto out = AsIdsOut<ula::SlotId>(ViewOut<std::uint32_t>(out_slots, "out_slots", 1));
+            const auto r = ToRuns(runs);
             py::gil_scoped_release nogil;
-            return Unwrap(p.Step({ula::Rank(rank), ula::GroupId(group), sel}, out));
+            return Unwrap(p.Step({ula::Rank(rank), ula::GroupId(group), sel, r}, out));
           },
-          py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("out_slots"),
-          "selections uint32 [n] -> out_slots uint32 [n] (device slots), runs the copies; StepStats.");
+          py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("out_slots"), py::arg("runs"),
+          "selections uint32 [n] -> out_slots uint32 [n] (device slots), runs the copies; StepStats. runs: "
+          "[(request, count), ...] cut the selections into consecutive pieces of one request each; an address "
+          "not live for its run's request (freed, reused, another request's) is refused (NotFoundError).");
 
   py::class_<EnginePlanner>(m, "EngineStepPlanner", R"doc(
 The engine step API (include/ula/engine_step.h): selections int32 [batch, q_len, top_k]
@@ -219,33 +223,37 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
       .def(
           "step",
           [](EnginePlanner& p, std::uint16_t rank, std::uint16_t group, const py::array& selections,
-             const py::array& indices) {
+             const py::array& indices, const py::array& requests) {
             auto sel = View<const std::int32_t>(selections, "selections", 3);
             auto idx = ViewOut<std::int32_t>(indices, "indices", 3);
+            auto req = AsIds<ula::RequestId>(View<const std::uint64_t>(requests, "requests", 1));
             const ula::StepShape shape{static_cast<std::uint32_t>(selections.shape(0)),
                                        static_cast<std::uint32_t>(selections.shape(1)),
                                        static_cast<std::uint32_t>(selections.shape(2))};
             py::gil_scoped_release nogil;
-            return Unwrap(p.planner->Step(ula::Rank(rank), ula::GroupId(group), shape, sel, idx));
+            return Unwrap(p.planner->Step(ula::Rank(rank), ula::GroupId(group), shape, req, sel, idx));
           },
-          py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("indices"),
+          py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("requests"),
           "Library path: plan, copy on the backend, publish, write indices. Returns StepStats.")
       .def(
           "plan",
           [](EnginePlanner& p, std::uint16_t rank, std::uint16_t group, const py::array& selections,
-             const py::array& indices, const py::array& descriptors) {
+             const py::array& indices, const py::array& descriptors, const py::array& requests) {
             auto sel = View<const std::int32_t>(selections, "selections", 3);
             auto idx = ViewOut<std::int32_t>(indices, "indices", 3);
             auto desc = ViewOut<ula::CopyDescriptor>(descriptors, "descriptors", 1);
+            auto req = AsIds<ula::RequestId>(View<const std::uint64_t>(requests, "requests", 1));
             const ula::StepShape shape{static_cast<std::uint32_t>(selections.shape(0)),
                                        static_cast<std::uint32_t>(selections.shape(1)),
                                        static_cast<std::uint32_t>(selections.shape(2))};
             py::gil_scoped_release nogil;
-            auto planned = Unwrap(p.planner->Plan(ula::Rank(rank), ula::GroupId(group), shape, sel, idx, desc));
+            auto planned = Unwrap(p.planner->Plan(ula::Rank(rank), ula::GroupId(group), shape, req, sel, idx, desc));
             return std::make_tuple(planned.fence, planned.num_descriptors, planned.stats);
           },
           py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("descriptors"),
-          "Engine path, part 1: (fence, n, StepStats); descriptors[:n] are the copies to run.")
+          py::arg("requests"),
+          "Engine path, part 1: (fence, n, StepStats); descriptors[:n] are the copies to run. requests: uint64 "
+          "[batch], the request of each row (an address not live for its row's request: NotFoundError).")
       .def(
           "complete",
           [](EnginePlanner& p, std::uint64_t fence, const py::array& status) {

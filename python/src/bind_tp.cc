@@ -103,12 +103,14 @@ rank hosted in this process. Owns its backend ('cpu' or 'counting').)doc")
            py::keep_alive<1, 2>())
       .def(
           "step",
-          [](ula::TpStepPlanner& p, std::uint16_t group, const py::array& selections) {
+          [](ula::TpStepPlanner& p, std::uint16_t group, const py::array& selections,
+             const std::vector<std::pair<std::uint64_t, std::uint32_t>>& runs) {
             auto sel = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(selections, "selections", 1));
+            const auto r = ToRuns(runs);
             ula::TpStepPlan plan;
             {
               py::gil_scoped_release nogil;
-              plan = Unwrap(p.Step(ula::GroupId(group), sel));
+              plan = Unwrap(p.Step(ula::GroupId(group), sel, r));
             }
             const auto ranks = static_cast<py::ssize_t>(plan.refs.size());
             const auto n = static_cast<py::ssize_t>(sel.size());
@@ -124,7 +126,7 @@ rank hosted in this process. Owns its backend ('cpu' or 'counting').)doc")
             }
             return std::make_tuple(source, slot, plan.stats);
           },
-          py::arg("group"), py::arg("selections"),
+          py::arg("group"), py::arg("selections"), py::arg("runs"),
           "selections uint32 [n] -> (source uint8 [ranks, n] (0 shard, 1 buffer, 2 elsewhere), "
           "slot uint32 [ranks, n], [TpRankStepStats per rank]).");
 }

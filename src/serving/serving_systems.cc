@@ -148,12 +148,15 @@ class SpaceSystem : public LedgerSystem {
 
  protected:
   virtual Status AddToSpace(RequestId req) = 0;
-  // flat_ = the logical addresses of every request's selected positions, in batch order.
+  // flat_ = the logical addresses of every request's selected positions, in batch order;
+  // runs_ = one run per request.
   void Flatten(std::span<const std::uint64_t> ids, std::span<const std::vector<std::uint32_t>> sel) {
     flat_.clear();
+    runs_.clear();
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const std::vector<LogicalAddr>& a = addrs_.at(ids[i]);
       for (std::uint32_t p : sel[i]) flat_.push_back(a[p]);
+      runs_.push_back(SelectionRun{RequestId(ids[i]), static_cast<std::uint32_t>(sel[i].size())});
     }
   }
 
@@ -161,6 +164,7 @@ class SpaceSystem : public LedgerSystem {
   std::unique_ptr<Space> space_;
   std::unordered_map<std::uint64_t, std::vector<LogicalAddr>> addrs_;  // [request] its whole history
   std::vector<LogicalAddr> flat_;
+  std::vector<SelectionRun> runs_;
 };
 
 class UlaDpSystem final : public SpaceSystem<AddressSpace> {
@@ -172,7 +176,7 @@ class UlaDpSystem final : public SpaceSystem<AddressSpace> {
               SimCounters& c) override {
     Flatten(ids, sel);
     slots_.resize(flat_.size());
-    auto st = planner_.Step(StepInput{Rank(0), GroupId(0), flat_}, slots_);
+    auto st = planner_.Step(StepInput{Rank(0), GroupId(0), flat_, runs_}, slots_);
     if (!st) return std::unexpected(st.error());
     space_->AdvanceRound();
     c.distinct += st->distinct;
@@ -231,7 +235,7 @@ class UlaTpSystem final : public SpaceSystem<TpAddressSpace> {
   Status Step(std::span<const std::uint64_t> ids, std::span<const std::vector<std::uint32_t>> sel,
               SimCounters& c) override {
     Flatten(ids, sel);
-    auto plan = planner_.Step(GroupId(0), flat_);
+    auto plan = planner_.Step(GroupId(0), flat_, runs_);
     if (!plan) return std::unexpected(plan.error());
     space_->AdvanceRound();
     const TpRankStepStats& s = plan->stats[0];  // rank 0, the simulated one

@@ -71,7 +71,15 @@ Status AddressSpace::AddRequest(RequestId request, Rank rank) {
   if (state_->requests.contains(request)) {
     return MakeError(ErrorCode::kAlreadyExists, fmt::format("request {} already exists", request.value()));
   }
-  state_->requests.emplace(request, RequestState{rank, {}});
+  State& st = *state_;
+  if (st.next_tag == 0) {  // 2^32 - 1 requests so far: renumber the live ones 1..n
+    st.next_tag = 1;
+    for (auto& [id, req] : st.requests) {
+      req.tag = st.next_tag++;
+      for (LogicalAddr a : req.addrs) st.owner[a.value()] = req.tag;
+    }
+  }
+  st.requests.emplace(request, RequestState{rank, {}, st.next_tag++});
   return Ok();
 }
 
@@ -124,6 +132,8 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
       }
     }
   }
+  st.owner.resize(st.next_addr, 0);
+  for (LogicalAddr a : out) st.owner[a.value()] = it->second.tag;
   auto& addrs = it->second.addrs;
   addrs.insert(addrs.end(), out.begin(), out.end());
   st.live += n_tokens;
@@ -153,7 +163,10 @@ Status AddressSpace::Free(RequestId request) {
       table.Erase(a);
     }
   }
-  for (LogicalAddr a : it->second.addrs) st.free_addrs.push_back(a);
+  for (LogicalAddr a : it->second.addrs) {
+    st.owner[a.value()] = 0;
+    st.free_addrs.push_back(a);
+  }
   st.live -= it->second.addrs.size();
   st.requests.erase(it);
   ULA_EXPENSIVE_CHECK(*this);
@@ -228,17 +241,36 @@ void AddressSpace::AdvanceRound() {
 std::uint64_t AddressSpace::num_live_addresses() const { return state_->live; }
 std::uint32_t AddressSpace::num_requests() const { return static_cast<std::uint32_t>(state_->requests.size()); }
 
+namespace {
+bool InRange(const AddressSpaceConfig& cfg, Rank rank, GroupId group) {
+  return rank.value() < cfg.num_ranks && group.value() < cfg.num_groups;
+}
+}  // namespace
+
 std::uint32_t AddressSpace::NumUsed(Rank rank, GroupId group, Tier tier) const {
+  if (!InRange(config_, rank, group)) return 0;
   const GroupPools& gp = state_->at(rank, group);
   return tier == Tier::kDevice ? gp.device.num_used() : gp.host.num_used();
 }
 std::uint32_t AddressSpace::NumFree(Rank rank, GroupId group, Tier tier) const {
+  if (!InRange(config_, rank, group)) return 0;
   const GroupPools& gp = state_->at(rank, group);
   return tier == Tier::kDevice ? gp.device.num_free() : gp.host.num_free();
 }
 
 const std::byte* AddressSpace::DeviceSlotData(Rank rank, GroupId group, SlotId slot) const {
-  return state_->at(rank, group).device.data(slot);
+  if (!InRange(config_, rank, group)) return nullptr;
+  const SlotPool& pool = state_->at(rank, group).device;
+  if (!pool.IsAllocated(slot)) return nullptr;  // past the pool (SlotId::Invalid() too) or free
+  return pool.data(slot);
+}
+
+std::span<const std::byte> AddressSpace::DevicePoolBytes(Rank rank, GroupId group) const {
+  if (!InRange(config_, rank, group)) return {};
+  const SlotPool& pool = state_->at(rank, group).device;
+  const std::byte* base = pool.data(SlotId(0));
+  if (base == nullptr) return {};
+  return {base, std::size_t{pool.capacity()} * pool.slot_bytes()};
 }
 
 MetadataReport AddressSpace::Metadata() const {
@@ -259,7 +291,7 @@ MetadataReport AddressSpace::Metadata() const {
   m.device_owner = owner / cap;
   m.policy = policy / cap;
   m.free_bitmaps = bitmaps / cap;
-  m.request_lists = static_cast<double>(sizeof(LogicalAddr)) / config_.num_groups;
+  m.request_lists = static_cast<double>(sizeof(LogicalAddr) + sizeof(std::uint32_t)) / config_.num_groups;
   return m;
 }
 
@@ -277,12 +309,18 @@ Status AddressSpace::CheckInvariants() const {
         return fail(fmt::format("address {} is held twice", a.value()));
       }
       rank_of[a.value()] = req.rank.value();
+      if (a.value() >= st.owner.size() || st.owner[a.value()] != req.tag || req.tag == 0) {
+        return fail(fmt::format("address {} of request {} has another owner in the owner map", a.value(), id.value()));
+      }
       ++listed;
     }
   }
   if (listed != st.live) return fail(fmt::format("{} listed addresses but live = {}", listed, st.live));
   if (listed + st.free_addrs.size() != n) {
     return fail(fmt::format("{} live + {} free addresses != {} handed out", listed, st.free_addrs.size(), n));
+  }
+  for (LogicalAddr a : st.free_addrs) {
+    if (st.owner[a.value()] != 0) return fail(fmt::format("free address {} still has an owner", a.value()));
   }
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
     const LocationTable& table = st.tables[g];

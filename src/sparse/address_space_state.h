@@ -24,6 +24,7 @@ struct GroupPools {
 struct RequestState {
   Rank rank;
   std::vector<LogicalAddr> addrs;  // [tokens] in allocation order
+  std::uint32_t tag = 0;           // its owner tag (non-zero, unique among live requests)
 };
 
 struct AddressSpace::State {
@@ -33,6 +34,8 @@ struct AddressSpace::State {
   std::vector<std::vector<GroupPools>> pools;  // [num_ranks][num_groups]
   std::vector<LocationTable> tables;           // [num_groups]
   std::unordered_map<RequestId, RequestState> requests;
+  std::vector<std::uint32_t> owner;    // [next_addr] tag of the request holding each address, 0 when free
+  std::uint32_t next_tag = 1;          // the next request's tag (renumbered on wrap)
   std::deque<LogicalAddr> free_addrs;  // FIFO: a freed address is reused as late as possible
   std::uint32_t next_addr = 0;         // addresses [0, next_addr) have been handed out once
   std::uint64_t live = 0;

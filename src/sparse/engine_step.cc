@@ -27,6 +27,7 @@ struct EngineStepPlanner::Scratch {
   std::uint32_t epoch = 0;
   std::vector<LogicalAddr> missed;        // [max selections]
   std::vector<SlotId> hit_slots;          // [max selections]
+  std::vector<std::uint32_t> row_tag;     // [max batch] owner tag of each row's request
   std::vector<SlotId> target_slots;       // [max descriptors]
   std::vector<CopyDescriptor> library_descs;   // [max descriptors] Step's own plan
   std::vector<std::uint8_t> library_status;    // [max descriptors] all 0
@@ -71,6 +72,7 @@ Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpac
   auto s = std::make_unique<Scratch>();
   s->max_descriptors = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_sel, cfg.device_slots_per_group()));
   s->seen_epoch.assign(max_addrs, 0);
+  s->row_tag.assign(config.max_batch, 0);
   s->slot_of.assign(max_addrs, kPadIndex);
   s->missed.reserve(max_sel);
   s->hit_slots.reserve(max_sel);
@@ -86,6 +88,7 @@ std::uint32_t EngineStepPlanner::max_descriptors() const { return scratch_->max_
 bool EngineStepPlanner::has_pending() const { return scratch_->pending; }
 
 Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const StepShape& shape,
+                                            std::span<const RequestId> requests,
                                             std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
                                             std::span<CopyDescriptor> out_descriptors) {
   Scratch& s = *scratch_;
@@ -111,6 +114,14 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
                      fmt::format("shape [{}][{}][{}] needs {} selections and indices, got {} and {}", shape.batch,
                                  shape.q_len, shape.top_k, shape.size(), selections.size(), indices.size()));
   }
+  if (requests.size() != shape.batch) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("{} requests for a batch of {} rows", requests.size(), shape.batch));
+  }
+  // The owner tag of each row's request (the isolation check, selection_run.h), looked up
+  // at the row's first selection: a row of padding only names no request.
+  std::fill(s.row_tag.begin(), s.row_tag.begin() + shape.batch, 0u);  // 0: not looked up (tags are non-zero)
+  const std::uint64_t row_len = std::uint64_t{shape.q_len} * shape.top_k;
   const LocationTable& table = st.tables[group.value()];
   GroupPools& gp = st.at(rank, group);
 
@@ -133,6 +144,21 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
     if (loc.is_none()) {
       return MakeError(ErrorCode::kNotFound,
                        fmt::format("selection {}: logical address {} is not live (freed or never allocated)", i, v));
+    }
+    const std::size_t row = i / row_len;
+    if (s.row_tag[row] == 0) {
+      auto req = st.requests.find(requests[row]);
+      if (req == st.requests.end()) {
+        return MakeError(ErrorCode::kNotFound, fmt::format("row {}: request {} is unknown or freed (a stale batch?): "
+                                                           "refused", row, requests[row].value()));
+      }
+      s.row_tag[row] = req->second.tag;
+    }
+    if (st.owner[a.value()] != s.row_tag[row]) {
+      return MakeError(ErrorCode::kNotFound,
+                       fmt::format("selection {}: address {} is not live for request {} of row {} (freed and reused, "
+                                   "or another request's): refused",
+                                   i, v, requests[row].value(), row));
     }
     if (loc.rank() != rank) {
       return MakeError(ErrorCode::kInvalidArgument, fmt::format("selection {}: address {} lives on rank {}, not rank {}",
@@ -268,9 +294,10 @@ Result<CompleteReport> EngineStepPlanner::Complete(std::uint64_t fence, std::spa
 }
 
 Result<StepStats> EngineStepPlanner::Step(Rank rank, GroupId group, const StepShape& shape,
+                                          std::span<const RequestId> requests,
                                           std::span<const std::int32_t> selections, std::span<std::int32_t> indices) {
   Scratch& s = *scratch_;
-  auto planned = Plan(rank, group, shape, selections, indices, s.library_descs);
+  auto planned = Plan(rank, group, shape, requests, selections, indices, s.library_descs);
   if (!planned) return std::unexpected(planned.error());
   const std::uint32_t n = planned->num_descriptors;
   if (n > 0) {

@@ -1,7 +1,8 @@
 // PoolArenas: the arenas an address space created on its backend, owned for its lifetime.
 // MakePool creates one arena and a SlotPool over it; the destructor waits for every copy
 // in flight and destroys the arenas, so a partly built address space (Create failing
-// halfway) and a finished one clean up the same way.
+// halfway) and a finished one clean up the same way. It is the space's holder of the
+// backend (Backend::AddHolder): the backend refuses to be destroyed while it lives.
 // Thread-safety: none; owned by one address space.
 #pragma once
 
@@ -14,10 +15,11 @@ namespace ula {
 
 class PoolArenas {
  public:
-  explicit PoolArenas(Backend& backend) : backend_(backend) {}
+  explicit PoolArenas(Backend& backend) : backend_(backend) { backend_.AddHolder(); }
   ~PoolArenas() {
     backend_.WaitAll();
     for (ArenaId id : ids_) (void)backend_.DestroyArena(id);
+    backend_.RemoveHolder();
   }
   PoolArenas(const PoolArenas&) = delete;
   PoolArenas& operator=(const PoolArenas&) = delete;

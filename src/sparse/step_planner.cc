@@ -22,6 +22,19 @@ StepStats& StepStats::operator+=(const StepStats& o) {
 
 StepPlanner::StepPlanner(AddressSpace& space) : space_(space) {}
 
+namespace {
+// The error path of the isolation check: names both requests (a scan of the requests).
+std::string StaleSelectionMessage(const AddressSpace::State& st, std::size_t i, LogicalAddr a, std::uint32_t tag) {
+  std::uint64_t holder = 0, wanted = 0;
+  for (const auto& [id, req] : st.requests) {
+    if (req.tag == st.owner[a.value()]) holder = id.value();
+    if (req.tag == tag) wanted = id.value();
+  }
+  return fmt::format("selection {}: logical address {} belongs to request {}, not to request {} (a stale address, "
+                     "freed and reused?): refused", i, a.value(), holder, wanted);
+}
+}  // namespace
+
 Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> out_slots) {
   AddressSpace::State& st = *space_.state_;
   const AddressSpaceConfig& cfg = space_.config();
@@ -47,12 +60,31 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   distinct_.clear();
   missed_.clear();
   hit_slots_.clear();
+  ULA_RETURN_IF_ERROR(CheckSelectionRuns(input.runs, input.selections.size()));
+  std::size_t next_run = 0, run_end = 0;
+  std::uint32_t tag = 0;  // the owner tag of selection i's run's request
   for (std::size_t i = 0; i < input.selections.size(); ++i) {
+    while (i == run_end) {  // skips runs of count 0; the runs cover every selection
+      const SelectionRun& run = input.runs[next_run++];
+      run_end += run.count;
+      if (run.count == 0) continue;
+      auto req = st.requests.find(run.request);
+      if (req == st.requests.end()) {
+        return MakeError(ErrorCode::kNotFound,
+                         fmt::format("selection {}: request {} of its run is unknown or freed (a stale selection?): "
+                                     "refused", i, run.request.value()));
+      }
+      tag = req->second.tag;
+    }
     const LogicalAddr a = input.selections[i];
     const Location loc = table.Get(a);
     if (loc.is_none()) {
       return MakeError(ErrorCode::kNotFound,
-                       fmt::format("selection {}: logical address {} is not live", i, a.value()));
+                       fmt::format("selection {}: logical address {} is not live (freed, or never allocated)", i,
+                                   a.value()));
+    }
+    if (st.owner[a.value()] != tag) {
+      return MakeError(ErrorCode::kNotFound, StaleSelectionMessage(st, i, a, tag));
     }
     if (loc.rank() != input.rank) {
       return MakeError(ErrorCode::kInvalidArgument,
@@ -74,9 +106,13 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   if (missed_.size() > gp.device.num_free() + evictable) {
     return MakeError(ErrorCode::kResourceExhausted,
                      fmt::format("step needs {} distinct entries on device ({} missing) but only {} free and {} "
-                                 "evictable slots remain of {} in rank {} group {}",
+                                 "evictable slots remain of {} in rank {} group {}: {} entries are used in this "
+                                 "round (allocated or selected since the last AdvanceRound(), this step's hits "
+                                 "included) and cannot be evicted: call AdvanceRound() after the round's "
+                                 "attention, or select fewer entries per round",
                                  distinct_.size(), missed_.size(), gp.device.num_free(), evictable,
-                                 gp.device.capacity(), input.rank.value(), input.group.value()));
+                                 gp.device.capacity(), input.rank.value(), input.group.value(),
+                                 gp.device.num_used() - evictable));
   }
 
   // 4. Device slots for the misses: free slots first, then victims.

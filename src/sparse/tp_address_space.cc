@@ -124,7 +124,16 @@ Status TpAddressSpace::AddRequest(RequestId request) {
   if (state_->requests.contains(request)) {
     return MakeError(ErrorCode::kAlreadyExists, fmt::format("request {} already exists", request.value()));
   }
-  state_->requests.emplace(request, std::vector<LogicalAddr>{});
+  State& st = *state_;
+  if (st.next_tag == 0) {  // 2^32 - 1 requests so far: renumber the live ones 1..n
+    st.next_tag = 1;
+    for (auto& [id, addrs] : st.requests) {
+      const std::uint32_t tag = st.tags[id] = st.next_tag++;
+      for (LogicalAddr a : addrs) st.owner[a.value()] = tag;
+    }
+  }
+  st.requests.emplace(request, std::vector<LogicalAddr>{});
+  st.tags[request] = st.next_tag++;
   return Ok();
 }
 
@@ -154,6 +163,7 @@ Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std
     cursor = (cursor + 1) % p;
   }
   // Mutate.
+  const std::uint32_t tag = st.tags.at(request);
   st.cursor = cursor;
   std::vector<LogicalAddr> out(n_tokens);
   for (std::uint32_t i = 0; i < n_tokens; ++i) {
@@ -166,8 +176,12 @@ Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std
       a = LogicalAddr(st.minted[r]++ * p + r);
     }
     out[i] = a;
-    if (st.live.size() <= a.value()) st.live.resize(std::max<std::size_t>(a.value() + 1, st.live.size() * 2), 0);
+    if (st.live.size() <= a.value()) {
+      st.live.resize(std::max<std::size_t>(a.value() + 1, st.live.size() * 2), 0);
+      st.owner.resize(st.live.size(), 0);
+    }
     st.live[a.value()] = 1;
+    st.owner[a.value()] = tag;
     ++st.homed[r];
     if (st.shards[r].empty()) continue;  // homed on a rank another process hosts
     for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
@@ -218,10 +232,12 @@ Status TpAddressSpace::Free(RequestId request) {
       }
     }
     st.live[a.value()] = 0;
+    st.owner[a.value()] = 0;
     --st.homed[r];
     st.free_addrs[r].push_back(a);
   }
   st.num_live -= it->second.size();
+  st.tags.erase(request);
   st.requests.erase(it);
   ULA_EXPENSIVE_CHECK(*this);
   return Ok();
@@ -301,11 +317,11 @@ Result<std::optional<SlotId>> TpAddressSpace::BufferSlot(Rank rank, LogicalAddr 
 }
 
 const std::byte* TpAddressSpace::RefData(Rank rank, GroupId group, TpReadRef ref) const {
-  if (group.value() >= config_.num_groups || !Hosts(rank)) return nullptr;
-  if (ref.source == TpReadRef::Source::kElsewhere) return nullptr;
+  if (group.value() >= config_.num_groups || !Hosts(rank) || ref.reader != rank) return nullptr;
+  if (ref.source != TpReadRef::Source::kShard && ref.source != TpReadRef::Source::kBuffer) return nullptr;
   const TpGroupShard& sh = state_->at(rank, group);
   const SlotPool& pool = ref.source == TpReadRef::Source::kShard ? sh.device : sh.buffer;
-  if (ref.slot.value() >= pool.capacity()) return nullptr;
+  if (!pool.IsAllocated(ref.slot)) return nullptr;  // past the pool (SlotId::Invalid() too) or free
   return pool.data(ref.slot);
 }
 
@@ -350,6 +366,7 @@ std::uint32_t TpAddressSpace::NumBuffered(Rank rank, GroupId group) const {
 }
 
 TpShardMemory TpAddressSpace::ShardMemory(Rank rank, GroupId group) const {
+  if (!Hosts(rank) || group.value() >= config_.num_groups) return {};
   const TpGroupShard& sh = state_->at(rank, group);
   return TpShardMemory{sh.home.data(), static_cast<std::uint32_t>(sh.home.size()), sh.device.arena(), sh.host.arena()};
 }
@@ -366,6 +383,7 @@ Status TpAddressSpace::CheckInvariants() const {
     for (LogicalAddr a : addrs) {
       if (!st.IsLive(a)) return fail(fmt::format("request {} holds address {} that is not live", id.value(), a.value()));
       if (listed[a.value()]++) return fail(fmt::format("address {} is held twice", a.value()));
+      if (st.owner[a.value()] != st.tags.at(id)) return fail(fmt::format("address {} of request {} has another owner", a.value(), id.value()));
       ++homed[a.value() % p];
       ++n_listed;
     }
@@ -383,6 +401,7 @@ Status TpAddressSpace::CheckInvariants() const {
   }
   for (std::size_t a = 0; a < st.live.size(); ++a) {
     if (st.live[a] && !listed[a]) return fail(fmt::format("live address {} is in no request", a));
+    if (!st.live[a] && st.owner[a] != 0) return fail(fmt::format("dead address {} has an owner", a));
   }
   // Hosted shards and buffers.
   for (Rank rank : hosted_) {

@@ -21,20 +21,21 @@ TpPrefetcher::TpPrefetcher(TpAddressSpace& space, TpPlannerOptions options)
     : space_(space), planner_(space, nullptr, options) {}
 
 Result<TpPipelineStats> TpPrefetcher::RunStep(std::span<const std::vector<LogicalAddr>> selections,
-                                              const Compute& compute, bool prefetch) {
+                                              std::span<const std::vector<SelectionRun>> runs, const Compute& compute,
+                                              bool prefetch) {
   using Clock = std::chrono::steady_clock;
   const std::uint32_t groups = space_.config().num_groups;
-  if (selections.size() != groups) {
-    return MakeError(ErrorCode::kInvalidArgument,
-                     fmt::format("{} selection lists for {} layer groups", selections.size(), groups));
+  if (selections.size() != groups || runs.size() != groups) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("{} selection lists and {} run lists for {} layer groups",
+                                                              selections.size(), runs.size(), groups));
   }
   struct Timed {
     Result<TpStepPlan> plan;
     double seconds;
   };
-  auto step = [this, &selections](std::uint32_t g) -> Timed {
+  auto step = [this, &selections, &runs](std::uint32_t g) -> Timed {
     const auto t0 = Clock::now();
-    auto plan = planner_.Step(GroupId(static_cast<std::uint16_t>(g)), selections[g]);
+    auto plan = planner_.Step(GroupId(static_cast<std::uint16_t>(g)), selections[g], runs[g]);
     return Timed{std::move(plan), std::chrono::duration<double>(Clock::now() - t0).count()};
   };
   TpPipelineStats stats;

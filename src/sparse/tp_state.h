@@ -48,6 +48,9 @@ struct TpAddressSpace::State {
   std::vector<std::uint32_t> minted;                // [P] addresses r, r+P, ... handed out once
   std::vector<std::uint32_t> homed;                 // [P] live addresses per home rank
   std::vector<std::uint8_t> live;                   // [max address + 1] 1 = live
+  std::unordered_map<RequestId, std::uint32_t> tags;  // request -> owner tag (non-zero, unique among live)
+  std::vector<std::uint32_t> owner;                 // [live.size()] tag of a live address's request, else 0
+  std::uint32_t next_tag = 1;                       // the next request's tag (renumbered on wrap)
   std::uint32_t cursor = 0;                         // next rank to receive a token
   std::uint64_t num_live = 0;
 

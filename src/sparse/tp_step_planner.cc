@@ -119,7 +119,8 @@ void HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork
 
 }  // namespace
 
-Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAddr> selections) {
+Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAddr> selections,
+                                       std::span<const SelectionRun> runs) {
   TpAddressSpace::State& st = *space_.state_;
   const TpConfig& cfg = space_.config();
   const std::uint32_t p = cfg.num_ranks;
@@ -132,6 +133,13 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   if (fabric_ != nullptr && (space_.hosted_ranks().size() != 1 || space_.hosted_ranks()[0] != fabric_->local_rank())) {
     return MakeError(ErrorCode::kFailedPrecondition, "with a fabric the space must host exactly the fabric's local rank");
   }
+  if (fabric_ == nullptr && space_.hosted_ranks().size() != p) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("the space hosts {} of {} ranks but the planner has no fabric: construct the "
+                                 "TpStepPlanner with the TpFabric that reaches the other ranks (MakeMpiFabric), "
+                                 "or create the space for every rank", space_.hosted_ranks().size(), p));
+  }
+  ULA_RETURN_IF_ERROR(CheckSelectionRuns(runs, selections.size()));
   // 0. Validate and dedup.
   if (sc.seen_epoch.size() < st.live.size()) sc.seen_epoch.resize(st.live.size(), 0);
   if (++sc.epoch == 0) {
@@ -139,10 +147,36 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
     sc.epoch = 1;
   }
   sc.distinct.clear();
+  std::size_t next_run = 0, run_end = 0;
+  std::uint32_t tag = 0;  // the owner tag of selection i's run's request
   for (std::size_t i = 0; i < selections.size(); ++i) {
+    while (i == run_end) {  // skips runs of count 0; the runs cover every selection
+      const SelectionRun& run = runs[next_run++];
+      run_end += run.count;
+      if (run.count == 0) continue;
+      auto req = st.tags.find(run.request);
+      if (req == st.tags.end()) {
+        return MakeError(ErrorCode::kNotFound,
+                         fmt::format("selection {}: request {} of its run is unknown or freed (a stale selection?): "
+                                     "refused", i, run.request.value()));
+      }
+      tag = req->second;
+    }
     const LogicalAddr a = selections[i];
     if (!st.IsLive(a)) {
-      return MakeError(ErrorCode::kNotFound, fmt::format("selection {}: logical address {} is not live", i, a.value()));
+      return MakeError(ErrorCode::kNotFound,
+                       fmt::format("selection {}: logical address {} is not live (freed, or never allocated)", i,
+                                   a.value()));
+    }
+    if (st.owner[a.value()] != tag) {
+      std::uint64_t holder = 0, wanted = 0;  // the error path: name both requests
+      for (const auto& [id, t] : st.tags) {
+        if (t == st.owner[a.value()]) holder = id.value();
+        if (t == tag) wanted = id.value();
+      }
+      return MakeError(ErrorCode::kNotFound,
+                       fmt::format("selection {}: logical address {} belongs to request {}, not to request {} "
+                                   "(a stale address, freed and reused?): refused", i, a.value(), holder, wanted));
     }
     if (sc.seen_epoch[a.value()] == sc.epoch) continue;
     sc.seen_epoch[a.value()] = sc.epoch;
@@ -190,14 +224,20 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
     if (local && w.home_missed.size() > home_room) {
       local = MakeError(ErrorCode::kResourceExhausted,
                         fmt::format("rank {} group {}: {} of its own entries must come to device but only {} device "
-                                    "slots are free or evictable", w.rank.value(), group.value(),
-                                    w.home_missed.size(), home_room));
+                                    "slots are free or evictable: {} entries are used in this round (allocated or "
+                                    "selected since the last AdvanceRound(), this step's hits included) and cannot "
+                                    "be evicted: call AdvanceRound() after the round's attention, or select fewer "
+                                    "entries per round", w.rank.value(), group.value(), w.home_missed.size(),
+                                    home_room, sh.device.num_used() + sh.device.num_free() - home_room));
     }
     if (local && w.remote_missed.size() > buffer_room) {
       local = MakeError(ErrorCode::kResourceExhausted,
                         fmt::format("rank {} group {}: {} remote entries must be fetched but only {} local-buffer "
-                                    "slots are free or evictable", w.rank.value(), group.value(),
-                                    w.remote_missed.size(), buffer_room));
+                                    "slots are free or evictable: {} copies are used in this round and cannot be "
+                                    "evicted: call AdvanceRound() after the round's attention, give the local "
+                                    "buffer more bytes, or use TpAttention::kAtHome", w.rank.value(), group.value(),
+                                    w.remote_missed.size(), buffer_room,
+                                    sh.buffer.num_used() + sh.buffer.num_free() - buffer_room));
     }
   }
   const bool all_ok = fabric_ ? fabric_->AllTrue(local.has_value()) : local.has_value();
@@ -301,11 +341,11 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
     for (std::size_t j = 0; j < selections.size(); ++j) {
       const LogicalAddr a = selections[j];
       if (a.value() % p == w.rank.value()) {
-        refs[j] = TpReadRef{TpReadRef::Source::kShard, sh.home[a.value() / p].slot()};
+        refs[j] = TpReadRef{TpReadRef::Source::kShard, sh.home[a.value() / p].slot(), w.rank};
       } else if (at_home) {
-        refs[j] = TpReadRef{TpReadRef::Source::kElsewhere, SlotId::Invalid()};
+        refs[j] = TpReadRef{TpReadRef::Source::kElsewhere, SlotId::Invalid(), w.rank};
       } else {
-        refs[j] = TpReadRef{TpReadRef::Source::kBuffer, sh.buffered.at(a.value())};
+        refs[j] = TpReadRef{TpReadRef::Source::kBuffer, sh.buffered.at(a.value()), w.rank};
       }
     }
     plan.stats[h] = w.stats;

@@ -124,6 +124,7 @@ Result<AttentionCheckReport> RunAttentionCheck(AddressSpace& space, const Attent
   StepPlanner planner(space);
   const std::uint32_t queries = 1 + options.draft_tokens;
   std::vector<LogicalAddr> sel;
+  std::vector<SelectionRun> sel_runs;
   std::vector<SlotId> slots;
   std::vector<std::pair<std::uint32_t, std::size_t>> spans;  // (request, offset into sel) per query
   std::vector<const std::byte*> via_slots, via_dense;
@@ -136,16 +137,19 @@ Result<AttentionCheckReport> RunAttentionCheck(AddressSpace& space, const Attent
         const GroupId gid(static_cast<std::uint16_t>(g));
         for (std::uint32_t rank = 0; rank < sc.num_ranks; ++rank) {
           sel.clear();
+          sel_runs.clear();
           spans.clear();
           for (std::uint32_t i = rank; i < reqs.size(); i += sc.num_ranks) {
+            const std::size_t first = sel.size();
             for (const auto& q : indexers[g]->Selections(i)) {
               spans.emplace_back(i, sel.size());
               for (std::uint32_t p : q) sel.push_back(reqs[i].addrs.at(p));
             }
+            sel_runs.push_back(SelectionRun{reqs[i].id, static_cast<std::uint32_t>(sel.size() - first)});
           }
           if (sel.empty()) continue;
           slots.assign(sel.size(), SlotId());
-          auto stats = planner.Step({Rank(static_cast<std::uint16_t>(rank)), gid, sel}, slots);
+          auto stats = planner.Step({Rank(static_cast<std::uint16_t>(rank)), gid, sel, sel_runs}, slots);
           if (!stats) return std::unexpected(stats.error());
           report.planner += *stats;
           ++report.planner_calls;

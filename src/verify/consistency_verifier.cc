@@ -53,14 +53,14 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   Status Write(LogicalAddr a, GroupId g, std::span<const std::byte> bytes) { return space_->Write(a, g, bytes); }
   Status Free(RequestId id) { return space_->Free(id); }
   bool KeepInSelection(LogicalAddr) { return true; }
-  bool IsLive(LogicalAddr a) { return space_->IsLive(a); }
   bool Readable(LogicalAddr) { return true; }
   Status Read(LogicalAddr a, GroupId g, std::span<std::byte> out) { return space_->Read(a, g, out); }
   Status CheckSpaceInvariants() { return space_->CheckInvariants(); }
   auto StepWithFreedAddress(const Request& r, LogicalAddr freed) {
     std::vector<LogicalAddr> sel{freed};
+    std::vector<SelectionRun> runs{{r.id, 1}};
     std::vector<SlotId> out(1);
-    return planner_.Step(StepInput{r.rank, GroupId(0), sel}, out);
+    return planner_.Step(StepInput{r.rank, GroupId(0), sel, runs}, out);
   }
   // A fingerprint of the placement: every live entry's location and the pools' occupancy.
   // Bytes are checked against the shadow instead (BytesMatchShadow).
@@ -91,16 +91,20 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
     }
     if (batch.empty()) return;
     std::vector<LogicalAddr> selections;
+    std::vector<SelectionRun> runs;
     std::vector<SlotId> slots;
     std::vector<std::byte> buf(cfg_.entry_bytes);
     for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
       selections.clear();
+      runs.clear();
       for (Request* r : batch) {
+        const std::size_t first = selections.size();
         for (std::uint32_t q = 0; q < cfg_.queries_per_request; ++q) Select(*r, g * cfg_.queries_per_request + q, selections);
+        runs.push_back(SelectionRun{r->id, static_cast<std::uint32_t>(selections.size() - first)});
       }
       slots.assign(selections.size(), SlotId());
       const std::uint64_t before = Fingerprint();
-      auto stats = planner_.Step(StepInput{rank, GroupId(g), selections}, slots);
+      auto stats = planner_.Step(StepInput{rank, GroupId(g), selections, runs}, slots);
       if (!stats) {
         if (stats.error().code() != ErrorCode::kResourceExhausted) {
           Fail(report_.invariant_failures, "step: " + stats.error().ToString());
@@ -165,9 +169,10 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
         break;
       case 3: {
         std::vector<LogicalAddr> sel{unknown};
+        std::vector<SelectionRun> runs{{requests_.front().id, 1}};
         std::vector<SlotId> out(1);
         ExpectRefused("step with an unknown address", ErrorCode::kNotFound,
-                      [&] { return planner_.Step(StepInput{Rank(0), GroupId(0), sel}, out); });
+                      [&] { return planner_.Step(StepInput{Rank(0), GroupId(0), sel, runs}, out); });
         break;
       }
       case 4:

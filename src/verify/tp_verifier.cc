@@ -85,13 +85,13 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   Status Write(LogicalAddr a, GroupId g, std::span<const std::byte> bytes) { return space_->Write(a, g, bytes); }
   Status Free(RequestId id) { return space_->Free(id); }
   bool KeepInSelection(LogicalAddr a) { return space_->IsLive(a); }
-  bool IsLive(LogicalAddr a) { return space_->IsLive(a); }
   bool Readable(LogicalAddr a) { return HomeHosted(a); }  // this process's shards only
   Status Read(LogicalAddr a, GroupId g, std::span<std::byte> out) { return space_->Read(a, g, out); }
   Status CheckSpaceInvariants() { return space_->CheckInvariants(); }
-  auto StepWithFreedAddress(const Request&, LogicalAddr freed) {
+  auto StepWithFreedAddress(const Request& r, LogicalAddr freed) {
     std::vector<LogicalAddr> sel{freed};
-    return planner_.Step(GroupId(0), sel);
+    std::vector<SelectionRun> runs{{r.id, 1}};
+    return planner_.Step(GroupId(0), sel, runs);
   }
 
   bool HomeHosted(LogicalAddr a) const { return space_->Hosts(space_->HomeOf(a)); }
@@ -248,20 +248,23 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
     for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
       const GroupId gid(static_cast<std::uint16_t>(g));
       std::vector<LogicalAddr> sel[2];
+      std::vector<SelectionRun> runs[2];
       std::vector<std::size_t> bounds[2];
       std::optional<TpStepPlan> plans[2];
       for (int b = 0; b < 2; ++b) {
         if (batch[b].empty()) continue;
         bounds[b].push_back(0);
         for (Request* r : batch[b]) {
+          const std::size_t first = sel[b].size();
           for (std::uint32_t q = 0; q < cfg_.queries_per_request; ++q) {
             Select(*r, g * cfg_.queries_per_request + q, sel[b]);
             bounds[b].push_back(sel[b].size());
           }
+          runs[b].push_back(SelectionRun{r->id, static_cast<std::uint32_t>(sel[b].size() - first)});
         }
         // Equal-length per-query selections (for the attention record): only full-k requests.
         const std::uint64_t before = Fingerprint();
-        auto plan = planner_.Step(gid, sel[b]);
+        auto plan = planner_.Step(gid, sel[b], runs[b]);
         if (!plan) {
           const auto code = plan.error().code();
           if (code != ErrorCode::kResourceExhausted && code != ErrorCode::kFailedPrecondition) {
@@ -314,7 +317,9 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
         break;
       case 3: {
         std::vector<LogicalAddr> sel{unknown};
-        ExpectRefused("step with an unknown address", ErrorCode::kNotFound, [&] { return planner_.Step(GroupId(0), sel); });
+        std::vector<SelectionRun> runs{{front.id, 1}};
+        ExpectRefused("step with an unknown address", ErrorCode::kNotFound,
+                      [&] { return planner_.Step(GroupId(0), sel, runs); });
         break;
       }
       case 4:

@@ -24,12 +24,11 @@
 //   Status Write(LogicalAddr, GroupId, std::span<const std::byte>);
 //   Status Free(RequestId);
 //   bool KeepInSelection(LogicalAddr);                   // may a previous selection keep it
-//   bool IsLive(LogicalAddr);
 //   std::uint64_t Fingerprint();                         // placement and occupancy
 //   bool Readable(LogicalAddr);                          // can this process read it (its shards)
 //   Status Read(LogicalAddr, GroupId, std::span<std::byte>);
 //   Status CheckSpaceInvariants();
-//   auto StepWithFreedAddress(const Request&, LogicalAddr);  // a step that must be kNotFound
+//   auto StepWithFreedAddress(const Request&, LogicalAddr);  // r's step naming a freed address: kNotFound
 //   void Step();  void BadInput();
 //
 // Config has seed, ops, num_groups, entry_bytes, top_k, queries_per_request; Report has the
@@ -203,11 +202,10 @@ class VerifierCore {
     CheckInvariants("finish");
     ExpectRefused("double free", ErrorCode::kNotFound, [&] { return self().Free(r.id); });
     if (!r.addrs.empty()) {
+      // Refused whether or not the address is live again for another request (isolation).
       const LogicalAddr freed = r.addrs[rng_() % r.addrs.size()];
-      if (!self().IsLive(freed)) {
-        ExpectRefused("step with a freed address", ErrorCode::kNotFound,
-                      [&] { return self().StepWithFreedAddress(r, freed); });
-      }
+      ExpectRefused("step with a freed address", ErrorCode::kNotFound,
+                    [&] { return self().StepWithFreedAddress(r, freed); });
     }
   }
 

@@ -1,4 +1,9 @@
-# cmake -P script: install, configure the consumer against the installed package, build, run.
+# cmake -P script: install, then configure, build and run against the installed package
+# (as an engine's build would, with no C++ standard set by the consumer: the exported
+# targets require C++23):
+#   1. the tiny consumer of ula::ula (tests/install/consumer);
+#   2. the README's examples (examples/cpp): dp, tp_local_buffer, tp_at_home, and, when
+#      the package has ula::mpi (HAS_MPI), tp_mpi under `MPIRUN -np 2`.
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
   execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -23,4 +28,19 @@ assert ulacache.__file__.startswith(sys.argv[1]), ulacache.__file__
 assert ulacache.DESCRIPTOR_DTYPE.itemsize == 48
 print('ulacache imported from the prefix:', ulacache.__file__[len(sys.argv[1]):])
 " ${WORK_DIR}/prefix)
+endif()
+
+run(${CMAKE_COMMAND} -S ${EXAMPLES_SOURCE_DIR} -B ${WORK_DIR}/examples -DCMAKE_BUILD_TYPE=Release
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/examples)
+foreach(example dp tp_local_buffer tp_at_home)
+  run(${WORK_DIR}/examples/${example})
+endforeach()
+if(HAS_MPI)
+  if(NOT EXISTS ${WORK_DIR}/examples/tp_mpi)
+    message(FATAL_ERROR "the package has ula::mpi but examples/cpp built no tp_mpi")
+  endif()
+  if(MPIRUN)
+    run(${MPIRUN} --allow-run-as-root --oversubscribe -np 2 ${WORK_DIR}/examples/tp_mpi)
+  endif()
 endif()

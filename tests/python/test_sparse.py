@@ -18,6 +18,9 @@ def pattern(addr, group):
     return ((np.arange(ENTRY) + addr * 131 + group * 17) & 0xFF).astype(np.uint8)
 
 
+R1 = np.array([1], np.uint64)  # the request of a one-row batch
+
+
 def filled(n=48, **kw):
     space = make_space(**kw)
     space.add_request(1)
@@ -67,7 +70,7 @@ def test_step_planner_moves_entries_to_device():
     planner = ulacache.StepPlanner(space)
     sel = addrs[30:40].copy()
     out = np.zeros(10, np.uint32)
-    st = planner.step(0, 0, sel, out)
+    st = planner.step(0, 0, sel, out, [(1, len(sel))])  # all ten selections are request 1's
     assert st.misses == 10 and st.distinct == 10
     pool = space.device_pool(0, 0)
     assert pool.shape == (16, ENTRY) and not pool.flags.writeable
@@ -83,7 +86,7 @@ def test_engine_step_library_path_writes_flashmla_indices():
     sel = np.array([[[40, 41, 2, 3], [40, 42, -1, -1]], [[43, 5, 6, -1], [-1, -1, -1, -1]]], np.int32)
     idx = np.full_like(sel, 99)
     for g in range(2):
-        st = planner.step(0, g, sel, idx)
+        st = planner.step(0, g, sel, idx, np.array([1, 1], np.uint64))  # both rows read request 1
         assert st.distinct == 8 and st.misses == 4
         pool = space.device_pool(0, g)
         assert np.array_equal(idx == -1, sel == -1)
@@ -119,7 +122,7 @@ def test_engine_path_plan_execute_complete():
     sel = addrs[20:28].astype(np.int32).reshape(1, 1, 8)
     idx = np.zeros_like(sel)
     desc = np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
-    fence, n, st = planner.plan(0, 0, sel, idx, desc)
+    fence, n, st = planner.plan(0, 0, sel, idx, desc, R1)
     assert n == 8 and st.misses == 8 and planner.has_pending
     assert set(desc[:n]["op"]) == {ulacache.SWAP}  # the device pool is full: every miss swaps
     status = np.full(n, 5, np.uint8)
@@ -141,7 +144,7 @@ def test_failed_descriptor_publishes_nothing():
     idx = np.zeros_like(sel)
     desc = np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
     before = {int(a): space.lookup(int(a), 0) for a in addrs}
-    fence, n, _ = planner.plan(0, 0, sel, idx, desc)
+    fence, n, _ = planner.plan(0, 0, sel, idx, desc, R1)
     status = np.zeros(n, np.uint8)
     ok = np.arange(n) % 2 == 0
     st_ok = np.zeros(int(ok.sum()), np.uint8)
@@ -159,6 +162,8 @@ def test_failed_descriptor_publishes_nothing():
 def test_bad_input_raises_and_changes_nothing():
     space, addrs = filled()
     planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
+    space.add_request(3)  # another live request: good's addresses are not its own
+    space.allocate(3, 2)
     space.add_request(2)
     gone = space.allocate(2, 3)
     space.free(2)
@@ -167,17 +172,21 @@ def test_bad_input_raises_and_changes_nothing():
     good = addrs[40:44].astype(np.int32).reshape(1, 1, 4)
     desc = np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
     cases = [
-        (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, good.astype(np.int64), idx)),       # dtype
-        (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, good.reshape(1, 4), idx)),          # shape
-        (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, good, idx[:, :, :3])),             # size
-        (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, good, idx.astype(np.uint32))),     # out dtype
+        (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, good.astype(np.int64), idx, R1)),       # dtype
+        (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, good.reshape(1, 4), idx, R1)),          # shape
+        (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, good, idx[:, :, :3], R1)),             # size
+        (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, good, idx.astype(np.uint32), R1)),     # out dtype
         (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, np.asfortranarray(np.zeros((1, 2, 2), np.int32)),
-                                                             idx.reshape(1, 2, 2))),               # layout
-        (ulacache.InvalidArgumentError, lambda: planner.plan(0, 0, good, idx, desc[:1])),             # rows
-        (ulacache.InvalidArgumentError, lambda: planner.plan(0, 0, good, idx, np.zeros(8, np.uint8))),  # desc dtype
-        (ulacache.NotFoundError, lambda: planner.step(0, 0, np.array([[[int(gone[0]), 1, 2, 3]]], np.int32), idx)),  # stale
-        (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, np.array([[[-5, 1, 2, 3]]], np.int32), idx)),
-        (ulacache.OutOfRangeError, lambda: planner.step(0, 9, good, idx)),
+                                                             idx.reshape(1, 2, 2), R1)),           # layout
+        (ulacache.InvalidArgumentError, lambda: planner.plan(0, 0, good, idx, desc[:1], R1)),             # rows
+        (ulacache.InvalidArgumentError, lambda: planner.plan(0, 0, good, idx, np.zeros(8, np.uint8), R1)),  # desc dtype
+        (ulacache.NotFoundError, lambda: planner.step(0, 0, np.array([[[int(gone[0]), 1, 2, 3]]], np.int32), idx, R1)),  # stale
+        (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, np.array([[[-5, 1, 2, 3]]], np.int32), idx, R1)),
+        (ulacache.OutOfRangeError, lambda: planner.step(0, 9, good, idx, R1)),
+        (ulacache.NotFoundError, lambda: planner.step(0, 0, good, idx, np.array([3], np.uint64))),  # another request's
+        (ulacache.NotFoundError, lambda: planner.step(0, 0, good, idx, np.array([2], np.uint64))),  # a freed request
+        (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, good, idx, np.array([1, 1], np.uint64))),  # rows
+        (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, good, idx, np.array([1], np.int64))),  # dtype
         (ulacache.NotFoundError, lambda: space.free(2)),                                              # freed request
         (ulacache.NotFoundError, lambda: space.allocate(2, 1)),
         (ulacache.NotFoundError, lambda: space.lookup(int(gone[1]), 0)),
@@ -206,9 +215,9 @@ def test_pending_plan_refuses_another():
     sel = addrs[20:28].astype(np.int32).reshape(1, 1, 8)
     idx = np.zeros_like(sel)
     desc = np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
-    fence, n, _ = planner.plan(0, 0, sel, idx, desc)
+    fence, n, _ = planner.plan(0, 0, sel, idx, desc, R1)
     with pytest.raises(ulacache.FailedPreconditionError):
-        planner.plan(0, 0, sel, idx, desc)
+        planner.plan(0, 0, sel, idx, desc, R1)
     with pytest.raises(ulacache.InvalidArgumentError):
         planner.complete(fence, np.zeros(n - 1, np.uint8))
     assert planner.complete(fence, np.ones(n, np.uint8)) == (0, n)
@@ -230,7 +239,7 @@ def test_register_engine_memory_refuses_bad_arrays():
     sel = addrs[30:38].astype(np.int32).reshape(1, 1, 8)
     idx = np.zeros_like(sel)
     desc = np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
-    fence, n, _ = planner.plan(0, 0, sel, idx, desc)
+    fence, n, _ = planner.plan(0, 0, sel, idx, desc, R1)
     status = np.ones(n, np.uint8)
     planner.execute_on_engine_memory(desc[:n], status)
     assert not status.any()
@@ -246,10 +255,10 @@ def test_equal_dtype_objects_are_accepted_without_copy():
     assert i32 is not np.dtype(np.int32)
     sel = np.array([[[40, 41, 1, -1]]], dtype=i32)
     idx = np.zeros((1, 1, 4), dtype=i32)
-    planner.step(0, 0, sel, idx)
+    planner.step(0, 0, sel, idx, R1)
     assert [space.lookup(int(a), 0)[2] for a in sel.ravel()[:3]] == list(idx.ravel()[:3])  # written in place
     with pytest.raises(ulacache.InvalidArgumentError):  # other byte order: not equivalent
-        planner.step(0, 0, sel.astype(">i4"), idx)
+        planner.step(0, 0, sel.astype(">i4"), idx, R1)
 
 
 def test_two_ranks_each_plan_their_own_entries():
@@ -262,7 +271,7 @@ def test_two_ranks_each_plan_their_own_entries():
     idx = np.zeros((1, 1, 4), np.int32)
     before = snapshot(space, list(a0) + list(a1))
     with pytest.raises(ulacache.InvalidArgumentError, match="rank 1, not rank 0"):
-        planner.step(0, 0, a1[10:14].astype(np.int32).reshape(1, 1, 4), idx)
+        planner.step(0, 0, a1[10:14].astype(np.int32).reshape(1, 1, 4), idx, np.array([2], np.uint64))
     assert snapshot(space, list(a0) + list(a1)) == before
-    planner.step(1, 0, a1[10:14].astype(np.int32).reshape(1, 1, 4), idx)
+    planner.step(1, 0, a1[10:14].astype(np.int32).reshape(1, 1, 4), idx, np.array([2], np.uint64))
     assert [space.lookup(int(a), 0) for a in a1[10:14]] == [("device", 1, int(i)) for i in idx.ravel()]

@@ -29,7 +29,7 @@ def big_space(seed):
 
 
 def plan_and_complete(space, planner, sel, idx, desc, status):
-    fence, n, _ = planner.plan(0, 0, sel, idx, desc)
+    fence, n, _ = planner.plan(0, 0, sel, idx, desc, np.ones(sel.shape[0], np.uint64))  # every row: request 1
     planner.complete(fence, status[:n])
     space.advance_round()
 
@@ -81,7 +81,7 @@ def test_two_threads_plan_on_two_spaces_at_once():
     for space, planner, sels in (a, b):
         space.check_invariants()
         idx = bufs[0][0]
-        planner.step(0, 0, sels[0], idx)  # the last selection reads from device now
+        planner.step(0, 0, sels[0], idx, np.ones(16, np.uint64))  # the last selection reads from device now
         for addr, slot in zip(sels[0].ravel()[:64], idx.ravel()[:64]):
             assert space.lookup(int(addr), 0) == ("device", 0, int(slot))
 

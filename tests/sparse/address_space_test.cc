@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "sparse/space_fixture.h"
+#include "ula/tp_address_space.h"
 
 namespace ula {
 namespace {
@@ -77,6 +78,51 @@ TEST(AddressSpace, BadInputIsRefusedAndChangesNothing) {
 
   EXPECT_EQ(f.Take(), before);
   EXPECT_TRUE(f.space->CheckInvariants());
+}
+
+// Accessors check their arguments: no crash, no pointer into the wrong memory.
+TEST(AddressSpace, AccessorsRefuseOutOfRangeRanksGroupsAndSlots) {
+  SpaceFixture f(SmallConfig(4, 4, /*ranks=*/2, /*groups=*/2));
+  auto a = f.AddFilled(RequestId(1), Rank(0), 2);  // device slots 0 and 1 of rank 0
+  const auto slot = f.space->Lookup(a[0], GroupId(0))->slot();
+  EXPECT_NE(f.space->DeviceSlotData(Rank(0), GroupId(0), slot), nullptr);
+  EXPECT_EQ(f.space->DeviceSlotData(Rank(5), GroupId(0), slot), nullptr);          // rank past the space
+  EXPECT_EQ(f.space->DeviceSlotData(Rank(0), GroupId(2), slot), nullptr);          // group past the space
+  EXPECT_EQ(f.space->DeviceSlotData(Rank(0), GroupId(0), SlotId::Invalid()), nullptr);
+  EXPECT_EQ(f.space->DeviceSlotData(Rank(0), GroupId(0), SlotId(4)), nullptr);     // past the pool
+  EXPECT_EQ(f.space->DeviceSlotData(Rank(0), GroupId(0), SlotId(3)), nullptr);     // a free slot
+  EXPECT_EQ(f.space->NumUsed(Rank(5), GroupId(0), Tier::kDevice), 0u);
+  EXPECT_EQ(f.space->NumFree(Rank(0), GroupId(9), Tier::kHost), 0u);
+  EXPECT_EQ(f.space->Lookup(a[0], GroupId(2)).error().code(), ErrorCode::kOutOfRange);
+  EXPECT_FALSE(f.space->IsLive(LogicalAddr::Invalid()));
+  EXPECT_EQ(f.space->AddRequest(RequestId(2), Rank(2)).error().code(), ErrorCode::kOutOfRange);
+}
+
+// Lifetime: the backend outlives its spaces; destroying it first stops the program with a
+// message that says what to do, instead of leaving the space with dangling arenas.
+TEST(AddressSpaceDeathTest, BackendRefusesDestructionWhileASpaceHoldsArenas) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  EXPECT_DEATH(
+      {
+        auto backend = MakeCpuBackend();
+        auto space = AddressSpace::Create(SmallConfig(4, 4), *backend).value();
+        backend.reset();
+      },
+      "destroy every AddressSpace / TpAddressSpace created on a backend before the backend");
+  EXPECT_DEATH(
+      {
+        auto backend = MakeCountingBackend();
+        TpConfig tp;
+        tp.device_bytes_per_rank = tp.buffer_bytes_per_rank = 1 << 12;
+        auto space = TpAddressSpace::Create(tp, *backend).value();
+        backend.reset();
+      },
+      "still hold arenas");
+  auto backend = MakeCpuBackend();  // the right order: space first, then backend
+  auto space = AddressSpace::Create(SmallConfig(4, 4), *backend).value();
+  EXPECT_EQ(backend->num_holders(), 1u);
+  space.reset();
+  EXPECT_EQ(backend->num_holders(), 0u);
 }
 
 TEST(AddressSpace, ReadsAndWritesAreUnsupportedOnTheCountingBackend) {

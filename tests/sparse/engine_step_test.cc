@@ -122,8 +122,9 @@ TEST(EngineStep, LibraryStepWritesFlashMlaIndices) {
   // [batch 2][q_len 2][top_k 3]: the last query of request 1 has one entry, then padding.
   const std::vector<std::int32_t> sel = {20, 21, 2, 3, 20, 22, 23, 5, 6, 2, -1, -1};
   std::vector<std::int32_t> idx(sel.size(), 12345);
+  const std::vector<RequestId> rows{RequestId(1), RequestId(1)};  // both rows read request 1
   for (std::uint32_t g = 0; g < 2; ++g) {
-    auto stats = planner->Step(Rank(0), GroupId(g), {2, 2, 3}, sel, idx);
+    auto stats = planner->Step(Rank(0), GroupId(g), {2, 2, 3}, rows, sel, idx);
     ASSERT_TRUE(stats) << stats.error().ToString();
     EXPECT_EQ(stats->distinct, 8u);
     EXPECT_GT(stats->misses, 0u);  // 20..23 start on host (8 device slots)
@@ -151,6 +152,7 @@ TEST(EngineStep, FailedDescriptorPublishesNothingAndLosesNoBytes) {
   EngineFixture f(8, 40, {.max_batch = 1, .max_q_len = 1, .max_top_k = 8});
   const auto addrs = f.Add(RequestId(1), 40);
   std::vector<std::int32_t> sel(8), idx(8);
+  const std::vector<RequestId> one{RequestId(1)};
   std::vector<CopyDescriptor> desc(f.planner->max_descriptors());
   std::vector<std::uint8_t> status(desc.size());
   std::uint64_t failures = 0;
@@ -159,7 +161,7 @@ TEST(EngineStep, FailedDescriptorPublishesNothingAndLosesNoBytes) {
     for (std::uint32_t i = 0; i < perm.size(); ++i) perm[i] = i;
     std::shuffle(perm.begin(), perm.end(), rng);
     for (int i = 0; i < 8; ++i) sel[i] = static_cast<std::int32_t>(addrs[perm[i]].value());
-    auto plan = f.planner->Plan(Rank(0), GroupId(0), {1, 1, 8}, sel, idx, desc);
+    auto plan = f.planner->Plan(Rank(0), GroupId(0), {1, 1, 8}, one, sel, idx, desc);
     ASSERT_TRUE(plan) << plan.error().ToString();
     const std::uint32_t n = plan->num_descriptors;
     // Where everything was before the engine ran anything.
@@ -216,7 +218,7 @@ TEST(EngineStep, FailedDescriptorPublishesNothingAndLosesNoBytes) {
     // for the round to end, as an engine retries a failed load in its next step.)
     f.space->AdvanceRound();
     if (n_fail > 0) {
-      auto retry = f.planner->Plan(Rank(0), GroupId(0), {1, 1, 8}, sel, idx, desc);
+      auto retry = f.planner->Plan(Rank(0), GroupId(0), {1, 1, 8}, one, sel, idx, desc);
       ASSERT_TRUE(retry);
       EXPECT_EQ(retry->num_descriptors, n_fail);
       std::vector<std::uint8_t> st(retry->num_descriptors);
@@ -244,13 +246,24 @@ TEST(EngineStep, BadInputChangesNothing) {
     s.push_back(f.space->NumFree(Rank(0), GroupId(0), Tier::kHost));
     return s;
   };
+  const auto other = f.Add(RequestId(3), 2);  // another live request
   const auto before = snapshot();
   std::vector<std::int32_t> idx(4, 77);
   std::vector<CopyDescriptor> desc(f.planner->max_descriptors());
+  std::vector<RequestId> rows{RequestId(1)};
   auto plan = [&](std::vector<std::int32_t> sel, StepShape shape, std::size_t n_desc) {
-    return f.planner->Plan(Rank(0), GroupId(0), shape, sel, std::span(idx).first(shape.size() <= 4 ? shape.size() : 4),
-                           std::span(desc).first(n_desc));
+    return f.planner->Plan(Rank(0), GroupId(0), shape, rows, sel,
+                           std::span(idx).first(shape.size() <= 4 ? shape.size() : 4), std::span(desc).first(n_desc));
   };
+  // Isolation: another request's address, a freed request, a wrong number of rows.
+  EXPECT_EQ(plan({6, 7, 8, static_cast<std::int32_t>(other[0].value())}, {1, 1, 4}, 4).error().code(),
+            ErrorCode::kNotFound);
+  rows = {RequestId(2)};
+  EXPECT_EQ(plan({6, 7, 8, 9}, {1, 1, 4}, 4).error().code(), ErrorCode::kNotFound);
+  rows = {RequestId(1), RequestId(1)};
+  EXPECT_EQ(plan({6, 7, 8, 9}, {1, 1, 4}, 4).error().code(), ErrorCode::kInvalidArgument);
+  rows = {RequestId(1)};
+  EXPECT_EQ(snapshot(), before);
   EXPECT_EQ(plan({6, 7, 8, -2}, {1, 1, 4}, 4).error().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(plan({6, 7, 8, static_cast<std::int32_t>(gone[0].value())}, {1, 1, 4}, 4).error().code(),
             ErrorCode::kNotFound);
@@ -292,6 +305,8 @@ TEST(EngineStep, NoAllocationPerStep) {
   for (std::uint32_t r = 0; r < kBatch; ++r) reqs.push_back(f.Add(RequestId(r), 80));
   // Every buffer the loop uses is sized once, before counting.
   std::vector<std::int32_t> sel(kBatch * kTopK), idx(sel.size());
+  std::vector<RequestId> rows;
+  for (std::uint32_t r = 0; r < kBatch; ++r) rows.push_back(RequestId(r));
   std::vector<CopyDescriptor> desc(f.planner->max_descriptors());
   std::vector<std::uint8_t> status(desc.size());
   std::mt19937 rng(Seed());
@@ -303,11 +318,11 @@ TEST(EngineStep, NoAllocationPerStep) {
       }
     }
     if (library) {
-      auto st = f.planner->Step(Rank(0), GroupId(0), {kBatch, 1, kTopK}, sel, idx);
+      auto st = f.planner->Step(Rank(0), GroupId(0), {kBatch, 1, kTopK}, rows, sel, idx);
       ASSERT_TRUE(st);
       total += *st;
     } else {
-      auto plan = f.planner->Plan(Rank(0), GroupId(0), {kBatch, 1, kTopK}, sel, idx, desc);
+      auto plan = f.planner->Plan(Rank(0), GroupId(0), {kBatch, 1, kTopK}, rows, sel, idx, desc);
       ASSERT_TRUE(plan);
       auto st = std::span(status).first(plan->num_descriptors);
       f.planner->ExecuteOnEngineMemory(std::span(desc).first(plan->num_descriptors), st);
@@ -319,20 +334,24 @@ TEST(EngineStep, NoAllocationPerStep) {
   for (int i = 0; i < 20; ++i) one_step(false);  // warm-up: the policy's lazily sized state
   const std::uint64_t before = g_allocations.load();
   for (int i = 0; i < 200; ++i) one_step(false);
-  if (kCountAllocations) EXPECT_EQ(g_allocations.load() - before, 0u) << "the engine path allocated";
+  if (kCountAllocations) {
+    EXPECT_EQ(g_allocations.load() - before, 0u) << "the engine path allocated";
+  }
   EXPECT_GT(total.misses, 1000u);
   EXPECT_GT(total.evictions, 100u);
   // The library path without misses: the same selection again. One warm-up step: PB-LRU
   // grows its touch scratch to the largest touch seen (52 hits here, more than any step
   // above touched), a high-water mark.
-  ASSERT_TRUE(f.planner->Step(Rank(0), GroupId(0), {kBatch, 1, kTopK}, sel, idx));
+  ASSERT_TRUE(f.planner->Step(Rank(0), GroupId(0), {kBatch, 1, kTopK}, rows, sel, idx));
   const std::uint64_t before_hits = g_allocations.load();
   for (int i = 0; i < 50; ++i) {
-    auto st = f.planner->Step(Rank(0), GroupId(0), {kBatch, 1, kTopK}, sel, idx);
+    auto st = f.planner->Step(Rank(0), GroupId(0), {kBatch, 1, kTopK}, rows, sel, idx);
     ASSERT_TRUE(st);
     ASSERT_EQ(st->misses, 0u);
   }
-  if (kCountAllocations) EXPECT_EQ(g_allocations.load() - before_hits, 0u) << "a step without misses allocated";
+  if (kCountAllocations) {
+    EXPECT_EQ(g_allocations.load() - before_hits, 0u) << "a step without misses allocated";
+  }
   for (std::uint32_t b = 0; b < kBatch; ++b) {
     for (LogicalAddr a : reqs[b]) ASSERT_TRUE(f.EntryIntact(a));
   }

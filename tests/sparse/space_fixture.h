@@ -33,6 +33,11 @@ inline std::vector<std::byte> Pattern(LogicalAddr a, std::uint32_t group, std::u
   return v;
 }
 
+// One run: all n selections of a step belong to `request`.
+inline std::vector<SelectionRun> Runs(RequestId request, std::size_t n) {
+  return {SelectionRun{request, static_cast<std::uint32_t>(n)}};
+}
+
 struct Snapshot {
   std::map<std::tuple<std::uint32_t, std::uint32_t>, std::pair<std::uint64_t, std::vector<std::byte>>> entries;
   std::vector<std::uint32_t> free_counts;

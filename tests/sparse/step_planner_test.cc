@@ -11,6 +11,7 @@ namespace {
 
 using testing::Pattern;
 using testing::SmallConfig;
+using testing::Runs;
 using testing::SpaceFixture;
 
 void ExpectSlotsHoldEntries(const SpaceFixture& f, GroupId g, std::span<const LogicalAddr> sel,
@@ -27,7 +28,7 @@ TEST(StepPlanner, HitsMoveNothingAndKeepSelectionOrderAndDuplicates) {
   auto a = f.AddFilled(RequestId(1), Rank(0), 4);
   std::vector<LogicalAddr> sel{a[3], a[0], a[3], a[2]};
   std::vector<SlotId> slots(sel.size());
-  auto stats = f.planner.Step({Rank(0), GroupId(0), sel}, slots);
+  auto stats = f.planner.Step({Rank(0), GroupId(0), sel, Runs(RequestId(1), sel.size())}, slots);
   ASSERT_TRUE(stats) << stats.error().ToString();
   EXPECT_EQ(stats->distinct, 3u);
   EXPECT_EQ(stats->hits, 3u);
@@ -44,7 +45,7 @@ TEST(StepPlanner, MissesUseFreeSlotsBeforeEvicting) {
   f.space->AdvanceRound();
   std::vector<LogicalAddr> sel{y[1], y[2]};
   std::vector<SlotId> slots(2);
-  auto stats = f.planner.Step({Rank(0), GroupId(0), sel}, slots);
+  auto stats = f.planner.Step({Rank(0), GroupId(0), sel, Runs(RequestId(2), sel.size())}, slots);
   ASSERT_TRUE(stats);
   EXPECT_EQ(stats->misses, 2u);
   EXPECT_EQ(stats->into_free, 2u);
@@ -60,7 +61,7 @@ TEST(StepPlanner, SwapsAVictimWithTheMissedEntryUnderExclusiveTiers) {
   f.space->AdvanceRound();
   std::vector<LogicalAddr> sel{a[0], a[2]};
   std::vector<SlotId> slots(2);
-  auto stats = f.planner.Step({Rank(0), GroupId(0), sel}, slots);
+  auto stats = f.planner.Step({Rank(0), GroupId(0), sel, Runs(RequestId(1), sel.size())}, slots);
   ASSERT_TRUE(stats) << stats.error().ToString();
   EXPECT_EQ(stats->hits, 1u);
   EXPECT_EQ(stats->evictions, 1u);
@@ -79,17 +80,17 @@ TEST(StepPlanner, NeverEvictsAnEntryUsedInTheCurrentRound) {
   f.space->AdvanceRound();
   std::vector<SlotId> slots(2);
   std::vector<LogicalAddr> first{a[0], a[1]};
-  ASSERT_TRUE(f.planner.Step({Rank(0), GroupId(0), first}, slots));
+  ASSERT_TRUE(f.planner.Step({Rank(0), GroupId(0), first, Runs(RequestId(1), first.size())}, slots));
   // Same round: both device slots are in use by this round's attention.
   std::vector<LogicalAddr> second{a[2]};
   std::vector<SlotId> one(1);
   const auto before = f.Take();
-  auto refused = f.planner.Step({Rank(0), GroupId(0), second}, one);
+  auto refused = f.planner.Step({Rank(0), GroupId(0), second, Runs(RequestId(1), second.size())}, one);
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().code(), ErrorCode::kResourceExhausted);
   EXPECT_EQ(f.Take(), before);
   f.space->AdvanceRound();
-  ASSERT_TRUE(f.planner.Step({Rank(0), GroupId(0), second}, one));
+  ASSERT_TRUE(f.planner.Step({Rank(0), GroupId(0), second, Runs(RequestId(1), second.size())}, one));
 }
 
 TEST(StepPlanner, RefusedStepsChangeNothing) {
@@ -101,21 +102,123 @@ TEST(StepPlanner, RefusedStepsChangeNothing) {
   f.space->AdvanceRound();
   const auto before = f.Take();
   std::vector<SlotId> slots(4);
-  auto step = [&](std::vector<LogicalAddr> sel, Rank r = Rank(0), GroupId g = GroupId(0)) {
+  auto step = [&](std::vector<LogicalAddr> sel, Rank r = Rank(0), GroupId g = GroupId(0),
+                  std::vector<SelectionRun> runs = {}) {
     slots.assign(sel.size(), SlotId());
-    return f.planner.Step({r, g, sel}, slots);
+    if (runs.empty()) runs = Runs(RequestId(1), sel.size());
+    return f.planner.Step({r, g, sel, runs}, slots);
   };
   EXPECT_EQ(step({a[0], gone[0]}).error().code(), ErrorCode::kNotFound);             // freed address
   EXPECT_EQ(step({a[0], LogicalAddr(999)}).error().code(), ErrorCode::kNotFound);    // unknown address
-  EXPECT_EQ(step({a[0], other_rank[0]}).error().code(), ErrorCode::kInvalidArgument);  // wrong rank
+  EXPECT_EQ(step({a[0], other_rank[0]}, Rank(0), GroupId(0), {{RequestId(1), 1}, {RequestId(2), 1}}).error().code(),
+            ErrorCode::kInvalidArgument);  // wrong rank
+  EXPECT_EQ(step({a[0], other_rank[0]}).error().code(), ErrorCode::kNotFound);  // another request's address
+  EXPECT_EQ(step({a[0], a[1]}, Rank(0), GroupId(0), {{RequestId(1), 1}}).error().code(),
+            ErrorCode::kInvalidArgument);  // runs cover 1 of 2 selections
+  EXPECT_EQ(step({a[0], a[1]}, Rank(0), GroupId(0), {{RequestId(1), 3}}).error().code(),
+            ErrorCode::kInvalidArgument);  // runs cover 3 of 2 selections
   EXPECT_EQ(step({a[0], a[1], a[2], a[3]}).error().code(), ErrorCode::kResourceExhausted);  // > device
   EXPECT_EQ(step({a[0]}, Rank(2)).error().code(), ErrorCode::kOutOfRange);
   EXPECT_EQ(step({a[0]}, Rank(0), GroupId(2)).error().code(), ErrorCode::kOutOfRange);
   std::vector<LogicalAddr> sel{a[0]};
   std::vector<SlotId> too_small;
-  EXPECT_EQ(f.planner.Step({Rank(0), GroupId(0), sel}, too_small).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(f.planner.Step({Rank(0), GroupId(0), sel, Runs(RequestId(1), sel.size())}, too_small).error().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(f.Take(), before);
   EXPECT_TRUE(f.space->CheckInvariants());
+}
+
+// Isolation: a selection kept from a freed request is refused even after its addresses
+// were handed to another request, and nothing changes; the new owner's selection of the
+// same addresses is accepted.
+TEST(StepPlanner, RefusesAFreedThenReusedAddressWithNothingChanged) {
+  SpaceFixture f(SmallConfig(4, 8));
+  auto old_addrs = f.AddFilled(RequestId(1), Rank(0), 3);
+  std::vector<LogicalAddr> stale{old_addrs[2], old_addrs[0]};  // request 1's selection, kept
+  ASSERT_TRUE(f.space->Free(RequestId(1)));
+  f.requests.clear();
+  auto reused = f.AddFilled(RequestId(2), Rank(0), 3);
+  ASSERT_EQ(reused, old_addrs);  // the freed addresses went to the next request
+  f.space->AdvanceRound();
+  const auto before = f.Take();
+  std::vector<SlotId> slots(stale.size(), SlotId());
+  auto refused = f.planner.Step({Rank(0), GroupId(0), stale, Runs(RequestId(1), stale.size())}, slots);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), ErrorCode::kNotFound);
+  EXPECT_NE(refused.error().message().find("request 1 of its run is unknown or freed"), std::string::npos)
+      << refused.error().ToString();
+  EXPECT_EQ(f.Take(), before);
+  EXPECT_EQ(slots[0], SlotId());  // no slot was handed out
+  // One run of the batch is stale: the whole step is refused.
+  f.AddFilled(RequestId(3), Rank(0), 1);
+  const auto before3 = f.Take();
+  auto mine = f.space->AddressesOf(RequestId(3)).value();
+  std::vector<LogicalAddr> mixed{mine[0], stale[0]};
+  std::vector<SelectionRun> runs{{RequestId(3), 1}, {RequestId(1), 1}};
+  EXPECT_EQ(f.planner.Step({Rank(0), GroupId(0), mixed, runs}, slots).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.Take(), before3);
+  // A live request's run naming another live request's address.
+  auto other = f.planner.Step({Rank(0), GroupId(0), mixed, Runs(RequestId(3), mixed.size())}, slots);
+  ASSERT_FALSE(other);
+  EXPECT_EQ(other.error().code(), ErrorCode::kNotFound);
+  EXPECT_NE(other.error().message().find("belongs to request 2, not to request 3"), std::string::npos)
+      << other.error().ToString();
+  EXPECT_EQ(f.Take(), before3);
+  // The owner's own selection of the same addresses is served, with its bytes.
+  auto ok = f.planner.Step({Rank(0), GroupId(0), stale, Runs(RequestId(2), stale.size())}, slots);
+  ASSERT_TRUE(ok) << ok.error().ToString();
+  ExpectSlotsHoldEntries(f, GroupId(0), stale, slots);
+  // Runs of count 0 are skipped; several runs may name one request.
+  std::vector<SelectionRun> split{{RequestId(2), 0}, {RequestId(2), 1}, {RequestId(9), 0}, {RequestId(2), 1}};
+  EXPECT_TRUE(f.planner.Step({Rank(0), GroupId(0), stale, split}, slots));
+  EXPECT_TRUE(f.space->CheckInvariants());
+}
+
+// The prefill/decode rule: entries allocated in a round are used in that round (its
+// attention reads them) and are not evicted before AdvanceRound(); a round that mixes a
+// prefill chunk and decode steps works while its working set fits the device, and the
+// error says what to do when it does not.
+TEST(StepPlanner, MixedPrefillAndDecodeRoundAndTheErrorThatSaysWhatToDo) {
+  SpaceFixture f(SmallConfig(4, 16));
+  auto b = f.AddFilled(RequestId(2), Rank(0), 4);  // B's prompt fills the device ...
+  f.space->AdvanceRound();                          // ... in its own round
+  // Next round: A's prefill chunk (to host: the device is full) and B's decode step.
+  auto a = f.AddFilled(RequestId(1), Rank(0), 3);
+  EXPECT_EQ(f.space->Lookup(a[0], GroupId(0))->tier(), Tier::kHost);
+  auto b_new = f.Extend(RequestId(2), 1);  // B's decode token, to host
+  std::vector<LogicalAddr> sel{b[0], b_new[0]};
+  std::vector<SlotId> slots(sel.size());
+  ASSERT_TRUE(f.planner.Step({Rank(0), GroupId(0), sel, Runs(RequestId(2), sel.size())}, slots));
+  ExpectSlotsHoldEntries(f, GroupId(0), sel, slots);
+  // A's chunk attention in the same round: 3 misses, 2 evictable slots (b[2], b[3]).
+  std::vector<SlotId> three(3);
+  const auto before = f.Take();
+  auto refused = f.planner.Step({Rank(0), GroupId(0), a, Runs(RequestId(1), a.size())}, three);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(refused.error().message().find("2 entries are used in this round"), std::string::npos)
+      << refused.error().ToString();
+  EXPECT_NE(refused.error().message().find("call AdvanceRound() after the round's attention"), std::string::npos);
+  EXPECT_EQ(f.Take(), before);
+  f.space->AdvanceRound();
+  EXPECT_TRUE(f.planner.Step({Rank(0), GroupId(0), a, Runs(RequestId(1), a.size())}, three));
+  ExpectSlotsHoldEntries(f, GroupId(0), a, three);
+}
+
+TEST(StepPlanner, EntriesAllocatedInARoundAreNotEvictedInThatRound) {
+  SpaceFixture f(SmallConfig(2, 4));
+  auto a = f.AddFilled(RequestId(1), Rank(0), 3);  // a0, a1 on device (this round), a2 on host
+  std::vector<LogicalAddr> sel{a[2]};
+  std::vector<SlotId> one(1);
+  const auto before = f.Take();
+  auto refused = f.planner.Step({Rank(0), GroupId(0), sel, Runs(RequestId(1), 1)}, one);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(refused.error().message().find("2 entries are used in this round"), std::string::npos)
+      << refused.error().ToString();
+  EXPECT_EQ(f.Take(), before);
+  f.space->AdvanceRound();  // the prefill's round is over
+  ASSERT_TRUE(f.planner.Step({Rank(0), GroupId(0), sel, Runs(RequestId(1), 1)}, one));
+  ExpectSlotsHoldEntries(f, GroupId(0), sel, one);
 }
 
 // A backend that records, at the moment each batch is submitted and at the moment the
@@ -163,7 +266,7 @@ TEST(StepPlanner, PublishesNewLocationsOnlyAfterTheCopyCompleted) {
   };
   std::vector<LogicalAddr> sel{a[2], a[3]};
   std::vector<SlotId> slots(2);
-  ASSERT_TRUE(planner.Step({Rank(0), GroupId(0), sel}, slots));
+  ASSERT_TRUE(planner.Step({Rank(0), GroupId(0), sel, Runs(RequestId(1), sel.size())}, slots));
   EXPECT_GE(submits, 1);
   EXPECT_EQ(waits, 1);
   EXPECT_EQ(space->Lookup(a[2], GroupId(0))->tier(), Tier::kDevice);

@@ -49,7 +49,7 @@ TEST(TpAddressSpace, ShardSpillsToHostThenToOtherRanks) {
 TEST(TpAddressSpace, WriteReadRoundTripsAndRewriteDropsBufferCopies) {
   TpFixture f(SmallTpConfig(2, 8, 0, 8, /*groups=*/2));
   auto addrs = f.AddFilled(RequestId(1), 6);
-  ASSERT_TRUE(f.planner.Step(GroupId(1), addrs));
+  ASSERT_TRUE(f.planner.Step(GroupId(1), addrs, testing::TpRuns(RequestId(1), addrs.size())));
   // Rank 0 buffers the addresses homed on rank 1.
   const LogicalAddr remote = addrs[1];
   ASSERT_EQ(remote.value() % 2, 1u);
@@ -66,7 +66,7 @@ TEST(TpAddressSpace, WriteReadRoundTripsAndRewriteDropsBufferCopies) {
 TEST(TpAddressSpace, BadInputIsRefusedAndChangesNothing) {
   TpFixture f(SmallTpConfig(4, 4, 4, 12, 2));
   auto addrs = f.AddFilled(RequestId(1), 12);
-  ASSERT_TRUE(f.planner.Step(GroupId(0), addrs));
+  ASSERT_TRUE(f.planner.Step(GroupId(0), addrs, testing::TpRuns(RequestId(1), addrs.size())));
   const auto before = f.Take();
   std::vector<std::byte> buf(32), wrong(31);
   const LogicalAddr unknown(1000000);
@@ -83,14 +83,14 @@ TEST(TpAddressSpace, BadInputIsRefusedAndChangesNothing) {
   EXPECT_EQ(f.space->BufferSlot(Rank(0), unknown, GroupId(0)).error().code(), ErrorCode::kNotFound);
   EXPECT_EQ(f.space->RefData(Rank(4), GroupId(0), {}), nullptr);
   std::vector<LogicalAddr> bad_sel{addrs[0], unknown};
-  EXPECT_EQ(f.planner.Step(GroupId(0), bad_sel).error().code(), ErrorCode::kNotFound);
-  EXPECT_EQ(f.planner.Step(GroupId(2), addrs).error().code(), ErrorCode::kOutOfRange);
+  EXPECT_EQ(f.planner.Step(GroupId(0), bad_sel, testing::TpRuns(RequestId(1), bad_sel.size())).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.planner.Step(GroupId(2), addrs, testing::TpRuns(RequestId(1), addrs.size())).error().code(), ErrorCode::kOutOfRange);
   EXPECT_EQ(f.Take(), before);
   // Double free, and a freed address in a step.
   ASSERT_TRUE(f.space->Free(RequestId(1)));
   f.requests.clear();
   EXPECT_EQ(f.space->Free(RequestId(1)).error().code(), ErrorCode::kNotFound);
-  EXPECT_EQ(f.planner.Step(GroupId(0), addrs).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(f.planner.Step(GroupId(0), addrs, testing::TpRuns(RequestId(1), addrs.size())).error().code(), ErrorCode::kNotFound);
   EXPECT_EQ(f.space->num_live_addresses(), 0u);
   EXPECT_TRUE(f.space->CheckInvariants());
 }
@@ -134,7 +134,7 @@ TEST(TpAddressSpace, CountingBackendTracksPlacementWithoutBytes) {
   std::vector<std::byte> buf(2624);
   EXPECT_EQ(space->Write(addrs[0], GroupId(0), buf).error().code(), ErrorCode::kUnsupported);
   std::vector<LogicalAddr> sel(addrs.begin(), addrs.begin() + 40);
-  auto plan = planner.Step(GroupId(0), sel).value();
+  auto plan = planner.Step(GroupId(0), sel, testing::TpRuns(RequestId(1), sel.size())).value();
   EXPECT_EQ(plan.Total().remote_fetches, 40u * 7);
   EXPECT_EQ(backend->counters().Bytes(Tier::kDevice, Tier::kDevice, /*cross_rank=*/true), 40u * 7 * 2624);
   EXPECT_TRUE(space->CheckInvariants());

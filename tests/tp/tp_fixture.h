@@ -36,6 +36,11 @@ inline std::vector<std::byte> TpPattern(LogicalAddr a, std::uint32_t group, std:
   return v;
 }
 
+// One run: all n selections of a step belong to `request`.
+inline std::vector<SelectionRun> TpRuns(RequestId request, std::size_t n) {
+  return {SelectionRun{request, static_cast<std::uint32_t>(n)}};
+}
+
 struct TpSnapshot {
   std::map<std::tuple<std::uint32_t, std::uint32_t>, std::pair<std::uint64_t, std::vector<std::byte>>> homes;
   std::map<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>, std::uint32_t> buffered;  // (rank, group, addr) -> slot

@@ -82,7 +82,7 @@ TEST(AttendAtHome, EveryRanksHeadsEqualTheReferenceAndOnlyOwnHeadsAreSent) {
     std::vector<float> queries(n_queries * qv);
     std::uniform_real_distribution<float> v(-1.0f, 1.0f);
     for (float& x : queries) x = v(rng);
-    auto plan = c.f.planner.Step(GroupId(0), sel).value();
+    auto plan = c.f.planner.Step(GroupId(0), sel, testing::TpRuns(RequestId(1), sel.size())).value();
     for (std::uint32_t layer = 0; layer < HomeCase::kLayers; ++layer) {
       auto att = AttendAtHome(*c.f.space, plan, GroupId(0), c.shape, queries, bounds, nullptr,
                               layer * c.shape.entry_bytes());
@@ -120,7 +120,7 @@ TEST(AttendAtHome, EveryRanksHeadsEqualTheReferenceAndOnlyOwnHeadsAreSent) {
 TEST(AttendAtHome, BadInputIsRefused) {
   HomeCase c(4);
   std::vector<LogicalAddr> sel(c.addrs.begin(), c.addrs.begin() + 10);
-  auto plan = c.f.planner.Step(GroupId(0), sel).value();
+  auto plan = c.f.planner.Step(GroupId(0), sel, testing::TpRuns(RequestId(1), sel.size())).value();
   const std::size_t qv = c.shape.query_values();
   std::vector<float> queries(2 * qv, 0.5f);
   const std::vector<std::size_t> bounds{0, 4, 10};
@@ -145,7 +145,7 @@ TEST(AttendAtHome, BadInputIsRefused) {
   // A space with local buffers has no partial attention at home.
   TpFixture buffered(SmallTpConfig(2, 8, 8, 8));
   auto a = buffered.AddFilled(RequestId(1), 8);
-  auto bplan = buffered.planner.Step(GroupId(0), std::span(a).first(4)).value();
+  auto bplan = buffered.planner.Step(GroupId(0), std::span(a).first(4), testing::TpRuns(RequestId(1), 4)).value();
   MlaShape tiny{.num_heads = 1, .kv_lora_rank = 4, .rope_dim = 4, .softmax_scale = 1.0f};
   std::vector<float> q(tiny.query_values(), 0.0f);
   const std::vector<std::size_t> b4{0, 4};

@@ -28,7 +28,8 @@ TEST(TpPrefetcher, PipelinedPlansEqualSerialPlansAndReadTheRightBytes) {
       for (auto& s : sel) {
         for (int i = 0; i < 40; ++i) s.push_back(addrs[rng() % addrs.size()]);
       }
-      auto stats = prefetcher.RunStep(sel, [&](GroupId g, const TpStepPlan& plan) {
+      std::vector<std::vector<SelectionRun>> runs(4, testing::TpRuns(RequestId(1), 40));
+      auto stats = prefetcher.RunStep(sel, runs, [&](GroupId g, const TpStepPlan& plan) {
         f.ExpectPlanReadsPattern(plan, g, sel[g.value()]);
         refs[prefetch].insert(refs[prefetch].end(), plan.refs.begin(), plan.refs.end());
       }, prefetch == 1);
@@ -39,7 +40,12 @@ TEST(TpPrefetcher, PipelinedPlansEqualSerialPlansAndReadTheRightBytes) {
     }
     EXPECT_TRUE(f.space->CheckInvariants());
     std::vector<std::vector<LogicalAddr>> wrong(3);
-    EXPECT_EQ(prefetcher.RunStep(wrong, [](GroupId, const TpStepPlan&) {}).error().code(), ErrorCode::kInvalidArgument);
+    std::vector<std::vector<SelectionRun>> wrong_runs(3);
+    EXPECT_EQ(prefetcher.RunStep(wrong, wrong_runs, [](GroupId, const TpStepPlan&) {}).error().code(),
+              ErrorCode::kInvalidArgument);
+    std::vector<std::vector<LogicalAddr>> empty(4);
+    EXPECT_EQ(prefetcher.RunStep(empty, wrong_runs, [](GroupId, const TpStepPlan&) {}).error().code(),
+              ErrorCode::kInvalidArgument);
   }
   EXPECT_EQ(refs[0], refs[1]);
 }

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "tp/tp_fixture.h"
 
@@ -15,7 +17,7 @@ TEST(TpStepPlanner, ReadsOwnShardAndFetchesRemoteEntriesOnce) {
   auto addrs = f.AddFilled(RequestId(1), 40);
   std::vector<LogicalAddr> sel(addrs.begin(), addrs.begin() + 8);
   sel.push_back(sel[0]);  // a duplicate selection reads the same slot
-  auto plan = f.planner.Step(GroupId(0), sel).value();
+  auto plan = f.planner.Step(GroupId(0), sel, testing::TpRuns(RequestId(1), sel.size())).value();
   ASSERT_EQ(plan.ranks.size(), 4u);
   f.ExpectPlanReadsPattern(plan, GroupId(0), sel);
   for (std::size_t h = 0; h < 4; ++h) {
@@ -26,7 +28,7 @@ TEST(TpStepPlanner, ReadsOwnShardAndFetchesRemoteEntriesOnce) {
     EXPECT_EQ(plan.stats[h].source_batches, 3u);  // one batch per other rank
   }
   f.space->AdvanceRound();
-  auto again = f.planner.Step(GroupId(0), sel).value();
+  auto again = f.planner.Step(GroupId(0), sel, testing::TpRuns(RequestId(1), sel.size())).value();
   f.ExpectPlanReadsPattern(again, GroupId(0), sel);
   EXPECT_EQ(again.Total().remote_fetches, 0u);
   EXPECT_EQ(again.Total().buffer_hits, 4u * 6);
@@ -43,7 +45,7 @@ TEST(TpStepPlanner, AttentionAtHomeReadsOnlyTheOwnShardAndMovesNothingBetweenRan
   f.space->AdvanceRound();
   std::vector<LogicalAddr> sel(addrs.end() - 12, addrs.end());
   sel.push_back(sel[3]);
-  auto plan = f.planner.Step(GroupId(1), sel).value();
+  auto plan = f.planner.Step(GroupId(1), sel, testing::TpRuns(RequestId(1), sel.size())).value();
   ASSERT_EQ(plan.ranks.size(), 4u);
   for (std::size_t h = 0; h < 4; ++h) {
     const Rank r = plan.ranks[h];
@@ -80,7 +82,7 @@ TEST(TpStepPlanner, SwapsHostResidentHomeEntriesOntoDevice) {
   auto addrs = f.AddFilled(RequestId(1), 32);  // 16 per rank: 4 on device, 12 on host
   f.space->AdvanceRound();  // new entries count as used in the round they arrived
   std::vector<LogicalAddr> sel(addrs.end() - 8, addrs.end());
-  auto plan = f.planner.Step(GroupId(0), sel).value();
+  auto plan = f.planner.Step(GroupId(0), sel, testing::TpRuns(RequestId(1), sel.size())).value();
   f.ExpectPlanReadsPattern(plan, GroupId(0), sel);
   const auto total = plan.Total();
   EXPECT_EQ(total.home_misses, 8u);
@@ -103,16 +105,19 @@ TEST(TpStepPlanner, NeverEvictsBufferEntriesOfTheCurrentRound) {
     if (a.value() % 2 == 1) (odd.size() < 6 ? odd : odd2).push_back(a);
   }
   odd2.resize(6);
-  auto first = f.planner.Step(GroupId(0), odd).value();
+  auto first = f.planner.Step(GroupId(0), odd, testing::TpRuns(RequestId(1), odd.size())).value();
   // Same round: the buffer is full of this round's entries, so the next remote set is refused.
   const auto before = f.Take();
-  auto refused = f.planner.Step(GroupId(0), odd2);
+  auto refused = f.planner.Step(GroupId(0), odd2, testing::TpRuns(RequestId(1), odd2.size()));
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(refused.error().message().find("6 copies are used in this round and cannot be evicted: call "
+                                           "AdvanceRound() after the round's attention"), std::string::npos)
+      << refused.error().ToString();
   EXPECT_EQ(f.Take(), before);
   f.ExpectPlanReadsPattern(first, GroupId(0), odd);  // the first plan is still valid
   f.space->AdvanceRound();
-  auto second = f.planner.Step(GroupId(0), odd2).value();
+  auto second = f.planner.Step(GroupId(0), odd2, testing::TpRuns(RequestId(1), odd2.size())).value();
   f.ExpectPlanReadsPattern(second, GroupId(0), odd2);
   EXPECT_EQ(second.stats[0].buffer_evictions, 6u);
   EXPECT_TRUE(f.space->CheckInvariants());
@@ -128,7 +133,7 @@ TEST(TpStepPlanner, SerialAndParallelRanksGiveIdenticalPlans) {
       for (std::uint16_t g = 0; g < 2; ++g) {
         std::vector<LogicalAddr> sel;
         for (int i = 0; i < 20; ++i) sel.push_back(addrs[(step * 13 + i * 7 + g) % addrs.size()]);
-        auto plan = f.planner.Step(GroupId(g), sel);
+        auto plan = f.planner.Step(GroupId(g), sel, testing::TpRuns(RequestId(1), sel.size()));
         ASSERT_TRUE(plan) << plan.error().ToString();
         f.ExpectPlanReadsPattern(*plan, GroupId(g), sel);
         plans[parallel].push_back(std::move(*plan));
@@ -142,6 +147,105 @@ TEST(TpStepPlanner, SerialAndParallelRanksGiveIdenticalPlans) {
     EXPECT_EQ(plans[0][i].refs, plans[1][i].refs);
     EXPECT_EQ(plans[0][i].stats, plans[1][i].stats);
   }
+}
+
+// Isolation in TP, for both attention strategies: a selection kept from a freed request
+// is refused after its addresses were reused by another request, with nothing changed on
+// any rank; the new owner's selection of the same addresses is served.
+TEST(TpStepPlanner, RefusesAFreedThenReusedAddressWithNothingChanged) {
+  for (TpAttention attention : {TpAttention::kLocalBuffer, TpAttention::kAtHome}) {
+    SCOPED_TRACE(std::string(TpAttentionName(attention)));
+    TpConfig c = SmallTpConfig(4, 4, 8, attention == TpAttention::kAtHome ? 0 : 8);
+    c.attention = attention;
+    TpFixture f(c);
+    auto old_addrs = f.AddFilled(RequestId(1), 8);
+    std::vector<LogicalAddr> stale{old_addrs[5], old_addrs[0], old_addrs[3]};  // request 1's, kept
+    ASSERT_TRUE(f.space->Free(RequestId(1)));
+    f.requests.clear();
+    auto reused = f.AddFilled(RequestId(2), 8);
+    std::vector<LogicalAddr> a = old_addrs, b = reused;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    ASSERT_EQ(a, b);  // the freed addresses went to the next request
+    f.space->AdvanceRound();
+    const auto before = f.Take();
+    auto refused = f.planner.Step(GroupId(0), stale, testing::TpRuns(RequestId(1), stale.size()));
+    ASSERT_FALSE(refused);
+    EXPECT_EQ(refused.error().code(), ErrorCode::kNotFound);
+    EXPECT_NE(refused.error().message().find("request 1 of its run is unknown or freed"), std::string::npos)
+        << refused.error().ToString();
+    EXPECT_EQ(f.Take(), before);
+    // One stale run in a batch refuses the whole step.
+    std::vector<SelectionRun> runs{{RequestId(2), 2}, {RequestId(1), 1}};
+    EXPECT_EQ(f.planner.Step(GroupId(0), stale, runs).error().code(), ErrorCode::kNotFound);
+    EXPECT_EQ(f.Take(), before);
+    // A live request's run naming another live request's addresses.
+    auto mine = f.AddFilled(RequestId(3), 1);
+    const auto before3 = f.Take();
+    std::vector<LogicalAddr> mixed{mine[0], stale[0]};
+    auto other = f.planner.Step(GroupId(0), mixed, testing::TpRuns(RequestId(3), mixed.size()));
+    ASSERT_FALSE(other);
+    EXPECT_EQ(other.error().code(), ErrorCode::kNotFound);
+    EXPECT_NE(other.error().message().find("belongs to request 2, not to request 3"), std::string::npos)
+        << other.error().ToString();
+    EXPECT_EQ(f.Take(), before3);
+    // Runs that do not cover the selections.
+    std::vector<SelectionRun> short_runs{{RequestId(2), 2}};
+    EXPECT_EQ(f.planner.Step(GroupId(0), stale, short_runs).error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_EQ(f.Take(), before3);
+    auto plan = f.planner.Step(GroupId(0), stale, testing::TpRuns(RequestId(2), stale.size()));
+    ASSERT_TRUE(plan) << plan.error().ToString();
+    if (attention == TpAttention::kLocalBuffer) f.ExpectPlanReadsPattern(*plan, GroupId(0), stale);
+    EXPECT_TRUE(f.space->CheckInvariants());
+  }
+}
+
+// A space that hosts only some ranks needs the fabric that reaches the others: without it
+// the step is refused (it used to dereference the missing fabric).
+TEST(TpStepPlanner, WithoutTheFabricItNeedsTheStepFailsWithFailedPrecondition) {
+  for (TpAttention attention : {TpAttention::kLocalBuffer, TpAttention::kAtHome}) {
+    SCOPED_TRACE(std::string(TpAttentionName(attention)));
+    auto backend = MakeCpuBackend({.copy_threads = 1});
+    TpConfig c = SmallTpConfig(2, 4, 4, attention == TpAttention::kAtHome ? 0 : 4);
+    c.attention = attention;
+    const Rank mine(0);
+    auto space = TpAddressSpace::Create(c, *backend, std::span(&mine, 1)).value();
+    ASSERT_TRUE(space->AddRequest(RequestId(1)));
+    auto addrs = space->Allocate(RequestId(1), 4).value();  // two homed on rank 1
+    TpStepPlanner planner(*space);
+    auto refused = planner.Step(GroupId(0), addrs, testing::TpRuns(RequestId(1), addrs.size()));
+    ASSERT_FALSE(refused);
+    EXPECT_EQ(refused.error().code(), ErrorCode::kFailedPrecondition);
+    EXPECT_NE(refused.error().message().find("TpFabric"), std::string::npos) << refused.error().ToString();
+    EXPECT_EQ(space->NumBuffered(mine, GroupId(0)), 0u);
+    EXPECT_TRUE(space->CheckInvariants());
+  }
+}
+
+// RefData checks rank, group, source and slot, and refuses the refs of another rank's row.
+TEST(TpStepPlanner, RefDataRefusesRefsOfAnotherRankAndBadSlots) {
+  TpFixture f(SmallTpConfig(2, 4, 4, 4));
+  auto addrs = f.AddFilled(RequestId(1), 4);
+  auto plan = f.planner.Step(GroupId(0), addrs, testing::TpRuns(RequestId(1), addrs.size())).value();
+  ASSERT_EQ(plan.ranks.size(), 2u);
+  for (std::size_t j = 0; j < addrs.size(); ++j) {
+    EXPECT_NE(f.space->RefData(Rank(0), GroupId(0), plan.refs[0][j]), nullptr);
+    EXPECT_EQ(f.space->RefData(Rank(1), GroupId(0), plan.refs[0][j]), nullptr) << "rank 0's ref read on rank 1";
+    EXPECT_EQ(f.space->RefData(Rank(0), GroupId(0), plan.refs[1][j]), nullptr) << "rank 1's ref read on rank 0";
+    EXPECT_EQ(f.space->RefData(Rank(0), GroupId(1), plan.refs[0][j]), nullptr);
+  }
+  TpReadRef bad = plan.refs[0][0];
+  bad.slot = SlotId::Invalid();
+  EXPECT_EQ(f.space->RefData(Rank(0), GroupId(0), bad), nullptr);
+  bad.slot = SlotId(3);  // a free device slot of rank 0 (2 entries homed there)
+  EXPECT_EQ(f.space->RefData(Rank(0), GroupId(0), bad), nullptr);
+  bad.source = static_cast<TpReadRef::Source>(9);
+  bad.slot = plan.refs[0][0].slot;
+  EXPECT_EQ(f.space->RefData(Rank(0), GroupId(0), bad), nullptr);
+  EXPECT_EQ(f.space->RefData(Rank(7), GroupId(0), plan.refs[0][0]), nullptr);
+  EXPECT_EQ(f.space->ShardMemory(Rank(7), GroupId(0)).home, nullptr);
+  EXPECT_EQ(f.space->ShardMemory(Rank(0), GroupId(3)).home, nullptr);
+  EXPECT_NE(f.space->ShardMemory(Rank(0), GroupId(0)).home, nullptr);
 }
 
 }  // namespace

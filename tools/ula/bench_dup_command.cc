@@ -101,19 +101,23 @@ TpRun RunTp(const DupOptions& o, const ModelConfig& model, const WorkloadConfig&
   tp->AdvanceRound();
   std::vector<std::vector<std::uint32_t>> per_query;
   std::vector<LogicalAddr> sel;
+  std::vector<SelectionRun> runs;
   TpRun run;
   counting.ResetCounters();
   for (std::uint32_t step = 0; step < o.steps; ++step) {
     if (step == 1) counting.ResetCounters();
     for (std::uint32_t g = 0; g < groups; ++g) {
       sel.clear();
+      runs.clear();
       for (std::uint32_t i = 0; i < n_req; ++i) {
         (void)selector.Step(std::uint64_t{i} * groups + g, static_cast<std::uint32_t>(addrs[i].size()), queries, per_query);
+        const std::size_t first = sel.size();
         for (const auto& q : per_query) {
           for (std::uint32_t pos : q) sel.push_back(addrs[i][pos]);
         }
+        runs.push_back(SelectionRun{RequestId(i), static_cast<std::uint32_t>(sel.size() - first)});
       }
-      auto plan = OrDie(planner.Step(GroupId(static_cast<std::uint16_t>(g)), sel), "TP step");
+      auto plan = OrDie(planner.Step(GroupId(static_cast<std::uint16_t>(g)), sel, runs), "TP step");
       if (step > 0) {
         run.measured += plan.Total();
         run.selections += sel.size();

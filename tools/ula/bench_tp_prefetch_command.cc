@@ -114,7 +114,9 @@ int RunPrefetch(const PrefetchOptions& o) {
         while (Clock::now() < deadline) {
         }
       };
-      auto stats = sd.prefetcher->RunStep(sel, compute, side == 1);
+      std::vector<std::vector<SelectionRun>> runs(o.groups);  // one request
+      for (std::uint32_t g = 0; g < o.groups; ++g) runs[g] = {{RequestId(0), static_cast<std::uint32_t>(sel[g].size())}};
+      auto stats = sd.prefetcher->RunStep(sel, runs, compute, side == 1);
       if (!stats) return Fail(stats.error().ToString());
       sd.checksum += sum;
       if (step > 0) {

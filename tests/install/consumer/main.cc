@@ -29,7 +29,8 @@ int main() {
   ula::StepPlanner planner(**space);
   std::vector<ula::LogicalAddr> sel{addrs[9], addrs[8], addrs[0]};
   std::vector<ula::SlotId> slots(sel.size());
-  auto stats = planner.Step({ula::Rank(0), ula::GroupId(0), sel}, slots);
+  std::vector<ula::SelectionRun> runs{{ula::RequestId(1), static_cast<std::uint32_t>(sel.size())}};
+  auto stats = planner.Step({ula::Rank(0), ula::GroupId(0), sel, runs}, slots);
   if (!stats) return 1;
   for (std::size_t i = 0; i < sel.size(); ++i) {
     const std::byte* p = (*space)->DeviceSlotData(ula::Rank(0), ula::GroupId(0), slots[i]);
