@@ -22,6 +22,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/address_space.h"
 #include "ula/model_config.h"
@@ -262,13 +263,21 @@ Action SetupDup(CLI::App& app) {
   app.add_option("--config-dir", o->config_dir, "configs directory (default: $ULA_CONFIG_DIR or the source tree's)");
   app.add_option("--model", o->model, "model config")->capture_default_str();
   app.add_option("--workload", o->workload, "workload config")->capture_default_str();
-  app.add_option("--ranks", o->ranks, "ranks")->capture_default_str();
-  app.add_option("--requests", o->requests, "resident requests (the first ones of the workload)")->capture_default_str();
-  app.add_option("--steps", o->steps, "decode steps (the first warms the local buffers)")->capture_default_str();
-  app.add_option("--buffer-factor", o->buffer_factor, "TP local buffer / one step's remote working set")->capture_default_str();
-  app.add_option("--keep", o->keep, "selection model: step-to-step kept fraction")->capture_default_str();
-  app.add_option("--draft-keep", o->draft_keep, "selection model: draft queries' share of query 0")->capture_default_str();
-  app.add_option("--hisparse-buffer", o->hisparse_buffer, "HiSparse device slots per request")->capture_default_str();
+  app.add_option("--ranks", o->ranks, "ranks")->capture_default_str()->check(IntIn(1, 1024));
+  app.add_option("--requests", o->requests, "resident requests (the first ones of the workload)")->capture_default_str()
+      ->check(IntIn(1, 1 << 20));
+  app.add_option("--steps", o->steps, "decode steps (the first warms the local buffers)")->capture_default_str()
+      ->check(IntIn(1, 1000000));
+  app.add_option("--buffer-factor", o->buffer_factor, "TP local buffer / one step's remote working set")
+      ->capture_default_str()
+      ->check(RealIn(0, 1000, true));
+  app.add_option("--keep", o->keep, "selection model: step-to-step kept fraction")->capture_default_str()
+      ->check(RealIn(0, 1));
+  app.add_option("--draft-keep", o->draft_keep, "selection model: draft queries' share of query 0")
+      ->capture_default_str()
+      ->check(RealIn(0, 1));
+  app.add_option("--hisparse-buffer", o->hisparse_buffer, "HiSparse device slots per request")->capture_default_str()
+      ->check(IntIn(1, 1 << 30));
   app.add_flag("--json", o->json, "print one JSON object");
   return [o]() -> int {
     if (o->ranks == 0 || o->requests == 0 || o->steps == 0 || o->buffer_factor < 1.0) {

@@ -22,6 +22,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "command_registry.h"
 #include "policy/policy_replay.h"
 #include "ula/selection_model.h"
@@ -205,17 +206,20 @@ Action SetupBenchPolicy(CLI::App& app) {
   app.add_flag("--json", o->json, "print one JSON object");
   app.add_flag("--quick", o->quick, "shorter trace and smaller contexts (a smoke run)");
   app.add_flag("--no-sweeps", o->no_sweeps, "only the batch rows (pool 0.5, calibrated overlap)");
-  app.add_option("--batches", o->batches, "batch sizes")->capture_default_str();
+  app.add_option("--batches", o->batches, "batch sizes")->capture_default_str()->check(IntIn(1, 65536));
   app.add_option("--policies", o->policies, "policies to replay")->capture_default_str();
-  app.add_option("--context", o->context_tokens, "tokens of history per request at step 0")->capture_default_str();
-  app.add_option("--steps", o->steps, "decode steps (16 warm-up)")->capture_default_str();
+  app.add_option("--context", o->context_tokens, "tokens of history per request at step 0")->capture_default_str()
+      ->check(IntIn(1, 1 << 24));
+  app.add_option("--steps", o->steps, "decode steps (16 warm-up)")->capture_default_str()->check(IntIn(1, 1000000));
   app.add_option("--draft-tokens", o->draft_tokens, "speculative draft queries per request and step")
-      ->capture_default_str();
-  app.add_option("--keep-mean", o->model.keep_mean, "selection model keep_mean (overlap)")->capture_default_str();
-  app.add_option("--seed", o->seed, "trace seed")->capture_default_str();
-  app.add_option("--recent-buckets", o->recent_buckets, "PB-LRU ring size R")->capture_default_str();
+      ->capture_default_str()->check(IntIn(0, 64));
+  app.add_option("--keep-mean", o->model.keep_mean, "selection model keep_mean (overlap)")->capture_default_str()
+      ->check(RealIn(0, 1));
+  app.add_option("--seed", o->seed, "trace seed")->capture_default_str()->check(Seed());
+  app.add_option("--recent-buckets", o->recent_buckets, "PB-LRU ring size R")->capture_default_str()
+      ->check(IntIn(1, 1024));
   app.add_option("--parallel-min-slots", o->parallel_min_slots, "smallest Touch batch split over OpenMP threads")
-      ->capture_default_str();
+      ->capture_default_str()->check(AtLeast<std::uint32_t>(1));
   return [o] { return RunBenchPolicy(*o); };
 }
 

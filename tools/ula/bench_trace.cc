@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/attention_check.h"
 #include "ula/calibration.h"
@@ -160,8 +161,10 @@ Action SetupTrace(CLI::App& app) {
   app.add_option("--config-dir", o->config_dir, "configs directory (default: $ULA_CONFIG_DIR or the source tree's)");
   app.add_option("--calibration", o->calibration, "configs/workloads/<name>.json decode schedule")->capture_default_str();
   app.add_option("--attention-model", o->attention_model, "float32 model for the attention check")->capture_default_str();
-  app.add_option("--attention-steps", o->attention_steps, "decode steps of the attention check")->capture_default_str();
-  app.add_option("--sweep", o->sweep, "target overlaps to fit the selection model to (e.g. --sweep 0.3 0.6 0.9)");
+  app.add_option("--attention-steps", o->attention_steps, "decode steps of the attention check")->capture_default_str()
+      ->check(IntIn(0, 100000));
+  app.add_option("--sweep", o->sweep, "target overlaps to fit the selection model to (e.g. --sweep 0.3 0.6 0.9)")
+      ->check(OpenFraction());
   app.add_option("--trace-out", o->trace_out, "write PATH.real and PATH.synthetic trace files");
   app.add_flag("--json", o->json, "print one JSON object");
   return [o]() { return Run(*o); };
