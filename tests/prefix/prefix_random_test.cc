@@ -15,6 +15,7 @@
 
 #include "ula/prefix_cache.h"
 #include "ula/unified_buffer.h"
+#include "test_seed.h"
 
 namespace ula {
 namespace {
@@ -409,7 +410,9 @@ class PrefixRandom {
   std::uint64_t evicted_nodes_ = 0;
 };
 
-void RunPrefixRandom(std::uint32_t seed, CompactionMode mode, int steps) {
+void RunPrefixRandom(std::uint32_t default_seed, CompactionMode mode, int steps) {
+  ULA_TEST_SEEDED(seed64, default_seed);
+  const auto seed = static_cast<std::uint32_t>(seed64);
   std::printf("prefix random test: seed=%u mode=%s steps=%d\n", seed, mode == CompactionMode::kEager ? "eager" : "lazy",
               steps);
   PrefixRandom(seed, mode).Run(steps);
