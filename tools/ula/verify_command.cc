@@ -40,7 +40,7 @@ Action SetupVerify(CLI::App& app) {
   auto mpi = std::make_shared<bool>(false);
   app.add_option("--mode", *mode, "dp or tp (TP mode, issue 5)")
       ->check(CLI::IsMember({"dp", "tp"}))->capture_default_str();
-  app.add_flag("--mpi", *mpi, "tp: one process per rank (run under mpirun)");
+  app.add_flag("--mpi", *mpi, "tp only: one process per rank (run under mpirun)");
   auto tp_attention = std::make_shared<std::string>("local_buffer");
   app.add_option("--tp-attention", *tp_attention,
                  "tp: local_buffer (fetch remote entries into per-rank buffers) or at_home (partial attention on "
@@ -48,6 +48,11 @@ Action SetupVerify(CLI::App& app) {
       ->check(CLI::IsMember({"local_buffer", "at_home"}))
       ->capture_default_str();
   return [cfg, json, policy, mode, mpi, attention_model, attention_steps, tp_attention]() -> int {
+    if (*mpi && *mode != "tp") {
+      fmt::print(stderr, "ula verify: --mpi needs --mode tp (the DP verifier has no MPI mode: its ranks share one "
+                         "process)\n");
+      return 2;
+    }
     if (*mode == "tp") {
       return RunTpVerify({.seed = cfg->seed, .ops = cfg->ops, .ranks = cfg->num_ranks, .groups = cfg->num_groups,
                           .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,
