@@ -6,7 +6,7 @@ ASAN   ?= build-asan
 TSAN   ?= build-tsan
 ULA     = $(BUILD)/tools/ula/ula
 
-.PHONY: all deps build run test test-release test-asan test-tsan bench clean
+.PHONY: all deps build run test test-release test-asan test-tsan bench mutation clean
 
 all: build
 
@@ -40,8 +40,14 @@ test-tsan: deps
 	@cmake --build $(TSAN) -j $(JOBS)
 	ctest --test-dir $(TSAN) --output-on-failure -j $(JOBS) -L threaded
 
+# Deliberate bugs (tests/mutations.json), one at a time, each rebuilt in its own tree
+# (build-mutation/) with the tests that must catch it: prints `caught N of N`. Not part of
+# `make test` (it rebuilds once per mutation).
+mutation: deps
+	python3 scripts/mutation.py --jobs $(JOBS)
+
 bench: build
 	$(BUILD)/bench/ula_bench
 
 clean:
-	rm -rf $(BUILD) $(ASAN) $(TSAN)
+	rm -rf $(BUILD) $(ASAN) $(TSAN) build-mutation build-fuzz
