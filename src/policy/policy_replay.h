@@ -56,6 +56,11 @@ struct ReplayResult {
   std::uint64_t selections = 0;  // measured steps only
   std::uint64_t hits = 0;
   std::uint64_t evictions = 0;
+  // Measured victims last used more than R = options.recent_buckets steps before the step
+  // that evicted them: for PB-LRU exactly the victims taken from its cold bucket, where it
+  // orders by slot index instead of age (its only approximation of LRU besides ties within
+  // a round). Counted outside the timed part of the step.
+  std::uint64_t cold_evictions = 0;
   double step_ns_median = 0;
   double hit_rate() const { return selections == 0 ? 0.0 : static_cast<double>(hits) / selections; }
 };

@@ -10,8 +10,10 @@
 // (mean over requests and steps of |S_t ∩ S_t-1| / |S_t|, query 0).
 //
 // --json prints {"rows":[{"policy", "batch", "pool_fraction", "overlap", "keep_mean",
-// "hit_rate", "step_ns_median"}, ...]}; the text table adds each policy's step time relative
-// to the faster exact LRU of the same configuration. The policies of one configuration are
+// "hit_rate", "evictions", "cold_evictions", "step_ns_median"}, ...]} (cold_evictions: measured
+// victims last used more than R steps before; for PB-LRU those taken from its cold bucket);
+// the text table adds each policy's step time relative to the faster exact LRU of the same
+// configuration. The policies of one configuration are
 // replayed in lockstep (policy_replay.h), so their ratios come from the same run.
 #include <fmt/format.h>
 
@@ -39,7 +41,9 @@ struct BenchPolicyOptions {
   std::uint32_t parallel_min_slots = PolicyOptions{}.parallel_min_slots;
   std::vector<std::uint32_t> batches{1, 4, 16, 64, 256};
   std::vector<std::string> policies{"pb_lru", "exact_lru_scan", "exact_lru_list", "clock"};
-  std::uint32_t context_tokens = 16384, steps = 64, draft_tokens = 0;
+  // 192 steps = 3 R at the default R = 64: victims older than R rounds (PB-LRU's cold
+  // bucket, where it departs from exact LRU) occur from step R + 1 on.
+  std::uint32_t context_tokens = 16384, steps = 192, draft_tokens = 0;
   // docs/WORKLOADS.md, "Selection model": fitted to the real CPU indexer by `ula bench trace`.
   SelectionModelParams model{.top_k = 2048, .sink_tokens = 4, .recent_tokens = 0, .keep_mean = 0.8666,
                              .keep_stddev = 0.0231, .draft_keep = 0.8288, .seed = 1};
@@ -166,6 +170,8 @@ int RunBenchPolicy(const BenchPolicyOptions& o_in) {
                              {"overlap", r.overlap},
                              {"keep_mean", r.keep_mean},
                              {"hit_rate", r.result.hit_rate()},
+                             {"evictions", r.result.evictions},
+                             {"cold_evictions", r.result.cold_evictions},
                              {"step_ns_median", r.result.step_ns_median}});
     }
     fmt::print("{}\n", out.dump());
@@ -179,8 +185,8 @@ int RunBenchPolicy(const BenchPolicyOptions& o_in) {
       o.model.top_k, o.model.sink_tokens, o.model.recent_tokens, o.model.keep_mean, o.model.keep_stddev,
       o.model.draft_keep, o.draft_tokens, o.context_tokens, o.steps, warmup, o.seed, o.recent_buckets,
       o.parallel_min_slots, wait ? wait : "(unset)");
-  fmt::print("{:<15} {:>5} {:>6} {:>7} {:>10} {:>9} {:>14} {:>11}\n", "policy", "batch", "pool", "overlap",
-             "pool_slots", "hit_rate", "step_us_median", "vs_best_lru");
+  fmt::print("{:<15} {:>5} {:>6} {:>7} {:>10} {:>9} {:>14} {:>11} {:>11} {:>11}\n", "policy", "batch", "pool",
+             "overlap", "pool_slots", "hit_rate", "step_us_median", "vs_best_lru", "evictions", "cold_victims");
   const std::size_t group = kinds.size();
   for (std::size_t i = 0; i < rows.size(); i += group) {
     // rows[i .. i + group) share a configuration, in `kinds` order.
@@ -193,9 +199,10 @@ int RunBenchPolicy(const BenchPolicyOptions& o_in) {
     }
     for (std::size_t j = i; j < i + group; ++j) {
       const Row& r = rows[j];
-      fmt::print("{:<15} {:>5} {:>6.2f} {:>7.4f} {:>10} {:>8.4f}% {:>14.1f} {:>11.3f}\n", PolicyKindName(r.policy),
-                 r.batch, r.pool_fraction, r.overlap, r.result.pool_slots, 100 * r.result.hit_rate(),
-                 r.result.step_ns_median / 1e3, best_lru == 0 ? 0.0 : r.result.step_ns_median / best_lru);
+      fmt::print("{:<15} {:>5} {:>6.2f} {:>7.4f} {:>10} {:>8.4f}% {:>14.1f} {:>11.3f} {:>11} {:>11}\n",
+                 PolicyKindName(r.policy), r.batch, r.pool_fraction, r.overlap, r.result.pool_slots,
+                 100 * r.result.hit_rate(), r.result.step_ns_median / 1e3,
+                 best_lru == 0 ? 0.0 : r.result.step_ns_median / best_lru, r.result.evictions, r.result.cold_evictions);
     }
   }
   return 0;
