@@ -127,8 +127,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 4: {
         const Rank rank(static_cast<std::uint16_t>(in.In(0, 2)));
         const GroupId group(in.In(0, 2));
+        // Mostly the live entries of this rank (duplicates included), now and then one bad one.
+        std::vector<std::uint32_t> mine;
+        for (const auto& [key, v] : version) {
+          if (key.second == group.value() && space.Lookup(LogicalAddr(key.first), group)->rank() == rank) {
+            mine.push_back(key.first);
+          }
+        }
         std::vector<LogicalAddr> sel(in.In(0, 40));
-        for (auto& a : sel) a = LogicalAddr(pick_addr());
+        for (auto& a : sel) {
+          a = LogicalAddr(mine.empty() ? pick_addr() : mine[in.In(0, static_cast<std::uint32_t>(mine.size() - 1))]);
+        }
+        if (!sel.empty() && in.Byte() < 32) sel[in.In(0, static_cast<std::uint32_t>(sel.size() - 1))] = LogicalAddr(pick_addr());
         std::vector<SlotId> slots(sel.size());
         auto stats = planner.Step(StepInput{rank, group, sel}, slots);
         refused = !stats;

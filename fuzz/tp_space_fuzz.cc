@@ -125,8 +125,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       case 4: {
         const GroupId group(in.In(0, 2));
+        // Mostly live entries (duplicates included), now and then one bad one.
+        std::vector<std::uint32_t> live;
+        for (const auto& [key, v] : version) {
+          if (key.second == group.value()) live.push_back(key.first);
+        }
         std::vector<LogicalAddr> sel(in.In(0, 40));
-        for (auto& a : sel) a = LogicalAddr(pick_addr());
+        for (auto& a : sel) {
+          a = LogicalAddr(live.empty() ? pick_addr() : live[in.In(0, static_cast<std::uint32_t>(live.size() - 1))]);
+        }
+        if (!sel.empty() && in.Byte() < 32) sel[in.In(0, static_cast<std::uint32_t>(sel.size() - 1))] = LogicalAddr(pick_addr());
         auto plan = planner.Step(group, sel);
         refused = !plan;
         if (plan) {
