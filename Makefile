@@ -6,7 +6,7 @@ ASAN   ?= build-asan
 TSAN   ?= build-tsan
 ULA     = $(BUILD)/tools/ula/ula
 
-.PHONY: all deps build run test test-release test-asan test-tsan bench clean
+.PHONY: all deps build run test test-release test-asan test-tsan bench mutation fuzz clean
 
 all: build
 
@@ -40,8 +40,25 @@ test-tsan: deps
 	@cmake --build $(TSAN) -j $(JOBS)
 	ctest --test-dir $(TSAN) --output-on-failure -j $(JOBS) -L threaded
 
+# Deliberate bugs (tests/mutations.json), one at a time, each rebuilt in its own tree
+# (build-mutation/) with the tests that must catch it: prints `caught N of N`. Not part of
+# `make test` (it rebuilds once per mutation).
+mutation: deps
+	python3 scripts/mutation.py --jobs $(JOBS)
+
+# libFuzzer harnesses (fuzz/), built with Debian's clang-19 in their own tree, each run for
+# FUZZ_SECONDS from the committed corpus (scripts/fuzz.sh). `make test` only replays the
+# corpora (ctest fuzz_replay_*, plain g++), it never fuzzes.
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-19 -DULA_FUZZ=ON \
+	  -DULA_BUILD_TESTS=OFF -DULA_BUILD_TOOLS=OFF -DULA_BUILD_BENCH=OFF -DULA_WITH_MPI=OFF >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	./scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
 bench: build
 	$(BUILD)/bench/ula_bench
 
 clean:
-	rm -rf $(BUILD) $(ASAN) $(TSAN)
+	rm -rf $(BUILD) $(ASAN) $(TSAN) build-mutation build-fuzz

@@ -40,3 +40,30 @@ function(ula_add_test name)
   endif()
   set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${labels}")
 endfunction()
+
+# ula_add_mpi_test(NAME NP n COMMAND cmd... [LAUNCHER wrapper...] [PASS_REGULAR_EXPRESSION re]
+#                  [TIMEOUT seconds])
+#   `cmd` under mpirun with n processes (`wrapper... mpirun ... cmd` with a LAUNCHER) (--allow-run-as-root --oversubscribe: CI runs as
+#   root on 2 cores), labelled `mpi`. Never in the sanitizer trees (OpenMPI is not
+#   sanitizer-clean) nor with -DULA_WITH_MPI=OFF. When MPI or mpirun was not found
+#   (ULA_MPI_MISSING, src/backend/mpi), the test is registered anyway and fails with the
+#   reason: MPI tests never silently disappear.
+function(ula_add_mpi_test name)
+  cmake_parse_arguments(ARG "" "NP;TIMEOUT;PASS_REGULAR_EXPRESSION" "COMMAND;LAUNCHER" ${ARGN})
+  if(ULA_SANITIZE OR NOT ULA_WITH_MPI)
+    return()
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 120)
+  endif()
+  if(ULA_MPI_MISSING)
+    add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} "-DMESSAGE=${name}: ${ULA_MPI_MISSING}"
+                                  -P ${PROJECT_SOURCE_DIR}/cmake/FailTest.cmake)
+  else()
+    add_test(NAME ${name} COMMAND ${ARG_LAUNCHER} ${ULA_MPIRUN} --allow-run-as-root --oversubscribe -np ${ARG_NP} ${ARG_COMMAND})
+    if(ARG_PASS_REGULAR_EXPRESSION)
+      set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${ARG_PASS_REGULAR_EXPRESSION}")
+    endif()
+  endif()
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "mpi")
+endfunction()

@@ -112,6 +112,13 @@ class Replayer {
     }
     policy_->AdvanceRound();
     const auto end = std::chrono::steady_clock::now();
+    // Ages of the victims (untimed): last_use_ is the step + 1 of each slot's last use.
+    const std::uint32_t r = config_.options.recent_buckets;
+    if (t >= config_.warmup_steps) {
+      for (std::size_t i = 0; i < evicted; ++i) result_.cold_evictions += t + 1 - last_use_[victims_[i].value()] > r;
+    }
+    for (SlotId s : hits_) last_use_[s.value()] = t + 1;
+    for (std::uint32_t a : misses_) last_use_[addr_slot_[a]] = t + 1;
     if (t >= config_.warmup_steps) {
       step_ns_.push_back(std::chrono::duration<double, std::nano>(end - start).count());
       result_.selections += sel.size();
@@ -140,6 +147,7 @@ class Replayer {
         policy_(std::move(policy)),
         addr_slot_(trace.num_addresses, kNone),
         slot_addr_(pool_.capacity(), kNone),
+        last_use_(pool_.capacity(), 0),
         miss_step_(trace.num_addresses, 0) {
     result_.pool_slots = pool_.capacity();
   }
@@ -155,6 +163,7 @@ class Replayer {
   std::unique_ptr<ResidencyPolicy> policy_;
   std::vector<std::uint32_t> addr_slot_;  // [addresses] device slot, kNone on host
   std::vector<std::uint32_t> slot_addr_;  // [pool slots] address held, kNone if free
+  std::vector<std::uint32_t> last_use_;  // [slots] t + 1 of the step that last used the slot
   std::vector<std::uint32_t> miss_step_;  // [addresses] t + 1 once counted as a miss of step t
   std::vector<SlotId> hits_, victims_;
   std::vector<std::uint32_t> misses_;

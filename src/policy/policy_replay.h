@@ -58,6 +58,11 @@ struct ReplayResult {
   std::uint64_t distinct = 0;       // distinct selections of the measured steps (per step)
   std::uint64_t distinct_hits = 0;  // of those, already on device (distinct - misses)
   std::uint64_t evictions = 0;
+  // Measured victims last used more than R = options.recent_buckets steps before the step
+  // that evicted them: for PB-LRU exactly the victims taken from its cold bucket, where it
+  // orders by slot index instead of age (its only approximation of LRU besides ties within
+  // a round). Counted outside the timed part of the step.
+  std::uint64_t cold_evictions = 0;
   double step_ns_median = 0;
   double hit_rate() const { return selections == 0 ? 0.0 : static_cast<double>(hits) / selections; }
   double distinct_hit_rate() const { return distinct == 0 ? 0.0 : static_cast<double>(distinct_hits) / distinct; }

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <random>
 
+#include "test_seed.h"
+
 namespace ula {
 namespace {
 
@@ -14,7 +16,8 @@ TEST(Gather, CopiesEachSelectedEntryInSelectionOrderAndCountsMissingOnes) {
   for (std::size_t i = 0; i < pool.size(); ++i) pool[i] = std::byte((i * 7 + i / entry) & 0xff);
   LocationTable table;
   table.Reserve(slots);
-  std::mt19937 rng(5);
+  ULA_TEST_SEEDED(seed, 5);
+  std::mt19937 rng(static_cast<std::uint32_t>(seed));
   for (std::uint32_t a = 0; a < slots; ++a) {
     if (a % 10 != 3) table.Set(LogicalAddr(a), Location::Make(Tier::kDevice, Rank(0), SlotId((a * 37) % slots)));
   }

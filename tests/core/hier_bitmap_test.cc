@@ -6,6 +6,8 @@
 #include <random>
 #include <set>
 
+#include "test_seed.h"
+
 namespace ula {
 namespace {
 
@@ -40,8 +42,7 @@ TEST(HierBitmap, FindNextSkipsLongEmptyStretches) {
 }
 
 TEST(HierBitmap, RandomOperationsMatchAShadowSet) {
-  const unsigned seed = 12345;
-  std::printf("seed=%u\n", seed);
+  ULA_TEST_SEEDED(seed, 12345);
   std::mt19937_64 rng(seed);
   for (std::uint64_t n : {1ull, 100ull, 5000ull, 300000ull}) {
     HierBitmap b(n), other(n);

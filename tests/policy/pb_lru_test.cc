@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "policy/exact_lru_scan.h"
+#include "test_seed.h"
 
 namespace ula::policy {
 namespace {
@@ -90,8 +91,7 @@ TEST(PbLru, ClaimTakesPartOfAWordAndLeavesTheRest) {
 // With R larger than the number of rounds, PB-LRU's order is exact LRU at round granularity
 // with ties by slot index — the same order as ExactLruScan. Same random ops, same victims.
 TEST(PbLru, MatchesExactLruScanWhileTheRingCoversEveryAge) {
-  const std::uint32_t seed = 7;
-  std::printf("[ seed ] %u\n", seed);
+  ULA_TEST_SEEDED(seed, 7);
   std::mt19937 rng(seed);
   const std::uint32_t capacity = 500;
   PbLru pb(capacity, PolicyOptions{.recent_buckets = 200});
@@ -123,8 +123,7 @@ TEST(PbLru, MatchesExactLruScanWhileTheRingCoversEveryAge) {
 // The O(1) age (round stamps) names the bucket a scan of every bucket finds, through random
 // inserts, touches (with duplicates), claims, removes and ring advances.
 TEST(PbLru, StampAgeAgreesWithTheBucketScan) {
-  const std::uint32_t seed = 5;
-  std::printf("[ seed ] %u\n", seed);
+  ULA_TEST_SEEDED(seed, 5);
   std::mt19937 rng(seed);
   const std::uint32_t capacity = 300;
   PbLru p(capacity, PolicyOptions{.recent_buckets = 3});
@@ -179,8 +178,7 @@ TEST(PbLru, OneTouchTakesSlotsFromEveryBucketAndDedups) {
 
 // After 2^32 rounds the stamps are rebased; ages and victim order do not change.
 TEST(PbLru, RoundCounterRebaseKeepsAgesAndVictimOrder) {
-  const std::uint32_t seed = 3;
-  std::printf("[ seed ] %u\n", seed);
+  ULA_TEST_SEEDED(seed, 3);
   std::mt19937 rng(seed);
   const std::uint32_t capacity = 200;
   PbLru a(capacity, PolicyOptions{.recent_buckets = 4});

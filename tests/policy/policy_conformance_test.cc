@@ -10,6 +10,7 @@
 
 #include "ula/residency_policy.h"
 #include "ula/slot_pool.h"
+#include "test_seed.h"
 
 namespace ula {
 namespace {
@@ -251,10 +252,11 @@ TYPED_TEST(PolicyConformance, PoolLargerThan2To24Slots) {
 // Random operations against a shadow model of the contract (tracked set, used-this-round
 // set). Seeds are fixed and printed.
 TYPED_TEST(PolicyConformance, RandomOperationsMatchAShadowModel) {
-  for (std::uint32_t seed : {1u, 2u, 3u}) {
+  ULA_TEST_SEEDED(base_seed, 1);
+  for (std::uint64_t seed : {base_seed, base_seed + 1, base_seed + 2}) {
     std::mt19937 rng(seed);
     const std::uint32_t capacity = std::vector<std::uint32_t>{1, 7, 64, 65, 130, 1000}[rng() % 6];
-    std::printf("[ seed ] %u (%s, capacity %u)\n", seed, std::string(PolicyKindName(TypeParam::kKind)).c_str(),
+    std::printf("[ seed ] %llu (%s, capacity %u)\n", static_cast<unsigned long long>(seed), std::string(PolicyKindName(TypeParam::kKind)).c_str(),
                 capacity);
     auto p = this->Make(capacity, PolicyOptions{.recent_buckets = static_cast<std::uint32_t>(rng() % 4)});
     std::vector<char> tracked(capacity, 0), used(capacity, 0);

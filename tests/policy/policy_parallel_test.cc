@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ula/residency_policy.h"
+#include "test_seed.h"
 
 namespace ula {
 namespace {
@@ -16,8 +17,8 @@ class ParallelTouch : public ::testing::TestWithParam<PolicyKind> {};
 
 TEST_P(ParallelTouch, LargeBatchMatchesTheSerialPath) {
   omp_set_num_threads(4);  // a real team even on a 2-core machine
-  const std::uint32_t capacity = 20000, seed = 11;
-  std::printf("[ seed ] %u\n", seed);
+  const std::uint32_t capacity = 20000;
+  ULA_TEST_SEEDED(seed, 11);
   std::mt19937 rng(seed);
   auto parallel = MakePolicy(GetParam(), capacity, PolicyOptions{.recent_buckets = 3, .parallel_min_slots = 1}).value();
   auto serial =

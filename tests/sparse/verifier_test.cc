@@ -4,13 +4,16 @@
 
 #include <cstdio>
 
+#include "test_seed.h"
+
 namespace ula {
 namespace {
 
 TEST(ConsistencyVerifier, RandomWorkloadUnderPressureKeepsEveryByte) {
+  ULA_TEST_SEEDED(seed, 20261129);
   for (int threads : {0, 2}) {
     VerifierConfig c;
-    c.seed = 20261129;
+    c.seed = seed;
     c.ops = 1500;
     c.copy_threads = threads;
     std::printf("seed=%llu copy_threads=%d\n", static_cast<unsigned long long>(c.seed), threads);

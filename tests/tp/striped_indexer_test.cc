@@ -5,14 +5,15 @@
 #include <cstdio>
 #include <random>
 
+#include "test_seed.h"
+
 namespace ula {
 namespace {
 
 // Keys from a tiny value set make many exact score ties; the striped merge must still
 // equal the single-rank top-k, order included.
 TEST(StripedIndexer, MergedTopKEqualsSingleRankTopKWithTies) {
-  const std::uint64_t seed = 5150;
-  std::printf("seed=%llu\n", static_cast<unsigned long long>(seed));
+  ULA_TEST_SEEDED(seed, 5150);
   std::mt19937_64 rng(seed);
   for (std::uint32_t ranks : {1u, 2u, 3u, 4u, 8u}) {
     for (int trial = 0; trial < 20; ++trial) {

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "tp/tp_fixture.h"
+#include "test_seed.h"
 
 namespace ula {
 namespace {
@@ -48,7 +49,7 @@ struct HomeCase {
     return c;
   }
   explicit HomeCase(std::uint32_t p) : ranks(p), f(Config(p, shape)) {
-    std::mt19937_64 rng(p);
+    std::mt19937_64 rng(::ula::testing::TestSeed(0) + p);
     std::uniform_real_distribution<float> v(-1.0f, 1.0f);
     EXPECT_TRUE(f.space->AddRequest(RequestId(1)));
     f.requests.push_back(RequestId(1));
@@ -67,9 +68,10 @@ struct HomeCase {
 };
 
 TEST(AttendAtHome, EveryRanksHeadsEqualTheReferenceAndOnlyOwnHeadsAreSent) {
+  ULA_TEST_SEEDED(seed, 7);
   for (std::uint32_t p : {1u, 2u, 3u, 4u, 8u}) {
     HomeCase c(p);
-    std::mt19937_64 rng(7 + p);
+    std::mt19937_64 rng(seed + p);
     // Three queries with selections of different lengths (one with a duplicate).
     std::vector<LogicalAddr> sel;
     std::vector<std::size_t> bounds{0};

@@ -15,6 +15,7 @@
 #include "ula/striped_indexer.h"
 #include "ula/tp_mpi.h"
 #include "ula/tp_verifier.h"
+#include "test_seed.h"
 
 namespace ula {
 namespace {
@@ -23,7 +24,7 @@ TpFabric* g_fabric = nullptr;
 
 TpVerifierConfig MpiConfig(TpAttention attention = TpAttention::kLocalBuffer) {
   TpVerifierConfig c;
-  c.seed = 424242;
+  c.seed = ::ula::testing::TestSeed(424242);
   c.ops = 250;
   c.num_ranks = g_fabric->num_ranks();
   c.device_slots_per_group = 96;
@@ -136,7 +137,8 @@ TEST(TpMpi, CoalescedFetchReadsEveryEntryExactly) {
   for (LogicalAddr a : *addrs) {
     if (s.HomeOf(a) == src) remote.push_back(a);
   }
-  std::mt19937_64 rng(31337);  // same stream on every rank
+  ULA_TEST_SEEDED(seed, 31337);
+  std::mt19937_64 rng(seed);  // same stream on every rank (mpirun passes ULA_TEST_SEED on)
   bool ok = remote.size() == 250;
   for (int trial = 0; trial < 12 && ok; ++trial) {
     std::vector<LogicalAddr> pick;
@@ -198,7 +200,7 @@ TEST(TpMpi, AllToAllVDeliversEveryBlockInRankOrder) {
 }
 
 TEST(TpMpi, StripedIndexerGatherEqualsSingleRankTopK) {
-  const std::uint64_t seed = 777;
+  ULA_TEST_SEEDED(seed, 777);
   std::mt19937_64 rng(seed);  // same stream on every rank
   const std::uint32_t p = g_fabric->num_ranks(), me = g_fabric->local_rank().value();
   bool all_equal = true;

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "tp/tp_fixture.h"
+#include "test_seed.h"
 
 namespace ula {
 namespace {
@@ -14,8 +15,7 @@ namespace {
 // The pipelined step gives the same plans as the serial one, and every plan handed to
 // compute reads the right bytes while the next group's step runs on the worker.
 TEST(TpPrefetcher, PipelinedPlansEqualSerialPlansAndReadTheRightBytes) {
-  const std::uint64_t seed = 99;
-  std::printf("seed=%llu\n", static_cast<unsigned long long>(seed));
+  ULA_TEST_SEEDED(seed, 99);
   std::vector<std::vector<TpReadRef>> refs[2];
   for (int prefetch = 0; prefetch < 2; ++prefetch) {
     testing::TpFixture f(testing::SmallTpConfig(4, 24, 64, 64, /*groups=*/4), /*copy_threads=*/2);

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include "test_seed.h"
+
 namespace ula {
 namespace {
 
@@ -24,9 +26,10 @@ void ExpectClean(const TpVerifierReport& r) {
 }
 
 TEST(TpVerifier, RandomWorkloadKeepsEveryByteWith2_4_8InProcessRanks) {
+  ULA_TEST_SEEDED(seed, 20260505);
   for (std::uint32_t ranks : {2u, 4u, 8u}) {
     TpVerifierConfig c;
-    c.seed = 20260505;
+    c.seed = seed;
     c.ops = kOps;
     c.num_ranks = ranks;
     c.top_k = 16;
@@ -55,9 +58,10 @@ TEST(TpVerifier, RandomWorkloadKeepsEveryByteWith2_4_8InProcessRanks) {
 // Attention at home: no local buffer; every query's partials from all ranks, merged in
 // rank order, match the reference attention over the shadow.
 TEST(TpVerifier, AttentionAtHomeMatchesTheReferenceWith2_4_8InProcessRanks) {
+  ULA_TEST_SEEDED(seed, 20261129);
   for (std::uint32_t ranks : {2u, 4u, 8u}) {
     TpVerifierConfig c;
-    c.seed = 20261129;
+    c.seed = seed;
     c.ops = 250;  // cheap without buffers even with the sanitizers' checks; 8 ranks need the history
     c.num_ranks = ranks;
     // Pressure (home swaps): 8 shards hold 8 device pools, so they get smaller ones (a

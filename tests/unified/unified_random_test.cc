@@ -7,6 +7,7 @@
 #include <random>
 
 #include "unified/test_configs.h"
+#include "test_seed.h"
 
 namespace ula {
 namespace {
@@ -32,7 +33,9 @@ UnifiedBufferConfig ThreeKindConfig(CompactionMode mode) {
   return c;
 }
 
-void RunRandom(CompactionMode mode, std::uint32_t seed, int steps) {
+void RunRandom(CompactionMode mode, std::uint32_t default_seed, int steps) {
+  ULA_TEST_SEEDED(seed64, default_seed);
+  const auto seed = static_cast<std::uint32_t>(seed64);
   std::printf("unified random test: mode=%s seed=%u steps=%d\n", mode == CompactionMode::kEager ? "eager" : "lazy",
               seed, steps);
   std::mt19937 rng(seed);

@@ -7,11 +7,13 @@
 #include "ula/attention_check.h"
 #include "ula/backend.h"
 #include "ula/model_config.h"
+#include "test_seed.h"
 
 namespace ula {
 namespace {
 
-constexpr std::uint64_t kSeed = 777;
+// ULA_TEST_SEED replaces it (tests/test_seed.h); printed when the test program starts.
+const std::uint64_t kSeed = ::ula::testing::TestSeed(777);
 
 AttentionCheckOptions Options(const char* model) {
   auto m = LoadModelConfigByName(model, DefaultConfigDir());

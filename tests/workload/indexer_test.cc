@@ -9,11 +9,13 @@
 #include <random>
 
 #include "ula/indexer.h"
+#include "test_seed.h"
 
 namespace ula {
 namespace {
 
-constexpr std::uint64_t kSeed = 20250901;
+// ULA_TEST_SEED replaces it (tests/test_seed.h); printed when the test program starts.
+const std::uint64_t kSeed = ::ula::testing::TestSeed(20250901);
 
 std::vector<float> RandomVector(std::mt19937_64& rng, std::size_t n, float lo = -1, float hi = 1) {
   std::uniform_real_distribution<float> u(lo, hi);

@@ -11,11 +11,13 @@
 #include "ula/selection_model.h"
 #include "ula/trace_file.h"
 #include "ula/workload.h"
+#include "test_seed.h"
 
 namespace ula {
 namespace {
 
-constexpr std::uint64_t kSeed = 4242;
+// ULA_TEST_SEED replaces it (tests/test_seed.h); printed when the test program starts.
+const std::uint64_t kSeed = ::ula::testing::TestSeed(4242);
 
 WorkloadConfig Summarization() {
   auto w = LoadWorkloadConfigByName("long_doc_summarization", DefaultConfigDir());

@@ -15,6 +15,9 @@
 // (counted by the backend); at home = the absorbed queries all-gathered and the partial
 // outputs exchanged (bf16 queries, float32 partial records as partial_attention.h), per
 // query token and layer from the model shape. Prefetch overlap: `ula bench tp-prefetch`.
+// Selections: the selection model with the one calibrated parameter set of the configs
+// (configs/scenarios/default.json, "selection": fitted to the real indexer by
+// `ula bench trace`), top-k from the model, seeded by the workload.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -22,11 +25,13 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/address_space.h"
 #include "ula/model_config.h"
 #include "ula/reference_attention.h"
 #include "ula/selection_model.h"
+#include "ula/serving_config.h"
 #include "ula/tp_prefetcher.h"
 #include "ula/workload.h"
 
@@ -37,8 +42,6 @@ struct DupOptions {
   std::string config_dir, model = "glm5", workload = "long_doc_summarization";
   std::uint32_t ranks = 8, requests = 16, steps = 6, hisparse_buffer = 4096;
   double buffer_factor = 1.25;  // local buffer / one step's remote working set
-  double keep = 0.9, draft_keep = 0.8;
-  std::uint32_t sinks = 4, recent = 64;
   bool json = false;
 };
 
@@ -72,15 +75,13 @@ std::uint64_t BufferSlots(const DupOptions& o, const ModelConfig& model, const W
 
 // Runs o.steps decode steps of the first requests through one TP strategy (the same
 // selections for both: the selection model is re-seeded) and counts what is stored.
-TpRun RunTp(const DupOptions& o, const ModelConfig& model, const WorkloadConfig& wl,
+TpRun RunTp(const DupOptions& o, const ModelConfig& model, const WorkloadConfig& wl, const SelectionModelParams& sp,
             const std::vector<RequestSpec>& specs, TpAttention attention, Backend& counting) {
   const std::uint32_t n_req = std::min<std::uint32_t>(o.requests, static_cast<std::uint32_t>(specs.size()));
   const std::uint32_t groups = model.num_groups(), entry = model.group_entry_bytes(), p = o.ranks;
   const std::uint32_t queries = wl.queries_per_step();
   std::uint64_t n = 0;  // entries per group at the end of the run
   for (std::uint32_t i = 0; i < n_req; ++i) n += specs[i].input_tokens + o.steps;
-  SelectionModelParams sp{.top_k = model.top_k, .sink_tokens = o.sinks, .recent_tokens = o.recent, .keep_mean = o.keep,
-                          .keep_stddev = 0.05, .draft_keep = o.draft_keep, .seed = wl.seed};
   auto selector = OrDie(SelectionModel::Create(sp), "selection model");
   TpConfig tc;
   tc.num_ranks = p;
@@ -149,6 +150,10 @@ int RunDup(const DupOptions& o) {
   const ModelConfig model = OrDie(LoadModelConfigByName(o.model, dir), "model");
   WorkloadConfig wl = OrDie(LoadWorkloadConfigByName(o.workload, dir), "workload");
   auto specs = OrDie(GenerateWorkload(wl), "workload");
+  // The calibrated selection parameters (the scenario's "selection" block, as `ula compare`).
+  SelectionModelParams sp = OrDie(LoadScenarioConfig(dir / "scenarios" / "default.json"), "scenario").selection;
+  sp.top_k = model.top_k;
+  sp.seed = wl.seed;
   const std::uint32_t n_req = std::min<std::uint32_t>(o.requests, static_cast<std::uint32_t>(specs.size()));
   const std::uint32_t groups = model.num_groups(), entry = model.group_entry_bytes(), p = o.ranks;
   const std::uint32_t queries = wl.queries_per_step();
@@ -156,8 +161,8 @@ int RunDup(const DupOptions& o) {
   for (std::uint32_t i = 0; i < n_req; ++i) n += specs[i].input_tokens + o.steps;
 
   auto counting = MakeCountingBackend();
-  const TpRun home = RunTp(o, model, wl, specs, TpAttention::kAtHome, *counting);
-  const TpRun buffered = RunTp(o, model, wl, specs, TpAttention::kLocalBuffer, *counting);
+  const TpRun home = RunTp(o, model, wl, sp, specs, TpAttention::kAtHome, *counting);
+  const TpRun buffered = RunTp(o, model, wl, sp, specs, TpAttention::kLocalBuffer, *counting);
 
   // --- UlaCache DP (counting backend): exclusive tiers, request i on rank i mod P ---
   AddressSpaceConfig dc;
@@ -225,7 +230,10 @@ int RunDup(const DupOptions& o) {
     }
     j["scenario"] = {{"model", model.name}, {"workload", wl.name}, {"requests", n_req}, {"groups", groups},
                      {"entry_bytes", entry}, {"queries_per_step", queries}, {"steps", o.steps},
-                     {"local_buffer_slots_per_rank_per_group", buffer_slots}};
+                     {"local_buffer_slots_per_rank_per_group", buffer_slots},
+                     {"selection", {{"sink_tokens", sp.sink_tokens}, {"recent_tokens", sp.recent_tokens},
+                                    {"keep_mean", sp.keep_mean}, {"keep_stddev", sp.keep_stddev},
+                                    {"draft_keep", sp.draft_keep}}}};
     j["tp"] = {{"local_buffer_hit_rate", hit_rate},
                {"remote_bytes_per_step_all_ranks", fetch_per_step},
                {"remote_bytes_per_step_per_rank", fetch_per_step / p},
@@ -243,6 +251,8 @@ int RunDup(const DupOptions& o) {
   }
   fmt::print("ula bench dup: model {} workload {}: {} requests, {} groups of {} B, {} queries/step, {} ranks, {} steps\n",
              model.name, wl.name, n_req, groups, entry, queries, p, o.steps);
+  fmt::print("selection model (configs/scenarios/default.json): sinks {}, recent {}, keep_mean {} +- {}, draft_keep {}\n",
+             sp.sink_tokens, sp.recent_tokens, sp.keep_mean, sp.keep_stddev, sp.draft_keep);
   fmt::print("{:<14} {:<4} {:>16} {:>16} {:>9}\n", "system", "mode", "physical", "distinct", "fraction");
   for (const Row& r : rows) {
     fmt::print("{:<14} {:<4} {:>16} {:>16} {:>9.4f}\n", r.system, r.mode, r.physical, r.distinct,
@@ -266,13 +276,16 @@ Action SetupDup(CLI::App& app) {
   app.add_option("--config-dir", o->config_dir, "configs directory (default: $ULA_CONFIG_DIR or the source tree's)");
   app.add_option("--model", o->model, "model config")->capture_default_str();
   app.add_option("--workload", o->workload, "workload config")->capture_default_str();
-  app.add_option("--ranks", o->ranks, "ranks")->capture_default_str();
-  app.add_option("--requests", o->requests, "resident requests (the first ones of the workload)")->capture_default_str();
-  app.add_option("--steps", o->steps, "decode steps (the first warms the local buffers)")->capture_default_str();
-  app.add_option("--buffer-factor", o->buffer_factor, "TP local buffer / one step's remote working set")->capture_default_str();
-  app.add_option("--keep", o->keep, "selection model: step-to-step kept fraction")->capture_default_str();
-  app.add_option("--draft-keep", o->draft_keep, "selection model: draft queries' share of query 0")->capture_default_str();
-  app.add_option("--hisparse-buffer", o->hisparse_buffer, "HiSparse device slots per request")->capture_default_str();
+  app.add_option("--ranks", o->ranks, "ranks")->capture_default_str()->check(IntIn(1, 1024));
+  app.add_option("--requests", o->requests, "resident requests (the first ones of the workload)")->capture_default_str()
+      ->check(IntIn(1, 1 << 20));
+  app.add_option("--steps", o->steps, "decode steps (the first warms the local buffers)")->capture_default_str()
+      ->check(IntIn(1, 1000000));
+  app.add_option("--buffer-factor", o->buffer_factor, "TP local buffer / one step's remote working set")
+      ->capture_default_str()
+      ->check(RealIn(1, 1000));
+  app.add_option("--hisparse-buffer", o->hisparse_buffer, "HiSparse device slots per request")->capture_default_str()
+      ->check(IntIn(1, 1 << 30));
   app.add_flag("--json", o->json, "print one JSON object");
   return [o]() -> int {
     if (o->ranks == 0 || o->requests == 0 || o->steps == 0 || o->buffer_factor < 1.0) {

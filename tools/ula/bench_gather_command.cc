@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/backend.h"
 #include "ula/gather.h"
@@ -91,11 +92,14 @@ int RunGather(const GatherOptions& o) {
 
 Action SetupGather(CLI::App& app) {
   auto o = std::make_shared<GatherOptions>();
-  app.add_option("--entry-bytes", o->entry_bytes, "bytes per entry")->capture_default_str();
-  app.add_option("--pool-mib", o->pool_mib, "size of the pool gathered from, MiB")->capture_default_str();
-  app.add_option("--selections", o->selections, "entries gathered per run")->capture_default_str();
-  app.add_option("--repeats", o->repeats, "runs (the median is reported)")->capture_default_str();
-  app.add_option("--seed", o->seed, "random seed")->capture_default_str();
+  app.add_option("--entry-bytes", o->entry_bytes, "bytes per entry")->capture_default_str()->check(IntIn(1, 1 << 24));
+  app.add_option("--pool-mib", o->pool_mib, "size of the pool gathered from, MiB")->capture_default_str()
+      ->check(IntIn(1, 1 << 20));
+  app.add_option("--selections", o->selections, "entries gathered per run")->capture_default_str()
+      ->check(IntIn(1, 1 << 30));
+  app.add_option("--repeats", o->repeats, "runs (the median is reported)")->capture_default_str()
+      ->check(IntIn(1, 10000));
+  app.add_option("--seed", o->seed, "random seed")->capture_default_str()->check(Seed());
   app.add_flag("--json", o->json, "print one JSON object");
   return [o] { return RunGather(*o); };
 }

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/address_space.h"
 #include "ula/backend.h"
@@ -60,10 +61,12 @@ int RunMetadata(const MetadataOptions& o) {
 
 Action SetupMetadata(CLI::App& app) {
   auto o = std::make_shared<MetadataOptions>();
-  app.add_option("--groups", o->groups, "layer groups")->capture_default_str();
-  app.add_option("--entry-bytes", o->entry_bytes, "bytes of one group entry")->capture_default_str();
-  app.add_option("--device-gib", o->device_gib, "KV GiB on device per rank")->capture_default_str();
-  app.add_option("--host-gib", o->host_gib, "GiB on host per rank")->capture_default_str();
+  app.add_option("--groups", o->groups, "layer groups")->capture_default_str()->check(IntIn(1, 4096));
+  app.add_option("--entry-bytes", o->entry_bytes, "bytes of one group entry")->capture_default_str()
+      ->check(IntIn(1, 1 << 24));
+  app.add_option("--device-gib", o->device_gib, "KV GiB on device per rank")->capture_default_str()
+      ->check(RealIn(0, 1 << 20, true));
+  app.add_option("--host-gib", o->host_gib, "GiB on host per rank")->capture_default_str()->check(RealIn(0, 1 << 20));
   app.add_option("--policy", o->policy, "residency policy")->capture_default_str();
   app.add_flag("--json", o->json, "print one JSON object");
   return [o] { return RunMetadata(*o); };

@@ -1,7 +1,10 @@
 // `ula bench policy`: the same selection trace replayed through every residency policy
-// (pb_lru, exact_lru_scan, exact_lru_list, clock) on the same device pool, for batch sizes
-// 1, 4, 16, 64, 256, plus sweeps of the pool size relative to the working set and of the
-// selection overlap (at batch 64). Per row: hit rate and the median scheduling time of a
+// (pb_lru, exact_lru_scan, exact_lru_list, clock, lfu_aged, and PB-LRU at other ring sizes,
+// --extra-rings) on the same device pool, for batch sizes 1, 4, 16, 64, 256, plus sweeps of
+// the pool size relative to the working set (--pools), of the selection overlap and of the
+// selection model's heavy_skew (--skews), at batch 64. Each configuration also gets a
+// `belady` row: Belady's MIN on the same trace and pool (policy/belady.h), and every policy
+// row its gap to it in distinct hit rate. Per row: hit rate and the median scheduling time of a
 // step (lookup + touch + victim choice + round advance; no data copy). The harness is
 // src/policy/policy_replay.h; the trace comes from the shared selection model
 // (include/ula/selection_model.h) with the parameters fitted to the real indexer in
@@ -10,8 +13,11 @@
 // (mean over requests and steps of |S_t ∩ S_t-1| / |S_t|, query 0).
 //
 // --json prints {"rows":[{"policy", "batch", "pool_fraction", "overlap", "keep_mean",
-// "hit_rate", "step_ns_median"}, ...]}; the text table adds each policy's step time relative
-// to the faster exact LRU of the same configuration. The policies of one configuration are
+// "heavy_skew", "hit_rate", "distinct_hit_rate", "belady_distinct_hit_rate",
+// "gap_to_belady_pp", "evictions", "cold_evictions", "step_ns_median"}, ...]} (cold_evictions: measured
+// victims last used more than R steps before; for PB-LRU those taken from its cold bucket);
+// the text table adds each policy's step time relative to the faster exact LRU of the same
+// configuration. The policies of one configuration are
 // replayed in lockstep (policy_replay.h), so their ratios come from the same run.
 #include <fmt/format.h>
 
@@ -22,6 +28,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "command_registry.h"
 #include "policy/belady.h"
 #include "policy/policy_replay.h"
@@ -45,7 +52,9 @@ struct BenchPolicyOptions {
   std::vector<double> skews{0.0, 0.5, 1.0, 1.5, 2.0};
   // Pool fractions of the sweeps (device slots / (batch * context)).
   std::vector<double> pools{0.15, 0.25, 0.5};
-  std::uint32_t context_tokens = 16384, steps = 64, draft_tokens = 0;
+  // 192 steps = 3 R at the default R = 64: victims older than R rounds (PB-LRU's cold
+  // bucket, where it departs from exact LRU) occur from step R + 1 on.
+  std::uint32_t context_tokens = 16384, steps = 192, draft_tokens = 0;
   // docs/WORKLOADS.md, "Selection model": fitted to the real CPU indexer by `ula bench trace`.
   SelectionModelParams model{.top_k = 2048, .sink_tokens = 4, .recent_tokens = 0, .keep_mean = 0.9116,
                              .keep_stddev = 0.0141, .draft_keep = 0.8852, .heavy_skew = 0.25,
@@ -213,6 +222,7 @@ int RunBenchPolicy(const BenchPolicyOptions& o_in) {
                              {"belady_distinct_hit_rate", r.belady_hit_rate},
                              {"gap_to_belady_pp", 100 * (r.belady_hit_rate - r.result.distinct_hit_rate())},
                              {"evictions", r.result.evictions},
+                             {"cold_evictions", r.result.cold_evictions},
                              {"step_ns_median", r.result.step_ns_median}});
     }
     fmt::print("{}\n", out.dump());
@@ -226,8 +236,9 @@ int RunBenchPolicy(const BenchPolicyOptions& o_in) {
       o.model.top_k, o.model.sink_tokens, o.model.recent_tokens, o.model.keep_mean, o.model.keep_stddev,
       o.model.draft_keep, o.model.heavy_skew, o.model.return_fraction, o.model.return_window, o.draft_tokens,
       o.context_tokens, o.steps, warmup, o.seed, o.recent_buckets, o.parallel_min_slots, wait ? wait : "(unset)");
-  fmt::print("{:<15} {:>5} {:>6} {:>5} {:>7} {:>10} {:>9} {:>9} {:>10} {:>14} {:>11}\n", "policy", "batch", "pool",
-             "skew", "overlap", "pool_slots", "hit_rate", "distinct", "belady_gap", "step_us_median", "vs_best_lru");
+  fmt::print("{:<15} {:>5} {:>6} {:>5} {:>7} {:>10} {:>9} {:>9} {:>10} {:>14} {:>11} {:>10} {:>12}\n", "policy", "batch",
+             "pool", "skew", "overlap", "pool_slots", "hit_rate", "distinct", "belady_gap", "step_us_median",
+             "vs_best_lru", "evictions", "cold_victims");
   const std::size_t group = variants.size() + 1;  // + belady
   for (std::size_t i = 0; i < rows.size(); i += group) {
     // rows[i .. i + group) share a configuration, in `kinds` order.
@@ -241,16 +252,18 @@ int RunBenchPolicy(const BenchPolicyOptions& o_in) {
     for (std::size_t j = i; j < i + group; ++j) {
       const Row& r = rows[j];
       if (r.label == "belady") {
-        fmt::print("{:<15} {:>5} {:>6.2f} {:>5.2f} {:>7.4f} {:>10} {:>8.4f}% {:>8.4f}% {:>10} {:>14} {:>11}\n", r.label,
-                   r.batch, r.pool_fraction, r.heavy_skew, r.overlap, r.result.pool_slots, 100 * r.result.hit_rate(),
-                   100 * r.result.distinct_hit_rate(), "-", "-", "-");
+        fmt::print("{:<15} {:>5} {:>6.2f} {:>5.2f} {:>7.4f} {:>10} {:>8.4f}% {:>8.4f}% {:>10} {:>14} {:>11} {:>10} {:>12}\n",
+                   r.label, r.batch, r.pool_fraction, r.heavy_skew, r.overlap, r.result.pool_slots,
+                   100 * r.result.hit_rate(), 100 * r.result.distinct_hit_rate(), "-", "-", "-", r.result.evictions,
+                   "-");
         continue;
       }
-      fmt::print("{:<15} {:>5} {:>6.2f} {:>5.2f} {:>7.4f} {:>10} {:>8.4f}% {:>8.4f}% {:>8.3f}pp {:>14.1f} {:>11.3f}\n",
+      fmt::print("{:<15} {:>5} {:>6.2f} {:>5.2f} {:>7.4f} {:>10} {:>8.4f}% {:>8.4f}% {:>8.3f}pp {:>14.1f} {:>11.3f} {:>10} "
+                 "{:>12}\n",
                  r.label, r.batch, r.pool_fraction, r.heavy_skew, r.overlap, r.result.pool_slots,
                  100 * r.result.hit_rate(), 100 * r.result.distinct_hit_rate(),
                  100 * (r.belady_hit_rate - r.result.distinct_hit_rate()), r.result.step_ns_median / 1e3,
-                 best_lru == 0 ? 0.0 : r.result.step_ns_median / best_lru);
+                 best_lru == 0 ? 0.0 : r.result.step_ns_median / best_lru, r.result.evictions, r.result.cold_evictions);
     }
   }
   return 0;
@@ -261,24 +274,28 @@ Action SetupBenchPolicy(CLI::App& app) {
   app.add_flag("--json", o->json, "print one JSON object");
   app.add_flag("--quick", o->quick, "shorter trace and smaller contexts (a smoke run)");
   app.add_flag("--no-sweeps", o->no_sweeps, "only the batch rows (pool 0.5, calibrated overlap)");
-  app.add_option("--batches", o->batches, "batch sizes")->capture_default_str();
+  app.add_option("--batches", o->batches, "batch sizes")->capture_default_str()->check(IntIn(1, 65536));
   app.add_option("--policies", o->policies, "policies to replay")->capture_default_str();
-  app.add_option("--context", o->context_tokens, "tokens of history per request at step 0")->capture_default_str();
-  app.add_option("--steps", o->steps, "decode steps (16 warm-up)")->capture_default_str();
+  app.add_option("--context", o->context_tokens, "tokens of history per request at step 0")->capture_default_str()
+      ->check(IntIn(1, 1 << 24));
+  app.add_option("--steps", o->steps, "decode steps (16 warm-up)")->capture_default_str()->check(IntIn(1, 1000000));
   app.add_option("--draft-tokens", o->draft_tokens, "speculative draft queries per request and step")
-      ->capture_default_str();
-  app.add_option("--keep-mean", o->model.keep_mean, "selection model keep_mean (overlap)")->capture_default_str();
-  app.add_option("--seed", o->seed, "trace seed")->capture_default_str();
-  app.add_option("--recent-buckets", o->recent_buckets, "PB-LRU ring size R")->capture_default_str();
+      ->capture_default_str()->check(IntIn(0, 64));
+  app.add_option("--keep-mean", o->model.keep_mean, "selection model keep_mean (overlap)")->capture_default_str()
+      ->check(RealIn(0, 1));
+  app.add_option("--seed", o->seed, "trace seed")->capture_default_str()->check(Seed());
+  app.add_option("--recent-buckets", o->recent_buckets, "PB-LRU ring size R")->capture_default_str()
+      ->check(IntIn(1, 1024));
   app.add_option("--extra-rings", o->extra_rings, "more PB-LRU ring sizes replayed beside the policies")
-      ->capture_default_str();
-  app.add_option("--pools", o->pools, "pool fractions of the sweeps (batch 64)")->capture_default_str();
+      ->capture_default_str()->check(IntIn(0, 1024));
+  app.add_option("--pools", o->pools, "pool fractions of the sweeps (batch 64)")->capture_default_str()
+      ->check(RealIn(0, 1, /*lo_open=*/true));
   app.add_option("--skews", o->skews, "selection-model heavy_skew values of the skew sweep (batch 64)")
-      ->capture_default_str();
+      ->capture_default_str()->check(RealIn(0, 4));
   app.add_option("--heavy-skew", o->model.heavy_skew, "selection-model heavy_skew of the main rows")
-      ->capture_default_str();
+      ->capture_default_str()->check(RealIn(0, 4));
   app.add_option("--parallel-min-slots", o->parallel_min_slots, "smallest Touch batch split over OpenMP threads")
-      ->capture_default_str();
+      ->capture_default_str()->check(AtLeast<std::uint32_t>(1));
   return [o] { return RunBenchPolicy(*o); };
 }
 

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/fixed_split_allocator.h"
 #include "ula/hybrid_runner.h"
@@ -327,16 +328,16 @@ int Run(const Options& o) {
 Action Setup(CLI::App& app) {
   auto o = std::make_shared<Options>();
   app.add_flag("--json", o->json, "print JSON");
-  app.add_option("--prefixes", o->prefixes, "cached prefixes")->check(CLI::Range(1, 1000));
-  app.add_option("--prefix-tokens", o->prefix_tokens, "tokens per prefix")->check(CLI::Range(16, 8192));
-  app.add_option("--long-tokens", o->long_tokens, "tokens of the unrelated request")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--chunk-tokens", o->chunk_tokens, "chunk size of the chunked runs")->check(CLI::Range(16, 1 << 20));
+  app.add_option("--prefixes", o->prefixes, "cached prefixes")->check(IntIn(1, 1000));
+  app.add_option("--prefix-tokens", o->prefix_tokens, "tokens per prefix")->check(IntIn(16, 8192));
+  app.add_option("--long-tokens", o->long_tokens, "tokens of the unrelated request")->check(IntIn(1, 1 << 20));
+  app.add_option("--chunk-tokens", o->chunk_tokens, "chunk size of the chunked runs")->check(IntIn(16, 1 << 20));
   app.add_option("--free-fraction", o->free_fraction, "free space before the long request, as a fraction of its size")
-      ->check(CLI::Range(0.0, 10.0));
-  app.add_option("--seed", o->seed, "token seed");
-  app.add_option("--variants", o->variants, "branching experiment: variants per prefix")->check(CLI::Range(1, 100));
+      ->check(RealIn(0, 10));
+  app.add_option("--seed", o->seed, "token seed")->check(AtLeast<std::uint32_t>(0));
+  app.add_option("--variants", o->variants, "branching experiment: variants per prefix")->check(IntIn(1, 100));
   app.add_option("--host-slots", o->host_slots, "checkpoints the host tier of the host-tier run holds")
-      ->check(CLI::Range(1, 100000));
+      ->check(IntIn(1, 100000));
   return [o] { return Run(*o); };
 }
 

@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/tp_prefetcher.h"
 
@@ -173,17 +174,26 @@ int RunPrefetch(const PrefetchOptions& o) {
 
 Action SetupPrefetch(CLI::App& app) {
   auto o = std::make_shared<PrefetchOptions>();
-  app.add_option("--ranks", o->ranks, "in-process ranks")->capture_default_str();
-  app.add_option("--groups", o->groups, "layer groups")->capture_default_str();
-  app.add_option("--entries", o->entries, "live addresses")->capture_default_str();
-  app.add_option("--entry-bytes", o->entry_bytes, "bytes per group entry (GLM-5: 2624)")->capture_default_str();
-  app.add_option("--select", o->select, "selections per group per step")->capture_default_str();
-  app.add_option("--keep", o->keep, "fraction of a group's selection kept from the previous step")->capture_default_str();
-  app.add_option("--steps", o->steps, "steps (the first warms the local buffers)")->capture_default_str();
-  app.add_option("--compute-gbps", o->compute_gbps, "simulated compute speed over the selected bytes")->capture_default_str();
-  app.add_option("--buffer-factor", o->buffer_factor, "local buffer slots per group / --select")->capture_default_str();
-  app.add_option("--copy-threads", o->copy_threads, "cpu backend copy threads")->capture_default_str();
-  app.add_option("--seed", o->seed, "selection seed")->capture_default_str();
+  app.add_option("--ranks", o->ranks, "in-process ranks")->capture_default_str()->check(IntIn(1, 1024));
+  app.add_option("--groups", o->groups, "layer groups")->capture_default_str()->check(IntIn(1, 1024));
+  app.add_option("--entries", o->entries, "live addresses")->capture_default_str()->check(IntIn(1, 1 << 30));
+  app.add_option("--entry-bytes", o->entry_bytes, "bytes per group entry (GLM-5: 2624)")->capture_default_str()
+      ->check(IntIn(1, 1 << 24));
+  app.add_option("--select", o->select, "selections per group per step")->capture_default_str()
+      ->check(IntIn(1, 1 << 30));
+  app.add_option("--keep", o->keep, "fraction of a group's selection kept from the previous step")
+      ->capture_default_str()
+      ->check(RealIn(0, 1));
+  app.add_option("--steps", o->steps, "steps (the first warms the local buffers)")->capture_default_str()
+      ->check(IntIn(1, 1000000));
+  app.add_option("--compute-gbps", o->compute_gbps, "simulated compute speed over the selected bytes")
+      ->capture_default_str()
+      ->check(RealIn(0, 1e6, true));
+  app.add_option("--buffer-factor", o->buffer_factor, "local buffer slots per group / --select")->capture_default_str()
+      ->check(RealIn(0, 1000, true));
+  app.add_option("--copy-threads", o->copy_threads, "cpu backend copy threads")->capture_default_str()
+      ->check(IntIn(0, 256));
+  app.add_option("--seed", o->seed, "selection seed")->capture_default_str()->check(Seed());
   app.add_flag("--json", o->json, "print one JSON object");
   return [o]() -> int {
     if (o->ranks < 2 || o->groups == 0 || o->entries < o->ranks || o->select == 0 || o->steps == 0 ||

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/attention_check.h"
 #include "ula/calibration.h"
@@ -199,12 +200,14 @@ Action SetupTrace(CLI::App& app) {
   app.add_option("--config-dir", o->config_dir, "configs directory (default: $ULA_CONFIG_DIR or the source tree's)");
   app.add_option("--calibration", o->calibration, "configs/workloads/<name>.json decode schedule")->capture_default_str();
   app.add_option("--attention-model", o->attention_model, "float32 model for the attention check")->capture_default_str();
-  app.add_option("--attention-steps", o->attention_steps, "decode steps of the attention check")->capture_default_str();
-  app.add_option("--sweep", o->sweep, "target overlaps to fit the selection model to (e.g. --sweep 0.3 0.6 0.9)");
+  app.add_option("--attention-steps", o->attention_steps, "decode steps of the attention check")->capture_default_str()
+      ->check(IntIn(0, 100000));
+  app.add_option("--sweep", o->sweep, "target overlaps to fit the selection model to (e.g. --sweep 0.3 0.6 0.9)")
+      ->check(OpenFraction());
   app.add_option("--heavy-skew", o->heavy_skew, "use this selection-model heavy_skew instead of the fitted one")
-      ->check(CLI::Range(0.0, 4.0));
+      ->check(RealIn(0, 4));
   app.add_option("--return-fraction", o->return_fraction, "use this selection-model return_fraction instead of the fitted one")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(RealIn(0, 1));
   app.add_option("--trace-out", o->trace_out, "write PATH.real and PATH.synthetic trace files");
   app.add_flag("--json", o->json, "print one JSON object");
   return [o]() { return Run(*o); };

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/fixed_split_allocator.h"
 #include "ula/page_envelope.h"
@@ -268,9 +269,9 @@ int Run(const Options& o) {
 Action Setup(CLI::App& app) {
   auto o = std::make_shared<Options>();
   app.add_flag("--json", o->json, "print JSON");
-  app.add_option("--buffer-units", o->buffer_units, "buffer size in 4 KiB units")->check(CLI::Range(64, 1 << 22));
-  app.add_option("--seed", o->seed, "workload seed");
-  app.add_option("--steps", o->steps, "scheduling steps per workload")->check(CLI::Range(10, 1000000));
+  app.add_option("--buffer-units", o->buffer_units, "buffer size in 4 KiB units")->check(IntIn(64, 1 << 22));
+  app.add_option("--seed", o->seed, "workload seed")->check(AtLeast<std::uint32_t>(0));
+  app.add_option("--steps", o->steps, "scheduling steps per workload")->check(IntIn(10, 1000000));
   return [o] { return Run(*o); };
 }
 

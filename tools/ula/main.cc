@@ -30,7 +30,13 @@ int main(int argc, char** argv) {
     CLI::App* sub = parent->add_subcommand(c.name, c.help);
     actions.emplace_back(sub, c.setup(*sub));
   }
-  CLI11_PARSE(app, argc, argv);
+  // Every parse or validation error (a negative count, an out-of-range fraction, an unknown
+  // option: tools/ula/cli_checks.h) exits with status 2 and CLI11's message on stderr.
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   for (auto& [sub, action] : actions) {
     if (sub->parsed()) return action();
   }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/tp_address_space.h"
 #ifdef ULA_HAVE_MPI
@@ -157,12 +158,13 @@ int RunFetch(const FetchOptions& o) {
 
 Action SetupFetch(CLI::App& app) {
   auto o = std::make_shared<FetchOptions>();
-  app.add_option("--entries", o->entries, "entries fetched per rank per repeat")->capture_default_str();
-  app.add_option("--entry-bytes", o->entry_bytes, "bytes per entry (GLM-5 group: 2624)")->capture_default_str();
-  app.add_option("--repeats", o->repeats, "repeats")->capture_default_str();
+  app.add_option("--entries", o->entries, "entries fetched per rank per repeat")->capture_default_str()
+      ->check(IntIn(1, 1 << 30));
+  app.add_option("--entry-bytes", o->entry_bytes, "bytes per entry (GLM-5 group: 2624)")->capture_default_str()
+      ->check(IntIn(1, 1 << 24));
+  app.add_option("--repeats", o->repeats, "repeats")->capture_default_str()->check(IntIn(1, 10000));
   app.add_option("--stride", o->stride, "fetch every k-th remote entry (k > 1: no contiguous runs)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(IntIn(1, 1 << 20));
   app.add_flag("--json", o->json, "print one JSON object (rank 0)");
   return [o]() -> int { return RunFetch(*o); };
 }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "command_registry.h"
 #include "tp_verify_cli.h"
 #include "ula/attention_check.h"
@@ -17,13 +18,16 @@ Action SetupVerify(CLI::App& app) {
   auto cfg = std::make_shared<VerifierConfig>();
   auto json = std::make_shared<bool>(false);
   auto policy = std::make_shared<std::string>(std::string(PolicyKindName(DefaultPolicyKind())));
-  app.add_option("--seed", cfg->seed, "random seed")->capture_default_str();
-  app.add_option("--ops", cfg->ops, "number of operations")->capture_default_str();
-  app.add_option("--ranks", cfg->num_ranks, "ranks (DP)")->capture_default_str();
-  app.add_option("--groups", cfg->num_groups, "layer groups")->capture_default_str();
-  app.add_option("--device-slots", cfg->device_slots_per_group, "device slots per rank per group")->capture_default_str();
-  app.add_option("--host-slots", cfg->host_slots_per_group, "host slots per rank per group")->capture_default_str();
-  app.add_option("--top-k", cfg->top_k, "selections per query")->capture_default_str();
+  app.add_option("--seed", cfg->seed, "random seed")->capture_default_str()->check(Seed());
+  app.add_option("--ops", cfg->ops, "number of operations")->capture_default_str()->check(IntIn(1, 1000000000));
+  app.add_option("--ranks", cfg->num_ranks, "ranks (DP)")->capture_default_str()->check(IntIn(1, 1024));
+  app.add_option("--groups", cfg->num_groups, "layer groups")->capture_default_str()->check(IntIn(1, 1024));
+  app.add_option("--device-slots", cfg->device_slots_per_group, "device slots per rank per group")
+      ->capture_default_str()
+      ->check(IntIn(1, 1 << 30));
+  app.add_option("--host-slots", cfg->host_slots_per_group, "host slots per rank per group")->capture_default_str()
+      ->check(IntIn(0, 1 << 30));
+  app.add_option("--top-k", cfg->top_k, "selections per query")->capture_default_str()->check(IntIn(1, 1 << 20));
   app.add_option("--policy", *policy, "residency policy")->capture_default_str();
   app.add_flag("--json", *json, "print one JSON object");
   auto attention_model = std::make_shared<std::string>("tiny_glm");
@@ -31,11 +35,12 @@ Action SetupVerify(CLI::App& app) {
   app.add_option("--attention-model", *attention_model, "float32 model config for the attention check")
       ->capture_default_str();
   app.add_option("--attention-steps", *attention_steps, "decode steps of the attention check (0: skip)")
-      ->capture_default_str();
+      ->capture_default_str()->check(IntIn(0, 100000));
   auto mode = std::make_shared<std::string>("dp");
   auto mpi = std::make_shared<bool>(false);
-  app.add_option("--mode", *mode, "dp or tp (TP mode, issue 5)")->check(CLI::IsMember({"dp", "tp"}))->capture_default_str();
-  app.add_flag("--mpi", *mpi, "tp: one process per rank (run under mpirun)");
+  app.add_option("--mode", *mode, "dp or tp (TP mode, issue 5)")
+      ->check(CLI::IsMember({"dp", "tp"}))->capture_default_str();
+  app.add_flag("--mpi", *mpi, "tp only: one process per rank (run under mpirun)");
   auto tp_attention = std::make_shared<std::string>("local_buffer");
   app.add_option("--tp-attention", *tp_attention,
                  "tp: local_buffer (fetch remote entries into per-rank buffers) or at_home (partial attention on "
@@ -43,6 +48,11 @@ Action SetupVerify(CLI::App& app) {
       ->check(CLI::IsMember({"local_buffer", "at_home"}))
       ->capture_default_str();
   return [cfg, json, policy, mode, mpi, attention_model, attention_steps, tp_attention]() -> int {
+    if (*mpi && *mode != "tp") {
+      fmt::print(stderr, "ula verify: --mpi needs --mode tp (the DP verifier has no MPI mode: its ranks share one "
+                         "process)\n");
+      return 2;
+    }
     if (*mode == "tp") {
       return RunTpVerify({.seed = cfg->seed, .ops = cfg->ops, .ranks = cfg->num_ranks, .groups = cfg->num_groups,
                           .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,

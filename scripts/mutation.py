@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""`make mutation`: deliberate bugs the tests must catch (issue 13, item 5).
+
+Reads tests/mutations.json. For each mutation alone: replace one exact source line, rebuild
+only the listed targets in a tree of its own (build-mutation/, ccache when present), run
+the listed ctests, restore the source. A mutation is caught when a test fails; one that
+does not compile is reported as such and not counted as caught. Prints `caught N of M` and
+exits 0 only when every mutation is caught.
+
+Before anything changes, every `find` line must occur exactly once in its file (else the
+code moved on: update the list), and the unmutated tests must pass. The source is restored
+after each mutation, also on Ctrl-C; a copy of the original file is kept in the build tree
+until then, and a later run restores it first if a run was killed.
+
+Usage: scripts/mutation.py [--build-dir DIR] [--jobs N] [--only NAME...] [--list]
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LIST = ROOT / "tests" / "mutations.json"
+
+
+def sh(cmd, log=None, timeout=None):
+    with open(log, "a") if log else open(os.devnull, "w") as out:
+        try:
+            return subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return 124
+
+
+def configure(build, log):
+    args = ["cmake", "-S", ".", "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DULA_BUILD_BENCH=OFF"]
+    if shutil.which("ccache"):
+        args.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
+    if sh(args, log) != 0:
+        sys.exit(f"mutation: configuring {build} failed (see {log})")
+
+
+def build_targets(build, targets, jobs, log):
+    return sh(["cmake", "--build", str(build), "-j", str(jobs), "--target", *targets], log) == 0
+
+
+def run_tests(build, regex, log):
+    # A mutation may make a test loop: each test gets a bounded time.
+    return sh(["ctest", "--test-dir", str(build), "-R", regex, "--timeout", "180", "--output-on-failure"], log)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build-dir", default="build-mutation")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args()
+    mutations = json.loads(LIST.read_text())["mutations"]
+    if a.only:
+        unknown = set(a.only) - {m["name"] for m in mutations}
+        if unknown:
+            sys.exit(f"mutation: unknown names {sorted(unknown)}")
+        mutations = [m for m in mutations if m["name"] in a.only]
+    if a.list:
+        for m in mutations:
+            print(f"{m['name']:50} {m['file']}: {m['why']}")
+        return 0
+    build = (ROOT / a.build_dir).resolve()
+    build.mkdir(parents=True, exist_ok=True)
+    backup_dir = build / "mutation-backup"
+    restore_leftovers(backup_dir)
+
+    # Every mutation must still match the code, exactly once.
+    stale = []
+    for m in mutations:
+        text = (ROOT / m["file"]).read_text()
+        lines = text.split("\n")
+        hits = sum(1 for line in lines if line == m["find"])
+        if hits != 1:
+            stale.append(f"{m['name']}: the line {m['find']!r} occurs {hits} times in {m['file']} (want 1)")
+    if stale:
+        print("\n".join("mutation: " + s for s in stale))
+        print("the code changed: update tests/mutations.json")
+        return 2
+
+    log = build / "mutation.log"
+    log.write_text("")
+    configure(build, log)
+    all_targets = sorted({t for m in mutations for t in m["targets"]})
+    all_tests = "|".join(f"({m['tests']})" for m in mutations)
+    t0 = time.time()
+    print(f"baseline: building {len(all_targets)} targets in {build.name}/ ...", flush=True)
+    if not build_targets(build, all_targets, a.jobs, log):
+        sys.exit(f"mutation: the unmutated tree does not build (see {log})")
+    if run_tests(build, all_tests, log) != 0:
+        sys.exit(f"mutation: the unmutated tests fail (see {log}); nothing to measure")
+    print(f"baseline: the unmutated tests pass ({time.time() - t0:.0f} s)", flush=True)
+
+    caught, results = 0, []
+    for i, m in enumerate(mutations, 1):
+        path = ROOT / m["file"]
+        original = path.read_text()
+        backup = backup_dir / m["file"]
+        backup.parent.mkdir(parents=True, exist_ok=True)
+        backup.write_text(original)
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # no Ctrl-C between write and restore setup
+        try:
+            lines = original.split("\n")
+            lines[lines.index(m["find"])] = m["replace"]
+            path.write_text("\n".join(lines))
+            signal.signal(signal.SIGINT, old)
+            t = time.time()
+            with open(log, "a") as f:
+                f.write(f"\n===== mutation {m['name']}\n")
+            if not build_targets(build, m["targets"], a.jobs, log):
+                verdict = "DID NOT COMPILE"
+            else:
+                rc = run_tests(build, m["tests"], log)
+                verdict = "caught" if rc != 0 else "NOT CAUGHT"
+        finally:
+            path.write_text(original)
+            backup.unlink()
+        caught += verdict == "caught"
+        results.append((m["name"], verdict))
+        print(f"[{i:2}/{len(mutations)}] {verdict:16} {m['name']} ({time.time() - t:.0f} s)", flush=True)
+    # Leave the tree built from the restored source.
+    build_targets(build, all_targets, a.jobs, log)
+    print(f"caught {caught} of {len(mutations)}")
+    missed = [n for n, v in results if v != "caught"]
+    if missed:
+        print("not caught: " + ", ".join(missed) + f" (log: {log.relative_to(ROOT)})")
+    return 0 if caught == len(mutations) else 1
+
+
+def restore_leftovers(backup_dir):
+    if not backup_dir.exists():
+        return
+    for f in backup_dir.rglob("*"):
+        if f.is_file():
+            rel = f.relative_to(backup_dir)
+            print(f"mutation: restoring {rel} left mutated by an interrupted run")
+            (ROOT / rel).write_text(f.read_text())
+            f.unlink()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
