@@ -132,9 +132,9 @@ class SpyBackend final : public Backend {
     if (on_submit) on_submit();
     return inner_->Submit(std::move(batch));
   }
-  void Wait(Fence f) override {
+  Status Wait(Fence f) override {
     if (on_wait) on_wait();
-    inner_->Wait(f);
+    return inner_->Wait(f);
   }
   void WaitAll() override { inner_->WaitAll(); }
   TransferCounters counters() const override { return inner_->counters(); }
