@@ -10,6 +10,16 @@
 //
 // If the step's distinct selections cannot all be on device at once (more than the free
 // plus evictable slots), the step fails with kResourceExhausted before touching anything.
+//
+// A failed transfer (kIo from the backend, ula/backend.h; FaultInjectingBackend injects
+// them) fails the step with kIo naming the batch, after this documented state: the
+// host->device copies into free slots and the swaps with victims are two batches, each
+// waited on its own fence. A failed batch publishes nothing: its entries stay on host at
+// their old slots with their bytes (a failed copy only wrote free device slots, which go
+// back to the pool; a failed swap exchanged nothing, its victims stay on device). A batch
+// that completed is published as on success (its bytes arrived). In the residency policy
+// the step's hits and claimed victims count as used in this round. No entry is published
+// before its bytes arrived; no entry's bytes are lost; every invariant holds.
 // Thread-safety: as AddressSpace (one driver thread).
 #pragma once
 
@@ -46,6 +56,8 @@ class StepPlanner {
 
   // out_slots[i] = device slot holding input.selections[i] after the step.
   // REQUIRES: out_slots.size() == input.selections.size().
+  // Errors: kOutOfRange, kInvalidArgument, kNotFound, kResourceExhausted with nothing
+  // changed; kIo (a failed transfer) with the state of the contract above.
   Result<StepStats> Step(const StepInput& input, std::span<SlotId> out_slots);
 
  private:

@@ -72,8 +72,22 @@ class TpStepPlanner {
 
   // selections: every query of every request of the batch, concatenated (as in DP mode).
   // kOutOfRange (group), kNotFound (an address that is not live), kResourceExhausted (some
-  // rank's misses do not fit), kFailedPrecondition (another rank refused). Nothing changes
-  // on any error. Collective when a fabric is used.
+  // rank's misses do not fit), kFailedPrecondition (another rank refused): nothing changes.
+  // Collective when a fabric is used.
+  //
+  // kIo: a transfer failed (a backend batch, ula/backend.h, or a fabric fetch;
+  // FaultInjectingBackend / FaultInjectingFabric inject them), named in the message, on a
+  // hosted rank. The step still joins every collective, then fails with this documented
+  // state: home phase as StepPlanner's contract (each batch waited on its own fence; a
+  // failed batch publishes nothing — its entries stay on host with their bytes, free
+  // slots go back; a completed batch is published); a rank whose home phase failed skips
+  // its remote phase; in the remote phase, entries fetched by a completed batch or fetch
+  // are published in the buffer, and an entry whose batch or fetch failed is not
+  // buffered — its buffer slot goes back to the pool (free) — so no later step counts it
+  // as a buffer hit. Buffer copies evicted for the step stay evicted (read-only copies:
+  // their homes keep the bytes). Policies count the step's hits and victims as used in
+  // this round. Other ranks' steps are unaffected. No entry is published before its
+  // bytes arrived, no entry's bytes are lost, every invariant holds.
   Result<TpStepPlan> Step(GroupId group, std::span<const LogicalAddr> selections);
 
  private:
