@@ -33,9 +33,15 @@ class TpPrefetcher {
   explicit TpPrefetcher(TpAddressSpace& space, TpPlannerOptions options = {});
 
   using Compute = std::function<void(GroupId, const TpStepPlan&)>;
-  // selections[g]: group g's selections. Groups run in order 0..G-1. On the first failing
-  // group step the error is returned (earlier groups are done; nothing of the failing one
-  // changed). REQUIRES: selections.size() == num_groups.
+  // selections[g]: group g's selections. Groups run in order 0..G-1.
+  // Refusal is total: every group's selections are checked (TpStepPlanner::Check) before
+  // any group is stepped, so kInvalidArgument, kOutOfRange, kNotFound and
+  // kResourceExhausted (naming the group) change nothing and call no compute.
+  // kIo (a failed transfer in group g's step, named in the message): groups before g were
+  // stepped and computed, group g is left in TpStepPlanner::Step's documented kIo state
+  // (nothing published before its bytes arrived, nothing lost), later groups are
+  // untouched, and no further compute runs.
+  // REQUIRES: selections.size() == num_groups.
   Result<TpPipelineStats> RunStep(std::span<const std::vector<LogicalAddr>> selections, const Compute& compute,
                                   bool prefetch = true);
 

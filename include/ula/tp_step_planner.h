@@ -89,8 +89,17 @@ class TpStepPlanner {
   // this round. Other ranks' steps are unaffected. No entry is published before its
   // bytes arrived, no entry's bytes are lost, every invariant holds.
   Result<TpStepPlan> Step(GroupId group, std::span<const LogicalAddr> selections);
+  // Whether Step would refuse these selections now: its refusals (kOutOfRange, kNotFound,
+  // kResourceExhausted) or Ok; changes nothing. In-process ranks only (kFailedPrecondition
+  // with a fabric, where the refusal is agreed inside Step). Steps of other groups do not
+  // change the answer (their state is disjoint), so a caller can check every group first.
+  Status Check(GroupId group, std::span<const LogicalAddr> selections);
 
  private:
+  // Step's phase 0 into the scratch: validation, dedup, per-rank classification, and the
+  // fit check (kResourceExhausted, not yet agreed). Changes nothing but the scratch.
+  Status Classify(GroupId group, std::span<const LogicalAddr> selections);
+
   struct Scratch;
   TpAddressSpace& space_;
   TpFabric* fabric_;

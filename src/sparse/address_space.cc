@@ -8,6 +8,7 @@
 #include "sparse/address_space_state.h"
 #include "sparse/pool_geometry.h"
 #include "ula/check.h"
+#include "ula/digest.h"
 
 namespace ula {
 
@@ -339,6 +340,38 @@ Status AddressSpace::CheckInvariants() const {
     }
   }
   return Ok();
+}
+
+
+std::uint64_t AddressSpace::DebugDigest() const {
+  const State& st = *state_;
+  StateDigest d;
+  for (const LocationTable& t : st.tables) {
+    d.Add(t.size());
+    for (std::uint32_t a = 0; a < t.size(); ++a) d.Add(t.Get(LogicalAddr(a)).bits());
+  }
+  for (const auto& per_rank : st.pools) {
+    for (const GroupPools& gp : per_rank) {
+      d.Add(gp.device.free_bitmap());
+      d.Add(gp.host.free_bitmap());
+      d.Add(gp.policy->DebugDigest());
+      for (LogicalAddr a : gp.device_owner) d.Add(a.value());
+    }
+  }
+  std::uint64_t requests = 0;  // unordered: a sum of per-request hashes
+  for (const auto& [id, r] : st.requests) {
+    StateDigest rd;
+    rd.Add(id.value());
+    rd.Add(r.rank.value());
+    for (LogicalAddr a : r.addrs) rd.Add(a.value());
+    requests += rd.value();
+  }
+  d.Add(requests);
+  d.Add(st.free_addrs.size());
+  for (LogicalAddr a : st.free_addrs) d.Add(a.value());
+  d.Add(st.next_addr);
+  d.Add(st.live);
+  return d.value();
 }
 
 }  // namespace ula

@@ -144,7 +144,7 @@ Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWo
 
 }  // namespace
 
-Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAddr> selections) {
+Status TpStepPlanner::Classify(GroupId group, std::span<const LogicalAddr> selections) {
   TpAddressSpace::State& st = *space_.state_;
   const TpConfig& cfg = space_.config();
   const std::uint32_t p = cfg.num_ranks;
@@ -226,6 +226,26 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
                                     w.remote_missed.size(), buffer_room));
     }
   }
+  return local;
+}
+
+Status TpStepPlanner::Check(GroupId group, std::span<const LogicalAddr> selections) {
+  if (fabric_ != nullptr) {
+    return MakeError(ErrorCode::kFailedPrecondition, "Check is for in-process ranks (with a fabric, Step agrees)");
+  }
+  return Classify(group, selections);
+}
+
+Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAddr> selections) {
+  TpAddressSpace::State& st = *space_.state_;
+  const TpConfig& cfg = space_.config();
+  const std::uint32_t p = cfg.num_ranks;
+  const bool at_home = cfg.attention == TpAttention::kAtHome;
+  Scratch& sc = *scratch_;
+  // 0. Validate, dedup, classify, check that the misses fit (nothing changes).
+  Status local = Classify(group, selections);
+  if (!local && local.error().code() != ErrorCode::kResourceExhausted) return std::unexpected(local.error());
+  const auto hosted = space_.hosted_ranks();
   const bool all_ok = fabric_ ? fabric_->AllTrue(local.has_value()) : local.has_value();
   if (!local) return std::unexpected(local.error());
   if (!all_ok) {
