@@ -88,7 +88,8 @@ class Verifier {
     }
   }
 
-  // A fingerprint of the placement: every live entry's location and the pools' occupancy.
+  // A fingerprint of the placement: every live entry's location and the pools' occupancy,
+  // and the full-state DebugDigest (policy stamps and buckets, rounds, free lists in order).
   // Bytes are checked against the shadow instead (AllBytesMatchShadow).
   std::uint64_t PlacementFingerprint() {
     std::uint64_t h = 1469598103934665603ull;
@@ -106,6 +107,7 @@ class Verifier {
     }
     mix(space_->num_live_addresses());
     mix(space_->num_requests());
+    mix(space_->DebugDigest());  // what no accessor shows: policy state, rounds, free-list order
     return h;
   }
 
