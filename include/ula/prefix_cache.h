@@ -89,9 +89,16 @@ class PrefixCache {
   Status Insert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
                 std::span<const PositionedCheckpoint> checkpoints);
 
-  // Evicts LRU unlocked leaves until `demand` can be allocated (see the rules above).
-  // kResourceExhausted when nothing evictable is left and it still does not fit (what was
-  // evicted stays evicted).
+  // Evicts LRU unlocked leaves until `demand` can be allocated (see the rules above); under
+  // kAllocationAware it stops at the first leaf after which the demand fits (minimal).
+  // kInvalidArgument (a demand of the wrong shape): nothing changed.
+  // kResourceExhausted when nothing evictable is left and it still does not fit: the one
+  // deliberate partial effect of the cache — eviction cannot be undone (freed blocks may
+  // be reused or compacted over), so what was evicted stays evicted: afterwards no unlocked
+  // leaf is left, every locked node keeps its blocks, pins and offsets, and the message
+  // names how many nodes went (tests/prefix/prefix_random_test.cc checks exactly that).
+  // Eviction only frees blocks (no bytes move), so a failed transfer cannot lose anything
+  // here.
   Result<EvictionStats> MakeRoom(const Demand& demand, EvictionRule rule);
 
   std::size_t num_nodes() const;  // root excluded
@@ -99,6 +106,9 @@ class PrefixCache {
   // Whether a prefix of exactly these tokens is fully reusable now (checkpoint at its end).
   bool Holds(std::span<const std::uint32_t> tokens) const;
   Status CheckInvariants() const;
+  // A hash of the whole tree (nodes with their blocks, locks and LRU stamps, the free-node
+  // list in order, the clock): equal before and after a refused call. For tests; O(nodes).
+  std::uint64_t DebugDigest() const;
 
  private:
   struct Node {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "ula/check.h"
+#include "ula/digest.h"
 
 namespace ula {
 
@@ -331,6 +332,25 @@ Status PrefixCache::CheckInvariants() const {
     }
   }
   return Ok();
+}
+
+
+std::uint64_t PrefixCache::DebugDigest() const {
+  StateDigest d;
+  for (const Node& n : nodes_) {
+    d.Add(n.live);
+    if (!n.live) continue;
+    for (std::uint64_t v : {std::uint64_t{n.parent}, std::uint64_t{n.end}, std::uint64_t{n.page.value()},
+                            std::uint64_t{n.checkpoint.state.value()}, std::uint64_t{n.checkpoint.window.value()},
+                            std::uint64_t{n.locks}, n.last_use}) {
+      d.Add(v);
+    }
+    d.AddAll(std::span<const std::uint32_t>(n.tokens));
+    for (const auto& [key, child] : n.children) d.Add(child);
+  }
+  d.AddAll(std::span<const std::uint32_t>(free_nodes_));
+  d.Add(clock_);
+  return d.value();
 }
 
 }  // namespace ula

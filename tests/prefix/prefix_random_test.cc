@@ -39,6 +39,44 @@ struct Running {
   std::vector<Bytes> bytes;
 };
 
+// The cache's allocator, watched: while a demand is set (allocation-aware MakeRoom), the
+// eviction of a node (the free of its KV page) while the demand already fits is counted —
+// eviction must stop as soon as it fits (minimal). Everything else is forwarded.
+class WatchingAllocator final : public HybridAllocator {
+ public:
+  explicit WatchingAllocator(HybridAllocator& inner) : inner_(inner) {}
+  void Watch(const Demand* demand) { demand_ = demand; }
+  int late_evictions() const { return late_evictions_; }
+
+  std::size_t num_kinds() const override { return inner_.num_kinds(); }
+  const KindConfig& kind_config(BlockKind kind) const override { return inner_.kind_config(kind); }
+  Result<std::vector<BlockId>> AllocateDemand(const Demand& demand) override { return inner_.AllocateDemand(demand); }
+  bool CanAllocate(const Demand& demand) const override { return inner_.CanAllocate(demand); }
+  Status Free(BlockId id) override {
+    if (demand_ != nullptr && inner_.KindOf(id).value_or(BlockKind()) == kKv && inner_.CanAllocate(*demand_)) {
+      ++late_evictions_;
+    }
+    return inner_.Free(id);
+  }
+  Status Pin(BlockId id) override { return inner_.Pin(id); }
+  Status Unpin(BlockId id) override { return inner_.Unpin(id); }
+  Result<BlockKind> KindOf(BlockId id) const override { return inner_.KindOf(id); }
+  Result<std::uint64_t> Offset(BlockId id) const override { return inner_.Offset(id); }
+  Status Translate(std::span<const BlockId> ids, std::span<std::uint64_t> offsets) const override {
+    return inner_.Translate(ids, offsets);
+  }
+  std::byte* base() override { return inner_.base(); }
+  std::uint64_t Compact() override { return inner_.Compact(); }
+  AllocatorStats Stats() const override { return inner_.Stats(); }
+  std::vector<BlockInfo> LiveBlocks() const override { return inner_.LiveBlocks(); }
+  Status CheckInvariants() const override { return inner_.CheckInvariants(); }
+
+ private:
+  HybridAllocator& inner_;
+  const Demand* demand_ = nullptr;
+  int late_evictions_ = 0;
+};
+
 class PrefixRandom {
  public:
   PrefixRandom(std::uint32_t seed, CompactionMode mode) : rng_(seed) {
@@ -50,7 +88,8 @@ class PrefixRandom {
     c.padding_blocks = 1;
     c.compaction = mode;
     buffer_ = UnifiedBuffer::Create(c).value();
-    cache_ = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage}, buffer_.get()).value();
+    watcher_ = std::make_unique<WatchingAllocator>(*buffer_);
+    cache_ = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage}, watcher_.get()).value();
     for (int s = 0; s < 5; ++s) {
       Tokens stem(24);
       for (auto& t : stem) t = Uniform(0, 49);
@@ -72,8 +111,10 @@ class PrefixRandom {
         UnlockRandom();
       } else if (op < 82) {
         Evict();
-      } else if (op < 92) {
+      } else if (op < 90) {
         FreeRunning();
+      } else if (op < 92) {
+        RefusedCalls();
       } else {
         buffer_->Compact();
       }
@@ -202,7 +243,10 @@ class PrefixRandom {
   bool MakeRoomAndCheck(const Demand& demand) {
     const EvictionRule rule = Uniform(0, 1) ? EvictionRule::kNaive : EvictionRule::kAllocationAware;
     const bool fit_before = buffer_->CanAllocate(demand);
+    if (rule == EvictionRule::kAllocationAware) watcher_->Watch(&demand);
     auto stats = cache_->MakeRoom(demand, rule);
+    watcher_->Watch(nullptr);
+    EXPECT_EQ(watcher_->late_evictions(), 0) << "evicted a node after the demand already fit at step " << step_;
     ++evictions_;
     // Which shadow nodes lost their page (ids carry generations: a freed id stays refused).
     std::vector<Tokens> gone;
@@ -274,6 +318,23 @@ class PrefixRandom {
       r.bytes.push_back(Fill(id));
     }
     running_.push_back(std::move(r));
+  }
+  // Refused calls change nothing, down to what no accessor shows (LRU stamps, free-node
+  // order, the buffer's free-id order): full-state digests before and after.
+  void RefusedCalls() {
+    const std::uint64_t cache_before = cache_->DebugDigest(), buffer_before = buffer_->DebugDigest();
+    auto wrong_shape = cache_->MakeRoom(Demand::Of(2).Add(kKv, 1), EvictionRule::kAllocationAware);
+    ASSERT_FALSE(wrong_shape);
+    EXPECT_EQ(wrong_shape.error().code(), ErrorCode::kInvalidArgument);
+    const Tokens tokens = RandomSequence();
+    auto short_pages = cache_->Insert(tokens, {}, {});
+    EXPECT_FALSE(short_pages);
+    PrefixMatch stale;
+    stale.path = {static_cast<std::uint32_t>(1000000)};
+    EXPECT_FALSE(cache_->Lock(stale));
+    EXPECT_FALSE(cache_->Unlock(stale));
+    EXPECT_EQ(cache_->DebugDigest(), cache_before) << "a refused call changed the cache at step " << step_;
+    EXPECT_EQ(buffer_->DebugDigest(), buffer_before) << "a refused call changed the buffer at step " << step_;
   }
   void FreeRunning() {
     if (running_.empty()) return;
@@ -398,6 +459,7 @@ class PrefixRandom {
 
   std::mt19937 rng_;
   std::unique_ptr<UnifiedBuffer> buffer_;
+  std::unique_ptr<WatchingAllocator> watcher_;  // the cache's allocator: buffer_, watched
   std::unique_ptr<PrefixCache> cache_;
   std::vector<Tokens> stems_;
   std::map<Tokens, ShadowNode> tree_;  // key: the tokens [0, node end)
