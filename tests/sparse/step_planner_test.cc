@@ -54,6 +54,29 @@ TEST(StepPlanner, MissesUseFreeSlotsBeforeEvicting) {
   ExpectSlotsHoldEntries(f, GroupId(0), sel, slots);
 }
 
+// Free slots first, then victims: 5 misses with 2 free device slots take both free slots
+// and evict exactly 3 (the oldest), and the free pool ends empty.
+TEST(StepPlanner, MissesFillEveryFreeSlotThenEvict) {
+  SpaceFixture f(SmallConfig(6, 12));
+  auto x = f.AddFilled(RequestId(1), Rank(0), 2);  // device slots 0, 1
+  auto y = f.AddFilled(RequestId(2), Rank(0), 9);  // device 2..5, then 5 on host
+  ASSERT_TRUE(f.space->Free(RequestId(1)));        // 2 device slots free
+  f.space->AdvanceRound();
+  std::vector<LogicalAddr> sel(y.begin() + 4, y.end());
+  std::vector<SlotId> slots(sel.size());
+  auto stats = f.planner.Step({Rank(0), GroupId(0), sel}, slots);
+  ASSERT_TRUE(stats) << stats.error().ToString();
+  EXPECT_EQ(stats->misses, 5u);
+  EXPECT_EQ(stats->into_free, 2u);
+  EXPECT_EQ(stats->evictions, 3u);
+  EXPECT_EQ(f.space->NumFree(Rank(0), GroupId(0), Tier::kDevice), 0u);
+  int evicted = 0;
+  for (int i = 0; i < 4; ++i) evicted += f.space->Lookup(y[i], GroupId(0))->tier() == Tier::kHost;
+  EXPECT_EQ(evicted, 3);
+  ExpectSlotsHoldEntries(f, GroupId(0), sel, slots);
+  (void)x;
+}
+
 TEST(StepPlanner, SwapsAVictimWithTheMissedEntryUnderExclusiveTiers) {
   SpaceFixture f(SmallConfig(2, 2));
   auto a = f.AddFilled(RequestId(1), Rank(0), 4);  // a0,a1 on device; a2,a3 on host; all full
