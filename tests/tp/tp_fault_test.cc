@@ -177,6 +177,80 @@ void RandomInProcess(TpAttention attention, std::uint64_t seed) {
   EXPECT_GT(s.swaps_failed, 0u);
 }
 
+// Copy, wait, then publish, with several batches per phase: the backend holds every batch
+// back until a wait reaches its fence (FaultPlan::delay), so a planner that waits on any
+// fence but each batch's own (or on none) publishes slots whose bytes have not landed and
+// the plan reads the wrong bytes. Home phase: a copy batch and a swap batch per rank;
+// remote phase: one batch per source rank and tier (4 ranks: up to 6).
+TEST(TpFault, EveryBatchIsPublishedOnlyAfterItsOwnFence) {
+  auto inner = MakeCpuBackend({.copy_threads = 1});
+  auto fb = MakeFaultInjectingBackend(*inner, FaultPlan{.delay = std::chrono::microseconds(1)}).value();
+  TpConfig c = SmallTpConfig(4, 6, 20, 24);
+  auto space = TpAddressSpace::Create(c, *fb).value();
+  TpStepPlanner planner(*space, nullptr, {.parallel_ranks = false});
+  ASSERT_TRUE(space->AddRequest(RequestId(1)));
+  const auto addrs = space->Allocate(RequestId(1), 80).value();  // 20 per rank: 6 on device, 14 on host
+  for (LogicalAddr a : addrs) ASSERT_TRUE(space->Write(a, GroupId(0), TpPattern(a, 0, c.entry_bytes)));
+  std::mt19937_64 rng(TestSeed(3));
+  std::uint64_t batches = 0;
+  for (int step = 0; step < 30; ++step) {
+    space->AdvanceRound();
+    std::vector<LogicalAddr> sel;
+    for (int i = 0; i < 12; ++i) sel.push_back(addrs[rng() % addrs.size()]);
+    const auto before = inner->counters().batches;
+    auto plan = planner.Step(GroupId(0), sel);
+    ASSERT_TRUE(plan) << plan.error().ToString();
+    ASSERT_EQ(PlanMismatches(*space, *plan, GroupId(0), sel), 0) << "step " << step;
+    batches += inner->counters().batches - before;
+  }
+  EXPECT_GT(fb->stats().delayed, 30u);
+  EXPECT_GT(batches, 60u);  // several batches per step
+}
+
+// The home phase alone (attention at home, one hosted rank: nothing waits after it), so a
+// swap batch published without its own wait is still held back when the plan is read.
+TEST(TpFault, HomePhasePublishesEachBatchAfterItsOwnFence) {
+  auto inner = MakeCpuBackend({.copy_threads = 1});
+  auto fb = MakeFaultInjectingBackend(*inner, FaultPlan{.delay = std::chrono::microseconds(1)}).value();
+  TpConfig c = SmallTpConfig(2, 6, 20, 0);
+  c.attention = TpAttention::kAtHome;
+  const Rank me(0);
+  auto space = TpAddressSpace::Create(c, *fb, std::span(&me, 1)).value();
+  TpStepPlanner planner(*space);
+  ASSERT_TRUE(space->AddRequest(RequestId(1)));
+  ASSERT_TRUE(space->AddRequest(RequestId(2)));
+  ASSERT_TRUE(space->Allocate(RequestId(1), 8));  // 4 of rank 0's 6 device slots, freed below
+  const auto addrs = space->Allocate(RequestId(2), 32).value();
+  std::vector<LogicalAddr> mine;
+  for (LogicalAddr a : addrs) {
+    if (space->HomeOf(a) != me) continue;
+    mine.push_back(a);
+    ASSERT_TRUE(space->Write(a, GroupId(0), TpPattern(a, 0, c.entry_bytes)));
+  }
+  ASSERT_TRUE(space->Free(RequestId(1)));
+  std::mt19937_64 rng(TestSeed(4));
+  std::uint64_t swaps = 0;
+  int mixed_steps = 0;  // steps with both a copy batch and a swap batch
+  for (int step = 0; step < 30; ++step) {
+    space->AdvanceRound();
+    std::vector<LogicalAddr> sel;
+    if (step == 0) {  // 6 host entries: 4 into the free slots, 2 swaps
+      for (LogicalAddr a : mine) {
+        if (sel.size() < 6 && space->Lookup(a, GroupId(0))->tier() == Tier::kHost) sel.push_back(a);
+      }
+    }
+    while (sel.size() < 5) sel.push_back(mine[rng() % mine.size()]);
+    auto plan = planner.Step(GroupId(0), sel);
+    ASSERT_TRUE(plan) << plan.error().ToString();
+    ASSERT_EQ(PlanMismatches(*space, *plan, GroupId(0), sel), 0) << "step " << step;
+    swaps += plan->stats[0].home_evictions;
+    const auto copies = plan->stats[0].home_misses - plan->stats[0].home_evictions;
+    mixed_steps += copies > 0 && plan->stats[0].home_evictions > 0;
+  }
+  EXPECT_GT(swaps, 10u);
+  EXPECT_GE(mixed_steps, 1);
+}
+
 TEST(TpFault, InProcessStepsLoseNothingAndPublishNothingEarly) {
   RandomInProcess(TpAttention::kLocalBuffer, TestSeed(20260613));
 }
