@@ -154,6 +154,7 @@ Status PrefixCache::Lock(const PrefixMatch& match) {
       if (n.checkpoint.window.valid()) ULA_CHECK(allocator_->Pin(n.checkpoint.window).has_value());
     }
   }
+  ULA_EXPENSIVE_CHECK(*this);
   return Ok();
 }
 
@@ -172,6 +173,7 @@ Status PrefixCache::Unlock(const PrefixMatch& match) {
       if (n.checkpoint.window.valid()) ULA_CHECK(allocator_->Unpin(n.checkpoint.window).has_value());
     }
   }
+  ULA_EXPENSIVE_CHECK(*this);
   return Ok();
 }
 

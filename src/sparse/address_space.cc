@@ -188,6 +188,7 @@ Status AddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std:
   auto p = EntryBytes(*this, *state_, addr, group, data.size());
   if (!p) return std::unexpected(p.error());
   std::memcpy(*p, data.data(), data.size());
+  ULA_EXPENSIVE_CHECK(*this);
   return Ok();
 }
 
@@ -224,6 +225,7 @@ bool AddressSpace::IsLive(LogicalAddr addr) const { return !state_->tables[0].Ge
 void AddressSpace::AdvanceRound() {
   for (auto& rank : state_->pools)
     for (auto& gp : rank) gp.policy->AdvanceRound();
+  ULA_EXPENSIVE_CHECK(*this);
 }
 
 std::uint64_t AddressSpace::num_live_addresses() const { return state_->live; }

@@ -257,6 +257,7 @@ Status TpAddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const st
     const SlotPool& pool = loc.tier() == Tier::kDevice ? sh.device : sh.host;
     std::memcpy(pool.data(loc.slot()), data.data(), data.size());
   }
+  ULA_EXPENSIVE_CHECK(*this);
   return Ok();
 }
 
@@ -327,6 +328,7 @@ void TpAddressSpace::AdvanceRound() {
       sh.buffer_policy->AdvanceRound();
     }
   }
+  ULA_EXPENSIVE_CHECK(*this);
 }
 
 std::uint64_t TpAddressSpace::num_live_addresses() const { return state_->num_live; }

@@ -284,6 +284,7 @@ Status UnifiedBuffer::Pin(BlockId id) {
   BlockTable::Entry& entry = table_->at(id);
   if (entry.pins == UINT32_MAX) return MakeError(ErrorCode::kFailedPrecondition, "pin count overflow");
   if (entry.pins++ == 0) ends_[EndIndex(config_.kinds[entry.kind.value()].end)]->SetPinned(entry.pos, true);
+  ULA_EXPENSIVE_CHECK(*this);
   return Ok();
 }
 
