@@ -14,8 +14,10 @@ namespace {
 
 std::unique_ptr<HybridModel> SmallModel() { return HybridModel::Create(HybridModelConfig{}).value(); }
 
-std::unique_ptr<UnifiedBuffer> Buffer(const HybridModel& model, std::uint64_t pages) {
+std::unique_ptr<UnifiedBuffer> Buffer(const HybridModel& model, std::uint64_t pages,
+                                      CompactionMode mode = CompactionMode::kLazy) {
   UnifiedBufferConfig c;
+  c.compaction = mode;
   c.alignment = 64;
   c.kinds = model.Kinds(64);
   c.capacity_bytes = pages * c.kinds[1].block_bytes;
@@ -129,16 +131,21 @@ TEST(HybridModel, OutputDoesNotDependOnTheAllocatorOrOnCompaction) {
   ExpectBitIdentical(*fixed_runner.Serve(prompt, ServeOptions{.max_new_tokens = 4}), reference);
   // A unified buffer whose blocks get moved by compaction while the request runs: a small
   // buffer that keeps a cache full of other prefixes, evicted and compacted as needed.
-  auto small = Buffer(*model, 48);
+  // Eager compaction: every eviction during the request moves the blocks above its hole
+  // (with lazy compaction this setup never needs a move, and the test would show nothing).
+  auto small = Buffer(*model, 48, CompactionMode::kEager);
   auto cache = Cache(*model, *small);
   HybridRunner runner(*model, *small, cache.get());
   for (std::uint32_t s = 0; s < 4; ++s) {
     ASSERT_TRUE(runner.Serve(RandomTokens(100 + s, 60, model->config().vocab),
                              ServeOptions{.max_new_tokens = 2, .checkpoint_interval = 16}));
   }
+  const std::uint64_t moved_before = small->Stats().blocks_moved;
   auto r = runner.Serve(prompt, ServeOptions{.max_new_tokens = 4});
   ASSERT_TRUE(r) << r.error().ToString();
   EXPECT_GT(r->evicted.nodes, 0u);
+  // What the name promises: compaction did move blocks while this request ran.
+  EXPECT_GT(small->Stats().blocks_moved, moved_before) << "no block moved during the request: the test shows nothing";
   ExpectBitIdentical(*r, reference);
   EXPECT_TRUE(small->CheckInvariants());
   EXPECT_TRUE(cache->CheckInvariants());
