@@ -143,9 +143,11 @@ Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, c
     auto ids = Allocate(d, options.rule, result.evicted);
     if (!ids) return std::unexpected(std::move(ids).error());
     Checkpoint c{(*ids)[0], model_.has_window() ? (*ids)[1] : BlockId::Invalid()};
+    // Listed before the copies: if one fails, the request's failure path frees it too (it
+    // is never inserted in the cache with bytes that did not arrive).
+    checkpoints.push_back({seq.length, c});
     ULA_RETURN_IF_ERROR(CopyBlock(seq.state, c.state));
     if (c.window.valid()) ULA_RETURN_IF_ERROR(CopyBlock(seq.window, c.window));
-    checkpoints.push_back({seq.length, c});
     return Ok();
   };
   for (std::uint32_t p = m; p < len; ++p) {
