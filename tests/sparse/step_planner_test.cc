@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <random>
+#include <string>
 
 #include "sparse/space_fixture.h"
 
@@ -113,6 +116,51 @@ TEST(StepPlanner, NeverEvictsAnEntryUsedInTheCurrentRound) {
   EXPECT_EQ(f.Take(), before);
   f.space->AdvanceRound();
   ASSERT_TRUE(f.planner.Step({Rank(0), GroupId(0), second}, one));
+}
+
+// Several steps of one group in one round (an engine plans every request's step before
+// attention runs): no step may evict an entry that an earlier step of the round placed or
+// hit, so at the end of the round every slot any step handed out still holds its entry.
+// Random selections, every policy.
+TEST(StepPlanner, NoStepEvictsAnEntryUsedEarlierInTheRound) {
+  const char* seed_env = std::getenv("ULA_TEST_SEED");
+  const std::uint64_t seed = seed_env ? std::strtoull(seed_env, nullptr, 10) : 77;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << " (ULA_TEST_SEED reproduces)");
+  for (PolicyKind kind : {PolicyKind::kPbLru, PolicyKind::kExactLruScan, PolicyKind::kExactLruList, PolicyKind::kClock}) {
+    SCOPED_TRACE(PolicyKindName(kind));
+    AddressSpaceConfig c = SmallConfig(24, 80);
+    c.policy = kind;
+    SpaceFixture f(c);
+    auto addrs = f.AddFilled(RequestId(1), Rank(0), 100);
+    std::mt19937_64 rng(seed);
+    std::uint64_t refused = 0, evictions = 0;
+    for (int round = 0; round < 40; ++round) {
+      f.space->AdvanceRound();
+      std::vector<std::pair<LogicalAddr, SlotId>> used;  // every (entry, slot) handed out this round
+      for (int step = 0; step < 4; ++step) {
+        std::vector<LogicalAddr> sel;
+        for (int i = 0; i < 6; ++i) sel.push_back(addrs[rng() % addrs.size()]);
+        std::vector<SlotId> slots(sel.size());
+        auto st = f.planner.Step({Rank(0), GroupId(0), sel}, slots);
+        if (!st) {
+          ASSERT_EQ(st.error().code(), ErrorCode::kResourceExhausted) << st.error().ToString();
+          ++refused;
+          continue;
+        }
+        evictions += st->evictions;
+        for (std::size_t i = 0; i < sel.size(); ++i) used.emplace_back(sel[i], slots[i]);
+      }
+      for (const auto& [a, slot] : used) {
+        const std::byte* got = f.space->DeviceSlotData(Rank(0), GroupId(0), slot);
+        ASSERT_EQ(std::memcmp(got, Pattern(a, 0, 32).data(), 32), 0)
+            << "round " << round << ": slot " << slot.value() << " handed out for address " << a.value()
+            << " was given to another entry later in the round";
+      }
+    }
+    EXPECT_GT(evictions, 100u);
+    std::printf("%s: %llu evictions, %llu refused steps\n", std::string(PolicyKindName(kind)).c_str(),
+                (unsigned long long)evictions, (unsigned long long)refused);
+  }
 }
 
 TEST(StepPlanner, RefusedStepsChangeNothing) {
