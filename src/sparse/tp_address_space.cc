@@ -257,7 +257,11 @@ Status TpAddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const st
     const SlotPool& pool = loc.tier() == Tier::kDevice ? sh.device : sh.host;
     std::memcpy(pool.data(loc.slot()), data.data(), data.size());
   }
-  ULA_EXPENSIVE_CHECK(*this);
+#ifdef ULA_EXPENSIVE_CHECKS
+  // Write drops buffer copies and changes bytes: the full check runs on every 64th write
+  // (on every one, the TP verifier's sanitizer run took three times as long).
+  if (++state_->writes % 64 == 0) ULA_EXPENSIVE_CHECK(*this);
+#endif
   return Ok();
 }
 
