@@ -118,6 +118,7 @@ class AddressSpace {
 
  private:
   friend class StepPlanner;
+  friend class EngineStepPlanner;
   AddressSpace(const AddressSpaceConfig& config, Backend& backend, std::unique_ptr<State> state);
 
   AddressSpaceConfig config_;

@@ -8,9 +8,13 @@
 //   union_per_top_k mean |union of the step's queries| / top_k
 //   first_rate[p]  how often position p (p < 64) is selected by query 0
 //   newest_rate[r] how often the r-th newest position (r < 64) is selected by query 0
+//   reuse          reuse distances of each request's step unions (reuse_distance.h, window 16)
 // Fit: sink_tokens / recent_tokens = the leading runs of first_rate / newest_rate >= 0.5;
 // keep_mean, keep_stddev and draft_keep by bisection on synthetic runs until the synthetic
-// overlap mean, overlap stddev and draft-overlap mean match the real ones.
+// overlap mean, overlap stddev and draft-overlap mean match the real ones; then, for each
+// heavy_skew of a grid (0, 0.25, 0.5, 1, 1.5; return_window 8), return_fraction by
+// bisection until the mean reuse gap matches, keeping the pair whose reuse p90, p99, mean
+// gap and persistent share are nearest the real ones (the largest relative error).
 //
 // Thread-safety: reentrant.
 #pragma once
@@ -21,6 +25,7 @@
 #include "ula/error.h"
 #include "ula/indexer.h"
 #include "ula/indexer_decode.h"
+#include "ula/reuse_distance.h"
 #include "ula/selection_model.h"
 #include "ula/trace_file.h"
 
@@ -32,6 +37,7 @@ struct SelectionRunStats {
   double union_per_top_k = 0;
   std::vector<double> first_rate;   // [64]
   std::vector<double> newest_rate;  // [64]
+  ReuseStats reuse;
   double seconds = 0;
   Trace trace;  // kPosition, one group, queries_per_step queries (if recorded)
 };

@@ -1,19 +1,25 @@
 // CostModel: the time of one decode step on one GPU of a P-GPU serving group, as a roofline
 // per term (docs/COST_MODEL.md), and the memory budget every system gets.
 //
-// Terms, each max(bytes / HBM bandwidth, FLOPs / FLOP rate) on the GPU:
-//   weights    linear layers read once per step (MoE experts: only those any token routed
-//              to), FLOPs 2 x params x tokens, FP8 rate
-//   attention  the selected entries of every query (top-k x layers x entry bytes), sparse
-//              MLA FLOPs, BF16 rate
+// GPU terms, each max(bytes / HBM bandwidth, FLOPs / rate), summed:
+//   dense      non-routed GEMMs (attention and indexer projections, dense MLP, shared experts,
+//              routers, embedding / LM head; under TP the replicated ones whole), FP8 rate
+//   experts    routed experts any token of the step was routed to, FP8 rate
+//   attention  the selected entries of every query; FLOPs with the query heads of one call
+//              padded up to the sparse decode kernel's head multiple, at that kernel's
+//              published achieved rate
 //   indexer    every index key of every request the GPU scores, FP8 rate
-// Transfers, from the planners' counters: host link (max of the two directions) and NVLink
-// fetches; they overlap the GPU work of other layer groups (prefetch pipeline): with G
-// groups, t = t_x/G + t_gpu/G + (G-1)/G * max(t_gpu, t_x), t_x = max(host, nvlink).
-// Collectives (TP all-reduce, DP MoE all-to-all, striped-indexer gather; TP attention at
-// home: the all-gather of the absorbed queries and the exchange of the partial outputs) and
-// a fixed per-layer overhead are on the critical path and added. No term depends on which system
-// is running: systems differ only in the counts they hand in.
+//   hbm copies every byte received or sent over PCIe / NVLink is written to or read from HBM
+// Transfers, from the planners' counters: host link (scattered-row rate, max of the two
+// directions) and NVLink fetches. A group's selection is known only after its own indexer,
+// so only the layers of one group overlap: with L layers per group,
+// t = t_x/L + t_gpu/L + (L-1)/L * max(t_gpu, t_x), t_x = max(host, nvlink) — the first
+// layer's share of every group is exposed. HiSparse's swap-in runs per layer on the forward
+// stream: its host fetch is on the critical path in full.
+// Collectives (bandwidth + NCCL per-call latency), UlaCache's planner kernels (launch + per
+// selection) and HiSparse's swap-in kernels, and a fixed per-layer overhead are on the
+// critical path and added. No term depends on which system is running: systems differ only
+// in the counts they hand in.
 //
 // Thread-safety: immutable after Create; all methods const.
 #pragma once
@@ -32,6 +38,7 @@ namespace ula {
 // Parameter counts derived from ModelConfig + ModelCostConfig (formulas in COST_MODEL.md).
 struct WeightParams {
   double attention_per_layer = 0;  // MLA projections
+  double attention_a_per_layer = 0;  // q_a + kv_a (part of the above), replicated under TP
   double indexer_per_group = 0;    // lightning indexer projections, one per layer group
   double dense_mlp_per_layer = 0;
   double expert = 0;               // one routed or shared expert
@@ -52,6 +59,7 @@ struct CostModelInputs {
   std::uint32_t num_ranks = 8;
   std::uint32_t draft_tokens = 2;  // with mtp
   double kernel_overhead_s_per_layer = 0;
+  std::uint32_t planner_kernels_per_call = 2;  // UlaCache planner, per group per step
   std::uint32_t candidate_bytes = 8;
   double activation_reserve_fraction = 0.1;
 };
@@ -83,24 +91,44 @@ struct StepCounts {
   bool attention_at_home = false;
   double home_entries = 0;      // distinct selections homed on this GPU, per group
   double distinct_entries = 0;  // distinct selections of the batch, per group
+  // UlaCache: the planner (lookup, dedup, hit test, bucket update) runs per group per step
+  // over every selection of the batch this GPU plans.
+  bool planner_per_group = false;
+  // HiSparse as SGLang runs it: one swap-in kernel per layer on the forward stream, between
+  // the top-k and the attention, over every selection; its host fetch is on the critical path.
+  bool swap_in_per_layer = false;
 };
 
 struct StepWork {
-  double weight_bytes = 0, weight_flops = 0;
-  double attention_bytes = 0, attention_flops = 0;
+  double dense_bytes = 0, dense_flops = 0;    // non-routed GEMMs
+  double expert_bytes = 0, expert_flops = 0;  // routed experts
+  double attention_bytes = 0, attention_flops = 0;  // FLOPs with padded heads
+  double attention_heads_per_call = 0;        // after padding
   double indexer_bytes = 0, indexer_flops = 0;
   double h2d_bytes = 0, d2h_bytes = 0, nvlink_fetch_bytes = 0;
   double collective_bytes = 0;  // sent per GPU on NVLink, on the critical path (all below included)
   double query_gather_bytes = 0;      // attention at home: all-gather of the absorbed queries
   double partial_exchange_bytes = 0;  // attention at home: partial outputs to their heads' owners
+  double transfer_hbm_bytes = 0;  // HBM side of every byte over PCIe / NVLink (received written, sent read)
+  double allreduce_calls = 0;     // ring all-reduces per step
+  double gather_calls = 0;        // all-gathers, reduce-scatters, all-to-alls per step
+  double planner_kernels = 0;     // UlaCache planner / HiSparse swap-in kernels per step
+  double planner_selections = 0;  // selections they process per step
+  bool h2d_critical = false;      // host fetch on the critical path in full (HiSparse)
   std::uint32_t layers = 0;     // layer passes per step (main + MTP passes)
-  std::uint32_t groups = 1;     // pipeline depth for transfer overlap
+  std::uint32_t groups = 1;
+  std::uint32_t layers_per_group = 1;  // pipeline depth for transfer overlap (within a group)
 };
 
 struct StepTime {
-  double weights = 0, attention = 0, indexer = 0, gpu = 0;
-  double host_link = 0, nvlink_fetch = 0, transfer_exposed = 0;  // exposed = total - gpu - collectives - overhead
-  double collectives = 0, overhead = 0;
+  double weights = 0;  // dense + experts
+  double dense = 0, experts = 0, attention = 0, indexer = 0, hbm_copies = 0, gpu = 0;
+  double host_link = 0, nvlink_fetch = 0;
+  double transfer_exposed = 0;  // total - gpu - collectives - planner - overhead
+  double collectives = 0;       // bandwidth + per-call latency
+  double collective_latency = 0;  // the latency part of collectives
+  double planner = 0;           // UlaCache planner / HiSparse swap-in kernels
+  double overhead = 0;
   double total = 0;
 };
 
@@ -122,6 +150,11 @@ class CostModel {
   // Effective rates: hardware value, or the cost file's where the hardware has 0.
   double fp8_flops() const;
   double bf16_flops() const;
+  // Query heads of one sparse-decode call after padding to the kernel's head multiple.
+  std::uint32_t PaddedHeads(std::uint32_t heads) const;
+  // Per-call latency of a ring all-reduce / of an all-gather, reduce-scatter or all-to-all.
+  double AllReduceLatency() const;
+  double GatherLatency() const;
 
   // kInvalidArgument (naming the field) for counts Work cannot price: a negative or
   // non-finite count, attention at home outside TP mode, home_entries > distinct_entries,
@@ -138,5 +171,9 @@ class CostModel {
 
 // Derives parameter counts (no validation beyond the configs' own).
 WeightParams DeriveWeightParams(const ModelConfig& model, const ModelCostConfig& costs);
+// Non-routed parameters that engines replicate on every GPU under TP: q_a and kv_a of every
+// layer, the indexer projections, the routers and, per loaded MTP layer, its eh projection.
+double TpReplicatedParams(const ModelConfig& model, const ModelCostConfig& costs, const WeightParams& p,
+                          double mtp_layers_loaded);
 
 }  // namespace ula

@@ -2,15 +2,19 @@
 // PrefixCache — the small engine loop used by the tests and by `ula bench prefix`.
 //
 // One request: match the longest reusable prefix (KV pages + a checkpoint at exactly that
-// position), lock it, allocate the rest (state, window ring, the pages still needed; a cached
-// partial last page is copied, never written), restore the checkpoint, compute the remaining
-// prompt tokens one at a time (saving a checkpoint every `checkpoint_interval` positions),
-// decode greedily, then hand everything to the cache (or free it). Whenever an allocation
-// does not fit, the cache evicts by the configured rule first.
+// position) with copy-on-write (the match is locked and the request gets its own copy of
+// the checkpoint's state and ring), allocate the rest (the pages still needed; a cached
+// partial last page is copied, never written), compute the remaining prompt tokens one at
+// a time (saving a checkpoint every `checkpoint_interval` positions and at the match's
+// branching point), decode greedily, then hand everything to the cache (or free it).
+// With `prefill_chunk`, the prompt is computed in chunks and each chunk is inserted into
+// the cache with a copy of the running state (chunked prefill), the lock moving with it.
+// Whenever an allocation does not fit, the cache evicts by the configured rule first.
 // Thread-safety: none; one runner per allocator.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -22,9 +26,22 @@ namespace ula {
 
 struct ServeOptions {
   std::uint32_t max_new_tokens = 8;   // >= 1
-  // 0: only the end-of-request checkpoint. A multiple of page_tokens: checkpoints attach to
-  // the node that ends at their position, and interior nodes end at page boundaries.
+  // 0: only the end-of-request checkpoint; else one every so many tokens (any position).
   std::uint32_t checkpoint_interval = 0;
+  // Also save a checkpoint at the match's branching point (where cached KV ran past the
+  // deepest state) rounded down to a multiple of this (as SGLang aligns it to its chunk
+  // size), when that lies past the match; 0: never. Rounding keeps a chance collision of a
+  // few tokens from costing a checkpoint.
+  std::uint32_t branch_alignment = 16;
+  // 0: no chunked prefill; else insert every chunk of this many prompt tokens as it is done.
+  std::uint32_t prefill_chunk = 0;
+  // Speculative decoding: each round, `drafter(tokens so far, n)` proposes up to n <=
+  // draft_tokens tokens; the target feeds them all, saving the state (and ring) after each
+  // into its own slot (draft_tokens + 1 state blocks in the allocator), keeps the longest
+  // prefix it agrees with plus its own next token, and rolls the state back to the slot of
+  // the last accepted token. Greedy outputs are those of plain decoding. 0: off.
+  std::uint32_t draft_tokens = 0;
+  std::function<std::vector<std::uint32_t>(std::span<const std::uint32_t>, std::uint32_t)> drafter = nullptr;
   EvictionRule rule = EvictionRule::kAllocationAware;
   bool insert_into_cache = true;
 };
@@ -34,6 +51,9 @@ struct ServeResult {
   std::vector<float> last_logits;     // [vocab] logits that chose the last output token
   std::uint32_t matched = 0;          // prompt tokens reused from the cache
   std::uint32_t recomputed = 0;       // prompt tokens computed
+  std::uint32_t branch = 0;           // the match's branching point (0: none)
+  std::uint32_t chunks_inserted = 0;  // chunked prefill: chunks handed to the cache early
+  std::uint32_t drafted = 0, accepted = 0;  // speculative decoding: draft tokens proposed, kept
   EvictionStats evicted;
   std::vector<double> token_us;       // time of each decode step after the first output
 };
@@ -57,6 +77,9 @@ class HybridRunner {
  private:
   Result<std::vector<BlockId>> Allocate(const Demand& demand, EvictionRule rule, EvictionStats& evicted);
   Status CopyBlock(BlockId from, BlockId to);
+  // Speculative rounds until max_new_tokens outputs (result.output holds the first one).
+  Status DecodeSpeculative(std::span<const std::uint32_t> prompt, const ServeOptions& options, SequenceBlocks& seq,
+                           std::vector<float>& logits, ServeResult& result);
 
   const HybridModel& model_;
   HybridAllocator& allocator_;

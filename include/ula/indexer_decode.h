@@ -11,6 +11,15 @@
 // scores with q[h] + sink_align * u and fixed per-request head weights in [0.5, 1.5).
 // query_keep sets how slowly attention drifts (step-to-step overlap), query_newest the
 // pull towards the newest tokens (recency), sink_boost/sink_align the attention sinks.
+//
+// Heavy hitters (persistent affinity): every key t also gets heavy_boost * s_t * v added,
+// v a fixed unit direction and s_t >= 0 a Lomax (Pareto II) salience with tail index
+// heavy_alpha, drawn once per key from a hash of (seed, request, t); the indexer scores
+// with q[h] + sink_align * u + heavy_align * v. A few keys of large salience then score high
+// at every step whatever the query drifts to — the power-law attention mass of H2O (Zhang
+// et al., NeurIPS 2023) and the persistence of importance of Scissorhands (Liu et al.,
+// NeurIPS 2023). heavy_boost = 0 turns it off (the keys are then as without it).
+// Sinks follow StreamingLLM (Xiao et al., ICLR 2024); the recency pull, H2O's recent window.
 // The parameters live in configs/workloads/<name>.json with the model they use.
 //
 // Determinism: a pure function of (shape, config); request r draws from its own stream.
@@ -43,6 +52,9 @@ struct DecodeSimConfig {
   std::uint32_t sink_tokens = 0;
   double sink_boost = 0;
   double sink_align = 0;
+  double heavy_alpha = 1;   // (0, 100]: Lomax tail index of the per-key salience
+  double heavy_boost = 0;   // [0, 100]: 0 = no heavy hitters
+  double heavy_align = 0;   // [0, 100]
 
   Status Validate() const;  // names the first bad field
   std::uint32_t queries_per_step() const { return 1 + draft_tokens; }

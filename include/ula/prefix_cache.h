@@ -1,36 +1,94 @@
-// PrefixCache: a radix tree over token ids for hybrid models, whose nodes own blocks of a
-// HybridAllocator (normally the unified buffer).
+// PrefixCache: a token-granular radix tree for hybrid models (full-attention KV pages plus
+// recurrent-state checkpoints), whose nodes own blocks of a HybridAllocator (normally the
+// unified buffer). Modelled on SGLang's mamba radix cache; docs/ARCHITECTURE.md says where
+// it still differs.
 //
-// Structure: the radix is one KV page. Every node but the root owns the KV page envelope of
-// the `page_tokens` (or fewer, for a last partial page) tokens on its edge; its children are
-// keyed by the tokens of their page. A node may own a recurrent-state checkpoint (a state
-// block and a window-ring block, copies) saved at its end position. A hybrid model can reuse
-// a prefix only up to a position where a checkpoint exists, so Match returns the deepest
-// node with a checkpoint (the KV past it is useless without its state).
+// Structure. A node covers the token span [start, end) of its edge (any length >= 1); its
+// children are keyed by their first token, so two sequences share a node up to the first
+// token where they differ, and Insert splits a node there (or at a checkpoint position).
+// KV stays page-aligned (page p holds tokens [p*P, (p+1)*P), P = page_tokens):
+//   * a node owns the pages that START inside its span: indices [ceil(start/P), ceil(end/P));
+//   * a node whose start is not page-aligned may also own a "head copy" of page
+//     floor(start/P): its own copy of the page it shares with its parent, holding the
+//     parent's tokens before `start` and its own after. The node produced by splitting a
+//     node keeps using the page its upper half owns (no copy); a branch added later at an
+//     unaligned position brings its own copy. So the unaligned tail is COPIED (the engine's
+//     partial page), not dropped as SGLang does with page_size > 1.
+//   * The page with index p on a path is provided by the deepest node of the path that
+//     owns index p; its bytes are valid for every token of the path in that page.
+// A node may hold a checkpoint (a state block, and a window ring when the model has one)
+// saved at its end position. Insert splits a node at any checkpoint position, so
+// checkpoints live at any token position the caller chose. A node without one is a
+// tombstone (its state was evicted, or it was never saved there).
 //
-// Locks: Lock(match) pins the blocks of every node on the matched path and counts a lock on
-// each node; locked nodes are never evicted and their blocks never move or get freed. A
-// checkpoint that Insert attaches to a node while it is locked is pinned once per lock too.
+// Match. Walks the tokens and reports: `length`, the deepest node end <= max_length with a
+// checkpoint (a hybrid model can resume only there); `pages` covering [0, length);
+// `kv_length`, how many tokens of the query the tree holds KV for; `branch`, the position
+// where a new checkpoint should be saved because the cached KV runs past the deepest state
+// (kv_length when kv_length > length, else 0). MatchCopyOnWrite also locks the match and
+// gives the request its own state block (and ring), copied from the checkpoint in the same
+// call, evicting (with the match locked) if it must.
 //
-// Eviction: least-recently-used unlocked leaves first (ties: the deepest), freeing the page
-// and the checkpoint of the leaf. MakeRoom stops, by rule:
-//   kNaive            once the KV kind alone has the requested pages: the KV pages free at
-//                     the start plus the pages freed since, ignoring checkpoint bytes freed;
-//   kAllocationAware  once allocator.CanAllocate(demand) says the whole pending demand fits,
-//                     counting what every kind freed and what compaction recovers.
+// Locks (as narrow as correctness allows). Lock(match) takes a KV lock on every node of
+// the path (they are not evicted, their pages are pinned: they never move) and a state
+// lock only on the matched node (its checkpoint is pinned; the states of the ancestors stay
+// evictable). Splitting a locked node copies the KV lock count to both halves; the state
+// lock stays with the node that keeps the checkpoint (the lower half).
 //
-// Invariants (CheckInvariants): each live non-root node has a live parent that keys it by
-// its tokens; its page is a live KV block; page spans grow by page_tokens along a path and
-// only leaves have partial pages; a locked node's ancestors are locked at least as often.
+// Eviction by kind. Two ordered sets, keyed by (last use, deeper first), give O(1) victims:
+//   kv_lru_    unlocked leaves (KV evictable as a whole node);
+//   state_lru_ unlocked checkpoints (state-lock count 0).
+// Evicting a leaf frees its pages and checkpoint. Evicting the checkpoint of an interior
+// node tombstones it: the state goes, the KV stays. A leaf left without a checkpoint (a
+// tombstoned leaf) is useless to a hybrid model and is removed at once, cascading upward;
+// a locked one is removed when its last lock goes. Evict(kv_tokens, states) evicts by
+// count per kind. MakeRoom evicts until a demand fits, by rule:
+//   kNaive            LRU leaves only; stops once the KV kind alone has the requested pages
+//                     (KV pages free at the start plus pages freed since);
+//   kAllocationAware  the LRU checkpoint first (to the host tier when there is one; else
+//                     its whole node when a leaf, a tombstone otherwise), stopping once
+//                     allocator.CanAllocate(demand) holds, counting every kind and what
+//                     compaction recovers.
+//
+// Host tier (AttachHostTier, optional). Checkpoints only: a checkpoint evicted from the
+// device goes to a host slot instead of being freed (the node keeps its KV; a leaf whose
+// state went to the host stays a leaf), copied through the Backend interface and published
+// (the host slot recorded, the device blocks freed) only after the copy's fence completed.
+// Match counts host hits (`host_length`: the deepest checkpoint on either tier);
+// MatchCopyOnWrite brings a deeper host checkpoint back first (device blocks allocated,
+// evicting with the path locked, host -> device copy, fence, then published and the host
+// slot freed: exclusive, never on both tiers); if that fails, it matches on the device.
+// A full host drops its least recently used checkpoint. Copies are waited for inside the
+// call, so no node is ever seen mid-copy.
+// KV pages are not offloaded (see docs/ARCHITECTURE.md).
+//
+// Events and metrics. With record_events, every page and checkpoint that enters or leaves
+// the tree is queued as a CacheEvent (TakeEvents drains them) for external routers.
+// Metrics() gives evictable and protected (locked) bytes per kind.
+//
+// Invariants (CheckInvariants): every live non-root node has a live parent that keys it by
+// its first token, a non-empty span starting at its parent's end, exactly the pages its span
+// starts (plus at most a head copy when its start is unaligned), all live KV blocks; every
+// page index of its span is provided on its path; its checkpoint blocks are live and of the
+// state (and window) kinds; an unlocked leaf has a checkpoint on some tier, never on both;
+// a node's KV-lock count is at most its parent's (unless the parent is the root); state
+// locks only on checkpoints; kv_lru_ holds exactly the unlocked leaves, state_lru_ the
+// unlocked checkpoints and host_lru_ the host copies (but the one being loaded back), with
+// their current keys; the owned-block set holds exactly the nodes' blocks; every host slot
+// is either free or held by one node.
 // Thread-safety: none; callers serialize (and own the allocator's thread).
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
+#include <set>
 #include <span>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
+#include "ula/backend.h"
 #include "ula/hybrid_allocator.h"
 
 namespace ula {
@@ -43,6 +101,7 @@ struct PrefixCacheConfig {
   BlockKind kv_kind = BlockKind(1);
   BlockKind state_kind = BlockKind(0);
   BlockKind window_kind = BlockKind(2);  // invalid: the model has no sliding-window layer
+  bool record_events = false;
 
   Status Validate() const;
 };
@@ -62,78 +121,165 @@ struct PrefixMatch {
   std::uint32_t length = 0;        // reusable tokens (0: nothing reusable)
   std::vector<BlockId> pages;      // [ceil(length / page_tokens)] cached pages covering them
   Checkpoint checkpoint;           // state at `length` (invalid when length == 0)
+  std::uint32_t kv_length = 0;     // tokens of the query whose KV the tree holds
+  std::uint32_t branch = 0;        // where to save a checkpoint: kv_length when > length, else 0
+  std::uint32_t host_length = 0;   // the deepest checkpoint counting the host tier's (>= length)
   std::vector<std::uint32_t> path; // node ids root-exclusive, for Lock/Unlock
+  Checkpoint copy;                 // MatchCopyOnWrite: the request's own copy (caller owns it)
 };
 
 struct EvictionStats {
-  std::uint32_t nodes = 0;
-  std::uint32_t pages = 0;
-  std::uint32_t checkpoints = 0;
+  std::uint32_t nodes = 0;        // nodes removed
+  std::uint32_t pages = 0;        // KV pages freed
+  std::uint32_t checkpoints = 0;  // checkpoints freed (with their node or as tombstones)
+  std::uint32_t tombstones = 0;   // of which: interior nodes that kept their KV
+  std::uint64_t tokens = 0;       // tokens of the removed nodes' spans
+  std::uint32_t offloaded = 0;    // of the checkpoints: moved to the host tier
+};
+
+struct HostTierConfig {
+  Backend* backend = nullptr;  // holds both arenas
+  ArenaId device_arena;        // the allocator's arena (block offsets are offsets in it)
+  Arena host_arena;            // Tier::kHost, >= slots * (state + window block bytes)
+  std::uint32_t slots = 0;     // checkpoints the host tier holds
+};
+
+struct CacheEvent {
+  enum class Type : std::uint8_t { kPageStored, kPageRemoved, kStateStored, kStateRemoved };
+  Type type;
+  BlockId block;
+  std::uint32_t position = 0;  // page: index * page_tokens; state: its position
+};
+
+struct KindBytes {
+  std::uint64_t evictable = 0;
+  std::uint64_t protected_bytes = 0;  // locked
+};
+struct PrefixCacheMetrics {
+  KindBytes kv, state, window;
+  std::uint64_t nodes = 0, checkpoints = 0, tombstones = 0;
+  std::uint64_t host_checkpoints = 0, host_hits = 0;  // host hits: checkpoints loaded back
 };
 
 class PrefixCache {
  public:
   static Result<std::unique_ptr<PrefixCache>> Create(const PrefixCacheConfig& config, HybridAllocator* allocator);
   ~PrefixCache();
+  // kInvalidArgument for a null backend, unknown arenas or a host arena too small.
+  Status AttachHostTier(const HostTierConfig& config);
 
   // The longest reusable prefix of tokens not longer than max_length; touches its path.
   PrefixMatch Match(std::span<const std::uint32_t> tokens, std::uint32_t max_length);
+  // Match (after bringing a deeper host checkpoint back, when it can) + Lock + the request's
+  // own copy of the checkpoint in match.copy (when length > 0), allocated (evicting by
+  // `rule` with the match locked if needed) and copied now. On error the match is unlocked
+  // again (what was evicted stays evicted).
+  Result<PrefixMatch> MatchCopyOnWrite(std::span<const std::uint32_t> tokens, std::uint32_t max_length,
+                                       EvictionRule rule);
+  // kNotFound when a node of the match is gone.
   Status Lock(const PrefixMatch& match);
   // kFailedPrecondition when the match is not locked.
   Status Unlock(const PrefixMatch& match);
 
-  // Takes ownership of a finished sequence's blocks: pages[i] covers tokens
-  // [i * page_tokens, ...) of `tokens`; checkpoints attach to the node ending at their
-  // position. A page or checkpoint the tree already has is freed (a duplicate), except the
-  // tree's own pages, which the sequence shared. REQUIRES: pages cover tokens exactly.
+  // Takes ownership of a sequence's blocks: pages[i] covers tokens [i * P, ...) of
+  // `tokens`; each checkpoint attaches at its position (splitting a node there). KV past the
+  // last checkpoint is useless to a hybrid model and is not kept (those pages are freed).
+  // A page or checkpoint the tree already has is freed (a duplicate), except the tree's own
+  // pages, which the sequence shared through a match. REQUIRES: pages cover tokens exactly;
+  // positions distinct.
   Status Insert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
                 std::span<const PositionedCheckpoint> checkpoints);
+  // Chunked prefill (SGLang's cache_unfinished_req): inserts the chunks computed so far
+  // (as Insert; the last checkpoint should be a copy of the running state at tokens.size()),
+  // releases `held` (the request's previous lock, or an unlocked empty match) and returns the
+  // new match of tokens, locked. The request continues with the returned pages (a duplicate
+  // page of its own was freed); a partial last page now belongs to the tree and must be
+  // copied before it is written again.
+  Result<PrefixMatch> InsertChunk(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                                  std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held);
 
-  // Evicts LRU unlocked leaves until `demand` can be allocated (see the rules above); under
-  // kAllocationAware it stops at the first leaf after which the demand fits (minimal).
-  // kInvalidArgument (a demand of the wrong shape): nothing changed.
-  // kResourceExhausted when nothing evictable is left and it still does not fit: the one
-  // deliberate partial effect of the cache — eviction cannot be undone (freed blocks may
-  // be reused or compacted over), so what was evicted stays evicted: afterwards no unlocked
-  // leaf is left, every locked node keeps its blocks, pins and offsets, and the message
-  // names how many nodes went (tests/prefix/prefix_random_test.cc checks exactly that).
-  // Eviction only frees blocks (no bytes move), so a failed transfer cannot lose anything
-  // here.
+  // Evicts LRU unlocked leaves / checkpoints until `demand` can be allocated (see above).
+  // kResourceExhausted when nothing evictable is left and it still does not fit (what was
+  // evicted stays evicted).
   Result<EvictionStats> MakeRoom(const Demand& demand, EvictionRule rule);
+  // Evicts by count: LRU leaves until at least kv_tokens tokens of KV are freed, then LRU
+  // checkpoints until at least `states` checkpoints are freed in all. Stops early when
+  // nothing evictable is left.
+  EvictionStats Evict(std::uint64_t kv_tokens, std::uint32_t states);
 
   std::size_t num_nodes() const;  // root excluded
   std::size_t num_checkpoints() const;
   // Whether a prefix of exactly these tokens is fully reusable now (checkpoint at its end).
   bool Holds(std::span<const std::uint32_t> tokens) const;
+  // Whether the checkpoint at exactly these tokens is on the host tier.
+  bool HoldsOnHost(std::span<const std::uint32_t> tokens) const;
+  PrefixCacheMetrics Metrics() const;
+  std::vector<CacheEvent> TakeEvents();
   Status CheckInvariants() const;
-  // A hash of the whole tree (nodes with their blocks, locks and LRU stamps, the free-node
-  // list in order, the clock): equal before and after a refused call. For tests; O(nodes).
-  std::uint64_t DebugDigest() const;
 
  private:
   struct Node {
     std::uint32_t parent = 0;
-    std::vector<std::uint32_t> tokens;  // this node's page span
-    std::uint32_t end = 0;              // position after the span
-    BlockId page;
+    std::vector<std::uint32_t> tokens;  // the span [start, end)
+    std::uint32_t start = 0, end = 0;
+    BlockId head;                       // head copy of page floor(start / P), or invalid
+    std::vector<BlockId> pages;         // pages [ceil(start/P), ceil(end/P))
     Checkpoint checkpoint;
-    std::uint32_t locks = 0;
+    std::uint32_t host = kNoSlot;  // host slot of an offloaded checkpoint
+    bool host_window = false;      // whether that slot holds a window ring too
+    std::uint32_t kv_locks = 0, state_locks = 0;
     std::uint64_t last_use = 0;
     bool live = false;
-    std::map<std::vector<std::uint32_t>, std::uint32_t> children;
+    std::unordered_map<std::uint32_t, std::uint32_t> children;  // first token -> node
   };
+  // (last use, depth key, id): begin() is the victim; deeper first on ties.
+  using LruKey = std::tuple<std::uint64_t, std::uint32_t, std::uint32_t>;
+
+  static constexpr std::uint32_t kNoSlot = UINT32_MAX;
 
   PrefixCache(const PrefixCacheConfig& config, HybridAllocator* allocator);
+  // Copies a checkpoint between its device blocks and a host slot and waits for it.
+  Status HostCopy(const Checkpoint& c, std::uint32_t slot, bool to_host);
+  // Moves the node's checkpoint to the host tier; false when there is no tier or no slot.
+  bool Offload(std::uint32_t id, EvictionStats& stats);
+  // Frees the node's host slot (removing a leaf left with no checkpoint at all).
+  void DropHost(std::uint32_t id, EvictionStats& stats);
+  Status LoadBack(std::uint32_t id, EvictionRule rule);
+  // The node that ends exactly at `length` along tokens (0: none).
+  std::uint32_t NodeAt(std::span<const std::uint32_t> tokens, std::uint32_t length) const;
+
   std::uint32_t NewNode();
-  void FreeCheckpoint(const Checkpoint& c);
-  // Evicts the LRU unlocked leaf; false when none.
-  bool EvictOne(EvictionStats& stats);
+  LruKey KeyOf(std::uint32_t id) const;
+  // Removes the node from both LRU sets, calls f, puts it back where it belongs.
+  template <class F>
+  void Update(std::uint32_t id, F&& f);
+  void Touch(std::uint32_t id, std::uint64_t clock);
+  std::uint32_t Split(std::uint32_t id, std::uint32_t at);
+  void FreeCheckpoint(const Checkpoint& c, std::uint32_t position);
+  void FreePage(BlockId page, std::uint32_t index);
+  void StorePage(BlockId page, std::uint32_t index);
+  // Removes a leaf and its blocks, then every tombstoned unlocked leaf above it.
+  void RemoveLeaf(std::uint32_t id, EvictionStats& stats);
+  void DropCheckpoint(std::uint32_t id, EvictionStats& stats);
+  bool EvictLeaf(EvictionStats& stats);
+  bool EvictState(EvictionStats& stats);
   std::uint32_t FreeKvPages() const;
+  std::vector<BlockId> PagesOfPath(const std::vector<std::uint32_t>& path, std::uint32_t length) const;
+  // Validates a match for Lock (locking) or Unlock; returns its node (0: empty match).
+  Result<std::uint32_t> LockedNode(const PrefixMatch& match, bool locking) const;
+  void PinMatch(std::uint32_t node, bool pin);
 
   PrefixCacheConfig config_;
   HybridAllocator* allocator_;
   std::vector<Node> nodes_;  // [0] is the root
   std::vector<std::uint32_t> free_nodes_;
+  std::set<LruKey> kv_lru_, state_lru_, host_lru_;
+  HostTierConfig host_;  // host_.backend == nullptr: no host tier
+  std::vector<std::uint32_t> free_host_;
+  std::uint64_t host_hits_ = 0;
+  std::uint32_t loading_ = kNoSlot;  // the node LoadBack is bringing back (not droppable)
+  std::vector<CacheEvent> events_;
+  std::unordered_set<BlockId> owned_;  // every block the tree holds
   std::uint64_t clock_ = 0;
 };
 

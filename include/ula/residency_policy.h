@@ -65,6 +65,7 @@ enum class PolicyKind : std::uint8_t {
   kExactLruScan,  // a round stamp per slot, scan for the oldest
   kExactLruList,  // intrusive doubly linked list
   kClock,         // second-chance clock
+  kLfuAged,       // frequency-aware: aged use counts, then recency (policy/lfu_aged.h)
 };
 
 struct PolicyOptions {
@@ -84,6 +85,9 @@ struct PolicyOptions {
   // so it cannot be set from here; with spinning workers a batch-4 step took 11.8 ms there
   // against 0.06 ms serial.
   std::uint32_t parallel_min_slots = 1u << 22;
+  // lfu_aged: every this many rounds all use counts are halved (0: never). 16: the PB-LRU
+  // ring's order of magnitude of history; `ula bench policy` reports the hit rate it buys.
+  std::uint32_t lfu_aging_rounds = 16;
 
   static constexpr std::uint32_t kMaxRecentBuckets = 1024;
   // kInvalidArgument naming the bad field, or Ok.

@@ -8,8 +8,18 @@
 //              p * |previous others| (stochastically rounded),
 //              p = clamp(keep_mean + keep_stddev * N(0,1), 0, 1)
 //              drawn afresh each step;
-//   4. fresh:  uniform draws from the rest of the history that the previous step did not
-//              select, until top_k (previously selected positions only if nothing else is left).
+//   4. fresh:  draws from the rest of the history that the previous step did not select,
+//              until top_k (previously selected positions only if nothing else is left).
+//              Position p is drawn with probability proportional to its persistent weight
+//              w(p) = (1 - u(p))^(-heavy_skew), u(p) uniform in [0, 1) from a hash of
+//              (seed, stream, p): a Pareto weight with tail index 1 / heavy_skew, the same
+//              for the life of the stream. heavy_skew = 0 draws uniformly. A few positions
+//              of large weight return again and again after they drop out (the heavy
+//              hitters of H2O; the persistence of importance of Scissorhands), so reuse
+//              distances are short and long-tailed instead of geometric (docs/WORKLOADS.md).
+//              A return_fraction of the fresh draws are instead returns: positions that
+//              query 0 dropped in one of the last return_window steps, drawn uniformly —
+//              the entries near the top-k cut that flip in and out from step to step.
 //
 // so keep_mean sets the step-to-step overlap (the fraction of a step's selection already
 // selected in the previous step) and keep_stddev its spread; FitKeepForOverlap() and
@@ -39,6 +49,9 @@ struct SelectionModelParams {
   double keep_mean = 0.0;    // [0, 1]
   double keep_stddev = 0.0;  // >= 0
   double draft_keep = 0.0;   // [0, 1]
+  double heavy_skew = 0.0;   // [0, 4]: exponent of the persistent per-position weight; 0 = uniform
+  double return_fraction = 0.0;     // [0, 1]: share of fresh draws that return a recently dropped position
+  std::uint32_t return_window = 8;  // [1, 64] steps whose dropped positions may return
   std::uint64_t seed = 1;
 
   // Names the first bad field.
@@ -68,6 +81,9 @@ class SelectionModel {
   void Mark(std::uint32_t pos) { mark_[pos] = epoch_; }
   bool Marked(std::uint32_t pos) const { return mark_[pos] == epoch_; }
   void NewEpoch(std::uint32_t n);
+  // A fresh position of `st` drawn by weight among [0, n) (may be excluded; the caller
+  // rejects). REQUIRES: heavy_skew > 0.
+  std::uint32_t DrawWeighted(Stream& st, std::uint32_t n);
 
   SelectionModelParams params_;
   std::unordered_map<std::uint64_t, std::unique_ptr<Stream>> streams_;

@@ -6,7 +6,10 @@
 //                                  (hardware, mode, mtp) configs, cost constants, the
 //                                  selection model and what the simulation samples
 //   configs/costs/<model>.json     ModelCostConfig (weights and FLOPs of a GLM-5-like MoE)
-//   configs/costs/<hardware>.json  ComputeRates (dense BF16 / FP8 FLOP rates)
+//   configs/costs/<hardware>.json  ComputeRates (dense BF16 / FP8 FLOP rates, the sparse MLA
+//                                  decode kernel's achieved rate and head multiple, the
+//                                  scattered-row host-link rate, collective latencies, kernel
+//                                  launch and planner per-selection costs)
 //
 // Every number that is a physical or modelling constant is {"value", "source"}; the loaders
 // require every field, reject unknown ones, and name the bad field in errors
@@ -53,6 +56,13 @@ struct ComputeRates {
   std::string name;
   double dense_bf16_flops = 0;
   double dense_fp8_flops = 0;
+  double sparse_decode_flops = 0;                // achieved rate of the sparse MLA decode kernel
+  std::uint32_t sparse_decode_head_multiple = 1;  // query heads per call are padded up to a multiple
+  double host_link_scattered_bytes_per_s = 0;    // one direction, 656-B rows read/written by GPU threads
+  double collective_base_latency_s = 0;          // per collective call
+  double collective_hop_latency_s = 0;           // per ring step of a call
+  double kernel_launch_s = 0;                    // one small kernel under CUDA graphs
+  double planner_s_per_selection = 0;            // lookup + dedup/touch of one selected entry
   Status Validate() const;
 };
 
@@ -81,8 +91,10 @@ struct ScenarioConfig {
   double activation_reserve_fraction = 0.1;  // of HBM, per GPU
   double mtp_acceptance_rate = 0.7;          // per draft token, sequential
   double kernel_overhead_s_per_layer = 0;
+  std::uint32_t planner_kernels_per_call = 2;  // UlaCache planner kernels per group per step
   std::uint32_t candidate_bytes = 8;         // striped-indexer gather, per candidate
   std::uint32_t hisparse_buffer_entries = 4096;            // per request per group
+  double hisparse_host_to_device_ratio = 2;  // SGLang: host pool = ratio x device pool tokens
   std::uint32_t tp_buffer_entries_per_request = 2048;      // UlaCache TP local buffer, MTP off
   std::uint32_t tp_buffer_entries_per_request_mtp = 3072;  // ... MTP on
   SelectionModelParams selection;  // top_k is taken from the model

@@ -40,6 +40,7 @@ struct CurvePoint {
                                  // (ulacache_home: of those homed on it, the only ones it reads)
   double h2d_gb = 0, d2h_gb = 0, nvlink_gb = 0;  // per step, per GPU, all groups
   StepTime time;                 // mean breakdown
+  std::vector<StepCounts> measured;  // the counts of each measured step (RepriceComparison)
 };
 
 struct SystemResult {
@@ -56,6 +57,8 @@ struct ConfigResult {
   ScenarioEntry entry;
   std::string hardware_label;  // "8xH200"
   MemoryBudget budget;
+  CostModelInputs cost_inputs;        // what priced its steps
+  double mtp_acceptance_rate = 0;     // expected tokens per step come from it
   std::vector<SystemResult> systems;  // in kAllSystems order, those that SystemRunsIn the mode
   // The result of system s, or nullptr if it does not run in this config's mode.
   const SystemResult* Find(SystemKind s) const {
@@ -80,5 +83,13 @@ struct CompareOptions {
 };
 
 Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario, const CompareOptions& options);
+
+// The same comparison with every measured step priced again by a cost model whose inputs
+// `adjust` changed (kernel rates, link rates, latencies): throughput, step times and peaks
+// are recomputed; admission limits, hit rates and bytes moved are the simulation's and stay.
+// Only for constants that do not change the simulation (not the activation reserve, which
+// changes the budgets, nor the MTP acceptance, which changes the histories).
+Result<ComparisonResult> RepriceComparison(const ComparisonResult& result,
+                                           const std::function<void(CostModelInputs&)>& adjust);
 
 }  // namespace ula

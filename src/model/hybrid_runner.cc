@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -72,39 +73,114 @@ Result<SequenceBlocks> HybridRunner::Reserve(std::uint32_t tokens, std::uint32_t
   return seq;
 }
 
+Status HybridRunner::DecodeSpeculative(std::span<const std::uint32_t> prompt, const ServeOptions& options,
+                                       SequenceBlocks& seq, std::vector<float>& logits, ServeResult& result) {
+  const std::uint32_t P = model_.config().page_tokens;
+  const std::size_t kinds = allocator_.num_kinds();
+  const std::uint32_t D = options.draft_tokens;
+  // One slot per position a round feeds: the state (and ring) after it.
+  Demand d = Demand::Of(kinds).Add(kModelStateKind, D + 1);
+  if (model_.has_window()) d.Add(kModelWindowKind, D + 1);
+  auto ids = Allocate(d, options.rule, result.evicted);
+  if (!ids) return std::unexpected(std::move(ids).error());
+  std::vector<Checkpoint> slots(D + 1);
+  std::size_t num_states = 0, num_windows = 0;
+  for (BlockId id : *ids) {
+    if (*allocator_.KindOf(id) == kModelStateKind) slots[num_states++].state = id;
+    else slots[num_windows++].window = id;
+  }
+  auto round = [&]() -> Status {
+    std::vector<std::uint32_t> context(prompt.begin(), prompt.end());
+    context.insert(context.end(), result.output.begin(), result.output.end());
+    std::vector<std::vector<float>> round_logits(D + 1, std::vector<float>(logits.size()));
+    while (result.output.size() < options.max_new_tokens) {
+      const auto k = static_cast<std::uint32_t>(std::min<std::size_t>(D, options.max_new_tokens - result.output.size() - 1));
+      std::vector<std::uint32_t> feed = {result.output.back()};
+      if (k > 0 && options.drafter) {
+        auto drafts = options.drafter(context, k);
+        feed.insert(feed.end(), drafts.begin(), drafts.begin() + std::min<std::size_t>(drafts.size(), k));
+      }
+      // Verification: feed the last output and every draft, saving the state after each.
+      const std::uint32_t start = seq.length;
+      for (std::size_t i = 0; i < feed.size(); ++i) {
+        if (seq.length / P >= seq.pages.size()) {
+          auto page = Allocate(Demand::Of(kinds).Add(kModelKvKind, 1), options.rule, result.evicted);
+          if (!page) return std::unexpected(std::move(page).error());
+          seq.pages.push_back(page->front());
+        }
+        ULA_RETURN_IF_ERROR(model_.Step(allocator_, seq, feed[i], round_logits[i]));
+        ULA_RETURN_IF_ERROR(CopyBlock(seq.state, slots[i].state));
+        if (seq.window.valid()) ULA_RETURN_IF_ERROR(CopyBlock(seq.window, slots[i].window));
+      }
+      // Commit the drafts the target agrees with; roll back past the first it does not.
+      std::size_t a = 0;
+      while (a + 1 < feed.size() && feed[a + 1] == HybridModel::Argmax(round_logits[a])) ++a;
+      if (a + 1 < feed.size()) {
+        ULA_RETURN_IF_ERROR(CopyBlock(slots[a].state, seq.state));
+        if (seq.window.valid()) ULA_RETURN_IF_ERROR(CopyBlock(slots[a].window, seq.window));
+        seq.length = start + static_cast<std::uint32_t>(a) + 1;
+      }
+      for (std::size_t j = 1; j <= a; ++j) {
+        result.output.push_back(feed[j]);
+        context.push_back(feed[j]);
+      }
+      const std::uint32_t next = HybridModel::Argmax(round_logits[a]);
+      result.output.push_back(next);
+      context.push_back(next);
+      logits = round_logits[a];
+      result.drafted += static_cast<std::uint32_t>(feed.size() - 1);
+      result.accepted += static_cast<std::uint32_t>(a);
+    }
+    return Ok();
+  };
+  Status status = round();
+  for (const Checkpoint& c : slots) {
+    (void)allocator_.Free(c.state);
+    if (c.window.valid()) (void)allocator_.Free(c.window);
+  }
+  return status;
+}
+
 Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, const ServeOptions& options) {
   if (prompt.empty()) return MakeError(ErrorCode::kInvalidArgument, "serve: empty prompt");
   if (options.max_new_tokens == 0) return MakeError(ErrorCode::kInvalidArgument, "serve: max_new_tokens must be >= 1");
   const std::uint32_t P = model_.config().page_tokens;
-  if (options.checkpoint_interval % P != 0) {
-    return MakeError(ErrorCode::kInvalidArgument,
-                     fmt::format("serve: checkpoint_interval ({}) must be a multiple of page_tokens ({})",
-                                 options.checkpoint_interval, P));
-  }
   const auto len = static_cast<std::uint32_t>(prompt.size());
   const std::size_t kinds = allocator_.num_kinds();
   ServeResult result;
 
-  PrefixMatch match;
+  // The lock the request holds on the cache: its match, later its last inserted chunk.
+  PrefixMatch held;
   if (cache_ != nullptr) {
-    match = cache_->Match(prompt, len - 1);  // at least one token left to compute
-    ULA_RETURN_IF_ERROR(cache_->Lock(match));
+    auto m = cache_->MatchCopyOnWrite(prompt, len - 1, options.rule);  // >= 1 token left to compute
+    if (!m) return std::unexpected(std::move(m).error());
+    held = std::move(*m);
   }
-  const std::uint32_t m = match.length;
-  const std::size_t shared = m / P;  // full cached pages used as they are
+  const std::uint32_t m = held.length;
+  std::size_t shared = m / P;  // leading pages that belong to the cache, used as they are
+  SequenceBlocks seq;
+  seq.state = held.copy.state;  // the request's own copy (copy-on-write match)
+  seq.window = held.copy.window;
+  seq.pages.assign(held.pages.begin(), held.pages.begin() + static_cast<std::ptrdiff_t>(shared));
+  std::vector<PositionedCheckpoint> checkpoints;
+  auto free_checkpoint = [&](const Checkpoint& c) {
+    (void)allocator_.Free(c.state);
+    if (c.window.valid()) (void)allocator_.Free(c.window);
+  };
   auto fail = [&](Error e) -> Result<ServeResult> {
-    if (cache_ != nullptr) (void)cache_->Unlock(match);
+    (void)Release(seq, shared);
+    for (const auto& c : checkpoints) free_checkpoint(c.checkpoint);
+    if (cache_ != nullptr) (void)cache_->Unlock(held);
     return std::unexpected(std::move(e));
   };
-
-  SequenceBlocks seq;
-  std::vector<PositionedCheckpoint> checkpoints;
   {
-    Demand d = Demand::Of(kinds).Add(kModelStateKind, 1).Add(kModelKvKind, static_cast<std::uint32_t>((len + P - 1) / P - shared));
-    if (model_.has_window()) d.Add(kModelWindowKind, 1);
+    Demand d = Demand::Of(kinds).Add(kModelKvKind, static_cast<std::uint32_t>((len + P - 1) / P - shared));
+    if (m == 0) {
+      d.Add(kModelStateKind, 1);
+      if (model_.has_window()) d.Add(kModelWindowKind, 1);
+    }
     auto ids = Allocate(d, options.rule, result.evicted);
     if (!ids) return fail(std::move(ids).error());
-    seq.pages.assign(match.pages.begin(), match.pages.begin() + shared);
     for (BlockId id : *ids) {
       const BlockKind k = *allocator_.KindOf(id);
       if (k == kModelKvKind) seq.pages.push_back(id);
@@ -112,77 +188,107 @@ Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, c
       else seq.window = id;
     }
   }
-  auto release_all = [&] {
-    (void)Release(seq, shared);
-    for (const auto& c : checkpoints) {
-      (void)allocator_.Free(c.checkpoint.state);
-      if (c.checkpoint.window.valid()) (void)allocator_.Free(c.checkpoint.window);
-    }
-  };
-  auto check = [&](Status s) -> bool {
-    if (s) return true;
-    release_all();
-    return false;
-  };
   if (m > 0) {
-    Status s = CopyBlock(match.checkpoint.state, seq.state);
-    if (s && model_.has_window()) s = CopyBlock(match.checkpoint.window, seq.window);
-    if (s && m % P != 0) s = CopyBlock(match.pages[shared], seq.pages[shared]);  // copy-on-write partial page
-    if (!check(s)) return fail(s.error());
-  } else if (Status s = model_.ZeroSequenceState(allocator_, seq); !check(s)) {
+    if (m % P != 0) {  // copy-on-write partial page
+      if (Status s = CopyBlock(held.pages[shared], seq.pages[shared]); !s) return fail(s.error());
+    }
+  } else if (Status s = model_.ZeroSequenceState(allocator_, seq); !s) {
     return fail(s.error());
   }
   seq.length = m;
   result.matched = m;
   result.recomputed = len - m;
+  result.branch = held.branch;
+  // Where to save a checkpoint for the branching point (0: none); held changes with chunks.
+  const std::uint32_t branch = options.branch_alignment == 0
+                                   ? 0
+                                   : held.branch / options.branch_alignment * options.branch_alignment;
 
   std::vector<float> logits(model_.config().vocab);
   auto save_checkpoint = [&]() -> Status {
+    if (!checkpoints.empty() && checkpoints.back().position == seq.length) return Ok();
     Demand d = Demand::Of(kinds).Add(kModelStateKind, 1);
     if (model_.has_window()) d.Add(kModelWindowKind, 1);
     auto ids = Allocate(d, options.rule, result.evicted);
     if (!ids) return std::unexpected(std::move(ids).error());
-    Checkpoint c{(*ids)[0], model_.has_window() ? (*ids)[1] : BlockId::Invalid()};
-    // Listed before the copies: if one fails, the request's failure path frees it too (it
-    // is never inserted in the cache with bytes that did not arrive).
+    Checkpoint c;
+    for (BlockId id : *ids) (*allocator_.KindOf(id) == kModelStateKind ? c.state : c.window) = id;
     checkpoints.push_back({seq.length, c});
     ULA_RETURN_IF_ERROR(CopyBlock(seq.state, c.state));
     if (c.window.valid()) ULA_RETURN_IF_ERROR(CopyBlock(seq.window, c.window));
     return Ok();
   };
+  // Chunked prefill: the tree takes the chunks computed so far, with a copy of the state.
+  auto insert_chunk = [&]() -> Status {
+    ULA_RETURN_IF_ERROR(save_checkpoint());
+    const std::uint32_t L = seq.length;
+    const std::size_t num_pages = (L + P - 1) / P;
+    auto next = cache_->InsertChunk(prompt.first(L), std::span<const BlockId>(seq.pages).first(num_pages), checkpoints,
+                                    held);
+    if (!next) return std::unexpected(std::move(next).error());
+    checkpoints.clear();  // the tree's now (attached or freed as duplicates)
+    held = std::move(*next);
+    std::copy(held.pages.begin(), held.pages.end(), seq.pages.begin());  // the tree's pages from now on
+    shared = num_pages;
+    ++result.chunks_inserted;
+    if (L % P == 0) return Ok();
+    // The partial last page is the tree's now: continue on a copy.
+    auto page = Allocate(Demand::Of(kinds).Add(kModelKvKind, 1), options.rule, result.evicted);
+    if (!page) return std::unexpected(std::move(page).error());
+    ULA_RETURN_IF_ERROR(CopyBlock(seq.pages[L / P], page->front()));
+    seq.pages[L / P] = page->front();
+    shared = L / P;
+    return Ok();
+  };
   for (std::uint32_t p = m; p < len; ++p) {
-    if (Status s = model_.Step(allocator_, seq, prompt[p], logits); !check(s)) return fail(s.error());
-    if (options.checkpoint_interval > 0 && seq.length % options.checkpoint_interval == 0 && cache_ != nullptr) {
-      if (Status s = save_checkpoint(); !check(s)) return fail(s.error());
+    if (Status s = model_.Step(allocator_, seq, prompt[p], logits); !s) return fail(s.error());
+    if (cache_ == nullptr) continue;
+    const bool at_interval = options.checkpoint_interval > 0 && seq.length % options.checkpoint_interval == 0;
+    const bool at_branch = branch > m && seq.length == branch;
+    if (at_interval || at_branch) {
+      if (Status s = save_checkpoint(); !s) return fail(s.error());
+    }
+    if (options.prefill_chunk > 0 && seq.length < len && (seq.length - m) % options.prefill_chunk == 0) {
+      if (Status s = insert_chunk(); !s) return fail(s.error());
     }
   }
   std::uint32_t next = HybridModel::Argmax(logits);
   result.output.push_back(next);
-  for (std::uint32_t i = 1; i < options.max_new_tokens; ++i) {
+  if (options.draft_tokens > 0) {
+    if (Status s = DecodeSpeculative(prompt, options, seq, logits, result); !s) return fail(s.error());
+    // Pages written by rejected drafts past the sequence's end are not the cache's business.
+    while (seq.pages.size() > (seq.length + P - 1) / P) {
+      if (Status s = allocator_.Free(seq.pages.back()); !s) return fail(s.error());
+      seq.pages.pop_back();
+    }
+  }
+  for (auto i = static_cast<std::uint32_t>(result.output.size()); i < options.max_new_tokens; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     if (seq.length / P >= seq.pages.size()) {
       auto page = Allocate(Demand::Of(kinds).Add(kModelKvKind, 1), options.rule, result.evicted);
-      if (!page) {
-        release_all();
-        return fail(std::move(page).error());
-      }
+      if (!page) return fail(std::move(page).error());
       seq.pages.push_back(page->front());
     }
-    if (Status s = model_.Step(allocator_, seq, next, logits); !check(s)) return fail(s.error());
+    if (Status s = model_.Step(allocator_, seq, next, logits); !s) return fail(s.error());
     next = HybridModel::Argmax(logits);
     result.output.push_back(next);
     result.token_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   result.last_logits = logits;
 
-  if (cache_ != nullptr) ULA_RETURN_IF_ERROR(cache_->Unlock(match));
+  if (cache_ != nullptr) ULA_RETURN_IF_ERROR(cache_->Unlock(held));
   if (cache_ != nullptr && options.insert_into_cache) {
     std::vector<std::uint32_t> fed(prompt.begin(), prompt.end());
     fed.insert(fed.end(), result.output.begin(), result.output.end() - 1);
+    if (!checkpoints.empty() && checkpoints.back().position == seq.length) {
+      free_checkpoint(checkpoints.back().checkpoint);
+      checkpoints.pop_back();
+    }
     checkpoints.push_back({seq.length, Checkpoint{seq.state, seq.window}});
     ULA_RETURN_IF_ERROR(cache_->Insert(fed, seq.pages, checkpoints));
   } else {
-    release_all();
+    (void)Release(seq, shared);
+    for (const auto& c : checkpoints) free_checkpoint(c.checkpoint);
   }
   return result;
 }

@@ -4,16 +4,18 @@
 #include "policy/clock.h"
 #include "policy/exact_lru_list.h"
 #include "policy/exact_lru_scan.h"
+#include "policy/lfu_aged.h"
 #include "policy/pb_lru.h"
 #include "ula/residency_policy.h"
 
 namespace ula {
 namespace {
-constexpr std::array<std::pair<PolicyKind, std::string_view>, 4> kNames{{
+constexpr std::array<std::pair<PolicyKind, std::string_view>, 5> kNames{{
     {PolicyKind::kPbLru, "pb_lru"},
     {PolicyKind::kExactLruScan, "exact_lru_scan"},
     {PolicyKind::kExactLruList, "exact_lru_list"},
     {PolicyKind::kClock, "clock"},
+    {PolicyKind::kLfuAged, "lfu_aged"},
 }};
 }  // namespace
 
@@ -29,7 +31,7 @@ Result<PolicyKind> ParsePolicyKind(std::string_view name) {
     if (n == name) return k;
   }
   return MakeError(ErrorCode::kInvalidArgument,
-                   "unknown policy '" + std::string(name) + "' (pb_lru, exact_lru_scan, exact_lru_list, clock)");
+                   "unknown policy '" + std::string(name) + "' (pb_lru, exact_lru_scan, exact_lru_list, clock, lfu_aged)");
 }
 
 Status PolicyOptions::Validate() const {
@@ -58,6 +60,8 @@ Result<std::unique_ptr<ResidencyPolicy>> MakePolicy(PolicyKind kind, std::uint32
       return std::make_unique<policy::ExactLruList>(capacity);
     case PolicyKind::kClock:
       return std::make_unique<policy::Clock>(capacity);
+    case PolicyKind::kLfuAged:
+      return std::make_unique<policy::LfuAged>(capacity, options);
   }
   return MakeError(ErrorCode::kInvalidArgument, "unknown policy kind " + std::to_string(static_cast<int>(kind)));
 }

@@ -58,8 +58,10 @@ class Replayer {
     return std::unique_ptr<Replayer>(new Replayer(trace, config, std::move(*pool), std::move(*policy)));
   }
 
-  // Replays step t (steps must come in order). kResourceExhausted if the misses do not fit.
-  Status Step(std::uint32_t t) {
+  // Replays step t (steps must come in order); `distinct` is the step's number of distinct
+  // selections (a property of the trace, counted outside the timed region by the caller).
+  // kResourceExhausted if the misses do not fit.
+  Status Step(std::uint32_t t, std::uint64_t distinct) {
     const auto sel = trace_.Step(t);
     const auto start = std::chrono::steady_clock::now();
     // Lookup: one tight pass over the selections, prefetching the address -> slot entries a
@@ -114,6 +116,8 @@ class Replayer {
       step_ns_.push_back(std::chrono::duration<double, std::nano>(end - start).count());
       result_.selections += sel.size();
       result_.hits += hits_.size();
+      result_.distinct += distinct;
+      result_.distinct_hits += distinct - misses_.size();
       result_.evictions += evicted;
     }
     return Ok();
@@ -168,8 +172,16 @@ Result<std::vector<ReplayResult>> ReplayTrace(const SelectionTrace& trace, std::
     replayers.push_back(std::move(*r));
   }
   const std::size_t n = replayers.size();
+  std::vector<std::uint32_t> stamp(trace.num_addresses, 0);
   for (std::uint32_t t = 0; t < trace.steps; ++t) {
-    for (std::size_t i = 0; i < n; ++i) ULA_RETURN_IF_ERROR(replayers[(i + t) % n]->Step(t));
+    std::uint64_t distinct = 0;
+    for (LogicalAddr a : trace.Step(t)) {
+      if (stamp[a.value()] != t + 1) {
+        stamp[a.value()] = t + 1;
+        ++distinct;
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) ULA_RETURN_IF_ERROR(replayers[(i + t) % n]->Step(t, distinct));
   }
   std::vector<ReplayResult> results;
   for (auto& r : replayers) results.push_back(r->Finish());

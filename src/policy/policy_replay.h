@@ -55,9 +55,12 @@ struct ReplayResult {
   std::uint32_t pool_slots = 0;
   std::uint64_t selections = 0;  // measured steps only
   std::uint64_t hits = 0;
+  std::uint64_t distinct = 0;       // distinct selections of the measured steps (per step)
+  std::uint64_t distinct_hits = 0;  // of those, already on device (distinct - misses)
   std::uint64_t evictions = 0;
   double step_ns_median = 0;
   double hit_rate() const { return selections == 0 ? 0.0 : static_cast<double>(hits) / selections; }
+  double distinct_hit_rate() const { return distinct == 0 ? 0.0 : static_cast<double>(distinct_hits) / distinct; }
 };
 
 // Replays `trace` through each config's policy. The policies advance in lockstep, one step

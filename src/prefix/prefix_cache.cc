@@ -3,11 +3,20 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
+#include "prefix/tree_util.h"
 #include "ula/check.h"
-#include "ula/digest.h"
 
 namespace ula {
+
+using internal::CeilDiv;
+using internal::PathTo;
 
 const char* EvictionRuleName(EvictionRule rule) {
   return rule == EvictionRule::kNaive ? "naive" : "allocation_aware";
@@ -27,19 +36,11 @@ PrefixCache::PrefixCache(const PrefixCacheConfig& config, HybridAllocator* alloc
 }
 
 PrefixCache::~PrefixCache() {
-  // Give every block back to the allocator.
-  for (std::size_t i = 1; i < nodes_.size(); ++i) {
-    Node& n = nodes_[i];
-    if (!n.live) continue;
-    for (std::uint32_t l = 0; l < n.locks; ++l) {
-      (void)allocator_->Unpin(n.page);
-      if (n.checkpoint.valid()) {
-        (void)allocator_->Unpin(n.checkpoint.state);
-        if (n.checkpoint.window.valid()) (void)allocator_->Unpin(n.checkpoint.window);
-      }
+  // Give every block back to the allocator; pins come only from locks still held.
+  for (BlockId b : owned_) {
+    while (allocator_->Unpin(b).has_value()) {
     }
-    (void)allocator_->Free(n.page);
-    FreeCheckpoint(n.checkpoint);
+    (void)allocator_->Free(b);
   }
 }
 
@@ -52,6 +53,160 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::Create(const PrefixCacheConfig
     }
   }
   return std::unique_ptr<PrefixCache>(new PrefixCache(config, allocator));
+}
+
+Status PrefixCache::AttachHostTier(const HostTierConfig& config) {
+  if (host_.backend != nullptr) return MakeError(ErrorCode::kFailedPrecondition, "prefix cache: a host tier is attached already");
+  if (config.backend == nullptr || config.slots == 0) {
+    return MakeError(ErrorCode::kInvalidArgument, "prefix cache host tier: needs a backend and at least one slot");
+  }
+  const std::uint64_t state = allocator_->kind_config(config_.state_kind).block_bytes;
+  const std::uint64_t window = config_.window_kind.valid() ? allocator_->kind_config(config_.window_kind).block_bytes : 0;
+  auto device = config.backend->GetArena(config.device_arena);
+  auto host = config.backend->GetArena(config.host_arena.id);
+  if (!device || !host || host->tier != Tier::kHost || host->bytes < config.slots * (state + window)) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("prefix cache host tier: unknown arenas, or a host arena under {} B",
+                                 config.slots * (state + window)));
+  }
+  host_ = config;
+  host_.host_arena = *host;
+  for (std::uint32_t s = config.slots; s > 0; --s) free_host_.push_back(s - 1);
+  return Ok();
+}
+
+Status PrefixCache::HostCopy(const Checkpoint& c, std::uint32_t slot, bool to_host) {
+  const std::uint64_t state = allocator_->kind_config(config_.state_kind).block_bytes;
+  struct Part {
+    BlockId block;
+    std::uint64_t host_offset, bytes;
+  };
+  std::vector<Part> parts = {{c.state, std::uint64_t{slot} * state, state}};
+  if (c.window.valid()) {
+    const std::uint64_t window = allocator_->kind_config(config_.window_kind).block_bytes;
+    parts.push_back({c.window, std::uint64_t{host_.slots} * state + std::uint64_t{slot} * window, window});
+  }
+  // Copy, then publish: every batch waited on its own fence (ula/backend.h), the first
+  // failure returned once nothing is in flight.
+  std::vector<Fence> fences;
+  Status status = Ok();
+  for (const Part& p : parts) {
+    auto device = allocator_->Offset(p.block);
+    if (!device) {
+      status = std::unexpected(std::move(device).error());
+      break;
+    }
+    CopyBatch b;
+    b.src = to_host ? host_.device_arena : host_.host_arena.id;
+    b.dst = to_host ? host_.host_arena.id : host_.device_arena;
+    b.bytes_per_move = static_cast<std::uint32_t>(p.bytes);
+    b.moves = {to_host ? SlotMove{*device, p.host_offset} : SlotMove{p.host_offset, *device}};
+    auto fence = host_.backend->Submit(std::move(b));
+    if (!fence) {
+      status = std::unexpected(std::move(fence).error());
+      break;
+    }
+    fences.push_back(*fence);
+  }
+  for (Fence f : fences) {
+    if (auto w = host_.backend->Wait(f); !w && status) status = std::unexpected(std::move(w).error());
+  }
+  return status;
+}
+
+bool PrefixCache::Offload(std::uint32_t id, EvictionStats& stats) {
+  if (host_.backend == nullptr) return false;
+  if (free_host_.empty() && !host_lru_.empty()) DropHost(std::get<2>(*host_lru_.begin()), stats);
+  if (free_host_.empty()) return false;
+  Node& n = nodes_[id];
+  const Checkpoint c = n.checkpoint;
+  const std::uint32_t slot = free_host_.back();
+  for (BlockId b : {c.state, c.window}) {
+    if (b.valid()) ULA_CHECK(allocator_->Pin(b).has_value());  // no move while copied
+  }
+  const Status copied = HostCopy(c, slot, true);
+  for (BlockId b : {c.state, c.window}) {
+    if (b.valid()) ULA_CHECK(allocator_->Unpin(b).has_value());
+  }
+  if (!copied) return false;
+  free_host_.pop_back();
+  Update(id, [&] {
+    n.host = slot;
+    n.host_window = c.window.valid();
+    FreeCheckpoint(c, n.end);
+    n.checkpoint = Checkpoint{};
+  });
+  return true;
+}
+
+void PrefixCache::DropHost(std::uint32_t id, EvictionStats& stats) {
+  Node& n = nodes_[id];
+  Update(id, [&] {
+    free_host_.push_back(n.host);
+    n.host = kNoSlot;
+  });
+  if (n.children.empty() && n.kv_locks == 0 && !n.checkpoint.valid()) RemoveLeaf(id, stats);
+}
+
+Status PrefixCache::LoadBack(std::uint32_t id, EvictionRule rule) {
+  ULA_CHECK(nodes_[id].host != kNoSlot && !nodes_[id].checkpoint.valid());
+  // The node's host copy is not droppable and its KV path is not evictable meanwhile.
+  Update(id, [&] { loading_ = id; });
+  for (std::uint32_t a = id; a != 0; a = nodes_[a].parent) Update(a, [&] { ++nodes_[a].kv_locks; });
+  Demand d = Demand::Of(allocator_->num_kinds()).Add(config_.state_kind, 1);
+  if (nodes_[id].host_window) d.Add(config_.window_kind, 1);
+  Result<std::vector<BlockId>> ids = std::vector<BlockId>{};
+  if (!allocator_->CanAllocate(d)) {
+    if (auto s = MakeRoom(d, rule); !s) ids = std::unexpected(std::move(s).error());
+  }
+  if (ids) ids = allocator_->AllocateDemand(d);
+  Checkpoint c;
+  Status copied = Ok();
+  if (ids) {
+    for (BlockId b : *ids) (allocator_->KindOf(b) == config_.state_kind ? c.state : c.window) = b;
+    for (BlockId b : *ids) ULA_CHECK(allocator_->Pin(b).has_value());
+    copied = HostCopy(c, nodes_[id].host, false);
+    for (BlockId b : *ids) ULA_CHECK(allocator_->Unpin(b).has_value());
+    if (!copied) {
+      for (BlockId b : *ids) ULA_CHECK(allocator_->Free(b).has_value());
+    }
+  }
+  for (std::uint32_t a = id; a != 0; a = nodes_[a].parent) Update(a, [&] { --nodes_[a].kv_locks; });
+  Node& n = nodes_[id];
+  Update(id, [&] {
+    loading_ = kNoSlot;
+    if (ids && copied) {  // publish: the device copy replaces the host one
+      free_host_.push_back(n.host);
+      n.host = kNoSlot;
+      n.checkpoint = c;
+    }
+  });
+  if (!ids) return std::unexpected(std::move(ids).error());
+  if (!copied) return copied;
+  owned_.insert(c.state);
+  if (c.window.valid()) owned_.insert(c.window);
+  if (config_.record_events) events_.push_back({CacheEvent::Type::kStateStored, c.state, n.end});
+  ++host_hits_;
+  return Ok();
+}
+
+std::uint32_t PrefixCache::NodeAt(std::span<const std::uint32_t> tokens, std::uint32_t length) const {
+  std::uint32_t node = 0;
+  std::uint32_t pos = 0;
+  while (pos < length) {
+    auto it = nodes_[node].children.find(tokens[pos]);
+    if (it == nodes_[node].children.end()) return 0;
+    const Node& c = nodes_[it->second];
+    if (c.end > length || !std::equal(c.tokens.begin(), c.tokens.end(), tokens.begin() + pos)) return 0;
+    node = it->second;
+    pos = c.end;
+  }
+  return node;
+}
+
+bool PrefixCache::HoldsOnHost(std::span<const std::uint32_t> tokens) const {
+  const std::uint32_t id = NodeAt(tokens, static_cast<std::uint32_t>(tokens.size()));
+  return id != 0 && nodes_[id].host != kNoSlot;
 }
 
 std::uint32_t PrefixCache::NewNode() {
@@ -68,113 +223,237 @@ std::uint32_t PrefixCache::NewNode() {
   return id;
 }
 
-void PrefixCache::FreeCheckpoint(const Checkpoint& c) {
+PrefixCache::LruKey PrefixCache::KeyOf(std::uint32_t id) const {
+  return {nodes_[id].last_use, UINT32_MAX - nodes_[id].end, id};
+}
+
+template <class F>
+void PrefixCache::Update(std::uint32_t id, F&& f) {
+  if (id == 0) {
+    f();
+    return;
+  }
+  const LruKey old = KeyOf(id);
+  kv_lru_.erase(old);
+  state_lru_.erase(old);
+  host_lru_.erase(old);
+  f();
+  const Node& n = nodes_[id];
+  if (!n.live) return;
+  if (n.kv_locks == 0 && n.children.empty()) kv_lru_.insert(KeyOf(id));
+  if (n.checkpoint.valid() && n.state_locks == 0) state_lru_.insert(KeyOf(id));
+  if (n.host != kNoSlot && id != loading_) host_lru_.insert(KeyOf(id));
+}
+
+void PrefixCache::Touch(std::uint32_t id, std::uint64_t clock) {
+  Update(id, [&] { nodes_[id].last_use = clock; });
+}
+
+void PrefixCache::StorePage(BlockId page, std::uint32_t index) {
+  owned_.insert(page);
+  if (config_.record_events) events_.push_back({CacheEvent::Type::kPageStored, page, index * config_.page_tokens});
+}
+
+void PrefixCache::FreePage(BlockId page, std::uint32_t index) {
+  owned_.erase(page);
+  ULA_CHECK(allocator_->Free(page).has_value());
+  if (config_.record_events) events_.push_back({CacheEvent::Type::kPageRemoved, page, index * config_.page_tokens});
+}
+
+void PrefixCache::FreeCheckpoint(const Checkpoint& c, std::uint32_t position) {
   if (!c.valid()) return;
-  ULA_CHECK(allocator_->Free(c.state).has_value());
-  if (c.window.valid()) ULA_CHECK(allocator_->Free(c.window).has_value());
+  for (BlockId b : {c.state, c.window}) {
+    if (!b.valid()) continue;
+    owned_.erase(b);
+    ULA_CHECK(allocator_->Free(b).has_value());
+  }
+  if (config_.record_events) events_.push_back({CacheEvent::Type::kStateRemoved, c.state, position});
+}
+
+std::uint32_t PrefixCache::Split(std::uint32_t id, std::uint32_t at) {
+  const std::uint32_t P = config_.page_tokens;
+  const std::uint32_t upper = NewNode();  // may reallocate nodes_
+  Node& n = nodes_[id];
+  Node& m = nodes_[upper];
+  ULA_CHECK(at > n.start && at < n.end);
+  const std::uint32_t cut = at - n.start;
+  m.parent = n.parent;
+  m.start = n.start;
+  m.end = at;
+  m.tokens.assign(n.tokens.begin(), n.tokens.begin() + cut);
+  const std::uint32_t upper_pages = CeilDiv(at, P) - CeilDiv(n.start, P);
+  m.pages.assign(n.pages.begin(), n.pages.begin() + upper_pages);
+  m.head = n.head;
+  m.kv_locks = n.kv_locks;
+  m.last_use = n.last_use;
+  nodes_[n.parent].children[m.tokens.front()] = upper;
+  Update(id, [&] {
+    n.tokens.erase(n.tokens.begin(), n.tokens.begin() + cut);
+    n.pages.erase(n.pages.begin(), n.pages.begin() + upper_pages);
+    n.head = BlockId::Invalid();
+    n.start = at;
+    n.parent = upper;
+  });
+  m.children.emplace(n.tokens.front(), id);
+  return upper;
+}
+
+std::vector<BlockId> PrefixCache::PagesOfPath(const std::vector<std::uint32_t>& path, std::uint32_t length) const {
+  const std::uint32_t P = config_.page_tokens;
+  std::vector<BlockId> pages(CeilDiv(length, P));
+  for (std::uint32_t id : path) {  // root first: deeper nodes overwrite
+    const Node& n = nodes_[id];
+    if (n.head.valid() && n.start / P < pages.size()) pages[n.start / P] = n.head;
+    const std::uint32_t first = CeilDiv(n.start, P);
+    for (std::size_t i = 0; i < n.pages.size() && first + i < pages.size(); ++i) pages[first + i] = n.pages[i];
+  }
+  return pages;
 }
 
 PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint32_t max_length) {
-  const std::uint32_t P = config_.page_tokens;
   PrefixMatch best;
   std::vector<std::uint32_t> path;
-  std::vector<BlockId> pages;
+  std::size_t best_depth = 0;
   std::uint32_t node = 0;
   std::uint32_t pos = 0;
-  ++clock_;
-  auto record = [&](std::uint32_t id) {
-    best.length = nodes_[id].end;
-    best.pages = pages;
-    best.path = path;
-    best.checkpoint = nodes_[id].checkpoint;
-  };
-  while (true) {
-    const Node& n = nodes_[node];
-    const std::size_t left = tokens.size() - pos;
-    // A partial page below this node (a leaf) that prefixes the rest and ends at a
-    // checkpoint: the longest one is a candidate, beaten only by a checkpoint deeper down
-    // the full-page path (which ends at pos + P or later).
-    std::uint32_t best_partial = 0;
-    for (const auto& [key, child] : n.children) {
-      if (key.size() >= P || key.size() > left || !nodes_[child].checkpoint.valid()) continue;
-      if (nodes_[child].end > max_length) continue;
-      if (!std::equal(key.begin(), key.end(), tokens.begin() + pos)) continue;
-      if (best_partial == 0 || key.size() > nodes_[best_partial].tokens.size()) best_partial = child;
+  std::uint32_t kv_length = 0;
+  while (pos < tokens.size()) {
+    auto it = nodes_[node].children.find(tokens[pos]);
+    if (it == nodes_[node].children.end()) break;
+    const Node& c = nodes_[it->second];
+    const std::size_t limit = std::min<std::size_t>(c.tokens.size(), tokens.size() - pos);
+    std::size_t l = 0;
+    while (l < limit && c.tokens[l] == tokens[pos + l]) ++l;
+    if (l < c.tokens.size()) {
+      pos += static_cast<std::uint32_t>(l);
+      break;
     }
-    if (best_partial != 0) {
-      path.push_back(best_partial);
-      pages.push_back(nodes_[best_partial].page);
-      record(best_partial);
-      path.pop_back();
-      pages.pop_back();
-    }
-    std::uint32_t next = 0;
-    if (left >= P && pos + P <= max_length) {
-      std::vector<std::uint32_t> key(tokens.begin() + pos, tokens.begin() + pos + P);
-      if (auto it = n.children.find(key); it != n.children.end()) next = it->second;
-    }
-    if (next == 0) break;
-    node = next;
-    pos = nodes_[node].end;
+    node = it->second;
+    pos = c.end;
     path.push_back(node);
-    pages.push_back(nodes_[node].page);
-    if (nodes_[node].checkpoint.valid()) record(node);
+    if (c.end <= max_length && c.checkpoint.valid()) best_depth = path.size();
+    if (c.end <= max_length && (c.checkpoint.valid() || c.host != kNoSlot)) best.host_length = c.end;
   }
-  for (std::uint32_t id : best.path) nodes_[id].last_use = clock_;
+  kv_length = pos;
+  ++clock_;
+  path.resize(best_depth);
+  for (std::uint32_t id : path) Touch(id, clock_);
+  if (!path.empty()) {
+    const Node& d = nodes_[path.back()];
+    best.length = d.end;
+    best.checkpoint = d.checkpoint;
+    best.pages = PagesOfPath(path, d.end);
+  }
+  best.kv_length = kv_length;
+  best.branch = kv_length > best.length ? kv_length : 0;
+  best.path = std::move(path);
   return best;
 }
 
 bool PrefixCache::Holds(std::span<const std::uint32_t> tokens) const {
-  const std::uint32_t P = config_.page_tokens;
   std::uint32_t node = 0;
-  std::uint32_t pos = 0;
+  std::size_t pos = 0;
   while (pos < tokens.size()) {
-    const std::size_t take = std::min<std::size_t>(P, tokens.size() - pos);
-    std::vector<std::uint32_t> key(tokens.begin() + pos, tokens.begin() + pos + take);
-    auto it = nodes_[node].children.find(key);
+    auto it = nodes_[node].children.find(tokens[pos]);
     if (it == nodes_[node].children.end()) return false;
+    const Node& c = nodes_[it->second];
+    if (c.tokens.size() > tokens.size() - pos || !std::equal(c.tokens.begin(), c.tokens.end(), tokens.begin() + pos)) {
+      return false;
+    }
     node = it->second;
-    pos = nodes_[node].end;
+    pos = c.end;
   }
   return node != 0 && nodes_[node].checkpoint.valid();
 }
 
-Status PrefixCache::Lock(const PrefixMatch& match) {
-  for (std::uint32_t id : match.path) {
-    if (id == 0 || id >= nodes_.size() || !nodes_[id].live) {
-      return MakeError(ErrorCode::kNotFound, fmt::format("prefix cache: node {} of the match is gone", id));
-    }
+Result<std::uint32_t> PrefixCache::LockedNode(const PrefixMatch& match, bool locking) const {
+  if (match.length == 0) return 0u;
+  const std::uint32_t id = match.path.empty() ? 0 : match.path.back();
+  if (id == 0 || id >= nodes_.size() || !nodes_[id].live || nodes_[id].end != match.length ||
+      nodes_[id].checkpoint.state != match.checkpoint.state) {
+    return MakeError(locking ? ErrorCode::kNotFound : ErrorCode::kFailedPrecondition,
+                     fmt::format("prefix cache: the matched node {} is gone", id));
   }
-  for (std::uint32_t id : match.path) {
-    Node& n = nodes_[id];
-    ++n.locks;
-    ULA_CHECK(allocator_->Pin(n.page).has_value());
-    if (n.checkpoint.valid()) {
-      ULA_CHECK(allocator_->Pin(n.checkpoint.state).has_value());
-      if (n.checkpoint.window.valid()) ULA_CHECK(allocator_->Pin(n.checkpoint.window).has_value());
+  if (!locking) {
+    if (nodes_[id].state_locks == 0) {
+      return MakeError(ErrorCode::kFailedPrecondition, fmt::format("prefix cache: node {} of the match is not locked", id));
     }
+    for (std::uint32_t a = id; a != 0; a = nodes_[a].parent) {
+      if (nodes_[a].kv_locks == 0) {
+        return MakeError(ErrorCode::kFailedPrecondition, fmt::format("prefix cache: node {} of the match is not locked", a));
+      }
+    }
+  } else if (nodes_[id].state_locks == UINT32_MAX) {
+    return MakeError(ErrorCode::kFailedPrecondition, "prefix cache: lock count overflow");
+  }
+  return id;
+}
+
+void PrefixCache::PinMatch(std::uint32_t node, bool pin) {
+  const Node& d = nodes_[node];
+  std::vector<BlockId> blocks = PagesOfPath(PathTo(node, nodes_), d.end);
+  blocks.push_back(d.checkpoint.state);
+  if (d.checkpoint.window.valid()) blocks.push_back(d.checkpoint.window);
+  for (BlockId b : blocks) ULA_CHECK((pin ? allocator_->Pin(b) : allocator_->Unpin(b)).has_value());
+}
+
+Status PrefixCache::Lock(const PrefixMatch& match) {
+  auto id = LockedNode(match, true);
+  if (!id) return std::unexpected(std::move(id).error());
+  if (*id == 0) return Ok();
+  PinMatch(*id, true);
+  Update(*id, [&] { ++nodes_[*id].state_locks; });
+  for (std::uint32_t a = *id; a != 0; a = nodes_[a].parent) Update(a, [&] { ++nodes_[a].kv_locks; });
+  return Ok();
+}
+
+Status PrefixCache::Unlock(const PrefixMatch& match) {
+  auto id = LockedNode(match, false);
+  if (!id) return std::unexpected(std::move(id).error());
+  if (*id == 0) return Ok();
+  PinMatch(*id, false);
+  Update(*id, [&] { --nodes_[*id].state_locks; });
+  for (std::uint32_t a = *id; a != 0; a = nodes_[a].parent) Update(a, [&] { --nodes_[a].kv_locks; });
+  // A tombstoned leaf that only the lock kept is useless now.
+  const Node& d = nodes_[*id];
+  if (d.kv_locks == 0 && d.children.empty() && !d.checkpoint.valid() && d.host == kNoSlot) {
+    EvictionStats ignored;
+    RemoveLeaf(*id, ignored);
   }
   ULA_EXPENSIVE_CHECK(*this);
   return Ok();
 }
 
-Status PrefixCache::Unlock(const PrefixMatch& match) {
-  for (std::uint32_t id : match.path) {
-    if (id == 0 || id >= nodes_.size() || !nodes_[id].live || nodes_[id].locks == 0) {
-      return MakeError(ErrorCode::kFailedPrecondition, fmt::format("prefix cache: node {} of the match is not locked", id));
+Result<PrefixMatch> PrefixCache::MatchCopyOnWrite(std::span<const std::uint32_t> tokens, std::uint32_t max_length,
+                                                  EvictionRule rule) {
+  PrefixMatch m = Match(tokens, max_length);
+  // A deeper checkpoint on the host tier: bring it back. When that fails (no room, a failed
+  // copy), the request starts from the device match (host_length still says what it missed).
+  if (m.host_length > m.length && LoadBack(NodeAt(tokens, m.host_length), rule)) m = Match(tokens, max_length);
+  if (m.length == 0) return m;
+  ULA_RETURN_IF_ERROR(Lock(m));
+  Demand d = Demand::Of(allocator_->num_kinds()).Add(config_.state_kind, 1);
+  if (m.checkpoint.window.valid()) d.Add(config_.window_kind, 1);
+  if (!allocator_->CanAllocate(d)) {
+    if (auto s = MakeRoom(d, rule); !s) {
+      ULA_CHECK(Unlock(m).has_value());
+      return std::unexpected(std::move(s).error());
     }
   }
-  for (std::uint32_t id : match.path) {
-    Node& n = nodes_[id];
-    --n.locks;
-    ULA_CHECK(allocator_->Unpin(n.page).has_value());
-    if (n.checkpoint.valid()) {
-      ULA_CHECK(allocator_->Unpin(n.checkpoint.state).has_value());
-      if (n.checkpoint.window.valid()) ULA_CHECK(allocator_->Unpin(n.checkpoint.window).has_value());
-    }
+  auto ids = allocator_->AllocateDemand(d);
+  if (!ids) {
+    ULA_CHECK(Unlock(m).has_value());
+    return std::unexpected(std::move(ids).error());
   }
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  for (BlockId id : *ids) (allocator_->KindOf(id) == config_.state_kind ? m.copy.state : m.copy.window) = id;
+  for (auto [from, to] : {std::pair{m.checkpoint.state, m.copy.state}, std::pair{m.checkpoint.window, m.copy.window}}) {
+    if (!from.valid()) continue;
+    auto src = allocator_->Bytes(from);
+    auto dst = allocator_->Bytes(to);
+    ULA_CHECK(src.has_value() && dst.has_value() && src->size() == dst->size());
+    if (!src->empty()) std::memcpy(dst->data(), src->data(), src->size());
+  }
+  return m;
 }
 
 Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
@@ -190,75 +469,195 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
     if (!kind) return std::unexpected(std::move(kind).error());
     if (*kind != config_.kv_kind) return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert: a page is not a KV block");
   }
+  std::unordered_set<BlockId> incoming(pages.begin(), pages.end());
+  if (incoming.size() != pages.size()) return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert: a page is given twice");
+  std::map<std::uint32_t, Checkpoint> at;  // position -> checkpoint
   for (const auto& c : checkpoints) {
-    if (c.position == 0 || c.position > tokens.size() || !c.checkpoint.valid()) {
+    if (c.position == 0 || c.position > tokens.size() || !c.checkpoint.valid() || at.contains(c.position)) {
       return MakeError(ErrorCode::kInvalidArgument, fmt::format("prefix cache insert: bad checkpoint at {}", c.position));
     }
+    auto ks = allocator_->KindOf(c.checkpoint.state);
+    if (!ks) return std::unexpected(std::move(ks).error());
+    const bool window_ok = c.checkpoint.window.valid()
+                               ? config_.window_kind.valid() && allocator_->KindOf(c.checkpoint.window) == config_.window_kind
+                               : true;
+    if (*ks != config_.state_kind || !window_ok || owned_.contains(c.checkpoint.state) ||
+        (c.checkpoint.window.valid() && owned_.contains(c.checkpoint.window))) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("prefix cache insert: the checkpoint at {} has blocks of the wrong kind or the tree's",
+                                   c.position));
+    }
+    if (!incoming.insert(c.checkpoint.state).second ||
+        (c.checkpoint.window.valid() && !incoming.insert(c.checkpoint.window).second)) {
+      return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert: a checkpoint block is given twice");
+    }
+    at.emplace(c.position, c.checkpoint);
   }
+  // KV past the last checkpoint is useless to a hybrid model: keep tokens [0, n).
+  const std::uint32_t n = at.empty() ? 0 : at.rbegin()->first;
+  // Read-only walk: how far the tree holds these tokens (s_all; s within [0, n)), and the
+  // pages it has there (which the sequence may share).
+  std::uint32_t s_all = 0;
+  std::vector<std::uint32_t> walk;
+  for (std::uint32_t node = 0; s_all < tokens.size();) {
+    auto it = nodes_[node].children.find(tokens[s_all]);
+    if (it == nodes_[node].children.end()) break;
+    const Node& c = nodes_[it->second];
+    std::uint32_t l = 0;
+    while (l < c.tokens.size() && s_all + l < tokens.size() && c.tokens[l] == tokens[s_all + l]) ++l;
+    walk.push_back(it->second);
+    s_all += l;
+    if (l < c.tokens.size()) break;
+    node = it->second;
+  }
+  const std::vector<BlockId> tree_pages = PagesOfPath(walk, s_all);  // providers of [0, ceil(s_all/P))
+  const std::uint32_t s = std::min(s_all, n);
+  const bool head_copy = s < n && s % P != 0;
+  const std::uint32_t new_from = head_copy ? s / P : CeilDiv(s, P);  // incoming pages the tree takes
+  const std::uint32_t new_to = CeilDiv(n, P);
+  for (std::uint32_t i = 0; i < pages.size(); ++i) {
+    const bool taken = i >= new_from && i < new_to;
+    const bool shared = !taken && i < tree_pages.size() && pages[i] == tree_pages[i];
+    if (owned_.contains(pages[i]) && !shared) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("prefix cache insert: page {} is the tree's own page of another position", i));
+    }
+  }
+  // Mutation from here on: nothing below fails.
   ++clock_;
   std::vector<std::uint32_t> path;
   std::uint32_t node = 0;
-  for (std::size_t i = 0; i < pages.size(); ++i) {
-    const std::size_t pos = i * P;
-    const std::size_t take = std::min<std::size_t>(P, tokens.size() - pos);
-    std::vector<std::uint32_t> key(tokens.begin() + pos, tokens.begin() + pos + take);
-    auto it = nodes_[node].children.find(key);
-    std::uint32_t child;
-    if (it != nodes_[node].children.end()) {
-      child = it->second;
-      if (nodes_[child].page != pages[i]) ULA_CHECK(allocator_->Free(pages[i]).has_value());  // duplicate
-    } else {
-      child = NewNode();  // may reallocate nodes_
-      Node& c = nodes_[child];
-      c.parent = node;
-      c.tokens = key;
-      c.end = static_cast<std::uint32_t>(pos + take);
-      c.page = pages[i];
-      nodes_[node].children.emplace(std::move(key), child);
-    }
-    nodes_[child].last_use = clock_;
-    path.push_back(child);
-    node = child;
+  std::uint32_t pos = 0;
+  while (pos < s) {
+    const std::uint32_t c = nodes_[node].children.at(tokens[pos]);
+    std::uint32_t cut = std::min(nodes_[c].end, s);
+    if (auto t = at.upper_bound(pos); t != at.end() && t->first < cut) cut = t->first;
+    node = cut < nodes_[c].end ? Split(c, cut) : c;
+    pos = cut;
+    path.push_back(node);
   }
-  for (const auto& c : checkpoints) {
-    auto it = std::find_if(path.begin(), path.end(), [&](std::uint32_t id) { return nodes_[id].end == c.position; });
-    if (it != path.end() && !nodes_[*it].checkpoint.valid()) {
-      Node& n = nodes_[*it];
-      n.checkpoint = c.checkpoint;
-      // A node locked by running requests keeps every block it owns pinned, as Lock would
-      // have; Unlock unpins the checkpoint once per lock.
-      for (std::uint32_t l = 0; l < n.locks; ++l) {
-        ULA_CHECK(allocator_->Pin(c.checkpoint.state).has_value());
-        if (c.checkpoint.window.valid()) ULA_CHECK(allocator_->Pin(c.checkpoint.window).has_value());
-      }
-    } else {
-      FreeCheckpoint(c.checkpoint);  // duplicate, or not at a node boundary
+  // New nodes for [s, n), one per stretch between checkpoint positions.
+  while (pos < n) {
+    const std::uint32_t next = at.upper_bound(pos)->first;
+    const std::uint32_t id = NewNode();
+    Node& c = nodes_[id];
+    c.parent = node;
+    c.start = pos;
+    c.end = next;
+    c.tokens.assign(tokens.begin() + pos, tokens.begin() + next);
+    if (pos == s && head_copy) {
+      c.head = pages[s / P];
+      StorePage(c.head, s / P);
+    }
+    for (std::uint32_t i = CeilDiv(pos, P); i < CeilDiv(next, P); ++i) {
+      c.pages.push_back(pages[i]);
+      StorePage(pages[i], i);
+    }
+    Update(node, [&] { nodes_[node].children.emplace(tokens[pos], id); });
+    Update(id, [] {});
+    node = id;
+    pos = next;
+    path.push_back(id);
+  }
+  for (std::uint32_t i = 0; i < pages.size(); ++i) {
+    const bool taken = i >= new_from && i < new_to;
+    const bool shared = !taken && i < tree_pages.size() && pages[i] == tree_pages[i];
+    if (!taken && !shared) ULA_CHECK(allocator_->Free(pages[i]).has_value());  // a duplicate, or past n
+  }
+  for (std::uint32_t id : path) {
+    Node& c = nodes_[id];
+    if (auto it = at.find(c.end); it != at.end() && !c.checkpoint.valid()) {
+      Update(id, [&] {
+        c.checkpoint = it->second;
+        if (c.host != kNoSlot) free_host_.push_back(std::exchange(c.host, kNoSlot));  // the device copy wins
+      });
+      owned_.insert(it->second.state);
+      if (it->second.window.valid()) owned_.insert(it->second.window);
+      if (config_.record_events) events_.push_back({CacheEvent::Type::kStateStored, it->second.state, c.end});
+      at.erase(it);
     }
   }
+  for (const auto& [position, c] : at) {  // duplicates
+    ULA_CHECK(allocator_->Free(c.state).has_value());
+    if (c.window.valid()) ULA_CHECK(allocator_->Free(c.window).has_value());
+  }
+  for (std::uint32_t id : path) Touch(id, clock_);
   ULA_EXPENSIVE_CHECK(*this);
   return Ok();
 }
 
-bool PrefixCache::EvictOne(EvictionStats& stats) {
-  std::uint32_t victim = 0;
-  for (std::uint32_t id = 1; id < nodes_.size(); ++id) {
-    const Node& n = nodes_[id];
-    if (!n.live || n.locks > 0 || !n.children.empty()) continue;
-    if (victim == 0 || n.last_use < nodes_[victim].last_use ||
-        (n.last_use == nodes_[victim].last_use && n.end > nodes_[victim].end)) {
-      victim = id;
-    }
+Result<PrefixMatch> PrefixCache::InsertChunk(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                                             std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held) {
+  auto node = LockedNode(held, false);
+  if (!node) return std::unexpected(std::move(node).error());
+  if (checkpoints.empty() || std::none_of(checkpoints.begin(), checkpoints.end(),
+                                          [&](const auto& c) { return c.position == tokens.size(); })) {
+    return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert chunk: no checkpoint at the chunk's end");
   }
-  if (victim == 0) return false;
-  Node& n = nodes_[victim];
-  ULA_CHECK(allocator_->Free(n.page).has_value());
-  ++stats.pages;
-  if (n.checkpoint.valid()) ++stats.checkpoints;
-  FreeCheckpoint(n.checkpoint);
-  nodes_[n.parent].children.erase(n.tokens);
-  n = Node{};
-  free_nodes_.push_back(victim);
-  ++stats.nodes;
+  ULA_RETURN_IF_ERROR(Insert(tokens, pages, checkpoints));
+  PrefixMatch m = Match(tokens, static_cast<std::uint32_t>(tokens.size()));
+  ULA_CHECK(m.length == tokens.size());
+  ULA_CHECK(Lock(m).has_value());  // before Unlock(held): nothing of the path is freed meanwhile
+  ULA_CHECK(Unlock(held).has_value());
+  return m;
+}
+
+void PrefixCache::RemoveLeaf(std::uint32_t id, EvictionStats& stats) {
+  const std::uint32_t P = config_.page_tokens;
+  while (id != 0) {
+    Node& n = nodes_[id];
+    ULA_CHECK(n.children.empty() && n.kv_locks == 0);
+    const std::uint32_t parent = n.parent;
+    Update(id, [&] {
+      if (n.head.valid()) {
+        FreePage(n.head, n.start / P);
+        ++stats.pages;
+      }
+      for (std::size_t i = 0; i < n.pages.size(); ++i) FreePage(n.pages[i], CeilDiv(n.start, P) + static_cast<std::uint32_t>(i));
+      stats.pages += static_cast<std::uint32_t>(n.pages.size());
+      if (n.checkpoint.valid()) ++stats.checkpoints;
+      FreeCheckpoint(n.checkpoint, n.end);
+      if (n.host != kNoSlot) free_host_.push_back(n.host);
+      stats.tokens += n.tokens.size();
+      ++stats.nodes;
+      Update(parent, [&] { nodes_[parent].children.erase(n.tokens.front()); });
+      n = Node{};
+    });
+    free_nodes_.push_back(id);
+    const Node& p = nodes_[parent];
+    id = parent != 0 && p.children.empty() && p.kv_locks == 0 && !p.checkpoint.valid() && p.host == kNoSlot ? parent : 0;
+  }
+}
+
+void PrefixCache::DropCheckpoint(std::uint32_t id, EvictionStats& stats) {
+  Node& n = nodes_[id];
+  ULA_CHECK(n.checkpoint.valid() && n.state_locks == 0);
+  if (Offload(id, stats)) {  // the state goes to the host tier; the node keeps its KV
+    ++stats.checkpoints;
+    ++stats.offloaded;
+    return;
+  }
+  if (n.children.empty() && n.kv_locks == 0) {
+    RemoveLeaf(id, stats);
+    return;
+  }
+  Update(id, [&] {
+    FreeCheckpoint(n.checkpoint, n.end);
+    n.checkpoint = Checkpoint{};
+  });
+  ++stats.checkpoints;
+  ++stats.tombstones;
+}
+
+bool PrefixCache::EvictLeaf(EvictionStats& stats) {
+  if (kv_lru_.empty()) return false;
+  RemoveLeaf(std::get<2>(*kv_lru_.begin()), stats);
+  return true;
+}
+
+bool PrefixCache::EvictState(EvictionStats& stats) {
+  if (state_lru_.empty()) return false;
+  DropCheckpoint(std::get<2>(*state_lru_.begin()), stats);
   return true;
 }
 
@@ -286,73 +685,31 @@ Result<EvictionStats> PrefixCache::MakeRoom(const Demand& demand, EvictionRule r
   EvictionStats stats;
   if (allocator_->CanAllocate(demand)) return stats;
   const std::uint32_t need_pages = demand.blocks[config_.kv_kind.value()];
-  std::uint32_t counted_pages = rule == EvictionRule::kNaive ? FreeKvPages() : 0;
+  const std::uint32_t free_pages = rule == EvictionRule::kNaive ? FreeKvPages() : 0;
   while (true) {
-    const bool kv_rule_met = rule == EvictionRule::kAllocationAware || counted_pages >= need_pages;
+    // Naive: only the KV pages freed count, whatever else was freed.
+    const bool kv_rule_met = rule == EvictionRule::kAllocationAware || free_pages + stats.pages >= need_pages;
     if (kv_rule_met && allocator_->CanAllocate(demand)) break;
-    if (!EvictOne(stats)) {
+    const bool evicted = rule == EvictionRule::kNaive ? EvictLeaf(stats) : (EvictState(stats) || EvictLeaf(stats));
+    if (!evicted) {
       return MakeError(ErrorCode::kResourceExhausted,
                        fmt::format("prefix cache: nothing left to evict and the demand still does not fit "
                                    "(evicted {} nodes)",
                                    stats.nodes));
     }
-    ++counted_pages;  // naive: only the KV page of the leaf counts
   }
   ULA_EXPENSIVE_CHECK(*this);
   return stats;
 }
 
-std::size_t PrefixCache::num_nodes() const { return nodes_.size() - 1 - free_nodes_.size(); }
-
-std::size_t PrefixCache::num_checkpoints() const {
-  std::size_t n = 0;
-  for (std::size_t i = 1; i < nodes_.size(); ++i) n += nodes_[i].live && nodes_[i].checkpoint.valid() ? 1 : 0;
-  return n;
-}
-
-Status PrefixCache::CheckInvariants() const {
-  const std::uint32_t P = config_.page_tokens;
-  for (std::uint32_t id = 1; id < nodes_.size(); ++id) {
-    const Node& n = nodes_[id];
-    if (!n.live) continue;
-    const Node& parent = nodes_[n.parent];
-    if (!parent.live) return MakeError(ErrorCode::kInternal, fmt::format("prefix cache: node {} has a dead parent", id));
-    auto it = parent.children.find(n.tokens);
-    if (it == parent.children.end() || it->second != id) {
-      return MakeError(ErrorCode::kInternal, fmt::format("prefix cache: node {} is not keyed by its parent", id));
-    }
-    if (n.tokens.empty() || n.tokens.size() > P || n.end != parent.end + n.tokens.size() ||
-        (n.parent != 0 && parent.tokens.size() != P)) {
-      return MakeError(ErrorCode::kInternal, fmt::format("prefix cache: node {} has a bad span", id));
-    }
-    auto kind = allocator_->KindOf(n.page);
-    if (!kind || *kind != config_.kv_kind) {
-      return MakeError(ErrorCode::kInternal, fmt::format("prefix cache: node {} owns no live KV page", id));
-    }
-    if (n.parent != 0 && parent.locks < n.locks) {
-      return MakeError(ErrorCode::kInternal, fmt::format("prefix cache: node {} is locked more than its parent", id));
-    }
+EvictionStats PrefixCache::Evict(std::uint64_t kv_tokens, std::uint32_t states) {
+  EvictionStats stats;
+  while (stats.tokens < kv_tokens && EvictLeaf(stats)) {
   }
-  return Ok();
-}
-
-
-std::uint64_t PrefixCache::DebugDigest() const {
-  StateDigest d;
-  for (const Node& n : nodes_) {
-    d.Add(n.live);
-    if (!n.live) continue;
-    for (std::uint64_t v : {std::uint64_t{n.parent}, std::uint64_t{n.end}, std::uint64_t{n.page.value()},
-                            std::uint64_t{n.checkpoint.state.value()}, std::uint64_t{n.checkpoint.window.value()},
-                            std::uint64_t{n.locks}, n.last_use}) {
-      d.Add(v);
-    }
-    d.AddAll(std::span<const std::uint32_t>(n.tokens));
-    for (const auto& [key, child] : n.children) d.Add(child);
+  while (stats.checkpoints < states && EvictState(stats)) {
   }
-  d.AddAll(std::span<const std::uint32_t>(free_nodes_));
-  d.Add(clock_);
-  return d.value();
+  ULA_EXPENSIVE_CHECK(*this);
+  return stats;
 }
 
 }  // namespace ula

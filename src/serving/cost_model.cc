@@ -28,6 +28,7 @@ WeightParams DeriveWeightParams(const ModelConfig& m, const ModelCostConfig& c) 
   const double h = c.hidden_size, heads = m.attention_heads;
   // MLA: q_a (h x q_lora), q_b (q_lora x heads*(nope+rope)), kv_a (h x (kv_lora+rope)),
   // kv_b (kv_lora x heads*(nope+v)), o (heads*v x h).
+  p.attention_a_per_layer = h * c.q_lora_rank + h * (m.kv_lora_rank + m.qk_rope_head_dim);
   p.attention_per_layer = h * c.q_lora_rank + double(c.q_lora_rank) * heads * (c.qk_nope_head_dim + m.qk_rope_head_dim) +
                           h * (m.kv_lora_rank + m.qk_rope_head_dim) +
                           double(m.kv_lora_rank) * heads * (c.qk_nope_head_dim + c.v_head_dim) + heads * c.v_head_dim * h;
@@ -51,6 +52,15 @@ WeightParams DeriveWeightParams(const ModelConfig& m, const ModelCostConfig& c) 
   return p;
 }
 
+double TpReplicatedParams(const ModelConfig& m, const ModelCostConfig& c, const WeightParams& p, double mtp_layers) {
+  // vLLM / SGLang DeepSeek-V2/V3.2 models: fused q_a + kv_a_proj_with_mqa, the indexer's
+  // wq_b / wk / weights_proj and the MoE gate are ReplicatedLinear; the MTP layer's eh_proj
+  // is a plain nn.Linear (deepseek_mtp.py). Everything else is split over the TP ranks.
+  const double moe_layers = double(m.num_layers) - c.first_dense_layers;
+  return m.num_layers * p.attention_a_per_layer + MainGroups(m) * p.indexer_per_group + moe_layers * p.router_per_layer +
+         mtp_layers * (p.attention_a_per_layer + p.indexer_per_group + p.router_per_layer + p.mtp_extra);
+}
+
 Result<CostModel> CostModel::Create(const CostModelInputs& inputs) {
   if (auto s = inputs.model.Validate(); !s) return std::unexpected(s.error());
   if (auto s = inputs.costs.Validate(); !s) return std::unexpected(s.error());
@@ -67,6 +77,13 @@ Result<CostModel> CostModel::Create(const CostModelInputs& inputs) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("field 'dense_bf16_flops': unknown for hardware '{}'", inputs.hardware.name));
   }
+  if (auto s = inputs.rates.Validate(); !s) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("costs for hardware '{}': {}", inputs.hardware.name,
+                                                              s.error().message()));
+  }
+  if (inputs.planner_kernels_per_call == 0) {
+    return MakeError(ErrorCode::kInvalidArgument, "field 'planner_kernels_per_call': must be >= 1");
+  }
   cm.params_ = DeriveWeightParams(inputs.model, inputs.costs);
   return cm;
 }
@@ -76,6 +93,18 @@ double CostModel::fp8_flops() const {
 }
 double CostModel::bf16_flops() const {
   return in_.hardware.dense_bf16_flops > 0 ? in_.hardware.dense_bf16_flops : in_.rates.dense_bf16_flops;
+}
+
+std::uint32_t CostModel::PaddedHeads(std::uint32_t heads) const {
+  const std::uint32_t m = std::max<std::uint32_t>(1, in_.rates.sparse_decode_head_multiple);
+  return (heads + m - 1) / m * m;
+}
+
+double CostModel::AllReduceLatency() const {
+  return in_.rates.collective_base_latency_s + 2.0 * (in_.num_ranks - 1) * in_.rates.collective_hop_latency_s;
+}
+double CostModel::GatherLatency() const {
+  return in_.rates.collective_base_latency_s + double(in_.num_ranks - 1) * in_.rates.collective_hop_latency_s;
 }
 
 std::uint32_t CostModel::queries() const { return in_.mtp ? 1 + in_.draft_tokens : 1; }
@@ -120,8 +149,10 @@ MemoryBudget CostModel::Budget() const {
   b.host_bytes = static_cast<double>(in_.hardware.host_memory_bytes_per_gpu);
   const double replicated_bytes = replicated_linear * wb + embeddings * eb;
   const double routed_bytes = routed * wb;
+  // TP: every weight split over the P GPUs except those engines replicate (TpReplicatedParams).
+  const double tp_replicated_bytes = TpReplicatedParams(m, c, p, mtp_layers) * wb;
   if (in_.mode == ParallelMode::kTp) {
-    b.weight_bytes = (replicated_bytes + routed_bytes) / P;
+    b.weight_bytes = (replicated_bytes + routed_bytes - tp_replicated_bytes) / P + tp_replicated_bytes;
   } else {
     b.weight_bytes = replicated_bytes + routed_bytes / P;
   }
@@ -135,7 +166,9 @@ MemoryBudget CostModel::Budget() const {
                           replicated_linear * wb / kGB, wb, embeddings * eb / kGB, eb, routed_bytes / kGB,
                           in_.mtp ? " (MTP layer loaded)" : " (MTP layer not loaded)"));
   if (in_.mode == ParallelMode::kTp) {
-    d.push_back(fmt::format("TP: every weight split over {} GPUs -> {:.2f} GB per GPU", in_.num_ranks, b.weight_bytes / kGB));
+    d.push_back(fmt::format("TP: every weight split over {} GPUs except q_a/kv_a, indexer, routers{} replicated ({:.2f} GB) "
+                            "-> {:.2f} GB per GPU",
+                            in_.num_ranks, in_.mtp ? ", MTP eh_proj" : "", tp_replicated_bytes / kGB, b.weight_bytes / kGB));
   } else {
     d.push_back(fmt::format("DP attention: non-routed weights replicated ({:.2f} GB), routed experts / {} ({:.2f} GB) -> "
                             "{:.2f} GB per GPU",
@@ -190,8 +223,9 @@ StepWork CostModel::Work(const StepCounts& k) const {
   w.layers = m.num_layers + static_cast<std::uint32_t>(passes);
   w.groups = MainGroups(m) + (in_.mtp ? m.mtp_layers : 0);
 
-  // --- Weights: non-routed part read whole (TP: 1/P of it), routed experts: the expected
-  // fraction any token of the step was routed to, over P ranks.
+  // --- Dense (non-routed) GEMMs: read whole (TP: 1/P of the split part, the replicated part
+  // whole). Routed experts: the expected fraction any token of the step was routed to, over
+  // P ranks.
   auto routed_fraction = [&](double tokens) {
     return 1.0 - std::pow(1.0 - double(c.experts_per_token) / c.routed_experts, tokens);
   };
@@ -201,18 +235,21 @@ StepWork CostModel::Work(const StepCounts& k) const {
                                        moe_layers * (c.shared_experts * p.expert + p.router_per_layer);
   const double non_routed_mtp = p.attention_per_layer + p.indexer_per_group + c.shared_experts * p.expert +
                                 p.router_per_layer + p.mtp_extra;
-  const double nr_bytes = non_routed_layer_main * wb + p.embedding * eb + passes * (non_routed_mtp * wb + p.embedding * eb);
-  const double routed_bytes = (moe_layers * routed_fraction(tokens_main) + passes * routed_fraction(tokens_mtp)) *
-                              c.routed_experts * p.expert * wb;
-  w.weight_bytes = (tp ? nr_bytes / P : nr_bytes) + routed_bytes / P;
-  // FLOPs: 2 x params x tokens. Non-routed: TP splits every token's work over P; DP does its
-  // own tokens. Routed: balanced over the P ranks in both modes.
-  const double local_tokens_main = tp ? tokens_main / P : k.batch_local * q;
-  const double local_tokens_mtp = tp ? tokens_mtp / P : k.batch_local;
-  const double nr_flops = 2 * ((non_routed_layer_main + p.embedding) * local_tokens_main +
-                               passes * (non_routed_mtp + p.embedding) * local_tokens_mtp);
-  const double routed_flops = 2 * c.experts_per_token * p.expert * (moe_layers * tokens_main + passes * tokens_mtp) / P;
-  w.weight_flops = nr_flops + routed_flops;
+  const double rep_main = tp ? TpReplicatedParams(m, c, p, 0) : 0;
+  const double rep_mtp = tp ? TpReplicatedParams(m, c, p, 1) - rep_main : 0;  // one MTP pass
+  const double split_main = non_routed_layer_main - rep_main, split_mtp = non_routed_mtp - rep_mtp;
+  const double split_div = tp ? P : 1.0;
+  // Bytes: the MTP layer's weights are read once per pass.
+  w.dense_bytes = ((split_main + passes * split_mtp) * wb + (1 + passes) * p.embedding * eb) / split_div +
+                  (rep_main + passes * rep_mtp) * wb;
+  w.expert_bytes = (moe_layers * routed_fraction(tokens_main) + passes * routed_fraction(tokens_mtp)) *
+                   c.routed_experts * p.expert * wb / P;
+  // FLOPs: 2 x params x tokens. TP: the split part's work over P, the replicated part on every
+  // token on every GPU; DP: its own tokens. Routed: balanced over the P ranks in both modes.
+  const double own_main = tp ? tokens_main : k.batch_local * q, own_mtp = tp ? tokens_mtp : k.batch_local;
+  w.dense_flops = 2 * ((split_main + p.embedding) * own_main / split_div + rep_main * own_main +
+                       passes * ((split_mtp + p.embedding) * own_mtp / split_div + rep_mtp * own_mtp));
+  w.expert_flops = 2 * c.experts_per_token * p.expert * (moe_layers * tokens_main + passes * tokens_mtp) / P;
 
   // --- Attention: each query reads top-k entries of every layer (TP: every rank reads the
   // whole latent entry; heads split the FLOPs). At home: the GPU reads only the share of
@@ -224,9 +261,14 @@ StepWork CostModel::Work(const StepCounts& k) const {
   const double reads = sel_main * m.num_layers + sel_mtp * passes;
   const double share = !k.attention_at_home ? 1.0 : (k.distinct_entries > 0 ? k.home_entries / k.distinct_entries : 0.0);
   w.attention_bytes = share * reads * entry;
+  // FLOPs as FlashMLA counts them (2 x (d_qk + d_v) per entry and head), with the query heads
+  // of one call padded up to the kernel's head multiple: TP computes H/P heads per GPU, at
+  // home and in DP all H.
   const double flops_per_entry_head = 2.0 * (m.kv_lora_rank + m.qk_rope_head_dim) + 2.0 * m.kv_lora_rank;
-  const double heads_here = tp && !k.attention_at_home ? double(m.attention_heads) / P : m.attention_heads;
-  w.attention_flops = share * reads * heads_here * flops_per_entry_head;
+  const std::uint32_t heads_here =
+      tp && !k.attention_at_home ? (m.attention_heads + in_.num_ranks - 1) / in_.num_ranks : m.attention_heads;
+  w.attention_heads_per_call = PaddedHeads(heads_here);
+  w.attention_flops = share * reads * w.attention_heads_per_call * flops_per_entry_head;
 
   // --- Indexer: every scored key is read once per indexer group per step and scored by
   // each query.
@@ -240,16 +282,21 @@ StepWork CostModel::Work(const StepCounts& k) const {
   w.h2d_bytes = k.h2d_entries * token_bytes;
   w.d2h_bytes = k.d2h_entries * token_bytes;
   w.nvlink_fetch_bytes = k.nvlink_entries * token_bytes;
+  w.layers_per_group = std::max<std::uint32_t>(1, m.layers_per_group);
+  w.h2d_critical = k.swap_in_per_layer;
 
   // --- Collectives on the critical path (bytes each GPU sends).
   const double h = c.hidden_size;
   if (tp) {  // two ring all-reduces of bf16 activations per layer pass
     w.collective_bytes += 2.0 * (P - 1) / P * 2.0 * (tokens_main * m.num_layers + tokens_mtp * passes) * h * 2.0;
+    w.allreduce_calls += 2.0 * w.layers;
   } else {   // MoE all-to-all: fp8 dispatch + bf16 combine to ranks holding the experts
     w.collective_bytes += (P - 1) / P * c.experts_per_token * h * 3.0 * (k.batch_local * q * moe_layers + k.batch_local * passes);
+    w.gather_calls += 2.0 * (moe_layers + passes);
   }
   if (k.striped_indexer) {  // every rank gathers the other ranks' top-k candidates per query
     w.collective_bytes += (P - 1) * m.top_k * double(in_.candidate_bytes) * k.batch_total * (g_main * q + passes);
+    w.gather_calls += g_main + passes;  // one call per group pass, all queries of the batch in it
   }
   if (k.attention_at_home) {
     // Per layer pass and query token: (a) all-gather of the absorbed queries, each GPU
@@ -264,6 +311,25 @@ StepWork CostModel::Work(const StepCounts& k) const {
     w.partial_exchange_bytes =
         (P - 1) / P * heads * (m.kv_lora_rank + kPartialExtraValues) * kPartialValueBytes * query_passes;
     w.collective_bytes += w.query_gather_bytes + w.partial_exchange_bytes;
+    w.gather_calls += 2.0 * w.layers;
+  }
+
+  // --- Every byte over a link crosses HBM: host fetches and NVLink fetches are written,
+  // swap victims and backups read; NVLink fetches are served symmetrically (this GPU's home
+  // entries read for the others), and collectives are read on send and written on receipt.
+  w.transfer_hbm_bytes = w.h2d_bytes + w.d2h_bytes + 2.0 * w.nvlink_fetch_bytes + 2.0 * w.collective_bytes;
+
+  // --- UlaCache's planner: planner_kernels_per_call kernels per group pass, over every
+  // selection of the batch this GPU plans. HiSparse: one swap-in kernel per layer pass over
+  // every selection of that layer.
+  const double sel_per_group_pass_main = k.batch_local * q * m.top_k, sel_per_pass_mtp = k.batch_local * m.top_k;
+  if (k.planner_per_group) {
+    w.planner_kernels += double(in_.planner_kernels_per_call) * (g_main + passes);
+    w.planner_selections += sel_per_group_pass_main * g_main + sel_per_pass_mtp * passes;
+  }
+  if (k.swap_in_per_layer) {
+    w.planner_kernels += w.layers;
+    w.planner_selections += sel_per_group_pass_main * m.num_layers + sel_per_pass_mtp * passes;
   }
   return w;
 }
@@ -272,22 +338,32 @@ StepTime CostModel::Time(const StepWork& w) const {
   const HardwareConfig& hw = in_.hardware;
   const double hbm = hw.hbm_bandwidth_bytes_per_s;
   StepTime t;
-  t.weights = std::max(w.weight_bytes / hbm, w.weight_flops / fp8_flops());
-  t.attention = std::max(w.attention_bytes / hbm, w.attention_flops / bf16_flops());
+  t.dense = std::max(w.dense_bytes / hbm, w.dense_flops / fp8_flops());
+  t.experts = std::max(w.expert_bytes / hbm, w.expert_flops / fp8_flops());
+  t.weights = t.dense + t.experts;
+  t.attention = std::max(w.attention_bytes / hbm, w.attention_flops / in_.rates.sparse_decode_flops);
   t.indexer = std::max(w.indexer_bytes / hbm, w.indexer_flops / fp8_flops());
-  t.gpu = t.weights + t.attention + t.indexer;
-  // Host link: full duplex, each direction at the achievable rate. NVLink: the profile's
+  t.hbm_copies = w.transfer_hbm_bytes / hbm;
+  t.gpu = t.weights + t.attention + t.indexer + t.hbm_copies;
+  // Host link: full duplex, each direction at the scattered-row rate. NVLink: the profile's
   // figure is bidirectional, so one direction gets half.
-  t.host_link = std::max(w.h2d_bytes, w.d2h_bytes) / hw.host_link_bandwidth_bytes_per_s;
+  const double scattered = in_.rates.host_link_scattered_bytes_per_s;
+  const double h2d = w.h2d_bytes / scattered, d2h = w.d2h_bytes / scattered;
+  t.host_link = std::max(h2d, d2h);
   const double nvlink_dir = hw.nvlink_bandwidth_bytes_per_s / 2;
   t.nvlink_fetch = w.nvlink_fetch_bytes / nvlink_dir;
-  const double tx = std::max(t.host_link, t.nvlink_fetch);
-  const double g = std::max<std::uint32_t>(w.groups, 1);
-  const double pipelined = tx / g + t.gpu / g + (g - 1) / g * std::max(t.gpu, tx);
+  // Overlap only within a group: of each group's transfers the first layer's share is exposed,
+  // the others arrive while the group's earlier layers compute. A critical-path host fetch
+  // (HiSparse's per-layer swap-in) is exposed in full.
+  const double tx = w.h2d_critical ? std::max(d2h, t.nvlink_fetch) : std::max(t.host_link, t.nvlink_fetch);
+  const double l = std::max<std::uint32_t>(w.layers_per_group, 1);
+  const double pipelined = tx / l + t.gpu / l + (l - 1) / l * std::max(t.gpu, tx) + (w.h2d_critical ? h2d : 0.0);
   t.transfer_exposed = pipelined - t.gpu;
-  t.collectives = w.collective_bytes / nvlink_dir;
+  t.collective_latency = w.allreduce_calls * AllReduceLatency() + w.gather_calls * GatherLatency();
+  t.collectives = w.collective_bytes / nvlink_dir + t.collective_latency;
+  t.planner = w.planner_kernels * in_.rates.kernel_launch_s + w.planner_selections * in_.rates.planner_s_per_selection;
   t.overhead = w.layers * in_.kernel_overhead_s_per_layer;
-  t.total = pipelined + t.collectives + t.overhead;
+  t.total = pipelined + t.collectives + t.planner + t.overhead;
   return t;
 }
 

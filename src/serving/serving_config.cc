@@ -60,6 +60,13 @@ Status ComputeRates::Validate() const {
   if (name.empty()) return FieldError("name", "must not be empty");
   if (!(dense_bf16_flops > 0)) return FieldError("dense_bf16_flops", "must be > 0");
   if (!(dense_fp8_flops > 0)) return FieldError("dense_fp8_flops", "must be > 0");
+  if (!(sparse_decode_flops > 0)) return FieldError("sparse_decode_flops", "must be > 0");
+  if (sparse_decode_head_multiple == 0) return FieldError("sparse_decode_head_multiple", "must be >= 1");
+  if (!(host_link_scattered_bytes_per_s > 0)) return FieldError("host_link_scattered_bytes_per_s", "must be > 0");
+  if (!(collective_base_latency_s >= 0)) return FieldError("collective_base_latency_s", "must be >= 0");
+  if (!(collective_hop_latency_s >= 0)) return FieldError("collective_hop_latency_s", "must be >= 0");
+  if (!(kernel_launch_s >= 0)) return FieldError("kernel_launch_s", "must be >= 0");
+  if (!(planner_s_per_selection >= 0)) return FieldError("planner_s_per_selection", "must be >= 0");
   return Ok();
 }
 
@@ -78,8 +85,10 @@ Status ScenarioConfig::Validate() const {
   }
   if (!(mtp_acceptance_rate >= 0 && mtp_acceptance_rate <= 1)) return FieldError("mtp_acceptance_rate", "must be in [0, 1]");
   if (!(kernel_overhead_s_per_layer >= 0)) return FieldError("kernel_overhead_s_per_layer", "must be >= 0");
+  if (planner_kernels_per_call == 0) return FieldError("planner_kernels_per_call", "must be >= 1");
   if (candidate_bytes == 0) return FieldError("candidate_bytes", "must be >= 1");
   if (hisparse_buffer_entries == 0) return FieldError("hisparse_buffer_entries", "must be >= 1");
+  if (!(hisparse_host_to_device_ratio >= 1)) return FieldError("hisparse_host_to_device_ratio", "must be >= 1");
   if (tp_buffer_entries_per_request == 0) return FieldError("tp_buffer_entries_per_request", "must be >= 1");
   if (tp_buffer_entries_per_request_mtp == 0) return FieldError("tp_buffer_entries_per_request_mtp", "must be >= 1");
   if (sampling.measure_steps == 0) return FieldError("sampling.measure_steps", "must be >= 1");
@@ -161,6 +170,7 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
   ULA_RETURN_IF_ERROR(sourced("activation_reserve_fraction", 0, 0.99, &s.activation_reserve_fraction));
   ULA_RETURN_IF_ERROR(sourced("mtp_acceptance_rate", 0, 1, &s.mtp_acceptance_rate));
   ULA_RETURN_IF_ERROR(sourced("kernel_overhead_s_per_layer", 0, 1, &s.kernel_overhead_s_per_layer));
+  ULA_RETURN_IF_ERROR(SourcedUInt(f, "planner_kernels_per_call", 1, 64, &s.planner_kernels_per_call));
   ULA_RETURN_IF_ERROR(SourcedUInt(f, "candidate_bytes", 1, 64, &s.candidate_bytes));
   auto uint = [&](const char* field, std::uint64_t min, std::uint64_t max, std::uint32_t* out) -> Status {
     auto v = f.UInt(field, min, max);
@@ -169,10 +179,13 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
     return Ok();
   };
   ULA_RETURN_IF_ERROR(uint("hisparse_buffer_entries", 1, 1u << 24, &s.hisparse_buffer_entries));
+  ULA_RETURN_IF_ERROR(sourced("hisparse_host_to_device_ratio", 1, 1e6, &s.hisparse_host_to_device_ratio));
   ULA_RETURN_IF_ERROR(uint("tp_buffer_entries_per_request", 1, 1u << 24, &s.tp_buffer_entries_per_request));
   ULA_RETURN_IF_ERROR(uint("tp_buffer_entries_per_request_mtp", 1, 1u << 24, &s.tp_buffer_entries_per_request_mtp));
 
   // selection: {source, sink_tokens, recent_tokens, keep_mean, keep_stddev, draft_keep, seed}
+  // and optionally {heavy_skew, return_fraction, return_window} (selection_model.h; default:
+  // none, the overlap-only model)
   (void)f.String("selection", true);
   if (!parsed.contains("selection") || !parsed["selection"].is_object()) {
     return std::unexpected(f.FieldError("selection", "must be an object"));
@@ -194,6 +207,22 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
     if (!dk) return std::unexpected(dk.error());
     auto seed = sel->UInt("seed", 0, ~std::uint64_t{0});
     if (!seed) return std::unexpected(seed.error());
+    const nlohmann::json& sel_json = parsed["selection"];
+    if (sel_json.contains("heavy_skew")) {
+      auto v = sel->Double("heavy_skew", 0, 4);
+      if (!v) return std::unexpected(v.error());
+      s.selection.heavy_skew = *v;
+    }
+    if (sel_json.contains("return_fraction")) {
+      auto v = sel->Double("return_fraction", 0, 1);
+      if (!v) return std::unexpected(v.error());
+      s.selection.return_fraction = *v;
+    }
+    if (sel_json.contains("return_window")) {
+      auto v = sel->UInt("return_window", 1, 64);
+      if (!v) return std::unexpected(v.error());
+      s.selection.return_window = static_cast<std::uint32_t>(*v);
+    }
     ULA_RETURN_IF_ERROR(sel->CheckNoUnknownFields());
     s.selection.sink_tokens = static_cast<std::uint32_t>(*sinks);
     s.selection.recent_tokens = static_cast<std::uint32_t>(*recent);
@@ -310,6 +339,25 @@ Result<ComputeRates> ParseComputeRates(std::string_view json_text, std::string_v
   if (!fp8) return std::unexpected(fp8.error());
   r.dense_bf16_flops = *bf16;
   r.dense_fp8_flops = *fp8;
+  struct D {
+    const char* field;
+    double min, max;
+    double* out;
+  };
+  const D doubles[] = {
+      {"sparse_decode_flops", 1, kBig, &r.sparse_decode_flops},
+      {"host_link_scattered_bytes_per_s", 1, kBig, &r.host_link_scattered_bytes_per_s},
+      {"collective_base_latency_s", 0, 1, &r.collective_base_latency_s},
+      {"collective_hop_latency_s", 0, 1, &r.collective_hop_latency_s},
+      {"kernel_launch_s", 0, 1, &r.kernel_launch_s},
+      {"planner_s_per_selection", 0, 1, &r.planner_s_per_selection},
+  };
+  for (const D& d : doubles) {
+    auto v = f.SourcedDouble(d.field, d.min, d.max);
+    if (!v) return std::unexpected(v.error());
+    *d.out = *v;
+  }
+  ULA_RETURN_IF_ERROR(SourcedUInt(f, "sparse_decode_head_multiple", 1, 1024, &r.sparse_decode_head_multiple));
   ULA_RETURN_IF_ERROR(f.CheckNoUnknownFields());
   if (auto st = r.Validate(); !st) return std::unexpected(Prefixed(origin, st.error()));
   return r;

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -38,6 +39,38 @@ struct Active {
 std::string HardwareLabel(std::uint32_t p, std::string name) {
   for (char& ch : name) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   return fmt::format("{}x{}", p, name);
+}
+
+// Pairs (field of acc, same field of t) over every term of StepTime.
+static_assert(sizeof(StepTime) == 15 * sizeof(double), "TimeFields must list every field of StepTime");
+std::array<std::pair<double*, double>, 15> TimeFields(StepTime& acc, const StepTime& t) {
+  return {{{&acc.weights, t.weights},
+           {&acc.dense, t.dense},
+           {&acc.experts, t.experts},
+           {&acc.attention, t.attention},
+           {&acc.indexer, t.indexer},
+           {&acc.hbm_copies, t.hbm_copies},
+           {&acc.gpu, t.gpu},
+           {&acc.host_link, t.host_link},
+           {&acc.nvlink_fetch, t.nvlink_fetch},
+           {&acc.transfer_exposed, t.transfer_exposed},
+           {&acc.collectives, t.collectives},
+           {&acc.collective_latency, t.collective_latency},
+           {&acc.planner, t.planner},
+           {&acc.overhead, t.overhead},
+           {&acc.total, t.total}}};
+}
+
+void SetPeak(SystemResult& result) {
+  result.peak_tput = 0;
+  result.peak_batch = 0;
+  for (const CurvePoint& pt : result.curve) {
+    if (pt.tput > result.peak_tput) {
+      result.peak_tput = pt.tput;
+      result.peak_batch = pt.batch;
+    }
+    if (pt.batch == 1 && pt.tokens_per_step > 0) result.tpot_b1_ms = pt.step_ms / pt.tokens_per_step;
+  }
 }
 
 struct RunContext {
@@ -72,6 +105,15 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   rules.working_set_entries = static_cast<std::uint32_t>(std::ceil(
       ctx.model.top_k * (1.0 + (q - 1) * (1.0 - sc.selection.draft_keep))));
   rules.hisparse_buffer_entries = sc.hisparse_buffer_entries;
+  if (system == SystemKind::kHiSparse) {
+    // SGLang sizes HiSparse's pools from the device budget: D device KV slots (the requests'
+    // buffers) and index keys for ratio x D tokens on device, and a host KV pool of ratio x D
+    // tokens (HiSparseDSATokenToKVPool, MLATokenToKVPoolHost with host_size 0). The host pool
+    // caps the histories it can hold, within the host memory.
+    const double ratio = sc.hisparse_host_to_device_ratio;
+    const double pool_tokens = rules.device_bytes_per_rank / (rules.kv_bytes_per_token + ratio * rules.index_bytes_per_token);
+    rules.host_bytes_per_rank = std::min(rules.host_bytes_per_rank, ratio * pool_tokens * rules.kv_bytes_per_token);
+  }
   rules.tp_buffer_entries = system == SystemKind::kUlaCacheAtHome ? 0  // attention at home: no local buffer
                             : in.mtp                                ? sc.tp_buffer_entries_per_request_mtp
                                                                     : sc.tp_buffer_entries_per_request;
@@ -151,6 +193,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
     double sum_t = 0, sum_tokens = 0, sum_batch = 0;
     double sum_distinct = 0, sum_hits = 0, sum_h2d = 0, sum_d2h = 0, sum_nv = 0;
     StepTime sum_time;
+    std::vector<StepCounts> point_steps;
     const std::uint32_t steps = sc.sampling.warmup_steps + sc.sampling.measure_steps;
     bool failed = false;
     for (std::uint32_t s = 0; s < steps; ++s) {
@@ -196,9 +239,12 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
       k.attention_at_home = sys.attention_at_home();
       k.home_entries = c.home;
       k.distinct_entries = c.batch_distinct;
+      k.planner_per_group = IsUlaCache(system);
+      k.swap_in_per_layer = system == SystemKind::kHiSparse;
       ULA_RETURN_IF_ERROR(ctx.cost.CheckCounts(k));
       const StepTime t = ctx.cost.Time(ctx.cost.Work(k));
       if (measured) {
+        point_steps.push_back(k);
         sum_t += t.total;
         // Output tokens at the expected acceptance (the drawn acceptances only grow the
         // histories): a few measured steps of draws would make MTP curves noisy.
@@ -209,10 +255,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
         sum_h2d += c.h2d;
         sum_d2h += c.d2h;
         sum_nv += c.nvlink;
-        sum_time.weights += t.weights, sum_time.attention += t.attention, sum_time.indexer += t.indexer;
-        sum_time.gpu += t.gpu, sum_time.host_link += t.host_link, sum_time.nvlink_fetch += t.nvlink_fetch;
-        sum_time.transfer_exposed += t.transfer_exposed, sum_time.collectives += t.collectives;
-        sum_time.overhead += t.overhead, sum_time.total += t.total;
+        for (auto [sum, v] : TimeFields(sum_time, t)) *sum += v;
       }
       // Continuous batching: finished requests leave, waiting ones enter.
       for (auto it = active.begin(); it != active.end();) {
@@ -240,11 +283,8 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
     const double tb = static_cast<double>(ctx.cost.kv_bytes_per_token()) / 1e9 / m;
     pt.h2d_gb = sum_h2d * tb, pt.d2h_gb = sum_d2h * tb, pt.nvlink_gb = sum_nv * tb;
     pt.time = sum_time;
-    for (double* v : {&pt.time.weights, &pt.time.attention, &pt.time.indexer, &pt.time.gpu, &pt.time.host_link,
-                      &pt.time.nvlink_fetch, &pt.time.transfer_exposed, &pt.time.collectives, &pt.time.overhead,
-                      &pt.time.total}) {
-      *v /= m;
-    }
+    pt.measured = std::move(point_steps);
+    for (auto [v, unused] : TimeFields(pt.time, sum_time)) *v /= m;
     result.curve.push_back(pt);
     if (ctx.options.progress) {
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
@@ -255,13 +295,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
                                        pt.hit_rate, secs));
     }
   }
-  for (const CurvePoint& pt : result.curve) {
-    if (pt.tput > result.peak_tput) {
-      result.peak_tput = pt.tput;
-      result.peak_batch = pt.batch;
-    }
-    if (pt.batch == 1 && pt.tokens_per_step > 0) result.tpot_b1_ms = pt.step_ms / pt.tokens_per_step;
-  }
+  SetPeak(result);
   return result;
 }
 
@@ -301,12 +335,15 @@ Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario, const Com
     ci.num_ranks = scenario.num_ranks;
     ci.draft_tokens = wl->draft_tokens;
     ci.kernel_overhead_s_per_layer = scenario.kernel_overhead_s_per_layer;
+    ci.planner_kernels_per_call = scenario.planner_kernels_per_call;
     ci.candidate_bytes = scenario.candidate_bytes;
     ci.activation_reserve_fraction = scenario.activation_reserve_fraction;
     auto cm = CostModel::Create(ci);
     if (!cm) return std::unexpected(cm.error());
     ConfigResult cr;
     cr.entry = e;
+    cr.cost_inputs = ci;
+    cr.mtp_acceptance_rate = scenario.mtp_acceptance_rate;
     cr.hardware_label = HardwareLabel(scenario.num_ranks, e.hardware);
     cr.budget = cm->Budget();
     if (options.progress) {
@@ -322,6 +359,40 @@ Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario, const Com
     }
     cr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     out.configs.push_back(std::move(cr));
+  }
+  return out;
+}
+
+Result<ComparisonResult> RepriceComparison(const ComparisonResult& result,
+                                           const std::function<void(CostModelInputs&)>& adjust) {
+  ComparisonResult out = result;
+  for (ConfigResult& cr : out.configs) {
+    CostModelInputs in = cr.cost_inputs;
+    if (adjust) adjust(in);
+    auto cm = CostModel::Create(in);
+    if (!cm) return std::unexpected(cm.error());
+    cr.cost_inputs = in;
+    cr.budget = cm->Budget();
+    const double tokens = cm->ExpectedTokensPerStep(cr.mtp_acceptance_rate);
+    for (SystemResult& sr : cr.systems) {
+      for (CurvePoint& pt : sr.curve) {
+        if (pt.measured.empty()) continue;
+        StepTime sum;
+        double sum_tokens = 0;
+        for (const StepCounts& k : pt.measured) {
+          ULA_RETURN_IF_ERROR(cm->CheckCounts(k));
+          const StepTime t = cm->Time(cm->Work(k));
+          for (auto [acc, v] : TimeFields(sum, t)) *acc += v;
+          sum_tokens += k.batch_total * tokens;
+        }
+        const double m = static_cast<double>(pt.measured.size());
+        pt.tput = sum.total > 0 ? sum_tokens / sum.total : 0;
+        pt.step_ms = 1e3 * sum.total / m;
+        pt.time = sum;
+        for (auto [v, unused] : TimeFields(pt.time, sum)) *v /= m;
+      }
+      SetPeak(sr);
+    }
   }
   return out;
 }

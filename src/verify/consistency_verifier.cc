@@ -8,7 +8,7 @@
 #include <unordered_set>
 
 #include "ula/address_space.h"
-#include "verify/verifier_checks.h"
+#include "verify/verifier_core.h"
 #include "ula/backend.h"
 #include "ula/step_planner.h"
 
@@ -32,66 +32,40 @@ Status VerifierConfig::Validate() const {
 
 namespace {
 
-class Verifier {
+class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, VerifierReport> {
+  using Core = verify_internal::VerifierCore<Verifier, VerifierConfig, VerifierReport>;
+  friend Core;
+
  public:
   Verifier(const VerifierConfig& cfg, std::unique_ptr<Backend> backend, std::unique_ptr<AddressSpace> space)
-      : cfg_(cfg), rng_(cfg.seed), backend_(std::move(backend)), space_(std::move(space)), planner_(*space_) {
-    report_.seed = cfg.seed;
-  }
-
-  VerifierReport Run() {
-    for (std::uint64_t op = 0; op < cfg_.ops; ++op) {
-      const unsigned roll = rng_() % 100;
-      if (roll < 8 || requests_.empty()) {
-        Arrive();
-      } else if (roll < 30) {
-        Decode();
-      } else if (roll < 36) {
-        Rewrite();
-      } else if (roll < 90) {
-        Step();
-      } else if (roll < 96) {
-        Finish();
-      } else {
-        BadInput();
-      }
-      ++report_.ops;
-    }
-    return report_;
-  }
+      : Core(cfg), backend_(std::move(backend)), space_(std::move(space)), planner_(*space_) {}
 
  private:
-  struct Request {
-    RequestId id;
-    Rank rank;
-    std::vector<LogicalAddr> addrs;
-    std::vector<std::vector<LogicalAddr>> selection;  // [groups * queries] previous step's selection
-  };
+  static constexpr verify_internal::OpMix kOpMix{.arrive = 8, .decode = 30, .rewrite = 36, .step = 90, .finish = 96};
 
-  void Fail(std::uint64_t& counter, std::string what) {
-    verify_internal::RecordFailure(report_, counter, std::move(what));
+  // --- the strategy's verbs (verifier_core.h) ---
+  Rank PickRank() { return Rank(static_cast<std::uint16_t>(rng_() % cfg_.num_ranks)); }
+  Status AddRequest(RequestId id, Rank rank) { return space_->AddRequest(id, rank); }
+  Result<std::vector<LogicalAddr>> Allocate(RequestId id, std::uint32_t n) { return space_->Allocate(id, n); }
+  void RandomBytes(std::span<std::byte> entry) {
+    for (std::byte& b : entry) b = static_cast<std::byte>(rng_());
   }
-
-  std::byte* Shadow(LogicalAddr a, std::uint32_t g) {
-    const std::size_t need = (std::size_t{a.value()} + 1) * cfg_.num_groups * cfg_.entry_bytes;
-    if (shadow_.size() < need) shadow_.resize(std::max(need, shadow_.size() * 2));
-    return shadow_.data() + (std::size_t{a.value()} * cfg_.num_groups + g) * cfg_.entry_bytes;
+  Status Write(LogicalAddr a, GroupId g, std::span<const std::byte> bytes) { return space_->Write(a, g, bytes); }
+  Status Free(RequestId id) { return space_->Free(id); }
+  bool KeepInSelection(LogicalAddr) { return true; }
+  bool IsLive(LogicalAddr a) { return space_->IsLive(a); }
+  bool Readable(LogicalAddr) { return true; }
+  Status Read(LogicalAddr a, GroupId g, std::span<std::byte> out) { return space_->Read(a, g, out); }
+  Status CheckSpaceInvariants() { return space_->CheckInvariants(); }
+  auto StepWithFreedAddress(const Request& r, LogicalAddr freed) {
+    std::vector<LogicalAddr> sel{freed};
+    std::vector<SlotId> out(1);
+    return planner_.Step(StepInput{r.rank, GroupId(0), sel}, out);
   }
-
-  void Fill(LogicalAddr a) {
-    for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
-      std::byte* s = Shadow(a, g);
-      for (std::uint32_t i = 0; i < cfg_.entry_bytes; ++i) s[i] = static_cast<std::byte>(rng_());
-      if (auto w = space_->Write(a, GroupId(g), {s, cfg_.entry_bytes}); !w) {
-        Fail(report_.invariant_failures, "write failed: " + w.error().ToString());
-      }
-    }
-  }
-
   // A fingerprint of the placement: every live entry's location and the pools' occupancy,
   // and the full-state DebugDigest (policy stamps and buckets, rounds, free lists in order).
-  // Bytes are checked against the shadow instead (AllBytesMatchShadow).
-  std::uint64_t PlacementFingerprint() {
+  // Bytes are checked against the shadow instead (BytesMatchShadow).
+  std::uint64_t Fingerprint() {
     std::uint64_t h = 1469598103934665603ull;
     auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     for (const Request& r : requests_) {
@@ -111,79 +85,6 @@ class Verifier {
     return h;
   }
 
-  // Every live entry reads back its shadow bytes.
-  bool AllBytesMatchShadow() {
-    std::vector<std::byte> buf(cfg_.entry_bytes);
-    for (const Request& r : requests_) {
-      for (LogicalAddr a : r.addrs) {
-        for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
-          ++report_.entries_checked;
-          if (!space_->Read(a, GroupId(g), buf) || std::memcmp(buf.data(), Shadow(a, g), cfg_.entry_bytes) != 0) {
-            return false;
-          }
-        }
-      }
-    }
-    return true;
-  }
-
-  void CheckInvariants(const char* after) {
-    verify_internal::RecordInvariants(report_, space_->CheckInvariants(), after);
-  }
-
-  // Runs a call that must be refused with `code` and must change nothing.
-  template <class F>
-  void ExpectRefused(const char* what, ErrorCode code, F&& call) {
-    verify_internal::ExpectRefused(
-        report_, what, code, [&] { return PlacementFingerprint(); }, [&] { return AllBytesMatchShadow(); },
-        std::forward<F>(call));
-  }
-
-  void Arrive() {
-    if (requests_.size() >= 24) return;
-    const RequestId id(next_request_++);
-    const Rank rank(static_cast<std::uint16_t>(rng_() % cfg_.num_ranks));
-    const std::uint32_t n = cfg_.top_k / 2 + static_cast<std::uint32_t>(rng_() % (6 * cfg_.top_k));
-    if (auto s = space_->AddRequest(id, rank); !s) {
-      Fail(report_.invariant_failures, "AddRequest: " + s.error().ToString());
-      return;
-    }
-    Request req{id, rank, {}, std::vector<std::vector<LogicalAddr>>(cfg_.num_groups * cfg_.queries_per_request)};
-    auto addrs = space_->Allocate(id, n);
-    if (!addrs) {
-      // The rank is full: that is a legitimate refusal; the empty request still counts.
-      if (addrs.error().code() != ErrorCode::kResourceExhausted) {
-        Fail(report_.invariant_failures, "Allocate: " + addrs.error().ToString());
-      }
-    } else {
-      req.addrs = std::move(*addrs);
-      for (LogicalAddr a : req.addrs) Fill(a);
-    }
-    requests_.push_back(std::move(req));
-    CheckInvariants("arrive");
-  }
-
-  void Decode() {
-    Request& r = requests_[rng_() % requests_.size()];
-    auto addrs = space_->Allocate(r.id, 1 + rng_() % 3);
-    if (!addrs) return;  // rank full
-    for (LogicalAddr a : *addrs) {
-      Fill(a);
-      r.addrs.push_back(a);
-    }
-  }
-
-  void Rewrite() {
-    Request& r = requests_[rng_() % requests_.size()];
-    if (r.addrs.empty()) return;
-    for (int i = 0; i < 4; ++i) Fill(r.addrs[rng_() % r.addrs.size()]);
-  }
-
-  // The next selection of one query (verify_internal::NextSelection).
-  void Select(Request& r, std::uint32_t slot, std::vector<LogicalAddr>& out) {
-    verify_internal::NextSelection(rng_, r.addrs, cfg_.top_k, [](LogicalAddr) { return true; }, r.selection[slot], out);
-  }
-
   void Step() {
     const Rank rank(static_cast<std::uint16_t>(rng_() % cfg_.num_ranks));
     std::vector<Request*> batch;
@@ -200,12 +101,12 @@ class Verifier {
         for (std::uint32_t q = 0; q < cfg_.queries_per_request; ++q) Select(*r, g * cfg_.queries_per_request + q, selections);
       }
       slots.assign(selections.size(), SlotId());
-      const std::uint64_t before = PlacementFingerprint();
+      const std::uint64_t before = Fingerprint();
       auto stats = planner_.Step(StepInput{rank, GroupId(g), selections}, slots);
       if (!stats) {
         if (stats.error().code() != ErrorCode::kResourceExhausted) {
           Fail(report_.invariant_failures, "step: " + stats.error().ToString());
-        } else if (PlacementFingerprint() != before || !AllBytesMatchShadow()) {
+        } else if (Fingerprint() != before || !BytesMatchShadow()) {
           Fail(report_.invariant_failures, "a refused step changed state");
         }
         ++report_.rejected_steps;
@@ -244,24 +145,6 @@ class Verifier {
     space_->AdvanceRound();
   }
 
-  void Finish() {
-    const std::size_t i = rng_() % requests_.size();
-    const Request r = requests_[i];
-    requests_.erase(requests_.begin() + static_cast<std::ptrdiff_t>(i));
-    if (auto s = space_->Free(r.id); !s) Fail(report_.invariant_failures, "Free: " + s.error().ToString());
-    CheckInvariants("finish");
-    ExpectRefused("double free", ErrorCode::kNotFound, [&] { return space_->Free(r.id); });
-    if (!r.addrs.empty()) {
-      const LogicalAddr freed = r.addrs[rng_() % r.addrs.size()];
-      if (!space_->IsLive(freed)) {
-        std::vector<LogicalAddr> sel{freed};
-        std::vector<SlotId> out(1);
-        ExpectRefused("step with a freed address", ErrorCode::kNotFound,
-                      [&] { return planner_.Step(StepInput{r.rank, GroupId(0), sel}, out); });
-      }
-    }
-  }
-
   void BadInput() {
     std::vector<std::byte> buf(cfg_.entry_bytes);
     const LogicalAddr unknown(LogicalAddr::kInvalidValue - 1);
@@ -296,15 +179,9 @@ class Verifier {
     }
   }
 
-  VerifierConfig cfg_;
-  std::mt19937_64 rng_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<AddressSpace> space_;
   StepPlanner planner_;
-  std::vector<Request> requests_;
-  std::vector<std::byte> shadow_;  // [addresses][groups][entry_bytes]
-  std::uint64_t next_request_ = 0;
-  VerifierReport report_;
 };
 
 }  // namespace

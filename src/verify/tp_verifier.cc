@@ -16,7 +16,7 @@
 #include "ula/reference_attention.h"
 #include "ula/tp_fabric.h"
 #include "ula/tp_step_planner.h"
-#include "verify/verifier_checks.h"
+#include "verify/verifier_core.h"
 
 namespace ula {
 
@@ -52,71 +52,49 @@ namespace {
 // order; the values are convex combinations of entries in [-1, 1]).
 constexpr double kAttentionTolerance = 1e-5;
 
-class TpVerifier {
+class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierConfig, TpVerifierReport> {
+  using Core = verify_internal::VerifierCore<TpVerifier, TpVerifierConfig, TpVerifierReport>;
+  friend Core;
+
  public:
   TpVerifier(const TpVerifierConfig& cfg, TpFabric* fabric, std::unique_ptr<Backend> backend,
              std::unique_ptr<TpAddressSpace> space)
-      : cfg_(cfg), fabric_(fabric), rng_(cfg.seed), backend_(std::move(backend)), space_(std::move(space)),
+      : Core(cfg), fabric_(fabric), backend_(std::move(backend)), space_(std::move(space)),
         planner_(*space_, fabric, {.parallel_ranks = cfg.parallel_ranks}) {
-    report_.seed = cfg.seed;
     const std::uint32_t values = cfg.entry_bytes / 4;
     // At home: 6 heads, so that 4 and 8 ranks own uneven head ranges (some none).
     const std::uint32_t heads = cfg.attention == TpAttention::kAtHome ? 6 : 2;
     mla_ = MlaShape{.num_heads = heads, .kv_lora_rank = values - 4, .rope_dim = 4, .softmax_scale = 0.125f};
   }
 
-  TpVerifierReport Run() {
-    for (std::uint64_t op = 0; op < cfg_.ops; ++op) {
-      const unsigned roll = rng_() % 100;
-      if (roll < 8 || requests_.empty()) {
-        Arrive();
-      } else if (roll < 28) {
-        Decode();
-      } else if (roll < 34) {
-        Rewrite();
-      } else if (roll < 88) {
-        Step();
-      } else if (roll < 95) {
-        Finish();
-      } else {
-        BadInput();
-      }
-      ++report_.ops;
-    }
-    return std::move(report_);
-  }
-
  private:
-  struct Request {
-    RequestId id;
-    std::vector<LogicalAddr> addrs;
-    std::vector<std::vector<LogicalAddr>> selection;  // [groups * queries] previous selection
-  };
+  static constexpr verify_internal::OpMix kOpMix{.arrive = 8, .decode = 28, .rewrite = 34, .step = 88, .finish = 95};
 
-  void Fail(std::uint64_t& counter, std::string what) {
-    verify_internal::RecordFailure(report_, counter, std::move(what));
-  }
-  bool HomeHosted(LogicalAddr a) const { return space_->Hosts(space_->HomeOf(a)); }
-
-  std::byte* Shadow(LogicalAddr a, std::uint32_t g) {
-    const std::size_t need = (std::size_t{a.value()} + 1) * cfg_.num_groups * cfg_.entry_bytes;
-    if (shadow_.size() < need) shadow_.resize(std::max(need, shadow_.size() * 2));
-    return shadow_.data() + (std::size_t{a.value()} * cfg_.num_groups + g) * cfg_.entry_bytes;
-  }
-
-  void Fill(LogicalAddr a) {
+  // --- the strategy's verbs (verifier_core.h) ---
+  Rank PickRank() { return Rank(0); }  // TP: a request spans every rank (a mod P)
+  Status AddRequest(RequestId id, Rank) { return space_->AddRequest(id); }
+  Result<std::vector<LogicalAddr>> Allocate(RequestId id, std::uint32_t n) { return space_->Allocate(id, n); }
+  // float32 values in [-1, 1]: the attention check reads the entries as MLA latents.
+  void RandomBytes(std::span<std::byte> entry) {
     std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-    for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
-      std::byte* s = Shadow(a, g);
-      for (std::uint32_t i = 0; i < cfg_.entry_bytes / 4; ++i) {
-        const float v = value(rng_);
-        std::memcpy(s + 4 * i, &v, 4);
-      }
-      if (auto w = space_->Write(a, GroupId(static_cast<std::uint16_t>(g)), {s, cfg_.entry_bytes}); !w) {
-        Fail(report_.invariant_failures, "write failed: " + w.error().ToString());
-      }
+    for (std::size_t i = 0; i + 4 <= entry.size(); i += 4) {
+      const float v = value(rng_);
+      std::memcpy(entry.data() + i, &v, 4);
     }
   }
+  Status Write(LogicalAddr a, GroupId g, std::span<const std::byte> bytes) { return space_->Write(a, g, bytes); }
+  Status Free(RequestId id) { return space_->Free(id); }
+  bool KeepInSelection(LogicalAddr a) { return space_->IsLive(a); }
+  bool IsLive(LogicalAddr a) { return space_->IsLive(a); }
+  bool Readable(LogicalAddr a) { return HomeHosted(a); }  // this process's shards only
+  Status Read(LogicalAddr a, GroupId g, std::span<std::byte> out) { return space_->Read(a, g, out); }
+  Status CheckSpaceInvariants() { return space_->CheckInvariants(); }
+  auto StepWithFreedAddress(const Request&, LogicalAddr freed) {
+    std::vector<LogicalAddr> sel{freed};
+    return planner_.Step(GroupId(0), sel);
+  }
+
+  bool HomeHosted(LogicalAddr a) const { return space_->Hosts(space_->HomeOf(a)); }
 
   // Everything observable on the hosted ranks: home locations, buffer contents, occupancy,
   // and the full-state DebugDigest (policy stamps and buckets, rounds, free lists in order).
@@ -149,74 +127,6 @@ class TpVerifier {
     mix(space_->num_requests());
     mix(space_->DebugDigest());  // what no accessor shows: policy state, rounds, free-list order
     return h;
-  }
-
-  bool HomesMatchShadow() {
-    std::vector<std::byte> buf(cfg_.entry_bytes);
-    for (const Request& r : requests_) {
-      for (LogicalAddr a : r.addrs) {
-        if (!HomeHosted(a)) continue;
-        for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
-          ++report_.entries_checked;
-          if (!space_->Read(a, GroupId(static_cast<std::uint16_t>(g)), buf) ||
-              std::memcmp(buf.data(), Shadow(a, g), cfg_.entry_bytes) != 0) {
-            return false;
-          }
-        }
-      }
-    }
-    return true;
-  }
-
-  void CheckInvariants(const char* after) {
-    verify_internal::RecordInvariants(report_, space_->CheckInvariants(), after);
-  }
-
-  template <class F>
-  void ExpectRefused(const char* what, ErrorCode code, F&& call) {
-    verify_internal::ExpectRefused(
-        report_, what, code, [&] { return Fingerprint(); }, [&] { return HomesMatchShadow(); },
-        std::forward<F>(call));
-  }
-
-  void Arrive() {
-    if (requests_.size() >= 24) return;
-    const RequestId id(next_request_++);
-    const std::uint32_t n = cfg_.top_k / 2 + static_cast<std::uint32_t>(rng_() % (6 * cfg_.top_k));
-    if (auto s = space_->AddRequest(id); !s) {
-      Fail(report_.invariant_failures, "AddRequest: " + s.error().ToString());
-      return;
-    }
-    Request req{id, {}, std::vector<std::vector<LogicalAddr>>(cfg_.num_groups * cfg_.queries_per_request)};
-    if (auto addrs = space_->Allocate(id, n)) {
-      req.addrs = std::move(*addrs);
-      for (LogicalAddr a : req.addrs) Fill(a);
-    } else if (addrs.error().code() != ErrorCode::kResourceExhausted) {
-      Fail(report_.invariant_failures, "Allocate: " + addrs.error().ToString());
-    }
-    requests_.push_back(std::move(req));
-    CheckInvariants("arrive");
-  }
-
-  void Decode() {
-    Request& r = requests_[rng_() % requests_.size()];
-    auto addrs = space_->Allocate(r.id, 1 + static_cast<std::uint32_t>(rng_() % 3));
-    if (!addrs) return;
-    for (LogicalAddr a : *addrs) {
-      Fill(a);
-      r.addrs.push_back(a);
-    }
-  }
-
-  void Rewrite() {
-    Request& r = requests_[rng_() % requests_.size()];
-    if (r.addrs.empty()) return;
-    for (int i = 0; i < 4; ++i) Fill(r.addrs[rng_() % r.addrs.size()]);
-  }
-
-  // The next selection of one query (verify_internal::NextSelection).
-  void Select(Request& r, std::uint32_t slot, std::vector<LogicalAddr>& out) {
-    verify_internal::NextSelection(rng_, r.addrs, cfg_.top_k, [&](LogicalAddr a) { return space_->IsLive(a); }, r.selection[slot], out);
   }
 
   // Checks that every hosted rank reads the shadow at its refs.
@@ -358,7 +268,7 @@ class TpVerifier {
           const auto code = plan.error().code();
           if (code != ErrorCode::kResourceExhausted && code != ErrorCode::kFailedPrecondition) {
             Fail(report_.invariant_failures, "step: " + plan.error().ToString());
-          } else if (Fingerprint() != before || !HomesMatchShadow()) {
+          } else if (Fingerprint() != before || !BytesMatchShadow()) {
             Fail(report_.invariant_failures, "a refused step changed state");
           }
           ++report_.rejected_steps;
@@ -382,22 +292,6 @@ class TpVerifier {
       }
     }
     space_->AdvanceRound();
-  }
-
-  void Finish() {
-    const std::size_t i = rng_() % requests_.size();
-    const Request r = requests_[i];
-    requests_.erase(requests_.begin() + static_cast<std::ptrdiff_t>(i));
-    if (auto s = space_->Free(r.id); !s) Fail(report_.invariant_failures, "Free: " + s.error().ToString());
-    CheckInvariants("finish");
-    ExpectRefused("double free", ErrorCode::kNotFound, [&] { return space_->Free(r.id); });
-    if (!r.addrs.empty()) {
-      const LogicalAddr freed = r.addrs[rng_() % r.addrs.size()];
-      if (!space_->IsLive(freed)) {
-        std::vector<LogicalAddr> sel{freed};
-        ExpectRefused("step with a freed address", ErrorCode::kNotFound, [&] { return planner_.Step(GroupId(0), sel); });
-      }
-    }
   }
 
   void BadInput() {
@@ -437,18 +331,12 @@ class TpVerifier {
     }
   }
 
-  TpVerifierConfig cfg_;
   TpFabric* fabric_;
-  std::mt19937_64 rng_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<TpAddressSpace> space_;
   TpStepPlanner planner_;
   MlaShape mla_;
-  std::vector<Request> requests_;
-  std::vector<std::byte> shadow_;  // [addresses][groups][entry_bytes]
-  std::uint64_t next_request_ = 0;
   std::uint64_t step_ = 0;
-  TpVerifierReport report_;
 };
 
 }  // namespace

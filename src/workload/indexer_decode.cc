@@ -25,6 +25,14 @@ void RandomUnit(workload_internal::Rng& rng, std::span<float> v) {
   Normalize(v);
 }
 
+// The heavy-hitter salience of key t of a request: Lomax with tail index alpha,
+// (1 - u)^(-1/alpha) - 1, u from a hash so that it draws nothing from the request's stream.
+double Salience(std::uint64_t request_seed, std::uint64_t t, double alpha) {
+  std::uint64_t h = request_seed ^ (t * 0x9e3779b97f4a7c15ull + 0x6a09e667f3bcc909ull);
+  const double u = static_cast<double>(workload_internal::SplitMix64(h) >> 11) * 0x1.0p-53;
+  return std::pow(1.0 - u, -1.0 / alpha) - 1.0;
+}
+
 }  // namespace
 
 Status DecodeSimConfig::Validate() const {
@@ -42,6 +50,9 @@ Status DecodeSimConfig::Validate() const {
   if (sink_tokens > prompt_tokens) return bad("sink_tokens", "must be <= prompt_tokens");
   if (!(sink_boost >= 0 && sink_boost <= 100)) return bad("sink_boost", "must be in [0, 100]");
   if (!(sink_align >= 0 && sink_align <= 100)) return bad("sink_align", "must be in [0, 100]");
+  if (!(heavy_alpha > 0 && heavy_alpha <= 100)) return bad("heavy_alpha", "must be in (0, 100]");
+  if (!(heavy_boost >= 0 && heavy_boost <= 100)) return bad("heavy_boost", "must be in [0, 100]");
+  if (!(heavy_align >= 0 && heavy_align <= 100)) return bad("heavy_align", "must be in [0, 100]");
   return Ok();
 }
 
@@ -83,6 +94,9 @@ Result<DecodeSimConfig> ParseDecodeSimConfig(std::string_view json_text, std::st
   ULA_RETURN_IF_ERROR(uint("sink_tokens", &c.sink_tokens, 0, 1u << 30));
   ULA_RETURN_IF_ERROR(real("sink_boost", &c.sink_boost, 100));
   ULA_RETURN_IF_ERROR(real("sink_align", &c.sink_align, 100));
+  ULA_RETURN_IF_ERROR(real("heavy_alpha", &c.heavy_alpha, 100));
+  ULA_RETURN_IF_ERROR(real("heavy_boost", &c.heavy_boost, 100));
+  ULA_RETURN_IF_ERROR(real("heavy_align", &c.heavy_align, 100));
   ULA_RETURN_IF_ERROR(f->CheckNoUnknownFields());
   if (auto st = c.Validate(); !st) {
     return MakeError(ErrorCode::kInvalidArgument, fmt::format("{}: {}", origin, st.error().message()));
@@ -99,8 +113,9 @@ Result<DecodeSimConfig> LoadDecodeSimConfigByName(std::string_view name, const s
 
 struct IndexerDecodeSim::State {
   struct Request {
-    explicit Request(std::uint64_t seed) : rng(seed) {}
+    explicit Request(std::uint64_t seed) : rng(seed), salience_seed(seed) {}
     workload_internal::Rng rng;
+    std::uint64_t salience_seed;
     std::vector<float> keys;     // [context_len * head_dim]
     std::vector<float> q_state;  // [num_heads * head_dim], the evolving query of token t
     std::vector<float> weights;  // [num_heads]
@@ -110,9 +125,17 @@ struct IndexerDecodeSim::State {
   IndexerShape shape;
   DecodeSimConfig config;
   Indexer indexer;
-  std::vector<float> sink_dir;  // [head_dim] u
+  std::vector<float> sink_dir;   // [head_dim] u
+  std::vector<float> heavy_dir;  // [head_dim] v
   std::vector<Request> requests;
-  std::vector<float> noise, scored_query, q_chain;  // scratch
+  std::vector<float> noise, scored_query, q_chain, newest;  // scratch
+
+  // Key t of `req` gets its heavy-hitter component (none when heavy_boost is 0).
+  void AddSalience(const Request& req, std::uint64_t t, std::span<float> k) const {
+    if (config.heavy_boost <= 0) return;
+    const auto a = static_cast<float>(config.heavy_boost * Salience(req.salience_seed, t, config.heavy_alpha));
+    for (std::size_t d = 0; d < k.size(); ++d) k[d] += a * heavy_dir[d];
+  }
 };
 
 IndexerDecodeSim::IndexerDecodeSim(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -123,12 +146,14 @@ Result<std::unique_ptr<IndexerDecodeSim>> IndexerDecodeSim::Create(const Indexer
   ULA_RETURN_IF_ERROR(config.Validate());
   auto indexer = Indexer::Create(shape);
   if (!indexer) return std::unexpected(indexer.error());
-  auto st = std::unique_ptr<State>(new State{shape, config, std::move(*indexer), {}, {}, {}, {}, {}});
+  auto st = std::unique_ptr<State>(new State{shape, config, std::move(*indexer), {}, {}, {}, {}, {}, {}, {}});
   const std::uint32_t dim = shape.head_dim;
   const std::uint64_t base = workload_internal::StreamSeed(config.seed, 0x5eed0000ull + salt);
   workload_internal::Rng global(base);
   st->sink_dir.resize(dim);
   RandomUnit(global, st->sink_dir);
+  st->heavy_dir.resize(dim);
+  RandomUnit(global, st->heavy_dir);  // drawn after u: the sinks are as without heavy hitters
   for (std::uint32_t r = 0; r < config.num_requests; ++r) {
     State::Request req(workload_internal::StreamSeed(base, r));
     req.keys.resize(std::size_t{config.prompt_tokens} * dim);
@@ -138,6 +163,7 @@ Result<std::unique_ptr<IndexerDecodeSim>> IndexerDecodeSim::Create(const Indexer
       if (t < config.sink_tokens) {
         for (std::uint32_t d = 0; d < dim; ++d) k[d] += static_cast<float>(config.sink_boost) * st->sink_dir[d];
       }
+      st->AddSalience(req, t, k);
     }
     req.q_state.resize(std::size_t{shape.num_heads} * dim);
     for (std::uint32_t h = 0; h < shape.num_heads; ++h) {
@@ -162,6 +188,8 @@ Status IndexerDecodeSim::Step() {
     req.keys.resize(old + dim);
     std::span<float> k_new(req.keys.data() + old, dim);
     RandomUnit(req.rng, k_new);
+    s.newest.assign(k_new.begin(), k_new.end());  // the pull is towards the key, not its salience
+    s.AddSalience(req, old / dim, k_new);
     req.selections.resize(c.queries_per_step());
     s.q_chain = req.q_state;
     for (std::uint32_t j = 0; j < c.queries_per_step(); ++j) {
@@ -169,11 +197,13 @@ Status IndexerDecodeSim::Step() {
         std::span<float> q(s.q_chain.data() + std::size_t{h} * dim, dim);
         RandomUnit(req.rng, s.noise);
         for (std::uint32_t d = 0; d < dim; ++d) {
-          q[d] = static_cast<float>(c.query_keep * q[d] + c.query_noise * s.noise[d] + c.query_newest * k_new[d]);
+          q[d] = static_cast<float>(c.query_keep * q[d] + c.query_noise * s.noise[d] + c.query_newest * s.newest[d]);
         }
         Normalize(q);
         float* sq = s.scored_query.data() + std::size_t{h} * dim;
-        for (std::uint32_t d = 0; d < dim; ++d) sq[d] = q[d] + static_cast<float>(c.sink_align) * s.sink_dir[d];
+        for (std::uint32_t d = 0; d < dim; ++d) {
+          sq[d] = q[d] + static_cast<float>(c.sink_align) * s.sink_dir[d] + static_cast<float>(c.heavy_align) * s.heavy_dir[d];
+        }
       }
       if (j == 0) req.q_state = s.q_chain;
       ULA_RETURN_IF_ERROR(s.indexer.Select({s.scored_query, req.weights}, req.keys, req.selections[j]));

@@ -13,11 +13,40 @@
 
 namespace ula {
 
+// Weighted draws: positions are kept in bins by weight level b = floor(log2 w) (w >= 1),
+// each with its total weight. A draw picks a bin by weight, a position in it uniformly,
+// and accepts it with probability w / 2^(b+1) >= 1/2, so a position is drawn with
+// probability proportional to its weight; new positions join their bin as the context grows.
+constexpr std::size_t kWeightLevels = 64;
+
 struct SelectionModel::Stream {
-  explicit Stream(std::uint64_t seed) : rng(seed) {}
+  explicit Stream(std::uint64_t seed) : rng(seed), weight_seed(seed ^ 0x9e3779b97f4a7c15ull) {}
   workload_internal::Rng rng;
   std::vector<std::uint32_t> prev;  // previous step's query-0 selection
+  std::uint64_t weight_seed;
+  std::uint32_t weighted = 0;                            // positions [0, weighted) are in bins
+  std::vector<std::vector<std::uint32_t>> bins;          // [kWeightLevels] positions by level
+  std::vector<double> bin_mass;                          // [kWeightLevels] total weight per level
+  double mass = 0;
+  std::vector<std::vector<std::uint32_t>> dropped;       // [return_window] ring: query 0's drops per step
+  std::uint32_t dropped_head = 0;                        // ring slot of the newest step
+  std::size_t dropped_total = 0;
 };
+
+namespace {
+
+// The persistent weight of position p of a stream: (1 - u)^(-skew), u in [0, 1).
+double PositionWeight(std::uint64_t weight_seed, std::uint32_t p, double skew) {
+  std::uint64_t h = weight_seed ^ (std::uint64_t{p} * 0xd1342543de82ef95ull);
+  const double u = static_cast<double>(workload_internal::SplitMix64(h) >> 11) * 0x1.0p-53;
+  return std::pow(1.0 - u, -skew);
+}
+
+std::size_t WeightLevel(double w) {
+  return std::min<std::size_t>(kWeightLevels - 1, static_cast<std::size_t>(std::max(0.0, std::floor(std::log2(w)))));
+}
+
+}  // namespace
 
 Status SelectionModelParams::Validate() const {
   auto bad = [](const char* f, std::string_view why) {
@@ -30,6 +59,9 @@ Status SelectionModelParams::Validate() const {
   if (!(keep_mean >= 0 && keep_mean <= 1)) return bad("keep_mean", "must be in [0, 1]");
   if (!(keep_stddev >= 0 && keep_stddev <= 1)) return bad("keep_stddev", "must be in [0, 1]");
   if (!(draft_keep >= 0 && draft_keep <= 1)) return bad("draft_keep", "must be in [0, 1]");
+  if (!(heavy_skew >= 0 && heavy_skew <= 4)) return bad("heavy_skew", "must be in [0, 4]");
+  if (!(return_fraction >= 0 && return_fraction <= 1)) return bad("return_fraction", "must be in [0, 1]");
+  if (return_window < 1 || return_window > 64) return bad("return_window", "must be in [1, 64]");
   return Ok();
 }
 
@@ -51,6 +83,37 @@ void SelectionModel::NewEpoch(std::uint32_t n) {
     std::fill(mark_.begin(), mark_.end(), 0);
     std::fill(prev_mark_.begin(), prev_mark_.end(), 0);
     epoch_ = 1;
+  }
+}
+
+std::uint32_t SelectionModel::DrawWeighted(Stream& st, std::uint32_t n) {
+  const double skew = params_.heavy_skew;
+  if (st.bins.empty()) {
+    st.bins.resize(kWeightLevels);
+    st.bin_mass.assign(kWeightLevels, 0.0);
+  }
+  for (; st.weighted < n; ++st.weighted) {
+    const double w = PositionWeight(st.weight_seed, st.weighted, skew);
+    const std::size_t b = WeightLevel(w);
+    st.bins[b].push_back(st.weighted);
+    st.bin_mass[b] += w;
+    st.mass += w;
+  }
+  for (;;) {
+    double r = st.rng.Uniform01() * st.mass;
+    std::size_t b = kWeightLevels;
+    for (std::size_t i = 0; i < kWeightLevels; ++i) {
+      if (st.bins[i].empty()) continue;
+      b = i;
+      if (r < st.bin_mass[i]) break;
+      r -= st.bin_mass[i];
+    }
+    if (b == kWeightLevels) return static_cast<std::uint32_t>(st.rng.Below(n));  // n == 0 cannot happen
+    const std::vector<std::uint32_t>& bin = st.bins[b];
+    const std::uint32_t p = bin[st.rng.Below(bin.size())];
+    if (p >= n) continue;  // the context shrank below positions already binned (a new request reuses the stream)
+    const double cap = b + 1 < kWeightLevels ? std::ldexp(1.0, static_cast<int>(b) + 1) : INFINITY;
+    if (!std::isfinite(cap) || st.rng.Uniform01() * cap < PositionWeight(st.weight_seed, p, skew)) return p;
   }
 }
 
@@ -126,7 +189,16 @@ Status SelectionModel::Step(std::uint64_t stream, std::uint32_t context_len, std
     std::uint32_t attempts = 0;
     while (sel.size() < k && attempts < 8 * need + 64) {
       ++attempts;
-      const auto p = static_cast<std::uint32_t>(st.rng.Below(n));
+      std::uint32_t p;
+      if (st.dropped_total > 0 && params_.return_fraction > 0 && st.rng.Uniform01() < params_.return_fraction) {
+        std::size_t i = st.rng.Below(st.dropped_total);  // uniform over the ring's positions
+        std::size_t slot = 0;
+        while (i >= st.dropped[slot].size()) i -= st.dropped[slot++].size();
+        p = st.dropped[slot][i];
+        if (p >= n) continue;
+      } else {
+        p = params_.heavy_skew > 0 ? DrawWeighted(st, n) : static_cast<std::uint32_t>(st.rng.Below(n));
+      }
       if (!excluded_fast(p)) add(p);
     }
     if (sel.size() < k) {  // dense case: scan from a random start, then allow repeats
@@ -138,6 +210,17 @@ Status SelectionModel::Step(std::uint64_t stream, std::uint32_t context_len, std
       for (std::uint32_t i = 0; i < n && sel.size() < k; ++i) add((start + i) % n);
     }
     ULA_DCHECK(sel.size() == k);
+    if (j == 0 && params_.return_fraction > 0) {  // query 0's drops join the ring (marks: this query)
+      if (st.dropped.empty()) st.dropped.resize(params_.return_window);
+      st.dropped_head = (st.dropped_head + 1) % params_.return_window;
+      std::vector<std::uint32_t>& ring = st.dropped[st.dropped_head];
+      st.dropped_total -= ring.size();
+      ring.clear();
+      for (std::uint32_t p : st.prev) {
+        if (p < n && !Marked(p)) ring.push_back(p);
+      }
+      st.dropped_total += ring.size();
+    }
   }
   st.prev = out[0];
   return Ok();

@@ -115,6 +115,170 @@ TEST(HybridModel, KvPastTheLastCheckpointIsNotReused) {
   ExpectBitIdentical(*r, FromScratch(*model, b, 2));
 }
 
+std::vector<std::uint32_t> Join(std::span<const std::uint32_t> head, std::span<const std::uint32_t> tail) {
+  std::vector<std::uint32_t> v(head.begin(), head.end());
+  v.insert(v.end(), tail.begin(), tail.end());
+  return v;
+}
+
+TEST(HybridModel, ATokenGranularMatchInsideAPageFromTheBranchingPointIsBitIdentical) {
+  auto model = SmallModel();
+  const auto vocab = model->config().vocab;
+  auto buffer = Buffer(*model, 512);
+  auto cache = Cache(*model, *buffer);
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto a = RandomTokens(51, 100, vocab);
+  ASSERT_TRUE(runner.Serve(a, ServeOptions{.max_new_tokens = 3}));  // a checkpoint only at its end
+  // b diverges from a at 70 (inside page 4): no state there yet, but the KV runs to 70,
+  // so b saves a checkpoint at that branching point.
+  const auto b = Join(std::span(a).first(70), RandomTokens(52, 20, vocab));
+  auto rb = runner.Serve(b, ServeOptions{.max_new_tokens = 3, .branch_alignment = 1});
+  ASSERT_TRUE(rb);
+  EXPECT_EQ(rb->matched, 0u);
+  EXPECT_EQ(rb->branch, 70u);
+  ExpectBitIdentical(*rb, FromScratch(*model, b, 3));
+  // c shares 75 tokens with a: it resumes at 70, copying the partial page 4 of the cache.
+  const auto c = Join(std::span(a).first(75), RandomTokens(53, 20, vocab));
+  for (int round = 0; round < 2; ++round) {  // twice: the first reuse wrote only its own copies
+    auto rc = runner.Serve(c, ServeOptions{.max_new_tokens = 4, .insert_into_cache = false});
+    ASSERT_TRUE(rc) << rc.error().ToString();
+    EXPECT_EQ(rc->matched, 70u);
+    ExpectBitIdentical(*rc, FromScratch(*model, c, 4));
+  }
+  EXPECT_TRUE(cache->CheckInvariants());
+  EXPECT_TRUE(buffer->CheckInvariants());
+}
+
+TEST(HybridModel, ChunkedPrefillIsBitIdenticalAndItsChunksAreReusedAtOnce) {
+  auto model = SmallModel();
+  const auto vocab = model->config().vocab;
+  auto buffer = Buffer(*model, 512);
+  auto cache = Cache(*model, *buffer);
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto a = RandomTokens(61, 100, vocab);
+  // Chunks of 40 tokens: inserted at 40 and 80, both inside a page (copied to continue).
+  auto ra = runner.Serve(a, ServeOptions{.max_new_tokens = 4, .prefill_chunk = 40});
+  ASSERT_TRUE(ra) << ra.error().ToString();
+  EXPECT_EQ(ra->chunks_inserted, 2u);
+  ExpectBitIdentical(*ra, FromScratch(*model, a, 4));
+  const auto b = Join(std::span(a).first(85), RandomTokens(62, 10, vocab));
+  auto rb = runner.Serve(b, ServeOptions{.max_new_tokens = 4, .prefill_chunk = 8});
+  ASSERT_TRUE(rb) << rb.error().ToString();
+  EXPECT_EQ(rb->matched, 80u);
+  ExpectBitIdentical(*rb, FromScratch(*model, b, 4));
+  EXPECT_TRUE(cache->CheckInvariants());
+  EXPECT_TRUE(buffer->CheckInvariants());
+}
+
+TEST(HybridModel, ATombstonedStateIsRecomputedFromTheNearestStateBitIdentically) {
+  auto model = SmallModel();
+  const auto vocab = model->config().vocab;
+  auto buffer = Buffer(*model, 512);
+  auto cache = Cache(*model, *buffer);
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto a = RandomTokens(71, 100, vocab);
+  auto ra = runner.Serve(a, ServeOptions{.max_new_tokens = 2, .checkpoint_interval = 32});  // 32, 64, 96, 101
+  ASSERT_TRUE(ra);
+  // A running request holds a's end; the states at 96 and 64 are evicted (tombstones).
+  const auto fed = Join(a, std::span(ra->output).first(1));
+  auto held = cache->Match(fed, static_cast<std::uint32_t>(fed.size()));
+  ASSERT_EQ(held.length, 101u);
+  ASSERT_TRUE(cache->Lock(held));
+  const auto stats = cache->Evict(0, 2);
+  EXPECT_EQ(stats.tombstones, 2u);
+  EXPECT_EQ(stats.pages, 0u);
+  ASSERT_TRUE(cache->Unlock(held));
+  const auto b = Join(std::span(a).first(100), RandomTokens(72, 12, vocab));
+  auto rb = runner.Serve(b, ServeOptions{.max_new_tokens = 3});
+  ASSERT_TRUE(rb);
+  EXPECT_EQ(rb->matched, 32u);   // the nearest state left
+  EXPECT_EQ(rb->branch, 100u);   // the KV still runs to 100
+  ExpectBitIdentical(*rb, FromScratch(*model, b, 3));
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
+TEST(HybridModel, SpeculativeDecodingIsBitIdenticalForAcceptedPartlyAcceptedAndRejectedDrafts) {
+  auto model = SmallModel();
+  const auto vocab = model->config().vocab;
+  const auto prompt = RandomTokens(81, 75, vocab);
+  const std::uint32_t n = 14;
+  const ServeResult reference = FromScratch(*model, prompt, n);
+  // Drafters built from the reference continuation: right, right but every 3rd token, wrong.
+  auto truth = [&](std::span<const std::uint32_t> context, std::uint32_t k, int mode) {
+    std::vector<std::uint32_t> d;
+    for (std::size_t i = context.size() - prompt.size(); i < reference.output.size() && d.size() < k; ++i) {
+      const std::uint32_t t = reference.output[i];
+      const bool wrong = mode == 2 || (mode == 1 && i % 3 == 0);
+      d.push_back(wrong ? (t + 1) % vocab : t);
+    }
+    return d;
+  };
+  struct Case {
+    int mode;
+    const char* name;
+  };
+  for (const Case& c : {Case{0, "accepted"}, Case{1, "partly accepted"}, Case{2, "rejected"}}) {
+    SCOPED_TRACE(c.name);
+    auto buffer = Buffer(*model, 512);
+    auto cache = Cache(*model, *buffer);
+    HybridRunner runner(*model, *buffer, cache.get());
+    ServeOptions o{.max_new_tokens = n, .draft_tokens = 4};
+    o.drafter = [&](std::span<const std::uint32_t> context, std::uint32_t k) { return truth(context, k, c.mode); };
+    auto r = runner.Serve(prompt, o);
+    ASSERT_TRUE(r) << r.error().ToString();
+    ExpectBitIdentical(*r, reference);
+    EXPECT_GT(r->drafted, 0u);
+    if (c.mode == 0) {
+      EXPECT_EQ(r->accepted, r->drafted);
+    } else if (c.mode == 1) {
+      EXPECT_TRUE(r->accepted > 0 && r->accepted < r->drafted);
+    } else {
+      EXPECT_EQ(r->accepted, 0u);
+    }
+    // The committed state is the right one: a follow-up turn resumes from it bit-identically.
+    auto next_turn = Join(Join(prompt, std::span(r->output).first(n - 1)), RandomTokens(82, 6, vocab));
+    auto follow = runner.Serve(next_turn, ServeOptions{.max_new_tokens = 3});
+    ASSERT_TRUE(follow);
+    EXPECT_EQ(follow->matched, prompt.size() + n - 1);
+    ExpectBitIdentical(*follow, FromScratch(*model, next_turn, 3));
+    EXPECT_TRUE(buffer->CheckInvariants());
+    EXPECT_TRUE(cache->CheckInvariants());
+  }
+}
+
+TEST(HybridModel, CheckpointsRoundTrippedThroughTheHostTierAreBitIdentical) {
+  auto model = SmallModel();
+  const auto vocab = model->config().vocab;
+  auto backend = MakeCpuBackend(CpuBackendOptions{.copy_threads = 1});
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.kinds = model->Kinds(64);
+  c.capacity_bytes = 512 * c.kinds[1].block_bytes;
+  c.padding_kind = kModelKvKind;
+  c.padding_blocks = 1;
+  auto device = backend->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
+  auto buffer = UnifiedBuffer::Create(c, device).value();
+  auto host = backend->CreateArena(Tier::kHost, Rank(0), 8 * (c.kinds[0].block_bytes + c.kinds[2].block_bytes)).value();
+  auto cache = Cache(*model, *buffer);
+  ASSERT_TRUE(cache->AttachHostTier({backend.get(), device.id, host, 8}));
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto a = RandomTokens(91, 100, vocab);
+  ASSERT_TRUE(runner.Serve(a, ServeOptions{.max_new_tokens = 4, .checkpoint_interval = 32}));  // 32, 64, 96, 103
+  const auto stats = cache->Evict(0, 10);  // every state goes to the host tier, the KV stays
+  EXPECT_EQ(stats.offloaded, 4u);
+  EXPECT_EQ(stats.pages, 0u);
+  EXPECT_EQ(cache->num_checkpoints(), 0u);
+  EXPECT_EQ(cache->Metrics().host_checkpoints, 4u);
+  const auto b = Join(std::span(a).first(100), RandomTokens(92, 12, vocab));
+  auto rb = runner.Serve(b, ServeOptions{.max_new_tokens = 3});
+  ASSERT_TRUE(rb) << rb.error().ToString();
+  EXPECT_EQ(rb->matched, 96u);  // brought back from the host
+  EXPECT_EQ(cache->Metrics().host_hits, 1u);
+  ExpectBitIdentical(*rb, FromScratch(*model, b, 3));
+  EXPECT_TRUE(cache->CheckInvariants());
+  EXPECT_TRUE(buffer->CheckInvariants());
+}
+
 TEST(HybridModel, OutputDoesNotDependOnTheAllocatorOrOnCompaction) {
   auto model = SmallModel();
   const auto prompt = RandomTokens(41, 70, model->config().vocab);
@@ -177,8 +341,8 @@ TEST(HybridModel, BadInputIsAnError) {
   auto cache = Cache(*model, *buffer);
   HybridRunner runner(*model, *buffer, cache.get());
   const auto live = buffer->LiveBlocks();
-  EXPECT_EQ(runner.Serve(RandomTokens(1, 20, 64), ServeOptions{.checkpoint_interval = 10}).error().code(),
-            ErrorCode::kInvalidArgument);  // not a multiple of the page
+  EXPECT_EQ(runner.Serve(RandomTokens(1, 20, 64), ServeOptions{.max_new_tokens = 0}).error().code(),
+            ErrorCode::kInvalidArgument);
   EXPECT_EQ(runner.Serve({}, ServeOptions{}).error().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(buffer->LiveBlocks(), live);
   EXPECT_EQ(cache->num_nodes(), 0u);

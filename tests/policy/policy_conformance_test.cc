@@ -66,7 +66,8 @@ class PolicyConformance : public ::testing::Test {
 };
 
 using AllPolicies = ::testing::Types<Kind<PolicyKind::kPbLru>, Kind<PolicyKind::kExactLruScan>,
-                                     Kind<PolicyKind::kExactLruList>, Kind<PolicyKind::kClock>>;
+                                     Kind<PolicyKind::kExactLruList>, Kind<PolicyKind::kClock>,
+                                     Kind<PolicyKind::kLfuAged>>;
 struct KindName {
   template <class T>
   static std::string GetName(int) {
@@ -279,7 +280,8 @@ TYPED_TEST(PolicyConformance, RandomOperationsMatchAShadowModel) {
 }
 
 TEST(PolicyFactory, NamesRoundTripAndDefaultIsPbLru) {
-  for (auto kind : {PolicyKind::kPbLru, PolicyKind::kExactLruScan, PolicyKind::kExactLruList, PolicyKind::kClock}) {
+  for (auto kind : {PolicyKind::kPbLru, PolicyKind::kExactLruScan, PolicyKind::kExactLruList, PolicyKind::kClock,
+                    PolicyKind::kLfuAged}) {
     auto parsed = ParsePolicyKind(PolicyKindName(kind));
     ASSERT_TRUE(parsed);
     EXPECT_EQ(*parsed, kind);

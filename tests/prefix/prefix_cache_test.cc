@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
+#include <map>
 #include <numeric>
 
 #include "ula/unified_buffer.h"
@@ -73,7 +76,7 @@ TEST(PrefixCache, DuplicatesAreFreedOnInsert) {
   const auto live = a->Stats().live_bytes;
   InsertSequence(*cache, *a, Tokens(0, 16), {});  // same tokens: its pages and checkpoint are duplicates
   EXPECT_EQ(a->Stats().live_bytes, live);
-  EXPECT_EQ(cache->num_nodes(), 4u);
+  EXPECT_EQ(cache->num_nodes(), 1u);  // one radix node: the edge is not cut at pages
 }
 
 TEST(PrefixCache, LockedNodesAreNeverEvictedAndTheirBlocksNeverMove) {
@@ -132,23 +135,323 @@ TEST(PrefixCache, AllocationAwareEvictionStopsAsSoonAsTheDemandFits) {
   }
 }
 
-TEST(PrefixCache, ACheckpointAttachedToALockedNodeIsPinnedUntilUnlock) {
+TEST(PrefixCache, LocksPinTheStateOnlyAtTheMatchedNodeSoAncestorStatesCanBeTombstoned) {
   auto a = Buffer(128);
   auto cache = Cache(*a);
-  InsertSequence(*cache, *a, Tokens(0, 8), {});  // checkpoint only at 8
+  InsertSequence(*cache, *a, Tokens(0, 8), {4});  // checkpoints at 4 and 8
   auto q = Tokens(0, 8);
   q.push_back(1);
   auto m = cache->Match(q, 8);
   ASSERT_EQ(m.length, 8u);
   ASSERT_TRUE(cache->Lock(m));
-  InsertSequence(*cache, *a, Tokens(0, 8), {4});  // attaches a checkpoint at 4 to a locked node
-  auto at4 = cache->Match(Tokens(0, 5), 4);
-  ASSERT_EQ(at4.length, 4u);
-  EXPECT_EQ(a->Free(at4.checkpoint.state).error().code(), ErrorCode::kFailedPrecondition);  // pinned
+  const auto before = cache->Metrics();
+  EXPECT_EQ(before.state.protected_bytes, 192u);  // only the state at 8
+  EXPECT_EQ(before.state.evictable, 192u);        // the state at 4
+  EXPECT_EQ(before.kv.protected_bytes, 2 * 64u);  // KV of the whole path
+  // Evicting one state tombstones the one at 4: its KV stays, the locked match is intact.
+  const auto stats = cache->Evict(0, 1);
+  EXPECT_EQ(stats.checkpoints, 1u);
+  EXPECT_EQ(stats.tombstones, 1u);
+  EXPECT_EQ(stats.pages, 0u);
+  EXPECT_FALSE(cache->Holds(Tokens(0, 4)));
+  EXPECT_TRUE(cache->Holds(Tokens(0, 8)));
+  auto at5 = cache->Match(Tokens(0, 5), 5);
+  EXPECT_EQ(at5.length, 0u);
+  EXPECT_EQ(at5.kv_length, 5u);  // the KV is still cached past the tombstone
+  EXPECT_EQ(at5.branch, 5u);
+  EXPECT_EQ(cache->Metrics().tombstones, 1u);
+  EXPECT_EQ(cache->Evict(0, 5).checkpoints, 0u);  // the locked state is not evictable
   ASSERT_TRUE(cache->Unlock(m));
-  EXPECT_TRUE(a->CheckInvariants());
   for (const auto& b : a->LiveBlocks()) EXPECT_EQ(b.pins, 0u);
+  // Evicting the leaf also removes the tombstoned node above it (a stateless leaf).
+  const auto leaf = cache->Evict(1, 0);
+  EXPECT_EQ(leaf.nodes, 2u);
+  EXPECT_EQ(leaf.pages, 2u);
+  EXPECT_EQ(cache->num_nodes(), 0u);
+  EXPECT_EQ(a->Stats().live_bytes, 0u);
   EXPECT_TRUE(cache->CheckInvariants());
+}
+
+TEST(PrefixCache, NodesSplitAtTheFirstDifferingTokenAndABranchInsideAPageGetsItsOwnCopy) {
+  auto a = Buffer(256);
+  auto cache = Cache(*a);
+  const auto x = Tokens(0, 10);  // pages [0..3] [4..7] [8,9]
+  InsertSequence(*cache, *a, x, {});
+  auto y = Tokens(0, 6);  // shares 6 tokens: diverges inside page 1
+  for (std::uint32_t t : {50u, 51u, 52u, 53u}) y.push_back(t);
+  // Before y is cached: no state at 6, but the KV runs there: the branching point.
+  auto probe = cache->Match(y, 9);
+  EXPECT_EQ(probe.length, 0u);
+  EXPECT_EQ(probe.kv_length, 6u);
+  EXPECT_EQ(probe.branch, 6u);
+  auto xm = cache->Match(x, 10);
+  InsertSequence(*cache, *a, y, {6});
+  EXPECT_EQ(cache->num_nodes(), 3u);  // [0,6) [6,10) [6,10)
+  auto ym = cache->Match(y, 10);
+  ASSERT_EQ(ym.length, 10u);
+  ASSERT_EQ(ym.pages.size(), 3u);
+  EXPECT_EQ(ym.pages[0], xm.pages[0]);  // shared full page
+  EXPECT_NE(ym.pages[1], xm.pages[1]);  // y's own copy of the page it diverges in
+  auto again = cache->Match(x, 10);
+  EXPECT_EQ(again.pages, xm.pages);  // x still reads its own page 1
+  auto at6 = cache->Match(Tokens(0, 7), 7);
+  EXPECT_EQ(at6.length, 6u);  // a checkpoint at a position inside a page
+  ASSERT_EQ(at6.pages.size(), 2u);
+  EXPECT_EQ(at6.pages[1], xm.pages[1]);
+  EXPECT_EQ(at6.kv_length, 7u);
+  EXPECT_TRUE(cache->CheckInvariants());
+  // Evicting y's branch frees its two pages (head copy included), x keeps everything.
+  ASSERT_TRUE(cache->Lock(again));
+  const auto ev = cache->Evict(1, 0);
+  EXPECT_EQ(ev.pages, 2u);
+  EXPECT_TRUE(cache->Holds(x));
+  EXPECT_FALSE(cache->Holds(y));
+  ASSERT_TRUE(cache->Unlock(again));
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
+TEST(PrefixCache, MatchCopyOnWriteGivesTheRequestItsOwnStateEvictingWhileLocked) {
+  // Room: 2 sequences of 8 tokens with one checkpoint each (2 pages + 4 units) = 12 units.
+  auto a = Buffer(14);
+  auto cache = Cache(*a);
+  InsertSequence(*cache, *a, Tokens(0, 8), {});
+  InsertSequence(*cache, *a, Tokens(100, 8), {});
+  auto cp = cache->Match(Tokens(0, 8), 8).checkpoint;
+  std::memset(a->Bytes(cp.state)->data(), 0x5a, 192);
+  auto q = Tokens(0, 8);
+  q.push_back(3);
+  // The copy needs 4 units, 2 are free: the other sequence (least recently used) goes.
+  auto m = cache->MatchCopyOnWrite(q, 8, EvictionRule::kAllocationAware);
+  ASSERT_TRUE(m) << m.error().ToString();
+  ASSERT_EQ(m->length, 8u);
+  ASSERT_TRUE(m->copy.valid());
+  EXPECT_NE(m->copy.state, m->checkpoint.state);
+  EXPECT_EQ(std::memcmp(a->Bytes(m->copy.state)->data(), a->Bytes(cp.state)->data(), 192), 0);
+  EXPECT_TRUE(cache->Holds(Tokens(0, 8)));
+  EXPECT_FALSE(cache->Holds(Tokens(100, 8)));
+  EXPECT_EQ(a->Free(m->checkpoint.state).error().code(), ErrorCode::kFailedPrecondition);  // locked: pinned
+  // A running request takes the 4 free units; nothing else is evictable: the next
+  // copy-on-write match fails and leaves its lock released.
+  auto running = a->AllocateDemand(Demand::Of(3).Add(kKv, 4)).value();
+  auto full = cache->MatchCopyOnWrite(q, 8, EvictionRule::kAllocationAware);
+  ASSERT_FALSE(full);
+  EXPECT_EQ(full.error().code(), ErrorCode::kResourceExhausted);
+  ASSERT_TRUE(cache->Unlock(*m));
+  EXPECT_EQ(cache->Unlock(*m).error().code(), ErrorCode::kFailedPrecondition);  // the failed call left no lock
+  ASSERT_TRUE(a->Free(m->copy.state));
+  ASSERT_TRUE(a->Free(m->copy.window));
+  for (BlockId b : running) ASSERT_TRUE(a->Free(b));
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
+TEST(PrefixCache, ChunkedPrefillInsertsEachChunkAndTheLockMovesWithIt) {
+  auto a = Buffer(256);
+  auto cache = Cache(*a);
+  const auto t = Tokens(0, 14);
+  // Chunk 1: tokens [0, 6) with a copy of the running state at 6.
+  auto p1 = a->AllocateDemand(Demand::Of(3).Add(kKv, 2)).value();
+  std::vector<PositionedCheckpoint> c1 = {{6, NewCheckpoint(*a)}};
+  auto h1 = cache->InsertChunk(std::span(t).first(6), p1, c1, PrefixMatch{});
+  ASSERT_TRUE(h1) << h1.error().ToString();
+  EXPECT_EQ(h1->length, 6u);
+  EXPECT_EQ(h1->pages, p1);
+  // Chunk 2: [0, 14); page 1 was partial and now belongs to the tree: the request copied it.
+  auto fresh = a->AllocateDemand(Demand::Of(3).Add(kKv, 3)).value();
+  std::vector<BlockId> p2 = {p1[0], fresh[0], fresh[1], fresh[2]};
+  std::vector<PositionedCheckpoint> c2 = {{14, NewCheckpoint(*a)}};
+  auto h2 = cache->InsertChunk(t, p2, c2, *h1);
+  ASSERT_TRUE(h2) << h2.error().ToString();
+  EXPECT_EQ(h2->length, 14u);
+  EXPECT_EQ(h2->pages, p2);
+  EXPECT_EQ(cache->Unlock(*h1).error().code(), ErrorCode::kFailedPrecondition);  // the lock moved
+  EXPECT_EQ(cache->Metrics().kv.evictable, 0u);  // every node is on the held path
+  // Only the state at 6 is evictable (narrow locks): it becomes a tombstone.
+  const auto ev = cache->Evict(1000, 1000);
+  EXPECT_EQ(ev.nodes, 0u);
+  EXPECT_EQ(ev.tombstones, 1u);
+  EXPECT_FALSE(cache->Holds(std::span(t).first(6)));
+  EXPECT_TRUE(cache->Holds(t));
+  ASSERT_TRUE(cache->Unlock(*h2));
+  EXPECT_EQ(cache->num_nodes(), 2u);
+  // A chunk without a checkpoint at its end is refused and changes nothing.
+  const auto blocks = a->LiveBlocks();
+  auto p3 = a->AllocateDemand(Demand::Of(3).Add(kKv, 1)).value();
+  EXPECT_EQ(cache->InsertChunk(Tokens(500, 4), p3, {}, PrefixMatch{}).error().code(), ErrorCode::kInvalidArgument);
+  ASSERT_TRUE(a->Free(p3[0]));
+  EXPECT_EQ(a->LiveBlocks(), blocks);
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
+void FillBlock(HybridAllocator& a, BlockId id, std::uint8_t value) {
+  auto span = a.Bytes(id).value();
+  std::memset(span.data(), value, span.size());
+}
+bool BlockIs(HybridAllocator& a, BlockId id, std::uint8_t value) {
+  auto span = a.Bytes(id).value();
+  return std::all_of(span.begin(), span.end(), [&](std::byte b) { return b == std::byte(value); });
+}
+
+TEST(PrefixCache, TheHostTierTakesEvictedCheckpointsAndGivesThemBackExclusively) {
+  auto backend = MakeCpuBackend(CpuBackendOptions{.copy_threads = 1});  // copies run asynchronously
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.capacity_bytes = 256 * 64;
+  c.kinds = {{"state", 192, BufferEnd::kLow}, {"kv", 64, BufferEnd::kHigh}, {"swa", 64, BufferEnd::kLow}};
+  c.padding_kind = kKv;
+  auto device = backend->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
+  auto a = UnifiedBuffer::Create(c, device).value();
+  auto host = backend->CreateArena(Tier::kHost, Rank(0), 2 * (192 + 64)).value();
+  auto cache = Cache(*a);
+  EXPECT_EQ(cache->AttachHostTier({backend.get(), device.id, host, 3}).error().code(), ErrorCode::kInvalidArgument);
+  ASSERT_TRUE(cache->AttachHostTier({backend.get(), device.id, host, 2}));
+  InsertSequence(*cache, *a, Tokens(0, 8), {4});
+  const auto at8 = cache->Match(Tokens(0, 8), 8).checkpoint;
+  FillBlock(*a, at8.state, 0x3c);
+  FillBlock(*a, at8.window, 0x4d);
+  (void)cache->Match(Tokens(0, 4), 4);  // the state at 4 is used more recently
+  const auto live = a->Stats().live_bytes;
+  auto ev = cache->Evict(0, 1);
+  EXPECT_EQ(ev.offloaded, 1u);
+  EXPECT_EQ(ev.pages, 0u);
+  EXPECT_EQ(a->Stats().live_bytes, live - 256);  // exclusive: the device blocks are gone
+  const auto junk_blocks = a->AllocateDemand(Demand::Of(3).Add(kState, 1).Add(kSwa, 1)).value();
+  for (BlockId junk : junk_blocks) {
+    FillBlock(*a, junk, 0xee);  // overwrite the bytes the checkpoint left behind
+    ASSERT_TRUE(a->Free(junk));
+  }
+  EXPECT_FALSE(cache->Holds(Tokens(0, 8)));
+  EXPECT_TRUE(cache->HoldsOnHost(Tokens(0, 8)));
+  auto q = Tokens(0, 8);
+  q.push_back(1);
+  const auto probe = cache->Match(q, 8);
+  EXPECT_EQ(probe.length, 4u);
+  EXPECT_EQ(probe.host_length, 8u);  // a host hit
+  // Copy-on-write brings it back first: the same bytes, on the device only.
+  auto m = cache->MatchCopyOnWrite(q, 8, EvictionRule::kAllocationAware);
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_EQ(m->length, 8u);
+  EXPECT_TRUE(BlockIs(*a, m->checkpoint.state, 0x3c));
+  EXPECT_TRUE(BlockIs(*a, m->checkpoint.window, 0x4d));
+  EXPECT_TRUE(BlockIs(*a, m->copy.state, 0x3c));
+  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 8)));
+  EXPECT_EQ(cache->Metrics().host_checkpoints, 0u);
+  EXPECT_EQ(cache->Metrics().host_hits, 1u);
+  ASSERT_TRUE(cache->Unlock(*m));
+  ASSERT_TRUE(a->Free(m->copy.state));
+  ASSERT_TRUE(a->Free(m->copy.window));
+  // Three checkpoints for two host slots: the least recently used host copy (8) is dropped,
+  // and with it its leaf, which had no checkpoint left on either tier.
+  InsertSequence(*cache, *a, Tokens(100, 4), {});
+  ev = cache->Evict(0, 3);
+  EXPECT_EQ(ev.offloaded, 3u);
+  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 8)));
+  EXPECT_TRUE(cache->HoldsOnHost(Tokens(0, 4)));
+  EXPECT_TRUE(cache->HoldsOnHost(Tokens(100, 4)));
+  EXPECT_EQ(cache->Match(q, 8).kv_length, 4u);
+  EXPECT_EQ(cache->Metrics().host_checkpoints, 2u);
+  EXPECT_EQ(cache->num_checkpoints(), 0u);
+  EXPECT_TRUE(cache->CheckInvariants());
+  EXPECT_TRUE(a->CheckInvariants());
+}
+
+// Delegates to a real backend; refuses every Submit while `fail` is set.
+class FailingBackend final : public Backend {
+ public:
+  explicit FailingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  bool fail = false;
+  Result<Arena> CreateArena(Tier tier, Rank rank, std::uint64_t bytes) override {
+    return inner_->CreateArena(tier, rank, bytes);
+  }
+  Status DestroyArena(ArenaId id) override { return inner_->DestroyArena(id); }
+  Result<Arena> GetArena(ArenaId id) const override { return inner_->GetArena(id); }
+  bool holds_bytes() const override { return inner_->holds_bytes(); }
+  Result<Fence> Submit(CopyBatch batch) override {
+    if (fail) return MakeError(ErrorCode::kIo, "injected copy failure");
+    return inner_->Submit(std::move(batch));
+  }
+  Status Wait(Fence fence) override { return inner_->Wait(fence); }
+  void WaitAll() override { inner_->WaitAll(); }
+  TransferCounters counters() const override { return inner_->counters(); }
+  void ResetCounters() override { inner_->ResetCounters(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+TEST(PrefixCache, AFailedHostCopyPublishesNothing) {
+  FailingBackend backend(MakeCpuBackend(CpuBackendOptions{.copy_threads = 1}));
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.capacity_bytes = 256 * 64;
+  c.kinds = {{"state", 192, BufferEnd::kLow}, {"kv", 64, BufferEnd::kHigh}, {"swa", 64, BufferEnd::kLow}};
+  c.padding_kind = kKv;
+  auto device = backend.CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
+  auto a = UnifiedBuffer::Create(c, device).value();
+  auto host = backend.CreateArena(Tier::kHost, Rank(0), 4 * (192 + 64)).value();
+  auto cache = Cache(*a);
+  ASSERT_TRUE(cache->AttachHostTier({&backend, device.id, host, 4}));
+  InsertSequence(*cache, *a, Tokens(0, 8), {4});
+  // Offloading fails: the LRU checkpoint (8, a leaf) is evicted as without a host tier.
+  backend.fail = true;
+  auto ev = cache->Evict(0, 1);
+  EXPECT_EQ(ev.offloaded, 0u);
+  EXPECT_EQ(ev.nodes, 1u);
+  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 8)));
+  EXPECT_EQ(cache->Metrics().host_checkpoints, 0u);
+  // Cached again, the state at 8 goes to the host; bringing it back fails and publishes
+  // nothing: the request gets the device match, the buffer and the host copy stay as they were.
+  backend.fail = false;
+  InsertSequence(*cache, *a, Tokens(0, 8), {});
+  ev = cache->Evict(0, 1);
+  ASSERT_EQ(ev.offloaded, 1u);
+  backend.fail = true;
+  const auto blocks = a->LiveBlocks();
+  auto q = Tokens(0, 8);
+  q.push_back(2);
+  auto m = cache->MatchCopyOnWrite(q, 8, EvictionRule::kAllocationAware);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->length, 4u);  // the request starts from the device match instead
+  EXPECT_EQ(m->host_length, 8u);
+  ASSERT_TRUE(cache->Unlock(*m));
+  ASSERT_TRUE(a->Free(m->copy.state));
+  ASSERT_TRUE(a->Free(m->copy.window));
+  EXPECT_EQ(a->LiveBlocks(), blocks);
+  EXPECT_TRUE(cache->HoldsOnHost(Tokens(0, 8)));
+  EXPECT_TRUE(cache->CheckInvariants());
+  // Once copies work again, the same call brings it back.
+  backend.fail = false;
+  m = cache->MatchCopyOnWrite(q, 8, EvictionRule::kAllocationAware);
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_EQ(m->length, 8u);
+  ASSERT_TRUE(cache->Unlock(*m));
+  ASSERT_TRUE(a->Free(m->copy.state));
+  ASSERT_TRUE(a->Free(m->copy.window));
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
+TEST(PrefixCache, EventsReportEveryStoredAndRemovedBlockOnce) {
+  auto a = Buffer(256);
+  auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .record_events = true}, a.get()).value();
+  InsertSequence(*cache, *a, Tokens(0, 10), {5});
+  InsertSequence(*cache, *a, Tokens(0, 10), {});  // duplicates: no events
+  std::map<std::uint32_t, int> live;              // block -> stored - removed
+  int pages = 0, states = 0;
+  for (const auto& e : cache->TakeEvents()) {
+    const bool stored = e.type == CacheEvent::Type::kPageStored || e.type == CacheEvent::Type::kStateStored;
+    live[e.block.value()] += stored ? 1 : -1;
+    pages += e.type == CacheEvent::Type::kPageStored;
+    states += e.type == CacheEvent::Type::kStateStored;
+  }
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(states, 2);
+  EXPECT_TRUE(cache->TakeEvents().empty());
+  (void)cache->Evict(1000, 1000);
+  for (const auto& e : cache->TakeEvents()) {
+    const bool stored = e.type == CacheEvent::Type::kPageStored || e.type == CacheEvent::Type::kStateStored;
+    live[e.block.value()] += stored ? 1 : -1;
+  }
+  for (const auto& [block, n] : live) EXPECT_EQ(n, 0) << "block " << block;
+  EXPECT_EQ(live.size(), 5u);
 }
 
 TEST(PrefixCache, BadInputIsAnErrorThatChangesNothing) {
@@ -171,6 +474,21 @@ TEST(PrefixCache, BadInputIsAnErrorThatChangesNothing) {
   EXPECT_EQ(a->LiveBlocks(), blocks);
   EXPECT_EQ(cache->num_nodes(), nodes);
   EXPECT_EQ(cache->MakeRoom(Demand::Of(2), EvictionRule::kNaive).error().code(), ErrorCode::kInvalidArgument);
+  // A page given twice, a page of the tree at another position, a checkpoint of the wrong kind.
+  auto two = a->AllocateDemand(Demand::Of(3).Add(kKv, 2)).value();
+  std::vector<BlockId> twice = {two[0], two[0]};
+  auto cp = NewCheckpoint(*a);
+  std::vector<PositionedCheckpoint> at8 = {{8, cp}};
+  EXPECT_EQ(cache->Insert(Tokens(50, 8), twice, at8).error().code(), ErrorCode::kInvalidArgument);
+  std::vector<BlockId> stolen = {m.pages[1], two[1]};
+  EXPECT_EQ(cache->Insert(Tokens(50, 8), stolen, at8).error().code(), ErrorCode::kInvalidArgument);
+  std::vector<PositionedCheckpoint> wrong_kind = {{8, Checkpoint{two[1], BlockId::Invalid()}}};
+  EXPECT_EQ(cache->Insert(Tokens(50, 8), two, wrong_kind).error().code(), ErrorCode::kInvalidArgument);
+  std::vector<PositionedCheckpoint> same_pos = {{8, cp}, {8, cp}};
+  EXPECT_EQ(cache->Insert(Tokens(50, 8), two, same_pos).error().code(), ErrorCode::kInvalidArgument);
+  for (BlockId b : {two[0], two[1], cp.state, cp.window}) ASSERT_TRUE(a->Free(b));
+  EXPECT_EQ(a->LiveBlocks(), blocks);
+  EXPECT_EQ(cache->num_nodes(), nodes);
   EXPECT_EQ(PrefixCache::Create(PrefixCacheConfig{.page_tokens = 0}, a.get()).error().code(), ErrorCode::kInvalidArgument);
   EXPECT_TRUE(cache->CheckInvariants());
 }

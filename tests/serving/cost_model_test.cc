@@ -44,41 +44,70 @@ TEST(CostModel, EachTermIsItsOwnRoofline) {
   auto cm = CostModel::Create(TinyInputs(ParallelMode::kTp, false));
   ASSERT_TRUE(cm) << cm.error().ToString();
   StepWork w;
-  w.weight_bytes = 1e9;       // 1 ms at 1e12 B/s
-  w.weight_flops = 4e11;      // 2 ms at 2e14 FP8 -> compute bound
+  w.dense_bytes = 1e9;        // 1 ms at 1e12 B/s
+  w.dense_flops = 1e11;       // 0.5 ms at 2e14 FP8 -> memory bound
+  w.expert_bytes = 1e8;       // 0.1 ms
+  w.expert_flops = 2e11;      // 1 ms -> compute bound
   w.attention_bytes = 3e9;    // 3 ms
-  w.attention_flops = 1e11;   // 1 ms at 1e14 BF16 (from the costs file: the profile has 0)
+  w.attention_flops = 1e11;   // 2 ms at the sparse decode kernel's 5e13 (not 1 ms at BF16 1e14)
   w.indexer_bytes = 0;
   w.indexer_flops = 2e11;     // 1 ms at FP8
+  w.transfer_hbm_bytes = 5e8; // 0.5 ms: bytes over the links cross HBM
   w.groups = 1;
   w.layers = 0;
   const StepTime t = cm->Time(w);
+  // Dense GEMMs and routed experts are separate rooflines: 1 + 1 ms, not max(1.1, 1.5) ms.
+  EXPECT_DOUBLE_EQ(t.dense, 1e-3);
+  EXPECT_DOUBLE_EQ(t.experts, 1e-3);
   EXPECT_DOUBLE_EQ(t.weights, 2e-3);
   EXPECT_DOUBLE_EQ(t.attention, 3e-3);
   EXPECT_DOUBLE_EQ(t.indexer, 1e-3);
-  EXPECT_DOUBLE_EQ(t.gpu, 6e-3);
-  EXPECT_DOUBLE_EQ(t.total, 6e-3);
+  EXPECT_DOUBLE_EQ(t.hbm_copies, 0.5e-3);
+  EXPECT_DOUBLE_EQ(t.gpu, 6.5e-3);
+  EXPECT_DOUBLE_EQ(t.total, 6.5e-3);
+  w.attention_bytes = 0;
+  EXPECT_DOUBLE_EQ(cm->Time(w).attention, 2e-3);  // the kernel's achieved rate
 }
 
-TEST(CostModel, TransfersOverlapOtherGroupsComputeAndCollectivesDoNot) {
+TEST(CostModel, TransfersOverlapOnlyTheLayersOfTheirOwnGroupAndCollectivesDoNot) {
   auto cm = CostModel::Create(TinyInputs(ParallelMode::kTp, false));
   ASSERT_TRUE(cm);
   StepWork w;
-  w.attention_bytes = 2e9;   // gpu 2 ms
-  w.h2d_bytes = 3e7;         // 3 ms at 1e10 B/s
-  w.d2h_bytes = 4e7;         // 4 ms: the link is full duplex, the larger direction counts
+  w.attention_bytes = 2e9;     // gpu 2 ms
+  w.h2d_bytes = 1.5e7;         // 3 ms at the scattered-row rate 5e9 B/s (not 1.5 ms at the link's 1e10)
+  w.d2h_bytes = 2e7;           // 4 ms: the link is full duplex, the larger direction counts
   w.nvlink_fetch_bytes = 1e8;  // 1 ms at 1e11 B/s (half of the bidirectional 2e11)
   w.collective_bytes = 2e8;    // 2 ms
-  w.groups = 2;
+  w.groups = 20;               // the number of groups does not matter: no overlap across groups
+  w.layers_per_group = 2;
   w.layers = 7;
   const StepTime t = cm->Time(w);
   EXPECT_DOUBLE_EQ(t.host_link, 4e-3);
   EXPECT_DOUBLE_EQ(t.nvlink_fetch, 1e-3);
-  // tx = 4, gpu = 2, G = 2: 4/2 + 2/2 + (1/2) * max(2, 4) = 5 ms.
+  // tx = 4, gpu = 2, L = 2 layers per group: 4/2 + 2/2 + (1/2) * max(2, 4) = 5 ms.
   EXPECT_NEAR(t.gpu + t.transfer_exposed, 5e-3, 1e-12);
   EXPECT_DOUBLE_EQ(t.collectives, 2e-3);
   EXPECT_DOUBLE_EQ(t.overhead, 7e-6);
   EXPECT_NEAR(t.total, 5e-3 + 2e-3 + 7e-6, 1e-12);
+  // A transfer shorter than the compute hides except for the first layer's share of it.
+  w.d2h_bytes = 0;
+  w.h2d_bytes = 5e6;  // 1 ms < gpu 2 ms: exposed 1/L of it
+  EXPECT_NEAR(cm->Time(w).transfer_exposed, 0.5e-3, 1e-12);
+  // HiSparse's per-layer swap-in: its host fetch is exposed in full, not pipelined.
+  w.h2d_critical = true;
+  EXPECT_NEAR(cm->Time(w).transfer_exposed, 1e-3 + (1e-3 / 2 + 2e-3 / 2 + 0.5 * 2e-3) - 2e-3, 1e-12);
+  w.nvlink_fetch_bytes = 0;
+  EXPECT_NEAR(cm->Time(w).transfer_exposed, 1e-3, 1e-12);  // nothing else to pipeline
+}
+
+TEST(CostModel, WorkSplitsTransfersByLayerWithinAGroup) {
+  auto cm = CostModel::Create(TinyInputs(ParallelMode::kTp, false));
+  ASSERT_TRUE(cm);
+  StepCounts k = {};
+  k.batch_total = k.batch_local = 1;
+  EXPECT_EQ(cm->Work(k).layers_per_group, 4u);  // tiny_glm: groups of 4 layers
+  k.swap_in_per_layer = true;
+  EXPECT_TRUE(cm->Work(k).h2d_critical);
 }
 
 TEST(CostModel, WorkCountsTheSelectedEntriesTheKeysAndTheMovedBytes) {
@@ -129,7 +158,7 @@ StepCounts AtHome(StepCounts k, double home, double distinct) {
   return k;
 }
 
-TEST(CostModel, AttentionAtHomeReadsOneRankthOfTheBytesWithTheSameFlopsAndExchangesQueriesAndPartials) {
+TEST(CostModel, AttentionAtHomeReadsOneRankthOfTheBytesWithoutPaddingAndExchangesQueriesAndPartials) {
   for (bool mtp : {false, true}) {
     SCOPED_TRACE(mtp ? "mtp on" : "mtp off");
     auto cm = CostModel::Create(TinyInputs(ParallelMode::kTp, mtp));  // P = 2
@@ -142,10 +171,16 @@ TEST(CostModel, AttentionAtHomeReadsOneRankthOfTheBytesWithTheSameFlopsAndExchan
     const StepWork a = cm->Work(tp), b = cm->Work(home);
     ASSERT_GT(a.attention_bytes, 0);
     EXPECT_DOUBLE_EQ(b.attention_bytes, a.attention_bytes / 2);
-    EXPECT_DOUBLE_EQ(b.attention_flops, a.attention_flops);
+    // tiny_gpu pads to 4 heads per call: TP's 2 heads per GPU are computed as 4, at home the
+    // 4 heads need no padding, so at home does half of TP's padded FLOPs.
+    EXPECT_DOUBLE_EQ(a.attention_heads_per_call, 4);
+    EXPECT_DOUBLE_EQ(b.attention_heads_per_call, 4);
+    EXPECT_DOUBLE_EQ(b.attention_flops, a.attention_flops / 2);
     // Everything but attention and the collectives is the same step.
-    EXPECT_DOUBLE_EQ(b.weight_bytes, a.weight_bytes);
-    EXPECT_DOUBLE_EQ(b.weight_flops, a.weight_flops);
+    EXPECT_DOUBLE_EQ(b.dense_bytes, a.dense_bytes);
+    EXPECT_DOUBLE_EQ(b.dense_flops, a.dense_flops);
+    EXPECT_DOUBLE_EQ(b.expert_bytes, a.expert_bytes);
+    EXPECT_DOUBLE_EQ(b.expert_flops, a.expert_flops);
     EXPECT_DOUBLE_EQ(b.indexer_bytes, a.indexer_bytes);
     EXPECT_DOUBLE_EQ(b.h2d_bytes, a.h2d_bytes);
     EXPECT_DOUBLE_EQ(b.d2h_bytes, a.d2h_bytes);
@@ -163,7 +198,10 @@ TEST(CostModel, AttentionAtHomeReadsOneRankthOfTheBytesWithTheSameFlopsAndExchan
     const StepTime ta = cm->Time(a), tb = cm->Time(b);
     EXPECT_DOUBLE_EQ(tb.nvlink_fetch, 0);
     EXPECT_GT(ta.nvlink_fetch, 0);
-    EXPECT_DOUBLE_EQ(tb.collectives - ta.collectives, (gather + partials) / (2e11 / 2));
+    // Bandwidth plus two more calls (query all-gather, partial reduce-scatter) per layer pass.
+    EXPECT_DOUBLE_EQ(b.gather_calls - a.gather_calls, 2.0 * b.layers);
+    EXPECT_DOUBLE_EQ(tb.collectives - ta.collectives,
+                     (gather + partials) / (2e11 / 2) + 2.0 * b.layers * cm->GatherLatency());
     EXPECT_LE(tb.attention, ta.attention);
   }
 }
@@ -173,10 +211,10 @@ TEST(CostModel, AttentionAtHomeTakesItsShareFromThePlannersCounts) {
   ASSERT_TRUE(cm);
   const StepWork a = cm->Work(TpCounts());
   // 30 of the batch's 100 distinct selections are homed here: 0.3 of the reads, all 4 heads
-  // over them (ordinary TP: 2 heads over all).
+  // over them (ordinary TP: 2 heads over all, padded to the kernel's 4).
   const StepWork b = cm->Work(AtHome(TpCounts(), 30, 100));
   EXPECT_DOUBLE_EQ(b.attention_bytes, 0.3 * a.attention_bytes);
-  EXPECT_DOUBLE_EQ(b.attention_flops, 0.3 * 2 * a.attention_flops);
+  EXPECT_DOUBLE_EQ(b.attention_flops, 0.3 * a.attention_flops);
   // The exchanges do not depend on the share: every rank sends its partial of every query.
   const StepWork c = cm->Work(AtHome(TpCounts(), 70, 100));
   EXPECT_DOUBLE_EQ(c.query_gather_bytes, b.query_gather_bytes);
@@ -239,6 +277,111 @@ TEST(CostModel, UnknownFlopRateIsRefusedWithTheFieldNamed) {
   auto cm = CostModel::Create(in);
   ASSERT_FALSE(cm);
   EXPECT_NE(cm.error().message().find("dense_bf16_flops"), std::string::npos);
+}
+
+// Issue 14, item 1: TP attention is priced with the query heads of one call padded to the
+// kernel's head multiple, at the kernel's achieved rate; at home all heads, no padding.
+TEST(CostModel, TpAttentionFlopsUseThePaddedHeadCount) {
+  auto cm = CostModel::Create(TinyInputs(ParallelMode::kTp, false));
+  ASSERT_TRUE(cm);
+  const ModelConfig& m = cm->inputs().model;
+  EXPECT_EQ(cm->PaddedHeads(2), 4u);
+  EXPECT_EQ(cm->PaddedHeads(4), 4u);
+  EXPECT_EQ(cm->PaddedHeads(5), 8u);
+  StepCounts k;
+  k.batch_total = k.batch_local = 2;
+  const StepWork w = cm->Work(k);
+  const double reads = 2.0 * m.top_k * m.num_layers;  // 2 requests x top-k x 6 layers
+  const double per_entry_head = 2.0 * (16 + 8) + 2.0 * 16;
+  EXPECT_DOUBLE_EQ(w.attention_flops, reads * 4 /* 4/2 = 2 heads padded to 4 */ * per_entry_head);
+  StepWork only_flops;
+  only_flops.attention_flops = w.attention_flops;
+  EXPECT_DOUBLE_EQ(cm->Time(only_flops).attention, w.attention_flops / 5e13);
+}
+
+// Item 4: every byte over PCIe or NVLink crosses HBM.
+TEST(CostModel, LinkBytesAreChargedToHbm) {
+  auto cm = CostModel::Create(TinyInputs(ParallelMode::kTp, false));
+  ASSERT_TRUE(cm);
+  StepCounts k = TpCounts();  // h2d 5, d2h 2, nvlink 7 entries
+  const StepWork w = cm->Work(k);
+  const double token = double(cm->kv_bytes_per_token());
+  EXPECT_DOUBLE_EQ(w.transfer_hbm_bytes, (5 + 2) * token + 2 * 7 * token + 2 * w.collective_bytes);
+  const StepTime t = cm->Time(w);
+  EXPECT_DOUBLE_EQ(t.hbm_copies, w.transfer_hbm_bytes / 1e12);
+  EXPECT_DOUBLE_EQ(t.gpu, t.weights + t.attention + t.indexer + t.hbm_copies);
+}
+
+// Item 5: every collective call pays NCCL's per-call latency on top of its bandwidth.
+TEST(CostModel, CollectivesPayALatencyPerCall) {
+  auto tp = CostModel::Create(TinyInputs(ParallelMode::kTp, false));
+  auto dp = CostModel::Create(TinyInputs(ParallelMode::kDp, true));
+  ASSERT_TRUE(tp && dp);
+  // tiny_gpu: base 2 us, 1 us per ring step, P = 2.
+  EXPECT_DOUBLE_EQ(tp->AllReduceLatency(), 2e-6 + 2 * 1e-6);
+  EXPECT_DOUBLE_EQ(tp->GatherLatency(), 2e-6 + 1e-6);
+  StepCounts k = TpCounts();  // striped indexer
+  const StepWork w = tp->Work(k);
+  EXPECT_DOUBLE_EQ(w.allreduce_calls, 2.0 * 6);  // two per layer pass
+  EXPECT_DOUBLE_EQ(w.gather_calls, 2.0);         // candidate gather per main group (2 groups)
+  const StepTime t = tp->Time(w);
+  EXPECT_DOUBLE_EQ(t.collective_latency, 12 * 4e-6 + 2 * 3e-6);
+  EXPECT_DOUBLE_EQ(t.collectives, w.collective_bytes / 1e11 + t.collective_latency);
+  // DP: MoE dispatch + combine per MoE layer pass: 5 MoE layers + 2 MTP passes.
+  StepCounts d;
+  d.batch_total = 4;
+  d.batch_local = 2;
+  EXPECT_DOUBLE_EQ(dp->Work(d).gather_calls, 2.0 * (5 + 2));
+  EXPECT_DOUBLE_EQ(dp->Work(d).allreduce_calls, 0);
+}
+
+// Item 6: UlaCache's planner costs kernels per group and time per selection; HiSparse's
+// swap-in a kernel per layer; all-GPU nothing.
+TEST(CostModel, PlannerAndSwapInKernelsAreCharged) {
+  for (bool mtp : {false, true}) {
+    SCOPED_TRACE(mtp ? "mtp on" : "mtp off");
+    auto cm = CostModel::Create(TinyInputs(ParallelMode::kDp, mtp));
+    ASSERT_TRUE(cm);
+    const double q = mtp ? 3 : 1, passes = mtp ? 2 : 0;
+    StepCounts k;
+    k.batch_total = k.batch_local = 3;
+    const StepTime none = cm->Time(cm->Work(k));
+    EXPECT_DOUBLE_EQ(none.planner, 0);
+    k.planner_per_group = true;
+    const StepWork u = cm->Work(k);
+    EXPECT_DOUBLE_EQ(u.planner_kernels, 2 /* per call */ * (2 + passes));
+    EXPECT_DOUBLE_EQ(u.planner_selections, 3.0 * 32 * (q * 2 + passes));
+    const StepTime tu = cm->Time(u);
+    EXPECT_DOUBLE_EQ(tu.planner, u.planner_kernels * 3e-6 + u.planner_selections * 1e-9);
+    EXPECT_DOUBLE_EQ(tu.total - none.total, tu.planner);  // batch 1 pays it too
+    k.planner_per_group = false;
+    k.swap_in_per_layer = true;
+    const StepWork h = cm->Work(k);
+    EXPECT_DOUBLE_EQ(h.planner_kernels, 6 + passes);
+    EXPECT_DOUBLE_EQ(h.planner_selections, 3.0 * 32 * (q * 6 + passes));
+  }
+}
+
+// Item 7: under TP the replicated projections are read whole and computed on every token on
+// every GPU, and they count in the weights each GPU holds.
+TEST(CostModel, TpReplicatedWeightsCountWholeOnEveryGpu) {
+  auto cm = CostModel::Create(TinyInputs(ParallelMode::kTp, false));
+  ASSERT_TRUE(cm);
+  const ModelConfig& m = cm->inputs().model;
+  const WeightParams& p = cm->params();
+  const double h = 64, P = 2;
+  EXPECT_DOUBLE_EQ(p.attention_a_per_layer, h * 32 + h * (16 + 8));
+  const double rep = TpReplicatedParams(m, cm->inputs().costs, p, 0);
+  EXPECT_DOUBLE_EQ(rep, 6 * p.attention_a_per_layer + 2 * p.indexer_per_group + 5 * p.router_per_layer);
+  const double non_routed = 6 * p.attention_per_layer + 2 * p.indexer_per_group + 1 * p.dense_mlp_per_layer +
+                            5 * (p.expert + p.router_per_layer);
+  StepCounts k;
+  k.batch_total = k.batch_local = 3;
+  const StepWork w = cm->Work(k);
+  EXPECT_DOUBLE_EQ(w.dense_bytes, ((non_routed - rep) * 1 + p.embedding * 2) / P + rep * 1);
+  EXPECT_DOUBLE_EQ(w.dense_flops, 2 * ((non_routed - rep + p.embedding) * 3 / P + rep * 3));
+  const double routed = 5 * 16 * p.expert;
+  EXPECT_DOUBLE_EQ(cm->Budget().weight_bytes, (non_routed - rep + routed + 2 * p.embedding * 2) / P + rep);
 }
 
 }  // namespace

@@ -202,6 +202,71 @@ TEST(ServingSystems, AllGpuCountsEachDistinctSelectionOnceAsAHit) {
   EXPECT_GT(ula.h2d, 0.0);
 }
 
+// Issue 14, items 3 and 6: UlaCache pays its planner per group, HiSparse its per-layer
+// swap-in kernel with the host fetch on the critical path, all-GPU neither.
+TEST(ServingSim, EachSystemPaysItsOwnKernelsAndHiSparsesFetchIsOnTheCriticalPath) {
+  const ComparisonResult r = RunTiny();
+  ASSERT_EQ(r.configs.size(), 4u);
+  for (const ConfigResult& c : r.configs) {
+    SCOPED_TRACE(std::string(ParallelModeName(c.entry.mode)) + (c.entry.mtp ? " mtp on" : " mtp off"));
+    for (const SystemResult& s : c.systems) {
+      SCOPED_TRACE(std::string(SystemName(s.system)));
+      ASSERT_FALSE(s.curve.empty());
+      const CurvePoint& b1 = s.curve.front();
+      ASSERT_FALSE(b1.measured.empty());
+      for (const StepCounts& k : b1.measured) {
+        EXPECT_EQ(k.planner_per_group, IsUlaCache(s.system));
+        EXPECT_EQ(k.swap_in_per_layer, s.system == SystemKind::kHiSparse);
+      }
+      if (s.system == SystemKind::kAllGpu) {
+        EXPECT_DOUBLE_EQ(b1.time.planner, 0);
+      } else {
+        EXPECT_GT(b1.time.planner, 0);  // batch 1 pays it too
+      }
+    }
+  }
+}
+
+TEST(ServingSim, RepricingWithTheSameInputsReproducesTheRunAndASlowerKernelSlowsIt) {
+  const ComparisonResult r = RunTiny();
+  auto same = RepriceComparison(r, [](CostModelInputs&) {});
+  ASSERT_TRUE(same) << same.error().ToString();
+  auto slow = RepriceComparison(r, [](CostModelInputs& in) { in.rates.sparse_decode_flops *= 0.01; });
+  ASSERT_TRUE(slow) << slow.error().ToString();
+  for (std::size_t i = 0; i < r.configs.size(); ++i) {
+    for (std::size_t s = 0; s < r.configs[i].systems.size(); ++s) {
+      const SystemResult &a = r.configs[i].systems[s], &b = same->configs[i].systems[s], &c = slow->configs[i].systems[s];
+      EXPECT_EQ(b.admitted, a.admitted);
+      EXPECT_NEAR(b.peak_tput, a.peak_tput, 1e-9 * a.peak_tput);
+      EXPECT_LT(c.peak_tput, a.peak_tput);
+    }
+  }
+}
+
+// Issue 14, item 9: SGLang sizes HiSparse's host pool as host_to_device_ratio x its device
+// pool, so a small ratio caps HiSparse's admission below what the host memory holds.
+TEST(ServingSim, HiSparsesHostPoolIsTheRatioTimesItsDevicePool) {
+  auto sc = ParseScenarioConfig(ReadTiny(), "tiny.json");
+  ASSERT_TRUE(sc);
+  CompareOptions o;
+  o.config_dir = kTestConfigs;
+  std::vector<std::vector<std::uint32_t>> admitted;  // [ratio][config]
+  for (double ratio : {1.0, 2.0, 1e6}) {
+    sc->hisparse_host_to_device_ratio = ratio;
+    auto r = RunComparison(*sc, o);
+    ASSERT_TRUE(r) << r.error().ToString();
+    admitted.emplace_back();
+    for (const ConfigResult& c : r->configs) admitted.back().push_back(c.Find(SystemKind::kHiSparse)->admitted);
+  }
+  bool capped = false;
+  for (std::size_t c = 0; c < admitted[0].size(); ++c) {
+    EXPECT_LE(admitted[0][c], admitted[1][c]);
+    EXPECT_LE(admitted[1][c], admitted[2][c]);
+    capped = capped || admitted[0][c] < admitted[2][c];
+  }
+  EXPECT_TRUE(capped) << "the ratio never limited HiSparse in the tiny scenario";
+}
+
 // Replaces one field (a JSON pointer) of the tiny scenario and returns the parse error.
 std::string ErrorWith(const std::string& pointer, const nlohmann::json& value) {
   nlohmann::json j = nlohmann::json::parse(ReadTiny());
@@ -225,6 +290,9 @@ TEST(ServingSim, BadScenarioInputIsRefusedWithTheFieldNamed) {
   EXPECT_NE(ErrorWith("/sampling/measure_steps", 0).find("measure_steps"), std::string::npos);
   EXPECT_NE(ErrorWith("/selection/keep_mean", 2).find("keep_mean"), std::string::npos);
   EXPECT_NE(ErrorWith("/hisparse_buffer_entries", 0).find("hisparse_buffer_entries"), std::string::npos);
+  EXPECT_NE(ErrorWith("/planner_kernels_per_call/value", 0).find("planner_kernels_per_call"), std::string::npos);
+  EXPECT_NE(ErrorWith("/hisparse_host_to_device_ratio/value", 0.5).find("hisparse_host_to_device_ratio"),
+            std::string::npos);
   EXPECT_NE(ErrorWith("/bogus", 1).find("bogus"), std::string::npos);
   EXPECT_NE(ErrorWith("/model", nlohmann::json()).find("model"), std::string::npos);
   EXPECT_EQ(ErrorWith("/num_ranks", 2), "accepted");

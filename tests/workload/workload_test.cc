@@ -127,6 +127,54 @@ TEST(SelectionModel, OverlapFollowsKeepAndIsSweepable) {
   }
 }
 
+// Fresh draws follow the persistent weights: over many steps the positions of the largest
+// weights are drawn far more often than uniform draws would; with heavy_skew 0 they are not.
+TEST(SelectionModel, HeavySkewMakesAFewPositionsReturnAgainAndAgain) {
+  DecodeSimConfig schedule;
+  schedule.num_requests = 2;
+  schedule.prompt_tokens = 4096;
+  schedule.decode_steps = 80;
+  schedule.draft_tokens = 0;
+  SelectionModelParams p = Params(0.5);
+  auto uniform = RunSelectionModel(p, schedule, false);
+  p.heavy_skew = 1.5;
+  auto heavy = RunSelectionModel(p, schedule, false);
+  ASSERT_TRUE(uniform && heavy);
+  // Same overlap (keep is unchanged)...
+  EXPECT_NEAR(heavy->overlap.mean, uniform->overlap.mean, 0.03);
+  // ...but dropped positions come back: more reuses, shorter gaps, more persistent entries.
+  EXPECT_GT(heavy->reuse.reuses, uniform->reuse.reuses + uniform->reuse.reuses / 8);
+  EXPECT_LT(heavy->reuse.mean_gap, 0.75 * uniform->reuse.mean_gap);
+  EXPECT_GT(heavy->reuse.persistent_share, uniform->reuse.persistent_share + 0.05);
+}
+
+// Returns draw from query 0's drops of the last return_window steps: gaps of at most the
+// window become the common case.
+TEST(SelectionModel, ReturnsBringBackRecentlyDroppedPositions) {
+  DecodeSimConfig schedule;
+  schedule.num_requests = 2;
+  schedule.prompt_tokens = 4096;
+  schedule.decode_steps = 80;
+  schedule.draft_tokens = 0;
+  SelectionModelParams p = Params(0.5);
+  p.return_window = 4;
+  auto none = RunSelectionModel(p, schedule, false);
+  p.return_fraction = 0.8;
+  auto back = RunSelectionModel(p, schedule, false);
+  ASSERT_TRUE(none && back);
+  auto short_share = [](const ReuseStats& s) {  // reuses at distance 2..4 (window 4 + 1 step)
+    return static_cast<double>(s.histogram[1] + s.histogram[2]) / static_cast<double>(s.reuses);
+  };
+  EXPECT_GT(short_share(back->reuse), 3 * short_share(none->reuse));
+  EXPECT_LT(back->reuse.p99, none->reuse.p99);
+  // Bad values are refused.
+  p.return_window = 0;
+  EXPECT_FALSE(SelectionModel::Create(p));
+  p.return_window = 4;
+  p.heavy_skew = 4.5;
+  EXPECT_FALSE(SelectionModel::Create(p));
+}
+
 TEST(SelectionModel, StreamsAreIndependentOfInterleaving) {
   auto a = SelectionModel::Create(Params(0.7));
   auto b = SelectionModel::Create(Params(0.7));
@@ -160,6 +208,37 @@ TEST(SelectionModel, CalibrationMatchesTheRealIndexerOverlap) {
   EXPECT_NEAR(cal->synthetic.draft_overlap.mean, cal->real.draft_overlap.mean, 0.02);
   EXPECT_EQ(cal->fitted.sink_tokens, 4u);  // the boosted keys are found as sinks
   EXPECT_EQ(cal->real.trace.steps.size(), 40u);
+}
+
+// With heavy hitters in the real indexer, the fitted model's reuse distances match the
+// indexer's: mean gap and persistent share within 10 %; p99 within 10 % or two steps (this
+// schedule is small: its p99 rests on a few dozen reuses; `ula bench trace` checks the
+// full calibration schedule, docs/WORKLOADS.md).
+TEST(SelectionModel, CalibrationMatchesTheRealIndexerReuseDistances) {
+  DecodeSimConfig schedule;
+  schedule.seed = kSeed;
+  schedule.num_requests = 2;
+  schedule.prompt_tokens = 2048;
+  schedule.decode_steps = 64;
+  schedule.draft_tokens = 2;
+  schedule.query_keep = 1.0;
+  schedule.query_noise = 0.25;
+  schedule.query_newest = 0.15;
+  schedule.sink_tokens = 4;
+  schedule.sink_boost = 3.0;
+  schedule.sink_align = 1.0;
+  schedule.heavy_alpha = 1.5;
+  schedule.heavy_boost = 0.02;
+  schedule.heavy_align = 1.0;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  auto cal = CalibrateSelectionModel({4, 16, 64}, schedule);
+  ASSERT_TRUE(cal) << cal.error().ToString();
+  const ReuseStats &r = cal->real.reuse, &s = cal->synthetic.reuse;
+  ASSERT_GT(r.reuses, 1000u);
+  EXPECT_NEAR(s.mean_gap, r.mean_gap, 0.1 * r.mean_gap);
+  EXPECT_NEAR(s.persistent_share, r.persistent_share, 0.1 * r.persistent_share);
+  EXPECT_NEAR(s.p99, r.p99, std::max(2.0, 0.1 * r.p99));
+  EXPECT_NEAR(cal->synthetic.overlap.mean, cal->real.overlap.mean, 0.01);
 }
 
 Trace SmallTrace() {

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command_registry.h"
+#include "policy/belady.h"
 #include "policy/policy_replay.h"
 #include "ula/selection_model.h"
 
@@ -37,34 +38,46 @@ struct BenchPolicyOptions {
   std::uint32_t recent_buckets = PolicyOptions{}.recent_buckets;
   std::uint32_t parallel_min_slots = PolicyOptions{}.parallel_min_slots;
   std::vector<std::uint32_t> batches{1, 4, 16, 64, 256};
-  std::vector<std::string> policies{"pb_lru", "exact_lru_scan", "exact_lru_list", "clock"};
+  std::vector<std::string> policies{"pb_lru", "exact_lru_scan", "exact_lru_list", "clock", "lfu_aged"};
+  // Extra PB-LRU ring sizes replayed beside the policies (rows "pb_lru(R=8)", ...).
+  std::vector<std::uint32_t> extra_rings{8, 16};
+  // Selection-model heavy_skew values of the skew sweep (batch 64, pool 0.5).
+  std::vector<double> skews{0.0, 0.5, 1.0, 1.5, 2.0};
+  // Pool fractions of the sweeps (device slots / (batch * context)).
+  std::vector<double> pools{0.15, 0.25, 0.5};
   std::uint32_t context_tokens = 16384, steps = 64, draft_tokens = 0;
   // docs/WORKLOADS.md, "Selection model": fitted to the real CPU indexer by `ula bench trace`.
-  SelectionModelParams model{.top_k = 2048, .sink_tokens = 4, .recent_tokens = 0, .keep_mean = 0.8666,
-                             .keep_stddev = 0.0231, .draft_keep = 0.8288, .seed = 1};
+  SelectionModelParams model{.top_k = 2048, .sink_tokens = 4, .recent_tokens = 0, .keep_mean = 0.9116,
+                             .keep_stddev = 0.0141, .draft_keep = 0.8852, .heavy_skew = 0.25,
+                             .return_fraction = 0.7847, .return_window = 8, .seed = 1};
 };
 
 struct Row {
-  PolicyKind policy;
+  std::string label;  // policy name, "pb_lru(R=8)" for an extra ring size, or "belady"
+  bool is_lru = false;
   std::uint32_t batch;
   double pool_fraction;
   double overlap;  // achieved by the trace
   double keep_mean;
+  double heavy_skew;
   policy::ReplayResult result;
+  double belady_hit_rate = 0;  // of the same trace and pool
 };
 
 struct Config {
   std::uint32_t batch;
   double keep_mean;
   std::vector<double> pool_fractions;
+  double heavy_skew;
 };
 
 // The selection model's trace: request r is stream r with context_tokens + t + 1 tokens at
 // step t; its positions map to addresses r * span + pos. Sets *overlap to the mean overlap.
 Result<policy::SelectionTrace> BuildTrace(const BenchPolicyOptions& o, std::uint32_t batch, double keep_mean,
-                                          double* overlap) {
+                                          double heavy_skew, double* overlap) {
   SelectionModelParams params = o.model;
   params.keep_mean = keep_mean;
+  params.heavy_skew = heavy_skew;
   auto model = SelectionModel::Create(params);
   if (!model) return std::unexpected(model.error());
   policy::SelectionTrace trace;
@@ -105,23 +118,35 @@ int RunBenchPolicy(const BenchPolicyOptions& o_in) {
   o.model.seed = o.seed;
   constexpr double kPoolFraction = 0.5;
   constexpr std::uint32_t kSweepBatch = 64;
-  std::vector<PolicyKind> kinds;
+  struct Variant {
+    std::string label;
+    PolicyKind kind;
+    std::uint32_t ring;
+  };
+  std::vector<Variant> variants;
   for (const std::string& name : o.policies) {
     auto kind = ParsePolicyKind(name);
     if (!kind) {
       fmt::print(stderr, "ula bench policy: {}\n", kind.error().ToString());
       return 2;
     }
-    kinds.push_back(*kind);
+    variants.push_back({std::string(PolicyKindName(*kind)), *kind, o.recent_buckets});
+  }
+  for (std::uint32_t ring : o.extra_rings) {
+    if (ring != o.recent_buckets) variants.push_back({fmt::format("pb_lru(R={})", ring), PolicyKind::kPbLru, ring});
   }
   const double keep = o.model.keep_mean;
+  const double skew = o.model.heavy_skew;
   std::vector<Config> configs;
   for (std::uint32_t batch : o.batches) {
-    configs.push_back({batch, keep, batch == kSweepBatch && !o.no_sweeps ? std::vector<double>{0.25, 0.5, 0.75}
-                                                                         : std::vector<double>{kPoolFraction}});
+    configs.push_back({batch, keep, batch == kSweepBatch && !o.no_sweeps ? o.pools : std::vector<double>{kPoolFraction},
+                       skew});
   }
   if (!o.no_sweeps) {
-    for (double k : {0.5, 0.95}) configs.push_back({kSweepBatch, k, {kPoolFraction}});
+    for (double k : {0.5, 0.95}) configs.push_back({kSweepBatch, k, {kPoolFraction}, skew});
+    for (double s : o.skews) {
+      if (s != skew) configs.push_back({kSweepBatch, keep, o.pools, s});
+    }
   }
   if (o.quick) {
     o.context_tokens = 8192;
@@ -135,36 +160,59 @@ int RunBenchPolicy(const BenchPolicyOptions& o_in) {
   std::vector<Row> rows;
   for (const Config& c : configs) {
     double overlap = 0;
-    auto trace = BuildTrace(o, c.batch, c.keep_mean, &overlap);
+    auto trace = BuildTrace(o, c.batch, c.keep_mean, c.heavy_skew, &overlap);
     if (!trace) {
       fmt::print(stderr, "ula bench policy: {}\n", trace.error().ToString());
       return 2;
     }
     for (double fraction : c.pool_fractions) {
       std::vector<policy::ReplayConfig> replays;
-      for (PolicyKind kind : kinds) {
-        replays.push_back({.policy = kind, .options = options, .pool_fraction = fraction, .warmup_steps = warmup});
+      for (const Variant& v : variants) {
+        PolicyOptions vo = options;
+        vo.recent_buckets = v.ring;
+        replays.push_back({.policy = v.kind, .options = vo, .pool_fraction = fraction, .warmup_steps = warmup});
       }
       auto results = policy::ReplayTrace(*trace, replays);
       if (!results) {
         fmt::print(stderr, "ula bench policy: {}\n", results.error().ToString());
         return 1;
       }
-      for (std::size_t i = 0; i < kinds.size(); ++i) {
-        rows.push_back({kinds[i], c.batch, fraction, overlap, c.keep_mean, (*results)[i]});
+      auto belady = policy::ReplayBelady(*trace, fraction, warmup);
+      if (!belady) {
+        fmt::print(stderr, "ula bench policy: {}\n", belady.error().ToString());
+        return 1;
       }
+      for (std::size_t i = 0; i < variants.size(); ++i) {
+        const bool lru = variants[i].kind == PolicyKind::kExactLruScan || variants[i].kind == PolicyKind::kExactLruList;
+        rows.push_back({variants[i].label, lru, c.batch, fraction, overlap, c.keep_mean, c.heavy_skew, (*results)[i],
+                        belady->distinct_hit_rate()});
+      }
+      policy::ReplayResult opt;
+      opt.pool_slots = belady->pool_slots;
+      opt.selections = belady->selections;
+      opt.hits = belady->hits;
+      opt.distinct = belady->distinct;
+      opt.distinct_hits = belady->distinct_hits;
+      opt.evictions = belady->evictions;
+      rows.push_back(
+          {"belady", false, c.batch, fraction, overlap, c.keep_mean, c.heavy_skew, opt, belady->distinct_hit_rate()});
     }
   }
 
   if (o.json) {
     nlohmann::json out = {{"rows", nlohmann::json::array()}};
     for (const Row& r : rows) {
-      out["rows"].push_back({{"policy", PolicyKindName(r.policy)},
+      out["rows"].push_back({{"policy", r.label},
                              {"batch", r.batch},
                              {"pool_fraction", r.pool_fraction},
                              {"overlap", r.overlap},
                              {"keep_mean", r.keep_mean},
+                             {"heavy_skew", r.heavy_skew},
                              {"hit_rate", r.result.hit_rate()},
+                             {"distinct_hit_rate", r.result.distinct_hit_rate()},
+                             {"belady_distinct_hit_rate", r.belady_hit_rate},
+                             {"gap_to_belady_pp", 100 * (r.belady_hit_rate - r.result.distinct_hit_rate())},
+                             {"evictions", r.result.evictions},
                              {"step_ns_median", r.result.step_ns_median}});
     }
     fmt::print("{}\n", out.dump());
@@ -172,29 +220,37 @@ int RunBenchPolicy(const BenchPolicyOptions& o_in) {
   }
   const char* wait = std::getenv("OMP_WAIT_POLICY");
   fmt::print(
-      "trace: selection model (top-k {}, sinks {}, recent {}, keep_mean {} +- {}, draft_keep {}, {} draft "
-      "queries), context {} tokens/request, {} steps ({} warm-up), seed {}; R = {}, parallel_min_slots {}, "
-      "OMP_WAIT_POLICY {}\n",
+      "trace: selection model (top-k {}, sinks {}, recent {}, keep_mean {} +- {}, draft_keep {}, heavy_skew {}, "
+      "return_fraction {} over {} steps, {} draft queries), context {} tokens/request, {} steps ({} warm-up), seed {}; "
+      "R = {}, parallel_min_slots {}, OMP_WAIT_POLICY {}\n",
       o.model.top_k, o.model.sink_tokens, o.model.recent_tokens, o.model.keep_mean, o.model.keep_stddev,
-      o.model.draft_keep, o.draft_tokens, o.context_tokens, o.steps, warmup, o.seed, o.recent_buckets,
-      o.parallel_min_slots, wait ? wait : "(unset)");
-  fmt::print("{:<15} {:>5} {:>6} {:>7} {:>10} {:>9} {:>14} {:>11}\n", "policy", "batch", "pool", "overlap",
-             "pool_slots", "hit_rate", "step_us_median", "vs_best_lru");
-  const std::size_t group = kinds.size();
+      o.model.draft_keep, o.model.heavy_skew, o.model.return_fraction, o.model.return_window, o.draft_tokens,
+      o.context_tokens, o.steps, warmup, o.seed, o.recent_buckets, o.parallel_min_slots, wait ? wait : "(unset)");
+  fmt::print("{:<15} {:>5} {:>6} {:>5} {:>7} {:>10} {:>9} {:>9} {:>10} {:>14} {:>11}\n", "policy", "batch", "pool",
+             "skew", "overlap", "pool_slots", "hit_rate", "distinct", "belady_gap", "step_us_median", "vs_best_lru");
+  const std::size_t group = variants.size() + 1;  // + belady
   for (std::size_t i = 0; i < rows.size(); i += group) {
     // rows[i .. i + group) share a configuration, in `kinds` order.
     double best_lru = 0;
     for (std::size_t j = i; j < i + group; ++j) {
-      if (rows[j].policy == PolicyKind::kExactLruScan || rows[j].policy == PolicyKind::kExactLruList) {
+      if (rows[j].is_lru) {
         const double ns = rows[j].result.step_ns_median;
         best_lru = best_lru == 0 ? ns : std::min(best_lru, ns);
       }
     }
     for (std::size_t j = i; j < i + group; ++j) {
       const Row& r = rows[j];
-      fmt::print("{:<15} {:>5} {:>6.2f} {:>7.4f} {:>10} {:>8.4f}% {:>14.1f} {:>11.3f}\n", PolicyKindName(r.policy),
-                 r.batch, r.pool_fraction, r.overlap, r.result.pool_slots, 100 * r.result.hit_rate(),
-                 r.result.step_ns_median / 1e3, best_lru == 0 ? 0.0 : r.result.step_ns_median / best_lru);
+      if (r.label == "belady") {
+        fmt::print("{:<15} {:>5} {:>6.2f} {:>5.2f} {:>7.4f} {:>10} {:>8.4f}% {:>8.4f}% {:>10} {:>14} {:>11}\n", r.label,
+                   r.batch, r.pool_fraction, r.heavy_skew, r.overlap, r.result.pool_slots, 100 * r.result.hit_rate(),
+                   100 * r.result.distinct_hit_rate(), "-", "-", "-");
+        continue;
+      }
+      fmt::print("{:<15} {:>5} {:>6.2f} {:>5.2f} {:>7.4f} {:>10} {:>8.4f}% {:>8.4f}% {:>8.3f}pp {:>14.1f} {:>11.3f}\n",
+                 r.label, r.batch, r.pool_fraction, r.heavy_skew, r.overlap, r.result.pool_slots,
+                 100 * r.result.hit_rate(), 100 * r.result.distinct_hit_rate(),
+                 100 * (r.belady_hit_rate - r.result.distinct_hit_rate()), r.result.step_ns_median / 1e3,
+                 best_lru == 0 ? 0.0 : r.result.step_ns_median / best_lru);
     }
   }
   return 0;
@@ -214,6 +270,13 @@ Action SetupBenchPolicy(CLI::App& app) {
   app.add_option("--keep-mean", o->model.keep_mean, "selection model keep_mean (overlap)")->capture_default_str();
   app.add_option("--seed", o->seed, "trace seed")->capture_default_str();
   app.add_option("--recent-buckets", o->recent_buckets, "PB-LRU ring size R")->capture_default_str();
+  app.add_option("--extra-rings", o->extra_rings, "more PB-LRU ring sizes replayed beside the policies")
+      ->capture_default_str();
+  app.add_option("--pools", o->pools, "pool fractions of the sweeps (batch 64)")->capture_default_str();
+  app.add_option("--skews", o->skews, "selection-model heavy_skew values of the skew sweep (batch 64)")
+      ->capture_default_str();
+  app.add_option("--heavy-skew", o->model.heavy_skew, "selection-model heavy_skew of the main rows")
+      ->capture_default_str();
   app.add_option("--parallel-min-slots", o->parallel_min_slots, "smallest Touch batch split over OpenMP threads")
       ->capture_default_str();
   return [o] { return RunBenchPolicy(*o); };

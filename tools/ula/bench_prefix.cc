@@ -2,7 +2,10 @@
 // Cache N prefixes, send one unrelated long request that needs memory at once (or in
 // chunks), then send the N prefixes again; compare the eviction rules. Also measures the
 // unified buffer's own overhead on the model: median time between output tokens against
-// fixed pools, same run.
+// fixed pools, same run. Then the branching experiment: each prefix returns as several
+// variants that share a random part of it and then differ; with checkpoints at the
+// branching point (the cache's token-granular match) against without (checkpoints only
+// every checkpoint_interval tokens and at the end, as the page-granular cache had).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -29,6 +32,8 @@ struct Options {
   std::uint32_t chunk_tokens = 2048;
   double free_fraction = 0.5;  // free space before the long request, as a fraction of its size
   std::uint32_t seed = 7;
+  std::uint32_t variants = 3;  // branching experiment: variants per prefix
+  std::uint32_t host_slots = 64;  // the host-tier run: checkpoints the host holds
 };
 
 std::vector<std::uint32_t> RandomTokens(std::mt19937& rng, std::size_t n, std::uint32_t vocab) {
@@ -64,6 +69,8 @@ Sizes ComputeSizes(const HybridModel& model, const Options& o) {
 struct RunResult {
   EvictionRule rule;
   bool chunked;
+  std::uint32_t host_slots = 0;
+  std::uint32_t on_host = 0;  // prefixes whose checkpoint at the prefix's end went to the host
   std::uint32_t retained = 0;
   std::uint64_t recomputed = 0;
   double returning_ms = 0;
@@ -71,7 +78,7 @@ struct RunResult {
 };
 
 Result<RunResult> RunOnce(const HybridModel& model, const Options& o, const Sizes& sizes, EvictionRule rule, bool chunked,
-                          const std::vector<std::vector<std::uint32_t>>& prefixes,
+                          std::uint32_t host_slots, const std::vector<std::vector<std::uint32_t>>& prefixes,
                           const std::vector<std::vector<std::uint32_t>>& returning) {
   UnifiedBufferConfig c;
   c.alignment = 64;
@@ -79,13 +86,22 @@ Result<RunResult> RunOnce(const HybridModel& model, const Options& o, const Size
   c.capacity_bytes = sizes.buffer_bytes;
   c.padding_kind = kModelKvKind;
   c.padding_blocks = 1;
-  auto buffer = UnifiedBuffer::Create(c);
+  // One backend holds the buffer's arena and, for the host-tier run, the host arena.
+  auto backend = MakeCpuBackend(CpuBackendOptions{.copy_threads = 1});
+  auto device = backend->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes);
+  if (!device) return std::unexpected(device.error());
+  auto buffer = UnifiedBuffer::Create(c, *device);
   if (!buffer) return std::unexpected(buffer.error());
   auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = model.config().page_tokens}, buffer->get());
   if (!cache) return std::unexpected(cache.error());
+  if (host_slots > 0) {
+    auto host = backend->CreateArena(Tier::kHost, Rank(0), host_slots * sizes.checkpoint_bytes);
+    if (!host) return std::unexpected(host.error());
+    ULA_RETURN_IF_ERROR((*cache)->AttachHostTier({backend.get(), device->id, *host, host_slots}));
+  }
   HybridRunner runner(model, **buffer, cache->get());
   const ServeOptions serve{.max_new_tokens = o.new_tokens, .checkpoint_interval = o.checkpoint_interval, .rule = rule};
-  RunResult r{.rule = rule, .chunked = chunked, .retained = 0, .recomputed = 0, .returning_ms = 0, .evicted = {}};
+  RunResult r{.rule = rule, .chunked = chunked, .host_slots = host_slots, .evicted = {}};
   for (const auto& p : prefixes) {
     auto s = runner.Serve(p, serve);
     if (!s) return std::unexpected(s.error());
@@ -93,7 +109,10 @@ Result<RunResult> RunOnce(const HybridModel& model, const Options& o, const Size
   auto seq = runner.Reserve(o.long_tokens, chunked ? o.chunk_tokens : 0, rule, &r.evicted);
   if (!seq) return std::unexpected(seq.error());
   ULA_RETURN_IF_ERROR(runner.Release(*seq));  // not cacheable: measures what eviction destroyed
-  for (const auto& p : prefixes) r.retained += (*cache)->Holds(p) ? 1 : 0;
+  for (const auto& p : prefixes) {
+    r.retained += (*cache)->Holds(p) ? 1 : 0;
+    r.on_host += (*cache)->HoldsOnHost(p) ? 1 : 0;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   for (const auto& q : returning) {
     auto s = runner.Serve(q, serve);
@@ -101,6 +120,49 @@ Result<RunResult> RunOnce(const HybridModel& model, const Options& o, const Size
     r.recomputed += s->recomputed - o.suffix_tokens;  // prefix tokens that had to be computed again
   }
   r.returning_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ULA_RETURN_IF_ERROR((*buffer)->CheckInvariants());
+  ULA_RETURN_IF_ERROR((*cache)->CheckInvariants());
+  return r;
+}
+
+struct BranchResult {
+  std::uint32_t alignment = 0;
+  std::uint64_t matched = 0, recomputed = 0;
+  std::uint32_t checkpoints = 0;  // in the cache at the end
+  double ms = 0;
+};
+
+// Serves every prefix, then its variants, on a buffer large enough that nothing is evicted.
+Result<BranchResult> RunBranching(const HybridModel& model, const Options& o, const Sizes& sizes,
+                                  std::uint32_t alignment, const std::vector<std::vector<std::uint32_t>>& prefixes,
+                                  const std::vector<std::vector<std::uint32_t>>& variants) {
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.kinds = model.Kinds(64);
+  c.capacity_bytes = (prefixes.size() + variants.size()) * 2 * sizes.prefix_bytes + sizes.page_bytes;
+  c.padding_kind = kModelKvKind;
+  c.padding_blocks = 1;
+  auto buffer = UnifiedBuffer::Create(c);
+  if (!buffer) return std::unexpected(buffer.error());
+  auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = model.config().page_tokens}, buffer->get());
+  if (!cache) return std::unexpected(cache.error());
+  HybridRunner runner(model, **buffer, cache->get());
+  const ServeOptions serve{.max_new_tokens = o.new_tokens, .checkpoint_interval = o.checkpoint_interval,
+                           .branch_alignment = alignment};
+  for (const auto& p : prefixes) {
+    auto s = runner.Serve(p, serve);
+    if (!s) return std::unexpected(s.error());
+  }
+  BranchResult r{.alignment = alignment};
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& v : variants) {
+    auto s = runner.Serve(v, serve);
+    if (!s) return std::unexpected(s.error());
+    r.matched += s->matched;
+    r.recomputed += s->recomputed;
+  }
+  r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  r.checkpoints = static_cast<std::uint32_t>((*cache)->num_checkpoints());
   ULA_RETURN_IF_ERROR((*buffer)->CheckInvariants());
   ULA_RETURN_IF_ERROR((*cache)->CheckInvariants());
   return r;
@@ -164,36 +226,91 @@ int Run(const Options& o) {
                   {"all_prefixes_bytes", o.prefixes * sizes.prefix_bytes}, {"long_request_bytes", sizes.long_bytes}};
   out["setup"] = {{"prefixes", o.prefixes}, {"prefix_tokens", o.prefix_tokens}, {"suffix_tokens", o.suffix_tokens},
                   {"new_tokens", o.new_tokens}, {"checkpoint_interval", o.checkpoint_interval},
-                  {"long_tokens", o.long_tokens}, {"chunk_tokens", o.chunk_tokens}, {"seed", o.seed}};
+                  {"long_tokens", o.long_tokens}, {"chunk_tokens", o.chunk_tokens}, {"seed", o.seed},
+                  {"variants", o.variants}, {"host_slots", o.host_slots}};
   if (!o.json) {
     fmt::print("buffer {} KiB: {} prefixes x {} KiB cached ({} KiB) + {} KiB free; long request {} tokens = {} KiB\n",
                sizes.buffer_bytes >> 10, o.prefixes, sizes.prefix_bytes >> 10, (o.prefixes * sizes.prefix_bytes) >> 10,
                (sizes.buffer_bytes - o.prefixes * sizes.prefix_bytes) >> 10, o.long_tokens, sizes.long_bytes >> 10);
     fmt::print("page {} B (16 tokens x 2 attention layers), checkpoint {} B (state {} B + window ring {} B)\n",
                sizes.page_bytes, sizes.checkpoint_bytes, sizes.state_bytes, sizes.window_bytes);
-    fmt::print("{:<17} {:>7} {:>9} {:>11} {:>13} {:>15}\n", "rule", "chunked", "retained", "recomputed",
-               "returning_ms", "evicted nodes");
+    fmt::print("{:<24} {:>7} {:>9} {:>7} {:>11} {:>13} {:>15} {:>13}\n", "rule", "chunked", "retained", "on host",
+               "recomputed", "returning_ms", "evicted nodes", "evicted pages");
   }
   out["runs"] = nlohmann::json::array();
+  struct Config {
+    bool chunked;
+    EvictionRule rule;
+    std::uint32_t host_slots;
+  };
+  std::vector<Config> configs;
   for (bool chunked : {false, true}) {
-    for (EvictionRule rule : {EvictionRule::kNaive, EvictionRule::kAllocationAware}) {
-      auto r = RunOnce(**model, o, sizes, rule, chunked, prefixes, returning);
+    for (EvictionRule rule : {EvictionRule::kNaive, EvictionRule::kAllocationAware}) configs.push_back({chunked, rule, 0});
+  }
+  configs.push_back({false, EvictionRule::kAllocationAware, o.host_slots});  // evicted checkpoints go to the host
+  for (const Config& config : configs) {
+    {
+      const bool chunked = config.chunked;
+      const EvictionRule rule = config.rule;
+      auto r = RunOnce(**model, o, sizes, rule, chunked, config.host_slots, prefixes, returning);
       if (!r) {
         fmt::print(stderr, "run failed: {}\n", r.error().ToString());
         return 1;
       }
       out["runs"].push_back({{"rule", EvictionRuleName(rule)},
                              {"chunked", chunked},
+                             {"host_slots", config.host_slots},
                              {"retained", r->retained},
+                             {"on_host", r->on_host},
                              {"of", o.prefixes},
                              {"recomputed_tokens", r->recomputed},
                              {"returning_ms", r->returning_ms},
                              {"evicted_nodes", r->evicted.nodes},
+                             {"evicted_pages", r->evicted.pages},
                              {"evicted_checkpoints", r->evicted.checkpoints}});
       if (!o.json) {
-        fmt::print("{:<17} {:>7} {:>6}/{:<2} {:>11} {:>13.1f} {:>15}\n", EvictionRuleName(rule), chunked ? "yes" : "no",
-                   r->retained, o.prefixes, r->recomputed, r->returning_ms, r->evicted.nodes);
+        const std::string name =
+            config.host_slots > 0 ? fmt::format("{}+host{}", EvictionRuleName(rule), config.host_slots) : EvictionRuleName(rule);
+        fmt::print("{:<24} {:>7} {:>6}/{:<2} {:>7} {:>11} {:>13.1f} {:>15} {:>13}\n", name, chunked ? "yes" : "no",
+                   r->retained, o.prefixes, r->on_host, r->recomputed, r->returning_ms, r->evicted.nodes, r->evicted.pages);
       }
+    }
+  }
+  // Branching: variant j of prefix i shares its first `shared` tokens (random, at least half).
+  std::vector<std::vector<std::uint32_t>> variants;
+  const std::uint32_t vocab = (*model)->config().vocab;
+  for (const auto& p : prefixes) {
+    const std::uint32_t shared = o.prefix_tokens / 2 + rng() % (o.prefix_tokens / 2);
+    for (std::uint32_t j = 0; j < o.variants; ++j) {
+      std::vector<std::uint32_t> v(p.begin(), p.begin() + shared);
+      auto tail = RandomTokens(rng, o.suffix_tokens * 2, vocab);
+      if (shared < p.size() && tail[0] == p[shared]) tail[0] = (tail[0] + 1) % vocab;
+      v.insert(v.end(), tail.begin(), tail.end());
+      variants.push_back(std::move(v));
+    }
+  }
+  out["branching"] = nlohmann::json::array();
+  if (!o.json) {
+    fmt::print("branching: {} prefixes x {} variants sharing a random {}-{} tokens of it, nothing evicted\n", o.prefixes,
+               o.variants, o.prefix_tokens / 2, o.prefix_tokens - 1);
+    fmt::print("{:<26} {:>12} {:>11} {:>12} {:>9}\n", "checkpoint at branch", "matched", "recomputed", "checkpoints",
+               "ms");
+  }
+  for (std::uint32_t alignment : {0u, (*model)->config().page_tokens}) {
+    auto r = RunBranching(**model, o, sizes, alignment, prefixes, variants);
+    if (!r) {
+      fmt::print(stderr, "branching run failed: {}\n", r.error().ToString());
+      return 1;
+    }
+    const std::string name = alignment == 0 ? "no (interval + end only)" : fmt::format("yes (rounded to {})", alignment);
+    out["branching"].push_back({{"branch_checkpoints", alignment != 0},
+                                {"branch_alignment", alignment},
+                                {"matched_tokens", r->matched},
+                                {"recomputed_tokens", r->recomputed},
+                                {"checkpoints", r->checkpoints},
+                                {"ms", r->ms}});
+    if (!o.json) {
+      fmt::print("{:<26} {:>12} {:>11} {:>12} {:>9.1f}\n", name, r->matched, r->recomputed, r->checkpoints, r->ms);
     }
   }
   const auto [unified_us, fixed_us] = MeasureTbt(**model, o);
@@ -217,6 +334,9 @@ Action Setup(CLI::App& app) {
   app.add_option("--free-fraction", o->free_fraction, "free space before the long request, as a fraction of its size")
       ->check(CLI::Range(0.0, 10.0));
   app.add_option("--seed", o->seed, "token seed");
+  app.add_option("--variants", o->variants, "branching experiment: variants per prefix")->check(CLI::Range(1, 100));
+  app.add_option("--host-slots", o->host_slots, "checkpoints the host tier of the host-tier run holds")
+      ->check(CLI::Range(1, 100000));
   return [o] { return Run(*o); };
 }
 

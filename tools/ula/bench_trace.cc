@@ -25,6 +25,8 @@ struct TraceOptions {
   std::string attention_model = "tiny_glm";
   std::string trace_out;
   std::vector<double> sweep;
+  double heavy_skew = -1;  // < 0: fitted
+  double return_fraction = -1;
   std::uint32_t attention_steps = 12;
   bool json = false;
 };
@@ -32,6 +34,15 @@ struct TraceOptions {
 nlohmann::json StatsJson(const OverlapStats& s) {
   return {{"count", s.count}, {"mean", s.mean}, {"stddev", s.stddev}, {"min", s.min},      {"p10", s.p10},
           {"p50", s.p50},     {"p90", s.p90},   {"max", s.max},       {"histogram", s.histogram}};
+}
+
+nlohmann::json ReuseJson(const ReuseStats& s) {
+  nlohmann::json hist = nlohmann::json::object();
+  for (std::size_t b = 0; b < ReuseStats::kBins; ++b) hist[ReuseStats::kBinNames[b]] = s.histogram[b];
+  return {{"selections", s.selections}, {"reuses", s.reuses},   {"first_uses", s.first_uses},
+          {"p50", s.p50},               {"p90", s.p90},         {"p99", s.p99},
+          {"mean_gap", s.mean_gap},     {"persistent_share", s.persistent_share},
+          {"window", s.window},         {"histogram", hist}};
 }
 
 // Encodes, decodes and re-encodes: true iff the bytes are identical and the trace equal.
@@ -59,6 +70,16 @@ int Run(const TraceOptions& o) {
   const IndexerShape shape{model->index_heads, model->index_head_dim, model->top_k};
   auto cal = CalibrateSelectionModel(shape, *schedule);
   if (!cal) return fail(cal.error());
+  if (o.heavy_skew >= 0 || o.return_fraction >= 0) {  // explicit values instead of the fitted ones
+    if (o.heavy_skew >= 0) cal->fitted.heavy_skew = o.heavy_skew;
+    if (o.return_fraction >= 0) cal->fitted.return_fraction = o.return_fraction;
+    auto fitted = FitKeepForOverlap(cal->fitted, *schedule, cal->real.overlap.mean);
+    if (!fitted) return fail(fitted.error());
+    cal->fitted = *fitted;
+    auto run = RunSelectionModel(cal->fitted, *schedule);
+    if (!run) return fail(run.error());
+    cal->synthetic = std::move(*run);
+  }
   auto real_replay = Replays(cal->real.trace);
   if (!real_replay) return fail(real_replay.error());
   auto syn_replay = Replays(cal->synthetic.trace);
@@ -92,6 +113,7 @@ int Run(const TraceOptions& o) {
                  {"overlap", StatsJson(cal->real.overlap)},
                  {"draft_overlap_mean", cal->real.draft_overlap.mean},
                  {"union_per_top_k", cal->real.union_per_top_k},
+                 {"reuse", ReuseJson(cal->real.reuse)},
                  {"seconds", cal->real.seconds},
                  {"trace_bytes", real_replay->second},
                  {"trace_replays", real_replay->first}};
@@ -99,11 +121,13 @@ int Run(const TraceOptions& o) {
                       {"overlap", StatsJson(cal->synthetic.overlap)},
                       {"draft_overlap_mean", cal->synthetic.draft_overlap.mean},
                       {"union_per_top_k", cal->synthetic.union_per_top_k},
+                      {"reuse", ReuseJson(cal->synthetic.reuse)},
                       {"seconds", cal->synthetic.seconds},
                       {"trace_bytes", syn_replay->second},
                       {"trace_replays", syn_replay->first}};
     j["fitted"] = {{"top_k", p.top_k},         {"sink_tokens", p.sink_tokens}, {"recent_tokens", p.recent_tokens},
-                   {"keep_mean", p.keep_mean}, {"keep_stddev", p.keep_stddev}, {"draft_keep", p.draft_keep}};
+                   {"keep_mean", p.keep_mean}, {"keep_stddev", p.keep_stddev}, {"draft_keep", p.draft_keep},
+                   {"heavy_skew", p.heavy_skew}, {"return_fraction", p.return_fraction}, {"return_window", p.return_window}};
     j["schedule"] = {{"config", o.calibration},           {"model", schedule->model},
                      {"requests", schedule->num_requests}, {"prompt_tokens", schedule->prompt_tokens},
                      {"decode_steps", schedule->decode_steps}, {"queries_per_step", schedule->queries_per_step()},
@@ -139,8 +163,23 @@ int Run(const TraceOptions& o) {
       fmt::print("  hist [{:.1f},{:.1f}{}       {:>10} {:>10}\n", b / 10.0, (b + 1) / 10.0, b == 9 ? "]" : ")",
                  r.histogram[b], s.histogram[b]);
     }
-    fmt::print("  fitted: sinks {} recent {} keep_mean {:.4f} keep_stddev {:.4f} draft_keep {:.4f}\n", p.sink_tokens,
-               p.recent_tokens, p.keep_mean, p.keep_stddev, p.draft_keep);
+    const ReuseStats &ru = cal->real.reuse, &su = cal->synthetic.reuse;
+    fmt::print("  reuse distance (steps, step unions)  {:>10} {:>10}\n", "real", "synthetic");
+    row("p50", ru.p50, su.p50);
+    row("p90", ru.p90, su.p90);
+    row("p99", ru.p99, su.p99);
+    row("mean gap (distance >= 2)", ru.mean_gap, su.mean_gap);
+    row("reuses / selections", ru.selections ? double(ru.reuses) / ru.selections : 0,
+        su.selections ? double(su.reuses) / su.selections : 0);
+    fmt::print("  {:<24} {:>10.4f} {:>10.4f}\n", fmt::format("persistent (>{}/{} steps)", ru.window / 2, ru.window),
+               ru.persistent_share, su.persistent_share);
+    for (std::size_t b = 0; b < ReuseStats::kBins; ++b) {
+      fmt::print("  reuse hist {:<13} {:>10} {:>10}\n", ReuseStats::kBinNames[b], ru.histogram[b], su.histogram[b]);
+    }
+    fmt::print("  fitted: sinks {} recent {} keep_mean {:.4f} keep_stddev {:.4f} draft_keep {:.4f} heavy_skew {:.2f} "
+               "return_fraction {:.4f} return_window {}\n",
+               p.sink_tokens, p.recent_tokens, p.keep_mean, p.keep_stddev, p.draft_keep, p.heavy_skew,
+               p.return_fraction, p.return_window);
     fmt::print("  time: real indexer {:.2f} s, selection model {:.3f} s\n", cal->real.seconds, cal->synthetic.seconds);
     fmt::print("  traces: real {} B, synthetic {} B, replay byte-for-byte: {}\n", real_replay->second,
                syn_replay->second, real_replay->first && syn_replay->first ? "yes" : "NO");
@@ -162,6 +201,10 @@ Action SetupTrace(CLI::App& app) {
   app.add_option("--attention-model", o->attention_model, "float32 model for the attention check")->capture_default_str();
   app.add_option("--attention-steps", o->attention_steps, "decode steps of the attention check")->capture_default_str();
   app.add_option("--sweep", o->sweep, "target overlaps to fit the selection model to (e.g. --sweep 0.3 0.6 0.9)");
+  app.add_option("--heavy-skew", o->heavy_skew, "use this selection-model heavy_skew instead of the fitted one")
+      ->check(CLI::Range(0.0, 4.0));
+  app.add_option("--return-fraction", o->return_fraction, "use this selection-model return_fraction instead of the fitted one")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--trace-out", o->trace_out, "write PATH.real and PATH.synthetic trace files");
   app.add_flag("--json", o->json, "print one JSON object");
   return [o]() { return Run(*o); };

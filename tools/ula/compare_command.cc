@@ -1,4 +1,4 @@
-// `ula compare [--scenario FILE] [--json] [--out DIR]`: the serving comparison (issue 6),
+// `ula compare [--scenario FILE] [--json] [--out DIR] [--sensitivity]`: the serving comparison (issue 6),
 // the main job. Prints the memory budget derivation and progress to stderr, the table (or
 // one JSON object with --json) to stdout, writes DIR/compare.csv (every curve point) and
 // DIR/summary.csv, and calls scripts/plot_compare.py for one PNG per config. Without
@@ -15,6 +15,7 @@
 #include <string>
 
 #include "command_registry.h"
+#include "compare_sensitivity.h"
 #include "ula/model_config.h"
 #include "ula/serving_sim.h"
 
@@ -28,6 +29,7 @@ struct CompareCliOptions {
   bool json = false;
   bool plot = true;
   bool quiet = false;
+  bool sensitivity = false;
 };
 
 // Peak throughput of system k in config c; nullopt if it does not run in c's mode.
@@ -126,7 +128,7 @@ Status WriteCsv(const ComparisonResult& r, const std::filesystem::path& out) {
   if (!f || !s) return MakeError(ErrorCode::kIo, fmt::format("cannot write CSV files in '{}'", out.string()));
   f << "config,hardware,mode,mtp,system,batch,mean_batch,tput,step_ms,tokens_per_step,hit_rate,h2d_gb,d2h_gb,nvlink_gb,"
        "weights_ms,attention_ms,indexer_ms,gpu_ms,host_link_ms,nvlink_fetch_ms,transfer_exposed_ms,collectives_ms,"
-       "overhead_ms\n";
+       "overhead_ms,dense_ms,experts_ms,hbm_copies_ms,collective_latency_ms,planner_ms\n";
   s << "config,hardware,mode,mtp,system,admitted,peak_tput,peak_batch,tpot_b1_ms,device_kv_gb_per_gpu,host_gb_per_gpu\n";
   for (const ConfigResult& c : r.configs) {
     for (const SystemResult& sys : c.systems) {
@@ -137,10 +139,11 @@ Status WriteCsv(const ComparisonResult& r, const std::filesystem::path& out) {
       for (const CurvePoint& p : sys.curve) {
         const StepTime& t = p.time;
         f << fmt::format("{},{},{:.2f},{:.1f},{:.4f},{:.4f},{:.5f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},"
-                         "{:.4f},{:.4f},{:.4f},{:.4f}\n",
+                         "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f}\n",
                          head, p.batch, p.mean_batch, p.tput, p.step_ms, p.tokens_per_step, p.hit_rate, p.h2d_gb, p.d2h_gb,
                          p.nvlink_gb, 1e3 * t.weights, 1e3 * t.attention, 1e3 * t.indexer, 1e3 * t.gpu, 1e3 * t.host_link,
-                         1e3 * t.nvlink_fetch, 1e3 * t.transfer_exposed, 1e3 * t.collectives, 1e3 * t.overhead);
+                         1e3 * t.nvlink_fetch, 1e3 * t.transfer_exposed, 1e3 * t.collectives, 1e3 * t.overhead,
+                         1e3 * t.dense, 1e3 * t.experts, 1e3 * t.hbm_copies, 1e3 * t.collective_latency, 1e3 * t.planner);
       }
     }
   }
@@ -187,6 +190,7 @@ int Run(const CompareCliOptions& o) {
       std::fflush(stderr);
     };
   }
+  if (o.sensitivity) return RunCompareSensitivity(*scenario, copt);
   auto result = RunComparison(*scenario, copt);
   if (!result) {
     fmt::print(stderr, "ula compare: {}\n", result.error().ToString());
@@ -216,6 +220,8 @@ Action SetupCompare(CLI::App& app) {
   app.add_flag("--json", o->json, "print one JSON object instead of the table");
   app.add_flag("!--no-plot", o->plot, "do not call the plot script");
   app.add_flag("--quiet", o->quiet, "no progress lines on stderr");
+  app.add_flag("--sensitivity", o->sensitivity,
+               "instead: how admission and peak ratios move over the range of each uncertain constant (markdown table)");
   return [o]() { return Run(*o); };
 }
 

@@ -1,0 +1,172 @@
+// EngineStepPlanner: the engine-facing step API of a DP AddressSpace, for a decode loop
+// that replays CUDA graphs (fixed shapes, no allocation per step).
+//
+// Per step and layer group the planner reads the indexer's selection as an int32 array
+// [batch][q_len][top_k] of logical addresses (-1: padding) and writes, into arrays the
+// caller owns and sizes once:
+//   - indices[batch][q_len][top_k] int32: the sparse MLA kernels' index array (FlashMLA
+//     sparse decode layout): the device slot each selection is read from, -1 where the
+//     selection was -1. A slot is a row of the (rank, group) device pool: the entry of slot
+//     s of layer l sits at  base(l) + s * layer_bytes  in an engine-registered region.
+//   - the copy plan: CopyDescriptor[n] (source tier/rank/slot/byte offset, destination,
+//     bytes, the logical address it brings in) and a fence id.
+//
+// Two ways to execute a plan:
+//   Step()            the library's backend runs the copies, waits, publishes, writes
+//                     indices (today's StepPlanner path, in the kernels' format).
+//   Plan()/Complete() the engine runs the descriptors on its own streams, then calls
+//                     Complete(fence, status per descriptor). Only then are the new
+//                     locations published. A descriptor whose status is not 0 publishes
+//                     nothing: its entry stays where it was (on host), a victim it would
+//                     have displaced stays on device, a free device slot it targeted is
+//                     freed again. Complete reports how many failed; the engine finds them
+//                     by index in its descriptor array (descriptor.addr names the entry)
+//                     and either re-plans the same selection (the retry produces
+//                     descriptors for the failed entries only) or masks them.
+//
+// Descriptor semantics (what an engine's copy kernel must do):
+//   kCopy  copy `bytes` from (src_tier, src_rank, src_offset) to (dst_tier, dst_rank,
+//          dst_offset). The destination is a free slot: a failed copy may leave garbage.
+//   kSwap  exchange the two ranges (the displaced victim goes to the wanted entry's host
+//          slot). A failed swap must leave both ranges as they were (swap through a
+//          staging buffer and report failure before writing back).
+// Offsets are in UlaCache's pool coordinates: slot * entry_bytes, the entry being all
+// layers of the group side by side. An engine that keeps one tensor per layer (vLLM's
+// kv_caches) uses the slots instead, or registers its regions and lets
+// ExecuteOnEngineMemory run the descriptors over them (a CPU reference executor).
+//
+// Between Plan and Complete one plan is pending per planner; its claimed device slots are
+// not yet consistent with the tables (a claimed free slot has no owner):
+//   REQUIRES: no Allocate, Free or other planner's step runs on the space before Complete
+//   (Complete aborts via ULA_CHECK if an entry of the plan was freed). A second Plan or
+//   Step on this planner is refused with kFailedPrecondition.
+//
+// Allocation: Create sizes every scratch array for the largest step (config.max_*) and
+// the largest address count the space can reach; Plan, Complete, ExecuteOnEngineMemory,
+// and a Step without misses then allocate nothing (tests/sparse/engine_step_test.cc counts
+// operator new), once the residency policy has seen its largest touch (PB-LRU keeps a
+// high-water-mark scratch: warm up with one step of the largest shape, as a CUDA-graph
+// capture does). A Step with misses allocates only the backend's CopyBatch vectors.
+//
+// A failed swap's victim stays on device and counts as used in this round (the policy
+// has no "unclaim"); a retry of the same selection in the same round may therefore not
+// find room: retry in the next round, as an engine retries a failed load next step.
+//
+// Errors leave the address space and the pending plan exactly as they were.
+// Thread-safety: as AddressSpace (one driver thread per space).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ula/address_space.h"
+#include "ula/step_planner.h"
+
+namespace ula {
+
+inline constexpr std::int32_t kPadIndex = -1;
+
+struct StepShape {
+  std::uint32_t batch = 0;
+  std::uint32_t q_len = 1;  // 1 + draft tokens with speculative decoding
+  std::uint32_t top_k = 0;
+  std::uint64_t size() const { return std::uint64_t{batch} * q_len * top_k; }
+};
+
+enum class CopyOp : std::uint8_t { kCopy = 0, kSwap = 1 };
+
+// One entry move, a plain 48-byte record (mirrored by the Python package's numpy dtype).
+struct CopyDescriptor {
+  std::uint64_t src_offset = 0;  // bytes into the source pool (src_slot * bytes)
+  std::uint64_t dst_offset = 0;
+  std::uint32_t src_slot = 0;
+  std::uint32_t dst_slot = 0;
+  std::uint32_t bytes = 0;       // entry_bytes
+  std::uint32_t addr = 0;        // the logical address brought to device
+  std::uint16_t src_rank = 0;
+  std::uint16_t dst_rank = 0;
+  std::uint16_t group = 0;
+  std::uint8_t src_tier = 0;     // Tier
+  std::uint8_t dst_tier = 0;
+  std::uint8_t op = 0;           // CopyOp
+  std::uint8_t reserved[7] = {};
+};
+static_assert(sizeof(CopyDescriptor) == 48);
+
+struct EngineStepConfig {
+  std::uint32_t max_batch = 1;
+  std::uint32_t max_q_len = 1;
+  std::uint32_t max_top_k = 2048;
+  Status Validate() const;
+};
+
+struct PlannedStep {
+  std::uint64_t fence = 0;           // pass to Complete
+  std::uint32_t num_descriptors = 0; // written to out_descriptors[0, n)
+  StepStats stats;                   // as planned (bytes_moved if every descriptor succeeds)
+};
+
+struct CompleteReport {
+  std::uint32_t published = 0;  // descriptors whose entries now read from device
+  std::uint32_t failed = 0;     // descriptors with a non-zero status: nothing published
+};
+
+// Engine-owned memory of one pool (tier, rank, group): num_layers regions of
+// slots * layer_bytes bytes, layer l starting at base + l * layer_stride; slot s of layer l
+// at base + l * layer_stride + s * layer_bytes.
+struct EngineRegion {
+  std::uintptr_t base = 0;
+  std::uint64_t layer_stride = 0;
+  std::uint32_t layer_bytes = 0;
+  std::uint32_t num_layers = 1;
+  std::uint32_t slots = 0;  // rows per layer; at least the pool's capacity
+};
+
+class EngineStepPlanner {
+ public:
+  static Result<std::unique_ptr<EngineStepPlanner>> Create(AddressSpace& space, const EngineStepConfig& config);
+  ~EngineStepPlanner();
+  EngineStepPlanner(const EngineStepPlanner&) = delete;
+  EngineStepPlanner& operator=(const EngineStepPlanner&) = delete;
+
+  // The most descriptors one plan can produce (size out_descriptors to it).
+  std::uint32_t max_descriptors() const;
+
+  // Library path: plan, run on the backend, wait, publish, write indices.
+  // REQUIRES (checked): selections.size() == indices.size() == shape.size().
+  Result<StepStats> Step(Rank rank, GroupId group, const StepShape& shape, std::span<const std::int32_t> selections,
+                         std::span<std::int32_t> indices);
+
+  // Engine path, part 1: claims device slots, writes indices (valid once Complete reports
+  // no failure) and the descriptors. kInvalidArgument (shape, sizes, an address < -1, too
+  // few descriptor rows), kOutOfRange, kNotFound (an address that is not live: freed or
+  // never allocated), kResourceExhausted, kFailedPrecondition (a plan is pending).
+  Result<PlannedStep> Plan(Rank rank, GroupId group, const StepShape& shape, std::span<const std::int32_t> selections,
+                           std::span<std::int32_t> indices, std::span<CopyDescriptor> out_descriptors);
+  // Engine path, part 2: status[i] == 0 publishes descriptor i; anything else publishes
+  // nothing for it. kNotFound (not the pending fence), kInvalidArgument (status size).
+  Result<CompleteReport> Complete(std::uint64_t fence, std::span<const std::uint8_t> status);
+  bool has_pending() const;
+
+  // Registers engine-owned memory for (tier, rank, group). kInvalidArgument when
+  // num_layers * layer_bytes != entry_bytes, base is 0, slots is below the pool's
+  // capacity, or layers would overlap. REQUIRES: the memory outlives the planner.
+  Status RegisterEngineMemory(Tier tier, Rank rank, GroupId group, const EngineRegion& region);
+  // Runs descriptors over the registered regions (memcpy / swap per layer); status[i] = 0
+  // on success, 1 when a side of descriptor i has no registered region (nothing copied).
+  // REQUIRES: status.size() == descriptors.size().
+  void ExecuteOnEngineMemory(std::span<const CopyDescriptor> descriptors, std::span<std::uint8_t> status) const;
+
+  struct Scratch;  // opaque; defined in src/sparse/engine_step.cc
+
+ private:
+  EngineStepPlanner(AddressSpace& space, const EngineStepConfig& config, std::unique_ptr<Scratch> scratch);
+
+  AddressSpace& space_;
+  EngineStepConfig config_;
+  std::unique_ptr<Scratch> scratch_;
+};
+
+}  // namespace ula

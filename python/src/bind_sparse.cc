@@ -1,0 +1,290 @@
+// DP address space, its planners (per-call StepPlanner and the engine step API), stats.
+#include <pybind11/stl.h>
+
+#include "bind_common.h"
+#include "ula/address_space.h"
+#include "ula/engine_step.h"
+#include "ula/step_planner.h"
+
+namespace ulapy {
+namespace {
+
+// An address space with the backend it owns (the backend outlives the space).
+struct DpSpace {
+  std::unique_ptr<ula::Backend> backend;
+  std::unique_ptr<ula::AddressSpace> space;
+};
+
+// The engine step planner and the engine-owned arrays registered with it (kept alive).
+struct EnginePlanner {
+  std::unique_ptr<ula::EngineStepPlanner> planner;
+  std::vector<py::object> registered;
+};
+
+}  // namespace
+
+std::unique_ptr<ula::Backend> MakeBackend(const std::string& name) {
+  if (name == "cpu") return ula::MakeCpuBackend();
+  if (name == "counting") return ula::MakeCountingBackend();
+  Throw(ula::ErrorCode::kInvalidArgument, "backend must be 'cpu' or 'counting', got '" + name + "'");
+  return nullptr;
+}
+
+ula::Tier ParseTier(const std::string& t) {
+  if (t == "device") return ula::Tier::kDevice;
+  if (t == "host") return ula::Tier::kHost;
+  Throw(ula::ErrorCode::kInvalidArgument, "tier must be 'device' or 'host', got '" + t + "'");
+  return ula::Tier::kDevice;
+}
+
+ula::PolicyKind ParsePolicy(const std::string& name) { return Unwrap(ula::ParsePolicyKind(name)); }
+
+void BindStats(py::module_& m) {
+  py::class_<ula::StepStats>(m, "StepStats", "What one step of one group did (include/ula/step_planner.h).")
+      .def_readonly("selections", &ula::StepStats::selections)
+      .def_readonly("distinct", &ula::StepStats::distinct)
+      .def_readonly("hits", &ula::StepStats::hits)
+      .def_readonly("misses", &ula::StepStats::misses)
+      .def_readonly("into_free", &ula::StepStats::into_free)
+      .def_readonly("evictions", &ula::StepStats::evictions)
+      .def_readonly("bytes_moved", &ula::StepStats::bytes_moved)
+      .def("__repr__", [](const ula::StepStats& s) {
+        return "StepStats(selections=" + std::to_string(s.selections) + ", distinct=" + std::to_string(s.distinct) +
+               ", hits=" + std::to_string(s.hits) + ", misses=" + std::to_string(s.misses) +
+               ", evictions=" + std::to_string(s.evictions) + ", bytes_moved=" + std::to_string(s.bytes_moved) + ")";
+      });
+}
+
+void BindSparse(py::module_& m) {
+  BindStats(m);
+  PYBIND11_NUMPY_DTYPE(ula::CopyDescriptor, src_offset, dst_offset, src_slot, dst_slot, bytes, addr, src_rank,
+                       dst_rank, group, src_tier, dst_tier, op);
+  m.attr("DESCRIPTOR_DTYPE") = py::dtype::of<ula::CopyDescriptor>();
+  m.attr("COPY") = static_cast<int>(ula::CopyOp::kCopy);
+  m.attr("SWAP") = static_cast<int>(ula::CopyOp::kSwap);
+  m.attr("DEVICE") = static_cast<int>(ula::Tier::kDevice);
+  m.attr("HOST") = static_cast<int>(ula::Tier::kHost);
+
+  py::class_<ula::AddressSpaceConfig>(m, "AddressSpaceConfig", "DP address space config (include/ula/address_space.h).")
+      .def(py::init([](std::uint32_t num_ranks, std::uint32_t num_groups, std::uint32_t entry_bytes,
+                       std::uint64_t device_bytes_per_rank, std::uint64_t host_bytes_per_rank, const std::string& policy) {
+             ula::AddressSpaceConfig c;
+             c.num_ranks = num_ranks;
+             c.num_groups = num_groups;
+             c.entry_bytes = entry_bytes;
+             c.device_bytes_per_rank = device_bytes_per_rank;
+             c.host_bytes_per_rank = host_bytes_per_rank;
+             c.policy = ParsePolicy(policy);
+             return c;
+           }),
+           py::arg("num_ranks") = 1, py::arg("num_groups") = 1, py::arg("entry_bytes") = 656,
+           py::arg("device_bytes_per_rank") = 0, py::arg("host_bytes_per_rank") = 0, py::arg("policy") = "pb_lru")
+      .def_readwrite("num_ranks", &ula::AddressSpaceConfig::num_ranks)
+      .def_readwrite("num_groups", &ula::AddressSpaceConfig::num_groups)
+      .def_readwrite("entry_bytes", &ula::AddressSpaceConfig::entry_bytes)
+      .def_readwrite("device_bytes_per_rank", &ula::AddressSpaceConfig::device_bytes_per_rank)
+      .def_readwrite("host_bytes_per_rank", &ula::AddressSpaceConfig::host_bytes_per_rank)
+      .def_property_readonly("device_slots_per_group", &ula::AddressSpaceConfig::device_slots_per_group)
+      .def_property_readonly("host_slots_per_group", &ula::AddressSpaceConfig::host_slots_per_group)
+      .def("validate", [](const ula::AddressSpaceConfig& c) { Unwrap(c.Validate()); });
+
+  py::class_<DpSpace>(m, "AddressSpace", R"doc(
+DP mode: stable logical addresses (uint32) over exclusive device/host pools per (rank, group).
+Owns its backend: 'cpu' (real bytes, a copy thread) or 'counting' (no bytes: the engine owns
+the memory and runs the copies). A refused call raises a ulacache.Error and changes nothing.
+One thread at a time drives a space and its planners (as in C++); different spaces may be
+driven from different threads at once (the GIL is released while planning).)doc")
+      .def(py::init([](const ula::AddressSpaceConfig& c, const std::string& backend) {
+             DpSpace s{MakeBackend(backend), nullptr};
+             s.space = Unwrap(ula::AddressSpace::Create(c, *s.backend));
+             return s;
+           }),
+           py::arg("config"), py::arg("backend") = "cpu")
+      .def(
+          "add_request",
+          [](DpSpace& s, std::uint64_t request, std::uint16_t rank) {
+            Unwrap(s.space->AddRequest(ula::RequestId(request), ula::Rank(rank)));
+          },
+          py::arg("request"), py::arg("rank") = 0, "Registers a request served by `rank`.")
+      .def(
+          "allocate",
+          [](DpSpace& s, std::uint64_t request, std::uint32_t n_tokens) {
+            auto addrs = Unwrap(s.space->Allocate(ula::RequestId(request), n_tokens));
+            return ToNumpy<std::uint32_t>(std::move(addrs));
+          },
+          py::arg("request"), py::arg("n_tokens"), "n_tokens new logical addresses (uint32 array, no copy).")
+      .def(
+          "free", [](DpSpace& s, std::uint64_t request) { Unwrap(s.space->Free(ula::RequestId(request))); },
+          py::arg("request"), "Frees every address of the request; NotFoundError the second time.")
+      .def(
+          "write",
+          [](DpSpace& s, std::uint32_t addr, std::uint16_t group, const py::array& data) {
+            auto bytes = View<const std::uint8_t>(data, "data");
+            py::gil_scoped_release nogil;
+            Unwrap(s.space->Write(ula::LogicalAddr(addr), ula::GroupId(group), std::as_bytes(bytes)));
+          },
+          py::arg("addr"), py::arg("group"), py::arg("data"), "The engine's KV write: uint8 [entry_bytes].")
+      .def(
+          "read",
+          [](DpSpace& s, std::uint32_t addr, std::uint16_t group, const py::array& out) {
+            auto bytes = ViewOut<std::uint8_t>(out, "out");
+            py::gil_scoped_release nogil;
+            Unwrap(s.space->Read(ula::LogicalAddr(addr), ula::GroupId(group), std::as_writable_bytes(bytes)));
+          },
+          py::arg("addr"), py::arg("group"), py::arg("out"), "Reads an entry into uint8 [entry_bytes].")
+      .def(
+          "lookup",
+          [](DpSpace& s, std::uint32_t addr, std::uint16_t group) {
+            const ula::Location loc = Unwrap(s.space->Lookup(ula::LogicalAddr(addr), ula::GroupId(group)));
+            return py::make_tuple(std::string(ula::TierName(loc.tier())), loc.rank().value(), loc.slot().value());
+          },
+          py::arg("addr"), py::arg("group"), "(tier, rank, slot) of a live address.")
+      .def(
+          "addresses_of",
+          [](DpSpace& s, std::uint64_t request) {
+            auto span = Unwrap(s.space->AddressesOf(ula::RequestId(request)));
+            return ToNumpy<std::uint32_t>(std::vector<ula::LogicalAddr>(span.begin(), span.end()));
+          },
+          py::arg("request"), "A snapshot of the request's addresses (uint32).")
+      .def("is_live", [](DpSpace& s, std::uint32_t a) { return s.space->IsLive(ula::LogicalAddr(a)); }, py::arg("addr"))
+      .def("advance_round", [](DpSpace& s) { s.space->AdvanceRound(); }, "Ends the round (once per decode step).")
+      .def_property_readonly("config", [](DpSpace& s) { return s.space->config(); })
+      .def_property_readonly("num_live_addresses", [](DpSpace& s) { return s.space->num_live_addresses(); })
+      .def_property_readonly("num_requests", [](DpSpace& s) { return s.space->num_requests(); })
+      .def(
+          "num_used",
+          [](DpSpace& s, std::uint16_t rank, std::uint16_t group, const std::string& tier) {
+            const auto& c = s.space->config();
+            if (rank >= c.num_ranks || group >= c.num_groups) Throw(ula::ErrorCode::kOutOfRange, "rank or group out of range");
+            return s.space->NumUsed(ula::Rank(rank), ula::GroupId(group), ParseTier(tier));
+          },
+          py::arg("rank"), py::arg("group"), py::arg("tier"))
+      .def(
+          "num_free",
+          [](DpSpace& s, std::uint16_t rank, std::uint16_t group, const std::string& tier) {
+            const auto& c = s.space->config();
+            if (rank >= c.num_ranks || group >= c.num_groups) Throw(ula::ErrorCode::kOutOfRange, "rank or group out of range");
+            return s.space->NumFree(ula::Rank(rank), ula::GroupId(group), ParseTier(tier));
+          },
+          py::arg("rank"), py::arg("group"), py::arg("tier"))
+      .def(
+          "device_pool",
+          [](py::object self, std::uint16_t rank, std::uint16_t group) {
+            DpSpace& s = self.cast<DpSpace&>();
+            const auto& c = s.space->config();
+            if (rank >= c.num_ranks || group >= c.num_groups) Throw(ula::ErrorCode::kOutOfRange, "rank or group out of range");
+            const std::byte* p = s.space->DeviceSlotData(ula::Rank(rank), ula::GroupId(group), ula::SlotId(0));
+            if (p == nullptr) Throw(ula::ErrorCode::kUnsupported, "the counting backend holds no bytes");
+            py::array_t<std::uint8_t> view({static_cast<py::ssize_t>(c.device_slots_per_group()),
+                                            static_cast<py::ssize_t>(c.entry_bytes)},
+                                           reinterpret_cast<const std::uint8_t*>(p), self);
+            py::detail::array_proxy(view.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+            return view;
+          },
+          py::arg("rank"), py::arg("group"),
+          "Read-only uint8 [device slots, entry_bytes] view of a device pool: what attention reads "
+          "through the index array (no copy; keeps the space alive).")
+      .def(
+          "transfer_bytes", [](DpSpace& s) { return s.backend->counters().TotalBytes(); },
+          "Bytes the backend moved so far (both directions).")
+      .def("check_invariants", [](DpSpace& s) { Unwrap(s.space->CheckInvariants()); });
+
+  py::class_<ula::StepPlanner>(m, "StepPlanner", "One decode step of one group per call (include/ula/step_planner.h).")
+      .def(py::init([](DpSpace& s) { return std::make_unique<ula::StepPlanner>(*s.space); }), py::arg("space"),
+           py::keep_alive<1, 2>())
+      .def(
+          "step",
+          [](ula::StepPlanner& p, std::uint16_t rank, std::uint16_t group, const py::array& selections,
+             const py::array& out_slots) {
+            auto sel = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(selections, "selections", 1));
+            auto out = AsIdsOut<ula::SlotId>(ViewOut<std::uint32_t>(out_slots, "out_slots", 1));
+            py::gil_scoped_release nogil;
+            return Unwrap(p.Step({ula::Rank(rank), ula::GroupId(group), sel}, out));
+          },
+          py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("out_slots"),
+          "selections uint32 [n] -> out_slots uint32 [n] (device slots), runs the copies; StepStats.");
+
+  py::class_<EnginePlanner>(m, "EngineStepPlanner", R"doc(
+The engine step API (include/ula/engine_step.h): selections int32 [batch, q_len, top_k]
+(-1 = padding) -> indices int32 [batch, q_len, top_k] in the sparse MLA kernels' layout
+(FlashMLA sparse decode: the device slot, -1 for padding), and the copy plan as a
+DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's backend;
+`plan` + `complete(fence, status)` let the engine run them. Nothing allocates per step.)doc")
+      .def(py::init([](DpSpace& s, std::uint32_t max_batch, std::uint32_t max_q_len, std::uint32_t max_top_k) {
+             return EnginePlanner{Unwrap(ula::EngineStepPlanner::Create(*s.space, {max_batch, max_q_len, max_top_k})), {}};
+           }),
+           py::arg("space"), py::arg("max_batch"), py::arg("max_q_len"), py::arg("max_top_k"), py::keep_alive<1, 2>())
+      .def_property_readonly("max_descriptors", [](EnginePlanner& p) { return p.planner->max_descriptors(); })
+      .def_property_readonly("has_pending", [](EnginePlanner& p) { return p.planner->has_pending(); })
+      .def(
+          "step",
+          [](EnginePlanner& p, std::uint16_t rank, std::uint16_t group, const py::array& selections,
+             const py::array& indices) {
+            auto sel = View<const std::int32_t>(selections, "selections", 3);
+            auto idx = ViewOut<std::int32_t>(indices, "indices", 3);
+            const ula::StepShape shape{static_cast<std::uint32_t>(selections.shape(0)),
+                                       static_cast<std::uint32_t>(selections.shape(1)),
+                                       static_cast<std::uint32_t>(selections.shape(2))};
+            py::gil_scoped_release nogil;
+            return Unwrap(p.planner->Step(ula::Rank(rank), ula::GroupId(group), shape, sel, idx));
+          },
+          py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("indices"),
+          "Library path: plan, copy on the backend, publish, write indices. Returns StepStats.")
+      .def(
+          "plan",
+          [](EnginePlanner& p, std::uint16_t rank, std::uint16_t group, const py::array& selections,
+             const py::array& indices, const py::array& descriptors) {
+            auto sel = View<const std::int32_t>(selections, "selections", 3);
+            auto idx = ViewOut<std::int32_t>(indices, "indices", 3);
+            auto desc = ViewOut<ula::CopyDescriptor>(descriptors, "descriptors", 1);
+            const ula::StepShape shape{static_cast<std::uint32_t>(selections.shape(0)),
+                                       static_cast<std::uint32_t>(selections.shape(1)),
+                                       static_cast<std::uint32_t>(selections.shape(2))};
+            py::gil_scoped_release nogil;
+            auto planned = Unwrap(p.planner->Plan(ula::Rank(rank), ula::GroupId(group), shape, sel, idx, desc));
+            return std::make_tuple(planned.fence, planned.num_descriptors, planned.stats);
+          },
+          py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("descriptors"),
+          "Engine path, part 1: (fence, n, StepStats); descriptors[:n] are the copies to run.")
+      .def(
+          "complete",
+          [](EnginePlanner& p, std::uint64_t fence, const py::array& status) {
+            auto st = View<const std::uint8_t>(status, "status", 1);
+            py::gil_scoped_release nogil;
+            auto r = Unwrap(p.planner->Complete(fence, st));
+            return std::make_tuple(r.published, r.failed);
+          },
+          py::arg("fence"), py::arg("status"),
+          "Engine path, part 2: status uint8 [n], 0 = done. Publishes the done ones; (published, failed).")
+      .def(
+          "register_engine_memory",
+          [](EnginePlanner& p, const std::string& tier, std::uint16_t rank, std::uint16_t group, const py::array& memory) {
+            // memory: [num_layers, slots, layer_bytes...] C-contiguous; one row per slot per layer.
+            CheckLayout(memory, "memory", /*writable=*/true);
+            if (memory.ndim() < 2) Throw(ula::ErrorCode::kInvalidArgument, "memory: must be [num_layers, slots, ...]");
+            const auto layers = static_cast<std::uint32_t>(memory.shape(0));
+            const auto slots = static_cast<std::uint64_t>(memory.shape(1));
+            const auto layer_stride = static_cast<std::uint64_t>(memory.strides(0));
+            const auto layer_bytes = static_cast<std::uint32_t>(layer_stride / (slots == 0 ? 1 : slots));
+            ula::EngineRegion region{reinterpret_cast<std::uintptr_t>(memory.data()), layer_stride, layer_bytes, layers,
+                                     static_cast<std::uint32_t>(slots)};
+            Unwrap(p.planner->RegisterEngineMemory(ParseTier(tier), ula::Rank(rank), ula::GroupId(group), region));
+            p.registered.push_back(memory);
+          },
+          py::arg("tier"), py::arg("rank"), py::arg("group"), py::arg("memory"),
+          "Registers engine-owned memory of a pool: a C-contiguous array [num_layers, slots, ...] "
+          "(vLLM-style per-layer KV caches stacked). Kept alive by the planner.")
+      .def(
+          "execute_on_engine_memory",
+          [](EnginePlanner& p, const py::array& descriptors, const py::array& status) {
+            auto desc = View<const ula::CopyDescriptor>(descriptors, "descriptors", 1);
+            auto st = ViewOut<std::uint8_t>(status, "status", 1);
+            if (st.size() != desc.size()) Throw(ula::ErrorCode::kInvalidArgument, "status and descriptors differ in length");
+            py::gil_scoped_release nogil;
+            p.planner->ExecuteOnEngineMemory(desc, st);
+          },
+          py::arg("descriptors"), py::arg("status"),
+          "Runs descriptors over the registered memory (CPU reference executor); status[i] = 0 if done.");
+}
+
+}  // namespace ulapy

@@ -1,0 +1,132 @@
+// TP address space (one space striped over the ranks) and its step planner.
+#include <pybind11/stl.h>
+
+#include "bind_common.h"
+#include "ula/tp_address_space.h"
+#include "ula/tp_step_planner.h"
+
+namespace ulapy {
+
+std::unique_ptr<ula::Backend> MakeBackend(const std::string& name);
+ula::PolicyKind ParsePolicy(const std::string& name);
+
+namespace {
+struct TpSpace {
+  std::unique_ptr<ula::Backend> backend;
+  std::unique_ptr<ula::TpAddressSpace> space;
+};
+}  // namespace
+
+void BindTp(py::module_& m) {
+  py::class_<ula::TpConfig>(m, "TpConfig", "TP address space config (include/ula/tp_address_space.h).")
+      .def(py::init([](std::uint32_t num_ranks, std::uint32_t num_groups, std::uint32_t entry_bytes,
+                       const std::string& attention, std::uint64_t device_bytes_per_rank,
+                       std::uint64_t host_bytes_per_rank, std::uint64_t buffer_bytes_per_rank, const std::string& policy) {
+             ula::TpConfig c;
+             c.num_ranks = num_ranks;
+             c.num_groups = num_groups;
+             c.entry_bytes = entry_bytes;
+             c.attention = Unwrap(ula::ParseTpAttention(attention));
+             c.device_bytes_per_rank = device_bytes_per_rank;
+             c.host_bytes_per_rank = host_bytes_per_rank;
+             c.buffer_bytes_per_rank = buffer_bytes_per_rank;
+             c.policy = c.buffer_policy = ParsePolicy(policy);
+             return c;
+           }),
+           py::arg("num_ranks") = 2, py::arg("num_groups") = 1, py::arg("entry_bytes") = 656,
+           py::arg("attention") = "local_buffer", py::arg("device_bytes_per_rank") = 0,
+           py::arg("host_bytes_per_rank") = 0, py::arg("buffer_bytes_per_rank") = 0, py::arg("policy") = "pb_lru")
+      .def_readwrite("num_ranks", &ula::TpConfig::num_ranks)
+      .def_readwrite("num_groups", &ula::TpConfig::num_groups)
+      .def_readwrite("entry_bytes", &ula::TpConfig::entry_bytes)
+      .def_readwrite("device_bytes_per_rank", &ula::TpConfig::device_bytes_per_rank)
+      .def_readwrite("host_bytes_per_rank", &ula::TpConfig::host_bytes_per_rank)
+      .def_readwrite("buffer_bytes_per_rank", &ula::TpConfig::buffer_bytes_per_rank)
+      .def_property_readonly("attention", [](const ula::TpConfig& c) { return std::string(ula::TpAttentionName(c.attention)); })
+      .def("validate", [](const ula::TpConfig& c) { Unwrap(c.Validate()); });
+
+  py::class_<ula::TpRankStepStats>(m, "TpRankStepStats", "One rank's share of a TP step.")
+      .def_readonly("distinct", &ula::TpRankStepStats::distinct)
+      .def_readonly("home_hits", &ula::TpRankStepStats::home_hits)
+      .def_readonly("home_misses", &ula::TpRankStepStats::home_misses)
+      .def_readonly("home_evictions", &ula::TpRankStepStats::home_evictions)
+      .def_readonly("buffer_hits", &ula::TpRankStepStats::buffer_hits)
+      .def_readonly("remote_fetches", &ula::TpRankStepStats::remote_fetches)
+      .def_readonly("buffer_evictions", &ula::TpRankStepStats::buffer_evictions)
+      .def_readonly("host_bytes", &ula::TpRankStepStats::host_bytes)
+      .def_readonly("remote_bytes", &ula::TpRankStepStats::remote_bytes)
+      .def_readonly("elsewhere", &ula::TpRankStepStats::elsewhere);
+
+  py::class_<TpSpace>(m, "TpAddressSpace", R"doc(
+TP mode: one address space striped over the ranks (address a lives on rank a mod P), every
+rank hosted in this process. Owns its backend ('cpu' or 'counting').)doc")
+      .def(py::init([](const ula::TpConfig& c, const std::string& backend) {
+             TpSpace s{MakeBackend(backend), nullptr};
+             s.space = Unwrap(ula::TpAddressSpace::Create(c, *s.backend));
+             return s;
+           }),
+           py::arg("config"), py::arg("backend") = "cpu")
+      .def("add_request", [](TpSpace& s, std::uint64_t r) { Unwrap(s.space->AddRequest(ula::RequestId(r))); },
+           py::arg("request"))
+      .def(
+          "allocate",
+          [](TpSpace& s, std::uint64_t r, std::uint32_t n) {
+            return ToNumpy<std::uint32_t>(Unwrap(s.space->Allocate(ula::RequestId(r), n)));
+          },
+          py::arg("request"), py::arg("n_tokens"), "n_tokens new addresses striped over the ranks (uint32).")
+      .def("free", [](TpSpace& s, std::uint64_t r) { Unwrap(s.space->Free(ula::RequestId(r))); }, py::arg("request"))
+      .def(
+          "write",
+          [](TpSpace& s, std::uint32_t addr, std::uint16_t group, const py::array& data) {
+            auto bytes = View<const std::uint8_t>(data, "data");
+            py::gil_scoped_release nogil;
+            Unwrap(s.space->Write(ula::LogicalAddr(addr), ula::GroupId(group), std::as_bytes(bytes)));
+          },
+          py::arg("addr"), py::arg("group"), py::arg("data"))
+      .def(
+          "read",
+          [](TpSpace& s, std::uint32_t addr, std::uint16_t group, const py::array& out) {
+            auto bytes = ViewOut<std::uint8_t>(out, "out");
+            py::gil_scoped_release nogil;
+            Unwrap(s.space->Read(ula::LogicalAddr(addr), ula::GroupId(group), std::as_writable_bytes(bytes)));
+          },
+          py::arg("addr"), py::arg("group"), py::arg("out"))
+      .def("home_of", [](TpSpace& s, std::uint32_t a) { return s.space->HomeOf(ula::LogicalAddr(a)).value(); },
+           py::arg("addr"))
+      .def("is_live", [](TpSpace& s, std::uint32_t a) { return s.space->IsLive(ula::LogicalAddr(a)); }, py::arg("addr"))
+      .def("advance_round", [](TpSpace& s) { s.space->AdvanceRound(); })
+      .def_property_readonly("num_live_addresses", [](TpSpace& s) { return s.space->num_live_addresses(); })
+      .def("check_invariants", [](TpSpace& s) { Unwrap(s.space->CheckInvariants()); });
+
+  py::class_<ula::TpStepPlanner>(m, "TpStepPlanner", "One TP step of one group (include/ula/tp_step_planner.h).")
+      .def(py::init([](TpSpace& s) { return std::make_unique<ula::TpStepPlanner>(*s.space); }), py::arg("space"),
+           py::keep_alive<1, 2>())
+      .def(
+          "step",
+          [](ula::TpStepPlanner& p, std::uint16_t group, const py::array& selections) {
+            auto sel = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(selections, "selections", 1));
+            ula::TpStepPlan plan;
+            {
+              py::gil_scoped_release nogil;
+              plan = Unwrap(p.Step(ula::GroupId(group), sel));
+            }
+            const auto ranks = static_cast<py::ssize_t>(plan.refs.size());
+            const auto n = static_cast<py::ssize_t>(sel.size());
+            py::array_t<std::uint8_t> source({ranks, n});
+            py::array_t<std::uint32_t> slot({ranks, n});
+            auto src = source.mutable_unchecked<2>();
+            auto sl = slot.mutable_unchecked<2>();
+            for (py::ssize_t r = 0; r < ranks; ++r) {
+              for (py::ssize_t i = 0; i < n; ++i) {
+                src(r, i) = static_cast<std::uint8_t>(plan.refs[r][i].source);
+                sl(r, i) = plan.refs[r][i].slot.value();
+              }
+            }
+            return std::make_tuple(source, slot, plan.stats);
+          },
+          py::arg("group"), py::arg("selections"),
+          "selections uint32 [n] -> (source uint8 [ranks, n] (0 shard, 1 buffer, 2 elsewhere), "
+          "slot uint32 [ranks, n], [TpRankStepStats per rank]).");
+}
+
+}  // namespace ulapy

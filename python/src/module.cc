@@ -1,0 +1,107 @@
+// The `ulacache` extension module (imported as ulacache._ulacache; python/ulacache/__init__.py
+// re-exports it next to the exception classes). Error translation, configs, the indexer.
+#include <pybind11/stl.h>
+
+#include "bind_common.h"
+#include "ula/hardware_config.h"
+#include "ula/indexer.h"
+#include "ula/model_config.h"
+
+namespace ulapy {
+namespace {
+
+void TranslateErrors() {
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const UlaException& e) {
+      // ulacache.error_class(code_name) -> the subclass; raise cls(code, message).
+      py::gil_scoped_acquire gil;
+      py::object pkg = py::module_::import("ulacache");
+      const std::string code(ula::ErrorCodeName(e.error.code()));
+      py::object cls = pkg.attr("error_class")(code);
+      py::object exc = cls(code, e.error.message());
+      PyErr_SetObject(cls.ptr(), exc.ptr());
+    }
+  });
+}
+
+void BindIndexer(py::module_& m) {
+  py::class_<ula::Indexer>(m, "Indexer", R"doc(
+The CPU lightning indexer (DeepSeek-V3.2 DSA style, include/ula/indexer.h): score(k) =
+sum_h w[h] * relu(q[h] . k) in float32 in a fixed order; top-k by score, ties by position.)doc")
+      .def(py::init([](std::uint32_t num_heads, std::uint32_t head_dim, std::uint32_t top_k) {
+             return Unwrap(ula::Indexer::Create({num_heads, head_dim, top_k}));
+           }),
+           py::arg("num_heads"), py::arg("head_dim"), py::arg("top_k"))
+      .def(
+          "select",
+          [](ula::Indexer& ix, const py::array& query, const py::array& weights, const py::array& keys) {
+            auto q = View<const float>(query, "query");
+            auto w = View<const float>(weights, "weights");
+            auto k = View<const float>(keys, "keys");
+            std::vector<std::uint32_t> out;
+            {
+              py::gil_scoped_release nogil;
+              Unwrap(ix.Select({q, w}, k, out));
+            }
+            return ToNumpy<std::uint32_t>(std::move(out));
+          },
+          py::arg("query"), py::arg("weights"), py::arg("keys"),
+          "Positions of the top-k keys (float32 [n, head_dim]) for one query (float32 [num_heads * head_dim], "
+          "weights float32 [num_heads]), in top-k order, as uint32 [min(k, n)].")
+      .def_property_readonly("top_k", [](const ula::Indexer& ix) { return ix.shape().top_k; });
+}
+
+}  // namespace
+
+void BindConfig(py::module_& m) {
+  py::class_<ula::ModelConfig>(m, "ModelConfig", "A model's shape (configs/models/*.json, include/ula/model_config.h).")
+      .def_readonly("name", &ula::ModelConfig::name)
+      .def_readonly("source", &ula::ModelConfig::source)
+      .def_readonly("num_layers", &ula::ModelConfig::num_layers)
+      .def_readonly("mtp_layers", &ula::ModelConfig::mtp_layers)
+      .def_readonly("layers_per_group", &ula::ModelConfig::layers_per_group)
+      .def_readonly("attention_heads", &ula::ModelConfig::attention_heads)
+      .def_readonly("kv_lora_rank", &ula::ModelConfig::kv_lora_rank)
+      .def_readonly("qk_rope_head_dim", &ula::ModelConfig::qk_rope_head_dim)
+      .def_readonly("kv_entry_bytes_per_layer", &ula::ModelConfig::kv_entry_bytes_per_layer)
+      .def_readonly("index_heads", &ula::ModelConfig::index_heads)
+      .def_readonly("index_head_dim", &ula::ModelConfig::index_head_dim)
+      .def_readonly("index_key_bytes_per_layer", &ula::ModelConfig::index_key_bytes_per_layer)
+      .def_readonly("top_k", &ula::ModelConfig::top_k)
+      .def_property_readonly("num_groups", &ula::ModelConfig::num_groups)
+      .def("group_layers", &ula::ModelConfig::GroupLayers, py::arg("group"))
+      .def_property_readonly("group_entry_bytes", &ula::ModelConfig::group_entry_bytes)
+      .def_property_readonly("is_float32", &ula::ModelConfig::is_float32);
+  m.def(
+      "parse_model_config", [](std::string_view text) { return Unwrap(ula::ParseModelConfig(text)); },
+      py::arg("json_text"), "A ModelConfig from JSON text; InvalidArgumentError names the bad field.");
+  m.def(
+      "load_model_config", [](const std::string& path) { return Unwrap(ula::LoadModelConfig(path)); },
+      py::arg("path"), "A ModelConfig from a JSON file (IoError, InvalidArgumentError).");
+
+  py::class_<ula::HardwareConfig>(m, "HardwareConfig", "A GPU's figures (configs/hardware/*.json).")
+      .def_readonly("name", &ula::HardwareConfig::name)
+      .def_readonly("device_memory_bytes", &ula::HardwareConfig::device_memory_bytes)
+      .def_readonly("hbm_bandwidth_bytes_per_s", &ula::HardwareConfig::hbm_bandwidth_bytes_per_s)
+      .def_readonly("nvlink_bandwidth_bytes_per_s", &ula::HardwareConfig::nvlink_bandwidth_bytes_per_s)
+      .def_readonly("host_link_bandwidth_bytes_per_s", &ula::HardwareConfig::host_link_bandwidth_bytes_per_s)
+      .def_readonly("host_memory_bytes_per_gpu", &ula::HardwareConfig::host_memory_bytes_per_gpu)
+      .def_readonly("gpus_per_node", &ula::HardwareConfig::gpus_per_node);
+  m.def(
+      "load_hardware_config", [](const std::string& path) { return Unwrap(ula::LoadHardwareConfig(path)); },
+      py::arg("path"), "A HardwareConfig from a JSON file (IoError, InvalidArgumentError).");
+}
+
+}  // namespace ulapy
+
+PYBIND11_MODULE(_ulacache, m) {
+  m.doc() = "UlaCache: stable logical addresses over device and host KV pools (C++ core, thin bindings).";
+  ulapy::TranslateErrors();
+  ulapy::BindConfig(m);
+  ulapy::BindIndexer(m);
+  ulapy::BindSparse(m);
+  ulapy::BindTp(m);
+  ulapy::BindHybrid(m);
+}

@@ -1,0 +1,118 @@
+// PrefixCache: counts, metrics and the invariant check (see include/ula/prefix_cache.h).
+#include <fmt/format.h>
+
+#include <set>
+#include <utility>
+
+#include "prefix/tree_util.h"
+#include "ula/prefix_cache.h"
+
+namespace ula {
+
+using internal::CeilDiv;
+using internal::PathTo;
+
+std::size_t PrefixCache::num_nodes() const { return nodes_.size() - 1 - free_nodes_.size(); }
+
+std::size_t PrefixCache::num_checkpoints() const {
+  std::size_t n = 0;
+  for (std::size_t i = 1; i < nodes_.size(); ++i) n += nodes_[i].live && nodes_[i].checkpoint.valid() ? 1 : 0;
+  return n;
+}
+
+std::vector<CacheEvent> PrefixCache::TakeEvents() { return std::exchange(events_, {}); }
+
+PrefixCacheMetrics PrefixCache::Metrics() const {
+  PrefixCacheMetrics m;
+  const std::uint64_t page = allocator_->kind_config(config_.kv_kind).block_bytes;
+  const std::uint64_t state = allocator_->kind_config(config_.state_kind).block_bytes;
+  const std::uint64_t window = config_.window_kind.valid() ? allocator_->kind_config(config_.window_kind).block_bytes : 0;
+  for (std::size_t i = 1; i < nodes_.size(); ++i) {
+    const Node& n = nodes_[i];
+    if (!n.live) continue;
+    ++m.nodes;
+    const std::uint64_t kv = (n.pages.size() + (n.head.valid() ? 1 : 0)) * page;
+    (n.kv_locks > 0 ? m.kv.protected_bytes : m.kv.evictable) += kv;
+    m.host_checkpoints += n.host != kNoSlot ? 1 : 0;
+    if (!n.checkpoint.valid()) {
+      m.tombstones += n.host == kNoSlot ? 1 : 0;
+      continue;
+    }
+    ++m.checkpoints;
+    (n.state_locks > 0 ? m.state.protected_bytes : m.state.evictable) += state;
+    if (n.checkpoint.window.valid()) (n.state_locks > 0 ? m.window.protected_bytes : m.window.evictable) += window;
+  }
+  m.host_hits = host_hits_;
+  return m;
+}
+
+Status PrefixCache::CheckInvariants() const {
+  const std::uint32_t P = config_.page_tokens;
+  auto bad = [](std::uint32_t id, const char* what) {
+    return MakeError(ErrorCode::kInternal, fmt::format("prefix cache: node {} {}", id, what));
+  };
+  std::size_t blocks = 0, in_kv = 0, in_state = 0, in_host = 0;
+  std::set<std::uint32_t> host_slots(free_host_.begin(), free_host_.end());
+  if (host_slots.size() != free_host_.size()) return MakeError(ErrorCode::kInternal, "prefix cache: a free host slot twice");
+  for (std::uint32_t id = 1; id < nodes_.size(); ++id) {
+    const Node& n = nodes_[id];
+    if (!n.live) continue;
+    const Node& parent = nodes_[n.parent];
+    if (!parent.live) return bad(id, "has a dead parent");
+    if (n.tokens.empty() || n.start != parent.end || n.end != n.start + n.tokens.size()) return bad(id, "has a bad span");
+    auto it = parent.children.find(n.tokens.front());
+    if (it == parent.children.end() || it->second != id) return bad(id, "is not keyed by its parent");
+    if (n.pages.size() != CeilDiv(n.end, P) - CeilDiv(n.start, P)) return bad(id, "owns the wrong number of pages");
+    if (n.head.valid() && n.start % P == 0) return bad(id, "has a head copy at an aligned start");
+    std::vector<BlockId> own = n.pages;
+    if (n.head.valid()) own.push_back(n.head);
+    for (BlockId b : own) {
+      auto kind = allocator_->KindOf(b);
+      if (!kind || *kind != config_.kv_kind || !owned_.contains(b)) return bad(id, "owns a page that is not a live KV block");
+    }
+    blocks += own.size();
+    const auto path_pages = PagesOfPath(PathTo(id, nodes_), n.end);
+    for (BlockId b : path_pages) {
+      if (!b.valid()) return bad(id, "has a page index no node of its path provides");
+    }
+    if (n.checkpoint.valid()) {
+      auto ks = allocator_->KindOf(n.checkpoint.state);
+      if (!ks || *ks != config_.state_kind || !owned_.contains(n.checkpoint.state)) return bad(id, "has a dead state block");
+      ++blocks;
+      if (n.checkpoint.window.valid()) {
+        auto kw = allocator_->KindOf(n.checkpoint.window);
+        if (!kw || *kw != config_.window_kind || !owned_.contains(n.checkpoint.window)) return bad(id, "has a dead window ring");
+        ++blocks;
+      }
+    } else {
+      if (n.state_locks > 0) return bad(id, "is state-locked without a checkpoint");
+      if (n.children.empty() && n.kv_locks == 0 && n.host == kNoSlot) return bad(id, "is an unlocked leaf without a checkpoint");
+    }
+    if (n.host != kNoSlot) {
+      if (n.checkpoint.valid() || n.host >= host_.slots || !host_slots.insert(n.host).second) {
+        return bad(id, "has a host slot that is out of range, shared, or beside a device checkpoint");
+      }
+      if ((id != loading_) != host_lru_.contains(KeyOf(id))) return bad(id, "is misplaced in the host LRU set");
+      ++in_host;
+    }
+    if (n.state_locks > n.kv_locks) return bad(id, "has more state locks than KV locks");
+    if (n.parent != 0 && parent.kv_locks < n.kv_locks) return bad(id, "is locked more than its parent");
+    const bool want_kv = n.kv_locks == 0 && n.children.empty();
+    const bool want_state = n.checkpoint.valid() && n.state_locks == 0;
+    if (want_kv != kv_lru_.contains(KeyOf(id))) return bad(id, "is misplaced in the KV LRU set");
+    if (want_state != state_lru_.contains(KeyOf(id))) return bad(id, "is misplaced in the state LRU set");
+    in_kv += want_kv;
+    in_state += want_state;
+    for (const auto& [token, child] : n.children) {
+      if (child >= nodes_.size() || !nodes_[child].live || nodes_[child].parent != id) return bad(id, "has a stale child");
+    }
+  }
+  if (host_slots.size() != host_.slots) return MakeError(ErrorCode::kInternal, "prefix cache: a host slot is lost");
+  if (in_kv != kv_lru_.size() || in_state != state_lru_.size() || in_host - (loading_ != kNoSlot) != host_lru_.size()) {
+    return MakeError(ErrorCode::kInternal, "prefix cache: an LRU set holds a node that does not belong there");
+  }
+  if (blocks != owned_.size()) return MakeError(ErrorCode::kInternal, "prefix cache: the owned-block set disagrees with the nodes");
+  return Ok();
+}
+
+}  // namespace ula

@@ -1,0 +1,383 @@
+// EngineStepPlanner. Plan does steps 1-4 and 6 of StepPlanner (validate, dedup, classify,
+// claim device slots, write indices) and records the claims as one pending plan; Complete
+// does step 5's publish per descriptor, undoing the claim of a failed one. The library
+// path (Step) is Plan + backend copies + Complete with every status 0.
+//
+// Pending-plan invariant: while a plan is pending, for each descriptor i
+//   - the wanted entry addr_i is on host at src_slot_i (unchanged since Plan);
+//   - kCopy: dst_slot_i is allocated in the device pool, owned by no address, untracked
+//     by the policy; kSwap: dst_slot_i is still owned (table and device_owner) by the
+//     victim, and the policy tracks it as used in the current round.
+// Complete restores "every allocated device slot holds exactly one live address".
+#include "ula/engine_step.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "sparse/address_space_state.h"
+#include "ula/check.h"
+
+namespace ula {
+
+struct EngineStepPlanner::Scratch {
+  std::vector<std::uint32_t> seen_epoch;  // [max addresses] dedup stamps
+  std::vector<std::int32_t> slot_of;      // [max addresses] device slot for this step's misses
+  std::uint32_t epoch = 0;
+  std::vector<LogicalAddr> missed;        // [max selections]
+  std::vector<SlotId> hit_slots;          // [max selections]
+  std::vector<SlotId> target_slots;       // [max descriptors]
+  std::vector<CopyDescriptor> library_descs;   // [max descriptors] Step's own plan
+  std::vector<std::uint8_t> library_status;    // [max descriptors] all 0
+  // The pending plan.
+  bool pending = false;
+  std::uint64_t fence = 0;
+  std::uint64_t next_fence = 1;
+  Rank rank;
+  GroupId group;
+  std::vector<CopyDescriptor> pending_descs;   // [max descriptors] a copy of what Plan wrote
+  std::uint32_t num_pending = 0;
+  // [tier][rank][group] engine-registered regions (base 0: none).
+  std::vector<EngineRegion> regions;
+  std::uint32_t max_descriptors = 0;
+};
+
+Status EngineStepConfig::Validate() const {
+  auto bad = [](std::string m) { return MakeError(ErrorCode::kInvalidArgument, "EngineStepConfig." + m); };
+  if (max_batch == 0) return bad("max_batch: must be >= 1");
+  if (max_q_len == 0) return bad("max_q_len: must be >= 1");
+  if (max_top_k == 0) return bad("max_top_k: must be >= 1");
+  if (std::uint64_t{max_batch} * max_q_len * max_top_k > (std::uint64_t{1} << 31)) {
+    return bad("max_batch * max_q_len * max_top_k: more than 2^31 selections");
+  }
+  return Ok();
+}
+
+EngineStepPlanner::EngineStepPlanner(AddressSpace& space, const EngineStepConfig& config,
+                                     std::unique_ptr<Scratch> scratch)
+    : space_(space), config_(config), scratch_(std::move(scratch)) {}
+EngineStepPlanner::~EngineStepPlanner() = default;
+
+Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpace& space,
+                                                                      const EngineStepConfig& config) {
+  ULA_RETURN_IF_ERROR(config.Validate());
+  const AddressSpaceConfig& cfg = space.config();
+  const std::uint64_t max_sel = std::uint64_t{config.max_batch} * config.max_q_len * config.max_top_k;
+  // An address is minted only when none is free, i.e. when every handed-out address is
+  // live; live addresses fit in the pools, so addresses stay below this bound.
+  const std::uint64_t max_addrs =
+      std::uint64_t{cfg.num_ranks} * (std::uint64_t{cfg.device_slots_per_group()} + cfg.host_slots_per_group());
+  auto s = std::make_unique<Scratch>();
+  s->max_descriptors = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_sel, cfg.device_slots_per_group()));
+  s->seen_epoch.assign(max_addrs, 0);
+  s->slot_of.assign(max_addrs, kPadIndex);
+  s->missed.reserve(max_sel);
+  s->hit_slots.reserve(max_sel);
+  s->target_slots.reserve(s->max_descriptors);
+  s->library_descs.resize(s->max_descriptors);
+  s->library_status.assign(s->max_descriptors, 0);
+  s->pending_descs.resize(s->max_descriptors);
+  s->regions.resize(std::size_t{kNumTiers} * cfg.num_ranks * cfg.num_groups);
+  return std::unique_ptr<EngineStepPlanner>(new EngineStepPlanner(space, config, std::move(s)));
+}
+
+std::uint32_t EngineStepPlanner::max_descriptors() const { return scratch_->max_descriptors; }
+bool EngineStepPlanner::has_pending() const { return scratch_->pending; }
+
+Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const StepShape& shape,
+                                            std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
+                                            std::span<CopyDescriptor> out_descriptors) {
+  Scratch& s = *scratch_;
+  AddressSpace::State& st = *space_.state_;
+  const AddressSpaceConfig& cfg = space_.config();
+  if (s.pending) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("plan {} is pending: Complete it before planning again", s.fence));
+  }
+  if (rank.value() >= cfg.num_ranks) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} is out of range ({} ranks)", rank.value(), cfg.num_ranks));
+  }
+  if (group.value() >= cfg.num_groups) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", group.value(), cfg.num_groups));
+  }
+  if (shape.batch > config_.max_batch || shape.q_len > config_.max_q_len || shape.top_k > config_.max_top_k) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("shape [{}][{}][{}] exceeds the planner's maximum [{}][{}][{}]", shape.batch,
+                                 shape.q_len, shape.top_k, config_.max_batch, config_.max_q_len, config_.max_top_k));
+  }
+  if (selections.size() != shape.size() || indices.size() != shape.size()) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("shape [{}][{}][{}] needs {} selections and indices, got {} and {}", shape.batch,
+                                 shape.q_len, shape.top_k, shape.size(), selections.size(), indices.size()));
+  }
+  const LocationTable& table = st.tables[group.value()];
+  GroupPools& gp = st.at(rank, group);
+
+  // 1-3. Validate, dedup, classify. Nothing is modified until every check has passed.
+  if (++s.epoch == 0) {
+    std::fill(s.seen_epoch.begin(), s.seen_epoch.end(), 0);
+    s.epoch = 1;
+  }
+  s.missed.clear();
+  s.hit_slots.clear();
+  std::uint64_t distinct = 0;
+  for (std::size_t i = 0; i < selections.size(); ++i) {
+    const std::int32_t v = selections[i];
+    if (v == kPadIndex) continue;
+    if (v < 0) {
+      return MakeError(ErrorCode::kInvalidArgument, fmt::format("selection {}: {} is neither an address nor -1", i, v));
+    }
+    const LogicalAddr a(static_cast<std::uint32_t>(v));
+    const Location loc = table.Get(a);
+    if (loc.is_none()) {
+      return MakeError(ErrorCode::kNotFound,
+                       fmt::format("selection {}: logical address {} is not live (freed or never allocated)", i, v));
+    }
+    if (loc.rank() != rank) {
+      return MakeError(ErrorCode::kInvalidArgument, fmt::format("selection {}: address {} lives on rank {}, not rank {}",
+                                                                i, v, loc.rank().value(), rank.value()));
+    }
+    ULA_CHECK(a.value() < s.seen_epoch.size());
+    if (s.seen_epoch[a.value()] == s.epoch) continue;
+    s.seen_epoch[a.value()] = s.epoch;
+    ++distinct;
+    if (loc.tier() == Tier::kDevice) {
+      s.hit_slots.push_back(loc.slot());
+    } else {
+      s.missed.push_back(a);
+    }
+  }
+  const std::size_t n_miss = s.missed.size();
+  if (out_descriptors.size() < n_miss) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("{} descriptor rows for {} misses (size them to max_descriptors() = {})",
+                                 out_descriptors.size(), n_miss, s.max_descriptors));
+  }
+  std::uint64_t newly_used = 0;
+  for (SlotId slot : s.hit_slots) newly_used += !gp.policy->UsedInCurrentRound(slot);
+  const std::uint64_t evictable = gp.policy->NumEvictable() - newly_used;
+  if (n_miss > gp.device.num_free() + evictable) {
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("step needs {} distinct entries on device ({} missing) but only {} free and {} "
+                                 "evictable slots remain of {} in rank {} group {}",
+                                 distinct, n_miss, gp.device.num_free(), evictable, gp.device.capacity(), rank.value(),
+                                 group.value()));
+  }
+
+  // 4. Claim device slots: free slots first, then victims (marked used in this round).
+  gp.policy->Touch(s.hit_slots);
+  const std::size_t n_free = std::min<std::size_t>(n_miss, gp.device.num_free());
+  s.target_slots.resize(n_miss);
+  for (std::size_t i = 0; i < n_free; ++i) s.target_slots[i] = *gp.device.Allocate();
+  const std::size_t claimed = gp.policy->ClaimVictims(std::span(s.target_slots).subspan(n_free));
+  ULA_CHECK(claimed == n_miss - n_free);
+
+  PlannedStep out;
+  out.stats.selections = selections.size();
+  out.stats.distinct = distinct;
+  out.stats.hits = s.hit_slots.size();
+  out.stats.misses = n_miss;
+  out.stats.into_free = n_free;
+  out.stats.evictions = n_miss - n_free;
+  out.stats.bytes_moved = (n_miss + (n_miss - n_free)) * std::uint64_t{cfg.entry_bytes};
+  for (std::size_t i = 0; i < n_miss; ++i) {
+    const LogicalAddr a = s.missed[i];
+    const SlotId host_slot = table.Get(a).slot();
+    const SlotId dev_slot = s.target_slots[i];
+    CopyDescriptor& d = out_descriptors[i];
+    d = CopyDescriptor{};
+    d.src_offset = gp.host.offset(host_slot);
+    d.dst_offset = gp.device.offset(dev_slot);
+    d.src_slot = host_slot.value();
+    d.dst_slot = dev_slot.value();
+    d.bytes = cfg.entry_bytes;
+    d.addr = a.value();
+    d.src_rank = d.dst_rank = rank.value();
+    d.group = group.value();
+    d.src_tier = static_cast<std::uint8_t>(Tier::kHost);
+    d.dst_tier = static_cast<std::uint8_t>(Tier::kDevice);
+    d.op = static_cast<std::uint8_t>(i < n_free ? CopyOp::kCopy : CopyOp::kSwap);
+    s.pending_descs[i] = d;
+    s.slot_of[a.value()] = static_cast<std::int32_t>(dev_slot.value());
+  }
+
+  // 6. Indices in the kernels' layout: hits read their slot now, misses their target.
+  for (std::size_t i = 0; i < selections.size(); ++i) {
+    const std::int32_t v = selections[i];
+    if (v == kPadIndex) {
+      indices[i] = kPadIndex;
+      continue;
+    }
+    const Location loc = table.Get(LogicalAddr(static_cast<std::uint32_t>(v)));
+    indices[i] = loc.tier() == Tier::kDevice ? static_cast<std::int32_t>(loc.slot().value()) : s.slot_of[v];
+  }
+  s.pending = true;
+  s.fence = s.next_fence++;
+  s.rank = rank;
+  s.group = group;
+  s.num_pending = static_cast<std::uint32_t>(n_miss);
+  out.fence = s.fence;
+  out.num_descriptors = static_cast<std::uint32_t>(n_miss);
+  return out;
+}
+
+Result<CompleteReport> EngineStepPlanner::Complete(std::uint64_t fence, std::span<const std::uint8_t> status) {
+  Scratch& s = *scratch_;
+  if (!s.pending || fence != s.fence) {
+    return MakeError(ErrorCode::kNotFound, s.pending ? fmt::format("fence {} is not the pending plan ({})", fence, s.fence)
+                                                     : fmt::format("fence {}: no plan is pending", fence));
+  }
+  if (status.size() != s.num_pending) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("{} statuses for {} descriptors of plan {}", status.size(), s.num_pending, fence));
+  }
+  AddressSpace::State& st = *space_.state_;
+  LocationTable& table = st.tables[s.group.value()];
+  GroupPools& gp = st.at(s.rank, s.group);
+  CompleteReport report;
+  for (std::uint32_t i = 0; i < s.num_pending; ++i) {
+    const CopyDescriptor& d = s.pending_descs[i];
+    const LogicalAddr wanted(d.addr);
+    const SlotId host_slot(d.src_slot);
+    const SlotId dev_slot(d.dst_slot);
+    const bool swap = d.op == static_cast<std::uint8_t>(CopyOp::kSwap);
+    ULA_CHECK(table.Get(wanted) == Location::Make(Tier::kHost, s.rank, host_slot));  // REQUIRES: not freed
+    if (status[i] != 0) {
+      // Undo the claim: a free slot goes back to the pool; a victim simply stays.
+      if (!swap) ULA_CHECK(gp.device.Free(dev_slot).has_value());
+      ++report.failed;
+      continue;
+    }
+    if (!swap) {
+      ULA_CHECK(gp.host.Free(host_slot).has_value());
+      gp.policy->Insert(dev_slot);
+    } else {
+      const LogicalAddr victim = gp.device_owner[dev_slot.value()];
+      ULA_CHECK(table.Get(victim) == Location::Make(Tier::kDevice, s.rank, dev_slot));  // REQUIRES: not freed
+      table.Set(victim, Location::Make(Tier::kHost, s.rank, host_slot));
+    }
+    table.Set(wanted, Location::Make(Tier::kDevice, s.rank, dev_slot));
+    gp.device_owner[dev_slot.value()] = wanted;
+    ++report.published;
+  }
+  s.pending = false;
+  s.num_pending = 0;
+  ULA_EXPENSIVE_CHECK(space_);
+  return report;
+}
+
+Result<StepStats> EngineStepPlanner::Step(Rank rank, GroupId group, const StepShape& shape,
+                                          std::span<const std::int32_t> selections, std::span<std::int32_t> indices) {
+  Scratch& s = *scratch_;
+  auto planned = Plan(rank, group, shape, selections, indices, s.library_descs);
+  if (!planned) return std::unexpected(planned.error());
+  const std::uint32_t n = planned->num_descriptors;
+  if (n > 0) {
+    const GroupPools& gp = space_.state_->at(rank, group);
+    const std::uint32_t entry_bytes = space_.config().entry_bytes;
+    CopyBatch fetch{gp.host.arena().id, gp.device.arena().id, entry_bytes, /*swap=*/false, {}};
+    CopyBatch swap{gp.host.arena().id, gp.device.arena().id, entry_bytes, /*swap=*/true, {}};
+    const std::uint32_t n_free = static_cast<std::uint32_t>(planned->stats.into_free);
+    fetch.moves.reserve(n_free);
+    swap.moves.reserve(n - n_free);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const CopyDescriptor& d = s.library_descs[i];
+      (d.op == static_cast<std::uint8_t>(CopyOp::kCopy) ? fetch : swap).moves.push_back({d.src_offset, d.dst_offset});
+    }
+    // Each batch waited on its own fence (ula/backend.h): a failed one marks its
+    // descriptors failed, and Complete publishes nothing of them.
+    CopyBatch* batches[2] = {&fetch, &swap};
+    bool failed[2] = {false, false};
+    Fence fences[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+      if (batches[k]->moves.empty()) continue;
+      auto fence = space_.backend().Submit(std::move(*batches[k]));
+      if (fence) {
+        fences[k] = *fence;
+      } else {
+        failed[k] = true;
+      }
+    }
+    for (int k = 0; k < 2; ++k) {
+      if (fences[k] != 0 && !space_.backend().Wait(fences[k])) failed[k] = true;
+    }
+    if (failed[0] || failed[1]) {
+      for (std::uint32_t i = 0; i < n; ++i) {
+        const int k = s.library_descs[i].op == static_cast<std::uint8_t>(CopyOp::kCopy) ? 0 : 1;
+        s.library_status[i] = failed[k] ? 1 : 0;
+      }
+    }
+    auto report = Complete(planned->fence, std::span<const std::uint8_t>(s.library_status).first(n));
+    s.library_status.assign(s.library_status.size(), 0);
+    ULA_CHECK(report.has_value());
+    if (report->failed > 0) {
+      return MakeError(ErrorCode::kIo, fmt::format("rank {} group {}: {} of {} copies failed (host->device copy {}, "
+                                                   "swap {}); nothing of them published", rank.value(), group.value(),
+                                                   report->failed, n, failed[0] ? "failed" : "ok", failed[1] ? "failed" : "ok"));
+    }
+    return planned->stats;
+  }
+  auto report = Complete(planned->fence, std::span<const std::uint8_t>(s.library_status).first(n));
+  ULA_CHECK(report.has_value() && report->failed == 0);
+  return planned->stats;
+}
+
+Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId group, const EngineRegion& region) {
+  const AddressSpaceConfig& cfg = space_.config();
+  if (rank.value() >= cfg.num_ranks || group.value() >= cfg.num_groups) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} / group {} is out of range", rank.value(), group.value()));
+  }
+  if (region.base == 0) return MakeError(ErrorCode::kInvalidArgument, "EngineRegion.base: null");
+  if (region.num_layers == 0 || std::uint64_t{region.num_layers} * region.layer_bytes != cfg.entry_bytes) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("EngineRegion: {} layers x {} bytes != entry_bytes {}", region.num_layers,
+                                 region.layer_bytes, cfg.entry_bytes));
+  }
+  const std::uint64_t capacity = tier == Tier::kDevice ? cfg.device_slots_per_group() : cfg.host_slots_per_group();
+  if (region.slots < capacity) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("EngineRegion.slots = {}: the {} pool has {} slots",
+                                                              region.slots, TierName(tier), capacity));
+  }
+  if (region.num_layers > 1 && region.layer_stride < std::uint64_t{region.slots} * region.layer_bytes) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("EngineRegion.layer_stride = {}: layers of {} slots x {} bytes overlap",
+                                 region.layer_stride, region.slots, region.layer_bytes));
+  }
+  const std::size_t k = (static_cast<std::size_t>(tier) * cfg.num_ranks + rank.value()) * cfg.num_groups + group.value();
+  scratch_->regions[k] = region;
+  return Ok();
+}
+
+void EngineStepPlanner::ExecuteOnEngineMemory(std::span<const CopyDescriptor> descriptors,
+                                              std::span<std::uint8_t> status) const {
+  ULA_CHECK(status.size() == descriptors.size());
+  const AddressSpaceConfig& cfg = space_.config();
+  auto region_of = [&](std::uint8_t tier, std::uint16_t rank, std::uint16_t group) -> const EngineRegion* {
+    if (tier >= kNumTiers || rank >= cfg.num_ranks || group >= cfg.num_groups) return nullptr;
+    const EngineRegion& r = scratch_->regions[(std::size_t{tier} * cfg.num_ranks + rank) * cfg.num_groups + group];
+    return r.base == 0 ? nullptr : &r;
+  };
+  for (std::size_t i = 0; i < descriptors.size(); ++i) {
+    const CopyDescriptor& d = descriptors[i];
+    const EngineRegion* src = region_of(d.src_tier, d.src_rank, d.group);
+    const EngineRegion* dst = region_of(d.dst_tier, d.dst_rank, d.group);
+    if (src == nullptr || dst == nullptr || src->layer_bytes != dst->layer_bytes) {
+      status[i] = 1;
+      continue;
+    }
+    const std::uint32_t lb = src->layer_bytes;
+    for (std::uint32_t l = 0; l < src->num_layers; ++l) {
+      auto* a = reinterpret_cast<std::byte*>(src->base + l * src->layer_stride + std::uint64_t{d.src_slot} * lb);
+      auto* b = reinterpret_cast<std::byte*>(dst->base + l * dst->layer_stride + std::uint64_t{d.dst_slot} * lb);
+      if (d.op == static_cast<std::uint8_t>(CopyOp::kSwap)) {
+        std::swap_ranges(a, a + lb, b);
+      } else {
+        std::memcpy(b, a, lb);
+      }
+    }
+    status[i] = 0;
+  }
+}
+
+}  // namespace ula

@@ -1,0 +1,96 @@
+"""The GIL is released while planning (two threads plan on two spaces at once), and the
+mini engine matches its dense reference bit for bit."""
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+import ulacache
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def big_space(seed):
+    entry = 64
+    # Steps of 16 x 2048 selections, mostly misses: a few ms of planning each, far longer
+    # than a waiting thread needs to wake up and take the GIL.
+    cfg = ulacache.AddressSpaceConfig(num_groups=1, entry_bytes=entry, device_bytes_per_rank=entry * 40000,
+                                      host_bytes_per_rank=entry * 200000)
+    space = ulacache.AddressSpace(cfg, backend="counting")
+    space.add_request(1)
+    addrs = space.allocate(1, 200000)
+    space.advance_round()
+    planner = ulacache.EngineStepPlanner(space, max_batch=16, max_q_len=1, max_top_k=2048)
+    rng = np.random.default_rng(seed)
+    sels = [rng.choice(addrs, 16 * 2048, replace=False).astype(np.int32).reshape(16, 1, 2048) for _ in range(6)]
+    return space, planner, sels
+
+
+def plan_and_complete(space, planner, sel, idx, desc, status):
+    fence, n, _ = planner.plan(0, 0, sel, idx, desc)
+    planner.complete(fence, status[:n])
+    space.advance_round()
+
+
+def test_two_threads_plan_on_two_spaces_at_once():
+    a = big_space(1)
+    b = big_space(2)
+    bufs = [(np.empty((16, 1, 2048), np.int32), np.zeros(p.max_descriptors, ulacache.DESCRIPTOR_DTYPE),
+             np.zeros(p.max_descriptors, np.uint8)) for p in (a[1], b[1])]
+    counter = [0]
+    started = threading.Event()
+    stop = threading.Event()
+
+    def other():
+        space, planner, sels = b
+        idx, desc, status = bufs[1]
+        started.set()
+        i = 0
+        while not stop.is_set():
+            plan_and_complete(space, planner, sels[i % len(sels)], idx, desc, status)
+            counter[0] += 1
+            i += 1
+            time.sleep(0)  # gives the GIL up here even if a binding never does
+
+    old = sys.getswitchinterval()
+    # Switch only where a thread gives the GIL up itself (5 s is longer than this thread's
+    # loop, which stops after 3 s even on a loaded machine): a binding that kept the GIL
+    # during its C++ call would let the other thread run no step while this one plans.
+    sys.setswitchinterval(5.0)
+    try:
+        t = threading.Thread(target=other)
+        t.start()
+        started.wait()
+        space, planner, sels = a
+        idx, desc, status = bufs[0]
+        during = 0
+        deadline = time.monotonic() + 3.0  # well under the switch interval
+        i = 0
+        while i < len(sels) or (during == 0 and time.monotonic() < deadline):
+            c0 = counter[0]
+            plan_and_complete(space, planner, sels[i % len(sels)], idx, desc, status)
+            during += counter[0] - c0
+            i += 1
+        stop.set()
+        t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert during > 0, "the other thread never planned while this one was in C++"
+    for space, planner, sels in (a, b):
+        space.check_invariants()
+        idx = bufs[0][0]
+        planner.step(0, 0, sels[0], idx)  # the last selection reads from device now
+        for addr, slot in zip(sels[0].ravel()[:64], idx.ravel()[:64]):
+            assert space.lookup(int(addr), 0) == ("device", 0, int(slot))
+
+
+def test_mini_engine_matches_dense_reference():
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        import mini_engine
+    finally:
+        sys.path.pop(0)
+    for mode in ("engine", "library"):
+        assert mini_engine.main(["--exec", mode, "--requests", "12", "--json"]) == 0
