@@ -133,6 +133,10 @@ class AddressSpace {
   std::span<const std::byte> DevicePoolBytes(Rank rank, GroupId group) const;
   MetadataReport Metadata() const;
   Status CheckInvariants() const;
+  // A hash of the whole state (tables, pools and their free bitmaps, residency policies,
+  // requests, the free-address FIFO in order): equal before and after a refused call.
+  // For tests; O(state). ula/digest.h.
+  std::uint64_t DebugDigest() const;
 
   struct State;  // opaque; defined in src/sparse
 

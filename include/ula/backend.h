@@ -17,6 +17,14 @@
 // swap batch, no slot appears twice. Counters count a swap as two transfers, one per
 // direction.
 //
+// Failed batches (a transfer error, reported by Submit or by Wait on the batch's fence; the
+// cpu and counting backends never fail one, FaultInjectingBackend in ula/fault_backend.h
+// does on purpose): a failed copy batch leaves its sources untouched and its destinations
+// undefined (any of its moves may have landed); a failed swap batch has exchanged nothing
+// (a swap batch is applied whole or not at all: a backend that cannot stage it must not
+// report the failure as an error value). Callers therefore copy into slots that nothing
+// published points at, wait, and publish only what a successful wait covered.
+//
 // Thread-safety: Submit, Wait and counters() may be called from any thread; arena creation
 // and destruction must not race with batches that use the arena.
 //
@@ -96,9 +104,11 @@ class Backend {
 
   // Validates and enqueues the batch; returns the fence that Wait takes.
   virtual Result<Fence> Submit(CopyBatch batch) = 0;
-  // Blocks until the batch with this fence and all earlier ones have completed.
-  virtual void Wait(Fence fence) = 0;
-  // Waits for everything submitted so far.
+  // Blocks until the batch with this fence and all earlier ones have completed. Returns the
+  // error of batch `fence` itself when it failed (an earlier batch's failure is reported by
+  // a Wait on that batch's own fence), Ok when its moves have landed and are visible.
+  virtual Status Wait(Fence fence) = 0;
+  // Waits for everything submitted so far (teardown); reports no failure.
   virtual void WaitAll() = 0;
 
   virtual TransferCounters counters() const = 0;

@@ -199,8 +199,13 @@ class PrefixCache {
                                   std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held);
 
   // Evicts LRU unlocked leaves / checkpoints until `demand` can be allocated (see above).
-  // kResourceExhausted when nothing evictable is left and it still does not fit (what was
-  // evicted stays evicted).
+  // kInvalidArgument (a demand of the wrong shape): nothing changed.
+  // kResourceExhausted when nothing evictable is left and it still does not fit: the one
+  // deliberate partial effect of the cache — eviction cannot be undone (freed blocks may be
+  // reused or compacted over), so what was evicted stays evicted; no unlocked leaf or
+  // unlocked checkpoint is left, and locked nodes keep their blocks, pins and offsets.
+  // A failed host-tier copy (kIo from the backend) evicts as without a host tier: no
+  // checkpoint is published on host before its bytes arrived.
   Result<EvictionStats> MakeRoom(const Demand& demand, EvictionRule rule);
   // Evicts by count: LRU leaves until at least kv_tokens tokens of KV are freed, then LRU
   // checkpoints until at least `states` checkpoints are freed in all. Stops early when

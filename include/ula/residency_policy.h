@@ -54,6 +54,10 @@ class ResidencyPolicy {
   virtual Status CheckInvariants() const = 0;
   // Bytes of policy metadata for the whole pool.
   virtual std::size_t MemoryBytes() const = 0;
+  // A hash of the whole state that decides future victims (stamps, buckets, list order,
+  // clock hand, round counter; not scratch), for tests: equal before and after a call
+  // that must change nothing (ula/digest.h).
+  virtual std::uint64_t DebugDigest() const = 0;
 };
 
 enum class PolicyKind : std::uint8_t {

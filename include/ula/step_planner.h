@@ -14,6 +14,16 @@
 // the step fails with kResourceExhausted before touching anything; its message counts
 // the entries used in this round and says to call AdvanceRound() after the round's
 // attention.
+//
+// A failed transfer (kIo from the backend, ula/backend.h; FaultInjectingBackend injects
+// them) fails the step with kIo naming the batch, after this documented state: the
+// host->device copies into free slots and the swaps with victims are two batches, each
+// waited on its own fence. A failed batch publishes nothing: its entries stay on host at
+// their old slots with their bytes (a failed copy only wrote free device slots, which go
+// back to the pool; a failed swap exchanged nothing, its victims stay on device). A batch
+// that completed is published as on success (its bytes arrived). In the residency policy
+// the step's hits and claimed victims count as used in this round. No entry is published
+// before its bytes arrived; no entry's bytes are lost; every invariant holds.
 // Lifetime: the planner holds the space by reference (the space outlives it); out_slots
 // name device slots whose bytes DeviceSlotData returns, valid as stated there.
 // Thread-safety: as AddressSpace (one driver thread).
@@ -59,8 +69,8 @@ class StepPlanner {
   // out_slots[i] = device slot holding input.selections[i] after the step.
   // kOutOfRange (rank, group), kInvalidArgument (out_slots.size() !=
   // selections.size(), runs that do not cover the selections, an address of another
-  // rank), kNotFound (an address not live for its run's request), kResourceExhausted.
-  // Nothing changes on any error.
+  // rank), kNotFound (an address not live for its run's request), kResourceExhausted:
+  // nothing changes. kIo (a failed transfer) with the state of the contract above.
   Result<StepStats> Step(const StepInput& input, std::span<SlotId> out_slots);
 
  private:

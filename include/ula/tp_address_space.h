@@ -185,6 +185,10 @@ class TpAddressSpace {
   // Empty (home == nullptr) unless Hosts(rank) and group < num_groups.
   TpShardMemory ShardMemory(Rank rank, GroupId group) const;
   Status CheckInvariants() const;
+  // A hash of the whole state of the hosted ranks (directory, free-address FIFOs in order,
+  // home tables, pools and their free bitmaps, local buffers, residency policies): equal
+  // before and after a refused call. For tests; O(state). ula/digest.h.
+  std::uint64_t DebugDigest() const;
 
   struct State;  // opaque; src/sparse/tp_state.h
 

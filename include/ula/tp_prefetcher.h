@@ -35,9 +35,15 @@ class TpPrefetcher {
 
   using Compute = std::function<void(GroupId, const TpStepPlan&)>;
   // selections[g]: group g's selections; runs[g]: which request each of them belongs to
-  // (selection_run.h). Groups run in order 0..G-1. On the first failing group step the
-  // error is returned (earlier groups are done; nothing of the failing one changed).
-  // kInvalidArgument unless selections.size() == runs.size() == num_groups.
+  // (selection_run.h). Groups run in order 0..G-1.
+  // Refusal is total: every group's selections are checked (TpStepPlanner::Check) before
+  // any group is stepped, so kInvalidArgument (also unless selections.size() ==
+  // runs.size() == num_groups), kOutOfRange, kNotFound and kResourceExhausted (naming the
+  // group) change nothing and call no compute.
+  // kIo (a failed transfer in group g's step, named in the message): groups before g were
+  // stepped and computed, group g is left in TpStepPlanner::Step's documented kIo state
+  // (nothing published before its bytes arrived, nothing lost), later groups are
+  // untouched, and no further compute runs.
   Result<TpPipelineStats> RunStep(std::span<const std::vector<LogicalAddr>> selections,
                                   std::span<const std::vector<SelectionRun>> runs, const Compute& compute,
                                   bool prefetch = true);

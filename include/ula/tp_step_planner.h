@@ -80,12 +80,36 @@ class TpStepPlanner {
   // kNotFound (an address that is not live for its run's request: freed, reused by another
   // request, or another request's), kResourceExhausted (some rank's misses do not fit),
   // kFailedPrecondition (another rank refused; or the space does not host every rank and
-  // no fabric was given, or the fabric's local rank is not the hosted one). Nothing
-  // changes on any error. Collective when a fabric is used.
+  // no fabric was given, or the fabric's local rank is not the hosted one): nothing
+  // changes. Collective when a fabric is used.
+  //
+  // kIo: a transfer failed (a backend batch, ula/backend.h, or a fabric fetch;
+  // FaultInjectingBackend / FaultInjectingFabric inject them), named in the message, on a
+  // hosted rank. The step still joins every collective, then fails with this documented
+  // state: home phase as StepPlanner's contract (each batch waited on its own fence; a
+  // failed batch publishes nothing — its entries stay on host with their bytes, free
+  // slots go back; a completed batch is published); a rank whose home phase failed skips
+  // its remote phase; in the remote phase, entries fetched by a completed batch or fetch
+  // are published in the buffer, and an entry whose batch or fetch failed is not
+  // buffered — its buffer slot goes back to the pool (free) — so no later step counts it
+  // as a buffer hit. Buffer copies evicted for the step stay evicted (read-only copies:
+  // their homes keep the bytes). Policies count the step's hits and victims as used in
+  // this round. Other ranks' steps are unaffected. No entry is published before its
+  // bytes arrived, no entry's bytes are lost, every invariant holds.
   Result<TpStepPlan> Step(GroupId group, std::span<const LogicalAddr> selections,
                           std::span<const SelectionRun> runs);
+  // Whether Step would refuse these selections now: its refusals (kOutOfRange,
+  // kInvalidArgument, kNotFound, kResourceExhausted) or Ok; changes nothing. In-process
+  // ranks only (kFailedPrecondition with a fabric, where the refusal is agreed inside
+  // Step). Steps of other groups do not change the answer (their state is disjoint), so a
+  // caller can check every group first.
+  Status Check(GroupId group, std::span<const LogicalAddr> selections, std::span<const SelectionRun> runs);
 
  private:
+  // Step's phase 0 into the scratch: validation, dedup, per-rank classification, and the
+  // fit check (kResourceExhausted, not yet agreed). Changes nothing but the scratch.
+  Status Classify(GroupId group, std::span<const LogicalAddr> selections, std::span<const SelectionRun> runs);
+
   struct Scratch;
   TpAddressSpace& space_;
   TpFabric* fabric_;

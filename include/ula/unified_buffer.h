@@ -32,7 +32,17 @@
 // alive): arena.data == nullptr (the counting backend) means accounting only. Create(config)
 // is the convenience path for tests and tools: it owns a CPU backend (no copy threads) and
 // one device arena on rank 0, or no arena at all when hold_bytes is false. Compaction moves
-// bytes with memcpy inside the arena (host memory on the CPU backend).
+// bytes with memcpy inside the arena (host memory on the CPU backend), or, with
+// Create(config, arena, mover), as copy batches of the backend that owns the arena.
+//
+// Failed compaction moves (a mover batch that fails: ula/backend.h; FaultInjectingBackend
+// injects them): each move copies the block into the hole first (free space), waits, and
+// only then changes the block's table entry. A failed move leaves that block where it was
+// with its bytes, ends the compaction, and keeps the moves completed before it (their
+// bytes arrived); every invariant holds, no block loses bytes. Compact() then returns the
+// bytes moved so far; AllocateDemand that needed the compaction returns kIo naming the
+// failed move, with nothing allocated, unless the demand fits anyway; Free and Unpin
+// succeed (eager compaction is best-effort).
 //
 // Invariants (CheckInvariants): the live blocks and holes of each end tile [0, top) of that
 // end exactly; no hole touches the top; low top + high top <= usable; every live table
@@ -43,6 +53,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ula/backend.h"
@@ -77,6 +88,10 @@ class UnifiedBuffer final : public HybridAllocator {
   // On the caller's arena, which must hold at least capacity_bytes and outlive the buffer;
   // config.hold_bytes is ignored (arena.data decides). kInvalidArgument when it is too small.
   static Result<std::unique_ptr<UnifiedBuffer>> Create(const UnifiedBufferConfig& config, const Arena& arena);
+  // As above, with compaction moving bytes through `mover` (which must own the arena and
+  // outlive the buffer); kInvalidArgument when the arena is not the mover's.
+  static Result<std::unique_ptr<UnifiedBuffer>> Create(const UnifiedBufferConfig& config, const Arena& arena,
+                                                       Backend& mover);
   ~UnifiedBuffer() override;
 
   std::size_t num_kinds() const override { return config_.kinds.size(); }
@@ -94,6 +109,10 @@ class UnifiedBuffer final : public HybridAllocator {
   AllocatorStats Stats() const override;
   std::vector<BlockInfo> LiveBlocks() const override;
   Status CheckInvariants() const override;
+  // A hash of the whole state (block table with generations and pins, the free-id FIFO in
+  // order, both ends' blocks and holes, counters): equal before and after a refused call.
+  // For tests; O(state). ula/digest.h.
+  std::uint64_t DebugDigest() const;
 
   // Offset of the first reserved padding byte (== usable bytes).
   std::uint64_t padding_offset() const { return usable_; }
@@ -113,6 +132,8 @@ class UnifiedBuffer final : public HybridAllocator {
   UnifiedBufferConfig config_;
   std::uint64_t usable_ = 0;  // capacity - padding
   std::unique_ptr<Backend> owned_backend_;  // Create(config) only; owns arena_
+  Backend* mover_ = nullptr;                // compaction's copies, or memcpy when null
+  std::string compaction_error_;            // the last failed move of the current compaction
   Arena arena_;
   std::byte* bytes_ = nullptr;  // arena_.data: [capacity_bytes] or null
   std::array<std::unique_ptr<internal::EndLayout>, 2> ends_;  // [kLow, kHigh]

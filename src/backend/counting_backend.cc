@@ -21,7 +21,7 @@ class CountingBackend final : public Backend {
     registry_.Count(arenas->first, arenas->second, batch);
     return ++last_fence_;
   }
-  void Wait(Fence) override {}
+  Status Wait(Fence) override { return Ok(); }
   void WaitAll() override {}
   TransferCounters counters() const override { return registry_.counters(); }
   void ResetCounters() override { registry_.ResetCounters(); }

@@ -102,9 +102,10 @@ class CpuBackend final : public Backend {
     return fence;
   }
 
-  void Wait(Fence fence) override {
+  Status Wait(Fence fence) override {
     std::unique_lock lock(mu_);
     done_cv_.wait(lock, [&] { return completed_ >= fence; });
+    return Ok();
   }
 
   void WaitAll() override {

@@ -4,6 +4,7 @@
 #include <bit>
 #include <string>
 
+#include "ula/digest.h"
 #include "ula/check.h"
 
 namespace ula::policy {
@@ -94,6 +95,14 @@ Status Clock::CheckInvariants() const {
 
 std::size_t Clock::MemoryBytes() const {
   return stamp_.size() * sizeof(std::uint32_t) + ref_.size() * sizeof(std::uint64_t);
+}
+
+std::uint64_t Clock::DebugDigest() const {
+  StateDigest d;
+  d.AddAll(std::span<const std::uint32_t>(stamp_));
+  d.AddAll(std::span<const std::uint64_t>(ref_));
+  for (std::uint64_t v : {std::uint64_t{hand_}, std::uint64_t{round_}, tracked_, used_this_round_}) d.Add(v);
+  return d.value();
 }
 
 }  // namespace ula::policy

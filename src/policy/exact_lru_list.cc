@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "ula/digest.h"
 #include "ula/check.h"
 
 namespace ula::policy {
@@ -106,6 +107,15 @@ Status ExactLruList::CheckInvariants() const {
 
 std::size_t ExactLruList::MemoryBytes() const {
   return (prev_.size() + next_.size() + stamp_.size()) * sizeof(std::uint32_t);
+}
+
+std::uint64_t ExactLruList::DebugDigest() const {
+  StateDigest d;
+  d.AddAll(std::span<const std::uint32_t>(prev_));
+  d.AddAll(std::span<const std::uint32_t>(next_));
+  d.AddAll(std::span<const std::uint32_t>(stamp_));
+  for (std::uint64_t v : {std::uint64_t{head_}, std::uint64_t{tail_}, std::uint64_t{round_}, tracked_, used_this_round_}) d.Add(v);
+  return d.value();
 }
 
 }  // namespace ula::policy

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "ula/digest.h"
 #include "ula/check.h"
 
 namespace ula::policy {
@@ -117,5 +118,12 @@ Status ExactLruScan::CheckInvariants() const {
 }
 
 std::size_t ExactLruScan::MemoryBytes() const { return stamp_.size() * sizeof(std::uint32_t); }
+
+std::uint64_t ExactLruScan::DebugDigest() const {
+  StateDigest d;
+  d.AddAll(std::span<const std::uint32_t>(stamp_));
+  for (std::uint64_t v : {std::uint64_t{round_}, tracked_, used_this_round_}) d.Add(v);
+  return d.value();
+}
 
 }  // namespace ula::policy

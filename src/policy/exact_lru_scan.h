@@ -38,6 +38,7 @@ class ExactLruScan final : public ResidencyPolicy {
   bool UsedInCurrentRound(SlotId slot) const override { return stamp_[slot.value()] == round_; }
   Status CheckInvariants() const override;
   std::size_t MemoryBytes() const override;
+  std::uint64_t DebugDigest() const override;
 
  private:
   static constexpr std::uint32_t kUntracked = 0;  // rounds start at 1

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "ula/digest.h"
 #include "ula/check.h"
 
 namespace ula::policy {
@@ -94,6 +95,14 @@ Status LfuAged::CheckInvariants() const {
 
 std::size_t LfuAged::MemoryBytes() const {
   return stamp_.capacity() * sizeof(std::uint32_t) + count_.capacity() + keys_.capacity() * sizeof(std::uint64_t);
+}
+
+std::uint64_t LfuAged::DebugDigest() const {
+  StateDigest d;
+  d.AddAll(std::span<const std::uint32_t>(stamp_));
+  d.AddAll(std::span<const std::uint8_t>(count_));
+  for (std::uint64_t v : {std::uint64_t{aging_rounds_}, std::uint64_t{round_}, tracked_, used_this_round_}) d.Add(v);
+  return d.value();
 }
 
 }  // namespace ula::policy

@@ -5,6 +5,7 @@
 #include <bit>
 #include <string>
 
+#include "ula/digest.h"
 #include "ula/check.h"
 
 namespace ula::policy {
@@ -278,6 +279,18 @@ std::size_t PbLru::MemoryBytes() const {
                       stamp_.size() * sizeof(std::uint32_t) + stragglers_.capacity() * sizeof(std::uint64_t);
   for (const auto& b : ring_) bytes += b.MemoryBytes();
   return bytes;
+}
+
+std::uint64_t PbLru::DebugDigest() const {
+  StateDigest d;
+  d.Add(ring_.size());
+  d.Add(cur_);
+  for (const HierBitmap& b : ring_) d.Add(b);
+  d.Add(cold_);
+  d.Add(tracked_);
+  d.Add(round_);
+  d.AddAll(std::span<const std::uint32_t>(stamp_));
+  return d.value();
 }
 
 }  // namespace ula::policy

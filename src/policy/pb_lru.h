@@ -77,6 +77,7 @@ class PbLru final : public ResidencyPolicy {
   bool UsedInCurrentRound(SlotId slot) const override { return stamp_[slot.value()] == round_; }
   Status CheckInvariants() const override;
   std::size_t MemoryBytes() const override;
+  std::uint64_t DebugDigest() const override;
 
   // The bucket the slot lives in: 0 = current, a in 1..R = used a rounds ago, R + 1 = cold,
   // -1 = untracked. O(1), from the stamp.

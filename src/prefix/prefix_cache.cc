@@ -8,6 +8,7 @@
 #include <set>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "prefix/tree_util.h"
 #include "ula/check.h"
@@ -85,21 +86,32 @@ Status PrefixCache::HostCopy(const Checkpoint& c, std::uint32_t slot, bool to_ho
     const std::uint64_t window = allocator_->kind_config(config_.window_kind).block_bytes;
     parts.push_back({c.window, std::uint64_t{host_.slots} * state + std::uint64_t{slot} * window, window});
   }
-  Fence last = 0;
+  // Copy, then publish: every batch waited on its own fence (ula/backend.h), the first
+  // failure returned once nothing is in flight.
+  std::vector<Fence> fences;
+  Status status = Ok();
   for (const Part& p : parts) {
     auto device = allocator_->Offset(p.block);
-    if (!device) return std::unexpected(std::move(device).error());
+    if (!device) {
+      status = std::unexpected(std::move(device).error());
+      break;
+    }
     CopyBatch b;
     b.src = to_host ? host_.device_arena : host_.host_arena.id;
     b.dst = to_host ? host_.host_arena.id : host_.device_arena;
     b.bytes_per_move = static_cast<std::uint32_t>(p.bytes);
     b.moves = {to_host ? SlotMove{*device, p.host_offset} : SlotMove{p.host_offset, *device}};
     auto fence = host_.backend->Submit(std::move(b));
-    if (!fence) return std::unexpected(std::move(fence).error());
-    last = *fence;
+    if (!fence) {
+      status = std::unexpected(std::move(fence).error());
+      break;
+    }
+    fences.push_back(*fence);
   }
-  host_.backend->Wait(last);  // copy, then publish
-  return Ok();
+  for (Fence f : fences) {
+    if (auto w = host_.backend->Wait(f); !w && status) status = std::unexpected(std::move(w).error());
+  }
+  return status;
 }
 
 bool PrefixCache::Offload(std::uint32_t id, EvictionStats& stats) {

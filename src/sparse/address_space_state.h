@@ -39,6 +39,7 @@ struct AddressSpace::State {
   std::deque<LogicalAddr> free_addrs;  // FIFO: a freed address is reused as late as possible
   std::uint32_t next_addr = 0;         // addresses [0, next_addr) have been handed out once
   std::uint64_t live = 0;
+  std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
 
   GroupPools& at(Rank r, GroupId g) { return pools[r.value()][g.value()]; }
   const GroupPools& at(Rank r, GroupId g) const { return pools[r.value()][g.value()]; }

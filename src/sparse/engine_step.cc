@@ -312,14 +312,38 @@ Result<StepStats> EngineStepPlanner::Step(Rank rank, GroupId group, const StepSh
       const CopyDescriptor& d = s.library_descs[i];
       (d.op == static_cast<std::uint8_t>(CopyOp::kCopy) ? fetch : swap).moves.push_back({d.src_offset, d.dst_offset});
     }
-    Fence last = 0;
-    for (CopyBatch* batch : {&fetch, &swap}) {
-      if (batch->moves.empty()) continue;
-      auto fence = space_.backend().Submit(std::move(*batch));
-      ULA_CHECK(fence.has_value());  // offsets come from our own pools
-      last = *fence;
+    // Each batch waited on its own fence (ula/backend.h): a failed one marks its
+    // descriptors failed, and Complete publishes nothing of them.
+    CopyBatch* batches[2] = {&fetch, &swap};
+    bool failed[2] = {false, false};
+    Fence fences[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+      if (batches[k]->moves.empty()) continue;
+      auto fence = space_.backend().Submit(std::move(*batches[k]));
+      if (fence) {
+        fences[k] = *fence;
+      } else {
+        failed[k] = true;
+      }
     }
-    space_.backend().Wait(last);
+    for (int k = 0; k < 2; ++k) {
+      if (fences[k] != 0 && !space_.backend().Wait(fences[k])) failed[k] = true;
+    }
+    if (failed[0] || failed[1]) {
+      for (std::uint32_t i = 0; i < n; ++i) {
+        const int k = s.library_descs[i].op == static_cast<std::uint8_t>(CopyOp::kCopy) ? 0 : 1;
+        s.library_status[i] = failed[k] ? 1 : 0;
+      }
+    }
+    auto report = Complete(planned->fence, std::span<const std::uint8_t>(s.library_status).first(n));
+    s.library_status.assign(s.library_status.size(), 0);
+    ULA_CHECK(report.has_value());
+    if (report->failed > 0) {
+      return MakeError(ErrorCode::kIo, fmt::format("rank {} group {}: {} of {} copies failed (host->device copy {}, "
+                                                   "swap {}); nothing of them published", rank.value(), group.value(),
+                                                   report->failed, n, failed[0] ? "failed" : "ok", failed[1] ? "failed" : "ok"));
+    }
+    return planned->stats;
   }
   auto report = Complete(planned->fence, std::span<const std::uint8_t>(s.library_status).first(n));
   ULA_CHECK(report.has_value() && report->failed == 0);

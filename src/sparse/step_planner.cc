@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string>
 
 #include "sparse/address_space_state.h"
 #include "ula/check.h"
@@ -142,19 +143,34 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
       (i < n_free ? fetch : swap).moves.push_back(move);
     }
     stats.bytes_moved = (fetch.moves.size() + 2 * swap.moves.size()) * std::uint64_t{cfg.entry_bytes};
-    Fence last = 0;
-    for (CopyBatch* batch : {&fetch, &swap}) {
-      if (batch->moves.empty()) continue;
-      auto fence = space_.backend().Submit(std::move(*batch));
-      ULA_CHECK(fence.has_value());  // offsets come from our own pools
-      last = *fence;
+    // Each batch is waited on its own fence: a failed batch publishes nothing of its own,
+    // a completed one is published (its bytes have arrived) — see the header's contract.
+    CopyBatch* batches[2] = {&fetch, &swap};
+    Fence fences[2] = {0, 0};
+    std::string failed[2];
+    for (int k = 0; k < 2; ++k) {
+      if (batches[k]->moves.empty()) continue;
+      auto fence = space_.backend().Submit(std::move(*batches[k]));
+      if (fence) {
+        fences[k] = *fence;
+      } else {
+        failed[k] = fence.error().message();
+      }
     }
-    space_.backend().Wait(last);
+    for (int k = 0; k < 2; ++k) {
+      if (fences[k] == 0) continue;
+      if (auto w = space_.backend().Wait(fences[k]); !w) failed[k] = w.error().message();
+    }
     // Bytes have arrived: publish.
     for (std::size_t i = 0; i < n_miss; ++i) {
       const LogicalAddr wanted = missed_[i];
       const SlotId device_slot = target_slots_[i];
       const SlotId host_slot = table.Get(wanted).slot();
+      if (!failed[i < n_free ? 0 : 1].empty()) {
+        // Not copied: the entry stays on host; a free slot goes back (a victim stays put).
+        if (i < n_free) ULA_CHECK(gp.device.Free(device_slot).has_value());
+        continue;
+      }
       if (i < n_free) {
         ULA_CHECK(gp.host.Free(host_slot).has_value());
         gp.policy->Insert(device_slot);
@@ -164,6 +180,15 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
       }
       table.Set(wanted, Location::Make(Tier::kDevice, input.rank, device_slot));
       gp.device_owner[device_slot.value()] = wanted;
+    }
+    if (!failed[0].empty() || !failed[1].empty()) {
+      ULA_EXPENSIVE_CHECK(space_);
+      const bool both = !failed[0].empty() && !failed[1].empty();
+      return MakeError(ErrorCode::kIo,
+                       fmt::format("rank {} group {}: {}{}{}", input.rank.value(), input.group.value(),
+                                   failed[0].empty() ? "" : fmt::format("host->device copy of {} entries failed ({})", n_free, failed[0]),
+                                   both ? "; " : "",
+                                   failed[1].empty() ? "" : fmt::format("host<->device swap of {} entries failed ({})", n_miss - n_free, failed[1])));
     }
   }
 

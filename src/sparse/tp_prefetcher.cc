@@ -29,6 +29,12 @@ Result<TpPipelineStats> TpPrefetcher::RunStep(std::span<const std::vector<Logica
     return MakeError(ErrorCode::kInvalidArgument, fmt::format("{} selection lists and {} run lists for {} layer groups",
                                                               selections.size(), runs.size(), groups));
   }
+  // Refusal is total: check every group before stepping any (group states are disjoint).
+  for (std::uint32_t g = 0; g < groups; ++g) {
+    if (auto s = planner_.Check(GroupId(static_cast<std::uint16_t>(g)), selections[g], runs[g]); !s) {
+      return MakeError(s.error().code(), fmt::format("group {} refused, no group stepped: {}", g, s.error().message()));
+    }
+  }
   struct Timed {
     Result<TpStepPlan> plan;
     double seconds;
@@ -45,7 +51,10 @@ Result<TpPipelineStats> TpPrefetcher::RunStep(std::span<const std::vector<Logica
   for (std::uint32_t g = 0; g < groups; ++g) {
     Timed cur = prefetch ? next.get() : step(g);
     stats.fetch_s += cur.seconds;
-    if (!cur.plan) return std::unexpected(cur.plan.error());
+    if (!cur.plan) {
+      return MakeError(cur.plan.error().code(),
+                       fmt::format("group {} of {} failed ({} stepped before it): {}", g, groups, g, cur.plan.error().message()));
+    }
     if (prefetch && g + 1 < groups) next = std::async(std::launch::async, step, g + 1);
     const auto c0 = Clock::now();
     compute(GroupId(static_cast<std::uint16_t>(g)), *cur.plan);

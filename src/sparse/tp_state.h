@@ -53,6 +53,7 @@ struct TpAddressSpace::State {
   std::uint32_t next_tag = 1;                       // the next request's tag (renumbered on wrap)
   std::uint32_t cursor = 0;                         // next rank to receive a token
   std::uint64_t num_live = 0;
+  std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
 
   // Hosted ranks: shards[r] empty for a rank not hosted here.
   std::vector<std::vector<TpGroupShard>> shards;  // [P][groups]

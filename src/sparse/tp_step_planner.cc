@@ -8,7 +8,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <mutex>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "sparse/tp_state.h"
@@ -44,7 +45,9 @@ struct RankWork {
   std::vector<LogicalAddr> home_missed;
   std::vector<SlotId> buffer_hit_slots, buffer_targets;
   std::vector<LogicalAddr> remote_missed;
+  std::vector<char> fetch_failed;  // [remote_missed]
   TpRankStepStats stats;
+  Status status;                   // the first failed transfer of this rank's step
 };
 
 struct TpStepPlanner::Scratch {
@@ -71,8 +74,10 @@ void ForEachRank(std::vector<RankWork>& work, bool parallel, F&& fn) {
   for (RankWork& w : work) threads.emplace_back([&fn, &w] { fn(w); });
 }
 
-// Home phase of one rank: host-resident entries of its own shard swap onto device.
-void HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w) {
+// Home phase of one rank: host-resident entries of its own shard swap onto device. On a
+// failed batch: the contract of the header (each batch waited on its own fence; a failed
+// one publishes nothing, a completed one is published); returns the error.
+Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
   sh.policy->Touch(w.home_hit_slots);
   const std::size_t n_miss = w.home_missed.size();
   const std::size_t n_free = std::min<std::size_t>(n_miss, sh.device.num_free());
@@ -82,7 +87,7 @@ void HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork
   ULA_CHECK(claimed == n_miss - n_free);
   w.stats.home_misses = n_miss;
   w.stats.home_evictions = n_miss - n_free;
-  if (n_miss == 0) return;
+  if (n_miss == 0) return Ok();
   const std::uint32_t p = cfg.num_ranks;
   CopyBatch fetch{sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
   CopyBatch swap{sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, /*swap=*/true, {}};
@@ -91,18 +96,31 @@ void HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork
     (i < n_free ? fetch : swap).moves.push_back(move);
   }
   w.stats.host_bytes = (fetch.moves.size() + 2 * swap.moves.size()) * std::uint64_t{cfg.entry_bytes};
-  Fence last = 0;
-  for (CopyBatch* batch : {&fetch, &swap}) {
-    if (batch->moves.empty()) continue;
-    auto fence = backend.Submit(std::move(*batch));
-    ULA_CHECK(fence.has_value());  // offsets come from our own pools
-    last = *fence;
+  CopyBatch* batches[2] = {&fetch, &swap};
+  Fence fences[2] = {0, 0};
+  std::string failed[2];
+  for (int k = 0; k < 2; ++k) {
+    if (batches[k]->moves.empty()) continue;
+    auto fence = backend.Submit(std::move(*batches[k]));
+    if (fence) {
+      fences[k] = *fence;
+    } else {
+      failed[k] = fence.error().message();
+    }
   }
-  backend.Wait(last);
+  for (int k = 0; k < 2; ++k) {
+    if (fences[k] == 0) continue;
+    if (auto st = backend.Wait(fences[k]); !st) failed[k] = st.error().message();
+  }
   // Bytes have arrived: publish.
   for (std::size_t i = 0; i < n_miss; ++i) {
     const LogicalAddr wanted = w.home_missed[i];
     const SlotId dev = w.home_targets[i];
+    if (!failed[i < n_free ? 0 : 1].empty()) {
+      // Not copied: the entry stays on host; a free slot goes back (a victim stays put).
+      if (i < n_free) ULA_CHECK(sh.device.Free(dev).has_value());
+      continue;
+    }
     Location& loc = sh.home[wanted.value() / p];
     const SlotId host_slot = loc.slot();
     if (i < n_free) {
@@ -115,12 +133,19 @@ void HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork
     loc = Location::Make(Tier::kDevice, w.rank, dev);
     sh.device_owner[dev.value()] = wanted;
   }
+  for (int k = 0; k < 2; ++k) {
+    if (failed[k].empty()) continue;
+    return MakeError(ErrorCode::kIo, fmt::format("rank {} group {}: home phase: host{}device {} of {} entries failed ({})",
+                                                 w.rank.value(), group.value(), k == 0 ? "->" : "<->",
+                                                 k == 0 ? "copy" : "swap", k == 0 ? n_free : n_miss - n_free, failed[k]));
+  }
+  return Ok();
 }
 
 }  // namespace
 
-Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAddr> selections,
-                                       std::span<const SelectionRun> runs) {
+Status TpStepPlanner::Classify(GroupId group, std::span<const LogicalAddr> selections,
+                               std::span<const SelectionRun> runs) {
   TpAddressSpace::State& st = *space_.state_;
   const TpConfig& cfg = space_.config();
   const std::uint32_t p = cfg.num_ranks;
@@ -194,6 +219,7 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
     w.buffer_hit_slots.clear();
     w.remote_missed.clear();
     w.stats = {};
+    w.status = Ok();
     w.stats.distinct = sc.distinct.size();
     const TpGroupShard& sh = st.at(w.rank, group);
     for (LogicalAddr a : sc.distinct) {
@@ -240,6 +266,28 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
                                     sh.buffer.num_used() + sh.buffer.num_free() - buffer_room));
     }
   }
+  return local;
+}
+
+Status TpStepPlanner::Check(GroupId group, std::span<const LogicalAddr> selections,
+                            std::span<const SelectionRun> runs) {
+  if (fabric_ != nullptr) {
+    return MakeError(ErrorCode::kFailedPrecondition, "Check is for in-process ranks (with a fabric, Step agrees)");
+  }
+  return Classify(group, selections, runs);
+}
+
+Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAddr> selections,
+                                       std::span<const SelectionRun> runs) {
+  TpAddressSpace::State& st = *space_.state_;
+  const TpConfig& cfg = space_.config();
+  const std::uint32_t p = cfg.num_ranks;
+  const bool at_home = cfg.attention == TpAttention::kAtHome;
+  Scratch& sc = *scratch_;
+  // 0. Validate, dedup, classify, check that the misses fit (nothing changes).
+  Status local = Classify(group, selections, runs);
+  if (!local && local.error().code() != ErrorCode::kResourceExhausted) return std::unexpected(local.error());
+  const auto hosted = space_.hosted_ranks();
   const bool all_ok = fabric_ ? fabric_->AllTrue(local.has_value()) : local.has_value();
   if (!local) return std::unexpected(local.error());
   if (!all_ok) {
@@ -249,14 +297,13 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
 
   // 1. Home phase.
   ForEachRank(sc.work, options_.parallel_ranks,
-              [&](RankWork& w) { HomePhase(cfg, space_.backend(), st.at(w.rank, group), w); });
+              [&](RankWork& w) { w.status = HomePhase(cfg, space_.backend(), st.at(w.rank, group), w, group); });
   // Attention at home: no rank reads another's memory, so no barrier and no remote phase.
   if (fabric_ && !at_home) fabric_->Barrier();
 
-  // 2. Remote phase.
-  Status fetch_status = Ok();
-  std::mutex fetch_mu;
+  // 2. Remote phase. A rank whose home phase failed skips it (it still joins the barriers).
   if (!at_home) ForEachRank(sc.work, options_.parallel_ranks, [&](RankWork& w) {
+    if (!w.status) return;
     TpGroupShard& sh = st.at(w.rank, group);
     sh.buffer_policy->Touch(w.buffer_hit_slots);
     const std::size_t n_miss = w.remote_missed.size();
@@ -273,11 +320,23 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
     w.stats.remote_fetches = n_miss;
     w.stats.buffer_evictions = n_miss - n_free;
     w.stats.remote_bytes = n_miss * std::uint64_t{cfg.entry_bytes};
+    w.fetch_failed.assign(n_miss, 0);
+    auto fail = [&](const std::vector<std::size_t>& misses, std::string_view what, const Error& e) {
+      for (std::size_t i : misses) w.fetch_failed[i] = 1;
+      if (w.status) {
+        w.status = MakeError(ErrorCode::kIo, fmt::format("rank {} group {}: remote phase: {} ({})", w.rank.value(),
+                                                         group.value(), what, e.message()));
+      }
+    };
     // One batch per source rank (per source tier in-process: a batch spans two arenas).
     std::vector<std::vector<std::size_t>> by_source(p);
     for (std::size_t i = 0; i < n_miss; ++i) by_source[w.remote_missed[i].value() % p].push_back(i);
-    Fence last = 0;
-    bool submitted = false;
+    struct Submitted {
+      Fence fence;
+      std::uint32_t source;
+      std::vector<std::size_t> misses;
+    };
+    std::vector<Submitted> submitted;
     std::vector<LogicalAddr> addrs;
     std::vector<std::byte*> dst;
     for (std::uint32_t q = 0; q < p; ++q) {
@@ -286,20 +345,23 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
       const Rank src(static_cast<std::uint16_t>(q));
       if (space_.Hosts(src)) {
         const TpGroupShard& home = st.at(src, group);
-        CopyBatch from_dev{home.device.arena().id, sh.buffer.arena().id, cfg.entry_bytes, false, {}};
-        CopyBatch from_host{home.host.arena().id, sh.buffer.arena().id, cfg.entry_bytes, false, {}};
+        CopyBatch from[2] = {{home.device.arena().id, sh.buffer.arena().id, cfg.entry_bytes, false, {}},
+                             {home.host.arena().id, sh.buffer.arena().id, cfg.entry_bytes, false, {}}};
+        std::vector<std::size_t> misses[2];
         for (std::size_t i : by_source[q]) {
           const Location loc = home.home[w.remote_missed[i].value() / p];
-          const SlotMove m{(loc.tier() == Tier::kDevice ? home.device : home.host).offset(loc.slot()),
-                           sh.buffer.offset(w.buffer_targets[i])};
-          (loc.tier() == Tier::kDevice ? from_dev : from_host).moves.push_back(m);
+          const int t = loc.tier() == Tier::kDevice ? 0 : 1;
+          from[t].moves.push_back({(t == 0 ? home.device : home.host).offset(loc.slot()), sh.buffer.offset(w.buffer_targets[i])});
+          misses[t].push_back(i);
         }
-        for (CopyBatch* b : {&from_dev, &from_host}) {
-          if (b->moves.empty()) continue;
-          auto fence = space_.backend().Submit(std::move(*b));
-          ULA_CHECK(fence.has_value());
-          last = *fence;
-          submitted = true;
+        for (int t = 0; t < 2; ++t) {
+          if (from[t].moves.empty()) continue;
+          auto fence = space_.backend().Submit(std::move(from[t]));
+          if (fence) {
+            submitted.push_back({*fence, q, std::move(misses[t])});
+          } else {
+            fail(misses[t], fmt::format("copy of {} entries from rank {} failed", misses[t].size(), q), fence.error());
+          }
         }
       } else {
         addrs.clear();
@@ -309,24 +371,38 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
           dst.push_back(sh.buffer.data(w.buffer_targets[i]));
         }
         if (auto s = fabric_->FetchFromHome(src, group, addrs, dst); !s) {
-          std::lock_guard lock(fetch_mu);
-          if (fetch_status) fetch_status = std::unexpected(s.error());
+          fail(by_source[q], fmt::format("fetch of {} entries from rank {} failed", addrs.size(), q), s.error());
         }
       }
     }
-    if (submitted) space_.backend().Wait(last);
-    // Bytes have arrived: publish.
+    for (const Submitted& b : submitted) {
+      if (auto s = space_.backend().Wait(b.fence); !s) {
+        fail(b.misses, fmt::format("copy of {} entries from rank {} failed", b.misses.size(), b.source), s.error());
+      }
+    }
+    // Bytes have arrived: publish. A slot whose fetch failed holds no entry (a victim's old
+    // copy was dropped above, and may be partly overwritten): it goes back to the pool.
     for (std::size_t i = 0; i < n_miss; ++i) {
       const SlotId s = w.buffer_targets[i];
+      if (w.fetch_failed[i]) {
+        if (i >= n_free) sh.buffer_policy->Remove(s);
+        ULA_CHECK(sh.buffer.Free(s).has_value());
+        continue;
+      }
       sh.buffered[w.remote_missed[i].value()] = s;
       sh.buffer_owner[s.value()] = w.remote_missed[i];
       if (i < n_free) sh.buffer_policy->Insert(s);
     }
   });
   if (fabric_ && !at_home) fabric_->Barrier();
-  // A failed one-sided get is a broken transport, not bad input: the plan would read
-  // garbage, so it is reported (the buffer state itself stays consistent).
-  if (!fetch_status) return std::unexpected(fetch_status.error());
+  // A failed transfer is a broken copy engine or transport, not bad input: reported after
+  // the barrier (so the collectives stay matched), with the state the header documents.
+  for (const RankWork& w : sc.work) {
+    if (!w.status) {
+      ULA_EXPENSIVE_CHECK(space_);
+      return std::unexpected(w.status.error());
+    }
+  }
 
   // 3. Emit.
   TpStepPlan plan;

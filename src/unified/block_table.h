@@ -66,6 +66,8 @@ class BlockTable {
     return BlockId((index << kGenerationBits) | entries_[index].generation);
   }
   const std::vector<Entry>& entries() const { return entries_; }
+  // Freed indices in reuse order (oldest first).
+  const std::deque<std::uint32_t>& free_ids() const { return free_ids_; }
   std::size_t num_live() const { return num_live_; }
   Status CheckInvariants() const;
 

@@ -144,12 +144,12 @@ std::uint64_t EndLayout::Compact(const MoveFn& on_move) {
       while (hole != holes_.end() && hole->first < from && hole->second < item.size) ++hole;
       if (hole == holes_.end() || hole->first >= from) continue;
       const std::uint64_t to = hole->first;
+      if (on_move && !on_move(item.id, from, to, item.size)) return moved;  // copy failed: stays put
       EraseLive(std::prev(it.base()));
       TakeFromHole(hole, item.size);
       InsertLive(to, item);
       AddHole(from, item.size);
       moved += item.size;
-      if (on_move) on_move(item.id, from, to, item.size);
       did_move = true;
       break;
     }

@@ -27,8 +27,10 @@ class EndLayout {
     std::uint64_t size = 0;
     bool pinned = false;
   };
-  // Called for each compaction move, after the metadata changed.
-  using MoveFn = std::function<void(BlockId id, std::uint64_t from_pos, std::uint64_t to_pos, std::uint64_t size)>;
+  // Called for each compaction move, before the metadata changes: it copies the bytes
+  // (into the hole at to_pos, free space) and returns whether they arrived. On false the
+  // block stays at from_pos and the compaction stops there.
+  using MoveFn = std::function<bool(BlockId id, std::uint64_t from_pos, std::uint64_t to_pos, std::uint64_t size)>;
 
   EndLayout() = default;
   // Copies the layout, not the spare nodes (a simulation copy allocates what it needs).

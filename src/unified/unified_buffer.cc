@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "ula/check.h"
+#include "ula/digest.h"
 #include "unified/block_table.h"
 #include "unified/end_layout.h"
 
@@ -67,6 +68,19 @@ Result<std::unique_ptr<UnifiedBuffer>> UnifiedBuffer::Create(const UnifiedBuffer
   if (!arena) return std::unexpected(std::move(arena).error());
   auto buffer = Create(config, *arena);
   if (buffer) (*buffer)->owned_backend_ = std::move(backend);
+  return buffer;
+}
+
+Result<std::unique_ptr<UnifiedBuffer>> UnifiedBuffer::Create(const UnifiedBufferConfig& config, const Arena& arena,
+                                                             Backend& mover) {
+  if (arena.data != nullptr) {
+    auto owned = mover.GetArena(arena.id);
+    if (!owned || owned->data != arena.data) {
+      return MakeError(ErrorCode::kInvalidArgument, fmt::format("unified buffer: arena {} is not the mover's", arena.id.value()));
+    }
+  }
+  auto buffer = Create(config, arena);
+  if (buffer && arena.data != nullptr) (*buffer)->mover_ = &mover;
   return buffer;
 }
 
@@ -180,7 +194,14 @@ Result<std::vector<BlockId>> UnifiedBuffer::AllocateDemand(const Demand& demand)
                      fmt::format("unified buffer: demand of {} B does not fit (middle {} B, holes {} B, usable {} B)",
                                  total, stats.middle_bytes, stats.hole_bytes, usable_));
   }
-  if (plan == Plan::kFitsAfterCompaction) Compact();
+  if (plan == Plan::kFitsAfterCompaction) {
+    compaction_error_.clear();
+    Compact();
+    if (!compaction_error_.empty() && PlanDemand(demand) != Plan::kFits) {
+      return MakeError(ErrorCode::kIo, fmt::format("unified buffer: the demand needs compaction, and {}; nothing allocated",
+                                                   compaction_error_));
+    }
+  }
   // The result is grouped by kind in kind order: next[k] is where kind k's next id goes.
   std::array<std::uint32_t, BlockKind::kInvalidValue> next;
   std::uint32_t total = 0;
@@ -207,12 +228,30 @@ Result<std::vector<BlockId>> UnifiedBuffer::AllocateDemand(const Demand& demand)
 
 std::uint64_t UnifiedBuffer::CompactEnd(int e) {
   return ends_[e]->Compact([&](BlockId id, std::uint64_t from, std::uint64_t to, std::uint64_t size) {
-    if (bytes_ != nullptr) {
-      std::memcpy(bytes_ + PhysicalOffset(e, to, size), bytes_ + PhysicalOffset(e, from, size), size);
+    const std::uint64_t src = PhysicalOffset(e, from, size), dst = PhysicalOffset(e, to, size);
+    if (mover_ != nullptr) {  // copy first (into the hole: free space), wait, then publish
+      Status moved = Ok();
+      if (size > UINT32_MAX) {
+        moved = MakeError(ErrorCode::kUnsupported, fmt::format("a {} B block is too large for one copy move", size));
+      } else if (auto fence = mover_->Submit(CopyBatch{arena_.id, arena_.id, static_cast<std::uint32_t>(size), false,
+                                                       {SlotMove{src, dst}}});
+                 !fence) {
+        moved = std::unexpected(fence.error());
+      } else {
+        moved = mover_->Wait(*fence);
+      }
+      if (!moved) {
+        compaction_error_ = fmt::format("compaction move of block {} ({} B, offset {} -> {}) failed: {}", id.value(), size,
+                                        src, dst, moved.error().message());
+        return false;
+      }
+    } else if (bytes_ != nullptr) {
+      std::memcpy(bytes_ + dst, bytes_ + src, size);
     }
     table_->at(id).pos = to;  // the only metadata a move changes
     bytes_moved_ += size;
     ++blocks_moved_;
+    return true;
   });
 }
 
@@ -245,6 +284,7 @@ Status UnifiedBuffer::Pin(BlockId id) {
   BlockTable::Entry& entry = table_->at(id);
   if (entry.pins == UINT32_MAX) return MakeError(ErrorCode::kFailedPrecondition, "pin count overflow");
   if (entry.pins++ == 0) ends_[EndIndex(config_.kinds[entry.kind.value()].end)]->SetPinned(entry.pos, true);
+  ULA_EXPENSIVE_CHECK(*this);
   return Ok();
 }
 
@@ -350,6 +390,27 @@ Status UnifiedBuffer::CheckInvariants() const {
     }
   }
   return Ok();
+}
+
+
+std::uint64_t UnifiedBuffer::DebugDigest() const {
+  StateDigest d;
+  for (const BlockTable::Entry& e : table_->entries()) {
+    for (std::uint64_t v : {e.pos, std::uint64_t{e.kind.value()}, std::uint64_t{e.generation}, std::uint64_t{e.pins},
+                            std::uint64_t{e.live}}) {
+      d.Add(v);
+    }
+  }
+  for (std::uint32_t i : table_->free_ids()) d.Add(i);
+  for (const auto& end : ends_) {
+    d.Add(end->top());
+    for (const auto& [pos, item] : end->live()) {
+      for (std::uint64_t v : {pos, std::uint64_t{item.id.value()}, item.size, std::uint64_t{item.pinned}}) d.Add(v);
+    }
+    for (const auto& [pos, size] : end->holes()) d.Add(StateDigest::Mix(pos, size));
+  }
+  for (std::uint64_t v : {bytes_freed_, bytes_moved_, blocks_moved_}) d.Add(v);
+  return d.value();
 }
 
 }  // namespace ula

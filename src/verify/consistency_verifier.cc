@@ -62,7 +62,8 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
     std::vector<SlotId> out(1);
     return planner_.Step(StepInput{r.rank, GroupId(0), sel, runs}, out);
   }
-  // A fingerprint of the placement: every live entry's location and the pools' occupancy.
+  // A fingerprint of the placement: every live entry's location and the pools' occupancy,
+  // and the full-state DebugDigest (policy stamps and buckets, rounds, free lists in order).
   // Bytes are checked against the shadow instead (BytesMatchShadow).
   std::uint64_t Fingerprint() {
     std::uint64_t h = 1469598103934665603ull;
@@ -80,6 +81,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
     }
     mix(space_->num_live_addresses());
     mix(space_->num_requests());
+    mix(space_->DebugDigest());  // what no accessor shows: policy state, rounds, free-list order
     return h;
   }
 

@@ -96,7 +96,8 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
 
   bool HomeHosted(LogicalAddr a) const { return space_->Hosts(space_->HomeOf(a)); }
 
-  // Everything observable on the hosted ranks: home locations, buffer contents, occupancy.
+  // Everything observable on the hosted ranks: home locations, buffer contents, occupancy,
+  // and the full-state DebugDigest (policy stamps and buckets, rounds, free lists in order).
   std::uint64_t Fingerprint() {
     std::uint64_t h = 1469598103934665603ull;
     auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
@@ -124,6 +125,7 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
     }
     mix(space_->num_live_addresses());
     mix(space_->num_requests());
+    mix(space_->DebugDigest());  // what no accessor shows: policy state, rounds, free-list order
     return h;
   }
 

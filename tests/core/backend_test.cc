@@ -8,29 +8,34 @@
 namespace ula {
 namespace {
 
+// Each batch reads what the one before it wrote, so any other order gives other bytes:
+// swap a[0,16) <-> b[16,32), then copy b[16,32) -> a[32,48) (a's old first bytes only if
+// the swap ran first), then copy a[32,48) -> b[48,64) (only if the copy ran before it).
 TEST(CpuBackend, CopiesAndSwapsInSubmissionOrder) {
   for (int threads : {0, 1, 2}) {
     auto backend = MakeCpuBackend({.copy_threads = threads});
     auto a = backend->CreateArena(Tier::kDevice, Rank(0), 64).value();
     auto b = backend->CreateArena(Tier::kHost, Rank(0), 64).value();
-    for (int i = 0; i < 64; ++i) {
-      a.data[i] = std::byte(i);
-      b.data[i] = std::byte(100 + i);
-    }
-    CopyBatch swap{a.id, b.id, 16, true, {{0, 16}}};
-    CopyBatch copy{b.id, a.id, 16, false, {{0, 32}}};  // after the swap: b[0..16) holds a's old bytes
-    ASSERT_TRUE(backend->Submit(swap));
-    auto fence = backend->Submit(copy);
-    ASSERT_TRUE(fence);
-    backend->Wait(*fence);
-    for (int i = 0; i < 16; ++i) {
-      EXPECT_EQ(a.data[i], std::byte(116 + i)) << threads;
-      EXPECT_EQ(b.data[16 + i], std::byte(i));
-      EXPECT_EQ(a.data[32 + i], std::byte(100 + i));
+    for (int round = 0; round < 50; ++round) {
+      for (int i = 0; i < 64; ++i) {
+        a.data[i] = std::byte(i);
+        b.data[i] = std::byte(100 + i);
+      }
+      ASSERT_TRUE(backend->Submit(CopyBatch{a.id, b.id, 16, true, {{0, 16}}}));
+      ASSERT_TRUE(backend->Submit(CopyBatch{b.id, a.id, 16, false, {{16, 32}}}));
+      auto fence = backend->Submit(CopyBatch{a.id, b.id, 16, false, {{32, 48}}});
+      ASSERT_TRUE(fence);
+      ASSERT_TRUE(backend->Wait(*fence));
+      for (int i = 0; i < 16; ++i) {
+        ASSERT_EQ(a.data[i], std::byte(116 + i)) << threads << " threads, round " << round;   // swapped in
+        ASSERT_EQ(b.data[16 + i], std::byte(i)) << threads << " threads, round " << round;    // swapped out
+        ASSERT_EQ(a.data[32 + i], std::byte(i)) << "the copy ran before the swap, " << threads << " threads";
+        ASSERT_EQ(b.data[48 + i], std::byte(i)) << "the second copy ran before the first, " << threads << " threads";
+      }
     }
     const auto c = backend->counters();
-    EXPECT_EQ(c.Bytes(Tier::kDevice, Tier::kHost, false), 16u);
-    EXPECT_EQ(c.Bytes(Tier::kHost, Tier::kDevice, false), 32u);
+    EXPECT_EQ(c.Bytes(Tier::kDevice, Tier::kHost, false), 50u * (16 + 16));
+    EXPECT_EQ(c.Bytes(Tier::kHost, Tier::kDevice, false), 50u * (16 + 16));
   }
 }
 
@@ -57,7 +62,7 @@ TEST(CpuBackend, ManyThreadsSubmittingAndWaiting) {
         CopyBatch batch{a.id, b.id, 64, false, {{std::uint64_t(t) * 1024, std::uint64_t(t) * 1024}}};
         auto f = backend->Submit(batch);
         ASSERT_TRUE(f);
-        backend->Wait(*f);
+        ASSERT_TRUE(backend->Wait(*f));
       }
     });
   }

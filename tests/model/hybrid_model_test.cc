@@ -15,8 +15,10 @@ namespace {
 
 std::unique_ptr<HybridModel> SmallModel() { return HybridModel::Create(HybridModelConfig{}).value(); }
 
-std::unique_ptr<UnifiedBuffer> Buffer(const HybridModel& model, std::uint64_t pages) {
+std::unique_ptr<UnifiedBuffer> Buffer(const HybridModel& model, std::uint64_t pages,
+                                      CompactionMode mode = CompactionMode::kLazy) {
   UnifiedBufferConfig c;
+  c.compaction = mode;
   c.alignment = 64;
   c.kinds = model.Kinds(64);
   c.capacity_bytes = pages * c.kinds[1].block_bytes;
@@ -292,18 +294,36 @@ TEST(HybridModel, OutputDoesNotDependOnTheAllocatorOrOnCompaction) {
   auto fixed = FixedSplitAllocator::Create(fc).value();
   HybridRunner fixed_runner(*model, *fixed, nullptr);
   ExpectBitIdentical(*fixed_runner.Serve(prompt, ServeOptions{.max_new_tokens = 4}), reference);
-  // A unified buffer whose blocks get moved by compaction while the request runs: a small
-  // buffer that keeps a cache full of other prefixes, evicted and compacted as needed.
-  auto small = Buffer(*model, 48);
+  // A unified buffer whose blocks get moved by compaction between the request's prefill
+  // and its reuse: the prompt's first 64 tokens are cached above other prefixes, those are
+  // evicted (eager compaction moves the prompt's cached pages and checkpoints into their
+  // holes), then the prompt is served again from the moved blocks.
+  auto small = Buffer(*model, 96, CompactionMode::kEager);
   auto cache = Cache(*model, *small);
   HybridRunner runner(*model, *small, cache.get());
-  for (std::uint32_t s = 0; s < 4; ++s) {
-    ASSERT_TRUE(runner.Serve(RandomTokens(100 + s, 60, model->config().vocab),
-                             ServeOptions{.max_new_tokens = 2, .checkpoint_interval = 16}));
+  std::vector<std::vector<std::uint32_t>> fillers;
+  for (std::uint32_t s = 0; s < 2; ++s) {
+    fillers.push_back(RandomTokens(100 + s, 40, model->config().vocab));
+    ASSERT_TRUE(runner.Serve(fillers.back(), ServeOptions{.max_new_tokens = 2, .checkpoint_interval = 16}));
+    fillers.back().resize(16);  // a prefix with a checkpoint at its end
+    ASSERT_TRUE(cache->Holds(fillers.back()));
   }
+  const std::vector<std::uint32_t> head(prompt.begin(), prompt.begin() + 64);
+  ASSERT_TRUE(runner.Serve(head, ServeOptions{.max_new_tokens = 1, .checkpoint_interval = 16}));
+  const std::vector<std::uint32_t> head48(prompt.begin(), prompt.begin() + 48);
+  ASSERT_TRUE(cache->Holds(head48));
+  const std::uint64_t moved_before = small->Stats().blocks_moved;
+  // Evict the two older prefixes (least recently used), one page of demand more at a time,
+  // and nothing of the prompt's.
+  for (std::uint32_t pages = 1; pages < 64 && (cache->Holds(fillers[0]) || cache->Holds(fillers[1])); ++pages) {
+    ASSERT_TRUE(cache->MakeRoom(Demand::Of(small->num_kinds()).Add(kModelKvKind, pages), EvictionRule::kAllocationAware));
+  }
+  ASSERT_FALSE(cache->Holds(fillers[0]) || cache->Holds(fillers[1]));
+  ASSERT_TRUE(cache->Holds(head48));
+  EXPECT_GT(small->Stats().blocks_moved, moved_before) << "no cached block moved: the test would show nothing";
   auto r = runner.Serve(prompt, ServeOptions{.max_new_tokens = 4});
   ASSERT_TRUE(r) << r.error().ToString();
-  EXPECT_GT(r->evicted.nodes, 0u);
+  EXPECT_GE(r->matched, 48u);  // read from the moved pages and checkpoint
   ExpectBitIdentical(*r, reference);
   EXPECT_TRUE(small->CheckInvariants());
   EXPECT_TRUE(cache->CheckInvariants());

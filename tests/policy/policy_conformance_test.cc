@@ -172,47 +172,9 @@ TYPED_TEST(PolicyConformance, TouchWithDuplicatesCountsEachSlotOnce) {
   EXPECT_EQ(p->NumEvictable(), 61u);
 }
 
-// The planner's rule: a miss takes a free slot of the pool while there is one, and asks
-// the policy for a victim only when the pool is full.
-TYPED_TEST(PolicyConformance, FreeSlotsFirstWithASlotPool) {
-  const std::uint32_t capacity = 300;
-  auto pool = SlotPool::Create(Arena{ArenaId(0), Tier::kDevice, Rank(0), capacity * 64ull, nullptr}, 64, capacity);
-  ASSERT_TRUE(pool);
-  auto p = this->Make(capacity);
-  std::uint64_t evictions = 0;
-  auto place_misses = [&](std::uint32_t misses) {
-    std::vector<std::uint32_t> placed;
-    std::uint32_t into_free = 0;
-    while (into_free < misses) {
-      auto slot = pool->Allocate();
-      if (!slot) break;
-      p.Insert(slot->value());
-      placed.push_back(slot->value());
-      ++into_free;
-    }
-    const auto victims = p.Claim(misses - into_free);
-    EXPECT_TRUE(into_free == misses || pool->num_free() == 0);
-    evictions += victims.size();
-    placed.insert(placed.end(), victims.begin(), victims.end());
-    return placed;
-  };
-  for (int round = 0; round < 5; ++round) {  // 5 x 50 misses fit in the free slots
-    EXPECT_EQ(place_misses(50).size(), 50u);
-    p.Advance();
-  }
-  EXPECT_EQ(evictions, 0u);
-  EXPECT_EQ(place_misses(80).size(), 80u);  // 50 free + 30 victims
-  EXPECT_EQ(evictions, 30u);
-  p.Advance();
-  // Free two slots (entries dropped): the next misses take them, not victims.
-  for (std::uint32_t s : {17u, 211u}) {
-    p.Remove(s);
-    ASSERT_TRUE(pool->Free(SlotId(s)));
-  }
-  const auto placed = place_misses(2);
-  EXPECT_EQ(std::set<std::uint32_t>(placed.begin(), placed.end()), (std::set<std::uint32_t>{17, 211}));
-  EXPECT_EQ(evictions, 30u);
-}
+// (The planner's rule "free slots first, then victims" is the planners' business, not the
+// policies': tested on the planners, tests/sparse/step_planner_test.cc and
+// tests/tp/tp_step_planner_test.cc, MissesFillEveryFreeSlotThenEvict.)
 
 TYPED_TEST(PolicyConformance, PoolOfOneSlot) {
   auto p = this->Make(1);

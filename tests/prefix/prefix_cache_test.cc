@@ -369,7 +369,7 @@ class FailingBackend final : public Backend {
     if (fail) return MakeError(ErrorCode::kIo, "injected copy failure");
     return inner_->Submit(std::move(batch));
   }
-  void Wait(Fence fence) override { inner_->Wait(fence); }
+  Status Wait(Fence fence) override { return inner_->Wait(fence); }
   void WaitAll() override { inner_->WaitAll(); }
   TransferCounters counters() const override { return inner_->counters(); }
   void ResetCounters() override { inner_->ResetCounters(); }

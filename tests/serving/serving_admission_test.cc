@@ -208,19 +208,35 @@ TEST(HiSparse, EvictsTheLeastRecentlyUsedEntryOfTheSameRequest) {
   EXPECT_TRUE(b->CheckInvariants());
 }
 
+// A refused step changes nothing: a twin that never saw it answers every later step
+// identically (hits, misses, evictions: the buffer contents and their LRU stamps agree).
 TEST(HiSparse, BufferIsNotLentToOtherRequests) {
-  auto b = HiSparseBuffers::Create(4);
-  ASSERT_TRUE(b);
-  ASSERT_TRUE(b->AddRequest(1, 3));  // uses 3 of its 4 slots
-  ASSERT_TRUE(b->AddRequest(2, 20));
-  b->AdvanceRound();
+  auto make = [] {
+    auto b = HiSparseBuffers::Create(4);
+    EXPECT_TRUE(b);
+    EXPECT_TRUE(b->AddRequest(1, 3));  // uses 3 of its 4 slots
+    EXPECT_TRUE(b->AddRequest(2, 20));  // buffer: 16..19
+    b->AdvanceRound();
+    return std::move(b).value();
+  };
+  HiSparseBuffers b = make(), twin = make();
   // Request 2 needs 5 distinct entries: its own 4 slots are the limit even though request 1
-  // has a free slot.
-  auto st = b->Step(2, std::vector<std::uint32_t>{0, 1, 2, 3, 4});
+  // has a free slot. Two of them (16, 17) are buffered hits a careless step would touch.
+  auto st = b.Step(2, std::vector<std::uint32_t>{16, 17, 0, 1, 2});
   ASSERT_FALSE(st);
   EXPECT_EQ(st.error().code(), ErrorCode::kResourceExhausted);
-  EXPECT_TRUE(b->CheckInvariants());  // nothing changed
-  EXPECT_EQ(*b->NumBuffered(1), 3u);
+  EXPECT_TRUE(b.CheckInvariants());
+  EXPECT_EQ(*b.NumBuffered(1), 3u);
+  EXPECT_EQ(*b.NumBuffered(2), 4u);
+  const std::vector<std::vector<std::uint32_t>> later = {{0, 1}, {16, 17, 18}, {18, 19}, {2, 3}, {0, 19}};
+  for (const auto& sel : later) {
+    auto x = b.Step(2, sel), y = twin.Step(2, sel);
+    ASSERT_TRUE(x && y);
+    EXPECT_EQ(x->hits, y->hits) << "after the refused step the buffer differs";
+    EXPECT_EQ(x->evictions, y->evictions);
+    b.AdvanceRound();
+    twin.AdvanceRound();
+  }
 }
 
 TEST(HiSparse, NewTokensGoToTheBufferAndBadInputIsRefused) {

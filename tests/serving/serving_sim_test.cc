@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "serving/serving_systems.h"
 #include "ula/serving_sim.h"
 
 namespace ula {
@@ -22,14 +23,23 @@ std::string ReadTiny() {
   return ss.str();
 }
 
-ComparisonResult RunTiny() {
-  auto sc = ParseScenarioConfig(ReadTiny(), "tiny.json");
+ComparisonResult RunScenario(const std::string& json) {
+  auto sc = ParseScenarioConfig(json, "tiny.json");
   EXPECT_TRUE(sc) << sc.error().ToString();
   CompareOptions o;
   o.config_dir = kTestConfigs;
   auto r = RunComparison(*sc, o);
   EXPECT_TRUE(r) << r.error().ToString();
   return r ? *r : ComparisonResult{};
+}
+
+ComparisonResult RunTiny() { return RunScenario(ReadTiny()); }
+
+// The tiny scenario with one field (a JSON pointer) replaced.
+ComparisonResult RunTinyWith(const std::string& pointer, const nlohmann::json& value) {
+  nlohmann::json j = nlohmann::json::parse(ReadTiny());
+  j[nlohmann::json::json_pointer(pointer)] = value;
+  return RunScenario(j.dump());
 }
 
 TEST(ServingSim, EverySystemRunsUpToItsAdmissionLimit) {
@@ -65,14 +75,32 @@ TEST(ServingSim, EverySystemRunsUpToItsAdmissionLimit) {
   }
 }
 
+// The same scenario on 2 and on 4 ranks: all-GPU TP keeps a full copy per rank, so its
+// admission grows only with one rank's KV budget (weights sharded over more ranks leave a
+// little more: +10% here), by at most one request of rounding; UlaCache TP stripes the
+// history over the ranks and admits about twice as many.
 TEST(ServingSim, TpAllGpuDoesNotGainCapacityFromMoreRanksButUlaCacheDoes) {
-  const ComparisonResult r = RunTiny();
-  ASSERT_EQ(r.configs.size(), 4u);
-  const ConfigResult& tp = r.configs[0];
-  const ConfigResult& dp = r.configs[2];
-  // All-GPU TP holds a full copy per rank: about half of DP's admission on 2 ranks.
-  EXPECT_LT(tp.systems[0].admitted, dp.systems[0].admitted);
-  EXPECT_GT(tp.systems[2].admitted, tp.systems[0].admitted);
+  const ComparisonResult two = RunTiny();
+  const ComparisonResult four = RunTinyWith("/num_ranks", 4);
+  ASSERT_EQ(two.configs.size(), 4u);
+  ASSERT_EQ(four.configs.size(), 4u);
+  for (int c : {0, 1}) {  // the TP configs (mtp off, on)
+    ASSERT_EQ(two.configs[c].entry.mode, ParallelMode::kTp);
+    const SystemResult* all2 = two.configs[c].Find(SystemKind::kAllGpu);
+    const SystemResult* all4 = four.configs[c].Find(SystemKind::kAllGpu);
+    const SystemResult* ula2 = two.configs[c].Find(SystemKind::kUlaCache);
+    const SystemResult* ula4 = four.configs[c].Find(SystemKind::kUlaCache);
+    ASSERT_TRUE(all2 && all4 && ula2 && ula4);
+    std::printf("config %d: kv per rank %.4g -> %.4g B; all-GPU %u -> %u; UlaCache %u -> %u\n", c,
+                double(two.configs[c].budget.device_kv_bytes), double(four.configs[c].budget.device_kv_bytes),
+                all2->admitted, all4->admitted, ula2->admitted, ula4->admitted);
+    const double budget_growth = four.configs[c].budget.device_kv_bytes / two.configs[c].budget.device_kv_bytes;
+    EXPECT_LE(all4->admitted, all2->admitted * budget_growth + 1) << "config " << c;
+    EXPECT_GE(ula4->admitted, 1.5 * ula2->admitted) << "config " << c;
+    EXPECT_GT(ula2->admitted, all2->admitted) << "config " << c;
+  }
+  // And DP all-GPU, one history per rank, does gain from more ranks.
+  EXPECT_GT(four.configs[2].Find(SystemKind::kAllGpu)->admitted, two.configs[2].Find(SystemKind::kAllGpu)->admitted);
 }
 
 TEST(ServingSim, AttentionAtHomeRunsInTpOnlyFetchesNothingAndAdmitsAtLeastUlaCacheTp) {
@@ -107,22 +135,71 @@ TEST(ServingSim, AttentionAtHomeRunsInTpOnlyFetchesNothingAndAdmitsAtLeastUlaCac
   }
 }
 
+// Two runs of one scenario are bit-identical, and the comparison is not vacuous: the runs
+// do draw from the scenario's seeds (another sampling seed changes the curves).
 TEST(ServingSim, RunsAreDeterministic) {
   const ComparisonResult a = RunTiny();
   const ComparisonResult b = RunTiny();
+  const ComparisonResult other = RunTinyWith("/sampling/seed", 10);
   ASSERT_EQ(a.configs.size(), b.configs.size());
+  ASSERT_EQ(a.configs.size(), other.configs.size());
+  bool seed_matters = false;
   for (std::size_t i = 0; i < a.configs.size(); ++i) {
     ASSERT_EQ(a.configs[i].systems.size(), b.configs[i].systems.size());
     for (std::size_t s = 0; s < a.configs[i].systems.size(); ++s) {
-      const SystemResult &x = a.configs[i].systems[s], &y = b.configs[i].systems[s];
+      const SystemResult &x = a.configs[i].systems[s], &y = b.configs[i].systems[s], &z = other.configs[i].systems[s];
       EXPECT_EQ(x.admitted, y.admitted);
       ASSERT_EQ(x.curve.size(), y.curve.size());
       for (std::size_t k = 0; k < x.curve.size(); ++k) {
         EXPECT_EQ(x.curve[k].tput, y.curve[k].tput);  // bit-identical
         EXPECT_EQ(x.curve[k].hit_rate, y.curve[k].hit_rate);
+        EXPECT_EQ(x.curve[k].h2d_gb, y.curve[k].h2d_gb);
+        if (k < z.curve.size()) seed_matters |= x.curve[k].tput != z.curve[k].tput;
       }
     }
   }
+  EXPECT_TRUE(seed_matters) << "no curve depends on the sampling seed: the determinism check compares constants";
+}
+
+// The counts behind the curves' hit rates (a curve's hit rate is 1 when nothing is counted,
+// so checking all-GPU's 1.0 alone proves nothing): all-GPU counts each distinct selection
+// once, as a hit; UlaCache DP sees the same distinct selections and misses those on host.
+TEST(ServingSystems, AllGpuCountsEachDistinctSelectionOnceAsAHit) {
+  using namespace serving_internal;
+  auto counters = [](SystemKind kind) {
+    SimSystemConfig c;
+    c.rules.system = kind;
+    c.rules.mode = ParallelMode::kDp;
+    c.rules.num_ranks = 1;
+    c.rules.device_bytes_per_rank = 1e6;
+    c.rules.host_bytes_per_rank = 1e6;
+    c.rules.kv_bytes_per_token = 100;
+    c.rules.index_bytes_per_token = 10;
+    c.rules.working_set_entries = 16;
+    c.group_entry_bytes = 100;
+    c.device_tokens = 8;
+    c.host_tokens = 200;
+    auto sys = MakeSimSystem(c);
+    EXPECT_TRUE(sys) << sys.error().ToString();
+    SimCounters k;
+    if (!sys) return k;
+    EXPECT_TRUE((*sys)->Admit(1, 50, 60).value_or(false));
+    const std::vector<std::uint64_t> ids{1};
+    const std::vector<std::vector<std::uint32_t>> first{{0}};  // ends the admission's round
+    EXPECT_TRUE((*sys)->Step(ids, first, k));
+    k = SimCounters{};
+    const std::vector<std::vector<std::uint32_t>> sel{{3, 7, 3, 9, 7, 40, 41, 9}};
+    auto st = (*sys)->Step(ids, sel, k);
+    EXPECT_TRUE(st) << st.error().ToString();
+    return k;
+  };
+  const SimCounters all = counters(SystemKind::kAllGpu);
+  EXPECT_EQ(all.distinct, 5.0);  // {3, 7, 9, 40, 41}
+  EXPECT_EQ(all.hits, 5.0);
+  const SimCounters ula = counters(SystemKind::kUlaCache);
+  EXPECT_EQ(ula.distinct, 5.0);
+  EXPECT_LT(ula.hits, 5.0);  // 8 device slots: the later positions start on host
+  EXPECT_GT(ula.h2d, 0.0);
 }
 
 // Issue 14, items 3 and 6: UlaCache pays its planner per group, HiSparse its per-layer

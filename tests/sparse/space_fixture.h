@@ -1,6 +1,6 @@
 // Test helpers for the DP address space: a small space on the cpu backend, entries filled
 // with bytes derived from (address, group, version), and a snapshot of everything
-// observable to prove that a refused call changed nothing.
+// observable (plus the full-state DebugDigest) to prove that a refused call changed nothing.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -43,6 +43,7 @@ struct Snapshot {
   std::vector<std::uint32_t> free_counts;
   std::uint64_t live = 0;
   std::uint32_t requests = 0;
+  std::uint64_t digest = 0;  // DebugDigest(): policy stamps and buckets, rounds, free lists and their order
   bool operator==(const Snapshot&) const = default;
 };
 
@@ -68,6 +69,7 @@ inline Snapshot Take(const AddressSpace& space, const std::vector<RequestId>& re
   }
   s.live = space.num_live_addresses();
   s.requests = space.num_requests();
+  s.digest = space.DebugDigest();
   return s;
 }
 

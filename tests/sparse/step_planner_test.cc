@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <random>
+#include <string>
 
 #include "sparse/space_fixture.h"
 
@@ -55,6 +58,29 @@ TEST(StepPlanner, MissesUseFreeSlotsBeforeEvicting) {
   ExpectSlotsHoldEntries(f, GroupId(0), sel, slots);
 }
 
+// Free slots first, then victims: 5 misses with 2 free device slots take both free slots
+// and evict exactly 3 (the oldest), and the free pool ends empty.
+TEST(StepPlanner, MissesFillEveryFreeSlotThenEvict) {
+  SpaceFixture f(SmallConfig(6, 12));
+  auto x = f.AddFilled(RequestId(1), Rank(0), 2);  // device slots 0, 1
+  auto y = f.AddFilled(RequestId(2), Rank(0), 9);  // device 2..5, then 5 on host
+  ASSERT_TRUE(f.space->Free(RequestId(1)));        // 2 device slots free
+  f.space->AdvanceRound();
+  std::vector<LogicalAddr> sel(y.begin() + 4, y.end());
+  std::vector<SlotId> slots(sel.size());
+  auto stats = f.planner.Step({Rank(0), GroupId(0), sel, Runs(RequestId(2), sel.size())}, slots);
+  ASSERT_TRUE(stats) << stats.error().ToString();
+  EXPECT_EQ(stats->misses, 5u);
+  EXPECT_EQ(stats->into_free, 2u);
+  EXPECT_EQ(stats->evictions, 3u);
+  EXPECT_EQ(f.space->NumFree(Rank(0), GroupId(0), Tier::kDevice), 0u);
+  int evicted = 0;
+  for (int i = 0; i < 4; ++i) evicted += f.space->Lookup(y[i], GroupId(0))->tier() == Tier::kHost;
+  EXPECT_EQ(evicted, 3);
+  ExpectSlotsHoldEntries(f, GroupId(0), sel, slots);
+  (void)x;
+}
+
 TEST(StepPlanner, SwapsAVictimWithTheMissedEntryUnderExclusiveTiers) {
   SpaceFixture f(SmallConfig(2, 2));
   auto a = f.AddFilled(RequestId(1), Rank(0), 4);  // a0,a1 on device; a2,a3 on host; all full
@@ -91,6 +117,51 @@ TEST(StepPlanner, NeverEvictsAnEntryUsedInTheCurrentRound) {
   EXPECT_EQ(f.Take(), before);
   f.space->AdvanceRound();
   ASSERT_TRUE(f.planner.Step({Rank(0), GroupId(0), second, Runs(RequestId(1), second.size())}, one));
+}
+
+// Several steps of one group in one round (an engine plans every request's step before
+// attention runs): no step may evict an entry that an earlier step of the round placed or
+// hit, so at the end of the round every slot any step handed out still holds its entry.
+// Random selections, every policy.
+TEST(StepPlanner, NoStepEvictsAnEntryUsedEarlierInTheRound) {
+  const char* seed_env = std::getenv("ULA_TEST_SEED");
+  const std::uint64_t seed = seed_env ? std::strtoull(seed_env, nullptr, 10) : 77;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << " (ULA_TEST_SEED reproduces)");
+  for (PolicyKind kind : {PolicyKind::kPbLru, PolicyKind::kExactLruScan, PolicyKind::kExactLruList, PolicyKind::kClock}) {
+    SCOPED_TRACE(PolicyKindName(kind));
+    AddressSpaceConfig c = SmallConfig(24, 80);
+    c.policy = kind;
+    SpaceFixture f(c);
+    auto addrs = f.AddFilled(RequestId(1), Rank(0), 100);
+    std::mt19937_64 rng(seed);
+    std::uint64_t refused = 0, evictions = 0;
+    for (int round = 0; round < 40; ++round) {
+      f.space->AdvanceRound();
+      std::vector<std::pair<LogicalAddr, SlotId>> used;  // every (entry, slot) handed out this round
+      for (int step = 0; step < 4; ++step) {
+        std::vector<LogicalAddr> sel;
+        for (int i = 0; i < 6; ++i) sel.push_back(addrs[rng() % addrs.size()]);
+        std::vector<SlotId> slots(sel.size());
+        auto st = f.planner.Step({Rank(0), GroupId(0), sel, Runs(RequestId(1), sel.size())}, slots);
+        if (!st) {
+          ASSERT_EQ(st.error().code(), ErrorCode::kResourceExhausted) << st.error().ToString();
+          ++refused;
+          continue;
+        }
+        evictions += st->evictions;
+        for (std::size_t i = 0; i < sel.size(); ++i) used.emplace_back(sel[i], slots[i]);
+      }
+      for (const auto& [a, slot] : used) {
+        const std::byte* got = f.space->DeviceSlotData(Rank(0), GroupId(0), slot);
+        ASSERT_EQ(std::memcmp(got, Pattern(a, 0, 32).data(), 32), 0)
+            << "round " << round << ": slot " << slot.value() << " handed out for address " << a.value()
+            << " was given to another entry later in the round";
+      }
+    }
+    EXPECT_GT(evictions, 100u);
+    std::printf("%s: %llu evictions, %llu refused steps\n", std::string(PolicyKindName(kind)).c_str(),
+                (unsigned long long)evictions, (unsigned long long)refused);
+  }
 }
 
 TEST(StepPlanner, RefusedStepsChangeNothing) {
@@ -235,9 +306,9 @@ class SpyBackend final : public Backend {
     if (on_submit) on_submit();
     return inner_->Submit(std::move(batch));
   }
-  void Wait(Fence f) override {
+  Status Wait(Fence f) override {
     if (on_wait) on_wait();
-    inner_->Wait(f);
+    return inner_->Wait(f);
   }
   void WaitAll() override { inner_->WaitAll(); }
   TransferCounters counters() const override { return inner_->counters(); }

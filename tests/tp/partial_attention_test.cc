@@ -67,22 +67,52 @@ TEST(PartialAttention, AnySplitMergesToTheReference) {
   std::printf("largest relative difference from the reference: %.3g\n", worst);
 }
 
-TEST(PartialAttention, MergeIsAPureFunctionOfThePartialsInOrder) {
-  ULA_TEST_SEEDED(seed, 5);
-  std::mt19937_64 rng(seed);
-  Case c = MakeCase(rng, 40, 2.0f);
-  const std::size_t pv = PartialValues(c.shape);
-  std::vector<float> partials(4 * pv);
-  for (std::uint32_t k = 0; k < 4; ++k) {
-    std::vector<std::size_t> idx;
-    for (std::size_t i = k; i < 40; i += 4) idx.push_back(i);
-    ASSERT_TRUE(PartialMlaAttention(c.shape, c.query, c.Pointers(idx), std::span(partials).subspan(k * pv, pv)));
-  }
-  std::vector<float> a(c.shape.output_values()), b(c.shape.output_values());
-  ASSERT_TRUE(MergeMlaPartials(c.shape, partials, a));
-  const std::vector<float> copy = partials;
-  ASSERT_TRUE(MergeMlaPartials(c.shape, copy, b));
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+// The merge sums the parts in index order (the header's contract: bit-identical outputs on
+// every process). Records chosen so that float addition order shows: with m = 0 and s = 1
+// for every part, out = (acc_0 + acc_1 + acc_2) / 3 summed left to right. acc = {1, 1e8,
+// -1e8}: in index order 1 + 1e8 rounds to 1e8 and the sum is exactly 0; in any order that
+// adds the two large values first it is 1 (out 1/3). A second layout checks the weights:
+// parts with different maxima get w_k = exp(m_k - M) against a double evaluation of the
+// formula.
+TEST(PartialAttention, MergeSumsThePartsInIndexOrder) {
+  MlaShape shape{.num_heads = 1, .kv_lora_rank = 2, .rope_dim = 1, .softmax_scale = 1.0f};
+  const std::size_t pv = PartialValues(shape);
+  ASSERT_EQ(pv, 4u);
+  auto record = [](std::vector<float>& p, float acc0, float acc1, float m, float s) {
+    p.insert(p.end(), {acc0, acc1, m, s});
+  };
+  std::vector<float> partials;
+  record(partials, 1.0f, 2.0f, 0.0f, 1.0f);
+  record(partials, 1e8f, 2.0f, 0.0f, 1.0f);
+  record(partials, -1e8f, 2.0f, 0.0f, 1.0f);
+  std::vector<float> out(shape.output_values());
+  ASSERT_TRUE(MergeMlaPartials(shape, partials, out));
+  EXPECT_EQ(out[0], 0.0f) << "the parts were not summed in index order";
+  EXPECT_EQ(out[1], 2.0f);
+  // The same records in another order give another (also index-order) result.
+  std::vector<float> reordered;
+  record(reordered, 1e8f, 2.0f, 0.0f, 1.0f);
+  record(reordered, -1e8f, 2.0f, 0.0f, 1.0f);
+  record(reordered, 1.0f, 2.0f, 0.0f, 1.0f);
+  ASSERT_TRUE(MergeMlaPartials(shape, reordered, out));
+  EXPECT_EQ(out[0], 1.0f / 3.0f);
+
+  std::vector<float> weighted;
+  record(weighted, 3.0f, -1.0f, 0.5f, 2.0f);
+  record(weighted, -2.0f, 4.0f, 2.0f, 1.5f);
+  record(weighted, 0.0f, 0.0f, -INFINITY, 0.0f);  // an empty part: neutral
+  record(weighted, 1.0f, 1.0f, -1.0f, 0.25f);
+  ASSERT_TRUE(MergeMlaPartials(shape, weighted, out));
+  const double big = 2.0, w0 = std::exp(0.5 - big), w1 = 1.0, w3 = std::exp(-1.0 - big);
+  const double denom = w0 * 2.0 + w1 * 1.5 + w3 * 0.25;
+  EXPECT_NEAR(out[0], (w0 * 3.0 + w1 * -2.0 + w3 * 1.0) / denom, 1e-6);
+  EXPECT_NEAR(out[1], (w0 * -1.0 + w1 * 4.0 + w3 * 1.0) / denom, 1e-6);
+
+  // A pure function of its input: merging a copy gives the same bits.
+  std::vector<float> again(out.size());
+  const std::vector<float> copy = weighted;
+  ASSERT_TRUE(MergeMlaPartials(shape, copy, again));
+  EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * sizeof(float)), 0);
 }
 
 TEST(PartialAttention, EmptyPartIsNeutralAndAllEmptyIsRefused) {

@@ -11,26 +11,35 @@ using testing::SmallTpConfig;
 using testing::TpFixture;
 using testing::TpPattern;
 
-TEST(TpAddressSpace, AddressesAreHomedOnAddressModRanksAndStriped) {
+// Striping is round robin over the ranks, token by token, and the cursor carries over
+// from one request to the next (a % P == home holds by how addresses are minted; what is
+// checked here is which rank each token went to).
+TEST(TpAddressSpace, TokensAreStripedRoundRobinAcrossRequests) {
   TpFixture f(SmallTpConfig(4, 8, 8, 8));
-  auto addrs = f.AddFilled(RequestId(1), 10);
-  std::vector<int> per_rank(4, 0);
-  for (LogicalAddr a : addrs) {
+  auto first = f.AddFilled(RequestId(1), 10);
+  auto second = f.AddFilled(RequestId(2), 5);
+  std::vector<std::uint32_t> homes;
+  for (LogicalAddr a : first) homes.push_back(f.space->HomeOf(a).value());
+  for (LogicalAddr a : second) homes.push_back(f.space->HomeOf(a).value());
+  EXPECT_EQ(homes, (std::vector<std::uint32_t>{0, 1, 2, 3, 0, 1, 2, 3, 0, 1, /*request 2:*/ 2, 3, 0, 1, 2}));
+  for (LogicalAddr a : first) {
     auto loc = f.space->Lookup(a, GroupId(0)).value();
-    EXPECT_EQ(loc.rank().value(), a.value() % 4);
+    EXPECT_EQ(loc.rank(), f.space->HomeOf(a));
     EXPECT_EQ(loc.tier(), Tier::kDevice);
-    ++per_rank[loc.rank().value()];
   }
-  EXPECT_EQ(per_rank, (std::vector<int>{3, 3, 2, 2}));
+  EXPECT_EQ(f.space->NumHomed(Rank(0)), 4u);
+  EXPECT_EQ(f.space->NumHomed(Rank(3)), 3u);
   EXPECT_TRUE(f.space->CheckInvariants());
 }
 
-TEST(TpAddressSpace, ShardSpillsToHostThenToOtherRanks) {
+// A rank's shard fills its device pool first, then its host pool; a full pool refuses more
+// tokens with nothing changed.
+TEST(TpAddressSpace, ShardSpillsToHostAndAFullSpaceRefusesWithNothingChanged) {
   TpFixture f(SmallTpConfig(2, 2, 2, 4));
   auto addrs = f.AddFilled(RequestId(1), 8);  // exactly the two shards
-  int host = 0;
-  for (LogicalAddr a : addrs) host += f.space->Lookup(a, GroupId(0))->tier() == Tier::kHost;
-  EXPECT_EQ(host, 4);
+  std::vector<int> tiers;
+  for (LogicalAddr a : addrs) tiers.push_back(f.space->Lookup(a, GroupId(0))->tier() == Tier::kHost);
+  EXPECT_EQ(tiers, (std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1}));  // per rank: 2 on device, then 2 on host
   ASSERT_TRUE(f.space->CheckInvariants());
   // Full: one more token is refused and nothing changes.
   const auto before = f.Take();
@@ -43,6 +52,28 @@ TEST(TpAddressSpace, ShardSpillsToHostThenToOtherRanks) {
   f.requests.clear();
   auto again = f.AddFilled(RequestId(2), 3);
   for (LogicalAddr a : again) EXPECT_EQ(f.space->Lookup(a, GroupId(0))->rank().value(), a.value() % 2);
+  EXPECT_TRUE(f.space->CheckInvariants());
+}
+
+// ... and then to the other ranks: round robin skips a rank whose shard is full, and the
+// tokens it skips land on the next ranks with room (their freed addresses reused first).
+TEST(TpAddressSpace, RoundRobinSkipsAFullRank) {
+  TpFixture f(SmallTpConfig(3, 2, 2, 4));  // 4 entries per rank
+  auto r1 = f.AddFilled(RequestId(1), 1);  // rank 0
+  f.AddFilled(RequestId(2), 1);            // rank 1
+  auto r3 = f.AddFilled(RequestId(3), 1);  // rank 2
+  f.AddFilled(RequestId(4), 9);            // 3 more on each: all full, the cursor back at rank 0
+  ASSERT_TRUE(f.space->Free(RequestId(1)));
+  ASSERT_TRUE(f.space->Free(RequestId(3)));  // ranks 0 and 2 have one free entry, rank 1 none
+  auto next = f.AddFilled(RequestId(5), 2);
+  ASSERT_EQ(next.size(), 2u);
+  EXPECT_EQ(f.space->HomeOf(next[0]), Rank(0));
+  EXPECT_EQ(f.space->HomeOf(next[1]), Rank(2)) << "rank 1 is full: its turn goes to rank 2";
+  EXPECT_EQ(next[0], r1[0]);  // freed addresses come back on their home
+  EXPECT_EQ(next[1], r3[0]);
+  const auto before = f.Take();
+  EXPECT_FALSE(f.space->Allocate(RequestId(5), 1));
+  EXPECT_EQ(f.Take(), before);
   EXPECT_TRUE(f.space->CheckInvariants());
 }
 

@@ -47,6 +47,7 @@ struct TpSnapshot {
   std::vector<std::uint32_t> counts;
   std::uint64_t live = 0;
   std::uint32_t requests = 0;
+  std::uint64_t digest = 0;  // DebugDigest(): policy stamps and buckets, rounds, free lists and their order
   bool operator==(const TpSnapshot&) const = default;
 };
 
@@ -78,6 +79,7 @@ inline TpSnapshot TakeTp(const TpAddressSpace& space, const std::vector<RequestI
   }
   s.live = space.num_live_addresses();
   s.requests = space.num_requests();
+  s.digest = space.DebugDigest();
   return s;
 }
 

@@ -12,7 +12,9 @@
 #include <cstring>
 #include <random>
 
+#include "ula/fault_fabric.h"
 #include "ula/striped_indexer.h"
+#include "ula/tp_step_planner.h"
 #include "ula/tp_mpi.h"
 #include "ula/tp_verifier.h"
 #include "test_seed.h"
@@ -170,6 +172,62 @@ TEST(TpMpi, CoalescedFetchReadsEveryEntryExactly) {
   }
   g_fabric->Unexpose();
   EXPECT_TRUE(g_fabric->AllTrue(ok)) << "some rank read wrong bytes";
+}
+
+// A failed one-sided fetch over MPI (injected on rank 0's fabric, whole and partial):
+// the step fails on rank 0 with kIo, every other rank's step succeeds, no entry whose
+// fetch failed is buffered, and the retry fetches and reads the right bytes.
+TEST(TpMpi, FailedFetchIsNotBufferedAndIsFetchedAgain) {
+  const std::uint32_t p = g_fabric->num_ranks(), me = g_fabric->local_rank().value();
+  for (bool partial : {false, true}) {
+    auto backend = MakeCpuBackend({.copy_threads = 0});
+    TpConfig c;
+    c.num_ranks = p;
+    c.num_groups = 1;
+    c.entry_bytes = 48;
+    c.device_bytes_per_rank = std::uint64_t{16} * c.entry_bytes;
+    c.host_bytes_per_rank = std::uint64_t{16} * c.entry_bytes;
+    c.buffer_bytes_per_rank = std::uint64_t{64} * c.entry_bytes;
+    const Rank mine = g_fabric->local_rank();
+    auto space = TpAddressSpace::Create(c, *backend, std::span(&mine, 1));
+    ASSERT_TRUE(space) << space.error().ToString();
+    TpAddressSpace& s = **space;
+    auto faulty = MakeFaultInjectingFabric(*g_fabric, FaultPlan{.seed = 7, .fail_every_nth = 1, .partial = partial}).value();
+    faulty->set_armed(me == 0);
+    ASSERT_TRUE(s.AddRequest(RequestId(0)));
+    const auto addrs = s.Allocate(RequestId(0), 8 * p).value();
+    auto pattern = [&](LogicalAddr a) {
+      std::vector<std::byte> v(c.entry_bytes);
+      for (std::uint32_t i = 0; i < c.entry_bytes; ++i) v[i] = std::byte((a.value() * 53 + i * 3 + 1) & 0xff);
+      return v;
+    };
+    for (LogicalAddr a : addrs) ASSERT_TRUE(s.Write(a, GroupId(0), pattern(a)));
+    ASSERT_TRUE(faulty->Expose(s));
+    TpStepPlanner planner(s, faulty.get());
+    bool ok = true;
+    auto first = planner.Step(GroupId(0), addrs, std::vector<SelectionRun>{{RequestId(0), static_cast<std::uint32_t>(addrs.size())}});
+    if (me == 0) {
+      ok = ok && !first && first.error().code() == ErrorCode::kIo;
+      for (LogicalAddr a : addrs) {
+        if (s.HomeOf(a) != mine) ok = ok && !s.BufferSlot(mine, a, GroupId(0)).value().has_value();
+      }
+      ok = ok && s.NumBuffered(mine, GroupId(0)) == 0 && faulty->stats().fetches_failed == p - 1;
+    } else {
+      ok = ok && first.has_value();
+    }
+    ok = ok && s.CheckInvariants().has_value();
+    faulty->set_armed(false);
+    s.AdvanceRound();
+    auto second = planner.Step(GroupId(0), addrs, std::vector<SelectionRun>{{RequestId(0), static_cast<std::uint32_t>(addrs.size())}});
+    ok = ok && second.has_value();
+    for (std::size_t j = 0; ok && j < addrs.size(); ++j) {
+      const std::byte* at = s.RefData(mine, GroupId(0), second->refs[0][j]);
+      ok = at != nullptr && std::memcmp(at, pattern(addrs[j]).data(), c.entry_bytes) == 0;
+    }
+    if (!ok) ADD_FAILURE() << "rank " << me << (partial ? " (partial)" : " (whole)") << ": contract broken";
+    faulty->Unexpose();
+    EXPECT_TRUE(g_fabric->AllTrue(ok)) << "some rank broke the failed-fetch contract";
+  }
 }
 
 // AllToAllV: rank r sends r + q + 1 bytes of value (r * 16 + q) to rank q; counts that do

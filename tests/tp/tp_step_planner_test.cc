@@ -97,6 +97,39 @@ TEST(TpStepPlanner, SwapsHostResidentHomeEntriesOntoDevice) {
   EXPECT_TRUE(f.space->CheckInvariants());
 }
 
+// Free slots first, then victims, in the home phase (device pool) and in the remote phase
+// (local buffer).
+TEST(TpStepPlanner, MissesFillEveryFreeSlotThenEvict) {
+  TpFixture f(SmallTpConfig(2, 6, 12, 6));
+  auto x = f.AddFilled(RequestId(1), 4);   // 2 per rank, on device
+  auto y = f.AddFilled(RequestId(2), 18);  // 9 per rank: 4 on device, 5 on host
+  ASSERT_TRUE(f.space->Free(RequestId(1)));  // 2 device slots free per rank
+  // Rank 1 buffers 3 of rank 0's device entries (3 of its 6 buffer slots).
+  std::vector<LogicalAddr> warm;
+  for (LogicalAddr a : y) {
+    if (warm.size() < 3 && f.space->HomeOf(a) == Rank(0) && f.space->Lookup(a, GroupId(0))->tier() == Tier::kDevice) {
+      warm.push_back(a);
+    }
+  }
+  ASSERT_TRUE(f.planner.Step(GroupId(0), warm, testing::TpRuns(RequestId(2), warm.size())));
+  f.space->AdvanceRound();
+  // Rank 0: its own 5 host entries (2 free + 3 evictions); rank 1 fetches 2 of them.
+  std::vector<LogicalAddr> home;
+  for (LogicalAddr a : y) {
+    if (f.space->HomeOf(a) == Rank(0) && f.space->Lookup(a, GroupId(0))->tier() == Tier::kHost) home.push_back(a);
+  }
+  ASSERT_EQ(home.size(), 5u);
+  auto plan = f.planner.Step(GroupId(0), home, testing::TpRuns(RequestId(2), home.size())).value();
+  f.ExpectPlanReadsPattern(plan, GroupId(0), home);
+  EXPECT_EQ(plan.stats[0].home_misses, 5u);
+  EXPECT_EQ(plan.stats[0].home_evictions, 3u);
+  EXPECT_EQ(f.space->NumFree(Rank(0), GroupId(0), Tier::kDevice), 0u);
+  EXPECT_EQ(plan.stats[1].remote_fetches, 5u);
+  EXPECT_EQ(plan.stats[1].buffer_evictions, 2u);  // 3 free buffer slots, then 2 victims
+  EXPECT_EQ(f.space->NumBuffered(Rank(1), GroupId(0)), 6u);
+  (void)x;
+}
+
 TEST(TpStepPlanner, NeverEvictsBufferEntriesOfTheCurrentRound) {
   TpFixture f(SmallTpConfig(2, 32, 0, 6));
   auto addrs = f.AddFilled(RequestId(1), 40);

@@ -166,12 +166,34 @@ TEST(UnifiedBuffer, CanAllocateAgreesWithAllocateOnAMixedDemand) {
   EXPECT_EQ(b->Stats().middle_bytes + b->Stats().hole_bytes, 0u);
 }
 
+// Translate against the layout rules (states up from 0, pages down from the padding page),
+// not against Offset (the same lookup), and again after a compaction moved a block: the
+// bytes at base() + offset are the block's own.
 TEST(UnifiedBuffer, TranslateReturnsEveryOffsetOfABatch) {
   auto b = Make(TwoKindConfig(24));
-  auto ids = b->AllocateDemand(RequestDemand(2, 5)).value();
+  auto ids = b->AllocateDemand(RequestDemand(3, 4)).value();  // states, then pages
+  ASSERT_EQ(ids.size(), 7u);
   std::vector<std::uint64_t> offsets(ids.size());
   ASSERT_TRUE(b->Translate(ids, offsets));
-  for (std::size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(offsets[i], b->Offset(ids[i]).value());
+  EXPECT_EQ(offsets, (std::vector<std::uint64_t>{0, 2 * kUnit, 4 * kUnit, 22 * kUnit, 21 * kUnit, 20 * kUnit,
+                                                  19 * kUnit}));
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    auto bytes = b->Bytes(ids[i]).value();
+    std::memset(bytes.data(), 0x20 + static_cast<int>(i), bytes.size());
+  }
+  ASSERT_TRUE(b->Free(ids[1]));  // a hole between the states
+  b->Compact();                  // the outermost state moves into it
+  const std::vector<BlockId> live{ids[0], ids[2], ids[3], ids[6]};
+  std::vector<std::uint64_t> after(live.size());
+  ASSERT_TRUE(b->Translate(live, after));
+  EXPECT_EQ(after, (std::vector<std::uint64_t>{0, 2 * kUnit, 22 * kUnit, 19 * kUnit}));
+  const int fill[] = {0x20, 0x22, 0x23, 0x26};
+  for (std::size_t i = 0; i < live.size(); ++i) {
+    const std::byte* p = b->base() + after[i];
+    for (std::uint64_t k = 0; k < b->kind_config(b->KindOf(live[i]).value()).block_bytes; ++k) {
+      ASSERT_EQ(p[k], std::byte(fill[i])) << "block " << i << " byte " << k;
+    }
+  }
 }
 
 TEST(UnifiedBuffer, BadInputIsAnErrorThatChangesNothing) {

@@ -68,9 +68,11 @@ void RunRandom(CompactionMode mode, std::uint32_t default_seed, int steps) {
       d.blocks[1] = std::uniform_int_distribution<std::uint32_t>(0, 6)(rng);
       d.blocks[2] = std::uniform_int_distribution<std::uint32_t>(0, 1)(rng);
       const bool can = buffer->CanAllocate(d);
+      const std::uint64_t digest = buffer->DebugDigest();
       auto ids = buffer->AllocateDemand(d);
       ASSERT_EQ(can, ids.has_value()) << "CanAllocate disagrees with AllocateDemand at step " << step;
       if (!ids) {
+        ASSERT_EQ(buffer->DebugDigest(), digest) << "a refused allocation changed the state at step " << step;
         ++refusals;
       } else {
         for (BlockId id : *ids) {
@@ -85,9 +87,11 @@ void RunRandom(CompactionMode mode, std::uint32_t default_seed, int steps) {
       }
     } else if (op < 70) {
       const auto id = pick();
+      const std::uint64_t digest = buffer->DebugDigest();
       auto status = buffer->Free(BlockId(id));
       ASSERT_EQ(status.has_value(), shadow[id].pins == 0);
       if (status) shadow.erase(id);
+      if (!status) ASSERT_EQ(buffer->DebugDigest(), digest) << "a refused free changed the state at step " << step;
     } else if (op < 80) {
       const auto id = pick();
       if (shadow[id].pins == 0) shadow[id].pinned_offset = buffer->Offset(BlockId(id)).value();
@@ -95,9 +99,11 @@ void RunRandom(CompactionMode mode, std::uint32_t default_seed, int steps) {
       ++shadow[id].pins;
     } else if (op < 94) {
       const auto id = pick();
+      const std::uint64_t digest = buffer->DebugDigest();
       auto status = buffer->Unpin(BlockId(id));
       ASSERT_EQ(status.has_value(), shadow[id].pins > 0);
       if (status) --shadow[id].pins;
+      if (!status) ASSERT_EQ(buffer->DebugDigest(), digest) << "a refused unpin changed the state at step " << step;
     } else if (op < 97) {
       buffer->Compact();
     } else {
