@@ -26,6 +26,7 @@
 #include <random>
 #include <sstream>
 
+#include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/address_space.h"
 #include "ula/model_config.h"
@@ -267,10 +268,10 @@ Action SetupPlanner(CLI::App& app) {
   app.add_option("--configs", o->configs, "DP configs of ula compare")->capture_default_str();
   app.add_option("--batch-fractions", o->batch_fractions, "batches as fractions of the rank's admission limit")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--steps", o->steps, "measured steps")->capture_default_str()->check(CLI::Range(1, 1000));
-  app.add_option("--warmup", o->warmup, "unmeasured steps first")->capture_default_str()->check(CLI::Range(0, 1000));
-  app.add_option("--seed", o->seed, "request lengths")->capture_default_str();
+      ->check(RealIn(0, 1, /*lo_open=*/true));
+  app.add_option("--steps", o->steps, "measured steps")->capture_default_str()->check(IntIn(1, 1000));
+  app.add_option("--warmup", o->warmup, "unmeasured steps first")->capture_default_str()->check(IntIn(0, 1000));
+  app.add_option("--seed", o->seed, "request lengths")->capture_default_str()->check(Seed());
   app.add_flag("--json", o->json, "print one JSON object");
   return [o] { return Run(*o); };
 }
