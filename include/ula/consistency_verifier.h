@@ -33,6 +33,13 @@ struct VerifierConfig {
   std::uint32_t queries_per_request = 3;  // 1 + 2 speculative drafts
   PolicyKind policy = DefaultPolicyKind();
   int copy_threads = 1;
+  // > 0: the backend is a FaultInjectingBackend (fault_backend.h) that fails this seeded
+  // fraction of the planner's copy and swap batches, some after landing part of their
+  // moves, armed only while the planner steps. A step that fails with kIo is a failed call:
+  // afterwards every selected entry that the table puts on device must hold its shadow
+  // bytes (else an early publish) and every live entry must read back its shadow (else a
+  // lost entry). In [0, 1].
+  double fault_rate = 0;
 
   Status Validate() const;
 };
@@ -50,9 +57,16 @@ struct VerifierReport {
   std::uint64_t swaps = 0;             // victim evictions (device <-> host exchanges)
   std::uint64_t fetches = 0;           // misses placed into free device slots
   std::uint64_t hits = 0;
+  std::uint64_t faults_injected = 0;   // fault_rate > 0: batches the backend failed
+  std::uint64_t failed_calls = 0;      // steps that failed with kIo
+  std::uint64_t entries_lost = 0;      // after a failed call: live entries that no longer read their bytes
+  std::uint64_t early_publishes = 0;   // after a failed call: device slots published without their bytes
   std::vector<std::string> first_failures;  // up to 10 descriptions
 
-  bool ok() const { return mismatches == 0 && invariant_failures == 0 && bad_input_failures == 0; }
+  bool ok() const {
+    return mismatches == 0 && invariant_failures == 0 && bad_input_failures == 0 && entries_lost == 0 &&
+           early_publishes == 0;
+  }
 };
 
 Result<VerifierReport> RunConsistencyVerifier(const VerifierConfig& config);

@@ -10,6 +10,7 @@
 #include "ula/address_space.h"
 #include "verify/verifier_core.h"
 #include "ula/backend.h"
+#include "ula/fault_backend.h"
 #include "ula/step_planner.h"
 
 namespace ula {
@@ -27,6 +28,7 @@ Status VerifierConfig::Validate() const {
                            device_slots_per_group, top_k * queries_per_request));
   }
   if (copy_threads < 0) return bad("copy_threads must be >= 0");
+  if (!(fault_rate >= 0 && fault_rate <= 1)) return bad(fmt::format("fault_rate = {}: must be in [0, 1]", fault_rate));
   return Ok();
 }
 
@@ -37,8 +39,17 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   friend Core;
 
  public:
-  Verifier(const VerifierConfig& cfg, std::unique_ptr<Backend> backend, std::unique_ptr<AddressSpace> space)
-      : Core(cfg), backend_(std::move(backend)), space_(std::move(space)), planner_(*space_) {}
+  Verifier(const VerifierConfig& cfg, std::unique_ptr<Backend> backend, std::unique_ptr<FaultInjectingBackend> faults,
+           std::unique_ptr<AddressSpace> space)
+      : Core(cfg), backend_(std::move(backend)), faults_(std::move(faults)), space_(std::move(space)), planner_(*space_) {
+    if (faults_) faults_->set_armed(false);  // armed only around planner steps
+  }
+
+  VerifierReport Finish() {
+    VerifierReport r = Run();
+    if (faults_) r.faults_injected = faults_->stats().injected;
+    return r;
+  }
 
  private:
   static constexpr verify_internal::OpMix kOpMix{.arrive = 8, .decode = 30, .rewrite = 36, .step = 90, .finish = 96};
@@ -85,6 +96,38 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
     return h;
   }
 
+  // After a step failed with kIo (its documented state, step_planner.h): every selected
+  // entry that the table now puts on device holds its shadow bytes there, and every live
+  // entry reads back its shadow; the invariants hold.
+  void CheckAfterFailedStep(GroupId g, std::span<const LogicalAddr> selections) {
+    std::unordered_set<std::uint32_t> early;
+    for (LogicalAddr a : selections) {
+      auto loc = space_->Lookup(a, g);
+      if (!loc || loc->tier() != Tier::kDevice || early.contains(a.value())) continue;
+      const std::byte* got = space_->DeviceSlotData(loc->rank(), g, loc->slot());
+      if (got == nullptr || std::memcmp(got, Shadow(a, g.value()), cfg_.entry_bytes) != 0) {
+        early.insert(a.value());
+        Fail(report_.early_publishes, fmt::format("failed step: address {} group {} published at device slot {} "
+                                                  "without its bytes", a.value(), g.value(), loc->slot().value()));
+      }
+    }
+    std::vector<std::byte> buf(cfg_.entry_bytes);
+    for (const Request& r : requests_) {
+      for (LogicalAddr a : r.addrs) {
+        for (std::uint32_t gg = 0; gg < cfg_.num_groups; ++gg) {
+          ++report_.entries_checked;
+          if (gg == g.value() && early.contains(a.value())) continue;
+          if (!space_->Read(a, GroupId(static_cast<std::uint16_t>(gg)), buf) ||
+              std::memcmp(buf.data(), Shadow(a, gg), cfg_.entry_bytes) != 0) {
+            Fail(report_.entries_lost, fmt::format("failed step: address {} group {} no longer reads its bytes",
+                                                   a.value(), gg));
+          }
+        }
+      }
+    }
+    CheckInvariants("failed step");
+  }
+
   void Step() {
     const Rank rank(static_cast<std::uint16_t>(rng_() % cfg_.num_ranks));
     std::vector<Request*> batch;
@@ -106,7 +149,14 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       }
       slots.assign(selections.size(), SlotId());
       const std::uint64_t before = Fingerprint();
+      if (faults_) faults_->set_armed(true);
       auto stats = planner_.Step(StepInput{rank, GroupId(g), selections, runs}, slots);
+      if (faults_) faults_->set_armed(false);
+      if (!stats && stats.error().code() == ErrorCode::kIo) {
+        ++report_.failed_calls;
+        CheckAfterFailedStep(GroupId(g), selections);
+        continue;
+      }
       if (!stats) {
         if (stats.error().code() != ErrorCode::kResourceExhausted) {
           Fail(report_.invariant_failures, "step: " + stats.error().ToString());
@@ -185,6 +235,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   }
 
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<FaultInjectingBackend> faults_;  // over backend_, when fault_rate > 0
   std::unique_ptr<AddressSpace> space_;
   StepPlanner planner_;
 };
@@ -202,10 +253,18 @@ Result<VerifierReport> RunConsistencyVerifier(const VerifierConfig& config) {
   space_config.device_bytes_per_rank = per_slot * config.device_slots_per_group;
   space_config.host_bytes_per_rank = per_slot * config.host_slots_per_group;
   space_config.policy = config.policy;
-  auto space = AddressSpace::Create(space_config, *backend);
+  std::unique_ptr<FaultInjectingBackend> faults;
+  if (config.fault_rate > 0) {
+    auto made = MakeFaultInjectingBackend(
+        *backend, FaultPlan{.seed = config.seed, .fail_fraction = config.fault_rate, .partial = true});
+    if (!made) return std::unexpected(made.error());
+    faults = std::move(*made);
+  }
+  Backend& moves = faults ? static_cast<Backend&>(*faults) : *backend;
+  auto space = AddressSpace::Create(space_config, moves);
   if (!space) return std::unexpected(space.error());
-  Verifier verifier(config, std::move(backend), std::move(*space));
-  return verifier.Run();
+  Verifier verifier(config, std::move(backend), std::move(faults), std::move(*space));
+  return verifier.Finish();
 }
 
 }  // namespace ula

@@ -28,6 +28,11 @@ Action SetupVerify(CLI::App& app) {
   app.add_option("--host-slots", cfg->host_slots_per_group, "host slots per rank per group")->capture_default_str()
       ->check(IntIn(0, 1 << 30));
   app.add_option("--top-k", cfg->top_k, "selections per query")->capture_default_str()->check(IntIn(1, 1 << 20));
+  app.add_option("--fault-rate", cfg->fault_rate,
+                 "dp: fail this fraction of the planner's copy and swap batches (fault_backend.h) and check that "
+                 "a failed step loses no entry and publishes nothing early")
+      ->capture_default_str()
+      ->check(RealIn(0, 1));
   app.add_option("--policy", *policy, "residency policy")->capture_default_str();
   app.add_flag("--json", *json, "print one JSON object");
   auto attention_model = std::make_shared<std::string>("tiny_glm");
@@ -51,6 +56,11 @@ Action SetupVerify(CLI::App& app) {
     if (*mpi && *mode != "tp") {
       fmt::print(stderr, "ula verify: --mpi needs --mode tp (the DP verifier has no MPI mode: its ranks share one "
                          "process)\n");
+      return 2;
+    }
+    if (*mode == "tp" && cfg->fault_rate > 0) {
+      fmt::print(stderr, "ula verify: --fault-rate is for --mode dp (the TP planner's faults are tested by "
+                         "tp_fault_test and tp_mpi_test)\n");
       return 2;
     }
     if (*mode == "tp") {
@@ -107,6 +117,11 @@ Action SetupVerify(CLI::App& app) {
                        {"hits", r.hits},
                        {"fetches", r.fetches},
                        {"swaps", r.swaps},
+                       {"fault_rate", cfg->fault_rate},
+                       {"faults_injected", r.faults_injected},
+                       {"failed_calls", r.failed_calls},
+                       {"entries_lost", r.entries_lost},
+                       {"early_publishes", r.early_publishes},
                        {"policy", *policy},
                        {"seconds", seconds},
                        {"failures", r.first_failures},
@@ -126,6 +141,10 @@ Action SetupVerify(CLI::App& app) {
       fmt::print("  mismatches         {:>12}\n", r.mismatches);
       fmt::print("  invariant failures {:>12}\n", r.invariant_failures);
       fmt::print("  bad input refused  {:>12}  ({} not refused cleanly)\n", r.bad_input_checks, r.bad_input_failures);
+      if (cfg->fault_rate > 0) {
+        fmt::print("  faults (rate {}): {} injected, {} steps failed, {} entries lost, {} early publishes\n",
+                   cfg->fault_rate, r.faults_injected, r.failed_calls, r.entries_lost, r.early_publishes);
+      }
       fmt::print("  attention ({}): {} outputs compared with the dense reference, {} differ; {} of {} planner "
                  "calls swapped\n",
                  *attention_model, att.checks, att.mismatches, att.steps_with_swaps, att.planner_calls);
