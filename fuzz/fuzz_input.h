@@ -7,9 +7,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "ula/error.h"
+#include "ula/ids.h"
+#include "ula/selection_run.h"
 
 namespace ula::fuzz {
 
@@ -37,6 +41,25 @@ class FuzzInput {
   std::fprintf(stderr, "%s:%d: fuzz property failed: %s\n", file, line, what.c_str());
   std::fflush(stderr);
   std::abort();
+}
+
+// The selection runs of `sel` (selection_run.h) for a DP or TP address space: one run per
+// selection, naming the request (ids 0..7) that holds the address, or request 0 for an
+// address no request holds (the step must then refuse it).
+template <class Space>
+std::vector<SelectionRun> RunsOf(const Space& space, const std::vector<LogicalAddr>& sel) {
+  std::map<std::uint32_t, std::uint64_t> owner;
+  for (std::uint64_t r = 0; r < 8; ++r) {
+    if (auto addrs = space.AddressesOf(RequestId(r))) {
+      for (LogicalAddr a : *addrs) owner[a.value()] = r;
+    }
+  }
+  std::vector<SelectionRun> runs;
+  for (LogicalAddr a : sel) {
+    auto it = owner.find(a.value());
+    runs.push_back(SelectionRun{RequestId(it == owner.end() ? 0 : it->second), 1});
+  }
+  return runs;
 }
 
 }  // namespace ula::fuzz

@@ -18,26 +18,6 @@
 namespace ula {
 namespace {
 
-// The selection runs of `sel` (selection_run.h): one run per selection, naming the request
-// that holds the address (request ids 0..7), or request 0 for an address no request holds
-// (the step must then refuse it).
-template <class Space>
-std::vector<SelectionRun> RunsOf(const Space& space, const std::vector<LogicalAddr>& sel) {
-  std::map<std::uint32_t, std::uint64_t> owner;
-  for (std::uint64_t r = 0; r < 8; ++r) {
-    if (auto addrs = space.AddressesOf(RequestId(r))) {
-      for (LogicalAddr a : *addrs) owner[a.value()] = r;
-    }
-  }
-  std::vector<SelectionRun> runs;
-  for (LogicalAddr a : sel) {
-    auto it = owner.find(a.value());
-    runs.push_back(SelectionRun{RequestId(it == owner.end() ? 0 : it->second), 1});
-  }
-  return runs;
-}
-
-
 constexpr std::uint32_t kEntry = 32;
 
 std::vector<std::byte> Bytes(std::uint32_t addr, std::uint32_t group, std::uint32_t version) {
@@ -155,7 +135,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           a = LogicalAddr(live.empty() ? pick_addr() : live[in.In(0, static_cast<std::uint32_t>(live.size() - 1))]);
         }
         if (!sel.empty() && in.Byte() < 32) sel[in.In(0, static_cast<std::uint32_t>(sel.size() - 1))] = LogicalAddr(pick_addr());
-        const auto runs = RunsOf(space, sel);
+        const auto runs = fuzz::RunsOf(space, sel);
         auto plan = planner.Step(group, sel, runs);
         refused = !plan;
         if (plan) {

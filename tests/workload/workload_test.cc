@@ -129,14 +129,39 @@ TEST(SelectionModel, OverlapFollowsKeepAndIsSweepable) {
   }
 }
 
-// Fresh draws follow the persistent weights: over many steps the positions of the largest
-// weights are drawn far more often than uniform draws would; with heavy_skew 0 they are not.
-TEST(SelectionModel, HeavySkewMakesAFewPositionsReturnAgainAndAgain) {
+// The selection model's schedule of the reuse tests: 2 requests x 4096 tokens, 80 steps,
+// no drafts.
+DecodeSimConfig ModelSchedule() {
   DecodeSimConfig schedule;
   schedule.num_requests = 2;
   schedule.prompt_tokens = 4096;
   schedule.decode_steps = 80;
   schedule.draft_tokens = 0;
+  return schedule;
+}
+
+// The real indexer's schedule of the calibration tests: 2 requests x 2048 tokens, 2 drafts,
+// slowly drifting queries and 4 sinks (no heavy hitters).
+DecodeSimConfig IndexerSchedule(std::uint32_t steps) {
+  DecodeSimConfig schedule;
+  schedule.seed = kSeed;
+  schedule.num_requests = 2;
+  schedule.prompt_tokens = 2048;
+  schedule.decode_steps = steps;
+  schedule.draft_tokens = 2;
+  schedule.query_keep = 1.0;
+  schedule.query_noise = 0.25;
+  schedule.query_newest = 0.15;
+  schedule.sink_tokens = 4;
+  schedule.sink_boost = 3.0;
+  schedule.sink_align = 1.0;
+  return schedule;
+}
+
+// Fresh draws follow the persistent weights: over many steps the positions of the largest
+// weights are drawn far more often than uniform draws would; with heavy_skew 0 they are not.
+TEST(SelectionModel, HeavySkewMakesAFewPositionsReturnAgainAndAgain) {
+  const DecodeSimConfig schedule = ModelSchedule();
   SelectionModelParams p = Params(0.5);
   auto uniform = RunSelectionModel(p, schedule, false);
   p.heavy_skew = 1.5;
@@ -153,11 +178,7 @@ TEST(SelectionModel, HeavySkewMakesAFewPositionsReturnAgainAndAgain) {
 // Returns draw from query 0's drops of the last return_window steps: gaps of at most the
 // window become the common case.
 TEST(SelectionModel, ReturnsBringBackRecentlyDroppedPositions) {
-  DecodeSimConfig schedule;
-  schedule.num_requests = 2;
-  schedule.prompt_tokens = 4096;
-  schedule.decode_steps = 80;
-  schedule.draft_tokens = 0;
+  const DecodeSimConfig schedule = ModelSchedule();
   SelectionModelParams p = Params(0.5);
   p.return_window = 4;
   auto none = RunSelectionModel(p, schedule, false);
@@ -191,18 +212,7 @@ TEST(SelectionModel, StreamsAreIndependentOfInterleaving) {
 }
 
 TEST(SelectionModel, CalibrationMatchesTheRealIndexerOverlap) {
-  DecodeSimConfig schedule;
-  schedule.seed = kSeed;
-  schedule.num_requests = 2;
-  schedule.prompt_tokens = 2048;
-  schedule.decode_steps = 40;
-  schedule.draft_tokens = 2;
-  schedule.query_keep = 1.0;
-  schedule.query_noise = 0.25;
-  schedule.query_newest = 0.15;
-  schedule.sink_tokens = 4;
-  schedule.sink_boost = 3.0;
-  schedule.sink_align = 1.0;
+  const DecodeSimConfig schedule = IndexerSchedule(40);
   auto cal = CalibrateSelectionModel({4, 16, 64}, schedule);
   ASSERT_TRUE(cal) << cal.error().ToString();
   EXPECT_GT(cal->real.overlap.mean, 0.3);
@@ -217,18 +227,7 @@ TEST(SelectionModel, CalibrationMatchesTheRealIndexerOverlap) {
 // schedule is small: its p99 rests on a few dozen reuses; `ula bench trace` checks the
 // full calibration schedule, docs/WORKLOADS.md).
 TEST(SelectionModel, CalibrationMatchesTheRealIndexerReuseDistances) {
-  DecodeSimConfig schedule;
-  schedule.seed = kSeed;
-  schedule.num_requests = 2;
-  schedule.prompt_tokens = 2048;
-  schedule.decode_steps = 64;
-  schedule.draft_tokens = 2;
-  schedule.query_keep = 1.0;
-  schedule.query_noise = 0.25;
-  schedule.query_newest = 0.15;
-  schedule.sink_tokens = 4;
-  schedule.sink_boost = 3.0;
-  schedule.sink_align = 1.0;
+  DecodeSimConfig schedule = IndexerSchedule(64);
   schedule.heavy_alpha = 1.5;
   schedule.heavy_boost = 0.02;
   schedule.heavy_align = 1.0;
