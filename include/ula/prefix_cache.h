@@ -80,6 +80,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <span>
@@ -173,7 +174,10 @@ class PrefixCache {
   // Match (after bringing a deeper host checkpoint back, when it can) + Lock + the request's
   // own copy of the checkpoint in match.copy (when length > 0), allocated (evicting by
   // `rule` with the match locked if needed) and copied now. On error the match is unlocked
-  // again (what was evicted stays evicted).
+  // again and the copy's blocks freed; what was evicted stays evicted (MakeRoom) and a
+  // checkpoint brought back from the host stays on the device. A failed copy (kIo, from the
+  // copy backend or from compaction) hands out no copy: nothing is published before its
+  // bytes arrived.
   Result<PrefixMatch> MatchCopyOnWrite(std::span<const std::uint32_t> tokens, std::uint32_t max_length,
                                        EvictionRule rule);
   // kNotFound when a node of the match is gone.
@@ -198,12 +202,18 @@ class PrefixCache {
   Result<PrefixMatch> InsertChunk(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
                                   std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held);
 
-  // Evicts LRU unlocked leaves / checkpoints until `demand` can be allocated (see above).
+  // Evicts LRU unlocked leaves / checkpoints until `demand` can be allocated (see above),
+  // and no further: it never starts evicting a victim (a checkpoint, or a leaf with the
+  // cleanup of the tombstoned leaves it leaves behind) once the demand fits (kNaive: once
+  // it fits and the KV pages free at the start plus those freed cover the KV demand).
   // kInvalidArgument (a demand of the wrong shape): nothing changed.
   // kResourceExhausted when nothing evictable is left and it still does not fit: the one
   // deliberate partial effect of the cache — eviction cannot be undone (freed blocks may be
-  // reused or compacted over), so what was evicted stays evicted; no unlocked leaf or
-  // unlocked checkpoint is left, and locked nodes keep their blocks, pins and offsets.
+  // reused or compacted over), so what was evicted stays evicted. Exactly: no unlocked leaf
+  // is left (every remaining node is on a locked path), with kAllocationAware no unlocked
+  // device checkpoint either (each went to the host tier or was freed), and locked nodes keep
+  // their blocks, pins, offsets and bytes; calling it again with the same demand then
+  // changes nothing (DebugDigest equal).
   // A failed host-tier copy (kIo from the backend) evicts as without a host tier: no
   // checkpoint is published on host before its bytes arrived.
   Result<EvictionStats> MakeRoom(const Demand& demand, EvictionRule rule);
@@ -221,6 +231,21 @@ class PrefixCache {
   PrefixCacheMetrics Metrics() const;
   std::vector<CacheEvent> TakeEvents();
   Status CheckInvariants() const;
+  // A hash of the whole state (ula/digest.h): every node (span, tokens, pages, checkpoint,
+  // host slot, lock counts, last use, children), the free-node list in order, the three LRU
+  // sets in order, the free host slots in order, the host tier's bytes, the owned-block set,
+  // the pending events, the clock and counters, and the allocator's DebugDigest. Equal
+  // before and after a refused call. For tests; O(state).
+  std::uint64_t DebugDigest() const;
+
+  // Checkpoint copies (MatchCopyOnWrite's copy of the state and ring) go as copy batches of
+  // `backend` inside `device_arena` (the allocator's arena), waited on before the copy is
+  // handed out; without a copy backend they are memcpy. kInvalidArgument for a null backend
+  // or an arena it does not know, kFailedPrecondition when one is attached already.
+  Status AttachCopyBackend(Backend* backend, ArenaId device_arena);
+  // Called just before MakeRoom or Evict starts evicting one victim (for tests and tracing:
+  // the randomized test checks there that the demand does not fit yet). Null: none.
+  void SetEvictionObserver(std::function<void()> observer) { observer_ = std::move(observer); }
 
  private:
   struct Node {
@@ -273,6 +298,8 @@ class PrefixCache {
   // Validates a match for Lock (locking) or Unlock; returns its node (0: empty match).
   Result<std::uint32_t> LockedNode(const PrefixMatch& match, bool locking) const;
   void PinMatch(std::uint32_t node, bool pin);
+  // Copies a checkpoint's blocks into another's (the copy backend or memcpy), waited for.
+  Status CopyCheckpoint(const Checkpoint& from, const Checkpoint& to);
 
   PrefixCacheConfig config_;
   HybridAllocator* allocator_;
@@ -286,6 +313,9 @@ class PrefixCache {
   std::vector<CacheEvent> events_;
   std::unordered_set<BlockId> owned_;  // every block the tree holds
   std::uint64_t clock_ = 0;
+  Backend* mover_ = nullptr;  // checkpoint copies (null: memcpy)
+  ArenaId mover_arena_;
+  std::function<void()> observer_;
 };
 
 }  // namespace ula

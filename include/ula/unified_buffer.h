@@ -112,7 +112,7 @@ class UnifiedBuffer final : public HybridAllocator {
   // A hash of the whole state (block table with generations and pins, the free-id FIFO in
   // order, both ends' blocks and holes, counters): equal before and after a refused call.
   // For tests; O(state). ula/digest.h.
-  std::uint64_t DebugDigest() const;
+  std::uint64_t DebugDigest() const override;
 
   // Offset of the first reserved padding byte (== usable bytes).
   std::uint64_t padding_offset() const { return usable_; }

@@ -446,14 +446,63 @@ Result<PrefixMatch> PrefixCache::MatchCopyOnWrite(std::span<const std::uint32_t>
     return std::unexpected(std::move(ids).error());
   }
   for (BlockId id : *ids) (allocator_->KindOf(id) == config_.state_kind ? m.copy.state : m.copy.window) = id;
-  for (auto [from, to] : {std::pair{m.checkpoint.state, m.copy.state}, std::pair{m.checkpoint.window, m.copy.window}}) {
-    if (!from.valid()) continue;
-    auto src = allocator_->Bytes(from);
-    auto dst = allocator_->Bytes(to);
-    ULA_CHECK(src.has_value() && dst.has_value() && src->size() == dst->size());
-    if (!src->empty()) std::memcpy(dst->data(), src->data(), src->size());
+  if (Status copied = CopyCheckpoint(m.checkpoint, m.copy); !copied) {
+    for (BlockId id : *ids) ULA_CHECK(allocator_->Free(id).has_value());
+    ULA_CHECK(Unlock(m).has_value());
+    return std::unexpected(Error(copied.error().code(),
+                                 "prefix cache: copy-on-write of the checkpoint failed: " + copied.error().message()));
   }
   return m;
+}
+
+Status PrefixCache::AttachCopyBackend(Backend* backend, ArenaId device_arena) {
+  if (mover_ != nullptr) return MakeError(ErrorCode::kFailedPrecondition, "prefix cache: a copy backend is attached already");
+  if (backend == nullptr || !backend->GetArena(device_arena)) {
+    return MakeError(ErrorCode::kInvalidArgument, "prefix cache copy backend: needs a backend that holds the device arena");
+  }
+  mover_ = backend;
+  mover_arena_ = device_arena;
+  return Ok();
+}
+
+Status PrefixCache::CopyCheckpoint(const Checkpoint& from, const Checkpoint& to) {
+  const std::pair<BlockId, BlockId> parts[] = {{from.state, to.state}, {from.window, to.window}};
+  if (mover_ == nullptr) {
+    for (auto [src_id, dst_id] : parts) {
+      if (!src_id.valid()) continue;
+      auto src = allocator_->Bytes(src_id);
+      auto dst = allocator_->Bytes(dst_id);
+      ULA_CHECK(src.has_value() && dst.has_value() && src->size() == dst->size());
+      if (!src->empty()) std::memcpy(dst->data(), src->data(), src->size());
+    }
+    return Ok();
+  }
+  // Both ends pinned (no move while copied), one batch per block, every fence waited on.
+  std::vector<BlockId> pinned;
+  std::vector<Fence> fences;
+  Status status = Ok();
+  for (auto [src_id, dst_id] : parts) {
+    if (!src_id.valid()) continue;
+    for (BlockId b : {src_id, dst_id}) {
+      ULA_CHECK(allocator_->Pin(b).has_value());
+      pinned.push_back(b);
+    }
+    CopyBatch b;
+    b.src = b.dst = mover_arena_;
+    b.bytes_per_move = static_cast<std::uint32_t>(allocator_->kind_config(*allocator_->KindOf(src_id)).block_bytes);
+    b.moves = {SlotMove{*allocator_->Offset(src_id), *allocator_->Offset(dst_id)}};
+    auto fence = mover_->Submit(std::move(b));
+    if (!fence) {
+      status = std::unexpected(std::move(fence).error());
+      break;
+    }
+    fences.push_back(*fence);
+  }
+  for (Fence f : fences) {
+    if (auto w = mover_->Wait(f); !w && status) status = std::unexpected(std::move(w).error());
+  }
+  for (BlockId b : pinned) ULA_CHECK(allocator_->Unpin(b).has_value());
+  return status;
 }
 
 Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
@@ -651,12 +700,14 @@ void PrefixCache::DropCheckpoint(std::uint32_t id, EvictionStats& stats) {
 
 bool PrefixCache::EvictLeaf(EvictionStats& stats) {
   if (kv_lru_.empty()) return false;
+  if (observer_) observer_();
   RemoveLeaf(std::get<2>(*kv_lru_.begin()), stats);
   return true;
 }
 
 bool PrefixCache::EvictState(EvictionStats& stats) {
   if (state_lru_.empty()) return false;
+  if (observer_) observer_();
   DropCheckpoint(std::get<2>(*state_lru_.begin()), stats);
   return true;
 }
@@ -691,6 +742,9 @@ Result<EvictionStats> PrefixCache::MakeRoom(const Demand& demand, EvictionRule r
     const bool kv_rule_met = rule == EvictionRule::kAllocationAware || free_pages + stats.pages >= need_pages;
     if (kv_rule_met && allocator_->CanAllocate(demand)) break;
     const bool evicted = rule == EvictionRule::kNaive ? EvictLeaf(stats) : (EvictState(stats) || EvictLeaf(stats));
+    // Naive's KV count can fall short of a demand that fits (what evicting states freed in
+    // the middle serves KV too): nothing left to evict then is a success, not a refusal.
+    if (!evicted && allocator_->CanAllocate(demand)) break;
     if (!evicted) {
       return MakeError(ErrorCode::kResourceExhausted,
                        fmt::format("prefix cache: nothing left to evict and the demand still does not fit "

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "prefix/tree_util.h"
+#include "ula/digest.h"
 #include "ula/prefix_cache.h"
 
 namespace ula {
@@ -113,6 +114,56 @@ Status PrefixCache::CheckInvariants() const {
   }
   if (blocks != owned_.size()) return MakeError(ErrorCode::kInternal, "prefix cache: the owned-block set disagrees with the nodes");
   return Ok();
+}
+
+std::uint64_t PrefixCache::DebugDigest() const {
+  StateDigest d;
+  auto add_block = [&](BlockId b) { d.Add(b.value()); };
+  d.Add(nodes_.size());
+  for (const Node& n : nodes_) {
+    for (std::uint64_t v : {std::uint64_t{n.live}, std::uint64_t{n.parent}, std::uint64_t{n.start}, std::uint64_t{n.end},
+                            std::uint64_t{n.host}, std::uint64_t{n.host_window}, std::uint64_t{n.kv_locks},
+                            std::uint64_t{n.state_locks}, n.last_use}) {
+      d.Add(v);
+    }
+    d.AddAll(std::span<const std::uint32_t>(n.tokens));
+    add_block(n.head);
+    d.Add(n.pages.size());
+    for (BlockId b : n.pages) add_block(b);
+    add_block(n.checkpoint.state);
+    add_block(n.checkpoint.window);
+    std::uint64_t children = 0;  // an unordered map: an order-free sum
+    for (const auto& [token, child] : n.children) children += StateDigest::Mix(token, child);
+    d.Add(n.children.size());
+    d.Add(children);
+  }
+  d.AddAll(std::span<const std::uint32_t>(free_nodes_));
+  for (const auto* set : {&kv_lru_, &state_lru_, &host_lru_}) {
+    d.Add(set->size());
+    for (const auto& [use, depth, id] : *set) {
+      d.Add(use);
+      d.Add(depth);
+      d.Add(id);
+    }
+  }
+  d.AddAll(std::span<const std::uint32_t>(free_host_));
+  if (host_.backend != nullptr && host_.host_arena.data != nullptr) {
+    const std::byte* p = host_.host_arena.data;
+    for (std::uint64_t i = 0; i < host_.host_arena.bytes; ++i) d.Add(static_cast<std::uint64_t>(p[i]));
+  }
+  std::uint64_t owned = 0;
+  for (BlockId b : owned_) owned += StateDigest::Mix(b.value(), 1);
+  d.Add(owned_.size());
+  d.Add(owned);
+  d.Add(events_.size());
+  for (const CacheEvent& e : events_) {
+    d.Add(static_cast<std::uint64_t>(e.type));
+    add_block(e.block);
+    d.Add(e.position);
+  }
+  for (std::uint64_t v : {clock_, host_hits_, std::uint64_t{loading_}}) d.Add(v);
+  d.Add(allocator_->DebugDigest());
+  return d.value();
 }
 
 }  // namespace ula
