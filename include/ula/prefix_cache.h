@@ -16,8 +16,19 @@
 //     partial page), not dropped as SGLang does with page_size > 1.
 //   * The page with index p on a path is provided by the deepest node of the path that
 //     owns index p; its bytes are valid for every token of the path in that page.
-// A node may hold a checkpoint (a state block, and a window ring when the model has one)
-// saved at its end position. Insert splits a node at any checkpoint position, so
+// A node may hold a checkpoint (a state block, and a window ring when the model keeps its
+// sliding-window KV in a ring) saved at its end position.
+//
+// Sliding-window KV as tokens (config.sliding_window = W > 0, SGLang's SWA radix cache):
+// the window layers' KV lives in window pages (window_kind), one per KV page index, owned
+// exactly like the KV pages (a node's `wpages` parallel to its `pages`, a head copy beside
+// its head copy). A window page may be absent (released): the request freed it once it fell
+// out of its window, or eviction dropped it (a window tombstone: the node keeps its KV and
+// state). A checkpoint at L is usable only when the window pages of tokens [L - (W - 1), L)
+// (what the token at L attends to) are present on its path; Match stops at the deepest
+// such checkpoint. Lock takes a window lock (pins, not evictable) only on the window pages
+// of the match's window (match.window_pages), and ReleaseWindow gives it back early, when
+// the request's own position has moved past them. No events are recorded for window pages. Insert splits a node at any checkpoint position, so
 // checkpoints live at any token position the caller chose. A node without one is a
 // tombstone (its state was evicted, or it was never saved there).
 //
@@ -35,9 +46,11 @@
 // evictable). Splitting a locked node copies the KV lock count to both halves; the state
 // lock stays with the node that keeps the checkpoint (the lower half).
 //
-// Eviction by kind. Two ordered sets, keyed by (last use, deeper first), give O(1) victims:
-//   kv_lru_    unlocked leaves (KV evictable as a whole node);
-//   state_lru_ unlocked checkpoints (state-lock count 0).
+// Eviction by kind. Ordered sets, keyed by (last use, deeper first), give O(1) victims:
+//   kv_lru_     unlocked leaves (KV evictable as a whole node);
+//   state_lru_  unlocked checkpoints (state-lock count 0);
+//   window_lru_ nodes with a window page present and none of them window-locked (evicting
+//               one drops its window pages; an unlocked leaf goes whole, as in SGLang).
 // Evicting a leaf frees its pages and checkpoint. Evicting the checkpoint of an interior
 // node tombstones it: the state goes, the KV stays. A leaf left without a checkpoint (a
 // tombstoned leaf) is useless to a hybrid model and is removed at once, cascading upward;
@@ -46,7 +59,8 @@
 //   kNaive            LRU leaves only; stops once the KV kind alone has the requested pages
 //                     (KV pages free at the start plus pages freed since);
 //   kAllocationAware  the LRU checkpoint first (to the host tier when there is one; else
-//                     its whole node when a leaf, a tombstone otherwise), stopping once
+//                     its whole node when a leaf, a tombstone otherwise), then the LRU
+//                     window pages, then LRU leaves, stopping once
 //                     allocator.CanAllocate(demand) holds, counting every kind and what
 //                     compaction recovers.
 //
@@ -102,6 +116,9 @@ struct PrefixCacheConfig {
   BlockKind kv_kind = BlockKind(1);
   BlockKind state_kind = BlockKind(0);
   BlockKind window_kind = BlockKind(2);  // invalid: the model has no sliding-window layer
+  // 0: window KV (if any) is a ring in each checkpoint; W > 0: window pages (see above),
+  // W being the model's window (the token itself and W - 1 before it).
+  std::uint32_t sliding_window = 0;
   bool record_events = false;
 
   Status Validate() const;
@@ -127,6 +144,9 @@ struct PrefixMatch {
   std::uint32_t host_length = 0;   // the deepest checkpoint counting the host tier's (>= length)
   std::vector<std::uint32_t> path; // node ids root-exclusive, for Lock/Unlock
   Checkpoint copy;                 // MatchCopyOnWrite: the request's own copy (caller owns it)
+  // sliding_window > 0: [pages.size()] the window pages of the match's window (what Lock
+  // window-locks), invalid before it. Empty after ReleaseWindow.
+  std::vector<BlockId> window_pages;
 };
 
 struct EvictionStats {
@@ -136,6 +156,7 @@ struct EvictionStats {
   std::uint32_t tombstones = 0;   // of which: interior nodes that kept their KV
   std::uint64_t tokens = 0;       // tokens of the removed nodes' spans
   std::uint32_t offloaded = 0;    // of the checkpoints: moved to the host tier
+  std::uint32_t window_pages = 0; // window pages freed (with their node or as window tombstones)
 };
 
 struct HostTierConfig {
@@ -190,9 +211,11 @@ class PrefixCache {
   // last checkpoint is useless to a hybrid model and is not kept (those pages are freed).
   // A page or checkpoint the tree already has is freed (a duplicate), except the tree's own
   // pages, which the sequence shared through a match. REQUIRES: pages cover tokens exactly;
-  // positions distinct.
+  // positions distinct. With sliding_window > 0, window_pages[i] is page i's window page
+  // (invalid: released) and is taken, shared or freed as pages[i] is; a window page the tree
+  // lacks (released or evicted) over a full page of the shared prefix is taken too.
   Status Insert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
-                std::span<const PositionedCheckpoint> checkpoints);
+                std::span<const PositionedCheckpoint> checkpoints, std::span<const BlockId> window_pages = {});
   // Chunked prefill (SGLang's cache_unfinished_req): inserts the chunks computed so far
   // (as Insert; the last checkpoint should be a copy of the running state at tokens.size()),
   // releases `held` (the request's previous lock, or an unlocked empty match) and returns the
@@ -200,7 +223,12 @@ class PrefixCache {
   // page of its own was freed); a partial last page now belongs to the tree and must be
   // copied before it is written again.
   Result<PrefixMatch> InsertChunk(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
-                                  std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held);
+                                  std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held,
+                                  std::span<const BlockId> window_pages = {});
+  // Early release of the window lock of a locked match (its window pages become evictable;
+  // the KV and state locks stay): clears match.window_pages, so Unlock later leaves them.
+  // kFailedPrecondition when the match's window pages are not locked: nothing changed.
+  Status ReleaseWindow(PrefixMatch& match);
 
   // Evicts LRU unlocked leaves / checkpoints until `demand` can be allocated (see above),
   // and no further: it never starts evicting a victim (a checkpoint, or a leaf with the
@@ -218,9 +246,10 @@ class PrefixCache {
   // checkpoint is published on host before its bytes arrived.
   Result<EvictionStats> MakeRoom(const Demand& demand, EvictionRule rule);
   // Evicts by count: LRU leaves until at least kv_tokens tokens of KV are freed, then LRU
-  // checkpoints until at least `states` checkpoints are freed in all. Stops early when
-  // nothing evictable is left.
-  EvictionStats Evict(std::uint64_t kv_tokens, std::uint32_t states);
+  // checkpoints until at least `states` checkpoints are freed in all, then LRU window pages
+  // until at least window_tokens tokens of window KV (page_tokens per page) are freed in all.
+  // Stops early when nothing evictable is left.
+  EvictionStats Evict(std::uint64_t kv_tokens, std::uint32_t states, std::uint64_t window_tokens = 0);
 
   std::size_t num_nodes() const;  // root excluded
   std::size_t num_checkpoints() const;
@@ -254,6 +283,9 @@ class PrefixCache {
     std::uint32_t start = 0, end = 0;
     BlockId head;                       // head copy of page floor(start / P), or invalid
     std::vector<BlockId> pages;         // pages [ceil(start/P), ceil(end/P))
+    BlockId whead;                      // sliding_window > 0: the head copy's window page
+    std::vector<BlockId> wpages;        // sliding_window > 0: [pages.size()] (invalid: absent)
+    std::uint32_t window_locks = 0;     // window locks on its window pages, summed
     Checkpoint checkpoint;
     std::uint32_t host = kNoSlot;  // host slot of an offloaded checkpoint
     bool host_window = false;      // whether that slot holds a window ring too
@@ -295,6 +327,25 @@ class PrefixCache {
   bool EvictState(EvictionStats& stats);
   std::uint32_t FreeKvPages() const;
   std::vector<BlockId> PagesOfPath(const std::vector<std::uint32_t>& path, std::uint32_t length) const;
+  // For each page index of [0, length): the node providing it on the path, and whether as
+  // its head copy (node 0: none).
+  struct Provider {
+    std::uint32_t node = 0;
+    bool head = false;
+  };
+  std::vector<Provider> ProvidersOfPath(const std::vector<std::uint32_t>& path, std::uint32_t length) const;
+  BlockId& WindowSlot(Provider p, std::uint32_t index);
+  std::vector<BlockId> WindowPagesOfPath(const std::vector<std::uint32_t>& path, std::uint32_t length) const;
+  // The first page index of the window a checkpoint at `length` needs.
+  std::uint32_t WindowFirstPage(std::uint32_t length) const;
+  // Whether a checkpoint at the end of path (a prefix of a root path) has its window.
+  bool HasWindow(const std::vector<std::uint32_t>& path, std::uint32_t length) const;
+  // The window page `page` on the path to `node`: its owner node (0: not on the path).
+  std::uint32_t WindowOwner(std::uint32_t node, BlockId page) const;
+  Status CheckWindowLocked(const PrefixMatch& match, std::uint32_t node) const;
+  void LockWindow(const PrefixMatch& match, std::uint32_t node, bool lock);
+  bool EvictWindow(EvictionStats& stats);
+  void FreeWindowPages(std::uint32_t id, EvictionStats& stats);
   // Validates a match for Lock (locking) or Unlock; returns its node (0: empty match).
   Result<std::uint32_t> LockedNode(const PrefixMatch& match, bool locking) const;
   void PinMatch(std::uint32_t node, bool pin);
@@ -305,7 +356,8 @@ class PrefixCache {
   HybridAllocator* allocator_;
   std::vector<Node> nodes_;  // [0] is the root
   std::vector<std::uint32_t> free_nodes_;
-  std::set<LruKey> kv_lru_, state_lru_, host_lru_;
+  std::set<LruKey> kv_lru_, state_lru_, host_lru_, window_lru_;
+  std::unordered_map<BlockId, std::uint32_t> window_locks_;  // window page -> locks
   HostTierConfig host_;  // host_.backend == nullptr: no host tier
   std::vector<std::uint32_t> free_host_;
   std::uint64_t host_hits_ = 0;

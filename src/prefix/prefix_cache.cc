@@ -26,6 +26,9 @@ Status PrefixCacheConfig::Validate() const {
   if (page_tokens == 0) return MakeError(ErrorCode::kInvalidArgument, "prefix cache config: page_tokens must be > 0");
   if (!kv_kind.valid()) return MakeError(ErrorCode::kInvalidArgument, "prefix cache config: kv_kind must be set");
   if (!state_kind.valid()) return MakeError(ErrorCode::kInvalidArgument, "prefix cache config: state_kind must be set");
+  if (sliding_window > 0 && !window_kind.valid()) {
+    return MakeError(ErrorCode::kInvalidArgument, "prefix cache config: sliding_window needs window_kind");
+  }
   return Ok();
 }
 
@@ -237,12 +240,15 @@ void PrefixCache::Update(std::uint32_t id, F&& f) {
   kv_lru_.erase(old);
   state_lru_.erase(old);
   host_lru_.erase(old);
+  window_lru_.erase(old);
   f();
   const Node& n = nodes_[id];
   if (!n.live) return;
   if (n.kv_locks == 0 && n.children.empty()) kv_lru_.insert(KeyOf(id));
   if (n.checkpoint.valid() && n.state_locks == 0) state_lru_.insert(KeyOf(id));
   if (n.host != kNoSlot && id != loading_) host_lru_.insert(KeyOf(id));
+  const bool any_window = n.whead.valid() || std::any_of(n.wpages.begin(), n.wpages.end(), [](BlockId b) { return b.valid(); });
+  if (any_window && n.window_locks == 0) window_lru_.insert(KeyOf(id));
 }
 
 void PrefixCache::Touch(std::uint32_t id, std::uint64_t clock) {
@@ -284,17 +290,33 @@ std::uint32_t PrefixCache::Split(std::uint32_t id, std::uint32_t at) {
   const std::uint32_t upper_pages = CeilDiv(at, P) - CeilDiv(n.start, P);
   m.pages.assign(n.pages.begin(), n.pages.begin() + upper_pages);
   m.head = n.head;
+  if (!n.wpages.empty()) m.wpages.assign(n.wpages.begin(), n.wpages.begin() + upper_pages);
+  m.whead = n.whead;
   m.kv_locks = n.kv_locks;
   m.last_use = n.last_use;
   nodes_[n.parent].children[m.tokens.front()] = upper;
+  // Window locks live on pages: each half counts those of its own pages.
+  auto locks_of = [&](const Node& x) {
+    std::uint32_t sum = 0;
+    for (BlockId b : x.wpages) {
+      if (auto it = window_locks_.find(b); b.valid() && it != window_locks_.end()) sum += it->second;
+    }
+    if (auto it = window_locks_.find(x.whead); x.whead.valid() && it != window_locks_.end()) sum += it->second;
+    return sum;
+  };
   Update(id, [&] {
     n.tokens.erase(n.tokens.begin(), n.tokens.begin() + cut);
     n.pages.erase(n.pages.begin(), n.pages.begin() + upper_pages);
     n.head = BlockId::Invalid();
+    if (!n.wpages.empty()) n.wpages.erase(n.wpages.begin(), n.wpages.begin() + upper_pages);
+    n.whead = BlockId::Invalid();
     n.start = at;
     n.parent = upper;
+    n.window_locks = locks_of(n);
   });
+  m.window_locks = locks_of(m);
   m.children.emplace(n.tokens.front(), id);
+  Update(upper, [] {});
   return upper;
 }
 
@@ -308,6 +330,50 @@ std::vector<BlockId> PrefixCache::PagesOfPath(const std::vector<std::uint32_t>& 
     for (std::size_t i = 0; i < n.pages.size() && first + i < pages.size(); ++i) pages[first + i] = n.pages[i];
   }
   return pages;
+}
+
+std::vector<PrefixCache::Provider> PrefixCache::ProvidersOfPath(const std::vector<std::uint32_t>& path,
+                                                               std::uint32_t length) const {
+  const std::uint32_t P = config_.page_tokens;
+  std::vector<Provider> providers(CeilDiv(length, P));
+  for (std::uint32_t id : path) {  // root first: deeper nodes overwrite
+    const Node& n = nodes_[id];
+    if (n.head.valid() && n.start / P < providers.size()) providers[n.start / P] = {id, true};
+    const std::uint32_t first = CeilDiv(n.start, P);
+    for (std::size_t i = 0; i < n.pages.size() && first + i < providers.size(); ++i) providers[first + i] = {id, false};
+  }
+  return providers;
+}
+
+BlockId& PrefixCache::WindowSlot(Provider p, std::uint32_t index) {
+  Node& n = nodes_[p.node];
+  return p.head ? n.whead : n.wpages[index - CeilDiv(n.start, config_.page_tokens)];
+}
+
+std::vector<BlockId> PrefixCache::WindowPagesOfPath(const std::vector<std::uint32_t>& path, std::uint32_t length) const {
+  const std::uint32_t P = config_.page_tokens;
+  std::vector<BlockId> pages(CeilDiv(length, P));
+  for (std::uint32_t id : path) {  // as PagesOfPath, with the window pages
+    const Node& n = nodes_[id];
+    if (n.head.valid() && n.start / P < pages.size()) pages[n.start / P] = n.whead;
+    const std::uint32_t first = CeilDiv(n.start, P);
+    for (std::size_t i = 0; i < n.wpages.size() && first + i < pages.size(); ++i) pages[first + i] = n.wpages[i];
+  }
+  return pages;
+}
+
+std::uint32_t PrefixCache::WindowFirstPage(std::uint32_t length) const {
+  const std::uint32_t need = config_.sliding_window - 1;  // tokens before `length` the next token attends to
+  return length > need ? (length - need) / config_.page_tokens : 0;
+}
+
+bool PrefixCache::HasWindow(const std::vector<std::uint32_t>& path, std::uint32_t length) const {
+  if (config_.sliding_window == 0) return true;
+  const std::vector<BlockId> w = WindowPagesOfPath(path, length);
+  for (std::size_t i = WindowFirstPage(length); i < w.size(); ++i) {
+    if (!w[i].valid()) return false;
+  }
+  return true;
 }
 
 PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint32_t max_length) {
@@ -331,8 +397,9 @@ PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint3
     node = it->second;
     pos = c.end;
     path.push_back(node);
-    if (c.end <= max_length && c.checkpoint.valid()) best_depth = path.size();
-    if (c.end <= max_length && (c.checkpoint.valid() || c.host != kNoSlot)) best.host_length = c.end;
+    const bool usable = c.end <= max_length && (c.checkpoint.valid() || c.host != kNoSlot) && HasWindow(path, c.end);
+    if (usable && c.checkpoint.valid()) best_depth = path.size();
+    if (usable) best.host_length = c.end;
   }
   kv_length = pos;
   ++clock_;
@@ -343,6 +410,10 @@ PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint3
     best.length = d.end;
     best.checkpoint = d.checkpoint;
     best.pages = PagesOfPath(path, d.end);
+    if (config_.sliding_window > 0) {
+      best.window_pages = WindowPagesOfPath(path, d.end);
+      std::fill(best.window_pages.begin(), best.window_pages.begin() + WindowFirstPage(d.end), BlockId::Invalid());
+    }
   }
   best.kv_length = kv_length;
   best.branch = kv_length > best.length ? kv_length : 0;
@@ -397,10 +468,65 @@ void PrefixCache::PinMatch(std::uint32_t node, bool pin) {
   for (BlockId b : blocks) ULA_CHECK((pin ? allocator_->Pin(b) : allocator_->Unpin(b)).has_value());
 }
 
+std::uint32_t PrefixCache::WindowOwner(std::uint32_t node, BlockId page) const {
+  for (std::uint32_t a = node; a != 0; a = nodes_[a].parent) {
+    const Node& n = nodes_[a];
+    if (n.whead == page || std::find(n.wpages.begin(), n.wpages.end(), page) != n.wpages.end()) return a;
+  }
+  return 0;
+}
+
+Status PrefixCache::CheckWindowLocked(const PrefixMatch& match, std::uint32_t node) const {
+  for (BlockId b : match.window_pages) {
+    if (!b.valid()) continue;
+    auto it = window_locks_.find(b);
+    if (it == window_locks_.end() || it->second == 0 || WindowOwner(node, b) == 0) {
+      return MakeError(ErrorCode::kFailedPrecondition,
+                       fmt::format("prefix cache: window page {} of the match is not locked", b.value()));
+    }
+  }
+  return Ok();
+}
+
+void PrefixCache::LockWindow(const PrefixMatch& match, std::uint32_t node, bool lock) {
+  for (BlockId b : match.window_pages) {
+    if (!b.valid()) continue;
+    const std::uint32_t owner = WindowOwner(node, b);
+    ULA_CHECK(owner != 0);
+    ULA_CHECK((lock ? allocator_->Pin(b) : allocator_->Unpin(b)).has_value());
+    Update(owner, [&] {
+      if (lock) {
+        ++window_locks_[b];
+        ++nodes_[owner].window_locks;
+      } else {
+        if (--window_locks_[b] == 0) window_locks_.erase(b);
+        --nodes_[owner].window_locks;
+      }
+    });
+  }
+}
+
+Status PrefixCache::ReleaseWindow(PrefixMatch& match) {
+  auto id = LockedNode(match, false);
+  if (!id) return std::unexpected(std::move(id).error());
+  if (*id == 0) return Ok();
+  ULA_RETURN_IF_ERROR(CheckWindowLocked(match, *id));
+  LockWindow(match, *id, false);
+  match.window_pages.clear();
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
+
 Status PrefixCache::Lock(const PrefixMatch& match) {
   auto id = LockedNode(match, true);
   if (!id) return std::unexpected(std::move(id).error());
   if (*id == 0) return Ok();
+  for (BlockId b : match.window_pages) {  // present, on the path
+    if (b.valid() && WindowOwner(*id, b) == 0) {
+      return MakeError(ErrorCode::kNotFound, fmt::format("prefix cache: window page {} of the match is gone", b.value()));
+    }
+  }
+  LockWindow(match, *id, true);
   PinMatch(*id, true);
   Update(*id, [&] { ++nodes_[*id].state_locks; });
   for (std::uint32_t a = *id; a != 0; a = nodes_[a].parent) Update(a, [&] { ++nodes_[a].kv_locks; });
@@ -411,6 +537,8 @@ Status PrefixCache::Unlock(const PrefixMatch& match) {
   auto id = LockedNode(match, false);
   if (!id) return std::unexpected(std::move(id).error());
   if (*id == 0) return Ok();
+  ULA_RETURN_IF_ERROR(CheckWindowLocked(match, *id));
+  LockWindow(match, *id, false);
   PinMatch(*id, false);
   Update(*id, [&] { --nodes_[*id].state_locks; });
   for (std::uint32_t a = *id; a != 0; a = nodes_[a].parent) Update(a, [&] { --nodes_[a].kv_locks; });
@@ -506,7 +634,7 @@ Status PrefixCache::CopyCheckpoint(const Checkpoint& from, const Checkpoint& to)
 }
 
 Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
-                           std::span<const PositionedCheckpoint> checkpoints) {
+                           std::span<const PositionedCheckpoint> checkpoints, std::span<const BlockId> window_pages) {
   const std::uint32_t P = config_.page_tokens;
   const std::size_t want_pages = (tokens.size() + P - 1) / P;
   if (pages.size() != want_pages) {
@@ -520,6 +648,21 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
   }
   std::unordered_set<BlockId> incoming(pages.begin(), pages.end());
   if (incoming.size() != pages.size()) return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert: a page is given twice");
+  const bool windowed = config_.sliding_window > 0;
+  if (window_pages.size() != (windowed ? pages.size() : 0)) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("prefix cache insert: {} window pages for {} pages (sliding_window {})", window_pages.size(),
+                                 pages.size(), config_.sliding_window));
+  }
+  for (BlockId w : window_pages) {
+    if (!w.valid()) continue;
+    auto kind = allocator_->KindOf(w);
+    if (!kind) return std::unexpected(std::move(kind).error());
+    if (*kind != config_.window_kind) {
+      return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert: a window page is not a window block");
+    }
+    if (!incoming.insert(w).second) return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert: a window page is given twice");
+  }
   std::map<std::uint32_t, Checkpoint> at;  // position -> checkpoint
   for (const auto& c : checkpoints) {
     if (c.position == 0 || c.position > tokens.size() || !c.checkpoint.valid() || at.contains(c.position)) {
@@ -560,6 +703,7 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
     node = it->second;
   }
   const std::vector<BlockId> tree_pages = PagesOfPath(walk, s_all);  // providers of [0, ceil(s_all/P))
+  const std::vector<BlockId> tree_wpages = windowed ? WindowPagesOfPath(walk, s_all) : std::vector<BlockId>{};
   const std::uint32_t s = std::min(s_all, n);
   const bool head_copy = s < n && s % P != 0;
   const std::uint32_t new_from = head_copy ? s / P : CeilDiv(s, P);  // incoming pages the tree takes
@@ -570,6 +714,11 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
     if (owned_.contains(pages[i]) && !shared) {
       return MakeError(ErrorCode::kInvalidArgument,
                        fmt::format("prefix cache insert: page {} is the tree's own page of another position", i));
+    }
+    if (windowed && window_pages[i].valid() && owned_.contains(window_pages[i]) &&
+        (taken || i >= tree_wpages.size() || window_pages[i] != tree_wpages[i])) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("prefix cache insert: window page {} is the tree's own of another position", i));
     }
   }
   // Mutation from here on: nothing below fails.
@@ -597,10 +746,18 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
     if (pos == s && head_copy) {
       c.head = pages[s / P];
       StorePage(c.head, s / P);
+      if (windowed) c.whead = window_pages[s / P];
     }
     for (std::uint32_t i = CeilDiv(pos, P); i < CeilDiv(next, P); ++i) {
       c.pages.push_back(pages[i]);
       StorePage(pages[i], i);
+      if (windowed) c.wpages.push_back(window_pages[i]);
+    }
+    for (BlockId w : {c.whead}) {
+      if (w.valid()) owned_.insert(w);
+    }
+    for (BlockId w : c.wpages) {
+      if (w.valid()) owned_.insert(w);
     }
     Update(node, [&] { nodes_[node].children.emplace(tokens[pos], id); });
     Update(id, [] {});
@@ -612,6 +769,26 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
     const bool taken = i >= new_from && i < new_to;
     const bool shared = !taken && i < tree_pages.size() && pages[i] == tree_pages[i];
     if (!taken && !shared) ULA_CHECK(allocator_->Free(pages[i]).has_value());  // a duplicate, or past n
+  }
+  if (windowed) {
+    // A window page the tree lacks over a full page of the shared prefix [0, s) is taken
+    // (its bytes are those of the tree's tokens there); the rest not taken above is freed.
+    const std::vector<Provider> providers = ProvidersOfPath(path, s);
+    for (std::uint32_t i = 0; i < pages.size(); ++i) {
+      const BlockId w = window_pages[i];
+      const bool taken = i >= new_from && i < new_to;
+      if (!w.valid() || taken || (i < tree_wpages.size() && w == tree_wpages[i])) continue;
+      if ((i + 1) * P <= s && providers[i].node != 0) {
+        const std::uint32_t owner = providers[i].node;
+        BlockId& slot = WindowSlot(providers[i], i);
+        if (!slot.valid()) {
+          Update(owner, [&] { slot = w; });
+          owned_.insert(w);
+          continue;
+        }
+      }
+      ULA_CHECK(allocator_->Free(w).has_value());
+    }
   }
   for (std::uint32_t id : path) {
     Node& c = nodes_[id];
@@ -636,14 +813,16 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
 }
 
 Result<PrefixMatch> PrefixCache::InsertChunk(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
-                                             std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held) {
+                                             std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held,
+                                             std::span<const BlockId> window_pages) {
   auto node = LockedNode(held, false);
   if (!node) return std::unexpected(std::move(node).error());
   if (checkpoints.empty() || std::none_of(checkpoints.begin(), checkpoints.end(),
                                           [&](const auto& c) { return c.position == tokens.size(); })) {
     return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert chunk: no checkpoint at the chunk's end");
   }
-  ULA_RETURN_IF_ERROR(Insert(tokens, pages, checkpoints));
+  if (auto w = CheckWindowLocked(held, *node); !w) return std::unexpected(std::move(w).error());
+  ULA_RETURN_IF_ERROR(Insert(tokens, pages, checkpoints, window_pages));
   PrefixMatch m = Match(tokens, static_cast<std::uint32_t>(tokens.size()));
   ULA_CHECK(m.length == tokens.size());
   ULA_CHECK(Lock(m).has_value());  // before Unlock(held): nothing of the path is freed meanwhile
@@ -657,6 +836,7 @@ void PrefixCache::RemoveLeaf(std::uint32_t id, EvictionStats& stats) {
     Node& n = nodes_[id];
     ULA_CHECK(n.children.empty() && n.kv_locks == 0);
     const std::uint32_t parent = n.parent;
+    FreeWindowPages(id, stats);
     Update(id, [&] {
       if (n.head.valid()) {
         FreePage(n.head, n.start / P);
@@ -705,6 +885,35 @@ bool PrefixCache::EvictLeaf(EvictionStats& stats) {
   return true;
 }
 
+void PrefixCache::FreeWindowPages(std::uint32_t id, EvictionStats& stats) {
+  Node& n = nodes_[id];
+  ULA_CHECK(n.window_locks == 0);
+  auto drop = [&](BlockId& b) {
+    if (!b.valid()) return;
+    owned_.erase(b);
+    ULA_CHECK(allocator_->Free(b).has_value());
+    b = BlockId::Invalid();
+    ++stats.window_pages;
+  };
+  Update(id, [&] {
+    drop(n.whead);
+    for (BlockId& b : n.wpages) drop(b);
+  });
+}
+
+bool PrefixCache::EvictWindow(EvictionStats& stats) {
+  if (window_lru_.empty()) return false;
+  if (observer_) observer_();
+  const std::uint32_t id = std::get<2>(*window_lru_.begin());
+  const Node& n = nodes_[id];
+  if (n.children.empty() && n.kv_locks == 0) {
+    RemoveLeaf(id, stats);  // a leaf without its window is useless: it goes whole
+  } else {
+    FreeWindowPages(id, stats);  // a window tombstone: KV and state stay
+  }
+  return true;
+}
+
 bool PrefixCache::EvictState(EvictionStats& stats) {
   if (state_lru_.empty()) return false;
   if (observer_) observer_();
@@ -741,7 +950,8 @@ Result<EvictionStats> PrefixCache::MakeRoom(const Demand& demand, EvictionRule r
     // Naive: only the KV pages freed count, whatever else was freed.
     const bool kv_rule_met = rule == EvictionRule::kAllocationAware || free_pages + stats.pages >= need_pages;
     if (kv_rule_met && allocator_->CanAllocate(demand)) break;
-    const bool evicted = rule == EvictionRule::kNaive ? EvictLeaf(stats) : (EvictState(stats) || EvictLeaf(stats));
+    const bool evicted =
+        rule == EvictionRule::kNaive ? EvictLeaf(stats) : (EvictState(stats) || EvictWindow(stats) || EvictLeaf(stats));
     // Naive's KV count can fall short of a demand that fits (what evicting states freed in
     // the middle serves KV too): nothing left to evict then is a success, not a refusal.
     if (!evicted && allocator_->CanAllocate(demand)) break;
@@ -756,11 +966,13 @@ Result<EvictionStats> PrefixCache::MakeRoom(const Demand& demand, EvictionRule r
   return stats;
 }
 
-EvictionStats PrefixCache::Evict(std::uint64_t kv_tokens, std::uint32_t states) {
+EvictionStats PrefixCache::Evict(std::uint64_t kv_tokens, std::uint32_t states, std::uint64_t window_tokens) {
   EvictionStats stats;
   while (stats.tokens < kv_tokens && EvictLeaf(stats)) {
   }
   while (stats.checkpoints < states && EvictState(stats)) {
+  }
+  while (std::uint64_t{stats.window_pages} * config_.page_tokens < window_tokens && EvictWindow(stats)) {
   }
   ULA_EXPENSIVE_CHECK(*this);
   return stats;

@@ -34,6 +34,11 @@ PrefixCacheMetrics PrefixCache::Metrics() const {
     ++m.nodes;
     const std::uint64_t kv = (n.pages.size() + (n.head.valid() ? 1 : 0)) * page;
     (n.kv_locks > 0 ? m.kv.protected_bytes : m.kv.evictable) += kv;
+    auto window_page = [&](BlockId b) {
+      if (b.valid()) (window_locks_.contains(b) ? m.window.protected_bytes : m.window.evictable) += window;
+    };
+    window_page(n.whead);
+    for (BlockId b : n.wpages) window_page(b);
     m.host_checkpoints += n.host != kNoSlot ? 1 : 0;
     if (!n.checkpoint.valid()) {
       m.tombstones += n.host == kNoSlot ? 1 : 0;
@@ -52,7 +57,9 @@ Status PrefixCache::CheckInvariants() const {
   auto bad = [](std::uint32_t id, const char* what) {
     return MakeError(ErrorCode::kInternal, fmt::format("prefix cache: node {} {}", id, what));
   };
-  std::size_t blocks = 0, in_kv = 0, in_state = 0, in_host = 0;
+  std::size_t blocks = 0, in_kv = 0, in_state = 0, in_host = 0, in_window = 0;
+  std::size_t window_locked = 0;
+  const bool windowed = config_.sliding_window > 0;
   std::set<std::uint32_t> host_slots(free_host_.begin(), free_host_.end());
   if (host_slots.size() != free_host_.size()) return MakeError(ErrorCode::kInternal, "prefix cache: a free host slot twice");
   for (std::uint32_t id = 1; id < nodes_.size(); ++id) {
@@ -72,6 +79,29 @@ Status PrefixCache::CheckInvariants() const {
       if (!kind || *kind != config_.kv_kind || !owned_.contains(b)) return bad(id, "owns a page that is not a live KV block");
     }
     blocks += own.size();
+    if (n.wpages.size() != (windowed ? n.pages.size() : 0) || (n.whead.valid() && !n.head.valid())) {
+      return bad(id, "has window pages that do not match its pages");
+    }
+    std::uint32_t locks = 0;
+    bool any_window = false;
+    std::vector<BlockId> wown = n.wpages;
+    wown.push_back(n.whead);
+    for (BlockId b : wown) {
+      if (!b.valid()) continue;
+      auto kind = allocator_->KindOf(b);
+      if (!kind || *kind != config_.window_kind || !owned_.contains(b)) return bad(id, "owns a dead window page");
+      ++blocks;
+      any_window = true;
+      if (auto it = window_locks_.find(b); it != window_locks_.end()) {
+        locks += it->second;
+        ++window_locked;
+      }
+    }
+    if (locks != n.window_locks) return bad(id, "has a window-lock count that is not its pages' sum");
+    if (n.window_locks > 0 && n.kv_locks == 0) return bad(id, "is window-locked without a KV lock");
+    const bool want_window = any_window && n.window_locks == 0;
+    if (want_window != window_lru_.contains(KeyOf(id))) return bad(id, "is misplaced in the window LRU set");
+    in_window += want_window;
     const auto path_pages = PagesOfPath(PathTo(id, nodes_), n.end);
     for (BlockId b : path_pages) {
       if (!b.valid()) return bad(id, "has a page index no node of its path provides");
@@ -109,7 +139,11 @@ Status PrefixCache::CheckInvariants() const {
     }
   }
   if (host_slots.size() != host_.slots) return MakeError(ErrorCode::kInternal, "prefix cache: a host slot is lost");
-  if (in_kv != kv_lru_.size() || in_state != state_lru_.size() || in_host - (loading_ != kNoSlot) != host_lru_.size()) {
+  if (window_locked != window_locks_.size()) {
+    return MakeError(ErrorCode::kInternal, "prefix cache: a window lock is held on a page no node owns");
+  }
+  if (in_kv != kv_lru_.size() || in_state != state_lru_.size() || in_window != window_lru_.size() ||
+      in_host - (loading_ != kNoSlot) != host_lru_.size()) {
     return MakeError(ErrorCode::kInternal, "prefix cache: an LRU set holds a node that does not belong there");
   }
   if (blocks != owned_.size()) return MakeError(ErrorCode::kInternal, "prefix cache: the owned-block set disagrees with the nodes");
@@ -130,6 +164,10 @@ std::uint64_t PrefixCache::DebugDigest() const {
     add_block(n.head);
     d.Add(n.pages.size());
     for (BlockId b : n.pages) add_block(b);
+    add_block(n.whead);
+    d.Add(n.wpages.size());
+    for (BlockId b : n.wpages) add_block(b);
+    d.Add(n.window_locks);
     add_block(n.checkpoint.state);
     add_block(n.checkpoint.window);
     std::uint64_t children = 0;  // an unordered map: an order-free sum
@@ -138,7 +176,11 @@ std::uint64_t PrefixCache::DebugDigest() const {
     d.Add(children);
   }
   d.AddAll(std::span<const std::uint32_t>(free_nodes_));
-  for (const auto* set : {&kv_lru_, &state_lru_, &host_lru_}) {
+  std::uint64_t window_locks = 0;
+  for (const auto& [b, count] : window_locks_) window_locks += StateDigest::Mix(b.value(), count);
+  d.Add(window_locks_.size());
+  d.Add(window_locks);
+  for (const auto* set : {&kv_lru_, &state_lru_, &host_lru_, &window_lru_}) {
     d.Add(set->size());
     for (const auto& [use, depth, id] : *set) {
       d.Add(use);
