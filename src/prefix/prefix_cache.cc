@@ -771,14 +771,23 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
     if (!taken && !shared) ULA_CHECK(allocator_->Free(pages[i]).has_value());  // a duplicate, or past n
   }
   if (windowed) {
-    // A window page the tree lacks over a full page of the shared prefix [0, s) is taken
-    // (its bytes are those of the tree's tokens there); the rest not taken above is freed.
+    // A window page the tree lacks over the shared prefix [0, s) is taken when its bytes
+    // serve every path that reads the provider's page: a full page inside [0, s), or the
+    // page of the node ending at s when no child of that node reads it (each child has its
+    // own head copy). The rest not taken above is freed.
     const std::vector<Provider> providers = ProvidersOfPath(path, s);
+    bool last_page_private = s > 0 && !path.empty() && nodes_[path.back()].end == s;
+    if (last_page_private) {
+      for (const auto& [token, child] : nodes_[path.back()].children) {
+        last_page_private &= nodes_[child].start % P != 0 && nodes_[child].head.valid();
+      }
+    }
     for (std::uint32_t i = 0; i < pages.size(); ++i) {
       const BlockId w = window_pages[i];
       const bool taken = i >= new_from && i < new_to;
       if (!w.valid() || taken || (i < tree_wpages.size() && w == tree_wpages[i])) continue;
-      if ((i + 1) * P <= s && providers[i].node != 0) {
+      const bool adoptable = (i + 1) * P <= s || (i + 1 == CeilDiv(s, P) && last_page_private);
+      if (adoptable && i < providers.size() && providers[i].node != 0) {
         const std::uint32_t owner = providers[i].node;
         BlockId& slot = WindowSlot(providers[i], i);
         if (!slot.valid()) {
@@ -815,6 +824,11 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
 Result<PrefixMatch> PrefixCache::InsertChunk(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
                                              std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held,
                                              std::span<const BlockId> window_pages) {
+  if (config_.sliding_window > 0) {
+    // The tree may lack window pages over a page it shares with another branch, which the
+    // request would then lose (docs/ARCHITECTURE.md): not supported yet.
+    return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert chunk: not supported with window pages");
+  }
   auto node = LockedNode(held, false);
   if (!node) return std::unexpected(std::move(node).error());
   if (checkpoints.empty() || std::none_of(checkpoints.begin(), checkpoints.end(),
