@@ -174,6 +174,61 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Sliding-window KV: a ring in every checkpoint against window pages in the tree (issue 20
+// item 4). The same prefixes and returning requests, on buffers of the same bytes
+// (`fraction` of what the ring needs to keep every prefix), allocation-aware eviction.
+struct WindowResult {
+  bool pages = false;
+  std::uint64_t window_bytes = 0;  // window KV the buffer holds after the prefixes were served
+  std::uint32_t retained = 0;
+  std::uint64_t recomputed = 0;
+  double returning_ms = 0, token_us = 0;
+};
+
+Result<WindowResult> RunWindow(bool pages, const Options& o, const Sizes& ring_sizes, double fraction,
+                               const std::vector<std::vector<std::uint32_t>>& prefixes,
+                               const std::vector<std::vector<std::uint32_t>>& returning) {
+  HybridModelConfig mc;
+  mc.window_in_pages = pages;
+  auto model = HybridModel::Create(mc);
+  if (!model) return std::unexpected(model.error());
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.kinds = (*model)->Kinds(64);
+  c.capacity_bytes = static_cast<std::uint64_t>(fraction * o.prefixes * ring_sizes.prefix_bytes) / 64 * 64 +
+                     ring_sizes.page_bytes;
+  c.padding_kind = kModelKvKind;
+  c.padding_blocks = 1;
+  auto buffer = UnifiedBuffer::Create(c);
+  if (!buffer) return std::unexpected(buffer.error());
+  PrefixCacheConfig pc{.page_tokens = mc.page_tokens};
+  if (pages) pc.sliding_window = mc.window;
+  auto cache = PrefixCache::Create(pc, buffer->get());
+  if (!cache) return std::unexpected(cache.error());
+  HybridRunner runner(**model, **buffer, cache->get());
+  const ServeOptions serve{.max_new_tokens = o.new_tokens, .checkpoint_interval = o.checkpoint_interval};
+  for (const auto& p : prefixes) {
+    auto s = runner.Serve(p, serve);
+    if (!s) return std::unexpected(s.error());
+  }
+  WindowResult r{.pages = pages};
+  r.window_bytes = (*buffer)->Stats().live_blocks_per_kind[kModelWindowKind.value()] * c.kinds[2].block_bytes;
+  for (const auto& p : prefixes) r.retained += (*cache)->Holds(p) ? 1 : 0;
+  std::vector<double> token_us;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& q : returning) {
+    auto s = runner.Serve(q, serve);
+    if (!s) return std::unexpected(s.error());
+    r.recomputed += s->recomputed - o.suffix_tokens;
+    token_us.insert(token_us.end(), s->token_us.begin(), s->token_us.end());
+  }
+  r.returning_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  r.token_us = Median(token_us);
+  ULA_RETURN_IF_ERROR((*buffer)->CheckInvariants());
+  ULA_RETURN_IF_ERROR((*cache)->CheckInvariants());
+  return r;
+}
+
 // Decode time per token on the unified buffer and on fixed pools, interleaved.
 std::pair<double, double> MeasureTbt(const HybridModel& model, const Options& o) {
   const auto kinds = model.Kinds(64);
@@ -312,6 +367,29 @@ int Run(const Options& o) {
                                 {"ms", r->ms}});
     if (!o.json) {
       fmt::print("{:<26} {:>12} {:>11} {:>12} {:>9.1f}\n", name, r->matched, r->recomputed, r->checkpoints, r->ms);
+    }
+  }
+  out["window"] = nlohmann::json::array();
+  if (!o.json) {
+    fmt::print("sliding-window KV: ring per checkpoint vs window pages in the tree, same prefixes, allocation-aware\n");
+    fmt::print("{:<14} {:>8} {:>14} {:>9} {:>11} {:>13} {:>9}\n", "window", "buffer", "window KiB", "retained",
+               "recomputed", "returning_ms", "token_us");
+  }
+  for (double fraction : {1.0, 0.5}) {
+    for (bool pages : {false, true}) {
+      auto r = RunWindow(pages, o, sizes, fraction, prefixes, returning);
+      if (!r) {
+        fmt::print(stderr, "window run failed: {}\n", r.error().ToString());
+        return 1;
+      }
+      out["window"].push_back({{"window_pages", pages}, {"buffer_fraction", fraction}, {"window_bytes", r->window_bytes},
+                               {"retained", r->retained}, {"of", o.prefixes}, {"recomputed_tokens", r->recomputed},
+                               {"returning_ms", r->returning_ms}, {"token_median_us", r->token_us}});
+      if (!o.json) {
+        fmt::print("{:<14} {:>7.0f}% {:>14} {:>6}/{:<2} {:>11} {:>13.1f} {:>9.1f}\n", pages ? "pages" : "ring",
+                   fraction * 100, r->window_bytes >> 10, r->retained, o.prefixes, r->recomputed, r->returning_ms,
+                   r->token_us);
+      }
     }
   }
   const auto [unified_us, fixed_us] = MeasureTbt(**model, o);
