@@ -277,22 +277,29 @@ Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, c
     shared = L / P;
     return Ok();
   };
-  // Window pages: release what no position still to be computed reads (the next token at
-  // seq.length attends to [seq.length + 1 - W, seq.length]) and no checkpoint still to be
-  // inserted needs (one at c needs [c + 1 - W, c)): the request's own pages are freed, the
-  // tree's are dropped from the sequence, and once all of the match's window pages are
-  // behind, the match's window lock goes (the early release).
-  std::size_t released = 0;  // window pages [0, released) are dropped
+  // Window pages: once no position still to be computed reads a window page (the next
+  // token at seq.length attends to [seq.length + 1 - W, seq.length]), it is released unless
+  // a checkpoint still to be inserted needs it (one at c needs [c + 1 - W, c)): the
+  // request's own pages are freed, the tree's are dropped from the sequence, and once all of
+  // the match's window pages are behind, the match's window lock goes (the early release).
+  // A checkpoint saved later needs only pages of the window then, so each page is decided
+  // once, as the window passes it.
+  std::size_t released = 0;  // window pages [0, released) are decided
+  const std::uint32_t W = model_.config().window;
+  auto window_start = [&](std::uint32_t p) { return p + 1 > W ? p + 1 - W : 0; };
   auto release_window = [&]() -> Status {
     if (!windowed) return Ok();
-    const std::uint32_t W = model_.config().window;
-    auto window_start = [&](std::uint32_t p) { return p + 1 > W ? p + 1 - W : 0; };
-    std::uint32_t keep = window_start(seq.length);
-    for (const auto& c : checkpoints) keep = std::min(keep, window_start(c.position));
-    for (; released < keep / P && released < seq.window_pages.size(); ++released) {
+    for (; released < window_start(seq.length) / P && released < seq.window_pages.size(); ++released) {
       BlockId& b = seq.window_pages[released];
-      if (released >= shared && b.valid()) ULA_RETURN_IF_ERROR(allocator_.Free(b));
-      b = BlockId::Invalid();
+      const bool needed = std::any_of(checkpoints.begin(), checkpoints.end(), [&](const PositionedCheckpoint& c) {
+        return released >= window_start(c.position) / P && released < (c.position + P - 1) / P;
+      });
+      if (released < shared) {
+        b = BlockId::Invalid();  // the tree's: not read any more
+      } else if (!needed && b.valid()) {
+        ULA_RETURN_IF_ERROR(allocator_.Free(b));
+        b = BlockId::Invalid();
+      }
     }
     if (cache_ != nullptr && !held.window_pages.empty() && released >= held.window_pages.size()) {
       ULA_RETURN_IF_ERROR(cache_->ReleaseWindow(held));

@@ -185,11 +185,12 @@ struct WindowResult {
   double returning_ms = 0, token_us = 0;
 };
 
-Result<WindowResult> RunWindow(bool pages, const Options& o, const Sizes& ring_sizes, double fraction,
+Result<WindowResult> RunWindow(bool pages, std::uint32_t window, const Options& o, const Sizes& ring_sizes, double fraction,
                                const std::vector<std::vector<std::uint32_t>>& prefixes,
                                const std::vector<std::vector<std::uint32_t>>& returning) {
   HybridModelConfig mc;
   mc.window_in_pages = pages;
+  mc.window = window;
   auto model = HybridModel::Create(mc);
   if (!model) return std::unexpected(model.error());
   UnifiedBufferConfig c;
@@ -375,18 +376,22 @@ int Run(const Options& o) {
     fmt::print("{:<14} {:>8} {:>14} {:>9} {:>11} {:>13} {:>9}\n", "window", "buffer", "window KiB", "retained",
                "recomputed", "returning_ms", "token_us");
   }
-  for (double fraction : {1.0, 0.5}) {
+  // The model's window (64 tokens, 4 pages) and one shorter than a page (8 tokens), on the
+  // buffer sized for the rings of the model's window.
+  for (const auto& [window, fraction] : {std::pair{64u, 1.0}, std::pair{64u, 0.5}, std::pair{8u, 1.0}}) {
     for (bool pages : {false, true}) {
-      auto r = RunWindow(pages, o, sizes, fraction, prefixes, returning);
+      auto r = RunWindow(pages, window, o, sizes, fraction, prefixes, returning);
       if (!r) {
         fmt::print(stderr, "window run failed: {}\n", r.error().ToString());
         return 1;
       }
-      out["window"].push_back({{"window_pages", pages}, {"buffer_fraction", fraction}, {"window_bytes", r->window_bytes},
+      out["window"].push_back({{"window_pages", pages}, {"window", window}, {"buffer_fraction", fraction},
+                               {"window_bytes", r->window_bytes},
                                {"retained", r->retained}, {"of", o.prefixes}, {"recomputed_tokens", r->recomputed},
                                {"returning_ms", r->returning_ms}, {"token_median_us", r->token_us}});
       if (!o.json) {
-        fmt::print("{:<14} {:>7.0f}% {:>14} {:>6}/{:<2} {:>11} {:>13.1f} {:>9.1f}\n", pages ? "pages" : "ring",
+        fmt::print("{:<14} {:>7.0f}% {:>14} {:>6}/{:<2} {:>11} {:>13.1f} {:>9.1f}\n",
+                   fmt::format("{} W={}", pages ? "pages" : "ring", window),
                    fraction * 100, r->window_bytes >> 10, r->retained, o.prefixes, r->recomputed, r->returning_ms,
                    r->token_us);
       }
