@@ -493,5 +493,109 @@ TEST(PrefixCache, BadInputIsAnErrorThatChangesNothing) {
   EXPECT_TRUE(cache->CheckInvariants());
 }
 
+// Window pages (sliding_window 6 on 4-token pages): a checkpoint at L needs the window
+// pages of tokens [L - 5, L).
+struct WindowSequence {
+  std::vector<BlockId> pages, window;
+  Checkpoint checkpoint;
+};
+WindowSequence NewWindowSequence(HybridAllocator& a, std::size_t tokens) {
+  const auto n = static_cast<std::uint32_t>((tokens + kPage - 1) / kPage);
+  auto ids = a.AllocateDemand(Demand::Of(3).Add(kState, 1).Add(kKv, n).Add(kSwa, n)).value();
+  WindowSequence w;
+  w.checkpoint = Checkpoint{ids[0], BlockId::Invalid()};
+  w.pages.assign(ids.begin() + 1, ids.begin() + 1 + n);
+  w.window.assign(ids.begin() + 1 + n, ids.end());
+  return w;
+}
+
+TEST(PrefixCache, WindowPagesMatchOnlyWithTheirWindowAndLockOnlyIt) {
+  auto a = Buffer(256);
+  auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .sliding_window = 6}, a.get()).value();
+  const auto t = Tokens(0, 20);
+  auto s = NewWindowSequence(*a, 20);
+  ASSERT_TRUE(a->Free(s.window[0]));  // released by the request: outside every window it needs
+  s.window[0] = BlockId::Invalid();
+  const auto cp8 = a->Allocate(kState).value();
+  ASSERT_TRUE(cache->Insert(t, s.pages, std::vector<PositionedCheckpoint>{{8, {cp8, BlockId::Invalid()}}, {20, s.checkpoint}},
+                            s.window));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+  auto q = Tokens(0, 20);
+  q.push_back(77);
+  auto m = cache->Match(q, 20);
+  ASSERT_EQ(m.length, 20u);
+  ASSERT_EQ(m.window_pages.size(), 5u);
+  for (std::size_t i = 0; i < 5; ++i) EXPECT_EQ(m.window_pages[i].valid(), i >= 3) << i;  // tokens [15, 20)
+  // The lock takes the window pages of the window only.
+  ASSERT_TRUE(cache->Lock(m));
+  EXPECT_EQ(cache->Metrics().window.protected_bytes, 2u * 64);
+  // The state at 8 needs window pages 0 and 1 ([3, 8)): page 0 was released, so no match there.
+  EXPECT_EQ(cache->Match(Tokens(0, 9), 8).length, 0u);
+  EXPECT_EQ(cache->Match(Tokens(0, 9), 8).kv_length, 9u);
+  // Evicting window pages spares the locked window (by node, as SGLang: the node [8, 20)
+  // holds pages 3 and 4 of the window, so its page 2 stays too).
+  EXPECT_EQ(cache->Evict(0, 0, 100).window_pages, 1u);  // page 1, of the node [0, 8)
+  EXPECT_EQ(cache->Match(q, 20).length, 20u);
+  // Early release: the window pages become evictable, KV and state stay locked.
+  const std::uint64_t before = cache->DebugDigest();
+  PrefixMatch unlocked = cache->Match(Tokens(0, 9), 9);
+  EXPECT_FALSE(cache->ReleaseWindow(unlocked).has_value() && unlocked.length > 0);
+  m = cache->Match(q, 20);
+  PrefixMatch held = m;
+  ASSERT_TRUE(cache->Lock(held));
+  ASSERT_TRUE(cache->Unlock(held));
+  ASSERT_TRUE(cache->ReleaseWindow(m));
+  EXPECT_TRUE(m.window_pages.empty());
+  EXPECT_EQ(cache->Metrics().window.protected_bytes, 0u);
+  EXPECT_EQ(cache->Evict(0, 0, 100).window_pages, 3u);  // pages 2-4
+  EXPECT_EQ(cache->Match(q, 20).length, 0u);  // the window is gone: a window tombstone
+  EXPECT_EQ(cache->Metrics().kv.protected_bytes, 5u * 64);  // the KV lock stays
+  ASSERT_TRUE(cache->Unlock(m));
+  EXPECT_NE(cache->DebugDigest(), before);
+  // The same tokens again give the tree its window pages back over the shared prefix.
+  auto again = NewWindowSequence(*a, 20);
+  ASSERT_TRUE(cache->Insert(t, again.pages, std::vector<PositionedCheckpoint>{{20, again.checkpoint}}, again.window));
+  EXPECT_EQ(cache->Match(q, 20).length, 20u);
+  EXPECT_EQ(cache->Match(Tokens(0, 9), 8).length, 8u);
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+}
+
+TEST(PrefixCache, BadWindowInputIsAnErrorThatChangesNothing) {
+  auto a = Buffer(256);
+  auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .sliding_window = 6}, a.get()).value();
+  const auto t = Tokens(0, 8);
+  auto s = NewWindowSequence(*a, 8);
+  const std::uint64_t digest = cache->DebugDigest();
+  const std::vector<PositionedCheckpoint> end = {{8, s.checkpoint}};
+  // No window pages, too few, a KV page as a window page, a window page twice.
+  EXPECT_EQ(cache->Insert(t, s.pages, end).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(cache->Insert(t, s.pages, end, std::vector<BlockId>{s.window[0]}).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(cache->Insert(t, s.pages, end, std::vector<BlockId>{s.window[0], s.pages[0]}).error().code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(cache->Insert(t, s.pages, end, std::vector<BlockId>{s.window[0], s.window[0]}).error().code(),
+            ErrorCode::kInvalidArgument);
+  // Chunked insertion is not supported with window pages.
+  EXPECT_EQ(cache->InsertChunk(t, s.pages, end, PrefixMatch{}, s.window).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(cache->DebugDigest(), digest);
+  ASSERT_TRUE(cache->Insert(t, s.pages, end, s.window));
+  // Unlock / ReleaseWindow of a match that is not locked; Lock of a match with a window page
+  // that is not on its path.
+  auto q = Tokens(0, 8);
+  q.push_back(5);
+  PrefixMatch m = cache->Match(q, 8);
+  ASSERT_EQ(m.length, 8u);
+  const std::uint64_t after = cache->DebugDigest();
+  EXPECT_EQ(cache->ReleaseWindow(m).error().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(cache->Unlock(m).error().code(), ErrorCode::kFailedPrecondition);
+  PrefixMatch forged = m;
+  forged.window_pages[0] = forged.pages[0];
+  EXPECT_EQ(cache->Lock(forged).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(cache->DebugDigest(), after);
+  EXPECT_FALSE(PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .window_kind = BlockKind::Invalid(),
+                                                     .sliding_window = 6},
+                                   a.get()));
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
 }  // namespace
 }  // namespace ula
