@@ -74,7 +74,16 @@
 // slot freed: exclusive, never on both tiers); if that fails, it matches on the device.
 // A full host drops its least recently used checkpoint. Copies are waited for inside the
 // call, so no node is ever seen mid-copy.
-// KV pages are not offloaded (see docs/ARCHITECTURE.md).
+// KV pages too (HostTierConfig::page_slots > 0, not with window pages): under the
+// allocation-aware rule, a leaf evicted from the device whose checkpoint is on the host (or
+// none: a tombstone is removed) moves whole to host page slots instead of being freed
+// (copy, fence, then publish: the host slots recorded, the device pages freed). Such a
+// host node has only host nodes below it; a device leaf is a node without device children.
+// Match walks into host nodes (kv_length and host_length count them: host hits);
+// MatchCopyOnWrite brings the whole host part of the path back with the checkpoint, every
+// node of it KV-locked until its copy completed (exclusive: the host slots are freed on
+// publish). A full host drops its least recently used host leaf. Insert through a host node
+// removes that host subtree first (the sequence brings the path's KV on the device).
 //
 // Events and metrics. With record_events, every page and checkpoint that enters or leaves
 // the tree is queued as a CacheEvent (TakeEvents drains them) for external routers.
@@ -157,13 +166,15 @@ struct EvictionStats {
   std::uint64_t tokens = 0;       // tokens of the removed nodes' spans
   std::uint32_t offloaded = 0;    // of the checkpoints: moved to the host tier
   std::uint32_t window_pages = 0; // window pages freed (with their node or as window tombstones)
+  std::uint32_t offloaded_pages = 0;  // of the pages: moved to the host tier (their node kept)
 };
 
 struct HostTierConfig {
   Backend* backend = nullptr;  // holds both arenas
   ArenaId device_arena;        // the allocator's arena (block offsets are offsets in it)
-  Arena host_arena;            // Tier::kHost, >= slots * (state + window block bytes)
+  Arena host_arena;            // Tier::kHost, >= slots * (state + window block bytes) + page_slots * page bytes
   std::uint32_t slots = 0;     // checkpoints the host tier holds
+  std::uint32_t page_slots = 0;  // KV pages the host tier holds (0: checkpoints only)
 };
 
 struct CacheEvent {
@@ -181,6 +192,7 @@ struct PrefixCacheMetrics {
   KindBytes kv, state, window;
   std::uint64_t nodes = 0, checkpoints = 0, tombstones = 0;
   std::uint64_t host_checkpoints = 0, host_hits = 0;  // host hits: checkpoints loaded back
+  std::uint64_t host_pages = 0, host_page_hits = 0;   // KV pages on the host; loaded back
 };
 
 class PrefixCache {
@@ -257,6 +269,8 @@ class PrefixCache {
   bool Holds(std::span<const std::uint32_t> tokens) const;
   // Whether the checkpoint at exactly these tokens is on the host tier.
   bool HoldsOnHost(std::span<const std::uint32_t> tokens) const;
+  // Whether the node ending at exactly these tokens has its KV on the host tier.
+  bool KvOnHost(std::span<const std::uint32_t> tokens) const;
   PrefixCacheMetrics Metrics() const;
   std::vector<CacheEvent> TakeEvents();
   Status CheckInvariants() const;
@@ -289,6 +303,9 @@ class PrefixCache {
     Checkpoint checkpoint;
     std::uint32_t host = kNoSlot;  // host slot of an offloaded checkpoint
     bool host_window = false;      // whether that slot holds a window ring too
+    bool kv_on_host = false;       // its KV is on host page slots (pages and head invalid)
+    std::vector<std::uint32_t> host_pages;  // kv_on_host: [pages.size()] host page slots
+    std::uint32_t host_head = kNoSlot;      // kv_on_host: the head copy's host page slot
     std::uint32_t kv_locks = 0, state_locks = 0;
     std::uint64_t last_use = 0;
     bool live = false;
@@ -307,6 +324,16 @@ class PrefixCache {
   // Frees the node's host slot (removing a leaf left with no checkpoint at all).
   void DropHost(std::uint32_t id, EvictionStats& stats);
   Status LoadBack(std::uint32_t id, EvictionRule rule);
+  // Copies pages between device blocks and host page slots (to_host) and waits.
+  Status HostPageCopy(std::span<const BlockId> blocks, std::span<const std::uint32_t> slots, bool to_host);
+  // Moves an unlocked device leaf's KV (its checkpoint already on the host) to host page
+  // slots; false when there is no room (nothing changed).
+  bool OffloadKv(std::uint32_t id, EvictionStats& stats);
+  bool HasDeviceChild(const Node& n) const;
+  // Removes a host node and everything below it (host slots freed).
+  void RemoveHostSubtree(std::uint32_t id);
+  // RemoveHostSubtree, then the ancestors it leaves useless (no checkpoint, no child).
+  void DropHostLeaf(std::uint32_t id, EvictionStats& stats);
   // The node that ends exactly at `length` along tokens (0: none).
   std::uint32_t NodeAt(std::span<const std::uint32_t> tokens, std::uint32_t length) const;
 
@@ -357,6 +384,10 @@ class PrefixCache {
   std::vector<Node> nodes_;  // [0] is the root
   std::vector<std::uint32_t> free_nodes_;
   std::set<LruKey> kv_lru_, state_lru_, host_lru_, window_lru_;
+  std::set<LruKey> host_kv_lru_;  // unlocked host leaves (KV on the host, no children)
+  std::vector<std::uint32_t> free_host_pages_;
+  std::uint64_t host_page_hits_ = 0;
+  bool offload_kv_ = false;  // MakeRoom's allocation-aware rule is running (EvictLeaf may offload)
   std::unordered_map<BlockId, std::uint32_t> window_locks_;  // window page -> locks
   HostTierConfig host_;  // host_.backend == nullptr: no host tier
   std::vector<std::uint32_t> free_host_;

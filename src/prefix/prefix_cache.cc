@@ -65,16 +65,21 @@ Status PrefixCache::AttachHostTier(const HostTierConfig& config) {
   }
   const std::uint64_t state = allocator_->kind_config(config_.state_kind).block_bytes;
   const std::uint64_t window = config_.window_kind.valid() ? allocator_->kind_config(config_.window_kind).block_bytes : 0;
+  if (config.page_slots > 0 && config_.sliding_window > 0) {
+    return MakeError(ErrorCode::kInvalidArgument, "prefix cache host tier: KV pages on the host are not supported with window pages");
+  }
+  const std::uint64_t page = allocator_->kind_config(config_.kv_kind).block_bytes;
+  const std::uint64_t need = config.slots * (state + window) + std::uint64_t{config.page_slots} * page;
   auto device = config.backend->GetArena(config.device_arena);
   auto host = config.backend->GetArena(config.host_arena.id);
-  if (!device || !host || host->tier != Tier::kHost || host->bytes < config.slots * (state + window)) {
+  if (!device || !host || host->tier != Tier::kHost || host->bytes < need) {
     return MakeError(ErrorCode::kInvalidArgument,
-                     fmt::format("prefix cache host tier: unknown arenas, or a host arena under {} B",
-                                 config.slots * (state + window)));
+                     fmt::format("prefix cache host tier: unknown arenas, or a host arena under {} B", need));
   }
   host_ = config;
   host_.host_arena = *host;
   for (std::uint32_t s = config.slots; s > 0; --s) free_host_.push_back(s - 1);
+  for (std::uint32_t s = config.page_slots; s > 0; --s) free_host_pages_.push_back(s - 1);
   return Ok();
 }
 
@@ -148,31 +153,177 @@ void PrefixCache::DropHost(std::uint32_t id, EvictionStats& stats) {
     free_host_.push_back(n.host);
     n.host = kNoSlot;
   });
-  if (n.children.empty() && n.kv_locks == 0 && !n.checkpoint.valid()) RemoveLeaf(id, stats);
+  if (!n.children.empty() || n.kv_locks > 0 || n.checkpoint.valid()) return;
+  if (!n.kv_on_host) {
+    RemoveLeaf(id, stats);
+    return;
+  }
+  DropHostLeaf(id, stats);
+}
+
+bool PrefixCache::HasDeviceChild(const Node& n) const {
+  return std::any_of(n.children.begin(), n.children.end(), [&](const auto& c) { return !nodes_[c.second].kv_on_host; });
+}
+
+Status PrefixCache::HostPageCopy(std::span<const BlockId> blocks, std::span<const std::uint32_t> slots, bool to_host) {
+  const std::uint64_t state = allocator_->kind_config(config_.state_kind).block_bytes;
+  const std::uint64_t window = config_.window_kind.valid() ? allocator_->kind_config(config_.window_kind).block_bytes : 0;
+  const std::uint64_t page = allocator_->kind_config(config_.kv_kind).block_bytes;
+  const std::uint64_t base = std::uint64_t{host_.slots} * (state + window);
+  CopyBatch b;
+  b.src = to_host ? host_.device_arena : host_.host_arena.id;
+  b.dst = to_host ? host_.host_arena.id : host_.device_arena;
+  b.bytes_per_move = static_cast<std::uint32_t>(page);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    auto device = allocator_->Offset(blocks[i]);
+    if (!device) return std::unexpected(std::move(device).error());
+    const std::uint64_t h = base + std::uint64_t{slots[i]} * page;
+    b.moves.push_back(to_host ? SlotMove{*device, h} : SlotMove{h, *device});
+  }
+  if (b.moves.empty()) return Ok();
+  auto fence = host_.backend->Submit(std::move(b));
+  if (!fence) return std::unexpected(std::move(fence).error());
+  return host_.backend->Wait(*fence);  // copy, then publish: the caller publishes after this
+}
+
+bool PrefixCache::OffloadKv(std::uint32_t id, EvictionStats& stats) {
+  if (host_.backend == nullptr || host_.page_slots == 0) return false;
+  Node& n = nodes_[id];
+  ULA_CHECK(!n.kv_on_host && n.kv_locks == 0 && !HasDeviceChild(n));
+  // A node worth keeping: a checkpoint (moved to the host first) or host nodes below it.
+  if (n.checkpoint.valid()) {
+    if (!Offload(id, stats)) return false;
+    ++stats.checkpoints;
+    ++stats.offloaded;
+  }
+  if (n.host == kNoSlot && n.children.empty()) return false;  // a useless leaf: removed by the caller
+  std::vector<BlockId> blocks = n.pages;
+  if (n.head.valid()) blocks.push_back(n.head);
+  // Room: drop least recently used host leaves (not this node's children).
+  while (free_host_pages_.size() < blocks.size()) {
+    auto it = std::find_if(host_kv_lru_.begin(), host_kv_lru_.end(),
+                           [&](const LruKey& k) { return nodes_[std::get<2>(k)].parent != id; });
+    if (it == host_kv_lru_.end()) return false;
+    DropHostLeaf(std::get<2>(*it), stats);
+  }
+  std::vector<std::uint32_t> slots(free_host_pages_.end() - static_cast<std::ptrdiff_t>(blocks.size()), free_host_pages_.end());
+  for (BlockId b : blocks) ULA_CHECK(allocator_->Pin(b).has_value());  // no move while copied
+  const Status copied = HostPageCopy(blocks, slots, true);
+  for (BlockId b : blocks) ULA_CHECK(allocator_->Unpin(b).has_value());
+  if (!copied) return false;  // nothing published: the caller evicts as without a host tier
+  // Publish: the host slots are the node's, the device pages go.
+  const std::uint32_t P = config_.page_tokens;
+  free_host_pages_.resize(free_host_pages_.size() - blocks.size());
+  Update(id, [&] {
+    if (n.head.valid()) {
+      FreePage(n.head, n.start / P);
+      n.head = BlockId::Invalid();
+      n.host_head = slots.back();
+    }
+    n.host_pages.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(n.pages.size()));
+    for (std::size_t i = 0; i < n.pages.size(); ++i) {
+      FreePage(n.pages[i], CeilDiv(n.start, P) + static_cast<std::uint32_t>(i));
+      n.pages[i] = BlockId::Invalid();
+    }
+    n.kv_on_host = true;
+  });
+  Update(n.parent, [] {});
+  stats.pages += static_cast<std::uint32_t>(blocks.size());
+  stats.offloaded_pages += static_cast<std::uint32_t>(blocks.size());
+  return true;
+}
+
+void PrefixCache::DropHostLeaf(std::uint32_t id, EvictionStats& stats) {
+  const std::uint32_t parent = nodes_[id].parent;
+  RemoveHostSubtree(id);
+  const Node& p = nodes_[parent];
+  if (parent != 0 && p.children.empty() && p.kv_locks == 0 && !p.checkpoint.valid() && p.host == kNoSlot) {
+    if (p.kv_on_host) {
+      DropHostLeaf(parent, stats);
+    } else {
+      RemoveLeaf(parent, stats);
+    }
+  }
+}
+
+void PrefixCache::RemoveHostSubtree(std::uint32_t id) {
+  Node& n = nodes_[id];
+  ULA_CHECK(n.kv_on_host && n.kv_locks == 0);
+  while (!n.children.empty()) RemoveHostSubtree(n.children.begin()->second);
+  const std::uint32_t parent = n.parent;
+  Update(id, [&] {
+    for (std::uint32_t s : n.host_pages) free_host_pages_.push_back(s);
+    if (n.host_head != kNoSlot) free_host_pages_.push_back(n.host_head);
+    if (n.host != kNoSlot) free_host_.push_back(n.host);
+    Update(parent, [&] { nodes_[parent].children.erase(n.tokens.front()); });
+    n = Node{};
+  });
+  free_nodes_.push_back(id);
 }
 
 Status PrefixCache::LoadBack(std::uint32_t id, EvictionRule rule) {
   ULA_CHECK(nodes_[id].host != kNoSlot && !nodes_[id].checkpoint.valid());
-  // The node's host copy is not droppable and its KV path is not evictable meanwhile.
+  const std::uint32_t P = config_.page_tokens;
+  // The node's host copy is not droppable, and every node of its path (host ones included)
+  // is KV-locked until the copies completed: not evicted, not dropped from the host.
   Update(id, [&] { loading_ = id; });
   for (std::uint32_t a = id; a != 0; a = nodes_[a].parent) Update(a, [&] { ++nodes_[a].kv_locks; });
+  // The host part of the path (root side first) and its pages: the pages in order, then heads.
+  std::vector<std::uint32_t> host_path;
+  for (std::uint32_t a = id; a != 0 && nodes_[a].kv_on_host; a = nodes_[a].parent) host_path.push_back(a);
+  std::reverse(host_path.begin(), host_path.end());
+  std::vector<std::uint32_t> slots;
+  for (std::uint32_t a : host_path) {
+    slots.insert(slots.end(), nodes_[a].host_pages.begin(), nodes_[a].host_pages.end());
+    if (nodes_[a].host_head != kNoSlot) slots.push_back(nodes_[a].host_head);
+  }
   Demand d = Demand::Of(allocator_->num_kinds()).Add(config_.state_kind, 1);
   if (nodes_[id].host_window) d.Add(config_.window_kind, 1);
+  d.Add(config_.kv_kind, static_cast<std::uint32_t>(slots.size()));
   Result<std::vector<BlockId>> ids = std::vector<BlockId>{};
   if (!allocator_->CanAllocate(d)) {
     if (auto s = MakeRoom(d, rule); !s) ids = std::unexpected(std::move(s).error());
   }
   if (ids) ids = allocator_->AllocateDemand(d);
   Checkpoint c;
+  std::vector<BlockId> pages;
   Status copied = Ok();
   if (ids) {
-    for (BlockId b : *ids) (allocator_->KindOf(b) == config_.state_kind ? c.state : c.window) = b;
+    for (BlockId b : *ids) {
+      const BlockKind k = *allocator_->KindOf(b);
+      if (k == config_.kv_kind) pages.push_back(b);
+      else (k == config_.state_kind ? c.state : c.window) = b;
+    }
     for (BlockId b : *ids) ULA_CHECK(allocator_->Pin(b).has_value());
     copied = HostCopy(c, nodes_[id].host, false);
+    if (copied) copied = HostPageCopy(pages, slots, false);
     for (BlockId b : *ids) ULA_CHECK(allocator_->Unpin(b).has_value());
     if (!copied) {
       for (BlockId b : *ids) ULA_CHECK(allocator_->Free(b).has_value());
     }
+  }
+  const bool publish = ids && copied;
+  if (publish) {  // the host part of the path is on the device again, its host slots freed
+    std::size_t next = 0;
+    for (std::uint32_t a : host_path) {
+      Node& h = nodes_[a];
+      Update(a, [&] {
+        for (std::size_t i = 0; i < h.pages.size(); ++i) {
+          h.pages[i] = pages[next++];
+          StorePage(h.pages[i], CeilDiv(h.start, P) + static_cast<std::uint32_t>(i));
+          free_host_pages_.push_back(h.host_pages[i]);
+        }
+        if (h.host_head != kNoSlot) {
+          h.head = pages[next++];
+          StorePage(h.head, h.start / P);
+          free_host_pages_.push_back(h.host_head);
+          h.host_head = kNoSlot;
+        }
+        h.host_pages.clear();
+        h.kv_on_host = false;
+      });
+    }
+    host_page_hits_ += pages.size();
   }
   for (std::uint32_t a = id; a != 0; a = nodes_[a].parent) Update(a, [&] { --nodes_[a].kv_locks; });
   Node& n = nodes_[id];
@@ -212,6 +363,11 @@ bool PrefixCache::HoldsOnHost(std::span<const std::uint32_t> tokens) const {
   return id != 0 && nodes_[id].host != kNoSlot;
 }
 
+bool PrefixCache::KvOnHost(std::span<const std::uint32_t> tokens) const {
+  const std::uint32_t id = NodeAt(tokens, static_cast<std::uint32_t>(tokens.size()));
+  return id != 0 && nodes_[id].kv_on_host;
+}
+
 std::uint32_t PrefixCache::NewNode() {
   std::uint32_t id;
   if (!free_nodes_.empty()) {
@@ -241,10 +397,12 @@ void PrefixCache::Update(std::uint32_t id, F&& f) {
   state_lru_.erase(old);
   host_lru_.erase(old);
   window_lru_.erase(old);
+  host_kv_lru_.erase(old);
   f();
   const Node& n = nodes_[id];
   if (!n.live) return;
-  if (n.kv_locks == 0 && n.children.empty()) kv_lru_.insert(KeyOf(id));
+  if (!n.kv_on_host && n.kv_locks == 0 && !HasDeviceChild(n)) kv_lru_.insert(KeyOf(id));
+  if (n.kv_on_host && n.kv_locks == 0 && n.children.empty()) host_kv_lru_.insert(KeyOf(id));
   if (n.checkpoint.valid() && n.state_locks == 0) state_lru_.insert(KeyOf(id));
   if (n.host != kNoSlot && id != loading_) host_lru_.insert(KeyOf(id));
   const bool any_window = n.whead.valid() || std::any_of(n.wpages.begin(), n.wpages.end(), [](BlockId b) { return b.valid(); });
@@ -383,6 +541,7 @@ PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint3
   std::uint32_t node = 0;
   std::uint32_t pos = 0;
   std::uint32_t kv_length = 0;
+  bool on_device = true;
   while (pos < tokens.size()) {
     auto it = nodes_[node].children.find(tokens[pos]);
     if (it == nodes_[node].children.end()) break;
@@ -397,8 +556,9 @@ PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint3
     node = it->second;
     pos = c.end;
     path.push_back(node);
+    on_device = on_device && !c.kv_on_host;  // host nodes only below device ones
     const bool usable = c.end <= max_length && (c.checkpoint.valid() || c.host != kNoSlot) && HasWindow(path, c.end);
-    if (usable && c.checkpoint.valid()) best_depth = path.size();
+    if (usable && on_device && c.checkpoint.valid()) best_depth = path.size();
     if (usable) best.host_length = c.end;
   }
   kv_length = pos;
@@ -689,12 +849,19 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
   const std::uint32_t n = at.empty() ? 0 : at.rbegin()->first;
   // Read-only walk: how far the tree holds these tokens (s_all; s within [0, n)), and the
   // pages it has there (which the sequence may share).
+  // A host node is not walked into: when the sequence goes on through it, that host subtree
+  // is removed first (below) and the sequence's pages take its place.
   std::uint32_t s_all = 0;
   std::vector<std::uint32_t> walk;
+  std::uint32_t host_child = 0;
   for (std::uint32_t node = 0; s_all < tokens.size();) {
     auto it = nodes_[node].children.find(tokens[s_all]);
     if (it == nodes_[node].children.end()) break;
     const Node& c = nodes_[it->second];
+    if (c.kv_on_host) {
+      host_child = it->second;
+      break;
+    }
     std::uint32_t l = 0;
     while (l < c.tokens.size() && s_all + l < tokens.size() && c.tokens[l] == tokens[s_all + l]) ++l;
     walk.push_back(it->second);
@@ -722,6 +889,7 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
     }
   }
   // Mutation from here on: nothing below fails.
+  if (host_child != 0 && s < n) RemoveHostSubtree(host_child);
   ++clock_;
   std::vector<std::uint32_t> path;
   std::uint32_t node = 0;
@@ -895,7 +1063,11 @@ void PrefixCache::DropCheckpoint(std::uint32_t id, EvictionStats& stats) {
 bool PrefixCache::EvictLeaf(EvictionStats& stats) {
   if (kv_lru_.empty()) return false;
   if (observer_) observer_();
-  RemoveLeaf(std::get<2>(*kv_lru_.begin()), stats);
+  const std::uint32_t id = std::get<2>(*kv_lru_.begin());
+  if (offload_kv_ && OffloadKv(id, stats)) return true;  // its KV goes to the host
+  while (!nodes_[id].children.empty()) RemoveHostSubtree(nodes_[id].children.begin()->second);
+  if (!nodes_[id].children.empty() || nodes_[id].kv_locks > 0) return true;
+  RemoveLeaf(id, stats);
   return true;
 }
 
@@ -958,6 +1130,12 @@ Result<EvictionStats> PrefixCache::MakeRoom(const Demand& demand, EvictionRule r
   }
   EvictionStats stats;
   if (allocator_->CanAllocate(demand)) return stats;
+  struct Restore {  // KV to the host only under the allocation-aware rule (nested calls restore)
+    bool& flag;
+    bool saved;
+    ~Restore() { flag = saved; }
+  } restore{offload_kv_, offload_kv_};
+  offload_kv_ = rule == EvictionRule::kAllocationAware;
   const std::uint32_t need_pages = demand.blocks[config_.kv_kind.value()];
   const std::uint32_t free_pages = rule == EvictionRule::kNaive ? FreeKvPages() : 0;
   while (true) {

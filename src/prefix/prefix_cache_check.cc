@@ -32,7 +32,8 @@ PrefixCacheMetrics PrefixCache::Metrics() const {
     const Node& n = nodes_[i];
     if (!n.live) continue;
     ++m.nodes;
-    const std::uint64_t kv = (n.pages.size() + (n.head.valid() ? 1 : 0)) * page;
+    const std::uint64_t kv = n.kv_on_host ? 0 : (n.pages.size() + (n.head.valid() ? 1 : 0)) * page;
+    m.host_pages += n.host_pages.size() + (n.host_head != kNoSlot ? 1 : 0);
     (n.kv_locks > 0 ? m.kv.protected_bytes : m.kv.evictable) += kv;
     auto window_page = [&](BlockId b) {
       if (b.valid()) (window_locks_.contains(b) ? m.window.protected_bytes : m.window.evictable) += window;
@@ -49,6 +50,7 @@ PrefixCacheMetrics PrefixCache::Metrics() const {
     if (n.checkpoint.window.valid()) (n.state_locks > 0 ? m.window.protected_bytes : m.window.evictable) += window;
   }
   m.host_hits = host_hits_;
+  m.host_page_hits = host_page_hits_;
   return m;
 }
 
@@ -58,7 +60,9 @@ Status PrefixCache::CheckInvariants() const {
     return MakeError(ErrorCode::kInternal, fmt::format("prefix cache: node {} {}", id, what));
   };
   std::size_t blocks = 0, in_kv = 0, in_state = 0, in_host = 0, in_window = 0;
-  std::size_t window_locked = 0;
+  std::size_t window_locked = 0, in_host_kv = 0;
+  std::set<std::uint32_t> page_slots(free_host_pages_.begin(), free_host_pages_.end());
+  if (page_slots.size() != free_host_pages_.size()) return MakeError(ErrorCode::kInternal, "prefix cache: a free host page slot twice");
   const bool windowed = config_.sliding_window > 0;
   std::set<std::uint32_t> host_slots(free_host_.begin(), free_host_.end());
   if (host_slots.size() != free_host_.size()) return MakeError(ErrorCode::kInternal, "prefix cache: a free host slot twice");
@@ -72,6 +76,39 @@ Status PrefixCache::CheckInvariants() const {
     if (it == parent.children.end() || it->second != id) return bad(id, "is not keyed by its parent");
     if (n.pages.size() != CeilDiv(n.end, P) - CeilDiv(n.start, P)) return bad(id, "owns the wrong number of pages");
     if (n.head.valid() && n.start % P == 0) return bad(id, "has a head copy at an aligned start");
+    if (n.kv_on_host) {
+      if (!parent.kv_on_host && parent.kv_locks < n.kv_locks) return bad(id, "is a host node locked more than its parent");
+      if (n.head.valid() || n.checkpoint.valid() || n.host_pages.size() != n.pages.size() ||
+          std::any_of(n.pages.begin(), n.pages.end(), [](BlockId b) { return b.valid(); }) ||
+          (n.host_head != kNoSlot && n.start % P == 0)) {
+        return bad(id, "is a host node with device blocks or the wrong host pages");
+      }
+      std::vector<std::uint32_t> mine = n.host_pages;
+      if (n.host_head != kNoSlot) mine.push_back(n.host_head);
+      for (std::uint32_t slot : mine) {
+        if (slot >= host_.page_slots || !page_slots.insert(slot).second) return bad(id, "has a host page slot out of range or shared");
+      }
+      for (const auto& [token, child] : n.children) {
+        if (child < nodes_.size() && !nodes_[child].kv_on_host) return bad(id, "is a host node with a device child");
+      }
+      if (kv_lru_.contains(KeyOf(id)) || state_lru_.contains(KeyOf(id)) || window_lru_.contains(KeyOf(id))) {
+        return bad(id, "is a host node in a device LRU set");
+      }
+      const bool want = n.kv_locks == 0 && n.children.empty();
+      if (want != host_kv_lru_.contains(KeyOf(id))) return bad(id, "is misplaced in the host KV LRU set");
+      in_host_kv += want;
+      if (n.children.empty() && n.kv_locks == 0 && n.host == kNoSlot) return bad(id, "is an unlocked host leaf without a checkpoint");
+      if (n.host != kNoSlot) {
+        if (n.host >= host_.slots || !host_slots.insert(n.host).second) return bad(id, "has a host slot out of range or shared");
+        if ((id != loading_) != host_lru_.contains(KeyOf(id))) return bad(id, "is misplaced in the host LRU set");
+        ++in_host;
+      }
+      for (const auto& [token, child] : n.children) {
+        if (child >= nodes_.size() || !nodes_[child].live || nodes_[child].parent != id) return bad(id, "has a stale child");
+      }
+      continue;
+    }
+    if (!n.host_pages.empty() || n.host_head != kNoSlot) return bad(id, "is a device node with host pages");
     std::vector<BlockId> own = n.pages;
     if (n.head.valid()) own.push_back(n.head);
     for (BlockId b : own) {
@@ -128,7 +165,7 @@ Status PrefixCache::CheckInvariants() const {
     }
     if (n.state_locks > n.kv_locks) return bad(id, "has more state locks than KV locks");
     if (n.parent != 0 && parent.kv_locks < n.kv_locks) return bad(id, "is locked more than its parent");
-    const bool want_kv = n.kv_locks == 0 && n.children.empty();
+    const bool want_kv = n.kv_locks == 0 && !HasDeviceChild(n);
     const bool want_state = n.checkpoint.valid() && n.state_locks == 0;
     if (want_kv != kv_lru_.contains(KeyOf(id))) return bad(id, "is misplaced in the KV LRU set");
     if (want_state != state_lru_.contains(KeyOf(id))) return bad(id, "is misplaced in the state LRU set");
@@ -139,6 +176,8 @@ Status PrefixCache::CheckInvariants() const {
     }
   }
   if (host_slots.size() != host_.slots) return MakeError(ErrorCode::kInternal, "prefix cache: a host slot is lost");
+  if (page_slots.size() != host_.page_slots) return MakeError(ErrorCode::kInternal, "prefix cache: a host page slot is lost");
+  if (in_host_kv != host_kv_lru_.size()) return MakeError(ErrorCode::kInternal, "prefix cache: the host KV LRU set is off");
   if (window_locked != window_locks_.size()) {
     return MakeError(ErrorCode::kInternal, "prefix cache: a window lock is held on a page no node owns");
   }
@@ -168,6 +207,9 @@ std::uint64_t PrefixCache::DebugDigest() const {
     d.Add(n.wpages.size());
     for (BlockId b : n.wpages) add_block(b);
     d.Add(n.window_locks);
+    d.Add(n.kv_on_host);
+    d.AddAll(std::span<const std::uint32_t>(n.host_pages));
+    d.Add(n.host_head);
     add_block(n.checkpoint.state);
     add_block(n.checkpoint.window);
     std::uint64_t children = 0;  // an unordered map: an order-free sum
@@ -180,7 +222,9 @@ std::uint64_t PrefixCache::DebugDigest() const {
   for (const auto& [b, count] : window_locks_) window_locks += StateDigest::Mix(b.value(), count);
   d.Add(window_locks_.size());
   d.Add(window_locks);
-  for (const auto* set : {&kv_lru_, &state_lru_, &host_lru_, &window_lru_}) {
+  d.AddAll(std::span<const std::uint32_t>(free_host_pages_));
+  d.Add(host_page_hits_);
+  for (const auto* set : {&kv_lru_, &state_lru_, &host_lru_, &window_lru_, &host_kv_lru_}) {
     d.Add(set->size());
     for (const auto& [use, depth, id] : *set) {
       d.Add(use);

@@ -429,6 +429,91 @@ TEST(PrefixCache, AFailedHostCopyPublishesNothing) {
   EXPECT_TRUE(cache->CheckInvariants());
 }
 
+// KV pages on the host (issue 20 item 7): an evicted leaf whose checkpoint went to the host
+// goes there whole, and comes back with its path, copied then published; failed copies
+// publish nothing.
+TEST(PrefixCache, KvPagesGoToTheHostWithTheirLeafAndComeBackExclusively) {
+  FailingBackend backend(MakeCpuBackend(CpuBackendOptions{.copy_threads = 1}));
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.capacity_bytes = 256 * 64;
+  c.kinds = {{"state", 192, BufferEnd::kLow}, {"kv", 64, BufferEnd::kHigh}, {"swa", 64, BufferEnd::kLow}};
+  c.padding_kind = kKv;
+  auto device = backend.CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
+  auto a = UnifiedBuffer::Create(c, device).value();
+  auto host = backend.CreateArena(Tier::kHost, Rank(0), 2 * (192 + 64) + 8 * 64).value();
+  auto cache = Cache(*a);
+  EXPECT_EQ(cache->AttachHostTier({&backend, device.id, host, 2, 9}).error().code(), ErrorCode::kInvalidArgument);
+  ASSERT_TRUE(cache->AttachHostTier({&backend, device.id, host, 2, 8}));
+  InsertSequence(*cache, *a, Tokens(0, 8), {4});  // nodes [0, 4) and [4, 8), one page each
+  auto q = Tokens(0, 8);
+  q.push_back(3);
+  auto full = cache->Match(q, 8);
+  ASSERT_EQ(full.length, 8u);
+  FillBlock(*a, full.pages[1], 0x5a);
+  FillBlock(*a, full.checkpoint.state, 0x6b);
+  // 255 pages: both checkpoints go to the host (8 units), then the leaf [4, 8) with its page.
+  const Demand big = Demand::Of(3).Add(kKv, 255);
+  auto ev = cache->MakeRoom(big, EvictionRule::kAllocationAware);
+  ASSERT_TRUE(ev) << ev.error().ToString();
+  EXPECT_EQ(ev->offloaded, 2u);
+  EXPECT_EQ(ev->offloaded_pages, 1u);
+  EXPECT_EQ(ev->nodes, 0u);
+  EXPECT_TRUE(cache->KvOnHost(Tokens(0, 8)));
+  EXPECT_FALSE(cache->KvOnHost(Tokens(0, 4)));
+  EXPECT_EQ(cache->Metrics().host_pages, 1u);
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+  auto junk = a->AllocateDemand(big).value();
+  for (BlockId j : junk) FillBlock(*a, j, 0xee);  // overwrite what the leaf left behind
+  for (BlockId j : junk) ASSERT_TRUE(a->Free(j));
+  const auto probe = cache->Match(q, 8);
+  EXPECT_EQ(probe.length, 0u);       // no device checkpoint
+  EXPECT_EQ(probe.kv_length, 8u);    // the host node counts
+  EXPECT_EQ(probe.host_length, 8u);  // a host hit
+  // A failed host -> device copy publishes nothing: the device match, the host copies stay.
+  backend.fail = true;
+  const auto blocks = a->LiveBlocks();
+  const auto digest = cache->DebugDigest();
+  auto m = cache->MatchCopyOnWrite(q, 8, EvictionRule::kAllocationAware);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->length, 0u);
+  EXPECT_EQ(a->LiveBlocks(), blocks);
+  EXPECT_TRUE(cache->KvOnHost(Tokens(0, 8)));
+  EXPECT_NE(cache->DebugDigest(), digest);  // the match touched the path (its clock), nothing else
+  // Copies work again: the page and the checkpoint come back with their bytes, exclusively.
+  backend.fail = false;
+  m = cache->MatchCopyOnWrite(q, 8, EvictionRule::kAllocationAware);
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_EQ(m->length, 8u);
+  EXPECT_TRUE(BlockIs(*a, m->pages[1], 0x5a));
+  EXPECT_TRUE(BlockIs(*a, m->checkpoint.state, 0x6b));
+  EXPECT_FALSE(cache->KvOnHost(Tokens(0, 8)));
+  EXPECT_EQ(cache->Metrics().host_pages, 0u);
+  EXPECT_EQ(cache->Metrics().host_page_hits, 1u);
+  ASSERT_TRUE(cache->Unlock(*m));
+  ASSERT_TRUE(a->Free(m->copy.state));
+  ASSERT_TRUE(a->Free(m->copy.window));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+  // A failed device -> host copy of the pages: the leaf is evicted as without a host tier.
+  ASSERT_EQ(cache->Evict(0, 1).offloaded, 1u);  // the checkpoint at 8 to the host again (4's is there)
+  backend.fail = true;
+  ev = cache->MakeRoom(Demand::Of(3).Add(kKv, 255), EvictionRule::kAllocationAware);
+  ASSERT_TRUE(ev) << ev.error().ToString();
+  EXPECT_EQ(ev->offloaded_pages, 0u);
+  EXPECT_EQ(ev->nodes, 1u);
+  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 8)));
+  EXPECT_EQ(cache->Metrics().host_pages, 0u);
+  // Inserting the same tokens through a host node replaces it with the device pages.
+  backend.fail = false;
+  ASSERT_TRUE(cache->MakeRoom(Demand::Of(3).Add(kKv, 256), EvictionRule::kAllocationAware));
+  EXPECT_TRUE(cache->KvOnHost(Tokens(0, 4)));
+  InsertSequence(*cache, *a, Tokens(0, 8), {});
+  EXPECT_FALSE(cache->KvOnHost(Tokens(0, 4)));
+  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 4)));
+  EXPECT_TRUE(cache->Holds(Tokens(0, 8)));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+}
+
 TEST(PrefixCache, EventsReportEveryStoredAndRemovedBlockOnce) {
   auto a = Buffer(256);
   auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .record_events = true}, a.get()).value();

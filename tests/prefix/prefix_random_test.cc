@@ -65,6 +65,7 @@ using Tokens = std::vector<std::uint32_t>;
 struct ShadowState {
   Checkpoint checkpoint;  // stale while on_host
   bool on_host = false;   // offloaded to the host tier
+  bool kv_on_host = false;  // its node's KV too (as of the last Verify)
   std::uint64_t last_use = 0;
   std::uint32_t locks = 0;
   std::vector<std::uint64_t> pinned;  // offsets of state, ring while locked
@@ -112,8 +113,9 @@ class PrefixRandom {
       EXPECT_TRUE(cache_->AttachCopyBackend(mover, device.id));
     }
     if (host_slots > 0) {
-      const Arena host = mover->CreateArena(Tier::kHost, Rank(0), host_slots * (192 + 64)).value();
-      EXPECT_TRUE(cache_->AttachHostTier({mover, device.id, host, host_slots}));
+      // Checkpoint slots, and 4 KV page slots per checkpoint slot: leaves go to the host whole.
+      const Arena host = mover->CreateArena(Tier::kHost, Rank(0), host_slots * (192 + 64) + 4 * host_slots * 64).value();
+      EXPECT_TRUE(cache_->AttachHostTier({mover, device.id, host, host_slots, 4 * host_slots}));
       host_ = true;
     }
     for (int s = 0; s < 4; ++s) {
@@ -190,6 +192,11 @@ class PrefixRandom {
     if (host_) {
       EXPECT_GT(offloaded_, 0u);
       EXPECT_GT(loaded_, 0u);
+      const PrefixCacheMetrics m = cache_->Metrics();
+      std::printf("  host KV: %llu pages loaded back, %llu on the host at the end, %llu host states dropped by inserts\n",
+                  static_cast<unsigned long long>(m.host_page_hits), static_cast<unsigned long long>(m.host_pages),
+                  static_cast<unsigned long long>(host_dropped_by_insert_));
+      if (!faulty_) EXPECT_GT(m.host_page_hits, 0u);  // KV pages did go to the host and came back
     }
   }
 
@@ -351,7 +358,8 @@ class PrefixRandom {
     const PrefixMatch probe = MatchAndCheck(q, max_length);  // the shadow's expectation (touches alike)
     if (broken_) return;
     const EvictionRule rule = Uniform(0, 1) ? EvictionRule::kNaive : EvictionRule::kAllocationAware;
-    Watch(Demand::Of(3).Add(kState, 1).Add(kSwa, 1), rule);  // the demand of a load-back and of the copy
+    // The copy's demand (a load-back's also has the host pages of its path: not watched).
+    if (probe.host_length <= probe.length) Watch(Demand::Of(3).Add(kState, 1).Add(kSwa, 1), rule);
     auto m = cache_->MatchCopyOnWrite(q, max_length, rule);
     cache_->SetEvictionObserver(nullptr);
     ++clock_;
@@ -480,7 +488,8 @@ class PrefixRandom {
     for (const auto& [key, st] : states_) {
       bool on_locked_path = false;
       for (const auto& l : locked_) on_locked_path |= IsPrefix(key, l.key);
-      const bool may_stay = st.on_host || rule == EvictionRule::kNaive ? on_locked_path : st.locks > 0;
+      // With KV pages on the host, unlocked leaves go there whole rather than away.
+      const bool may_stay = st.on_host ? on_locked_path || host_ : rule == EvictionRule::kNaive ? on_locked_path : st.locks > 0;
       if (!may_stay) {
         ++counts_.mismatches;
         broken_ = true;
@@ -613,7 +622,9 @@ class PrefixRandom {
       newest_gone = std::max(newest_gone, st.last_use);
     }
     if (rule == EvictionRule::kNaive) {  // leaves whose state was on the host go by LRU too
-      for (const auto& key : host_gone) newest_gone = std::max(newest_gone, states_.at(key).last_use);
+      for (const auto& key : host_gone) {  // (not host nodes: they go with their device ancestor)
+        if (!states_.at(key).kv_on_host) newest_gone = std::max(newest_gone, states_.at(key).last_use);
+      }
     }
     for (const auto& key : gone) {
       if (cache_->HoldsOnHost(key)) {
@@ -636,12 +647,21 @@ class PrefixRandom {
     const bool any = !gone.empty() || (rule == EvictionRule::kNaive && !host_gone.empty());
     for (const auto& [key, st] : states_) {
       if (st.locks > 0) continue;
-      if (rule == EvictionRule::kNaive ? HasExtension(key) : st.on_host) continue;  // the candidates of the rule
+      if (rule == EvictionRule::kNaive ? HasExtension(key) || cache_->KvOnHost(key) : st.on_host) continue;  // candidates
       if (check_order && any) {
-        EXPECT_LE(newest_gone, st.last_use) << "evicted a more recently used state at step " << step_;
+        EXPECT_LE(newest_gone, st.last_use) << EvictionRuleName(rule) << " evicted a more recently used state at step " << step_;
       }
-      if (refused) ADD_FAILURE() << "refused while an unlocked candidate was left at step " << step_;
+      if (refused) {
+        ADD_FAILURE() << EvictionRuleName(rule) << " refused while an unlocked candidate was left at step " << step_
+                      << " (on host " << st.on_host << ", kv on host " << st.kv_on_host << " now "
+                      << cache_->KvOnHost(key) << ", length " << key.size() << ")";
+      }
     }
+    RefreshKvOnHost();
+  }
+  // The kv_on_host flags, after every call that may move KV between the tiers.
+  void RefreshKvOnHost() {
+    for (auto& [key, st] : states_) st.kv_on_host = cache_->KvOnHost(key);
   }
   bool HasExtension(const Tokens& key) const {
     for (const auto& [k, st] : states_) {
@@ -737,6 +757,14 @@ class PrefixRandom {
     for (auto& [k, st] : states_) {
       if (k.size() <= n && IsPrefix(k, t)) st.last_use = clock_;
     }
+    // A host subtree the sequence went on through is gone (its pages took its place).
+    std::vector<Tokens> dropped;
+    for (const auto& [k, st] : states_) {
+      if (st.on_host && !cache_->HoldsOnHost(k)) dropped.push_back(k);
+    }
+    for (const auto& k : dropped) states_.erase(k);
+    host_dropped_by_insert_ += dropped.size();
+    RefreshKvOnHost();
   }
   std::vector<std::uint32_t> RandomPositions(std::uint32_t from, std::uint32_t n, bool end) {
     std::set<std::uint32_t> p;
@@ -812,8 +840,10 @@ class PrefixRandom {
     ASSERT_EQ(cache_->num_checkpoints(), on_device) << "step " << step_;
     ASSERT_EQ(cache_->Metrics().host_checkpoints, on_host) << "step " << step_;
     std::uint64_t state_evictable = 0, state_protected = 0;
-    for (const auto& [key, st] : states_) {
+    for (auto& [key, st] : states_) {
       ASSERT_EQ(cache_->HoldsOnHost(key), st.on_host) << "step " << step_;
+      st.kv_on_host = cache_->KvOnHost(key);
+      if (st.kv_on_host) ASSERT_TRUE(st.on_host) << "a host node with its checkpoint on the device at step " << step_;
       if (st.on_host) continue;
       Lost(StateBytesOk(st.checkpoint, key, key.size()) && cache_->Holds(key), "a cached state");
       if (broken_) return;
@@ -877,6 +907,7 @@ class PrefixRandom {
   bool broken_ = false;  // a counted check failed: the run stops
   int refusals_checked_ = 0, victims_watched_ = 0, exhausted_checked_ = 0, minimality_violations_ = 0;
   int cow_failed_ = 0, loads_failed_ = 0;
+  std::uint64_t host_dropped_by_insert_ = 0;
 };
 
 void RunPrefixRandom(std::uint32_t default_seed, CompactionMode mode, int steps, std::uint32_t host_slots = 0,
