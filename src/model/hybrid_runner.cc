@@ -14,6 +14,8 @@ void Add(EvictionStats& total, const EvictionStats& s) {
   total.pages += s.pages;
   total.checkpoints += s.checkpoints;
   total.window_pages += s.window_pages;
+  total.offloaded_pages += s.offloaded_pages;
+  total.offloaded += s.offloaded;
 }
 }  // namespace
 

@@ -35,6 +35,7 @@ struct Options {
   std::uint32_t seed = 7;
   std::uint32_t variants = 3;  // branching experiment: variants per prefix
   std::uint32_t host_slots = 64;  // the host-tier run: checkpoints the host holds
+  std::uint32_t host_page_slots = 512;  // the host-tier run with KV: KV pages the host holds
 };
 
 std::vector<std::uint32_t> RandomTokens(std::mt19937& rng, std::size_t n, std::uint32_t vocab) {
@@ -71,6 +72,7 @@ struct RunResult {
   EvictionRule rule;
   bool chunked;
   std::uint32_t host_slots = 0;
+  std::uint32_t host_page_slots = 0;
   std::uint32_t on_host = 0;  // prefixes whose checkpoint at the prefix's end went to the host
   std::uint32_t retained = 0;
   std::uint64_t recomputed = 0;
@@ -79,7 +81,8 @@ struct RunResult {
 };
 
 Result<RunResult> RunOnce(const HybridModel& model, const Options& o, const Sizes& sizes, EvictionRule rule, bool chunked,
-                          std::uint32_t host_slots, const std::vector<std::vector<std::uint32_t>>& prefixes,
+                          std::uint32_t host_slots, std::uint32_t host_page_slots,
+                          const std::vector<std::vector<std::uint32_t>>& prefixes,
                           const std::vector<std::vector<std::uint32_t>>& returning) {
   UnifiedBufferConfig c;
   c.alignment = 64;
@@ -96,13 +99,14 @@ Result<RunResult> RunOnce(const HybridModel& model, const Options& o, const Size
   auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = model.config().page_tokens}, buffer->get());
   if (!cache) return std::unexpected(cache.error());
   if (host_slots > 0) {
-    auto host = backend->CreateArena(Tier::kHost, Rank(0), host_slots * sizes.checkpoint_bytes);
+    auto host = backend->CreateArena(Tier::kHost, Rank(0),
+                                     host_slots * sizes.checkpoint_bytes + std::uint64_t{host_page_slots} * sizes.page_bytes);
     if (!host) return std::unexpected(host.error());
-    ULA_RETURN_IF_ERROR((*cache)->AttachHostTier({backend.get(), device->id, *host, host_slots}));
+    ULA_RETURN_IF_ERROR((*cache)->AttachHostTier({backend.get(), device->id, *host, host_slots, host_page_slots}));
   }
   HybridRunner runner(model, **buffer, cache->get());
   const ServeOptions serve{.max_new_tokens = o.new_tokens, .checkpoint_interval = o.checkpoint_interval, .rule = rule};
-  RunResult r{.rule = rule, .chunked = chunked, .host_slots = host_slots, .evicted = {}};
+  RunResult r{.rule = rule, .chunked = chunked, .host_slots = host_slots, .host_page_slots = host_page_slots, .evicted = {}};
   for (const auto& p : prefixes) {
     auto s = runner.Serve(p, serve);
     if (!s) return std::unexpected(s.error());
@@ -299,17 +303,19 @@ int Run(const Options& o) {
     bool chunked;
     EvictionRule rule;
     std::uint32_t host_slots;
+    std::uint32_t host_page_slots = 0;
   };
   std::vector<Config> configs;
   for (bool chunked : {false, true}) {
     for (EvictionRule rule : {EvictionRule::kNaive, EvictionRule::kAllocationAware}) configs.push_back({chunked, rule, 0});
   }
   configs.push_back({false, EvictionRule::kAllocationAware, o.host_slots});  // evicted checkpoints go to the host
+  configs.push_back({false, EvictionRule::kAllocationAware, o.host_slots, o.host_page_slots});  // and KV pages
   for (const Config& config : configs) {
     {
       const bool chunked = config.chunked;
       const EvictionRule rule = config.rule;
-      auto r = RunOnce(**model, o, sizes, rule, chunked, config.host_slots, prefixes, returning);
+      auto r = RunOnce(**model, o, sizes, rule, chunked, config.host_slots, config.host_page_slots, prefixes, returning);
       if (!r) {
         fmt::print(stderr, "run failed: {}\n", r.error().ToString());
         return 1;
@@ -317,6 +323,7 @@ int Run(const Options& o) {
       out["runs"].push_back({{"rule", EvictionRuleName(rule)},
                              {"chunked", chunked},
                              {"host_slots", config.host_slots},
+                             {"host_page_slots", config.host_page_slots},
                              {"retained", r->retained},
                              {"on_host", r->on_host},
                              {"of", o.prefixes},
@@ -324,10 +331,12 @@ int Run(const Options& o) {
                              {"returning_ms", r->returning_ms},
                              {"evicted_nodes", r->evicted.nodes},
                              {"evicted_pages", r->evicted.pages},
+                             {"offloaded_pages", r->evicted.offloaded_pages},
                              {"evicted_checkpoints", r->evicted.checkpoints}});
       if (!o.json) {
-        const std::string name =
+        std::string name =
             config.host_slots > 0 ? fmt::format("{}+host{}", EvictionRuleName(rule), config.host_slots) : EvictionRuleName(rule);
+        if (config.host_page_slots > 0) name += fmt::format("+kv{}", config.host_page_slots);
         fmt::print("{:<24} {:>7} {:>6}/{:<2} {:>7} {:>11} {:>13.1f} {:>15} {:>13}\n", name, chunked ? "yes" : "no",
                    r->retained, o.prefixes, r->on_host, r->recomputed, r->returning_ms, r->evicted.nodes, r->evicted.pages);
       }
@@ -421,6 +430,8 @@ Action Setup(CLI::App& app) {
   app.add_option("--variants", o->variants, "branching experiment: variants per prefix")->check(IntIn(1, 100));
   app.add_option("--host-slots", o->host_slots, "checkpoints the host tier of the host-tier run holds")
       ->check(IntIn(1, 100000));
+  app.add_option("--host-page-slots", o->host_page_slots, "KV pages the host tier of the KV host-tier run holds")
+      ->check(IntIn(1, 1000000));
   return [o] { return Run(*o); };
 }
 
