@@ -98,7 +98,12 @@
 // locks only on checkpoints; kv_lru_ holds exactly the unlocked leaves, state_lru_ the
 // unlocked checkpoints and host_lru_ the host copies (but the one being loaded back), with
 // their current keys; the owned-block set holds exactly the nodes' blocks; every host slot
-// is either free or held by one node.
+// is either free or held by one node. Window pages: parallel to the pages, live blocks of
+// window_kind, a node's window-lock count is the sum of its pages' and needs a KV lock,
+// window_lru_ holds exactly the nodes with a window page and no window lock. Host nodes:
+// no device blocks, one host page slot per page (and head), only host children, never in a
+// device LRU set, host_kv_lru_ holds exactly the unlocked host leaves, every host page slot
+// free or held by one node; kv_lru_ holds the unlocked device nodes without device children.
 // Thread-safety: none; callers serialize (and own the allocator's thread).
 #pragma once
 

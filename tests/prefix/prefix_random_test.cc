@@ -3,7 +3,9 @@
 // through a locked match, with a copied partial page), checkpoints at any position (KV past
 // the last one is dropped), matches, copy-on-write matches, lock/unlock, chunked insertion
 // with the lock moving, evictions by both rules for random demands, Evict by count,
-// requests that allocate and free around the cache, and compaction.
+// requests that allocate and free around the cache, and compaction. With a host tier,
+// checkpoints and (4 page slots per checkpoint slot) whole leaves' KV pages move to the
+// host and back; an insert through a host node replaces that host subtree.
 //
 // The shadow model is token-level, independent of the tree's node layout: a map from each
 // checkpointed prefix to its blocks, last use and state locks. Every KV slot and state
