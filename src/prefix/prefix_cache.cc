@@ -199,10 +199,16 @@ bool PrefixCache::OffloadKv(std::uint32_t id, EvictionStats& stats) {
   if (n.host == kNoSlot && n.children.empty()) return false;  // a useless leaf: removed by the caller
   std::vector<BlockId> blocks = n.pages;
   if (n.head.valid()) blocks.push_back(n.head);
-  // Room: drop least recently used host leaves (not this node's children).
+  // Room: drop least recently used host leaves, none below this node (a cascade from one
+  // could reach it).
+  auto below = [&](std::uint32_t x) {
+    for (std::uint32_t a = nodes_[x].parent; a != 0; a = nodes_[a].parent) {
+      if (a == id) return true;
+    }
+    return false;
+  };
   while (free_host_pages_.size() < blocks.size()) {
-    auto it = std::find_if(host_kv_lru_.begin(), host_kv_lru_.end(),
-                           [&](const LruKey& k) { return nodes_[std::get<2>(k)].parent != id; });
+    auto it = std::find_if(host_kv_lru_.begin(), host_kv_lru_.end(), [&](const LruKey& k) { return !below(std::get<2>(k)); });
     if (it == host_kv_lru_.end()) return false;
     DropHostLeaf(std::get<2>(*it), stats);
   }
@@ -436,6 +442,7 @@ void PrefixCache::FreeCheckpoint(const Checkpoint& c, std::uint32_t position) {
 
 std::uint32_t PrefixCache::Split(std::uint32_t id, std::uint32_t at) {
   const std::uint32_t P = config_.page_tokens;
+  ULA_CHECK(!nodes_[id].kv_on_host);  // host nodes are never split
   const std::uint32_t upper = NewNode();  // may reallocate nodes_
   Node& n = nodes_[id];
   Node& m = nodes_[upper];
