@@ -10,6 +10,10 @@
 // With `prefill_chunk`, the prompt is computed in chunks and each chunk is inserted into
 // the cache with a copy of the running state (chunked prefill), the lock moving with it.
 // Whenever an allocation does not fit, the cache evicts by the configured rule first.
+// With window pages (HybridModelConfig::window_in_pages) every KV page comes with its window
+// page; window pages that no position still to be computed reads and no checkpoint still to
+// be inserted needs are released as the request advances (its own freed, the tree's window
+// lock given back early: PrefixCache::ReleaseWindow).
 // Thread-safety: none; one runner per allocator.
 #pragma once
 
@@ -54,6 +58,7 @@ struct ServeResult {
   std::uint32_t branch = 0;           // the match's branching point (0: none)
   std::uint32_t chunks_inserted = 0;  // chunked prefill: chunks handed to the cache early
   std::uint32_t drafted = 0, accepted = 0;  // speculative decoding: draft tokens proposed, kept
+  std::uint32_t window_released = 0;  // window pages: early releases of the match's window lock
   EvictionStats evicted;
   std::vector<double> token_us;       // time of each decode step after the first output
 };
@@ -77,6 +82,8 @@ class HybridRunner {
  private:
   Result<std::vector<BlockId>> Allocate(const Demand& demand, EvictionRule rule, EvictionStats& evicted);
   Status CopyBlock(BlockId from, BlockId to);
+  // Appends one KV page (and, with window pages, its window page) to the sequence.
+  Status AddPage(SequenceBlocks& seq, EvictionRule rule, EvictionStats& evicted);
   // Speculative rounds until max_new_tokens outputs (result.output holds the first one).
   Status DecodeSpeculative(std::span<const std::uint32_t> prompt, const ServeOptions& options, SequenceBlocks& seq,
                            std::vector<float>& logits, ServeResult& result);

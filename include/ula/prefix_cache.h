@@ -16,8 +16,19 @@
 //     partial page), not dropped as SGLang does with page_size > 1.
 //   * The page with index p on a path is provided by the deepest node of the path that
 //     owns index p; its bytes are valid for every token of the path in that page.
-// A node may hold a checkpoint (a state block, and a window ring when the model has one)
-// saved at its end position. Insert splits a node at any checkpoint position, so
+// A node may hold a checkpoint (a state block, and a window ring when the model keeps its
+// sliding-window KV in a ring) saved at its end position.
+//
+// Sliding-window KV as tokens (config.sliding_window = W > 0, SGLang's SWA radix cache):
+// the window layers' KV lives in window pages (window_kind), one per KV page index, owned
+// exactly like the KV pages (a node's `wpages` parallel to its `pages`, a head copy beside
+// its head copy). A window page may be absent (released): the request freed it once it fell
+// out of its window, or eviction dropped it (a window tombstone: the node keeps its KV and
+// state). A checkpoint at L is usable only when the window pages of tokens [L - (W - 1), L)
+// (what the token at L attends to) are present on its path; Match stops at the deepest
+// such checkpoint. Lock takes a window lock (pins, not evictable) only on the window pages
+// of the match's window (match.window_pages), and ReleaseWindow gives it back early, when
+// the request's own position has moved past them. No events are recorded for window pages. Insert splits a node at any checkpoint position, so
 // checkpoints live at any token position the caller chose. A node without one is a
 // tombstone (its state was evicted, or it was never saved there).
 //
@@ -35,9 +46,11 @@
 // evictable). Splitting a locked node copies the KV lock count to both halves; the state
 // lock stays with the node that keeps the checkpoint (the lower half).
 //
-// Eviction by kind. Two ordered sets, keyed by (last use, deeper first), give O(1) victims:
-//   kv_lru_    unlocked leaves (KV evictable as a whole node);
-//   state_lru_ unlocked checkpoints (state-lock count 0).
+// Eviction by kind. Ordered sets, keyed by (last use, deeper first), give O(1) victims:
+//   kv_lru_     unlocked leaves (KV evictable as a whole node);
+//   state_lru_  unlocked checkpoints (state-lock count 0);
+//   window_lru_ nodes with a window page present and none of them window-locked (evicting
+//               one drops its window pages; an unlocked leaf goes whole, as in SGLang).
 // Evicting a leaf frees its pages and checkpoint. Evicting the checkpoint of an interior
 // node tombstones it: the state goes, the KV stays. A leaf left without a checkpoint (a
 // tombstoned leaf) is useless to a hybrid model and is removed at once, cascading upward;
@@ -46,7 +59,8 @@
 //   kNaive            LRU leaves only; stops once the KV kind alone has the requested pages
 //                     (KV pages free at the start plus pages freed since);
 //   kAllocationAware  the LRU checkpoint first (to the host tier when there is one; else
-//                     its whole node when a leaf, a tombstone otherwise), stopping once
+//                     its whole node when a leaf, a tombstone otherwise), then the LRU
+//                     window pages, then LRU leaves, stopping once
 //                     allocator.CanAllocate(demand) holds, counting every kind and what
 //                     compaction recovers.
 //
@@ -60,7 +74,16 @@
 // slot freed: exclusive, never on both tiers); if that fails, it matches on the device.
 // A full host drops its least recently used checkpoint. Copies are waited for inside the
 // call, so no node is ever seen mid-copy.
-// KV pages are not offloaded (see docs/ARCHITECTURE.md).
+// KV pages too (HostTierConfig::page_slots > 0, not with window pages): under the
+// allocation-aware rule, a leaf evicted from the device whose checkpoint is on the host (or
+// none: a tombstone is removed) moves whole to host page slots instead of being freed
+// (copy, fence, then publish: the host slots recorded, the device pages freed). Such a
+// host node has only host nodes below it; a device leaf is a node without device children.
+// Match walks into host nodes (kv_length and host_length count them: host hits);
+// MatchCopyOnWrite brings the whole host part of the path back with the checkpoint, every
+// node of it KV-locked until its copy completed (exclusive: the host slots are freed on
+// publish). A full host drops its least recently used host leaf. Insert through a host node
+// removes that host subtree first (the sequence brings the path's KV on the device).
 //
 // Events and metrics. With record_events, every page and checkpoint that enters or leaves
 // the tree is queued as a CacheEvent (TakeEvents drains them) for external routers.
@@ -75,11 +98,17 @@
 // locks only on checkpoints; kv_lru_ holds exactly the unlocked leaves, state_lru_ the
 // unlocked checkpoints and host_lru_ the host copies (but the one being loaded back), with
 // their current keys; the owned-block set holds exactly the nodes' blocks; every host slot
-// is either free or held by one node.
+// is either free or held by one node. Window pages: parallel to the pages, live blocks of
+// window_kind, a node's window-lock count is the sum of its pages' and needs a KV lock,
+// window_lru_ holds exactly the nodes with a window page and no window lock. Host nodes:
+// no device blocks, one host page slot per page (and head), only host children, never in a
+// device LRU set, host_kv_lru_ holds exactly the unlocked host leaves, every host page slot
+// free or held by one node; kv_lru_ holds the unlocked device nodes without device children.
 // Thread-safety: none; callers serialize (and own the allocator's thread).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <span>
@@ -101,6 +130,9 @@ struct PrefixCacheConfig {
   BlockKind kv_kind = BlockKind(1);
   BlockKind state_kind = BlockKind(0);
   BlockKind window_kind = BlockKind(2);  // invalid: the model has no sliding-window layer
+  // 0: window KV (if any) is a ring in each checkpoint; W > 0: window pages (see above),
+  // W being the model's window (the token itself and W - 1 before it).
+  std::uint32_t sliding_window = 0;
   bool record_events = false;
 
   Status Validate() const;
@@ -126,6 +158,9 @@ struct PrefixMatch {
   std::uint32_t host_length = 0;   // the deepest checkpoint counting the host tier's (>= length)
   std::vector<std::uint32_t> path; // node ids root-exclusive, for Lock/Unlock
   Checkpoint copy;                 // MatchCopyOnWrite: the request's own copy (caller owns it)
+  // sliding_window > 0: [pages.size()] the window pages of the match's window (what Lock
+  // window-locks), invalid before it. Empty after ReleaseWindow.
+  std::vector<BlockId> window_pages;
 };
 
 struct EvictionStats {
@@ -135,13 +170,16 @@ struct EvictionStats {
   std::uint32_t tombstones = 0;   // of which: interior nodes that kept their KV
   std::uint64_t tokens = 0;       // tokens of the removed nodes' spans
   std::uint32_t offloaded = 0;    // of the checkpoints: moved to the host tier
+  std::uint32_t window_pages = 0; // window pages freed (with their node or as window tombstones)
+  std::uint32_t offloaded_pages = 0;  // of the pages: moved to the host tier (their node kept)
 };
 
 struct HostTierConfig {
   Backend* backend = nullptr;  // holds both arenas
   ArenaId device_arena;        // the allocator's arena (block offsets are offsets in it)
-  Arena host_arena;            // Tier::kHost, >= slots * (state + window block bytes)
+  Arena host_arena;            // Tier::kHost, >= slots * (state + window block bytes) + page_slots * page bytes
   std::uint32_t slots = 0;     // checkpoints the host tier holds
+  std::uint32_t page_slots = 0;  // KV pages the host tier holds (0: checkpoints only)
 };
 
 struct CacheEvent {
@@ -159,6 +197,7 @@ struct PrefixCacheMetrics {
   KindBytes kv, state, window;
   std::uint64_t nodes = 0, checkpoints = 0, tombstones = 0;
   std::uint64_t host_checkpoints = 0, host_hits = 0;  // host hits: checkpoints loaded back
+  std::uint64_t host_pages = 0, host_page_hits = 0;   // KV pages on the host; loaded back
 };
 
 class PrefixCache {
@@ -173,7 +212,10 @@ class PrefixCache {
   // Match (after bringing a deeper host checkpoint back, when it can) + Lock + the request's
   // own copy of the checkpoint in match.copy (when length > 0), allocated (evicting by
   // `rule` with the match locked if needed) and copied now. On error the match is unlocked
-  // again (what was evicted stays evicted).
+  // again and the copy's blocks freed; what was evicted stays evicted (MakeRoom) and a
+  // checkpoint brought back from the host stays on the device. A failed copy (kIo, from the
+  // copy backend or from compaction) hands out no copy: nothing is published before its
+  // bytes arrived.
   Result<PrefixMatch> MatchCopyOnWrite(std::span<const std::uint32_t> tokens, std::uint32_t max_length,
                                        EvictionRule rule);
   // kNotFound when a node of the match is gone.
@@ -186,9 +228,11 @@ class PrefixCache {
   // last checkpoint is useless to a hybrid model and is not kept (those pages are freed).
   // A page or checkpoint the tree already has is freed (a duplicate), except the tree's own
   // pages, which the sequence shared through a match. REQUIRES: pages cover tokens exactly;
-  // positions distinct.
+  // positions distinct. With sliding_window > 0, window_pages[i] is page i's window page
+  // (invalid: released) and is taken, shared or freed as pages[i] is; a window page the tree
+  // lacks (released or evicted) over a full page of the shared prefix is taken too.
   Status Insert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
-                std::span<const PositionedCheckpoint> checkpoints);
+                std::span<const PositionedCheckpoint> checkpoints, std::span<const BlockId> window_pages = {});
   // Chunked prefill (SGLang's cache_unfinished_req): inserts the chunks computed so far
   // (as Insert; the last checkpoint should be a copy of the running state at tokens.size()),
   // releases `held` (the request's previous lock, or an unlocked empty match) and returns the
@@ -196,21 +240,33 @@ class PrefixCache {
   // page of its own was freed); a partial last page now belongs to the tree and must be
   // copied before it is written again.
   Result<PrefixMatch> InsertChunk(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
-                                  std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held);
+                                  std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held,
+                                  std::span<const BlockId> window_pages = {});
+  // Early release of the window lock of a locked match (its window pages become evictable;
+  // the KV and state locks stay): clears match.window_pages, so Unlock later leaves them.
+  // kFailedPrecondition when the match's window pages are not locked: nothing changed.
+  Status ReleaseWindow(PrefixMatch& match);
 
-  // Evicts LRU unlocked leaves / checkpoints until `demand` can be allocated (see above).
+  // Evicts LRU unlocked leaves / checkpoints until `demand` can be allocated (see above),
+  // and no further: it never starts evicting a victim (a checkpoint, or a leaf with the
+  // cleanup of the tombstoned leaves it leaves behind) once the demand fits (kNaive: once
+  // it fits and the KV pages free at the start plus those freed cover the KV demand).
   // kInvalidArgument (a demand of the wrong shape): nothing changed.
   // kResourceExhausted when nothing evictable is left and it still does not fit: the one
   // deliberate partial effect of the cache — eviction cannot be undone (freed blocks may be
-  // reused or compacted over), so what was evicted stays evicted; no unlocked leaf or
-  // unlocked checkpoint is left, and locked nodes keep their blocks, pins and offsets.
+  // reused or compacted over), so what was evicted stays evicted. Exactly: no unlocked leaf
+  // is left (every remaining node is on a locked path), with kAllocationAware no unlocked
+  // device checkpoint either (each went to the host tier or was freed), and locked nodes keep
+  // their blocks, pins, offsets and bytes; calling it again with the same demand then
+  // changes nothing (DebugDigest equal).
   // A failed host-tier copy (kIo from the backend) evicts as without a host tier: no
   // checkpoint is published on host before its bytes arrived.
   Result<EvictionStats> MakeRoom(const Demand& demand, EvictionRule rule);
   // Evicts by count: LRU leaves until at least kv_tokens tokens of KV are freed, then LRU
-  // checkpoints until at least `states` checkpoints are freed in all. Stops early when
-  // nothing evictable is left.
-  EvictionStats Evict(std::uint64_t kv_tokens, std::uint32_t states);
+  // checkpoints until at least `states` checkpoints are freed in all, then LRU window pages
+  // until at least window_tokens tokens of window KV (page_tokens per page) are freed in all.
+  // Stops early when nothing evictable is left.
+  EvictionStats Evict(std::uint64_t kv_tokens, std::uint32_t states, std::uint64_t window_tokens = 0);
 
   std::size_t num_nodes() const;  // root excluded
   std::size_t num_checkpoints() const;
@@ -218,9 +274,26 @@ class PrefixCache {
   bool Holds(std::span<const std::uint32_t> tokens) const;
   // Whether the checkpoint at exactly these tokens is on the host tier.
   bool HoldsOnHost(std::span<const std::uint32_t> tokens) const;
+  // Whether the node ending at exactly these tokens has its KV on the host tier.
+  bool KvOnHost(std::span<const std::uint32_t> tokens) const;
   PrefixCacheMetrics Metrics() const;
   std::vector<CacheEvent> TakeEvents();
   Status CheckInvariants() const;
+  // A hash of the whole state (ula/digest.h): every node (span, tokens, pages, checkpoint,
+  // host slot, lock counts, last use, children), the free-node list in order, the three LRU
+  // sets in order, the free host slots in order, the host tier's bytes, the owned-block set,
+  // the pending events, the clock and counters, and the allocator's DebugDigest. Equal
+  // before and after a refused call. For tests; O(state).
+  std::uint64_t DebugDigest() const;
+
+  // Checkpoint copies (MatchCopyOnWrite's copy of the state and ring) go as copy batches of
+  // `backend` inside `device_arena` (the allocator's arena), waited on before the copy is
+  // handed out; without a copy backend they are memcpy. kInvalidArgument for a null backend
+  // or an arena it does not know, kFailedPrecondition when one is attached already.
+  Status AttachCopyBackend(Backend* backend, ArenaId device_arena);
+  // Called just before MakeRoom or Evict starts evicting one victim (for tests and tracing:
+  // the randomized test checks there that the demand does not fit yet). Null: none.
+  void SetEvictionObserver(std::function<void()> observer) { observer_ = std::move(observer); }
 
  private:
   struct Node {
@@ -229,9 +302,15 @@ class PrefixCache {
     std::uint32_t start = 0, end = 0;
     BlockId head;                       // head copy of page floor(start / P), or invalid
     std::vector<BlockId> pages;         // pages [ceil(start/P), ceil(end/P))
+    BlockId whead;                      // sliding_window > 0: the head copy's window page
+    std::vector<BlockId> wpages;        // sliding_window > 0: [pages.size()] (invalid: absent)
+    std::uint32_t window_locks = 0;     // window locks on its window pages, summed
     Checkpoint checkpoint;
     std::uint32_t host = kNoSlot;  // host slot of an offloaded checkpoint
     bool host_window = false;      // whether that slot holds a window ring too
+    bool kv_on_host = false;       // its KV is on host page slots (pages and head invalid)
+    std::vector<std::uint32_t> host_pages;  // kv_on_host: [pages.size()] host page slots
+    std::uint32_t host_head = kNoSlot;      // kv_on_host: the head copy's host page slot
     std::uint32_t kv_locks = 0, state_locks = 0;
     std::uint64_t last_use = 0;
     bool live = false;
@@ -250,6 +329,16 @@ class PrefixCache {
   // Frees the node's host slot (removing a leaf left with no checkpoint at all).
   void DropHost(std::uint32_t id, EvictionStats& stats);
   Status LoadBack(std::uint32_t id, EvictionRule rule);
+  // Copies pages between device blocks and host page slots (to_host) and waits.
+  Status HostPageCopy(std::span<const BlockId> blocks, std::span<const std::uint32_t> slots, bool to_host);
+  // Moves an unlocked device leaf's KV (its checkpoint already on the host) to host page
+  // slots; false when there is no room (nothing changed).
+  bool OffloadKv(std::uint32_t id, EvictionStats& stats);
+  bool HasDeviceChild(const Node& n) const;
+  // Removes a host node and everything below it (host slots freed).
+  void RemoveHostSubtree(std::uint32_t id);
+  // RemoveHostSubtree, then the ancestors it leaves useless (no checkpoint, no child).
+  void DropHostLeaf(std::uint32_t id, EvictionStats& stats);
   // The node that ends exactly at `length` along tokens (0: none).
   std::uint32_t NodeAt(std::span<const std::uint32_t> tokens, std::uint32_t length) const;
 
@@ -270,15 +359,41 @@ class PrefixCache {
   bool EvictState(EvictionStats& stats);
   std::uint32_t FreeKvPages() const;
   std::vector<BlockId> PagesOfPath(const std::vector<std::uint32_t>& path, std::uint32_t length) const;
+  // For each page index of [0, length): the node providing it on the path, and whether as
+  // its head copy (node 0: none).
+  struct Provider {
+    std::uint32_t node = 0;
+    bool head = false;
+  };
+  std::vector<Provider> ProvidersOfPath(const std::vector<std::uint32_t>& path, std::uint32_t length) const;
+  BlockId& WindowSlot(Provider p, std::uint32_t index);
+  std::vector<BlockId> WindowPagesOfPath(const std::vector<std::uint32_t>& path, std::uint32_t length) const;
+  // The first page index of the window a checkpoint at `length` needs.
+  std::uint32_t WindowFirstPage(std::uint32_t length) const;
+  // Whether a checkpoint at the end of path (a prefix of a root path) has its window.
+  bool HasWindow(const std::vector<std::uint32_t>& path, std::uint32_t length) const;
+  // The window page `page` on the path to `node`: its owner node (0: not on the path).
+  std::uint32_t WindowOwner(std::uint32_t node, BlockId page) const;
+  Status CheckWindowLocked(const PrefixMatch& match, std::uint32_t node) const;
+  void LockWindow(const PrefixMatch& match, std::uint32_t node, bool lock);
+  bool EvictWindow(EvictionStats& stats);
+  void FreeWindowPages(std::uint32_t id, EvictionStats& stats);
   // Validates a match for Lock (locking) or Unlock; returns its node (0: empty match).
   Result<std::uint32_t> LockedNode(const PrefixMatch& match, bool locking) const;
   void PinMatch(std::uint32_t node, bool pin);
+  // Copies a checkpoint's blocks into another's (the copy backend or memcpy), waited for.
+  Status CopyCheckpoint(const Checkpoint& from, const Checkpoint& to);
 
   PrefixCacheConfig config_;
   HybridAllocator* allocator_;
   std::vector<Node> nodes_;  // [0] is the root
   std::vector<std::uint32_t> free_nodes_;
-  std::set<LruKey> kv_lru_, state_lru_, host_lru_;
+  std::set<LruKey> kv_lru_, state_lru_, host_lru_, window_lru_;
+  std::set<LruKey> host_kv_lru_;  // unlocked host leaves (KV on the host, no children)
+  std::vector<std::uint32_t> free_host_pages_;
+  std::uint64_t host_page_hits_ = 0;
+  bool offload_kv_ = false;  // MakeRoom's allocation-aware rule is running (EvictLeaf may offload)
+  std::unordered_map<BlockId, std::uint32_t> window_locks_;  // window page -> locks
   HostTierConfig host_;  // host_.backend == nullptr: no host tier
   std::vector<std::uint32_t> free_host_;
   std::uint64_t host_hits_ = 0;
@@ -286,6 +401,9 @@ class PrefixCache {
   std::vector<CacheEvent> events_;
   std::unordered_set<BlockId> owned_;  // every block the tree holds
   std::uint64_t clock_ = 0;
+  Backend* mover_ = nullptr;  // checkpoint copies (null: memcpy)
+  ArenaId mover_arena_;
+  std::function<void()> observer_;
 };
 
 }  // namespace ula

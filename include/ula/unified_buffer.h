@@ -17,7 +17,10 @@
 // shorter than the window still reserves the whole ring (waste = (window - length) tokens of
 // one layer's KV), and a prefix checkpoint must copy the ring together with the state. Gain:
 // no per-token page churn for that layer, the ring is written in place like a state, and a
-// checkpoint (state + ring) restores the layer exactly at the saved position.
+// checkpoint (state + ring) restores the layer exactly at the saved position. The other
+// option (HybridModelConfig::window_in_pages, PrefixCacheConfig::sliding_window) keeps the
+// window as window pages, one per KV page, released outside the window; it holds less for
+// windows of several pages and more for windows shorter than a page (docs/RESULTS.md).
 //
 // Holes and compaction: a block freed between live blocks of its end leaves a hole.
 // Allocation fills holes first (first fit, nearest the edge), then takes the middle. A hole
@@ -112,7 +115,7 @@ class UnifiedBuffer final : public HybridAllocator {
   // A hash of the whole state (block table with generations and pins, the free-id FIFO in
   // order, both ends' blocks and holes, counters): equal before and after a refused call.
   // For tests; O(state). ula/digest.h.
-  std::uint64_t DebugDigest() const;
+  std::uint64_t DebugDigest() const override;
 
   // Offset of the first reserved padding byte (== usable bytes).
   std::uint64_t padding_offset() const { return usable_; }

@@ -107,7 +107,8 @@ std::uint64_t HybridModel::state_bytes() const {
   return std::uint64_t{num_recurrent_} * config_.key_dim * config_.d_model * sizeof(float);
 }
 std::uint64_t HybridModel::window_bytes() const {
-  return std::uint64_t{num_window_} * config_.window * 2 * config_.d_model * sizeof(float);
+  const std::uint32_t slots = config_.window_in_pages ? config_.page_tokens : config_.window;
+  return std::uint64_t{num_window_} * slots * 2 * config_.d_model * sizeof(float);
 }
 
 std::vector<KindConfig> HybridModel::Kinds(std::uint64_t alignment) const {
@@ -121,7 +122,7 @@ Status HybridModel::ZeroSequenceState(HybridAllocator& allocator, const Sequence
   auto state = allocator.Bytes(seq.state);
   if (!state) return std::unexpected(std::move(state).error());
   std::memset(state->data(), 0, state->size());
-  if (has_window()) {
+  if (window_ring()) {  // window pages need no zeroing: every position is written before it is read
     auto ring = allocator.Bytes(seq.window);
     if (!ring) return std::unexpected(std::move(ring).error());
     std::memset(ring->data(), 0, ring->size());
@@ -149,7 +150,25 @@ Status HybridModel::Step(HybridAllocator& allocator, SequenceBlocks& seq, std::u
   ULA_RETURN_IF_ERROR(allocator.Translate(std::span(seq.pages).first(used_pages), page_offsets));
   std::vector<BlockId> pinned(seq.pages.begin(), seq.pages.begin() + used_pages);
   pinned.push_back(seq.state);
-  if (has_window()) pinned.push_back(seq.window);
+  if (window_ring()) pinned.push_back(seq.window);
+  // Window pages: those of positions [first_window, pos].
+  const std::uint32_t first_window = pos + 1 > config_.window ? pos + 1 - config_.window : 0;
+  std::vector<std::uint64_t> window_offsets;
+  if (window_pages()) {
+    if (seq.window_pages.size() <= pos / P) {
+      return MakeError(ErrorCode::kFailedPrecondition, fmt::format("hybrid model: no window page for position {}", pos));
+    }
+    const auto window_ids = std::span(seq.window_pages).subspan(first_window / P, pos / P - first_window / P + 1);
+    for (BlockId b : window_ids) {
+      if (!b.valid()) {
+        return MakeError(ErrorCode::kFailedPrecondition,
+                         fmt::format("hybrid model: a window page of position {}'s window was released", pos));
+      }
+    }
+    window_offsets.resize(window_ids.size());
+    ULA_RETURN_IF_ERROR(allocator.Translate(window_ids, window_offsets));
+    pinned.insert(pinned.end(), window_ids.begin(), window_ids.end());
+  }
   for (std::size_t i = 0; i < pinned.size(); ++i) {
     if (auto s = allocator.Pin(pinned[i]); !s) {
       for (std::size_t j = 0; j < i; ++j) (void)allocator.Unpin(pinned[j]);
@@ -158,7 +177,7 @@ Status HybridModel::Step(HybridAllocator& allocator, SequenceBlocks& seq, std::u
   }
   std::byte* base = allocator.base();
   float* state = AsFloats(allocator.Bytes(seq.state)->data());
-  float* ring = has_window() ? AsFloats(allocator.Bytes(seq.window)->data()) : nullptr;
+  float* ring = window_ring() ? AsFloats(allocator.Bytes(seq.window)->data()) : nullptr;
 
   std::vector<float> x(embed_.begin() + std::size_t{token} * d, embed_.begin() + std::size_t{token + 1} * d);
   std::vector<float> h(d), q(std::max(d, config_.key_dim)), k(std::max(d, config_.key_dim)), v(d), y(d), o(d);
@@ -195,6 +214,10 @@ Status HybridModel::Step(HybridAllocator& allocator, SequenceBlocks& seq, std::u
         if (kind == LayerKind::kAttention) {
           LayerView view = ViewLayer(page_layout_, base + page_offsets[p / P], layer_slot_[l]);
           return AsFloats(view.K(p % P));
+        }
+        if (ring == nullptr) {  // window pages, page-major: [window layer][slot][K, V]
+          float* page = AsFloats(base + window_offsets[p / P - first_window / P]);
+          return page + (std::size_t{layer_slot_[l]} * P + p % P) * 2 * d;
         }
         return ring + (std::size_t{layer_slot_[l]} * config_.window + p % config_.window) * 2 * d;
       };

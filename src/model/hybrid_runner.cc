@@ -13,6 +13,9 @@ void Add(EvictionStats& total, const EvictionStats& s) {
   total.nodes += s.nodes;
   total.pages += s.pages;
   total.checkpoints += s.checkpoints;
+  total.window_pages += s.window_pages;
+  total.offloaded_pages += s.offloaded_pages;
+  total.offloaded += s.offloaded;
 }
 }  // namespace
 
@@ -35,8 +38,21 @@ Status HybridRunner::CopyBlock(BlockId from, BlockId to) {
   return Ok();
 }
 
+Status HybridRunner::AddPage(SequenceBlocks& seq, EvictionRule rule, EvictionStats& evicted) {
+  Demand d = Demand::Of(allocator_.num_kinds()).Add(kModelKvKind, 1);
+  if (model_.window_pages()) d.Add(kModelWindowKind, 1);
+  auto ids = Allocate(d, rule, evicted);
+  if (!ids) return std::unexpected(std::move(ids).error());
+  seq.pages.push_back(ids->front());
+  if (model_.window_pages()) seq.window_pages.push_back(ids->back());
+  return Ok();
+}
+
 Status HybridRunner::Release(const SequenceBlocks& seq, std::size_t shared_pages) {
   for (std::size_t i = shared_pages; i < seq.pages.size(); ++i) ULA_RETURN_IF_ERROR(allocator_.Free(seq.pages[i]));
+  for (std::size_t i = shared_pages; i < seq.window_pages.size(); ++i) {
+    if (seq.window_pages[i].valid()) ULA_RETURN_IF_ERROR(allocator_.Free(seq.window_pages[i]));
+  }
   if (seq.state.valid()) ULA_RETURN_IF_ERROR(allocator_.Free(seq.state));
   if (seq.window.valid()) ULA_RETURN_IF_ERROR(allocator_.Free(seq.window));
   return Ok();
@@ -53,9 +69,10 @@ Result<SequenceBlocks> HybridRunner::Reserve(std::uint32_t tokens, std::uint32_t
     const std::uint32_t end = std::min(tokens, start + chunk);
     const auto pages = static_cast<std::uint32_t>((end + P - 1) / P - seq.pages.size());
     Demand d = Demand::Of(kinds).Add(kModelKvKind, pages);
+    if (model_.window_pages()) d.Add(kModelWindowKind, pages);
     if (start == 0) {
       d.Add(kModelStateKind, 1);
-      if (model_.has_window()) d.Add(kModelWindowKind, 1);
+      if (model_.window_ring()) d.Add(kModelWindowKind, 1);
     }
     auto ids = Allocate(d, rule, stats);
     if (!ids) {
@@ -66,6 +83,7 @@ Result<SequenceBlocks> HybridRunner::Reserve(std::uint32_t tokens, std::uint32_t
       const BlockKind k = *allocator_.KindOf(id);
       if (k == kModelKvKind) seq.pages.push_back(id);
       else if (k == kModelStateKind) seq.state = id;
+      else if (model_.window_pages()) seq.window_pages.push_back(id);
       else seq.window = id;
     }
   }
@@ -80,7 +98,7 @@ Status HybridRunner::DecodeSpeculative(std::span<const std::uint32_t> prompt, co
   const std::uint32_t D = options.draft_tokens;
   // One slot per position a round feeds: the state (and ring) after it.
   Demand d = Demand::Of(kinds).Add(kModelStateKind, D + 1);
-  if (model_.has_window()) d.Add(kModelWindowKind, D + 1);
+  if (model_.window_ring()) d.Add(kModelWindowKind, D + 1);
   auto ids = Allocate(d, options.rule, result.evicted);
   if (!ids) return std::unexpected(std::move(ids).error());
   std::vector<Checkpoint> slots(D + 1);
@@ -103,11 +121,7 @@ Status HybridRunner::DecodeSpeculative(std::span<const std::uint32_t> prompt, co
       // Verification: feed the last output and every draft, saving the state after each.
       const std::uint32_t start = seq.length;
       for (std::size_t i = 0; i < feed.size(); ++i) {
-        if (seq.length / P >= seq.pages.size()) {
-          auto page = Allocate(Demand::Of(kinds).Add(kModelKvKind, 1), options.rule, result.evicted);
-          if (!page) return std::unexpected(std::move(page).error());
-          seq.pages.push_back(page->front());
-        }
+        if (seq.length / P >= seq.pages.size()) ULA_RETURN_IF_ERROR(AddPage(seq, options.rule, result.evicted));
         ULA_RETURN_IF_ERROR(model_.Step(allocator_, seq, feed[i], round_logits[i]));
         ULA_RETURN_IF_ERROR(CopyBlock(seq.state, slots[i].state));
         if (seq.window.valid()) ULA_RETURN_IF_ERROR(CopyBlock(seq.window, slots[i].window));
@@ -144,6 +158,9 @@ Status HybridRunner::DecodeSpeculative(std::span<const std::uint32_t> prompt, co
 Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, const ServeOptions& options) {
   if (prompt.empty()) return MakeError(ErrorCode::kInvalidArgument, "serve: empty prompt");
   if (options.max_new_tokens == 0) return MakeError(ErrorCode::kInvalidArgument, "serve: max_new_tokens must be >= 1");
+  if (options.prefill_chunk > 0 && model_.window_pages() && cache_ != nullptr) {
+    return MakeError(ErrorCode::kInvalidArgument, "serve: chunked prefill into the cache is not supported with window pages");
+  }
   const std::uint32_t P = model_.config().page_tokens;
   const auto len = static_cast<std::uint32_t>(prompt.size());
   const std::size_t kinds = allocator_.num_kinds();
@@ -162,6 +179,11 @@ Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, c
   seq.state = held.copy.state;  // the request's own copy (copy-on-write match)
   seq.window = held.copy.window;
   seq.pages.assign(held.pages.begin(), held.pages.begin() + static_cast<std::ptrdiff_t>(shared));
+  const bool windowed = model_.window_pages();
+  if (windowed) {  // the tree's window pages over the match's window (invalid before it)
+    seq.window_pages.assign(shared, BlockId::Invalid());
+    for (std::size_t i = 0; i < shared && i < held.window_pages.size(); ++i) seq.window_pages[i] = held.window_pages[i];
+  }
   std::vector<PositionedCheckpoint> checkpoints;
   auto free_checkpoint = [&](const Checkpoint& c) {
     (void)allocator_.Free(c.state);
@@ -174,10 +196,12 @@ Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, c
     return std::unexpected(std::move(e));
   };
   {
-    Demand d = Demand::Of(kinds).Add(kModelKvKind, static_cast<std::uint32_t>((len + P - 1) / P - shared));
+    const auto new_pages = static_cast<std::uint32_t>((len + P - 1) / P - shared);
+    Demand d = Demand::Of(kinds).Add(kModelKvKind, new_pages);
+    if (windowed) d.Add(kModelWindowKind, new_pages);
     if (m == 0) {
       d.Add(kModelStateKind, 1);
-      if (model_.has_window()) d.Add(kModelWindowKind, 1);
+      if (model_.window_ring()) d.Add(kModelWindowKind, 1);
     }
     auto ids = Allocate(d, options.rule, result.evicted);
     if (!ids) return fail(std::move(ids).error());
@@ -185,12 +209,16 @@ Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, c
       const BlockKind k = *allocator_.KindOf(id);
       if (k == kModelKvKind) seq.pages.push_back(id);
       else if (k == kModelStateKind) seq.state = id;
+      else if (windowed) seq.window_pages.push_back(id);
       else seq.window = id;
     }
   }
   if (m > 0) {
     if (m % P != 0) {  // copy-on-write partial page
       if (Status s = CopyBlock(held.pages[shared], seq.pages[shared]); !s) return fail(s.error());
+      if (windowed) {
+        if (Status s = CopyBlock(held.window_pages[shared], seq.window_pages[shared]); !s) return fail(s.error());
+      }
     }
   } else if (Status s = model_.ZeroSequenceState(allocator_, seq); !s) {
     return fail(s.error());
@@ -208,7 +236,7 @@ Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, c
   auto save_checkpoint = [&]() -> Status {
     if (!checkpoints.empty() && checkpoints.back().position == seq.length) return Ok();
     Demand d = Demand::Of(kinds).Add(kModelStateKind, 1);
-    if (model_.has_window()) d.Add(kModelWindowKind, 1);
+    if (model_.window_ring()) d.Add(kModelWindowKind, 1);
     auto ids = Allocate(d, options.rule, result.evicted);
     if (!ids) return std::unexpected(std::move(ids).error());
     Checkpoint c;
@@ -223,21 +251,62 @@ Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, c
     ULA_RETURN_IF_ERROR(save_checkpoint());
     const std::uint32_t L = seq.length;
     const std::size_t num_pages = (L + P - 1) / P;
+    const auto window_span = windowed ? std::span<const BlockId>(seq.window_pages).first(num_pages)
+                                      : std::span<const BlockId>();
     auto next = cache_->InsertChunk(prompt.first(L), std::span<const BlockId>(seq.pages).first(num_pages), checkpoints,
-                                    held);
+                                    held, window_span);
     if (!next) return std::unexpected(std::move(next).error());
     checkpoints.clear();  // the tree's now (attached or freed as duplicates)
     held = std::move(*next);
     std::copy(held.pages.begin(), held.pages.end(), seq.pages.begin());  // the tree's pages from now on
+    for (std::size_t i = 0; windowed && i < num_pages; ++i) {
+      seq.window_pages[i] = i < held.window_pages.size() ? held.window_pages[i] : BlockId::Invalid();
+    }
     shared = num_pages;
     ++result.chunks_inserted;
     if (L % P == 0) return Ok();
     // The partial last page is the tree's now: continue on a copy.
-    auto page = Allocate(Demand::Of(kinds).Add(kModelKvKind, 1), options.rule, result.evicted);
+    Demand d = Demand::Of(kinds).Add(kModelKvKind, 1);
+    if (windowed) d.Add(kModelWindowKind, 1);
+    auto page = Allocate(d, options.rule, result.evicted);
     if (!page) return std::unexpected(std::move(page).error());
     ULA_RETURN_IF_ERROR(CopyBlock(seq.pages[L / P], page->front()));
     seq.pages[L / P] = page->front();
+    if (windowed) {
+      ULA_RETURN_IF_ERROR(CopyBlock(seq.window_pages[L / P], page->back()));
+      seq.window_pages[L / P] = page->back();
+    }
     shared = L / P;
+    return Ok();
+  };
+  // Window pages: once no position still to be computed reads a window page (the next
+  // token at seq.length attends to [seq.length + 1 - W, seq.length]), it is released unless
+  // a checkpoint still to be inserted needs it (one at c needs [c + 1 - W, c)): the
+  // request's own pages are freed, the tree's are dropped from the sequence, and once all of
+  // the match's window pages are behind, the match's window lock goes (the early release).
+  // A checkpoint saved later needs only pages of the window then, so each page is decided
+  // once, as the window passes it.
+  std::size_t released = 0;  // window pages [0, released) are decided
+  const std::uint32_t W = model_.config().window;
+  auto window_start = [&](std::uint32_t p) { return p + 1 > W ? p + 1 - W : 0; };
+  auto release_window = [&]() -> Status {
+    if (!windowed) return Ok();
+    for (; released < window_start(seq.length) / P && released < seq.window_pages.size(); ++released) {
+      BlockId& b = seq.window_pages[released];
+      const bool needed = std::any_of(checkpoints.begin(), checkpoints.end(), [&](const PositionedCheckpoint& c) {
+        return released >= window_start(c.position) / P && released < (c.position + P - 1) / P;
+      });
+      if (released < shared) {
+        b = BlockId::Invalid();  // the tree's: not read any more
+      } else if (!needed && b.valid()) {
+        ULA_RETURN_IF_ERROR(allocator_.Free(b));
+        b = BlockId::Invalid();
+      }
+    }
+    if (cache_ != nullptr && !held.window_pages.empty() && released >= held.window_pages.size()) {
+      ULA_RETURN_IF_ERROR(cache_->ReleaseWindow(held));
+      ++result.window_released;
+    }
     return Ok();
   };
   for (std::uint32_t p = m; p < len; ++p) {
@@ -251,6 +320,7 @@ Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, c
     if (options.prefill_chunk > 0 && seq.length < len && (seq.length - m) % options.prefill_chunk == 0) {
       if (Status s = insert_chunk(); !s) return fail(s.error());
     }
+    if (Status s = release_window(); !s) return fail(s.error());
   }
   std::uint32_t next = HybridModel::Argmax(logits);
   result.output.push_back(next);
@@ -260,16 +330,19 @@ Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, c
     while (seq.pages.size() > (seq.length + P - 1) / P) {
       if (Status s = allocator_.Free(seq.pages.back()); !s) return fail(s.error());
       seq.pages.pop_back();
+      if (windowed) {
+        if (Status s = allocator_.Free(seq.window_pages.back()); !s) return fail(s.error());
+        seq.window_pages.pop_back();
+      }
     }
   }
   for (auto i = static_cast<std::uint32_t>(result.output.size()); i < options.max_new_tokens; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     if (seq.length / P >= seq.pages.size()) {
-      auto page = Allocate(Demand::Of(kinds).Add(kModelKvKind, 1), options.rule, result.evicted);
-      if (!page) return fail(std::move(page).error());
-      seq.pages.push_back(page->front());
+      if (Status s = AddPage(seq, options.rule, result.evicted); !s) return fail(s.error());
     }
     if (Status s = model_.Step(allocator_, seq, next, logits); !s) return fail(s.error());
+    if (Status s = release_window(); !s) return fail(s.error());
     next = HybridModel::Argmax(logits);
     result.output.push_back(next);
     result.token_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
@@ -285,7 +358,8 @@ Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, c
       checkpoints.pop_back();
     }
     checkpoints.push_back({seq.length, Checkpoint{seq.state, seq.window}});
-    ULA_RETURN_IF_ERROR(cache_->Insert(fed, seq.pages, checkpoints));
+    ULA_RETURN_IF_ERROR(cache_->Insert(fed, seq.pages, checkpoints,
+                                       windowed ? std::span<const BlockId>(seq.window_pages) : std::span<const BlockId>()));
   } else {
     (void)Release(seq, shared);
     for (const auto& c : checkpoints) free_checkpoint(c.checkpoint);

@@ -1,5 +1,7 @@
 #include "ula/hybrid_allocator.h"
 
+#include "ula/digest.h"
+
 namespace ula {
 
 Result<BlockId> HybridAllocator::Allocate(BlockKind kind) {
@@ -18,6 +20,18 @@ Result<std::span<std::byte>> HybridAllocator::Bytes(BlockId id) {
   std::byte* b = base();
   if (b == nullptr) return std::span<std::byte>();
   return std::span<std::byte>(b + *offset, kind_config(*kind).block_bytes);
+}
+
+std::uint64_t HybridAllocator::DebugDigest() const {
+  StateDigest d;
+  for (const BlockInfo& b : LiveBlocks()) {
+    for (std::uint64_t v : {std::uint64_t{b.id.value()}, std::uint64_t{b.kind.value()}, b.offset, std::uint64_t{b.pins}}) {
+      d.Add(v);
+    }
+  }
+  const AllocatorStats s = Stats();
+  for (std::uint64_t v : {s.live_bytes, s.hole_bytes, s.middle_bytes, s.bytes_freed, s.bytes_moved, s.blocks_moved}) d.Add(v);
+  return d.value();
 }
 
 }  // namespace ula

@@ -329,6 +329,146 @@ TEST(HybridModel, OutputDoesNotDependOnTheAllocatorOrOnCompaction) {
   EXPECT_TRUE(cache->CheckInvariants());
 }
 
+// Sliding-window KV as tokens: window pages in the tree, released outside the window.
+std::unique_ptr<HybridModel> WindowPagesModel(std::uint32_t window) {
+  HybridModelConfig c;
+  c.window = window;
+  c.window_in_pages = true;
+  return HybridModel::Create(c).value();
+}
+std::unique_ptr<HybridModel> RingModel(std::uint32_t window) {
+  HybridModelConfig c;
+  c.window = window;
+  return HybridModel::Create(c).value();
+}
+std::unique_ptr<PrefixCache> WindowCache(const HybridModel& model, HybridAllocator& a) {
+  PrefixCacheConfig c;
+  c.page_tokens = model.config().page_tokens;
+  c.sliding_window = model.config().window;
+  return PrefixCache::Create(c, &a).value();
+}
+
+TEST(HybridModel, WindowPagesGiveTheRingsOutputsAndReleaseWhatLeavesTheWindow) {
+  auto model = WindowPagesModel(24);
+  auto ring = RingModel(24);  // the same weights, the window kept in a ring
+  const auto vocab = model->config().vocab;
+  auto buffer = Buffer(*model, 512);
+  auto cache = WindowCache(*model, *buffer);
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto a = RandomTokens(81, 100, vocab);
+  auto ra = runner.Serve(a, ServeOptions{.max_new_tokens = 4});
+  ASSERT_TRUE(ra) << ra.error().ToString();
+  ExpectBitIdentical(*ra, FromScratch(*ring, a, 4));
+  // The tree keeps a's KV pages, but only the window pages of its end's window: 103
+  // tokens, window 24 -> tokens [80, 103), pages 5 and 6 of 7.
+  const auto live = buffer->Stats().live_blocks_per_kind;
+  EXPECT_EQ(live[kModelKvKind.value()], 7u);
+  EXPECT_EQ(live[kModelWindowKind.value()], 2u);
+  // b shares a's first 103 tokens (a's end checkpoint): it resumes there, with the window.
+  const auto fed = Join(a, std::span(ra->output).first(3));
+  const auto b = Join(fed, RandomTokens(82, 40, vocab));
+  auto rb = runner.Serve(b, ServeOptions{.max_new_tokens = 5});
+  ASSERT_TRUE(rb) << rb.error().ToString();
+  EXPECT_EQ(rb->matched, 103u);
+  EXPECT_EQ(rb->window_released, 1u);  // the match's window lock went early, 40 tokens later
+  ExpectBitIdentical(*rb, FromScratch(*ring, b, 5));
+  // c diverges at 90: the KV runs to 90, but no checkpoint there, so it starts from 0;
+  // with a checkpoint every 32 tokens, the ones at 32 and 64 lack their window (released).
+  const auto c = Join(std::span(a).first(90), RandomTokens(83, 10, vocab));
+  auto rc = runner.Serve(c, ServeOptions{.max_new_tokens = 3, .checkpoint_interval = 32});
+  ASSERT_TRUE(rc) << rc.error().ToString();
+  EXPECT_EQ(rc->matched, 0u);
+  ExpectBitIdentical(*rc, FromScratch(*ring, c, 3));
+  // Its checkpoints at 32 and 64 kept their windows (a checkpoint still to be inserted keeps
+  // the pages it needs), so d resumes at 64.
+  const auto d = Join(std::span(c).first(70), RandomTokens(84, 10, vocab));
+  auto rd = runner.Serve(d, ServeOptions{.max_new_tokens = 3});
+  ASSERT_TRUE(rd) << rd.error().ToString();
+  EXPECT_EQ(rd->matched, 64u);
+  ExpectBitIdentical(*rd, FromScratch(*ring, d, 3));
+  EXPECT_TRUE(cache->CheckInvariants());
+  EXPECT_TRUE(buffer->CheckInvariants());
+}
+
+TEST(HybridModel, AMatchNeedsItsWindowAndEvictedWindowPagesAreRecomputedBitIdentically) {
+  auto model = WindowPagesModel(24);
+  auto ring = RingModel(24);
+  const auto vocab = model->config().vocab;
+  auto buffer = Buffer(*model, 512);
+  auto cache = WindowCache(*model, *buffer);
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto a = RandomTokens(91, 100, vocab);
+  auto ra = runner.Serve(a, ServeOptions{.max_new_tokens = 2, .checkpoint_interval = 32});  // 32, 64, 96, 101
+  ASSERT_TRUE(ra);
+  const auto fed = Join(a, std::span(ra->output).first(1));
+  auto m = cache->Match(fed, static_cast<std::uint32_t>(fed.size()));
+  ASSERT_EQ(m.length, 101u);
+  // A running request holds a's end, and has moved past its window (the early release).
+  // Window tombstones: the window pages go, KV and states stay (the path is locked);
+  // nothing matches then.
+  // a kept every window page (its checkpoints at 32, 64, 96 needed them all).
+  ASSERT_TRUE(cache->Lock(m));
+  EXPECT_EQ(cache->Evict(0, 0, 1000).window_pages, 4u);  // pages 0-3; the match's window (4-6) is locked
+  EXPECT_EQ(cache->Match(fed, static_cast<std::uint32_t>(fed.size())).length, 101u);
+  const auto seventy = std::vector<std::uint32_t>(a.begin(), a.begin() + 70);
+  EXPECT_EQ(cache->Match(seventy, 70).length, 0u);  // the states at 32 and 64 lost their windows
+  EXPECT_EQ(cache->Match(seventy, 70).kv_length, 70u);
+  ASSERT_TRUE(cache->ReleaseWindow(m));
+  EXPECT_TRUE(m.window_pages.empty());
+  const auto stats = cache->Evict(0, 0, 1000);
+  EXPECT_EQ(stats.window_pages, 3u);  // pages 4-6
+  EXPECT_EQ(stats.pages, 0u);
+  EXPECT_EQ(stats.checkpoints, 0u);
+  EXPECT_EQ(cache->Match(fed, static_cast<std::uint32_t>(fed.size())).length, 0u);
+  EXPECT_EQ(cache->Metrics().window.evictable, 0u);
+  ASSERT_TRUE(cache->Unlock(m));
+  // Serving a again recomputes it and gives the tree its window pages back (taken over the
+  // shared prefix), so its end matches again.
+  auto again = runner.Serve(a, ServeOptions{.max_new_tokens = 2, .checkpoint_interval = 32});
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->matched, 0u);
+  ExpectBitIdentical(*again, FromScratch(*ring, a, 2));
+  EXPECT_EQ(cache->Match(fed, static_cast<std::uint32_t>(fed.size())).length, 101u);
+  const auto b = Join(fed, RandomTokens(92, 8, vocab));
+  auto rb = runner.Serve(b, ServeOptions{.max_new_tokens = 3});
+  ASSERT_TRUE(rb);
+  EXPECT_EQ(rb->matched, 101u);
+  ExpectBitIdentical(*rb, FromScratch(*ring, b, 3));
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
+TEST(HybridModel, WindowPagesUnderMemoryPressureStayBitIdentical) {
+  auto model = WindowPagesModel(20);
+  auto ring = RingModel(20);
+  const auto vocab = model->config().vocab;
+  auto buffer = Buffer(*model, 40);
+  auto cache = WindowCache(*model, *buffer);
+  HybridRunner runner(*model, *buffer, cache.get());
+  std::vector<std::vector<std::uint32_t>> stems;
+  for (std::uint32_t i = 0; i < 3; ++i) stems.push_back(RandomTokens(100 + i, 60, vocab));
+  std::mt19937 rng(static_cast<std::uint32_t>(::ula::testing::TestSeed(7)));
+  std::uint32_t reused = 0, released = 0, window_evicted = 0;
+  for (int i = 0; i < 24; ++i) {
+    const auto& stem = stems[rng() % stems.size()];
+    const auto prompt = Join(std::span(stem).first(10 + rng() % 50), RandomTokens(200 + i, 5 + rng() % 20, vocab));
+    ServeOptions o{.max_new_tokens = 3 + static_cast<std::uint32_t>(rng() % 4),
+                   .checkpoint_interval = (i % 3 == 0) ? 16u : 0u};
+    o.rule = i % 2 ? EvictionRule::kNaive : EvictionRule::kAllocationAware;
+    auto r = runner.Serve(prompt, o);
+    ASSERT_TRUE(r) << r.error().ToString() << " request " << i;
+    reused += r->matched > 0;
+    released += r->window_released;
+    window_evicted += r->evicted.window_pages;
+    ExpectBitIdentical(*r, FromScratch(*ring, prompt, o.max_new_tokens));
+    ASSERT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+    ASSERT_TRUE(buffer->CheckInvariants());
+  }
+  std::printf("window pages under pressure: %u of 24 requests reused a prefix, %u early window releases, %u window "
+              "pages evicted\n", reused, released, window_evicted);
+  EXPECT_GT(reused, 0u);
+  EXPECT_GT(released, 0u);
+}
+
 TEST(HybridModel, BadInputIsAnError) {
   auto model = SmallModel();
   auto buffer = Buffer(*model, 64);

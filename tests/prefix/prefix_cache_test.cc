@@ -359,6 +359,7 @@ class FailingBackend final : public Backend {
  public:
   explicit FailingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
   bool fail = false;
+  int fail_after = -1;  // >= 0: that many more Submits succeed, then every one fails
   Result<Arena> CreateArena(Tier tier, Rank rank, std::uint64_t bytes) override {
     return inner_->CreateArena(tier, rank, bytes);
   }
@@ -366,6 +367,8 @@ class FailingBackend final : public Backend {
   Result<Arena> GetArena(ArenaId id) const override { return inner_->GetArena(id); }
   bool holds_bytes() const override { return inner_->holds_bytes(); }
   Result<Fence> Submit(CopyBatch batch) override {
+    if (fail_after == 0) fail = true;
+    if (fail_after > 0) --fail_after;
     if (fail) return MakeError(ErrorCode::kIo, "injected copy failure");
     return inner_->Submit(std::move(batch));
   }
@@ -429,6 +432,94 @@ TEST(PrefixCache, AFailedHostCopyPublishesNothing) {
   EXPECT_TRUE(cache->CheckInvariants());
 }
 
+// KV pages on the host (issue 20 item 7): an evicted leaf whose checkpoint went to the host
+// goes there whole, and comes back with its path, copied then published; failed copies
+// publish nothing.
+TEST(PrefixCache, KvPagesGoToTheHostWithTheirLeafAndComeBackExclusively) {
+  FailingBackend backend(MakeCpuBackend(CpuBackendOptions{.copy_threads = 1}));
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.capacity_bytes = 256 * 64;
+  c.kinds = {{"state", 192, BufferEnd::kLow}, {"kv", 64, BufferEnd::kHigh}, {"swa", 64, BufferEnd::kLow}};
+  c.padding_kind = kKv;
+  auto device = backend.CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
+  auto a = UnifiedBuffer::Create(c, device).value();
+  auto host = backend.CreateArena(Tier::kHost, Rank(0), 2 * (192 + 64) + 8 * 64).value();
+  auto cache = Cache(*a);
+  EXPECT_EQ(cache->AttachHostTier({&backend, device.id, host, 2, 9}).error().code(), ErrorCode::kInvalidArgument);
+  ASSERT_TRUE(cache->AttachHostTier({&backend, device.id, host, 2, 8}));
+  InsertSequence(*cache, *a, Tokens(0, 8), {4});  // nodes [0, 4) and [4, 8), one page each
+  auto q = Tokens(0, 8);
+  q.push_back(3);
+  auto full = cache->Match(q, 8);
+  ASSERT_EQ(full.length, 8u);
+  FillBlock(*a, full.pages[1], 0x5a);
+  FillBlock(*a, full.checkpoint.state, 0x6b);
+  // 255 pages: both checkpoints go to the host (8 units), then the leaf [4, 8) with its page.
+  const Demand big = Demand::Of(3).Add(kKv, 255);
+  auto ev = cache->MakeRoom(big, EvictionRule::kAllocationAware);
+  ASSERT_TRUE(ev) << ev.error().ToString();
+  EXPECT_EQ(ev->offloaded, 2u);
+  EXPECT_EQ(ev->offloaded_pages, 1u);
+  EXPECT_EQ(ev->nodes, 0u);
+  EXPECT_TRUE(cache->KvOnHost(Tokens(0, 8)));
+  EXPECT_FALSE(cache->KvOnHost(Tokens(0, 4)));
+  EXPECT_EQ(cache->Metrics().host_pages, 1u);
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+  auto junk = a->AllocateDemand(big).value();
+  for (BlockId j : junk) FillBlock(*a, j, 0xee);  // overwrite what the leaf left behind
+  for (BlockId j : junk) ASSERT_TRUE(a->Free(j));
+  const auto probe = cache->Match(q, 8);
+  EXPECT_EQ(probe.length, 0u);       // no device checkpoint
+  EXPECT_EQ(probe.kv_length, 8u);    // the host node counts
+  EXPECT_EQ(probe.host_length, 8u);  // a host hit
+  // A failed host -> device copy publishes nothing: the device match, the host copies stay.
+  // First every copy fails, then only the pages' (the checkpoint's state and ring landed).
+  const auto blocks = a->LiveBlocks();
+  for (int after : {0, 2}) {
+    backend.fail_after = after;
+    auto m = cache->MatchCopyOnWrite(q, 8, EvictionRule::kAllocationAware);
+    backend.fail = false;
+    backend.fail_after = -1;
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->length, 0u) << after;
+    EXPECT_EQ(a->LiveBlocks(), blocks) << after;
+    EXPECT_TRUE(cache->KvOnHost(Tokens(0, 8))) << after;
+    EXPECT_TRUE(cache->HoldsOnHost(Tokens(0, 8))) << after;
+  }
+  // Copies work again: the page and the checkpoint come back with their bytes, exclusively.
+  auto m = cache->MatchCopyOnWrite(q, 8, EvictionRule::kAllocationAware);
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_EQ(m->length, 8u);
+  EXPECT_TRUE(BlockIs(*a, m->pages[1], 0x5a));
+  EXPECT_TRUE(BlockIs(*a, m->checkpoint.state, 0x6b));
+  EXPECT_FALSE(cache->KvOnHost(Tokens(0, 8)));
+  EXPECT_EQ(cache->Metrics().host_pages, 0u);
+  EXPECT_EQ(cache->Metrics().host_page_hits, 1u);
+  ASSERT_TRUE(cache->Unlock(*m));
+  ASSERT_TRUE(a->Free(m->copy.state));
+  ASSERT_TRUE(a->Free(m->copy.window));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+  // A failed device -> host copy of the pages: the leaf is evicted as without a host tier.
+  ASSERT_EQ(cache->Evict(0, 1).offloaded, 1u);  // the checkpoint at 8 to the host again (4's is there)
+  backend.fail = true;
+  ev = cache->MakeRoom(Demand::Of(3).Add(kKv, 255), EvictionRule::kAllocationAware);
+  ASSERT_TRUE(ev) << ev.error().ToString();
+  EXPECT_EQ(ev->offloaded_pages, 0u);
+  EXPECT_EQ(ev->nodes, 1u);
+  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 8)));
+  EXPECT_EQ(cache->Metrics().host_pages, 0u);
+  // Inserting the same tokens through a host node replaces it with the device pages.
+  backend.fail = false;
+  ASSERT_TRUE(cache->MakeRoom(Demand::Of(3).Add(kKv, 256), EvictionRule::kAllocationAware));
+  EXPECT_TRUE(cache->KvOnHost(Tokens(0, 4)));
+  InsertSequence(*cache, *a, Tokens(0, 8), {});
+  EXPECT_FALSE(cache->KvOnHost(Tokens(0, 4)));
+  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 4)));
+  EXPECT_TRUE(cache->Holds(Tokens(0, 8)));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+}
+
 TEST(PrefixCache, EventsReportEveryStoredAndRemovedBlockOnce) {
   auto a = Buffer(256);
   auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .record_events = true}, a.get()).value();
@@ -490,6 +581,110 @@ TEST(PrefixCache, BadInputIsAnErrorThatChangesNothing) {
   EXPECT_EQ(a->LiveBlocks(), blocks);
   EXPECT_EQ(cache->num_nodes(), nodes);
   EXPECT_EQ(PrefixCache::Create(PrefixCacheConfig{.page_tokens = 0}, a.get()).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
+// Window pages (sliding_window 6 on 4-token pages): a checkpoint at L needs the window
+// pages of tokens [L - 5, L).
+struct WindowSequence {
+  std::vector<BlockId> pages, window;
+  Checkpoint checkpoint;
+};
+WindowSequence NewWindowSequence(HybridAllocator& a, std::size_t tokens) {
+  const auto n = static_cast<std::uint32_t>((tokens + kPage - 1) / kPage);
+  auto ids = a.AllocateDemand(Demand::Of(3).Add(kState, 1).Add(kKv, n).Add(kSwa, n)).value();
+  WindowSequence w;
+  w.checkpoint = Checkpoint{ids[0], BlockId::Invalid()};
+  w.pages.assign(ids.begin() + 1, ids.begin() + 1 + n);
+  w.window.assign(ids.begin() + 1 + n, ids.end());
+  return w;
+}
+
+TEST(PrefixCache, WindowPagesMatchOnlyWithTheirWindowAndLockOnlyIt) {
+  auto a = Buffer(256);
+  auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .sliding_window = 6}, a.get()).value();
+  const auto t = Tokens(0, 20);
+  auto s = NewWindowSequence(*a, 20);
+  ASSERT_TRUE(a->Free(s.window[0]));  // released by the request: outside every window it needs
+  s.window[0] = BlockId::Invalid();
+  const auto cp8 = a->Allocate(kState).value();
+  ASSERT_TRUE(cache->Insert(t, s.pages, std::vector<PositionedCheckpoint>{{8, {cp8, BlockId::Invalid()}}, {20, s.checkpoint}},
+                            s.window));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+  auto q = Tokens(0, 20);
+  q.push_back(77);
+  auto m = cache->Match(q, 20);
+  ASSERT_EQ(m.length, 20u);
+  ASSERT_EQ(m.window_pages.size(), 5u);
+  for (std::size_t i = 0; i < 5; ++i) EXPECT_EQ(m.window_pages[i].valid(), i >= 3) << i;  // tokens [15, 20)
+  // The lock takes the window pages of the window only.
+  ASSERT_TRUE(cache->Lock(m));
+  EXPECT_EQ(cache->Metrics().window.protected_bytes, 2u * 64);
+  // The state at 8 needs window pages 0 and 1 ([3, 8)): page 0 was released, so no match there.
+  EXPECT_EQ(cache->Match(Tokens(0, 9), 8).length, 0u);
+  EXPECT_EQ(cache->Match(Tokens(0, 9), 8).kv_length, 9u);
+  // Evicting window pages spares the locked window (by node, as SGLang: the node [8, 20)
+  // holds pages 3 and 4 of the window, so its page 2 stays too).
+  EXPECT_EQ(cache->Evict(0, 0, 100).window_pages, 1u);  // page 1, of the node [0, 8)
+  EXPECT_EQ(cache->Match(q, 20).length, 20u);
+  // Early release: the window pages become evictable, KV and state stay locked.
+  const std::uint64_t before = cache->DebugDigest();
+  PrefixMatch unlocked = cache->Match(Tokens(0, 9), 9);
+  EXPECT_FALSE(cache->ReleaseWindow(unlocked).has_value() && unlocked.length > 0);
+  m = cache->Match(q, 20);
+  PrefixMatch held = m;
+  ASSERT_TRUE(cache->Lock(held));
+  ASSERT_TRUE(cache->Unlock(held));
+  ASSERT_TRUE(cache->ReleaseWindow(m));
+  EXPECT_TRUE(m.window_pages.empty());
+  EXPECT_EQ(cache->Metrics().window.protected_bytes, 0u);
+  EXPECT_EQ(cache->Evict(0, 0, 100).window_pages, 3u);  // pages 2-4
+  EXPECT_EQ(cache->Match(q, 20).length, 0u);  // the window is gone: a window tombstone
+  EXPECT_EQ(cache->Metrics().kv.protected_bytes, 5u * 64);  // the KV lock stays
+  ASSERT_TRUE(cache->Unlock(m));
+  EXPECT_NE(cache->DebugDigest(), before);
+  // The same tokens again give the tree its window pages back over the shared prefix.
+  auto again = NewWindowSequence(*a, 20);
+  ASSERT_TRUE(cache->Insert(t, again.pages, std::vector<PositionedCheckpoint>{{20, again.checkpoint}}, again.window));
+  EXPECT_EQ(cache->Match(q, 20).length, 20u);
+  EXPECT_EQ(cache->Match(Tokens(0, 9), 8).length, 8u);
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+}
+
+TEST(PrefixCache, BadWindowInputIsAnErrorThatChangesNothing) {
+  auto a = Buffer(256);
+  auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .sliding_window = 6}, a.get()).value();
+  const auto t = Tokens(0, 8);
+  auto s = NewWindowSequence(*a, 8);
+  const std::uint64_t digest = cache->DebugDigest();
+  const std::vector<PositionedCheckpoint> end = {{8, s.checkpoint}};
+  // No window pages, too few, a KV page as a window page, a window page twice.
+  EXPECT_EQ(cache->Insert(t, s.pages, end).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(cache->Insert(t, s.pages, end, std::vector<BlockId>{s.window[0]}).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(cache->Insert(t, s.pages, end, std::vector<BlockId>{s.window[0], s.pages[0]}).error().code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(cache->Insert(t, s.pages, end, std::vector<BlockId>{s.window[0], s.window[0]}).error().code(),
+            ErrorCode::kInvalidArgument);
+  // Chunked insertion is not supported with window pages.
+  EXPECT_EQ(cache->InsertChunk(t, s.pages, end, PrefixMatch{}, s.window).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(cache->DebugDigest(), digest);
+  ASSERT_TRUE(cache->Insert(t, s.pages, end, s.window));
+  // Unlock / ReleaseWindow of a match that is not locked; Lock of a match with a window page
+  // that is not on its path.
+  auto q = Tokens(0, 8);
+  q.push_back(5);
+  PrefixMatch m = cache->Match(q, 8);
+  ASSERT_EQ(m.length, 8u);
+  const std::uint64_t after = cache->DebugDigest();
+  EXPECT_EQ(cache->ReleaseWindow(m).error().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(cache->Unlock(m).error().code(), ErrorCode::kFailedPrecondition);
+  PrefixMatch forged = m;
+  forged.window_pages[0] = forged.pages[0];
+  EXPECT_EQ(cache->Lock(forged).error().code(), ErrorCode::kNotFound);
+  EXPECT_EQ(cache->DebugDigest(), after);
+  EXPECT_FALSE(PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .window_kind = BlockKind::Invalid(),
+                                                     .sliding_window = 6},
+                                   a.get()));
   EXPECT_TRUE(cache->CheckInvariants());
 }
 

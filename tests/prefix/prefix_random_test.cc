@@ -3,7 +3,9 @@
 // through a locked match, with a copied partial page), checkpoints at any position (KV past
 // the last one is dropped), matches, copy-on-write matches, lock/unlock, chunked insertion
 // with the lock moving, evictions by both rules for random demands, Evict by count,
-// requests that allocate and free around the cache, and compaction.
+// requests that allocate and free around the cache, and compaction. With a host tier,
+// checkpoints and (4 page slots per checkpoint slot) whole leaves' KV pages move to the
+// host and back; an insert through a host node replaces that host subtree.
 //
 // The shadow model is token-level, independent of the tree's node layout: a map from each
 // checkpointed prefix to its blocks, last use and state locks. Every KV slot and state
@@ -13,6 +15,32 @@
 // shadow; the bytes of every cached state and every matched KV slot; pinned (locked)
 // blocks never move; block accounting (buffer blocks = cache blocks + running requests);
 // metrics and the event stream against the shadow; LRU order of what eviction removed.
+//
+// Refusal is total: every call the cache refuses (bad inserts, stale or unlocked matches,
+// malformed demands, a second host tier, a chunk without its checkpoint) is made on
+// purpose, and PrefixCache::DebugDigest() (the whole state, the buffer's included) must be
+// equal before and after. MakeRoom's one documented partial effect (kResourceExhausted keeps
+// what it evicted) is checked exactly: afterwards every node is on a locked path (no
+// evictable KV), with kAllocationAware no unlocked device checkpoint is left, the survivors
+// are exactly the shadow's prediction, and a second call changes nothing.
+//
+// Minimal eviction (the watcher): MakeRoom(d, rule) calls the eviction observer just before
+// it starts each victim (a checkpoint, or a leaf with the cleanup of the tombstoned leaves
+// it leaves behind). At that moment the demand must not be satisfied yet, where satisfied
+// means buffer.CanAllocate(d) and, for kNaive, that the KV pages free when the call began
+// (the largest n with CanAllocate(n pages), found here by bisection) plus the KV pages freed
+// since cover d's KV pages. Equivalently: after it returns, the last victim's room was
+// needed: without it, d would not have been satisfied. The same watcher runs inside
+// MatchCopyOnWrite (its copy's demand) and Evict by count (no victim after the count is met).
+//
+// Faults (FaultInjectingBackend, ula/fault_backend.h): the buffer's compaction moves, the
+// checkpoint copies of MatchCopyOnWrite and the host tier's copies all go through one
+// injecting backend (a seeded fraction fails, partly landed, completions delayed). The test
+// counts faults injected and calls that failed (kIo), both > 0, and entries lost (a cached
+// state or matched KV slot with wrong bytes, or a cached state gone without an eviction),
+// early publishes (a copy handed out, or a checkpoint brought back from the host, whose
+// bytes are not the checkpoint's) and mismatches (a match or a metric against the shadow),
+// all three == 0.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +51,8 @@
 #include <random>
 #include <set>
 
+#include "test_seed.h"
+#include "ula/fault_backend.h"
 #include "ula/prefix_cache.h"
 #include "ula/unified_buffer.h"
 
@@ -37,6 +67,7 @@ using Tokens = std::vector<std::uint32_t>;
 struct ShadowState {
   Checkpoint checkpoint;  // stale while on_host
   bool on_host = false;   // offloaded to the host tier
+  bool kv_on_host = false;  // its node's KV too (as of the last Verify)
   std::uint64_t last_use = 0;
   std::uint32_t locks = 0;
   std::vector<std::uint64_t> pinned;  // offsets of state, ring while locked
@@ -54,9 +85,14 @@ std::uint64_t Hash(const Tokens& t, std::size_t n, std::uint64_t salt) {
   return h;
 }
 
+struct FaultCounts {
+  std::uint64_t injected = 0, calls_failed = 0, lost = 0, early = 0, mismatches = 0;
+};
+
 class PrefixRandom {
  public:
-  PrefixRandom(std::uint32_t seed, CompactionMode mode, std::uint32_t host_slots) : rng_(seed) {
+  PrefixRandom(std::uint32_t seed, CompactionMode mode, std::uint32_t host_slots, double fault_rate = 0)
+      : rng_(seed) {
     UnifiedBufferConfig c;
     c.alignment = 64;
     c.capacity_bytes = 160 * 64;
@@ -65,12 +101,23 @@ class PrefixRandom {
     c.padding_blocks = 1;
     c.compaction = mode;
     backend_ = MakeCpuBackend(CpuBackendOptions{.copy_threads = 1});
-    const Arena device = backend_->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
-    buffer_ = UnifiedBuffer::Create(c, device).value();
+    Backend* mover = backend_.get();
+    if (fault_rate > 0) {  // every mover of the test goes through the injecting backend
+      faulty_ = MakeFaultInjectingBackend(*backend_, FaultPlan{.seed = seed, .fail_fraction = fault_rate, .partial = true,
+                                                               .delay = std::chrono::microseconds(1)})
+                    .value();
+      mover = faulty_.get();
+    }
+    const Arena device = mover->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
+    buffer_ = fault_rate > 0 ? UnifiedBuffer::Create(c, device, *mover).value() : UnifiedBuffer::Create(c, device).value();
     cache_ = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .record_events = true}, buffer_.get()).value();
+    if (fault_rate > 0) {
+      EXPECT_TRUE(cache_->AttachCopyBackend(mover, device.id));
+    }
     if (host_slots > 0) {
-      const Arena host = backend_->CreateArena(Tier::kHost, Rank(0), host_slots * (192 + 64)).value();
-      EXPECT_TRUE(cache_->AttachHostTier({backend_.get(), device.id, host, host_slots}));
+      // Checkpoint slots, and 4 KV page slots per checkpoint slot: leaves go to the host whole.
+      const Arena host = mover->CreateArena(Tier::kHost, Rank(0), host_slots * (192 + 64) + 4 * host_slots * 64).value();
+      EXPECT_TRUE(cache_->AttachHostTier({mover, device.id, host, host_slots, 4 * host_slots}));
       host_ = true;
     }
     for (int s = 0; s < 4; ++s) {
@@ -100,16 +147,40 @@ class PrefixRandom {
         MakeRoom();
       } else if (op < 87) {
         EvictByCount();
-      } else if (op < 94) {
+      } else if (op < 92) {
         FreeRunning();
+      } else if (op < 96) {
+        RefusedCall();
       } else {
         buffer_->Compact();
       }
       Verify();
-      if (::testing::Test::HasFatalFailure()) return;
+      if (::testing::Test::HasFatalFailure() || broken_) break;
     }
-    while (!locked_.empty()) UnlockRandom();
-    Verify();
+    if (!::testing::Test::HasFatalFailure() && !broken_) {
+      while (!locked_.empty()) UnlockRandom();
+      Verify();
+    }
+    counts_.injected = faulty_ ? faulty_->stats().injected : 0;
+    std::printf("  faults injected %llu, calls failed %llu, entries lost %llu, early publishes %llu, mismatches %llu; "
+                "%d refused calls unchanged, %d victims watched, %d exhausted MakeRooms checked; %d copy-on-write "
+                "copies failed, %d load-backs failed\n",
+                static_cast<unsigned long long>(counts_.injected), static_cast<unsigned long long>(counts_.calls_failed),
+                static_cast<unsigned long long>(counts_.lost), static_cast<unsigned long long>(counts_.early),
+                static_cast<unsigned long long>(counts_.mismatches), refusals_checked_, victims_watched_,
+                exhausted_checked_, cow_failed_, loads_failed_);
+    EXPECT_EQ(counts_.lost, 0u);
+    EXPECT_EQ(counts_.early, 0u);
+    EXPECT_EQ(counts_.mismatches, 0u);
+    EXPECT_EQ(minimality_violations_, 0);
+    EXPECT_GT(refusals_checked_, 0);
+    EXPECT_GT(victims_watched_, 0);
+    if (faulty_) {
+      EXPECT_GT(counts_.injected, 0u);
+      EXPECT_GT(counts_.calls_failed, 0u);
+      EXPECT_GT(cow_failed_, 0);  // the checkpoint copies did fail
+    }
+    if (::testing::Test::HasFatalFailure() || broken_) return;
     std::printf("  %d inserts (%d chunked), %d hits, %d evictions (%d refused), %llu states evicted (%llu tombstones, "
                 "%llu offloaded, %llu loaded back), %llu bytes moved\n",
                 inserts_, chunked_, hits_, evictions_, refused_, static_cast<unsigned long long>(evicted_states_),
@@ -123,6 +194,11 @@ class PrefixRandom {
     if (host_) {
       EXPECT_GT(offloaded_, 0u);
       EXPECT_GT(loaded_, 0u);
+      const PrefixCacheMetrics m = cache_->Metrics();
+      std::printf("  host KV: %llu pages loaded back, %llu on the host at the end, %llu host states dropped by inserts\n",
+                  static_cast<unsigned long long>(m.host_page_hits), static_cast<unsigned long long>(m.host_pages),
+                  static_cast<unsigned long long>(host_dropped_by_insert_));
+      if (!faulty_) EXPECT_GT(m.host_page_hits, 0u);  // KV pages did go to the host and came back
     }
   }
 
@@ -152,22 +228,53 @@ class PrefixRandom {
     std::memcpy(buffer_->Bytes(c.state)->data(), &hs, sizeof hs);
     std::memcpy(buffer_->Bytes(c.window)->data(), &hw, sizeof hw);
   }
-  void ExpectState(const Checkpoint& c, const Tokens& t, std::size_t n) {
+  // Whether the checkpoint's blocks hold the bytes of the prefix t[0, n).
+  bool StateBytesOk(const Checkpoint& c, const Tokens& t, std::size_t n) {
     auto s = buffer_->Bytes(c.state);
     auto w = buffer_->Bytes(c.window);
-    ASSERT_TRUE(s && w) << "a checkpoint block is gone at step " << step_;
+    if (!s || !w) return false;
     const std::uint64_t hs = Hash(t, n, 1), hw = Hash(t, n, 2);
-    ASSERT_EQ(std::memcmp(s->data(), &hs, sizeof hs), 0) << "state bytes at step " << step_;
-    ASSERT_EQ(std::memcmp(w->data(), &hw, sizeof hw), 0) << "ring bytes at step " << step_;
+    return std::memcmp(s->data(), &hs, sizeof hs) == 0 && std::memcmp(w->data(), &hw, sizeof hw) == 0;
   }
-  void ExpectKv(const PrefixMatch& m, const Tokens& t) {
+  // Whether every matched KV slot holds its token's bytes.
+  bool KvBytesOk(const PrefixMatch& m, const Tokens& t) {
     for (std::uint32_t pos = 0; pos < m.length; ++pos) {
       auto span = buffer_->Bytes(m.pages[pos / kPage]);
-      ASSERT_TRUE(span) << "a matched page is gone at step " << step_;
+      if (!span) return false;
       const std::uint64_t h = Hash(t, pos + 1, 0);
-      ASSERT_EQ(std::memcmp(span->data() + (pos % kPage) * kSlot, &h, sizeof h), 0)
-          << "KV of token " << pos << " wrong at step " << step_;
+      if (std::memcmp(span->data() + (pos % kPage) * kSlot, &h, sizeof h) != 0) return false;
     }
+    return true;
+  }
+  // Counted checks: a failure counts, is reported with its step and ends the run.
+  void Lost(bool ok, const char* what) {
+    if (ok) return;
+    ++counts_.lost;
+    broken_ = true;
+    ADD_FAILURE() << "entry lost: " << what << " at step " << step_;
+  }
+  void Early(bool ok, const char* what) {
+    if (ok) return;
+    ++counts_.early;
+    broken_ = true;
+    ADD_FAILURE() << "early publish: " << what << " at step " << step_;
+  }
+  template <class A, class B>
+  bool Same(const A& got, const B& want, const char* what) {
+    if (got == static_cast<A>(want)) return true;
+    ++counts_.mismatches;
+    broken_ = true;
+    ADD_FAILURE() << "mismatch: " << what << " is " << got << ", the shadow says " << want << " at step " << step_;
+    return false;
+  }
+  // kIo from an injected fault (a failed call, counted); anything else is a failure.
+  void FailedCall(const Error& e, const char* what) {
+    if (faulty_ && e.code() == ErrorCode::kIo) {
+      ++counts_.calls_failed;
+      return;
+    }
+    ADD_FAILURE() << what << ": " << e.ToString() << " at step " << step_;
+    broken_ = true;
   }
 
   Tokens RandomSequence() {
@@ -200,18 +307,18 @@ class PrefixRandom {
     }
     PrefixMatch m = cache_->Match(tokens, max_length);
     ++clock_;
-    EXPECT_EQ(m.length, want) << "step " << step_;
-    EXPECT_EQ(m.kv_length, kv) << "step " << step_;
-    EXPECT_EQ(m.host_length, host_want) << "step " << step_;
-    EXPECT_EQ(m.branch, kv > want ? kv : 0) << "step " << step_;
+    Same(m.length, want, "match length");
+    Same(m.kv_length, kv, "match kv_length");
+    Same(m.host_length, host_want, "match host_length");
+    Same(m.branch, kv > want ? kv : 0, "match branch");
     if (m.length != want) return m;
-    EXPECT_EQ(m.pages.size(), (want + kPage - 1) / kPage);
+    Same(m.pages.size(), (want + kPage - 1) / kPage, "matched pages");
     if (want == 0) return m;
     ++hits_;
-    ExpectKv(m, tokens);
+    Lost(KvBytesOk(m, tokens), "a matched KV slot");
     const Tokens key = Prefix(tokens, want);
-    EXPECT_EQ(m.checkpoint.state, states_.at(key).checkpoint.state);
-    ExpectState(m.checkpoint, tokens, want);
+    Same(m.checkpoint.state.value(), states_.at(key).checkpoint.state.value(), "matched state block");
+    Lost(StateBytesOk(m.checkpoint, tokens, want), "a matched state");
     for (auto& [k, st] : states_) {
       if (IsPrefix(k, key)) st.last_use = clock_;
     }
@@ -251,8 +358,12 @@ class PrefixRandom {
     const Tokens q = RandomQuery();
     const std::uint32_t max_length = Uniform(0, static_cast<std::uint32_t>(q.size()));
     const PrefixMatch probe = MatchAndCheck(q, max_length);  // the shadow's expectation (touches alike)
+    if (broken_) return;
     const EvictionRule rule = Uniform(0, 1) ? EvictionRule::kNaive : EvictionRule::kAllocationAware;
+    // The copy's demand (a load-back's also has the host pages of its path: not watched).
+    if (probe.host_length <= probe.length) Watch(Demand::Of(3).Add(kState, 1).Add(kSwa, 1), rule);
     auto m = cache_->MatchCopyOnWrite(q, max_length, rule);
+    cache_->SetEvictionObserver(nullptr);
     ++clock_;
     // A MakeRoom may have run, with the match locked (when nothing came back from the host;
     // a load-back evicts with only the KV path locked, so the LRU order is not checked then).
@@ -271,13 +382,19 @@ class PrefixRandom {
           if (IsPrefix(k, key)) other.last_use = clock_;
         }
       }
+      Early(StateBytesOk(st.checkpoint, key, key.size()), "a checkpoint brought back from the host");
       ++loaded_;
+    } else if (loads) {
+      ++loads_failed_;  // no room, or a failed host -> device copy: the host copy stays
     }
     if (probe.length > 0 && !loads) ++states_.at(Prefix(q, probe.length)).locks;
     ObserveEvictions(!loads && !m && m.error().code() == ErrorCode::kResourceExhausted, rule, !loads);
     if (probe.length > 0 && !loads) --states_.at(Prefix(q, probe.length)).locks;
     if (!m) {
-      EXPECT_EQ(m.error().code(), ErrorCode::kResourceExhausted) << "step " << step_;
+      if (m.error().code() != ErrorCode::kResourceExhausted) {
+        FailedCall(m.error(), "MatchCopyOnWrite");
+        cow_failed_ += m.error().message().find("copy-on-write") != std::string::npos;
+      }
       return;
     }
     // The deepest device checkpoint now: the host one brought back, or (when that failed)
@@ -286,40 +403,208 @@ class PrefixRandom {
     for (const auto& [key, st] : states_) {
       if (!st.on_host && key.size() <= max_length && IsPrefix(key, q)) want = std::max(want, key.size());
     }
-    EXPECT_EQ(m->length, want) << "step " << step_;
+    Same(m->length, want, "copy-on-write match length");
     if (!loads || !cache_->HoldsOnHost(Prefix(q, probe.host_length))) {
-      EXPECT_EQ(m->length, probe.host_length);
+      Same(m->length, probe.host_length, "copy-on-write match length against the host");
     }
-    if (m->length == 0) return;
+    if (m->length == 0 || broken_) return;
     for (auto& [k, st] : states_) {
       if (IsPrefix(k, Prefix(q, m->length))) st.last_use = clock_;
     }
     ASSERT_TRUE(m->copy.valid());
-    ExpectState(m->copy, q, m->length);  // the request's own copy, same bytes
-    Garbage(m->copy.state);               // writing it leaves the cached checkpoint alone
-    ExpectState(m->checkpoint, q, m->length);
+    Early(StateBytesOk(m->copy, q, m->length), "the request's copy of the checkpoint");  // same bytes
+    Garbage(m->copy.state);  // writing it leaves the cached checkpoint alone
+    Lost(StateBytesOk(m->checkpoint, q, m->length), "the checkpoint after its copy was written");
     ASSERT_TRUE(cache_->Unlock(*m));
     ASSERT_TRUE(buffer_->Free(m->copy.state));
     ASSERT_TRUE(buffer_->Free(m->copy.window));
+  }
+
+  // The largest n with CanAllocate(n KV pages), by bisection.
+  std::uint32_t FreeKvPages() const {
+    std::uint32_t lo = 0, hi = 1;
+    auto fits = [&](std::uint32_t n) { return buffer_->CanAllocate(Demand::Of(3).Add(kKv, n)); };
+    while (fits(hi)) lo = hi, hi *= 2;
+    while (hi - lo > 1) {
+      const std::uint32_t mid = lo + (hi - lo) / 2;
+      (fits(mid) ? lo : hi) = mid;
+    }
+    return lo;
+  }
+  // The minimal-eviction watcher (see the file comment) for one call with demand d.
+  void Watch(const Demand& d, EvictionRule rule) {
+    const std::uint32_t need = d.blocks[kKv.value()];
+    const std::uint32_t free_at_start = rule == EvictionRule::kNaive ? FreeKvPages() : 0;
+    const std::uint64_t live_at_start = buffer_->Stats().live_blocks_per_kind[kKv.value()];
+    cache_->SetEvictionObserver([this, d, rule, need, free_at_start, live_at_start] {
+      ++victims_watched_;
+      const std::uint64_t freed = live_at_start - buffer_->Stats().live_blocks_per_kind[kKv.value()];
+      const bool satisfied =
+          buffer_->CanAllocate(d) && (rule == EvictionRule::kAllocationAware || free_at_start + freed >= need);
+      if (satisfied) {
+        ++minimality_violations_;
+        ADD_FAILURE() << "MakeRoom (" << EvictionRuleName(rule) << ") started another victim although the demand fit"
+                      << " at step " << step_;
+      }
+    });
   }
 
   // Allocates a demand, evicting through the cache when needed; nullopt when it cannot.
   std::optional<std::vector<BlockId>> Allocate(const Demand& d) {
     if (!buffer_->CanAllocate(d)) {
       const EvictionRule rule = Uniform(0, 1) ? EvictionRule::kNaive : EvictionRule::kAllocationAware;
+      Watch(d, rule);
       auto stats = cache_->MakeRoom(d, rule);
+      cache_->SetEvictionObserver(nullptr);
       ++evictions_;
       ObserveEvictions(!stats, rule);
       if (!stats) {
         ++refused_;
+        CheckExhausted(d, rule, stats.error());
         return std::nullopt;
       }
       EXPECT_TRUE(buffer_->CanAllocate(d));
     }
     auto ids = buffer_->AllocateDemand(d);
-    EXPECT_TRUE(ids) << ids.error().ToString();
-    if (!ids) return std::nullopt;
+    if (!ids) {
+      FailedCall(ids.error(), "AllocateDemand");  // a failed compaction move
+      return std::nullopt;
+    }
     return *ids;
+  }
+
+  // MakeRoom's documented partial effect on kResourceExhausted, exactly (after
+  // ObserveEvictions has updated the shadow).
+  void CheckExhausted(const Demand& d, EvictionRule rule, const Error& e) {
+    ++exhausted_checked_;
+    EXPECT_FALSE(buffer_->CanAllocate(d)) << EvictionRuleName(rule) << " refused a demand that fits at step " << step_;
+    Same(static_cast<int>(e.code()), static_cast<int>(ErrorCode::kResourceExhausted), "MakeRoom's error code");
+    const PrefixCacheMetrics m = cache_->Metrics();
+    Same(m.kv.evictable, 0u, "evictable KV bytes after an exhausted MakeRoom");
+    if (rule == EvictionRule::kAllocationAware) {
+      Same(m.state.evictable, 0u, "evictable state bytes after an exhausted MakeRoom");
+      Same(m.window.evictable, 0u, "evictable window bytes after an exhausted MakeRoom");
+    }
+    // The survivors: on a locked path (kNaive: any checkpoint there; kAllocationAware: only
+    // the state-locked ones stay on the device).
+    for (const auto& [key, st] : states_) {
+      bool on_locked_path = false;
+      for (const auto& l : locked_) on_locked_path |= IsPrefix(key, l.key);
+      // With KV pages on the host, unlocked leaves go there whole rather than away.
+      const bool may_stay = st.on_host ? on_locked_path || host_ : rule == EvictionRule::kNaive ? on_locked_path : st.locks > 0;
+      if (!may_stay) {
+        ++counts_.mismatches;
+        broken_ = true;
+        ADD_FAILURE() << "a state off every locked path survived an exhausted MakeRoom at step " << step_;
+      }
+      if (!st.on_host && st.locks > 0) Lost(StateBytesOk(st.checkpoint, key, key.size()), "a locked state");
+    }
+    // A fixed point: nothing is left to evict, so a second call is refused and changes nothing.
+    const std::uint64_t digest = cache_->DebugDigest();
+    const int victims = victims_watched_;
+    Watch(d, rule);
+    auto again = cache_->MakeRoom(d, rule);
+    cache_->SetEvictionObserver(nullptr);
+    EXPECT_FALSE(again) << EvictionRuleName(rule) << " refused a demand that fits at step " << step_;
+    Same(victims_watched_, victims, "victims of a second exhausted MakeRoom");
+    Same(cache_->DebugDigest(), digest, "the digest after a second exhausted MakeRoom");
+  }
+
+  // A call the cache must refuse, with the whole state (DebugDigest) unchanged.
+  void RefusedCall() {
+    std::optional<std::pair<Tokens, PrefixMatch>> cached;  // a cached prefix, matched in full
+    std::vector<Tokens> keys;
+    for (const auto& [key, st] : states_) {
+      if (!st.on_host) keys.push_back(key);
+    }
+    if (!keys.empty()) {
+      const Tokens key = keys[Uniform(0, static_cast<std::uint32_t>(keys.size() - 1))];
+      PrefixMatch m = MatchAndCheck(key, static_cast<std::uint32_t>(key.size()));
+      if (broken_) return;
+      cached.emplace(key, std::move(m));
+    }
+    const std::uint32_t what = Uniform(0, cached ? 11 : 4);
+    const std::uint64_t digest = cache_->DebugDigest();
+    const std::uint64_t buffer_digest = buffer_->DebugDigest();
+    Status status = Ok();
+    switch (what) {
+      case 0: {  // a page count that does not cover the tokens
+        const Tokens t = RandomSequence();
+        status = cache_->Insert(t, {}, {});
+        break;
+      }
+      case 1: {  // a forged match
+        PrefixMatch f;
+        f.length = 3;
+        f.path = {0xfffffu};
+        status = cache_->Lock(f);
+        break;
+      }
+      case 2: {  // a malformed demand
+        auto r = cache_->MakeRoom(Demand::Of(2).Add(kKv, 1), EvictionRule::kAllocationAware);
+        if (!r) status = std::unexpected(r.error());
+        break;
+      }
+      case 3:  // a second host tier, or one without a backend
+        status = cache_->AttachHostTier({host_ ? backend_.get() : nullptr, ArenaId(0), Arena{}, 1});
+        break;
+      case 4:
+        status = cache_->AttachCopyBackend(nullptr, ArenaId(0));
+        break;
+      default: {
+        const auto& [key, m] = *cached;
+        std::vector<BlockId> pages = m.pages;
+        const std::vector<PositionedCheckpoint> own = {{static_cast<std::uint32_t>(key.size()), m.checkpoint}};
+        switch (what) {
+          case 5:  // a checkpoint at position 0
+            status = cache_->Insert(key, pages, std::vector<PositionedCheckpoint>{{0, m.checkpoint}});
+            break;
+          case 6:  // the tree's own checkpoint blocks
+            status = cache_->Insert(key, pages, own);
+            break;
+          case 7:  // a page of the wrong kind
+            pages[0] = m.checkpoint.state;
+            status = cache_->Insert(key, pages, {});
+            break;
+          case 8:  // the tree's pages at other positions (or one given twice)
+            if (pages.size() >= 2) {
+              std::swap(pages[0], pages[1]);
+            } else {
+              pages.push_back(pages[0]);
+            }
+            status = cache_->Insert(key, pages, {});
+            break;
+          case 9: {  // a match whose state is not the node's
+            PrefixMatch f = m;
+            f.checkpoint.state = BlockId::Invalid();
+            status = cache_->Lock(f);
+            break;
+          }
+          case 10:  // unlock a match nobody locked (or a forged one when someone did)
+            if (states_.at(key).locks == 0) {
+              status = cache_->Unlock(m);
+            } else {
+              PrefixMatch f = m;
+              f.checkpoint.state = BlockId::Invalid();
+              status = cache_->Unlock(f);
+            }
+            break;
+          default: {  // a chunk without a checkpoint at its end
+            auto r = cache_->InsertChunk(key, pages, {}, PrefixMatch{});
+            if (!r) status = std::unexpected(r.error());
+            break;
+          }
+        }
+      }
+    }
+    ++refusals_checked_;
+    if (status) {
+      ADD_FAILURE() << "bad call " << what << " was accepted at step " << step_;
+      broken_ = true;
+      return;
+    }
+    Same(cache_->DebugDigest(), digest, "the cache's digest after a refused call");
+    Same(buffer_->DebugDigest(), buffer_digest, "the buffer's digest after a refused call");
   }
 
   // Which shadow states left the device (freed or offloaded) or the host, checked against
@@ -339,7 +624,9 @@ class PrefixRandom {
       newest_gone = std::max(newest_gone, st.last_use);
     }
     if (rule == EvictionRule::kNaive) {  // leaves whose state was on the host go by LRU too
-      for (const auto& key : host_gone) newest_gone = std::max(newest_gone, states_.at(key).last_use);
+      for (const auto& key : host_gone) {  // (not host nodes: they go with their device ancestor)
+        if (!states_.at(key).kv_on_host) newest_gone = std::max(newest_gone, states_.at(key).last_use);
+      }
     }
     for (const auto& key : gone) {
       if (cache_->HoldsOnHost(key)) {
@@ -362,12 +649,21 @@ class PrefixRandom {
     const bool any = !gone.empty() || (rule == EvictionRule::kNaive && !host_gone.empty());
     for (const auto& [key, st] : states_) {
       if (st.locks > 0) continue;
-      if (rule == EvictionRule::kNaive ? HasExtension(key) : st.on_host) continue;  // the candidates of the rule
+      if (rule == EvictionRule::kNaive ? HasExtension(key) || cache_->KvOnHost(key) : st.on_host) continue;  // candidates
       if (check_order && any) {
-        EXPECT_LE(newest_gone, st.last_use) << "evicted a more recently used state at step " << step_;
+        EXPECT_LE(newest_gone, st.last_use) << EvictionRuleName(rule) << " evicted a more recently used state at step " << step_;
       }
-      if (refused) ADD_FAILURE() << "refused while an unlocked candidate was left at step " << step_;
+      if (refused) {
+        ADD_FAILURE() << EvictionRuleName(rule) << " refused while an unlocked candidate was left at step " << step_
+                      << " (on host " << st.on_host << ", kv on host " << st.kv_on_host << " now "
+                      << cache_->KvOnHost(key) << ", length " << key.size() << ")";
+      }
     }
+    RefreshKvOnHost();
+  }
+  // The kv_on_host flags, after every call that may move KV between the tiers.
+  void RefreshKvOnHost() {
+    for (auto& [key, st] : states_) st.kv_on_host = cache_->KvOnHost(key);
   }
   bool HasExtension(const Tokens& key) const {
     for (const auto& [k, st] : states_) {
@@ -463,6 +759,14 @@ class PrefixRandom {
     for (auto& [k, st] : states_) {
       if (k.size() <= n && IsPrefix(k, t)) st.last_use = clock_;
     }
+    // A host subtree the sequence went on through is gone (its pages took its place).
+    std::vector<Tokens> dropped;
+    for (const auto& [k, st] : states_) {
+      if (st.on_host && !cache_->HoldsOnHost(k)) dropped.push_back(k);
+    }
+    for (const auto& k : dropped) states_.erase(k);
+    host_dropped_by_insert_ += dropped.size();
+    RefreshKvOnHost();
   }
   std::vector<std::uint32_t> RandomPositions(std::uint32_t from, std::uint32_t n, bool end) {
     std::set<std::uint32_t> p;
@@ -514,8 +818,8 @@ class PrefixRandom {
       for (auto& [k, st] : states_) {
         if (k.size() <= end && IsPrefix(k, t)) st.last_use = clock_;
       }
-      EXPECT_EQ(next->length, end);
-      ExpectKv(*next, t);
+      Same(next->length, end, "chunk match length");
+      Lost(KvBytesOk(*next, t), "a chunk's KV slot");
       if (held.length > 0) {  // the lock moved: drop the previous one from the shadow
         ShadowState& old = states_.at(locked_.back().key);
         if (--old.locks == 0) old.pinned.clear();
@@ -538,11 +842,13 @@ class PrefixRandom {
     ASSERT_EQ(cache_->num_checkpoints(), on_device) << "step " << step_;
     ASSERT_EQ(cache_->Metrics().host_checkpoints, on_host) << "step " << step_;
     std::uint64_t state_evictable = 0, state_protected = 0;
-    for (const auto& [key, st] : states_) {
+    for (auto& [key, st] : states_) {
       ASSERT_EQ(cache_->HoldsOnHost(key), st.on_host) << "step " << step_;
+      st.kv_on_host = cache_->KvOnHost(key);
+      if (st.kv_on_host) ASSERT_TRUE(st.on_host) << "a host node with its checkpoint on the device at step " << step_;
       if (st.on_host) continue;
-      ExpectState(st.checkpoint, key, key.size());
-      ASSERT_TRUE(cache_->Holds(key)) << "step " << step_;
+      Lost(StateBytesOk(st.checkpoint, key, key.size()) && cache_->Holds(key), "a cached state");
+      if (broken_) return;
       (st.locks > 0 ? state_protected : state_evictable) += 192;
       if (st.locks > 0) {
         const std::vector<std::uint64_t> now = {buffer_->Offset(st.checkpoint.state).value(),
@@ -586,6 +892,7 @@ class PrefixRandom {
 
   std::mt19937 rng_;
   std::unique_ptr<Backend> backend_;  // holds the device arena (and the host arena)
+  std::unique_ptr<FaultInjectingBackend> faulty_;  // over backend_: all movers, when faults are injected
   std::unique_ptr<UnifiedBuffer> buffer_;
   std::unique_ptr<PrefixCache> cache_;
   std::vector<Tokens> stems_;
@@ -598,29 +905,42 @@ class PrefixRandom {
   int inserts_ = 0, chunked_ = 0, hits_ = 0, evictions_ = 0, refused_ = 0;
   std::uint64_t evicted_states_ = 0, tombstones_ = 0, offloaded_ = 0, loaded_ = 0;
   bool host_ = false;
+  FaultCounts counts_;
+  bool broken_ = false;  // a counted check failed: the run stops
+  int refusals_checked_ = 0, victims_watched_ = 0, exhausted_checked_ = 0, minimality_violations_ = 0;
+  int cow_failed_ = 0, loads_failed_ = 0;
+  std::uint64_t host_dropped_by_insert_ = 0;
 };
 
-std::uint32_t Seed(std::uint32_t fixed) {
-  const char* env = std::getenv("ULA_TEST_SEED");
-  return env != nullptr ? static_cast<std::uint32_t>(std::strtoul(env, nullptr, 10)) : fixed;
-}
-
-void RunPrefixRandom(std::uint32_t seed, CompactionMode mode, int steps, std::uint32_t host_slots = 0) {
-  std::printf("prefix random test: seed=%u mode=%s steps=%d host slots=%u (ULA_TEST_SEED overrides the seed)\n", seed,
-              mode == CompactionMode::kEager ? "eager" : "lazy", steps, host_slots);
-  PrefixRandom(seed, mode, host_slots).Run(steps);
+void RunPrefixRandom(std::uint32_t default_seed, CompactionMode mode, int steps, std::uint32_t host_slots = 0,
+                     double fault_rate = 0) {
+  ULA_TEST_SEEDED(seed64, default_seed);
+  const auto seed = static_cast<std::uint32_t>(seed64);
+  std::printf("prefix random test: seed=%u mode=%s steps=%d host slots=%u fault rate=%.2f\n", seed,
+              mode == CompactionMode::kEager ? "eager" : "lazy", steps, host_slots, fault_rate);
+  PrefixRandom(seed, mode, host_slots, fault_rate).Run(steps);
 }
 
 TEST(PrefixCacheRandom, LazyBufferMatchesTheShadowAndKeepsEveryCachedByte) {
-  RunPrefixRandom(Seed(20250301u), CompactionMode::kLazy, 2500);
+  RunPrefixRandom(20250301u, CompactionMode::kLazy, 2500);
 }
 
 TEST(PrefixCacheRandom, EagerBufferMatchesTheShadowAndKeepsEveryCachedByte) {
-  RunPrefixRandom(Seed(99u), CompactionMode::kEager, 2500);
+  RunPrefixRandom(99u, CompactionMode::kEager, 2500);
 }
 
 TEST(PrefixCacheRandom, WithAHostTierCheckpointsMoveBetweenTiersAndStayExclusive) {
-  RunPrefixRandom(Seed(4242u), CompactionMode::kLazy, 2500, 6);
+  RunPrefixRandom(4242u, CompactionMode::kLazy, 2500, 6);
+}
+
+// Faults in compaction moves, checkpoint copies and host-tier copies: nothing lost, nothing
+// published early.
+TEST(PrefixCacheRandom, InjectedFaultsLoseNothingAndPublishNothingEarly) {
+  RunPrefixRandom(777u, CompactionMode::kLazy, 2500, 6, 0.2);
+}
+
+TEST(PrefixCacheRandom, InjectedFaultsWithEagerCompactionLoseNothing) {
+  RunPrefixRandom(5150u, CompactionMode::kEager, 2000, 4, 0.2);
 }
 
 }  // namespace

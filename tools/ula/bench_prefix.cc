@@ -35,6 +35,7 @@ struct Options {
   std::uint32_t seed = 7;
   std::uint32_t variants = 3;  // branching experiment: variants per prefix
   std::uint32_t host_slots = 64;  // the host-tier run: checkpoints the host holds
+  std::uint32_t host_page_slots = 512;  // the host-tier run with KV: KV pages the host holds
 };
 
 std::vector<std::uint32_t> RandomTokens(std::mt19937& rng, std::size_t n, std::uint32_t vocab) {
@@ -71,6 +72,7 @@ struct RunResult {
   EvictionRule rule;
   bool chunked;
   std::uint32_t host_slots = 0;
+  std::uint32_t host_page_slots = 0;
   std::uint32_t on_host = 0;  // prefixes whose checkpoint at the prefix's end went to the host
   std::uint32_t retained = 0;
   std::uint64_t recomputed = 0;
@@ -79,7 +81,8 @@ struct RunResult {
 };
 
 Result<RunResult> RunOnce(const HybridModel& model, const Options& o, const Sizes& sizes, EvictionRule rule, bool chunked,
-                          std::uint32_t host_slots, const std::vector<std::vector<std::uint32_t>>& prefixes,
+                          std::uint32_t host_slots, std::uint32_t host_page_slots,
+                          const std::vector<std::vector<std::uint32_t>>& prefixes,
                           const std::vector<std::vector<std::uint32_t>>& returning) {
   UnifiedBufferConfig c;
   c.alignment = 64;
@@ -96,13 +99,14 @@ Result<RunResult> RunOnce(const HybridModel& model, const Options& o, const Size
   auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = model.config().page_tokens}, buffer->get());
   if (!cache) return std::unexpected(cache.error());
   if (host_slots > 0) {
-    auto host = backend->CreateArena(Tier::kHost, Rank(0), host_slots * sizes.checkpoint_bytes);
+    auto host = backend->CreateArena(Tier::kHost, Rank(0),
+                                     host_slots * sizes.checkpoint_bytes + std::uint64_t{host_page_slots} * sizes.page_bytes);
     if (!host) return std::unexpected(host.error());
-    ULA_RETURN_IF_ERROR((*cache)->AttachHostTier({backend.get(), device->id, *host, host_slots}));
+    ULA_RETURN_IF_ERROR((*cache)->AttachHostTier({backend.get(), device->id, *host, host_slots, host_page_slots}));
   }
   HybridRunner runner(model, **buffer, cache->get());
   const ServeOptions serve{.max_new_tokens = o.new_tokens, .checkpoint_interval = o.checkpoint_interval, .rule = rule};
-  RunResult r{.rule = rule, .chunked = chunked, .host_slots = host_slots, .evicted = {}};
+  RunResult r{.rule = rule, .chunked = chunked, .host_slots = host_slots, .host_page_slots = host_page_slots, .evicted = {}};
   for (const auto& p : prefixes) {
     auto s = runner.Serve(p, serve);
     if (!s) return std::unexpected(s.error());
@@ -174,6 +178,62 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Sliding-window KV: a ring in every checkpoint against window pages in the tree (issue 20
+// item 4). The same prefixes and returning requests, on buffers of the same bytes
+// (`fraction` of what the ring needs to keep every prefix), allocation-aware eviction.
+struct WindowResult {
+  bool pages = false;
+  std::uint64_t window_bytes = 0;  // window KV the buffer holds after the prefixes were served
+  std::uint32_t retained = 0;
+  std::uint64_t recomputed = 0;
+  double returning_ms = 0, token_us = 0;
+};
+
+Result<WindowResult> RunWindow(bool pages, std::uint32_t window, const Options& o, const Sizes& ring_sizes, double fraction,
+                               const std::vector<std::vector<std::uint32_t>>& prefixes,
+                               const std::vector<std::vector<std::uint32_t>>& returning) {
+  HybridModelConfig mc;
+  mc.window_in_pages = pages;
+  mc.window = window;
+  auto model = HybridModel::Create(mc);
+  if (!model) return std::unexpected(model.error());
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.kinds = (*model)->Kinds(64);
+  c.capacity_bytes = static_cast<std::uint64_t>(fraction * o.prefixes * ring_sizes.prefix_bytes) / 64 * 64 +
+                     ring_sizes.page_bytes;
+  c.padding_kind = kModelKvKind;
+  c.padding_blocks = 1;
+  auto buffer = UnifiedBuffer::Create(c);
+  if (!buffer) return std::unexpected(buffer.error());
+  PrefixCacheConfig pc{.page_tokens = mc.page_tokens};
+  if (pages) pc.sliding_window = mc.window;
+  auto cache = PrefixCache::Create(pc, buffer->get());
+  if (!cache) return std::unexpected(cache.error());
+  HybridRunner runner(**model, **buffer, cache->get());
+  const ServeOptions serve{.max_new_tokens = o.new_tokens, .checkpoint_interval = o.checkpoint_interval};
+  for (const auto& p : prefixes) {
+    auto s = runner.Serve(p, serve);
+    if (!s) return std::unexpected(s.error());
+  }
+  WindowResult r{.pages = pages};
+  r.window_bytes = (*buffer)->Stats().live_blocks_per_kind[kModelWindowKind.value()] * c.kinds[2].block_bytes;
+  for (const auto& p : prefixes) r.retained += (*cache)->Holds(p) ? 1 : 0;
+  std::vector<double> token_us;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& q : returning) {
+    auto s = runner.Serve(q, serve);
+    if (!s) return std::unexpected(s.error());
+    r.recomputed += s->recomputed - o.suffix_tokens;
+    token_us.insert(token_us.end(), s->token_us.begin(), s->token_us.end());
+  }
+  r.returning_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  r.token_us = Median(token_us);
+  ULA_RETURN_IF_ERROR((*buffer)->CheckInvariants());
+  ULA_RETURN_IF_ERROR((*cache)->CheckInvariants());
+  return r;
+}
+
 // Decode time per token on the unified buffer and on fixed pools, interleaved.
 std::pair<double, double> MeasureTbt(const HybridModel& model, const Options& o) {
   const auto kinds = model.Kinds(64);
@@ -243,17 +303,19 @@ int Run(const Options& o) {
     bool chunked;
     EvictionRule rule;
     std::uint32_t host_slots;
+    std::uint32_t host_page_slots = 0;
   };
   std::vector<Config> configs;
   for (bool chunked : {false, true}) {
     for (EvictionRule rule : {EvictionRule::kNaive, EvictionRule::kAllocationAware}) configs.push_back({chunked, rule, 0});
   }
   configs.push_back({false, EvictionRule::kAllocationAware, o.host_slots});  // evicted checkpoints go to the host
+  configs.push_back({false, EvictionRule::kAllocationAware, o.host_slots, o.host_page_slots});  // and KV pages
   for (const Config& config : configs) {
     {
       const bool chunked = config.chunked;
       const EvictionRule rule = config.rule;
-      auto r = RunOnce(**model, o, sizes, rule, chunked, config.host_slots, prefixes, returning);
+      auto r = RunOnce(**model, o, sizes, rule, chunked, config.host_slots, config.host_page_slots, prefixes, returning);
       if (!r) {
         fmt::print(stderr, "run failed: {}\n", r.error().ToString());
         return 1;
@@ -261,6 +323,7 @@ int Run(const Options& o) {
       out["runs"].push_back({{"rule", EvictionRuleName(rule)},
                              {"chunked", chunked},
                              {"host_slots", config.host_slots},
+                             {"host_page_slots", config.host_page_slots},
                              {"retained", r->retained},
                              {"on_host", r->on_host},
                              {"of", o.prefixes},
@@ -268,10 +331,12 @@ int Run(const Options& o) {
                              {"returning_ms", r->returning_ms},
                              {"evicted_nodes", r->evicted.nodes},
                              {"evicted_pages", r->evicted.pages},
+                             {"offloaded_pages", r->evicted.offloaded_pages},
                              {"evicted_checkpoints", r->evicted.checkpoints}});
       if (!o.json) {
-        const std::string name =
+        std::string name =
             config.host_slots > 0 ? fmt::format("{}+host{}", EvictionRuleName(rule), config.host_slots) : EvictionRuleName(rule);
+        if (config.host_page_slots > 0) name += fmt::format("+kv{}", config.host_page_slots);
         fmt::print("{:<24} {:>7} {:>6}/{:<2} {:>7} {:>11} {:>13.1f} {:>15} {:>13}\n", name, chunked ? "yes" : "no",
                    r->retained, o.prefixes, r->on_host, r->recomputed, r->returning_ms, r->evicted.nodes, r->evicted.pages);
       }
@@ -314,6 +379,33 @@ int Run(const Options& o) {
       fmt::print("{:<26} {:>12} {:>11} {:>12} {:>9.1f}\n", name, r->matched, r->recomputed, r->checkpoints, r->ms);
     }
   }
+  out["window"] = nlohmann::json::array();
+  if (!o.json) {
+    fmt::print("sliding-window KV: ring per checkpoint vs window pages in the tree, same prefixes, allocation-aware\n");
+    fmt::print("{:<14} {:>8} {:>14} {:>9} {:>11} {:>13} {:>9}\n", "window", "buffer", "window KiB", "retained",
+               "recomputed", "returning_ms", "token_us");
+  }
+  // The model's window (64 tokens, 4 pages) and one shorter than a page (8 tokens), on the
+  // buffer sized for the rings of the model's window.
+  for (const auto& [window, fraction] : {std::pair{64u, 1.0}, std::pair{64u, 0.5}, std::pair{8u, 1.0}}) {
+    for (bool pages : {false, true}) {
+      auto r = RunWindow(pages, window, o, sizes, fraction, prefixes, returning);
+      if (!r) {
+        fmt::print(stderr, "window run failed: {}\n", r.error().ToString());
+        return 1;
+      }
+      out["window"].push_back({{"window_pages", pages}, {"window", window}, {"buffer_fraction", fraction},
+                               {"window_bytes", r->window_bytes},
+                               {"retained", r->retained}, {"of", o.prefixes}, {"recomputed_tokens", r->recomputed},
+                               {"returning_ms", r->returning_ms}, {"token_median_us", r->token_us}});
+      if (!o.json) {
+        fmt::print("{:<14} {:>7.0f}% {:>14} {:>6}/{:<2} {:>11} {:>13.1f} {:>9.1f}\n",
+                   fmt::format("{} W={}", pages ? "pages" : "ring", window),
+                   fraction * 100, r->window_bytes >> 10, r->retained, o.prefixes, r->recomputed, r->returning_ms,
+                   r->token_us);
+      }
+    }
+  }
   const auto [unified_us, fixed_us] = MeasureTbt(**model, o);
   out["tbt"] = {{"unified_median_us", unified_us}, {"fixed_median_us", fixed_us}, {"ratio", unified_us / fixed_us}};
   if (o.json) {
@@ -338,6 +430,8 @@ Action Setup(CLI::App& app) {
   app.add_option("--variants", o->variants, "branching experiment: variants per prefix")->check(IntIn(1, 100));
   app.add_option("--host-slots", o->host_slots, "checkpoints the host tier of the host-tier run holds")
       ->check(IntIn(1, 100000));
+  app.add_option("--host-page-slots", o->host_page_slots, "KV pages the host tier of the KV host-tier run holds")
+      ->check(IntIn(1, 1000000));
   return [o] { return Run(*o); };
 }
 
