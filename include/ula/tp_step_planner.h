@@ -25,8 +25,10 @@
 // Lifetime: the planner holds the space and the fabric by reference; both outlive it. A
 // plan is a value; its refs name slots that RefData resolves, valid as stated there.
 // Hosted ranks run on their own threads when options.parallel_ranks (the in-process
-// engine). Thread-safety: a planner is driven by one thread; use one planner per thread to
-// step different groups concurrently (prefetch, tp_prefetcher.h).
+// engine). Thread-safety: a planner is driven by one thread at a time (TpPrefetcher, in
+// tp_prefetcher.h, steps it on a worker thread, one step at a time); use one planner per
+// thread to step different groups concurrently. A TpLayerSink's callbacks run on the
+// stepping thread.
 #pragma once
 
 #include <cstdint>
