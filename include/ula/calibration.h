@@ -5,13 +5,16 @@
 // Statistics of a run:
 //   overlap        per request and step t >= 1: |S_t ∩ S_{t-1}| / |S_t| for query 0
 //   draft_overlap  per request, step and draft query j >= 1: |S_j ∩ S_0| / |S_j|
+//   draft_chain_overlap  the same against the previous draft: |S_j ∩ S_{j-1}| / |S_j|
 //   union_per_top_k mean |union of the step's queries| / top_k
 //   first_rate[p]  how often position p (p < 64) is selected by query 0
 //   newest_rate[r] how often the r-th newest position (r < 64) is selected by query 0
 //   reuse          reuse distances of each request's step unions (reuse_distance.h, window 16)
 // Fit: sink_tokens / recent_tokens = the leading runs of first_rate / newest_rate >= 0.5;
 // keep_mean, keep_stddev and draft_keep by bisection on synthetic runs until the synthetic
-// overlap mean, overlap stddev and draft-overlap mean match the real ones; then, for each
+// overlap mean, overlap stddev and draft-chain-overlap mean match the real ones (the model's
+// drafts are chained, selection_model.h, so draft_keep is fitted to the chain; the overlap
+// with query 0 and the union are then outcomes, compared, not fitted); then, for each
 // heavy_skew of a grid (0, 0.25, 0.5, 1, 1.5; return_window 8), return_fraction by
 // bisection until the mean reuse gap matches, keeping the pair whose reuse p90, p99, mean
 // gap and persistent share are nearest the real ones (the largest relative error).
@@ -34,6 +37,7 @@ namespace ula {
 struct SelectionRunStats {
   OverlapStats overlap;
   OverlapStats draft_overlap;
+  OverlapStats draft_chain_overlap;
   double union_per_top_k = 0;
   std::vector<double> first_rate;   // [64]
   std::vector<double> newest_rate;  // [64]

@@ -23,9 +23,13 @@
 //
 // so keep_mean sets the step-to-step overlap (the fraction of a step's selection already
 // selected in the previous step) and keep_stddev its spread; FitKeepForOverlap() and
-// CalibrateSelectionModel() (calibration.h) choose them. Draft queries j >= 1 (speculative decoding)
-// take the sinks, the recent tokens, a draft_keep fraction of query 0's other selections,
-// and fresh draws. Output order: sinks, recent (newest first), kept, fresh.
+// CalibrateSelectionModel() (calibration.h) choose them. Draft queries j >= 1 (speculative
+// decoding) form a chain, as the drafts of MTP do (draft j's query evolves from draft j-1's):
+// draft j takes the sinks, the recent tokens, a draft_keep fraction of draft j-1's other
+// selections (query 0 for j = 1), and fresh draws from positions draft j-1 did not select.
+// So draft_keep is the draft-to-previous-draft overlap, and each draft adds about
+// (1 - draft_keep) x top_k to the step's union. Output order: sinks, recent (newest first),
+// kept, fresh.
 //
 // Determinism: stream s draws from its own generator seeded by (seed, s), so its
 // selections do not depend on how streams are interleaved.
@@ -48,7 +52,7 @@ struct SelectionModelParams {
   std::uint32_t recent_tokens = 0;
   double keep_mean = 0.0;    // [0, 1]
   double keep_stddev = 0.0;  // >= 0
-  double draft_keep = 0.0;   // [0, 1]
+  double draft_keep = 0.0;   // [0, 1]: share of draft j-1's selection draft j keeps
   double heavy_skew = 0.0;   // [0, 4]: exponent of the persistent per-position weight; 0 = uniform
   double return_fraction = 0.0;     // [0, 1]: share of fresh draws that return a recently dropped position
   std::uint32_t return_window = 8;  // [1, 64] steps whose dropped positions may return

@@ -97,14 +97,21 @@ struct ScenarioConfig {
   double hisparse_host_to_device_ratio = 2;  // SGLang: host pool = ratio x device pool tokens
   std::uint32_t tp_buffer_entries_per_request = 2048;      // UlaCache TP local buffer, MTP off
   std::uint32_t tp_buffer_entries_per_request_mtp = 3072;  // ... MTP on
-  SelectionModelParams selection;  // top_k is taken from the model
+  std::string selection_fit;        // configs/selection/<selection_fit>.json (selection_fit.h)
+  std::uint64_t selection_seed = 1;  // this scenario's selection draws
+  // The fit's parameters with selection_seed, set by ResolveScenarioSelection (and by
+  // LoadScenarioConfig, RunComparison); top_k is taken from the model.
+  SelectionModelParams selection;
   SamplingConfig sampling;
 
   Status Validate() const;
 };
 
 Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::string_view origin = "scenario");
-Result<ScenarioConfig> LoadScenarioConfig(const std::filesystem::path& path);
+// Parses without reading other files: `selection` stays unset until ResolveScenarioSelection.
+// LoadScenarioConfig parses and resolves the selection fit from config_dir.
+Status ResolveScenarioSelection(ScenarioConfig& scenario, const std::filesystem::path& config_dir);
+Result<ScenarioConfig> LoadScenarioConfig(const std::filesystem::path& path, const std::filesystem::path& config_dir);
 Result<ModelCostConfig> ParseModelCostConfig(std::string_view json_text, std::string_view origin = "model costs");
 Result<ModelCostConfig> LoadModelCostConfigByName(std::string_view name, const std::filesystem::path& config_dir);
 Result<ComputeRates> ParseComputeRates(std::string_view json_text, std::string_view origin = "compute rates");

@@ -25,8 +25,10 @@
 // Lifetime: the planner holds the space and the fabric by reference; both outlive it. A
 // plan is a value; its refs name slots that RefData resolves, valid as stated there.
 // Hosted ranks run on their own threads when options.parallel_ranks (the in-process
-// engine). Thread-safety: a planner is driven by one thread; use one planner per thread to
-// step different groups concurrently (prefetch, tp_prefetcher.h).
+// engine). Thread-safety: a planner is driven by one thread at a time (TpPrefetcher, in
+// tp_prefetcher.h, steps it on a worker thread, one step at a time); use one planner per
+// thread to step different groups concurrently. A TpLayerSink's callbacks run on the
+// stepping thread.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +65,26 @@ struct TpStepPlan {
   TpRankStepStats Total() const;
 };
 
+// The layer pipeline of one group step (TpPrefetcher, tp_prefetcher.h). A group entry is
+// the group's layers side by side: layer l of an entry of E bytes is the sub-range
+// [l * E / L, (l + 1) * E / L), L = layers(). With a sink, Step copies each remote miss as
+// L strided sub-range copies (one batch per source rank, tier and layer, all submitted at
+// once, layer 0 first), calls Planned(plan) with the step's refs once the buffer slots are
+// chosen and the copies submitted, then Arrived(l, ok) for l = 0 .. L-1 as every hosted
+// rank's layer-l copies arrived (ok = no copy of this step failed so far on any hosted rank),
+// and only then publishes (a slot any of whose layers failed is not published). So the
+// refs of Planned are valid for layer l's bytes from Arrived(l, true) on, and are published
+// (valid as RefData says) only when Step returns a plan. Entries homed here that come from
+// host (the home phase) move whole, before Planned: swaps are all-or-nothing per entry.
+// Both callbacks run on the thread that called Step.
+class TpLayerSink {
+ public:
+  virtual ~TpLayerSink() = default;
+  virtual std::uint32_t layers() const = 0;
+  virtual void Planned(const TpStepPlan& plan) = 0;
+  virtual void Arrived(std::uint32_t layer, bool ok) = 0;
+};
+
 struct TpPlannerOptions {
   bool parallel_ranks = true;  // one thread per hosted rank in each phase
 };
@@ -96,8 +118,14 @@ class TpStepPlanner {
   // their homes keep the bytes). Policies count the step's hits and victims as used in
   // this round. Other ranks' steps are unaffected. No entry is published before its
   // bytes arrived, no entry's bytes are lost, every invariant holds.
+  //
+  // sink: the layer pipeline above (nullptr: whole entries, no callbacks). With a sink:
+  // kFailedPrecondition with a fabric, kInvalidArgument unless sink->layers() >= 1 divides
+  // entry_bytes (nothing changes, no callback); a refused step calls no callback; on kIo
+  // Planned was called and Arrived reported the first failed layer and every later one
+  // with ok = false, and the state is the kIo state above.
   Result<TpStepPlan> Step(GroupId group, std::span<const LogicalAddr> selections,
-                          std::span<const SelectionRun> runs);
+                          std::span<const SelectionRun> runs, TpLayerSink* sink = nullptr);
   // Whether Step would refuse these selections now: its refusals (kOutOfRange,
   // kInvalidArgument, kNotFound, kResourceExhausted) or Ok; changes nothing. In-process
   // ranks only (kFailedPrecondition with a fabric, where the refusal is agreed inside
@@ -109,6 +137,10 @@ class TpStepPlanner {
   // Step's phase 0 into the scratch: validation, dedup, per-rank classification, and the
   // fit check (kResourceExhausted, not yet agreed). Changes nothing but the scratch.
   Status Classify(GroupId group, std::span<const LogicalAddr> selections, std::span<const SelectionRun> runs);
+
+  // The plan of the step in the scratch; pending: this step's remote misses are not yet
+  // published and are read from the scratch's buffer targets.
+  TpStepPlan Emit(GroupId group, std::span<const LogicalAddr> selections, bool pending) const;
 
   struct Scratch;
   TpAddressSpace& space_;

@@ -4,6 +4,8 @@
 // ("configs[2].mode", "sampling.batch_grid[3]").
 #include "ula/serving_config.h"
 
+#include "ula/selection_fit.h"
+
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -75,6 +77,7 @@ Status ScenarioConfig::Validate() const {
   if (model.empty()) return FieldError("model", "must not be empty");
   if (model_costs.empty()) return FieldError("model_costs", "must not be empty");
   if (workload.empty()) return FieldError("workload", "must not be empty");
+  if (selection_fit.empty()) return FieldError("selection.fit", "must not be empty");
   if (num_ranks == 0 || num_ranks > 64) return FieldError("num_ranks", "must be in [1, 64]");
   if (configs.empty()) return FieldError("configs", "must list at least one config");
   for (std::size_t i = 0; i < configs.size(); ++i) {
@@ -183,53 +186,23 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
   ULA_RETURN_IF_ERROR(uint("tp_buffer_entries_per_request", 1, 1u << 24, &s.tp_buffer_entries_per_request));
   ULA_RETURN_IF_ERROR(uint("tp_buffer_entries_per_request_mtp", 1, 1u << 24, &s.tp_buffer_entries_per_request_mtp));
 
-  // selection: {source, sink_tokens, recent_tokens, keep_mean, keep_stddev, draft_keep, seed}
-  // and optionally {heavy_skew, return_fraction, return_window} (selection_model.h; default:
-  // none, the overlap-only model)
+  // selection: {fit, seed}: the fitted parameter set configs/selection/<fit>.json
+  // (selection_fit.h; loaded by ResolveScenarioSelection, never copied into a scenario) and
+  // the seed of this scenario's selection draws.
   (void)f.String("selection", true);
   if (!parsed.contains("selection") || !parsed["selection"].is_object()) {
-    return std::unexpected(f.FieldError("selection", "must be an object"));
+    return std::unexpected(f.FieldError("selection", "must be an object {\"fit\": NAME, \"seed\": S}"));
   }
   {
     auto sel = config_internal::JsonFields::FromObject(parsed["selection"], origin + ": field 'selection'");
     if (!sel) return std::unexpected(sel.error());
-    auto src = sel->String("source");
-    if (!src) return std::unexpected(src.error());
-    auto sinks = sel->UInt("sink_tokens", 0, 1u << 20);
-    if (!sinks) return std::unexpected(sinks.error());
-    auto recent = sel->UInt("recent_tokens", 0, 1u << 20);
-    if (!recent) return std::unexpected(recent.error());
-    auto keep = sel->Double("keep_mean", 0, 1);
-    if (!keep) return std::unexpected(keep.error());
-    auto sd = sel->Double("keep_stddev", 0, 1);
-    if (!sd) return std::unexpected(sd.error());
-    auto dk = sel->Double("draft_keep", 0, 1);
-    if (!dk) return std::unexpected(dk.error());
+    auto fit = sel->String("fit");
+    if (!fit) return std::unexpected(fit.error());
     auto seed = sel->UInt("seed", 0, ~std::uint64_t{0});
     if (!seed) return std::unexpected(seed.error());
-    const nlohmann::json& sel_json = parsed["selection"];
-    if (sel_json.contains("heavy_skew")) {
-      auto v = sel->Double("heavy_skew", 0, 4);
-      if (!v) return std::unexpected(v.error());
-      s.selection.heavy_skew = *v;
-    }
-    if (sel_json.contains("return_fraction")) {
-      auto v = sel->Double("return_fraction", 0, 1);
-      if (!v) return std::unexpected(v.error());
-      s.selection.return_fraction = *v;
-    }
-    if (sel_json.contains("return_window")) {
-      auto v = sel->UInt("return_window", 1, 64);
-      if (!v) return std::unexpected(v.error());
-      s.selection.return_window = static_cast<std::uint32_t>(*v);
-    }
     ULA_RETURN_IF_ERROR(sel->CheckNoUnknownFields());
-    s.selection.sink_tokens = static_cast<std::uint32_t>(*sinks);
-    s.selection.recent_tokens = static_cast<std::uint32_t>(*recent);
-    s.selection.keep_mean = *keep;
-    s.selection.keep_stddev = *sd;
-    s.selection.draft_keep = *dk;
-    s.selection.seed = *seed;
+    s.selection_fit = *fit;
+    s.selection_seed = *seed;
   }
   // sampling: {warmup_steps, measure_steps, batch_grid, max_requests, seed}
   (void)f.String("sampling", true);
@@ -270,10 +243,21 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
   return s;
 }
 
-Result<ScenarioConfig> LoadScenarioConfig(const std::filesystem::path& path) {
+Status ResolveScenarioSelection(ScenarioConfig& scenario, const std::filesystem::path& config_dir) {
+  auto fit = LoadSelectionFitByName(scenario.selection_fit, config_dir);
+  if (!fit) return std::unexpected(fit.error());
+  scenario.selection = fit->params;
+  scenario.selection.seed = scenario.selection_seed;
+  return Ok();
+}
+
+Result<ScenarioConfig> LoadScenarioConfig(const std::filesystem::path& path, const std::filesystem::path& config_dir) {
   auto text = config_internal::ReadTextFile(path.string());
   if (!text) return std::unexpected(text.error());
-  return ParseScenarioConfig(*text, path.string());
+  auto s = ParseScenarioConfig(*text, path.string());
+  if (!s) return s;
+  ULA_RETURN_IF_ERROR(ResolveScenarioSelection(*s, config_dir));
+  return s;
 }
 
 Result<ModelCostConfig> ParseModelCostConfig(std::string_view json_text, std::string_view origin_view) {

@@ -101,7 +101,8 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   rules.kv_bytes_per_token = static_cast<double>(ctx.cost.kv_bytes_per_token());
   rules.index_bytes_per_token = static_cast<double>(ctx.cost.index_bytes_per_token());
   // One step's distinct selections of a request: top-k for query 0 plus what each draft
-  // query adds beyond it (the selection model's draft_keep); UlaCache must hold them on device.
+  // query adds beyond the draft before it (the selection model's drafts are chained and keep
+  // draft_keep of the previous one); UlaCache must hold them on device.
   rules.working_set_entries = static_cast<std::uint32_t>(std::ceil(
       ctx.model.top_k * (1.0 + (q - 1) * (1.0 - sc.selection.draft_keep))));
   rules.hisparse_buffer_entries = sc.hisparse_buffer_entries;
@@ -301,9 +302,11 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
 
 }  // namespace
 
-Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario, const CompareOptions& options) {
-  if (auto s = scenario.Validate(); !s) return std::unexpected(s.error());
+Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario_in, const CompareOptions& options) {
+  if (auto s = scenario_in.Validate(); !s) return std::unexpected(s.error());
   const std::filesystem::path dir = options.config_dir.empty() ? DefaultConfigDir() : options.config_dir;
+  ScenarioConfig scenario = scenario_in;  // with the selection fit read from dir
+  ULA_RETURN_IF_ERROR(ResolveScenarioSelection(scenario, dir));
   auto model = LoadModelConfigByName(scenario.model, dir);
   if (!model) return std::unexpected(model.error());
   auto costs = LoadModelCostConfigByName(scenario.model_costs, dir);

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 
 #include "sparse/tp_state.h"
 #include "ula/check.h"
@@ -46,6 +47,13 @@ struct RankWork {
   std::vector<SlotId> buffer_hit_slots, buffer_targets;
   std::vector<LogicalAddr> remote_missed;
   std::vector<char> fetch_failed;  // [remote_missed]
+  struct Submitted {               // a remote copy batch in flight: one source, one layer
+    Fence fence;
+    std::uint32_t source;
+    std::uint32_t layer;
+    std::vector<std::size_t> misses;  // indices into remote_missed
+  };
+  std::vector<Submitted> submitted;
   TpRankStepStats stats;
   Status status;                   // the first failed transfer of this rank's step
 };
@@ -278,7 +286,18 @@ Status TpStepPlanner::Check(GroupId group, std::span<const LogicalAddr> selectio
 }
 
 Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAddr> selections,
-                                       std::span<const SelectionRun> runs) {
+                                       std::span<const SelectionRun> runs, TpLayerSink* sink) {
+  if (sink != nullptr) {
+    if (fabric_ != nullptr) {
+      return MakeError(ErrorCode::kFailedPrecondition, "the layer pipeline (a TpLayerSink) is for in-process ranks");
+    }
+    const std::uint32_t l = sink->layers();
+    if (l == 0 || space_.config().entry_bytes % l != 0) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("{} layers per group do not divide the {}-byte group entry", l,
+                                   space_.config().entry_bytes));
+    }
+  }
   TpAddressSpace::State& st = *space_.state_;
   const TpConfig& cfg = space_.config();
   const std::uint32_t p = cfg.num_ranks;
@@ -287,7 +306,6 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   // 0. Validate, dedup, classify, check that the misses fit (nothing changes).
   Status local = Classify(group, selections, runs);
   if (!local && local.error().code() != ErrorCode::kResourceExhausted) return std::unexpected(local.error());
-  const auto hosted = space_.hosted_ranks();
   const bool all_ok = fabric_ ? fabric_->AllTrue(local.has_value()) : local.has_value();
   if (!local) return std::unexpected(local.error());
   if (!all_ok) {
@@ -302,7 +320,22 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   if (fabric_ && !at_home) fabric_->Barrier();
 
   // 2. Remote phase. A rank whose home phase failed skips it (it still joins the barriers).
-  if (!at_home) ForEachRank(sc.work, options_.parallel_ranks, [&](RankWork& w) {
+  // 2a: buffer slots for the misses, and the copies submitted: one batch per source rank and
+  // source tier, or with a layer sink one per source, tier and layer (layer l moves bytes
+  // [l * entry_bytes / L, (l + 1) * entry_bytes / L) of each entry: a strided sub-range).
+  const std::uint32_t layers = sink ? sink->layers() : 1;
+  const std::uint32_t layer_bytes = cfg.entry_bytes / layers;
+  auto fail = [&group](RankWork& w, const std::vector<std::size_t>& misses, std::string_view what, const Error& e) {
+    for (std::size_t i : misses) w.fetch_failed[i] = 1;
+    if (w.status) {
+      w.status = MakeError(ErrorCode::kIo, fmt::format("rank {} group {}: remote phase: {} ({})", w.rank.value(),
+                                                       group.value(), what, e.message()));
+    }
+  };
+  auto assign_and_submit = [&](RankWork& w) {
+    w.submitted.clear();
+    w.fetch_failed.clear();
+    w.buffer_targets.clear();
     if (!w.status) return;
     TpGroupShard& sh = st.at(w.rank, group);
     sh.buffer_policy->Touch(w.buffer_hit_slots);
@@ -321,22 +354,8 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
     w.stats.buffer_evictions = n_miss - n_free;
     w.stats.remote_bytes = n_miss * std::uint64_t{cfg.entry_bytes};
     w.fetch_failed.assign(n_miss, 0);
-    auto fail = [&](const std::vector<std::size_t>& misses, std::string_view what, const Error& e) {
-      for (std::size_t i : misses) w.fetch_failed[i] = 1;
-      if (w.status) {
-        w.status = MakeError(ErrorCode::kIo, fmt::format("rank {} group {}: remote phase: {} ({})", w.rank.value(),
-                                                         group.value(), what, e.message()));
-      }
-    };
-    // One batch per source rank (per source tier in-process: a batch spans two arenas).
     std::vector<std::vector<std::size_t>> by_source(p);
     for (std::size_t i = 0; i < n_miss; ++i) by_source[w.remote_missed[i].value() % p].push_back(i);
-    struct Submitted {
-      Fence fence;
-      std::uint32_t source;
-      std::vector<std::size_t> misses;
-    };
-    std::vector<Submitted> submitted;
     std::vector<LogicalAddr> addrs;
     std::vector<std::byte*> dst;
     for (std::uint32_t q = 0; q < p; ++q) {
@@ -345,25 +364,30 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
       const Rank src(static_cast<std::uint16_t>(q));
       if (space_.Hosts(src)) {
         const TpGroupShard& home = st.at(src, group);
-        CopyBatch from[2] = {{home.device.arena().id, sh.buffer.arena().id, cfg.entry_bytes, false, {}},
-                             {home.host.arena().id, sh.buffer.arena().id, cfg.entry_bytes, false, {}}};
-        std::vector<std::size_t> misses[2];
-        for (std::size_t i : by_source[q]) {
-          const Location loc = home.home[w.remote_missed[i].value() / p];
-          const int t = loc.tier() == Tier::kDevice ? 0 : 1;
-          from[t].moves.push_back({(t == 0 ? home.device : home.host).offset(loc.slot()), sh.buffer.offset(w.buffer_targets[i])});
-          misses[t].push_back(i);
-        }
-        for (int t = 0; t < 2; ++t) {
-          if (from[t].moves.empty()) continue;
-          auto fence = space_.backend().Submit(std::move(from[t]));
-          if (fence) {
-            submitted.push_back({*fence, q, std::move(misses[t])});
-          } else {
-            fail(misses[t], fmt::format("copy of {} entries from rank {} failed", misses[t].size(), q), fence.error());
+        for (std::uint32_t l = 0; l < layers; ++l) {
+          const std::uint64_t shift = std::uint64_t{l} * layer_bytes;
+          CopyBatch from[2] = {{home.device.arena().id, sh.buffer.arena().id, layer_bytes, false, {}},
+                               {home.host.arena().id, sh.buffer.arena().id, layer_bytes, false, {}}};
+          std::vector<std::size_t> misses[2];
+          for (std::size_t i : by_source[q]) {
+            const Location loc = home.home[w.remote_missed[i].value() / p];
+            const int t = loc.tier() == Tier::kDevice ? 0 : 1;
+            from[t].moves.push_back({(t == 0 ? home.device : home.host).offset(loc.slot()) + shift,
+                                     sh.buffer.offset(w.buffer_targets[i]) + shift});
+            misses[t].push_back(i);
+          }
+          for (int t = 0; t < 2; ++t) {
+            if (from[t].moves.empty()) continue;
+            auto fence = space_.backend().Submit(std::move(from[t]));
+            if (fence) {
+              w.submitted.push_back({*fence, q, l, std::move(misses[t])});
+            } else {
+              fail(w, misses[t], fmt::format("copy of {} entries from rank {} failed", misses[t].size(), q),
+                   fence.error());
+            }
           }
         }
-      } else {
+      } else {  // a fabric fetch moves whole entries and returns when they arrived (no sink with a fabric)
         addrs.clear();
         dst.clear();
         for (std::size_t i : by_source[q]) {
@@ -371,17 +395,26 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
           dst.push_back(sh.buffer.data(w.buffer_targets[i]));
         }
         if (auto s = fabric_->FetchFromHome(src, group, addrs, dst); !s) {
-          fail(by_source[q], fmt::format("fetch of {} entries from rank {} failed", addrs.size(), q), s.error());
+          fail(w, by_source[q], fmt::format("fetch of {} entries from rank {} failed", addrs.size(), q), s.error());
         }
       }
     }
-    for (const Submitted& b : submitted) {
+  };
+  auto wait_layer = [&](RankWork& w, std::uint32_t layer) {
+    for (const RankWork::Submitted& b : w.submitted) {
+      if (b.layer != layer) continue;
       if (auto s = space_.backend().Wait(b.fence); !s) {
-        fail(b.misses, fmt::format("copy of {} entries from rank {} failed", b.misses.size(), b.source), s.error());
+        fail(w, b.misses, fmt::format("copy of {} entries from rank {} failed", b.misses.size(), b.source), s.error());
       }
     }
-    // Bytes have arrived: publish. A slot whose fetch failed holds no entry (a victim's old
-    // copy was dropped above, and may be partly overwritten): it goes back to the pool.
+  };
+  // 2c: bytes have arrived (every layer): publish. A slot whose fetch failed in any layer
+  // holds no entry (a victim's old copy was dropped above, and may be partly overwritten):
+  // it goes back to the pool.
+  auto publish = [&](RankWork& w) {
+    TpGroupShard& sh = st.at(w.rank, group);
+    const std::size_t n_miss = w.buffer_targets.size();
+    const std::size_t n_free = n_miss - w.stats.buffer_evictions;
     for (std::size_t i = 0; i < n_miss; ++i) {
       const SlotId s = w.buffer_targets[i];
       if (w.fetch_failed[i]) {
@@ -393,7 +426,32 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
       sh.buffer_owner[s.value()] = w.remote_missed[i];
       if (i < n_free) sh.buffer_policy->Insert(s);
     }
-  });
+  };
+  if (!at_home && sink == nullptr) {
+    ForEachRank(sc.work, options_.parallel_ranks, [&](RankWork& w) {
+      assign_and_submit(w);
+      wait_layer(w, 0);
+      publish(w);
+    });
+  } else if (sink != nullptr) {
+    // The layer pipeline: the refs are handed out before any copy is waited on, then each
+    // layer's arrival on every hosted rank, in layer order, then everything is published.
+    if (!at_home) ForEachRank(sc.work, options_.parallel_ranks, assign_and_submit);
+    sink->Planned(Emit(group, selections, /*pending=*/!at_home));
+    for (std::uint32_t l = 0; l < layers; ++l) {
+      bool ok = true;
+      for (RankWork& w : sc.work) {
+        if (!at_home) wait_layer(w, l);
+        ok = ok && w.status.has_value();
+      }
+      sink->Arrived(l, ok);
+    }
+    if (!at_home) {
+      for (RankWork& w : sc.work) {
+        if (!w.buffer_targets.empty()) publish(w);
+      }
+    }
+  }
   if (fabric_ && !at_home) fabric_->Barrier();
   // A failed transfer is a broken copy engine or transport, not bad input: reported after
   // the barrier (so the collectives stay matched), with the state the header documents.
@@ -405,13 +463,28 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   }
 
   // 3. Emit.
+  TpStepPlan plan = Emit(group, selections, /*pending=*/false);
+  ULA_EXPENSIVE_CHECK(space_);
+  return plan;
+}
+
+TpStepPlan TpStepPlanner::Emit(GroupId group, std::span<const LogicalAddr> selections, bool pending) const {
+  const TpAddressSpace::State& st = *space_.state_;
+  const std::uint32_t p = space_.config().num_ranks;
+  const bool at_home = space_.config().attention == TpAttention::kAtHome;
+  const Scratch& sc = *scratch_;
   TpStepPlan plan;
-  plan.ranks.assign(hosted.begin(), hosted.end());
-  plan.refs.resize(hosted.size());
-  plan.stats.resize(hosted.size());
-  for (std::size_t h = 0; h < hosted.size(); ++h) {
+  plan.refs.resize(sc.work.size());
+  plan.stats.resize(sc.work.size());
+  std::unordered_map<std::uint64_t, SlotId> targets;  // pending: this step's misses -> their buffer slots
+  for (std::size_t h = 0; h < sc.work.size(); ++h) {
     const RankWork& w = sc.work[h];
     const TpGroupShard& sh = st.at(w.rank, group);
+    plan.ranks.push_back(w.rank);
+    targets.clear();
+    if (pending) {
+      for (std::size_t i = 0; i < w.buffer_targets.size(); ++i) targets[w.remote_missed[i].value()] = w.buffer_targets[i];
+    }
     auto& refs = plan.refs[h];
     refs.resize(selections.size());
     for (std::size_t j = 0; j < selections.size(); ++j) {
@@ -420,13 +493,15 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
         refs[j] = TpReadRef{TpReadRef::Source::kShard, sh.home[a.value() / p].slot(), w.rank};
       } else if (at_home) {
         refs[j] = TpReadRef{TpReadRef::Source::kElsewhere, SlotId::Invalid(), w.rank};
+      } else if (auto t = targets.find(a.value()); t != targets.end()) {
+        refs[j] = TpReadRef{TpReadRef::Source::kBuffer, t->second, w.rank};
       } else {
-        refs[j] = TpReadRef{TpReadRef::Source::kBuffer, sh.buffered.at(a.value()), w.rank};
+        auto b = sh.buffered.find(a.value());
+        refs[j] = TpReadRef{TpReadRef::Source::kBuffer, b == sh.buffered.end() ? SlotId::Invalid() : b->second, w.rank};
       }
     }
     plan.stats[h] = w.stats;
   }
-  ULA_EXPENSIVE_CHECK(space_);
   return plan;
 }
 

@@ -36,6 +36,7 @@ class RunAccumulator {
     if (!prev_[request].empty()) overlaps_.push_back(SelectionOverlap(prev_[request], q0, context_len));
     for (std::size_t j = 1; j < queries.size(); ++j) {
       drafts_.push_back(SelectionOverlap(q0, queries[j], context_len));
+      chain_.push_back(SelectionOverlap(queries[j - 1], queries[j], context_len));
     }
     std::vector<std::uint32_t> uni;
     UnionSelections(std::vector<std::vector<std::uint32_t>>(queries.begin(), queries.end()), context_len, uni);
@@ -59,6 +60,7 @@ class RunAccumulator {
   SelectionRunStats Finish(double seconds) {
     stats_.overlap = SummarizeOverlap(std::move(overlaps_));
     stats_.draft_overlap = SummarizeOverlap(std::move(drafts_));
+    stats_.draft_chain_overlap = SummarizeOverlap(std::move(chain_));
     stats_.union_per_top_k = samples_ ? union_sum_ / samples_ : 0;
     stats_.first_rate.resize(kRateWindow);
     stats_.newest_rate.resize(kRateWindow);
@@ -76,7 +78,7 @@ class RunAccumulator {
   double top_k_;
   bool record_;
   std::vector<std::vector<std::uint32_t>> prev_;
-  std::vector<double> overlaps_, drafts_, first_, newest_;
+  std::vector<double> overlaps_, drafts_, chain_, first_, newest_;
   double union_sum_ = 0;
   double samples_ = 0;
   std::uint32_t step_ = 0;  // 1-based after the first BeginStep
@@ -200,9 +202,9 @@ Result<CalibrationReport> CalibrateSelectionModel(const IndexerShape& shape, con
           q.draft_keep = x;
           auto run = RunSelectionModel(q, schedule, false);
           if (!run) return std::unexpected(run.error());
-          return run->draft_overlap.mean;
+          return run->draft_chain_overlap.mean;
         },
-        report.real.draft_overlap.mean);
+        report.real.draft_chain_overlap.mean);
     if (!draft) return std::unexpected(draft.error());
     p.draft_keep = *draft;
   }

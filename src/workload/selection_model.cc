@@ -156,8 +156,9 @@ Status SelectionModel::Step(std::uint64_t stream, std::uint32_t context_len, std
     for (std::uint32_t p = 0; p < std::min(params_.sink_tokens, n); ++p) add(p);
     for (std::uint32_t r = 0; r < params_.recent_tokens && r < n && sel.size() < k; ++r) add(n - 1 - r);
 
-    // The pool to keep from: query 0 keeps from the previous step, drafts from query 0.
-    const std::vector<std::uint32_t>& source = (j == 0) ? st.prev : out[0];
+    // The pool to keep from: query 0 keeps from the previous step, draft j from draft j-1
+    // (a chain: each draft query evolves from the one before it).
+    const std::vector<std::uint32_t>& source = (j == 0) ? st.prev : out[j - 1];
     scratch_.clear();
     for (std::uint32_t p : source) {
       if (p < n && !Marked(p)) scratch_.push_back(p);
@@ -177,14 +178,15 @@ Status SelectionModel::Step(std::uint64_t stream, std::uint32_t context_len, std
       std::swap(scratch_[i], scratch_[r]);
       add(scratch_[i]);
     }
-    // Fresh draws: positions the previous step did not select (query 0) / query 0 did not
-    // select (drafts). Rejection sampling while such positions are plentiful, then a scan.
-    std::vector<bool> in_q0;
+    // Fresh draws: positions the previous step did not select (query 0) / the previous
+    // draft did not select (draft j: query j-1). Rejection sampling while such positions
+    // are plentiful, then a scan.
+    std::vector<bool> in_source;
     if (j > 0) {  // O(1) membership for drafts
-      in_q0.assign(n, false);
-      for (std::uint32_t p : out[0]) in_q0[p] = true;
+      in_source.assign(n, false);
+      for (std::uint32_t p : out[j - 1]) in_source[p] = true;
     }
-    auto excluded_fast = [&](std::uint32_t p) { return Marked(p) || (j == 0 ? was_prev(p) : bool(in_q0[p])); };
+    auto excluded_fast = [&](std::uint32_t p) { return Marked(p) || (j == 0 ? was_prev(p) : bool(in_source[p])); };
     const std::uint32_t need = k - static_cast<std::uint32_t>(sel.size());
     std::uint32_t attempts = 0;
     while (sel.size() < k && attempts < 8 * need + 64) {

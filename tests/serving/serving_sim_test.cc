@@ -288,7 +288,10 @@ TEST(ServingSim, BadScenarioInputIsRefusedWithTheFieldNamed) {
   EXPECT_NE(ErrorWith("/activation_reserve_fraction", 0.1).find("activation_reserve_fraction"), std::string::npos);
   EXPECT_NE(ErrorWith("/sampling/batch_grid", nlohmann::json::array({4, 2})).find("batch_grid[1]"), std::string::npos);
   EXPECT_NE(ErrorWith("/sampling/measure_steps", 0).find("measure_steps"), std::string::npos);
-  EXPECT_NE(ErrorWith("/selection/keep_mean", 2).find("keep_mean"), std::string::npos);
+  // A scenario names its selection fit (configs/selection/); it cannot carry its own copy.
+  EXPECT_NE(ErrorWith("/selection/keep_mean", 0.9).find("keep_mean"), std::string::npos);
+  EXPECT_NE(ErrorWith("/selection/fit", "").find("fit"), std::string::npos);
+  EXPECT_NE(ErrorWith("/selection/seed", -1).find("seed"), std::string::npos);
   EXPECT_NE(ErrorWith("/hisparse_buffer_entries", 0).find("hisparse_buffer_entries"), std::string::npos);
   EXPECT_NE(ErrorWith("/planner_kernels_per_call/value", 0).find("planner_kernels_per_call"), std::string::npos);
   EXPECT_NE(ErrorWith("/hisparse_host_to_device_ratio/value", 0.5).find("hisparse_host_to_device_ratio"),
@@ -296,6 +299,17 @@ TEST(ServingSim, BadScenarioInputIsRefusedWithTheFieldNamed) {
   EXPECT_NE(ErrorWith("/bogus", 1).find("bogus"), std::string::npos);
   EXPECT_NE(ErrorWith("/model", nlohmann::json()).find("model"), std::string::npos);
   EXPECT_EQ(ErrorWith("/num_ranks", 2), "accepted");
+}
+
+TEST(ServingSim, UnknownSelectionFitNamesTheFile) {
+  auto sc = ParseScenarioConfig(ReadTiny(), "tiny.json");
+  ASSERT_TRUE(sc);
+  sc->selection_fit = "nonexistent_fit";
+  CompareOptions o;
+  o.config_dir = kTestConfigs;
+  auto r = RunComparison(*sc, o);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message().find("nonexistent_fit"), std::string::npos);
 }
 
 TEST(ServingSim, UnknownHardwareNamesTheFile) {

@@ -4,10 +4,13 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "ula/calibration.h"
 #include "ula/model_config.h"
+#include "ula/selection_fit.h"
 #include "ula/selection_model.h"
 #include "ula/trace_file.h"
 #include "ula/workload.h"
@@ -198,6 +201,36 @@ TEST(SelectionModel, ReturnsBringBackRecentlyDroppedPositions) {
   EXPECT_FALSE(SelectionModel::Create(p));
 }
 
+// Issue 14 item 8: drafts form a chain. Draft j keeps draft_keep of draft j-1's selection
+// (beyond sinks and recent tokens), so draft 2 overlaps draft 1 by about draft_keep and query 0
+// by about draft_keep^2; unchained, both drafts would overlap query 0 alike.
+TEST(SelectionModel, DraftsAreChained) {
+  DecodeSimConfig schedule = ModelSchedule();
+  schedule.draft_tokens = 2;
+  SelectionModelParams p = Params(0.8);  // 4 sinks + 8 recent of 64; draft_keep 0.5
+  auto model = SelectionModel::Create(p);
+  ASSERT_TRUE(model);
+  std::vector<std::vector<std::uint32_t>> out;
+  double d1_q0 = 0, d2_q0 = 0, d2_d1 = 0;
+  constexpr int kSteps = 200;
+  for (int step = 0; step < kSteps; ++step) {
+    const std::uint32_t n = 4096 + static_cast<std::uint32_t>(step);
+    ASSERT_TRUE(model->Step(3, n, 3, out));
+    d1_q0 += SelectionOverlap(out[0], out[1], n) / kSteps;
+    d2_q0 += SelectionOverlap(out[0], out[2], n) / kSteps;
+    d2_d1 += SelectionOverlap(out[1], out[2], n) / kSteps;
+  }
+  const double fixed = 12.0 / 64, rest = 52.0 / 64;
+  EXPECT_NEAR(d1_q0, fixed + 0.5 * rest, 0.02);
+  EXPECT_NEAR(d2_d1, fixed + 0.5 * rest, 0.02);
+  EXPECT_NEAR(d2_q0, fixed + 0.25 * rest, 0.02);
+  // The calibration statistic of the chain is the same measure.
+  auto run = RunSelectionModel(p, schedule, false);
+  ASSERT_TRUE(run);
+  EXPECT_NEAR(run->draft_chain_overlap.mean, fixed + 0.5 * rest, 0.02);
+  EXPECT_NEAR(run->draft_overlap.mean, fixed + 0.375 * rest, 0.02);  // mean of drafts 1 and 2 vs query 0
+}
+
 TEST(SelectionModel, StreamsAreIndependentOfInterleaving) {
   auto a = SelectionModel::Create(Params(0.7));
   auto b = SelectionModel::Create(Params(0.7));
@@ -217,7 +250,11 @@ TEST(SelectionModel, CalibrationMatchesTheRealIndexerOverlap) {
   ASSERT_TRUE(cal) << cal.error().ToString();
   EXPECT_GT(cal->real.overlap.mean, 0.3);
   EXPECT_NEAR(cal->synthetic.overlap.mean, cal->real.overlap.mean, 0.01);
+  // draft_keep is fitted to the chain (draft vs previous draft); the overlap with query 0
+  // and the union of the step's queries follow from the chain, not from a fit.
+  EXPECT_NEAR(cal->synthetic.draft_chain_overlap.mean, cal->real.draft_chain_overlap.mean, 0.01);
   EXPECT_NEAR(cal->synthetic.draft_overlap.mean, cal->real.draft_overlap.mean, 0.02);
+  EXPECT_NEAR(cal->synthetic.union_per_top_k, cal->real.union_per_top_k, 0.03);
   EXPECT_EQ(cal->fitted.sink_tokens, 4u);  // the boosted keys are found as sinks
   EXPECT_EQ(cal->real.trace.steps.size(), 40u);
 }
@@ -240,6 +277,47 @@ TEST(SelectionModel, CalibrationMatchesTheRealIndexerReuseDistances) {
   EXPECT_NEAR(s.persistent_share, r.persistent_share, 0.1 * r.persistent_share);
   EXPECT_NEAR(s.p99, r.p99, std::max(2.0, 0.1 * r.p99));
   EXPECT_NEAR(cal->synthetic.overlap.mean, cal->real.overlap.mean, 0.01);
+}
+
+// configs/selection/<name>.json: the one fitted parameter set (selection_fit.h).
+TEST(SelectionFit, ConfigLoadsAndRoundTrips) {
+  auto fit = LoadSelectionFitByName("indexer_fit", DefaultConfigDir());
+  ASSERT_TRUE(fit) << fit.error().ToString();
+  EXPECT_NE(fit->source.find("ula bench trace"), std::string::npos) << "the source names the command that fitted it";
+  auto back = ParseSelectionFit(SelectionFitJson(*fit), "round trip");
+  ASSERT_TRUE(back) << back.error().ToString();
+  EXPECT_EQ(back->name, fit->name);
+  EXPECT_EQ(back->source, fit->source);
+  const SelectionModelParams &a = fit->params, &b = back->params;
+  EXPECT_EQ(std::tie(a.top_k, a.sink_tokens, a.recent_tokens, a.return_window, a.seed),
+            std::tie(b.top_k, b.sink_tokens, b.recent_tokens, b.return_window, b.seed));
+  EXPECT_EQ(std::tie(a.keep_mean, a.keep_stddev, a.draft_keep, a.heavy_skew, a.return_fraction),
+            std::tie(b.keep_mean, b.keep_stddev, b.draft_keep, b.heavy_skew, b.return_fraction));
+}
+
+TEST(SelectionFit, BadFilesAreRefusedWithTheFieldNamed) {
+  auto fit = LoadSelectionFitByName("indexer_fit", DefaultConfigDir());
+  ASSERT_TRUE(fit);
+  const nlohmann::json good = nlohmann::json::parse(SelectionFitJson(*fit));
+  auto error_with = [&](const std::string& field, const nlohmann::json& value) {
+    nlohmann::json j = good;
+    if (value.is_null()) {
+      j.erase(field);
+    } else {
+      j[field] = value;
+    }
+    auto r = ParseSelectionFit(j.dump(), "bad.json");
+    return r ? std::string("accepted") : r.error().message();
+  };
+  EXPECT_NE(error_with("keep_mean", 1.5).find("keep_mean"), std::string::npos);
+  EXPECT_NE(error_with("draft_keep", nullptr).find("draft_keep"), std::string::npos);
+  EXPECT_NE(error_with("return_window", 0).find("return_window"), std::string::npos);
+  EXPECT_NE(error_with("heavy_skew", "high").find("heavy_skew"), std::string::npos);
+  EXPECT_NE(error_with("recent_tokens", 1u << 19).find("recent_tokens"), std::string::npos);  // sinks + recent > top_k
+  EXPECT_NE(error_with("bogus", 1).find("bogus"), std::string::npos);
+  EXPECT_NE(error_with("source", nullptr).find("source"), std::string::npos);
+  EXPECT_EQ(error_with("keep_mean", 0.5), "accepted");
+  EXPECT_FALSE(LoadSelectionFitByName("no_such_fit", DefaultConfigDir()));
 }
 
 Trace SmallTrace() {

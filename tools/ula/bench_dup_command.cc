@@ -16,8 +16,8 @@
 // outputs exchanged (bf16 queries, float32 partial records as partial_attention.h), per
 // query token and layer from the model shape. Prefetch overlap: `ula bench tp-prefetch`.
 // Selections: the selection model with the one calibrated parameter set of the configs
-// (configs/scenarios/default.json, "selection": fitted to the real indexer by
-// `ula bench trace`), top-k from the model, seeded by the workload.
+// (configs/selection/<fit>.json named by configs/scenarios/default.json, fitted to the real
+// indexer by `ula bench trace --write-fit`), top-k from the model, seeded by the workload.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -150,8 +150,9 @@ int RunDup(const DupOptions& o) {
   const ModelConfig model = OrDie(LoadModelConfigByName(o.model, dir), "model");
   WorkloadConfig wl = OrDie(LoadWorkloadConfigByName(o.workload, dir), "workload");
   auto specs = OrDie(GenerateWorkload(wl), "workload");
-  // The calibrated selection parameters (the scenario's "selection" block, as `ula compare`).
-  SelectionModelParams sp = OrDie(LoadScenarioConfig(dir / "scenarios" / "default.json"), "scenario").selection;
+  // The calibrated selection parameters: the default scenario's fit (configs/selection/), as `ula compare`.
+  const ScenarioConfig scenario = OrDie(LoadScenarioConfig(dir / "scenarios" / "default.json", dir), "scenario");
+  SelectionModelParams sp = scenario.selection;
   sp.top_k = model.top_k;
   sp.seed = wl.seed;
   const std::uint32_t n_req = std::min<std::uint32_t>(o.requests, static_cast<std::uint32_t>(specs.size()));
@@ -231,9 +232,7 @@ int RunDup(const DupOptions& o) {
     j["scenario"] = {{"model", model.name}, {"workload", wl.name}, {"requests", n_req}, {"groups", groups},
                      {"entry_bytes", entry}, {"queries_per_step", queries}, {"steps", o.steps},
                      {"local_buffer_slots_per_rank_per_group", buffer_slots},
-                     {"selection", {{"sink_tokens", sp.sink_tokens}, {"recent_tokens", sp.recent_tokens},
-                                    {"keep_mean", sp.keep_mean}, {"keep_stddev", sp.keep_stddev},
-                                    {"draft_keep", sp.draft_keep}}}};
+                     {"selection_fit", scenario.selection_fit}};
     j["tp"] = {{"local_buffer_hit_rate", hit_rate},
                {"remote_bytes_per_step_all_ranks", fetch_per_step},
                {"remote_bytes_per_step_per_rank", fetch_per_step / p},
@@ -251,8 +250,7 @@ int RunDup(const DupOptions& o) {
   }
   fmt::print("ula bench dup: model {} workload {}: {} requests, {} groups of {} B, {} queries/step, {} ranks, {} steps\n",
              model.name, wl.name, n_req, groups, entry, queries, p, o.steps);
-  fmt::print("selection model (configs/scenarios/default.json): sinks {}, recent {}, keep_mean {} +- {}, draft_keep {}\n",
-             sp.sink_tokens, sp.recent_tokens, sp.keep_mean, sp.keep_stddev, sp.draft_keep);
+  fmt::print("selection model: configs/selection/{}.json (the default scenario's fit)\n", scenario.selection_fit);
   fmt::print("{:<14} {:<4} {:>16} {:>16} {:>9}\n", "system", "mode", "physical", "distinct", "fraction");
   for (const Row& r : rows) {
     fmt::print("{:<14} {:<4} {:>16} {:>16} {:>9.4f}\n", r.system, r.mode, r.physical, r.distinct,

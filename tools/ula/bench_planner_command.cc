@@ -122,7 +122,7 @@ int Run(const PlannerOptions& o) {
   const auto summary = ReadCsv(summary_path);
   if (summary.empty()) return fail("cannot read the compare summary " + summary_path + " (run ula compare --out DIR; --summary)");
   const auto curve = ReadCsv(compare_path);
-  auto scenario = LoadScenarioConfig(dir / "scenarios" / "default.json");
+  auto scenario = LoadScenarioConfig(dir / "scenarios" / "default.json", dir);
   if (!scenario) return fail(scenario.error().ToString());
   auto model = LoadModelConfigByName("glm5", dir);
   if (!model) return fail(model.error().ToString());

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 #include <memory>
@@ -32,6 +33,8 @@
 #include "command_registry.h"
 #include "policy/belady.h"
 #include "policy/policy_replay.h"
+#include "ula/model_config.h"
+#include "ula/selection_fit.h"
 #include "ula/selection_model.h"
 
 namespace ula::cli {
@@ -55,10 +58,15 @@ struct BenchPolicyOptions {
   // 192 steps = 3 R at the default R = 64: victims older than R rounds (PB-LRU's cold
   // bucket, where it departs from exact LRU) occur from step R + 1 on.
   std::uint32_t context_tokens = 16384, steps = 192, draft_tokens = 0;
-  // docs/WORKLOADS.md, "Selection model": fitted to the real CPU indexer by `ula bench trace`.
-  SelectionModelParams model{.top_k = 2048, .sink_tokens = 4, .recent_tokens = 0, .keep_mean = 0.9116,
-                             .keep_stddev = 0.0141, .draft_keep = 0.8852, .heavy_skew = 0.25,
-                             .return_fraction = 0.7847, .return_window = 8, .seed = 1};
+  // The selection model: configs/selection/<selection_fit>.json (fitted to the real CPU
+  // indexer by `ula bench trace --write-fit`, docs/WORKLOADS.md), top-k of configs/models/<model>.json;
+  // --keep-mean / --heavy-skew (>= 0) override the fit's. Set by RunBenchPolicy.
+  std::string config_dir;
+  std::string selection_fit = "indexer_fit";
+  std::string model_name = "glm5";
+  double keep_mean_override = -1;
+  double heavy_skew_override = -1;
+  SelectionModelParams model;
 };
 
 struct Row {
@@ -124,6 +132,19 @@ Result<policy::SelectionTrace> BuildTrace(const BenchPolicyOptions& o, std::uint
 
 int RunBenchPolicy(const BenchPolicyOptions& o_in) {
   BenchPolicyOptions o = o_in;
+  {
+    const std::filesystem::path dir = o.config_dir.empty() ? DefaultConfigDir() : std::filesystem::path(o.config_dir);
+    auto fit = LoadSelectionFitByName(o.selection_fit, dir);
+    auto model = LoadModelConfigByName(o.model_name, dir);
+    if (!fit || !model) {
+      fmt::print(stderr, "ula bench policy: {}\n", (!fit ? fit.error() : model.error()).ToString());
+      return 2;
+    }
+    o.model = fit->params;
+    o.model.top_k = model->top_k;
+    if (o.keep_mean_override >= 0) o.model.keep_mean = o.keep_mean_override;
+    if (o.heavy_skew_override >= 0) o.model.heavy_skew = o.heavy_skew_override;
+  }
   o.model.seed = o.seed;
   constexpr double kPoolFraction = 0.5;
   constexpr std::uint32_t kSweepBatch = 64;
@@ -281,8 +302,12 @@ Action SetupBenchPolicy(CLI::App& app) {
   app.add_option("--steps", o->steps, "decode steps (16 warm-up)")->capture_default_str()->check(IntIn(1, 1000000));
   app.add_option("--draft-tokens", o->draft_tokens, "speculative draft queries per request and step")
       ->capture_default_str()->check(IntIn(0, 64));
-  app.add_option("--keep-mean", o->model.keep_mean, "selection model keep_mean (overlap)")->capture_default_str()
+  app.add_option("--keep-mean", o->keep_mean_override, "selection model keep_mean (overlap; default: the fit's)")
       ->check(RealIn(0, 1));
+  app.add_option("--config-dir", o->config_dir, "configs directory (default: $ULA_CONFIG_DIR or the source tree's)");
+  app.add_option("--selection-fit", o->selection_fit, "configs/selection/<name>.json fitted selection model")
+      ->capture_default_str();
+  app.add_option("--model", o->model_name, "configs/models/<name>.json (its top-k)")->capture_default_str();
   app.add_option("--seed", o->seed, "trace seed")->capture_default_str()->check(Seed());
   app.add_option("--recent-buckets", o->recent_buckets, "PB-LRU ring size R")->capture_default_str()
       ->check(IntIn(1, 1024));
@@ -292,8 +317,8 @@ Action SetupBenchPolicy(CLI::App& app) {
       ->check(RealIn(0, 1, /*lo_open=*/true));
   app.add_option("--skews", o->skews, "selection-model heavy_skew values of the skew sweep (batch 64)")
       ->capture_default_str()->check(RealIn(0, 4));
-  app.add_option("--heavy-skew", o->model.heavy_skew, "selection-model heavy_skew of the main rows")
-      ->capture_default_str()->check(RealIn(0, 4));
+  app.add_option("--heavy-skew", o->heavy_skew_override, "selection-model heavy_skew of the main rows (default: the fit's)")
+      ->check(RealIn(0, 4));
   app.add_option("--parallel-min-slots", o->parallel_min_slots, "smallest Touch batch split over OpenMP threads")
       ->capture_default_str()->check(AtLeast<std::uint32_t>(1));
   return [o] { return RunBenchPolicy(*o); };

@@ -6,15 +6,32 @@
 // variants that share a random part of it and then differ; with checkpoints at the
 // branching point (the cache's token-granular match) against without (checkpoints only
 // every checkpoint_interval tokens and at the end, as the page-granular cache had).
+//
+// Sizes (issue 14 item 11): the small model computes, but the buffer's accounting follows a
+// real hybrid model's config (--sizing NAME: configs/hybrid/NAME.json, default Qwen3-Next-80B-A3B):
+// its state bytes per request (every linear-attention layer's recurrent and conv state) and
+// its KV bytes per token (every full-attention layer), so that one checkpoint is worth as
+// many KV pages as in that model. The ratio is kept, the scale is not: a KV page is the small
+// model's page block (16 tokens), and a state block is ratio x that many bytes (ratio =
+// real state bytes / real bytes of a 16-token page), so the buffer is the real model's at
+// 1 / (real page bytes / small page bytes) scale. The small model's own state and sliding-
+// window ring sit at the start of their blocks. --sizing small: the small model's own bytes.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+#include <string>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "cli_checks.h"
 #include "command_registry.h"
+#include "config/json_fields.h"
+#include "ula/model_config.h"
 #include "ula/fixed_split_allocator.h"
 #include "ula/hybrid_runner.h"
 #include "ula/unified_buffer.h"
@@ -36,7 +53,74 @@ struct Options {
   std::uint32_t variants = 3;  // branching experiment: variants per prefix
   std::uint32_t host_slots = 64;  // the host-tier run: checkpoints the host holds
   std::uint32_t host_page_slots = 512;  // the host-tier run with KV: KV pages the host holds
+  std::string sizing = "qwen3_next_80b_a3b";  // configs/hybrid/<name>.json, or "small"
+  std::string config_dir;
 };
+
+// A real hybrid model's memory per request and per token (configs/hybrid/<name>.json).
+struct RealSizing {
+  std::string name;
+  std::uint32_t attention_layers = 0, linear_layers = 0;
+  std::uint64_t kv_bytes_per_token = 0;  // all full-attention layers
+  std::uint64_t state_bytes = 0;         // one request's recurrent + conv state, all linear layers
+  std::uint64_t ssm_bytes_per_layer = 0, conv_bytes_per_layer = 0;
+};
+
+Result<RealSizing> LoadRealSizing(const std::string& name, const std::filesystem::path& dir) {
+  const std::string path = (dir / "hybrid" / (name + ".json")).string();
+  auto text = config_internal::ReadTextFile(path);
+  if (!text) return std::unexpected(text.error());
+  auto f = config_internal::JsonFields::Parse(*text, path);
+  if (!f) return std::unexpected(f.error());
+  RealSizing r;
+  auto n = f->String("name");
+  if (!n) return std::unexpected(n.error());
+  r.name = *n;
+  for (const char* field : {"source", "state_layout"}) {
+    if (auto v = f->String(field); !v) return std::unexpected(v.error());
+  }
+  std::uint64_t v[10];
+  const char* ints[10] = {"num_hidden_layers",     "full_attention_interval", "num_key_value_heads",
+                          "head_dim",              "linear_num_key_heads",    "linear_num_value_heads",
+                          "linear_key_head_dim",   "linear_value_head_dim",   "linear_conv_kernel_dim", nullptr};
+  for (int i = 0; ints[i] != nullptr; ++i) {
+    auto x = f->UInt(ints[i], 1, 1u << 20);
+    if (!x) return std::unexpected(x.error());
+    v[i] = *x;
+  }
+  double bytes[3];
+  const char* sourced[3] = {"kv_bytes_per_value", "conv_state_bytes_per_value", "ssm_state_bytes_per_value"};
+  for (int i = 0; i < 3; ++i) {
+    auto x = f->SourcedDouble(sourced[i], 0.5, 8);
+    if (!x) return std::unexpected(x.error());
+    bytes[i] = *x;
+  }
+  ULA_RETURN_IF_ERROR(f->CheckNoUnknownFields());
+  const auto [layers, interval, kv_heads, head_dim, lk_heads, lv_heads, lk_dim, lv_dim, conv_k] =
+      std::array<std::uint64_t, 9>{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]};
+  if (layers % interval != 0) return std::unexpected(f->FieldError("full_attention_interval", "must divide num_hidden_layers"));
+  r.attention_layers = static_cast<std::uint32_t>(layers / interval);
+  r.linear_layers = static_cast<std::uint32_t>(layers - r.attention_layers);
+  r.kv_bytes_per_token = static_cast<std::uint64_t>(r.attention_layers * 2 * kv_heads * head_dim * bytes[0]);
+  const std::uint64_t conv_dim = 2 * lk_heads * lk_dim + lv_heads * lv_dim;
+  r.conv_bytes_per_layer = static_cast<std::uint64_t>((conv_k - 1) * conv_dim * bytes[1]);
+  r.ssm_bytes_per_layer = static_cast<std::uint64_t>(lv_heads * lk_dim * lv_dim * bytes[2]);
+  r.state_bytes = r.linear_layers * (r.conv_bytes_per_layer + r.ssm_bytes_per_layer);
+  return r;
+}
+
+// The allocator's kinds: the small model's, with the state block sized to the real model's
+// state/page ratio (nullopt sizing: the small model's own).
+std::vector<KindConfig> AccountedKinds(const HybridModel& model, const std::optional<RealSizing>& real) {
+  auto kinds = model.Kinds(64);
+  if (real) {
+    const double real_page = double(real->kv_bytes_per_token) * model.config().page_tokens;
+    const double ratio = double(real->state_bytes) / real_page;
+    const auto state = static_cast<std::uint64_t>(std::ceil(ratio * double(kinds[1].block_bytes) / 64.0)) * 64;
+    kinds[0].block_bytes = std::max(kinds[0].block_bytes, state);
+  }
+  return kinds;
+}
 
 std::vector<std::uint32_t> RandomTokens(std::mt19937& rng, std::size_t n, std::uint32_t vocab) {
   std::vector<std::uint32_t> t(n);
@@ -51,8 +135,7 @@ struct Sizes {
   std::uint64_t buffer_bytes;
 };
 
-Sizes ComputeSizes(const HybridModel& model, const Options& o) {
-  const auto kinds = model.Kinds(64);
+Sizes ComputeSizes(const std::vector<KindConfig>& kinds, const HybridModel& model, const Options& o) {
   const std::uint32_t P = model.config().page_tokens;
   Sizes s;
   s.page_bytes = kinds[1].block_bytes;
@@ -80,13 +163,13 @@ struct RunResult {
   EvictionStats evicted;
 };
 
-Result<RunResult> RunOnce(const HybridModel& model, const Options& o, const Sizes& sizes, EvictionRule rule, bool chunked,
-                          std::uint32_t host_slots, std::uint32_t host_page_slots,
-                          const std::vector<std::vector<std::uint32_t>>& prefixes,
+Result<RunResult> RunOnce(const HybridModel& model, const std::vector<KindConfig>& kinds, const Options& o,
+                          const Sizes& sizes, EvictionRule rule, bool chunked, std::uint32_t host_slots,
+                          std::uint32_t host_page_slots, const std::vector<std::vector<std::uint32_t>>& prefixes,
                           const std::vector<std::vector<std::uint32_t>>& returning) {
   UnifiedBufferConfig c;
   c.alignment = 64;
-  c.kinds = model.Kinds(64);
+  c.kinds = kinds;
   c.capacity_bytes = sizes.buffer_bytes;
   c.padding_kind = kModelKvKind;
   c.padding_blocks = 1;
@@ -138,12 +221,13 @@ struct BranchResult {
 };
 
 // Serves every prefix, then its variants, on a buffer large enough that nothing is evicted.
-Result<BranchResult> RunBranching(const HybridModel& model, const Options& o, const Sizes& sizes,
+Result<BranchResult> RunBranching(const HybridModel& model, const std::vector<KindConfig>& kinds, const Options& o,
+                                  const Sizes& sizes,
                                   std::uint32_t alignment, const std::vector<std::vector<std::uint32_t>>& prefixes,
                                   const std::vector<std::vector<std::uint32_t>>& variants) {
   UnifiedBufferConfig c;
   c.alignment = 64;
-  c.kinds = model.Kinds(64);
+  c.kinds = kinds;
   c.capacity_bytes = (prefixes.size() + variants.size()) * 2 * sizes.prefix_bytes + sizes.page_bytes;
   c.padding_kind = kModelKvKind;
   c.padding_blocks = 1;
@@ -271,7 +355,20 @@ int Run(const Options& o) {
     fmt::print(stderr, "{}\n", model.error().ToString());
     return 1;
   }
-  const Sizes sizes = ComputeSizes(**model, o);
+  std::optional<RealSizing> real;
+  if (o.sizing != "small") {
+    const std::filesystem::path dir = o.config_dir.empty() ? DefaultConfigDir() : std::filesystem::path(o.config_dir);
+    auto r = LoadRealSizing(o.sizing, dir);
+    if (!r) {
+      fmt::print(stderr, "ula bench prefix: {}\n", r.error().ToString());
+      return 2;
+    }
+    real = *r;
+  }
+  const std::vector<KindConfig> kinds = AccountedKinds(**model, real);
+  const Sizes sizes = ComputeSizes(kinds, **model, o);
+  const std::uint32_t page_tokens = (*model)->config().page_tokens;
+  const double pages_per_checkpoint = double(sizes.checkpoint_bytes) / double(sizes.page_bytes);
   std::mt19937 rng(o.seed);
   std::vector<std::vector<std::uint32_t>> prefixes, returning;
   for (std::uint32_t i = 0; i < o.prefixes; ++i) {
@@ -285,6 +382,17 @@ int Run(const Options& o) {
   out["sizes"] = {{"buffer_bytes", sizes.buffer_bytes},       {"page_bytes", sizes.page_bytes},
                   {"checkpoint_bytes", sizes.checkpoint_bytes}, {"cached_prefix_bytes", sizes.prefix_bytes},
                   {"all_prefixes_bytes", o.prefixes * sizes.prefix_bytes}, {"long_request_bytes", sizes.long_bytes}};
+  out["sizing"] = {{"name", o.sizing}, {"checkpoint_pages", pages_per_checkpoint}, {"page_tokens", page_tokens}};
+  if (real) {
+    const std::uint64_t real_page = real->kv_bytes_per_token * page_tokens;
+    out["sizing"].update({{"attention_layers", real->attention_layers}, {"linear_layers", real->linear_layers},
+                          {"kv_bytes_per_token", real->kv_bytes_per_token}, {"kv_bytes_per_page", real_page},
+                          {"state_bytes_per_request", real->state_bytes},
+                          {"ssm_bytes_per_layer", real->ssm_bytes_per_layer},
+                          {"conv_bytes_per_layer", real->conv_bytes_per_layer},
+                          {"state_per_page", double(real->state_bytes) / double(real_page)},
+                          {"scale", double(real_page) / double(sizes.page_bytes)}});
+  }
   out["setup"] = {{"prefixes", o.prefixes}, {"prefix_tokens", o.prefix_tokens}, {"suffix_tokens", o.suffix_tokens},
                   {"new_tokens", o.new_tokens}, {"checkpoint_interval", o.checkpoint_interval},
                   {"long_tokens", o.long_tokens}, {"chunk_tokens", o.chunk_tokens}, {"seed", o.seed},
@@ -293,8 +401,18 @@ int Run(const Options& o) {
     fmt::print("buffer {} KiB: {} prefixes x {} KiB cached ({} KiB) + {} KiB free; long request {} tokens = {} KiB\n",
                sizes.buffer_bytes >> 10, o.prefixes, sizes.prefix_bytes >> 10, (o.prefixes * sizes.prefix_bytes) >> 10,
                (sizes.buffer_bytes - o.prefixes * sizes.prefix_bytes) >> 10, o.long_tokens, sizes.long_bytes >> 10);
-    fmt::print("page {} B (16 tokens x 2 attention layers), checkpoint {} B (state {} B + window ring {} B)\n",
-               sizes.page_bytes, sizes.checkpoint_bytes, sizes.state_bytes, sizes.window_bytes);
+    if (real) {
+      const std::uint64_t real_page = real->kv_bytes_per_token * page_tokens;
+      fmt::print("sizing {}: {} full-attention layers -> KV {} B/token, {} B per {}-token page; {} linear layers x "
+                 "(recurrent {} B + conv {} B) -> state {} B per request = {:.1f} pages; accounted at 1/{:.1f} scale\n",
+                 real->name, real->attention_layers, real->kv_bytes_per_token, real_page, page_tokens,
+                 real->linear_layers, real->ssm_bytes_per_layer, real->conv_bytes_per_layer, real->state_bytes,
+                 double(real->state_bytes) / double(real_page), double(real_page) / double(sizes.page_bytes));
+    } else {
+      fmt::print("sizing small: the small CPU model's own bytes\n");
+    }
+    fmt::print("page {} B, checkpoint {} B = {:.1f} pages (state block {} B + window ring {} B)\n", sizes.page_bytes,
+               sizes.checkpoint_bytes, pages_per_checkpoint, sizes.state_bytes, sizes.window_bytes);
     fmt::print("{:<24} {:>7} {:>9} {:>7} {:>11} {:>13} {:>15} {:>13}\n", "rule", "chunked", "retained", "on host",
                "recomputed", "returning_ms", "evicted nodes", "evicted pages");
   }
@@ -315,7 +433,8 @@ int Run(const Options& o) {
     {
       const bool chunked = config.chunked;
       const EvictionRule rule = config.rule;
-      auto r = RunOnce(**model, o, sizes, rule, chunked, config.host_slots, config.host_page_slots, prefixes, returning);
+      auto r = RunOnce(**model, kinds, o, sizes, rule, chunked, config.host_slots, config.host_page_slots, prefixes,
+                       returning);
       if (!r) {
         fmt::print(stderr, "run failed: {}\n", r.error().ToString());
         return 1;
@@ -363,7 +482,7 @@ int Run(const Options& o) {
                "ms");
   }
   for (std::uint32_t alignment : {0u, (*model)->config().page_tokens}) {
-    auto r = RunBranching(**model, o, sizes, alignment, prefixes, variants);
+    auto r = RunBranching(**model, kinds, o, sizes, alignment, prefixes, variants);
     if (!r) {
       fmt::print(stderr, "branching run failed: {}\n", r.error().ToString());
       return 1;
@@ -428,6 +547,9 @@ Action Setup(CLI::App& app) {
       ->check(RealIn(0, 10));
   app.add_option("--seed", o->seed, "token seed")->check(AtLeast<std::uint32_t>(0));
   app.add_option("--variants", o->variants, "branching experiment: variants per prefix")->check(IntIn(1, 100));
+  app.add_option("--sizing", o->sizing, "configs/hybrid/<name>.json real model whose bytes the buffer accounts, or small")
+      ->capture_default_str();
+  app.add_option("--config-dir", o->config_dir, "configs directory (default: $ULA_CONFIG_DIR or the source tree's)");
   app.add_option("--host-slots", o->host_slots, "checkpoints the host tier of the host-tier run holds")
       ->check(IntIn(1, 100000));
   app.add_option("--host-page-slots", o->host_page_slots, "KV pages the host tier of the KV host-tier run holds")

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -15,6 +16,7 @@
 #include "ula/attention_check.h"
 #include "ula/calibration.h"
 #include "ula/model_config.h"
+#include "ula/selection_fit.h"
 #include "ula/trace_file.h"
 
 namespace ula::cli {
@@ -25,6 +27,7 @@ struct TraceOptions {
   std::string calibration = "indexer_calibration";
   std::string attention_model = "tiny_glm";
   std::string trace_out;
+  std::string write_fit;  // configs/selection/<name>.json to write the fit to
   std::vector<double> sweep;
   double heavy_skew = -1;  // < 0: fitted
   double return_fraction = -1;
@@ -89,6 +92,28 @@ int Run(const TraceOptions& o) {
     if (auto st = WriteTraceFile(o.trace_out + ".real", cal->real.trace); !st) return fail(st.error());
     if (auto st = WriteTraceFile(o.trace_out + ".synthetic", cal->synthetic.trace); !st) return fail(st.error());
   }
+  if (!o.write_fit.empty()) {  // the one fitted parameter set every consumer reads (selection_fit.h)
+    if (o.heavy_skew >= 0 || o.return_fraction >= 0) {
+      fmt::print(stderr, "ula bench trace: --write-fit writes the fit: not with --heavy-skew/--return-fraction\n");
+      return 2;
+    }
+    SelectionFit fit;
+    fit.name = std::filesystem::path(o.write_fit).stem().string();
+    fit.source = fmt::format(
+        "`ula bench trace --calibration {} --write-fit configs/selection/{}.json`: the selection model "
+        "(drafts chained) fitted to the real CPU indexer on workloads/{}.json (model {}, top-k {}, {} requests x {} "
+        "prompt tokens, {} steps, {} queries/step, seed {}); docs/WORKLOADS.md",
+        o.calibration, fit.name, o.calibration, schedule->model, shape.top_k, schedule->num_requests,
+        schedule->prompt_tokens, schedule->decode_steps, schedule->queries_per_step(), schedule->seed);
+    fit.params = cal->fitted;
+    std::ofstream out(o.write_fit, std::ios::binary | std::ios::trunc);
+    out << SelectionFitJson(fit);
+    out.close();
+    if (!out) {
+      fmt::print(stderr, "ula bench trace: cannot write {}\n", o.write_fit);
+      return 2;
+    }
+  }
   std::vector<std::pair<double, double>> sweep;  // (target, achieved)
   for (double target : o.sweep) {
     auto p = FitKeepForOverlap(cal->fitted, *schedule, target);
@@ -113,6 +138,7 @@ int Run(const TraceOptions& o) {
     j["real"] = {{"overlap_mean", cal->real.overlap.mean},
                  {"overlap", StatsJson(cal->real.overlap)},
                  {"draft_overlap_mean", cal->real.draft_overlap.mean},
+                 {"draft_chain_overlap_mean", cal->real.draft_chain_overlap.mean},
                  {"union_per_top_k", cal->real.union_per_top_k},
                  {"reuse", ReuseJson(cal->real.reuse)},
                  {"seconds", cal->real.seconds},
@@ -121,6 +147,7 @@ int Run(const TraceOptions& o) {
     j["synthetic"] = {{"overlap_mean", cal->synthetic.overlap.mean},
                       {"overlap", StatsJson(cal->synthetic.overlap)},
                       {"draft_overlap_mean", cal->synthetic.draft_overlap.mean},
+                      {"draft_chain_overlap_mean", cal->synthetic.draft_chain_overlap.mean},
                       {"union_per_top_k", cal->synthetic.union_per_top_k},
                       {"reuse", ReuseJson(cal->synthetic.reuse)},
                       {"seconds", cal->synthetic.seconds},
@@ -159,6 +186,7 @@ int Run(const TraceOptions& o) {
     row("p50", r.p50, s.p50);
     row("p90", r.p90, s.p90);
     row("draft vs query 0 mean", cal->real.draft_overlap.mean, cal->synthetic.draft_overlap.mean);
+    row("draft vs previous mean", cal->real.draft_chain_overlap.mean, cal->synthetic.draft_chain_overlap.mean);
     row("union / top-k", cal->real.union_per_top_k, cal->synthetic.union_per_top_k);
     for (int b = 0; b < 10; ++b) {
       fmt::print("  hist [{:.1f},{:.1f}{}       {:>10} {:>10}\n", b / 10.0, (b + 1) / 10.0, b == 9 ? "]" : ")",
@@ -209,6 +237,7 @@ Action SetupTrace(CLI::App& app) {
   app.add_option("--return-fraction", o->return_fraction, "use this selection-model return_fraction instead of the fitted one")
       ->check(RealIn(0, 1));
   app.add_option("--trace-out", o->trace_out, "write PATH.real and PATH.synthetic trace files");
+  app.add_option("--write-fit", o->write_fit, "write the fitted parameter set as a configs/selection/ file");
   app.add_flag("--json", o->json, "print one JSON object");
   return [o]() { return Run(*o); };
 }

@@ -177,7 +177,7 @@ int Run(const CompareCliOptions& o) {
   const auto start = std::chrono::steady_clock::now();
   const std::filesystem::path dir = o.config_dir.empty() ? DefaultConfigDir() : std::filesystem::path(o.config_dir);
   const std::filesystem::path scenario_path = o.scenario.empty() ? dir / "scenarios" / "default.json" : std::filesystem::path(o.scenario);
-  auto scenario = LoadScenarioConfig(scenario_path);
+  auto scenario = LoadScenarioConfig(scenario_path, dir);
   if (!scenario) {
     fmt::print(stderr, "ula compare: {}\n", scenario.error().ToString());
     return 2;
