@@ -72,6 +72,10 @@ struct TpVerifierConfig {
   bool parallel_ranks = true;
   bool record = false;
   double fault_rate = 0;  // in [0, 1]; see "Faults" above
+  // Requests that arrive before the first op (at most 24, the verifier's live cap): a short
+  // run then holds a full workload whatever the seed, so that pools smaller than it are
+  // under pressure from the start.
+  std::uint32_t initial_requests = 0;
 
   Status Validate() const;
   std::uint32_t buffer_slots() const;
@@ -89,6 +93,9 @@ struct TpStepRecord {
 struct TpVerifierReport {
   std::uint64_t seed = 0;
   std::uint64_t ops = 0;
+  std::uint64_t rounds = 0;          // step ops with a non-empty batch (each steps every group)
+  std::uint64_t sub_batches = 0;     // non-empty sub-batches of those rounds, per group:
+                                     // steps + rejected_steps + failed_calls == sub_batches * num_groups
   std::uint64_t steps = 0;           // successful group steps (all hosted ranks)
   std::uint64_t rejected_steps = 0;  // refused for lack of room (checked unchanged)
   std::uint64_t entries_checked = 0;

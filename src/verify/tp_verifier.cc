@@ -45,6 +45,10 @@ Status TpVerifierConfig::Validate() const {
                            top_k * queries_per_request));
   }
   if (copy_threads < 0) return bad("copy_threads must be >= 0");
+  if (initial_requests > verify_internal::kMaxLiveRequests) {
+    return bad(fmt::format("initial_requests = {}: at most {} (the live cap)", initial_requests,
+                           verify_internal::kMaxLiveRequests));
+  }
   if (!(fault_rate >= 0 && fault_rate <= 1)) return bad(fmt::format("fault_rate = {}: must be in [0, 1]", fault_rate));
   return Ok();
 }
@@ -329,6 +333,8 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
       if (b.size() < cfg_.max_batch) b.push_back(&r);
     }
     ++step_;
+    if (!batch[0].empty() || !batch[1].empty()) ++report_.rounds;
+    report_.sub_batches += !batch[0].empty() + !batch[1].empty();
     for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
       const GroupId gid(static_cast<std::uint16_t>(g));
       std::vector<LogicalAddr> sel[2];
