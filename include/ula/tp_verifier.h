@@ -25,7 +25,8 @@
 // config.seed (and the rank), failing that fraction of the planner's copy and swap batches
 // and remote fetches, some after landing part of their moves; armed only while the planner
 // steps. In-process ranks use no fabric: their remote phase copies through the backend, so
-// its faults are the backend's. A step that fails with kIo is a failed call
+// its faults are the backend's; they step on one thread then (parallel_ranks is ignored),
+// so that the seed reproduces every fault. A step that fails with kIo is a failed call
 // (TpStepPlanner::Step's documented state); afterwards, on every hosted rank, each selected
 // entry that the rank would read there — homed here and on device, or buffered here —
 // must hold its shadow bytes at that slot (else an early publish: attention would read
