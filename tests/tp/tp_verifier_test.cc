@@ -127,6 +127,41 @@ TEST(TpVerifier, AttentionAtHomeMatchesTheReferenceWith2_4_8InProcessRanks) {
   }
 }
 
+// Injected transfer failures (TpVerifierConfig::fault_rate, in-process ranks: home copies
+// and swaps, cross-rank buffer copies): some steps fail, and after each the verifier finds
+// no early publish and no lost entry; the steps between failures read what they left.
+TEST(TpVerifier, FailedStepsPublishNothingEarlyAndLoseNothingWithBothStrategies) {
+  ULA_TEST_SEEDED(seed, 20261201);
+  for (TpAttention attention : {TpAttention::kLocalBuffer, TpAttention::kAtHome}) {
+    TpVerifierConfig c;
+    c.seed = seed;
+    c.ops = kOps;
+    c.num_ranks = 4;
+    c.top_k = 16;
+    c.initial_requests = kFullWorkload;
+    c.device_slots_per_group = RoundDevice(c);
+    c.attention = attention;
+    c.fault_rate = attention == TpAttention::kLocalBuffer ? 0.05 : 0.2;
+    auto report = RunTpVerifier(c);
+    ASSERT_TRUE(report) << report.error().ToString();
+    ExpectClean(*report);
+    PrintReport(*report);
+    std::printf("  faults=%llu failed steps=%llu lost=%llu early=%llu\n", (unsigned long long)report->faults_injected,
+                (unsigned long long)report->failed_calls, (unsigned long long)report->entries_lost,
+                (unsigned long long)report->early_publishes);
+    EXPECT_EQ(report->entries_lost, 0u);
+    EXPECT_EQ(report->early_publishes, 0u);
+    EXPECT_GT(report->failed_calls, 0u);
+    EXPECT_GE(report->faults_injected, report->failed_calls);  // a failed step had at least one fault
+    EXPECT_GT(report->steps, 0u);
+    EXPECT_EQ(report->steps + report->rejected_steps + report->failed_calls, report->sub_batches * c.num_groups);
+    EXPECT_TRUE(report->ok());
+  }
+  TpVerifierConfig bad;
+  bad.fault_rate = 1.5;
+  EXPECT_EQ(RunTpVerifier(bad).error().code(), ErrorCode::kInvalidArgument);
+}
+
 // A run that starts with more requests than the live cap is refused.
 TEST(TpVerifier, TooManyInitialRequestsAreRefused) {
   TpVerifierConfig c;
