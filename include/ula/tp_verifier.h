@@ -20,6 +20,21 @@
 // each rank's heads are compared with SparseMlaAttention over the shadow bytes (float
 // tolerance: the sums run in another order) — on every step, not only when recording.
 //
+// Faults (config.fault_rate > 0): the backend is a FaultInjectingBackend (fault_backend.h)
+// and, under MPI, the fabric a FaultInjectingFabric (fault_fabric.h), both seeded from
+// config.seed (and the rank), failing that fraction of the planner's copy and swap batches
+// and remote fetches, some after landing part of their moves; armed only while the planner
+// steps. In-process ranks use no fabric: their remote phase copies through the backend, so
+// its faults are the backend's; they step on one thread then (parallel_ranks is ignored),
+// so that the seed reproduces every fault. A step that fails with kIo is a failed call
+// (TpStepPlanner::Step's documented state); afterwards, on every hosted rank, each selected
+// entry that the rank would read there — homed here and on device, or buffered here —
+// must hold its shadow bytes at that slot (else an early publish: attention would read
+// bytes that never arrived), every live hosted entry must read back its shadow (else a lost
+// entry), and the invariants must hold. Under MPI the ranks agree after every step whether
+// any rank's step failed (one AllTrue), and then skip that step's attention at home (a
+// collective the failed rank cannot join with a plan).
+//
 // Records (config.record): per step and hosted rank the refs and an attention output —
 // with local buffers the reference attention of every request's first query read at the
 // rank's refs, at home the merged output of the rank's heads for every query — what the
@@ -57,6 +72,11 @@ struct TpVerifierConfig {
   int copy_threads = 1;
   bool parallel_ranks = true;
   bool record = false;
+  double fault_rate = 0;  // in [0, 1]; see "Faults" above
+  // Requests that arrive before the first op (at most 24, the verifier's live cap): a short
+  // run then holds a full workload whatever the seed, so that pools smaller than it are
+  // under pressure from the start.
+  std::uint32_t initial_requests = 0;
 
   Status Validate() const;
   std::uint32_t buffer_slots() const;
@@ -74,6 +94,9 @@ struct TpStepRecord {
 struct TpVerifierReport {
   std::uint64_t seed = 0;
   std::uint64_t ops = 0;
+  std::uint64_t rounds = 0;          // step ops with a non-empty batch (each steps every group)
+  std::uint64_t sub_batches = 0;     // non-empty sub-batches of those rounds, per group:
+                                     // steps + rejected_steps + failed_calls == sub_batches * num_groups
   std::uint64_t steps = 0;           // successful group steps (all hosted ranks)
   std::uint64_t rejected_steps = 0;  // refused for lack of room (checked unchanged)
   std::uint64_t entries_checked = 0;
@@ -90,11 +113,16 @@ struct TpVerifierReport {
   std::uint64_t partial_bytes_sent = 0;     // at home: partial records sent to other ranks (hosted)
   std::uint64_t attention_mismatches = 0;   // at home: outside the tolerance
   double max_attention_error = 0.0;         // at home: largest |merged - reference|
+  std::uint64_t faults_injected = 0;        // fault_rate > 0: batches and fetches failed (hosted ranks)
+  std::uint64_t failed_calls = 0;           // steps that failed with kIo on this process
+  std::uint64_t entries_lost = 0;           // after a failed call: live entries that no longer read their bytes
+  std::uint64_t early_publishes = 0;        // after a failed call: refs published without their bytes
   std::vector<std::string> first_failures;  // up to 10
   std::vector<TpStepRecord> records;
 
   bool ok() const {
-    return mismatches == 0 && invariant_failures == 0 && bad_input_failures == 0 && attention_mismatches == 0;
+    return mismatches == 0 && invariant_failures == 0 && bad_input_failures == 0 && attention_mismatches == 0 &&
+           entries_lost == 0 && early_publishes == 0;
   }
 };
 

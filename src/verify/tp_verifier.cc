@@ -12,6 +12,8 @@
 #include <unordered_set>
 
 #include "ula/backend.h"
+#include "ula/fault_backend.h"
+#include "ula/fault_fabric.h"
 #include "ula/tp_home_attention.h"
 #include "ula/reference_attention.h"
 #include "ula/tp_fabric.h"
@@ -43,6 +45,11 @@ Status TpVerifierConfig::Validate() const {
                            top_k * queries_per_request));
   }
   if (copy_threads < 0) return bad("copy_threads must be >= 0");
+  if (initial_requests > verify_internal::kMaxLiveRequests) {
+    return bad(fmt::format("initial_requests = {}: at most {} (the live cap)", initial_requests,
+                           verify_internal::kMaxLiveRequests));
+  }
+  if (!(fault_rate >= 0 && fault_rate <= 1)) return bad(fmt::format("fault_rate = {}: must be in [0, 1]", fault_rate));
   return Ok();
 }
 
@@ -57,17 +64,96 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   friend Core;
 
  public:
+  // faults / fault_fabric: the decorators over backend and fabric when cfg.fault_rate > 0
+  // (the space moves through `faults`; `fabric` is then `fault_fabric` itself).
   TpVerifier(const TpVerifierConfig& cfg, TpFabric* fabric, std::unique_ptr<Backend> backend,
+             std::unique_ptr<FaultInjectingBackend> faults, FaultInjectingFabric* fault_fabric,
              std::unique_ptr<TpAddressSpace> space)
-      : Core(cfg), fabric_(fabric), backend_(std::move(backend)), space_(std::move(space)),
-        planner_(*space_, fabric, {.parallel_ranks = cfg.parallel_ranks}) {
+      : Core(cfg), fabric_(fabric), backend_(std::move(backend)), faults_(std::move(faults)),
+        fault_fabric_(fault_fabric), space_(std::move(space)),
+        // With faults the hosted ranks step on one thread: the decorator's dice are then
+        // drawn in a fixed order, so that the seed reproduces every fault.
+        planner_(*space_, fabric, {.parallel_ranks = cfg.parallel_ranks && cfg.fault_rate == 0}) {
+    Arm(false);  // armed only around planner steps
     const std::uint32_t values = cfg.entry_bytes / 4;
     // At home: 6 heads, so that 4 and 8 ranks own uneven head ranges (some none).
     const std::uint32_t heads = cfg.attention == TpAttention::kAtHome ? 6 : 2;
     mla_ = MlaShape{.num_heads = heads, .kv_lora_rank = values - 4, .rope_dim = 4, .softmax_scale = 0.125f};
   }
 
+  TpVerifierReport Finish() {
+    TpVerifierReport r = Run();
+    if (faults_) r.faults_injected += faults_->stats().injected;
+    if (fault_fabric_) r.faults_injected += fault_fabric_->stats().injected;
+    return r;
+  }
+
  private:
+  void Arm(bool armed) {
+    if (faults_) faults_->set_armed(armed);
+    if (fault_fabric_) fault_fabric_->set_armed(armed);
+  }
+  bool injecting() const { return faults_ != nullptr; }
+
+  // After a step failed with kIo (TpStepPlanner::Step's documented state), on every hosted
+  // rank: each selected entry that the rank would read here — homed here and on device, or
+  // (local buffers) buffered here — holds its shadow bytes at that slot, else it was
+  // published early; every live entry homed here reads back its shadow, else it is lost;
+  // the invariants hold.
+  void CheckAfterFailedStep(GroupId g, std::span<const LogicalAddr> sel) {
+    std::unordered_set<std::uint64_t> early;  // (rank, address) published without bytes
+    auto key = [](Rank r, LogicalAddr a) { return (std::uint64_t{r.value()} << 32) | a.value(); };
+    for (Rank h : space_->hosted_ranks()) {
+      for (LogicalAddr a : sel) {
+        if (early.contains(key(h, a))) continue;
+        std::optional<TpReadRef> ref;
+        if (space_->HomeOf(a) == h) {
+          auto loc = space_->Lookup(a, g);
+          if (!loc) {
+            Fail(report_.invariant_failures, "failed step: Lookup: " + loc.error().ToString());
+            continue;
+          }
+          if (loc->tier() == Tier::kDevice) ref = TpReadRef{TpReadRef::Source::kShard, loc->slot(), h};
+        } else if (cfg_.attention == TpAttention::kLocalBuffer) {
+          auto slot = space_->BufferSlot(h, a, g);
+          if (!slot) {
+            Fail(report_.invariant_failures, "failed step: BufferSlot: " + slot.error().ToString());
+            continue;
+          }
+          if (*slot) ref = TpReadRef{TpReadRef::Source::kBuffer, **slot, h};
+        }
+        if (!ref) continue;  // on host (read back below) or not buffered: nothing published
+        ++report_.entries_checked;
+        const std::byte* got = space_->RefData(h, g, *ref);
+        if (got == nullptr || std::memcmp(got, Shadow(a, g.value()), cfg_.entry_bytes) != 0) {
+          early.insert(key(h, a));
+          Fail(report_.early_publishes,
+               fmt::format("failed step: rank {} group {} address {}: published in its {} at slot {} without its bytes",
+                           h.value(), g.value(), a.value(),
+                           ref->source == TpReadRef::Source::kShard ? "device pool" : "local buffer",
+                           ref->slot.value()));
+        }
+      }
+    }
+    std::vector<std::byte> buf(cfg_.entry_bytes);
+    for (const Request& r : requests_) {
+      for (LogicalAddr a : r.addrs) {
+        if (!HomeHosted(a)) continue;
+        for (std::uint32_t gg = 0; gg < cfg_.num_groups; ++gg) {
+          if (gg == g.value() && early.contains(key(space_->HomeOf(a), a))) continue;  // counted above
+          ++report_.entries_checked;
+          if (!space_->Read(a, GroupId(static_cast<std::uint16_t>(gg)), buf) ||
+              std::memcmp(buf.data(), Shadow(a, gg), cfg_.entry_bytes) != 0) {
+            Fail(report_.entries_lost,
+                 fmt::format("failed step: address {} group {} (home rank {}) no longer reads its bytes", a.value(), gg,
+                             space_->HomeOf(a).value()));
+          }
+        }
+      }
+    }
+    CheckInvariants("failed step");
+  }
+
   static constexpr verify_internal::OpMix kOpMix{.arrive = 8, .decode = 28, .rewrite = 34, .step = 88, .finish = 95};
 
   // --- the strategy's verbs (verifier_core.h) ---
@@ -247,6 +333,8 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
       if (b.size() < cfg_.max_batch) b.push_back(&r);
     }
     ++step_;
+    if (!batch[0].empty() || !batch[1].empty()) ++report_.rounds;
+    report_.sub_batches += !batch[0].empty() + !batch[1].empty();
     for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
       const GroupId gid(static_cast<std::uint16_t>(g));
       std::vector<LogicalAddr> sel[2];
@@ -266,7 +354,18 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
         }
         // Equal-length per-query selections (for the attention record): only full-k requests.
         const std::uint64_t before = Fingerprint();
+        Arm(true);
         auto plan = planner_.Step(gid, sel[b], runs[b]);
+        Arm(false);
+        const bool io_failed = !plan && plan.error().code() == ErrorCode::kIo;
+        // Under MPI a transfer fails on one rank: the others have a plan, but the attention
+        // at home is a collective the failed rank cannot join, so every rank learns it.
+        const bool any_failed = injecting() && fabric_ != nullptr ? !fabric_->AllTrue(!io_failed) : io_failed;
+        if (io_failed) {
+          ++report_.failed_calls;
+          CheckAfterFailedStep(gid, sel[b]);
+          continue;
+        }
         if (!plan) {
           const auto code = plan.error().code();
           if (code != ErrorCode::kResourceExhausted && code != ErrorCode::kFailedPrecondition) {
@@ -280,7 +379,7 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
         ++report_.steps;
         Tally(*plan);
         CheckPlan(*plan, g, sel[b], "after its step");
-        if (cfg_.attention == TpAttention::kAtHome) CheckAttentionAtHome(*plan, g, sel[b], bounds[b]);
+        if (cfg_.attention == TpAttention::kAtHome && !any_failed) CheckAttentionAtHome(*plan, g, sel[b], bounds[b]);
         plans[b] = std::move(*plan);
         CheckInvariants("step");
       }
@@ -338,6 +437,8 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
 
   TpFabric* fabric_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<FaultInjectingBackend> faults_;  // over backend_, when fault_rate > 0
+  FaultInjectingFabric* fault_fabric_;             // == fabric_ under MPI with fault_rate > 0
   std::unique_ptr<TpAddressSpace> space_;
   TpStepPlanner planner_;
   MlaShape mla_;
@@ -366,11 +467,30 @@ Result<TpVerifierReport> RunTpVerifier(const TpVerifierConfig& config, TpFabric*
   tp.buffer_policy = config.policy;
   std::vector<Rank> hosted;
   if (fabric != nullptr) hosted.push_back(fabric->local_rank());
-  auto space = TpAddressSpace::Create(tp, *backend, hosted);
+  // Faults: one stream per process (the ranks of an MPI run fail different transfers),
+  // another for the fabric's fetches.
+  std::unique_ptr<FaultInjectingBackend> faults;
+  std::unique_ptr<FaultInjectingFabric> fault_fabric;
+  if (config.fault_rate > 0) {
+    const std::uint64_t seed = config.seed + 0x9e3779b97f4a7c15ull * (fabric ? fabric->local_rank().value() + 1u : 0u);
+    auto made = MakeFaultInjectingBackend(*backend, FaultPlan{.seed = seed, .fail_fraction = config.fault_rate,
+                                                              .partial = true});
+    if (!made) return std::unexpected(made.error());
+    faults = std::move(*made);
+    if (fabric != nullptr) {
+      auto f = MakeFaultInjectingFabric(*fabric, FaultPlan{.seed = seed ^ 0x5bd1e995u, .fail_fraction = config.fault_rate,
+                                                            .partial = true});
+      if (!f) return std::unexpected(f.error());
+      fault_fabric = std::move(*f);
+      fabric = fault_fabric.get();
+    }
+  }
+  Backend& moves = faults ? static_cast<Backend&>(*faults) : *backend;
+  auto space = TpAddressSpace::Create(tp, moves, hosted);
   if (!space) return std::unexpected(space.error());
   if (fabric != nullptr) ULA_RETURN_IF_ERROR(fabric->Expose(**space));
-  TpVerifier verifier(config, fabric, std::move(backend), std::move(*space));
-  auto report = verifier.Run();
+  TpVerifier verifier(config, fabric, std::move(backend), std::move(faults), fault_fabric.get(), std::move(*space));
+  auto report = verifier.Finish();
   if (fabric != nullptr) fabric->Unexpose();
   return report;
 }

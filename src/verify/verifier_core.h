@@ -31,7 +31,8 @@
 //   auto StepWithFreedAddress(const Request&, LogicalAddr);  // r's step naming a freed address: kNotFound
 //   void Step();  void BadInput();
 //
-// Config has seed, ops, num_groups, entry_bytes, top_k, queries_per_request; Report has the
+// Config has seed, ops, num_groups, entry_bytes, top_k, queries_per_request (and optionally
+// initial_requests: requests that arrive before the first op); Report has the
 // counters of verifier_checks.h plus ops, seed and entries_checked.
 //
 // Thread-safety: none; a verifier is driven by one thread.
@@ -72,6 +73,11 @@ class VerifierCore {
 
   Report Run() {
     constexpr OpMix mix = Strategy::kOpMix;
+    // A config with initial_requests starts with that many requests (capped at
+    // kMaxLiveRequests): a short run then begins with a full workload whatever the seed.
+    if constexpr (requires { cfg_.initial_requests; }) {
+      for (std::uint32_t i = 0; i < cfg_.initial_requests; ++i) Arrive();
+    }
     for (std::uint64_t op = 0; op < cfg_.ops; ++op) {
       const unsigned roll = rng_() % 100;
       if (roll < mix.arrive || requests_.empty()) {

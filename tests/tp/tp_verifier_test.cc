@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "test_seed.h"
@@ -16,13 +17,63 @@ constexpr std::uint64_t kOps = 110;
 #else
 constexpr std::uint64_t kOps = 250;
 #endif
-constexpr std::uint64_t Scaled(std::uint64_t at_250_ops) { return at_250_ops * kOps / 250; }
-
 void ExpectClean(const TpVerifierReport& r) {
   for (const auto& f : r.first_failures) ADD_FAILURE() << f;
   EXPECT_EQ(r.mismatches, 0u);
   EXPECT_EQ(r.invariant_failures, 0u);
   EXPECT_EQ(r.bad_input_failures, 0u);
+}
+
+// Floors from the configuration, not from one seed's counts. The run starts with the
+// verifier's full workload (initial_requests = 24 requests of top_k / 2 + U[0, 6 top_k)
+// tokens: 3.5 top_k on average), so that pools smaller than it are under pressure from the
+// first round whatever the seed. The floors take the workload as at least 24 x top_k entries
+// (2 top_k per request: a seed below that is 4 standard deviations from the mean, below
+// 1e-4):
+//   - every non-empty sub-batch steps every group once: steps + refused == sub_batches x
+//     groups; each rank's device pool holds its share of one round's selections (RoundDevice:
+//     2 sub-batches x max_batch x queries x top_k / P, evenly striped), so more than half of
+//     the steps are planned (refusals come from uneven striping only);
+//   - device pressure: the ranks' device pools (P x device slots per group) hold no more
+//     entries than the workload, so entries live on host and a step that selects one swaps
+//     it in: at least one home swap;
+//   - buffer pressure (local buffers, P > 1): the P buffers hold fewer entries than the
+//     workload has homed elsewhere ((P - 1) / P of it), so misses evict older copies: at
+//     least one buffer eviction, and, as selections keep 3/4 of their previous entries,
+//     some buffer hits and remote fetches.
+// Pressure off (pools that hold the whole workload) fails these floors.
+constexpr std::uint32_t kFullWorkload = 24;
+
+// Device slots per group: a rank's share of one round's selections, at least one request's step.
+std::uint32_t RoundDevice(const TpVerifierConfig& c) {
+  return std::max(c.top_k * c.queries_per_request, 2 * c.max_batch * c.queries_per_request * c.top_k / c.num_ranks);
+}
+
+void ExpectPressure(const TpVerifierConfig& c, const TpVerifierReport& r) {
+  const std::uint64_t min_entries = std::uint64_t{kFullWorkload} * c.top_k;
+  ASSERT_LE(std::uint64_t{c.num_ranks} * c.device_slots_per_group, min_entries) << "the test's config has no device pressure";
+  EXPECT_GT(r.rounds, 0u);
+  EXPECT_EQ(r.steps + r.rejected_steps + r.failed_calls, r.sub_batches * c.num_groups);
+  EXPECT_GT(2 * r.steps, r.sub_batches * c.num_groups) << "most sub-batches were refused";
+  EXPECT_GT(r.home_swaps, 0u) << "no home swap although the device pools hold less than the workload";
+  EXPECT_GT(r.bad_input_checks, 0u);
+  if (c.attention == TpAttention::kLocalBuffer && c.num_ranks > 1) {
+    ASSERT_LT(std::uint64_t{c.buffer_slots()} * c.num_ranks, min_entries * (c.num_ranks - 1))
+        << "the test's config has no buffer pressure";
+    EXPECT_GT(r.remote_fetches, 0u);
+    EXPECT_GT(r.buffer_hits, 0u);
+    EXPECT_GT(r.buffer_evictions, 0u) << "no buffer eviction although the buffers hold less than the remote entries";
+  }
+}
+
+void PrintReport(const TpVerifierReport& r) {
+  std::printf("  rounds=%llu sub-batches=%llu steps=%llu refused=%llu swaps=%llu hits=%llu fetches=%llu "
+              "buffer evictions=%llu left to home=%llu attention checks=%llu checked=%llu\n",
+              (unsigned long long)r.rounds, (unsigned long long)r.sub_batches, (unsigned long long)r.steps,
+              (unsigned long long)r.rejected_steps, (unsigned long long)r.home_swaps,
+              (unsigned long long)r.buffer_hits, (unsigned long long)r.remote_fetches,
+              (unsigned long long)r.buffer_evictions, (unsigned long long)r.left_to_home,
+              (unsigned long long)r.attention_checks, (unsigned long long)r.entries_checked);
 }
 
 TEST(TpVerifier, RandomWorkloadKeepsEveryByteWith2_4_8InProcessRanks) {
@@ -33,25 +84,16 @@ TEST(TpVerifier, RandomWorkloadKeepsEveryByteWith2_4_8InProcessRanks) {
     c.ops = kOps;
     c.num_ranks = ranks;
     c.top_k = 16;
-    c.device_slots_per_group = 48;   // pressure: home swaps
-    c.buffer_slots_per_group = 160;  // pressure: buffer evictions, some refused rounds
+    c.initial_requests = kFullWorkload;
+    c.device_slots_per_group = RoundDevice(c);
+    c.buffer_slots_per_group = 160;  // more than one round's remote selections need
     c.copy_threads = ranks == 4 ? 0 : 2;
     std::printf("seed=%llu ranks=%u\n", static_cast<unsigned long long>(c.seed), ranks);
     auto report = RunTpVerifier(c);
     ASSERT_TRUE(report) << report.error().ToString();
     ExpectClean(*report);
-    std::printf("  steps=%llu refused=%llu swaps=%llu hits=%llu fetches=%llu buffer evictions=%llu checked=%llu\n",
-                (unsigned long long)report->steps, (unsigned long long)report->rejected_steps,
-                (unsigned long long)report->home_swaps, (unsigned long long)report->buffer_hits,
-                (unsigned long long)report->remote_fetches, (unsigned long long)report->buffer_evictions,
-                (unsigned long long)report->entries_checked);
-    EXPECT_GT(report->steps, Scaled(150));
-    EXPECT_GT(report->home_swaps, Scaled(50));        // under device pressure
-    if (ranks >= 4) {
-      EXPECT_GT(report->buffer_evictions, Scaled(50));  // under buffer pressure
-    }
-    EXPECT_GT(report->buffer_hits, report->remote_fetches / 4);
-    EXPECT_GT(report->bad_input_checks, Scaled(20));
+    PrintReport(*report);
+    ExpectPressure(c, *report);
   }
 }
 
@@ -62,31 +104,69 @@ TEST(TpVerifier, AttentionAtHomeMatchesTheReferenceWith2_4_8InProcessRanks) {
   for (std::uint32_t ranks : {2u, 4u, 8u}) {
     TpVerifierConfig c;
     c.seed = seed;
-    c.ops = 250;  // cheap without buffers even with the sanitizers' checks; 8 ranks need the history
+    c.ops = kOps;
     c.num_ranks = ranks;
-    // Pressure (home swaps): 8 shards hold 8 device pools, so they get smaller ones (a
-    // pool must hold one request's step: top_k x 3 queries).
-    c.top_k = ranks == 8 ? 8 : 16;
-    c.device_slots_per_group = 3 * c.top_k;
+    c.top_k = 16;
+    c.initial_requests = kFullWorkload;
+    c.device_slots_per_group = RoundDevice(c);
     c.attention = TpAttention::kAtHome;
     c.copy_threads = ranks == 4 ? 0 : 2;
     std::printf("seed=%llu ranks=%u attention at home\n", static_cast<unsigned long long>(c.seed), ranks);
     auto report = RunTpVerifier(c);
     ASSERT_TRUE(report) << report.error().ToString();
     ExpectClean(*report);
+    PrintReport(*report);
     EXPECT_EQ(report->attention_mismatches, 0u);
-    std::printf("  steps=%llu refused=%llu swaps=%llu left to home=%llu attention checks=%llu max error=%.3g\n",
-                (unsigned long long)report->steps, (unsigned long long)report->rejected_steps,
-                (unsigned long long)report->home_swaps, (unsigned long long)report->left_to_home,
-                (unsigned long long)report->attention_checks, report->max_attention_error);
-    EXPECT_GT(report->steps, 150u);
-    EXPECT_GT(report->home_swaps, 50u);
-    EXPECT_GT(report->attention_checks, 500u);
+    ExpectPressure(c, *report);
+    // Every planned step of a rank with heads compares each query's merged output; with
+    // P > 1 some selections are homed elsewhere; no buffer at home.
+    EXPECT_GT(report->attention_checks, 0u);
     EXPECT_GT(report->left_to_home, 0u);
     EXPECT_EQ(report->remote_fetches, 0u);
     EXPECT_EQ(report->buffer_hits, 0u);
-    EXPECT_GT(report->bad_input_checks, 20u);
   }
+}
+
+// Injected transfer failures (TpVerifierConfig::fault_rate, in-process ranks: home copies
+// and swaps, cross-rank buffer copies): some steps fail, and after each the verifier finds
+// no early publish and no lost entry; the steps between failures read what they left.
+TEST(TpVerifier, FailedStepsPublishNothingEarlyAndLoseNothingWithBothStrategies) {
+  ULA_TEST_SEEDED(seed, 20261201);
+  for (TpAttention attention : {TpAttention::kLocalBuffer, TpAttention::kAtHome}) {
+    TpVerifierConfig c;
+    c.seed = seed;
+    c.ops = kOps;
+    c.num_ranks = 4;
+    c.top_k = 16;
+    c.initial_requests = kFullWorkload;
+    c.device_slots_per_group = RoundDevice(c);
+    c.attention = attention;
+    c.fault_rate = attention == TpAttention::kLocalBuffer ? 0.05 : 0.2;
+    auto report = RunTpVerifier(c);
+    ASSERT_TRUE(report) << report.error().ToString();
+    ExpectClean(*report);
+    PrintReport(*report);
+    std::printf("  faults=%llu failed steps=%llu lost=%llu early=%llu\n", (unsigned long long)report->faults_injected,
+                (unsigned long long)report->failed_calls, (unsigned long long)report->entries_lost,
+                (unsigned long long)report->early_publishes);
+    EXPECT_EQ(report->entries_lost, 0u);
+    EXPECT_EQ(report->early_publishes, 0u);
+    EXPECT_GT(report->failed_calls, 0u);
+    EXPECT_GE(report->faults_injected, report->failed_calls);  // a failed step had at least one fault
+    EXPECT_GT(report->steps, 0u);
+    EXPECT_EQ(report->steps + report->rejected_steps + report->failed_calls, report->sub_batches * c.num_groups);
+    EXPECT_TRUE(report->ok());
+  }
+  TpVerifierConfig bad;
+  bad.fault_rate = 1.5;
+  EXPECT_EQ(RunTpVerifier(bad).error().code(), ErrorCode::kInvalidArgument);
+}
+
+// A run that starts with more requests than the live cap is refused.
+TEST(TpVerifier, TooManyInitialRequestsAreRefused) {
+  TpVerifierConfig c;
+  c.initial_requests = kFullWorkload + 1;
+  EXPECT_EQ(RunTpVerifier(c).error().code(), ErrorCode::kInvalidArgument);
 }
 
 TEST(TpVerifier, InvalidConfigIsRefused) {

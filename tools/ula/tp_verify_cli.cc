@@ -23,6 +23,7 @@ int RunTpVerify(const TpVerifyArgs& a) {
   c.device_slots_per_group = a.device_slots;
   c.host_slots_per_group = a.host_slots;
   c.top_k = a.top_k;
+  c.fault_rate = a.fault_rate;
   if (!a.policy.empty()) {
     auto kind = ParsePolicyKind(a.policy);
     if (!kind) {
@@ -79,6 +80,9 @@ int RunTpVerify(const TpVerifyArgs& a) {
                      {"buffer_evictions", r.buffer_evictions}, {"tp_attention", a.attention},
                      {"left_to_home", r.left_to_home}, {"attention_checks", r.attention_checks},
                      {"attention_mismatches", r.attention_mismatches}, {"max_attention_error", r.max_attention_error},
+                     {"fault_rate", a.fault_rate}, {"faults_injected", r.faults_injected},
+                     {"failed_calls", r.failed_calls}, {"entries_lost", r.entries_lost},
+                     {"early_publishes", r.early_publishes},
                      {"all_ranks_ok", all_ok}, {"seconds", seconds},
                      {"failures", r.first_failures}};
     fmt::print("{}\n", j.dump());
@@ -94,6 +98,10 @@ int RunTpVerify(const TpVerifyArgs& a) {
     }
     fmt::print("  entries checked {}; mismatches {}; invariant failures {}; bad input refused {} ({} not cleanly)\n",
                r.entries_checked, r.mismatches, r.invariant_failures, r.bad_input_checks, r.bad_input_failures);
+    if (a.fault_rate > 0) {
+      fmt::print("  faults (rate {}): {} injected, {} steps failed, {} entries lost, {} early publishes\n", a.fault_rate,
+                 r.faults_injected, r.failed_calls, r.entries_lost, r.early_publishes);
+    }
     for (const auto& f : r.first_failures) fmt::print("  FAIL: {}\n", f);
     fmt::print("{}\n", all_ok ? "OK: every rank read back the last written bytes" : "FAILED");
   }

@@ -20,6 +20,7 @@ struct TpVerifyArgs {
   std::string attention = "local_buffer";  // or "at_home"
   bool mpi = false;
   bool json = false;
+  double fault_rate = 0;  // in [0, 1]: TpVerifierConfig::fault_rate
 };
 
 // Returns the process exit code (0 ok, 1 verification failed, 2 bad arguments / no MPI).

@@ -29,8 +29,9 @@ Action SetupVerify(CLI::App& app) {
       ->check(IntIn(0, 1 << 30));
   app.add_option("--top-k", cfg->top_k, "selections per query")->capture_default_str()->check(IntIn(1, 1 << 20));
   app.add_option("--fault-rate", cfg->fault_rate,
-                 "dp: fail this fraction of the planner's copy and swap batches (fault_backend.h) and check that "
-                 "a failed step loses no entry and publishes nothing early")
+                 "fail this fraction of the planner's copy and swap batches (fault_backend.h; tp: and, with --mpi, "
+                 "its remote fetches, fault_fabric.h) and check that a failed step loses no entry and publishes "
+                 "nothing early")
       ->capture_default_str()
       ->check(RealIn(0, 1));
   app.add_option("--policy", *policy, "residency policy")->capture_default_str();
@@ -58,16 +59,11 @@ Action SetupVerify(CLI::App& app) {
                          "process)\n");
       return 2;
     }
-    if (*mode == "tp" && cfg->fault_rate > 0) {
-      fmt::print(stderr, "ula verify: --fault-rate is for --mode dp (the TP planner's faults are tested by "
-                         "tp_fault_test and tp_mpi_test)\n");
-      return 2;
-    }
     if (*mode == "tp") {
       return RunTpVerify({.seed = cfg->seed, .ops = cfg->ops, .ranks = cfg->num_ranks, .groups = cfg->num_groups,
                           .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,
                           .top_k = cfg->top_k, .policy = *policy, .attention = *tp_attention, .mpi = *mpi,
-                          .json = *json});
+                          .json = *json, .fault_rate = cfg->fault_rate});
     }
     auto kind = ParsePolicyKind(*policy);
     if (!kind) {
