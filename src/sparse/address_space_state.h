@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ula/address_space.h"
-#include "ula/location_table.h"
+#include "sparse/address_records.h"
 #include "sparse/pool_arenas.h"
 #include "ula/slot_pool.h"
 
@@ -32,7 +32,7 @@ struct AddressSpace::State {
 
   PoolArenas arenas;  // destroyed last: every pool below lives in one of them
   std::vector<std::vector<GroupPools>> pools;  // [num_ranks][num_groups]
-  std::vector<LocationTable> tables;           // [num_groups]
+  std::vector<AddressRecords> tables;          // [num_groups] location, owner tag copy, dedup stamp
   std::unordered_map<RequestId, RequestState> requests;
   std::vector<std::uint32_t> owner;    // [next_addr] tag of the request holding each address, 0 when free
   std::uint32_t next_tag = 1;          // the next request's tag (renumbered on wrap)
@@ -42,6 +42,12 @@ struct AddressSpace::State {
   std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
 
   GroupPools& at(Rank r, GroupId g) { return pools[r.value()][g.value()]; }
+  // The owner tag of `a`, in the owner map and in every group's record (one write path).
+  // REQUIRES: a < owner.size() and a < every table's size().
+  void SetOwner(LogicalAddr a, std::uint32_t tag) {
+    owner[a.value()] = tag;
+    for (AddressRecords& t : tables) t.SetOwner(a, tag);
+  }
   const GroupPools& at(Rank r, GroupId g) const { return pools[r.value()][g.value()]; }
 };
 
