@@ -77,7 +77,7 @@ Status AddressSpace::AddRequest(RequestId request, Rank rank) {
     st.next_tag = 1;
     for (auto& [id, req] : st.requests) {
       req.tag = st.next_tag++;
-      for (LogicalAddr a : req.addrs) st.SetOwner(a, req.tag);
+      for (LogicalAddr a : req.addrs) st.owner[a.value()] = req.tag;
     }
   }
   st.requests.emplace(request, RequestState{rank, {}, st.next_tag++});
@@ -134,7 +134,7 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
     }
   }
   st.owner.resize(st.next_addr, 0);
-  for (LogicalAddr a : out) st.SetOwner(a, it->second.tag);
+  for (LogicalAddr a : out) st.owner[a.value()] = it->second.tag;
   auto& addrs = it->second.addrs;
   addrs.insert(addrs.end(), out.begin(), out.end());
   st.live += n_tokens;
@@ -165,7 +165,7 @@ Status AddressSpace::Free(RequestId request) {
     }
   }
   for (LogicalAddr a : it->second.addrs) {
-    st.owner[a.value()] = 0;  // the records were erased above (owner 0 there too)
+    st.owner[a.value()] = 0;
     st.free_addrs.push_back(a);
   }
   st.live -= it->second.addrs.size();
@@ -336,12 +336,9 @@ Status AddressSpace::CheckInvariants() const {
     for (std::uint32_t a = 0; a < table.size(); ++a) {
       const Location loc = table.Get(LogicalAddr(a));
       const bool live = a < n && rank_of[a] != std::numeric_limits<std::uint16_t>::max();
-      const AddressRecord& rec = table.record(LogicalAddr(a));
-      if (rec.owner != (a < st.owner.size() ? st.owner[a] : 0)) {
-        return fail(fmt::format("address {} group {}: the record's owner tag {} disagrees with the owner map", a, g,
-                                rec.owner));
+      if (AddressRecords::StampOf(table.data()[a]) > table.epoch()) {
+        return fail(fmt::format("address {} group {}: dedup stamp from the future", a, g));
       }
-      if (rec.stamp > table.epoch()) return fail(fmt::format("address {} group {}: dedup stamp from the future", a, g));
       if (loc.is_none()) {
         if (live) return fail(fmt::format("live address {} has no location in group {}", a, g));
         continue;

@@ -75,9 +75,10 @@ Status StepPlanner::SetOptions(const StepPlannerOptions& options) {
 }
 
 namespace {
-// The isolation check, in one place: is the record's address live for the request whose
-// owner tag is `tag`? (Shared addresses, when they come, change only this function.)
-inline bool OwnedBy(const AddressRecord& r, std::uint32_t tag) { return r.owner == tag; }
+// The isolation check, in one place: is address `a` live for the request whose owner tag
+// is `tag`? (Shared addresses, when they come, change only this function.)
+// REQUIRES: a < the owner map's size.
+inline bool OwnedBy(const std::uint32_t* owner, std::uint32_t a, std::uint32_t tag) { return owner[a] == tag; }
 
 // The error path of the isolation check: names both requests (a scan of the requests).
 std::string StaleSelectionMessage(const AddressSpace::State& st, std::size_t i, LogicalAddr a, std::uint32_t tag) {
@@ -98,7 +99,7 @@ Error SelectionError(const AddressSpace::State& st, const AddressRecords& table,
     return Error(ErrorCode::kNotFound, fmt::format("selection {}: logical address {} is not live (freed, or never "
                                                    "allocated)", i, a.value()));
   }
-  if (!OwnedBy(table.record(a), tag)) return Error(ErrorCode::kNotFound, StaleSelectionMessage(st, i, a, tag));
+  if (!OwnedBy(st.owner.data(), a.value(), tag)) return Error(ErrorCode::kNotFound, StaleSelectionMessage(st, i, a, tag));
   return Error(ErrorCode::kInvalidArgument, fmt::format("selection {}: address {} lives on rank {}, not rank {}", i,
                                                         a.value(), loc.rank().value(), rank.value()));
 }
@@ -108,13 +109,14 @@ Error SelectionError(const AddressSpace::State& st, const AddressRecords& table,
 // Stops at its first failing selection (first_error).
 void ScanLane(Lane& L, std::uint32_t lane, std::uint32_t lanes, std::span<const LogicalAddr> sel,
               std::span<const SelectionRun> runs, std::span<const std::uint32_t> run_tags, std::size_t end,
-              AddressRecords& table, std::uint32_t epoch, Rank rank, std::uint32_t distance, SlotId* out) {
+              AddressRecords& table, const std::uint32_t* owner, std::uint32_t epoch, Rank rank,
+              std::uint32_t distance, SlotId* out) {
   L.hits.clear();
   L.misses.clear();
   L.patch.clear();
   L.first_error = kNoError;
-  AddressRecord* const rec = table.data();
-  const std::uint32_t size = table.size();
+  std::uint64_t* const rec = table.data();
+  const std::uint32_t size = table.size();  // == the owner map's size (both cover [0, next_addr))
   const LogicalAddr* const p = sel.data();
   auto mine = [&](std::uint32_t a) { return lanes == 1 || ((a >> kLaneShift) % lanes) == lane; };
   std::size_t next_run = 0, run_end = 0;
@@ -126,7 +128,10 @@ void ScanLane(Lane& L, std::uint32_t lane, std::uint32_t lanes, std::span<const 
     }
     if (distance != 0 && i + distance < end) {
       const std::uint32_t ahead = p[i + distance].value();
-      if (ahead < size && mine(ahead)) __builtin_prefetch(rec + ahead, 1, 3);
+      if (ahead < size && mine(ahead)) {
+        __builtin_prefetch(rec + ahead, 1, 3);
+        __builtin_prefetch(owner + ahead, 0, 3);
+      }
     }
     const std::uint32_t a = p[i].value();
     if (!mine(a)) continue;
@@ -134,9 +139,9 @@ void ScanLane(Lane& L, std::uint32_t lane, std::uint32_t lanes, std::span<const 
       L.first_error = i;
       return;
     }
-    AddressRecord& r = rec[a];
-    const Location loc = Location::FromBits(r.loc);
-    if (loc.is_none() || !OwnedBy(r, tag) || loc.rank() != rank) {
+    const std::uint64_t r = rec[a];
+    const Location loc = AddressRecords::LocationOf(r);
+    if (loc.is_none() || !OwnedBy(owner, a, tag) || loc.rank() != rank) {
       L.first_error = i;
       return;
     }
@@ -144,8 +149,8 @@ void ScanLane(Lane& L, std::uint32_t lane, std::uint32_t lanes, std::span<const 
     const auto idx = static_cast<std::uint32_t>(i);
     if (on_device) out[i] = loc.slot();  // a hit's slot does not change in this step
     else L.patch.push_back(idx);
-    if (r.stamp == epoch) continue;  // a duplicate
-    r.stamp = epoch;
+    if (AddressRecords::StampOf(r) == epoch) continue;  // a duplicate
+    rec[a] = AddressRecords::WithStamp(r, epoch);
     if (on_device) {
       L.hits.push_back({idx, loc.slot().value()});
     } else {
@@ -197,6 +202,7 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   }
   AddressRecords& table = st.tables[input.group.value()];
   GroupPools& gp = st.at(input.rank, input.group);
+  ULA_CHECK(table.size() == st.owner.size());
 
   // 1-3. Validate, dedup, classify. Nothing is modified until every check has passed (the
   // records' dedup stamps are scratch, out_slots is not state).
@@ -229,7 +235,7 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   const std::uint32_t distance = options_.prefetch_distance;
   auto scan = [&](std::size_t lane) {
     ScanLane(lanes.lanes[lane], static_cast<std::uint32_t>(lane), T, input.selections, input.runs, lanes.run_tags, end,
-             table, epoch, input.rank, distance, out_slots.data());
+             table, st.owner.data(), epoch, input.rank, distance, out_slots.data());
   };
   if (T == 1) {
     scan(0);
@@ -259,10 +265,18 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   MergeLanes(lanes.lanes, [](const Lane& L) -> const std::vector<Indexed>& { return L.misses; },
              [&](std::uint32_t a) { missed_.push_back(LogicalAddr(a)); });
   const std::size_t n_distinct = hit_slots_.size() + missed_.size();
+  // Room: the hits not yet used in this round stop being evictable. When the misses fit
+  // even if every hit were new to the round (almost always), the exact count — one policy
+  // lookup per hit, a second random line per selection — is skipped: same decision.
+  std::uint64_t evictable = gp.policy->NumEvictable();
+  const bool fits_anyway =
+      evictable >= hit_slots_.size() && missed_.size() <= gp.device.num_free() + (evictable - hit_slots_.size());
   std::uint64_t newly_used = 0;
-  for (SlotId s : hit_slots_) newly_used += !gp.policy->UsedInCurrentRound(s);
-  const std::uint64_t evictable = gp.policy->NumEvictable() - newly_used;
-  if (missed_.size() > gp.device.num_free() + evictable) {
+  if (!fits_anyway) {
+    for (SlotId s : hit_slots_) newly_used += !gp.policy->UsedInCurrentRound(s);
+  }
+  evictable -= newly_used;
+  if (!fits_anyway && missed_.size() > gp.device.num_free() + evictable) {
     return MakeError(ErrorCode::kResourceExhausted,
                      fmt::format("step needs {} distinct entries on device ({} missing) but only {} free and {} "
                                  "evictable slots remain of {} in rank {} group {}: {} entries are used in this "
