@@ -29,6 +29,7 @@
 #include <random>
 #include <sstream>
 
+#include "bench_memory.h"
 #include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/address_space.h"
@@ -83,29 +84,6 @@ std::vector<std::unordered_map<std::string, std::string>> ReadCsv(const std::str
     rows.push_back(std::move(row));
   }
   return rows;
-}
-
-// ns per independent random 8-byte read from an array of `bytes` bytes.
-double RandomReadNs(std::size_t bytes, std::uint64_t seed) {
-  const std::size_t n = std::max<std::size_t>(bytes / 8, 1024);
-  std::vector<std::uint64_t> table(n);
-  for (std::size_t i = 0; i < n; ++i) table[i] = i * 0x9e3779b97f4a7c15ull;
-  constexpr std::size_t kReads = 1 << 22;
-  std::vector<std::uint32_t> idx(kReads);
-  std::mt19937_64 rng(seed);
-  for (auto& i : idx) i = static_cast<std::uint32_t>(rng() % n);
-  double best = 1e30;
-  std::uint64_t sink = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::uint64_t sum = 0;
-    for (std::uint32_t i : idx) sum += table[i];
-    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
-    sink += sum;
-    best = std::min(best, ns / kReads);
-  }
-  if (sink == 42) fmt::print("");  // keep the sums alive
-  return best;
 }
 
 struct Row {
