@@ -98,7 +98,8 @@ class StepPlanner {
   Status SetOptions(const StepPlannerOptions& options);
   const StepPlannerOptions& options() const { return options_; }
 
-  // out_slots[i] = device slot holding input.selections[i] after the step.
+  // out_slots[i] = device slot holding input.selections[i] after the step. After an error
+  // the contents of out_slots are unspecified (the space's state is as documented above).
   // kOutOfRange (rank, group), kInvalidArgument (out_slots.size() !=
   // selections.size(), runs that do not cover the selections, an address of another
   // rank), kNotFound (an address not live for its run's request), kResourceExhausted:
