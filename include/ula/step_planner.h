@@ -24,12 +24,28 @@
 // that completed is published as on success (its bytes arrived). In the residency policy
 // the step's hits and claimed victims count as used in this round. No entry is published
 // before its bytes arrived; no entry's bytes are lost; every invariant holds.
+// Layout (issue 16): steps 1-3 read one 16-byte record per (address, group) — location,
+// owner tag, dedup stamp (src/sparse/address_records.h) — so a selection costs one cache
+// line; the record of selection i + prefetch_distance is prefetched while i is processed.
+// A hit's slot is written to out_slots in that same pass (a hit is never a victim), so only
+// the selections of misses are looked up again after the publish.
+//
+// Threads (StepPlannerOptions::threads = T): steps 1-3 run on T threads, each owning the
+// addresses of every T-th block of 4,096 addresses, so no two threads dedup or write the
+// same record. Each thread scans the selections in order and keeps its hits and misses with
+// their selection index; the lists are merged by that index, so hits, misses, claimed slots
+// and the copy plan are exactly those of one thread, and an error names the same (first)
+// selection as one thread would. The policy's Touch and the free-slot and victim claims
+// then run on the calling thread (PB-LRU's Touch splits its own pass, policy/pb_lru.h);
+// the output of the misses' selections runs on the T threads again.
 // Lifetime: the planner holds the space by reference (the space outlives it); out_slots
 // name device slots whose bytes DeviceSlotData returns, valid as stated there.
-// Thread-safety: as AddressSpace (one driver thread).
+// Thread-safety: as AddressSpace (one driver thread calls Step; the planner's own worker
+// threads run inside Step only).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -62,11 +78,28 @@ struct StepStats {
   StepStats& operator+=(const StepStats& o);
 };
 
+struct StepPlannerOptions {
+  static constexpr std::uint32_t kMaxThreads = 64;
+  static constexpr std::uint32_t kMaxPrefetchDistance = 256;
+  std::uint32_t threads = 1;             // [1, kMaxThreads]: threads of steps 1-3
+  std::uint32_t prefetch_distance = 16;  // [0, kMaxPrefetchDistance]: selections ahead (0: none)
+  // kInvalidArgument naming the first bad field.
+  Status Validate() const;
+};
+
 class StepPlanner {
  public:
   explicit StepPlanner(AddressSpace& space);
+  ~StepPlanner();
+  StepPlanner(const StepPlanner&) = delete;
+  StepPlanner& operator=(const StepPlanner&) = delete;
 
-  // out_slots[i] = device slot holding input.selections[i] after the step.
+  // kInvalidArgument for invalid options (Validate): the planner keeps its old options.
+  Status SetOptions(const StepPlannerOptions& options);
+  const StepPlannerOptions& options() const { return options_; }
+
+  // out_slots[i] = device slot holding input.selections[i] after the step. After an error
+  // the contents of out_slots are unspecified (the space's state is as documented above).
   // kOutOfRange (rank, group), kInvalidArgument (out_slots.size() !=
   // selections.size(), runs that do not cover the selections, an address of another
   // rank), kNotFound (an address not live for its run's request), kResourceExhausted:
@@ -74,10 +107,11 @@ class StepPlanner {
   Result<StepStats> Step(const StepInput& input, std::span<SlotId> out_slots);
 
  private:
+  struct Lanes;  // per-thread scratch of steps 1-3 (step_planner.cc)
   AddressSpace& space_;
-  std::vector<std::uint32_t> seen_epoch_;  // [addresses] dedup stamps
-  std::uint32_t epoch_ = 0;
-  std::vector<LogicalAddr> distinct_, missed_;
+  StepPlannerOptions options_;
+  std::unique_ptr<Lanes> lanes_;
+  std::vector<LogicalAddr> missed_;
   std::vector<SlotId> hit_slots_, target_slots_;
 };
 

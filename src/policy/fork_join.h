@@ -38,7 +38,10 @@ int MaxTeamThreads() noexcept;
 
 class ForkJoin {
  public:
-  ForkJoin() : max_threads_(internal::MaxTeamThreads()), done_(new internal::PaddedEpoch[max_threads_]) {}
+  ForkJoin() : ForkJoin(internal::MaxTeamThreads()) {}
+  // A team of exactly `threads` (>= 1) threads, whatever OpenMP's default.
+  explicit ForkJoin(int threads)
+      : max_threads_(std::max(1, threads)), done_(new internal::PaddedEpoch[max_threads_]) {}
 
   int max_threads() const { return max_threads_; }
 

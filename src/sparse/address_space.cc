@@ -118,7 +118,7 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
     out.push_back(a);
   }
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
-    LocationTable& table = st.tables[g];
+    AddressRecords& table = st.tables[g];
     table.Reserve(st.next_addr);
     GroupPools& gp = st.at(rank, GroupId(g));
     for (LogicalAddr a : out) {
@@ -150,7 +150,7 @@ Status AddressSpace::Free(RequestId request) {
   }
   const Rank rank = it->second.rank;
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
-    LocationTable& table = st.tables[g];
+    AddressRecords& table = st.tables[g];
     GroupPools& gp = st.at(rank, GroupId(g));
     for (LogicalAddr a : it->second.addrs) {
       const Location loc = table.Get(a);
@@ -294,7 +294,7 @@ MetadataReport AddressSpace::Metadata() const {
     }
   }
   const double cap = static_cast<double>(std::max<std::uint64_t>(capacity, 1));
-  m.location_table = static_cast<double>(LocationTable::kBytesPerEntry);
+  m.location_table = static_cast<double>(AddressRecords::kBytesPerEntry);
   m.device_owner = owner / cap;
   m.policy = policy / cap;
   m.free_bitmaps = bitmaps / cap;
@@ -330,12 +330,15 @@ Status AddressSpace::CheckInvariants() const {
     if (st.owner[a.value()] != 0) return fail(fmt::format("free address {} still has an owner", a.value()));
   }
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
-    const LocationTable& table = st.tables[g];
+    const AddressRecords& table = st.tables[g];
     std::vector<std::vector<bool>> seen(config_.num_ranks * 2);  // per (rank, tier): slot already located
     std::vector<std::uint64_t> count(config_.num_ranks * 2, 0);
     for (std::uint32_t a = 0; a < table.size(); ++a) {
       const Location loc = table.Get(LogicalAddr(a));
       const bool live = a < n && rank_of[a] != std::numeric_limits<std::uint16_t>::max();
+      if (AddressRecords::StampOf(table.data()[a]) > table.epoch()) {
+        return fail(fmt::format("address {} group {}: dedup stamp from the future", a, g));
+      }
       if (loc.is_none()) {
         if (live) return fail(fmt::format("live address {} has no location in group {}", a, g));
         continue;
@@ -390,7 +393,7 @@ Status AddressSpace::CheckInvariants() const {
 std::uint64_t AddressSpace::DebugDigest() const {
   const State& st = *state_;
   StateDigest d;
-  for (const LocationTable& t : st.tables) {
+  for (const AddressRecords& t : st.tables) {
     d.Add(t.size());
     for (std::uint32_t a = 0; a < t.size(); ++a) d.Add(t.Get(LogicalAddr(a)).bits());
   }

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ula/address_space.h"
-#include "ula/location_table.h"
+#include "sparse/address_records.h"
 #include "sparse/pool_arenas.h"
 #include "ula/slot_pool.h"
 
@@ -32,9 +32,11 @@ struct AddressSpace::State {
 
   PoolArenas arenas;  // destroyed last: every pool below lives in one of them
   std::vector<std::vector<GroupPools>> pools;  // [num_ranks][num_groups]
-  std::vector<LocationTable> tables;           // [num_groups]
+  std::vector<AddressRecords> tables;          // [num_groups] location + dedup stamp per address
   std::unordered_map<RequestId, RequestState> requests;
-  std::vector<std::uint32_t> owner;    // [next_addr] tag of the request holding each address, 0 when free
+  // [next_addr] tag of the request holding each address, 0 when free; huge pages (the
+  // planner reads it at random, once per selection: 4 KiB pages would add a TLB miss)
+  std::vector<std::uint32_t, HugePageAllocator<std::uint32_t>> owner;
   std::uint32_t next_tag = 1;          // the next request's tag (renumbered on wrap)
   std::deque<LogicalAddr> free_addrs;  // FIFO: a freed address is reused as late as possible
   std::uint32_t next_addr = 0;         // addresses [0, next_addr) have been handed out once

@@ -122,7 +122,7 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   // at the row's first selection: a row of padding only names no request.
   std::fill(s.row_tag.begin(), s.row_tag.begin() + shape.batch, 0u);  // 0: not looked up (tags are non-zero)
   const std::uint64_t row_len = std::uint64_t{shape.q_len} * shape.top_k;
-  const LocationTable& table = st.tables[group.value()];
+  const AddressRecords& table = st.tables[group.value()];
   GroupPools& gp = st.at(rank, group);
 
   // 1-3. Validate, dedup, classify. Nothing is modified until every check has passed.
@@ -259,7 +259,7 @@ Result<CompleteReport> EngineStepPlanner::Complete(std::uint64_t fence, std::spa
                      fmt::format("{} statuses for {} descriptors of plan {}", status.size(), s.num_pending, fence));
   }
   AddressSpace::State& st = *space_.state_;
-  LocationTable& table = st.tables[s.group.value()];
+  AddressRecords& table = st.tables[s.group.value()];
   GroupPools& gp = st.at(s.rank, s.group);
   CompleteReport report;
   for (std::uint32_t i = 0; i < s.num_pending; ++i) {

@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
+#include "policy/fork_join.h"
 #include "sparse/address_space_state.h"
 #include "ula/check.h"
 
@@ -21,9 +23,63 @@ StepStats& StepStats::operator+=(const StepStats& o) {
   return *this;
 }
 
-StepPlanner::StepPlanner(AddressSpace& space) : space_(space) {}
+Status StepPlannerOptions::Validate() const {
+  if (threads < 1 || threads > kMaxThreads) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("StepPlannerOptions.threads = {}: must be in [1, {}]", threads, kMaxThreads));
+  }
+  if (prefetch_distance > kMaxPrefetchDistance) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("StepPlannerOptions.prefetch_distance = {}: must be in [0, {}]", prefetch_distance,
+                                 kMaxPrefetchDistance));
+  }
+  return Ok();
+}
 
 namespace {
+// Thread t of T owns the addresses of every T-th block of 2^kLaneShift addresses.
+constexpr unsigned kLaneShift = 12;
+constexpr std::size_t kNoError = ~std::size_t{0};
+
+// A selection's entry, tagged with its index in the input (the merge key).
+struct Indexed {
+  std::uint32_t index;
+  std::uint32_t value;  // a slot (hits) or an address (misses)
+};
+}  // namespace
+
+namespace {
+// One thread's part of steps 1-3.
+struct alignas(64) Lane {
+  std::vector<Indexed> hits, misses;
+  std::vector<std::uint32_t> patch;  // selections of misses: their slots are known after the publish
+  std::size_t first_error = kNoError;
+};
+}  // namespace
+
+struct StepPlanner::Lanes {
+  explicit Lanes(std::uint32_t threads) : lanes(threads), fork_join(static_cast<int>(threads)) {}
+  std::vector<Lane> lanes;
+  policy::ForkJoin fork_join;
+  std::vector<std::uint32_t> run_tags;  // [runs] owner tag of each run's request
+};
+
+StepPlanner::StepPlanner(AddressSpace& space) : space_(space), lanes_(std::make_unique<Lanes>(1)) {}
+StepPlanner::~StepPlanner() = default;
+
+Status StepPlanner::SetOptions(const StepPlannerOptions& options) {
+  ULA_RETURN_IF_ERROR(options.Validate());
+  if (options.threads != options_.threads) lanes_ = std::make_unique<Lanes>(options.threads);
+  options_ = options;
+  return Ok();
+}
+
+namespace {
+// The isolation check, in one place: is address `a` live for the request whose owner tag
+// is `tag`? (Shared addresses, when they come, change only this function.)
+// REQUIRES: a < the owner map's size.
+inline bool OwnedBy(const std::uint32_t* owner, std::uint32_t a, std::uint32_t tag) { return owner[a] == tag; }
+
 // The error path of the isolation check: names both requests (a scan of the requests).
 std::string StaleSelectionMessage(const AddressSpace::State& st, std::size_t i, LogicalAddr a, std::uint32_t tag) {
   std::uint64_t holder = 0, wanted = 0;
@@ -33,6 +89,97 @@ std::string StaleSelectionMessage(const AddressSpace::State& st, std::size_t i, 
   }
   return fmt::format("selection {}: logical address {} belongs to request {}, not to request {} (a stale address, "
                      "freed and reused?): refused", i, a.value(), holder, wanted);
+}
+
+// The error of selection i (which failed a check of steps 1-3), built off the hot path.
+Error SelectionError(const AddressSpace::State& st, const AddressRecords& table, std::size_t i, LogicalAddr a,
+                     std::uint32_t tag, Rank rank) {
+  const Location loc = table.Get(a);
+  if (loc.is_none()) {
+    return Error(ErrorCode::kNotFound, fmt::format("selection {}: logical address {} is not live (freed, or never "
+                                                   "allocated)", i, a.value()));
+  }
+  if (!OwnedBy(st.owner.data(), a.value(), tag)) return Error(ErrorCode::kNotFound, StaleSelectionMessage(st, i, a, tag));
+  return Error(ErrorCode::kInvalidArgument, fmt::format("selection {}: address {} lives on rank {}, not rank {}", i,
+                                                        a.value(), loc.rank().value(), rank.value()));
+}
+
+// Steps 1-3 for the addresses lane `lane` of `lanes` owns, over selections [0, end):
+// validate, dedup by the records' stamps, classify; hits' slots go straight to out.
+// Stops at its first failing selection (first_error).
+void ScanLane(Lane& L, std::uint32_t lane, std::uint32_t lanes, std::span<const LogicalAddr> sel,
+              std::span<const SelectionRun> runs, std::span<const std::uint32_t> run_tags, std::size_t end,
+              AddressRecords& table, const std::uint32_t* owner, std::uint32_t epoch, Rank rank,
+              std::uint32_t distance, SlotId* out) {
+  L.hits.clear();
+  L.misses.clear();
+  L.patch.clear();
+  L.first_error = kNoError;
+  std::uint64_t* const rec = table.data();
+  const std::uint32_t size = table.size();  // == the owner map's size (both cover [0, next_addr))
+  const LogicalAddr* const p = sel.data();
+  auto mine = [&](std::uint32_t a) { return lanes == 1 || ((a >> kLaneShift) % lanes) == lane; };
+  std::size_t next_run = 0, run_end = 0;
+  std::uint32_t tag = 0;
+  for (std::size_t i = 0; i < end; ++i) {
+    while (i == run_end) {  // runs of count 0 are skipped; the runs cover every selection
+      tag = run_tags[next_run];
+      run_end += runs[next_run++].count;
+    }
+    if (distance != 0 && i + distance < end) {
+      const std::uint32_t ahead = p[i + distance].value();
+      if (ahead < size && mine(ahead)) {
+        __builtin_prefetch(rec + ahead, 1, 3);
+        __builtin_prefetch(owner + ahead, 0, 3);
+      }
+    }
+    const std::uint32_t a = p[i].value();
+    if (!mine(a)) continue;
+    if (a >= size) {
+      L.first_error = i;
+      return;
+    }
+    const std::uint64_t r = rec[a];
+    const Location loc = AddressRecords::LocationOf(r);
+    if (loc.is_none() || !OwnedBy(owner, a, tag) || loc.rank() != rank) {
+      L.first_error = i;
+      return;
+    }
+    const bool on_device = loc.tier() == Tier::kDevice;
+    const auto idx = static_cast<std::uint32_t>(i);
+    if (on_device) out[i] = loc.slot();  // a hit's slot does not change in this step
+    else L.patch.push_back(idx);
+    if (AddressRecords::StampOf(r) == epoch) continue;  // a duplicate
+    rec[a] = AddressRecords::WithStamp(r, epoch);
+    if (on_device) {
+      L.hits.push_back({idx, loc.slot().value()});
+    } else {
+      L.misses.push_back({idx, a});
+    }
+  }
+}
+
+// Appends the values of the lanes' lists, merged by selection index (each list ascends).
+template <class Get, class Emit>
+void MergeLanes(std::span<Lane> lanes, Get get, Emit emit) {
+  if (lanes.size() == 1) {
+    for (const Indexed& x : get(lanes[0])) emit(x.value);
+    return;
+  }
+  std::vector<std::size_t> pos(lanes.size(), 0);
+  for (;;) {
+    std::size_t best = lanes.size();
+    std::uint32_t best_index = 0;
+    for (std::size_t t = 0; t < lanes.size(); ++t) {
+      const auto& v = get(lanes[t]);
+      if (pos[t] < v.size() && (best == lanes.size() || v[pos[t]].index < best_index)) {
+        best = t;
+        best_index = v[pos[t]].index;
+      }
+    }
+    if (best == lanes.size()) return;
+    emit(get(lanes[best])[pos[best]++].value);
+  }
 }
 }  // namespace
 
@@ -49,69 +196,94 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("{} output slots for {} selections", out_slots.size(), input.selections.size()));
   }
-  LocationTable& table = st.tables[input.group.value()];
-  GroupPools& gp = st.at(input.rank, input.group);
-
-  // 1-3. Validate, dedup, classify. Nothing is modified until every check has passed.
-  if (seen_epoch_.size() < table.size()) seen_epoch_.resize(table.size(), 0);
-  if (++epoch_ == 0) {
-    std::fill(seen_epoch_.begin(), seen_epoch_.end(), 0);
-    epoch_ = 1;
+  if (input.selections.size() > std::numeric_limits<std::uint32_t>::max()) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("{} selections: at most 2^32 - 1 per step",
+                                                              input.selections.size()));
   }
-  distinct_.clear();
+  AddressRecords& table = st.tables[input.group.value()];
+  GroupPools& gp = st.at(input.rank, input.group);
+  ULA_CHECK(table.size() == st.owner.size());
+
+  // 1-3. Validate, dedup, classify. Nothing is modified until every check has passed (the
+  // records' dedup stamps are scratch, out_slots is not state).
+  ULA_RETURN_IF_ERROR(CheckSelectionRuns(input.runs, input.selections.size()));
+  Lanes& lanes = *lanes_;
+  // Each run's owner tag; a run of an unknown request fails at its first selection, unless
+  // an earlier selection fails first.
+  std::size_t end = input.selections.size();
+  std::size_t bad_run = 0;
+  lanes.run_tags.resize(input.runs.size());
+  {
+    std::size_t first = 0;
+    for (std::size_t r = 0; r < input.runs.size(); ++r) {
+      const SelectionRun& run = input.runs[r];
+      lanes.run_tags[r] = 0;
+      if (run.count != 0) {
+        auto req = st.requests.find(run.request);
+        if (req == st.requests.end()) {
+          end = first;
+          bad_run = r;
+          break;
+        }
+        lanes.run_tags[r] = req->second.tag;
+      }
+      first += run.count;
+    }
+  }
+  const std::uint32_t epoch = table.NextEpoch();
+  const std::uint32_t T = options_.threads;
+  const std::uint32_t distance = options_.prefetch_distance;
+  auto scan = [&](std::size_t lane) {
+    ScanLane(lanes.lanes[lane], static_cast<std::uint32_t>(lane), T, input.selections, input.runs, lanes.run_tags, end,
+             table, st.owner.data(), epoch, input.rank, distance, out_slots.data());
+  };
+  if (T == 1) {
+    scan(0);
+  } else {
+    auto body = [&](std::size_t, std::size_t begin, std::size_t stop) {
+      for (std::size_t lane = begin; lane < stop; ++lane) scan(lane);
+    };
+    lanes.fork_join.Run(T, body);
+  }
+  std::size_t first_error = kNoError;
+  for (const auto& L : lanes.lanes) first_error = std::min(first_error, L.first_error);
+  if (first_error != kNoError) {
+    std::size_t r = 0, run_end = input.runs[0].count;
+    while (first_error >= run_end) run_end += input.runs[++r].count;
+    return std::unexpected(SelectionError(st, table, first_error, input.selections[first_error], lanes.run_tags[r],
+                                          input.rank));
+  }
+  if (end != input.selections.size()) {
+    return MakeError(ErrorCode::kNotFound,
+                     fmt::format("selection {}: request {} of its run is unknown or freed (a stale selection?): "
+                                 "refused", end, input.runs[bad_run].request.value()));
+  }
   missed_.clear();
   hit_slots_.clear();
-  ULA_RETURN_IF_ERROR(CheckSelectionRuns(input.runs, input.selections.size()));
-  std::size_t next_run = 0, run_end = 0;
-  std::uint32_t tag = 0;  // the owner tag of selection i's run's request
-  for (std::size_t i = 0; i < input.selections.size(); ++i) {
-    while (i == run_end) {  // skips runs of count 0; the runs cover every selection
-      const SelectionRun& run = input.runs[next_run++];
-      run_end += run.count;
-      if (run.count == 0) continue;
-      auto req = st.requests.find(run.request);
-      if (req == st.requests.end()) {
-        return MakeError(ErrorCode::kNotFound,
-                         fmt::format("selection {}: request {} of its run is unknown or freed (a stale selection?): "
-                                     "refused", i, run.request.value()));
-      }
-      tag = req->second.tag;
-    }
-    const LogicalAddr a = input.selections[i];
-    const Location loc = table.Get(a);
-    if (loc.is_none()) {
-      return MakeError(ErrorCode::kNotFound,
-                       fmt::format("selection {}: logical address {} is not live (freed, or never allocated)", i,
-                                   a.value()));
-    }
-    if (st.owner[a.value()] != tag) {
-      return MakeError(ErrorCode::kNotFound, StaleSelectionMessage(st, i, a, tag));
-    }
-    if (loc.rank() != input.rank) {
-      return MakeError(ErrorCode::kInvalidArgument,
-                       fmt::format("selection {}: address {} lives on rank {}, not rank {}", i, a.value(),
-                                   loc.rank().value(), input.rank.value()));
-    }
-    if (seen_epoch_[a.value()] == epoch_) continue;
-    seen_epoch_[a.value()] = epoch_;
-    distinct_.push_back(a);
-    if (loc.tier() == Tier::kDevice) {
-      hit_slots_.push_back(loc.slot());
-    } else {
-      missed_.push_back(a);
-    }
-  }
+  MergeLanes(lanes.lanes, [](const Lane& L) -> const std::vector<Indexed>& { return L.hits; },
+             [&](std::uint32_t slot) { hit_slots_.push_back(SlotId(slot)); });
+  MergeLanes(lanes.lanes, [](const Lane& L) -> const std::vector<Indexed>& { return L.misses; },
+             [&](std::uint32_t a) { missed_.push_back(LogicalAddr(a)); });
+  const std::size_t n_distinct = hit_slots_.size() + missed_.size();
+  // Room: the hits not yet used in this round stop being evictable. When the misses fit
+  // even if every hit were new to the round (almost always), the exact count — one policy
+  // lookup per hit, a second random line per selection — is skipped: same decision.
+  std::uint64_t evictable = gp.policy->NumEvictable();
+  const bool fits_anyway =
+      evictable >= hit_slots_.size() && missed_.size() <= gp.device.num_free() + (evictable - hit_slots_.size());
   std::uint64_t newly_used = 0;
-  for (SlotId s : hit_slots_) newly_used += !gp.policy->UsedInCurrentRound(s);
-  const std::uint64_t evictable = gp.policy->NumEvictable() - newly_used;
-  if (missed_.size() > gp.device.num_free() + evictable) {
+  if (!fits_anyway) {
+    for (SlotId s : hit_slots_) newly_used += !gp.policy->UsedInCurrentRound(s);
+  }
+  evictable -= newly_used;
+  if (!fits_anyway && missed_.size() > gp.device.num_free() + evictable) {
     return MakeError(ErrorCode::kResourceExhausted,
                      fmt::format("step needs {} distinct entries on device ({} missing) but only {} free and {} "
                                  "evictable slots remain of {} in rank {} group {}: {} entries are used in this "
                                  "round (allocated or selected since the last AdvanceRound(), this step's hits "
                                  "included) and cannot be evicted: call AdvanceRound() after the round's "
                                  "attention, or select fewer entries per round",
-                                 distinct_.size(), missed_.size(), gp.device.num_free(), evictable,
+                                 n_distinct, missed_.size(), gp.device.num_free(), evictable,
                                  gp.device.capacity(), input.rank.value(), input.group.value(),
                                  gp.device.num_used() - evictable));
   }
@@ -128,7 +300,7 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   // 5. Copy, wait, then publish.
   StepStats stats;
   stats.selections = input.selections.size();
-  stats.distinct = distinct_.size();
+  stats.distinct = n_distinct;
   stats.hits = hit_slots_.size();
   stats.misses = n_miss;
   stats.into_free = n_free;
@@ -192,8 +364,19 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
     }
   }
 
-  // 6. Physical slots in selection order.
-  for (std::size_t i = 0; i < input.selections.size(); ++i) out_slots[i] = table.Get(input.selections[i]).slot();
+  // 6. Physical slots in selection order: the hits' were written by the scan; the misses'
+  // selections (first or repeated) read their published locations.
+  auto patch = [&](std::size_t lane) {
+    for (std::uint32_t i : lanes.lanes[lane].patch) out_slots[i] = table.Get(input.selections[i]).slot();
+  };
+  if (T == 1) {
+    patch(0);
+  } else {
+    auto body = [&](std::size_t, std::size_t begin, std::size_t stop) {
+      for (std::size_t lane = begin; lane < stop; ++lane) patch(lane);
+    };
+    lanes.fork_join.Run(T, body);
+  }
   ULA_EXPENSIVE_CHECK(space_);
   return stats;
 }

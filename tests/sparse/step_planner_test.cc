@@ -343,5 +343,27 @@ TEST(StepPlanner, PublishesNewLocationsOnlyAfterTheCopyCompleted) {
   EXPECT_EQ(space->Lookup(a[2], GroupId(0))->tier(), Tier::kDevice);
 }
 
+// The dedup stamps live in 14 bits of each location record (src/sparse/address_records.h):
+// after 2^14 - 1 steps of a group the epoch starts over at 1, and the stamps are cleared
+// then, so that an address last seen at epoch 1, 16,383 steps ago, is not taken for a
+// duplicate when epoch 1 comes back.
+TEST(StepPlanner, DedupStampsSurviveTheEpochWrap) {
+  SpaceFixture f(SmallConfig(8, 8));
+  auto a = f.AddFilled(RequestId(1), Rank(0), 3);
+  std::vector<SlotId> slots(3);
+  const std::uint32_t wrap = (1u << 14) - 1;
+  for (std::uint32_t step = 1; step <= wrap + 2; ++step) {
+    // a[2] only at epochs 1 (the first step and the first after the wrap).
+    const bool with_a2 = step == 1 || step == wrap + 1;
+    std::vector<LogicalAddr> sel{a[0], a[1], a[0]};
+    if (with_a2) sel[2] = a[2];
+    auto stats = f.planner.Step({Rank(0), GroupId(0), sel, Runs(RequestId(1), sel.size())}, slots);
+    ASSERT_TRUE(stats) << stats.error().ToString();
+    ASSERT_EQ(stats->distinct, with_a2 ? 3u : 2u) << "step " << step;
+    f.space->AdvanceRound();
+  }
+  EXPECT_TRUE(f.space->CheckInvariants());
+}
+
 }  // namespace
 }  // namespace ula

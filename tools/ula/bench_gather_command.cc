@@ -1,6 +1,10 @@
 // `ula bench gather`: translate + gather of selected entries into one contiguous buffer
 // (what an attention kernel's input staging does), against memcpy of the same number of
-// bytes, measured side by side in one run.
+// bytes, measured side by side in one run. Beside the ratio it reports, from the same run,
+// how much of the pool, table and buffers the kernel backed with transparent huge pages
+// (AnonHugePages of the process, before and after they were touched), the random-read
+// cost of `bench planner` over an array as large as the location table, and the CPU model:
+// the ratio depends on all three (docs/BENCHMARKS.md, "gather").
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "bench_memory.h"
 #include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/backend.h"
@@ -34,6 +39,7 @@ double MedianSeconds(std::vector<double> v) {
 
 int RunGather(const GatherOptions& o) {
   // Every buffer is an arena of the cpu backend, so both sides see the same memory.
+  const std::int64_t huge_before = AnonHugePagesKiB();
   auto backend = MakeCpuBackend();
   const std::uint64_t slots = o.pool_mib * 1024 * 1024 / o.entry_bytes;
   const std::size_t bytes = std::size_t{o.selections} * o.entry_bytes;
@@ -55,6 +61,11 @@ int RunGather(const GatherOptions& o) {
   LocationTable table;
   table.Reserve(n_addr);
   for (std::uint32_t a = 0; a < n_addr; ++a) table.Set(LogicalAddr(a), Location::Make(Tier::kDevice, Rank(0), SlotId(perm[a])));
+  const std::int64_t huge_after = AnonHugePagesKiB();
+  const double huge_mib = huge_before < 0 || huge_after < 0 ? -1.0 : (huge_after - huge_before) / 1024.0;
+  // Touched by now: the pool, the source buffer and the table (the output buffer is not).
+  const double touched_mib = (double(slots * o.entry_bytes) + double(bytes) + double(n_addr) * sizeof(Location)) / 1048576.0;
+  const double read_ns = RandomReadNs(std::size_t{n_addr} * sizeof(Location), o.seed);
   std::vector<LogicalAddr> selected(o.selections);
   for (auto& a : selected) a = LogicalAddr(static_cast<std::uint32_t>(rng() % n_addr));
   std::vector<std::byte> flush(64 << 20);  // rewritten between runs to evict the caches
@@ -78,7 +89,9 @@ int RunGather(const GatherOptions& o) {
   if (o.json) {
     nlohmann::json j{{"entry_bytes", o.entry_bytes}, {"selections", o.selections}, {"pool_mib", o.pool_mib},
                      {"bytes", bytes},               {"repeats", o.repeats},       {"memcpy_gbps", memcpy_gbps},
-                     {"gather_gbps", gather_gbps},   {"ratio", ratio}};
+                     {"gather_gbps", gather_gbps},   {"ratio", ratio},
+                     {"huge_page_mib", huge_mib},    {"huge_page_candidate_mib", touched_mib},
+                     {"random_read_ns", read_ns},    {"cpu_model", CpuModel()}};
     fmt::print("{}\n", j.dump());
   } else {
     fmt::print("gather of {} entries x {} B ({:.1f} MiB) from a {} MiB pool, median of {} runs\n", o.selections,
@@ -86,6 +99,11 @@ int RunGather(const GatherOptions& o) {
     fmt::print("  memcpy            {:8.2f} GB/s\n", memcpy_gbps);
     fmt::print("  translate+gather  {:8.2f} GB/s\n", gather_gbps);
     fmt::print("  ratio             {:8.3f}\n", ratio);
+    fmt::print("  huge pages        {:8.1f} MiB of {:.1f} MiB of pool, source buffer and table{}\n", huge_mib, touched_mib,
+               huge_mib < 0 ? " (AnonHugePages unreadable)" : huge_mib < 0.5 * touched_mib ? " (mostly 4 KiB pages)" : "");
+    fmt::print("  random read       {:8.2f} ns (an array as large as the location table, {:.1f} MiB)\n", read_ns,
+               n_addr * sizeof(Location) / 1048576.0);
+    fmt::print("  cpu               {}\n", CpuModel());
   }
   return 0;
 }
