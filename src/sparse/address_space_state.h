@@ -1,6 +1,8 @@
 // Internal state of AddressSpace, shared with the StepPlanner (same component).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <unordered_map>
@@ -23,9 +25,14 @@ struct GroupPools {
 
 struct RequestState {
   Rank rank;
-  std::vector<LogicalAddr> addrs;  // [tokens] in allocation order
+  std::vector<LogicalAddr> addrs;  // [tokens] in order: adopted (ShareInto) and allocated, distinct
   std::uint32_t tag = 0;           // its owner tag (non-zero, unique among live requests)
+  std::vector<LogicalAddr> adopted;  // sorted: the addresses of `addrs` it adopted (not its own allocation)
 };
+
+// Owner tag of a live address whose allocating request no longer holds it (held by
+// adopters and/or cache references only). Never a request's tag.
+inline constexpr std::uint32_t kSharedTag = UINT32_MAX;
 
 struct AddressSpace::State {
   explicit State(Backend& backend) : arenas(backend) {}
@@ -34,7 +41,16 @@ struct AddressSpace::State {
   std::vector<std::vector<GroupPools>> pools;  // [num_ranks][num_groups]
   std::vector<LocationTable> tables;           // [num_groups]
   std::unordered_map<RequestId, RequestState> requests;
-  std::vector<std::uint32_t> owner;    // [next_addr] tag of the request holding each address, 0 when free
+  // [next_addr] the owner tag: the allocating request's while it holds the address,
+  // kSharedTag once only adopters / cache references hold it, 0 when free.
+  std::vector<std::uint32_t> owner;
+  // [next_addr] references, packed: bits [23:0] the requests listing the address, bits
+  // [31:24] the cache references (Retain) on it; 0 = free.
+  std::vector<std::uint32_t> refs;
+  static constexpr std::uint32_t kRequestRef = 1, kCacheRef = 1u << 24;
+  static constexpr std::uint32_t kMaxRequestRefs = kCacheRef - 1, kMaxCacheRefs = 255;
+  std::uint32_t request_refs(LogicalAddr a) const { return refs[a.value()] & kMaxRequestRefs; }
+  std::uint32_t cache_refs(LogicalAddr a) const { return refs[a.value()] >> 24; }
   std::uint32_t next_tag = 1;          // the next request's tag (renumbered on wrap)
   std::deque<LogicalAddr> free_addrs;  // FIFO: a freed address is reused as late as possible
   std::uint32_t next_addr = 0;         // addresses [0, next_addr) have been handed out once
@@ -42,6 +58,14 @@ struct AddressSpace::State {
   std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
 
   GroupPools& at(Rank r, GroupId g) { return pools[r.value()][g.value()]; }
+  // The isolation check (selection_run.h) of a live or free address `a` < next_addr:
+  // whether request `req` holds it (its own allocation, or an adopted one). O(1) for its
+  // own, O(log adopted) otherwise.
+  bool Holds(const RequestState& req, LogicalAddr a) const {
+    const std::uint32_t o = owner[a.value()];
+    if (o == req.tag) return true;
+    return o != 0 && std::binary_search(req.adopted.begin(), req.adopted.end(), a);
+  }
   const GroupPools& at(Rank r, GroupId g) const { return pools[r.value()][g.value()]; }
 };
 

@@ -63,7 +63,7 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   hit_slots_.clear();
   ULA_RETURN_IF_ERROR(CheckSelectionRuns(input.runs, input.selections.size()));
   std::size_t next_run = 0, run_end = 0;
-  std::uint32_t tag = 0;  // the owner tag of selection i's run's request
+  const RequestState* holder = nullptr;  // selection i's run's request
   for (std::size_t i = 0; i < input.selections.size(); ++i) {
     while (i == run_end) {  // skips runs of count 0; the runs cover every selection
       const SelectionRun& run = input.runs[next_run++];
@@ -75,7 +75,7 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
                          fmt::format("selection {}: request {} of its run is unknown or freed (a stale selection?): "
                                      "refused", i, run.request.value()));
       }
-      tag = req->second.tag;
+      holder = &req->second;
     }
     const LogicalAddr a = input.selections[i];
     const Location loc = table.Get(a);
@@ -84,8 +84,8 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
                        fmt::format("selection {}: logical address {} is not live (freed, or never allocated)", i,
                                    a.value()));
     }
-    if (st.owner[a.value()] != tag) {
-      return MakeError(ErrorCode::kNotFound, StaleSelectionMessage(st, i, a, tag));
+    if (!st.Holds(*holder, a)) {
+      return MakeError(ErrorCode::kNotFound, StaleSelectionMessage(st, i, a, holder->tag));
     }
     if (loc.rank() != input.rank) {
       return MakeError(ErrorCode::kInvalidArgument,
