@@ -125,7 +125,8 @@ class AddressSpace {
   // One cache reference more / less on each address (a prefix cache node's). Release frees
   // an address whose last reference it drops. kNotFound (an address not live),
   // kInvalidArgument (listed twice), Release: kFailedPrecondition (an address without a
-  // cache reference, e.g. released twice): nothing changes.
+  // cache reference, e.g. released twice), kResourceExhausted (more than 255 cache
+  // references or 2^24 - 1 requests on one address): nothing changes.
   Status Retain(std::span<const LogicalAddr> addrs);
   Status Release(std::span<const LogicalAddr> addrs);
   // Holders of an address (requests + cache references); 0 when free or never allocated.
@@ -134,7 +135,9 @@ class AddressSpace {
   bool Holds(RequestId request, LogicalAddr addr) const;
 
   // Entry bytes by logical address (the engine's KV write; verification reads).
-  // data.size() must equal entry_bytes. kUnsupported on a counting backend.
+  // data.size() must equal entry_bytes. kUnsupported on a counting backend. Write refuses
+  // an address with more than one holder (kFailedPrecondition): a shared entry is
+  // immutable, so every sharer reads the bytes it adopted.
   Status Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data);
   Status Read(LogicalAddr addr, GroupId group, std::span<std::byte> out) const;
 

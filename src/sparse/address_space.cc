@@ -234,10 +234,7 @@ Status AddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> a
     }
   }
   req.addrs.insert(req.addrs.end(), addrs.begin(), addrs.end());
-  const std::size_t old = req.adopted.size();
-  req.adopted.insert(req.adopted.end(), addrs.begin(), addrs.end());
-  std::sort(req.adopted.begin() + static_cast<std::ptrdiff_t>(old), req.adopted.end());
-  std::inplace_merge(req.adopted.begin(), req.adopted.begin() + static_cast<std::ptrdiff_t>(old), req.adopted.end());
+  refs::MergeAdopted(req.adopted, addrs);
   for (LogicalAddr a : addrs) st.refs[a.value()] += State::kRequestRef;
   ULA_EXPENSIVE_CHECK(*this);
   return Ok();
@@ -277,7 +274,7 @@ Status AddressSpace::Release(std::span<const LogicalAddr> addrs) {
 
 std::uint32_t AddressSpace::RefCount(LogicalAddr addr) const {
   if (addr.value() >= state_->next_addr) return 0;
-  return state_->request_refs(addr) + state_->cache_refs(addr);
+  return refs::Holders(state_->refs[addr.value()]);
 }
 
 bool AddressSpace::Holds(RequestId request, LogicalAddr addr) const {
@@ -311,6 +308,11 @@ Result<std::byte*> EntryBytes(const AddressSpace& space, const AddressSpace::Sta
 Status AddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data) {
   auto p = EntryBytes(*this, *state_, addr, group, data.size());
   if (!p) return std::unexpected(p.error());
+  if (const std::uint32_t holders = refs::Holders(state_->refs[addr.value()]); holders > 1) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("address {} is shared by {} holders: a shared entry is immutable (write a new "
+                                 "address)", addr.value(), holders));
+  }
   std::memcpy(*p, data.data(), data.size());
 #ifdef ULA_EXPENSIVE_CHECKS
   // Write changes bytes, never metadata: the full check runs on every 64th write (on every

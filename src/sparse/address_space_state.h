@@ -10,6 +10,7 @@
 
 #include "ula/address_space.h"
 #include "ula/location_table.h"
+#include "sparse/address_refs.h"
 #include "sparse/pool_arenas.h"
 #include "ula/slot_pool.h"
 
@@ -32,7 +33,7 @@ struct RequestState {
 
 // Owner tag of a live address whose allocating request no longer holds it (held by
 // adopters and/or cache references only). Never a request's tag.
-inline constexpr std::uint32_t kSharedTag = UINT32_MAX;
+inline constexpr std::uint32_t kSharedTag = refs::kSharedTag;
 
 struct AddressSpace::State {
   explicit State(Backend& backend) : arenas(backend) {}
@@ -44,13 +45,13 @@ struct AddressSpace::State {
   // [next_addr] the owner tag: the allocating request's while it holds the address,
   // kSharedTag once only adopters / cache references hold it, 0 when free.
   std::vector<std::uint32_t> owner;
-  // [next_addr] references, packed: bits [23:0] the requests listing the address, bits
-  // [31:24] the cache references (Retain) on it; 0 = free.
+  // [next_addr] references, packed (sparse/address_refs.h): requests listing the address
+  // and cache references (Retain) on it; 0 = free.
   std::vector<std::uint32_t> refs;
-  static constexpr std::uint32_t kRequestRef = 1, kCacheRef = 1u << 24;
-  static constexpr std::uint32_t kMaxRequestRefs = kCacheRef - 1, kMaxCacheRefs = 255;
-  std::uint32_t request_refs(LogicalAddr a) const { return refs[a.value()] & kMaxRequestRefs; }
-  std::uint32_t cache_refs(LogicalAddr a) const { return refs[a.value()] >> 24; }
+  static constexpr std::uint32_t kRequestRef = refs::kRequestRef, kCacheRef = refs::kCacheRef;
+  static constexpr std::uint32_t kMaxRequestRefs = refs::kMaxRequestRefs, kMaxCacheRefs = refs::kMaxCacheRefs;
+  std::uint32_t request_refs(LogicalAddr a) const { return refs::RequestRefs(refs[a.value()]); }
+  std::uint32_t cache_refs(LogicalAddr a) const { return refs::CacheRefs(refs[a.value()]); }
   std::uint32_t next_tag = 1;          // the next request's tag (renumbered on wrap)
   std::deque<LogicalAddr> free_addrs;  // FIFO: a freed address is reused as late as possible
   std::uint32_t next_addr = 0;         // addresses [0, next_addr) have been handed out once
@@ -62,9 +63,7 @@ struct AddressSpace::State {
   // whether request `req` holds it (its own allocation, or an adopted one). O(1) for its
   // own, O(log adopted) otherwise.
   bool Holds(const RequestState& req, LogicalAddr a) const {
-    const std::uint32_t o = owner[a.value()];
-    if (o == req.tag) return true;
-    return o != 0 && std::binary_search(req.adopted.begin(), req.adopted.end(), a);
+    return refs::Holds(owner[a.value()], req.tag, req.adopted, a);
   }
   const GroupPools& at(Rank r, GroupId g) const { return pools[r.value()][g.value()]; }
 };
