@@ -116,6 +116,7 @@ class SparsePrefixCache {
   std::uint64_t Room() const;
 
   SparsePrefixCacheMetrics Metrics() const;
+  std::uint64_t cached_tokens() const { return cached_tokens_; }
   Status CheckInvariants() const;
   // A hash of the tree (nodes, spans, addresses, locks, use stamps, LRU set). For tests.
   std::uint64_t DebugDigest() const;

@@ -10,6 +10,7 @@
 #include "test_seed.h"
 #include "ula/address_space.h"
 #include "ula/backend.h"
+#include "ula/prefix_router.h"
 #include "ula/tp_address_space.h"
 
 namespace ula {
@@ -291,6 +292,53 @@ TEST(SparsePrefixCache, RandomServingKeepsLockedPrefixesAndSharedBytes) {
     }
   }
   EXPECT_TRUE(f.cache->CheckInvariants());
+}
+
+
+// Cache-aware routing (DP): the rank holding the longest prefix, unless the loads are
+// imbalanced or the match is too short; then the least loaded / the emptiest cache.
+TEST(PrefixRouter, RoutesToTheLongestPrefixUnlessImbalancedOrTooShort) {
+  auto backend = MakeCpuBackend({});
+  auto space = AddressSpace::Create(Dp(64, 64, 3), *backend).value();
+  std::vector<std::unique_ptr<SparsePrefixCache>> owned;
+  std::vector<const SparsePrefixCache*> caches;
+  for (std::uint16_t r = 0; r < 3; ++r) {
+    owned.push_back(SparsePrefixCache::Create(*space, Rank(r)).value());
+    caches.push_back(owned.back().get());
+  }
+  auto cache_doc = [&](std::uint16_t r, const std::vector<std::uint32_t>& t, std::uint64_t id) {
+    ASSERT_TRUE(space->AddRequest(RequestId(id), Rank(r)));
+    auto a = space->Allocate(RequestId(id), static_cast<std::uint32_t>(t.size())).value();
+    ASSERT_TRUE(owned[r]->Insert(t, a));
+    ASSERT_TRUE(space->Free(RequestId(id)));
+  };
+  cache_doc(1, Seq(0, 20), 1);
+  cache_doc(0, Seq(500, 4), 2);
+  cache_doc(2, Seq(900, 2), 3);
+  auto q = Seq(0, 20);
+  q.push_back(7);
+  const std::vector<std::uint64_t> even{3, 3, 3};
+  auto d = RouteByPrefix(caches, even, q).value();
+  EXPECT_EQ(d.rank, Rank(1));
+  EXPECT_EQ(d.matched, 20u);
+  EXPECT_EQ(d.why, RouteDecision::Why::kPrefix);
+  // A prefix of 5 of 21 tokens (< 0.3): to the cache with the fewest tokens (rank 2).
+  auto short_match = Seq(0, 5);
+  for (std::uint32_t i = 0; i < 16; ++i) short_match.push_back(10000 + i);
+  d = RouteByPrefix(caches, even, short_match).value();
+  EXPECT_EQ(d.rank, Rank(2));
+  EXPECT_EQ(d.why, RouteDecision::Why::kRoom);
+  // Imbalanced loads (100 vs 10: > 64 apart and > 1.5x): the least loaded, prefix or not.
+  const std::vector<std::uint64_t> skewed{10, 100, 50};
+  d = RouteByPrefix(caches, skewed, q).value();
+  EXPECT_EQ(d.rank, Rank(0));
+  EXPECT_EQ(d.why, RouteDecision::Why::kImbalance);
+  EXPECT_EQ(d.matched, 0u);
+  // Bad input.
+  const std::vector<std::uint64_t> two{1, 1};
+  EXPECT_EQ(RouteByPrefix(caches, two, q).error().code(), ErrorCode::kInvalidArgument);
+  std::vector<const SparsePrefixCache*> with_null{caches[0], nullptr};
+  EXPECT_EQ(RouteByPrefix(with_null, two, q).error().code(), ErrorCode::kInvalidArgument);
 }
 
 }  // namespace
