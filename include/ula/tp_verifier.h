@@ -57,6 +57,9 @@ struct TpVerifierConfig {
   int copy_threads = 1;
   bool parallel_ranks = true;
   bool record = false;
+  // > 0: this percentage of the arrivals adopts a cached prefix of a live request (one
+  // SparsePrefixCache over the space; verifier_core.h, "Sharing"). In [0, 100].
+  std::uint32_t share_percent = 0;
 
   Status Validate() const;
   std::uint32_t buffer_slots() const;
@@ -90,11 +93,17 @@ struct TpVerifierReport {
   std::uint64_t partial_bytes_sent = 0;     // at home: partial records sent to other ranks (hosted)
   std::uint64_t attention_mismatches = 0;   // at home: outside the tolerance
   double max_attention_error = 0.0;         // at home: largest |merged - reference|
+  std::uint64_t shares = 0;                 // sharing: requests that adopted a cached prefix
+  std::uint64_t sharer_checks = 0;          // sharing: adopted / still-shared entries checked
+  std::uint64_t cache_evictions = 0;        // sharing: cache evictions run
+  std::uint64_t locked_checks = 0;          // sharing: locked matches checked after an eviction
+  std::uint64_t sharing_failures = 0;       // sharing: an entry a sharer's free or an eviction lost or moved
   std::vector<std::string> first_failures;  // up to 10
   std::vector<TpStepRecord> records;
 
   bool ok() const {
-    return mismatches == 0 && invariant_failures == 0 && bad_input_failures == 0 && attention_mismatches == 0;
+    return mismatches == 0 && invariant_failures == 0 && bad_input_failures == 0 && attention_mismatches == 0 &&
+           sharing_failures == 0;
   }
 };
 

@@ -43,6 +43,7 @@ Status TpVerifierConfig::Validate() const {
                            top_k * queries_per_request));
   }
   if (copy_threads < 0) return bad("copy_threads must be >= 0");
+  if (share_percent > 100) return bad(fmt::format("share_percent = {}: must be in [0, 100]", share_percent));
   return Ok();
 }
 
@@ -88,6 +89,11 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   bool Readable(LogicalAddr a) { return HomeHosted(a); }  // this process's shards only
   Status Read(LogicalAddr a, GroupId g, std::span<std::byte> out) { return space_->Read(a, g, out); }
   Status CheckSpaceInvariants() { return space_->CheckInvariants(); }
+  // Sharing (verifier_core.h): one cache over the striped space (replicated like the directory).
+  Status ShareInto(RequestId id, std::span<const LogicalAddr> addrs) { return space_->ShareInto(id, addrs); }
+  std::uint32_t RefCount(LogicalAddr a) { return space_->RefCount(a); }
+  std::uint64_t Where(LogicalAddr a) { return HomeHosted(a) ? space_->Lookup(a, GroupId(0)).value().bits() : 0; }
+  SparsePrefixCache& CacheFor(Rank) { return *cache_; }
   auto StepWithFreedAddress(const Request& r, LogicalAddr freed) {
     std::vector<LogicalAddr> sel{freed};
     std::vector<SelectionRun> runs{{r.id, 1}};
@@ -341,6 +347,7 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   std::unique_ptr<TpAddressSpace> space_;
   TpStepPlanner planner_;
   MlaShape mla_;
+  std::unique_ptr<SparsePrefixCache> cache_ = SparsePrefixCache::Create(*space_).value();  // sharing
   std::uint64_t step_ = 0;
 };
 

@@ -89,6 +89,34 @@ TEST(TpVerifier, AttentionAtHomeMatchesTheReferenceWith2_4_8InProcessRanks) {
   }
 }
 
+// Sharing (issue 17), both attention strategies, at the ops of the tests above.
+TEST(TpVerifier, RandomSharingKeepsEveryByteBothAttentions) {
+  ULA_TEST_SEEDED(seed, 20261201);
+  for (TpAttention attention : {TpAttention::kLocalBuffer, TpAttention::kAtHome}) {
+    TpVerifierConfig c;
+    c.seed = seed;
+    c.ops = kOps;
+    c.num_ranks = 4;
+    c.top_k = 16;
+    c.device_slots_per_group = 48;
+    c.buffer_slots_per_group = attention == TpAttention::kAtHome ? 0 : 160;
+    c.attention = attention;
+    c.share_percent = 80;
+    std::printf("seed=%llu sharing attention=%d\n", static_cast<unsigned long long>(c.seed), int(attention));
+    auto report = RunTpVerifier(c);
+    ASSERT_TRUE(report) << report.error().ToString();
+    ExpectClean(*report);
+    EXPECT_TRUE(report->ok());
+    std::printf("  steps=%llu shares=%llu sharer checks=%llu evictions=%llu locked checks=%llu\n",
+                (unsigned long long)report->steps, (unsigned long long)report->shares,
+                (unsigned long long)report->sharer_checks, (unsigned long long)report->cache_evictions,
+                (unsigned long long)report->locked_checks);
+    EXPECT_GT(report->shares, Scaled(5));
+    EXPECT_GT(report->sharer_checks, Scaled(100));
+    EXPECT_GT(report->steps, Scaled(100));
+  }
+}
+
 TEST(TpVerifier, InvalidConfigIsRefused) {
   TpVerifierConfig c;
   c.entry_bytes = 30;
