@@ -23,6 +23,7 @@ int RunTpVerify(const TpVerifyArgs& a) {
   c.device_slots_per_group = a.device_slots;
   c.host_slots_per_group = a.host_slots;
   c.top_k = a.top_k;
+  c.share_percent = a.share_percent;
   if (!a.policy.empty()) {
     auto kind = ParsePolicyKind(a.policy);
     if (!kind) {
@@ -80,6 +81,9 @@ int RunTpVerify(const TpVerifyArgs& a) {
                      {"left_to_home", r.left_to_home}, {"attention_checks", r.attention_checks},
                      {"attention_mismatches", r.attention_mismatches}, {"max_attention_error", r.max_attention_error},
                      {"all_ranks_ok", all_ok}, {"seconds", seconds},
+                     {"share_percent", c.share_percent}, {"shares", r.shares}, {"sharer_checks", r.sharer_checks},
+                     {"cache_evictions", r.cache_evictions}, {"locked_checks", r.locked_checks},
+                     {"sharing_failures", r.sharing_failures},
                      {"failures", r.first_failures}};
     fmt::print("{}\n", j.dump());
   } else {
@@ -94,6 +98,11 @@ int RunTpVerify(const TpVerifyArgs& a) {
     }
     fmt::print("  entries checked {}; mismatches {}; invariant failures {}; bad input refused {} ({} not cleanly)\n",
                r.entries_checked, r.mismatches, r.invariant_failures, r.bad_input_checks, r.bad_input_failures);
+    if (c.share_percent > 0) {
+      fmt::print("  sharing: {} adopted prefixes, {} shared entries checked, {} cache evictions, {} locked matches "
+                 "checked, {} failures\n", r.shares, r.sharer_checks, r.cache_evictions, r.locked_checks,
+                 r.sharing_failures);
+    }
     for (const auto& f : r.first_failures) fmt::print("  FAIL: {}\n", f);
     fmt::print("{}\n", all_ok ? "OK: every rank read back the last written bytes" : "FAILED");
   }

@@ -20,6 +20,7 @@ struct TpVerifyArgs {
   std::string attention = "local_buffer";  // or "at_home"
   bool mpi = false;
   bool json = false;
+  std::uint32_t share_percent = 0;  // arrivals that adopt a cached prefix (issue 17)
 };
 
 // Returns the process exit code (0 ok, 1 verification failed, 2 bad arguments / no MPI).
