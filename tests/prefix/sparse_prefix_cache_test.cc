@@ -11,6 +11,7 @@
 #include "ula/address_space.h"
 #include "ula/backend.h"
 #include "ula/prefix_router.h"
+#include "ula/step_planner.h"
 #include "ula/tp_address_space.h"
 
 namespace ula {
@@ -294,6 +295,46 @@ TEST(SparsePrefixCache, RandomServingKeepsLockedPrefixesAndSharedBytes) {
   EXPECT_TRUE(f.cache->CheckInvariants());
 }
 
+
+// A finished request's cached KV stays in the exclusive tiers under the residency policy:
+// when other requests' selections need the device, the cold cached prefix drifts to host
+// (a swap, as any cold entry), stored once, and a later match reads it back from there.
+TEST(SparsePrefixCache, ColdCachedPrefixDriftsToHostWithNoCopy) {
+  DpCache f(Dp(4, 12));
+  auto doc = f.Serve(RequestId(1), Seq(0, 4));  // fills the device
+  ASSERT_TRUE(f.cache->Insert(Seq(0, 4), doc));
+  ASSERT_TRUE(f.space->Free(RequestId(1)));
+  for (LogicalAddr a : doc) EXPECT_EQ(f.space->Lookup(a, GroupId(0)).value().tier(), Tier::kDevice);
+  auto other = f.Serve(RequestId(2), Seq(100, 4));  // on host: the device is full
+  f.space->AdvanceRound();
+  StepPlanner planner(*f.space);
+  std::vector<SlotId> slots(4);
+  for (std::uint16_t g = 0; g < 2; ++g) {
+    auto st = planner.Step({Rank(0), GroupId(g), other, {{SelectionRun{RequestId(2), 4}}}}, slots);
+    ASSERT_TRUE(st) << st.error().ToString();
+    EXPECT_EQ(st->evictions, 4u);  // the cold cached entries were the victims
+  }
+  for (LogicalAddr a : doc) {
+    EXPECT_EQ(f.space->Lookup(a, GroupId(0)).value().tier(), Tier::kHost);
+    EXPECT_EQ(f.space->RefCount(a), 1u);  // the cache's reference only
+  }
+  EXPECT_EQ(f.space->num_live_addresses(), 8u);  // stored once: no copy on either tier
+  EXPECT_EQ(f.space->NumUsed(Rank(0), GroupId(0), Tier::kDevice) + f.space->NumUsed(Rank(0), GroupId(0), Tier::kHost), 8u);
+  f.ExpectReads(doc);
+  // A new question about the document adopts the host-resident prefix and reads it.
+  auto again = f.Serve(RequestId(3), Seq(0, 4));
+  EXPECT_TRUE(std::equal(doc.begin(), doc.end(), again.begin()));
+  f.space->AdvanceRound();
+  auto st = planner.Step({Rank(0), GroupId(0), doc, {{SelectionRun{RequestId(3), 4}}}}, slots);
+  ASSERT_TRUE(st) << st.error().ToString();
+  for (std::size_t i = 0; i < 4; ++i) {
+    const std::byte* p = f.space->DeviceSlotData(Rank(0), GroupId(0), slots[i]);
+    ASSERT_NE(p, nullptr);
+    const auto want = Bytes(doc[i], 0);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), p));
+  }
+  EXPECT_TRUE(f.space->CheckInvariants());
+}
 
 // Cache-aware routing (DP): the rank holding the longest prefix, unless the loads are
 // imbalanced or the match is too short; then the least loaded / the emptiest cache.
