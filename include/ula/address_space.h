@@ -12,12 +12,19 @@
 //      addresses share a slot; every allocated slot holds exactly one live address.
 //   2. The device owner map is the inverse of the table for device slots; the residency
 //      policy tracks exactly the occupied device slots.
-//   3. Per-request address lists partition the live addresses; free addresses are not live.
+//   3. Shared addresses (reference counts): refs[a] = (requests listing a) + (cache
+//      references on a); a is live iff refs[a] > 0 and is freed the moment its last
+//      holder lets go. A request lists an address at most once; every holder of an address
+//      is on the address's rank. The owner tag of a is its allocating request's while that
+//      request holds it, "shared" once only adopters or cache references hold it, none
+//      when free; each request's adopted set is exactly the addresses of its list it did
+//      not allocate. Free addresses have no holder.
 // New entries go to device while it has free slots, otherwise to host.
 //
 // Errors: unknown/duplicate request, unknown or freed address, out-of-range group, wrong
-// byte count, allocation that does not fit, invalid config — each returns an Error and
-// changes nothing.
+// byte count, allocation that does not fit, invalid config, adopting an address twice or
+// from another rank, releasing a cache reference that is not there — each returns an
+// Error and changes nothing (DebugDigest equal before and after).
 //
 // Rounds (the prefill/decode rule): a round is one scheduler iteration, ended by
 // AdvanceRound() after its attention. Entries allocated in a round, and entries a Step
@@ -30,6 +37,16 @@
 // Isolation: Step takes the request of every selection (selection_run.h) and refuses an
 // address that is not live for that request (freed, reused by another, another's), so no
 // request is handed a slot holding another request's entry, even from a stale selection.
+// "Live for the request" means the request holds a reference to it: its own allocation or
+// an address it adopted with ShareInto (a shared prefix).
+//
+// Sharing (DESIGN.md "Shared prefixes"). ShareInto(request, addrs) lets a request adopt
+// live addresses of its rank (a cached prefix, another request's prefix): they are
+// appended to its list and gain a reference; nothing is copied or moved. Retain/Release
+// take and drop references that belong to no request (a prefix cache's nodes,
+// sparse_prefix_cache.h). Free(request) drops the request's references: an address another
+// holder still references keeps its entry, its location and its bytes. Shared entries
+// follow the residency policy like any other (a cold cached prefix drifts to host).
 //
 // Lifetime: `backend` outlives the space (held by reference; the backend's destructor
 // stops the program while a space lives); the space outlives every StepPlanner over it.
@@ -77,7 +94,7 @@ struct MetadataReport {
   double device_owner = 0;     // reverse map, 4 B per device slot
   double policy = 0;           // residency policy state
   double free_bitmaps = 0;     // slot pool free bitmaps
-  double request_lists = 0;    // 4 B list + 4 B owner tag per address, shared by all groups
+  double request_lists = 0;    // 4 B list + 4 B owner tag + 4 B reference counts per address, shared by all groups
   double total() const { return location_table + device_owner + policy + free_bitmaps + request_lists; }
 };
 
@@ -96,12 +113,31 @@ class AddressSpace {
   // Entries go to device while it has free slots, otherwise to host. kResourceExhausted
   // if the rank cannot hold them in every group (nothing allocated then).
   Result<std::vector<LogicalAddr>> Allocate(RequestId request, std::uint32_t n_tokens);
-  // Frees every address of the request and forgets it. kNotFound for an unknown request
+  // Drops the request's reference on every address it holds and forgets it; an address
+  // no other request or cache reference holds is freed. kNotFound for an unknown request
   // (including a second Free).
   Status Free(RequestId request);
+  // The request adopts live addresses (a shared prefix): appended to its list in order,
+  // one more reference each. kNotFound (unknown request, an address not live),
+  // kInvalidArgument (an address of another rank, one listed twice), kAlreadyExists (the
+  // request already holds one): nothing changes. O(addrs log addrs + adopted).
+  Status ShareInto(RequestId request, std::span<const LogicalAddr> addrs);
+  // One cache reference more / less on each address (a prefix cache node's). Release frees
+  // an address whose last reference it drops. kNotFound (an address not live),
+  // kInvalidArgument (listed twice), Release: kFailedPrecondition (an address without a
+  // cache reference, e.g. released twice), kResourceExhausted (more than 255 cache
+  // references or 2^24 - 1 requests on one address): nothing changes.
+  Status Retain(std::span<const LogicalAddr> addrs);
+  Status Release(std::span<const LogicalAddr> addrs);
+  // Holders of an address (requests + cache references); 0 when free or never allocated.
+  std::uint32_t RefCount(LogicalAddr addr) const;
+  // Whether the request holds a reference to the address (the isolation check's rule).
+  bool Holds(RequestId request, LogicalAddr addr) const;
 
   // Entry bytes by logical address (the engine's KV write; verification reads).
-  // data.size() must equal entry_bytes. kUnsupported on a counting backend.
+  // data.size() must equal entry_bytes. kUnsupported on a counting backend. Write refuses
+  // an address with more than one holder (kFailedPrecondition): a shared entry is
+  // immutable, so every sharer reads the bytes it adopted.
   Status Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data);
   Status Read(LogicalAddr addr, GroupId group, std::span<std::byte> out) const;
 
@@ -116,6 +152,7 @@ class AddressSpace {
 
   const AddressSpaceConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
+  // Distinct live addresses (a shared one counts once).
   std::uint64_t num_live_addresses() const;
   std::uint32_t num_requests() const;
   // Entries of (rank, group) on a tier; 0 for an out-of-range rank or group.

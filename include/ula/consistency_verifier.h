@@ -40,6 +40,10 @@ struct VerifierConfig {
   // bytes (else an early publish) and every live entry must read back its shadow (else a
   // lost entry). In [0, 1].
   double fault_rate = 0;
+  // > 0: this percentage of the arrivals adopts a cached prefix of a live request
+  // (shared addresses and a SparsePrefixCache per rank; verifier_core.h, "Sharing"). In
+  // [0, 100]; 0 draws the same numbers as before sharing existed.
+  std::uint32_t share_percent = 0;
 
   Status Validate() const;
 };
@@ -61,11 +65,16 @@ struct VerifierReport {
   std::uint64_t failed_calls = 0;      // steps that failed with kIo
   std::uint64_t entries_lost = 0;      // after a failed call: live entries that no longer read their bytes
   std::uint64_t early_publishes = 0;   // after a failed call: device slots published without their bytes
+  std::uint64_t shares = 0;            // sharing: requests that adopted a cached prefix
+  std::uint64_t sharer_checks = 0;     // sharing: adopted / still-shared entries checked (bytes, place)
+  std::uint64_t cache_evictions = 0;   // sharing: cache evictions run
+  std::uint64_t locked_checks = 0;     // sharing: locked matches checked after an eviction
+  std::uint64_t sharing_failures = 0;  // sharing: an entry a sharer's free or an eviction lost or moved
   std::vector<std::string> first_failures;  // up to 10 descriptions
 
   bool ok() const {
     return mismatches == 0 && invariant_failures == 0 && bad_input_failures == 0 && entries_lost == 0 &&
-           early_publishes == 0;
+           early_publishes == 0 && sharing_failures == 0;
   }
 };
 

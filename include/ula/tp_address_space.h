@@ -23,8 +23,17 @@
 //      slot holds one, the index and the owner map agree, and (when the home is hosted here
 //      and bytes exist) the copy's bytes equal the home's.
 //   3. The policies track exactly the occupied device / buffer slots.
-//   4. Directory: request lists partition the live addresses; freed addresses sit in their
-//      home rank's free list.
+//   4. Directory: freed addresses sit in their home rank's free list; every live address
+//      has a holder: a request that lists it (a list names it at most once) or a cache
+//      reference. Reference counts and owner tags as in DP mode (address_space.h,
+//      "Sharing"; src/sparse/address_refs.h).
+//
+// Sharing. ShareInto / Retain / Release / RefCount / Holds as AddressSpace's: a request
+// adopts live addresses (a cached prefix) without a copy; the prefix stays striped a mod P
+// where it was allocated, stored once in the node (never once per rank, both attention
+// strategies); an address is freed when its last holder lets go. Write refuses an address
+// with more than one holder (shared entries are immutable). The directory is replicated:
+// call them on every process, as Allocate and Free.
 // A Write or Free of an address drops every hosted buffer copy of it first, so a copy
 // never outlives or disagrees with its home.
 //
@@ -147,10 +156,20 @@ class TpAddressSpace {
   // Frees every address of the request (home slots and hosted buffer copies). kNotFound
   // for an unknown request, including a second Free.
   Status Free(RequestId request);
+  // Sharing (see above). ShareInto: kNotFound (unknown request, an address not live),
+  // kInvalidArgument (listed twice), kAlreadyExists (already held). Retain / Release:
+  // kNotFound, kInvalidArgument, Release kFailedPrecondition (no cache reference to drop),
+  // kResourceExhausted (too many references on one address). Nothing changes on error.
+  Status ShareInto(RequestId request, std::span<const LogicalAddr> addrs);
+  Status Retain(std::span<const LogicalAddr> addrs);
+  Status Release(std::span<const LogicalAddr> addrs);
+  std::uint32_t RefCount(LogicalAddr addr) const;
+  bool Holds(RequestId request, LogicalAddr addr) const;
 
   // The engine's KV write: drops hosted buffer copies, then writes the home bytes if the
   // home is hosted here (call it on every process; the others only drop copies).
-  // kOutOfRange (group), kInvalidArgument (size), kNotFound, kUnsupported (counting).
+  // kOutOfRange (group), kInvalidArgument (size), kNotFound, kUnsupported (counting),
+  // kFailedPrecondition (a shared address: more than one holder).
   Status Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data);
   // The home bytes. kUnsupported if the home is not hosted here or on a counting backend.
   Status Read(LogicalAddr addr, GroupId group, std::span<std::byte> out) const;
@@ -195,6 +214,8 @@ class TpAddressSpace {
  private:
   friend class TpStepPlanner;
   TpAddressSpace(const TpConfig& config, Backend& backend, std::vector<Rank> hosted, std::unique_ptr<State> state);
+  // Frees an address whose last holder let go (home slots, hosted copies, directory).
+  void FreeAddress(LogicalAddr a);
 
   TpConfig config_;
   Backend& backend_;

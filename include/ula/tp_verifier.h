@@ -77,6 +77,9 @@ struct TpVerifierConfig {
   // run then holds a full workload whatever the seed, so that pools smaller than it are
   // under pressure from the start.
   std::uint32_t initial_requests = 0;
+  // > 0: this percentage of the arrivals adopts a cached prefix of a live request (one
+  // SparsePrefixCache over the space; verifier_core.h, "Sharing"). In [0, 100].
+  std::uint32_t share_percent = 0;
 
   Status Validate() const;
   std::uint32_t buffer_slots() const;
@@ -117,12 +120,17 @@ struct TpVerifierReport {
   std::uint64_t failed_calls = 0;           // steps that failed with kIo on this process
   std::uint64_t entries_lost = 0;           // after a failed call: live entries that no longer read their bytes
   std::uint64_t early_publishes = 0;        // after a failed call: refs published without their bytes
+  std::uint64_t shares = 0;                 // sharing: requests that adopted a cached prefix
+  std::uint64_t sharer_checks = 0;          // sharing: adopted / still-shared entries checked
+  std::uint64_t cache_evictions = 0;        // sharing: cache evictions run
+  std::uint64_t locked_checks = 0;          // sharing: locked matches checked after an eviction
+  std::uint64_t sharing_failures = 0;       // sharing: an entry a sharer's free or an eviction lost or moved
   std::vector<std::string> first_failures;  // up to 10
   std::vector<TpStepRecord> records;
 
   bool ok() const {
     return mismatches == 0 && invariant_failures == 0 && bad_input_failures == 0 && attention_mismatches == 0 &&
-           entries_lost == 0 && early_publishes == 0;
+           entries_lost == 0 && early_publishes == 0 && sharing_failures == 0;
   }
 };
 

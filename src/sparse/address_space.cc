@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -73,14 +74,16 @@ Status AddressSpace::AddRequest(RequestId request, Rank rank) {
     return MakeError(ErrorCode::kAlreadyExists, fmt::format("request {} already exists", request.value()));
   }
   State& st = *state_;
-  if (st.next_tag == 0) {  // 2^32 - 1 requests so far: renumber the live ones 1..n
+  if (st.next_tag == 0 || st.next_tag == kSharedTag) {  // 2^32 - 2 requests so far: renumber the live ones 1..n
     st.next_tag = 1;
     for (auto& [id, req] : st.requests) {
       req.tag = st.next_tag++;
-      for (LogicalAddr a : req.addrs) st.owner[a.value()] = req.tag;
+      for (LogicalAddr a : req.addrs) {  // its own allocations: the addresses it did not adopt
+        if (!std::binary_search(req.adopted.begin(), req.adopted.end(), a)) st.owner[a.value()] = req.tag;
+      }
     }
   }
-  st.requests.emplace(request, RequestState{rank, {}, st.next_tag++});
+  st.requests.emplace(request, RequestState{rank, {}, st.next_tag++, {}});
   return Ok();
 }
 
@@ -134,7 +137,11 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
     }
   }
   st.owner.resize(st.next_addr, 0);
-  for (LogicalAddr a : out) st.owner[a.value()] = it->second.tag;
+  st.refs.resize(st.next_addr, 0);
+  for (LogicalAddr a : out) {
+    st.owner[a.value()] = it->second.tag;
+    st.refs[a.value()] = State::kRequestRef;
+  }
   auto& addrs = it->second.addrs;
   addrs.insert(addrs.end(), out.begin(), out.end());
   st.live += n_tokens;
@@ -142,36 +149,137 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
   return out;
 }
 
+namespace {
+// Frees an address whose last holder let go: its slot in every group, its table entries;
+// it joins the free FIFO.
+void FreeAddress(const AddressSpaceConfig& cfg, AddressSpace::State& st, LogicalAddr a) {
+  for (std::uint32_t g = 0; g < cfg.num_groups; ++g) {
+    AddressRecords& table = st.tables[g];
+    const Location loc = table.Get(a);
+    GroupPools& gp = st.at(loc.rank(), GroupId(g));
+    if (loc.tier() == Tier::kDevice) {
+      gp.policy->Remove(loc.slot());
+      ULA_CHECK(gp.device.Free(loc.slot()).has_value());
+      gp.device_owner[loc.slot().value()] = LogicalAddr::Invalid();
+    } else {
+      ULA_CHECK(gp.host.Free(loc.slot()).has_value());
+    }
+    table.Erase(a);
+  }
+  st.owner[a.value()] = 0;
+  st.free_addrs.push_back(a);
+  --st.live;
+}
+
+// Ok iff every address is live, on `rank` unless it is invalid, and listed once.
+Status CheckAddressList(const AddressSpace::State& st, std::span<const LogicalAddr> addrs, Rank rank,
+                        const char* what) {
+  std::vector<LogicalAddr> sorted(addrs.begin(), addrs.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (auto d = std::adjacent_find(sorted.begin(), sorted.end()); d != sorted.end()) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("{}: address {} is listed twice", what, d->value()));
+  }
+  for (LogicalAddr a : addrs) {
+    if (a.value() >= st.next_addr || st.refs[a.value()] == 0) {
+      return MakeError(ErrorCode::kNotFound, fmt::format("{}: logical address {} is not live (freed, or never "
+                                                         "allocated)", what, a.value()));
+    }
+    const Rank at = st.tables[0].Get(a).rank();
+    if (rank.valid() && at != rank) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("{}: address {} lives on rank {}, not rank {}", what, a.value(), at.value(),
+                                   rank.value()));
+    }
+  }
+  return Ok();
+}
+}  // namespace
+
 Status AddressSpace::Free(RequestId request) {
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
     return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown or already freed", request.value()));
   }
-  const Rank rank = it->second.rank;
-  for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
-    AddressRecords& table = st.tables[g];
-    GroupPools& gp = st.at(rank, GroupId(g));
-    for (LogicalAddr a : it->second.addrs) {
-      const Location loc = table.Get(a);
-      if (loc.tier() == Tier::kDevice) {
-        gp.policy->Remove(loc.slot());
-        ULA_CHECK(gp.device.Free(loc.slot()).has_value());
-        gp.device_owner[loc.slot().value()] = LogicalAddr::Invalid();
-      } else {
-        ULA_CHECK(gp.host.Free(loc.slot()).has_value());
-      }
-      table.Erase(a);
+  const std::uint32_t tag = it->second.tag;
+  for (LogicalAddr a : it->second.addrs) {
+    if ((st.refs[a.value()] -= State::kRequestRef) == 0) {
+      FreeAddress(config_, st, a);
+    } else if (st.owner[a.value()] == tag) {
+      st.owner[a.value()] = kSharedTag;  // its other holders keep it where it is
     }
   }
-  for (LogicalAddr a : it->second.addrs) {
-    st.owner[a.value()] = 0;
-    st.free_addrs.push_back(a);
-  }
-  st.live -= it->second.addrs.size();
   st.requests.erase(it);
   ULA_EXPENSIVE_CHECK(*this);
   return Ok();
+}
+
+Status AddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> addrs) {
+  State& st = *state_;
+  auto it = st.requests.find(request);
+  if (it == st.requests.end()) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("ShareInto: request {} is unknown", request.value()));
+  }
+  RequestState& req = it->second;
+  ULA_RETURN_IF_ERROR(CheckAddressList(st, addrs, req.rank, "ShareInto"));
+  for (LogicalAddr a : addrs) {
+    if (st.Holds(req, a)) {
+      return MakeError(ErrorCode::kAlreadyExists,
+                       fmt::format("ShareInto: request {} already holds address {}", request.value(), a.value()));
+    }
+    if (st.request_refs(a) == State::kMaxRequestRefs) {
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("ShareInto: address {} is held by {} requests, the most there can be", a.value(),
+                                   State::kMaxRequestRefs));
+    }
+  }
+  req.addrs.insert(req.addrs.end(), addrs.begin(), addrs.end());
+  refs::MergeAdopted(req.adopted, addrs);
+  for (LogicalAddr a : addrs) st.refs[a.value()] += State::kRequestRef;
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
+
+Status AddressSpace::Retain(std::span<const LogicalAddr> addrs) {
+  State& st = *state_;
+  ULA_RETURN_IF_ERROR(CheckAddressList(st, addrs, Rank::Invalid(), "Retain"));
+  for (LogicalAddr a : addrs) {
+    if (st.cache_refs(a) == State::kMaxCacheRefs) {
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("Retain: address {} has {} cache references, the most there can be", a.value(),
+                                   State::kMaxCacheRefs));
+    }
+  }
+  for (LogicalAddr a : addrs) st.refs[a.value()] += State::kCacheRef;
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
+
+Status AddressSpace::Release(std::span<const LogicalAddr> addrs) {
+  State& st = *state_;
+  ULA_RETURN_IF_ERROR(CheckAddressList(st, addrs, Rank::Invalid(), "Release"));
+  for (LogicalAddr a : addrs) {
+    if (st.cache_refs(a) == 0) {
+      return MakeError(ErrorCode::kFailedPrecondition,
+                       fmt::format("Release: address {} has no cache reference to release (released twice?)",
+                                   a.value()));
+    }
+  }
+  for (LogicalAddr a : addrs) {
+    if ((st.refs[a.value()] -= State::kCacheRef) == 0) FreeAddress(config_, st, a);
+  }
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
+
+std::uint32_t AddressSpace::RefCount(LogicalAddr addr) const {
+  if (addr.value() >= state_->next_addr) return 0;
+  return refs::Holders(state_->refs[addr.value()]);
+}
+
+bool AddressSpace::Holds(RequestId request, LogicalAddr addr) const {
+  auto it = state_->requests.find(request);
+  return it != state_->requests.end() && addr.value() < state_->next_addr && state_->Holds(it->second, addr);
 }
 
 namespace {
@@ -200,6 +308,11 @@ Result<std::byte*> EntryBytes(const AddressSpace& space, const AddressSpace::Sta
 Status AddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data) {
   auto p = EntryBytes(*this, *state_, addr, group, data.size());
   if (!p) return std::unexpected(p.error());
+  if (const std::uint32_t holders = refs::Holders(state_->refs[addr.value()]); holders > 1) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("address {} is shared by {} holders: a shared entry is immutable (write a new "
+                                 "address)", addr.value(), holders));
+  }
   std::memcpy(*p, data.data(), data.size());
 #ifdef ULA_EXPENSIVE_CHECKS
   // Write changes bytes, never metadata: the full check runs on every 64th write (on every
@@ -298,36 +411,76 @@ MetadataReport AddressSpace::Metadata() const {
   m.device_owner = owner / cap;
   m.policy = policy / cap;
   m.free_bitmaps = bitmaps / cap;
-  m.request_lists = static_cast<double>(sizeof(LogicalAddr) + sizeof(std::uint32_t)) / config_.num_groups;
+  // List + owner tag + reference counts (requests and cache, packed) per address.
+  m.request_lists = static_cast<double>(sizeof(LogicalAddr) + 2 * sizeof(std::uint32_t)) / config_.num_groups;
   return m;
 }
 
 Status AddressSpace::CheckInvariants() const {
   const State& st = *state_;
   auto fail = [](std::string msg) { return MakeError(ErrorCode::kInternal, "AddressSpace: " + std::move(msg)); };
-  // Owner rank of every address from the request lists (each address in exactly one list).
+  // Holders of every address from the request lists: each list names an address at most
+  // once; all holders of an address are on one rank; refs = lists + cache references.
   const std::uint32_t n = st.next_addr;
-  std::vector<std::uint16_t> rank_of(n, std::numeric_limits<std::uint16_t>::max());
-  std::uint64_t listed = 0;
+  constexpr std::uint16_t kNoRank = std::numeric_limits<std::uint16_t>::max();
+  std::vector<std::uint16_t> rank_of(n, kNoRank);
+  std::vector<std::uint32_t> listed(n, 0), own(n, 0), last_list(n, 0);
+  if (st.owner.size() != n || st.refs.size() != n) {
+    return fail(fmt::format("owner/refs sizes {}/{} != {} handed out", st.owner.size(), st.refs.size(), n));
+  }
+  std::uint32_t list_no = 0;
   for (const auto& [id, req] : st.requests) {
+    ++list_no;
+    if (req.tag == 0 || req.tag == kSharedTag) return fail(fmt::format("request {} has tag {}", id.value(), req.tag));
+    if (!std::is_sorted(req.adopted.begin(), req.adopted.end()) ||
+        std::adjacent_find(req.adopted.begin(), req.adopted.end()) != req.adopted.end()) {
+      return fail(fmt::format("request {}: its adopted list is not sorted and distinct", id.value()));
+    }
+    std::size_t adopted = 0;
     for (LogicalAddr a : req.addrs) {
       if (a.value() >= n) return fail(fmt::format("request {} holds address {} never handed out", id.value(), a.value()));
-      if (rank_of[a.value()] != std::numeric_limits<std::uint16_t>::max()) {
-        return fail(fmt::format("address {} is held twice", a.value()));
+      if (last_list[a.value()] == list_no) return fail(fmt::format("request {} lists address {} twice", id.value(), a.value()));
+      last_list[a.value()] = list_no;
+      if (rank_of[a.value()] != kNoRank && rank_of[a.value()] != req.rank.value()) {
+        return fail(fmt::format("address {} is held by requests of ranks {} and {}", a.value(), rank_of[a.value()],
+                                req.rank.value()));
       }
       rank_of[a.value()] = req.rank.value();
-      if (a.value() >= st.owner.size() || st.owner[a.value()] != req.tag || req.tag == 0) {
-        return fail(fmt::format("address {} of request {} has another owner in the owner map", a.value(), id.value()));
+      ++listed[a.value()];
+      const bool is_own = st.owner[a.value()] == req.tag;
+      const bool is_adopted = std::binary_search(req.adopted.begin(), req.adopted.end(), a);
+      if (is_own == is_adopted) {
+        return fail(fmt::format("address {} of request {} is {} its allocation and adopted", a.value(), id.value(),
+                                is_own ? "both" : "neither"));
       }
-      ++listed;
+      own[a.value()] += is_own;
+      adopted += is_adopted;
+    }
+    if (adopted != req.adopted.size()) {
+      return fail(fmt::format("request {} adopted {} addresses but lists {} of them", id.value(), req.adopted.size(), adopted));
     }
   }
-  if (listed != st.live) return fail(fmt::format("{} listed addresses but live = {}", listed, st.live));
-  if (listed + st.free_addrs.size() != n) {
-    return fail(fmt::format("{} live + {} free addresses != {} handed out", listed, st.free_addrs.size(), n));
+  std::uint64_t live = 0;
+  for (std::uint32_t a = 0; a < n; ++a) {
+    if (st.request_refs(LogicalAddr(a)) != listed[a]) {
+      return fail(fmt::format("address {}: {} request references but {} lists hold it", a,
+                              st.request_refs(LogicalAddr(a)), listed[a]));
+    }
+    const std::uint32_t o = st.owner[a];
+    if ((o == 0) != (st.refs[a] == 0)) return fail(fmt::format("address {}: owner tag {} with {} references", a, o, st.refs[a]));
+    if (o != 0 && o != kSharedTag && own[a] != 1) {
+      return fail(fmt::format("address {}: owner tag {} of no request that lists it", a, o));
+    }
+    live += st.refs[a] != 0;
+  }
+  if (live != st.live) return fail(fmt::format("{} referenced addresses but live = {}", live, st.live));
+  if (live + st.free_addrs.size() != n) {
+    return fail(fmt::format("{} live + {} free addresses != {} handed out", live, st.free_addrs.size(), n));
   }
   for (LogicalAddr a : st.free_addrs) {
-    if (st.owner[a.value()] != 0) return fail(fmt::format("free address {} still has an owner", a.value()));
+    if (st.owner[a.value()] != 0 || st.refs[a.value()] != 0) {
+      return fail(fmt::format("free address {} still has an owner or references", a.value()));
+    }
   }
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
     const AddressRecords& table = st.tables[g];
@@ -335,7 +488,7 @@ Status AddressSpace::CheckInvariants() const {
     std::vector<std::uint64_t> count(config_.num_ranks * 2, 0);
     for (std::uint32_t a = 0; a < table.size(); ++a) {
       const Location loc = table.Get(LogicalAddr(a));
-      const bool live = a < n && rank_of[a] != std::numeric_limits<std::uint16_t>::max();
+      const bool live = a < n && st.refs[a] != 0;
       if (AddressRecords::StampOf(table.data()[a]) > table.epoch()) {
         return fail(fmt::format("address {} group {}: dedup stamp from the future", a, g));
       }
@@ -344,7 +497,7 @@ Status AddressSpace::CheckInvariants() const {
         continue;
       }
       if (!live) return fail(fmt::format("free address {} has a location in group {}", a, g));
-      if (loc.rank().value() != rank_of[a]) {
+      if (loc.rank().value() >= config_.num_ranks || (rank_of[a] != kNoRank && loc.rank().value() != rank_of[a])) {
         return fail(fmt::format("address {} is on rank {} but its request is on rank {}", a, loc.rank().value(), rank_of[a]));
       }
       const GroupPools& gp = st.at(loc.rank(), GroupId(g));
@@ -410,9 +563,13 @@ std::uint64_t AddressSpace::DebugDigest() const {
     StateDigest rd;
     rd.Add(id.value());
     rd.Add(r.rank.value());
+    rd.Add(r.tag);
     for (LogicalAddr a : r.addrs) rd.Add(a.value());
+    for (LogicalAddr a : r.adopted) rd.Add(a.value());
     requests += rd.value();
   }
+  for (std::uint32_t v : st.owner) d.Add(v);
+  for (std::uint32_t v : st.refs) d.Add(v);
   d.Add(requests);
   d.Add(st.free_addrs.size());
   for (LogicalAddr a : st.free_addrs) d.Add(a.value());

@@ -1,6 +1,8 @@
 // Internal state of AddressSpace, shared with the StepPlanner (same component).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <unordered_map>
@@ -8,6 +10,7 @@
 
 #include "ula/address_space.h"
 #include "sparse/address_records.h"
+#include "sparse/address_refs.h"
 #include "sparse/pool_arenas.h"
 #include "ula/slot_pool.h"
 
@@ -23,9 +26,14 @@ struct GroupPools {
 
 struct RequestState {
   Rank rank;
-  std::vector<LogicalAddr> addrs;  // [tokens] in allocation order
+  std::vector<LogicalAddr> addrs;  // [tokens] in order: adopted (ShareInto) and allocated, distinct
   std::uint32_t tag = 0;           // its owner tag (non-zero, unique among live requests)
+  std::vector<LogicalAddr> adopted;  // sorted: the addresses of `addrs` it adopted (not its own allocation)
 };
+
+// Owner tag of a live address whose allocating request no longer holds it (held by
+// adopters and/or cache references only). Never a request's tag.
+inline constexpr std::uint32_t kSharedTag = refs::kSharedTag;
 
 struct AddressSpace::State {
   explicit State(Backend& backend) : arenas(backend) {}
@@ -34,9 +42,17 @@ struct AddressSpace::State {
   std::vector<std::vector<GroupPools>> pools;  // [num_ranks][num_groups]
   std::vector<AddressRecords> tables;          // [num_groups] location + dedup stamp per address
   std::unordered_map<RequestId, RequestState> requests;
-  // [next_addr] tag of the request holding each address, 0 when free; huge pages (the
+  // [next_addr] the owner tag: the allocating request's while it holds the address,
+  // kSharedTag once only adopters / cache references hold it, 0 when free; huge pages (the
   // planner reads it at random, once per selection: 4 KiB pages would add a TLB miss)
   std::vector<std::uint32_t, HugePageAllocator<std::uint32_t>> owner;
+  // [next_addr] references, packed (sparse/address_refs.h): requests listing the address
+  // and cache references (Retain) on it; 0 = free.
+  std::vector<std::uint32_t> refs;
+  static constexpr std::uint32_t kRequestRef = refs::kRequestRef, kCacheRef = refs::kCacheRef;
+  static constexpr std::uint32_t kMaxRequestRefs = refs::kMaxRequestRefs, kMaxCacheRefs = refs::kMaxCacheRefs;
+  std::uint32_t request_refs(LogicalAddr a) const { return refs::RequestRefs(refs[a.value()]); }
+  std::uint32_t cache_refs(LogicalAddr a) const { return refs::CacheRefs(refs[a.value()]); }
   std::uint32_t next_tag = 1;          // the next request's tag (renumbered on wrap)
   std::deque<LogicalAddr> free_addrs;  // FIFO: a freed address is reused as late as possible
   std::uint32_t next_addr = 0;         // addresses [0, next_addr) have been handed out once
@@ -44,6 +60,12 @@ struct AddressSpace::State {
   std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
 
   GroupPools& at(Rank r, GroupId g) { return pools[r.value()][g.value()]; }
+  // The isolation check (selection_run.h) of a live or free address `a` < next_addr:
+  // whether request `req` holds it (its own allocation, or an adopted one). O(1) for its
+  // own, O(log adopted) otherwise.
+  bool Holds(const RequestState& req, LogicalAddr a) const {
+    return refs::Holds(owner[a.value()], req.tag, req.adopted, a);
+  }
   const GroupPools& at(Rank r, GroupId g) const { return pools[r.value()][g.value()]; }
 };
 

@@ -27,7 +27,7 @@ struct EngineStepPlanner::Scratch {
   std::uint32_t epoch = 0;
   std::vector<LogicalAddr> missed;        // [max selections]
   std::vector<SlotId> hit_slots;          // [max selections]
-  std::vector<std::uint32_t> row_tag;     // [max batch] owner tag of each row's request
+  std::vector<const RequestState*> row_req;  // [max batch] each row's request (null: not looked up)
   std::vector<SlotId> target_slots;       // [max descriptors]
   std::vector<CopyDescriptor> library_descs;   // [max descriptors] Step's own plan
   std::vector<std::uint8_t> library_status;    // [max descriptors] all 0
@@ -72,7 +72,7 @@ Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpac
   auto s = std::make_unique<Scratch>();
   s->max_descriptors = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_sel, cfg.device_slots_per_group()));
   s->seen_epoch.assign(max_addrs, 0);
-  s->row_tag.assign(config.max_batch, 0);
+  s->row_req.assign(config.max_batch, nullptr);
   s->slot_of.assign(max_addrs, kPadIndex);
   s->missed.reserve(max_sel);
   s->hit_slots.reserve(max_sel);
@@ -118,9 +118,9 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("{} requests for a batch of {} rows", requests.size(), shape.batch));
   }
-  // The owner tag of each row's request (the isolation check, selection_run.h), looked up
+  // Each row's request (the isolation check, selection_run.h), looked up
   // at the row's first selection: a row of padding only names no request.
-  std::fill(s.row_tag.begin(), s.row_tag.begin() + shape.batch, 0u);  // 0: not looked up (tags are non-zero)
+  std::fill(s.row_req.begin(), s.row_req.begin() + shape.batch, nullptr);
   const std::uint64_t row_len = std::uint64_t{shape.q_len} * shape.top_k;
   const AddressRecords& table = st.tables[group.value()];
   GroupPools& gp = st.at(rank, group);
@@ -146,15 +146,15 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
                        fmt::format("selection {}: logical address {} is not live (freed or never allocated)", i, v));
     }
     const std::size_t row = i / row_len;
-    if (s.row_tag[row] == 0) {
+    if (s.row_req[row] == nullptr) {
       auto req = st.requests.find(requests[row]);
       if (req == st.requests.end()) {
         return MakeError(ErrorCode::kNotFound, fmt::format("row {}: request {} is unknown or freed (a stale batch?): "
                                                            "refused", row, requests[row].value()));
       }
-      s.row_tag[row] = req->second.tag;
+      s.row_req[row] = &req->second;
     }
-    if (st.owner[a.value()] != s.row_tag[row]) {
+    if (!st.Holds(*s.row_req[row], a)) {
       return MakeError(ErrorCode::kNotFound,
                        fmt::format("selection {}: address {} is not live for request {} of row {} (freed and reused, "
                                    "or another request's): refused",

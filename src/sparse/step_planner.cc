@@ -61,7 +61,7 @@ struct StepPlanner::Lanes {
   explicit Lanes(std::uint32_t threads) : lanes(threads), fork_join(static_cast<int>(threads)) {}
   std::vector<Lane> lanes;
   policy::ForkJoin fork_join;
-  std::vector<std::uint32_t> run_tags;  // [runs] owner tag of each run's request
+  std::vector<const RequestState*> run_holders;  // [runs] each run's request (null: a run of count 0)
 };
 
 StepPlanner::StepPlanner(AddressSpace& space) : space_(space), lanes_(std::make_unique<Lanes>(1)) {}
@@ -75,10 +75,12 @@ Status StepPlanner::SetOptions(const StepPlannerOptions& options) {
 }
 
 namespace {
-// The isolation check, in one place: is address `a` live for the request whose owner tag
-// is `tag`? (Shared addresses, when they come, change only this function.)
-// REQUIRES: a < the owner map's size.
-inline bool OwnedBy(const std::uint32_t* owner, std::uint32_t a, std::uint32_t tag) { return owner[a] == tag; }
+// The isolation check, in one place: does `holder` hold address `a` — its own allocation
+// (the owner tag, one load) or an address it adopted (ShareInto: a binary search of its
+// sorted adopted list, only when the tag differs)? REQUIRES: a < the owner map's size.
+inline bool OwnedBy(const std::uint32_t* owner, std::uint32_t a, const RequestState& holder) {
+  return refs::Holds(owner[a], holder.tag, holder.adopted, LogicalAddr(a));
+}
 
 // The error path of the isolation check: names both requests (a scan of the requests).
 std::string StaleSelectionMessage(const AddressSpace::State& st, std::size_t i, LogicalAddr a, std::uint32_t tag) {
@@ -87,19 +89,25 @@ std::string StaleSelectionMessage(const AddressSpace::State& st, std::size_t i, 
     if (req.tag == st.owner[a.value()]) holder = id.value();
     if (req.tag == tag) wanted = id.value();
   }
+  if (st.owner[a.value()] == kSharedTag) {
+    return fmt::format("selection {}: logical address {} is a shared address that request {} does not hold (it "
+                       "never adopted it, or released it): refused", i, a.value(), wanted);
+  }
   return fmt::format("selection {}: logical address {} belongs to request {}, not to request {} (a stale address, "
                      "freed and reused?): refused", i, a.value(), holder, wanted);
 }
 
 // The error of selection i (which failed a check of steps 1-3), built off the hot path.
 Error SelectionError(const AddressSpace::State& st, const AddressRecords& table, std::size_t i, LogicalAddr a,
-                     std::uint32_t tag, Rank rank) {
+                     const RequestState& holder, Rank rank) {
   const Location loc = table.Get(a);
   if (loc.is_none()) {
     return Error(ErrorCode::kNotFound, fmt::format("selection {}: logical address {} is not live (freed, or never "
                                                    "allocated)", i, a.value()));
   }
-  if (!OwnedBy(st.owner.data(), a.value(), tag)) return Error(ErrorCode::kNotFound, StaleSelectionMessage(st, i, a, tag));
+  if (!OwnedBy(st.owner.data(), a.value(), holder)) {
+    return Error(ErrorCode::kNotFound, StaleSelectionMessage(st, i, a, holder.tag));
+  }
   return Error(ErrorCode::kInvalidArgument, fmt::format("selection {}: address {} lives on rank {}, not rank {}", i,
                                                         a.value(), loc.rank().value(), rank.value()));
 }
@@ -108,7 +116,7 @@ Error SelectionError(const AddressSpace::State& st, const AddressRecords& table,
 // validate, dedup by the records' stamps, classify; hits' slots go straight to out.
 // Stops at its first failing selection (first_error).
 void ScanLane(Lane& L, std::uint32_t lane, std::uint32_t lanes, std::span<const LogicalAddr> sel,
-              std::span<const SelectionRun> runs, std::span<const std::uint32_t> run_tags, std::size_t end,
+              std::span<const SelectionRun> runs, std::span<const RequestState* const> run_holders, std::size_t end,
               AddressRecords& table, const std::uint32_t* owner, std::uint32_t epoch, Rank rank,
               std::uint32_t distance, SlotId* out) {
   L.hits.clear();
@@ -120,10 +128,10 @@ void ScanLane(Lane& L, std::uint32_t lane, std::uint32_t lanes, std::span<const 
   const LogicalAddr* const p = sel.data();
   auto mine = [&](std::uint32_t a) { return lanes == 1 || ((a >> kLaneShift) % lanes) == lane; };
   std::size_t next_run = 0, run_end = 0;
-  std::uint32_t tag = 0;
+  const RequestState* holder = nullptr;
   for (std::size_t i = 0; i < end; ++i) {
     while (i == run_end) {  // runs of count 0 are skipped; the runs cover every selection
-      tag = run_tags[next_run];
+      holder = run_holders[next_run];
       run_end += runs[next_run++].count;
     }
     if (distance != 0 && i + distance < end) {
@@ -141,7 +149,7 @@ void ScanLane(Lane& L, std::uint32_t lane, std::uint32_t lanes, std::span<const 
     }
     const std::uint64_t r = rec[a];
     const Location loc = AddressRecords::LocationOf(r);
-    if (loc.is_none() || !OwnedBy(owner, a, tag) || loc.rank() != rank) {
+    if (loc.is_none() || !OwnedBy(owner, a, *holder) || loc.rank() != rank) {
       L.first_error = i;
       return;
     }
@@ -208,16 +216,15 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   // records' dedup stamps are scratch, out_slots is not state).
   ULA_RETURN_IF_ERROR(CheckSelectionRuns(input.runs, input.selections.size()));
   Lanes& lanes = *lanes_;
-  // Each run's owner tag; a run of an unknown request fails at its first selection, unless
+  // Each run's request; a run of an unknown request fails at its first selection, unless
   // an earlier selection fails first.
   std::size_t end = input.selections.size();
   std::size_t bad_run = 0;
-  lanes.run_tags.resize(input.runs.size());
+  lanes.run_holders.assign(input.runs.size(), nullptr);
   {
     std::size_t first = 0;
     for (std::size_t r = 0; r < input.runs.size(); ++r) {
       const SelectionRun& run = input.runs[r];
-      lanes.run_tags[r] = 0;
       if (run.count != 0) {
         auto req = st.requests.find(run.request);
         if (req == st.requests.end()) {
@@ -225,7 +232,7 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
           bad_run = r;
           break;
         }
-        lanes.run_tags[r] = req->second.tag;
+        lanes.run_holders[r] = &req->second;
       }
       first += run.count;
     }
@@ -234,7 +241,7 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   const std::uint32_t T = options_.threads;
   const std::uint32_t distance = options_.prefetch_distance;
   auto scan = [&](std::size_t lane) {
-    ScanLane(lanes.lanes[lane], static_cast<std::uint32_t>(lane), T, input.selections, input.runs, lanes.run_tags, end,
+    ScanLane(lanes.lanes[lane], static_cast<std::uint32_t>(lane), T, input.selections, input.runs, lanes.run_holders, end,
              table, st.owner.data(), epoch, input.rank, distance, out_slots.data());
   };
   if (T == 1) {
@@ -250,7 +257,7 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   if (first_error != kNoError) {
     std::size_t r = 0, run_end = input.runs[0].count;
     while (first_error >= run_end) run_end += input.runs[++r].count;
-    return std::unexpected(SelectionError(st, table, first_error, input.selections[first_error], lanes.run_tags[r],
+    return std::unexpected(SelectionError(st, table, first_error, input.selections[first_error], *lanes.run_holders[r],
                                           input.rank));
   }
   if (end != input.selections.size()) {

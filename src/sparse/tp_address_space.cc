@@ -126,15 +126,18 @@ Status TpAddressSpace::AddRequest(RequestId request) {
     return MakeError(ErrorCode::kAlreadyExists, fmt::format("request {} already exists", request.value()));
   }
   State& st = *state_;
-  if (st.next_tag == 0) {  // 2^32 - 1 requests so far: renumber the live ones 1..n
+  if (st.next_tag == 0 || st.next_tag == refs::kSharedTag) {  // 2^32 - 2 requests so far: renumber 1..n
     st.next_tag = 1;
     for (auto& [id, addrs] : st.requests) {
-      const std::uint32_t tag = st.tags[id] = st.next_tag++;
-      for (LogicalAddr a : addrs) st.owner[a.value()] = tag;
+      State::Holder& h = st.tags[id];
+      h.tag = st.next_tag++;
+      for (LogicalAddr a : addrs) {  // its own allocations: the addresses it did not adopt
+        if (!std::binary_search(h.adopted.begin(), h.adopted.end(), a)) st.owner[a.value()] = h.tag;
+      }
     }
   }
   st.requests.emplace(request, std::vector<LogicalAddr>{});
-  st.tags[request] = st.next_tag++;
+  st.tags[request] = State::Holder{st.next_tag++, {}};
   return Ok();
 }
 
@@ -164,7 +167,7 @@ Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std
     cursor = (cursor + 1) % p;
   }
   // Mutate.
-  const std::uint32_t tag = st.tags.at(request);
+  const std::uint32_t tag = st.tags.at(request).tag;
   st.cursor = cursor;
   std::vector<LogicalAddr> out(n_tokens);
   for (std::uint32_t i = 0; i < n_tokens; ++i) {
@@ -180,9 +183,11 @@ Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std
     if (st.live.size() <= a.value()) {
       st.live.resize(std::max<std::size_t>(a.value() + 1, st.live.size() * 2), 0);
       st.owner.resize(st.live.size(), 0);
+      st.refs.resize(st.live.size(), 0);
     }
     st.live[a.value()] = 1;
     st.owner[a.value()] = tag;
+    st.refs[a.value()] = refs::kRequestRef;
     ++st.homed[r];
     if (st.shards[r].empty()) continue;  // homed on a rank another process hosts
     for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
@@ -207,41 +212,135 @@ Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std
   return out;
 }
 
+void TpAddressSpace::FreeAddress(LogicalAddr a) {
+  State& st = *state_;
+  const std::uint32_t p = config_.num_ranks;
+  const std::uint32_t r = a.value() % p;
+  for (Rank hr : hosted_) {
+    for (TpGroupShard& sh : st.shards[hr.value()]) sh.DropCopy(a);
+  }
+  if (!st.shards[r].empty()) {
+    for (TpGroupShard& sh : st.shards[r]) {
+      Location& loc = sh.home[a.value() / p];
+      if (loc.tier() == Tier::kDevice) {
+        sh.policy->Remove(loc.slot());
+        ULA_CHECK(sh.device.Free(loc.slot()).has_value());
+        sh.device_owner[loc.slot().value()] = LogicalAddr::Invalid();
+      } else {
+        ULA_CHECK(sh.host.Free(loc.slot()).has_value());
+      }
+      loc = Location::None();
+    }
+  }
+  st.live[a.value()] = 0;
+  st.owner[a.value()] = 0;
+  --st.homed[r];
+  st.free_addrs[r].push_back(a);
+  --st.num_live;
+}
+
 Status TpAddressSpace::Free(RequestId request) {
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
     return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown or already freed", request.value()));
   }
-  const std::uint32_t p = config_.num_ranks;
+  const std::uint32_t tag = st.tags.at(request).tag;
   for (LogicalAddr a : it->second) {
-    const std::uint32_t r = a.value() % p;
-    for (Rank hr : hosted_) {
-      for (TpGroupShard& sh : st.shards[hr.value()]) sh.DropCopy(a);
+    if ((st.refs[a.value()] -= refs::kRequestRef) == 0) {
+      FreeAddress(a);
+    } else if (st.owner[a.value()] == tag) {
+      st.owner[a.value()] = refs::kSharedTag;  // its other holders keep it where it is
     }
-    if (!st.shards[r].empty()) {
-      for (TpGroupShard& sh : st.shards[r]) {
-        Location& loc = sh.home[a.value() / p];
-        if (loc.tier() == Tier::kDevice) {
-          sh.policy->Remove(loc.slot());
-          ULA_CHECK(sh.device.Free(loc.slot()).has_value());
-          sh.device_owner[loc.slot().value()] = LogicalAddr::Invalid();
-        } else {
-          ULA_CHECK(sh.host.Free(loc.slot()).has_value());
-        }
-        loc = Location::None();
-      }
-    }
-    st.live[a.value()] = 0;
-    st.owner[a.value()] = 0;
-    --st.homed[r];
-    st.free_addrs[r].push_back(a);
   }
-  st.num_live -= it->second.size();
   st.tags.erase(request);
   st.requests.erase(it);
   ULA_EXPENSIVE_CHECK(*this);
   return Ok();
+}
+
+namespace {
+// Ok iff every address is live and listed once.
+Status CheckTpAddressList(const TpAddressSpace::State& st, std::span<const LogicalAddr> addrs, const char* what) {
+  std::vector<LogicalAddr> sorted(addrs.begin(), addrs.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (auto d = std::adjacent_find(sorted.begin(), sorted.end()); d != sorted.end()) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("{}: address {} is listed twice", what, d->value()));
+  }
+  for (LogicalAddr a : addrs) {
+    if (!st.IsLive(a)) {
+      return MakeError(ErrorCode::kNotFound,
+                       fmt::format("{}: logical address {} is not live (freed, or never allocated)", what, a.value()));
+    }
+  }
+  return Ok();
+}
+}  // namespace
+
+Status TpAddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> addrs) {
+  State& st = *state_;
+  auto it = st.requests.find(request);
+  if (it == st.requests.end()) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("ShareInto: request {} is unknown", request.value()));
+  }
+  State::Holder& h = st.tags.at(request);
+  ULA_RETURN_IF_ERROR(CheckTpAddressList(st, addrs, "ShareInto"));
+  for (LogicalAddr a : addrs) {
+    if (st.Holds(h, a)) {
+      return MakeError(ErrorCode::kAlreadyExists,
+                       fmt::format("ShareInto: request {} already holds address {}", request.value(), a.value()));
+    }
+    if (refs::RequestRefs(st.refs[a.value()]) == refs::kMaxRequestRefs) {
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("ShareInto: address {} is held by the most requests there can be", a.value()));
+    }
+  }
+  it->second.insert(it->second.end(), addrs.begin(), addrs.end());
+  refs::MergeAdopted(h.adopted, addrs);
+  for (LogicalAddr a : addrs) st.refs[a.value()] += refs::kRequestRef;
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
+
+Status TpAddressSpace::Retain(std::span<const LogicalAddr> addrs) {
+  State& st = *state_;
+  ULA_RETURN_IF_ERROR(CheckTpAddressList(st, addrs, "Retain"));
+  for (LogicalAddr a : addrs) {
+    if (refs::CacheRefs(st.refs[a.value()]) == refs::kMaxCacheRefs) {
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("Retain: address {} has {} cache references, the most there can be", a.value(),
+                                   refs::kMaxCacheRefs));
+    }
+  }
+  for (LogicalAddr a : addrs) st.refs[a.value()] += refs::kCacheRef;
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
+
+Status TpAddressSpace::Release(std::span<const LogicalAddr> addrs) {
+  State& st = *state_;
+  ULA_RETURN_IF_ERROR(CheckTpAddressList(st, addrs, "Release"));
+  for (LogicalAddr a : addrs) {
+    if (refs::CacheRefs(st.refs[a.value()]) == 0) {
+      return MakeError(ErrorCode::kFailedPrecondition,
+                       fmt::format("Release: address {} has no cache reference to release (released twice?)",
+                                   a.value()));
+    }
+  }
+  for (LogicalAddr a : addrs) {
+    if ((st.refs[a.value()] -= refs::kCacheRef) == 0) FreeAddress(a);
+  }
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
+
+std::uint32_t TpAddressSpace::RefCount(LogicalAddr addr) const {
+  return state_->IsLive(addr) ? refs::Holders(state_->refs[addr.value()]) : 0;
+}
+
+bool TpAddressSpace::Holds(RequestId request, LogicalAddr addr) const {
+  auto it = state_->tags.find(request);
+  return it != state_->tags.end() && state_->IsLive(addr) && state_->Holds(it->second, addr);
 }
 
 namespace {
@@ -265,6 +364,11 @@ Status CheckEntryArgs(const TpConfig& cfg, const TpAddressSpace::State& st, Logi
 Status TpAddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data) {
   ULA_RETURN_IF_ERROR(CheckEntryArgs(config_, *state_, addr, group, data.size()));
   if (!backend_.holds_bytes()) return MakeError(ErrorCode::kUnsupported, "the counting backend holds no bytes");
+  if (const std::uint32_t holders = refs::Holders(state_->refs[addr.value()]); holders > 1) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("address {} is shared by {} holders: a shared entry is immutable (write a new "
+                                 "address)", addr.value(), holders));
+  }
   for (Rank r : hosted_) state_->at(r, group).DropCopy(addr);
   const Rank home = HomeOf(addr);
   if (Hosts(home)) {
@@ -383,19 +487,58 @@ Status TpAddressSpace::CheckInvariants() const {
   auto fail = [](std::string msg) { return MakeError(ErrorCode::kInternal, "TpAddressSpace: " + std::move(msg)); };
   const std::uint32_t p = config_.num_ranks;
   // Directory.
-  std::vector<std::uint8_t> listed(st.live.size(), 0);
-  std::uint64_t n_listed = 0;
-  std::vector<std::uint32_t> homed(p, 0);
+  // Holders (address_refs.h): a list names an address once; refs' request part counts the
+  // lists; each listed address is exactly one of the request's own and its adopted.
+  if (st.owner.size() != st.live.size() || st.refs.size() != st.live.size()) {
+    return fail(fmt::format("owner/refs sizes {}/{} != {}", st.owner.size(), st.refs.size(), st.live.size()));
+  }
+  if (st.tags.size() != st.requests.size()) return fail("tags and requests disagree");
+  std::vector<std::uint32_t> listed(st.live.size(), 0), own(st.live.size(), 0), last_list(st.live.size(), 0);
+  std::uint32_t list_no = 0;
   for (const auto& [id, addrs] : st.requests) {
+    ++list_no;
+    auto h = st.tags.find(id);
+    if (h == st.tags.end() || h->second.tag == 0 || h->second.tag == refs::kSharedTag) {
+      return fail(fmt::format("request {} has no valid tag", id.value()));
+    }
+    const auto& adopted = h->second.adopted;
+    if (!std::is_sorted(adopted.begin(), adopted.end()) ||
+        std::adjacent_find(adopted.begin(), adopted.end()) != adopted.end()) {
+      return fail(fmt::format("request {}: adopted list not sorted and distinct", id.value()));
+    }
+    std::size_t n_adopted = 0;
     for (LogicalAddr a : addrs) {
       if (!st.IsLive(a)) return fail(fmt::format("request {} holds address {} that is not live", id.value(), a.value()));
-      if (listed[a.value()]++) return fail(fmt::format("address {} is held twice", a.value()));
-      if (st.owner[a.value()] != st.tags.at(id)) return fail(fmt::format("address {} of request {} has another owner", a.value(), id.value()));
-      ++homed[a.value() % p];
-      ++n_listed;
+      if (last_list[a.value()] == list_no) return fail(fmt::format("request {} lists address {} twice", id.value(), a.value()));
+      last_list[a.value()] = list_no;
+      ++listed[a.value()];
+      const bool is_own = st.owner[a.value()] == h->second.tag;
+      const bool is_adopted = std::binary_search(adopted.begin(), adopted.end(), a);
+      if (is_own == is_adopted) {
+        return fail(fmt::format("address {} of request {} is {} its allocation and adopted", a.value(), id.value(),
+                                is_own ? "both" : "neither"));
+      }
+      own[a.value()] += is_own;
+      n_adopted += is_adopted;
+    }
+    if (n_adopted != adopted.size()) return fail(fmt::format("request {}: adopted addresses it does not list", id.value()));
+  }
+  std::vector<std::uint32_t> homed(p, 0);
+  std::uint64_t n_live = 0;
+  for (std::size_t a = 0; a < st.live.size(); ++a) {
+    if (refs::RequestRefs(st.refs[a]) != listed[a]) {
+      return fail(fmt::format("address {}: {} request references but {} lists", a, refs::RequestRefs(st.refs[a]), listed[a]));
+    }
+    if ((st.refs[a] != 0) != (st.live[a] != 0)) return fail(fmt::format("address {}: live {} with count {}", a, st.live[a], st.refs[a]));
+    const std::uint32_t o = st.owner[a];
+    if ((o == 0) != (st.live[a] == 0)) return fail(fmt::format("address {}: owner tag {} but live {}", a, o, st.live[a]));
+    if (o != 0 && o != refs::kSharedTag && own[a] != 1) return fail(fmt::format("address {}: owner tag {} of no holder", a, o));
+    if (st.live[a]) {
+      ++homed[a % p];
+      ++n_live;
     }
   }
-  if (n_listed != st.num_live) return fail(fmt::format("{} listed addresses but {} live", n_listed, st.num_live));
+  if (n_live != st.num_live) return fail(fmt::format("{} live addresses but the counter says {}", n_live, st.num_live));
   for (std::uint32_t r = 0; r < p; ++r) {
     if (homed[r] != st.homed[r]) return fail(fmt::format("rank {}: {} homed addresses, counter says {}", r, homed[r], st.homed[r]));
     if (st.homed[r] > config_.shard_slots_per_group()) return fail(fmt::format("rank {} holds more than its shard", r));
@@ -406,10 +549,7 @@ Status TpAddressSpace::CheckInvariants() const {
       return fail(fmt::format("rank {}: {} free + {} live != {} minted", r, st.free_addrs[r].size(), st.homed[r], st.minted[r]));
     }
   }
-  for (std::size_t a = 0; a < st.live.size(); ++a) {
-    if (st.live[a] && !listed[a]) return fail(fmt::format("live address {} is in no request", a));
-    if (!st.live[a] && st.owner[a] != 0) return fail(fmt::format("dead address {} has an owner", a));
-  }
+
   // Hosted shards and buffers.
   for (Rank rank : hosted_) {
     const std::uint32_t r = rank.value();
@@ -492,8 +632,13 @@ std::uint64_t TpAddressSpace::DebugDigest() const {
     StateDigest rd;
     rd.Add(id.value());
     for (LogicalAddr a : addrs) rd.Add(a.value());
+    const State::Holder& h = st.tags.at(id);
+    rd.Add(h.tag);
+    for (LogicalAddr a : h.adopted) rd.Add(a.value());
     requests += rd.value();
   }
+  d.AddAll(std::span<const std::uint32_t>(st.owner));
+  d.AddAll(std::span<const std::uint32_t>(st.refs));
   d.Add(requests);
   for (const auto& fifo : st.free_addrs) {
     d.Add(fifo.size());

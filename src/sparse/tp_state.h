@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "sparse/address_refs.h"
 #include "sparse/pool_arenas.h"
 #include "ula/slot_pool.h"
 #include "ula/tp_address_space.h"
@@ -48,8 +49,15 @@ struct TpAddressSpace::State {
   std::vector<std::uint32_t> minted;                // [P] addresses r, r+P, ... handed out once
   std::vector<std::uint32_t> homed;                 // [P] live addresses per home rank
   std::vector<std::uint8_t> live;                   // [max address + 1] 1 = live
-  std::unordered_map<RequestId, std::uint32_t> tags;  // request -> owner tag (non-zero, unique among live)
-  std::vector<std::uint32_t> owner;                 // [live.size()] tag of a live address's request, else 0
+  struct Holder {
+    std::uint32_t tag = 0;              // owner tag (non-zero, unique among live requests)
+    std::vector<LogicalAddr> adopted;   // sorted: the addresses it adopted (ShareInto)
+  };
+  std::unordered_map<RequestId, Holder> tags;       // request -> its tag and adopted addresses
+  // [live.size()] owner tag (sparse/address_refs.h): the allocating request's while it holds
+  // the address, refs::kSharedTag once only adopters / cache references do, 0 when free.
+  std::vector<std::uint32_t> owner;
+  std::vector<std::uint32_t> refs;                  // [live.size()] packed reference counts (address_refs.h)
   std::uint32_t next_tag = 1;                       // the next request's tag (renumbered on wrap)
   std::uint32_t cursor = 0;                         // next rank to receive a token
   std::uint64_t num_live = 0;
@@ -61,6 +69,8 @@ struct TpAddressSpace::State {
   TpGroupShard& at(Rank r, GroupId g) { return shards[r.value()][g.value()]; }
   const TpGroupShard& at(Rank r, GroupId g) const { return shards[r.value()][g.value()]; }
   bool IsLive(LogicalAddr a) const { return a.value() < live.size() && live[a.value()] != 0; }
+  // The isolation check for a live address (address_refs.h).
+  bool Holds(const Holder& h, LogicalAddr a) const { return refs::Holds(owner[a.value()], h.tag, h.adopted, a); }
 };
 
 }  // namespace ula

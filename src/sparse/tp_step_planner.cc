@@ -181,7 +181,7 @@ Status TpStepPlanner::Classify(GroupId group, std::span<const LogicalAddr> selec
   }
   sc.distinct.clear();
   std::size_t next_run = 0, run_end = 0;
-  std::uint32_t tag = 0;  // the owner tag of selection i's run's request
+  const TpAddressSpace::State::Holder* holder = nullptr;  // selection i's run's request
   for (std::size_t i = 0; i < selections.size(); ++i) {
     while (i == run_end) {  // skips runs of count 0; the runs cover every selection
       const SelectionRun& run = runs[next_run++];
@@ -193,7 +193,7 @@ Status TpStepPlanner::Classify(GroupId group, std::span<const LogicalAddr> selec
                          fmt::format("selection {}: request {} of its run is unknown or freed (a stale selection?): "
                                      "refused", i, run.request.value()));
       }
-      tag = req->second;
+      holder = &req->second;
     }
     const LogicalAddr a = selections[i];
     if (!st.IsLive(a)) {
@@ -201,15 +201,15 @@ Status TpStepPlanner::Classify(GroupId group, std::span<const LogicalAddr> selec
                        fmt::format("selection {}: logical address {} is not live (freed, or never allocated)", i,
                                    a.value()));
     }
-    if (st.owner[a.value()] != tag) {
-      std::uint64_t holder = 0, wanted = 0;  // the error path: name both requests
+    if (!st.Holds(*holder, a)) {
+      std::uint64_t owner = 0, wanted = 0;  // the error path: name both requests
       for (const auto& [id, t] : st.tags) {
-        if (t == st.owner[a.value()]) holder = id.value();
-        if (t == tag) wanted = id.value();
+        if (t.tag == st.owner[a.value()]) owner = id.value();
+        if (t.tag == holder->tag) wanted = id.value();
       }
       return MakeError(ErrorCode::kNotFound,
                        fmt::format("selection {}: logical address {} belongs to request {}, not to request {} "
-                                   "(a stale address, freed and reused?): refused", i, a.value(), holder, wanted));
+                                   "(a stale address, freed and reused?): refused", i, a.value(), owner, wanted));
     }
     if (sc.seen_epoch[a.value()] == sc.epoch) continue;
     sc.seen_epoch[a.value()] = sc.epoch;

@@ -29,6 +29,7 @@ Status VerifierConfig::Validate() const {
   }
   if (copy_threads < 0) return bad("copy_threads must be >= 0");
   if (!(fault_rate >= 0 && fault_rate <= 1)) return bad(fmt::format("fault_rate = {}: must be in [0, 1]", fault_rate));
+  if (share_percent > 100) return bad(fmt::format("share_percent = {}: must be in [0, 100]", share_percent));
   return Ok();
 }
 
@@ -43,6 +44,9 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
            std::unique_ptr<AddressSpace> space)
       : Core(cfg), backend_(std::move(backend)), faults_(std::move(faults)), space_(std::move(space)), planner_(*space_) {
     if (faults_) faults_->set_armed(false);  // armed only around planner steps
+    for (std::uint32_t r = 0; r < cfg.num_ranks; ++r) {
+      caches_.push_back(SparsePrefixCache::Create(*space_, Rank(static_cast<std::uint16_t>(r))).value());
+    }
   }
 
   VerifierReport Finish() {
@@ -67,6 +71,14 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   bool Readable(LogicalAddr) { return true; }
   Status Read(LogicalAddr a, GroupId g, std::span<std::byte> out) { return space_->Read(a, g, out); }
   Status CheckSpaceInvariants() { return space_->CheckInvariants(); }
+  // Sharing (verifier_core.h).
+  Status ShareInto(RequestId id, std::span<const LogicalAddr> addrs) { return space_->ShareInto(id, addrs); }
+  std::uint32_t RefCount(LogicalAddr a) { return space_->RefCount(a); }
+  std::uint64_t Where(LogicalAddr a) {
+    auto loc = space_->Lookup(a, GroupId(0));
+    return loc ? loc->bits() : 0;
+  }
+  SparsePrefixCache& CacheFor(Rank r) { return *caches_[r.value()]; }
   auto StepWithFreedAddress(const Request& r, LogicalAddr freed) {
     std::vector<LogicalAddr> sel{freed};
     std::vector<SelectionRun> runs{{r.id, 1}};
@@ -238,6 +250,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   std::unique_ptr<FaultInjectingBackend> faults_;  // over backend_, when fault_rate > 0
   std::unique_ptr<AddressSpace> space_;
   StepPlanner planner_;
+  std::vector<std::unique_ptr<SparsePrefixCache>> caches_;  // sharing: one per rank (destroyed first)
 };
 
 }  // namespace

@@ -50,6 +50,7 @@ Status TpVerifierConfig::Validate() const {
                            verify_internal::kMaxLiveRequests));
   }
   if (!(fault_rate >= 0 && fault_rate <= 1)) return bad(fmt::format("fault_rate = {}: must be in [0, 1]", fault_rate));
+  if (share_percent > 100) return bad(fmt::format("share_percent = {}: must be in [0, 100]", share_percent));
   return Ok();
 }
 
@@ -174,6 +175,11 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   bool Readable(LogicalAddr a) { return HomeHosted(a); }  // this process's shards only
   Status Read(LogicalAddr a, GroupId g, std::span<std::byte> out) { return space_->Read(a, g, out); }
   Status CheckSpaceInvariants() { return space_->CheckInvariants(); }
+  // Sharing (verifier_core.h): one cache over the striped space (replicated like the directory).
+  Status ShareInto(RequestId id, std::span<const LogicalAddr> addrs) { return space_->ShareInto(id, addrs); }
+  std::uint32_t RefCount(LogicalAddr a) { return space_->RefCount(a); }
+  std::uint64_t Where(LogicalAddr a) { return HomeHosted(a) ? space_->Lookup(a, GroupId(0)).value().bits() : 0; }
+  SparsePrefixCache& CacheFor(Rank) { return *cache_; }
   auto StepWithFreedAddress(const Request& r, LogicalAddr freed) {
     std::vector<LogicalAddr> sel{freed};
     std::vector<SelectionRun> runs{{r.id, 1}};
@@ -442,6 +448,7 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   std::unique_ptr<TpAddressSpace> space_;
   TpStepPlanner planner_;
   MlaShape mla_;
+  std::unique_ptr<SparsePrefixCache> cache_ = SparsePrefixCache::Create(*space_).value();  // sharing
   std::uint64_t step_ = 0;
 };
 

@@ -35,8 +35,27 @@
 // initial_requests: requests that arrive before the first op); Report has the
 // counters of verifier_checks.h plus ops, seed and entries_checked.
 //
+// Sharing (issue 17; only when cfg_.share_percent > 0, so that runs without it draw the
+// same numbers as before). Requests carry token ids. That share of the arrivals adopts a
+// prefix of a live request instead: the donor is cached in the rank's SparsePrefixCache
+// (cache_unfinished_req), the new request's tokens are a cut of the donor's plus its own,
+// its match is locked and adopted (ShareInto) and must read back the prefix's bytes; then
+// it allocates the rest. Rewrites skip shared entries (immutable). A finishing request may
+// be cached, unlocks its match, and is freed: every address another holder still has must
+// keep its location and its bytes (freeing one sharer never frees or moves what another
+// reads); adopting an address that was freed is refused with nothing changed. After some
+// finishes the cache evicts (by count or allocation-aware MakeRoom): no locked match may
+// lose a token, its entries keep their bytes. The strategy adds:
+//   Status ShareInto(RequestId, std::span<const LogicalAddr>);
+//   std::uint32_t RefCount(LogicalAddr);   std::uint64_t Where(LogicalAddr);  // a location's bits
+//   SparsePrefixCache& CacheFor(Rank);
+// and Config / Report the fields share_percent, shares, sharer_checks, cache_evictions,
+// locked_checks, sharing_failures (an entry a sharer's free or an eviction lost or moved).
+//
 // Thread-safety: none; a verifier is driven by one thread.
 #pragma once
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -49,6 +68,7 @@
 
 #include "ula/error.h"
 #include "ula/ids.h"
+#include "ula/sparse_prefix_cache.h"
 #include "verify/verifier_checks.h"
 
 namespace ula::verify_internal {
@@ -69,6 +89,9 @@ class VerifierCore {
     Rank rank;
     std::vector<LogicalAddr> addrs;
     std::vector<std::vector<LogicalAddr>> selection;  // [groups * queries] previous selection
+    std::vector<std::uint32_t> tokens;                // sharing: [addrs] the token of each address
+    SparsePrefixMatch lock;                           // sharing: its locked match (if locked)
+    bool locked = false;
   };
 
   Report Run() {
@@ -163,8 +186,15 @@ class VerifierCore {
   Report report_;
 
  private:
+  bool Sharing() const { return cfg_.share_percent > 0; }
+  std::uint32_t NextToken() { return static_cast<std::uint32_t>(rng_()); }
+
   void Arrive() {
     if (requests_.size() >= kMaxLiveRequests) return;
+    if (Sharing() && !requests_.empty() && rng_() % 100 < cfg_.share_percent) {
+      ShareArrive();
+      return;
+    }
     const RequestId id(next_request_++);
     const Rank rank = self().PickRank();
     const std::uint32_t n = cfg_.top_k / 2 + static_cast<std::uint32_t>(rng_() % (6 * cfg_.top_k));
@@ -176,6 +206,9 @@ class VerifierCore {
     if (auto addrs = self().Allocate(id, n)) {
       req.addrs = std::move(*addrs);
       for (LogicalAddr a : req.addrs) Fill(a);
+      if (Sharing()) {
+        for (std::size_t i = 0; i < req.addrs.size(); ++i) req.tokens.push_back(NextToken());
+      }
     } else if (addrs.error().code() != ErrorCode::kResourceExhausted) {
       // A full space is a legitimate refusal; the empty request still counts.
       Fail(report_.invariant_failures, "Allocate: " + addrs.error().ToString());
@@ -191,21 +224,29 @@ class VerifierCore {
     for (LogicalAddr a : *addrs) {
       Fill(a);
       r.addrs.push_back(a);
+      if (Sharing()) r.tokens.push_back(NextToken());
     }
   }
 
   void Rewrite() {
     Request& r = requests_[rng_() % requests_.size()];
     if (r.addrs.empty()) return;
-    for (int i = 0; i < 4; ++i) Fill(r.addrs[rng_() % r.addrs.size()]);
+    for (int i = 0; i < 4; ++i) {
+      const LogicalAddr a = r.addrs[rng_() % r.addrs.size()];
+      if (Sharing() && self().RefCount(a) > 1) continue;  // a shared entry is immutable
+      Fill(a);
+    }
   }
 
   void Finish() {
     const std::size_t i = rng_() % requests_.size();
     const Request r = requests_[i];
     requests_.erase(requests_.begin() + static_cast<std::ptrdiff_t>(i));
+    std::vector<std::pair<LogicalAddr, std::uint64_t>> kept;  // sharing: held by others, and where
+    if (Sharing()) kept = BeforeSharerFree(r);
     if (auto s = self().Free(r.id); !s) Fail(report_.invariant_failures, "Free: " + s.error().ToString());
     CheckInvariants("finish");
+    if (Sharing()) AfterSharerFree(r, kept);
     ExpectRefused("double free", ErrorCode::kNotFound, [&] { return self().Free(r.id); });
     if (!r.addrs.empty()) {
       // Refused whether or not the address is live again for another request (isolation).
@@ -213,6 +254,137 @@ class VerifierCore {
       ExpectRefused("step with a freed address", ErrorCode::kNotFound,
                     [&] { return self().StepWithFreedAddress(r, freed); });
     }
+  }
+
+  // --- Sharing (see the header comment) ---
+  void Check(std::uint64_t& counter, const Status& s, const char* what) {
+    if (!s) Fail(counter, std::string(what) + ": " + s.error().ToString());
+  }
+
+  // Every group of `a` reads its shadow bytes (where this process can read it).
+  bool ReadsShadow(LogicalAddr a) {
+    if (!self().Readable(a)) return true;
+    std::vector<std::byte> buf(cfg_.entry_bytes);
+    for (std::uint32_t g = 0; g < cfg_.num_groups; ++g) {
+      ++report_.entries_checked;
+      if (!self().Read(a, GroupId(static_cast<std::uint16_t>(g)), buf) ||
+          std::memcmp(buf.data(), Shadow(a, g), cfg_.entry_bytes) != 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void ShareArrive() {
+    const Request& donor = requests_[rng_() % requests_.size()];
+    if (donor.addrs.empty()) return;
+    SparsePrefixCache& cache = self().CacheFor(donor.rank);
+    if (auto ins = cache.Insert(donor.tokens, donor.addrs); !ins) {
+      Fail(report_.invariant_failures, "cache Insert of a live request: " + ins.error().ToString());
+      return;
+    }
+    const std::size_t cut = 1 + rng_() % donor.addrs.size();
+    std::vector<std::uint32_t> tokens(donor.tokens.begin(), donor.tokens.begin() + static_cast<std::ptrdiff_t>(cut));
+    const std::uint32_t own = static_cast<std::uint32_t>(rng_() % (2 * cfg_.top_k));
+    for (std::uint32_t k = 0; k < own; ++k) tokens.push_back(NextToken());
+    const Rank rank = donor.rank;
+    SparsePrefixMatch m = cache.Match(tokens);
+    if (m.length < cut) {
+      Fail(report_.invariant_failures, "the cached donor's prefix was not matched");
+      return;
+    }
+    Check(report_.invariant_failures, cache.Lock(m), "Lock");
+    const RequestId id(next_request_++);
+    Check(report_.invariant_failures, self().AddRequest(id, rank), "AddRequest");
+    Check(report_.invariant_failures, self().ShareInto(id, m.addrs), "ShareInto");
+    ++report_.shares;
+    for (LogicalAddr a : m.addrs) {  // every sharer reads back the prefix's bytes
+      ++report_.sharer_checks;
+      if (!ReadsShadow(a)) Fail(report_.mismatches, "an adopted prefix entry does not read its bytes");
+    }
+    Request req{id, rank, m.addrs, std::vector<std::vector<LogicalAddr>>(cfg_.num_groups * cfg_.queries_per_request)};
+    req.tokens.assign(tokens.begin(), tokens.begin() + m.length);
+    req.lock = m;
+    req.locked = true;
+    if (auto addrs = self().Allocate(id, static_cast<std::uint32_t>(tokens.size() - m.length))) {
+      for (LogicalAddr a : *addrs) Fill(a);
+      req.addrs.insert(req.addrs.end(), addrs->begin(), addrs->end());
+      req.tokens.insert(req.tokens.end(), tokens.begin() + m.length, tokens.end());
+    } else if (addrs.error().code() != ErrorCode::kResourceExhausted) {
+      Fail(report_.invariant_failures, "Allocate: " + addrs.error().ToString());
+    }
+    requests_.push_back(std::move(req));
+    CheckInvariants("share");
+    Check(report_.invariant_failures, cache.CheckInvariants(), "cache invariants");
+  }
+
+  // Before r's Free: maybe cache it (a finished request), unlock its match, and note the
+  // addresses someone else holds, with their locations.
+  std::vector<std::pair<LogicalAddr, std::uint64_t>> BeforeSharerFree(const Request& r) {
+    SparsePrefixCache& cache = self().CacheFor(r.rank);
+    if (!r.addrs.empty() && rng_() % 2 == 0) {
+      if (auto ins = cache.Insert(r.tokens, r.addrs); !ins) {
+        Fail(report_.invariant_failures, "cache Insert of a finished request: " + ins.error().ToString());
+      }
+    }
+    if (r.locked) Check(report_.invariant_failures, cache.Unlock(r.lock), "Unlock");
+    std::vector<std::pair<LogicalAddr, std::uint64_t>> kept;
+    for (LogicalAddr a : r.addrs) {
+      if (self().RefCount(a) > 1) kept.emplace_back(a, self().Where(a));
+    }
+    return kept;
+  }
+
+  void AfterSharerFree(const Request& r, const std::vector<std::pair<LogicalAddr, std::uint64_t>>& kept) {
+    for (const auto& [a, where] : kept) {  // freeing one sharer never frees or moves another's entry
+      ++report_.sharer_checks;
+      if (self().RefCount(a) == 0) {
+        Fail(report_.sharing_failures, fmt::format("address {} was freed with one of its sharers", a.value()));
+      } else if (self().Where(a) != where || !ReadsShadow(a)) {
+        Fail(report_.sharing_failures, fmt::format("address {} moved or changed when a sharer was freed", a.value()));
+      }
+    }
+    // Adopting an address that was freed is refused, nothing changed.
+    for (LogicalAddr a : r.addrs) {
+      if (self().RefCount(a) != 0) continue;
+      for (const Request& other : requests_) {
+        if (other.rank != r.rank) continue;
+        const std::vector<LogicalAddr> freed{a};
+        ExpectRefused("adopting a freed address", ErrorCode::kNotFound, [&] { return self().ShareInto(other.id, freed); });
+        break;
+      }
+      break;
+    }
+    if (rng_() % 3 == 0) CacheEvict(r.rank);
+  }
+
+  // Evicts from a rank's cache; no locked match may lose a token or its bytes.
+  void CacheEvict(Rank rank) {
+    SparsePrefixCache& cache = self().CacheFor(rank);
+    if (rng_() % 2 == 0) {
+      (void)cache.Evict(1 + rng_() % (4 * cfg_.top_k));
+    } else {
+      const std::uint64_t want = cache.Room() + 1 + rng_() % (4 * cfg_.top_k);
+      auto made = cache.MakeRoom(want);
+      if (made && cache.Room() < want) Fail(report_.invariant_failures, "MakeRoom succeeded without the room");
+      if (!made && made.error().code() != ErrorCode::kResourceExhausted) {
+        Fail(report_.invariant_failures, "MakeRoom: " + made.error().ToString());
+      }
+    }
+    ++report_.cache_evictions;
+    for (const Request& r : requests_) {
+      if (!r.locked || &self().CacheFor(r.rank) != &cache) continue;
+      ++report_.locked_checks;
+      const std::span<const std::uint32_t> prefix(r.tokens.data(), r.lock.length);
+      if (cache.PeekLength(prefix) < r.lock.length) {
+        Fail(report_.invariant_failures, fmt::format("eviction dropped a locked prefix of request {}", r.id.value()));
+      }
+      for (std::size_t k = 0; k < r.lock.length; ++k) {
+        if (!ReadsShadow(r.addrs[k])) Fail(report_.sharing_failures, "a locked prefix entry lost its bytes");
+      }
+    }
+    Check(report_.invariant_failures, cache.CheckInvariants(), "cache invariants");
+    CheckInvariants("cache eviction");
   }
 
   std::vector<std::byte> shadow_;  // [addresses][groups][entry_bytes]

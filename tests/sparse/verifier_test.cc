@@ -29,6 +29,35 @@ TEST(ConsistencyVerifier, RandomWorkloadUnderPressureKeepsEveryByte) {
   }
 }
 
+// Sharing (issue 17) at the same op count, with and without injected copy faults: adopted
+// prefixes read their bytes, a sharer's free keeps what others hold in place, eviction
+// keeps every locked match.
+TEST(ConsistencyVerifier, RandomSharingKeepsEveryByteWithAndWithoutFaults) {
+  ULA_TEST_SEEDED(seed, 20261201);
+  for (double fault_rate : {0.0, 0.2}) {
+    VerifierConfig c;
+    c.seed = seed;
+    c.ops = 1500;
+    c.share_percent = 40;
+    c.fault_rate = fault_rate;
+    std::printf("seed=%llu sharing fault_rate=%.1f\n", static_cast<unsigned long long>(c.seed), fault_rate);
+    auto report = RunConsistencyVerifier(c);
+    ASSERT_TRUE(report) << report.error().ToString();
+    for (const auto& f : report->first_failures) ADD_FAILURE() << f;
+    EXPECT_TRUE(report->ok());
+    std::printf("  shares=%llu sharer checks=%llu evictions=%llu locked checks=%llu swaps=%llu failed calls=%llu\n",
+                (unsigned long long)report->shares, (unsigned long long)report->sharer_checks,
+                (unsigned long long)report->cache_evictions, (unsigned long long)report->locked_checks,
+                (unsigned long long)report->swaps, (unsigned long long)report->failed_calls);
+    EXPECT_GT(report->shares, 20u);
+    EXPECT_GT(report->sharer_checks, 1000u);
+    EXPECT_GT(report->cache_evictions, 5u);
+    EXPECT_GT(report->locked_checks, 10u);
+    EXPECT_GT(report->swaps, 200u);
+    if (fault_rate > 0) EXPECT_GT(report->failed_calls, 10u);
+  }
+}
+
 TEST(ConsistencyVerifier, InvalidConfigIsRefused) {
   VerifierConfig c;
   c.device_slots_per_group = 8;

@@ -169,6 +169,35 @@ TEST(TpVerifier, TooManyInitialRequestsAreRefused) {
   EXPECT_EQ(RunTpVerifier(c).error().code(), ErrorCode::kInvalidArgument);
 }
 
+// Sharing (issue 17), both attention strategies, at the ops of the tests above.
+TEST(TpVerifier, RandomSharingKeepsEveryByteBothAttentions) {
+  ULA_TEST_SEEDED(seed, 20261201);
+  for (TpAttention attention : {TpAttention::kLocalBuffer, TpAttention::kAtHome}) {
+    TpVerifierConfig c;
+    c.seed = seed;
+    c.ops = kOps;
+    c.num_ranks = 4;
+    c.top_k = 16;
+    c.device_slots_per_group = 48;
+    c.buffer_slots_per_group = attention == TpAttention::kAtHome ? 0 : 160;
+    c.attention = attention;
+    c.share_percent = 80;
+    std::printf("seed=%llu sharing attention=%d\n", static_cast<unsigned long long>(c.seed), int(attention));
+    auto report = RunTpVerifier(c);
+    ASSERT_TRUE(report) << report.error().ToString();
+    ExpectClean(*report);
+    EXPECT_TRUE(report->ok());
+    std::printf("  steps=%llu shares=%llu sharer checks=%llu evictions=%llu locked checks=%llu\n",
+                (unsigned long long)report->steps, (unsigned long long)report->shares,
+                (unsigned long long)report->sharer_checks, (unsigned long long)report->cache_evictions,
+                (unsigned long long)report->locked_checks);
+    // The sharing path ran (not a seed's counts: any seed adopts at 80 % of the arrivals).
+    EXPECT_GT(report->shares, 0u);
+    EXPECT_GT(report->sharer_checks, 0u);
+    EXPECT_GT(report->steps, 0u);
+  }
+}
+
 TEST(TpVerifier, InvalidConfigIsRefused) {
   TpVerifierConfig c;
   c.entry_bytes = 30;

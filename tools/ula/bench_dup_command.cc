@@ -25,6 +25,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "bench_dup_shared.h"
 #include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/address_space.h"
@@ -32,6 +33,7 @@
 #include "ula/reference_attention.h"
 #include "ula/selection_model.h"
 #include "ula/serving_config.h"
+#include "ula/shared_workload.h"
 #include "ula/tp_prefetcher.h"
 #include "ula/workload.h"
 
@@ -275,8 +277,11 @@ Action SetupDup(CLI::App& app) {
   app.add_option("--model", o->model, "model config")->capture_default_str();
   app.add_option("--workload", o->workload, "workload config")->capture_default_str();
   app.add_option("--ranks", o->ranks, "ranks")->capture_default_str()->check(IntIn(1, 1024));
-  app.add_option("--requests", o->requests, "resident requests (the first ones of the workload)")->capture_default_str()
-      ->check(IntIn(1, 1 << 20));
+  auto* requests = app.add_option("--requests", o->requests,
+                                  "resident requests (the first ones of the workload; a sharing workload: requests "
+                                  "taken, all when not given)")
+                       ->capture_default_str()
+                       ->check(IntIn(1, 1 << 20));
   app.add_option("--steps", o->steps, "decode steps (the first warms the local buffers)")->capture_default_str()
       ->check(IntIn(1, 1000000));
   app.add_option("--buffer-factor", o->buffer_factor, "TP local buffer / one step's remote working set")
@@ -285,10 +290,17 @@ Action SetupDup(CLI::App& app) {
   app.add_option("--hisparse-buffer", o->hisparse_buffer, "HiSparse device slots per request")->capture_default_str()
       ->check(IntIn(1, 1 << 30));
   app.add_flag("--json", o->json, "print one JSON object");
-  return [o]() -> int {
+  return [o, requests]() -> int {
     if (o->ranks == 0 || o->requests == 0 || o->steps == 0 || o->buffer_factor < 1.0) {
       fmt::print(stderr, "ula bench dup: --ranks, --requests, --steps must be > 0 and --buffer-factor >= 1\n");
       return 2;
+    }
+    // A sharing workload (configs/workloads with "sharing"): bench_dup_shared.h.
+    const std::filesystem::path dir = o->config_dir.empty() ? DefaultConfigDir() : std::filesystem::path(o->config_dir);
+    if (OrDie(IsSharedWorkload(o->workload, dir), "workload")) {
+      return RunDupShared(SharedDupOptions{o->config_dir, o->model, o->workload, o->ranks,
+                                           requests->count() > 0 ? o->requests : 0, o->steps, o->hisparse_buffer,
+                                           o->buffer_factor, o->json});
     }
     return RunDup(*o);
   };

@@ -24,6 +24,7 @@ int RunTpVerify(const TpVerifyArgs& a) {
   c.host_slots_per_group = a.host_slots;
   c.top_k = a.top_k;
   c.fault_rate = a.fault_rate;
+  c.share_percent = a.share_percent;
   if (!a.policy.empty()) {
     auto kind = ParsePolicyKind(a.policy);
     if (!kind) {
@@ -84,6 +85,9 @@ int RunTpVerify(const TpVerifyArgs& a) {
                      {"failed_calls", r.failed_calls}, {"entries_lost", r.entries_lost},
                      {"early_publishes", r.early_publishes},
                      {"all_ranks_ok", all_ok}, {"seconds", seconds},
+                     {"share_percent", c.share_percent}, {"shares", r.shares}, {"sharer_checks", r.sharer_checks},
+                     {"cache_evictions", r.cache_evictions}, {"locked_checks", r.locked_checks},
+                     {"sharing_failures", r.sharing_failures},
                      {"failures", r.first_failures}};
     fmt::print("{}\n", j.dump());
   } else {
@@ -101,6 +105,11 @@ int RunTpVerify(const TpVerifyArgs& a) {
     if (a.fault_rate > 0) {
       fmt::print("  faults (rate {}): {} injected, {} steps failed, {} entries lost, {} early publishes\n", a.fault_rate,
                  r.faults_injected, r.failed_calls, r.entries_lost, r.early_publishes);
+    }
+    if (c.share_percent > 0) {
+      fmt::print("  sharing: {} adopted prefixes, {} shared entries checked, {} cache evictions, {} locked matches "
+                 "checked, {} failures\n", r.shares, r.sharer_checks, r.cache_evictions, r.locked_checks,
+                 r.sharing_failures);
     }
     for (const auto& f : r.first_failures) fmt::print("  FAIL: {}\n", f);
     fmt::print("{}\n", all_ok ? "OK: every rank read back the last written bytes" : "FAILED");

@@ -21,6 +21,7 @@ struct TpVerifyArgs {
   bool mpi = false;
   bool json = false;
   double fault_rate = 0;  // in [0, 1]: TpVerifierConfig::fault_rate
+  std::uint32_t share_percent = 0;  // arrivals that adopt a cached prefix (issue 17)
 };
 
 // Returns the process exit code (0 ok, 1 verification failed, 2 bad arguments / no MPI).

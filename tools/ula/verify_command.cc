@@ -34,6 +34,11 @@ Action SetupVerify(CLI::App& app) {
                  "nothing early")
       ->capture_default_str()
       ->check(RealIn(0, 1));
+  app.add_option("--share-percent", cfg->share_percent,
+                 "percent of the arrivals that adopt a cached prefix of a live request (shared addresses, a "
+                 "SparsePrefixCache; dp and tp)")
+      ->capture_default_str()
+      ->check(IntIn(0, 100));
   app.add_option("--policy", *policy, "residency policy")->capture_default_str();
   app.add_flag("--json", *json, "print one JSON object");
   auto attention_model = std::make_shared<std::string>("tiny_glm");
@@ -63,7 +68,7 @@ Action SetupVerify(CLI::App& app) {
       return RunTpVerify({.seed = cfg->seed, .ops = cfg->ops, .ranks = cfg->num_ranks, .groups = cfg->num_groups,
                           .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,
                           .top_k = cfg->top_k, .policy = *policy, .attention = *tp_attention, .mpi = *mpi,
-                          .json = *json, .fault_rate = cfg->fault_rate});
+                          .json = *json, .fault_rate = cfg->fault_rate, .share_percent = cfg->share_percent});
     }
     auto kind = ParsePolicyKind(*policy);
     if (!kind) {
@@ -118,6 +123,12 @@ Action SetupVerify(CLI::App& app) {
                        {"failed_calls", r.failed_calls},
                        {"entries_lost", r.entries_lost},
                        {"early_publishes", r.early_publishes},
+                       {"share_percent", cfg->share_percent},
+                       {"shares", r.shares},
+                       {"sharer_checks", r.sharer_checks},
+                       {"cache_evictions", r.cache_evictions},
+                       {"locked_checks", r.locked_checks},
+                       {"sharing_failures", r.sharing_failures},
                        {"policy", *policy},
                        {"seconds", seconds},
                        {"failures", r.first_failures},
@@ -140,6 +151,11 @@ Action SetupVerify(CLI::App& app) {
       if (cfg->fault_rate > 0) {
         fmt::print("  faults (rate {}): {} injected, {} steps failed, {} entries lost, {} early publishes\n",
                    cfg->fault_rate, r.faults_injected, r.failed_calls, r.entries_lost, r.early_publishes);
+      }
+      if (cfg->share_percent > 0) {
+        fmt::print("  sharing ({}% of arrivals): {} adopted prefixes, {} shared entries checked, {} cache evictions, "
+                   "{} locked matches checked, {} failures\n", cfg->share_percent, r.shares, r.sharer_checks,
+                   r.cache_evictions, r.locked_checks, r.sharing_failures);
       }
       fmt::print("  attention ({}): {} outputs compared with the dense reference, {} differ; {} of {} planner "
                  "calls swapped\n",
