@@ -292,7 +292,7 @@ int RunDupShared(const SharedDupOptions& o) {
   const ModelConfig model = Must(LoadModelConfigByName(o.model, dir), "model");
   const SharedWorkloadConfig wl = Must(LoadSharedWorkloadConfigByName(o.workload, dir), "workload");
   const auto reqs = Must(GenerateSharedWorkload(wl), "workload");
-  SelectionModelParams sp = Must(LoadScenarioConfig(dir / "scenarios" / "default.json"), "scenario").selection;
+  SelectionModelParams sp = Must(LoadScenarioConfig(dir / "scenarios" / "default.json", dir), "scenario").selection;
   sp.top_k = model.top_k;
   sp.seed = wl.seed;
   const Plan plan = MakePlan(wl, reqs, o.requests, o.steps);
