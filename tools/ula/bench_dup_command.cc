@@ -134,15 +134,9 @@ TpRun RunTp(const DupOptions& o, const ModelConfig& model, const WorkloadConfig&
   }
   run.remote_bytes = counting.counters().Bytes(Tier::kDevice, Tier::kDevice, true) +
                      counting.counters().Bytes(Tier::kHost, Tier::kDevice, true);
-  for (std::uint32_t r = 0; r < p; ++r) {
-    for (std::uint32_t g = 0; g < groups; ++g) {
-      const Rank rank(static_cast<std::uint16_t>(r));
-      const GroupId gid(static_cast<std::uint16_t>(g));
-      run.physical += tp->NumUsed(rank, gid, Tier::kDevice) + tp->NumUsed(rank, gid, Tier::kHost);
-      run.buffered += tp->NumBuffered(rank, gid);
-    }
-  }
-  run.physical += run.buffered;
+  const TpStoredEntries stored = CountTpStoredEntries(*tp);
+  run.physical = stored.physical();
+  run.buffered = stored.buffered;
   run.distinct = tp->num_live_addresses() * groups;
   return run;
 }

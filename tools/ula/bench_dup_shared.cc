@@ -270,15 +270,9 @@ TpRunShared RunTpShared(const Plan& plan, const ModelConfig& model, const Shared
     tp->AdvanceRound();
     for (const SharedRequest* r : plan.resident) Must(tp->Allocate(RequestId(r->id.value()), 1), "TP decode");
   }
-  for (std::uint32_t r = 0; r < p; ++r) {
-    for (std::uint32_t g = 0; g < groups; ++g) {
-      const Rank rank(static_cast<std::uint16_t>(r));
-      const GroupId gid(static_cast<std::uint16_t>(g));
-      run.physical += tp->NumUsed(rank, gid, Tier::kDevice) + tp->NumUsed(rank, gid, Tier::kHost);
-      run.buffered += tp->NumBuffered(rank, gid);
-    }
-  }
-  run.physical += run.buffered;
+  const TpStoredEntries stored = CountTpStoredEntries(*tp);
+  run.physical = stored.physical();
+  run.buffered = stored.buffered;
   run.live = tp->num_live_addresses() * groups;
   Must(tp->CheckInvariants(), "TP invariants");
   Must(cache->CheckInvariants(), "TP cache invariants");
@@ -286,6 +280,19 @@ TpRunShared RunTpShared(const Plan& plan, const ModelConfig& model, const Shared
 }
 
 }  // namespace
+
+TpStoredEntries CountTpStoredEntries(const TpAddressSpace& tp) {
+  TpStoredEntries n;
+  for (std::uint32_t r = 0; r < tp.config().num_ranks; ++r) {
+    for (std::uint32_t g = 0; g < tp.config().num_groups; ++g) {
+      const Rank rank(static_cast<std::uint16_t>(r));
+      const GroupId gid(static_cast<std::uint16_t>(g));
+      n.pooled += tp.NumUsed(rank, gid, Tier::kDevice) + tp.NumUsed(rank, gid, Tier::kHost);
+      n.buffered += tp.NumBuffered(rank, gid);
+    }
+  }
+  return n;
+}
 
 int RunDupShared(const SharedDupOptions& o) {
   const std::filesystem::path dir = o.config_dir.empty() ? DefaultConfigDir() : std::filesystem::path(o.config_dir);

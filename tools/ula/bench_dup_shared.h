@@ -9,7 +9,19 @@
 #include <cstdint>
 #include <string>
 
+namespace ula {
+class TpAddressSpace;
+}
+
 namespace ula::cli {
+
+// Entries a TP space stores over all ranks and groups: its shards' device and host pools,
+// and the local buffers' copies (both `bench dup` forms count TP this way).
+struct TpStoredEntries {
+  std::uint64_t pooled = 0, buffered = 0;
+  std::uint64_t physical() const { return pooled + buffered; }
+};
+TpStoredEntries CountTpStoredEntries(const TpAddressSpace& tp);
 
 struct SharedDupOptions {
   std::string config_dir, model, workload;
