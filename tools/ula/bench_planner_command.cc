@@ -16,7 +16,11 @@
 // same run). The target of issue 16 is ratio <= 1.5 on one thread. --threads T1,T2,...
 // (default 1,2): the measured steps rotate over the thread counts (step s runs every group
 // at T[s mod n]; a step's result does not depend on T, so the state each sees is the same),
-// and every row is reported per thread count. --prefetch-distance sets the planner's. The cost model's GPU time
+// and every row is reported per thread count. --prefetch-distance sets the planner's.
+// Victim claims (issue 16 item 3): each row also reports the evictions per group step, the
+// mean wall time of the step's victim claim (StepPlanner::counters(): PB-LRU's claim, serial
+// or on the T threads) and its share of the planner's time; --parallel-claim-min-victims
+// sets the planner's threshold (1: every evicting step with T > 1 claims in parallel). The cost model's GPU time
 // per group at the same batch (step_ms / groups of the compare CSV's nearest batch row) is
 // printed beside it, so the planner can be compared with the GPU work it must hide behind.
 #include <fmt/format.h>
@@ -48,6 +52,7 @@ struct PlannerOptions {
   std::uint32_t steps = 2;   // measured steps per thread count
   std::vector<std::uint32_t> threads{1, 2};
   std::uint32_t prefetch_distance = StepPlannerOptions{}.prefetch_distance;
+  std::uint32_t parallel_claim_min_victims = StepPlannerOptions{}.parallel_claim_min_victims;
   std::uint32_t warmup = 4;  // steps first replayed unmeasured (the device pool fills from empty)
   std::uint32_t groups = 0;  // 0: from the model
   std::uint32_t ranks = 8;
@@ -92,6 +97,8 @@ struct Row {
   std::uint64_t distinct = 0, selections = 0;
   double group_ms_median = 0, ns_per_distinct = 0, read_ns = 0, ratio = 0, gpu_group_ms = -1, hit_rate = 0;
   std::uint64_t table_bytes = 0;
+  std::uint64_t evictions = 0, claim_ns = 0, parallel_claims = 0, group_steps = 0;
+  double total_ms = 0;
 };
 
 int Run(const PlannerOptions& o) {
@@ -171,7 +178,9 @@ int Run(const PlannerOptions& o) {
       for (std::size_t k = 0; k < nt; ++k) per_t[k].threads = o.threads[k];
       for (std::uint32_t step = 0; step < o.warmup + o.steps * nt; ++step) {
         const std::size_t k = step < o.warmup ? 0 : (step - o.warmup) % nt;
-        if (auto s = planner.SetOptions({o.threads[k], o.prefetch_distance}); !s) return fail(s.error().ToString());
+        if (auto s = planner.SetOptions({o.threads[k], o.prefetch_distance, o.parallel_claim_min_victims}); !s) {
+          return fail(s.error().ToString());
+        }
         for (std::uint32_t g = 0; g < groups; ++g) {
           sel.clear();
           runs.clear();
@@ -185,6 +194,7 @@ int Run(const PlannerOptions& o) {
             runs.push_back(SelectionRun{RequestId(r), static_cast<std::uint32_t>(sel.size() - first)});
           }
           slots.resize(sel.size());
+          const StepPlannerCounters before = planner.counters();
           const auto t0 = std::chrono::steady_clock::now();
           auto stats = planner.Step({Rank(0), GroupId(static_cast<std::uint16_t>(g)), sel, runs}, slots);
           const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -195,6 +205,10 @@ int Run(const PlannerOptions& o) {
             per_t[k].distinct += stats->distinct;
             per_t[k].selections += stats->selections;
             hits[k] += stats->hits;
+            per_t[k].evictions += stats->evictions;
+            per_t[k].claim_ns += planner.counters().claim_ns - before.claim_ns;
+            per_t[k].parallel_claims += planner.counters().parallel_claims - before.parallel_claims;
+            ++per_t[k].group_steps;
           }
         }
         (*space)->AdvanceRound();
@@ -224,6 +238,7 @@ int Run(const PlannerOptions& o) {
         row.read_ns = read_ns;
         row.ratio = row.ns_per_distinct / row.read_ns;
         row.gpu_group_ms = gpu_group_ms;
+        row.total_ms = total_ms[k];
         rows.push_back(row);
       }
     }
@@ -236,20 +251,29 @@ int Run(const PlannerOptions& o) {
                              {"group_ms_median", r.group_ms_median}, {"ns_per_distinct", r.ns_per_distinct},
                              {"random_read_ns", r.read_ns}, {"ratio", r.ratio}, {"table_bytes", r.table_bytes},
                              {"distinct_per_group_step", r.distinct / (r.groups * o.steps)}, {"hit_rate", r.hit_rate},
-                             {"gpu_ms_per_group", r.gpu_group_ms}});
+                             {"gpu_ms_per_group", r.gpu_group_ms},
+                             {"parallel_claim_min_victims", o.parallel_claim_min_victims},
+                             {"evictions_per_group_step", r.evictions / r.group_steps},
+                             {"claim_us_mean", r.claim_ns / 1e3 / static_cast<double>(r.group_steps)},
+                             {"claim_share", r.claim_ns / 1e6 / r.total_ms},
+                             {"parallel_claim_steps", r.parallel_claims}});
     }
     fmt::print("{}\n", out.dump());
     return 0;
   }
   fmt::print("ula bench planner: DP, one rank of 8, counting backend, {} groups x {} B entries, {} warm-up + {} "
-             "measured steps per thread count, prefetch distance {}\n",
-             groups, entry, o.warmup, o.steps, o.prefetch_distance);
-  fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9}\n", "config", "batch", "T", "distinct/g",
-             "group_ms", "ns/sel", "read_ns", "ratio", "hit", "table_MB", "gpu_ms/g");
+             "measured steps per thread count, prefetch distance {}, parallel claim from {} victims\n",
+             groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims);
+  fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>5}\n", "config",
+             "batch", "T", "distinct/g", "group_ms", "ns/sel", "read_ns", "ratio", "hit", "table_MB", "gpu_ms/g",
+             "evict/g", "claim_us", "claim%", "par");
   for (const Row& r : rows) {
-    fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9.3f} {:>9.1f} {:>9.1f} {:>7.2f} {:>7.4f} {:>10.1f} {:>9.3f}\n", r.config,
-               r.batch, r.threads, r.distinct / (r.groups * o.steps), r.group_ms_median, r.ns_per_distinct, r.read_ns, r.ratio, r.hit_rate,
-               r.table_bytes / 1e6, r.gpu_group_ms);
+    fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9.3f} {:>9.1f} {:>9.1f} {:>7.2f} {:>7.4f} {:>10.1f} {:>9.3f} {:>9} {:>9.1f} "
+               "{:>7.2f} {:>5}\n",
+               r.config, r.batch, r.threads, r.distinct / (r.groups * o.steps), r.group_ms_median, r.ns_per_distinct,
+               r.read_ns, r.ratio, r.hit_rate, r.table_bytes / 1e6, r.gpu_group_ms, r.evictions / r.group_steps,
+               r.claim_ns / 1e3 / static_cast<double>(r.group_steps), 100.0 * r.claim_ns / 1e6 / r.total_ms,
+               r.parallel_claims);
   }
   return 0;
 }
@@ -269,6 +293,10 @@ Action SetupPlanner(CLI::App& app) {
   app.add_option("--prefetch-distance", o->prefetch_distance, "selections ahead the planner prefetches (0: none)")
       ->capture_default_str()
       ->check(IntIn(0, StepPlannerOptions::kMaxPrefetchDistance));
+  app.add_option("--parallel-claim-min-victims", o->parallel_claim_min_victims,
+                 "evictions from which a step with T > 1 claims its victims on the T threads")
+      ->capture_default_str()
+      ->check(IntIn(1, 0xffffffffu));
   app.add_option("--steps", o->steps, "measured steps per thread count")->capture_default_str()->check(IntIn(1, 1000));
   app.add_option("--warmup", o->warmup, "unmeasured steps first")->capture_default_str()->check(IntIn(0, 1000));
   app.add_option("--seed", o->seed, "request lengths")->capture_default_str()->check(Seed());
