@@ -85,12 +85,18 @@ struct StepStats {
 struct StepPlannerOptions {
   static constexpr std::uint32_t kMaxThreads = 64;
   static constexpr std::uint32_t kMaxPrefetchDistance = 256;
-  static constexpr std::uint32_t kDefaultParallelClaimMinVictims = 1u << 16;
+  static constexpr std::uint32_t kDefaultParallelClaimMinVictims = 1u << 22;
   std::uint32_t threads = 1;             // [1, kMaxThreads]: threads of steps 1-3
   std::uint32_t prefetch_distance = 16;  // [0, kMaxPrefetchDistance]: selections ahead (0: none)
   // >= 1: with threads > 1 and PB-LRU, a step evicting at least this many entries claims its
   // victims on the T threads; fewer are claimed on the calling thread (no fork/join). The
-  // result is the same either way. DEFAULT_CLAIM_NOTE
+  // result is the same either way. 2^22: on the 2-core development machine (loaded) the
+  // parallel claim never beat the serial one at T = 2, up to the largest demand measured
+  // (2^20 victims, 1.5x slower; a fork/join costs 8 us there with passive waiting and 12 ms
+  // with spinning workers, while the serial claim costs 1.7 ns per victim and a group step
+  // evicts about 900 entries at the admission limits): docs/BENCHMARKS.md, "Victims claimed
+  // in parallel". Lower it on a machine with free cores after measuring with
+  // `ula bench planner --claim-sweep`.
   std::uint32_t parallel_claim_min_victims = kDefaultParallelClaimMinVictims;
   // kInvalidArgument naming the first bad field.
   Status Validate() const;

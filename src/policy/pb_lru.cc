@@ -218,15 +218,28 @@ Status PbLru::ClaimVictimsParallel(std::span<SlotId> out, ForkJoin& team) {
   claim_lane_counts_.assign(nq * lanes, 0);
   claim_first_.assign(nq * lanes, 0);
   if (claim_taken_.size() < lanes) claim_taken_.resize(lanes);
-  auto range_begin = [&](std::size_t l) { return words * l / lanes; };
-  // Pass 1: each lane counts its set bits of each planned bucket.
+  // Lane l's words of quota q's bucket: [Begin(q, l), Begin(q, l + 1)), in slot order, the
+  // last lane's up to the end. A quota that takes part of its bucket needs only about
+  // take / count of its words (the first ones): the words [0, E) its victims are expected in
+  // (E from the bucket's mean density) are split evenly, so the lanes share the work.
+  for (ClaimQuota& quota : claim_quotas_) {
+    const std::uint64_t count = quota.bucket->Count();
+    quota.span = quota.take == count ? words
+                                     : std::min<std::size_t>(words, (quota.take * words + count - 1) / count + 1);
+  }
+  auto range_begin = [&](std::size_t q, std::size_t l) {
+    return l == lanes ? words : claim_quotas_[q].span * l / lanes;
+  };
+  // Pass 1: each lane counts its set bits of each planned bucket, stopping at the quota
+  // (a lane that holds `take` bits leaves none of the first `take` ranks to the later lanes).
   auto count = [&](std::size_t, std::size_t begin, std::size_t end) {
     for (std::size_t l = begin; l < end; ++l) {
-      const std::size_t wb = range_begin(l), we = range_begin(l + 1);
       for (std::size_t q = 0; q < nq; ++q) {
+        const std::size_t wb = range_begin(q, l), we = range_begin(q, l + 1);
         const HierBitmap& b = *claim_quotas_[q].bucket;
+        const std::uint64_t take = claim_quotas_[q].take;
         std::uint64_t c = 0;
-        for (auto w = b.NextNonZeroWord(wb); w && *w < we; w = b.NextNonZeroWord(*w + 1)) {
+        for (auto w = b.NextNonZeroWord(wb); c < take && w && *w < we; w = b.NextNonZeroWord(*w + 1)) {
           c += static_cast<std::uint64_t>(std::popcount(b.word(*w)));
         }
         claim_lane_counts_[q * lanes + l] = c;
@@ -234,14 +247,15 @@ Status PbLru::ClaimVictimsParallel(std::span<SlotId> out, ForkJoin& team) {
     }
   };
   team.Run(lanes, count);
-  // Exclusive prefix sum over the lanes, per bucket: lane l's first rank.
+  // Exclusive prefix sum over the lanes, per bucket: lane l's first rank (exact while below
+  // the quota: only a lane at or past the quota stopped counting early).
   for (std::size_t q = 0; q < nq; ++q) {
     std::uint64_t sum = 0;
     for (std::size_t l = 0; l < lanes; ++l) {
       claim_first_[q * lanes + l] = sum;
       sum += claim_lane_counts_[q * lanes + l];
     }
-    ULA_DCHECK(sum == claim_quotas_[q].bucket->Count());
+    ULA_DCHECK(sum >= claim_quotas_[q].take);
   }
   // Pass 2: each lane takes the victims of rank < quota among its own bits.
   const std::uint32_t round = round_;
@@ -249,8 +263,8 @@ Status PbLru::ClaimVictimsParallel(std::span<SlotId> out, ForkJoin& team) {
     for (std::size_t l = begin; l < end; ++l) {
       auto& taken = claim_taken_[l];
       taken.clear();
-      const std::size_t wb = range_begin(l), we = range_begin(l + 1);
       for (std::size_t q = 0; q < nq; ++q) {
+        const std::size_t wb = range_begin(q, l), we = range_begin(q, l + 1);
         const ClaimQuota& quota = claim_quotas_[q];
         const std::uint64_t first = claim_first_[q * lanes + l];
         if (first >= quota.take) continue;

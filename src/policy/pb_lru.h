@@ -52,12 +52,16 @@
 // Parallel victim claiming (issue 16 item 3, ClaimVictimsParallel): the same victims, in
 // the same order, as ClaimVictims, with the per-slot work split over a ForkJoin team of T
 // lanes. The demand is first cut into per-bucket quotas from the buckets' counts (O(1) each:
-// cold first, then the recent buckets oldest to newest). Lane l owns the level-0 words
-// [W*l/T, W*(l+1)/T) of every bucket (W = words per bucket, the same in every bucket). Pass 1
-// (parallel): each lane popcounts its words of each bucket with a quota, walking the
-// summaries. Then (calling thread) an exclusive prefix sum over the lanes gives lane l the
-// ranks [start_l, start_l + count_l) of each bucket's set bits in slot order; it owns the
-// victims of rank < quota among them. Pass 2 (parallel): each lane writes its victims to
+// cold first, then the recent buckets oldest to newest). Each bucket's level-0 words (W per
+// bucket) are cut into T consecutive ranges, lane l owning the l-th: for a bucket taken whole
+// W*l/T .. W*(l+1)/T; for a bucket of which a quota of q of its c slots is taken, the words
+// [0, E) that hold them at the bucket's mean density (E = ceil(q W / c) + 1) are split
+// evenly and the last lane's range runs to W (any cut in slot order gives the same result;
+// this one shares the work). Pass 1 (parallel): each lane popcounts its words of each
+// bucket, walking the summaries, and stops once it has counted the quota. Then (calling
+// thread) an exclusive prefix sum over the lanes gives lane l the ranks
+// [start_l, start_l + count_l) of the bucket's set bits in slot order (exact below the
+// quota); it owns the victims of rank < quota among them. Pass 2 (parallel): each lane writes its victims to
 // out[bucket offset + start_l ...], stamps them with the round and records the words it took
 // (word, mask). Finally the calling thread clears those bits from their buckets and sets them
 // in the current bucket, one AND-NOT and one OR per word (a HierBitmap's summary words and
@@ -94,9 +98,10 @@ class PbLru final : public ResidencyPolicy {
   // Claims exactly out.size() victims: the slots ClaimVictims(out) would claim, in the same
   // order, with the same state after, the work split over `team`'s lanes (header comment).
   // kResourceExhausted if out.size() > NumEvictable(): nothing changes.
-  // Costs: O(planned buckets * (W / T + levels)) per lane per pass, O(need / T) slot writes per
-  // lane, then O(claimed words) bitmap word operations and O(T * planned buckets) on the
-  // calling thread, plus two fork/joins.
+  // Costs: per lane and pass O(planned buckets * levels + its non-zero words up to the
+  // quota), about O(need / T) slot writes per lane when the bucket's density is even, then
+  // O(claimed words) bitmap word operations and O(T * planned buckets) on the calling thread,
+  // plus two fork/joins (the floor that makes small demands cheaper serial).
   Status ClaimVictimsParallel(std::span<SlotId> out, ForkJoin& team);
   std::uint64_t NumEvictable() const noexcept override { return tracked_ - current().Count(); }
   void AdvanceRound() noexcept override;
@@ -160,6 +165,7 @@ class PbLru final : public ResidencyPolicy {
     HierBitmap* bucket;
     std::size_t offset;  // first index in out of this bucket's victims
     std::size_t take;    // victims taken from it, <= its count
+    std::size_t span;    // words [0, span) split evenly over the lanes (the last lane's range ends at W)
   };
   struct TakenWord {
     std::uint32_t quota;  // index in claim_quotas_

@@ -20,7 +20,15 @@
 // Victim claims (issue 16 item 3): each row also reports the evictions per group step, the
 // mean wall time of the step's victim claim (StepPlanner::counters(): PB-LRU's claim, serial
 // or on the T threads) and its share of the planner's time; --parallel-claim-min-victims
-// sets the planner's threshold (1: every evicting step with T > 1 claims in parallel). The cost model's GPU time
+// sets the planner's threshold (1: every evicting step with T > 1 claims in parallel), and
+// --device-fraction F shrinks the device pool to F of the comparison's (more evictions per
+// step; the host pool and the admission stay).
+// --claim-sweep measures PB-LRU's victim claim alone instead: two PB-LRUs of
+// --claim-capacity slots (R = 64, every slot tracked; before each claim the cold bucket is
+// made to hold ~60 % of the slots at random positions), one claiming with ClaimVictims, the other with ClaimVictimsParallel on a team of
+// T (each --threads value), the same demand in turn (--claim-demands, --claim-reps of each,
+// the two claims' victims checked equal); median microseconds of each and their ratio, and
+// the median time of an empty fork/join of the same team. The cost model's GPU time
 // per group at the same batch (step_ms / groups of the compare CSV's nearest batch row) is
 // printed beside it, so the planner can be compared with the GPU work it must hide behind.
 #include <fmt/format.h>
@@ -34,6 +42,8 @@
 #include <sstream>
 
 #include "bench_memory.h"
+#include "policy/fork_join.h"
+#include "policy/pb_lru.h"
 #include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/address_space.h"
@@ -49,6 +59,7 @@ struct PlannerOptions {
   std::string config_dir, summary, compare_csv;
   std::vector<std::string> configs{"h200_dp_mtpoff", "h200_dp_mtpon", "b300_dp_mtpoff", "b300_dp_mtpon"};
   std::vector<double> batch_fractions{1.0, 0.5, 0.25};
+  double device_fraction = 1.0;
   std::uint32_t steps = 2;   // measured steps per thread count
   std::vector<std::uint32_t> threads{1, 2};
   std::uint32_t prefetch_distance = StepPlannerOptions{}.prefetch_distance;
@@ -58,6 +69,10 @@ struct PlannerOptions {
   std::uint32_t ranks = 8;
   std::uint64_t seed = 1;
   bool json = false;
+  bool claim_sweep = false;
+  std::uint32_t claim_capacity = 1u << 21;
+  std::vector<std::uint32_t> claim_demands{1024, 4096, 16384, 65536, 262144};
+  std::uint32_t claim_reps = 9;
 };
 
 struct ConfigRow {
@@ -101,7 +116,104 @@ struct Row {
   double total_ms = 0;
 };
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int RunClaimSweep(const PlannerOptions& o) {
+  using Clock = std::chrono::steady_clock;
+  auto us = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); };
+  const std::uint32_t cap = o.claim_capacity;
+  const PolicyOptions popt{.recent_buckets = 64};
+  policy::PbLru serial(cap, popt), parallel(cap, popt);
+  std::mt19937_64 rng(o.seed);
+  for (std::uint32_t s = 0; s < cap; ++s) {
+    serial.Insert(SlotId(s));
+    parallel.Insert(SlotId(s));
+  }
+  // Before each claim (not timed) the same state: 65 rounds without a use make every slot
+  // cold, then 8 rounds each touch a random sixteenth: the cold bucket holds ~60 % of the
+  // slots at random positions (the victims), the 8 newest buckets the rest.
+  std::vector<SlotId> touch(cap / 16);
+  auto prepare = [&] {
+    for (int r = 0; r < 65; ++r) {
+      serial.AdvanceRound();
+      parallel.AdvanceRound();
+    }
+    for (int r = 0; r < 8; ++r) {
+      for (auto& t : touch) t = SlotId(static_cast<std::uint32_t>(rng() % cap));
+      serial.Touch(touch);
+      parallel.Touch(touch);
+      serial.AdvanceRound();
+      parallel.AdvanceRound();
+    }
+  };
+  struct ClaimRow {
+    std::uint32_t threads, demand;
+    double serial_us, parallel_us, fork_join_us;
+  };
+  std::vector<ClaimRow> rows;
+  std::vector<SlotId> a, b;
+  for (std::uint32_t t : o.threads) {
+    policy::ForkJoin team(static_cast<int>(t));
+    std::vector<double> fj;
+    auto nothing = [](std::size_t, std::size_t, std::size_t) {};
+    for (std::uint32_t i = 0; i < 2 * o.claim_reps + 1; ++i) {
+      const auto t0 = Clock::now();
+      team.Run(t, nothing);
+      fj.push_back(us(t0, Clock::now()));
+    }
+    const double fork_join_us = Median(fj);
+    for (std::uint32_t n : o.claim_demands) {
+      if (n > cap / 2) {
+        fmt::print(stderr, "ula bench planner: --claim-demands {} is more than half of --claim-capacity {}\n", n, cap);
+        return 2;
+      }
+      std::vector<double> ts, tp;
+      a.resize(n);
+      b.resize(n);
+      for (std::uint32_t rep = 0; rep < o.claim_reps; ++rep) {
+        prepare();
+        const auto t0 = Clock::now();
+        const std::size_t got = serial.ClaimVictims(a);
+        const auto t1 = Clock::now();
+        const Status st = parallel.ClaimVictimsParallel(b, team);
+        const auto t2 = Clock::now();
+        if (got != n || !st || a != b) {
+          fmt::print(stderr, "ula bench planner: the parallel claim of {} victims on {} threads differs from the serial one\n",
+                     n, t);
+          return 1;
+        }
+        ts.push_back(us(t0, t1));
+        tp.push_back(us(t1, t2));
+      }
+      rows.push_back({t, n, Median(ts), Median(tp), fork_join_us});
+    }
+  }
+  if (o.json) {
+    nlohmann::json out = {{"claim_rows", nlohmann::json::array()}};
+    for (const auto& r : rows) {
+      out["claim_rows"].push_back({{"threads", r.threads}, {"demand", r.demand}, {"serial_us", r.serial_us},
+                                   {"parallel_us", r.parallel_us}, {"ratio", r.parallel_us / r.serial_us},
+                                   {"fork_join_us", r.fork_join_us}, {"capacity", cap}});
+    }
+    fmt::print("{}\n", out.dump());
+    return 0;
+  }
+  fmt::print("ula bench planner --claim-sweep: PB-LRU (R = 64) of {} slots, every slot tracked, victims from a cold "
+             "bucket of ~60 % density, {} claims per row (medians); victims identical in every claim\n",
+             cap, o.claim_reps);
+  fmt::print("{:>3} {:>8} {:>11} {:>13} {:>9} {:>13}\n", "T", "demand", "serial_us", "parallel_us", "par/ser", "fork_join_us");
+  for (const auto& r : rows) {
+    fmt::print("{:>3} {:>8} {:>11.1f} {:>13.1f} {:>9.2f} {:>13.1f}\n", r.threads, r.demand, r.serial_us, r.parallel_us,
+               r.parallel_us / r.serial_us, r.fork_join_us);
+  }
+  return 0;
+}
+
 int Run(const PlannerOptions& o) {
+  if (o.claim_sweep) return RunClaimSweep(o);
   const std::filesystem::path dir = o.config_dir.empty() ? DefaultConfigDir() : std::filesystem::path(o.config_dir);
   auto fail = [](const std::string& m) {
     fmt::print(stderr, "ula bench planner: {}\n", m);
@@ -140,7 +252,7 @@ int Run(const PlannerOptions& o) {
       sc.num_ranks = 1;
       sc.num_groups = groups;
       sc.entry_bytes = entry;
-      sc.device_bytes_per_rank = static_cast<std::uint64_t>(cfg.device_gb * 1e9);
+      sc.device_bytes_per_rank = static_cast<std::uint64_t>(cfg.device_gb * 1e9 * o.device_fraction);
       sc.host_bytes_per_rank = static_cast<std::uint64_t>(cfg.host_gb * 1e9);
       auto space = AddressSpace::Create(sc, *backend);
       if (!space) return fail(space.error().ToString());
@@ -253,6 +365,7 @@ int Run(const PlannerOptions& o) {
                              {"distinct_per_group_step", r.distinct / (r.groups * o.steps)}, {"hit_rate", r.hit_rate},
                              {"gpu_ms_per_group", r.gpu_group_ms},
                              {"parallel_claim_min_victims", o.parallel_claim_min_victims},
+                             {"device_fraction", o.device_fraction},
                              {"evictions_per_group_step", r.evictions / r.group_steps},
                              {"claim_us_mean", r.claim_ns / 1e3 / static_cast<double>(r.group_steps)},
                              {"claim_share", r.claim_ns / 1e6 / r.total_ms},
@@ -262,8 +375,8 @@ int Run(const PlannerOptions& o) {
     return 0;
   }
   fmt::print("ula bench planner: DP, one rank of 8, counting backend, {} groups x {} B entries, {} warm-up + {} "
-             "measured steps per thread count, prefetch distance {}, parallel claim from {} victims\n",
-             groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims);
+             "measured steps per thread count, prefetch distance {}, parallel claim from {} victims, device pool x {}\n",
+             groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims, o.device_fraction);
   fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>5}\n", "config",
              "batch", "T", "distinct/g", "group_ms", "ns/sel", "read_ns", "ratio", "hit", "table_MB", "gpu_ms/g",
              "evict/g", "claim_us", "claim%", "par");
@@ -287,6 +400,9 @@ Action SetupPlanner(CLI::App& app) {
   app.add_option("--batch-fractions", o->batch_fractions, "batches as fractions of the rank's admission limit")
       ->capture_default_str()
       ->check(RealIn(0, 1, /*lo_open=*/true));
+  app.add_option("--device-fraction", o->device_fraction, "device pool as a fraction of the comparison's")
+      ->capture_default_str()
+      ->check(RealIn(0, 1, /*lo_open=*/true));
   app.add_option("--threads", o->threads, "planner threads, one row each (StepPlannerOptions::threads)")
       ->capture_default_str()
       ->check(IntIn(1, StepPlannerOptions::kMaxThreads));
@@ -301,6 +417,14 @@ Action SetupPlanner(CLI::App& app) {
   app.add_option("--warmup", o->warmup, "unmeasured steps first")->capture_default_str()->check(IntIn(0, 1000));
   app.add_option("--seed", o->seed, "request lengths")->capture_default_str()->check(Seed());
   app.add_flag("--json", o->json, "print one JSON object");
+  app.add_flag("--claim-sweep", o->claim_sweep, "time PB-LRU's victim claim alone, serial against T threads");
+  app.add_option("--claim-capacity", o->claim_capacity, "--claim-sweep: slots of the pool")
+      ->capture_default_str()
+      ->check(IntIn(1024, 1u << 26));
+  app.add_option("--claim-demands", o->claim_demands, "--claim-sweep: victims per claim, one row each")
+      ->capture_default_str()
+      ->check(IntIn(1, 1u << 25));
+  app.add_option("--claim-reps", o->claim_reps, "--claim-sweep: claims per row")->capture_default_str()->check(IntIn(1, 1000));
   return [o] { return Run(*o); };
 }
 
