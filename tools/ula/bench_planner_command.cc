@@ -273,9 +273,9 @@ int Run(const PlannerOptions& o) {
       }
       const std::uint32_t placed = static_cast<std::uint32_t>(addrs.size());
       (*space)->AdvanceRound();  // prefill's round ends
-      auto selection = SelectionModel::Create(scenario->selection.top_k == 0
-                                                  ? [&] { auto p = scenario->selection; p.top_k = model->top_k; return p; }()
-                                                  : scenario->selection);
+      // The model's top-k (GLM-5: 2048), as `ula bench dup` and the serving simulation use: the
+      // fitted set's own top_k is that of the small model it was fitted on (256).
+      auto selection = SelectionModel::Create([&] { auto p = scenario->selection; p.top_k = model->top_k; return p; }());
       if (!selection) return fail(selection.error().ToString());
       StepPlanner planner(**space);
       std::vector<std::vector<std::uint32_t>> picks;
