@@ -205,7 +205,7 @@ Status PbLru::ClaimVictimsParallel(std::span<SlotId> out, ForkJoin& team) {
   auto plan = [&](HierBitmap& b) {
     if (left == 0 || b.Empty()) return;
     const std::size_t take = std::min<std::size_t>(left, b.Count());
-    claim_quotas_.push_back({&b, offset, take});
+    claim_quotas_.push_back({&b, offset, take, 0});
     offset += take;
     left -= take;
   };
