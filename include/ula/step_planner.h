@@ -90,13 +90,14 @@ struct StepPlannerOptions {
   std::uint32_t prefetch_distance = 16;  // [0, kMaxPrefetchDistance]: selections ahead (0: none)
   // >= 1: with threads > 1 and PB-LRU, a step evicting at least this many entries claims its
   // victims on the T threads; fewer are claimed on the calling thread (no fork/join). The
-  // result is the same either way. 2^22: on the 2-core development machine (loaded) the
-  // parallel claim never beat the serial one at T = 2, up to the largest demand measured
-  // (2^20 victims, 1.5x slower; a fork/join costs 8 us there with passive waiting and 12 ms
-  // with spinning workers, while the serial claim costs 1.7 ns per victim and a group step
-  // evicts about 900 entries at the admission limits): docs/BENCHMARKS.md, "Victims claimed
-  // in parallel". Lower it on a machine with free cores after measuring with
-  // `ula bench planner --claim-sweep`.
+  // result is the same either way. 2^22, above every demand measured: on the 2-core
+  // development machine (loaded) the parallel claim never beat the serial one, at any T or
+  // demand up to 2^20 victims (there 1.33x slower at T = 2 with passive waiting, 10x with
+  // spinning workers; its two fork/joins alone cost 44-68 us passive, 16-20 ms spinning),
+  // while the serial claim costs 1.7-2.3 ns per victim and a group step evicts at most about
+  // 5,900 entries at the admission limits (~10 us, 0.1-0.2 % of the step):
+  // docs/BENCHMARKS.md, "Victims claimed in parallel". Lower it on a machine with free cores
+  // after measuring with `ula bench planner --claim-sweep`.
   std::uint32_t parallel_claim_min_victims = kDefaultParallelClaimMinVictims;
   // kInvalidArgument naming the first bad field.
   Status Validate() const;
