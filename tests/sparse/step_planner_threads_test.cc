@@ -195,7 +195,9 @@ TEST(StepPlannerThreads, SameSlotsPlanAndErrorsAsOneThread) {
     EXPECT_EQ(c1.victims, cn.victims);
     EXPECT_EQ(c1.parallel_claims, 0u);
     EXPECT_GE(cn.parallel_claims, 5u);  // eviction-heavy steps went through the parallel claim
-    if (threads == 3) EXPECT_LT(cn.parallel_claims, cn.claims);  // and small ones stayed serial
+    if (threads == 3) {
+      EXPECT_LT(cn.parallel_claims, cn.claims);  // and small ones stayed serial
+    }
   }
 }
 
