@@ -35,9 +35,13 @@
 // same record. Each thread scans the selections in order and keeps its hits and misses with
 // their selection index; the lists are merged by that index, so hits, misses, claimed slots
 // and the copy plan are exactly those of one thread, and an error names the same (first)
-// selection as one thread would. The policy's Touch and the free-slot and victim claims
-// then run on the calling thread (PB-LRU's Touch splits its own pass, policy/pb_lru.h);
-// the output of the misses' selections runs on the T threads again.
+// selection as one thread would. The policy's Touch and the free-slot claims then run on
+// the calling thread (PB-LRU's Touch splits its own pass, policy/pb_lru.h). Victims: with
+// T > 1, PB-LRU as the pool's policy and at least parallel_claim_min_victims evictions in
+// the step, they are claimed on the same T threads (PbLru::ClaimVictimsParallel: popcounts
+// per word range, an exclusive prefix sum, each thread takes the ranks it owns) — exactly
+// the victims, in the order, that one thread claims; otherwise on the calling thread. The
+// output of the misses' selections runs on the T threads again.
 // Lifetime: the planner holds the space by reference (the space outlives it); out_slots
 // name device slots whose bytes DeviceSlotData returns, valid as stated there.
 // Thread-safety: as AddressSpace (one driver thread calls Step; the planner's own worker
@@ -81,10 +85,31 @@ struct StepStats {
 struct StepPlannerOptions {
   static constexpr std::uint32_t kMaxThreads = 64;
   static constexpr std::uint32_t kMaxPrefetchDistance = 256;
+  static constexpr std::uint32_t kDefaultParallelClaimMinVictims = 1u << 22;
   std::uint32_t threads = 1;             // [1, kMaxThreads]: threads of steps 1-3
   std::uint32_t prefetch_distance = 16;  // [0, kMaxPrefetchDistance]: selections ahead (0: none)
+  // >= 1: with threads > 1 and PB-LRU, a step evicting at least this many entries claims its
+  // victims on the T threads; fewer are claimed on the calling thread (no fork/join). The
+  // result is the same either way. 2^22, above every demand measured: on the 2-core
+  // development machine (loaded) the parallel claim never beat the serial one, at any T or
+  // demand up to 2^20 victims (there 1.33x slower at T = 2 with passive waiting, 10x with
+  // spinning workers; its two fork/joins alone cost 44-68 us passive, 16-20 ms spinning),
+  // while the serial claim costs 1.7-2.3 ns per victim and a group step evicts at most about
+  // 5,900 entries at the admission limits (~10 us, 0.1-0.2 % of the step):
+  // docs/BENCHMARKS.md, "Victims claimed in parallel". Lower it on a machine with free cores
+  // after measuring with `ula bench planner --claim-sweep`.
+  std::uint32_t parallel_claim_min_victims = kDefaultParallelClaimMinVictims;
   // kInvalidArgument naming the first bad field.
   Status Validate() const;
+};
+
+// What the planner did besides its result, for benchmarks and tests (the result does not
+// depend on T; these do). Counted over every Step that reached the victim claims.
+struct StepPlannerCounters {
+  std::uint64_t claims = 0;           // steps that claimed at least one victim
+  std::uint64_t parallel_claims = 0;  // of which on the T threads (PbLru::ClaimVictimsParallel)
+  std::uint64_t victims = 0;          // victims claimed
+  std::uint64_t claim_ns = 0;         // wall time of the victim claims (steady clock)
 };
 
 class StepPlanner {
@@ -97,6 +122,7 @@ class StepPlanner {
   // kInvalidArgument for invalid options (Validate): the planner keeps its old options.
   Status SetOptions(const StepPlannerOptions& options);
   const StepPlannerOptions& options() const { return options_; }
+  const StepPlannerCounters& counters() const { return counters_; }
 
   // out_slots[i] = device slot holding input.selections[i] after the step. After an error
   // the contents of out_slots are unspecified (the space's state is as documented above).
@@ -110,6 +136,7 @@ class StepPlanner {
   struct Lanes;  // per-thread scratch of steps 1-3 (step_planner.cc)
   AddressSpace& space_;
   StepPlannerOptions options_;
+  StepPlannerCounters counters_;
   std::unique_ptr<Lanes> lanes_;
   std::vector<LogicalAddr> missed_;
   std::vector<SlotId> hit_slots_, target_slots_;

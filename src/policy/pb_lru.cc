@@ -192,6 +192,120 @@ std::size_t PbLru::ClaimVictims(std::span<SlotId> out) noexcept {
   return n;
 }
 
+Status PbLru::ClaimVictimsParallel(std::span<SlotId> out, ForkJoin& team) {
+  const std::size_t need = out.size();
+  if (need > NumEvictable()) {
+    return MakeError(ErrorCode::kResourceExhausted, "PbLru: " + std::to_string(need) + " victims asked for, " +
+                                                        std::to_string(NumEvictable()) + " evictable");
+  }
+  if (need == 0) return Ok();
+  // Quotas, in victim order: cold first, then the recent buckets oldest to newest.
+  claim_quotas_.clear();
+  std::size_t left = need, offset = 0;
+  auto plan = [&](HierBitmap& b) {
+    if (left == 0 || b.Empty()) return;
+    const std::size_t take = std::min<std::size_t>(left, b.Count());
+    claim_quotas_.push_back({&b, offset, take, 0});
+    offset += take;
+    left -= take;
+  };
+  plan(cold_);
+  for (std::uint32_t age = recent_buckets(); age >= 1 && left > 0; --age) plan(RingAt(age));
+  ULA_CHECK(left == 0);  // NumEvictable() counts exactly these buckets
+  const auto lanes = static_cast<std::size_t>(team.max_threads());
+  const std::size_t nq = claim_quotas_.size();
+  const std::size_t words = touch_bits_.size();  // level-0 words of every bucket
+  claim_lane_counts_.assign(nq * lanes, 0);
+  claim_first_.assign(nq * lanes, 0);
+  if (claim_taken_.size() < lanes) claim_taken_.resize(lanes);
+  // Lane l's words of quota q's bucket: [Begin(q, l), Begin(q, l + 1)), in slot order, the
+  // last lane's up to the end. A quota that takes part of its bucket needs only about
+  // take / count of its words (the first ones): the words [0, E) its victims are expected in
+  // (E from the bucket's mean density) are split evenly, so the lanes share the work.
+  for (ClaimQuota& quota : claim_quotas_) {
+    const std::uint64_t count = quota.bucket->Count();
+    quota.span = quota.take == count ? words
+                                     : std::min<std::size_t>(words, (quota.take * words + count - 1) / count + 1);
+  }
+  auto range_begin = [&](std::size_t q, std::size_t l) {
+    return l == lanes ? words : claim_quotas_[q].span * l / lanes;
+  };
+  // Pass 1: each lane counts its set bits of each planned bucket, stopping at the quota
+  // (a lane that holds `take` bits leaves none of the first `take` ranks to the later lanes).
+  auto count = [&](std::size_t, std::size_t begin, std::size_t end) {
+    for (std::size_t l = begin; l < end; ++l) {
+      for (std::size_t q = 0; q < nq; ++q) {
+        const std::size_t wb = range_begin(q, l), we = range_begin(q, l + 1);
+        const HierBitmap& b = *claim_quotas_[q].bucket;
+        const std::uint64_t take = claim_quotas_[q].take;
+        std::uint64_t c = 0;
+        for (auto w = b.NextNonZeroWord(wb); c < take && w && *w < we; w = b.NextNonZeroWord(*w + 1)) {
+          c += static_cast<std::uint64_t>(std::popcount(b.word(*w)));
+        }
+        claim_lane_counts_[q * lanes + l] = c;
+      }
+    }
+  };
+  team.Run(lanes, count);
+  // Exclusive prefix sum over the lanes, per bucket: lane l's first rank (exact while below
+  // the quota: only a lane at or past the quota stopped counting early).
+  for (std::size_t q = 0; q < nq; ++q) {
+    std::uint64_t sum = 0;
+    for (std::size_t l = 0; l < lanes; ++l) {
+      claim_first_[q * lanes + l] = sum;
+      sum += claim_lane_counts_[q * lanes + l];
+    }
+    ULA_DCHECK(sum >= claim_quotas_[q].take);
+  }
+  // Pass 2: each lane takes the victims of rank < quota among its own bits.
+  const std::uint32_t round = round_;
+  auto claim = [&](std::size_t, std::size_t begin, std::size_t end) {
+    for (std::size_t l = begin; l < end; ++l) {
+      auto& taken = claim_taken_[l];
+      taken.clear();
+      for (std::size_t q = 0; q < nq; ++q) {
+        const std::size_t wb = range_begin(q, l), we = range_begin(q, l + 1);
+        const ClaimQuota& quota = claim_quotas_[q];
+        const std::uint64_t first = claim_first_[q * lanes + l];
+        if (first >= quota.take) continue;
+        std::uint64_t k = std::min<std::uint64_t>(claim_lane_counts_[q * lanes + l], quota.take - first);
+        SlotId* dst = out.data() + quota.offset + first;
+        const HierBitmap& b = *quota.bucket;
+        for (auto w = b.NextNonZeroWord(wb); k > 0 && w && *w < we; w = b.NextNonZeroWord(*w + 1)) {
+          std::uint64_t bits = b.word(*w);
+          std::uint64_t take = bits;
+          if (static_cast<std::uint64_t>(std::popcount(bits)) > k) {
+            take = 0;
+            for (std::uint64_t j = 0; j < k; ++j) {
+              const std::uint64_t low = bits & (~bits + 1);
+              take |= low;
+              bits ^= low;
+            }
+          }
+          k -= static_cast<std::uint64_t>(std::popcount(take));
+          taken.push_back({static_cast<std::uint32_t>(q), static_cast<std::uint32_t>(*w), take});
+          for (; take != 0; take &= take - 1) {
+            const auto s = static_cast<std::uint32_t>((*w << 6) | std::countr_zero(take));
+            stamp_[s] = round;
+            *dst++ = SlotId(s);
+          }
+        }
+      }
+    }
+  };
+  team.Run(lanes, claim);
+  // The bitmap writes, on this thread: taken bits leave their buckets for the current one.
+  HierBitmap& cur = ring_[cur_];
+  for (std::size_t l = 0; l < lanes; ++l) {
+    for (const TakenWord& t : claim_taken_[l]) {
+      claim_quotas_[t.quota].bucket->AndNotWord(t.word, t.mask);
+      cur.OrWord(t.word, t.mask);
+    }
+    claim_taken_[l].clear();
+  }
+  return Ok();
+}
+
 void PbLru::RebaseRounds(std::uint32_t round) noexcept {
   ULA_DCHECK(round >= recent_buckets() + 2);
   const std::uint32_t cold_age = recent_buckets() + 1;
@@ -267,6 +381,9 @@ Status PbLru::CheckInvariants() const {
     if (!parallel_words_[t].empty() || !parallel_stragglers_[t].empty()) {
       return MakeError(ErrorCode::kInternal, "PbLru: parallel touch scratch not empty");
     }
+  }
+  for (const auto& taken : claim_taken_) {
+    if (!taken.empty()) return MakeError(ErrorCode::kInternal, "PbLru: parallel claim scratch not empty");
   }
   for (std::uint64_t word : touch_bits_) {
     if (word != 0) return MakeError(ErrorCode::kInternal, "PbLru: touch scratch bits not clear");

@@ -14,7 +14,8 @@
 //     (the buckets are pairwise disjoint and their counts sum to tracked_);
 //   - a slot is tracked iff stamp_[s] != 0, and the bucket holding it is the one its stamp
 //     names (the O(1) age agrees with the bucket scan);
-//   - the Touch scratch (touch_bits_, the word and straggler lists) is empty between calls.
+//   - the Touch scratch (touch_bits_, the word and straggler lists) and the parallel claim's
+//     taken-word lists are empty between calls.
 // Operations, all bitmap operations plus one stamp per used slot — no per-slot list:
 //   - Touch/Insert/ClaimVictims move slots into the current bucket and stamp them;
 //   - AdvanceRound moves the ring by one; the bucket about to be reused (last used R+1
@@ -48,7 +49,30 @@
 // ClaimVictims(n) O(n + non-empty buckets * levels), AdvanceRound O(non-empty words of the
 // folded bucket). Metadata: (R + 2) bits + a 32-bit stamp per slot, plus summaries, plus one
 // scratch bit. After 2^32 rounds the stamps are rebased once (O(capacity)).
-// Thread-safety: none for callers (one driver thread); Touch uses OpenMP internally.
+// Parallel victim claiming (issue 16 item 3, ClaimVictimsParallel): the same victims, in
+// the same order, as ClaimVictims, with the per-slot work split over a ForkJoin team of T
+// lanes. The demand is first cut into per-bucket quotas from the buckets' counts (O(1) each:
+// cold first, then the recent buckets oldest to newest). Each bucket's level-0 words (W per
+// bucket) are cut into T consecutive ranges, lane l owning the l-th: for a bucket taken whole
+// W*l/T .. W*(l+1)/T; for a bucket of which a quota of q of its c slots is taken, the words
+// [0, E) that hold them at the bucket's mean density (E = ceil(q W / c) + 1) are split
+// evenly and the last lane's range runs to W (any cut in slot order gives the same result;
+// this one shares the work). Pass 1 (parallel): each lane popcounts its words of each
+// bucket, walking the summaries, and stops once it has counted the quota. Then (calling
+// thread) an exclusive prefix sum over the lanes gives lane l the ranks
+// [start_l, start_l + count_l) of the bucket's set bits in slot order (exact below the
+// quota); it owns the victims of rank < quota among them. Pass 2 (parallel): each lane writes its victims to
+// out[bucket offset + start_l ...], stamps them with the round and records the words it took
+// (word, mask). Finally the calling thread clears those bits from their buckets and sets them
+// in the current bucket, one AND-NOT and one OR per word (a HierBitmap's summary words and
+// count are shared across word ranges, so the bitmap writes stay on one thread). The lanes'
+// word ranges, their slots (stamps), their out ranges and their scratch are disjoint, and
+// nothing writes a bucket while the lanes run: no atomics, no locks; ForkJoin makes the fork
+// and the join visible to ThreadSanitizer. The lanes are fixed by the team's max_threads(),
+// not by how many OpenMP threads ran, so the result never depends on the team.
+//
+// Thread-safety: none for callers (one driver thread); Touch and ClaimVictimsParallel use
+// OpenMP internally.
 #pragma once
 
 #include <algorithm>
@@ -71,6 +95,14 @@ class PbLru final : public ResidencyPolicy {
   void Remove(SlotId slot) noexcept override;
   void Touch(std::span<const SlotId> slots) noexcept override;
   std::size_t ClaimVictims(std::span<SlotId> out) noexcept override;
+  // Claims exactly out.size() victims: the slots ClaimVictims(out) would claim, in the same
+  // order, with the same state after, the work split over `team`'s lanes (header comment).
+  // kResourceExhausted if out.size() > NumEvictable(): nothing changes.
+  // Costs: per lane and pass O(planned buckets * levels + its non-zero words up to the
+  // quota), about O(need / T) slot writes per lane when the bucket's density is even, then
+  // O(claimed words) bitmap word operations and O(T * planned buckets) on the calling thread,
+  // plus two fork/joins (the floor that makes small demands cheaper serial).
+  Status ClaimVictimsParallel(std::span<SlotId> out, ForkJoin& team);
   std::uint64_t NumEvictable() const noexcept override { return tracked_ - current().Count(); }
   void AdvanceRound() noexcept override;
   bool IsTracked(SlotId slot) const override { return slot.value() < capacity_ && stamp_[slot.value()] != 0; }
@@ -127,6 +159,23 @@ class PbLru final : public ResidencyPolicy {
   ForkJoin fork_join_;
   std::vector<std::vector<std::uint32_t>> parallel_words_;       // [threads] MarkParallel's lists
   std::vector<std::vector<std::uint64_t>> parallel_stragglers_;  // [threads]
+
+  // ClaimVictimsParallel scratch (meaningful only during a call).
+  struct ClaimQuota {
+    HierBitmap* bucket;
+    std::size_t offset;  // first index in out of this bucket's victims
+    std::size_t take;    // victims taken from it, <= its count
+    std::size_t span;    // words [0, span) split evenly over the lanes (the last lane's range ends at W)
+  };
+  struct TakenWord {
+    std::uint32_t quota;  // index in claim_quotas_
+    std::uint32_t word;
+    std::uint64_t mask;   // bits of the word taken
+  };
+  std::vector<ClaimQuota> claim_quotas_;
+  std::vector<std::uint64_t> claim_first_;            // [quotas * lanes] exclusive prefix: lane l's first rank
+  std::vector<std::uint64_t> claim_lane_counts_;      // [quotas * lanes] pass 1's counts
+  std::vector<std::vector<TakenWord>> claim_taken_;   // [lanes] words taken by each lane
 };
 
 }  // namespace ula::policy

@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <string>
 
 #include "policy/fork_join.h"
+#include "policy/pb_lru.h"
 #include "sparse/address_space_state.h"
 #include "ula/check.h"
 
@@ -32,6 +34,9 @@ Status StepPlannerOptions::Validate() const {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("StepPlannerOptions.prefetch_distance = {}: must be in [0, {}]", prefetch_distance,
                                  kMaxPrefetchDistance));
+  }
+  if (parallel_claim_min_victims < 1) {
+    return MakeError(ErrorCode::kInvalidArgument, "StepPlannerOptions.parallel_claim_min_victims = 0: must be >= 1");
   }
   return Ok();
 }
@@ -301,8 +306,23 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   const std::size_t n_free = std::min<std::size_t>(n_miss, gp.device.num_free());
   target_slots_.resize(n_miss);
   for (std::size_t i = 0; i < n_free; ++i) target_slots_[i] = *gp.device.Allocate();
-  const std::size_t claimed = gp.policy->ClaimVictims(std::span(target_slots_).subspan(n_free));
-  ULA_CHECK(claimed == n_miss - n_free);
+  if (const std::size_t n_evict = n_miss - n_free; n_evict > 0) {
+    const auto victims = std::span(target_slots_).subspan(n_free);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto* pb = T > 1 && n_evict >= options_.parallel_claim_min_victims
+                   ? dynamic_cast<policy::PbLru*>(gp.policy.get())
+                   : nullptr;
+    if (pb != nullptr) {
+      ULA_CHECK(pb->ClaimVictimsParallel(victims, lanes.fork_join).has_value());  // the room check passed
+      ++counters_.parallel_claims;
+    } else {
+      ULA_CHECK(gp.policy->ClaimVictims(victims) == n_evict);
+    }
+    counters_.claim_ns += static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    ++counters_.claims;
+    counters_.victims += n_evict;
+  }
 
   // 5. Copy, wait, then publish.
   StepStats stats;

@@ -4,7 +4,10 @@
 // and bad selections); one is planned with one thread, the other with 2, 3 or 4. After
 // every step: the same status (code and message), the same output slots, the same stats,
 // the same copy plan (every batch's moves, in order), the same DebugDigest; a refused step
-// changes nothing. Labelled `threaded`: it also runs under ThreadSanitizer.
+// changes nothing. The device pools are small, so most steps evict: the T-thread planner
+// claims its victims on its threads (PbLru::ClaimVictimsParallel, from one victim up for
+// T = 2 and 4, from 200 up for T = 3, so both paths run), and the test checks that it did.
+// Labelled `threaded`: it also runs under ThreadSanitizer.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -54,10 +57,11 @@ struct World {
   RecordingBackend backend;
   std::unique_ptr<AddressSpace> space;
   std::unique_ptr<StepPlanner> planner;
-  World(const AddressSpaceConfig& c, std::uint32_t threads, std::uint32_t prefetch_distance) {
+  World(const AddressSpaceConfig& c, std::uint32_t threads, std::uint32_t prefetch_distance,
+        std::uint32_t parallel_claim_min_victims = StepPlannerOptions::kDefaultParallelClaimMinVictims) {
     space = AddressSpace::Create(c, backend).value();
     planner = std::make_unique<StepPlanner>(*space);
-    EXPECT_TRUE(planner->SetOptions({threads, prefetch_distance}));
+    EXPECT_TRUE(planner->SetOptions({threads, prefetch_distance, parallel_claim_min_victims}));
   }
   ~World() { planner.reset(); space.reset(); }
 };
@@ -85,7 +89,7 @@ TEST(StepPlannerThreads, SameSlotsPlanAndErrorsAsOneThread) {
     SCOPED_TRACE("threads " + std::to_string(threads));
     std::mt19937_64 rng(seed + threads);
     // The prefetch distance must not matter either: 16 against 0, 1 or 64.
-    World one(c, 1, 16), many(c, threads, threads == 2 ? 0 : threads == 3 ? 1 : 64);
+    World one(c, 1, 16), many(c, threads, threads == 2 ? 0 : threads == 3 ? 1 : 64, threads == 3 ? 200 : 1);
     int ok = 0, refused = 0;
     std::vector<RequestId> live;  // rank of request r: r % 2
     std::vector<LogicalAddr> freed;
@@ -179,9 +183,21 @@ TEST(StepPlannerThreads, SameSlotsPlanAndErrorsAsOneThread) {
       ASSERT_TRUE(one.space->CheckInvariants());
       ASSERT_TRUE(many.space->CheckInvariants());
     }
-    std::printf("threads %u: %d steps planned, %d refused, identical to one thread\n", threads, ok, refused);
+    const StepPlannerCounters& c1 = one.planner->counters();
+    const StepPlannerCounters& cn = many.planner->counters();
+    std::printf("threads %u: %d steps planned, %d refused, identical to one thread; %llu steps evicted %llu victims, "
+                "%llu of them claimed on %u threads\n",
+                threads, ok, refused, static_cast<unsigned long long>(cn.claims),
+                static_cast<unsigned long long>(cn.victims), static_cast<unsigned long long>(cn.parallel_claims),
+                threads);
     EXPECT_GE(ok, 5);  // both paths were exercised
     EXPECT_GE(refused, 3);
+    EXPECT_EQ(c1.victims, cn.victims);
+    EXPECT_EQ(c1.parallel_claims, 0u);
+    EXPECT_GE(cn.parallel_claims, 5u);  // eviction-heavy steps went through the parallel claim
+    if (threads == 3) {
+      EXPECT_LT(cn.parallel_claims, cn.claims);  // and small ones stayed serial
+    }
   }
 }
 
@@ -196,7 +212,8 @@ TEST(StepPlannerThreads, OptionsAreValidatedAndABadValueChangesNothing) {
   EXPECT_EQ(planner.options().threads, 1u);
   ASSERT_TRUE(planner.SetOptions({3, 8}));
   for (const StepPlannerOptions bad : {StepPlannerOptions{0, 8}, StepPlannerOptions{StepPlannerOptions::kMaxThreads + 1, 8},
-                                       StepPlannerOptions{2, StepPlannerOptions::kMaxPrefetchDistance + 1}}) {
+                                       StepPlannerOptions{2, StepPlannerOptions::kMaxPrefetchDistance + 1},
+                                       StepPlannerOptions{2, 8, 0}}) {
     auto s = planner.SetOptions(bad);
     ASSERT_FALSE(s);
     EXPECT_EQ(s.error().code(), ErrorCode::kInvalidArgument);
@@ -204,6 +221,7 @@ TEST(StepPlannerThreads, OptionsAreValidatedAndABadValueChangesNothing) {
     EXPECT_EQ(planner.options().prefetch_distance, 8u);
   }
   EXPECT_NE(planner.SetOptions({0, 8}).error().message().find("threads = 0"), std::string::npos);
+  EXPECT_NE(planner.SetOptions({2, 8, 0}).error().message().find("parallel_claim_min_victims = 0"), std::string::npos);
 }
 
 }  // namespace

@@ -16,7 +16,20 @@
 // same run). The target of issue 16 is ratio <= 1.5 on one thread. --threads T1,T2,...
 // (default 1,2): the measured steps rotate over the thread counts (step s runs every group
 // at T[s mod n]; a step's result does not depend on T, so the state each sees is the same),
-// and every row is reported per thread count. --prefetch-distance sets the planner's. The cost model's GPU time
+// and every row is reported per thread count. --prefetch-distance sets the planner's.
+// Victim claims (issue 16 item 3): each row also reports the evictions per group step, the
+// mean wall time of the step's victim claim (StepPlanner::counters(): PB-LRU's claim, serial
+// or on the T threads) and its share of the planner's time; --parallel-claim-min-victims
+// sets the planner's threshold (1: every evicting step with T > 1 claims in parallel), and
+// --device-fraction F shrinks the device pool to F of the comparison's (more evictions per
+// step; the host pool and the admission stay).
+// --claim-sweep measures PB-LRU's victim claim alone instead: two PB-LRUs of
+// --claim-capacity slots (R = 64, every slot tracked; before each claim the cold bucket is
+// made to hold ~60 % of the slots at random positions), one claiming with ClaimVictims, the other with ClaimVictimsParallel on a team of
+// T (each --threads value), the same demand in turn (--claim-demands, --claim-reps of each,
+// the two claims' victims checked equal); median microseconds of each and their ratio, and
+// the median time of two empty fork/joins of the same team after the same preparation (the
+// floor of the parallel claim, which forks twice). The cost model's GPU time
 // per group at the same batch (step_ms / groups of the compare CSV's nearest batch row) is
 // printed beside it, so the planner can be compared with the GPU work it must hide behind.
 #include <fmt/format.h>
@@ -30,6 +43,8 @@
 #include <sstream>
 
 #include "bench_memory.h"
+#include "policy/fork_join.h"
+#include "policy/pb_lru.h"
 #include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/address_space.h"
@@ -45,14 +60,20 @@ struct PlannerOptions {
   std::string config_dir, summary, compare_csv;
   std::vector<std::string> configs{"h200_dp_mtpoff", "h200_dp_mtpon", "b300_dp_mtpoff", "b300_dp_mtpon"};
   std::vector<double> batch_fractions{1.0, 0.5, 0.25};
+  double device_fraction = 1.0;
   std::uint32_t steps = 2;   // measured steps per thread count
   std::vector<std::uint32_t> threads{1, 2};
   std::uint32_t prefetch_distance = StepPlannerOptions{}.prefetch_distance;
+  std::uint32_t parallel_claim_min_victims = StepPlannerOptions{}.parallel_claim_min_victims;
   std::uint32_t warmup = 4;  // steps first replayed unmeasured (the device pool fills from empty)
   std::uint32_t groups = 0;  // 0: from the model
   std::uint32_t ranks = 8;
   std::uint64_t seed = 1;
   bool json = false;
+  bool claim_sweep = false;
+  std::uint32_t claim_capacity = 1u << 21;
+  std::vector<std::uint32_t> claim_demands{1024, 4096, 16384, 65536, 262144};
+  std::uint32_t claim_reps = 9;
 };
 
 struct ConfigRow {
@@ -92,9 +113,109 @@ struct Row {
   std::uint64_t distinct = 0, selections = 0;
   double group_ms_median = 0, ns_per_distinct = 0, read_ns = 0, ratio = 0, gpu_group_ms = -1, hit_rate = 0;
   std::uint64_t table_bytes = 0;
+  std::uint64_t evictions = 0, claim_ns = 0, parallel_claims = 0, group_steps = 0;
+  double total_ms = 0;
 };
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int RunClaimSweep(const PlannerOptions& o) {
+  using Clock = std::chrono::steady_clock;
+  auto us = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); };
+  const std::uint32_t cap = o.claim_capacity;
+  const PolicyOptions popt{.recent_buckets = 64};
+  policy::PbLru serial(cap, popt), parallel(cap, popt);
+  std::mt19937_64 rng(o.seed);
+  for (std::uint32_t s = 0; s < cap; ++s) {
+    serial.Insert(SlotId(s));
+    parallel.Insert(SlotId(s));
+  }
+  // Before each claim (not timed) the same state: 65 rounds without a use make every slot
+  // cold, then 8 rounds each touch a random sixteenth: the cold bucket holds ~60 % of the
+  // slots at random positions (the victims), the 8 newest buckets the rest.
+  std::vector<SlotId> touch(cap / 16);
+  auto prepare = [&] {
+    for (int r = 0; r < 65; ++r) {
+      serial.AdvanceRound();
+      parallel.AdvanceRound();
+    }
+    for (int r = 0; r < 8; ++r) {
+      for (auto& t : touch) t = SlotId(static_cast<std::uint32_t>(rng() % cap));
+      serial.Touch(touch);
+      parallel.Touch(touch);
+      serial.AdvanceRound();
+      parallel.AdvanceRound();
+    }
+  };
+  struct ClaimRow {
+    std::uint32_t threads, demand;
+    double serial_us, parallel_us, fork_join_us;
+  };
+  std::vector<ClaimRow> rows;
+  std::vector<SlotId> a, b;
+  for (std::uint32_t t : o.threads) {
+    policy::ForkJoin team(static_cast<int>(t));
+    auto nothing = [](std::size_t, std::size_t, std::size_t) {};
+    for (std::uint32_t n : o.claim_demands) {
+      if (n > cap / 2) {
+        fmt::print(stderr, "ula bench planner: --claim-demands {} is more than half of --claim-capacity {}\n", n, cap);
+        return 2;
+      }
+      std::vector<double> ts, tp, fj;
+      a.resize(n);
+      b.resize(n);
+      for (std::uint32_t rep = 0; rep < o.claim_reps; ++rep) {
+        // The floor: two empty fork/joins of the team (what the parallel claim does), after
+        // the same preparation (its caches as cold as the claim's).
+        prepare();
+        const auto f0 = Clock::now();
+        team.Run(t, nothing);
+        team.Run(t, nothing);
+        fj.push_back(us(f0, Clock::now()));
+        prepare();
+        const auto t0 = Clock::now();
+        const std::size_t got = serial.ClaimVictims(a);
+        const auto t1 = Clock::now();
+        const Status st = parallel.ClaimVictimsParallel(b, team);
+        const auto t2 = Clock::now();
+        if (got != n || !st || a != b) {
+          fmt::print(stderr, "ula bench planner: the parallel claim of {} victims on {} threads differs from the serial one\n",
+                     n, t);
+          return 1;
+        }
+        ts.push_back(us(t0, t1));
+        tp.push_back(us(t1, t2));
+      }
+      rows.push_back({t, n, Median(ts), Median(tp), Median(fj)});
+    }
+  }
+  if (o.json) {
+    nlohmann::json out = {{"claim_rows", nlohmann::json::array()}};
+    for (const auto& r : rows) {
+      out["claim_rows"].push_back({{"threads", r.threads}, {"demand", r.demand}, {"serial_us", r.serial_us},
+                                   {"parallel_us", r.parallel_us}, {"ratio", r.parallel_us / r.serial_us},
+                                   {"two_fork_joins_us", r.fork_join_us}, {"capacity", cap}});
+    }
+    fmt::print("{}\n", out.dump());
+    return 0;
+  }
+  fmt::print("ula bench planner --claim-sweep: PB-LRU (R = 64) of {} slots, every slot tracked, victims from a cold "
+             "bucket of ~60 % density, {} claims per row (medians); victims identical in every claim\n",
+             cap, o.claim_reps);
+  fmt::print("{:>3} {:>8} {:>11} {:>13} {:>9} {:>14}\n", "T", "demand", "serial_us", "parallel_us", "par/ser",
+             "2_forks_us");
+  for (const auto& r : rows) {
+    fmt::print("{:>3} {:>8} {:>11.1f} {:>13.1f} {:>9.2f} {:>14.1f}\n", r.threads, r.demand, r.serial_us, r.parallel_us,
+               r.parallel_us / r.serial_us, r.fork_join_us);
+  }
+  return 0;
+}
+
 int Run(const PlannerOptions& o) {
+  if (o.claim_sweep) return RunClaimSweep(o);
   const std::filesystem::path dir = o.config_dir.empty() ? DefaultConfigDir() : std::filesystem::path(o.config_dir);
   auto fail = [](const std::string& m) {
     fmt::print(stderr, "ula bench planner: {}\n", m);
@@ -133,7 +254,7 @@ int Run(const PlannerOptions& o) {
       sc.num_ranks = 1;
       sc.num_groups = groups;
       sc.entry_bytes = entry;
-      sc.device_bytes_per_rank = static_cast<std::uint64_t>(cfg.device_gb * 1e9);
+      sc.device_bytes_per_rank = static_cast<std::uint64_t>(cfg.device_gb * 1e9 * o.device_fraction);
       sc.host_bytes_per_rank = static_cast<std::uint64_t>(cfg.host_gb * 1e9);
       auto space = AddressSpace::Create(sc, *backend);
       if (!space) return fail(space.error().ToString());
@@ -154,9 +275,9 @@ int Run(const PlannerOptions& o) {
       }
       const std::uint32_t placed = static_cast<std::uint32_t>(addrs.size());
       (*space)->AdvanceRound();  // prefill's round ends
-      auto selection = SelectionModel::Create(scenario->selection.top_k == 0
-                                                  ? [&] { auto p = scenario->selection; p.top_k = model->top_k; return p; }()
-                                                  : scenario->selection);
+      // The model's top-k (GLM-5: 2048), as `ula bench dup` and the serving simulation use: the
+      // fitted set's own top_k is that of the small model it was fitted on (256).
+      auto selection = SelectionModel::Create([&] { auto p = scenario->selection; p.top_k = model->top_k; return p; }());
       if (!selection) return fail(selection.error().ToString());
       StepPlanner planner(**space);
       std::vector<std::vector<std::uint32_t>> picks;
@@ -171,7 +292,9 @@ int Run(const PlannerOptions& o) {
       for (std::size_t k = 0; k < nt; ++k) per_t[k].threads = o.threads[k];
       for (std::uint32_t step = 0; step < o.warmup + o.steps * nt; ++step) {
         const std::size_t k = step < o.warmup ? 0 : (step - o.warmup) % nt;
-        if (auto s = planner.SetOptions({o.threads[k], o.prefetch_distance}); !s) return fail(s.error().ToString());
+        if (auto s = planner.SetOptions({o.threads[k], o.prefetch_distance, o.parallel_claim_min_victims}); !s) {
+          return fail(s.error().ToString());
+        }
         for (std::uint32_t g = 0; g < groups; ++g) {
           sel.clear();
           runs.clear();
@@ -185,6 +308,7 @@ int Run(const PlannerOptions& o) {
             runs.push_back(SelectionRun{RequestId(r), static_cast<std::uint32_t>(sel.size() - first)});
           }
           slots.resize(sel.size());
+          const StepPlannerCounters before = planner.counters();
           const auto t0 = std::chrono::steady_clock::now();
           auto stats = planner.Step({Rank(0), GroupId(static_cast<std::uint16_t>(g)), sel, runs}, slots);
           const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -195,6 +319,10 @@ int Run(const PlannerOptions& o) {
             per_t[k].distinct += stats->distinct;
             per_t[k].selections += stats->selections;
             hits[k] += stats->hits;
+            per_t[k].evictions += stats->evictions;
+            per_t[k].claim_ns += planner.counters().claim_ns - before.claim_ns;
+            per_t[k].parallel_claims += planner.counters().parallel_claims - before.parallel_claims;
+            ++per_t[k].group_steps;
           }
         }
         (*space)->AdvanceRound();
@@ -224,6 +352,7 @@ int Run(const PlannerOptions& o) {
         row.read_ns = read_ns;
         row.ratio = row.ns_per_distinct / row.read_ns;
         row.gpu_group_ms = gpu_group_ms;
+        row.total_ms = total_ms[k];
         rows.push_back(row);
       }
     }
@@ -236,20 +365,30 @@ int Run(const PlannerOptions& o) {
                              {"group_ms_median", r.group_ms_median}, {"ns_per_distinct", r.ns_per_distinct},
                              {"random_read_ns", r.read_ns}, {"ratio", r.ratio}, {"table_bytes", r.table_bytes},
                              {"distinct_per_group_step", r.distinct / (r.groups * o.steps)}, {"hit_rate", r.hit_rate},
-                             {"gpu_ms_per_group", r.gpu_group_ms}});
+                             {"gpu_ms_per_group", r.gpu_group_ms},
+                             {"parallel_claim_min_victims", o.parallel_claim_min_victims},
+                             {"device_fraction", o.device_fraction},
+                             {"evictions_per_group_step", r.evictions / r.group_steps},
+                             {"claim_us_mean", r.claim_ns / 1e3 / static_cast<double>(r.group_steps)},
+                             {"claim_share", r.claim_ns / 1e6 / r.total_ms},
+                             {"parallel_claim_steps", r.parallel_claims}});
     }
     fmt::print("{}\n", out.dump());
     return 0;
   }
   fmt::print("ula bench planner: DP, one rank of 8, counting backend, {} groups x {} B entries, {} warm-up + {} "
-             "measured steps per thread count, prefetch distance {}\n",
-             groups, entry, o.warmup, o.steps, o.prefetch_distance);
-  fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9}\n", "config", "batch", "T", "distinct/g",
-             "group_ms", "ns/sel", "read_ns", "ratio", "hit", "table_MB", "gpu_ms/g");
+             "measured steps per thread count, prefetch distance {}, parallel claim from {} victims, device pool x {}\n",
+             groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims, o.device_fraction);
+  fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>5}\n", "config",
+             "batch", "T", "distinct/g", "group_ms", "ns/sel", "read_ns", "ratio", "hit", "table_MB", "gpu_ms/g",
+             "evict/g", "claim_us", "claim%", "par");
   for (const Row& r : rows) {
-    fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9.3f} {:>9.1f} {:>9.1f} {:>7.2f} {:>7.4f} {:>10.1f} {:>9.3f}\n", r.config,
-               r.batch, r.threads, r.distinct / (r.groups * o.steps), r.group_ms_median, r.ns_per_distinct, r.read_ns, r.ratio, r.hit_rate,
-               r.table_bytes / 1e6, r.gpu_group_ms);
+    fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9.3f} {:>9.1f} {:>9.1f} {:>7.2f} {:>7.4f} {:>10.1f} {:>9.3f} {:>9} {:>9.1f} "
+               "{:>7.2f} {:>5}\n",
+               r.config, r.batch, r.threads, r.distinct / (r.groups * o.steps), r.group_ms_median, r.ns_per_distinct,
+               r.read_ns, r.ratio, r.hit_rate, r.table_bytes / 1e6, r.gpu_group_ms, r.evictions / r.group_steps,
+               r.claim_ns / 1e3 / static_cast<double>(r.group_steps), 100.0 * r.claim_ns / 1e6 / r.total_ms,
+               r.parallel_claims);
   }
   return 0;
 }
@@ -263,16 +402,31 @@ Action SetupPlanner(CLI::App& app) {
   app.add_option("--batch-fractions", o->batch_fractions, "batches as fractions of the rank's admission limit")
       ->capture_default_str()
       ->check(RealIn(0, 1, /*lo_open=*/true));
+  app.add_option("--device-fraction", o->device_fraction, "device pool as a fraction of the comparison's")
+      ->capture_default_str()
+      ->check(RealIn(0, 1, /*lo_open=*/true));
   app.add_option("--threads", o->threads, "planner threads, one row each (StepPlannerOptions::threads)")
       ->capture_default_str()
       ->check(IntIn(1, StepPlannerOptions::kMaxThreads));
   app.add_option("--prefetch-distance", o->prefetch_distance, "selections ahead the planner prefetches (0: none)")
       ->capture_default_str()
       ->check(IntIn(0, StepPlannerOptions::kMaxPrefetchDistance));
+  app.add_option("--parallel-claim-min-victims", o->parallel_claim_min_victims,
+                 "evictions from which a step with T > 1 claims its victims on the T threads")
+      ->capture_default_str()
+      ->check(IntIn(1, 0xffffffffu));
   app.add_option("--steps", o->steps, "measured steps per thread count")->capture_default_str()->check(IntIn(1, 1000));
   app.add_option("--warmup", o->warmup, "unmeasured steps first")->capture_default_str()->check(IntIn(0, 1000));
   app.add_option("--seed", o->seed, "request lengths")->capture_default_str()->check(Seed());
   app.add_flag("--json", o->json, "print one JSON object");
+  app.add_flag("--claim-sweep", o->claim_sweep, "time PB-LRU's victim claim alone, serial against T threads");
+  app.add_option("--claim-capacity", o->claim_capacity, "--claim-sweep: slots of the pool")
+      ->capture_default_str()
+      ->check(IntIn(1024, 1u << 26));
+  app.add_option("--claim-demands", o->claim_demands, "--claim-sweep: victims per claim, one row each")
+      ->capture_default_str()
+      ->check(IntIn(1, 1u << 25));
+  app.add_option("--claim-reps", o->claim_reps, "--claim-sweep: claims per row")->capture_default_str()->check(IntIn(1, 1000));
   return [o] { return Run(*o); };
 }
 
