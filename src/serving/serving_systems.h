@@ -62,6 +62,21 @@ class SimSystem {
                       SimCounters& c) = 0;
   // n new tokens of request id (history grows from `history` to history + n).
   virtual Status Append(std::uint64_t id, std::uint32_t history, std::uint32_t n, SimCounters& c) = 0;
+  // Sharing (issue 17; shared_admission.h). Admits request `id` whose first `matched`
+  // positions are its group's cached prefix (UlaCache: adopted with ShareInto, nothing
+  // allocated or copied) and, when `cache` > 0, caches its first `cache` positions for its
+  // group (UlaCache: one cache reference on each, Retain). The baselines keep no addresses:
+  // their prefix bytes are the shared ledger's (serving_sim.cc), so they just Admit.
+  virtual Result<bool> AdmitShared(std::uint64_t id, std::uint32_t history, std::uint32_t final_tokens,
+                                   std::uint32_t /*group*/, std::uint32_t /*matched*/, std::uint32_t /*cache*/) {
+    return Admit(id, history, final_tokens);
+  }
+  // Finish; `extends` (multi-turn): the request's whole sequence becomes its group's cached
+  // prefix, replacing the one before (UlaCache: Retain the new, Release the old).
+  virtual Status FinishShared(std::uint64_t id, std::uint32_t /*group*/, bool /*extends*/) { return Finish(id); }
+  // The radix cache dropped the group's idle prefix (UlaCache: Release; freed unless a
+  // request still holds it).
+  virtual Status EvictPrefix(std::uint32_t /*group*/) { return Ok(); }
   // Whether each GPU scores only its own stripe of the index keys.
   virtual bool striped_indexer() const { return false; }
   // Whether each GPU computes attention only over the entries homed on it (ulacache_home).
