@@ -417,10 +417,10 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
           return Ok();
         }
       }
-      sh.prefill_saved += a->matched;
-      sh.prefill_computed += it.input - a->matched;
+      sh.prefill_saved += a->saved();
+      sh.prefill_computed += it.input - a->saved();
       const std::uint32_t before = std::min(computed[it.group], it.prefix);
-      if (before > a->matched) sh.recomputed += before - a->matched;
+      if (before > a->saved()) sh.recomputed += before - a->saved();
       computed[it.group] = std::max(computed[it.group], it.extends ? it.input : it.prefix);
       active.push_back(SharedActive{queue.front(), a->holder, local, it.input + done, it.output - done, std::move(rng)});
       queue.pop_front();
@@ -515,7 +515,8 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
           if (it->local) ULA_RETURN_IF_ERROR(sys.FinishShared(item.id, item.group, item.extends));
           ULA_RETURN_IF_ERROR(ledger->Release(item));
           if (it->local) selection->Forget(item.id);
-          if (item.next >= 0) queue.push_back(static_cast<std::uint64_t>(item.next));  // the session's next turn
+          // The session's next turn comes at once (an agent re-sends as soon as it has the answer).
+          if (item.next >= 0) queue.push_front(static_cast<std::uint64_t>(item.next));
           it = active.erase(it);
         } else {
           ++it;

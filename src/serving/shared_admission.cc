@@ -236,8 +236,9 @@ Result<SharedAdmission> SharedLedger::TryAdmit(const SharedItem& item) {
   auto pre = h.prefixes.find(item.group);
   if (pre != h.prefixes.end()) {
     a.matched = std::min(pre->second.tokens, item.prefix);
-  } else if (!item.extends && item.prefix > 0) {
+  } else if (item.prefix > 0) {
     a.cached = item.prefix;
+    a.warm = item.extends;  // a multi-turn entry turn: its previous turn is cached
   }
   const std::uint32_t own = t - a.matched - a.cached;
   const RankDemand need = RequestPart(rules_, t) + TokenPart(rules_, own) + TokenPart(rules_, a.cached);
@@ -338,7 +339,7 @@ Result<SharedAdmissionLimit> MaxAdmittedShared(const PlacementRules& rules, cons
     auto a = ledger->TryAdmit(item);
     if (!a) return std::unexpected(a.error());
     if (!a->admitted) break;
-    lim.prefill_saved += a->matched;
+    lim.prefill_saved += a->saved();
     lim.input_tokens += item.input;
   }
   lim.admitted = ledger->admitted();

@@ -10,8 +10,10 @@
 // and multi_turn add groups (documents / sessions), shared_system_prompt adds users per
 // prompt. Order of arrival: documents one after the other (a document's summaries arrive
 // together); system-prompt users interleaved over the prompts; multi-turn: one turn per
-// session at a time, each session entering at a seeded turn (cold: its earlier turns' KV is
-// not resident), its next turn queued when a turn finishes.
+// session at a time, each session entering at a seeded turn (warm: its earlier turns were
+// served before the simulated window and the radix cache holds the previous one, which its
+// entry turn matches), its next turn at the head of the queue when a turn finishes (an
+// agent calls again as soon as it has the answer).
 //
 // Prefix of a request: `prefix` = tokens of its input that its group shares (summaries /
 // system prompt: the document / the prompt, for every request of the group including the
@@ -92,6 +94,10 @@ struct SharedAdmission {
   std::uint32_t holder = 0;     // DP: the rank; TP: 0
   std::uint32_t matched = 0;    // prefix tokens found cached (prefill skipped)
   std::uint32_t cached = 0;     // prefix tokens this request starts caching (0: none)
+  // A multi-turn entry turn: its prefix (`cached` tokens) counts as matched, cached before
+  // the simulated window (the system allocates and caches it; no prefill).
+  bool warm = false;
+  std::uint32_t saved() const { return matched + (warm ? cached : 0); }  // prefill skipped
   std::vector<std::uint32_t> evicted;  // groups whose idle prefix was evicted on the holder
 };
 

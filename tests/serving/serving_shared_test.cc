@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "serving/serving_systems.h"
 #include "serving/shared_admission.h"
 #include "ula/serving_sim.h"
 #include "ula/shared_workload.h"
@@ -63,13 +64,15 @@ PlacementRules Tiny(SystemKind s, ParallelMode mode) {
   return r;
 }
 
-SharedStream OneDocument(std::uint32_t k, std::uint32_t prefix = 1000) {
+// shares = false: the same lengths with nothing shared.
+SharedStream OneDocument(std::uint32_t k, bool shares = true) {
+  const std::uint32_t prefix = shares ? 1000 : 0;
   SharedStream s;
   for (std::uint32_t i = 0; i < k; ++i) {
     SharedItem it;
     it.id = i;
     it.turn = i;
-    it.input = prefix + 100;
+    it.input = 1100;
     it.prefix = prefix;
     it.shared = i == 0 ? 0 : prefix;
     s.items.push_back(it);
@@ -88,13 +91,13 @@ TEST(SharedLedger, APrefixIsChargedOncePerHolderCopiesPerGpuForTheBaselinesAStri
   // all_gpu TP: every GPU holds the document (1000) once, then 100 per request:
   // 1 + floor((2000 - 1100) / 100) = 10. Without sharing 1100 each: 1.
   EXPECT_EQ(admitted(SystemKind::kAllGpu, ParallelMode::kTp, doc), 10u);
-  EXPECT_EQ(admitted(SystemKind::kAllGpu, ParallelMode::kTp, OneDocument(200, 0)), 1u);
+  EXPECT_EQ(admitted(SystemKind::kAllGpu, ParallelMode::kTp, OneDocument(200, false)), 1u);
   // UlaCache TP: the document striped once over the node, ceil(1000/4) = 250 per GPU; own
   // ceil(100/4) = 25 and the local buffer 1 per request (the working set moves 1 of the
   // request's bytes to device, no more): first 276, then 26: 1 + floor((2000 - 276) / 26) = 67.
   EXPECT_EQ(admitted(SystemKind::kUlaCache, ParallelMode::kTp, doc), 67u);
   // Without sharing every request pays 250 + 25 + 1 = 276: 7.
-  EXPECT_EQ(admitted(SystemKind::kUlaCache, ParallelMode::kTp, OneDocument(200, 0)), 7u);
+  EXPECT_EQ(admitted(SystemKind::kUlaCache, ParallelMode::kTp, OneDocument(200, false)), 7u);
   // DP all_gpu: the router sends every sharer to the rank that holds the document, which
   // fits 10 of them as one TP GPU did; the 11th waits there (the queue head), though three
   // ranks are empty.
@@ -150,6 +153,45 @@ TEST(SharedLedger, AnIdlePrefixIsEvictedForRoomAndItsNextSharerRecomputesIt) {
   EXPECT_EQ(a3->evicted, std::vector<std::uint32_t>{1});
 }
 
+// The UlaCache adapters adopt a cached prefix: two sharers that select the same prefix
+// position read one entry (the planner dedups the shared address), the same own position
+// two; an evicted prefix is released once.
+TEST(ServingSystemsShared, SharersSelectingOnePrefixPositionReadOneEntry) {
+  for (ParallelMode mode : {ParallelMode::kTp, ParallelMode::kDp}) {
+    SCOPED_TRACE(std::string(ParallelModeName(mode)));
+    serving_internal::SimSystemConfig cfg;
+    cfg.rules = Tiny(SystemKind::kUlaCache, mode);
+    cfg.rules.num_ranks = mode == ParallelMode::kTp ? 2 : 1;
+    cfg.rules.device_bytes_per_rank = cfg.rules.host_bytes_per_rank = 1e30;  // the shared ledger decides
+    cfg.group_entry_bytes = 64;
+    cfg.device_tokens = 2000;
+    cfg.host_tokens = 2000;
+    cfg.buffer_tokens = mode == ParallelMode::kTp ? 100 : 0;
+    auto sys = serving_internal::MakeSimSystem(cfg);
+    ASSERT_TRUE(sys) << sys.error().ToString();
+    auto a = (*sys)->AdmitShared(1, 500, 510, /*group=*/0, /*matched=*/0, /*cache=*/400);
+    ASSERT_TRUE(a && *a);
+    auto b = (*sys)->AdmitShared(2, 500, 510, 0, 400, 0);
+    ASSERT_TRUE(b && *b);
+    const std::uint64_t ids[] = {1, 2};
+    auto distinct = [&](std::uint32_t pos) {
+      const std::vector<std::uint32_t> sel[] = {{pos}, {pos}};
+      serving_internal::SimCounters c;
+      EXPECT_TRUE((*sys)->Step(ids, sel, c));
+      return mode == ParallelMode::kTp ? c.batch_distinct : c.distinct;
+    };
+    EXPECT_EQ(distinct(5), 1);    // in the shared prefix
+    EXPECT_EQ(distinct(450), 2);  // each request's own
+    // A third sharer longer than the cached prefix is refused (nothing cached that long).
+    auto c = (*sys)->AdmitShared(3, 500, 510, 0, 401, 0);
+    EXPECT_FALSE(c);
+    ASSERT_TRUE((*sys)->FinishShared(1, 0, false));
+    ASSERT_TRUE((*sys)->FinishShared(2, 0, false));
+    EXPECT_TRUE((*sys)->EvictPrefix(0));
+    EXPECT_FALSE((*sys)->EvictPrefix(0));
+  }
+}
+
 std::string ReadFile(const std::filesystem::path& p) {
   std::ifstream in(p);
   std::stringstream ss;
@@ -157,7 +199,7 @@ std::string ReadFile(const std::filesystem::path& p) {
   return ss.str();
 }
 
-ComparisonResult Run(const std::string& json) {
+ComparisonResult RunScenario(const std::string& json) {
   auto sc = ParseScenarioConfig(json, "tiny_shared.json");
   EXPECT_TRUE(sc) << sc.error().ToString();
   CompareOptions o;
@@ -179,7 +221,7 @@ TEST(ServingShared, PrefillSavedIsExactlyTheSharersPrefixesAndUlaCacheTpAdmitsMo
   std::uint64_t shared = 0, inputs = 0;
   for (const SharedRequest& r : *reqs) shared += r.shared_tokens, inputs += r.tokens.size();
 
-  const ComparisonResult r = Run(ReadFile(kTestConfigs / "scenarios" / "tiny_shared.json"));
+  const ComparisonResult r = RunScenario(ReadFile(kTestConfigs / "scenarios" / "tiny_shared.json"));
   ASSERT_EQ(r.configs.size(), 4u);
   for (const ConfigResult& c : r.configs) {
     for (const SystemResult& s : c.systems) {
@@ -210,21 +252,23 @@ TEST(ServingShared, MultiTurnSessionsReuseTheirFinishedTurns) {
   nlohmann::json j = nlohmann::json::parse(ReadFile(kTestConfigs / "scenarios" / "tiny_shared.json"));
   j["workload"] = "tiny_sessions";
   j["sampling"]["max_requests"] = 4;  // sessions
-  const ComparisonResult r = Run(j.dump());
+  const ComparisonResult r = RunScenario(j.dump());
   ASSERT_EQ(r.configs.size(), 4u);
   for (const ConfigResult& c : r.configs) {
     for (const SystemResult& s : c.systems) {
       SCOPED_TRACE(std::string(SystemName(s.system)) + " " + std::string(ParallelModeName(c.entry.mode)));
       ASSERT_FALSE(s.curve.empty()) << s.note;
-      // Entry turns start cold; the turns after them match the finished turn.
-      EXPECT_GT(s.sharing.prefill_saved, 0u);
-      EXPECT_EQ(s.sharing.prefill_saved_at_limit, 0u);
+      // Entry turns match their previous turn (cached before the window), the turns after
+      // them the finished turn: only the new user tokens are prefilled.
+      EXPECT_GT(s.sharing.prefill_saved_at_limit, 0u);
+      EXPECT_GT(s.sharing.prefill_saved, s.sharing.prefill_saved_at_limit);
+      EXPECT_GT(s.sharing.prefill_saved, 3 * s.sharing.prefill_computed);
     }
   }
 }
 
 TEST(ServingShared, AWorkloadWithoutSharingKeepsTheDefaultPath) {
-  const ComparisonResult r = Run(ReadFile(kTestConfigs / "scenarios" / "tiny.json"));
+  const ComparisonResult r = RunScenario(ReadFile(kTestConfigs / "scenarios" / "tiny.json"));
   ASSERT_EQ(r.configs.size(), 4u);
   for (const ConfigResult& c : r.configs) {
     for (const SystemResult& s : c.systems) EXPECT_FALSE(s.sharing.on);
@@ -233,7 +277,7 @@ TEST(ServingShared, AWorkloadWithoutSharingKeepsTheDefaultPath) {
   for (SystemKind k : {SystemKind::kAllGpu, SystemKind::kHiSparse, SystemKind::kUlaCache}) {
     PlacementRules rules = Tiny(k, ParallelMode::kTp);
     rules.host_bytes_per_rank = 5000;  // hisparse keeps the histories on host
-    const SharedStream st = OneDocument(50, 0);
+    const SharedStream st = OneDocument(50, false);
     std::vector<std::uint32_t> finals(50, 1100);
     auto lim = MaxAdmittedShared(rules, st);
     ASSERT_TRUE(lim);
