@@ -127,10 +127,17 @@ RankDemand TokenPart(const PlacementRules& r, std::uint32_t t) {
   return d;
 }
 
+double WorkingSet(const PlacementRules& r, std::uint32_t t) {
+  if (!IsUlaCache(r.system)) return 0;
+  const double w = std::min<double>(t, r.working_set_entries);
+  return (r.mode == ParallelMode::kDp ? w : std::ceil(w / r.num_ranks)) * r.kv_bytes_per_token;
+}
+
 RankDemand RequestPart(const PlacementRules& r, std::uint32_t t) {
   RankDemand d = DemandOf(r, t);
   const RankDemand tok = TokenPart(r, t);
-  d.device -= tok.device, d.host -= tok.host, d.either -= tok.either;
+  const double ws = WorkingSet(r, t);
+  d.device -= tok.device + ws, d.host -= tok.host, d.either -= tok.either - ws;
   return d;
 }
 
@@ -209,16 +216,20 @@ Result<std::uint32_t> SharedLedger::Route(const SharedItem& item) {
   return d->rank.value();
 }
 
-bool SharedLedger::Fits(const Holder& h, const RankDemand& d) const {
+bool SharedLedger::Fits(const Holder& h, const RankDemand& d, double ws) const {
   const double dev = rules_.device_bytes_per_rank, host = rules_.host_bytes_per_rank;
-  return h.device + d.device <= dev && h.host + d.host <= host &&
+  // The working sets must be on device, but the step's distinct selections on a holder
+  // cannot exceed the entries it stores: sharers' working sets overlap in their prefix.
+  const double ws_device = std::min(h.ws + ws, h.either + d.either);
+  return h.device + d.device + ws_device <= dev && h.host + d.host <= host &&
          h.device + h.host + h.either + d.device + d.host + d.either <= dev + host;
 }
 
-void SharedLedger::Add(Holder& h, const RankDemand& d, double sign) {
+void SharedLedger::Add(Holder& h, const RankDemand& d, double ws, double sign) {
   h.device += sign * d.device;
   h.host += sign * d.host;
   h.either += sign * d.either;
+  h.ws += sign * ws;
 }
 
 Result<SharedAdmission> SharedLedger::TryAdmit(const SharedItem& item) {
@@ -242,7 +253,8 @@ Result<SharedAdmission> SharedLedger::TryAdmit(const SharedItem& item) {
   }
   const std::uint32_t own = t - a.matched - a.cached;
   const RankDemand need = RequestPart(rules_, t) + TokenPart(rules_, own) + TokenPart(rules_, a.cached);
-  while (!Fits(h, need)) {
+  const double ws = WorkingSet(rules_, t);
+  while (!Fits(h, need, ws)) {
     // Evict the least recently used idle prefix of the holder (never the one matched).
     auto victim = h.prefixes.end();
     for (auto it = h.prefixes.begin(); it != h.prefixes.end(); ++it) {
@@ -250,13 +262,13 @@ Result<SharedAdmission> SharedLedger::TryAdmit(const SharedItem& item) {
       if (victim == h.prefixes.end() || it->second.last_use < victim->second.last_use) victim = it;
     }
     if (victim == h.prefixes.end()) return a;  // does not fit: it waits
-    Add(h, TokenPart(rules_, victim->second.tokens), -1);
+    Add(h, TokenPart(rules_, victim->second.tokens), 0, -1);
     h.stored -= victim->second.tokens;
     a.evicted.push_back(victim->first);
     h.prefixes.erase(victim);
     ++evictions_;
   }
-  Add(h, need, +1);
+  Add(h, need, ws, +1);
   h.stored += own + a.cached;
   ++clock_;
   if (a.cached > 0) {
@@ -280,7 +292,7 @@ Status SharedLedger::Release(const SharedItem& item) {
   resident_.erase(it);
   Holder& h = holders_[r.holder];
   const std::uint32_t t = item.final_tokens();
-  Add(h, RequestPart(rules_, t) + TokenPart(rules_, r.own), -1);
+  Add(h, RequestPart(rules_, t) + TokenPart(rules_, r.own), WorkingSet(rules_, t), -1);
   h.stored -= r.own;
   ++clock_;
   std::uint32_t refs = 0;
@@ -290,13 +302,13 @@ Status SharedLedger::Release(const SharedItem& item) {
     if (item.extends) {
       // The session's cached prefix becomes this turn's whole sequence.
       refs = p->second.refs;
-      Add(h, TokenPart(rules_, p->second.tokens), -1);
+      Add(h, TokenPart(rules_, p->second.tokens), 0, -1);
       h.stored -= p->second.tokens;
       h.prefixes.erase(p);
     }
   }
   if (item.extends) {
-    Add(h, TokenPart(rules_, t), +1);
+    Add(h, TokenPart(rules_, t), 0, +1);
     h.stored += t;
     h.prefixes[item.group] = Prefix{t, refs, clock_};
   }
@@ -313,11 +325,11 @@ Status SharedLedger::Cancel(const SharedItem& item) {
   resident_.erase(it);
   Holder& h = holders_[r.holder];
   const std::uint32_t t = item.final_tokens();
-  Add(h, RequestPart(rules_, t) + TokenPart(rules_, r.own), -1);
+  Add(h, RequestPart(rules_, t) + TokenPart(rules_, r.own), WorkingSet(rules_, t), -1);
   h.stored -= r.own;
   if (auto p = h.prefixes.find(item.group); p != h.prefixes.end()) {
     if (r.created) {
-      Add(h, TokenPart(rules_, p->second.tokens), -1);
+      Add(h, TokenPart(rules_, p->second.tokens), 0, -1);
       h.stored -= p->second.tokens;
       h.prefixes.erase(p);
     } else if (r.holds_prefix) {

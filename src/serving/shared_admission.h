@@ -25,8 +25,12 @@
 // rank's sums stand for all), DP one per rank. DemandOf(rules, T) (baselines.h) splits into
 // a per-token part TokenPart(t) (all_gpu: t(kv+ix) device; hisparse: t ix device, t kv host;
 // ulacache DP: t ix device, t kv either; TP: ceil(t/P) of both: striped) and the rest,
-// per request (hisparse's buffer C kv; UlaCache's working set ceil(W/P) kv moved from either
-// to device and the TP local buffer). A request of final length T whose holder has its
+// per request (hisparse's buffer C kv; the UlaCache TP local buffer B kv), and UlaCache's
+// working set ws = W kv (TP ceil(W/P) kv), bytes of the request's tokens that must be on
+// device. On a holder the working sets on device are min(sum of ws, the KV bytes it stores):
+// the distinct selections of a step cannot exceed the entries stored, and sharers' overlap
+// in their prefix (without sharing ws <= each request's own bytes, so this is DemandOf's
+// rule exactly). A request of final length T whose holder has its
 // group's prefix cached (L tokens) pays RequestPart(T) + TokenPart(T - min(L, prefix)); the
 // first of its group pays TokenPart(prefix) once more, as the new cached prefix, and the
 // rest as own tokens. A request with no prefix pays exactly DemandOf(T). So all_gpu and
@@ -85,9 +89,12 @@ std::vector<SharedItem> SharedLengths(const SharedWorkloadConfig& config);
 // the multi-turn entry turns.
 Result<SharedStream> MakeSharedStream(const SharedWorkloadConfig& config, std::uint32_t n, std::uint64_t seed);
 
-// Per-token and per-request parts of DemandOf (DemandOf(t) = TokenPart(t) + RequestPart(t)).
+// The parts of DemandOf: per token, per request, and UlaCache's working set (bytes moved
+// from either tier to device): DemandOf(t) = TokenPart(t) + RequestPart(t) + {device +ws,
+// either -ws} with ws = WorkingSet(t).
 RankDemand TokenPart(const PlacementRules& rules, std::uint32_t tokens);
 RankDemand RequestPart(const PlacementRules& rules, std::uint32_t final_tokens);
+double WorkingSet(const PlacementRules& rules, std::uint32_t final_tokens);
 
 struct SharedAdmission {
   bool admitted = false;
@@ -134,6 +141,7 @@ class SharedLedger {
   };
   struct Holder {
     double device = 0, host = 0, either = 0;
+    double ws = 0;  // UlaCache: the resident requests' working sets (bytes that must be on device)
     std::uint64_t stored = 0;
     std::map<std::uint32_t, Prefix> prefixes;  // group -> its cached prefix
   };
@@ -143,8 +151,8 @@ class SharedLedger {
     bool created = false;                             // it started that prefix
   };
   SharedLedger(const PlacementRules& rules, std::uint32_t holders);
-  bool Fits(const Holder& h, const RankDemand& d) const;
-  void Add(Holder& h, const RankDemand& d, double sign);
+  bool Fits(const Holder& h, const RankDemand& d, double ws) const;
+  void Add(Holder& h, const RankDemand& d, double ws, double sign);
   Result<std::uint32_t> Route(const SharedItem& item);
 
   PlacementRules rules_;

@@ -111,6 +111,22 @@ TEST(SharedLedger, APrefixIsChargedOncePerHolderCopiesPerGpuForTheBaselinesAStri
   EXPECT_EQ(dp->named_tokens, 10u * 1100u);
 }
 
+// UlaCache DP must hold each request's working set (W = 500 entries here) on device, but on
+// a rank the working sets cannot need more than the entries it stores: sharers overlap.
+TEST(SharedLedger, UlaCacheWorkingSetsOnDeviceAreCappedByTheEntriesStored) {
+  PlacementRules r = Tiny(SystemKind::kUlaCache, ParallelMode::kDp);
+  r.working_set_entries = 500;
+  r.host_bytes_per_rank = 100000;
+  // Without sharing: 500 on device per request, 4 x 500 = 2000 (the rest on host).
+  auto alone = MaxAdmittedShared(r, OneDocument(200, false));
+  ASSERT_TRUE(alone);
+  EXPECT_EQ(alone->admitted, 4u * 4u);  // 4 per rank, the router spreads them over the 4 ranks
+  // Sharing one document on one rank: min(500 n, 1000 + 100 n) <= 2000: n = 10.
+  auto shared = MaxAdmittedShared(r, OneDocument(200));
+  ASSERT_TRUE(shared);
+  EXPECT_EQ(shared->admitted, 10u);
+}
+
 TEST(SharedLedger, AnIdlePrefixIsEvictedForRoomAndItsNextSharerRecomputesIt) {
   // all_gpu TP (per GPU: 2000 B): document A (1000) with two sharers, then document B.
   SharedStream s;
