@@ -11,6 +11,11 @@
 // system (requests finish and are replaced as in continuous batching). Counters are scaled
 // to all groups by the cost model.
 //
+// Sharing workloads (a workload config with "sharing", issue 17 item 6): the same loop over
+// the workload's stream with a radix cache for every system and the prefix charged once
+// per holder (src/serving/shared_admission.h; docs/COST_MODEL.md "What is simulated" 5);
+// each system's SharingResult says what it stored and what prefill it skipped.
+//
 // Determinism: a pure function of the scenario and the config files (seeded generators,
 // single-threaded planners); two runs give identical results.
 // Thread-safety: reentrant; runs on the calling thread.

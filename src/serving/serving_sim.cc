@@ -405,7 +405,8 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
         return Ok();  // the queue head waits
       }
       workload_internal::Rng rng(workload_internal::StreamSeed(sc.sampling.seed, it.id));
-      // Multi-turn turns after the entry one start at their first output token.
+      // Multi-turn turns after the entry one start at their first output token (arrivals
+      // holds one entry turn per session, in session order).
       const bool fresh = it.extends && it.turn > 0 && queue.front() != stream.arrivals[it.group];
       const auto done = fresh ? 0u : static_cast<std::uint32_t>(rng.Uniform01() * (it.output - 1));
       if (local) {

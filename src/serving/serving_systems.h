@@ -8,6 +8,8 @@
 //             no-op fabric (counting backend: no bytes to fetch); ranks are symmetric
 //   ulacache_home  TP only: the same with TpAttention::kAtHome (no local buffer; rank 0
 //             makes only its own shard's selected entries resident and fetches nothing)
+// Sharing workloads: AdmitShared / FinishShared / EvictPrefix (the UlaCache adapters adopt
+// and cache prefixes in their real address space; the baselines keep no addresses).
 // Admission = the ledger accepts the whole history and (ulacache) the address space can
 // allocate it: UlaCache allocates every address of the final history at admission, so a
 // request never runs out of room mid-decode.
