@@ -11,6 +11,11 @@
 // system (requests finish and are replaced as in continuous batching). Counters are scaled
 // to all groups by the cost model.
 //
+// Sharing workloads (a workload config with "sharing", issue 17 item 6): the same loop over
+// the workload's stream with a radix cache for every system and the prefix charged once
+// per holder (src/serving/shared_admission.h; docs/COST_MODEL.md "What is simulated" 5);
+// each system's SharingResult says what it stored and what prefill it skipped.
+//
 // Determinism: a pure function of the scenario and the config files (seeded generators,
 // single-threaded planners); two runs give identical results.
 // Thread-safety: reentrant; runs on the calling thread.
@@ -43,6 +48,22 @@ struct CurvePoint {
   std::vector<StepCounts> measured;  // the counts of each measured step (RepriceComparison)
 };
 
+// A sharing workload's figures (issue 17 item 6; docs/RESULTS.md "Shared prefixes").
+struct SharingResult {
+  bool on = false;                       // the scenario's workload shares prefixes
+  // At the admission limit (requests admitted in arrival order, none finished):
+  double distinct_fraction = 0;          // distinct stored entries / entries the histories name
+  std::uint32_t copies_per_node = 1;     // copies of each stored entry in the node (TP baselines: P)
+  std::uint64_t prefill_saved_at_limit = 0;  // matched prefix tokens of the admitted requests
+  std::uint64_t input_tokens_at_limit = 0;
+  double max_rank_load = 0;              // DP: requests on the fullest rank / the mean (routing)
+  // Over the decode simulation (every request admitted in it, all ranks):
+  std::uint64_t prefill_saved = 0;       // matched tokens: prefill skipped
+  std::uint64_t prefill_computed = 0;    // input tokens prefilled
+  std::uint64_t recomputed = 0;          // of those, prefix tokens computed before (evicted, or elsewhere)
+  std::uint64_t evictions = 0;           // idle prefixes the radix cache dropped for room
+};
+
 struct SystemResult {
   SystemKind system = SystemKind::kUlaCache;
   std::uint32_t admitted = 0;  // largest number decoding at once
@@ -51,6 +72,7 @@ struct SystemResult {
   std::uint32_t peak_batch = 0;
   double tpot_b1_ms = 0;       // step time / tokens per step at batch 1 (0 if not run)
   std::string note;            // why a curve stops early, if it does
+  SharingResult sharing;
 };
 
 struct ConfigResult {

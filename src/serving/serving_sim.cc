@@ -18,9 +18,12 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <optional>
 
 #include "workload/rng.h"
 #include "serving/serving_systems.h"
+#include "serving/shared_admission.h"
+#include "ula/shared_workload.h"
 #include "ula/hardware_config.h"
 #include "ula/model_config.h"
 #include "ula/selection_model.h"
@@ -84,14 +87,10 @@ struct RunContext {
   const CompareOptions& options;
 };
 
-Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
+PlacementRules MakeRules(const RunContext& ctx, SystemKind system) {
   const ScenarioConfig& sc = ctx.scenario;
   const CostModelInputs& in = ctx.cost.inputs();
-  const bool tp = in.mode == ParallelMode::kTp;
   const std::uint32_t p = in.num_ranks, q = ctx.cost.queries();
-  SystemResult result;
-  result.system = system;
-
   PlacementRules rules;
   rules.system = system;
   rules.mode = in.mode;
@@ -118,6 +117,37 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   rules.tp_buffer_entries = system == SystemKind::kUlaCacheAtHome ? 0  // attention at home: no local buffer
                             : in.mtp                                ? sc.tp_buffer_entries_per_request_mtp
                                                                     : sc.tp_buffer_entries_per_request;
+  return rules;
+}
+
+// UlaCache's device carve-outs sized at the admission limit: index keys (index_tokens /
+// divisor per rank: TP a 1/P stripe) and the TP local buffer (none at home); the rest of the
+// device and all of the host hold the KV pools. false (with the note) if no room is left.
+bool SizeUlaCache(const PlacementRules& rules, bool tp, std::uint32_t admitted, double index_tokens, double divisor,
+                  serving_internal::SimSystemConfig& cfg, std::string& note) {
+  const double kv = rules.kv_bytes_per_token;
+  const double index_reserve = rules.index_bytes_per_token * index_tokens / divisor;
+  const double buffer_entries = tp ? double(admitted) * rules.tp_buffer_entries : 0;
+  const double device_pool = rules.device_bytes_per_rank - index_reserve - buffer_entries * kv;
+  if (device_pool < kv) {
+    note = "no device room left for the KV pool";
+    return false;
+  }
+  cfg.device_tokens = static_cast<std::uint64_t>(device_pool / kv);
+  cfg.host_tokens = static_cast<std::uint64_t>(rules.host_bytes_per_rank / kv);
+  cfg.buffer_tokens = static_cast<std::uint64_t>(buffer_entries);
+  return true;
+}
+
+Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
+  const ScenarioConfig& sc = ctx.scenario;
+  const CostModelInputs& in = ctx.cost.inputs();
+  const bool tp = in.mode == ParallelMode::kTp;
+  const std::uint32_t p = in.num_ranks, q = ctx.cost.queries();
+  SystemResult result;
+  result.system = system;
+
+  const PlacementRules rules = MakeRules(ctx, system);
   result.admitted = MaxAdmitted(rules, ctx.finals);
   if (result.admitted == 0) {
     result.note = "admits no request: one request's history does not fit its placement rules";
@@ -129,21 +159,9 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   if (!tp) cfg.rules.num_ranks = 1;  // the simulated rank
   cfg.group_entry_bytes = ctx.model.group_entry_bytes();
   if (IsUlaCache(system)) {
-    // Device carve-outs sized at the admission limit: index keys (TP: a 1/P stripe) and the
-    // TP local buffer (none at home); the rest of the device and all of the host hold the KV pools.
     double sum_final = 0;
     for (std::uint32_t i = 0; i < result.admitted; ++i) sum_final += ctx.finals[i];
-    const double kv = rules.kv_bytes_per_token;
-    const double index_reserve = rules.index_bytes_per_token * sum_final / p;
-    const double buffer_entries = tp ? double(result.admitted) * rules.tp_buffer_entries : 0;
-    const double device_pool = rules.device_bytes_per_rank - index_reserve - buffer_entries * kv;
-    if (device_pool < kv) {
-      result.note = "no device room left for the KV pool";
-      return result;
-    }
-    cfg.device_tokens = static_cast<std::uint64_t>(device_pool / kv);
-    cfg.host_tokens = static_cast<std::uint64_t>(rules.host_bytes_per_rank / kv);
-    cfg.buffer_tokens = static_cast<std::uint64_t>(buffer_entries);
+    if (!SizeUlaCache(rules, tp, result.admitted, sum_final, p, cfg, result.note)) return result;
   }
   auto made = serving_internal::MakeSimSystem(cfg);
   if (!made) return std::unexpected(made.error());
@@ -300,6 +318,243 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   return result;
 }
 
+// The decode loop on a sharing workload (shared_admission.h): the same loop as RunSystem,
+// with the shared ledger of all ranks deciding admission (prefixes charged once per holder,
+// idle prefixes evicted LRU for room, DP requests routed by prefix over every rank) and the
+// system adapter of the simulated rank (TP: every request; DP: those routed to rank 0)
+// adopting cached prefixes. Requests on other DP ranks are advanced (tokens, finishes) but
+// not simulated; the step is priced for rank 0's batch within the whole batch.
+struct SharedActive {
+  std::uint64_t item = 0;       // index in the stream
+  std::uint32_t holder = 0;
+  bool local = false;           // on the simulated rank
+  std::uint32_t history = 0;
+  std::uint32_t remaining = 0;
+  workload_internal::Rng rng{0};
+};
+
+Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_internal::SharedStream& stream,
+                                     SystemKind system) {
+  const ScenarioConfig& sc = ctx.scenario;
+  const CostModelInputs& in = ctx.cost.inputs();
+  const bool tp = in.mode == ParallelMode::kTp;
+  const std::uint32_t p = in.num_ranks, q = ctx.cost.queries();
+  SystemResult result;
+  result.system = system;
+  const PlacementRules rules = MakeRules(ctx, system);
+  auto lim = serving_internal::MaxAdmittedShared(rules, stream);
+  if (!lim) return std::unexpected(lim.error());
+  result.admitted = lim->admitted;
+  SharingResult& sh = result.sharing;
+  sh.on = true;
+  sh.distinct_fraction = lim->named_tokens > 0 ? double(lim->stored_tokens) / double(lim->named_tokens) : 0;
+  sh.copies_per_node = tp && !IsUlaCache(system) ? p : 1;  // TP baselines: a full copy per GPU
+  sh.prefill_saved_at_limit = lim->prefill_saved;
+  sh.input_tokens_at_limit = lim->input_tokens;
+  sh.max_rank_load = !tp && lim->admitted > 0 ? double(lim->max_load) * p / lim->admitted : 1;
+  if (result.admitted == 0) {
+    result.note = "admits no request: one request's history does not fit its placement rules";
+    return result;
+  }
+
+  serving_internal::SimSystemConfig cfg;
+  cfg.rules = rules;
+  if (!tp) cfg.rules.num_ranks = 1;  // the simulated rank
+  // The shared ledger decides admission; the adapter's own ledger must not bind.
+  cfg.rules.device_bytes_per_rank = cfg.rules.host_bytes_per_rank = 1e30;
+  cfg.group_entry_bytes = ctx.model.group_entry_bytes();
+  if (IsUlaCache(system)) {
+    // Index keys of the stored (deduplicated) tokens: TP a 1/P stripe of the node's, DP the
+    // fullest rank's.
+    const double stored = tp ? double(lim->stored_tokens) : double(lim->max_holder_stored);
+    if (!SizeUlaCache(rules, tp, result.admitted, stored, tp ? p : 1, cfg, result.note)) return result;
+  }
+  auto made = serving_internal::MakeSimSystem(cfg);
+  if (!made) return std::unexpected(made.error());
+  serving_internal::SimSystem& sys = **made;
+  auto ledger = serving_internal::SharedLedger::Create(rules, stream.items);
+  if (!ledger) return std::unexpected(ledger.error());
+  SelectionModelParams sp = sc.selection;
+  sp.top_k = ctx.model.top_k;
+  auto selection = SelectionModel::Create(sp);
+  if (!selection) return std::unexpected(selection.error());
+
+  std::vector<std::uint32_t> grid;
+  for (std::uint32_t b : sc.sampling.batch_grid) {
+    if (b < result.admitted) grid.push_back(b);
+  }
+  grid.push_back(result.admitted);
+
+  std::deque<SharedActive> active;
+  std::deque<std::uint64_t> queue(stream.arrivals.begin(), stream.arrivals.end());
+  std::vector<std::uint32_t> computed(stream.items.empty() ? 0 : stream.items.back().group + 1, 0);  // prefix tokens prefilled so far, per group
+  bool blocked = false;
+  auto fill = [&](std::uint32_t target) -> Status {
+    blocked = false;
+    while (active.size() < target && !queue.empty()) {
+      const serving_internal::SharedItem& it = stream.items[queue.front()];
+      auto a = ledger->TryAdmit(it);
+      if (!a) return std::unexpected(a.error());
+      const bool local = tp || a->holder == 0;
+      if (local) {
+        for (std::uint32_t g : a->evicted) ULA_RETURN_IF_ERROR(sys.EvictPrefix(g));
+      }
+      sh.evictions += a->evicted.size();
+      if (!a->admitted) {
+        blocked = true;
+        return Ok();  // the queue head waits
+      }
+      workload_internal::Rng rng(workload_internal::StreamSeed(sc.sampling.seed, it.id));
+      // Multi-turn turns after the entry one start at their first output token (arrivals
+      // holds one entry turn per session, in session order).
+      const bool fresh = it.extends && it.turn > 0 && queue.front() != stream.arrivals[it.group];
+      const auto done = fresh ? 0u : static_cast<std::uint32_t>(rng.Uniform01() * (it.output - 1));
+      if (local) {
+        auto ok = sys.AdmitShared(it.id, it.input + done, it.final_tokens(), it.group, a->matched, a->cached);
+        if (!ok) return std::unexpected(ok.error());
+        if (!*ok) {
+          ULA_RETURN_IF_ERROR(ledger->Cancel(it));
+          blocked = true;
+          return Ok();
+        }
+      }
+      sh.prefill_saved += a->saved();
+      sh.prefill_computed += it.input - a->saved();
+      const std::uint32_t before = std::min(computed[it.group], it.prefix);
+      if (before > a->saved()) sh.recomputed += before - a->saved();
+      computed[it.group] = std::max(computed[it.group], it.extends ? it.input : it.prefix);
+      active.push_back(SharedActive{queue.front(), a->holder, local, it.input + done, it.output - done, std::move(rng)});
+      queue.pop_front();
+    }
+    return Ok();
+  };
+
+  std::vector<std::uint64_t> ids;
+  std::vector<std::vector<std::uint32_t>> sel;
+  std::vector<std::vector<std::uint32_t>> queries;
+  const auto wall0 = std::chrono::steady_clock::now();
+  for (std::uint32_t b : grid) {
+    ULA_RETURN_IF_ERROR(fill(b));
+    if (active.empty()) {
+      result.note = fmt::format("batch {}: no request could be admitted", b);
+      break;
+    }
+    double sum_t = 0, sum_tokens = 0, sum_batch = 0;
+    double sum_distinct = 0, sum_hits = 0, sum_h2d = 0, sum_d2h = 0, sum_nv = 0;
+    std::uint32_t measured_steps = 0;
+    StepTime sum_time;
+    std::vector<StepCounts> point_steps;
+    const std::uint32_t steps = sc.sampling.warmup_steps + sc.sampling.measure_steps;
+    bool failed = false;
+    for (std::uint32_t s = 0; s < steps; ++s) {
+      const bool measured = s >= sc.sampling.warmup_steps;
+      ids.clear();
+      sel.resize(active.size());
+      double history_sum = 0;
+      std::size_t n = 0;
+      for (const SharedActive& a : active) {
+        if (!a.local) continue;
+        ids.push_back(stream.items[a.item].id);
+        ULA_RETURN_IF_ERROR(selection->Step(stream.items[a.item].id, a.history, q, queries));
+        sel[n].clear();
+        for (const auto& qs : queries) sel[n].insert(sel[n].end(), qs.begin(), qs.end());
+        history_sum += a.history;
+        ++n;
+      }
+      serving_internal::SimCounters c;
+      if (n > 0) {
+        if (auto st = sys.Step(ids, std::span(sel).first(n), c); !st) {
+          if (st.error().code() != ErrorCode::kResourceExhausted) return std::unexpected(st.error());
+          result.note = fmt::format("batch {}: {}", b, st.error().message());
+          failed = true;
+          break;
+        }
+      }
+      for (SharedActive& a : active) {
+        std::uint32_t m = 1;
+        if (in.mtp) {
+          for (std::uint32_t d = 0; d < in.draft_tokens && a.rng.Uniform01() < sc.mtp_acceptance_rate; ++d) ++m;
+        }
+        m = std::min(m, a.remaining);
+        if (a.local) ULA_RETURN_IF_ERROR(sys.Append(stream.items[a.item].id, a.history, m, c));
+        a.history += m;
+        a.remaining -= m;
+      }
+      if (n > 0) {
+        StepCounts k;
+        k.batch_local = static_cast<double>(n);
+        k.batch_total = tp ? k.batch_local : static_cast<double>(active.size());
+        k.history_scored = sys.striped_indexer() ? history_sum / p : history_sum;
+        k.striped_indexer = sys.striped_indexer();
+        k.h2d_entries = c.h2d;
+        k.d2h_entries = c.d2h;
+        k.nvlink_entries = c.nvlink;
+        k.attention_at_home = sys.attention_at_home();
+        k.home_entries = c.home;
+        k.distinct_entries = c.batch_distinct;
+        k.planner_per_group = IsUlaCache(system);
+        k.swap_in_per_layer = system == SystemKind::kHiSparse;
+        ULA_RETURN_IF_ERROR(ctx.cost.CheckCounts(k));
+        const StepTime t = ctx.cost.Time(ctx.cost.Work(k));
+        if (measured) {
+          ++measured_steps;
+          point_steps.push_back(k);
+          sum_t += t.total;
+          sum_tokens += k.batch_total * ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate);
+          sum_batch += k.batch_total;
+          sum_distinct += c.distinct;
+          sum_hits += c.hits;
+          sum_h2d += c.h2d;
+          sum_d2h += c.d2h;
+          sum_nv += c.nvlink;
+          for (auto [acc, v] : TimeFields(sum_time, t)) *acc += v;
+        }
+      }
+      for (auto it = active.begin(); it != active.end();) {
+        if (it->remaining == 0) {
+          const serving_internal::SharedItem& item = stream.items[it->item];
+          if (it->local) ULA_RETURN_IF_ERROR(sys.FinishShared(item.id, item.group, item.extends));
+          ULA_RETURN_IF_ERROR(ledger->Release(item));
+          if (it->local) selection->Forget(item.id);
+          // The session's next turn comes at once (an agent re-sends as soon as it has the answer).
+          if (item.next >= 0) queue.push_front(static_cast<std::uint64_t>(item.next));
+          it = active.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      ULA_RETURN_IF_ERROR(fill(b));
+      if (active.empty()) break;
+    }
+    if (failed) break;
+    if (sum_t <= 0 || measured_steps == 0) continue;
+    const double m = measured_steps;
+    CurvePoint pt;
+    pt.batch = b;
+    pt.mean_batch = sum_batch / m;
+    pt.tput = sum_tokens / sum_t;
+    pt.step_ms = 1e3 * sum_t / m;
+    pt.tokens_per_step = ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate);
+    pt.hit_rate = sum_distinct > 0 ? sum_hits / sum_distinct : 1;
+    const double tb = static_cast<double>(ctx.cost.kv_bytes_per_token()) / 1e9 / m;
+    pt.h2d_gb = sum_h2d * tb, pt.d2h_gb = sum_d2h * tb, pt.nvlink_gb = sum_nv * tb;
+    pt.time = sum_time;
+    pt.measured = std::move(point_steps);
+    for (auto [v, unused] : TimeFields(pt.time, sum_time)) *v /= m;
+    result.curve.push_back(pt);
+    if (ctx.options.progress) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+      ctx.options.progress(fmt::format("  {} {} mtp={} {:<8} batch {:>4} (mean {:>6.1f}{}): {:>9.0f} tok/s, step {:>7.2f} ms, "
+                                       "hit {:.3f}  [{:.1f} s]",
+                                       ctx.label, ParallelModeName(in.mode), in.mtp ? "on" : "off", SystemName(system),
+                                       b, pt.mean_batch, blocked ? ", queue head waits" : "", pt.tput, pt.step_ms,
+                                       pt.hit_rate, secs));
+    }
+  }
+  SetPeak(result);
+  return result;
+}
+
 }  // namespace
 
 Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario_in, const CompareOptions& options) {
@@ -311,13 +566,31 @@ Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario_in, const 
   if (!model) return std::unexpected(model.error());
   auto costs = LoadModelCostConfigByName(scenario.model_costs, dir);
   if (!costs) return std::unexpected(costs.error());
-  auto wl = LoadWorkloadConfigByName(scenario.workload, dir);
-  if (!wl) return std::unexpected(wl.error());
-  wl->num_requests = scenario.sampling.max_requests;
-  auto requests = GenerateWorkload(*wl);
-  if (!requests) return std::unexpected(requests.error());
+  // A sharing workload (issue 17) runs the shared loop over its stream; the others the
+  // default one over GenerateWorkload's requests.
+  auto shared = IsSharedWorkload(scenario.workload, dir);
+  if (!shared) return std::unexpected(shared.error());
+  std::optional<serving_internal::SharedStream> stream;
+  std::vector<RequestSpec> requests;
   std::vector<std::uint32_t> finals;
-  for (const RequestSpec& r : *requests) finals.push_back(r.input_tokens + r.output_tokens);
+  std::uint32_t draft_tokens = 0;
+  if (*shared) {
+    auto swl = LoadSharedWorkloadConfigByName(scenario.workload, dir);
+    if (!swl) return std::unexpected(swl.error());
+    auto st = serving_internal::MakeSharedStream(*swl, scenario.sampling.max_requests, scenario.sampling.seed);
+    if (!st) return std::unexpected(st.error());
+    stream = std::move(*st);
+    draft_tokens = swl->draft_tokens;
+  } else {
+    auto wl = LoadWorkloadConfigByName(scenario.workload, dir);
+    if (!wl) return std::unexpected(wl.error());
+    wl->num_requests = scenario.sampling.max_requests;
+    auto generated = GenerateWorkload(*wl);
+    if (!generated) return std::unexpected(generated.error());
+    requests = std::move(*generated);
+    for (const RequestSpec& r : requests) finals.push_back(r.input_tokens + r.output_tokens);
+    draft_tokens = wl->draft_tokens;
+  }
 
   ComparisonResult out;
   out.scenario = scenario.name;
@@ -336,7 +609,7 @@ Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario_in, const 
     ci.mode = e.mode;
     ci.mtp = e.mtp;
     ci.num_ranks = scenario.num_ranks;
-    ci.draft_tokens = wl->draft_tokens;
+    ci.draft_tokens = draft_tokens;
     ci.kernel_overhead_s_per_layer = scenario.kernel_overhead_s_per_layer;
     ci.planner_kernels_per_call = scenario.planner_kernels_per_call;
     ci.candidate_bytes = scenario.candidate_bytes;
@@ -353,10 +626,10 @@ Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario_in, const 
       options.progress(fmt::format("{} {} mtp={}:", cr.hardware_label, ParallelModeName(e.mode), e.mtp ? "on" : "off"));
       for (const std::string& line : cr.budget.derivation) options.progress("  " + line);
     }
-    const RunContext ctx{scenario, *model, *cm, cr.budget, *requests, finals, cr.hardware_label, options};
+    const RunContext ctx{scenario, *model, *cm, cr.budget, requests, finals, cr.hardware_label, options};
     for (SystemKind s : kAllSystems) {
       if (!SystemRunsIn(s, e.mode)) continue;  // ulacache_home: TP only
-      auto r = RunSystem(ctx, s);
+      auto r = stream ? RunSharedSystem(ctx, *stream, s) : RunSystem(ctx, s);
       if (!r) return std::unexpected(r.error());
       cr.systems.push_back(std::move(*r));
     }

@@ -146,6 +146,71 @@ class SpaceSystem : public LedgerSystem {
     return ReleaseOrError(id);
   }
 
+  Result<bool> AdmitShared(std::uint64_t id, std::uint32_t, std::uint32_t final_tokens, std::uint32_t group,
+                           std::uint32_t matched, std::uint32_t cache) override {
+    if (matched > final_tokens || cache > final_tokens) {
+      return MakeError(ErrorCode::kInvalidArgument, fmt::format("request {}: prefix longer than its history", id));
+    }
+    std::span<const LogicalAddr> share;
+    if (matched > 0) {
+      auto it = prefixes_.find(group);
+      if (it == prefixes_.end() || it->second.size() < matched) {
+        return MakeError(ErrorCode::kNotFound, fmt::format("group {}: no cached prefix of {} tokens", group, matched));
+      }
+      share = std::span<const LogicalAddr>(it->second).first(matched);
+    }
+    if (!Reserve(id, final_tokens)) return false;
+    const RequestId req(id);
+    auto undo = [&] {
+      (void)space_->Free(req);
+      Unreserve(id);
+    };
+    if (auto s = AddToSpace(req); !s) {
+      Unreserve(id);
+      return std::unexpected(s.error());
+    }
+    if (auto s = space_->ShareInto(req, share); !s) {
+      undo();
+      return std::unexpected(s.error());
+    }
+    auto own = space_->Allocate(req, final_tokens - matched);
+    if (!own) {
+      undo();
+      if (own.error().code() == ErrorCode::kResourceExhausted) return false;
+      return std::unexpected(own.error());
+    }
+    std::vector<LogicalAddr> addrs(share.begin(), share.end());
+    addrs.insert(addrs.end(), own->begin(), own->end());
+    if (cache > 0) {
+      std::vector<LogicalAddr> cached(addrs.begin(), addrs.begin() + cache);
+      if (auto s = space_->Retain(cached); !s) {
+        undo();
+        return std::unexpected(s.error());
+      }
+      if (auto old = prefixes_.find(group); old != prefixes_.end()) ULA_RETURN_IF_ERROR(space_->Release(old->second));
+      prefixes_[group] = std::move(cached);
+    }
+    addrs_[id] = std::move(addrs);
+    return true;
+  }
+  Status FinishShared(std::uint64_t id, std::uint32_t group, bool extends) override {
+    if (extends) {
+      auto it = addrs_.find(id);
+      if (it == addrs_.end()) return MakeError(ErrorCode::kNotFound, fmt::format("request {} not admitted", id));
+      ULA_RETURN_IF_ERROR(space_->Retain(it->second));  // before the old one goes: it is a prefix of this
+      if (auto old = prefixes_.find(group); old != prefixes_.end()) ULA_RETURN_IF_ERROR(space_->Release(old->second));
+      prefixes_[group] = it->second;
+    }
+    return Finish(id);
+  }
+  Status EvictPrefix(std::uint32_t group) override {
+    auto it = prefixes_.find(group);
+    if (it == prefixes_.end()) return MakeError(ErrorCode::kNotFound, fmt::format("group {}: no cached prefix", group));
+    ULA_RETURN_IF_ERROR(space_->Release(it->second));
+    prefixes_.erase(it);
+    return Ok();
+  }
+
  protected:
   virtual Status AddToSpace(RequestId req) = 0;
   // flat_ = the logical addresses of every request's selected positions, in batch order;
@@ -163,6 +228,8 @@ class SpaceSystem : public LedgerSystem {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Space> space_;
   std::unordered_map<std::uint64_t, std::vector<LogicalAddr>> addrs_;  // [request] its whole history
+  // Sharing: group -> the addresses of its cached prefix, each with one cache reference.
+  std::unordered_map<std::uint32_t, std::vector<LogicalAddr>> prefixes_;
   std::vector<LogicalAddr> flat_;
   std::vector<SelectionRun> runs_;
 };

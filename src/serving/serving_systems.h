@@ -8,6 +8,8 @@
 //             no-op fabric (counting backend: no bytes to fetch); ranks are symmetric
 //   ulacache_home  TP only: the same with TpAttention::kAtHome (no local buffer; rank 0
 //             makes only its own shard's selected entries resident and fetches nothing)
+// Sharing workloads: AdmitShared / FinishShared / EvictPrefix (the UlaCache adapters adopt
+// and cache prefixes in their real address space; the baselines keep no addresses).
 // Admission = the ledger accepts the whole history and (ulacache) the address space can
 // allocate it: UlaCache allocates every address of the final history at admission, so a
 // request never runs out of room mid-decode.
@@ -62,6 +64,21 @@ class SimSystem {
                       SimCounters& c) = 0;
   // n new tokens of request id (history grows from `history` to history + n).
   virtual Status Append(std::uint64_t id, std::uint32_t history, std::uint32_t n, SimCounters& c) = 0;
+  // Sharing (issue 17; shared_admission.h). Admits request `id` whose first `matched`
+  // positions are its group's cached prefix (UlaCache: adopted with ShareInto, nothing
+  // allocated or copied) and, when `cache` > 0, caches its first `cache` positions for its
+  // group (UlaCache: one cache reference on each, Retain). The baselines keep no addresses:
+  // their prefix bytes are the shared ledger's (serving_sim.cc), so they just Admit.
+  virtual Result<bool> AdmitShared(std::uint64_t id, std::uint32_t history, std::uint32_t final_tokens,
+                                   std::uint32_t /*group*/, std::uint32_t /*matched*/, std::uint32_t /*cache*/) {
+    return Admit(id, history, final_tokens);
+  }
+  // Finish; `extends` (multi-turn): the request's whole sequence becomes its group's cached
+  // prefix, replacing the one before (UlaCache: Retain the new, Release the old).
+  virtual Status FinishShared(std::uint64_t id, std::uint32_t /*group*/, bool /*extends*/) { return Finish(id); }
+  // The radix cache dropped the group's idle prefix (UlaCache: Release; freed unless a
+  // request still holds it).
+  virtual Status EvictPrefix(std::uint32_t /*group*/) { return Ok(); }
   // Whether each GPU scores only its own stripe of the index keys.
   virtual bool striped_indexer() const { return false; }
   // Whether each GPU computes attention only over the entries homed on it (ulacache_home).

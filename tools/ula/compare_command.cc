@@ -2,7 +2,8 @@
 // the main job. Prints the memory budget derivation and progress to stderr, the table (or
 // one JSON object with --json) to stdout, writes DIR/compare.csv (every curve point) and
 // DIR/summary.csv, and calls scripts/plot_compare.py for one PNG per config. Without
-// python3 or matplotlib it warns and keeps the CSVs.
+// python3 or matplotlib it warns and keeps the CSVs. A sharing workload (issue 17 item 6)
+// adds a second table, a "sharing" object per system in the JSON and DIR/sharing.csv.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -71,6 +72,15 @@ nlohmann::json ToJson(const ComparisonResult& r) {
                                                     {"peak_batch", s.peak_batch}, {"tpot_b1_ms", s.tpot_b1_ms},
                                                     {"curve", curve},             {"points", detail},
                                                     {"note", s.note}};
+      if (s.sharing.on) {
+        const SharingResult& h = s.sharing;
+        systems[std::string(SystemName(s.system))]["sharing"] = {
+            {"distinct_fraction", h.distinct_fraction},   {"copies_per_node", h.copies_per_node},
+            {"prefill_saved_at_limit", h.prefill_saved_at_limit}, {"input_tokens_at_limit", h.input_tokens_at_limit},
+            {"max_rank_load", h.max_rank_load},           {"prefill_saved", h.prefill_saved},
+            {"prefill_computed", h.prefill_computed},     {"recomputed", h.recomputed},
+            {"evictions", h.evictions}};
+      }
     }
     configs.push_back({{"hardware", c.hardware_label},
                        {"mode", std::string(ParallelModeName(c.entry.mode))},
@@ -82,6 +92,36 @@ nlohmann::json ToJson(const ComparisonResult& r) {
                        {"systems", systems}});
   }
   return {{"scenario", r.scenario}, {"model", r.model}, {"configs", configs}};
+}
+
+bool IsSharing(const ComparisonResult& r) {
+  return !r.configs.empty() && !r.configs.front().systems.empty() && r.configs.front().systems.front().sharing.on;
+}
+
+double Percent(std::uint64_t part, std::uint64_t whole) { return whole > 0 ? 100.0 * double(part) / double(whole) : 0; }
+
+// Sharing workloads (issue 17 item 6): one line per config and system.
+void PrintSharingTable(const ComparisonResult& r) {
+  fmt::print("\nshared prefixes: {:<20} {:<13} | {:>5} {:>9} {:>6} | {:>8} {:>6} {:>8} | {:>8} {:>8} {:>9} {:>6} | {:>5}\n",
+             "config", "system", "adm", "peak", "@B", "distinct", "copies", "saved@adm", "saved", "computed", "recomputed",
+             "evict", "load");
+  for (const ConfigResult& c : r.configs) {
+    for (const SystemResult& s : c.systems) {
+      const SharingResult& h = s.sharing;
+      fmt::print("                 {:<20} {:<13} | {:>5} {:>9.0f} {:>6} | {:>8.3f} {:>6} {:>8.1f}% | {:>7.1f}% {:>8.3g} {:>9.3g} "
+                 "{:>6} | {:>5.2f}\n",
+                 ConfigName(c), SystemName(s.system), s.admitted, s.peak_tput, s.peak_batch, h.distinct_fraction,
+                 h.copies_per_node, Percent(h.prefill_saved_at_limit, h.input_tokens_at_limit),
+                 Percent(h.prefill_saved, h.prefill_saved + h.prefill_computed), double(h.prefill_computed),
+                 double(h.recomputed), h.evictions, h.max_rank_load);
+    }
+  }
+  fmt::print("distinct = distinct stored entries / entries the admitted requests' histories name (at the admission limit; "
+             "a prefix once per holder: TP the node, DP its rank); copies = copies of each in the node (TP baselines: one "
+             "per GPU); saved@adm = input tokens of the admitted requests whose prefill the radix cache skips; saved, "
+             "computed, recomputed = over the decode simulation: prefill skipped (% of input), tokens prefilled, and of "
+             "those prefix tokens prefilled before (evicted, or cached on another rank); evict = idle prefixes dropped for "
+             "room; load = DP requests on the fullest rank / the mean at the admission limit (routing by prefix)\n");
 }
 
 void PrintTable(const ComparisonResult& r) {
@@ -117,6 +157,7 @@ void PrintTable(const ComparisonResult& r) {
       if (!s.note.empty()) fmt::print("note: {} {}: {}\n", ConfigName(c), SystemName(s.system), s.note);
     }
   }
+  if (IsSharing(r)) PrintSharingTable(r);
 }
 
 Status WriteCsv(const ComparisonResult& r, const std::filesystem::path& out) {
@@ -148,6 +189,23 @@ Status WriteCsv(const ComparisonResult& r, const std::filesystem::path& out) {
     }
   }
   if (!f || !s) return MakeError(ErrorCode::kIo, "CSV write failed");
+  if (IsSharing(r)) {
+    std::ofstream h(out / "sharing.csv");
+    if (!h) return MakeError(ErrorCode::kIo, fmt::format("cannot write '{}'", (out / "sharing.csv").string()));
+    h << "config,hardware,mode,mtp,system,admitted,peak_tput,peak_batch,distinct_fraction,copies_per_node,"
+         "prefill_saved_at_limit,input_tokens_at_limit,prefill_saved,prefill_computed,recomputed,evictions,max_rank_load\n";
+    for (const ConfigResult& c : r.configs) {
+      for (const SystemResult& sys : c.systems) {
+        const SharingResult& x = sys.sharing;
+        h << fmt::format("{},{},{},{},{},{},{:.1f},{},{:.4f},{},{},{},{},{},{},{},{:.3f}\n", FileStem(c), c.hardware_label,
+                         ParallelModeName(c.entry.mode), c.entry.mtp ? 1 : 0, SystemName(sys.system), sys.admitted,
+                         sys.peak_tput, sys.peak_batch, x.distinct_fraction, x.copies_per_node, x.prefill_saved_at_limit,
+                         x.input_tokens_at_limit, x.prefill_saved, x.prefill_computed, x.recomputed, x.evictions,
+                         x.max_rank_load);
+      }
+    }
+    if (!h) return MakeError(ErrorCode::kIo, "CSV write failed");
+  }
   return Ok();
 }
 
@@ -206,7 +264,8 @@ int Run(const CompareCliOptions& o) {
     fmt::print("{}\n", ToJson(*result).dump());
   } else {
     PrintTable(*result);
-    fmt::print("wrote {}/compare.csv and {}/summary.csv{}; {:.1f} s\n", o.out, o.out,
+    fmt::print("wrote {}/compare.csv{} and {}/summary.csv{}; {:.1f} s\n", o.out,
+               IsSharing(*result) ? fmt::format(", {}/sharing.csv", o.out) : "", o.out,
                plotted ? fmt::format(" and one PNG per config in {}", o.out) : "", secs);
   }
   return 0;
