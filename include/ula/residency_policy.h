@@ -71,9 +71,10 @@ enum class PolicyKind : std::uint8_t {
 struct PolicyOptions {
   // PB-LRU: number of recent buckets in the ring (R), besides the current and cold ones.
   // 0 <= R <= kMaxRecentBuckets. Costs (R + 2) bits + a 32-bit stamp per slot. 64: on the
-  // earlier synthetic trace R = 8 lost 0.67 pp hit rate to exact LRU; on the calibrated trace
-  // of `ula bench policy` R = 8 is within 0.05 pp and R = 64 within 0.01 pp (docs/BENCHMARKS.md,
-  // "Residency policies"; bytes per entry: "Metadata per entry per group").
+  // fitted selections of `ula bench policy` (configs/selection/indexer_fit.json) R = 8 loses
+  // up to 0.46 pp hit rate to exact LRU (overlap 0.5; 0.10 pp at pool 0.25) and R = 64 at most
+  // 0.014 pp (docs/BENCHMARKS.md, "Residency policies"; bytes per entry: "Metadata per entry
+  // per group").
   std::uint32_t recent_buckets = 64;
   // PB-LRU, exact_lru_scan: a Touch of at least this many slots is split over OpenMP
   // threads; smaller ones stay on the calling thread (so batch 1 pays no fork). >= 1.
