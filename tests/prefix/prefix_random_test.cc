@@ -5,7 +5,8 @@
 // with the lock moving, evictions by both rules for random demands, Evict by count,
 // requests that allocate and free around the cache, and compaction. With a host tier,
 // checkpoints and (4 page slots per checkpoint slot) whole leaves' KV pages move to the
-// host and back; an insert through a host node replaces that host subtree.
+// host and back; an insert through a host node replaces that host subtree. A second harness
+// (PrefixWindowRandom, below) runs the cache with window pages (sliding_window > 0).
 //
 // The shadow model is token-level, independent of the tree's node layout: a map from each
 // checkpointed prefix to its blocks, last use and state locks. Every KV slot and state
@@ -1243,7 +1244,7 @@ class PrefixWindowRandom {
   // A request of t: shares the full pages of a locked match (and the tree's window pages
   // there), computes the rest (KV and window pages), releases some window pages and inserts.
   void Insert() {
-    const Tokens t = RandomSequence();
+    const Tokens t = Uniform(0, 1) ? RandomSequence() : RandomQuery();  // also a cached prefix recomputed
     const auto n = static_cast<std::uint32_t>(t.size());
     PrefixMatch m;
     if (Uniform(0, 1)) {
