@@ -913,7 +913,7 @@ class PrefixRandom {
   std::uint64_t host_dropped_by_insert_ = 0;
 };
 
-// Window-pages mode (sliding_window = kWindow > 0): the same kind of shadow, for the window
+// Window-pages mode (sliding_window = W > 0): the same kind of shadow, for the window
 // pages. The request (this test, as the runner does) allocates a window page beside each of
 // its own KV pages, fills both with bytes derived from the token prefix, releases some (always
 // allowed: a released window page only makes the checkpoints that need it unusable) and passes
@@ -927,11 +927,10 @@ class PrefixRandom {
 //     whole window at its end is the request's own (present), the end matches;
 //   * locked matches keep their pages and (until ReleaseWindow) their window pages live,
 //     unmoved and with their bytes; window.protected_bytes counts exactly those window pages.
-constexpr std::uint32_t kWindow = 6;  // the token and 5 before it: 1-2 pages of 4
-
 class PrefixWindowRandom {
  public:
-  explicit PrefixWindowRandom(std::uint32_t seed) : rng_(seed) {
+  // window: W (the token and W - 1 before it), on pages of kPage = 4 tokens.
+  PrefixWindowRandom(std::uint32_t seed, std::uint32_t window) : rng_(seed), window_(window) {
     UnifiedBufferConfig c;
     c.alignment = 64;
     c.capacity_bytes = 160 * 64;
@@ -942,7 +941,7 @@ class PrefixWindowRandom {
     backend_ = MakeCpuBackend(CpuBackendOptions{.copy_threads = 1});
     const Arena device = backend_->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
     buffer_ = UnifiedBuffer::Create(c, device).value();
-    cache_ = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .window_kind = kSwa, .sliding_window = kWindow},
+    cache_ = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .window_kind = kSwa, .sliding_window = window},
                                  buffer_.get())
                  .value();
     for (int s = 0; s < 4; ++s) {
@@ -1022,8 +1021,8 @@ class PrefixWindowRandom {
     return key.size() <= t.size() && std::equal(key.begin(), key.end(), t.begin());
   }
   // The first page of the window a checkpoint at `length` needs (tokens [length - (W - 1), length)).
-  static std::uint32_t FirstWindowPage(std::uint32_t length) {
-    return length > kWindow - 1 ? (length - (kWindow - 1)) / kPage : 0;
+  std::uint32_t FirstWindowPage(std::uint32_t length) const {
+    return length > window_ - 1 ? (length - (window_ - 1)) / kPage : 0;
   }
   void Mismatch(bool ok, const std::string& what) {
     if (ok) return;
@@ -1115,7 +1114,7 @@ class PrefixWindowRandom {
     Mismatch(!m.checkpoint.window.valid(), "a window ring with window pages");
     if (broken_) return m;
     if (m.length == 0) {
-      Mismatch(m.pages.empty() && m.window_pages.empty() && deepest == 0 ? true : m.pages.empty(), "an empty match's pages");
+      Mismatch(m.pages.empty() && m.window_pages.empty(), "an empty match's pages");
       if (deepest > 0) ++window_stops_;
       return m;
     }
@@ -1452,6 +1451,7 @@ class PrefixWindowRandom {
   }
 
   std::mt19937 rng_;
+  std::uint32_t window_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<UnifiedBuffer> buffer_;
   std::unique_ptr<PrefixCache> cache_;
@@ -1466,12 +1466,18 @@ class PrefixWindowRandom {
   std::uint64_t window_evicted_ = 0, evicted_states_ = 0;
 };
 
-TEST(PrefixCacheRandom, WindowPagesMatchOnlyWithTheirWindowAndKeepLockedWindows) {
-  ULA_TEST_SEEDED(seed64, 20261201u);
+void RunWindowRandom(std::uint32_t default_seed, std::uint32_t window, int steps) {
+  ULA_TEST_SEEDED(seed64, default_seed);
   const auto seed = static_cast<std::uint32_t>(seed64);
-  std::printf("prefix random test, window pages (W = %u): seed=%u steps=%d\n", kWindow, seed, 20000);
-  PrefixWindowRandom(seed).Run(20000);
+  std::printf("prefix random test, window pages (W = %u on %u-token pages): seed=%u steps=%d\n", window, kPage, seed, steps);
+  PrefixWindowRandom(seed, window).Run(steps);
 }
+
+// W = 6: a window of one or two pages.
+TEST(PrefixCacheRandom, WindowPagesMatchOnlyWithTheirWindowAndKeepLockedWindows) { RunWindowRandom(20261201u, 6, 20000); }
+
+// W = 3, shorter than a page: a window of one page, or two across a page boundary.
+TEST(PrefixCacheRandom, WindowPagesShorterThanAPageKeepTheirBytes) { RunWindowRandom(20261202u, 3, 10000); }
 
 void RunPrefixRandom(std::uint32_t default_seed, CompactionMode mode, int steps, std::uint32_t host_slots = 0,
                      double fault_rate = 0) {
