@@ -926,7 +926,10 @@ class PrefixRandom {
 //   * it is complete where the shadow knows the window is there: right after an insert whose
 //     whole window at its end is the request's own (present), the end matches;
 //   * locked matches keep their pages and (until ReleaseWindow) their window pages live,
-//     unmoved and with their bytes; window.protected_bytes counts exactly those window pages.
+//     unmoved and with their bytes; window.protected_bytes counts exactly those window pages;
+//   * MakeRoom starts no victim (a window tombstone included) once the demand is satisfied,
+//     an exhausted one is a fixed point, and Evict by window tokens stops short only when
+//     nothing is left to evict.
 class PrefixWindowRandom {
  public:
   // window: W (the token and W - 1 before it), on pages of kPage = 4 tokens.
@@ -985,10 +988,10 @@ class PrefixWindowRandom {
     }
     std::printf("  window pages: %d inserts, %d hits, %d matches stopped short by a missing window, %d complete-window "
                 "matches checked, %d window releases, %llu window pages evicted, %d evictions (%d refused), %llu states "
-                "evicted, %d refused calls unchanged; mismatches %d\n",
+                "evicted, %d victims watched, %d refused calls unchanged; mismatches %d\n",
                 inserts_, hits_, window_stops_, complete_checked_, releases_,
                 static_cast<unsigned long long>(window_evicted_), evictions_, refused_,
-                static_cast<unsigned long long>(evicted_states_), refusals_checked_, mismatches_);
+                static_cast<unsigned long long>(evicted_states_), victims_watched_, refusals_checked_, mismatches_);
     EXPECT_EQ(mismatches_, 0);
     if (::testing::Test::HasFatalFailure() || broken_) return;
     EXPECT_GT(hits_, 0);
@@ -998,6 +1001,7 @@ class PrefixWindowRandom {
     EXPECT_GT(window_evicted_, 0u);
     EXPECT_GT(evicted_states_, 0u);
     EXPECT_GT(refusals_checked_, 0);
+    EXPECT_GT(victims_watched_, 0);
     EXPECT_GT(buffer_->Stats().blocks_moved, 0u);
   }
 
@@ -1182,10 +1186,33 @@ class PrefixWindowRandom {
     for (const auto& key : gone) states_.erase(key);
     evicted_states_ += gone.size();
   }
+  // The largest n with CanAllocate(n KV pages), by bisection.
+  std::uint32_t FreeKvPages() const {
+    std::uint32_t lo = 0, hi = 1;
+    auto fits = [&](std::uint32_t n) { return buffer_->CanAllocate(Demand::Of(3).Add(kKv, n)); };
+    while (fits(hi)) lo = hi, hi *= 2;
+    while (hi - lo > 1) {
+      const std::uint32_t mid = lo + (hi - lo) / 2;
+      (fits(mid) ? lo : hi) = mid;
+    }
+    return lo;
+  }
   std::optional<std::vector<BlockId>> Allocate(const Demand& d) {
     if (!buffer_->CanAllocate(d)) {
       const EvictionRule rule = Uniform(0, 1) ? EvictionRule::kNaive : EvictionRule::kAllocationAware;
+      // Minimal eviction, as in the ring-mode test: no victim (a window tombstone included)
+      // is started once the demand is satisfied.
+      const std::uint32_t need = d.blocks[kKv.value()];
+      const std::uint32_t free_at_start = rule == EvictionRule::kNaive ? FreeKvPages() : 0;
+      const std::uint64_t live_at_start = buffer_->Stats().live_blocks_per_kind[kKv.value()];
+      cache_->SetEvictionObserver([this, d, rule, need, free_at_start, live_at_start] {
+        ++victims_watched_;
+        const std::uint64_t freed = live_at_start - buffer_->Stats().live_blocks_per_kind[kKv.value()];
+        Mismatch(!buffer_->CanAllocate(d) || (rule == EvictionRule::kNaive && free_at_start + freed < need),
+                 std::string("MakeRoom (") + EvictionRuleName(rule) + ") started a victim although the demand fit");
+      });
       auto stats = cache_->MakeRoom(d, rule);
+      cache_->SetEvictionObserver(nullptr);
       ++evictions_;
       ObserveEvictions(stats ? *stats : EvictionStats{});
       if (!stats) {
@@ -1462,7 +1489,7 @@ class PrefixWindowRandom {
   int step_ = 0;
   bool broken_ = false;
   int inserts_ = 0, hits_ = 0, window_stops_ = 0, complete_checked_ = 0, releases_ = 0, evictions_ = 0, refused_ = 0;
-  int refusals_checked_ = 0, mismatches_ = 0;
+  int refusals_checked_ = 0, mismatches_ = 0, victims_watched_ = 0;
   std::uint64_t window_evicted_ = 0, evicted_states_ = 0;
 };
 
