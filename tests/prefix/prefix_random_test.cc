@@ -5,7 +5,8 @@
 // with the lock moving, evictions by both rules for random demands, Evict by count,
 // requests that allocate and free around the cache, and compaction. With a host tier,
 // checkpoints and (4 page slots per checkpoint slot) whole leaves' KV pages move to the
-// host and back; an insert through a host node replaces that host subtree.
+// host and back; an insert through a host node replaces that host subtree. A second harness
+// (PrefixWindowRandom, below) runs the cache with window pages (sliding_window > 0).
 //
 // The shadow model is token-level, independent of the tree's node layout: a map from each
 // checkpointed prefix to its blocks, last use and state locks. Every KV slot and state
@@ -911,6 +912,599 @@ class PrefixRandom {
   int cow_failed_ = 0, loads_failed_ = 0;
   std::uint64_t host_dropped_by_insert_ = 0;
 };
+
+// Window-pages mode (sliding_window = W > 0): the same kind of shadow, for the window
+// pages. The request (this test, as the runner does) allocates a window page beside each of
+// its own KV pages, fills both with bytes derived from the token prefix, releases some (always
+// allowed: a released window page only makes the checkpoints that need it unusable) and passes
+// the tree's window pages for the pages it shares. After every operation, besides the checks
+// of the ring-mode test (invariants, states' bytes, matched KV bytes, locked blocks pinned,
+// block accounting, refused calls leave DebugDigest unchanged):
+//   * a match is sound: its length is a cached checkpoint no deeper than the ring-mode match,
+//     its window_pages are invalid before the window and, over [L - (W - 1), L), present
+//     window blocks whose bytes are the query's;
+//   * it is complete where the shadow knows the window is there: right after an insert whose
+//     whole window at its end is the request's own (present), the end matches;
+//   * locked matches keep their pages and (until ReleaseWindow) their window pages live,
+//     unmoved and with their bytes; window.protected_bytes counts exactly those window pages;
+//   * MakeRoom starts no victim (a window tombstone included) once the demand is satisfied,
+//     an exhausted one is a fixed point, and Evict by window tokens stops short only when
+//     nothing is left to evict.
+class PrefixWindowRandom {
+ public:
+  // window: W (the token and W - 1 before it), on pages of kPage = 4 tokens.
+  PrefixWindowRandom(std::uint32_t seed, std::uint32_t window) : rng_(seed), window_(window) {
+    UnifiedBufferConfig c;
+    c.alignment = 64;
+    c.capacity_bytes = 160 * 64;
+    c.kinds = {{"state", 192, BufferEnd::kLow}, {"kv", 64, BufferEnd::kHigh}, {"swa", 64, BufferEnd::kLow}};
+    c.padding_kind = kKv;
+    c.padding_blocks = 1;
+    c.compaction = CompactionMode::kLazy;
+    backend_ = MakeCpuBackend(CpuBackendOptions{.copy_threads = 1});
+    const Arena device = backend_->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
+    buffer_ = UnifiedBuffer::Create(c, device).value();
+    cache_ = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .window_kind = kSwa, .sliding_window = window},
+                                 buffer_.get())
+                 .value();
+    for (int s = 0; s < 4; ++s) {
+      Tokens stem(24);
+      for (auto& t : stem) t = Uniform(0, 49);
+      stems_.push_back(stem);
+    }
+  }
+
+  void Run(int steps) {
+    for (int step = 0; step < steps; ++step) {
+      step_ = step;
+      const std::uint32_t op = Uniform(0, 99);
+      if (op < 28) {
+        Insert();
+      } else if (op < 40) {
+        MatchAndCheck(RandomQuery());
+      } else if (op < 50) {
+        LockRandom();
+      } else if (op < 60) {
+        UnlockRandom();
+      } else if (op < 68) {
+        ReleaseWindowRandom();
+      } else if (op < 82) {
+        MakeRoom();
+      } else if (op < 88) {
+        EvictByCount();
+      } else if (op < 92) {
+        FreeRunning();
+      } else if (op < 97) {
+        RefusedCall();
+      } else {
+        buffer_->Compact();
+      }
+      Verify();
+      if (::testing::Test::HasFatalFailure() || broken_) break;
+    }
+    if (!::testing::Test::HasFatalFailure() && !broken_) {
+      while (!locked_.empty()) UnlockAt(locked_.size() - 1);
+      Verify();
+    }
+    std::printf("  window pages: %d inserts, %d hits, %d matches stopped short by a missing window, %d complete-window "
+                "matches checked, %d window releases, %llu window pages evicted, %d evictions (%d refused), %llu states "
+                "evicted, %d victims watched, %d refused calls unchanged; mismatches %d\n",
+                inserts_, hits_, window_stops_, complete_checked_, releases_,
+                static_cast<unsigned long long>(window_evicted_), evictions_, refused_,
+                static_cast<unsigned long long>(evicted_states_), victims_watched_, refusals_checked_, mismatches_);
+    EXPECT_EQ(mismatches_, 0);
+    if (::testing::Test::HasFatalFailure() || broken_) return;
+    EXPECT_GT(hits_, 0);
+    EXPECT_GT(window_stops_, 0);  // the window did decide some matches
+    EXPECT_GT(complete_checked_, 0);
+    EXPECT_GT(releases_, 0);
+    EXPECT_GT(window_evicted_, 0u);
+    EXPECT_GT(evicted_states_, 0u);
+    EXPECT_GT(refusals_checked_, 0);
+    EXPECT_GT(victims_watched_, 0);
+    EXPECT_GT(buffer_->Stats().blocks_moved, 0u);
+  }
+
+ private:
+  struct State {
+    BlockId block;
+    std::uint32_t locks = 0;
+    std::uint64_t pinned = 0;  // its offset while locked
+  };
+  struct Held {
+    PrefixMatch match;
+    Tokens key;
+    std::vector<std::uint64_t> page_offsets, window_offsets;  // window: of its valid window pages
+  };
+
+  std::uint32_t Uniform(std::uint32_t lo, std::uint32_t hi) {
+    return std::uniform_int_distribution<std::uint32_t>(lo, hi)(rng_);
+  }
+  static Tokens Prefix(const Tokens& t, std::size_t n) { return Tokens(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(n)); }
+  static bool IsPrefix(const Tokens& key, const Tokens& t) {
+    return key.size() <= t.size() && std::equal(key.begin(), key.end(), t.begin());
+  }
+  // The first page of the window a checkpoint at `length` needs (tokens [length - (W - 1), length)).
+  std::uint32_t FirstWindowPage(std::uint32_t length) const {
+    return length > window_ - 1 ? (length - (window_ - 1)) / kPage : 0;
+  }
+  void Mismatch(bool ok, const std::string& what) {
+    if (ok) return;
+    ++mismatches_;
+    broken_ = true;
+    ADD_FAILURE() << what << " at step " << step_;
+  }
+
+  // Slot j of page (or window page, salt 3) p holds the bytes of token p*kPage + j.
+  void Fill(BlockId page, std::uint32_t index, const Tokens& t, std::uint32_t n, std::uint64_t salt) {
+    auto span = buffer_->Bytes(page).value();
+    for (auto& b : span) b = std::byte(rng_() & 0xff);
+    for (std::uint32_t pos = index * kPage; pos < std::min(n, (index + 1) * kPage); ++pos) {
+      const std::uint64_t h = Hash(t, pos + 1, salt);
+      std::memcpy(span.data() + (pos % kPage) * kSlot, &h, sizeof h);
+    }
+  }
+  bool SlotsOk(BlockId page, std::uint32_t index, const Tokens& t, std::uint32_t n, std::uint64_t salt) {
+    auto span = buffer_->Bytes(page);
+    if (!span) return false;
+    for (std::uint32_t pos = index * kPage; pos < std::min(n, (index + 1) * kPage); ++pos) {
+      const std::uint64_t h = Hash(t, pos + 1, salt);
+      if (std::memcmp(span->data() + (pos % kPage) * kSlot, &h, sizeof h) != 0) return false;
+    }
+    return true;
+  }
+  bool StateOk(BlockId state, const Tokens& key) {
+    auto s = buffer_->Bytes(state);
+    const std::uint64_t h = Hash(key, key.size(), 1);
+    return s && std::memcmp(s->data(), &h, sizeof h) == 0;
+  }
+  // Every KV page of the match and every window page it reports hold the query's bytes; the
+  // window pages are exactly those of the window.
+  bool MatchBytesOk(const PrefixMatch& m, const Tokens& q, bool window) {
+    if (m.pages.size() != (m.length + kPage - 1) / kPage) return false;
+    for (std::uint32_t i = 0; i < m.pages.size(); ++i) {
+      if (!SlotsOk(m.pages[i], i, q, m.length, 0)) return false;
+    }
+    if (!window) return true;
+    if (m.window_pages.size() != m.pages.size()) return false;
+    for (std::uint32_t i = 0; i < m.window_pages.size(); ++i) {
+      const BlockId w = m.window_pages[i];
+      if (i < FirstWindowPage(m.length)) {
+        if (w.valid()) return false;
+        continue;
+      }
+      auto kind = buffer_->KindOf(w);
+      if (!w.valid() || !kind || *kind != kSwa || !SlotsOk(w, i, q, m.length, 3)) return false;
+    }
+    return true;
+  }
+
+  Tokens RandomSequence() {
+    const Tokens& stem = stems_[Uniform(0, static_cast<std::uint32_t>(stems_.size() - 1))];
+    Tokens t = Prefix(stem, Uniform(0, 24));
+    const std::uint32_t extra = Uniform(t.empty() ? 1 : 0, 8);
+    for (std::uint32_t i = 0; i < extra; ++i) t.push_back(100 + Uniform(0, 2));
+    return t;
+  }
+  Tokens RandomQuery() {
+    if (states_.empty() || Uniform(0, 2) == 0) return RandomSequence();
+    auto it = states_.begin();
+    std::advance(it, Uniform(0, static_cast<std::uint32_t>(states_.size() - 1)));
+    Tokens t = Prefix(it->first, Uniform(1, static_cast<std::uint32_t>(it->first.size())));
+    for (std::uint32_t i = Uniform(0, 6); i > 0; --i) t.push_back(100 + Uniform(0, 2));
+    return t;
+  }
+  // The longest common prefix of tokens with any cached state (the KV the tree holds).
+  std::size_t KvLength(const Tokens& tokens) const {
+    std::size_t kv = 0;
+    for (const auto& [key, st] : states_) {
+      std::size_t l = 0;
+      while (l < key.size() && l < tokens.size() && key[l] == tokens[l]) ++l;
+      kv = std::max(kv, l);
+    }
+    return kv;
+  }
+
+  PrefixMatch MatchAndCheck(const Tokens& tokens, std::uint32_t max_length) {
+    std::size_t deepest = 0;  // the ring-mode match: an upper bound here
+    for (const auto& [key, st] : states_) {
+      if (key.size() <= max_length && IsPrefix(key, tokens)) deepest = std::max(deepest, key.size());
+    }
+    const std::size_t kv = KvLength(tokens);
+    PrefixMatch m = cache_->Match(tokens, max_length);
+    Mismatch(m.kv_length == kv, "match kv_length " + std::to_string(m.kv_length) + ", shadow " + std::to_string(kv));
+    Mismatch(m.branch == (m.kv_length > m.length ? m.kv_length : 0), "match branch");
+    Mismatch(m.length <= deepest, "match deeper than any cached state");
+    Mismatch(!m.checkpoint.window.valid(), "a window ring with window pages");
+    if (broken_) return m;
+    if (m.length == 0) {
+      Mismatch(m.pages.empty() && m.window_pages.empty(), "an empty match's pages");
+      if (deepest > 0) ++window_stops_;
+      return m;
+    }
+    if (m.length < deepest) ++window_stops_;
+    const Tokens key = Prefix(tokens, m.length);
+    auto it = states_.find(key);
+    Mismatch(it != states_.end() && it->second.block == m.checkpoint.state, "the matched state is not the shadow's");
+    if (broken_) return m;
+    Mismatch(StateOk(m.checkpoint.state, key), "a matched state's bytes");
+    Mismatch(MatchBytesOk(m, tokens, true), "a matched KV page or window page");
+    ++hits_;
+    return m;
+  }
+  PrefixMatch MatchAndCheck(const Tokens& tokens) {
+    return MatchAndCheck(tokens, Uniform(0, static_cast<std::uint32_t>(tokens.size())));
+  }
+
+  void Hold(const PrefixMatch& m, const Tokens& tokens) {
+    Held h{m, Prefix(tokens, m.length), {}, {}};
+    for (BlockId p : m.pages) h.page_offsets.push_back(buffer_->Offset(p).value());
+    for (BlockId w : m.window_pages) {
+      if (w.valid()) h.window_offsets.push_back(buffer_->Offset(w).value());
+    }
+    State& st = states_.at(h.key);
+    if (st.locks++ == 0) st.pinned = buffer_->Offset(st.block).value();
+    locked_.push_back(std::move(h));
+  }
+  void LockRandom() {
+    const Tokens q = RandomQuery();
+    PrefixMatch m = MatchAndCheck(q);
+    if (m.length == 0 || broken_) return;
+    ASSERT_TRUE(cache_->Lock(m));
+    Hold(m, q);
+  }
+  void UnlockAt(std::size_t i) {
+    ASSERT_TRUE(cache_->Unlock(locked_[i].match)) << "step " << step_;
+    --states_.at(locked_[i].key).locks;
+    locked_.erase(locked_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  void UnlockRandom() {
+    if (!locked_.empty()) UnlockAt(Uniform(0, static_cast<std::uint32_t>(locked_.size() - 1)));
+  }
+  void ReleaseWindowRandom() {
+    std::vector<std::size_t> with;
+    for (std::size_t i = 0; i < locked_.size(); ++i) {
+      if (!locked_[i].match.window_pages.empty()) with.push_back(i);
+    }
+    if (with.empty()) return;
+    Held& h = locked_[with[Uniform(0, static_cast<std::uint32_t>(with.size() - 1))]];
+    ASSERT_TRUE(cache_->ReleaseWindow(h.match)) << "step " << step_;
+    Mismatch(h.match.window_pages.empty(), "ReleaseWindow left the match's window pages");
+    h.window_offsets.clear();
+    ++releases_;
+  }
+
+  // Which cached states are gone (freed by an eviction); none of them may be locked.
+  void ObserveEvictions(const EvictionStats& stats) {
+    window_evicted_ += stats.window_pages;
+    std::vector<Tokens> gone;
+    for (const auto& [key, st] : states_) {
+      if (buffer_->KindOf(st.block)) continue;
+      Mismatch(st.locks == 0, "a locked state was evicted");
+      gone.push_back(key);
+    }
+    for (const auto& key : gone) states_.erase(key);
+    evicted_states_ += gone.size();
+  }
+  // The largest n with CanAllocate(n KV pages), by bisection.
+  std::uint32_t FreeKvPages() const {
+    std::uint32_t lo = 0, hi = 1;
+    auto fits = [&](std::uint32_t n) { return buffer_->CanAllocate(Demand::Of(3).Add(kKv, n)); };
+    while (fits(hi)) lo = hi, hi *= 2;
+    while (hi - lo > 1) {
+      const std::uint32_t mid = lo + (hi - lo) / 2;
+      (fits(mid) ? lo : hi) = mid;
+    }
+    return lo;
+  }
+  std::optional<std::vector<BlockId>> Allocate(const Demand& d) {
+    if (!buffer_->CanAllocate(d)) {
+      const EvictionRule rule = Uniform(0, 1) ? EvictionRule::kNaive : EvictionRule::kAllocationAware;
+      // Minimal eviction, as in the ring-mode test: no victim (a window tombstone included)
+      // is started once the demand is satisfied.
+      const std::uint32_t need = d.blocks[kKv.value()];
+      const std::uint32_t free_at_start = rule == EvictionRule::kNaive ? FreeKvPages() : 0;
+      const std::uint64_t live_at_start = buffer_->Stats().live_blocks_per_kind[kKv.value()];
+      cache_->SetEvictionObserver([this, d, rule, need, free_at_start, live_at_start] {
+        ++victims_watched_;
+        const std::uint64_t freed = live_at_start - buffer_->Stats().live_blocks_per_kind[kKv.value()];
+        Mismatch(!buffer_->CanAllocate(d) || (rule == EvictionRule::kNaive && free_at_start + freed < need),
+                 std::string("MakeRoom (") + EvictionRuleName(rule) + ") started a victim although the demand fit");
+      });
+      auto stats = cache_->MakeRoom(d, rule);
+      cache_->SetEvictionObserver(nullptr);
+      ++evictions_;
+      ObserveEvictions(stats ? *stats : EvictionStats{});
+      if (!stats) {
+        ++refused_;
+        Mismatch(stats.error().code() == ErrorCode::kResourceExhausted, "MakeRoom's error code");
+        const PrefixCacheMetrics m = cache_->Metrics();
+        Mismatch(m.kv.evictable == 0, "evictable KV after an exhausted MakeRoom");
+        if (rule == EvictionRule::kAllocationAware) {
+          // (Window pages may stay evictable in metrics: eviction takes them per node, and a
+          // node with one window-locked page keeps all its window pages.)
+          Mismatch(m.state.evictable == 0, "evictable states after an exhausted MakeRoom: " +
+                                               std::to_string(m.state.evictable) + " bytes");
+        }
+        const std::uint64_t digest = cache_->DebugDigest();  // a fixed point
+        Mismatch(!cache_->MakeRoom(d, rule) && cache_->DebugDigest() == digest, "a second exhausted MakeRoom changed the cache");
+        return std::nullopt;
+      }
+      Mismatch(buffer_->CanAllocate(d), "MakeRoom succeeded but the demand does not fit");
+    }
+    auto ids = buffer_->AllocateDemand(d);
+    EXPECT_TRUE(ids) << "step " << step_;
+    if (!ids) return std::nullopt;
+    return *ids;
+  }
+  void MakeRoom() {
+    Demand d = Demand::Of(3).Add(kKv, Uniform(0, 30)).Add(kSwa, Uniform(0, 12));
+    if (Uniform(0, 1)) d.Add(kState, 1);
+    auto ids = Allocate(d);
+    if (!ids) return;
+    if (Uniform(0, 1) == 0) {
+      for (BlockId id : *ids) ASSERT_TRUE(buffer_->Free(id));
+      return;
+    }
+    running_.push_back(*ids);
+  }
+  void EvictByCount() {
+    const std::uint32_t kind = Uniform(0, 2);
+    const std::uint64_t window_tokens = kind == 2 ? Uniform(1, 16) : 0;
+    const auto stats = cache_->Evict(kind == 0 ? Uniform(1, 12) : 0, kind == 1 ? Uniform(1, 3) : 0, window_tokens);
+    ++evictions_;
+    ObserveEvictions(stats);
+    if (std::uint64_t{stats.window_pages} * kPage < window_tokens) {  // stopped early: nothing was left
+      const std::uint64_t digest = cache_->DebugDigest();
+      Mismatch(cache_->Evict(0, 0, 1).window_pages == 0 && cache_->DebugDigest() == digest,
+               "Evict by window tokens stopped while window pages were evictable");
+    }
+  }
+  void FreeRunning() {
+    if (running_.empty()) return;
+    const std::size_t i = Uniform(0, static_cast<std::uint32_t>(running_.size() - 1));
+    for (BlockId id : running_[i]) ASSERT_TRUE(buffer_->Free(id));
+    running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+
+  // A request of t: shares the full pages of a locked match (and the tree's window pages
+  // there), computes the rest (KV and window pages), releases some window pages and inserts.
+  void Insert() {
+    const Tokens t = Uniform(0, 1) ? RandomSequence() : RandomQuery();  // also a cached prefix recomputed
+    const auto n = static_cast<std::uint32_t>(t.size());
+    PrefixMatch m;
+    if (Uniform(0, 1)) {
+      m = MatchAndCheck(t);
+      if (broken_) return;
+      if (m.length > 0) {
+        ASSERT_TRUE(cache_->Lock(m));
+        Hold(m, t);
+      }
+    }
+    std::set<std::uint32_t> at;
+    if (Uniform(0, 4) != 0) at.insert(n);
+    for (std::uint32_t i = Uniform(0, 3); i > 0; --i) at.insert(Uniform(1, n));
+    const std::uint32_t num_pages = (n + kPage - 1) / kPage;
+    const std::uint32_t shared = std::min(m.length / kPage, num_pages);
+    const auto c = static_cast<std::uint32_t>(at.size());
+    auto ids = Allocate(Demand::Of(3).Add(kState, c).Add(kKv, num_pages - shared).Add(kSwa, num_pages - shared));
+    if (m.length > 0) UnlockAt(locked_.size() - 1);
+    if (!ids) return;
+    std::vector<BlockId> pages(m.pages.begin(), m.pages.begin() + shared);
+    std::vector<BlockId> window(num_pages);
+    for (std::uint32_t i = 0; i < shared; ++i) {
+      if (Uniform(0, 3) != 0) window[i] = m.window_pages[i];  // the tree's (invalid outside the match's window)
+    }
+    std::uint32_t below_every_window = UINT32_MAX;  // pages no checkpoint of this request needs
+    for (std::uint32_t p : at) below_every_window = std::min(below_every_window, FirstWindowPage(p));
+    bool own_window = true;  // whether the window at n is all the request's own, present
+    for (std::uint32_t i = shared; i < num_pages; ++i) {
+      const BlockId p = (*ids)[c + i - shared];
+      const BlockId w = (*ids)[c + num_pages + i - 2 * shared];
+      Fill(p, i, t, n, 0);
+      Fill(w, i, t, n, 3);
+      pages.push_back(p);
+      const bool release = i < below_every_window ? Uniform(0, 1) == 0 : Uniform(0, 5) == 0;
+      if (release) {
+        ASSERT_TRUE(buffer_->Free(w));
+        if (i >= FirstWindowPage(n)) own_window = false;
+      } else {
+        window[i] = w;
+      }
+    }
+    std::vector<PositionedCheckpoint> cps;
+    for (std::uint32_t p : at) {
+      const BlockId s = (*ids)[cps.size()];
+      const std::uint64_t h = Hash(t, p, 1);
+      std::memcpy(buffer_->Bytes(s)->data(), &h, sizeof h);
+      cps.push_back({p, Checkpoint{s, BlockId::Invalid()}});
+    }
+    const std::size_t tree_kv = KvLength(t);  // how far the tree held t before
+    auto inserted = cache_->Insert(t, pages, cps, window);
+    ASSERT_TRUE(inserted) << inserted.error().ToString() << " step " << step_;
+    ++inserts_;
+    for (const auto& cp : cps) {
+      const Tokens key = Prefix(t, cp.position);
+      if (states_.contains(key)) {
+        Mismatch(!buffer_->KindOf(cp.checkpoint.state), "a duplicate checkpoint was not freed");
+      } else {
+        states_[key] = State{cp.checkpoint.state};
+      }
+    }
+    // The whole window at n lies in pages the request brought (those from floor(tree_kv / P)
+    // on are its own, the head copy included): the end must match now.
+    if (at.contains(n) && own_window && tree_kv < n && FirstWindowPage(n) >= tree_kv / kPage) {
+      ++complete_checked_;
+      const PrefixMatch full = MatchAndCheck(t, n);
+      Mismatch(full.length == n, "no match at the end of a fresh insert with its whole window (got " +
+                                     std::to_string(full.length) + " of " + std::to_string(n) + ")");
+    }
+  }
+
+  // A call the cache must refuse, with the whole state (DebugDigest) unchanged.
+  void RefusedCall() {
+    std::vector<Tokens> keys;
+    for (const auto& [key, st] : states_) keys.push_back(key);
+    std::optional<std::pair<Tokens, PrefixMatch>> cached;  // a cached prefix, matched in full
+    if (!keys.empty()) {
+      const Tokens key = keys[Uniform(0, static_cast<std::uint32_t>(keys.size() - 1))];
+      PrefixMatch m = MatchAndCheck(key, static_cast<std::uint32_t>(key.size()));
+      if (broken_) return;
+      if (m.length == key.size()) cached.emplace(key, std::move(m));
+    }
+    // A double unlock: a held match unlocked for real, then again (when nobody else holds it).
+    std::optional<PrefixMatch> unlocked;
+    if (!locked_.empty() && Uniform(0, 2) == 0) {
+      const std::size_t i = Uniform(0, static_cast<std::uint32_t>(locked_.size() - 1));
+      const PrefixMatch m = locked_[i].match;
+      const Tokens key = locked_[i].key;
+      UnlockAt(i);
+      if (states_.contains(key) && states_.at(key).locks == 0) unlocked = m;
+    }
+    const std::uint32_t what = Uniform(0, cached ? 9 : 3);
+    const std::uint64_t digest = cache_->DebugDigest();
+    const std::uint64_t buffer_digest = buffer_->DebugDigest();
+    Status status = Ok();
+    switch (what) {
+      case 0:  // pages that do not cover the tokens
+        status = cache_->Insert(RandomSequence(), {}, {}, {});
+        break;
+      case 1: {  // a forged match
+        PrefixMatch f;
+        f.length = 3;
+        f.path = {0xfffffu};
+        status = cache_->Lock(f);
+        break;
+      }
+      case 2: {  // a malformed demand
+        auto r = cache_->MakeRoom(Demand::Of(2).Add(kKv, 1), EvictionRule::kAllocationAware);
+        if (!r) status = std::unexpected(r.error());
+        break;
+      }
+      case 3:  // a double unlock, or an unlock of a forged match
+        if (unlocked) {
+          status = cache_->Unlock(*unlocked);
+        } else {
+          PrefixMatch f;
+          f.length = 5;
+          f.path = {0xffffeu};
+          status = cache_->Unlock(f);
+        }
+        break;
+      default: {
+        const auto& [key, m] = *cached;
+        const auto held = states_.at(key).locks;
+        std::vector<BlockId> pages = m.pages;
+        std::vector<BlockId> window = m.window_pages;
+        switch (what) {
+          case 4:  // one window page short
+            window.pop_back();
+            status = cache_->Insert(key, pages, {}, window);
+            break;
+          case 5:  // oversize: a page more than the tokens need
+            pages.push_back(pages[0]);
+            window.push_back(BlockId::Invalid());
+            status = cache_->Insert(key, pages, {}, window);
+            break;
+          case 6:  // a KV page as a window page
+            window.back() = pages.back();
+            status = cache_->Insert(key, pages, {}, window);
+            break;
+          case 7: {  // Lock with a window page that is not on the path
+            PrefixMatch f = m;
+            f.window_pages.back() = f.pages.back();
+            status = cache_->Lock(f);
+            break;
+          }
+          case 8: {  // ReleaseWindow of a match nobody locked (or a forged one when someone did)
+            PrefixMatch f = m;
+            if (held > 0) f.checkpoint.state = BlockId::Invalid();
+            status = cache_->ReleaseWindow(f);
+            break;
+          }
+          default:  // chunked insertion: not supported with window pages
+            auto r = cache_->InsertChunk(key, pages, {}, PrefixMatch{}, window);
+            if (!r) status = std::unexpected(r.error());
+            break;
+        }
+      }
+    }
+    ++refusals_checked_;
+    Mismatch(!status, "bad call " + std::to_string(what) + " was accepted");
+    Mismatch(cache_->DebugDigest() == digest, "the cache's digest after refused call " + std::to_string(what));
+    Mismatch(buffer_->DebugDigest() == buffer_digest, "the buffer's digest after refused call " + std::to_string(what));
+  }
+
+  void Verify() {
+    ASSERT_TRUE(cache_->CheckInvariants()) << cache_->CheckInvariants().error().ToString() << " step " << step_;
+    ASSERT_TRUE(buffer_->CheckInvariants()) << buffer_->CheckInvariants().error().ToString() << " step " << step_;
+    ASSERT_EQ(cache_->num_checkpoints(), states_.size()) << "step " << step_;
+    std::uint64_t state_protected = 0;
+    for (const auto& [key, st] : states_) {
+      Mismatch(cache_->Holds(key) && StateOk(st.block, key), "a cached state lost");
+      if (st.locks > 0) {
+        state_protected += 192;
+        Mismatch(buffer_->Offset(st.block).value() == st.pinned, "a locked state moved");
+      }
+    }
+    std::set<BlockId> window_locked;
+    for (const auto& h : locked_) {
+      std::vector<std::uint64_t> pages, window;
+      for (BlockId p : h.match.pages) pages.push_back(buffer_->Offset(p).value_or(UINT64_MAX));
+      for (BlockId w : h.match.window_pages) {
+        if (!w.valid()) continue;
+        window.push_back(buffer_->Offset(w).value_or(UINT64_MAX));
+        window_locked.insert(w);
+      }
+      Mismatch(pages == h.page_offsets, "a locked page was freed or moved");
+      Mismatch(window == h.window_offsets, "a window-locked page was freed or moved");
+      if (broken_) return;
+      Mismatch(MatchBytesOk(h.match, h.key, !h.match.window_pages.empty()), "a locked page's or window page's bytes");
+    }
+    const PrefixCacheMetrics m = cache_->Metrics();
+    Mismatch(m.state.protected_bytes == state_protected, "protected state bytes");
+    Mismatch(m.window.protected_bytes == window_locked.size() * 64, "protected window bytes " +
+                                                                         std::to_string(m.window.protected_bytes));
+    // Block accounting: every live block is the cache's or a running request's.
+    std::uint64_t running[3] = {0, 0, 0};
+    for (const auto& r : running_) {
+      for (BlockId id : r) ++running[buffer_->KindOf(id).value().value()];
+    }
+    const auto live = buffer_->Stats().live_blocks_per_kind;
+    Mismatch(live[kState.value()] == states_.size() + running[kState.value()], "live state blocks");
+    Mismatch(live[kKv.value()] == (m.kv.evictable + m.kv.protected_bytes) / 64 + running[kKv.value()], "live KV blocks");
+    Mismatch(live[kSwa.value()] == (m.window.evictable + m.window.protected_bytes) / 64 + running[kSwa.value()],
+             "live window blocks");
+  }
+
+  std::mt19937 rng_;
+  std::uint32_t window_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<UnifiedBuffer> buffer_;
+  std::unique_ptr<PrefixCache> cache_;
+  std::vector<Tokens> stems_;
+  std::map<Tokens, State> states_;  // key: the tokens [0, position)
+  std::vector<Held> locked_;
+  std::vector<std::vector<BlockId>> running_;
+  int step_ = 0;
+  bool broken_ = false;
+  int inserts_ = 0, hits_ = 0, window_stops_ = 0, complete_checked_ = 0, releases_ = 0, evictions_ = 0, refused_ = 0;
+  int refusals_checked_ = 0, mismatches_ = 0, victims_watched_ = 0;
+  std::uint64_t window_evicted_ = 0, evicted_states_ = 0;
+};
+
+void RunWindowRandom(std::uint32_t default_seed, std::uint32_t window, int steps) {
+  ULA_TEST_SEEDED(seed64, default_seed);
+  const auto seed = static_cast<std::uint32_t>(seed64);
+  std::printf("prefix random test, window pages (W = %u on %u-token pages): seed=%u steps=%d\n", window, kPage, seed, steps);
+  PrefixWindowRandom(seed, window).Run(steps);
+}
+
+// W = 6: a window of one or two pages.
+TEST(PrefixCacheRandom, WindowPagesMatchOnlyWithTheirWindowAndKeepLockedWindows) { RunWindowRandom(20261201u, 6, 20000); }
+
+// W = 3, shorter than a page: a window of one page, or two across a page boundary.
+TEST(PrefixCacheRandom, WindowPagesShorterThanAPageKeepTheirBytes) { RunWindowRandom(20261202u, 3, 10000); }
 
 void RunPrefixRandom(std::uint32_t default_seed, CompactionMode mode, int steps, std::uint32_t host_slots = 0,
                      double fault_rate = 0) {
