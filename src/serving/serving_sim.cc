@@ -76,6 +76,30 @@ void SetPeak(SystemResult& result) {
   }
 }
 
+// One batch size's measured steps, summed in step order, and the curve point they give.
+struct PointSums {
+  double t = 0, tokens = 0, batch = 0;
+  double distinct = 0, hits = 0, h2d = 0, d2h = 0, nv = 0;
+  std::uint32_t steps = 0;
+  StepTime time;
+  std::vector<StepCounts> measured;
+  // Output tokens at the expected acceptance (the drawn acceptances only grow the
+  // histories): a few measured steps of draws would make MTP curves noisy.
+  void Add(const StepCounts& k, const StepTime& st, const serving_internal::SimCounters& c, double tokens_per_step) {
+    ++steps;
+    measured.push_back(k);
+    t += st.total;
+    tokens += k.batch_total * tokens_per_step;
+    batch += k.batch_total;
+    distinct += c.distinct;
+    hits += c.hits;
+    h2d += c.h2d;
+    d2h += c.d2h;
+    nv += c.nvlink;
+    for (auto [acc, v] : TimeFields(time, st)) *acc += v;
+  }
+};
+
 struct RunContext {
   const ScenarioConfig& scenario;
   const ModelConfig& model;
@@ -137,6 +161,33 @@ bool SizeUlaCache(const PlacementRules& rules, bool tp, std::uint32_t admitted, 
   cfg.host_tokens = static_cast<std::uint64_t>(rules.host_bytes_per_rank / kv);
   cfg.buffer_tokens = static_cast<std::uint64_t>(buffer_entries);
   return true;
+}
+
+// The curve point of batch size b from its measured steps (m of them), and its progress line.
+CurvePoint MakePoint(const RunContext& ctx, SystemKind system, std::uint32_t b, double m, PointSums& s, bool blocked,
+                     std::chrono::steady_clock::time_point wall0) {
+  const CostModelInputs& in = ctx.cost.inputs();
+  CurvePoint pt;
+  pt.batch = b;
+  pt.mean_batch = s.batch / m;
+  pt.tput = s.tokens / s.t;
+  pt.step_ms = 1e3 * s.t / m;
+  pt.tokens_per_step = ctx.cost.ExpectedTokensPerStep(ctx.scenario.mtp_acceptance_rate);
+  pt.hit_rate = s.distinct > 0 ? s.hits / s.distinct : 1;
+  const double tb = static_cast<double>(ctx.cost.kv_bytes_per_token()) / 1e9 / m;
+  pt.h2d_gb = s.h2d * tb, pt.d2h_gb = s.d2h * tb, pt.nvlink_gb = s.nv * tb;
+  pt.time = s.time;
+  pt.measured = std::move(s.measured);
+  for (auto [v, unused] : TimeFields(pt.time, s.time)) *v /= m;
+  if (ctx.options.progress) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+    ctx.options.progress(fmt::format("  {} {} mtp={} {:<8} batch {:>4} (mean {:>6.1f}{}): {:>9.0f} tok/s, step {:>7.2f} ms, "
+                                     "hit {:.3f}  [{:.1f} s]",
+                                     ctx.label, ParallelModeName(in.mode), in.mtp ? "on" : "off", SystemName(system), b,
+                                     pt.mean_batch, blocked ? ", queue head waits" : "", pt.tput, pt.step_ms, pt.hit_rate,
+                                     secs));
+  }
+  return pt;
 }
 
 Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
@@ -209,10 +260,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
       result.note = fmt::format("batch {}: no request could be admitted", b);
       break;
     }
-    double sum_t = 0, sum_tokens = 0, sum_batch = 0;
-    double sum_distinct = 0, sum_hits = 0, sum_h2d = 0, sum_d2h = 0, sum_nv = 0;
-    StepTime sum_time;
-    std::vector<StepCounts> point_steps;
+    PointSums sums;
     const std::uint32_t steps = sc.sampling.warmup_steps + sc.sampling.measure_steps;
     bool failed = false;
     for (std::uint32_t s = 0; s < steps; ++s) {
@@ -262,20 +310,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
       k.swap_in_per_layer = system == SystemKind::kHiSparse;
       ULA_RETURN_IF_ERROR(ctx.cost.CheckCounts(k));
       const StepTime t = ctx.cost.Time(ctx.cost.Work(k));
-      if (measured) {
-        point_steps.push_back(k);
-        sum_t += t.total;
-        // Output tokens at the expected acceptance (the drawn acceptances only grow the
-        // histories): a few measured steps of draws would make MTP curves noisy.
-        sum_tokens += k.batch_total * ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate);
-        sum_batch += k.batch_total;
-        sum_distinct += c.distinct;
-        sum_hits += c.hits;
-        sum_h2d += c.h2d;
-        sum_d2h += c.d2h;
-        sum_nv += c.nvlink;
-        for (auto [sum, v] : TimeFields(sum_time, t)) *sum += v;
-      }
+      if (measured) sums.Add(k, t, c, ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate));
       // Continuous batching: finished requests leave, waiting ones enter.
       for (auto it = active.begin(); it != active.end();) {
         if (it->remaining == 0) {
@@ -290,29 +325,8 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
       if (active.empty()) break;
     }
     if (failed) break;
-    const double m = sc.sampling.measure_steps;
-    if (sum_t <= 0) continue;
-    CurvePoint pt;
-    pt.batch = b;
-    pt.mean_batch = sum_batch / m;
-    pt.tput = sum_tokens / sum_t;
-    pt.step_ms = 1e3 * sum_t / m;
-    pt.tokens_per_step = ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate);
-    pt.hit_rate = sum_distinct > 0 ? sum_hits / sum_distinct : 1;
-    const double tb = static_cast<double>(ctx.cost.kv_bytes_per_token()) / 1e9 / m;
-    pt.h2d_gb = sum_h2d * tb, pt.d2h_gb = sum_d2h * tb, pt.nvlink_gb = sum_nv * tb;
-    pt.time = sum_time;
-    pt.measured = std::move(point_steps);
-    for (auto [v, unused] : TimeFields(pt.time, sum_time)) *v /= m;
-    result.curve.push_back(pt);
-    if (ctx.options.progress) {
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-      ctx.options.progress(fmt::format("  {} {} mtp={} {:<8} batch {:>4} (mean {:>6.1f}{}): {:>9.0f} tok/s, step {:>7.2f} ms, "
-                                       "hit {:.3f}  [{:.1f} s]",
-                                       ctx.label, ParallelModeName(in.mode), in.mtp ? "on" : "off", SystemName(system),
-                                       b, pt.mean_batch, blocked ? ", queue head waits" : "", pt.tput, pt.step_ms,
-                                       pt.hit_rate, secs));
-    }
+    if (sums.t <= 0) continue;
+    result.curve.push_back(MakePoint(ctx, system, b, sc.sampling.measure_steps, sums, blocked, wall0));
   }
   SetPeak(result);
   return result;
@@ -439,11 +453,7 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
       result.note = fmt::format("batch {}: no request could be admitted", b);
       break;
     }
-    double sum_t = 0, sum_tokens = 0, sum_batch = 0;
-    double sum_distinct = 0, sum_hits = 0, sum_h2d = 0, sum_d2h = 0, sum_nv = 0;
-    std::uint32_t measured_steps = 0;
-    StepTime sum_time;
-    std::vector<StepCounts> point_steps;
+    PointSums sums;
     const std::uint32_t steps = sc.sampling.warmup_steps + sc.sampling.measure_steps;
     bool failed = false;
     for (std::uint32_t s = 0; s < steps; ++s) {
@@ -496,19 +506,7 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
         k.swap_in_per_layer = system == SystemKind::kHiSparse;
         ULA_RETURN_IF_ERROR(ctx.cost.CheckCounts(k));
         const StepTime t = ctx.cost.Time(ctx.cost.Work(k));
-        if (measured) {
-          ++measured_steps;
-          point_steps.push_back(k);
-          sum_t += t.total;
-          sum_tokens += k.batch_total * ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate);
-          sum_batch += k.batch_total;
-          sum_distinct += c.distinct;
-          sum_hits += c.hits;
-          sum_h2d += c.h2d;
-          sum_d2h += c.d2h;
-          sum_nv += c.nvlink;
-          for (auto [acc, v] : TimeFields(sum_time, t)) *acc += v;
-        }
+        if (measured) sums.Add(k, t, c, ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate));
       }
       for (auto it = active.begin(); it != active.end();) {
         if (it->remaining == 0) {
@@ -527,29 +525,8 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
       if (active.empty()) break;
     }
     if (failed) break;
-    if (sum_t <= 0 || measured_steps == 0) continue;
-    const double m = measured_steps;
-    CurvePoint pt;
-    pt.batch = b;
-    pt.mean_batch = sum_batch / m;
-    pt.tput = sum_tokens / sum_t;
-    pt.step_ms = 1e3 * sum_t / m;
-    pt.tokens_per_step = ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate);
-    pt.hit_rate = sum_distinct > 0 ? sum_hits / sum_distinct : 1;
-    const double tb = static_cast<double>(ctx.cost.kv_bytes_per_token()) / 1e9 / m;
-    pt.h2d_gb = sum_h2d * tb, pt.d2h_gb = sum_d2h * tb, pt.nvlink_gb = sum_nv * tb;
-    pt.time = sum_time;
-    pt.measured = std::move(point_steps);
-    for (auto [v, unused] : TimeFields(pt.time, sum_time)) *v /= m;
-    result.curve.push_back(pt);
-    if (ctx.options.progress) {
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-      ctx.options.progress(fmt::format("  {} {} mtp={} {:<8} batch {:>4} (mean {:>6.1f}{}): {:>9.0f} tok/s, step {:>7.2f} ms, "
-                                       "hit {:.3f}  [{:.1f} s]",
-                                       ctx.label, ParallelModeName(in.mode), in.mtp ? "on" : "off", SystemName(system),
-                                       b, pt.mean_batch, blocked ? ", queue head waits" : "", pt.tput, pt.step_ms,
-                                       pt.hit_rate, secs));
-    }
+    if (sums.t <= 0 || sums.steps == 0) continue;
+    result.curve.push_back(MakePoint(ctx, system, b, sums.steps, sums, blocked, wall0));
   }
   SetPeak(result);
   return result;
