@@ -65,6 +65,20 @@ constexpr std::uint32_t kSlot = 16;  // bytes per token in a 64-byte page
 constexpr BlockKind kState(0), kKv(1), kSwa(2);
 using Tokens = std::vector<std::uint32_t>;
 
+Tokens Prefix(const Tokens& t, std::size_t n) { return Tokens(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(n)); }
+
+// The largest n with CanAllocate(n KV pages), by bisection.
+std::uint32_t FreeKvPages(const UnifiedBuffer& buffer) {
+  std::uint32_t lo = 0, hi = 1;
+  auto fits = [&](std::uint32_t n) { return buffer.CanAllocate(Demand::Of(3).Add(kKv, n)); };
+  while (fits(hi)) lo = hi, hi *= 2;
+  while (hi - lo > 1) {
+    const std::uint32_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
 struct ShadowState {
   Checkpoint checkpoint;  // stale while on_host
   bool on_host = false;   // offloaded to the host tier
@@ -207,7 +221,6 @@ class PrefixRandom {
   std::uint32_t Uniform(std::uint32_t lo, std::uint32_t hi) {
     return std::uniform_int_distribution<std::uint32_t>(lo, hi)(rng_);
   }
-  static Tokens Prefix(const Tokens& t, std::size_t n) { return Tokens(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(n)); }
   static bool IsPrefix(const Tokens& key, const Tokens& t) {
     return key.size() <= t.size() && std::equal(key.begin(), key.end(), t.begin());
   }
@@ -421,21 +434,10 @@ class PrefixRandom {
     ASSERT_TRUE(buffer_->Free(m->copy.window));
   }
 
-  // The largest n with CanAllocate(n KV pages), by bisection.
-  std::uint32_t FreeKvPages() const {
-    std::uint32_t lo = 0, hi = 1;
-    auto fits = [&](std::uint32_t n) { return buffer_->CanAllocate(Demand::Of(3).Add(kKv, n)); };
-    while (fits(hi)) lo = hi, hi *= 2;
-    while (hi - lo > 1) {
-      const std::uint32_t mid = lo + (hi - lo) / 2;
-      (fits(mid) ? lo : hi) = mid;
-    }
-    return lo;
-  }
   // The minimal-eviction watcher (see the file comment) for one call with demand d.
   void Watch(const Demand& d, EvictionRule rule) {
     const std::uint32_t need = d.blocks[kKv.value()];
-    const std::uint32_t free_at_start = rule == EvictionRule::kNaive ? FreeKvPages() : 0;
+    const std::uint32_t free_at_start = rule == EvictionRule::kNaive ? FreeKvPages(*buffer_) : 0;
     const std::uint64_t live_at_start = buffer_->Stats().live_blocks_per_kind[kKv.value()];
     cache_->SetEvictionObserver([this, d, rule, need, free_at_start, live_at_start] {
       ++victims_watched_;
@@ -1020,7 +1022,6 @@ class PrefixWindowRandom {
   std::uint32_t Uniform(std::uint32_t lo, std::uint32_t hi) {
     return std::uniform_int_distribution<std::uint32_t>(lo, hi)(rng_);
   }
-  static Tokens Prefix(const Tokens& t, std::size_t n) { return Tokens(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(n)); }
   static bool IsPrefix(const Tokens& key, const Tokens& t) {
     return key.size() <= t.size() && std::equal(key.begin(), key.end(), t.begin());
   }
@@ -1186,24 +1187,13 @@ class PrefixWindowRandom {
     for (const auto& key : gone) states_.erase(key);
     evicted_states_ += gone.size();
   }
-  // The largest n with CanAllocate(n KV pages), by bisection.
-  std::uint32_t FreeKvPages() const {
-    std::uint32_t lo = 0, hi = 1;
-    auto fits = [&](std::uint32_t n) { return buffer_->CanAllocate(Demand::Of(3).Add(kKv, n)); };
-    while (fits(hi)) lo = hi, hi *= 2;
-    while (hi - lo > 1) {
-      const std::uint32_t mid = lo + (hi - lo) / 2;
-      (fits(mid) ? lo : hi) = mid;
-    }
-    return lo;
-  }
   std::optional<std::vector<BlockId>> Allocate(const Demand& d) {
     if (!buffer_->CanAllocate(d)) {
       const EvictionRule rule = Uniform(0, 1) ? EvictionRule::kNaive : EvictionRule::kAllocationAware;
       // Minimal eviction, as in the ring-mode test: no victim (a window tombstone included)
       // is started once the demand is satisfied.
       const std::uint32_t need = d.blocks[kKv.value()];
-      const std::uint32_t free_at_start = rule == EvictionRule::kNaive ? FreeKvPages() : 0;
+      const std::uint32_t free_at_start = rule == EvictionRule::kNaive ? FreeKvPages(*buffer_) : 0;
       const std::uint64_t live_at_start = buffer_->Stats().live_blocks_per_kind[kKv.value()];
       cache_->SetEvictionObserver([this, d, rule, need, free_at_start, live_at_start] {
         ++victims_watched_;
