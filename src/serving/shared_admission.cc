@@ -285,7 +285,7 @@ Result<SharedAdmission> SharedLedger::TryAdmit(const SharedItem& item) {
   return a;
 }
 
-Status SharedLedger::Release(const SharedItem& item) {
+Result<SharedLedger::Resident> SharedLedger::Remove(const SharedItem& item) {
   auto it = resident_.find(item.id);
   if (it == resident_.end()) return MakeError(ErrorCode::kNotFound, fmt::format("request {} not admitted", item.id));
   const Resident r = it->second;
@@ -294,6 +294,18 @@ Status SharedLedger::Release(const SharedItem& item) {
   const std::uint32_t t = item.final_tokens();
   Add(h, RequestPart(rules_, t) + TokenPart(rules_, r.own), WorkingSet(rules_, t), -1);
   h.stored -= r.own;
+  --loads_[r.holder];
+  --admitted_;
+  named_ -= t;
+  return r;
+}
+
+Status SharedLedger::Release(const SharedItem& item) {
+  auto removed = Remove(item);
+  if (!removed) return std::unexpected(removed.error());
+  const Resident r = *removed;
+  Holder& h = holders_[r.holder];
+  const std::uint32_t t = item.final_tokens();
   ++clock_;
   std::uint32_t refs = 0;
   if (auto p = h.prefixes.find(item.group); p != h.prefixes.end()) {
@@ -312,21 +324,14 @@ Status SharedLedger::Release(const SharedItem& item) {
     h.stored += t;
     h.prefixes[item.group] = Prefix{t, refs, clock_};
   }
-  --loads_[r.holder];
-  --admitted_;
-  named_ -= t;
   return Ok();
 }
 
 Status SharedLedger::Cancel(const SharedItem& item) {
-  auto it = resident_.find(item.id);
-  if (it == resident_.end()) return MakeError(ErrorCode::kNotFound, fmt::format("request {} not admitted", item.id));
-  const Resident r = it->second;
-  resident_.erase(it);
+  auto removed = Remove(item);
+  if (!removed) return std::unexpected(removed.error());
+  const Resident r = *removed;
   Holder& h = holders_[r.holder];
-  const std::uint32_t t = item.final_tokens();
-  Add(h, RequestPart(rules_, t) + TokenPart(rules_, r.own), WorkingSet(rules_, t), -1);
-  h.stored -= r.own;
   if (auto p = h.prefixes.find(item.group); p != h.prefixes.end()) {
     if (r.created) {
       Add(h, TokenPart(rules_, p->second.tokens), 0, -1);
@@ -336,9 +341,6 @@ Status SharedLedger::Cancel(const SharedItem& item) {
       --p->second.refs;
     }
   }
-  --loads_[r.holder];
-  --admitted_;
-  named_ -= t;
   return Ok();
 }
 

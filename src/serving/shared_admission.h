@@ -154,6 +154,9 @@ class SharedLedger {
   bool Fits(const Holder& h, const RankDemand& d, double ws) const;
   void Add(Holder& h, const RankDemand& d, double ws, double sign);
   Result<std::uint32_t> Route(const SharedItem& item);
+  // Release and Cancel, what they share: the request leaves, its own charges and counts go;
+  // its group's prefix is left to the caller. kNotFound if it is not resident.
+  Result<Resident> Remove(const SharedItem& item);
 
   PlacementRules rules_;
   std::vector<Holder> holders_;
