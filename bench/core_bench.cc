@@ -3,8 +3,8 @@
 
 #include <random>
 
-#include "ula/location_table.h"
-#include "ula/slot_pool.h"
+#include "core/location_table.h"
+#include "backend/slot_pool.h"
 
 namespace ula {
 namespace {

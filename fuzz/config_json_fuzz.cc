@@ -6,11 +6,11 @@
 #include <string_view>
 
 #include "fuzz_input.h"
-#include "ula/hardware_config.h"
-#include "ula/indexer_decode.h"
-#include "ula/model_config.h"
-#include "ula/serving_config.h"
-#include "ula/workload.h"
+#include "config/hardware_config.h"
+#include "workload/indexer_decode.h"
+#include "config/model_config.h"
+#include "serving/serving_config.h"
+#include "workload/workload.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Trace files (include/ula/trace_file.h) from arbitrary bytes. Properties: DecodeTrace
+// Trace files (src/workload/trace_file.h) from arbitrary bytes. Properties: DecodeTrace
 // never crashes, reads out of bounds or allocates without bound; what it accepts is valid
 // (Trace::Validate), encodes again, and that encoding decodes to the same trace and is
 // the input itself (one encoding per trace: the checksum covers every byte).
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "fuzz_input.h"
-#include "ula/trace_file.h"
+#include "workload/trace_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace ula;

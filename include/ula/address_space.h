@@ -172,7 +172,7 @@ class AddressSpace {
   Status CheckInvariants() const;
   // A hash of the whole state (tables, pools and their free bitmaps, residency policies,
   // requests, the free-address FIFO in order): equal before and after a refused call.
-  // For tests; O(state). ula/digest.h.
+  // For tests; O(state). core/digest.h.
   std::uint64_t DebugDigest() const;
 
   struct State;  // opaque; defined in src/sparse

@@ -18,7 +18,7 @@
 // direction.
 //
 // Failed batches (a transfer error, reported by Submit or by Wait on the batch's fence; the
-// cpu and counting backends never fail one, FaultInjectingBackend in ula/fault_backend.h
+// cpu and counting backends never fail one, FaultInjectingBackend in backend/fault_backend.h
 // does on purpose): a failed copy batch leaves its sources untouched and its destinations
 // undefined (any of its moves may have landed); a failed swap batch has exchanged nothing
 // (a swap batch is applied whole or not at all: a backend that cannot stage it must not

@@ -62,11 +62,10 @@
 #include <vector>
 
 #include "ula/address_space.h"
+#include "ula/step_arrays.h"
 #include "ula/step_planner.h"
 
 namespace ula {
-
-inline constexpr std::int32_t kPadIndex = -1;
 
 struct StepShape {
   std::uint32_t batch = 0;
@@ -74,26 +73,6 @@ struct StepShape {
   std::uint32_t top_k = 0;
   std::uint64_t size() const { return std::uint64_t{batch} * q_len * top_k; }
 };
-
-enum class CopyOp : std::uint8_t { kCopy = 0, kSwap = 1 };
-
-// One entry move, a plain 48-byte record (mirrored by the Python package's numpy dtype).
-struct CopyDescriptor {
-  std::uint64_t src_offset = 0;  // bytes into the source pool (src_slot * bytes)
-  std::uint64_t dst_offset = 0;
-  std::uint32_t src_slot = 0;
-  std::uint32_t dst_slot = 0;
-  std::uint32_t bytes = 0;       // entry_bytes
-  std::uint32_t addr = 0;        // the logical address brought to device
-  std::uint16_t src_rank = 0;
-  std::uint16_t dst_rank = 0;
-  std::uint16_t group = 0;
-  std::uint8_t src_tier = 0;     // Tier
-  std::uint8_t dst_tier = 0;
-  std::uint8_t op = 0;           // CopyOp
-  std::uint8_t reserved[7] = {};
-};
-static_assert(sizeof(CopyDescriptor) == 48);
 
 struct EngineStepConfig {
   std::uint32_t max_batch = 1;

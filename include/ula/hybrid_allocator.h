@@ -119,7 +119,7 @@ class HybridAllocator {
   // Every live block, sorted by id (ids sort by their table index).
   virtual std::vector<BlockInfo> LiveBlocks() const = 0;
   virtual Status CheckInvariants() const = 0;
-  // A hash of the whole state (ula/digest.h), equal before and after a refused call; for
+  // A hash of the whole state (core/digest.h), equal before and after a refused call; for
   // tests, O(state). The default hashes LiveBlocks() and Stats(); an implementation with
   // more state (free lists and their order, holes) overrides it.
   virtual std::uint64_t DebugDigest() const;

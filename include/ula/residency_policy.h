@@ -56,7 +56,7 @@ class ResidencyPolicy {
   virtual std::size_t MemoryBytes() const = 0;
   // A hash of the whole state that decides future victims (stamps, buckets, list order,
   // clock hand, round counter; not scratch), for tests: equal before and after a call
-  // that must change nothing (ula/digest.h).
+  // that must change nothing (core/digest.h).
   virtual std::uint64_t DebugDigest() const = 0;
 };
 

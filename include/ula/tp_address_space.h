@@ -206,7 +206,7 @@ class TpAddressSpace {
   Status CheckInvariants() const;
   // A hash of the whole state of the hosted ranks (directory, free-address FIFOs in order,
   // home tables, pools and their free bitmaps, local buffers, residency policies): equal
-  // before and after a refused call. For tests; O(state). ula/digest.h.
+  // before and after a refused call. For tests; O(state). core/digest.h.
   std::uint64_t DebugDigest() const;
 
   struct State;  // opaque; src/sparse/tp_state.h

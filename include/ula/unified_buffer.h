@@ -114,7 +114,7 @@ class UnifiedBuffer final : public HybridAllocator {
   Status CheckInvariants() const override;
   // A hash of the whole state (block table with generations and pins, the free-id FIFO in
   // order, both ends' blocks and holes, counters): equal before and after a refused call.
-  // For tests; O(state). ula/digest.h.
+  // For tests; O(state). core/digest.h.
   std::uint64_t DebugDigest() const override;
 
   // Offset of the first reserved padding byte (== usable bytes).

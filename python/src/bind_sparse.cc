@@ -58,7 +58,7 @@ void BindStats(py::module_& m) {
 void BindSparse(py::module_& m) {
   BindStats(m);
   PYBIND11_NUMPY_DTYPE(ula::CopyDescriptor, src_offset, dst_offset, src_slot, dst_slot, bytes, addr, src_rank,
-                       dst_rank, group, src_tier, dst_tier, op);
+                       dst_rank, group, src_tier, dst_tier, op, num_layers);
   m.attr("DESCRIPTOR_DTYPE") = py::dtype::of<ula::CopyDescriptor>();
   m.attr("COPY") = static_cast<int>(ula::CopyOp::kCopy);
   m.attr("SWAP") = static_cast<int>(ula::CopyOp::kSwap);

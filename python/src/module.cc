@@ -3,9 +3,9 @@
 #include <pybind11/stl.h>
 
 #include "bind_common.h"
-#include "ula/hardware_config.h"
-#include "ula/indexer.h"
-#include "ula/model_config.h"
+#include "config/hardware_config.h"
+#include "sparse/indexer.h"
+#include "config/model_config.h"
 
 namespace ulapy {
 namespace {
@@ -28,7 +28,7 @@ void TranslateErrors() {
 
 void BindIndexer(py::module_& m) {
   py::class_<ula::Indexer>(m, "Indexer", R"doc(
-The CPU lightning indexer (DeepSeek-V3.2 DSA style, include/ula/indexer.h): score(k) =
+The CPU lightning indexer (DeepSeek-V3.2 DSA style, src/sparse/indexer.h): score(k) =
 sum_h w[h] * relu(q[h] . k) in float32 in a fixed order; top-k by score, ties by position.)doc")
       .def(py::init([](std::uint32_t num_heads, std::uint32_t head_dim, std::uint32_t top_k) {
              return Unwrap(ula::Indexer::Create({num_heads, head_dim, top_k}));
@@ -56,7 +56,7 @@ sum_h w[h] * relu(q[h] . k) in float32 in a fixed order; top-k by score, ties by
 }  // namespace
 
 void BindConfig(py::module_& m) {
-  py::class_<ula::ModelConfig>(m, "ModelConfig", "A model's shape (configs/models/*.json, include/ula/model_config.h).")
+  py::class_<ula::ModelConfig>(m, "ModelConfig", "A model's shape (configs/models/*.json, src/config/model_config.h).")
       .def_readonly("name", &ula::ModelConfig::name)
       .def_readonly("source", &ula::ModelConfig::source)
       .def_readonly("num_layers", &ula::ModelConfig::num_layers)

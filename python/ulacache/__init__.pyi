@@ -30,7 +30,7 @@ def error_class(code: str) -> type: ...
 
 # numpy dtype of one copy descriptor (48 bytes, ula::CopyDescriptor): src_offset, dst_offset
 # (u8), src_slot, dst_slot, bytes, addr (u4), src_rank, dst_rank, group (u2), src_tier,
-# dst_tier, op (u1).
+# dst_tier, op (u1), num_layers (u2: rows of `bytes` per descriptor, one per layer).
 DESCRIPTOR_DTYPE: np.dtype
 COPY: int
 SWAP: int

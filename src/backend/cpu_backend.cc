@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "backend/arena_registry.h"
-#include "ula/huge_page_allocator.h"
+#include "core/huge_page_allocator.h"
 
 namespace ula {
 namespace {

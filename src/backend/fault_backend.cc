@@ -1,5 +1,5 @@
-// FaultInjectingBackend: see include/ula/fault_backend.h.
-#include "ula/fault_backend.h"
+// FaultInjectingBackend: see src/backend/fault_backend.h.
+#include "backend/fault_backend.h"
 
 #include <fmt/format.h>
 

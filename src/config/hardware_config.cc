@@ -1,5 +1,5 @@
 // Hardware profile loading (hardware_config.h): every quantity needs a value and a source.
-#include "ula/hardware_config.h"
+#include "config/hardware_config.h"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 // Model and config-directory loading (model_config.h). Range checks happen field by field
 // while parsing; Validate() re-checks them and the cross-field byte-size identities, so a
 // config built in code is held to the same rules as one read from a file.
-#include "ula/model_config.h"
+#include "config/model_config.h"
 
 #include <fmt/format.h>
 

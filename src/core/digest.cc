@@ -1,6 +1,6 @@
-#include "ula/digest.h"
+#include "core/digest.h"
 
-#include "ula/hier_bitmap.h"
+#include "core/hier_bitmap.h"
 
 namespace ula {
 

@@ -1,4 +1,4 @@
-#include "ula/location_table.h"
+#include "core/location_table.h"
 
 #include "ula/check.h"
 

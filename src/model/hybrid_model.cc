@@ -1,4 +1,4 @@
-#include "ula/hybrid_model.h"
+#include "model/hybrid_model.h"
 
 #include <fmt/format.h>
 

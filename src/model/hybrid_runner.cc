@@ -1,4 +1,4 @@
-#include "ula/hybrid_runner.h"
+#include "model/hybrid_runner.h"
 
 #include <fmt/format.h>
 

@@ -4,7 +4,7 @@
 #include <bit>
 #include <string>
 
-#include "ula/digest.h"
+#include "core/digest.h"
 #include "ula/check.h"
 
 namespace ula::policy {

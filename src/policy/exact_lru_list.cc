@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "ula/digest.h"
+#include "core/digest.h"
 #include "ula/check.h"
 
 namespace ula::policy {

@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-#include "ula/digest.h"
+#include "core/digest.h"
 #include "ula/check.h"
 
 namespace ula::policy {

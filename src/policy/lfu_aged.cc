@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "ula/digest.h"
+#include "core/digest.h"
 #include "ula/check.h"
 
 namespace ula::policy {

@@ -79,7 +79,7 @@
 #include <vector>
 
 #include "policy/fork_join.h"
-#include "ula/hier_bitmap.h"
+#include "core/hier_bitmap.h"
 #include "ula/residency_policy.h"
 
 namespace ula::policy {

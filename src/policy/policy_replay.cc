@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "ula/slot_pool.h"
+#include "backend/slot_pool.h"
 
 namespace ula::policy {
 namespace {

@@ -1,7 +1,7 @@
 // Policy-level replay: a harness that replays a selection trace through one residency
 // policy over one device slot pool, for `ula bench policy`. The trace itself comes from the
-// shared selection model (include/ula/selection_model.h, calibrated against the real
-// indexer in docs/WORKLOADS.md); tools/ula/bench_policy.cc builds it, so that every policy
+// shared selection model (src/workload/selection_model.h, calibrated against the real
+// indexer in docs/WORKLOADS.md); tools/ula/bench_policy_command.cc builds it, so that every policy
 // and every other benchmark sees the same calibrated selections.
 //
 // Trace layout: `batch` requests decode together; request r owns the addresses

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "prefix/tree_util.h"
-#include "ula/digest.h"
+#include "core/digest.h"
 #include "ula/prefix_cache.h"
 
 namespace ula {

@@ -1,4 +1,4 @@
-#include "ula/prefix_router.h"
+#include "prefix/prefix_router.h"
 
 #include <fmt/format.h>
 

@@ -7,7 +7,7 @@
 
 #include "prefix/tree_util.h"
 #include "ula/check.h"
-#include "ula/digest.h"
+#include "core/digest.h"
 
 namespace ula {
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ula/baselines.h"
+#include "serving/baselines.h"
 
 namespace ula {
 namespace {

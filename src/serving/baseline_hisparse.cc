@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "ula/baselines.h"
+#include "serving/baselines.h"
 #include "ula/check.h"
 
 namespace ula {

@@ -1,7 +1,7 @@
 // Cost model (cost_model.h): parameter counts, per-GPU memory budget, and the roofline of
 // one decode step. Every constant comes from a config; the formulas are the ones written
 // out in docs/COST_MODEL.md, in the same order.
-#include "ula/cost_model.h"
+#include "serving/cost_model.h"
 
 #include <fmt/format.h>
 

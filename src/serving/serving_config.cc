@@ -2,9 +2,9 @@
 // reads fields through JsonFields so that a missing, mistyped, out-of-range or unknown field
 // is an error naming the origin and the field; nested objects and arrays name their path
 // ("configs[2].mode", "sampling.batch_grid[3]").
-#include "ula/serving_config.h"
+#include "serving/serving_config.h"
 
-#include "ula/selection_fit.h"
+#include "workload/selection_fit.h"
 
 #include <fmt/format.h>
 

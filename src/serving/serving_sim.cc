@@ -9,7 +9,7 @@
 // finished requests replaced, and the cost model turns the step's counters into time.
 // Requests enter mid-decode (a seeded fraction of their output already produced), so that
 // completions are spread as in a long-running server.
-#include "ula/serving_sim.h"
+#include "serving/serving_sim.h"
 
 #include <fmt/format.h>
 
@@ -23,11 +23,11 @@
 #include "workload/rng.h"
 #include "serving/serving_systems.h"
 #include "serving/shared_admission.h"
-#include "ula/shared_workload.h"
-#include "ula/hardware_config.h"
-#include "ula/model_config.h"
-#include "ula/selection_model.h"
-#include "ula/workload.h"
+#include "workload/shared_workload.h"
+#include "config/hardware_config.h"
+#include "config/model_config.h"
+#include "workload/selection_model.h"
+#include "workload/workload.h"
 
 namespace ula {
 namespace {

@@ -22,7 +22,7 @@
 #include <span>
 #include <vector>
 
-#include "ula/baselines.h"
+#include "serving/baselines.h"
 #include "ula/error.h"
 
 namespace ula::serving_internal {

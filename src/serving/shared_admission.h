@@ -57,10 +57,10 @@
 #include <vector>
 
 #include "ula/backend.h"
-#include "ula/baselines.h"
+#include "serving/baselines.h"
 #include "ula/error.h"
-#include "ula/prefix_router.h"
-#include "ula/shared_workload.h"
+#include "prefix/prefix_router.h"
+#include "workload/shared_workload.h"
 
 namespace ula::serving_internal {
 

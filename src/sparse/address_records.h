@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ula/huge_page_allocator.h"
+#include "core/huge_page_allocator.h"
 #include "ula/ids.h"
 #include "ula/location.h"
 

@@ -9,7 +9,7 @@
 #include "sparse/address_space_state.h"
 #include "sparse/pool_geometry.h"
 #include "ula/check.h"
-#include "ula/digest.h"
+#include "core/digest.h"
 
 namespace ula {
 

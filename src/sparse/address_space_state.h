@@ -12,7 +12,7 @@
 #include "sparse/address_records.h"
 #include "sparse/address_refs.h"
 #include "sparse/pool_arenas.h"
-#include "ula/slot_pool.h"
+#include "backend/slot_pool.h"
 
 namespace ula {
 

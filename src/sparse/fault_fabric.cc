@@ -1,5 +1,5 @@
-// FaultInjectingFabric: see include/ula/fault_fabric.h.
-#include "ula/fault_fabric.h"
+// FaultInjectingFabric: see src/sparse/fault_fabric.h.
+#include "sparse/fault_fabric.h"
 
 #include <fmt/format.h>
 

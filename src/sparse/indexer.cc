@@ -1,6 +1,6 @@
 // CPU lightning indexer (indexer.h): scoring in the documented float order, top-k by
 // partial selection on the documented total order, union in first-appearance order.
-#include "ula/indexer.h"
+#include "sparse/indexer.h"
 
 #include <fmt/format.h>
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ula/backend.h"
-#include "ula/slot_pool.h"
+#include "backend/slot_pool.h"
 
 namespace ula {
 

@@ -12,7 +12,7 @@
 #include "sparse/pool_geometry.h"
 #include "sparse/tp_state.h"
 #include "ula/check.h"
-#include "ula/digest.h"
+#include "core/digest.h"
 
 namespace ula {
 

@@ -11,7 +11,7 @@
 
 #include "sparse/address_refs.h"
 #include "sparse/pool_arenas.h"
-#include "ula/slot_pool.h"
+#include "backend/slot_pool.h"
 #include "ula/tp_address_space.h"
 
 namespace ula {

@@ -1,4 +1,4 @@
-#include "ula/fixed_split_allocator.h"
+#include "unified/fixed_split_allocator.h"
 
 #include <fmt/format.h>
 

@@ -1,6 +1,6 @@
 #include "ula/hybrid_allocator.h"
 
-#include "ula/digest.h"
+#include "core/digest.h"
 
 namespace ula {
 

@@ -1,4 +1,4 @@
-#include "ula/page_envelope.h"
+#include "unified/page_envelope.h"
 
 namespace ula {
 

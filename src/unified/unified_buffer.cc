@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "ula/check.h"
-#include "ula/digest.h"
+#include "core/digest.h"
 #include "unified/block_table.h"
 #include "unified/end_layout.h"
 

@@ -1,5 +1,5 @@
 // RunAttentionCheck (attention_check.h).
-#include "ula/attention_check.h"
+#include "verify/attention_check.h"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 
 #include "workload/rng.h"
 #include "ula/backend.h"
-#include "ula/indexer_decode.h"
+#include "workload/indexer_decode.h"
 #include "ula/reference_attention.h"
 
 namespace ula {

@@ -1,4 +1,4 @@
-#include "ula/consistency_verifier.h"
+#include "verify/consistency_verifier.h"
 
 #include <fmt/format.h>
 
@@ -10,7 +10,7 @@
 #include "ula/address_space.h"
 #include "verify/verifier_core.h"
 #include "ula/backend.h"
-#include "ula/fault_backend.h"
+#include "backend/fault_backend.h"
 #include "ula/step_planner.h"
 
 namespace ula {

@@ -1,7 +1,7 @@
-// TpVerifier (include/ula/tp_verifier.h): a seeded random workload through TP mode with a
+// TpVerifier (src/verify/tp_verifier.h): a seeded random workload through TP mode with a
 // shadow of every entry's bytes. Every process of an MPI run draws the same random
 // numbers, so the directory calls and selections agree across ranks by construction.
-#include "ula/tp_verifier.h"
+#include "verify/tp_verifier.h"
 
 #include <fmt/format.h>
 
@@ -12,8 +12,8 @@
 #include <unordered_set>
 
 #include "ula/backend.h"
-#include "ula/fault_backend.h"
-#include "ula/fault_fabric.h"
+#include "backend/fault_backend.h"
+#include "sparse/fault_fabric.h"
 #include "ula/tp_home_attention.h"
 #include "ula/reference_attention.h"
 #include "ula/tp_fabric.h"

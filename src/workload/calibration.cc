@@ -1,5 +1,5 @@
 // Real-indexer and selection-model runs over one schedule, and the fit (calibration.h).
-#include "ula/calibration.h"
+#include "workload/calibration.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,5 +1,5 @@
 // IndexerDecodeSim (indexer_decode.h).
-#include "ula/indexer_decode.h"
+#include "workload/indexer_decode.h"
 
 #include <fmt/format.h>
 

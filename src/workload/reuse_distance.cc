@@ -1,6 +1,6 @@
 // ReuseTracker (reuse_distance.h): per position the step of its last selection and a bit
 // mask of the steps before it, so a reuse and the persistence count cost O(1).
-#include "ula/reuse_distance.h"
+#include "workload/reuse_distance.h"
 
 #include <algorithm>
 #include <bit>

@@ -1,5 +1,5 @@
 // configs/selection/<name>.json (selection_fit.h).
-#include "ula/selection_fit.h"
+#include "workload/selection_fit.h"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 // SelectionModel (selection_model.h). Per stream it keeps the previous query-0 selection
 // and a generator; per call it uses epoch-stamped marks over positions, so a step costs
 // O(top_k) and never clears an n-sized array.
-#include "ula/selection_model.h"
+#include "workload/selection_model.h"
 
 #include <fmt/format.h>
 

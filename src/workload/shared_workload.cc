@@ -1,6 +1,6 @@
 // Sharing workloads: config loading, the seeded generator and the sharing measure
 // (shared_workload.h).
-#include "ula/shared_workload.h"
+#include "workload/shared_workload.h"
 
 #include <fmt/format.h>
 

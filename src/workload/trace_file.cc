@@ -1,6 +1,6 @@
 // Trace encoding (trace_file.h): a bounds-checked byte reader decodes; every failure is an
 // Error naming the byte offset.
-#include "ula/trace_file.h"
+#include "workload/trace_file.h"
 
 #include <fmt/format.h>
 

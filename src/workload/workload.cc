@@ -1,5 +1,5 @@
 // Workload config loading and the seeded request-stream generator (workload.h).
-#include "ula/workload.h"
+#include "workload/workload.h"
 
 #include <fmt/format.h>
 

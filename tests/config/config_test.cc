@@ -7,8 +7,8 @@
 #include <fstream>
 #include <string>
 
-#include "ula/hardware_config.h"
-#include "ula/model_config.h"
+#include "config/hardware_config.h"
+#include "config/model_config.h"
 
 namespace ula {
 namespace {

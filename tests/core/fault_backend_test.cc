@@ -1,5 +1,5 @@
 // FaultInjectingBackend: fails what its plan says, where it says, and counts it.
-#include "ula/fault_backend.h"
+#include "backend/fault_backend.h"
 
 #include <gtest/gtest.h>
 

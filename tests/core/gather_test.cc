@@ -1,4 +1,4 @@
-#include "ula/gather.h"
+#include "core/gather.h"
 
 #include <gtest/gtest.h>
 

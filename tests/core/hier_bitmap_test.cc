@@ -1,4 +1,4 @@
-#include "ula/hier_bitmap.h"
+#include "core/hier_bitmap.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "ula/location_table.h"
+#include "core/location_table.h"
 
 namespace ula {
 namespace {

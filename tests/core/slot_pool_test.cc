@@ -1,8 +1,8 @@
-#include "ula/slot_pool.h"
+#include "backend/slot_pool.h"
 
 #include <gtest/gtest.h>
 
-#include "ula/location_table.h"
+#include "core/location_table.h"
 
 namespace ula {
 namespace {

@@ -1,12 +1,12 @@
-#include "ula/hybrid_model.h"
+#include "model/hybrid_model.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <random>
 
-#include "ula/fixed_split_allocator.h"
-#include "ula/hybrid_runner.h"
+#include "unified/fixed_split_allocator.h"
+#include "model/hybrid_runner.h"
 #include "ula/unified_buffer.h"
 #include "test_seed.h"
 

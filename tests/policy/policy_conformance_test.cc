@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ula/residency_policy.h"
-#include "ula/slot_pool.h"
+#include "backend/slot_pool.h"
 #include "test_seed.h"
 
 namespace ula {

@@ -34,7 +34,7 @@
 // needed: without it, d would not have been satisfied. The same watcher runs inside
 // MatchCopyOnWrite (its copy's demand) and Evict by count (no victim after the count is met).
 //
-// Faults (FaultInjectingBackend, ula/fault_backend.h): the buffer's compaction moves, the
+// Faults (FaultInjectingBackend, backend/fault_backend.h): the buffer's compaction moves, the
 // checkpoint copies of MatchCopyOnWrite and the host tier's copies all go through one
 // injecting backend (a seeded fraction fails, partly landed, completions delayed). The test
 // counts faults injected and calls that failed (kIo), both > 0, and entries lost (a cached
@@ -53,7 +53,7 @@
 #include <set>
 
 #include "test_seed.h"
-#include "ula/fault_backend.h"
+#include "backend/fault_backend.h"
 #include "ula/prefix_cache.h"
 #include "ula/unified_buffer.h"
 

@@ -10,7 +10,7 @@
 #include "test_seed.h"
 #include "ula/address_space.h"
 #include "ula/backend.h"
-#include "ula/prefix_router.h"
+#include "prefix/prefix_router.h"
 #include "ula/step_planner.h"
 #include "ula/tp_address_space.h"
 

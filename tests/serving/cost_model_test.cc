@@ -4,9 +4,9 @@
 
 #include <cmath>
 
-#include "ula/cost_model.h"
-#include "ula/hardware_config.h"
-#include "ula/model_config.h"
+#include "serving/cost_model.h"
+#include "config/hardware_config.h"
+#include "config/model_config.h"
 
 namespace ula {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "ula/baselines.h"
+#include "serving/baselines.h"
 
 namespace ula {
 namespace {

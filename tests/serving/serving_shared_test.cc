@@ -11,8 +11,8 @@
 
 #include "serving/serving_systems.h"
 #include "serving/shared_admission.h"
-#include "ula/serving_sim.h"
-#include "ula/shared_workload.h"
+#include "serving/serving_sim.h"
+#include "workload/shared_workload.h"
 
 namespace ula {
 namespace {

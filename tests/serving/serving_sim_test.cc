@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "serving/serving_systems.h"
-#include "ula/serving_sim.h"
+#include "serving/serving_sim.h"
 
 namespace ula {
 namespace {

@@ -1,4 +1,4 @@
-// DP StepPlanner under injected transfer failures (ula/fault_backend.h): after every step,
+// DP StepPlanner under injected transfer failures (backend/fault_backend.h): after every step,
 // failed or not, every entry reads its own bytes at its published location (none lost,
 // none published before its bytes arrived) and every invariant holds; a failed step
 // reports kIo naming the batch.
@@ -8,7 +8,7 @@
 #include <random>
 
 #include "sparse/space_fixture.h"
-#include "ula/fault_backend.h"
+#include "backend/fault_backend.h"
 
 namespace ula {
 namespace {

@@ -1,4 +1,4 @@
-#include "ula/consistency_verifier.h"
+#include "verify/consistency_verifier.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "ula/striped_indexer.h"
+#include "sparse/striped_indexer.h"
 
 #include <gtest/gtest.h>
 

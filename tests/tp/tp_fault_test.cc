@@ -1,4 +1,4 @@
-// TP step planner under injected transfer failures (ula/fault_backend.h, fault_fabric.h):
+// TP step planner under injected transfer failures (backend/fault_backend.h, fault_fabric.h):
 // a failed fetch or copy publishes nothing it did not copy and loses no entry's bytes.
 //   - with a fabric (ranks as threads, tests/tp/thread_fabric.h): a failed FetchFromHome
 //     (whole or partial) leaves none of its entries buffered, and the next step fetches
@@ -16,8 +16,8 @@
 
 #include "tp/thread_fabric.h"
 #include "tp/tp_fixture.h"
-#include "ula/fault_backend.h"
-#include "ula/fault_fabric.h"
+#include "backend/fault_backend.h"
+#include "sparse/fault_fabric.h"
 
 namespace ula {
 namespace {

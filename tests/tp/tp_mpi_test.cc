@@ -12,11 +12,11 @@
 #include <cstring>
 #include <random>
 
-#include "ula/fault_fabric.h"
-#include "ula/striped_indexer.h"
+#include "sparse/fault_fabric.h"
+#include "sparse/striped_indexer.h"
 #include "ula/tp_step_planner.h"
 #include "ula/tp_mpi.h"
-#include "ula/tp_verifier.h"
+#include "verify/tp_verifier.h"
 #include "test_seed.h"
 
 namespace ula {

@@ -8,7 +8,7 @@
 
 #include "tp/tp_fixture.h"
 #include "test_seed.h"
-#include "ula/fault_backend.h"
+#include "backend/fault_backend.h"
 
 namespace ula {
 namespace {

@@ -1,4 +1,4 @@
-#include "ula/tp_verifier.h"
+#include "verify/tp_verifier.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Shared configs of the unified-memory tests. One "unit" is 64 bytes.
 #pragma once
 
-#include "ula/fixed_split_allocator.h"
+#include "unified/fixed_split_allocator.h"
 #include "ula/unified_buffer.h"
 
 namespace ula::testing {

@@ -1,4 +1,4 @@
-// Unified-buffer compaction under injected copy failures (ula/fault_backend.h): a failed
+// Unified-buffer compaction under injected copy failures (backend/fault_backend.h): a failed
 // move leaves its block in place with its bytes; no block ever loses bytes, pinned blocks
 // never move, every invariant holds; an allocation that needed the failed compaction
 // returns kIo with nothing allocated.
@@ -9,7 +9,7 @@
 #include <map>
 #include <random>
 
-#include "ula/fault_backend.h"
+#include "backend/fault_backend.h"
 #include "unified/test_configs.h"
 
 namespace ula {

@@ -4,9 +4,9 @@
 
 #include <cstdio>
 
-#include "ula/attention_check.h"
+#include "verify/attention_check.h"
 #include "ula/backend.h"
-#include "ula/model_config.h"
+#include "config/model_config.h"
 #include "test_seed.h"
 
 namespace ula {

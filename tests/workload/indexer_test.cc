@@ -8,7 +8,7 @@
 #include <numeric>
 #include <random>
 
-#include "ula/indexer.h"
+#include "sparse/indexer.h"
 #include "test_seed.h"
 
 namespace ula {

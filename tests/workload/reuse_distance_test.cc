@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "ula/reuse_distance.h"
+#include "workload/reuse_distance.h"
 
 namespace ula {
 namespace {

@@ -1,12 +1,12 @@
 // Sharing workloads (issue 17): the shipped configs load with their sources, the generator
 // builds the prefixes each kind defines, and MeasureSharing counts distinct tokens exactly.
-#include "ula/shared_workload.h"
+#include "workload/shared_workload.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
-#include "ula/model_config.h"
+#include "config/model_config.h"
 
 namespace ula {
 namespace {

@@ -8,12 +8,12 @@
 #include <set>
 #include <tuple>
 
-#include "ula/calibration.h"
-#include "ula/model_config.h"
-#include "ula/selection_fit.h"
-#include "ula/selection_model.h"
-#include "ula/trace_file.h"
-#include "ula/workload.h"
+#include "workload/calibration.h"
+#include "config/model_config.h"
+#include "workload/selection_fit.h"
+#include "workload/selection_model.h"
+#include "workload/trace_file.h"
+#include "workload/workload.h"
 #include "test_seed.h"
 
 namespace ula {

@@ -29,13 +29,13 @@
 #include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/address_space.h"
-#include "ula/model_config.h"
+#include "config/model_config.h"
 #include "ula/reference_attention.h"
-#include "ula/selection_model.h"
-#include "ula/serving_config.h"
-#include "ula/shared_workload.h"
+#include "workload/selection_model.h"
+#include "serving/serving_config.h"
+#include "workload/shared_workload.h"
 #include "ula/tp_prefetcher.h"
-#include "ula/workload.h"
+#include "workload/workload.h"
 
 namespace ula::cli {
 namespace {

@@ -29,11 +29,11 @@
 #include <nlohmann/json.hpp>
 
 #include "ula/address_space.h"
-#include "ula/model_config.h"
-#include "ula/prefix_router.h"
-#include "ula/selection_model.h"
-#include "ula/serving_config.h"
-#include "ula/shared_workload.h"
+#include "config/model_config.h"
+#include "prefix/prefix_router.h"
+#include "workload/selection_model.h"
+#include "serving/serving_config.h"
+#include "workload/shared_workload.h"
 #include "ula/sparse_prefix_cache.h"
 #include "ula/tp_address_space.h"
 #include "ula/tp_step_planner.h"

@@ -17,8 +17,8 @@
 #include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/backend.h"
-#include "ula/gather.h"
-#include "ula/location_table.h"
+#include "core/gather.h"
+#include "core/location_table.h"
 
 namespace ula::cli {
 namespace {

@@ -48,9 +48,9 @@
 #include "cli_checks.h"
 #include "command_registry.h"
 #include "ula/address_space.h"
-#include "ula/model_config.h"
-#include "ula/selection_model.h"
-#include "ula/serving_config.h"
+#include "config/model_config.h"
+#include "workload/selection_model.h"
+#include "serving/serving_config.h"
 #include "ula/step_planner.h"
 
 namespace ula::cli {

@@ -17,8 +17,8 @@
 
 #include "command_registry.h"
 #include "compare_sensitivity.h"
-#include "ula/model_config.h"
-#include "ula/serving_sim.h"
+#include "config/model_config.h"
+#include "serving/serving_sim.h"
 
 namespace ula::cli {
 namespace {

@@ -6,8 +6,8 @@
 // reserve) run the comparison again. Prints one markdown table on stdout.
 #pragma once
 
-#include "ula/serving_config.h"
-#include "ula/serving_sim.h"
+#include "serving/serving_config.h"
+#include "serving/serving_sim.h"
 
 namespace ula::cli {
 

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ula/tp_fabric.h"
-#include "ula/tp_verifier.h"
+#include "verify/tp_verifier.h"
 #ifdef ULA_HAVE_MPI
 #include "ula/tp_mpi.h"
 #endif

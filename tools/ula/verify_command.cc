@@ -7,9 +7,9 @@
 #include "cli_checks.h"
 #include "command_registry.h"
 #include "tp_verify_cli.h"
-#include "ula/attention_check.h"
-#include "ula/consistency_verifier.h"
-#include "ula/model_config.h"
+#include "verify/attention_check.h"
+#include "verify/consistency_verifier.h"
+#include "config/model_config.h"
 
 namespace ula::cli {
 namespace {

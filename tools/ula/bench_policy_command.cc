@@ -7,7 +7,7 @@
 // row its gap to it in distinct hit rate. Per row: hit rate and the median scheduling time of a
 // step (lookup + touch + victim choice + round advance; no data copy). The harness is
 // src/policy/policy_replay.h; the trace comes from the shared selection model
-// (include/ula/selection_model.h) with the parameters fitted to the real indexer in
+// (src/workload/selection_model.h) with the parameters fitted to the real indexer in
 // docs/WORKLOADS.md ("Selection model"), so it is the trace the other benchmarks use. The
 // overlap sweep changes only keep_mean; each row reports the overlap its trace achieved
 // (mean over requests and steps of |S_t ∩ S_t-1| / |S_t|, query 0).
@@ -33,9 +33,9 @@
 #include "command_registry.h"
 #include "policy/belady.h"
 #include "policy/policy_replay.h"
-#include "ula/model_config.h"
-#include "ula/selection_fit.h"
-#include "ula/selection_model.h"
+#include "config/model_config.h"
+#include "workload/selection_fit.h"
+#include "workload/selection_model.h"
 
 namespace ula::cli {
 namespace {

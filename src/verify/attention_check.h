@@ -24,7 +24,7 @@
 
 #include "ula/address_space.h"
 #include "ula/error.h"
-#include "ula/model_config.h"
+#include "config/model_config.h"
 #include "ula/residency_policy.h"
 #include "ula/step_planner.h"
 

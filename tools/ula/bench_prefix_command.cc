@@ -31,9 +31,9 @@
 #include "cli_checks.h"
 #include "command_registry.h"
 #include "config/json_fields.h"
-#include "ula/model_config.h"
-#include "ula/fixed_split_allocator.h"
-#include "ula/hybrid_runner.h"
+#include "config/model_config.h"
+#include "unified/fixed_split_allocator.h"
+#include "model/hybrid_runner.h"
 #include "ula/unified_buffer.h"
 
 namespace ula::cli {

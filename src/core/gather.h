@@ -13,7 +13,7 @@
 #include <span>
 
 #include "ula/ids.h"
-#include "ula/location_table.h"
+#include "core/location_table.h"
 
 namespace ula {
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "ula/hybrid_allocator.h"
-#include "ula/hybrid_model.h"
+#include "model/hybrid_model.h"
 #include "ula/prefix_cache.h"
 
 namespace ula {

@@ -26,11 +26,11 @@
 #include <vector>
 
 #include "ula/error.h"
-#include "ula/indexer.h"
-#include "ula/indexer_decode.h"
-#include "ula/reuse_distance.h"
-#include "ula/selection_model.h"
-#include "ula/trace_file.h"
+#include "sparse/indexer.h"
+#include "workload/indexer_decode.h"
+#include "workload/reuse_distance.h"
+#include "workload/selection_model.h"
+#include "workload/trace_file.h"
 
 namespace ula {
 

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "ula/hybrid_allocator.h"
-#include "ula/page_envelope.h"
+#include "unified/page_envelope.h"
 
 namespace ula {
 

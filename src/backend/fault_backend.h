@@ -2,7 +2,7 @@
 // that tests and `ula verify --fault-rate` can check the movers' failure contracts ("a
 // failed move publishes nothing it did not copy, and loses no entry's bytes").
 //
-// FaultInjectingBackend wraps any Backend (FaultInjectingFabric, ula/fault_fabric.h, wraps
+// FaultInjectingBackend wraps any Backend (FaultInjectingFabric, sparse/fault_fabric.h, wraps
 // a TpFabric). Every *eligible operation* — a copy batch, a swap batch, a remote fetch, of
 // the kinds the plan enables — is counted, and fails when
 //   - fail_every_nth > 0 and it is the n-th, 2n-th, ... eligible operation, or

@@ -1,4 +1,4 @@
-#include "ula/slot_pool.h"
+#include "backend/slot_pool.h"
 
 #include <fmt/format.h>
 

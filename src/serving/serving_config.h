@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "ula/error.h"
-#include "ula/selection_model.h"
+#include "workload/selection_model.h"
 
 namespace ula {
 

@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "ula/error.h"
-#include "ula/indexer.h"
+#include "sparse/indexer.h"
 
 namespace ula {
 

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "ula/error.h"
-#include "ula/serving_config.h"
+#include "serving/serving_config.h"
 
 namespace ula {
 

@@ -13,11 +13,11 @@
 
 #include "cli_checks.h"
 #include "command_registry.h"
-#include "ula/attention_check.h"
-#include "ula/calibration.h"
-#include "ula/model_config.h"
-#include "ula/selection_fit.h"
-#include "ula/trace_file.h"
+#include "verify/attention_check.h"
+#include "workload/calibration.h"
+#include "config/model_config.h"
+#include "workload/selection_fit.h"
+#include "workload/trace_file.h"
 
 namespace ula::cli {
 namespace {

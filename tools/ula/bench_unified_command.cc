@@ -11,8 +11,8 @@
 
 #include "cli_checks.h"
 #include "command_registry.h"
-#include "ula/fixed_split_allocator.h"
-#include "ula/page_envelope.h"
+#include "unified/fixed_split_allocator.h"
+#include "unified/page_envelope.h"
 #include "ula/unified_buffer.h"
 
 namespace ula::cli {

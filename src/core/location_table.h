@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-#include "ula/huge_page_allocator.h"
+#include "core/huge_page_allocator.h"
 #include "ula/ids.h"
 #include "ula/location.h"
 

@@ -1,7 +1,7 @@
 // Striped indexer (TP mode): the indexer keys are striped like the entries — the key of the
 // token with logical address a lives on rank a mod P — so each rank scores only its own
 // keys. Each rank keeps its best k (score, position) candidates in the indexer's top-k
-// order (ula/indexer.h: higher score first, equal scores by lower position); the per-rank
+// order (sparse/indexer.h: higher score first, equal scores by lower position); the per-rank
 // candidates are gathered (an all-gather) and merged into the global top-k.
 //
 // Exactness: the top-k order is a total order on (score, position) and scores are
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "ula/error.h"
-#include "ula/indexer.h"
+#include "sparse/indexer.h"
 
 namespace ula {
 

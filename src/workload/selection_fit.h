@@ -18,7 +18,7 @@
 #include <string_view>
 
 #include "ula/error.h"
-#include "ula/selection_model.h"
+#include "workload/selection_model.h"
 
 namespace ula {
 

@@ -1,10 +1,10 @@
-// Striped top-k: local candidates, fixed-size gather, merge (ula/striped_indexer.h).
+// Striped top-k: local candidates, fixed-size gather, merge (sparse/striped_indexer.h).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include "ula/striped_indexer.h"
+#include "sparse/striped_indexer.h"
 #include "ula/tp_fabric.h"
 
 namespace ula {

@@ -1,5 +1,5 @@
 // FaultInjectingFabric: a TpFabric whose remote fetches fail as a FaultPlan says (the
-// semantics are in ula/fault_backend.h: FetchFromHome returns kIo, with `partial` after
+// semantics are in backend/fault_backend.h: FetchFromHome returns kIo, with `partial` after
 // the first k entries landed; with delay > 0 every fetch sleeps before it returns).
 // Collectives (AllTrue, Barrier, AllGather, AllToAllV, Expose) pass through untouched: a
 // failed collective is a broken job, not a recoverable error.
@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "ula/fault_backend.h"
+#include "backend/fault_backend.h"
 #include "ula/tp_fabric.h"
 
 namespace ula {

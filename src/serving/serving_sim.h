@@ -28,10 +28,10 @@
 #include <string_view>
 #include <vector>
 
-#include "ula/baselines.h"
-#include "ula/cost_model.h"
+#include "serving/baselines.h"
+#include "serving/cost_model.h"
 #include "ula/error.h"
-#include "ula/serving_config.h"
+#include "serving/serving_config.h"
 
 namespace ula {
 

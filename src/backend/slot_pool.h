@@ -12,7 +12,7 @@
 
 #include "ula/backend.h"
 #include "ula/error.h"
-#include "ula/hier_bitmap.h"
+#include "core/hier_bitmap.h"
 #include "ula/ids.h"
 
 namespace ula {

@@ -29,9 +29,9 @@
 #include <vector>
 
 #include "ula/error.h"
-#include "ula/hardware_config.h"
-#include "ula/model_config.h"
-#include "ula/serving_config.h"
+#include "config/hardware_config.h"
+#include "config/model_config.h"
+#include "serving/serving_config.h"
 
 namespace ula {
 
