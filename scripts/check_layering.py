@@ -50,6 +50,7 @@ HEADER_LAYER = {
     "check": "core",
     "ids": "core",
     "location": "core",
+    "step_arrays": "core",  # plain arrays: read by the kernels and the engine step above
     "tp_fabric": "sparse",
 }
 
