@@ -1,7 +1,8 @@
 // EngineStepPlanner. Plan does steps 1-4 and 6 of StepPlanner (validate, dedup, classify,
 // claim device slots, write indices) and records the claims as one pending plan; Complete
 // does step 5's publish per descriptor, undoing the claim of a failed one. The library
-// path (Step) is Plan + backend copies + Complete with every status 0.
+// path (Step) is Plan + CopyPublish (backend/copy_publish.h) + Complete with each
+// descriptor's status the outcome of its batch.
 //
 // Pending-plan invariant: while a plan is pending, for each descriptor i
 //   - the wanted entry addr_i is on host at src_slot_i (unchanged since Plan);
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/copy_publish.h"
 #include "sparse/address_space_state.h"
 #include "ula/check.h"
 
@@ -261,32 +263,34 @@ Result<CompleteReport> EngineStepPlanner::Complete(std::uint64_t fence, std::spa
   AddressSpace::State& st = *space_.state_;
   AddressRecords& table = st.tables[s.group.value()];
   GroupPools& gp = st.at(s.rank, s.group);
-  CompleteReport report;
-  for (std::uint32_t i = 0; i < s.num_pending; ++i) {
+  for (std::uint32_t i = 0; i < s.num_pending; ++i) {  // REQUIRES: no wanted entry was freed
     const CopyDescriptor& d = s.pending_descs[i];
-    const LogicalAddr wanted(d.addr);
-    const SlotId host_slot(d.src_slot);
-    const SlotId dev_slot(d.dst_slot);
-    const bool swap = d.op == static_cast<std::uint8_t>(CopyOp::kSwap);
-    ULA_CHECK(table.Get(wanted) == Location::Make(Tier::kHost, s.rank, host_slot));  // REQUIRES: not freed
-    if (status[i] != 0) {
-      // Undo the claim: a free slot goes back to the pool; a victim simply stays.
-      if (!swap) ULA_CHECK(gp.device.Free(dev_slot).has_value());
-      ++report.failed;
-      continue;
-    }
-    if (!swap) {
-      ULA_CHECK(gp.host.Free(host_slot).has_value());
-      gp.policy->Insert(dev_slot);
-    } else {
-      const LogicalAddr victim = gp.device_owner[dev_slot.value()];
-      ULA_CHECK(table.Get(victim) == Location::Make(Tier::kDevice, s.rank, dev_slot));  // REQUIRES: not freed
-      table.Set(victim, Location::Make(Tier::kHost, s.rank, host_slot));
-    }
-    table.Set(wanted, Location::Make(Tier::kDevice, s.rank, dev_slot));
-    gp.device_owner[dev_slot.value()] = wanted;
-    ++report.published;
+    ULA_CHECK(table.Get(LogicalAddr(d.addr)) == Location::Make(Tier::kHost, s.rank, SlotId(d.src_slot)));
   }
+  // Publish what arrived (backend/copy_publish.h): a failed copy's free slot goes back to the
+  // pool, a failed swap's victim simply stays.
+  CompleteReport report;
+  report.published = static_cast<std::uint32_t>(PublishArrived(
+      s.num_pending, [&](std::size_t i) { return status[i] == 0; },
+      [&](std::size_t i) { return s.pending_descs[i].op == static_cast<std::uint8_t>(CopyOp::kSwap); },
+      [&](std::size_t i, bool swap) {
+        const CopyDescriptor& d = s.pending_descs[i];
+        const LogicalAddr wanted(d.addr);
+        const SlotId host_slot(d.src_slot);
+        const SlotId dev_slot(d.dst_slot);
+        if (!swap) {
+          ULA_CHECK(gp.host.Free(host_slot).has_value());
+          gp.policy->Insert(dev_slot);
+        } else {
+          const LogicalAddr victim = gp.device_owner[dev_slot.value()];
+          ULA_CHECK(table.Get(victim) == Location::Make(Tier::kDevice, s.rank, dev_slot));  // REQUIRES: not freed
+          table.Set(victim, Location::Make(Tier::kHost, s.rank, host_slot));
+        }
+        table.Set(wanted, Location::Make(Tier::kDevice, s.rank, dev_slot));
+        gp.device_owner[dev_slot.value()] = wanted;
+      },
+      [&](std::size_t i) { ULA_CHECK(gp.device.Free(SlotId(s.pending_descs[i].dst_slot)).has_value()); }));
+  report.failed = s.num_pending - report.published;
   s.pending = false;
   s.num_pending = 0;
   ULA_EXPENSIVE_CHECK(space_);
@@ -300,53 +304,30 @@ Result<StepStats> EngineStepPlanner::Step(Rank rank, GroupId group, const StepSh
   auto planned = Plan(rank, group, shape, requests, selections, indices, s.library_descs);
   if (!planned) return std::unexpected(planned.error());
   const std::uint32_t n = planned->num_descriptors;
-  if (n > 0) {
-    const GroupPools& gp = space_.state_->at(rank, group);
-    const std::uint32_t entry_bytes = space_.config().entry_bytes;
-    CopyBatch fetch{gp.host.arena().id, gp.device.arena().id, entry_bytes, /*swap=*/false, {}};
-    CopyBatch swap{gp.host.arena().id, gp.device.arena().id, entry_bytes, /*swap=*/true, {}};
-    const std::uint32_t n_free = static_cast<std::uint32_t>(planned->stats.into_free);
-    fetch.moves.reserve(n_free);
-    swap.moves.reserve(n - n_free);
-    for (std::uint32_t i = 0; i < n; ++i) {
-      const CopyDescriptor& d = s.library_descs[i];
-      (d.op == static_cast<std::uint8_t>(CopyOp::kCopy) ? fetch : swap).moves.push_back({d.src_offset, d.dst_offset});
-    }
-    // Each batch waited on its own fence (ula/backend.h): a failed one marks its
-    // descriptors failed, and Complete publishes nothing of them.
-    CopyBatch* batches[2] = {&fetch, &swap};
-    bool failed[2] = {false, false};
-    Fence fences[2] = {0, 0};
-    for (int k = 0; k < 2; ++k) {
-      if (batches[k]->moves.empty()) continue;
-      auto fence = space_.backend().Submit(std::move(*batches[k]));
-      if (fence) {
-        fences[k] = *fence;
-      } else {
-        failed[k] = true;
-      }
-    }
-    for (int k = 0; k < 2; ++k) {
-      if (fences[k] != 0 && !space_.backend().Wait(fences[k])) failed[k] = true;
-    }
-    if (failed[0] || failed[1]) {
-      for (std::uint32_t i = 0; i < n; ++i) {
-        const int k = s.library_descs[i].op == static_cast<std::uint8_t>(CopyOp::kCopy) ? 0 : 1;
-        s.library_status[i] = failed[k] ? 1 : 0;
-      }
-    }
-    auto report = Complete(planned->fence, std::span<const std::uint8_t>(s.library_status).first(n));
-    s.library_status.assign(s.library_status.size(), 0);
-    ULA_CHECK(report.has_value());
-    if (report->failed > 0) {
-      return MakeError(ErrorCode::kIo, fmt::format("rank {} group {}: {} of {} copies failed (host->device copy {}, "
-                                                   "swap {}); nothing of them published", rank.value(), group.value(),
-                                                   report->failed, n, failed[0] ? "failed" : "ok", failed[1] ? "failed" : "ok"));
-    }
+  if (n == 0) {
+    auto report = Complete(planned->fence, {});
+    ULA_CHECK(report.has_value() && report->failed == 0);
     return planned->stats;
   }
+  // The library copies the descriptors itself (backend/copy_publish.h): Plan wrote the
+  // copies first, then the swaps; Complete publishes only those whose batch arrived.
+  const GroupPools& gp = space_.state_->at(rank, group);
+  const std::size_t n_free = planned->stats.into_free;
+  CopyPublish cp(gp.host.arena().id, gp.device.arena().id, space_.config().entry_bytes, n_free, n - n_free);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const CopyDescriptor& d = s.library_descs[i];
+    ULA_DCHECK((d.op == static_cast<std::uint8_t>(CopyOp::kSwap)) == cp.is_swap(i));
+    cp.Add({d.src_offset, d.dst_offset});
+  }
+  cp.Run(space_.backend());
+  for (std::uint32_t i = 0; i < n; ++i) s.library_status[i] = cp.arrived(i) ? 0 : 1;
   auto report = Complete(planned->fence, std::span<const std::uint8_t>(s.library_status).first(n));
-  ULA_CHECK(report.has_value() && report->failed == 0);
+  std::fill_n(s.library_status.begin(), n, std::uint8_t{0});
+  ULA_CHECK(report.has_value());
+  if (!cp.all_arrived()) {
+    return std::unexpected(cp.Failure(fmt::format("rank {} group {}: {} of {} copies not published", rank.value(),
+                                                  group.value(), report->failed, n)));
+  }
   return planned->stats;
 }
 

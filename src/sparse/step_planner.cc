@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 
+#include "backend/copy_publish.h"
 #include "policy/fork_join.h"
 #include "policy/pb_lru.h"
 #include "sparse/address_space_state.h"
@@ -324,7 +325,7 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
     counters_.victims += n_evict;
   }
 
-  // 5. Copy, wait, then publish.
+  // 5. Copy, wait, then publish what arrived.
   StepStats stats;
   stats.selections = input.selections.size();
   stats.distinct = n_distinct;
@@ -333,61 +334,34 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   stats.into_free = n_free;
   stats.evictions = n_miss - n_free;
   if (n_miss > 0) {
-    CopyBatch fetch{gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
-    CopyBatch swap{gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, /*swap=*/true, {}};
-    fetch.moves.reserve(n_free);
-    swap.moves.reserve(n_miss - n_free);
+    CopyPublish cp(gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, n_free, n_miss - n_free);
     for (std::size_t i = 0; i < n_miss; ++i) {
-      const SlotMove move{gp.host.offset(table.Get(missed_[i]).slot()), gp.device.offset(target_slots_[i])};
-      (i < n_free ? fetch : swap).moves.push_back(move);
+      cp.Add({gp.host.offset(table.Get(missed_[i]).slot()), gp.device.offset(target_slots_[i])});
     }
-    stats.bytes_moved = (fetch.moves.size() + 2 * swap.moves.size()) * std::uint64_t{cfg.entry_bytes};
-    // Each batch is waited on its own fence: a failed batch publishes nothing of its own,
-    // a completed one is published (its bytes have arrived) — see the header's contract.
-    CopyBatch* batches[2] = {&fetch, &swap};
-    Fence fences[2] = {0, 0};
-    std::string failed[2];
-    for (int k = 0; k < 2; ++k) {
-      if (batches[k]->moves.empty()) continue;
-      auto fence = space_.backend().Submit(std::move(*batches[k]));
-      if (fence) {
-        fences[k] = *fence;
-      } else {
-        failed[k] = fence.error().message();
-      }
-    }
-    for (int k = 0; k < 2; ++k) {
-      if (fences[k] == 0) continue;
-      if (auto w = space_.backend().Wait(fences[k]); !w) failed[k] = w.error().message();
-    }
-    // Bytes have arrived: publish.
-    for (std::size_t i = 0; i < n_miss; ++i) {
-      const LogicalAddr wanted = missed_[i];
-      const SlotId device_slot = target_slots_[i];
-      const SlotId host_slot = table.Get(wanted).slot();
-      if (!failed[i < n_free ? 0 : 1].empty()) {
-        // Not copied: the entry stays on host; a free slot goes back (a victim stays put).
-        if (i < n_free) ULA_CHECK(gp.device.Free(device_slot).has_value());
-        continue;
-      }
-      if (i < n_free) {
-        ULA_CHECK(gp.host.Free(host_slot).has_value());
-        gp.policy->Insert(device_slot);
-      } else {
-        const LogicalAddr victim = gp.device_owner[device_slot.value()];
-        table.Set(victim, Location::Make(Tier::kHost, input.rank, host_slot));
-      }
-      table.Set(wanted, Location::Make(Tier::kDevice, input.rank, device_slot));
-      gp.device_owner[device_slot.value()] = wanted;
-    }
-    if (!failed[0].empty() || !failed[1].empty()) {
+    stats.bytes_moved = cp.bytes_moved();
+    cp.Run(space_.backend());
+    // Publish what arrived (backend/copy_publish.h): a failed copy's free slot goes back,
+    // the victims of a failed swap stay put, the entries of a failed batch stay on host.
+    PublishArrived(
+        cp,
+        [&](std::size_t i, bool swap) {
+          const LogicalAddr wanted = missed_[i];
+          const SlotId device_slot = target_slots_[i];
+          const SlotId host_slot = table.Get(wanted).slot();
+          if (!swap) {
+            ULA_CHECK(gp.host.Free(host_slot).has_value());
+            gp.policy->Insert(device_slot);
+          } else {
+            const LogicalAddr victim = gp.device_owner[device_slot.value()];
+            table.Set(victim, Location::Make(Tier::kHost, input.rank, host_slot));
+          }
+          table.Set(wanted, Location::Make(Tier::kDevice, input.rank, device_slot));
+          gp.device_owner[device_slot.value()] = wanted;
+        },
+        [&](std::size_t i) { ULA_CHECK(gp.device.Free(target_slots_[i]).has_value()); });
+    if (!cp.all_arrived()) {
       ULA_EXPENSIVE_CHECK(space_);
-      const bool both = !failed[0].empty() && !failed[1].empty();
-      return MakeError(ErrorCode::kIo,
-                       fmt::format("rank {} group {}: {}{}{}", input.rank.value(), input.group.value(),
-                                   failed[0].empty() ? "" : fmt::format("host->device copy of {} entries failed ({})", n_free, failed[0]),
-                                   both ? "; " : "",
-                                   failed[1].empty() ? "" : fmt::format("host<->device swap of {} entries failed ({})", n_miss - n_free, failed[1])));
+      return std::unexpected(cp.Failure(fmt::format("rank {} group {}", input.rank.value(), input.group.value())));
     }
   }
 

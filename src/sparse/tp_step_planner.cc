@@ -13,6 +13,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "backend/copy_publish.h"
 #include "sparse/tp_state.h"
 #include "ula/check.h"
 
@@ -82,9 +83,10 @@ void ForEachRank(std::vector<RankWork>& work, bool parallel, F&& fn) {
   for (RankWork& w : work) threads.emplace_back([&fn, &w] { fn(w); });
 }
 
-// Home phase of one rank: host-resident entries of its own shard swap onto device. On a
-// failed batch: the contract of the header (each batch waited on its own fence; a failed
-// one publishes nothing, a completed one is published); returns the error.
+// Home phase of one rank: host-resident entries of its own shard come onto device (copies
+// into free slots, swaps with victims) through CopyPublish (backend/copy_publish.h): each
+// batch waited on its own fence, only what arrived is published; returns kIo naming every
+// failed batch.
 Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
   sh.policy->Touch(w.home_hit_slots);
   const std::size_t n_miss = w.home_missed.size();
@@ -97,55 +99,33 @@ Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWo
   w.stats.home_evictions = n_miss - n_free;
   if (n_miss == 0) return Ok();
   const std::uint32_t p = cfg.num_ranks;
-  CopyBatch fetch{sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
-  CopyBatch swap{sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, /*swap=*/true, {}};
+  CopyPublish cp(sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, n_free, n_miss - n_free);
   for (std::size_t i = 0; i < n_miss; ++i) {
-    const SlotMove move{sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])};
-    (i < n_free ? fetch : swap).moves.push_back(move);
+    cp.Add({sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])});
   }
-  w.stats.host_bytes = (fetch.moves.size() + 2 * swap.moves.size()) * std::uint64_t{cfg.entry_bytes};
-  CopyBatch* batches[2] = {&fetch, &swap};
-  Fence fences[2] = {0, 0};
-  std::string failed[2];
-  for (int k = 0; k < 2; ++k) {
-    if (batches[k]->moves.empty()) continue;
-    auto fence = backend.Submit(std::move(*batches[k]));
-    if (fence) {
-      fences[k] = *fence;
-    } else {
-      failed[k] = fence.error().message();
-    }
-  }
-  for (int k = 0; k < 2; ++k) {
-    if (fences[k] == 0) continue;
-    if (auto st = backend.Wait(fences[k]); !st) failed[k] = st.error().message();
-  }
-  // Bytes have arrived: publish.
-  for (std::size_t i = 0; i < n_miss; ++i) {
-    const LogicalAddr wanted = w.home_missed[i];
-    const SlotId dev = w.home_targets[i];
-    if (!failed[i < n_free ? 0 : 1].empty()) {
-      // Not copied: the entry stays on host; a free slot goes back (a victim stays put).
-      if (i < n_free) ULA_CHECK(sh.device.Free(dev).has_value());
-      continue;
-    }
-    Location& loc = sh.home[wanted.value() / p];
-    const SlotId host_slot = loc.slot();
-    if (i < n_free) {
-      ULA_CHECK(sh.host.Free(host_slot).has_value());
-      sh.policy->Insert(dev);
-    } else {
-      const LogicalAddr victim = sh.device_owner[dev.value()];
-      sh.home[victim.value() / p] = Location::Make(Tier::kHost, w.rank, host_slot);
-    }
-    loc = Location::Make(Tier::kDevice, w.rank, dev);
-    sh.device_owner[dev.value()] = wanted;
-  }
-  for (int k = 0; k < 2; ++k) {
-    if (failed[k].empty()) continue;
-    return MakeError(ErrorCode::kIo, fmt::format("rank {} group {}: home phase: host{}device {} of {} entries failed ({})",
-                                                 w.rank.value(), group.value(), k == 0 ? "->" : "<->",
-                                                 k == 0 ? "copy" : "swap", k == 0 ? n_free : n_miss - n_free, failed[k]));
+  w.stats.host_bytes = cp.bytes_moved();
+  cp.Run(backend);
+  // Publish what arrived (backend/copy_publish.h).
+  PublishArrived(
+      cp,
+      [&](std::size_t i, bool swap) {
+        const LogicalAddr wanted = w.home_missed[i];
+        const SlotId dev = w.home_targets[i];
+        Location& loc = sh.home[wanted.value() / p];
+        const SlotId host_slot = loc.slot();
+        if (!swap) {
+          ULA_CHECK(sh.host.Free(host_slot).has_value());
+          sh.policy->Insert(dev);
+        } else {
+          const LogicalAddr victim = sh.device_owner[dev.value()];
+          sh.home[victim.value() / p] = Location::Make(Tier::kHost, w.rank, host_slot);
+        }
+        loc = Location::Make(Tier::kDevice, w.rank, dev);
+        sh.device_owner[dev.value()] = wanted;
+      },
+      [&](std::size_t i) { ULA_CHECK(sh.device.Free(w.home_targets[i]).has_value()); });
+  if (!cp.all_arrived()) {
+    return std::unexpected(cp.Failure(fmt::format("rank {} group {}: home phase", w.rank.value(), group.value())));
   }
   return Ok();
 }
