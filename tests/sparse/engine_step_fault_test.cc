@@ -124,6 +124,47 @@ TEST(EngineStepFault, FailedCopyBatchReturnsItsFreeSlots) {
   EXPECT_TRUE(AllIntact(*space, addrs));
 }
 
+// A step with a copy batch and a swap batch: the copy batch fails at its wait after landing
+// a prefix, the swap batch completes. The swap's wait also completes the earlier copy batch
+// but reports only its own outcome, so only a wait on the copy's own fence sees the failure:
+// the copies stay unpublished, the swaps are published.
+TEST(EngineStepFault, FailedCopyIsSeenOnItsOwnFenceNextToACompletedSwap) {
+  auto inner = MakeCpuBackend({.copy_threads = 1});
+  auto fb = MakeFaultInjectingBackend(
+      *inner, FaultPlan{.fail_every_nth = 1, .partial = true, .swaps = false, .at_submit = false}).value();
+  auto space = AddressSpace::Create(SmallConfig(4, 12), *fb).value();
+  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
+  fb->set_armed(false);
+  ASSERT_TRUE(space->AddRequest(RequestId(2), Rank(0)));
+  ASSERT_TRUE(space->Allocate(RequestId(2), 2));  // 2 of the 4 device slots, freed below
+  ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
+  const auto addrs = space->Allocate(RequestId(1), 14).value();  // 2 on device, 12 on host
+  for (LogicalAddr a : addrs) ASSERT_TRUE(space->Write(a, GroupId(0), Pattern(a, 0, kEntry)));
+  ASSERT_TRUE(space->Free(RequestId(2)));
+  space->AdvanceRound();
+  std::vector<Location> before;
+  for (LogicalAddr a : addrs) before.push_back(space->Lookup(a, GroupId(0)).value());
+  std::vector<std::int32_t> sel, idx(4);
+  for (std::size_t i = addrs.size() - 4; i < addrs.size(); ++i) sel.push_back(static_cast<std::int32_t>(addrs[i].value()));
+  const std::vector<RequestId> one{RequestId(1)};
+  fb->set_armed(true);
+  auto failed = planner->Step(Rank(0), GroupId(0), {1, 1, 4}, one, sel, idx);
+  fb->set_armed(false);
+  ASSERT_FALSE(failed);
+  const std::string& m = failed.error().message();
+  EXPECT_NE(m.find("2 of 4 copies not published: host->device copy of 2 entries failed (injected fault"),
+            std::string::npos) << m;
+  EXPECT_EQ(m.find("swap"), std::string::npos) << m;
+  EXPECT_EQ(fb->stats().partial, 1u);
+  std::size_t published = 0;
+  for (std::size_t i = addrs.size() - 4; i < addrs.size(); ++i) {
+    published += space->Lookup(addrs[i], GroupId(0))->tier() == Tier::kDevice;
+  }
+  EXPECT_EQ(published, 2u);  // the swaps
+  EXPECT_TRUE(AllIntact(*space, addrs));
+  EXPECT_TRUE(space->CheckInvariants());
+}
+
 // Random steps with 15 % of the batches failing (at Submit or at the wait, copies landing a
 // prefix), every batch held back until a wait reaches its own fence.
 TEST(EngineStepFault, RandomLibraryStepsLoseNothingAndPublishNothingEarly) {
