@@ -55,8 +55,10 @@ void BindStats(py::module_& m) {
       });
 }
 
-void BindSparse(py::module_& m) {
-  BindStats(m);
+namespace {
+
+// The descriptor dtype and the constants of its fields.
+void BindDescriptorDtype(py::module_& m) {
   PYBIND11_NUMPY_DTYPE(ula::CopyDescriptor, src_offset, dst_offset, src_slot, dst_slot, bytes, addr, src_rank,
                        dst_rank, group, src_tier, dst_tier, op, num_layers);
   m.attr("DESCRIPTOR_DTYPE") = py::dtype::of<ula::CopyDescriptor>();
@@ -64,7 +66,10 @@ void BindSparse(py::module_& m) {
   m.attr("SWAP") = static_cast<int>(ula::CopyOp::kSwap);
   m.attr("DEVICE") = static_cast<int>(ula::Tier::kDevice);
   m.attr("HOST") = static_cast<int>(ula::Tier::kHost);
+}
 
+// AddressSpaceConfig: the DP config with its defaults and validate().
+void BindAddressSpaceConfig(py::module_& m) {
   py::class_<ula::AddressSpaceConfig>(m, "AddressSpaceConfig", "DP address space config (include/ula/address_space.h).")
       .def(py::init([](std::uint32_t num_ranks, std::uint32_t num_groups, std::uint32_t entry_bytes,
                        std::uint64_t device_bytes_per_rank, std::uint64_t host_bytes_per_rank, const std::string& policy) {
@@ -87,7 +92,10 @@ void BindSparse(py::module_& m) {
       .def_property_readonly("device_slots_per_group", &ula::AddressSpaceConfig::device_slots_per_group)
       .def_property_readonly("host_slots_per_group", &ula::AddressSpaceConfig::host_slots_per_group)
       .def("validate", [](const ula::AddressSpaceConfig& c) { Unwrap(c.Validate()); });
+}
 
+// AddressSpace: the space and the backend it owns (requests, addresses, bytes, pools).
+void BindAddressSpace(py::module_& m) {
   py::class_<DpSpace>(m, "AddressSpace", R"doc(
 DP mode: stable logical addresses (uint32) over exclusive device/host pools per (rank, group).
 Owns its backend: 'cpu' (real bytes, a copy thread) or 'counting' (no bytes: the engine owns
@@ -189,7 +197,10 @@ driven from different threads at once (the GIL is released while planning).)doc"
           "transfer_bytes", [](DpSpace& s) { return s.backend->counters().TotalBytes(); },
           "Bytes the backend moved so far (both directions).")
       .def("check_invariants", [](DpSpace& s) { Unwrap(s.space->CheckInvariants()); });
+}
 
+// StepPlanner: one step of one group per call, copies on the space's backend.
+void BindStepPlanner(py::module_& m) {
   py::class_<ula::StepPlanner>(m, "StepPlanner", "One decode step of one group per call (include/ula/step_planner.h).")
       .def(py::init([](DpSpace& s) { return std::make_unique<ula::StepPlanner>(*s.space); }), py::arg("space"),
            py::keep_alive<1, 2>())
@@ -207,7 +218,10 @@ driven from different threads at once (the GIL is released while planning).)doc"
           "selections uint32 [n] -> out_slots uint32 [n] (device slots), runs the copies; StepStats. runs: "
           "[(request, count), ...] cut the selections into consecutive pieces of one request each; an address "
           "not live for its run's request (freed, reused, another request's) is refused (NotFoundError).");
+}
 
+// EngineStepPlanner: the engine step API (library step, plan / complete, engine memory).
+void BindEngineStepPlanner(py::module_& m) {
   py::class_<EnginePlanner>(m, "EngineStepPlanner", R"doc(
 The engine step API (include/ula/engine_step.h): selections int32 [batch, q_len, top_k]
 (-1 = padding) -> indices int32 [batch, q_len, top_k] in the sparse MLA kernels' layout
@@ -293,6 +307,17 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
           },
           py::arg("descriptors"), py::arg("status"),
           "Runs descriptors over the registered memory (CPU reference executor); status[i] = 0 if done.");
+}
+
+}  // namespace
+
+void BindSparse(py::module_& m) {
+  BindStats(m);
+  BindDescriptorDtype(m);
+  BindAddressSpaceConfig(m);
+  BindAddressSpace(m);
+  BindStepPlanner(m);
+  BindEngineStepPlanner(m);
 }
 
 }  // namespace ulapy

@@ -88,6 +88,8 @@ class HybridRunner {
   Status DecodeSpeculative(std::span<const std::uint32_t> prompt, const ServeOptions& options, SequenceBlocks& seq,
                            std::vector<float>& logits, ServeResult& result);
 
+  struct ServeCall;  // one Serve call's state and its phases (hybrid_runner.cc)
+
   const HybridModel& model_;
   HybridAllocator& allocator_;
   PrefixCache* cache_;

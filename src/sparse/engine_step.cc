@@ -1,7 +1,8 @@
 // EngineStepPlanner. Plan does steps 1-4 and 6 of StepPlanner (validate, dedup, classify,
 // claim device slots, write indices) and records the claims as one pending plan; Complete
 // does step 5's publish per descriptor, undoing the claim of a failed one. The library
-// path (Step) is Plan + backend copies + Complete with every status 0.
+// path (Step) is Plan + CopyPublish (backend/copy_publish.h) + Complete with each
+// descriptor's status the outcome of its batch.
 //
 // Pending-plan invariant: while a plan is pending, for each descriptor i
 //   - the wanted entry addr_i is on host at src_slot_i (unchanged since Plan);
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/copy_publish.h"
 #include "sparse/address_space_state.h"
 #include "ula/check.h"
 
@@ -42,7 +44,129 @@ struct EngineStepPlanner::Scratch {
   // [tier][rank][group] engine-registered regions (base 0: none).
   std::vector<EngineRegion> regions;
   std::uint32_t max_descriptors = 0;
+
+  // The phases of Plan. Classify: steps 1-3 (validate, dedup, classify into missed and
+  // hit_slots; each row's request looked up at its first selection); changes nothing but
+  // the dedup stamps. Returns the number of distinct entries.
+  Result<std::uint64_t> Classify(const AddressSpace::State& st, const AddressRecords& table, Rank rank,
+                                 const StepShape& shape, std::span<const RequestId> requests,
+                                 std::span<const std::int32_t> selections);
+  // Step 4: the misses' device slots into target_slots, free slots first, then victims
+  // (marked used in this round); the hits touched. REQUIRES: the room check passed.
+  void Claim(GroupPools& gp);
+  // The copy plan: descriptor i moves missed[i] into target_slots[i] (copies first, then
+  // swaps), into out and pending_descs; slot_of maps each miss to its target.
+  void WriteDescriptors(const AddressRecords& table, const GroupPools& gp, const AddressSpaceConfig& cfg, Rank rank,
+                        GroupId group, std::size_t n_free, std::span<CopyDescriptor> out);
+  // Step 6: indices in the kernels' layout: hits read their slot now, misses their target.
+  void WriteIndices(const AddressRecords& table, std::span<const std::int32_t> selections,
+                    std::span<std::int32_t> indices) const;
 };
+
+Result<std::uint64_t> EngineStepPlanner::Scratch::Classify(const AddressSpace::State& st, const AddressRecords& table,
+                                                           Rank rank, const StepShape& shape,
+                                                           std::span<const RequestId> requests,
+                                                           std::span<const std::int32_t> selections) {
+  std::fill(row_req.begin(), row_req.begin() + shape.batch, nullptr);
+  const std::uint64_t row_len = std::uint64_t{shape.q_len} * shape.top_k;
+  if (++epoch == 0) {
+    std::fill(seen_epoch.begin(), seen_epoch.end(), 0);
+    epoch = 1;
+  }
+  missed.clear();
+  hit_slots.clear();
+  std::uint64_t distinct = 0;
+  for (std::size_t i = 0; i < selections.size(); ++i) {
+    const std::int32_t v = selections[i];
+    if (v == kPadIndex) continue;
+    if (v < 0) {
+      return MakeError(ErrorCode::kInvalidArgument, fmt::format("selection {}: {} is neither an address nor -1", i, v));
+    }
+    const LogicalAddr a(static_cast<std::uint32_t>(v));
+    const Location loc = table.Get(a);
+    if (loc.is_none()) {
+      return MakeError(ErrorCode::kNotFound,
+                       fmt::format("selection {}: logical address {} is not live (freed or never allocated)", i, v));
+    }
+    const std::size_t row = i / row_len;
+    if (row_req[row] == nullptr) {
+      auto req = st.requests.find(requests[row]);
+      if (req == st.requests.end()) {
+        return MakeError(ErrorCode::kNotFound, fmt::format("row {}: request {} is unknown or freed (a stale batch?): "
+                                                           "refused", row, requests[row].value()));
+      }
+      row_req[row] = &req->second;
+    }
+    if (!st.Holds(*row_req[row], a)) {
+      return MakeError(ErrorCode::kNotFound,
+                       fmt::format("selection {}: address {} is not live for request {} of row {} (freed and reused, "
+                                   "or another request's): refused",
+                                   i, v, requests[row].value(), row));
+    }
+    if (loc.rank() != rank) {
+      return MakeError(ErrorCode::kInvalidArgument, fmt::format("selection {}: address {} lives on rank {}, not rank {}",
+                                                                i, v, loc.rank().value(), rank.value()));
+    }
+    ULA_CHECK(a.value() < seen_epoch.size());
+    if (seen_epoch[a.value()] == epoch) continue;
+    seen_epoch[a.value()] = epoch;
+    ++distinct;
+    if (loc.tier() == Tier::kDevice) {
+      hit_slots.push_back(loc.slot());
+    } else {
+      missed.push_back(a);
+    }
+  }
+  return distinct;
+}
+
+void EngineStepPlanner::Scratch::Claim(GroupPools& gp) {
+  gp.policy->Touch(hit_slots);
+  const std::size_t n_miss = missed.size();
+  const std::size_t n_free = std::min<std::size_t>(n_miss, gp.device.num_free());
+  target_slots.resize(n_miss);
+  for (std::size_t i = 0; i < n_free; ++i) target_slots[i] = *gp.device.Allocate();
+  const std::size_t claimed = gp.policy->ClaimVictims(std::span(target_slots).subspan(n_free));
+  ULA_CHECK(claimed == n_miss - n_free);
+}
+
+void EngineStepPlanner::Scratch::WriteDescriptors(const AddressRecords& table, const GroupPools& gp,
+                                                  const AddressSpaceConfig& cfg, Rank rank, GroupId group,
+                                                  std::size_t n_free, std::span<CopyDescriptor> out) {
+  for (std::size_t i = 0; i < missed.size(); ++i) {
+    const LogicalAddr a = missed[i];
+    const SlotId host_slot = table.Get(a).slot();
+    const SlotId dev_slot = target_slots[i];
+    CopyDescriptor& d = out[i];
+    d = CopyDescriptor{};
+    d.src_offset = gp.host.offset(host_slot);
+    d.dst_offset = gp.device.offset(dev_slot);
+    d.src_slot = host_slot.value();
+    d.dst_slot = dev_slot.value();
+    d.bytes = cfg.entry_bytes;
+    d.addr = a.value();
+    d.src_rank = d.dst_rank = rank.value();
+    d.group = group.value();
+    d.src_tier = static_cast<std::uint8_t>(Tier::kHost);
+    d.dst_tier = static_cast<std::uint8_t>(Tier::kDevice);
+    d.op = static_cast<std::uint8_t>(i < n_free ? CopyOp::kCopy : CopyOp::kSwap);
+    pending_descs[i] = d;
+    slot_of[a.value()] = static_cast<std::int32_t>(dev_slot.value());
+  }
+}
+
+void EngineStepPlanner::Scratch::WriteIndices(const AddressRecords& table, std::span<const std::int32_t> selections,
+                                              std::span<std::int32_t> indices) const {
+  for (std::size_t i = 0; i < selections.size(); ++i) {
+    const std::int32_t v = selections[i];
+    if (v == kPadIndex) {
+      indices[i] = kPadIndex;
+      continue;
+    }
+    const Location loc = table.Get(LogicalAddr(static_cast<std::uint32_t>(v)));
+    indices[i] = loc.tier() == Tier::kDevice ? static_cast<std::int32_t>(loc.slot().value()) : slot_of[v];
+  }
+}
 
 Status EngineStepConfig::Validate() const {
   auto bad = [](std::string m) { return MakeError(ErrorCode::kInvalidArgument, "EngineStepConfig." + m); };
@@ -118,62 +242,12 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("{} requests for a batch of {} rows", requests.size(), shape.batch));
   }
-  // Each row's request (the isolation check, selection_run.h), looked up
-  // at the row's first selection: a row of padding only names no request.
-  std::fill(s.row_req.begin(), s.row_req.begin() + shape.batch, nullptr);
-  const std::uint64_t row_len = std::uint64_t{shape.q_len} * shape.top_k;
   const AddressRecords& table = st.tables[group.value()];
   GroupPools& gp = st.at(rank, group);
 
   // 1-3. Validate, dedup, classify. Nothing is modified until every check has passed.
-  if (++s.epoch == 0) {
-    std::fill(s.seen_epoch.begin(), s.seen_epoch.end(), 0);
-    s.epoch = 1;
-  }
-  s.missed.clear();
-  s.hit_slots.clear();
-  std::uint64_t distinct = 0;
-  for (std::size_t i = 0; i < selections.size(); ++i) {
-    const std::int32_t v = selections[i];
-    if (v == kPadIndex) continue;
-    if (v < 0) {
-      return MakeError(ErrorCode::kInvalidArgument, fmt::format("selection {}: {} is neither an address nor -1", i, v));
-    }
-    const LogicalAddr a(static_cast<std::uint32_t>(v));
-    const Location loc = table.Get(a);
-    if (loc.is_none()) {
-      return MakeError(ErrorCode::kNotFound,
-                       fmt::format("selection {}: logical address {} is not live (freed or never allocated)", i, v));
-    }
-    const std::size_t row = i / row_len;
-    if (s.row_req[row] == nullptr) {
-      auto req = st.requests.find(requests[row]);
-      if (req == st.requests.end()) {
-        return MakeError(ErrorCode::kNotFound, fmt::format("row {}: request {} is unknown or freed (a stale batch?): "
-                                                           "refused", row, requests[row].value()));
-      }
-      s.row_req[row] = &req->second;
-    }
-    if (!st.Holds(*s.row_req[row], a)) {
-      return MakeError(ErrorCode::kNotFound,
-                       fmt::format("selection {}: address {} is not live for request {} of row {} (freed and reused, "
-                                   "or another request's): refused",
-                                   i, v, requests[row].value(), row));
-    }
-    if (loc.rank() != rank) {
-      return MakeError(ErrorCode::kInvalidArgument, fmt::format("selection {}: address {} lives on rank {}, not rank {}",
-                                                                i, v, loc.rank().value(), rank.value()));
-    }
-    ULA_CHECK(a.value() < s.seen_epoch.size());
-    if (s.seen_epoch[a.value()] == s.epoch) continue;
-    s.seen_epoch[a.value()] = s.epoch;
-    ++distinct;
-    if (loc.tier() == Tier::kDevice) {
-      s.hit_slots.push_back(loc.slot());
-    } else {
-      s.missed.push_back(a);
-    }
-  }
+  auto distinct = s.Classify(st, table, rank, shape, requests, selections);
+  if (!distinct) return std::unexpected(std::move(distinct).error());
   const std::size_t n_miss = s.missed.size();
   if (out_descriptors.size() < n_miss) {
     return MakeError(ErrorCode::kInvalidArgument,
@@ -187,57 +261,23 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
     return MakeError(ErrorCode::kResourceExhausted,
                      fmt::format("step needs {} distinct entries on device ({} missing) but only {} free and {} "
                                  "evictable slots remain of {} in rank {} group {}",
-                                 distinct, n_miss, gp.device.num_free(), evictable, gp.device.capacity(), rank.value(),
+                                 *distinct, n_miss, gp.device.num_free(), evictable, gp.device.capacity(), rank.value(),
                                  group.value()));
   }
 
-  // 4. Claim device slots: free slots first, then victims (marked used in this round).
-  gp.policy->Touch(s.hit_slots);
+  // 4. Claim device slots; the copy plan; 6. the indices.
   const std::size_t n_free = std::min<std::size_t>(n_miss, gp.device.num_free());
-  s.target_slots.resize(n_miss);
-  for (std::size_t i = 0; i < n_free; ++i) s.target_slots[i] = *gp.device.Allocate();
-  const std::size_t claimed = gp.policy->ClaimVictims(std::span(s.target_slots).subspan(n_free));
-  ULA_CHECK(claimed == n_miss - n_free);
-
+  s.Claim(gp);
   PlannedStep out;
   out.stats.selections = selections.size();
-  out.stats.distinct = distinct;
+  out.stats.distinct = *distinct;
   out.stats.hits = s.hit_slots.size();
   out.stats.misses = n_miss;
   out.stats.into_free = n_free;
   out.stats.evictions = n_miss - n_free;
   out.stats.bytes_moved = (n_miss + (n_miss - n_free)) * std::uint64_t{cfg.entry_bytes};
-  for (std::size_t i = 0; i < n_miss; ++i) {
-    const LogicalAddr a = s.missed[i];
-    const SlotId host_slot = table.Get(a).slot();
-    const SlotId dev_slot = s.target_slots[i];
-    CopyDescriptor& d = out_descriptors[i];
-    d = CopyDescriptor{};
-    d.src_offset = gp.host.offset(host_slot);
-    d.dst_offset = gp.device.offset(dev_slot);
-    d.src_slot = host_slot.value();
-    d.dst_slot = dev_slot.value();
-    d.bytes = cfg.entry_bytes;
-    d.addr = a.value();
-    d.src_rank = d.dst_rank = rank.value();
-    d.group = group.value();
-    d.src_tier = static_cast<std::uint8_t>(Tier::kHost);
-    d.dst_tier = static_cast<std::uint8_t>(Tier::kDevice);
-    d.op = static_cast<std::uint8_t>(i < n_free ? CopyOp::kCopy : CopyOp::kSwap);
-    s.pending_descs[i] = d;
-    s.slot_of[a.value()] = static_cast<std::int32_t>(dev_slot.value());
-  }
-
-  // 6. Indices in the kernels' layout: hits read their slot now, misses their target.
-  for (std::size_t i = 0; i < selections.size(); ++i) {
-    const std::int32_t v = selections[i];
-    if (v == kPadIndex) {
-      indices[i] = kPadIndex;
-      continue;
-    }
-    const Location loc = table.Get(LogicalAddr(static_cast<std::uint32_t>(v)));
-    indices[i] = loc.tier() == Tier::kDevice ? static_cast<std::int32_t>(loc.slot().value()) : s.slot_of[v];
-  }
+  s.WriteDescriptors(table, gp, cfg, rank, group, n_free, out_descriptors);
+  s.WriteIndices(table, selections, indices);
   s.pending = true;
   s.fence = s.next_fence++;
   s.rank = rank;
@@ -261,32 +301,34 @@ Result<CompleteReport> EngineStepPlanner::Complete(std::uint64_t fence, std::spa
   AddressSpace::State& st = *space_.state_;
   AddressRecords& table = st.tables[s.group.value()];
   GroupPools& gp = st.at(s.rank, s.group);
-  CompleteReport report;
-  for (std::uint32_t i = 0; i < s.num_pending; ++i) {
+  for (std::uint32_t i = 0; i < s.num_pending; ++i) {  // REQUIRES: no wanted entry was freed
     const CopyDescriptor& d = s.pending_descs[i];
-    const LogicalAddr wanted(d.addr);
-    const SlotId host_slot(d.src_slot);
-    const SlotId dev_slot(d.dst_slot);
-    const bool swap = d.op == static_cast<std::uint8_t>(CopyOp::kSwap);
-    ULA_CHECK(table.Get(wanted) == Location::Make(Tier::kHost, s.rank, host_slot));  // REQUIRES: not freed
-    if (status[i] != 0) {
-      // Undo the claim: a free slot goes back to the pool; a victim simply stays.
-      if (!swap) ULA_CHECK(gp.device.Free(dev_slot).has_value());
-      ++report.failed;
-      continue;
-    }
-    if (!swap) {
-      ULA_CHECK(gp.host.Free(host_slot).has_value());
-      gp.policy->Insert(dev_slot);
-    } else {
-      const LogicalAddr victim = gp.device_owner[dev_slot.value()];
-      ULA_CHECK(table.Get(victim) == Location::Make(Tier::kDevice, s.rank, dev_slot));  // REQUIRES: not freed
-      table.Set(victim, Location::Make(Tier::kHost, s.rank, host_slot));
-    }
-    table.Set(wanted, Location::Make(Tier::kDevice, s.rank, dev_slot));
-    gp.device_owner[dev_slot.value()] = wanted;
-    ++report.published;
+    ULA_CHECK(table.Get(LogicalAddr(d.addr)) == Location::Make(Tier::kHost, s.rank, SlotId(d.src_slot)));
   }
+  // Publish what arrived (backend/copy_publish.h): a failed copy's free slot goes back to the
+  // pool, a failed swap's victim simply stays.
+  CompleteReport report;
+  report.published = static_cast<std::uint32_t>(PublishArrived(
+      s.num_pending, [&](std::size_t i) { return status[i] == 0; },
+      [&](std::size_t i) { return s.pending_descs[i].op == static_cast<std::uint8_t>(CopyOp::kSwap); },
+      [&](std::size_t i, bool swap) {
+        const CopyDescriptor& d = s.pending_descs[i];
+        const LogicalAddr wanted(d.addr);
+        const SlotId host_slot(d.src_slot);
+        const SlotId dev_slot(d.dst_slot);
+        if (!swap) {
+          ULA_CHECK(gp.host.Free(host_slot).has_value());
+          gp.policy->Insert(dev_slot);
+        } else {
+          const LogicalAddr victim = gp.device_owner[dev_slot.value()];
+          ULA_CHECK(table.Get(victim) == Location::Make(Tier::kDevice, s.rank, dev_slot));  // REQUIRES: not freed
+          table.Set(victim, Location::Make(Tier::kHost, s.rank, host_slot));
+        }
+        table.Set(wanted, Location::Make(Tier::kDevice, s.rank, dev_slot));
+        gp.device_owner[dev_slot.value()] = wanted;
+      },
+      [&](std::size_t i) { ULA_CHECK(gp.device.Free(SlotId(s.pending_descs[i].dst_slot)).has_value()); }));
+  report.failed = s.num_pending - report.published;
   s.pending = false;
   s.num_pending = 0;
   ULA_EXPENSIVE_CHECK(space_);
@@ -300,53 +342,30 @@ Result<StepStats> EngineStepPlanner::Step(Rank rank, GroupId group, const StepSh
   auto planned = Plan(rank, group, shape, requests, selections, indices, s.library_descs);
   if (!planned) return std::unexpected(planned.error());
   const std::uint32_t n = planned->num_descriptors;
-  if (n > 0) {
-    const GroupPools& gp = space_.state_->at(rank, group);
-    const std::uint32_t entry_bytes = space_.config().entry_bytes;
-    CopyBatch fetch{gp.host.arena().id, gp.device.arena().id, entry_bytes, /*swap=*/false, {}};
-    CopyBatch swap{gp.host.arena().id, gp.device.arena().id, entry_bytes, /*swap=*/true, {}};
-    const std::uint32_t n_free = static_cast<std::uint32_t>(planned->stats.into_free);
-    fetch.moves.reserve(n_free);
-    swap.moves.reserve(n - n_free);
-    for (std::uint32_t i = 0; i < n; ++i) {
-      const CopyDescriptor& d = s.library_descs[i];
-      (d.op == static_cast<std::uint8_t>(CopyOp::kCopy) ? fetch : swap).moves.push_back({d.src_offset, d.dst_offset});
-    }
-    // Each batch waited on its own fence (ula/backend.h): a failed one marks its
-    // descriptors failed, and Complete publishes nothing of them.
-    CopyBatch* batches[2] = {&fetch, &swap};
-    bool failed[2] = {false, false};
-    Fence fences[2] = {0, 0};
-    for (int k = 0; k < 2; ++k) {
-      if (batches[k]->moves.empty()) continue;
-      auto fence = space_.backend().Submit(std::move(*batches[k]));
-      if (fence) {
-        fences[k] = *fence;
-      } else {
-        failed[k] = true;
-      }
-    }
-    for (int k = 0; k < 2; ++k) {
-      if (fences[k] != 0 && !space_.backend().Wait(fences[k])) failed[k] = true;
-    }
-    if (failed[0] || failed[1]) {
-      for (std::uint32_t i = 0; i < n; ++i) {
-        const int k = s.library_descs[i].op == static_cast<std::uint8_t>(CopyOp::kCopy) ? 0 : 1;
-        s.library_status[i] = failed[k] ? 1 : 0;
-      }
-    }
-    auto report = Complete(planned->fence, std::span<const std::uint8_t>(s.library_status).first(n));
-    s.library_status.assign(s.library_status.size(), 0);
-    ULA_CHECK(report.has_value());
-    if (report->failed > 0) {
-      return MakeError(ErrorCode::kIo, fmt::format("rank {} group {}: {} of {} copies failed (host->device copy {}, "
-                                                   "swap {}); nothing of them published", rank.value(), group.value(),
-                                                   report->failed, n, failed[0] ? "failed" : "ok", failed[1] ? "failed" : "ok"));
-    }
+  if (n == 0) {
+    auto report = Complete(planned->fence, {});
+    ULA_CHECK(report.has_value() && report->failed == 0);
     return planned->stats;
   }
+  // The library copies the descriptors itself (backend/copy_publish.h): Plan wrote the
+  // copies first, then the swaps; Complete publishes only those whose batch arrived.
+  const GroupPools& gp = space_.state_->at(rank, group);
+  const std::size_t n_free = planned->stats.into_free;
+  CopyPublish cp(gp.host.arena().id, gp.device.arena().id, space_.config().entry_bytes, n_free, n - n_free);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const CopyDescriptor& d = s.library_descs[i];
+    ULA_DCHECK((d.op == static_cast<std::uint8_t>(CopyOp::kSwap)) == cp.is_swap(i));
+    cp.Add({d.src_offset, d.dst_offset});
+  }
+  cp.Run(space_.backend());
+  for (std::uint32_t i = 0; i < n; ++i) s.library_status[i] = cp.arrived(i) ? 0 : 1;
   auto report = Complete(planned->fence, std::span<const std::uint8_t>(s.library_status).first(n));
-  ULA_CHECK(report.has_value() && report->failed == 0);
+  std::fill_n(s.library_status.begin(), n, std::uint8_t{0});
+  ULA_CHECK(report.has_value());
+  if (!cp.all_arrived()) {
+    return std::unexpected(cp.Failure(fmt::format("rank {} group {}: {} of {} copies not published", rank.value(),
+                                                  group.value(), report->failed, n)));
+  }
   return planned->stats;
 }
 

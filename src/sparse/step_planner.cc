@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 
+#include "backend/copy_publish.h"
 #include "policy/fork_join.h"
 #include "policy/pb_lru.h"
 #include "sparse/address_space_state.h"
@@ -196,23 +197,141 @@ void MergeLanes(std::span<Lane> lanes, Get get, Emit emit) {
 }
 }  // namespace
 
-Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> out_slots) {
-  AddressSpace::State& st = *space_.state_;
-  const AddressSpaceConfig& cfg = space_.config();
+namespace {
+// The checks of the step's arguments that need no state: rank, group, output size.
+Status CheckStepInput(const AddressSpaceConfig& cfg, const StepInput& input, std::size_t num_out) {
   if (input.rank.value() >= cfg.num_ranks) {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} is out of range ({} ranks)", input.rank.value(), cfg.num_ranks));
   }
   if (input.group.value() >= cfg.num_groups) {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", input.group.value(), cfg.num_groups));
   }
-  if (out_slots.size() != input.selections.size()) {
+  if (num_out != input.selections.size()) {
     return MakeError(ErrorCode::kInvalidArgument,
-                     fmt::format("{} output slots for {} selections", out_slots.size(), input.selections.size()));
+                     fmt::format("{} output slots for {} selections", num_out, input.selections.size()));
   }
   if (input.selections.size() > std::numeric_limits<std::uint32_t>::max()) {
     return MakeError(ErrorCode::kInvalidArgument, fmt::format("{} selections: at most 2^32 - 1 per step",
                                                               input.selections.size()));
   }
+  return Ok();
+}
+
+// Each run's request into holders (null: a run of count 0). Returns the first selection of
+// the first run whose request is unknown (its index in bad_run), or the selections' size.
+std::size_t ResolveRunHolders(const AddressSpace::State& st, std::span<const SelectionRun> runs, std::size_t n,
+                              std::vector<const RequestState*>& holders, std::size_t& bad_run) {
+  holders.assign(runs.size(), nullptr);
+  std::size_t first = 0;
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    if (runs[r].count != 0) {
+      auto req = st.requests.find(runs[r].request);
+      if (req == st.requests.end()) {
+        bad_run = r;
+        return first;
+      }
+      holders[r] = &req->second;
+    }
+    first += runs[r].count;
+  }
+  return n;
+}
+
+// The room check: kResourceExhausted unless the misses fit in the free slots plus the slots
+// the policy may evict this round (the hits not yet used in this round stop being evictable).
+Status CheckRoom(const GroupPools& gp, std::span<const SlotId> hits, std::size_t n_miss, const StepInput& input) {
+  // When the misses fit even if every hit were new to the round (almost always), the exact
+  // count — one policy lookup per hit, a second random line per selection — is skipped:
+  // same decision.
+  std::uint64_t evictable = gp.policy->NumEvictable();
+  const bool fits_anyway =
+      evictable >= hits.size() && n_miss <= gp.device.num_free() + (evictable - hits.size());
+  if (fits_anyway) return Ok();
+  std::uint64_t newly_used = 0;
+  for (SlotId s : hits) newly_used += !gp.policy->UsedInCurrentRound(s);
+  evictable -= newly_used;
+  if (n_miss <= gp.device.num_free() + evictable) return Ok();
+  return MakeError(ErrorCode::kResourceExhausted,
+                   fmt::format("step needs {} distinct entries on device ({} missing) but only {} free and {} "
+                               "evictable slots remain of {} in rank {} group {}: {} entries are used in this "
+                               "round (allocated or selected since the last AdvanceRound(), this step's hits "
+                               "included) and cannot be evicted: call AdvanceRound() after the round's "
+                               "attention, or select fewer entries per round",
+                               hits.size() + n_miss, n_miss, gp.device.num_free(), evictable, gp.device.capacity(),
+                               input.rank.value(), input.group.value(), gp.device.num_used() - evictable));
+}
+
+// Step 4: the misses' device slots into targets[0, n_miss): free slots first, then victims
+// (on the planner's threads when there are enough of them, PbLru::ClaimVictimsParallel).
+// Returns the number of free slots. REQUIRES: the room check passed.
+std::size_t ClaimDeviceSlots(GroupPools& gp, std::vector<SlotId>& targets, std::size_t n_miss,
+                             const StepPlannerOptions& options, policy::ForkJoin& fork_join,
+                             StepPlannerCounters& counters) {
+  const std::size_t n_free = std::min<std::size_t>(n_miss, gp.device.num_free());
+  targets.resize(n_miss);
+  for (std::size_t i = 0; i < n_free; ++i) targets[i] = *gp.device.Allocate();
+  const std::size_t n_evict = n_miss - n_free;
+  if (n_evict == 0) return n_free;
+  const auto victims = std::span(targets).subspan(n_free);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto* pb = options.threads > 1 && n_evict >= options.parallel_claim_min_victims
+                 ? dynamic_cast<policy::PbLru*>(gp.policy.get())
+                 : nullptr;
+  if (pb != nullptr) {
+    ULA_CHECK(pb->ClaimVictimsParallel(victims, fork_join).has_value());  // the room check passed
+    ++counters.parallel_claims;
+  } else {
+    ULA_CHECK(gp.policy->ClaimVictims(victims) == n_evict);
+  }
+  counters.claim_ns += static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  ++counters.claims;
+  counters.victims += n_evict;
+  return n_free;
+}
+
+// Step 5: copies missed[i] into targets[i] (the first n_free are free slots, the rest
+// victims) through CopyPublish (backend/copy_publish.h) and publishes what arrived: a failed
+// copy's free slot goes back, the victims of a failed swap stay put, the entries of a failed
+// batch stay on host. kIo naming every failed batch.
+Status CopyAndPublish(Backend& backend, const AddressSpaceConfig& cfg, AddressRecords& table, GroupPools& gp,
+                      const StepInput& input, std::span<const LogicalAddr> missed, std::span<const SlotId> targets,
+                      std::size_t n_free, StepStats& stats) {
+  const std::size_t n_miss = missed.size();
+  CopyPublish cp(gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, n_free, n_miss - n_free);
+  for (std::size_t i = 0; i < n_miss; ++i) {
+    cp.Add({gp.host.offset(table.Get(missed[i]).slot()), gp.device.offset(targets[i])});
+  }
+  stats.bytes_moved = cp.bytes_moved();
+  cp.Run(backend);
+  PublishArrived(
+      cp,
+      [&](std::size_t i, bool swap) {
+        const LogicalAddr wanted = missed[i];
+        const SlotId device_slot = targets[i];
+        const SlotId host_slot = table.Get(wanted).slot();
+        if (!swap) {
+          ULA_CHECK(gp.host.Free(host_slot).has_value());
+          gp.policy->Insert(device_slot);
+        } else {
+          const LogicalAddr victim = gp.device_owner[device_slot.value()];
+          table.Set(victim, Location::Make(Tier::kHost, input.rank, host_slot));
+        }
+        table.Set(wanted, Location::Make(Tier::kDevice, input.rank, device_slot));
+        gp.device_owner[device_slot.value()] = wanted;
+      },
+      [&](std::size_t i) { ULA_CHECK(gp.device.Free(targets[i]).has_value()); });
+  if (cp.all_arrived()) return Ok();
+  return std::unexpected(cp.Failure(fmt::format("rank {} group {}", input.rank.value(), input.group.value())));
+}
+}  // namespace
+
+// validate -> scan lanes (dedup, classify) -> merge -> room check -> claim -> copy and
+// publish -> patch the misses' slots. Nothing changes before the room check has passed.
+Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> out_slots) {
+  AddressSpace::State& st = *space_.state_;
+  const AddressSpaceConfig& cfg = space_.config();
+  ULA_RETURN_IF_ERROR(CheckStepInput(cfg, input, out_slots.size()));
   AddressRecords& table = st.tables[input.group.value()];
   GroupPools& gp = st.at(input.rank, input.group);
   ULA_CHECK(table.size() == st.owner.size());
@@ -221,27 +340,9 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   // records' dedup stamps are scratch, out_slots is not state).
   ULA_RETURN_IF_ERROR(CheckSelectionRuns(input.runs, input.selections.size()));
   Lanes& lanes = *lanes_;
-  // Each run's request; a run of an unknown request fails at its first selection, unless
-  // an earlier selection fails first.
-  std::size_t end = input.selections.size();
+  // A run of an unknown request fails at its first selection, unless an earlier one fails first.
   std::size_t bad_run = 0;
-  lanes.run_holders.assign(input.runs.size(), nullptr);
-  {
-    std::size_t first = 0;
-    for (std::size_t r = 0; r < input.runs.size(); ++r) {
-      const SelectionRun& run = input.runs[r];
-      if (run.count != 0) {
-        auto req = st.requests.find(run.request);
-        if (req == st.requests.end()) {
-          end = first;
-          bad_run = r;
-          break;
-        }
-        lanes.run_holders[r] = &req->second;
-      }
-      first += run.count;
-    }
-  }
+  const std::size_t end = ResolveRunHolders(st, input.runs, input.selections.size(), lanes.run_holders, bad_run);
   const std::uint32_t epoch = table.NextEpoch();
   const std::uint32_t T = options_.threads;
   const std::uint32_t distance = options_.prefetch_distance;
@@ -276,118 +377,25 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
              [&](std::uint32_t slot) { hit_slots_.push_back(SlotId(slot)); });
   MergeLanes(lanes.lanes, [](const Lane& L) -> const std::vector<Indexed>& { return L.misses; },
              [&](std::uint32_t a) { missed_.push_back(LogicalAddr(a)); });
-  const std::size_t n_distinct = hit_slots_.size() + missed_.size();
-  // Room: the hits not yet used in this round stop being evictable. When the misses fit
-  // even if every hit were new to the round (almost always), the exact count — one policy
-  // lookup per hit, a second random line per selection — is skipped: same decision.
-  std::uint64_t evictable = gp.policy->NumEvictable();
-  const bool fits_anyway =
-      evictable >= hit_slots_.size() && missed_.size() <= gp.device.num_free() + (evictable - hit_slots_.size());
-  std::uint64_t newly_used = 0;
-  if (!fits_anyway) {
-    for (SlotId s : hit_slots_) newly_used += !gp.policy->UsedInCurrentRound(s);
-  }
-  evictable -= newly_used;
-  if (!fits_anyway && missed_.size() > gp.device.num_free() + evictable) {
-    return MakeError(ErrorCode::kResourceExhausted,
-                     fmt::format("step needs {} distinct entries on device ({} missing) but only {} free and {} "
-                                 "evictable slots remain of {} in rank {} group {}: {} entries are used in this "
-                                 "round (allocated or selected since the last AdvanceRound(), this step's hits "
-                                 "included) and cannot be evicted: call AdvanceRound() after the round's "
-                                 "attention, or select fewer entries per round",
-                                 n_distinct, missed_.size(), gp.device.num_free(), evictable,
-                                 gp.device.capacity(), input.rank.value(), input.group.value(),
-                                 gp.device.num_used() - evictable));
-  }
+  ULA_RETURN_IF_ERROR(CheckRoom(gp, hit_slots_, missed_.size(), input));
 
   // 4. Device slots for the misses: free slots first, then victims.
   gp.policy->Touch(hit_slots_);
   const std::size_t n_miss = missed_.size();
-  const std::size_t n_free = std::min<std::size_t>(n_miss, gp.device.num_free());
-  target_slots_.resize(n_miss);
-  for (std::size_t i = 0; i < n_free; ++i) target_slots_[i] = *gp.device.Allocate();
-  if (const std::size_t n_evict = n_miss - n_free; n_evict > 0) {
-    const auto victims = std::span(target_slots_).subspan(n_free);
-    const auto t0 = std::chrono::steady_clock::now();
-    auto* pb = T > 1 && n_evict >= options_.parallel_claim_min_victims
-                   ? dynamic_cast<policy::PbLru*>(gp.policy.get())
-                   : nullptr;
-    if (pb != nullptr) {
-      ULA_CHECK(pb->ClaimVictimsParallel(victims, lanes.fork_join).has_value());  // the room check passed
-      ++counters_.parallel_claims;
-    } else {
-      ULA_CHECK(gp.policy->ClaimVictims(victims) == n_evict);
-    }
-    counters_.claim_ns += static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-    ++counters_.claims;
-    counters_.victims += n_evict;
-  }
+  const std::size_t n_free = ClaimDeviceSlots(gp, target_slots_, n_miss, options_, lanes.fork_join, counters_);
 
-  // 5. Copy, wait, then publish.
+  // 5. Copy, wait, then publish what arrived.
   StepStats stats;
   stats.selections = input.selections.size();
-  stats.distinct = n_distinct;
+  stats.distinct = hit_slots_.size() + n_miss;
   stats.hits = hit_slots_.size();
   stats.misses = n_miss;
   stats.into_free = n_free;
   stats.evictions = n_miss - n_free;
   if (n_miss > 0) {
-    CopyBatch fetch{gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
-    CopyBatch swap{gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, /*swap=*/true, {}};
-    fetch.moves.reserve(n_free);
-    swap.moves.reserve(n_miss - n_free);
-    for (std::size_t i = 0; i < n_miss; ++i) {
-      const SlotMove move{gp.host.offset(table.Get(missed_[i]).slot()), gp.device.offset(target_slots_[i])};
-      (i < n_free ? fetch : swap).moves.push_back(move);
-    }
-    stats.bytes_moved = (fetch.moves.size() + 2 * swap.moves.size()) * std::uint64_t{cfg.entry_bytes};
-    // Each batch is waited on its own fence: a failed batch publishes nothing of its own,
-    // a completed one is published (its bytes have arrived) — see the header's contract.
-    CopyBatch* batches[2] = {&fetch, &swap};
-    Fence fences[2] = {0, 0};
-    std::string failed[2];
-    for (int k = 0; k < 2; ++k) {
-      if (batches[k]->moves.empty()) continue;
-      auto fence = space_.backend().Submit(std::move(*batches[k]));
-      if (fence) {
-        fences[k] = *fence;
-      } else {
-        failed[k] = fence.error().message();
-      }
-    }
-    for (int k = 0; k < 2; ++k) {
-      if (fences[k] == 0) continue;
-      if (auto w = space_.backend().Wait(fences[k]); !w) failed[k] = w.error().message();
-    }
-    // Bytes have arrived: publish.
-    for (std::size_t i = 0; i < n_miss; ++i) {
-      const LogicalAddr wanted = missed_[i];
-      const SlotId device_slot = target_slots_[i];
-      const SlotId host_slot = table.Get(wanted).slot();
-      if (!failed[i < n_free ? 0 : 1].empty()) {
-        // Not copied: the entry stays on host; a free slot goes back (a victim stays put).
-        if (i < n_free) ULA_CHECK(gp.device.Free(device_slot).has_value());
-        continue;
-      }
-      if (i < n_free) {
-        ULA_CHECK(gp.host.Free(host_slot).has_value());
-        gp.policy->Insert(device_slot);
-      } else {
-        const LogicalAddr victim = gp.device_owner[device_slot.value()];
-        table.Set(victim, Location::Make(Tier::kHost, input.rank, host_slot));
-      }
-      table.Set(wanted, Location::Make(Tier::kDevice, input.rank, device_slot));
-      gp.device_owner[device_slot.value()] = wanted;
-    }
-    if (!failed[0].empty() || !failed[1].empty()) {
+    if (Status s = CopyAndPublish(space_.backend(), cfg, table, gp, input, missed_, target_slots_, n_free, stats); !s) {
       ULA_EXPENSIVE_CHECK(space_);
-      const bool both = !failed[0].empty() && !failed[1].empty();
-      return MakeError(ErrorCode::kIo,
-                       fmt::format("rank {} group {}: {}{}{}", input.rank.value(), input.group.value(),
-                                   failed[0].empty() ? "" : fmt::format("host->device copy of {} entries failed ({})", n_free, failed[0]),
-                                   both ? "; " : "",
-                                   failed[1].empty() ? "" : fmt::format("host<->device swap of {} entries failed ({})", n_miss - n_free, failed[1])));
+      return std::unexpected(std::move(s).error());
     }
   }
 

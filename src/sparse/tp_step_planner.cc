@@ -1,8 +1,8 @@
-// TpStepPlanner: validate -> agree -> home phase -> barrier -> remote phase -> barrier ->
-// emit (see include/ula/tp_step_planner.h). The dedup runs once per step and group and is
-// shared read-only by the rank workers; each worker touches only its own rank's shard and
-// buffer of the stepped group, and in the remote phase only reads other ranks' homes,
-// which the barrier has settled.
+// TpStepPlanner: validate -> agree -> home phase (HomePhase, through CopyPublish) -> barrier
+// -> remote phase (RemotePhase) -> barrier -> emit (see include/ula/tp_step_planner.h). The
+// dedup runs once per step and group and is shared read-only by the rank workers; each
+// worker touches only its own rank's shard and buffer of the stepped group, and in the
+// remote phase only reads other ranks' homes, which the barrier has settled.
 #include "ula/tp_step_planner.h"
 
 #include <fmt/format.h>
@@ -13,6 +13,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "backend/copy_publish.h"
 #include "sparse/tp_state.h"
 #include "ula/check.h"
 
@@ -82,9 +83,10 @@ void ForEachRank(std::vector<RankWork>& work, bool parallel, F&& fn) {
   for (RankWork& w : work) threads.emplace_back([&fn, &w] { fn(w); });
 }
 
-// Home phase of one rank: host-resident entries of its own shard swap onto device. On a
-// failed batch: the contract of the header (each batch waited on its own fence; a failed
-// one publishes nothing, a completed one is published); returns the error.
+// Home phase of one rank: host-resident entries of its own shard come onto device (copies
+// into free slots, swaps with victims) through CopyPublish (backend/copy_publish.h): each
+// batch waited on its own fence, only what arrived is published; returns kIo naming every
+// failed batch.
 Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
   sh.policy->Touch(w.home_hit_slots);
   const std::size_t n_miss = w.home_missed.size();
@@ -97,89 +99,180 @@ Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWo
   w.stats.home_evictions = n_miss - n_free;
   if (n_miss == 0) return Ok();
   const std::uint32_t p = cfg.num_ranks;
-  CopyBatch fetch{sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
-  CopyBatch swap{sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, /*swap=*/true, {}};
+  CopyPublish cp(sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, n_free, n_miss - n_free);
   for (std::size_t i = 0; i < n_miss; ++i) {
-    const SlotMove move{sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])};
-    (i < n_free ? fetch : swap).moves.push_back(move);
+    cp.Add({sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])});
   }
-  w.stats.host_bytes = (fetch.moves.size() + 2 * swap.moves.size()) * std::uint64_t{cfg.entry_bytes};
-  CopyBatch* batches[2] = {&fetch, &swap};
-  Fence fences[2] = {0, 0};
-  std::string failed[2];
-  for (int k = 0; k < 2; ++k) {
-    if (batches[k]->moves.empty()) continue;
-    auto fence = backend.Submit(std::move(*batches[k]));
-    if (fence) {
-      fences[k] = *fence;
-    } else {
-      failed[k] = fence.error().message();
-    }
-  }
-  for (int k = 0; k < 2; ++k) {
-    if (fences[k] == 0) continue;
-    if (auto st = backend.Wait(fences[k]); !st) failed[k] = st.error().message();
-  }
-  // Bytes have arrived: publish.
-  for (std::size_t i = 0; i < n_miss; ++i) {
-    const LogicalAddr wanted = w.home_missed[i];
-    const SlotId dev = w.home_targets[i];
-    if (!failed[i < n_free ? 0 : 1].empty()) {
-      // Not copied: the entry stays on host; a free slot goes back (a victim stays put).
-      if (i < n_free) ULA_CHECK(sh.device.Free(dev).has_value());
-      continue;
-    }
-    Location& loc = sh.home[wanted.value() / p];
-    const SlotId host_slot = loc.slot();
-    if (i < n_free) {
-      ULA_CHECK(sh.host.Free(host_slot).has_value());
-      sh.policy->Insert(dev);
-    } else {
-      const LogicalAddr victim = sh.device_owner[dev.value()];
-      sh.home[victim.value() / p] = Location::Make(Tier::kHost, w.rank, host_slot);
-    }
-    loc = Location::Make(Tier::kDevice, w.rank, dev);
-    sh.device_owner[dev.value()] = wanted;
-  }
-  for (int k = 0; k < 2; ++k) {
-    if (failed[k].empty()) continue;
-    return MakeError(ErrorCode::kIo, fmt::format("rank {} group {}: home phase: host{}device {} of {} entries failed ({})",
-                                                 w.rank.value(), group.value(), k == 0 ? "->" : "<->",
-                                                 k == 0 ? "copy" : "swap", k == 0 ? n_free : n_miss - n_free, failed[k]));
+  w.stats.host_bytes = cp.bytes_moved();
+  cp.Run(backend);
+  // Publish what arrived (backend/copy_publish.h).
+  PublishArrived(
+      cp,
+      [&](std::size_t i, bool swap) {
+        const LogicalAddr wanted = w.home_missed[i];
+        const SlotId dev = w.home_targets[i];
+        Location& loc = sh.home[wanted.value() / p];
+        const SlotId host_slot = loc.slot();
+        if (!swap) {
+          ULA_CHECK(sh.host.Free(host_slot).has_value());
+          sh.policy->Insert(dev);
+        } else {
+          const LogicalAddr victim = sh.device_owner[dev.value()];
+          sh.home[victim.value() / p] = Location::Make(Tier::kHost, w.rank, host_slot);
+        }
+        loc = Location::Make(Tier::kDevice, w.rank, dev);
+        sh.device_owner[dev.value()] = wanted;
+      },
+      [&](std::size_t i) { ULA_CHECK(sh.device.Free(w.home_targets[i]).has_value()); });
+  if (!cp.all_arrived()) {
+    return std::unexpected(cp.Failure(fmt::format("rank {} group {}: home phase", w.rank.value(), group.value())));
   }
   return Ok();
 }
 
+// The remote phase of one step and group: what its parts share. Layer l of a layer sink
+// moves bytes [l * layer_bytes, (l + 1) * layer_bytes) of each entry (a strided sub-range).
+struct RemotePhase {
+  TpAddressSpace& space;
+  TpAddressSpace::State& st;
+  TpFabric* fabric;
+  GroupId group;
+  std::uint32_t layers;      // 1 without a layer sink
+  std::uint32_t layer_bytes;
+
+  // Marks the misses failed and keeps the rank's first error (kIo naming `what`).
+  void Fail(RankWork& w, const std::vector<std::size_t>& misses, std::string_view what, const Error& e) const;
+  // Buffer slots for the rank's remote misses (free first, then victims, whose read-only
+  // copies are dropped), and the copies submitted: one batch per source rank and source
+  // tier (and layer); a fabric fetch from a rank not hosted here returns when it arrived.
+  void AssignAndSubmit(RankWork& w) const;
+  // Waits on each submitted batch of `layer` on its own fence; a failed one fails its misses.
+  void WaitLayer(RankWork& w, std::uint32_t layer) const;
+  // Bytes have arrived (every layer): publishes the fetched copies. A slot whose fetch
+  // failed in any layer holds no entry (a victim's old copy was dropped, and may be partly
+  // overwritten): it goes back to the pool.
+  void Publish(RankWork& w) const;
+};
+
+void RemotePhase::Fail(RankWork& w, const std::vector<std::size_t>& misses, std::string_view what,
+                       const Error& e) const {
+  for (std::size_t i : misses) w.fetch_failed[i] = 1;
+  if (w.status) {
+    w.status = MakeError(ErrorCode::kIo, fmt::format("rank {} group {}: remote phase: {} ({})", w.rank.value(),
+                                                     group.value(), what, e.message()));
+  }
+}
+
+void RemotePhase::AssignAndSubmit(RankWork& w) const {
+  w.submitted.clear();
+  w.fetch_failed.clear();
+  w.buffer_targets.clear();
+  if (!w.status) return;
+  const std::uint32_t p = space.config().num_ranks;
+  TpGroupShard& sh = st.at(w.rank, group);
+  sh.buffer_policy->Touch(w.buffer_hit_slots);
+  const std::size_t n_miss = w.remote_missed.size();
+  const std::size_t n_free = std::min<std::size_t>(n_miss, sh.buffer.num_free());
+  w.buffer_targets.resize(n_miss);
+  for (std::size_t i = 0; i < n_free; ++i) w.buffer_targets[i] = *sh.buffer.Allocate();
+  const std::size_t claimed = sh.buffer_policy->ClaimVictims(std::span(w.buffer_targets).subspan(n_free));
+  ULA_CHECK(claimed == n_miss - n_free);
+  for (std::size_t i = n_free; i < n_miss; ++i) {  // read-only copies: dropped, no write-back
+    const SlotId s = w.buffer_targets[i];
+    sh.buffered.erase(sh.buffer_owner[s.value()].value());
+    sh.buffer_owner[s.value()] = LogicalAddr::Invalid();
+  }
+  w.stats.remote_fetches = n_miss;
+  w.stats.buffer_evictions = n_miss - n_free;
+  w.stats.remote_bytes = n_miss * std::uint64_t{space.config().entry_bytes};
+  w.fetch_failed.assign(n_miss, 0);
+  std::vector<std::vector<std::size_t>> by_source(p);
+  for (std::size_t i = 0; i < n_miss; ++i) by_source[w.remote_missed[i].value() % p].push_back(i);
+  std::vector<LogicalAddr> addrs;
+  std::vector<std::byte*> dst;
+  for (std::uint32_t q = 0; q < p; ++q) {
+    if (by_source[q].empty()) continue;
+    ++w.stats.source_batches;
+    const Rank src(static_cast<std::uint16_t>(q));
+    if (space.Hosts(src)) {
+      const TpGroupShard& home = st.at(src, group);
+      for (std::uint32_t l = 0; l < layers; ++l) {
+        const std::uint64_t shift = std::uint64_t{l} * layer_bytes;
+        CopyBatch from[2] = {{home.device.arena().id, sh.buffer.arena().id, layer_bytes, false, {}},
+                             {home.host.arena().id, sh.buffer.arena().id, layer_bytes, false, {}}};
+        std::vector<std::size_t> misses[2];
+        for (std::size_t i : by_source[q]) {
+          const Location loc = home.home[w.remote_missed[i].value() / p];
+          const int t = loc.tier() == Tier::kDevice ? 0 : 1;
+          from[t].moves.push_back({(t == 0 ? home.device : home.host).offset(loc.slot()) + shift,
+                                   sh.buffer.offset(w.buffer_targets[i]) + shift});
+          misses[t].push_back(i);
+        }
+        for (int t = 0; t < 2; ++t) {
+          if (from[t].moves.empty()) continue;
+          auto fence = space.backend().Submit(std::move(from[t]));
+          if (fence) {
+            w.submitted.push_back({*fence, q, l, std::move(misses[t])});
+          } else {
+            Fail(w, misses[t], fmt::format("copy of {} entries from rank {} failed", misses[t].size(), q), fence.error());
+          }
+        }
+      }
+    } else {  // a fabric fetch moves whole entries and returns when they arrived (no sink with a fabric)
+      addrs.clear();
+      dst.clear();
+      for (std::size_t i : by_source[q]) {
+        addrs.push_back(w.remote_missed[i]);
+        dst.push_back(sh.buffer.data(w.buffer_targets[i]));
+      }
+      if (auto s = fabric->FetchFromHome(src, group, addrs, dst); !s) {
+        Fail(w, by_source[q], fmt::format("fetch of {} entries from rank {} failed", addrs.size(), q), s.error());
+      }
+    }
+  }
+}
+
+void RemotePhase::WaitLayer(RankWork& w, std::uint32_t layer) const {
+  for (const RankWork::Submitted& b : w.submitted) {
+    if (b.layer != layer) continue;
+    if (auto s = space.backend().Wait(b.fence); !s) {
+      Fail(w, b.misses, fmt::format("copy of {} entries from rank {} failed", b.misses.size(), b.source), s.error());
+    }
+  }
+}
+
+void RemotePhase::Publish(RankWork& w) const {
+  TpGroupShard& sh = st.at(w.rank, group);
+  const std::size_t n_miss = w.buffer_targets.size();
+  const std::size_t n_free = n_miss - w.stats.buffer_evictions;
+  for (std::size_t i = 0; i < n_miss; ++i) {
+    const SlotId s = w.buffer_targets[i];
+    if (w.fetch_failed[i]) {
+      if (i >= n_free) sh.buffer_policy->Remove(s);
+      ULA_CHECK(sh.buffer.Free(s).has_value());
+      continue;
+    }
+    sh.buffered[w.remote_missed[i].value()] = s;
+    sh.buffer_owner[s.value()] = w.remote_missed[i];
+    if (i < n_free) sh.buffer_policy->Insert(s);
+  }
+}
+
 }  // namespace
 
-Status TpStepPlanner::Classify(GroupId group, std::span<const LogicalAddr> selections,
-                               std::span<const SelectionRun> runs) {
-  TpAddressSpace::State& st = *space_.state_;
-  const TpConfig& cfg = space_.config();
-  const std::uint32_t p = cfg.num_ranks;
-  const bool at_home = cfg.attention == TpAttention::kAtHome;
-  Scratch& sc = *scratch_;
-  // Errors every rank sees alike (the directory is replicated): no collective needed.
-  if (group.value() >= cfg.num_groups) {
-    return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", group.value(), cfg.num_groups));
+namespace {
+
+// Validates each selection against its run's request (live, held by it) and appends the
+// distinct addresses, in first-selection order, to `distinct` (seen_epoch: the dedup stamps).
+Status DedupSelections(const TpAddressSpace::State& st, std::span<const LogicalAddr> selections,
+                       std::span<const SelectionRun> runs, std::vector<std::uint32_t>& seen_epoch,
+                       std::uint32_t& epoch, std::vector<LogicalAddr>& distinct) {
+  if (seen_epoch.size() < st.live.size()) seen_epoch.resize(st.live.size(), 0);
+  if (++epoch == 0) {
+    std::fill(seen_epoch.begin(), seen_epoch.end(), 0);
+    epoch = 1;
   }
-  if (fabric_ != nullptr && (space_.hosted_ranks().size() != 1 || space_.hosted_ranks()[0] != fabric_->local_rank())) {
-    return MakeError(ErrorCode::kFailedPrecondition, "with a fabric the space must host exactly the fabric's local rank");
-  }
-  if (fabric_ == nullptr && space_.hosted_ranks().size() != p) {
-    return MakeError(ErrorCode::kFailedPrecondition,
-                     fmt::format("the space hosts {} of {} ranks but the planner has no fabric: construct the "
-                                 "TpStepPlanner with the TpFabric that reaches the other ranks (MakeMpiFabric), "
-                                 "or create the space for every rank", space_.hosted_ranks().size(), p));
-  }
-  ULA_RETURN_IF_ERROR(CheckSelectionRuns(runs, selections.size()));
-  // 0. Validate and dedup.
-  if (sc.seen_epoch.size() < st.live.size()) sc.seen_epoch.resize(st.live.size(), 0);
-  if (++sc.epoch == 0) {
-    std::fill(sc.seen_epoch.begin(), sc.seen_epoch.end(), 0);
-    sc.epoch = 1;
-  }
-  sc.distinct.clear();
+  distinct.clear();
   std::size_t next_run = 0, run_end = 0;
   const TpAddressSpace::State::Holder* holder = nullptr;  // selection i's run's request
   for (std::size_t i = 0; i < selections.size(); ++i) {
@@ -211,68 +304,105 @@ Status TpStepPlanner::Classify(GroupId group, std::span<const LogicalAddr> selec
                        fmt::format("selection {}: logical address {} belongs to request {}, not to request {} "
                                    "(a stale address, freed and reused?): refused", i, a.value(), owner, wanted));
     }
-    if (sc.seen_epoch[a.value()] == sc.epoch) continue;
-    sc.seen_epoch[a.value()] = sc.epoch;
-    sc.distinct.push_back(a);
+    if (seen_epoch[a.value()] == epoch) continue;
+    seen_epoch[a.value()] = epoch;
+    distinct.push_back(a);
   }
-  // Classify per hosted rank and check that its misses fit.
+  return Ok();
+}
+
+// One hosted rank's classification of the distinct addresses (home hit / home miss /
+// buffer hit / remote miss / elsewhere) into w, and whether its misses fit: free slots plus
+// the slots its policies may evict this round (kResourceExhausted). Changes nothing else.
+Status ClassifyRank(RankWork& w, const TpGroupShard& sh, std::span<const LogicalAddr> distinct, std::uint32_t p,
+                    bool at_home, GroupId group) {
+  w.home_hit_slots.clear();
+  w.home_missed.clear();
+  w.buffer_hit_slots.clear();
+  w.remote_missed.clear();
+  w.stats = {};
+  w.status = Ok();
+  w.stats.distinct = distinct.size();
+  for (LogicalAddr a : distinct) {
+    if (at_home && a.value() % p != w.rank.value()) {
+      ++w.stats.elsewhere;  // its home's partial attention covers it
+    } else if (a.value() % p == w.rank.value()) {
+      const Location loc = sh.home[a.value() / p];
+      if (loc.tier() == Tier::kDevice) {
+        w.home_hit_slots.push_back(loc.slot());
+      } else {
+        w.home_missed.push_back(a);
+      }
+    } else if (auto it = sh.buffered.find(a.value()); it != sh.buffered.end()) {
+      w.buffer_hit_slots.push_back(it->second);
+    } else {
+      w.remote_missed.push_back(a);
+    }
+  }
+  w.stats.home_hits = w.home_hit_slots.size();
+  w.stats.buffer_hits = w.buffer_hit_slots.size();
+  auto room = [](const SlotPool& pool, const ResidencyPolicy& policy, const std::vector<SlotId>& hits) {
+    std::uint64_t newly_used = 0;
+    for (SlotId s : hits) newly_used += !policy.UsedInCurrentRound(s);
+    return std::uint64_t{pool.num_free()} + (policy.NumEvictable() - newly_used);
+  };
+  const std::uint64_t home_room = room(sh.device, *sh.policy, w.home_hit_slots);
+  const std::uint64_t buffer_room = room(sh.buffer, *sh.buffer_policy, w.buffer_hit_slots);
+  if (w.home_missed.size() > home_room) {
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("rank {} group {}: {} of its own entries must come to device but only {} device "
+                                 "slots are free or evictable: {} entries are used in this round (allocated or "
+                                 "selected since the last AdvanceRound(), this step's hits included) and cannot "
+                                 "be evicted: call AdvanceRound() after the round's attention, or select fewer "
+                                 "entries per round", w.rank.value(), group.value(), w.home_missed.size(),
+                                 home_room, sh.device.num_used() + sh.device.num_free() - home_room));
+  }
+  if (w.remote_missed.size() > buffer_room) {
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("rank {} group {}: {} remote entries must be fetched but only {} local-buffer "
+                                 "slots are free or evictable: {} copies are used in this round and cannot be "
+                                 "evicted: call AdvanceRound() after the round's attention, give the local "
+                                 "buffer more bytes, or use TpAttention::kAtHome", w.rank.value(), group.value(),
+                                 w.remote_missed.size(), buffer_room,
+                                 sh.buffer.num_used() + sh.buffer.num_free() - buffer_room));
+  }
+  return Ok();
+}
+
+}  // namespace
+
+Status TpStepPlanner::Classify(GroupId group, std::span<const LogicalAddr> selections,
+                               std::span<const SelectionRun> runs) {
+  TpAddressSpace::State& st = *space_.state_;
+  const TpConfig& cfg = space_.config();
+  const std::uint32_t p = cfg.num_ranks;
+  Scratch& sc = *scratch_;
+  // Errors every rank sees alike (the directory is replicated): no collective needed.
+  if (group.value() >= cfg.num_groups) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", group.value(), cfg.num_groups));
+  }
+  if (fabric_ != nullptr && (space_.hosted_ranks().size() != 1 || space_.hosted_ranks()[0] != fabric_->local_rank())) {
+    return MakeError(ErrorCode::kFailedPrecondition, "with a fabric the space must host exactly the fabric's local rank");
+  }
+  if (fabric_ == nullptr && space_.hosted_ranks().size() != p) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("the space hosts {} of {} ranks but the planner has no fabric: construct the "
+                                 "TpStepPlanner with the TpFabric that reaches the other ranks (MakeMpiFabric), "
+                                 "or create the space for every rank", space_.hosted_ranks().size(), p));
+  }
+  ULA_RETURN_IF_ERROR(CheckSelectionRuns(runs, selections.size()));
+  // 0. Validate and dedup.
+  ULA_RETURN_IF_ERROR(DedupSelections(st, selections, runs, sc.seen_epoch, sc.epoch, sc.distinct));
+  // Classify per hosted rank and check that its misses fit (the first rank that does not
+  // fit names the error; every rank is classified).
   const auto hosted = space_.hosted_ranks();
   sc.work.resize(hosted.size());
   Status local = Ok();
   for (std::size_t h = 0; h < hosted.size(); ++h) {
-    RankWork& w = sc.work[h];
-    w.rank = hosted[h];
-    w.home_hit_slots.clear();
-    w.home_missed.clear();
-    w.buffer_hit_slots.clear();
-    w.remote_missed.clear();
-    w.stats = {};
-    w.status = Ok();
-    w.stats.distinct = sc.distinct.size();
-    const TpGroupShard& sh = st.at(w.rank, group);
-    for (LogicalAddr a : sc.distinct) {
-      if (at_home && a.value() % p != w.rank.value()) {
-        ++w.stats.elsewhere;  // its home's partial attention covers it
-      } else if (a.value() % p == w.rank.value()) {
-        const Location loc = sh.home[a.value() / p];
-        if (loc.tier() == Tier::kDevice) {
-          w.home_hit_slots.push_back(loc.slot());
-        } else {
-          w.home_missed.push_back(a);
-        }
-      } else if (auto it = sh.buffered.find(a.value()); it != sh.buffered.end()) {
-        w.buffer_hit_slots.push_back(it->second);
-      } else {
-        w.remote_missed.push_back(a);
-      }
-    }
-    w.stats.home_hits = w.home_hit_slots.size();
-    w.stats.buffer_hits = w.buffer_hit_slots.size();
-    auto room = [](const SlotPool& pool, const ResidencyPolicy& policy, const std::vector<SlotId>& hits) {
-      std::uint64_t newly_used = 0;
-      for (SlotId s : hits) newly_used += !policy.UsedInCurrentRound(s);
-      return std::uint64_t{pool.num_free()} + (policy.NumEvictable() - newly_used);
-    };
-    const std::uint64_t home_room = room(sh.device, *sh.policy, w.home_hit_slots);
-    const std::uint64_t buffer_room = room(sh.buffer, *sh.buffer_policy, w.buffer_hit_slots);
-    if (local && w.home_missed.size() > home_room) {
-      local = MakeError(ErrorCode::kResourceExhausted,
-                        fmt::format("rank {} group {}: {} of its own entries must come to device but only {} device "
-                                    "slots are free or evictable: {} entries are used in this round (allocated or "
-                                    "selected since the last AdvanceRound(), this step's hits included) and cannot "
-                                    "be evicted: call AdvanceRound() after the round's attention, or select fewer "
-                                    "entries per round", w.rank.value(), group.value(), w.home_missed.size(),
-                                    home_room, sh.device.num_used() + sh.device.num_free() - home_room));
-    }
-    if (local && w.remote_missed.size() > buffer_room) {
-      local = MakeError(ErrorCode::kResourceExhausted,
-                        fmt::format("rank {} group {}: {} remote entries must be fetched but only {} local-buffer "
-                                    "slots are free or evictable: {} copies are used in this round and cannot be "
-                                    "evicted: call AdvanceRound() after the round's attention, give the local "
-                                    "buffer more bytes, or use TpAttention::kAtHome", w.rank.value(), group.value(),
-                                    w.remote_missed.size(), buffer_room,
-                                    sh.buffer.num_used() + sh.buffer.num_free() - buffer_room));
-    }
+    sc.work[h].rank = hosted[h];
+    Status s = ClassifyRank(sc.work[h], st.at(hosted[h], group), sc.distinct, p,
+                            cfg.attention == TpAttention::kAtHome, group);
+    if (local && !s) local = std::move(s);
   }
   return local;
 }
@@ -300,7 +430,6 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   }
   TpAddressSpace::State& st = *space_.state_;
   const TpConfig& cfg = space_.config();
-  const std::uint32_t p = cfg.num_ranks;
   const bool at_home = cfg.attention == TpAttention::kAtHome;
   Scratch& sc = *scratch_;
   // 0. Validate, dedup, classify, check that the misses fit (nothing changes).
@@ -319,136 +448,32 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   // Attention at home: no rank reads another's memory, so no barrier and no remote phase.
   if (fabric_ && !at_home) fabric_->Barrier();
 
-  // 2. Remote phase. A rank whose home phase failed skips it (it still joins the barriers).
-  // 2a: buffer slots for the misses, and the copies submitted: one batch per source rank and
-  // source tier, or with a layer sink one per source, tier and layer (layer l moves bytes
-  // [l * entry_bytes / L, (l + 1) * entry_bytes / L) of each entry: a strided sub-range).
+  // 2. Remote phase (RemotePhase above). A rank whose home phase failed skips it (it still
+  // joins the barriers).
   const std::uint32_t layers = sink ? sink->layers() : 1;
-  const std::uint32_t layer_bytes = cfg.entry_bytes / layers;
-  auto fail = [&group](RankWork& w, const std::vector<std::size_t>& misses, std::string_view what, const Error& e) {
-    for (std::size_t i : misses) w.fetch_failed[i] = 1;
-    if (w.status) {
-      w.status = MakeError(ErrorCode::kIo, fmt::format("rank {} group {}: remote phase: {} ({})", w.rank.value(),
-                                                       group.value(), what, e.message()));
-    }
-  };
-  auto assign_and_submit = [&](RankWork& w) {
-    w.submitted.clear();
-    w.fetch_failed.clear();
-    w.buffer_targets.clear();
-    if (!w.status) return;
-    TpGroupShard& sh = st.at(w.rank, group);
-    sh.buffer_policy->Touch(w.buffer_hit_slots);
-    const std::size_t n_miss = w.remote_missed.size();
-    const std::size_t n_free = std::min<std::size_t>(n_miss, sh.buffer.num_free());
-    w.buffer_targets.resize(n_miss);
-    for (std::size_t i = 0; i < n_free; ++i) w.buffer_targets[i] = *sh.buffer.Allocate();
-    const std::size_t claimed = sh.buffer_policy->ClaimVictims(std::span(w.buffer_targets).subspan(n_free));
-    ULA_CHECK(claimed == n_miss - n_free);
-    for (std::size_t i = n_free; i < n_miss; ++i) {  // read-only copies: dropped, no write-back
-      const SlotId s = w.buffer_targets[i];
-      sh.buffered.erase(sh.buffer_owner[s.value()].value());
-      sh.buffer_owner[s.value()] = LogicalAddr::Invalid();
-    }
-    w.stats.remote_fetches = n_miss;
-    w.stats.buffer_evictions = n_miss - n_free;
-    w.stats.remote_bytes = n_miss * std::uint64_t{cfg.entry_bytes};
-    w.fetch_failed.assign(n_miss, 0);
-    std::vector<std::vector<std::size_t>> by_source(p);
-    for (std::size_t i = 0; i < n_miss; ++i) by_source[w.remote_missed[i].value() % p].push_back(i);
-    std::vector<LogicalAddr> addrs;
-    std::vector<std::byte*> dst;
-    for (std::uint32_t q = 0; q < p; ++q) {
-      if (by_source[q].empty()) continue;
-      ++w.stats.source_batches;
-      const Rank src(static_cast<std::uint16_t>(q));
-      if (space_.Hosts(src)) {
-        const TpGroupShard& home = st.at(src, group);
-        for (std::uint32_t l = 0; l < layers; ++l) {
-          const std::uint64_t shift = std::uint64_t{l} * layer_bytes;
-          CopyBatch from[2] = {{home.device.arena().id, sh.buffer.arena().id, layer_bytes, false, {}},
-                               {home.host.arena().id, sh.buffer.arena().id, layer_bytes, false, {}}};
-          std::vector<std::size_t> misses[2];
-          for (std::size_t i : by_source[q]) {
-            const Location loc = home.home[w.remote_missed[i].value() / p];
-            const int t = loc.tier() == Tier::kDevice ? 0 : 1;
-            from[t].moves.push_back({(t == 0 ? home.device : home.host).offset(loc.slot()) + shift,
-                                     sh.buffer.offset(w.buffer_targets[i]) + shift});
-            misses[t].push_back(i);
-          }
-          for (int t = 0; t < 2; ++t) {
-            if (from[t].moves.empty()) continue;
-            auto fence = space_.backend().Submit(std::move(from[t]));
-            if (fence) {
-              w.submitted.push_back({*fence, q, l, std::move(misses[t])});
-            } else {
-              fail(w, misses[t], fmt::format("copy of {} entries from rank {} failed", misses[t].size(), q),
-                   fence.error());
-            }
-          }
-        }
-      } else {  // a fabric fetch moves whole entries and returns when they arrived (no sink with a fabric)
-        addrs.clear();
-        dst.clear();
-        for (std::size_t i : by_source[q]) {
-          addrs.push_back(w.remote_missed[i]);
-          dst.push_back(sh.buffer.data(w.buffer_targets[i]));
-        }
-        if (auto s = fabric_->FetchFromHome(src, group, addrs, dst); !s) {
-          fail(w, by_source[q], fmt::format("fetch of {} entries from rank {} failed", addrs.size(), q), s.error());
-        }
-      }
-    }
-  };
-  auto wait_layer = [&](RankWork& w, std::uint32_t layer) {
-    for (const RankWork::Submitted& b : w.submitted) {
-      if (b.layer != layer) continue;
-      if (auto s = space_.backend().Wait(b.fence); !s) {
-        fail(w, b.misses, fmt::format("copy of {} entries from rank {} failed", b.misses.size(), b.source), s.error());
-      }
-    }
-  };
-  // 2c: bytes have arrived (every layer): publish. A slot whose fetch failed in any layer
-  // holds no entry (a victim's old copy was dropped above, and may be partly overwritten):
-  // it goes back to the pool.
-  auto publish = [&](RankWork& w) {
-    TpGroupShard& sh = st.at(w.rank, group);
-    const std::size_t n_miss = w.buffer_targets.size();
-    const std::size_t n_free = n_miss - w.stats.buffer_evictions;
-    for (std::size_t i = 0; i < n_miss; ++i) {
-      const SlotId s = w.buffer_targets[i];
-      if (w.fetch_failed[i]) {
-        if (i >= n_free) sh.buffer_policy->Remove(s);
-        ULA_CHECK(sh.buffer.Free(s).has_value());
-        continue;
-      }
-      sh.buffered[w.remote_missed[i].value()] = s;
-      sh.buffer_owner[s.value()] = w.remote_missed[i];
-      if (i < n_free) sh.buffer_policy->Insert(s);
-    }
-  };
+  const RemotePhase remote{space_, st, fabric_, group, layers, cfg.entry_bytes / layers};
   if (!at_home && sink == nullptr) {
     ForEachRank(sc.work, options_.parallel_ranks, [&](RankWork& w) {
-      assign_and_submit(w);
-      wait_layer(w, 0);
-      publish(w);
+      remote.AssignAndSubmit(w);
+      remote.WaitLayer(w, 0);
+      remote.Publish(w);
     });
   } else if (sink != nullptr) {
     // The layer pipeline: the refs are handed out before any copy is waited on, then each
     // layer's arrival on every hosted rank, in layer order, then everything is published.
-    if (!at_home) ForEachRank(sc.work, options_.parallel_ranks, assign_and_submit);
+    if (!at_home) ForEachRank(sc.work, options_.parallel_ranks, [&](RankWork& w) { remote.AssignAndSubmit(w); });
     sink->Planned(Emit(group, selections, /*pending=*/!at_home));
     for (std::uint32_t l = 0; l < layers; ++l) {
       bool ok = true;
       for (RankWork& w : sc.work) {
-        if (!at_home) wait_layer(w, l);
+        if (!at_home) remote.WaitLayer(w, l);
         ok = ok && w.status.has_value();
       }
       sink->Arrived(l, ok);
     }
     if (!at_home) {
       for (RankWork& w : sc.work) {
-        if (!w.buffer_targets.empty()) publish(w);
+        if (!w.buffer_targets.empty()) remote.Publish(w);
       }
     }
   }
