@@ -16,12 +16,27 @@
 
 namespace ula {
 
-// The pools of one (rank, group).
+// The pools of one (rank, group): per layer regions (address_space.h "Pools"). A SlotPool's
+// slot_bytes is one row; slot s of layer l sits at offset(s) + l * stride.
 struct GroupPools {
   SlotPool device;
   SlotPool host;
   std::unique_ptr<ResidencyPolicy> policy;  // over device slots
   std::vector<LogicalAddr> device_owner;    // [device capacity] address held by each device slot
+  std::uint32_t num_layers = 1;
+  std::uint64_t device_stride = 0;  // bytes of one layer's device region
+  std::uint64_t host_stride = 0;
+
+  const SlotPool& pool(Tier t) const { return t == Tier::kDevice ? device : host; }
+  std::uint64_t stride(Tier t) const { return t == Tier::kDevice ? device_stride : host_stride; }
+  // The backend moves of one entry from slot `src` of tier `from` to slot `dst` of the
+  // other tier: one row per layer.
+  void AppendMoves(Tier from, SlotId src, SlotId dst, std::vector<SlotMove>& out) const {
+    const Tier to = from == Tier::kDevice ? Tier::kHost : Tier::kDevice;
+    for (std::uint32_t l = 0; l < num_layers; ++l) {
+      out.push_back({pool(from).offset(src) + l * stride(from), pool(to).offset(dst) + l * stride(to)});
+    }
+  }
 };
 
 struct RequestState {

@@ -333,15 +333,15 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   stats.into_free = n_free;
   stats.evictions = n_miss - n_free;
   if (n_miss > 0) {
-    CopyBatch fetch{gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
-    CopyBatch swap{gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, /*swap=*/true, {}};
+    // One move per layer's row of each entry (per-layer pools, address_space.h "Pools").
+    CopyBatch fetch{gp.host.arena().id, gp.device.arena().id, cfg.row(), /*swap=*/false, {}};
+    CopyBatch swap{gp.host.arena().id, gp.device.arena().id, cfg.row(), /*swap=*/true, {}};
     fetch.moves.reserve(n_free);
     swap.moves.reserve(n_miss - n_free);
     for (std::size_t i = 0; i < n_miss; ++i) {
-      const SlotMove move{gp.host.offset(table.Get(missed_[i]).slot()), gp.device.offset(target_slots_[i])};
-      (i < n_free ? fetch : swap).moves.push_back(move);
+      gp.AppendMoves(Tier::kHost, table.Get(missed_[i]).slot(), target_slots_[i], (i < n_free ? fetch : swap).moves);
     }
-    stats.bytes_moved = (fetch.moves.size() + 2 * swap.moves.size()) * std::uint64_t{cfg.entry_bytes};
+    stats.bytes_moved = (fetch.moves.size() + 2 * swap.moves.size()) * std::uint64_t{cfg.row()};
     // Each batch is waited on its own fence: a failed batch publishes nothing of its own,
     // a completed one is published (its bytes have arrived) — see the header's contract.
     CopyBatch* batches[2] = {&fetch, &swap};
