@@ -136,6 +136,13 @@ struct AddressSpaceConfig {
   // size of FlashMLA's paged KV and of SGLang's and vLLM's sparse MLA pools. 1 hands out
   // addresses one by one (the old single counter with a FIFO of freed addresses).
   std::uint32_t page_tokens = 64;
+  // New entries' write slots never go stale (Allocate, issue 27 item 1): every new entry
+  // is placed on device, evicting, and no step of its round moves it. Off: new entries go
+  // to free device slots, then host, and a step of the same round may move them (the
+  // library path, where Write goes to the current location, and simulators that allocate
+  // a request's future tokens as a reservation). EngineStepPlanner::Create turns it on:
+  // an engine writes KV at the location it looked up.
+  bool stable_new_entries = false;
 
   // Names the first bad field.
   Status Validate() const;
@@ -181,14 +188,17 @@ class AddressSpace {
   // Registers a request served by `rank`. kAlreadyExists / kOutOfRange.
   Status AddRequest(RequestId request, Rank rank);
   // Appends n_tokens new addresses to the request (prefill or decode) and returns them, in
-  // pages ("Pages" above). A new token's write slot never goes stale (issue 27, item 1):
+  // pages ("Pages" above). With stable_new_entries (config, or an EngineStepPlanner over
+  // the space) a new token's write slot never goes stale (issue 27, item 1):
   // every new entry is placed on device, in a free slot or else in the slot of an entry
   // this round has not used, chosen by the residency policy and moved to host first (the
   // move executor below); being used in this round, it stays where it is until
   // AdvanceRound(), so the location Lookup gives right after Allocate is where the engine
   // writes the token's KV and where this round's steps read it (a hit). Only when the
   // device holds nothing but this round's entries (a prefill chunk larger than the device
-  // pool) does the rest go to host; select such entries from the next round on.
+  // pool) does the rest go to host, and stay there for the round: a step of this round
+  // that selects one is refused (kResourceExhausted; select it from the next round on).
+  // Without it, new entries go to free device slots, then host (the library path).
   // (Why this and not "Step returns each row's write slots": SGLang computes out_cache_loc
   // once at schedule time and every layer writes there, and HiSparse keeps every running
   // request's newest token on device the same way; FlashMLA's sparse decode has no input

@@ -64,6 +64,9 @@
 //   (Complete aborts via ULA_CHECK if an entry of the plan was freed). A second Plan or
 //   Step on this planner is refused with kFailedPrecondition.
 //
+// Create turns on the space's stable_new_entries (address_space.h): from then on every new
+// entry's write slot stays put for its round.
+//
 // Allocation: Create sizes every scratch array for the largest step (config.max_*) and
 // the largest address count the space can reach; Plan, Complete, ExecuteOnEngineMemory,
 // and a Step without misses then allocate nothing (tests/sparse/engine_step_test.cc counts

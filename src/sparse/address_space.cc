@@ -98,6 +98,7 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceCon
     }
   }
   state->tables.resize(config.num_groups);
+  state->stable_new_entries = config.stable_new_entries;
   return std::unique_ptr<AddressSpace>(new AddressSpace(config, backend, std::move(state)));
 }
 
@@ -190,7 +191,8 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
     GroupPools& gp = st.at(rank, GroupId(g));
     GroupPlan& plan = plans[g];
     plan.into_free = std::min(n_tokens, gp.device.num_free());
-    const std::uint64_t want = std::min<std::uint64_t>(n_tokens - plan.into_free, gp.policy->NumEvictable());
+    const std::uint64_t want =
+        st.stable_new_entries ? std::min<std::uint64_t>(n_tokens - plan.into_free, gp.policy->NumEvictable()) : 0;
     plan.victims.resize(want);
     ULA_CHECK(gp.policy->ClaimVictims(plan.victims) == want);
     for (SlotId v : plan.victims) {
@@ -266,8 +268,10 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
         auto host = gp.host.Allocate();
         ULA_CHECK(host.has_value());  // capacity was checked above
         table.Set(a, Location::Make(Tier::kHost, rank, *host));
+        if (st.stable_new_entries) gp.new_on_host.push_back(a);
       }
     }
+    if (st.stable_new_entries && plan.into_free + plan.victims.size() < n_tokens) std::sort(gp.new_on_host.begin(), gp.new_on_host.end());
   }
   st.owner.resize(st.next_addr, 0);
   st.refs.resize(st.next_addr, 0);
@@ -499,8 +503,12 @@ Result<Rank> AddressSpace::RankOf(RequestId request) const {
 bool AddressSpace::IsLive(LogicalAddr addr) const { return !state_->tables[0].Get(addr).is_none(); }
 
 void AddressSpace::AdvanceRound() {
-  for (auto& rank : state_->pools)
-    for (auto& gp : rank) gp.policy->AdvanceRound();
+  for (auto& rank : state_->pools) {
+    for (auto& gp : rank) {
+      gp.policy->AdvanceRound();
+      gp.new_on_host.clear();
+    }
+  }
   ULA_EXPENSIVE_CHECK(*this);
 }
 
@@ -726,6 +734,7 @@ std::uint64_t AddressSpace::DebugDigest() const {
       d.Add(gp.host.free_bitmap());
       d.Add(gp.policy->DebugDigest());
       for (LogicalAddr a : gp.device_owner) d.Add(a.value());
+      for (LogicalAddr a : gp.new_on_host) d.Add(a.value());
     }
   }
   std::uint64_t requests = 0;  // unordered: a sum of per-request hashes

@@ -82,6 +82,8 @@ Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpac
   const std::uint64_t max_addrs = std::max<std::uint64_t>(
       space.state_->next_addr,
       std::uint64_t{cfg.num_ranks} * (std::uint64_t{cfg.device_slots_per_group()} + cfg.host_slots_per_group()));
+  // The engine writes new tokens' KV where it looked them up (address_space.h, Allocate).
+  space.state_->stable_new_entries = true;
   auto s = std::make_unique<Scratch>();
   s->max_descriptors = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_sel, cfg.device_slots_per_group()));
   s->seen_epoch.assign(max_addrs, 0);
@@ -199,6 +201,11 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
     }
   }
   const std::size_t n_miss = s.missed.size();
+  for (LogicalAddr a : s.missed) {
+    if (gp.IsNewOnHost(a)) return MakeError(ErrorCode::kResourceExhausted, fmt::format("address {} was placed on host by this round's Allocate (the device held only this round's "
+                                 "entries): its KV is written at that host slot, so this round cannot move it; "
+                                 "select it after AdvanceRound()", a.value()));
+  }
   if (out_descriptors.size() < n_miss) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("{} descriptor rows for {} misses (size them to max_descriptors() = {})",

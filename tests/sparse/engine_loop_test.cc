@@ -21,6 +21,8 @@
 #include <random>
 #include <vector>
 
+#include "backend/fault_backend.h"
+#include "sparse/space_fixture.h"
 #include "test_seed.h"
 #include "ula/address_space.h"
 #include "ula/engine_step.h"
@@ -222,6 +224,60 @@ TEST(EngineLoop, RequestsHoldWholePagesOfAddresses) {
   auto again = space->Allocate(RequestId(9), 3).value();
   EXPECT_EQ(again[0].value(), first_page_of_0 * kPage);
   EXPECT_EQ(again[2].value(), first_page_of_0 * kPage + 2);
+  EXPECT_TRUE(space->CheckInvariants());
+}
+
+// Allocate's victims move to host before the new tokens take their slots; when a move
+// fails (the backend's batch, or an engine's executor), nothing is allocated, every entry
+// keeps its location and its bytes, and the next round's Allocate succeeds.
+TEST(EngineLoop, AllocateWhoseVictimMovesFailAllocatesNothing) {
+  auto inner = MakeCpuBackend();
+  auto faults = MakeFaultInjectingBackend(*inner, FaultPlan{.fail_fraction = 1.0, .partial = true}).value();
+  AddressSpaceConfig config = testing::SmallConfig(4, 16, 1, 2);
+  config.stable_new_entries = true;
+  auto space = AddressSpace::Create(config, *faults).value();
+  faults->set_armed(false);
+  ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
+  auto old = space->Allocate(RequestId(1), 4).value();  // fills the device
+  for (LogicalAddr a : old) {
+    for (std::uint32_t g = 0; g < 2; ++g) ASSERT_TRUE(space->Write(a, GroupId(g), testing::Pattern(a, g, 32)));
+  }
+  space->AdvanceRound();
+  auto lookups = [&] {
+    std::vector<std::uint64_t> v;
+    for (LogicalAddr a : old)
+      for (std::uint32_t g = 0; g < 2; ++g) v.push_back(space->Lookup(a, GroupId(g))->bits());
+    return v;
+  };
+  const auto before = lookups();
+  faults->set_armed(true);
+  auto failed = space->Allocate(RequestId(1), 2);
+  faults->set_armed(false);
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().code(), ErrorCode::kIo) << failed.error().ToString();
+  EXPECT_EQ(space->AddressesOf(RequestId(1))->size(), 4u);
+  EXPECT_EQ(lookups(), before);
+  EXPECT_EQ(space->NumUsed(Rank(0), GroupId(0), Tier::kHost), 0u);
+  ASSERT_TRUE(space->CheckInvariants());
+  // An engine executor that fails (next round: the failed victims were used in this one).
+  space->AdvanceRound();
+  space->SetMoveExecutor([](std::span<const CopyDescriptor>) -> Status { return MakeError(ErrorCode::kIo, "copy engine"); });
+  ASSERT_FALSE(space->Allocate(RequestId(1), 1));
+  EXPECT_EQ(lookups(), before);
+  space->SetMoveExecutor(nullptr);
+  // The failed victims count as used in this round; the next round evicts them normally.
+  space->AdvanceRound();
+  auto fresh = space->Allocate(RequestId(1), 2);
+  ASSERT_TRUE(fresh) << fresh.error().ToString();
+  for (LogicalAddr a : *fresh) EXPECT_EQ(space->Lookup(a, GroupId(1))->tier(), Tier::kDevice);
+  std::vector<std::byte> bytes(32);
+  for (LogicalAddr a : old) {
+    for (std::uint32_t g = 0; g < 2; ++g) {
+      ASSERT_TRUE(space->Read(a, GroupId(g), bytes));
+      EXPECT_EQ(bytes, testing::Pattern(a, g, 32)) << "address " << a.value() << " group " << g;
+    }
+  }
+  EXPECT_EQ(space->NumUsed(Rank(0), GroupId(0), Tier::kHost), 2u);
   EXPECT_TRUE(space->CheckInvariants());
 }
 
