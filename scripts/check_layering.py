@@ -50,6 +50,7 @@ HEADER_LAYER = {
     "check": "core",
     "ids": "core",
     "location": "core",
+    "step_arrays": "core",  # data only (CopyDescriptor, StepArrays): the engine step and the device step
     "tp_fabric": "sparse",
 }
 

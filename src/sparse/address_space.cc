@@ -271,7 +271,9 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
         if (st.stable_new_entries) gp.new_on_host.push_back(a);
       }
     }
-    if (st.stable_new_entries && plan.into_free + plan.victims.size() < n_tokens) std::sort(gp.new_on_host.begin(), gp.new_on_host.end());
+    if (st.stable_new_entries && plan.into_free + plan.victims.size() < n_tokens) {
+      std::sort(gp.new_on_host.begin(), gp.new_on_host.end());
+    }
   }
   st.owner.resize(st.next_addr, 0);
   st.refs.resize(st.next_addr, 0);

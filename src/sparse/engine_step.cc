@@ -202,9 +202,12 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   }
   const std::size_t n_miss = s.missed.size();
   for (LogicalAddr a : s.missed) {
-    if (gp.IsNewOnHost(a)) return MakeError(ErrorCode::kResourceExhausted, fmt::format("address {} was placed on host by this round's Allocate (the device held only this round's "
-                                 "entries): its KV is written at that host slot, so this round cannot move it; "
-                                 "select it after AdvanceRound()", a.value()));
+    if (gp.IsNewOnHost(a)) {
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("address {} was placed on host by this round's Allocate (the device held only "
+                                   "this round's entries): its KV is written at that host slot, so this round "
+                                   "cannot move it; select it after AdvanceRound()", a.value()));
+    }
   }
   if (out_descriptors.size() < n_miss) {
     return MakeError(ErrorCode::kInvalidArgument,

@@ -278,9 +278,12 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
              [&](std::uint32_t a) { missed_.push_back(LogicalAddr(a)); });
   const std::size_t n_distinct = hit_slots_.size() + missed_.size();
   for (LogicalAddr a : missed_) {  // issue 27, item 1: a new entry's write slot never moves in its round
-    if (gp.IsNewOnHost(a)) return MakeError(ErrorCode::kResourceExhausted, fmt::format("address {} was placed on host by this round's Allocate (the device held only this round's "
-                                 "entries): its KV is written at that host slot, so this round cannot move it; "
-                                 "select it after AdvanceRound()", a.value()));
+    if (gp.IsNewOnHost(a)) {
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("address {} was placed on host by this round's Allocate (the device held only "
+                                   "this round's entries): its KV is written at that host slot, so this round "
+                                   "cannot move it; select it after AdvanceRound()", a.value()));
+    }
   }
   // Room: the hits not yet used in this round stop being evictable. When the misses fit
   // even if every hit were new to the round (almost always), the exact count — one policy

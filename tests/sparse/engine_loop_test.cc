@@ -281,5 +281,41 @@ TEST(EngineLoop, AllocateWhoseVictimMovesFailAllocatesNothing) {
   EXPECT_TRUE(space->CheckInvariants());
 }
 
+// A new entry Allocate had to put on host (the device held only this round's entries) is
+// written at that host slot: even when device slots free up later in the round, no step of
+// the round moves it (it would leave the engine's write behind); the next round may.
+TEST(EngineLoop, NewEntryPlacedOnHostStaysThereForItsRound) {
+  auto backend = MakeCpuBackend();
+  auto space = AddressSpace::Create(testing::SmallConfig(4, 16), *backend).value();
+  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 2}).value();
+  ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
+  ASSERT_TRUE(space->AddRequest(RequestId(2), Rank(0)));
+  ASSERT_TRUE(space->Allocate(RequestId(2), 2));
+  auto a = space->Allocate(RequestId(1), 4).value();  // 2 to free device slots, 2 to host
+  ASSERT_EQ(space->Lookup(a[3], GroupId(0))->tier(), Tier::kHost);
+  for (LogicalAddr x : a) ASSERT_TRUE(space->Write(x, GroupId(0), testing::Pattern(x, 0, 32)));
+  ASSERT_TRUE(space->Free(RequestId(2)));  // two device slots free up in the same round
+  const std::vector<std::int32_t> sel{static_cast<std::int32_t>(a[2].value()), static_cast<std::int32_t>(a[3].value())};
+  std::vector<std::int32_t> idx(2);
+  const std::vector<RequestId> rows{RequestId(1)};
+  const std::uint64_t before = space->DebugDigest();
+  auto refused = planner->Step(Rank(0), GroupId(0), {1, 1, 2}, rows, sel, idx);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(refused.error().message().find("placed on host by this round's Allocate"), std::string::npos)
+      << refused.error().ToString();
+  EXPECT_EQ(space->DebugDigest(), before);
+  space->AdvanceRound();
+  auto ok = planner->Step(Rank(0), GroupId(0), {1, 1, 2}, rows, sel, idx);
+  ASSERT_TRUE(ok) << ok.error().ToString();
+  for (std::size_t k = 0; k < 2; ++k) {
+    const std::byte* p = space->DeviceSlotData(Rank(0), GroupId(0), SlotId(static_cast<std::uint32_t>(idx[k])));
+    const auto want = testing::Pattern(LogicalAddr(static_cast<std::uint32_t>(sel[k])), 0, 32);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(std::memcmp(p, want.data(), 32), 0);
+  }
+  EXPECT_TRUE(space->CheckInvariants());
+}
+
 }  // namespace
 }  // namespace ula
