@@ -6,13 +6,15 @@
 
 namespace ula {
 
-CopyPublish::CopyPublish(ArenaId host, ArenaId device, std::uint32_t entry_bytes, std::size_t num_copies,
-                         std::size_t num_swaps)
-    : batches_{{host, device, entry_bytes, /*swap=*/false, {}}, {host, device, entry_bytes, /*swap=*/true, {}}},
+CopyPublish::CopyPublish(ArenaId host, ArenaId device, std::uint32_t row_bytes, std::size_t num_copies,
+                         std::size_t num_swaps, std::uint32_t rows_per_entry)
+    : batches_{{host, device, row_bytes, /*swap=*/false, {}}, {host, device, row_bytes, /*swap=*/true, {}}},
       count_{num_copies, num_swaps},
-      entry_bytes_(entry_bytes) {
-  batches_[0].moves.reserve(num_copies);
-  batches_[1].moves.reserve(num_swaps);
+      row_bytes_(row_bytes),
+      rows_per_entry_(rows_per_entry) {
+  ULA_CHECK(rows_per_entry >= 1);
+  batches_[0].moves.reserve(num_copies * rows_per_entry);
+  batches_[1].moves.reserve(num_swaps * rows_per_entry);
 }
 
 void CopyPublish::Run(Backend& backend) {

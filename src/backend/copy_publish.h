@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ula/backend.h"
 #include "ula/check.h"
@@ -38,15 +39,27 @@ namespace ula {
 
 class CopyPublish {
  public:
-  // The moves go between the host arena and the device arena, entry_bytes each; the step
-  // has num_copies copies and num_swaps swaps (reserved here).
-  CopyPublish(ArenaId host, ArenaId device, std::uint32_t entry_bytes, std::size_t num_copies,
-              std::size_t num_swaps);
+  // The moves go between the host arena and the device arena; the step has num_copies
+  // copies and num_swaps swaps of entries (reserved here), each entry rows_per_entry rows of
+  // row_bytes (one per layer of a group in the per-layer pools, address_space.h "Pools").
+  CopyPublish(ArenaId host, ArenaId device, std::uint32_t row_bytes, std::size_t num_copies, std::size_t num_swaps,
+              std::uint32_t rows_per_entry = 1);
 
-  // Move i = the number added so far. REQUIRES: before Run; at most size() moves.
+  // Entry i = the number added so far, one row. REQUIRES: before Run; at most size()
+  // entries; rows_per_entry == 1.
   void Add(SlotMove move) {
+    ULA_DCHECK(rows_per_entry_ == 1);
+    AddEntry([&](std::vector<SlotMove>& rows) { rows.push_back(move); });
+  }
+  // Entry i = the number added so far: append_rows(moves) appends its rows_per_entry rows.
+  // REQUIRES: before Run; at most size() entries.
+  template <class AppendRows>
+  void AddEntry(AppendRows&& append_rows) {
     ULA_DCHECK(added_ < size());
-    batches_[added_ < count_[0] ? 0 : 1].moves.push_back(move);
+    std::vector<SlotMove>& moves = batches_[added_ < count_[0] ? 0 : 1].moves;
+    [[maybe_unused]] const std::size_t before = moves.size();
+    append_rows(moves);
+    ULA_DCHECK(moves.size() == before + rows_per_entry_);
     ++added_;
   }
 
@@ -54,8 +67,10 @@ class CopyPublish {
   std::size_t num_swaps() const { return count_[1]; }
   std::size_t size() const { return count_[0] + count_[1]; }
   bool is_swap(std::size_t i) const { return i >= count_[0]; }
-  // Bytes through the copy engine: one transfer per copy, two per swap.
-  std::uint64_t bytes_moved() const { return (count_[0] + 2 * count_[1]) * std::uint64_t{entry_bytes_}; }
+  // Bytes through the copy engine: one transfer per copy, two per swap, of every row.
+  std::uint64_t bytes_moved() const {
+    return (count_[0] + 2 * count_[1]) * std::uint64_t{row_bytes_} * rows_per_entry_;
+  }
 
   // Submits both batches and waits on each one's own fence (the contract above).
   // REQUIRES: every move added; called once.
@@ -75,7 +90,8 @@ class CopyPublish {
   CopyBatch batches_[2];     // [copies, swaps]; moved into the backend by Run
   std::size_t count_[2];     // [copies, swaps] moves of the step
   std::size_t added_ = 0;
-  std::uint32_t entry_bytes_;
+  std::uint32_t row_bytes_;
+  std::uint32_t rows_per_entry_;
   bool failed_[2] = {false, false};
   std::string why_[2];       // the backend's message of a failed batch
 };

@@ -18,20 +18,53 @@ Status AddressSpaceConfig::Validate() const {
       ValidatePoolGeometry("AddressSpaceConfig", num_ranks, num_groups, entry_bytes, device_bytes_per_rank));
   const std::uint64_t kMaxSlots = SlotId::kInvalidValue - 1;
   auto bad = [](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, "AddressSpaceConfig." + msg); };
-  if (SlotsPerGroup(device_bytes_per_rank, entry_bytes, num_groups) > kMaxSlots) {
+  if (group_layers.empty()) {
+    if (entry_bytes % row() != 0) {
+      return bad(fmt::format("row_bytes = {}: entry_bytes = {} is not a whole number of rows", row_bytes, entry_bytes));
+    }
+  } else {
+    if (row_bytes == 0) return bad("row_bytes = 0: group_layers needs the bytes of one layer's row");
+    if (group_layers.size() != num_groups) {
+      return bad(fmt::format("group_layers has {} entries for {} groups", group_layers.size(), num_groups));
+    }
+    std::uint64_t largest = 0;
+    for (std::uint32_t l : group_layers) {
+      if (l == 0 || l > 65535) return bad(fmt::format("group_layers: {} layers, must be in [1, 65535]", l));
+      largest = std::max<std::uint64_t>(largest, std::uint64_t{l} * row_bytes);
+    }
+    if (largest != entry_bytes) {
+      return bad(fmt::format("entry_bytes = {}: with group_layers it is the largest group's entry ({})", entry_bytes,
+                             largest));
+    }
+  }
+  if (device_bytes_per_rank / bytes_per_address() == 0) {
+    return bad(fmt::format("device_bytes_per_rank = {}: holds no address's entries ({} B over the groups)",
+                           device_bytes_per_rank, bytes_per_address()));
+  }
+  if (device_bytes_per_rank / bytes_per_address() > kMaxSlots) {
     return bad(fmt::format("device_bytes_per_rank = {}: more than 2^32 - 2 slots per group", device_bytes_per_rank));
   }
-  if (SlotsPerGroup(host_bytes_per_rank, entry_bytes, num_groups) > kMaxSlots) {
+  if (host_bytes_per_rank / bytes_per_address() > kMaxSlots) {
     return bad(fmt::format("host_bytes_per_rank = {}: more than 2^32 - 2 slots per group", host_bytes_per_rank));
+  }
+  if (page_tokens == 0 || page_tokens > 65536) {
+    return bad(fmt::format("page_tokens = {}: must be in [1, 65536]", page_tokens));
   }
   return policy_options.Validate();
 }
 
+std::uint64_t AddressSpaceConfig::bytes_per_address() const {
+  if (group_layers.empty()) return std::uint64_t{entry_bytes} * num_groups;  // as SlotsPerGroup splits them
+  std::uint64_t total = 0;
+  for (std::uint32_t l : group_layers) total += std::uint64_t{l} * row();
+  return std::max<std::uint64_t>(total, 1);
+}
+
 std::uint32_t AddressSpaceConfig::device_slots_per_group() const {
-  return static_cast<std::uint32_t>(SlotsPerGroup(device_bytes_per_rank, entry_bytes, num_groups));
+  return static_cast<std::uint32_t>(device_bytes_per_rank / std::max<std::uint64_t>(bytes_per_address(), 1));
 }
 std::uint32_t AddressSpaceConfig::host_slots_per_group() const {
-  return static_cast<std::uint32_t>(SlotsPerGroup(host_bytes_per_rank, entry_bytes, num_groups));
+  return static_cast<std::uint32_t>(host_bytes_per_rank / std::max<std::uint64_t>(bytes_per_address(), 1));
 }
 
 AddressSpace::AddressSpace(const AddressSpaceConfig& config, Backend& backend, std::unique_ptr<State> state)
@@ -45,23 +78,27 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceCon
   const std::uint32_t dev_slots = config.device_slots_per_group();
   const std::uint32_t host_slots = config.host_slots_per_group();
   auto fail = [](Error e) -> Result<std::unique_ptr<AddressSpace>> { return std::unexpected(std::move(e)); };
-  auto make_pool = [&](Tier tier, Rank rank, std::uint32_t slots) {
-    return state->arenas.MakePool(tier, rank, slots, config.entry_bytes);
+  // Per-layer regions of PaddedRows(slots) rows (address_space.h "Pools").
+  auto make_pool = [&](Tier tier, Rank rank, std::uint32_t slots, std::uint32_t layers) {
+    return state->arenas.MakePool(tier, rank, slots, config.row(), layers * PaddedRows(slots) * config.row());
   };
   state->pools.resize(config.num_ranks);
   for (std::uint32_t r = 0; r < config.num_ranks; ++r) {
     for (std::uint32_t g = 0; g < config.num_groups; ++g) {
-      auto device = make_pool(Tier::kDevice, Rank(r), dev_slots);
+      const std::uint32_t layers = config.layers_of(GroupId(g));
+      auto device = make_pool(Tier::kDevice, Rank(r), dev_slots, layers);
       if (!device) return fail(device.error());
-      auto host = make_pool(Tier::kHost, Rank(r), host_slots);
+      auto host = make_pool(Tier::kHost, Rank(r), host_slots, layers);
       if (!host) return fail(host.error());
       auto policy = MakePolicy(config.policy, dev_slots, config.policy_options);
       if (!policy) return fail(policy.error());
       state->pools[r].push_back(GroupPools{std::move(*device), std::move(*host), std::move(*policy),
-                                           std::vector<LogicalAddr>(dev_slots)});
+                                           std::vector<LogicalAddr>(dev_slots), layers,
+                                           PaddedRows(dev_slots) * config.row(), PaddedRows(host_slots) * config.row()});
     }
   }
   state->tables.resize(config.num_groups);
+  state->stable_new_entries = config.stable_new_entries;
   return std::unique_ptr<AddressSpace>(new AddressSpace(config, backend, std::move(state)));
 }
 
@@ -87,6 +124,26 @@ Status AddressSpace::AddRequest(RequestId request, Rank rank) {
   return Ok();
 }
 
+void AddressSpace::SetMoveExecutor(MoveExecutor executor) { state_->move_executor = std::move(executor); }
+
+Status AddressSpace::RunMoves(std::span<const CopyDescriptor> moves) {
+  if (state_->move_executor) return state_->move_executor(moves);
+  // The space's own pools: one device -> host batch per (rank, group), waited on its fence.
+  std::size_t i = 0;
+  while (i < moves.size()) {
+    const CopyDescriptor& first = moves[i];
+    const GroupPools& gp = state_->at(Rank(first.src_rank), GroupId(first.group));
+    CopyBatch batch{gp.device.arena().id, gp.host.arena().id, first.bytes, /*swap=*/false, {}};
+    for (; i < moves.size() && moves[i].group == first.group && moves[i].src_rank == first.src_rank; ++i) {
+      gp.AppendMoves(Tier::kDevice, SlotId(moves[i].src_slot), SlotId(moves[i].dst_slot), batch.moves);
+    }
+    auto fence = backend_.Submit(std::move(batch));
+    if (!fence) return std::unexpected(fence.error());
+    ULA_RETURN_IF_ERROR(backend_.Wait(*fence));
+  }
+  return Ok();
+}
+
 Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
   State& st = *state_;
   auto it = st.requests.find(request);
@@ -104,36 +161,118 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
                                    std::uint64_t{gp.device.capacity()} + gp.host.capacity()));
     }
   }
-  const std::uint64_t addr_room = st.free_addrs.size() + (std::uint64_t{LogicalAddr::kInvalidValue} - st.next_addr);
-  if (n_tokens > addr_room) {
+  // Pages: token i of the list sits at offset i % P; a token at offset 0, or the first one
+  // after a ShareInto (the list no longer ends in the open page), opens a fresh page.
+  RequestState& req = it->second;
+  const std::uint32_t P = config_.page_tokens;
+  const std::uint64_t pos0 = req.addrs.size();
+  std::uint64_t new_pages = 0;
+  for (std::uint64_t i = 0; i < n_tokens; ++i) {
+    const std::uint64_t pos = pos0 + i;
+    new_pages += pos % P == 0 || (i == 0 && req.open_page == RequestState::kNoPage);
+  }
+  const std::uint64_t max_pages = std::uint64_t{LogicalAddr::kInvalidValue} / P;
+  if (new_pages > st.free_pages.size() + (max_pages - st.next_page)) {
     return MakeError(ErrorCode::kResourceExhausted, "logical address space exhausted");
+  }
+  // Device placement (issue 27, item 1): every new entry goes to device, into a free slot
+  // or else into the slot of a victim that this round has not used (the policy's choice,
+  // moved to a host slot first); only once the device holds nothing but this round's
+  // entries does the rest go to host. Victims of every group are claimed and copied before
+  // anything is published: a failed copy publishes nothing (the victims stay on device).
+  struct GroupPlan {
+    std::uint32_t into_free = 0;
+    std::vector<SlotId> victims;     // device slots whose entries move to host
+    std::vector<SlotId> victim_host; // their host slots
+  };
+  std::vector<GroupPlan> plans(config_.num_groups);
+  std::vector<CopyDescriptor> moves;
+  for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
+    GroupPools& gp = st.at(rank, GroupId(g));
+    GroupPlan& plan = plans[g];
+    plan.into_free = std::min(n_tokens, gp.device.num_free());
+    const std::uint64_t want =
+        st.stable_new_entries ? std::min<std::uint64_t>(n_tokens - plan.into_free, gp.policy->NumEvictable()) : 0;
+    plan.victims.resize(want);
+    ULA_CHECK(gp.policy->ClaimVictims(plan.victims) == want);
+    for (SlotId v : plan.victims) {
+      auto host = gp.host.Allocate();
+      ULA_CHECK(host.has_value());  // victims + host-placed entries = n_tokens - into_free <= host free
+      plan.victim_host.push_back(*host);
+      CopyDescriptor d;
+      d.src_offset = gp.device.offset(v);
+      d.dst_offset = gp.host.offset(*host);
+      d.src_slot = v.value();
+      d.dst_slot = host->value();
+      d.bytes = config_.row();  // one layer's row, num_layers of them (step_arrays.h)
+      d.num_layers = static_cast<std::uint16_t>(gp.num_layers);
+      d.addr = gp.device_owner[v.value()].value();
+      d.src_rank = d.dst_rank = static_cast<std::uint16_t>(rank.value());
+      d.group = static_cast<std::uint16_t>(g);
+      d.src_tier = static_cast<std::uint8_t>(Tier::kDevice);
+      d.dst_tier = static_cast<std::uint8_t>(Tier::kHost);
+      d.op = static_cast<std::uint8_t>(CopyOp::kCopy);
+      moves.push_back(d);
+    }
+  }
+  if (!moves.empty()) {
+    Status copied = RunMoves(moves);
+    if (!copied) {
+      for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
+        GroupPools& gp = st.at(rank, GroupId(g));
+        for (SlotId h : plans[g].victim_host) ULA_CHECK(gp.host.Free(h).has_value());
+      }
+      return MakeError(ErrorCode::kIo, fmt::format("request {}: moving {} device entries to host to make room for its "
+                                                   "new tokens failed ({}); nothing allocated, the entries stay on "
+                                                   "device", request.value(), moves.size(), copied.error().message()));
+    }
   }
   std::vector<LogicalAddr> out;
   out.reserve(n_tokens);
-  for (std::uint32_t i = 0; i < n_tokens; ++i) {
-    LogicalAddr a;
-    if (!st.free_addrs.empty()) {
-      a = st.free_addrs.front();
-      st.free_addrs.pop_front();
-    } else {
-      a = LogicalAddr(st.next_addr++);
+  std::uint32_t page = req.open_page;
+  for (std::uint64_t i = 0; i < n_tokens; ++i) {
+    const std::uint64_t pos = pos0 + i;
+    if (pos % P == 0 || (i == 0 && page == RequestState::kNoPage)) {
+      if (!st.free_pages.empty()) {
+        page = st.free_pages.front();
+        st.free_pages.pop_front();
+      } else {
+        page = st.next_page++;
+      }
     }
-    out.push_back(a);
+    out.push_back(LogicalAddr(static_cast<std::uint32_t>(std::uint64_t{page} * P + pos % P)));
   }
+  req.open_page = page;
+  st.next_addr = static_cast<std::uint32_t>(std::uint64_t{st.next_page} * P);
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
     AddressRecords& table = st.tables[g];
     table.Reserve(st.next_addr);
     GroupPools& gp = st.at(rank, GroupId(g));
-    for (LogicalAddr a : out) {
-      if (auto dev = gp.device.Allocate()) {
-        table.Set(a, Location::Make(Tier::kDevice, rank, *dev));
-        gp.device_owner[dev->value()] = a;
-        gp.policy->Insert(*dev);
+    const GroupPlan& plan = plans[g];
+    for (std::size_t k = 0; k < plan.victims.size(); ++k) {  // the victims' copies landed
+      const LogicalAddr victim = gp.device_owner[plan.victims[k].value()];
+      table.Set(victim, Location::Make(Tier::kHost, rank, plan.victim_host[k]));
+    }
+    for (std::uint32_t i = 0; i < n_tokens; ++i) {
+      const LogicalAddr a = out[i];
+      if (i < plan.into_free) {
+        const SlotId dev = *gp.device.Allocate();
+        table.Set(a, Location::Make(Tier::kDevice, rank, dev));
+        gp.device_owner[dev.value()] = a;
+        gp.policy->Insert(dev);
+      } else if (i < plan.into_free + plan.victims.size()) {
+        const SlotId dev = plan.victims[i - plan.into_free];  // tracked, used in this round
+        table.Set(a, Location::Make(Tier::kDevice, rank, dev));
+        gp.device_owner[dev.value()] = a;
       } else {
         auto host = gp.host.Allocate();
         ULA_CHECK(host.has_value());  // capacity was checked above
         table.Set(a, Location::Make(Tier::kHost, rank, *host));
+        if (st.stable_new_entries) gp.new_on_host.push_back(a);
       }
+    }
+    if (st.stable_new_entries && plan.into_free + plan.victims.size() < n_tokens) {
+      std::sort(gp.new_on_host.begin(), gp.new_on_host.end());
     }
   }
   st.owner.resize(st.next_addr, 0);
@@ -167,7 +306,10 @@ void FreeAddress(const AddressSpaceConfig& cfg, AddressSpace::State& st, Logical
     table.Erase(a);
   }
   st.owner[a.value()] = 0;
-  st.free_addrs.push_back(a);
+  const std::uint32_t P = cfg.page_tokens;
+  const std::uint32_t page = a.value() / P;
+  const auto first = st.refs.begin() + std::size_t{page} * P;
+  if (std::all_of(first, first + P, [](std::uint32_t r) { return r == 0; })) st.free_pages.push_back(page);
   --st.live;
 }
 
@@ -234,6 +376,7 @@ Status AddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> a
     }
   }
   req.addrs.insert(req.addrs.end(), addrs.begin(), addrs.end());
+  if (!addrs.empty()) req.open_page = RequestState::kNoPage;  // the list no longer ends in it
   refs::MergeAdopted(req.adopted, addrs);
   for (LogicalAddr a : addrs) st.refs[a.value()] += State::kRequestRef;
   ULA_EXPENSIVE_CHECK(*this);
@@ -283,14 +426,24 @@ bool AddressSpace::Holds(RequestId request, LogicalAddr addr) const {
 }
 
 namespace {
-Result<std::byte*> EntryBytes(const AddressSpace& space, const AddressSpace::State& st, LogicalAddr addr,
-                              GroupId group, std::size_t size) {
+// The rows of an entry: layer l's row at first + l * stride.
+struct EntryRows {
+  std::byte* first = nullptr;
+  std::uint64_t stride = 0;
+  std::uint32_t layers = 1;
+  std::uint32_t row = 0;
+};
+
+Result<EntryRows> EntryBytes(const AddressSpace& space, const AddressSpace::State& st, LogicalAddr addr,
+                             GroupId group, std::size_t size) {
   const auto& cfg = space.config();
   if (group.value() >= cfg.num_groups) {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", group.value(), cfg.num_groups));
   }
-  if (size != cfg.entry_bytes) {
-    return MakeError(ErrorCode::kInvalidArgument, fmt::format("entry is {} bytes, not {}", cfg.entry_bytes, size));
+  if (size != cfg.entry_bytes_of(group)) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("an entry of group {} is {} bytes ({} layers x {}), not {}", group.value(),
+                                 cfg.entry_bytes_of(group), cfg.layers_of(group), cfg.row(), size));
   }
   const Location loc = st.tables[group.value()].Get(addr);
   if (loc.is_none()) {
@@ -300,8 +453,7 @@ Result<std::byte*> EntryBytes(const AddressSpace& space, const AddressSpace::Sta
     return MakeError(ErrorCode::kUnsupported, "the counting backend holds no bytes");
   }
   const GroupPools& gp = st.at(loc.rank(), group);
-  const SlotPool& pool = loc.tier() == Tier::kDevice ? gp.device : gp.host;
-  return pool.data(loc.slot());
+  return EntryRows{gp.pool(loc.tier()).data(loc.slot()), gp.stride(loc.tier()), gp.num_layers, cfg.row()};
 }
 }  // namespace
 
@@ -313,7 +465,7 @@ Status AddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std:
                      fmt::format("address {} is shared by {} holders: a shared entry is immutable (write a new "
                                  "address)", addr.value(), holders));
   }
-  std::memcpy(*p, data.data(), data.size());
+  for (std::uint32_t l = 0; l < p->layers; ++l) std::memcpy(p->first + l * p->stride, data.data() + l * p->row, p->row);
 #ifdef ULA_EXPENSIVE_CHECKS
   // Write changes bytes, never metadata: the full check runs on every 64th write (on every
   // one, the verifier's sanitizer run took 13 times as long).
@@ -325,7 +477,7 @@ Status AddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std:
 Status AddressSpace::Read(LogicalAddr addr, GroupId group, std::span<std::byte> out) const {
   auto p = EntryBytes(*this, *state_, addr, group, out.size());
   if (!p) return std::unexpected(p.error());
-  std::memcpy(out.data(), *p, out.size());
+  for (std::uint32_t l = 0; l < p->layers; ++l) std::memcpy(out.data() + l * p->row, p->first + l * p->stride, p->row);
   return Ok();
 }
 
@@ -353,8 +505,12 @@ Result<Rank> AddressSpace::RankOf(RequestId request) const {
 bool AddressSpace::IsLive(LogicalAddr addr) const { return !state_->tables[0].Get(addr).is_none(); }
 
 void AddressSpace::AdvanceRound() {
-  for (auto& rank : state_->pools)
-    for (auto& gp : rank) gp.policy->AdvanceRound();
+  for (auto& rank : state_->pools) {
+    for (auto& gp : rank) {
+      gp.policy->AdvanceRound();
+      gp.new_on_host.clear();
+    }
+  }
   ULA_EXPENSIVE_CHECK(*this);
 }
 
@@ -387,10 +543,18 @@ const std::byte* AddressSpace::DeviceSlotData(Rank rank, GroupId group, SlotId s
 
 std::span<const std::byte> AddressSpace::DevicePoolBytes(Rank rank, GroupId group) const {
   if (!InRange(config_, rank, group)) return {};
-  const SlotPool& pool = state_->at(rank, group).device;
-  const std::byte* base = pool.data(SlotId(0));
+  const GroupPools& gp = state_->at(rank, group);
+  const std::byte* base = gp.device.data(SlotId(0));
   if (base == nullptr) return {};
-  return {base, std::size_t{pool.capacity()} * pool.slot_bytes()};
+  return {base, static_cast<std::size_t>(gp.num_layers * gp.device_stride)};
+}
+
+std::span<const std::byte> AddressSpace::DeviceLayerBytes(Rank rank, GroupId group, std::uint32_t layer) const {
+  if (!InRange(config_, rank, group)) return {};
+  const GroupPools& gp = state_->at(rank, group);
+  const std::byte* base = gp.device.data(SlotId(0));
+  if (base == nullptr || layer >= gp.num_layers) return {};
+  return {base + layer * gp.device_stride, static_cast<std::size_t>(gp.device_stride)};
 }
 
 MetadataReport AddressSpace::Metadata() const {
@@ -474,12 +638,28 @@ Status AddressSpace::CheckInvariants() const {
     live += st.refs[a] != 0;
   }
   if (live != st.live) return fail(fmt::format("{} referenced addresses but live = {}", live, st.live));
-  if (live + st.free_addrs.size() != n) {
-    return fail(fmt::format("{} live + {} free addresses != {} handed out", live, st.free_addrs.size(), n));
+  // Pages: free pages are exactly those without a live address (each listed once), an open page is its request's and holds a live address.
+  const std::uint32_t P = config_.page_tokens;
+  if (std::uint64_t{st.next_page} * P != n) {
+    return fail(fmt::format("{} pages of {} for {} addresses", st.next_page, P, n));
   }
-  for (LogicalAddr a : st.free_addrs) {
-    if (st.owner[a.value()] != 0 || st.refs[a.value()] != 0) {
-      return fail(fmt::format("free address {} still has an owner or references", a.value()));
+  std::vector<std::uint32_t> page_live(st.next_page, 0);
+  for (std::uint32_t a = 0; a < n; ++a) page_live[a / P] += st.refs[a] != 0;
+  std::vector<bool> page_free(st.next_page, false);
+  for (std::uint32_t p : st.free_pages) {
+    if (p >= st.next_page || page_free[p] || page_live[p] != 0) {
+      return fail(fmt::format("free page {} is past the end, listed twice or holds a live address", p));
+    }
+    page_free[p] = true;
+  }
+  for (std::uint32_t p = 0; p < st.next_page; ++p) {
+    if (page_live[p] == 0 && !page_free[p]) return fail(fmt::format("page {} has no live address but is not free", p));
+  }
+  for (const auto& [id, req] : st.requests) {
+    if (req.open_page == RequestState::kNoPage) continue;
+    if (req.addrs.empty() || req.addrs.back().value() / P != req.open_page || st.owner[req.addrs.back().value()] != req.tag ||
+        req.addrs.back().value() % P != (req.addrs.size() - 1) % P) {
+      return fail(fmt::format("request {}: open page {} does not end its list", id.value(), req.open_page));
     }
   }
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
@@ -556,6 +736,7 @@ std::uint64_t AddressSpace::DebugDigest() const {
       d.Add(gp.host.free_bitmap());
       d.Add(gp.policy->DebugDigest());
       for (LogicalAddr a : gp.device_owner) d.Add(a.value());
+      for (LogicalAddr a : gp.new_on_host) d.Add(a.value());
     }
   }
   std::uint64_t requests = 0;  // unordered: a sum of per-request hashes
@@ -566,13 +747,14 @@ std::uint64_t AddressSpace::DebugDigest() const {
     rd.Add(r.tag);
     for (LogicalAddr a : r.addrs) rd.Add(a.value());
     for (LogicalAddr a : r.adopted) rd.Add(a.value());
+    rd.Add(r.open_page);
     requests += rd.value();
   }
   for (std::uint32_t v : st.owner) d.Add(v);
   for (std::uint32_t v : st.refs) d.Add(v);
   d.Add(requests);
-  d.Add(st.free_addrs.size());
-  for (LogicalAddr a : st.free_addrs) d.Add(a.value());
+  d.Add(st.free_pages.size());
+  for (std::uint32_t p : st.free_pages) d.Add(p);
   d.Add(st.next_addr);
   d.Add(st.live);
   return d.value();

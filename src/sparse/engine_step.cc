@@ -143,7 +143,8 @@ void EngineStepPlanner::Scratch::WriteDescriptors(const AddressRecords& table, c
     d.dst_offset = gp.device.offset(dev_slot);
     d.src_slot = host_slot.value();
     d.dst_slot = dev_slot.value();
-    d.bytes = cfg.entry_bytes;
+    d.bytes = cfg.row();  // one layer's row; offsets are slot * row in every layer (step_arrays.h)
+    d.num_layers = static_cast<std::uint16_t>(gp.num_layers);
     d.addr = a.value();
     d.src_rank = d.dst_rank = rank.value();
     d.group = group.value();
@@ -173,6 +174,9 @@ Status EngineStepConfig::Validate() const {
   if (max_batch == 0) return bad("max_batch: must be >= 1");
   if (max_q_len == 0) return bad("max_q_len: must be >= 1");
   if (max_top_k == 0) return bad("max_top_k: must be >= 1");
+  if (top_k_multiple == 0 || max_top_k % top_k_multiple != 0) {
+    return bad(fmt::format("top_k_multiple = {}: must be >= 1 and divide max_top_k = {}", top_k_multiple, max_top_k));
+  }
   if (std::uint64_t{max_batch} * max_q_len * max_top_k > (std::uint64_t{1} << 31)) {
     return bad("max_batch * max_q_len * max_top_k: more than 2^31 selections");
   }
@@ -182,17 +186,29 @@ Status EngineStepConfig::Validate() const {
 EngineStepPlanner::EngineStepPlanner(AddressSpace& space, const EngineStepConfig& config,
                                      std::unique_ptr<Scratch> scratch)
     : space_(space), config_(config), scratch_(std::move(scratch)) {}
-EngineStepPlanner::~EngineStepPlanner() = default;
+EngineStepPlanner::~EngineStepPlanner() {
+  AddressSpace::State& st = *space_.state_;
+  if (st.move_executor_owner == this) {
+    st.move_executor = nullptr;
+    st.move_executor_owner = nullptr;
+  }
+}
 
 Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpace& space,
                                                                       const EngineStepConfig& config) {
   ULA_RETURN_IF_ERROR(config.Validate());
   const AddressSpaceConfig& cfg = space.config();
   const std::uint64_t max_sel = std::uint64_t{config.max_batch} * config.max_q_len * config.max_top_k;
-  // An address is minted only when none is free, i.e. when every handed-out address is
-  // live; live addresses fit in the pools, so addresses stay below this bound.
-  const std::uint64_t max_addrs =
-      std::uint64_t{cfg.num_ranks} * (std::uint64_t{cfg.device_slots_per_group()} + cfg.host_slots_per_group());
+  // Addresses come in pages (address_space.h "Pages"): a page is minted only when none is
+  // free, i.e. when every handed-out page holds a live address; live addresses fit in the
+  // pools. So pages stay below the pools' capacity, addresses below page_tokens times that.
+  // The scratch starts at the addresses handed out so far (at least the pools' capacity)
+  // and Plan grows it, up to that bound, when the space minted pages since.
+  const std::uint64_t max_addrs = std::max<std::uint64_t>(
+      space.state_->next_addr,
+      std::uint64_t{cfg.num_ranks} * (std::uint64_t{cfg.device_slots_per_group()} + cfg.host_slots_per_group()));
+  // The engine writes new tokens' KV where it looked them up (address_space.h, Allocate).
+  space.state_->stable_new_entries = true;
   auto s = std::make_unique<Scratch>();
   s->max_descriptors = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_sel, cfg.device_slots_per_group()));
   s->seen_epoch.assign(max_addrs, 0);
@@ -233,6 +249,11 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
                      fmt::format("shape [{}][{}][{}] exceeds the planner's maximum [{}][{}][{}]", shape.batch,
                                  shape.q_len, shape.top_k, config_.max_batch, config_.max_q_len, config_.max_top_k));
   }
+  if (shape.top_k % config_.top_k_multiple != 0) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("top_k = {} is not a multiple of {} (FlashMLA's sparse kernels read index rows in "
+                                 "tiles of 64: pad the rows with -1)", shape.top_k, config_.top_k_multiple));
+  }
   if (selections.size() != shape.size() || indices.size() != shape.size()) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("shape [{}][{}][{}] needs {} selections and indices, got {} and {}", shape.batch,
@@ -245,10 +266,24 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   const AddressRecords& table = st.tables[group.value()];
   GroupPools& gp = st.at(rank, group);
 
-  // 1-3. Validate, dedup, classify. Nothing is modified until every check has passed.
+  // 1-3. Validate, dedup, classify. Nothing is modified until every check has passed
+  // (growing the scratch to new pages' addresses changes no state).
+  if (st.next_addr > s.seen_epoch.size()) {
+    const std::size_t n = std::max<std::size_t>(st.next_addr, 2 * s.seen_epoch.size());
+    s.seen_epoch.resize(n, 0);
+    s.slot_of.resize(n, kPadIndex);
+  }
   auto distinct = s.Classify(st, table, rank, shape, requests, selections);
   if (!distinct) return std::unexpected(std::move(distinct).error());
   const std::size_t n_miss = s.missed.size();
+  for (LogicalAddr a : s.missed) {
+    if (gp.IsNewOnHost(a)) {
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("address {} was placed on host by this round's Allocate (the device held only "
+                                   "this round's entries): its KV is written at that host slot, so this round "
+                                   "cannot move it; select it after AdvanceRound()", a.value()));
+    }
+  }
   if (out_descriptors.size() < n_miss) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("{} descriptor rows for {} misses (size them to max_descriptors() = {})",
@@ -275,7 +310,7 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   out.stats.misses = n_miss;
   out.stats.into_free = n_free;
   out.stats.evictions = n_miss - n_free;
-  out.stats.bytes_moved = (n_miss + (n_miss - n_free)) * std::uint64_t{cfg.entry_bytes};
+  out.stats.bytes_moved = (n_miss + (n_miss - n_free)) * std::uint64_t{cfg.entry_bytes_of(group)};
   s.WriteDescriptors(table, gp, cfg, rank, group, n_free, out_descriptors);
   s.WriteIndices(table, selections, indices);
   s.pending = true;
@@ -351,11 +386,14 @@ Result<StepStats> EngineStepPlanner::Step(Rank rank, GroupId group, const StepSh
   // copies first, then the swaps; Complete publishes only those whose batch arrived.
   const GroupPools& gp = space_.state_->at(rank, group);
   const std::size_t n_free = planned->stats.into_free;
-  CopyPublish cp(gp.host.arena().id, gp.device.arena().id, space_.config().entry_bytes, n_free, n - n_free);
+  CopyPublish cp(gp.host.arena().id, gp.device.arena().id, space_.config().row(), n_free, n - n_free,
+                 gp.num_layers);
   for (std::uint32_t i = 0; i < n; ++i) {
     const CopyDescriptor& d = s.library_descs[i];
     ULA_DCHECK((d.op == static_cast<std::uint8_t>(CopyOp::kSwap)) == cp.is_swap(i));
-    cp.Add({d.src_offset, d.dst_offset});
+    cp.AddEntry([&](std::vector<SlotMove>& rows) {
+      gp.AppendMoves(Tier::kHost, SlotId(d.src_slot), SlotId(d.dst_slot), rows);
+    });
   }
   cp.Run(space_.backend());
   for (std::uint32_t i = 0; i < n; ++i) s.library_status[i] = cp.arrived(i) ? 0 : 1;
@@ -375,10 +413,11 @@ Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId gro
     return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} / group {} is out of range", rank.value(), group.value()));
   }
   if (region.base == 0) return MakeError(ErrorCode::kInvalidArgument, "EngineRegion.base: null");
-  if (region.num_layers == 0 || std::uint64_t{region.num_layers} * region.layer_bytes != cfg.entry_bytes) {
+  if (region.num_layers == 0 || std::uint64_t{region.num_layers} * region.layer_bytes != cfg.entry_bytes_of(group)) {
     return MakeError(ErrorCode::kInvalidArgument,
-                     fmt::format("EngineRegion: {} layers x {} bytes != entry_bytes {}", region.num_layers,
-                                 region.layer_bytes, cfg.entry_bytes));
+                     fmt::format("EngineRegion: {} layers x {} bytes != group {}'s entry of {} bytes ({} layers x {})",
+                                 region.num_layers, region.layer_bytes, group.value(), cfg.entry_bytes_of(group),
+                                 cfg.layers_of(group), cfg.row()));
   }
   const std::uint64_t capacity = tier == Tier::kDevice ? cfg.device_slots_per_group() : cfg.host_slots_per_group();
   if (region.slots < capacity) {
@@ -392,6 +431,20 @@ Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId gro
   }
   const std::size_t k = (static_cast<std::size_t>(tier) * cfg.num_ranks + rank.value()) * cfg.num_groups + group.value();
   scratch_->regions[k] = region;
+  // Allocate's victims now move in the registered memory (address_space.h).
+  AddressSpace::State& st = *space_.state_;
+  if (!st.move_executor || st.move_executor_owner == this) {
+    st.move_executor = [this](std::span<const CopyDescriptor> moves) -> Status {
+      std::vector<std::uint8_t> status(moves.size(), 0);
+      ExecuteOnEngineMemory(moves, status);
+      const auto failed = std::count_if(status.begin(), status.end(), [](std::uint8_t v) { return v != 0; });
+      if (failed > 0) {
+        return MakeError(ErrorCode::kIo, fmt::format("{} of {} moves have no registered region", failed, moves.size()));
+      }
+      return Ok();
+    };
+    st.move_executor_owner = this;
+  }
   return Ok();
 }
 

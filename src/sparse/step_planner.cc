@@ -298,9 +298,12 @@ Status CopyAndPublish(Backend& backend, const AddressSpaceConfig& cfg, AddressRe
                       const StepInput& input, std::span<const LogicalAddr> missed, std::span<const SlotId> targets,
                       std::size_t n_free, StepStats& stats) {
   const std::size_t n_miss = missed.size();
-  CopyPublish cp(gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, n_free, n_miss - n_free);
+  // One move per layer's row of each entry (per-layer pools, address_space.h "Pools").
+  CopyPublish cp(gp.host.arena().id, gp.device.arena().id, cfg.row(), n_free, n_miss - n_free, gp.num_layers);
   for (std::size_t i = 0; i < n_miss; ++i) {
-    cp.Add({gp.host.offset(table.Get(missed[i]).slot()), gp.device.offset(targets[i])});
+    cp.AddEntry([&](std::vector<SlotMove>& rows) {
+      gp.AppendMoves(Tier::kHost, table.Get(missed[i]).slot(), targets[i], rows);
+    });
   }
   stats.bytes_moved = cp.bytes_moved();
   cp.Run(backend);
@@ -377,6 +380,14 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
              [&](std::uint32_t slot) { hit_slots_.push_back(SlotId(slot)); });
   MergeLanes(lanes.lanes, [](const Lane& L) -> const std::vector<Indexed>& { return L.misses; },
              [&](std::uint32_t a) { missed_.push_back(LogicalAddr(a)); });
+  for (LogicalAddr a : missed_) {  // issue 27, item 1: a new entry's write slot never moves in its round
+    if (gp.IsNewOnHost(a)) {
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("address {} was placed on host by this round's Allocate (the device held only "
+                                   "this round's entries): its KV is written at that host slot, so this round "
+                                   "cannot move it; select it after AdvanceRound()", a.value()));
+    }
+  }
   ULA_RETURN_IF_ERROR(CheckRoom(gp, hit_slots_, missed_.size(), input));
 
   // 4. Device slots for the misses: free slots first, then victims.
