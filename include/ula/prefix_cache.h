@@ -109,6 +109,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <span>
@@ -342,6 +343,34 @@ class PrefixCache {
   // The node that ends exactly at `length` along tokens (0: none).
   std::uint32_t NodeAt(std::span<const std::uint32_t> tokens, std::uint32_t length) const;
 
+  // Insert, in steps: the checks and the read-only walk (nothing changes), then the path
+  // (splits and new nodes), the window pages adopted, the checkpoints attached.
+  struct InsertPlan {
+    std::map<std::uint32_t, Checkpoint> at;  // position -> checkpoint (those left are duplicates)
+    std::uint32_t n = 0;                     // tokens kept: [0, n), up to the last checkpoint
+    std::uint32_t s = 0;                     // of them, the tokens the tree holds already
+    bool head_copy = false;                  // the first new node brings a head copy
+    std::uint32_t new_from = 0, new_to = 0;  // incoming page indices the tree takes
+    std::uint32_t host_child = 0;            // a host node the sequence goes on through (0: none)
+    std::vector<BlockId> tree_pages, tree_wpages;  // the tree's pages over the walked prefix
+    bool Taken(std::uint32_t i) const { return i >= new_from && i < new_to; }
+    bool Shared(std::uint32_t i, BlockId page) const {
+      return !Taken(i) && i < tree_pages.size() && page == tree_pages[i];
+    }
+  };
+  Result<std::unordered_set<BlockId>> CheckInsertBlocks(std::span<const BlockId> pages,
+                                                        std::span<const BlockId> window_pages) const;
+  Result<std::map<std::uint32_t, Checkpoint>> CheckInsertCheckpoints(std::size_t tokens,
+                                                                     std::span<const PositionedCheckpoint> checkpoints,
+                                                                     std::unordered_set<BlockId>& incoming) const;
+  Result<InsertPlan> PlanInsert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                                std::span<const PositionedCheckpoint> checkpoints,
+                                std::span<const BlockId> window_pages) const;
+  std::vector<std::uint32_t> InsertPath(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                                        std::span<const BlockId> window_pages, const InsertPlan& plan);
+  void AdoptWindowPages(const std::vector<std::uint32_t>& path, std::span<const BlockId> window_pages,
+                        const InsertPlan& plan);
+  void AttachCheckpoints(const std::vector<std::uint32_t>& path, std::map<std::uint32_t, Checkpoint>& at);
   std::uint32_t NewNode();
   LruKey KeyOf(std::uint32_t id) const;
   // Removes the node from both LRU sets, calls f, puts it back where it belongs.
