@@ -85,7 +85,7 @@ std::uint32_t PrefixCache::NewNode() {
 }
 
 PrefixCache::LruKey PrefixCache::KeyOf(std::uint32_t id) const {
-  return {nodes_[id].last_use, UINT32_MAX - nodes_[id].end, id};
+  return {nodes_[id].last_use, nodes_[id].end, id};  // on a tie, the root side first (as SGLang)
 }
 
 void PrefixCache::Touch(std::uint32_t id, std::uint64_t clock) {
@@ -150,6 +150,7 @@ std::uint32_t PrefixCache::Split(std::uint32_t id, std::uint32_t at) {
     n.whead = BlockId::Invalid();
     n.start = at;
     n.parent = upper;
+    n.last_use = clock_;  // the lower half is refreshed (SGLang's _split_node)
     n.window_locks = locks_of(n);
   });
   m.window_locks = locks_of(m);

@@ -13,6 +13,15 @@
 namespace ula {
 
 using internal::CeilDiv;
+using internal::PathTo;
+
+bool PrefixCache::Useless(std::uint32_t id) const {
+  const Node& n = nodes_[id];
+  if (id == 0 || n.kv_on_host || !n.children.empty() || n.kv_locks > 0) return false;
+  if (!n.checkpoint.valid() && n.host == kNoSlot) return true;
+  // A window tombstone at a leaf can never be matched again (SGLang deletes such leaves).
+  return config_.sliding_window > 0 && !HasWindow(PathTo(id, nodes_), n.end);
+}
 
 void PrefixCache::RemoveLeaf(std::uint32_t id, EvictionStats& stats) {
   const std::uint32_t P = config_.page_tokens;
@@ -37,8 +46,7 @@ void PrefixCache::RemoveLeaf(std::uint32_t id, EvictionStats& stats) {
       n = Node{};
     });
     free_nodes_.push_back(id);
-    const Node& p = nodes_[parent];
-    id = parent != 0 && p.children.empty() && p.kv_locks == 0 && !p.checkpoint.valid() && p.host == kNoSlot ? parent : 0;
+    id = Useless(parent) ? parent : 0;
   }
 }
 
@@ -135,7 +143,8 @@ EvictionStats PrefixCache::Evict(std::uint64_t kv_tokens, std::uint32_t states, 
   EvictionStats stats;
   while (stats.tokens < kv_tokens && EvictLeaf(stats)) {
   }
-  while (stats.checkpoints < states && EvictState(stats)) {
+  const std::uint32_t with_leaves = stats.checkpoints;  // freed with the leaves: not counted (as SGLang)
+  while (stats.checkpoints - with_leaves < states && EvictState(stats)) {
   }
   while (std::uint64_t{stats.window_pages} * config_.page_tokens < window_tokens && EvictWindow(stats)) {
   }

@@ -228,8 +228,9 @@ void PrefixCache::AttachCheckpoints(const std::vector<std::uint32_t>& path, std:
   }
 }
 
-Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
-                           std::span<const PositionedCheckpoint> checkpoints, std::span<const BlockId> window_pages) {
+Result<std::uint32_t> PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                                          std::span<const PositionedCheckpoint> checkpoints,
+                                          std::span<const BlockId> window_pages) {
   const std::uint32_t P = config_.page_tokens;
   const std::size_t want_pages = (tokens.size() + P - 1) / P;
   if (pages.size() != want_pages) {
@@ -249,7 +250,7 @@ Status PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<cons
   AttachCheckpoints(path, plan->at);
   for (std::uint32_t id : path) Touch(id, clock_);
   ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return plan->s;
 }
 
 Result<PrefixMatch> PrefixCache::InsertChunk(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,

@@ -72,9 +72,8 @@ Status PrefixCache::Unlock(const PrefixMatch& match) {
   PinMatch(*id, false);
   Update(*id, [&] { --nodes_[*id].state_locks; });
   for (std::uint32_t a = *id; a != 0; a = nodes_[a].parent) Update(a, [&] { --nodes_[a].kv_locks; });
-  // A tombstoned leaf that only the lock kept is useless now.
-  const Node& d = nodes_[*id];
-  if (d.kv_locks == 0 && d.children.empty() && !d.checkpoint.valid() && d.host == kNoSlot) {
+  // A tombstoned leaf (or window tombstone) that only the lock kept is useless now.
+  if (Useless(*id)) {
     EvictionStats ignored;
     RemoveLeaf(*id, ignored);
   }
