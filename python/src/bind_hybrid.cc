@@ -137,6 +137,7 @@ high-end kinds (KV pages) grow down from the top.)doc")
       .def_readonly("middle_bytes", &ula::AllocatorStats::middle_bytes)
       .def_readonly("live_blocks_per_kind", &ula::AllocatorStats::live_blocks_per_kind)
       .def_readonly("bytes_moved", &ula::AllocatorStats::bytes_moved)
+      .def_readonly("bytes_freed", &ula::AllocatorStats::bytes_freed)
       .def_readonly("blocks_moved", &ula::AllocatorStats::blocks_moved);
 
   py::class_<ula::UnifiedBuffer, std::shared_ptr<ula::UnifiedBuffer>>(m, "UnifiedBuffer", R"doc(

@@ -189,6 +189,7 @@ class AllocatorStats:
     middle_bytes: int
     live_blocks_per_kind: list[int]
     bytes_moved: int
+    bytes_freed: int
     blocks_moved: int
 
 class UnifiedBuffer:

@@ -97,7 +97,6 @@ EXCLUDED = {
     ("AddressSpace", "backend"): ENGINE27B,
     ("AddressSpaceConfig", "policy"): ENGINE27B,
     ("AddressSpaceConfig", "policy_options"): ENGINE27B,
-    ("AllocatorStats", "bytes_freed"): ENGINE27B,
     ("HardwareConfig", "Validate"): ENGINE27B,
     ("HardwareConfig", "dense_bf16_flops"): ENGINE27B,
     ("HardwareConfig", "dense_fp8_flops"): ENGINE27B,
