@@ -46,16 +46,20 @@
 // evictable). Splitting a locked node copies the KV lock count to both halves; the state
 // lock stays with the node that keeps the checkpoint (the lower half).
 //
-// Eviction by kind. Ordered sets, keyed by (last use, deeper first), give O(1) victims:
+// Eviction by kind. Ordered sets, keyed by (last use, the root side first), give O(1)
+// victims. Every touch covers a whole path, and a split refreshes its lower half, so on a
+// path a child is never older than its parent: state and window evictions tombstone the
+// root side first, as SGLang's LRU lists do:
 //   kv_lru_     unlocked leaves (KV evictable as a whole node);
 //   state_lru_  unlocked checkpoints (state-lock count 0);
 //   window_lru_ nodes with a window page present and none of them window-locked (evicting
 //               one drops its window pages; an unlocked leaf goes whole, as in SGLang).
 // Evicting a leaf frees its pages and checkpoint. Evicting the checkpoint of an interior
-// node tombstones it: the state goes, the KV stays. A leaf left without a checkpoint (a
-// tombstoned leaf) is useless to a hybrid model and is removed at once, cascading upward;
-// a locked one is removed when its last lock goes. Evict(kv_tokens, states) evicts by
-// count per kind. MakeRoom evicts until a demand fits, by rule:
+// node tombstones it: the state goes, the KV stays. A leaf left without a usable checkpoint
+// (a tombstoned leaf, or one whose window pages are gone) is useless to a hybrid model and
+// is removed at once, cascading upward (SGLang's _iteratively_delete_tombstone_leaf); a
+// locked one is removed when its last lock goes. Evict evicts by count per kind (below).
+// MakeRoom evicts until a demand fits, by rule:
 //   kNaive            LRU leaves only; stops once the KV kind alone has the requested pages
 //                     (KV pages free at the start plus pages freed since);
 //   kAllocationAware  the LRU checkpoint first (to the host tier when there is one; else
@@ -87,7 +91,9 @@
 //
 // Events and metrics. With record_events, every page and checkpoint that enters or leaves
 // the tree is queued as a CacheEvent (TakeEvents drains them) for external routers.
-// Metrics() gives evictable and protected (locked) bytes per kind.
+// Metrics() gives evictable and protected (locked) bytes per kind; every evictable count can
+// be paid: Evict of everything frees exactly those bytes (a node's window pages are
+// protected while any one of them is window-locked, as window eviction takes them together).
 //
 // Invariants (CheckInvariants): every live non-root node has a live parent that keys it by
 // its first token, a non-empty span starting at its parent's end, exactly the pages its span
@@ -109,6 +115,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <span>
@@ -131,7 +138,8 @@ struct PrefixCacheConfig {
   BlockKind state_kind = BlockKind(0);
   BlockKind window_kind = BlockKind(2);  // invalid: the model has no sliding-window layer
   // 0: window KV (if any) is a ring in each checkpoint; W > 0: window pages (see above),
-  // W being the model's window (the token itself and W - 1 before it).
+  // W being the model's window (the token itself and W - 1 before it): SGLang's
+  // sliding_window_size W - 1 (its window counts the tokens before the token).
   std::uint32_t sliding_window = 0;
   bool record_events = false;
 
@@ -191,7 +199,7 @@ struct CacheEvent {
 
 struct KindBytes {
   std::uint64_t evictable = 0;
-  std::uint64_t protected_bytes = 0;  // locked
+  std::uint64_t protected_bytes = 0;  // locked (window pages: of a node with a window lock)
 };
 struct PrefixCacheMetrics {
   KindBytes kv, state, window;
@@ -231,8 +239,11 @@ class PrefixCache {
   // positions distinct. With sliding_window > 0, window_pages[i] is page i's window page
   // (invalid: released) and is taken, shared or freed as pages[i] is; a window page the tree
   // lacks (released or evicted) over a full page of the shared prefix is taken too.
-  Status Insert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
-                std::span<const PositionedCheckpoint> checkpoints, std::span<const BlockId> window_pages = {});
+  // Returns the prefix length the tree held already (KV of tokens [0, s) with s up to the
+  // last checkpoint: SGLang's InsertResult.prefix_len), whose duplicate pages were freed.
+  Result<std::uint32_t> Insert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                               std::span<const PositionedCheckpoint> checkpoints,
+                               std::span<const BlockId> window_pages = {});
   // Chunked prefill (SGLang's cache_unfinished_req): inserts the chunks computed so far
   // (as Insert; the last checkpoint should be a copy of the running state at tokens.size()),
   // releases `held` (the request's previous lock, or an unlocked empty match) and returns the
@@ -262,12 +273,15 @@ class PrefixCache {
   // A failed host-tier copy (kIo from the backend) evicts as without a host tier: no
   // checkpoint is published on host before its bytes arrived.
   Result<EvictionStats> MakeRoom(const Demand& demand, EvictionRule rule);
-  // Evicts by count: LRU leaves until at least kv_tokens tokens of KV are freed, then LRU
-  // checkpoints until at least `states` checkpoints are freed in all, then LRU window pages
-  // until at least window_tokens tokens of window KV (page_tokens per page) are freed in all.
+  // Evicts by count, kind by kind (SGLang's evict: evict_full, then evict_mamba): LRU leaves
+  // until at least kv_tokens tokens of KV are freed, then LRU checkpoints until at least
+  // `states` more are freed by that phase (those freed with the leaves do not count; stats
+  // counts all), then LRU window pages until at least window_tokens tokens of window KV
+  // (page_tokens per page) are freed in all (as SGLang's SWA evict counts the leaves').
   // Stops early when nothing evictable is left.
   EvictionStats Evict(std::uint64_t kv_tokens, std::uint32_t states, std::uint64_t window_tokens = 0);
 
+  const PrefixCacheConfig& config() const { return config_; }
   std::size_t num_nodes() const;  // root excluded
   std::size_t num_checkpoints() const;
   // Whether a prefix of exactly these tokens is fully reusable now (checkpoint at its end).
@@ -280,7 +294,7 @@ class PrefixCache {
   std::vector<CacheEvent> TakeEvents();
   Status CheckInvariants() const;
   // A hash of the whole state (core/digest.h): every node (span, tokens, pages, checkpoint,
-  // host slot, lock counts, last use, children), the free-node list in order, the three LRU
+  // host slot, lock counts, last use, children), the free-node list in order, the five LRU
   // sets in order, the free host slots in order, the host tier's bytes, the owned-block set,
   // the pending events, the clock and counters, and the allocator's DebugDigest. Equal
   // before and after a refused call. For tests; O(state).
@@ -316,7 +330,8 @@ class PrefixCache {
     bool live = false;
     std::unordered_map<std::uint32_t, std::uint32_t> children;  // first token -> node
   };
-  // (last use, depth key, id): begin() is the victim; deeper first on ties.
+  // (last use, end, id): begin() is the victim; on ties the root side first (SGLang's
+  // order: on a path, a child is more recent than its parent).
   using LruKey = std::tuple<std::uint64_t, std::uint32_t, std::uint32_t>;
 
   static constexpr std::uint32_t kNoSlot = UINT32_MAX;
@@ -342,6 +357,34 @@ class PrefixCache {
   // The node that ends exactly at `length` along tokens (0: none).
   std::uint32_t NodeAt(std::span<const std::uint32_t> tokens, std::uint32_t length) const;
 
+  // Insert, in steps: the checks and the read-only walk (nothing changes), then the path
+  // (splits and new nodes), the window pages adopted, the checkpoints attached.
+  struct InsertPlan {
+    std::map<std::uint32_t, Checkpoint> at;  // position -> checkpoint (those left are duplicates)
+    std::uint32_t n = 0;                     // tokens kept: [0, n), up to the last checkpoint
+    std::uint32_t s = 0;                     // of them, the tokens the tree holds already
+    bool head_copy = false;                  // the first new node brings a head copy
+    std::uint32_t new_from = 0, new_to = 0;  // incoming page indices the tree takes
+    std::uint32_t host_child = 0;            // a host node the sequence goes on through (0: none)
+    std::vector<BlockId> tree_pages, tree_wpages;  // the tree's pages over the walked prefix
+    bool Taken(std::uint32_t i) const { return i >= new_from && i < new_to; }
+    bool Shared(std::uint32_t i, BlockId page) const {
+      return !Taken(i) && i < tree_pages.size() && page == tree_pages[i];
+    }
+  };
+  Result<std::unordered_set<BlockId>> CheckInsertBlocks(std::span<const BlockId> pages,
+                                                        std::span<const BlockId> window_pages) const;
+  Result<std::map<std::uint32_t, Checkpoint>> CheckInsertCheckpoints(std::size_t tokens,
+                                                                     std::span<const PositionedCheckpoint> checkpoints,
+                                                                     std::unordered_set<BlockId>& incoming) const;
+  Result<InsertPlan> PlanInsert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                                std::span<const PositionedCheckpoint> checkpoints,
+                                std::span<const BlockId> window_pages) const;
+  std::vector<std::uint32_t> InsertPath(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                                        std::span<const BlockId> window_pages, const InsertPlan& plan);
+  void AdoptWindowPages(const std::vector<std::uint32_t>& path, std::span<const BlockId> window_pages,
+                        const InsertPlan& plan);
+  void AttachCheckpoints(const std::vector<std::uint32_t>& path, std::map<std::uint32_t, Checkpoint>& at);
   std::uint32_t NewNode();
   LruKey KeyOf(std::uint32_t id) const;
   // Removes the node from both LRU sets, calls f, puts it back where it belongs.
@@ -352,7 +395,10 @@ class PrefixCache {
   void FreeCheckpoint(const Checkpoint& c, std::uint32_t position);
   void FreePage(BlockId page, std::uint32_t index);
   void StorePage(BlockId page, std::uint32_t index);
-  // Removes a leaf and its blocks, then every tombstoned unlocked leaf above it.
+  // Whether a node is a useless leaf: childless, unlocked, on the device, and without a
+  // usable checkpoint (none on either tier, or its window pages gone: a window tombstone).
+  bool Useless(std::uint32_t id) const;
+  // Removes a leaf and its blocks, then every useless leaf above it.
   void RemoveLeaf(std::uint32_t id, EvictionStats& stats);
   void DropCheckpoint(std::uint32_t id, EvictionStats& stats);
   bool EvictLeaf(EvictionStats& stats);

@@ -2,7 +2,13 @@
 // cache over it.
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+
 #include "bind_common.h"
+#include "ula/backend.h"
 #include "ula/prefix_cache.h"
 #include "ula/unified_buffer.h"
 
@@ -22,6 +28,78 @@ ula::BufferEnd ParseEnd(const std::string& e) {
   if (e == "high") return ula::BufferEnd::kHigh;
   Throw(ula::ErrorCode::kInvalidArgument, "end must be 'low' or 'high', got '" + e + "'");
   return ula::BufferEnd::kLow;
+}
+
+ula::EvictionRule ParseRule(const std::string& rule) {
+  if (rule != "allocation_aware" && rule != "naive") {
+    Throw(ula::ErrorCode::kInvalidArgument, "rule must be 'allocation_aware' or 'naive'");
+  }
+  return rule == "naive" ? ula::EvictionRule::kNaive : ula::EvictionRule::kAllocationAware;
+}
+
+py::object OptionalId(ula::BlockId b) { return b.valid() ? py::object(py::int_(b.value())) : py::none(); }
+
+const char* EventTypeName(ula::CacheEvent::Type t) {
+  switch (t) {
+    case ula::CacheEvent::Type::kPageStored: return "page_stored";
+    case ula::CacheEvent::Type::kPageRemoved: return "page_removed";
+    case ula::CacheEvent::Type::kStateStored: return "state_stored";
+    case ula::CacheEvent::Type::kStateRemoved: return "state_removed";
+  }
+  return "unknown";
+}
+
+// (position, state block, window ring block or -1)
+using PyCheckpoint = std::tuple<std::uint32_t, std::uint32_t, std::int64_t>;
+
+std::vector<ula::PositionedCheckpoint> ToCheckpoints(const std::vector<PyCheckpoint>& checkpoints) {
+  std::vector<ula::PositionedCheckpoint> cps;
+  for (const auto& [pos, state, window] : checkpoints) {
+    cps.push_back({pos, {ula::BlockId(state), window < 0 ? ula::BlockId::Invalid()
+                                                         : ula::BlockId(static_cast<std::uint32_t>(window))}});
+  }
+  return cps;
+}
+
+// Window pages from Python: int64, -1 where released (none: no window pages).
+std::vector<ula::BlockId> ToWindowPages(const std::optional<py::array>& window_pages) {
+  std::vector<ula::BlockId> w;
+  if (!window_pages) return w;
+  for (std::int64_t b : View<const std::int64_t>(*window_pages, "window_pages", 1)) {
+    if (b > std::int64_t{UINT32_MAX} - 1) Throw(ula::ErrorCode::kInvalidArgument, "window_pages: a block id out of range");
+    w.push_back(b < 0 ? ula::BlockId::Invalid() : ula::BlockId(static_cast<std::uint32_t>(b)));
+  }
+  return w;
+}
+
+// A Python UnifiedBuffer lives on a CPU backend it owns (one device arena), so that a prefix
+// cache over it can put a host tier and its checkpoint copies on the same backend.
+struct BufferOwner {
+  std::unique_ptr<ula::Backend> backend;
+  std::unique_ptr<ula::UnifiedBuffer> buffer;
+  ~BufferOwner();
+};
+std::unordered_map<const ula::UnifiedBuffer*, BufferOwner*>& Owners() {  // under the GIL
+  static auto* owners = new std::unordered_map<const ula::UnifiedBuffer*, BufferOwner*>();
+  return *owners;
+}
+BufferOwner::~BufferOwner() {
+  Owners().erase(buffer.get());
+  buffer.reset();  // before its backend
+}
+BufferOwner& OwnerOf(const ula::UnifiedBuffer& b) {
+  auto it = Owners().find(&b);
+  if (it == Owners().end()) Throw(ula::ErrorCode::kInvalidArgument, "buffer: not a ulacache.UnifiedBuffer");
+  return *it->second;
+}
+
+std::shared_ptr<ula::UnifiedBuffer> NewBuffer(const ula::UnifiedBufferConfig& c) {
+  auto owner = std::make_shared<BufferOwner>();
+  owner->backend = ula::MakeCpuBackend(ula::CpuBackendOptions{.copy_threads = 0});
+  const ula::Arena arena = Unwrap(owner->backend->CreateArena(ula::Tier::kDevice, ula::Rank(0), std::max<std::uint64_t>(1, c.capacity_bytes)));
+  owner->buffer = Unwrap(ula::UnifiedBuffer::Create(c, arena));
+  Owners()[owner->buffer.get()] = owner.get();
+  return std::shared_ptr<ula::UnifiedBuffer>(owner, owner->buffer.get());  // owns the owner
 }
 
 }  // namespace
@@ -59,12 +137,12 @@ high-end kinds (KV pages) grow down from the top.)doc")
       .def_readonly("middle_bytes", &ula::AllocatorStats::middle_bytes)
       .def_readonly("live_blocks_per_kind", &ula::AllocatorStats::live_blocks_per_kind)
       .def_readonly("bytes_moved", &ula::AllocatorStats::bytes_moved)
+      .def_readonly("bytes_freed", &ula::AllocatorStats::bytes_freed)
       .def_readonly("blocks_moved", &ula::AllocatorStats::blocks_moved);
 
-  py::class_<ula::UnifiedBuffer>(m, "UnifiedBuffer", R"doc(
+  py::class_<ula::UnifiedBuffer, std::shared_ptr<ula::UnifiedBuffer>>(m, "UnifiedBuffer", R"doc(
 Virtual block ids (uint32) over one arena; compaction never moves a pinned block.)doc")
-      .def(py::init([](const ula::UnifiedBufferConfig& c) { return Unwrap(ula::UnifiedBuffer::Create(c)); }),
-           py::arg("config"))
+      .def(py::init(&NewBuffer), py::arg("config"))
       .def(
           "allocate",
           [](ula::UnifiedBuffer& b, const std::vector<std::uint32_t>& demand) {
@@ -110,42 +188,94 @@ Virtual block ids (uint32) over one arena; compaction never moves a pinned block
       .def_property_readonly("padding_offset", &ula::UnifiedBuffer::padding_offset)
       .def("check_invariants", [](ula::UnifiedBuffer& b) { Unwrap(b.CheckInvariants()); });
 
-  py::class_<ula::PrefixCacheConfig>(m, "PrefixCacheConfig", "Radix prefix cache config (include/ula/prefix_cache.h).")
-      .def(py::init([](std::uint32_t page_tokens, std::uint8_t kv_kind, std::uint8_t state_kind, int window_kind) {
+  py::class_<ula::PrefixCacheConfig>(m, "PrefixCacheConfig", R"doc(
+Radix prefix cache config (include/ula/prefix_cache.h). window_kind -1: no window kind.
+sliding_window W > 0 keeps the window layers' KV as window pages, W counting the token itself
+(SGLang's sliding_window_size W - 1); 0 keeps it as a ring in each checkpoint. record_events
+queues a CacheEvent for every page and state stored or removed (take_events).)doc")
+      .def(py::init([](std::uint32_t page_tokens, std::uint8_t kv_kind, std::uint8_t state_kind, int window_kind,
+                       std::uint32_t sliding_window, bool record_events) {
              ula::PrefixCacheConfig c;
              c.page_tokens = page_tokens;
              c.kv_kind = ula::BlockKind(kv_kind);
              c.state_kind = ula::BlockKind(state_kind);
              c.window_kind = window_kind < 0 ? ula::BlockKind::Invalid() : ula::BlockKind(static_cast<std::uint8_t>(window_kind));
+             c.sliding_window = sliding_window;
+             c.record_events = record_events;
              return c;
            }),
-           py::arg("page_tokens") = 16, py::arg("kv_kind") = 1, py::arg("state_kind") = 0, py::arg("window_kind") = -1)
-      .def_readonly("page_tokens", &ula::PrefixCacheConfig::page_tokens);
+           py::arg("page_tokens") = 16, py::arg("kv_kind") = 1, py::arg("state_kind") = 0, py::arg("window_kind") = -1,
+           py::arg("sliding_window") = 0, py::arg("record_events") = false)
+      .def_readonly("page_tokens", &ula::PrefixCacheConfig::page_tokens)
+      .def_property_readonly("kv_kind", [](const ula::PrefixCacheConfig& c) { return c.kv_kind.value(); })
+      .def_property_readonly("state_kind", [](const ula::PrefixCacheConfig& c) { return c.state_kind.value(); })
+      .def_property_readonly("window_kind",
+                             [](const ula::PrefixCacheConfig& c) { return c.window_kind.valid() ? int{c.window_kind.value()} : -1; })
+      .def_readonly("sliding_window", &ula::PrefixCacheConfig::sliding_window)
+      .def_readonly("record_events", &ula::PrefixCacheConfig::record_events)
+      .def("validate", [](const ula::PrefixCacheConfig& c) { Unwrap(c.Validate()); });
 
-  py::class_<ula::PrefixMatch>(m, "PrefixMatch", "The longest reusable prefix: length, pages (uint32), checkpoint.")
+  py::class_<ula::PrefixMatch>(m, "PrefixMatch", R"doc(
+A match (include/ula/prefix_cache.h): length (reusable tokens), pages (uint32) covering them,
+the checkpoint there, kv_length (tokens whose KV the tree holds), branch (where to save a
+checkpoint, 0: none), host_length (the deepest checkpoint counting the host tier's), path (node
+ids, for lock/unlock), copy (match_copy_on_write: the request's own copy, the caller's blocks),
+window_pages (int64, -1 outside the window or released; empty after release_window).)doc")
       .def_readonly("length", &ula::PrefixMatch::length)
       .def_property_readonly("pages",
                              [](const ula::PrefixMatch& pm) {
                                return ToNumpy<std::uint32_t>(std::vector<ula::BlockId>(pm.pages.begin(), pm.pages.end()));
                              })
-      .def_property_readonly("checkpoint_state",
-                             [](const ula::PrefixMatch& pm) -> py::object {
-                               if (!pm.checkpoint.state.valid()) return py::none();
-                               return py::int_(pm.checkpoint.state.value());
-                             })
-      .def_property_readonly("checkpoint_window", [](const ula::PrefixMatch& pm) -> py::object {
-        if (!pm.checkpoint.window.valid()) return py::none();
-        return py::int_(pm.checkpoint.window.value());
+      .def_property_readonly("checkpoint_state", [](const ula::PrefixMatch& pm) { return OptionalId(pm.checkpoint.state); })
+      .def_property_readonly("checkpoint_window", [](const ula::PrefixMatch& pm) { return OptionalId(pm.checkpoint.window); })
+      .def_readonly("kv_length", &ula::PrefixMatch::kv_length)
+      .def_readonly("branch", &ula::PrefixMatch::branch)
+      .def_readonly("host_length", &ula::PrefixMatch::host_length)
+      .def_property_readonly("path", [](const ula::PrefixMatch& pm) { return ToNumpy<std::uint32_t>(std::vector(pm.path)); })
+      .def_property_readonly("copy_state", [](const ula::PrefixMatch& pm) { return OptionalId(pm.copy.state); })
+      .def_property_readonly("copy_window", [](const ula::PrefixMatch& pm) { return OptionalId(pm.copy.window); })
+      .def_property_readonly("window_pages", [](const ula::PrefixMatch& pm) {
+        std::vector<std::int64_t> w;
+        for (ula::BlockId b : pm.window_pages) w.push_back(b.valid() ? std::int64_t{b.value()} : -1);
+        return ToNumpy<std::int64_t>(std::move(w));
       });
 
-  py::class_<ula::EvictionStats>(m, "EvictionStats")
+  py::class_<ula::EvictionStats>(m, "EvictionStats", "What one make_room or evict freed (include/ula/prefix_cache.h).")
       .def_readonly("nodes", &ula::EvictionStats::nodes)
       .def_readonly("pages", &ula::EvictionStats::pages)
-      .def_readonly("checkpoints", &ula::EvictionStats::checkpoints);
+      .def_readonly("checkpoints", &ula::EvictionStats::checkpoints)
+      .def_readonly("tombstones", &ula::EvictionStats::tombstones)
+      .def_readonly("tokens", &ula::EvictionStats::tokens)
+      .def_readonly("offloaded", &ula::EvictionStats::offloaded)
+      .def_readonly("window_pages", &ula::EvictionStats::window_pages)
+      .def_readonly("offloaded_pages", &ula::EvictionStats::offloaded_pages);
+
+  py::class_<ula::CacheEvent>(m, "CacheEvent", "A block entering or leaving the tree: type, block, position.")
+      .def_property_readonly("type", [](const ula::CacheEvent& e) { return EventTypeName(e.type); })
+      .def_property_readonly("block", [](const ula::CacheEvent& e) { return e.block.value(); })
+      .def_readonly("position", &ula::CacheEvent::position);
+
+  py::class_<ula::KindBytes>(m, "KindBytes", "Bytes of one kind the tree holds: evictable now, or protected (locked).")
+      .def_readonly("evictable", &ula::KindBytes::evictable)
+      .def_readonly("protected_bytes", &ula::KindBytes::protected_bytes);
+
+  py::class_<ula::PrefixCacheMetrics>(m, "PrefixCacheMetrics", "PrefixCache.metrics(): bytes per kind and counts.")
+      .def_readonly("kv", &ula::PrefixCacheMetrics::kv)
+      .def_readonly("state", &ula::PrefixCacheMetrics::state)
+      .def_readonly("window", &ula::PrefixCacheMetrics::window)
+      .def_readonly("nodes", &ula::PrefixCacheMetrics::nodes)
+      .def_readonly("checkpoints", &ula::PrefixCacheMetrics::checkpoints)
+      .def_readonly("tombstones", &ula::PrefixCacheMetrics::tombstones)
+      .def_readonly("host_checkpoints", &ula::PrefixCacheMetrics::host_checkpoints)
+      .def_readonly("host_hits", &ula::PrefixCacheMetrics::host_hits)
+      .def_readonly("host_pages", &ula::PrefixCacheMetrics::host_pages)
+      .def_readonly("host_page_hits", &ula::PrefixCacheMetrics::host_page_hits);
 
   py::class_<ula::PrefixCache>(m, "PrefixCache", R"doc(
 Radix prefix cache over a UnifiedBuffer (kept alive by the cache): match, lock, insert and
-evict on uint32 token arrays; eviction stops as soon as the pending demand fits.)doc")
+evict on uint32 token arrays; eviction stops as soon as the pending demand fits. Checkpoints
+are (position, state block, window ring block or -1); window_pages (sliding_window > 0) one
+per page, -1 where the request released it.)doc")
       .def(py::init([](const ula::PrefixCacheConfig& c, ula::UnifiedBuffer& b) {
              return Unwrap(ula::PrefixCache::Create(c, &b));
            }),
@@ -156,41 +286,108 @@ evict on uint32 token arrays; eviction stops as soon as the pending demand fits.
             return pc.Match(View<const std::uint32_t>(tokens, "tokens", 1), max_length);
           },
           py::arg("tokens"), py::arg("max_length"))
+      .def(
+          "match_copy_on_write",
+          [](ula::PrefixCache& pc, const py::array& tokens, std::uint32_t max_length, const std::string& rule) {
+            auto t = View<const std::uint32_t>(tokens, "tokens", 1);
+            const ula::EvictionRule r = ParseRule(rule);
+            py::gil_scoped_release nogil;  // may evict, compact and copy
+            return Unwrap(pc.MatchCopyOnWrite(t, max_length, r));
+          },
+          py::arg("tokens"), py::arg("max_length"), py::arg("rule") = "allocation_aware",
+          "match + lock + the request's own copy of the checkpoint (match.copy_state / copy_window, "
+          "the caller's blocks), evicting by `rule` if it must; a deeper host checkpoint is brought back first.")
       .def("lock", [](ula::PrefixCache& pc, const ula::PrefixMatch& pm) { Unwrap(pc.Lock(pm)); }, py::arg("match"))
       .def("unlock", [](ula::PrefixCache& pc, const ula::PrefixMatch& pm) { Unwrap(pc.Unlock(pm)); }, py::arg("match"))
       .def(
+          "release_window", [](ula::PrefixCache& pc, ula::PrefixMatch& pm) { Unwrap(pc.ReleaseWindow(pm)); },
+          py::arg("match"),
+          "Gives the window lock of a locked match back early (its window_pages become evictable; "
+          "KV and state stay locked) and clears match.window_pages.")
+      .def(
           "insert",
-          [](ula::PrefixCache& pc, const py::array& tokens, const py::array& pages,
-             const std::vector<std::tuple<std::uint32_t, std::uint32_t, std::int64_t>>& checkpoints) {
+          [](ula::PrefixCache& pc, const py::array& tokens, const py::array& pages, const std::vector<PyCheckpoint>& checkpoints,
+             const std::optional<py::array>& window_pages) {
             auto t = View<const std::uint32_t>(tokens, "tokens", 1);
             auto p = AsIds<ula::BlockId>(View<const std::uint32_t>(pages, "pages", 1));
-            std::vector<ula::PositionedCheckpoint> cps;
-            for (const auto& [pos, state, window] : checkpoints) {
-              cps.push_back({pos, {ula::BlockId(state), window < 0 ? ula::BlockId::Invalid()
-                                                                   : ula::BlockId(static_cast<std::uint32_t>(window))}});
-            }
-            Unwrap(pc.Insert(t, p, cps));
+            const auto cps = ToCheckpoints(checkpoints);
+            const auto w = ToWindowPages(window_pages);
+            return Unwrap(pc.Insert(t, p, cps, w));
           },
-          py::arg("tokens"), py::arg("pages"), py::arg("checkpoints") = std::vector<std::tuple<std::uint32_t, std::uint32_t, std::int64_t>>{},
-          "Hands a finished sequence's pages (and (position, state, window or -1) checkpoints) to the cache.")
+          py::arg("tokens"), py::arg("pages"), py::arg("checkpoints") = std::vector<PyCheckpoint>{},
+          py::arg("window_pages") = py::none(),
+          "Hands a finished sequence's pages (and checkpoints, and window pages) to the cache; returns "
+          "the prefix length the tree held already (the caller's duplicates there were freed).")
+      .def(
+          "insert_chunk",
+          [](ula::PrefixCache& pc, const py::array& tokens, const py::array& pages, const std::vector<PyCheckpoint>& checkpoints,
+             const ula::PrefixMatch& held, const std::optional<py::array>& window_pages) {
+            auto t = View<const std::uint32_t>(tokens, "tokens", 1);
+            auto p = AsIds<ula::BlockId>(View<const std::uint32_t>(pages, "pages", 1));
+            const auto cps = ToCheckpoints(checkpoints);
+            const auto w = ToWindowPages(window_pages);
+            return Unwrap(pc.InsertChunk(t, p, cps, held, w));
+          },
+          py::arg("tokens"), py::arg("pages"), py::arg("checkpoints"), py::arg("held"), py::arg("window_pages") = py::none(),
+          "Chunked prefill: inserts the chunks so far (a checkpoint at the chunk's end), releases `held` "
+          "(the previous lock, or an unlocked empty match) and returns the new match, locked.")
       .def(
           "make_room",
           [](ula::PrefixCache& pc, ula::UnifiedBuffer& b, const std::vector<std::uint32_t>& demand,
              const std::string& rule) {
-            if (rule != "allocation_aware" && rule != "naive") {
-              Throw(ula::ErrorCode::kInvalidArgument, "rule must be 'allocation_aware' or 'naive'");
-            }
             auto d = ToDemand(b, demand);
+            const ula::EvictionRule r = ParseRule(rule);
             py::gil_scoped_release nogil;
-            return Unwrap(pc.MakeRoom(d, rule == "naive" ? ula::EvictionRule::kNaive : ula::EvictionRule::kAllocationAware));
+            return Unwrap(pc.MakeRoom(d, r));
           },
           py::arg("buffer"), py::arg("demand"), py::arg("rule") = "allocation_aware",
-          "Evicts LRU unlocked leaves until demand fits in buffer; EvictionStats.")
+          "Evicts LRU unlocked leaves and checkpoints until demand fits in buffer; EvictionStats.")
+      .def(
+          "evict",
+          [](ula::PrefixCache& pc, std::uint64_t kv_tokens, std::uint32_t states, std::uint64_t window_tokens) {
+            py::gil_scoped_release nogil;
+            return pc.Evict(kv_tokens, states, window_tokens);
+          },
+          py::arg("kv_tokens"), py::arg("states") = 0, py::arg("window_tokens") = 0,
+          "Evicts by count: LRU leaves until kv_tokens tokens are freed, then LRU checkpoints until "
+          "`states` more are freed, then window pages until window_tokens tokens of them are freed in all.")
       .def(
           "holds", [](ula::PrefixCache& pc, const py::array& t) { return pc.Holds(View<const std::uint32_t>(t, "tokens", 1)); },
           py::arg("tokens"))
+      .def(
+          "holds_on_host",
+          [](ula::PrefixCache& pc, const py::array& t) { return pc.HoldsOnHost(View<const std::uint32_t>(t, "tokens", 1)); },
+          py::arg("tokens"), "Whether the checkpoint at exactly these tokens is on the host tier.")
+      .def(
+          "kv_on_host",
+          [](ula::PrefixCache& pc, const py::array& t) { return pc.KvOnHost(View<const std::uint32_t>(t, "tokens", 1)); },
+          py::arg("tokens"), "Whether the node ending at exactly these tokens has its KV on the host tier.")
+      .def(
+          "attach_host_tier",
+          [](ula::PrefixCache& pc, ula::UnifiedBuffer& b, std::uint32_t slots, std::uint32_t page_slots) {
+            BufferOwner& owner = OwnerOf(b);
+            const std::uint64_t state = b.kind_config(pc.config().state_kind).block_bytes;
+            const std::uint64_t window = pc.config().window_kind.valid() ? b.kind_config(pc.config().window_kind).block_bytes : 0;
+            const std::uint64_t page = b.kind_config(pc.config().kv_kind).block_bytes;
+            const std::uint64_t bytes = std::max<std::uint64_t>(1, slots * (state + window) + std::uint64_t{page_slots} * page);
+            const ula::Arena host = Unwrap(owner.backend->CreateArena(ula::Tier::kHost, ula::Rank(0), bytes));
+            Unwrap(pc.AttachHostTier({owner.backend.get(), b.arena().id, host, slots, page_slots}));
+          },
+          py::arg("buffer"), py::arg("slots"), py::arg("page_slots") = 0,
+          "A host tier on the buffer's backend (buffer: the cache's own): `slots` checkpoints and "
+          "`page_slots` KV pages; evicted checkpoints (and, under allocation_aware, leaves' KV) go there.")
+      .def(
+          "attach_copy_backend",
+          [](ula::PrefixCache& pc, ula::UnifiedBuffer& b) {
+            BufferOwner& owner = OwnerOf(b);
+            Unwrap(pc.AttachCopyBackend(owner.backend.get(), b.arena().id));
+          },
+          py::arg("buffer"), "Checkpoint copies as copy batches of the buffer's backend (else memcpy).")
+      .def("metrics", &ula::PrefixCache::Metrics)
+      .def("take_events", &ula::PrefixCache::TakeEvents, "The queued CacheEvents (record_events), drained.")
       .def_property_readonly("num_nodes", &ula::PrefixCache::num_nodes)
       .def_property_readonly("num_checkpoints", &ula::PrefixCache::num_checkpoints)
+      .def("debug_digest", &ula::PrefixCache::DebugDigest, "A hash of the whole state: equal before and after a refused call.")
       .def("check_invariants", [](ula::PrefixCache& pc) { Unwrap(pc.CheckInvariants()); });
 }
 

@@ -9,6 +9,7 @@ U8 = npt.NDArray[np.uint8]
 U32 = npt.NDArray[np.uint32]
 U64 = npt.NDArray[np.uint64]
 I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
 F32 = npt.NDArray[np.float32]
 
 class Error(Exception):
@@ -188,6 +189,7 @@ class AllocatorStats:
     middle_bytes: int
     live_blocks_per_kind: list[int]
     bytes_moved: int
+    bytes_freed: int
     blocks_moved: int
 
 class UnifiedBuffer:
@@ -207,27 +209,80 @@ class UnifiedBuffer:
 
 class PrefixCacheConfig:
     page_tokens: int
-    def __init__(self, page_tokens: int = 16, kv_kind: int = 1, state_kind: int = 0, window_kind: int = -1) -> None: ...
+    kv_kind: int
+    state_kind: int
+    window_kind: int  # -1: none
+    sliding_window: int  # W counts the token itself: SGLang's sliding_window_size W - 1
+    record_events: bool
+    def __init__(self, page_tokens: int = 16, kv_kind: int = 1, state_kind: int = 0, window_kind: int = -1,
+                 sliding_window: int = 0, record_events: bool = False) -> None: ...
+    def validate(self) -> None: ...
 
 class PrefixMatch:
     length: int
     pages: U32
     checkpoint_state: Optional[int]
     checkpoint_window: Optional[int]
+    kv_length: int
+    branch: int
+    host_length: int
+    path: U32
+    copy_state: Optional[int]
+    copy_window: Optional[int]
+    window_pages: I64  # -1: outside the window or released
 
 class EvictionStats:
     nodes: int
     pages: int
     checkpoints: int
+    tombstones: int
+    tokens: int
+    offloaded: int
+    window_pages: int
+    offloaded_pages: int
+
+class CacheEvent:
+    type: str  # "page_stored" | "page_removed" | "state_stored" | "state_removed"
+    block: int
+    position: int
+
+class KindBytes:
+    evictable: int
+    protected_bytes: int
+
+class PrefixCacheMetrics:
+    kv: KindBytes
+    state: KindBytes
+    window: KindBytes
+    nodes: int
+    checkpoints: int
+    tombstones: int
+    host_checkpoints: int
+    host_hits: int
+    host_pages: int
+    host_page_hits: int
 
 class PrefixCache:
     num_nodes: int
     num_checkpoints: int
     def __init__(self, config: PrefixCacheConfig, buffer: UnifiedBuffer) -> None: ...
     def match(self, tokens: U32, max_length: int) -> PrefixMatch: ...
+    def match_copy_on_write(self, tokens: U32, max_length: int, rule: str = "allocation_aware") -> PrefixMatch: ...
     def lock(self, match: PrefixMatch) -> None: ...
     def unlock(self, match: PrefixMatch) -> None: ...
-    def insert(self, tokens: U32, pages: U32, checkpoints: list[tuple[int, int, int]] = ...) -> None: ...
+    def release_window(self, match: PrefixMatch) -> None: ...
+    def insert(self, tokens: U32, pages: U32, checkpoints: list[tuple[int, int, int]] = ...,
+               window_pages: Optional[I64] = None) -> int: ...
+    def insert_chunk(self, tokens: U32, pages: U32, checkpoints: list[tuple[int, int, int]], held: PrefixMatch,
+                     window_pages: Optional[I64] = None) -> PrefixMatch: ...
     def make_room(self, buffer: UnifiedBuffer, demand: list[int], rule: str = "allocation_aware") -> EvictionStats: ...
+    def evict(self, kv_tokens: int, states: int = 0, window_tokens: int = 0) -> EvictionStats: ...
     def holds(self, tokens: U32) -> bool: ...
+    def holds_on_host(self, tokens: U32) -> bool: ...
+    def kv_on_host(self, tokens: U32) -> bool: ...
+    def attach_host_tier(self, buffer: UnifiedBuffer, slots: int, page_slots: int = 0) -> None: ...
+    def attach_copy_backend(self, buffer: UnifiedBuffer) -> None: ...
+    def metrics(self) -> PrefixCacheMetrics: ...
+    def take_events(self) -> list[CacheEvent]: ...
+    def debug_digest(self) -> int: ...
     def check_invariants(self) -> None: ...

@@ -35,8 +35,10 @@ PrefixCacheMetrics PrefixCache::Metrics() const {
     const std::uint64_t kv = n.kv_on_host ? 0 : (n.pages.size() + (n.head.valid() ? 1 : 0)) * page;
     m.host_pages += n.host_pages.size() + (n.host_head != kNoSlot ? 1 : 0);
     (n.kv_locks > 0 ? m.kv.protected_bytes : m.kv.evictable) += kv;
+    // Window eviction takes a node's window pages together, and only from a node without a
+    // window lock (window_lru_): its pages are protected while any one of them is locked.
     auto window_page = [&](BlockId b) {
-      if (b.valid()) (window_locks_.contains(b) ? m.window.protected_bytes : m.window.evictable) += window;
+      if (b.valid()) (n.window_locks > 0 ? m.window.protected_bytes : m.window.evictable) += window;
     };
     window_page(n.whead);
     for (BlockId b : n.wpages) window_page(b);

@@ -1,0 +1,279 @@
+// PrefixCache: Insert (the tree takes a sequence's blocks) and InsertChunk (chunked prefill;
+// see include/ula/prefix_cache.h).
+#include "ula/prefix_cache.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "prefix/prefix_cache_update.h"
+#include "prefix/tree_util.h"
+#include "ula/check.h"
+
+namespace ula {
+
+using internal::CeilDiv;
+
+Result<std::unordered_set<BlockId>> PrefixCache::CheckInsertBlocks(std::span<const BlockId> pages,
+                                                                     std::span<const BlockId> window_pages) const {
+  for (BlockId p : pages) {
+    auto kind = allocator_->KindOf(p);
+    if (!kind) return std::unexpected(std::move(kind).error());
+    if (*kind != config_.kv_kind) return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert: a page is not a KV block");
+  }
+  std::unordered_set<BlockId> incoming(pages.begin(), pages.end());
+  if (incoming.size() != pages.size()) return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert: a page is given twice");
+  const bool windowed = config_.sliding_window > 0;
+  if (window_pages.size() != (windowed ? pages.size() : 0)) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("prefix cache insert: {} window pages for {} pages (sliding_window {})", window_pages.size(),
+                                 pages.size(), config_.sliding_window));
+  }
+  for (BlockId w : window_pages) {
+    if (!w.valid()) continue;
+    auto kind = allocator_->KindOf(w);
+    if (!kind) return std::unexpected(std::move(kind).error());
+    if (*kind != config_.window_kind) {
+      return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert: a window page is not a window block");
+    }
+    if (!incoming.insert(w).second) return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert: a window page is given twice");
+  }
+  return incoming;
+}
+
+Result<std::map<std::uint32_t, Checkpoint>> PrefixCache::CheckInsertCheckpoints(
+    std::size_t tokens, std::span<const PositionedCheckpoint> checkpoints, std::unordered_set<BlockId>& incoming) const {
+  std::map<std::uint32_t, Checkpoint> at;  // position -> checkpoint
+  for (const auto& c : checkpoints) {
+    if (c.position == 0 || c.position > tokens || !c.checkpoint.valid() || at.contains(c.position)) {
+      return MakeError(ErrorCode::kInvalidArgument, fmt::format("prefix cache insert: bad checkpoint at {}", c.position));
+    }
+    auto ks = allocator_->KindOf(c.checkpoint.state);
+    if (!ks) return std::unexpected(std::move(ks).error());
+    const bool window_ok = c.checkpoint.window.valid()
+                               ? config_.window_kind.valid() && allocator_->KindOf(c.checkpoint.window) == config_.window_kind
+                               : true;
+    if (*ks != config_.state_kind || !window_ok || owned_.contains(c.checkpoint.state) ||
+        (c.checkpoint.window.valid() && owned_.contains(c.checkpoint.window))) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("prefix cache insert: the checkpoint at {} has blocks of the wrong kind or the tree's",
+                                   c.position));
+    }
+    if (!incoming.insert(c.checkpoint.state).second ||
+        (c.checkpoint.window.valid() && !incoming.insert(c.checkpoint.window).second)) {
+      return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert: a checkpoint block is given twice");
+    }
+    at.emplace(c.position, c.checkpoint);
+  }
+  return at;
+}
+
+Result<PrefixCache::InsertPlan> PrefixCache::PlanInsert(std::span<const std::uint32_t> tokens,
+                                                        std::span<const BlockId> pages,
+                                                        std::span<const PositionedCheckpoint> checkpoints,
+                                                        std::span<const BlockId> window_pages) const {
+  const std::uint32_t P = config_.page_tokens;
+  auto incoming = CheckInsertBlocks(pages, window_pages);
+  if (!incoming) return std::unexpected(std::move(incoming).error());
+  auto at = CheckInsertCheckpoints(tokens.size(), checkpoints, *incoming);
+  if (!at) return std::unexpected(std::move(at).error());
+  const bool windowed = config_.sliding_window > 0;
+  InsertPlan plan;
+  plan.at = std::move(*at);
+  // KV past the last checkpoint is useless to a hybrid model: keep tokens [0, n).
+  plan.n = plan.at.empty() ? 0 : plan.at.rbegin()->first;
+  // Read-only walk: how far the tree holds these tokens (s_all; s within [0, n)), and the
+  // pages it has there (which the sequence may share).
+  // A host node is not walked into: when the sequence goes on through it, that host subtree
+  // is removed first (Insert) and the sequence's pages take its place.
+  std::uint32_t s_all = 0;
+  std::vector<std::uint32_t> walk;
+  for (std::uint32_t node = 0; s_all < tokens.size();) {
+    auto it = nodes_[node].children.find(tokens[s_all]);
+    if (it == nodes_[node].children.end()) break;
+    const Node& c = nodes_[it->second];
+    if (c.kv_on_host) {
+      plan.host_child = it->second;
+      break;
+    }
+    std::uint32_t l = 0;
+    while (l < c.tokens.size() && s_all + l < tokens.size() && c.tokens[l] == tokens[s_all + l]) ++l;
+    walk.push_back(it->second);
+    s_all += l;
+    if (l < c.tokens.size()) break;
+    node = it->second;
+  }
+  plan.tree_pages = PagesOfPath(walk, s_all);  // providers of [0, ceil(s_all/P))
+  if (windowed) plan.tree_wpages = WindowPagesOfPath(walk, s_all);
+  plan.s = std::min(s_all, plan.n);
+  plan.head_copy = plan.s < plan.n && plan.s % P != 0;
+  plan.new_from = plan.head_copy ? plan.s / P : CeilDiv(plan.s, P);
+  plan.new_to = CeilDiv(plan.n, P);
+  for (std::uint32_t i = 0; i < pages.size(); ++i) {
+    if (owned_.contains(pages[i]) && !plan.Shared(i, pages[i])) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("prefix cache insert: page {} is the tree's own page of another position", i));
+    }
+    if (windowed && window_pages[i].valid() && owned_.contains(window_pages[i]) &&
+        (plan.Taken(i) || i >= plan.tree_wpages.size() || window_pages[i] != plan.tree_wpages[i])) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("prefix cache insert: window page {} is the tree's own of another position", i));
+    }
+  }
+  return plan;
+}
+
+std::vector<std::uint32_t> PrefixCache::InsertPath(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                                                   std::span<const BlockId> window_pages, const InsertPlan& plan) {
+  const std::uint32_t P = config_.page_tokens;
+  const bool windowed = config_.sliding_window > 0;
+  std::vector<std::uint32_t> path;
+  std::uint32_t node = 0;
+  std::uint32_t pos = 0;
+  while (pos < plan.s) {  // down the shared prefix, splitting at its end and at checkpoints
+    const std::uint32_t c = nodes_[node].children.at(tokens[pos]);
+    std::uint32_t cut = std::min(nodes_[c].end, plan.s);
+    if (auto t = plan.at.upper_bound(pos); t != plan.at.end() && t->first < cut) cut = t->first;
+    node = cut < nodes_[c].end ? Split(c, cut) : c;
+    pos = cut;
+    path.push_back(node);
+  }
+  // New nodes for [s, n), one per stretch between checkpoint positions.
+  while (pos < plan.n) {
+    const std::uint32_t next = plan.at.upper_bound(pos)->first;
+    const std::uint32_t id = NewNode();
+    Node& c = nodes_[id];
+    c.parent = node;
+    c.start = pos;
+    c.end = next;
+    c.tokens.assign(tokens.begin() + pos, tokens.begin() + next);
+    if (pos == plan.s && plan.head_copy) {
+      c.head = pages[plan.s / P];
+      StorePage(c.head, plan.s / P);
+      if (windowed) c.whead = window_pages[plan.s / P];
+    }
+    for (std::uint32_t i = CeilDiv(pos, P); i < CeilDiv(next, P); ++i) {
+      c.pages.push_back(pages[i]);
+      StorePage(pages[i], i);
+      if (windowed) c.wpages.push_back(window_pages[i]);
+    }
+    for (BlockId w : {c.whead}) {
+      if (w.valid()) owned_.insert(w);
+    }
+    for (BlockId w : c.wpages) {
+      if (w.valid()) owned_.insert(w);
+    }
+    Update(node, [&] { nodes_[node].children.emplace(tokens[pos], id); });
+    Update(id, [] {});
+    node = id;
+    pos = next;
+    path.push_back(id);
+  }
+  return path;
+}
+
+void PrefixCache::AdoptWindowPages(const std::vector<std::uint32_t>& path, std::span<const BlockId> window_pages,
+                                   const InsertPlan& plan) {
+  // A window page the tree lacks over the shared prefix [0, s) is taken when its bytes
+  // serve every path that reads the provider's page: a full page inside [0, s), or the
+  // page of the node ending at s when no child of that node reads it (each child has its
+  // own head copy). The rest not taken by InsertPath is freed.
+  const std::uint32_t P = config_.page_tokens;
+  const std::uint32_t s = plan.s;
+  const std::vector<Provider> providers = ProvidersOfPath(path, s);
+  bool last_page_private = s > 0 && !path.empty() && nodes_[path.back()].end == s;
+  if (last_page_private) {
+    for (const auto& [token, child] : nodes_[path.back()].children) {
+      last_page_private &= nodes_[child].start % P != 0 && nodes_[child].head.valid();
+    }
+  }
+  for (std::uint32_t i = 0; i < window_pages.size(); ++i) {
+    const BlockId w = window_pages[i];
+    if (!w.valid() || plan.Taken(i) || (i < plan.tree_wpages.size() && w == plan.tree_wpages[i])) continue;
+    const bool adoptable = (i + 1) * P <= s || (i + 1 == CeilDiv(s, P) && last_page_private);
+    if (adoptable && i < providers.size() && providers[i].node != 0) {
+      const std::uint32_t owner = providers[i].node;
+      BlockId& slot = WindowSlot(providers[i], i);
+      if (!slot.valid()) {
+        Update(owner, [&] { slot = w; });
+        owned_.insert(w);
+        continue;
+      }
+    }
+    ULA_CHECK(allocator_->Free(w).has_value());
+  }
+}
+
+void PrefixCache::AttachCheckpoints(const std::vector<std::uint32_t>& path, std::map<std::uint32_t, Checkpoint>& at) {
+  for (std::uint32_t id : path) {
+    Node& c = nodes_[id];
+    if (auto it = at.find(c.end); it != at.end() && !c.checkpoint.valid()) {
+      Update(id, [&] {
+        c.checkpoint = it->second;
+        if (c.host != kNoSlot) free_host_.push_back(std::exchange(c.host, kNoSlot));  // the device copy wins
+      });
+      owned_.insert(it->second.state);
+      if (it->second.window.valid()) owned_.insert(it->second.window);
+      if (config_.record_events) events_.push_back({CacheEvent::Type::kStateStored, it->second.state, c.end});
+      at.erase(it);
+    }
+  }
+  for (const auto& [position, c] : at) {  // duplicates
+    ULA_CHECK(allocator_->Free(c.state).has_value());
+    if (c.window.valid()) ULA_CHECK(allocator_->Free(c.window).has_value());
+  }
+}
+
+Result<std::uint32_t> PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                                          std::span<const PositionedCheckpoint> checkpoints,
+                                          std::span<const BlockId> window_pages) {
+  const std::uint32_t P = config_.page_tokens;
+  const std::size_t want_pages = (tokens.size() + P - 1) / P;
+  if (pages.size() != want_pages) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("prefix cache insert: {} tokens need {} pages, got {}", tokens.size(), want_pages, pages.size()));
+  }
+  auto plan = PlanInsert(tokens, pages, checkpoints, window_pages);
+  if (!plan) return std::unexpected(std::move(plan).error());
+  // Mutation from here on: nothing below fails.
+  if (plan->host_child != 0 && plan->s < plan->n) RemoveHostSubtree(plan->host_child);
+  ++clock_;
+  const std::vector<std::uint32_t> path = InsertPath(tokens, pages, window_pages, *plan);
+  for (std::uint32_t i = 0; i < pages.size(); ++i) {
+    if (!plan->Taken(i) && !plan->Shared(i, pages[i])) ULA_CHECK(allocator_->Free(pages[i]).has_value());  // a duplicate, or past n
+  }
+  if (config_.sliding_window > 0) AdoptWindowPages(path, window_pages, *plan);
+  AttachCheckpoints(path, plan->at);
+  for (std::uint32_t id : path) Touch(id, clock_);
+  ULA_EXPENSIVE_CHECK(*this);
+  return plan->s;
+}
+
+Result<PrefixMatch> PrefixCache::InsertChunk(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                                             std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held,
+                                             std::span<const BlockId> window_pages) {
+  if (config_.sliding_window > 0) {
+    // The tree may lack window pages over a page it shares with another branch, which the
+    // request would then lose (docs/ARCHITECTURE.md): not supported yet.
+    return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert chunk: not supported with window pages");
+  }
+  auto node = LockedNode(held, false);
+  if (!node) return std::unexpected(std::move(node).error());
+  if (checkpoints.empty() || std::none_of(checkpoints.begin(), checkpoints.end(),
+                                          [&](const auto& c) { return c.position == tokens.size(); })) {
+    return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert chunk: no checkpoint at the chunk's end");
+  }
+  if (auto w = CheckWindowLocked(held, *node); !w) return std::unexpected(std::move(w).error());
+  ULA_RETURN_IF_ERROR(Insert(tokens, pages, checkpoints, window_pages));
+  PrefixMatch m = Match(tokens, static_cast<std::uint32_t>(tokens.size()));
+  ULA_CHECK(m.length == tokens.size());
+  ULA_CHECK(Lock(m).has_value());  // before Unlock(held): nothing of the path is freed meanwhile
+  ULA_CHECK(Unlock(held).has_value());
+  return m;
+}
+
+}  // namespace ula

@@ -1,0 +1,180 @@
+// SGLang's mamba and SWA radix cache scenarios on ula::PrefixCache (issue 28). Mapping:
+// page size 1 is page_tokens 1; SGLang's window w is our sliding_window w + 1; a mamba value
+// is a checkpoint at the end of each insert; cow_mamba is MatchCopyOnWrite. Each test names
+// the result SGLang gives (python/sglang/srt/mem_cache/mamba_radix_cache.py,
+// swa_radix_cache.py) and checks ours against it.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "ula/prefix_cache.h"
+#include "ula/unified_buffer.h"
+
+namespace ula {
+namespace {
+
+constexpr BlockKind kState(0), kKv(1), kSwa(2);
+constexpr std::uint64_t kBlock = 64;  // every kind: one 64 B block
+
+std::unique_ptr<UnifiedBuffer> Buffer(std::uint64_t blocks = 256) {
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.capacity_bytes = blocks * kBlock;
+  c.kinds = {{"state", kBlock, BufferEnd::kLow}, {"kv", kBlock, BufferEnd::kHigh}, {"swa", kBlock, BufferEnd::kLow}};
+  c.padding_kind = kKv;
+  c.padding_blocks = 0;
+  return UnifiedBuffer::Create(c).value();
+}
+
+std::unique_ptr<PrefixCache> Cache(HybridAllocator& a, std::uint32_t sliding_window = 0) {
+  return PrefixCache::Create(PrefixCacheConfig{.page_tokens = 1, .sliding_window = sliding_window}, &a).value();
+}
+
+std::vector<std::uint32_t> Range(std::uint32_t first, std::uint32_t last) {  // [first, last]
+  std::vector<std::uint32_t> t(last - first + 1);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+std::vector<std::uint32_t> Concat(std::vector<std::uint32_t> a, const std::vector<std::uint32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// SGLang's insert(key, value, mamba_value): one page per token, a state at the end (and a
+// window page per token when the cache has window pages). Returns what Insert returned.
+Result<std::uint32_t> InsertWithState(PrefixCache& cache, HybridAllocator& a, const std::vector<std::uint32_t>& tokens,
+                                      bool windowed = false) {
+  const auto n = static_cast<std::uint32_t>(tokens.size());
+  auto ids = a.AllocateDemand(Demand::Of(3).Add(kState, 1).Add(kKv, n).Add(kSwa, windowed ? n : 0)).value();
+  const std::vector<BlockId> pages(ids.begin() + 1, ids.begin() + 1 + n);
+  const std::vector<BlockId> window(ids.begin() + 1 + n, ids.end());
+  const std::vector<PositionedCheckpoint> cps = {{n, Checkpoint{ids[0], BlockId::Invalid()}}};
+  return cache.Insert(tokens, pages, cps, window);
+}
+
+std::uint32_t Matched(PrefixCache& cache, const std::vector<std::uint32_t>& tokens) {
+  return cache.Match(tokens, static_cast<std::uint32_t>(tokens.size())).length;
+}
+
+// Issue 28 item 1: the window's evictable counter is what Evict frees. SGLang (window 1):
+// a locked match protects its node's SWA, nothing of it is evictable.
+TEST(PrefixCacheSglang, TheWindowEvictableCounterIsPayable) {
+  auto a = Buffer();
+  auto cache = Cache(*a, 2);
+  ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 4), true));
+  PrefixMatch m = cache->Match(Range(1, 4), 4);
+  ASSERT_EQ(m.length, 4u);
+  ASSERT_TRUE(cache->Lock(m));
+  const PrefixCacheMetrics before = cache->Metrics();
+  EXPECT_EQ(before.window.evictable, 0u);  // the node holds the locked window page 3
+  EXPECT_EQ(before.window.protected_bytes, 4 * kBlock);
+  const auto live = a->Stats().live_blocks_per_kind[kSwa.value()];
+  EXPECT_EQ(cache->Evict(0, 0, 1000).window_pages, 0u);
+  EXPECT_EQ(a->Stats().live_blocks_per_kind[kSwa.value()], live);
+  ASSERT_TRUE(cache->Unlock(m));
+  EXPECT_EQ(cache->Metrics().window.evictable, 4 * kBlock);
+  EXPECT_EQ(cache->Evict(0, 0, 1000).window_pages, 4u);  // an unlocked leaf: it goes whole
+  EXPECT_EQ(cache->num_nodes(), 0u);
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
+// Item 2: a leaf whose window was evicted is useless and goes at once (SGLang's
+// _iteratively_delete_tombstone_leaf deletes it): the 6 tokens of [5..10] and then the 4 of
+// [1..4], whose window is gone.
+TEST(PrefixCacheSglang, AWindowTombstonedLeafIsRemoved) {
+  auto a = Buffer();
+  auto cache = Cache(*a, 2);
+  ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 4), true));
+  ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 10), true));
+  PrefixMatch m = cache->Match(Range(1, 10), 10);
+  ASSERT_EQ(m.length, 10u);
+  ASSERT_TRUE(cache->Lock(m));
+  EXPECT_EQ(cache->Evict(0, 0, 1).window_pages, 4u);  // [1..4]'s window: a window tombstone
+  ASSERT_TRUE(cache->Unlock(m));
+  const EvictionStats stats = cache->Evict(1, 0, 0);
+  EXPECT_EQ(stats.tokens, 10u);
+  EXPECT_EQ(stats.nodes, 2u);
+  EXPECT_EQ(cache->num_nodes(), 0u);
+  EXPECT_EQ(Matched(*cache, Range(1, 4)), 0u);
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+}
+
+// Item 3: a split refreshes its lower half (SGLang's _split_node gives the child a new
+// access time), so the untouched [10, 11, 12] is the LRU leaf, not [6, 7].
+TEST(PrefixCacheSglang, ASplitRefreshesTheLowerHalf) {
+  auto a = Buffer();
+  auto cache = Cache(*a);
+  ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 7)));
+  ASSERT_TRUE(InsertWithState(*cache, *a, Range(10, 12)));
+  ASSERT_TRUE(InsertWithState(*cache, *a, Concat(Range(1, 5), {60, 70})));
+  const EvictionStats stats = cache->Evict(1, 0);
+  EXPECT_EQ(stats.tokens, 3u);
+  EXPECT_FALSE(cache->Holds(Range(10, 12)));
+  EXPECT_TRUE(cache->Holds(Range(1, 7)));
+  EXPECT_TRUE(cache->Holds(Concat(Range(1, 5), {60, 70})));
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
+// Item 4: on one path, the root side is older (SGLang's reset_node_and_parents_mru: a
+// child is more recent than its parent), so a state eviction tombstones the internal state
+// at 3 and [1..7] still matches 7.
+TEST(PrefixCacheSglang, StateEvictionTombstonesTheRootSideFirst) {
+  auto a = Buffer();
+  auto cache = Cache(*a);
+  ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 3)));
+  ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 7)));
+  ASSERT_EQ(Matched(*cache, Range(1, 7)), 7u);
+  const EvictionStats stats = cache->Evict(0, 1);
+  EXPECT_EQ(stats.checkpoints, 1u);
+  EXPECT_EQ(stats.tombstones, 1u);
+  EXPECT_EQ(Matched(*cache, Range(1, 7)), 7u);
+  EXPECT_EQ(Matched(*cache, Range(1, 3)), 0u);
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
+// The same order for window pages (SGLang's SWA LRU list): the root side's go first.
+TEST(PrefixCacheSglang, WindowEvictionTakesTheRootSideFirst) {
+  auto a = Buffer();
+  auto cache = Cache(*a, 2);
+  ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 3), true));
+  ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 7), true));
+  EXPECT_EQ(cache->Evict(0, 0, 1).window_pages, 3u);  // the node [1..3]: a window tombstone
+  EXPECT_EQ(Matched(*cache, Range(1, 7)), 7u);         // its window [6, 7) is in [4..7]
+  EXPECT_EQ(Matched(*cache, Range(1, 3)), 0u);
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
+// Item 5: Evict(kv_tokens, states) counts each kind by what its own phase evicted (SGLang's
+// evict_full, then evict_mamba): the leaf [4..7] goes for the token, its state with it, and
+// then one more state ([1..3], a leaf by then, goes whole): two states freed.
+TEST(PrefixCacheSglang, EvictCountsStatesByTheStatePhase) {
+  auto a = Buffer();
+  auto cache = Cache(*a);
+  ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 3)));
+  ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 7)));
+  ASSERT_TRUE(InsertWithState(*cache, *a, Range(20, 21)));
+  const EvictionStats stats = cache->Evict(1, 1);
+  EXPECT_EQ(stats.checkpoints, 2u);
+  EXPECT_EQ(stats.tokens, 7u);
+  EXPECT_EQ(cache->num_checkpoints(), 1u);
+  EXPECT_TRUE(cache->Holds(Range(20, 21)));
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
+// Item 9: Insert returns the prefix length the tree held already (SGLang's
+// InsertResult.prefix_len), which a scheduler uses to free its duplicate KV.
+TEST(PrefixCacheSglang, InsertReturnsTheLengthAlreadyCached) {
+  auto a = Buffer();
+  auto cache = Cache(*a);
+  EXPECT_EQ(InsertWithState(*cache, *a, Range(1, 7)).value(), 0u);
+  EXPECT_EQ(InsertWithState(*cache, *a, Concat(Range(1, 5), {60, 70})).value(), 5u);
+  EXPECT_EQ(InsertWithState(*cache, *a, Range(1, 7)).value(), 7u);  // all of it: a duplicate
+  EXPECT_EQ(InsertWithState(*cache, *a, Range(1, 9)).value(), 7u);
+  EXPECT_TRUE(cache->CheckInvariants());
+}
+
+}  // namespace
+}  // namespace ula

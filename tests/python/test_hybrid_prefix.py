@@ -1,0 +1,134 @@
+"""The hybrid prefix cache's Python binding has what C++ has (issue 27, item 6): evict by
+count, copy-on-write matches, chunked insertion, window pages and their early release,
+events, metrics, the host tier, and every PrefixMatch field."""
+import numpy as np
+import pytest
+
+ulacache = pytest.importorskip("ulacache")
+
+STATE, KV, SWA = 0, 1, 2
+UNIT = 64  # every kind's block: one 64-byte unit
+
+
+def buffer(units=256):
+    return ulacache.UnifiedBuffer(ulacache.UnifiedBufferConfig(
+        units * UNIT, [("state", UNIT, "low"), ("kv", UNIT, "high"), ("swa", UNIT, "low")], padding_kind=KV))
+
+
+def insert(cache, buf, tokens, windowed=False):
+    """One page per token (page_tokens 1), a state at the end; returns Insert's result."""
+    n = len(tokens)
+    ids = buf.allocate([1, n, n if windowed else 0])
+    pages = ids[1:1 + n]
+    window = ids[1 + n:].astype(np.int64) if windowed else None
+    return cache.insert(np.asarray(tokens, dtype=np.uint32), pages, [(n, int(ids[0]), -1)], window)
+
+
+def toks(first, last):
+    return np.arange(first, last + 1, dtype=np.uint32)
+
+
+def test_config_fields_and_validation():
+    c = ulacache.PrefixCacheConfig(page_tokens=1, kv_kind=KV, state_kind=STATE, window_kind=SWA, sliding_window=3,
+                                   record_events=True)
+    assert (c.page_tokens, c.kv_kind, c.state_kind, c.window_kind, c.sliding_window, c.record_events) == (1, 1, 0, 2, 3, True)
+    c.validate()
+    with pytest.raises(ulacache.InvalidArgumentError):
+        ulacache.PrefixCacheConfig(page_tokens=1, sliding_window=3).validate()  # no window kind
+    assert ulacache.PrefixCacheConfig().window_kind == -1
+
+
+def test_insert_returns_the_cached_length_and_evict_counts_by_kind():
+    buf = buffer()
+    cache = ulacache.PrefixCache(ulacache.PrefixCacheConfig(page_tokens=1), buf)
+    assert insert(cache, buf, toks(1, 3)) == 0
+    assert insert(cache, buf, toks(1, 7)) == 3
+    assert insert(cache, buf, toks(20, 21)) == 0
+    m = cache.match(np.append(toks(1, 7), 99).astype(np.uint32), 8)
+    assert (m.length, m.kv_length, m.branch, m.host_length) == (7, 7, 0, 7)
+    assert len(m.path) == 2 and m.path.dtype == np.uint32
+    assert m.copy_state is None and len(m.window_pages) == 0
+    ev = cache.evict(1, 1)  # the LRU leaf [20, 21] for the token, then one more state
+    assert (ev.tokens, ev.checkpoints, ev.nodes) == (2, 2, 1)  # the state at 3 is tombstoned (the root side first)
+    assert ev.tombstones == 1 and ev.offloaded == 0 and ev.window_pages == 0 and ev.offloaded_pages == 0
+    assert cache.holds(toks(1, 7)) and not cache.holds(toks(1, 3))
+    cache.check_invariants()
+
+
+def test_copy_on_write_events_and_metrics():
+    buf = buffer()
+    cache = ulacache.PrefixCache(ulacache.PrefixCacheConfig(page_tokens=1, record_events=True), buf)
+    insert(cache, buf, toks(1, 4))
+    events = cache.take_events()
+    assert sorted({e.type for e in events}) == ["page_stored", "state_stored"]
+    assert sum(e.type == "page_stored" for e in events) == 4 and cache.take_events() == []
+    m = cache.match_copy_on_write(toks(1, 5), 4)
+    assert m.length == 4 and m.copy_state is not None and m.copy_state != m.checkpoint_state
+    metrics = cache.metrics()
+    assert metrics.kv.protected_bytes == 4 * UNIT and metrics.state.protected_bytes == UNIT
+    assert metrics.kv.evictable == 0 and metrics.nodes == 1 and metrics.checkpoints == 1 and metrics.tombstones == 0
+    digest = cache.debug_digest()
+    with pytest.raises(ulacache.InvalidArgumentError):
+        cache.make_room(buf, [1])  # a demand of the wrong shape: refused, nothing changed
+    assert cache.debug_digest() == digest
+    cache.unlock(m)
+    buf.free(m.copy_state)
+    assert cache.metrics().kv.evictable == 4 * UNIT
+    cache.evict(100)
+    assert sum(e.type == "page_removed" for e in cache.take_events()) == 4
+    cache.check_invariants()
+
+
+def test_chunked_insert_and_window_release():
+    buf = buffer()
+    cache = ulacache.PrefixCache(ulacache.PrefixCacheConfig(page_tokens=1), buf)
+    held = cache.match(toks(1, 1), 0)  # an unlocked empty match
+    ids = buf.allocate([1, 4, 0])
+    first = cache.insert_chunk(toks(1, 4), ids[1:], [(4, int(ids[0]), -1)], held)
+    assert first.length == 4
+    ids2 = buf.allocate([1, 4, 0])
+    pages = np.concatenate([first.pages, ids2[1:]])
+    second = cache.insert_chunk(toks(1, 8), pages, [(8, int(ids2[0]), -1)], first)
+    assert second.length == 8 and list(second.pages[:4]) == list(first.pages)
+    cache.unlock(second)
+    with pytest.raises(ulacache.FailedPreconditionError):
+        cache.unlock(second)
+
+    wbuf = buffer()
+    wcache = ulacache.PrefixCache(ulacache.PrefixCacheConfig(page_tokens=1, window_kind=SWA, sliding_window=2), wbuf)
+    insert(wcache, wbuf, toks(1, 4), windowed=True)
+    m = wcache.match(toks(1, 4), 4)
+    assert m.window_pages.dtype == np.int64 and list(m.window_pages[:3]) == [-1, -1, -1] and m.window_pages[3] >= 0
+    wcache.lock(m)
+    assert wcache.metrics().window.evictable == 0  # the node holds the locked window page
+    assert wcache.evict(0, 0, 100).window_pages == 0
+    wcache.release_window(m)
+    assert len(m.window_pages) == 0 and wcache.metrics().window.evictable == 4 * UNIT
+    with pytest.raises(ulacache.FailedPreconditionError):
+        wcache.release_window(wcache.match(toks(1, 4), 4))  # not locked
+    assert wcache.evict(0, 0, 1).window_pages == 4  # a window tombstone: KV and state stay
+    assert wcache.match(toks(1, 4), 4).length == 0
+    wcache.unlock(m)  # the window tombstone at a leaf is useless now: it goes
+    assert wcache.num_nodes == 0
+    wcache.check_invariants()
+
+
+def test_host_tier_takes_evicted_checkpoints():
+    buf = buffer()
+    cache = ulacache.PrefixCache(ulacache.PrefixCacheConfig(page_tokens=1), buf)
+    cache.attach_host_tier(buf, 2)
+    cache.attach_copy_backend(buf)
+    with pytest.raises(ulacache.FailedPreconditionError):
+        cache.attach_host_tier(buf, 2)
+    insert(cache, buf, toks(1, 4))
+    ev = cache.evict(0, 1)
+    assert ev.offloaded == 1 and cache.holds_on_host(toks(1, 4)) and not cache.holds(toks(1, 4))
+    assert not cache.kv_on_host(toks(1, 4))
+    probe = cache.match(toks(1, 5), 4)
+    assert probe.length == 0 and probe.host_length == 4
+    m = cache.match_copy_on_write(toks(1, 5), 4)
+    assert m.length == 4 and cache.holds(toks(1, 4)) and not cache.holds_on_host(toks(1, 4))
+    assert cache.metrics().host_hits == 1 and cache.metrics().host_checkpoints == 0
+    cache.unlock(m)
+    buf.free(m.copy_state)
+    cache.check_invariants()
