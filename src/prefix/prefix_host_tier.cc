@@ -94,7 +94,7 @@ bool PrefixCache::Offload(std::uint32_t id, EvictionStats& stats) {
   for (BlockId b : {c.state, c.window}) {
     if (b.valid()) ULA_CHECK(allocator_->Unpin(b).has_value());
   }
-  if (!copied) return false;
+  if (!copied) return false;  // nothing published: the checkpoint stays on device
   free_host_.pop_back();
   Update(id, [&] {
     n.host = slot;
