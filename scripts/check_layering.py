@@ -50,6 +50,7 @@ HEADER_LAYER = {
     "check": "core",
     "ids": "core",
     "location": "core",
+    "step_arrays": "core",  # plain arrays and records: the kernels (below sparse) and the engine step read it
     "tp_fabric": "sparse",
 }
 

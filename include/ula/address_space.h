@@ -180,6 +180,7 @@ class AddressSpace {
  private:
   friend class StepPlanner;
   friend class EngineStepPlanner;
+  friend class KernelStepPlanner;
   AddressSpace(const AddressSpaceConfig& config, Backend& backend, std::unique_ptr<State> state);
 
   AddressSpaceConfig config_;
