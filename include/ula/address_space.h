@@ -286,6 +286,7 @@ class AddressSpace {
  private:
   friend class StepPlanner;
   friend class EngineStepPlanner;
+  friend class KernelStepPlanner;
   AddressSpace(const AddressSpaceConfig& config, Backend& backend, std::unique_ptr<State> state);
   Status RunMoves(std::span<const CopyDescriptor> moves);
 

@@ -54,6 +54,9 @@ class HierBitmap {
   // Level-0 words, for word-parallel code.
   std::size_t num_words() const { return levels_[0].size(); }
   std::uint64_t word(std::size_t w) const { return levels_[0][w]; }
+  // [num_words()] the level-0 words, for data-parallel readers (src/kernels); valid until the
+  // next non-const call.
+  const std::uint64_t* words() const { return levels_[0].data(); }
   // word(w) |= bits / word(w) &= ~bits, keeping summaries and count exact.
   void OrWord(std::size_t w, std::uint64_t bits);
   void AndNotWord(std::size_t w, std::uint64_t bits);

@@ -124,6 +124,21 @@ class PbLru final : public ResidencyPolicy {
   // wrap after 2^32 rounds does. For tests of that wrap.
   void RebaseRoundsForTesting(std::uint32_t round) noexcept { RebaseRounds(round); }
   std::uint32_t recent_buckets() const { return static_cast<std::uint32_t>(ring_.size() - 1); }
+  // The buckets a victim may come from, in ClaimVictims' order — cold, then the recent buckets
+  // oldest to newest, never the current one — as their level-0 words ([capacity / 64] each)
+  // and counts, for the step's kernels (src/kernels: the victims are the lowest set bits of
+  // these words read in this order). Replaces the lists' contents; the pointers are valid
+  // until the next non-const call. Claiming the slots found there is Touch(victims).
+  void VictimBuckets(std::vector<const std::uint64_t*>& words, std::vector<std::uint64_t>& counts) const {
+    words.clear();
+    counts.clear();
+    words.push_back(cold_.words());
+    counts.push_back(cold_.Count());
+    for (std::uint32_t age = recent_buckets(); age >= 1; --age) {
+      words.push_back(RingAt(age).words());
+      counts.push_back(RingAt(age).Count());
+    }
+  }
 
  private:
   const HierBitmap& current() const { return ring_[cur_]; }

@@ -12,6 +12,7 @@
 #include "ula/backend.h"
 #include "backend/fault_backend.h"
 #include "ula/step_planner.h"
+#include "sparse/kernel_step_planner.h"
 
 namespace ula {
 
@@ -42,7 +43,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
  public:
   Verifier(const VerifierConfig& cfg, std::unique_ptr<Backend> backend, std::unique_ptr<FaultInjectingBackend> faults,
            std::unique_ptr<AddressSpace> space)
-      : Core(cfg), backend_(std::move(backend)), faults_(std::move(faults)), space_(std::move(space)), planner_(*space_) {
+      : Core(cfg), backend_(std::move(backend)), faults_(std::move(faults)), space_(std::move(space)), planner_(*space_, cfg.kernel_planner) {
     if (faults_) faults_->set_armed(false);  // armed only around planner steps
     for (std::uint32_t r = 0; r < cfg.num_ranks; ++r) {
       caches_.push_back(SparsePrefixCache::Create(*space_, Rank(static_cast<std::uint16_t>(r))).value());
@@ -249,7 +250,17 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<FaultInjectingBackend> faults_;  // over backend_, when fault_rate > 0
   std::unique_ptr<AddressSpace> space_;
-  StepPlanner planner_;
+  // The planner under test: the CPU reference or the kernel planner (VerifierConfig).
+  struct Planner {
+    Planner(AddressSpace& space, bool kernels) : cpu(space), kernel(space), use_kernels(kernels) {}
+    Result<StepStats> Step(const StepInput& in, std::span<SlotId> out) {
+      return use_kernels ? kernel.Step(in, out) : cpu.Step(in, out);
+    }
+    StepPlanner cpu;
+    KernelStepPlanner kernel;
+    bool use_kernels;
+  };
+  Planner planner_;
   std::vector<std::unique_ptr<SparsePrefixCache>> caches_;  // sharing: one per rank (destroyed first)
 };
 

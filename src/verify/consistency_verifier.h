@@ -44,6 +44,9 @@ struct VerifierConfig {
   // (shared addresses and a SparsePrefixCache per rank; verifier_core.h, "Sharing"). In
   // [0, 100]; 0 draws the same numbers as before sharing existed.
   std::uint32_t share_percent = 0;
+  // true: the steps run through KernelStepPlanner (the step's kernels in their OpenMP form,
+  // sparse/kernel_step_planner.h) instead of the CPU reference StepPlanner; same checks.
+  bool kernel_planner = false;
 
   Status Validate() const;
 };

@@ -52,6 +52,7 @@
 #include "workload/selection_model.h"
 #include "serving/serving_config.h"
 #include "ula/step_planner.h"
+#include "sparse/kernel_step_planner.h"
 
 namespace ula::cli {
 namespace {
@@ -71,6 +72,7 @@ struct PlannerOptions {
   std::uint64_t seed = 1;
   bool json = false;
   bool claim_sweep = false;
+  std::string planner = "cpu";  // cpu (StepPlanner) or kernels (KernelStepPlanner, OpenMP form)
   std::uint32_t claim_capacity = 1u << 21;
   std::vector<std::uint32_t> claim_demands{1024, 4096, 16384, 65536, 262144};
   std::uint32_t claim_reps = 9;
@@ -280,6 +282,8 @@ int Run(const PlannerOptions& o) {
       auto selection = SelectionModel::Create([&] { auto p = scenario->selection; p.top_k = model->top_k; return p; }());
       if (!selection) return fail(selection.error().ToString());
       StepPlanner planner(**space);
+      KernelStepPlanner kernel_planner(**space);
+      const bool kernels = o.planner == "kernels";
       std::vector<std::vector<std::uint32_t>> picks;
       std::vector<LogicalAddr> sel;
       std::vector<SelectionRun> runs;
@@ -295,6 +299,7 @@ int Run(const PlannerOptions& o) {
         if (auto s = planner.SetOptions({o.threads[k], o.prefetch_distance, o.parallel_claim_min_victims}); !s) {
           return fail(s.error().ToString());
         }
+        if (auto s = kernel_planner.SetOptions({.threads = o.threads[k]}); !s) return fail(s.error().ToString());
         for (std::uint32_t g = 0; g < groups; ++g) {
           sel.clear();
           runs.clear();
@@ -310,7 +315,8 @@ int Run(const PlannerOptions& o) {
           slots.resize(sel.size());
           const StepPlannerCounters before = planner.counters();
           const auto t0 = std::chrono::steady_clock::now();
-          auto stats = planner.Step({Rank(0), GroupId(static_cast<std::uint16_t>(g)), sel, runs}, slots);
+          const StepInput input{Rank(0), GroupId(static_cast<std::uint16_t>(g)), sel, runs};
+          auto stats = kernels ? kernel_planner.Step(input, slots) : planner.Step(input, slots);
           const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
           if (!stats) return fail(fmt::format("{} batch {} group {}: {}", name, batch, g, stats.error().ToString()));
           if (step >= o.warmup) {
@@ -371,14 +377,16 @@ int Run(const PlannerOptions& o) {
                              {"evictions_per_group_step", r.evictions / r.group_steps},
                              {"claim_us_mean", r.claim_ns / 1e3 / static_cast<double>(r.group_steps)},
                              {"claim_share", r.claim_ns / 1e6 / r.total_ms},
-                             {"parallel_claim_steps", r.parallel_claims}});
+                             {"parallel_claim_steps", r.parallel_claims},
+                             {"planner", o.planner},
+                             {"step_share_of_gpu_group", r.gpu_group_ms > 0 ? r.group_ms_median / r.gpu_group_ms : -1.0}});
     }
     fmt::print("{}\n", out.dump());
     return 0;
   }
-  fmt::print("ula bench planner: DP, one rank of 8, counting backend, {} groups x {} B entries, {} warm-up + {} "
+  fmt::print("ula bench planner ({} planner): DP, one rank of 8, counting backend, {} groups x {} B entries, {} warm-up + {} "
              "measured steps per thread count, prefetch distance {}, parallel claim from {} victims, device pool x {}\n",
-             groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims, o.device_fraction);
+             o.planner, groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims, o.device_fraction);
   fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>5}\n", "config",
              "batch", "T", "distinct/g", "group_ms", "ns/sel", "read_ns", "ratio", "hit", "table_MB", "gpu_ms/g",
              "evict/g", "claim_us", "claim%", "par");
@@ -419,6 +427,10 @@ Action SetupPlanner(CLI::App& app) {
   app.add_option("--warmup", o->warmup, "unmeasured steps first")->capture_default_str()->check(IntIn(0, 1000));
   app.add_option("--seed", o->seed, "request lengths")->capture_default_str()->check(Seed());
   app.add_flag("--json", o->json, "print one JSON object");
+  app.add_option("--planner", o->planner,
+                 "cpu (StepPlanner) or kernels (the step's kernels in their OpenMP form, KernelStepPlanner: T = "
+                 "its OpenMP team; no claim counters)")
+      ->check(CLI::IsMember({"cpu", "kernels"}))->capture_default_str();
   app.add_flag("--claim-sweep", o->claim_sweep, "time PB-LRU's victim claim alone, serial against T threads");
   app.add_option("--claim-capacity", o->claim_capacity, "--claim-sweep: slots of the pool")
       ->capture_default_str()

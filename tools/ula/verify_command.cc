@@ -41,6 +41,11 @@ Action SetupVerify(CLI::App& app) {
       ->check(IntIn(0, 100));
   app.add_option("--policy", *policy, "residency policy")->capture_default_str();
   app.add_flag("--json", *json, "print one JSON object");
+  auto planner = std::make_shared<std::string>("cpu");
+  app.add_option("--planner", *planner,
+                 "dp: cpu (the reference StepPlanner) or kernels (the step's kernels in their OpenMP form, "
+                 "KernelStepPlanner)")
+      ->check(CLI::IsMember({"cpu", "kernels"}))->capture_default_str();
   auto attention_model = std::make_shared<std::string>("tiny_glm");
   auto attention_steps = std::make_shared<std::uint32_t>(16);
   app.add_option("--attention-model", *attention_model, "float32 model config for the attention check")
@@ -58,12 +63,18 @@ Action SetupVerify(CLI::App& app) {
                  "each shard, merged by log-sum-exp)")
       ->check(CLI::IsMember({"local_buffer", "at_home"}))
       ->capture_default_str();
-  return [cfg, json, policy, mode, mpi, attention_model, attention_steps, tp_attention]() -> int {
+  return [cfg, json, policy, mode, mpi, attention_model, attention_steps, tp_attention, planner]() -> int {
     if (*mpi && *mode != "tp") {
       fmt::print(stderr, "ula verify: --mpi needs --mode tp (the DP verifier has no MPI mode: its ranks share one "
                          "process)\n");
       return 2;
     }
+    if (*planner == "kernels" && *mode == "tp") {
+      fmt::print(stderr, "ula verify: --planner kernels is built for --mode dp only (the TP planner has no kernel "
+                         "form yet, issue 26)\n");
+      return 2;
+    }
+    cfg->kernel_planner = *planner == "kernels";
     if (*mode == "tp") {
       return RunTpVerify({.seed = cfg->seed, .ops = cfg->ops, .ranks = cfg->num_ranks, .groups = cfg->num_groups,
                           .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,
@@ -130,6 +141,7 @@ Action SetupVerify(CLI::App& app) {
                        {"locked_checks", r.locked_checks},
                        {"sharing_failures", r.sharing_failures},
                        {"policy", *policy},
+                       {"planner", *planner},
                        {"seconds", seconds},
                        {"failures", r.first_failures},
                        {"attention_model", *attention_model},

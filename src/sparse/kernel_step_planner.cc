@@ -1,0 +1,327 @@
+#include "sparse/kernel_step_planner.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "kernels/step_kernels.h"
+#include "policy/pb_lru.h"
+#include "sparse/address_space_state.h"
+#include "ula/check.h"
+
+namespace ula {
+
+static_assert(sizeof(LogicalAddr) == sizeof(std::uint32_t) && sizeof(SlotId) == sizeof(std::uint32_t));
+static_assert(AddressRecords::kStampShift == kernels::kStampShift);
+static_assert(Location::Make(Tier::kDevice, Rank(0), SlotId(0)).bits() >> 48 == kernels::kTierDeviceCode);
+static_assert(Location::Make(Tier::kHost, Rank(0), SlotId(0)).bits() >> 48 == kernels::kTierHostCode);
+
+Status KernelStepPlannerOptions::Validate() const {
+  if (threads < 1 || threads > kMaxThreads) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("KernelStepPlannerOptions.threads = {}: must be in [1, {}]",
+                                                              threads, kMaxThreads));
+  }
+  return Ok();
+}
+
+KernelStepPlanner::KernelStepPlanner(AddressSpace& space) : space_(space) {}
+
+Status KernelStepPlanner::SetOptions(const KernelStepPlannerOptions& options) {
+  ULA_RETURN_IF_ERROR(options.Validate());
+  options_ = options;
+  return Ok();
+}
+
+namespace {
+// The error of an invalid selection, built off the kernels (the CPU planner's messages).
+Error SelectionError(const AddressSpace::State& st, const AddressRecords& table, std::size_t i, LogicalAddr a,
+                     const RequestState& holder, Rank rank) {
+  const Location loc = table.Get(a);
+  if (loc.is_none()) {
+    return Error(ErrorCode::kNotFound, fmt::format("selection {}: logical address {} is not live (freed, or never "
+                                                   "allocated)", i, a.value()));
+  }
+  if (!st.Holds(holder, a)) {
+    std::uint64_t owner = 0, wanted = 0;
+    for (const auto& [id, req] : st.requests) {
+      if (req.tag == st.owner[a.value()]) owner = id.value();
+      if (req.tag == holder.tag) wanted = id.value();
+    }
+    if (st.owner[a.value()] == kSharedTag) {
+      return Error(ErrorCode::kNotFound,
+                   fmt::format("selection {}: logical address {} is a shared address that request {} does not hold "
+                               "(it never adopted it, or released it): refused", i, a.value(), wanted));
+    }
+    return Error(ErrorCode::kNotFound,
+                 fmt::format("selection {}: logical address {} belongs to request {}, not to request {} (a stale "
+                             "address, freed and reused?): refused", i, a.value(), owner, wanted));
+  }
+  return Error(ErrorCode::kInvalidArgument, fmt::format("selection {}: address {} lives on rank {}, not rank {}", i,
+                                                        a.value(), loc.rank().value(), rank.value()));
+}
+
+// The calling thread's OpenMP team for the kernels of one step, restored after.
+class TeamSize {
+ public:
+  explicit TeamSize(std::uint32_t threads) : saved_(omp_get_max_threads()) {
+    omp_set_num_threads(static_cast<int>(threads));
+  }
+  ~TeamSize() { omp_set_num_threads(saved_); }
+  TeamSize(const TeamSize&) = delete;
+  TeamSize& operator=(const TeamSize&) = delete;
+
+ private:
+  int saved_;
+};
+
+const std::uint32_t* Raw(std::span<const LogicalAddr> s) { return reinterpret_cast<const std::uint32_t*>(s.data()); }
+std::span<const SlotId> Slots(const std::vector<std::uint32_t>& v, std::size_t begin = 0) {
+  return {reinterpret_cast<const SlotId*>(v.data()) + begin, v.size() - begin};
+}
+}  // namespace
+
+Result<StepStats> KernelStepPlanner::Step(const StepInput& input, std::span<SlotId> out_slots) {
+  descriptors_.clear();
+  AddressSpace::State& st = *space_.state_;
+  const AddressSpaceConfig& cfg = space_.config();
+  if (input.rank.value() >= cfg.num_ranks) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} is out of range ({} ranks)", input.rank.value(), cfg.num_ranks));
+  }
+  if (input.group.value() >= cfg.num_groups) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", input.group.value(), cfg.num_groups));
+  }
+  if (out_slots.size() != input.selections.size()) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("{} output slots for {} selections", out_slots.size(), input.selections.size()));
+  }
+  if (input.selections.size() >= std::numeric_limits<std::uint32_t>::max()) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("{} selections: at most 2^32 - 2 per step",
+                                                              input.selections.size()));
+  }
+  AddressRecords& table = st.tables[input.group.value()];
+  GroupPools& gp = st.at(input.rank, input.group);
+  ULA_CHECK(table.size() == st.owner.size());
+  ULA_RETURN_IF_ERROR(CheckSelectionRuns(input.runs, input.selections.size()));
+
+  // The runs as arrays: starts, holders' tags and adopted lists. A run of an unknown request
+  // ends the selections the kernels see (its first selection fails, unless an earlier one does).
+  std::size_t end = input.selections.size(), bad_run = 0;
+  run_starts_.clear();
+  run_tags_.clear();
+  adopted_starts_.assign(1, 0);
+  adopted_.clear();
+  std::vector<const RequestState*> holders;
+  {
+    std::uint32_t first = 0;
+    for (std::size_t r = 0; r < input.runs.size(); ++r) {
+      const SelectionRun& run = input.runs[r];
+      const RequestState* req = nullptr;
+      if (run.count != 0) {
+        auto it = st.requests.find(run.request);
+        if (it == st.requests.end()) {
+          end = first;
+          bad_run = r;
+          break;
+        }
+        req = &it->second;
+      }
+      holders.push_back(req);
+      run_starts_.push_back(first);
+      run_tags_.push_back(req != nullptr ? req->tag : 0);
+      if (req != nullptr) {
+        for (LogicalAddr a : req->adopted) adopted_.push_back(a.value());
+      }
+      adopted_starts_.push_back(static_cast<std::uint32_t>(adopted_.size()));
+      first += run.count;
+    }
+    run_starts_.push_back(first);
+  }
+  const auto n = static_cast<std::uint32_t>(end);
+  if (first_.size() < table.size()) first_.resize(table.size());
+  kind_.resize(n);
+  hit_first_.resize(n);
+  miss_first_.resize(n);
+  pos_.resize(n);
+  TeamSize team(options_.threads);
+
+  // 1-3. Validate, dedup, classify; compact the distinct hits and misses.
+  kernels::ClassifyArgs args;
+  args.selections = Raw(input.selections);
+  args.n = n;
+  args.run_starts = run_starts_.data();
+  args.num_runs = static_cast<std::uint32_t>(run_tags_.size());
+  args.run_tags = run_tags_.data();
+  args.adopted_starts = adopted_starts_.data();
+  args.adopted = adopted_.data();
+  args.records = table.data();
+  args.table_size = table.size();
+  args.owner = st.owner.data();
+  args.first = first_.data();
+  args.epoch = table.NextEpoch();
+  args.rank = input.rank.value();
+  args.kind = kind_.data();
+  args.slots = reinterpret_cast<std::int32_t*>(out_slots.data());
+  args.hit_first = hit_first_.data();
+  args.miss_first = miss_first_.data();
+  if (const std::uint32_t bad = kernels::omp::Classify(0, args); bad != kernels::kNoSelection) {
+    return std::unexpected(SelectionError(st, table, bad, input.selections[bad], *holders[kernels::omp::RunOfForHost(run_starts_.data(), args.num_runs, bad)], input.rank));
+  }
+  if (end != input.selections.size()) {
+    return MakeError(ErrorCode::kNotFound,
+                     fmt::format("selection {}: request {} of its run is unknown or freed (a stale selection?): "
+                                 "refused", end, input.runs[bad_run].request.value()));
+  }
+  hits_.resize(n);
+  missed_.resize(n);
+  hits_.resize(kernels::omp::Compact(0, hit_first_.data(), pos_.data(), n,
+                                     reinterpret_cast<const std::uint32_t*>(out_slots.data()), hits_.data()));
+  missed_.resize(kernels::omp::Compact(0, miss_first_.data(), pos_.data(), n, args.selections, missed_.data()));
+  const std::size_t n_distinct = hits_.size() + missed_.size();
+
+  // Room, as the CPU planner decides it.
+  std::uint64_t evictable = gp.policy->NumEvictable();
+  const bool fits_anyway =
+      evictable >= hits_.size() && missed_.size() <= gp.device.num_free() + (evictable - hits_.size());
+  std::uint64_t newly_used = 0;
+  if (!fits_anyway) {
+    for (SlotId s : Slots(hits_)) newly_used += !gp.policy->UsedInCurrentRound(s);
+  }
+  evictable -= newly_used;
+  if (!fits_anyway && missed_.size() > gp.device.num_free() + evictable) {
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("step needs {} distinct entries on device ({} missing) but only {} free and {} "
+                                 "evictable slots remain of {} in rank {} group {}: {} entries are used in this "
+                                 "round (allocated or selected since the last AdvanceRound(), this step's hits "
+                                 "included) and cannot be evicted: call AdvanceRound() after the round's "
+                                 "attention, or select fewer entries per round",
+                                 n_distinct, missed_.size(), gp.device.num_free(), evictable,
+                                 gp.device.capacity(), input.rank.value(), input.group.value(),
+                                 gp.device.num_used() - evictable));
+  }
+  gp.policy->Touch(Slots(hits_));
+
+  // 4. Device slots: the lowest free slots, then PB-LRU's victims, as bit ranks.
+  const auto n_miss = static_cast<std::uint32_t>(missed_.size());
+  const auto n_free = std::min<std::uint32_t>(n_miss, gp.device.num_free());
+  targets_.resize(n_miss);
+  auto* pb = dynamic_cast<policy::PbLru*>(gp.policy.get());
+  if (n_miss > 0) {
+    kernels::BitmapSources sources;
+    sources.num_words = static_cast<std::uint32_t>(gp.device.free_bitmap().num_words());
+    sources.words[sources.num_sources++] = gp.device.free_bitmap().words();
+    std::uint64_t have = gp.device.num_free();
+    if (pb != nullptr && n_miss > n_free) {
+      pb->VictimBuckets(bucket_words_, bucket_counts_);
+      ULA_CHECK(bucket_words_.size() < kernels::BitmapSources::kMax);
+      for (std::size_t b = 0; b < bucket_words_.size() && have < n_miss; ++b) {
+        if (bucket_counts_[b] == 0) continue;
+        sources.words[sources.num_sources++] = bucket_words_[b];
+        have += bucket_counts_[b];
+      }
+    }
+    const std::uint32_t need = pb != nullptr ? n_miss : n_free;
+    const std::size_t words = std::size_t{sources.num_sources} * sources.num_words;
+    if (word_counts_.size() < words) {
+      word_counts_.resize(words);
+      word_offsets_.resize(words);
+    }
+    ULA_CHECK(kernels::omp::TakeLowest(0, sources, need, word_counts_.data(), word_offsets_.data(), targets_.data()) ==
+              need);  // the room check passed
+    for (std::uint32_t i = 0; i < n_free; ++i) ULA_CHECK(gp.device.Allocate().value().value() == targets_[i]);
+    const auto victims = std::span(reinterpret_cast<SlotId*>(targets_.data()) + n_free, n_miss - n_free);
+    if (pb != nullptr) {
+      gp.policy->Touch(victims);  // what ClaimVictims does to the slots it returns
+    } else if (!victims.empty()) {
+      ULA_CHECK(gp.policy->ClaimVictims(victims) == victims.size());
+    }
+  }
+
+  // 5. Descriptors, copies, then the publish of what arrived.
+  StepStats stats;
+  stats.selections = input.selections.size();
+  stats.distinct = n_distinct;
+  stats.hits = hits_.size();
+  stats.misses = n_miss;
+  stats.into_free = n_free;
+  stats.evictions = n_miss - n_free;
+  if (n_miss > 0) {
+    descriptors_.resize(n_miss);
+    kernels::DescriptorArgs d;
+    d.missed = missed_.data();
+    d.targets = targets_.data();
+    d.records = table.data();
+    d.n_miss = n_miss;
+    d.n_free = n_free;
+    d.entry_bytes = cfg.entry_bytes;
+    d.rank = input.rank.value();
+    d.group = input.group.value();
+    d.out = descriptors_.data();
+    kernels::omp::MakeDescriptors(0, d);
+    CopyBatch fetch{gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
+    CopyBatch swap{gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, /*swap=*/true, {}};
+    fetch.moves.reserve(n_free);
+    swap.moves.reserve(n_miss - n_free);
+    for (std::uint32_t i = 0; i < n_miss; ++i) {
+      const CopyDescriptor& c = descriptors_[i];
+      (i < n_free ? fetch : swap).moves.push_back({gp.host.offset(SlotId(c.src_slot)), gp.device.offset(SlotId(c.dst_slot))});
+    }
+    stats.bytes_moved = (fetch.moves.size() + 2 * swap.moves.size()) * std::uint64_t{cfg.entry_bytes};
+    CopyBatch* batches[2] = {&fetch, &swap};
+    Fence fences[2] = {0, 0};
+    std::string failed[2];
+    for (int k = 0; k < 2; ++k) {
+      if (batches[k]->moves.empty()) continue;
+      auto fence = space_.backend().Submit(std::move(*batches[k]));
+      if (fence) fences[k] = *fence;
+      else failed[k] = fence.error().message();
+    }
+    for (int k = 0; k < 2; ++k) {
+      if (fences[k] == 0) continue;
+      if (auto w = space_.backend().Wait(fences[k]); !w) failed[k] = w.error().message();
+    }
+    // Bytes have arrived (or not): publish the batches that completed.
+    kernels::PublishArgs p;
+    p.descriptors = descriptors_.data();
+    p.n = n_miss;
+    p.n_free = n_free;
+    p.copies_ok = failed[0].empty();
+    p.swaps_ok = failed[1].empty();
+    p.records = table.data();
+    p.device_owner = reinterpret_cast<std::uint32_t*>(gp.device_owner.data());
+    kernels::omp::Publish(0, p);
+    for (std::uint32_t i = 0; i < n_free; ++i) {
+      const CopyDescriptor& c = descriptors_[i];
+      if (!p.copies_ok) {
+        ULA_CHECK(gp.device.Free(SlotId(c.dst_slot)).has_value());  // not copied: the free slot goes back
+        continue;
+      }
+      ULA_CHECK(gp.host.Free(SlotId(c.src_slot)).has_value());
+      gp.policy->Insert(SlotId(c.dst_slot));
+    }
+    if (!failed[0].empty() || !failed[1].empty()) {
+      ULA_EXPENSIVE_CHECK(space_);
+      const bool both = !failed[0].empty() && !failed[1].empty();
+      return MakeError(ErrorCode::kIo,
+                       fmt::format("rank {} group {}: {}{}{}", input.rank.value(), input.group.value(),
+                                   failed[0].empty() ? "" : fmt::format("host->device copy of {} entries failed ({})", n_free, failed[0]),
+                                   both ? "; " : "",
+                                   failed[1].empty() ? "" : fmt::format("host<->device swap of {} entries failed ({})", n_miss - n_free, failed[1])));
+    }
+  }
+
+  // 6. The misses' selections read their published slots.
+  kernels::IndexArgs ix;
+  ix.selections = args.selections;
+  ix.kind = kind_.data();
+  ix.records = table.data();
+  ix.n = n;
+  ix.slots = args.slots;
+  kernels::omp::WriteIndices(0, ix);
+  ULA_EXPENSIVE_CHECK(space_);
+  return stats;
+}
+
+}  // namespace ula
