@@ -74,7 +74,8 @@ struct DescriptorArgs {
   const std::uint32_t* targets = nullptr;  // [n_miss] device slots (free ones first)
   const std::uint64_t* records = nullptr;  // [table] their host locations
   std::uint32_t n_miss = 0, n_free = 0;
-  std::uint32_t entry_bytes = 0;
+  std::uint32_t row_bytes = 0;             // one layer's row (step_arrays.h coordinates)
+  std::uint16_t num_layers = 1;            // rows per entry: the group's layers
   std::uint16_t rank = 0, group = 0;
   CopyDescriptor* out = nullptr;           // [n_miss]
 };

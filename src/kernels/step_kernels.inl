@@ -184,9 +184,9 @@ struct Describe {
     CopyDescriptor d;
     d.src_slot = host_slot;
     d.dst_slot = a.targets[i];
-    d.src_offset = std::uint64_t{host_slot} * a.entry_bytes;
-    d.dst_offset = std::uint64_t{d.dst_slot} * a.entry_bytes;
-    d.bytes = a.entry_bytes;
+    d.src_offset = std::uint64_t{host_slot} * a.row_bytes;  // in every layer's region
+    d.dst_offset = std::uint64_t{d.dst_slot} * a.row_bytes;
+    d.bytes = a.row_bytes;
     d.addr = addr;
     d.src_rank = a.rank;
     d.dst_rank = a.rank;
@@ -194,7 +194,7 @@ struct Describe {
     d.src_tier = 1;  // Tier::kHost
     d.dst_tier = 0;  // Tier::kDevice
     d.op = static_cast<std::uint8_t>(i < a.n_free ? CopyOp::kCopy : CopyOp::kSwap);
-    d.num_layers = 1;
+    d.num_layers = a.num_layers;
     a.out[i] = d;
   }
 };

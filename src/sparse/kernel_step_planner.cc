@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 
+#include "backend/copy_publish.h"
 #include "kernels/step_kernels.h"
 #include "policy/pb_lru.h"
 #include "sparse/address_space_state.h"
@@ -180,6 +181,14 @@ Result<StepStats> KernelStepPlanner::Step(const StepInput& input, std::span<Slot
                                      reinterpret_cast<const std::uint32_t*>(out_slots.data()), hits_.data()));
   missed_.resize(kernels::omp::Compact(0, miss_first_.data(), pos_.data(), n, args.selections, missed_.data()));
   const std::size_t n_distinct = hits_.size() + missed_.size();
+  for (std::uint32_t a : missed_) {  // a new entry's write slot never moves in its round (as StepPlanner)
+    if (gp.IsNewOnHost(LogicalAddr(a))) {
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("address {} was placed on host by this round's Allocate (the device held only "
+                                   "this round's entries): its KV is written at that host slot, so this round "
+                                   "cannot move it; select it after AdvanceRound()", a));
+    }
+  }
 
   // Room, as the CPU planner decides it.
   std::uint64_t evictable = gp.policy->NumEvictable();
@@ -255,40 +264,30 @@ Result<StepStats> KernelStepPlanner::Step(const StepInput& input, std::span<Slot
     d.records = table.data();
     d.n_miss = n_miss;
     d.n_free = n_free;
-    d.entry_bytes = cfg.entry_bytes;
+    d.row_bytes = cfg.row();
+    d.num_layers = static_cast<std::uint16_t>(gp.num_layers);
     d.rank = input.rank.value();
     d.group = input.group.value();
     d.out = descriptors_.data();
     kernels::omp::MakeDescriptors(0, d);
-    CopyBatch fetch{gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
-    CopyBatch swap{gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, /*swap=*/true, {}};
-    fetch.moves.reserve(n_free);
-    swap.moves.reserve(n_miss - n_free);
+    // The copies through the one copy -> wait primitive (backend/copy_publish.h), one row
+    // per layer of each entry; the publish below runs as a kernel over what arrived.
+    CopyPublish cp(gp.host.arena().id, gp.device.arena().id, cfg.row(), n_free, n_miss - n_free, gp.num_layers);
     for (std::uint32_t i = 0; i < n_miss; ++i) {
       const CopyDescriptor& c = descriptors_[i];
-      (i < n_free ? fetch : swap).moves.push_back({gp.host.offset(SlotId(c.src_slot)), gp.device.offset(SlotId(c.dst_slot))});
+      cp.AddEntry([&](std::vector<SlotMove>& rows) {
+        gp.AppendMoves(Tier::kHost, SlotId(c.src_slot), SlotId(c.dst_slot), rows);
+      });
     }
-    stats.bytes_moved = (fetch.moves.size() + 2 * swap.moves.size()) * std::uint64_t{cfg.entry_bytes};
-    CopyBatch* batches[2] = {&fetch, &swap};
-    Fence fences[2] = {0, 0};
-    std::string failed[2];
-    for (int k = 0; k < 2; ++k) {
-      if (batches[k]->moves.empty()) continue;
-      auto fence = space_.backend().Submit(std::move(*batches[k]));
-      if (fence) fences[k] = *fence;
-      else failed[k] = fence.error().message();
-    }
-    for (int k = 0; k < 2; ++k) {
-      if (fences[k] == 0) continue;
-      if (auto w = space_.backend().Wait(fences[k]); !w) failed[k] = w.error().message();
-    }
+    stats.bytes_moved = cp.bytes_moved();
+    cp.Run(space_.backend());
     // Bytes have arrived (or not): publish the batches that completed.
     kernels::PublishArgs p;
     p.descriptors = descriptors_.data();
     p.n = n_miss;
     p.n_free = n_free;
-    p.copies_ok = failed[0].empty();
-    p.swaps_ok = failed[1].empty();
+    p.copies_ok = cp.copies_arrived();
+    p.swaps_ok = cp.swaps_arrived();
     p.records = table.data();
     p.device_owner = reinterpret_cast<std::uint32_t*>(gp.device_owner.data());
     kernels::omp::Publish(0, p);
@@ -301,14 +300,9 @@ Result<StepStats> KernelStepPlanner::Step(const StepInput& input, std::span<Slot
       ULA_CHECK(gp.host.Free(SlotId(c.src_slot)).has_value());
       gp.policy->Insert(SlotId(c.dst_slot));
     }
-    if (!failed[0].empty() || !failed[1].empty()) {
+    if (!cp.all_arrived()) {
       ULA_EXPENSIVE_CHECK(space_);
-      const bool both = !failed[0].empty() && !failed[1].empty();
-      return MakeError(ErrorCode::kIo,
-                       fmt::format("rank {} group {}: {}{}{}", input.rank.value(), input.group.value(),
-                                   failed[0].empty() ? "" : fmt::format("host->device copy of {} entries failed ({})", n_free, failed[0]),
-                                   both ? "; " : "",
-                                   failed[1].empty() ? "" : fmt::format("host<->device swap of {} entries failed ({})", n_miss - n_free, failed[1])));
+      return std::unexpected(cp.Failure(fmt::format("rank {} group {}", input.rank.value(), input.group.value())));
     }
   }
 
