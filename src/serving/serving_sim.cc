@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <optional>
 
 #include "workload/rng.h"
@@ -72,7 +73,10 @@ void SetPeak(SystemResult& result) {
       result.peak_tput = pt.tput;
       result.peak_batch = pt.batch;
     }
-    if (pt.batch == 1 && pt.tokens_per_step > 0) result.tpot_b1_ms = pt.step_ms / pt.tokens_per_step;
+    if (pt.batch == 1 && pt.tokens_per_step > 0) {
+      result.tpot_b1_ms = pt.step_ms / pt.tokens_per_step;
+      result.hit_b1 = pt.hit_rate;
+    }
   }
 }
 
@@ -111,6 +115,12 @@ struct RunContext {
   const CompareOptions& options;
 };
 
+// HiSparse's host_to_device_ratio under the scenario's rule: matched to the host budget
+// (baselines.h, HiSparseMatchedRatio), or as configured.
+double HiSparseRatio(const ScenarioConfig& sc, const PlacementRules& rules) {
+  return sc.hisparse_match_host_budget ? HiSparseMatchedRatio(rules) : sc.hisparse_host_to_device_ratio;
+}
+
 PlacementRules MakeRules(const RunContext& ctx, SystemKind system) {
   const ScenarioConfig& sc = ctx.scenario;
   const CostModelInputs& in = ctx.cost.inputs();
@@ -129,15 +139,19 @@ PlacementRules MakeRules(const RunContext& ctx, SystemKind system) {
   rules.working_set_entries = static_cast<std::uint32_t>(std::ceil(
       ctx.model.top_k * (1.0 + (q - 1) * (1.0 - sc.selection.draft_keep))));
   rules.hisparse_buffer_entries = sc.hisparse_buffer_entries;
+  rules.helix_tokens_per_block = sc.helix_tokens_per_block;
   if (system == SystemKind::kHiSparse) {
-    // SGLang sizes HiSparse's pools from the device budget: D device KV slots (the requests'
-    // buffers) and index keys for ratio x D tokens on device, and a host KV pool of ratio x D
-    // tokens (HiSparseDSATokenToKVPool, MLATokenToKVPoolHost with host_size 0). The host pool
-    // caps the histories it can hold, within the host memory.
-    const double ratio = sc.hisparse_host_to_device_ratio;
-    const double pool_tokens = rules.device_bytes_per_rank / (rules.kv_bytes_per_token + ratio * rules.index_bytes_per_token);
-    rules.host_bytes_per_rank = std::min(rules.host_bytes_per_rank, ratio * pool_tokens * rules.kv_bytes_per_token);
+    rules.host_bytes_per_rank = HiSparseHostPoolBytes(rules, HiSparseRatio(sc, rules));
   }
+  if (system == SystemKind::kVllmHiSparse) {
+    // device_buffer_size defaults to (max decode query length + 1) x top-k rows.
+    rules.hisparse_buffer_entries = (q + 1) * ctx.model.top_k;
+    rules.tail_entries = sc.vllm_hisparse_tail_entries;
+  }
+  if (system == SystemKind::kHelix) {
+    rules.device_bytes_per_rank = std::max(0.0, rules.device_bytes_per_rank - ctx.cost.RedundantQkvExtraWeightBytes());
+  }
+  if (!HasHostTier(system)) rules.host_bytes_per_rank = 0;  // nothing of a running request on host
   rules.tp_buffer_entries = system == SystemKind::kUlaCacheAtHome ? 0  // attention at home: no local buffer
                             : in.mtp                                ? sc.tp_buffer_entries_per_request_mtp
                                                                     : sc.tp_buffer_entries_per_request;
@@ -190,6 +204,38 @@ CurvePoint MakePoint(const RunContext& ctx, SystemKind system, std::uint32_t b, 
   return pt;
 }
 
+// One stderr line per system: the memory its rules give it (issue 29 item 1).
+void PrintBudget(const RunContext& ctx, SystemKind system, const PlacementRules& rules) {
+  if (!ctx.options.progress) return;
+  const CostModelInputs& in = ctx.cost.inputs();
+  std::string why;
+  switch (system) {
+    case SystemKind::kHiSparse: {
+      PlacementRules base = rules;
+      base.host_bytes_per_rank = ctx.budget.host_bytes;
+      const double r = HiSparseRatio(ctx.scenario, base);
+      why = std::isinf(r) ? " (host pool: the largest SGLang's ratio allows, index keys of ratio x D tokens fill the device)"
+                          : fmt::format(" (host pool = host_to_device_ratio {:.2f} x device pool{})", r,
+                                        ctx.scenario.hisparse_match_host_budget ? ", matched to the host budget"
+                                                                                : ", as configured");
+      break;
+    }
+    case SystemKind::kVllmHiSparse:
+      why = in.mode == ParallelMode::kTp ? fmt::format(" (one host pool of {:.0f} GB shared by the {} TP ranks)",
+                                                       rules.host_bytes_per_rank * in.num_ranks / 1e9, in.num_ranks)
+                                         : " (one host pool per DP replica)";
+      break;
+    case SystemKind::kHelix:
+      why = fmt::format(" (device less {:.2f} GB of replicated q_b / W_UK)", ctx.cost.RedundantQkvExtraWeightBytes() / 1e9);
+      break;
+    default:
+      if (!HasHostTier(system)) why = " (no host tier for running requests)";
+      break;
+  }
+  ctx.options.progress(fmt::format("  budget {:<13} device {:.2f} GB/GPU, host {:.2f} GB/GPU{}", SystemName(system),
+                                   rules.device_bytes_per_rank / 1e9, rules.host_bytes_per_rank / 1e9, why));
+}
+
 // The batch sizes visited: the grid's below the admission limit, then the limit.
 std::vector<std::uint32_t> BatchGrid(const ScenarioConfig& sc, std::uint32_t admitted) {
   std::vector<std::uint32_t> grid;
@@ -215,8 +261,16 @@ StepCounts CountsOf(const serving_internal::SimSystem& sys, SystemKind system, c
   k.attention_at_home = sys.attention_at_home();
   k.home_entries = c.home;
   k.distinct_entries = c.batch_distinct;
-  k.planner_per_group = IsUlaCache(system);
+  // vllm_hisparse's resolver and gather kernels run per index group on a copy stream,
+  // overlapped within the group like UlaCache's copies; SGLang's swap-in is per layer on the
+  // forward stream.
+  k.planner_per_group = IsUlaCache(system) || system == SystemKind::kVllmHiSparse;
   k.swap_in_per_layer = system == SystemKind::kHiSparse;
+  k.home_exchange = system == SystemKind::kHelix       ? HomeExchange::kHelix
+                    : system == SystemKind::kDcpSglang ? HomeExchange::kDcpPacked
+                    : system == SystemKind::kDcp       ? HomeExchange::kDcp
+                                                       : HomeExchange::kUlaCache;
+  k.redundant_qkv = system == SystemKind::kHelix;
   return k;
 }
 
@@ -229,7 +283,13 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   result.system = system;
 
   const PlacementRules rules = MakeRules(ctx, system);
+  PrintBudget(ctx, system, rules);
   result.admitted = MaxAdmitted(rules, ctx.finals);
+  {
+    double admitted_tokens = 0;
+    for (std::uint32_t i = 0; i < result.admitted; ++i) admitted_tokens += ctx.finals[i];
+    result.fill = FillOf(rules, admitted_tokens, HasHostTier(system) ? ctx.budget.host_bytes : 0);
+  }
   if (result.admitted == 0) {
     result.note = "admits no request: one request's history does not fit its placement rules";
     return result;
@@ -239,6 +299,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   cfg.rules = rules;
   if (!tp) cfg.rules.num_ranks = 1;  // the simulated rank
   cfg.group_entry_bytes = ctx.model.group_entry_bytes();
+  cfg.resident_device_bytes = rules.device_bytes_per_rank;
   if (IsUlaCache(system)) {
     double sum_final = 0;
     for (std::uint32_t i = 0; i < result.admitted; ++i) sum_final += ctx.finals[i];
@@ -375,7 +436,10 @@ Result<bool> SharedLimit(const RunContext& ctx, const serving_internal::SharedSt
   SharingResult& sh = result.sharing;
   sh.on = true;
   sh.distinct_fraction = lim.named_tokens > 0 ? double(lim.stored_tokens) / double(lim.named_tokens) : 0;
-  sh.copies_per_node = tp && !IsUlaCache(result.system) ? p : 1;  // TP baselines: a full copy per GPU
+  // TP all-GPU and SGLang HiSparse: a full copy per GPU (MLA's latent KV is replicated under
+  // TP, HiSparse's host pool is per GPU); the striped systems and vLLM's shared host pool: one.
+  const bool copies = result.system == SystemKind::kAllGpu || result.system == SystemKind::kHiSparse;
+  sh.copies_per_node = tp && copies ? p : 1;
   sh.prefill_saved_at_limit = lim.prefill_saved;
   sh.input_tokens_at_limit = lim.input_tokens;
   sh.max_rank_load = !tp && lim.admitted > 0 ? double(lim.max_load) * p / lim.admitted : 1;
@@ -541,8 +605,10 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
   SystemResult result;
   result.system = system;
   const PlacementRules rules = MakeRules(ctx, system);
+  PrintBudget(ctx, system, rules);
   serving_internal::SharedAdmissionLimit lim;
   auto fits = SharedLimit(ctx, stream, rules, result, lim);
+  result.fill = FillOf(rules, double(lim.stored_tokens), HasHostTier(system) ? ctx.budget.host_bytes : 0);
   if (!fits) return std::unexpected(fits.error());
   if (!*fits) return result;
 
@@ -552,6 +618,7 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
   // The shared ledger decides admission; the adapter's own ledger must not bind.
   cfg.rules.device_bytes_per_rank = cfg.rules.host_bytes_per_rank = 1e30;
   cfg.group_entry_bytes = ctx.model.group_entry_bytes();
+  cfg.resident_device_bytes = rules.device_bytes_per_rank;
   if (IsUlaCache(system)) {
     // Index keys of the stored (deduplicated) tokens: TP a 1/P stripe of the node's, DP the
     // fullest rank's.
