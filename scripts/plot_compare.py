@@ -20,8 +20,12 @@ STYLE = {
     "hisparse": ("HiSparse", "tab:orange", "^"),
     "ulacache": ("UlaCache", "tab:blue", "o"),
     "ulacache_home": ("UlaCache, attention at home", "tab:green", "D"),
+    "dcp": ("DCP (vLLM)", "tab:red", "v"),
+    "dcp_sglang": ("DCP (SGLang)", "tab:pink", "<"),
+    "helix": ("Helix (TensorRT-LLM)", "tab:purple", ">"),
+    "vllm_hisparse": ("HiSparse (vLLM)", "tab:brown", "x"),
 }
-TP_ONLY = {"ulacache_home"}
+TP_ONLY = {"ulacache_home", "dcp", "dcp_sglang", "helix"}
 
 
 def main():
@@ -52,7 +56,7 @@ def main():
         ax.set_ylabel("output tokens / s (node)")
         ax.set_xscale("log", base=2)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(loc="upper left")
+        ax.legend(loc="upper left", fontsize="small")
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, f"{name}.png"), dpi=110)
         plt.close(fig)

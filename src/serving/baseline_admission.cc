@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "serving/baselines.h"
 
@@ -22,12 +23,17 @@ std::string_view SystemName(SystemKind s) {
     case SystemKind::kHiSparse: return "hisparse";
     case SystemKind::kUlaCache: return "ulacache";
     case SystemKind::kUlaCacheAtHome: return "ulacache_home";
+    case SystemKind::kDcp: return "dcp";
+    case SystemKind::kDcpSglang: return "dcp_sglang";
+    case SystemKind::kHelix: return "helix";
+    case SystemKind::kVllmHiSparse: return "vllm_hisparse";
   }
   return "?";
 }
 
 bool SystemRunsIn(SystemKind s, ParallelMode mode) {
-  return s != SystemKind::kUlaCacheAtHome || mode == ParallelMode::kTp;
+  const bool tp_only = s == SystemKind::kUlaCacheAtHome || IsContextParallel(s);
+  return !tp_only || mode == ParallelMode::kTp;
 }
 
 Status PlacementRules::Validate() const {
@@ -36,13 +42,17 @@ Status PlacementRules::Validate() const {
   if (!(host_bytes_per_rank >= 0)) return FieldError("host_bytes_per_rank", "must be >= 0");
   if (!(kv_bytes_per_token > 0)) return FieldError("kv_bytes_per_token", "must be > 0");
   if (!(index_bytes_per_token >= 0)) return FieldError("index_bytes_per_token", "must be >= 0");
-  if (system == SystemKind::kHiSparse && hisparse_buffer_entries == 0) {
+  if ((system == SystemKind::kHiSparse || system == SystemKind::kVllmHiSparse) && hisparse_buffer_entries == 0) {
     return FieldError("hisparse_buffer_entries", "must be >= 1");
   }
   if (IsUlaCache(system) && working_set_entries == 0) return FieldError("working_set_entries", "must be >= 1");
   if (system == SystemKind::kUlaCache && mode == ParallelMode::kTp && tp_buffer_entries == 0) {
     return FieldError("tp_buffer_entries", "must be >= 1");
   }
+  if (IsContextParallel(system) && mode != ParallelMode::kTp) {
+    return FieldError("mode", fmt::format("{} is TP only (it stripes the KV over the TP ranks)", SystemName(system)));
+  }
+  if (system == SystemKind::kHelix && helix_tokens_per_block == 0) return FieldError("helix_tokens_per_block", "must be >= 1");
   if (system == SystemKind::kUlaCacheAtHome) {
     if (mode != ParallelMode::kTp) {
       return FieldError("mode", "ulacache_home is TP only (in DP mode attention is already where the entries live)");
@@ -50,6 +60,34 @@ Status PlacementRules::Validate() const {
     if (tp_buffer_entries != 0) return FieldError("tp_buffer_entries", "must be 0 for ulacache_home (no local buffer)");
   }
   return Ok();
+}
+
+double HiSparseHostPoolBytes(const PlacementRules& r, double ratio) {
+  const double kv = r.kv_bytes_per_token, ix = r.index_bytes_per_token, dev = r.device_bytes_per_rank;
+  double pool = 0;
+  if (std::isinf(ratio)) {
+    pool = ix > 0 ? dev * kv / ix : ratio;
+  } else {
+    pool = ratio * dev * kv / (kv + ratio * ix);
+  }
+  return std::min(r.host_bytes_per_rank, pool);
+}
+
+double HiSparseMatchedRatio(const PlacementRules& r) {
+  const double kv = r.kv_bytes_per_token, ix = r.index_bytes_per_token;
+  const double denom = r.device_bytes_per_rank * kv - r.host_bytes_per_rank * ix;
+  if (!(denom > 0)) return std::numeric_limits<double>::infinity();
+  return std::max(1.0, r.host_bytes_per_rank * kv / denom);
+}
+
+double FillOf(const PlacementRules& r, double stored_tokens, double host_budget_bytes) {
+  const double memory = r.num_ranks * (r.device_bytes_per_rank + host_budget_bytes);
+  return memory > 0 ? stored_tokens * (r.kv_bytes_per_token + r.index_bytes_per_token) / memory : 0;
+}
+
+double HelixRankTokens(std::uint32_t t, std::uint32_t block, std::uint32_t ranks) {
+  const double blocks = std::ceil(t / double(block));
+  return std::min<double>(t, std::ceil(blocks / ranks) * block);
 }
 
 RankDemand DemandOf(const PlacementRules& r, std::uint32_t t) {
@@ -62,6 +100,19 @@ RankDemand DemandOf(const PlacementRules& r, std::uint32_t t) {
     case SystemKind::kHiSparse:
       d.device = r.hisparse_buffer_entries * kv + t * ix;
       d.host = t * kv;
+      break;
+    case SystemKind::kDcp:
+      d.device = std::ceil(t / double(r.num_ranks)) * (kv + ix);
+      break;
+    case SystemKind::kDcpSglang:
+      d.device = std::ceil(t / double(r.num_ranks)) * kv + t * ix;
+      break;
+    case SystemKind::kHelix:
+      d.device = HelixRankTokens(t, r.helix_tokens_per_block, r.num_ranks) * (kv + ix);
+      break;
+    case SystemKind::kVllmHiSparse:
+      d.device = t * ix + double(r.hisparse_buffer_entries + r.tail_entries) * kv;
+      d.host = r.mode == ParallelMode::kTp ? t * kv / r.num_ranks : t * kv;  // TP: one host pool for the node
       break;
     case SystemKind::kUlaCache:
     case SystemKind::kUlaCacheAtHome: {

@@ -18,6 +18,14 @@
 //             device ceil(T/P)*ix + ceil(W/P)*kv, the rest on device or host. In DP mode
 //             there is nothing to fetch from other ranks, so it would be ulacache itself:
 //             Validate refuses it there and the comparison does not run it.
+//   dcp       TP only: device ceil(T/P)*(kv + ix) (vLLM: index keys sharded as the KV).
+//   dcp_sglang  TP only: device ceil(T/P)*kv + T*ix (SGLang: index keys replicated).
+//   helix     TP only: device n*(kv + ix), n = the busiest rank's tokens when blocks of b
+//             tokens are dealt round-robin: ceil(ceil(T/b)/P)*b (b = helix_tokens_per_block).
+//   vllm_hisparse  device: T*ix + (C + tail)*kv (hot buffer C = hisparse_buffer_entries,
+//             the never-reclaimed tail pages); host: T*kv, in TP one copy for the node
+//             (T*kv/P per rank: the TP ranks share one host pool). Resident GPU pages are a
+//             cache of the host pool in the device room left over: not part of admission.
 // A rank fits a request when device_only + d <= D, host_only + h <= H and
 // device_only + host_only + either + d + h + f <= D + H (d: device-only, h: host-only, f: either).
 // DP places a request on the rank with the most free bytes (lowest index on ties).
@@ -37,14 +45,46 @@
 
 namespace ula {
 
-enum class SystemKind : std::uint8_t { kAllGpu, kHiSparse, kUlaCache, kUlaCacheAtHome };
-inline constexpr SystemKind kAllSystems[] = {SystemKind::kAllGpu, SystemKind::kHiSparse, SystemKind::kUlaCache,
-                                             SystemKind::kUlaCacheAtHome};
-std::string_view SystemName(SystemKind s);  // "all_gpu", "hisparse", "ulacache", "ulacache_home"
-// Whether the system exists in this mode (ulacache_home: TP only).
+// What engines run today (issue 29; docs/COST_MODEL.md "The systems engines run today"):
+//   dcp        vLLM's decode context parallel (-dcp P): latent KV and index keys striped
+//              token by token over the TP ranks (token g on rank g mod P), attention at home,
+//              index keys sharded with a global top-k merge; no host tier for running KV
+//   dcp_sglang SGLang's --dcp: the same striping, index keys replicated on every rank
+//   helix      TensorRT-LLM's Helix: KV striped in blocks of helix_tokens_per_block, QKV
+//              computed redundantly (q_b and W_UK replicated), one all-to-all of partial
+//              outputs + LSE per layer, then TP/EP for the FFN; no host tier
+//   vllm_hisparse  vLLM's HiSparse port: the host pool is the source of truth (one copy per
+//              DP replica, shared by its TP ranks), GPU-resident pages a write-back cache of
+//              it reclaimed under pressure, a per-request hot buffer of
+//              (queries + 1) x top-k rows for the rest; admission counts the hot buffer and
+//              the index keys on device, the whole history on host
+enum class SystemKind : std::uint8_t {
+  kAllGpu,
+  kHiSparse,
+  kUlaCache,
+  kUlaCacheAtHome,
+  kDcp,
+  kDcpSglang,
+  kHelix,
+  kVllmHiSparse,
+};
+inline constexpr SystemKind kAllSystems[] = {SystemKind::kAllGpu,        SystemKind::kHiSparse, SystemKind::kUlaCache,
+                                             SystemKind::kUlaCacheAtHome, SystemKind::kDcp,      SystemKind::kDcpSglang,
+                                             SystemKind::kHelix,          SystemKind::kVllmHiSparse};
+// "all_gpu", "hisparse", "ulacache", "ulacache_home", "dcp", "dcp_sglang", "helix", "vllm_hisparse"
+std::string_view SystemName(SystemKind s);
+// Whether the system exists in this mode (ulacache_home, dcp, dcp_sglang, helix: TP only).
 bool SystemRunsIn(SystemKind s, ParallelMode mode);
 // Both UlaCache systems (address spaces with a working set on device).
 inline bool IsUlaCache(SystemKind s) { return s == SystemKind::kUlaCache || s == SystemKind::kUlaCacheAtHome; }
+// The context-parallel systems: KV striped over the TP ranks, attention at home, no host tier.
+inline bool IsContextParallel(SystemKind s) {
+  return s == SystemKind::kDcp || s == SystemKind::kDcpSglang || s == SystemKind::kHelix;
+}
+// Whether the system keeps KV in host memory (fill counts the host budget).
+inline bool HasHostTier(SystemKind s) {
+  return s == SystemKind::kHiSparse || s == SystemKind::kVllmHiSparse || IsUlaCache(s);
+}
 
 struct PlacementRules {
   SystemKind system = SystemKind::kUlaCache;
@@ -57,6 +97,8 @@ struct PlacementRules {
   std::uint32_t working_set_entries = 0;     // ulacache, ulacache_home: one step's distinct selections
   std::uint32_t hisparse_buffer_entries = 0;
   std::uint32_t tp_buffer_entries = 0;       // ulacache TP, per request; must be 0 for ulacache_home
+  std::uint32_t helix_tokens_per_block = 0;  // helix: tokens of one KV block (the striping unit)
+  std::uint32_t tail_entries = 0;            // vllm_hisparse: the newest pages, never reclaimed
 
   // Names the first bad field (kInvalidArgument); ulacache_home in DP mode is refused.
   Status Validate() const;
@@ -67,6 +109,20 @@ struct RankDemand {
   double device = 0, host = 0, either = 0;
 };
 RankDemand DemandOf(const PlacementRules& rules, std::uint32_t history_tokens);
+// SGLang HiSparse's host pool under `ratio` (rules: the device and host budgets per rank):
+// ratio x D tokens of KV with D = device / (kv + ratio x ix) device-pool tokens, i.e.
+// ratio x device x kv / (kv + ratio x ix), capped by the host budget; ratio = +inf: the
+// limit device x kv / ix (index keys of ratio x D tokens then fill the device).
+double HiSparseHostPoolBytes(const PlacementRules& rules, double ratio);
+// The seed's budget rule (issue 29): the ratio whose pool is the host budget H,
+// H kv / (device kv - H ix) (at least 1), or +inf when no ratio reaches H.
+double HiSparseMatchedRatio(const PlacementRules& rules);
+// Fill: `stored_tokens` tokens of KV + index keys over num_ranks x (device budget +
+// `host_budget_bytes`) (0 without a host tier); 0 when there is no memory.
+double FillOf(const PlacementRules& rules, double stored_tokens, double host_budget_bytes);
+// Helix: tokens of a T-token history on the busiest rank when blocks of `block` tokens are
+// dealt round-robin over `ranks` (at most T).
+double HelixRankTokens(std::uint32_t t, std::uint32_t block, std::uint32_t ranks);
 
 class AdmissionLedger {
  public:

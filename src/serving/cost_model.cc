@@ -18,6 +18,10 @@ constexpr double kGB = 1e9;
 constexpr double kQueryValueBytes = 2;
 constexpr double kPartialValueBytes = 4;
 constexpr double kPartialExtraValues = 2;
+// Decode context parallel and Helix: partial outputs in the model's dtype (bf16), the LSE in
+// float32 (vLLM cp_lse_ag_out_rs; TensorRT-LLM Helix's all-to-all carries both).
+constexpr double kOutputValueBytes = 2;
+constexpr double kLseBytes = 4;
 
 std::uint32_t MainGroups(const ModelConfig& m) { return m.num_groups() - m.mtp_layers; }
 
@@ -98,6 +102,20 @@ double CostModel::bf16_flops() const {
 std::uint32_t CostModel::PaddedHeads(std::uint32_t heads) const {
   const std::uint32_t m = std::max<std::uint32_t>(1, in_.rates.sparse_decode_head_multiple);
   return (heads + m - 1) / m * m;
+}
+
+double CostModel::RedundantQkvParamsPerLayer() const {
+  const ModelConfig& m = in_.model;
+  const ModelCostConfig& c = in_.costs;
+  const double heads = m.attention_heads;
+  return double(c.q_lora_rank) * heads * (c.qk_nope_head_dim + m.qk_rope_head_dim) +
+         double(m.kv_lora_rank) * heads * c.qk_nope_head_dim;
+}
+
+double CostModel::RedundantQkvExtraWeightBytes() const {
+  const double P = in_.num_ranks;
+  const double layers = double(in_.model.num_layers) + (in_.mtp ? in_.model.mtp_layers : 0);
+  return (P - 1) / P * layers * RedundantQkvParamsPerLayer() * in_.costs.weight_bytes_per_param;
 }
 
 double CostModel::AllReduceLatency() const {
@@ -235,8 +253,10 @@ StepWork CostModel::Work(const StepCounts& k) const {
                                        moe_layers * (c.shared_experts * p.expert + p.router_per_layer);
   const double non_routed_mtp = p.attention_per_layer + p.indexer_per_group + c.shared_experts * p.expert +
                                 p.router_per_layer + p.mtp_extra;
-  const double rep_main = tp ? TpReplicatedParams(m, c, p, 0) : 0;
-  const double rep_mtp = tp ? TpReplicatedParams(m, c, p, 1) - rep_main : 0;  // one MTP pass
+  // Helix replicates q_b and W_UK as well (every GPU projects every head's query).
+  const double qkv = k.redundant_qkv && tp ? RedundantQkvParamsPerLayer() : 0;
+  const double rep_main = tp ? TpReplicatedParams(m, c, p, 0) + m.num_layers * qkv : 0;
+  const double rep_mtp = tp ? TpReplicatedParams(m, c, p, 1) - TpReplicatedParams(m, c, p, 0) + qkv : 0;  // one MTP pass
   const double split_main = non_routed_layer_main - rep_main, split_mtp = non_routed_mtp - rep_mtp;
   const double split_div = tp ? P : 1.0;
   // Bytes: the MTP layer's weights are read once per pass.
@@ -306,12 +326,36 @@ StepWork CostModel::Work(const StepCounts& k) const {
     // stay (the output projection is still split by head).
     const double query_passes = k.batch_local * q * m.num_layers + k.batch_local * passes;
     const double heads = m.attention_heads;
-    w.query_gather_bytes =
+    const double query_gather =
         (P - 1) / P * heads * (m.kv_lora_rank + m.qk_rope_head_dim) * kQueryValueBytes * query_passes;
-    w.partial_exchange_bytes =
-        (P - 1) / P * heads * (m.kv_lora_rank + kPartialExtraValues) * kPartialValueBytes * query_passes;
+    switch (k.home_exchange) {
+      case HomeExchange::kUlaCache:
+        w.query_gather_bytes = query_gather;
+        w.partial_exchange_bytes =
+            (P - 1) / P * heads * (m.kv_lora_rank + kPartialExtraValues) * kPartialValueBytes * query_passes;
+        w.gather_calls += 2.0 * w.layers;
+        break;
+      case HomeExchange::kDcp:
+        // cp_lse_ag_out_rs: every GPU receives the other ranks' LSE of all heads, and
+        // reduce-scatters its bf16 partial outputs of all heads to their owners.
+        w.query_gather_bytes = query_gather;
+        w.partial_exchange_bytes =
+            ((P - 1) * heads * kLseBytes + (P - 1) / P * heads * m.kv_lora_rank * kOutputValueBytes) * query_passes;
+        w.gather_calls += 3.0 * w.layers;
+        break;
+      case HomeExchange::kDcpPacked:
+      case HomeExchange::kHelix: {
+        // One all-to-all: to each head's owner, this GPU's partial output and LSE of that head
+        // (SGLang's DCP after its query all-gather; Helix computes the queries itself).
+        const bool gather = k.home_exchange == HomeExchange::kDcpPacked;
+        w.query_gather_bytes = gather ? query_gather : 0;
+        w.partial_exchange_bytes =
+            (P - 1) / P * heads * (m.kv_lora_rank * kOutputValueBytes + kLseBytes) * query_passes;
+        w.gather_calls += (gather ? 2.0 : 1.0) * w.layers;
+        break;
+      }
+    }
     w.collective_bytes += w.query_gather_bytes + w.partial_exchange_bytes;
-    w.gather_calls += 2.0 * w.layers;
   }
 
   // --- Every byte over a link crosses HBM: host fetches and NVLink fetches are written,

@@ -74,6 +74,19 @@ struct MemoryBudget {
   std::vector<std::string> derivation;  // human-readable lines
 };
 
+// What the GPUs exchange per layer pass when attention runs at home (each GPU over the
+// entries striped onto it, all heads):
+//   kUlaCache  ulacache_home: all-gather of the absorbed queries (bf16), reduce-scatter of
+//              the float32 partials of partial_attention.h to the owners of their heads
+//   kDcp       vLLM's decode context parallel: all-gather of the queries (bf16), then
+//              cp_lse_ag_out_rs: all-gather of the LSE (fp32) and reduce-scatter of the
+//              partial outputs (bf16), three calls
+//   kDcpPacked SGLang's: all-gather of the queries, then the partial outputs (bf16) and their
+//              LSE (fp32) in one packed all-to-all, two calls
+//   kHelix     TensorRT-LLM Helix: queries computed redundantly (no gather), one all-to-all
+//              of the partial outputs (bf16) and their LSE (fp32)
+enum class HomeExchange : std::uint8_t { kUlaCache, kDcp, kDcpPacked, kHelix };
+
 // One decode step as seen by the busiest GPU. Entry counts are per layer group (the
 // simulated representative group); the cost model scales them to every group.
 struct StepCounts {
@@ -89,10 +102,15 @@ struct StepCounts {
   // all-gathered and the partial outputs exchanged. home_entries / distinct_entries is its
   // share of the batch's selections (planner: home_hits + home_misses over distinct).
   bool attention_at_home = false;
+  HomeExchange home_exchange = HomeExchange::kUlaCache;
   double home_entries = 0;      // distinct selections homed on this GPU, per group
   double distinct_entries = 0;  // distinct selections of the batch, per group
+  // Helix: every GPU projects every head's query (q_b and W_UK replicated, read whole and
+  // applied to every token of the batch).
+  bool redundant_qkv = false;
   // UlaCache: the planner (lookup, dedup, hit test, bucket update) runs per group per step
-  // over every selection of the batch this GPU plans.
+  // over every selection of the batch this GPU plans; vllm_hisparse: its residency resolver
+  // and gather kernels (per index group, on a copy stream).
   bool planner_per_group = false;
   // HiSparse as SGLang runs it: one swap-in kernel per layer on the forward stream, between
   // the top-k and the attention, over every selection; its host fetch is on the critical path.
@@ -155,6 +173,11 @@ class CostModel {
   // Per-call latency of a ring all-reduce / of an all-gather, reduce-scatter or all-to-all.
   double AllReduceLatency() const;
   double GatherLatency() const;
+  // Helix's redundant QKV: parameters per attention layer that every GPU holds whole (q_b and
+  // the W_UK half of kv_b), and the bytes they add per GPU over ordinary TP (the layers in
+  // use; 0 for P = 1).
+  double RedundantQkvParamsPerLayer() const;
+  double RedundantQkvExtraWeightBytes() const;
 
   // kInvalidArgument (naming the field) for counts Work cannot price: a negative or
   // non-finite count, attention at home outside TP mode, home_entries > distinct_entries,

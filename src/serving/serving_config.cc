@@ -92,6 +92,7 @@ Status ScenarioConfig::Validate() const {
   if (candidate_bytes == 0) return FieldError("candidate_bytes", "must be >= 1");
   if (hisparse_buffer_entries == 0) return FieldError("hisparse_buffer_entries", "must be >= 1");
   if (!(hisparse_host_to_device_ratio >= 1)) return FieldError("hisparse_host_to_device_ratio", "must be >= 1");
+  if (helix_tokens_per_block == 0) return FieldError("helix_tokens_per_block", "must be >= 1");
   if (tp_buffer_entries_per_request == 0) return FieldError("tp_buffer_entries_per_request", "must be >= 1");
   if (tp_buffer_entries_per_request_mtp == 0) return FieldError("tp_buffer_entries_per_request_mtp", "must be >= 1");
   if (sampling.measure_steps == 0) return FieldError("sampling.measure_steps", "must be >= 1");
@@ -183,6 +184,13 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
   };
   ULA_RETURN_IF_ERROR(uint("hisparse_buffer_entries", 1, 1u << 24, &s.hisparse_buffer_entries));
   ULA_RETURN_IF_ERROR(sourced("hisparse_host_to_device_ratio", 1, 1e6, &s.hisparse_host_to_device_ratio));
+  {
+    std::uint32_t match = 0;
+    ULA_RETURN_IF_ERROR(SourcedUInt(f, "hisparse_match_host_budget", 0, 1, &match));
+    s.hisparse_match_host_budget = match == 1;
+  }
+  ULA_RETURN_IF_ERROR(SourcedUInt(f, "helix_tokens_per_block", 1, 1u << 16, &s.helix_tokens_per_block));
+  ULA_RETURN_IF_ERROR(SourcedUInt(f, "vllm_hisparse_tail_entries", 0, 1u << 20, &s.vllm_hisparse_tail_entries));
   ULA_RETURN_IF_ERROR(uint("tp_buffer_entries_per_request", 1, 1u << 24, &s.tp_buffer_entries_per_request));
   ULA_RETURN_IF_ERROR(uint("tp_buffer_entries_per_request_mtp", 1, 1u << 24, &s.tp_buffer_entries_per_request_mtp));
 
@@ -248,6 +256,10 @@ Status ResolveScenarioSelection(ScenarioConfig& scenario, const std::filesystem:
   if (!fit) return std::unexpected(fit.error());
   scenario.selection = fit->params;
   scenario.selection.seed = scenario.selection_seed;
+  if (scenario.selection_adjust) {
+    scenario.selection_adjust(scenario.selection);
+    ULA_RETURN_IF_ERROR(scenario.selection.Validate());
+  }
   return Ok();
 }
 

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -95,6 +96,11 @@ struct ScenarioConfig {
   std::uint32_t candidate_bytes = 8;         // striped-indexer gather, per candidate
   std::uint32_t hisparse_buffer_entries = 4096;            // per request per group
   double hisparse_host_to_device_ratio = 2;  // SGLang: host pool = ratio x device pool tokens
+  // The seed's budget rule (issue 29): HiSparse's ratio set so that its host pool uses the host
+  // budget (or the largest its rules allow); false: hisparse_host_to_device_ratio as given.
+  bool hisparse_match_host_budget = true;
+  std::uint32_t helix_tokens_per_block = 64;     // Helix: tokens per KV block, the striping unit
+  std::uint32_t vllm_hisparse_tail_entries = 128;  // vLLM HiSparse: newest tokens never reclaimed
   std::uint32_t tp_buffer_entries_per_request = 2048;      // UlaCache TP local buffer, MTP off
   std::uint32_t tp_buffer_entries_per_request_mtp = 3072;  // ... MTP on
   std::string selection_fit;        // configs/selection/<selection_fit>.json (selection_fit.h)
@@ -102,6 +108,8 @@ struct ScenarioConfig {
   // The fit's parameters with selection_seed, set by ResolveScenarioSelection (and by
   // LoadScenarioConfig, RunComparison); top_k is taken from the model.
   SelectionModelParams selection;
+  // Applied to the fit's parameters when they are read (ula compare --sensitivity: locality).
+  std::function<void(SelectionModelParams&)> selection_adjust;
   SamplingConfig sampling;
 
   Status Validate() const;

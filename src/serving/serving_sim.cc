@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <optional>
 
 #include "workload/rng.h"
@@ -72,7 +73,10 @@ void SetPeak(SystemResult& result) {
       result.peak_tput = pt.tput;
       result.peak_batch = pt.batch;
     }
-    if (pt.batch == 1 && pt.tokens_per_step > 0) result.tpot_b1_ms = pt.step_ms / pt.tokens_per_step;
+    if (pt.batch == 1 && pt.tokens_per_step > 0) {
+      result.tpot_b1_ms = pt.step_ms / pt.tokens_per_step;
+      result.hit_b1 = pt.hit_rate;
+    }
   }
 }
 
@@ -111,6 +115,12 @@ struct RunContext {
   const CompareOptions& options;
 };
 
+// HiSparse's host_to_device_ratio under the scenario's rule: matched to the host budget
+// (baselines.h, HiSparseMatchedRatio), or as configured.
+double HiSparseRatio(const ScenarioConfig& sc, const PlacementRules& rules) {
+  return sc.hisparse_match_host_budget ? HiSparseMatchedRatio(rules) : sc.hisparse_host_to_device_ratio;
+}
+
 PlacementRules MakeRules(const RunContext& ctx, SystemKind system) {
   const ScenarioConfig& sc = ctx.scenario;
   const CostModelInputs& in = ctx.cost.inputs();
@@ -129,15 +139,19 @@ PlacementRules MakeRules(const RunContext& ctx, SystemKind system) {
   rules.working_set_entries = static_cast<std::uint32_t>(std::ceil(
       ctx.model.top_k * (1.0 + (q - 1) * (1.0 - sc.selection.draft_keep))));
   rules.hisparse_buffer_entries = sc.hisparse_buffer_entries;
+  rules.helix_tokens_per_block = sc.helix_tokens_per_block;
   if (system == SystemKind::kHiSparse) {
-    // SGLang sizes HiSparse's pools from the device budget: D device KV slots (the requests'
-    // buffers) and index keys for ratio x D tokens on device, and a host KV pool of ratio x D
-    // tokens (HiSparseDSATokenToKVPool, MLATokenToKVPoolHost with host_size 0). The host pool
-    // caps the histories it can hold, within the host memory.
-    const double ratio = sc.hisparse_host_to_device_ratio;
-    const double pool_tokens = rules.device_bytes_per_rank / (rules.kv_bytes_per_token + ratio * rules.index_bytes_per_token);
-    rules.host_bytes_per_rank = std::min(rules.host_bytes_per_rank, ratio * pool_tokens * rules.kv_bytes_per_token);
+    rules.host_bytes_per_rank = HiSparseHostPoolBytes(rules, HiSparseRatio(sc, rules));
   }
+  if (system == SystemKind::kVllmHiSparse) {
+    // device_buffer_size defaults to (max decode query length + 1) x top-k rows.
+    rules.hisparse_buffer_entries = (q + 1) * ctx.model.top_k;
+    rules.tail_entries = sc.vllm_hisparse_tail_entries;
+  }
+  if (system == SystemKind::kHelix) {
+    rules.device_bytes_per_rank = std::max(0.0, rules.device_bytes_per_rank - ctx.cost.RedundantQkvExtraWeightBytes());
+  }
+  if (!HasHostTier(system)) rules.host_bytes_per_rank = 0;  // nothing of a running request on host
   rules.tp_buffer_entries = system == SystemKind::kUlaCacheAtHome ? 0  // attention at home: no local buffer
                             : in.mtp                                ? sc.tp_buffer_entries_per_request_mtp
                                                                     : sc.tp_buffer_entries_per_request;
@@ -190,6 +204,76 @@ CurvePoint MakePoint(const RunContext& ctx, SystemKind system, std::uint32_t b, 
   return pt;
 }
 
+// One stderr line per system: the memory its rules give it (issue 29 item 1).
+void PrintBudget(const RunContext& ctx, SystemKind system, const PlacementRules& rules) {
+  if (!ctx.options.progress) return;
+  const CostModelInputs& in = ctx.cost.inputs();
+  std::string why;
+  switch (system) {
+    case SystemKind::kHiSparse: {
+      PlacementRules base = rules;
+      base.host_bytes_per_rank = ctx.budget.host_bytes;
+      const double r = HiSparseRatio(ctx.scenario, base);
+      why = std::isinf(r) ? " (host pool: the largest SGLang's ratio allows, index keys of ratio x D tokens fill the device)"
+                          : fmt::format(" (host pool = host_to_device_ratio {:.2f} x device pool{})", r,
+                                        ctx.scenario.hisparse_match_host_budget ? ", matched to the host budget"
+                                                                                : ", as configured");
+      break;
+    }
+    case SystemKind::kVllmHiSparse:
+      why = in.mode == ParallelMode::kTp ? fmt::format(" (one host pool of {:.0f} GB shared by the {} TP ranks)",
+                                                       rules.host_bytes_per_rank * in.num_ranks / 1e9, in.num_ranks)
+                                         : " (one host pool per DP replica)";
+      break;
+    case SystemKind::kHelix:
+      why = fmt::format(" (device less {:.2f} GB of replicated q_b / W_UK)", ctx.cost.RedundantQkvExtraWeightBytes() / 1e9);
+      break;
+    default:
+      if (!HasHostTier(system)) why = " (no host tier for running requests)";
+      break;
+  }
+  ctx.options.progress(fmt::format("  budget {:<13} device {:.2f} GB/GPU, host {:.2f} GB/GPU{}", SystemName(system),
+                                   rules.device_bytes_per_rank / 1e9, rules.host_bytes_per_rank / 1e9, why));
+}
+
+// The batch sizes visited: the grid's below the admission limit, then the limit.
+std::vector<std::uint32_t> BatchGrid(const ScenarioConfig& sc, std::uint32_t admitted) {
+  std::vector<std::uint32_t> grid;
+  for (std::uint32_t b : sc.sampling.batch_grid) {
+    if (b < admitted) grid.push_back(b);
+  }
+  grid.push_back(admitted);
+  return grid;
+}
+
+// What the cost model prices for one step of `system`: `local` requests simulated of
+// `total` decoding on all GPUs, with the step's counters.
+StepCounts CountsOf(const serving_internal::SimSystem& sys, SystemKind system, const serving_internal::SimCounters& c,
+                    double local, double total, double history_sum, std::uint32_t p) {
+  StepCounts k;
+  k.batch_local = local;
+  k.batch_total = total;
+  k.history_scored = sys.striped_indexer() ? history_sum / p : history_sum;
+  k.striped_indexer = sys.striped_indexer();
+  k.h2d_entries = c.h2d;
+  k.d2h_entries = c.d2h;
+  k.nvlink_entries = c.nvlink;
+  k.attention_at_home = sys.attention_at_home();
+  k.home_entries = c.home;
+  k.distinct_entries = c.batch_distinct;
+  // vllm_hisparse's resolver and gather kernels run per index group on a copy stream,
+  // overlapped within the group like UlaCache's copies; SGLang's swap-in is per layer on the
+  // forward stream.
+  k.planner_per_group = IsUlaCache(system) || system == SystemKind::kVllmHiSparse;
+  k.swap_in_per_layer = system == SystemKind::kHiSparse;
+  k.home_exchange = system == SystemKind::kHelix       ? HomeExchange::kHelix
+                    : system == SystemKind::kDcpSglang ? HomeExchange::kDcpPacked
+                    : system == SystemKind::kDcp       ? HomeExchange::kDcp
+                                                       : HomeExchange::kUlaCache;
+  k.redundant_qkv = system == SystemKind::kHelix;
+  return k;
+}
+
 Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   const ScenarioConfig& sc = ctx.scenario;
   const CostModelInputs& in = ctx.cost.inputs();
@@ -199,7 +283,13 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   result.system = system;
 
   const PlacementRules rules = MakeRules(ctx, system);
+  PrintBudget(ctx, system, rules);
   result.admitted = MaxAdmitted(rules, ctx.finals);
+  {
+    double admitted_tokens = 0;
+    for (std::uint32_t i = 0; i < result.admitted; ++i) admitted_tokens += ctx.finals[i];
+    result.fill = FillOf(rules, admitted_tokens, HasHostTier(system) ? ctx.budget.host_bytes : 0);
+  }
   if (result.admitted == 0) {
     result.note = "admits no request: one request's history does not fit its placement rules";
     return result;
@@ -209,6 +299,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   cfg.rules = rules;
   if (!tp) cfg.rules.num_ranks = 1;  // the simulated rank
   cfg.group_entry_bytes = ctx.model.group_entry_bytes();
+  cfg.resident_device_bytes = rules.device_bytes_per_rank;
   if (IsUlaCache(system)) {
     double sum_final = 0;
     for (std::uint32_t i = 0; i < result.admitted; ++i) sum_final += ctx.finals[i];
@@ -222,11 +313,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   auto selection = SelectionModel::Create(sp);
   if (!selection) return std::unexpected(selection.error());
 
-  std::vector<std::uint32_t> grid;
-  for (std::uint32_t b : sc.sampling.batch_grid) {
-    if (b < result.admitted) grid.push_back(b);
-  }
-  grid.push_back(result.admitted);
+  const std::vector<std::uint32_t> grid = BatchGrid(sc, result.admitted);
 
   std::deque<Active> active;
   std::size_t next = 0;
@@ -294,20 +381,9 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
         a.history += n;
         a.remaining -= n;
       }
-      StepCounts k;
-      k.batch_local = local;
       // DP: the other ranks hold the rest of the batch (rank 0 holds the largest share).
-      k.batch_total = tp ? local : std::max(local, double(b) * local / target);
-      k.history_scored = sys.striped_indexer() ? history_sum / p : history_sum;
-      k.striped_indexer = sys.striped_indexer();
-      k.h2d_entries = c.h2d;
-      k.d2h_entries = c.d2h;
-      k.nvlink_entries = c.nvlink;
-      k.attention_at_home = sys.attention_at_home();
-      k.home_entries = c.home;
-      k.distinct_entries = c.batch_distinct;
-      k.planner_per_group = IsUlaCache(system);
-      k.swap_in_per_layer = system == SystemKind::kHiSparse;
+      const StepCounts k =
+          CountsOf(sys, system, c, local, tp ? local : std::max(local, double(b) * local / target), history_sum, p);
       ULA_RETURN_IF_ERROR(ctx.cost.CheckCounts(k));
       const StepTime t = ctx.cost.Time(ctx.cost.Work(k));
       if (measured) sums.Add(k, t, c, ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate));
@@ -347,29 +423,194 @@ struct SharedActive {
   workload_internal::Rng rng{0};
 };
 
+// The admission limit of a sharing workload and the figures at it (SharingResult's first
+// part). false: no request fits (result.note says so).
+Result<bool> SharedLimit(const RunContext& ctx, const serving_internal::SharedStream& stream, const PlacementRules& rules,
+                         SystemResult& result, serving_internal::SharedAdmissionLimit& lim) {
+  const bool tp = ctx.cost.inputs().mode == ParallelMode::kTp;
+  const std::uint32_t p = ctx.cost.inputs().num_ranks;
+  auto got = serving_internal::MaxAdmittedShared(rules, stream);
+  if (!got) return std::unexpected(got.error());
+  lim = *got;
+  result.admitted = lim.admitted;
+  SharingResult& sh = result.sharing;
+  sh.on = true;
+  sh.distinct_fraction = lim.named_tokens > 0 ? double(lim.stored_tokens) / double(lim.named_tokens) : 0;
+  // TP all-GPU and SGLang HiSparse: a full copy per GPU (MLA's latent KV is replicated under
+  // TP, HiSparse's host pool is per GPU); the striped systems and vLLM's shared host pool: one.
+  const bool copies = result.system == SystemKind::kAllGpu || result.system == SystemKind::kHiSparse;
+  sh.copies_per_node = tp && copies ? p : 1;
+  sh.prefill_saved_at_limit = lim.prefill_saved;
+  sh.input_tokens_at_limit = lim.input_tokens;
+  sh.max_rank_load = !tp && lim.admitted > 0 ? double(lim.max_load) * p / lim.admitted : 1;
+  if (result.admitted == 0) {
+    result.note = "admits no request: one request's history does not fit its placement rules";
+    return false;
+  }
+  return true;
+}
+
+// One continuing simulation of a sharing workload: the queue, the shared ledger, the
+// simulated rank's adapter and the selection model, advanced a step at a time.
+class SharedRun {
+ public:
+  SharedRun(const RunContext& ctx, const serving_internal::SharedStream& stream, SystemKind system,
+            serving_internal::SimSystem& sys, serving_internal::SharedLedger& ledger, SelectionModel& selection,
+            SharingResult& sh)
+      : ctx_(ctx), stream_(stream), system_(system), sys_(sys), ledger_(ledger), selection_(selection), sh_(sh),
+        queue_(stream.arrivals.begin(), stream.arrivals.end()),
+        computed_(stream.items.empty() ? 0 : stream.items.back().group + 1, 0) {}
+
+  bool empty() const { return active_.empty(); }
+  bool blocked() const { return blocked_; }
+
+  // Admits queued requests until `target` decode at once or the queue head does not fit.
+  Status Fill(std::uint32_t target) {
+    blocked_ = false;
+    while (active_.size() < target && !queue_.empty()) {
+      auto admitted = AdmitHead();
+      if (!admitted) return std::unexpected(admitted.error());
+      if (!*admitted) {
+        blocked_ = true;
+        return Ok();  // the queue head waits
+      }
+    }
+    return Ok();
+  }
+
+  // One decode step; false (with `note`) when the adapter ran out of room.
+  Result<bool> Step(bool measured, PointSums& sums, std::string& note, std::uint32_t b) {
+    const ScenarioConfig& sc = ctx_.scenario;
+    const CostModelInputs& in = ctx_.cost.inputs();
+    const std::uint32_t q = ctx_.cost.queries();
+    ids_.clear();
+    sel_.resize(active_.size());
+    double history_sum = 0;
+    std::size_t n = 0;
+    for (const SharedActive& a : active_) {
+      if (!a.local) continue;
+      ids_.push_back(stream_.items[a.item].id);
+      ULA_RETURN_IF_ERROR(selection_.Step(stream_.items[a.item].id, a.history, q, queries_));
+      sel_[n].clear();
+      for (const auto& qs : queries_) sel_[n].insert(sel_[n].end(), qs.begin(), qs.end());
+      history_sum += a.history;
+      ++n;
+    }
+    serving_internal::SimCounters c;
+    if (n > 0) {
+      if (auto st = sys_.Step(ids_, std::span(sel_).first(n), c); !st) {
+        if (st.error().code() != ErrorCode::kResourceExhausted) return std::unexpected(st.error());
+        note = fmt::format("batch {}: {}", b, st.error().message());
+        return false;
+      }
+    }
+    for (SharedActive& a : active_) {
+      std::uint32_t m = 1;
+      if (in.mtp) {
+        for (std::uint32_t d = 0; d < in.draft_tokens && a.rng.Uniform01() < sc.mtp_acceptance_rate; ++d) ++m;
+      }
+      m = std::min(m, a.remaining);
+      if (a.local) ULA_RETURN_IF_ERROR(sys_.Append(stream_.items[a.item].id, a.history, m, c));
+      a.history += m;
+      a.remaining -= m;
+    }
+    if (n > 0) {
+      const bool tp = in.mode == ParallelMode::kTp;
+      const double local = static_cast<double>(n);
+      const StepCounts k =
+          CountsOf(sys_, system_, c, local, tp ? local : static_cast<double>(active_.size()), history_sum, in.num_ranks);
+      ULA_RETURN_IF_ERROR(ctx_.cost.CheckCounts(k));
+      const StepTime t = ctx_.cost.Time(ctx_.cost.Work(k));
+      if (measured) sums.Add(k, t, c, ctx_.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate));
+    }
+    return true;
+  }
+
+  // Finished requests leave (a finished multi-turn turn queues its session's next turn).
+  Status Retire() {
+    for (auto it = active_.begin(); it != active_.end();) {
+      if (it->remaining == 0) {
+        const serving_internal::SharedItem& item = stream_.items[it->item];
+        if (it->local) ULA_RETURN_IF_ERROR(sys_.FinishShared(item.id, item.group, item.extends));
+        ULA_RETURN_IF_ERROR(ledger_.Release(item));
+        if (it->local) selection_.Forget(item.id);
+        // The session's next turn comes at once (an agent re-sends as soon as it has the answer).
+        if (item.next >= 0) queue_.push_front(static_cast<std::uint64_t>(item.next));
+        it = active_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return Ok();
+  }
+
+ private:
+  // The queue head: through the shared ledger, then (on the simulated rank) the adapter.
+  Result<bool> AdmitHead() {
+    const ScenarioConfig& sc = ctx_.scenario;
+    const bool tp = ctx_.cost.inputs().mode == ParallelMode::kTp;
+    const serving_internal::SharedItem& it = stream_.items[queue_.front()];
+    auto a = ledger_.TryAdmit(it);
+    if (!a) return std::unexpected(a.error());
+    const bool local = tp || a->holder == 0;
+    if (local) {
+      for (std::uint32_t g : a->evicted) ULA_RETURN_IF_ERROR(sys_.EvictPrefix(g));
+    }
+    sh_.evictions += a->evicted.size();
+    if (!a->admitted) return false;
+    workload_internal::Rng rng(workload_internal::StreamSeed(sc.sampling.seed, it.id));
+    // Multi-turn turns after the entry one start at their first output token (arrivals
+    // holds one entry turn per session, in session order).
+    const bool fresh = it.extends && it.turn > 0 && queue_.front() != stream_.arrivals[it.group];
+    const auto done = fresh ? 0u : static_cast<std::uint32_t>(rng.Uniform01() * (it.output - 1));
+    if (local) {
+      auto ok = sys_.AdmitShared(it.id, it.input + done, it.final_tokens(), it.group, a->matched, a->cached);
+      if (!ok) return std::unexpected(ok.error());
+      if (!*ok) {
+        ULA_RETURN_IF_ERROR(ledger_.Cancel(it));
+        return false;
+      }
+    }
+    sh_.prefill_saved += a->saved();
+    sh_.prefill_computed += it.input - a->saved();
+    const std::uint32_t before = std::min(computed_[it.group], it.prefix);
+    if (before > a->saved()) sh_.recomputed += before - a->saved();
+    computed_[it.group] = std::max(computed_[it.group], it.extends ? it.input : it.prefix);
+    active_.push_back(SharedActive{queue_.front(), a->holder, local, it.input + done, it.output - done, std::move(rng)});
+    queue_.pop_front();
+    return true;
+  }
+
+  const RunContext& ctx_;
+  const serving_internal::SharedStream& stream_;
+  SystemKind system_;
+  serving_internal::SimSystem& sys_;
+  serving_internal::SharedLedger& ledger_;
+  SelectionModel& selection_;
+  SharingResult& sh_;
+  std::deque<SharedActive> active_;
+  std::deque<std::uint64_t> queue_;
+  std::vector<std::uint32_t> computed_;  // prefix tokens prefilled so far, per group
+  bool blocked_ = false;
+  std::vector<std::uint64_t> ids_;
+  std::vector<std::vector<std::uint32_t>> sel_;
+  std::vector<std::vector<std::uint32_t>> queries_;
+};
+
 Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_internal::SharedStream& stream,
                                      SystemKind system) {
   const ScenarioConfig& sc = ctx.scenario;
-  const CostModelInputs& in = ctx.cost.inputs();
-  const bool tp = in.mode == ParallelMode::kTp;
-  const std::uint32_t p = in.num_ranks, q = ctx.cost.queries();
+  const bool tp = ctx.cost.inputs().mode == ParallelMode::kTp;
+  const std::uint32_t p = ctx.cost.inputs().num_ranks;
   SystemResult result;
   result.system = system;
   const PlacementRules rules = MakeRules(ctx, system);
-  auto lim = serving_internal::MaxAdmittedShared(rules, stream);
-  if (!lim) return std::unexpected(lim.error());
-  result.admitted = lim->admitted;
-  SharingResult& sh = result.sharing;
-  sh.on = true;
-  sh.distinct_fraction = lim->named_tokens > 0 ? double(lim->stored_tokens) / double(lim->named_tokens) : 0;
-  sh.copies_per_node = tp && !IsUlaCache(system) ? p : 1;  // TP baselines: a full copy per GPU
-  sh.prefill_saved_at_limit = lim->prefill_saved;
-  sh.input_tokens_at_limit = lim->input_tokens;
-  sh.max_rank_load = !tp && lim->admitted > 0 ? double(lim->max_load) * p / lim->admitted : 1;
-  if (result.admitted == 0) {
-    result.note = "admits no request: one request's history does not fit its placement rules";
-    return result;
-  }
+  PrintBudget(ctx, system, rules);
+  serving_internal::SharedAdmissionLimit lim;
+  auto fits = SharedLimit(ctx, stream, rules, result, lim);
+  result.fill = FillOf(rules, double(lim.stored_tokens), HasHostTier(system) ? ctx.budget.host_bytes : 0);
+  if (!fits) return std::unexpected(fits.error());
+  if (!*fits) return result;
 
   serving_internal::SimSystemConfig cfg;
   cfg.rules = rules;
@@ -377,15 +618,15 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
   // The shared ledger decides admission; the adapter's own ledger must not bind.
   cfg.rules.device_bytes_per_rank = cfg.rules.host_bytes_per_rank = 1e30;
   cfg.group_entry_bytes = ctx.model.group_entry_bytes();
+  cfg.resident_device_bytes = rules.device_bytes_per_rank;
   if (IsUlaCache(system)) {
     // Index keys of the stored (deduplicated) tokens: TP a 1/P stripe of the node's, DP the
     // fullest rank's.
-    const double stored = tp ? double(lim->stored_tokens) : double(lim->max_holder_stored);
+    const double stored = tp ? double(lim.stored_tokens) : double(lim.max_holder_stored);
     if (!SizeUlaCache(rules, tp, result.admitted, stored, tp ? p : 1, cfg, result.note)) return result;
   }
   auto made = serving_internal::MakeSimSystem(cfg);
   if (!made) return std::unexpected(made.error());
-  serving_internal::SimSystem& sys = **made;
   auto ledger = serving_internal::SharedLedger::Create(rules, stream.items);
   if (!ledger) return std::unexpected(ledger.error());
   SelectionModelParams sp = sc.selection;
@@ -393,63 +634,11 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
   auto selection = SelectionModel::Create(sp);
   if (!selection) return std::unexpected(selection.error());
 
-  std::vector<std::uint32_t> grid;
-  for (std::uint32_t b : sc.sampling.batch_grid) {
-    if (b < result.admitted) grid.push_back(b);
-  }
-  grid.push_back(result.admitted);
-
-  std::deque<SharedActive> active;
-  std::deque<std::uint64_t> queue(stream.arrivals.begin(), stream.arrivals.end());
-  std::vector<std::uint32_t> computed(stream.items.empty() ? 0 : stream.items.back().group + 1, 0);  // prefix tokens prefilled so far, per group
-  bool blocked = false;
-  auto fill = [&](std::uint32_t target) -> Status {
-    blocked = false;
-    while (active.size() < target && !queue.empty()) {
-      const serving_internal::SharedItem& it = stream.items[queue.front()];
-      auto a = ledger->TryAdmit(it);
-      if (!a) return std::unexpected(a.error());
-      const bool local = tp || a->holder == 0;
-      if (local) {
-        for (std::uint32_t g : a->evicted) ULA_RETURN_IF_ERROR(sys.EvictPrefix(g));
-      }
-      sh.evictions += a->evicted.size();
-      if (!a->admitted) {
-        blocked = true;
-        return Ok();  // the queue head waits
-      }
-      workload_internal::Rng rng(workload_internal::StreamSeed(sc.sampling.seed, it.id));
-      // Multi-turn turns after the entry one start at their first output token (arrivals
-      // holds one entry turn per session, in session order).
-      const bool fresh = it.extends && it.turn > 0 && queue.front() != stream.arrivals[it.group];
-      const auto done = fresh ? 0u : static_cast<std::uint32_t>(rng.Uniform01() * (it.output - 1));
-      if (local) {
-        auto ok = sys.AdmitShared(it.id, it.input + done, it.final_tokens(), it.group, a->matched, a->cached);
-        if (!ok) return std::unexpected(ok.error());
-        if (!*ok) {
-          ULA_RETURN_IF_ERROR(ledger->Cancel(it));
-          blocked = true;
-          return Ok();
-        }
-      }
-      sh.prefill_saved += a->saved();
-      sh.prefill_computed += it.input - a->saved();
-      const std::uint32_t before = std::min(computed[it.group], it.prefix);
-      if (before > a->saved()) sh.recomputed += before - a->saved();
-      computed[it.group] = std::max(computed[it.group], it.extends ? it.input : it.prefix);
-      active.push_back(SharedActive{queue.front(), a->holder, local, it.input + done, it.output - done, std::move(rng)});
-      queue.pop_front();
-    }
-    return Ok();
-  };
-
-  std::vector<std::uint64_t> ids;
-  std::vector<std::vector<std::uint32_t>> sel;
-  std::vector<std::vector<std::uint32_t>> queries;
+  SharedRun run(ctx, stream, system, **made, *ledger, *selection, result.sharing);
   const auto wall0 = std::chrono::steady_clock::now();
-  for (std::uint32_t b : grid) {
-    ULA_RETURN_IF_ERROR(fill(b));
-    if (active.empty()) {
+  for (std::uint32_t b : BatchGrid(sc, result.admitted)) {
+    ULA_RETURN_IF_ERROR(run.Fill(b));
+    if (run.empty()) {
       result.note = fmt::format("batch {}: no request could be admitted", b);
       break;
     }
@@ -457,76 +646,19 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
     const std::uint32_t steps = sc.sampling.warmup_steps + sc.sampling.measure_steps;
     bool failed = false;
     for (std::uint32_t s = 0; s < steps; ++s) {
-      const bool measured = s >= sc.sampling.warmup_steps;
-      ids.clear();
-      sel.resize(active.size());
-      double history_sum = 0;
-      std::size_t n = 0;
-      for (const SharedActive& a : active) {
-        if (!a.local) continue;
-        ids.push_back(stream.items[a.item].id);
-        ULA_RETURN_IF_ERROR(selection->Step(stream.items[a.item].id, a.history, q, queries));
-        sel[n].clear();
-        for (const auto& qs : queries) sel[n].insert(sel[n].end(), qs.begin(), qs.end());
-        history_sum += a.history;
-        ++n;
+      auto ok = run.Step(s >= sc.sampling.warmup_steps, sums, result.note, b);
+      if (!ok) return std::unexpected(ok.error());
+      if (!*ok) {
+        failed = true;
+        break;
       }
-      serving_internal::SimCounters c;
-      if (n > 0) {
-        if (auto st = sys.Step(ids, std::span(sel).first(n), c); !st) {
-          if (st.error().code() != ErrorCode::kResourceExhausted) return std::unexpected(st.error());
-          result.note = fmt::format("batch {}: {}", b, st.error().message());
-          failed = true;
-          break;
-        }
-      }
-      for (SharedActive& a : active) {
-        std::uint32_t m = 1;
-        if (in.mtp) {
-          for (std::uint32_t d = 0; d < in.draft_tokens && a.rng.Uniform01() < sc.mtp_acceptance_rate; ++d) ++m;
-        }
-        m = std::min(m, a.remaining);
-        if (a.local) ULA_RETURN_IF_ERROR(sys.Append(stream.items[a.item].id, a.history, m, c));
-        a.history += m;
-        a.remaining -= m;
-      }
-      if (n > 0) {
-        StepCounts k;
-        k.batch_local = static_cast<double>(n);
-        k.batch_total = tp ? k.batch_local : static_cast<double>(active.size());
-        k.history_scored = sys.striped_indexer() ? history_sum / p : history_sum;
-        k.striped_indexer = sys.striped_indexer();
-        k.h2d_entries = c.h2d;
-        k.d2h_entries = c.d2h;
-        k.nvlink_entries = c.nvlink;
-        k.attention_at_home = sys.attention_at_home();
-        k.home_entries = c.home;
-        k.distinct_entries = c.batch_distinct;
-        k.planner_per_group = IsUlaCache(system);
-        k.swap_in_per_layer = system == SystemKind::kHiSparse;
-        ULA_RETURN_IF_ERROR(ctx.cost.CheckCounts(k));
-        const StepTime t = ctx.cost.Time(ctx.cost.Work(k));
-        if (measured) sums.Add(k, t, c, ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate));
-      }
-      for (auto it = active.begin(); it != active.end();) {
-        if (it->remaining == 0) {
-          const serving_internal::SharedItem& item = stream.items[it->item];
-          if (it->local) ULA_RETURN_IF_ERROR(sys.FinishShared(item.id, item.group, item.extends));
-          ULA_RETURN_IF_ERROR(ledger->Release(item));
-          if (it->local) selection->Forget(item.id);
-          // The session's next turn comes at once (an agent re-sends as soon as it has the answer).
-          if (item.next >= 0) queue.push_front(static_cast<std::uint64_t>(item.next));
-          it = active.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      ULA_RETURN_IF_ERROR(fill(b));
-      if (active.empty()) break;
+      ULA_RETURN_IF_ERROR(run.Retire());
+      ULA_RETURN_IF_ERROR(run.Fill(b));
+      if (run.empty()) break;
     }
     if (failed) break;
     if (sums.t <= 0 || sums.steps == 0) continue;
-    result.curve.push_back(MakePoint(ctx, system, b, sums.steps, sums, blocked, wall0));
+    result.curve.push_back(MakePoint(ctx, system, b, sums.steps, sums, run.blocked(), wall0));
   }
   SetPeak(result);
   return result;

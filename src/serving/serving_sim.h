@@ -1,6 +1,6 @@
 // The serving comparison (issue 6): for each config of a scenario (hardware x TP/DP x MTP)
-// and each system (all-GPU, HiSparse, UlaCache; in TP also UlaCache with attention at
-// home), the admission limit under the system's
+// and each system (all-GPU, HiSparse, UlaCache, vLLM's HiSparse; in TP also UlaCache with
+// attention at home, DCP as vLLM and SGLang run it, and Helix; baselines.h), the admission limit under the system's
 // placement rules and the decode throughput at batch sizes up to it, from continuous
 // batching on the same workload, the same selection traces and the same memory budgets.
 //
@@ -71,6 +71,10 @@ struct SystemResult {
   double peak_tput = 0;
   std::uint32_t peak_batch = 0;
   double tpot_b1_ms = 0;       // step time / tokens per step at batch 1 (0 if not run)
+  double hit_b1 = 0;           // hit rate at batch 1 (HiSparse: its per-request buffer's)
+  // Admitted requests' KV + index-key bytes (sharing: the distinct stored ones) over the
+  // memory the system may use for KV on all GPUs: device budget, plus host with a host tier.
+  double fill = 0;
   std::string note;            // why a curve stops early, if it does
   SharingResult sharing;
 };

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -112,6 +113,125 @@ class HiSparseSystem final : public LedgerSystem {
 
  private:
   HiSparseBuffers buffers_;
+};
+
+// dcp, dcp_sglang, helix: the context-parallel systems. Every entry lives on its home rank's
+// device; the step counts the distinct selections homed on the rank whose attention sets the
+// step time.
+class ContextParallelSystem final : public LedgerSystem {
+ public:
+  ContextParallelSystem(AdmissionLedger ledger, SystemKind kind)
+      : LedgerSystem(std::move(ledger)), kind_(kind), per_rank_(ledger_.rules().num_ranks, 0.0) {}
+  Result<bool> Admit(std::uint64_t id, std::uint32_t, std::uint32_t final_tokens) override {
+    return Reserve(id, final_tokens).has_value();
+  }
+  Status Finish(std::uint64_t id) override { return ReleaseOrError(id); }
+  bool striped_indexer() const override { return kind_ != SystemKind::kDcpSglang; }  // SGLang replicates the keys
+  bool attention_at_home() const override { return true; }
+  Status Step(std::span<const std::uint64_t> ids, std::span<const std::vector<std::uint32_t>> sel,
+              SimCounters& c) override {
+    const std::uint32_t p = ledger_.rules().num_ranks;
+    const std::uint32_t block = kind_ == SystemKind::kHelix ? ledger_.rules().helix_tokens_per_block : 1;
+    std::fill(per_rank_.begin(), per_rank_.end(), 0.0);
+    double total = 0;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      seen_.clear();
+      for (std::uint32_t pos : sel[i]) seen_.insert(pos);
+      for (std::uint32_t pos : seen_) per_rank_[(pos / block) % p] += 1;
+      total += double(seen_.size());
+    }
+    // helix: the busiest rank; dcp: rank 0 (token striping is symmetric, as ulacache_home's).
+    const double home = kind_ == SystemKind::kHelix ? *std::max_element(per_rank_.begin(), per_rank_.end()) : per_rank_[0];
+    c.distinct += home;
+    c.hits += home;
+    c.home += home;
+    c.batch_distinct += total;
+    return Ok();
+  }
+  Status Append(std::uint64_t, std::uint32_t, std::uint32_t, SimCounters&) override { return Ok(); }
+
+ private:
+  SystemKind kind_;
+  std::vector<double> per_rank_;
+  std::unordered_set<std::uint32_t> seen_;
+};
+
+// vllm_hisparse (serving_systems.h): resident pages as a fraction of the device room, hot
+// buffers for the rest, host mirror of every new token.
+class VllmHiSparseSystem final : public LedgerSystem {
+ public:
+  static constexpr std::uint32_t kPageTokens = 64;
+  VllmHiSparseSystem(AdmissionLedger ledger, HiSparseBuffers hot, double resident_device_bytes)
+      : LedgerSystem(std::move(ledger)), hot_(std::move(hot)), room_bytes_(resident_device_bytes) {}
+  Result<bool> Admit(std::uint64_t id, std::uint32_t history, std::uint32_t final_tokens) override {
+    if (!Reserve(id, final_tokens)) return false;
+    if (auto s = hot_.AddRequest(id, history); !s) {
+      Unreserve(id);
+      return std::unexpected(s.error());
+    }
+    history_[id] = history;
+    return true;
+  }
+  Status Finish(std::uint64_t id) override {
+    ULA_RETURN_IF_ERROR(hot_.Finish(id));
+    history_.erase(id);
+    return ReleaseOrError(id);
+  }
+  Status Step(std::span<const std::uint64_t> ids, std::span<const std::vector<std::uint32_t>> sel,
+              SimCounters& c) override {
+    const double f = ResidentFraction(ids);
+    const std::uint32_t tail = ledger_.rules().tail_entries;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const std::uint32_t h = history_.at(ids[i]);
+      seen_.clear();
+      cold_.clear();
+      double resident = 0;
+      for (std::uint32_t pos : sel[i]) {
+        if (!seen_.insert(pos).second) continue;
+        if (pos + tail >= h || PageResident(ids[i], pos / kPageTokens, f)) {
+          resident += 1;  // short-circuit: read where it lives, no hot-buffer slot
+        } else {
+          cold_.push_back(pos);
+        }
+      }
+      auto st = hot_.Step(ids[i], cold_);
+      if (!st) return std::unexpected(st.error());
+      c.distinct += resident + double(st->distinct);
+      c.hits += resident + double(st->hits);
+      c.h2d += double(st->misses);
+    }
+    hot_.AdvanceRound();
+    return Ok();
+  }
+  Status Append(std::uint64_t id, std::uint32_t, std::uint32_t n, SimCounters& c) override {
+    ULA_RETURN_IF_ERROR(hot_.Append(id, n));
+    history_.at(id) += n;
+    c.d2h += n;  // eager_host_mirror: decode-written rows are mirrored to the host pool
+    return Ok();
+  }
+
+ private:
+  // Device room left beside the ledger's reservations, over the running histories' KV.
+  double ResidentFraction(std::span<const std::uint64_t> ids) const {
+    const PlacementRules& r = ledger_.rules();
+    double histories = 0;
+    for (std::uint64_t id : ids) histories += history_.at(id);
+    const double room = std::max(0.0, room_bytes_ - ledger_.device_only(0)) / r.kv_bytes_per_token;
+    return histories > 0 ? std::min(1.0, room / histories) : 1.0;
+  }
+  // A seeded hash of (request, page) in [0, 1) below f.
+  static bool PageResident(std::uint64_t id, std::uint32_t page, double f) {
+    if (f >= 1) return true;
+    std::uint64_t x = id * 0x9E3779B97F4A7C15ull + page + 1;
+    x ^= x >> 30, x *= 0xBF58476D1CE4E5B9ull, x ^= x >> 27, x *= 0x94D049BB133111EBull, x ^= x >> 31;
+    return double(x >> 11) * 0x1.0p-53 < f;
+  }
+
+  HiSparseBuffers hot_;
+  double room_bytes_;
+  std::unordered_map<std::uint64_t, std::uint32_t> history_;
+  std::unordered_set<std::uint32_t> seen_;
+  std::vector<std::uint32_t> cold_;
 };
 
 // The UlaCache adapters (DP and TP) share admission, finish and the flattening of a step's
@@ -349,6 +469,16 @@ Result<std::unique_ptr<SimSystem>> MakeSimSystem(const SimSystemConfig& cfg) {
       auto buffers = HiSparseBuffers::Create(cfg.rules.hisparse_buffer_entries);
       if (!buffers) return std::unexpected(buffers.error());
       return std::unique_ptr<SimSystem>(new HiSparseSystem(std::move(*ledger), std::move(*buffers)));
+    }
+    case SystemKind::kDcp:
+    case SystemKind::kDcpSglang:
+    case SystemKind::kHelix:  // TP only: the ledger's rules refused them in DP mode
+      return std::unique_ptr<SimSystem>(new ContextParallelSystem(std::move(*ledger), cfg.rules.system));
+    case SystemKind::kVllmHiSparse: {
+      auto hot = HiSparseBuffers::Create(cfg.rules.hisparse_buffer_entries);
+      if (!hot) return std::unexpected(hot.error());
+      return std::unique_ptr<SimSystem>(
+          new VllmHiSparseSystem(std::move(*ledger), std::move(*hot), cfg.resident_device_bytes));
     }
     case SystemKind::kUlaCache:
     case SystemKind::kUlaCacheAtHome:  // TP only: the ledger's rules refused it in DP mode

@@ -8,6 +8,18 @@
 //             no-op fabric (counting backend: no bytes to fetch); ranks are symmetric
 //   ulacache_home  TP only: the same with TpAttention::kAtHome (no local buffer; rank 0
 //             makes only its own shard's selected entries resident and fetches nothing)
+//   dcp, dcp_sglang, helix  AdmissionLedger only: every entry is on the device of its home
+//             rank (dcp: position g on rank g mod P; helix: block g / b on rank (g / b) mod P);
+//             the step counts the selections homed on rank 0 (dcp, dcp_sglang: symmetric, as
+//             ulacache_home) or on the busiest rank (helix: blocks are not symmetric within
+//             a step, the newest block sits on one rank); nothing moves
+//   vllm_hisparse  AdmissionLedger + HiSparseBuffers as the hot buffers ((q + 1) x top-k
+//             rows) + resident pages: of the device room its ledger leaves, a fraction f of
+//             every running request's pages (64 tokens) stays resident (f = room / the
+//             running histories, capped at 1; which pages is a seeded hash: the pool reuses
+//             unpinned pages in free-queue order, not by content) and the newest tail_entries
+//             always; a selection on a resident page is a hit, the rest go through the hot
+//             buffer; every new token is mirrored to host (eager_host_mirror)
 // Sharing workloads: AdmitShared / FinishShared / EvictPrefix (the UlaCache adapters adopt
 // and cache prefixes in their real address space; the baselines keep no addresses).
 // Admission = the ledger accepts the whole history and (ulacache) the address space can
@@ -50,6 +62,9 @@ struct SimSystemConfig {
   std::uint64_t device_tokens = 0;
   std::uint64_t host_tokens = 0;
   std::uint64_t buffer_tokens = 0;  // ulacache TP local buffer (must be 0 for ulacache_home)
+  // vllm_hisparse: the device bytes per rank its resident pages may use beside what its
+  // ledger reserves (the rules' device budget; the sharing loop lifts the rules' own).
+  double resident_device_bytes = 0;
 };
 
 class SimSystem {

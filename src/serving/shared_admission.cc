@@ -116,6 +116,13 @@ RankDemand TokenPart(const PlacementRules& r, std::uint32_t t) {
       d.device = t * ix;
       d.host = t * kv;
       break;
+    case SystemKind::kDcp: d.device = std::ceil(double(t) / r.num_ranks) * (kv + ix); break;
+    case SystemKind::kDcpSglang: d.device = std::ceil(double(t) / r.num_ranks) * kv + t * ix; break;
+    case SystemKind::kHelix: d.device = HelixRankTokens(t, r.helix_tokens_per_block, r.num_ranks) * (kv + ix); break;
+    case SystemKind::kVllmHiSparse:
+      d.device = t * ix;
+      d.host = r.mode == ParallelMode::kTp ? t * kv / r.num_ranks : t * kv;
+      break;
     case SystemKind::kUlaCache:
     case SystemKind::kUlaCacheAtHome: {
       const double tokens = r.mode == ParallelMode::kDp ? double(t) : std::ceil(double(t) / r.num_ranks);

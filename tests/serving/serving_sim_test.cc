@@ -46,9 +46,12 @@ TEST(ServingSim, EverySystemRunsUpToItsAdmissionLimit) {
   const ComparisonResult r = RunTiny();
   ASSERT_EQ(r.configs.size(), 4u);
   for (const ConfigResult& c : r.configs) {
-    // ulacache_home runs in TP only, after the other three.
-    ASSERT_EQ(c.systems.size(), c.entry.mode == ParallelMode::kTp ? 4u : 3u);
-    for (std::size_t i = 0; i < c.systems.size(); ++i) EXPECT_EQ(c.systems[i].system, kAllSystems[i]);
+    // ulacache_home, dcp, dcp_sglang and helix run in TP only; kAllSystems order.
+    ASSERT_EQ(c.systems.size(), c.entry.mode == ParallelMode::kTp ? 8u : 4u);
+    std::size_t next = 0;
+    for (SystemKind k : kAllSystems) {
+      if (SystemRunsIn(k, c.entry.mode)) EXPECT_EQ(c.systems[next++].system, k);
+    }
     EXPECT_GT(c.budget.device_kv_bytes, 0);
     for (const SystemResult& s : c.systems) {
       SCOPED_TRACE(std::string(SystemName(s.system)) + " " + c.hardware_label);
@@ -214,11 +217,13 @@ TEST(ServingSim, EachSystemPaysItsOwnKernelsAndHiSparsesFetchIsOnTheCriticalPath
       ASSERT_FALSE(s.curve.empty());
       const CurvePoint& b1 = s.curve.front();
       ASSERT_FALSE(b1.measured.empty());
+      // vllm_hisparse: its resolver and gather kernels per index group, priced as a planner.
+      const bool planner = IsUlaCache(s.system) || s.system == SystemKind::kVllmHiSparse;
       for (const StepCounts& k : b1.measured) {
-        EXPECT_EQ(k.planner_per_group, IsUlaCache(s.system));
+        EXPECT_EQ(k.planner_per_group, planner);
         EXPECT_EQ(k.swap_in_per_layer, s.system == SystemKind::kHiSparse);
       }
-      if (s.system == SystemKind::kAllGpu) {
+      if (s.system == SystemKind::kAllGpu || IsContextParallel(s.system)) {
         EXPECT_DOUBLE_EQ(b1.time.planner, 0);
       } else {
         EXPECT_GT(b1.time.planner, 0);  // batch 1 pays it too

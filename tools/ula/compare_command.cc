@@ -33,13 +33,6 @@ struct CompareCliOptions {
   bool sensitivity = false;
 };
 
-// Peak throughput of system k in config c; nullopt if it does not run in c's mode.
-std::optional<double> Peak(const ConfigResult& c, SystemKind k) {
-  const SystemResult* s = c.Find(k);
-  if (s == nullptr) return std::nullopt;
-  return s->peak_tput;
-}
-
 std::string Ratio(std::optional<double> a, std::optional<double> b) {
   if (!a || !b) return "-";
   return *b > 0 ? fmt::format("{:.2f}x", *a / *b) : "inf";
@@ -70,6 +63,7 @@ nlohmann::json ToJson(const ComparisonResult& r) {
       }
       systems[std::string(SystemName(s.system))] = {{"admitted", s.admitted},     {"peak_tput", s.peak_tput},
                                                     {"peak_batch", s.peak_batch}, {"tpot_b1_ms", s.tpot_b1_ms},
+                                                    {"hit_b1", s.hit_b1},         {"fill", s.fill},
                                                     {"curve", curve},             {"points", detail},
                                                     {"note", s.note}};
       if (s.sharing.on) {
@@ -124,40 +118,89 @@ void PrintSharingTable(const ComparisonResult& r) {
              "room; load = DP requests on the fullest rank / the mean at the admission limit (routing by prefix)\n");
 }
 
+// The system UlaCache is measured against in a config: attention at home in TP, UlaCache in DP.
+SystemKind UlaRef(const ConfigResult& c) {
+  return c.entry.mode == ParallelMode::kTp ? SystemKind::kUlaCacheAtHome : SystemKind::kUlaCache;
+}
+
+const CurvePoint* PointAt(const SystemResult& s, std::uint32_t batch) {
+  for (const CurvePoint& p : s.curve) {
+    if (p.batch == batch) return &p;
+  }
+  return nullptr;
+}
+
+const CurvePoint* PeakPoint(const SystemResult& s) { return PointAt(s, s.peak_batch); }
+
 void PrintTable(const ComparisonResult& r) {
   fmt::print("\nula compare: scenario {}, model {} (throughput = output tokens/s of the 8-GPU node)\n", r.scenario, r.model);
-  fmt::print("{:<20} | {:^31} | {:^31} | {:^31} | {:^31} | {:^19} | {:^9}\n", "", "all_gpu", "hisparse", "ulacache",
-             "ulacache_home", "ulacache peak vs", "home vs");
-  std::string head = fmt::format("{:<20}", "config");
-  for (std::size_t i = 0; i < std::size(kAllSystems); ++i) {
-    head += fmt::format(" | {:>5} {:>9} {:>6} {:>8}", "adm", "peak", "@B", "tpot1");
-  }
-  fmt::print("{} | {:>9} {:>9} | {:>9}\n", head, "all_gpu", "hisparse", "ulacache");
+  fmt::print("{:<20} {:<13} | {:>5} {:>5} {:>9} {:>5} {:>8} | {:>5} {:>5} {:>7} | {:>8}\n", "config", "system", "adm",
+             "fill", "peak", "@B", "tpot1", "hit1", "hit@B", "host@B", "vs ula");
   for (const ConfigResult& c : r.configs) {
-    std::string line = fmt::format("{:<20}", ConfigName(c));
-    for (SystemKind k : kAllSystems) {
-      const SystemResult* s = c.Find(k);
-      if (s == nullptr) {
-        line += fmt::format(" | {:>5} {:>9} {:>6} {:>8}", "-", "-", "-", "-");
-      } else {
-        line += fmt::format(" | {:>5} {:>9.0f} {:>6} {:>8.2f}", s->admitted, s->peak_tput, s->peak_batch, s->tpot_b1_ms);
-      }
+    const SystemResult* ref = c.Find(UlaRef(c));
+    for (const SystemResult& s : c.systems) {
+      const CurvePoint* at = PeakPoint(s);
+      fmt::print("{:<20} {:<13} | {:>5} {:>5.2f} {:>9.0f} {:>5} {:>8.2f} | {:>5.3f} {:>5.3f} {:>7.3f} | {:>8}\n",
+                 ConfigName(c), SystemName(s.system), s.admitted, s.fill, s.peak_tput, s.peak_batch, s.tpot_b1_ms,
+                 s.hit_b1, at ? at->hit_rate : 0.0, at ? at->h2d_gb + at->d2h_gb : 0.0,
+                 ref ? Ratio(ref->peak_tput, s.peak_tput) : "-");
     }
-    const std::optional<double> u = Peak(c, SystemKind::kUlaCache);
-    line += fmt::format(" | {:>9} {:>9} | {:>9}", Ratio(u, Peak(c, SystemKind::kAllGpu)),
-                        Ratio(u, Peak(c, SystemKind::kHiSparse)), Ratio(Peak(c, SystemKind::kUlaCacheAtHome), u));
-    fmt::print("{}\n", line);
   }
-  fmt::print("adm = requests decoding at once (admission limit); peak = tokens/s; @B = batch at peak; tpot1 = TPOT at "
-             "batch 1 (ms)\n");
-  fmt::print("ulacache_home = UlaCache TP with attention at home (no local buffer; queries all-gathered, partial outputs "
-             "exchanged); TP only, '-' in DP where it would be ulacache itself\n");
+  fmt::print("adm = requests decoding at once (admission limit); fill = the admitted requests' KV + index-key bytes / "
+             "the memory the system may use for KV on all GPUs (device, plus host with a host tier); peak = tokens/s; "
+             "@B = batch at peak; tpot1 = TPOT at batch 1 (ms); hit1, hit@B = distinct selections already on the "
+             "attending GPU's device at batch 1 and at the peak batch (HiSparse: its per-request buffer; context "
+             "parallel and all_gpu: 1); host@B = GB over the host link per step per GPU at the peak batch; vs ula = "
+             "peak of ulacache_home (TP) / ulacache (DP) over this system's\n");
+  fmt::print("ulacache_home = UlaCache TP with attention at home; dcp = decode context parallel as vLLM runs it (index "
+             "keys sharded, global top-k merge), dcp_sglang = as SGLang runs it (index keys replicated); helix = "
+             "TensorRT-LLM Helix; vllm_hisparse = vLLM's HiSparse port; hisparse = SGLang HiSparse (its DP rows: DP "
+             "attention, as SGLang's published HiSparse runs deploy it); TP-only systems have no DP rows\n");
   for (const ConfigResult& c : r.configs) {
     for (const SystemResult& s : c.systems) {
       if (!s.note.empty()) fmt::print("note: {} {}: {}\n", ConfigName(c), SystemName(s.system), s.note);
     }
   }
-  if (IsSharing(r)) PrintSharingTable(r);
+}
+
+// What UlaCache adds to DCP (issue 29 item 3): ulacache_home is DCP's placement (token
+// striping, attention at home, the striped indexer = vLLM's sharded keys) plus a host tier,
+// one pool shared by all requests under PB-LRU, and shared prefixes stored once; dcp is vLLM's
+// DCP, dcp_sglang SGLang's (replicated index keys). At the largest batch both ran, the step's
+// terms side by side.
+void PrintOverDcp(const ComparisonResult& r) {
+  fmt::print("\nwhat UlaCache adds to DCP (TP configs): ulacache_home against dcp\n");
+  fmt::print("{:<20} | {:>5} {:>5} {:>6} | {:>9} {:>9} {:>6} | {:>5} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>7} | {:>8}\n",
+             "config", "adm", "dcp", "x", "peak", "dcp", "x", "@B", "step", "dcp", "planner", "exposed", "coll", "host",
+             "sglang");
+  for (const ConfigResult& c : r.configs) {
+    const SystemResult* home = c.Find(SystemKind::kUlaCacheAtHome);
+    const SystemResult* dcp = c.Find(SystemKind::kDcp);
+    const SystemResult* sgl = c.Find(SystemKind::kDcpSglang);
+    if (home == nullptr || dcp == nullptr) continue;
+    // The largest batch both curves measured.
+    const CurvePoint* a = nullptr;
+    const CurvePoint* b = nullptr;
+    for (const CurvePoint& p : dcp->curve) {
+      if (const CurvePoint* q = PointAt(*home, p.batch)) a = q, b = &p;
+    }
+    const std::uint32_t eq = a ? a->batch : 0;
+    const auto ms = [](const CurvePoint* p, double StepTime::*f) { return p ? 1e3 * (p->time.*f) : 0.0; };
+    fmt::print("{:<20} | {:>5} {:>5} {:>6} | {:>9.0f} {:>9.0f} {:>6} | {:>5} | {:>8.2f} {:>8.2f} {:>8.3f} {:>8.3f} {:>8.3f} | "
+               "{:>7.3f} | {:>8}\n",
+               ConfigName(c), home->admitted, dcp->admitted, Ratio(double(home->admitted), double(dcp->admitted)),
+               home->peak_tput, dcp->peak_tput, Ratio(home->peak_tput, dcp->peak_tput), eq, a ? a->step_ms : 0.0,
+               b ? b->step_ms : 0.0, ms(a, &StepTime::planner) - ms(b, &StepTime::planner),
+               ms(a, &StepTime::transfer_exposed) - ms(b, &StepTime::transfer_exposed),
+               ms(a, &StepTime::collectives) - ms(b, &StepTime::collectives), a ? a->h2d_gb + a->d2h_gb : 0.0,
+               sgl ? Ratio(sgl->peak_tput, dcp->peak_tput) : "-");
+  }
+  fmt::print("adm, peak: ulacache_home, dcp and their ratio (what the host tier and the shared PB-LRU pool add); @B = "
+             "the largest batch both ran; step = step ms there (ulacache_home, dcp); planner, exposed, coll = "
+             "ulacache_home minus dcp at @B (ms): its planner kernels, its exposed host copies, its collectives (its "
+             "float32 partials against DCP's bf16 outputs); host = ulacache_home's GB over the host link per step per "
+             "GPU at @B (dcp: 0); sglang = dcp_sglang peak / dcp peak (the cost of replicated index keys, which the "
+             "striped indexer avoids)\n");
 }
 
 Status WriteCsv(const ComparisonResult& r, const std::filesystem::path& out) {
@@ -170,13 +213,15 @@ Status WriteCsv(const ComparisonResult& r, const std::filesystem::path& out) {
   f << "config,hardware,mode,mtp,system,batch,mean_batch,tput,step_ms,tokens_per_step,hit_rate,h2d_gb,d2h_gb,nvlink_gb,"
        "weights_ms,attention_ms,indexer_ms,gpu_ms,host_link_ms,nvlink_fetch_ms,transfer_exposed_ms,collectives_ms,"
        "overhead_ms,dense_ms,experts_ms,hbm_copies_ms,collective_latency_ms,planner_ms\n";
-  s << "config,hardware,mode,mtp,system,admitted,peak_tput,peak_batch,tpot_b1_ms,device_kv_gb_per_gpu,host_gb_per_gpu\n";
+  s << "config,hardware,mode,mtp,system,admitted,peak_tput,peak_batch,tpot_b1_ms,device_kv_gb_per_gpu,host_gb_per_gpu,"
+       "fill,hit_b1\n";
   for (const ConfigResult& c : r.configs) {
     for (const SystemResult& sys : c.systems) {
       const std::string head = fmt::format("{},{},{},{},{}", FileStem(c), c.hardware_label, ParallelModeName(c.entry.mode),
                                            c.entry.mtp ? 1 : 0, SystemName(sys.system));
-      s << fmt::format("{},{},{:.1f},{},{:.4f},{:.3f},{:.3f}\n", head, sys.admitted, sys.peak_tput, sys.peak_batch,
-                       sys.tpot_b1_ms, c.budget.device_kv_bytes / 1e9, c.budget.host_bytes / 1e9);
+      s << fmt::format("{},{},{:.1f},{},{:.4f},{:.3f},{:.3f},{:.4f},{:.4f}\n", head, sys.admitted, sys.peak_tput,
+                       sys.peak_batch, sys.tpot_b1_ms, c.budget.device_kv_bytes / 1e9, c.budget.host_bytes / 1e9, sys.fill,
+                       sys.hit_b1);
       for (const CurvePoint& p : sys.curve) {
         const StepTime& t = p.time;
         f << fmt::format("{},{},{:.2f},{:.1f},{:.4f},{:.4f},{:.5f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},"
@@ -264,6 +309,8 @@ int Run(const CompareCliOptions& o) {
     fmt::print("{}\n", ToJson(*result).dump());
   } else {
     PrintTable(*result);
+    PrintOverDcp(*result);
+    if (IsSharing(*result)) PrintSharingTable(*result);
     fmt::print("wrote {}/compare.csv{} and {}/summary.csv{}; {:.1f} s\n", o.out,
                IsSharing(*result) ? fmt::format(", {}/sharing.csv", o.out) : "", o.out,
                plotted ? fmt::format(" and one PNG per config in {}", o.out) : "", secs);
@@ -285,7 +332,7 @@ Action SetupCompare(CLI::App& app) {
 }
 
 ULA_REGISTER_COMMAND(compare, "", "compare",
-                     "serving comparison: all-GPU vs HiSparse vs UlaCache (TP: also attention at home) (admission, throughput)",
+                     "serving comparison: UlaCache against all-GPU, SGLang and vLLM HiSparse, DCP and Helix (admission, fill, throughput)",
                      SetupCompare);
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <algorithm>
 #include <functional>
 #include <optional>
 #include <string>
@@ -55,8 +56,28 @@ std::vector<Variant> Variants() {
   auto reserve = [](double r) { return [r](ScenarioConfig& s) { s.activation_reserve_fraction = r; }; };
   v.push_back({"activation reserve", "5 % of HBM", {}, reserve(0.05)});
   v.push_back({"activation reserve", "20 % of HBM", {}, reserve(0.20)});
-  v.push_back({"HiSparse host_to_device_ratio", "unbounded (host memory only)", {},
-               [](ScenarioConfig& s) { s.hisparse_host_to_device_ratio = 1e6; }});
+  v.push_back({"HiSparse host_to_device_ratio", "2 (SGLang's default) instead of the host budget", {},
+               [](ScenarioConfig& s) {
+                 s.hisparse_match_host_budget = false;
+                 s.hisparse_host_to_device_ratio = 2;
+               }});
+  // Locality (issue 29 item 6): the share of each step's selections that are new (1 - keep)
+  // and how far back the returning ones come from; the fit's values are the base.
+  auto keep = [](double k) {
+    return [k](ScenarioConfig& s) { s.selection_adjust = [k](SelectionModelParams& p) { p.keep_mean = k; }; };
+  };
+  v.push_back({"selection locality: new per step", "40 % (keep 0.60)", {}, keep(0.60)});
+  v.push_back({"selection locality: new per step", "3 % (keep 0.97)", {}, keep(0.97)});
+  auto returns = [](double fraction, std::uint32_t window) {
+    return [fraction, window](ScenarioConfig& s) {
+      s.selection_adjust = [fraction, window](SelectionModelParams& p) {
+        p.return_fraction = fraction;
+        p.return_window = window;
+      };
+    };
+  };
+  v.push_back({"selection locality: reuse", "no returns (return_fraction 0)", {}, returns(0.0, 8)});
+  v.push_back({"selection locality: reuse", "returns from 32 steps back (window 32)", {}, returns(0.578, 32)});
   return v;
 }
 
@@ -84,9 +105,18 @@ void PrintRows(std::string_view constant, std::string_view value, const Comparis
       adm += (adm.empty() ? "" : " / ") + (s == nullptr ? std::string("-") : fmt::format("{}", s->admitted));
     }
     const auto u = PeakOf(c, SystemKind::kUlaCache);
-    fmt::print("| {} | {} | {} | {} | {:.0f} | {} | {} | {} |\n", constant, value, ConfigLabel(c), adm, u.value_or(0),
-               RatioText(u, PeakOf(c, SystemKind::kAllGpu)), RatioText(u, PeakOf(c, SystemKind::kHiSparse)),
-               RatioText(PeakOf(c, SystemKind::kUlaCacheAtHome), u));
+    // UlaCache's best in this mode (at home in TP) against the best of what engines run today.
+    const auto best = c.entry.mode == ParallelMode::kTp ? PeakOf(c, SystemKind::kUlaCacheAtHome) : u;
+    std::optional<double> engines;
+    for (SystemKind k : {SystemKind::kAllGpu, SystemKind::kHiSparse, SystemKind::kDcp, SystemKind::kDcpSglang,
+                         SystemKind::kHelix, SystemKind::kVllmHiSparse}) {
+      if (auto e = PeakOf(c, k)) engines = std::max(engines.value_or(0), *e);
+    }
+    fmt::print("| {} | {} | {} | {} | {:.0f} | {} | {} | {} | {} | {} |\n", constant, value, ConfigLabel(c), adm,
+               u.value_or(0), RatioText(u, PeakOf(c, SystemKind::kAllGpu)), RatioText(u, PeakOf(c, SystemKind::kHiSparse)),
+               RatioText(PeakOf(c, SystemKind::kUlaCacheAtHome), u), RatioText(PeakOf(c, SystemKind::kUlaCacheAtHome),
+                                                                               PeakOf(c, SystemKind::kDcp)),
+               RatioText(best, engines));
   }
 }
 
@@ -105,9 +135,12 @@ int RunCompareSensitivity(const ScenarioConfig& scenario, const CompareOptions& 
     fmt::print(stderr, "ula compare --sensitivity: {}\n", base.error().ToString());
     return 1;
   }
-  fmt::print("| constant | value | config | admitted (all_gpu / hisparse / ulacache / ulacache_home) | ulacache peak "
-             "tok/s | ulacache / all_gpu | ulacache / hisparse | home / ulacache |\n");
-  fmt::print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: |\n");
+  std::string names;
+  for (SystemKind k : kAllSystems) names += (names.empty() ? "" : " / ") + std::string(SystemName(k));
+  fmt::print("| constant | value | config | admitted ({}) | ulacache peak tok/s | ulacache / all_gpu | ulacache / "
+             "hisparse | home / ulacache | home / dcp | best ula / best engine |\n",
+             names);
+  fmt::print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   PrintRows("(base)", "configs as checked in", *base);
   for (const Variant& v : Variants()) {
     progress(fmt::format("sensitivity: {} {}", v.constant, v.value));
@@ -127,7 +160,9 @@ int RunCompareSensitivity(const ScenarioConfig& scenario, const CompareOptions& 
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   fmt::print("\nadmitted: requests decoding at once; ratios of peak throughput. Re-priced rows keep the base run's "
-             "admission limits and hit rates; MTP-acceptance, activation-reserve and HiSparse-ratio rows are new runs. {:.1f} s\n",
+             "admission limits and hit rates; MTP-acceptance, activation-reserve, HiSparse-ratio and locality rows are new runs; best ula = ulacache_home in TP, "
+             "ulacache in DP; best engine = the highest peak of all_gpu, hisparse, dcp, dcp_sglang, helix and "
+             "vllm_hisparse. {:.1f} s\n",
              secs);
   return 0;
 }

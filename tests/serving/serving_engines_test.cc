@@ -1,0 +1,337 @@
+// The systems engines run today (issue 29): decode context parallel as vLLM and SGLang run
+// it, Helix, vLLM's HiSparse port, and the seed's budget rule for SGLang HiSparse. Their
+// admission arithmetic on hand-sized budgets, fill, the collectives each engine issues, the
+// adapters' step counts, and the systems in a small end-to-end comparison.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "config/hardware_config.h"
+#include "config/model_config.h"
+#include "serving/baselines.h"
+#include "serving/cost_model.h"
+#include "serving/serving_sim.h"
+#include "serving/serving_systems.h"
+
+namespace ula {
+namespace {
+
+const std::filesystem::path kTestConfigs = ULA_SERVING_TEST_CONFIGS;
+
+// kv 100 B/token, index 10 B/token, device 10000 B, host 20000 B per rank, 4 ranks.
+PlacementRules Rules(SystemKind s, ParallelMode m = ParallelMode::kTp, std::uint32_t ranks = 4) {
+  PlacementRules r;
+  r.system = s;
+  r.mode = m;
+  r.num_ranks = ranks;
+  r.device_bytes_per_rank = 10000;
+  r.host_bytes_per_rank = 20000;
+  r.kv_bytes_per_token = 100;
+  r.index_bytes_per_token = 10;
+  r.hisparse_buffer_entries = 16;
+  r.helix_tokens_per_block = 8;
+  r.tail_entries = 4;
+  return r;
+}
+
+TEST(Engines, DcpStripesKvAndIndexKeysSglangReplicatesTheKeys) {
+  // 100 tokens over 4 ranks: 25 per rank.
+  const RankDemand vllm = DemandOf(Rules(SystemKind::kDcp), 100);
+  EXPECT_DOUBLE_EQ(vllm.device, 25 * (100 + 10));
+  EXPECT_DOUBLE_EQ(vllm.host + vllm.either, 0);
+  const RankDemand sglang = DemandOf(Rules(SystemKind::kDcpSglang), 100);
+  EXPECT_DOUBLE_EQ(sglang.device, 25 * 100 + 100 * 10);  // every rank holds every index key
+  EXPECT_DOUBLE_EQ(sglang.host + sglang.either, 0);
+  // 101 tokens: the busiest rank holds 26.
+  EXPECT_DOUBLE_EQ(DemandOf(Rules(SystemKind::kDcp), 101).device, 26 * 110);
+  // Admission: 10000 / 2750 -> 3 requests of 100 tokens (all-GPU TP: 10000 / 11000 -> 0).
+  const std::vector<std::uint32_t> t(10, 100);
+  EXPECT_EQ(MaxAdmitted(Rules(SystemKind::kDcp), t), 3u);
+  EXPECT_EQ(MaxAdmitted(Rules(SystemKind::kDcpSglang), t), 2u);  // 3500 each
+  EXPECT_EQ(MaxAdmitted(Rules(SystemKind::kAllGpu), t), 0u);
+}
+
+TEST(Engines, HelixHoldsWholeBlocksDealtRoundRobin) {
+  // Blocks of 8 tokens over 4 ranks: 100 tokens = 13 blocks, the busiest rank holds 4 of them.
+  EXPECT_DOUBLE_EQ(HelixRankTokens(100, 8, 4), 32);
+  EXPECT_DOUBLE_EQ(HelixRankTokens(64, 8, 4), 16);  // 8 blocks, 2 each
+  EXPECT_DOUBLE_EQ(HelixRankTokens(5, 8, 4), 5);    // one partial block: its tokens
+  EXPECT_DOUBLE_EQ(DemandOf(Rules(SystemKind::kHelix), 100).device, 32 * 110);
+  // Coarser blocks cost room: with 1-token blocks it is DCP's demand.
+  PlacementRules fine = Rules(SystemKind::kHelix);
+  fine.helix_tokens_per_block = 1;
+  EXPECT_DOUBLE_EQ(DemandOf(fine, 101).device, DemandOf(Rules(SystemKind::kDcp), 101).device);
+}
+
+TEST(Engines, VllmHiSparseSharesOneHostPoolAcrossTheTpRanks) {
+  const RankDemand tp = DemandOf(Rules(SystemKind::kVllmHiSparse), 400);
+  EXPECT_DOUBLE_EQ(tp.device, 400 * 10 + (16 + 4) * 100);  // index keys + hot buffer + tail
+  EXPECT_DOUBLE_EQ(tp.host, 400 * 100 / 4.0);               // one copy for the node
+  const RankDemand dp = DemandOf(Rules(SystemKind::kVllmHiSparse, ParallelMode::kDp), 400);
+  EXPECT_DOUBLE_EQ(dp.host, 400 * 100);
+  // 400-token histories (40000 B of KV): over one GPU's host budget, so SGLang HiSparse (a
+  // host copy per GPU) admits none in TP; vLLM's shared pool holds 2 (80000 B of 4 x 20000).
+  const std::vector<std::uint32_t> t(10, 400);
+  EXPECT_EQ(MaxAdmitted(Rules(SystemKind::kHiSparse), t), 0u);
+  EXPECT_EQ(MaxAdmitted(Rules(SystemKind::kVllmHiSparse), t), 1u);  // device: 6000 B each
+  PlacementRules room = Rules(SystemKind::kVllmHiSparse);
+  room.device_bytes_per_rank = 20000;
+  EXPECT_EQ(MaxAdmitted(room, t), 2u);
+}
+
+TEST(Engines, ContextParallelSystemsAreTpOnlyAndRefuseBadRules) {
+  for (SystemKind s : {SystemKind::kDcp, SystemKind::kDcpSglang, SystemKind::kHelix}) {
+    SCOPED_TRACE(SystemName(s));
+    EXPECT_TRUE(SystemRunsIn(s, ParallelMode::kTp));
+    EXPECT_FALSE(SystemRunsIn(s, ParallelMode::kDp));
+    auto refused = Rules(s, ParallelMode::kDp).Validate();
+    ASSERT_FALSE(refused);
+    EXPECT_NE(refused.error().message().find("'mode'"), std::string::npos);
+    EXPECT_TRUE(Rules(s).Validate());
+  }
+  EXPECT_TRUE(SystemRunsIn(SystemKind::kVllmHiSparse, ParallelMode::kDp));
+  PlacementRules helix = Rules(SystemKind::kHelix);
+  helix.helix_tokens_per_block = 0;
+  ASSERT_FALSE(helix.Validate());
+  EXPECT_NE(helix.Validate().error().message().find("helix_tokens_per_block"), std::string::npos);
+  PlacementRules vllm = Rules(SystemKind::kVllmHiSparse);
+  vllm.hisparse_buffer_entries = 0;
+  EXPECT_FALSE(vllm.Validate());
+  EXPECT_FALSE(AdmissionLedger::Create(vllm));
+}
+
+TEST(Engines, HiSparseRatioMatchedToTheHostBudgetFillsIt) {
+  PlacementRules r = Rules(SystemKind::kHiSparse);
+  // device 10000, host 20000, kv 100, ix 10: ratio = 20000 x 100 / (10000 x 100 - 20000 x 10) = 2.5.
+  const double ratio = HiSparseMatchedRatio(r);
+  EXPECT_DOUBLE_EQ(ratio, 2.5);
+  EXPECT_NEAR(HiSparseHostPoolBytes(r, ratio), r.host_bytes_per_rank, 1e-6);
+  // SGLang's default 2 gives it less: 2 x 10000 x 100 / (100 + 20) = 16667 B.
+  EXPECT_NEAR(HiSparseHostPoolBytes(r, 2), 2 * 10000.0 * 100 / 120, 1e-6);
+  // A host budget no ratio reaches: +inf, and the pool is its limit device x kv / ix.
+  r.host_bytes_per_rank = 200000;
+  EXPECT_TRUE(std::isinf(HiSparseMatchedRatio(r)));
+  EXPECT_DOUBLE_EQ(HiSparseHostPoolBytes(r, HiSparseMatchedRatio(r)), 10000.0 * 100 / 10);
+}
+
+TEST(Engines, FillIsStoredBytesOverTheMemoryTheSystemMayUse) {
+  const PlacementRules r = Rules(SystemKind::kDcp);
+  // 300 tokens x 110 B over 4 x 10000 B.
+  EXPECT_DOUBLE_EQ(FillOf(r, 300, 0), 300 * 110 / 40000.0);
+  // With a host tier the host budget counts too.
+  EXPECT_DOUBLE_EQ(FillOf(r, 300, 20000), 300 * 110 / 120000.0);
+  PlacementRules none = r;
+  none.device_bytes_per_rank = 0;
+  EXPECT_DOUBLE_EQ(FillOf(none, 300, 0), 0);
+}
+
+CostModelInputs TinyInputs(bool mtp) {
+  CostModelInputs in;
+  in.model = *LoadModelConfigByName("tiny_glm", kTestConfigs);
+  in.costs = *LoadModelCostConfigByName("tiny_glm", kTestConfigs);
+  in.hardware = *LoadHardwareConfigByName("tiny_gpu", kTestConfigs);
+  in.rates = *LoadComputeRatesByName("tiny_gpu", kTestConfigs);
+  in.mode = ParallelMode::kTp;
+  in.mtp = mtp;
+  in.num_ranks = 2;
+  in.draft_tokens = 2;
+  return in;
+}
+
+StepCounts Home(HomeExchange e) {
+  StepCounts k;
+  k.batch_total = k.batch_local = 3;
+  k.history_scored = 1000;
+  k.attention_at_home = true;
+  k.home_entries = 50;
+  k.distinct_entries = 100;
+  k.home_exchange = e;
+  return k;
+}
+
+TEST(Engines, DcpAndHelixIssueTheirEnginesCollectives) {
+  for (bool mtp : {false, true}) {
+    SCOPED_TRACE(mtp ? "mtp on" : "mtp off");
+    auto cm = CostModel::Create(TinyInputs(mtp));  // P = 2; 4 heads, kv_lora 16, rope 8, 6 layers (+1 MTP)
+    ASSERT_TRUE(cm) << cm.error().ToString();
+    const double heads = 4, passes = mtp ? 3.0 * 3 * 6 + 3.0 * 2 : 3.0 * 6;
+    const StepWork ula = cm->Work(Home(HomeExchange::kUlaCache));
+    const StepWork dcp = cm->Work(Home(HomeExchange::kDcp));
+    const StepWork helix = cm->Work(Home(HomeExchange::kHelix));
+    // DCP: the queries all-gathered in bf16 (as UlaCache's), then cp_lse_ag_out_rs: every GPU
+    // receives the other rank's LSE of all heads (fp32) and reduce-scatters its bf16 outputs.
+    EXPECT_DOUBLE_EQ(dcp.query_gather_bytes, ula.query_gather_bytes);
+    EXPECT_DOUBLE_EQ(dcp.query_gather_bytes, 0.5 * heads * (16 + 8) * 2 * passes);
+    EXPECT_DOUBLE_EQ(dcp.partial_exchange_bytes, (1 * heads * 4 + 0.5 * heads * 16 * 2) * passes);
+    EXPECT_DOUBLE_EQ(dcp.gather_calls - ula.gather_calls, 1.0 * dcp.layers);  // three calls, not two
+    // Helix: no query gather (each GPU projects every head), one all-to-all of bf16 outputs + LSE.
+    EXPECT_DOUBLE_EQ(helix.query_gather_bytes, 0);
+    EXPECT_DOUBLE_EQ(helix.partial_exchange_bytes, 0.5 * heads * (16 * 2 + 4) * passes);
+    EXPECT_DOUBLE_EQ(ula.gather_calls - helix.gather_calls, 1.0 * helix.layers);
+    // SGLang's DCP: the same query gather, then outputs + LSE in one packed all-to-all.
+    const StepWork packed = cm->Work(Home(HomeExchange::kDcpPacked));
+    EXPECT_DOUBLE_EQ(packed.query_gather_bytes, dcp.query_gather_bytes);
+    EXPECT_DOUBLE_EQ(packed.partial_exchange_bytes, helix.partial_exchange_bytes);
+    EXPECT_DOUBLE_EQ(packed.gather_calls, ula.gather_calls);  // two calls per layer pass
+    // The hidden-state all-reduces of TP stay in all three.
+    EXPECT_DOUBLE_EQ(dcp.allreduce_calls, 2.0 * dcp.layers);
+    EXPECT_DOUBLE_EQ(helix.allreduce_calls, dcp.allreduce_calls);
+    EXPECT_DOUBLE_EQ(dcp.collective_bytes - dcp.query_gather_bytes - dcp.partial_exchange_bytes,
+                     helix.collective_bytes - helix.partial_exchange_bytes);
+  }
+}
+
+TEST(Engines, HelixRedundantQkvReadsAndComputesTheQueryProjectionsWhole) {
+  auto cm = CostModel::Create(TinyInputs(false));
+  ASSERT_TRUE(cm);
+  const ModelConfig& m = cm->inputs().model;
+  StepCounts plain = Home(HomeExchange::kHelix);
+  StepCounts redundant = plain;
+  redundant.redundant_qkv = true;
+  const StepWork a = cm->Work(plain), b = cm->Work(redundant);
+  // q_b (32 x 4 x (16 + 8)) and W_UK (16 x 4 x 16) per layer: whole on both GPUs instead of half.
+  const double qkv = 32.0 * 4 * (16 + 8) + 16.0 * 4 * 16;
+  EXPECT_DOUBLE_EQ(cm->RedundantQkvParamsPerLayer(), qkv);
+  EXPECT_NEAR(b.dense_bytes - a.dense_bytes, m.num_layers * qkv * (1 - 0.5), 1e-6);
+  // FLOPs: every token of the batch through them on every GPU.
+  EXPECT_NEAR(b.dense_flops - a.dense_flops, 2 * m.num_layers * qkv * 3 * (1 - 0.5), 1e-6);
+  // And the weights they add to each GPU's budget: (P - 1) / P of them over the layers in use.
+  EXPECT_DOUBLE_EQ(cm->RedundantQkvExtraWeightBytes(), 0.5 * m.num_layers * qkv * 1);
+}
+
+// The adapters on hand-made selections.
+serving_internal::SimSystemConfig SimConfig(SystemKind s) {
+  serving_internal::SimSystemConfig cfg;
+  cfg.rules = Rules(s);
+  cfg.rules.device_bytes_per_rank = 1e9;
+  cfg.rules.host_bytes_per_rank = 1e9;
+  cfg.group_entry_bytes = 100;
+  cfg.resident_device_bytes = cfg.rules.device_bytes_per_rank;
+  return cfg;
+}
+
+TEST(Engines, HelixCountsTheBusiestRankDcpRankZero) {
+  // Positions 0..7 are one Helix block (8 tokens) on rank 0; 8..15 the next, on rank 1.
+  const std::vector<std::uint32_t> sel = {1, 8, 9, 13, 17};
+  const std::uint64_t ids[] = {1};
+  const std::vector<std::vector<std::uint32_t>> sels = {sel};
+  for (SystemKind s : {SystemKind::kDcp, SystemKind::kHelix}) {
+    SCOPED_TRACE(SystemName(s));
+    auto sys = serving_internal::MakeSimSystem(SimConfig(s));
+    ASSERT_TRUE(sys) << sys.error().ToString();
+    ASSERT_TRUE(*(*sys)->Admit(1, 20, 40));
+    serving_internal::SimCounters c;
+    ASSERT_TRUE((*sys)->Step(ids, sels, c));
+    EXPECT_TRUE((*sys)->attention_at_home());
+    EXPECT_DOUBLE_EQ(c.batch_distinct, 5);
+    EXPECT_DOUBLE_EQ(c.h2d + c.d2h + c.nvlink, 0);
+    // dcp: g mod 4 == 0 -> {8} on rank 0; helix: {1} on rank 0, {8,9,13} on rank 1 (the
+    // busiest, which sets the step), {17} on rank 2.
+    EXPECT_DOUBLE_EQ(c.home, s == SystemKind::kDcp ? 1 : 3);
+    EXPECT_DOUBLE_EQ(c.hits, c.home);
+  }
+  auto sglang = serving_internal::MakeSimSystem(SimConfig(SystemKind::kDcpSglang));
+  ASSERT_TRUE(sglang);
+  EXPECT_FALSE((*sglang)->striped_indexer());  // SGLang scores every key on every rank
+}
+
+TEST(Engines, VllmHiSparseReadsResidentPagesAndFetchesTheRestThroughItsHotBuffer) {
+  std::vector<std::uint32_t> sel;
+  for (std::uint32_t p = 0; p < 400; p += 40) sel.push_back(p);  // 10 positions, one page each (64)
+  sel.push_back(950);  // in the tail of 64 (history 1000), not among the 16 newest the hot buffer starts with
+  const std::uint64_t ids[] = {7};
+  const std::vector<std::vector<std::uint32_t>> sels = {sel};
+  // Room for everything: every selection is resident, nothing crosses the host link.
+  {
+    auto sys = serving_internal::MakeSimSystem(SimConfig(SystemKind::kVllmHiSparse));
+    ASSERT_TRUE(sys);
+    ASSERT_TRUE(*(*sys)->Admit(7, 1000, 1200));
+    serving_internal::SimCounters c;
+    ASSERT_TRUE((*sys)->Step(ids, sels, c));
+    EXPECT_DOUBLE_EQ(c.distinct, 11);
+    EXPECT_DOUBLE_EQ(c.hits, 11);
+    EXPECT_DOUBLE_EQ(c.h2d, 0);
+    ASSERT_TRUE((*sys)->Append(7, 1000, 2, c));
+    EXPECT_DOUBLE_EQ(c.d2h, 2);  // every decode-written row is mirrored to host
+  }
+  // No room beside the ledger's reservations: only the tail is resident, the other 10 miss
+  // the hot buffer once and are fetched from host; the next step hits them there.
+  {
+    serving_internal::SimSystemConfig cfg = SimConfig(SystemKind::kVllmHiSparse);
+    cfg.resident_device_bytes = 0;
+    cfg.rules.tail_entries = 64;
+    auto sys = serving_internal::MakeSimSystem(cfg);
+    ASSERT_TRUE(sys);
+    ASSERT_TRUE(*(*sys)->Admit(7, 1000, 1200));
+    serving_internal::SimCounters c;
+    ASSERT_TRUE((*sys)->Step(ids, sels, c));
+    EXPECT_DOUBLE_EQ(c.distinct, 11);
+    EXPECT_DOUBLE_EQ(c.hits, 1);
+    EXPECT_DOUBLE_EQ(c.h2d, 10);
+    serving_internal::SimCounters again;
+    ASSERT_TRUE((*sys)->Step(ids, sels, again));
+    EXPECT_DOUBLE_EQ(again.hits, 11);
+    EXPECT_DOUBLE_EQ(again.h2d, 0);
+  }
+}
+
+ScenarioConfig Tiny() {
+  auto sc = LoadScenarioConfig(kTestConfigs / "scenarios" / "tiny.json", kTestConfigs);
+  EXPECT_TRUE(sc) << sc.error().ToString();
+  return *sc;
+}
+
+TEST(Engines, TheComparisonRunsEveryEngineOnTheSameTracesAndBudgets) {
+  CompareOptions o;
+  o.config_dir = kTestConfigs;
+  auto r = RunComparison(Tiny(), o);
+  ASSERT_TRUE(r) << r.error().ToString();
+  for (const ConfigResult& c : r->configs) {
+    SCOPED_TRACE(fmt::format("{} {}", ParallelModeName(c.entry.mode), c.entry.mtp));
+    const bool tp = c.entry.mode == ParallelMode::kTp;
+    for (SystemKind k : kAllSystems) EXPECT_EQ(c.Find(k) != nullptr, SystemRunsIn(k, c.entry.mode)) << SystemName(k);
+    for (const SystemResult& s : c.systems) {
+      SCOPED_TRACE(SystemName(s.system));
+      EXPECT_GT(s.admitted, 0u);
+      EXPECT_GT(s.fill, 0);
+      EXPECT_LE(s.fill, 1.0 + 1e-9);
+      EXPECT_GT(s.hit_b1, 0);
+      if (IsContextParallel(s.system) || s.system == SystemKind::kAllGpu) EXPECT_DOUBLE_EQ(s.hit_b1, 1);
+    }
+    if (tp) {
+      // DCP stripes what all-GPU copies: it admits more; SGLang's replicated keys admit no more than vLLM's.
+      EXPECT_GT(c.Find(SystemKind::kDcp)->admitted, c.Find(SystemKind::kAllGpu)->admitted);
+      EXPECT_LE(c.Find(SystemKind::kDcpSglang)->admitted, c.Find(SystemKind::kDcp)->admitted);
+      // ulacache_home is DCP's placement plus a host tier: at least as many.
+      EXPECT_GE(c.Find(SystemKind::kUlaCacheAtHome)->admitted, c.Find(SystemKind::kDcp)->admitted);
+    }
+  }
+}
+
+TEST(Engines, HiSparseMatchedToTheHostBudgetAdmitsAtLeastItsDefaultRatio) {
+  CompareOptions o;
+  o.config_dir = kTestConfigs;
+  ScenarioConfig base = Tiny();
+  base.hisparse_match_host_budget = false;
+  base.hisparse_host_to_device_ratio = 2;
+  ScenarioConfig matched = base;
+  matched.hisparse_match_host_budget = true;
+  auto a = RunComparison(base, o);
+  auto b = RunComparison(matched, o);
+  ASSERT_TRUE(a && b);
+  bool more = false;
+  for (std::size_t i = 0; i < a->configs.size(); ++i) {
+    const SystemResult* x = a->configs[i].Find(SystemKind::kHiSparse);
+    const SystemResult* y = b->configs[i].Find(SystemKind::kHiSparse);
+    EXPECT_GE(y->admitted, x->admitted);
+    EXPECT_GE(y->fill, x->fill);
+    more = more || y->admitted > x->admitted;
+  }
+  EXPECT_TRUE(more) << "the budget rule never changed HiSparse's admission in the tiny scenario";
+}
+
+}  // namespace
+}  // namespace ula
