@@ -170,7 +170,7 @@ TEST(AddressSpaceConfig, InvalidFieldsAreNamed) {
 // over random selections (hits, fetches, swaps; dev / 16 selections per step and group, as
 // batch 64 x top-k 2048 on a full-size GLM-5 pool) grow each policy's lazily sized state to
 // its high-water mark: PB-LRU's touch scratch (8 B per touched slot, kept at the largest
-// touch) may add at most 8 B x selections per pool entry, and does (16.03 B on GLM-5:
+// touch) may add at most 8 B x selections per pool entry, and does (16.02 B on GLM-5:
 // over the budget by the scratch). Every part is positive; none shrinks.
 TEST(AddressSpace, MetadataStaysUnderSixteenBytesPerEntryPerGroup) {
   struct Shape {
