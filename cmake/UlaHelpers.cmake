@@ -39,6 +39,22 @@ function(ula_add_test name)
     list(APPEND labels threaded)
   endif()
   set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${labels}")
+  # A randomized program (one of its sources includes tests/test_seed.h) must refuse a
+  # malformed ULA_TEST_SEED in every test that draws a seed (scripts/check_seed_refusal.py).
+  foreach(src ${ARG_SOURCES})
+    file(READ ${CMAKE_CURRENT_SOURCE_DIR}/${src} text)
+    string(FIND "${text}" "#include \"test_seed.h\"" at)
+    if(NOT at EQUAL -1)
+      find_package(Python3 REQUIRED COMPONENTS Interpreter)
+      add_test(NAME test_seed_refuses_malformed_${name}
+               COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/scripts/check_seed_refusal.py $<TARGET_FILE:${name}>)
+      set_tests_properties(test_seed_refuses_malformed_${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${labels};seed")
+      if(ARG_THREADED)
+        set_tests_properties(test_seed_refuses_malformed_${name} PROPERTIES ENVIRONMENT OMP_WAIT_POLICY=passive)
+      endif()
+      break()
+    endif()
+  endforeach()
 endfunction()
 
 # ula_add_mpi_test(NAME NP n COMMAND cmd... [LAUNCHER wrapper...] [PASS_REGULAR_EXPRESSION re]

@@ -15,7 +15,10 @@
 //   pin           a counted "in use by computation or a transfer" mark. A pinned block is
 //                 never moved. Pointers and offsets are stable only while the block is pinned.
 //
-// Contract of every implementation: a call that returns an Error has changed nothing.
+// Contract of every implementation: a call that returns an Error has changed nothing, with
+// one exception: UnifiedBuffer::AllocateDemand's kIo after a failed compaction move keeps
+// the moves completed before it (their bytes arrived; every block keeps its bytes, none is
+// allocated or freed: ula/unified_buffer.h, tests/unified/unified_fault_test.cc).
 // Thread-safety: none; callers serialize.
 #pragma once
 

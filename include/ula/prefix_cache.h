@@ -295,7 +295,7 @@ class PrefixCache {
   Status CheckInvariants() const;
   // A hash of the whole state (core/digest.h): every node (span, tokens, pages, checkpoint,
   // host slot, lock counts, last use, children), the free-node list in order, the five LRU
-  // sets in order, the free host slots in order, the host tier's bytes, the owned-block set,
+  // sets in order (KV, state, host, window, host KV), the free host slots in order, the host tier's bytes, the owned-block set,
   // the pending events, the clock and counters, and the allocator's DebugDigest. Equal
   // before and after a refused call. For tests; O(state).
   std::uint64_t DebugDigest() const;

@@ -1,7 +1,7 @@
 // HugePageAllocator: a std::allocator replacement for large, randomly indexed arrays (the
 // location table, arenas). Allocations of 2 MiB or more are 2 MiB aligned and advised to use
 // transparent huge pages, so that a random lookup costs a cache miss but not also a TLB
-// miss. Smaller ones use plain operator new. Stateless; thread-safe as malloc is.
+// miss. Smaller ones use std::malloc. Stateless; thread-safe as malloc is.
 #pragma once
 
 #include <sys/mman.h>

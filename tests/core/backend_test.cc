@@ -51,6 +51,52 @@ TEST(CpuBackend, RejectsMovesOutsideTheArena) {
   EXPECT_EQ(backend->counters().TotalBytes(), 0u);
 }
 
+// The bounds are exact: a move that ends at the arena's last byte is accepted, one byte
+// further is refused (either end), and so is an overlapping move inside one arena (a move
+// onto itself is a no-op and accepted). A refused batch moves and counts nothing.
+TEST(CpuBackend, RefusesExactlyTheMovesPastTheEndAndOverlaps) {
+  auto backend = MakeCpuBackend({.copy_threads = 0});
+  auto a = backend->CreateArena(Tier::kDevice, Rank(0), 64).value();
+  auto b = backend->CreateArena(Tier::kHost, Rank(0), 64).value();
+  for (int i = 0; i < 64; ++i) a.data[i] = std::byte(i);
+  ASSERT_TRUE(backend->Submit(CopyBatch{a.id, b.id, 16, false, {{48, 48}}}));
+  EXPECT_EQ(b.data[63], std::byte(63));
+  for (SlotMove m : {SlotMove{49, 0}, SlotMove{0, 49}}) {
+    auto r = backend->Submit(CopyBatch{a.id, b.id, 16, false, {{0, 0}, m}});
+    ASSERT_FALSE(r) << m.src_offset << "->" << m.dst_offset;
+    EXPECT_EQ(r.error().code(), ErrorCode::kOutOfRange);
+  }
+  for (SlotMove m : {SlotMove{0, 8}, SlotMove{8, 0}, SlotMove{0, 15}}) {
+    auto r = backend->Submit(CopyBatch{a.id, a.id, 16, false, {m}});
+    ASSERT_FALSE(r) << m.src_offset << "->" << m.dst_offset;
+    EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(backend->Submit(CopyBatch{a.id, a.id, 16, false, {{0, 16}, {32, 32}}}));  // adjacent, and onto itself
+  EXPECT_EQ(backend->counters().TotalBytes(), 16u + 2 * 16);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(a.data[16 + i], std::byte(i));
+}
+
+// A swap of an entry larger than the copy's bounce buffer (4 KiB) swaps every byte.
+TEST(CpuBackend, SwapsEntriesLargerThanTheBounceBuffer) {
+  constexpr std::uint32_t kBytes = 3 * 4096 + 100;
+  for (int threads : {0, 1}) {
+    auto backend = MakeCpuBackend({.copy_threads = threads});
+    auto a = backend->CreateArena(Tier::kDevice, Rank(0), 2 * kBytes).value();
+    auto b = backend->CreateArena(Tier::kHost, Rank(0), 2 * kBytes).value();
+    for (std::uint32_t i = 0; i < 2 * kBytes; ++i) {
+      a.data[i] = std::byte((i * 7) & 0xff);
+      b.data[i] = std::byte((i * 13 + 1) & 0xff);
+    }
+    auto f = backend->Submit(CopyBatch{a.id, b.id, kBytes, true, {{0, kBytes}}});
+    ASSERT_TRUE(f);
+    ASSERT_TRUE(backend->Wait(*f));
+    for (std::uint32_t i = 0; i < kBytes; ++i) {
+      ASSERT_EQ(a.data[i], std::byte(((kBytes + i) * 13 + 1) & 0xff)) << "byte " << i << ", " << threads << " threads";
+      ASSERT_EQ(b.data[kBytes + i], std::byte((i * 7) & 0xff)) << "byte " << i << ", " << threads << " threads";
+    }
+  }
+}
+
 TEST(CpuBackend, ManyThreadsSubmittingAndWaiting) {
   auto backend = MakeCpuBackend({.copy_threads = 2});
   auto a = backend->CreateArena(Tier::kDevice, Rank(0), 4096).value();

@@ -6,14 +6,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include "test_seed.h"
 
 namespace ula {
 namespace {
-
-std::uint64_t TestSeed(std::uint64_t fallback) {
-  if (const char* s = std::getenv("ULA_TEST_SEED")) return std::strtoull(s, nullptr, 10);
-  return fallback;
-}
 
 struct Arenas {
   Arena src, dst;
@@ -71,8 +67,7 @@ TEST(FaultBackend, FailsEveryNthBatchAtSubmitWithNothingApplied) {
 }
 
 TEST(FaultBackend, PartialCopyLandsAPrefixThenWaitFails) {
-  const std::uint64_t seed = TestSeed(7);
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  ULA_TEST_SEEDED(seed, 7);
   auto inner = MakeCpuBackend({.copy_threads = 1});
   auto fb = MakeFaultInjectingBackend(*inner, FaultPlan{.seed = seed, .fail_every_nth = 1, .partial = true,
                                                         .at_submit = false}).value();
@@ -133,8 +128,7 @@ TEST(FaultBackend, DelayHoldsBytesBackUntilTheirFenceIsWaited) {
 }
 
 TEST(FaultBackend, SeededFractionIsReproducibleAndCloseToTheRate) {
-  const std::uint64_t seed = TestSeed(11);
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  ULA_TEST_SEEDED(seed, 11);
   auto run = [&] {
     auto inner = MakeCountingBackend();
     auto fb = MakeFaultInjectingBackend(*inner, FaultPlan{.seed = seed, .fail_fraction = 0.25}).value();

@@ -466,7 +466,10 @@ TEST(HybridModel, WindowPagesUnderMemoryPressureStayBitIdentical) {
   }
   std::printf("window pages under pressure: %u of 24 requests reused a prefix, %u early window releases, %u window "
               "pages evicted\n", reused, released, window_evicted);
-  EXPECT_GT(reused, 0u);
+  // The pressure the test is named for: window pages were evicted (42-52 with
+  // ULA_TEST_SEED = 1, 2, 3, 7), and prefixes were still reused (4-11 of 24 there).
+  EXPECT_GT(window_evicted, 0u) << "no window page was evicted: the buffer was not under pressure";
+  EXPECT_GE(reused, 3u);
   EXPECT_GT(released, 0u);
 }
 

@@ -12,14 +12,10 @@
 
 #include "policy/belady.h"
 #include "policy/policy_replay.h"
+#include "test_seed.h"
 
 namespace ula::policy {
 namespace {
-
-std::uint64_t TestSeed() {
-  const char* env = std::getenv("ULA_TEST_SEED");
-  return env ? std::strtoull(env, nullptr, 10) : 11;
-}
 
 // A random trace: batch 1, `context` addresses, each step selects `k` of them (with repeats).
 SelectionTrace RandomTrace(std::mt19937_64& rng, std::uint32_t context, std::uint32_t steps, std::uint32_t k) {
@@ -78,7 +74,7 @@ std::uint64_t BestHits(const SelectionTrace& t, std::uint32_t pool, std::uint32_
 }
 
 TEST(Belady, MatchesExhaustiveSearchOnSmallTraces) {
-  const std::uint64_t seed = TestSeed();
+  ULA_TEST_SEEDED(seed, 11);
   std::mt19937_64 rng(seed);
   for (int trial = 0; trial < 40; ++trial) {
     const SelectionTrace t = RandomTrace(rng, 8, 7, 2);
@@ -91,7 +87,7 @@ TEST(Belady, MatchesExhaustiveSearchOnSmallTraces) {
 }
 
 TEST(Belady, NoPolicyBeatsIt) {
-  const std::uint64_t seed = TestSeed();
+  ULA_TEST_SEEDED(seed, 11);
   std::mt19937_64 rng(seed);
   for (int trial = 0; trial < 10; ++trial) {
     const SelectionTrace t = RandomTrace(rng, 400, 60, 40);

@@ -40,6 +40,18 @@ TEST(LfuAged, AFrequentOldSlotOutlivesARecentSlotUsedOnce) {
   EXPECT_TRUE(p->CheckInvariants());
 }
 
+// Equal counts go least recently used first, whatever the slot index: slot 3 (used two
+// rounds ago) before slot 1 (last round), both used once.
+TEST(LfuAged, EqualCountsGoLeastRecentFirstNotByIndex) {
+  auto p = Make(4, 0);
+  p->Insert(SlotId(3));
+  p->AdvanceRound();
+  p->Insert(SlotId(1));
+  p->AdvanceRound();
+  EXPECT_EQ(Claim(*p, 2), (std::vector<std::uint32_t>{3, 1}));
+  EXPECT_TRUE(p->CheckInvariants());
+}
+
 TEST(LfuAged, AgingHalvesCountsSoOldFameFades) {
   auto p = Make(4, 4);
   p->Insert(SlotId(0));

@@ -48,11 +48,13 @@ TEST(ExactLruListOrder, UsesWithinOneRoundKeepTheirCallOrder) {
   p->AdvanceRound();
   EXPECT_EQ(Claim(*p, 5), (std::vector<std::uint32_t>{2, 0, 4, 3, 1}));
   p->AdvanceRound();
-  // A batch Touch keeps its order too, and an older round still goes first.
-  const std::vector<SlotId> batch{SlotId(3), SlotId(1)};
+  // A batch Touch keeps its order too (1 before 3: the reverse of the list's order, so
+  // a batch applied in any other order or not at all gives another result), and an older
+  // round still goes first.
+  const std::vector<SlotId> batch{SlotId(1), SlotId(3)};
   p->Touch(batch);
   p->AdvanceRound();
-  EXPECT_EQ(Claim(*p, 5), (std::vector<std::uint32_t>{2, 0, 4, 3, 1}));
+  EXPECT_EQ(Claim(*p, 5), (std::vector<std::uint32_t>{2, 0, 4, 1, 3}));
   EXPECT_TRUE(p->CheckInvariants());
 }
 

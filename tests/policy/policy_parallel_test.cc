@@ -22,31 +22,38 @@ TEST_P(ParallelTouch, LargeBatchMatchesTheSerialPath) {
   omp_set_num_threads(4);  // a real team even on a 2-core machine
   const std::uint32_t capacity = 20000;
   ULA_TEST_SEEDED(seed, 11);
-  std::mt19937 rng(seed);
-  auto parallel = MakePolicy(GetParam(), capacity, PolicyOptions{.recent_buckets = 3, .parallel_min_slots = 1}).value();
-  auto serial =
-      MakePolicy(GetParam(), capacity, PolicyOptions{.recent_buckets = 3, .parallel_min_slots = ~0u}).value();
-  for (std::uint32_t s = 0; s < capacity; ++s) {
-    parallel->Insert(SlotId(s));
-    serial->Insert(SlotId(s));
-  }
-  for (int round = 0; round < 12; ++round) {
-    parallel->AdvanceRound();
-    serial->AdvanceRound();
-    std::vector<SlotId> batch(30000);  // many duplicates across threads
-    for (auto& s : batch) s = SlotId(rng() % (capacity / (1 + round % 3)));
-    parallel->Touch(batch);
-    serial->Touch(batch);
-    ASSERT_EQ(parallel->NumEvictable(), serial->NumEvictable()) << "round " << round;
-    std::vector<SlotId> a(700), b(700);
-    a.resize(parallel->ClaimVictims(a));
-    b.resize(serial->ClaimVictims(b));
-    ASSERT_EQ(a, b) << "round " << round;
-    auto st = parallel->CheckInvariants();
-    ASSERT_TRUE(st) << st.error().ToString();
-  }
-  for (std::uint32_t s = 0; s < capacity; ++s) {
-    ASSERT_EQ(parallel->UsedInCurrentRound(SlotId(s)), serial->UsedInCurrentRound(SlotId(s))) << s;
+  // PB-LRU at its edge settings too: R = 0 (no recent bucket: every touch of an older slot
+  // is a straggler) and R = 1 (the newest bucket is the only one), besides R = 3.
+  const std::vector<std::uint32_t> rs = GetParam() == PolicyKind::kPbLru ? std::vector<std::uint32_t>{0, 1, 3}
+                                                                         : std::vector<std::uint32_t>{3};
+  for (const std::uint32_t r : rs) {
+    SCOPED_TRACE("R " + std::to_string(r));
+    std::mt19937 rng(static_cast<std::uint32_t>(seed + r));
+    auto parallel = MakePolicy(GetParam(), capacity, PolicyOptions{.recent_buckets = r, .parallel_min_slots = 1}).value();
+    auto serial =
+        MakePolicy(GetParam(), capacity, PolicyOptions{.recent_buckets = r, .parallel_min_slots = ~0u}).value();
+    for (std::uint32_t s = 0; s < capacity; ++s) {
+      parallel->Insert(SlotId(s));
+      serial->Insert(SlotId(s));
+    }
+    for (int round = 0; round < 12; ++round) {
+      parallel->AdvanceRound();
+      serial->AdvanceRound();
+      std::vector<SlotId> batch(30000);  // many duplicates across threads
+      for (auto& s : batch) s = SlotId(rng() % (capacity / (1 + round % 3)));
+      parallel->Touch(batch);
+      serial->Touch(batch);
+      ASSERT_EQ(parallel->NumEvictable(), serial->NumEvictable()) << "round " << round;
+      std::vector<SlotId> a(700), b(700);
+      a.resize(parallel->ClaimVictims(a));
+      b.resize(serial->ClaimVictims(b));
+      ASSERT_EQ(a, b) << "round " << round;
+      auto st = parallel->CheckInvariants();
+      ASSERT_TRUE(st) << st.error().ToString();
+    }
+    for (std::uint32_t s = 0; s < capacity; ++s) {
+      ASSERT_EQ(parallel->UsedInCurrentRound(SlotId(s)), serial->UsedInCurrentRound(SlotId(s))) << s;
+    }
   }
 }
 
@@ -122,14 +129,26 @@ TEST(ParallelClaim, SameVictimsInTheSameOrderAsOneThread) {
             ASSERT_EQ(serial.DebugDigest(), parallel.DebugDigest()) << "round " << round << " demand " << n;
             ++claims;
           }
-          // One past what is evictable: refused, nothing changed.
+          // Exactly one past what is evictable, then more: refused, nothing changed (the
+          // bound is exact: what is evictable is claimed just below, by the serial twin too).
           const std::uint64_t before = parallel.DebugDigest();
-          std::vector<SlotId> too_many(parallel.NumEvictable() + 1 + rng() % 3);
-          auto st = parallel.ClaimVictimsParallel(too_many, team);
-          ASSERT_FALSE(st);
-          EXPECT_EQ(st.error().code(), ErrorCode::kResourceExhausted);
-          EXPECT_EQ(before, parallel.DebugDigest());
-          ++refused;
+          const std::size_t left = parallel.NumEvictable();
+          for (const std::size_t n : {left + 1, left + 2 + static_cast<std::size_t>(rng() % 3)}) {
+            std::vector<SlotId> too_many(n);
+            auto st = parallel.ClaimVictimsParallel(too_many, team);
+            ASSERT_FALSE(st) << "round " << round << ": " << n << " victims of " << left << " evictable";
+            EXPECT_EQ(st.error().code(), ErrorCode::kResourceExhausted);
+            EXPECT_EQ(before, parallel.DebugDigest());
+            ++refused;
+          }
+          if (round == 9 && left > 0) {  // the last round: every evictable slot is still claimable, alike
+            std::vector<SlotId> a(left, SlotId(~0u)), b(left, SlotId(~0u));
+            ASSERT_EQ(serial.ClaimVictims(a), left);
+            auto st = parallel.ClaimVictimsParallel(b, team);
+            ASSERT_TRUE(st) << st.error().ToString();
+            ASSERT_EQ(a, b) << "round " << round << ": all " << left << " evictable";
+            ASSERT_EQ(serial.DebugDigest(), parallel.DebugDigest());
+          }
           auto inv = parallel.CheckInvariants();
           ASSERT_TRUE(inv) << inv.error().ToString();
           serial.AdvanceRound();

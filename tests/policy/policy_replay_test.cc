@@ -10,18 +10,13 @@
 #include <cstdlib>
 #include <map>
 #include <random>
+#include "test_seed.h"
 
 namespace ula::policy {
 namespace {
 
-std::uint64_t TestSeed(std::uint64_t fallback) {
-  if (const char* s = std::getenv("ULA_TEST_SEED")) return std::strtoull(s, nullptr, 10);
-  return fallback;
-}
-
 TEST(PolicyReplay, HitRatesMatchAnIndependentLruModel) {
-  const std::uint64_t seed = TestSeed(12);
-  SCOPED_TRACE(::testing::Message() << "seed " << seed << " (ULA_TEST_SEED reproduces)");
+  ULA_TEST_SEEDED(seed, 12);
   std::mt19937_64 rng(seed);
   SelectionTrace trace;
   trace.batch = 1;

