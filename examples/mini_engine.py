@@ -476,6 +476,7 @@ def run(model, ulacache, reqs, store, max_batch, q_len=1):
     step = 0
     decode_tokens = 0
     t_decode = 0.0
+    admitted = False
     while waiting or any(r >= 0 for r in b_rows):
         for b in range(max_batch):
             if b_rows[b] < 0 and waiting and waiting[0]["arrival"] <= step:
@@ -491,6 +492,10 @@ def run(model, ulacache, reqs, store, max_batch, q_len=1):
                 logits_log.append(logits)
                 tokens_log.append((rid, last[rid]))
                 b_rows[b] = rid
+                admitted = True
+        if admitted and hasattr(store, "end_step"):
+            store.end_step()  # the prefill forward is a round of its own (its allocations count as used in it)
+        admitted = False
         active = [b for b in range(max_batch) if b_rows[b] >= 0]
         if not active:
             step += 1
@@ -556,7 +561,7 @@ def main(argv=None):
                     help="the engine's arrays: torch tensors where torch is installed (auto), or numpy")
     ap.add_argument("--tp", type=int, default=1, help="TP ranks (attention at home; the library's copies)")
     ap.add_argument("--requests", type=int, default=24)
-    ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--max-batch", type=int, default=4)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--build-dir", default=os.environ.get("ULA_BUILD_DIR"), help="in-tree build (default <repo>/build)")
@@ -582,9 +587,9 @@ def main(argv=None):
     # Peak live history (entries per group) in the reference run's schedule decides the pool
     # sizes: device and host each hold well under the history; together they hold it.
     peak = peak_history(reqs, args.max_batch, q_len)
-    step_working_set = args.max_batch * (model.top_k + q_len) * 2  # above a step's distinct selections (421 seen)
+    step_working_set = args.max_batch * q_len * (model.top_k + 1)  # the most distinct entries one step can select
     if args.tp > 1:   # per rank: its shard of the history and of the step's working set
-        device_slots = max(step_working_set // args.tp + 2 * args.max_batch * q_len, peak * 2 // (5 * args.tp))
+        device_slots = max(step_working_set // args.tp + args.max_batch * q_len, peak * 2 // (5 * args.tp))
         host_slots = peak * 3 // (4 * args.tp) + peak // 8
         store = TpStore(ulacache, model, device_slots, host_slots, args.max_batch, q_len, args.tp)
     else:

@@ -84,13 +84,3 @@ def test_two_threads_plan_on_two_spaces_at_once():
         planner.step(0, 0, sels[0], idx, np.ones(16, np.uint64))  # the last selection reads from device now
         for addr, slot in zip(sels[0].ravel()[:64], idx.ravel()[:64]):
             assert space.lookup(int(addr), 0) == ("device", 0, int(slot))
-
-
-def test_mini_engine_matches_dense_reference():
-    sys.path.insert(0, str(REPO / "examples"))
-    try:
-        import mini_engine
-    finally:
-        sys.path.pop(0)
-    for mode in ("engine", "library"):
-        assert mini_engine.main(["--exec", mode, "--requests", "12", "--json"]) == 0

@@ -18,12 +18,12 @@ def pattern(addr):
 
 
 def test_torch_tensors_in_and_out_on_a_counting_space():
-    cfg = ulacache.AddressSpaceConfig(num_groups=1, entry_bytes=ENTRY, device_bytes_per_rank=8 * ENTRY,
+    cfg = ulacache.AddressSpaceConfig(num_groups=1, entry_bytes=ENTRY, device_bytes_per_rank=16 * ENTRY,
                                       host_bytes_per_rank=48 * ENTRY)
     space = ulacache.AddressSpace(cfg, backend="counting")
     planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
     # vLLM-style: one tensor per layer, views of one allocation, handed over as a dict.
-    dev = torch.zeros((2, 8, ENTRY // 2), dtype=torch.uint8)
+    dev = torch.zeros((2, 16, ENTRY // 2), dtype=torch.uint8)
     host = torch.zeros((2, 48, ENTRY // 2), dtype=torch.uint8)
     planner.register_engine_memory("device", 0, 0, {f"layers.{l}": t for l, t in enumerate(dev.unbind(0))})
     planner.register_engine_memory("host", 0, 0, list(host.unbind(0)))      # SGLang-style list
@@ -54,7 +54,7 @@ def test_torch_tensors_in_and_out_on_a_counting_space():
         if s >= 0:
             assert (dev[:, i].reshape(-1).numpy() == pattern(s)).all()
     # FlashMLA's view of a layer: k_cache[num_blocks, block, 1, row] over the same memory.
-    assert dev[0].view(1, 8, 1, ENTRY // 2).data_ptr() == dev[0].data_ptr()
+    assert dev[0].view(1, 16, 1, ENTRY // 2).data_ptr() == dev[0].data_ptr()
 
 
 def test_torch_refusals():
@@ -64,12 +64,14 @@ def test_torch_refusals():
     space.add_request(0)
     addrs = space.allocate(0, 8)
     space.advance_round()
-    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=2, max_top_k=4)
-    sel = torch.tensor(addrs[:8].astype(np.int32)).reshape(1, 2, 4)
+    planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
+    sel = torch.tensor(addrs[:8].astype(np.int32)).reshape(2, 1, 4).repeat(1, 2, 1)   # [batch 2, q_len 2, 4]
     idx = torch.zeros_like(sel)
+    req = torch.tensor([0, 0])
     with pytest.raises(ulacache.InvalidArgumentError, match="C-contiguous"):   # the [:, :1] view
-        planner.step(0, 0, sel[:, :1], idx[:, :1].contiguous(), torch.tensor([0]))
+        planner.step(0, 0, sel[:, :1], idx[:, :1].contiguous(), req)
     with pytest.raises(ulacache.InvalidArgumentError, match="dtype"):
-        planner.step(0, 0, sel.to(torch.int64), idx, torch.tensor([0]))
-    st = planner.step(0, 0, sel, idx, torch.tensor([0]))
-    assert st.selections == 8
+        planner.step(0, 0, sel.to(torch.int64), idx, req)
+    assert int((idx != 0).sum()) == 0
+    st = planner.step(0, 0, sel, idx, req)
+    assert st.selections == 16
