@@ -19,7 +19,30 @@
 //      request holds it, "shared" once only adopters or cache references hold it, none
 //      when free; each request's adopted set is exactly the addresses of its list it did
 //      not allocate. Free addresses have no holder.
-// New entries go to device while it has free slots, otherwise to host.
+// New entries go to device (issue 27, item 1): see Allocate.
+//
+// Pages (issue 27). Addresses come in pages of page_tokens (P, default 64): page p is the
+// addresses [p * P, (p + 1) * P), and every page belongs to one request. Token i of a
+// request's list (its position in AddressesOf) gets an address at offset i % P of its
+// page, and tokens i and i + 1 share a page unless i + 1 is a multiple of P. So the list
+// read as SGLang's page_table_1 row (one address per token position) gives page ids at
+// every P-th position: page_table_1[:, ::64] // 64, as SGLang's indexer reads its key cache.
+// A request's first token, and its first token after a ShareInto, opens a fresh page at
+// offset i % P (the offsets before it are never handed out). A prefix adopted in whole
+// pages (SGLang's page-aligned radix cache) keeps every page whole; a prefix ending inside
+// a page leaves that page's position range split over two pages (the ::64 read then misses
+// the tail). Freed pages are reused FIFO: a page whose last live address is freed (its
+// request and every sharer and cache reference let go) joins the queue, and a new page
+// comes from the queue's front before a never-used page is minted.
+//
+// The indexer's keys follow the same pages: the engine stores the key of a token (132 B
+// for GLM-5's FP8 key and its scale) at the token's address, in a device key cache shaped
+// [pages][P][132] like one layer of the KV pool by address, so each request's keys come in
+// whole pages and page_table_1[:, ::64] // 64 names the key cache's pages too. (UlaCache's
+// CPU indexer, sparse/indexer.h, scores keys by position and needs no layout.)
+//
+// TP (tp_address_space.h) keeps its own striping (address a homed on rank a mod P): pages
+// are not applied there yet.
 //
 // Errors: unknown/duplicate request, unknown or freed address, out-of-range group, wrong
 // byte count, allocation that does not fit, invalid config, adopting an address twice or
@@ -58,6 +81,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -67,6 +91,7 @@
 #include "ula/ids.h"
 #include "ula/location.h"
 #include "ula/residency_policy.h"
+#include "ula/step_arrays.h"
 
 namespace ula {
 
@@ -81,6 +106,10 @@ struct AddressSpaceConfig {
   std::uint64_t host_bytes_per_rank = 0;
   PolicyKind policy = DefaultPolicyKind();
   PolicyOptions policy_options;
+  // Tokens per page of logical addresses, in [1, 65536] (see "Pages" above): 64, the block
+  // size of FlashMLA's paged KV and of SGLang's and vLLM's sparse MLA pools. 1 hands out
+  // addresses one by one (the old single counter with a FIFO of freed addresses).
+  std::uint32_t page_tokens = 64;
 
   // Names the first bad field.
   Status Validate() const;
@@ -109,10 +138,31 @@ class AddressSpace {
 
   // Registers a request served by `rank`. kAlreadyExists / kOutOfRange.
   Status AddRequest(RequestId request, Rank rank);
-  // Appends n_tokens new addresses to the request (prefill or decode) and returns them.
-  // Entries go to device while it has free slots, otherwise to host. kResourceExhausted
-  // if the rank cannot hold them in every group (nothing allocated then).
+  // Appends n_tokens new addresses to the request (prefill or decode) and returns them, in
+  // pages ("Pages" above). A new token's write slot never goes stale (issue 27, item 1):
+  // every new entry is placed on device, in a free slot or else in the slot of an entry
+  // this round has not used, chosen by the residency policy and moved to host first (the
+  // move executor below); being used in this round, it stays where it is until
+  // AdvanceRound(), so the location Lookup gives right after Allocate is where the engine
+  // writes the token's KV and where this round's steps read it (a hit). Only when the
+  // device holds nothing but this round's entries (a prefill chunk larger than the device
+  // pool) does the rest go to host; select such entries from the next round on.
+  // (Why this and not "Step returns each row's write slots": SGLang computes out_cache_loc
+  // once at schedule time and every layer writes there, and HiSparse keeps every running
+  // request's newest token on device the same way; FlashMLA's sparse decode has no input
+  // for a token outside the cache.)
+  // kResourceExhausted if the rank cannot hold them in every group; kIo if moving the
+  // victims failed (nothing allocated then; the victims stay on device, counted as used in
+  // this round: the policy has no "unclaim").
   Result<std::vector<LogicalAddr>> Allocate(RequestId request, std::uint32_t n_tokens);
+
+  // Runs the victims' moves of Allocate: device -> host kCopy descriptors (step_arrays.h),
+  // one per (victim, group), to complete before Allocate returns; Ok if every one landed.
+  // Null (the default) runs them on the space's backend (its own pools). An engine that
+  // owns the memory installs its copy here (EngineStepPlanner::RegisterEngineMemory
+  // installs ExecuteOnEngineMemory over the registered regions).
+  using MoveExecutor = std::function<Status(std::span<const CopyDescriptor>)>;
+  void SetMoveExecutor(MoveExecutor executor);
   // Drops the request's reference on every address it holds and forgets it; an address
   // no other request or cache reference holds is freed. kNotFound for an unknown request
   // (including a second Free).
@@ -181,6 +231,7 @@ class AddressSpace {
   friend class StepPlanner;
   friend class EngineStepPlanner;
   AddressSpace(const AddressSpaceConfig& config, Backend& backend, std::unique_ptr<State> state);
+  Status RunMoves(std::span<const CopyDescriptor> moves);
 
   AddressSpaceConfig config_;
   Backend& backend_;

@@ -24,6 +24,9 @@ Status AddressSpaceConfig::Validate() const {
   if (SlotsPerGroup(host_bytes_per_rank, entry_bytes, num_groups) > kMaxSlots) {
     return bad(fmt::format("host_bytes_per_rank = {}: more than 2^32 - 2 slots per group", host_bytes_per_rank));
   }
+  if (page_tokens == 0 || page_tokens > 65536) {
+    return bad(fmt::format("page_tokens = {}: must be in [1, 65536]", page_tokens));
+  }
   return policy_options.Validate();
 }
 
@@ -87,6 +90,26 @@ Status AddressSpace::AddRequest(RequestId request, Rank rank) {
   return Ok();
 }
 
+void AddressSpace::SetMoveExecutor(MoveExecutor executor) { state_->move_executor = std::move(executor); }
+
+Status AddressSpace::RunMoves(std::span<const CopyDescriptor> moves) {
+  if (state_->move_executor) return state_->move_executor(moves);
+  // The space's own pools: one device -> host batch per (rank, group), waited on its fence.
+  std::size_t i = 0;
+  while (i < moves.size()) {
+    const CopyDescriptor& first = moves[i];
+    const GroupPools& gp = state_->at(Rank(first.src_rank), GroupId(first.group));
+    CopyBatch batch{gp.device.arena().id, gp.host.arena().id, first.bytes, /*swap=*/false, {}};
+    for (; i < moves.size() && moves[i].group == first.group && moves[i].src_rank == first.src_rank; ++i) {
+      batch.moves.push_back({moves[i].src_offset, moves[i].dst_offset});
+    }
+    auto fence = backend_.Submit(std::move(batch));
+    if (!fence) return std::unexpected(fence.error());
+    ULA_RETURN_IF_ERROR(backend_.Wait(*fence));
+  }
+  return Ok();
+}
+
 Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
   State& st = *state_;
   auto it = st.requests.find(request);
@@ -104,31 +127,107 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
                                    std::uint64_t{gp.device.capacity()} + gp.host.capacity()));
     }
   }
-  const std::uint64_t addr_room = st.free_addrs.size() + (std::uint64_t{LogicalAddr::kInvalidValue} - st.next_addr);
-  if (n_tokens > addr_room) {
+  // Pages: token i of the list sits at offset i % P; a token at offset 0, or the first one
+  // after a ShareInto (the list no longer ends in the open page), opens a fresh page.
+  RequestState& req = it->second;
+  const std::uint32_t P = config_.page_tokens;
+  const std::uint64_t pos0 = req.addrs.size();
+  std::uint64_t new_pages = 0;
+  for (std::uint64_t i = 0; i < n_tokens; ++i) {
+    const std::uint64_t pos = pos0 + i;
+    new_pages += pos % P == 0 || (i == 0 && req.open_page == RequestState::kNoPage);
+  }
+  const std::uint64_t max_pages = std::uint64_t{LogicalAddr::kInvalidValue} / P;
+  if (new_pages > st.free_pages.size() + (max_pages - st.next_page)) {
     return MakeError(ErrorCode::kResourceExhausted, "logical address space exhausted");
+  }
+  // Device placement (issue 27, item 1): every new entry goes to device, into a free slot
+  // or else into the slot of a victim that this round has not used (the policy's choice,
+  // moved to a host slot first); only once the device holds nothing but this round's
+  // entries does the rest go to host. Victims of every group are claimed and copied before
+  // anything is published: a failed copy publishes nothing (the victims stay on device).
+  struct GroupPlan {
+    std::uint32_t into_free = 0;
+    std::vector<SlotId> victims;     // device slots whose entries move to host
+    std::vector<SlotId> victim_host; // their host slots
+  };
+  std::vector<GroupPlan> plans(config_.num_groups);
+  std::vector<CopyDescriptor> moves;
+  for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
+    GroupPools& gp = st.at(rank, GroupId(g));
+    GroupPlan& plan = plans[g];
+    plan.into_free = std::min(n_tokens, gp.device.num_free());
+    const std::uint64_t want = std::min<std::uint64_t>(n_tokens - plan.into_free, gp.policy->NumEvictable());
+    plan.victims.resize(want);
+    ULA_CHECK(gp.policy->ClaimVictims(plan.victims) == want);
+    for (SlotId v : plan.victims) {
+      auto host = gp.host.Allocate();
+      ULA_CHECK(host.has_value());  // victims + host-placed entries = n_tokens - into_free <= host free
+      plan.victim_host.push_back(*host);
+      CopyDescriptor d;
+      d.src_offset = gp.device.offset(v);
+      d.dst_offset = gp.host.offset(*host);
+      d.src_slot = v.value();
+      d.dst_slot = host->value();
+      d.bytes = config_.entry_bytes;
+      d.addr = gp.device_owner[v.value()].value();
+      d.src_rank = d.dst_rank = static_cast<std::uint16_t>(rank.value());
+      d.group = static_cast<std::uint16_t>(g);
+      d.src_tier = static_cast<std::uint8_t>(Tier::kDevice);
+      d.dst_tier = static_cast<std::uint8_t>(Tier::kHost);
+      d.op = static_cast<std::uint8_t>(CopyOp::kCopy);
+      moves.push_back(d);
+    }
+  }
+  if (!moves.empty()) {
+    Status copied = RunMoves(moves);
+    if (!copied) {
+      for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
+        GroupPools& gp = st.at(rank, GroupId(g));
+        for (SlotId h : plans[g].victim_host) ULA_CHECK(gp.host.Free(h).has_value());
+      }
+      return MakeError(ErrorCode::kIo, fmt::format("request {}: moving {} device entries to host to make room for its "
+                                                   "new tokens failed ({}); nothing allocated, the entries stay on "
+                                                   "device", request.value(), moves.size(), copied.error().message()));
+    }
   }
   std::vector<LogicalAddr> out;
   out.reserve(n_tokens);
-  for (std::uint32_t i = 0; i < n_tokens; ++i) {
-    LogicalAddr a;
-    if (!st.free_addrs.empty()) {
-      a = st.free_addrs.front();
-      st.free_addrs.pop_front();
-    } else {
-      a = LogicalAddr(st.next_addr++);
+  std::uint32_t page = req.open_page;
+  for (std::uint64_t i = 0; i < n_tokens; ++i) {
+    const std::uint64_t pos = pos0 + i;
+    if (pos % P == 0 || (i == 0 && page == RequestState::kNoPage)) {
+      if (!st.free_pages.empty()) {
+        page = st.free_pages.front();
+        st.free_pages.pop_front();
+      } else {
+        page = st.next_page++;
+      }
     }
-    out.push_back(a);
+    out.push_back(LogicalAddr(static_cast<std::uint32_t>(std::uint64_t{page} * P + pos % P)));
   }
+  req.open_page = page;
+  st.next_addr = static_cast<std::uint32_t>(std::uint64_t{st.next_page} * P);
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
     AddressRecords& table = st.tables[g];
     table.Reserve(st.next_addr);
     GroupPools& gp = st.at(rank, GroupId(g));
-    for (LogicalAddr a : out) {
-      if (auto dev = gp.device.Allocate()) {
-        table.Set(a, Location::Make(Tier::kDevice, rank, *dev));
-        gp.device_owner[dev->value()] = a;
-        gp.policy->Insert(*dev);
+    const GroupPlan& plan = plans[g];
+    for (std::size_t k = 0; k < plan.victims.size(); ++k) {  // the victims' copies landed
+      const LogicalAddr victim = gp.device_owner[plan.victims[k].value()];
+      table.Set(victim, Location::Make(Tier::kHost, rank, plan.victim_host[k]));
+    }
+    for (std::uint32_t i = 0; i < n_tokens; ++i) {
+      const LogicalAddr a = out[i];
+      if (i < plan.into_free) {
+        const SlotId dev = *gp.device.Allocate();
+        table.Set(a, Location::Make(Tier::kDevice, rank, dev));
+        gp.device_owner[dev.value()] = a;
+        gp.policy->Insert(dev);
+      } else if (i < plan.into_free + plan.victims.size()) {
+        const SlotId dev = plan.victims[i - plan.into_free];  // tracked, used in this round
+        table.Set(a, Location::Make(Tier::kDevice, rank, dev));
+        gp.device_owner[dev.value()] = a;
       } else {
         auto host = gp.host.Allocate();
         ULA_CHECK(host.has_value());  // capacity was checked above
@@ -167,7 +266,10 @@ void FreeAddress(const AddressSpaceConfig& cfg, AddressSpace::State& st, Logical
     table.Erase(a);
   }
   st.owner[a.value()] = 0;
-  st.free_addrs.push_back(a);
+  const std::uint32_t P = cfg.page_tokens;
+  const std::uint32_t page = a.value() / P;
+  const auto first = st.refs.begin() + std::size_t{page} * P;
+  if (std::all_of(first, first + P, [](std::uint32_t r) { return r == 0; })) st.free_pages.push_back(page);
   --st.live;
 }
 
@@ -234,6 +336,7 @@ Status AddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> a
     }
   }
   req.addrs.insert(req.addrs.end(), addrs.begin(), addrs.end());
+  if (!addrs.empty()) req.open_page = RequestState::kNoPage;  // the list no longer ends in it
   refs::MergeAdopted(req.adopted, addrs);
   for (LogicalAddr a : addrs) st.refs[a.value()] += State::kRequestRef;
   ULA_EXPENSIVE_CHECK(*this);
@@ -474,12 +577,28 @@ Status AddressSpace::CheckInvariants() const {
     live += st.refs[a] != 0;
   }
   if (live != st.live) return fail(fmt::format("{} referenced addresses but live = {}", live, st.live));
-  if (live + st.free_addrs.size() != n) {
-    return fail(fmt::format("{} live + {} free addresses != {} handed out", live, st.free_addrs.size(), n));
+  // Pages: free pages are exactly those without a live address (each listed once), an open page is its request's and holds a live address.
+  const std::uint32_t P = config_.page_tokens;
+  if (std::uint64_t{st.next_page} * P != n) {
+    return fail(fmt::format("{} pages of {} for {} addresses", st.next_page, P, n));
   }
-  for (LogicalAddr a : st.free_addrs) {
-    if (st.owner[a.value()] != 0 || st.refs[a.value()] != 0) {
-      return fail(fmt::format("free address {} still has an owner or references", a.value()));
+  std::vector<std::uint32_t> page_live(st.next_page, 0);
+  for (std::uint32_t a = 0; a < n; ++a) page_live[a / P] += st.refs[a] != 0;
+  std::vector<bool> page_free(st.next_page, false);
+  for (std::uint32_t p : st.free_pages) {
+    if (p >= st.next_page || page_free[p] || page_live[p] != 0) {
+      return fail(fmt::format("free page {} is past the end, listed twice or holds a live address", p));
+    }
+    page_free[p] = true;
+  }
+  for (std::uint32_t p = 0; p < st.next_page; ++p) {
+    if (page_live[p] == 0 && !page_free[p]) return fail(fmt::format("page {} has no live address but is not free", p));
+  }
+  for (const auto& [id, req] : st.requests) {
+    if (req.open_page == RequestState::kNoPage) continue;
+    if (req.addrs.empty() || req.addrs.back().value() / P != req.open_page || st.owner[req.addrs.back().value()] != req.tag ||
+        req.addrs.back().value() % P != (req.addrs.size() - 1) % P) {
+      return fail(fmt::format("request {}: open page {} does not end its list", id.value(), req.open_page));
     }
   }
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
@@ -566,13 +685,14 @@ std::uint64_t AddressSpace::DebugDigest() const {
     rd.Add(r.tag);
     for (LogicalAddr a : r.addrs) rd.Add(a.value());
     for (LogicalAddr a : r.adopted) rd.Add(a.value());
+    rd.Add(r.open_page);
     requests += rd.value();
   }
   for (std::uint32_t v : st.owner) d.Add(v);
   for (std::uint32_t v : st.refs) d.Add(v);
   d.Add(requests);
-  d.Add(st.free_addrs.size());
-  for (LogicalAddr a : st.free_addrs) d.Add(a.value());
+  d.Add(st.free_pages.size());
+  for (std::uint32_t p : st.free_pages) d.Add(p);
   d.Add(st.next_addr);
   d.Add(st.live);
   return d.value();

@@ -29,6 +29,10 @@ struct RequestState {
   std::vector<LogicalAddr> addrs;  // [tokens] in order: adopted (ShareInto) and allocated, distinct
   std::uint32_t tag = 0;           // its owner tag (non-zero, unique among live requests)
   std::vector<LogicalAddr> adopted;  // sorted: the addresses of `addrs` it adopted (not its own allocation)
+  // The page its last own allocation went to, while the list still ends there (a ShareInto
+  // closes it): its next token continues that page. kNoPage otherwise.
+  std::uint32_t open_page = kNoPage;
+  static constexpr std::uint32_t kNoPage = 0xffffffffu;
 };
 
 // Owner tag of a live address whose allocating request no longer holds it (held by
@@ -54,9 +58,18 @@ struct AddressSpace::State {
   std::uint32_t request_refs(LogicalAddr a) const { return refs::RequestRefs(refs[a.value()]); }
   std::uint32_t cache_refs(LogicalAddr a) const { return refs::CacheRefs(refs[a.value()]); }
   std::uint32_t next_tag = 1;          // the next request's tag (renumbered on wrap)
-  std::deque<LogicalAddr> free_addrs;  // FIFO: a freed address is reused as late as possible
-  std::uint32_t next_addr = 0;         // addresses [0, next_addr) have been handed out once
+  // Addresses come in pages of config.page_tokens (page p: [p * P, (p + 1) * P)); a page
+  // belongs to the request that opened it, token i of a request's list sits at offset
+  // i % P of its page. A page whose last live address is freed (found by reading the
+  // page's P reference counts: no per-page metadata) joins the FIFO, reused as late as
+  // possible. An open page always holds a live address (its opener's own, held until
+  // Free), so a free page is never open.
+  std::deque<std::uint32_t> free_pages;
+  std::uint32_t next_page = 0;           // pages [0, next_page) have been handed out once
+  std::uint32_t next_addr = 0;           // next_page * page_tokens: the table's extent
   std::uint64_t live = 0;
+  AddressSpace::MoveExecutor move_executor;  // null: the backend runs Allocate's moves
+  const void* move_executor_owner = nullptr;  // the EngineStepPlanner that installed it, if one did
   std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
 
   GroupPools& at(Rank r, GroupId g) { return pools[r.value()][g.value()]; }

@@ -58,17 +58,27 @@ Status EngineStepConfig::Validate() const {
 EngineStepPlanner::EngineStepPlanner(AddressSpace& space, const EngineStepConfig& config,
                                      std::unique_ptr<Scratch> scratch)
     : space_(space), config_(config), scratch_(std::move(scratch)) {}
-EngineStepPlanner::~EngineStepPlanner() = default;
+EngineStepPlanner::~EngineStepPlanner() {
+  AddressSpace::State& st = *space_.state_;
+  if (st.move_executor_owner == this) {
+    st.move_executor = nullptr;
+    st.move_executor_owner = nullptr;
+  }
+}
 
 Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpace& space,
                                                                       const EngineStepConfig& config) {
   ULA_RETURN_IF_ERROR(config.Validate());
   const AddressSpaceConfig& cfg = space.config();
   const std::uint64_t max_sel = std::uint64_t{config.max_batch} * config.max_q_len * config.max_top_k;
-  // An address is minted only when none is free, i.e. when every handed-out address is
-  // live; live addresses fit in the pools, so addresses stay below this bound.
-  const std::uint64_t max_addrs =
-      std::uint64_t{cfg.num_ranks} * (std::uint64_t{cfg.device_slots_per_group()} + cfg.host_slots_per_group());
+  // Addresses come in pages (address_space.h "Pages"): a page is minted only when none is
+  // free, i.e. when every handed-out page holds a live address; live addresses fit in the
+  // pools. So pages stay below the pools' capacity, addresses below page_tokens times that.
+  // The scratch starts at the addresses handed out so far (at least the pools' capacity)
+  // and Plan grows it, up to that bound, when the space minted pages since.
+  const std::uint64_t max_addrs = std::max<std::uint64_t>(
+      space.state_->next_addr,
+      std::uint64_t{cfg.num_ranks} * (std::uint64_t{cfg.device_slots_per_group()} + cfg.host_slots_per_group()));
   auto s = std::make_unique<Scratch>();
   s->max_descriptors = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_sel, cfg.device_slots_per_group()));
   s->seen_epoch.assign(max_addrs, 0);
@@ -125,7 +135,13 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   const AddressRecords& table = st.tables[group.value()];
   GroupPools& gp = st.at(rank, group);
 
-  // 1-3. Validate, dedup, classify. Nothing is modified until every check has passed.
+  // 1-3. Validate, dedup, classify. Nothing is modified until every check has passed
+  // (growing the scratch to new pages' addresses changes no state).
+  if (st.next_addr > s.seen_epoch.size()) {
+    const std::size_t n = std::max<std::size_t>(st.next_addr, 2 * s.seen_epoch.size());
+    s.seen_epoch.resize(n, 0);
+    s.slot_of.resize(n, kPadIndex);
+  }
   if (++s.epoch == 0) {
     std::fill(s.seen_epoch.begin(), s.seen_epoch.end(), 0);
     s.epoch = 1;
@@ -373,6 +389,20 @@ Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId gro
   }
   const std::size_t k = (static_cast<std::size_t>(tier) * cfg.num_ranks + rank.value()) * cfg.num_groups + group.value();
   scratch_->regions[k] = region;
+  // Allocate's victims now move in the registered memory (address_space.h).
+  AddressSpace::State& st = *space_.state_;
+  if (!st.move_executor || st.move_executor_owner == this) {
+    st.move_executor = [this](std::span<const CopyDescriptor> moves) -> Status {
+      std::vector<std::uint8_t> status(moves.size(), 0);
+      ExecuteOnEngineMemory(moves, status);
+      const auto failed = std::count_if(status.begin(), status.end(), [](std::uint8_t v) { return v != 0; });
+      if (failed > 0) {
+        return MakeError(ErrorCode::kIo, fmt::format("{} of {} moves have no registered region", failed, moves.size()));
+      }
+      return Ok();
+    };
+    st.move_executor_owner = this;
+  }
   return Ok();
 }
 

@@ -125,7 +125,11 @@ TEST(Sharing, BadSharingCallsAreRefusedAndChangeNothing) {
 }
 
 TEST(Sharing, IsolationAcceptsAdoptedAddressesAndStillRefusesForeignAndReusedOnes) {
-  SpaceFixture f(SmallConfig(8, 8));
+  // Addresses one by one (page_tokens 1): a freed address comes back while its page
+  // neighbours are still live (with pages, a page returns only once all of it is free).
+  AddressSpaceConfig config = SmallConfig(8, 8);
+  config.page_tokens = 1;
+  SpaceFixture f(config);
   auto a = f.AddFilled(RequestId(1), Rank(0), 4);
   ASSERT_TRUE(f.space->AddRequest(RequestId(2), Rank(0)));
   f.requests.push_back(RequestId(2));
