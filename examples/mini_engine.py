@@ -1,39 +1,45 @@
 #!/usr/bin/env python3
 """A mini inference engine over UlaCache: continuous-batching decode of the tiny sparse MLA
-model (configs/models/tiny_glm.json) in numpy.
+model (configs/models/tiny_glm.json) in numpy, in the order an SGLang DSA integration runs.
 
-Each decode step, per layer group: the model's lightning indexer (the library's C++
-indexer, ulacache.Indexer) picks the top-k past positions of every request; the engine
-maps them to UlaCache logical addresses and fills a fixed-shape selection array
-[max_batch, 1, top_k] (-1 padding); UlaCache's engine step API writes the attention index
-array in the sparse MLA kernels' layout (FlashMLA sparse decode: the device slot, -1
-padding) and the copy plan; the engine runs the copies, calls complete(), and attention
-gathers the latent KV entries of every layer of the group through the index array.
-The device and host pools are each smaller than the history, so entries move every step.
+Each decode step allocates every running request's new tokens (the last token and q_len - 1
+draft tokens, speculative decoding with every draft accepted) before the forward and looks up
+where their KV goes (SGLang's out_cache_loc). Then, per layer group, the model's lightning
+indexer (the library's C++ indexer, ulacache.Indexer) picks the top-k past positions of every
+query; the engine appends the step's new tokens up to the query itself, maps the positions to
+UlaCache logical addresses in SGLang's flat page_table_1 form [batch * q_len, 64] (-1
+padding), and UlaCache's engine step API writes the attention index array in the sparse MLA
+kernels' layout (FlashMLA sparse decode: the device slot, -1 padding) and the copy plan; the
+engine runs the copies, calls complete(), writes each layer's new KV at out_cache_loc, and
+attention gathers every entry of every layer of the group, its own included, through the
+index array. The device and host pools are each smaller than the history, so entries move.
 
 The same model runs a second time over a dense store that never moves (entry of request r,
-position t at a fixed row). The two runs must produce bit-identical logits; the script
-exits 1 if they do not.
+position t at a fixed row). The two runs must produce bit-identical logits (TP at home:
+equal up to float rounding, the partials being merged in another order); the script exits 1
+if they do not.
 
 Execution of the copy plan (--exec):
-  engine   (default) the engine owns the KV memory: per group, numpy arrays
-           [layers, slots, entry] for the device and host tiers (vLLM's per-layer caches,
-           stacked), registered with the planner; UlaCache runs on the counting backend (no
-           bytes of its own), plan() returns descriptors, the engine runs them with numpy
-           fancy indexing and calls complete(fence, status).
+  engine   (default) the engine owns the KV memory in FlashMLA's layout: per tier and group
+           one region per layer [slots rounded up to 64, width] (torch tensors where torch is
+           installed, --tensors), registered as a list of per-layer views; UlaCache runs on
+           the counting backend (no bytes of its own), plan() returns descriptors, the
+           engine runs them with numpy fancy indexing and calls complete(fence, status).
   library  UlaCache's CPU backend holds the bytes; planner.step() runs the copies; the
            engine writes entries with space.write() and attention reads the device pool
            view (space.device_pool) through the same index array.
+  --tp N   TP over N in-process ranks with attention at home (TpEngineStepPlanner, the
+           library's copies): each rank attends over its own shard, partials merged.
 
 Model (float32, fixed random weights): per layer an absorbed-MLA attention in the latent
 space (query [heads, kv_lora_rank + rope dim] against latent entries [kv_lora_rank + rope
 dim], values = the first kv_lora_rank values; no rotary), a tanh output projection with a
 residual; per group a lightning indexer (index heads x index_head_dim, ReLU-weighted dot).
-A decoding token attends to the top-k of its history plus itself. Prefill computes the
-prompt's entries with dense causal attention (the same code in both runs); decode is sparse.
-The MTP layer of the config is not run (no speculative decoding here).
+Prefill computes the prompt's entries with dense causal attention (the same code in both
+runs); decode is sparse. The MTP layer of the config is not run.
 
-Usage: python3 examples/mini_engine.py [--exec engine|library] [--json] [--requests N]
+Usage: python3 examples/mini_engine.py [--exec engine|library] [--tp N] [--q-len Q]
+       [--groups 4,2] [--tensors auto|numpy|torch] [--json] [--requests N]
 The in-tree build is found without installing (<repo>/build/python, or --build-dir).
 """
 import argparse
@@ -304,6 +310,12 @@ class UlaStore:
             self.addrs[rid] += fresh
             self.new += fresh
         self.pending = {}  # library mode: the new tokens' entries, filled layer by layer
+        # SGLang's out_cache_loc: where each new token's KV goes, looked up at schedule time,
+        # before any plan of the step (a new entry is placed on device and is used in this
+        # round, so no plan of the round moves it).
+        if self.mode != "tp":  # TP writes through space.write (home placement is the space's)
+            self.out_cache_loc = [[self.space.lookup(a, g) if a >= 0 else None for a in self.new]
+                                  for g in range(self.model.num_groups)]
 
     def prepare_group(self, g, rids, positions, q_len):
         sel = self._np(self.selections)
@@ -328,13 +340,15 @@ class UlaStore:
         idx = self._np(self.indices)
         self.mask = idx >= 0
         self.safe = np.where(self.mask, idx, 0)
-        # Where the new tokens' KV goes: looked up after complete, where attention reads it.
+        # The new tokens' KV goes where the schedule looked it up; the plan did not move it,
+        # and its own query reads it there.
         self.new_slot = np.full(len(self.new), -1, np.int64)
         for r, a in enumerate(self.new):
             if a < 0:
                 continue
-            tier, _, slot = self.space.lookup(a, g)
-            assert tier == "device" and slot in idx[r], (a, tier, slot)  # its own query reads it there
+            tier, _, slot = self.out_cache_loc[g][r]
+            assert tier == "device" and (tier, 0, slot) == self.space.lookup(a, g), (a, self.out_cache_loc[g][r])
+            assert slot in idx[r], (a, slot)
             self.new_slot[r] = slot
 
     def _run_descriptors(self, n):
@@ -374,6 +388,11 @@ class UlaStore:
         return e, self.mask
 
     def finish(self, rid):
+        # Paged addresses (page_tokens 64): token i at offset i % 64 of its request's page, so
+        # the address list read as SGLang's page_table_1 row gives page ids at row[::64] // 64.
+        row = np.asarray(self.addrs[rid], np.int64)
+        i = np.arange(len(row))
+        assert (row % 64 == i % 64).all() and (row // 64 == np.repeat(row[::64] // 64, 64)[:len(row)]).all(), rid
         self.space.free(rid)
         del self.addrs[rid]
 
@@ -445,6 +464,10 @@ class TpStore(UlaStore):
                 buf = self.pending.setdefault((a, g), np.zeros((self.model.layers_per_group, self.model.width), np.float32))
                 buf[li] = kv[r]
                 self.space.write(a, g, buf.reshape(-1).view(np.uint8))
+
+    def finish(self, rid):
+        self.space.free(rid)
+        del self.addrs[rid]
 
     def gather_parts(self, g, li):
         parts = []

@@ -166,8 +166,10 @@ void BindSparse(py::module_& m) {
 
   py::class_<ula::AddressSpaceConfig>(m, "AddressSpaceConfig", "DP address space config (include/ula/address_space.h).")
       .def(py::init([](std::uint32_t num_ranks, std::uint32_t num_groups, std::uint32_t entry_bytes,
-                       std::uint64_t device_bytes_per_rank, std::uint64_t host_bytes_per_rank, const std::string& policy) {
+                       std::uint64_t device_bytes_per_rank, std::uint64_t host_bytes_per_rank, const std::string& policy,
+                       std::uint32_t page_tokens) {
              ula::AddressSpaceConfig c;
+             c.page_tokens = page_tokens;
              c.num_ranks = num_ranks;
              c.num_groups = num_groups;
              c.entry_bytes = entry_bytes;
@@ -177,8 +179,10 @@ void BindSparse(py::module_& m) {
              return c;
            }),
            py::arg("num_ranks") = 1, py::arg("num_groups") = 1, py::arg("entry_bytes") = 656,
-           py::arg("device_bytes_per_rank") = 0, py::arg("host_bytes_per_rank") = 0, py::arg("policy") = "pb_lru")
+           py::arg("device_bytes_per_rank") = 0, py::arg("host_bytes_per_rank") = 0, py::arg("policy") = "pb_lru",
+           py::arg("page_tokens") = 64)
       .def_readwrite("num_ranks", &ula::AddressSpaceConfig::num_ranks)
+      .def_readwrite("page_tokens", &ula::AddressSpaceConfig::page_tokens)
       .def_readwrite("num_groups", &ula::AddressSpaceConfig::num_groups)
       .def_readwrite("entry_bytes", &ula::AddressSpaceConfig::entry_bytes)
       .def_readwrite("device_bytes_per_rank", &ula::AddressSpaceConfig::device_bytes_per_rank)

@@ -99,8 +99,10 @@ class AddressSpaceConfig:
     host_bytes_per_rank: int
     device_slots_per_group: int
     host_slots_per_group: int
+    page_tokens: int  # addresses in pages of page_tokens per request (64: FlashMLA's and SGLang's block)
     def __init__(self, num_ranks: int = 1, num_groups: int = 1, entry_bytes: int = 656,
-                 device_bytes_per_rank: int = 0, host_bytes_per_rank: int = 0, policy: str = "pb_lru") -> None: ...
+                 device_bytes_per_rank: int = 0, host_bytes_per_rank: int = 0, policy: str = "pb_lru",
+                 page_tokens: int = 64) -> None: ...
     def validate(self) -> None: ...
 
 class AddressSpace:

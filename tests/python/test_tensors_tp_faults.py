@@ -254,6 +254,20 @@ def test_complete_with_failed_statuses_publishes_nothing_and_loses_nothing():
     assert failed_total > 5
 
 
+def test_addresses_come_in_pages():
+    space = dp_space(device_slots=64, host_slots=256)
+    assert space.config.page_tokens == 64
+    space.add_request(1), space.add_request(2)
+    a = np.concatenate([space.allocate(1, 50), space.allocate(1, 30)]).astype(np.int64)
+    b = space.allocate(2, 10).astype(np.int64)
+    i = np.arange(len(a))
+    assert (a % 64 == i % 64).all() and len(set((a // 64).tolist())) == 2   # page_table_1[:, ::64] // 64
+    assert not set((b // 64).tolist()) & set((a // 64).tolist())             # pages are per request
+    with pytest.raises(ulacache.InvalidArgumentError):
+        ulacache.AddressSpace(ulacache.AddressSpaceConfig(entry_bytes=ENTRY, device_bytes_per_rank=ENTRY * 8,
+                                                          host_bytes_per_rank=ENTRY * 8, page_tokens=0))
+
+
 def test_fault_plan_is_validated():
     with pytest.raises(ulacache.InvalidArgumentError):
         ulacache.FaultPlan(fail_fraction=2.0)
