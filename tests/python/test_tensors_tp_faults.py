@@ -347,3 +347,14 @@ def test_import_without_numpy_names_the_cause_and_the_build_interpreter():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert "needs numpy" in out.stdout, out.stdout + out.stderr
     assert "built for" in out.stdout and "Python 3." in out.stdout
+
+
+def test_the_package_docstring_example_runs():
+    lines = ulacache.__doc__.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("    import numpy"))
+    code = []
+    for line in lines[start:]:
+        if line and not line.startswith("    "):
+            break
+        code.append(line[4:])
+    exec(compile("\n".join(code), "ulacache.__doc__", "exec"), {})
