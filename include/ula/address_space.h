@@ -1,7 +1,7 @@
 // AddressSpace (DP mode): stable logical addresses over exclusive device/host tiers.
 //
-// Structure. For every rank r and layer group g there is a device SlotPool D[r][g] and a
-// host SlotPool H[r][g] of `entry_bytes` slots, and one LocationTable per group maps a
+// Structure. For every rank r and layer group g there is a device pool D[r][g] and a
+// host pool H[r][g] of the same number of slots per group, and one LocationTable per group maps a
 // logical address to (tier, rank, slot). A request belongs to one rank (DP: each rank runs
 // the whole model for its own requests); all of its addresses live on that rank. A logical
 // address names one token; it has one entry in every group.
@@ -21,6 +21,25 @@
 //      not allocate. Free addresses have no holder.
 // New entries go to device (issue 27, item 1): see Allocate.
 //
+// Pools (issue 27, item 2; the coordinates of step_arrays.h). Each pool of (rank, group,
+// tier) is one region per layer of the group, [PaddedRows(slots)][row_bytes]: slot s of
+// layer l at base + l * PaddedRows(slots) * row_bytes + s * row_bytes. So each layer's
+// device region is FlashMLA's k_cache[num_blocks][64][1][row_bytes] with stride(1) ==
+// row_bytes, and a FlashMLA index is the slot (block * 64 + offset): DeviceLayerBytes.
+// The group keeps one lookup (one location per (address, group)): an entry is the rows
+// of the same slot in every layer of its group, and moves as one (a descriptor of
+// num_layers rows). Write/Read by address take the entry as its layers' rows side by side
+// (entry_bytes_of(g) bytes). Groups may have different layer counts (group_layers); every
+// group has the same number of slots (one entry per address in every group), and the
+// tier bytes are split over the groups by their entry sizes.
+//
+// A page-structured FP8 format (scales stored after each page's rows, as newer DeepSeek
+// layouts do: a 64-token block is [64][row] then [64][scale]) maps onto the same
+// coordinates: a slot is still block * 64 + offset, and a layer's region is
+// [num_blocks][64 * row + 64 * scale]; an entry's move is then two pieces per layer (its
+// row and its scale, both found from the slot) instead of one. Neither UlaCache's pools nor
+// its descriptors do that split today: such an engine registers its regions and runs the
+// descriptors by slot (descriptor.src_slot / dst_slot), not by offset.//
 // Pages (issue 27). Addresses come in pages of page_tokens (P, default 64): page p is the
 // addresses [p * P, (p + 1) * P), and every page belongs to one request. Token i of a
 // request's list (its position in AddressesOf) gets an address at offset i % P of its
@@ -98,9 +117,16 @@ namespace ula {
 struct AddressSpaceConfig {
   std::uint32_t num_ranks = 1;
   std::uint32_t num_groups = 1;
-  // Bytes of one entry of one group: all layers of the group side by side
-  // (GLM-5: 4 layers x 656 B).
+  // Bytes of one entry of one group: all layers' rows of the group (GLM-5: 4 layers x
+  // 656 B). With group_layers set: the largest group's entry.
   std::uint32_t entry_bytes = 656;
+  // Bytes of one layer's row of an entry (656 for GLM-5's FP8 MLA entry); 0 means
+  // entry_bytes, one row per entry. See "Pools" above.
+  std::uint32_t row_bytes = 0;
+  // Layers of each group, when they differ (GLM-5: 19 groups of 4 layers, one of 2, the MTP
+  // layer's group of 1); empty: every group has entry_bytes / row_bytes layers. Group g's
+  // entry is group_layers[g] rows of row_bytes.
+  std::vector<std::uint32_t> group_layers;
   // KV bytes per rank on each tier, split equally over the groups.
   std::uint64_t device_bytes_per_rank = 0;
   std::uint64_t host_bytes_per_rank = 0;
@@ -110,12 +136,35 @@ struct AddressSpaceConfig {
   // size of FlashMLA's paged KV and of SGLang's and vLLM's sparse MLA pools. 1 hands out
   // addresses one by one (the old single counter with a FIFO of freed addresses).
   std::uint32_t page_tokens = 64;
+  // New entries' write slots never go stale (Allocate, issue 27 item 1): every new entry
+  // is placed on device, evicting, and no step of its round moves it. Off: new entries go
+  // to free device slots, then host, and a step of the same round may move them (the
+  // library path, where Write goes to the current location, and simulators that allocate
+  // a request's future tokens as a reservation). EngineStepPlanner::Create turns it on:
+  // an engine writes KV at the location it looked up.
+  bool stable_new_entries = false;
 
   // Names the first bad field.
   Status Validate() const;
   std::uint32_t device_slots_per_group() const;
   std::uint32_t host_slots_per_group() const;
+  // One layer's row (row_bytes, or entry_bytes when row_bytes is 0).
+  std::uint32_t row() const { return row_bytes != 0 ? row_bytes : entry_bytes; }
+  // Layers of group g (REQUIRES g < num_groups) and its entry's bytes (layers x row).
+  std::uint32_t layers_of(GroupId g) const {
+    return group_layers.empty() ? entry_bytes / row() : group_layers[g.value()];
+  }
+  std::uint32_t entry_bytes_of(GroupId g) const { return layers_of(g) * row(); }
+  // Bytes of one address's entries in every group (the pools' slot arithmetic).
+  std::uint64_t bytes_per_address() const;
 };
+
+// Rows of every layer region of a pool: the slots rounded up to whole 64-token blocks
+// (FlashMLA's k_cache[num_blocks][64][1][row_bytes]); the padding rows are never used.
+inline constexpr std::uint32_t kPoolBlockTokens = 64;
+inline constexpr std::uint64_t PaddedRows(std::uint32_t slots) {
+  return (std::uint64_t{slots} + kPoolBlockTokens - 1) / kPoolBlockTokens * kPoolBlockTokens;
+}
 
 // Bytes of metadata per live entry per group, by part.
 struct MetadataReport {
@@ -139,14 +188,17 @@ class AddressSpace {
   // Registers a request served by `rank`. kAlreadyExists / kOutOfRange.
   Status AddRequest(RequestId request, Rank rank);
   // Appends n_tokens new addresses to the request (prefill or decode) and returns them, in
-  // pages ("Pages" above). A new token's write slot never goes stale (issue 27, item 1):
+  // pages ("Pages" above). With stable_new_entries (config, or an EngineStepPlanner over
+  // the space) a new token's write slot never goes stale (issue 27, item 1):
   // every new entry is placed on device, in a free slot or else in the slot of an entry
   // this round has not used, chosen by the residency policy and moved to host first (the
   // move executor below); being used in this round, it stays where it is until
   // AdvanceRound(), so the location Lookup gives right after Allocate is where the engine
   // writes the token's KV and where this round's steps read it (a hit). Only when the
   // device holds nothing but this round's entries (a prefill chunk larger than the device
-  // pool) does the rest go to host; select such entries from the next round on.
+  // pool) does the rest go to host, and stay there for the round: a step of this round
+  // that selects one is refused (kResourceExhausted; select it from the next round on).
+  // Without it, new entries go to free device slots, then host (the library path).
   // (Why this and not "Step returns each row's write slots": SGLang computes out_cache_loc
   // once at schedule time and every layer writes there, and HiSparse keeps every running
   // request's newest token on device the same way; FlashMLA's sparse decode has no input
@@ -208,16 +260,20 @@ class AddressSpace {
   // Entries of (rank, group) on a tier; 0 for an out-of-range rank or group.
   std::uint32_t NumUsed(Rank rank, GroupId group, Tier tier) const;
   std::uint32_t NumFree(Rank rank, GroupId group, Tier tier) const;
-  // Pointer to a device slot's bytes of (rank, group) — what an attention kernel reads
-  // after a step. nullptr for an out-of-range rank or group, a slot past the pool (also
+  // Pointer to a device slot's row of layer 0 of (rank, group) — what an attention kernel
+  // reads after a step; layer l's row is DeviceLayerBytes(rank, group, l)[slot * row]. nullptr for an out-of-range rank or group, a slot past the pool (also
   // SlotId::Invalid()), a free slot, or on a counting backend. Valid while the space lives;
   // the slot holds the entry the step placed there until the next Step of that (rank,
   // group) after AdvanceRound(), or the entry's Free.
   const std::byte* DeviceSlotData(Rank rank, GroupId group, SlotId slot) const;
-  // The whole device pool of (rank, group): capacity * entry_bytes bytes, slot s at
-  // s * entry_bytes (what an attention kernel indexes with the slots a step returns). Empty
-  // for an out-of-range rank or group or on a counting backend. Valid while the space lives.
+  // The whole device pool of (rank, group): its layers' regions one after the other ("Pools"
+  // above). Empty for an out-of-range rank or group or on a counting backend. Valid while
+  // the space lives.
   std::span<const std::byte> DevicePoolBytes(Rank rank, GroupId group) const;
+  // One layer's device region of (rank, group): PaddedRows(capacity) rows of row bytes,
+  // slot s at s * row — FlashMLA's k_cache of that layer, indexed by the slots a step
+  // returns. Empty for an out-of-range rank, group or layer, or on a counting backend.
+  std::span<const std::byte> DeviceLayerBytes(Rank rank, GroupId group, std::uint32_t layer) const;
   MetadataReport Metadata() const;
   Status CheckInvariants() const;
   // A hash of the whole state (tables, pools and their free bitmaps, residency policies,

@@ -7,7 +7,9 @@
 //   - indices[batch][q_len][top_k] int32: the sparse MLA kernels' index array (FlashMLA
 //     sparse decode layout): the device slot each selection is read from, -1 where the
 //     selection was -1. A slot is a row of the (rank, group) device pool: the entry of slot
-//     s of layer l sits at  base(l) + s * layer_bytes  in an engine-registered region.
+//     s of layer l sits at  base(l) + s * row_bytes, in an engine-registered region and in
+//     UlaCache's own pools alike (AddressSpace::DeviceLayerBytes): FlashMLA's
+//     k_cache[layer].view(num_blocks, 64, 1, row_bytes), index = block * 64 + offset.
 //   - the copy plan: CopyDescriptor[n] (source tier/rank/slot/byte offset, destination,
 //     bytes, the logical address it brings in) and a fence id.
 //
@@ -30,16 +32,40 @@
 //   kSwap  exchange the two ranges (the displaced victim goes to the wanted entry's host
 //          slot). A failed swap must leave both ranges as they were (swap through a
 //          staging buffer and report failure before writing back).
-// Offsets are in UlaCache's pool coordinates: slot * entry_bytes, the entry being all
-// layers of the group side by side. An engine that keeps one tensor per layer (vLLM's
-// kv_caches) uses the slots instead, or registers its regions and lets
-// ExecuteOnEngineMemory run the descriptors over them (a CPU reference executor).
+// Coordinates (step_arrays.h): a descriptor moves num_layers rows of `bytes` = row_bytes,
+// one per layer of the group; src_offset / dst_offset are slot * row_bytes, the same in
+// every layer's region (layer l: region(l) + offset). So an engine that keeps one tensor
+// per layer (vLLM's kv_caches, SGLang's per-layer buffers, FlashMLA's k_cache) runs them
+// as they are, on UlaCache's pools and on registered regions alike; ExecuteOnEngineMemory
+// is a CPU reference executor over registered regions.
+//
+// The order of a step (issue 27, item 1), per scheduler iteration:
+//   1. allocate: AddressSpace::Allocate the new token of every running row (prefill
+//      chunks too) and look up its location per group, once (SGLang's out_cache_loc). A
+//      new entry is on device and stays in that slot until AdvanceRound (address_space.h).
+//   2. per layer group, after its indexer: Plan (indices + descriptors), the engine runs
+//      the descriptors, then Complete (or Step, which does all three);
+//   3. KV write: each layer writes the new tokens' rows at the location of step 1 (still
+//      theirs: this round's entries are never evicted or moved, and a step finds them as
+//      hits);
+//   4. attention: FlashMLA reads the group's layers through the indices;
+//   5. AdvanceRound() once the iteration's attention is done.
+// The KV write may also run before step 2 (SGLang writes a layer's KV before its
+// attention): the location does not change in between.
+//
+// FlashMLA's SM90 sparse decode reads the index rows in tiles of 64
+// (csrc/sm90/decode/sparse_fp8/config.h: TOPK_BLOCK_SIZE = 64): size top_k, the index
+// row, to a multiple of 64 (SGLang and vLLM use 2048), padding with -1.
+// EngineStepConfig::top_k_multiple = 64 makes Plan refuse any other top_k.
 //
 // Between Plan and Complete one plan is pending per planner; its claimed device slots are
 // not yet consistent with the tables (a claimed free slot has no owner):
 //   REQUIRES: no Allocate, Free or other planner's step runs on the space before Complete
 //   (Complete aborts via ULA_CHECK if an entry of the plan was freed). A second Plan or
 //   Step on this planner is refused with kFailedPrecondition.
+//
+// Create turns on the space's stable_new_entries (address_space.h): from then on every new
+// entry's write slot stays put for its round.
 //
 // Allocation: Create sizes every scratch array for the largest step (config.max_*) and
 // the largest address count the space can reach; Plan, Complete, ExecuteOnEngineMemory,
@@ -78,6 +104,9 @@ struct EngineStepConfig {
   std::uint32_t max_batch = 1;
   std::uint32_t max_q_len = 1;
   std::uint32_t max_top_k = 2048;
+  // Plan and Step refuse a shape whose top_k is not a multiple of this (64 for FlashMLA's
+  // SM90 sparse kernels, above); 1 accepts any.
+  std::uint32_t top_k_multiple = 1;
   Status Validate() const;
 };
 
@@ -135,9 +164,13 @@ class EngineStepPlanner {
   Result<CompleteReport> Complete(std::uint64_t fence, std::span<const std::uint8_t> status);
   bool has_pending() const;
 
-  // Registers engine-owned memory for (tier, rank, group). kInvalidArgument when
-  // num_layers * layer_bytes != entry_bytes, base is 0, slots is below the pool's
-  // capacity, or layers would overlap. REQUIRES: the memory outlives the planner.
+  // Registers engine-owned memory for (tier, rank, group): num_layers regions of
+  // layer_bytes rows, e.g. the group's 2 layers of 656 bytes (a group of any layer count,
+  // AddressSpaceConfig::group_layers). kInvalidArgument when num_layers * layer_bytes is
+  // not the group's entry (entry_bytes_of), base is 0, slots is below the pool's capacity,
+  // or layers would overlap. Also makes Allocate's victims move in the registered memory
+  // (AddressSpace::SetMoveExecutor), unless another executor is installed.
+  // REQUIRES: the memory outlives the planner.
   Status RegisterEngineMemory(Tier tier, Rank rank, GroupId group, const EngineRegion& region);
   // Runs descriptors over the registered regions (memcpy / swap per layer); status[i] = 0
   // on success, 1 when a side of descriptor i has no registered region (nothing copied).

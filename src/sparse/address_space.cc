@@ -18,10 +18,33 @@ Status AddressSpaceConfig::Validate() const {
       ValidatePoolGeometry("AddressSpaceConfig", num_ranks, num_groups, entry_bytes, device_bytes_per_rank));
   const std::uint64_t kMaxSlots = SlotId::kInvalidValue - 1;
   auto bad = [](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, "AddressSpaceConfig." + msg); };
-  if (SlotsPerGroup(device_bytes_per_rank, entry_bytes, num_groups) > kMaxSlots) {
+  if (group_layers.empty()) {
+    if (entry_bytes % row() != 0) {
+      return bad(fmt::format("row_bytes = {}: entry_bytes = {} is not a whole number of rows", row_bytes, entry_bytes));
+    }
+  } else {
+    if (row_bytes == 0) return bad("row_bytes = 0: group_layers needs the bytes of one layer's row");
+    if (group_layers.size() != num_groups) {
+      return bad(fmt::format("group_layers has {} entries for {} groups", group_layers.size(), num_groups));
+    }
+    std::uint64_t largest = 0;
+    for (std::uint32_t l : group_layers) {
+      if (l == 0 || l > 65535) return bad(fmt::format("group_layers: {} layers, must be in [1, 65535]", l));
+      largest = std::max<std::uint64_t>(largest, std::uint64_t{l} * row_bytes);
+    }
+    if (largest != entry_bytes) {
+      return bad(fmt::format("entry_bytes = {}: with group_layers it is the largest group's entry ({})", entry_bytes,
+                             largest));
+    }
+  }
+  if (device_bytes_per_rank / bytes_per_address() == 0) {
+    return bad(fmt::format("device_bytes_per_rank = {}: holds no address's entries ({} B over the groups)",
+                           device_bytes_per_rank, bytes_per_address()));
+  }
+  if (device_bytes_per_rank / bytes_per_address() > kMaxSlots) {
     return bad(fmt::format("device_bytes_per_rank = {}: more than 2^32 - 2 slots per group", device_bytes_per_rank));
   }
-  if (SlotsPerGroup(host_bytes_per_rank, entry_bytes, num_groups) > kMaxSlots) {
+  if (host_bytes_per_rank / bytes_per_address() > kMaxSlots) {
     return bad(fmt::format("host_bytes_per_rank = {}: more than 2^32 - 2 slots per group", host_bytes_per_rank));
   }
   if (page_tokens == 0 || page_tokens > 65536) {
@@ -30,11 +53,18 @@ Status AddressSpaceConfig::Validate() const {
   return policy_options.Validate();
 }
 
+std::uint64_t AddressSpaceConfig::bytes_per_address() const {
+  if (group_layers.empty()) return std::uint64_t{entry_bytes} * num_groups;  // as SlotsPerGroup splits them
+  std::uint64_t total = 0;
+  for (std::uint32_t l : group_layers) total += std::uint64_t{l} * row();
+  return std::max<std::uint64_t>(total, 1);
+}
+
 std::uint32_t AddressSpaceConfig::device_slots_per_group() const {
-  return static_cast<std::uint32_t>(SlotsPerGroup(device_bytes_per_rank, entry_bytes, num_groups));
+  return static_cast<std::uint32_t>(device_bytes_per_rank / std::max<std::uint64_t>(bytes_per_address(), 1));
 }
 std::uint32_t AddressSpaceConfig::host_slots_per_group() const {
-  return static_cast<std::uint32_t>(SlotsPerGroup(host_bytes_per_rank, entry_bytes, num_groups));
+  return static_cast<std::uint32_t>(host_bytes_per_rank / std::max<std::uint64_t>(bytes_per_address(), 1));
 }
 
 AddressSpace::AddressSpace(const AddressSpaceConfig& config, Backend& backend, std::unique_ptr<State> state)
@@ -48,23 +78,27 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceCon
   const std::uint32_t dev_slots = config.device_slots_per_group();
   const std::uint32_t host_slots = config.host_slots_per_group();
   auto fail = [](Error e) -> Result<std::unique_ptr<AddressSpace>> { return std::unexpected(std::move(e)); };
-  auto make_pool = [&](Tier tier, Rank rank, std::uint32_t slots) {
-    return state->arenas.MakePool(tier, rank, slots, config.entry_bytes);
+  // Per-layer regions of PaddedRows(slots) rows (address_space.h "Pools").
+  auto make_pool = [&](Tier tier, Rank rank, std::uint32_t slots, std::uint32_t layers) {
+    return state->arenas.MakePool(tier, rank, slots, config.row(), layers * PaddedRows(slots) * config.row());
   };
   state->pools.resize(config.num_ranks);
   for (std::uint32_t r = 0; r < config.num_ranks; ++r) {
     for (std::uint32_t g = 0; g < config.num_groups; ++g) {
-      auto device = make_pool(Tier::kDevice, Rank(r), dev_slots);
+      const std::uint32_t layers = config.layers_of(GroupId(g));
+      auto device = make_pool(Tier::kDevice, Rank(r), dev_slots, layers);
       if (!device) return fail(device.error());
-      auto host = make_pool(Tier::kHost, Rank(r), host_slots);
+      auto host = make_pool(Tier::kHost, Rank(r), host_slots, layers);
       if (!host) return fail(host.error());
       auto policy = MakePolicy(config.policy, dev_slots, config.policy_options);
       if (!policy) return fail(policy.error());
       state->pools[r].push_back(GroupPools{std::move(*device), std::move(*host), std::move(*policy),
-                                           std::vector<LogicalAddr>(dev_slots)});
+                                           std::vector<LogicalAddr>(dev_slots), layers,
+                                           PaddedRows(dev_slots) * config.row(), PaddedRows(host_slots) * config.row()});
     }
   }
   state->tables.resize(config.num_groups);
+  state->stable_new_entries = config.stable_new_entries;
   return std::unique_ptr<AddressSpace>(new AddressSpace(config, backend, std::move(state)));
 }
 
@@ -101,7 +135,7 @@ Status AddressSpace::RunMoves(std::span<const CopyDescriptor> moves) {
     const GroupPools& gp = state_->at(Rank(first.src_rank), GroupId(first.group));
     CopyBatch batch{gp.device.arena().id, gp.host.arena().id, first.bytes, /*swap=*/false, {}};
     for (; i < moves.size() && moves[i].group == first.group && moves[i].src_rank == first.src_rank; ++i) {
-      batch.moves.push_back({moves[i].src_offset, moves[i].dst_offset});
+      gp.AppendMoves(Tier::kDevice, SlotId(moves[i].src_slot), SlotId(moves[i].dst_slot), batch.moves);
     }
     auto fence = backend_.Submit(std::move(batch));
     if (!fence) return std::unexpected(fence.error());
@@ -157,7 +191,8 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
     GroupPools& gp = st.at(rank, GroupId(g));
     GroupPlan& plan = plans[g];
     plan.into_free = std::min(n_tokens, gp.device.num_free());
-    const std::uint64_t want = std::min<std::uint64_t>(n_tokens - plan.into_free, gp.policy->NumEvictable());
+    const std::uint64_t want =
+        st.stable_new_entries ? std::min<std::uint64_t>(n_tokens - plan.into_free, gp.policy->NumEvictable()) : 0;
     plan.victims.resize(want);
     ULA_CHECK(gp.policy->ClaimVictims(plan.victims) == want);
     for (SlotId v : plan.victims) {
@@ -169,7 +204,8 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
       d.dst_offset = gp.host.offset(*host);
       d.src_slot = v.value();
       d.dst_slot = host->value();
-      d.bytes = config_.entry_bytes;
+      d.bytes = config_.row();  // one layer's row, num_layers of them (step_arrays.h)
+      d.num_layers = static_cast<std::uint16_t>(gp.num_layers);
       d.addr = gp.device_owner[v.value()].value();
       d.src_rank = d.dst_rank = static_cast<std::uint16_t>(rank.value());
       d.group = static_cast<std::uint16_t>(g);
@@ -232,8 +268,10 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
         auto host = gp.host.Allocate();
         ULA_CHECK(host.has_value());  // capacity was checked above
         table.Set(a, Location::Make(Tier::kHost, rank, *host));
+        if (st.stable_new_entries) gp.new_on_host.push_back(a);
       }
     }
+    if (st.stable_new_entries && plan.into_free + plan.victims.size() < n_tokens) std::sort(gp.new_on_host.begin(), gp.new_on_host.end());
   }
   st.owner.resize(st.next_addr, 0);
   st.refs.resize(st.next_addr, 0);
@@ -386,14 +424,24 @@ bool AddressSpace::Holds(RequestId request, LogicalAddr addr) const {
 }
 
 namespace {
-Result<std::byte*> EntryBytes(const AddressSpace& space, const AddressSpace::State& st, LogicalAddr addr,
-                              GroupId group, std::size_t size) {
+// The rows of an entry: layer l's row at first + l * stride.
+struct EntryRows {
+  std::byte* first = nullptr;
+  std::uint64_t stride = 0;
+  std::uint32_t layers = 1;
+  std::uint32_t row = 0;
+};
+
+Result<EntryRows> EntryBytes(const AddressSpace& space, const AddressSpace::State& st, LogicalAddr addr,
+                             GroupId group, std::size_t size) {
   const auto& cfg = space.config();
   if (group.value() >= cfg.num_groups) {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", group.value(), cfg.num_groups));
   }
-  if (size != cfg.entry_bytes) {
-    return MakeError(ErrorCode::kInvalidArgument, fmt::format("entry is {} bytes, not {}", cfg.entry_bytes, size));
+  if (size != cfg.entry_bytes_of(group)) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("an entry of group {} is {} bytes ({} layers x {}), not {}", group.value(),
+                                 cfg.entry_bytes_of(group), cfg.layers_of(group), cfg.row(), size));
   }
   const Location loc = st.tables[group.value()].Get(addr);
   if (loc.is_none()) {
@@ -403,8 +451,7 @@ Result<std::byte*> EntryBytes(const AddressSpace& space, const AddressSpace::Sta
     return MakeError(ErrorCode::kUnsupported, "the counting backend holds no bytes");
   }
   const GroupPools& gp = st.at(loc.rank(), group);
-  const SlotPool& pool = loc.tier() == Tier::kDevice ? gp.device : gp.host;
-  return pool.data(loc.slot());
+  return EntryRows{gp.pool(loc.tier()).data(loc.slot()), gp.stride(loc.tier()), gp.num_layers, cfg.row()};
 }
 }  // namespace
 
@@ -416,7 +463,7 @@ Status AddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std:
                      fmt::format("address {} is shared by {} holders: a shared entry is immutable (write a new "
                                  "address)", addr.value(), holders));
   }
-  std::memcpy(*p, data.data(), data.size());
+  for (std::uint32_t l = 0; l < p->layers; ++l) std::memcpy(p->first + l * p->stride, data.data() + l * p->row, p->row);
 #ifdef ULA_EXPENSIVE_CHECKS
   // Write changes bytes, never metadata: the full check runs on every 64th write (on every
   // one, the verifier's sanitizer run took 13 times as long).
@@ -428,7 +475,7 @@ Status AddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std:
 Status AddressSpace::Read(LogicalAddr addr, GroupId group, std::span<std::byte> out) const {
   auto p = EntryBytes(*this, *state_, addr, group, out.size());
   if (!p) return std::unexpected(p.error());
-  std::memcpy(out.data(), *p, out.size());
+  for (std::uint32_t l = 0; l < p->layers; ++l) std::memcpy(out.data() + l * p->row, p->first + l * p->stride, p->row);
   return Ok();
 }
 
@@ -456,8 +503,12 @@ Result<Rank> AddressSpace::RankOf(RequestId request) const {
 bool AddressSpace::IsLive(LogicalAddr addr) const { return !state_->tables[0].Get(addr).is_none(); }
 
 void AddressSpace::AdvanceRound() {
-  for (auto& rank : state_->pools)
-    for (auto& gp : rank) gp.policy->AdvanceRound();
+  for (auto& rank : state_->pools) {
+    for (auto& gp : rank) {
+      gp.policy->AdvanceRound();
+      gp.new_on_host.clear();
+    }
+  }
   ULA_EXPENSIVE_CHECK(*this);
 }
 
@@ -490,10 +541,18 @@ const std::byte* AddressSpace::DeviceSlotData(Rank rank, GroupId group, SlotId s
 
 std::span<const std::byte> AddressSpace::DevicePoolBytes(Rank rank, GroupId group) const {
   if (!InRange(config_, rank, group)) return {};
-  const SlotPool& pool = state_->at(rank, group).device;
-  const std::byte* base = pool.data(SlotId(0));
+  const GroupPools& gp = state_->at(rank, group);
+  const std::byte* base = gp.device.data(SlotId(0));
   if (base == nullptr) return {};
-  return {base, std::size_t{pool.capacity()} * pool.slot_bytes()};
+  return {base, static_cast<std::size_t>(gp.num_layers * gp.device_stride)};
+}
+
+std::span<const std::byte> AddressSpace::DeviceLayerBytes(Rank rank, GroupId group, std::uint32_t layer) const {
+  if (!InRange(config_, rank, group)) return {};
+  const GroupPools& gp = state_->at(rank, group);
+  const std::byte* base = gp.device.data(SlotId(0));
+  if (base == nullptr || layer >= gp.num_layers) return {};
+  return {base + layer * gp.device_stride, static_cast<std::size_t>(gp.device_stride)};
 }
 
 MetadataReport AddressSpace::Metadata() const {
@@ -675,6 +734,7 @@ std::uint64_t AddressSpace::DebugDigest() const {
       d.Add(gp.host.free_bitmap());
       d.Add(gp.policy->DebugDigest());
       for (LogicalAddr a : gp.device_owner) d.Add(a.value());
+      for (LogicalAddr a : gp.new_on_host) d.Add(a.value());
     }
   }
   std::uint64_t requests = 0;  // unordered: a sum of per-request hashes

@@ -16,12 +16,34 @@
 
 namespace ula {
 
-// The pools of one (rank, group).
+// The pools of one (rank, group): per layer regions (address_space.h "Pools"). A SlotPool's
+// slot_bytes is one row; slot s of layer l sits at offset(s) + l * stride.
 struct GroupPools {
   SlotPool device;
   SlotPool host;
   std::unique_ptr<ResidencyPolicy> policy;  // over device slots
   std::vector<LogicalAddr> device_owner;    // [device capacity] address held by each device slot
+  std::uint32_t num_layers = 1;
+  std::uint64_t device_stride = 0;  // bytes of one layer's device region
+  std::uint64_t host_stride = 0;
+  // Sorted: the entries this round's Allocate placed on host (the device held nothing but
+  // this round's entries). Their KV is written at that host slot, so no step of this round
+  // moves them (address_space.h, Allocate). Cleared by AdvanceRound; empty almost always.
+  std::vector<LogicalAddr> new_on_host;
+  bool IsNewOnHost(LogicalAddr a) const {
+    return !new_on_host.empty() && std::binary_search(new_on_host.begin(), new_on_host.end(), a);
+  }
+
+  const SlotPool& pool(Tier t) const { return t == Tier::kDevice ? device : host; }
+  std::uint64_t stride(Tier t) const { return t == Tier::kDevice ? device_stride : host_stride; }
+  // The backend moves of one entry from slot `src` of tier `from` to slot `dst` of the
+  // other tier: one row per layer.
+  void AppendMoves(Tier from, SlotId src, SlotId dst, std::vector<SlotMove>& out) const {
+    const Tier to = from == Tier::kDevice ? Tier::kHost : Tier::kDevice;
+    for (std::uint32_t l = 0; l < num_layers; ++l) {
+      out.push_back({pool(from).offset(src) + l * stride(from), pool(to).offset(dst) + l * stride(to)});
+    }
+  }
 };
 
 struct RequestState {
@@ -68,6 +90,7 @@ struct AddressSpace::State {
   std::uint32_t next_page = 0;           // pages [0, next_page) have been handed out once
   std::uint32_t next_addr = 0;           // next_page * page_tokens: the table's extent
   std::uint64_t live = 0;
+  bool stable_new_entries = false;  // config.stable_new_entries, or an EngineStepPlanner was created
   AddressSpace::MoveExecutor move_executor;  // null: the backend runs Allocate's moves
   const void* move_executor_owner = nullptr;  // the EngineStepPlanner that installed it, if one did
   std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time

@@ -49,6 +49,9 @@ Status EngineStepConfig::Validate() const {
   if (max_batch == 0) return bad("max_batch: must be >= 1");
   if (max_q_len == 0) return bad("max_q_len: must be >= 1");
   if (max_top_k == 0) return bad("max_top_k: must be >= 1");
+  if (top_k_multiple == 0 || max_top_k % top_k_multiple != 0) {
+    return bad(fmt::format("top_k_multiple = {}: must be >= 1 and divide max_top_k = {}", top_k_multiple, max_top_k));
+  }
   if (std::uint64_t{max_batch} * max_q_len * max_top_k > (std::uint64_t{1} << 31)) {
     return bad("max_batch * max_q_len * max_top_k: more than 2^31 selections");
   }
@@ -79,6 +82,8 @@ Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpac
   const std::uint64_t max_addrs = std::max<std::uint64_t>(
       space.state_->next_addr,
       std::uint64_t{cfg.num_ranks} * (std::uint64_t{cfg.device_slots_per_group()} + cfg.host_slots_per_group()));
+  // The engine writes new tokens' KV where it looked them up (address_space.h, Allocate).
+  space.state_->stable_new_entries = true;
   auto s = std::make_unique<Scratch>();
   s->max_descriptors = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_sel, cfg.device_slots_per_group()));
   s->seen_epoch.assign(max_addrs, 0);
@@ -118,6 +123,11 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("shape [{}][{}][{}] exceeds the planner's maximum [{}][{}][{}]", shape.batch,
                                  shape.q_len, shape.top_k, config_.max_batch, config_.max_q_len, config_.max_top_k));
+  }
+  if (shape.top_k % config_.top_k_multiple != 0) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("top_k = {} is not a multiple of {} (FlashMLA's sparse kernels read index rows in "
+                                 "tiles of 64: pad the rows with -1)", shape.top_k, config_.top_k_multiple));
   }
   if (selections.size() != shape.size() || indices.size() != shape.size()) {
     return MakeError(ErrorCode::kInvalidArgument,
@@ -191,6 +201,11 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
     }
   }
   const std::size_t n_miss = s.missed.size();
+  for (LogicalAddr a : s.missed) {
+    if (gp.IsNewOnHost(a)) return MakeError(ErrorCode::kResourceExhausted, fmt::format("address {} was placed on host by this round's Allocate (the device held only this round's "
+                                 "entries): its KV is written at that host slot, so this round cannot move it; "
+                                 "select it after AdvanceRound()", a.value()));
+  }
   if (out_descriptors.size() < n_miss) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("{} descriptor rows for {} misses (size them to max_descriptors() = {})",
@@ -222,7 +237,7 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   out.stats.misses = n_miss;
   out.stats.into_free = n_free;
   out.stats.evictions = n_miss - n_free;
-  out.stats.bytes_moved = (n_miss + (n_miss - n_free)) * std::uint64_t{cfg.entry_bytes};
+  out.stats.bytes_moved = (n_miss + (n_miss - n_free)) * std::uint64_t{cfg.entry_bytes_of(group)};
   for (std::size_t i = 0; i < n_miss; ++i) {
     const LogicalAddr a = s.missed[i];
     const SlotId host_slot = table.Get(a).slot();
@@ -233,7 +248,8 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
     d.dst_offset = gp.device.offset(dev_slot);
     d.src_slot = host_slot.value();
     d.dst_slot = dev_slot.value();
-    d.bytes = cfg.entry_bytes;
+    d.bytes = cfg.row();  // one layer's row; offsets are slot * row in every layer (step_arrays.h)
+    d.num_layers = static_cast<std::uint16_t>(gp.num_layers);
     d.addr = a.value();
     d.src_rank = d.dst_rank = rank.value();
     d.group = group.value();
@@ -318,15 +334,16 @@ Result<StepStats> EngineStepPlanner::Step(Rank rank, GroupId group, const StepSh
   const std::uint32_t n = planned->num_descriptors;
   if (n > 0) {
     const GroupPools& gp = space_.state_->at(rank, group);
-    const std::uint32_t entry_bytes = space_.config().entry_bytes;
-    CopyBatch fetch{gp.host.arena().id, gp.device.arena().id, entry_bytes, /*swap=*/false, {}};
-    CopyBatch swap{gp.host.arena().id, gp.device.arena().id, entry_bytes, /*swap=*/true, {}};
+    const std::uint32_t row = space_.config().row();
+    CopyBatch fetch{gp.host.arena().id, gp.device.arena().id, row, /*swap=*/false, {}};
+    CopyBatch swap{gp.host.arena().id, gp.device.arena().id, row, /*swap=*/true, {}};
     const std::uint32_t n_free = static_cast<std::uint32_t>(planned->stats.into_free);
-    fetch.moves.reserve(n_free);
-    swap.moves.reserve(n - n_free);
+    fetch.moves.reserve(std::size_t{n_free} * gp.num_layers);
+    swap.moves.reserve(std::size_t{n - n_free} * gp.num_layers);
     for (std::uint32_t i = 0; i < n; ++i) {
       const CopyDescriptor& d = s.library_descs[i];
-      (d.op == static_cast<std::uint8_t>(CopyOp::kCopy) ? fetch : swap).moves.push_back({d.src_offset, d.dst_offset});
+      gp.AppendMoves(Tier::kHost, SlotId(d.src_slot), SlotId(d.dst_slot),
+                     (d.op == static_cast<std::uint8_t>(CopyOp::kCopy) ? fetch : swap).moves);
     }
     // Each batch waited on its own fence (ula/backend.h): a failed one marks its
     // descriptors failed, and Complete publishes nothing of them.
@@ -372,10 +389,11 @@ Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId gro
     return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} / group {} is out of range", rank.value(), group.value()));
   }
   if (region.base == 0) return MakeError(ErrorCode::kInvalidArgument, "EngineRegion.base: null");
-  if (region.num_layers == 0 || std::uint64_t{region.num_layers} * region.layer_bytes != cfg.entry_bytes) {
+  if (region.num_layers == 0 || std::uint64_t{region.num_layers} * region.layer_bytes != cfg.entry_bytes_of(group)) {
     return MakeError(ErrorCode::kInvalidArgument,
-                     fmt::format("EngineRegion: {} layers x {} bytes != entry_bytes {}", region.num_layers,
-                                 region.layer_bytes, cfg.entry_bytes));
+                     fmt::format("EngineRegion: {} layers x {} bytes != group {}'s entry of {} bytes ({} layers x {})",
+                                 region.num_layers, region.layer_bytes, group.value(), cfg.entry_bytes_of(group),
+                                 cfg.layers_of(group), cfg.row()));
   }
   const std::uint64_t capacity = tier == Tier::kDevice ? cfg.device_slots_per_group() : cfg.host_slots_per_group();
   if (region.slots < capacity) {

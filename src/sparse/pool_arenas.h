@@ -6,6 +6,7 @@
 // Thread-safety: none; owned by one address space.
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "ula/backend.h"
@@ -24,9 +25,11 @@ class PoolArenas {
   PoolArenas(const PoolArenas&) = delete;
   PoolArenas& operator=(const PoolArenas&) = delete;
 
-  // A new arena of slots * slot_bytes bytes on (tier, rank), and a SlotPool over it.
-  Result<SlotPool> MakePool(Tier tier, Rank rank, std::uint32_t slots, std::uint32_t slot_bytes) {
-    auto arena = backend_.CreateArena(tier, rank, std::uint64_t{slots} * slot_bytes);
+  // A new arena of slots * slot_bytes bytes (at least; arena_bytes when larger: a pool of
+  // several layers' regions) on (tier, rank), and a SlotPool over its first region.
+  Result<SlotPool> MakePool(Tier tier, Rank rank, std::uint32_t slots, std::uint32_t slot_bytes,
+                            std::uint64_t arena_bytes = 0) {
+    auto arena = backend_.CreateArena(tier, rank, std::max<std::uint64_t>(arena_bytes, std::uint64_t{slots} * slot_bytes));
     if (!arena) return std::unexpected(arena.error());
     ids_.push_back(arena->id);
     return SlotPool::Create(*arena, slot_bytes, slots);

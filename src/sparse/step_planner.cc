@@ -277,6 +277,11 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   MergeLanes(lanes.lanes, [](const Lane& L) -> const std::vector<Indexed>& { return L.misses; },
              [&](std::uint32_t a) { missed_.push_back(LogicalAddr(a)); });
   const std::size_t n_distinct = hit_slots_.size() + missed_.size();
+  for (LogicalAddr a : missed_) {  // issue 27, item 1: a new entry's write slot never moves in its round
+    if (gp.IsNewOnHost(a)) return MakeError(ErrorCode::kResourceExhausted, fmt::format("address {} was placed on host by this round's Allocate (the device held only this round's "
+                                 "entries): its KV is written at that host slot, so this round cannot move it; "
+                                 "select it after AdvanceRound()", a.value()));
+  }
   // Room: the hits not yet used in this round stop being evictable. When the misses fit
   // even if every hit were new to the round (almost always), the exact count — one policy
   // lookup per hit, a second random line per selection — is skipped: same decision.
@@ -333,15 +338,15 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   stats.into_free = n_free;
   stats.evictions = n_miss - n_free;
   if (n_miss > 0) {
-    CopyBatch fetch{gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
-    CopyBatch swap{gp.host.arena().id, gp.device.arena().id, cfg.entry_bytes, /*swap=*/true, {}};
+    // One move per layer's row of each entry (per-layer pools, address_space.h "Pools").
+    CopyBatch fetch{gp.host.arena().id, gp.device.arena().id, cfg.row(), /*swap=*/false, {}};
+    CopyBatch swap{gp.host.arena().id, gp.device.arena().id, cfg.row(), /*swap=*/true, {}};
     fetch.moves.reserve(n_free);
     swap.moves.reserve(n_miss - n_free);
     for (std::size_t i = 0; i < n_miss; ++i) {
-      const SlotMove move{gp.host.offset(table.Get(missed_[i]).slot()), gp.device.offset(target_slots_[i])};
-      (i < n_free ? fetch : swap).moves.push_back(move);
+      gp.AppendMoves(Tier::kHost, table.Get(missed_[i]).slot(), target_slots_[i], (i < n_free ? fetch : swap).moves);
     }
-    stats.bytes_moved = (fetch.moves.size() + 2 * swap.moves.size()) * std::uint64_t{cfg.entry_bytes};
+    stats.bytes_moved = (fetch.moves.size() + 2 * swap.moves.size()) * std::uint64_t{cfg.row()};
     // Each batch is waited on its own fence: a failed batch publishes nothing of its own,
     // a completed one is published (its bytes have arrived) — see the header's contract.
     CopyBatch* batches[2] = {&fetch, &swap};

