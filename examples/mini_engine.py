@@ -104,7 +104,7 @@ class TinyModel:
         self.num_groups = len(groups)  # main groups (MTP not run)
         starts = np.cumsum([0] + list(groups))
         self.group_layers = [list(range(starts[g], starts[g + 1])) for g in range(self.num_groups)]
-        self.layers_per_group = max(groups)  # the widest group: UlaCache's entry today (one entry size)
+        self.layers_per_group = max(groups)  # the widest group: the TP space's entry (one entry size there)
         self.ih, self.idim, self.top_k = cfg.index_heads, cfg.index_head_dim, cfg.top_k
         s = 1.0 / math.sqrt(hidden)
         self.emb = rng.standard_normal((vocab, hidden)).astype(f32)
@@ -243,13 +243,19 @@ class UlaStore:
             import torch
             self.torch = torch
         lpg = model.layers_per_group
-        self.entry_floats = lpg * model.width  # widest group: the slot size
-        cfg = ulacache.AddressSpaceConfig(num_ranks=1, num_groups=model.num_groups, entry_bytes=self.entry_floats * 4,
-                                          device_bytes_per_rank=device_slots * self.entry_floats * 4 * model.num_groups,
-                                          host_bytes_per_rank=host_slots * self.entry_floats * 4 * model.num_groups)
+        row = model.width * 4                                    # one layer's row (FlashMLA: 656 B)
+        self.glayers = [len(layers) for layers in model.group_layers]
+        per_address = sum(self.glayers) * row                    # an address's entries in every group
+        # Per-layer pools and groups of their own layer count (4 + 2: tiny_glm's).
+        cfg = ulacache.AddressSpaceConfig(num_ranks=1, num_groups=model.num_groups, entry_bytes=lpg * row,
+                                          row_bytes=row, group_layers=self.glayers,
+                                          device_bytes_per_rank=device_slots * per_address,
+                                          host_bytes_per_rank=host_slots * per_address)
         self.space = ulacache.AddressSpace(cfg, backend="counting" if mode == "engine" else "cpu")
+        assert cfg.device_slots_per_group == device_slots and cfg.host_slots_per_group == host_slots
         width = select_width(model, q_len)
-        self.planner = ulacache.EngineStepPlanner(self.space, max_batch=max_batch, max_q_len=q_len, max_top_k=width)
+        self.planner = ulacache.EngineStepPlanner(self.space, max_batch=max_batch, max_q_len=q_len, max_top_k=width,
+                                                  top_k_multiple=64)  # FlashMLA's SM90 sparse decode
         self.selections = self._array((max_batch * q_len, width), "int32", -1)
         self.indices = self._array((max_batch * q_len, width), "int32", -1)
         self.requests = self._array((max_batch,), "int64", 0)
@@ -259,22 +265,21 @@ class UlaStore:
         self.stats = {"selections": 0, "distinct": 0, "hits": 0, "misses": 0, "evictions": 0, "bytes_moved": 0}
         self.mem = None
         if mode == "engine":
-            # Engine-owned KV in FlashMLA's layout: per tier and group, one region per layer,
-            # [slots rounded up to 64][width] (layer l, slot s at row s of region l: the
-            # k_cache view [slots / 64, 64, 1, width]), handed over as a list of per-layer
-            # views (SGLang's pools). Groups narrower than the widest register the widest
-            # count of layers, the extra ones unused: UlaCache has one entry size today.
-            def regions(slots):
-                return self._array((lpg, -(-slots // 64) * 64, model.width), "float32", 0)
-            self.mem_t = {"device": [regions(device_slots) for _ in range(model.num_groups)],
-                          "host": [regions(host_slots) for _ in range(model.num_groups)]}
+            # Engine-owned KV in FlashMLA's layout: per tier and group, one region per layer of
+            # the group, [slots rounded up to 64][width] (layer l, slot s at row s of region l:
+            # the k_cache view [slots / 64, 64, 1, width]), handed over as a list of per-layer
+            # views (SGLang's pools).
+            def regions(slots, layers):
+                return self._array((layers, -(-slots // 64) * 64, model.width), "float32", 0)
+            self.mem_t = {"device": [regions(device_slots, n) for n in self.glayers],
+                          "host": [regions(host_slots, n) for n in self.glayers]}
             for tier, arrays in self.mem_t.items():
                 for g, a in enumerate(arrays):
-                    self.planner.register_engine_memory(tier, 0, g, [a[l] for l in range(lpg)])
+                    self.planner.register_engine_memory(tier, 0, g, [a[l] for l in range(a.shape[0])])
             self.mem = {t: [self._np(a) for a in arrays] for t, arrays in self.mem_t.items()}
-        else:
-            self.pools = [self.space.device_pool(0, g).view(np.float32).reshape(device_slots, lpg, model.width)
-                          for g in range(model.num_groups)]
+        else:  # UlaCache's own per-layer pools: each layer's region is FlashMLA's k_cache
+            self.pools = [[self.space.device_layer(0, g, l).view(np.float32) for l in range(n)]
+                          for g, n in enumerate(self.glayers)]
 
     def _array(self, shape, dtype, fill):
         if self.torch is not None:
@@ -288,16 +293,13 @@ class UlaStore:
         self.space.add_request(rid)
         addrs = self.space.allocate(rid, entries.shape[1])  # ResourceExhaustedError if it cannot fit
         self.addrs[rid] = list(addrs)
-        lpg = self.model.layers_per_group
         for g, layers in enumerate(self.model.group_layers):
             for i, a in enumerate(addrs):
                 if self.mode == "engine":  # the prefill's KV write, at the looked-up location
                     tier, _, slot = self.space.lookup(int(a), g)
-                    self.mem[tier][g][:len(layers), slot] = entries[layers, i]
+                    self.mem[tier][g][:, slot] = entries[layers, i]
                 else:
-                    buf = np.zeros((lpg, self.model.width), np.float32)
-                    buf[:len(layers)] = entries[layers, i]
-                    self.space.write(int(a), g, buf.reshape(-1).view(np.uint8))
+                    self.space.write(int(a), g, np.ascontiguousarray(entries[layers, i]).reshape(-1).view(np.uint8))
 
     def begin_step(self, rids, pos, q_len):
         """Allocates the step's new tokens (the last token and the drafts) before the forward."""
@@ -375,7 +377,7 @@ class UlaStore:
             if self.mode == "engine":
                 self.mem["device"][g][li, self.new_slot[r]] = kv[r]
             else:  # space.write takes the whole entry: the layers computed so far
-                buf = self.pending.setdefault((a, g), np.zeros((self.model.layers_per_group, self.model.width), np.float32))
+                buf = self.pending.setdefault((a, g), np.zeros((self.glayers[g], self.model.width), np.float32))
                 buf[li] = kv[r]
                 self.space.write(a, g, buf.reshape(-1).view(np.uint8))
 
@@ -383,7 +385,7 @@ class UlaStore:
         if self.mode == "engine":
             e = self.mem["device"][g][li][self.safe]
         else:
-            e = self.pools[g][self.safe, li]
+            e = self.pools[g][li][self.safe]
         e[~self.mask] = 0
         return e, self.mask
 

@@ -167,9 +167,11 @@ void BindSparse(py::module_& m) {
   py::class_<ula::AddressSpaceConfig>(m, "AddressSpaceConfig", "DP address space config (include/ula/address_space.h).")
       .def(py::init([](std::uint32_t num_ranks, std::uint32_t num_groups, std::uint32_t entry_bytes,
                        std::uint64_t device_bytes_per_rank, std::uint64_t host_bytes_per_rank, const std::string& policy,
-                       std::uint32_t page_tokens) {
+                       std::uint32_t page_tokens, std::uint32_t row_bytes, const std::vector<std::uint32_t>& group_layers) {
              ula::AddressSpaceConfig c;
              c.page_tokens = page_tokens;
+             c.row_bytes = row_bytes;
+             c.group_layers = group_layers;
              c.num_ranks = num_ranks;
              c.num_groups = num_groups;
              c.entry_bytes = entry_bytes;
@@ -180,8 +182,14 @@ void BindSparse(py::module_& m) {
            }),
            py::arg("num_ranks") = 1, py::arg("num_groups") = 1, py::arg("entry_bytes") = 656,
            py::arg("device_bytes_per_rank") = 0, py::arg("host_bytes_per_rank") = 0, py::arg("policy") = "pb_lru",
-           py::arg("page_tokens") = 64)
+           py::arg("page_tokens") = 64, py::arg("row_bytes") = 0, py::arg("group_layers") = std::vector<std::uint32_t>{})
       .def_readwrite("num_ranks", &ula::AddressSpaceConfig::num_ranks)
+      .def_readwrite("row_bytes", &ula::AddressSpaceConfig::row_bytes)
+      .def_readwrite("group_layers", &ula::AddressSpaceConfig::group_layers)
+      .def("layers_of", [](const ula::AddressSpaceConfig& c, std::uint16_t g) {
+             if (g >= c.num_groups) Throw(ula::ErrorCode::kOutOfRange, "group out of range");
+             return c.layers_of(ula::GroupId(g));
+           }, py::arg("group"))
       .def_readwrite("page_tokens", &ula::AddressSpaceConfig::page_tokens)
       .def_readwrite("num_groups", &ula::AddressSpaceConfig::num_groups)
       .def_readwrite("entry_bytes", &ula::AddressSpaceConfig::entry_bytes)
@@ -306,6 +314,25 @@ driven from different threads at once (the GIL is released while planning).)doc"
           "Read-only uint8 [device slots, entry_bytes] view of a device pool: what attention reads "
           "through the index array (no copy; keeps the space alive).")
       .def(
+          "device_layer",
+          [](py::object self, std::uint16_t rank, std::uint16_t group, std::uint32_t layer) {
+            DpSpace& s = self.cast<DpSpace&>();
+            const auto& c = s.space->config();
+            if (rank >= c.num_ranks || group >= c.num_groups || layer >= c.layers_of(ula::GroupId(group))) {
+              Throw(ula::ErrorCode::kOutOfRange, "rank, group or layer out of range");
+            }
+            const auto region = s.space->DeviceLayerBytes(ula::Rank(rank), ula::GroupId(group), layer);
+            if (region.empty()) Throw(ula::ErrorCode::kUnsupported, "the counting backend holds no bytes");
+            const auto row = static_cast<py::ssize_t>(c.row());
+            py::array_t<std::uint8_t> view({static_cast<py::ssize_t>(region.size()) / row, row},
+                                           reinterpret_cast<const std::uint8_t*>(region.data()), self);
+            py::detail::array_proxy(view.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+            return view;
+          },
+          py::arg("rank"), py::arg("group"), py::arg("layer"),
+          "Read-only uint8 [slots rounded up to 64, row_bytes] view of one layer's device region: FlashMLA's "
+          "k_cache of that layer (view it as [blocks, 64, 1, row_bytes]), indexed by the step's indices.")
+      .def(
           "transfer_bytes", [](DpSpace& s) { return s.backend.get().counters().TotalBytes(); },
           "Bytes the backend moved so far (both directions).")
       .def("check_invariants", [](DpSpace& s) { Unwrap(s.space->CheckInvariants()); });
@@ -334,11 +361,18 @@ The engine step API (include/ula/engine_step.h): selections int32 [batch, q_len,
 (FlashMLA sparse decode: the device slot, -1 for padding), and the copy plan as a
 DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's backend;
 `plan` + `complete(fence, status)` let the engine run them. Nothing allocates per step.)doc")
-      .def(py::init([](DpSpace& s, std::uint32_t max_batch, std::uint32_t max_q_len, std::uint32_t max_top_k) {
-             return EnginePlanner{Unwrap(ula::EngineStepPlanner::Create(*s.space, {max_batch, max_q_len, max_top_k})),
-                                  &s, {}};
+      .def(py::init([](DpSpace& s, std::uint32_t max_batch, std::uint32_t max_q_len, std::uint32_t max_top_k,
+                       std::uint32_t top_k_multiple) {
+             ula::EngineStepConfig c;
+             c.max_batch = max_batch;
+             c.max_q_len = max_q_len;
+             c.max_top_k = max_top_k;
+             c.top_k_multiple = top_k_multiple;
+             return EnginePlanner{Unwrap(ula::EngineStepPlanner::Create(*s.space, c)), &s, {}};
            }),
-           py::arg("space"), py::arg("max_batch"), py::arg("max_q_len"), py::arg("max_top_k"), py::keep_alive<1, 2>())
+           py::arg("space"), py::arg("max_batch"), py::arg("max_q_len"), py::arg("max_top_k"),
+           py::arg("top_k_multiple") = 1, py::keep_alive<1, 2>(),
+           "top_k_multiple=64 refuses any top_k that FlashMLA's SM90 sparse kernels cannot take.")
       .def_property_readonly("max_descriptors", [](EnginePlanner& p) { return p.planner->max_descriptors(); })
       .def_property_readonly("has_pending", [](EnginePlanner& p) { return p.planner->has_pending(); })
       .def(

@@ -268,6 +268,37 @@ def test_addresses_come_in_pages():
                                                           host_bytes_per_rank=ENTRY * 8, page_tokens=0))
 
 
+def test_per_layer_pools_of_unequal_groups_read_through_device_layer():
+    row = 32
+    cfg = ulacache.AddressSpaceConfig(num_groups=2, entry_bytes=2 * row, row_bytes=row, group_layers=[2, 1],
+                                      device_bytes_per_rank=40 * 3 * row, host_bytes_per_rank=96 * 3 * row)
+    assert [cfg.layers_of(0), cfg.layers_of(1)] == [2, 1]
+    space = ulacache.AddressSpace(cfg)
+    space.add_request(0)
+    addrs = space.allocate(0, 60)
+    entry = {g: {int(a): ((np.arange(row * (2 - g)) + int(a) * 7 + g) & 0xFF).astype(np.uint8) for a in addrs}
+             for g in (0, 1)}
+    for g in (0, 1):
+        for a in addrs:
+            space.write(int(a), g, entry[g][int(a)])
+    space.advance_round()
+    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=64, top_k_multiple=64)
+    with pytest.raises(ulacache.InvalidArgumentError):
+        ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=48, top_k_multiple=64)
+    for g in (0, 1):
+        sel = np.full((1, 64), -1, np.int32)
+        sel[0, :30] = addrs[20:50]
+        idx = np.zeros_like(sel)
+        planner.step(0, g, sel, idx, np.zeros(1, np.int64))
+        for layer in range(2 - g):
+            k_cache = space.device_layer(0, g, layer)            # [slots rounded up to 64, row]
+            assert k_cache.shape[0] % 64 == 0 and k_cache.shape[1] == row
+            for s_, i in zip(sel[0, :30], idx[0, :30]):
+                assert (k_cache[i] == entry[g][int(s_)][layer * row:(layer + 1) * row]).all()
+    with pytest.raises(ulacache.OutOfRangeError):
+        space.device_layer(0, 1, 1)
+
+
 def test_fault_plan_is_validated():
     with pytest.raises(ulacache.InvalidArgumentError):
         ulacache.FaultPlan(fail_fraction=2.0)
