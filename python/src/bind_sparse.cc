@@ -11,23 +11,86 @@ namespace {
 
 // An address space with the backend it owns (the backend outlives the space).
 struct DpSpace {
-  std::unique_ptr<ula::Backend> backend;
+  OwnedBackend backend;
   std::unique_ptr<ula::AddressSpace> space;
 };
 
 // The engine step planner and the engine-owned arrays registered with it (kept alive).
 struct EnginePlanner {
   std::unique_ptr<ula::EngineStepPlanner> planner;
+  DpSpace* space = nullptr;
   std::vector<py::object> registered;
 };
 
+// Engine-owned memory of one pool as an EngineRegion: one array [num_layers, slots, ...],
+// or the layers' own arrays [slots, ...] as a list (SGLang's pools) or a dict in layer
+// order (vLLM's register_kv_caches). Returns the arrays to keep alive.
+std::vector<py::object> ToRegion(py::handle memory, ula::EngineRegion& region) {
+  std::vector<py::array> layers;
+  if (py::isinstance<py::dict>(memory)) {
+    for (auto item : py::reinterpret_borrow<py::dict>(memory)) layers.push_back(ToArray(item.second, "memory[layer]"));
+  } else if (py::isinstance<py::list>(memory) || py::isinstance<py::tuple>(memory)) {
+    for (auto item : memory) layers.push_back(ToArray(item, "memory[layer]"));
+  } else {
+    py::array a = ToArray(memory, "memory");
+    CheckLayout(a, "memory", /*writable=*/true);
+    if (a.ndim() < 2) Throw(ula::ErrorCode::kInvalidArgument, "memory: must be [num_layers, slots, ...]");
+    const auto slots = static_cast<std::uint64_t>(a.shape(1));
+    const auto layer_stride = static_cast<std::uint64_t>(a.strides(0));
+    region = {reinterpret_cast<std::uintptr_t>(a.data()), layer_stride,
+              static_cast<std::uint32_t>(layer_stride / (slots == 0 ? 1 : slots)),
+              static_cast<std::uint32_t>(a.shape(0)), static_cast<std::uint32_t>(slots)};
+    return {a};
+  }
+  if (layers.empty()) Throw(ula::ErrorCode::kInvalidArgument, "memory: no layer tensors");
+  std::vector<py::object> keep;
+  const py::array& first = layers[0];
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const py::array& a = layers[l];
+    CheckLayout(a, "memory[layer]", /*writable=*/true);
+    if (a.ndim() < 1 || a.shape(0) != first.shape(0) || a.nbytes() != first.nbytes()) {
+      Throw(ula::ErrorCode::kInvalidArgument, "memory[layer]: every layer must be [slots, ...] of the same size");
+    }
+    keep.push_back(a);
+  }
+  const auto base = reinterpret_cast<std::uintptr_t>(first.data());
+  const std::uintptr_t second = layers.size() > 1 ? reinterpret_cast<std::uintptr_t>(layers[1].data()) : 0;
+  if (layers.size() > 1 && (second < base || second - base < static_cast<std::uintptr_t>(first.nbytes()))) {
+    Throw(ula::ErrorCode::kInvalidArgument,
+          "memory: the layer tensors must lie in ascending memory order without overlapping (layer l + 1 after "
+          "layer l)");
+  }
+  const std::uint64_t stride = layers.size() > 1 ? second - base : first.nbytes();
+  for (std::size_t l = 1; l < layers.size(); ++l) {
+    if (reinterpret_cast<std::uintptr_t>(layers[l].data()) != base + l * stride) {
+      Throw(ula::ErrorCode::kUnsupported,
+            "memory: the layer tensors are not equally spaced in one allocation (ula::EngineRegion is base + "
+            "l * layer_stride); allocate them as views of one tensor, e.g. torch.empty(L, slots, row).unbind(0)");
+    }
+  }
+  const auto slots = static_cast<std::uint64_t>(first.shape(0));
+  region = {base, stride, static_cast<std::uint32_t>(first.nbytes() / (slots == 0 ? 1 : slots)),
+            static_cast<std::uint32_t>(layers.size()), static_cast<std::uint32_t>(slots)};
+  return keep;
+}
+
 }  // namespace
 
-std::unique_ptr<ula::Backend> MakeBackend(const std::string& name) {
-  if (name == "cpu") return ula::MakeCpuBackend();
-  if (name == "counting") return ula::MakeCountingBackend();
-  Throw(ula::ErrorCode::kInvalidArgument, "backend must be 'cpu' or 'counting', got '" + name + "'");
-  return nullptr;
+ula::FaultPlan* FaultPlanOf(py::handle faults) {
+  return faults.is_none() ? nullptr : &faults.cast<ula::FaultPlan&>();
+}
+
+OwnedBackend MakeBackend(const std::string& name, py::handle faults) {
+  OwnedBackend b;
+  if (name == "cpu") {
+    b.inner = ula::MakeCpuBackend();
+  } else if (name == "counting") {
+    b.inner = ula::MakeCountingBackend();
+  } else {
+    Throw(ula::ErrorCode::kInvalidArgument, "backend must be 'cpu' or 'counting', got '" + name + "'");
+  }
+  if (const ula::FaultPlan* plan = FaultPlanOf(faults)) b.faults = Unwrap(ula::MakeFaultInjectingBackend(*b.inner, *plan));
+  return b;
 }
 
 ula::Tier ParseTier(const std::string& t) {
@@ -55,6 +118,41 @@ void BindStats(py::module_& m) {
       });
 }
 
+void BindFaults(py::module_& m) {
+  py::class_<ula::FaultPlan>(m, "FaultPlan", R"doc(
+Fault injection for a space's backend (src/backend/fault_backend.h): every eligible copy or
+swap batch fails when it is the n-th (fail_every_nth) or when a seeded draw falls below
+fail_fraction; a failure reports at Submit or at the batch's wait (at_submit / at_wait),
+with `partial` a failed copy batch lands a prefix first. Same seed, same faults.)doc")
+      .def(py::init([](std::uint64_t seed, std::uint64_t fail_every_nth, double fail_fraction, bool partial, bool copies,
+                       bool swaps, bool at_submit, bool at_wait) {
+             ula::FaultPlan f;
+             f.seed = seed;
+             f.fail_every_nth = fail_every_nth;
+             f.fail_fraction = fail_fraction;
+             f.partial = partial;
+             f.copies = copies;
+             f.swaps = swaps;
+             f.at_submit = at_submit;
+             f.at_wait = at_wait;
+             Unwrap(f.Validate());
+             return f;
+           }),
+           py::arg("seed") = 1, py::arg("fail_every_nth") = 0, py::arg("fail_fraction") = 0.0, py::arg("partial") = false,
+           py::arg("copies") = true, py::arg("swaps") = true, py::arg("at_submit") = true, py::arg("at_wait") = true)
+      .def_readonly("seed", &ula::FaultPlan::seed)
+      .def_readonly("fail_every_nth", &ula::FaultPlan::fail_every_nth)
+      .def_readonly("fail_fraction", &ula::FaultPlan::fail_fraction)
+      .def_readonly("partial", &ula::FaultPlan::partial);
+  py::class_<ula::FaultStats>(m, "FaultStats", "What a space's fault injection did (src/backend/fault_backend.h).")
+      .def_readonly("operations", &ula::FaultStats::operations)
+      .def_readonly("injected", &ula::FaultStats::injected)
+      .def_readonly("copies_failed", &ula::FaultStats::copies_failed)
+      .def_readonly("swaps_failed", &ula::FaultStats::swaps_failed)
+      .def_readonly("waits_failed", &ula::FaultStats::waits_failed)
+      .def_readonly("partial", &ula::FaultStats::partial);
+}
+
 namespace {
 
 // The descriptor dtype and the constants of its fields.
@@ -72,8 +170,12 @@ void BindDescriptorDtype(py::module_& m) {
 void BindAddressSpaceConfig(py::module_& m) {
   py::class_<ula::AddressSpaceConfig>(m, "AddressSpaceConfig", "DP address space config (include/ula/address_space.h).")
       .def(py::init([](std::uint32_t num_ranks, std::uint32_t num_groups, std::uint32_t entry_bytes,
-                       std::uint64_t device_bytes_per_rank, std::uint64_t host_bytes_per_rank, const std::string& policy) {
+                       std::uint64_t device_bytes_per_rank, std::uint64_t host_bytes_per_rank, const std::string& policy,
+                       std::uint32_t page_tokens, std::uint32_t row_bytes, const std::vector<std::uint32_t>& group_layers) {
              ula::AddressSpaceConfig c;
+             c.page_tokens = page_tokens;
+             c.row_bytes = row_bytes;
+             c.group_layers = group_layers;
              c.num_ranks = num_ranks;
              c.num_groups = num_groups;
              c.entry_bytes = entry_bytes;
@@ -83,8 +185,16 @@ void BindAddressSpaceConfig(py::module_& m) {
              return c;
            }),
            py::arg("num_ranks") = 1, py::arg("num_groups") = 1, py::arg("entry_bytes") = 656,
-           py::arg("device_bytes_per_rank") = 0, py::arg("host_bytes_per_rank") = 0, py::arg("policy") = "pb_lru")
+           py::arg("device_bytes_per_rank") = 0, py::arg("host_bytes_per_rank") = 0, py::arg("policy") = "pb_lru",
+           py::arg("page_tokens") = 64, py::arg("row_bytes") = 0, py::arg("group_layers") = std::vector<std::uint32_t>{})
       .def_readwrite("num_ranks", &ula::AddressSpaceConfig::num_ranks)
+      .def_readwrite("row_bytes", &ula::AddressSpaceConfig::row_bytes)
+      .def_readwrite("group_layers", &ula::AddressSpaceConfig::group_layers)
+      .def("layers_of", [](const ula::AddressSpaceConfig& c, std::uint16_t g) {
+             if (g >= c.num_groups) Throw(ula::ErrorCode::kOutOfRange, "group out of range");
+             return c.layers_of(ula::GroupId(g));
+           }, py::arg("group"))
+      .def_readwrite("page_tokens", &ula::AddressSpaceConfig::page_tokens)
       .def_readwrite("num_groups", &ula::AddressSpaceConfig::num_groups)
       .def_readwrite("entry_bytes", &ula::AddressSpaceConfig::entry_bytes)
       .def_readwrite("device_bytes_per_rank", &ula::AddressSpaceConfig::device_bytes_per_rank)
@@ -102,12 +212,29 @@ Owns its backend: 'cpu' (real bytes, a copy thread) or 'counting' (no bytes: the
 the memory and runs the copies). A refused call raises a ulacache.Error and changes nothing.
 One thread at a time drives a space and its planners (as in C++); different spaces may be
 driven from different threads at once (the GIL is released while planning).)doc")
-      .def(py::init([](const ula::AddressSpaceConfig& c, const std::string& backend) {
-             DpSpace s{MakeBackend(backend), nullptr};
-             s.space = Unwrap(ula::AddressSpace::Create(c, *s.backend));
+      .def(py::init([](const ula::AddressSpaceConfig& c, const std::string& backend, py::object faults) {
+             DpSpace s{MakeBackend(backend, faults), nullptr};
+             s.space = Unwrap(ula::AddressSpace::Create(c, s.backend.get()));
              return s;
            }),
-           py::arg("config"), py::arg("backend") = "cpu")
+           py::arg("config"), py::arg("backend") = "cpu", py::arg("faults") = py::none(),
+           "faults: a FaultPlan makes the backend's transfers fail as it says (FaultInjectingBackend).")
+      .def(
+          "fault_stats",
+          [](DpSpace& s) {
+            if (!s.backend.faults) Throw(ula::ErrorCode::kFailedPrecondition, "the space was made without faults=");
+            return s.backend.faults->stats();
+          },
+          "What the fault injection did so far (FaultStats).")
+      .def(
+          "set_faults_armed",
+          [](DpSpace& s, bool armed) {
+            if (!s.backend.faults) Throw(ula::ErrorCode::kFailedPrecondition, "the space was made without faults=");
+            s.backend.faults->set_armed(armed);
+          },
+          py::arg("armed"), "While disarmed no transfer fails (set-up and checking phases).")
+      .def_property_readonly("holds_bytes", [](DpSpace& s) { return s.backend.get().holds_bytes(); },
+                             "Whether the backend holds the pools' bytes ('cpu'); False for 'counting'.")
       .def(
           "add_request",
           [](DpSpace& s, std::uint64_t request, std::uint16_t rank) {
@@ -126,16 +253,16 @@ driven from different threads at once (the GIL is released while planning).)doc"
           py::arg("request"), "Frees every address of the request; NotFoundError the second time.")
       .def(
           "write",
-          [](DpSpace& s, std::uint32_t addr, std::uint16_t group, const py::array& data) {
-            auto bytes = View<const std::uint8_t>(data, "data");
+          [](DpSpace& s, std::uint32_t addr, std::uint16_t group, py::object data) {
+            auto bytes = View<const std::uint8_t>(ToArray(data, "data"), "data");
             py::gil_scoped_release nogil;
             Unwrap(s.space->Write(ula::LogicalAddr(addr), ula::GroupId(group), std::as_bytes(bytes)));
           },
           py::arg("addr"), py::arg("group"), py::arg("data"), "The engine's KV write: uint8 [entry_bytes].")
       .def(
           "read",
-          [](DpSpace& s, std::uint32_t addr, std::uint16_t group, const py::array& out) {
-            auto bytes = ViewOut<std::uint8_t>(out, "out");
+          [](DpSpace& s, std::uint32_t addr, std::uint16_t group, py::object out) {
+            auto bytes = ViewOut<std::uint8_t>(ToArray(out, "out"), "out");
             py::gil_scoped_release nogil;
             Unwrap(s.space->Read(ula::LogicalAddr(addr), ula::GroupId(group), std::as_writable_bytes(bytes)));
           },
@@ -194,7 +321,26 @@ driven from different threads at once (the GIL is released while planning).)doc"
           "Read-only uint8 [device slots, entry_bytes] view of a device pool: what attention reads "
           "through the index array (no copy; keeps the space alive).")
       .def(
-          "transfer_bytes", [](DpSpace& s) { return s.backend->counters().TotalBytes(); },
+          "device_layer",
+          [](py::object self, std::uint16_t rank, std::uint16_t group, std::uint32_t layer) {
+            DpSpace& s = self.cast<DpSpace&>();
+            const auto& c = s.space->config();
+            if (rank >= c.num_ranks || group >= c.num_groups || layer >= c.layers_of(ula::GroupId(group))) {
+              Throw(ula::ErrorCode::kOutOfRange, "rank, group or layer out of range");
+            }
+            const auto region = s.space->DeviceLayerBytes(ula::Rank(rank), ula::GroupId(group), layer);
+            if (region.empty()) Throw(ula::ErrorCode::kUnsupported, "the counting backend holds no bytes");
+            const auto row = static_cast<py::ssize_t>(c.row());
+            py::array_t<std::uint8_t> view({static_cast<py::ssize_t>(region.size()) / row, row},
+                                           reinterpret_cast<const std::uint8_t*>(region.data()), self);
+            py::detail::array_proxy(view.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+            return view;
+          },
+          py::arg("rank"), py::arg("group"), py::arg("layer"),
+          "Read-only uint8 [slots rounded up to 64, row_bytes] view of one layer's device region: FlashMLA's "
+          "k_cache of that layer (view it as [blocks, 64, 1, row_bytes]), indexed by the step's indices.")
+      .def(
+          "transfer_bytes", [](DpSpace& s) { return s.backend.get().counters().TotalBytes(); },
           "Bytes the backend moved so far (both directions).")
       .def("check_invariants", [](DpSpace& s) { Unwrap(s.space->CheckInvariants()); });
 }
@@ -206,10 +352,10 @@ void BindStepPlanner(py::module_& m) {
            py::keep_alive<1, 2>())
       .def(
           "step",
-          [](ula::StepPlanner& p, std::uint16_t rank, std::uint16_t group, const py::array& selections,
-             const py::array& out_slots, const std::vector<std::pair<std::uint64_t, std::uint32_t>>& runs) {
-            auto sel = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(selections, "selections", 1));
-            auto out = AsIdsOut<ula::SlotId>(ViewOut<std::uint32_t>(out_slots, "out_slots", 1));
+          [](ula::StepPlanner& p, std::uint16_t rank, std::uint16_t group, py::object selections,
+             py::object out_slots, const std::vector<std::pair<std::uint64_t, std::uint32_t>>& runs) {
+            auto sel = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(selections, "selections"), "selections", 1));
+            auto out = AsIdsOut<ula::SlotId>(ViewOut<std::uint32_t>(ToArray(out_slots, "out_slots"), "out_slots", 1));
             const auto r = ToRuns(runs);
             py::gil_scoped_release nogil;
             return Unwrap(p.Step({ula::Rank(rank), ula::GroupId(group), sel, r}, out));
@@ -228,50 +374,63 @@ The engine step API (include/ula/engine_step.h): selections int32 [batch, q_len,
 (FlashMLA sparse decode: the device slot, -1 for padding), and the copy plan as a
 DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's backend;
 `plan` + `complete(fence, status)` let the engine run them. Nothing allocates per step.)doc")
-      .def(py::init([](DpSpace& s, std::uint32_t max_batch, std::uint32_t max_q_len, std::uint32_t max_top_k) {
-             return EnginePlanner{Unwrap(ula::EngineStepPlanner::Create(*s.space, {max_batch, max_q_len, max_top_k})), {}};
+      .def(py::init([](DpSpace& s, std::uint32_t max_batch, std::uint32_t max_q_len, std::uint32_t max_top_k,
+                       std::uint32_t top_k_multiple) {
+             ula::EngineStepConfig c;
+             c.max_batch = max_batch;
+             c.max_q_len = max_q_len;
+             c.max_top_k = max_top_k;
+             c.top_k_multiple = top_k_multiple;
+             return EnginePlanner{Unwrap(ula::EngineStepPlanner::Create(*s.space, c)), &s, {}};
            }),
-           py::arg("space"), py::arg("max_batch"), py::arg("max_q_len"), py::arg("max_top_k"), py::keep_alive<1, 2>())
+           py::arg("space"), py::arg("max_batch"), py::arg("max_q_len"), py::arg("max_top_k"),
+           py::arg("top_k_multiple") = 1, py::keep_alive<1, 2>(),
+           "top_k_multiple=64 refuses any top_k that FlashMLA's SM90 sparse kernels cannot take.")
       .def_property_readonly("max_descriptors", [](EnginePlanner& p) { return p.planner->max_descriptors(); })
       .def_property_readonly("has_pending", [](EnginePlanner& p) { return p.planner->has_pending(); })
       .def(
           "step",
-          [](EnginePlanner& p, std::uint16_t rank, std::uint16_t group, const py::array& selections,
-             const py::array& indices, const py::array& requests) {
-            auto sel = View<const std::int32_t>(selections, "selections", 3);
-            auto idx = ViewOut<std::int32_t>(indices, "indices", 3);
-            auto req = AsIds<ula::RequestId>(View<const std::uint64_t>(requests, "requests", 1));
-            const ula::StepShape shape{static_cast<std::uint32_t>(selections.shape(0)),
-                                       static_cast<std::uint32_t>(selections.shape(1)),
-                                       static_cast<std::uint32_t>(selections.shape(2))};
+          [](EnginePlanner& p, std::uint16_t rank, std::uint16_t group, py::object selections, py::object indices,
+             py::object requests) {
+            const py::array sel_a = ToArray(selections, "selections"), idx_a = ToArray(indices, "indices");
+            const py::array req_a = ToArray(requests, "requests");
+            auto req = RequestsView(req_a, "requests");
+            const ula::StepShape shape = ShapeOf(sel_a, req.size());
+            CheckSameShape(sel_a, idx_a);
+            auto sel = View<const std::int32_t>(sel_a, "selections");
+            auto idx = ViewOut<std::int32_t>(idx_a, "indices");
             py::gil_scoped_release nogil;
             return Unwrap(p.planner->Step(ula::Rank(rank), ula::GroupId(group), shape, req, sel, idx));
           },
           py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("requests"),
-          "Library path: plan, copy on the backend, publish, write indices. Returns StepStats.")
+          "Library path: plan, copy on the backend, publish, write indices. Returns StepStats. selections "
+          "int32 [batch, q_len, top_k] or [batch * q_len, top_k] (SGLang's page_table_1); indices the same "
+          "shape; requests uint64 or int64 [batch]. numpy arrays or CPU torch tensors (DLPack).")
       .def(
           "plan",
-          [](EnginePlanner& p, std::uint16_t rank, std::uint16_t group, const py::array& selections,
-             const py::array& indices, const py::array& descriptors, const py::array& requests) {
-            auto sel = View<const std::int32_t>(selections, "selections", 3);
-            auto idx = ViewOut<std::int32_t>(indices, "indices", 3);
-            auto desc = ViewOut<ula::CopyDescriptor>(descriptors, "descriptors", 1);
-            auto req = AsIds<ula::RequestId>(View<const std::uint64_t>(requests, "requests", 1));
-            const ula::StepShape shape{static_cast<std::uint32_t>(selections.shape(0)),
-                                       static_cast<std::uint32_t>(selections.shape(1)),
-                                       static_cast<std::uint32_t>(selections.shape(2))};
+          [](EnginePlanner& p, std::uint16_t rank, std::uint16_t group, py::object selections, py::object indices,
+             py::object descriptors, py::object requests) {
+            const py::array sel_a = ToArray(selections, "selections"), idx_a = ToArray(indices, "indices");
+            const py::array req_a = ToArray(requests, "requests");
+            auto req = RequestsView(req_a, "requests");
+            const ula::StepShape shape = ShapeOf(sel_a, req.size());
+            CheckSameShape(sel_a, idx_a);
+            auto sel = View<const std::int32_t>(sel_a, "selections");
+            auto idx = ViewOut<std::int32_t>(idx_a, "indices");
+            auto desc = ViewOut<ula::CopyDescriptor>(ToArray(descriptors, "descriptors"), "descriptors", 1);
             py::gil_scoped_release nogil;
             auto planned = Unwrap(p.planner->Plan(ula::Rank(rank), ula::GroupId(group), shape, req, sel, idx, desc));
             return std::make_tuple(planned.fence, planned.num_descriptors, planned.stats);
           },
           py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("descriptors"),
           py::arg("requests"),
-          "Engine path, part 1: (fence, n, StepStats); descriptors[:n] are the copies to run. requests: uint64 "
-          "[batch], the request of each row (an address not live for its row's request: NotFoundError).")
+          "Engine path, part 1: (fence, n, StepStats); descriptors[:n] are the copies to run. Shapes as step; "
+          "requests: uint64 or int64 [batch], the request of each row (an address not live for its row's "
+          "request: NotFoundError).")
       .def(
           "complete",
-          [](EnginePlanner& p, std::uint64_t fence, const py::array& status) {
-            auto st = View<const std::uint8_t>(status, "status", 1);
+          [](EnginePlanner& p, std::uint64_t fence, py::object status) {
+            auto st = View<const std::uint8_t>(ToArray(status, "status"), "status", 1);
             py::gil_scoped_release nogil;
             auto r = Unwrap(p.planner->Complete(fence, st));
             return std::make_tuple(r.published, r.failed);
@@ -280,27 +439,29 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
           "Engine path, part 2: status uint8 [n], 0 = done. Publishes the done ones; (published, failed).")
       .def(
           "register_engine_memory",
-          [](EnginePlanner& p, const std::string& tier, std::uint16_t rank, std::uint16_t group, const py::array& memory) {
-            // memory: [num_layers, slots, layer_bytes...] C-contiguous; one row per slot per layer.
-            CheckLayout(memory, "memory", /*writable=*/true);
-            if (memory.ndim() < 2) Throw(ula::ErrorCode::kInvalidArgument, "memory: must be [num_layers, slots, ...]");
-            const auto layers = static_cast<std::uint32_t>(memory.shape(0));
-            const auto slots = static_cast<std::uint64_t>(memory.shape(1));
-            const auto layer_stride = static_cast<std::uint64_t>(memory.strides(0));
-            const auto layer_bytes = static_cast<std::uint32_t>(layer_stride / (slots == 0 ? 1 : slots));
-            ula::EngineRegion region{reinterpret_cast<std::uintptr_t>(memory.data()), layer_stride, layer_bytes, layers,
-                                     static_cast<std::uint32_t>(slots)};
+          [](EnginePlanner& p, const std::string& tier, std::uint16_t rank, std::uint16_t group, py::object memory) {
+            // The bytes of a space whose backend holds them ('cpu') live in the backend's pools:
+            // engine memory would be a second, stale copy that read() and device_pool() ignore.
+            if (p.space->backend.get().holds_bytes()) {
+              Throw(ula::ErrorCode::kFailedPrecondition,
+                    "register_engine_memory: this space's backend holds the bytes ('cpu'); engine-owned memory needs "
+                    "a space made with backend='counting' (it keeps metadata only)");
+            }
+            ula::EngineRegion region;
+            std::vector<py::object> keep = ToRegion(memory, region);
             Unwrap(p.planner->RegisterEngineMemory(ParseTier(tier), ula::Rank(rank), ula::GroupId(group), region));
-            p.registered.push_back(memory);
+            for (auto& k : keep) p.registered.push_back(std::move(k));
           },
           py::arg("tier"), py::arg("rank"), py::arg("group"), py::arg("memory"),
-          "Registers engine-owned memory of a pool: a C-contiguous array [num_layers, slots, ...] "
-          "(vLLM-style per-layer KV caches stacked). Kept alive by the planner.")
+          "Registers engine-owned memory of a pool on a 'counting' space: one C-contiguous array [num_layers, "
+          "slots, ...], or the group's per-layer arrays [slots, ...] as a list (SGLang) or a dict in layer order "
+          "(vLLM's register_kv_caches), equally spaced in one allocation. numpy or CPU torch. Kept alive by the "
+          "planner.")
       .def(
           "execute_on_engine_memory",
-          [](EnginePlanner& p, const py::array& descriptors, const py::array& status) {
-            auto desc = View<const ula::CopyDescriptor>(descriptors, "descriptors", 1);
-            auto st = ViewOut<std::uint8_t>(status, "status", 1);
+          [](EnginePlanner& p, py::object descriptors, py::object status) {
+            auto desc = View<const ula::CopyDescriptor>(ToArray(descriptors, "descriptors"), "descriptors", 1);
+            auto st = ViewOut<std::uint8_t>(ToArray(status, "status"), "status", 1);
             if (st.size() != desc.size()) Throw(ula::ErrorCode::kInvalidArgument, "status and descriptors differ in length");
             py::gil_scoped_release nogil;
             p.planner->ExecuteOnEngineMemory(desc, st);
@@ -312,6 +473,7 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
 }  // namespace
 
 void BindSparse(py::module_& m) {
+  BindFaults(m);
   BindStats(m);
   BindDescriptorDtype(m);
   BindAddressSpaceConfig(m);

@@ -1,18 +1,20 @@
 // TP address space (one space striped over the ranks) and its step planner.
 #include <pybind11/stl.h>
 
+#include <cstring>
+
 #include "bind_common.h"
 #include "ula/tp_address_space.h"
+#include "ula/tp_engine_step.h"
 #include "ula/tp_step_planner.h"
 
 namespace ulapy {
 
-std::unique_ptr<ula::Backend> MakeBackend(const std::string& name);
 ula::PolicyKind ParsePolicy(const std::string& name);
 
 namespace {
 struct TpSpace {
-  std::unique_ptr<ula::Backend> backend;
+  OwnedBackend backend;
   std::unique_ptr<ula::TpAddressSpace> space;
 };
 }  // namespace
@@ -60,12 +62,12 @@ void BindTp(py::module_& m) {
   py::class_<TpSpace>(m, "TpAddressSpace", R"doc(
 TP mode: one address space striped over the ranks (address a lives on rank a mod P), every
 rank hosted in this process. Owns its backend ('cpu' or 'counting').)doc")
-      .def(py::init([](const ula::TpConfig& c, const std::string& backend) {
-             TpSpace s{MakeBackend(backend), nullptr};
-             s.space = Unwrap(ula::TpAddressSpace::Create(c, *s.backend));
+      .def(py::init([](const ula::TpConfig& c, const std::string& backend, py::object faults) {
+             TpSpace s{MakeBackend(backend, faults), nullptr};
+             s.space = Unwrap(ula::TpAddressSpace::Create(c, s.backend.get()));
              return s;
            }),
-           py::arg("config"), py::arg("backend") = "cpu")
+           py::arg("config"), py::arg("backend") = "cpu", py::arg("faults") = py::none())
       .def("add_request", [](TpSpace& s, std::uint64_t r) { Unwrap(s.space->AddRequest(ula::RequestId(r))); },
            py::arg("request"))
       .def(
@@ -77,16 +79,16 @@ rank hosted in this process. Owns its backend ('cpu' or 'counting').)doc")
       .def("free", [](TpSpace& s, std::uint64_t r) { Unwrap(s.space->Free(ula::RequestId(r))); }, py::arg("request"))
       .def(
           "write",
-          [](TpSpace& s, std::uint32_t addr, std::uint16_t group, const py::array& data) {
-            auto bytes = View<const std::uint8_t>(data, "data");
+          [](TpSpace& s, std::uint32_t addr, std::uint16_t group, py::object data) {
+            auto bytes = View<const std::uint8_t>(ToArray(data, "data"), "data");
             py::gil_scoped_release nogil;
             Unwrap(s.space->Write(ula::LogicalAddr(addr), ula::GroupId(group), std::as_bytes(bytes)));
           },
           py::arg("addr"), py::arg("group"), py::arg("data"))
       .def(
           "read",
-          [](TpSpace& s, std::uint32_t addr, std::uint16_t group, const py::array& out) {
-            auto bytes = ViewOut<std::uint8_t>(out, "out");
+          [](TpSpace& s, std::uint32_t addr, std::uint16_t group, py::object out) {
+            auto bytes = ViewOut<std::uint8_t>(ToArray(out, "out"), "out");
             py::gil_scoped_release nogil;
             Unwrap(s.space->Read(ula::LogicalAddr(addr), ula::GroupId(group), std::as_writable_bytes(bytes)));
           },
@@ -96,16 +98,85 @@ rank hosted in this process. Owns its backend ('cpu' or 'counting').)doc")
       .def("is_live", [](TpSpace& s, std::uint32_t a) { return s.space->IsLive(ula::LogicalAddr(a)); }, py::arg("addr"))
       .def("advance_round", [](TpSpace& s) { s.space->AdvanceRound(); })
       .def_property_readonly("num_live_addresses", [](TpSpace& s) { return s.space->num_live_addresses(); })
-      .def("check_invariants", [](TpSpace& s) { Unwrap(s.space->CheckInvariants()); });
+      .def("check_invariants", [](TpSpace& s) { Unwrap(s.space->CheckInvariants()); })
+      .def(
+          "shard_device_pool",
+          [](py::object self, std::uint16_t rank, std::uint16_t group) {
+            TpSpace& s = self.cast<TpSpace&>();
+            const auto& c = s.space->config();
+            if (rank >= c.num_ranks || group >= c.num_groups) Throw(ula::ErrorCode::kOutOfRange, "rank or group out of range");
+            const ula::TpShardMemory mem = s.space->ShardMemory(ula::Rank(rank), ula::GroupId(group));
+            if (mem.device.data == nullptr) Throw(ula::ErrorCode::kUnsupported, "the counting backend holds no bytes");
+            py::array_t<std::uint8_t> view({static_cast<py::ssize_t>(c.device_slots_per_group()),
+                                            static_cast<py::ssize_t>(c.entry_bytes)},
+                                           reinterpret_cast<const std::uint8_t*>(mem.device.data), self);
+            py::detail::array_proxy(view.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+            return view;
+          },
+          py::arg("rank"), py::arg("group"),
+          "Read-only uint8 [device slots, entry_bytes] view of a rank's shard device pool (what at-home attention "
+          "reads through TpEngineStepPlanner's indices; no copy).")
+      .def(
+          "buffer_entry",
+          [](TpSpace& s, std::uint16_t rank, std::uint16_t group, std::uint32_t slot, py::object out) {
+            auto bytes = ViewOut<std::uint8_t>(ToArray(out, "out"), "out");
+            const auto& c = s.space->config();
+            if (bytes.size() != c.entry_bytes) Throw(ula::ErrorCode::kInvalidArgument, "out: must be [entry_bytes]");
+            const std::byte* p = s.space->RefData(ula::Rank(rank), ula::GroupId(group),
+                                                  {ula::TpReadRef::Source::kBuffer, ula::SlotId(slot), ula::Rank(rank)});
+            if (p == nullptr) Throw(ula::ErrorCode::kNotFound, "no buffered entry at that rank, group and slot");
+            std::memcpy(bytes.data(), p, bytes.size());
+          },
+          py::arg("rank"), py::arg("group"), py::arg("slot"), py::arg("out"),
+          "Copies the local-buffer entry at a buffer slot of a rank into uint8 [entry_bytes] (a test's reader).");
+
+  py::class_<ula::TpEngineStepPlanner>(m, "TpEngineStepPlanner", R"doc(
+The engine step API of a TP space (include/ula/tp_engine_step.h): selections int32
+[batch, q_len, top_k] or [batch * q_len, top_k] (-1 = padding) and requests uint64/int64
+[batch] -> indices int32 [ranks, *selections.shape], one FlashMLA index array per rank.
+At home: the rank's shard device slot, -1 for padding and for entries homed elsewhere
+(each rank's attention is a partial, float [batch * q_len, heads, kv_lora_rank + 2],
+merged over ranks in rank order). Local buffer: shard slot s, or device_slots + b for
+buffer slot b. The library's backend moves the bytes.)doc")
+      .def(py::init([](TpSpace& s, std::uint32_t max_batch, std::uint32_t max_q_len, std::uint32_t max_top_k) {
+             return Unwrap(ula::TpEngineStepPlanner::Create(*s.space, {max_batch, max_q_len, max_top_k}));
+           }),
+           py::arg("space"), py::arg("max_batch"), py::arg("max_q_len"), py::arg("max_top_k"), py::keep_alive<1, 2>())
+      .def_property_readonly("num_ranks", [](const ula::TpEngineStepPlanner& p) { return p.ranks().size(); })
+      .def_property_readonly("device_slots", &ula::TpEngineStepPlanner::device_slots)
+      .def_property_readonly("index_slots", &ula::TpEngineStepPlanner::index_slots)
+      .def(
+          "step",
+          [](ula::TpEngineStepPlanner& p, std::uint16_t group, py::object selections, py::object indices,
+             py::object requests) {
+            const py::array sel_a = ToArray(selections, "selections"), idx_a = ToArray(indices, "indices");
+            const py::array req_a = ToArray(requests, "requests");
+            auto req = RequestsView(req_a, "requests");
+            const ula::StepShape shape = ShapeOf(sel_a, req.size());
+            bool same = idx_a.ndim() == sel_a.ndim() + 1 && idx_a.ndim() >= 1 &&
+                        idx_a.shape(0) == static_cast<py::ssize_t>(p.ranks().size());
+            for (py::ssize_t d = 0; same && d < sel_a.ndim(); ++d) same = idx_a.shape(d + 1) == sel_a.shape(d);
+            if (!same) Throw(ula::ErrorCode::kInvalidArgument, "indices: must be [ranks, *selections.shape]");
+            auto sel = View<const std::int32_t>(sel_a, "selections");
+            auto idx = ViewOut<std::int32_t>(idx_a, "indices");
+            std::vector<ula::TpRankStepStats> stats;
+            {
+              py::gil_scoped_release nogil;
+              stats = Unwrap(p.Step(ula::GroupId(group), shape, req, sel, idx));
+            }
+            return stats;
+          },
+          py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("requests"),
+          "One TP step of a group: writes indices; returns [TpRankStepStats per rank].");
 
   py::class_<ula::TpStepPlanner>(m, "TpStepPlanner", "One TP step of one group (include/ula/tp_step_planner.h).")
       .def(py::init([](TpSpace& s) { return std::make_unique<ula::TpStepPlanner>(*s.space); }), py::arg("space"),
            py::keep_alive<1, 2>())
       .def(
           "step",
-          [](ula::TpStepPlanner& p, std::uint16_t group, const py::array& selections,
+          [](ula::TpStepPlanner& p, std::uint16_t group, py::object selections,
              const std::vector<std::pair<std::uint64_t, std::uint32_t>>& runs) {
-            auto sel = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(selections, "selections", 1));
+            auto sel = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(selections, "selections"), "selections", 1));
             const auto r = ToRuns(runs);
             ula::TpStepPlan plan;
             {

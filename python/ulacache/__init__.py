@@ -1,7 +1,9 @@
 """UlaCache from Python: stable logical addresses over device and host KV pools.
 
-The classes are thin bindings of the C++ library (include/ula/*.h): numpy arrays are
-viewed, never copied or cast (a wrong dtype, shape or layout raises InvalidArgumentError),
+The classes are thin bindings of the C++ library (include/ula/*.h): numpy arrays and CPU
+torch tensors (any object with ``__dlpack__``) are viewed, never copied or cast (a wrong
+dtype, shape or layout raises InvalidArgumentError; a CUDA tensor raises UnsupportedError
+while no CUDA backend is built),
 the GIL is released in every call that plans or moves bytes, and every refused call raises
 a ``ulacache.Error`` subclass carrying the library's ``code`` and ``message`` after
 changing nothing.
@@ -15,7 +17,9 @@ changing nothing.
     planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=32)
     sel = np.full((1, 1, 32), -1, np.int32); sel[0, 0, :20] = addrs[80:]
     idx = np.empty_like(sel)
-    planner.step(0, 0, sel, idx)                         # idx: FlashMLA sparse-decode indices
+    requests = np.array([7], np.int64)                   # the request of each batch row
+    planner.step(0, 0, sel, idx, requests)               # idx: FlashMLA sparse-decode indices
+    assert (idx[0, 0, 20:] == -1).all()
 """
 
 
@@ -82,5 +86,26 @@ def error_class(code: str) -> type:
     return _BY_CODE.get(code, Error)
 
 
-from ._ulacache import *  # noqa: E402,F401,F403
-from ._ulacache import DESCRIPTOR_DTYPE, COPY, SWAP, DEVICE, HOST  # noqa: E402,F401
+def _explain_import_failure(error: ImportError) -> ImportError:
+    """An ImportError that names why the extension did not load and what it was built for."""
+    import sys
+    from . import _build_info
+    built = f"{_build_info.PYTHON_EXECUTABLE} (Python {_build_info.PYTHON_VERSION})"
+    running = f"{sys.executable} (Python {sys.version.split()[0]})"
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        return ImportError(f"ulacache needs numpy, which this interpreter ({running}) cannot import; "
+                           f"the extension was built for {built}: install numpy for it (Debian: python3-numpy) "
+                           f"or run that interpreter")
+    if tuple(sys.version_info[:2]) != tuple(int(x) for x in _build_info.PYTHON_VERSION.split(".")[:2]):
+        return ImportError(f"ulacache's extension was built for {built}, not for this interpreter "
+                           f"({running}): run that interpreter or rebuild with -DPython3_EXECUTABLE={sys.executable}")
+    return ImportError(f"ulacache's extension failed to load under {running} (built for {built}): {error}")
+
+
+try:
+    from ._ulacache import *  # noqa: E402,F401,F403
+    from ._ulacache import DESCRIPTOR_DTYPE, COPY, SWAP, DEVICE, HOST  # noqa: E402,F401
+except ImportError as _error:
+    raise _explain_import_failure(_error) from _error

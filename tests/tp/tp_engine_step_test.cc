@@ -1,0 +1,266 @@
+// TpEngineStepPlanner (include/ula/tp_engine_step.h): per-rank FlashMLA index arrays of a
+// TP step, checked against TpStepPlanner's refs on a twin space and against the reference
+// attention (at home: every rank's partial over its own indices, merged in rank order;
+// local buffer: every rank's attention through its indices over the whole selection).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "test_seed.h"
+#include "tp/tp_fixture.h"
+#include "ula/partial_attention.h"
+#include "ula/reference_attention.h"
+#include "ula/tp_engine_step.h"
+
+namespace ula {
+namespace {
+
+constexpr MlaShape kShape{4, 16, 8, 0.25f};  // entry: 4 * (16 + 8) = 96 bytes
+
+struct Twin {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::unique_ptr<TpAddressSpace> space;
+};
+
+Twin MakeTwin(TpAttention attention) {
+  TpConfig c = testing::SmallTpConfig(/*ranks=*/2, /*device=*/40, /*host=*/96,
+                                      attention == TpAttention::kAtHome ? 0 : 40, /*groups=*/2, kShape.entry_bytes());
+  c.attention = attention;
+  Twin t;
+  t.space = TpAddressSpace::Create(c, *t.backend).value();
+  return t;
+}
+
+std::vector<std::byte> EntryOf(LogicalAddr a, std::uint32_t group) {
+  std::mt19937 rng(a.value() * 7919u + group);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(kShape.kv_lora_rank + kShape.rope_dim);
+  for (float& x : v) x = d(rng);
+  std::vector<std::byte> b(kShape.entry_bytes());
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// The same requests, addresses and bytes in both spaces.
+std::vector<std::vector<LogicalAddr>> Fill(TpAddressSpace& s, std::uint32_t requests, std::uint32_t tokens) {
+  std::vector<std::vector<LogicalAddr>> addrs;
+  for (std::uint32_t r = 0; r < requests; ++r) {
+    EXPECT_TRUE(s.AddRequest(RequestId(r)));
+    addrs.push_back(s.Allocate(RequestId(r), tokens).value());
+    for (LogicalAddr a : addrs.back()) {
+      for (std::uint32_t g = 0; g < 2; ++g) EXPECT_TRUE(s.Write(a, GroupId(g), EntryOf(a, g)));
+    }
+  }
+  s.AdvanceRound();
+  return addrs;
+}
+
+// selections [batch][q_len][top_k]: distinct addresses of the row's request, padding at
+// the tail of some queries.
+std::vector<std::int32_t> Select(std::mt19937_64& rng, const std::vector<std::vector<LogicalAddr>>& addrs,
+                                 const StepShape& shape) {
+  std::vector<std::int32_t> sel(shape.size(), kPadIndex);
+  for (std::uint32_t b = 0; b < shape.batch; ++b) {
+    for (std::uint32_t q = 0; q < shape.q_len; ++q) {
+      std::vector<LogicalAddr> pool = addrs[b];
+      std::shuffle(pool.begin(), pool.end(), rng);
+      const std::uint32_t k = shape.top_k - static_cast<std::uint32_t>(rng() % 3);
+      for (std::uint32_t j = 0; j < k; ++j) {
+        sel[(std::size_t{b} * shape.q_len + q) * shape.top_k + j] = static_cast<std::int32_t>(pool[j].value());
+      }
+    }
+  }
+  return sel;
+}
+
+std::vector<float> Query(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> q(kShape.query_values());
+  for (float& x : q) x = d(rng);
+  return q;
+}
+
+class TpEngineStepTest : public ::testing::TestWithParam<TpAttention> {};
+
+TEST_P(TpEngineStepTest, IndicesMatchTheTpPlannerAndAttentionMatchesTheReference) {
+  ULA_TEST_SEEDED(seed, 20261201);
+  std::mt19937_64 rng(seed);
+  const TpAttention attention = GetParam();
+  Twin a = MakeTwin(attention), b = MakeTwin(attention);
+  const auto addrs = Fill(*a.space, 3, 40);
+  ASSERT_EQ(Fill(*b.space, 3, 40), addrs);
+  auto engine = TpEngineStepPlanner::Create(*a.space, {3, 2, 8}).value();
+  TpStepPlanner twin(*b.space);
+  ASSERT_EQ(engine->ranks().size(), 2u);
+  const std::uint32_t device = a.space->config().device_slots_per_group();
+  ASSERT_EQ(engine->device_slots(), device);
+  ASSERT_EQ(engine->index_slots(), attention == TpAttention::kAtHome ? device : 2 * device);
+  const StepShape shape{3, 2, 8};
+  std::uint64_t elsewhere = 0, buffered = 0;
+  for (int step = 0; step < 12; ++step) {
+    const GroupId group(static_cast<std::uint16_t>(step % 2));
+    const auto sel = Select(rng, addrs, shape);
+    std::vector<std::int32_t> indices(2 * shape.size(), 12345);
+    auto stats = engine->Step(group, shape, std::vector<RequestId>{RequestId(0), RequestId(1), RequestId(2)}, sel,
+                              indices);
+    ASSERT_TRUE(stats) << stats.error().message();
+    // The twin: the same step as TpStepPlanner's selections and runs (padding dropped).
+    std::vector<LogicalAddr> compact;
+    std::vector<std::size_t> where;
+    std::vector<SelectionRun> runs;
+    for (std::uint32_t r = 0; r < shape.batch; ++r) {
+      std::uint32_t count = 0;
+      for (std::size_t i = r * 16; i < (r + 1) * 16; ++i) {
+        if (sel[i] < 0) continue;
+        compact.push_back(LogicalAddr(static_cast<std::uint32_t>(sel[i])));
+        where.push_back(i);
+        ++count;
+      }
+      runs.push_back({RequestId(r), count});
+    }
+    auto plan = twin.Step(group, compact, runs);
+    ASSERT_TRUE(plan);
+    ASSERT_EQ(*stats, plan->stats);
+    for (std::size_t rank = 0; rank < 2; ++rank) {
+      std::vector<std::int32_t> want(shape.size(), kPadIndex);
+      for (std::size_t j = 0; j < compact.size(); ++j) {
+        const TpReadRef& ref = plan->refs[rank][j];
+        if (ref.source == TpReadRef::Source::kShard) want[where[j]] = static_cast<std::int32_t>(ref.slot.value());
+        if (ref.source == TpReadRef::Source::kBuffer) {
+          want[where[j]] = static_cast<std::int32_t>(device + ref.slot.value());
+          ++buffered;
+        }
+        if (ref.source == TpReadRef::Source::kElsewhere) ++elsewhere;
+      }
+      ASSERT_EQ(std::vector<std::int32_t>(indices.begin() + rank * shape.size(),
+                                          indices.begin() + (rank + 1) * shape.size()),
+                want)
+          << "rank " << rank << " step " << step;
+    }
+    // Attention per query through the index arrays, as FlashMLA would read them.
+    auto read = [&](std::size_t rank, std::int32_t index) -> const std::byte* {
+      const TpReadRef ref = static_cast<std::uint32_t>(index) < device
+                                ? TpReadRef{TpReadRef::Source::kShard, SlotId(static_cast<std::uint32_t>(index)),
+                                            Rank(static_cast<std::uint16_t>(rank))}
+                                : TpReadRef{TpReadRef::Source::kBuffer,
+                                            SlotId(static_cast<std::uint32_t>(index) - device),
+                                            Rank(static_cast<std::uint16_t>(rank))};
+      return a.space->RefData(Rank(static_cast<std::uint16_t>(rank)), group, ref);
+    };
+    for (std::size_t row = 0; row < std::size_t{shape.batch} * shape.q_len; ++row) {
+      const auto query = Query(seed + step * 100 + row);
+      std::vector<std::vector<std::byte>> truth_bytes;
+      std::vector<const std::byte*> truth;
+      for (std::uint32_t j = 0; j < shape.top_k; ++j) {
+        const std::int32_t addr = sel[row * shape.top_k + j];
+        if (addr >= 0) truth_bytes.push_back(EntryOf(LogicalAddr(static_cast<std::uint32_t>(addr)), group.value()));
+      }
+      for (const auto& t : truth_bytes) truth.push_back(t.data());
+      std::vector<float> want(kShape.output_values());
+      ASSERT_TRUE(SparseMlaAttention(kShape, query, truth, want));
+      if (attention == TpAttention::kAtHome) {
+        std::vector<float> partials(2 * PartialValues(kShape));
+        for (std::size_t rank = 0; rank < 2; ++rank) {
+          std::vector<const std::byte*> mine;
+          for (std::uint32_t j = 0; j < shape.top_k; ++j) {
+            const std::int32_t index = indices[rank * shape.size() + row * shape.top_k + j];
+            if (index < 0) continue;
+            mine.push_back(read(rank, index));
+            ASSERT_NE(mine.back(), nullptr);
+          }
+          ASSERT_TRUE(PartialMlaAttention(kShape, query, mine,
+                                          std::span<float>(partials).subspan(rank * PartialValues(kShape),
+                                                                             PartialValues(kShape))));
+        }
+        std::vector<float> merged(kShape.output_values());
+        ASSERT_TRUE(MergeMlaPartials(kShape, partials, merged));
+        for (std::size_t v = 0; v < want.size(); ++v) ASSERT_NEAR(merged[v], want[v], 1e-5f) << "value " << v;
+      } else {
+        for (std::size_t rank = 0; rank < 2; ++rank) {
+          std::vector<const std::byte*> all;
+          for (std::uint32_t j = 0; j < shape.top_k; ++j) {
+            const std::int32_t index = indices[rank * shape.size() + row * shape.top_k + j];
+            if (index < 0) continue;
+            all.push_back(read(rank, index));
+            ASSERT_NE(all.back(), nullptr);
+          }
+          std::vector<float> got(kShape.output_values());
+          ASSERT_TRUE(SparseMlaAttention(kShape, query, all, got));
+          ASSERT_EQ(got, want) << "rank " << rank << " row " << row;  // same entries, same order: same bits
+        }
+      }
+    }
+    a.space->AdvanceRound();
+    b.space->AdvanceRound();
+    ASSERT_TRUE(a.space->CheckInvariants());
+  }
+  if (attention == TpAttention::kAtHome) {
+    EXPECT_GT(elsewhere, 0u);
+  } else {
+    EXPECT_GT(buffered, 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Attention, TpEngineStepTest,
+                         ::testing::Values(TpAttention::kAtHome, TpAttention::kLocalBuffer),
+                         [](const auto& info) { return std::string(TpAttentionName(info.param)); });
+
+TEST(TpEngineStep, RefusalsChangeNothing) {
+  Twin t = MakeTwin(TpAttention::kAtHome);
+  const auto addrs = Fill(*t.space, 2, 10);
+  auto engine = TpEngineStepPlanner::Create(*t.space, {2, 1, 4}).value();
+  const std::vector<RequestId> requests{RequestId(0), RequestId(1)};
+  const std::vector<RequestId> all{RequestId(0), RequestId(1)};
+  const auto before = testing::TakeTp(*t.space, all);
+  const StepShape shape{2, 1, 4};
+  auto a = [&](int r, int i) { return static_cast<std::int32_t>(addrs[r][i].value()); };
+  std::vector<std::int32_t> sel{a(0, 0), a(0, 1), -1, -1, a(1, 0), a(1, 1), a(1, 2), -1};
+  std::vector<std::int32_t> indices(16, 777);
+  auto refuse = [&](ErrorCode code, auto&& call) {
+    auto r = call();
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code(), code) << r.error().message();
+    EXPECT_EQ(indices, std::vector<std::int32_t>(16, 777));
+    EXPECT_EQ(testing::TakeTp(*t.space, all), before);
+  };
+  refuse(ErrorCode::kInvalidArgument, [&] { return engine->Step(GroupId(0), {3, 1, 4}, requests, sel, indices); });
+  {  // a shape past the config, with arrays of its size
+    std::vector<std::int32_t> wide(10, kPadIndex);
+    wide[0] = a(0, 0);
+    std::vector<std::int32_t> wide_out(20, 777);
+    auto r = engine->Step(GroupId(0), {2, 1, 5}, requests, wide, wide_out);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_EQ(wide_out, std::vector<std::int32_t>(20, 777));
+    EXPECT_EQ(testing::TakeTp(*t.space, all), before);
+  }
+  refuse(ErrorCode::kInvalidArgument, [&] {
+    return engine->Step(GroupId(0), shape, requests, sel, std::span<std::int32_t>(indices).first(8));
+  });
+  refuse(ErrorCode::kInvalidArgument,
+         [&] { return engine->Step(GroupId(0), shape, std::span<const RequestId>(requests).first(1), sel, indices); });
+  auto bad = sel;
+  bad[2] = -2;
+  refuse(ErrorCode::kInvalidArgument, [&] { return engine->Step(GroupId(0), shape, requests, bad, indices); });
+  auto other = sel;
+  other[1] = a(1, 5);  // request 1's address in request 0's row
+  refuse(ErrorCode::kNotFound, [&] { return engine->Step(GroupId(0), shape, requests, other, indices); });
+  refuse(ErrorCode::kOutOfRange, [&] { return engine->Step(GroupId(2), shape, requests, sel, indices); });
+  EXPECT_FALSE(TpEngineStepPlanner::Create(*t.space, {0, 1, 4}));
+  auto ok = engine->Step(GroupId(0), shape, requests, sel, indices);
+  ASSERT_TRUE(ok) << ok.error().message();
+  EXPECT_EQ(indices[2], kPadIndex);  // padding
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int j : {0, 1, 4, 5, 6}) {
+      const bool home = t.space->HomeOf(LogicalAddr(static_cast<std::uint32_t>(sel[j]))).value() == rank;
+      EXPECT_EQ(indices[rank * 8 + j] >= 0, home) << "rank " << rank << " selection " << j;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ula
