@@ -400,8 +400,10 @@ Status HybridRunner::ServeCall::Finish() {
       checkpoints.pop_back();
     }
     checkpoints.push_back({seq.length, Checkpoint{seq.state, seq.window}});
-    return r.cache_->Insert(fed, seq.pages, checkpoints,
-                            windowed ? std::span<const BlockId>(seq.window_pages) : std::span<const BlockId>());
+    auto cached = r.cache_->Insert(fed, seq.pages, checkpoints,
+                                   windowed ? std::span<const BlockId>(seq.window_pages) : std::span<const BlockId>());
+    if (!cached) return std::unexpected(std::move(cached).error());
+    return Ok();
   }
   (void)r.Release(seq, shared);
   for (const auto& c : checkpoints) FreeCheckpoint(c.checkpoint);
