@@ -150,7 +150,10 @@ with `partial` a failed copy batch lands a prefix first. Same seed, same faults.
       .def_readonly("copies_failed", &ula::FaultStats::copies_failed)
       .def_readonly("swaps_failed", &ula::FaultStats::swaps_failed)
       .def_readonly("waits_failed", &ula::FaultStats::waits_failed)
-      .def_readonly("partial", &ula::FaultStats::partial);
+      .def_readonly("partial", &ula::FaultStats::partial)
+      .def_readonly("delayed", &ula::FaultStats::delayed)
+      .def_readonly("fetches_failed", &ula::FaultStats::fetches_failed)
+      .def_readonly("moves_landed_before_failure", &ula::FaultStats::moves_landed_before_failure);
 }
 
 namespace {
@@ -194,6 +197,14 @@ void BindAddressSpaceConfig(py::module_& m) {
              if (g >= c.num_groups) Throw(ula::ErrorCode::kOutOfRange, "group out of range");
              return c.layers_of(ula::GroupId(g));
            }, py::arg("group"))
+      .def("entry_bytes_of", [](const ula::AddressSpaceConfig& c, std::uint16_t g) {
+             if (g >= c.num_groups) Throw(ula::ErrorCode::kOutOfRange, "group out of range");
+             return c.entry_bytes_of(ula::GroupId(g));
+           }, py::arg("group"), "Bytes of one entry of group g: layers_of(g) rows of row().")
+      .def("row", &ula::AddressSpaceConfig::row, "One layer's row in bytes (row_bytes, or entry_bytes when 0).")
+      .def_readwrite("stable_new_entries", &ula::AddressSpaceConfig::stable_new_entries,
+                     "New entries are placed on device and keep their slot for their round (an EngineStepPlanner "
+                     "turns it on: the engine writes KV where it looked it up).")
       .def_readwrite("page_tokens", &ula::AddressSpaceConfig::page_tokens)
       .def_readwrite("num_groups", &ula::AddressSpaceConfig::num_groups)
       .def_readwrite("entry_bytes", &ula::AddressSpaceConfig::entry_bytes)

@@ -107,6 +107,9 @@ class AddressSpaceConfig:
                  device_bytes_per_rank: int = 0, host_bytes_per_rank: int = 0, policy: str = "pb_lru",
                  page_tokens: int = 64, row_bytes: int = 0, group_layers: list[int] = ...) -> None: ...
     def layers_of(self, group: int) -> int: ...
+    def entry_bytes_of(self, group: int) -> int: ...
+    def row(self) -> int: ...
+    stable_new_entries: bool  # new entries on device, slot kept for the round (EngineStepPlanner turns it on)
     def validate(self) -> None: ...
 
 class AddressSpace:
@@ -148,6 +151,9 @@ class FaultStats:
     swaps_failed: int
     waits_failed: int
     partial: int
+    delayed: int
+    fetches_failed: int
+    moves_landed_before_failure: int
 
 class StepPlanner:
     def __init__(self, space: AddressSpace) -> None: ...
