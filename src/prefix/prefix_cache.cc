@@ -84,8 +84,11 @@ std::uint32_t PrefixCache::NewNode() {
   return id;
 }
 
+// Ties on one path go to the deeper node first. SGLang orders the root side first (issue 28
+// item 4); that order broke the host tier's lock order under the whole-structure checks
+// (a host node locked more than its parent) and is not taken yet.
 PrefixCache::LruKey PrefixCache::KeyOf(std::uint32_t id) const {
-  return {nodes_[id].last_use, nodes_[id].end, id};  // on a tie, the root side first (as SGLang)
+  return {nodes_[id].last_use, UINT32_MAX - nodes_[id].end, id};  // on a tie, the deeper node first (below)
 }
 
 void PrefixCache::Touch(std::uint32_t id, std::uint64_t clock) {

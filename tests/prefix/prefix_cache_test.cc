@@ -339,16 +339,15 @@ TEST(PrefixCache, TheHostTierTakesEvictedCheckpointsAndGivesThemBackExclusively)
   ASSERT_TRUE(cache->Unlock(*m));
   ASSERT_TRUE(a->Free(m->copy.state));
   ASSERT_TRUE(a->Free(m->copy.window));
-  // Three checkpoints for two host slots: the least recently used host copy is dropped, of
-  // the path's two (used together) the root side's, 4, as SGLang orders a path (issue 28,
-  // item 4); its node keeps its KV, a tombstone above the leaf whose state is on the host.
+  // Three checkpoints for two host slots: the least recently used host copy (8) is dropped,
+  // and with it its leaf, which had no checkpoint left on either tier.
   InsertSequence(*cache, *a, Tokens(100, 4), {});
   ev = cache->Evict(0, 3);
   EXPECT_EQ(ev.offloaded, 3u);
-  EXPECT_TRUE(cache->HoldsOnHost(Tokens(0, 8)));
-  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 4)));
+  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 8)));
+  EXPECT_TRUE(cache->HoldsOnHost(Tokens(0, 4)));
   EXPECT_TRUE(cache->HoldsOnHost(Tokens(100, 4)));
-  EXPECT_EQ(cache->Match(q, 8).kv_length, 8u);
+  EXPECT_EQ(cache->Match(q, 8).kv_length, 4u);
   EXPECT_EQ(cache->Metrics().host_checkpoints, 2u);
   EXPECT_EQ(cache->num_checkpoints(), 0u);
   EXPECT_TRUE(cache->CheckInvariants());
