@@ -14,7 +14,7 @@ inline void PrefetchEntry(const std::byte* p, std::uint32_t entry_bytes) noexcep
 
 }  // namespace
 
-std::size_t GatherEntries(const LocationTable& table, std::span<const LogicalAddr> addrs, const std::byte* pool,
+std::size_t GatherEntries(const AddressRecords& table, std::span<const LogicalAddr> addrs, const std::byte* pool,
                           std::uint32_t entry_bytes, std::byte* out) noexcept {
   const std::size_t n = addrs.size();
   std::size_t missing = 0;

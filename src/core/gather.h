@@ -13,14 +13,14 @@
 #include <span>
 
 #include "ula/ids.h"
-#include "core/location_table.h"
+#include "core/address_records.h"
 
 namespace ula {
 
 // out[i * entry_bytes, (i + 1) * entry_bytes) = bytes of slot table[addrs[i]].slot() in pool.
 // Returns the number of addresses that were not live (their output is left untouched).
 // REQUIRES: out holds addrs.size() * entry_bytes bytes; live slots lie inside the pool.
-std::size_t GatherEntries(const LocationTable& table, std::span<const LogicalAddr> addrs, const std::byte* pool,
+std::size_t GatherEntries(const AddressRecords& table, std::span<const LogicalAddr> addrs, const std::byte* pool,
                           std::uint32_t entry_bytes, std::byte* out) noexcept;
 
 // The same for slots already translated (e.g. the planner's output).

@@ -9,7 +9,7 @@
 // Both namespaces export the same entry points (below); every pointer is host memory for
 // the OpenMP form and device memory for the CUDA form.
 //
-// Record layout (src/sparse/address_records.h, ula/location.h): one 8-byte record per
+// Record layout (src/core/address_records.h, ula/location.h): one 8-byte record per
 // (address, group): bits [31:0] slot, [47:32] rank, [49:48] tier code (0 none, 1 device,
 // 2 host), [63:50] the step's dedup stamp.
 //

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ula/address_space.h"
-#include "sparse/address_records.h"
+#include "core/address_records.h"
 #include "sparse/address_refs.h"
 #include "sparse/pool_arenas.h"
 #include "backend/slot_pool.h"

@@ -14,9 +14,9 @@
 
 namespace ula::mla_internal {
 
-// Copies the entries into kv ([n][L + R] floats; entries may be unaligned). kInvalidArgument
+// Loads the entries' float values into kv ([n][L + R] floats; entries may be unaligned). kInvalidArgument
 // for a null entry (kv is then unspecified).
-inline Status GatherEntries(const MlaShape& shape, std::span<const std::byte* const> entries, std::vector<float>& kv) {
+inline Status LoadEntries(const MlaShape& shape, std::span<const std::byte* const> entries, std::vector<float>& kv) {
   const std::uint32_t width = shape.kv_lora_rank + shape.rope_dim;
   kv.resize(entries.size() * width);
   for (std::size_t i = 0; i < entries.size(); ++i) {

@@ -25,7 +25,7 @@ Status PartialMlaAttention(const MlaShape& shape, std::span<const float> query,
   const std::uint32_t width = shape.kv_lora_rank + shape.rope_dim;
   const std::uint32_t record = shape.kv_lora_rank + 2;
   std::vector<float> kv, weights;  // [n][L + R], [n]
-  ULA_RETURN_IF_ERROR(mla_internal::GatherEntries(shape, entries, kv));
+  ULA_RETURN_IF_ERROR(mla_internal::LoadEntries(shape, entries, kv));
   for (std::uint32_t h = 0; h < shape.num_heads; ++h) {
     float* acc = partial.data() + std::size_t{h} * record;
     const float max_logit = mla_internal::SoftmaxWeights(shape, query.data() + std::size_t{h} * width, kv, weights);

@@ -35,7 +35,7 @@ Status SparseMlaAttention(const MlaShape& shape, std::span<const float> query,
   }
   const std::uint32_t width = shape.kv_lora_rank + shape.rope_dim;
   std::vector<float> kv, weights;  // [n][L + R], [n]
-  ULA_RETURN_IF_ERROR(mla_internal::GatherEntries(shape, entries, kv));
+  ULA_RETURN_IF_ERROR(mla_internal::LoadEntries(shape, entries, kv));
   for (std::uint32_t h = 0; h < shape.num_heads; ++h) {
     mla_internal::SoftmaxWeights(shape, query.data() + std::size_t{h} * width, kv, weights);
     float denom = 0.0f;

@@ -14,7 +14,7 @@ TEST(Gather, CopiesEachSelectedEntryInSelectionOrderAndCountsMissingOnes) {
   const std::uint32_t entry = 656, slots = 300;
   std::vector<std::byte> pool(std::size_t{slots} * entry);
   for (std::size_t i = 0; i < pool.size(); ++i) pool[i] = std::byte((i * 7 + i / entry) & 0xff);
-  LocationTable table;
+  AddressRecords table;
   table.Reserve(slots);
   ULA_TEST_SEEDED(seed, 5);
   std::mt19937 rng(static_cast<std::uint32_t>(seed));

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/location_table.h"
+#include "core/address_records.h"
 
 namespace ula {
 namespace {
@@ -19,19 +19,26 @@ TEST(Location, PacksTierRankAndSlotInto64Bits) {
   EXPECT_TRUE(Location::None().is_none());
 }
 
-TEST(LocationTable, TranslatesABatchAndReportsUnknownAddressesAsNone) {
-  LocationTable table;
+// The dedup stamp shares the record with the location (core/address_records.h): a stamp
+// never shows in a location, a Set keeps the stamp, and unknown addresses read as none.
+TEST(AddressRecords, StampsNeverShowInALocationAndSetKeepsTheStamp) {
+  AddressRecords table;
   table.Reserve(10);
-  table.Set(LogicalAddr(3), Location::Make(Tier::kDevice, Rank(1), SlotId(7)));
-  std::vector<LogicalAddr> addrs{LogicalAddr(3), LogicalAddr(4), LogicalAddr(1000)};
-  std::vector<Location> out(3);
-  table.Translate(addrs, out);
-  EXPECT_EQ(out[0].slot(), SlotId(7));
-  EXPECT_TRUE(out[1].is_none());
-  EXPECT_TRUE(out[2].is_none());
+  const Location loc = Location::Make(Tier::kHost, Rank(0xffff), SlotId(0xffffffffu));
+  table.Set(LogicalAddr(3), loc);
+  const std::uint32_t epoch = table.NextEpoch();
+  std::uint64_t& record = table.data()[3];
+  record = AddressRecords::WithStamp(record, epoch);
+  EXPECT_EQ(table.Get(LogicalAddr(3)), loc) << "the stamp leaked into the location";
+  const Location moved = Location::Make(Tier::kDevice, Rank(1), SlotId(7));
+  table.Set(LogicalAddr(3), moved);
+  EXPECT_EQ(table.Get(LogicalAddr(3)), moved);
+  EXPECT_EQ(AddressRecords::StampOf(table.data()[3]), epoch) << "a publish cleared the step's stamp";
+  EXPECT_TRUE(table.Get(LogicalAddr(4)).is_none());
+  EXPECT_TRUE(table.Get(LogicalAddr(1000)).is_none());
   table.Erase(LogicalAddr(3));
   EXPECT_TRUE(table.Get(LogicalAddr(3)).is_none());
-  EXPECT_EQ(LocationTable::kBytesPerEntry, 8u);
+  EXPECT_EQ(table.data()[3], 0u);
 }
 
 }  // namespace

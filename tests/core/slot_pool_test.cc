@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/location_table.h"
+#include "core/address_records.h"
 
 namespace ula {
 namespace {

@@ -342,7 +342,7 @@ TEST(StepPlanner, PublishesNewLocationsOnlyAfterTheCopyCompleted) {
   EXPECT_EQ(space->Lookup(a[2], GroupId(0))->tier(), Tier::kDevice);
 }
 
-// The dedup stamps live in 14 bits of each location record (src/sparse/address_records.h):
+// The dedup stamps live in 14 bits of each location record (src/core/address_records.h):
 // after 2^14 - 1 steps of a group the epoch starts over at 1, and the stamps are cleared
 // then, so that an address last seen at epoch 1, 16,383 steps ago, is not taken for a
 // duplicate when epoch 1 comes back.

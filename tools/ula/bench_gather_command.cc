@@ -18,7 +18,7 @@
 #include "command_registry.h"
 #include "ula/backend.h"
 #include "core/gather.h"
-#include "core/location_table.h"
+#include "core/address_records.h"
 
 namespace ula::cli {
 namespace {
@@ -58,7 +58,7 @@ int RunGather(const GatherOptions& o) {
   for (std::uint32_t i = 0; i < n_addr; ++i) perm[i] = i;
   std::mt19937_64 rng(o.seed);
   std::shuffle(perm.begin(), perm.end(), rng);
-  LocationTable table;
+  AddressRecords table;
   table.Reserve(n_addr);
   for (std::uint32_t a = 0; a < n_addr; ++a) table.Set(LogicalAddr(a), Location::Make(Tier::kDevice, Rank(0), SlotId(perm[a])));
   const std::int64_t huge_after = AnonHugePagesKiB();

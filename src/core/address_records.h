@@ -1,7 +1,9 @@
-// AddressRecords: the DP location table of one layer group, one 8-byte record per logical
-// address that holds both what the step planner reads (the location) and what it writes
-// (the dedup stamp) for an (address, group), so that steps 1-3 of a step touch one cache
-// line of the group per distinct selection (issue 16, item 2):
+// AddressRecords: the location table of one layer group (logical address -> Location), the
+// one such table in the library: the DP space keeps one per group, the gather and its bench
+// read one. One 8-byte record per logical address holds both what the step planner reads
+// (the location) and what it writes (the dedup stamp) for an (address, group), so that
+// steps 1-3 of a step touch one cache line of the group per distinct selection (issue 16,
+// item 2):
 //
 //   bits [49:0]  the Location (ula/location.h: slot 32 | rank 16 | tier code 2; 0 = none)
 //   bits [63:50] dedup stamp: the step epoch (1..2^14-1) that last saw the address; planner
@@ -55,6 +57,10 @@ class AddressRecords {
   }
   void Erase(LogicalAddr a) {
     if (a.value() < records_.size()) records_[a.value()] = 0;
+  }
+  // Hints the cache that Get(a) comes soon.
+  void Prefetch(LogicalAddr a) const {
+    if (a.value() < records_.size()) __builtin_prefetch(&records_[a.value()], 0, 0);
   }
   static Location LocationOf(std::uint64_t record) { return Location::FromBits(record & kLocationMask); }
   static std::uint32_t StampOf(std::uint64_t record) { return static_cast<std::uint32_t>(record >> kStampShift); }
