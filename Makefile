@@ -51,7 +51,8 @@ mutation: deps
 # corpora (ctest fuzz_replay_*, plain g++), it never fuzzes.
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 60
-fuzz: deps
+fuzz:
+	@./scripts/install-deps.sh fuzz
 	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-19 -DULA_FUZZ=ON \
 	  -DULA_BUILD_TESTS=OFF -DULA_BUILD_TOOLS=OFF -DULA_BUILD_BENCH=OFF -DULA_WITH_MPI=OFF >/dev/null
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS)

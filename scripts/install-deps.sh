@@ -2,7 +2,14 @@
 # Installs the Debian packages listed in deps/debian-packages.txt that are not installed yet.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-mapfile -t wanted < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' "$here/deps/debian-packages.txt" | grep -v '^$')
+# `install-deps.sh` installs the packages above the file's `# [fuzz]` line; `install-deps.sh fuzz`
+# (make fuzz) all of them.
+list="$here/deps/debian-packages.txt"
+if [ "${1:-}" = "fuzz" ]; then
+  mapfile -t wanted < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' "$list" | grep -v '^$')
+else
+  mapfile -t wanted < <(sed -e '/^# \[fuzz\]/,$d' "$list" | sed -e 's/#.*//' -e 's/[[:space:]]//g' | grep -v '^$')
+fi
 missing=()
 for p in "${wanted[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

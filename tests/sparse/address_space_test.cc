@@ -173,6 +173,11 @@ TEST(AddressSpaceConfig, InvalidFieldsAreNamed) {
 // touch) may add at most 8 B x selections per pool entry, and does (16.02 B on GLM-5:
 // over the budget by the scratch). Every part is positive; none shrinks.
 TEST(AddressSpace, MetadataStaysUnderSixteenBytesPerEntryPerGroup) {
+#ifdef ULA_EXPENSIVE_CHECKS
+  constexpr bool kHoldsTheBudget = false;
+#else
+  constexpr bool kHoldsTheBudget = true;
+#endif
   struct Shape {
     const char* name;
     std::uint32_t groups, entry_bytes, ranks;
@@ -197,7 +202,10 @@ TEST(AddressSpace, MetadataStaysUnderSixteenBytesPerEntryPerGroup) {
       // Scaled down; the budget's fixed costs per pool (bitmap summaries, scratch words) need
       // pools of realistic size: PB-LRU at 1/16 (`ula bench metadata` at full size reads
       // 15.99 B, 1/512 reads 16.03 B), the other policies, not held to the budget, at 1/512.
-      const double scale = kind == DefaultPolicyKind() ? 16 : 512;
+      // The sanitizer trees (ULA_EXPENSIVE_CHECKS: whole-structure checks at every step) run
+      // every shape at 1/512 for memory safety only; the budget is the release tree's to hold
+      // (at 1/16 this test took 200 s of the ASan tree's 13 minutes).
+      const double scale = kind == DefaultPolicyKind() && kHoldsTheBudget ? 16 : 512;
       config.device_bytes_per_rank = static_cast<std::uint64_t>(shape.device_gib * (1ull << 30) / scale);
       config.host_bytes_per_rank = static_cast<std::uint64_t>(shape.host_gib * (1ull << 30) / scale);
       config.policy = kind;
@@ -212,7 +220,7 @@ TEST(AddressSpace, MetadataStaysUnderSixteenBytesPerEntryPerGroup) {
         ASSERT_EQ(space->NumFree(Rank(static_cast<std::uint16_t>(r)), GroupId(0), Tier::kHost), 0u);
       }
       const MetadataReport full = space->Metadata();
-      if (kind == DefaultPolicyKind()) {
+      if (kind == DefaultPolicyKind() && kHoldsTheBudget) {
         EXPECT_LE(full.total(), 16.0) << "location " << full.location_table << " owner " << full.device_owner
                                       << " policy " << full.policy << " bitmaps " << full.free_bitmaps << " lists "
                                       << full.request_lists;
@@ -242,7 +250,7 @@ TEST(AddressSpace, MetadataStaysUnderSixteenBytesPerEntryPerGroup) {
       EXPECT_EQ(m.location_table, full.location_table);
       EXPECT_EQ(m.request_lists, full.request_lists);
       EXPECT_EQ(m.free_bitmaps, full.free_bitmaps);
-      if (kind == DefaultPolicyKind()) {
+      if (kind == DefaultPolicyKind() && kHoldsTheBudget) {
         EXPECT_LE(m.total(), full.total() + 8.0 * n_sel / per_rank)
             << "PB-LRU grew by more than its touch scratch (" << full.total() << " B full, " << m.total() << " B after steps)";
       }
