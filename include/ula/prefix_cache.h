@@ -46,10 +46,10 @@
 // evictable). Splitting a locked node copies the KV lock count to both halves; the state
 // lock stays with the node that keeps the checkpoint (the lower half).
 //
-// Eviction by kind. Ordered sets, keyed by (last use, the deeper node first), give O(1)
+// Eviction by kind. Ordered sets, keyed by (last use, the root side first), give O(1)
 // victims. Every touch covers a whole path, and a split refreshes its lower half, so on a
-// path a child is never older than its parent; on a tie the deeper node goes first (SGLang
-// tombstones the root side first: docs/ARCHITECTURE.md says why ours differs for now):
+// path a child is never older than its parent: state and window evictions tombstone the
+// root side first, as SGLang's LRU lists do:
 //   kv_lru_     unlocked leaves (KV evictable as a whole node);
 //   state_lru_  unlocked checkpoints (state-lock count 0);
 //   window_lru_ nodes with a window page present and none of them window-locked (evicting
@@ -330,8 +330,8 @@ class PrefixCache {
     bool live = false;
     std::unordered_map<std::uint32_t, std::uint32_t> children;  // first token -> node
   };
-  // (last use, UINT32_MAX - end, id): begin() is the victim; on ties the deeper node first
-  // (not SGLang's root side: docs/ARCHITECTURE.md, issue 28 item 4).
+  // (last use, end, id): begin() is the victim; on ties the root side first (SGLang's
+  // order: on a path, a child is more recent than its parent).
   using LruKey = std::tuple<std::uint64_t, std::uint32_t, std::uint32_t>;
 
   static constexpr std::uint32_t kNoSlot = UINT32_MAX;

@@ -84,11 +84,11 @@ std::uint32_t PrefixCache::NewNode() {
   return id;
 }
 
-// Ties on one path go to the deeper node first. SGLang orders the root side first (issue 28
-// item 4); that order broke the host tier's lock order under the whole-structure checks
-// (a host node locked more than its parent) and is not taken yet.
+// On a path (one touch, one clock) ties go to the root side, as SGLang's LRU lists order a
+// path (a child is more recent than its parent): internal states and windows are tombstoned
+// before the leaf's.
 PrefixCache::LruKey PrefixCache::KeyOf(std::uint32_t id) const {
-  return {nodes_[id].last_use, UINT32_MAX - nodes_[id].end, id};  // on a tie, the deeper node first (below)
+  return {nodes_[id].last_use, nodes_[id].end, id};  // on a tie, the root side first (as SGLang)
 }
 
 void PrefixCache::Touch(std::uint32_t id, std::uint64_t clock) {

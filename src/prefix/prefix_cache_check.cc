@@ -79,7 +79,10 @@ Status PrefixCache::CheckInvariants() const {
     if (n.pages.size() != CeilDiv(n.end, P) - CeilDiv(n.start, P)) return bad(id, "owns the wrong number of pages");
     if (n.head.valid() && n.start % P == 0) return bad(id, "has a head copy at an aligned start");
     if (n.kv_on_host) {
-      if (!parent.kv_on_host && parent.kv_locks < n.kv_locks) return bad(id, "is a host node locked more than its parent");
+      // The root holds no locks: a host node under it may hold LoadBack's (as a device node may).
+      if (n.parent != 0 && !parent.kv_on_host && parent.kv_locks < n.kv_locks) {
+        return bad(id, "is a host node locked more than its parent");
+      }
       if (n.head.valid() || n.checkpoint.valid() || n.host_pages.size() != n.pages.size() ||
           std::any_of(n.pages.begin(), n.pages.end(), [](BlockId b) { return b.valid(); }) ||
           (n.host_head != kNoSlot && n.start % P == 0)) {

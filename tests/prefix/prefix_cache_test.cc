@@ -339,15 +339,16 @@ TEST(PrefixCache, TheHostTierTakesEvictedCheckpointsAndGivesThemBackExclusively)
   ASSERT_TRUE(cache->Unlock(*m));
   ASSERT_TRUE(a->Free(m->copy.state));
   ASSERT_TRUE(a->Free(m->copy.window));
-  // Three checkpoints for two host slots: the least recently used host copy (8) is dropped,
-  // and with it its leaf, which had no checkpoint left on either tier.
+  // Three checkpoints for two host slots: the least recently used host copy is dropped, of
+  // the path's two (used together) the root side's, 4, as SGLang orders a path (issue 28,
+  // item 4); its node keeps its KV, a tombstone above the leaf whose state is on the host.
   InsertSequence(*cache, *a, Tokens(100, 4), {});
   ev = cache->Evict(0, 3);
   EXPECT_EQ(ev.offloaded, 3u);
-  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 8)));
-  EXPECT_TRUE(cache->HoldsOnHost(Tokens(0, 4)));
+  EXPECT_TRUE(cache->HoldsOnHost(Tokens(0, 8)));
+  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 4)));
   EXPECT_TRUE(cache->HoldsOnHost(Tokens(100, 4)));
-  EXPECT_EQ(cache->Match(q, 8).kv_length, 4u);
+  EXPECT_EQ(cache->Match(q, 8).kv_length, 8u);
   EXPECT_EQ(cache->Metrics().host_checkpoints, 2u);
   EXPECT_EQ(cache->num_checkpoints(), 0u);
   EXPECT_TRUE(cache->CheckInvariants());
@@ -519,6 +520,49 @@ TEST(PrefixCache, KvPagesGoToTheHostWithTheirLeafAndComeBackExclusively) {
   EXPECT_FALSE(cache->KvOnHost(Tokens(0, 4)));
   EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 4)));
   EXPECT_TRUE(cache->Holds(Tokens(0, 8)));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+}
+
+// Issue 28 item 4: a host node under the root that is being loaded back holds LoadBack's KV
+// lock while its parent, the root, holds none (the root is never locked). The invariant
+// check took that for "a host node locked more than its parent", so any eviction LoadBack
+// needed for room failed the whole-structure check; SGLang's eviction order (root side first)
+// offloads root children's KV more often, which is how the ASan tree found it.
+TEST(PrefixCache, AHostNodeUnderTheRootIsLoadedBackWhileEvicting) {
+  auto backend = MakeCpuBackend(CpuBackendOptions{.copy_threads = 1});
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.capacity_bytes = 32 * 64;
+  c.kinds = {{"state", 192, BufferEnd::kLow}, {"kv", 64, BufferEnd::kHigh}, {"swa", 64, BufferEnd::kLow}};
+  c.padding_kind = kKv;
+  auto device = backend->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
+  auto a = UnifiedBuffer::Create(c, device).value();
+  auto host = backend->CreateArena(Tier::kHost, Rank(0), 2 * (192 + 64) + 4 * 64).value();
+  auto cache = Cache(*a);
+  ASSERT_TRUE(cache->AttachHostTier({backend.get(), device.id, host, 2, 4}));
+  InsertSequence(*cache, *a, Tokens(0, 4), {});  // one node under the root: a page and a checkpoint
+  ASSERT_TRUE(cache->MakeRoom(Demand::Of(3).Add(kKv, 32), EvictionRule::kAllocationAware));
+  ASSERT_TRUE(cache->KvOnHost(Tokens(0, 4)));  // its checkpoint and its page on the host
+  InsertSequence(*cache, *a, Tokens(100, 8), {4});  // device checkpoints to evict for the load and its copy
+  const auto junk = a->AllocateDemand(Demand::Of(3).Add(kKv, 32 - 10 - 4)).value();  // 4 units left
+  Status during = Ok();
+  int victims = 0;
+  cache->SetEvictionObserver([&] {
+    ++victims;
+    if (during) during = cache->CheckInvariants();
+  });
+  auto q = Tokens(0, 4);
+  q.push_back(7);
+  auto m = cache->MatchCopyOnWrite(q, 4, EvictionRule::kAllocationAware);
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_EQ(m->length, 4u);  // loaded back, device checkpoints evicted for it
+  EXPECT_GE(victims, 1);
+  EXPECT_TRUE(during) << during.error().ToString();
+  EXPECT_FALSE(cache->KvOnHost(Tokens(0, 4)));
+  ASSERT_TRUE(cache->Unlock(*m));
+  ASSERT_TRUE(a->Free(m->copy.state));
+  ASSERT_TRUE(a->Free(m->copy.window));
+  for (BlockId j : junk) ASSERT_TRUE(a->Free(j));
   EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
 }
 

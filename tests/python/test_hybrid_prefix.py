@@ -49,11 +49,9 @@ def test_insert_returns_the_cached_length_and_evict_counts_by_kind():
     assert len(m.path) == 2 and m.path.dtype == np.uint32
     assert m.copy_state is None and len(m.window_pages) == 0
     ev = cache.evict(1, 1)  # the LRU leaf [20, 21] for the token, then one more state
-    # Deeper first on a tie (SGLang would tombstone the state at 3: docs/ARCHITECTURE.md,
-    # issue 28 item 4): the state at 7 goes, and its leaf [4..7] with it (no checkpoint left).
-    assert (ev.tokens, ev.checkpoints, ev.nodes) == (6, 2, 2)
-    assert ev.tombstones == 0 and ev.offloaded == 0 and ev.window_pages == 0 and ev.offloaded_pages == 0
-    assert not cache.holds(toks(1, 7)) and cache.holds(toks(1, 3))
+    assert (ev.tokens, ev.checkpoints, ev.nodes) == (2, 2, 1)  # the state at 3 is tombstoned (the root side first)
+    assert ev.tombstones == 1 and ev.offloaded == 0 and ev.window_pages == 0 and ev.offloaded_pages == 0
+    assert cache.holds(toks(1, 7)) and not cache.holds(toks(1, 3))
     cache.check_invariants()
 
 
