@@ -190,11 +190,20 @@ struct HostTierConfig {
   std::uint32_t page_slots = 0;  // KV pages the host tier holds (0: checkpoints only)
 };
 
+// What a KV-aware router reads (SGLang's BlockStored / BlockRemoved, which its model gateway
+// and Dynamo consume). A page's hash chains its tokens onto the previous page's hash along the
+// path (page 0 onto 0), so equal prefixes give equal hashes in every cache; a window page has
+// the hash of the KV page at its index. A removal carries the hash its store did.
 struct CacheEvent {
-  enum class Type : std::uint8_t { kPageStored, kPageRemoved, kStateStored, kStateRemoved };
+  enum class Type : std::uint8_t {
+    kPageStored, kPageRemoved, kStateStored, kStateRemoved, kWindowStored, kWindowRemoved
+  };
   Type type;
   BlockId block;
-  std::uint32_t position = 0;  // page: index * page_tokens; state: its position
+  std::uint32_t position = 0;       // page: index * page_tokens; state: its position
+  std::uint64_t hash = 0;           // pages and window pages: the block hash (states: 0)
+  std::uint64_t parent_hash = 0;    // stored pages: the previous page's hash (0: the first page)
+  std::vector<std::uint32_t> tokens;  // stored pages: the page's tokens (a partial page: those it holds)
 };
 
 struct KindBytes {
@@ -316,6 +325,8 @@ class PrefixCache {
     std::uint32_t start = 0, end = 0;
     BlockId head;                       // head copy of page floor(start / P), or invalid
     std::vector<BlockId> pages;         // pages [ceil(start/P), ceil(end/P))
+    std::vector<std::uint64_t> hashes;  // record_events: [pages.size()] each page's event hash
+    std::uint64_t head_hash = 0;        // record_events: the head copy's
     BlockId whead;                      // sliding_window > 0: the head copy's window page
     std::vector<BlockId> wpages;        // sliding_window > 0: [pages.size()] (invalid: absent)
     std::uint32_t window_locks = 0;     // window locks on its window pages, summed
@@ -364,12 +375,20 @@ class PrefixCache {
     std::uint32_t n = 0;                     // tokens kept: [0, n), up to the last checkpoint
     std::uint32_t s = 0;                     // of them, the tokens the tree holds already
     bool head_copy = false;                  // the first new node brings a head copy
+    // Whether the page at s (s unaligned) is read by no other path once inserted: the node
+    // ending at s exists and every child of it has its own head copy.
+    bool last_page_private = false;
     std::uint32_t new_from = 0, new_to = 0;  // incoming page indices the tree takes
     std::uint32_t host_child = 0;            // a host node the sequence goes on through (0: none)
     std::vector<BlockId> tree_pages, tree_wpages;  // the tree's pages over the walked prefix
     bool Taken(std::uint32_t i) const { return i >= new_from && i < new_to; }
     bool Shared(std::uint32_t i, BlockId page) const {
       return !Taken(i) && i < tree_pages.size() && page == tree_pages[i];
+    }
+    // Whether a window page the tree lacks at page i (of the shared prefix) can be adopted:
+    // a full page of [0, s), or the page at s when no other path reads it.
+    bool Adoptable(std::uint32_t i, std::uint32_t P) const {
+      return (i + 1) * P <= s || ((i + 1) == (s + P - 1) / P && last_page_private);
     }
   };
   Result<std::unordered_set<BlockId>> CheckInsertBlocks(std::span<const BlockId> pages,
@@ -382,10 +401,16 @@ class PrefixCache {
                                 std::span<const BlockId> window_pages) const;
   std::vector<std::uint32_t> InsertPath(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
                                         std::span<const BlockId> window_pages, const InsertPlan& plan);
-  void AdoptWindowPages(const std::vector<std::uint32_t>& path, std::span<const BlockId> window_pages,
-                        const InsertPlan& plan);
+  void AdoptWindowPages(const std::vector<std::uint32_t>& path, std::span<const std::uint32_t> tokens,
+                        std::span<const BlockId> window_pages, const InsertPlan& plan);
   void AttachCheckpoints(const std::vector<std::uint32_t>& path, std::map<std::uint32_t, Checkpoint>& at);
+  // InsertChunk with window pages: whether the window of the chunk's end will be the tree's.
+  Status CheckChunkWindow(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                          std::span<const PositionedCheckpoint> checkpoints, std::span<const BlockId> window_pages) const;
   std::uint32_t NewNode();
+  // No recurrent kind (state_kind invalid, window pages only): no checkpoints, a match ends at
+  // any node boundary whose window is present.
+  bool stateless() const { return !config_.state_kind.valid(); }
   LruKey KeyOf(std::uint32_t id) const;
   // Removes the node from both LRU sets, calls f, puts it back where it belongs.
   template <class F>
@@ -393,8 +418,17 @@ class PrefixCache {
   void Touch(std::uint32_t id, std::uint64_t clock);
   std::uint32_t Split(std::uint32_t id, std::uint32_t at);
   void FreeCheckpoint(const Checkpoint& c, std::uint32_t position);
-  void FreePage(BlockId page, std::uint32_t index);
-  void StorePage(BlockId page, std::uint32_t index);
+  // Events (record_events): a page's store (hash, the previous page's hash, its tokens) or removal.
+  void RecordStored(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash,
+                    std::uint64_t parent_hash, std::span<const std::uint32_t> tokens);
+  void RecordRemoved(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash);
+  void FreePage(BlockId page, std::uint32_t index, std::uint64_t hash);
+  void StorePage(BlockId page, std::uint32_t index, std::uint64_t hash, std::uint64_t parent_hash,
+                 std::span<const std::uint32_t> tokens);
+  // The event hash of page `index` on the path to `node` (its deepest provider; 0: none).
+  std::uint64_t PageHashOnPath(std::uint32_t node, std::uint32_t index) const;
+  // The path's tokens [0, nodes_[node].end).
+  std::vector<std::uint32_t> PathTokens(std::uint32_t node) const;
   // Whether a node is a useless leaf: childless, unlocked, on the device, and without a
   // usable checkpoint (none on either tier, or its window pages gone: a window tombstone).
   bool Useless(std::uint32_t id) const;

@@ -714,8 +714,10 @@ TEST(PrefixCache, BadWindowInputIsAnErrorThatChangesNothing) {
             ErrorCode::kInvalidArgument);
   EXPECT_EQ(cache->Insert(t, s.pages, end, std::vector<BlockId>{s.window[0], s.window[0]}).error().code(),
             ErrorCode::kInvalidArgument);
-  // Chunked insertion is not supported with window pages.
-  EXPECT_EQ(cache->InsertChunk(t, s.pages, end, PrefixMatch{}, s.window).error().code(), ErrorCode::kInvalidArgument);
+  // A chunk whose end's window (tokens [3, 8): pages 0 and 1) lacks a released page.
+  std::vector<BlockId> released = s.window;
+  released[0] = BlockId::Invalid();
+  EXPECT_EQ(cache->InsertChunk(t, s.pages, end, PrefixMatch{}, released).error().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(cache->DebugDigest(), digest);
   ASSERT_TRUE(cache->Insert(t, s.pages, end, s.window));
   // Unlock / ReleaseWindow of a match that is not locked; Lock of a match with a window page
