@@ -28,7 +28,12 @@
 // (what the token at L attends to) are present on its path; Match stops at the deepest
 // such checkpoint. Lock takes a window lock (pins, not evictable) only on the window pages
 // of the match's window (match.window_pages), and ReleaseWindow gives it back early, when
-// the request's own position has moved past them. No events are recorded for window pages. Insert splits a node at any checkpoint position, so
+// the request's own position has moved past them. InsertChunk moves that lock with the chunk:
+// the window pages the request left behind become evictable as it advances.
+// No recurrent kind (state_kind invalid, window pages only: a pure SWA model, SGLang's SWA
+// radix cache): no checkpoints, every token's KV is kept, and a match ends at any node
+// boundary whose window is present (Holds too); the match locks the node it ends at (its state
+// lock, with no state). No host tier then (it holds checkpoints). Insert splits a node at any checkpoint position, so
 // checkpoints live at any token position the caller chose. A node without one is a
 // tombstone (its state was evicted, or it was never saved there).
 //
@@ -89,8 +94,9 @@
 // publish). A full host drops its least recently used host leaf. Insert through a host node
 // removes that host subtree first (the sequence brings the path's KV on the device).
 //
-// Events and metrics. With record_events, every page and checkpoint that enters or leaves
-// the tree is queued as a CacheEvent (TakeEvents drains them) for external routers.
+// Events and metrics. With record_events, every page, window page and checkpoint that enters
+// or leaves the tree is queued as a CacheEvent (TakeEvents drains them) for external routers:
+// pages and window pages with their chained hash, a store with its parent's hash and tokens.
 // Metrics() gives evictable and protected (locked) bytes per kind; every evictable count can
 // be paid: Evict of everything frees exactly those bytes (a node's window pages are
 // protected while any one of them is window-locked, as window eviction takes them together).
@@ -135,7 +141,7 @@ const char* EvictionRuleName(EvictionRule rule);
 struct PrefixCacheConfig {
   std::uint32_t page_tokens = 16;
   BlockKind kv_kind = BlockKind(1);
-  BlockKind state_kind = BlockKind(0);
+  BlockKind state_kind = BlockKind(0);   // invalid: no recurrent kind (needs sliding_window > 0)
   BlockKind window_kind = BlockKind(2);  // invalid: the model has no sliding-window layer
   // 0: window KV (if any) is a ring in each checkpoint; W > 0: window pages (see above),
   // W being the model's window (the token itself and W - 1 before it): SGLang's
@@ -258,7 +264,12 @@ class PrefixCache {
   // releases `held` (the request's previous lock, or an unlocked empty match) and returns the
   // new match of tokens, locked. The request continues with the returned pages (a duplicate
   // page of its own was freed); a partial last page now belongs to the tree and must be
-  // copied before it is written again.
+  // copied before it is written again. With window pages (invalid: released by the request),
+  // the new match window-locks only the window of tokens.size() and the held one's lock goes,
+  // so the earlier window pages turn evictable (a window eviction tombstones them, as SGLang);
+  // kInvalidArgument when a page of that window is released and the tree lacks it,
+  // kFailedPrecondition when the tree lacks it over a page shared with another branch (the
+  // request's copy cannot serve both): nothing changed. No recurrent kind: no checkpoints.
   Result<PrefixMatch> InsertChunk(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
                                   std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held,
                                   std::span<const BlockId> window_pages = {});

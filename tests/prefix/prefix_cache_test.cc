@@ -700,6 +700,73 @@ TEST(PrefixCache, WindowPagesMatchOnlyWithTheirWindowAndLockOnlyIt) {
   EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
 }
 
+// Issue 28 item 8: events carry what KV-aware routers read (SGLang's BlockStored: the block's
+// hash, its parent block's hash, its tokens; BlockRemoved: the hashes), window pages too.
+// Hashes chain over the path's tokens, so two caches that store the same prefix agree, a
+// sequence that differs from token 5 shares page 0's hash only, and a removal repeats the
+// hash its store carried (also for pages that a later split moved to another node).
+TEST(PrefixCache, EventsCarryChainedBlockHashesParentsAndTokens) {
+  auto a = Buffer(256);
+  auto b = Buffer(256);
+  const PrefixCacheConfig config{.page_tokens = kPage, .sliding_window = 6, .record_events = true};
+  auto cache = PrefixCache::Create(config, a.get()).value();
+  auto other = PrefixCache::Create(config, b.get()).value();
+  auto insert = [](PrefixCache& c, HybridAllocator& alloc, const std::vector<std::uint32_t>& t) {
+    auto s = NewWindowSequence(alloc, t.size());
+    ASSERT_TRUE(c.Insert(t, s.pages, std::vector<PositionedCheckpoint>{{static_cast<std::uint32_t>(t.size()), s.checkpoint}},
+                         s.window));
+  };
+  insert(*cache, *a, Tokens(0, 10));  // pages [0..3] [4..7] [8, 9]
+  std::vector<CacheEvent> stored;
+  std::map<std::uint32_t, std::uint64_t> hash_of;  // block -> stored hash
+  for (auto& e : cache->TakeEvents()) {
+    if (e.type == CacheEvent::Type::kPageStored) stored.push_back(e);
+    if (e.type == CacheEvent::Type::kPageStored || e.type == CacheEvent::Type::kWindowStored) hash_of[e.block.value()] = e.hash;
+  }
+  ASSERT_EQ(stored.size(), 3u);
+  EXPECT_EQ(stored[0].parent_hash, 0u);
+  EXPECT_EQ(stored[1].parent_hash, stored[0].hash);
+  EXPECT_EQ(stored[2].parent_hash, stored[1].hash);
+  EXPECT_EQ(stored[1].tokens, Tokens(4, 4));
+  EXPECT_EQ(stored[2].tokens, Tokens(8, 2));  // a partial page: the tokens it holds
+  EXPECT_NE(stored[0].hash, stored[1].hash);
+  auto forked = Tokens(0, 8);
+  forked[5] = 99;
+  insert(*other, *b, forked);
+  std::vector<CacheEvent> theirs;
+  int windows = 0;
+  for (auto& e : other->TakeEvents()) {
+    if (e.type == CacheEvent::Type::kPageStored) theirs.push_back(e);
+    if (e.type == CacheEvent::Type::kWindowStored) {
+      ++windows;
+      EXPECT_EQ(e.hash, theirs.back().hash);  // a window page has its KV page's hash
+      EXPECT_EQ(e.parent_hash, theirs.back().parent_hash);
+    }
+  }
+  ASSERT_EQ(theirs.size(), 2u);
+  EXPECT_EQ(windows, 2);
+  EXPECT_EQ(theirs[0].hash, stored[0].hash);  // the same tokens in another cache
+  EXPECT_NE(theirs[1].hash, stored[1].hash);
+  // A branch at 6 splits [4..9]; evicting everything removes each page with its stored hash.
+  auto branch = Tokens(0, 6);
+  branch.push_back(50);
+  insert(*cache, *a, branch);
+  for (auto& e : cache->TakeEvents()) {
+    if (e.type == CacheEvent::Type::kPageStored || e.type == CacheEvent::Type::kWindowStored) hash_of[e.block.value()] = e.hash;
+  }
+  (void)cache->Evict(1000, 1000, 1000);
+  int removed = 0, window_removed = 0;
+  for (auto& e : cache->TakeEvents()) {
+    if (e.type != CacheEvent::Type::kPageRemoved && e.type != CacheEvent::Type::kWindowRemoved) continue;
+    ++(e.type == CacheEvent::Type::kPageRemoved ? removed : window_removed);
+    ASSERT_TRUE(hash_of.contains(e.block.value())) << e.block.value();
+    EXPECT_EQ(e.hash, hash_of[e.block.value()]) << e.block.value();
+  }
+  EXPECT_EQ(removed, 4);         // three pages and the branch's head copy
+  EXPECT_GE(window_removed, 2);  // window pages go with their nodes or as tombstones first
+  EXPECT_EQ(cache->num_nodes(), 0u);
+}
+
 TEST(PrefixCache, BadWindowInputIsAnErrorThatChangesNothing) {
   auto a = Buffer(256);
   auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .sliding_window = 6}, a.get()).value();
