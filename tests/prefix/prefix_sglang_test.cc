@@ -259,6 +259,17 @@ TEST(PrefixCacheSglang, SwaRadixCacheScenarioWithoutStates) {
   EXPECT_EQ(m.length, 7u);
   EXPECT_EQ(m.path.size(), 3u);  // [1, 2, 3] [4, 5] [60, 70]
   EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+  // The counters can be paid without a state kind too: evicting everything frees what
+  // Metrics called evictable, and no state bytes.
+  const PrefixCacheMetrics before = cache->Metrics();
+  EXPECT_EQ(before.state.evictable + before.state.protected_bytes, 0u);
+  const auto live = a->Stats().live_blocks_per_kind;
+  const EvictionStats all = cache->Evict(1000, 1000, 1000);
+  const auto after = a->Stats().live_blocks_per_kind;
+  EXPECT_EQ(before.kv.evictable, (live[kKv.value()] - after[kKv.value()]) * kBlock);
+  EXPECT_EQ(before.window.evictable, (live[kSwa.value()] - after[kSwa.value()]) * kBlock);
+  EXPECT_EQ(all.pages, 7u);  // [1, 2, 3] [4, 5] [60, 70]
+  EXPECT_EQ(cache->num_nodes(), 0u);
 }
 
 // Item 6, SGLang's test_swa_unfinished_req_preserves_existing_eviction_boundary (window 4:
