@@ -28,7 +28,12 @@
 // (what the token at L attends to) are present on its path; Match stops at the deepest
 // such checkpoint. Lock takes a window lock (pins, not evictable) only on the window pages
 // of the match's window (match.window_pages), and ReleaseWindow gives it back early, when
-// the request's own position has moved past them. No events are recorded for window pages. Insert splits a node at any checkpoint position, so
+// the request's own position has moved past them. InsertChunk moves that lock with the chunk:
+// the window pages the request left behind become evictable as it advances.
+// No recurrent kind (state_kind invalid, window pages only: a pure SWA model, SGLang's SWA
+// radix cache): no checkpoints, every token's KV is kept, and a match ends at any node
+// boundary whose window is present (Holds too); the match locks the node it ends at (its state
+// lock, with no state). No host tier then (it holds checkpoints). Insert splits a node at any checkpoint position, so
 // checkpoints live at any token position the caller chose. A node without one is a
 // tombstone (its state was evicted, or it was never saved there).
 //
@@ -46,10 +51,10 @@
 // evictable). Splitting a locked node copies the KV lock count to both halves; the state
 // lock stays with the node that keeps the checkpoint (the lower half).
 //
-// Eviction by kind. Ordered sets, keyed by (last use, the deeper node first), give O(1)
+// Eviction by kind. Ordered sets, keyed by (last use, the root side first), give O(1)
 // victims. Every touch covers a whole path, and a split refreshes its lower half, so on a
-// path a child is never older than its parent; on a tie the deeper node goes first (SGLang
-// tombstones the root side first: docs/ARCHITECTURE.md says why ours differs for now):
+// path a child is never older than its parent: state and window evictions tombstone the
+// root side first, as SGLang's LRU lists do:
 //   kv_lru_     unlocked leaves (KV evictable as a whole node);
 //   state_lru_  unlocked checkpoints (state-lock count 0);
 //   window_lru_ nodes with a window page present and none of them window-locked (evicting
@@ -89,8 +94,9 @@
 // publish). A full host drops its least recently used host leaf. Insert through a host node
 // removes that host subtree first (the sequence brings the path's KV on the device).
 //
-// Events and metrics. With record_events, every page and checkpoint that enters or leaves
-// the tree is queued as a CacheEvent (TakeEvents drains them) for external routers.
+// Events and metrics. With record_events, every page, window page and checkpoint that enters
+// or leaves the tree is queued as a CacheEvent (TakeEvents drains them) for external routers:
+// pages and window pages with their chained hash, a store with its parent's hash and tokens.
 // Metrics() gives evictable and protected (locked) bytes per kind; every evictable count can
 // be paid: Evict of everything frees exactly those bytes (a node's window pages are
 // protected while any one of them is window-locked, as window eviction takes them together).
@@ -135,7 +141,7 @@ const char* EvictionRuleName(EvictionRule rule);
 struct PrefixCacheConfig {
   std::uint32_t page_tokens = 16;
   BlockKind kv_kind = BlockKind(1);
-  BlockKind state_kind = BlockKind(0);
+  BlockKind state_kind = BlockKind(0);   // invalid: no recurrent kind (needs sliding_window > 0)
   BlockKind window_kind = BlockKind(2);  // invalid: the model has no sliding-window layer
   // 0: window KV (if any) is a ring in each checkpoint; W > 0: window pages (see above),
   // W being the model's window (the token itself and W - 1 before it): SGLang's
@@ -190,11 +196,20 @@ struct HostTierConfig {
   std::uint32_t page_slots = 0;  // KV pages the host tier holds (0: checkpoints only)
 };
 
+// What a KV-aware router reads (SGLang's BlockStored / BlockRemoved, which its model gateway
+// and Dynamo consume). A page's hash chains its tokens onto the previous page's hash along the
+// path (page 0 onto 0), so equal prefixes give equal hashes in every cache; a window page has
+// the hash of the KV page at its index. A removal carries the hash its store did.
 struct CacheEvent {
-  enum class Type : std::uint8_t { kPageStored, kPageRemoved, kStateStored, kStateRemoved };
+  enum class Type : std::uint8_t {
+    kPageStored, kPageRemoved, kStateStored, kStateRemoved, kWindowStored, kWindowRemoved
+  };
   Type type;
   BlockId block;
-  std::uint32_t position = 0;  // page: index * page_tokens; state: its position
+  std::uint32_t position = 0;       // page: index * page_tokens; state: its position
+  std::uint64_t hash = 0;           // pages and window pages: the block hash (states: 0)
+  std::uint64_t parent_hash = 0;    // stored pages: the previous page's hash (0: the first page)
+  std::vector<std::uint32_t> tokens;  // stored pages: the page's tokens (a partial page: those it holds)
 };
 
 struct KindBytes {
@@ -249,7 +264,12 @@ class PrefixCache {
   // releases `held` (the request's previous lock, or an unlocked empty match) and returns the
   // new match of tokens, locked. The request continues with the returned pages (a duplicate
   // page of its own was freed); a partial last page now belongs to the tree and must be
-  // copied before it is written again.
+  // copied before it is written again. With window pages (invalid: released by the request),
+  // the new match window-locks only the window of tokens.size() and the held one's lock goes,
+  // so the earlier window pages turn evictable (a window eviction tombstones them, as SGLang);
+  // kInvalidArgument when a page of that window is released and the tree lacks it,
+  // kFailedPrecondition when the tree lacks it over a page shared with another branch (the
+  // request's copy cannot serve both): nothing changed. No recurrent kind: no checkpoints.
   Result<PrefixMatch> InsertChunk(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
                                   std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held,
                                   std::span<const BlockId> window_pages = {});
@@ -316,6 +336,8 @@ class PrefixCache {
     std::uint32_t start = 0, end = 0;
     BlockId head;                       // head copy of page floor(start / P), or invalid
     std::vector<BlockId> pages;         // pages [ceil(start/P), ceil(end/P))
+    std::vector<std::uint64_t> hashes;  // record_events: [pages.size()] each page's event hash
+    std::uint64_t head_hash = 0;        // record_events: the head copy's
     BlockId whead;                      // sliding_window > 0: the head copy's window page
     std::vector<BlockId> wpages;        // sliding_window > 0: [pages.size()] (invalid: absent)
     std::uint32_t window_locks = 0;     // window locks on its window pages, summed
@@ -330,8 +352,8 @@ class PrefixCache {
     bool live = false;
     std::unordered_map<std::uint32_t, std::uint32_t> children;  // first token -> node
   };
-  // (last use, UINT32_MAX - end, id): begin() is the victim; on ties the deeper node first
-  // (not SGLang's root side: docs/ARCHITECTURE.md, issue 28 item 4).
+  // (last use, end, id): begin() is the victim; on ties the root side first (SGLang's
+  // order: on a path, a child is more recent than its parent).
   using LruKey = std::tuple<std::uint64_t, std::uint32_t, std::uint32_t>;
 
   static constexpr std::uint32_t kNoSlot = UINT32_MAX;
@@ -364,12 +386,20 @@ class PrefixCache {
     std::uint32_t n = 0;                     // tokens kept: [0, n), up to the last checkpoint
     std::uint32_t s = 0;                     // of them, the tokens the tree holds already
     bool head_copy = false;                  // the first new node brings a head copy
+    // Whether the page at s (s unaligned) is read by no other path once inserted: the node
+    // ending at s exists and every child of it has its own head copy.
+    bool last_page_private = false;
     std::uint32_t new_from = 0, new_to = 0;  // incoming page indices the tree takes
     std::uint32_t host_child = 0;            // a host node the sequence goes on through (0: none)
     std::vector<BlockId> tree_pages, tree_wpages;  // the tree's pages over the walked prefix
     bool Taken(std::uint32_t i) const { return i >= new_from && i < new_to; }
     bool Shared(std::uint32_t i, BlockId page) const {
       return !Taken(i) && i < tree_pages.size() && page == tree_pages[i];
+    }
+    // Whether a window page the tree lacks at page i (of the shared prefix) can be adopted:
+    // a full page of [0, s), or the page at s when no other path reads it.
+    bool Adoptable(std::uint32_t i, std::uint32_t P) const {
+      return (i + 1) * P <= s || ((i + 1) == (s + P - 1) / P && last_page_private);
     }
   };
   Result<std::unordered_set<BlockId>> CheckInsertBlocks(std::span<const BlockId> pages,
@@ -382,10 +412,16 @@ class PrefixCache {
                                 std::span<const BlockId> window_pages) const;
   std::vector<std::uint32_t> InsertPath(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
                                         std::span<const BlockId> window_pages, const InsertPlan& plan);
-  void AdoptWindowPages(const std::vector<std::uint32_t>& path, std::span<const BlockId> window_pages,
-                        const InsertPlan& plan);
+  void AdoptWindowPages(const std::vector<std::uint32_t>& path, std::span<const std::uint32_t> tokens,
+                        std::span<const BlockId> window_pages, const InsertPlan& plan);
   void AttachCheckpoints(const std::vector<std::uint32_t>& path, std::map<std::uint32_t, Checkpoint>& at);
+  // InsertChunk with window pages: whether the window of the chunk's end will be the tree's.
+  Status CheckChunkWindow(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                          std::span<const PositionedCheckpoint> checkpoints, std::span<const BlockId> window_pages) const;
   std::uint32_t NewNode();
+  // No recurrent kind (state_kind invalid, window pages only): no checkpoints, a match ends at
+  // any node boundary whose window is present.
+  bool stateless() const { return !config_.state_kind.valid(); }
   LruKey KeyOf(std::uint32_t id) const;
   // Removes the node from both LRU sets, calls f, puts it back where it belongs.
   template <class F>
@@ -393,8 +429,17 @@ class PrefixCache {
   void Touch(std::uint32_t id, std::uint64_t clock);
   std::uint32_t Split(std::uint32_t id, std::uint32_t at);
   void FreeCheckpoint(const Checkpoint& c, std::uint32_t position);
-  void FreePage(BlockId page, std::uint32_t index);
-  void StorePage(BlockId page, std::uint32_t index);
+  // Events (record_events): a page's store (hash, the previous page's hash, its tokens) or removal.
+  void RecordStored(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash,
+                    std::uint64_t parent_hash, std::span<const std::uint32_t> tokens);
+  void RecordRemoved(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash);
+  void FreePage(BlockId page, std::uint32_t index, std::uint64_t hash);
+  void StorePage(BlockId page, std::uint32_t index, std::uint64_t hash, std::uint64_t parent_hash,
+                 std::span<const std::uint32_t> tokens);
+  // The event hash of page `index` on the path to `node` (its deepest provider; 0: none).
+  std::uint64_t PageHashOnPath(std::uint32_t node, std::uint32_t index) const;
+  // The path's tokens [0, nodes_[node].end).
+  std::vector<std::uint32_t> PathTokens(std::uint32_t node) const;
   // Whether a node is a useless leaf: childless, unlocked, on the device, and without a
   // usable checkpoint (none on either tier, or its window pages gone: a window tombstone).
   bool Useless(std::uint32_t id) const;

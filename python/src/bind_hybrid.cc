@@ -45,6 +45,8 @@ const char* EventTypeName(ula::CacheEvent::Type t) {
     case ula::CacheEvent::Type::kPageRemoved: return "page_removed";
     case ula::CacheEvent::Type::kStateStored: return "state_stored";
     case ula::CacheEvent::Type::kStateRemoved: return "state_removed";
+    case ula::CacheEvent::Type::kWindowStored: return "window_stored";
+    case ula::CacheEvent::Type::kWindowRemoved: return "window_removed";
   }
   return "unknown";
 }
@@ -189,16 +191,17 @@ Virtual block ids (uint32) over one arena; compaction never moves a pinned block
       .def("check_invariants", [](ula::UnifiedBuffer& b) { Unwrap(b.CheckInvariants()); });
 
   py::class_<ula::PrefixCacheConfig>(m, "PrefixCacheConfig", R"doc(
-Radix prefix cache config (include/ula/prefix_cache.h). window_kind -1: no window kind.
+Radix prefix cache config (include/ula/prefix_cache.h). window_kind -1: no window kind;
+state_kind -1: no recurrent kind (window pages only: matches end at any node boundary).
 sliding_window W > 0 keeps the window layers' KV as window pages, W counting the token itself
 (SGLang's sliding_window_size W - 1); 0 keeps it as a ring in each checkpoint. record_events
 queues a CacheEvent for every page and state stored or removed (take_events).)doc")
-      .def(py::init([](std::uint32_t page_tokens, std::uint8_t kv_kind, std::uint8_t state_kind, int window_kind,
+      .def(py::init([](std::uint32_t page_tokens, std::uint8_t kv_kind, int state_kind, int window_kind,
                        std::uint32_t sliding_window, bool record_events) {
              ula::PrefixCacheConfig c;
              c.page_tokens = page_tokens;
              c.kv_kind = ula::BlockKind(kv_kind);
-             c.state_kind = ula::BlockKind(state_kind);
+             c.state_kind = state_kind < 0 ? ula::BlockKind::Invalid() : ula::BlockKind(static_cast<std::uint8_t>(state_kind));
              c.window_kind = window_kind < 0 ? ula::BlockKind::Invalid() : ula::BlockKind(static_cast<std::uint8_t>(window_kind));
              c.sliding_window = sliding_window;
              c.record_events = record_events;
@@ -208,7 +211,8 @@ queues a CacheEvent for every page and state stored or removed (take_events).)do
            py::arg("sliding_window") = 0, py::arg("record_events") = false)
       .def_readonly("page_tokens", &ula::PrefixCacheConfig::page_tokens)
       .def_property_readonly("kv_kind", [](const ula::PrefixCacheConfig& c) { return c.kv_kind.value(); })
-      .def_property_readonly("state_kind", [](const ula::PrefixCacheConfig& c) { return c.state_kind.value(); })
+      .def_property_readonly("state_kind",
+                             [](const ula::PrefixCacheConfig& c) { return c.state_kind.valid() ? int{c.state_kind.value()} : -1; })
       .def_property_readonly("window_kind",
                              [](const ula::PrefixCacheConfig& c) { return c.window_kind.valid() ? int{c.window_kind.value()} : -1; })
       .def_readonly("sliding_window", &ula::PrefixCacheConfig::sliding_window)
@@ -250,10 +254,18 @@ window_pages (int64, -1 outside the window or released; empty after release_wind
       .def_readonly("window_pages", &ula::EvictionStats::window_pages)
       .def_readonly("offloaded_pages", &ula::EvictionStats::offloaded_pages);
 
-  py::class_<ula::CacheEvent>(m, "CacheEvent", "A block entering or leaving the tree: type, block, position.")
+  py::class_<ula::CacheEvent>(m, "CacheEvent", R"doc(
+A block entering or leaving the tree: type, block, position; for pages and window pages what
+KV-aware routers read (SGLang's BlockStored / BlockRemoved): hash (chained over the path's
+tokens), parent_hash (stored pages: the previous page's, None for the first page) and tokens
+(stored pages: uint32).)doc")
       .def_property_readonly("type", [](const ula::CacheEvent& e) { return EventTypeName(e.type); })
       .def_property_readonly("block", [](const ula::CacheEvent& e) { return e.block.value(); })
-      .def_readonly("position", &ula::CacheEvent::position);
+      .def_readonly("position", &ula::CacheEvent::position)
+      .def_readonly("hash", &ula::CacheEvent::hash)
+      .def_property_readonly("parent_hash",
+                             [](const ula::CacheEvent& e) { return e.parent_hash != 0 ? py::object(py::int_(e.parent_hash)) : py::none(); })
+      .def_property_readonly("tokens", [](const ula::CacheEvent& e) { return ToNumpy<std::uint32_t>(std::vector(e.tokens)); });
 
   py::class_<ula::KindBytes>(m, "KindBytes", "Bytes of one kind the tree holds: evictable now, or protected (locked).")
       .def_readonly("evictable", &ula::KindBytes::evictable)
@@ -366,9 +378,10 @@ per page, -1 where the request released it.)doc")
           "attach_host_tier",
           [](ula::PrefixCache& pc, ula::UnifiedBuffer& b, std::uint32_t slots, std::uint32_t page_slots) {
             BufferOwner& owner = OwnerOf(b);
-            const std::uint64_t state = b.kind_config(pc.config().state_kind).block_bytes;
-            const std::uint64_t window = pc.config().window_kind.valid() ? b.kind_config(pc.config().window_kind).block_bytes : 0;
-            const std::uint64_t page = b.kind_config(pc.config().kv_kind).block_bytes;
+            const ula::PrefixCacheConfig& c = pc.config();
+            const std::uint64_t state = c.state_kind.valid() ? b.kind_config(c.state_kind).block_bytes : 0;  // none: refused below
+            const std::uint64_t window = c.window_kind.valid() ? b.kind_config(c.window_kind).block_bytes : 0;
+            const std::uint64_t page = b.kind_config(c.kv_kind).block_bytes;
             const std::uint64_t bytes = std::max<std::uint64_t>(1, slots * (state + window) + std::uint64_t{page_slots} * page);
             const ula::Arena host = Unwrap(owner.backend->CreateArena(ula::Tier::kHost, ula::Rank(0), bytes));
             Unwrap(pc.AttachHostTier({owner.backend.get(), b.arena().id, host, slots, page_slots}));

@@ -261,7 +261,7 @@ class UnifiedBuffer:
 class PrefixCacheConfig:
     page_tokens: int
     kv_kind: int
-    state_kind: int
+    state_kind: int  # -1: none (window pages only, no recurrent layer)
     window_kind: int  # -1: none
     sliding_window: int  # W counts the token itself: SGLang's sliding_window_size W - 1
     record_events: bool
@@ -293,9 +293,12 @@ class EvictionStats:
     offloaded_pages: int
 
 class CacheEvent:
-    type: str  # "page_stored" | "page_removed" | "state_stored" | "state_removed"
+    type: str  # "page_stored" | "page_removed" | "state_stored" | "state_removed" | "window_stored" | "window_removed"
     block: int
     position: int
+    hash: int  # pages and window pages: chained over the path's tokens (states: 0)
+    parent_hash: Optional[int]  # stored pages: the previous page's hash (None: the first page)
+    tokens: U32  # stored pages: the page's tokens
 
 class KindBytes:
     evictable: int

@@ -23,7 +23,10 @@ const char* EvictionRuleName(EvictionRule rule) {
 Status PrefixCacheConfig::Validate() const {
   if (page_tokens == 0) return MakeError(ErrorCode::kInvalidArgument, "prefix cache config: page_tokens must be > 0");
   if (!kv_kind.valid()) return MakeError(ErrorCode::kInvalidArgument, "prefix cache config: kv_kind must be set");
-  if (!state_kind.valid()) return MakeError(ErrorCode::kInvalidArgument, "prefix cache config: state_kind must be set");
+  if (!state_kind.valid() && sliding_window == 0) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "prefix cache config: state_kind must be set (unset only with window pages: no recurrent layer)");
+  }
   if (sliding_window > 0 && !window_kind.valid()) {
     return MakeError(ErrorCode::kInvalidArgument, "prefix cache config: sliding_window needs window_kind");
   }
@@ -84,26 +87,54 @@ std::uint32_t PrefixCache::NewNode() {
   return id;
 }
 
-// Ties on one path go to the deeper node first. SGLang orders the root side first (issue 28
-// item 4); that order broke the host tier's lock order under the whole-structure checks
-// (a host node locked more than its parent) and is not taken yet.
+// On a path (one touch, one clock) ties go to the root side, as SGLang's LRU lists order a
+// path (a child is more recent than its parent): internal states and windows are tombstoned
+// before the leaf's.
 PrefixCache::LruKey PrefixCache::KeyOf(std::uint32_t id) const {
-  return {nodes_[id].last_use, UINT32_MAX - nodes_[id].end, id};  // on a tie, the deeper node first (below)
+  return {nodes_[id].last_use, nodes_[id].end, id};  // on a tie, the root side first (as SGLang)
 }
 
 void PrefixCache::Touch(std::uint32_t id, std::uint64_t clock) {
   Update(id, [&] { nodes_[id].last_use = clock; });
 }
 
-void PrefixCache::StorePage(BlockId page, std::uint32_t index) {
-  owned_.insert(page);
-  if (config_.record_events) events_.push_back({CacheEvent::Type::kPageStored, page, index * config_.page_tokens});
+void PrefixCache::RecordStored(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash,
+                               std::uint64_t parent_hash, std::span<const std::uint32_t> tokens) {
+  if (!config_.record_events) return;
+  events_.push_back({type, block, index * config_.page_tokens, hash, parent_hash, {tokens.begin(), tokens.end()}});
 }
 
-void PrefixCache::FreePage(BlockId page, std::uint32_t index) {
+void PrefixCache::RecordRemoved(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash) {
+  if (config_.record_events) events_.push_back({type, block, index * config_.page_tokens, hash, 0, {}});
+}
+
+void PrefixCache::StorePage(BlockId page, std::uint32_t index, std::uint64_t hash, std::uint64_t parent_hash,
+                            std::span<const std::uint32_t> tokens) {
+  owned_.insert(page);
+  RecordStored(CacheEvent::Type::kPageStored, page, index, hash, parent_hash, tokens);
+}
+
+void PrefixCache::FreePage(BlockId page, std::uint32_t index, std::uint64_t hash) {
   owned_.erase(page);
   ULA_CHECK(allocator_->Free(page).has_value());
-  if (config_.record_events) events_.push_back({CacheEvent::Type::kPageRemoved, page, index * config_.page_tokens});
+  RecordRemoved(CacheEvent::Type::kPageRemoved, page, index, hash);
+}
+
+std::uint64_t PrefixCache::PageHashOnPath(std::uint32_t node, std::uint32_t index) const {
+  const std::uint32_t P = config_.page_tokens;
+  for (std::uint32_t a = node; a != 0; a = nodes_[a].parent) {  // the deepest provider first
+    const Node& n = nodes_[a];
+    const std::uint32_t first = CeilDiv(n.start, P);
+    if (index >= first && index - first < n.hashes.size()) return n.hashes[index - first];
+    if (index == n.start / P && n.start % P != 0 && (n.head.valid() || n.host_head != kNoSlot)) return n.head_hash;
+  }
+  return 0;
+}
+
+std::vector<std::uint32_t> PrefixCache::PathTokens(std::uint32_t node) const {
+  std::vector<std::uint32_t> tokens;
+  for (std::uint32_t id : internal::PathTo(node, nodes_)) tokens.insert(tokens.end(), nodes_[id].tokens.begin(), nodes_[id].tokens.end());
+  return tokens;
 }
 
 void PrefixCache::FreeCheckpoint(const Checkpoint& c, std::uint32_t position) {
@@ -131,6 +162,8 @@ std::uint32_t PrefixCache::Split(std::uint32_t id, std::uint32_t at) {
   const std::uint32_t upper_pages = CeilDiv(at, P) - CeilDiv(n.start, P);
   m.pages.assign(n.pages.begin(), n.pages.begin() + upper_pages);
   m.head = n.head;
+  m.head_hash = n.head_hash;
+  if (!n.hashes.empty()) m.hashes.assign(n.hashes.begin(), n.hashes.begin() + upper_pages);
   if (!n.wpages.empty()) m.wpages.assign(n.wpages.begin(), n.wpages.begin() + upper_pages);
   m.whead = n.whead;
   m.kv_locks = n.kv_locks;
@@ -148,7 +181,9 @@ std::uint32_t PrefixCache::Split(std::uint32_t id, std::uint32_t at) {
   Update(id, [&] {
     n.tokens.erase(n.tokens.begin(), n.tokens.begin() + cut);
     n.pages.erase(n.pages.begin(), n.pages.begin() + upper_pages);
+    if (!n.hashes.empty()) n.hashes.erase(n.hashes.begin(), n.hashes.begin() + upper_pages);
     n.head = BlockId::Invalid();
+    n.head_hash = 0;
     if (!n.wpages.empty()) n.wpages.erase(n.wpages.begin(), n.wpages.begin() + upper_pages);
     n.whead = BlockId::Invalid();
     n.start = at;
@@ -227,8 +262,10 @@ PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint3
     pos = c.end;
     path.push_back(node);
     on_device = on_device && !c.kv_on_host;  // host nodes only below device ones
-    const bool usable = c.end <= max_length && (c.checkpoint.valid() || c.host != kNoSlot) && HasWindow(path, c.end);
-    if (usable && on_device && c.checkpoint.valid()) best_depth = path.size();
+    // Without a recurrent kind any node boundary whose window is present is reusable.
+    const bool resumable = c.checkpoint.valid() || stateless();
+    const bool usable = c.end <= max_length && (resumable || c.host != kNoSlot) && HasWindow(path, c.end);
+    if (usable && on_device && resumable) best_depth = path.size();
     if (usable) best.host_length = c.end;
   }
   kv_length = pos;
@@ -264,7 +301,8 @@ bool PrefixCache::Holds(std::span<const std::uint32_t> tokens) const {
     node = it->second;
     pos = c.end;
   }
-  return node != 0 && nodes_[node].checkpoint.valid();
+  if (node == 0) return false;
+  return stateless() ? HasWindow(internal::PathTo(node, nodes_), nodes_[node].end) : nodes_[node].checkpoint.valid();
 }
 
 }  // namespace ula

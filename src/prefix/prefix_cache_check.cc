@@ -26,7 +26,7 @@ std::vector<CacheEvent> PrefixCache::TakeEvents() { return std::exchange(events_
 PrefixCacheMetrics PrefixCache::Metrics() const {
   PrefixCacheMetrics m;
   const std::uint64_t page = allocator_->kind_config(config_.kv_kind).block_bytes;
-  const std::uint64_t state = allocator_->kind_config(config_.state_kind).block_bytes;
+  const std::uint64_t state = stateless() ? 0 : allocator_->kind_config(config_.state_kind).block_bytes;
   const std::uint64_t window = config_.window_kind.valid() ? allocator_->kind_config(config_.window_kind).block_bytes : 0;
   for (std::size_t i = 1; i < nodes_.size(); ++i) {
     const Node& n = nodes_[i];
@@ -44,7 +44,7 @@ PrefixCacheMetrics PrefixCache::Metrics() const {
     for (BlockId b : n.wpages) window_page(b);
     m.host_checkpoints += n.host != kNoSlot ? 1 : 0;
     if (!n.checkpoint.valid()) {
-      m.tombstones += n.host == kNoSlot ? 1 : 0;
+      m.tombstones += n.host == kNoSlot && !stateless() ? 1 : 0;
       continue;
     }
     ++m.checkpoints;
@@ -78,8 +78,12 @@ Status PrefixCache::CheckInvariants() const {
     if (it == parent.children.end() || it->second != id) return bad(id, "is not keyed by its parent");
     if (n.pages.size() != CeilDiv(n.end, P) - CeilDiv(n.start, P)) return bad(id, "owns the wrong number of pages");
     if (n.head.valid() && n.start % P == 0) return bad(id, "has a head copy at an aligned start");
+    if (n.hashes.size() != (config_.record_events ? n.pages.size() : 0)) return bad(id, "has no event hash per page");
     if (n.kv_on_host) {
-      if (!parent.kv_on_host && parent.kv_locks < n.kv_locks) return bad(id, "is a host node locked more than its parent");
+      // The root holds no locks: a host node under it may hold LoadBack's (as a device node may).
+      if (n.parent != 0 && !parent.kv_on_host && parent.kv_locks < n.kv_locks) {
+        return bad(id, "is a host node locked more than its parent");
+      }
       if (n.head.valid() || n.checkpoint.valid() || n.host_pages.size() != n.pages.size() ||
           std::any_of(n.pages.begin(), n.pages.end(), [](BlockId b) { return b.valid(); }) ||
           (n.host_head != kNoSlot && n.start % P == 0)) {
@@ -155,8 +159,11 @@ Status PrefixCache::CheckInvariants() const {
         ++blocks;
       }
     } else {
-      if (n.state_locks > 0) return bad(id, "is state-locked without a checkpoint");
-      if (n.children.empty() && n.kv_locks == 0 && n.host == kNoSlot) return bad(id, "is an unlocked leaf without a checkpoint");
+      // Without a recurrent kind a match locks (state lock) the node it ends at, with no state.
+      if (n.state_locks > 0 && !stateless()) return bad(id, "is state-locked without a checkpoint");
+      if (n.children.empty() && n.kv_locks == 0 && n.host == kNoSlot && !stateless()) {
+        return bad(id, "is an unlocked leaf without a checkpoint");
+      }
     }
     if (n.host != kNoSlot) {
       if (n.checkpoint.valid() || n.host >= host_.slots || !host_slots.insert(n.host).second) {
@@ -205,6 +212,8 @@ std::uint64_t PrefixCache::DebugDigest() const {
     add_block(n.head);
     d.Add(n.pages.size());
     for (BlockId b : n.pages) add_block(b);
+    d.AddAll(std::span<const std::uint64_t>(n.hashes));
+    d.Add(n.head_hash);
     add_block(n.whead);
     d.Add(n.wpages.size());
     for (BlockId b : n.wpages) add_block(b);
@@ -248,6 +257,9 @@ std::uint64_t PrefixCache::DebugDigest() const {
     d.Add(static_cast<std::uint64_t>(e.type));
     add_block(e.block);
     d.Add(e.position);
+    d.Add(e.hash);
+    d.Add(e.parent_hash);
+    d.AddAll(std::span<const std::uint32_t>(e.tokens));
   }
   for (std::uint64_t v : {clock_, host_hits_, std::uint64_t{loading_}}) d.Add(v);
   d.Add(allocator_->DebugDigest());

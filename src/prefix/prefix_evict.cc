@@ -18,7 +18,7 @@ using internal::PathTo;
 bool PrefixCache::Useless(std::uint32_t id) const {
   const Node& n = nodes_[id];
   if (id == 0 || n.kv_on_host || !n.children.empty() || n.kv_locks > 0) return false;
-  if (!n.checkpoint.valid() && n.host == kNoSlot) return true;
+  if (!n.checkpoint.valid() && n.host == kNoSlot && !stateless()) return true;
   // A window tombstone at a leaf can never be matched again (SGLang deletes such leaves).
   return config_.sliding_window > 0 && !HasWindow(PathTo(id, nodes_), n.end);
 }
@@ -32,10 +32,12 @@ void PrefixCache::RemoveLeaf(std::uint32_t id, EvictionStats& stats) {
     FreeWindowPages(id, stats);
     Update(id, [&] {
       if (n.head.valid()) {
-        FreePage(n.head, n.start / P);
+        FreePage(n.head, n.start / P, n.head_hash);
         ++stats.pages;
       }
-      for (std::size_t i = 0; i < n.pages.size(); ++i) FreePage(n.pages[i], CeilDiv(n.start, P) + static_cast<std::uint32_t>(i));
+      for (std::size_t i = 0; i < n.pages.size(); ++i) {
+        FreePage(n.pages[i], CeilDiv(n.start, P) + static_cast<std::uint32_t>(i), n.hashes.empty() ? 0 : n.hashes[i]);
+      }
       stats.pages += static_cast<std::uint32_t>(n.pages.size());
       if (n.checkpoint.valid()) ++stats.checkpoints;
       FreeCheckpoint(n.checkpoint, n.end);

@@ -21,6 +21,7 @@ Status PrefixCache::AttachHostTier(const HostTierConfig& config) {
   if (config.backend == nullptr || config.slots == 0) {
     return MakeError(ErrorCode::kInvalidArgument, "prefix cache host tier: needs a backend and at least one slot");
   }
+  if (stateless()) return MakeError(ErrorCode::kInvalidArgument, "prefix cache host tier: holds checkpoints, and the cache has no state kind");
   const std::uint64_t state = allocator_->kind_config(config_.state_kind).block_bytes;
   const std::uint64_t window = config_.window_kind.valid() ? allocator_->kind_config(config_.window_kind).block_bytes : 0;
   if (config.page_slots > 0 && config_.sliding_window > 0) {
@@ -180,13 +181,13 @@ bool PrefixCache::OffloadKv(std::uint32_t id, EvictionStats& stats) {
   free_host_pages_.resize(free_host_pages_.size() - blocks.size());
   Update(id, [&] {
     if (n.head.valid()) {
-      FreePage(n.head, n.start / P);
+      FreePage(n.head, n.start / P, n.head_hash);
       n.head = BlockId::Invalid();
       n.host_head = slots.back();
     }
     n.host_pages.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(n.pages.size()));
     for (std::size_t i = 0; i < n.pages.size(); ++i) {
-      FreePage(n.pages[i], CeilDiv(n.start, P) + static_cast<std::uint32_t>(i));
+      FreePage(n.pages[i], CeilDiv(n.start, P) + static_cast<std::uint32_t>(i), n.hashes.empty() ? 0 : n.hashes[i]);
       n.pages[i] = BlockId::Invalid();
     }
     n.kv_on_host = true;
@@ -269,17 +270,26 @@ Status PrefixCache::LoadBack(std::uint32_t id, EvictionRule rule) {
   const bool publish = ids && copied;
   if (publish) {  // the host part of the path is on the device again, its host slots freed
     std::size_t next = 0;
+    const std::vector<std::uint32_t> path_tokens = config_.record_events ? PathTokens(id) : std::vector<std::uint32_t>{};
+    auto store = [&](std::uint32_t a, BlockId page, std::uint32_t index, std::uint64_t hash) {
+      std::span<const std::uint32_t> t;
+      if (config_.record_events) {
+        const std::uint32_t from = index * P;
+        t = std::span(path_tokens).subspan(from, std::min(P, nodes_[a].end - from));
+      }
+      StorePage(page, index, hash, index > 0 ? PageHashOnPath(a, index - 1) : 0, t);
+    };
     for (std::uint32_t a : host_path) {
       Node& h = nodes_[a];
       Update(a, [&] {
         for (std::size_t i = 0; i < h.pages.size(); ++i) {
           h.pages[i] = pages[next++];
-          StorePage(h.pages[i], CeilDiv(h.start, P) + static_cast<std::uint32_t>(i));
+          store(a, h.pages[i], CeilDiv(h.start, P) + static_cast<std::uint32_t>(i), h.hashes.empty() ? 0 : h.hashes[i]);
           free_host_pages_.push_back(h.host_pages[i]);
         }
         if (h.host_head != kNoSlot) {
           h.head = pages[next++];
-          StorePage(h.head, h.start / P);
+          store(a, h.head, h.start / P, h.head_hash);
           free_host_pages_.push_back(h.host_head);
           h.host_head = kNoSlot;
         }

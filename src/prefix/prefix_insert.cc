@@ -48,6 +48,9 @@ Result<std::unordered_set<BlockId>> PrefixCache::CheckInsertBlocks(std::span<con
 Result<std::map<std::uint32_t, Checkpoint>> PrefixCache::CheckInsertCheckpoints(
     std::size_t tokens, std::span<const PositionedCheckpoint> checkpoints, std::unordered_set<BlockId>& incoming) const {
   std::map<std::uint32_t, Checkpoint> at;  // position -> checkpoint
+  if (stateless() && !checkpoints.empty()) {
+    return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert: checkpoints given to a cache without a state kind");
+  }
   for (const auto& c : checkpoints) {
     if (c.position == 0 || c.position > tokens || !c.checkpoint.valid() || at.contains(c.position)) {
       return MakeError(ErrorCode::kInvalidArgument, fmt::format("prefix cache insert: bad checkpoint at {}", c.position));
@@ -84,8 +87,9 @@ Result<PrefixCache::InsertPlan> PrefixCache::PlanInsert(std::span<const std::uin
   const bool windowed = config_.sliding_window > 0;
   InsertPlan plan;
   plan.at = std::move(*at);
-  // KV past the last checkpoint is useless to a hybrid model: keep tokens [0, n).
-  plan.n = plan.at.empty() ? 0 : plan.at.rbegin()->first;
+  // KV past the last checkpoint is useless to a hybrid model: keep tokens [0, n). Without a
+  // recurrent kind every token is kept (a match may end at any node boundary).
+  plan.n = stateless() ? static_cast<std::uint32_t>(tokens.size()) : plan.at.empty() ? 0 : plan.at.rbegin()->first;
   // Read-only walk: how far the tree holds these tokens (s_all; s within [0, n)), and the
   // pages it has there (which the sequence may share).
   // A host node is not walked into: when the sequence goes on through it, that host subtree
@@ -111,6 +115,14 @@ Result<PrefixCache::InsertPlan> PrefixCache::PlanInsert(std::span<const std::uin
   if (windowed) plan.tree_wpages = WindowPagesOfPath(walk, s_all);
   plan.s = std::min(s_all, plan.n);
   plan.head_copy = plan.s < plan.n && plan.s % P != 0;
+  for (std::uint32_t id : walk) {  // the node whose span ends the shared prefix
+    const Node& c = nodes_[id];
+    if (plan.s == 0 || c.start >= plan.s || c.end < plan.s) continue;
+    plan.last_page_private = c.end == plan.s;  // a split at s leaves the lower half reading the page
+    for (const auto& [token, child] : c.children) {
+      plan.last_page_private &= nodes_[child].start % P != 0 && nodes_[child].head.valid();
+    }
+  }
   plan.new_from = plan.head_copy ? plan.s / P : CeilDiv(plan.s, P);
   plan.new_to = CeilDiv(plan.n, P);
   for (std::uint32_t i = 0; i < pages.size(); ++i) {
@@ -134,6 +146,16 @@ std::vector<std::uint32_t> PrefixCache::InsertPath(std::span<const std::uint32_t
   std::vector<std::uint32_t> path;
   std::uint32_t node = 0;
   std::uint32_t pos = 0;
+  // record_events: the chained page hashes of tokens [0, n) and each page's tokens.
+  const std::vector<std::uint64_t> hashes =
+      config_.record_events ? internal::PageHashes(tokens.first(plan.n), P) : std::vector<std::uint64_t>{};
+  auto hash = [&](std::uint32_t i) { return i < hashes.size() ? hashes[i] : 0; };
+  auto parent = [&](std::uint32_t i) { return i > 0 ? hash(i - 1) : 0; };
+  auto page_tokens = [&](std::uint32_t i) { return tokens.subspan(i * P, std::min(P, plan.n - i * P)); };
+  auto store = [&](BlockId page, BlockId window, std::uint32_t i) {
+    StorePage(page, i, hash(i), parent(i), page_tokens(i));
+    if (window.valid()) RecordStored(CacheEvent::Type::kWindowStored, window, i, hash(i), parent(i), page_tokens(i));
+  };
   while (pos < plan.s) {  // down the shared prefix, splitting at its end and at checkpoints
     const std::uint32_t c = nodes_[node].children.at(tokens[pos]);
     std::uint32_t cut = std::min(nodes_[c].end, plan.s);
@@ -142,9 +164,10 @@ std::vector<std::uint32_t> PrefixCache::InsertPath(std::span<const std::uint32_t
     pos = cut;
     path.push_back(node);
   }
-  // New nodes for [s, n), one per stretch between checkpoint positions.
+  // New nodes for [s, n), one per stretch between checkpoint positions (one without them).
   while (pos < plan.n) {
-    const std::uint32_t next = plan.at.upper_bound(pos)->first;
+    const auto t = plan.at.upper_bound(pos);
+    const std::uint32_t next = t == plan.at.end() ? plan.n : t->first;
     const std::uint32_t id = NewNode();
     Node& c = nodes_[id];
     c.parent = node;
@@ -153,13 +176,15 @@ std::vector<std::uint32_t> PrefixCache::InsertPath(std::span<const std::uint32_t
     c.tokens.assign(tokens.begin() + pos, tokens.begin() + next);
     if (pos == plan.s && plan.head_copy) {
       c.head = pages[plan.s / P];
-      StorePage(c.head, plan.s / P);
       if (windowed) c.whead = window_pages[plan.s / P];
+      store(c.head, c.whead, plan.s / P);
+      if (config_.record_events) c.head_hash = hash(plan.s / P);
     }
     for (std::uint32_t i = CeilDiv(pos, P); i < CeilDiv(next, P); ++i) {
       c.pages.push_back(pages[i]);
-      StorePage(pages[i], i);
       if (windowed) c.wpages.push_back(window_pages[i]);
+      store(pages[i], windowed ? window_pages[i] : BlockId::Invalid(), i);
+      if (config_.record_events) c.hashes.push_back(hash(i));
     }
     for (BlockId w : {c.whead}) {
       if (w.valid()) owned_.insert(w);
@@ -176,31 +201,28 @@ std::vector<std::uint32_t> PrefixCache::InsertPath(std::span<const std::uint32_t
   return path;
 }
 
-void PrefixCache::AdoptWindowPages(const std::vector<std::uint32_t>& path, std::span<const BlockId> window_pages,
-                                   const InsertPlan& plan) {
+void PrefixCache::AdoptWindowPages(const std::vector<std::uint32_t>& path, std::span<const std::uint32_t> tokens,
+                                   std::span<const BlockId> window_pages, const InsertPlan& plan) {
   // A window page the tree lacks over the shared prefix [0, s) is taken when its bytes
   // serve every path that reads the provider's page: a full page inside [0, s), or the
   // page of the node ending at s when no child of that node reads it (each child has its
   // own head copy). The rest not taken by InsertPath is freed.
   const std::uint32_t P = config_.page_tokens;
-  const std::uint32_t s = plan.s;
-  const std::vector<Provider> providers = ProvidersOfPath(path, s);
-  bool last_page_private = s > 0 && !path.empty() && nodes_[path.back()].end == s;
-  if (last_page_private) {
-    for (const auto& [token, child] : nodes_[path.back()].children) {
-      last_page_private &= nodes_[child].start % P != 0 && nodes_[child].head.valid();
-    }
-  }
+  const std::vector<Provider> providers = ProvidersOfPath(path, plan.s);
   for (std::uint32_t i = 0; i < window_pages.size(); ++i) {
     const BlockId w = window_pages[i];
     if (!w.valid() || plan.Taken(i) || (i < plan.tree_wpages.size() && w == plan.tree_wpages[i])) continue;
-    const bool adoptable = (i + 1) * P <= s || (i + 1 == CeilDiv(s, P) && last_page_private);
-    if (adoptable && i < providers.size() && providers[i].node != 0) {
+    if (plan.Adoptable(i, P) && i < providers.size() && providers[i].node != 0) {
       const std::uint32_t owner = providers[i].node;
       BlockId& slot = WindowSlot(providers[i], i);
       if (!slot.valid()) {
         Update(owner, [&] { slot = w; });
         owned_.insert(w);
+        if (config_.record_events) {
+          const auto page_tokens = tokens.subspan(i * P, std::min(P, plan.s - i * P));
+          RecordStored(CacheEvent::Type::kWindowStored, w, i, PageHashOnPath(owner, i),
+                       i > 0 ? PageHashOnPath(owner, i - 1) : 0, page_tokens);
+        }
         continue;
       }
     }
@@ -246,28 +268,51 @@ Result<std::uint32_t> PrefixCache::Insert(std::span<const std::uint32_t> tokens,
   for (std::uint32_t i = 0; i < pages.size(); ++i) {
     if (!plan->Taken(i) && !plan->Shared(i, pages[i])) ULA_CHECK(allocator_->Free(pages[i]).has_value());  // a duplicate, or past n
   }
-  if (config_.sliding_window > 0) AdoptWindowPages(path, window_pages, *plan);
+  if (config_.sliding_window > 0) AdoptWindowPages(path, tokens, window_pages, *plan);
   AttachCheckpoints(path, plan->at);
   for (std::uint32_t id : path) Touch(id, clock_);
   ULA_EXPENSIVE_CHECK(*this);
   return plan->s;
 }
 
+Status PrefixCache::CheckChunkWindow(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                                     std::span<const PositionedCheckpoint> checkpoints,
+                                     std::span<const BlockId> window_pages) const {
+  if (pages.size() != CeilDiv(static_cast<std::uint32_t>(tokens.size()), config_.page_tokens)) return Ok();  // Insert refuses it
+  auto plan = PlanInsert(tokens, pages, checkpoints, window_pages);
+  if (!plan) return std::unexpected(std::move(plan).error());
+  // The request resumes at the chunk's end: every window page it attends to from there must
+  // be the tree's after the insert (its own taken or adopted, or the tree's already).
+  const auto n = static_cast<std::uint32_t>(tokens.size());
+  for (std::uint32_t i = WindowFirstPage(n); i < pages.size(); ++i) {
+    const bool own = window_pages[i].valid();
+    const bool tree_has = !plan->Taken(i) && i < plan->tree_wpages.size() && plan->tree_wpages[i].valid();
+    if (tree_has || (own && (plan->Taken(i) || plan->Adoptable(i, config_.page_tokens)))) continue;
+    if (!own) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("prefix cache insert chunk: window page {} is in the window of the chunk's end "
+                                   "and was released",
+                                   i));
+    }
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("prefix cache insert chunk: the tree lacks window page {}, a page it shares with "
+                                 "another branch (the request's copy cannot serve both)",
+                                 i));
+  }
+  return Ok();
+}
+
 Result<PrefixMatch> PrefixCache::InsertChunk(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
                                              std::span<const PositionedCheckpoint> checkpoints, const PrefixMatch& held,
                                              std::span<const BlockId> window_pages) {
-  if (config_.sliding_window > 0) {
-    // The tree may lack window pages over a page it shares with another branch, which the
-    // request would then lose (docs/ARCHITECTURE.md): not supported yet.
-    return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert chunk: not supported with window pages");
-  }
   auto node = LockedNode(held, false);
   if (!node) return std::unexpected(std::move(node).error());
-  if (checkpoints.empty() || std::none_of(checkpoints.begin(), checkpoints.end(),
-                                          [&](const auto& c) { return c.position == tokens.size(); })) {
+  if (!stateless() && (checkpoints.empty() || std::none_of(checkpoints.begin(), checkpoints.end(),
+                                                            [&](const auto& c) { return c.position == tokens.size(); }))) {
     return MakeError(ErrorCode::kInvalidArgument, "prefix cache insert chunk: no checkpoint at the chunk's end");
   }
   if (auto w = CheckWindowLocked(held, *node); !w) return std::unexpected(std::move(w).error());
+  if (config_.sliding_window > 0) ULA_RETURN_IF_ERROR(CheckChunkWindow(tokens, pages, checkpoints, window_pages));
   ULA_RETURN_IF_ERROR(Insert(tokens, pages, checkpoints, window_pages));
   PrefixMatch m = Match(tokens, static_cast<std::uint32_t>(tokens.size()));
   ULA_CHECK(m.length == tokens.size());

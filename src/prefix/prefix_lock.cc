@@ -42,8 +42,9 @@ Result<std::uint32_t> PrefixCache::LockedNode(const PrefixMatch& match, bool loc
 void PrefixCache::PinMatch(std::uint32_t node, bool pin) {
   const Node& d = nodes_[node];
   std::vector<BlockId> blocks = PagesOfPath(PathTo(node, nodes_), d.end);
-  blocks.push_back(d.checkpoint.state);
-  if (d.checkpoint.window.valid()) blocks.push_back(d.checkpoint.window);
+  for (BlockId b : {d.checkpoint.state, d.checkpoint.window}) {
+    if (b.valid()) blocks.push_back(b);  // no state without a recurrent kind
+  }
   for (BlockId b : blocks) ULA_CHECK((pin ? allocator_->Pin(b) : allocator_->Unpin(b)).has_value());
 }
 
@@ -89,6 +90,7 @@ Result<PrefixMatch> PrefixCache::MatchCopyOnWrite(std::span<const std::uint32_t>
   if (m.host_length > m.length && LoadBack(NodeAt(tokens, m.host_length), rule)) m = Match(tokens, max_length);
   if (m.length == 0) return m;
   ULA_RETURN_IF_ERROR(Lock(m));
+  if (stateless()) return m;  // no state to copy
   Demand d = Demand::Of(allocator_->num_kinds()).Add(config_.state_kind, 1);
   if (m.checkpoint.window.valid()) d.Add(config_.window_kind, 1);
   if (!allocator_->CanAllocate(d)) {

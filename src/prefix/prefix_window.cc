@@ -79,16 +79,20 @@ Status PrefixCache::ReleaseWindow(PrefixMatch& match) {
 void PrefixCache::FreeWindowPages(std::uint32_t id, EvictionStats& stats) {
   Node& n = nodes_[id];
   ULA_CHECK(n.window_locks == 0);
-  auto drop = [&](BlockId& b) {
+  const std::uint32_t P = config_.page_tokens;
+  auto drop = [&](BlockId& b, std::uint32_t index, std::uint64_t hash) {
     if (!b.valid()) return;
     owned_.erase(b);
     ULA_CHECK(allocator_->Free(b).has_value());
+    RecordRemoved(CacheEvent::Type::kWindowRemoved, b, index, hash);
     b = BlockId::Invalid();
     ++stats.window_pages;
   };
   Update(id, [&] {
-    drop(n.whead);
-    for (BlockId& b : n.wpages) drop(b);
+    drop(n.whead, n.start / P, n.head_hash);
+    for (std::size_t i = 0; i < n.wpages.size(); ++i) {
+      drop(n.wpages[i], internal::CeilDiv(n.start, P) + static_cast<std::uint32_t>(i), n.hashes.empty() ? 0 : n.hashes[i]);
+    }
   });
 }
 

@@ -180,8 +180,8 @@ TEST(HybridModel, ATombstonedStateIsRecomputedFromTheNearestStateBitIdentically)
   const auto a = RandomTokens(71, 100, vocab);
   auto ra = runner.Serve(a, ServeOptions{.max_new_tokens = 2, .checkpoint_interval = 32});  // 32, 64, 96, 101
   ASSERT_TRUE(ra);
-  // A running request holds a's end; the states at 96 and 64 are evicted (tombstones: on a
-  // path the deeper first, issue 28 item 4 left open: docs/ARCHITECTURE.md).
+  // A running request holds a's end; the states at 32 and 64 are evicted (tombstones: the
+  // root side first, as SGLang, issue 28 item 4).
   const auto fed = Join(a, std::span(ra->output).first(1));
   auto held = cache->Match(fed, static_cast<std::uint32_t>(fed.size()));
   ASSERT_EQ(held.length, 101u);
@@ -193,7 +193,7 @@ TEST(HybridModel, ATombstonedStateIsRecomputedFromTheNearestStateBitIdentically)
   const auto b = Join(std::span(a).first(100), RandomTokens(72, 12, vocab));
   auto rb = runner.Serve(b, ServeOptions{.max_new_tokens = 3});
   ASSERT_TRUE(rb);
-  EXPECT_EQ(rb->matched, 32u);   // the nearest state left
+  EXPECT_EQ(rb->matched, 96u);   // the nearest state left
   EXPECT_EQ(rb->branch, 100u);   // the KV still runs to 100
   ExpectBitIdentical(*rb, FromScratch(*model, b, 3));
   EXPECT_TRUE(cache->CheckInvariants());

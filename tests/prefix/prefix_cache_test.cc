@@ -339,15 +339,16 @@ TEST(PrefixCache, TheHostTierTakesEvictedCheckpointsAndGivesThemBackExclusively)
   ASSERT_TRUE(cache->Unlock(*m));
   ASSERT_TRUE(a->Free(m->copy.state));
   ASSERT_TRUE(a->Free(m->copy.window));
-  // Three checkpoints for two host slots: the least recently used host copy (8) is dropped,
-  // and with it its leaf, which had no checkpoint left on either tier.
+  // Three checkpoints for two host slots: the least recently used host copy is dropped, of
+  // the path's two (used together) the root side's, 4, as SGLang orders a path (issue 28,
+  // item 4); its node keeps its KV, a tombstone above the leaf whose state is on the host.
   InsertSequence(*cache, *a, Tokens(100, 4), {});
   ev = cache->Evict(0, 3);
   EXPECT_EQ(ev.offloaded, 3u);
-  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 8)));
-  EXPECT_TRUE(cache->HoldsOnHost(Tokens(0, 4)));
+  EXPECT_TRUE(cache->HoldsOnHost(Tokens(0, 8)));
+  EXPECT_FALSE(cache->HoldsOnHost(Tokens(0, 4)));
   EXPECT_TRUE(cache->HoldsOnHost(Tokens(100, 4)));
-  EXPECT_EQ(cache->Match(q, 8).kv_length, 4u);
+  EXPECT_EQ(cache->Match(q, 8).kv_length, 8u);
   EXPECT_EQ(cache->Metrics().host_checkpoints, 2u);
   EXPECT_EQ(cache->num_checkpoints(), 0u);
   EXPECT_TRUE(cache->CheckInvariants());
@@ -522,6 +523,49 @@ TEST(PrefixCache, KvPagesGoToTheHostWithTheirLeafAndComeBackExclusively) {
   EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
 }
 
+// Issue 28 item 4: a host node under the root that is being loaded back holds LoadBack's KV
+// lock while its parent, the root, holds none (the root is never locked). The invariant
+// check took that for "a host node locked more than its parent", so any eviction LoadBack
+// needed for room failed the whole-structure check; SGLang's eviction order (root side first)
+// offloads root children's KV more often, which is how the ASan tree found it.
+TEST(PrefixCache, AHostNodeUnderTheRootIsLoadedBackWhileEvicting) {
+  auto backend = MakeCpuBackend(CpuBackendOptions{.copy_threads = 1});
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.capacity_bytes = 32 * 64;
+  c.kinds = {{"state", 192, BufferEnd::kLow}, {"kv", 64, BufferEnd::kHigh}, {"swa", 64, BufferEnd::kLow}};
+  c.padding_kind = kKv;
+  auto device = backend->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
+  auto a = UnifiedBuffer::Create(c, device).value();
+  auto host = backend->CreateArena(Tier::kHost, Rank(0), 2 * (192 + 64) + 4 * 64).value();
+  auto cache = Cache(*a);
+  ASSERT_TRUE(cache->AttachHostTier({backend.get(), device.id, host, 2, 4}));
+  InsertSequence(*cache, *a, Tokens(0, 4), {});  // one node under the root: a page and a checkpoint
+  ASSERT_TRUE(cache->MakeRoom(Demand::Of(3).Add(kKv, 32), EvictionRule::kAllocationAware));
+  ASSERT_TRUE(cache->KvOnHost(Tokens(0, 4)));  // its checkpoint and its page on the host
+  InsertSequence(*cache, *a, Tokens(100, 8), {4});  // device checkpoints to evict for the load and its copy
+  const auto junk = a->AllocateDemand(Demand::Of(3).Add(kKv, 32 - 10 - 4)).value();  // 4 units left
+  Status during = Ok();
+  int victims = 0;
+  cache->SetEvictionObserver([&] {
+    ++victims;
+    if (during) during = cache->CheckInvariants();
+  });
+  auto q = Tokens(0, 4);
+  q.push_back(7);
+  auto m = cache->MatchCopyOnWrite(q, 4, EvictionRule::kAllocationAware);
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_EQ(m->length, 4u);  // loaded back, device checkpoints evicted for it
+  EXPECT_GE(victims, 1);
+  EXPECT_TRUE(during) << during.error().ToString();
+  EXPECT_FALSE(cache->KvOnHost(Tokens(0, 4)));
+  ASSERT_TRUE(cache->Unlock(*m));
+  ASSERT_TRUE(a->Free(m->copy.state));
+  ASSERT_TRUE(a->Free(m->copy.window));
+  for (BlockId j : junk) ASSERT_TRUE(a->Free(j));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+}
+
 TEST(PrefixCache, EventsReportEveryStoredAndRemovedBlockOnce) {
   auto a = Buffer(256);
   auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .record_events = true}, a.get()).value();
@@ -656,6 +700,73 @@ TEST(PrefixCache, WindowPagesMatchOnlyWithTheirWindowAndLockOnlyIt) {
   EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
 }
 
+// Issue 28 item 8: events carry what KV-aware routers read (SGLang's BlockStored: the block's
+// hash, its parent block's hash, its tokens; BlockRemoved: the hashes), window pages too.
+// Hashes chain over the path's tokens, so two caches that store the same prefix agree, a
+// sequence that differs from token 5 shares page 0's hash only, and a removal repeats the
+// hash its store carried (also for pages that a later split moved to another node).
+TEST(PrefixCache, EventsCarryChainedBlockHashesParentsAndTokens) {
+  auto a = Buffer(256);
+  auto b = Buffer(256);
+  const PrefixCacheConfig config{.page_tokens = kPage, .sliding_window = 6, .record_events = true};
+  auto cache = PrefixCache::Create(config, a.get()).value();
+  auto other = PrefixCache::Create(config, b.get()).value();
+  auto insert = [](PrefixCache& c, HybridAllocator& alloc, const std::vector<std::uint32_t>& t) {
+    auto s = NewWindowSequence(alloc, t.size());
+    ASSERT_TRUE(c.Insert(t, s.pages, std::vector<PositionedCheckpoint>{{static_cast<std::uint32_t>(t.size()), s.checkpoint}},
+                         s.window));
+  };
+  insert(*cache, *a, Tokens(0, 10));  // pages [0..3] [4..7] [8, 9]
+  std::vector<CacheEvent> stored;
+  std::map<std::uint32_t, std::uint64_t> hash_of;  // block -> stored hash
+  for (auto& e : cache->TakeEvents()) {
+    if (e.type == CacheEvent::Type::kPageStored) stored.push_back(e);
+    if (e.type == CacheEvent::Type::kPageStored || e.type == CacheEvent::Type::kWindowStored) hash_of[e.block.value()] = e.hash;
+  }
+  ASSERT_EQ(stored.size(), 3u);
+  EXPECT_EQ(stored[0].parent_hash, 0u);
+  EXPECT_EQ(stored[1].parent_hash, stored[0].hash);
+  EXPECT_EQ(stored[2].parent_hash, stored[1].hash);
+  EXPECT_EQ(stored[1].tokens, Tokens(4, 4));
+  EXPECT_EQ(stored[2].tokens, Tokens(8, 2));  // a partial page: the tokens it holds
+  EXPECT_NE(stored[0].hash, stored[1].hash);
+  auto forked = Tokens(0, 8);
+  forked[5] = 99;
+  insert(*other, *b, forked);
+  std::vector<CacheEvent> theirs;
+  int windows = 0;
+  for (auto& e : other->TakeEvents()) {
+    if (e.type == CacheEvent::Type::kPageStored) theirs.push_back(e);
+    if (e.type == CacheEvent::Type::kWindowStored) {
+      ++windows;
+      EXPECT_EQ(e.hash, theirs.back().hash);  // a window page has its KV page's hash
+      EXPECT_EQ(e.parent_hash, theirs.back().parent_hash);
+    }
+  }
+  ASSERT_EQ(theirs.size(), 2u);
+  EXPECT_EQ(windows, 2);
+  EXPECT_EQ(theirs[0].hash, stored[0].hash);  // the same tokens in another cache
+  EXPECT_NE(theirs[1].hash, stored[1].hash);
+  // A branch at 6 splits [4..9]; evicting everything removes each page with its stored hash.
+  auto branch = Tokens(0, 6);
+  branch.push_back(50);
+  insert(*cache, *a, branch);
+  for (auto& e : cache->TakeEvents()) {
+    if (e.type == CacheEvent::Type::kPageStored || e.type == CacheEvent::Type::kWindowStored) hash_of[e.block.value()] = e.hash;
+  }
+  (void)cache->Evict(1000, 1000, 1000);
+  int removed = 0, window_removed = 0;
+  for (auto& e : cache->TakeEvents()) {
+    if (e.type != CacheEvent::Type::kPageRemoved && e.type != CacheEvent::Type::kWindowRemoved) continue;
+    ++(e.type == CacheEvent::Type::kPageRemoved ? removed : window_removed);
+    ASSERT_TRUE(hash_of.contains(e.block.value())) << e.block.value();
+    EXPECT_EQ(e.hash, hash_of[e.block.value()]) << e.block.value();
+  }
+  EXPECT_EQ(removed, 4);         // three pages and the branch's head copy
+  EXPECT_GE(window_removed, 2);  // window pages go with their nodes or as tombstones first
+  EXPECT_EQ(cache->num_nodes(), 0u);
+}
+
 TEST(PrefixCache, BadWindowInputIsAnErrorThatChangesNothing) {
   auto a = Buffer(256);
   auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .sliding_window = 6}, a.get()).value();
@@ -670,8 +781,10 @@ TEST(PrefixCache, BadWindowInputIsAnErrorThatChangesNothing) {
             ErrorCode::kInvalidArgument);
   EXPECT_EQ(cache->Insert(t, s.pages, end, std::vector<BlockId>{s.window[0], s.window[0]}).error().code(),
             ErrorCode::kInvalidArgument);
-  // Chunked insertion is not supported with window pages.
-  EXPECT_EQ(cache->InsertChunk(t, s.pages, end, PrefixMatch{}, s.window).error().code(), ErrorCode::kInvalidArgument);
+  // A chunk whose end's window (tokens [3, 8): pages 0 and 1) lacks a released page.
+  std::vector<BlockId> released = s.window;
+  released[0] = BlockId::Invalid();
+  EXPECT_EQ(cache->InsertChunk(t, s.pages, end, PrefixMatch{}, released).error().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(cache->DebugDigest(), digest);
   ASSERT_TRUE(cache->Insert(t, s.pages, end, s.window));
   // Unlock / ReleaseWindow of a match that is not locked; Lock of a match with a window page

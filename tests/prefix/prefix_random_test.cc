@@ -1493,7 +1493,7 @@ class PrefixWindowRandom {
             status = cache_->ReleaseWindow(f);
             break;
           }
-          default:  // chunked insertion: not supported with window pages
+          default:  // a chunk without a checkpoint at its end (with window pages)
             auto r = cache_->InsertChunk(key, pages, {}, PrefixMatch{}, window);
             if (!r) status = std::unexpected(r.error());
             break;

@@ -118,13 +118,10 @@ TEST(PrefixCacheSglang, ASplitRefreshesTheLowerHalf) {
   EXPECT_TRUE(cache->CheckInvariants());
 }
 
-// Item 4, NOT SGLang's order (yet): on one path (one touch, one clock) our ties go to the
-// deeper node first, so a state eviction takes the deepest state, [1..7] then matches 3
-// where SGLang keeps 7. SGLang's root-side-first order was built and passed these cases, but
-// under the ASan tree's whole-structure checks it broke the host tier's lock order (a host
-// node locked more than its parent) in the host-tier random tests, so it is not taken until
-// that is understood (docs/ARCHITECTURE.md, issue 28 stays open).
-TEST(PrefixCacheSglang, StateEvictionTakesTheDeepestStateOnATie) {
+// Item 4: on one path, the root side is older (SGLang's reset_node_and_parents_mru: a
+// child is more recent than its parent), so a state eviction tombstones the internal state
+// at 3 and [1..7] still matches 7.
+TEST(PrefixCacheSglang, StateEvictionTombstonesTheRootSideFirst) {
   auto a = Buffer();
   auto cache = Cache(*a);
   ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 3)));
@@ -132,20 +129,21 @@ TEST(PrefixCacheSglang, StateEvictionTakesTheDeepestStateOnATie) {
   ASSERT_EQ(Matched(*cache, Range(1, 7)), 7u);
   const EvictionStats stats = cache->Evict(0, 1);
   EXPECT_EQ(stats.checkpoints, 1u);
-  EXPECT_EQ(Matched(*cache, Range(1, 7)), 3u);  // SGLang: 7
-  EXPECT_EQ(Matched(*cache, Range(1, 3)), 3u);
+  EXPECT_EQ(stats.tombstones, 1u);
+  EXPECT_EQ(Matched(*cache, Range(1, 7)), 7u);
+  EXPECT_EQ(Matched(*cache, Range(1, 3)), 0u);
   EXPECT_TRUE(cache->CheckInvariants());
 }
 
-// The same order for window pages: the deeper node's go first.
-TEST(PrefixCacheSglang, WindowEvictionTakesTheDeeperWindowOnATie) {
+// The same order for window pages (SGLang's SWA LRU list): the root side's go first.
+TEST(PrefixCacheSglang, WindowEvictionTakesTheRootSideFirst) {
   auto a = Buffer();
   auto cache = Cache(*a, 2);
   ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 3), true));
   ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 7), true));
-  EXPECT_GE(cache->Evict(0, 0, 1).window_pages, 1u);
-  EXPECT_EQ(Matched(*cache, Range(1, 7)), 3u);  // SGLang: 7 (its root side's window goes)
-  EXPECT_EQ(Matched(*cache, Range(1, 3)), 3u);
+  EXPECT_EQ(cache->Evict(0, 0, 1).window_pages, 3u);  // the node [1..3]: a window tombstone
+  EXPECT_EQ(Matched(*cache, Range(1, 7)), 7u);         // its window [6, 7) is in [4..7]
+  EXPECT_EQ(Matched(*cache, Range(1, 3)), 0u);
   EXPECT_TRUE(cache->CheckInvariants());
 }
 
@@ -176,6 +174,166 @@ TEST(PrefixCacheSglang, InsertReturnsTheLengthAlreadyCached) {
   EXPECT_EQ(InsertWithState(*cache, *a, Range(1, 7)).value(), 7u);  // all of it: a duplicate
   EXPECT_EQ(InsertWithState(*cache, *a, Range(1, 9)).value(), 7u);
   EXPECT_TRUE(cache->CheckInvariants());
+}
+
+// A cache with window pages and no recurrent kind (SGLang's SWA radix cache, items 6 and 7):
+// no state kind, no checkpoints; one KV page and one window page per token.
+std::unique_ptr<PrefixCache> SwaCache(HybridAllocator& a, std::uint32_t sliding_window, bool events = false) {
+  return PrefixCache::Create(PrefixCacheConfig{.page_tokens = 1, .state_kind = BlockKind::Invalid(),
+                                               .sliding_window = sliding_window, .record_events = events},
+                             &a)
+      .value();
+}
+
+struct Blocks {
+  std::vector<BlockId> pages, window;
+};
+Blocks Allocate(HybridAllocator& a, std::uint32_t n) {
+  auto ids = a.AllocateDemand(Demand::Of(3).Add(kKv, n).Add(kSwa, n)).value();
+  return {{ids.begin(), ids.begin() + n}, {ids.begin() + n, ids.end()}};
+}
+
+Result<std::uint32_t> InsertSwa(PrefixCache& cache, HybridAllocator& a, const std::vector<std::uint32_t>& tokens) {
+  Blocks b = Allocate(a, static_cast<std::uint32_t>(tokens.size()));
+  return cache.Insert(tokens, b.pages, {}, b.window);
+}
+
+// Item 7: without a recurrent kind a match ends at any node boundary whose window is there.
+// SGLang (test_swa_radix_cache_1's tree, window 4) matches [1..5] whole; with a state per
+// insert (the dummy blocks a pure SWA model needed before) nothing ends at 5.
+TEST(PrefixCacheSglang, AWindowOnlyCacheMatchesAtANodeBoundaryWithoutAState) {
+  auto a = Buffer();
+  auto cache = SwaCache(*a, 5);
+  ASSERT_EQ(InsertSwa(*cache, *a, Range(1, 7)).value(), 0u);
+  ASSERT_EQ(InsertSwa(*cache, *a, Concat(Range(1, 5), {60, 70})).value(), 5u);
+  PrefixMatch m = cache->Match(Range(1, 5), 5);
+  EXPECT_EQ(m.length, 5u);  // the split point, no state there
+  EXPECT_FALSE(m.checkpoint.valid());
+  EXPECT_EQ(m.window_pages.size(), 5u);
+  EXPECT_FALSE(m.window_pages[0].valid());  // outside the window of 5 (4 tokens before it)
+  EXPECT_TRUE(m.window_pages[1].valid());
+  EXPECT_TRUE(cache->Holds(Range(1, 5)));
+  EXPECT_EQ(cache->num_checkpoints(), 0u);
+  ASSERT_TRUE(cache->Lock(m));
+  EXPECT_EQ(cache->Evict(1000, 0, 1000).nodes, 2u);  // [6, 7] and [60, 70]: the locked [1..5] stays
+  ASSERT_TRUE(cache->Unlock(m));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+  auto b = Buffer();
+  auto with_states = Cache(*b, 5);
+  ASSERT_TRUE(InsertWithState(*with_states, *b, Range(1, 7), true));
+  ASSERT_TRUE(InsertWithState(*with_states, *b, Concat(Range(1, 5), {60, 70}), true));
+  EXPECT_EQ(Matched(*with_states, Range(1, 5)), 0u);
+  // A checkpoint given to a cache without a state kind is refused.
+  auto ids = a->AllocateDemand(Demand::Of(3).Add(kState, 1).Add(kKv, 1).Add(kSwa, 1)).value();
+  const std::vector<PositionedCheckpoint> cps = {{1, Checkpoint{ids[0], BlockId::Invalid()}}};
+  const std::vector<std::uint32_t> one = {99};
+  const auto digest = cache->DebugDigest();
+  EXPECT_EQ(cache->Insert(one, std::span(ids).subspan(1, 1), cps, std::span(ids).subspan(2, 1)).error().code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(cache->DebugDigest(), digest);
+}
+
+// SGLang's test_swa_radix_cache_1 (window 4: ours 5), with no state kind: the LRU leaf goes
+// for one token, then one window token tombstones the root side ([1, 2, 3], internal), then
+// one more token takes the LRU leaf [6, 7] with its window (which counts for the window's 2).
+// [1..5] no longer has its window (3 of its 4 tokens are tombstoned); [1..5, 60, 70] does.
+TEST(PrefixCacheSglang, SwaRadixCacheScenarioWithoutStates) {
+  auto a = Buffer();
+  auto cache = SwaCache(*a, 5);
+  EXPECT_EQ(InsertSwa(*cache, *a, Range(1, 3)).value(), 0u);
+  EXPECT_EQ(InsertSwa(*cache, *a, Range(1, 7)).value(), 3u);
+  EXPECT_EQ(InsertSwa(*cache, *a, Range(10, 12)).value(), 0u);
+  EXPECT_EQ(InsertSwa(*cache, *a, Concat(Range(1, 5), {60, 70})).value(), 5u);
+  EvictionStats s = cache->Evict(1, 0);
+  EXPECT_EQ(s.tokens, 3u);
+  EXPECT_FALSE(cache->Holds(Range(10, 12)));
+  s = cache->Evict(0, 0, 1);
+  EXPECT_EQ(s.window_pages, 3u);
+  EXPECT_EQ(s.nodes, 0u);  // a window tombstone: [1, 2, 3] keeps its KV
+  s = cache->Evict(1, 0, 2);
+  EXPECT_EQ(s.tokens, 2u);
+  EXPECT_EQ(s.window_pages, 2u);
+  EXPECT_FALSE(cache->Holds(Range(1, 7)));
+  EXPECT_EQ(Matched(*cache, Range(1, 5)), 0u);
+  const PrefixMatch m = cache->Match(Concat(Range(1, 5), {60, 70}), 7);
+  EXPECT_EQ(m.length, 7u);
+  EXPECT_EQ(m.path.size(), 3u);  // [1, 2, 3] [4, 5] [60, 70]
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+  // The counters can be paid without a state kind too: evicting everything frees what
+  // Metrics called evictable, and no state bytes.
+  const PrefixCacheMetrics before = cache->Metrics();
+  EXPECT_EQ(before.state.evictable + before.state.protected_bytes, 0u);
+  const auto live = a->Stats().live_blocks_per_kind;
+  const EvictionStats all = cache->Evict(1000, 1000, 1000);
+  const auto after = a->Stats().live_blocks_per_kind;
+  EXPECT_EQ(before.kv.evictable, (live[kKv.value()] - after[kKv.value()]) * kBlock);
+  EXPECT_EQ(before.window.evictable, (live[kSwa.value()] - after[kSwa.value()]) * kBlock);
+  EXPECT_EQ(all.pages, 7u);  // [1, 2, 3] [4, 5] [60, 70]
+  EXPECT_EQ(cache->num_nodes(), 0u);
+}
+
+// Item 6, SGLang's test_swa_unfinished_req_preserves_existing_eviction_boundary (window 4:
+// ours 5): cache_unfinished_req of 8 tokens whose first 4 window tokens the request released
+// leaves them window tombstones, and the 8 still match (their window is [4, 8)).
+TEST(PrefixCacheSglang, AChunkKeepsTheWindowBoundaryTheRequestReleasedUpTo) {
+  auto a = Buffer();
+  auto cache = SwaCache(*a, 5);
+  Blocks b = Allocate(*a, 8);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(a->Free(b.window[i]));
+    b.window[i] = BlockId::Invalid();  // released by the request
+  }
+  auto m = cache->InsertChunk(Range(1, 8), b.pages, {}, PrefixMatch{}, b.window);
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_EQ(m->length, 8u);
+  EXPECT_EQ(m->pages, b.pages);
+  const PrefixCacheMetrics metrics = cache->Metrics();
+  EXPECT_EQ(metrics.window.protected_bytes, 4 * kBlock);  // the window of 8, locked
+  EXPECT_EQ(metrics.window.evictable, 0u);
+  EXPECT_EQ(Matched(*cache, Range(1, 8)), 8u);
+  ASSERT_TRUE(cache->Unlock(*m));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+}
+
+// Item 6: chunked prefill with window pages. Each chunk's match locks only the window of its
+// end, so the window pages the request left behind become evictable as it advances, and a
+// window eviction tombstones the earlier chunk's node (SGLang's _tombstone_internal_node)
+// while the prefix still matches at the new end.
+TEST(PrefixCacheSglang, ChunkedPrefillWithWindowPagesReleasesTheWindowItLeaves) {
+  auto a = Buffer();
+  auto cache = SwaCache(*a, 5);
+  Blocks c1 = Allocate(*a, 4);
+  auto m1 = cache->InsertChunk(Range(1, 4), c1.pages, {}, PrefixMatch{}, c1.window);
+  ASSERT_TRUE(m1) << m1.error().ToString();
+  EXPECT_EQ(m1->length, 4u);
+  EXPECT_EQ(cache->Metrics().window.protected_bytes, 4 * kBlock);
+  Blocks c2 = Allocate(*a, 4);
+  std::vector<BlockId> pages = m1->pages, window(4, BlockId::Invalid());  // released: out of the window of 8
+  pages.insert(pages.end(), c2.pages.begin(), c2.pages.end());
+  window.insert(window.end(), c2.window.begin(), c2.window.end());
+  auto m2 = cache->InsertChunk(Range(1, 8), pages, {}, *m1, window);
+  ASSERT_TRUE(m2) << m2.error().ToString();
+  EXPECT_EQ(m2->length, 8u);
+  PrefixCacheMetrics metrics = cache->Metrics();
+  EXPECT_EQ(metrics.window.evictable, 4 * kBlock);  // chunk 1's window pages, released
+  EXPECT_EQ(metrics.window.protected_bytes, 4 * kBlock);
+  EvictionStats s = cache->Evict(0, 0, 1);
+  EXPECT_EQ(s.window_pages, 4u);
+  EXPECT_EQ(s.nodes, 0u);
+  EXPECT_EQ(cache->Match(Range(1, 8), 8).length, 8u);
+  EXPECT_EQ(Matched(*cache, Range(1, 4)), 0u);
+  // A chunk whose end's window was released is refused, and nothing changes.
+  Blocks c3 = Allocate(*a, 1);
+  pages = m2->pages;
+  pages.push_back(c3.pages[0]);
+  window.assign(9, BlockId::Invalid());
+  ASSERT_TRUE(a->Free(c3.window[0]));
+  const auto digest = cache->DebugDigest();
+  EXPECT_EQ(cache->InsertChunk(Range(1, 9), pages, {}, *m2, window).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(cache->DebugDigest(), digest);
+  ASSERT_TRUE(a->Free(c3.pages[0]));
+  ASSERT_TRUE(cache->Unlock(*m2));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
 }
 
 }  // namespace

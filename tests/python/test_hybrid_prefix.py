@@ -49,11 +49,9 @@ def test_insert_returns_the_cached_length_and_evict_counts_by_kind():
     assert len(m.path) == 2 and m.path.dtype == np.uint32
     assert m.copy_state is None and len(m.window_pages) == 0
     ev = cache.evict(1, 1)  # the LRU leaf [20, 21] for the token, then one more state
-    # Deeper first on a tie (SGLang would tombstone the state at 3: docs/ARCHITECTURE.md,
-    # issue 28 item 4): the state at 7 goes, and its leaf [4..7] with it (no checkpoint left).
-    assert (ev.tokens, ev.checkpoints, ev.nodes) == (6, 2, 2)
-    assert ev.tombstones == 0 and ev.offloaded == 0 and ev.window_pages == 0 and ev.offloaded_pages == 0
-    assert not cache.holds(toks(1, 7)) and cache.holds(toks(1, 3))
+    assert (ev.tokens, ev.checkpoints, ev.nodes) == (2, 2, 1)  # the state at 3 is tombstoned (the root side first)
+    assert ev.tombstones == 1 and ev.offloaded == 0 and ev.window_pages == 0 and ev.offloaded_pages == 0
+    assert cache.holds(toks(1, 7)) and not cache.holds(toks(1, 3))
     cache.check_invariants()
 
 
@@ -133,4 +131,57 @@ def test_host_tier_takes_evicted_checkpoints():
     assert cache.metrics().host_hits == 1 and cache.metrics().host_checkpoints == 0
     cache.unlock(m)
     buf.free(m.copy_state)
+    cache.check_invariants()
+
+
+def test_events_carry_block_hashes_parents_and_tokens():
+    """Issue 28 item 8: what KV-aware routers read (SGLang's BlockStored / BlockRemoved)."""
+    buf = buffer()
+    cache = ulacache.PrefixCache(ulacache.PrefixCacheConfig(page_tokens=2, window_kind=SWA, sliding_window=3,
+                                                            record_events=True), buf)
+    ids = buf.allocate([1, 3, 3])  # 5 tokens: pages [1, 2] [3, 4] [5], a window page each
+    cache.insert(toks(1, 5), ids[1:4], [(5, int(ids[0]), -1)], ids[4:].astype(np.int64))
+    events = cache.take_events()
+    pages = [e for e in events if e.type == "page_stored"]
+    windows = [e for e in events if e.type == "window_stored"]
+    assert [list(e.tokens) for e in pages] == [[1, 2], [3, 4], [5]] and pages[0].tokens.dtype == np.uint32
+    assert pages[0].parent_hash is None
+    assert [e.parent_hash for e in pages[1:]] == [e.hash for e in pages[:-1]]
+    assert [e.hash for e in windows] == [e.hash for e in pages]  # a window page has its KV page's hash
+    # The same prefix in another cache hashes the same.
+    other_buf = buffer()
+    other = ulacache.PrefixCache(ulacache.PrefixCacheConfig(page_tokens=2, record_events=True), other_buf)
+    oids = other_buf.allocate([1, 2, 0])
+    other.insert(toks(1, 4), oids[1:], [(4, int(oids[0]), -1)])
+    assert [e.hash for e in other.take_events() if e.type == "page_stored"] == [e.hash for e in pages[:2]]
+    # Window evictions emit events; removals repeat the stored hashes.
+    cache.evict(0, 0, 100)
+    removed = cache.take_events()
+    assert sorted(e.hash for e in removed if e.type == "window_removed") == sorted(e.hash for e in windows)
+    assert sorted(e.hash for e in removed if e.type == "page_removed") == sorted(e.hash for e in pages)
+    cache.check_invariants()
+
+
+def test_a_window_only_cache_matches_at_a_node_boundary():
+    """Issue 28 item 7: no state kind (a pure SWA model): no checkpoints, no dummy states."""
+    buf = buffer()
+    config = ulacache.PrefixCacheConfig(page_tokens=1, state_kind=-1, window_kind=SWA, sliding_window=5)
+    assert config.state_kind == -1
+    cache = ulacache.PrefixCache(config, buf)
+    for t in (toks(1, 7), np.array([1, 2, 3, 4, 5, 60, 70], dtype=np.uint32)):
+        ids = buf.allocate([0, len(t), len(t)])
+        cache.insert(t, ids[:len(t)], [], ids[len(t):].astype(np.int64))
+    m = cache.match(toks(1, 5), 5)
+    assert m.length == 5 and m.checkpoint_state is None and cache.num_checkpoints == 0
+    # Chunked prefill with window pages: the released first pages stay window tombstones.
+    ids = buf.allocate([0, 6, 6])
+    window = ids[6:].astype(np.int64)
+    buf.free(ids[6])
+    window[0] = -1  # released: outside the window of 6 (tokens [2, 6))
+    held = cache.match(toks(90, 90), 0)
+    chunk = cache.insert_chunk(toks(90, 95), ids[:6], [], held, window)
+    assert chunk.length == 6 and list(chunk.window_pages) == [-1, -1] + list(window[2:])
+    cache.unlock(chunk)
+    with pytest.raises(ulacache.InvalidArgumentError):
+        cache.attach_host_tier(buf, 2)  # a host tier holds checkpoints: none here
     cache.check_invariants()
