@@ -419,9 +419,6 @@ void HybridRunner::ServeCall::Abandon() {
 Result<ServeResult> HybridRunner::Serve(std::span<const std::uint32_t> prompt, const ServeOptions& options) {
   if (prompt.empty()) return MakeError(ErrorCode::kInvalidArgument, "serve: empty prompt");
   if (options.max_new_tokens == 0) return MakeError(ErrorCode::kInvalidArgument, "serve: max_new_tokens must be >= 1");
-  if (options.prefill_chunk > 0 && model_.window_pages() && cache_ != nullptr) {
-    return MakeError(ErrorCode::kInvalidArgument, "serve: chunked prefill into the cache is not supported with window pages");
-  }
   ServeCall call(*this, prompt, options);
   ULA_RETURN_IF_ERROR(call.Match());
   Status s = call.ReservePrompt();

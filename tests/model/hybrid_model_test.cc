@@ -391,6 +391,31 @@ TEST(HybridModel, WindowPagesGiveTheRingsOutputsAndReleaseWhatLeavesTheWindow) {
   EXPECT_TRUE(buffer->CheckInvariants());
 }
 
+// Chunked prefill with window pages (issue 28 item 6, SGLang's cache_unfinished_req with an
+// SWA model): each chunk is inserted as it completes, its match locking only its end's
+// window, and a later request resumes at a chunk boundary with the window it needs.
+TEST(HybridModel, ChunkedPrefillWithWindowPagesIsBitIdenticalAndResumesAtAChunk) {
+  auto model = WindowPagesModel(24);
+  auto ring = RingModel(24);
+  const auto vocab = model->config().vocab;
+  auto buffer = Buffer(*model, 512);
+  auto cache = WindowCache(*model, *buffer);
+  HybridRunner runner(*model, *buffer, cache.get());
+  const auto a = RandomTokens(86, 100, vocab);
+  auto ra = runner.Serve(a, ServeOptions{.max_new_tokens = 4, .prefill_chunk = 40});  // chunks end at 40, 80
+  ASSERT_TRUE(ra) << ra.error().ToString();
+  EXPECT_EQ(ra->chunks_inserted, 2u);
+  ExpectBitIdentical(*ra, FromScratch(*ring, a, 4));
+  EXPECT_TRUE(cache->CheckInvariants());
+  const auto b = Join(std::span(a).first(85), RandomTokens(87, 10, vocab));
+  auto rb = runner.Serve(b, ServeOptions{.max_new_tokens = 4, .prefill_chunk = 8});
+  ASSERT_TRUE(rb) << rb.error().ToString();
+  EXPECT_EQ(rb->matched, 80u);  // the chunk at 80 kept its window [56, 80)
+  ExpectBitIdentical(*rb, FromScratch(*ring, b, 4));
+  EXPECT_TRUE(cache->CheckInvariants());
+  EXPECT_TRUE(buffer->CheckInvariants());
+}
+
 TEST(HybridModel, AMatchNeedsItsWindowAndEvictedWindowPagesAreRecomputedBitIdentically) {
   auto model = WindowPagesModel(24);
   auto ring = RingModel(24);
