@@ -147,15 +147,19 @@ class EngineStepPlanner {
   // (the isolation check of selection_run.h: freed, reused or another request's -> kNotFound);
   // the request of a row of padding only is not looked up.
   // REQUIRES (checked): requests.size() == shape.batch; selections.size() == indices.size()
-  // == shape.size().
+  // == shape.size(). Errors as Plan's; a step whose misses do not fit the device pool (more
+  // than max_descriptors() of them, or more than its free and evictable slots) is
+  // kResourceExhausted, names the descriptors it needed, and changes nothing.
   Result<StepStats> Step(Rank rank, GroupId group, const StepShape& shape, std::span<const RequestId> requests,
                          std::span<const std::int32_t> selections, std::span<std::int32_t> indices);
 
   // Engine path, part 1: claims device slots, writes indices (valid once Complete reports
-  // no failure) and the descriptors. kInvalidArgument (shape, sizes, an address < -1, too
-  // few descriptor rows), kOutOfRange, kNotFound (a request unknown or freed, an address
-  // not live for its row's request: freed, reused by another request, or another
-  // request's), kResourceExhausted, kFailedPrecondition (a plan is pending).
+  // no failure) and the descriptors. kInvalidArgument (shape, sizes, an address < -1),
+  // kOutOfRange, kNotFound (a request unknown or freed, an address not live for its row's
+  // request: freed, reused by another request, or another request's), kResourceExhausted
+  // (the misses do not fit the device pool, or out_descriptors has fewer rows than this
+  // step's misses: the message names how many it needed), kFailedPrecondition (a plan is
+  // pending).
   Result<PlannedStep> Plan(Rank rank, GroupId group, const StepShape& shape, std::span<const RequestId> requests,
                            std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
                            std::span<CopyDescriptor> out_descriptors);

@@ -284,20 +284,23 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
                                    "cannot move it; select it after AdvanceRound()", a.value()));
     }
   }
-  if (out_descriptors.size() < n_miss) {
-    return MakeError(ErrorCode::kInvalidArgument,
-                     fmt::format("{} descriptor rows for {} misses (size them to max_descriptors() = {})",
-                                 out_descriptors.size(), n_miss, s.max_descriptors));
-  }
+  // Room first, then the descriptor rows: both refuse this step's state (kResourceExhausted),
+  // not a malformed call; each says how many descriptors the step needed.
   std::uint64_t newly_used = 0;
   for (SlotId slot : s.hit_slots) newly_used += !gp.policy->UsedInCurrentRound(slot);
   const std::uint64_t evictable = gp.policy->NumEvictable() - newly_used;
   if (n_miss > gp.device.num_free() + evictable) {
     return MakeError(ErrorCode::kResourceExhausted,
-                     fmt::format("step needs {} distinct entries on device ({} missing) but only {} free and {} "
-                                 "evictable slots remain of {} in rank {} group {}",
-                                 *distinct, n_miss, gp.device.num_free(), evictable, gp.device.capacity(), rank.value(),
-                                 group.value()));
+                     fmt::format("step needs {} distinct entries on device ({} missing: {} descriptors) but only {} "
+                                 "free and {} evictable slots remain of {} in rank {} group {}",
+                                 *distinct, n_miss, n_miss, gp.device.num_free(), evictable, gp.device.capacity(),
+                                 rank.value(), group.value()));
+  }
+  if (out_descriptors.size() < n_miss) {
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("step needs {} descriptors ({} misses) but the descriptor array has {} rows (size it "
+                                 "to max_descriptors() = {})",
+                                 n_miss, n_miss, out_descriptors.size(), s.max_descriptors));
   }
 
   // 4. Claim device slots; the copy plan; 6. the indices.
