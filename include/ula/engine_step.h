@@ -121,9 +121,10 @@ struct CompleteReport {
   std::uint32_t failed = 0;     // descriptors with a non-zero status: nothing published
 };
 
-// Engine-owned memory of one pool (tier, rank, group): num_layers regions of
-// slots * layer_bytes bytes, layer l starting at base + l * layer_stride; slot s of layer l
-// at base + l * layer_stride + s * layer_bytes.
+// Engine-owned memory of one pool (tier, rank, group) in one allocation: num_layers regions
+// of slots * layer_bytes bytes, layer l starting at base + l * layer_stride; slot s of layer
+// l at base + l * layer_stride + s * layer_bytes. Layers allocated one by one (at any
+// addresses) register through the layer_bases form of RegisterEngineMemory instead.
 struct EngineRegion {
   std::uintptr_t base = 0;
   std::uint64_t layer_stride = 0;
@@ -176,6 +177,12 @@ class EngineStepPlanner {
   // (AddressSpace::SetMoveExecutor), unless another executor is installed.
   // REQUIRES: the memory outlives the planner.
   Status RegisterEngineMemory(Tier tier, Rank rank, GroupId group, const EngineRegion& region);
+  // The same with one base per layer: slot s of layer l at layer_bases[l] + s * layer_bytes,
+  // each layer's tensor wherever it was allocated (vLLM's kv_caches and SGLang's per-layer
+  // buffers are separate tensors, not equally spaced). The bases are copied. Refused as
+  // above, plus a null base or two layers whose [base, base + slots * layer_bytes) overlap.
+  Status RegisterEngineMemory(Tier tier, Rank rank, GroupId group, std::span<const std::uintptr_t> layer_bases,
+                              std::uint32_t layer_bytes, std::uint32_t slots);
   // Runs descriptors over the registered regions (memcpy / swap per layer); status[i] = 0
   // on success, 1 when a side of descriptor i has no registered region (nothing copied).
   // REQUIRES: status.size() == descriptors.size().

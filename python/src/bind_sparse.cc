@@ -22,10 +22,19 @@ struct EnginePlanner {
   std::vector<py::object> registered;
 };
 
-// Engine-owned memory of one pool as an EngineRegion: one array [num_layers, slots, ...],
-// or the layers' own arrays [slots, ...] as a list (SGLang's pools) or a dict in layer
-// order (vLLM's register_kv_caches). Returns the arrays to keep alive.
-std::vector<py::object> ToRegion(py::handle memory, ula::EngineRegion& region) {
+// Engine-owned memory of one pool: one array [num_layers, slots, ...], or the layers' own
+// arrays [slots, ...] at any addresses, as a list (SGLang's pools) or a dict in layer order
+// (vLLM's register_kv_caches). Each layer's base goes to RegisterEngineMemory's layer_bases
+// form; `keep` holds the arrays alive.
+struct EngineMemoryArg {
+  std::vector<std::uintptr_t> bases;  // [num_layers]
+  std::uint32_t layer_bytes = 0;
+  std::uint32_t slots = 0;
+  std::vector<py::object> keep;
+};
+
+EngineMemoryArg ToEngineMemory(py::handle memory) {
+  EngineMemoryArg out;
   std::vector<py::array> layers;
   if (py::isinstance<py::dict>(memory)) {
     for (auto item : py::reinterpret_borrow<py::dict>(memory)) layers.push_back(ToArray(item.second, "memory[layer]"));
@@ -37,41 +46,28 @@ std::vector<py::object> ToRegion(py::handle memory, ula::EngineRegion& region) {
     if (a.ndim() < 2) Throw(ula::ErrorCode::kInvalidArgument, "memory: must be [num_layers, slots, ...]");
     const auto slots = static_cast<std::uint64_t>(a.shape(1));
     const auto layer_stride = static_cast<std::uint64_t>(a.strides(0));
-    region = {reinterpret_cast<std::uintptr_t>(a.data()), layer_stride,
-              static_cast<std::uint32_t>(layer_stride / (slots == 0 ? 1 : slots)),
-              static_cast<std::uint32_t>(a.shape(0)), static_cast<std::uint32_t>(slots)};
-    return {a};
+    for (py::ssize_t l = 0; l < a.shape(0); ++l) {
+      out.bases.push_back(reinterpret_cast<std::uintptr_t>(a.data()) + static_cast<std::uint64_t>(l) * layer_stride);
+    }
+    out.layer_bytes = static_cast<std::uint32_t>(layer_stride / (slots == 0 ? 1 : slots));
+    out.slots = static_cast<std::uint32_t>(slots);
+    out.keep.push_back(a);
+    return out;
   }
   if (layers.empty()) Throw(ula::ErrorCode::kInvalidArgument, "memory: no layer tensors");
-  std::vector<py::object> keep;
   const py::array& first = layers[0];
-  for (std::size_t l = 0; l < layers.size(); ++l) {
-    const py::array& a = layers[l];
+  for (const py::array& a : layers) {
     CheckLayout(a, "memory[layer]", /*writable=*/true);
     if (a.ndim() < 1 || a.shape(0) != first.shape(0) || a.nbytes() != first.nbytes()) {
       Throw(ula::ErrorCode::kInvalidArgument, "memory[layer]: every layer must be [slots, ...] of the same size");
     }
-    keep.push_back(a);
-  }
-  const auto base = reinterpret_cast<std::uintptr_t>(first.data());
-  const std::uintptr_t second = layers.size() > 1 ? reinterpret_cast<std::uintptr_t>(layers[1].data()) : 0;
-  if (layers.size() > 1 && (second < base || second - base < static_cast<std::uintptr_t>(first.nbytes()))) {
-    Throw(ula::ErrorCode::kInvalidArgument,
-          "memory: the layer tensors must lie in ascending memory order without overlapping (layer l + 1 after "
-          "layer l)");
-  }
-  const std::uint64_t stride = layers.size() > 1 ? second - base : first.nbytes();
-  for (std::size_t l = 1; l < layers.size(); ++l) {
-    if (reinterpret_cast<std::uintptr_t>(layers[l].data()) != base + l * stride) {
-      Throw(ula::ErrorCode::kUnsupported,
-            "memory: the layer tensors are not equally spaced in one allocation (ula::EngineRegion is base + "
-            "l * layer_stride); allocate them as views of one tensor, e.g. torch.empty(L, slots, row).unbind(0)");
-    }
+    out.bases.push_back(reinterpret_cast<std::uintptr_t>(a.data()));
+    out.keep.push_back(a);
   }
   const auto slots = static_cast<std::uint64_t>(first.shape(0));
-  region = {base, stride, static_cast<std::uint32_t>(first.nbytes() / (slots == 0 ? 1 : slots)),
-            static_cast<std::uint32_t>(layers.size()), static_cast<std::uint32_t>(slots)};
-  return keep;
+  out.layer_bytes = static_cast<std::uint32_t>(first.nbytes() / (slots == 0 ? 1 : slots));
+  out.slots = static_cast<std::uint32_t>(slots);
+  return out;
 }
 
 }  // namespace
@@ -458,16 +454,16 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
                     "register_engine_memory: this space's backend holds the bytes ('cpu'); engine-owned memory needs "
                     "a space made with backend='counting' (it keeps metadata only)");
             }
-            ula::EngineRegion region;
-            std::vector<py::object> keep = ToRegion(memory, region);
-            Unwrap(p.planner->RegisterEngineMemory(ParseTier(tier), ula::Rank(rank), ula::GroupId(group), region));
-            for (auto& k : keep) p.registered.push_back(std::move(k));
+            EngineMemoryArg mem = ToEngineMemory(memory);
+            Unwrap(p.planner->RegisterEngineMemory(ParseTier(tier), ula::Rank(rank), ula::GroupId(group), mem.bases,
+                                                   mem.layer_bytes, mem.slots));
+            for (auto& k : mem.keep) p.registered.push_back(std::move(k));
           },
           py::arg("tier"), py::arg("rank"), py::arg("group"), py::arg("memory"),
           "Registers engine-owned memory of a pool on a 'counting' space: one C-contiguous array [num_layers, "
           "slots, ...], or the group's per-layer arrays [slots, ...] as a list (SGLang) or a dict in layer order "
-          "(vLLM's register_kv_caches), equally spaced in one allocation. numpy or CPU torch. Kept alive by the "
-          "planner.")
+          "(vLLM's register_kv_caches), each allocated on its own (any addresses). numpy or CPU torch. Kept alive "
+          "by the planner.")
       .def(
           "execute_on_engine_memory",
           [](EnginePlanner& p, py::object descriptors, py::object status) {

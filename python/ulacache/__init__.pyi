@@ -17,7 +17,7 @@ Tensor = Any  # a numpy array or an object with __dlpack__ (torch.Tensor on the 
 # Request ids of a step: uint64 or int64 (torch's req_pool_indices) [batch].
 Requests = Union[U64, npt.NDArray[np.int64], Tensor]
 # Engine-owned memory of a pool: [layers, slots, ...], or the layers' [slots, ...] tensors as
-# a list (SGLang) or a dict in layer order (vLLM's register_kv_caches), equally spaced.
+# a list (SGLang) or a dict in layer order (vLLM's register_kv_caches), at any addresses.
 EngineMemory = Union[np.ndarray, Tensor, list, dict]
 
 class Error(Exception):

@@ -157,18 +157,62 @@ def test_engine_memory_as_list_or_dict_of_layers_and_refused_on_a_cpu_space():
             assert (mem["device"][:, i].reshape(-1) == pattern(int(s), 0)).all()
         outcomes.append(idx.copy())
     assert all((o == outcomes[0]).all() for o in outcomes)
-    # Four layers of 16 bytes: views of one allocation, but not equally spaced.
+    # Four layers of 16 bytes at any addresses: views of one allocation out of order, with a
+    # gap, and separately allocated arrays are all accepted; overlapping layers are refused.
     cfg = ulacache.AddressSpaceConfig(num_groups=1, entry_bytes=ENTRY, device_bytes_per_rank=8 * ENTRY,
                                       host_bytes_per_rank=48 * ENTRY)
     planner = ulacache.EngineStepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
     big = np.zeros((5, 8, ENTRY // 4), np.uint8)
-    with pytest.raises(ulacache.UnsupportedError, match="equally spaced"):
-        planner.register_engine_memory("device", 0, 0, [big[0], big[1], big[3], big[4]])
-    with pytest.raises(ulacache.InvalidArgumentError, match="ascending"):
-        planner.register_engine_memory("device", 0, 0, [big[1], big[0], big[2], big[3]])
+    planner.register_engine_memory("device", 0, 0, [big[0], big[1], big[3], big[4]])   # a gap
+    planner.register_engine_memory("device", 0, 0, [big[1], big[0], big[2], big[3]])   # descending
     with pytest.raises(ulacache.InvalidArgumentError, match="same size"):
         planner.register_engine_memory("device", 0, 0, [big[0], big[1], big[2], big[3, :4]])
-    planner.register_engine_memory("device", 0, 0, [big[0], big[1], big[2], big[3]])   # equally spaced views
+    with pytest.raises(ulacache.InvalidArgumentError, match="overlap"):
+        planner.register_engine_memory("device", 0, 0, [big[0], big[1], big[1], big[2]])
+    flat = np.zeros(5 * 8 * (ENTRY // 4), np.uint8)
+    with pytest.raises(ulacache.InvalidArgumentError, match="overlap"):   # layer 1 starts inside layer 0
+        planner.register_engine_memory("device", 0, 0, [flat[i * 8: i * 8 + 8 * (ENTRY // 4)].reshape(8, -1)
+                                                        for i in range(4)])
+
+
+def test_separately_allocated_layer_tensors_at_any_addresses():
+    # vLLM and SGLang allocate each layer's KV tensor on its own: 4 layers per group, each
+    # tier registered as a dict of its layers (at any addresses).
+    layers, row = 4, ENTRY // 4
+    space = dp_space(8, 48, backend="counting")
+    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
+    # Device: the layers at unequal offsets of one buffer, out of address order; host: four
+    # separate allocations.
+    arena = np.zeros(16384, np.uint8)
+    offsets = [3000, 128, 9000, 5104]
+    mem = {"device": [arena[o:o + 8 * row].reshape(8, row) for o in offsets],
+           "host": [np.zeros((48, row), np.uint8) for _ in range(layers)]}
+    for tier, ls in mem.items():
+        planner.register_engine_memory(tier, 0, 0, {f"model.layers.{l}.self_attn": t for l, t in enumerate(ls)})
+    space.add_request(1)
+    addrs = space.allocate(1, 40)
+    for a in addrs:
+        tier, _, slot = space.lookup(int(a), 0)
+        for l in range(layers):
+            mem[tier][l][slot] = pattern(int(a), 0)[l * row:(l + 1) * row]
+    space.advance_round()
+    for step in range(3):
+        sel = addrs[8 + 8 * step: 16 + 8 * step].astype(np.int32).reshape(1, 1, 8)
+        idx = np.zeros_like(sel)
+        desc = np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
+        fence, n, _ = planner.plan(0, 0, sel, idx, desc, np.array([1], np.int64))
+        assert n == 8
+        status = np.zeros(n, np.uint8)
+        planner.execute_on_engine_memory(desc[:n], status)
+        assert planner.complete(fence, status) == (n, 0)
+        for s, i in zip(sel.reshape(-1), idx.reshape(-1)):
+            got = np.concatenate([mem["device"][l][i] for l in range(layers)])
+            assert (got == pattern(int(s), 0)).all()
+        for a in addrs:   # every entry, device or host, reads its own bytes where it now is
+            tier, _, slot = space.lookup(int(a), 0)
+            got = np.concatenate([mem[tier][l][slot] for l in range(layers)])
+            assert (got == pattern(int(a), 0)).all(), (step, int(a))
+        space.advance_round()
 
 
 # --- item 7: faults through the engine step ----------------------------------------------

@@ -287,6 +287,19 @@ TEST(EngineStep, BadInputChangesNothing) {
   EngineRegion wrong = f.mem[1].Region();
   wrong.layer_bytes = 8;
   EXPECT_FALSE(f.planner->RegisterEngineMemory(Tier::kHost, Rank(0), GroupId(0), wrong));
+  {  // One base per layer: overlapping layers (either order) and a null base are refused.
+    const auto base = reinterpret_cast<std::uintptr_t>(f.mem[1].bytes.data());
+    const std::uintptr_t overlapping[] = {base + kLayerBytes * 15, base};  // 16 host slots: layer 0 ends at 16 rows
+    auto r = f.planner->RegisterEngineMemory(Tier::kHost, Rank(0), GroupId(0), overlapping, kLayerBytes, 16);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(r.error().ToString().find("overlap"), std::string::npos) << r.error().ToString();
+    const std::uintptr_t null_base[] = {base, 0};
+    EXPECT_EQ(f.planner->RegisterEngineMemory(Tier::kHost, Rank(0), GroupId(0), null_base, kLayerBytes, 16)
+                  .error().code(), ErrorCode::kInvalidArgument);
+    const std::uintptr_t three[] = {base, base + 1000, base + 2000};  // 3 x 16 != the 32-byte entry
+    EXPECT_FALSE(f.planner->RegisterEngineMemory(Tier::kHost, Rank(0), GroupId(0), three, kLayerBytes, 16));
+  }
   // With a plan pending: another plan and a wrong fence or status count are refused.
   auto p = plan({6, 7, 8, 9}, {1, 1, 4}, 4);
   ASSERT_TRUE(p);
