@@ -1,6 +1,8 @@
 // DP address space, its planners (per-call StepPlanner and the engine step API), stats.
 #include <pybind11/stl.h>
 
+#include <chrono>
+
 #include "bind_common.h"
 #include "ula/address_space.h"
 #include "ula/engine_step.h"
@@ -121,8 +123,9 @@ swap batch fails when it is the n-th (fail_every_nth) or when a seeded draw fall
 fail_fraction; a failure reports at Submit or at the batch's wait (at_submit / at_wait),
 with `partial` a failed copy batch lands a prefix first. Same seed, same faults.)doc")
       .def(py::init([](std::uint64_t seed, std::uint64_t fail_every_nth, double fail_fraction, bool partial, bool copies,
-                       bool swaps, bool at_submit, bool at_wait) {
+                       bool swaps, bool at_submit, bool at_wait, double delay_us) {
              ula::FaultPlan f;
+             f.delay = std::chrono::microseconds(static_cast<std::int64_t>(delay_us));
              f.seed = seed;
              f.fail_every_nth = fail_every_nth;
              f.fail_fraction = fail_fraction;
@@ -135,11 +138,14 @@ with `partial` a failed copy batch lands a prefix first. Same seed, same faults.
              return f;
            }),
            py::arg("seed") = 1, py::arg("fail_every_nth") = 0, py::arg("fail_fraction") = 0.0, py::arg("partial") = false,
-           py::arg("copies") = true, py::arg("swaps") = true, py::arg("at_submit") = true, py::arg("at_wait") = true)
+           py::arg("copies") = true, py::arg("swaps") = true, py::arg("at_submit") = true, py::arg("at_wait") = true,
+           py::arg("delay_us") = 0.0)
       .def_readonly("seed", &ula::FaultPlan::seed)
       .def_readonly("fail_every_nth", &ula::FaultPlan::fail_every_nth)
       .def_readonly("fail_fraction", &ula::FaultPlan::fail_fraction)
-      .def_readonly("partial", &ula::FaultPlan::partial);
+      .def_readonly("partial", &ula::FaultPlan::partial)
+      .def_property_readonly("delay", [](const ula::FaultPlan& f) { return static_cast<double>(f.delay.count()); },
+                             "Microseconds every eligible batch is held back before it reports (delay_us).");
   py::class_<ula::FaultStats>(m, "FaultStats", "What a space's fault injection did (src/backend/fault_backend.h).")
       .def_readonly("operations", &ula::FaultStats::operations)
       .def_readonly("injected", &ula::FaultStats::injected)
@@ -198,6 +204,10 @@ void BindAddressSpaceConfig(py::module_& m) {
              return c.entry_bytes_of(ula::GroupId(g));
            }, py::arg("group"), "Bytes of one entry of group g: layers_of(g) rows of row().")
       .def("row", &ula::AddressSpaceConfig::row, "One layer's row in bytes (row_bytes, or entry_bytes when 0).")
+      .def_property(
+          "policy", [](const ula::AddressSpaceConfig& c) { return std::string(ula::PolicyKindName(c.policy)); },
+          [](ula::AddressSpaceConfig& c, const std::string& name) { c.policy = ParsePolicy(name); },
+          "The device pools' residency policy by name (residency_policy.h).")
       .def_readwrite("stable_new_entries", &ula::AddressSpaceConfig::stable_new_entries,
                      "New entries are placed on device and keep their slot for their round (an EngineStepPlanner "
                      "turns it on: the engine writes KV where it looked it up).")
@@ -349,7 +359,36 @@ driven from different threads at once (the GIL is released while planning).)doc"
       .def(
           "transfer_bytes", [](DpSpace& s) { return s.backend.get().counters().TotalBytes(); },
           "Bytes the backend moved so far (both directions).")
-      .def("check_invariants", [](DpSpace& s) { Unwrap(s.space->CheckInvariants()); });
+      .def("check_invariants", [](DpSpace& s) { Unwrap(s.space->CheckInvariants()); })
+      .def(
+          "share_into",
+          [](DpSpace& s, std::uint64_t request, py::object addrs) {
+            auto a = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(addrs, "addrs"), "addrs", 1));
+            Unwrap(s.space->ShareInto(ula::RequestId(request), a));
+          },
+          py::arg("request"), py::arg("addrs"),
+          "The request adopts live addresses uint32 [n] (a cached prefix) without a copy (address_space.h, Sharing).")
+      .def(
+          "retain",
+          [](DpSpace& s, py::object addrs) {
+            Unwrap(s.space->Retain(AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(addrs, "addrs"), "addrs", 1))));
+          },
+          py::arg("addrs"), "Adds a cache reference to each address (a prefix cache keeps them live).")
+      .def(
+          "release",
+          [](DpSpace& s, py::object addrs) {
+            Unwrap(s.space->Release(AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(addrs, "addrs"), "addrs", 1))));
+          },
+          py::arg("addrs"), "Drops one cache reference of each address; the last holder's release frees it.")
+      .def("ref_count", [](DpSpace& s, std::uint32_t a) { return s.space->RefCount(ula::LogicalAddr(a)); },
+           py::arg("addr"), "Holders of an address: requests that list it plus cache references (0: not live).")
+      .def("holds", [](DpSpace& s, std::uint64_t r, std::uint32_t a) {
+             return s.space->Holds(ula::RequestId(r), ula::LogicalAddr(a));
+           }, py::arg("request"), py::arg("addr"), "Whether the address is live for the request (the isolation check).")
+      .def("rank_of", [](DpSpace& s, std::uint64_t r) { return Unwrap(s.space->RankOf(ula::RequestId(r))).value(); },
+           py::arg("request"), "The rank a request was added on (NotFoundError if unknown).")
+      .def("debug_digest", [](DpSpace& s) { return s.space->DebugDigest(); },
+           "A hash of the whole state: equal before and after a refused call (for tests).");
 }
 
 // StepPlanner: one step of one group per call, copies on the space's backend.
@@ -370,7 +409,30 @@ void BindStepPlanner(py::module_& m) {
           py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("out_slots"), py::arg("runs"),
           "selections uint32 [n] -> out_slots uint32 [n] (device slots), runs the copies; StepStats. runs: "
           "[(request, count), ...] cut the selections into consecutive pieces of one request each; an address "
-          "not live for its run's request (freed, reused, another request's) is refused (NotFoundError).");
+          "not live for its run's request (freed, reused, another request's) is refused (NotFoundError).")
+      .def(
+          "set_options",
+          [](ula::StepPlanner& p, std::uint32_t threads, std::uint32_t prefetch_distance,
+             std::uint32_t parallel_claim_min_victims) {
+            ula::StepPlannerOptions o;
+            o.threads = threads;
+            o.prefetch_distance = prefetch_distance;
+            o.parallel_claim_min_victims = parallel_claim_min_victims;
+            Unwrap(p.SetOptions(o));
+          },
+          py::arg("threads") = 1, py::arg("prefetch_distance") = 16,
+          py::arg("parallel_claim_min_victims") = ula::StepPlannerOptions::kDefaultParallelClaimMinVictims,
+          "Threads of steps 1-3 and their knobs (step_planner.h); InvalidArgumentError keeps the old options.")
+      .def_property_readonly("options", [](const ula::StepPlanner& p) {
+             const auto& o = p.options();
+             return py::dict(py::arg("threads") = o.threads, py::arg("prefetch_distance") = o.prefetch_distance,
+                             py::arg("parallel_claim_min_victims") = o.parallel_claim_min_victims);
+           }, "The options as a dict (set_options' arguments).")
+      .def_property_readonly("counters", [](const ula::StepPlanner& p) {
+             const auto& c = p.counters();
+             return py::dict(py::arg("claims") = c.claims, py::arg("parallel_claims") = c.parallel_claims,
+                             py::arg("victims") = c.victims, py::arg("claim_ns") = c.claim_ns);
+           }, "What the planner did besides its results (victim claims), as a dict.");
 }
 
 // EngineStepPlanner: the engine step API (library step, plan / complete, engine memory).

@@ -49,6 +49,10 @@ Status TpConfig::Validate() const {
   if (page_tokens == 0 || page_tokens > 65536) {
     return bad(fmt::format("page_tokens = {}: must be in [1, 65536]", page_tokens));
   }
+  if ((shard + 1) * page_tokens >= LogicalAddr::kInvalidValue) {  // the home table (HomeEntries below)
+    return bad(fmt::format("page_tokens = {}: a shard of {} entries per group would need a home table of more than "
+                           "2^32 entries; lower page_tokens", page_tokens, shard));
+  }
   ULA_RETURN_IF_ERROR(policy_options.Validate());
   return Ok();
 }

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ import ulacache
 
 ENTRY = 64
 SEED = int(os.environ.get("ULA_TEST_SEED", "20261201"))
+REPO = Path(__file__).resolve().parents[2]
 
 
 def pattern(addr, group, version=0):
@@ -312,6 +315,29 @@ def test_addresses_come_in_pages():
                                                           host_bytes_per_rank=ENTRY * 8, page_tokens=0))
 
 
+def test_tp_addresses_come_in_pages_striped_over_the_ranks():
+    cfg = ulacache.TpConfig(num_ranks=4, num_groups=1, entry_bytes=ENTRY, attention="at_home",
+                            device_bytes_per_rank=ENTRY * 40, host_bytes_per_rank=ENTRY * 60)
+    assert cfg.page_tokens == 64
+    space = ulacache.TpAddressSpace(cfg)
+    space.add_request(1), space.add_request(2)
+    parts = {1: [], 2: []}
+    parts[1].append(space.allocate(1, 50))
+    for _ in range(20):                      # decode tokens of the two requests interleave
+        parts[1].append(space.allocate(1, 1))
+        parts[2].append(space.allocate(2, 1))
+    a, b = (np.concatenate(parts[r]).astype(np.int64) for r in (1, 2))
+    i = np.arange(len(a))
+    assert (a % 64 == i % 64).all() and len(set((a[::64] // 64).tolist())) == 2   # page_table_1[:, ::64] // 64
+    assert ((a[:64] // 64) == a[0] // 64).all()
+    assert not set((b // 64).tolist()) & set((a // 64).tolist())                  # pages are per request
+    assert [space.home_of(int(x)) for x in a[:8]] == [0, 1, 2, 3, 0, 1, 2, 3]      # a page spans all ranks
+    space.check_invariants()
+    with pytest.raises(ulacache.InvalidArgumentError):
+        ulacache.TpConfig(num_ranks=4, entry_bytes=ENTRY, attention="at_home", device_bytes_per_rank=ENTRY * 8,
+                          page_tokens=0).validate()
+
+
 def test_per_layer_pools_of_unequal_groups_read_through_device_layer():
     row = 32
     cfg = ulacache.AddressSpaceConfig(num_groups=2, entry_bytes=2 * row, row_bytes=row, group_layers=[2, 1],
@@ -433,3 +459,87 @@ def test_the_package_docstring_example_runs():
             break
         code.append(line[4:])
     exec(compile("\n".join(code), "ulacache.__doc__", "exec"), {})
+
+
+# --- item 5: Python has what C++ has (the members test_binding_coverage.py once listed) -----
+
+def test_sharing_and_directory_members_of_both_spaces():
+    tp = ulacache.TpAddressSpace(ulacache.TpConfig(num_ranks=2, entry_bytes=ENTRY, attention="at_home",
+                                                   device_bytes_per_rank=ENTRY * 8, host_bytes_per_rank=ENTRY * 24))
+    dp = dp_space(8, 48)
+    for space in (dp, tp):
+        space.add_request(1), space.add_request(2)
+        a = space.allocate(1, 6)
+        assert (space.addresses_of(1) == a).all() and space.num_requests == 2
+        space.share_into(2, a[:4])                      # a cached prefix, no copy
+        assert [space.ref_count(int(x)) for x in a] == [2, 2, 2, 2, 1, 1]
+        assert space.holds(2, int(a[0])) and not space.holds(2, int(a[5]))
+        digest = space.debug_digest()
+        with pytest.raises(ulacache.AlreadyExistsError):
+            space.share_into(2, a[:1])
+        with pytest.raises(ulacache.FailedPreconditionError):
+            space.release(a[:1])                        # no cache reference to drop
+        assert space.debug_digest() == digest
+        space.retain(a[:2])
+        space.free(1), space.free(2)
+        assert [space.is_live(int(x)) for x in a] == [True, True, False, False, False, False]
+        space.release(a[:2])
+        assert not space.is_live(int(a[0])) and space.ref_count(int(a[0])) == 0
+        space.check_invariants()
+    assert dp.rank_of is not None
+    dp.add_request(3)
+    assert dp.rank_of(3) == 0
+    assert tp.hosted_ranks == [0, 1] and tp.hosts(1) and not tp.hosts(2)
+    assert tp.config.shard_slots_per_group == 32 and tp.config.policy == "pb_lru"
+    tp.add_request(4)
+    b = tp.allocate(4, 10)
+    tier, rank, slot = tp.lookup(int(b[0]), 0)
+    assert (tier, rank) == ("device", tp.home_of(int(b[0])))
+    assert [tp.num_homed(r) for r in (0, 1)] == [5, 5]
+    assert tp.num_used(0, 0, "device") + tp.num_used(0, 0, "host") == 5
+    assert tp.num_free(0, 0, "device") == 8 - tp.num_used(0, 0, "device")
+    assert tp.num_buffered(0, 0) == 0 and tp.buffer_slot(0, int(b[1]), 0) is None
+
+
+def test_tp_check_refuses_as_step_would_and_changes_nothing():
+    space = ulacache.TpAddressSpace(ulacache.TpConfig(num_ranks=2, entry_bytes=ENTRY, attention="at_home",
+                                                      device_bytes_per_rank=ENTRY * 8,
+                                                      host_bytes_per_rank=ENTRY * 24))
+    space.add_request(1), space.add_request(2)
+    a, b = space.allocate(1, 6), space.allocate(2, 2)
+    planner = ulacache.TpStepPlanner(space)
+    planner.check(0, a, [(1, len(a))])
+    digest = space.debug_digest()
+    with pytest.raises(ulacache.NotFoundError):
+        planner.check(0, np.concatenate([a, b]), [(1, len(a) + len(b))])    # another request's addresses
+    assert space.debug_digest() == digest
+    assert ulacache.TpEngineStepPlanner(space, 1, 1, 8).ranks == [0, 1]
+
+
+def test_indexer_score_select_union_and_config_members():
+    rng = np.random.default_rng(SEED)
+    ix = ulacache.Indexer(num_heads=2, head_dim=4, top_k=3)
+    assert ix.shape == (2, 4, 3)
+    keys = rng.standard_normal((20, 4)).astype(np.float32)
+    qs = [(rng.standard_normal(8).astype(np.float32), np.abs(rng.standard_normal(2)).astype(np.float32))
+          for _ in range(2)]
+    scores = ix.score(qs[0][0], qs[0][1], keys)
+    assert scores.shape == (20,)
+    order = sorted(range(20), key=lambda i: (-scores[i], i))[:3]              # top-k by score, ties by position
+    assert ix.select(qs[0][0], qs[0][1], keys).tolist() == order
+    per_query, union = ix.select_union(qs, keys)
+    assert per_query[0].tolist() == order
+    first_seen = list(dict.fromkeys(per_query[0].tolist() + per_query[1].tolist()))  # every position once, first kept
+    assert union.tolist() == first_seen
+    model = ulacache.load_model_config(str(REPO / "configs/models/glm5.json"))
+    model.validate()
+    assert model.kv_bytes_per_token == (model.num_layers + model.mtp_layers) * model.kv_entry_bytes_per_layer
+    assert model.kv_entry_bytes_per_layer == (model.kv_lora_rank * model.kv_lora_bytes_per_value + model.kv_scale_bytes
+                                              + model.qk_rope_head_dim * model.rope_bytes_per_value)
+    planner = ulacache.StepPlanner(dp_space())
+    planner.set_options(threads=2)
+    assert planner.options["threads"] == 2 and planner.counters["claims"] == 0
+    with pytest.raises(ulacache.InvalidArgumentError):
+        planner.set_options(threads=0)
+    assert planner.options["threads"] == 2
+    assert ulacache.FaultPlan(delay_us=5).delay == 5

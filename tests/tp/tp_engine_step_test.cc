@@ -324,6 +324,15 @@ TEST(TpPages, RequestsGetWholePagesStripedOverAllRanks) {
   EXPECT_NE(big.error().ToString().find("rank 0"), std::string::npos) << big.error().ToString();
   EXPECT_EQ(space->DebugDigest(), digest);
   ASSERT_TRUE(space->CheckInvariants());
+  // The home table holds shard slots x page_tokens entries (each minted page holds a live
+  // address): a config past 2^32 of them is refused by Validate, a smaller page accepted.
+  TpConfig huge = testing::SmallTpConfig(2, 1 << 10, 1 << 27, 0);  // 2^27 + 2^10 entries per shard
+  huge.attention = TpAttention::kAtHome;
+  auto refused = huge.Validate();
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().ToString().find("home table"), std::string::npos) << refused.error().ToString();
+  huge.page_tokens = 16;
+  EXPECT_TRUE(huge.Validate());
 }
 
 }  // namespace
