@@ -164,16 +164,17 @@ Status TpAddressSpace::AddRequest(RequestId request) {
   return Ok();
 }
 
-Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
-  State& st = *state_;
-  auto it = st.requests.find(request);
-  if (it == st.requests.end()) {
-    return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));
-  }
-  const std::uint32_t p = config_.num_ranks;
-  const std::uint32_t cap = config_.shard_slots_per_group();
-  const std::uint32_t T = config_.page_tokens;
-  State::Holder& holder = st.tags.at(request);
+namespace {
+// The directory's half of TpAddressSpace::Allocate: n_tokens new addresses for the request
+// whose list has pos0 entries (holder: its tag and open page), planned first and then taken
+// from the free FIFOs or pages ("Pages" in tp_address_space.h); nothing changes on error.
+Result<std::vector<LogicalAddr>> TakeAddresses(TpAddressSpace::State& st, const TpConfig& c, RequestId request,
+                                               TpAddressSpace::State::Holder& holder, std::uint64_t pos0,
+                                               std::uint32_t n_tokens) {
+  using State = TpAddressSpace::State;
+  const std::uint32_t p = c.num_ranks;
+  const std::uint32_t cap = c.shard_slots_per_group();
+  const std::uint32_t T = c.page_tokens;
   // Plan the addresses first (nothing changes until they all fit).
   std::vector<LogicalAddr> out(n_tokens);
   std::vector<std::uint32_t> planned(st.homed);
@@ -200,7 +201,6 @@ Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std
       cursor = (cursor + 1) % p;
     }
   } else {  // pages: token i of the list at offset i % T; its rank is its address's
-    const std::uint64_t pos0 = it->second.size();
     const std::uint32_t max_pages = static_cast<std::uint32_t>(std::uint64_t{LogicalAddr::kInvalidValue} / T);
     for (std::uint32_t i = 0; i < n_tokens; ++i) {
       const std::uint64_t pos = pos0 + i;
@@ -224,8 +224,7 @@ Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std
       }
     }
   }
-  // Mutate.
-  const std::uint32_t tag = holder.tag;
+  // Commit the directory.
   if (T == 1) {
     st.cursor = cursor;
     for (LogicalAddr a : out) {
@@ -242,6 +241,22 @@ Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std
     st.next_page = next_page;
     if (n_tokens > 0) holder.open_page = page;
   }
+  return out;
+}
+}  // namespace
+
+Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
+  State& st = *state_;
+  auto it = st.requests.find(request);
+  if (it == st.requests.end()) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));
+  }
+  State::Holder& holder = st.tags.at(request);
+  auto taken = TakeAddresses(st, config_, request, holder, it->second.size(), n_tokens);
+  if (!taken) return std::unexpected(std::move(taken).error());
+  std::vector<LogicalAddr> out = std::move(*taken);
+  const std::uint32_t p = config_.num_ranks;
+  const std::uint32_t tag = holder.tag;
   for (std::uint32_t i = 0; i < n_tokens; ++i) {
     const LogicalAddr a = out[i];
     const std::uint32_t r = a.value() % p;
