@@ -60,8 +60,8 @@
 // whole pages and page_table_1[:, ::64] // 64 names the key cache's pages too. (UlaCache's
 // CPU indexer, sparse/indexer.h, scores keys by position and needs no layout.)
 //
-// TP (tp_address_space.h) keeps its own striping (address a homed on rank a mod P): pages
-// are not applied there yet.
+// TP (tp_address_space.h) applies the same pages over its striping (address a homed on
+// rank a mod P): a page of P or more consecutive addresses spans all P ranks.
 //
 // Errors: unknown/duplicate request, unknown or freed address, out-of-range group, wrong
 // byte count, allocation that does not fit, invalid config, adopting an address twice or

@@ -121,9 +121,10 @@ struct CompleteReport {
   std::uint32_t failed = 0;     // descriptors with a non-zero status: nothing published
 };
 
-// Engine-owned memory of one pool (tier, rank, group): num_layers regions of
-// slots * layer_bytes bytes, layer l starting at base + l * layer_stride; slot s of layer l
-// at base + l * layer_stride + s * layer_bytes.
+// Engine-owned memory of one pool (tier, rank, group) in one allocation: num_layers regions
+// of slots * layer_bytes bytes, layer l starting at base + l * layer_stride; slot s of layer
+// l at base + l * layer_stride + s * layer_bytes. Layers allocated one by one (at any
+// addresses) register through the layer_bases form of RegisterEngineMemory instead.
 struct EngineRegion {
   std::uintptr_t base = 0;
   std::uint64_t layer_stride = 0;
@@ -147,15 +148,19 @@ class EngineStepPlanner {
   // (the isolation check of selection_run.h: freed, reused or another request's -> kNotFound);
   // the request of a row of padding only is not looked up.
   // REQUIRES (checked): requests.size() == shape.batch; selections.size() == indices.size()
-  // == shape.size().
+  // == shape.size(). Errors as Plan's; a step whose misses do not fit the device pool (more
+  // than max_descriptors() of them, or more than its free and evictable slots) is
+  // kResourceExhausted, names the descriptors it needed, and changes nothing.
   Result<StepStats> Step(Rank rank, GroupId group, const StepShape& shape, std::span<const RequestId> requests,
                          std::span<const std::int32_t> selections, std::span<std::int32_t> indices);
 
   // Engine path, part 1: claims device slots, writes indices (valid once Complete reports
-  // no failure) and the descriptors. kInvalidArgument (shape, sizes, an address < -1, too
-  // few descriptor rows), kOutOfRange, kNotFound (a request unknown or freed, an address
-  // not live for its row's request: freed, reused by another request, or another
-  // request's), kResourceExhausted, kFailedPrecondition (a plan is pending).
+  // no failure) and the descriptors. kInvalidArgument (shape, sizes, an address < -1),
+  // kOutOfRange, kNotFound (a request unknown or freed, an address not live for its row's
+  // request: freed, reused by another request, or another request's), kResourceExhausted
+  // (the misses do not fit the device pool, or out_descriptors has fewer rows than this
+  // step's misses: the message names how many it needed), kFailedPrecondition (a plan is
+  // pending).
   Result<PlannedStep> Plan(Rank rank, GroupId group, const StepShape& shape, std::span<const RequestId> requests,
                            std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
                            std::span<CopyDescriptor> out_descriptors);
@@ -172,6 +177,12 @@ class EngineStepPlanner {
   // (AddressSpace::SetMoveExecutor), unless another executor is installed.
   // REQUIRES: the memory outlives the planner.
   Status RegisterEngineMemory(Tier tier, Rank rank, GroupId group, const EngineRegion& region);
+  // The same with one base per layer: slot s of layer l at layer_bases[l] + s * layer_bytes,
+  // each layer's tensor wherever it was allocated (vLLM's kv_caches and SGLang's per-layer
+  // buffers are separate tensors, not equally spaced). The bases are copied. Refused as
+  // above, plus a null base or two layers whose [base, base + slots * layer_bytes) overlap.
+  Status RegisterEngineMemory(Tier tier, Rank rank, GroupId group, std::span<const std::uintptr_t> layer_bases,
+                              std::uint32_t layer_bytes, std::uint32_t slots);
   // Runs descriptors over the registered regions (memcpy / swap per layer); status[i] = 0
   // on success, 1 when a side of descriptor i has no registered region (nothing copied).
   // REQUIRES: status.size() == descriptors.size().

@@ -3,9 +3,8 @@
 //
 // Structure.
 //   - Directory (replicated: every process of an MPI run holds the same one, because every
-//     rank sees the same scheduler calls): requests -> their logical addresses; per home
-//     rank a FIFO of freed addresses and a count of minted ones. Address a has its home on
-//     rank a mod P; a new token goes to the next rank, round robin, that has room.
+//     rank sees the same scheduler calls): requests -> their logical addresses, and the
+//     address pages (below). Address a has its home on rank a mod P.
 //   - Shard of rank r, group g (held only for the ranks this object hosts: all of them
 //     in-process, one per process under MPI): a device SlotPool and a host SlotPool
 //     (exclusive tiers, as in DP mode), the device residency policy, the device owner map,
@@ -16,6 +15,20 @@
 //     address -> buffer slot. Empty (no slots) with TpAttention::kAtHome, where each
 //     rank's attention covers only its own shard.
 //
+// Pages (TpConfig::page_tokens = T, default 64; address_space.h "Pages" is the model).
+// Addresses come in pages of T consecutive addresses [p*T, (p+1)*T), each page one
+// request's; token i of a request's list sits at offset i % T of its page (a fresh page at
+// offset 0, or at the first token after a ShareInto), and freed pages are reused FIFO. So a
+// request's list read as SGLang's page_table_1 row names its pages at every T-th position
+// (page_table_1[:, ::64] // 64), in TP as in DP. Pages and striping agree: address a stays
+// homed on rank a mod P, so a page of T >= P consecutive addresses spans all P ranks, T / P
+// of its addresses on each when P divides T (rank (p*T + o) mod P for offset o), and a
+// request's consecutive tokens still go round robin over the ranks. A new token's rank is
+// its address's: Allocate refuses (kResourceExhausted, nothing changes) when a rank that
+// one of its tokens lands on has no room, even if other ranks have. T = 1 keeps the
+// unpaged allocator: a new token goes to the next rank, round robin, that has room, and
+// freed addresses are reused FIFO per rank.
+//
 // Invariants (CheckInvariants, for every hosted rank):
 //   1. Exclusive residency: each live address homed on r has exactly one home location per
 //      group, on r, in an allocated slot no other address uses; pools hold nothing else.
@@ -23,7 +36,8 @@
 //      slot holds one, the index and the owner map agree, and (when the home is hosted here
 //      and bytes exist) the copy's bytes equal the home's.
 //   3. The policies track exactly the occupied device / buffer slots.
-//   4. Directory: freed addresses sit in their home rank's free list; every live address
+//   4. Directory: free pages hold no live address (T = 1: freed addresses sit in their home
+//      rank's free list); every live address
 //      has a holder: a request that lists it (a list names it at most once) or a cache
 //      reference. Reference counts and owner tags as in DP mode (address_space.h,
 //      "Sharing"; src/sparse/address_refs.h).
@@ -97,6 +111,9 @@ struct TpConfig {
   PolicyKind policy = DefaultPolicyKind();         // shard device pool
   PolicyKind buffer_policy = DefaultPolicyKind();  // local buffer
   PolicyOptions policy_options;
+  // Tokens per page of logical addresses, in [1, 65536] ("Pages" above): 64, the block size
+  // of FlashMLA's paged KV and of SGLang's and vLLM's sparse MLA pools; 1: no pages.
+  std::uint32_t page_tokens = 64;
 
   // Names the first bad field.
   Status Validate() const;
@@ -120,7 +137,8 @@ struct TpReadRef {
 };
 
 // The memory of one (rank, group) shard that other ranks read: the home table
-// ([shard_slots_per_group] Location bits, indexed by address / P) and the two pool arenas.
+// (Location bits indexed by address / P: shard_slots_per_group * page_tokens entries, plus
+// page_tokens when paged, from lazily committed memory) and the two pool arenas.
 struct TpShardMemory {
   const Location* home = nullptr;
   std::uint32_t home_entries = 0;
@@ -149,9 +167,10 @@ class TpAddressSpace {
 
   // kAlreadyExists.
   Status AddRequest(RequestId request);
-  // n_tokens new addresses, striped round robin over the ranks with room; on its home
-  // rank each entry goes to device while it has free slots, otherwise to host.
-  // kNotFound, kResourceExhausted (nothing allocated then).
+  // n_tokens new addresses in the request's pages, striped a mod P ("Pages" above; T = 1:
+  // round robin over the ranks with room); on its home rank each entry goes to device while
+  // it has free slots, otherwise to host. kNotFound, kResourceExhausted (a rank one of the
+  // tokens lands on is full, or the address space is exhausted; nothing allocated then).
   Result<std::vector<LogicalAddr>> Allocate(RequestId request, std::uint32_t n_tokens);
   // Frees every address of the request (home slots and hosted buffer copies). kNotFound
   // for an unknown request, including a second Free.

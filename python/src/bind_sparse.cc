@@ -1,6 +1,8 @@
 // DP address space, its planners (per-call StepPlanner and the engine step API), stats.
 #include <pybind11/stl.h>
 
+#include <chrono>
+
 #include "bind_common.h"
 #include "ula/address_space.h"
 #include "ula/engine_step.h"
@@ -22,10 +24,19 @@ struct EnginePlanner {
   std::vector<py::object> registered;
 };
 
-// Engine-owned memory of one pool as an EngineRegion: one array [num_layers, slots, ...],
-// or the layers' own arrays [slots, ...] as a list (SGLang's pools) or a dict in layer
-// order (vLLM's register_kv_caches). Returns the arrays to keep alive.
-std::vector<py::object> ToRegion(py::handle memory, ula::EngineRegion& region) {
+// Engine-owned memory of one pool: one array [num_layers, slots, ...], or the layers' own
+// arrays [slots, ...] at any addresses, as a list (SGLang's pools) or a dict in layer order
+// (vLLM's register_kv_caches). Each layer's base goes to RegisterEngineMemory's layer_bases
+// form; `keep` holds the arrays alive.
+struct EngineMemoryArg {
+  std::vector<std::uintptr_t> bases;  // [num_layers]
+  std::uint32_t layer_bytes = 0;
+  std::uint32_t slots = 0;
+  std::vector<py::object> keep;
+};
+
+EngineMemoryArg ToEngineMemory(py::handle memory) {
+  EngineMemoryArg out;
   std::vector<py::array> layers;
   if (py::isinstance<py::dict>(memory)) {
     for (auto item : py::reinterpret_borrow<py::dict>(memory)) layers.push_back(ToArray(item.second, "memory[layer]"));
@@ -37,41 +48,28 @@ std::vector<py::object> ToRegion(py::handle memory, ula::EngineRegion& region) {
     if (a.ndim() < 2) Throw(ula::ErrorCode::kInvalidArgument, "memory: must be [num_layers, slots, ...]");
     const auto slots = static_cast<std::uint64_t>(a.shape(1));
     const auto layer_stride = static_cast<std::uint64_t>(a.strides(0));
-    region = {reinterpret_cast<std::uintptr_t>(a.data()), layer_stride,
-              static_cast<std::uint32_t>(layer_stride / (slots == 0 ? 1 : slots)),
-              static_cast<std::uint32_t>(a.shape(0)), static_cast<std::uint32_t>(slots)};
-    return {a};
+    for (py::ssize_t l = 0; l < a.shape(0); ++l) {
+      out.bases.push_back(reinterpret_cast<std::uintptr_t>(a.data()) + static_cast<std::uint64_t>(l) * layer_stride);
+    }
+    out.layer_bytes = static_cast<std::uint32_t>(layer_stride / (slots == 0 ? 1 : slots));
+    out.slots = static_cast<std::uint32_t>(slots);
+    out.keep.push_back(a);
+    return out;
   }
   if (layers.empty()) Throw(ula::ErrorCode::kInvalidArgument, "memory: no layer tensors");
-  std::vector<py::object> keep;
   const py::array& first = layers[0];
-  for (std::size_t l = 0; l < layers.size(); ++l) {
-    const py::array& a = layers[l];
+  for (const py::array& a : layers) {
     CheckLayout(a, "memory[layer]", /*writable=*/true);
     if (a.ndim() < 1 || a.shape(0) != first.shape(0) || a.nbytes() != first.nbytes()) {
       Throw(ula::ErrorCode::kInvalidArgument, "memory[layer]: every layer must be [slots, ...] of the same size");
     }
-    keep.push_back(a);
-  }
-  const auto base = reinterpret_cast<std::uintptr_t>(first.data());
-  const std::uintptr_t second = layers.size() > 1 ? reinterpret_cast<std::uintptr_t>(layers[1].data()) : 0;
-  if (layers.size() > 1 && (second < base || second - base < static_cast<std::uintptr_t>(first.nbytes()))) {
-    Throw(ula::ErrorCode::kInvalidArgument,
-          "memory: the layer tensors must lie in ascending memory order without overlapping (layer l + 1 after "
-          "layer l)");
-  }
-  const std::uint64_t stride = layers.size() > 1 ? second - base : first.nbytes();
-  for (std::size_t l = 1; l < layers.size(); ++l) {
-    if (reinterpret_cast<std::uintptr_t>(layers[l].data()) != base + l * stride) {
-      Throw(ula::ErrorCode::kUnsupported,
-            "memory: the layer tensors are not equally spaced in one allocation (ula::EngineRegion is base + "
-            "l * layer_stride); allocate them as views of one tensor, e.g. torch.empty(L, slots, row).unbind(0)");
-    }
+    out.bases.push_back(reinterpret_cast<std::uintptr_t>(a.data()));
+    out.keep.push_back(a);
   }
   const auto slots = static_cast<std::uint64_t>(first.shape(0));
-  region = {base, stride, static_cast<std::uint32_t>(first.nbytes() / (slots == 0 ? 1 : slots)),
-            static_cast<std::uint32_t>(layers.size()), static_cast<std::uint32_t>(slots)};
-  return keep;
+  out.layer_bytes = static_cast<std::uint32_t>(first.nbytes() / (slots == 0 ? 1 : slots));
+  out.slots = static_cast<std::uint32_t>(slots);
+  return out;
 }
 
 }  // namespace
@@ -125,8 +123,9 @@ swap batch fails when it is the n-th (fail_every_nth) or when a seeded draw fall
 fail_fraction; a failure reports at Submit or at the batch's wait (at_submit / at_wait),
 with `partial` a failed copy batch lands a prefix first. Same seed, same faults.)doc")
       .def(py::init([](std::uint64_t seed, std::uint64_t fail_every_nth, double fail_fraction, bool partial, bool copies,
-                       bool swaps, bool at_submit, bool at_wait) {
+                       bool swaps, bool at_submit, bool at_wait, double delay_us) {
              ula::FaultPlan f;
+             f.delay = std::chrono::microseconds(static_cast<std::int64_t>(delay_us));
              f.seed = seed;
              f.fail_every_nth = fail_every_nth;
              f.fail_fraction = fail_fraction;
@@ -139,11 +138,14 @@ with `partial` a failed copy batch lands a prefix first. Same seed, same faults.
              return f;
            }),
            py::arg("seed") = 1, py::arg("fail_every_nth") = 0, py::arg("fail_fraction") = 0.0, py::arg("partial") = false,
-           py::arg("copies") = true, py::arg("swaps") = true, py::arg("at_submit") = true, py::arg("at_wait") = true)
+           py::arg("copies") = true, py::arg("swaps") = true, py::arg("at_submit") = true, py::arg("at_wait") = true,
+           py::arg("delay_us") = 0.0)
       .def_readonly("seed", &ula::FaultPlan::seed)
       .def_readonly("fail_every_nth", &ula::FaultPlan::fail_every_nth)
       .def_readonly("fail_fraction", &ula::FaultPlan::fail_fraction)
-      .def_readonly("partial", &ula::FaultPlan::partial);
+      .def_readonly("partial", &ula::FaultPlan::partial)
+      .def_property_readonly("delay", [](const ula::FaultPlan& f) { return static_cast<double>(f.delay.count()); },
+                             "Microseconds every eligible batch is held back before it reports (delay_us).");
   py::class_<ula::FaultStats>(m, "FaultStats", "What a space's fault injection did (src/backend/fault_backend.h).")
       .def_readonly("operations", &ula::FaultStats::operations)
       .def_readonly("injected", &ula::FaultStats::injected)
@@ -202,6 +204,10 @@ void BindAddressSpaceConfig(py::module_& m) {
              return c.entry_bytes_of(ula::GroupId(g));
            }, py::arg("group"), "Bytes of one entry of group g: layers_of(g) rows of row().")
       .def("row", &ula::AddressSpaceConfig::row, "One layer's row in bytes (row_bytes, or entry_bytes when 0).")
+      .def_property(
+          "policy", [](const ula::AddressSpaceConfig& c) { return std::string(ula::PolicyKindName(c.policy)); },
+          [](ula::AddressSpaceConfig& c, const std::string& name) { c.policy = ParsePolicy(name); },
+          "The device pools' residency policy by name (residency_policy.h).")
       .def_readwrite("stable_new_entries", &ula::AddressSpaceConfig::stable_new_entries,
                      "New entries are placed on device and keep their slot for their round (an EngineStepPlanner "
                      "turns it on: the engine writes KV where it looked it up).")
@@ -353,7 +359,36 @@ driven from different threads at once (the GIL is released while planning).)doc"
       .def(
           "transfer_bytes", [](DpSpace& s) { return s.backend.get().counters().TotalBytes(); },
           "Bytes the backend moved so far (both directions).")
-      .def("check_invariants", [](DpSpace& s) { Unwrap(s.space->CheckInvariants()); });
+      .def("check_invariants", [](DpSpace& s) { Unwrap(s.space->CheckInvariants()); })
+      .def(
+          "share_into",
+          [](DpSpace& s, std::uint64_t request, py::object addrs) {
+            auto a = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(addrs, "addrs"), "addrs", 1));
+            Unwrap(s.space->ShareInto(ula::RequestId(request), a));
+          },
+          py::arg("request"), py::arg("addrs"),
+          "The request adopts live addresses uint32 [n] (a cached prefix) without a copy (address_space.h, Sharing).")
+      .def(
+          "retain",
+          [](DpSpace& s, py::object addrs) {
+            Unwrap(s.space->Retain(AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(addrs, "addrs"), "addrs", 1))));
+          },
+          py::arg("addrs"), "Adds a cache reference to each address (a prefix cache keeps them live).")
+      .def(
+          "release",
+          [](DpSpace& s, py::object addrs) {
+            Unwrap(s.space->Release(AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(addrs, "addrs"), "addrs", 1))));
+          },
+          py::arg("addrs"), "Drops one cache reference of each address; the last holder's release frees it.")
+      .def("ref_count", [](DpSpace& s, std::uint32_t a) { return s.space->RefCount(ula::LogicalAddr(a)); },
+           py::arg("addr"), "Holders of an address: requests that list it plus cache references (0: not live).")
+      .def("holds", [](DpSpace& s, std::uint64_t r, std::uint32_t a) {
+             return s.space->Holds(ula::RequestId(r), ula::LogicalAddr(a));
+           }, py::arg("request"), py::arg("addr"), "Whether the address is live for the request (the isolation check).")
+      .def("rank_of", [](DpSpace& s, std::uint64_t r) { return Unwrap(s.space->RankOf(ula::RequestId(r))).value(); },
+           py::arg("request"), "The rank a request was added on (NotFoundError if unknown).")
+      .def("debug_digest", [](DpSpace& s) { return s.space->DebugDigest(); },
+           "A hash of the whole state: equal before and after a refused call (for tests).");
 }
 
 // StepPlanner: one step of one group per call, copies on the space's backend.
@@ -374,7 +409,30 @@ void BindStepPlanner(py::module_& m) {
           py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("out_slots"), py::arg("runs"),
           "selections uint32 [n] -> out_slots uint32 [n] (device slots), runs the copies; StepStats. runs: "
           "[(request, count), ...] cut the selections into consecutive pieces of one request each; an address "
-          "not live for its run's request (freed, reused, another request's) is refused (NotFoundError).");
+          "not live for its run's request (freed, reused, another request's) is refused (NotFoundError).")
+      .def(
+          "set_options",
+          [](ula::StepPlanner& p, std::uint32_t threads, std::uint32_t prefetch_distance,
+             std::uint32_t parallel_claim_min_victims) {
+            ula::StepPlannerOptions o;
+            o.threads = threads;
+            o.prefetch_distance = prefetch_distance;
+            o.parallel_claim_min_victims = parallel_claim_min_victims;
+            Unwrap(p.SetOptions(o));
+          },
+          py::arg("threads") = 1, py::arg("prefetch_distance") = 16,
+          py::arg("parallel_claim_min_victims") = ula::StepPlannerOptions::kDefaultParallelClaimMinVictims,
+          "Threads of steps 1-3 and their knobs (step_planner.h); InvalidArgumentError keeps the old options.")
+      .def_property_readonly("options", [](const ula::StepPlanner& p) {
+             const auto& o = p.options();
+             return py::dict(py::arg("threads") = o.threads, py::arg("prefetch_distance") = o.prefetch_distance,
+                             py::arg("parallel_claim_min_victims") = o.parallel_claim_min_victims);
+           }, "The options as a dict (set_options' arguments).")
+      .def_property_readonly("counters", [](const ula::StepPlanner& p) {
+             const auto& c = p.counters();
+             return py::dict(py::arg("claims") = c.claims, py::arg("parallel_claims") = c.parallel_claims,
+                             py::arg("victims") = c.victims, py::arg("claim_ns") = c.claim_ns);
+           }, "What the planner did besides its results (victim claims), as a dict.");
 }
 
 // EngineStepPlanner: the engine step API (library step, plan / complete, engine memory).
@@ -458,16 +516,16 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
                     "register_engine_memory: this space's backend holds the bytes ('cpu'); engine-owned memory needs "
                     "a space made with backend='counting' (it keeps metadata only)");
             }
-            ula::EngineRegion region;
-            std::vector<py::object> keep = ToRegion(memory, region);
-            Unwrap(p.planner->RegisterEngineMemory(ParseTier(tier), ula::Rank(rank), ula::GroupId(group), region));
-            for (auto& k : keep) p.registered.push_back(std::move(k));
+            EngineMemoryArg mem = ToEngineMemory(memory);
+            Unwrap(p.planner->RegisterEngineMemory(ParseTier(tier), ula::Rank(rank), ula::GroupId(group), mem.bases,
+                                                   mem.layer_bytes, mem.slots));
+            for (auto& k : mem.keep) p.registered.push_back(std::move(k));
           },
           py::arg("tier"), py::arg("rank"), py::arg("group"), py::arg("memory"),
           "Registers engine-owned memory of a pool on a 'counting' space: one C-contiguous array [num_layers, "
           "slots, ...], or the group's per-layer arrays [slots, ...] as a list (SGLang) or a dict in layer order "
-          "(vLLM's register_kv_caches), equally spaced in one allocation. numpy or CPU torch. Kept alive by the "
-          "planner.")
+          "(vLLM's register_kv_caches), each allocated on its own (any addresses). numpy or CPU torch. Kept alive "
+          "by the planner.")
       .def(
           "execute_on_engine_memory",
           [](EnginePlanner& p, py::object descriptors, py::object status) {

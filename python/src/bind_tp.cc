@@ -11,6 +11,7 @@
 namespace ulapy {
 
 ula::PolicyKind ParsePolicy(const std::string& name);
+ula::Tier ParseTier(const std::string& t);
 
 namespace {
 struct TpSpace {
@@ -23,7 +24,8 @@ void BindTp(py::module_& m) {
   py::class_<ula::TpConfig>(m, "TpConfig", "TP address space config (include/ula/tp_address_space.h).")
       .def(py::init([](std::uint32_t num_ranks, std::uint32_t num_groups, std::uint32_t entry_bytes,
                        const std::string& attention, std::uint64_t device_bytes_per_rank,
-                       std::uint64_t host_bytes_per_rank, std::uint64_t buffer_bytes_per_rank, const std::string& policy) {
+                       std::uint64_t host_bytes_per_rank, std::uint64_t buffer_bytes_per_rank, const std::string& policy,
+                       std::uint32_t page_tokens) {
              ula::TpConfig c;
              c.num_ranks = num_ranks;
              c.num_groups = num_groups;
@@ -33,17 +35,33 @@ void BindTp(py::module_& m) {
              c.host_bytes_per_rank = host_bytes_per_rank;
              c.buffer_bytes_per_rank = buffer_bytes_per_rank;
              c.policy = c.buffer_policy = ParsePolicy(policy);
+             c.page_tokens = page_tokens;
              return c;
            }),
            py::arg("num_ranks") = 2, py::arg("num_groups") = 1, py::arg("entry_bytes") = 656,
            py::arg("attention") = "local_buffer", py::arg("device_bytes_per_rank") = 0,
-           py::arg("host_bytes_per_rank") = 0, py::arg("buffer_bytes_per_rank") = 0, py::arg("policy") = "pb_lru")
+           py::arg("host_bytes_per_rank") = 0, py::arg("buffer_bytes_per_rank") = 0, py::arg("policy") = "pb_lru",
+           py::arg("page_tokens") = ula::TpConfig{}.page_tokens)
       .def_readwrite("num_ranks", &ula::TpConfig::num_ranks)
       .def_readwrite("num_groups", &ula::TpConfig::num_groups)
       .def_readwrite("entry_bytes", &ula::TpConfig::entry_bytes)
       .def_readwrite("device_bytes_per_rank", &ula::TpConfig::device_bytes_per_rank)
       .def_readwrite("host_bytes_per_rank", &ula::TpConfig::host_bytes_per_rank)
       .def_readwrite("buffer_bytes_per_rank", &ula::TpConfig::buffer_bytes_per_rank)
+      .def_readwrite("page_tokens", &ula::TpConfig::page_tokens)
+      .def_property(
+          "policy", [](const ula::TpConfig& c) { return std::string(ula::PolicyKindName(c.policy)); },
+          [](ula::TpConfig& c, const std::string& name) { c.policy = ParsePolicy(name); },
+          "The shard device pools' residency policy by name.")
+      .def_property(
+          "buffer_policy", [](const ula::TpConfig& c) { return std::string(ula::PolicyKindName(c.buffer_policy)); },
+          [](ula::TpConfig& c, const std::string& name) { c.buffer_policy = ParsePolicy(name); },
+          "The local buffers' residency policy by name.")
+      .def_property_readonly("device_slots_per_group", &ula::TpConfig::device_slots_per_group)
+      .def_property_readonly("host_slots_per_group", &ula::TpConfig::host_slots_per_group)
+      .def_property_readonly("buffer_slots_per_group", &ula::TpConfig::buffer_slots_per_group)
+      .def_property_readonly("shard_slots_per_group", &ula::TpConfig::shard_slots_per_group,
+                             "Entries one rank's shard holds per group (device + host).")
       .def_property_readonly("attention", [](const ula::TpConfig& c) { return std::string(ula::TpAttentionName(c.attention)); })
       .def("validate", [](const ula::TpConfig& c) { Unwrap(c.Validate()); });
 
@@ -57,7 +75,8 @@ void BindTp(py::module_& m) {
       .def_readonly("buffer_evictions", &ula::TpRankStepStats::buffer_evictions)
       .def_readonly("host_bytes", &ula::TpRankStepStats::host_bytes)
       .def_readonly("remote_bytes", &ula::TpRankStepStats::remote_bytes)
-      .def_readonly("elsewhere", &ula::TpRankStepStats::elsewhere);
+      .def_readonly("elsewhere", &ula::TpRankStepStats::elsewhere)
+      .def_readonly("source_batches", &ula::TpRankStepStats::source_batches);
 
   py::class_<TpSpace>(m, "TpAddressSpace", R"doc(
 TP mode: one address space striped over the ranks (address a lives on rank a mod P), every
@@ -99,6 +118,78 @@ rank hosted in this process. Owns its backend ('cpu' or 'counting').)doc")
       .def("advance_round", [](TpSpace& s) { s.space->AdvanceRound(); })
       .def_property_readonly("num_live_addresses", [](TpSpace& s) { return s.space->num_live_addresses(); })
       .def("check_invariants", [](TpSpace& s) { Unwrap(s.space->CheckInvariants()); })
+      .def_property_readonly("config", [](TpSpace& s) { return s.space->config(); }, "A copy of the space's TpConfig.")
+      .def_property_readonly("num_requests", [](TpSpace& s) { return s.space->num_requests(); })
+      .def_property_readonly("hosted_ranks", [](TpSpace& s) {
+             std::vector<std::uint16_t> r;
+             for (ula::Rank x : s.space->hosted_ranks()) r.push_back(x.value());
+             return r;
+           }, "The ranks this object hosts (all of them in-process).")
+      .def("hosts", [](TpSpace& s, std::uint16_t r) { return s.space->Hosts(ula::Rank(r)); }, py::arg("rank"))
+      .def(
+          "addresses_of",
+          [](TpSpace& s, std::uint64_t request) {
+            auto span = Unwrap(s.space->AddressesOf(ula::RequestId(request)));
+            return ToNumpy<std::uint32_t>(std::vector<ula::LogicalAddr>(span.begin(), span.end()));
+          },
+          py::arg("request"), "A snapshot of the request's addresses (uint32).")
+      .def(
+          "lookup",
+          [](TpSpace& s, std::uint32_t addr, std::uint16_t group) {
+            const ula::Location loc = Unwrap(s.space->Lookup(ula::LogicalAddr(addr), ula::GroupId(group)));
+            return py::make_tuple(std::string(ula::TierName(loc.tier())), loc.rank().value(), loc.slot().value());
+          },
+          py::arg("addr"), py::arg("group"), "(tier, rank, slot) of a live address's home.")
+      .def(
+          "buffer_slot",
+          [](TpSpace& s, std::uint16_t rank, std::uint32_t addr, std::uint16_t group) -> py::object {
+            auto slot = Unwrap(s.space->BufferSlot(ula::Rank(rank), ula::LogicalAddr(addr), ula::GroupId(group)));
+            return slot ? py::cast(slot->value()) : py::none();
+          },
+          py::arg("rank"), py::arg("addr"), py::arg("group"), "The buffer slot of rank's copy of addr, or None.")
+      .def(
+          "num_used",
+          [](TpSpace& s, std::uint16_t rank, std::uint16_t group, const std::string& tier) {
+            return s.space->NumUsed(ula::Rank(rank), ula::GroupId(group), ParseTier(tier));
+          },
+          py::arg("rank"), py::arg("group"), py::arg("tier"), "Occupied slots of a hosted rank's shard pool.")
+      .def(
+          "num_free",
+          [](TpSpace& s, std::uint16_t rank, std::uint16_t group, const std::string& tier) {
+            return s.space->NumFree(ula::Rank(rank), ula::GroupId(group), ParseTier(tier));
+          },
+          py::arg("rank"), py::arg("group"), py::arg("tier"), "Free slots of a hosted rank's shard pool.")
+      .def("num_buffered", [](TpSpace& s, std::uint16_t rank, std::uint16_t group) {
+             return s.space->NumBuffered(ula::Rank(rank), ula::GroupId(group));
+           }, py::arg("rank"), py::arg("group"), "Entries in a rank's local buffer.")
+      .def("num_homed", [](TpSpace& s, std::uint16_t rank) { return s.space->NumHomed(ula::Rank(rank)); },
+           py::arg("rank"), "Live addresses homed on a rank.")
+      .def(
+          "share_into",
+          [](TpSpace& s, std::uint64_t request, py::object addrs) {
+            auto a = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(addrs, "addrs"), "addrs", 1));
+            Unwrap(s.space->ShareInto(ula::RequestId(request), a));
+          },
+          py::arg("request"), py::arg("addrs"), "The request adopts live addresses uint32 [n] without a copy.")
+      .def(
+          "retain",
+          [](TpSpace& s, py::object addrs) {
+            Unwrap(s.space->Retain(AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(addrs, "addrs"), "addrs", 1))));
+          },
+          py::arg("addrs"), "Adds a cache reference to each address.")
+      .def(
+          "release",
+          [](TpSpace& s, py::object addrs) {
+            Unwrap(s.space->Release(AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(addrs, "addrs"), "addrs", 1))));
+          },
+          py::arg("addrs"), "Drops one cache reference of each address; the last holder's release frees it.")
+      .def("ref_count", [](TpSpace& s, std::uint32_t a) { return s.space->RefCount(ula::LogicalAddr(a)); },
+           py::arg("addr"))
+      .def("holds", [](TpSpace& s, std::uint64_t r, std::uint32_t a) {
+             return s.space->Holds(ula::RequestId(r), ula::LogicalAddr(a));
+           }, py::arg("request"), py::arg("addr"))
+      .def("debug_digest", [](TpSpace& s) { return s.space->DebugDigest(); },
+           "A hash of the whole state of the hosted ranks: equal before and after a refused call (for tests).")
       .def(
           "shard_device_pool",
           [](py::object self, std::uint16_t rank, std::uint16_t group) {
@@ -143,6 +234,11 @@ buffer slot b. The library's backend moves the bytes.)doc")
            }),
            py::arg("space"), py::arg("max_batch"), py::arg("max_q_len"), py::arg("max_top_k"), py::keep_alive<1, 2>())
       .def_property_readonly("num_ranks", [](const ula::TpEngineStepPlanner& p) { return p.ranks().size(); })
+      .def_property_readonly("ranks", [](const ula::TpEngineStepPlanner& p) {
+             std::vector<std::uint16_t> r;
+             for (ula::Rank x : p.ranks()) r.push_back(x.value());
+             return r;
+           }, "The hosted ranks, in the order of the index arrays' first axis.")
       .def_property_readonly("device_slots", &ula::TpEngineStepPlanner::device_slots)
       .def_property_readonly("index_slots", &ula::TpEngineStepPlanner::index_slots)
       .def(
@@ -199,7 +295,17 @@ buffer slot b. The library's backend moves the bytes.)doc")
           },
           py::arg("group"), py::arg("selections"), py::arg("runs"),
           "selections uint32 [n] -> (source uint8 [ranks, n] (0 shard, 1 buffer, 2 elsewhere), "
-          "slot uint32 [ranks, n], [TpRankStepStats per rank]).");
+          "slot uint32 [ranks, n], [TpRankStepStats per rank]).")
+      .def(
+          "check",
+          [](ula::TpStepPlanner& p, std::uint16_t group, py::object selections,
+             const std::vector<std::pair<std::uint64_t, std::uint32_t>>& runs) {
+            auto sel = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(selections, "selections"), "selections", 1));
+            const auto r = ToRuns(runs);
+            Unwrap(p.Check(ula::GroupId(group), sel, r));
+          },
+          py::arg("group"), py::arg("selections"), py::arg("runs"),
+          "The refusals of step without running it (raises as step would; changes nothing).");
 }
 
 }  // namespace ulapy

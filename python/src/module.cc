@@ -50,7 +50,43 @@ sum_h w[h] * relu(q[h] . k) in float32 in a fixed order; top-k by score, ties by
           py::arg("query"), py::arg("weights"), py::arg("keys"),
           "Positions of the top-k keys (float32 [n, head_dim]) for one query (float32 [num_heads * head_dim], "
           "weights float32 [num_heads]), in top-k order, as uint32 [min(k, n)].")
-      .def_property_readonly("top_k", [](const ula::Indexer& ix) { return ix.shape().top_k; });
+      .def_property_readonly("top_k", [](const ula::Indexer& ix) { return ix.shape().top_k; })
+      .def_property_readonly("shape", [](const ula::Indexer& ix) {
+             return py::make_tuple(ix.shape().num_heads, ix.shape().head_dim, ix.shape().top_k);
+           }, "(num_heads, head_dim, top_k).")
+      .def(
+          "score",
+          [](const ula::Indexer& ix, const py::array& query, const py::array& weights, const py::array& keys) {
+            auto q = View<const float>(query, "query");
+            auto w = View<const float>(weights, "weights");
+            auto k = View<const float>(keys, "keys");
+            std::vector<float> out;
+            {
+              py::gil_scoped_release nogil;
+              Unwrap(ix.Score({q, w}, k, out));
+            }
+            return ToNumpy<float>(std::move(out));
+          },
+          py::arg("query"), py::arg("weights"), py::arg("keys"), "The index score of every key, float32 [n].")
+      .def(
+          "select_union",
+          [](ula::Indexer& ix, const std::vector<std::pair<py::array, py::array>>& queries, const py::array& keys) {
+            std::vector<ula::IndexQuery> qs;
+            for (const auto& [q, w] : queries) qs.push_back({View<const float>(q, "query"), View<const float>(w, "weights")});
+            auto k = View<const float>(keys, "keys");
+            std::vector<std::vector<std::uint32_t>> per_query;
+            std::vector<std::uint32_t> all;
+            {
+              py::gil_scoped_release nogil;
+              Unwrap(ix.SelectUnion(qs, k, per_query, all));
+            }
+            py::list lists;
+            for (auto& l : per_query) lists.append(ToNumpy<std::uint32_t>(std::move(l)));
+            return py::make_tuple(lists, ToNumpy<std::uint32_t>(std::move(all)));
+          },
+          py::arg("queries"), py::arg("keys"),
+          "queries [(query, weights), ...] -> ([top-k uint32 per query], their union uint32: every position once, "
+          "in order of first appearance).");
 }
 
 }  // namespace
@@ -70,6 +106,16 @@ void BindConfig(py::module_& m) {
       .def_readonly("index_head_dim", &ula::ModelConfig::index_head_dim)
       .def_readonly("index_key_bytes_per_layer", &ula::ModelConfig::index_key_bytes_per_layer)
       .def_readonly("top_k", &ula::ModelConfig::top_k)
+      .def_readonly("kv_lora_bytes_per_value", &ula::ModelConfig::kv_lora_bytes_per_value)
+      .def_readonly("kv_scale_bytes", &ula::ModelConfig::kv_scale_bytes)
+      .def_readonly("rope_bytes_per_value", &ula::ModelConfig::rope_bytes_per_value)
+      .def_readonly("index_key_bytes_per_value", &ula::ModelConfig::index_key_bytes_per_value)
+      .def_readonly("index_key_scale_bytes", &ula::ModelConfig::index_key_scale_bytes)
+      .def_property_readonly("kv_bytes_per_token", &ula::ModelConfig::kv_bytes_per_token,
+                             "KV bytes of one token over all layers (main + MTP).")
+      .def_property_readonly("index_key_bytes_per_token", &ula::ModelConfig::index_key_bytes_per_token,
+                             "Indexer key bytes of one token (one key per group).")
+      .def("validate", [](const ula::ModelConfig& c) { Unwrap(c.Validate()); })
       .def_property_readonly("num_groups", &ula::ModelConfig::num_groups)
       .def("group_layers", &ula::ModelConfig::GroupLayers, py::arg("group"))
       .def_property_readonly("group_entry_bytes", &ula::ModelConfig::group_entry_bytes)
@@ -88,7 +134,10 @@ void BindConfig(py::module_& m) {
       .def_readonly("nvlink_bandwidth_bytes_per_s", &ula::HardwareConfig::nvlink_bandwidth_bytes_per_s)
       .def_readonly("host_link_bandwidth_bytes_per_s", &ula::HardwareConfig::host_link_bandwidth_bytes_per_s)
       .def_readonly("host_memory_bytes_per_gpu", &ula::HardwareConfig::host_memory_bytes_per_gpu)
-      .def_readonly("gpus_per_node", &ula::HardwareConfig::gpus_per_node);
+      .def_readonly("gpus_per_node", &ula::HardwareConfig::gpus_per_node)
+      .def_readonly("dense_bf16_flops", &ula::HardwareConfig::dense_bf16_flops, "0 = unknown")
+      .def_readonly("dense_fp8_flops", &ula::HardwareConfig::dense_fp8_flops, "0 = unknown")
+      .def("validate", [](const ula::HardwareConfig& c) { Unwrap(c.Validate()); });
   m.def(
       "load_hardware_config", [](const std::string& path) { return Unwrap(ula::LoadHardwareConfig(path)); },
       py::arg("path"), "A HardwareConfig from a JSON file (IoError, InvalidArgumentError).");

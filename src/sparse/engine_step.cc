@@ -41,8 +41,13 @@ struct EngineStepPlanner::Scratch {
   GroupId group;
   std::vector<CopyDescriptor> pending_descs;   // [max descriptors] a copy of what Plan wrote
   std::uint32_t num_pending = 0;
-  // [tier][rank][group] engine-registered regions (base 0: none).
-  std::vector<EngineRegion> regions;
+  // One registered pool: layer l's rows at bases[l] + slot * layer_bytes.
+  struct Pool {
+    std::vector<std::uintptr_t> bases;  // [num_layers]; empty: nothing registered
+    std::uint32_t layer_bytes = 0;
+    std::uint32_t slots = 0;
+  };
+  std::vector<Pool> regions;  // [tier][rank][group]
   std::uint32_t max_descriptors = 0;
 
   // The phases of Plan. Classify: steps 1-3 (validate, dedup, classify into missed and
@@ -284,20 +289,23 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
                                    "cannot move it; select it after AdvanceRound()", a.value()));
     }
   }
-  if (out_descriptors.size() < n_miss) {
-    return MakeError(ErrorCode::kInvalidArgument,
-                     fmt::format("{} descriptor rows for {} misses (size them to max_descriptors() = {})",
-                                 out_descriptors.size(), n_miss, s.max_descriptors));
-  }
+  // Room first, then the descriptor rows: both refuse this step's state (kResourceExhausted),
+  // not a malformed call; each says how many descriptors the step needed.
   std::uint64_t newly_used = 0;
   for (SlotId slot : s.hit_slots) newly_used += !gp.policy->UsedInCurrentRound(slot);
   const std::uint64_t evictable = gp.policy->NumEvictable() - newly_used;
   if (n_miss > gp.device.num_free() + evictable) {
     return MakeError(ErrorCode::kResourceExhausted,
-                     fmt::format("step needs {} distinct entries on device ({} missing) but only {} free and {} "
-                                 "evictable slots remain of {} in rank {} group {}",
-                                 *distinct, n_miss, gp.device.num_free(), evictable, gp.device.capacity(), rank.value(),
-                                 group.value()));
+                     fmt::format("step needs {} distinct entries on device ({} missing: {} descriptors) but only {} "
+                                 "free and {} evictable slots remain of {} in rank {} group {}",
+                                 *distinct, n_miss, n_miss, gp.device.num_free(), evictable, gp.device.capacity(),
+                                 rank.value(), group.value()));
+  }
+  if (out_descriptors.size() < n_miss) {
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("step needs {} descriptors ({} misses) but the descriptor array has {} rows (size it "
+                                 "to max_descriptors() = {})",
+                                 n_miss, n_miss, out_descriptors.size(), s.max_descriptors));
   }
 
   // 4. Claim device slots; the copy plan; 6. the indices.
@@ -408,29 +416,51 @@ Result<StepStats> EngineStepPlanner::Step(Rank rank, GroupId group, const StepSh
 }
 
 Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId group, const EngineRegion& region) {
-  const AddressSpaceConfig& cfg = space_.config();
-  if (rank.value() >= cfg.num_ranks || group.value() >= cfg.num_groups) {
-    return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} / group {} is out of range", rank.value(), group.value()));
-  }
   if (region.base == 0) return MakeError(ErrorCode::kInvalidArgument, "EngineRegion.base: null");
-  if (region.num_layers == 0 || std::uint64_t{region.num_layers} * region.layer_bytes != cfg.entry_bytes_of(group)) {
-    return MakeError(ErrorCode::kInvalidArgument,
-                     fmt::format("EngineRegion: {} layers x {} bytes != group {}'s entry of {} bytes ({} layers x {})",
-                                 region.num_layers, region.layer_bytes, group.value(), cfg.entry_bytes_of(group),
-                                 cfg.layers_of(group), cfg.row()));
-  }
-  const std::uint64_t capacity = tier == Tier::kDevice ? cfg.device_slots_per_group() : cfg.host_slots_per_group();
-  if (region.slots < capacity) {
-    return MakeError(ErrorCode::kInvalidArgument, fmt::format("EngineRegion.slots = {}: the {} pool has {} slots",
-                                                              region.slots, TierName(tier), capacity));
-  }
   if (region.num_layers > 1 && region.layer_stride < std::uint64_t{region.slots} * region.layer_bytes) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("EngineRegion.layer_stride = {}: layers of {} slots x {} bytes overlap",
                                  region.layer_stride, region.slots, region.layer_bytes));
   }
+  std::vector<std::uintptr_t> bases(region.num_layers);
+  for (std::uint32_t l = 0; l < region.num_layers; ++l) bases[l] = region.base + l * region.layer_stride;
+  return RegisterEngineMemory(tier, rank, group, bases, region.layer_bytes, region.slots);
+}
+
+Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId group,
+                                               std::span<const std::uintptr_t> layer_bases, std::uint32_t layer_bytes,
+                                               std::uint32_t slots) {
+  const AddressSpaceConfig& cfg = space_.config();
+  if (rank.value() >= cfg.num_ranks || group.value() >= cfg.num_groups) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} / group {} is out of range", rank.value(), group.value()));
+  }
+  const std::size_t num_layers = layer_bases.size();
+  if (num_layers == 0 || std::uint64_t{num_layers} * layer_bytes != cfg.entry_bytes_of(group)) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("engine memory: {} layers x {} bytes != group {}'s entry of {} bytes ({} layers x {})",
+                                 num_layers, layer_bytes, group.value(), cfg.entry_bytes_of(group),
+                                 cfg.layers_of(group), cfg.row()));
+  }
+  const std::uint64_t capacity = tier == Tier::kDevice ? cfg.device_slots_per_group() : cfg.host_slots_per_group();
+  if (slots < capacity) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("engine memory: {} slots per layer, the {} pool has {}", slots, TierName(tier), capacity));
+  }
+  // The layers in address order: each must end before the next begins.
+  std::vector<std::uintptr_t> sorted(layer_bases.begin(), layer_bases.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted[0] == 0) return MakeError(ErrorCode::kInvalidArgument, "engine memory: a layer's base is null");
+  const std::uint64_t layer_size = std::uint64_t{slots} * layer_bytes;
+  for (std::size_t l = 1; l < num_layers; ++l) {
+    if (sorted[l] - sorted[l - 1] < layer_size) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("engine memory: layers at {:#x} and {:#x} overlap (each is {} slots x {} bytes)",
+                                   sorted[l - 1], sorted[l], slots, layer_bytes));
+    }
+  }
   const std::size_t k = (static_cast<std::size_t>(tier) * cfg.num_ranks + rank.value()) * cfg.num_groups + group.value();
-  scratch_->regions[k] = region;
+  scratch_->regions[k] = Scratch::Pool{std::vector<std::uintptr_t>(layer_bases.begin(), layer_bases.end()), layer_bytes,
+                                       slots};
   // Allocate's victims now move in the registered memory (address_space.h).
   AddressSpace::State& st = *space_.state_;
   if (!st.move_executor || st.move_executor_owner == this) {
@@ -452,23 +482,24 @@ void EngineStepPlanner::ExecuteOnEngineMemory(std::span<const CopyDescriptor> de
                                               std::span<std::uint8_t> status) const {
   ULA_CHECK(status.size() == descriptors.size());
   const AddressSpaceConfig& cfg = space_.config();
-  auto region_of = [&](std::uint8_t tier, std::uint16_t rank, std::uint16_t group) -> const EngineRegion* {
+  auto region_of = [&](std::uint8_t tier, std::uint16_t rank, std::uint16_t group) -> const Scratch::Pool* {
     if (tier >= kNumTiers || rank >= cfg.num_ranks || group >= cfg.num_groups) return nullptr;
-    const EngineRegion& r = scratch_->regions[(std::size_t{tier} * cfg.num_ranks + rank) * cfg.num_groups + group];
-    return r.base == 0 ? nullptr : &r;
+    const Scratch::Pool& r = scratch_->regions[(std::size_t{tier} * cfg.num_ranks + rank) * cfg.num_groups + group];
+    return r.bases.empty() ? nullptr : &r;
   };
   for (std::size_t i = 0; i < descriptors.size(); ++i) {
     const CopyDescriptor& d = descriptors[i];
-    const EngineRegion* src = region_of(d.src_tier, d.src_rank, d.group);
-    const EngineRegion* dst = region_of(d.dst_tier, d.dst_rank, d.group);
-    if (src == nullptr || dst == nullptr || src->layer_bytes != dst->layer_bytes) {
+    const Scratch::Pool* src = region_of(d.src_tier, d.src_rank, d.group);
+    const Scratch::Pool* dst = region_of(d.dst_tier, d.dst_rank, d.group);
+    if (src == nullptr || dst == nullptr || src->layer_bytes != dst->layer_bytes ||
+        src->bases.size() != dst->bases.size()) {
       status[i] = 1;
       continue;
     }
     const std::uint32_t lb = src->layer_bytes;
-    for (std::uint32_t l = 0; l < src->num_layers; ++l) {
-      auto* a = reinterpret_cast<std::byte*>(src->base + l * src->layer_stride + std::uint64_t{d.src_slot} * lb);
-      auto* b = reinterpret_cast<std::byte*>(dst->base + l * dst->layer_stride + std::uint64_t{d.dst_slot} * lb);
+    for (std::size_t l = 0; l < src->bases.size(); ++l) {
+      auto* a = reinterpret_cast<std::byte*>(src->bases[l] + std::uint64_t{d.src_slot} * lb);
+      auto* b = reinterpret_cast<std::byte*>(dst->bases[l] + std::uint64_t{d.dst_slot} * lb);
       if (d.op == static_cast<std::uint8_t>(CopyOp::kSwap)) {
         std::swap_ranges(a, a + lb, b);
       } else {

@@ -46,9 +46,32 @@ Status TpConfig::Validate() const {
   if (shard * num_ranks >= LogicalAddr::kInvalidValue || buffer_bytes_per_rank / per_group >= SlotId::kInvalidValue) {
     return bad("the pools hold more than 2^32 - 2 addresses over all ranks");
   }
+  if (page_tokens == 0 || page_tokens > 65536) {
+    return bad(fmt::format("page_tokens = {}: must be in [1, 65536]", page_tokens));
+  }
+  if ((shard + 1) * page_tokens >= LogicalAddr::kInvalidValue) {  // the home table (HomeEntries below)
+    return bad(fmt::format("page_tokens = {}: a shard of {} entries per group would need a home table of more than "
+                           "2^32 entries; lower page_tokens", page_tokens, shard));
+  }
   ULA_RETURN_IF_ERROR(policy_options.Validate());
   return Ok();
 }
+
+namespace {
+// Entries of a shard's home table (indexed by address / P). T = 1: the shard's slots (a
+// rank mints an address only when its free list is empty, i.e. all its minted ones are
+// live). T > 1: a page is minted only when no page is free, i.e. every minted page holds a
+// live address, so pages <= P * shard slots and addresses / P < shard slots * T.
+std::size_t HomeEntries(const TpConfig& c) {
+  return std::size_t{c.shard_slots_per_group()} * c.page_tokens + (c.page_tokens > 1 ? c.page_tokens : 0);
+}
+// Home entries of rank r that an address handed out so far can index: [0, n).
+std::size_t HomeInUse(const TpAddressSpace::State& st, const TpConfig& c, std::uint32_t r) {
+  if (c.page_tokens == 1) return st.minted[r];
+  const std::uint64_t end = std::uint64_t{st.next_page} * c.page_tokens;  // addresses [0, end)
+  return end > r ? static_cast<std::size_t>((end - r + c.num_ranks - 1) / c.num_ranks) : 0;
+}
+}  // namespace
 
 std::uint32_t TpConfig::device_slots_per_group() const {
   return static_cast<std::uint32_t>(SlotsPerGroup(device_bytes_per_rank, entry_bytes, num_groups));
@@ -109,7 +132,7 @@ Result<std::unique_ptr<TpAddressSpace>> TpAddressSpace::Create(const TpConfig& c
       if (!buffer_policy) return fail(buffer_policy.error());
       state->shards[r.value()].push_back(TpGroupShard{std::move(*device), std::move(*host_pool), std::move(*policy),
                                                       std::vector<LogicalAddr>(dev),
-                                                      std::vector<Location>(std::size_t{dev} + host),
+                                                      HomeTable(HomeEntries(config)),
                                                       std::move(*buffer), std::move(*buffer_policy),
                                                       std::vector<LogicalAddr>(buf), {}});
     }
@@ -141,45 +164,102 @@ Status TpAddressSpace::AddRequest(RequestId request) {
   return Ok();
 }
 
+namespace {
+// The directory's half of TpAddressSpace::Allocate: n_tokens new addresses for the request
+// whose list has pos0 entries (holder: its tag and open page), planned first and then taken
+// from the free FIFOs or pages ("Pages" in tp_address_space.h); nothing changes on error.
+Result<std::vector<LogicalAddr>> TakeAddresses(TpAddressSpace::State& st, const TpConfig& c, RequestId request,
+                                               TpAddressSpace::State::Holder& holder, std::uint64_t pos0,
+                                               std::uint32_t n_tokens) {
+  using State = TpAddressSpace::State;
+  const std::uint32_t p = c.num_ranks;
+  const std::uint32_t cap = c.shard_slots_per_group();
+  const std::uint32_t T = c.page_tokens;
+  // Plan the addresses first (nothing changes until they all fit).
+  std::vector<LogicalAddr> out(n_tokens);
+  std::vector<std::uint32_t> planned(st.homed);
+  std::uint32_t cursor = st.cursor;
+  std::size_t pages_reused = 0;
+  std::uint32_t next_page = st.next_page, page = holder.open_page;
+  if (T == 1) {  // round robin from the cursor over ranks that have room
+    std::uint64_t room = 0;
+    for (std::uint32_t r = 0; r < p; ++r) room += cap - st.homed[r];
+    if (n_tokens > room) {
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("request {}: {} new entries do not fit: {} free entries over {} ranks of {} each",
+                                   request.value(), n_tokens, room, p, cap));
+    }
+    std::vector<std::uint32_t> taken(p, 0);
+    for (std::uint32_t i = 0; i < n_tokens; ++i) {
+      while (planned[cursor] >= cap) cursor = (cursor + 1) % p;
+      const std::uint32_t k = taken[cursor]++;
+      out[i] = k < st.free_addrs[cursor].size()
+                   ? st.free_addrs[cursor][k]
+                   : LogicalAddr((st.minted[cursor] + (k - static_cast<std::uint32_t>(st.free_addrs[cursor].size()))) * p +
+                                 cursor);
+      ++planned[cursor];
+      cursor = (cursor + 1) % p;
+    }
+  } else {  // pages: token i of the list at offset i % T; its rank is its address's
+    const std::uint32_t max_pages = static_cast<std::uint32_t>(std::uint64_t{LogicalAddr::kInvalidValue} / T);
+    for (std::uint32_t i = 0; i < n_tokens; ++i) {
+      const std::uint64_t pos = pos0 + i;
+      if (pos % T == 0 || (i == 0 && page == State::Holder::kNoPage)) {
+        if (pages_reused < st.free_pages.size()) {
+          page = st.free_pages[pages_reused++];
+        } else if (next_page < max_pages) {
+          page = next_page++;
+        } else {
+          return MakeError(ErrorCode::kResourceExhausted,
+                           fmt::format("request {}: the logical address space is exhausted", request.value()));
+        }
+      }
+      out[i] = LogicalAddr(static_cast<std::uint32_t>(std::uint64_t{page} * T + pos % T));
+      const std::uint32_t r = out[i].value() % p;
+      if (++planned[r] > cap) {
+        return MakeError(ErrorCode::kResourceExhausted,
+                         fmt::format("request {}: {} new entries do not fit: token {} is homed on rank {} (address {} "
+                                     "mod {}), whose shard of {} entries is full",
+                                     request.value(), n_tokens, pos, r, out[i].value(), p, cap));
+      }
+    }
+  }
+  // Commit the directory.
+  if (T == 1) {
+    st.cursor = cursor;
+    for (LogicalAddr a : out) {
+      const std::uint32_t r = a.value() % p;
+      if (!st.free_addrs[r].empty() && st.free_addrs[r].front() == a) {
+        st.free_addrs[r].pop_front();
+      } else {
+        ULA_CHECK(a.value() == st.minted[r] * p + r);
+        ++st.minted[r];
+      }
+    }
+  } else {
+    st.free_pages.erase(st.free_pages.begin(), st.free_pages.begin() + static_cast<std::ptrdiff_t>(pages_reused));
+    st.next_page = next_page;
+    if (n_tokens > 0) holder.open_page = page;
+  }
+  return out;
+}
+}  // namespace
+
 Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
     return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));
   }
-  // Plan the home ranks first: round robin from the cursor over ranks that have room.
+  State::Holder& holder = st.tags.at(request);
+  auto taken = TakeAddresses(st, config_, request, holder, it->second.size(), n_tokens);
+  if (!taken) return std::unexpected(std::move(taken).error());
+  std::vector<LogicalAddr> out = std::move(*taken);
   const std::uint32_t p = config_.num_ranks;
-  const std::uint32_t cap = config_.shard_slots_per_group();
-  std::uint64_t room = 0;
-  for (std::uint32_t r = 0; r < p; ++r) room += cap - st.homed[r];
-  if (n_tokens > room) {
-    return MakeError(ErrorCode::kResourceExhausted,
-                     fmt::format("request {}: {} new entries do not fit: {} free entries over {} ranks of {} each",
-                                 request.value(), n_tokens, room, p, cap));
-  }
-  std::vector<std::uint32_t> planned(st.homed);
-  std::vector<std::uint16_t> home(n_tokens);
-  std::uint32_t cursor = st.cursor;
+  const std::uint32_t tag = holder.tag;
   for (std::uint32_t i = 0; i < n_tokens; ++i) {
-    while (planned[cursor] >= cap) cursor = (cursor + 1) % p;
-    home[i] = static_cast<std::uint16_t>(cursor);
-    ++planned[cursor];
-    cursor = (cursor + 1) % p;
-  }
-  // Mutate.
-  const std::uint32_t tag = st.tags.at(request).tag;
-  st.cursor = cursor;
-  std::vector<LogicalAddr> out(n_tokens);
-  for (std::uint32_t i = 0; i < n_tokens; ++i) {
-    const std::uint32_t r = home[i];
-    LogicalAddr a;
-    if (!st.free_addrs[r].empty()) {
-      a = st.free_addrs[r].front();
-      st.free_addrs[r].pop_front();
-    } else {
-      a = LogicalAddr(st.minted[r]++ * p + r);
-    }
-    out[i] = a;
+    const LogicalAddr a = out[i];
+    const std::uint32_t r = a.value() % p;
     if (st.live.size() <= a.value()) {
       st.live.resize(std::max<std::size_t>(a.value() + 1, st.live.size() * 2), 0);
       st.owner.resize(st.live.size(), 0);
@@ -235,8 +315,18 @@ void TpAddressSpace::FreeAddress(LogicalAddr a) {
   st.live[a.value()] = 0;
   st.owner[a.value()] = 0;
   --st.homed[r];
-  st.free_addrs[r].push_back(a);
   --st.num_live;
+  const std::uint32_t T = config_.page_tokens;
+  if (T == 1) {
+    st.free_addrs[r].push_back(a);
+    return;
+  }
+  // The page joins the free FIFO once none of its addresses is live.
+  const std::uint32_t page = a.value() / T;
+  for (std::uint64_t b = std::uint64_t{page} * T; b < std::uint64_t{page + 1} * T; ++b) {
+    if (b < st.live.size() && st.live[b] != 0) return;
+  }
+  st.free_pages.push_back(page);
 }
 
 Status TpAddressSpace::Free(RequestId request) {
@@ -297,6 +387,7 @@ Status TpAddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr>
   }
   it->second.insert(it->second.end(), addrs.begin(), addrs.end());
   refs::MergeAdopted(h.adopted, addrs);
+  if (!addrs.empty()) h.open_page = State::Holder::kNoPage;  // the list no longer ends in it
   for (LogicalAddr a : addrs) st.refs[a.value()] += refs::kRequestRef;
   ULA_EXPENSIVE_CHECK(*this);
   return Ok();
@@ -542,11 +633,40 @@ Status TpAddressSpace::CheckInvariants() const {
   for (std::uint32_t r = 0; r < p; ++r) {
     if (homed[r] != st.homed[r]) return fail(fmt::format("rank {}: {} homed addresses, counter says {}", r, homed[r], st.homed[r]));
     if (st.homed[r] > config_.shard_slots_per_group()) return fail(fmt::format("rank {} holds more than its shard", r));
+    if (config_.page_tokens > 1) continue;
     for (LogicalAddr a : st.free_addrs[r]) {
       if (a.value() % p != r || st.IsLive(a)) return fail(fmt::format("free list of rank {} holds address {}", r, a.value()));
     }
     if (st.free_addrs[r].size() + st.homed[r] != st.minted[r]) {
       return fail(fmt::format("rank {}: {} free + {} live != {} minted", r, st.free_addrs[r].size(), st.homed[r], st.minted[r]));
+    }
+  }
+  if (config_.page_tokens > 1) {
+    // Pages: no address past the minted pages is live; the free pages are exactly the minted
+    // pages without a live address, each listed once; an open page ends its request's list.
+    const std::uint32_t T = config_.page_tokens;
+    std::vector<std::uint32_t> page_live(st.next_page, 0);
+    for (std::size_t a = 0; a < st.live.size(); ++a) {
+      if (st.live[a] == 0) continue;
+      if (a / T >= st.next_page) return fail(fmt::format("live address {} is past the {} minted pages", a, st.next_page));
+      ++page_live[a / T];
+    }
+    std::vector<bool> page_free(st.next_page, false);
+    for (std::uint32_t pg : st.free_pages) {
+      if (pg >= st.next_page || page_free[pg] || page_live[pg] != 0) {
+        return fail(fmt::format("free page {} is past the end, listed twice or holds a live address", pg));
+      }
+      page_free[pg] = true;
+    }
+    for (std::uint32_t pg = 0; pg < st.next_page; ++pg) {
+      if (page_live[pg] == 0 && !page_free[pg]) return fail(fmt::format("page {} has no live address but is not free", pg));
+    }
+    for (const auto& [id, h] : st.tags) {
+      if (h.open_page == State::Holder::kNoPage) continue;
+      const auto& addrs = st.requests.at(id);
+      if (addrs.empty() || addrs.back().value() / T != h.open_page || st.owner[addrs.back().value()] != h.tag) {
+        return fail(fmt::format("request {}: open page {} does not end its list", id.value(), h.open_page));
+      }
     }
   }
 
@@ -557,10 +677,14 @@ Status TpAddressSpace::CheckInvariants() const {
       const TpGroupShard& sh = st.shards[r][g];
       std::vector<bool> dev_seen(sh.device.capacity()), host_seen(sh.host.capacity());
       std::uint32_t n_dev = 0, n_host = 0;
-      for (std::uint32_t i = 0; i < sh.home.size(); ++i) {
+      const std::size_t in_use = HomeInUse(st, config_, r);
+      for (std::size_t i = in_use; i < sh.home.size() && i < in_use + 64; ++i) {  // spot check past the end
+        if (!sh.home[i].is_none()) return fail(fmt::format("rank {} group {}: home entry {} past the addresses is set", r, g, i));
+      }
+      for (std::uint32_t i = 0; i < in_use; ++i) {
         const LogicalAddr a(i * p + r);
         const Location loc = sh.home[i];
-        const bool live = i < st.minted[r] && st.IsLive(a);
+        const bool live = st.IsLive(a);
         if (loc.is_none()) {
           if (live) return fail(fmt::format("live address {} has no home in group {}", a.value(), g));
           continue;
@@ -635,6 +759,7 @@ std::uint64_t TpAddressSpace::DebugDigest() const {
     const State::Holder& h = st.tags.at(id);
     rd.Add(h.tag);
     for (LogicalAddr a : h.adopted) rd.Add(a.value());
+    rd.Add(h.open_page);
     requests += rd.value();
   }
   d.AddAll(std::span<const std::uint32_t>(st.owner));
@@ -645,6 +770,9 @@ std::uint64_t TpAddressSpace::DebugDigest() const {
     for (LogicalAddr a : fifo) d.Add(a.value());
   }
   d.AddAll(std::span<const std::uint32_t>(st.minted));
+  d.Add(st.next_page);
+  d.Add(st.free_pages.size());
+  for (std::uint32_t pg : st.free_pages) d.Add(pg);
   d.AddAll(std::span<const std::uint32_t>(st.homed));
   d.AddAll(std::span<const std::uint8_t>(st.live));
   d.Add(st.cursor);
@@ -656,7 +784,7 @@ std::uint64_t TpAddressSpace::DebugDigest() const {
       d.Add(sh.host.free_bitmap());
       d.Add(sh.policy->DebugDigest());
       for (LogicalAddr a : sh.device_owner) d.Add(a.value());
-      for (const Location& l : sh.home) d.Add(l.bits());
+      for (std::size_t i = 0, n = HomeInUse(st, config_, r.value()); i < n; ++i) d.Add(sh.home[i].bits());
       d.Add(sh.buffer.free_bitmap());
       d.Add(sh.buffer_policy->DebugDigest());
       for (LogicalAddr a : sh.buffer_owner) d.Add(a.value());

@@ -4,6 +4,7 @@
 // different threads.
 #pragma once
 
+#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <unordered_map>
@@ -16,13 +17,36 @@
 
 namespace ula {
 
+// A shard's home table: a fixed array of Locations, None (all-zero bits) until written. It is
+// sized for the most addresses pages can reach (TpConfig::page_tokens), from calloc: the
+// OS commits only what is written, so the worst case of partly filled pages costs address
+// space, not memory. Fixed, because other ranks read it one-sidedly (tp_fabric.h).
+class HomeTable {
+ public:
+  HomeTable() = default;
+  explicit HomeTable(std::size_t n) : data_(static_cast<Location*>(std::calloc(n == 0 ? 1 : n, sizeof(Location)))), size_(n) {
+    if (data_ == nullptr) std::abort();
+  }
+  Location& operator[](std::size_t i) { return data_.get()[i]; }
+  const Location& operator[](std::size_t i) const { return data_.get()[i]; }
+  const Location* data() const { return data_.get(); }
+  std::size_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(Location* p) const { std::free(p); }
+  };
+  std::unique_ptr<Location, Free> data_;
+  std::size_t size_ = 0;
+};
+
 // One rank's share of one layer group.
 struct TpGroupShard {
   SlotPool device;                               // shard, device tier
   SlotPool host;                                 // shard, host tier
   std::unique_ptr<ResidencyPolicy> policy;       // over device slots
   std::vector<LogicalAddr> device_owner;         // [device capacity]
-  std::vector<Location> home;                    // [shard_slots_per_group] indexed by address / P
+  HomeTable home;                                // [HomeEntries(config)] indexed by address / P
   SlotPool buffer;                               // local buffer, device tier
   std::unique_ptr<ResidencyPolicy> buffer_policy;
   std::vector<LogicalAddr> buffer_owner;         // [buffer capacity]
@@ -45,13 +69,20 @@ struct TpAddressSpace::State {
   PoolArenas arenas;  // destroyed last: every pool below lives in one of them
   // Directory (replicated).
   std::unordered_map<RequestId, std::vector<LogicalAddr>> requests;
+  // page_tokens == 1: per home rank, a FIFO of freed addresses and the count minted.
   std::vector<std::deque<LogicalAddr>> free_addrs;  // [P] FIFO per home rank
   std::vector<std::uint32_t> minted;                // [P] addresses r, r+P, ... handed out once
+  // page_tokens T > 1 (address_space.h "Pages"): pages [p*T, (p+1)*T) minted so far, and a
+  // FIFO of the minted pages that hold no live address.
+  std::uint32_t next_page = 0;
+  std::deque<std::uint32_t> free_pages;
   std::vector<std::uint32_t> homed;                 // [P] live addresses per home rank
   std::vector<std::uint8_t> live;                   // [max address + 1] 1 = live
   struct Holder {
     std::uint32_t tag = 0;              // owner tag (non-zero, unique among live requests)
     std::vector<LogicalAddr> adopted;   // sorted: the addresses it adopted (ShareInto)
+    static constexpr std::uint32_t kNoPage = 0xffffffffu;
+    std::uint32_t open_page = kNoPage;  // the page its list ends in (page_tokens > 1)
   };
   std::unordered_map<RequestId, Holder> tags;       // request -> its tag and adopted addresses
   // [live.size()] owner tag (sparse/address_refs.h): the allocating request's while it holds
@@ -59,7 +90,7 @@ struct TpAddressSpace::State {
   std::vector<std::uint32_t> owner;
   std::vector<std::uint32_t> refs;                  // [live.size()] packed reference counts (address_refs.h)
   std::uint32_t next_tag = 1;                       // the next request's tag (renumbered on wrap)
-  std::uint32_t cursor = 0;                         // next rank to receive a token
+  std::uint32_t cursor = 0;                         // page_tokens == 1: next rank to receive a token
   std::uint64_t num_live = 0;
   std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
 

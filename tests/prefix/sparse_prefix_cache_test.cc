@@ -217,7 +217,10 @@ TEST(SparsePrefixCache, TpCachedPrefixStaysStripedAndIsStoredOnce) {
     ASSERT_TRUE(space->Allocate(RequestId(r), 2));
   }
   EXPECT_EQ(space->num_live_addresses(), 16u + 4 * 2);
-  for (std::uint16_t r = 0; r < 4; ++r) EXPECT_EQ(space->NumHomed(Rank(r)), 6u);
+  // The prefix: 4 per rank. Each request's 2 new tokens sit at positions 16 and 17 of a fresh
+  // 64-token page (tp_address_space.h "Pages": a token's rank is its address's, a mod P): ranks
+  // 0 and 1, 4 more each.
+  for (std::uint16_t r = 0; r < 4; ++r) EXPECT_EQ(space->NumHomed(Rank(r)), r < 2 ? 8u : 4u);
   for (LogicalAddr x : a) EXPECT_EQ(space->Lookup(x, GroupId(0)).value().rank(), space->HomeOf(x));
   EXPECT_EQ(cache->Room(), 32u - 24);
   // Room for 12: the prompt is still held by the requests: evicting frees nothing, refused.

@@ -178,7 +178,7 @@ def test_bad_input_raises_and_changes_nothing():
         (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, good, idx.astype(np.uint32), R1)),     # out dtype
         (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, np.asfortranarray(np.zeros((1, 2, 2), np.int32)),
                                                              idx.reshape(1, 2, 2), R1)),           # layout
-        (ulacache.InvalidArgumentError, lambda: planner.plan(0, 0, good, idx, desc[:1], R1)),             # rows
+        (ulacache.ResourceExhaustedError, lambda: planner.plan(0, 0, good, idx, desc[:1], R1)),           # rows: the step needs 4
         (ulacache.InvalidArgumentError, lambda: planner.plan(0, 0, good, idx, np.zeros(8, np.uint8), R1)),  # desc dtype
         (ulacache.NotFoundError, lambda: planner.step(0, 0, np.array([[[int(gone[0]), 1, 2, 3]]], np.int32), idx, R1)),  # stale
         (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, np.array([[[-5, 1, 2, 3]]], np.int32), idx, R1)),

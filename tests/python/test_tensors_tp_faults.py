@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ import ulacache
 
 ENTRY = 64
 SEED = int(os.environ.get("ULA_TEST_SEED", "20261201"))
+REPO = Path(__file__).resolve().parents[2]
 
 
 def pattern(addr, group, version=0):
@@ -157,18 +160,62 @@ def test_engine_memory_as_list_or_dict_of_layers_and_refused_on_a_cpu_space():
             assert (mem["device"][:, i].reshape(-1) == pattern(int(s), 0)).all()
         outcomes.append(idx.copy())
     assert all((o == outcomes[0]).all() for o in outcomes)
-    # Four layers of 16 bytes: views of one allocation, but not equally spaced.
+    # Four layers of 16 bytes at any addresses: views of one allocation out of order, with a
+    # gap, and separately allocated arrays are all accepted; overlapping layers are refused.
     cfg = ulacache.AddressSpaceConfig(num_groups=1, entry_bytes=ENTRY, device_bytes_per_rank=8 * ENTRY,
                                       host_bytes_per_rank=48 * ENTRY)
     planner = ulacache.EngineStepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
     big = np.zeros((5, 8, ENTRY // 4), np.uint8)
-    with pytest.raises(ulacache.UnsupportedError, match="equally spaced"):
-        planner.register_engine_memory("device", 0, 0, [big[0], big[1], big[3], big[4]])
-    with pytest.raises(ulacache.InvalidArgumentError, match="ascending"):
-        planner.register_engine_memory("device", 0, 0, [big[1], big[0], big[2], big[3]])
+    planner.register_engine_memory("device", 0, 0, [big[0], big[1], big[3], big[4]])   # a gap
+    planner.register_engine_memory("device", 0, 0, [big[1], big[0], big[2], big[3]])   # descending
     with pytest.raises(ulacache.InvalidArgumentError, match="same size"):
         planner.register_engine_memory("device", 0, 0, [big[0], big[1], big[2], big[3, :4]])
-    planner.register_engine_memory("device", 0, 0, [big[0], big[1], big[2], big[3]])   # equally spaced views
+    with pytest.raises(ulacache.InvalidArgumentError, match="overlap"):
+        planner.register_engine_memory("device", 0, 0, [big[0], big[1], big[1], big[2]])
+    flat = np.zeros(5 * 8 * (ENTRY // 4), np.uint8)
+    with pytest.raises(ulacache.InvalidArgumentError, match="overlap"):   # layer 1 starts inside layer 0
+        planner.register_engine_memory("device", 0, 0, [flat[i * 8: i * 8 + 8 * (ENTRY // 4)].reshape(8, -1)
+                                                        for i in range(4)])
+
+
+def test_separately_allocated_layer_tensors_at_any_addresses():
+    # vLLM and SGLang allocate each layer's KV tensor on its own: 4 layers per group, each
+    # tier registered as a dict of its layers (at any addresses).
+    layers, row = 4, ENTRY // 4
+    space = dp_space(8, 48, backend="counting")
+    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
+    # Device: the layers at unequal offsets of one buffer, out of address order; host: four
+    # separate allocations.
+    arena = np.zeros(16384, np.uint8)
+    offsets = [3000, 128, 9000, 5104]
+    mem = {"device": [arena[o:o + 8 * row].reshape(8, row) for o in offsets],
+           "host": [np.zeros((48, row), np.uint8) for _ in range(layers)]}
+    for tier, ls in mem.items():
+        planner.register_engine_memory(tier, 0, 0, {f"model.layers.{l}.self_attn": t for l, t in enumerate(ls)})
+    space.add_request(1)
+    addrs = space.allocate(1, 40)
+    for a in addrs:
+        tier, _, slot = space.lookup(int(a), 0)
+        for l in range(layers):
+            mem[tier][l][slot] = pattern(int(a), 0)[l * row:(l + 1) * row]
+    space.advance_round()
+    for step in range(3):
+        sel = addrs[8 + 8 * step: 16 + 8 * step].astype(np.int32).reshape(1, 1, 8)
+        idx = np.zeros_like(sel)
+        desc = np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
+        fence, n, _ = planner.plan(0, 0, sel, idx, desc, np.array([1], np.int64))
+        assert n == 8
+        status = np.zeros(n, np.uint8)
+        planner.execute_on_engine_memory(desc[:n], status)
+        assert planner.complete(fence, status) == (n, 0)
+        for s, i in zip(sel.reshape(-1), idx.reshape(-1)):
+            got = np.concatenate([mem["device"][l][i] for l in range(layers)])
+            assert (got == pattern(int(s), 0)).all()
+        for a in addrs:   # every entry, device or host, reads its own bytes where it now is
+            tier, _, slot = space.lookup(int(a), 0)
+            got = np.concatenate([mem[tier][l][slot] for l in range(layers)])
+            assert (got == pattern(int(a), 0)).all(), (step, int(a))
+        space.advance_round()
 
 
 # --- item 7: faults through the engine step ----------------------------------------------
@@ -266,6 +313,29 @@ def test_addresses_come_in_pages():
     with pytest.raises(ulacache.InvalidArgumentError):
         ulacache.AddressSpace(ulacache.AddressSpaceConfig(entry_bytes=ENTRY, device_bytes_per_rank=ENTRY * 8,
                                                           host_bytes_per_rank=ENTRY * 8, page_tokens=0))
+
+
+def test_tp_addresses_come_in_pages_striped_over_the_ranks():
+    cfg = ulacache.TpConfig(num_ranks=4, num_groups=1, entry_bytes=ENTRY, attention="at_home",
+                            device_bytes_per_rank=ENTRY * 40, host_bytes_per_rank=ENTRY * 60)
+    assert cfg.page_tokens == 64
+    space = ulacache.TpAddressSpace(cfg)
+    space.add_request(1), space.add_request(2)
+    parts = {1: [], 2: []}
+    parts[1].append(space.allocate(1, 50))
+    for _ in range(20):                      # decode tokens of the two requests interleave
+        parts[1].append(space.allocate(1, 1))
+        parts[2].append(space.allocate(2, 1))
+    a, b = (np.concatenate(parts[r]).astype(np.int64) for r in (1, 2))
+    i = np.arange(len(a))
+    assert (a % 64 == i % 64).all() and len(set((a[::64] // 64).tolist())) == 2   # page_table_1[:, ::64] // 64
+    assert ((a[:64] // 64) == a[0] // 64).all()
+    assert not set((b // 64).tolist()) & set((a // 64).tolist())                  # pages are per request
+    assert [space.home_of(int(x)) for x in a[:8]] == [0, 1, 2, 3, 0, 1, 2, 3]      # a page spans all ranks
+    space.check_invariants()
+    with pytest.raises(ulacache.InvalidArgumentError):
+        ulacache.TpConfig(num_ranks=4, entry_bytes=ENTRY, attention="at_home", device_bytes_per_rank=ENTRY * 8,
+                          page_tokens=0).validate()
 
 
 def test_per_layer_pools_of_unequal_groups_read_through_device_layer():
@@ -389,3 +459,87 @@ def test_the_package_docstring_example_runs():
             break
         code.append(line[4:])
     exec(compile("\n".join(code), "ulacache.__doc__", "exec"), {})
+
+
+# --- item 5: Python has what C++ has (the members test_binding_coverage.py once listed) -----
+
+def test_sharing_and_directory_members_of_both_spaces():
+    tp = ulacache.TpAddressSpace(ulacache.TpConfig(num_ranks=2, entry_bytes=ENTRY, attention="at_home",
+                                                   device_bytes_per_rank=ENTRY * 8, host_bytes_per_rank=ENTRY * 24))
+    dp = dp_space(8, 48)
+    for space in (dp, tp):
+        space.add_request(1), space.add_request(2)
+        a = space.allocate(1, 6)
+        assert (space.addresses_of(1) == a).all() and space.num_requests == 2
+        space.share_into(2, a[:4])                      # a cached prefix, no copy
+        assert [space.ref_count(int(x)) for x in a] == [2, 2, 2, 2, 1, 1]
+        assert space.holds(2, int(a[0])) and not space.holds(2, int(a[5]))
+        digest = space.debug_digest()
+        with pytest.raises(ulacache.AlreadyExistsError):
+            space.share_into(2, a[:1])
+        with pytest.raises(ulacache.FailedPreconditionError):
+            space.release(a[:1])                        # no cache reference to drop
+        assert space.debug_digest() == digest
+        space.retain(a[:2])
+        space.free(1), space.free(2)
+        assert [space.is_live(int(x)) for x in a] == [True, True, False, False, False, False]
+        space.release(a[:2])
+        assert not space.is_live(int(a[0])) and space.ref_count(int(a[0])) == 0
+        space.check_invariants()
+    assert dp.rank_of is not None
+    dp.add_request(3)
+    assert dp.rank_of(3) == 0
+    assert tp.hosted_ranks == [0, 1] and tp.hosts(1) and not tp.hosts(2)
+    assert tp.config.shard_slots_per_group == 32 and tp.config.policy == "pb_lru"
+    tp.add_request(4)
+    b = tp.allocate(4, 10)
+    tier, rank, slot = tp.lookup(int(b[0]), 0)
+    assert (tier, rank) == ("device", tp.home_of(int(b[0])))
+    assert [tp.num_homed(r) for r in (0, 1)] == [5, 5]
+    assert tp.num_used(0, 0, "device") + tp.num_used(0, 0, "host") == 5
+    assert tp.num_free(0, 0, "device") == 8 - tp.num_used(0, 0, "device")
+    assert tp.num_buffered(0, 0) == 0 and tp.buffer_slot(0, int(b[1]), 0) is None
+
+
+def test_tp_check_refuses_as_step_would_and_changes_nothing():
+    space = ulacache.TpAddressSpace(ulacache.TpConfig(num_ranks=2, entry_bytes=ENTRY, attention="at_home",
+                                                      device_bytes_per_rank=ENTRY * 8,
+                                                      host_bytes_per_rank=ENTRY * 24))
+    space.add_request(1), space.add_request(2)
+    a, b = space.allocate(1, 6), space.allocate(2, 2)
+    planner = ulacache.TpStepPlanner(space)
+    planner.check(0, a, [(1, len(a))])
+    digest = space.debug_digest()
+    with pytest.raises(ulacache.NotFoundError):
+        planner.check(0, np.concatenate([a, b]), [(1, len(a) + len(b))])    # another request's addresses
+    assert space.debug_digest() == digest
+    assert ulacache.TpEngineStepPlanner(space, 1, 1, 8).ranks == [0, 1]
+
+
+def test_indexer_score_select_union_and_config_members():
+    rng = np.random.default_rng(SEED)
+    ix = ulacache.Indexer(num_heads=2, head_dim=4, top_k=3)
+    assert ix.shape == (2, 4, 3)
+    keys = rng.standard_normal((20, 4)).astype(np.float32)
+    qs = [(rng.standard_normal(8).astype(np.float32), np.abs(rng.standard_normal(2)).astype(np.float32))
+          for _ in range(2)]
+    scores = ix.score(qs[0][0], qs[0][1], keys)
+    assert scores.shape == (20,)
+    order = sorted(range(20), key=lambda i: (-scores[i], i))[:3]              # top-k by score, ties by position
+    assert ix.select(qs[0][0], qs[0][1], keys).tolist() == order
+    per_query, union = ix.select_union(qs, keys)
+    assert per_query[0].tolist() == order
+    first_seen = list(dict.fromkeys(per_query[0].tolist() + per_query[1].tolist()))  # every position once, first kept
+    assert union.tolist() == first_seen
+    model = ulacache.load_model_config(str(REPO / "configs/models/glm5.json"))
+    model.validate()
+    assert model.kv_bytes_per_token == (model.num_layers + model.mtp_layers) * model.kv_entry_bytes_per_layer
+    assert model.kv_entry_bytes_per_layer == (model.kv_lora_rank * model.kv_lora_bytes_per_value + model.kv_scale_bytes
+                                              + model.qk_rope_head_dim * model.rope_bytes_per_value)
+    planner = ulacache.StepPlanner(dp_space())
+    planner.set_options(threads=2)
+    assert planner.options["threads"] == 2 and planner.counters["claims"] == 0
+    with pytest.raises(ulacache.InvalidArgumentError):
+        planner.set_options(threads=0)
+    assert planner.options["threads"] == 2
+    assert ulacache.FaultPlan(delay_us=5).delay == 5

@@ -8,120 +8,89 @@
 
 #include <random>
 
-#include "backend/fault_backend.h"
-#include "sparse/space_fixture.h"
+#include "sparse/engine_step_fixture.h"
 #include "test_seed.h"
-#include "ula/engine_step.h"
 
 namespace ula {
 namespace {
 
-using testing::Pattern;
-using testing::SmallConfig;
+using testing::FaultStepSpace;
 
 constexpr std::uint32_t kEntry = 32;
-
-// Every address reads its own bytes where the table says it is.
-::testing::AssertionResult AllIntact(const AddressSpace& space, const std::vector<LogicalAddr>& addrs) {
-  std::vector<std::byte> bytes(kEntry);
-  for (LogicalAddr a : addrs) {
-    if (!space.Read(a, GroupId(0), bytes)) return ::testing::AssertionFailure() << "address " << a.value() << " unreadable";
-    if (bytes != Pattern(a, 0, kEntry)) {
-      return ::testing::AssertionFailure() << "address " << a.value() << " does not read its bytes at its location";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
+constexpr EngineStepConfig kOneRow{.max_batch = 1, .max_q_len = 1, .max_top_k = 4};
 
 // 3 host entries selected with no free device slot: one swap batch of 3, failed at its wait.
 TEST(EngineStepFault, FailedSwapBatchPublishesNothingAndVictimsKeepTheirBytes) {
-  auto inner = MakeCpuBackend({.copy_threads = 1});
-  auto fb = MakeFaultInjectingBackend(*inner, FaultPlan{.fail_every_nth = 1, .at_submit = false}).value();
-  auto space = AddressSpace::Create(SmallConfig(4, 12), *fb).value();
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
-  fb->set_armed(false);
-  ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
-  const auto addrs = space->Allocate(RequestId(1), 16).value();  // 4 on device, 12 on host
-  for (LogicalAddr a : addrs) ASSERT_TRUE(space->Write(a, GroupId(0), Pattern(a, 0, kEntry)));
-  space->AdvanceRound();
-  std::vector<Location> before;
-  for (LogicalAddr a : addrs) before.push_back(space->Lookup(a, GroupId(0)).value());
+  FaultStepSpace f(FaultPlan{.fail_every_nth = 1, .at_submit = false}, 4, 12, kEntry, kOneRow, {.copy_threads = 1});
+  const auto addrs = f.Append(RequestId(1), 16);  // 4 on device, 12 on host
+  f.space->AdvanceRound();
+  const auto before = f.Locations(addrs);
   std::vector<std::int32_t> sel, idx(3);
   for (std::size_t i = addrs.size() - 3; i < addrs.size(); ++i) sel.push_back(static_cast<std::int32_t>(addrs[i].value()));
   const std::vector<RequestId> one{RequestId(1)};
-  fb->set_armed(true);
-  auto failed = planner->Step(Rank(0), GroupId(0), {1, 1, 3}, one, sel, idx);
-  fb->set_armed(false);
+  auto failed = f.ArmedStep({1, 1, 3}, one, sel, idx);
   ASSERT_FALSE(failed);
   EXPECT_EQ(failed.error().code(), ErrorCode::kIo);
   const std::string& m = failed.error().message();
   EXPECT_NE(m.find("3 of 3 copies not published: host<->device swap of 3 entries failed (injected fault"),
             std::string::npos) << m;
   EXPECT_EQ(m.find("host->device copy"), std::string::npos) << m;
-  for (std::size_t i = 0; i < addrs.size(); ++i) {
-    EXPECT_EQ(space->Lookup(addrs[i], GroupId(0)).value(), before[i]) << "address " << addrs[i].value() << " moved";
-  }
-  EXPECT_TRUE(AllIntact(*space, addrs));
-  EXPECT_TRUE(space->CheckInvariants());
-  EXPECT_FALSE(planner->has_pending());
+  EXPECT_EQ(f.Locations(addrs), before);
+  EXPECT_TRUE(f.AllIntact());
+  EXPECT_TRUE(f.space->CheckInvariants());
+  EXPECT_FALSE(f.planner->has_pending());
 
   // The retry succeeds once the round ends (the victims were claimed in this one).
-  space->AdvanceRound();
-  auto retry = planner->Step(Rank(0), GroupId(0), {1, 1, 3}, one, sel, idx);
+  f.space->AdvanceRound();
+  auto retry = f.planner->Step(Rank(0), GroupId(0), {1, 1, 3}, one, sel, idx);
   ASSERT_TRUE(retry) << retry.error().ToString();
   EXPECT_EQ(retry->evictions, 3u);
   for (int i = 0; i < 3; ++i) {
-    const Location loc = space->Lookup(LogicalAddr(static_cast<std::uint32_t>(sel[i])), GroupId(0)).value();
+    const Location loc = f.space->Lookup(LogicalAddr(static_cast<std::uint32_t>(sel[i])), GroupId(0)).value();
     EXPECT_EQ(loc.tier(), Tier::kDevice);
     EXPECT_EQ(static_cast<std::int32_t>(loc.slot().value()), idx[i]);
   }
-  EXPECT_TRUE(AllIntact(*space, addrs));
+  EXPECT_TRUE(f.AllIntact());
+}
 
+// Request 1's 14 entries, 2 on device and 12 on host, and 2 free device slots (a request
+// that held them was freed).
+std::vector<LogicalAddr> TwoFreeDeviceSlots(FaultStepSpace& f) {
+  f.Append(RequestId(2), 2);  // 2 of the 4 device slots, freed below
+  auto addrs = f.Append(RequestId(1), 14);
+  f.Free(RequestId(2));
+  f.space->AdvanceRound();
+  return addrs;
 }
 
 // 2 host entries selected with 2 free device slots: one copy batch, failed at its wait
 // after landing a prefix; its slots go back to the pool, its entries stay on host.
 TEST(EngineStepFault, FailedCopyBatchReturnsItsFreeSlots) {
-  auto inner = MakeCpuBackend({.copy_threads = 1});
-  auto fb = MakeFaultInjectingBackend(
-      *inner, FaultPlan{.fail_every_nth = 1, .partial = true, .swaps = false, .at_submit = false}).value();
-  auto space = AddressSpace::Create(SmallConfig(4, 12), *fb).value();
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
-  fb->set_armed(false);
-  ASSERT_TRUE(space->AddRequest(RequestId(2), Rank(0)));
-  ASSERT_TRUE(space->Allocate(RequestId(2), 2));  // 2 of the 4 device slots, freed below
-  ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
-  const auto addrs = space->Allocate(RequestId(1), 14).value();  // 2 on device, 12 on host
-  for (LogicalAddr a : addrs) ASSERT_TRUE(space->Write(a, GroupId(0), Pattern(a, 0, kEntry)));
-  ASSERT_TRUE(space->Free(RequestId(2)));
-  space->AdvanceRound();
-  std::vector<Location> before;
-  for (LogicalAddr a : addrs) before.push_back(space->Lookup(a, GroupId(0)).value());
+  FaultStepSpace f(FaultPlan{.fail_every_nth = 1, .partial = true, .swaps = false, .at_submit = false}, 4, 12, kEntry,
+                   kOneRow, {.copy_threads = 1});
+  const std::vector<LogicalAddr> addrs = TwoFreeDeviceSlots(f);
+  const auto before = f.Locations(addrs);
   std::vector<std::int32_t> sel, idx(2);
   for (std::size_t i = addrs.size() - 2; i < addrs.size(); ++i) sel.push_back(static_cast<std::int32_t>(addrs[i].value()));
   ASSERT_EQ(before.back().tier(), Tier::kHost);
   const std::vector<RequestId> one{RequestId(1)};
-  fb->set_armed(true);
-  auto failed = planner->Step(Rank(0), GroupId(0), {1, 1, 2}, one, sel, idx);
-  fb->set_armed(false);
+  auto failed = f.ArmedStep({1, 1, 2}, one, sel, idx);
   ASSERT_FALSE(failed);
   EXPECT_EQ(failed.error().code(), ErrorCode::kIo);
   const std::string& m = failed.error().message();
   EXPECT_NE(m.find("2 of 2 copies not published: host->device copy of 2 entries failed (injected fault"),
             std::string::npos) << m;
   EXPECT_EQ(m.find("swap"), std::string::npos) << m;
-  EXPECT_EQ(fb->stats().partial, 1u);
-  for (std::size_t i = 0; i < addrs.size(); ++i) {
-    EXPECT_EQ(space->Lookup(addrs[i], GroupId(0)).value(), before[i]) << "address " << addrs[i].value() << " moved";
-  }
-  EXPECT_TRUE(AllIntact(*space, addrs));
-  EXPECT_TRUE(space->CheckInvariants());
+  EXPECT_EQ(f.faults->stats().partial, 1u);
+  EXPECT_EQ(f.Locations(addrs), before);
+  EXPECT_TRUE(f.AllIntact());
+  EXPECT_TRUE(f.space->CheckInvariants());
   // The free slots went back: the retry copies into them again (no eviction).
-  auto retry = planner->Step(Rank(0), GroupId(0), {1, 1, 2}, one, sel, idx);
+  auto retry = f.planner->Step(Rank(0), GroupId(0), {1, 1, 2}, one, sel, idx);
   ASSERT_TRUE(retry) << retry.error().ToString();
   EXPECT_EQ(retry->into_free, 2u);
   EXPECT_EQ(retry->evictions, 0u);
-  EXPECT_TRUE(AllIntact(*space, addrs));
+  EXPECT_TRUE(f.AllIntact());
 }
 
 // A step with a copy batch and a swap batch: the copy batch fails at its wait after landing
@@ -129,56 +98,37 @@ TEST(EngineStepFault, FailedCopyBatchReturnsItsFreeSlots) {
 // but reports only its own outcome, so only a wait on the copy's own fence sees the failure:
 // the copies stay unpublished, the swaps are published.
 TEST(EngineStepFault, FailedCopyIsSeenOnItsOwnFenceNextToACompletedSwap) {
-  auto inner = MakeCpuBackend({.copy_threads = 1});
-  auto fb = MakeFaultInjectingBackend(
-      *inner, FaultPlan{.fail_every_nth = 1, .partial = true, .swaps = false, .at_submit = false}).value();
-  auto space = AddressSpace::Create(SmallConfig(4, 12), *fb).value();
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
-  fb->set_armed(false);
-  ASSERT_TRUE(space->AddRequest(RequestId(2), Rank(0)));
-  ASSERT_TRUE(space->Allocate(RequestId(2), 2));  // 2 of the 4 device slots, freed below
-  ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
-  const auto addrs = space->Allocate(RequestId(1), 14).value();  // 2 on device, 12 on host
-  for (LogicalAddr a : addrs) ASSERT_TRUE(space->Write(a, GroupId(0), Pattern(a, 0, kEntry)));
-  ASSERT_TRUE(space->Free(RequestId(2)));
-  space->AdvanceRound();
-  std::vector<Location> before;
-  for (LogicalAddr a : addrs) before.push_back(space->Lookup(a, GroupId(0)).value());
+  FaultStepSpace f(FaultPlan{.fail_every_nth = 1, .partial = true, .swaps = false, .at_submit = false}, 4, 12, kEntry,
+                   kOneRow, {.copy_threads = 1});
+  const std::vector<LogicalAddr> addrs = TwoFreeDeviceSlots(f);
   std::vector<std::int32_t> sel, idx(4);
   for (std::size_t i = addrs.size() - 4; i < addrs.size(); ++i) sel.push_back(static_cast<std::int32_t>(addrs[i].value()));
   const std::vector<RequestId> one{RequestId(1)};
-  fb->set_armed(true);
-  auto failed = planner->Step(Rank(0), GroupId(0), {1, 1, 4}, one, sel, idx);
-  fb->set_armed(false);
+  auto failed = f.ArmedStep({1, 1, 4}, one, sel, idx);
   ASSERT_FALSE(failed);
   const std::string& m = failed.error().message();
   EXPECT_NE(m.find("2 of 4 copies not published: host->device copy of 2 entries failed (injected fault"),
             std::string::npos) << m;
   EXPECT_EQ(m.find("swap"), std::string::npos) << m;
-  EXPECT_EQ(fb->stats().partial, 1u);
+  EXPECT_EQ(f.faults->stats().partial, 1u);
   std::size_t published = 0;
   for (std::size_t i = addrs.size() - 4; i < addrs.size(); ++i) {
-    published += space->Lookup(addrs[i], GroupId(0))->tier() == Tier::kDevice;
+    published += f.space->Lookup(addrs[i], GroupId(0))->tier() == Tier::kDevice;
   }
   EXPECT_EQ(published, 2u);  // the swaps
-  EXPECT_TRUE(AllIntact(*space, addrs));
-  EXPECT_TRUE(space->CheckInvariants());
+  EXPECT_TRUE(f.AllIntact());
+  EXPECT_TRUE(f.space->CheckInvariants());
 }
 
 // Random steps with 15 % of the batches failing (at Submit or at the wait, copies landing a
 // prefix), every batch held back until a wait reaches its own fence.
 TEST(EngineStepFault, RandomLibraryStepsLoseNothingAndPublishNothingEarly) {
   ULA_TEST_SEEDED(seed, 20261201);
-  auto inner = MakeCpuBackend({.copy_threads = 1});
-  auto fb = MakeFaultInjectingBackend(*inner, FaultPlan{.seed = seed, .fail_fraction = 0.15, .partial = true,
-                                                        .delay = std::chrono::microseconds(1)}).value();
-  auto space = AddressSpace::Create(SmallConfig(10, 40), *fb).value();
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 2, .max_q_len = 1, .max_top_k = 8}).value();
+  FaultStepSpace f(FaultPlan{.seed = seed, .fail_fraction = 0.15, .partial = true,
+                             .delay = std::chrono::microseconds(1)},
+                   10, 40, kEntry, {.max_batch = 2, .max_q_len = 1, .max_top_k = 8}, {.copy_threads = 1});
   std::mt19937_64 rng(seed);
-  fb->set_armed(false);
-  ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
-  const auto addrs = space->Allocate(RequestId(1), 30).value();
-  for (LogicalAddr a : addrs) ASSERT_TRUE(space->Write(a, GroupId(0), Pattern(a, 0, kEntry)));
+  const auto addrs = f.Append(RequestId(1), 30);
   // A second request, freed and re-added every 6 steps, leaves free device slots for a
   // while (copy batches, not only swaps).
   std::uint64_t extra = 0, next_request = 2;
@@ -187,14 +137,12 @@ TEST(EngineStepFault, RandomLibraryStepsLoseNothingAndPublishNothingEarly) {
   for (int step = 0; step < 400; ++step) {
     if (step % 6 == 0) {
       if (extra != 0) {
-        ASSERT_TRUE(space->Free(RequestId(extra)));
+        f.Free(RequestId(extra));
         extra = 0;
         extra_addrs.clear();
       } else {
         extra = next_request++;
-        ASSERT_TRUE(space->AddRequest(RequestId(extra), Rank(0)));
-        extra_addrs = space->Allocate(RequestId(extra), 8).value();
-        for (LogicalAddr a : extra_addrs) ASSERT_TRUE(space->Write(a, GroupId(0), Pattern(a, 0, kEntry)));
+        extra_addrs = f.Append(RequestId(extra), 8);
       }
     }
     // Row 0: request 1; row 1: the extra request (or padding).
@@ -208,15 +156,13 @@ TEST(EngineStepFault, RandomLibraryStepsLoseNothingAndPublishNothingEarly) {
       }
     }
     const std::vector<RequestId> requests{RequestId(1), RequestId(extra == 0 ? 1 : extra)};
-    fb->set_armed(true);
-    auto st = planner->Step(Rank(0), GroupId(0), {2, 1, 8}, requests, sel, idx);
-    fb->set_armed(false);
+    auto st = f.ArmedStep({2, 1, 8}, requests, sel, idx);
     if (st) {
       ++ok;
       mixed += st->into_free > 0 && st->evictions > 0;
       for (std::size_t j = 0; j < sel.size(); ++j) {
         if (sel[j] == kPadIndex) continue;
-        const Location loc = space->Lookup(LogicalAddr(static_cast<std::uint32_t>(sel[j])), GroupId(0)).value();
+        const Location loc = f.space->Lookup(LogicalAddr(static_cast<std::uint32_t>(sel[j])), GroupId(0)).value();
         ASSERT_EQ(loc.tier(), Tier::kDevice) << "step " << step;
         ASSERT_EQ(static_cast<std::int32_t>(loc.slot().value()), idx[j]) << "step " << step;
       }
@@ -226,13 +172,12 @@ TEST(EngineStepFault, RandomLibraryStepsLoseNothingAndPublishNothingEarly) {
     } else {
       ASSERT_EQ(st.error().code(), ErrorCode::kResourceExhausted) << st.error().ToString();
     }
-    ASSERT_FALSE(planner->has_pending());
-    ASSERT_TRUE(space->CheckInvariants()) << "step " << step;
-    ASSERT_TRUE(AllIntact(*space, addrs)) << "step " << step;
-    ASSERT_TRUE(AllIntact(*space, extra_addrs)) << "step " << step;
-    if (rng() % 2 == 0) space->AdvanceRound();
+    ASSERT_FALSE(f.planner->has_pending());
+    ASSERT_TRUE(f.space->CheckInvariants()) << "step " << step;
+    ASSERT_TRUE(f.AllIntact()) << "step " << step;
+    if (rng() % 2 == 0) f.space->AdvanceRound();
   }
-  const FaultStats s = fb->stats();
+  const FaultStats s = f.faults->stats();
   std::printf("engine step fault: %d steps ok (%d with copies and swaps), %d failed; %llu faults (%llu copies, "
               "%llu swaps, %llu partial, %llu at the wait) of %llu batches\n",
               ok, mixed, failed, (unsigned long long)s.injected, (unsigned long long)s.copies_failed,

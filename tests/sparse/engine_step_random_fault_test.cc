@@ -10,14 +10,14 @@
 #include <random>
 #include <vector>
 
-#include "backend/fault_backend.h"
-#include "sparse/space_fixture.h"
+#include "sparse/engine_step_fixture.h"
 #include "test_seed.h"
-#include "ula/engine_step.h"
 
 namespace ula {
 namespace {
 
+using testing::EngineMemory;
+using testing::FaultStepSpace;
 using testing::Pattern;
 using testing::SmallConfig;
 
@@ -44,83 +44,48 @@ std::vector<std::int32_t> Select(std::mt19937_64& rng, const std::vector<std::ve
 TEST(EngineStepFaults, LibraryStepPublishesNothingItDidNotCopyAndLosesNothing) {
   ULA_TEST_SEEDED(seed, 20261201);
   std::mt19937_64 rng(seed);
-  auto cpu = MakeCpuBackend();
-  FaultPlan plan;
-  plan.seed = seed;
-  plan.fail_fraction = 0.3;
-  plan.partial = true;
-  auto faults = MakeFaultInjectingBackend(*cpu, plan).value();
-  faults->set_armed(false);
-  auto space = AddressSpace::Create(SmallConfig(/*device=*/48, /*host=*/160, 1, 1, kEntry), *faults).value();
-  auto planner = EngineStepPlanner::Create(*space, {kRequests, 2, 8}).value();
-  std::map<std::uint32_t, std::vector<std::byte>> shadow;
+  FaultStepSpace f(FaultPlan{.seed = seed, .fail_fraction = 0.3, .partial = true}, /*device=*/48, /*host=*/160, kEntry,
+                   {kRequests, 2, 8});
   std::vector<std::vector<LogicalAddr>> addrs(kRequests);
   std::vector<RequestId> requests;
   for (std::uint32_t r = 0; r < kRequests; ++r) {
-    ASSERT_TRUE(space->AddRequest(RequestId(r), Rank(0)));
     requests.push_back(RequestId(r));
+    addrs[r] = f.Append(RequestId(r), 30);
   }
-  auto append = [&](std::uint32_t r, std::uint32_t n, std::uint32_t version) {
-    const auto fresh = space->Allocate(RequestId(r), n).value();
-    for (LogicalAddr a : fresh) {
-      addrs[r].push_back(a);
-      shadow[a.value()] = Pattern(a, 0, kEntry, version);
-      auto w = space->Write(a, GroupId(0), shadow[a.value()]);
-      ASSERT_TRUE(w) << w.error().message();
-    }
-  };
-  for (std::uint32_t r = 0; r < kRequests; ++r) append(r, 30, 0);
-  space->AdvanceRound();
-  const auto pool = [&] { return space->DevicePoolBytes(Rank(0), GroupId(0)); };
+  f.space->AdvanceRound();
+  const auto pool = [&] { return f.space->DevicePoolBytes(Rank(0), GroupId(0)); };
   std::uint32_t failed = 0, succeeded = 0;
   for (std::uint32_t step = 0; step < 60; ++step) {
     const auto sel = Select(rng, addrs);
     std::vector<std::int32_t> indices(sel.size(), kPadIndex);
-    faults->set_armed(true);
-    auto r = planner->Step(Rank(0), GroupId(0), {kRequests, 2, 8}, requests, sel, indices);
-    faults->set_armed(false);
+    auto r = f.ArmedStep({kRequests, 2, 8}, requests, sel, indices);
     if (r) {
       ++succeeded;
       for (std::size_t i = 0; i < sel.size(); ++i) {
         ASSERT_EQ(indices[i] < 0, sel[i] < 0);
         if (sel[i] < 0) continue;
         const std::byte* row = pool().data() + std::size_t(indices[i]) * kEntry;
-        ASSERT_EQ(std::memcmp(row, shadow[sel[i]].data(), kEntry), 0) << "step " << step << " selection " << i;
+        ASSERT_EQ(std::memcmp(row, f.shadow[sel[i]].data(), kEntry), 0) << "step " << step << " selection " << i;
       }
     } else {
       ++failed;
       ASSERT_EQ(r.error().code(), ErrorCode::kIo) << r.error().message();
       ASSERT_NE(r.error().message().find("failed"), std::string::npos);
-      ASSERT_FALSE(planner->has_pending());
+      ASSERT_FALSE(f.planner->has_pending());
     }
-    for (const auto& [a, bytes] : shadow) {
-      std::vector<std::byte> got(kEntry);
-      ASSERT_TRUE(space->Read(LogicalAddr(a), GroupId(0), got));
-      ASSERT_EQ(got, bytes) << "address " << a << " after step " << step;
-    }
-    ASSERT_TRUE(space->CheckInvariants());
+    ASSERT_TRUE(f.AllIntact()) << "after step " << step;
+    ASSERT_TRUE(f.space->CheckInvariants());
     if (step % 10 == 9) {
-      for (std::uint32_t q = 0; q < kRequests; ++q) append(q, 1, step);  // decode tokens
+      for (std::uint32_t q = 0; q < kRequests; ++q) {  // decode tokens
+        for (LogicalAddr a : f.Append(RequestId(q), 1, step)) addrs[q].push_back(a);
+      }
     }
-    space->AdvanceRound();
+    f.space->AdvanceRound();
   }
   EXPECT_GT(failed, 5u);
   EXPECT_GT(succeeded, 5u);
-  EXPECT_GT(faults->stats().injected, 0u);
+  EXPECT_GT(f.faults->stats().injected, 0u);
 }
-
-// Engine-owned memory of one tier: [layer][slot][kLayerBytes].
-struct EngineMemory {
-  std::vector<std::byte> bytes;
-  std::uint32_t slots = 0;
-  std::byte* At(std::uint32_t layer, std::uint32_t slot) {
-    return bytes.data() + (std::size_t{layer} * slots + slot) * kLayerBytes;
-  }
-  EngineRegion Region() {
-    return {reinterpret_cast<std::uintptr_t>(bytes.data()), std::uint64_t{slots} * kLayerBytes, kLayerBytes, kLayers,
-            slots};
-  }
-};
 
 TEST(EngineStepFaults, CompleteWithFailedStatusesPublishesNothingAndLosesNothing) {
   ULA_TEST_SEEDED(seed, 20261202);
@@ -129,19 +94,16 @@ TEST(EngineStepFaults, CompleteWithFailedStatusesPublishesNothingAndLosesNothing
   auto counting = MakeCountingBackend();
   auto space = AddressSpace::Create(SmallConfig(kDev, kHost, 1, 1, kEntry), *counting).value();
   auto planner = EngineStepPlanner::Create(*space, {kRequests, 2, 8}).value();
-  EngineMemory mem[2] = {{std::vector<std::byte>(std::size_t{kDev} * kEntry), kDev},
-                         {std::vector<std::byte>(std::size_t{kHost} * kEntry), kHost}};
-  ASSERT_TRUE(planner->RegisterEngineMemory(Tier::kDevice, Rank(0), GroupId(0), mem[0].Region()));
-  ASSERT_TRUE(planner->RegisterEngineMemory(Tier::kHost, Rank(0), GroupId(0), mem[1].Region()));
+  // Each layer's buffer on its own, not equally spaced (engine_step_fixture.h).
+  EngineMemory mem[2] = {EngineMemory(kLayers, kLayerBytes, kDev), EngineMemory(kLayers, kLayerBytes, kHost)};
+  ASSERT_TRUE(mem[0].Register(*planner, Tier::kDevice));
+  ASSERT_TRUE(mem[1].Register(*planner, Tier::kHost));
   std::map<std::uint32_t, std::vector<std::byte>> shadow;
   std::vector<std::vector<LogicalAddr>> addrs(kRequests);
   std::vector<RequestId> requests;
   auto entry_at = [&](LogicalAddr a) {
     const Location loc = space->Lookup(a, GroupId(0)).value();
-    EngineMemory& m = mem[loc.tier() == Tier::kDevice ? 0 : 1];
-    std::vector<std::byte> out(kEntry);
-    for (std::uint32_t l = 0; l < kLayers; ++l) std::memcpy(out.data() + l * kLayerBytes, m.At(l, loc.slot().value()), kLayerBytes);
-    return out;
+    return mem[loc.tier() == Tier::kDevice ? 0 : 1].Entry(loc.slot().value());
   };
   for (std::uint32_t r = 0; r < kRequests; ++r) {
     ASSERT_TRUE(space->AddRequest(RequestId(r), Rank(0)));
@@ -151,10 +113,7 @@ TEST(EngineStepFaults, CompleteWithFailedStatusesPublishesNothingAndLosesNothing
       addrs[r].push_back(a);
       shadow[a.value()] = Pattern(a, 0, kEntry);
       const Location loc = space->Lookup(a, GroupId(0)).value();  // the engine's KV write
-      EngineMemory& m = mem[loc.tier() == Tier::kDevice ? 0 : 1];
-      for (std::uint32_t l = 0; l < kLayers; ++l) {
-        std::memcpy(m.At(l, loc.slot().value()), shadow[a.value()].data() + l * kLayerBytes, kLayerBytes);
-      }
+      mem[loc.tier() == Tier::kDevice ? 0 : 1].SetEntry(loc.slot().value(), shadow[a.value()]);
     }
   }
   space->AdvanceRound();

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <new>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "sparse/space_fixture.h"
@@ -263,7 +264,12 @@ TEST(EngineStep, BadInputChangesNothing) {
   EXPECT_EQ(plan({6, 7, 8, -2}, {1, 1, 4}, 4).error().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(plan({6, 7, 8, static_cast<std::int32_t>(gone[0].value())}, {1, 1, 4}, 4).error().code(),
             ErrorCode::kNotFound);
-  EXPECT_EQ(plan({6, 7, 8, 9}, {1, 1, 4}, 1).error().code(), ErrorCode::kInvalidArgument);  // too few rows
+  {  // too few descriptor rows for this step's 4 misses: the step's state, not a malformed call
+    auto r = plan({6, 7, 8, 9}, {1, 1, 4}, 1);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code(), ErrorCode::kResourceExhausted) << r.error().ToString();
+    EXPECT_NE(r.error().ToString().find("needs 4 descriptors"), std::string::npos) << r.error().ToString();
+  }
   EXPECT_EQ(plan({6, 7, 8}, {1, 1, 4}, 4).error().code(), ErrorCode::kInvalidArgument);     // wrong size
   EXPECT_EQ(plan({6, 7, 8, 9, 1}, {1, 1, 5}, 4).error().code(), ErrorCode::kInvalidArgument);  // past the max
   EXPECT_EQ(f.planner->Complete(1, {}).error().code(), ErrorCode::kNotFound);
@@ -281,6 +287,19 @@ TEST(EngineStep, BadInputChangesNothing) {
   EngineRegion wrong = f.mem[1].Region();
   wrong.layer_bytes = 8;
   EXPECT_FALSE(f.planner->RegisterEngineMemory(Tier::kHost, Rank(0), GroupId(0), wrong));
+  {  // One base per layer: overlapping layers (either order) and a null base are refused.
+    const auto base = reinterpret_cast<std::uintptr_t>(f.mem[1].bytes.data());
+    const std::uintptr_t overlapping[] = {base + kLayerBytes * 15, base};  // 16 host slots: layer 0 ends at 16 rows
+    auto r = f.planner->RegisterEngineMemory(Tier::kHost, Rank(0), GroupId(0), overlapping, kLayerBytes, 16);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(r.error().ToString().find("overlap"), std::string::npos) << r.error().ToString();
+    const std::uintptr_t null_base[] = {base, 0};
+    EXPECT_EQ(f.planner->RegisterEngineMemory(Tier::kHost, Rank(0), GroupId(0), null_base, kLayerBytes, 16)
+                  .error().code(), ErrorCode::kInvalidArgument);
+    const std::uintptr_t three[] = {base, base + 1000, base + 2000};  // 3 x 16 != the 32-byte entry
+    EXPECT_FALSE(f.planner->RegisterEngineMemory(Tier::kHost, Rank(0), GroupId(0), three, kLayerBytes, 16));
+  }
   // With a plan pending: another plan and a wrong fence or status count are refused.
   auto p = plan({6, 7, 8, 9}, {1, 1, 4}, 4);
   ASSERT_TRUE(p);
@@ -292,6 +311,30 @@ TEST(EngineStep, BadInputChangesNothing) {
   ASSERT_TRUE(f.planner->Complete(p->fence, std::vector<std::uint8_t>(4, 1)));
   EXPECT_EQ(snapshot(), before);
   ASSERT_TRUE(f.space->CheckInvariants());
+}
+
+// A library Step whose misses exceed max_descriptors() (the device pool: 4 slots, 6 misses)
+// is refused with kResourceExhausted, names the descriptors it needed, and changes nothing.
+TEST(EngineStep, LibraryStepPastMaxDescriptorsIsResourceExhausted) {
+  EngineFixture f(4, 16, {.max_batch = 1, .max_q_len = 1, .max_top_k = 6});
+  const auto addrs = f.Add(RequestId(1), 12);  // 0-3 on device, 4-11 on host
+  ASSERT_EQ(f.planner->max_descriptors(), 4u);
+  const std::vector<RequestId> rows{RequestId(1)};
+  std::vector<std::int32_t> sel, idx(6, 77);
+  for (int i = 4; i < 10; ++i) sel.push_back(static_cast<std::int32_t>(addrs[i].value()));
+  const std::uint64_t digest = f.space->DebugDigest();
+  auto r = f.planner->Step(Rank(0), GroupId(0), {1, 1, 6}, rows, sel, idx);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), ErrorCode::kResourceExhausted) << r.error().ToString();
+  EXPECT_NE(r.error().ToString().find("6 descriptors"), std::string::npos) << r.error().ToString();
+  EXPECT_EQ(f.space->DebugDigest(), digest);
+  EXPECT_EQ(idx, std::vector<std::int32_t>(6, 77));
+  EXPECT_FALSE(f.planner->has_pending());
+  sel.resize(4);  // 4 misses fit
+  auto ok = f.planner->Step(Rank(0), GroupId(0), {1, 1, 4}, rows, sel, std::span(idx).first(4));
+  ASSERT_TRUE(ok) << ok.error().ToString();
+  EXPECT_EQ(ok->misses, 4u);
+  EXPECT_TRUE(f.space->CheckInvariants());
 }
 
 // The room check counts a hit that is new to this round as used: 8 device slots all hold

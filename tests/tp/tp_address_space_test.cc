@@ -14,8 +14,15 @@ using testing::TpPattern;
 // Striping is round robin over the ranks, token by token, and the cursor carries over
 // from one request to the next (a % P == home holds by how addresses are minted; what is
 // checked here is which rank each token went to).
+// page_tokens = 1: the unpaged allocator (tp_address_space.h "Pages"); the paged one is
+// tests/tp/tp_engine_step_test.cc's TpPages.
+TpConfig Unpaged(TpConfig c) {
+  c.page_tokens = 1;
+  return c;
+}
+
 TEST(TpAddressSpace, TokensAreStripedRoundRobinAcrossRequests) {
-  TpFixture f(SmallTpConfig(4, 8, 8, 8));
+  TpFixture f(Unpaged(SmallTpConfig(4, 8, 8, 8)));
   auto first = f.AddFilled(RequestId(1), 10);
   auto second = f.AddFilled(RequestId(2), 5);
   std::vector<std::uint32_t> homes;
@@ -58,7 +65,7 @@ TEST(TpAddressSpace, ShardSpillsToHostAndAFullSpaceRefusesWithNothingChanged) {
 // ... and then to the other ranks: round robin skips a rank whose shard is full, and the
 // tokens it skips land on the next ranks with room (their freed addresses reused first).
 TEST(TpAddressSpace, RoundRobinSkipsAFullRank) {
-  TpFixture f(SmallTpConfig(3, 2, 2, 4));  // 4 entries per rank
+  TpFixture f(Unpaged(SmallTpConfig(3, 2, 2, 4)));  // 4 entries per rank
   auto r1 = f.AddFilled(RequestId(1), 1);  // rank 0
   f.AddFilled(RequestId(2), 1);            // rank 1
   auto r3 = f.AddFilled(RequestId(3), 1);  // rank 2

@@ -4,6 +4,7 @@
 // local buffer: every rank's attention through its indices over the whole selection).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -260,6 +261,78 @@ TEST(TpEngineStep, RefusalsChangeNothing) {
       EXPECT_EQ(indices[rank * 8 + j] >= 0, home) << "rank " << rank << " selection " << j;
     }
   }
+}
+
+// TP addresses in pages (tp_address_space.h "Pages"): 4 ranks, 64-token pages. Each
+// request's tokens are contiguous within 64-aligned pages whatever the interleaving of
+// requests and chunks, so SGLang's page_table_1[:, ::64] // 64 names a request's pages; a
+// page spans all 4 ranks (token i on rank i mod 4: a mod P); freed pages are reused FIFO;
+// a token homed on a full rank is refused and changes nothing.
+TEST(TpPages, RequestsGetWholePagesStripedOverAllRanks) {
+  constexpr std::uint32_t kT = 64, kRanks = 4;
+  auto backend = MakeCpuBackend();
+  TpConfig c = testing::SmallTpConfig(kRanks, /*device=*/40, /*host=*/60, /*buffer=*/0);
+  c.attention = TpAttention::kAtHome;
+  ASSERT_EQ(c.page_tokens, kT);  // the default, as in DP mode
+  auto space = TpAddressSpace::Create(c, *backend).value();
+  for (std::uint32_t r = 1; r <= 3; ++r) ASSERT_TRUE(space->AddRequest(RequestId(r)));
+  // Prefill chunks of 70 and 30, then 40 decode steps of one token each, interleaved.
+  ASSERT_TRUE(space->Allocate(RequestId(1), 70));
+  ASSERT_TRUE(space->Allocate(RequestId(2), 30));
+  ASSERT_TRUE(space->Allocate(RequestId(1), 30));
+  for (int step = 0; step < 40; ++step) {
+    ASSERT_TRUE(space->Allocate(RequestId(1 + step % 2), 1));
+  }
+  ASSERT_TRUE(space->CheckInvariants()) << space->CheckInvariants().error().ToString();
+  std::vector<std::uint32_t> pages_seen;
+  for (std::uint32_t r : {1u, 2u}) {
+    const auto addrs = space->AddressesOf(RequestId(r)).value();
+    for (std::size_t i = 0; i < addrs.size(); ++i) {
+      const std::uint32_t a = addrs[i].value();
+      ASSERT_EQ(a % kT, i % kT) << "request " << r << " token " << i;               // offset = position
+      ASSERT_EQ(a / kT, addrs[i - i % kT].value() / kT) << "request " << r << " token " << i;  // page_table_1[::64]
+      ASSERT_EQ(space->HomeOf(addrs[i]), Rank(static_cast<std::uint16_t>(i % kRanks)));  // the page spans all ranks
+    }
+    for (std::size_t i = 0; i < addrs.size(); i += kT) pages_seen.push_back(addrs[i].value() / kT);
+  }
+  std::sort(pages_seen.begin(), pages_seen.end());
+  EXPECT_EQ(std::adjacent_find(pages_seen.begin(), pages_seen.end()), pages_seen.end()) << "a page of two requests";
+  EXPECT_EQ(pages_seen.size(), 3u);  // request 1: 120 tokens, 2 pages; request 2: 50 tokens, 1 page
+  // Freed pages come back first, in the order they were freed.
+  const auto first = space->AddressesOf(RequestId(1)).value();
+  const std::uint32_t page0 = first[0].value() / kT, page1 = first[kT].value() / kT;
+  ASSERT_TRUE(space->Free(RequestId(1)));
+  auto fresh = space->Allocate(RequestId(3), kT + 1).value();
+  EXPECT_EQ(fresh[0].value() / kT, page0);
+  EXPECT_EQ(fresh[kT].value() / kT, page1);
+  // A ShareInto ends the open page: the next token opens a fresh page at its position's offset.
+  ASSERT_TRUE(space->AddRequest(RequestId(4)));
+  const auto own = space->Allocate(RequestId(4), 3).value();  // its open page, offsets 0-2
+  ASSERT_TRUE(space->ShareInto(RequestId(4), std::span(fresh).first(10)));
+  const auto after_share = space->Allocate(RequestId(4), 1).value();
+  EXPECT_EQ(after_share[0].value() % kT, 13u);
+  EXPECT_NE(after_share[0].value() / kT, own[0].value() / kT);
+  EXPECT_NE(after_share[0].value() / kT, page0);
+  ASSERT_TRUE(space->CheckInvariants()) << space->CheckInvariants().error().ToString();
+  // Rank 0 holds 100 entries per group: tokens 0, 4, 8, ... of a 400-token request would put
+  // more there than fit. Refused, nothing changed.
+  ASSERT_TRUE(space->AddRequest(RequestId(5)));
+  const std::uint64_t digest = space->DebugDigest();
+  auto big = space->Allocate(RequestId(5), 400);
+  ASSERT_FALSE(big);
+  EXPECT_EQ(big.error().code(), ErrorCode::kResourceExhausted) << big.error().ToString();
+  EXPECT_NE(big.error().ToString().find("rank 0"), std::string::npos) << big.error().ToString();
+  EXPECT_EQ(space->DebugDigest(), digest);
+  ASSERT_TRUE(space->CheckInvariants());
+  // The home table holds shard slots x page_tokens entries (each minted page holds a live
+  // address): a config past 2^32 of them is refused by Validate, a smaller page accepted.
+  TpConfig huge = testing::SmallTpConfig(2, 1 << 10, 1 << 27, 0);  // 2^27 + 2^10 entries per shard
+  huge.attention = TpAttention::kAtHome;
+  auto refused = huge.Validate();
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().ToString().find("home table"), std::string::npos) << refused.error().ToString();
+  huge.page_tokens = 16;
+  EXPECT_TRUE(huge.Validate());
 }
 
 }  // namespace

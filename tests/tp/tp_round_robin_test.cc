@@ -14,6 +14,7 @@ namespace {
 TEST(TpAllocate, RoundRobinSkipsAFullRank) {
   TpConfig c = testing::SmallTpConfig(/*ranks=*/2, /*device=*/1, /*host=*/1, /*buffer=*/0);
   c.attention = TpAttention::kAtHome;  // no local buffer: 2 entries per shard
+  c.page_tokens = 1;                   // the unpaged allocator (tp_address_space.h "Pages")
   auto backend = MakeCpuBackend();
   auto space = TpAddressSpace::Create(c, *backend).value();
   for (std::uint32_t r = 0; r < 4; ++r) ASSERT_TRUE(space->AddRequest(RequestId(r)));
