@@ -62,11 +62,16 @@ struct ClassifyArgs {
 
 // The sources of TakeLowest: num_sources bitmaps of num_words level-0 words each, read in
 // this order as one bit string (source 0's word 0 bit 0 first).
+// With summaries (num_summary > 0), summary[j] is source j's first summary level ([num_summary]
+// words, bit w: word w may be non-zero; a set bit over an empty word costs a read, never a
+// wrong result), and TakeLowest scans blocks of 64 words through it instead of every word.
 struct BitmapSources {
   static constexpr int kMax = 72;
   const std::uint64_t* words[kMax] = {};
+  const std::uint64_t* summary[kMax] = {};
   std::uint32_t num_sources = 0;
-  std::uint32_t num_words = 0;  // per source
+  std::uint32_t num_words = 0;    // per source
+  std::uint32_t num_summary = 0;  // per source; 0: no summaries, every word is popcounted
 };
 
 struct DescriptorArgs {
@@ -87,6 +92,37 @@ struct PublishArgs {
   bool swaps_ok = true;    // the kSwap batch (descriptors [n_free, n)) completed
   std::uint64_t* records = nullptr;        // [table]
   std::uint32_t* device_owner = nullptr;   // [device capacity] address held by each slot
+};
+
+// PB-LRU as flat arrays (policy/kernel_pb_lru.h keeps them in host memory, the device step
+// in device memory): R + 2 buckets of one bit per slot, ring buckets 0..R (ring[clock.cur] is
+// the current one; ring[(cur - a) mod (R + 1)] holds the slots last used a rounds ago) and the
+// cold bucket R + 1. Each bucket has its level-0 words and one summary level above them (bit
+// w of summary word w / 64: word w is non-zero, exactly), and its count. stamps[s] is the
+// round of the slot's last use (0: untracked), so a slot's bucket is known from its stamp
+// alone, as in policy/pb_lru.h.
+struct PbLruClock {
+  std::uint32_t round = 1;   // rounds start at 1; 0 marks an untracked slot
+  std::uint32_t cur = 0;     // the current ring bucket
+  std::uint64_t tracked = 0; // slots with a non-zero stamp
+};
+struct PbLruArrays {
+  std::uint64_t* words = nullptr;    // [R + 2][num_words]
+  std::uint64_t* summary = nullptr;  // [R + 2][num_summary]
+  std::uint64_t* counts = nullptr;   // [R + 2] set bits of each bucket
+  std::uint32_t* stamps = nullptr;   // [capacity]
+  PbLruClock* clock = nullptr;       // [1]
+  std::uint32_t recent = 0;          // R
+  std::uint32_t capacity = 0;
+  std::uint32_t num_words = 0;       // ceil(capacity / 64)
+  std::uint32_t num_summary = 0;     // ceil(num_words / 64)
+};
+// A set of slots as one flat bitmap with the same summary level (the device step's free slots).
+struct FlatBitmap {
+  std::uint64_t* words = nullptr;    // [num_words]
+  std::uint64_t* summary = nullptr;  // [num_summary]
+  std::uint64_t* count = nullptr;    // [1]
+  std::uint32_t num_words = 0, num_summary = 0;
 };
 
 struct IndexArgs {
@@ -111,12 +147,31 @@ struct IndexArgs {
   std::uint32_t Compact(EXEC exec, const std::uint32_t* flags, std::uint32_t* pos, std::uint32_t n,       \
                         const std::uint32_t* values, std::uint32_t* out);                                 \
   /* out[k] = the k-th set bit (k < need) of the sources in order, as a slot of its bitmap. */           \
-  /* counts/offsets: [num_sources * num_words] scratch. Returns the number taken (<= need). */           \
+  /* counts/offsets: [num_sources * num_words] scratch ([num_sources * num_summary] with */             \
+  /* summaries). Returns the number taken (<= need). */                                                  \
   std::uint32_t TakeLowest(EXEC exec, const BitmapSources& sources, std::uint32_t need,                   \
                            std::uint32_t* counts, std::uint32_t* offsets, std::uint32_t* out);            \
   void MakeDescriptors(EXEC exec, const DescriptorArgs& args);                                            \
   void Publish(EXEC exec, const PublishArgs& args);                                                       \
   void WriteIndices(EXEC exec, const IndexArgs& args);                                                    \
+  /* Flat PB-LRU (PbLruArrays above). Slots: slots[i] for i < (n_dev ? *n_dev : n). */                  \
+  /* PbTouch: tracked slots into the current bucket, stamped with the round (duplicates fine). */        \
+  void PbTouch(EXEC exec, const PbLruArrays& pb, const std::uint32_t* slots, std::uint32_t n,            \
+               const std::uint32_t* n_dev);                                                               \
+  /* PbInsert: untracked, distinct slots into the current bucket. PbRemove: one tracked slot out. */     \
+  void PbInsert(EXEC exec, const PbLruArrays& pb, const std::uint32_t* slots, std::uint32_t n,           \
+                const std::uint32_t* n_dev);                                                              \
+  void PbRemove(EXEC exec, const PbLruArrays& pb, std::uint32_t slot);                                    \
+  /* PbRebase: REQUIRES the round is 2^32 - 1 (the host counts rounds); run right before PbAdvance. */ \
+  void PbRebase(EXEC exec, const PbLruArrays& pb);                                                        \
+  /* PbAdvance: the next round; the bucket about to be reused is folded into cold. */                    \
+  void PbAdvance(EXEC exec, const PbLruArrays& pb);                                                       \
+  /* PbTakeVictims: out[k] for k < need (need_dev ? *need_dev : need) = the k-th victim in */             \
+  /* ClaimVictims' order (cold, then ages R..1, lowest slot first; never the current bucket), */         \
+  /* by a scan over the buckets' summary levels. Claims nothing (PbTouch them to claim). */              \
+  /* counts/offsets: [(R + 1) * num_summary] scratch. */                                                 \
+  void PbTakeVictims(EXEC exec, const PbLruArrays& pb, std::uint32_t need, const std::uint32_t* need_dev, \
+                     std::uint32_t* counts, std::uint32_t* offsets, std::uint32_t* out);                  \
   /* The run of selection i (the kernels' search), for the host's error path. */                        \
   std::uint32_t RunOfForHost(const std::uint32_t* run_starts, std::uint32_t num_runs, std::uint32_t i);   \
   }

@@ -24,7 +24,24 @@
 //   writes values[i] to out[pos[i]]: the positions are the flags' ranks in index order.
 // TakeLowest — [num_sources * num_words] words; pass 1 popcounts each word, an exclusive scan
 //   gives each word the rank of its first set bit, pass 2 writes the set bits of rank < need
-//   to out[rank]. Each word's thread writes its own ranks only: no atomics.
+//   to out[rank]. Each word's thread writes its own ranks only: no atomics. With summary
+//   levels (BitmapSources::num_summary, and PbTakeVictims always) the index space is
+//   [num_sources * num_summary] blocks of 64 words: pass 1 popcounts only the words its
+//   summary word names (an empty stretch costs one summary read), the scan ranks the blocks,
+//   pass 2 walks only the blocks whose first rank is below need.
+// PbTouch — [n] slots; each thread exchanges its slot's stamp with the round (exactly one
+//   thread per distinct slot sees the old stamp: duplicates do nothing), clears the slot from
+//   the bucket its old stamp names and sets it in the current one, with fetch_and / fetch_or
+//   on the words, the summary word when a word turns zero / non-zero, fetch_add / fetch_sub
+//   on the counts. Why the order does not matter: a touch only clears bits of old buckets and
+//   only sets bits of the current one, so each word's final value is its old value with the
+//   touched bits moved, and a word turns zero (or non-zero) for exactly one thread; counts
+//   are sums. PbInsert is the same with no old bucket (tracked + 1 per slot).
+// PbAdvance — one thread moves the clock (round + 1, cur + 1 mod R + 1; at round 2^32 - 1 the
+//   round restarts at R + 3 after PbRebase, which the host runs first, rebased the [capacity]
+//   stamps keeping every age), then [num_summary] threads
+//   fold the reused bucket's words into cold, each over its own 64 words and summary word
+//   (disjoint writes, one atomic add to cold's count per thread).
 // MakeDescriptors — [n_miss]; descriptor i from missed[i], targets[i] and the record's host
 //   slot; disjoint outputs.
 // Publish — [n] descriptors, run after the copies completed (the caller waits on the fences;
@@ -176,6 +193,184 @@ struct TakeWord {
   }
 };
 
+// ---- Summary-level take: sources j in [0, num_sources), each num_words words and
+// num_summary summary words; block b = j * num_summary + k covers words [64 k, 64 k + 64).
+struct ExplicitSources {
+  BitmapSources s;
+  ULA_HD const std::uint64_t* words(std::uint32_t j) const { return s.words[j]; }
+  ULA_HD const std::uint64_t* summary(std::uint32_t j) const { return s.summary[j]; }
+};
+// PB-LRU's victim buckets in ClaimVictims' order: source 0 = cold (bucket R + 1), source j in
+// [1, R] = the ring bucket of age R + 1 - j. Never the current bucket (age 0).
+ULA_HD inline std::uint32_t RingOfAge(const PbLruArrays& pb, std::uint32_t cur, std::uint32_t age) {
+  return cur >= age ? cur - age : cur + pb.recent + 1 - age;
+}
+struct PbVictimSources {
+  PbLruArrays pb;
+  ULA_HD std::uint32_t bucket(std::uint32_t j) const {
+    return j == 0 ? pb.recent + 1 : RingOfAge(pb, pb.clock->cur, pb.recent + 1 - j);
+  }
+  ULA_HD const std::uint64_t* words(std::uint32_t j) const { return pb.words + std::size_t{bucket(j)} * pb.num_words; }
+  ULA_HD const std::uint64_t* summary(std::uint32_t j) const {
+    return pb.summary + std::size_t{bucket(j)} * pb.num_summary;
+  }
+};
+
+template <class Src>
+struct BlockPopcount {
+  Src src;
+  std::uint32_t num_words, num_summary;
+  ULA_HD std::uint32_t operator()(std::uint32_t b) const {
+    const std::uint32_t j = b / num_summary, k = b % num_summary;
+    const std::uint64_t* w = src.words(j);
+    std::uint32_t n = 0;
+    for (std::uint64_t bits = src.summary(j)[k]; bits != 0; bits &= bits - 1) {
+      const std::uint32_t word = (k << 6) | Ctz64(bits);
+      if (word < num_words) n += Popcount64(w[word]);
+    }
+    return n;
+  }
+};
+
+template <class Src>
+struct TakeBlock {
+  Src src;
+  std::uint32_t num_words, num_summary;
+  const std::uint32_t* offsets;
+  std::uint32_t need;
+  const std::uint32_t* need_dev;  // when set, replaces need
+  std::uint32_t* out;
+  ULA_HD void operator()(std::uint32_t b) const {
+    const std::uint32_t limit = need_dev != nullptr ? *need_dev : need;
+    std::uint32_t rank = offsets[b];
+    if (rank >= limit) return;
+    const std::uint32_t j = b / num_summary, k = b % num_summary;
+    const std::uint64_t* w = src.words(j);
+    for (std::uint64_t sum = src.summary(j)[k]; sum != 0 && rank < limit; sum &= sum - 1) {
+      const std::uint32_t word = (k << 6) | Ctz64(sum);
+      if (word >= num_words) break;
+      for (std::uint64_t bits = w[word]; bits != 0 && rank < limit; bits &= bits - 1) {
+        out[rank++] = (word << 6) | Ctz64(bits);
+      }
+    }
+  }
+};
+
+// ---- Flat PB-LRU bucket bit operations (atomic: many slots share a word).
+ULA_HD inline void BucketSet(const PbLruArrays& pb, std::uint32_t b, std::uint32_t s) {
+  const std::uint32_t w = s >> 6;
+  const std::uint64_t bit = std::uint64_t{1} << (s & 63);
+  ::cuda::atomic_ref<std::uint64_t, kScope> word(pb.words[std::size_t{b} * pb.num_words + w]);
+  const std::uint64_t before = word.fetch_or(bit, kRelaxed);
+  if ((before & bit) != 0) return;
+  ::cuda::atomic_ref<std::uint64_t, kScope>(pb.counts[b]).fetch_add(1, kRelaxed);
+  if (before == 0) {
+    ::cuda::atomic_ref<std::uint64_t, kScope>(pb.summary[std::size_t{b} * pb.num_summary + (w >> 6)])
+        .fetch_or(std::uint64_t{1} << (w & 63), kRelaxed);
+  }
+}
+ULA_HD inline void BucketClear(const PbLruArrays& pb, std::uint32_t b, std::uint32_t s) {
+  const std::uint32_t w = s >> 6;
+  const std::uint64_t bit = std::uint64_t{1} << (s & 63);
+  ::cuda::atomic_ref<std::uint64_t, kScope> word(pb.words[std::size_t{b} * pb.num_words + w]);
+  const std::uint64_t before = word.fetch_and(~bit, kRelaxed);
+  if ((before & bit) == 0) return;
+  ::cuda::atomic_ref<std::uint64_t, kScope>(pb.counts[b]).fetch_sub(1, kRelaxed);
+  if (before == bit) {
+    ::cuda::atomic_ref<std::uint64_t, kScope>(pb.summary[std::size_t{b} * pb.num_summary + (w >> 6)])
+        .fetch_and(~(std::uint64_t{1} << (w & 63)), kRelaxed);
+  }
+}
+// The bucket of a slot stamped `old` in round `round`: ring bucket of its age, or cold.
+ULA_HD inline std::uint32_t BucketOfStamp(const PbLruArrays& pb, std::uint32_t round, std::uint32_t cur,
+                                          std::uint32_t old) {
+  const std::uint32_t age = round - old;
+  return age <= pb.recent ? RingOfAge(pb, cur, age) : pb.recent + 1;
+}
+ULA_HD inline void PbTouchOne(const PbLruArrays& pb, std::uint32_t s) {
+  const std::uint32_t round = pb.clock->round, cur = pb.clock->cur;
+  const std::uint32_t old = ::cuda::atomic_ref<std::uint32_t, kScope>(pb.stamps[s]).exchange(round, kRelaxed);
+  if (old == round) return;  // a duplicate, or already current
+  BucketClear(pb, BucketOfStamp(pb, round, cur, old), s);
+  BucketSet(pb, cur, s);
+}
+ULA_HD inline void PbInsertOne(const PbLruArrays& pb, std::uint32_t s) {
+  ::cuda::atomic_ref<std::uint32_t, kScope>(pb.stamps[s]).store(pb.clock->round, kRelaxed);
+  BucketSet(pb, pb.clock->cur, s);
+  ::cuda::atomic_ref<std::uint64_t, kScope>(pb.clock->tracked).fetch_add(1, kRelaxed);
+}
+
+struct PbTouchFn {
+  PbLruArrays pb;
+  const std::uint32_t* slots;
+  const std::uint32_t* n_dev;
+  ULA_HD void operator()(std::uint32_t i) const {
+    if (n_dev != nullptr && i >= *n_dev) return;
+    PbTouchOne(pb, slots[i]);
+  }
+};
+struct PbInsertFn {
+  PbLruArrays pb;
+  const std::uint32_t* slots;
+  const std::uint32_t* n_dev;
+  ULA_HD void operator()(std::uint32_t i) const {
+    if (n_dev != nullptr && i >= *n_dev) return;
+    PbInsertOne(pb, slots[i]);
+  }
+};
+struct PbRemoveFn {
+  PbLruArrays pb;
+  std::uint32_t slot;
+  ULA_HD void operator()(std::uint32_t) const {
+    const std::uint32_t old = pb.stamps[slot];
+    if (old == 0) return;
+    BucketClear(pb, BucketOfStamp(pb, pb.clock->round, pb.clock->cur, old), slot);
+    pb.stamps[slot] = 0;
+    pb.clock->tracked -= 1;
+  }
+};
+// Before the 32-bit round counter wraps: every stamp keeps its age (cold ages clamp to R + 1,
+// the same bucket) under the round R + 2. Reads the clock; PbClockFn then moves it.
+struct PbRebaseFn {
+  PbLruArrays pb;
+  ULA_HD void operator()(std::uint32_t s) const {
+    const std::uint32_t round = pb.clock->round;
+    if (round != 0xffffffffu || pb.stamps[s] == 0) return;
+    const std::uint32_t age = round - pb.stamps[s];
+    pb.stamps[s] = pb.recent + 2 - (age < pb.recent + 1 ? age : pb.recent + 1);
+  }
+};
+struct PbClockFn {
+  PbLruArrays pb;
+  ULA_HD void operator()(std::uint32_t) const {
+    PbLruClock& c = *pb.clock;
+    if (c.round == 0xffffffffu) c.round = pb.recent + 2;
+    c.round += 1;
+    c.cur = c.cur + 1 == pb.recent + 1 ? 0 : c.cur + 1;
+  }
+};
+struct PbFoldFn {
+  PbLruArrays pb;
+  ULA_HD void operator()(std::uint32_t k) const {
+    const std::uint32_t cold = pb.recent + 1, reused = pb.clock->cur;
+    std::uint64_t* rs = pb.summary + std::size_t{reused} * pb.num_summary + k;
+    if (*rs == 0) return;
+    std::uint64_t* rw = pb.words + std::size_t{reused} * pb.num_words;
+    std::uint64_t* cw = pb.words + std::size_t{cold} * pb.num_words;
+    std::uint64_t moved = 0;
+    for (std::uint64_t bits = *rs; bits != 0; bits &= bits - 1) {
+      const std::uint32_t w = (k << 6) | Ctz64(bits);
+      moved += Popcount64(rw[w]);
+      cw[w] |= rw[w];
+      rw[w] = 0;
+    }
+    pb.summary[std::size_t{cold} * pb.num_summary + k] |= *rs;
+    *rs = 0;
+    ::cuda::atomic_ref<std::uint64_t, kScope>(pb.counts[cold]).fetch_add(moved, kRelaxed);
+    ::cuda::atomic_ref<std::uint64_t, kScope>(pb.counts[reused]).fetch_sub(moved, kRelaxed);
+  }
+};
+
 struct Describe {
   DescriptorArgs a;
   ULA_HD void operator()(std::uint32_t i) const {
@@ -258,6 +453,19 @@ std::uint32_t TakeLowest(ULA_KERNELS_EXEC exec, const BitmapSources& sources, st
   const std::uint32_t words = sources.num_sources * sources.num_words;
   if (need == 0 || words == 0) return 0;
   auto policy = ULA_KERNELS_POLICY(exec);
+  if (sources.num_summary > 0) {
+    const std::uint32_t blocks = sources.num_sources * sources.num_summary;
+    const ExplicitSources src{sources};
+    thrust::transform(policy, Index(0), Index(blocks), counts,
+                      BlockPopcount<ExplicitSources>{src, sources.num_words, sources.num_summary});
+    thrust::exclusive_scan(policy, counts, counts + blocks, offsets, std::uint32_t{0});
+    thrust::for_each(policy, Index(0), Index(blocks),
+                     TakeBlock<ExplicitSources>{src, sources.num_words, sources.num_summary, offsets, need, nullptr, out});
+    std::uint32_t last_offset = 0, last_count = 0;
+    ULA_KERNELS_READ(exec, &last_offset, offsets + blocks - 1);
+    ULA_KERNELS_READ(exec, &last_count, counts + blocks - 1);
+    return last_offset + last_count < need ? last_offset + last_count : need;
+  }
   thrust::transform(policy, Index(0), Index(words), counts, WordPopcount{sources});
   thrust::exclusive_scan(policy, counts, counts + words, offsets, std::uint32_t{0});
   thrust::for_each(policy, Index(0), Index(words), TakeWord{sources, offsets, need, out});
@@ -280,6 +488,45 @@ void Publish(ULA_KERNELS_EXEC exec, const PublishArgs& args) {
 void WriteIndices(ULA_KERNELS_EXEC exec, const IndexArgs& args) {
   if (args.n == 0) return;
   thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(args.n), IndexOne{args});
+}
+
+void PbTouch(ULA_KERNELS_EXEC exec, const PbLruArrays& pb, const std::uint32_t* slots, std::uint32_t n,
+             const std::uint32_t* n_dev) {
+  if (n == 0) return;
+  thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(n), PbTouchFn{pb, slots, n_dev});
+}
+
+void PbInsert(ULA_KERNELS_EXEC exec, const PbLruArrays& pb, const std::uint32_t* slots, std::uint32_t n,
+              const std::uint32_t* n_dev) {
+  if (n == 0) return;
+  thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(n), PbInsertFn{pb, slots, n_dev});
+}
+
+void PbRemove(ULA_KERNELS_EXEC exec, const PbLruArrays& pb, std::uint32_t slot) {
+  thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(1), PbRemoveFn{pb, slot});
+}
+
+void PbAdvance(ULA_KERNELS_EXEC exec, const PbLruArrays& pb) {
+  auto policy = ULA_KERNELS_POLICY(exec);
+  thrust::for_each(policy, Index(0), Index(1), PbClockFn{pb});
+  thrust::for_each(policy, Index(0), Index(pb.num_summary), PbFoldFn{pb});
+}
+
+void PbRebase(ULA_KERNELS_EXEC exec, const PbLruArrays& pb) {
+  thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(pb.capacity), PbRebaseFn{pb});
+}
+
+void PbTakeVictims(ULA_KERNELS_EXEC exec, const PbLruArrays& pb, std::uint32_t need, const std::uint32_t* need_dev,
+                   std::uint32_t* counts, std::uint32_t* offsets, std::uint32_t* out) {
+  const std::uint32_t blocks = (pb.recent + 1) * pb.num_summary;
+  if (blocks == 0 || (need_dev == nullptr && need == 0)) return;
+  auto policy = ULA_KERNELS_POLICY(exec);
+  const PbVictimSources src{pb};
+  thrust::transform(policy, Index(0), Index(blocks), counts,
+                    BlockPopcount<PbVictimSources>{src, pb.num_words, pb.num_summary});
+  thrust::exclusive_scan(policy, counts, counts + blocks, offsets, std::uint32_t{0});
+  thrust::for_each(policy, Index(0), Index(blocks),
+                   TakeBlock<PbVictimSources>{src, pb.num_words, pb.num_summary, offsets, need, need_dev, out});
 }
 
 std::uint32_t RunOfForHost(const std::uint32_t* run_starts, std::uint32_t num_runs, std::uint32_t i) {
