@@ -20,6 +20,7 @@
 // set bits in a fixed word order.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "ula/step_arrays.h"
@@ -125,6 +126,76 @@ struct FlatBitmap {
   std::uint32_t num_words = 0, num_summary = 0;
 };
 
+// ---- The device step (ula/device_step.h): one layer group's DP step as kernels over fixed
+// index spaces, every count kept on the device (DeviceStepControl), no host read-back.
+// Selection kinds of the device step's classify, one byte per selection.
+enum DeviceKind : std::uint8_t {
+  kDevHit = 0,
+  kDevMiss = 1,
+  kDevPad = 2,
+  // refusals, in the order EngineStepPlanner checks a selection:
+  kDevBadValue = 3,       // < -1
+  kDevNotLive = 4,        // not a live address
+  kDevUnknownRequest = 5, // its row's request is unknown
+  kDevNotHeld = 6,        // its row's request does not hold it
+  kDevOtherRank = 7,      // lives on another rank
+};
+// The values the device writes to StepRecord::error: 1 + the ErrorCode (filled by the host
+// side from ula/error.h, which the CUDA form does not include).
+struct DeviceErrorCodes {
+  std::uint32_t invalid_argument = 0, not_found = 0, resource_exhausted = 0;
+};
+struct DeviceStepControl {
+  std::uint32_t first_bad = kNoSelection;  // lowest selection that failed a check
+  std::uint32_t error = 0;                 // 1 + the ErrorCode of a refused step, or 0
+  std::uint32_t selections = 0;            // non-padding selections
+  std::uint32_t n_hit = 0, n_miss = 0, n_free = 0, n_victims = 0;
+  std::uint32_t newly_used = 0;            // distinct hits not yet used in this round
+  std::uint32_t pending = 0;               // descriptors awaiting DeviceComplete
+  std::uint32_t published = 0, failed = 0; // of the last DeviceComplete
+  std::uint64_t steps = 0;                 // planned so far: StepRecord::done of the last one
+};
+// A bump arena of device memory for the temporary storage of CCCL's scans (CUDA form): sized
+// once, never grown; `overflows` counts requests it could not serve (a sizing bug: the
+// request then aborts). Host-side bookkeeping, device-side bytes.
+struct ScratchArena {
+  char* base = nullptr;
+  std::size_t capacity = 0, used = 0, high_water = 0;
+  std::uint64_t allocations = 0, overflows = 0;
+};
+struct DeviceStepArgs {
+  StepArrays io;                               // the engine's arrays (device pointers; stats pinned host)
+  // The state of one (rank, group), device memory.
+  std::uint64_t* records = nullptr;            // [table_size] locations (the stamp bits unused)
+  const std::uint32_t* owner = nullptr;        // [table_size] owner tags
+  std::uint32_t table_size = 0;
+  const std::uint32_t* request_tags = nullptr; // [num_requests] tag of request id r, 0 = none
+  const std::uint32_t* adopted_starts = nullptr;  // [num_requests + 1] into adopted
+  const std::uint32_t* adopted = nullptr;      // [..] each request's adopted addresses, sorted
+  std::uint32_t num_requests = 0;
+  FlatBitmap device_free;                      // the device pool's free slots
+  FlatBitmap host_free;                        // the host pool's free slots
+  PbLruArrays pb;                              // the device pool's PB-LRU
+  std::uint32_t* device_owner = nullptr;       // [device capacity] address held by each slot
+  std::uint32_t rank = 0, group = 0, row_bytes = 0, num_layers = 1;
+  std::uint64_t entry_bytes = 0;               // row_bytes * num_layers
+  DeviceErrorCodes codes;
+  // Scratch, device memory, sized for the largest shape.
+  std::uint32_t* first = nullptr;              // [table_size] kNoSelection between steps
+  std::uint8_t* kind = nullptr;                // [max selections]
+  std::uint32_t* hit_flag = nullptr;           // [max selections]
+  std::uint32_t* miss_flag = nullptr;          // [max selections]
+  std::uint32_t* hit_pos = nullptr;            // [max selections]
+  std::uint32_t* miss_pos = nullptr;           // [max selections]
+  std::uint32_t* hits = nullptr;               // [max selections] distinct hits' slots
+  std::uint32_t* missed = nullptr;             // [max selections] distinct misses' addresses
+  std::uint32_t* targets = nullptr;            // [max descriptors] device slot of each miss
+  std::uint32_t* take_counts = nullptr;        // [(R + 1) * num_summary]
+  std::uint32_t* take_offsets = nullptr;       // [(R + 1) * num_summary]
+  DeviceStepControl* ctl = nullptr;            // [1]
+  ScratchArena* arena = nullptr;               // host object
+};
+
 struct IndexArgs {
   const std::uint32_t* selections = nullptr;  // [n]
   const std::uint8_t* kind = nullptr;         // [n]
@@ -172,8 +243,22 @@ struct IndexArgs {
   /* counts/offsets: [(R + 1) * num_summary] scratch. */                                                 \
   void PbTakeVictims(EXEC exec, const PbLruArrays& pb, std::uint32_t need, const std::uint32_t* need_dev, \
                      std::uint32_t* counts, std::uint32_t* offsets, std::uint32_t* out);                  \
+  /* The device step (ula/device_step.h): DevicePlan classifies, claims, writes descriptors, */          \
+  /* indices and the StepRecord; DeviceComplete publishes descriptor i where status[i] == 0 */           \
+  /* ([io.max_descriptors] device bytes, written by the engine's copies earlier on the stream). */      \
+  void DevicePlan(EXEC exec, const DeviceStepArgs& args);                                                 \
+  void DeviceComplete(EXEC exec, const DeviceStepArgs& args, const std::uint8_t* status);                 \
+  /* The form's memory (device memory for CUDA, host memory for OpenMP) and copies. */                   \
+  void* MemAlloc(std::size_t bytes);                                                                      \
+  void MemFree(void* p);                                                                                  \
+  void MemCopy(EXEC exec, void* dst, const void* src, std::size_t bytes); /* any direction, async */     \
+  void MemZero(EXEC exec, void* dst, std::size_t bytes);                                                  \
+  void Sync(EXEC exec);                                                                                   \
   /* The run of selection i (the kernels' search), for the host's error path. */                        \
   std::uint32_t RunOfForHost(const std::uint32_t* run_starts, std::uint32_t num_runs, std::uint32_t i);   \
   }
 
 ULA_KERNELS_DECLARE(omp, int)
+// The CUDA form (step_kernels.cu, target ula_kernels_cuda; linked where ULA_WITH_CUDA is on):
+// the context is a cudaStream_t passed as void*.
+ULA_KERNELS_DECLARE(gpu, void*)
