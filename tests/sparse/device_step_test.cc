@@ -364,5 +364,83 @@ TEST(DeviceStep, BadArgumentsAreRefusedOnTheHost) {
   EXPECT_EQ(io.record.distinct, 0u) << "padding only";
 }
 
+// The CUDA form against the OpenMP form on the same steps (scripts/gpu-check.sh runs it on a
+// GPU; skipped where MakeCudaBackend finds no device or the build has no CUDA). The engine's
+// arrays live in the cuda backend's pinned, mapped host memory, which the kernels read and
+// write directly; the status array too.
+TEST(DeviceStep, CudaFormMatchesOpenMpForm) {
+  auto cuda = MakeCudaBackend();
+  if (!cuda) GTEST_SKIP() << cuda.error().ToString();
+  auto backend = MakeCountingBackend();
+  auto space = BuildSpace(*backend, PolicyKind::kKernelPbLru, 4, 99, 60, 256);
+  DeviceStepConfig dc{.max_rows = kMaxBatch * kMaxQ, .max_batch = kMaxBatch, .max_top_k = kMaxTopK};
+  auto host_step = DeviceStep::Create(*space, Rank(0), GroupId(1), dc).value();
+  dc.cuda = true;
+  auto made = DeviceStep::Create(*space, Rank(0), GroupId(1), dc);
+  ASSERT_TRUE(made) << made.error().ToString();
+  auto dev_step = std::move(*made);
+  const std::uint32_t n = kMaxBatch * kMaxQ * (kMaxTopK + 3);
+  const std::uint32_t nd = dev_step->max_descriptors();
+  const std::uint64_t bytes = std::uint64_t{n} * 4 * 3 + kMaxBatch * 8 + std::uint64_t{nd} * (sizeof(CopyDescriptor) + 1) +
+                              sizeof(StepRecord) + 4096;
+  auto arena = (*cuda)->CreateArena(Tier::kHost, Rank(0), bytes).value();
+  std::byte* p = arena.data;
+  auto carve = [&](std::size_t b) {
+    std::byte* at = p;
+    p += (b + 63) / 64 * 64;
+    return at;
+  };
+  auto* d_sel = reinterpret_cast<std::int32_t*>(carve(std::size_t{n} * 4));
+  auto* d_rows = reinterpret_cast<std::int32_t*>(carve(std::size_t{n} * 4));
+  auto* d_idx = reinterpret_cast<std::int32_t*>(carve(std::size_t{n} * 4));
+  auto* d_req = reinterpret_cast<std::int64_t*>(carve(kMaxBatch * 8));
+  auto* d_desc = reinterpret_cast<CopyDescriptor*>(carve(std::size_t{nd} * sizeof(CopyDescriptor)));
+  auto* d_status = reinterpret_cast<std::uint8_t*>(carve(nd));
+  auto* d_rec = reinterpret_cast<StepRecord*>(carve(sizeof(StepRecord)));
+  std::mt19937_64 rng(13);
+  for (int s = 0; s < 30; ++s) {
+    StepInputs in = RandomStep(rng, *space, s % 5 == 4 ? 1 + s % 4 : 0);
+    DeviceIo io;
+    io.Fill(in.shape, in.dense, in.requests, nd);
+    std::memcpy(d_sel, io.selections.data(), io.selections.size() * 4);
+    std::memcpy(d_rows, io.row_batch.data(), io.row_batch.size() * 4);
+    std::memcpy(d_idx, io.indices.data(), io.indices.size() * 4);
+    std::memcpy(d_req, io.requests.data(), io.requests.size() * 8);
+    *d_rec = StepRecord{};
+    StepArrays da = io.arrays;
+    da.selections = d_sel;
+    da.row_batch = io.arrays.row_batch != nullptr ? d_rows : nullptr;
+    da.requests = d_req;
+    da.indices = d_idx;
+    da.descriptors = d_desc;
+    da.stats = d_rec;
+    ASSERT_TRUE(host_step->Plan(io.arrays, nullptr));
+    ASSERT_TRUE(dev_step->Plan(da, nullptr));
+    std::vector<std::uint8_t> status(nd, 0);
+    for (std::uint32_t i = 0; i < nd; ++i) status[i] = rng() % 7 == 0 ? 1 : 0;
+    std::memcpy(d_status, status.data(), nd);
+    ASSERT_TRUE(host_step->Complete(status.data(), nullptr));
+    ASSERT_TRUE(dev_step->Complete(d_status, nullptr));
+    if (s % 3 == 2) {
+      ASSERT_TRUE(host_step->AdvanceRound(nullptr));
+      ASSERT_TRUE(dev_step->AdvanceRound(nullptr));
+    }
+    const DeviceStepState hs = host_step->ReadState(nullptr), ds = dev_step->ReadState(nullptr);  // syncs
+    ASSERT_EQ(d_rec->done, io.record.done) << "step " << s;
+    ASSERT_EQ(d_rec->error, io.record.error) << "step " << s;
+    ASSERT_EQ(d_rec->misses, io.record.misses) << "step " << s;
+    ASSERT_EQ(d_rec->hits, io.record.hits) << "step " << s;
+    ASSERT_EQ(d_rec->evictions, io.record.evictions) << "step " << s;
+    ASSERT_EQ(std::memcmp(d_idx, io.indices.data(), io.indices.size() * 4), 0) << "indices, step " << s;
+    ASSERT_EQ(std::memcmp(d_desc, io.descriptors.data(), std::size_t{io.record.num_descriptors} * sizeof(CopyDescriptor)), 0)
+        << "descriptors, step " << s;
+    ExpectSameState(hs, ds, "CUDA form vs OpenMP form");
+    ASSERT_EQ(hs.published, ds.published);
+    ASSERT_FALSE(::testing::Test::HasFailure()) << "step " << s;
+  }
+  EXPECT_EQ(dev_step->arena_overflows(), 0u);
+  ASSERT_TRUE((*cuda)->DestroyArena(arena.id));
+}
+
 }  // namespace
 }  // namespace ula
