@@ -30,7 +30,7 @@ from pathlib import Path
 NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
 # How the layer lists name each PolicyKind.
 POLICY_NAMES = {"kPbLru": "PB-LRU", "kExactLruScan": "exact LRU (scan", "kExactLruList": "list)",
-                "kClock": "CLOCK", "kLfuAged": "LFU-aged"}
+                "kClock": "CLOCK", "kLfuAged": "LFU-aged", "kKernelPbLru": "kernel PB-LRU"}
 METADATA_ROWS = {"location table": "location_table", "device owner map": "device_owner",
                  "residency policy": "policy_bytes", "free bitmaps": "free_bitmaps",
                  "request lists + owner tags + reference counts": "request_lists",

@@ -287,6 +287,7 @@ class AddressSpace {
   friend class StepPlanner;
   friend class EngineStepPlanner;
   friend class KernelStepPlanner;
+  friend class DeviceStep;
   AddressSpace(const AddressSpaceConfig& config, Backend& backend, std::unique_ptr<State> state);
   Status RunMoves(std::span<const CopyDescriptor> moves);
 

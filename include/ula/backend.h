@@ -11,6 +11,8 @@
 //             earlier one has completed and its bytes are visible to the caller.
 //   counting  no bytes at all; arenas are sizes, copies only add to the transfer counters.
 //             Lets a full-scale simulation (8 ranks, hundreds of 128K-token requests) fit here.
+//   cuda      GPU and pinned host memory, one copy kernel per batch on a copy stream, CUDA
+//             events as fences (MakeCudaBackend; only where ULA_WITH_CUDA is on).
 //
 // Contract of a batch: every move lies inside its arenas (checked at Submit: an error,
 // nothing submitted); a copy's source and destination ranges never overlap; within one
@@ -130,6 +132,16 @@ struct CpuBackendOptions {
 };
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options = {});
+
+struct CudaBackendOptions {
+  bool peer_access = true;  // enable peer access between the process's GPUs where possible
+};
+// The cuda backend (src/backend/cuda): rank r's device arenas on CUDA device r (cudaMalloc),
+// host arenas pinned and mapped (cudaHostAlloc), each batch one gather/scatter kernel on a
+// copy stream, fences as CUDA events, GPU-to-GPU batches through peer access. A device
+// arena's `data` is a device pointer. kUnsupported in a build without CUDA (ULA_WITH_CUDA),
+// kFailedPrecondition when no CUDA device is present.
+Result<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options = {});
 std::unique_ptr<Backend> MakeCountingBackend();
 
 }  // namespace ula

@@ -66,6 +66,7 @@ enum class PolicyKind : std::uint8_t {
   kExactLruList,  // intrusive doubly linked list
   kClock,         // second-chance clock
   kLfuAged,       // frequency-aware: aged use counts, then recency (policy/lfu_aged.h)
+  kKernelPbLru,   // PB-LRU as the step kernels' flat arrays (policy/kernel_pb_lru.h): pb_lru's victims
 };
 
 struct PolicyOptions {

@@ -79,7 +79,7 @@ struct StepRecord {
   std::uint64_t evictions = 0;    // victims moved to host (swaps)
   std::uint64_t bytes_moved = 0;  // over the host link, both directions
   std::uint32_t num_descriptors = 0;
-  std::uint32_t error = 0;        // 0, or the ula::ErrorCode that refused the step
+  std::uint32_t error = 0;        // 0, or 1 + the ula::ErrorCode that refused the step (kInvalidArgument is 0)
   std::uint64_t done = 0;         // non-zero once every field above is written
 };
 

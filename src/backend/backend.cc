@@ -18,4 +18,12 @@ Backend::~Backend() {
   }
 }
 
+#if !defined(ULA_WITH_CUDA_BACKEND)
+// Built without CUDA: src/backend/cuda defines the real one where ULA_WITH_CUDA is on.
+Result<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions&) {
+  return MakeError(ErrorCode::kUnsupported,
+                   "cuda backend: this build has no CUDA (configure with -DULA_WITH_CUDA=ON or AUTO where nvcc is found)");
+}
+#endif
+
 }  // namespace ula

@@ -57,6 +57,9 @@ class HierBitmap {
   // [num_words()] the level-0 words, for data-parallel readers (src/kernels); valid until the
   // next non-const call.
   const std::uint64_t* words() const { return levels_[0].data(); }
+  // [ceil(num_words() / 64)] the first summary level (bit w: level-0 word w is non-zero), or
+  // null when the bitmap has one level only (at most 64 positions); valid as words().
+  const std::uint64_t* summary_words() const { return levels_.size() > 1 ? levels_[1].data() : nullptr; }
   // word(w) |= bits / word(w) &= ~bits, keeping summaries and count exact.
   void OrWord(std::size_t w, std::uint64_t bits);
   void AndNotWord(std::size_t w, std::uint64_t bits);

@@ -20,6 +20,7 @@
 // set bits in a fixed word order.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "ula/step_arrays.h"
@@ -62,11 +63,16 @@ struct ClassifyArgs {
 
 // The sources of TakeLowest: num_sources bitmaps of num_words level-0 words each, read in
 // this order as one bit string (source 0's word 0 bit 0 first).
+// With summaries (num_summary > 0), summary[j] is source j's first summary level ([num_summary]
+// words, bit w: word w may be non-zero; a set bit over an empty word costs a read, never a
+// wrong result), and TakeLowest scans blocks of 64 words through it instead of every word.
 struct BitmapSources {
   static constexpr int kMax = 72;
   const std::uint64_t* words[kMax] = {};
+  const std::uint64_t* summary[kMax] = {};
   std::uint32_t num_sources = 0;
-  std::uint32_t num_words = 0;  // per source
+  std::uint32_t num_words = 0;    // per source
+  std::uint32_t num_summary = 0;  // per source; 0: no summaries, every word is popcounted
 };
 
 struct DescriptorArgs {
@@ -87,6 +93,107 @@ struct PublishArgs {
   bool swaps_ok = true;    // the kSwap batch (descriptors [n_free, n)) completed
   std::uint64_t* records = nullptr;        // [table]
   std::uint32_t* device_owner = nullptr;   // [device capacity] address held by each slot
+};
+
+// PB-LRU as flat arrays (policy/kernel_pb_lru.h keeps them in host memory, the device step
+// in device memory): R + 2 buckets of one bit per slot, ring buckets 0..R (ring[clock.cur] is
+// the current one; ring[(cur - a) mod (R + 1)] holds the slots last used a rounds ago) and the
+// cold bucket R + 1. Each bucket has its level-0 words and one summary level above them (bit
+// w of summary word w / 64: word w is non-zero, exactly), and its count. stamps[s] is the
+// round of the slot's last use (0: untracked), so a slot's bucket is known from its stamp
+// alone, as in policy/pb_lru.h.
+struct PbLruClock {
+  std::uint32_t round = 1;   // rounds start at 1; 0 marks an untracked slot
+  std::uint32_t cur = 0;     // the current ring bucket
+  std::uint64_t tracked = 0; // slots with a non-zero stamp
+};
+struct PbLruArrays {
+  std::uint64_t* words = nullptr;    // [R + 2][num_words]
+  std::uint64_t* summary = nullptr;  // [R + 2][num_summary]
+  std::uint64_t* counts = nullptr;   // [R + 2] set bits of each bucket
+  std::uint32_t* stamps = nullptr;   // [capacity]
+  PbLruClock* clock = nullptr;       // [1]
+  std::uint32_t recent = 0;          // R
+  std::uint32_t capacity = 0;
+  std::uint32_t num_words = 0;       // ceil(capacity / 64)
+  std::uint32_t num_summary = 0;     // ceil(num_words / 64)
+};
+// A set of slots as one flat bitmap with the same summary level (the device step's free slots).
+struct FlatBitmap {
+  std::uint64_t* words = nullptr;    // [num_words]
+  std::uint64_t* summary = nullptr;  // [num_summary]
+  std::uint64_t* count = nullptr;    // [1]
+  std::uint32_t num_words = 0, num_summary = 0;
+};
+
+// ---- The device step (ula/device_step.h): one layer group's DP step as kernels over fixed
+// index spaces, every count kept on the device (DeviceStepControl), no host read-back.
+// Selection kinds of the device step's classify, one byte per selection.
+enum DeviceKind : std::uint8_t {
+  kDevHit = 0,
+  kDevMiss = 1,
+  kDevPad = 2,
+  // refusals, in the order EngineStepPlanner checks a selection:
+  kDevBadValue = 3,       // < -1
+  kDevNotLive = 4,        // not a live address
+  kDevUnknownRequest = 5, // its row's request is unknown
+  kDevNotHeld = 6,        // its row's request does not hold it
+  kDevOtherRank = 7,      // lives on another rank
+};
+// The values the device writes to StepRecord::error: 1 + the ErrorCode (filled by the host
+// side from ula/error.h, which the CUDA form does not include).
+struct DeviceErrorCodes {
+  std::uint32_t invalid_argument = 0, not_found = 0, resource_exhausted = 0;
+};
+struct DeviceStepControl {
+  std::uint32_t first_bad = kNoSelection;  // lowest selection that failed a check
+  std::uint32_t error = 0;                 // 1 + the ErrorCode of a refused step, or 0
+  std::uint32_t selections = 0;            // non-padding selections
+  std::uint32_t n_hit = 0, n_miss = 0, n_free = 0, n_victims = 0;
+  std::uint32_t newly_used = 0;            // distinct hits not yet used in this round
+  std::uint32_t pending = 0;               // descriptors awaiting DeviceComplete
+  std::uint32_t published = 0, failed = 0; // of the last DeviceComplete
+  std::uint64_t steps = 0;                 // planned so far: StepRecord::done of the last one
+};
+// A bump arena of device memory for the temporary storage of CCCL's scans (CUDA form): sized
+// once, never grown; `overflows` counts requests it could not serve (a sizing bug: the
+// request then aborts). Host-side bookkeeping, device-side bytes.
+struct ScratchArena {
+  char* base = nullptr;
+  std::size_t capacity = 0, used = 0, high_water = 0;
+  std::uint64_t allocations = 0, overflows = 0;
+};
+struct DeviceStepArgs {
+  StepArrays io;                               // the engine's arrays (device pointers; stats pinned host)
+  // The state of one (rank, group), device memory.
+  std::uint64_t* records = nullptr;            // [table_size] locations (the stamp bits unused)
+  const std::uint32_t* owner = nullptr;        // [table_size] owner tags
+  std::uint32_t table_size = 0;
+  const std::uint32_t* request_tags = nullptr; // [num_requests] tag of request id r, 0 = none
+  const std::uint32_t* adopted_starts = nullptr;  // [num_requests + 1] into adopted
+  const std::uint32_t* adopted = nullptr;      // [..] each request's adopted addresses, sorted
+  std::uint32_t num_requests = 0;
+  FlatBitmap device_free;                      // the device pool's free slots
+  FlatBitmap host_free;                        // the host pool's free slots
+  PbLruArrays pb;                              // the device pool's PB-LRU
+  std::uint32_t* device_owner = nullptr;       // [device capacity] address held by each slot
+  std::uint32_t rank = 0, group = 0, row_bytes = 0, num_layers = 1;
+  std::uint64_t entry_bytes = 0;               // row_bytes * num_layers
+  DeviceErrorCodes codes;
+  // Scratch, device memory, sized for the largest shape.
+  std::uint32_t* first = nullptr;              // [table_size] kNoSelection between steps
+  std::uint8_t* kind = nullptr;                // [max selections]
+  std::uint32_t* hit_flag = nullptr;           // [max selections]
+  std::uint32_t* miss_flag = nullptr;          // [max selections]
+  std::uint32_t* hit_pos = nullptr;            // [max selections]
+  std::uint32_t* miss_pos = nullptr;           // [max selections]
+  std::uint32_t* hits = nullptr;               // [max selections] distinct hits' slots
+  std::uint32_t* missed = nullptr;             // [max selections] distinct misses' addresses
+  std::uint32_t* targets = nullptr;            // [max descriptors] device slot of each miss
+  std::uint32_t* take_counts = nullptr;        // [(R + 1) * num_summary]
+  std::uint32_t* take_offsets = nullptr;       // [(R + 1) * num_summary]
+  DeviceStepControl* ctl = nullptr;            // [1]
+  ScratchArena* arena = nullptr;               // host object
 };
 
 struct IndexArgs {
@@ -111,14 +218,47 @@ struct IndexArgs {
   std::uint32_t Compact(EXEC exec, const std::uint32_t* flags, std::uint32_t* pos, std::uint32_t n,       \
                         const std::uint32_t* values, std::uint32_t* out);                                 \
   /* out[k] = the k-th set bit (k < need) of the sources in order, as a slot of its bitmap. */           \
-  /* counts/offsets: [num_sources * num_words] scratch. Returns the number taken (<= need). */           \
+  /* counts/offsets: [num_sources * num_words] scratch ([num_sources * num_summary] with */             \
+  /* summaries). Returns the number taken (<= need). */                                                  \
   std::uint32_t TakeLowest(EXEC exec, const BitmapSources& sources, std::uint32_t need,                   \
                            std::uint32_t* counts, std::uint32_t* offsets, std::uint32_t* out);            \
   void MakeDescriptors(EXEC exec, const DescriptorArgs& args);                                            \
   void Publish(EXEC exec, const PublishArgs& args);                                                       \
   void WriteIndices(EXEC exec, const IndexArgs& args);                                                    \
+  /* Flat PB-LRU (PbLruArrays above). Slots: slots[i] for i < (n_dev ? *n_dev : n). */                  \
+  /* PbTouch: tracked slots into the current bucket, stamped with the round (duplicates fine). */        \
+  void PbTouch(EXEC exec, const PbLruArrays& pb, const std::uint32_t* slots, std::uint32_t n,            \
+               const std::uint32_t* n_dev);                                                               \
+  /* PbInsert: untracked, distinct slots into the current bucket. PbRemove: one tracked slot out. */     \
+  void PbInsert(EXEC exec, const PbLruArrays& pb, const std::uint32_t* slots, std::uint32_t n,           \
+                const std::uint32_t* n_dev);                                                              \
+  void PbRemove(EXEC exec, const PbLruArrays& pb, std::uint32_t slot);                                    \
+  /* PbRebase: REQUIRES the round is 2^32 - 1 (the host counts rounds); run right before PbAdvance. */ \
+  void PbRebase(EXEC exec, const PbLruArrays& pb);                                                        \
+  /* PbAdvance: the next round; the bucket about to be reused is folded into cold. */                    \
+  void PbAdvance(EXEC exec, const PbLruArrays& pb);                                                       \
+  /* PbTakeVictims: out[k] for k < need (need_dev ? *need_dev : need) = the k-th victim in */             \
+  /* ClaimVictims' order (cold, then ages R..1, lowest slot first; never the current bucket), */         \
+  /* by a scan over the buckets' summary levels. Claims nothing (PbTouch them to claim). */              \
+  /* counts/offsets: [(R + 1) * num_summary] scratch. */                                                 \
+  void PbTakeVictims(EXEC exec, const PbLruArrays& pb, std::uint32_t need, const std::uint32_t* need_dev, \
+                     std::uint32_t* counts, std::uint32_t* offsets, std::uint32_t* out);                  \
+  /* The device step (ula/device_step.h): DevicePlan classifies, claims, writes descriptors, */          \
+  /* indices and the StepRecord; DeviceComplete publishes descriptor i where status[i] == 0 */           \
+  /* ([io.max_descriptors] device bytes, written by the engine's copies earlier on the stream). */      \
+  void DevicePlan(EXEC exec, const DeviceStepArgs& args);                                                 \
+  void DeviceComplete(EXEC exec, const DeviceStepArgs& args, const std::uint8_t* status);                 \
+  /* The form's memory (device memory for CUDA, host memory for OpenMP) and copies. */                   \
+  void* MemAlloc(std::size_t bytes);                                                                      \
+  void MemFree(void* p);                                                                                  \
+  void MemCopy(EXEC exec, void* dst, const void* src, std::size_t bytes); /* any direction, async */     \
+  void MemZero(EXEC exec, void* dst, std::size_t bytes);                                                  \
+  void Sync(EXEC exec);                                                                                   \
   /* The run of selection i (the kernels' search), for the host's error path. */                        \
   std::uint32_t RunOfForHost(const std::uint32_t* run_starts, std::uint32_t num_runs, std::uint32_t i);   \
   }
 
 ULA_KERNELS_DECLARE(omp, int)
+// The CUDA form (step_kernels.cu, target ula_kernels_cuda; linked where ULA_WITH_CUDA is on):
+// the context is a cudaStream_t passed as void*.
+ULA_KERNELS_DECLARE(gpu, void*)

@@ -24,7 +24,24 @@
 //   writes values[i] to out[pos[i]]: the positions are the flags' ranks in index order.
 // TakeLowest — [num_sources * num_words] words; pass 1 popcounts each word, an exclusive scan
 //   gives each word the rank of its first set bit, pass 2 writes the set bits of rank < need
-//   to out[rank]. Each word's thread writes its own ranks only: no atomics.
+//   to out[rank]. Each word's thread writes its own ranks only: no atomics. With summary
+//   levels (BitmapSources::num_summary, and PbTakeVictims always) the index space is
+//   [num_sources * num_summary] blocks of 64 words: pass 1 popcounts only the words its
+//   summary word names (an empty stretch costs one summary read), the scan ranks the blocks,
+//   pass 2 walks only the blocks whose first rank is below need.
+// PbTouch — [n] slots; each thread exchanges its slot's stamp with the round (exactly one
+//   thread per distinct slot sees the old stamp: duplicates do nothing), clears the slot from
+//   the bucket its old stamp names and sets it in the current one, with fetch_and / fetch_or
+//   on the words, the summary word when a word turns zero / non-zero, fetch_add / fetch_sub
+//   on the counts. Why the order does not matter: a touch only clears bits of old buckets and
+//   only sets bits of the current one, so each word's final value is its old value with the
+//   touched bits moved, and a word turns zero (or non-zero) for exactly one thread; counts
+//   are sums. PbInsert is the same with no old bucket (tracked + 1 per slot).
+// PbAdvance — one thread moves the clock (round + 1, cur + 1 mod R + 1; at round 2^32 - 1 the
+//   round restarts at R + 3 after PbRebase, which the host runs first, rebased the [capacity]
+//   stamps keeping every age), then [num_summary] threads
+//   fold the reused bucket's words into cold, each over its own 64 words and summary word
+//   (disjoint writes, one atomic add to cold's count per thread).
 // MakeDescriptors — [n_miss]; descriptor i from missed[i], targets[i] and the record's host
 //   slot; disjoint outputs.
 // Publish — [n] descriptors, run after the copies completed (the caller waits on the fences;
@@ -79,13 +96,15 @@ ULA_HD inline std::uint32_t RunOf(const std::uint32_t* starts, std::uint32_t num
   return lo;
 }
 
+// Whether sorted[begin, end) holds a (a lower bound, then one comparison).
 ULA_HD inline bool Contains(const std::uint32_t* sorted, std::uint32_t begin, std::uint32_t end, std::uint32_t a) {
+  const std::uint32_t stop = end;
   while (begin < end) {
     const std::uint32_t mid = begin + (end - begin) / 2;
     if (sorted[mid] < a) begin = mid + 1;
     else end = mid;
   }
-  return begin < end ? sorted[begin] == a : false;
+  return begin < stop && sorted[begin] == a;
 }
 
 struct ClassifyPass1 {
@@ -176,6 +195,456 @@ struct TakeWord {
   }
 };
 
+// ---- Summary-level take: sources j in [0, num_sources), each num_words words and
+// num_summary summary words; block b = j * num_summary + k covers words [64 k, 64 k + 64).
+struct ExplicitSources {
+  BitmapSources s;
+  ULA_HD const std::uint64_t* words(std::uint32_t j) const { return s.words[j]; }
+  ULA_HD const std::uint64_t* summary(std::uint32_t j) const { return s.summary[j]; }
+};
+// PB-LRU's victim buckets in ClaimVictims' order: source 0 = cold (bucket R + 1), source j in
+// [1, R] = the ring bucket of age R + 1 - j. Never the current bucket (age 0).
+ULA_HD inline std::uint32_t RingOfAge(const PbLruArrays& pb, std::uint32_t cur, std::uint32_t age) {
+  return cur >= age ? cur - age : cur + pb.recent + 1 - age;
+}
+struct PbVictimSources {
+  PbLruArrays pb;
+  ULA_HD std::uint32_t bucket(std::uint32_t j) const {
+    return j == 0 ? pb.recent + 1 : RingOfAge(pb, pb.clock->cur, pb.recent + 1 - j);
+  }
+  ULA_HD const std::uint64_t* words(std::uint32_t j) const { return pb.words + std::size_t{bucket(j)} * pb.num_words; }
+  ULA_HD const std::uint64_t* summary(std::uint32_t j) const {
+    return pb.summary + std::size_t{bucket(j)} * pb.num_summary;
+  }
+};
+
+template <class Src>
+struct BlockPopcount {
+  Src src;
+  std::uint32_t num_words, num_summary;
+  ULA_HD std::uint32_t operator()(std::uint32_t b) const {
+    const std::uint32_t j = b / num_summary, k = b % num_summary;
+    const std::uint64_t* w = src.words(j);
+    std::uint32_t n = 0;
+    for (std::uint64_t bits = src.summary(j)[k]; bits != 0; bits &= bits - 1) {
+      const std::uint32_t word = (k << 6) | Ctz64(bits);
+      if (word < num_words) n += Popcount64(w[word]);
+    }
+    return n;
+  }
+};
+
+template <class Src>
+struct TakeBlock {
+  Src src;
+  std::uint32_t num_words, num_summary;
+  const std::uint32_t* offsets;
+  std::uint32_t need;
+  const std::uint32_t* need_dev;  // when set, replaces need
+  std::uint32_t* out;
+  const std::uint32_t* out_offset_dev = nullptr;  // when set, rank k goes to out[*out_offset_dev + k]
+  ULA_HD void operator()(std::uint32_t b) const {
+    const std::uint32_t limit = need_dev != nullptr ? *need_dev : need;
+    std::uint32_t rank = offsets[b];
+    if (rank >= limit) return;
+    std::uint32_t* dst = out_offset_dev != nullptr ? out + *out_offset_dev : out;
+    const std::uint32_t j = b / num_summary, k = b % num_summary;
+    const std::uint64_t* w = src.words(j);
+    for (std::uint64_t sum = src.summary(j)[k]; sum != 0 && rank < limit; sum &= sum - 1) {
+      const std::uint32_t word = (k << 6) | Ctz64(sum);
+      if (word >= num_words) break;
+      for (std::uint64_t bits = w[word]; bits != 0 && rank < limit; bits &= bits - 1) {
+        dst[rank++] = (word << 6) | Ctz64(bits);
+      }
+    }
+  }
+};
+
+// ---- Flat PB-LRU bucket bit operations (atomic: many slots share a word).
+ULA_HD inline void BucketSet(const PbLruArrays& pb, std::uint32_t b, std::uint32_t s) {
+  const std::uint32_t w = s >> 6;
+  const std::uint64_t bit = std::uint64_t{1} << (s & 63);
+  ::cuda::atomic_ref<std::uint64_t, kScope> word(pb.words[std::size_t{b} * pb.num_words + w]);
+  const std::uint64_t before = word.fetch_or(bit, kRelaxed);
+  if ((before & bit) != 0) return;
+  ::cuda::atomic_ref<std::uint64_t, kScope>(pb.counts[b]).fetch_add(1, kRelaxed);
+  if (before == 0) {
+    ::cuda::atomic_ref<std::uint64_t, kScope>(pb.summary[std::size_t{b} * pb.num_summary + (w >> 6)])
+        .fetch_or(std::uint64_t{1} << (w & 63), kRelaxed);
+  }
+}
+ULA_HD inline void BucketClear(const PbLruArrays& pb, std::uint32_t b, std::uint32_t s) {
+  const std::uint32_t w = s >> 6;
+  const std::uint64_t bit = std::uint64_t{1} << (s & 63);
+  ::cuda::atomic_ref<std::uint64_t, kScope> word(pb.words[std::size_t{b} * pb.num_words + w]);
+  const std::uint64_t before = word.fetch_and(~bit, kRelaxed);
+  if ((before & bit) == 0) return;
+  ::cuda::atomic_ref<std::uint64_t, kScope>(pb.counts[b]).fetch_sub(1, kRelaxed);
+  if (before == bit) {
+    ::cuda::atomic_ref<std::uint64_t, kScope>(pb.summary[std::size_t{b} * pb.num_summary + (w >> 6)])
+        .fetch_and(~(std::uint64_t{1} << (w & 63)), kRelaxed);
+  }
+}
+// The bucket of a slot stamped `old` in round `round`: ring bucket of its age, or cold.
+ULA_HD inline std::uint32_t BucketOfStamp(const PbLruArrays& pb, std::uint32_t round, std::uint32_t cur,
+                                          std::uint32_t old) {
+  const std::uint32_t age = round - old;
+  return age <= pb.recent ? RingOfAge(pb, cur, age) : pb.recent + 1;
+}
+ULA_HD inline void PbTouchOne(const PbLruArrays& pb, std::uint32_t s) {
+  const std::uint32_t round = pb.clock->round, cur = pb.clock->cur;
+  const std::uint32_t old = ::cuda::atomic_ref<std::uint32_t, kScope>(pb.stamps[s]).exchange(round, kRelaxed);
+  if (old == round) return;  // a duplicate, or already current
+  BucketClear(pb, BucketOfStamp(pb, round, cur, old), s);
+  BucketSet(pb, cur, s);
+}
+ULA_HD inline void PbInsertOne(const PbLruArrays& pb, std::uint32_t s) {
+  ::cuda::atomic_ref<std::uint32_t, kScope>(pb.stamps[s]).store(pb.clock->round, kRelaxed);
+  BucketSet(pb, pb.clock->cur, s);
+  ::cuda::atomic_ref<std::uint64_t, kScope>(pb.clock->tracked).fetch_add(1, kRelaxed);
+}
+
+struct PbTouchFn {
+  PbLruArrays pb;
+  const std::uint32_t* slots;
+  const std::uint32_t* n_dev;
+  const std::uint32_t* begin_dev = nullptr;  // when set: slots[*begin_dev + i], i < *n_dev
+  ULA_HD void operator()(std::uint32_t i) const {
+    if (n_dev != nullptr && i >= *n_dev) return;
+    PbTouchOne(pb, slots[(begin_dev != nullptr ? *begin_dev : 0) + i]);
+  }
+};
+struct PbInsertFn {
+  PbLruArrays pb;
+  const std::uint32_t* slots;
+  const std::uint32_t* n_dev;
+  ULA_HD void operator()(std::uint32_t i) const {
+    if (n_dev != nullptr && i >= *n_dev) return;
+    PbInsertOne(pb, slots[i]);
+  }
+};
+struct PbRemoveFn {
+  PbLruArrays pb;
+  std::uint32_t slot;
+  ULA_HD void operator()(std::uint32_t) const {
+    const std::uint32_t old = pb.stamps[slot];
+    if (old == 0) return;
+    BucketClear(pb, BucketOfStamp(pb, pb.clock->round, pb.clock->cur, old), slot);
+    pb.stamps[slot] = 0;
+    pb.clock->tracked -= 1;
+  }
+};
+// Before the 32-bit round counter wraps: every stamp keeps its age (cold ages clamp to R + 1,
+// the same bucket) under the round R + 2. Reads the clock; PbClockFn then moves it.
+struct PbRebaseFn {
+  PbLruArrays pb;
+  ULA_HD void operator()(std::uint32_t s) const {
+    const std::uint32_t round = pb.clock->round;
+    if (round != 0xffffffffu || pb.stamps[s] == 0) return;
+    const std::uint32_t age = round - pb.stamps[s];
+    pb.stamps[s] = pb.recent + 2 - (age < pb.recent + 1 ? age : pb.recent + 1);
+  }
+};
+struct PbClockFn {
+  PbLruArrays pb;
+  ULA_HD void operator()(std::uint32_t) const {
+    PbLruClock& c = *pb.clock;
+    if (c.round == 0xffffffffu) c.round = pb.recent + 2;
+    c.round += 1;
+    c.cur = c.cur + 1 == pb.recent + 1 ? 0 : c.cur + 1;
+  }
+};
+struct PbFoldFn {
+  PbLruArrays pb;
+  ULA_HD void operator()(std::uint32_t k) const {
+    const std::uint32_t cold = pb.recent + 1, reused = pb.clock->cur;
+    std::uint64_t* rs = pb.summary + std::size_t{reused} * pb.num_summary + k;
+    if (*rs == 0) return;
+    std::uint64_t* rw = pb.words + std::size_t{reused} * pb.num_words;
+    std::uint64_t* cw = pb.words + std::size_t{cold} * pb.num_words;
+    std::uint64_t moved = 0;
+    for (std::uint64_t bits = *rs; bits != 0; bits &= bits - 1) {
+      const std::uint32_t w = (k << 6) | Ctz64(bits);
+      moved += Popcount64(rw[w]);
+      cw[w] |= rw[w];
+      rw[w] = 0;
+    }
+    pb.summary[std::size_t{cold} * pb.num_summary + k] |= *rs;
+    *rs = 0;
+    ::cuda::atomic_ref<std::uint64_t, kScope>(pb.counts[cold]).fetch_add(moved, kRelaxed);
+    ::cuda::atomic_ref<std::uint64_t, kScope>(pb.counts[reused]).fetch_sub(moved, kRelaxed);
+  }
+};
+
+ULA_HD inline std::uint64_t MakeLocation(std::uint32_t tier_code, std::uint32_t rank, std::uint32_t slot) {
+  return std::uint64_t{tier_code} << 48 | std::uint64_t{rank} << 32 | slot;
+}
+
+// ---- The device step's kernels (DeviceStepArgs; ula/device_step.h has the phases).
+struct FlatSource {
+  FlatBitmap f;
+  ULA_HD const std::uint64_t* words(std::uint32_t) const { return f.words; }
+  ULA_HD const std::uint64_t* summary(std::uint32_t) const { return f.summary; }
+};
+ULA_HD inline void FlatSet(const FlatBitmap& f, std::uint32_t s) {
+  const std::uint32_t w = s >> 6;
+  const std::uint64_t bit = std::uint64_t{1} << (s & 63);
+  const std::uint64_t before = ::cuda::atomic_ref<std::uint64_t, kScope>(f.words[w]).fetch_or(bit, kRelaxed);
+  if ((before & bit) != 0) return;
+  ::cuda::atomic_ref<std::uint64_t, kScope>(*f.count).fetch_add(1, kRelaxed);
+  if (before == 0) {
+    ::cuda::atomic_ref<std::uint64_t, kScope>(f.summary[w >> 6]).fetch_or(std::uint64_t{1} << (w & 63), kRelaxed);
+  }
+}
+ULA_HD inline void FlatClear(const FlatBitmap& f, std::uint32_t s) {
+  const std::uint32_t w = s >> 6;
+  const std::uint64_t bit = std::uint64_t{1} << (s & 63);
+  const std::uint64_t before = ::cuda::atomic_ref<std::uint64_t, kScope>(f.words[w]).fetch_and(~bit, kRelaxed);
+  if ((before & bit) == 0) return;
+  ::cuda::atomic_ref<std::uint64_t, kScope>(*f.count).fetch_sub(1, kRelaxed);
+  if (before == bit) {
+    ::cuda::atomic_ref<std::uint64_t, kScope>(f.summary[w >> 6]).fetch_and(~(std::uint64_t{1} << (w & 63)), kRelaxed);
+  }
+}
+ULA_HD inline void AtomicMin(std::uint32_t& x, std::uint32_t v) {
+  ::cuda::atomic_ref<std::uint32_t, kScope> a(x);
+  std::uint32_t cur = a.load(kRelaxed);
+  while (v < cur && !a.compare_exchange_weak(cur, v, kRelaxed, kRelaxed)) {
+  }
+}
+
+// Selection j of the step's [num_rows * top_k] index space: row j / top_k, column j % top_k.
+ULA_HD inline std::int32_t SelectionAt(const StepArrays& io, std::uint32_t j) {
+  return io.selections[std::size_t{j / io.top_k} * io.selection_stride + j % io.top_k];
+}
+
+struct DevBegin {  // one thread: a fresh control block
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t) const {
+    DeviceStepControl& c = *a.ctl;
+    c.first_bad = kNoSelection;
+    c.error = 0;
+    c.selections = c.n_hit = c.n_miss = c.n_free = c.n_victims = c.newly_used = 0;
+    c.pending = 0;
+  }
+};
+
+// Validate (EngineStepPlanner's checks, in its order) and claim first[a] = the lowest
+// selection of each valid address (an atomic minimum: the order of the updates is irrelevant).
+struct DevClassify {
+  DeviceStepArgs a;
+  ULA_HD std::uint8_t Check(std::uint32_t j) const {
+    const std::int32_t v = SelectionAt(a.io, j);
+    if (v == -1) return kDevPad;
+    if (v < -1) return kDevBadValue;
+    const auto addr = static_cast<std::uint32_t>(v);
+    const std::uint64_t loc = addr < a.table_size ? a.records[addr] & kLocationMask : 0;
+    if (loc == 0) return kDevNotLive;
+    const std::uint32_t r = j / a.io.top_k;
+    const std::uint32_t b = a.io.row_batch != nullptr ? static_cast<std::uint32_t>(a.io.row_batch[r]) : r / a.io.q_len;
+    const std::int64_t req = b < a.io.batch ? a.io.requests[b] : -1;
+    const std::uint32_t tag =
+        req >= 0 && static_cast<std::uint64_t>(req) < a.num_requests ? a.request_tags[req] : 0;
+    if (tag == 0) return kDevUnknownRequest;
+    const std::uint32_t owner = a.owner[addr];
+    const bool holds = owner == tag || (owner != 0 && Contains(a.adopted, a.adopted_starts[req],
+                                                               a.adopted_starts[req + 1], addr));
+    if (!holds) return kDevNotHeld;
+    if (static_cast<std::uint32_t>((loc >> 32) & 0xffffu) != a.rank) return kDevOtherRank;
+    return static_cast<std::uint32_t>(loc >> 48) == kTierDeviceCode ? kDevHit : kDevMiss;
+  }
+  ULA_HD void operator()(std::uint32_t j) const {
+    const std::uint8_t k = Check(j);
+    a.kind[j] = k;
+    if (k == kDevPad) return;
+    ::cuda::atomic_ref<std::uint32_t, kScope>(a.ctl->selections).fetch_add(1, kRelaxed);
+    if (k > kDevPad) {
+      AtomicMin(a.ctl->first_bad, j);
+      return;
+    }
+    AtomicMin(a.first[static_cast<std::uint32_t>(SelectionAt(a.io, j))], j);
+  }
+};
+
+// First occurrences: the flags the scans rank; a distinct hit not yet used in this round
+// counts towards the room check (EngineStepPlanner's newly_used).
+struct DevFlag {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t j) const {
+    const std::uint8_t k = a.kind[j];
+    std::uint32_t hit = 0, miss = 0;
+    if (k <= kDevMiss) {
+      const auto addr = static_cast<std::uint32_t>(SelectionAt(a.io, j));
+      if (a.first[addr] == j) {
+        hit = k == kDevHit;
+        miss = k == kDevMiss;
+        if (hit != 0 && a.pb.stamps[static_cast<std::uint32_t>(a.records[addr])] != a.pb.clock->round) {
+          ::cuda::atomic_ref<std::uint32_t, kScope>(a.ctl->newly_used).fetch_add(1, kRelaxed);
+        }
+      }
+    }
+    a.hit_flag[j] = hit;
+    a.miss_flag[j] = miss;
+  }
+};
+
+struct DevScatter {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t j) const {
+    if (a.hit_flag[j] != 0) {
+      a.hits[a.hit_pos[j]] = static_cast<std::uint32_t>(a.records[static_cast<std::uint32_t>(SelectionAt(a.io, j))]);
+    }
+    if (a.miss_flag[j] != 0) a.missed[a.miss_pos[j]] = static_cast<std::uint32_t>(SelectionAt(a.io, j));
+  }
+};
+
+// One thread: the counts, the refusal (first bad selection, too few descriptor rows, no
+// room: EngineStepPlanner's order), the split into free slots and victims.
+struct DevDecide {
+  DeviceStepArgs a;
+  std::uint32_t n;
+  ULA_HD void operator()(std::uint32_t) const {
+    DeviceStepControl& c = *a.ctl;
+    const std::uint32_t n_hit = n == 0 ? 0 : a.hit_pos[n - 1] + a.hit_flag[n - 1];
+    const std::uint32_t n_miss = n == 0 ? 0 : a.miss_pos[n - 1] + a.miss_flag[n - 1];
+    std::uint32_t error = 0;
+    if (c.first_bad != kNoSelection) {
+      const std::uint8_t k = a.kind[c.first_bad];
+      error = k == kDevBadValue || k == kDevOtherRank ? a.codes.invalid_argument : a.codes.not_found;
+    } else if (n_miss > a.io.max_descriptors) {
+      error = a.codes.invalid_argument;
+    } else {
+      const std::uint64_t free = *a.device_free.count;
+      const std::uint64_t evictable = a.pb.clock->tracked - a.pb.counts[a.pb.clock->cur] - c.newly_used;
+      if (n_miss > free + evictable) error = a.codes.resource_exhausted;
+    }
+    c.error = error;
+    if (error != 0) return;  // every count stays 0: the kernels after this one do nothing
+    const std::uint64_t free = *a.device_free.count;
+    c.n_hit = n_hit;
+    c.n_miss = n_miss;
+    c.n_free = n_miss < free ? n_miss : static_cast<std::uint32_t>(free);
+    c.n_victims = n_miss - c.n_free;
+    c.pending = n_miss;
+  }
+};
+
+struct DevAllocate {  // the free slots taken: out of the free bitmap
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t i) const {
+    if (i < a.ctl->n_free) FlatClear(a.device_free, a.targets[i]);
+  }
+};
+
+struct DevDescribe {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t i) const {
+    const DeviceStepControl& c = *a.ctl;
+    if (i >= c.n_miss) return;
+    const std::uint32_t addr = a.missed[i];
+    const auto host_slot = static_cast<std::uint32_t>(a.records[addr]);
+    CopyDescriptor d;
+    d.src_slot = host_slot;
+    d.dst_slot = a.targets[i];
+    d.src_offset = std::uint64_t{host_slot} * a.row_bytes;
+    d.dst_offset = std::uint64_t{d.dst_slot} * a.row_bytes;
+    d.bytes = a.row_bytes;
+    d.addr = addr;
+    d.src_rank = static_cast<std::uint16_t>(a.rank);
+    d.dst_rank = static_cast<std::uint16_t>(a.rank);
+    d.group = static_cast<std::uint16_t>(a.group);
+    d.src_tier = 1;  // Tier::kHost
+    d.dst_tier = 0;  // Tier::kDevice
+    d.op = static_cast<std::uint8_t>(i < c.n_free ? CopyOp::kCopy : CopyOp::kSwap);
+    d.num_layers = static_cast<std::uint16_t>(a.num_layers);
+    a.io.descriptors[i] = d;
+  }
+};
+
+// Indices in the attention kernel's layout: pads -1, hits their slot, misses their target
+// (valid once DeviceComplete published them). Nothing is written for a refused step.
+struct DevIndices {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t j) const {
+    if (a.ctl->error != 0) return;
+    std::int32_t& out = a.io.indices[std::size_t{j / a.io.top_k} * a.io.index_stride + j % a.io.top_k];
+    const std::uint8_t k = a.kind[j];
+    if (k == kDevPad) {
+      out = -1;
+      return;
+    }
+    const auto addr = static_cast<std::uint32_t>(SelectionAt(a.io, j));
+    out = static_cast<std::int32_t>(k == kDevHit ? static_cast<std::uint32_t>(a.records[addr])
+                                                 : a.targets[a.miss_pos[a.first[addr]]]);
+  }
+};
+
+struct DevResetFirst {  // first[] back to kNoSelection for the next step (idempotent)
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t j) const {
+    if (a.kind[j] <= kDevMiss) a.first[static_cast<std::uint32_t>(SelectionAt(a.io, j))] = kNoSelection;
+  }
+};
+
+// One thread, last: the StepRecord, then `done` after a system-scope fence (pinned memory).
+struct DevRecord {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t) const {
+    DeviceStepControl& c = *a.ctl;
+    StepRecord& r = *a.io.stats;
+    r.selections = c.selections;
+    r.distinct = std::uint64_t{c.n_hit} + c.n_miss;
+    r.hits = c.n_hit;
+    r.misses = c.n_miss;
+    r.evictions = c.n_victims;
+    r.bytes_moved = (std::uint64_t{c.n_miss} + c.n_victims) * a.entry_bytes;
+    r.num_descriptors = c.n_miss;
+    r.error = c.error;
+    c.steps += 1;
+    ::cuda::atomic_thread_fence(::cuda::std::memory_order_release, ::cuda::thread_scope_system);
+    ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_system>(r.done).store(c.steps, ::cuda::std::memory_order_relaxed);
+  }
+};
+
+// Publish descriptor i where status[i] == 0 (EngineStepPlanner::Complete): a copy frees its
+// host slot and enters the policy; a failed copy's slot goes back to the free bitmap; a swap
+// moves its victim to the wanted entry's host slot; a failed swap changes nothing. Distinct
+// descriptors touch distinct addresses and slots: disjoint record stores; bitmaps atomic.
+struct DevPublish {
+  DeviceStepArgs a;
+  const std::uint8_t* status;
+  ULA_HD void operator()(std::uint32_t i) const {
+    DeviceStepControl& c = *a.ctl;
+    if (i >= c.pending) return;
+    const bool ok = status[i] == 0;
+    ::cuda::atomic_ref<std::uint32_t, kScope>(ok ? c.published : c.failed).fetch_add(1, kRelaxed);
+    const std::uint32_t addr = a.missed[i], dst = a.targets[i];
+    const auto host_slot = static_cast<std::uint32_t>(a.records[addr]);
+    if (i < c.n_free) {
+      if (!ok) {
+        FlatSet(a.device_free, dst);
+        return;
+      }
+      FlatSet(a.host_free, host_slot);
+      PbInsertOne(a.pb, dst);
+    } else {
+      if (!ok) return;
+      const std::uint32_t victim = a.device_owner[dst];
+      a.records[victim] = MakeLocation(kTierHostCode, a.rank, host_slot);
+    }
+    a.records[addr] = MakeLocation(kTierDeviceCode, a.rank, dst);
+    a.device_owner[dst] = addr;
+  }
+};
+struct DevPublishBegin {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t) const { a.ctl->published = a.ctl->failed = 0; }
+};
+struct DevPublishEnd {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t) const { a.ctl->pending = 0; }
+};
+
 struct Describe {
   DescriptorArgs a;
   ULA_HD void operator()(std::uint32_t i) const {
@@ -199,9 +668,6 @@ struct Describe {
   }
 };
 
-ULA_HD inline std::uint64_t MakeLocation(std::uint32_t tier_code, std::uint32_t rank, std::uint32_t slot) {
-  return std::uint64_t{tier_code} << 48 | std::uint64_t{rank} << 32 | slot;
-}
 
 struct PublishOne {
   PublishArgs a;
@@ -258,6 +724,19 @@ std::uint32_t TakeLowest(ULA_KERNELS_EXEC exec, const BitmapSources& sources, st
   const std::uint32_t words = sources.num_sources * sources.num_words;
   if (need == 0 || words == 0) return 0;
   auto policy = ULA_KERNELS_POLICY(exec);
+  if (sources.num_summary > 0) {
+    const std::uint32_t blocks = sources.num_sources * sources.num_summary;
+    const ExplicitSources src{sources};
+    thrust::transform(policy, Index(0), Index(blocks), counts,
+                      BlockPopcount<ExplicitSources>{src, sources.num_words, sources.num_summary});
+    thrust::exclusive_scan(policy, counts, counts + blocks, offsets, std::uint32_t{0});
+    thrust::for_each(policy, Index(0), Index(blocks),
+                     TakeBlock<ExplicitSources>{src, sources.num_words, sources.num_summary, offsets, need, nullptr, out});
+    std::uint32_t last_offset = 0, last_count = 0;
+    ULA_KERNELS_READ(exec, &last_offset, offsets + blocks - 1);
+    ULA_KERNELS_READ(exec, &last_count, counts + blocks - 1);
+    return last_offset + last_count < need ? last_offset + last_count : need;
+  }
   thrust::transform(policy, Index(0), Index(words), counts, WordPopcount{sources});
   thrust::exclusive_scan(policy, counts, counts + words, offsets, std::uint32_t{0});
   thrust::for_each(policy, Index(0), Index(words), TakeWord{sources, offsets, need, out});
@@ -280,6 +759,102 @@ void Publish(ULA_KERNELS_EXEC exec, const PublishArgs& args) {
 void WriteIndices(ULA_KERNELS_EXEC exec, const IndexArgs& args) {
   if (args.n == 0) return;
   thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(args.n), IndexOne{args});
+}
+
+void PbTouch(ULA_KERNELS_EXEC exec, const PbLruArrays& pb, const std::uint32_t* slots, std::uint32_t n,
+             const std::uint32_t* n_dev) {
+  if (n == 0) return;
+  thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(n), PbTouchFn{pb, slots, n_dev});
+}
+
+void PbInsert(ULA_KERNELS_EXEC exec, const PbLruArrays& pb, const std::uint32_t* slots, std::uint32_t n,
+              const std::uint32_t* n_dev) {
+  if (n == 0) return;
+  thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(n), PbInsertFn{pb, slots, n_dev});
+}
+
+void PbRemove(ULA_KERNELS_EXEC exec, const PbLruArrays& pb, std::uint32_t slot) {
+  thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(1), PbRemoveFn{pb, slot});
+}
+
+void PbAdvance(ULA_KERNELS_EXEC exec, const PbLruArrays& pb) {
+  auto policy = ULA_KERNELS_POLICY(exec);
+  thrust::for_each(policy, Index(0), Index(1), PbClockFn{pb});
+  thrust::for_each(policy, Index(0), Index(pb.num_summary), PbFoldFn{pb});
+}
+
+void PbRebase(ULA_KERNELS_EXEC exec, const PbLruArrays& pb) {
+  thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(pb.capacity), PbRebaseFn{pb});
+}
+
+void PbTakeVictims(ULA_KERNELS_EXEC exec, const PbLruArrays& pb, std::uint32_t need, const std::uint32_t* need_dev,
+                   std::uint32_t* counts, std::uint32_t* offsets, std::uint32_t* out) {
+  const std::uint32_t blocks = (pb.recent + 1) * pb.num_summary;
+  if (blocks == 0 || (need_dev == nullptr && need == 0)) return;
+  auto policy = ULA_KERNELS_POLICY(exec);
+  const PbVictimSources src{pb};
+  thrust::transform(policy, Index(0), Index(blocks), counts,
+                    BlockPopcount<PbVictimSources>{src, pb.num_words, pb.num_summary});
+  thrust::exclusive_scan(policy, counts, counts + blocks, offsets, std::uint32_t{0});
+  thrust::for_each(policy, Index(0), Index(blocks),
+                   TakeBlock<PbVictimSources>{src, pb.num_words, pb.num_summary, offsets, need, need_dev, out});
+}
+
+#ifndef ULA_KERNELS_SCAN_POLICY
+#define ULA_KERNELS_SCAN_POLICY(e, arena) ULA_KERNELS_POLICY(e)
+#endif
+
+void DevicePlan(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
+  const std::uint32_t n = args.io.num_rows * args.io.top_k;
+  const std::uint32_t n_desc = n < args.io.max_descriptors ? n : args.io.max_descriptors;
+  auto policy = ULA_KERNELS_POLICY(exec);
+  thrust::for_each(policy, Index(0), Index(1), DevBegin{args});
+  if (n > 0) {
+    thrust::for_each(policy, Index(0), Index(n), DevClassify{args});
+    thrust::for_each(policy, Index(0), Index(n), DevFlag{args});
+    auto scan = ULA_KERNELS_SCAN_POLICY(exec, args.arena);
+    thrust::exclusive_scan(scan, args.hit_flag, args.hit_flag + n, args.hit_pos, std::uint32_t{0});
+    thrust::exclusive_scan(scan, args.miss_flag, args.miss_flag + n, args.miss_pos, std::uint32_t{0});
+    thrust::for_each(policy, Index(0), Index(n), DevScatter{args});
+  }
+  thrust::for_each(policy, Index(0), Index(1), DevDecide{args, n});
+  DeviceStepControl* c = args.ctl;
+  if (n > 0) {
+    // Claim: touch the hits, take the lowest free slots, then the victims (PB-LRU's order)
+    // after them, and touch the victims.
+    thrust::for_each(policy, Index(0), Index(n), PbTouchFn{args.pb, args.hits, &c->n_hit});
+    const FlatSource free_src{args.device_free};
+    const std::uint32_t free_blocks = args.device_free.num_summary;
+    auto scan = ULA_KERNELS_SCAN_POLICY(exec, args.arena);
+    thrust::transform(policy, Index(0), Index(free_blocks), args.take_counts,
+                      BlockPopcount<FlatSource>{free_src, args.device_free.num_words, free_blocks});
+    thrust::exclusive_scan(scan, args.take_counts, args.take_counts + free_blocks, args.take_offsets, std::uint32_t{0});
+    thrust::for_each(policy, Index(0), Index(free_blocks),
+                     TakeBlock<FlatSource>{free_src, args.device_free.num_words, free_blocks, args.take_offsets, 0,
+                                           &c->n_free, args.targets});
+    thrust::for_each(policy, Index(0), Index(n_desc), DevAllocate{args});
+    const PbVictimSources vsrc{args.pb};
+    const std::uint32_t blocks = (args.pb.recent + 1) * args.pb.num_summary;
+    thrust::transform(policy, Index(0), Index(blocks), args.take_counts,
+                      BlockPopcount<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary});
+    thrust::exclusive_scan(scan, args.take_counts, args.take_counts + blocks, args.take_offsets, std::uint32_t{0});
+    thrust::for_each(policy, Index(0), Index(blocks),
+                     TakeBlock<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary, args.take_offsets, 0,
+                                                &c->n_victims, args.targets, &c->n_free});
+    thrust::for_each(policy, Index(0), Index(n_desc), PbTouchFn{args.pb, args.targets, &c->n_victims, &c->n_free});
+    thrust::for_each(policy, Index(0), Index(n_desc), DevDescribe{args});
+    thrust::for_each(policy, Index(0), Index(n), DevIndices{args});
+    thrust::for_each(policy, Index(0), Index(n), DevResetFirst{args});
+  }
+  thrust::for_each(policy, Index(0), Index(1), DevRecord{args});
+}
+
+void DeviceComplete(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint8_t* status) {
+  auto policy = ULA_KERNELS_POLICY(exec);
+  const std::uint32_t n = args.io.max_descriptors;
+  thrust::for_each(policy, Index(0), Index(1), DevPublishBegin{args});
+  if (n > 0) thrust::for_each(policy, Index(0), Index(n), DevPublish{args, status});
+  thrust::for_each(policy, Index(0), Index(1), DevPublishEnd{args});
 }
 
 std::uint32_t RunOfForHost(const std::uint32_t* run_starts, std::uint32_t num_runs, std::uint32_t i) {

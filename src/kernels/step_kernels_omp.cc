@@ -15,3 +15,19 @@
 #define ULA_KERNELS_READ(e, dst, src) std::memcpy((dst), (src), sizeof(*(dst)))
 #define ULA_HD
 #include "kernels/step_kernels.inl"
+
+// The OpenMP form's "device" memory is host memory; copies are memcpy, Sync does nothing
+// (every thrust call above returned with its work done).
+#include <cstdlib>
+
+namespace ula::kernels::omp {
+void* MemAlloc(std::size_t bytes) { return std::calloc(bytes == 0 ? 1 : bytes, 1); }
+void MemFree(void* p) { std::free(p); }
+void MemCopy(int, void* dst, const void* src, std::size_t bytes) {
+  if (bytes != 0) std::memcpy(dst, src, bytes);
+}
+void MemZero(int, void* dst, std::size_t bytes) {
+  if (bytes != 0) std::memset(dst, 0, bytes);
+}
+void Sync(int) {}
+}  // namespace ula::kernels::omp

@@ -139,6 +139,13 @@ class PbLru final : public ResidencyPolicy {
       counts.push_back(RingAt(age).Count());
     }
   }
+  // VictimBuckets' buckets' first summary levels (HierBitmap::summary_words: null for a
+  // bitmap of one level), in the same order.
+  void VictimBucketSummaries(std::vector<const std::uint64_t*>& summaries) const {
+    summaries.clear();
+    summaries.push_back(cold_.summary_words());
+    for (std::uint32_t age = recent_buckets(); age >= 1; --age) summaries.push_back(RingAt(age).summary_words());
+  }
 
  private:
   const HierBitmap& current() const { return ring_[cur_]; }

@@ -4,18 +4,20 @@
 #include "policy/clock.h"
 #include "policy/exact_lru_list.h"
 #include "policy/exact_lru_scan.h"
+#include "policy/kernel_pb_lru.h"
 #include "policy/lfu_aged.h"
 #include "policy/pb_lru.h"
 #include "ula/residency_policy.h"
 
 namespace ula {
 namespace {
-constexpr std::array<std::pair<PolicyKind, std::string_view>, 5> kNames{{
+constexpr std::array<std::pair<PolicyKind, std::string_view>, 6> kNames{{
     {PolicyKind::kPbLru, "pb_lru"},
     {PolicyKind::kExactLruScan, "exact_lru_scan"},
     {PolicyKind::kExactLruList, "exact_lru_list"},
     {PolicyKind::kClock, "clock"},
     {PolicyKind::kLfuAged, "lfu_aged"},
+    {PolicyKind::kKernelPbLru, "kernel_pb_lru"},
 }};
 }  // namespace
 
@@ -31,7 +33,7 @@ Result<PolicyKind> ParsePolicyKind(std::string_view name) {
     if (n == name) return k;
   }
   return MakeError(ErrorCode::kInvalidArgument,
-                   "unknown policy '" + std::string(name) + "' (pb_lru, exact_lru_scan, exact_lru_list, clock, lfu_aged)");
+                   "unknown policy '" + std::string(name) + "' (pb_lru, exact_lru_scan, exact_lru_list, clock, lfu_aged, kernel_pb_lru)");
 }
 
 Status PolicyOptions::Validate() const {
@@ -62,6 +64,8 @@ Result<std::unique_ptr<ResidencyPolicy>> MakePolicy(PolicyKind kind, std::uint32
       return std::make_unique<policy::Clock>(capacity);
     case PolicyKind::kLfuAged:
       return std::make_unique<policy::LfuAged>(capacity, options);
+    case PolicyKind::kKernelPbLru:
+      return std::make_unique<policy::KernelPbLru>(capacity, options);
   }
   return MakeError(ErrorCode::kInvalidArgument, "unknown policy kind " + std::to_string(static_cast<int>(kind)));
 }

@@ -12,8 +12,8 @@
 //   room  the CPU planner's check, on the host (counts only).
 //   touch the policy's Touch of the hits (host: PB-LRU's bucket words are not written by the
 //        kernels yet).
-//   4.   TakeLowest (kernel): the device slots of the misses as the lowest set bits of the
-//        free bitmap (free slots first, lowest first: SlotPool's order), then — with PB-LRU
+//   4.   TakeLowest (kernel, a scan through the bitmaps' first summary level): the device
+//        slots of the misses as the lowest set bits of the free bitmap (free slots first, lowest first: SlotPool's order), then — with PB-LRU
 //        — of its victim buckets (PbLru::VictimBuckets: cold, oldest to newest, never the
 //        current one). The pool and the policy are then told (Allocate, Touch of the
 //        victims: the state ClaimVictims leaves). Other policies claim victims on the host.
@@ -70,8 +70,8 @@ class KernelStepPlanner {
   std::vector<std::uint8_t> kind_;                   // [selections]
   std::vector<std::uint32_t> hit_first_, miss_first_, pos_;  // [selections]
   std::vector<std::uint32_t> hits_, missed_, targets_;       // [distinct]
-  std::vector<std::uint32_t> word_counts_, word_offsets_;    // [bitmap words]
-  std::vector<const std::uint64_t*> bucket_words_;
+  std::vector<std::uint32_t> word_counts_, word_offsets_;    // [sources * summary words]
+  std::vector<const std::uint64_t*> bucket_words_, bucket_summaries_;
   std::vector<std::uint64_t> bucket_counts_;
   std::vector<CopyDescriptor> descriptors_;
 };

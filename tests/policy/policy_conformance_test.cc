@@ -68,7 +68,7 @@ class PolicyConformance : public ::testing::Test {
 
 using AllPolicies = ::testing::Types<Kind<PolicyKind::kPbLru>, Kind<PolicyKind::kExactLruScan>,
                                      Kind<PolicyKind::kExactLruList>, Kind<PolicyKind::kClock>,
-                                     Kind<PolicyKind::kLfuAged>>;
+                                     Kind<PolicyKind::kLfuAged>, Kind<PolicyKind::kKernelPbLru>>;
 struct KindName {
   template <class T>
   static std::string GetName(int) {
@@ -283,7 +283,7 @@ TYPED_TEST(PolicyConformance, RandomOperationsMatchAShadowModel) {
 
 TEST(PolicyFactory, NamesRoundTripAndDefaultIsPbLru) {
   for (auto kind : {PolicyKind::kPbLru, PolicyKind::kExactLruScan, PolicyKind::kExactLruList, PolicyKind::kClock,
-                    PolicyKind::kLfuAged}) {
+                    PolicyKind::kLfuAged, PolicyKind::kKernelPbLru}) {
     auto parsed = ParsePolicyKind(PolicyKindName(kind));
     ASSERT_TRUE(parsed);
     EXPECT_EQ(*parsed, kind);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string>
 
 #include "bench_memory.h"
 #include "cli_checks.h"
@@ -30,14 +31,81 @@ struct GatherOptions {
   int repeats = 15;
   std::uint64_t seed = 7;
   bool json = false;
+  std::string backend = "cpu";  // cpu: translate + gather on the host; cuda: the cuda backend's gather kernel
 };
+
 
 double MedianSeconds(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
+// --backend cuda: the cuda backend's gather kernel (one batch of `selections` moves of
+// entry_bytes from random slots of a device pool into a contiguous device buffer) against a
+// device-to-device copy of the same bytes (one bulk move: cudaMemcpyAsync), each timed from
+// Submit to the end of Wait on the host, median of `repeats`. The move list (16 bytes per
+// row) is read by the kernel from pinned host memory: part of the gather's cost here.
+int RunGatherCuda(const GatherOptions& o) {
+  auto made = MakeCudaBackend();
+  if (!made) {
+    fmt::print(stderr, "ula bench gather --backend cuda: {}\n", made.error().ToString());
+    return 2;
+  }
+  Backend& backend = **made;
+  const std::uint64_t slots = o.pool_mib * 1024 * 1024 / o.entry_bytes;
+  const std::uint64_t bytes = std::uint64_t{o.selections} * o.entry_bytes;
+  if (bytes > 0xffffffffu) {
+    fmt::print(stderr, "ula bench gather --backend cuda: {} bytes per run: at most 2^32 - 1\n", bytes);
+    return 2;
+  }
+  auto pool = backend.CreateArena(Tier::kDevice, Rank(0), slots * o.entry_bytes);
+  auto src = backend.CreateArena(Tier::kDevice, Rank(0), bytes);
+  auto out = backend.CreateArena(Tier::kDevice, Rank(0), bytes);
+  if (!pool || !src || !out) {
+    fmt::print(stderr, "ula bench gather --backend cuda: cannot allocate the buffers on GPU 0\n");
+    return 2;
+  }
+  std::mt19937_64 rng(o.seed);
+  CopyBatch gather{pool->id, out->id, o.entry_bytes, false, {}};
+  gather.moves.resize(o.selections);
+  for (std::uint32_t i = 0; i < o.selections; ++i) {
+    gather.moves[i] = {(rng() % slots) * o.entry_bytes, std::uint64_t{i} * o.entry_bytes};
+  }
+  const CopyBatch copy{src->id, out->id, static_cast<std::uint32_t>(bytes), false, {{0, 0}}};
+  auto timed = [&](const CopyBatch& b) -> double {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto f = backend.Submit(b);
+    if (!f || !backend.Wait(*f)) return -1.0;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<double> t_copy, t_gather;
+  for (int rep = 0; rep < o.repeats + 1; ++rep) {  // the first run of each warms up
+    const double c = timed(copy), g = timed(gather);
+    if (c < 0 || g < 0) {
+      fmt::print(stderr, "ula bench gather --backend cuda: a batch failed\n");
+      return 1;
+    }
+    if (rep > 0) t_copy.push_back(c), t_gather.push_back(g);
+  }
+  const double copy_gbps = double(bytes) / MedianSeconds(t_copy) / 1e9;
+  const double gather_gbps = double(bytes) / MedianSeconds(t_gather) / 1e9;
+  if (o.json) {
+    nlohmann::json j{{"backend", "cuda"}, {"entry_bytes", o.entry_bytes}, {"selections", o.selections},
+                     {"pool_mib", o.pool_mib}, {"bytes", bytes}, {"repeats", o.repeats},
+                     {"copy_gbps", copy_gbps}, {"gather_gbps", gather_gbps}, {"ratio", gather_gbps / copy_gbps}};
+    fmt::print("{}\n", j.dump());
+  } else {
+    fmt::print("cuda gather of {} entries x {} B ({:.1f} MiB) from a {} MiB device pool, median of {} runs\n",
+               o.selections, o.entry_bytes, bytes / 1048576.0, o.pool_mib, o.repeats);
+    fmt::print("  device-to-device copy  {:8.2f} GB/s\n", copy_gbps);
+    fmt::print("  gather kernel          {:8.2f} GB/s\n", gather_gbps);
+    fmt::print("  ratio                  {:8.3f}\n", gather_gbps / copy_gbps);
+  }
+  return 0;
+}
+
 int RunGather(const GatherOptions& o) {
+  if (o.backend == "cuda") return RunGatherCuda(o);
   // Every buffer is an arena of the cpu backend, so both sides see the same memory.
   const std::int64_t huge_before = AnonHugePagesKiB();
   auto backend = MakeCpuBackend();
@@ -119,6 +187,10 @@ Action SetupGather(CLI::App& app) {
       ->check(IntIn(1, 10000));
   app.add_option("--seed", o->seed, "random seed")->capture_default_str()->check(Seed());
   app.add_flag("--json", o->json, "print one JSON object");
+  app.add_option("--backend", o->backend,
+                 "cpu: translate + gather vs memcpy on the host; cuda: the cuda backend's gather kernel vs a "
+                 "device-to-device copy of the same bytes (needs a CUDA device)")
+      ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   return [o] { return RunGather(*o); };
 }
 

@@ -1,0 +1,137 @@
+// DeviceStep: one (rank, group)'s DP step as data-parallel kernels on the engine's stream
+// (issue 26). It reads a StepArrays (ula/step_arrays.h) of device pointers and writes the
+// device indices, the copy descriptors and the StepRecord — EngineStepPlanner's Plan /
+// Complete (ula/engine_step.h), bit for bit, with no host in the loop:
+//   - no host synchronisation: every count (hits, misses, free slots taken, victims) stays in
+//     device memory; each kernel reads it there and runs over a fixed index space (the
+//     selections, the descriptor rows, the bitmaps' summary words);
+//   - no allocation after Create: the state and every scratch array are sized once for the
+//     largest shape (DeviceStepConfig), CCCL's scan storage comes from an arena of Create's;
+//   - fixed shapes: for the same StepArrays (pointers and shape) the launches are the same, so
+//     Plan, the engine's copies and Complete can be captured in one CUDA graph and replayed.
+//
+// The state lives in the step's own memory (device memory for the CUDA form): the group's
+// location records and owner tags, the request table (tags and adopted lists, indexed by
+// request id: StepArrays::requests holds request ids below num_requests), the device and host
+// pools' free bitmaps, the device pool's PB-LRU as flat bitmaps with a summary level
+// (kernels/step_kernels.h, the layout of policy kernel_pb_lru) and each device slot's
+// address. Create copies it from an AddressSpace whose policy is kernel_pb_lru; from then on
+// the device step's state is the authoritative one for that (rank, group) (ReadState copies
+// it back for inspection). Allocate, Free and ShareInto are not device operations yet: an
+// engine that needs them between steps re-creates the device step (see "Not built").
+//
+// Phases of Plan (kernels in src/kernels/step_kernels.inl, each with its arrays and atomics):
+//   1. classify [rows * top_k]: EngineStepPlanner's checks in its order (value, live, the
+//      row's request, held, rank); each valid address's first selection by an atomic minimum;
+//   2. first-occurrence flags, two exclusive scans (hits, misses in selection order), scatter;
+//   3. decide (one thread): the refusal (first bad selection; fewer descriptor rows than
+//      misses; no room: misses > free + evictable - hits new to this round), the split;
+//   4. touch the hits; the lowest free slots (summary-level scan), then PB-LRU's victims (cold,
+//      oldest to newest, lowest slot first, never the current bucket), touched;
+//   5. descriptors [max_descriptors], copies into free slots first, then swaps;
+//   6. indices (hits: their slot, misses: their target, pads -1); the StepRecord last, its
+//      `done` = the step's sequence number (>= 1) after a system-scope fence.
+// A refused step writes only the StepRecord (error = 1 + the ula::ErrorCode that
+// EngineStepPlanner::Plan returns for the same inputs) and changes no state. Complete follows
+// every Plan, refused or not (a refused plan's Complete publishes nothing), so that one graph
+// holds both.
+//
+// Copies and publish. The engine runs descriptors [0, StepRecord::num_descriptors) on the same
+// stream after Plan (or on a copy stream that the step's stream then waits on with an
+// event), and its copy kernel writes status[i] (uint8, device memory, [max_descriptors]) =
+// 0 for each descriptor whose bytes arrived, non-zero otherwise. Complete(status) enqueues the
+// publish kernel, which reads those statuses: stream order puts it after the copies, so a
+// location changes only after its bytes are there. A failed copy publishes nothing and loses
+// nothing: its entry stays on host, a free slot it targeted is free again, a failed swap's
+// victim stays on device (counted as used this round, as in EngineStepPlanner).
+//
+// Decode loop (docs/INTEGRATION.md): per group, after its indexer on `stream`:
+//   step->Plan(arrays, stream); copy_kernel<<<..., stream>>>(descriptors, status, ...);
+//   step->Complete(status, stream); attention(indices, stream);
+// and once per scheduler iteration, after the last group's attention, AdvanceRound(stream).
+//
+// The OpenMP form (config.cuda = false) runs the same kernels on the host, on host memory,
+// with `stream` ignored: it is what `make test` checks against EngineStepPlanner.
+// TP attention at home (each rank plans its own shard) is not built yet.
+// Thread-safety: one driver thread per DeviceStep.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ula/address_space.h"
+#include "ula/error.h"
+#include "ula/ids.h"
+#include "ula/step_arrays.h"
+
+namespace ula {
+
+struct DeviceStepConfig {
+  bool cuda = false;              // the CUDA form (a build with ULA_WITH_CUDA and a device)
+  std::uint32_t threads = 1;      // the OpenMP form's team, [1, 64]
+  std::uint32_t max_rows = 1;     // StepArrays::num_rows at most
+  std::uint32_t max_batch = 1;    // StepArrays::batch at most
+  std::uint32_t max_top_k = 2048; // StepArrays::top_k at most
+  // kInvalidArgument naming the first bad field.
+  Status Validate() const;
+};
+
+// The device step's state, copied back (host memory): for tests and inspection.
+struct DeviceStepState {
+  std::vector<std::uint64_t> records;        // [table] locations (Location bits)
+  std::vector<std::uint32_t> device_owner;   // [device capacity]
+  std::vector<std::uint64_t> device_free;    // [words] free device slots
+  std::vector<std::uint64_t> host_free;      // [words] free host slots
+  std::vector<std::uint32_t> stamps;         // [device capacity] PB-LRU round of last use
+  std::vector<std::uint64_t> bucket_words;   // [R + 2][words]
+  std::uint32_t round = 0, cur = 0;
+  std::uint64_t tracked = 0;
+  std::uint32_t published = 0, failed = 0;   // of the last Complete
+};
+
+class DeviceStep {
+ public:
+  // Sizes everything for config's largest shape and copies (rank, group)'s state from
+  // `space`. kInvalidArgument (config), kOutOfRange (rank, group), kFailedPrecondition (the
+  // group's policy is not kernel_pb_lru; entries placed on host by this round's Allocate are
+  // pending: create after AdvanceRound; config.cuda in a build without CUDA or with no
+  // device), kResourceExhausted (device memory).
+  static Result<std::unique_ptr<DeviceStep>> Create(const AddressSpace& space, Rank rank, GroupId group,
+                                                    const DeviceStepConfig& config);
+  ~DeviceStep();
+  DeviceStep(const DeviceStep&) = delete;
+  DeviceStep& operator=(const DeviceStep&) = delete;
+
+  // The most descriptors one step can produce: size StepArrays::descriptors and the status
+  // array to it.
+  std::uint32_t max_descriptors() const;
+
+  // Enqueues the plan on `stream` (a cudaStream_t for the CUDA form; ignored by the OpenMP
+  // form). Host checks only (no device read): kInvalidArgument (a shape past the config, a
+  // stride below top_k, a null array, num_rows != batch * q_len without row_batch),
+  // kFailedPrecondition (a plan is pending). Refusals that depend on the data (the first bad
+  // selection, no room, too few descriptor rows) come back in StepRecord::error.
+  Status Plan(const StepArrays& arrays, void* stream);
+  // Enqueues the publish of the pending plan: status[i] == 0 publishes descriptor i.
+  // `status` is device memory [max_descriptors]. kFailedPrecondition: no plan is pending.
+  Status Complete(const std::uint8_t* status, void* stream);
+  // Enqueues the end of the scheduler iteration (PB-LRU's next round).
+  // kFailedPrecondition: a plan is pending.
+  Status AdvanceRound(void* stream);
+
+  // Synchronises `stream` and copies the state back.
+  DeviceStepState ReadState(void* stream) const;
+  // Bytes of temporary storage CCCL's scans have taken from the arena at most, and the
+  // requests it could not serve (0 after any run: no allocation after Create).
+  std::uint64_t arena_high_water() const;
+  std::uint64_t arena_overflows() const;
+
+  struct Impl;  // src/sparse/device_step.cc
+
+ private:
+  explicit DeviceStep(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ula
