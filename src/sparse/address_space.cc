@@ -96,7 +96,10 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceCon
                                            std::vector<LogicalAddr>(dev_slots), layers,
                                            PaddedRows(dev_slots) * config.row(), PaddedRows(host_slots) * config.row(),
                                            {}, HostShadows{}});
-      if (config.host_shadows) state->pools[r].back().shadows.Enable(dev_slots, host_slots);
+      if (config.host_shadows) {
+        GroupPools& gp = state->pools[r].back();
+        gp.shadows.Enable(dev_slots, host_slots, gp.policy.get());
+      }
     }
   }
   state->tables.resize(config.num_groups);

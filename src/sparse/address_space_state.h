@@ -119,7 +119,9 @@ struct AddressSpace::State {
   void DisableHostShadows() {
     for (auto& per_rank : pools) {
       for (GroupPools& gp : per_rank) {
-        gp.shadows.ForEach([&](SlotId, SlotId h) { ULA_CHECK(gp.host.Free(h).has_value()); });
+        for (SlotId h = gp.shadows.TakeOldest(); h.valid(); h = gp.shadows.TakeOldest()) {
+          ULA_CHECK(gp.host.Free(h).has_value());
+        }
         gp.shadows.Disable();
       }
     }

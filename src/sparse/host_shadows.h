@@ -54,6 +54,7 @@
 
 #include "ula/error.h"
 #include "ula/ids.h"
+#include "ula/residency_policy.h"
 
 namespace ula {
 
@@ -61,8 +62,11 @@ class HostShadows {
  public:
   static constexpr std::uint32_t kNone = 0xffffffffu;
 
-  // Enables shadows over pools of these sizes (every slot without a shadow).
-  void Enable(std::uint32_t device_slots, std::uint32_t host_slots) {
+  // Enables shadows over pools of these sizes (every slot without a shadow). `policy` (the
+  // device pool's, may be null) is told of every shadow that appears or goes
+  // (ResidencyPolicy::SetShadowed: PB-LRU may prefer such victims).
+  void Enable(std::uint32_t device_slots, std::uint32_t host_slots, ResidencyPolicy* policy = nullptr) {
+    policy_ = policy;
     of_device_.assign(device_slots, kNone);
     device_of_.assign(host_slots, kNone);
     prev_.assign(host_slots, kNone);
@@ -94,6 +98,7 @@ class HostShadows {
     else head_ = h.value();
     tail_ = h.value();
     ++count_;
+    if (policy_ != nullptr) policy_->SetShadowed(d, true);
   }
   // Takes the shadow of device slot d out (it stops being a shadow) and returns its host
   // slot, still allocated in the host pool: the caller frees it or makes it an entry's
@@ -109,6 +114,7 @@ class HostShadows {
     else tail_ = prev_[h];
     prev_[h] = next_[h] = kNone;
     --count_;
+    if (policy_ != nullptr) policy_->SetShadowed(d, false);
     return SlotId(h);
   }
   // Reclaims the oldest shadow: its device entry keeps its authoritative copy and loses
@@ -166,6 +172,7 @@ class HostShadows {
   std::uint32_t tail_ = kNone;            // newest
   std::uint32_t count_ = 0;
   bool enabled_ = false;
+  ResidencyPolicy* policy_ = nullptr;  // told of each shadow's coming and going
 };
 
 }  // namespace ula

@@ -279,6 +279,7 @@ std::size_t ClaimDeviceSlots(GroupPools& gp, std::vector<SlotId>& targets, std::
   auto* pb = options.threads > 1 && n_evict >= options.parallel_claim_min_victims
                  ? dynamic_cast<policy::PbLru*>(gp.policy.get())
                  : nullptr;
+  if (pb != nullptr && pb->prefers_shadowed()) pb = nullptr;  // the parallel claim has no preference
   if (pb != nullptr) {
     ULA_CHECK(pb->ClaimVictimsParallel(victims, fork_join).has_value());  // the room check passed
     ++counters.parallel_claims;

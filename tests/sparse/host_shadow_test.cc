@@ -185,6 +185,33 @@ TEST(HostShadows, StableAllocateEvictsShadowedVictimsWithoutCopies) {
   ExpectBytes(*space, *fresh);
 }
 
+// PolicyOptions::prefer_shadowed: among equally old victims (PB-LRU's cold bucket, R = 0)
+// the shadowed ones go first, so the eviction moves no bytes; without it, slot order.
+TEST(HostShadows, PreferringShadowedVictimsSavesTheirCopies) {
+  for (bool prefer : {false, true}) {
+    auto backend = MakeCpuBackend({.copy_threads = 1});
+    AddressSpaceConfig c = ShadowConfig(4, 16);
+    c.policy_options.recent_buckets = 0;
+    c.policy_options.prefer_shadowed = prefer;
+    auto space = AddressSpace::Create(c, *backend).value();
+    StepPlanner planner(*space);
+    ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
+    const auto addrs = space->Allocate(RequestId(1), 16).value();
+    for (LogicalAddr a : addrs) ASSERT_TRUE(space->Write(a, GroupId(0), Pattern(a, 0, kBytes)));
+    space->AdvanceRound();
+    // Hits 0, 1 and misses 4, 5: the victims are slots 2, 3 (entries 2, 3).
+    const std::vector<LogicalAddr> first{addrs[0], addrs[1], addrs[4], addrs[5]};
+    ASSERT_TRUE(StepOn(planner, RequestId(1), first));
+    space->AdvanceRound();  // R = 0: every device entry is cold now, 4 and 5 with shadows
+    auto s = StepOn(planner, RequestId(1), std::span(addrs).subspan(6, 2));
+    ASSERT_TRUE(s) << s.error().ToString();
+    EXPECT_EQ(s->shadow_evictions, prefer ? 2u : 0u) << "prefer_shadowed " << prefer;
+    EXPECT_EQ(s->bytes_moved, (prefer ? 2u : 4u) * kBytes) << "prefer_shadowed " << prefer;
+    EXPECT_TRUE(space->CheckInvariants());
+    ExpectBytes(*space, addrs);
+  }
+}
+
 TEST(HostShadows, FreeReleasesTheShadowsAndEveryCapacityFigureAgrees) {
   Fixture f;
   ASSERT_TRUE(StepOn(f.planner, RequestId(1), f.Slice(4, 4)));

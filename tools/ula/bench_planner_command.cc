@@ -28,7 +28,8 @@
 // for a swap, 1.0 for a fetch into a free slot or a victim that goes back to its shadow), the
 // evictions that moved no bytes, and the host pool's free share (a shadow counts free) after
 // the warm-up; --host-free F sizes the host pool instead so that F of it is free after the
-// prefill (the batch's tokens minus the device pool, over 1 - F).
+// prefill (the batch's tokens minus the device pool, over 1 - F); --prefer-shadowed sets
+// PolicyOptions::prefer_shadowed (PB-LRU claims each bucket's shadowed slots first).
 // --claim-sweep measures PB-LRU's victim claim alone instead: two PB-LRUs of
 // --claim-capacity slots (R = 64, every slot tracked; before each claim the cold bucket is
 // made to hold ~60 % of the slots at random positions), one claiming with ClaimVictims, the other with ClaimVictimsParallel on a team of
@@ -80,6 +81,7 @@ struct PlannerOptions {
   bool claim_sweep = false;
   std::string planner = "cpu";  // cpu (StepPlanner) or kernels (KernelStepPlanner, OpenMP form)
   std::string shadows = "off";  // AddressSpaceConfig::host_shadows
+  bool prefer_shadowed = false; // PolicyOptions::prefer_shadowed
   double host_free = -1;        // >= 0: host pool sized so that this share is free after the prefill
   std::uint32_t claim_capacity = 1u << 21;
   std::vector<std::uint32_t> claim_demands{1024, 4096, 16384, 65536, 262144};
@@ -268,6 +270,7 @@ int Run(const PlannerOptions& o) {
       sc.device_bytes_per_rank = static_cast<std::uint64_t>(cfg.device_gb * 1e9 * o.device_fraction);
       sc.host_bytes_per_rank = static_cast<std::uint64_t>(cfg.host_gb * 1e9);
       sc.host_shadows = o.shadows == "on";
+      sc.policy_options.prefer_shadowed = o.prefer_shadowed;
       if (o.host_free >= 0) {  // the batch's tokens (the same draws as below) beyond the device pool
         std::mt19937_64 draw(o.seed);
         std::uint64_t tokens = 0;
@@ -410,6 +413,7 @@ int Run(const PlannerOptions& o) {
                              {"parallel_claim_steps", r.parallel_claims},
                              {"planner", o.planner},
                              {"shadows", o.shadows},
+                             {"prefer_shadowed", o.prefer_shadowed},
                              {"host_free_share", r.host_free_share},
                              {"misses_per_group_step", r.misses / r.group_steps},
                              {"moved_per_miss", r.moved_per_miss},
@@ -421,9 +425,9 @@ int Run(const PlannerOptions& o) {
   }
   fmt::print("ula bench planner ({} planner): DP, one rank of 8, counting backend, {} groups x {} B entries, {} warm-up + {} "
              "measured steps per thread count, prefetch distance {}, parallel claim from {} victims, device pool x {}, "
-             "host shadows {}\n",
+             "host shadows {}{}\n",
              o.planner, groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims, o.device_fraction,
-             o.shadows);
+             o.shadows, o.prefer_shadowed ? ", shadowed victims preferred" : "");
   fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>5} {:>9} {:>10} {:>9}\n", "config",
              "batch", "T", "distinct/g", "group_ms", "ns/sel", "read_ns", "ratio", "hit", "table_MB", "gpu_ms/g",
              "evict/g", "claim_us", "claim%", "par", "host_free", "moved/miss", "free_ev/g");
@@ -473,6 +477,8 @@ Action SetupPlanner(CLI::App& app) {
   app.add_option("--host-free", o->host_free,
                  "size the host pool so that this share of it is free after the prefill (default: the comparison's)")
       ->check(RealIn(0, 1, false, true));
+  app.add_flag("--prefer-shadowed", o->prefer_shadowed,
+               "PB-LRU claims each bucket's victims with a live host shadow first (PolicyOptions::prefer_shadowed)");
   app.add_flag("--claim-sweep", o->claim_sweep, "time PB-LRU's victim claim alone, serial against T threads");
   app.add_option("--claim-capacity", o->claim_capacity, "--claim-sweep: slots of the pool")
       ->capture_default_str()
