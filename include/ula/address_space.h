@@ -7,9 +7,11 @@
 // address names one token; it has one entry in every group.
 //
 // Invariants (CheckInvariants):
-//   1. Exclusive residency: a live address has exactly one location per group, on its
-//      request's rank, in a slot that is allocated in that tier's pool; no two live
-//      addresses share a slot; every allocated slot holds exactly one live address.
+//   1. Exclusive residency: a live address has exactly one authoritative location per
+//      group, on its request's rank, in a slot that is allocated in that tier's pool; no
+//      two live addresses share a slot; every allocated device slot holds exactly one live
+//      address, and every allocated host slot holds one or is a host shadow (host_shadows:
+//      a clean copy of a device entry, never read, counted free; sparse/host_shadows.h).
 //   2. The device owner map is the inverse of the table for device slots; the residency
 //      policy tracks exactly the occupied device slots.
 //   3. Shared addresses (reference counts): refs[a] = (requests listing a) + (cache
@@ -143,6 +145,12 @@ struct AddressSpaceConfig {
   // a request's future tokens as a reservation). EngineStepPlanner::Create turns it on:
   // an engine writes KV at the location it looked up.
   bool stable_new_entries = false;
+  // Clean host shadows (issue 30, src/sparse/host_shadows.h): a fetched entry's host slot
+  // keeps its bytes as a reclaimable copy, counted free everywhere, so that evicting the
+  // entry later moves no bytes. Off: exclusive tiers, every eviction copies. The DP
+  // StepPlanner and Allocate keep them; EngineStepPlanner::Create turns them off for its
+  // space; KernelStepPlanner refuses a space with them (kUnsupported).
+  bool host_shadows = false;
 
   // Names the first bad field.
   Status Validate() const;
@@ -173,7 +181,8 @@ struct MetadataReport {
   double policy = 0;           // residency policy state
   double free_bitmaps = 0;     // slot pool free bitmaps
   double request_lists = 0;    // 4 B list + 4 B owner tag + 4 B reference counts per address, shared by all groups
-  double total() const { return location_table + device_owner + policy + free_bitmaps + request_lists; }
+  double host_shadows = 0;     // host_shadows on: 12 B per host slot + 4 B per device slot
+  double total() const { return location_table + device_owner + policy + free_bitmaps + request_lists + host_shadows; }
 };
 
 class StepPlanner;
@@ -257,9 +266,12 @@ class AddressSpace {
   // Distinct live addresses (a shared one counts once).
   std::uint64_t num_live_addresses() const;
   std::uint32_t num_requests() const;
-  // Entries of (rank, group) on a tier; 0 for an out-of-range rank or group.
+  // Entries of (rank, group) on a tier; 0 for an out-of-range rank or group. A host shadow
+  // is free (it is reclaimable): NumUsed(host) counts authoritative entries only.
   std::uint32_t NumUsed(Rank rank, GroupId group, Tier tier) const;
   std::uint32_t NumFree(Rank rank, GroupId group, Tier tier) const;
+  // Live host shadows of (rank, group) (0 with host_shadows off or out of range).
+  std::uint32_t NumHostShadows(Rank rank, GroupId group) const;
   // Pointer to a device slot's row of layer 0 of (rank, group) — what an attention kernel
   // reads after a step; layer l's row is DeviceLayerBytes(rank, group, l)[slot * row]. nullptr for an out-of-range rank or group, a slot past the pool (also
   // SlotId::Invalid()), a free slot, or on a counting backend. Valid while the space lives;

@@ -47,6 +47,15 @@ class ResidencyPolicy {
   // Picks up to out.size() victims (see contract above). Returns how many were written.
   virtual std::size_t ClaimVictims(std::span<SlotId> out) = 0;
   virtual std::uint64_t NumEvictable() const = 0;
+  // Host shadows (issue 30): the tracked slot's entry has (or no longer has) a clean host
+  // copy, so evicting it moves no bytes. A hint: with PolicyOptions::prefer_shadowed PB-LRU
+  // claims such slots first among equally old candidates (within one bucket); every other
+  // policy, and PB-LRU without the option, ignores it. The DP address space calls it
+  // whenever a shadow appears or goes (sparse/host_shadows.h).
+  virtual void SetShadowed(SlotId slot, bool shadowed) {
+    (void)slot;
+    (void)shadowed;
+  }
   virtual void AdvanceRound() = 0;
 
   virtual bool IsTracked(SlotId slot) const = 0;
@@ -90,6 +99,10 @@ struct PolicyOptions {
   // lfu_aged: every this many rounds all use counts are halved (0: never). 16: the PB-LRU
   // ring's order of magnitude of history; `ula bench policy` reports the hit rate it buys.
   std::uint32_t lfu_aging_rounds = 16;
+  // PB-LRU: among the slots of one bucket (equally old), claim those whose entry has a live
+  // host shadow first (ResidencyPolicy::SetShadowed): their eviction moves no bytes. Off:
+  // the bucket's slots in slot order. Measured in docs/BENCHMARKS.md, "Host shadows".
+  bool prefer_shadowed = false;
 
   static constexpr std::uint32_t kMaxRecentBuckets = 1024;
   // kInvalidArgument naming the bad field, or Ok.

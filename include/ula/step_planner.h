@@ -6,6 +6,11 @@
 //   3. look up: device-resident = hit (touch in the current round); host-resident = miss
 //   4. device slots for misses: free slots first, then victims from the residency policy
 //      (never a slot used in this round); a victim swaps places with the missed entry
+//      (host shadows on, sparse/host_shadows.h: a victim with a live host shadow is evicted
+//      by the table alone; one without is copied to a host slot of its own, a free one or
+//      the oldest shadow's, in a device -> host batch waited before its slot is filled;
+//      only when the host holds nothing but entries does it swap; a fetched entry's host
+//      slot stays behind as its shadow, except after a swap)
 //   5. copy (backend batches), wait for the fence, and only then publish the new locations
 //   6. write, for every selection in input order, the device slot attention reads
 //
@@ -24,6 +29,11 @@
 // that completed is published as on success (its bytes arrived). In the residency policy
 // the step's hits and claimed victims count as used in this round. No entry is published
 // before its bytes arrived; no entry's bytes are lost; every invariant holds.
+// Host shadows on: the device -> host batch of victims without a shadow runs first; if it
+// fails, those victims stay on device (their host slots go back, a reclaimed shadow stays
+// reclaimed) and their misses stay on host; if it lands, the victims are published at
+// their host slots. A victim evicted to its shadow is published before the copies (its
+// bytes are already there); a failed copy into its slot frees that slot.
 // Layout (issue 16): steps 1-3 read one 16-byte record per (address, group) — location,
 // owner tag, dedup stamp (src/sparse/address_records.h) — so a selection costs one cache
 // line; the record of selection i + prefetch_distance is prefetched while i is processed.
@@ -79,6 +89,12 @@ struct StepStats {
   std::uint64_t into_free = 0;     // misses placed in free device slots
   std::uint64_t evictions = 0;     // misses that displaced a victim (swaps)
   std::uint64_t bytes_moved = 0;   // both directions
+  // Host shadows (AddressSpaceConfig::host_shadows): victims evicted by the table alone
+  // (their clean host copy survived: no bytes), and victims copied device -> host into a
+  // host slot of their own (a free slot or a reclaimed shadow) before their slot was filled.
+  // evictions - shadow_evictions - evict_copies were swaps.
+  std::uint64_t shadow_evictions = 0;
+  std::uint64_t evict_copies = 0;
   StepStats& operator+=(const StepStats& o);
 };
 

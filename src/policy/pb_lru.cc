@@ -19,6 +19,7 @@ PbLru::PbLru(std::uint32_t capacity, const PolicyOptions& options)
       cold_(capacity),
       stamp_(capacity, 0),
       touch_bits_((std::uint64_t{capacity} + 63) / 64, 0) {
+  if (options.prefer_shadowed) shadowed_.assign(touch_bits_.size(), 0);
   ring_.reserve(options.recent_buckets + 1);
   for (std::uint32_t i = 0; i <= options.recent_buckets; ++i) ring_.emplace_back(capacity);
   word_list_.resize(touch_bits_.size() + 1);  // + 1: MarkSerial's branch-free append writes one past the count
@@ -48,6 +49,7 @@ void PbLru::Remove(SlotId slot) noexcept {
   if (age < 0) return;
   BucketAt(static_cast<std::uint32_t>(age)).Clear(slot.value());
   stamp_[slot.value()] = 0;
+  SetShadowed(slot, false);
   --tracked_;
 }
 
@@ -184,7 +186,34 @@ std::size_t PbLru::TakeFrom(HierBitmap& bucket, std::span<SlotId> out, std::size
   return n;
 }
 
+std::size_t PbLru::TakeFromMasked(HierBitmap& bucket, std::span<SlotId> out, std::size_t n,
+                                  const std::uint64_t* mask) noexcept {
+  HierBitmap& cur = ring_[cur_];
+  for (auto w = bucket.NextNonZeroWord(0); w && n < out.size(); w = bucket.NextNonZeroWord(*w + 1)) {
+    std::uint64_t bits = bucket.word(*w) & mask[*w];
+    std::uint64_t take = 0;
+    for (; bits != 0 && n < out.size(); bits &= bits - 1) {
+      const std::uint64_t low = bits & (~bits + 1);
+      take |= low;
+      const auto s = static_cast<std::uint32_t>((*w << 6) | std::countr_zero(low));
+      stamp_[s] = round_;
+      out[n++] = SlotId(s);
+    }
+    if (take == 0) continue;
+    bucket.AndNotWord(*w, take);
+    cur.OrWord(*w, take);
+  }
+  return n;
+}
+
 std::size_t PbLru::ClaimVictims(std::span<SlotId> out) noexcept {
+  if (!shadowed_.empty()) {  // prefer_shadowed: each bucket's shadowed slots, then its others
+    std::size_t n = cold_.Empty() ? 0 : TakeFrom(cold_, out, TakeFromMasked(cold_, out, 0, shadowed_.data()));
+    for (std::uint32_t age = recent_buckets(); age >= 1 && n < out.size(); --age) {
+      if (HierBitmap& b = RingAt(age); !b.Empty()) n = TakeFrom(b, out, TakeFromMasked(b, out, n, shadowed_.data()));
+    }
+    return n;
+  }
   std::size_t n = cold_.Empty() ? 0 : TakeFrom(cold_, out, 0);
   for (std::uint32_t age = recent_buckets(); age >= 1 && n < out.size(); --age) {
     if (HierBitmap& b = RingAt(age); !b.Empty()) n = TakeFrom(b, out, n);
@@ -388,12 +417,21 @@ Status PbLru::CheckInvariants() const {
   for (std::uint64_t word : touch_bits_) {
     if (word != 0) return MakeError(ErrorCode::kInternal, "PbLru: touch scratch bits not clear");
   }
+  for (std::size_t w = 0; w < shadowed_.size(); ++w) {
+    for (std::uint64_t bits = shadowed_[w]; bits != 0; bits &= bits - 1) {
+      const auto s = static_cast<std::uint32_t>((w << 6) | std::countr_zero(bits));
+      if (s >= capacity_ || stamp_[s] == 0) {
+        return MakeError(ErrorCode::kInternal, "PbLru: untracked slot " + std::to_string(s) + " marked shadowed");
+      }
+    }
+  }
   return Ok();
 }
 
 std::size_t PbLru::MemoryBytes() const {
   std::size_t bytes = cold_.MemoryBytes() + touch_bits_.size() * (sizeof(std::uint64_t) + sizeof(std::uint32_t)) +
-                      stamp_.size() * sizeof(std::uint32_t) + stragglers_.capacity() * sizeof(std::uint64_t);
+                      stamp_.size() * sizeof(std::uint32_t) + stragglers_.capacity() * sizeof(std::uint64_t) +
+                      shadowed_.size() * sizeof(std::uint64_t);
   for (const auto& b : ring_) bytes += b.MemoryBytes();
   return bytes;
 }
@@ -407,6 +445,7 @@ std::uint64_t PbLru::DebugDigest() const {
   d.Add(tracked_);
   d.Add(round_);
   d.AddAll(std::span<const std::uint32_t>(stamp_));
+  for (std::uint64_t w : shadowed_) d.Add(w);
   return d.value();
 }
 

@@ -95,6 +95,15 @@ class PbLru final : public ResidencyPolicy {
   void Remove(SlotId slot) noexcept override;
   void Touch(std::span<const SlotId> slots) noexcept override;
   std::size_t ClaimVictims(std::span<SlotId> out) noexcept override;
+  // PolicyOptions::prefer_shadowed: the hint is kept (one bit per slot) and ClaimVictims
+  // takes each bucket's shadowed slots before its others. Off: ignored.
+  void SetShadowed(SlotId slot, bool shadowed) noexcept override {
+    if (shadowed_.empty()) return;
+    const std::uint64_t bit = std::uint64_t{1} << (slot.value() & 63);
+    if (shadowed) shadowed_[slot.value() >> 6] |= bit;
+    else shadowed_[slot.value() >> 6] &= ~bit;
+  }
+  bool prefers_shadowed() const { return !shadowed_.empty(); }
   // Claims exactly out.size() victims: the slots ClaimVictims(out) would claim, in the same
   // order, with the same state after, the work split over `team`'s lanes (header comment).
   // kResourceExhausted if out.size() > NumEvictable(): nothing changes.
@@ -156,6 +165,9 @@ class PbLru final : public ResidencyPolicy {
   const HierBitmap& RingAt(std::uint32_t age) const { return ring_[RingIndex(age)]; }
   HierBitmap& BucketAt(std::uint32_t age) { return age <= recent_buckets() ? RingAt(age) : cold_; }
 
+  // Claims up to out.size() - n slots of `bucket` into out[n..], lowest first; with `mask`,
+  // only slots whose mask bit is set. Returns the new n.
+  std::size_t TakeFromMasked(HierBitmap& bucket, std::span<SlotId> out, std::size_t n, const std::uint64_t* mask) noexcept;
   void MarkSerial(std::span<const SlotId> slots) noexcept;
   void MarkParallel(std::span<const SlotId> slots) noexcept;
   // Moves every marked slot into the current bucket, stamps it, and clears the scratch.
@@ -172,6 +184,7 @@ class PbLru final : public ResidencyPolicy {
   std::uint64_t tracked_ = 0;
   std::uint32_t round_ = 1;            // rounds start at 1; 0 marks an untracked slot
   std::vector<std::uint32_t> stamp_;  // [capacity] round of last use, 0 = untracked
+  std::vector<std::uint64_t> shadowed_;  // [capacity / 64] prefer_shadowed: slots with a live host shadow (else empty)
 
   // Touch scratch, empty between calls.
   std::vector<std::uint64_t> touch_bits_;  // [ceil(capacity / 64)] marked slots of the batch

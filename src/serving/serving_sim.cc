@@ -300,6 +300,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   if (!tp) cfg.rules.num_ranks = 1;  // the simulated rank
   cfg.group_entry_bytes = ctx.model.group_entry_bytes();
   cfg.resident_device_bytes = rules.device_bytes_per_rank;
+  cfg.host_shadows = ctx.options.host_shadows;
   if (IsUlaCache(system)) {
     double sum_final = 0;
     for (std::uint32_t i = 0; i < result.admitted; ++i) sum_final += ctx.finals[i];
@@ -619,6 +620,7 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
   cfg.rules.device_bytes_per_rank = cfg.rules.host_bytes_per_rank = 1e30;
   cfg.group_entry_bytes = ctx.model.group_entry_bytes();
   cfg.resident_device_bytes = rules.device_bytes_per_rank;
+  cfg.host_shadows = ctx.options.host_shadows;
   if (IsUlaCache(system)) {
     // Index keys of the stored (deduplicated) tokens: TP a 1/P stripe of the node's, DP the
     // fullest rank's.

@@ -369,7 +369,7 @@ class UlaDpSystem final : public SpaceSystem<AddressSpace> {
     c.distinct += st->distinct;
     c.hits += st->hits;
     c.h2d += st->misses;
-    c.d2h += st->evictions;  // a swap sends the victim to host
+    c.d2h += st->evictions - st->shadow_evictions;  // a swap or a copy sends the victim to host; a shadow does not
     return Ok();
   }
   Status Append(std::uint64_t id, std::uint32_t history, std::uint32_t n, SimCounters& c) override {
@@ -493,6 +493,7 @@ Result<std::unique_ptr<SimSystem>> MakeSimSystem(const SimSystemConfig& cfg) {
     ac.entry_bytes = cfg.group_entry_bytes;
     ac.device_bytes_per_rank = cfg.device_tokens * e;
     ac.host_bytes_per_rank = cfg.host_tokens * e;
+    ac.host_shadows = cfg.host_shadows;
     auto space = AddressSpace::Create(ac, *backend);
     if (!space) return std::unexpected(space.error());
     return std::unique_ptr<SimSystem>(new UlaDpSystem(std::move(*ledger), std::move(backend), std::move(*space)));

@@ -94,11 +94,17 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceCon
       if (!policy) return fail(policy.error());
       state->pools[r].push_back(GroupPools{std::move(*device), std::move(*host), std::move(*policy),
                                            std::vector<LogicalAddr>(dev_slots), layers,
-                                           PaddedRows(dev_slots) * config.row(), PaddedRows(host_slots) * config.row()});
+                                           PaddedRows(dev_slots) * config.row(), PaddedRows(host_slots) * config.row(),
+                                           {}, HostShadows{}});
+      if (config.host_shadows) {
+        GroupPools& gp = state->pools[r].back();
+        gp.shadows.Enable(dev_slots, host_slots, gp.policy.get());
+      }
     }
   }
   state->tables.resize(config.num_groups);
   state->stable_new_entries = config.stable_new_entries;
+  state->host_shadows = config.host_shadows;
   return std::unique_ptr<AddressSpace>(new AddressSpace(config, backend, std::move(state)));
 }
 
@@ -153,7 +159,7 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
   const Rank rank = it->second.rank;
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
     const GroupPools& gp = st.at(rank, GroupId(g));
-    const std::uint64_t free = std::uint64_t{gp.device.num_free()} + gp.host.num_free();
+    const std::uint64_t free = std::uint64_t{gp.device.num_free()} + gp.HostFree();
     if (n_tokens > free) {
       return MakeError(ErrorCode::kResourceExhausted,
                        fmt::format("request {}: {} new entries do not fit on rank {} group {} ({} free of {})",
@@ -180,10 +186,14 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
   // moved to a host slot first); only once the device holds nothing but this round's
   // entries does the rest go to host. Victims of every group are claimed and copied before
   // anything is published: a failed copy publishes nothing (the victims stay on device).
+  // Host shadows: a victim with a live shadow goes back to it and moves no bytes; the
+  // victims' shadows leave the list before any other victim's host slot is chosen (a free
+  // slot, else the oldest shadow reclaimed), so none is reclaimed under its own victim.
   struct GroupPlan {
     std::uint32_t into_free = 0;
     std::vector<SlotId> victims;     // device slots whose entries move to host
     std::vector<SlotId> victim_host; // their host slots
+    std::vector<bool> shadowed;      // [victims] its host slot is its shadow: no copy
   };
   std::vector<GroupPlan> plans(config_.num_groups);
   std::vector<CopyDescriptor> moves;
@@ -195,10 +205,18 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
         st.stable_new_entries ? std::min<std::uint64_t>(n_tokens - plan.into_free, gp.policy->NumEvictable()) : 0;
     plan.victims.resize(want);
     ULA_CHECK(gp.policy->ClaimVictims(plan.victims) == want);
-    for (SlotId v : plan.victims) {
-      auto host = gp.host.Allocate();
+    plan.victim_host.resize(want);
+    plan.shadowed.assign(want, false);
+    for (std::size_t k = 0; k < want; ++k) {
+      plan.victim_host[k] = gp.shadows.Take(plan.victims[k]);
+      plan.shadowed[k] = plan.victim_host[k].valid();
+    }
+    for (std::size_t k = 0; k < want; ++k) {
+      if (plan.shadowed[k]) continue;  // its clean copy is on host: the table alone changes
+      const SlotId v = plan.victims[k];
+      auto host = gp.AllocateHost();
       ULA_CHECK(host.has_value());  // victims + host-placed entries = n_tokens - into_free <= host free
-      plan.victim_host.push_back(*host);
+      plan.victim_host[k] = *host;
       CopyDescriptor d;
       d.src_offset = gp.device.offset(v);
       d.dst_offset = gp.host.offset(*host);
@@ -220,7 +238,11 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
     if (!copied) {
       for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
         GroupPools& gp = st.at(rank, GroupId(g));
-        for (SlotId h : plans[g].victim_host) ULA_CHECK(gp.host.Free(h).has_value());
+        const GroupPlan& plan = plans[g];
+        for (std::size_t k = 0; k < plan.victims.size(); ++k) {
+          if (plan.shadowed[k]) gp.shadows.Add(plan.victims[k], plan.victim_host[k]);  // still clean
+          else ULA_CHECK(gp.host.Free(plan.victim_host[k]).has_value());
+        }
       }
       return MakeError(ErrorCode::kIo, fmt::format("request {}: moving {} device entries to host to make room for its "
                                                    "new tokens failed ({}); nothing allocated, the entries stay on "
@@ -265,7 +287,7 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
         table.Set(a, Location::Make(Tier::kDevice, rank, dev));
         gp.device_owner[dev.value()] = a;
       } else {
-        auto host = gp.host.Allocate();
+        auto host = gp.AllocateHost();
         ULA_CHECK(host.has_value());  // capacity was checked above
         table.Set(a, Location::Make(Tier::kHost, rank, *host));
         if (st.stable_new_entries) gp.new_on_host.push_back(a);
@@ -297,6 +319,7 @@ void FreeAddress(const AddressSpaceConfig& cfg, AddressSpace::State& st, Logical
     const Location loc = table.Get(a);
     GroupPools& gp = st.at(loc.rank(), GroupId(g));
     if (loc.tier() == Tier::kDevice) {
+      gp.DropShadow(loc.slot());
       gp.policy->Remove(loc.slot());
       ULA_CHECK(gp.device.Free(loc.slot()).has_value());
       gp.device_owner[loc.slot().value()] = LogicalAddr::Invalid();
@@ -465,6 +488,10 @@ Status AddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std:
                      fmt::format("address {} is shared by {} holders: a shared entry is immutable (write a new "
                                  "address)", addr.value(), holders));
   }
+  if (state_->host_shadows) {  // the new bytes are on device only: its host copy is no longer clean
+    const Location loc = state_->tables[group.value()].Get(addr);
+    if (loc.tier() == Tier::kDevice) state_->at(loc.rank(), group).DropShadow(loc.slot());
+  }
   for (std::uint32_t l = 0; l < p->layers; ++l) std::memcpy(p->first + l * p->stride, data.data() + l * p->row, p->row);
 #ifdef ULA_EXPENSIVE_CHECKS
   // Write changes bytes, never metadata: the full check runs on every 64th write (on every
@@ -526,12 +553,16 @@ bool InRange(const AddressSpaceConfig& cfg, Rank rank, GroupId group) {
 std::uint32_t AddressSpace::NumUsed(Rank rank, GroupId group, Tier tier) const {
   if (!InRange(config_, rank, group)) return 0;
   const GroupPools& gp = state_->at(rank, group);
-  return tier == Tier::kDevice ? gp.device.num_used() : gp.host.num_used();
+  return tier == Tier::kDevice ? gp.device.num_used() : gp.HostUsed();
 }
 std::uint32_t AddressSpace::NumFree(Rank rank, GroupId group, Tier tier) const {
   if (!InRange(config_, rank, group)) return 0;
   const GroupPools& gp = state_->at(rank, group);
-  return tier == Tier::kDevice ? gp.device.num_free() : gp.host.num_free();
+  return tier == Tier::kDevice ? gp.device.num_free() : gp.HostFree();
+}
+std::uint32_t AddressSpace::NumHostShadows(Rank rank, GroupId group) const {
+  if (!InRange(config_, rank, group)) return 0;
+  return state_->at(rank, group).shadows.size();
 }
 
 const std::byte* AddressSpace::DeviceSlotData(Rank rank, GroupId group, SlotId slot) const {
@@ -561,13 +592,14 @@ MetadataReport AddressSpace::Metadata() const {
   // Per entry per group at full occupancy: every byte of metadata divided by the entries
   // the pools can hold.
   MetadataReport m;
-  std::uint64_t capacity = 0, owner = 0, policy = 0, bitmaps = 0;
+  std::uint64_t capacity = 0, owner = 0, policy = 0, bitmaps = 0, shadows = 0;
   for (const auto& rank : state_->pools) {
     for (const auto& gp : rank) {
       capacity += std::uint64_t{gp.device.capacity()} + gp.host.capacity();
       owner += gp.device_owner.size() * sizeof(LogicalAddr);
       policy += gp.policy->MemoryBytes();
       bitmaps += gp.device.MetadataBytes() + gp.host.MetadataBytes();
+      shadows += gp.shadows.MemoryBytes();
     }
   }
   const double cap = static_cast<double>(std::max<std::uint64_t>(capacity, 1));
@@ -575,6 +607,7 @@ MetadataReport AddressSpace::Metadata() const {
   m.device_owner = owner / cap;
   m.policy = policy / cap;
   m.free_bitmaps = bitmaps / cap;
+  m.host_shadows = shadows / cap;
   // List + owner tag + reference counts (requests and cache, packed) per address.
   m.request_lists = static_cast<double>(sizeof(LogicalAddr) + 2 * sizeof(std::uint32_t)) / config_.num_groups;
   return m;
@@ -704,10 +737,32 @@ Status AddressSpace::CheckInvariants() const {
     }
     for (std::uint32_t r = 0; r < config_.num_ranks; ++r) {
       const GroupPools& gp = st.at(Rank(r), GroupId(g));
-      // Distinct slots: used counts equal located counts, and the owner map has no extras.
-      if (gp.device.num_used() != count[r * 2] || gp.host.num_used() != count[r * 2 + 1]) {
-        return fail(fmt::format("rank {} group {}: pools hold {}/{} entries but the table locates {}/{}", r, g,
-                                gp.device.num_used(), gp.host.num_used(), count[r * 2], count[r * 2 + 1]));
+      // Host shadows (sparse/host_shadows.h): each one's host slot is allocated and located
+      // by no address; its device slot holds a live entry whose location is that slot.
+      if (gp.shadows.enabled() != st.host_shadows) return fail(fmt::format("rank {} group {}: shadows {} but the space {}", r, g, gp.shadows.enabled(), st.host_shadows));
+      ULA_RETURN_IF_ERROR(gp.shadows.CheckInvariants());
+      Status shadow_ok = Ok();
+      const auto& host_seen = seen[r * 2 + static_cast<int>(Tier::kHost)];
+      gp.shadows.ForEach([&](SlotId d, SlotId h) {
+        if (!shadow_ok) return;
+        if (!gp.host.IsAllocated(h) || (!host_seen.empty() && host_seen[h.value()])) {
+          shadow_ok = fail(fmt::format("rank {} group {}: host shadow slot {} is free or an entry's location", r, g, h.value()));
+          return;
+        }
+        const LogicalAddr a = gp.device_owner[d.value()];
+        if (!gp.device.IsAllocated(d) || !a.valid() ||
+            table.Get(a) != Location::Make(Tier::kDevice, Rank(r), d)) {
+          shadow_ok = fail(fmt::format("rank {} group {}: host shadow {} of device slot {} whose entry is not there",
+                                       r, g, h.value(), d.value()));
+        }
+      });
+      ULA_RETURN_IF_ERROR(shadow_ok);
+      // Distinct slots: used counts equal located counts (plus the host shadows), and the
+      // owner map has no extras.
+      if (gp.device.num_used() != count[r * 2] || gp.host.num_used() != count[r * 2 + 1] + gp.shadows.size()) {
+        return fail(fmt::format("rank {} group {}: pools hold {}/{} entries ({} host shadows) but the table locates {}/{}",
+                                r, g, gp.device.num_used(), gp.host.num_used(), gp.shadows.size(), count[r * 2],
+                                count[r * 2 + 1]));
       }
       ULA_RETURN_IF_ERROR(gp.device.CheckInvariants());
       ULA_RETURN_IF_ERROR(gp.host.CheckInvariants());
@@ -737,6 +792,11 @@ std::uint64_t AddressSpace::DebugDigest() const {
       d.Add(gp.policy->DebugDigest());
       for (LogicalAddr a : gp.device_owner) d.Add(a.value());
       for (LogicalAddr a : gp.new_on_host) d.Add(a.value());
+      d.Add(gp.shadows.size());
+      gp.shadows.ForEach([&](SlotId dev, SlotId h) {
+        d.Add(dev.value());
+        d.Add(h.value());
+      });
     }
   }
   std::uint64_t requests = 0;  // unordered: a sum of per-request hashes

@@ -5,14 +5,17 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "ula/address_space.h"
 #include "core/address_records.h"
 #include "sparse/address_refs.h"
+#include "sparse/host_shadows.h"
 #include "sparse/pool_arenas.h"
 #include "backend/slot_pool.h"
+#include "ula/check.h"
 
 namespace ula {
 
@@ -32,6 +35,25 @@ struct GroupPools {
   std::vector<LogicalAddr> new_on_host;
   bool IsNewOnHost(LogicalAddr a) const {
     return !new_on_host.empty() && std::binary_search(new_on_host.begin(), new_on_host.end(), a);
+  }
+
+  // Clean host copies of device entries (sparse/host_shadows.h); disabled unless
+  // AddressSpaceConfig::host_shadows. A shadow's host slot is allocated in `host` but free
+  // in every capacity figure: HostFree / HostUsed.
+  HostShadows shadows;
+  std::uint32_t HostFree() const { return host.num_free() + shadows.size(); }
+  std::uint32_t HostUsed() const { return host.num_used() - shadows.size(); }
+  // A host slot for an entry: a free one, else the oldest shadow reclaimed (its device
+  // entry keeps its authoritative copy). nullopt when the host holds only entries.
+  std::optional<SlotId> AllocateHost() {
+    if (auto s = host.Allocate(); s) return *s;
+    const SlotId h = shadows.TakeOldest();
+    if (!h.valid()) return std::nullopt;
+    return h;
+  }
+  // Drops the shadow of device slot d, if it has one (its entry is written or freed).
+  void DropShadow(SlotId d) {
+    if (const SlotId h = shadows.Take(d); h.valid()) ULA_CHECK(host.Free(h).has_value());
   }
 
   const SlotPool& pool(Tier t) const { return t == Tier::kDevice ? device : host; }
@@ -91,6 +113,20 @@ struct AddressSpace::State {
   std::uint32_t next_addr = 0;           // next_page * page_tokens: the table's extent
   std::uint64_t live = 0;
   bool stable_new_entries = false;  // config.stable_new_entries, or an EngineStepPlanner was created
+  bool host_shadows = false;        // config.host_shadows, until DisableHostShadows
+  // Frees every host shadow and turns them off (EngineStepPlanner::Create: the engine path
+  // does not keep them).
+  void DisableHostShadows() {
+    for (auto& per_rank : pools) {
+      for (GroupPools& gp : per_rank) {
+        for (SlotId h = gp.shadows.TakeOldest(); h.valid(); h = gp.shadows.TakeOldest()) {
+          ULA_CHECK(gp.host.Free(h).has_value());
+        }
+        gp.shadows.Disable();
+      }
+    }
+    host_shadows = false;
+  }
   AddressSpace::MoveExecutor move_executor;  // null: the backend runs Allocate's moves
   const void* move_executor_owner = nullptr;  // the EngineStepPlanner that installed it, if one did
   std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time

@@ -214,6 +214,8 @@ Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpac
       std::uint64_t{cfg.num_ranks} * (std::uint64_t{cfg.device_slots_per_group()} + cfg.host_slots_per_group()));
   // The engine writes new tokens' KV where it looked them up (address_space.h, Allocate).
   space.state_->stable_new_entries = true;
+  // The engine path does not keep host shadows (issue 30): they are freed and turned off.
+  space.state_->DisableHostShadows();
   auto s = std::make_unique<Scratch>();
   s->max_descriptors = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_sel, cfg.device_slots_per_group()));
   s->seen_epoch.assign(max_addrs, 0);

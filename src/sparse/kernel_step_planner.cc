@@ -98,6 +98,10 @@ Result<StepStats> KernelStepPlanner::Step(const StepInput& input, std::span<Slot
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("{} output slots for {} selections", out_slots.size(), input.selections.size()));
   }
+  if (st.host_shadows) {  // issue 30: the kernels do not keep host shadows (yet)
+    return MakeError(ErrorCode::kUnsupported, "KernelStepPlanner does not implement host shadows: create the space "
+                                              "with AddressSpaceConfig::host_shadows = false (--shadows off)");
+  }
   if (input.selections.size() >= std::numeric_limits<std::uint32_t>::max()) {
     return MakeError(ErrorCode::kInvalidArgument, fmt::format("{} selections: at most 2^32 - 2 per step",
                                                               input.selections.size()));

@@ -23,6 +23,8 @@ StepStats& StepStats::operator+=(const StepStats& o) {
   into_free += o.into_free;
   evictions += o.evictions;
   bytes_moved += o.bytes_moved;
+  shadow_evictions += o.shadow_evictions;
+  evict_copies += o.evict_copies;
   return *this;
 }
 
@@ -277,6 +279,7 @@ std::size_t ClaimDeviceSlots(GroupPools& gp, std::vector<SlotId>& targets, std::
   auto* pb = options.threads > 1 && n_evict >= options.parallel_claim_min_victims
                  ? dynamic_cast<policy::PbLru*>(gp.policy.get())
                  : nullptr;
+  if (pb != nullptr && pb->prefers_shadowed()) pb = nullptr;  // the parallel claim has no preference
   if (pb != nullptr) {
     ULA_CHECK(pb->ClaimVictimsParallel(victims, fork_join).has_value());  // the room check passed
     ++counters.parallel_claims;
@@ -326,6 +329,114 @@ Status CopyAndPublish(Backend& backend, const AddressSpaceConfig& cfg, AddressRe
       [&](std::size_t i) { ULA_CHECK(gp.device.Free(targets[i]).has_value()); });
   if (cp.all_arrived()) return Ok();
   return std::unexpected(cp.Failure(fmt::format("rank {} group {}", input.rank.value(), input.group.value())));
+}
+
+// Step 5 with host shadows (sparse/host_shadows.h, step_planner.h step 4 and the failure
+// contract). Misses i < n_free go to free slots; a victim i >= n_free is
+//   kToShadow  evicted to its live shadow by the table alone, then filled by a copy;
+//   kEvict     copied device -> host into a host slot of its own first, then filled by a copy;
+//   kSwap      swapped as without shadows (the host holds nothing but entries);
+//   kDropped   kEvict whose device -> host batch failed: it stays, its miss stays on host.
+// A filled slot's wanted entry leaves its host slot behind as its shadow (not after a swap:
+// that slot now holds the victim).
+enum class Fill : std::uint8_t { kFree, kToShadow, kEvict, kSwap, kDropped };
+
+Status CopyAndPublishShadowed(Backend& backend, const AddressSpaceConfig& cfg, AddressRecords& table, GroupPools& gp,
+                              const StepInput& input, std::span<const LogicalAddr> missed,
+                              std::span<const SlotId> targets, std::size_t n_free, StepStats& stats) {
+  const std::size_t n_miss = missed.size();
+  std::vector<Fill> fill(n_miss, Fill::kFree);
+  std::vector<SlotId> evict_to(n_miss);  // kEvict: the victim's new host slot
+  const auto at_host = [&](SlotId h) { return Location::Make(Tier::kHost, input.rank, h); };
+  // The victims' shadows leave the list first (so none is reclaimed below), and those
+  // victims go back to them: their bytes are there already.
+  for (std::size_t i = n_free; i < n_miss; ++i) {
+    const SlotId h = gp.shadows.Take(targets[i]);
+    if (!h.valid()) continue;
+    LogicalAddr& victim = gp.device_owner[targets[i].value()];
+    table.Set(victim, at_host(h));
+    victim = LogicalAddr::Invalid();
+    fill[i] = Fill::kToShadow;
+    ++stats.shadow_evictions;
+  }
+  CopyBatch evict{gp.device.arena().id, gp.host.arena().id, cfg.row(), /*swap=*/false, {}};
+  for (std::size_t i = n_free; i < n_miss; ++i) {
+    if (fill[i] == Fill::kToShadow) continue;
+    auto h = gp.AllocateHost();  // a free host slot, else the oldest shadow
+    if (!h) {
+      fill[i] = Fill::kSwap;
+      continue;
+    }
+    fill[i] = Fill::kEvict;
+    evict_to[i] = *h;
+    gp.AppendMoves(Tier::kDevice, targets[i], *h, evict.moves);
+  }
+  std::string evict_error;
+  if (!evict.moves.empty()) {
+    const std::size_t n_evict = evict.moves.size() / gp.num_layers;
+    stats.bytes_moved += evict.moves.size() * std::uint64_t{cfg.row()};
+    auto fence = backend.Submit(std::move(evict));
+    Status landed = fence ? backend.Wait(*fence) : Status(std::unexpected(fence.error()));
+    for (std::size_t i = n_free; i < n_miss; ++i) {
+      if (fill[i] != Fill::kEvict) continue;
+      if (!landed) {  // nothing published: the victim stays on device, its host slot goes back
+        ULA_CHECK(gp.host.Free(evict_to[i]).has_value());
+        fill[i] = Fill::kDropped;
+        continue;
+      }
+      LogicalAddr& victim = gp.device_owner[targets[i].value()];
+      table.Set(victim, at_host(evict_to[i]));  // its bytes arrived
+      victim = LogicalAddr::Invalid();
+      ++stats.evict_copies;
+    }
+    if (!landed) evict_error = fmt::format("device->host copy of {} victims failed ({})", n_evict, landed.error().message());
+  }
+  // The fills: copies (free slots and the emptied victims' slots), then swaps.
+  std::vector<std::size_t> order;
+  order.reserve(n_miss);
+  for (std::size_t i = 0; i < n_miss; ++i) {
+    if (fill[i] == Fill::kFree || fill[i] == Fill::kToShadow || fill[i] == Fill::kEvict) order.push_back(i);
+  }
+  const std::size_t n_copies = order.size();
+  for (std::size_t i = 0; i < n_miss; ++i) {
+    if (fill[i] == Fill::kSwap) order.push_back(i);
+  }
+  CopyPublish cp(gp.host.arena().id, gp.device.arena().id, cfg.row(), n_copies, order.size() - n_copies, gp.num_layers);
+  for (std::size_t i : order) {
+    cp.AddEntry([&](std::vector<SlotMove>& rows) {
+      gp.AppendMoves(Tier::kHost, table.Get(missed[i]).slot(), targets[i], rows);
+    });
+  }
+  stats.bytes_moved += cp.bytes_moved();
+  cp.Run(backend);
+  PublishArrived(
+      cp,
+      [&](std::size_t j, bool swap) {
+        const std::size_t i = order[j];
+        const LogicalAddr wanted = missed[i];
+        const SlotId device_slot = targets[i];
+        const SlotId host_slot = table.Get(wanted).slot();
+        if (!swap) {
+          if (fill[i] == Fill::kFree) gp.policy->Insert(device_slot);  // a victim's slot stays tracked
+          gp.shadows.Add(device_slot, host_slot);  // the copy read it and nobody wrote it: clean
+        } else {
+          const LogicalAddr victim = gp.device_owner[device_slot.value()];
+          table.Set(victim, at_host(host_slot));
+        }
+        table.Set(wanted, Location::Make(Tier::kDevice, input.rank, device_slot));
+        gp.device_owner[device_slot.value()] = wanted;
+      },
+      [&](std::size_t j) {  // not copied: the slot (a free one, or an emptied victim's) goes back
+        const std::size_t i = order[j];
+        if (fill[i] != Fill::kFree) gp.policy->Remove(targets[i]);
+        ULA_CHECK(gp.device.Free(targets[i]).has_value());
+      });
+  if (cp.all_arrived() && evict_error.empty()) return Ok();
+  std::string context = fmt::format("rank {} group {}", input.rank.value(), input.group.value());
+  if (cp.all_arrived()) return MakeError(ErrorCode::kIo, fmt::format("{}: {}", context, evict_error));
+  Error e = cp.Failure(context);
+  if (evict_error.empty()) return std::unexpected(std::move(e));
+  return MakeError(ErrorCode::kIo, fmt::format("{}; {}", e.message(), evict_error));
 }
 }  // namespace
 
@@ -404,7 +515,10 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   stats.into_free = n_free;
   stats.evictions = n_miss - n_free;
   if (n_miss > 0) {
-    if (Status s = CopyAndPublish(space_.backend(), cfg, table, gp, input, missed_, target_slots_, n_free, stats); !s) {
+    Status s = gp.shadows.enabled()
+                   ? CopyAndPublishShadowed(space_.backend(), cfg, table, gp, input, missed_, target_slots_, n_free, stats)
+                   : CopyAndPublish(space_.backend(), cfg, table, gp, input, missed_, target_slots_, n_free, stats);
+    if (!s) {
       ULA_EXPENSIVE_CHECK(space_);
       return std::unexpected(std::move(s).error());
     }

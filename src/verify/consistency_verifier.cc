@@ -31,6 +31,7 @@ Status VerifierConfig::Validate() const {
   if (copy_threads < 0) return bad("copy_threads must be >= 0");
   if (!(fault_rate >= 0 && fault_rate <= 1)) return bad(fmt::format("fault_rate = {}: must be in [0, 1]", fault_rate));
   if (share_percent > 100) return bad(fmt::format("share_percent = {}: must be in [0, 100]", share_percent));
+  if (host_shadows && kernel_planner) return bad("host_shadows: the kernel planner does not implement host shadows");
   return Ok();
 }
 
@@ -183,6 +184,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       report_.hits += stats->hits;
       report_.fetches += stats->into_free;
       report_.swaps += stats->evictions;
+      report_.shadow_evictions += stats->shadow_evictions;
       for (std::size_t i = 0; i < selections.size(); ++i) {
         const std::byte* got = space_->DeviceSlotData(rank, GroupId(g), slots[i]);
         const std::byte* want = Shadow(selections[i], g);
@@ -277,6 +279,7 @@ Result<VerifierReport> RunConsistencyVerifier(const VerifierConfig& config) {
   space_config.device_bytes_per_rank = per_slot * config.device_slots_per_group;
   space_config.host_bytes_per_rank = per_slot * config.host_slots_per_group;
   space_config.policy = config.policy;
+  space_config.host_shadows = config.host_shadows;
   std::unique_ptr<FaultInjectingBackend> faults;
   if (config.fault_rate > 0) {
     auto made = MakeFaultInjectingBackend(

@@ -47,6 +47,10 @@ struct VerifierConfig {
   // true: the steps run through KernelStepPlanner (the step's kernels in their OpenMP form,
   // sparse/kernel_step_planner.h) instead of the CPU reference StepPlanner; same checks.
   bool kernel_planner = false;
+  // true: the space keeps clean host shadows (AddressSpaceConfig::host_shadows,
+  // sparse/host_shadows.h); the checks are the same (a shadow is never read, so every entry
+  // must still read its reference bytes). Not with kernel_planner (it refuses them).
+  bool host_shadows = false;
 
   Status Validate() const;
 };
@@ -62,6 +66,7 @@ struct VerifierReport {
   std::uint64_t bad_input_checks = 0;  // bad calls refused with nothing changed
   std::uint64_t bad_input_failures = 0;
   std::uint64_t swaps = 0;             // victim evictions (device <-> host exchanges)
+  std::uint64_t shadow_evictions = 0;  // host_shadows: of those, evicted to their shadow (no bytes)
   std::uint64_t fetches = 0;           // misses placed into free device slots
   std::uint64_t hits = 0;
   std::uint64_t faults_injected = 0;   // fault_rate > 0: batches the backend failed

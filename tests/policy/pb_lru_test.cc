@@ -27,6 +27,26 @@ void ExpectOk(const ResidencyPolicy& p) {
   ASSERT_TRUE(st) << st.error().ToString();
 }
 
+// Host shadows (issue 30): with prefer_shadowed, a bucket's shadowed slots go first (their
+// eviction moves no bytes), then its others in slot order; older buckets still go before
+// newer ones; without the option the hint changes nothing.
+TEST(PbLru, PrefersShadowedVictimsAmongEquallyOldOnlyWhenAsked) {
+  for (bool prefer : {false, true}) {
+    PbLru p(128, PolicyOptions{.recent_buckets = 2, .prefer_shadowed = prefer});
+    for (std::uint32_t s = 0; s < 8; ++s) p.Insert(SlotId(s));  // these go cold
+    for (int r = 0; r < 4; ++r) p.AdvanceRound();
+    for (std::uint32_t s = 64; s < 68; ++s) p.Insert(SlotId(s));  // age 1 after the next round
+    p.AdvanceRound();
+    for (std::uint32_t s : {5u, 6u, 65u}) p.SetShadowed(SlotId(s), true);
+    p.SetShadowed(SlotId(6), false);  // its shadow went
+    ExpectOk(p);
+    const std::vector<std::uint32_t> want = prefer ? std::vector<std::uint32_t>{5, 0, 1, 2, 3, 4, 6, 7, 65, 64}
+                                                   : std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5, 6, 7, 64, 65};
+    EXPECT_EQ(Claim(p, 10), want) << "prefer_shadowed " << prefer;
+    ExpectOk(p);
+  }
+}
+
 TEST(PbLru, SlotAgesThroughTheRingIntoCold) {
   PbLru p(64, PolicyOptions{.recent_buckets = 2});
   p.Insert(SlotId(9));

@@ -68,6 +68,38 @@ TEST(ConsistencyVerifier, RandomSharingKeepsEveryByteWithAndWithoutFaults) {
   }
 }
 
+// Host shadows (issue 30) at the same op count, with sharing, with and without injected
+// faults, over a roomy host and a tight one (shadows reclaimed, some swaps): every entry
+// reads its reference bytes and most evictions move no bytes.
+TEST(ConsistencyVerifier, HostShadowsKeepEveryByteWithAndWithoutFaults) {
+  ULA_TEST_SEEDED(seed, 20261230);
+  for (std::uint32_t host : {8192u, 1024u}) {
+    for (double fault_rate : {0.0, 0.2}) {
+      VerifierConfig c;
+      c.seed = seed;
+      c.ops = 1500;
+      c.host_shadows = true;
+      c.host_slots_per_group = host;
+      c.share_percent = 20;
+      c.fault_rate = fault_rate;
+      auto report = RunConsistencyVerifier(c);
+      ASSERT_TRUE(report) << report.error().ToString();
+      for (const auto& f : report->first_failures) ADD_FAILURE() << f;
+      EXPECT_TRUE(report->ok());
+      std::printf("seed=%llu shadows host=%u fault_rate=%.1f: swaps=%llu shadow evictions=%llu failed calls=%llu\n",
+                  static_cast<unsigned long long>(c.seed), host, fault_rate, (unsigned long long)report->swaps,
+                  (unsigned long long)report->shadow_evictions, (unsigned long long)report->failed_calls);
+      EXPECT_GT(report->swaps, 200u);
+      EXPECT_GT(report->shadow_evictions, report->swaps / 20);
+      if (fault_rate > 0) EXPECT_GT(report->failed_calls, 10u);
+    }
+  }
+  VerifierConfig kernels;
+  kernels.host_shadows = true;
+  kernels.kernel_planner = true;
+  EXPECT_EQ(RunConsistencyVerifier(kernels).error().code(), ErrorCode::kInvalidArgument);
+}
+
 TEST(ConsistencyVerifier, InvalidConfigIsRefused) {
   VerifierConfig c;
   c.device_slots_per_group = 8;

@@ -23,6 +23,13 @@
 // sets the planner's threshold (1: every evicting step with T > 1 claims in parallel), and
 // --device-fraction F shrinks the device pool to F of the comparison's (more evictions per
 // step; the host pool and the admission stay).
+// Host shadows (issue 30): --shadows on|off sets AddressSpaceConfig::host_shadows; each row
+// reports the entries moved over the host link per miss (bytes_moved / entry / misses: 2.0
+// for a swap, 1.0 for a fetch into a free slot or a victim that goes back to its shadow), the
+// evictions that moved no bytes, and the host pool's free share (a shadow counts free) after
+// the warm-up; --host-free F sizes the host pool instead so that F of it is free after the
+// prefill (the batch's tokens minus the device pool, over 1 - F); --prefer-shadowed sets
+// PolicyOptions::prefer_shadowed (PB-LRU claims each bucket's shadowed slots first).
 // --claim-sweep measures PB-LRU's victim claim alone instead: two PB-LRUs of
 // --claim-capacity slots (R = 64, every slot tracked; before each claim the cold bucket is
 // made to hold ~60 % of the slots at random positions), one claiming with ClaimVictims, the other with ClaimVictimsParallel on a team of
@@ -73,6 +80,9 @@ struct PlannerOptions {
   bool json = false;
   bool claim_sweep = false;
   std::string planner = "cpu";  // cpu (StepPlanner) or kernels (KernelStepPlanner, OpenMP form)
+  std::string shadows = "off";  // AddressSpaceConfig::host_shadows
+  bool prefer_shadowed = false; // PolicyOptions::prefer_shadowed
+  double host_free = -1;        // >= 0: host pool sized so that this share is free after the prefill
   std::uint32_t claim_capacity = 1u << 21;
   std::vector<std::uint32_t> claim_demands{1024, 4096, 16384, 65536, 262144};
   std::uint32_t claim_reps = 9;
@@ -116,7 +126,8 @@ struct Row {
   double group_ms_median = 0, ns_per_distinct = 0, read_ns = 0, ratio = 0, gpu_group_ms = -1, hit_rate = 0;
   std::uint64_t table_bytes = 0;
   std::uint64_t evictions = 0, claim_ns = 0, parallel_claims = 0, group_steps = 0;
-  double total_ms = 0;
+  std::uint64_t misses = 0, bytes_moved = 0, shadow_evictions = 0;
+  double total_ms = 0, host_free_share = 0, moved_per_miss = 0;
 };
 
 double Median(std::vector<double> v) {
@@ -258,6 +269,16 @@ int Run(const PlannerOptions& o) {
       sc.entry_bytes = entry;
       sc.device_bytes_per_rank = static_cast<std::uint64_t>(cfg.device_gb * 1e9 * o.device_fraction);
       sc.host_bytes_per_rank = static_cast<std::uint64_t>(cfg.host_gb * 1e9);
+      sc.host_shadows = o.shadows == "on";
+      sc.policy_options.prefer_shadowed = o.prefer_shadowed;
+      if (o.host_free >= 0) {  // the batch's tokens (the same draws as below) beyond the device pool
+        std::mt19937_64 draw(o.seed);
+        std::uint64_t tokens = 0;
+        for (std::uint32_t r = 0; r < batch; ++r) tokens += 65536 + draw() % 65537;
+        const std::uint64_t dev = sc.device_slots_per_group();
+        const double host_slots = std::ceil(static_cast<double>(tokens > dev ? tokens - dev : 1) / (1.0 - o.host_free));
+        sc.host_bytes_per_rank = static_cast<std::uint64_t>(host_slots) * sc.bytes_per_address();
+      }
       auto space = AddressSpace::Create(sc, *backend);
       if (!space) return fail(space.error().ToString());
       std::mt19937_64 rng(o.seed);
@@ -294,8 +315,13 @@ int Run(const PlannerOptions& o) {
       std::vector<std::uint64_t> hits(nt, 0);
       std::vector<double> total_ms(nt, 0);
       for (std::size_t k = 0; k < nt; ++k) per_t[k].threads = o.threads[k];
+      double host_free_share = 0;
       for (std::uint32_t step = 0; step < o.warmup + o.steps * nt; ++step) {
         const std::size_t k = step < o.warmup ? 0 : (step - o.warmup) % nt;
+        if (step == o.warmup) {
+          const double cap = std::max<double>(1, sc.host_slots_per_group());
+          host_free_share = (*space)->NumFree(Rank(0), GroupId(0), Tier::kHost) / cap;
+        }
         if (auto s = planner.SetOptions({o.threads[k], o.prefetch_distance, o.parallel_claim_min_victims}); !s) {
           return fail(s.error().ToString());
         }
@@ -326,6 +352,9 @@ int Run(const PlannerOptions& o) {
             per_t[k].selections += stats->selections;
             hits[k] += stats->hits;
             per_t[k].evictions += stats->evictions;
+            per_t[k].misses += stats->misses;
+            per_t[k].bytes_moved += stats->bytes_moved;
+            per_t[k].shadow_evictions += stats->shadow_evictions;
             per_t[k].claim_ns += planner.counters().claim_ns - before.claim_ns;
             per_t[k].parallel_claims += planner.counters().parallel_claims - before.parallel_claims;
             ++per_t[k].group_steps;
@@ -359,6 +388,10 @@ int Run(const PlannerOptions& o) {
         row.ratio = row.ns_per_distinct / row.read_ns;
         row.gpu_group_ms = gpu_group_ms;
         row.total_ms = total_ms[k];
+        row.host_free_share = host_free_share;
+        // bytes per entry of the groups, as StepStats counts them (one entry per miss per group)
+        row.moved_per_miss = row.misses == 0 ? 0.0
+                                             : static_cast<double>(row.bytes_moved) / entry / static_cast<double>(row.misses);
         rows.push_back(row);
       }
     }
@@ -379,24 +412,32 @@ int Run(const PlannerOptions& o) {
                              {"claim_share", r.claim_ns / 1e6 / r.total_ms},
                              {"parallel_claim_steps", r.parallel_claims},
                              {"planner", o.planner},
+                             {"shadows", o.shadows},
+                             {"prefer_shadowed", o.prefer_shadowed},
+                             {"host_free_share", r.host_free_share},
+                             {"misses_per_group_step", r.misses / r.group_steps},
+                             {"moved_per_miss", r.moved_per_miss},
+                             {"shadow_evictions_per_group_step", r.shadow_evictions / r.group_steps},
                              {"step_share_of_gpu_group", r.gpu_group_ms > 0 ? r.group_ms_median / r.gpu_group_ms : -1.0}});
     }
     fmt::print("{}\n", out.dump());
     return 0;
   }
   fmt::print("ula bench planner ({} planner): DP, one rank of 8, counting backend, {} groups x {} B entries, {} warm-up + {} "
-             "measured steps per thread count, prefetch distance {}, parallel claim from {} victims, device pool x {}\n",
-             o.planner, groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims, o.device_fraction);
-  fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>5}\n", "config",
+             "measured steps per thread count, prefetch distance {}, parallel claim from {} victims, device pool x {}, "
+             "host shadows {}{}\n",
+             o.planner, groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims, o.device_fraction,
+             o.shadows, o.prefer_shadowed ? ", shadowed victims preferred" : "");
+  fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>5} {:>9} {:>10} {:>9}\n", "config",
              "batch", "T", "distinct/g", "group_ms", "ns/sel", "read_ns", "ratio", "hit", "table_MB", "gpu_ms/g",
-             "evict/g", "claim_us", "claim%", "par");
+             "evict/g", "claim_us", "claim%", "par", "host_free", "moved/miss", "free_ev/g");
   for (const Row& r : rows) {
     fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9.3f} {:>9.1f} {:>9.1f} {:>7.2f} {:>7.4f} {:>10.1f} {:>9.3f} {:>9} {:>9.1f} "
-               "{:>7.2f} {:>5}\n",
+               "{:>7.2f} {:>5} {:>9.3f} {:>10.3f} {:>9}\n",
                r.config, r.batch, r.threads, r.distinct / (r.groups * o.steps), r.group_ms_median, r.ns_per_distinct,
                r.read_ns, r.ratio, r.hit_rate, r.table_bytes / 1e6, r.gpu_group_ms, r.evictions / r.group_steps,
                r.claim_ns / 1e3 / static_cast<double>(r.group_steps), 100.0 * r.claim_ns / 1e6 / r.total_ms,
-               r.parallel_claims);
+               r.parallel_claims, r.host_free_share, r.moved_per_miss, r.shadow_evictions / r.group_steps);
   }
   return 0;
 }
@@ -431,6 +472,13 @@ Action SetupPlanner(CLI::App& app) {
                  "cpu (StepPlanner) or kernels (the step's kernels in their OpenMP form, KernelStepPlanner: T = "
                  "its OpenMP team; no claim counters)")
       ->check(CLI::IsMember({"cpu", "kernels"}))->capture_default_str();
+  app.add_option("--shadows", o->shadows, "clean host shadows (AddressSpaceConfig::host_shadows): on or off")
+      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
+  app.add_option("--host-free", o->host_free,
+                 "size the host pool so that this share of it is free after the prefill (default: the comparison's)")
+      ->check(RealIn(0, 1, false, true));
+  app.add_flag("--prefer-shadowed", o->prefer_shadowed,
+               "PB-LRU claims each bucket's victims with a live host shadow first (PolicyOptions::prefer_shadowed)");
   app.add_flag("--claim-sweep", o->claim_sweep, "time PB-LRU's victim claim alone, serial against T threads");
   app.add_option("--claim-capacity", o->claim_capacity, "--claim-sweep: slots of the pool")
       ->capture_default_str()

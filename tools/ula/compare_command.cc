@@ -31,6 +31,7 @@ struct CompareCliOptions {
   bool plot = true;
   bool quiet = false;
   bool sensitivity = false;
+  std::string shadows = "off";  // UlaCache DP host shadows (CompareOptions::host_shadows)
 };
 
 std::string Ratio(std::optional<double> a, std::optional<double> b) {
@@ -287,6 +288,7 @@ int Run(const CompareCliOptions& o) {
   }
   CompareOptions copt;
   copt.config_dir = dir;
+  copt.host_shadows = o.shadows == "on";
   if (!o.quiet) {
     copt.progress = [](std::string_view line) {
       fmt::print(stderr, "{}\n", line);
@@ -324,6 +326,8 @@ Action SetupCompare(CLI::App& app) {
   app.add_option("--config-dir", o->config_dir, "configs directory (default: $ULA_CONFIG_DIR or the source tree's)");
   app.add_option("--out", o->out, "directory for compare.csv, summary.csv and the plots")->capture_default_str();
   app.add_flag("--json", o->json, "print one JSON object instead of the table");
+  app.add_option("--shadows", o->shadows, "UlaCache DP: clean host shadows (issue 30): on or off")
+      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_flag("!--no-plot", o->plot, "do not call the plot script");
   app.add_flag("--quiet", o->quiet, "no progress lines on stderr");
   app.add_flag("--sensitivity", o->sensitivity,

@@ -46,6 +46,9 @@ Action SetupVerify(CLI::App& app) {
                  "dp: cpu (the reference StepPlanner) or kernels (the step's kernels in their OpenMP form, "
                  "KernelStepPlanner)")
       ->check(CLI::IsMember({"cpu", "kernels"}))->capture_default_str();
+  auto shadows = std::make_shared<std::string>("off");
+  app.add_option("--shadows", *shadows, "dp: clean host shadows (AddressSpaceConfig::host_shadows): on or off")
+      ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   auto attention_model = std::make_shared<std::string>("tiny_glm");
   auto attention_steps = std::make_shared<std::uint32_t>(16);
   app.add_option("--attention-model", *attention_model, "float32 model config for the attention check")
@@ -63,7 +66,7 @@ Action SetupVerify(CLI::App& app) {
                  "each shard, merged by log-sum-exp)")
       ->check(CLI::IsMember({"local_buffer", "at_home"}))
       ->capture_default_str();
-  return [cfg, json, policy, mode, mpi, attention_model, attention_steps, tp_attention, planner]() -> int {
+  return [cfg, json, policy, mode, mpi, attention_model, attention_steps, tp_attention, planner, shadows]() -> int {
     if (*mpi && *mode != "tp") {
       fmt::print(stderr, "ula verify: --mpi needs --mode tp (the DP verifier has no MPI mode: its ranks share one "
                          "process)\n");
@@ -75,6 +78,11 @@ Action SetupVerify(CLI::App& app) {
       return 2;
     }
     cfg->kernel_planner = *planner == "kernels";
+    cfg->host_shadows = *shadows == "on";
+    if (cfg->host_shadows && *mode == "tp") {
+      fmt::print(stderr, "ula verify: --shadows on is built for --mode dp only (TP shards keep no host shadows yet)\n");
+      return 2;
+    }
     if (*mode == "tp") {
       return RunTpVerify({.seed = cfg->seed, .ops = cfg->ops, .ranks = cfg->num_ranks, .groups = cfg->num_groups,
                           .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,
@@ -129,6 +137,8 @@ Action SetupVerify(CLI::App& app) {
                        {"hits", r.hits},
                        {"fetches", r.fetches},
                        {"swaps", r.swaps},
+                       {"shadows", *shadows},
+                       {"shadow_evictions", r.shadow_evictions},
                        {"fault_rate", cfg->fault_rate},
                        {"faults_injected", r.faults_injected},
                        {"failed_calls", r.failed_calls},
@@ -156,6 +166,7 @@ Action SetupVerify(CLI::App& app) {
       fmt::print("  steps              {:>12}  (+{} refused for lack of device room, checked unchanged)\n", r.steps,
                  r.rejected_steps);
       fmt::print("  hits / fetches / swaps  {} / {} / {}\n", r.hits, r.fetches, r.swaps);
+      if (cfg->host_shadows) fmt::print("  host shadows on: {} of the evictions moved no bytes\n", r.shadow_evictions);
       fmt::print("  entries checked    {:>12}\n", r.entries_checked);
       fmt::print("  mismatches         {:>12}\n", r.mismatches);
       fmt::print("  invariant failures {:>12}\n", r.invariant_failures);
