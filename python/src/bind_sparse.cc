@@ -109,6 +109,8 @@ void BindStats(py::module_& m) {
       .def_readonly("into_free", &ula::StepStats::into_free)
       .def_readonly("evictions", &ula::StepStats::evictions)
       .def_readonly("bytes_moved", &ula::StepStats::bytes_moved)
+      .def_readonly("shadow_evictions", &ula::StepStats::shadow_evictions)
+      .def_readonly("evict_copies", &ula::StepStats::evict_copies)
       .def("__repr__", [](const ula::StepStats& s) {
         return "StepStats(selections=" + std::to_string(s.selections) + ", distinct=" + std::to_string(s.distinct) +
                ", hits=" + std::to_string(s.hits) + ", misses=" + std::to_string(s.misses) +
@@ -211,6 +213,9 @@ void BindAddressSpaceConfig(py::module_& m) {
       .def_readwrite("stable_new_entries", &ula::AddressSpaceConfig::stable_new_entries,
                      "New entries are placed on device and keep their slot for their round (an EngineStepPlanner "
                      "turns it on: the engine writes KV where it looked it up).")
+      .def_readwrite("host_shadows", &ula::AddressSpaceConfig::host_shadows,
+                     "Fetched entries keep their host slot as a clean, reclaimable copy (issue 30): evicting them "
+                     "moves no bytes (src/sparse/host_shadows.h). Off by default; an EngineStepPlanner turns it off.")
       .def_readwrite("page_tokens", &ula::AddressSpaceConfig::page_tokens)
       .def_readwrite("num_groups", &ula::AddressSpaceConfig::num_groups)
       .def_readwrite("entry_bytes", &ula::AddressSpaceConfig::entry_bytes)
@@ -311,6 +316,14 @@ driven from different threads at once (the GIL is released while planning).)doc"
             return s.space->NumUsed(ula::Rank(rank), ula::GroupId(group), ParseTier(tier));
           },
           py::arg("rank"), py::arg("group"), py::arg("tier"))
+      .def(
+          "num_host_shadows",
+          [](DpSpace& s, std::uint16_t rank, std::uint16_t group) {
+            const auto& c = s.space->config();
+            if (rank >= c.num_ranks || group >= c.num_groups) Throw(ula::ErrorCode::kOutOfRange, "rank or group out of range");
+            return s.space->NumHostShadows(ula::Rank(rank), ula::GroupId(group));
+          },
+          py::arg("rank"), py::arg("group"), "Host slots of (rank, group) holding a clean host shadow (counted free).")
       .def(
           "num_free",
           [](DpSpace& s, std::uint16_t rank, std::uint16_t group, const std::string& tier) {

@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "ula/address_space.h"
 #include "core/address_records.h"
 #include "sparse/address_refs.h"
@@ -35,6 +37,23 @@ struct GroupPools {
   std::vector<LogicalAddr> new_on_host;
   bool IsNewOnHost(LogicalAddr a) const {
     return !new_on_host.empty() && std::binary_search(new_on_host.begin(), new_on_host.end(), a);
+  }
+  // The refusal every planner makes (issue 27, item 1: a new entry's write slot never moves
+  // in its round): kResourceExhausted naming the first of `missed` (LogicalAddr or raw
+  // uint32 addresses) that this round's Allocate placed on host; Ok when none is.
+  template <class Addr>
+  Status RefuseMovingNewOnHost(const std::vector<Addr>& missed) const {
+    if (new_on_host.empty()) return Ok();
+    for (const Addr& raw : missed) {
+      const LogicalAddr a{raw};
+      if (IsNewOnHost(a)) {
+        return MakeError(ErrorCode::kResourceExhausted,
+                         fmt::format("address {} was placed on host by this round's Allocate (the device held only "
+                                     "this round's entries): its KV is written at that host slot, so this round "
+                                     "cannot move it; select it after AdvanceRound()", a.value()));
+      }
+    }
+    return Ok();
   }
 
   // Clean host copies of device entries (sparse/host_shadows.h); disabled unless
@@ -140,5 +159,12 @@ struct AddressSpace::State {
   }
   const GroupPools& at(Rank r, GroupId g) const { return pools[r.value()][g.value()]; }
 };
+
+// The error of selection i (address a, selected for `holder` on `rank`) that failed a check
+// of the step (not live, not the holder's, another rank's), built off the hot path with the
+// requests named: kNotFound or kInvalidArgument. One function for every DP planner (the CPU
+// planner, the kernels), defined in step_planner.cc.
+Error SelectionError(const AddressSpace::State& st, const AddressRecords& table, std::size_t i, LogicalAddr a,
+                     const RequestState& holder, Rank rank);
 
 }  // namespace ula

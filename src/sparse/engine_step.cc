@@ -283,14 +283,7 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   auto distinct = s.Classify(st, table, rank, shape, requests, selections);
   if (!distinct) return std::unexpected(std::move(distinct).error());
   const std::size_t n_miss = s.missed.size();
-  for (LogicalAddr a : s.missed) {
-    if (gp.IsNewOnHost(a)) {
-      return MakeError(ErrorCode::kResourceExhausted,
-                       fmt::format("address {} was placed on host by this round's Allocate (the device held only "
-                                   "this round's entries): its KV is written at that host slot, so this round "
-                                   "cannot move it; select it after AdvanceRound()", a.value()));
-    }
-  }
+  ULA_RETURN_IF_ERROR(gp.RefuseMovingNewOnHost(s.missed));  // issue 27, item 1
   // Room first, then the descriptor rows: both refuse this step's state (kResourceExhausted),
   // not a malformed call; each says how many descriptors the step needed.
   std::uint64_t newly_used = 0;

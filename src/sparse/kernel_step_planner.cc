@@ -37,33 +37,6 @@ Status KernelStepPlanner::SetOptions(const KernelStepPlannerOptions& options) {
 }
 
 namespace {
-// The error of an invalid selection, built off the kernels (the CPU planner's messages).
-Error SelectionError(const AddressSpace::State& st, const AddressRecords& table, std::size_t i, LogicalAddr a,
-                     const RequestState& holder, Rank rank) {
-  const Location loc = table.Get(a);
-  if (loc.is_none()) {
-    return Error(ErrorCode::kNotFound, fmt::format("selection {}: logical address {} is not live (freed, or never "
-                                                   "allocated)", i, a.value()));
-  }
-  if (!st.Holds(holder, a)) {
-    std::uint64_t owner = 0, wanted = 0;
-    for (const auto& [id, req] : st.requests) {
-      if (req.tag == st.owner[a.value()]) owner = id.value();
-      if (req.tag == holder.tag) wanted = id.value();
-    }
-    if (st.owner[a.value()] == kSharedTag) {
-      return Error(ErrorCode::kNotFound,
-                   fmt::format("selection {}: logical address {} is a shared address that request {} does not hold "
-                               "(it never adopted it, or released it): refused", i, a.value(), wanted));
-    }
-    return Error(ErrorCode::kNotFound,
-                 fmt::format("selection {}: logical address {} belongs to request {}, not to request {} (a stale "
-                             "address, freed and reused?): refused", i, a.value(), owner, wanted));
-  }
-  return Error(ErrorCode::kInvalidArgument, fmt::format("selection {}: address {} lives on rank {}, not rank {}", i,
-                                                        a.value(), loc.rank().value(), rank.value()));
-}
-
 // The calling thread's OpenMP team for the kernels of one step, restored after.
 class TeamSize {
  public:
@@ -185,14 +158,7 @@ Result<StepStats> KernelStepPlanner::Step(const StepInput& input, std::span<Slot
                                      reinterpret_cast<const std::uint32_t*>(out_slots.data()), hits_.data()));
   missed_.resize(kernels::omp::Compact(0, miss_first_.data(), pos_.data(), n, args.selections, missed_.data()));
   const std::size_t n_distinct = hits_.size() + missed_.size();
-  for (std::uint32_t a : missed_) {  // a new entry's write slot never moves in its round (as StepPlanner)
-    if (gp.IsNewOnHost(LogicalAddr(a))) {
-      return MakeError(ErrorCode::kResourceExhausted,
-                       fmt::format("address {} was placed on host by this round's Allocate (the device held only "
-                                   "this round's entries): its KV is written at that host slot, so this round "
-                                   "cannot move it; select it after AdvanceRound()", a));
-    }
-  }
+  ULA_RETURN_IF_ERROR(gp.RefuseMovingNewOnHost(missed_));  // a new entry's write slot never moves in its round
 
   // Room, as the CPU planner decides it.
   std::uint64_t evictable = gp.policy->NumEvictable();

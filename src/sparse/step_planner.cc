@@ -105,7 +105,9 @@ std::string StaleSelectionMessage(const AddressSpace::State& st, std::size_t i, 
                      "freed and reused?): refused", i, a.value(), holder, wanted);
 }
 
-// The error of selection i (which failed a check of steps 1-3), built off the hot path.
+}  // namespace
+
+// address_space_state.h: the error of selection i (which failed a check of steps 1-3).
 Error SelectionError(const AddressSpace::State& st, const AddressRecords& table, std::size_t i, LogicalAddr a,
                      const RequestState& holder, Rank rank) {
   const Location loc = table.Get(a);
@@ -119,6 +121,8 @@ Error SelectionError(const AddressSpace::State& st, const AddressRecords& table,
   return Error(ErrorCode::kInvalidArgument, fmt::format("selection {}: address {} lives on rank {}, not rank {}", i,
                                                         a.value(), loc.rank().value(), rank.value()));
 }
+
+namespace {
 
 // Steps 1-3 for the addresses lane `lane` of `lanes` owns, over selections [0, end):
 // validate, dedup by the records' stamps, classify; hits' slots go straight to out.
@@ -491,14 +495,7 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
              [&](std::uint32_t slot) { hit_slots_.push_back(SlotId(slot)); });
   MergeLanes(lanes.lanes, [](const Lane& L) -> const std::vector<Indexed>& { return L.misses; },
              [&](std::uint32_t a) { missed_.push_back(LogicalAddr(a)); });
-  for (LogicalAddr a : missed_) {  // issue 27, item 1: a new entry's write slot never moves in its round
-    if (gp.IsNewOnHost(a)) {
-      return MakeError(ErrorCode::kResourceExhausted,
-                       fmt::format("address {} was placed on host by this round's Allocate (the device held only "
-                                   "this round's entries): its KV is written at that host slot, so this round "
-                                   "cannot move it; select it after AdvanceRound()", a.value()));
-    }
-  }
+  ULA_RETURN_IF_ERROR(gp.RefuseMovingNewOnHost(missed_));  // issue 27, item 1
   ULA_RETURN_IF_ERROR(CheckRoom(gp, hit_slots_, missed_.size(), input));
 
   // 4. Device slots for the misses: free slots first, then victims.
