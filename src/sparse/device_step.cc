@@ -14,25 +14,13 @@
 #include "policy/kernel_pb_lru.h"
 #include "sparse/address_space_state.h"
 #include "ula/check.h"
+#include "sparse/omp_team.h"
 
 namespace ula {
 
 namespace {
 constexpr std::uint64_t kMaxRequestIds = std::uint64_t{1} << 24;
 
-// The calling thread's OpenMP team for the kernels of one call (the OpenMP form), restored.
-class TeamSize {
- public:
-  explicit TeamSize(std::uint32_t threads) : saved_(omp_get_max_threads()) {
-    omp_set_num_threads(static_cast<int>(threads));
-  }
-  ~TeamSize() { omp_set_num_threads(saved_); }
-  TeamSize(const TeamSize&) = delete;
-  TeamSize& operator=(const TeamSize&) = delete;
-
- private:
-  int saved_;
-};
 
 std::uint32_t SummaryWords(std::uint32_t words) { return (words + 63) / 64; }
 }  // namespace
@@ -279,7 +267,7 @@ Status DeviceStep::Plan(const StepArrays& arrays, void* stream) {
   }
 #endif
   (void)stream;
-  TeamSize team(m.config.threads);
+  OmpTeam team(m.config.threads);
   kernels::omp::DevicePlan(0, m.args);
   m.pending = true;
   return Ok();
@@ -299,7 +287,7 @@ Status DeviceStep::Complete(const std::uint8_t* status, void* stream) {
   }
 #endif
   (void)stream;
-  TeamSize team(m.config.threads);
+  OmpTeam team(m.config.threads);
   kernels::omp::DeviceComplete(0, m.args, status);
   return Ok();
 }
@@ -317,7 +305,7 @@ Status DeviceStep::AdvanceRound(void* stream) {
   }
 #endif
   (void)stream;
-  TeamSize team(m.config.threads);
+  OmpTeam team(m.config.threads);
   if (rebase) kernels::omp::PbRebase(0, m.args.pb);
   kernels::omp::PbAdvance(0, m.args.pb);
   return Ok();

@@ -12,6 +12,7 @@
 #include "policy/pb_lru.h"
 #include "sparse/address_space_state.h"
 #include "ula/check.h"
+#include "sparse/omp_team.h"
 
 namespace ula {
 
@@ -37,19 +38,6 @@ Status KernelStepPlanner::SetOptions(const KernelStepPlannerOptions& options) {
 }
 
 namespace {
-// The calling thread's OpenMP team for the kernels of one step, restored after.
-class TeamSize {
- public:
-  explicit TeamSize(std::uint32_t threads) : saved_(omp_get_max_threads()) {
-    omp_set_num_threads(static_cast<int>(threads));
-  }
-  ~TeamSize() { omp_set_num_threads(saved_); }
-  TeamSize(const TeamSize&) = delete;
-  TeamSize& operator=(const TeamSize&) = delete;
-
- private:
-  int saved_;
-};
 
 const std::uint32_t* Raw(std::span<const LogicalAddr> s) { return reinterpret_cast<const std::uint32_t*>(s.data()); }
 std::span<const SlotId> Slots(const std::vector<std::uint32_t>& v, std::size_t begin = 0) {
@@ -123,7 +111,7 @@ Result<StepStats> KernelStepPlanner::Step(const StepInput& input, std::span<Slot
   hit_first_.resize(n);
   miss_first_.resize(n);
   pos_.resize(n);
-  TeamSize team(options_.threads);
+  OmpTeam team(options_.threads);
 
   // 1-3. Validate, dedup, classify; compact the distinct hits and misses.
   kernels::ClassifyArgs args;
