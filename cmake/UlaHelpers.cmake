@@ -10,6 +10,10 @@ function(ula_add_component name)
     return()
   endif()
   add_library(ula_${name} STATIC ${sources})
+  # The TSan tree builds only the threaded tests, and a library only when one of them links it.
+  if(ULA_SANITIZE MATCHES "thread")
+    set_target_properties(ula_${name} PROPERTIES EXCLUDE_FROM_ALL ON)
+  endif()
   target_include_directories(ula_${name}
     PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
     PRIVATE ${PROJECT_SOURCE_DIR}/src)
@@ -30,6 +34,15 @@ function(ula_add_test name)
   add_executable(${name} ${ARG_SOURCES})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main)
+  # Every test compiles with the one precompiled header (tests/CMakeLists.txt) and OpenMP,
+  # so that its flags are the header's.
+  target_link_libraries(${name} PRIVATE OpenMP::OpenMP_CXX)
+  if(TARGET ula_test_pch)
+    target_precompile_headers(${name} REUSE_FROM ula_test_pch)
+  endif()
+  if(TARGET ula_tsan_gomp_annotations)
+    target_link_libraries(${name} PRIVATE ula_tsan_gomp_annotations)
+  endif()
   # The release tree compiles a test's own sources at -O1 (its set-up, drivers and
   # assertions; the libraries under test stay -O3): 30-50 % less compile time per test
   # source (docs/BENCHMARKS.md, "Build time"), and no test is timed.

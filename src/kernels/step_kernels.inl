@@ -579,10 +579,15 @@ struct DevIndices {
   }
 };
 
-struct DevResetFirst {  // first[] back to kNoSelection for the next step (idempotent)
+// first[] back to kNoSelection for the next step. Every selection of an address stores the
+// same value, so the stores are atomic (relaxed): plain ones would be a data race (TSan
+// found it once libgomp's fork and join were annotated, tests/tsan_gomp_annotations.cc).
+struct DevResetFirst {
   DeviceStepArgs a;
   ULA_HD void operator()(std::uint32_t j) const {
-    if (a.kind[j] <= kDevMiss) a.first[static_cast<std::uint32_t>(SelectionAt(a.io, j))] = kNoSelection;
+    if (a.kind[j] > kDevMiss) return;
+    ::cuda::atomic_ref<std::uint32_t, kScope>(a.first[static_cast<std::uint32_t>(SelectionAt(a.io, j))])
+        .store(kNoSelection, kRelaxed);
   }
 };
 
