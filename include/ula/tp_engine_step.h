@@ -35,6 +35,30 @@
 // included. kIo (a transfer failed) leaves the state TpStepPlanner::Step documents for it
 // and the index arrays untouched: no index names a slot that was not published.
 //
+// Two ways to execute a step, as the DP planner (engine_step.h):
+//   Step()            the library's backend (and fabric) move the bytes, wait, publish,
+//                     write the indices.
+//   Plan()/Complete() attention at home only: the engine runs the descriptors on its own
+//                     streams, then calls Complete(fence, status per descriptor); only then
+//                     are the new locations published. Plan writes the indices as they will
+//                     read once published, and, into one descriptor array, every hosted
+//                     rank's home moves: rank after rank (ranks() order), each rank's copies
+//                     first, then its swaps; src_rank == dst_rank names the rank. A TP
+//                     descriptor moves one whole group entry (num_layers 1, bytes =
+//                     entry_bytes; offsets slot * entry_bytes in the rank's shard pools,
+//                     whose entries hold the group's layers side by side) from the shard's
+//                     host pool to its device pool: kCopy into a free slot, kSwap with the
+//                     victim, which goes to the wanted entry's host slot. Status 0 publishes
+//                     a descriptor; any other publishes nothing for it: a copy's free
+//                     target is freed again, a failed swap's victim keeps its bytes and
+//                     slot (a failed swap must leave both ranges as they were). With
+//                     TpAttention::kLocalBuffer, Plan is refused (kFailedPrecondition): its
+//                     remote phase reads the homes this phase settles, so use Step.
+//                     ExecuteOnShards is a CPU reference executor over the space's own
+//                     shard pools (the library's backend, one batch per descriptor).
+//   Between Plan and Complete one plan is pending: Step and a second Plan are refused
+//   (kFailedPrecondition), and, as in DP, REQUIRES: no Allocate or Free on the space.
+//
 // Unlike the DP planner, a step allocates (TpStepPlanner's plan is a value of vectors).
 // Thread-safety: as TpStepPlanner (one thread drives a planner).
 #pragma once
@@ -50,6 +74,12 @@
 #include "ula/tp_step_planner.h"
 
 namespace ula {
+
+struct TpPlannedStep {
+  std::uint64_t fence = 0;            // pass to Complete
+  std::uint32_t num_descriptors = 0;  // written to out_descriptors[0, n), all hosted ranks
+  std::vector<TpRankStepStats> stats; // [hosted] as planned
+};
 
 class TpEngineStepPlanner {
  public:
@@ -76,9 +106,33 @@ class TpEngineStepPlanner {
                                             std::span<const RequestId> requests,
                                             std::span<const std::int32_t> selections, std::span<std::int32_t> indices);
 
+  // The most descriptors one Plan writes (every hosted rank's device shard pool turned over).
+  std::uint32_t max_descriptors() const;
+  // Engine path, part 1 (attention at home): claims device slots, writes the indices (valid
+  // once Complete publishes) and the descriptors. Errors as Step's refusals (nothing
+  // changes), plus kResourceExhausted when out_descriptors has fewer rows than the step's
+  // home misses (the message names how many it needed), and kFailedPrecondition with
+  // TpAttention::kLocalBuffer or while a plan is pending.
+  Result<TpPlannedStep> Plan(GroupId group, const StepShape& shape, std::span<const RequestId> requests,
+                             std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
+                             std::span<CopyDescriptor> out_descriptors);
+  // Engine path, part 2: status[i] == 0 publishes descriptor i. kNotFound (not the pending
+  // fence), kInvalidArgument (status size): nothing changes.
+  Result<CompleteReport> Complete(std::uint64_t fence, std::span<const std::uint8_t> status);
+  bool has_pending() const;
+  // Runs descriptors over the space's shard pools: status[i] = 0 when descriptor i's batch
+  // completed, 1 when it failed or names no hosted shard (nothing copied).
+  // REQUIRES: status.size() == descriptors.size().
+  void ExecuteOnShards(std::span<const CopyDescriptor> descriptors, std::span<std::uint8_t> status) const;
+
  private:
   TpEngineStepPlanner(TpAddressSpace& space, const EngineStepConfig& config, TpFabric* fabric,
                       TpPlannerOptions options);
+  // The selection array compacted into (compact_, where_, runs_), after the shape and size checks.
+  Status Compact(const StepShape& shape, std::span<const RequestId> requests, std::span<const std::int32_t> selections,
+                 std::size_t indices_size);
+  // The plan's refs as per-rank index arrays.
+  void WriteIndices(const TpStepPlan& plan, std::size_t n, std::span<std::int32_t> indices) const;
 
   TpAddressSpace& space_;
   EngineStepConfig config_;
@@ -86,6 +140,9 @@ class TpEngineStepPlanner {
   std::vector<LogicalAddr> compact_;   // the non-padding selections, row-major
   std::vector<std::uint32_t> where_;   // compact_[j] was selections[where_[j]]
   std::vector<SelectionRun> runs_;
+  std::uint64_t last_fence_ = 0;
+  std::uint64_t pending_fence_ = 0;
+  std::vector<std::uint32_t> pending_counts_;  // [hosted] descriptors of the pending plan
 };
 
 }  // namespace ula

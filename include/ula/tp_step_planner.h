@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -133,6 +134,38 @@ class TpStepPlanner {
   // caller can check every group first.
   Status Check(GroupId group, std::span<const LogicalAddr> selections, std::span<const SelectionRun> runs);
 
+  // The engine path of attention at home (TpEngineStepPlanner::Plan / Complete,
+  // tp_engine_step.h): Step's phase 0 and agreement, then each hosted rank's home phase up
+  // to its choice of device targets (hits touched; free slots first, then policy victims),
+  // with nothing moved and nothing published. The plan's refs name where each selection is
+  // read once CompleteHome has published it (a home miss: its target slot). Refusals as
+  // Step's, and kResourceExhausted when the hosted ranks' home misses exceed max_moves;
+  // kFailedPrecondition with TpAttention::kLocalBuffer (its remote phase reads the homes
+  // this phase settles: use Step) or while a plan is pending (Step and Check refuse then
+  // too). Refusals change nothing. Collective when a fabric is used (the agreement).
+  // REQUIRES: no Allocate, Free or other planner's step on the space before CompleteHome
+  // (CompleteHome aborts via ULA_CHECK when an entry of the plan was freed).
+  Result<TpStepPlan> PlanHome(GroupId group, std::span<const LogicalAddr> selections,
+                              std::span<const SelectionRun> runs, std::size_t max_moves);
+  bool has_pending() const;
+  // Move i of hosted rank h's pending plan: copies (into free slots) first, then swaps (the
+  // victim goes to the wanted entry's host slot). Offsets are the shard pools' byte offsets
+  // (slot * entry_bytes). REQUIRES: has_pending(), h < hosted ranks.
+  struct HomeMove {
+    LogicalAddr addr;
+    SlotId host_slot;
+    SlotId device_slot;
+    bool swap = false;
+    std::uint64_t host_offset = 0;
+    std::uint64_t device_offset = 0;
+  };
+  std::vector<HomeMove> pending_home_moves(std::size_t h) const;
+  // Publishes the pending plan: move i of hosted rank h when arrived(h, i), by the rules of
+  // backend/copy_publish.h (a failed copy's target is freed again, a failed swap changes
+  // nothing: its victim keeps its bytes and slot). Returns the moves published per rank.
+  // REQUIRES: has_pending().
+  std::vector<std::size_t> CompleteHome(const std::function<bool(std::size_t h, std::size_t i)>& arrived);
+
  private:
   // Step's phase 0 into the scratch: validation, dedup, per-rank classification, and the
   // fit check (kResourceExhausted, not yet agreed). Changes nothing but the scratch.
@@ -140,7 +173,9 @@ class TpStepPlanner {
 
   // The plan of the step in the scratch; pending: this step's remote misses are not yet
   // published and are read from the scratch's buffer targets.
-  TpStepPlan Emit(GroupId group, std::span<const LogicalAddr> selections, bool pending) const;
+  // home_pending: PlanHome's claimed home targets are not yet published; their refs name them.
+  TpStepPlan Emit(GroupId group, std::span<const LogicalAddr> selections, bool pending, bool home_pending) const;
+  Status RefuseIfPending() const;
 
   struct Scratch;
   TpAddressSpace& space_;

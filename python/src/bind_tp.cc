@@ -263,7 +263,59 @@ buffer slot b. The library's backend moves the bytes.)doc")
             return stats;
           },
           py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("requests"),
-          "One TP step of a group: writes indices; returns [TpRankStepStats per rank].");
+          "One TP step of a group: writes indices; returns [TpRankStepStats per rank].")
+      .def_property_readonly("max_descriptors", &ula::TpEngineStepPlanner::max_descriptors)
+      .def_property_readonly("has_pending", &ula::TpEngineStepPlanner::has_pending)
+      .def(
+          "plan",
+          [](ula::TpEngineStepPlanner& p, std::uint16_t group, py::object selections, py::object indices,
+             py::object descriptors, py::object requests) {
+            const py::array sel_a = ToArray(selections, "selections"), idx_a = ToArray(indices, "indices");
+            const py::array req_a = ToArray(requests, "requests");
+            auto req = RequestsView(req_a, "requests");
+            const ula::StepShape shape = ShapeOf(sel_a, req.size());
+            bool same = idx_a.ndim() == sel_a.ndim() + 1 && idx_a.ndim() >= 1 &&
+                        idx_a.shape(0) == static_cast<py::ssize_t>(p.ranks().size());
+            for (py::ssize_t d = 0; same && d < sel_a.ndim(); ++d) same = idx_a.shape(d + 1) == sel_a.shape(d);
+            if (!same) Throw(ula::ErrorCode::kInvalidArgument, "indices: must be [ranks, *selections.shape]");
+            auto sel = View<const std::int32_t>(sel_a, "selections");
+            auto idx = ViewOut<std::int32_t>(idx_a, "indices");
+            auto desc = ViewOut<ula::CopyDescriptor>(ToArray(descriptors, "descriptors"), "descriptors", 1);
+            ula::TpPlannedStep planned;
+            {
+              py::gil_scoped_release nogil;
+              planned = Unwrap(p.Plan(ula::GroupId(group), shape, req, sel, idx, desc));
+            }
+            return std::make_tuple(planned.fence, planned.num_descriptors, planned.stats);
+          },
+          py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("descriptors"), py::arg("requests"),
+          "Engine path, part 1 (attention at home): (fence, n, [TpRankStepStats per rank]); descriptors[:n] are "
+          "every rank's home moves (src_rank names the rank), whole group entries between the rank's shard pools.")
+      .def(
+          "complete",
+          [](ula::TpEngineStepPlanner& p, std::uint64_t fence, py::object status) {
+            auto st = View<const std::uint8_t>(ToArray(status, "status"), "status", 1);
+            ula::CompleteReport r;
+            {
+              py::gil_scoped_release nogil;
+              r = Unwrap(p.Complete(fence, st));
+            }
+            return std::make_tuple(r.published, r.failed);
+          },
+          py::arg("fence"), py::arg("status"),
+          "Engine path, part 2: status uint8 [n], 0 = done. Publishes the done ones; (published, failed).")
+      .def(
+          "execute_on_shards",
+          [](ula::TpEngineStepPlanner& p, py::object descriptors, py::object status) {
+            auto desc = View<const ula::CopyDescriptor>(ToArray(descriptors, "descriptors"), "descriptors", 1);
+            auto st = ViewOut<std::uint8_t>(ToArray(status, "status"), "status", 1);
+            if (st.size() != desc.size()) Throw(ula::ErrorCode::kInvalidArgument, "status and descriptors differ in length");
+            py::gil_scoped_release nogil;
+            p.ExecuteOnShards(desc, st);
+          },
+          py::arg("descriptors"), py::arg("status"),
+          "Runs descriptors over the space's shard pools on its backend (CPU reference executor); status[i] = 0 "
+          "if done.");
 
   py::class_<ula::TpStepPlanner>(m, "TpStepPlanner", "One TP step of one group (include/ula/tp_step_planner.h).")
       .def(py::init([](TpSpace& s) { return std::make_unique<ula::TpStepPlanner>(*s.space); }), py::arg("space"),

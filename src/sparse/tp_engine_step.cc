@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <string>
 
+#include "sparse/tp_state.h"
+#include "ula/check.h"
+
 namespace ula {
 
 Result<std::unique_ptr<TpEngineStepPlanner>> TpEngineStepPlanner::Create(TpAddressSpace& space,
@@ -35,10 +38,8 @@ std::uint32_t TpEngineStepPlanner::index_slots() const {
                                                   : c.device_slots_per_group();
 }
 
-Result<std::vector<TpRankStepStats>> TpEngineStepPlanner::Step(GroupId group, const StepShape& shape,
-                                                               std::span<const RequestId> requests,
-                                                               std::span<const std::int32_t> selections,
-                                                               std::span<std::int32_t> indices) {
+Status TpEngineStepPlanner::Compact(const StepShape& shape, std::span<const RequestId> requests,
+                                    std::span<const std::int32_t> selections, std::size_t indices_size) {
   if (shape.batch == 0 || shape.q_len == 0 || shape.top_k == 0 || shape.batch > config_.max_batch ||
       shape.q_len > config_.max_q_len || shape.top_k > config_.max_top_k) {
     return MakeError(ErrorCode::kInvalidArgument, "shape [" + std::to_string(shape.batch) + ", " +
@@ -47,11 +48,11 @@ Result<std::vector<TpRankStepStats>> TpEngineStepPlanner::Step(GroupId group, co
   }
   const std::size_t n = shape.size();
   const std::size_t hosted = ranks().size();
-  if (requests.size() != shape.batch || selections.size() != n || indices.size() != hosted * n) {
+  if (requests.size() != shape.batch || selections.size() != n || indices_size != hosted * n) {
     return MakeError(ErrorCode::kInvalidArgument,
                "sizes: requests " + std::to_string(requests.size()) + " (want " + std::to_string(shape.batch) +
                    "), selections " + std::to_string(selections.size()) + " (want " + std::to_string(n) +
-                   "), indices " + std::to_string(indices.size()) + " (want " + std::to_string(hosted * n) + ")");
+                   "), indices " + std::to_string(indices_size) + " (want " + std::to_string(hosted * n) + ")");
   }
   compact_.clear();
   where_.clear();
@@ -72,14 +73,16 @@ Result<std::vector<TpRankStepStats>> TpEngineStepPlanner::Step(GroupId group, co
     }
     if (count > 0) runs_.push_back(SelectionRun{requests[b], count});
   }
-  auto plan = planner_.Step(group, compact_, runs_);
-  if (!plan) return std::unexpected(plan.error());
+  return Ok();
+}
+
+void TpEngineStepPlanner::WriteIndices(const TpStepPlan& plan, std::size_t n, std::span<std::int32_t> indices) const {
   const std::uint32_t buffer_base = device_slots();
-  for (std::size_t r = 0; r < hosted; ++r) {
+  for (std::size_t r = 0; r < plan.refs.size(); ++r) {
     std::span<std::int32_t> out = indices.subspan(r * n, n);
     std::fill(out.begin(), out.end(), kPadIndex);
     for (std::size_t j = 0; j < compact_.size(); ++j) {
-      const TpReadRef& ref = plan->refs[r][j];
+      const TpReadRef& ref = plan.refs[r][j];
       switch (ref.source) {
         case TpReadRef::Source::kShard: out[where_[j]] = static_cast<std::int32_t>(ref.slot.value()); break;
         case TpReadRef::Source::kBuffer:
@@ -89,7 +92,108 @@ Result<std::vector<TpRankStepStats>> TpEngineStepPlanner::Step(GroupId group, co
       }
     }
   }
+}
+
+Result<std::vector<TpRankStepStats>> TpEngineStepPlanner::Step(GroupId group, const StepShape& shape,
+                                                               std::span<const RequestId> requests,
+                                                               std::span<const std::int32_t> selections,
+                                                               std::span<std::int32_t> indices) {
+  ULA_RETURN_IF_ERROR(Compact(shape, requests, selections, indices.size()));
+  auto plan = planner_.Step(group, compact_, runs_);
+  if (!plan) return std::unexpected(plan.error());
+  WriteIndices(*plan, shape.size(), indices);
   return std::move(plan->stats);
+}
+
+std::uint32_t TpEngineStepPlanner::max_descriptors() const {
+  return static_cast<std::uint32_t>(ranks().size()) * device_slots();
+}
+
+bool TpEngineStepPlanner::has_pending() const { return planner_.has_pending(); }
+
+Result<TpPlannedStep> TpEngineStepPlanner::Plan(GroupId group, const StepShape& shape,
+                                                std::span<const RequestId> requests,
+                                                std::span<const std::int32_t> selections,
+                                                std::span<std::int32_t> indices,
+                                                std::span<CopyDescriptor> out_descriptors) {
+  ULA_RETURN_IF_ERROR(Compact(shape, requests, selections, indices.size()));
+  auto plan = planner_.PlanHome(group, compact_, runs_, out_descriptors.size());
+  if (!plan) return std::unexpected(plan.error());
+  WriteIndices(*plan, shape.size(), indices);
+  TpPlannedStep planned;
+  planned.fence = ++last_fence_;
+  planned.stats = plan->stats;
+  pending_counts_.assign(plan->ranks.size(), 0);
+  const std::uint32_t entry_bytes = space_.config().entry_bytes;
+  std::uint32_t d = 0;
+  for (std::size_t h = 0; h < plan->ranks.size(); ++h) {
+    const auto moves = planner_.pending_home_moves(h);
+    const auto rank = static_cast<std::uint16_t>(plan->ranks[h].value());
+    for (const auto& m : moves) {
+      CopyDescriptor& c = out_descriptors[d++];
+      c = CopyDescriptor{};
+      c.src_offset = m.host_offset;
+      c.dst_offset = m.device_offset;
+      c.src_slot = m.host_slot.value();
+      c.dst_slot = m.device_slot.value();
+      c.bytes = entry_bytes;
+      c.addr = m.addr.value();
+      c.src_rank = rank;
+      c.dst_rank = rank;
+      c.group = static_cast<std::uint16_t>(group.value());
+      c.src_tier = static_cast<std::uint8_t>(Tier::kHost);
+      c.dst_tier = static_cast<std::uint8_t>(Tier::kDevice);
+      c.op = static_cast<std::uint8_t>(m.swap ? CopyOp::kSwap : CopyOp::kCopy);
+      c.num_layers = 1;
+    }
+    pending_counts_[h] = static_cast<std::uint32_t>(moves.size());
+  }
+  planned.num_descriptors = d;
+  pending_fence_ = planned.fence;
+  return planned;
+}
+
+Result<CompleteReport> TpEngineStepPlanner::Complete(std::uint64_t fence, std::span<const std::uint8_t> status) {
+  if (!planner_.has_pending() || fence != pending_fence_) {
+    return MakeError(ErrorCode::kNotFound, "fence " + std::to_string(fence) + " is not the pending plan's");
+  }
+  std::size_t total = 0;
+  std::vector<std::size_t> first(pending_counts_.size());
+  for (std::size_t h = 0; h < pending_counts_.size(); ++h) {
+    first[h] = total;
+    total += pending_counts_[h];
+  }
+  if (status.size() != total) {
+    return MakeError(ErrorCode::kInvalidArgument, "status has " + std::to_string(status.size()) +
+                                                      " entries; the pending plan has " + std::to_string(total) +
+                                                      " descriptors");
+  }
+  const auto published = planner_.CompleteHome([&](std::size_t h, std::size_t i) { return status[first[h] + i] == 0; });
+  CompleteReport report;
+  for (std::size_t p : published) report.published += static_cast<std::uint32_t>(p);
+  report.failed = static_cast<std::uint32_t>(total) - report.published;
+  return report;
+}
+
+void TpEngineStepPlanner::ExecuteOnShards(std::span<const CopyDescriptor> descriptors,
+                                          std::span<std::uint8_t> status) const {
+  ULA_CHECK(status.size() == descriptors.size());
+  const TpAddressSpace::State& st = *space_.state_;
+  Backend& backend = space_.backend();
+  for (std::size_t i = 0; i < descriptors.size(); ++i) {
+    const CopyDescriptor& c = descriptors[i];
+    status[i] = 1;
+    const Rank rank(c.dst_rank);
+    if (c.src_rank != c.dst_rank || !space_.Hosts(rank) || c.group >= space_.config().num_groups ||
+        c.src_tier != static_cast<std::uint8_t>(Tier::kHost) || c.dst_tier != static_cast<std::uint8_t>(Tier::kDevice)) {
+      continue;
+    }
+    const TpGroupShard& sh = st.at(rank, GroupId(c.group));
+    CopyBatch batch{sh.host.arena().id, sh.device.arena().id, c.bytes, c.op == static_cast<std::uint8_t>(CopyOp::kSwap),
+                    {SlotMove{c.src_offset, c.dst_offset}}};
+    auto f = backend.Submit(std::move(batch));
+    if (f && backend.Wait(*f)) status[i] = 0;
+  }
 }
 
 }  // namespace ula

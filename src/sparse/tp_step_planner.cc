@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -45,6 +46,7 @@ struct RankWork {
   Rank rank;
   std::vector<SlotId> home_hit_slots, home_targets;
   std::vector<LogicalAddr> home_missed;
+  std::size_t home_free = 0;       // home_targets[0, home_free) were free slots (copies)
   std::vector<SlotId> buffer_hit_slots, buffer_targets;
   std::vector<LogicalAddr> remote_missed;
   std::vector<char> fetch_failed;  // [remote_missed]
@@ -64,6 +66,8 @@ struct TpStepPlanner::Scratch {
   std::uint32_t epoch = 0;
   std::vector<LogicalAddr> distinct;
   std::vector<RankWork> work;  // [hosted]
+  bool home_pending = false;   // PlanHome claimed the work's home targets; CompleteHome publishes
+  GroupId pending_group;
 };
 
 TpStepPlanner::TpStepPlanner(TpAddressSpace& space, TpFabric* fabric, TpPlannerOptions options)
@@ -83,11 +87,10 @@ void ForEachRank(std::vector<RankWork>& work, bool parallel, F&& fn) {
   for (RankWork& w : work) threads.emplace_back([&fn, &w] { fn(w); });
 }
 
-// Home phase of one rank: host-resident entries of its own shard come onto device (copies
-// into free slots, swaps with victims) through CopyPublish (backend/copy_publish.h): each
-// batch waited on its own fence, only what arrived is published; returns kIo naming every
-// failed batch.
-Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
+// The home phase's choice of slots for one rank: its hits touched, then a device target per
+// host-resident entry of its own shard, free slots first (home_free of them), then policy
+// victims. Nothing moves and nothing is published.
+void ClaimHome(TpGroupShard& sh, RankWork& w) {
   sh.policy->Touch(w.home_hit_slots);
   const std::size_t n_miss = w.home_missed.size();
   const std::size_t n_free = std::min<std::size_t>(n_miss, sh.device.num_free());
@@ -95,19 +98,19 @@ Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWo
   for (std::size_t i = 0; i < n_free; ++i) w.home_targets[i] = *sh.device.Allocate();
   const std::size_t claimed = sh.policy->ClaimVictims(std::span(w.home_targets).subspan(n_free));
   ULA_CHECK(claimed == n_miss - n_free);
+  w.home_free = n_free;
   w.stats.home_misses = n_miss;
   w.stats.home_evictions = n_miss - n_free;
-  if (n_miss == 0) return Ok();
-  const std::uint32_t p = cfg.num_ranks;
-  CopyPublish cp(sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, n_free, n_miss - n_free);
-  for (std::size_t i = 0; i < n_miss; ++i) {
-    cp.Add({sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])});
-  }
-  w.stats.host_bytes = cp.bytes_moved();
-  cp.Run(backend);
-  // Publish what arrived (backend/copy_publish.h).
-  PublishArrived(
-      cp,
+}
+
+// Publishes the home moves of one rank whose outcome arrived(i) gives, by PublishArrived's
+// rules (backend/copy_publish.h): an arrived copy frees the host slot, an arrived swap sends
+// the victim to the wanted entry's host slot, a failed copy's free target goes back to the
+// pool, a failed swap changes nothing. Move i < home_free is a copy, the rest are swaps.
+template <class Arrived>
+std::size_t PublishHome(TpGroupShard& sh, RankWork& w, std::uint32_t p, Arrived&& arrived) {
+  return PublishArrived(
+      w.home_missed.size(), arrived, [&](std::size_t i) { return i >= w.home_free; },
       [&](std::size_t i, bool swap) {
         const LogicalAddr wanted = w.home_missed[i];
         const SlotId dev = w.home_targets[i];
@@ -124,6 +127,24 @@ Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWo
         sh.device_owner[dev.value()] = wanted;
       },
       [&](std::size_t i) { ULA_CHECK(sh.device.Free(w.home_targets[i]).has_value()); });
+}
+
+// Home phase of one rank: host-resident entries of its own shard come onto device (copies
+// into free slots, swaps with victims) through CopyPublish (backend/copy_publish.h): each
+// batch waited on its own fence, only what arrived is published; returns kIo naming every
+// failed batch.
+Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
+  ClaimHome(sh, w);
+  const std::size_t n_miss = w.home_missed.size();
+  if (n_miss == 0) return Ok();
+  const std::uint32_t p = cfg.num_ranks;
+  CopyPublish cp(sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, w.home_free, n_miss - w.home_free);
+  for (std::size_t i = 0; i < n_miss; ++i) {
+    cp.Add({sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])});
+  }
+  w.stats.host_bytes = cp.bytes_moved();
+  cp.Run(backend);
+  PublishHome(sh, w, p, [&cp](std::size_t i) { return cp.arrived(i); });
   if (!cp.all_arrived()) {
     return std::unexpected(cp.Failure(fmt::format("rank {} group {}: home phase", w.rank.value(), group.value())));
   }
@@ -409,6 +430,7 @@ Status TpStepPlanner::Classify(GroupId group, std::span<const LogicalAddr> selec
 
 Status TpStepPlanner::Check(GroupId group, std::span<const LogicalAddr> selections,
                             std::span<const SelectionRun> runs) {
+  ULA_RETURN_IF_ERROR(RefuseIfPending());
   if (fabric_ != nullptr) {
     return MakeError(ErrorCode::kFailedPrecondition, "Check is for in-process ranks (with a fabric, Step agrees)");
   }
@@ -417,6 +439,7 @@ Status TpStepPlanner::Check(GroupId group, std::span<const LogicalAddr> selectio
 
 Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAddr> selections,
                                        std::span<const SelectionRun> runs, TpLayerSink* sink) {
+  ULA_RETURN_IF_ERROR(RefuseIfPending());
   if (sink != nullptr) {
     if (fabric_ != nullptr) {
       return MakeError(ErrorCode::kFailedPrecondition, "the layer pipeline (a TpLayerSink) is for in-process ranks");
@@ -462,7 +485,7 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
     // The layer pipeline: the refs are handed out before any copy is waited on, then each
     // layer's arrival on every hosted rank, in layer order, then everything is published.
     if (!at_home) ForEachRank(sc.work, options_.parallel_ranks, [&](RankWork& w) { remote.AssignAndSubmit(w); });
-    sink->Planned(Emit(group, selections, /*pending=*/!at_home));
+    sink->Planned(Emit(group, selections, /*pending=*/!at_home, /*home_pending=*/false));
     for (std::uint32_t l = 0; l < layers; ++l) {
       bool ok = true;
       for (RankWork& w : sc.work) {
@@ -488,12 +511,94 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   }
 
   // 3. Emit.
-  TpStepPlan plan = Emit(group, selections, /*pending=*/false);
+  TpStepPlan plan = Emit(group, selections, /*pending=*/false, /*home_pending=*/false);
   ULA_EXPENSIVE_CHECK(space_);
   return plan;
 }
 
-TpStepPlan TpStepPlanner::Emit(GroupId group, std::span<const LogicalAddr> selections, bool pending) const {
+Status TpStepPlanner::RefuseIfPending() const {
+  if (!scratch_->home_pending) return Ok();
+  return MakeError(ErrorCode::kFailedPrecondition,
+                   fmt::format("group {}: a plan is pending (PlanHome): CompleteHome it first",
+                               scratch_->pending_group.value()));
+}
+
+bool TpStepPlanner::has_pending() const { return scratch_->home_pending; }
+
+Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const LogicalAddr> selections,
+                                           std::span<const SelectionRun> runs, std::size_t max_moves) {
+  ULA_RETURN_IF_ERROR(RefuseIfPending());
+  if (space_.config().attention != TpAttention::kAtHome) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     "PlanHome is attention at home's engine path: with TpAttention::kLocalBuffer the remote "
+                     "phase reads the homes this phase settles, so use Step");
+  }
+  Scratch& sc = *scratch_;
+  Status local = Classify(group, selections, runs);
+  if (local) {
+    std::size_t moves = 0;
+    for (const RankWork& w : sc.work) moves += w.home_missed.size();
+    if (moves > max_moves) {
+      local = MakeError(ErrorCode::kResourceExhausted,
+                        fmt::format("group {}: the step needs {} descriptors ({} home misses on the hosted ranks) but "
+                                    "the descriptor array has {} rows", group.value(), moves, moves, max_moves));
+    }
+  }
+  if (!local && local.error().code() != ErrorCode::kResourceExhausted) return std::unexpected(local.error());
+  const bool all_ok = fabric_ ? fabric_->AllTrue(local.has_value()) : local.has_value();
+  if (!local) return std::unexpected(local.error());
+  if (!all_ok) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("group {}: another rank refused the step (its misses do not fit)", group.value()));
+  }
+  TpAddressSpace::State& st = *space_.state_;
+  const std::uint32_t entry_bytes = space_.config().entry_bytes;
+  for (RankWork& w : sc.work) {
+    ClaimHome(st.at(w.rank, group), w);
+    w.stats.host_bytes = (w.home_free + 2 * (w.home_missed.size() - w.home_free)) * std::uint64_t{entry_bytes};
+  }
+  sc.home_pending = true;
+  sc.pending_group = group;
+  return Emit(group, selections, /*pending=*/false, /*home_pending=*/true);
+}
+
+std::vector<TpStepPlanner::HomeMove> TpStepPlanner::pending_home_moves(std::size_t h) const {
+  const Scratch& sc = *scratch_;
+  ULA_CHECK(sc.home_pending && h < sc.work.size());
+  const RankWork& w = sc.work[h];
+  const TpGroupShard& sh = space_.state_->at(w.rank, sc.pending_group);
+  const std::uint32_t p = space_.config().num_ranks;
+  std::vector<HomeMove> moves(w.home_missed.size());
+  for (std::size_t i = 0; i < moves.size(); ++i) {
+    const Location loc = sh.home[w.home_missed[i].value() / p];
+    moves[i] = HomeMove{w.home_missed[i], loc.slot(), w.home_targets[i], i >= w.home_free,
+                        sh.host.offset(loc.slot()), sh.device.offset(w.home_targets[i])};
+  }
+  return moves;
+}
+
+std::vector<std::size_t> TpStepPlanner::CompleteHome(const std::function<bool(std::size_t, std::size_t)>& arrived) {
+  Scratch& sc = *scratch_;
+  ULA_CHECK(sc.home_pending);
+  TpAddressSpace::State& st = *space_.state_;
+  const std::uint32_t p = space_.config().num_ranks;
+  std::vector<std::size_t> published(sc.work.size());
+  for (std::size_t h = 0; h < sc.work.size(); ++h) {
+    RankWork& w = sc.work[h];
+    TpGroupShard& sh = st.at(w.rank, sc.pending_group);
+    for (std::size_t i = 0; i < w.home_missed.size(); ++i) {
+      // Complete aborts (as the DP engine path's) when an entry of the plan was freed since.
+      ULA_CHECK(sh.home[w.home_missed[i].value() / p].tier() == Tier::kHost);
+    }
+    published[h] = PublishHome(sh, w, p, [&](std::size_t i) { return arrived(h, i); });
+  }
+  sc.home_pending = false;
+  ULA_EXPENSIVE_CHECK(space_);
+  return published;
+}
+
+TpStepPlan TpStepPlanner::Emit(GroupId group, std::span<const LogicalAddr> selections, bool pending,
+                               bool home_pending) const {
   const TpAddressSpace::State& st = *space_.state_;
   const std::uint32_t p = space_.config().num_ranks;
   const bool at_home = space_.config().attention == TpAttention::kAtHome;
@@ -510,12 +615,17 @@ TpStepPlan TpStepPlanner::Emit(GroupId group, std::span<const LogicalAddr> selec
     if (pending) {
       for (std::size_t i = 0; i < w.buffer_targets.size(); ++i) targets[w.remote_missed[i].value()] = w.buffer_targets[i];
     }
+    if (home_pending) {
+      for (std::size_t i = 0; i < w.home_targets.size(); ++i) targets[w.home_missed[i].value()] = w.home_targets[i];
+    }
     auto& refs = plan.refs[h];
     refs.resize(selections.size());
     for (std::size_t j = 0; j < selections.size(); ++j) {
       const LogicalAddr a = selections[j];
       if (a.value() % p == w.rank.value()) {
-        refs[j] = TpReadRef{TpReadRef::Source::kShard, sh.home[a.value() / p].slot(), w.rank};
+        const auto t = home_pending ? targets.find(a.value()) : targets.end();
+        refs[j] = TpReadRef{TpReadRef::Source::kShard, t != targets.end() ? t->second : sh.home[a.value() / p].slot(),
+                            w.rank};
       } else if (at_home) {
         refs[j] = TpReadRef{TpReadRef::Source::kElsewhere, SlotId::Invalid(), w.rank};
       } else if (auto t = targets.find(a.value()); t != targets.end()) {

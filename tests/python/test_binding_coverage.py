@@ -74,6 +74,10 @@ ALIASES = {
 EXCLUDED = {
     ("AddressSpace", "SetMoveExecutor"): "a C++ callback run inside Allocate; from Python, register_engine_memory installs the executor over the engine's memory",
     ("AddressSpaceConfig", "bytes_per_address"): "metadata accounting of the benches (ula bench metadata)",
+    ("TpStepPlanner", "PlanHome"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
+    ("TpStepPlanner", "has_pending"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
+    ("TpStepPlanner", "pending_home_moves"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
+    ("TpStepPlanner", "CompleteHome"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
     ("FaultPlan", "Validate"): "the FaultPlan constructor validates",
     ("FaultPlan", "at_submit"): "a FaultPlan constructor argument, not read back",
     ("FaultPlan", "at_wait"): "a FaultPlan constructor argument, not read back",

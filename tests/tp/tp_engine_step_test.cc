@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "backend/fault_backend.h"
 #include "test_seed.h"
 #include "tp/tp_fixture.h"
 #include "ula/partial_attention.h"
@@ -261,6 +263,198 @@ TEST(TpEngineStep, RefusalsChangeNothing) {
       EXPECT_EQ(indices[rank * 8 + j] >= 0, home) << "rank " << rank << " selection " << j;
     }
   }
+}
+
+// The engine path of attention at home (tp_engine_step.h, Plan / Complete): the engine runs
+// the descriptors (here ExecuteOnShards, over the space's own backend) and completes them.
+// Without faults it is Step, step for step: the same indices, stats and digest as a twin
+// driven by Step, under memory pressure (swaps). With injected faults (a fault-injecting
+// backend under ExecuteOnShards: statuses are what really happened), a failed descriptor
+// publishes nothing and loses nothing: every entry still reads its bytes, every invariant
+// holds, and every index of a published selection reads its entry.
+std::vector<std::int32_t> SelectFew(std::mt19937_64& rng, const std::vector<std::vector<LogicalAddr>>& addrs,
+                                    const StepShape& shape) {
+  std::vector<std::int32_t> sel(shape.size(), kPadIndex);
+  for (std::uint32_t b = 0; b < shape.batch; ++b) {
+    std::vector<LogicalAddr> pool = addrs[b];
+    std::shuffle(pool.begin(), pool.end(), rng);
+    for (std::uint32_t j = 0; j + 1 < shape.top_k; ++j) {  // the last one padding
+      sel[std::size_t{b} * shape.top_k + j] = static_cast<std::int32_t>(pool[j].value());
+    }
+  }
+  return sel;
+}
+
+TEST(TpEngineStep, PlanAndCompleteAreStepAndFailuresLoseNothing) {
+  ULA_TEST_SEEDED(seed, 20261202);
+  for (bool faults : {false, true}) {
+    std::mt19937_64 rng(seed + faults);
+    TpConfig c = testing::SmallTpConfig(/*ranks=*/2, /*device=*/16, /*host=*/96, /*buffer=*/0, /*groups=*/2,
+                                        kShape.entry_bytes());
+    c.attention = TpAttention::kAtHome;
+    auto inner_a = MakeCpuBackend();
+    auto fb = MakeFaultInjectingBackend(*inner_a, FaultPlan{.seed = seed, .fail_fraction = faults ? 0.25 : 0.0,
+                                                            .partial = true})
+                  .value();
+    auto space = TpAddressSpace::Create(c, *fb).value();
+    Twin twin = MakeTwin(TpAttention::kAtHome);
+    twin.space = TpAddressSpace::Create(c, *twin.backend).value();
+    // A spare request takes device slots first; freed after the first step (before the policy
+    // evicts it, its entries being the coldest), its slots make the next misses copies into
+    // free slots (the rest are swaps with victims).
+    for (TpAddressSpace* s : {space.get(), twin.space.get()}) {
+      ASSERT_TRUE(s->AddRequest(RequestId(9)));
+      ASSERT_TRUE(s->Allocate(RequestId(9), 16));
+    }
+    const auto addrs = Fill(*space, 3, 40);
+    ASSERT_EQ(Fill(*twin.space, 3, 40), addrs);
+    // 15 selections a step: at most 15 of a rank's, within its 16 device slots.
+    auto engine = TpEngineStepPlanner::Create(*space, {3, 1, 6}).value();
+    auto stepper = TpEngineStepPlanner::Create(*twin.space, {3, 1, 6}).value();
+    const std::vector<RequestId> requests{RequestId(0), RequestId(1), RequestId(2)};
+    const StepShape shape{3, 1, 6};
+    std::vector<CopyDescriptor> descriptors(engine->max_descriptors());
+    std::uint64_t swaps = 0, copies = 0, failed = 0, published = 0;
+    for (int step = 0; step < 40; ++step) {
+      const GroupId group(static_cast<std::uint16_t>(step % 2));
+      if (step == 1) {
+        ASSERT_TRUE(space->Free(RequestId(9)));
+        ASSERT_TRUE(twin.space->Free(RequestId(9)));
+      }
+      const auto sel = SelectFew(rng, addrs, shape);
+      std::vector<std::int32_t> indices(2 * shape.size(), 777);
+      auto planned = engine->Plan(group, shape, requests, sel, indices, descriptors);
+      ASSERT_TRUE(planned) << planned.error().message();
+      ASSERT_TRUE(engine->has_pending());
+      std::vector<std::uint8_t> status(planned->num_descriptors, 9);
+      const std::span<const CopyDescriptor> run(descriptors.data(), planned->num_descriptors);
+      for (const CopyDescriptor& d : run) {
+        EXPECT_EQ(d.src_rank, d.dst_rank);
+        EXPECT_EQ(d.group, group.value());
+        EXPECT_EQ(d.bytes, kShape.entry_bytes());
+        swaps += d.op == static_cast<std::uint8_t>(CopyOp::kSwap);
+        copies += d.op == static_cast<std::uint8_t>(CopyOp::kCopy);
+      }
+      engine->ExecuteOnShards(run, status);
+      auto report = engine->Complete(planned->fence, status);
+      ASSERT_TRUE(report) << report.error().message();
+      EXPECT_FALSE(engine->has_pending());
+      EXPECT_EQ(report->published + report->failed, planned->num_descriptors);
+      EXPECT_EQ(report->failed, static_cast<std::uint32_t>(std::count_if(status.begin(), status.end(),
+                                                                          [](std::uint8_t x) { return x != 0; })));
+      failed += report->failed;
+      published += report->published;
+      ASSERT_TRUE(space->CheckInvariants()) << space->CheckInvariants().error().message();
+      // Nothing lost: every entry reads its bytes, wherever it is.
+      for (const auto& request : addrs) {
+        for (LogicalAddr a : request) {
+          std::vector<std::byte> got(kShape.entry_bytes());
+          ASSERT_TRUE(space->Read(a, group, got));
+          ASSERT_EQ(got, EntryOf(a, group.value())) << "address " << a.value() << " step " << step;
+        }
+      }
+      // The failed descriptors' entries are not published: their selections' indices may name
+      // slots that are not theirs, so only the published ones are read here.
+      std::vector<std::uint32_t> failed_addrs;
+      for (std::size_t i = 0; i < status.size(); ++i) {
+        if (status[i] != 0) failed_addrs.push_back(run[i].addr);
+      }
+      for (std::size_t rank = 0; rank < 2; ++rank) {
+        for (std::size_t j = 0; j < shape.size(); ++j) {
+          const std::int32_t index = indices[rank * shape.size() + j];
+          if (index < 0) continue;
+          const auto addr = static_cast<std::uint32_t>(sel[j]);
+          if (std::find(failed_addrs.begin(), failed_addrs.end(), addr) != failed_addrs.end()) continue;
+          const std::byte* bytes = space->RefData(Rank(static_cast<std::uint16_t>(rank)), group,
+                                                  TpReadRef{TpReadRef::Source::kShard,
+                                                            SlotId(static_cast<std::uint32_t>(index)),
+                                                            Rank(static_cast<std::uint16_t>(rank))});
+          ASSERT_NE(bytes, nullptr);
+          ASSERT_EQ(std::memcmp(bytes, EntryOf(LogicalAddr(addr), group.value()).data(), kShape.entry_bytes()), 0)
+              << "rank " << rank << " selection " << j << " step " << step;
+        }
+      }
+      if (!faults) {  // Step on the twin: the same indices, stats and state
+        std::vector<std::int32_t> want(2 * shape.size(), 777);
+        auto stats = stepper->Step(group, shape, requests, sel, want);
+        ASSERT_TRUE(stats) << stats.error().message();
+        EXPECT_EQ(indices, want) << "step " << step;
+        EXPECT_EQ(planned->stats, *stats) << "step " << step;
+        EXPECT_EQ(space->DebugDigest(), twin.space->DebugDigest()) << "step " << step;
+        twin.space->AdvanceRound();
+      }
+      space->AdvanceRound();
+    }
+    std::printf("faults=%d: %llu descriptors published, %llu failed, %llu copies, %llu swaps\n", faults ? 1 : 0,
+                static_cast<unsigned long long>(published), static_cast<unsigned long long>(failed),
+                static_cast<unsigned long long>(copies), static_cast<unsigned long long>(swaps));
+    EXPECT_GT(swaps, 20u) << "the run was under memory pressure";
+    EXPECT_GT(copies, 4u) << "the freed request's slots took copies";
+    EXPECT_GT(published, 40u);
+    if (faults) {
+      EXPECT_GT(failed, 5u);
+    } else {
+      EXPECT_EQ(failed, 0u);
+    }
+  }
+}
+
+TEST(TpEngineStep, PlanRefusalsChangeNothing) {
+  Twin t = MakeTwin(TpAttention::kAtHome);
+  const auto addrs = Fill(*t.space, 2, 60);
+  auto engine = TpEngineStepPlanner::Create(*t.space, {2, 1, 4}).value();
+  const std::vector<RequestId> requests{RequestId(0), RequestId(1)};
+  const StepShape shape{2, 1, 4};
+  auto a = [&](int r, int i) { return static_cast<std::int32_t>(addrs[r][i].value()); };
+  // 60 entries per rank and group over 40 device slots: the last allocated are on host.
+  std::vector<std::int32_t> sel{a(0, 0), a(0, 1), a(0, 2), a(0, 3), a(1, 56), a(1, 57), a(1, 58), a(1, 59)};
+  std::vector<std::int32_t> indices(16, 777);
+  std::vector<CopyDescriptor> descriptors(engine->max_descriptors());
+  const auto before = t.space->DebugDigest();
+  // Too few descriptor rows: kResourceExhausted, naming the count, nothing changed.
+  auto few = engine->Plan(GroupId(0), shape, requests, sel, indices, std::span<CopyDescriptor>(descriptors).first(0));
+  ASSERT_FALSE(few);
+  EXPECT_EQ(few.error().code(), ErrorCode::kResourceExhausted) << few.error().message();
+  EXPECT_NE(few.error().message().find("descriptors"), std::string::npos);
+  EXPECT_EQ(t.space->DebugDigest(), before);
+  EXPECT_EQ(indices, std::vector<std::int32_t>(16, 777));
+  EXPECT_FALSE(engine->has_pending());
+  auto planned = engine->Plan(GroupId(0), shape, requests, sel, indices, descriptors);
+  ASSERT_TRUE(planned) << planned.error().message();
+  ASSERT_GT(planned->num_descriptors, 0u);
+  const auto pending = t.space->DebugDigest();
+  // While pending: a second Plan and a Step are refused; a wrong fence or status size too.
+  std::vector<std::int32_t> other(16, 777);
+  auto again = engine->Plan(GroupId(1), shape, requests, sel, other, descriptors);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code(), ErrorCode::kFailedPrecondition);
+  auto step = engine->Step(GroupId(1), shape, requests, sel, other);
+  ASSERT_FALSE(step);
+  EXPECT_EQ(step.error().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(other, std::vector<std::int32_t>(16, 777));
+  std::vector<std::uint8_t> status(planned->num_descriptors, 0);
+  auto wrong_fence = engine->Complete(planned->fence + 1, status);
+  ASSERT_FALSE(wrong_fence);
+  EXPECT_EQ(wrong_fence.error().code(), ErrorCode::kNotFound);
+  auto wrong_size = engine->Complete(planned->fence, std::span<const std::uint8_t>(status).first(status.size() - 1));
+  ASSERT_FALSE(wrong_size);
+  EXPECT_EQ(wrong_size.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(t.space->DebugDigest(), pending);
+  EXPECT_TRUE(engine->has_pending());
+  engine->ExecuteOnShards(std::span<const CopyDescriptor>(descriptors.data(), planned->num_descriptors), status);
+  auto done = engine->Complete(planned->fence, status);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->published, planned->num_descriptors);
+  EXPECT_TRUE(t.space->CheckInvariants());
+  // The local buffer has no engine path.
+  Twin lb = MakeTwin(TpAttention::kLocalBuffer);
+  const auto lb_addrs = Fill(*lb.space, 2, 30);
+  auto lb_engine = TpEngineStepPlanner::Create(*lb.space, {2, 1, 4}).value();
+  std::vector<std::int32_t> lb_sel{static_cast<std::int32_t>(lb_addrs[0][0].value()), -1, -1, -1,
+                                   static_cast<std::int32_t>(lb_addrs[1][0].value()), -1, -1, -1};
+  auto refused = lb_engine->Plan(GroupId(0), shape, requests, lb_sel, indices, descriptors);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), ErrorCode::kFailedPrecondition);
 }
 
 // TP addresses in pages (tp_address_space.h "Pages"): 4 ranks, 64-token pages. Each
