@@ -58,6 +58,12 @@
 //                     shard pools (the library's backend, one batch per descriptor).
 //   Between Plan and Complete one plan is pending: Step and a second Plan are refused
 //   (kFailedPrecondition), and, as in DP, REQUIRES: no Allocate or Free on the space.
+//   New tokens: unlike DP's stable_new_entries (engine_step.h), a TP Allocate puts a token
+//   on its rank's host pool when that rank's device pool is full, and the same round's Plan
+//   moves it onto device if it is selected. So an engine on this path writes a new token's
+//   KV after the group's Complete, at the location the space then gives (or through
+//   TpAddressSpace::Write, as the library path does), never at a location looked up before
+//   Plan.
 //
 // Unlike the DP planner, a step allocates (TpStepPlanner's plan is a value of vectors).
 // Thread-safety: as TpStepPlanner (one thread drives a planner).
