@@ -28,13 +28,15 @@ test: test-release test-asan test-tsan
 test-release: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
-# AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite, in its own tree.
+# AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite, in its own tree (its `ula`
+# has no bench subcommands, ULA_CLI_BENCH; the verifiers run fewer ops there: BENCHMARKS.md).
 test-asan: deps
 	@cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DULA_SANITIZE=address,undefined -DULA_BUILD_BENCH=OFF >/dev/null
 	@cmake --build $(ASAN) -j $(JOBS)
 	ctest --test-dir $(ASAN) --output-on-failure -j $(JOBS)
 
-# ThreadSanitizer: the tests of threaded code (labelled `threaded`).
+# ThreadSanitizer: the tests of threaded code (labelled `threaded`), with libgomp's fork, join
+# and barriers annotated for TSan (tests/tsan_gomp_annotations.cc).
 test-tsan: deps
 	@cmake -S . -B $(TSAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DULA_SANITIZE=thread -DULA_BUILD_BENCH=OFF -DULA_BUILD_TOOLS=OFF >/dev/null
 	@cmake --build $(TSAN) -j $(JOBS)
