@@ -176,6 +176,9 @@ class TpStepPlanner {
   // home_pending: PlanHome's claimed home targets are not yet published; their refs name them.
   TpStepPlan Emit(GroupId group, std::span<const LogicalAddr> selections, bool pending, bool home_pending) const;
   Status RefuseIfPending() const;
+  // Classify's outcome on this rank, agreed with the others (collective with a fabric):
+  // kResourceExhausted here, kFailedPrecondition where another rank's misses do not fit.
+  Status Agree(GroupId group, Status local) const;
 
   struct Scratch;
   TpAddressSpace& space_;

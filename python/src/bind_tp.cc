@@ -20,6 +20,16 @@ struct TpSpace {
 };
 }  // namespace
 
+namespace {
+// indices of a TP engine step: [ranks, *selections.shape].
+void CheckRankIndices(const ula::TpEngineStepPlanner& p, const py::array& sel_a, const py::array& idx_a) {
+  bool same = idx_a.ndim() == sel_a.ndim() + 1 && idx_a.ndim() >= 1 &&
+              idx_a.shape(0) == static_cast<py::ssize_t>(p.ranks().size());
+  for (py::ssize_t d = 0; same && d < sel_a.ndim(); ++d) same = idx_a.shape(d + 1) == sel_a.shape(d);
+  if (!same) Throw(ula::ErrorCode::kInvalidArgument, "indices: must be [ranks, *selections.shape]");
+}
+}  // namespace
+
 void BindTp(py::module_& m) {
   py::class_<ula::TpConfig>(m, "TpConfig", "TP address space config (include/ula/tp_address_space.h).")
       .def(py::init([](std::uint32_t num_ranks, std::uint32_t num_groups, std::uint32_t entry_bytes,
@@ -249,10 +259,7 @@ buffer slot b. The library's backend moves the bytes.)doc")
             const py::array req_a = ToArray(requests, "requests");
             auto req = RequestsView(req_a, "requests");
             const ula::StepShape shape = ShapeOf(sel_a, req.size());
-            bool same = idx_a.ndim() == sel_a.ndim() + 1 && idx_a.ndim() >= 1 &&
-                        idx_a.shape(0) == static_cast<py::ssize_t>(p.ranks().size());
-            for (py::ssize_t d = 0; same && d < sel_a.ndim(); ++d) same = idx_a.shape(d + 1) == sel_a.shape(d);
-            if (!same) Throw(ula::ErrorCode::kInvalidArgument, "indices: must be [ranks, *selections.shape]");
+            CheckRankIndices(p, sel_a, idx_a);
             auto sel = View<const std::int32_t>(sel_a, "selections");
             auto idx = ViewOut<std::int32_t>(idx_a, "indices");
             std::vector<ula::TpRankStepStats> stats;
@@ -274,10 +281,7 @@ buffer slot b. The library's backend moves the bytes.)doc")
             const py::array req_a = ToArray(requests, "requests");
             auto req = RequestsView(req_a, "requests");
             const ula::StepShape shape = ShapeOf(sel_a, req.size());
-            bool same = idx_a.ndim() == sel_a.ndim() + 1 && idx_a.ndim() >= 1 &&
-                        idx_a.shape(0) == static_cast<py::ssize_t>(p.ranks().size());
-            for (py::ssize_t d = 0; same && d < sel_a.ndim(); ++d) same = idx_a.shape(d + 1) == sel_a.shape(d);
-            if (!same) Throw(ula::ErrorCode::kInvalidArgument, "indices: must be [ranks, *selections.shape]");
+            CheckRankIndices(p, sel_a, idx_a);
             auto sel = View<const std::int32_t>(sel_a, "selections");
             auto idx = ViewOut<std::int32_t>(idx_a, "indices");
             auto desc = ViewOut<ula::CopyDescriptor>(ToArray(descriptors, "descriptors"), "descriptors", 1);

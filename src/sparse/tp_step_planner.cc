@@ -457,13 +457,7 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   Scratch& sc = *scratch_;
   // 0. Validate, dedup, classify, check that the misses fit (nothing changes).
   Status local = Classify(group, selections, runs);
-  if (!local && local.error().code() != ErrorCode::kResourceExhausted) return std::unexpected(local.error());
-  const bool all_ok = fabric_ ? fabric_->AllTrue(local.has_value()) : local.has_value();
-  if (!local) return std::unexpected(local.error());
-  if (!all_ok) {
-    return MakeError(ErrorCode::kFailedPrecondition,
-                     fmt::format("group {}: another rank refused the step (its misses do not fit)", group.value()));
-  }
+  ULA_RETURN_IF_ERROR(Agree(group, std::move(local)));
 
   // 1. Home phase.
   ForEachRank(sc.work, options_.parallel_ranks,
@@ -516,6 +510,18 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   return plan;
 }
 
+Status TpStepPlanner::Agree(GroupId group, Status local) const {
+  // Any other refusal is the same on every rank (the directory is replicated): no collective.
+  if (!local && local.error().code() != ErrorCode::kResourceExhausted) return local;
+  const bool all_ok = fabric_ ? fabric_->AllTrue(local.has_value()) : local.has_value();
+  if (!local) return local;
+  if (!all_ok) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("group {}: another rank refused the step (its misses do not fit)", group.value()));
+  }
+  return Ok();
+}
+
 Status TpStepPlanner::RefuseIfPending() const {
   if (!scratch_->home_pending) return Ok();
   return MakeError(ErrorCode::kFailedPrecondition,
@@ -544,13 +550,7 @@ Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const Logica
                                     "the descriptor array has {} rows", group.value(), moves, moves, max_moves));
     }
   }
-  if (!local && local.error().code() != ErrorCode::kResourceExhausted) return std::unexpected(local.error());
-  const bool all_ok = fabric_ ? fabric_->AllTrue(local.has_value()) : local.has_value();
-  if (!local) return std::unexpected(local.error());
-  if (!all_ok) {
-    return MakeError(ErrorCode::kFailedPrecondition,
-                     fmt::format("group {}: another rank refused the step (its misses do not fit)", group.value()));
-  }
+  ULA_RETURN_IF_ERROR(Agree(group, std::move(local)));
   TpAddressSpace::State& st = *space_.state_;
   const std::uint32_t entry_bytes = space_.config().entry_bytes;
   for (RankWork& w : sc.work) {
