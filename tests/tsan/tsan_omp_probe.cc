@@ -5,8 +5,13 @@
 //     the fork, the barrier and the join are annotated.
 //   tsan_omp_probe race: both members write one plain int inside one region with no barrier.
 //     TSan must report it: the annotations order the fork and join, never the members.
+//     Member 1 writes only after member 0's write is done, told by a relaxed atomic flag:
+//     TSan gives a relaxed load no happens-before, so the race stays a race, and the two
+//     writes never land together. TSan's shadow check and store are not one atomic step, so
+//     two writes at the same instant can both pass unseen; CI once missed the race that way.
 #include <omp.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -32,12 +37,23 @@ int Join() {
 
 int Race() {
   int shared = 0;
+  std::atomic<int> first_written{0};
+  int team = 0;
 #pragma omp parallel num_threads(2)
   {
-    shared = omp_get_thread_num() + 1;  // both members, no ordering between them
+    const int t = omp_get_thread_num();
+    if (t == 0) team = omp_get_num_threads();
+    if (t == 0) {
+      shared = 1;
+      first_written.store(1, std::memory_order_relaxed);
+    } else if (t == 1) {
+      while (first_written.load(std::memory_order_relaxed) == 0) {
+      }
+      shared = 2;  // after member 0's write in time, unordered with it for TSan
+    }
   }
-  std::printf("raced: %d\n", shared);
-  return 0;
+  std::printf("team of %d raced: %d\n", team, shared);
+  return team == 2 ? 0 : 1;
 }
 
 }  // namespace
