@@ -52,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "ula/check.h"
 #include "ula/error.h"
 #include "ula/ids.h"
 #include "ula/residency_policy.h"
@@ -90,6 +91,7 @@ class HostShadows {
   // Host slot h now shadows the entry of device slot d: the newest shadow.
   // REQUIRES: enabled; neither d nor h has a shadow.
   void Add(SlotId d, SlotId h) {
+    ULA_CHECK(of_device_[d.value()] == kNone && device_of_[h.value()] == kNone);  // else the list cycles
     of_device_[d.value()] = h.value();
     device_of_[h.value()] = d.value();
     prev_[h.value()] = tail_;
@@ -123,10 +125,15 @@ class HostShadows {
     if (head_ == kNone) return SlotId::Invalid();
     return Take(SlotId(device_of_[head_]));
   }
-  // The shadows' host slots, oldest first (checks, digests, Disable).
+  // The shadows' host slots, oldest first (checks, digests, Disable). A list longer than
+  // count_ is a cycle (a slot added twice): a check failure, never an endless walk.
   template <class F>
   void ForEach(F&& f) const {
-    for (std::uint32_t h = head_; h != kNone; h = next_[h]) f(SlotId(device_of_[h]), SlotId(h));
+    std::uint32_t walked = 0;
+    for (std::uint32_t h = head_; h != kNone; h = next_[h]) {
+      ULA_CHECK(++walked <= count_);
+      f(SlotId(device_of_[h]), SlotId(h));
+    }
   }
 
   std::uint64_t MemoryBytes() const {
