@@ -114,6 +114,12 @@ struct TpConfig {
   // Tokens per page of logical addresses, in [1, 65536] ("Pages" above): 64, the block size
   // of FlashMLA's paged KV and of SGLang's and vLLM's sparse MLA pools; 1: no pages.
   std::uint32_t page_tokens = 64;
+  // A new token's write slot never goes stale (issue 27, item 1; Allocate below): new
+  // entries go to device, evicting entries this round has not used, and one that must go
+  // to host stays there for its round. TpEngineStepPlanner::Create turns it on. Off: new
+  // entries go to free device slots, then host, where the round's steps may move them (the
+  // library path, where Write goes to the current location).
+  bool stable_new_entries = false;
 
   // Names the first bad field.
   Status Validate() const;
@@ -168,9 +174,24 @@ class TpAddressSpace {
   // kAlreadyExists.
   Status AddRequest(RequestId request);
   // n_tokens new addresses in the request's pages, striped a mod P ("Pages" above; T = 1:
-  // round robin over the ranks with room); on its home rank each entry goes to device while
-  // it has free slots, otherwise to host. kNotFound, kResourceExhausted (a rank one of the
-  // tokens lands on is full, or the address space is exhausted; nothing allocated then).
+  // round robin over the ranks with room). On its home rank each entry goes to a free
+  // device slot, else to host. With stable_new_entries (config, or a TpEngineStepPlanner
+  // over the space) a new token's write slot never goes stale, as DP's Allocate
+  // (address_space.h): once the rank's device pool is full, an entry goes into the slot of
+  // a victim this round has not used (the shard policy's choice; the victims of one rank
+  // and group are moved device -> host in one batch, waited on, before any is published),
+  // and only when the device holds nothing but this round's entries does it go to host,
+  // pinned there for the round: a step of the round that must move it onto device is
+  // refused (kResourceExhausted, agreed by every rank as any misses-do-not-fit refusal;
+  // select it after AdvanceRound()). So the location Lookup gives right after Allocate is
+  // where the engine writes the token's KV and where the round's steps read it.
+  // A failed victim batch differs from DP on purpose: the victims stay on device (their
+  // bytes and homes unchanged) and that batch's tokens go to host, pinned, and Allocate
+  // succeeds. The directory is replicated and Allocate has no collective, so a mover fault
+  // on one process must not change what Allocate returns there; the pinned tokens surface
+  // at the round's step instead, whose refusal every rank agrees on (NumNewOnHost counts
+  // them). kNotFound, kResourceExhausted (a rank one of the tokens lands on is full, or the
+  // address space is exhausted; nothing allocated then).
   Result<std::vector<LogicalAddr>> Allocate(RequestId request, std::uint32_t n_tokens);
   // Frees every address of the request (home slots and hosted buffer copies). kNotFound
   // for an unknown request, including a second Free.
@@ -220,6 +241,10 @@ class TpAddressSpace {
   std::uint32_t NumUsed(Rank rank, GroupId group, Tier tier) const;
   std::uint32_t NumFree(Rank rank, GroupId group, Tier tier) const;
   std::uint32_t NumBuffered(Rank rank, GroupId group) const;
+  // New entries of this round pinned on a hosted rank's host pool (stable_new_entries:
+  // the device held only this round's entries, or a victim batch failed); 0 after
+  // AdvanceRound() and for a rank not hosted.
+  std::uint32_t NumNewOnHost(Rank rank, GroupId group) const;
   // Empty (home == nullptr) unless Hosts(rank) and group < num_groups.
   TpShardMemory ShardMemory(Rank rank, GroupId group) const;
   Status CheckInvariants() const;

@@ -58,12 +58,13 @@
 //                     shard pools (the library's backend, one batch per descriptor).
 //   Between Plan and Complete one plan is pending: Step and a second Plan are refused
 //   (kFailedPrecondition), and, as in DP, REQUIRES: no Allocate or Free on the space.
-//   New tokens: unlike DP's stable_new_entries (engine_step.h), a TP Allocate puts a token
-//   on its rank's host pool when that rank's device pool is full, and the same round's Plan
-//   moves it onto device if it is selected. So an engine on this path writes a new token's
-//   KV after the group's Complete, at the location the space then gives (or through
-//   TpAddressSpace::Write, as the library path does), never at a location looked up before
-//   Plan.
+//   New tokens: Create turns on the space's stable_new_entries (TpConfig; Allocate in
+//   tp_address_space.h), as EngineStepPlanner does in DP: a new token goes to its home
+//   rank's device, in a free slot or a victim's, and no step of its round moves it, so the
+//   engine writes its KV where Lookup said right after Allocate (tests/tp/
+//   tp_engine_loop_test.cc: the SGLang-style loop). One pinned on host (the device held only
+//   this round's entries, or its victims' move failed) makes a step of the round that
+//   selects it refuse (kResourceExhausted, on every rank).
 //
 // Unlike the DP planner, a step allocates (TpStepPlanner's plan is a value of vectors).
 // Thread-safety: as TpStepPlanner (one thread drives a planner).

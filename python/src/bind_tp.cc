@@ -30,6 +30,26 @@ void CheckRankIndices(const ula::TpEngineStepPlanner& p, const py::array& sel_a,
 }
 }  // namespace
 
+namespace {
+// A view of one hosted rank's shard pool (no copy; keeps the space alive).
+py::array_t<std::uint8_t> ShardPoolView(py::object self, std::uint16_t rank, std::uint16_t group, ula::Tier tier,
+                                        bool writable) {
+  TpSpace& s = self.cast<TpSpace&>();
+  const auto& c = s.space->config();
+  if (rank >= c.num_ranks || group >= c.num_groups) Throw(ula::ErrorCode::kOutOfRange, "rank or group out of range");
+  if (!s.space->Hosts(ula::Rank(rank))) Throw(ula::ErrorCode::kUnsupported, "the rank is not hosted here");
+  const ula::TpShardMemory mem = s.space->ShardMemory(ula::Rank(rank), ula::GroupId(group));
+  const bool device = tier == ula::Tier::kDevice;
+  std::byte* data = device ? mem.device.data : mem.host.data;
+  if (data == nullptr) Throw(ula::ErrorCode::kUnsupported, "the counting backend holds no bytes");
+  const std::uint32_t slots = device ? c.device_slots_per_group() : c.host_slots_per_group();
+  py::array_t<std::uint8_t> view({static_cast<py::ssize_t>(slots), static_cast<py::ssize_t>(c.entry_bytes)},
+                                 reinterpret_cast<const std::uint8_t*>(data), self);
+  if (!writable) py::detail::array_proxy(view.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return view;
+}
+}  // namespace
+
 void BindTp(py::module_& m) {
   py::class_<ula::TpConfig>(m, "TpConfig", "TP address space config (include/ula/tp_address_space.h).")
       .def(py::init([](std::uint32_t num_ranks, std::uint32_t num_groups, std::uint32_t entry_bytes,
@@ -59,6 +79,9 @@ void BindTp(py::module_& m) {
       .def_readwrite("host_bytes_per_rank", &ula::TpConfig::host_bytes_per_rank)
       .def_readwrite("buffer_bytes_per_rank", &ula::TpConfig::buffer_bytes_per_rank)
       .def_readwrite("page_tokens", &ula::TpConfig::page_tokens)
+      .def_readwrite("stable_new_entries", &ula::TpConfig::stable_new_entries,
+                     "New entries are placed on device and keep their slot for their round (a TpEngineStepPlanner "
+                     "turns it on: the engine writes KV where it looked it up).")
       .def_property(
           "policy", [](const ula::TpConfig& c) { return std::string(ula::PolicyKindName(c.policy)); },
           [](ula::TpConfig& c, const std::string& name) { c.policy = ParsePolicy(name); },
@@ -169,6 +192,10 @@ rank hosted in this process. Owns its backend ('cpu' or 'counting').)doc")
             return s.space->NumFree(ula::Rank(rank), ula::GroupId(group), ParseTier(tier));
           },
           py::arg("rank"), py::arg("group"), py::arg("tier"), "Free slots of a hosted rank's shard pool.")
+      .def("num_new_on_host", [](TpSpace& s, std::uint16_t rank, std::uint16_t group) {
+             return s.space->NumNewOnHost(ula::Rank(rank), ula::GroupId(group));
+           }, py::arg("rank"), py::arg("group"),
+           "New entries of this round pinned on the rank's host pool (stable_new_entries).")
       .def("num_buffered", [](TpSpace& s, std::uint16_t rank, std::uint16_t group) {
              return s.space->NumBuffered(ula::Rank(rank), ula::GroupId(group));
            }, py::arg("rank"), py::arg("group"), "Entries in a rank's local buffer.")
@@ -202,21 +229,22 @@ rank hosted in this process. Owns its backend ('cpu' or 'counting').)doc")
            "A hash of the whole state of the hosted ranks: equal before and after a refused call (for tests).")
       .def(
           "shard_device_pool",
-          [](py::object self, std::uint16_t rank, std::uint16_t group) {
-            TpSpace& s = self.cast<TpSpace&>();
-            const auto& c = s.space->config();
-            if (rank >= c.num_ranks || group >= c.num_groups) Throw(ula::ErrorCode::kOutOfRange, "rank or group out of range");
-            const ula::TpShardMemory mem = s.space->ShardMemory(ula::Rank(rank), ula::GroupId(group));
-            if (mem.device.data == nullptr) Throw(ula::ErrorCode::kUnsupported, "the counting backend holds no bytes");
-            py::array_t<std::uint8_t> view({static_cast<py::ssize_t>(c.device_slots_per_group()),
-                                            static_cast<py::ssize_t>(c.entry_bytes)},
-                                           reinterpret_cast<const std::uint8_t*>(mem.device.data), self);
-            py::detail::array_proxy(view.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
-            return view;
+          [](py::object self, std::uint16_t rank, std::uint16_t group, bool writable) {
+            return ShardPoolView(self, rank, group, ula::Tier::kDevice, writable);
           },
-          py::arg("rank"), py::arg("group"),
-          "Read-only uint8 [device slots, entry_bytes] view of a rank's shard device pool (what at-home attention "
-          "reads through TpEngineStepPlanner's indices; no copy).")
+          py::arg("rank"), py::arg("group"), py::arg("writable") = false,
+          "uint8 [device slots, entry_bytes] view of a rank's shard device pool (what at-home attention reads "
+          "through TpEngineStepPlanner's indices; no copy). Read-only unless writable: the engine's KV write of a "
+          "new token at the slot lookup gave right after allocate (stable_new_entries); never write an entry "
+          "with more than one holder.")
+      .def(
+          "shard_host_pool",
+          [](py::object self, std::uint16_t rank, std::uint16_t group, bool writable) {
+            return ShardPoolView(self, rank, group, ula::Tier::kHost, writable);
+          },
+          py::arg("rank"), py::arg("group"), py::arg("writable") = false,
+          "uint8 [host slots, entry_bytes] view of a rank's shard host pool, as shard_device_pool (a new token "
+          "pinned on host is written there).")
       .def(
           "buffer_entry",
           [](TpSpace& s, std::uint16_t rank, std::uint16_t group, std::uint32_t slot, py::object out) {

@@ -134,9 +134,10 @@ Result<std::unique_ptr<TpAddressSpace>> TpAddressSpace::Create(const TpConfig& c
                                                       std::vector<LogicalAddr>(dev),
                                                       HomeTable(HomeEntries(config)),
                                                       std::move(*buffer), std::move(*buffer_policy),
-                                                      std::vector<LogicalAddr>(buf), {}});
+                                                      std::vector<LogicalAddr>(buf), {}, {}});
     }
   }
+  state->stable_new_entries = config.stable_new_entries;
   return std::unique_ptr<TpAddressSpace>(new TpAddressSpace(config, backend, std::move(hosted), std::move(state)));
 }
 
@@ -243,6 +244,66 @@ Result<std::vector<LogicalAddr>> TakeAddresses(TpAddressSpace::State& st, const 
   }
   return out;
 }
+
+// The shard's half of TpAddressSpace::Allocate: places the new entries `fresh` of one
+// hosted rank and group (their home table entries), by the rules in tp_address_space.h:
+// free device slots; with `stable`, then the slots of victims this round has not used,
+// moved device -> host in one batch and waited on before anything is published (a failed
+// batch publishes nothing: the victims stay, and those entries go to host); the rest to
+// host, pinned for the round with `stable`. Room on the shard was planned by TakeAddresses.
+void PlaceNewEntries(const TpConfig& c, Backend& backend, TpGroupShard& sh, Rank rank,
+                     std::span<const LogicalAddr> fresh, bool stable) {
+  const std::uint32_t p = c.num_ranks;
+  const std::size_t n = fresh.size();
+  const std::size_t into_free = std::min<std::size_t>(n, sh.device.num_free());
+  const std::size_t want = stable ? std::min<std::size_t>(n - into_free, sh.policy->NumEvictable()) : 0;
+  std::vector<SlotId> victims(want), victim_host(want);
+  ULA_CHECK(sh.policy->ClaimVictims(victims) == want);  // used in this round from here on
+  bool moved = true;
+  if (want > 0) {
+    CopyBatch batch{sh.device.arena().id, sh.host.arena().id, c.entry_bytes, /*swap=*/false, {}};
+    batch.moves.reserve(want);
+    for (std::size_t k = 0; k < want; ++k) {
+      auto host = sh.host.Allocate();
+      ULA_CHECK(host.has_value());  // victims + entries placed on host <= n - into_free <= host free
+      victim_host[k] = *host;
+      batch.moves.push_back({sh.device.offset(victims[k]), sh.host.offset(*host)});
+    }
+    auto fence = backend.Submit(std::move(batch));
+    moved = fence.has_value() && backend.Wait(*fence).has_value();
+    if (!moved) {
+      for (SlotId h : victim_host) ULA_CHECK(sh.host.Free(h).has_value());  // partly written, never published
+    }
+  }
+  const std::size_t into_victims = moved ? want : 0;
+  bool pinned = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    const LogicalAddr a = fresh[i];
+    Location loc;
+    if (i < into_free) {
+      const SlotId dev = *sh.device.Allocate();
+      sh.device_owner[dev.value()] = a;
+      sh.policy->Insert(dev);
+      loc = Location::Make(Tier::kDevice, rank, dev);
+    } else if (i < into_free + into_victims) {
+      const std::size_t k = i - into_free;
+      const SlotId dev = victims[k];  // its victim's bytes landed in victim_host[k]
+      sh.home[sh.device_owner[dev.value()].value() / p] = Location::Make(Tier::kHost, rank, victim_host[k]);
+      sh.device_owner[dev.value()] = a;
+      loc = Location::Make(Tier::kDevice, rank, dev);
+    } else {
+      auto host = sh.host.Allocate();
+      ULA_CHECK(host.has_value());  // room was planned by TakeAddresses
+      loc = Location::Make(Tier::kHost, rank, *host);
+      if (stable) {
+        sh.new_on_host.push_back(a);
+        pinned = true;
+      }
+    }
+    sh.home[a.value() / p] = loc;
+  }
+  if (pinned) std::sort(sh.new_on_host.begin(), sh.new_on_host.end());
+}
 }  // namespace
 
 Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
@@ -269,21 +330,17 @@ Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std
     st.owner[a.value()] = tag;
     st.refs[a.value()] = refs::kRequestRef;
     ++st.homed[r];
-    if (st.shards[r].empty()) continue;  // homed on a rank another process hosts
-    for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
-      TpGroupShard& sh = st.shards[r][g];
-      Location loc;
-      if (auto dev = sh.device.Allocate()) {
-        loc = Location::Make(Tier::kDevice, Rank(static_cast<std::uint16_t>(r)), *dev);
-        sh.device_owner[dev->value()] = a;
-        sh.policy->Insert(*dev);
-      } else {
-        auto host = sh.host.Allocate();
-        ULA_CHECK(host.has_value());  // room was planned above
-        loc = Location::Make(Tier::kHost, Rank(static_cast<std::uint16_t>(r)), *host);
-      }
-      sh.home[a.value() / p] = loc;
+  }
+  // The hosted shards (the directory above is every process's alike; what follows is each
+  // process's own ranks and never fails).
+  std::vector<LogicalAddr> fresh;
+  for (Rank r : hosted_) {
+    fresh.clear();
+    for (LogicalAddr a : out) {
+      if (a.value() % p == r.value()) fresh.push_back(a);
     }
+    if (fresh.empty()) continue;
+    for (TpGroupShard& sh : st.shards[r.value()]) PlaceNewEntries(config_, backend_, sh, r, fresh, st.stable_new_entries);
   }
   auto& addrs = it->second;
   addrs.insert(addrs.end(), out.begin(), out.end());
@@ -301,6 +358,7 @@ void TpAddressSpace::FreeAddress(LogicalAddr a) {
   }
   if (!st.shards[r].empty()) {
     for (TpGroupShard& sh : st.shards[r]) {
+      if (sh.IsNewOnHost(a)) sh.new_on_host.erase(std::lower_bound(sh.new_on_host.begin(), sh.new_on_host.end(), a));
       Location& loc = sh.home[a.value() / p];
       if (loc.tier() == Tier::kDevice) {
         sh.policy->Remove(loc.slot());
@@ -541,6 +599,7 @@ void TpAddressSpace::AdvanceRound() {
     for (TpGroupShard& sh : state_->shards[r.value()]) {
       sh.policy->AdvanceRound();
       sh.buffer_policy->AdvanceRound();
+      sh.new_on_host.clear();
     }
   }
   ULA_EXPENSIVE_CHECK(*this);
@@ -565,6 +624,11 @@ std::uint32_t TpAddressSpace::NumFree(Rank rank, GroupId group, Tier tier) const
 std::uint32_t TpAddressSpace::NumBuffered(Rank rank, GroupId group) const {
   if (!Hosts(rank) || group.value() >= config_.num_groups) return 0;
   return state_->at(rank, group).buffer.num_used();
+}
+
+std::uint32_t TpAddressSpace::NumNewOnHost(Rank rank, GroupId group) const {
+  if (!Hosts(rank) || group.value() >= config_.num_groups) return 0;
+  return static_cast<std::uint32_t>(state_->at(rank, group).new_on_host.size());
 }
 
 TpShardMemory TpAddressSpace::ShardMemory(Rank rank, GroupId group) const {
@@ -705,6 +769,17 @@ Status TpAddressSpace::CheckInvariants() const {
           ++n_host;
         }
       }
+      // Pinned new entries (stable_new_entries): live, homed here, on host, each once.
+      if (!std::is_sorted(sh.new_on_host.begin(), sh.new_on_host.end()) ||
+          std::adjacent_find(sh.new_on_host.begin(), sh.new_on_host.end()) != sh.new_on_host.end()) {
+        return fail(fmt::format("rank {} group {}: the pinned new entries are not sorted and distinct", r, g));
+      }
+      for (LogicalAddr a : sh.new_on_host) {
+        if (!st.IsLive(a) || a.value() % p != r || sh.home[a.value() / p].tier() != Tier::kHost) {
+          return fail(fmt::format("rank {} group {}: pinned new entry {} is not a live entry of this rank on host", r,
+                                  g, a.value()));
+        }
+      }
       if (n_dev != sh.device.num_used() || n_host != sh.host.num_used()) {
         return fail(fmt::format("rank {} group {}: pools hold {}/{} but homes locate {}/{}", r, g, sh.device.num_used(),
                                 sh.host.num_used(), n_dev, n_host));
@@ -791,6 +866,8 @@ std::uint64_t TpAddressSpace::DebugDigest() const {
       std::uint64_t buffered = 0;
       for (const auto& [a, s] : sh.buffered) buffered += StateDigest::Mix(a, s.value());
       d.Add(buffered);
+      d.Add(sh.new_on_host.size());
+      for (LogicalAddr a : sh.new_on_host) d.Add(a.value());
     }
   }
   return d.value();

@@ -20,6 +20,7 @@ Result<std::unique_ptr<TpEngineStepPlanner>> TpEngineStepPlanner::Create(TpAddre
 TpEngineStepPlanner::TpEngineStepPlanner(TpAddressSpace& space, const EngineStepConfig& config, TpFabric* fabric,
                                          TpPlannerOptions options)
     : space_(space), config_(config), planner_(space, fabric, options) {
+  space_.state_->stable_new_entries = true;  // an engine writes a new token's KV where it looked it up
   const std::size_t most = std::size_t{config.max_batch} * config.max_q_len * config.max_top_k;
   compact_.reserve(most);
   where_.reserve(most);

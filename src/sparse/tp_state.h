@@ -4,6 +4,7 @@
 // different threads.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <deque>
 #include <memory>
@@ -51,6 +52,14 @@ struct TpGroupShard {
   std::unique_ptr<ResidencyPolicy> buffer_policy;
   std::vector<LogicalAddr> buffer_owner;         // [buffer capacity]
   std::unordered_map<std::uint32_t, SlotId> buffered;  // address -> buffer slot
+  // Sorted: the new entries this round's Allocate pinned on host (stable_new_entries; the
+  // engine writes their KV at that host slot, so no step of the round moves them). Cleared
+  // by AdvanceRound; empty almost always.
+  std::vector<LogicalAddr> new_on_host;
+
+  bool IsNewOnHost(LogicalAddr a) const {
+    return !new_on_host.empty() && std::binary_search(new_on_host.begin(), new_on_host.end(), a);
+  }
 
   // Drops the buffer copy of `a` if there is one.
   void DropCopy(LogicalAddr a) {
@@ -93,6 +102,7 @@ struct TpAddressSpace::State {
   std::uint32_t cursor = 0;                         // page_tokens == 1: next rank to receive a token
   std::uint64_t num_live = 0;
   std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
+  bool stable_new_entries = false;  // config.stable_new_entries, or a TpEngineStepPlanner was created
 
   // Hosted ranks: shards[r] empty for a rank not hosted here.
   std::vector<std::vector<TpGroupShard>> shards;  // [P][groups]

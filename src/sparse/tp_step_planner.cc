@@ -362,6 +362,19 @@ Status ClassifyRank(RankWork& w, const TpGroupShard& sh, std::span<const Logical
   }
   w.stats.home_hits = w.home_hit_slots.size();
   w.stats.buffer_hits = w.buffer_hit_slots.size();
+  // A new entry pinned on host (TpConfig::stable_new_entries) is written at that host slot:
+  // no step of its round moves it (issue 27, item 1).
+  if (!sh.new_on_host.empty()) {
+    for (LogicalAddr a : w.home_missed) {
+      if (sh.IsNewOnHost(a)) {
+        return MakeError(ErrorCode::kResourceExhausted,
+                         fmt::format("rank {} group {}: address {} was placed on host by this round's Allocate (the "
+                                     "device held only this round's entries, or its victims' move failed): its KV "
+                                     "is written at that host slot, so this round cannot move it; select it after "
+                                     "AdvanceRound()", w.rank.value(), group.value(), a.value()));
+      }
+    }
+  }
   auto room = [](const SlotPool& pool, const ResidencyPolicy& policy, const std::vector<SlotId>& hits) {
     std::uint64_t newly_used = 0;
     for (SlotId s : hits) newly_used += !policy.UsedInCurrentRound(s);

@@ -106,7 +106,7 @@ EXCLUDED = {
     ("AddressSpace", "backend"): "the space owns its backend (the constructor's backend and faults arguments); holds_bytes, fault_stats and transfer_bytes read it",
     ("AddressSpaceConfig", "policy_options"): "the residency policies' tuning knobs (residency_policy.h PolicyOptions) are bench settings; Python spaces keep their defaults",
     ("TpAddressSpace", "RefData"): "a raw pointer; shard_device_pool(rank, group) and buffer_entry(rank, group, slot) read the same bytes",
-    ("TpAddressSpace", "ShardMemory"): "raw memory for a fabric's one-sided reads (MPI windows); shard_device_pool views its device pool",
+    ("TpAddressSpace", "ShardMemory"): "raw memory for a fabric's one-sided reads (MPI windows); shard_device_pool and shard_host_pool view its pools",
     ("TpAddressSpace", "backend"): "the space owns its backend (the constructor's backend and faults arguments)",
     ("TpConfig", "policy_options"): "the residency policies' tuning knobs (residency_policy.h PolicyOptions) are bench settings; Python spaces keep their defaults",
 }

@@ -577,3 +577,46 @@ def test_indexer_score_select_union_and_config_members():
         planner.set_options(threads=0)
     assert planner.options["threads"] == 2
     assert ulacache.FaultPlan(delay_us=5).delay == 5
+
+
+def test_tp_new_tokens_keep_their_looked_up_slot_and_the_engine_writes_there():
+    """Issue 27 item 1 in TP: a TpEngineStepPlanner turns on stable_new_entries, so a new
+    token lands on its home rank's device (a victim moved to host) and the engine writes its
+    KV through a writable shard view at the slot lookup gave; a token pinned on host (the
+    device held only this round's entries) is counted and a step that selects it is refused."""
+    cfg = ulacache.TpConfig(num_ranks=2, num_groups=1, entry_bytes=ENTRY, attention="at_home",
+                            device_bytes_per_rank=4 * ENTRY, host_bytes_per_rank=32 * ENTRY)
+    assert not cfg.stable_new_entries
+    space = ulacache.TpAddressSpace(cfg)
+    engine = ulacache.TpEngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
+    space.add_request(1)
+    old = space.allocate(1, 12)  # 6 per rank: 4 on device, 2 pinned on host
+    assert [space.num_new_on_host(r, 0) for r in range(2)] == [2, 2]
+    with pytest.raises(ValueError):
+        space.shard_device_pool(0, 0)[0, 0] = 1  # read-only unless asked
+    views = {"device": [space.shard_device_pool(r, 0, writable=True) for r in range(2)],
+             "host": [space.shard_host_pool(r, 0, writable=True) for r in range(2)]}
+    for a in old:
+        tier, rank, slot = space.lookup(int(a), 0)
+        views[tier][rank][slot] = pattern(int(a), 0)
+    pinned = next(int(a) for a in old if space.lookup(int(a), 0)[0] == "host")
+    sel = np.array([[pinned, -1, -1, -1]], np.int32)
+    idx = np.full((2, 1, 4), 9, np.int32)
+    digest = space.debug_digest()
+    with pytest.raises(ulacache.ResourceExhaustedError, match="placed on host by this round's Allocate"):
+        engine.step(0, sel, idx, np.array([1], np.int64))
+    assert space.debug_digest() == digest and (idx == 9).all()
+    space.advance_round()
+    assert space.num_new_on_host(0, 0) == 0
+    fresh = int(space.allocate(1, 1)[0])  # the device is full: a victim moves to host
+    tier, rank, slot = space.lookup(fresh, 0)
+    assert tier == "device"
+    views["device"][rank][slot] = pattern(fresh, 0)  # the engine's KV write, at the looked-up slot
+    sel = np.array([[fresh, pinned, -1, -1]], np.int32)
+    engine.step(0, sel, idx, np.array([1], np.int64))
+    assert space.lookup(fresh, 0) == (tier, rank, slot)
+    out = np.empty(ENTRY, np.uint8)
+    for a in list(old) + [fresh]:
+        space.read(int(a), 0, out)
+        assert (out == pattern(int(a), 0)).all(), a
+    space.check_invariants()
