@@ -489,7 +489,7 @@ class TpStore(UlaStore):
                 k = int((positions[r] >= 0).sum())
                 sel[r, :k] = np.asarray(self.addrs[rid], np.int64)[positions[r, :k]]
         self.requests[:] = [max(rid, 0) for rid in rids]
-        fence, n, stats = self.planner.plan(g, sel, self.indices, self.desc, self.requests)
+        fence, n, stats, _ = self.planner.plan(g, sel, self.indices, self.desc, self.requests)
         self.planner.execute_on_shards(self.desc[:n], self.status[:n])
         published, failed = self.planner.complete(fence, self.status[:n])
         assert failed == 0 and published == n

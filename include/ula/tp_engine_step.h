@@ -38,24 +38,35 @@
 // Two ways to execute a step, as the DP planner (engine_step.h):
 //   Step()            the library's backend (and fabric) move the bytes, wait, publish,
 //                     write the indices.
-//   Plan()/Complete() attention at home only: the engine runs the descriptors on its own
-//                     streams, then calls Complete(fence, status per descriptor); only then
-//                     are the new locations published. Plan writes the indices as they will
-//                     read once published, and, into one descriptor array, every hosted
-//                     rank's home moves: rank after rank (ranks() order), each rank's copies
-//                     first, then its swaps; src_rank == dst_rank names the rank. A TP
-//                     descriptor moves one whole group entry (num_layers 1, bytes =
-//                     entry_bytes; offsets slot * entry_bytes in the rank's shard pools,
-//                     whose entries hold the group's layers side by side) from the shard's
-//                     host pool to its device pool: kCopy into a free slot, kSwap with the
-//                     victim, which goes to the wanted entry's host slot. Status 0 publishes
-//                     a descriptor; any other publishes nothing for it: a copy's free
-//                     target is freed again, a failed swap's victim keeps its bytes and
-//                     slot (a failed swap must leave both ranges as they were). With
-//                     TpAttention::kLocalBuffer, Plan is refused (kFailedPrecondition): its
-//                     remote phase reads the homes this phase settles, so use Step.
-//                     ExecuteOnShards is a CPU reference executor over the space's own
-//                     shard pools (the library's backend, one batch per descriptor).
+//   Plan()/Complete() the engine runs the descriptors on its own streams, then calls
+//                     Complete(fence, status per descriptor); only then are the new
+//                     locations published. Plan writes the indices as they will read once
+//                     published, and one descriptor array of two phases. A TP descriptor
+//                     moves one whole group entry (num_layers 1, bytes = entry_bytes, offset
+//                     = slot * entry_bytes; a TP pool's entry holds the group's layers side
+//                     by side).
+//                     Phase 1, descriptors [0, first_phase), kLocalBuffer only: every hosted
+//                     rank's remote fetches, rank after rank (ranks() order): kCopy from the
+//                     entry's home (src_rank, src_tier, src_slot: its shard pool, device or
+//                     host, where the entry is now) into the fetching rank's local buffer
+//                     (dst_rank, dst_tier kDevice, dst_slot in the index space above:
+//                     device_slots() + the buffer slot, dst_offset = dst_slot * entry_bytes
+//                     over the [shard device | local buffer] view).
+//                     Phase 2, the rest: every hosted rank's home moves, rank after rank,
+//                     each rank's copies first, then its swaps; src_rank == dst_rank: from
+//                     the shard's host pool to its device pool, kCopy into a free slot,
+//                     kSwap with the victim, which goes to the wanted entry's host slot.
+//                     Every phase-1 descriptor must have completed, on every rank, before
+//                     any phase-2 descriptor starts: a fetch reads a host slot that a swap
+//                     overwrites (one stream in array order, or a barrier between).
+//                     Status 0 publishes a descriptor; any other publishes nothing for it:
+//                     a copy's free target or a fetch's buffer slot is freed again, a
+//                     failed swap's victim keeps its bytes and slot (a failed swap must
+//                     leave both ranges as they were). With kLocalBuffer, Plan needs every
+//                     rank in this process (kFailedPrecondition with a fabric: a fetch names
+//                     its home's slot). ExecuteOnShards is a CPU reference executor over
+//                     the space's own pools (the library's backend, one batch per
+//                     descriptor, in array order).
 //   Between Plan and Complete one plan is pending: Step and a second Plan are refused
 //   (kFailedPrecondition), and, as in DP, REQUIRES: no Allocate or Free on the space.
 //   New tokens: Create turns on the space's stable_new_entries (TpConfig; Allocate in
@@ -85,6 +96,10 @@ namespace ula {
 struct TpPlannedStep {
   std::uint64_t fence = 0;            // pass to Complete
   std::uint32_t num_descriptors = 0;  // written to out_descriptors[0, n), all hosted ranks
+  // Descriptors [0, first_phase) are the remote fetches (TpAttention::kLocalBuffer; 0 at
+  // home): every one of them must have completed, on every rank, before any of
+  // [first_phase, n) starts.
+  std::uint32_t first_phase = 0;
   std::vector<TpRankStepStats> stats; // [hosted] as planned
 };
 
@@ -113,13 +128,14 @@ class TpEngineStepPlanner {
                                             std::span<const RequestId> requests,
                                             std::span<const std::int32_t> selections, std::span<std::int32_t> indices);
 
-  // The most descriptors one Plan writes (every hosted rank's device shard pool turned over).
+  // The most descriptors one Plan writes (every hosted rank's device shard pool and local
+  // buffer turned over).
   std::uint32_t max_descriptors() const;
-  // Engine path, part 1 (attention at home): claims device slots, writes the indices (valid
-  // once Complete publishes) and the descriptors. Errors as Step's refusals (nothing
-  // changes), plus kResourceExhausted when out_descriptors has fewer rows than the step's
-  // home misses (the message names how many it needed), and kFailedPrecondition with
-  // TpAttention::kLocalBuffer or while a plan is pending.
+  // Engine path, part 1: claims device and buffer slots, writes the indices (valid once
+  // Complete publishes) and the descriptors. Errors as Step's refusals (nothing changes),
+  // plus kResourceExhausted when out_descriptors has fewer rows than the step's home misses
+  // and remote fetches (the message names how many it needed), and kFailedPrecondition
+  // while a plan is pending or with kLocalBuffer and a fabric.
   Result<TpPlannedStep> Plan(GroupId group, const StepShape& shape, std::span<const RequestId> requests,
                              std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
                              std::span<CopyDescriptor> out_descriptors);
@@ -149,7 +165,8 @@ class TpEngineStepPlanner {
   std::vector<SelectionRun> runs_;
   std::uint64_t last_fence_ = 0;
   std::uint64_t pending_fence_ = 0;
-  std::vector<std::uint32_t> pending_counts_;  // [hosted] descriptors of the pending plan
+  std::vector<std::uint32_t> pending_counts_;  // [hosted] home moves of the pending plan
+  std::vector<std::uint32_t> pending_fetches_; // [hosted] remote fetches of the pending plan (local buffer)
 };
 
 }  // namespace ula

@@ -134,17 +134,23 @@ class TpStepPlanner {
   // caller can check every group first.
   Status Check(GroupId group, std::span<const LogicalAddr> selections, std::span<const SelectionRun> runs);
 
-  // The engine path of attention at home (TpEngineStepPlanner::Plan / Complete,
-  // tp_engine_step.h): Step's phase 0 and agreement, then each hosted rank's home phase up
-  // to its choice of device targets (hits touched; free slots first, then policy victims),
+  // The engine path (TpEngineStepPlanner::Plan / Complete, tp_engine_step.h): Step's
+  // phase 0 and agreement, then each hosted rank's home phase up to its choice of device
+  // targets (hits touched; free slots first, then policy victims) and, with
+  // TpAttention::kLocalBuffer, its remote phase up to its choice of buffer slots (hits
+  // touched; free slots first, then buffer victims, whose read-only copies are dropped),
   // with nothing moved and nothing published. The plan's refs name where each selection is
-  // read once CompleteHome has published it (a home miss: its target slot). Refusals as
-  // Step's, and kResourceExhausted when the hosted ranks' home misses exceed max_moves;
-  // kFailedPrecondition with TpAttention::kLocalBuffer (its remote phase reads the homes
-  // this phase settles: use Step) or while a plan is pending (Step and Check refuse then
-  // too). Refusals change nothing. Collective when a fabric is used (the agreement).
-  // REQUIRES: no Allocate, Free or other planner's step on the space before CompleteHome
-  // (CompleteHome aborts via ULA_CHECK when an entry of the plan was freed).
+  // read once CompleteHome has published it (a home miss: its device target; a remote
+  // miss: its buffer slot). The moves come in two phases, because a remote fetch reads its
+  // entry's home where it is now (pending_remote_fetches, host or device) and a home swap
+  // overwrites the wanted entry's host slot: every fetch of every rank must have completed
+  // before any home move starts. Refusals as Step's, and kResourceExhausted when the hosted
+  // ranks' home misses and remote fetches exceed max_moves; kFailedPrecondition while a
+  // plan is pending (Step and Check refuse then too) and with kLocalBuffer and a fabric (a
+  // fetch names its home's slot, which only the home's process knows: use Step). Refusals
+  // change nothing. Collective when a fabric is used (the agreement).
+  // REQUIRES: no Allocate, Free, Write or other planner's step on the space before
+  // CompleteHome (CompleteHome aborts via ULA_CHECK when an entry of the plan was freed).
   Result<TpStepPlan> PlanHome(GroupId group, std::span<const LogicalAddr> selections,
                               std::span<const SelectionRun> runs, std::size_t max_moves);
   bool has_pending() const;
@@ -160,11 +166,26 @@ class TpStepPlanner {
     std::uint64_t device_offset = 0;
   };
   std::vector<HomeMove> pending_home_moves(std::size_t h) const;
+  // Fetch i of hosted rank h's pending plan (TpAttention::kLocalBuffer): the entry's home
+  // rank and its location there now (the fetch reads it before any home move), and the
+  // buffer slot of rank h it lands in. Offsets: slot * entry_bytes in the home's pool of
+  // that tier and in rank h's local buffer. REQUIRES: has_pending(), h < hosted ranks.
+  struct RemoteFetch {
+    LogicalAddr addr;
+    Rank home;
+    Location source;
+    std::uint64_t source_offset = 0;
+    SlotId buffer_slot;
+    std::uint64_t buffer_offset = 0;
+  };
+  std::vector<RemoteFetch> pending_remote_fetches(std::size_t h) const;
   // Publishes the pending plan: move i of hosted rank h when arrived(h, i), by the rules of
   // backend/copy_publish.h (a failed copy's target is freed again, a failed swap changes
-  // nothing: its victim keeps its bytes and slot). Returns the moves published per rank.
-  // REQUIRES: has_pending().
-  std::vector<std::size_t> CompleteHome(const std::function<bool(std::size_t h, std::size_t i)>& arrived);
+  // nothing: its victim keeps its bytes and slot), and fetch i of rank h when fetched(h, i)
+  // (a failed fetch's buffer slot goes back to the pool: no later step counts it a hit).
+  // Returns the moves and fetches published per rank. REQUIRES: has_pending().
+  std::vector<std::size_t> CompleteHome(const std::function<bool(std::size_t h, std::size_t i)>& arrived,
+                                        const std::function<bool(std::size_t h, std::size_t i)>& fetched = {});
 
  private:
   // Step's phase 0 into the scratch: validation, dedup, per-rank classification, and the

@@ -318,11 +318,12 @@ buffer slot b. The library's backend moves the bytes.)doc")
               py::gil_scoped_release nogil;
               planned = Unwrap(p.Plan(ula::GroupId(group), shape, req, sel, idx, desc));
             }
-            return std::make_tuple(planned.fence, planned.num_descriptors, planned.stats);
+            return std::make_tuple(planned.fence, planned.num_descriptors, planned.stats, planned.first_phase);
           },
           py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("descriptors"), py::arg("requests"),
-          "Engine path, part 1 (attention at home): (fence, n, [TpRankStepStats per rank]); descriptors[:n] are "
-          "every rank's home moves (src_rank names the rank), whole group entries between the rank's shard pools.")
+          "Engine path, part 1: (fence, n, [TpRankStepStats per rank], first_phase); descriptors[:first_phase] are "
+          "the local buffer's remote fetches (0 at home), descriptors[first_phase:n] every rank's home moves (src_rank "
+          "== dst_rank), whole group entries; every fetch must complete before any home move starts.")
       .def(
           "complete",
           [](ula::TpEngineStepPlanner& p, std::uint64_t fence, py::object status) {

@@ -107,7 +107,7 @@ Result<std::vector<TpRankStepStats>> TpEngineStepPlanner::Step(GroupId group, co
 }
 
 std::uint32_t TpEngineStepPlanner::max_descriptors() const {
-  return static_cast<std::uint32_t>(ranks().size()) * device_slots();
+  return static_cast<std::uint32_t>(ranks().size()) * index_slots();
 }
 
 bool TpEngineStepPlanner::has_pending() const { return planner_.has_pending(); }
@@ -125,9 +125,33 @@ Result<TpPlannedStep> TpEngineStepPlanner::Plan(GroupId group, const StepShape& 
   planned.fence = ++last_fence_;
   planned.stats = plan->stats;
   pending_counts_.assign(plan->ranks.size(), 0);
+  pending_fetches_.assign(plan->ranks.size(), 0);
   const std::uint32_t entry_bytes = space_.config().entry_bytes;
+  const std::uint32_t buffer_base = device_slots();
   std::uint32_t d = 0;
-  for (std::size_t h = 0; h < plan->ranks.size(); ++h) {
+  for (std::size_t h = 0; h < plan->ranks.size(); ++h) {  // phase 1: the remote fetches
+    const auto fetches = planner_.pending_remote_fetches(h);
+    for (const auto& f : fetches) {
+      CopyDescriptor& c = out_descriptors[d++];
+      c = CopyDescriptor{};
+      c.src_offset = f.source_offset;
+      c.src_slot = f.source.slot().value();
+      c.dst_slot = buffer_base + f.buffer_slot.value();
+      c.dst_offset = std::uint64_t{c.dst_slot} * entry_bytes;
+      c.bytes = entry_bytes;
+      c.addr = f.addr.value();
+      c.src_rank = static_cast<std::uint16_t>(f.home.value());
+      c.dst_rank = static_cast<std::uint16_t>(plan->ranks[h].value());
+      c.group = static_cast<std::uint16_t>(group.value());
+      c.src_tier = static_cast<std::uint8_t>(f.source.tier());
+      c.dst_tier = static_cast<std::uint8_t>(Tier::kDevice);
+      c.op = static_cast<std::uint8_t>(CopyOp::kCopy);
+      c.num_layers = 1;
+    }
+    pending_fetches_[h] = static_cast<std::uint32_t>(fetches.size());
+  }
+  planned.first_phase = d;
+  for (std::size_t h = 0; h < plan->ranks.size(); ++h) {  // phase 2: the home moves
     const auto moves = planner_.pending_home_moves(h);
     const auto rank = static_cast<std::uint16_t>(plan->ranks[h].value());
     for (const auto& m : moves) {
@@ -159,7 +183,11 @@ Result<CompleteReport> TpEngineStepPlanner::Complete(std::uint64_t fence, std::s
     return MakeError(ErrorCode::kNotFound, "fence " + std::to_string(fence) + " is not the pending plan's");
   }
   std::size_t total = 0;
-  std::vector<std::size_t> first(pending_counts_.size());
+  std::vector<std::size_t> first_fetch(pending_fetches_.size()), first(pending_counts_.size());
+  for (std::size_t h = 0; h < pending_fetches_.size(); ++h) {
+    first_fetch[h] = total;
+    total += pending_fetches_[h];
+  }
   for (std::size_t h = 0; h < pending_counts_.size(); ++h) {
     first[h] = total;
     total += pending_counts_[h];
@@ -169,7 +197,8 @@ Result<CompleteReport> TpEngineStepPlanner::Complete(std::uint64_t fence, std::s
                                                       " entries; the pending plan has " + std::to_string(total) +
                                                       " descriptors");
   }
-  const auto published = planner_.CompleteHome([&](std::size_t h, std::size_t i) { return status[first[h] + i] == 0; });
+  const auto published = planner_.CompleteHome([&](std::size_t h, std::size_t i) { return status[first[h] + i] == 0; },
+                                               [&](std::size_t h, std::size_t i) { return status[first_fetch[h] + i] == 0; });
   CompleteReport report;
   for (std::size_t p : published) report.published += static_cast<std::uint32_t>(p);
   report.failed = static_cast<std::uint32_t>(total) - report.published;
@@ -181,17 +210,29 @@ void TpEngineStepPlanner::ExecuteOnShards(std::span<const CopyDescriptor> descri
   ULA_CHECK(status.size() == descriptors.size());
   const TpAddressSpace::State& st = *space_.state_;
   Backend& backend = space_.backend();
+  const std::uint32_t buffer_base = device_slots();
+  const std::uint64_t entry_bytes = space_.config().entry_bytes;
+  const auto device = static_cast<std::uint8_t>(Tier::kDevice), host = static_cast<std::uint8_t>(Tier::kHost);
   for (std::size_t i = 0; i < descriptors.size(); ++i) {
     const CopyDescriptor& c = descriptors[i];
     status[i] = 1;
-    const Rank rank(c.dst_rank);
-    if (c.src_rank != c.dst_rank || !space_.Hosts(rank) || c.group >= space_.config().num_groups ||
-        c.src_tier != static_cast<std::uint8_t>(Tier::kHost) || c.dst_tier != static_cast<std::uint8_t>(Tier::kDevice)) {
+    const Rank rank(c.dst_rank), source(c.src_rank);
+    if (!space_.Hosts(rank) || !space_.Hosts(source) || c.group >= space_.config().num_groups ||
+        c.dst_tier != device || (c.src_tier != device && c.src_tier != host)) {
       continue;
     }
-    const TpGroupShard& sh = st.at(rank, GroupId(c.group));
-    CopyBatch batch{sh.host.arena().id, sh.device.arena().id, c.bytes, c.op == static_cast<std::uint8_t>(CopyOp::kSwap),
-                    {SlotMove{c.src_offset, c.dst_offset}}};
+    const TpGroupShard& dst = st.at(rank, GroupId(c.group));
+    const TpGroupShard& src = st.at(source, GroupId(c.group));
+    CopyBatch batch;
+    if (c.dst_slot >= buffer_base) {  // a remote fetch into the local buffer
+      if (c.op != static_cast<std::uint8_t>(CopyOp::kCopy)) continue;
+      batch = CopyBatch{(c.src_tier == device ? src.device : src.host).arena().id, dst.buffer.arena().id, c.bytes,
+                        /*swap=*/false, {SlotMove{c.src_offset, (c.dst_slot - buffer_base) * entry_bytes}}};
+    } else {  // a home move within one rank's shard
+      if (c.src_rank != c.dst_rank || c.src_tier != host) continue;
+      batch = CopyBatch{dst.host.arena().id, dst.device.arena().id, c.bytes, c.op == static_cast<std::uint8_t>(CopyOp::kSwap),
+                        {SlotMove{c.src_offset, c.dst_offset}}};
+    }
     auto f = backend.Submit(std::move(batch));
     if (f && backend.Wait(*f)) status[i] = 0;
   }

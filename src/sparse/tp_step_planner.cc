@@ -184,13 +184,10 @@ void RemotePhase::Fail(RankWork& w, const std::vector<std::size_t>& misses, std:
   }
 }
 
-void RemotePhase::AssignAndSubmit(RankWork& w) const {
-  w.submitted.clear();
-  w.fetch_failed.clear();
-  w.buffer_targets.clear();
-  if (!w.status) return;
-  const std::uint32_t p = space.config().num_ranks;
-  TpGroupShard& sh = st.at(w.rank, group);
+// The remote phase's claim on one rank: buffer hits touched, buffer slots for its remote
+// misses (free first, then victims of the buffer policy, whose read-only copies are
+// dropped, no write-back), nothing fetched or published yet.
+void ClaimBuffer(std::uint32_t entry_bytes, TpGroupShard& sh, RankWork& w) {
   sh.buffer_policy->Touch(w.buffer_hit_slots);
   const std::size_t n_miss = w.remote_missed.size();
   const std::size_t n_free = std::min<std::size_t>(n_miss, sh.buffer.num_free());
@@ -205,10 +202,39 @@ void RemotePhase::AssignAndSubmit(RankWork& w) const {
   }
   w.stats.remote_fetches = n_miss;
   w.stats.buffer_evictions = n_miss - n_free;
-  w.stats.remote_bytes = n_miss * std::uint64_t{space.config().entry_bytes};
+  w.stats.remote_bytes = n_miss * std::uint64_t{entry_bytes};
   w.fetch_failed.assign(n_miss, 0);
+}
+
+// Publishes the fetched copies of one rank: a slot whose fetch failed (fetch_failed, in any
+// layer) holds no entry (a victim's old copy was dropped, and may be partly overwritten):
+// it goes back to the pool.
+void PublishBuffer(TpGroupShard& sh, RankWork& w) {
+  const std::size_t n_miss = w.buffer_targets.size();
+  const std::size_t n_free = n_miss - w.stats.buffer_evictions;
+  for (std::size_t i = 0; i < n_miss; ++i) {
+    const SlotId s = w.buffer_targets[i];
+    if (w.fetch_failed[i]) {
+      if (i >= n_free) sh.buffer_policy->Remove(s);
+      ULA_CHECK(sh.buffer.Free(s).has_value());
+      continue;
+    }
+    sh.buffered[w.remote_missed[i].value()] = s;
+    sh.buffer_owner[s.value()] = w.remote_missed[i];
+    if (i < n_free) sh.buffer_policy->Insert(s);
+  }
+}
+
+void RemotePhase::AssignAndSubmit(RankWork& w) const {
+  w.submitted.clear();
+  w.fetch_failed.clear();
+  w.buffer_targets.clear();
+  if (!w.status) return;
+  const std::uint32_t p = space.config().num_ranks;
+  TpGroupShard& sh = st.at(w.rank, group);
+  ClaimBuffer(space.config().entry_bytes, sh, w);
   std::vector<std::vector<std::size_t>> by_source(p);
-  for (std::size_t i = 0; i < n_miss; ++i) by_source[w.remote_missed[i].value() % p].push_back(i);
+  for (std::size_t i = 0; i < w.remote_missed.size(); ++i) by_source[w.remote_missed[i].value() % p].push_back(i);
   std::vector<LogicalAddr> addrs;
   std::vector<std::byte*> dst;
   for (std::uint32_t q = 0; q < p; ++q) {
@@ -262,22 +288,7 @@ void RemotePhase::WaitLayer(RankWork& w, std::uint32_t layer) const {
   }
 }
 
-void RemotePhase::Publish(RankWork& w) const {
-  TpGroupShard& sh = st.at(w.rank, group);
-  const std::size_t n_miss = w.buffer_targets.size();
-  const std::size_t n_free = n_miss - w.stats.buffer_evictions;
-  for (std::size_t i = 0; i < n_miss; ++i) {
-    const SlotId s = w.buffer_targets[i];
-    if (w.fetch_failed[i]) {
-      if (i >= n_free) sh.buffer_policy->Remove(s);
-      ULA_CHECK(sh.buffer.Free(s).has_value());
-      continue;
-    }
-    sh.buffered[w.remote_missed[i].value()] = s;
-    sh.buffer_owner[s.value()] = w.remote_missed[i];
-    if (i < n_free) sh.buffer_policy->Insert(s);
-  }
-}
+void RemotePhase::Publish(RankWork& w) const { PublishBuffer(st.at(w.rank, group), w); }
 
 }  // namespace
 
@@ -547,20 +558,26 @@ bool TpStepPlanner::has_pending() const { return scratch_->home_pending; }
 Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const LogicalAddr> selections,
                                            std::span<const SelectionRun> runs, std::size_t max_moves) {
   ULA_RETURN_IF_ERROR(RefuseIfPending());
-  if (space_.config().attention != TpAttention::kAtHome) {
+  const bool at_home = space_.config().attention == TpAttention::kAtHome;
+  if (!at_home && fabric_ != nullptr) {
     return MakeError(ErrorCode::kFailedPrecondition,
-                     "PlanHome is attention at home's engine path: with TpAttention::kLocalBuffer the remote "
-                     "phase reads the homes this phase settles, so use Step");
+                     "PlanHome with TpAttention::kLocalBuffer needs every rank in this process: a fetch descriptor "
+                     "names its home's slot, which only the home's process knows; use Step (the fabric fetches by "
+                     "address)");
   }
   Scratch& sc = *scratch_;
   Status local = Classify(group, selections, runs);
   if (local) {
-    std::size_t moves = 0;
-    for (const RankWork& w : sc.work) moves += w.home_missed.size();
-    if (moves > max_moves) {
+    std::size_t home = 0, remote = 0;
+    for (const RankWork& w : sc.work) {
+      home += w.home_missed.size();
+      remote += w.remote_missed.size();
+    }
+    if (home + remote > max_moves) {
       local = MakeError(ErrorCode::kResourceExhausted,
-                        fmt::format("group {}: the step needs {} descriptors ({} home misses on the hosted ranks) but "
-                                    "the descriptor array has {} rows", group.value(), moves, moves, max_moves));
+                        fmt::format("group {}: the step needs {} descriptors ({} home misses and {} remote fetches on "
+                                    "the hosted ranks) but the descriptor array has {} rows", group.value(),
+                                    home + remote, home, remote, max_moves));
     }
   }
   ULA_RETURN_IF_ERROR(Agree(group, std::move(local)));
@@ -569,10 +586,37 @@ Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const Logica
   for (RankWork& w : sc.work) {
     ClaimHome(st.at(w.rank, group), w);
     w.stats.host_bytes = (w.home_free + 2 * (w.home_missed.size() - w.home_free)) * std::uint64_t{entry_bytes};
+    w.buffer_targets.clear();
+    w.fetch_failed.clear();
+    if (!at_home) {
+      ClaimBuffer(entry_bytes, st.at(w.rank, group), w);
+      std::vector<char> sources(space_.config().num_ranks, 0);
+      for (LogicalAddr a : w.remote_missed) sources[a.value() % space_.config().num_ranks] = 1;
+      w.stats.source_batches = static_cast<std::uint32_t>(std::count(sources.begin(), sources.end(), 1));
+    }
   }
   sc.home_pending = true;
   sc.pending_group = group;
-  return Emit(group, selections, /*pending=*/false, /*home_pending=*/true);
+  return Emit(group, selections, /*pending=*/!at_home, /*home_pending=*/true);
+}
+
+std::vector<TpStepPlanner::RemoteFetch> TpStepPlanner::pending_remote_fetches(std::size_t h) const {
+  const Scratch& sc = *scratch_;
+  ULA_CHECK(sc.home_pending && h < sc.work.size());
+  const RankWork& w = sc.work[h];
+  const TpAddressSpace::State& st = *space_.state_;
+  const std::uint32_t p = space_.config().num_ranks;
+  const TpGroupShard& mine = st.at(w.rank, sc.pending_group);
+  std::vector<RemoteFetch> fetches(w.buffer_targets.size());
+  for (std::size_t i = 0; i < fetches.size(); ++i) {
+    const LogicalAddr a = w.remote_missed[i];
+    const Rank home = space_.HomeOf(a);
+    const TpGroupShard& src = st.at(home, sc.pending_group);  // hosted: PlanHome refuses a fabric here
+    const Location loc = src.home[a.value() / p];
+    fetches[i] = RemoteFetch{a, home, loc, (loc.tier() == Tier::kDevice ? src.device : src.host).offset(loc.slot()),
+                             w.buffer_targets[i], mine.buffer.offset(w.buffer_targets[i])};
+  }
+  return fetches;
 }
 
 std::vector<TpStepPlanner::HomeMove> TpStepPlanner::pending_home_moves(std::size_t h) const {
@@ -590,7 +634,8 @@ std::vector<TpStepPlanner::HomeMove> TpStepPlanner::pending_home_moves(std::size
   return moves;
 }
 
-std::vector<std::size_t> TpStepPlanner::CompleteHome(const std::function<bool(std::size_t, std::size_t)>& arrived) {
+std::vector<std::size_t> TpStepPlanner::CompleteHome(const std::function<bool(std::size_t, std::size_t)>& arrived,
+                                                     const std::function<bool(std::size_t, std::size_t)>& fetched) {
   Scratch& sc = *scratch_;
   ULA_CHECK(sc.home_pending);
   TpAddressSpace::State& st = *space_.state_;
@@ -603,7 +648,13 @@ std::vector<std::size_t> TpStepPlanner::CompleteHome(const std::function<bool(st
       // Complete aborts (as the DP engine path's) when an entry of the plan was freed since.
       ULA_CHECK(sh.home[w.home_missed[i].value() / p].tier() == Tier::kHost);
     }
+    for (LogicalAddr a : w.remote_missed) ULA_CHECK(st.IsLive(a));
     published[h] = PublishHome(sh, w, p, [&](std::size_t i) { return arrived(h, i); });
+    for (std::size_t i = 0; i < w.buffer_targets.size(); ++i) {
+      w.fetch_failed[i] = !(fetched && fetched(h, i));
+      published[h] += !w.fetch_failed[i];
+    }
+    PublishBuffer(sh, w);
   }
   sc.home_pending = false;
   ULA_EXPENSIVE_CHECK(space_);

@@ -77,6 +77,7 @@ EXCLUDED = {
     ("TpStepPlanner", "PlanHome"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
     ("TpStepPlanner", "has_pending"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
     ("TpStepPlanner", "pending_home_moves"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
+    ("TpStepPlanner", "pending_remote_fetches"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
     ("TpStepPlanner", "CompleteHome"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
     ("FaultPlan", "Validate"): "the FaultPlan constructor validates",
     ("FaultPlan", "at_submit"): "a FaultPlan constructor argument, not read back",

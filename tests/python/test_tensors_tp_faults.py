@@ -439,37 +439,46 @@ def test_tp_engine_step_matches_the_tp_planner(attention):
         engine.step(0, flat, np.zeros((1, 6, 8), np.int32), np.arange(3, dtype=np.int64))
 
 
-def test_tp_engine_plan_and_complete_at_home_is_step():
-    """The engine path of attention at home: plan, run the descriptors (here the library's
-    reference executor), complete; the same indices and published state as step on a twin."""
+@pytest.mark.parametrize("attention", ["at_home", "local_buffer"])
+def test_tp_engine_plan_and_complete_is_step(attention):
+    """The TP engine path: plan, run the descriptors (here the library's reference executor,
+    in array order: the local buffer's remote fetches first, then the home moves), complete;
+    the same indices and published state as step on a twin."""
     rng = np.random.default_rng(SEED)
-    space, addrs = tp_space("at_home")
-    twin, _ = tp_space("at_home")
+    space, addrs = tp_space(attention)
+    twin, _ = tp_space(attention)
     engine = ulacache.TpEngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
     stepper = ulacache.TpEngineStepPlanner(twin, max_batch=3, max_q_len=2, max_top_k=8)
     desc = np.zeros(engine.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
-    moved = 0
+    moved = fetched = 0
     for step in range(6):
         sel = select(rng, addrs, 3, 2, 8)
         idx = np.full((2, 3, 2, 8), 5, np.int32)
-        fence, n, stats = engine.plan(0, sel, idx, desc, np.arange(3, dtype=np.int64))
+        fence, n, stats, first_phase = engine.plan(0, sel, idx, desc, np.arange(3, dtype=np.int64))
+        if attention == "at_home":
+            assert first_phase == 0  # no remote fetches
+        assert (desc[:first_phase]["src_rank"] != desc[:first_phase]["dst_rank"]).all()
+        assert (desc[first_phase:n]["src_rank"] == desc[first_phase:n]["dst_rank"]).all()
+        assert sum(s.remote_fetches for s in stats) == first_phase
         assert engine.has_pending
         with pytest.raises(ulacache.FailedPreconditionError):
             engine.step(0, sel, np.zeros_like(idx), np.arange(3, dtype=np.int64))
         status = np.full(n, 7, np.uint8)
         engine.execute_on_shards(desc[:n], status)
         assert (status == 0).all()
-        assert (desc[:n]["src_rank"] == desc[:n]["dst_rank"]).all()
         assert engine.complete(fence, status) == (n, 0)
-        moved += n
+        moved += n - first_phase
+        fetched += first_phase
         want = np.full_like(idx, 5)
         twin_stats = stepper.step(0, sel, want, np.arange(3, dtype=np.int64))
         assert (idx == want).all(), step
         assert [s.home_misses for s in stats] == [s.home_misses for s in twin_stats]
+        assert [s.remote_fetches for s in stats] == [s.remote_fetches for s in twin_stats]
         assert space.debug_digest() == twin.debug_digest()
         space.advance_round()
         twin.advance_round()
     assert moved > 0
+    assert (fetched > 0) == (attention == "local_buffer")
     space.check_invariants()
 
 

@@ -285,19 +285,27 @@ std::vector<std::int32_t> SelectFew(std::mt19937_64& rng, const std::vector<std:
   return sel;
 }
 
-TEST(TpEngineStep, PlanAndCompleteAreStepAndFailuresLoseNothing) {
+// With the local buffer the plan has two phases (tp_engine_step.h): the remote fetches, read
+// from each entry's home where it is now, then the home moves; ExecuteOnShards runs them in
+// array order. Its buffer (12 slots per rank and group) is smaller than a step's remote
+// misses over a few steps, so fetches evict older copies.
+class TpEnginePlanTest : public ::testing::TestWithParam<TpAttention> {};
+
+TEST_P(TpEnginePlanTest, PlanAndCompleteAreStepAndFailuresLoseNothing) {
   ULA_TEST_SEEDED(seed, 20261202);
+  const TpAttention attention = GetParam();
+  const bool at_home = attention == TpAttention::kAtHome;
   for (bool faults : {false, true}) {
     std::mt19937_64 rng(seed + faults);
-    TpConfig c = testing::SmallTpConfig(/*ranks=*/2, /*device=*/16, /*host=*/96, /*buffer=*/0, /*groups=*/2,
-                                        kShape.entry_bytes());
-    c.attention = TpAttention::kAtHome;
+    TpConfig c = testing::SmallTpConfig(/*ranks=*/2, /*device=*/16, /*host=*/96, /*buffer=*/at_home ? 0 : 12,
+                                        /*groups=*/2, kShape.entry_bytes());
+    c.attention = attention;
     auto inner_a = MakeCpuBackend();
     auto fb = MakeFaultInjectingBackend(*inner_a, FaultPlan{.seed = seed, .fail_fraction = faults ? 0.25 : 0.0,
                                                             .partial = true})
                   .value();
     auto space = TpAddressSpace::Create(c, *fb).value();
-    Twin twin = MakeTwin(TpAttention::kAtHome);
+    Twin twin = MakeTwin(attention);
     twin.space = TpAddressSpace::Create(c, *twin.backend).value();
     // A spare request takes device slots first; freed after the first step (before the policy
     // evicts it, its entries being the coldest), its slots make the next misses copies into
@@ -314,7 +322,7 @@ TEST(TpEngineStep, PlanAndCompleteAreStepAndFailuresLoseNothing) {
     const std::vector<RequestId> requests{RequestId(0), RequestId(1), RequestId(2)};
     const StepShape shape{3, 1, 6};
     std::vector<CopyDescriptor> descriptors(engine->max_descriptors());
-    std::uint64_t swaps = 0, copies = 0, failed = 0, published = 0;
+    std::uint64_t swaps = 0, copies = 0, fetches = 0, failed = 0, published = 0;
     for (int step = 0; step < 40; ++step) {
       const GroupId group(static_cast<std::uint16_t>(step % 2));
       if (step == 1) {
@@ -328,10 +336,22 @@ TEST(TpEngineStep, PlanAndCompleteAreStepAndFailuresLoseNothing) {
       ASSERT_TRUE(engine->has_pending());
       std::vector<std::uint8_t> status(planned->num_descriptors, 9);
       const std::span<const CopyDescriptor> run(descriptors.data(), planned->num_descriptors);
-      for (const CopyDescriptor& d : run) {
-        EXPECT_EQ(d.src_rank, d.dst_rank);
+      if (at_home) EXPECT_EQ(planned->first_phase, 0u);
+      for (std::size_t i = 0; i < run.size(); ++i) {
+        const CopyDescriptor& d = run[i];
         EXPECT_EQ(d.group, group.value());
         EXPECT_EQ(d.bytes, kShape.entry_bytes());
+        if (i < planned->first_phase) {  // a remote fetch: another rank's entry into the buffer
+          EXPECT_NE(d.src_rank, d.dst_rank);
+          EXPECT_EQ(d.src_rank, d.addr % 2);
+          EXPECT_GE(d.dst_slot, engine->device_slots());
+          EXPECT_LT(d.dst_slot, engine->index_slots());
+          EXPECT_EQ(d.op, static_cast<std::uint8_t>(CopyOp::kCopy));
+          ++fetches;
+          continue;
+        }
+        EXPECT_EQ(d.src_rank, d.dst_rank);
+        EXPECT_LT(d.dst_slot, engine->device_slots());
         swaps += d.op == static_cast<std::uint8_t>(CopyOp::kSwap);
         copies += d.op == static_cast<std::uint8_t>(CopyOp::kCopy);
       }
@@ -365,9 +385,11 @@ TEST(TpEngineStep, PlanAndCompleteAreStepAndFailuresLoseNothing) {
           if (index < 0) continue;
           const auto addr = static_cast<std::uint32_t>(sel[j]);
           if (std::find(failed_addrs.begin(), failed_addrs.end(), addr) != failed_addrs.end()) continue;
+          const auto u = static_cast<std::uint32_t>(index);
+          const bool shard = u < engine->device_slots();
           const std::byte* bytes = space->RefData(Rank(static_cast<std::uint16_t>(rank)), group,
-                                                  TpReadRef{TpReadRef::Source::kShard,
-                                                            SlotId(static_cast<std::uint32_t>(index)),
+                                                  TpReadRef{shard ? TpReadRef::Source::kShard : TpReadRef::Source::kBuffer,
+                                                            SlotId(shard ? u : u - engine->device_slots()),
                                                             Rank(static_cast<std::uint16_t>(rank))});
           ASSERT_NE(bytes, nullptr);
           ASSERT_EQ(std::memcmp(bytes, EntryOf(LogicalAddr(addr), group.value()).data(), kShape.entry_bytes()), 0)
@@ -385,12 +407,19 @@ TEST(TpEngineStep, PlanAndCompleteAreStepAndFailuresLoseNothing) {
       }
       space->AdvanceRound();
     }
-    std::printf("faults=%d: %llu descriptors published, %llu failed, %llu copies, %llu swaps\n", faults ? 1 : 0,
+    std::printf("%s faults=%d: %llu descriptors published, %llu failed, %llu copies, %llu swaps, %llu fetches\n",
+                std::string(TpAttentionName(attention)).c_str(), faults ? 1 : 0,
                 static_cast<unsigned long long>(published), static_cast<unsigned long long>(failed),
-                static_cast<unsigned long long>(copies), static_cast<unsigned long long>(swaps));
+                static_cast<unsigned long long>(copies), static_cast<unsigned long long>(swaps),
+                static_cast<unsigned long long>(fetches));
     EXPECT_GT(swaps, 20u) << "the run was under memory pressure";
     EXPECT_GT(copies, 4u) << "the freed request's slots took copies";
     EXPECT_GT(published, 40u);
+    if (at_home) {
+      EXPECT_EQ(fetches, 0u);
+    } else {
+      EXPECT_GT(fetches, 100u) << "the local buffer fetched";
+    }
     if (faults) {
       EXPECT_GT(failed, 5u);
     } else {
@@ -398,6 +427,10 @@ TEST(TpEngineStep, PlanAndCompleteAreStepAndFailuresLoseNothing) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Attention, TpEnginePlanTest,
+                         ::testing::Values(TpAttention::kAtHome, TpAttention::kLocalBuffer),
+                         [](const auto& info) { return std::string(TpAttentionName(info.param)); });
 
 TEST(TpEngineStep, PlanRefusalsChangeNothing) {
   Twin t = MakeTwin(TpAttention::kAtHome);
@@ -446,15 +479,39 @@ TEST(TpEngineStep, PlanRefusalsChangeNothing) {
   ASSERT_TRUE(done);
   EXPECT_EQ(done->published, planned->num_descriptors);
   EXPECT_TRUE(t.space->CheckInvariants());
-  // The local buffer has no engine path.
+  // The local buffer: its remote fetches count against the descriptor rows as well.
   Twin lb = MakeTwin(TpAttention::kLocalBuffer);
   const auto lb_addrs = Fill(*lb.space, 2, 30);
   auto lb_engine = TpEngineStepPlanner::Create(*lb.space, {2, 1, 4}).value();
-  std::vector<std::int32_t> lb_sel{static_cast<std::int32_t>(lb_addrs[0][0].value()), -1, -1, -1,
-                                   static_cast<std::int32_t>(lb_addrs[1][0].value()), -1, -1, -1};
-  auto refused = lb_engine->Plan(GroupId(0), shape, requests, lb_sel, indices, descriptors);
-  ASSERT_FALSE(refused);
-  EXPECT_EQ(refused.error().code(), ErrorCode::kFailedPrecondition);
+  // Two entries of each request, on device at their homes: no home miss, 2 remote fetches.
+  std::vector<std::int32_t> lb_sel{static_cast<std::int32_t>(lb_addrs[0][0].value()),
+                                   static_cast<std::int32_t>(lb_addrs[0][1].value()), -1, -1,
+                                   static_cast<std::int32_t>(lb_addrs[1][0].value()),
+                                   static_cast<std::int32_t>(lb_addrs[1][1].value()), -1, -1};
+  std::vector<CopyDescriptor> lb_desc(lb_engine->max_descriptors());
+  EXPECT_EQ(lb_engine->max_descriptors(), 2u * lb_engine->index_slots());
+  const auto lb_before = lb.space->DebugDigest();
+  indices.assign(16, 777);
+  auto short_rows = lb_engine->Plan(GroupId(0), shape, requests, lb_sel, indices,
+                                    std::span<CopyDescriptor>(lb_desc).first(3));
+  ASSERT_FALSE(short_rows);
+  EXPECT_EQ(short_rows.error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(short_rows.error().message().find("4 remote fetches"), std::string::npos) << short_rows.error().message();
+  EXPECT_EQ(lb.space->DebugDigest(), lb_before);
+  EXPECT_EQ(indices, std::vector<std::int32_t>(16, 777));
+  auto lb_planned = lb_engine->Plan(GroupId(0), shape, requests, lb_sel, indices, lb_desc);
+  ASSERT_TRUE(lb_planned) << lb_planned.error().message();
+  EXPECT_EQ(lb_planned->first_phase, 4u);
+  EXPECT_EQ(lb_planned->num_descriptors, 4u);
+  std::vector<std::uint8_t> lb_status(4, 1);
+  lb_status[0] = 0;  // one fetch done, the other three failed
+  lb_engine->ExecuteOnShards(std::span<const CopyDescriptor>(lb_desc).first(1), std::span(lb_status).first(1));
+  auto lb_done = lb_engine->Complete(lb_planned->fence, lb_status);
+  ASSERT_TRUE(lb_done);
+  EXPECT_EQ(lb_done->published, 1u);
+  EXPECT_EQ(lb_done->failed, 3u);
+  EXPECT_EQ(lb.space->NumBuffered(Rank(lb_desc[0].dst_rank), GroupId(0)), 1u);
+  EXPECT_TRUE(lb.space->CheckInvariants());
 }
 
 // TP addresses in pages (tp_address_space.h "Pages"): 4 ranks, 64-token pages. Each
