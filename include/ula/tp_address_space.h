@@ -258,6 +258,7 @@ class TpAddressSpace {
  private:
   friend class TpStepPlanner;
   friend class TpEngineStepPlanner;
+  friend class TpKernelStepPlanner;
   TpAddressSpace(const TpConfig& config, Backend& backend, std::vector<Rank> hosted, std::unique_ptr<State> state);
   // Frees an address whose last holder let go (home slots, hosted copies, directory).
   void FreeAddress(LogicalAddr a);

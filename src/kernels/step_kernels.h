@@ -34,10 +34,17 @@ inline constexpr std::uint32_t kNoSelection = 0xffffffffu;
 
 // Selection kinds written by Classify, one byte per selection.
 enum SelectionKind : std::uint8_t {
-  kKindHit = 0,      // on device: its index is written by Classify
-  kKindMiss = 1,     // on host: its index is written by WriteIndices after the publish
-  kKindInvalid = 2,  // fails the checks (not live, not its run's request's, another rank's)
+  kKindHit = 0,        // on device: its index is written by Classify
+  kKindMiss = 1,       // on host: its index is written by WriteIndices after the publish
+  kKindInvalid = 2,    // fails the checks (not live, not its run's request's, another rank's)
+  kKindElsewhere = 3,  // TP (num_ranks > 1): valid, homed on another rank (its partial covers it)
 };
+
+// TP mode (ClassifyArgs::num_ranks = P > 1, TpKernelStepPlanner): the records are one rank's
+// home table, address a (homed on rank a mod P) at records[a / P], holding plain locations;
+// the dedup stamps then live in their own array, stamps[a / P] (the step's epoch), and
+// first[] is indexed by a / P as well. owner[] (the directory) stays indexed by a, and a
+// selection is live when its owner tag is non-zero.
 
 // Inputs and outputs of Classify over selections [0, n).
 struct ClassifyArgs {
@@ -48,12 +55,15 @@ struct ClassifyArgs {
   const std::uint32_t* run_tags = nullptr;     // [num_runs] the holder's owner tag
   const std::uint32_t* adopted_starts = nullptr;  // [num_runs + 1] into adopted
   const std::uint32_t* adopted = nullptr;      // [..] each run's holder's adopted addresses, sorted
-  std::uint64_t* records = nullptr;            // [table_size] read; stamp bits written
+  std::uint64_t* records = nullptr;            // [table_size] read; stamp bits written (DP)
   std::uint32_t table_size = 0;
-  const std::uint32_t* owner = nullptr;        // [table_size] owner tags
+  const std::uint32_t* owner = nullptr;        // [owner_size] owner tags, by address
+  std::uint32_t owner_size = 0;                // DP: table_size
   std::uint32_t* first = nullptr;              // [table_size] scratch: lowest selection of the address
-  std::uint32_t epoch = 0;                     // fresh: no record carries it
+  std::uint32_t epoch = 0;                     // fresh: no record (DP) or stamp (TP) carries it
   std::uint32_t rank = 0;
+  std::uint32_t num_ranks = 1;                 // TP: P (above); 1: DP
+  std::uint32_t* stamps = nullptr;             // TP: [table_size] the dedup stamps
   // outputs, [n] each
   std::uint8_t* kind = nullptr;
   std::int32_t* slots = nullptr;               // device slot of hits (others untouched)
@@ -83,6 +93,7 @@ struct DescriptorArgs {
   std::uint32_t row_bytes = 0;             // one layer's row (step_arrays.h coordinates)
   std::uint16_t num_layers = 1;            // rows per entry: the group's layers
   std::uint16_t rank = 0, group = 0;
+  std::uint32_t num_ranks = 1;             // TP: records[a / P]
   CopyDescriptor* out = nullptr;           // [n_miss]
 };
 
@@ -93,6 +104,7 @@ struct PublishArgs {
   bool swaps_ok = true;    // the kSwap batch (descriptors [n_free, n)) completed
   std::uint64_t* records = nullptr;        // [table]
   std::uint32_t* device_owner = nullptr;   // [device capacity] address held by each slot
+  std::uint32_t num_ranks = 1;             // TP: records[a / P]
 };
 
 // PB-LRU as flat arrays (policy/kernel_pb_lru.h keeps them in host memory, the device step
@@ -202,6 +214,7 @@ struct IndexArgs {
   const std::uint64_t* records = nullptr;     // [table], published
   std::uint32_t n = 0;
   std::int32_t* slots = nullptr;              // [n] misses' entries written
+  std::uint32_t num_ranks = 1;                // TP: records[a / P]
 };
 
 }  // namespace ula::kernels

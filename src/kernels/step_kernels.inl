@@ -107,6 +107,40 @@ ULA_HD inline bool Contains(const std::uint32_t* sorted, std::uint32_t begin, st
   return begin < stop && sorted[begin] == a;
 }
 
+// TP (num_ranks > 1): the directory check, then home records without stamps.
+ULA_HD inline void ClassifyTp(const ClassifyArgs& a, std::uint32_t i, std::uint32_t addr) {
+  if (addr >= a.owner_size) return;
+  const std::uint32_t owner = a.owner[addr];
+  if (owner == 0) return;  // not live
+  const std::uint32_t run = RunOf(a.run_starts, a.num_runs, i);
+  const bool holds = owner == a.run_tags[run] || Contains(a.adopted, a.adopted_starts[run], a.adopted_starts[run + 1], addr);
+  if (!holds) return;
+  if (addr % a.num_ranks != a.rank) {
+    a.kind[i] = kKindElsewhere;
+    return;
+  }
+  const std::uint32_t e = addr / a.num_ranks;
+  if (e >= a.table_size) return;
+  const std::uint64_t loc = a.records[e] & kLocationMask;
+  if (loc == 0) return;
+  const bool on_device = static_cast<std::uint32_t>(loc >> 48) == kTierDeviceCode;
+  if (on_device) a.slots[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(loc));
+  a.kind[i] = on_device ? kKindHit : kKindMiss;
+  ::cuda::atomic_ref<std::uint32_t, kScope> stamp(a.stamps[e]);
+  std::uint32_t old = stamp.load(kRelaxed);
+  while (old != a.epoch) {
+    if (stamp.compare_exchange_weak(old, a.epoch, kRelaxed, kRelaxed)) {
+      ::cuda::atomic_ref<std::uint32_t, kScope>(a.first[e]).store(i, kRelaxed);  // the owner
+      return;
+    }
+  }
+}
+
+// The index of address addr's record and first[] entry.
+ULA_HD inline std::uint32_t EntryOf(std::uint32_t num_ranks, std::uint32_t addr) {
+  return num_ranks > 1 ? addr / num_ranks : addr;
+}
+
 struct ClassifyPass1 {
   ClassifyArgs a;
   ULA_HD void operator()(std::uint32_t i) const {
@@ -114,6 +148,10 @@ struct ClassifyPass1 {
     a.kind[i] = kKindInvalid;
     a.hit_first[i] = 0;
     a.miss_first[i] = 0;
+    if (a.num_ranks > 1) {
+      ClassifyTp(a, i, addr);
+      return;
+    }
     if (addr >= a.table_size) return;
     ::cuda::atomic_ref<std::uint64_t, kScope> rec(a.records[addr]);
     std::uint64_t old = rec.load(kRelaxed);
@@ -141,8 +179,8 @@ struct ClassifyPass1 {
 struct ClassifyPass2 {
   ClassifyArgs a;
   ULA_HD void operator()(std::uint32_t i) const {
-    if (a.kind[i] == kKindInvalid) return;
-    ::cuda::atomic_ref<std::uint32_t, kScope> first(a.first[a.selections[i]]);
+    if (a.kind[i] == kKindInvalid || a.kind[i] == kKindElsewhere) return;
+    ::cuda::atomic_ref<std::uint32_t, kScope> first(a.first[EntryOf(a.num_ranks, a.selections[i])]);
     std::uint32_t cur = first.load(kRelaxed);
     while (i < cur && !first.compare_exchange_weak(cur, i, kRelaxed, kRelaxed)) {
     }
@@ -153,7 +191,7 @@ struct ClassifyPass3 {
   ClassifyArgs a;
   ULA_HD void operator()(std::uint32_t i) const {
     const std::uint8_t k = a.kind[i];
-    if (k == kKindInvalid || a.first[a.selections[i]] != i) return;
+    if (k == kKindInvalid || k == kKindElsewhere || a.first[EntryOf(a.num_ranks, a.selections[i])] != i) return;
     (k == kKindHit ? a.hit_first : a.miss_first)[i] = 1;
   }
 };
@@ -654,7 +692,7 @@ struct Describe {
   DescriptorArgs a;
   ULA_HD void operator()(std::uint32_t i) const {
     const std::uint32_t addr = a.missed[i];
-    const std::uint32_t host_slot = static_cast<std::uint32_t>(a.records[addr]);
+    const std::uint32_t host_slot = static_cast<std::uint32_t>(a.records[EntryOf(a.num_ranks, addr)]);
     CopyDescriptor d;
     d.src_slot = host_slot;
     d.dst_slot = a.targets[i];
@@ -682,11 +720,11 @@ struct PublishOne {
     const CopyDescriptor& d = a.descriptors[i];
     if (!copy) {
       const std::uint32_t victim = a.device_owner[d.dst_slot];
-      ::cuda::atomic_ref<std::uint64_t, kScope> v(a.records[victim]);
+      ::cuda::atomic_ref<std::uint64_t, kScope> v(a.records[EntryOf(a.num_ranks, victim)]);
       const std::uint64_t old = v.load(kRelaxed);
       v.store((old & ~kLocationMask) | MakeLocation(kTierHostCode, d.src_rank, d.src_slot), kRelaxed);
     }
-    ::cuda::atomic_ref<std::uint64_t, kScope> r(a.records[d.addr]);
+    ::cuda::atomic_ref<std::uint64_t, kScope> r(a.records[EntryOf(a.num_ranks, d.addr)]);
     const std::uint64_t old = r.load(kRelaxed);
     r.store((old & ~kLocationMask) | MakeLocation(kTierDeviceCode, d.dst_rank, d.dst_slot), kRelaxed);
     a.device_owner[d.dst_slot] = d.addr;
@@ -696,7 +734,9 @@ struct PublishOne {
 struct IndexOne {
   IndexArgs a;
   ULA_HD void operator()(std::uint32_t i) const {
-    if (a.kind[i] == kKindMiss) a.slots[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(a.records[a.selections[i]]));
+    if (a.kind[i] == kKindMiss) {
+      a.slots[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(a.records[EntryOf(a.num_ranks, a.selections[i])]));
+    }
   }
 };
 

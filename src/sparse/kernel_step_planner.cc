@@ -9,8 +9,8 @@
 
 #include "backend/copy_publish.h"
 #include "kernels/step_kernels.h"
-#include "policy/pb_lru.h"
 #include "sparse/address_space_state.h"
+#include "sparse/kernel_targets.h"
 #include "ula/check.h"
 #include "sparse/omp_team.h"
 
@@ -172,47 +172,7 @@ Result<StepStats> KernelStepPlanner::Step(const StepInput& input, std::span<Slot
 
   // 4. Device slots: the lowest free slots, then PB-LRU's victims, as bit ranks.
   const auto n_miss = static_cast<std::uint32_t>(missed_.size());
-  const auto n_free = std::min<std::uint32_t>(n_miss, gp.device.num_free());
-  targets_.resize(n_miss);
-  auto* pb = dynamic_cast<policy::PbLru*>(gp.policy.get());
-  if (n_miss > 0) {
-    // The scan goes through each bitmap's first summary level (a bitmap of <= 64 slots has
-    // none: one all-ones word stands in, bits past the last word are never read).
-    static const std::uint64_t kAllWords = ~std::uint64_t{0};
-    auto summary_of = [](const std::uint64_t* s) { return s != nullptr ? s : &kAllWords; };
-    kernels::BitmapSources sources;
-    sources.num_words = static_cast<std::uint32_t>(gp.device.free_bitmap().num_words());
-    sources.num_summary = (sources.num_words + 63) / 64;
-    sources.summary[sources.num_sources] = summary_of(gp.device.free_bitmap().summary_words());
-    sources.words[sources.num_sources++] = gp.device.free_bitmap().words();
-    std::uint64_t have = gp.device.num_free();
-    if (pb != nullptr && n_miss > n_free) {
-      pb->VictimBuckets(bucket_words_, bucket_counts_);
-      pb->VictimBucketSummaries(bucket_summaries_);
-      ULA_CHECK(bucket_words_.size() < kernels::BitmapSources::kMax);
-      for (std::size_t b = 0; b < bucket_words_.size() && have < n_miss; ++b) {
-        if (bucket_counts_[b] == 0) continue;
-        sources.summary[sources.num_sources] = summary_of(bucket_summaries_[b]);
-        sources.words[sources.num_sources++] = bucket_words_[b];
-        have += bucket_counts_[b];
-      }
-    }
-    const std::uint32_t need = pb != nullptr ? n_miss : n_free;
-    const std::size_t words = std::size_t{sources.num_sources} * sources.num_summary;
-    if (word_counts_.size() < words) {
-      word_counts_.resize(words);
-      word_offsets_.resize(words);
-    }
-    ULA_CHECK(kernels::omp::TakeLowest(0, sources, need, word_counts_.data(), word_offsets_.data(), targets_.data()) ==
-              need);  // the room check passed
-    for (std::uint32_t i = 0; i < n_free; ++i) ULA_CHECK(gp.device.Allocate().value().value() == targets_[i]);
-    const auto victims = std::span(reinterpret_cast<SlotId*>(targets_.data()) + n_free, n_miss - n_free);
-    if (pb != nullptr) {
-      gp.policy->Touch(victims);  // what ClaimVictims does to the slots it returns
-    } else if (!victims.empty()) {
-      ULA_CHECK(gp.policy->ClaimVictims(victims) == victims.size());
-    }
-  }
+  const std::uint32_t n_free = TakeTargets(gp.device, *gp.policy, n_miss, target_scratch_, targets_);
 
   // 5. Descriptors, copies, then the publish of what arrived.
   StepStats stats;

@@ -31,6 +31,7 @@
 #include <span>
 #include <vector>
 
+#include "sparse/kernel_targets.h"
 #include "ula/address_space.h"
 #include "ula/step_arrays.h"
 #include "ula/step_planner.h"
@@ -70,9 +71,7 @@ class KernelStepPlanner {
   std::vector<std::uint8_t> kind_;                   // [selections]
   std::vector<std::uint32_t> hit_first_, miss_first_, pos_;  // [selections]
   std::vector<std::uint32_t> hits_, missed_, targets_;       // [distinct]
-  std::vector<std::uint32_t> word_counts_, word_offsets_;    // [sources * summary words]
-  std::vector<const std::uint64_t*> bucket_words_, bucket_summaries_;
-  std::vector<std::uint64_t> bucket_counts_;
+  KernelTargetScratch target_scratch_;
   std::vector<CopyDescriptor> descriptors_;
 };
 

@@ -17,6 +17,7 @@
 #include "ula/tp_home_attention.h"
 #include "ula/reference_attention.h"
 #include "ula/tp_fabric.h"
+#include "sparse/tp_kernel_step_planner.h"
 #include "ula/tp_step_planner.h"
 #include "verify/verifier_core.h"
 
@@ -51,6 +52,9 @@ Status TpVerifierConfig::Validate() const {
   }
   if (!(fault_rate >= 0 && fault_rate <= 1)) return bad(fmt::format("fault_rate = {}: must be in [0, 1]", fault_rate));
   if (share_percent > 100) return bad(fmt::format("share_percent = {}: must be in [0, 100]", share_percent));
+  if (kernel_planner && attention != TpAttention::kAtHome) {
+    return bad("kernel_planner: the TP kernel planner covers attention at home only");
+  }
   return Ok();
 }
 
@@ -183,7 +187,11 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   auto StepWithFreedAddress(const Request& r, LogicalAddr freed) {
     std::vector<LogicalAddr> sel{freed};
     std::vector<SelectionRun> runs{{r.id, 1}};
-    return planner_.Step(GroupId(0), sel, runs);
+    return Plan(GroupId(0), sel, runs);
+  }
+  // One group step through the configured planner.
+  Result<TpStepPlan> Plan(GroupId group, std::span<const LogicalAddr> sel, std::span<const SelectionRun> runs) {
+    return kernels_ ? kernels_->Step(group, sel, runs) : planner_.Step(group, sel, runs);
   }
 
   bool HomeHosted(LogicalAddr a) const { return space_->Hosts(space_->HomeOf(a)); }
@@ -361,7 +369,7 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
         // Equal-length per-query selections (for the attention record): only full-k requests.
         const std::uint64_t before = Fingerprint();
         Arm(true);
-        auto plan = planner_.Step(gid, sel[b], runs[b]);
+        auto plan = Plan(gid, sel[b], runs[b]);
         Arm(false);
         const bool io_failed = !plan && plan.error().code() == ErrorCode::kIo;
         // Under MPI a transfer fails on one rank: the others have a plan, but the attention
@@ -426,7 +434,7 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
         std::vector<LogicalAddr> sel{unknown};
         std::vector<SelectionRun> runs{{front.id, 1}};
         ExpectRefused("step with an unknown address", ErrorCode::kNotFound,
-                      [&] { return planner_.Step(GroupId(0), sel, runs); });
+                      [&] { return Plan(GroupId(0), sel, runs); });
         break;
       }
       case 4:
@@ -447,6 +455,8 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   FaultInjectingFabric* fault_fabric_;             // == fabric_ under MPI with fault_rate > 0
   std::unique_ptr<TpAddressSpace> space_;
   TpStepPlanner planner_;
+  std::unique_ptr<TpKernelStepPlanner> kernels_ =
+      cfg_.kernel_planner ? std::make_unique<TpKernelStepPlanner>(*space_) : nullptr;
   MlaShape mla_;
   std::unique_ptr<SparsePrefixCache> cache_ = SparsePrefixCache::Create(*space_).value();  // sharing
   std::uint64_t step_ = 0;
@@ -456,6 +466,10 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
 
 Result<TpVerifierReport> RunTpVerifier(const TpVerifierConfig& config, TpFabric* fabric) {
   ULA_RETURN_IF_ERROR(config.Validate());
+  if (fabric != nullptr && config.kernel_planner) {
+    return MakeError(ErrorCode::kFailedPrecondition, "TpVerifierConfig.kernel_planner: the TP kernel planner needs every "
+                                                     "rank in this process (no fabric)");
+  }
   if (fabric != nullptr && fabric->num_ranks() != config.num_ranks) {
     return MakeError(ErrorCode::kInvalidArgument, fmt::format("TpVerifierConfig.num_ranks = {} but the fabric has {} ranks",
                                                               config.num_ranks, fabric->num_ranks()));

@@ -80,6 +80,10 @@ struct TpVerifierConfig {
   // > 0: this percentage of the arrivals adopts a cached prefix of a live request (one
   // SparsePrefixCache over the space; verifier_core.h, "Sharing"). In [0, 100].
   std::uint32_t share_percent = 0;
+  // Step with the kernels' OpenMP form of TP at home (TpKernelStepPlanner,
+  // sparse/tp_kernel_step_planner.h) instead of TpStepPlanner; same checks. Attention at home
+  // and in-process ranks only (Validate; RunTpVerifier refuses it with a fabric).
+  bool kernel_planner = false;
 
   Status Validate() const;
   std::uint32_t buffer_slots() const;

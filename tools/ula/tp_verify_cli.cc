@@ -25,6 +25,7 @@ int RunTpVerify(const TpVerifyArgs& a) {
   c.top_k = a.top_k;
   c.fault_rate = a.fault_rate;
   c.share_percent = a.share_percent;
+  c.kernel_planner = a.kernel_planner;
   if (!a.policy.empty()) {
     auto kind = ParsePolicyKind(a.policy);
     if (!kind) {
@@ -81,7 +82,7 @@ int RunTpVerify(const TpVerifyArgs& a) {
                      {"buffer_evictions", r.buffer_evictions}, {"tp_attention", a.attention},
                      {"left_to_home", r.left_to_home}, {"attention_checks", r.attention_checks},
                      {"attention_mismatches", r.attention_mismatches}, {"max_attention_error", r.max_attention_error},
-                     {"fault_rate", a.fault_rate}, {"faults_injected", r.faults_injected},
+                     {"planner", a.kernel_planner ? "kernels" : "cpu"}, {"fault_rate", a.fault_rate}, {"faults_injected", r.faults_injected},
                      {"failed_calls", r.failed_calls}, {"entries_lost", r.entries_lost},
                      {"early_publishes", r.early_publishes},
                      {"all_ranks_ok", all_ok}, {"seconds", seconds},
@@ -91,8 +92,9 @@ int RunTpVerify(const TpVerifyArgs& a) {
                      {"failures", r.first_failures}};
     fmt::print("{}\n", j.dump());
   } else {
-    fmt::print("ula verify --mode tp ({}, rank {} of {}, attention {}): seed {}, {} operations in {:.1f} s\n",
-               fabric ? "MPI" : "in-process", me, c.num_ranks, a.attention, r.seed, r.ops, seconds);
+    fmt::print("ula verify --mode tp ({}, rank {} of {}, attention {}, planner {}): seed {}, {} operations in {:.1f} s\n",
+               fabric ? "MPI" : "in-process", me, c.num_ranks, a.attention, a.kernel_planner ? "kernels" : "cpu",
+               r.seed, r.ops, seconds);
     fmt::print("  steps {} (+{} refused, checked unchanged); home swaps {}; buffer hits {} / fetches {} / evictions {}\n",
                r.steps, r.rejected_steps, r.home_swaps, r.buffer_hits, r.remote_fetches, r.buffer_evictions);
     if (c.attention == TpAttention::kAtHome) {

@@ -43,8 +43,8 @@ Action SetupVerify(CLI::App& app) {
   app.add_flag("--json", *json, "print one JSON object");
   auto planner = std::make_shared<std::string>("cpu");
   app.add_option("--planner", *planner,
-                 "dp: cpu (the reference StepPlanner) or kernels (the step's kernels in their OpenMP form, "
-                 "KernelStepPlanner)")
+                 "cpu (the reference StepPlanner / TpStepPlanner) or kernels (the step's kernels in their OpenMP "
+                 "form: KernelStepPlanner; tp: TpKernelStepPlanner, --tp-attention at_home, in-process)")
       ->check(CLI::IsMember({"cpu", "kernels"}))->capture_default_str();
   auto shadows = std::make_shared<std::string>("off");
   app.add_option("--shadows", *shadows, "dp: clean host shadows (AddressSpaceConfig::host_shadows): on or off")
@@ -72,9 +72,9 @@ Action SetupVerify(CLI::App& app) {
                          "process)\n");
       return 2;
     }
-    if (*planner == "kernels" && *mode == "tp") {
-      fmt::print(stderr, "ula verify: --planner kernels is built for --mode dp only (the TP planner has no kernel "
-                         "form yet, issue 26)\n");
+    if (*planner == "kernels" && *mode == "tp" && (*tp_attention != "at_home" || *mpi)) {
+      fmt::print(stderr, "ula verify: --planner kernels with --mode tp needs --tp-attention at_home and in-process "
+                         "ranks (the TP kernel planner: sparse/tp_kernel_step_planner.h)\n");
       return 2;
     }
     cfg->kernel_planner = *planner == "kernels";
@@ -87,7 +87,8 @@ Action SetupVerify(CLI::App& app) {
       return RunTpVerify({.seed = cfg->seed, .ops = cfg->ops, .ranks = cfg->num_ranks, .groups = cfg->num_groups,
                           .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,
                           .top_k = cfg->top_k, .policy = *policy, .attention = *tp_attention, .mpi = *mpi,
-                          .json = *json, .fault_rate = cfg->fault_rate, .share_percent = cfg->share_percent});
+                          .json = *json, .fault_rate = cfg->fault_rate, .share_percent = cfg->share_percent,
+                          .kernel_planner = cfg->kernel_planner});
     }
     auto kind = ParsePolicyKind(*policy);
     if (!kind) {
