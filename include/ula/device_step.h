@@ -52,7 +52,8 @@
 //
 // The OpenMP form (config.cuda = false) runs the same kernels on the host, on host memory,
 // with `stream` ignored: it is what `make test` checks against EngineStepPlanner.
-// TP attention at home (each rank plans its own shard) is not built yet.
+// TP attention at home (each rank plans its own shard) has no device step yet; its kernels
+// run host-orchestrated per rank in TpKernelStepPlanner (src/sparse/tp_kernel_step_planner.h).
 // Thread-safety: one driver thread per DeviceStep.
 #pragma once
 
