@@ -10,6 +10,7 @@
 #include "backend/copy_publish.h"
 #include "kernels/step_kernels.h"
 #include "sparse/address_space_state.h"
+#include "sparse/kernel_runs.h"
 #include "sparse/kernel_targets.h"
 #include "ula/check.h"
 #include "sparse/omp_team.h"
@@ -72,39 +73,12 @@ Result<StepStats> KernelStepPlanner::Step(const StepInput& input, std::span<Slot
   ULA_CHECK(table.size() == st.owner.size());
   ULA_RETURN_IF_ERROR(CheckSelectionRuns(input.runs, input.selections.size()));
 
-  // The runs as arrays: starts, holders' tags and adopted lists. A run of an unknown request
-  // ends the selections the kernels see (its first selection fails, unless an earlier one does).
-  std::size_t end = input.selections.size(), bad_run = 0;
-  run_starts_.clear();
-  run_tags_.clear();
-  adopted_starts_.assign(1, 0);
-  adopted_.clear();
-  std::vector<const RequestState*> holders;
-  {
-    std::uint32_t first = 0;
-    for (std::size_t r = 0; r < input.runs.size(); ++r) {
-      const SelectionRun& run = input.runs[r];
-      const RequestState* req = nullptr;
-      if (run.count != 0) {
-        auto it = st.requests.find(run.request);
-        if (it == st.requests.end()) {
-          end = first;
-          bad_run = r;
-          break;
-        }
-        req = &it->second;
-      }
-      holders.push_back(req);
-      run_starts_.push_back(first);
-      run_tags_.push_back(req != nullptr ? req->tag : 0);
-      if (req != nullptr) {
-        for (LogicalAddr a : req->adopted) adopted_.push_back(a.value());
-      }
-      adopted_starts_.push_back(static_cast<std::uint32_t>(adopted_.size()));
-      first += run.count;
-    }
-    run_starts_.push_back(first);
-  }
+  // The runs as arrays (kernel_runs.h).
+  runs_.Build(input.runs, input.selections.size(), [&](RequestId id) -> const RequestState* {
+    auto it = st.requests.find(id);
+    return it == st.requests.end() ? nullptr : &it->second;
+  });
+  const std::size_t end = runs_.end;
   const auto n = static_cast<std::uint32_t>(end);
   if (first_.size() < table.size()) first_.resize(table.size());
   kind_.resize(n);
@@ -117,11 +91,11 @@ Result<StepStats> KernelStepPlanner::Step(const StepInput& input, std::span<Slot
   kernels::ClassifyArgs args;
   args.selections = Raw(input.selections);
   args.n = n;
-  args.run_starts = run_starts_.data();
-  args.num_runs = static_cast<std::uint32_t>(run_tags_.size());
-  args.run_tags = run_tags_.data();
-  args.adopted_starts = adopted_starts_.data();
-  args.adopted = adopted_.data();
+  args.run_starts = runs_.starts.data();
+  args.num_runs = runs_.num_runs();
+  args.run_tags = runs_.tags.data();
+  args.adopted_starts = runs_.adopted_starts.data();
+  args.adopted = runs_.adopted.data();
   args.records = table.data();
   args.table_size = table.size();
   args.owner = st.owner.data();
@@ -133,12 +107,12 @@ Result<StepStats> KernelStepPlanner::Step(const StepInput& input, std::span<Slot
   args.hit_first = hit_first_.data();
   args.miss_first = miss_first_.data();
   if (const std::uint32_t bad = kernels::omp::Classify(0, args); bad != kernels::kNoSelection) {
-    return std::unexpected(SelectionError(st, table, bad, input.selections[bad], *holders[kernels::omp::RunOfForHost(run_starts_.data(), args.num_runs, bad)], input.rank));
+    return std::unexpected(SelectionError(st, table, bad, input.selections[bad], *runs_.holders[kernels::omp::RunOfForHost(runs_.starts.data(), args.num_runs, bad)], input.rank));
   }
   if (end != input.selections.size()) {
     return MakeError(ErrorCode::kNotFound,
                      fmt::format("selection {}: request {} of its run is unknown or freed (a stale selection?): "
-                                 "refused", end, input.runs[bad_run].request.value()));
+                                 "refused", end, input.runs[runs_.bad_run].request.value()));
   }
   hits_.resize(n);
   missed_.resize(n);

@@ -31,6 +31,8 @@
 #include <span>
 #include <vector>
 
+#include "sparse/address_space_state.h"
+#include "sparse/kernel_runs.h"
 #include "sparse/kernel_targets.h"
 #include "ula/address_space.h"
 #include "ula/step_arrays.h"
@@ -66,7 +68,7 @@ class KernelStepPlanner {
   AddressSpace& space_;
   KernelStepPlannerOptions options_;
   // Step scratch, grown only.
-  std::vector<std::uint32_t> run_starts_, run_tags_, adopted_starts_, adopted_;
+  KernelRuns<RequestState> runs_;
   std::vector<std::uint32_t> first_;                 // [table size]
   std::vector<std::uint8_t> kind_;                   // [selections]
   std::vector<std::uint32_t> hit_first_, miss_first_, pos_;  // [selections]

@@ -13,17 +13,9 @@
 
 namespace ula {
 
-Status TpKernelStepPlannerOptions::Validate() const {
-  if (threads < 1 || threads > 64) {
-    return MakeError(ErrorCode::kInvalidArgument,
-                     fmt::format("TpKernelStepPlannerOptions.threads = {}: must be in [1, 64]", threads));
-  }
-  return Ok();
-}
-
 TpKernelStepPlanner::TpKernelStepPlanner(TpAddressSpace& space) : space_(space) {}
 
-Status TpKernelStepPlanner::SetOptions(const TpKernelStepPlannerOptions& options) {
+Status TpKernelStepPlanner::SetOptions(const KernelStepPlannerOptions& options) {
   ULA_RETURN_IF_ERROR(options.Validate());
   options_ = options;
   return Ok();
@@ -79,37 +71,12 @@ Result<TpStepPlan> TpKernelStepPlanner::Step(GroupId group, std::span<const Logi
   }
   ULA_RETURN_IF_ERROR(CheckSelectionRuns(runs, selections.size()));
 
-  // The runs as arrays; a run of an unknown request ends the selections the kernels see.
-  std::size_t end = selections.size(), bad_run = 0;
-  run_starts_.clear();
-  run_tags_.clear();
-  adopted_starts_.assign(1, 0);
-  adopted_.clear();
-  std::vector<const TpAddressSpace::State::Holder*> holders;
-  {
-    std::uint32_t first = 0;
-    for (std::size_t r = 0; r < runs.size(); ++r) {
-      const TpAddressSpace::State::Holder* h = nullptr;
-      if (runs[r].count != 0) {
-        auto it = st.tags.find(runs[r].request);
-        if (it == st.tags.end()) {
-          end = first;
-          bad_run = r;
-          break;
-        }
-        h = &it->second;
-      }
-      holders.push_back(h);
-      run_starts_.push_back(first);
-      run_tags_.push_back(h != nullptr ? h->tag : 0);
-      if (h != nullptr) {
-        for (LogicalAddr a : h->adopted) adopted_.push_back(a.value());
-      }
-      adopted_starts_.push_back(static_cast<std::uint32_t>(adopted_.size()));
-      first += runs[r].count;
-    }
-    run_starts_.push_back(first);
-  }
+  // The runs as arrays (kernel_runs.h).
+  runs_.Build(runs, selections.size(), [&](RequestId id) -> const TpAddressSpace::State::Holder* {
+    auto it = st.tags.find(id);
+    return it == st.tags.end() ? nullptr : &it->second;
+  });
+  const std::size_t end = runs_.end;
   const auto n = static_cast<std::uint32_t>(end);
   const auto* raw = reinterpret_cast<const std::uint32_t*>(selections.data());
   ranks_.resize(hosted.size());
@@ -140,11 +107,11 @@ Result<TpStepPlan> TpKernelStepPlanner::Step(GroupId group, std::span<const Logi
     kernels::ClassifyArgs args;
     args.selections = raw;
     args.n = n;
-    args.run_starts = run_starts_.data();
-    args.num_runs = static_cast<std::uint32_t>(run_tags_.size());
-    args.run_tags = run_tags_.data();
-    args.adopted_starts = adopted_starts_.data();
-    args.adopted = adopted_.data();
+    args.run_starts = runs_.starts.data();
+    args.num_runs = runs_.num_runs();
+    args.run_tags = runs_.tags.data();
+    args.adopted_starts = runs_.adopted_starts.data();
+    args.adopted = runs_.adopted.data();
     args.records = const_cast<std::uint64_t*>(reinterpret_cast<const std::uint64_t*>(sh.home.data()));
     args.table_size = static_cast<std::uint32_t>(std::min<std::size_t>(entries, sh.home.size()));
     args.owner = st.owner.data();
@@ -160,12 +127,12 @@ Result<TpStepPlan> TpKernelStepPlanner::Step(GroupId group, std::span<const Logi
     args.miss_first = w.miss_first.data();
     if (const std::uint32_t bad = kernels::omp::Classify(0, args); bad != kernels::kNoSelection) {
       return SelectionRefusal(st, bad, selections[bad],
-                              *holders[kernels::omp::RunOfForHost(run_starts_.data(), args.num_runs, bad)]);
+                              *runs_.holders[kernels::omp::RunOfForHost(runs_.starts.data(), args.num_runs, bad)]);
     }
     if (end != selections.size()) {
       return MakeError(ErrorCode::kNotFound,
                        fmt::format("selection {}: request {} of its run is unknown or freed (a stale selection?): "
-                                   "refused", end, runs[bad_run].request.value()));
+                                   "refused", end, runs[runs_.bad_run].request.value()));
     }
     w.hits.resize(n);
     w.missed.resize(n);

@@ -27,7 +27,7 @@
 //      kIo state, attention at home).
 // Refused (kFailedPrecondition): TpAttention::kLocalBuffer (the remote phase is not a kernel
 // yet), a space that does not host every rank.
-// Threads: TpKernelStepPlannerOptions::threads sets the OpenMP team of the kernels.
+// Threads: KernelStepPlannerOptions::threads sets the OpenMP team of the kernels.
 // Thread-safety: as TpStepPlanner (one thread drives a planner).
 #pragma once
 
@@ -35,18 +35,16 @@
 #include <span>
 #include <vector>
 
+#include "sparse/kernel_runs.h"
+#include "sparse/kernel_step_planner.h"
 #include "sparse/kernel_targets.h"
+#include "sparse/tp_state.h"
 #include "ula/selection_run.h"
 #include "ula/step_arrays.h"
 #include "ula/tp_address_space.h"
 #include "ula/tp_step_planner.h"
 
 namespace ula {
-
-struct TpKernelStepPlannerOptions {
-  std::uint32_t threads = 1;  // [1, 64]: the OpenMP team of the kernels
-  Status Validate() const;
-};
 
 class TpKernelStepPlanner {
  public:
@@ -55,7 +53,7 @@ class TpKernelStepPlanner {
   TpKernelStepPlanner& operator=(const TpKernelStepPlanner&) = delete;
 
   // kInvalidArgument for invalid options: the planner keeps its old ones.
-  Status SetOptions(const TpKernelStepPlannerOptions& options);
+  Status SetOptions(const KernelStepPlannerOptions& options);
 
   // TpStepPlanner::Step's contract, attention at home, no layer sink.
   Result<TpStepPlan> Step(GroupId group, std::span<const LogicalAddr> selections, std::span<const SelectionRun> runs);
@@ -80,8 +78,8 @@ class TpKernelStepPlanner {
   };
 
   TpAddressSpace& space_;
-  TpKernelStepPlannerOptions options_;
-  std::vector<std::uint32_t> run_starts_, run_tags_, adopted_starts_, adopted_;
+  KernelStepPlannerOptions options_;
+  KernelRuns<TpAddressSpace::State::Holder> runs_;
   std::vector<RankScratch> ranks_;  // [hosted]
   std::vector<Stamps> stamps_;    // [ranks * groups]
 };
