@@ -112,7 +112,8 @@ void RunDifferential(std::uint32_t ranks, std::uint32_t threads, std::uint64_t s
     if (step % 31 == 5 && !sel.empty()) sel[d.rng() % sel.size()] = LogicalAddr(999999);  // not live: refused
     if (step % 29 == 13 && !runs.empty() && runs[0].count > 0) {  // another request's address: refused
       for (RequestId other : d.live) {
-        for (LogicalAddr x : t.kernel->AddressesOf(other).value()) {
+        const auto list = t.kernel->AddressesOf(other).value();  // a span into the space, named: the Result is a temporary
+        for (LogicalAddr x : list) {
           if (!t.kernel->Holds(runs[0].request, x)) {
             sel[0] = x;
             break;
