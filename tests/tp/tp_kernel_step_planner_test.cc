@@ -62,7 +62,8 @@ void RunDifferential(std::uint32_t ranks, std::uint32_t threads, std::uint64_t s
   TpKernelStepPlanner kernels(*t.kernel);
   ASSERT_TRUE(kernels.SetOptions({.threads = threads}));
   TpStepPlanner reference(*t.reference, nullptr, {.parallel_ranks = false});
-  Driver d{std::mt19937_64(seed)};
+  Driver d;
+  d.rng.seed(seed);
   std::uint64_t swaps = 0, copies = 0, refused = 0, elsewhere = 0;
   for (int step = 0; step < 160; ++step) {
     // Between rounds: admit or finish a request (alike in both spaces), share a prefix.
