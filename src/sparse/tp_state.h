@@ -114,4 +114,11 @@ struct TpAddressSpace::State {
   bool Holds(const Holder& h, LogicalAddr a) const { return refs::Holds(owner[a.value()], h.tag, h.adopted, a); }
 };
 
+// Home entries of rank r that an address handed out so far can index: [0, n).
+inline std::size_t HomeInUse(const TpAddressSpace::State& st, const TpConfig& c, std::uint32_t r) {
+  if (c.page_tokens == 1) return st.minted[r];
+  const std::uint64_t end = std::uint64_t{st.next_page} * c.page_tokens;  // addresses [0, end)
+  return end > r ? static_cast<std::size_t>((end - r + c.num_ranks - 1) / c.num_ranks) : 0;
+}
+
 }  // namespace ula
