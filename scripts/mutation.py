@@ -12,7 +12,12 @@ code moved on: update the list), and the unmutated tests must pass. The source i
 after each mutation, also on Ctrl-C; a copy of the original file is kept in the build tree
 until then, and a later run restores it first if a run was killed.
 
-Usage: scripts/mutation.py [--build-dir DIR] [--jobs N] [--only NAME...] [--list]
+--check only does that matching (every `find` line once in its file, every name once) and
+exits 0 or 2: the ctest `mutation_list_matches_the_code` runs it in `make test`, so a change
+that moves a mutation's line fails there, not in the next `make mutation`.
+
+Usage: scripts/mutation.py [--build-dir DIR] [--jobs N] [--only NAME...] [--list] [--check]
+                           [--mutations FILE]
 """
 import argparse
 import json
@@ -62,8 +67,10 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--check", action="store_true", help="only check that the list matches the code")
+    ap.add_argument("--mutations", default=str(LIST), help="the list (default tests/mutations.json)")
     a = ap.parse_args()
-    mutations = json.loads(LIST.read_text())["mutations"]
+    mutations = json.loads(Path(a.mutations).read_text())["mutations"]
     if a.only:
         unknown = set(a.only) - {m["name"] for m in mutations}
         if unknown:
@@ -73,13 +80,16 @@ def main():
         for m in mutations:
             print(f"{m['name']:50} {m['file']}: {m['why']}")
         return 0
-    build = (ROOT / a.build_dir).resolve()
-    build.mkdir(parents=True, exist_ok=True)
-    backup_dir = build / "mutation-backup"
-    restore_leftovers(backup_dir)
+    if not a.check:
+        build = (ROOT / a.build_dir).resolve()
+        build.mkdir(parents=True, exist_ok=True)
+        backup_dir = build / "mutation-backup"
+        restore_leftovers(backup_dir)
 
-    # Every mutation must still match the code, exactly once.
+    # Every mutation must still match the code, exactly once, under a name of its own.
     stale = []
+    names = [m["name"] for m in mutations]
+    stale += [f"{n}: the name is used {names.count(n)} times" for n in sorted(set(names)) if names.count(n) > 1]
     for m in mutations:
         text = (ROOT / m["file"]).read_text()
         lines = text.split("\n")
@@ -90,6 +100,9 @@ def main():
         print("\n".join("mutation: " + s for s in stale))
         print("the code changed: update tests/mutations.json")
         return 2
+    if a.check:
+        print(f"mutation: all {len(mutations)} mutations match the code, each line once")
+        return 0
 
     log = build / "mutation.log"
     log.write_text("")
