@@ -68,7 +68,8 @@
 //                     the space's own pools (the library's backend, one batch per
 //                     descriptor, in array order).
 //   Between Plan and Complete one plan is pending: Step and a second Plan are refused
-//   (kFailedPrecondition), and, as in DP, REQUIRES: no Allocate or Free on the space.
+//   (kFailedPrecondition), and, as in DP, REQUIRES: no Allocate, Free or Write on the space
+//   (a Write drops buffer copies a pending fetch targets).
 //   New tokens: Create turns on the space's stable_new_entries (TpConfig; Allocate in
 //   tp_address_space.h), as EngineStepPlanner does in DP: a new token goes to its home
 //   rank's device, in a free slot or a victim's, and no step of its round moves it, so the
