@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/step_kernels.h"
 #include "ula/selection_run.h"
 
 namespace ula {
@@ -59,6 +60,14 @@ struct KernelRuns {
     starts.push_back(first);
   }
   std::uint32_t num_runs() const { return static_cast<std::uint32_t>(tags.size()); }
+  // The runs' fields of a classify (the arrays stay owned here).
+  void FillRuns(kernels::ClassifyArgs& args) const {
+    args.run_starts = starts.data();
+    args.num_runs = num_runs();
+    args.run_tags = tags.data();
+    args.adopted_starts = adopted_starts.data();
+    args.adopted = adopted.data();
+  }
 };
 
 }  // namespace ula

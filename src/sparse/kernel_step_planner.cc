@@ -91,11 +91,7 @@ Result<StepStats> KernelStepPlanner::Step(const StepInput& input, std::span<Slot
   kernels::ClassifyArgs args;
   args.selections = Raw(input.selections);
   args.n = n;
-  args.run_starts = runs_.starts.data();
-  args.num_runs = runs_.num_runs();
-  args.run_tags = runs_.tags.data();
-  args.adopted_starts = runs_.adopted_starts.data();
-  args.adopted = runs_.adopted.data();
+  runs_.FillRuns(args);
   args.records = table.data();
   args.table_size = table.size();
   args.owner = st.owner.data();

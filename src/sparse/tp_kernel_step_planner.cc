@@ -107,11 +107,7 @@ Result<TpStepPlan> TpKernelStepPlanner::Step(GroupId group, std::span<const Logi
     kernels::ClassifyArgs args;
     args.selections = raw;
     args.n = n;
-    args.run_starts = runs_.starts.data();
-    args.num_runs = runs_.num_runs();
-    args.run_tags = runs_.tags.data();
-    args.adopted_starts = runs_.adopted_starts.data();
-    args.adopted = runs_.adopted.data();
+    runs_.FillRuns(args);
     args.records = const_cast<std::uint64_t*>(reinterpret_cast<const std::uint64_t*>(sh.home.data()));
     args.table_size = static_cast<std::uint32_t>(std::min<std::size_t>(entries, sh.home.size()));
     args.owner = st.owner.data();
@@ -140,35 +136,12 @@ Result<TpStepPlan> TpKernelStepPlanner::Step(GroupId group, std::span<const Logi
                                         reinterpret_cast<const std::uint32_t*>(w.slots.data()), w.hits.data()));
     w.missed.resize(kernels::omp::Compact(0, w.miss_first.data(), w.pos.data(), n, raw, w.missed.data()));
   }
-  Status refusal = Ok();
-  for (std::size_t h = 0; h < hosted.size() && refusal; ++h) {
+  for (std::size_t h = 0; h < hosted.size(); ++h) {  // TpStepPlanner's ClassifyRank refusals, in its order
     const RankScratch& w = ranks_[h];
     const TpGroupShard& sh = st.at(hosted[h], group);
-    for (std::uint32_t a : w.missed) {  // TpStepPlanner's ClassifyRank, in its order
-      if (sh.IsNewOnHost(LogicalAddr(a))) {
-        refusal = MakeError(ErrorCode::kResourceExhausted,
-                            fmt::format("rank {} group {}: address {} was placed on host by this round's Allocate (the "
-                                        "device held only this round's entries, or its victims' move failed): its KV "
-                                        "is written at that host slot, so this round cannot move it; select it after "
-                                        "AdvanceRound()", hosted[h].value(), group.value(), a));
-        break;
-      }
-    }
-    if (!refusal) break;
-    std::uint64_t newly_used = 0;
-    for (std::uint32_t s : w.hits) newly_used += !sh.policy->UsedInCurrentRound(SlotId(s));
-    const std::uint64_t room = std::uint64_t{sh.device.num_free()} + (sh.policy->NumEvictable() - newly_used);
-    if (w.missed.size() > room) {
-      refusal = MakeError(ErrorCode::kResourceExhausted,
-                          fmt::format("rank {} group {}: {} of its own entries must come to device but only {} device "
-                                      "slots are free or evictable: {} entries are used in this round (allocated or "
-                                      "selected since the last AdvanceRound(), this step's hits included) and cannot "
-                                      "be evicted: call AdvanceRound() after the round's attention, or select fewer "
-                                      "entries per round", hosted[h].value(), group.value(), w.missed.size(), room,
-                                      sh.device.num_used() + sh.device.num_free() - room));
-    }
+    ULA_RETURN_IF_ERROR(sh.RefuseMovingNewOnHost(hosted[h], group, w.missed));
+    ULA_RETURN_IF_ERROR(sh.RefuseHomeMisses(hosted[h], group, w.missed.size(), sh.HomeRoom(w.hits)));
   }
-  ULA_RETURN_IF_ERROR(refusal);
 
   // B. Each rank's home phase, as kernels.
   TpStepPlan plan;

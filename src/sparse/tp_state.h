@@ -4,6 +4,8 @@
 // different threads.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <deque>
@@ -14,6 +16,7 @@
 #include "sparse/address_refs.h"
 #include "sparse/pool_arenas.h"
 #include "backend/slot_pool.h"
+#include "ula/error.h"
 #include "ula/tp_address_space.h"
 
 namespace ula {
@@ -59,6 +62,44 @@ struct TpGroupShard {
 
   bool IsNewOnHost(LogicalAddr a) const {
     return !new_on_host.empty() && std::binary_search(new_on_host.begin(), new_on_host.end(), a);
+  }
+
+  // The refusals a TP home phase makes before it changes anything, shared by TpStepPlanner
+  // and TpKernelStepPlanner (one wording: their differential test compares messages).
+  // kResourceExhausted naming the first of `missed` (LogicalAddr or raw uint32 addresses)
+  // that this round's Allocate pinned on host (issue 27, item 1); Ok when none is.
+  template <class Addr>
+  Status RefuseMovingNewOnHost(Rank rank, GroupId group, const std::vector<Addr>& missed) const {
+    if (new_on_host.empty()) return Ok();
+    for (const Addr& raw : missed) {
+      const LogicalAddr a{raw};
+      if (IsNewOnHost(a)) {
+        return MakeError(ErrorCode::kResourceExhausted,
+                         fmt::format("rank {} group {}: address {} was placed on host by this round's Allocate (the "
+                                     "device held only this round's entries, or its victims' move failed): its KV "
+                                     "is written at that host slot, so this round cannot move it; select it after "
+                                     "AdvanceRound()", rank.value(), group.value(), a.value()));
+      }
+    }
+    return Ok();
+  }
+  // Free plus evictable device slots once `hits` (device slots) are used in this round.
+  template <class Slot>
+  std::uint64_t HomeRoom(const std::vector<Slot>& hits) const {
+    std::uint64_t newly_used = 0;
+    for (const Slot& s : hits) newly_used += !policy->UsedInCurrentRound(SlotId(s));
+    return std::uint64_t{device.num_free()} + (policy->NumEvictable() - newly_used);
+  }
+  // kResourceExhausted when `misses` entries homed here cannot come to device (room: HomeRoom).
+  Status RefuseHomeMisses(Rank rank, GroupId group, std::size_t misses, std::uint64_t room) const {
+    if (misses <= room) return Ok();
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("rank {} group {}: {} of its own entries must come to device but only {} device "
+                                 "slots are free or evictable: {} entries are used in this round (allocated or "
+                                 "selected since the last AdvanceRound(), this step's hits included) and cannot "
+                                 "be evicted: call AdvanceRound() after the round's attention, or select fewer "
+                                 "entries per round", rank.value(), group.value(), misses, room,
+                                 device.num_used() + device.num_free() - room));
   }
 
   // Drops the buffer copy of `a` if there is one.

@@ -187,7 +187,7 @@ void RemotePhase::Fail(RankWork& w, const std::vector<std::size_t>& misses, std:
 // The remote phase's claim on one rank: buffer hits touched, buffer slots for its remote
 // misses (free first, then victims of the buffer policy, whose read-only copies are
 // dropped, no write-back), nothing fetched or published yet.
-void ClaimBuffer(std::uint32_t entry_bytes, TpGroupShard& sh, RankWork& w) {
+void ClaimBuffer(const TpConfig& cfg, TpGroupShard& sh, RankWork& w) {
   sh.buffer_policy->Touch(w.buffer_hit_slots);
   const std::size_t n_miss = w.remote_missed.size();
   const std::size_t n_free = std::min<std::size_t>(n_miss, sh.buffer.num_free());
@@ -202,7 +202,10 @@ void ClaimBuffer(std::uint32_t entry_bytes, TpGroupShard& sh, RankWork& w) {
   }
   w.stats.remote_fetches = n_miss;
   w.stats.buffer_evictions = n_miss - n_free;
-  w.stats.remote_bytes = n_miss * std::uint64_t{entry_bytes};
+  w.stats.remote_bytes = n_miss * std::uint64_t{cfg.entry_bytes};
+  std::vector<char> sources(cfg.num_ranks, 0);  // one fetch batch per source rank with misses
+  for (LogicalAddr a : w.remote_missed) sources[a.value() % cfg.num_ranks] = 1;
+  w.stats.source_batches = static_cast<std::uint32_t>(std::count(sources.begin(), sources.end(), 1));
   w.fetch_failed.assign(n_miss, 0);
 }
 
@@ -232,14 +235,13 @@ void RemotePhase::AssignAndSubmit(RankWork& w) const {
   if (!w.status) return;
   const std::uint32_t p = space.config().num_ranks;
   TpGroupShard& sh = st.at(w.rank, group);
-  ClaimBuffer(space.config().entry_bytes, sh, w);
+  ClaimBuffer(space.config(), sh, w);
   std::vector<std::vector<std::size_t>> by_source(p);
   for (std::size_t i = 0; i < w.remote_missed.size(); ++i) by_source[w.remote_missed[i].value() % p].push_back(i);
   std::vector<LogicalAddr> addrs;
   std::vector<std::byte*> dst;
   for (std::uint32_t q = 0; q < p; ++q) {
     if (by_source[q].empty()) continue;
-    ++w.stats.source_batches;
     const Rank src(static_cast<std::uint16_t>(q));
     if (space.Hosts(src)) {
       const TpGroupShard& home = st.at(src, group);
@@ -375,33 +377,12 @@ Status ClassifyRank(RankWork& w, const TpGroupShard& sh, std::span<const Logical
   w.stats.buffer_hits = w.buffer_hit_slots.size();
   // A new entry pinned on host (TpConfig::stable_new_entries) is written at that host slot:
   // no step of its round moves it (issue 27, item 1).
-  if (!sh.new_on_host.empty()) {
-    for (LogicalAddr a : w.home_missed) {
-      if (sh.IsNewOnHost(a)) {
-        return MakeError(ErrorCode::kResourceExhausted,
-                         fmt::format("rank {} group {}: address {} was placed on host by this round's Allocate (the "
-                                     "device held only this round's entries, or its victims' move failed): its KV "
-                                     "is written at that host slot, so this round cannot move it; select it after "
-                                     "AdvanceRound()", w.rank.value(), group.value(), a.value()));
-      }
-    }
-  }
-  auto room = [](const SlotPool& pool, const ResidencyPolicy& policy, const std::vector<SlotId>& hits) {
-    std::uint64_t newly_used = 0;
-    for (SlotId s : hits) newly_used += !policy.UsedInCurrentRound(s);
-    return std::uint64_t{pool.num_free()} + (policy.NumEvictable() - newly_used);
-  };
-  const std::uint64_t home_room = room(sh.device, *sh.policy, w.home_hit_slots);
-  const std::uint64_t buffer_room = room(sh.buffer, *sh.buffer_policy, w.buffer_hit_slots);
-  if (w.home_missed.size() > home_room) {
-    return MakeError(ErrorCode::kResourceExhausted,
-                     fmt::format("rank {} group {}: {} of its own entries must come to device but only {} device "
-                                 "slots are free or evictable: {} entries are used in this round (allocated or "
-                                 "selected since the last AdvanceRound(), this step's hits included) and cannot "
-                                 "be evicted: call AdvanceRound() after the round's attention, or select fewer "
-                                 "entries per round", w.rank.value(), group.value(), w.home_missed.size(),
-                                 home_room, sh.device.num_used() + sh.device.num_free() - home_room));
-  }
+  ULA_RETURN_IF_ERROR(sh.RefuseMovingNewOnHost(w.rank, group, w.home_missed));
+  ULA_RETURN_IF_ERROR(sh.RefuseHomeMisses(w.rank, group, w.home_missed.size(), sh.HomeRoom(w.home_hit_slots)));
+  std::uint64_t buffer_newly_used = 0;
+  for (SlotId s : w.buffer_hit_slots) buffer_newly_used += !sh.buffer_policy->UsedInCurrentRound(s);
+  const std::uint64_t buffer_room =
+      std::uint64_t{sh.buffer.num_free()} + (sh.buffer_policy->NumEvictable() - buffer_newly_used);
   if (w.remote_missed.size() > buffer_room) {
     return MakeError(ErrorCode::kResourceExhausted,
                      fmt::format("rank {} group {}: {} remote entries must be fetched but only {} local-buffer "
@@ -589,10 +570,7 @@ Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const Logica
     w.buffer_targets.clear();
     w.fetch_failed.clear();
     if (!at_home) {
-      ClaimBuffer(entry_bytes, st.at(w.rank, group), w);
-      std::vector<char> sources(space_.config().num_ranks, 0);
-      for (LogicalAddr a : w.remote_missed) sources[a.value() % space_.config().num_ranks] = 1;
-      w.stats.source_batches = static_cast<std::uint32_t>(std::count(sources.begin(), sources.end(), 1));
+      ClaimBuffer(space_.config(), st.at(w.rank, group), w);
     }
   }
   sc.home_pending = true;

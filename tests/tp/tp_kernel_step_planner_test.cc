@@ -224,6 +224,42 @@ TEST(TpKernelStepPlanner, FailedBatchesPublishNothingAndLoseNothing) {
   EXPECT_GT(published, 5u);
 }
 
+// The room bound, exactly: a rank whose device pool has 4 evictable slots takes 4 misses
+// and refuses 5 (kResourceExhausted, nothing changed), in both planners alike.
+TEST(TpKernelStepPlanner, TheRoomBoundIsExact) {
+  auto backend_a = MakeCpuBackend(), backend_b = MakeCpuBackend();
+  TpConfig c = testing::SmallTpConfig(2, /*device=*/4, /*host=*/16, 0, /*groups=*/2, kEntry);
+  c.attention = TpAttention::kAtHome;
+  auto a = TpAddressSpace::Create(c, *backend_a).value();
+  auto b = TpAddressSpace::Create(c, *backend_b).value();
+  for (TpAddressSpace* s : {a.get(), b.get()}) {
+    ASSERT_TRUE(s->AddRequest(RequestId(1)));
+    ASSERT_TRUE(s->Allocate(RequestId(1), 24));  // 12 per rank: 4 on device, 8 on host
+    s->AdvanceRound();
+  }
+  std::vector<LogicalAddr> on_host;  // rank 0's entries on host
+  for (LogicalAddr x : a->AddressesOf(RequestId(1)).value()) {
+    if (a->HomeOf(x) == Rank(0) && a->Lookup(x, GroupId(0))->tier() == Tier::kHost) on_host.push_back(x);
+  }
+  ASSERT_GE(on_host.size(), 5u);
+  TpKernelStepPlanner kernels(*a);
+  TpStepPlanner reference(*b, nullptr, {.parallel_ranks = false});
+  for (std::size_t k : {5u, 4u}) {
+    const std::vector<LogicalAddr> sel(on_host.begin(), on_host.begin() + static_cast<std::ptrdiff_t>(k));
+    const std::vector<SelectionRun> runs{{RequestId(1), static_cast<std::uint32_t>(k)}};
+    const auto before = a->DebugDigest();
+    auto got = kernels.Step(GroupId(0), sel, runs);
+    auto want = reference.Step(GroupId(0), sel, runs);
+    ASSERT_EQ(got.has_value(), k == 4) << k << " misses";
+    ExpectSamePlan(got, want, static_cast<int>(k));
+    if (k == 5) {
+      EXPECT_EQ(got.error().code(), ErrorCode::kResourceExhausted);
+      EXPECT_EQ(a->DebugDigest(), before);
+    }
+    EXPECT_EQ(a->DebugDigest(), b->DebugDigest());
+  }
+}
+
 TEST(TpKernelStepPlanner, RefusesWhatItDoesNotCover) {
   auto backend = MakeCpuBackend();
   TpConfig lb = Config(2);
