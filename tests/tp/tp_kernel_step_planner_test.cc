@@ -238,7 +238,8 @@ TEST(TpKernelStepPlanner, TheRoomBoundIsExact) {
     s->AdvanceRound();
   }
   std::vector<LogicalAddr> on_host;  // rank 0's entries on host
-  for (LogicalAddr x : a->AddressesOf(RequestId(1)).value()) {
+  const auto list = a->AddressesOf(RequestId(1)).value();  // named: the Result is a temporary
+  for (LogicalAddr x : list) {
     if (a->HomeOf(x) == Rank(0) && a->Lookup(x, GroupId(0))->tier() == Tier::kHost) on_host.push_back(x);
   }
   ASSERT_GE(on_host.size(), 5u);
