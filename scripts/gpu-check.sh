@@ -7,10 +7,13 @@
 #   1. nvidia-smi -L                                  the GPU it found
 #   2. cmake -DULA_WITH_CUDA=ON, Release, sm_90 (CMAKE_CUDA_ARCHITECTURES=90: the H200 only,
 #      to save compile time), and a build of ula_kernels_cuda, ula_backend_cuda,
-#      kernel_step_planner_test, device_step_test, policy_test and the ula program
+#      kernel_step_planner_test, device_step_test, tp_device_step_test, policy_test and the
+#      ula program
 #   3. ctest: kernel_step_planner_test (the OpenMP kernels against the CPU planner),
 #      device_step_test (the device step's OpenMP form against EngineStepPlanner, and
 #      DeviceStep.CudaFormMatchesOpenMpForm: the CUDA form against the OpenMP form on the GPU),
+#      tp_device_step_test (TP at home, per rank, against TpEngineStepPlanner, and
+#      TpDeviceStep.CudaFormMatchesOpenMpForm on the GPU),
 #      policy_test (kernel_pb_lru in the conformance suite), cli_verify_kernels,
 #      cli_verify_kernels_faults, layering
 #   4. ula bench planner --planner kernels at 1, 2, 8 and 16 OpenMP threads (h200_dp_mtpoff,
@@ -37,11 +40,11 @@ step "2. configure and build (ULA_WITH_CUDA=ON, sm_90)"
 run cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DULA_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DULA_BUILD_BENCH=OFF -DULA_BUILD_PYTHON=OFF >"$OUT/configure.log"
 run cmake --build "$BUILD" -j"$JOBS" --target ula_kernels_cuda ula_backend_cuda kernel_step_planner_test \
-  device_step_test policy_test ula_cli >"$OUT/build.log"
+  device_step_test tp_device_step_test policy_test ula_cli >"$OUT/build.log"
 echo "built in $(( $(date +%s) - start )) s"
 
 step "3. tests"
-run ctest --test-dir "$BUILD" -R '^(kernel_step_planner_test|device_step_test|policy_test|cli_verify_kernels|cli_verify_kernels_faults|layering)$' \
+run ctest --test-dir "$BUILD" -R '^(kernel_step_planner_test|device_step_test|tp_device_step_test|policy_test|cli_verify_kernels|cli_verify_kernels_faults|layering)$' \
   --output-on-failure | tee "$OUT/ctest.log"
 
 step "4. bench planner, kernels (OpenMP) and cpu, same run"
@@ -52,6 +55,7 @@ done
 
 step "5. the CUDA form's own test (verbose: skipped or run) and bench gather, cuda and cpu"
 run "$BUILD/tests/sparse/device_step_test" --gtest_filter='DeviceStep.CudaFormMatchesOpenMpForm' | tee "$OUT/device_step_cuda.txt"
+run "$BUILD/tests/tp/tp_device_step_test" --gtest_filter='TpDeviceStep.CudaFormMatchesOpenMpForm' | tee "$OUT/tp_device_step_cuda.txt"
 run "$BUILD/tools/ula/ula" bench gather --backend cuda --repeats 15 | tee "$OUT/bench_gather_cuda.txt"
 run "$BUILD/tools/ula/ula" bench gather --backend cpu --repeats 5 | tee "$OUT/bench_gather_cpu.txt"
 

@@ -15,7 +15,9 @@
 // request id: StepArrays::requests holds request ids below num_requests), the device and host
 // pools' free bitmaps, the device pool's PB-LRU as flat bitmaps with a summary level
 // (kernels/step_kernels.h, the layout of policy kernel_pb_lru) and each device slot's
-// address. Create copies it from an AddressSpace whose policy is kernel_pb_lru; from then on
+// address. Create copies it from an AddressSpace whose policy is kernel_pb_lru (host shadows,
+// AddressSpaceConfig::host_shadows, are not kept: their host slots are free in the copy, as
+// EngineStepPlanner::Create frees them); from then on
 // the device step's state is the authoritative one for that (rank, group) (ReadState copies
 // it back for inspection). Allocate, Free and ShareInto are not device operations yet: an
 // engine that needs them between steps re-creates the device step (see "Not built").
@@ -52,8 +54,34 @@
 //
 // The OpenMP form (config.cuda = false) runs the same kernels on the host, on host memory,
 // with `stream` ignored: it is what `make test` checks against EngineStepPlanner.
-// TP attention at home (each rank plans its own shard) has no device step yet; its kernels
-// run host-orchestrated per rank in TpKernelStepPlanner (src/sparse/tp_kernel_step_planner.h).
+//
+// TP attention at home (Create from a TpAddressSpace): one device step per (rank, group)
+// shard, each in its rank's process, on its rank's stream, planning its own shard only —
+// TpEngineStepPlanner's Plan / Complete (ula/tp_engine_step.h, kAtHome) cut by rank. The
+// kernels are the DP step's with the home table as the records (address a at a / P), the
+// directory (owner tags by address, the request table) replicated in each rank's copy. A
+// selection homed on another rank is checked against the directory (live, held by its
+// row's request) and gets index -1: its home rank's partial covers it. A step must be
+// refused on every rank or none (a rank that moved would diverge from the others' plans), so
+// TP splits Plan in two around the engine's agreement:
+//   step->Check(arrays, stream);                       // classify, decide: writes verdict()
+//   ncclAllReduce(step->verdict(), agreed, 1, ncclUint32, ncclMax, comm, stream);
+//   step->Claim(agreed, stream);                       // claims, descriptors, indices, record
+//   copy_kernel<<<..., stream>>>(descriptors, status); step->Complete(status, stream);
+// all enqueued, no host synchronisation, so the sequence (the all-reduce included) captures
+// in one CUDA graph as the DP step does. verdict() is 0 or 1 + the ErrorCode of this rank's
+// refusal (a value < -1 anywhere: kInvalidArgument; the lowest invalid selection: kNotFound;
+// more home misses than descriptor rows, or than free + evictable device slots:
+// kResourceExhausted); a rank whose own verdict is 0 but whose agreed value is not refuses
+// with kFailedPrecondition. Either way the StepRecord alone is written and nothing changes.
+// TpEngineStepPlanner, every rank in one process, returns the first refusing rank's error.
+// StepRecord in TP: selections counts every non-padding selection; distinct, hits, misses,
+// evictions count this rank's home entries (the ranks' distinct add up to
+// TpRankStepStats::distinct); a descriptor moves one whole entry (num_layers 1, bytes =
+// entry_bytes, offsets slot * entry_bytes), src_rank == dst_rank == this rank.
+// Not covered in TP: the local buffer (kLocalBuffer, refused at Create), entries placed on
+// host by this round's Allocate (refused at Create, as in DP).
+//
 // Thread-safety: one driver thread per DeviceStep.
 #pragma once
 
@@ -65,6 +93,7 @@
 #include "ula/error.h"
 #include "ula/ids.h"
 #include "ula/step_arrays.h"
+#include "ula/tp_address_space.h"
 
 namespace ula {
 
@@ -89,6 +118,7 @@ struct DeviceStepState {
   std::uint32_t round = 0, cur = 0;
   std::uint64_t tracked = 0;
   std::uint32_t published = 0, failed = 0;   // of the last Complete
+  std::uint32_t error = 0;                   // *verdict(): after Check this rank's, after Claim the step's
 };
 
 class DeviceStep {
@@ -99,6 +129,10 @@ class DeviceStep {
   // pending: create after AdvanceRound; config.cuda in a build without CUDA or with no
   // device), kResourceExhausted (device memory).
   static Result<std::unique_ptr<DeviceStep>> Create(const AddressSpace& space, Rank rank, GroupId group,
+                                                    const DeviceStepConfig& config);
+  // TP attention at home: rank's shard of group. The same errors, plus kFailedPrecondition
+  // for TpAttention::kLocalBuffer or a rank this space does not host.
+  static Result<std::unique_ptr<DeviceStep>> Create(const TpAddressSpace& space, Rank rank, GroupId group,
                                                     const DeviceStepConfig& config);
   ~DeviceStep();
   DeviceStep(const DeviceStep&) = delete;
@@ -113,7 +147,18 @@ class DeviceStep {
   // stride below top_k, a null array, num_rows != batch * q_len without row_batch),
   // kFailedPrecondition (a plan is pending). Refusals that depend on the data (the first bad
   // selection, no room, too few descriptor rows) come back in StepRecord::error.
+  // TP with more than one rank: kFailedPrecondition (use Check and Claim).
   Status Plan(const StepArrays& arrays, void* stream);
+  // Plan's first half: enqueues the checks and writes verdict(); changes no state. The same
+  // host checks as Plan. REQUIRES: the arrays' contents stay as they are until Claim.
+  Status Check(const StepArrays& arrays, void* stream);
+  // This rank's verdict after Check (device memory, one uint32): 0, or 1 + the ErrorCode.
+  // Read it (reduce it) before Claim: Claim overwrites it with the step's agreed error.
+  const std::uint32_t* verdict() const;
+  // Plan's second half: `agreed` (device memory, one uint32: the MAX of every rank's verdict,
+  // or verdict() itself for one rank) decides; claims, writes the descriptors, indices and
+  // the StepRecord. Complete follows as after Plan. kFailedPrecondition: no Check is pending.
+  Status Claim(const std::uint32_t* agreed, void* stream);
   // Enqueues the publish of the pending plan: status[i] == 0 publishes descriptor i.
   // `status` is device memory [max_descriptors]. kFailedPrecondition: no plan is pending.
   Status Complete(const std::uint8_t* status, void* stream);
@@ -131,7 +176,11 @@ class DeviceStep {
   struct Impl;  // src/sparse/device_step.cc
 
  private:
+  struct ShardSource;  // what Create copies from either space (src/sparse/device_step.cc)
+  static Result<std::unique_ptr<DeviceStep>> Build(const ShardSource& source, const DeviceStepConfig& config);
   explicit DeviceStep(std::unique_ptr<Impl> impl);
+  // Plan's and Check's host checks; on success the arrays are the step's io.
+  Status Accept(const StepArrays& arrays, const char* what);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -259,6 +259,7 @@ class TpAddressSpace {
   friend class TpStepPlanner;
   friend class TpEngineStepPlanner;
   friend class TpKernelStepPlanner;
+  friend class DeviceStep;
   TpAddressSpace(const TpConfig& config, Backend& backend, std::vector<Rank> hosted, std::unique_ptr<State> state);
   // Frees an address whose last holder let go (home slots, hosted copies, directory).
   void FreeAddress(LogicalAddr a);

@@ -145,21 +145,26 @@ enum DeviceKind : std::uint8_t {
   kDevHit = 0,
   kDevMiss = 1,
   kDevPad = 2,
-  // refusals, in the order EngineStepPlanner checks a selection:
-  kDevBadValue = 3,       // < -1
-  kDevNotLive = 4,        // not a live address
-  kDevUnknownRequest = 5, // its row's request is unknown
-  kDevNotHeld = 6,        // its row's request does not hold it
-  kDevOtherRank = 7,      // lives on another rank
+  kDevElsewhere = 3,      // TP (num_ranks > 1): valid, homed on another rank (index -1)
+  // refusals, in the order EngineStepPlanner checks a selection (every kind above
+  // kDevElsewhere is one):
+  kDevBadValue = 4,       // < -1
+  kDevNotLive = 5,        // not a live address
+  kDevUnknownRequest = 6, // its row's request is unknown
+  kDevNotHeld = 7,        // its row's request does not hold it
+  kDevOtherRank = 8,      // DP: lives on another rank
 };
 // The values the device writes to StepRecord::error: 1 + the ErrorCode (filled by the host
 // side from ula/error.h, which the CUDA form does not include).
 struct DeviceErrorCodes {
-  std::uint32_t invalid_argument = 0, not_found = 0, resource_exhausted = 0;
+  std::uint32_t invalid_argument = 0, not_found = 0, resource_exhausted = 0, failed_precondition = 0;
 };
 struct DeviceStepControl {
   std::uint32_t first_bad = kNoSelection;  // lowest selection that failed a check
-  std::uint32_t error = 0;                 // 1 + the ErrorCode of a refused step, or 0
+  std::uint32_t bad_value = 0;             // TP: 1 when any selection is < -1 (checked first)
+  // 1 + the ErrorCode of a refused step, or 0. After DeviceCheck: this rank's verdict, which
+  // a TP engine reduces with MAX over the ranks; DeviceClaim then sets the agreed refusal.
+  std::uint32_t error = 0;
   std::uint32_t selections = 0;            // non-padding selections
   std::uint32_t n_hit = 0, n_miss = 0, n_free = 0, n_victims = 0;
   std::uint32_t newly_used = 0;            // distinct hits not yet used in this round
@@ -178,9 +183,13 @@ struct ScratchArena {
 struct DeviceStepArgs {
   StepArrays io;                               // the engine's arrays (device pointers; stats pinned host)
   // The state of one (rank, group), device memory.
+  // DP: the group's location table, by address. TP (num_ranks = P > 1): the rank's home
+  // table, address a (homed on rank a mod P) at records[a / P]; first[] indexed alike.
   std::uint64_t* records = nullptr;            // [table_size] locations (the stamp bits unused)
-  const std::uint32_t* owner = nullptr;        // [table_size] owner tags
+  const std::uint32_t* owner = nullptr;        // [owner_size] owner tags, by address (0: not live)
   std::uint32_t table_size = 0;
+  std::uint32_t owner_size = 0;                // DP: table_size
+  std::uint32_t num_ranks = 1;                 // 1: DP; P: TP attention at home
   const std::uint32_t* request_tags = nullptr; // [num_requests] tag of request id r, 0 = none
   const std::uint32_t* adopted_starts = nullptr;  // [num_requests + 1] into adopted
   const std::uint32_t* adopted = nullptr;      // [..] each request's adopted addresses, sorted
@@ -260,6 +269,11 @@ struct IndexArgs {
   /* indices and the StepRecord; DeviceComplete publishes descriptor i where status[i] == 0 */           \
   /* ([io.max_descriptors] device bytes, written by the engine's copies earlier on the stream). */      \
   void DevicePlan(EXEC exec, const DeviceStepArgs& args);                                                 \
+  /* DevicePlan in two halves (TP): DeviceCheck classifies and decides (ctl->error: the */              \
+  /* verdict), changing no state; DeviceClaim, after the engine agreed the verdicts */                  \
+  /* (agreed: device memory, MAX over the ranks; nullptr: this rank's own), claims and writes. */       \
+  void DeviceCheck(EXEC exec, const DeviceStepArgs& args);                                                \
+  void DeviceClaim(EXEC exec, const DeviceStepArgs& args, const std::uint32_t* agreed);                  \
   void DeviceComplete(EXEC exec, const DeviceStepArgs& args, const std::uint8_t* status);                 \
   /* The form's memory (device memory for CUDA, host memory for OpenMP) and copies. */                   \
   void* MemAlloc(std::size_t bytes);                                                                      \

@@ -461,28 +461,51 @@ struct DevBegin {  // one thread: a fresh control block
   ULA_HD void operator()(std::uint32_t) const {
     DeviceStepControl& c = *a.ctl;
     c.first_bad = kNoSelection;
+    c.bad_value = 0;
     c.error = 0;
     c.selections = c.n_hit = c.n_miss = c.n_free = c.n_victims = c.newly_used = 0;
     c.pending = 0;
   }
 };
 
+// The request tag of selection j's row (0: unknown).
+ULA_HD inline std::uint32_t RowTag(const DeviceStepArgs& a, std::uint32_t j, std::int64_t& req) {
+  const std::uint32_t r = j / a.io.top_k;
+  const std::uint32_t b = a.io.row_batch != nullptr ? static_cast<std::uint32_t>(a.io.row_batch[r]) : r / a.io.q_len;
+  req = b < a.io.batch ? a.io.requests[b] : -1;
+  return req >= 0 && static_cast<std::uint64_t>(req) < a.num_requests ? a.request_tags[req] : 0;
+}
+
 // Validate (EngineStepPlanner's checks, in its order) and claim first[a] = the lowest
 // selection of each valid address (an atomic minimum: the order of the updates is irrelevant).
 struct DevClassify {
   DeviceStepArgs a;
+  // TP (TpEngineStepPlanner / TpStepPlanner's checks): the directory (live, the row's request
+  // known, held), then home: another rank's address is kDevElsewhere, this rank's is a hit or
+  // a miss by its home record.
+  ULA_HD std::uint8_t CheckTp(std::uint32_t j, std::uint32_t addr) const {
+    const std::uint32_t owner = addr < a.owner_size ? a.owner[addr] : 0;
+    if (owner == 0) return kDevNotLive;
+    std::int64_t req = -1;
+    const std::uint32_t tag = RowTag(a, j, req);
+    if (tag == 0) return kDevUnknownRequest;
+    if (owner != tag && !Contains(a.adopted, a.adopted_starts[req], a.adopted_starts[req + 1], addr)) return kDevNotHeld;
+    if (addr % a.num_ranks != a.rank) return kDevElsewhere;
+    const std::uint32_t e = addr / a.num_ranks;
+    const std::uint64_t loc = e < a.table_size ? a.records[e] & kLocationMask : 0;
+    if (loc == 0) return kDevNotLive;
+    return static_cast<std::uint32_t>(loc >> 48) == kTierDeviceCode ? kDevHit : kDevMiss;
+  }
   ULA_HD std::uint8_t Check(std::uint32_t j) const {
     const std::int32_t v = SelectionAt(a.io, j);
     if (v == -1) return kDevPad;
     if (v < -1) return kDevBadValue;
     const auto addr = static_cast<std::uint32_t>(v);
+    if (a.num_ranks > 1) return CheckTp(j, addr);
     const std::uint64_t loc = addr < a.table_size ? a.records[addr] & kLocationMask : 0;
     if (loc == 0) return kDevNotLive;
-    const std::uint32_t r = j / a.io.top_k;
-    const std::uint32_t b = a.io.row_batch != nullptr ? static_cast<std::uint32_t>(a.io.row_batch[r]) : r / a.io.q_len;
-    const std::int64_t req = b < a.io.batch ? a.io.requests[b] : -1;
-    const std::uint32_t tag =
-        req >= 0 && static_cast<std::uint64_t>(req) < a.num_requests ? a.request_tags[req] : 0;
+    std::int64_t req = -1;
+    const std::uint32_t tag = RowTag(a, j, req);
     if (tag == 0) return kDevUnknownRequest;
     const std::uint32_t owner = a.owner[addr];
     const bool holds = owner == tag || (owner != 0 && Contains(a.adopted, a.adopted_starts[req],
@@ -496,11 +519,13 @@ struct DevClassify {
     a.kind[j] = k;
     if (k == kDevPad) return;
     ::cuda::atomic_ref<std::uint32_t, kScope>(a.ctl->selections).fetch_add(1, kRelaxed);
-    if (k > kDevPad) {
+    if (k == kDevElsewhere) return;
+    if (k > kDevElsewhere) {
       AtomicMin(a.ctl->first_bad, j);
+      if (k == kDevBadValue) ::cuda::atomic_ref<std::uint32_t, kScope>(a.ctl->bad_value).store(1, kRelaxed);
       return;
     }
-    AtomicMin(a.first[static_cast<std::uint32_t>(SelectionAt(a.io, j))], j);
+    AtomicMin(a.first[EntryOf(a.num_ranks, static_cast<std::uint32_t>(SelectionAt(a.io, j)))], j);
   }
 };
 
@@ -512,11 +537,11 @@ struct DevFlag {
     const std::uint8_t k = a.kind[j];
     std::uint32_t hit = 0, miss = 0;
     if (k <= kDevMiss) {
-      const auto addr = static_cast<std::uint32_t>(SelectionAt(a.io, j));
-      if (a.first[addr] == j) {
+      const std::uint32_t e = EntryOf(a.num_ranks, static_cast<std::uint32_t>(SelectionAt(a.io, j)));
+      if (a.first[e] == j) {
         hit = k == kDevHit;
         miss = k == kDevMiss;
-        if (hit != 0 && a.pb.stamps[static_cast<std::uint32_t>(a.records[addr])] != a.pb.clock->round) {
+        if (hit != 0 && a.pb.stamps[static_cast<std::uint32_t>(a.records[e])] != a.pb.clock->round) {
           ::cuda::atomic_ref<std::uint32_t, kScope>(a.ctl->newly_used).fetch_add(1, kRelaxed);
         }
       }
@@ -530,7 +555,8 @@ struct DevScatter {
   DeviceStepArgs a;
   ULA_HD void operator()(std::uint32_t j) const {
     if (a.hit_flag[j] != 0) {
-      a.hits[a.hit_pos[j]] = static_cast<std::uint32_t>(a.records[static_cast<std::uint32_t>(SelectionAt(a.io, j))]);
+      a.hits[a.hit_pos[j]] =
+          static_cast<std::uint32_t>(a.records[EntryOf(a.num_ranks, static_cast<std::uint32_t>(SelectionAt(a.io, j)))]);
     }
     if (a.miss_flag[j] != 0) a.missed[a.miss_pos[j]] = static_cast<std::uint32_t>(SelectionAt(a.io, j));
   }
@@ -546,11 +572,14 @@ struct DevDecide {
     const std::uint32_t n_hit = n == 0 ? 0 : a.hit_pos[n - 1] + a.hit_flag[n - 1];
     const std::uint32_t n_miss = n == 0 ? 0 : a.miss_pos[n - 1] + a.miss_flag[n - 1];
     std::uint32_t error = 0;
-    if (c.first_bad != kNoSelection) {
+    const bool tp = a.num_ranks > 1;
+    if (tp && c.bad_value != 0) {  // TpEngineStepPlanner checks every value before any address
+      error = a.codes.invalid_argument;
+    } else if (c.first_bad != kNoSelection) {
       const std::uint8_t k = a.kind[c.first_bad];
       error = k == kDevBadValue || k == kDevOtherRank ? a.codes.invalid_argument : a.codes.not_found;
-    } else if (n_miss > a.io.max_descriptors) {
-      error = a.codes.invalid_argument;
+    } else if (n_miss > a.io.max_descriptors) {  // TP: TpStepPlanner::PlanHome's room for descriptors
+      error = tp ? a.codes.resource_exhausted : a.codes.invalid_argument;
     } else {
       const std::uint64_t free = *a.device_free.count;
       const std::uint64_t evictable = a.pb.clock->tracked - a.pb.counts[a.pb.clock->cur] - c.newly_used;
@@ -567,6 +596,20 @@ struct DevDecide {
   }
 };
 
+// One thread, after the engine reduced the ranks' verdicts (TP): a step another rank refused
+// is refused here too (kFailedPrecondition), and every count goes back to 0, so the claim
+// kernels after this one do nothing.
+struct DevAgree {
+  DeviceStepArgs a;
+  const std::uint32_t* agreed;
+  ULA_HD void operator()(std::uint32_t) const {
+    DeviceStepControl& c = *a.ctl;
+    if (c.error != 0 || agreed == nullptr || *agreed == 0) return;
+    c.error = a.codes.failed_precondition;
+    c.n_hit = c.n_miss = c.n_free = c.n_victims = c.pending = 0;
+  }
+};
+
 struct DevAllocate {  // the free slots taken: out of the free bitmap
   DeviceStepArgs a;
   ULA_HD void operator()(std::uint32_t i) const {
@@ -580,7 +623,7 @@ struct DevDescribe {
     const DeviceStepControl& c = *a.ctl;
     if (i >= c.n_miss) return;
     const std::uint32_t addr = a.missed[i];
-    const auto host_slot = static_cast<std::uint32_t>(a.records[addr]);
+    const auto host_slot = static_cast<std::uint32_t>(a.records[EntryOf(a.num_ranks, addr)]);
     CopyDescriptor d;
     d.src_slot = host_slot;
     d.dst_slot = a.targets[i];
@@ -607,13 +650,13 @@ struct DevIndices {
     if (a.ctl->error != 0) return;
     std::int32_t& out = a.io.indices[std::size_t{j / a.io.top_k} * a.io.index_stride + j % a.io.top_k];
     const std::uint8_t k = a.kind[j];
-    if (k == kDevPad) {
+    if (k == kDevPad || k == kDevElsewhere) {  // TP: another rank's partial covers it
       out = -1;
       return;
     }
-    const auto addr = static_cast<std::uint32_t>(SelectionAt(a.io, j));
-    out = static_cast<std::int32_t>(k == kDevHit ? static_cast<std::uint32_t>(a.records[addr])
-                                                 : a.targets[a.miss_pos[a.first[addr]]]);
+    const std::uint32_t e = EntryOf(a.num_ranks, static_cast<std::uint32_t>(SelectionAt(a.io, j)));
+    out = static_cast<std::int32_t>(k == kDevHit ? static_cast<std::uint32_t>(a.records[e])
+                                                 : a.targets[a.miss_pos[a.first[e]]]);
   }
 };
 
@@ -624,7 +667,7 @@ struct DevResetFirst {
   DeviceStepArgs a;
   ULA_HD void operator()(std::uint32_t j) const {
     if (a.kind[j] > kDevMiss) return;
-    ::cuda::atomic_ref<std::uint32_t, kScope>(a.first[static_cast<std::uint32_t>(SelectionAt(a.io, j))])
+    ::cuda::atomic_ref<std::uint32_t, kScope>(a.first[EntryOf(a.num_ranks, static_cast<std::uint32_t>(SelectionAt(a.io, j)))])
         .store(kNoSelection, kRelaxed);
   }
 };
@@ -662,7 +705,7 @@ struct DevPublish {
     const bool ok = status[i] == 0;
     ::cuda::atomic_ref<std::uint32_t, kScope>(ok ? c.published : c.failed).fetch_add(1, kRelaxed);
     const std::uint32_t addr = a.missed[i], dst = a.targets[i];
-    const auto host_slot = static_cast<std::uint32_t>(a.records[addr]);
+    const auto host_slot = static_cast<std::uint32_t>(a.records[EntryOf(a.num_ranks, addr)]);
     if (i < c.n_free) {
       if (!ok) {
         FlatSet(a.device_free, dst);
@@ -673,9 +716,9 @@ struct DevPublish {
     } else {
       if (!ok) return;
       const std::uint32_t victim = a.device_owner[dst];
-      a.records[victim] = MakeLocation(kTierHostCode, a.rank, host_slot);
+      a.records[EntryOf(a.num_ranks, victim)] = MakeLocation(kTierHostCode, a.rank, host_slot);
     }
-    a.records[addr] = MakeLocation(kTierDeviceCode, a.rank, dst);
+    a.records[EntryOf(a.num_ranks, addr)] = MakeLocation(kTierDeviceCode, a.rank, dst);
     a.device_owner[dst] = addr;
   }
 };
@@ -849,9 +892,8 @@ void PbTakeVictims(ULA_KERNELS_EXEC exec, const PbLruArrays& pb, std::uint32_t n
 #define ULA_KERNELS_SCAN_POLICY(e, arena) ULA_KERNELS_POLICY(e)
 #endif
 
-void DevicePlan(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
+void DeviceCheck(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
   const std::uint32_t n = args.io.num_rows * args.io.top_k;
-  const std::uint32_t n_desc = n < args.io.max_descriptors ? n : args.io.max_descriptors;
   auto policy = ULA_KERNELS_POLICY(exec);
   thrust::for_each(policy, Index(0), Index(1), DevBegin{args});
   if (n > 0) {
@@ -863,6 +905,13 @@ void DevicePlan(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
     thrust::for_each(policy, Index(0), Index(n), DevScatter{args});
   }
   thrust::for_each(policy, Index(0), Index(1), DevDecide{args, n});
+}
+
+void DeviceClaim(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint32_t* agreed) {
+  const std::uint32_t n = args.io.num_rows * args.io.top_k;
+  const std::uint32_t n_desc = n < args.io.max_descriptors ? n : args.io.max_descriptors;
+  auto policy = ULA_KERNELS_POLICY(exec);
+  if (agreed != nullptr) thrust::for_each(policy, Index(0), Index(1), DevAgree{args, agreed});
   DeviceStepControl* c = args.ctl;
   if (n > 0) {
     // Claim: touch the hits, take the lowest free slots, then the victims (PB-LRU's order)
@@ -892,6 +941,11 @@ void DevicePlan(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
     thrust::for_each(policy, Index(0), Index(n), DevResetFirst{args});
   }
   thrust::for_each(policy, Index(0), Index(1), DevRecord{args});
+}
+
+void DevicePlan(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
+  DeviceCheck(exec, args);
+  DeviceClaim(exec, args, nullptr);
 }
 
 void DeviceComplete(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint8_t* status) {

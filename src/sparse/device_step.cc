@@ -13,6 +13,7 @@
 #include "kernels/step_kernels.h"
 #include "policy/kernel_pb_lru.h"
 #include "sparse/address_space_state.h"
+#include "sparse/tp_state.h"
 #include "ula/check.h"
 #include "sparse/omp_team.h"
 
@@ -48,6 +49,7 @@ struct DeviceStep::Impl {
   std::uint32_t max_selections = 0, max_descriptors = 0;
   std::uint32_t device_capacity = 0, host_words = 0;
   bool pending = false;
+  bool checked = false;              // Check ran, Claim has not
   std::uint32_t round = 1;           // the host's count of the PB-LRU round (for the rebase)
 
   ~Impl() {
@@ -102,110 +104,204 @@ std::uint32_t DeviceStep::max_descriptors() const { return impl_->max_descriptor
 std::uint64_t DeviceStep::arena_high_water() const { return impl_->arena.high_water; }
 std::uint64_t DeviceStep::arena_overflows() const { return impl_->arena.overflows; }
 
+// What the device step copies from one (rank, group) of either space, in host memory.
+struct DeviceStep::ShardSource {
+  std::vector<std::uint64_t> records;        // DP: by address; TP: the home table, by address / P
+  std::vector<std::uint32_t> owner;          // by address
+  std::vector<std::uint32_t> tags, adopted_starts, adopted;  // the request table, by request id
+  const SlotPool* device = nullptr;
+  const SlotPool* host = nullptr;
+  const policy::KernelPbLru* pb = nullptr;
+  std::vector<std::uint32_t> device_owner;
+  // Host slots the pool counts allocated that the device step counts free: DP's host shadows
+  // (sparse/host_shadows.h). The device step keeps no shadows, as the engine path does not
+  // (EngineStepPlanner::Create turns them off): a shadow is free capacity, so it is dropped.
+  std::vector<std::uint32_t> host_slots_freed;
+  std::uint32_t rank = 0, group = 0, row_bytes = 0, num_layers = 1, num_ranks = 1;
+  std::uint64_t entry_bytes = 0;
+};
+
+namespace {
+
+// The checks both spaces share: rank, group, the policy, this round's new entries on host.
+Status CheckShard(std::uint32_t ranks, std::uint32_t groups, Rank rank, GroupId group, const ResidencyPolicy& policy,
+                  std::size_t new_on_host) {
+  if (rank.value() >= ranks) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} is out of range ({} ranks)", rank.value(), ranks));
+  }
+  if (group.value() >= groups) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", group.value(), groups));
+  }
+  if (dynamic_cast<const policy::KernelPbLru*>(&policy) == nullptr) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("rank {} group {}: the device step holds PB-LRU as flat bitmaps: create the space "
+                                 "with policy kernel_pb_lru (it has {})", rank.value(), group.value(), policy.name()));
+  }
+  if (new_on_host != 0) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("rank {} group {}: {} entries were placed on host by this round's Allocate: create "
+                                 "the device step after AdvanceRound()", rank.value(), group.value(), new_on_host));
+  }
+  return Ok();
+}
+
+// The request table, indexed by id: each holder's tag and sorted adopted addresses. `holders`
+// maps RequestId to a value with `tag` and `adopted` (DP's RequestState, TP's Holder).
+template <class Map>
+Status FillRequests(const Map& holders, std::vector<std::uint32_t>& tags,
+                    std::vector<std::uint32_t>& adopted_starts, std::vector<std::uint32_t>& adopted) {
+  std::uint64_t max_id = 0;
+  for (const auto& [id, h] : holders) max_id = std::max(max_id, id.value());
+  if (!holders.empty() && max_id >= kMaxRequestIds) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("request id {}: the device step's request table is indexed by id, ids must be below "
+                                 "2^24", max_id));
+  }
+  const std::uint32_t n = holders.empty() ? 0 : static_cast<std::uint32_t>(max_id + 1);
+  std::vector<const typename Map::mapped_type*> by_id(n, nullptr);
+  for (const auto& [id, h] : holders) by_id[id.value()] = &h;
+  tags.assign(n, 0);
+  adopted_starts.assign(n + 1, 0);
+  adopted.clear();
+  for (std::uint32_t r = 0; r < n; ++r) {
+    if (by_id[r] != nullptr) {
+      tags[r] = by_id[r]->tag;
+      for (LogicalAddr x : by_id[r]->adopted) adopted.push_back(x.value());
+    }
+    adopted_starts[r + 1] = static_cast<std::uint32_t>(adopted.size());
+  }
+  return Ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<DeviceStep>> DeviceStep::Create(const AddressSpace& space, Rank rank, GroupId group,
                                                        const DeviceStepConfig& config) {
   ULA_RETURN_IF_ERROR(config.Validate());
   const AddressSpace::State& st = *space.state_;
   const AddressSpaceConfig& cfg = space.config();
-  if (rank.value() >= cfg.num_ranks) {
-    return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} is out of range ({} ranks)", rank.value(), cfg.num_ranks));
-  }
-  if (group.value() >= cfg.num_groups) {
-    return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", group.value(), cfg.num_groups));
+  if (rank.value() >= cfg.num_ranks || group.value() >= cfg.num_groups) {
+    return std::unexpected(CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *st.at(Rank(0), GroupId(0)).policy, 0).error());
   }
   const GroupPools& gp = st.at(rank, group);
-  const auto* pb = dynamic_cast<const policy::KernelPbLru*>(gp.policy.get());
-  if (pb == nullptr) {
-    return MakeError(ErrorCode::kFailedPrecondition,
-                     fmt::format("rank {} group {}: the device step holds PB-LRU as flat bitmaps: create the space "
-                                 "with policy kernel_pb_lru (it has {})", rank.value(), group.value(), gp.policy->name()));
-  }
-  if (!gp.new_on_host.empty()) {
-    return MakeError(ErrorCode::kFailedPrecondition,
-                     fmt::format("rank {} group {}: {} entries were placed on host by this round's Allocate: create "
-                                 "the device step after AdvanceRound()", rank.value(), group.value(), gp.new_on_host.size()));
-  }
-  std::uint64_t max_id = 0;
-  for (const auto& [id, req] : st.requests) max_id = std::max(max_id, id.value());
-  if (!st.requests.empty() && max_id >= kMaxRequestIds) {
-    return MakeError(ErrorCode::kFailedPrecondition,
-                     fmt::format("request id {}: the device step's request table is indexed by id, ids must be below "
-                                 "2^24", max_id));
-  }
+  ULA_RETURN_IF_ERROR(CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *gp.policy, gp.new_on_host.size()));
+  ShardSource src;
+  ULA_RETURN_IF_ERROR(FillRequests(st.requests, src.tags, src.adopted_starts, src.adopted));
+  const AddressRecords& table = st.tables[group.value()];
+  src.records.assign(table.data(), table.data() + table.size());
+  for (std::uint64_t& r : src.records) r &= AddressRecords::kLocationMask;
+  src.owner.assign(st.owner.begin(), st.owner.end());
+  src.owner.resize(src.records.size(), 0);
+  src.device = &gp.device;
+  src.host = &gp.host;
+  if (gp.shadows.enabled()) gp.shadows.ForEach([&](SlotId, SlotId h) { src.host_slots_freed.push_back(h.value()); });
+  src.pb = dynamic_cast<const policy::KernelPbLru*>(gp.policy.get());
+  src.device_owner.resize(gp.device_owner.size());
+  for (std::size_t s = 0; s < src.device_owner.size(); ++s) src.device_owner[s] = gp.device_owner[s].value();
+  src.rank = rank.value();
+  src.group = group.value();
+  src.row_bytes = cfg.row();
+  src.num_layers = gp.num_layers;
+  src.entry_bytes = cfg.entry_bytes_of(group);
+  return Build(src, config);
+}
 
+Result<std::unique_ptr<DeviceStep>> DeviceStep::Create(const TpAddressSpace& space, Rank rank, GroupId group,
+                                                       const DeviceStepConfig& config) {
+  ULA_RETURN_IF_ERROR(config.Validate());
+  const TpAddressSpace::State& st = *space.state_;
+  const TpConfig& cfg = space.config();
+  if (rank.value() >= cfg.num_ranks || group.value() >= cfg.num_groups) {
+    return std::unexpected(
+        CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *st.at(space.hosted_ranks()[0], GroupId(0)).policy, 0).error());
+  }
+  if (!space.Hosts(rank)) {
+    return MakeError(ErrorCode::kFailedPrecondition, fmt::format("rank {}: this space does not host it", rank.value()));
+  }
+  if (cfg.attention != TpAttention::kAtHome) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     "the TP device step covers attention at home (the local buffer's remote phase is not a kernel yet)");
+  }
+  const TpGroupShard& sh = st.at(rank, group);
+  ULA_RETURN_IF_ERROR(CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *sh.policy, sh.new_on_host.size()));
+  ShardSource src;
+  ULA_RETURN_IF_ERROR(FillRequests(st.tags, src.tags, src.adopted_starts, src.adopted));
+  const std::size_t entries = HomeInUse(st, cfg, rank.value());
+  src.records.resize(entries);
+  for (std::size_t e = 0; e < entries; ++e) src.records[e] = sh.home[e].bits();
+  src.owner.assign(st.owner.begin(), st.owner.end());
+  src.device = &sh.device;
+  src.host = &sh.host;
+  src.pb = dynamic_cast<const policy::KernelPbLru*>(sh.policy.get());
+  src.device_owner.resize(sh.device_owner.size());
+  for (std::size_t s = 0; s < src.device_owner.size(); ++s) src.device_owner[s] = sh.device_owner[s].value();
+  src.rank = rank.value();
+  src.group = group.value();
+  src.row_bytes = cfg.entry_bytes;  // a TP entry moves whole: one row of entry_bytes
+  src.num_layers = 1;
+  src.entry_bytes = cfg.entry_bytes;
+  src.num_ranks = cfg.num_ranks;
+  return Build(src, config);
+}
+
+Result<std::unique_ptr<DeviceStep>> DeviceStep::Build(const ShardSource& src, const DeviceStepConfig& config) {
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   Impl& m = *impl;
   kernels::DeviceStepArgs& a = m.args;
-  const AddressRecords& table = st.tables[group.value()];
   m.max_selections = config.max_rows * config.max_top_k;
-  m.device_capacity = gp.device.capacity();
+  m.device_capacity = src.device->capacity();
   m.max_descriptors = std::min(m.max_selections, m.device_capacity);
   bool ok = true;
   auto need = [&](const void* p) { ok = ok && p != nullptr; };
 
   // The state.
-  std::vector<std::uint64_t> records(table.data(), table.data() + table.size());
-  for (std::uint64_t& r : records) r &= AddressRecords::kLocationMask;
-  a.table_size = table.size();
-  need(a.records = m.Upload(records));
-  std::vector<std::uint32_t> owner(st.owner.begin(), st.owner.end());
-  owner.resize(a.table_size, 0);
-  need(a.owner = m.Upload(owner));
-  a.num_requests = st.requests.empty() ? 0 : static_cast<std::uint32_t>(max_id + 1);
-  std::vector<std::uint32_t> tags(a.num_requests, 0), adopted_starts(a.num_requests + 1, 0), adopted;
-  {
-    std::vector<const RequestState*> by_id(a.num_requests, nullptr);
-    for (const auto& [id, req] : st.requests) by_id[id.value()] = &req;
-    for (std::uint32_t r = 0; r < a.num_requests; ++r) {
-      if (by_id[r] != nullptr) {
-        tags[r] = by_id[r]->tag;
-        for (LogicalAddr x : by_id[r]->adopted) adopted.push_back(x.value());
-      }
-      adopted_starts[r + 1] = static_cast<std::uint32_t>(adopted.size());
-    }
-  }
-  need(a.request_tags = m.Upload(tags));
-  need(a.adopted_starts = m.Upload(adopted_starts));
-  need(a.adopted = m.Upload(adopted));
-  auto flat = [&](const HierBitmap& b, kernels::FlatBitmap& f) {
+  a.table_size = static_cast<std::uint32_t>(src.records.size());
+  need(a.records = m.Upload(src.records));
+  a.owner_size = static_cast<std::uint32_t>(src.owner.size());
+  need(a.owner = m.Upload(src.owner));
+  a.num_ranks = src.num_ranks;
+  a.num_requests = static_cast<std::uint32_t>(src.tags.size());
+  need(a.request_tags = m.Upload(src.tags));
+  need(a.adopted_starts = m.Upload(src.adopted_starts));
+  need(a.adopted = m.Upload(src.adopted));
+  auto flat = [&](const HierBitmap& b, kernels::FlatBitmap& f, const std::vector<std::uint32_t>& also_free) {
     f.num_words = static_cast<std::uint32_t>(b.num_words());
     f.num_summary = SummaryWords(f.num_words);
     std::vector<std::uint64_t> words(b.words(), b.words() + b.num_words()), summary(f.num_summary, 0);
+    for (std::uint32_t slot : also_free) words[slot >> 6] |= std::uint64_t{1} << (slot & 63);
     for (std::uint32_t w = 0; w < f.num_words; ++w) {
       if (words[w] != 0) summary[w >> 6] |= std::uint64_t{1} << (w & 63);
     }
     need(f.words = m.Upload(words));
     need(f.summary = m.Upload(summary));
-    need(f.count = m.Upload(std::vector<std::uint64_t>{b.Count()}));
+    need(f.count = m.Upload(std::vector<std::uint64_t>{b.Count() + also_free.size()}));
   };
-  flat(gp.device.free_bitmap(), a.device_free);
-  flat(gp.host.free_bitmap(), a.host_free);
+  flat(src.device->free_bitmap(), a.device_free, {});
+  flat(src.host->free_bitmap(), a.host_free, src.host_slots_freed);
   m.host_words = a.host_free.num_words;
   {
-    const kernels::PbLruArrays src = pb->arrays();
+    const kernels::PbLruArrays pb = src.pb->arrays();
     kernels::PbLruArrays& d = a.pb;
-    d = src;
-    const std::size_t buckets = src.recent + 2;
-    need(d.words = m.Upload(std::vector<std::uint64_t>(src.words, src.words + buckets * src.num_words)));
-    need(d.summary = m.Upload(std::vector<std::uint64_t>(src.summary, src.summary + buckets * src.num_summary)));
-    need(d.counts = m.Upload(std::vector<std::uint64_t>(src.counts, src.counts + buckets)));
-    need(d.stamps = m.Upload(std::vector<std::uint32_t>(src.stamps, src.stamps + src.capacity)));
-    need(d.clock = m.Upload(std::vector<kernels::PbLruClock>{*src.clock}));
-    m.round = src.clock->round;
+    d = pb;
+    const std::size_t buckets = pb.recent + 2;
+    need(d.words = m.Upload(std::vector<std::uint64_t>(pb.words, pb.words + buckets * pb.num_words)));
+    need(d.summary = m.Upload(std::vector<std::uint64_t>(pb.summary, pb.summary + buckets * pb.num_summary)));
+    need(d.counts = m.Upload(std::vector<std::uint64_t>(pb.counts, pb.counts + buckets)));
+    need(d.stamps = m.Upload(std::vector<std::uint32_t>(pb.stamps, pb.stamps + pb.capacity)));
+    need(d.clock = m.Upload(std::vector<kernels::PbLruClock>{*pb.clock}));
+    m.round = pb.clock->round;
   }
-  std::vector<std::uint32_t> device_owner(gp.device_owner.size());
-  for (std::size_t s = 0; s < device_owner.size(); ++s) device_owner[s] = gp.device_owner[s].value();
-  need(a.device_owner = m.Upload(device_owner));
-  a.rank = rank.value();
-  a.group = group.value();
-  a.row_bytes = cfg.row();
-  a.num_layers = gp.num_layers;
-  a.entry_bytes = cfg.entry_bytes_of(group);
+  need(a.device_owner = m.Upload(src.device_owner));
+  a.rank = src.rank;
+  a.group = src.group;
+  a.row_bytes = src.row_bytes;
+  a.num_layers = src.num_layers;
+  a.entry_bytes = src.entry_bytes;
   a.codes.invalid_argument = 1 + static_cast<std::uint32_t>(ErrorCode::kInvalidArgument);
   a.codes.not_found = 1 + static_cast<std::uint32_t>(ErrorCode::kNotFound);
   a.codes.resource_exhausted = 1 + static_cast<std::uint32_t>(ErrorCode::kResourceExhausted);
-
+  a.codes.failed_precondition = 1 + static_cast<std::uint32_t>(ErrorCode::kFailedPrecondition);
   // The scratch, for the largest shape.
   need(a.first = m.Upload(std::vector<std::uint32_t>(a.table_size, kernels::kNoSelection)));
   need(a.kind = m.Zeroed<std::uint8_t>(m.max_selections));
@@ -235,10 +331,14 @@ Result<std::unique_ptr<DeviceStep>> DeviceStep::Create(const AddressSpace& space
   return std::unique_ptr<DeviceStep>(new DeviceStep(std::move(impl)));
 }
 
-Status DeviceStep::Plan(const StepArrays& arrays, void* stream) {
+Status DeviceStep::Accept(const StepArrays& arrays, const char* what) {
   Impl& m = *impl_;
-  auto bad = [](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, "DeviceStep::Plan: " + msg); };
-  if (m.pending) return MakeError(ErrorCode::kFailedPrecondition, "DeviceStep::Plan: a plan is pending: Complete it first");
+  auto bad = [what](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, fmt::format("DeviceStep::{}: {}", what, msg)); };
+  if (m.pending || m.checked) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("DeviceStep::{}: a {} is pending: {} it first", what, m.pending ? "plan" : "check",
+                                 m.pending ? "Complete" : "Claim"));
+  }
   if (arrays.selections == nullptr || arrays.requests == nullptr || arrays.indices == nullptr ||
       arrays.descriptors == nullptr || arrays.stats == nullptr) {
     return bad("selections, requests, indices, descriptors and stats must not be null");
@@ -259,6 +359,17 @@ Status DeviceStep::Plan(const StepArrays& arrays, void* stream) {
                            std::uint64_t{arrays.batch} * arrays.q_len));
   }
   m.args.io = arrays;
+  return Ok();
+}
+
+Status DeviceStep::Plan(const StepArrays& arrays, void* stream) {
+  Impl& m = *impl_;
+  if (m.args.num_ranks > 1) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("DeviceStep::Plan: a TP step of {} ranks must agree its verdict: Check, reduce "
+                                 "verdict() with MAX over the ranks, then Claim", m.args.num_ranks));
+  }
+  ULA_RETURN_IF_ERROR(Accept(arrays, "Plan"));
 #if defined(ULA_WITH_CUDA_KERNELS)
   if (m.config.cuda) {
     kernels::gpu::DevicePlan(stream, m.args);
@@ -270,6 +381,42 @@ Status DeviceStep::Plan(const StepArrays& arrays, void* stream) {
   OmpTeam team(m.config.threads);
   kernels::omp::DevicePlan(0, m.args);
   m.pending = true;
+  return Ok();
+}
+
+Status DeviceStep::Check(const StepArrays& arrays, void* stream) {
+  Impl& m = *impl_;
+  ULA_RETURN_IF_ERROR(Accept(arrays, "Check"));
+  m.checked = true;
+#if defined(ULA_WITH_CUDA_KERNELS)
+  if (m.config.cuda) {
+    kernels::gpu::DeviceCheck(stream, m.args);
+    return Ok();
+  }
+#endif
+  (void)stream;
+  OmpTeam team(m.config.threads);
+  kernels::omp::DeviceCheck(0, m.args);
+  return Ok();
+}
+
+const std::uint32_t* DeviceStep::verdict() const { return &impl_->args.ctl->error; }
+
+Status DeviceStep::Claim(const std::uint32_t* agreed, void* stream) {
+  Impl& m = *impl_;
+  if (!m.checked) return MakeError(ErrorCode::kFailedPrecondition, "DeviceStep::Claim: no Check is pending");
+  if (agreed == nullptr) return MakeError(ErrorCode::kInvalidArgument, "DeviceStep::Claim: agreed must not be null");
+  m.checked = false;
+  m.pending = true;
+#if defined(ULA_WITH_CUDA_KERNELS)
+  if (m.config.cuda) {
+    kernels::gpu::DeviceClaim(stream, m.args, agreed);
+    return Ok();
+  }
+#endif
+  (void)stream;
+  OmpTeam team(m.config.threads);
+  kernels::omp::DeviceClaim(0, m.args, agreed);
   return Ok();
 }
 
@@ -294,7 +441,9 @@ Status DeviceStep::Complete(const std::uint8_t* status, void* stream) {
 
 Status DeviceStep::AdvanceRound(void* stream) {
   Impl& m = *impl_;
-  if (m.pending) return MakeError(ErrorCode::kFailedPrecondition, "DeviceStep::AdvanceRound: a plan is pending");
+  if (m.checked || m.pending) {
+    return MakeError(ErrorCode::kFailedPrecondition, "DeviceStep::AdvanceRound: a plan or a check is pending");
+  }
   const bool rebase = m.round == ~std::uint32_t{0};
   m.round = (rebase ? m.args.pb.recent + 2 : m.round) + 1;
 #if defined(ULA_WITH_CUDA_KERNELS)
@@ -336,6 +485,7 @@ DeviceStepState DeviceStep::ReadState(void* stream) const {
   s.tracked = clock.tracked;
   s.published = ctl.published;
   s.failed = ctl.failed;
+  s.error = ctl.error;
   return s;
 }
 

@@ -14,9 +14,11 @@
 #include <random>
 #include <vector>
 
+#include "sparse/device_step_fixture.h"
 #include "sparse/space_fixture.h"
 #include "test_seed.h"
 #include "ula/engine_step.h"
+#include "ula/step_planner.h"
 
 namespace {
 std::atomic<std::uint64_t> g_allocations{0};
@@ -37,6 +39,10 @@ void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 namespace ula {
 namespace {
 
+using testing::DeviceIo;
+using testing::ExpectSameState;
+using testing::Shape;
+using testing::StepInputs;
 using testing::SmallConfig;
 
 constexpr std::uint32_t kGroups = 2;
@@ -68,69 +74,8 @@ std::unique_ptr<AddressSpace> BuildSpace(Backend& backend, PolicyKind policy, st
   return space;
 }
 
-struct Shape {
-  std::uint32_t batch = 1, q_len = 1, top_k = 8;
-  std::uint32_t sel_stride = 8, idx_stride = 8;
-  bool row_batch = false;
-  std::uint32_t rows() const { return batch * q_len; }
-};
-
-// One step's engine-owned arrays in the device step's (strided) layout.
-struct DeviceIo {
-  std::vector<std::int32_t> selections, row_batch, indices;
-  std::vector<std::int64_t> requests;
-  std::vector<CopyDescriptor> descriptors;
-  StepRecord record;
-  StepArrays arrays;
-  void Fill(const Shape& s, const std::vector<std::int32_t>& dense, const std::vector<RequestId>& reqs,
-            std::uint32_t max_descriptors) {
-    selections.assign(std::size_t{s.rows()} * s.sel_stride, 777777);  // past top_k: never read
-    indices.assign(std::size_t{s.rows()} * s.idx_stride, -9);
-    for (std::uint32_t r = 0; r < s.rows(); ++r) {
-      for (std::uint32_t c = 0; c < s.top_k; ++c) selections[std::size_t{r} * s.sel_stride + c] = dense[std::size_t{r} * s.top_k + c];
-    }
-    row_batch.resize(s.rows());
-    for (std::uint32_t r = 0; r < s.rows(); ++r) row_batch[r] = static_cast<std::int32_t>(r / s.q_len);
-    requests.clear();
-    for (RequestId r : reqs) requests.push_back(static_cast<std::int64_t>(r.value()));
-    descriptors.assign(max_descriptors, CopyDescriptor{});
-    record = StepRecord{};
-    arrays = StepArrays{};
-    arrays.selections = selections.data();
-    arrays.row_batch = s.row_batch ? row_batch.data() : nullptr;
-    arrays.requests = requests.data();
-    arrays.indices = indices.data();
-    arrays.descriptors = descriptors.data();
-    arrays.stats = &record;
-    arrays.num_rows = s.rows();
-    arrays.batch = s.batch;
-    arrays.q_len = s.q_len;
-    arrays.top_k = s.top_k;
-    arrays.selection_stride = s.sel_stride;
-    arrays.index_stride = s.idx_stride;
-    arrays.max_descriptors = max_descriptors;
-  }
-};
-
-void ExpectSameState(const DeviceStepState& a, const DeviceStepState& b, const char* what) {
-  EXPECT_EQ(a.records, b.records) << what;
-  EXPECT_EQ(a.device_owner, b.device_owner) << what;
-  EXPECT_EQ(a.device_free, b.device_free) << what;
-  EXPECT_EQ(a.host_free, b.host_free) << what;
-  EXPECT_EQ(a.stamps, b.stamps) << what;
-  EXPECT_EQ(a.bucket_words, b.bucket_words) << what;
-  EXPECT_EQ(a.round, b.round) << what;
-  EXPECT_EQ(a.cur, b.cur) << what;
-  EXPECT_EQ(a.tracked, b.tracked) << what;
-}
-
 // Random selections for a batch of rows: each row's request's own addresses (with
 // duplicates and -1 padding), sometimes one bad selection.
-struct StepInputs {
-  Shape shape;
-  std::vector<RequestId> requests;
-  std::vector<std::int32_t> dense;  // [batch][q_len][top_k]
-};
 StepInputs RandomStep(std::mt19937_64& rng, const AddressSpace& space, int fault) {
   StepInputs in;
   Shape& s = in.shape;
@@ -296,6 +241,33 @@ TEST(DeviceStep, FailedCopiesPublishNothingAndLoseNothing) {
   EXPECT_EQ(after.device_owner, before.device_owner);
   EXPECT_EQ(after.device_free, before.device_free) << "a failed copy's free slot is free again";
   EXPECT_EQ(after.host_free, before.host_free) << "no host slot is freed";
+}
+
+// Host shadows (issue 30) are free capacity the device step does not keep: Create counts
+// their host slots free, so none is lost (as EngineStepPlanner::Create frees them).
+TEST(DeviceStep, HostShadowsAreFreeInTheCopy) {
+  auto backend = MakeCpuBackend();
+  AddressSpaceConfig cfg = SmallConfig(4, 16, 1, 1, 32);
+  cfg.policy = PolicyKind::kKernelPbLru;
+  cfg.host_shadows = true;
+  auto space = AddressSpace::Create(cfg, *backend).value();
+  ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
+  const auto addrs = space->Allocate(RequestId(1), 16).value();
+  space->AdvanceRound();
+  StepPlanner planner(*space);
+  const std::vector<LogicalAddr> sel(addrs.begin() + 4, addrs.begin() + 8);  // on host: fetched, shadows kept
+  std::vector<SlotId> out(sel.size());
+  const auto runs = testing::Runs(RequestId(1), sel.size());
+  ASSERT_TRUE(planner.Step({Rank(0), GroupId(0), sel, runs}, out));
+  space->AdvanceRound();
+  const std::uint32_t shadows = space->NumHostShadows(Rank(0), GroupId(0));
+  ASSERT_EQ(shadows, 4u);
+  auto step = DeviceStep::Create(*space, Rank(0), GroupId(0), DeviceStepConfig{.max_rows = 1, .max_batch = 1, .max_top_k = 8})
+                  .value();
+  std::uint64_t free_bits = 0;
+  for (std::uint64_t w : step->ReadState(nullptr).host_free) free_bits += static_cast<std::uint64_t>(__builtin_popcountll(w));
+  EXPECT_EQ(free_bits, space->NumFree(Rank(0), GroupId(0), Tier::kHost)) << "the space counts its shadows free too";
+  EXPECT_EQ(free_bits, 4u) << "16 host slots: 12 entries on host, 4 shadows";
 }
 
 TEST(DeviceStep, AllocatesNothingAfterCreate) {
