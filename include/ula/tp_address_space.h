@@ -120,6 +120,14 @@ struct TpConfig {
   // entries go to free device slots, then host, where the round's steps may move them (the
   // library path, where Write goes to the current location).
   bool stable_new_entries = false;
+  // Clean host shadows per shard (issue 30, src/sparse/host_shadows.h), as in DP: a home
+  // entry fetched host -> device keeps its host slot as a reclaimable copy, counted free in
+  // every capacity figure, so that evicting it later moves no bytes. TpStepPlanner's Step
+  // (every rank, the fabric included) and Allocate keep them; TpEngineStepPlanner::Create
+  // turns them off (the engine path does not keep them); TpKernelStepPlanner and PlanHome
+  // refuse a space with them (kUnsupported); a DeviceStep counts them free. Off: exclusive
+  // tiers, every eviction copies.
+  bool host_shadows = false;
 
   // Names the first bad field.
   Status Validate() const;
@@ -245,6 +253,8 @@ class TpAddressSpace {
   // the device held only this round's entries, or a victim batch failed); 0 after
   // AdvanceRound() and for a rank not hosted.
   std::uint32_t NumNewOnHost(Rank rank, GroupId group) const;
+  // Host shadows of the shard (TpConfig::host_shadows; NumFree counts them free).
+  std::uint32_t NumHostShadows(Rank rank, GroupId group) const;
   // Empty (home == nullptr) unless Hosts(rank) and group < num_groups.
   TpShardMemory ShardMemory(Rank rank, GroupId group) const;
   Status CheckInvariants() const;

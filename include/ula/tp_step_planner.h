@@ -48,6 +48,7 @@ struct TpRankStepStats {
   std::uint64_t home_hits = 0;        // homed here, already on device
   std::uint64_t home_misses = 0;      // homed here, swapped in from host
   std::uint64_t home_evictions = 0;   // of those, how many displaced a victim (swap)
+  std::uint64_t home_shadow_evictions = 0;  // host shadows: of those, victims evicted to their shadow (no bytes)
   std::uint64_t buffer_hits = 0;      // homed elsewhere, found in the local buffer
   std::uint64_t remote_fetches = 0;   // homed elsewhere, fetched from the home rank
   std::uint64_t buffer_evictions = 0; // fetches that replaced an older buffer copy

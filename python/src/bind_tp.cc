@@ -82,6 +82,10 @@ void BindTp(py::module_& m) {
       .def_readwrite("stable_new_entries", &ula::TpConfig::stable_new_entries,
                      "New entries are placed on device and keep their slot for their round (a TpEngineStepPlanner "
                      "turns it on: the engine writes KV where it looked it up).")
+      .def_readwrite("host_shadows", &ula::TpConfig::host_shadows,
+                     "Each shard's fetched entries keep their host slot as a clean copy, counted free, so that their "
+                     "later eviction moves no bytes (src/sparse/host_shadows.h). Off by default; a TpEngineStepPlanner "
+                     "turns it off.")
       .def_property(
           "policy", [](const ula::TpConfig& c) { return std::string(ula::PolicyKindName(c.policy)); },
           [](ula::TpConfig& c, const std::string& name) { c.policy = ParsePolicy(name); },
@@ -103,6 +107,7 @@ void BindTp(py::module_& m) {
       .def_readonly("home_hits", &ula::TpRankStepStats::home_hits)
       .def_readonly("home_misses", &ula::TpRankStepStats::home_misses)
       .def_readonly("home_evictions", &ula::TpRankStepStats::home_evictions)
+      .def_readonly("home_shadow_evictions", &ula::TpRankStepStats::home_shadow_evictions)
       .def_readonly("buffer_hits", &ula::TpRankStepStats::buffer_hits)
       .def_readonly("remote_fetches", &ula::TpRankStepStats::remote_fetches)
       .def_readonly("buffer_evictions", &ula::TpRankStepStats::buffer_evictions)
@@ -196,6 +201,10 @@ rank hosted in this process. Owns its backend ('cpu' or 'counting').)doc")
              return s.space->NumNewOnHost(ula::Rank(rank), ula::GroupId(group));
            }, py::arg("rank"), py::arg("group"),
            "New entries of this round pinned on the rank's host pool (stable_new_entries).")
+      .def("num_host_shadows", [](TpSpace& s, std::uint16_t rank, std::uint16_t group) {
+             return s.space->NumHostShadows(ula::Rank(rank), ula::GroupId(group));
+           }, py::arg("rank"), py::arg("group"),
+           "Host shadows of the rank's shard (host_shadows; num_free counts them free).")
       .def("num_buffered", [](TpSpace& s, std::uint16_t rank, std::uint16_t group) {
              return s.space->NumBuffered(ula::Rank(rank), ula::GroupId(group));
            }, py::arg("rank"), py::arg("group"), "Entries in a rank's local buffer.")

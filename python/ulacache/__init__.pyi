@@ -214,6 +214,7 @@ class TpConfig:
     buffer_bytes_per_rank: int
     page_tokens: int
     stable_new_entries: bool  # new entries on device, slot kept for the round (TpEngineStepPlanner turns it on)
+    host_shadows: bool  # each shard's fetched entries keep their host slot as a clean copy (issue 30); off by default
     attention: str
     policy: str
     buffer_policy: str
@@ -231,6 +232,7 @@ class TpRankStepStats:
     home_hits: int
     home_misses: int
     home_evictions: int
+    home_shadow_evictions: int  # host_shadows: evictions that moved no bytes
     buffer_hits: int
     remote_fetches: int
     buffer_evictions: int
@@ -264,6 +266,7 @@ class TpAddressSpace:
     def num_used(self, rank: int, group: int, tier: str) -> int: ...
     def num_free(self, rank: int, group: int, tier: str) -> int: ...
     def num_new_on_host(self, rank: int, group: int) -> int: ...
+    def num_host_shadows(self, rank: int, group: int) -> int: ...
     def num_buffered(self, rank: int, group: int) -> int: ...
     def num_homed(self, rank: int) -> int: ...
     def share_into(self, request: int, addrs: U32) -> None: ...

@@ -106,8 +106,8 @@ struct CompareOptions {
   std::filesystem::path config_dir;
   // Called with one line per finished batch size and system (progress on long runs).
   std::function<void(std::string_view)> progress;
-  // UlaCache DP: clean host shadows (AddressSpaceConfig::host_shadows, issue 30); an
-  // eviction to a live shadow sends nothing over the host link. TP shards keep none.
+  // UlaCache: clean host shadows (AddressSpaceConfig::host_shadows, TpConfig::host_shadows,
+  // issue 30); an eviction to a live shadow sends nothing over the host link.
   bool host_shadows = false;
 };
 

@@ -432,7 +432,7 @@ class UlaTpSystem final : public SpaceSystem<TpAddressSpace> {
     c.distinct += attention_at_home() ? home : double(s.distinct);
     c.hits += s.home_hits + s.buffer_hits;
     c.h2d += s.home_misses;
-    c.d2h += s.home_evictions;
+    c.d2h += s.home_evictions - s.home_shadow_evictions;  // an eviction to its shadow sends nothing
     c.nvlink += s.remote_fetches;  // 0 at home
     c.batch_distinct += s.distinct;
     c.home += home;
@@ -506,6 +506,7 @@ Result<std::unique_ptr<SimSystem>> MakeSimSystem(const SimSystemConfig& cfg) {
   tc.host_bytes_per_rank = cfg.host_tokens * e;
   tc.buffer_bytes_per_rank = cfg.buffer_tokens * e;  // TpConfig::Validate refuses a buffer at home
   tc.attention = cfg.rules.system == SystemKind::kUlaCacheAtHome ? TpAttention::kAtHome : TpAttention::kLocalBuffer;
+  tc.host_shadows = cfg.host_shadows;
   const Rank hosted[] = {Rank(0)};
   auto space = TpAddressSpace::Create(tc, *backend, hosted);
   if (!space) return std::unexpected(space.error());

@@ -65,7 +65,7 @@ struct SimSystemConfig {
   // vllm_hisparse: the device bytes per rank its resident pages may use beside what its
   // ledger reserves (the rules' device budget; the sharing loop lifts the rules' own).
   double resident_device_bytes = 0;
-  bool host_shadows = false;  // ulacache DP: AddressSpaceConfig::host_shadows
+  bool host_shadows = false;  // ulacache: AddressSpaceConfig::host_shadows, TpConfig::host_shadows
 };
 
 class SimSystem {

@@ -64,16 +64,9 @@ struct GroupPools {
   std::uint32_t HostUsed() const { return host.num_used() - shadows.size(); }
   // A host slot for an entry: a free one, else the oldest shadow reclaimed (its device
   // entry keeps its authoritative copy). nullopt when the host holds only entries.
-  std::optional<SlotId> AllocateHost() {
-    if (auto s = host.Allocate(); s) return *s;
-    const SlotId h = shadows.TakeOldest();
-    if (!h.valid()) return std::nullopt;
-    return h;
-  }
+  std::optional<SlotId> AllocateHost() { return shadows.AllocateHost(host); }
   // Drops the shadow of device slot d, if it has one (its entry is written or freed).
-  void DropShadow(SlotId d) {
-    if (const SlotId h = shadows.Take(d); h.valid()) ULA_CHECK(host.Free(h).has_value());
-  }
+  void DropShadow(SlotId d) { shadows.Drop(host, d); }
 
   const SlotPool& pool(Tier t) const { return t == Tier::kDevice ? device : host; }
   std::uint64_t stride(Tier t) const { return t == Tier::kDevice ? device_stride : host_stride; }
@@ -138,10 +131,7 @@ struct AddressSpace::State {
   void DisableHostShadows() {
     for (auto& per_rank : pools) {
       for (GroupPools& gp : per_rank) {
-        for (SlotId h = gp.shadows.TakeOldest(); h.valid(); h = gp.shadows.TakeOldest()) {
-          ULA_CHECK(gp.host.Free(h).has_value());
-        }
-        gp.shadows.Disable();
+        gp.shadows.FreeAllAndDisable(gp.host);
       }
     }
     host_shadows = false;

@@ -232,6 +232,7 @@ Result<std::unique_ptr<DeviceStep>> DeviceStep::Create(const TpAddressSpace& spa
   src.owner.assign(st.owner.begin(), st.owner.end());
   src.device = &sh.device;
   src.host = &sh.host;
+  if (sh.shadows.enabled()) sh.shadows.ForEach([&](SlotId, SlotId h) { src.host_slots_freed.push_back(h.value()); });
   src.pb = dynamic_cast<const policy::KernelPbLru*>(sh.policy.get());
   src.device_owner.resize(sh.device_owner.size());
   for (std::size_t s = 0; s < src.device_owner.size(); ++s) src.device_owner[s] = sh.device_owner[s].value();

@@ -51,6 +51,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -125,6 +126,28 @@ class HostShadows {
   SlotId TakeOldest() {
     if (head_ == kNone) return SlotId::Invalid();
     return Take(SlotId(links_[head_].device_of));
+  }
+
+  // With the host pool the shadows live in (DP's GroupPools and TP's TpGroupShard, alike):
+  // A host slot for an entry: a free one, else the oldest shadow reclaimed (its device
+  // entry keeps its authoritative copy). nullopt when the host holds only entries.
+  template <class Pool>
+  std::optional<SlotId> AllocateHost(Pool& host) {
+    if (auto s = host.Allocate(); s) return *s;
+    const SlotId h = TakeOldest();
+    if (!h.valid()) return std::nullopt;
+    return h;
+  }
+  // Drops the shadow of device slot d, if it has one (its entry is written or freed).
+  template <class Pool>
+  void Drop(Pool& host, SlotId d) {
+    if (const SlotId h = Take(d); h.valid()) ULA_CHECK(host.Free(h).has_value());
+  }
+  // Frees every shadow's host slot and turns shadows off.
+  template <class Pool>
+  void FreeAllAndDisable(Pool& host) {
+    for (SlotId h = TakeOldest(); h.valid(); h = TakeOldest()) ULA_CHECK(host.Free(h).has_value());
+    Disable();
   }
   // The shadows' host slots, oldest first (checks, digests, Disable). A list longer than
   // count_ is a cycle (a slot added twice): a check failure, never an endless walk.

@@ -128,10 +128,15 @@ Result<std::unique_ptr<TpAddressSpace>> TpAddressSpace::Create(const TpConfig& c
                                                       std::vector<LogicalAddr>(dev),
                                                       HomeTable(HomeEntries(config)),
                                                       std::move(*buffer), std::move(*buffer_policy),
-                                                      std::vector<LogicalAddr>(buf), {}, {}});
+                                                      std::vector<LogicalAddr>(buf), {}, {}, HostShadows{}});
+      if (config.host_shadows) {
+        TpGroupShard& sh = state->shards[r.value()].back();
+        sh.shadows.Enable(dev, host, sh.policy.get());
+      }
     }
   }
   state->stable_new_entries = config.stable_new_entries;
+  state->host_shadows = config.host_shadows;
   return std::unique_ptr<TpAddressSpace>(new TpAddressSpace(config, backend, std::move(hosted), std::move(state)));
 }
 
@@ -252,21 +257,34 @@ void PlaceNewEntries(const TpConfig& c, Backend& backend, TpGroupShard& sh, Rank
   const std::size_t into_free = std::min<std::size_t>(n, sh.device.num_free());
   const std::size_t want = stable ? std::min<std::size_t>(n - into_free, sh.policy->NumEvictable()) : 0;
   std::vector<SlotId> victims(want), victim_host(want);
+  std::vector<std::uint8_t> shadowed(want, 0);
   ULA_CHECK(sh.policy->ClaimVictims(victims) == want);  // used in this round from here on
   bool moved = true;
   if (want > 0) {
+    // Host shadows: a victim with a live shadow goes back to it and moves no bytes; the
+    // victims' shadows leave the list before any other victim's host slot is chosen.
+    for (std::size_t k = 0; k < want; ++k) {
+      victim_host[k] = sh.shadows.Take(victims[k]);
+      shadowed[k] = victim_host[k].valid();
+    }
     CopyBatch batch{sh.device.arena().id, sh.host.arena().id, c.entry_bytes, /*swap=*/false, {}};
     batch.moves.reserve(want);
     for (std::size_t k = 0; k < want; ++k) {
-      auto host = sh.host.Allocate();
-      ULA_CHECK(host.has_value());  // victims + entries placed on host <= n - into_free <= host free
+      if (shadowed[k]) continue;
+      auto host = sh.shadows.AllocateHost(sh.host);  // a free slot, else the oldest shadow
+      ULA_CHECK(host.has_value());  // victims + entries placed on host <= n - into_free <= host free + shadows
       victim_host[k] = *host;
       batch.moves.push_back({sh.device.offset(victims[k]), sh.host.offset(*host)});
     }
-    auto fence = backend.Submit(std::move(batch));
-    moved = fence.has_value() && backend.Wait(*fence).has_value();
-    if (!moved) {
-      for (SlotId h : victim_host) ULA_CHECK(sh.host.Free(h).has_value());  // partly written, never published
+    if (!batch.moves.empty()) {
+      auto fence = backend.Submit(std::move(batch));
+      moved = fence.has_value() && backend.Wait(*fence).has_value();
+    }
+    if (!moved) {  // nothing published: the copied victims' slots go back, the shadows stay shadows
+      for (std::size_t k = 0; k < want; ++k) {
+        if (shadowed[k]) sh.shadows.Add(victims[k], victim_host[k]);  // still clean
+        else ULA_CHECK(sh.host.Free(victim_host[k]).has_value());  // partly written, never published
+      }
     }
   }
   const std::size_t into_victims = moved ? want : 0;
@@ -286,8 +304,8 @@ void PlaceNewEntries(const TpConfig& c, Backend& backend, TpGroupShard& sh, Rank
       sh.device_owner[dev.value()] = a;
       loc = Location::Make(Tier::kDevice, rank, dev);
     } else {
-      auto host = sh.host.Allocate();
-      ULA_CHECK(host.has_value());  // room was planned by TakeAddresses
+      auto host = sh.shadows.AllocateHost(sh.host);
+      ULA_CHECK(host.has_value());  // room was planned by TakeAddresses (shadows are free room)
       loc = Location::Make(Tier::kHost, rank, *host);
       if (stable) {
         sh.new_on_host.push_back(a);
@@ -355,6 +373,7 @@ void TpAddressSpace::FreeAddress(LogicalAddr a) {
       if (sh.IsNewOnHost(a)) sh.new_on_host.erase(std::lower_bound(sh.new_on_host.begin(), sh.new_on_host.end(), a));
       Location& loc = sh.home[a.value() / p];
       if (loc.tier() == Tier::kDevice) {
+        sh.shadows.Drop(sh.host, loc.slot());
         sh.policy->Remove(loc.slot());
         ULA_CHECK(sh.device.Free(loc.slot()).has_value());
         sh.device_owner[loc.slot().value()] = LogicalAddr::Invalid();
@@ -515,8 +534,10 @@ Status TpAddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const st
   for (Rank r : hosted_) state_->at(r, group).DropCopy(addr);
   const Rank home = HomeOf(addr);
   if (Hosts(home)) {
-    const TpGroupShard& sh = state_->at(home, group);
+    TpGroupShard& sh = state_->at(home, group);
     const Location loc = sh.home[addr.value() / config_.num_ranks];
+    // The new bytes are on device only: its host shadow is no longer clean.
+    if (loc.tier() == Tier::kDevice) sh.shadows.Drop(sh.host, loc.slot());
     const SlotPool& pool = loc.tier() == Tier::kDevice ? sh.device : sh.host;
     std::memcpy(pool.data(loc.slot()), data.data(), data.size());
   }
@@ -608,16 +629,21 @@ std::uint32_t TpAddressSpace::NumHomed(Rank r) const {
 std::uint32_t TpAddressSpace::NumUsed(Rank rank, GroupId group, Tier tier) const {
   if (!Hosts(rank) || group.value() >= config_.num_groups) return 0;
   const TpGroupShard& sh = state_->at(rank, group);
-  return tier == Tier::kDevice ? sh.device.num_used() : sh.host.num_used();
+  return tier == Tier::kDevice ? sh.device.num_used() : sh.HostUsed();
 }
 std::uint32_t TpAddressSpace::NumFree(Rank rank, GroupId group, Tier tier) const {
   if (!Hosts(rank) || group.value() >= config_.num_groups) return 0;
   const TpGroupShard& sh = state_->at(rank, group);
-  return tier == Tier::kDevice ? sh.device.num_free() : sh.host.num_free();
+  return tier == Tier::kDevice ? sh.device.num_free() : sh.HostFree();
 }
 std::uint32_t TpAddressSpace::NumBuffered(Rank rank, GroupId group) const {
   if (!Hosts(rank) || group.value() >= config_.num_groups) return 0;
   return state_->at(rank, group).buffer.num_used();
+}
+
+std::uint32_t TpAddressSpace::NumHostShadows(Rank rank, GroupId group) const {
+  if (!Hosts(rank) || group.value() >= config_.num_groups) return 0;
+  return state_->at(rank, group).shadows.size();
 }
 
 std::uint32_t TpAddressSpace::NumNewOnHost(Rank rank, GroupId group) const {

@@ -157,9 +157,36 @@ Status TpAddressSpace::CheckInvariants() const {
                                   g, a.value()));
         }
       }
-      if (n_dev != sh.device.num_used() || n_host != sh.host.num_used()) {
-        return fail(fmt::format("rank {} group {}: pools hold {}/{} but homes locate {}/{}", r, g, sh.device.num_used(),
-                                sh.host.num_used(), n_dev, n_host));
+      // Host shadows (sparse/host_shadows.h): each one's host slot is allocated and locates
+      // no address; its device slot holds a live entry located there, whose bytes it equals
+      // (clean: the entry was not written since its fetch).
+      if (sh.shadows.enabled() != st.host_shadows) {
+        return fail(fmt::format("rank {} group {}: shadows {} but the space {}", r, g, sh.shadows.enabled(), st.host_shadows));
+      }
+      ULA_RETURN_IF_ERROR(sh.shadows.CheckInvariants());
+      Status shadow_ok = Ok();
+      sh.shadows.ForEach([&](SlotId d, SlotId h) {
+        if (!shadow_ok) return;
+        if (!sh.host.IsAllocated(h) || host_seen[h.value()]) {
+          shadow_ok = fail(fmt::format("rank {} group {}: host shadow slot {} is free or an entry's location", r, g, h.value()));
+          return;
+        }
+        const LogicalAddr a = sh.device_owner[d.value()];
+        if (!sh.device.IsAllocated(d) || !a.valid() || a.value() % p != r ||
+            sh.home[a.value() / p] != Location::Make(Tier::kDevice, rank, d)) {
+          shadow_ok = fail(fmt::format("rank {} group {}: host shadow {} of device slot {} whose entry is not there", r,
+                                       g, h.value(), d.value()));
+          return;
+        }
+        if (backend_.holds_bytes() && std::memcmp(sh.host.data(h), sh.device.data(d), config_.entry_bytes) != 0) {
+          shadow_ok = fail(fmt::format("rank {} group {}: host shadow {} of address {} differs from its device bytes (a "
+                                       "write did not drop it)", r, g, h.value(), a.value()));
+        }
+      });
+      ULA_RETURN_IF_ERROR(shadow_ok);
+      if (n_dev != sh.device.num_used() || n_host + sh.shadows.size() != sh.host.num_used()) {
+        return fail(fmt::format("rank {} group {}: pools hold {}/{} ({} host shadows) but homes locate {}/{}", r, g,
+                                sh.device.num_used(), sh.host.num_used(), sh.shadows.size(), n_dev, n_host));
       }
       // Local buffer.
       if (sh.buffered.size() != sh.buffer.num_used()) {
@@ -245,6 +272,11 @@ std::uint64_t TpAddressSpace::DebugDigest() const {
       d.Add(buffered);
       d.Add(sh.new_on_host.size());
       for (LogicalAddr a : sh.new_on_host) d.Add(a.value());
+      d.Add(sh.shadows.size());
+      sh.shadows.ForEach([&](SlotId dev, SlotId h) {
+        d.Add(dev.value());
+        d.Add(h.value());
+      });
     }
   }
   return d.value();

@@ -21,6 +21,7 @@ TpEngineStepPlanner::TpEngineStepPlanner(TpAddressSpace& space, const EngineStep
                                          TpPlannerOptions options)
     : space_(space), config_(config), planner_(space, fabric, options) {
   space_.state_->stable_new_entries = true;  // an engine writes a new token's KV where it looked it up
+  space_.state_->DisableHostShadows();       // the engine path (PlanHome) does not keep them, as in DP
   const std::size_t most = std::size_t{config.max_batch} * config.max_q_len * config.max_top_k;
   compact_.reserve(most);
   where_.reserve(most);

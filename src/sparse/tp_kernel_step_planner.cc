@@ -55,6 +55,10 @@ Result<TpStepPlan> TpKernelStepPlanner::Step(GroupId group, std::span<const Logi
   if (group.value() >= cfg.num_groups) {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", group.value(), cfg.num_groups));
   }
+  if (st.host_shadows) {  // issue 30: the kernels do not keep host shadows (yet)
+    return MakeError(ErrorCode::kUnsupported, "TpKernelStepPlanner does not implement host shadows: create the space "
+                                              "with TpConfig::host_shadows = false (--shadows off)");
+  }
   if (cfg.attention != TpAttention::kAtHome) {
     return MakeError(ErrorCode::kFailedPrecondition,
                      "the TP kernel planner covers attention at home (the local buffer's remote phase is not a kernel "

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "sparse/address_refs.h"
+#include "sparse/host_shadows.h"
 #include "sparse/pool_arenas.h"
 #include "backend/slot_pool.h"
 #include "ula/error.h"
@@ -59,6 +60,12 @@ struct TpGroupShard {
   // engine writes their KV at that host slot, so no step of the round moves them). Cleared
   // by AdvanceRound; empty almost always.
   std::vector<LogicalAddr> new_on_host;
+  // Clean host copies of device entries (sparse/host_shadows.h), disabled unless
+  // TpConfig::host_shadows. A shadow's host slot is allocated in `host` but free in every
+  // capacity figure (HostFree, HostUsed).
+  HostShadows shadows;
+  std::uint32_t HostFree() const { return host.num_free() + shadows.size(); }
+  std::uint32_t HostUsed() const { return host.num_used() - shadows.size(); }
 
   bool IsNewOnHost(LogicalAddr a) const {
     return !new_on_host.empty() && std::binary_search(new_on_host.begin(), new_on_host.end(), a);
@@ -144,6 +151,14 @@ struct TpAddressSpace::State {
   std::uint64_t num_live = 0;
   std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
   bool stable_new_entries = false;  // config.stable_new_entries, or a TpEngineStepPlanner was created
+  bool host_shadows = false;        // config.host_shadows, until DisableHostShadows
+  // Frees every hosted shard's host shadows and turns them off (TpEngineStepPlanner::Create).
+  void DisableHostShadows() {
+    for (auto& per_rank : shards) {
+      for (TpGroupShard& sh : per_rank) sh.shadows.FreeAllAndDisable(sh.host);
+    }
+    host_shadows = false;
+  }
 
   // Hosted ranks: shards[r] empty for a rank not hosted here.
   std::vector<std::vector<TpGroupShard>> shards;  // [P][groups]

@@ -25,6 +25,7 @@ TpRankStepStats& TpRankStepStats::operator+=(const TpRankStepStats& o) {
   home_hits += o.home_hits;
   home_misses += o.home_misses;
   home_evictions += o.home_evictions;
+  home_shadow_evictions += o.home_shadow_evictions;
   buffer_hits += o.buffer_hits;
   remote_fetches += o.remote_fetches;
   buffer_evictions += o.buffer_evictions;
@@ -129,14 +130,122 @@ std::size_t PublishHome(TpGroupShard& sh, RankWork& w, std::uint32_t p, Arrived&
       [&](std::size_t i) { ULA_CHECK(sh.device.Free(w.home_targets[i]).has_value()); });
 }
 
+// The home phase with host shadows (sparse/host_shadows.h; DP's CopyAndPublishShadowed in
+// step_planner.cc is the same rule over one rank's pools). Misses i < home_free go to free
+// slots; a victim i >= home_free is
+//   kToShadow  evicted to its live shadow by the home table alone, then filled by a copy;
+//   kEvict     copied device -> host into a host slot of its own first (a free one, else the
+//              oldest shadow reclaimed), then filled by a copy;
+//   kSwap      swapped as without shadows (the host holds nothing but entries);
+//   kDropped   kEvict whose device -> host batch failed: it stays, its miss stays on host.
+// A filled slot's wanted entry leaves its host slot behind as its shadow (not after a swap:
+// that slot now holds the victim). The victims' shadows leave the list before any host slot
+// is chosen, so no victim's shadow is reclaimed for another victim; fetches read only
+// authoritative host locations, never a shadow.
+enum class Fill : std::uint8_t { kFree, kToShadow, kEvict, kSwap, kDropped };
+
+Status HomePhaseShadowed(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
+  const std::size_t n_miss = w.home_missed.size(), n_free = w.home_free;
+  const std::uint32_t p = cfg.num_ranks;
+  std::vector<Fill> fill(n_miss, Fill::kFree);
+  std::vector<SlotId> evict_to(n_miss);
+  const auto at_host = [&](SlotId h) { return Location::Make(Tier::kHost, w.rank, h); };
+  for (std::size_t i = n_free; i < n_miss; ++i) {
+    const SlotId h = sh.shadows.Take(w.home_targets[i]);
+    if (!h.valid()) continue;
+    LogicalAddr& victim = sh.device_owner[w.home_targets[i].value()];
+    sh.home[victim.value() / p] = at_host(h);
+    victim = LogicalAddr::Invalid();
+    fill[i] = Fill::kToShadow;
+    ++w.stats.home_shadow_evictions;
+  }
+  CopyBatch evict{sh.device.arena().id, sh.host.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
+  for (std::size_t i = n_free; i < n_miss; ++i) {
+    if (fill[i] == Fill::kToShadow) continue;
+    auto h = sh.shadows.AllocateHost(sh.host);
+    if (!h) {
+      fill[i] = Fill::kSwap;
+      continue;
+    }
+    fill[i] = Fill::kEvict;
+    evict_to[i] = *h;
+    evict.moves.push_back({sh.device.offset(w.home_targets[i]), sh.host.offset(*h)});
+  }
+  std::string evict_error;
+  if (!evict.moves.empty()) {
+    const std::size_t n_evict = evict.moves.size();
+    w.stats.host_bytes += n_evict * std::uint64_t{cfg.entry_bytes};
+    auto fence = backend.Submit(std::move(evict));
+    Status landed = fence ? backend.Wait(*fence) : Status(std::unexpected(fence.error()));
+    for (std::size_t i = n_free; i < n_miss; ++i) {
+      if (fill[i] != Fill::kEvict) continue;
+      if (!landed) {  // nothing published: the victim stays on device, its host slot goes back
+        ULA_CHECK(sh.host.Free(evict_to[i]).has_value());
+        fill[i] = Fill::kDropped;
+        continue;
+      }
+      LogicalAddr& victim = sh.device_owner[w.home_targets[i].value()];
+      sh.home[victim.value() / p] = at_host(evict_to[i]);  // its bytes arrived
+      victim = LogicalAddr::Invalid();
+    }
+    if (!landed) evict_error = fmt::format("device->host copy of {} victims failed ({})", n_evict, landed.error().message());
+  }
+  // The fills: copies (free slots and the emptied victims' slots), then swaps.
+  std::vector<std::size_t> order;
+  order.reserve(n_miss);
+  for (std::size_t i = 0; i < n_miss; ++i) {
+    if (fill[i] == Fill::kFree || fill[i] == Fill::kToShadow || fill[i] == Fill::kEvict) order.push_back(i);
+  }
+  const std::size_t n_copies = order.size();
+  for (std::size_t i = 0; i < n_miss; ++i) {
+    if (fill[i] == Fill::kSwap) order.push_back(i);
+  }
+  CopyPublish cp(sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, n_copies, order.size() - n_copies);
+  for (std::size_t i : order) {
+    cp.Add({sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])});
+  }
+  w.stats.host_bytes += cp.bytes_moved();
+  cp.Run(backend);
+  PublishArrived(
+      cp,
+      [&](std::size_t j, bool swap) {
+        const std::size_t i = order[j];
+        const LogicalAddr wanted = w.home_missed[i];
+        const SlotId dev = w.home_targets[i];
+        Location& loc = sh.home[wanted.value() / p];
+        const SlotId host_slot = loc.slot();
+        if (!swap) {
+          if (fill[i] == Fill::kFree) sh.policy->Insert(dev);  // a victim's slot stays tracked
+          sh.shadows.Add(dev, host_slot);  // the copy read it and nobody wrote it: clean
+        } else {
+          const LogicalAddr victim = sh.device_owner[dev.value()];
+          sh.home[victim.value() / p] = at_host(host_slot);
+        }
+        loc = Location::Make(Tier::kDevice, w.rank, dev);
+        sh.device_owner[dev.value()] = wanted;
+      },
+      [&](std::size_t j) {  // not copied: the slot (a free one, or an emptied victim's) goes back
+        const std::size_t i = order[j];
+        if (fill[i] != Fill::kFree) sh.policy->Remove(w.home_targets[i]);
+        ULA_CHECK(sh.device.Free(w.home_targets[i]).has_value());
+      });
+  const std::string context = fmt::format("rank {} group {}: home phase", w.rank.value(), group.value());
+  if (cp.all_arrived() && evict_error.empty()) return Ok();
+  if (cp.all_arrived()) return MakeError(ErrorCode::kIo, fmt::format("{}: {}", context, evict_error));
+  Error e = cp.Failure(context);
+  if (evict_error.empty()) return std::unexpected(std::move(e));
+  return MakeError(ErrorCode::kIo, fmt::format("{}; {}", e.message(), evict_error));
+}
+
 // Home phase of one rank: host-resident entries of its own shard come onto device (copies
 // into free slots, swaps with victims) through CopyPublish (backend/copy_publish.h): each
 // batch waited on its own fence, only what arrived is published; returns kIo naming every
-// failed batch.
+// failed batch. With host shadows, HomePhaseShadowed above.
 Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
   ClaimHome(sh, w);
   const std::size_t n_miss = w.home_missed.size();
   if (n_miss == 0) return Ok();
+  if (sh.shadows.enabled()) return HomePhaseShadowed(cfg, backend, sh, w, group);
   const std::uint32_t p = cfg.num_ranks;
   CopyPublish cp(sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, w.home_free, n_miss - w.home_free);
   for (std::size_t i = 0; i < n_miss; ++i) {
@@ -545,6 +654,10 @@ Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const Logica
                      "PlanHome with TpAttention::kLocalBuffer needs every rank in this process: a fetch descriptor "
                      "names its home's slot, which only the home's process knows; use Step (the fabric fetches by "
                      "address)");
+  }
+  if (space_.state_->host_shadows) {
+    return MakeError(ErrorCode::kUnsupported,
+                     "PlanHome does not keep host shadows (the engine path turns them off: TpEngineStepPlanner::Create)");
   }
   Scratch& sc = *scratch_;
   Status local = Classify(group, selections, runs);

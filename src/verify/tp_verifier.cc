@@ -52,6 +52,7 @@ Status TpVerifierConfig::Validate() const {
   }
   if (!(fault_rate >= 0 && fault_rate <= 1)) return bad(fmt::format("fault_rate = {}: must be in [0, 1]", fault_rate));
   if (share_percent > 100) return bad(fmt::format("share_percent = {}: must be in [0, 100]", share_percent));
+  if (kernel_planner && host_shadows) return bad("host_shadows: the TP kernel planner does not implement host shadows");
   if (kernel_planner && attention != TpAttention::kAtHome) {
     return bad("kernel_planner: the TP kernel planner covers attention at home only");
   }
@@ -332,6 +333,9 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   void Tally(const TpStepPlan& plan) {
     const TpRankStepStats t = plan.Total();
     report_.home_swaps += t.home_evictions;
+    report_.home_shadow_evictions += t.home_shadow_evictions;
+    report_.home_misses += t.home_misses;
+    report_.host_bytes += t.host_bytes;
     report_.buffer_hits += t.buffer_hits;
     report_.remote_fetches += t.remote_fetches;
     report_.buffer_evictions += t.buffer_evictions;
@@ -486,6 +490,7 @@ Result<TpVerifierReport> RunTpVerifier(const TpVerifierConfig& config, TpFabric*
   tp.attention = config.attention;
   tp.policy = config.policy;
   tp.buffer_policy = config.policy;
+  tp.host_shadows = config.host_shadows;
   std::vector<Rank> hosted;
   if (fabric != nullptr) hosted.push_back(fabric->local_rank());
   // Faults: one stream per process (the ranks of an MPI run fail different transfers),

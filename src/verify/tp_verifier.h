@@ -84,6 +84,11 @@ struct TpVerifierConfig {
   // sparse/tp_kernel_step_planner.h) instead of TpStepPlanner; same checks. Attention at home
   // and in-process ranks only (Validate; RunTpVerifier refuses it with a fabric).
   bool kernel_planner = false;
+  // Each shard keeps clean host shadows (TpConfig::host_shadows, sparse/host_shadows.h); the
+  // checks are the same (a shadow is never read, so every entry must still read its own
+  // bytes), plus CheckInvariants' shadow checks (a shadow equals its entry's device bytes).
+  // Not with kernel_planner (it refuses shadows).
+  bool host_shadows = false;
 
   Status Validate() const;
   std::uint32_t buffer_slots() const;
@@ -112,6 +117,9 @@ struct TpVerifierReport {
   std::uint64_t bad_input_checks = 0;
   std::uint64_t bad_input_failures = 0;
   std::uint64_t home_swaps = 0;
+  std::uint64_t home_misses = 0;            // home entries brought host -> device
+  std::uint64_t home_shadow_evictions = 0;  // host_shadows: home evictions that moved no bytes
+  std::uint64_t host_bytes = 0;             // bytes over the host link in the home phases
   std::uint64_t buffer_hits = 0;
   std::uint64_t remote_fetches = 0;
   std::uint64_t buffer_evictions = 0;

@@ -162,6 +162,44 @@ TEST(TpVerifier, FailedStepsPublishNothingEarlyAndLoseNothingWithBothStrategies)
 }
 
 // A run that starts with more requests than the live cap is refused.
+// Host shadows per shard (issue 30, TpConfig::host_shadows): the same workloads, faults or
+// none, both strategies: every byte kept, nothing published early or lost, the invariants
+// (a shadow equals its entry's device bytes) hold, and most home evictions move no bytes.
+TEST(TpVerifier, HostShadowsKeepEveryByteWithFaultsOrNone) {
+  ULA_TEST_SEEDED(seed, 20261204);
+  for (TpAttention attention : {TpAttention::kLocalBuffer, TpAttention::kAtHome}) {
+    for (double fault_rate : {0.0, 0.2}) {
+      TpVerifierConfig c;
+      c.seed = seed;
+      c.ops = kOps;
+      c.num_ranks = 4;
+      c.top_k = 16;
+      c.initial_requests = kFullWorkload;
+      c.device_slots_per_group = RoundDevice(c);
+      c.attention = attention;
+      c.fault_rate = attention == TpAttention::kLocalBuffer ? fault_rate / 4 : fault_rate;
+      c.host_shadows = true;
+      auto report = RunTpVerifier(c);
+      ASSERT_TRUE(report) << report.error().ToString();
+      ExpectClean(*report);
+      PrintReport(*report);
+      std::printf("  shadows: %llu of %llu home evictions moved no bytes; faults=%llu failed=%llu\n",
+                  (unsigned long long)report->home_shadow_evictions, (unsigned long long)report->home_swaps,
+                  (unsigned long long)report->faults_injected, (unsigned long long)report->failed_calls);
+      EXPECT_EQ(report->entries_lost, 0u);
+      EXPECT_EQ(report->early_publishes, 0u);
+      EXPECT_GT(report->home_shadow_evictions, 0u);
+      if (fault_rate > 0) EXPECT_GT(report->failed_calls, 0u);
+      EXPECT_TRUE(report->ok());
+    }
+  }
+  TpVerifierConfig kernels;
+  kernels.attention = TpAttention::kAtHome;
+  kernels.kernel_planner = true;
+  kernels.host_shadows = true;
+  EXPECT_EQ(RunTpVerifier(kernels).error().code(), ErrorCode::kInvalidArgument) << "the kernel planner keeps no shadows";
+}
+
 TEST(TpVerifier, TooManyInitialRequestsAreRefused) {
   TpVerifierConfig c;
   c.initial_requests = kFullWorkload + 1;

@@ -31,7 +31,7 @@ struct CompareCliOptions {
   bool plot = true;
   bool quiet = false;
   bool sensitivity = false;
-  std::string shadows = "off";  // UlaCache DP host shadows (CompareOptions::host_shadows)
+  std::string shadows = "off";  // UlaCache host shadows, DP and TP (CompareOptions::host_shadows)
 };
 
 std::string Ratio(std::optional<double> a, std::optional<double> b) {
@@ -326,7 +326,7 @@ Action SetupCompare(CLI::App& app) {
   app.add_option("--config-dir", o->config_dir, "configs directory (default: $ULA_CONFIG_DIR or the source tree's)");
   app.add_option("--out", o->out, "directory for compare.csv, summary.csv and the plots")->capture_default_str();
   app.add_flag("--json", o->json, "print one JSON object instead of the table");
-  app.add_option("--shadows", o->shadows, "UlaCache DP: clean host shadows (issue 30): on or off")
+  app.add_option("--shadows", o->shadows, "UlaCache (DP and TP): clean host shadows (issue 30): on or off")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_flag("!--no-plot", o->plot, "do not call the plot script");
   app.add_flag("--quiet", o->quiet, "no progress lines on stderr");

@@ -26,6 +26,7 @@ int RunTpVerify(const TpVerifyArgs& a) {
   c.fault_rate = a.fault_rate;
   c.share_percent = a.share_percent;
   c.kernel_planner = a.kernel_planner;
+  c.host_shadows = a.host_shadows;
   if (!a.policy.empty()) {
     auto kind = ParsePolicyKind(a.policy);
     if (!kind) {
@@ -78,6 +79,9 @@ int RunTpVerify(const TpVerifyArgs& a) {
                      {"entries_checked", r.entries_checked}, {"mismatches", r.mismatches},
                      {"invariant_failures", r.invariant_failures}, {"bad_input_checks", r.bad_input_checks},
                      {"bad_input_failures", r.bad_input_failures}, {"home_swaps", r.home_swaps},
+                     {"shadows", a.host_shadows ? "on" : "off"}, {"home_shadow_evictions", r.home_shadow_evictions},
+                     {"home_misses", r.home_misses},
+                     {"host_bytes", r.host_bytes},
                      {"buffer_hits", r.buffer_hits}, {"remote_fetches", r.remote_fetches},
                      {"buffer_evictions", r.buffer_evictions}, {"tp_attention", a.attention},
                      {"left_to_home", r.left_to_home}, {"attention_checks", r.attention_checks},
@@ -97,6 +101,10 @@ int RunTpVerify(const TpVerifyArgs& a) {
                r.seed, r.ops, seconds);
     fmt::print("  steps {} (+{} refused, checked unchanged); home swaps {}; buffer hits {} / fetches {} / evictions {}\n",
                r.steps, r.rejected_steps, r.home_swaps, r.buffer_hits, r.remote_fetches, r.buffer_evictions);
+    fmt::print("  host link: {} bytes in the home phases, {:.3f} entries per home miss ({} misses); host shadows {}: {} "
+               "home evictions moved no bytes\n", r.host_bytes,
+               r.home_misses == 0 ? 0.0 : static_cast<double>(r.host_bytes) / c.entry_bytes / static_cast<double>(r.home_misses),
+               r.home_misses, a.host_shadows ? "on" : "off", r.home_shadow_evictions);
     if (c.attention == TpAttention::kAtHome) {
       fmt::print("  attention at home: {} selections left to their home rank; {} merged outputs vs the reference, "
                  "{} outside tolerance, largest relative difference {:.3g}\n",

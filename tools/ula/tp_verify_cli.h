@@ -23,6 +23,7 @@ struct TpVerifyArgs {
   double fault_rate = 0;  // in [0, 1]: TpVerifierConfig::fault_rate
   std::uint32_t share_percent = 0;  // arrivals that adopt a cached prefix (issue 17)
   bool kernel_planner = false;      // --planner kernels: TpKernelStepPlanner (at home, in-process)
+  bool host_shadows = false;        // --shadows on: TpConfig::host_shadows
 };
 
 // Returns the process exit code (0 ok, 1 verification failed, 2 bad arguments / no MPI).

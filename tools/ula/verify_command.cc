@@ -47,7 +47,7 @@ Action SetupVerify(CLI::App& app) {
                  "form: KernelStepPlanner; tp: TpKernelStepPlanner, --tp-attention at_home, in-process)")
       ->check(CLI::IsMember({"cpu", "kernels"}))->capture_default_str();
   auto shadows = std::make_shared<std::string>("off");
-  app.add_option("--shadows", *shadows, "dp: clean host shadows (AddressSpaceConfig::host_shadows): on or off")
+  app.add_option("--shadows", *shadows, "clean host shadows (AddressSpaceConfig::host_shadows, TpConfig::host_shadows): on or off")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   auto attention_model = std::make_shared<std::string>("tiny_glm");
   auto attention_steps = std::make_shared<std::uint32_t>(16);
@@ -79,8 +79,8 @@ Action SetupVerify(CLI::App& app) {
     }
     cfg->kernel_planner = *planner == "kernels";
     cfg->host_shadows = *shadows == "on";
-    if (cfg->host_shadows && *mode == "tp") {
-      fmt::print(stderr, "ula verify: --shadows on is built for --mode dp only (TP shards keep no host shadows yet)\n");
+    if (cfg->host_shadows && cfg->kernel_planner) {
+      fmt::print(stderr, "ula verify: --shadows on needs --planner cpu (the kernel planners keep no host shadows)\n");
       return 2;
     }
     if (*mode == "tp") {
@@ -88,7 +88,7 @@ Action SetupVerify(CLI::App& app) {
                           .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,
                           .top_k = cfg->top_k, .policy = *policy, .attention = *tp_attention, .mpi = *mpi,
                           .json = *json, .fault_rate = cfg->fault_rate, .share_percent = cfg->share_percent,
-                          .kernel_planner = cfg->kernel_planner});
+                          .kernel_planner = cfg->kernel_planner, .host_shadows = cfg->host_shadows});
     }
     auto kind = ParsePolicyKind(*policy);
     if (!kind) {
