@@ -336,14 +336,10 @@ Status CopyAndPublish(Backend& backend, const AddressSpaceConfig& cfg, AddressRe
 }
 
 // Step 5 with host shadows (sparse/host_shadows.h, step_planner.h step 4 and the failure
-// contract). Misses i < n_free go to free slots; a victim i >= n_free is
-//   kToShadow  evicted to its live shadow by the table alone, then filled by a copy;
-//   kEvict     copied device -> host into a host slot of its own first, then filled by a copy;
-//   kSwap      swapped as without shadows (the host holds nothing but entries);
-//   kDropped   kEvict whose device -> host batch failed: it stays, its miss stays on host.
-// A filled slot's wanted entry leaves its host slot behind as its shadow (not after a swap:
-// that slot now holds the victim).
-enum class Fill : std::uint8_t { kFree, kToShadow, kEvict, kSwap, kDropped };
+// contract). Each miss's slot is filled as ShadowFill says (host_shadows.h). A filled slot's
+// wanted entry leaves its host slot behind as its shadow (not after a swap: that slot now
+// holds the victim).
+using Fill = ShadowFill;
 
 Status CopyAndPublishShadowed(Backend& backend, const AddressSpaceConfig& cfg, AddressRecords& table, GroupPools& gp,
                               const StepInput& input, std::span<const LogicalAddr> missed,
@@ -396,15 +392,8 @@ Status CopyAndPublishShadowed(Backend& backend, const AddressSpaceConfig& cfg, A
     if (!landed) evict_error = fmt::format("device->host copy of {} victims failed ({})", n_evict, landed.error().message());
   }
   // The fills: copies (free slots and the emptied victims' slots), then swaps.
-  std::vector<std::size_t> order;
-  order.reserve(n_miss);
-  for (std::size_t i = 0; i < n_miss; ++i) {
-    if (fill[i] == Fill::kFree || fill[i] == Fill::kToShadow || fill[i] == Fill::kEvict) order.push_back(i);
-  }
-  const std::size_t n_copies = order.size();
-  for (std::size_t i = 0; i < n_miss; ++i) {
-    if (fill[i] == Fill::kSwap) order.push_back(i);
-  }
+  std::size_t n_copies = 0;
+  const std::vector<std::size_t> order = ShadowFillOrder(fill, &n_copies);
   CopyPublish cp(gp.host.arena().id, gp.device.arena().id, cfg.row(), n_copies, order.size() - n_copies, gp.num_layers);
   for (std::size_t i : order) {
     cp.AddEntry([&](std::vector<SlotMove>& rows) {

@@ -131,18 +131,13 @@ std::size_t PublishHome(TpGroupShard& sh, RankWork& w, std::uint32_t p, Arrived&
 }
 
 // The home phase with host shadows (sparse/host_shadows.h; DP's CopyAndPublishShadowed in
-// step_planner.cc is the same rule over one rank's pools). Misses i < home_free go to free
-// slots; a victim i >= home_free is
-//   kToShadow  evicted to its live shadow by the home table alone, then filled by a copy;
-//   kEvict     copied device -> host into a host slot of its own first (a free one, else the
-//              oldest shadow reclaimed), then filled by a copy;
-//   kSwap      swapped as without shadows (the host holds nothing but entries);
-//   kDropped   kEvict whose device -> host batch failed: it stays, its miss stays on host.
-// A filled slot's wanted entry leaves its host slot behind as its shadow (not after a swap:
-// that slot now holds the victim). The victims' shadows leave the list before any host slot
-// is chosen, so no victim's shadow is reclaimed for another victim; fetches read only
-// authoritative host locations, never a shadow.
-enum class Fill : std::uint8_t { kFree, kToShadow, kEvict, kSwap, kDropped };
+// step_planner.cc is the same rule over one rank's pools). Each miss's slot is filled as
+// ShadowFill says (host_shadows.h); a kEvict victim's host slot is a free one, else the oldest
+// shadow reclaimed. A filled slot's wanted entry leaves its host slot behind as its shadow
+// (not after a swap: that slot now holds the victim). The victims' shadows leave the list
+// before any host slot is chosen, so no victim's shadow is reclaimed for another victim;
+// fetches read only authoritative host locations, never a shadow.
+using Fill = ShadowFill;
 
 Status HomePhaseShadowed(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
   const std::size_t n_miss = w.home_missed.size(), n_free = w.home_free;
@@ -191,15 +186,8 @@ Status HomePhaseShadowed(const TpConfig& cfg, Backend& backend, TpGroupShard& sh
     if (!landed) evict_error = fmt::format("device->host copy of {} victims failed ({})", n_evict, landed.error().message());
   }
   // The fills: copies (free slots and the emptied victims' slots), then swaps.
-  std::vector<std::size_t> order;
-  order.reserve(n_miss);
-  for (std::size_t i = 0; i < n_miss; ++i) {
-    if (fill[i] == Fill::kFree || fill[i] == Fill::kToShadow || fill[i] == Fill::kEvict) order.push_back(i);
-  }
-  const std::size_t n_copies = order.size();
-  for (std::size_t i = 0; i < n_miss; ++i) {
-    if (fill[i] == Fill::kSwap) order.push_back(i);
-  }
+  std::size_t n_copies = 0;
+  const std::vector<std::size_t> order = ShadowFillOrder(fill, &n_copies);
   CopyPublish cp(sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, n_copies, order.size() - n_copies);
   for (std::size_t i : order) {
     cp.Add({sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])});

@@ -49,6 +49,21 @@ std::uint32_t RoundDevice(const TpVerifierConfig& c) {
   return std::max(c.top_k * c.queries_per_request, 2 * c.max_batch * c.queries_per_request * c.top_k / c.num_ranks);
 }
 
+// Four ranks under pressure with injected faults (the local buffer's path fails more often
+// per fault, so it gets a quarter of the rate).
+TpVerifierConfig FaultedConfig(std::uint64_t seed, TpAttention attention, double fault_rate) {
+  TpVerifierConfig c;
+  c.seed = seed;
+  c.ops = kOps;
+  c.num_ranks = 4;
+  c.top_k = 16;
+  c.initial_requests = kFullWorkload;
+  c.device_slots_per_group = RoundDevice(c);
+  c.attention = attention;
+  c.fault_rate = attention == TpAttention::kLocalBuffer ? fault_rate / 4 : fault_rate;
+  return c;
+}
+
 void ExpectPressure(const TpVerifierConfig& c, const TpVerifierReport& r) {
   const std::uint64_t min_entries = std::uint64_t{kFullWorkload} * c.top_k;
   ASSERT_LE(std::uint64_t{c.num_ranks} * c.device_slots_per_group, min_entries) << "the test's config has no device pressure";
@@ -132,15 +147,7 @@ TEST(TpVerifier, AttentionAtHomeMatchesTheReferenceWith2_4_8InProcessRanks) {
 TEST(TpVerifier, FailedStepsPublishNothingEarlyAndLoseNothingWithBothStrategies) {
   ULA_TEST_SEEDED(seed, 20261201);
   for (TpAttention attention : {TpAttention::kLocalBuffer, TpAttention::kAtHome}) {
-    TpVerifierConfig c;
-    c.seed = seed;
-    c.ops = kOps;
-    c.num_ranks = 4;
-    c.top_k = 16;
-    c.initial_requests = kFullWorkload;
-    c.device_slots_per_group = RoundDevice(c);
-    c.attention = attention;
-    c.fault_rate = attention == TpAttention::kLocalBuffer ? 0.05 : 0.2;
+    const TpVerifierConfig c = FaultedConfig(seed, attention, 0.2);
     auto report = RunTpVerifier(c);
     ASSERT_TRUE(report) << report.error().ToString();
     ExpectClean(*report);
@@ -161,7 +168,6 @@ TEST(TpVerifier, FailedStepsPublishNothingEarlyAndLoseNothingWithBothStrategies)
   EXPECT_EQ(RunTpVerifier(bad).error().code(), ErrorCode::kInvalidArgument);
 }
 
-// A run that starts with more requests than the live cap is refused.
 // Host shadows per shard (issue 30, TpConfig::host_shadows): the same workloads, faults or
 // none, both strategies: every byte kept, nothing published early or lost, the invariants
 // (a shadow equals its entry's device bytes) hold, and most home evictions move no bytes.
@@ -169,15 +175,7 @@ TEST(TpVerifier, HostShadowsKeepEveryByteWithFaultsOrNone) {
   ULA_TEST_SEEDED(seed, 20261204);
   for (TpAttention attention : {TpAttention::kLocalBuffer, TpAttention::kAtHome}) {
     for (double fault_rate : {0.0, 0.2}) {
-      TpVerifierConfig c;
-      c.seed = seed;
-      c.ops = kOps;
-      c.num_ranks = 4;
-      c.top_k = 16;
-      c.initial_requests = kFullWorkload;
-      c.device_slots_per_group = RoundDevice(c);
-      c.attention = attention;
-      c.fault_rate = attention == TpAttention::kLocalBuffer ? fault_rate / 4 : fault_rate;
+      TpVerifierConfig c = FaultedConfig(seed, attention, fault_rate);
       c.host_shadows = true;
       auto report = RunTpVerifier(c);
       ASSERT_TRUE(report) << report.error().ToString();
@@ -200,6 +198,7 @@ TEST(TpVerifier, HostShadowsKeepEveryByteWithFaultsOrNone) {
   EXPECT_EQ(RunTpVerifier(kernels).error().code(), ErrorCode::kInvalidArgument) << "the kernel planner keeps no shadows";
 }
 
+// A run that starts with more requests than the live cap is refused.
 TEST(TpVerifier, TooManyInitialRequestsAreRefused) {
   TpVerifierConfig c;
   c.initial_requests = kFullWorkload + 1;
