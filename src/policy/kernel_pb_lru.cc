@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/digest.h"
+#include "kernels/omp_team.h"
 #include "ula/check.h"
 
 namespace ula::policy {
@@ -13,6 +14,7 @@ namespace ula::policy {
 KernelPbLru::KernelPbLru(std::uint32_t capacity, const PolicyOptions& options)
     : capacity_(capacity),
       recent_(options.recent_buckets),
+      parallel_min_slots_(std::max<std::uint32_t>(1, options.parallel_min_slots)),
       num_words_((capacity + 63) / 64),
       num_summary_((num_words_ + 63) / 64),
       words_(std::size_t{recent_ + 2} * num_words_, 0),
@@ -52,17 +54,20 @@ void KernelPbLru::LoadFrom(const kernels::PbLruArrays& src) {
 void KernelPbLru::Insert(SlotId slot) noexcept {
   ULA_DCHECK(slot.value() < capacity_ && stamps_[slot.value()] == 0);
   const std::uint32_t s = slot.value();
+  const OmpTeam one(1);
   kernels::omp::PbInsert(0, mutable_arrays(), &s, 1, nullptr);
 }
 
 void KernelPbLru::Remove(SlotId slot) noexcept {
   ULA_DCHECK(IsTracked(slot));
   if (!IsTracked(slot)) return;
+  const OmpTeam one(1);
   kernels::omp::PbRemove(0, mutable_arrays(), slot.value());
 }
 
 void KernelPbLru::Touch(std::span<const SlotId> slots) noexcept {
   static_assert(sizeof(SlotId) == sizeof(std::uint32_t));
+  const OmpTeam team(TeamFor(slots.size()));
   kernels::omp::PbTouch(0, mutable_arrays(), reinterpret_cast<const std::uint32_t*>(slots.data()),
                         static_cast<std::uint32_t>(slots.size()), nullptr);
 }
@@ -72,6 +77,7 @@ std::size_t KernelPbLru::ClaimVictims(std::span<SlotId> out) noexcept {
   if (need == 0) return 0;
   auto* slots = reinterpret_cast<std::uint32_t*>(out.data());
   const kernels::PbLruArrays pb = mutable_arrays();
+  const OmpTeam team(TeamFor(need));
   kernels::omp::PbTakeVictims(0, pb, need, nullptr, block_counts_.data(), block_offsets_.data(), slots);
   kernels::omp::PbTouch(0, pb, slots, need, nullptr);  // claimed: used in this round
   return need;
@@ -79,8 +85,13 @@ std::size_t KernelPbLru::ClaimVictims(std::span<SlotId> out) noexcept {
 
 void KernelPbLru::AdvanceRound() noexcept {
   const kernels::PbLruArrays pb = mutable_arrays();
+  const OmpTeam team(TeamFor(capacity_));
   if (clock_.round == ~std::uint32_t{0}) kernels::omp::PbRebase(0, pb);
   kernels::omp::PbAdvance(0, pb);
+}
+
+std::uint32_t KernelPbLru::TeamFor(std::size_t slots) const noexcept {
+  return slots >= parallel_min_slots_ ? static_cast<std::uint32_t>(omp_get_max_threads()) : 1;
 }
 
 void KernelPbLru::SetRoundForTesting(std::uint32_t round) noexcept {

@@ -15,7 +15,11 @@
 // Costs: Touch / Insert one kernel over the slots (atomic word updates); ClaimVictims a scan
 // over the (R + 1) * S summary words, then the taken blocks, then a Touch of the victims;
 // AdvanceRound one thread plus [S] threads (the reused bucket's non-empty words only).
-// Thread-safety: one driver thread; the kernels use the calling thread's OpenMP team.
+// Threads: a call over fewer than PolicyOptions::parallel_min_slots slots (Touch's slots,
+// ClaimVictims' victims, AdvanceRound's capacity) runs its kernels on a team of one, as the
+// other policies run such calls on the calling thread; Insert and Remove (one slot) always
+// do. Larger calls use the calling thread's OpenMP team (omp_get_max_threads()).
+// Thread-safety: one driver thread.
 #pragma once
 
 #include <vector>
@@ -62,9 +66,12 @@ class KernelPbLru final : public ResidencyPolicy {
 
  private:
   kernels::PbLruArrays mutable_arrays();
+  // The OpenMP team of a call over `slots` slots (see "Threads").
+  std::uint32_t TeamFor(std::size_t slots) const noexcept;
 
   std::uint32_t capacity_;
   std::uint32_t recent_;
+  std::uint32_t parallel_min_slots_;
   std::uint32_t num_words_, num_summary_;
   std::vector<std::uint64_t> words_;    // [R + 2][W]
   std::vector<std::uint64_t> summary_;  // [R + 2][S]

@@ -15,7 +15,7 @@
 #include "sparse/address_space_state.h"
 #include "sparse/tp_state.h"
 #include "ula/check.h"
-#include "sparse/omp_team.h"
+#include "kernels/omp_team.h"
 
 namespace ula {
 

@@ -13,7 +13,7 @@
 #include "sparse/kernel_runs.h"
 #include "sparse/kernel_targets.h"
 #include "ula/check.h"
-#include "sparse/omp_team.h"
+#include "kernels/omp_team.h"
 
 namespace ula {
 

@@ -7,7 +7,7 @@
 
 #include "backend/copy_publish.h"
 #include "kernels/step_kernels.h"
-#include "sparse/omp_team.h"
+#include "kernels/omp_team.h"
 #include "sparse/tp_state.h"
 #include "ula/check.h"
 

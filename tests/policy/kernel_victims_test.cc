@@ -122,6 +122,9 @@ TEST(KernelPbLru, MatchesPbLruOnRandomOperations) {
       const std::uint32_t capacity = 1 + static_cast<std::uint32_t>(rng() % 9000);
       PolicyOptions options;
       options.recent_buckets = recent;
+      // Two threads: every call of more than one slot runs on the team (below
+      // parallel_min_slots a call runs on one thread).
+      if (threads == 2) options.parallel_min_slots = 1;
       policy::KernelPbLru kernel(capacity, options);
       policy::PbLru reference(capacity, options);
       std::vector<bool> tracked(capacity, false);

@@ -24,8 +24,9 @@ TEST_P(ParallelTouch, LargeBatchMatchesTheSerialPath) {
   ULA_TEST_SEEDED(seed, 11);
   // PB-LRU at its edge settings too: R = 0 (no recent bucket: every touch of an older slot
   // is a straggler) and R = 1 (the newest bucket is the only one), besides R = 3.
-  const std::vector<std::uint32_t> rs = GetParam() == PolicyKind::kPbLru ? std::vector<std::uint32_t>{0, 1, 3}
-                                                                         : std::vector<std::uint32_t>{3};
+  // The kernel PB-LRU (its kernels on a team of 4 against a team of one) the same way.
+  const bool pb = GetParam() == PolicyKind::kPbLru || GetParam() == PolicyKind::kKernelPbLru;
+  const std::vector<std::uint32_t> rs = pb ? std::vector<std::uint32_t>{0, 1, 3} : std::vector<std::uint32_t>{3};
   for (const std::uint32_t r : rs) {
     SCOPED_TRACE("R " + std::to_string(r));
     std::mt19937 rng(static_cast<std::uint32_t>(seed + r));
@@ -162,7 +163,8 @@ TEST(ParallelClaim, SameVictimsInTheSameOrderAsOneThread) {
   EXPECT_GT(spanning, claims / 8);  // demands past the oldest bucket were exercised
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, ParallelTouch, ::testing::Values(PolicyKind::kPbLru, PolicyKind::kExactLruScan),
+INSTANTIATE_TEST_SUITE_P(Policies, ParallelTouch, ::testing::Values(PolicyKind::kPbLru, PolicyKind::kExactLruScan,
+                                                                     PolicyKind::kKernelPbLru),
                          [](const auto& info) { return std::string(PolicyKindName(info.param)); });
 
 }  // namespace

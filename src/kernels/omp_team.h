@@ -1,5 +1,6 @@
 // OmpTeam: the calling thread's OpenMP team size for the kernels of one call (the kernels'
-// OpenMP form), restored when it goes out of scope. Used by KernelStepPlanner and DeviceStep.
+// OpenMP form), restored when it goes out of scope. Used by KernelStepPlanner, DeviceStep and
+// KernelPbLru.
 // Thread-safety: per calling thread (omp_set_num_threads sets the caller's ICV only).
 #pragma once
 
