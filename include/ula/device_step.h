@@ -19,8 +19,27 @@
 // AddressSpaceConfig::host_shadows, are not kept: their host slots are free in the copy, as
 // EngineStepPlanner::Create frees them); from then on
 // the device step's state is the authoritative one for that (rank, group) (ReadState copies
-// it back for inspection). Allocate, Free and ShareInto are not device operations yet: an
-// engine that needs them between steps re-creates the device step (see "Not built").
+// it back for inspection).
+//
+// The space between rounds: StoreInto and Reload. Allocate, Free, ShareInto, Retain and
+// Release are host operations of the space (they are not device kernels yet), and the space
+// does not see what the device step moved. So an engine that changes the space between
+// steps brackets the change:
+//   step->StoreInto(space, stream);   // syncs; the step's locations, pools and PB-LRU -> space
+//   space.AdvanceRound(); space.Allocate(...); space.Free(...);   // host bookkeeping
+//   step->Reload(space, stream);      // the space's state -> the step's own buffers
+// StoreInto refuses (kFailedPrecondition, nothing changes) when the space changed since the
+// step loaded it (a host step, an Allocate, an AdvanceRound: the two histories cannot be
+// merged): the step keeps a digest of what it loaded and compares. Reload refuses
+// (kFailedPrecondition) while the step holds moves not yet stored (any Plan, Claim, Complete
+// or AdvanceRound since its last load or store), so no device move is ever dropped. Reload
+// writes into the buffers of Create and keeps every pointer and launch shape: the state's
+// arrays are sized once for DeviceStepConfig::max_addresses, max_requests and max_adopted
+// (padding: addresses that are not live, request ids that name no request), so a graph
+// captured before a Reload replays after it. A space that outgrew them is refused
+// (kResourceExhausted naming the field; re-create the step with larger maxima). Call
+// AdvanceRound either on the step or on the space between StoreInto and Reload, never both
+// for the same round.
 //
 // Phases of Plan (kernels in src/kernels/step_kernels.inl, each with its arrays and atomics):
 //   1. classify [rows * top_k]: EngineStepPlanner's checks in its order (value, live, the
@@ -86,6 +105,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -103,6 +123,13 @@ struct DeviceStepConfig {
   std::uint32_t max_rows = 1;     // StepArrays::num_rows at most
   std::uint32_t max_batch = 1;    // StepArrays::batch at most
   std::uint32_t max_top_k = 2048; // StepArrays::top_k at most
+  // The state's extent that Reload can take without re-creating the step (see "The space
+  // between rounds"); 0 = the space's at Create. Addresses (the space's address extent,
+  // next page * page_tokens), request ids (the highest id + 1) and adopted addresses over
+  // every request.
+  std::uint32_t max_addresses = 0;
+  std::uint32_t max_requests = 0;
+  std::uint32_t max_adopted = 0;
   // kInvalidArgument naming the first bad field.
   Status Validate() const;
 };
@@ -166,7 +193,24 @@ class DeviceStep {
   // kFailedPrecondition: a plan is pending.
   Status AdvanceRound(void* stream);
 
-  // Synchronises `stream` and copies the state back.
+  // Synchronises `stream` and writes the step's state (locations, device owners, both pools'
+  // free sets, PB-LRU) into `space`, the one it was created from, for its (rank, group):
+  // the space then equals the device state (the space's host shadows of that group are
+  // dropped: the step counted their slots free). kInvalidArgument (another space),
+  // kFailedPrecondition (a plan or check is pending; the space changed since the step
+  // loaded or stored it): nothing changes then. After it the step is clean: Reload may
+  // follow.
+  Status StoreInto(AddressSpace& space, void* stream);
+  Status StoreInto(TpAddressSpace& space, void* stream);
+  // Loads `space`'s state for the step's (rank, group) into the step's existing buffers (no
+  // allocation, the same pointers and launch shapes). kInvalidArgument (another space),
+  // kFailedPrecondition (a plan or check is pending; moves since the last load or store
+  // were not stored: StoreInto first; a condition Create refuses), kResourceExhausted (the
+  // space outgrew max_addresses, max_requests or max_adopted): nothing changes then.
+  Status Reload(const AddressSpace& space, void* stream);
+  Status Reload(const TpAddressSpace& space, void* stream);
+
+  // Synchronises `stream` and copies the state back (records: the loaded address extent).
   DeviceStepState ReadState(void* stream) const;
   // Bytes of temporary storage CCCL's scans have taken from the arena at most, and the
   // requests it could not serve (0 after any run: no allocation after Create).
@@ -178,6 +222,25 @@ class DeviceStep {
  private:
   struct ShardSource;  // what Create copies from either space (src/sparse/device_step.cc)
   static Result<std::unique_ptr<DeviceStep>> Build(const ShardSource& source, const DeviceStepConfig& config);
+  // What Create, StoreInto and Reload read of one shard; Create's refusals.
+  static Status Read(const AddressSpace& space, Rank rank, GroupId group, ShardSource& out);
+  static Status Read(const TpAddressSpace& space, Rank rank, GroupId group, ShardSource& out);
+  // StoreInto's and Reload's checks: no plan pending, the same space; `what` names the call.
+  Status CheckSameSpace(const void* space, const char* what) const;
+  // StoreInto's second half for either space: the device state, read back, and the check
+  // that `now` (the space read again) is what the step loaded.
+  struct DeviceShard;
+  Status ReadBack(const ShardSource& now, DeviceShard& out, void* stream) const;
+  // StoreInto for either space: `read` reads the shard as Create does, `write` writes the
+  // device state into it (after every check passed: it cannot fail).
+  Status Store(const void* space, const std::function<Status(ShardSource&)>& read,
+               const std::function<void(DeviceShard&)>& write, void* stream);
+  // Writes `src` into the buffers (Build, Reload) and remembers its digest.
+  void Load(const ShardSource& src, void* stream);
+  static std::uint64_t Digest(const ShardSource& src);
+  Status Reload(const ShardSource& src, void* stream);
+  // kFailedPrecondition while moves since the last load or store are not stored.
+  Status CheckStored(const char* what) const;
   explicit DeviceStep(std::unique_ptr<Impl> impl);
   // Plan's and Check's host checks; on success the arrays are the step's io.
   Status Accept(const StepArrays& arrays, const char* what);

@@ -35,6 +35,17 @@ class SlotPool {
   // Pointer to the slot's bytes; nullptr on the counting backend.
   std::byte* data(SlotId slot) const { return arena_.data ? arena_.data + offset(slot) : nullptr; }
   const HierBitmap& free_bitmap() const { return free_; }
+  // Makes the free set exactly `words` (free_bitmap().num_words() words, bit set = free):
+  // a state kept elsewhere and copied back (DeviceStep::StoreInto). REQUIRES: no bit at or
+  // past capacity is set.
+  void AssignFreeWords(const std::uint64_t* words) {
+    for (std::size_t w = 0; w < free_.num_words(); ++w) {
+      const std::uint64_t now = free_.word(w);
+      if (now == words[w]) continue;
+      free_.AndNotWord(w, now & ~words[w]);
+      free_.OrWord(w, words[w] & ~now);
+    }
+  }
 
   Status CheckInvariants() const { return free_.CheckInvariants(); }
   std::size_t MetadataBytes() const { return free_.MemoryBytes(); }
