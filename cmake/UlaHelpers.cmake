@@ -87,7 +87,7 @@ endfunction()
 #   `cmd` under mpirun with n processes (`wrapper... mpirun ... cmd` with a LAUNCHER) (--allow-run-as-root --oversubscribe: CI runs as
 #   root on 2 cores), labelled `mpi`. Never in the sanitizer trees (OpenMPI is not
 #   sanitizer-clean) nor with -DULA_WITH_MPI=OFF. When MPI or mpirun was not found
-#   (ULA_MPI_MISSING, src/backend/mpi), the test is registered anyway and fails with the
+#   (ULA_MPI_MISSING, src/tp/mpi), the test is registered anyway and fails with the
 #   reason: MPI tests never silently disappear.
 function(ula_add_mpi_test name)
   cmake_parse_arguments(ARG "" "NP;TIMEOUT;PASS_REGULAR_EXPRESSION" "COMMAND;LAUNCHER" ${ARGN})

@@ -277,7 +277,7 @@ class UlaStore:
         self.glayers = [len(layers) for layers in model.group_layers]
         per_address = sum(self.glayers) * row                    # an address's entries in every group
         # Per-layer pools and groups of their own layer count (4 + 2: tiny_glm's).
-        cfg = ulacache.AddressSpaceConfig(num_ranks=1, num_groups=model.num_groups, entry_bytes=lpg * row,
+        cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_ranks=1, num_groups=model.num_groups, entry_bytes=lpg * row,
                                           row_bytes=row, group_layers=self.glayers,
                                           device_bytes_per_rank=device_slots * per_address,
                                           host_bytes_per_rank=host_slots * per_address)
@@ -446,7 +446,7 @@ class TpStore(UlaStore):
         lpg = model.layers_per_group
         self.entry_floats = lpg * model.width
         per = self.entry_floats * 4 * model.num_groups
-        cfg = ulacache.TpConfig(num_ranks=ranks, num_groups=model.num_groups, entry_bytes=self.entry_floats * 4,
+        cfg = ulacache.TpConfig(stable_new_entries=True, num_ranks=ranks, num_groups=model.num_groups, entry_bytes=self.entry_floats * 4,
                                 attention="at_home", device_bytes_per_rank=device_slots * per,
                                 host_bytes_per_rank=host_slots * per)
         self.space = ulacache.TpAddressSpace(cfg)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Constants the docs state, tied to the code (issue 25, item 8), as check_readme_examples.py
+"""Constants the docs state, tied to the code, as check_readme_examples.py
 ties the README's programs.
 
   check_doc_numbers.py ROOT [--ula PATH]   every check below (metadata only with --ula)

@@ -3,12 +3,14 @@
 
 The layers, lowest first (docs/ARCHITECTURE.md, "Layers"), are the folders of src/:
 
-    core < backend < kernels < policy < sparse < mpi < unified < prefix < model
-         < config < workload < serving < verify
+    core < backend < kernels < policy < space < step < attention < tp < indexer < unified
+         < prefix < model < config < workload < serving < verify
 
-(`mpi` is src/backend/mpi: the MPI engine implements the TP fabric of `sparse`, so it sits
-just above it; `kernels` is src/kernels, the step's data-parallel kernels.) Above every
-layer sit tools/, python/, bench/, tests/ and fuzz/.
+(`space` holds the requests, addresses and pools of DP and TP; `step` the step over a space in
+its forms; `tp` what distributes it over ranks: fabrics, prefetch, attention at home, and the
+MPI engine in src/tp/mpi, which implements the fabric interface of the backend layer;
+`kernels` is src/kernels, the step's data-parallel kernels.) Above every layer sit tools/,
+python/, bench/, tests/ and fuzz/.
 
 Headers come in two kinds:
 
@@ -29,8 +31,11 @@ and reports:
      where src/<layer>/X.h does not exist;
   4. a consumer of the installed package that includes anything but "ula/..." headers;
   5. a CUDA, CUB or Thrust header, or a .cu file, outside src/kernels/ and
-     src/backend/cuda/ (DESIGN.md: nothing above the backend and the kernels includes a
-     CUDA header), and <mpi.h> outside src/backend/mpi/.
+     src/backend/cuda/ (docs/ARCHITECTURE.md, "Layers": nothing above the backend and the
+     kernels includes a CUDA header), and <mpi.h> outside src/tp/mpi/;
+  6. a public header that names a class of src/ (an internal class): the one exception is
+     the `internal::` namespace, whose single accessor (src/space/space_access.h) is how
+     the step reaches a space's state.
 
 Usage: check_layering.py [SOURCE_ROOT]   exit 0 when clean, 1 with one line per violation.
        check_layering.py --self-test      builds a small tree with one violation of each
@@ -41,8 +46,8 @@ import re
 import sys
 import tempfile
 
-LAYERS = ["core", "backend", "kernels", "policy", "sparse", "mpi", "unified", "prefix", "model",
-          "config", "workload", "serving", "verify"]
+LAYERS = ["core", "backend", "kernels", "policy", "space", "step", "attention", "tp", "indexer",
+          "unified", "prefix", "model", "config", "workload", "serving", "verify"]
 TOP = "top"  # tools/, python/: above every layer
 
 # Public headers that no .cc of the same name implements: the layer they belong to.
@@ -51,21 +56,26 @@ HEADER_LAYER = {
     "ids": "core",
     "location": "core",
     "step_arrays": "core",  # plain arrays: read by the kernels and the engine step above
-    "tp_fabric": "sparse",
+    "tp_fabric": "backend",  # the transport interface between ranks; src/tp implements it
+    "tp_mpi": "tp",  # src/tp/mpi/tp_mpi.cc, the optional MPI engine
 }
 
 # Where accelerator headers may appear (rule 5).
 CUDA_DIRS = ("src/kernels/", "src/backend/cuda/")
 CUDA_HEADER_RE = re.compile(r"^(cuda\.h|cuda_runtime(_api)?\.h|cuda_fp16\.h|cuda_bf16\.h|cuda/|cub/|thrust/|nv/)")
-MPI_DIRS = ("src/backend/mpi/",)
+MPI_DIRS = ("src/tp/mpi/",)
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+(["<])([^">]+)[">]', re.M)
 LINK_RE = re.compile(r"\bula_([a-z_]+)\b")
 SOURCE_EXT = (".h", ".cc", ".cu", ".cuh", ".cpp")
+# A class or struct defined (not only declared): `class X {`, `struct X : Base {`, `class X final {`.
+CLASS_DEF_RE = re.compile(r"^\s*(?:class|struct)\s+([A-Z]\w*)\s*(?:final\s*)?(?:\{|:(?!:))", re.M)
+COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+WORD_RE = re.compile(r"(?<![\w:])([A-Z]\w*)\b(?!\s*\()")  # a type's name, not a call
 
 
 def layer_dir(root, layer):
-    return os.path.join(root, "src", "backend", "mpi") if layer == "mpi" else os.path.join(root, "src", layer)
+    return os.path.join(root, "src", layer)
 
 
 def layer_of_path(rel):
@@ -73,8 +83,6 @@ def layer_of_path(rel):
     parts = rel.split("/")
     if parts[0] != "src" or len(parts) < 3:
         return None
-    if parts[1] == "backend" and len(parts) > 3 and parts[2] == "mpi":
-        return "mpi"
     return parts[1] if parts[1] in LAYERS else None
 
 
@@ -111,8 +119,6 @@ def check(root):
         if inc.startswith("ula/"):
             name = os.path.splitext(os.path.basename(inc))[0]
             return owners.get(name, "?"), "public"
-        if inc.startswith("backend/mpi/"):
-            return "mpi", "internal"
         top = inc.split("/")[0]
         return (top, "internal") if top in LAYERS and "/" in inc else (None, None)
 
@@ -124,6 +130,16 @@ def check(root):
     scanned = []
     for top in ("src", "include", "python", "tools"):
         scanned.extend(walk(root, top))
+
+    def classes_of(prefix):
+        names = set()
+        for rel in scanned:
+            if rel.startswith(prefix) and rel.endswith(".h"):
+                with open(os.path.join(root, rel), encoding="utf-8") as f:
+                    names.update(CLASS_DEF_RE.findall(COMMENT_RE.sub("", f.read())))
+        return names
+
+    internal_classes = classes_of("src/") - classes_of("include/")
     for rel in scanned:
         with open(os.path.join(root, rel), encoding="utf-8") as f:
             text = f.read()
@@ -141,6 +157,13 @@ def check(root):
                 continue
         else:
             layer, public = TOP, False
+        if public:
+            code = COMMENT_RE.sub("", text)
+            code = re.sub(r'"(?:[^"\\\n]|\\.)*"', '""', code)
+            code = re.sub(r"namespace\s+internal\s*\{[^{}]*\}", "", code)
+            for name in sorted(set(WORD_RE.findall(code)) & internal_classes):
+                errors.append(f"{rel}: a public header names the internal class {name} "
+                              f"(reach a space's state through internal::SpaceAccess)")
         if rel.endswith((".cu", ".cuh")) and not rel.startswith(CUDA_DIRS):
             errors.append(f"{rel}: a CUDA source outside {' and '.join(CUDA_DIRS)}")
         for quote, inc in INCLUDE_RE.findall(text):
@@ -148,7 +171,7 @@ def check(root):
                 errors.append(f"{rel}: includes the accelerator header {inc} outside {' and '.join(CUDA_DIRS)}")
                 continue
             if inc == "mpi.h" and not rel.startswith(MPI_DIRS):
-                errors.append(f"{rel}: includes mpi.h outside src/backend/mpi/")
+                errors.append(f"{rel}: includes mpi.h outside src/tp/mpi/")
                 continue
             if quote != '"':
                 continue
@@ -196,6 +219,10 @@ def self_test():
         write("include/ula/ids.h", "\n")
         write("include/ula/planner.h", '#include "ula/ids.h"\n#include "core/bits.h"\n')
         write("include/ula/shallow.h", '#include "ula/planner.h"\n')
+        write("include/ula/space.h", '// Plans (PlannerState)\nnamespace internal { struct Access; }\n'
+              'class Space {\n  friend struct internal::Access;\n  friend class PlannerState;\n};\n')
+        write("src/core/space.cc", "\n")
+        write("src/core/planner_state.h", "class PlannerState {\n};\nstruct Access : Base {\n};\n")
         write("src/core/ids.cc", '#include "ula/ids.h"\n')
         write("src/core/shallow.cc", "\n")
         write("src/core/bits.h", "\n")
@@ -203,8 +230,8 @@ def self_test():
         write("src/serving/sim.h", '#include "ula/ids.h"\n#include "workload/rng.h"\n')
         write("src/serving/sim.cc", '#include "serving/sim.h"\n#include "core/missing.h"\n')
         write("src/workload/rng.h", "\n")
-        write("src/policy/CMakeLists.txt", "ula_add_component(policy DEPS ula_core ula_sparse)\n")
-        write("src/sparse/planner.cc", '#include "ula/ids.h"\n#include <thrust/scan.h>\n')
+        write("src/policy/CMakeLists.txt", "ula_add_component(policy DEPS ula_core ula_step)\n")
+        write("src/step/planner.cc", '#include "ula/ids.h"\n#include <thrust/scan.h>\n')
         write("src/kernels/scan.h", "#include <thrust/scan.h>\n#include <cuda/atomic>\n")
         write("tools/main.cc", '#include "serving/sim.h"\n#include "ula/nope.h"\n')
         write("examples/cpp/dp.cc", '#include "ula/planner.h"\n#include "core/bits.h"\n')
@@ -212,11 +239,12 @@ def self_test():
     want = sorted([
         "examples/cpp/dp.cc: a consumer of the installed package includes core/bits.h (only ula/ headers are installed)",
         "include/ula/planner.h: a public header includes the internal header core/bits.h (installed headers see include/ only)",
-        "include/ula/shallow.h: layer 'core' includes ula/planner.h of the higher layer 'sparse'",
+        "include/ula/shallow.h: layer 'core' includes ula/planner.h of the higher layer 'step'",
+        "include/ula/space.h: a public header names the internal class PlannerState (reach a space's state through internal::SpaceAccess)",
         "src/core/bad.cc: layer 'core' includes serving/sim.h of the higher layer 'serving'",
-        "src/policy/CMakeLists.txt: layer 'policy' links ula_sparse of a higher layer",
+        "src/policy/CMakeLists.txt: layer 'policy' links ula_step of a higher layer",
         "src/serving/sim.cc: includes core/missing.h, which is not in src/",
-        "src/sparse/planner.cc: includes the accelerator header thrust/scan.h outside src/kernels/ and src/backend/cuda/",
+        "src/step/planner.cc: includes the accelerator header thrust/scan.h outside src/kernels/ and src/backend/cuda/",
         "tools/main.cc: includes ula/nope.h, which is not in include/",
     ])
     if errors != want:

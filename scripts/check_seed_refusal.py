@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One seed helper, and it refuses malformed seeds (issue 25, item 7).
+"""One seed helper, and it refuses malformed seeds.
 
   check_seed_refusal.py PROGRAM      a test program that includes tests/test_seed.h: run it
                                      with ULA_TEST_SEED=42x, then (only the tests that drew a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-check.sh: the GPU session's check of issue 26, in one run of under 8 minutes on one
+# gpu-check.sh: the GPU session's check , in one run of under 8 minutes on one
 # GPU (the device machine: one H200, 16 cores). It has NOT run on a GPU yet (docs/BENCHMARKS.md,
 # "The step's kernels").
 #

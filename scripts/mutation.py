@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`make mutation`: deliberate bugs the tests must catch (issue 13, item 5).
+"""`make mutation`: deliberate bugs the tests must catch.
 
 Reads tests/mutations.json. For each mutation alone: replace one exact source line, rebuild
 only the listed targets in a tree of its own (build-mutation/, ccache when present), run

@@ -21,9 +21,9 @@
 //      request holds it, "shared" once only adopters or cache references hold it, none
 //      when free; each request's adopted set is exactly the addresses of its list it did
 //      not allocate. Free addresses have no holder.
-// New entries go to device (issue 27, item 1): see Allocate.
+// New entries go to device: see Allocate.
 //
-// Pools (issue 27, item 2; the coordinates of step_arrays.h). Each pool of (rank, group,
+// Pools (the coordinates of step_arrays.h). Each pool of (rank, group,
 // tier) is one region per layer of the group, [PaddedRows(slots)][row_bytes]: slot s of
 // layer l at base + l * PaddedRows(slots) * row_bytes + s * row_bytes. So each layer's
 // device region is FlashMLA's k_cache[num_blocks][64][1][row_bytes] with stride(1) ==
@@ -42,7 +42,7 @@
 // row and its scale, both found from the slot) instead of one. Neither UlaCache's pools nor
 // its descriptors do that split today: such an engine registers its regions and runs the
 // descriptors by slot (descriptor.src_slot / dst_slot), not by offset.//
-// Pages (issue 27). Addresses come in pages of page_tokens (P, default 64): page p is the
+// Pages. Addresses come in pages of page_tokens (P, default 64): page p is the
 // addresses [p * P, (p + 1) * P), and every page belongs to one request. Token i of a
 // request's list (its position in AddressesOf) gets an address at offset i % P of its
 // page, and tokens i and i + 1 share a page unless i + 1 is a multiple of P. So the list
@@ -84,7 +84,7 @@
 // "Live for the request" means the request holds a reference to it: its own allocation or
 // an address it adopted with ShareInto (a shared prefix).
 //
-// Sharing (DESIGN.md "Shared prefixes"). ShareInto(request, addrs) lets a request adopt
+// Sharing (docs/ARCHITECTURE.md "Shared prefixes"). ShareInto(request, addrs) lets a request adopt
 // live addresses of its rank (a cached prefix, another request's prefix): they are
 // appended to its list and gain a reference; nothing is copied or moved. Retain/Release
 // take and drop references that belong to no request (a prefix cache's nodes,
@@ -116,6 +116,10 @@
 
 namespace ula {
 
+namespace internal {
+struct SpaceAccess;  // src/space/space_access.h: not part of the API
+}  // namespace internal
+
 struct AddressSpaceConfig {
   std::uint32_t num_ranks = 1;
   std::uint32_t num_groups = 1;
@@ -138,18 +142,19 @@ struct AddressSpaceConfig {
   // size of FlashMLA's paged KV and of SGLang's and vLLM's sparse MLA pools. 1 hands out
   // addresses one by one (the old single counter with a FIFO of freed addresses).
   std::uint32_t page_tokens = 64;
-  // New entries' write slots never go stale (Allocate, issue 27 item 1): every new entry
+  // New entries' write slots never go stale (Allocate): every new entry
   // is placed on device, evicting, and no step of its round moves it. Off: new entries go
   // to free device slots, then host, and a step of the same round may move them (the
   // library path, where Write goes to the current location, and simulators that allocate
-  // a request's future tokens as a reservation). EngineStepPlanner::Create turns it on:
-  // an engine writes KV at the location it looked up.
+  // a request's future tokens as a reservation). The engine path (EngineStepPlanner,
+  // DeviceStep) needs it on and refuses a space without it: an engine writes KV at the
+  // location it looked up.
   bool stable_new_entries = false;
-  // Clean host shadows (issue 30, src/sparse/host_shadows.h): a fetched entry's host slot
+  // Clean host shadows (src/space/host_shadows.h): a fetched entry's host slot
   // keeps its bytes as a reclaimable copy, counted free everywhere, so that evicting the
   // entry later moves no bytes. Off: exclusive tiers, every eviction copies. The DP
-  // StepPlanner and Allocate keep them; EngineStepPlanner::Create turns them off for its
-  // space; KernelStepPlanner refuses a space with them (kUnsupported).
+  // StepPlanner and Allocate keep them; the engine path (EngineStepPlanner, DeviceStep) and
+  // KernelStepPlanner refuse a space with them (kUnsupported).
   bool host_shadows = false;
 
   // Names the first bad field.
@@ -197,8 +202,7 @@ class AddressSpace {
   // Registers a request served by `rank`. kAlreadyExists / kOutOfRange.
   Status AddRequest(RequestId request, Rank rank);
   // Appends n_tokens new addresses to the request (prefill or decode) and returns them, in
-  // pages ("Pages" above). With stable_new_entries (config, or an EngineStepPlanner over
-  // the space) a new token's write slot never goes stale (issue 27, item 1):
+  // pages ("Pages" above). With stable_new_entries (config) a new token's write slot never goes stale:
   // every new entry is placed on device, in a free slot or else in the slot of an entry
   // this round has not used, chosen by the residency policy and moved to host first (the
   // move executor below); being used in this round, it stays where it is until
@@ -293,13 +297,10 @@ class AddressSpace {
   // For tests; O(state). core/digest.h.
   std::uint64_t DebugDigest() const;
 
-  struct State;  // opaque; defined in src/sparse
+  struct State;  // opaque; defined in src/space
 
  private:
-  friend class StepPlanner;
-  friend class EngineStepPlanner;
-  friend class KernelStepPlanner;
-  friend class DeviceStep;
+  friend struct internal::SpaceAccess;  // the step's forms reach the state through it
   AddressSpace(const AddressSpaceConfig& config, Backend& backend, std::unique_ptr<State> state);
   Status RunMoves(std::span<const CopyDescriptor> moves);
 

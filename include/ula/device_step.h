@@ -1,5 +1,5 @@
 // DeviceStep: one (rank, group)'s DP step as data-parallel kernels on the engine's stream
-// (issue 26). It reads a StepArrays (ula/step_arrays.h) of device pointers and writes the
+//. It reads a StepArrays (ula/step_arrays.h) of device pointers and writes the
 // device indices, the copy descriptors and the StepRecord — EngineStepPlanner's Plan /
 // Complete (ula/engine_step.h), bit for bit, with no host in the loop:
 //   - no host synchronisation: every count (hits, misses, free slots taken, victims) stays in
@@ -15,9 +15,9 @@
 // request id: StepArrays::requests holds request ids below num_requests), the device and host
 // pools' free bitmaps, the device pool's PB-LRU as flat bitmaps with a summary level
 // (kernels/step_kernels.h, the layout of policy kernel_pb_lru) and each device slot's
-// address. Create copies it from an AddressSpace whose policy is kernel_pb_lru (host shadows,
-// AddressSpaceConfig::host_shadows, are not kept: their host slots are free in the copy, as
-// EngineStepPlanner::Create frees them); from then on
+// address. Create copies it from an AddressSpace whose policy is kernel_pb_lru and whose
+// modes are the engine path's (stable_new_entries on, host_shadows off; refused otherwise,
+// as EngineStepPlanner::Create refuses); from then on
 // the device step's state is the authoritative one for that (rank, group) (ReadState copies
 // it back for inspection).
 //
@@ -217,10 +217,10 @@ class DeviceStep {
   std::uint64_t arena_high_water() const;
   std::uint64_t arena_overflows() const;
 
-  struct Impl;  // src/sparse/device_step.cc
+  struct Impl;  // src/step/device_step.cc
 
  private:
-  struct ShardSource;  // what Create copies from either space (src/sparse/device_step.cc)
+  struct ShardSource;  // what Create copies from either space (src/step/device_step.cc)
   static Result<std::unique_ptr<DeviceStep>> Build(const ShardSource& source, const DeviceStepConfig& config);
   // What Create, StoreInto and Reload read of one shard; Create's refusals.
   static Status Read(const AddressSpace& space, Rank rank, GroupId group, ShardSource& out);

@@ -39,7 +39,7 @@
 // as they are, on UlaCache's pools and on registered regions alike; ExecuteOnEngineMemory
 // is a CPU reference executor over registered regions.
 //
-// The order of a step (issue 27, item 1), per scheduler iteration:
+// The order of a step, per scheduler iteration:
 //   1. allocate: AddressSpace::Allocate the new token of every running row (prefill
 //      chunks too) and look up its location per group, once (SGLang's out_cache_loc). A
 //      new entry is on device and stays in that slot until AdvanceRound (address_space.h).
@@ -64,8 +64,11 @@
 //   (Complete aborts via ULA_CHECK if an entry of the plan was freed). A second Plan or
 //   Step on this planner is refused with kFailedPrecondition.
 //
-// Create turns on the space's stable_new_entries (address_space.h): from then on every new
-// entry's write slot stays put for its round.
+// Modes: Create refuses a space whose config has stable_new_entries off
+// (kFailedPrecondition: the engine writes a new token's KV where Lookup said right after
+// Allocate, so every new entry's write slot must stay put for its round) or host_shadows on
+// (kUnsupported: the engine path moves exclusive entries). Both are AddressSpaceConfig
+// fields, fixed when the space is created; nothing here changes them.
 //
 // Allocation: Create sizes every scratch array for the largest step (config.max_*) and
 // the largest address count the space can reach; Plan, Complete, ExecuteOnEngineMemory,
@@ -188,7 +191,7 @@ class EngineStepPlanner {
   // REQUIRES: status.size() == descriptors.size().
   void ExecuteOnEngineMemory(std::span<const CopyDescriptor> descriptors, std::span<std::uint8_t> status) const;
 
-  struct Scratch;  // opaque; defined in src/sparse/engine_step.cc
+  struct Scratch;  // opaque; defined in src/step/engine_step.cc
 
  private:
   EngineStepPlanner(AddressSpace& space, const EngineStepConfig& config, std::unique_ptr<Scratch> scratch);

@@ -8,7 +8,7 @@
 // Contract shared by every implementation (tests/policy/policy_conformance_test.cc):
 //   - A slot used in the current round (Insert, Touch, or returned by ClaimVictims in this
 //     round) is never returned by ClaimVictims before the next AdvanceRound(): this step's
-//     attention is about to read it (DESIGN.md invariant 3).
+//     attention is about to read it (docs/ARCHITECTURE.md invariant 3).
 //   - ClaimVictims returns distinct tracked slots, least recently used first by the
 //     policy's own notion of recency, and marks them used in the current round (the caller
 //     fills them with entries this round reads).
@@ -47,7 +47,7 @@ class ResidencyPolicy {
   // Picks up to out.size() victims (see contract above). Returns how many were written.
   virtual std::size_t ClaimVictims(std::span<SlotId> out) = 0;
   virtual std::uint64_t NumEvictable() const = 0;
-  // Host shadows (issue 30): the tracked slot's entry has (or no longer has) a clean host
+  // Host shadows: the tracked slot's entry has (or no longer has) a clean host
   // copy, so evicting it moves no bytes. A hint: with PolicyOptions::prefer_shadowed PB-LRU
   // claims such slots first among equally old candidates (within one bucket); every other
   // policy, and PB-LRU without the option, ignores it. The DP address space calls it

@@ -1,5 +1,5 @@
-// SparsePrefixCache: a token-granular radix tree over logical addresses (DESIGN.md "Shared
-// prefixes", issue 17). Token ids -> runs of logical addresses of one sparse address space
+// SparsePrefixCache: a token-granular radix tree over logical addresses (docs/ARCHITECTURE.md "Shared
+// prefixes"). Token ids -> runs of logical addresses of one sparse address space
 // (DP: one rank of an AddressSpace; TP: a TpAddressSpace). Modelled on SGLang's RadixCache
 // (match_prefix / insert / inc_lock_ref / dec_lock_ref / evict), with two differences:
 // the KV it names never moves or copies (a node holds *references* on addresses, the

@@ -1,4 +1,4 @@
-// StepPlanner: one decode step of one layer group on one rank (DP mode), DESIGN.md Part A:
+// StepPlanner: one decode step of one layer group on one rank (DP mode) (docs/ARCHITECTURE.md "One decode step of one layer group"):
 //
 //   1. validate every selected address (live, owned by its run's request, on this rank)
 //                                                                  -> error, nothing changed
@@ -34,8 +34,8 @@
 // reclaimed) and their misses stay on host; if it lands, the victims are published at
 // their host slots. A victim evicted to its shadow is published before the copies (its
 // bytes are already there); a failed copy into its slot frees that slot.
-// Layout (issue 16): steps 1-3 read one 16-byte record per (address, group) — location,
-// owner tag, dedup stamp (src/sparse/address_records.h) — so a selection costs one cache
+// Layout: steps 1-3 read one 16-byte record per (address, group) — location,
+// owner tag, dedup stamp (src/core/address_records.h) — so a selection costs one cache
 // line; the record of selection i + prefetch_distance is prefetched while i is processed.
 // A hit's slot is written to out_slots in that same pass (a hit is never a victim), so only
 // the selections of misses are looked up again after the publish.

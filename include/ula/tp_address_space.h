@@ -1,4 +1,4 @@
-// TpAddressSpace (TP mode, DESIGN.md Part A "Placement modes"): one distributed address
+// TpAddressSpace (TP mode, docs/ARCHITECTURE.md "TP attention at home"): one distributed address
 // space over all P ranks, instead of a full copy of the latent KV on every rank.
 //
 // Structure.
@@ -40,7 +40,7 @@
 //      rank's free list); every live address
 //      has a holder: a request that lists it (a list names it at most once) or a cache
 //      reference. Reference counts and owner tags as in DP mode (address_space.h,
-//      "Sharing"; src/sparse/address_refs.h).
+//      "Sharing"; src/space/address_refs.h).
 //
 // Sharing. ShareInto / Retain / Release / RefCount / Holds as AddressSpace's: a request
 // adopts live addresses (a cached prefix) without a copy; the prefix stays striped a mod P
@@ -83,10 +83,14 @@
 
 namespace ula {
 
+namespace internal {
+struct SpaceAccess;  // src/space/space_access.h: not part of the API
+}  // namespace internal
+
 // Where the attention over entries homed on other ranks runs (docs/ARCHITECTURE.md, "TP
 // attention at home").
 enum class TpAttention : std::uint8_t {
-  // DESIGN.md: every rank fetches the selected entries homed elsewhere into its local
+  // The local buffer: every rank fetches the selected entries homed elsewhere into its local
   // buffer and computes attention over the whole selection.
   kLocalBuffer = 0,
   // Every rank computes the attention of all heads over the selected entries of its own
@@ -114,18 +118,19 @@ struct TpConfig {
   // Tokens per page of logical addresses, in [1, 65536] ("Pages" above): 64, the block size
   // of FlashMLA's paged KV and of SGLang's and vLLM's sparse MLA pools; 1: no pages.
   std::uint32_t page_tokens = 64;
-  // A new token's write slot never goes stale (issue 27, item 1; Allocate below): new
+  // A new token's write slot never goes stale (Allocate below): new
   // entries go to device, evicting entries this round has not used, and one that must go
-  // to host stays there for its round. TpEngineStepPlanner::Create turns it on. Off: new
+  // to host stays there for its round. The engine path (TpEngineStepPlanner, DeviceStep)
+  // needs it on and refuses a space without it. Off: new
   // entries go to free device slots, then host, where the round's steps may move them (the
   // library path, where Write goes to the current location).
   bool stable_new_entries = false;
-  // Clean host shadows per shard (issue 30, src/sparse/host_shadows.h), as in DP: a home
+  // Clean host shadows per shard (src/space/host_shadows.h), as in DP: a home
   // entry fetched host -> device keeps its host slot as a reclaimable copy, counted free in
   // every capacity figure, so that evicting it later moves no bytes. TpStepPlanner's Step
-  // (every rank, the fabric included) and Allocate keep them; TpEngineStepPlanner::Create
-  // turns them off (the engine path does not keep them); TpKernelStepPlanner and PlanHome
-  // refuse a space with them (kUnsupported); a DeviceStep counts them free. Off: exclusive
+  // (every rank, the fabric included) and Allocate keep them; the engine path
+  // (TpEngineStepPlanner, DeviceStep), TpKernelStepPlanner and PlanHome refuse a space with
+  // them (kUnsupported). Off: exclusive
   // tiers, every eviction copies.
   bool host_shadows = false;
 
@@ -183,8 +188,7 @@ class TpAddressSpace {
   Status AddRequest(RequestId request);
   // n_tokens new addresses in the request's pages, striped a mod P ("Pages" above; T = 1:
   // round robin over the ranks with room). On its home rank each entry goes to a free
-  // device slot, else to host. With stable_new_entries (config, or a TpEngineStepPlanner
-  // over the space) a new token's write slot never goes stale, as DP's Allocate
+  // device slot, else to host. With stable_new_entries (config) a new token's write slot never goes stale, as DP's Allocate
   // (address_space.h): once the rank's device pool is full, an entry goes into the slot of
   // a victim this round has not used (the shard policy's choice; the victims of one rank
   // and group are moved device -> host in one batch, waited on, before any is published),
@@ -263,13 +267,10 @@ class TpAddressSpace {
   // before and after a refused call. For tests; O(state). core/digest.h.
   std::uint64_t DebugDigest() const;
 
-  struct State;  // opaque; src/sparse/tp_state.h
+  struct State;  // opaque; src/space/tp_state.h
 
  private:
-  friend class TpStepPlanner;
-  friend class TpEngineStepPlanner;
-  friend class TpKernelStepPlanner;
-  friend class DeviceStep;
+  friend struct internal::SpaceAccess;  // the step's forms reach the state through it
   TpAddressSpace(const TpConfig& config, Backend& backend, std::vector<Rank> hosted, std::unique_ptr<State> state);
   // Frees an address whose last holder let go (home slots, hosted copies, directory).
   void FreeAddress(LogicalAddr a);

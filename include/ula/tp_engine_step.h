@@ -70,8 +70,9 @@
 //   Between Plan and Complete one plan is pending: Step and a second Plan are refused
 //   (kFailedPrecondition), and, as in DP, REQUIRES: no Allocate, Free or Write on the space
 //   (a Write drops buffer copies a pending fetch targets).
-//   New tokens: Create turns on the space's stable_new_entries (TpConfig; Allocate in
-//   tp_address_space.h), as EngineStepPlanner does in DP: a new token goes to its home
+//   Modes: as EngineStepPlanner in DP, Create refuses a space whose TpConfig has
+//   stable_new_entries off (kFailedPrecondition) or host_shadows on (kUnsupported). With
+//   stable new entries (Allocate in tp_address_space.h) a new token goes to its home
 //   rank's device, in a free slot or a victim's, and no step of its round moves it, so the
 //   engine writes its KV where Lookup said right after Allocate (tests/tp/
 //   tp_engine_loop_test.cc: the SGLang-style loop). One pinned on host (the device held only

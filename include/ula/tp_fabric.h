@@ -1,7 +1,7 @@
 // TpFabric: how the ranks of one TP address space reach each other when they are not in
 // the same process. In-process ranks (the default) need no fabric: the planner reads the
 // other ranks' home tables directly and moves bytes with cross-rank backend batches. The
-// MPI engine (src/backend/mpi, MakeMpiFabric in ula/tp_mpi.h) implements it with one
+// MPI engine (src/tp/mpi, MakeMpiFabric in ula/tp_mpi.h) implements it with one
 // process per rank: shard memory exposed as MPI-3 RMA windows and read with passive-target
 // one-sided gets; agreement, barriers and the indexer's candidate gather are collectives.
 //

@@ -1,5 +1,5 @@
 // The MPI engine for TP mode: one process per rank (launched with mpirun). This header
-// declares it without including mpi.h — only src/backend/mpi does — so that code above
+// declares it without including mpi.h — only src/tp/mpi does — so that code above
 // the backend layer can use it when the build has MPI (target ula_mpi; the `ula` program
 // defines ULA_HAVE_MPI when it links it).
 //

@@ -1,5 +1,5 @@
 // TpStepPlanner: one decode step of one layer group for every rank this process hosts
-// (TP mode, DESIGN.md Part A "One decode step"):
+// (TP mode, docs/ARCHITECTURE.md "One decode step of one layer group"):
 //
 //   0. validate every selection (live address of its run's request, selection_run.h: a
 //      stale or another request's address is refused), dedup the union once, and per hosted rank

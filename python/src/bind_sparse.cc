@@ -178,8 +178,11 @@ void BindAddressSpaceConfig(py::module_& m) {
   py::class_<ula::AddressSpaceConfig>(m, "AddressSpaceConfig", "DP address space config (include/ula/address_space.h).")
       .def(py::init([](std::uint32_t num_ranks, std::uint32_t num_groups, std::uint32_t entry_bytes,
                        std::uint64_t device_bytes_per_rank, std::uint64_t host_bytes_per_rank, const std::string& policy,
-                       std::uint32_t page_tokens, std::uint32_t row_bytes, const std::vector<std::uint32_t>& group_layers) {
+                       std::uint32_t page_tokens, std::uint32_t row_bytes, const std::vector<std::uint32_t>& group_layers,
+                       bool stable_new_entries, bool host_shadows) {
              ula::AddressSpaceConfig c;
+             c.stable_new_entries = stable_new_entries;
+             c.host_shadows = host_shadows;
              c.page_tokens = page_tokens;
              c.row_bytes = row_bytes;
              c.group_layers = group_layers;
@@ -193,7 +196,8 @@ void BindAddressSpaceConfig(py::module_& m) {
            }),
            py::arg("num_ranks") = 1, py::arg("num_groups") = 1, py::arg("entry_bytes") = 656,
            py::arg("device_bytes_per_rank") = 0, py::arg("host_bytes_per_rank") = 0, py::arg("policy") = "pb_lru",
-           py::arg("page_tokens") = 64, py::arg("row_bytes") = 0, py::arg("group_layers") = std::vector<std::uint32_t>{})
+           py::arg("page_tokens") = 64, py::arg("row_bytes") = 0, py::arg("group_layers") = std::vector<std::uint32_t>{},
+           py::arg("stable_new_entries") = false, py::arg("host_shadows") = false)
       .def_readwrite("num_ranks", &ula::AddressSpaceConfig::num_ranks)
       .def_readwrite("row_bytes", &ula::AddressSpaceConfig::row_bytes)
       .def_readwrite("group_layers", &ula::AddressSpaceConfig::group_layers)
@@ -212,10 +216,10 @@ void BindAddressSpaceConfig(py::module_& m) {
           "The device pools' residency policy by name (residency_policy.h).")
       .def_readwrite("stable_new_entries", &ula::AddressSpaceConfig::stable_new_entries,
                      "New entries are placed on device and keep their slot for their round (an EngineStepPlanner "
-                     "turns it on: the engine writes KV where it looked it up).")
+                     "requires it: the engine writes KV where it looked it up).")
       .def_readwrite("host_shadows", &ula::AddressSpaceConfig::host_shadows,
-                     "Fetched entries keep their host slot as a clean, reclaimable copy (issue 30): evicting them "
-                     "moves no bytes (src/sparse/host_shadows.h). Off by default; an EngineStepPlanner turns it off.")
+                     "Fetched entries keep their host slot as a clean, reclaimable copy: evicting them "
+                     "moves no bytes (src/space/host_shadows.h). Off by default; an EngineStepPlanner refuses a space with it on.")
       .def_readwrite("page_tokens", &ula::AddressSpaceConfig::page_tokens)
       .def_readwrite("num_groups", &ula::AddressSpaceConfig::num_groups)
       .def_readwrite("entry_bytes", &ula::AddressSpaceConfig::entry_bytes)

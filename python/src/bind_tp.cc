@@ -55,8 +55,10 @@ void BindTp(py::module_& m) {
       .def(py::init([](std::uint32_t num_ranks, std::uint32_t num_groups, std::uint32_t entry_bytes,
                        const std::string& attention, std::uint64_t device_bytes_per_rank,
                        std::uint64_t host_bytes_per_rank, std::uint64_t buffer_bytes_per_rank, const std::string& policy,
-                       std::uint32_t page_tokens) {
+                       std::uint32_t page_tokens, bool stable_new_entries, bool host_shadows) {
              ula::TpConfig c;
+             c.stable_new_entries = stable_new_entries;
+             c.host_shadows = host_shadows;
              c.num_ranks = num_ranks;
              c.num_groups = num_groups;
              c.entry_bytes = entry_bytes;
@@ -71,7 +73,8 @@ void BindTp(py::module_& m) {
            py::arg("num_ranks") = 2, py::arg("num_groups") = 1, py::arg("entry_bytes") = 656,
            py::arg("attention") = "local_buffer", py::arg("device_bytes_per_rank") = 0,
            py::arg("host_bytes_per_rank") = 0, py::arg("buffer_bytes_per_rank") = 0, py::arg("policy") = "pb_lru",
-           py::arg("page_tokens") = ula::TpConfig{}.page_tokens)
+           py::arg("page_tokens") = ula::TpConfig{}.page_tokens, py::arg("stable_new_entries") = false,
+           py::arg("host_shadows") = false)
       .def_readwrite("num_ranks", &ula::TpConfig::num_ranks)
       .def_readwrite("num_groups", &ula::TpConfig::num_groups)
       .def_readwrite("entry_bytes", &ula::TpConfig::entry_bytes)
@@ -81,11 +84,11 @@ void BindTp(py::module_& m) {
       .def_readwrite("page_tokens", &ula::TpConfig::page_tokens)
       .def_readwrite("stable_new_entries", &ula::TpConfig::stable_new_entries,
                      "New entries are placed on device and keep their slot for their round (a TpEngineStepPlanner "
-                     "turns it on: the engine writes KV where it looked it up).")
+                     "requires it: the engine writes KV where it looked it up).")
       .def_readwrite("host_shadows", &ula::TpConfig::host_shadows,
                      "Each shard's fetched entries keep their host slot as a clean copy, counted free, so that their "
-                     "later eviction moves no bytes (src/sparse/host_shadows.h). Off by default; a TpEngineStepPlanner "
-                     "turns it off.")
+                     "later eviction moves no bytes (src/space/host_shadows.h). Off by default; a TpEngineStepPlanner "
+                     "refuses a space with it on.")
       .def_property(
           "policy", [](const ula::TpConfig& c) { return std::string(ula::PolicyKindName(c.policy)); },
           [](ula::TpConfig& c, const std::string& name) { c.policy = ParsePolicy(name); },

@@ -4,7 +4,7 @@
 
 #include "bind_common.h"
 #include "config/hardware_config.h"
-#include "sparse/indexer.h"
+#include "indexer/indexer.h"
 #include "config/model_config.h"
 
 namespace ulapy {
@@ -28,7 +28,7 @@ void TranslateErrors() {
 
 void BindIndexer(py::module_& m) {
   py::class_<ula::Indexer>(m, "Indexer", R"doc(
-The CPU lightning indexer (DeepSeek-V3.2 DSA style, src/sparse/indexer.h): score(k) =
+The CPU lightning indexer (DeepSeek-V3.2 DSA style, src/indexer/indexer.h): score(k) =
 sum_h w[h] * relu(q[h] . k) in float32 in a fixed order; top-k by score, ties by position.)doc")
       .def(py::init([](std::uint32_t num_heads, std::uint32_t head_dim, std::uint32_t top_k) {
              return Unwrap(ula::Indexer::Create({num_heads, head_dim, top_k}));

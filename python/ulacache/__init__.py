@@ -9,7 +9,7 @@ a ``ulacache.Error`` subclass carrying the library's ``code`` and ``message`` af
 changing nothing.
 
     import numpy as np, ulacache
-    space = ulacache.AddressSpace(ulacache.AddressSpaceConfig(
+    space = ulacache.AddressSpace(ulacache.AddressSpaceConfig(stable_new_entries=True,
         num_groups=1, entry_bytes=64, device_bytes_per_rank=64 * 64, host_bytes_per_rank=64 * 256))
     space.add_request(7)
     addrs = space.allocate(7, 100)                       # uint32 logical addresses

@@ -121,12 +121,13 @@ class AddressSpaceConfig:
     group_layers: list[int]  # layers of each group (any count); empty: entry_bytes / row_bytes each
     def __init__(self, num_ranks: int = 1, num_groups: int = 1, entry_bytes: int = 656,
                  device_bytes_per_rank: int = 0, host_bytes_per_rank: int = 0, policy: str = "pb_lru",
-                 page_tokens: int = 64, row_bytes: int = 0, group_layers: list[int] = ...) -> None: ...
+                 page_tokens: int = 64, row_bytes: int = 0, group_layers: list[int] = ...,
+                 stable_new_entries: bool = False, host_shadows: bool = False) -> None: ...
     def layers_of(self, group: int) -> int: ...
     def entry_bytes_of(self, group: int) -> int: ...
     def row(self) -> int: ...
-    stable_new_entries: bool  # new entries on device, slot kept for the round (EngineStepPlanner turns it on)
-    host_shadows: bool  # fetched entries keep their host slot as a clean copy (issue 30); off by default
+    stable_new_entries: bool  # new entries on device, slot kept for the round (EngineStepPlanner requires it on)
+    host_shadows: bool  # fetched entries keep their host slot as a clean copy; off by default
     policy: str
     def validate(self) -> None: ...
 
@@ -213,8 +214,8 @@ class TpConfig:
     host_bytes_per_rank: int
     buffer_bytes_per_rank: int
     page_tokens: int
-    stable_new_entries: bool  # new entries on device, slot kept for the round (TpEngineStepPlanner turns it on)
-    host_shadows: bool  # each shard's fetched entries keep their host slot as a clean copy (issue 30); off by default
+    stable_new_entries: bool  # new entries on device, slot kept for the round (TpEngineStepPlanner requires it on)
+    host_shadows: bool  # each shard's fetched entries keep their host slot as a clean copy; off by default
     attention: str
     policy: str
     buffer_policy: str
@@ -224,7 +225,8 @@ class TpConfig:
     shard_slots_per_group: int
     def __init__(self, num_ranks: int = 2, num_groups: int = 1, entry_bytes: int = 656,
                  attention: str = "local_buffer", device_bytes_per_rank: int = 0, host_bytes_per_rank: int = 0,
-                 buffer_bytes_per_rank: int = 0, policy: str = "pb_lru", page_tokens: int = 64) -> None: ...
+                 buffer_bytes_per_rank: int = 0, policy: str = "pb_lru", page_tokens: int = 64,
+                 stable_new_entries: bool = False, host_shadows: bool = False) -> None: ...
     def validate(self) -> None: ...
 
 class TpRankStepStats:

@@ -2,7 +2,7 @@
 // one such table in the library: the DP space keeps one per group, the gather and its bench
 // read one. One 8-byte record per logical address holds both what the step planner reads
 // (the location) and what it writes (the dedup stamp) for an (address, group), so that
-// steps 1-3 of a step touch one cache line of the group per distinct selection (issue 16,
+// steps 1-3 of a step touch one cache line of the group per distinct selection (,
 // item 2):
 //
 //   bits [49:0]  the Location (ula/location.h: slot 32 | rank 16 | tier code 2; 0 = none)
@@ -19,7 +19,7 @@
 // Thread-safety: concurrent readers of locations are safe; a writer (Set, Erase, a stamp)
 // needs exclusive access to its record (the planner's parallel pass gives every thread a
 // disjoint set of addresses). Publishing a new location is a single 8-byte store, after the
-// bytes arrived (DESIGN.md invariant 2).
+// bytes arrived (docs/ARCHITECTURE.md invariant 2).
 // Failure: none (REQUIRES are the callers' checks).
 #pragma once
 

@@ -1,4 +1,4 @@
-// The step's data-parallel kernels (issue 26): the phases of one layer group's step as
+// The step's data-parallel kernels: the phases of one layer group's step as
 // functors over an index space plus a CCCL primitive (thrust for_each / transform /
 // exclusive_scan), over raw arrays only — no policy, pool or space class is seen here.
 // One source, step_kernels.inl, compiles two ways:

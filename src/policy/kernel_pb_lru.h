@@ -2,7 +2,7 @@
 // order) kept as the step kernels' flat arrays (kernels/step_kernels.h, PbLruArrays) and run
 // by those kernels in their OpenMP form. It is the layout the device step holds on a GPU
 // (ula/device_step.h loads it from an address space whose policy is kernel_pb_lru), and the
-// policy conformance suite runs it like every other policy (issue 26).
+// policy conformance suite runs it like every other policy.
 //
 // State: R + 2 buckets (ring 0..R, ring[cur] current; cold = R + 1), each [W] level-0 words,
 // [S] summary words (bit w: word w non-zero, exactly) and a count; stamps [capacity] (round of

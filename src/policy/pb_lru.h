@@ -1,4 +1,4 @@
-// PbLru: parallel bucketed LRU (DESIGN.md Part A, "PB-LRU") over hierarchical bitmaps.
+// PbLru: parallel bucketed LRU (docs/ARCHITECTURE.md, "Decisions") over hierarchical bitmaps.
 //
 // State: R + 1 ring buckets and one cold bucket, each a HierBitmap with one bit per slot.
 // ring_[cur_] is the *current* bucket (slots used in this round); ring_[cur_ - a] (mod R+1)
@@ -22,7 +22,7 @@
 //     rounds ago) is folded into cold_ word by word (cold |= b; b = 0);
 //   - victims: cold_ first, then the recent buckets oldest to newest, lowest slot index
 //     first inside a bucket (found through the summary levels); never the current bucket
-//     (DESIGN.md invariant 3).
+//     (docs/ARCHITECTURE.md invariant 3).
 // Touch, one pass over the batch (branch-free: the data sets the list lengths): stamp each
 // slot with the round, mark it in a scratch word array (which dedups the batch: a slot
 // whose old stamp is the round is a duplicate or already current) and list the slots that
@@ -49,7 +49,7 @@
 // ClaimVictims(n) O(n + non-empty buckets * levels), AdvanceRound O(non-empty words of the
 // folded bucket). Metadata: (R + 2) bits + a 32-bit stamp per slot, plus summaries, plus one
 // scratch bit. After 2^32 rounds the stamps are rebased once (O(capacity)).
-// Parallel victim claiming (issue 16 item 3, ClaimVictimsParallel): the same victims, in
+// Parallel victim claiming (ClaimVictimsParallel): the same victims, in
 // the same order, as ClaimVictims, with the per-slot work split over a ForkJoin team of T
 // lanes. The demand is first cut into per-bucket quotas from the buckets' counts (O(1) each:
 // cold first, then the recent buckets oldest to newest). Each bucket's level-0 words (W per

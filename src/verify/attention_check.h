@@ -1,4 +1,4 @@
-// Attention through UlaCache vs a dense reference (DESIGN.md invariant 4, end to end).
+// Attention through UlaCache vs a dense reference (docs/ARCHITECTURE.md invariant 4, end to end).
 //
 // RunAttentionCheck drives decode steps on an existing DP AddressSpace: per step, every
 // request appends one token (Allocate + Write of its entry in every group); per group, a

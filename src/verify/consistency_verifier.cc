@@ -12,7 +12,7 @@
 #include "ula/backend.h"
 #include "backend/fault_backend.h"
 #include "ula/step_planner.h"
-#include "sparse/kernel_step_planner.h"
+#include "step/kernel_step_planner.h"
 
 namespace ula {
 

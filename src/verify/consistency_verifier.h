@@ -1,5 +1,5 @@
 // ConsistencyVerifier: proves that no movement changes what attention reads
-// (DESIGN.md invariant 4). It drives a DP AddressSpace on the cpu backend with a seeded
+// (docs/ARCHITECTURE.md invariant 4). It drives a DP AddressSpace on the cpu backend with a seeded
 // random workload — requests arrive with a prefill, decode appends tokens, the engine
 // rewrites entries, steps select overlapping top-k sets under memory pressure so that swaps
 // happen, requests finish — and keeps a shadow copy of every entry's bytes. After every

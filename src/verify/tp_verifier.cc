@@ -13,11 +13,11 @@
 
 #include "ula/backend.h"
 #include "backend/fault_backend.h"
-#include "sparse/fault_fabric.h"
+#include "tp/fault_fabric.h"
 #include "ula/tp_home_attention.h"
 #include "ula/reference_attention.h"
 #include "ula/tp_fabric.h"
-#include "sparse/tp_kernel_step_planner.h"
+#include "step/tp_kernel_step_planner.h"
 #include "ula/tp_step_planner.h"
 #include "verify/verifier_core.h"
 

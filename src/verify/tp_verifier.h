@@ -1,4 +1,4 @@
-// TpVerifier: the consistency verifier for TP mode (DESIGN.md invariants 1-5 across
+// TpVerifier: the consistency verifier for TP mode (docs/ARCHITECTURE.md invariant 1-5 across
 // ranks). It drives a TpAddressSpace with a seeded random workload — requests arrive and
 // decode (entries striped over the ranks), the engine rewrites entries, each round steps
 // every layer group for two sub-batches under memory pressure (home swaps, local-buffer

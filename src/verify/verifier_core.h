@@ -6,7 +6,7 @@
 //   * the live requests: id, placement rank (DP only), addresses, and each (group, query)
 //     previous selection;
 //   * the shadow: the bytes last written to every (address, group) — what any read must
-//     return, whatever moved in between (DESIGN.md invariant 4);
+//     return, whatever moved in between (docs/ARCHITECTURE.md invariant 4);
 //   * the op loop: arrive (allocate a prefill and write it), decode (append tokens),
 //     rewrite (the engine overwrites entries), step (the strategy's planner steps),
 //     finish (free; a double free and a step with the freed address are refused with
@@ -35,7 +35,7 @@
 // initial_requests: requests that arrive before the first op); Report has the
 // counters of verifier_checks.h plus ops, seed and entries_checked.
 //
-// Sharing (issue 17; only when cfg_.share_percent > 0, so that runs without it draw the
+// Sharing (only when cfg_.share_percent > 0, so that runs without it draw the
 // same numbers as before). Requests carry token ids. That share of the arrivals adopts a
 // prefix of a live request instead: the donor is cached in the rank's SparsePrefixCache
 // (cache_unfinished_req), the new request's tokens are a cut of the donor's plus its own,

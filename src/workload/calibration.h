@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "ula/error.h"
-#include "sparse/indexer.h"
+#include "indexer/indexer.h"
 #include "workload/indexer_decode.h"
 #include "workload/reuse_distance.h"
 #include "workload/selection_model.h"

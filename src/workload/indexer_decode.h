@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "ula/error.h"
-#include "sparse/indexer.h"
+#include "indexer/indexer.h"
 
 namespace ula {
 

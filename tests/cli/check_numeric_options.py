@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Every numeric option of one `ula` subcommand refuses bad values (issue 13, item 7).
+"""Every numeric option of one `ula` subcommand refuses bad values.
 
 Usage: check_numeric_options.py ULA SUBCOMMAND...      e.g. ULA bench trace
        check_numeric_options.py ULA --covers NAME...    the registered tests cover every subcommand

@@ -181,7 +181,7 @@ TEST(HybridModel, ATombstonedStateIsRecomputedFromTheNearestStateBitIdentically)
   auto ra = runner.Serve(a, ServeOptions{.max_new_tokens = 2, .checkpoint_interval = 32});  // 32, 64, 96, 101
   ASSERT_TRUE(ra);
   // A running request holds a's end; the states at 32 and 64 are evicted (tombstones: the
-  // root side first, as SGLang, issue 28 item 4).
+  // root side first, as SGLang).
   const auto fed = Join(a, std::span(ra->output).first(1));
   auto held = cache->Match(fed, static_cast<std::uint32_t>(fed.size()));
   ASSERT_EQ(held.length, 101u);
@@ -391,7 +391,7 @@ TEST(HybridModel, WindowPagesGiveTheRingsOutputsAndReleaseWhatLeavesTheWindow) {
   EXPECT_TRUE(buffer->CheckInvariants());
 }
 
-// Chunked prefill with window pages (issue 28 item 6, SGLang's cache_unfinished_req with an
+// Chunked prefill with window pages (SGLang's cache_unfinished_req with an
 // SWA model): each chunk is inserted as it completes, its match locking only its end's
 // window, and a later request resumes at a chunk boundary with the window it needs.
 TEST(HybridModel, ChunkedPrefillWithWindowPagesIsBitIdenticalAndResumesAtAChunk) {

@@ -1,4 +1,4 @@
-// The policy conformance of the kernels' PB-LRU victims (issue 26): the victims the step's
+// The policy conformance of the kernels' PB-LRU victims: the victims the step's
 // TakeLowest kernel (OpenMP form) finds in PbLru::VictimBuckets, claimed with Touch, must be
 // ClaimVictims' victims in ClaimVictims' order, leaving the same state (DebugDigest), for any
 // R, demand and thread count; never a slot of the current round.

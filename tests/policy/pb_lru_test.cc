@@ -27,7 +27,7 @@ void ExpectOk(const ResidencyPolicy& p) {
   ASSERT_TRUE(st) << st.error().ToString();
 }
 
-// Host shadows (issue 30): with prefer_shadowed, a bucket's shadowed slots go first (their
+// Host shadows: with prefer_shadowed, a bucket's shadowed slots go first (their
 // eviction moves no bytes), then its others in slot order; older buckets still go before
 // newer ones; without the option the hint changes nothing.
 TEST(PbLru, PrefersShadowedVictimsAmongEquallyOldOnlyWhenAsked) {

@@ -1,5 +1,5 @@
 // The OpenMP paths of Touch (PB-LRU, exact_lru_scan) and PB-LRU's parallel victim claim
-// (issue 16 item 3) leave exactly the state the serial path leaves. THREADED: runs under
+// leave exactly the state the serial path leaves. THREADED: runs under
 // ThreadSanitizer too.
 #include <gtest/gtest.h>
 #include <omp.h>

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 CLASSES = {
     "ModelConfig": ("src/config/model_config.h", "ModelConfig"),
     "HardwareConfig": ("src/config/hardware_config.h", "HardwareConfig"),
-    "Indexer": ("src/sparse/indexer.h", "Indexer"),
+    "Indexer": ("src/indexer/indexer.h", "Indexer"),
     "StepStats": ("include/ula/step_planner.h", "StepStats"),
     "AddressSpaceConfig": ("include/ula/address_space.h", "AddressSpaceConfig"),
     "AddressSpace": ("include/ula/address_space.h", "AddressSpace"),
@@ -84,7 +84,7 @@ EXCLUDED = {
     ("FaultPlan", "at_wait"): "a FaultPlan constructor argument, not read back",
     ("FaultPlan", "copies"): "a FaultPlan constructor argument, not read back",
     ("FaultPlan", "swaps"): "a FaultPlan constructor argument, not read back",
-    ("FaultPlan", "fetches"): "TP remote fetches are faulted through the fabric (src/sparse/fault_fabric.h), which Python does not bind",
+    ("FaultPlan", "fetches"): "TP remote fetches are faulted through the fabric (src/tp/fault_fabric.h), which Python does not bind",
     # The hybrid prefix cache (issue 27 item 6: everything else is bound).
     ("PrefixCache", "SetEvictionObserver"): "a test hook called inside eviction; re-entering Python there is not supported",
     ("PrefixCache", "config"): "the cache's config is the PrefixCacheConfig the caller passed",

@@ -7,8 +7,8 @@ import ulacache
 ENTRY = 64
 
 
-def make_space(device_slots=16, host_slots=64, groups=1, backend="cpu", ranks=1):
-    cfg = ulacache.AddressSpaceConfig(num_ranks=ranks, num_groups=groups, entry_bytes=ENTRY,
+def make_space(device_slots=16, host_slots=64, groups=1, backend="cpu", ranks=1, engine=False):
+    cfg = ulacache.AddressSpaceConfig(stable_new_entries=engine, num_ranks=ranks, num_groups=groups, entry_bytes=ENTRY,
                                       device_bytes_per_rank=device_slots * ENTRY * groups,
                                       host_bytes_per_rank=host_slots * ENTRY * groups)
     return ulacache.AddressSpace(cfg, backend=backend)
@@ -81,7 +81,7 @@ def test_step_planner_moves_entries_to_device():
 
 
 def test_engine_step_library_path_writes_flashmla_indices():
-    space, addrs = filled(groups=2)
+    space, addrs = filled(groups=2, engine=True)
     planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
     sel = np.array([[[40, 41, 2, 3], [40, 42, -1, -1]], [[43, 5, 6, -1], [-1, -1, -1, -1]]], np.int32)
     idx = np.full_like(sel, 99)
@@ -97,7 +97,7 @@ def test_engine_step_library_path_writes_flashmla_indices():
 
 
 def engine_fixture(device_slots=8, host_slots=48, n=48):
-    space = make_space(device_slots, host_slots, backend="counting")
+    space = make_space(device_slots, host_slots, backend="counting", engine=True)
     planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
     mem = {"device": np.zeros((2, device_slots, ENTRY // 2), np.uint8),
            "host": np.zeros((2, host_slots, ENTRY // 2), np.uint8)}
@@ -160,7 +160,7 @@ def test_failed_descriptor_publishes_nothing():
 
 
 def test_bad_input_raises_and_changes_nothing():
-    space, addrs = filled()
+    space, addrs = filled(engine=True)
     planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
     space.add_request(3)  # another live request: good's addresses are not its own
     space.allocate(3, 2)
@@ -249,7 +249,7 @@ def test_register_engine_memory_refuses_bad_arrays():
 
 
 def test_equal_dtype_objects_are_accepted_without_copy():
-    space, addrs = filled()
+    space, addrs = filled(engine=True)
     planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
     i32 = np.dtype(np.int32).newbyteorder("=")       # equal to int32, another object
     assert i32 is not np.dtype(np.int32)
@@ -262,7 +262,7 @@ def test_equal_dtype_objects_are_accepted_without_copy():
 
 
 def test_two_ranks_each_plan_their_own_entries():
-    space = make_space(8, 32, ranks=2)
+    space = make_space(8, 32, ranks=2, engine=True)
     space.add_request(1, rank=0)
     space.add_request(2, rank=1)
     a0, a1 = space.allocate(1, 20), space.allocate(2, 20)

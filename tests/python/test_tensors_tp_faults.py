@@ -21,8 +21,8 @@ def pattern(addr, group, version=0):
     return ((np.arange(ENTRY) + addr * 131 + group * 17 + version * 7) & 0xFF).astype(np.uint8)
 
 
-def dp_space(device_slots=40, host_slots=96, backend="cpu", faults=None):
-    cfg = ulacache.AddressSpaceConfig(num_groups=1, entry_bytes=ENTRY, device_bytes_per_rank=device_slots * ENTRY,
+def dp_space(device_slots=40, host_slots=96, backend="cpu", faults=None, engine=False):
+    cfg = ulacache.AddressSpaceConfig(stable_new_entries=engine, num_groups=1, entry_bytes=ENTRY, device_bytes_per_rank=device_slots * ENTRY,
                                       host_bytes_per_rank=host_slots * ENTRY)
     return ulacache.AddressSpace(cfg, backend=backend, faults=faults)
 
@@ -72,7 +72,7 @@ def test_dlpack_views_flat_page_table_and_int64_requests_match_numpy():
     rng = np.random.default_rng(SEED)
     results = []
     for form in ("numpy", "dlpack", "flat", "flat_dlpack"):
-        space = dp_space()
+        space = dp_space(engine=True)
         addrs = filled(space)
         planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=8)
         sel = select(np.random.default_rng(SEED), addrs, 2, 2, 8)
@@ -99,7 +99,7 @@ def test_dlpack_views_flat_page_table_and_int64_requests_match_numpy():
 
 
 def test_bad_tensors_are_refused_and_change_nothing():
-    space = dp_space()
+    space = dp_space(engine=True)
     addrs = filled(space)
     planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=8)
     sel = select(np.random.default_rng(SEED), addrs, 2, 1, 8)
@@ -125,14 +125,14 @@ def test_bad_tensors_are_refused_and_change_nothing():
 
 
 def test_engine_memory_as_list_or_dict_of_layers_and_refused_on_a_cpu_space():
-    cpu = dp_space()
+    cpu = dp_space(engine=True)
     with pytest.raises(ulacache.FailedPreconditionError, match="counting"):
         ulacache.EngineStepPlanner(cpu, 1, 1, 8).register_engine_memory("device", 0, 0,
                                                                         np.zeros((2, 16, ENTRY // 2), np.uint8))
     assert cpu.holds_bytes
     outcomes = []
     for form in ("stacked", "list", "dict"):
-        space = dp_space(8, 48, backend="counting")
+        space = dp_space(8, 48, backend="counting", engine=True)
         assert not space.holds_bytes
         planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
         mem = {"device": np.zeros((2, 8, ENTRY // 2), np.uint8), "host": np.zeros((2, 48, ENTRY // 2), np.uint8)}
@@ -162,7 +162,7 @@ def test_engine_memory_as_list_or_dict_of_layers_and_refused_on_a_cpu_space():
     assert all((o == outcomes[0]).all() for o in outcomes)
     # Four layers of 16 bytes at any addresses: views of one allocation out of order, with a
     # gap, and separately allocated arrays are all accepted; overlapping layers are refused.
-    cfg = ulacache.AddressSpaceConfig(num_groups=1, entry_bytes=ENTRY, device_bytes_per_rank=8 * ENTRY,
+    cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=ENTRY, device_bytes_per_rank=8 * ENTRY,
                                       host_bytes_per_rank=48 * ENTRY)
     planner = ulacache.EngineStepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
     big = np.zeros((5, 8, ENTRY // 4), np.uint8)
@@ -182,7 +182,7 @@ def test_separately_allocated_layer_tensors_at_any_addresses():
     # vLLM and SGLang allocate each layer's KV tensor on its own: 4 layers per group, each
     # tier registered as a dict of its layers (at any addresses).
     layers, row = 4, ENTRY // 4
-    space = dp_space(8, 48, backend="counting")
+    space = dp_space(8, 48, backend="counting", engine=True)
     planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
     # Device: the layers at unequal offsets of one buffer, out of address order; host: four
     # separate allocations.
@@ -224,7 +224,7 @@ def test_library_step_under_random_faults_publishes_nothing_and_loses_nothing():
     print(f"[ seed ] {SEED} (rerun with ULA_TEST_SEED={SEED})")
     rng = np.random.default_rng(SEED)
     faults = ulacache.FaultPlan(seed=SEED, fail_fraction=0.3, partial=True)
-    space = dp_space(device_slots=48, host_slots=160, faults=faults)
+    space = dp_space(device_slots=48, host_slots=160, faults=faults, engine=True)
     space.set_faults_armed(False)
     addrs = filled(space, requests=3, n=30)
     shadow = {int(a): pattern(int(a), 0) for r in addrs for a in addrs[r]}
@@ -260,7 +260,7 @@ def test_library_step_under_random_faults_publishes_nothing_and_loses_nothing():
 
 def test_complete_with_failed_statuses_publishes_nothing_and_loses_nothing():
     rng = np.random.default_rng(SEED + 1)
-    space = dp_space(device_slots=48, host_slots=160, backend="counting")
+    space = dp_space(device_slots=48, host_slots=160, backend="counting", engine=True)
     planner = ulacache.EngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
     mem = {"device": np.zeros((2, 48, ENTRY // 2), np.uint8), "host": np.zeros((2, 160, ENTRY // 2), np.uint8)}
     for tier, a in mem.items():
@@ -340,7 +340,7 @@ def test_tp_addresses_come_in_pages_striped_over_the_ranks():
 
 def test_per_layer_pools_of_unequal_groups_read_through_device_layer():
     row = 32
-    cfg = ulacache.AddressSpaceConfig(num_groups=2, entry_bytes=2 * row, row_bytes=row, group_layers=[2, 1],
+    cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=2, entry_bytes=2 * row, row_bytes=row, group_layers=[2, 1],
                                       device_bytes_per_rank=40 * 3 * row, host_bytes_per_rank=96 * 3 * row)
     assert [cfg.layers_of(0), cfg.layers_of(1)] == [2, 1]
     space = ulacache.AddressSpace(cfg)
@@ -378,8 +378,8 @@ def test_fault_plan_is_validated():
 
 # --- item 5: TP in the engine step API ---------------------------------------------------
 
-def tp_space(attention):
-    cfg = ulacache.TpConfig(num_ranks=2, num_groups=1, entry_bytes=ENTRY, attention=attention,
+def tp_space(attention, engine=False):
+    cfg = ulacache.TpConfig(stable_new_entries=engine, num_ranks=2, num_groups=1, entry_bytes=ENTRY, attention=attention,
                             device_bytes_per_rank=40 * ENTRY, host_bytes_per_rank=96 * ENTRY,
                             buffer_bytes_per_rank=(0 if attention == "at_home" else 40 * ENTRY))
     space = ulacache.TpAddressSpace(cfg)
@@ -396,8 +396,8 @@ def tp_space(attention):
 @pytest.mark.parametrize("attention", ["at_home", "local_buffer"])
 def test_tp_engine_step_matches_the_tp_planner(attention):
     rng = np.random.default_rng(SEED)
-    space, addrs = tp_space(attention)
-    twin, _ = tp_space(attention)
+    space, addrs = tp_space(attention, engine=True)
+    twin, _ = tp_space(attention, engine=True)
     engine = ulacache.TpEngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
     planner = ulacache.TpStepPlanner(twin)
     assert engine.num_ranks == 2
@@ -445,8 +445,8 @@ def test_tp_engine_plan_and_complete_is_step(attention):
     in array order: the local buffer's remote fetches first, then the home moves), complete;
     the same indices and published state as step on a twin."""
     rng = np.random.default_rng(SEED)
-    space, addrs = tp_space(attention)
-    twin, _ = tp_space(attention)
+    space, addrs = tp_space(attention, engine=True)
+    twin, _ = tp_space(attention, engine=True)
     engine = ulacache.TpEngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
     stepper = ulacache.TpEngineStepPlanner(twin, max_batch=3, max_q_len=2, max_top_k=8)
     desc = np.zeros(engine.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
@@ -545,7 +545,7 @@ def test_sharing_and_directory_members_of_both_spaces():
 
 
 def test_tp_check_refuses_as_step_would_and_changes_nothing():
-    space = ulacache.TpAddressSpace(ulacache.TpConfig(num_ranks=2, entry_bytes=ENTRY, attention="at_home",
+    space = ulacache.TpAddressSpace(ulacache.TpConfig(stable_new_entries=True, num_ranks=2, entry_bytes=ENTRY, attention="at_home",
                                                       device_bytes_per_rank=ENTRY * 8,
                                                       host_bytes_per_rank=ENTRY * 24))
     space.add_request(1), space.add_request(2)
@@ -589,13 +589,17 @@ def test_indexer_score_select_union_and_config_members():
 
 
 def test_tp_new_tokens_keep_their_looked_up_slot_and_the_engine_writes_there():
-    """Issue 27 item 1 in TP: a TpEngineStepPlanner turns on stable_new_entries, so a new
-    token lands on its home rank's device (a victim moved to host) and the engine writes its
-    KV through a writable shard view at the slot lookup gave; a token pinned on host (the
-    device held only this round's entries) is counted and a step that selects it is refused."""
+    """A TpEngineStepPlanner requires stable_new_entries (a space without it is refused, its
+    modes unchanged), so a new token lands on its home rank's device (a victim moved to host)
+    and the engine writes its KV through a writable shard view at the slot lookup gave; a token
+    pinned on host (the device held only this round's entries) is counted and a step that
+    selects it is refused."""
     cfg = ulacache.TpConfig(num_ranks=2, num_groups=1, entry_bytes=ENTRY, attention="at_home",
                             device_bytes_per_rank=4 * ENTRY, host_bytes_per_rank=32 * ENTRY)
     assert not cfg.stable_new_entries
+    with pytest.raises(ulacache.FailedPreconditionError, match="stable_new_entries"):
+        ulacache.TpEngineStepPlanner(ulacache.TpAddressSpace(cfg), max_batch=1, max_q_len=1, max_top_k=4)
+    cfg.stable_new_entries = True
     space = ulacache.TpAddressSpace(cfg)
     engine = ulacache.TpEngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
     space.add_request(1)

@@ -16,7 +16,7 @@ def big_space(seed):
     entry = 64
     # Steps of 16 x 2048 selections, mostly misses: a few ms of planning each, far longer
     # than a waiting thread needs to wake up and take the GIL.
-    cfg = ulacache.AddressSpaceConfig(num_groups=1, entry_bytes=entry, device_bytes_per_rank=entry * 40000,
+    cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=entry, device_bytes_per_rank=entry * 40000,
                                       host_bytes_per_rank=entry * 200000)
     space = ulacache.AddressSpace(cfg, backend="counting")
     space.add_request(1)
@@ -92,7 +92,7 @@ def test_engine_path_runs_its_descriptors_and_publishes_only_the_done_ones():
     holds its entry's bytes; a descriptor reported failed publishes nothing (the entry stays
     where it was, with its bytes)."""
     entry, dev_slots, host_slots = 32, 12, 60
-    cfg = ulacache.AddressSpaceConfig(num_groups=1, entry_bytes=entry, device_bytes_per_rank=entry * dev_slots,
+    cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=entry, device_bytes_per_rank=entry * dev_slots,
                                       host_bytes_per_rank=entry * host_slots)
     space = ulacache.AddressSpace(cfg, backend="counting")  # the engine owns the bytes
     space.add_request(1)

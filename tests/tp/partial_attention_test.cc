@@ -67,6 +67,40 @@ TEST(PartialAttention, AnySplitMergesToTheReference) {
   std::printf("largest relative difference from the reference: %.3g\n", worst);
 }
 
+// Each head's parts are shifted by that head's own maximum logit. Heads whose maxima differ
+// by far more than exp's float range (about 88) must each merge exactly: a shift by another
+// head's maximum (or by the maximum over all heads) underflows every weight of the smaller
+// head to 0 and its output to 0 / 0. Partial records are written directly: head 0's parts
+// have maxima near 0, head 1's near 500, head 2's near -400.
+TEST(PartialAttention, HeadsWhoseMaximaDifferBeyondExpRangeMergeExactly) {
+  const MlaShape shape{.num_heads = 3, .kv_lora_rank = 2, .rope_dim = 0, .softmax_scale = 1.0f};
+  const std::size_t pv = PartialValues(shape);
+  const std::uint32_t l = shape.kv_lora_rank, record = l + 2;
+  const float base[3] = {0.0f, 500.0f, -400.0f};
+  // Two parts per head: maxima base and base - 1, sums 2 and 3, accumulators per part.
+  std::vector<float> partials(2 * pv);
+  for (std::uint32_t k = 0; k < 2; ++k) {
+    for (std::uint32_t h = 0; h < 3; ++h) {
+      float* r = partials.data() + k * pv + h * record;
+      r[0] = 1.0f + k;         // acc[0]
+      r[1] = 2.0f * (k + 1);   // acc[1]
+      r[l] = base[h] - k;      // m_k
+      r[l + 1] = 2.0f + k;     // s_k
+    }
+  }
+  std::vector<float> out(shape.output_values());
+  ASSERT_TRUE(MergeMlaPartials(shape, partials, out));
+  // Per head: w_0 = 1, w_1 = exp(-1); out[d] = (acc_0[d] + w_1 acc_1[d]) / (2 + 3 w_1).
+  const double w1 = std::exp(-1.0);
+  const double want0 = (1.0 + w1 * 2.0) / (2.0 + 3.0 * w1);
+  const double want1 = (2.0 + w1 * 4.0) / (2.0 + 3.0 * w1);
+  for (std::uint32_t h = 0; h < 3; ++h) {
+    ASSERT_TRUE(std::isfinite(out[h * l])) << "head " << h << " (max logit " << base[h] << ")";
+    EXPECT_NEAR(out[h * l], want0, 1e-6) << "head " << h;
+    EXPECT_NEAR(out[h * l + 1], want1, 1e-6) << "head " << h;
+  }
+}
+
 // The merge sums the parts in index order (the header's contract: bit-identical outputs on
 // every process). Records chosen so that float addition order shows: with m = 0 and s = 1
 // for every part, out = (acc_0 + acc_1 + acc_2) / 3 summed left to right. acc = {1, 1e8,

@@ -1,4 +1,4 @@
-#include "sparse/striped_indexer.h"
+#include "indexer/striped_indexer.h"
 
 #include <gtest/gtest.h>
 

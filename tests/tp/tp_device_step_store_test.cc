@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "sparse/device_step_fixture.h"
+#include "step/device_step_fixture.h"
 #include "test_seed.h"
 #include "tp/tp_fixture.h"
 #include "ula/backend.h"

@@ -14,7 +14,7 @@
 #include <random>
 #include <vector>
 
-#include "sparse/device_step_fixture.h"
+#include "step/device_step_fixture.h"
 #include "test_seed.h"
 #include "tp/tp_fixture.h"
 #include "ula/backend.h"
@@ -37,7 +37,7 @@ TpConfig Config(std::uint32_t ranks, std::uint32_t device) {
   c.attention = TpAttention::kAtHome;
   c.policy = PolicyKind::kKernelPbLru;
   c.policy_options.recent_buckets = 3;
-  return c;
+  return testing::TpEngineModes(c);
 }
 
 // Requests 1..5 with tokens allocated over several rounds (shards fill, older entries go to

@@ -1,4 +1,4 @@
-// The SGLang-style decode loop of issue 27 (item 1, "DP and TP"), in TP with attention at
+// The SGLang-style decode loop  (item 1, "DP and TP"), in TP with attention at
 // home: the engine allocates every running row's new token before the forward and looks up
 // its location once (SGLang's out_cache_loc); per layer group it runs Plan, the descriptors
 // (ExecuteOnShards) and Complete, then writes the token's KV of each layer at the looked-up
@@ -83,6 +83,7 @@ LoopResult RunLoop(std::uint32_t device_slots, std::uint32_t host_slots, std::ui
   TpConfig c = testing::SmallTpConfig(kRanks, device_slots, host_slots, 0, kGroups, kEntryBytes);
   c.attention = TpAttention::kAtHome;
   c.page_tokens = kPage;
+  c.stable_new_entries = true;  // the engine path's mode (step/engine_modes.h)
   auto space = TpAddressSpace::Create(c, *backend).value();
   auto engine = TpEngineStepPlanner::Create(*space, {.max_batch = rows, .max_q_len = 1, .max_top_k = top_k}).value();
   std::vector<RequestId> requests;
@@ -203,7 +204,7 @@ void ExpectBytes(const TpAddressSpace& s, std::span<const LogicalAddr> addrs) {
 // move one is refused on every rank and changes nothing; after AdvanceRound it runs.
 TEST(TpEngineLoop, NewEntriesPinnedOnHostStayThereForTheirRound) {
   auto backend = MakeCpuBackend();
-  TpConfig c = testing::SmallTpConfig(kRanks, /*device=*/4, /*host=*/32, 0, kGroups, kEntryBytes);
+  TpConfig c = testing::TpEngineModes(testing::SmallTpConfig(kRanks, /*device=*/4, /*host=*/32, 0, kGroups, kEntryBytes));
   c.attention = TpAttention::kAtHome;
   auto space = TpAddressSpace::Create(c, *backend).value();
   auto engine = TpEngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
@@ -257,7 +258,7 @@ TEST(TpEngineLoop, FailedVictimMovesPinTheNewTokensAndLoseNothing) {
   auto inner = MakeCpuBackend();
   auto faults = MakeFaultInjectingBackend(*inner, FaultPlan{.fail_fraction = 1.0, .partial = true}).value();
   faults->set_armed(false);
-  TpConfig c = testing::SmallTpConfig(kRanks, /*device=*/4, /*host=*/32, 0, kGroups, kEntryBytes);
+  TpConfig c = testing::TpEngineModes(testing::SmallTpConfig(kRanks, /*device=*/4, /*host=*/32, 0, kGroups, kEntryBytes));
   c.attention = TpAttention::kAtHome;
   auto space = TpAddressSpace::Create(c, *faults).value();
   auto engine = TpEngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();

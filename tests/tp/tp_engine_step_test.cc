@@ -32,6 +32,7 @@ Twin MakeTwin(TpAttention attention) {
   TpConfig c = testing::SmallTpConfig(/*ranks=*/2, /*device=*/40, /*host=*/96,
                                       attention == TpAttention::kAtHome ? 0 : 40, /*groups=*/2, kShape.entry_bytes());
   c.attention = attention;
+  c.stable_new_entries = true;  // the engine path's mode
   Twin t;
   t.space = TpAddressSpace::Create(c, *t.backend).value();
   return t;
@@ -300,6 +301,7 @@ TEST_P(TpEnginePlanTest, PlanAndCompleteAreStepAndFailuresLoseNothing) {
     TpConfig c = testing::SmallTpConfig(/*ranks=*/2, /*device=*/16, /*host=*/96, /*buffer=*/at_home ? 0 : 12,
                                         /*groups=*/2, kShape.entry_bytes());
     c.attention = attention;
+    c.stable_new_entries = true;  // the engine path's mode
     auto inner_a = MakeCpuBackend();
     auto fb = MakeFaultInjectingBackend(*inner_a, FaultPlan{.seed = seed, .fail_fraction = faults ? 0.25 : 0.0,
                                                             .partial = true})
@@ -519,6 +521,26 @@ TEST(TpEngineStep, PlanRefusalsChangeNothing) {
 // requests and chunks, so SGLang's page_table_1[:, ::64] // 64 names a request's pages; a
 // page spans all 4 ranks (token i on rank i mod 4: a mod P); freed pages are reused FIFO;
 // a token homed on a full rank is refused and changes nothing.
+// The engine path's modes are the space's config: a TP engine step over a space without
+// stable new entries is refused with the field to set, and the space is left as it was.
+TEST(TpEngineStep, CreateRefusesASpaceWithoutStableNewEntries) {
+  auto backend = MakeCpuBackend();
+  TpConfig c = testing::SmallTpConfig(2, 8, 16, 0);
+  c.attention = TpAttention::kAtHome;
+  auto space = TpAddressSpace::Create(c, *backend).value();
+  ASSERT_TRUE(space->AddRequest(RequestId(1)));
+  ASSERT_TRUE(space->Allocate(RequestId(1), 5));
+  const std::uint64_t before = space->DebugDigest();
+  auto refused = TpEngineStepPlanner::Create(*space, {1, 1, 4});
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(refused.error().message().find("TpConfig.stable_new_entries"), std::string::npos)
+      << refused.error().ToString();
+  EXPECT_EQ(space->DebugDigest(), before);
+  auto stable = TpAddressSpace::Create(testing::TpEngineModes(c), *backend).value();
+  EXPECT_TRUE(TpEngineStepPlanner::Create(*stable, {1, 1, 4}));
+}
+
 TEST(TpPages, RequestsGetWholePagesStripedOverAllRanks) {
   constexpr std::uint32_t kT = 64, kRanks = 4;
   auto backend = MakeCpuBackend();

@@ -17,7 +17,7 @@
 #include "tp/thread_fabric.h"
 #include "tp/tp_fixture.h"
 #include "backend/fault_backend.h"
-#include "sparse/fault_fabric.h"
+#include "tp/fault_fabric.h"
 #include "test_seed.h"
 
 namespace ula {

@@ -30,6 +30,14 @@ inline TpConfig SmallTpConfig(std::uint32_t ranks, std::uint32_t device_slots, s
   return c;
 }
 
+// The modes the engine path requires of a space (step/engine_modes.h): stable new entries
+// on, host shadows off. TpEngineStepPlanner and DeviceStep refuse any other space.
+inline TpConfig TpEngineModes(TpConfig c) {
+  c.stable_new_entries = true;
+  c.host_shadows = false;
+  return c;
+}
+
 inline std::vector<std::byte> TpPattern(LogicalAddr a, std::uint32_t group, std::uint32_t bytes, std::uint32_t version = 0) {
   std::vector<std::byte> v(bytes);
   for (std::uint32_t i = 0; i < bytes; ++i) v[i] = std::byte((a.value() * 131 + group * 17 + version * 7 + i) & 0xff);

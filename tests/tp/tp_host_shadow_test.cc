@@ -1,4 +1,4 @@
-// Host shadows per TP shard (issue 30, TpConfig::host_shadows, sparse/host_shadows.h): a home
+// Host shadows per TP shard (TpConfig::host_shadows, sparse/host_shadows.h): a home
 // entry fetched host -> device keeps its host slot as a clean copy, counted free; evicting it
 // later moves no bytes; a write drops the shadow; a free frees it; host allocations reclaim
 // shadows, oldest first; the engine path turns them off, the kernel planner and PlanHome
@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "sparse/tp_kernel_step_planner.h"
+#include "step/tp_kernel_step_planner.h"
 #include "tp/tp_fixture.h"
 #include "ula/device_step.h"
 #include "ula/tp_engine_step.h"
@@ -122,31 +122,29 @@ TEST(TpHostShadows, FreeFreesTheShadowsAndAllocationsReclaimThem) {
   EXPECT_TRUE(f.space->CheckInvariants());
 }
 
-TEST(TpHostShadows, TheEnginePathTurnsThemOffTheKernelsRefuseADeviceStepCountsThemFree) {
+// Host shadows are a mode of the space (TpConfig::host_shadows). The forms that do not keep
+// them refuse a space with them, with the reason, and change nothing: the TP kernel planner,
+// PlanHome, and the engine path (TpEngineStepPlanner and the device step).
+TEST(TpHostShadows, TheEnginePathTheKernelsAndPlanHomeRefuseThemAndChangeNothing) {
   Fixture f;
   ASSERT_TRUE(f.Step({8, 10, 12, 14}));
   f.space->AdvanceRound();
   ASSERT_EQ(f.space->NumHostShadows(Rank(0), GroupId(0)), 4u);
-  // A device step keeps none: their host slots are free in its copy.
-  auto step = DeviceStep::Create(*f.space, Rank(0), GroupId(0), DeviceStepConfig{.max_rows = 1, .max_batch = 1, .max_top_k = 8});
-  ASSERT_TRUE(step) << step.error().ToString();
-  std::uint64_t free_bits = 0;
-  for (std::uint64_t w : (*step)->ReadState(nullptr).host_free) free_bits += static_cast<std::uint64_t>(__builtin_popcountll(w));
-  EXPECT_EQ(free_bits, f.space->NumFree(Rank(0), GroupId(0), Tier::kHost));
-  // The TP kernel planner and PlanHome refuse a space with shadows, and change nothing.
   const std::uint64_t before = f.space->DebugDigest();
+  auto step = DeviceStep::Create(*f.space, Rank(0), GroupId(0), DeviceStepConfig{.max_rows = 1, .max_batch = 1, .max_top_k = 8});
+  ASSERT_FALSE(step);
+  EXPECT_EQ(step.error().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(step.error().message().find("TpConfig.host_shadows"), std::string::npos) << step.error().ToString();
   TpKernelStepPlanner kernels(*f.space);
   const std::vector<LogicalAddr> sel{LogicalAddr(16)};
   const std::vector<SelectionRun> runs{{RequestId(1), 1}};
   EXPECT_EQ(kernels.Step(GroupId(0), sel, runs).error().code(), ErrorCode::kUnsupported);
   EXPECT_EQ(f.planner.PlanHome(GroupId(0), sel, runs, 8).error().code(), ErrorCode::kUnsupported);
-  EXPECT_EQ(f.space->DebugDigest(), before);
-  // The engine path turns them off: their slots freed, capacity unchanged.
-  const std::uint32_t free_before = f.space->NumFree(Rank(0), GroupId(0), Tier::kHost);
   auto engine = TpEngineStepPlanner::Create(*f.space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 8});
-  ASSERT_TRUE(engine);
-  EXPECT_EQ(f.space->NumHostShadows(Rank(0), GroupId(0)), 0u);
-  EXPECT_EQ(f.space->NumFree(Rank(0), GroupId(0), Tier::kHost), free_before);
+  ASSERT_FALSE(engine);
+  EXPECT_EQ(engine.error().code(), ErrorCode::kUnsupported);
+  EXPECT_EQ(f.space->DebugDigest(), before) << "every refusal changes nothing";
+  EXPECT_EQ(f.space->NumHostShadows(Rank(0), GroupId(0)), 4u) << "no shadow dropped behind the space's back";
   f.ExpectBytes();
 }
 

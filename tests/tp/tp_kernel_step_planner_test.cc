@@ -1,4 +1,4 @@
-// TpKernelStepPlanner (src/sparse/tp_kernel_step_planner.h): the kernels' OpenMP form of TP
+// TpKernelStepPlanner (src/step/tp_kernel_step_planner.h): the kernels' OpenMP form of TP
 // attention at home against TpStepPlanner, the reference, on twin spaces: under memory
 // pressure, with requests freed and allocated between rounds and sharing, every step returns
 // the same plan (refs and stats) or the same refusal, and both spaces end in the same state
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backend/fault_backend.h"
-#include "sparse/tp_kernel_step_planner.h"
+#include "step/tp_kernel_step_planner.h"
 #include "test_seed.h"
 #include "tp/tp_fixture.h"
 #include "ula/tp_step_planner.h"

@@ -12,8 +12,8 @@
 #include <cstring>
 #include <random>
 
-#include "sparse/fault_fabric.h"
-#include "sparse/striped_indexer.h"
+#include "tp/fault_fabric.h"
+#include "indexer/striped_indexer.h"
 #include "ula/tp_step_planner.h"
 #include "ula/tp_mpi.h"
 #include "verify/tp_verifier.h"

@@ -1,5 +1,5 @@
 // TP allocation homes new entries round-robin over the ranks and skips a rank whose shard
-// is full (src/sparse/tp_address_space.cc, Allocate).
+// is full (src/space/tp_address_space.cc, Allocate).
 #include <gtest/gtest.h>
 
 #include <cstring>

@@ -1,4 +1,4 @@
-// Shared addresses in TP mode (issue 17): a shared prefix stays striped a mod P and is
+// Shared addresses in TP mode: a shared prefix stays striped a mod P and is
 // stored once in the node (never once per rank) under both attention strategies; the
 // isolation check accepts adopted addresses; bad sharing calls change nothing.
 #include <gtest/gtest.h>

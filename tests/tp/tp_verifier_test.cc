@@ -168,7 +168,7 @@ TEST(TpVerifier, FailedStepsPublishNothingEarlyAndLoseNothingWithBothStrategies)
   EXPECT_EQ(RunTpVerifier(bad).error().code(), ErrorCode::kInvalidArgument);
 }
 
-// Host shadows per shard (issue 30, TpConfig::host_shadows): the same workloads, faults or
+// Host shadows per shard (TpConfig::host_shadows): the same workloads, faults or
 // none, both strategies: every byte kept, nothing published early or lost, the invariants
 // (a shadow equals its entry's device bytes) hold, and most home evictions move no bytes.
 TEST(TpVerifier, HostShadowsKeepEveryByteWithFaultsOrNone) {
@@ -205,7 +205,7 @@ TEST(TpVerifier, TooManyInitialRequestsAreRefused) {
   EXPECT_EQ(RunTpVerifier(c).error().code(), ErrorCode::kInvalidArgument);
 }
 
-// Sharing (issue 17), both attention strategies, at the ops of the tests above.
+// Sharing, both attention strategies, at the ops of the tests above.
 TEST(TpVerifier, RandomSharingKeepsEveryByteBothAttentions) {
   ULA_TEST_SEEDED(seed, 20261201);
   for (TpAttention attention : {TpAttention::kLocalBuffer, TpAttention::kAtHome}) {

@@ -8,7 +8,7 @@
 #include <numeric>
 #include <random>
 
-#include "sparse/indexer.h"
+#include "indexer/indexer.h"
 #include "test_seed.h"
 
 namespace ula {

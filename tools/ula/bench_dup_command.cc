@@ -4,12 +4,12 @@
 //   all_gpu   TP: every rank stores every entry; DP: each request on one rank.
 //   hisparse  full history on host + a fixed per-request device buffer (4096 slots) whose
 //             entries duplicate host entries; in TP every rank holds both.
-//   ulacache  measured from the address spaces after decode steps: TP with DESIGN.md's
+//   ulacache  measured from the address spaces after decode steps: TP with the
 //             local buffers (TpAttention::kLocalBuffer) = the shards (exclusive
 //             device/host) + every rank's local buffer; DP = exclusive device/host pools.
 //   ulacache_home  TP with attention at home (TpAttention::kAtHome): the shards, no buffer.
 // (The names are those of `ula compare`.)
-// The baselines' counts follow from their definition (DESIGN.md "Baselines"); UlaCache's
+// The baselines' counts follow from their definition (docs/COST_MODEL.md); UlaCache's
 // are read from the pools. Also, per step after a warm-up step, the traffic between ranks
 // of each TP strategy: local buffer = hit rate and KV bytes fetched from other ranks
 // (counted by the backend); at home = the absorbed queries all-gathered and the partial

@@ -16,7 +16,7 @@
 // counts multiplied by the model's groups (every address has one entry in every group and
 // DP allocation does not depend on the group); TP runs every group (its local buffers
 // depend on the per-group selections).
-// Baselines, by definition (DESIGN.md "Baselines", a radix cache per GPU pool as SGLang
+// Baselines, by definition (docs/COST_MODEL.md, a radix cache per GPU pool as SGLang
 // runs them): all-GPU TP stores every distinct entry on every GPU (P x distinct); HiSparse
 // adds its per-request device buffer (hisparse_buffer slots per resident request, copies
 // of host entries), per GPU under TP; no_cache: every request its own copy of its prefix.

@@ -13,17 +13,17 @@
 // the median per-group planner latency (ms), ns per distinct selection, and the ratio to
 // the random-read cost: an independent 8-byte read at a random index of an array as large
 // as one group's location table (prefetch-free loop over precomputed indices, timed in the
-// same run). The target of issue 16 is ratio <= 1.5 on one thread. --threads T1,T2,...
+// same run). The target  is ratio <= 1.5 on one thread. --threads T1,T2,...
 // (default 1,2): the measured steps rotate over the thread counts (step s runs every group
 // at T[s mod n]; a step's result does not depend on T, so the state each sees is the same),
 // and every row is reported per thread count. --prefetch-distance sets the planner's.
-// Victim claims (issue 16 item 3): each row also reports the evictions per group step, the
+// Victim claims: each row also reports the evictions per group step, the
 // mean wall time of the step's victim claim (StepPlanner::counters(): PB-LRU's claim, serial
 // or on the T threads) and its share of the planner's time; --parallel-claim-min-victims
 // sets the planner's threshold (1: every evicting step with T > 1 claims in parallel), and
 // --device-fraction F shrinks the device pool to F of the comparison's (more evictions per
 // step; the host pool and the admission stay).
-// Host shadows (issue 30): --shadows on|off sets AddressSpaceConfig::host_shadows; each row
+// Host shadows: --shadows on|off sets AddressSpaceConfig::host_shadows; each row
 // reports the entries moved over the host link per miss (bytes_moved / entry / misses: 2.0
 // for a swap, 1.0 for a fetch into a free slot or a victim that goes back to its shadow), the
 // evictions that moved no bytes, and the host pool's free share (a shadow counts free) after
@@ -59,7 +59,7 @@
 #include "workload/selection_model.h"
 #include "serving/serving_config.h"
 #include "ula/step_planner.h"
-#include "sparse/kernel_step_planner.h"
+#include "step/kernel_step_planner.h"
 
 namespace ula::cli {
 namespace {

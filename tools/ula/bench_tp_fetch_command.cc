@@ -30,7 +30,7 @@ struct FetchOptions {
 
 int RunFetch(const FetchOptions& o) {
 #ifndef ULA_HAVE_MPI
-  fmt::print(stderr, "ula bench tp-fetch: this `ula` was built without MPI (see src/backend/mpi)\n");
+  fmt::print(stderr, "ula bench tp-fetch: this `ula` was built without MPI (see src/tp/mpi)\n");
   return 2;
 #else
   auto session = MpiSession::Init(nullptr, nullptr);

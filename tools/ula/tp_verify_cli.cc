@@ -59,7 +59,7 @@ int RunTpVerify(const TpVerifyArgs& a) {
   }
 #else
   if (a.mpi) {
-    fmt::print(stderr, "ula verify: this `ula` was built without MPI (see src/backend/mpi)\n");
+    fmt::print(stderr, "ula verify: this `ula` was built without MPI (see src/tp/mpi)\n");
     return 2;
   }
 #endif

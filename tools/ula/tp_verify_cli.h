@@ -21,7 +21,7 @@ struct TpVerifyArgs {
   bool mpi = false;
   bool json = false;
   double fault_rate = 0;  // in [0, 1]: TpVerifierConfig::fault_rate
-  std::uint32_t share_percent = 0;  // arrivals that adopt a cached prefix (issue 17)
+  std::uint32_t share_percent = 0;  // arrivals that adopt a cached prefix
   bool kernel_planner = false;      // --planner kernels: TpKernelStepPlanner (at home, in-process)
   bool host_shadows = false;        // --shadows on: TpConfig::host_shadows
 };

@@ -1,4 +1,4 @@
-// `ula verify`: the randomized consistency verifier (DESIGN.md invariant 4).
+// `ula verify`: the randomized consistency verifier (docs/ARCHITECTURE.md invariant 4).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -57,7 +57,7 @@ Action SetupVerify(CLI::App& app) {
       ->capture_default_str()->check(IntIn(0, 100000));
   auto mode = std::make_shared<std::string>("dp");
   auto mpi = std::make_shared<bool>(false);
-  app.add_option("--mode", *mode, "dp or tp (TP mode, issue 5)")
+  app.add_option("--mode", *mode, "dp or tp (TP mode)")
       ->check(CLI::IsMember({"dp", "tp"}))->capture_default_str();
   app.add_flag("--mpi", *mpi, "tp only: one process per rank (run under mpirun)");
   auto tp_attention = std::make_shared<std::string>("local_buffer");

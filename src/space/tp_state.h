@@ -1,0 +1,173 @@
+// Internal state of TpAddressSpace, shared with TpStepPlanner (same component).
+// Layout: a replicated directory plus, for every hosted rank, one TpGroupShard per group.
+// All per-group state is disjoint, which is what lets steps of different groups run on
+// different threads.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "space/address_refs.h"
+#include "space/host_shadows.h"
+#include "space/pool_arenas.h"
+#include "backend/slot_pool.h"
+#include "ula/error.h"
+#include "ula/tp_address_space.h"
+
+namespace ula {
+
+// A shard's home table: a fixed array of Locations, None (all-zero bits) until written. It is
+// sized for the most addresses pages can reach (TpConfig::page_tokens), from calloc: the
+// OS commits only what is written, so the worst case of partly filled pages costs address
+// space, not memory. Fixed, because other ranks read it one-sidedly (tp_fabric.h).
+class HomeTable {
+ public:
+  HomeTable() = default;
+  explicit HomeTable(std::size_t n) : data_(static_cast<Location*>(std::calloc(n == 0 ? 1 : n, sizeof(Location)))), size_(n) {
+    if (data_ == nullptr) std::abort();
+  }
+  Location& operator[](std::size_t i) { return data_.get()[i]; }
+  const Location& operator[](std::size_t i) const { return data_.get()[i]; }
+  const Location* data() const { return data_.get(); }
+  std::size_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(Location* p) const { std::free(p); }
+  };
+  std::unique_ptr<Location, Free> data_;
+  std::size_t size_ = 0;
+};
+
+// One rank's share of one layer group.
+struct TpGroupShard {
+  SlotPool device;                               // shard, device tier
+  SlotPool host;                                 // shard, host tier
+  std::unique_ptr<ResidencyPolicy> policy;       // over device slots
+  std::vector<LogicalAddr> device_owner;         // [device capacity]
+  HomeTable home;                                // [HomeEntries(config)] indexed by address / P
+  SlotPool buffer;                               // local buffer, device tier
+  std::unique_ptr<ResidencyPolicy> buffer_policy;
+  std::vector<LogicalAddr> buffer_owner;         // [buffer capacity]
+  std::unordered_map<std::uint32_t, SlotId> buffered;  // address -> buffer slot
+  // Sorted: the new entries this round's Allocate pinned on host (stable_new_entries; the
+  // engine writes their KV at that host slot, so no step of the round moves them). Cleared
+  // by AdvanceRound; empty almost always.
+  std::vector<LogicalAddr> new_on_host;
+  // Clean host copies of device entries (sparse/host_shadows.h), disabled unless
+  // TpConfig::host_shadows. A shadow's host slot is allocated in `host` but free in every
+  // capacity figure (HostFree, HostUsed).
+  HostShadows shadows;
+  std::uint32_t HostFree() const { return host.num_free() + shadows.size(); }
+  std::uint32_t HostUsed() const { return host.num_used() - shadows.size(); }
+
+  bool IsNewOnHost(LogicalAddr a) const {
+    return !new_on_host.empty() && std::binary_search(new_on_host.begin(), new_on_host.end(), a);
+  }
+
+  // The refusals a TP home phase makes before it changes anything, shared by TpStepPlanner
+  // and TpKernelStepPlanner (one wording: their differential test compares messages).
+  // kResourceExhausted naming the first of `missed` (LogicalAddr or raw uint32 addresses)
+  // that this round's Allocate pinned on host; Ok when none is.
+  template <class Addr>
+  Status RefuseMovingNewOnHost(Rank rank, GroupId group, const std::vector<Addr>& missed) const {
+    if (new_on_host.empty()) return Ok();
+    for (const Addr& raw : missed) {
+      const LogicalAddr a{raw};
+      if (IsNewOnHost(a)) {
+        return MakeError(ErrorCode::kResourceExhausted,
+                         fmt::format("rank {} group {}: address {} was placed on host by this round's Allocate (the "
+                                     "device held only this round's entries, or its victims' move failed): its KV "
+                                     "is written at that host slot, so this round cannot move it; select it after "
+                                     "AdvanceRound()", rank.value(), group.value(), a.value()));
+      }
+    }
+    return Ok();
+  }
+  // Free plus evictable device slots once `hits` (device slots) are used in this round.
+  template <class Slot>
+  std::uint64_t HomeRoom(const std::vector<Slot>& hits) const {
+    std::uint64_t newly_used = 0;
+    for (const Slot& s : hits) newly_used += !policy->UsedInCurrentRound(SlotId(s));
+    return std::uint64_t{device.num_free()} + (policy->NumEvictable() - newly_used);
+  }
+  // kResourceExhausted when `misses` entries homed here cannot come to device (room: HomeRoom).
+  Status RefuseHomeMisses(Rank rank, GroupId group, std::size_t misses, std::uint64_t room) const {
+    if (misses <= room) return Ok();
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("rank {} group {}: {} of its own entries must come to device but only {} device "
+                                 "slots are free or evictable: {} entries are used in this round (allocated or "
+                                 "selected since the last AdvanceRound(), this step's hits included) and cannot "
+                                 "be evicted: call AdvanceRound() after the round's attention, or select fewer "
+                                 "entries per round", rank.value(), group.value(), misses, room,
+                                 device.num_used() + device.num_free() - room));
+  }
+
+  // Drops the buffer copy of `a` if there is one.
+  void DropCopy(LogicalAddr a) {
+    auto it = buffered.find(a.value());
+    if (it == buffered.end()) return;
+    buffer_policy->Remove(it->second);
+    (void)buffer.Free(it->second);
+    buffer_owner[it->second.value()] = LogicalAddr::Invalid();
+    buffered.erase(it);
+  }
+};
+
+struct TpAddressSpace::State {
+  explicit State(Backend& backend) : arenas(backend) {}
+
+  PoolArenas arenas;  // destroyed last: every pool below lives in one of them
+  // Directory (replicated).
+  std::unordered_map<RequestId, std::vector<LogicalAddr>> requests;
+  // page_tokens == 1: per home rank, a FIFO of freed addresses and the count minted.
+  std::vector<std::deque<LogicalAddr>> free_addrs;  // [P] FIFO per home rank
+  std::vector<std::uint32_t> minted;                // [P] addresses r, r+P, ... handed out once
+  // page_tokens T > 1 (address_space.h "Pages"): pages [p*T, (p+1)*T) minted so far, and a
+  // FIFO of the minted pages that hold no live address.
+  std::uint32_t next_page = 0;
+  std::deque<std::uint32_t> free_pages;
+  std::vector<std::uint32_t> homed;                 // [P] live addresses per home rank
+  std::vector<std::uint8_t> live;                   // [max address + 1] 1 = live
+  struct Holder {
+    std::uint32_t tag = 0;              // owner tag (non-zero, unique among live requests)
+    std::vector<LogicalAddr> adopted;   // sorted: the addresses it adopted (ShareInto)
+    static constexpr std::uint32_t kNoPage = 0xffffffffu;
+    std::uint32_t open_page = kNoPage;  // the page its list ends in (page_tokens > 1)
+  };
+  std::unordered_map<RequestId, Holder> tags;       // request -> its tag and adopted addresses
+  // [live.size()] owner tag (sparse/address_refs.h): the allocating request's while it holds
+  // the address, refs::kSharedTag once only adopters / cache references do, 0 when free.
+  std::vector<std::uint32_t> owner;
+  std::vector<std::uint32_t> refs;                  // [live.size()] packed reference counts (address_refs.h)
+  std::uint32_t next_tag = 1;                       // the next request's tag (renumbered on wrap)
+  std::uint32_t cursor = 0;                         // page_tokens == 1: next rank to receive a token
+  std::uint64_t num_live = 0;
+  std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
+  bool stable_new_entries = false;  // config.stable_new_entries: fixed at Create
+  bool host_shadows = false;        // config.host_shadows: fixed at Create
+
+  // Hosted ranks: shards[r] empty for a rank not hosted here.
+  std::vector<std::vector<TpGroupShard>> shards;  // [P][groups]
+
+  TpGroupShard& at(Rank r, GroupId g) { return shards[r.value()][g.value()]; }
+  const TpGroupShard& at(Rank r, GroupId g) const { return shards[r.value()][g.value()]; }
+  bool IsLive(LogicalAddr a) const { return a.value() < live.size() && live[a.value()] != 0; }
+  // The isolation check for a live address (address_refs.h).
+  bool Holds(const Holder& h, LogicalAddr a) const { return refs::Holds(owner[a.value()], h.tag, h.adopted, a); }
+};
+
+// Home entries of rank r that an address handed out so far can index: [0, n).
+inline std::size_t HomeInUse(const TpAddressSpace::State& st, const TpConfig& c, std::uint32_t r) {
+  if (c.page_tokens == 1) return st.minted[r];
+  const std::uint64_t end = std::uint64_t{st.next_page} * c.page_tokens;  // addresses [0, end)
+  return end > r ? static_cast<std::size_t>((end - r + c.num_ranks - 1) / c.num_ranks) : 0;
+}
+
+}  // namespace ula

@@ -1,0 +1,41 @@
+// The space modes the engine path needs, checked where an engine step is created.
+//
+// The engine path (EngineStepPlanner, TpEngineStepPlanner and the device step) hands the
+// engine descriptors to run on its own streams and write slots to put new tokens' KV in.
+// Two of a space's modes decide whether that can be right, and both are fields of the
+// space's config, fixed at the space's Create: no step changes them behind the space's back.
+//   - stable_new_entries must be on: the engine writes a new token's KV at the location
+//     Lookup gave right after Allocate, so that slot must not move within its round.
+//   - host_shadows must be off: the engine's descriptors move exclusive entries; a shadow
+//     would need the engine to keep host bytes it never wrote (the library step keeps them).
+#pragma once
+
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "ula/error.h"
+
+namespace ula {
+
+// Ok, or the refusal that names the config field to change. `config_name` is the space's
+// config type ("AddressSpaceConfig", "TpConfig").
+inline Status RefuseEngineModes(bool stable_new_entries, bool host_shadows, std::string_view config_name) {
+  if (host_shadows) {
+    return MakeError(ErrorCode::kUnsupported,
+                     fmt::format("{}.host_shadows is on: the engine path moves exclusive entries and keeps no "
+                                 "host shadows; create the space with host_shadows = false (the library step "
+                                 "keeps them)",
+                                 config_name));
+  }
+  if (!stable_new_entries) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("{}.stable_new_entries is off: the engine path writes a new token's KV at the "
+                                 "location Lookup gives right after Allocate, which only stable new entries keep "
+                                 "for the round; create the space with stable_new_entries = true",
+                                 config_name));
+  }
+  return Ok();
+}
+
+}  // namespace ula

@@ -1,0 +1,243 @@
+// TpEngineStepPlanner (include/ula/tp_engine_step.h): the selection array compacted into
+// TpStepPlanner's (selections, runs), its refs written back as per-rank index arrays.
+#include "ula/tp_engine_step.h"
+
+#include <algorithm>
+#include <string>
+
+#include "space/space_access.h"
+#include "step/engine_modes.h"
+#include "space/tp_state.h"
+#include "ula/check.h"
+
+namespace ula {
+
+Result<std::unique_ptr<TpEngineStepPlanner>> TpEngineStepPlanner::Create(TpAddressSpace& space,
+                                                                         const EngineStepConfig& config,
+                                                                         TpFabric* fabric, TpPlannerOptions options) {
+  ULA_RETURN_IF_ERROR(config.Validate());
+  ULA_RETURN_IF_ERROR(RefuseEngineModes(space.config().stable_new_entries, space.config().host_shadows, "TpConfig"));
+  return std::unique_ptr<TpEngineStepPlanner>(new TpEngineStepPlanner(space, config, fabric, options));
+}
+
+TpEngineStepPlanner::TpEngineStepPlanner(TpAddressSpace& space, const EngineStepConfig& config, TpFabric* fabric,
+                                         TpPlannerOptions options)
+    : space_(space), config_(config), planner_(space, fabric, options) {
+  const std::size_t most = std::size_t{config.max_batch} * config.max_q_len * config.max_top_k;
+  compact_.reserve(most);
+  where_.reserve(most);
+  runs_.reserve(config.max_batch);
+}
+
+TpEngineStepPlanner::~TpEngineStepPlanner() = default;
+
+std::span<const Rank> TpEngineStepPlanner::ranks() const { return space_.hosted_ranks(); }
+
+std::uint32_t TpEngineStepPlanner::device_slots() const { return space_.config().device_slots_per_group(); }
+
+std::uint32_t TpEngineStepPlanner::index_slots() const {
+  const auto& c = space_.config();
+  return c.attention == TpAttention::kLocalBuffer ? c.device_slots_per_group() + c.buffer_slots_per_group()
+                                                  : c.device_slots_per_group();
+}
+
+Status TpEngineStepPlanner::Compact(const StepShape& shape, std::span<const RequestId> requests,
+                                    std::span<const std::int32_t> selections, std::size_t indices_size) {
+  if (shape.batch == 0 || shape.q_len == 0 || shape.top_k == 0 || shape.batch > config_.max_batch ||
+      shape.q_len > config_.max_q_len || shape.top_k > config_.max_top_k) {
+    return MakeError(ErrorCode::kInvalidArgument, "shape [" + std::to_string(shape.batch) + ", " +
+                                                std::to_string(shape.q_len) + ", " + std::to_string(shape.top_k) +
+                                                "] is empty or past the planner's config");
+  }
+  const std::size_t n = shape.size();
+  const std::size_t hosted = ranks().size();
+  if (requests.size() != shape.batch || selections.size() != n || indices_size != hosted * n) {
+    return MakeError(ErrorCode::kInvalidArgument,
+               "sizes: requests " + std::to_string(requests.size()) + " (want " + std::to_string(shape.batch) +
+                   "), selections " + std::to_string(selections.size()) + " (want " + std::to_string(n) +
+                   "), indices " + std::to_string(indices_size) + " (want " + std::to_string(hosted * n) + ")");
+  }
+  compact_.clear();
+  where_.clear();
+  runs_.clear();
+  const std::size_t per_row = std::size_t{shape.q_len} * shape.top_k;
+  for (std::uint32_t b = 0; b < shape.batch; ++b) {
+    std::uint32_t count = 0;
+    for (std::size_t i = b * per_row; i < (b + 1) * per_row; ++i) {
+      const std::int32_t a = selections[i];
+      if (a == kPadIndex) continue;
+      if (a < kPadIndex) {
+        return MakeError(ErrorCode::kInvalidArgument, "selection " + std::to_string(i) + " is " + std::to_string(a) +
+                                                    " (addresses are >= 0, padding is -1)");
+      }
+      compact_.push_back(LogicalAddr(static_cast<std::uint32_t>(a)));
+      where_.push_back(static_cast<std::uint32_t>(i));
+      ++count;
+    }
+    if (count > 0) runs_.push_back(SelectionRun{requests[b], count});
+  }
+  return Ok();
+}
+
+void TpEngineStepPlanner::WriteIndices(const TpStepPlan& plan, std::size_t n, std::span<std::int32_t> indices) const {
+  const std::uint32_t buffer_base = device_slots();
+  for (std::size_t r = 0; r < plan.refs.size(); ++r) {
+    std::span<std::int32_t> out = indices.subspan(r * n, n);
+    std::fill(out.begin(), out.end(), kPadIndex);
+    for (std::size_t j = 0; j < compact_.size(); ++j) {
+      const TpReadRef& ref = plan.refs[r][j];
+      switch (ref.source) {
+        case TpReadRef::Source::kShard: out[where_[j]] = static_cast<std::int32_t>(ref.slot.value()); break;
+        case TpReadRef::Source::kBuffer:
+          out[where_[j]] = static_cast<std::int32_t>(buffer_base + ref.slot.value());
+          break;
+        case TpReadRef::Source::kElsewhere: break;  // stays -1: its home rank's partial covers it
+      }
+    }
+  }
+}
+
+Result<std::vector<TpRankStepStats>> TpEngineStepPlanner::Step(GroupId group, const StepShape& shape,
+                                                               std::span<const RequestId> requests,
+                                                               std::span<const std::int32_t> selections,
+                                                               std::span<std::int32_t> indices) {
+  ULA_RETURN_IF_ERROR(Compact(shape, requests, selections, indices.size()));
+  auto plan = planner_.Step(group, compact_, runs_);
+  if (!plan) return std::unexpected(plan.error());
+  WriteIndices(*plan, shape.size(), indices);
+  return std::move(plan->stats);
+}
+
+std::uint32_t TpEngineStepPlanner::max_descriptors() const {
+  return static_cast<std::uint32_t>(ranks().size()) * index_slots();
+}
+
+bool TpEngineStepPlanner::has_pending() const { return planner_.has_pending(); }
+
+Result<TpPlannedStep> TpEngineStepPlanner::Plan(GroupId group, const StepShape& shape,
+                                                std::span<const RequestId> requests,
+                                                std::span<const std::int32_t> selections,
+                                                std::span<std::int32_t> indices,
+                                                std::span<CopyDescriptor> out_descriptors) {
+  ULA_RETURN_IF_ERROR(Compact(shape, requests, selections, indices.size()));
+  auto plan = planner_.PlanHome(group, compact_, runs_, out_descriptors.size());
+  if (!plan) return std::unexpected(plan.error());
+  WriteIndices(*plan, shape.size(), indices);
+  TpPlannedStep planned;
+  planned.fence = ++last_fence_;
+  planned.stats = plan->stats;
+  pending_counts_.assign(plan->ranks.size(), 0);
+  pending_fetches_.assign(plan->ranks.size(), 0);
+  const std::uint32_t entry_bytes = space_.config().entry_bytes;
+  const std::uint32_t buffer_base = device_slots();
+  std::uint32_t d = 0;
+  for (std::size_t h = 0; h < plan->ranks.size(); ++h) {  // phase 1: the remote fetches
+    const auto fetches = planner_.pending_remote_fetches(h);
+    for (const auto& f : fetches) {
+      CopyDescriptor& c = out_descriptors[d++];
+      c = CopyDescriptor{};
+      c.src_offset = f.source_offset;
+      c.src_slot = f.source.slot().value();
+      c.dst_slot = buffer_base + f.buffer_slot.value();
+      c.dst_offset = std::uint64_t{c.dst_slot} * entry_bytes;
+      c.bytes = entry_bytes;
+      c.addr = f.addr.value();
+      c.src_rank = static_cast<std::uint16_t>(f.home.value());
+      c.dst_rank = static_cast<std::uint16_t>(plan->ranks[h].value());
+      c.group = static_cast<std::uint16_t>(group.value());
+      c.src_tier = static_cast<std::uint8_t>(f.source.tier());
+      c.dst_tier = static_cast<std::uint8_t>(Tier::kDevice);
+      c.op = static_cast<std::uint8_t>(CopyOp::kCopy);
+      c.num_layers = 1;
+    }
+    pending_fetches_[h] = static_cast<std::uint32_t>(fetches.size());
+  }
+  planned.first_phase = d;
+  for (std::size_t h = 0; h < plan->ranks.size(); ++h) {  // phase 2: the home moves
+    const auto moves = planner_.pending_home_moves(h);
+    const auto rank = static_cast<std::uint16_t>(plan->ranks[h].value());
+    for (const auto& m : moves) {
+      CopyDescriptor& c = out_descriptors[d++];
+      c = CopyDescriptor{};
+      c.src_offset = m.host_offset;
+      c.dst_offset = m.device_offset;
+      c.src_slot = m.host_slot.value();
+      c.dst_slot = m.device_slot.value();
+      c.bytes = entry_bytes;
+      c.addr = m.addr.value();
+      c.src_rank = rank;
+      c.dst_rank = rank;
+      c.group = static_cast<std::uint16_t>(group.value());
+      c.src_tier = static_cast<std::uint8_t>(Tier::kHost);
+      c.dst_tier = static_cast<std::uint8_t>(Tier::kDevice);
+      c.op = static_cast<std::uint8_t>(m.swap ? CopyOp::kSwap : CopyOp::kCopy);
+      c.num_layers = 1;
+    }
+    pending_counts_[h] = static_cast<std::uint32_t>(moves.size());
+  }
+  planned.num_descriptors = d;
+  pending_fence_ = planned.fence;
+  return planned;
+}
+
+Result<CompleteReport> TpEngineStepPlanner::Complete(std::uint64_t fence, std::span<const std::uint8_t> status) {
+  if (!planner_.has_pending() || fence != pending_fence_) {
+    return MakeError(ErrorCode::kNotFound, "fence " + std::to_string(fence) + " is not the pending plan's");
+  }
+  std::size_t total = 0;
+  std::vector<std::size_t> first_fetch(pending_fetches_.size()), first(pending_counts_.size());
+  for (std::size_t h = 0; h < pending_fetches_.size(); ++h) {
+    first_fetch[h] = total;
+    total += pending_fetches_[h];
+  }
+  for (std::size_t h = 0; h < pending_counts_.size(); ++h) {
+    first[h] = total;
+    total += pending_counts_[h];
+  }
+  if (status.size() != total) {
+    return MakeError(ErrorCode::kInvalidArgument, "status has " + std::to_string(status.size()) +
+                                                      " entries; the pending plan has " + std::to_string(total) +
+                                                      " descriptors");
+  }
+  const auto published = planner_.CompleteHome([&](std::size_t h, std::size_t i) { return status[first[h] + i] == 0; },
+                                               [&](std::size_t h, std::size_t i) { return status[first_fetch[h] + i] == 0; });
+  CompleteReport report;
+  for (std::size_t p : published) report.published += static_cast<std::uint32_t>(p);
+  report.failed = static_cast<std::uint32_t>(total) - report.published;
+  return report;
+}
+
+void TpEngineStepPlanner::ExecuteOnShards(std::span<const CopyDescriptor> descriptors,
+                                          std::span<std::uint8_t> status) const {
+  ULA_CHECK(status.size() == descriptors.size());
+  const TpAddressSpace::State& st = StateOf(space_);
+  Backend& backend = space_.backend();
+  const std::uint32_t buffer_base = device_slots();
+  const std::uint64_t entry_bytes = space_.config().entry_bytes;
+  const auto device = static_cast<std::uint8_t>(Tier::kDevice), host = static_cast<std::uint8_t>(Tier::kHost);
+  for (std::size_t i = 0; i < descriptors.size(); ++i) {
+    const CopyDescriptor& c = descriptors[i];
+    status[i] = 1;
+    const Rank rank(c.dst_rank), source(c.src_rank);
+    if (!space_.Hosts(rank) || !space_.Hosts(source) || c.group >= space_.config().num_groups ||
+        c.dst_tier != device || (c.src_tier != device && c.src_tier != host)) {
+      continue;
+    }
+    const TpGroupShard& dst = st.at(rank, GroupId(c.group));
+    const TpGroupShard& src = st.at(source, GroupId(c.group));
+    CopyBatch batch;
+    if (c.dst_slot >= buffer_base) {  // a remote fetch into the local buffer
+      if (c.op != static_cast<std::uint8_t>(CopyOp::kCopy)) continue;
+      batch = CopyBatch{(c.src_tier == device ? src.device : src.host).arena().id, dst.buffer.arena().id, c.bytes,
+                        /*swap=*/false, {SlotMove{c.src_offset, (c.dst_slot - buffer_base) * entry_bytes}}};
+    } else {  // a home move within one rank's shard
+      if (c.src_rank != c.dst_rank || c.src_tier != host) continue;
+      batch = CopyBatch{dst.host.arena().id, dst.device.arena().id, c.bytes, c.op == static_cast<std::uint8_t>(CopyOp::kSwap),
+                        {SlotMove{c.src_offset, c.dst_offset}}};
+    }
+    auto f = backend.Submit(std::move(batch));
+    if (f && backend.Wait(*f)) status[i] = 0;
+  }
+}
+
+}  // namespace ula
