@@ -112,6 +112,39 @@ Result<double> JsonFields::SourcedDouble(const char* field, double min, double m
   return value;
 }
 
+Result<std::vector<std::uint64_t>> JsonFields::UIntArray(const char* field, std::uint64_t min, std::uint64_t max) {
+  auto found = Find(field);
+  if (!found) return std::unexpected(found.error());
+  const nlohmann::json& v = **found;
+  if (!v.is_array()) {
+    return std::unexpected(FieldError(field, fmt::format("must be an array of integers, got {}", v.type_name())));
+  }
+  if (v.empty()) return std::unexpected(FieldError(field, "must not be empty"));
+  std::vector<std::uint64_t> out;
+  out.reserve(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const nlohmann::json& e = v[i];
+    if (!e.is_number_unsigned()) {
+      return std::unexpected(FieldError(field, fmt::format("[{}] must be an integer >= {}, got {}", i, min, e.dump())));
+    }
+    const std::uint64_t u = e.get<std::uint64_t>();
+    if (u < min || u > max) {
+      return std::unexpected(FieldError(field, fmt::format("[{}] must be in [{}, {}], got {}", i, min, max, u)));
+    }
+    out.push_back(u);
+  }
+  return out;
+}
+
+Result<JsonFields> JsonFields::Object(const char* field) {
+  auto found = Find(field);
+  if (!found) return std::unexpected(found.error());
+  if (!(*found)->is_object()) {
+    return std::unexpected(FieldError(field, fmt::format("must be an object, got {}", (*found)->type_name())));
+  }
+  return FromObject(**found, fmt::format("{}: field '{}'", origin_, field));
+}
+
 Status JsonFields::CheckNoUnknownFields() const {
   for (auto it = object_.begin(); it != object_.end(); ++it) {
     if (!used_.contains(it.key())) return std::unexpected(FieldError(it.key(), "unknown field"));

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ula/error.h"
 
@@ -31,6 +32,12 @@ class JsonFields {
   Result<double> Double(const char* field, double min, double max);
   // {"value": number, "source": "non-empty text"}: returns value, requires the source.
   Result<double> SourcedDouble(const char* field, double min, double max);
+  // A non-empty array of integers, each in [min, max]; an error names the field and index.
+  Result<std::vector<std::uint64_t>> UIntArray(const char* field, std::uint64_t min, std::uint64_t max);
+  // A nested object, its errors prefixed with this object's origin and the field.
+  Result<JsonFields> Object(const char* field);
+  // Whether the object has `field` (does not mark it used: an optional field's getter does).
+  bool Has(const char* field) const { return object_.contains(field); }
 
   // An error naming the first field no getter asked for.
   Status CheckNoUnknownFields() const;

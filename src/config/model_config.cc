@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <utility>
 
 #include "config/json_fields.h"
 
@@ -21,6 +22,129 @@ Status FieldError(std::string_view field, std::string_view problem) {
 }
 
 bool ValidValueBytes(std::uint32_t b) { return b == 1 || b == 2 || b == 4; }
+
+bool PowerOfTwo(std::uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+// The layer-kind invariants of model_config.h (REQUIRES m.has_layer_kinds()).
+Status ValidateLayerKinds(const ModelConfig& m) {
+  const std::uint64_t layers = std::uint64_t{m.num_layers} + m.mtp_layers;
+  if (m.compress_ratios.size() != layers) {
+    return FieldError("compress_ratios", fmt::format("has {} entries but num_layers + mtp_layers = {}",
+                                                     m.compress_ratios.size(), layers));
+  }
+  if (m.sliding_window < 1) return FieldError("sliding_window", "must be >= 1");
+  if (m.compress_rate_csa < 2 || !PowerOfTwo(m.compress_rate_csa)) {
+    return FieldError("compress_rate_csa", fmt::format("must be a power of two >= 2, got {}", m.compress_rate_csa));
+  }
+  if (m.compress_rate_hca <= m.compress_rate_csa || !PowerOfTwo(m.compress_rate_hca)) {
+    return FieldError("compress_rate_hca", fmt::format("must be a power of two > compress_rate_csa = {}, got {}",
+                                                       m.compress_rate_csa, m.compress_rate_hca));
+  }
+  for (std::size_t l = 0; l < m.compress_ratios.size(); ++l) {
+    const std::uint32_t r = m.compress_ratios[l];
+    if (r != 0 && r != m.compress_rate_csa && r != m.compress_rate_hca) {
+      return FieldError("compress_ratios", fmt::format("[{}] is {}: must be 0, compress_rate_csa = {} or "
+                                                       "compress_rate_hca = {}",
+                                                       l, r, m.compress_rate_csa, m.compress_rate_hca));
+    }
+  }
+  const std::uint64_t values = std::uint64_t{m.kv_lora_rank} + m.qk_rope_head_dim;
+  if (m.kv_entry_bytes_fp8_uniform != values) {
+    return FieldError("kv_entry_bytes_by_format.fp8_uniform",
+                      fmt::format("is {} but kv_lora_rank + qk_rope_head_dim = {}", m.kv_entry_bytes_fp8_uniform,
+                                  values));
+  }
+  if (m.kv_entry_bytes_bf16 != 2 * values) {
+    return FieldError("kv_entry_bytes_by_format.bf16",
+                      fmt::format("is {} but 2 * (kv_lora_rank + qk_rope_head_dim) = {}", m.kv_entry_bytes_bf16,
+                                  2 * values));
+  }
+  if (m.index_head_dim % 32 != 0) {
+    return FieldError("index_head_dim", fmt::format("must be a multiple of 32 for an FP4 index key, got {}",
+                                                    m.index_head_dim));
+  }
+  const std::uint32_t fp4 = m.index_head_dim / 2 + m.index_head_dim / 32;
+  if (m.index_key_bytes_fp4 != fp4) {
+    return FieldError("index_key_bytes_by_format.fp4",
+                      fmt::format("is {} but index_head_dim / 2 + index_head_dim / 32 = {}", m.index_key_bytes_fp4,
+                                  fp4));
+  }
+  return Ok();
+}
+
+// The layer-kind fields of a model that has none: all zero / empty.
+Status ValidateNoLayerKinds(const ModelConfig& m) {
+  const std::pair<const char*, std::uint32_t> fields[] = {
+      {"sliding_window", m.sliding_window},
+      {"compress_rate_csa", m.compress_rate_csa},
+      {"compress_rate_hca", m.compress_rate_hca},
+      {"kv_entry_bytes_by_format.fp8_uniform", m.kv_entry_bytes_fp8_uniform},
+      {"kv_entry_bytes_by_format.bf16", m.kv_entry_bytes_bf16},
+      {"index_key_bytes_by_format.fp4", m.index_key_bytes_fp4},
+  };
+  for (const auto& [field, value] : fields) {
+    if (value != 0) return FieldError(field, "is set but compress_ratios is not (the layer-kind fields come together)");
+  }
+  return Ok();
+}
+
+// The layer-kind group of a model JSON (model_config.h): all or none.
+Status ParseLayerKinds(config_internal::JsonFields& f, ModelConfig& m) {
+  static constexpr const char* kGroup[] = {"compress_ratios",   "sliding_window",           "compress_rate_csa",
+                                           "compress_rate_hca", "kv_entry_bytes_by_format", "index_key_bytes_by_format"};
+  bool any = false;
+  for (const char* field : kGroup) any = any || f.Has(field);
+  if (!any) return Ok();
+  if (!f.Has("compress_ratios")) {
+    for (const char* field : kGroup) {
+      if (f.Has(field)) {
+        return std::unexpected(f.FieldError(field, "needs compress_ratios (the layer-kind fields come together)"));
+      }
+    }
+  }
+  constexpr std::uint64_t kMax32 = 0xffffffffu;
+  auto ratios = f.UIntArray("compress_ratios", 0, kMax32);
+  if (!ratios) return std::unexpected(ratios.error());
+  m.compress_ratios.assign(ratios->begin(), ratios->end());
+  const std::pair<const char*, std::uint32_t*> scalars[] = {
+      {"sliding_window", &m.sliding_window},
+      {"compress_rate_csa", &m.compress_rate_csa},
+      {"compress_rate_hca", &m.compress_rate_hca},
+  };
+  for (const auto& [field, out] : scalars) {
+    auto v = f.UInt(field, 1, kMax32);
+    if (!v) return std::unexpected(v.error());
+    *out = static_cast<std::uint32_t>(*v);
+  }
+  auto kv = f.Object("kv_entry_bytes_by_format");
+  if (!kv) return std::unexpected(kv.error());
+  std::uint32_t fp8_packed = 0;
+  const std::pair<const char*, std::uint32_t*> kv_formats[] = {
+      {"fp8_packed", &fp8_packed}, {"fp8_uniform", &m.kv_entry_bytes_fp8_uniform}, {"bf16", &m.kv_entry_bytes_bf16}};
+  for (const auto& [field, out] : kv_formats) {
+    auto v = kv->UInt(field, 1, kMax32);
+    if (!v) return std::unexpected(v.error());
+    *out = static_cast<std::uint32_t>(*v);
+  }
+  ULA_RETURN_IF_ERROR(kv->CheckNoUnknownFields());
+  if (fp8_packed != m.kv_entry_bytes_per_layer) {
+    return std::unexpected(kv->FieldError("fp8_packed", fmt::format("is {} but kv_entry_bytes_per_layer = {}",
+                                                                    fp8_packed, m.kv_entry_bytes_per_layer)));
+  }
+  auto ik = f.Object("index_key_bytes_by_format");
+  if (!ik) return std::unexpected(ik.error());
+  auto fp8 = ik->UInt("fp8", 1, kMax32);
+  if (!fp8) return std::unexpected(fp8.error());
+  auto fp4 = ik->UInt("fp4", 1, kMax32);
+  if (!fp4) return std::unexpected(fp4.error());
+  ULA_RETURN_IF_ERROR(ik->CheckNoUnknownFields());
+  if (*fp8 != m.index_key_bytes_per_layer) {
+    return std::unexpected(ik->FieldError("fp8", fmt::format("is {} but index_key_bytes_per_layer = {}", *fp8,
+                                                             m.index_key_bytes_per_layer)));
+  }
+  m.index_key_bytes_fp4 = static_cast<std::uint32_t>(*fp4);
+  return Ok();
+}
 
 }  // namespace
 
@@ -59,7 +183,19 @@ Status ModelConfig::Validate() const {
   if (std::uint64_t{group_entry_bytes()} > (std::uint64_t{1} << 31)) {
     return FieldError("kv_entry_bytes_per_layer", "group entry larger than 2 GiB");
   }
-  return Ok();
+  return has_layer_kinds() ? ValidateLayerKinds(*this) : ValidateNoLayerKinds(*this);
+}
+
+LayerKind ModelConfig::layer_kind(std::uint32_t layer) const {
+  const std::uint32_t r = compress_ratios.at(layer);
+  if (r == 0) return LayerKind::kSlidingWindow;
+  return r == compress_rate_csa ? LayerKind::kCompressedSparse : LayerKind::kHeavilyCompressed;
+}
+
+std::uint32_t ModelConfig::num_layers_of_kind(LayerKind kind) const {
+  std::uint32_t n = 0;
+  for (std::uint32_t l = 0; l < compress_ratios.size(); ++l) n += layer_kind(l) == kind ? 1 : 0;
+  return n;
 }
 
 std::uint32_t ModelConfig::num_groups() const {
@@ -127,6 +263,7 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text, std::string_vie
     if (!v) return std::unexpected(v.error());
     *f.out = static_cast<std::uint32_t>(*v);
   }
+  ULA_RETURN_IF_ERROR(ParseLayerKinds(*fields, m));  // its errors name the origin
   ULA_RETURN_IF_ERROR(fields->CheckNoUnknownFields());
   if (auto st = m.Validate(); !st) {
     return MakeError(ErrorCode::kInvalidArgument, fmt::format("{}: {}", origin, st.error().message()));

@@ -11,6 +11,22 @@
 // (kv_entry_bytes_per_layer = kv_lora_rank * kv_lora_bytes_per_value + kv_scale_bytes +
 //  qk_rope_head_dim * rope_bytes_per_value; likewise for the indexer key).
 //
+// Layer kinds (the DeepSeek-V4 family; docs/ARCHITECTURE.md "kinds"). A model whose JSON has
+// `compress_ratios` lists one ratio per layer, main layers then MTP layers (Hugging Face's
+// DeepseekV4Config layout): 0 = sliding-window attention only, compress_rate_csa =
+// compressed sparse attention (one compressed entry per csa tokens, its index key, top-k
+// selected), compress_rate_hca = heavily compressed attention (one entry per hca tokens,
+// all read). Every layer, whatever its kind, also keeps the window KV of the last
+// `sliding_window` tokens. The fields come all together or not at all; without them the
+// model has one kind (a token entry per token and layer group, V3.2 / GLM-5).
+// Invariants after Validate() for such a model: compress_ratios.size() = num_layers +
+// mtp_layers, every ratio is 0, csa or hca; 2 <= csa < hca, both powers of two;
+// sliding_window >= 1; the per-format byte sizes equal their layouts' formulas:
+//   fp8_packed  = kv_entry_bytes_per_layer (nope FP8 + scales + rope BF16)
+//   fp8_uniform = kv_lora_rank + qk_rope_head_dim (every value e4m3, no scale)
+//   bf16        = 2 * (kv_lora_rank + qk_rope_head_dim)
+//   index fp8   = index_key_bytes_per_layer;  index fp4 = index_head_dim / 2 + index_head_dim / 32
+//
 // Thread-safety: plain values; loading functions are reentrant.
 #pragma once
 
@@ -18,10 +34,17 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ula/error.h"
 
 namespace ula {
+
+enum class LayerKind : std::uint8_t {
+  kSlidingWindow = 0,       // window KV only
+  kCompressedSparse = 1,    // + one compressed entry per compress_rate_csa tokens, indexed
+  kHeavilyCompressed = 2,   // + one compressed entry per compress_rate_hca tokens, all read
+};
 
 struct ModelConfig {
   std::string name;
@@ -43,6 +66,15 @@ struct ModelConfig {
   std::uint32_t index_key_bytes_per_layer = 0;
   std::uint32_t top_k = 0;                  // entries selected per query per group
 
+  // DeepSeek-V4 layer kinds (see above); empty / 0 for a single-kind model.
+  std::vector<std::uint32_t> compress_ratios;  // [num_layers + mtp_layers]
+  std::uint32_t sliding_window = 0;            // window KV tokens kept by every layer
+  std::uint32_t compress_rate_csa = 0;         // tokens per compressed-sparse entry (4)
+  std::uint32_t compress_rate_hca = 0;         // tokens per heavily-compressed entry (128)
+  std::uint32_t kv_entry_bytes_fp8_uniform = 0;
+  std::uint32_t kv_entry_bytes_bf16 = 0;
+  std::uint32_t index_key_bytes_fp4 = 0;
+
   // Names the first bad field: "field 'top_k': must be >= 1".
   Status Validate() const;
 
@@ -59,10 +91,19 @@ struct ModelConfig {
   std::uint64_t index_key_bytes_per_token() const;
   // Whether entries are plain float32 (no scales): what the CPU reference attention reads.
   bool is_float32() const;
+
+  // Whether the model has layer kinds (compress_ratios given).
+  bool has_layer_kinds() const { return !compress_ratios.empty(); }
+  // Kind of layer l (REQUIRES has_layer_kinds(), l < compress_ratios.size()).
+  LayerKind layer_kind(std::uint32_t layer) const;
+  // Layers of a kind, MTP layers included (0 for a single-kind model).
+  std::uint32_t num_layers_of_kind(LayerKind kind) const;
 };
 
 // Parses JSON text. `origin` names the text in errors (a file name). Every field is
-// required, unknown fields are rejected, and an error names the field.
+// required except the layer-kind group (compress_ratios, sliding_window, compress_rate_csa,
+// compress_rate_hca, kv_entry_bytes_by_format, index_key_bytes_by_format), which comes whole
+// or not at all; unknown fields are rejected, and an error names the field.
 Result<ModelConfig> ParseModelConfig(std::string_view json_text, std::string_view origin = "model config");
 Result<ModelConfig> LoadModelConfig(const std::filesystem::path& path);
 // LoadModelConfig(config_dir / "models" / (name + ".json")).

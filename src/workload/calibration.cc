@@ -1,6 +1,8 @@
 // Real-indexer and selection-model runs over one schedule, and the fit (calibration.h).
 #include "workload/calibration.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -135,6 +137,11 @@ Result<SelectionRunStats> RunRealIndexer(const IndexerShape& shape, const Decode
 
 Result<SelectionRunStats> RunSelectionModel(const SelectionModelParams& params, const DecodeSimConfig& schedule,
                                             bool record_trace) {
+  if (schedule.tokens_per_entry != 1) {
+    return MakeError(ErrorCode::kUnsupported, fmt::format("field 'tokens_per_entry': the selection model draws per-token "
+                                                          "positions; {} tokens per entry needs the real indexer",
+                                                          schedule.tokens_per_entry));
+  }
   const auto start = std::chrono::steady_clock::now();
   auto model = SelectionModel::Create(params);
   if (!model) return std::unexpected(model.error());

@@ -46,10 +46,12 @@ struct SelectionRunStats {
   Trace trace;  // kPosition, one group, queries_per_step queries (if recorded)
 };
 
-// The real indexer over the schedule (IndexerDecodeSim with top-k from `shape`).
+// The real indexer over the schedule (IndexerDecodeSim with top-k from `shape`). With
+// tokens_per_entry > 1 (a C4 indexer) positions and context lengths count entries, and the
+// trace's records carry the entry count as context_len.
 Result<SelectionRunStats> RunRealIndexer(const IndexerShape& shape, const DecodeSimConfig& schedule,
                                          bool record_trace = true);
-// The selection model over the same schedule.
+// The selection model over the same schedule (kUnsupported for tokens_per_entry > 1).
 Result<SelectionRunStats> RunSelectionModel(const SelectionModelParams& params, const DecodeSimConfig& schedule,
                                             bool record_trace = true);
 

@@ -47,7 +47,9 @@ Status DecodeSimConfig::Validate() const {
   if (!(query_noise >= 0 && query_noise <= 10)) return bad("query_noise", "must be in [0, 10]");
   if (!(query_newest >= 0 && query_newest <= 10)) return bad("query_newest", "must be in [0, 10]");
   if (query_keep + query_noise + query_newest <= 0) return bad("query_keep", "query_keep + query_noise + query_newest must be > 0");
-  if (sink_tokens > prompt_tokens) return bad("sink_tokens", "must be <= prompt_tokens");
+  if (tokens_per_entry < 1 || tokens_per_entry > 1024) return bad("tokens_per_entry", "must be in [1, 1024]");
+  if (prompt_tokens < tokens_per_entry) return bad("prompt_tokens", "must be >= tokens_per_entry (one entry at least)");
+  if (sink_tokens > prompt_entries()) return bad("sink_tokens", "must be <= prompt_tokens / tokens_per_entry");
   if (!(sink_boost >= 0 && sink_boost <= 100)) return bad("sink_boost", "must be in [0, 100]");
   if (!(sink_align >= 0 && sink_align <= 100)) return bad("sink_align", "must be in [0, 100]");
   if (!(heavy_alpha > 0 && heavy_alpha <= 100)) return bad("heavy_alpha", "must be in (0, 100]");
@@ -97,6 +99,7 @@ Result<DecodeSimConfig> ParseDecodeSimConfig(std::string_view json_text, std::st
   ULA_RETURN_IF_ERROR(real("heavy_alpha", &c.heavy_alpha, 100));
   ULA_RETURN_IF_ERROR(real("heavy_boost", &c.heavy_boost, 100));
   ULA_RETURN_IF_ERROR(real("heavy_align", &c.heavy_align, 100));
+  if (f->Has("tokens_per_entry")) ULA_RETURN_IF_ERROR(uint("tokens_per_entry", &c.tokens_per_entry, 1, 1024));
   ULA_RETURN_IF_ERROR(f->CheckNoUnknownFields());
   if (auto st = c.Validate(); !st) {
     return MakeError(ErrorCode::kInvalidArgument, fmt::format("{}: {}", origin, st.error().message()));
@@ -116,7 +119,9 @@ struct IndexerDecodeSim::State {
     explicit Request(std::uint64_t seed) : rng(seed), salience_seed(seed) {}
     workload_internal::Rng rng;
     std::uint64_t salience_seed;
-    std::vector<float> keys;     // [context_len * head_dim]
+    std::vector<float> keys;     // [context_len * head_dim]: one key per entry
+    std::vector<float> newest;   // [head_dim] the newest entry's key before its salience
+    std::uint64_t tokens = 0;    // prompt and decoded tokens
     std::vector<float> q_state;  // [num_heads * head_dim], the evolving query of token t
     std::vector<float> weights;  // [num_heads]
     std::vector<std::vector<std::uint32_t>> selections;  // [queries][top_k]
@@ -128,7 +133,7 @@ struct IndexerDecodeSim::State {
   std::vector<float> sink_dir;   // [head_dim] u
   std::vector<float> heavy_dir;  // [head_dim] v
   std::vector<Request> requests;
-  std::vector<float> noise, scored_query, q_chain, newest;  // scratch
+  std::vector<float> noise, scored_query, q_chain;  // scratch
 
   // Key t of `req` gets its heavy-hitter component (none when heavy_boost is 0).
   void AddSalience(const Request& req, std::uint64_t t, std::span<float> k) const {
@@ -146,7 +151,7 @@ Result<std::unique_ptr<IndexerDecodeSim>> IndexerDecodeSim::Create(const Indexer
   ULA_RETURN_IF_ERROR(config.Validate());
   auto indexer = Indexer::Create(shape);
   if (!indexer) return std::unexpected(indexer.error());
-  auto st = std::unique_ptr<State>(new State{shape, config, std::move(*indexer), {}, {}, {}, {}, {}, {}, {}});
+  auto st = std::unique_ptr<State>(new State{shape, config, std::move(*indexer), {}, {}, {}, {}, {}, {}});
   const std::uint32_t dim = shape.head_dim;
   const std::uint64_t base = workload_internal::StreamSeed(config.seed, 0x5eed0000ull + salt);
   workload_internal::Rng global(base);
@@ -156,10 +161,12 @@ Result<std::unique_ptr<IndexerDecodeSim>> IndexerDecodeSim::Create(const Indexer
   RandomUnit(global, st->heavy_dir);  // drawn after u: the sinks are as without heavy hitters
   for (std::uint32_t r = 0; r < config.num_requests; ++r) {
     State::Request req(workload_internal::StreamSeed(base, r));
-    req.keys.resize(std::size_t{config.prompt_tokens} * dim);
-    for (std::uint32_t t = 0; t < config.prompt_tokens; ++t) {
+    req.tokens = config.prompt_tokens;
+    req.keys.resize(std::size_t{config.prompt_entries()} * dim);
+    for (std::uint32_t t = 0; t < config.prompt_entries(); ++t) {
       std::span<float> k(req.keys.data() + std::size_t{t} * dim, dim);
       RandomUnit(req.rng, k);
+      if (t + 1 == config.prompt_entries()) req.newest.assign(k.begin(), k.end());
       if (t < config.sink_tokens) {
         for (std::uint32_t d = 0; d < dim; ++d) k[d] += static_cast<float>(config.sink_boost) * st->sink_dir[d];
       }
@@ -183,13 +190,16 @@ Status IndexerDecodeSim::Step() {
   s.noise.resize(dim);
   s.scored_query.resize(std::size_t{heads} * dim);
   for (State::Request& req : s.requests) {
-    // The new token's key.
-    const std::size_t old = req.keys.size();
-    req.keys.resize(old + dim);
-    std::span<float> k_new(req.keys.data() + old, dim);
-    RandomUnit(req.rng, k_new);
-    s.newest.assign(k_new.begin(), k_new.end());  // the pull is towards the key, not its salience
-    s.AddSalience(req, old / dim, k_new);
+    // The new token; its block's entry (key) when the token completes a block.
+    ++req.tokens;
+    if (req.tokens % c.tokens_per_entry == 0) {
+      const std::size_t old = req.keys.size();
+      req.keys.resize(old + dim);
+      std::span<float> k_new(req.keys.data() + old, dim);
+      RandomUnit(req.rng, k_new);
+      req.newest.assign(k_new.begin(), k_new.end());  // the pull is towards the key, not its salience
+      s.AddSalience(req, old / dim, k_new);
+    }
     req.selections.resize(c.queries_per_step());
     s.q_chain = req.q_state;
     for (std::uint32_t j = 0; j < c.queries_per_step(); ++j) {
@@ -197,7 +207,7 @@ Status IndexerDecodeSim::Step() {
         std::span<float> q(s.q_chain.data() + std::size_t{h} * dim, dim);
         RandomUnit(req.rng, s.noise);
         for (std::uint32_t d = 0; d < dim; ++d) {
-          q[d] = static_cast<float>(c.query_keep * q[d] + c.query_noise * s.noise[d] + c.query_newest * s.newest[d]);
+          q[d] = static_cast<float>(c.query_keep * q[d] + c.query_noise * s.noise[d] + c.query_newest * req.newest[d]);
         }
         Normalize(q);
         float* sq = s.scored_query.data() + std::size_t{h} * dim;
@@ -218,6 +228,8 @@ std::uint32_t IndexerDecodeSim::num_requests() const { return static_cast<std::u
 std::uint32_t IndexerDecodeSim::context_len(std::uint32_t request) const {
   return static_cast<std::uint32_t>(state_->requests.at(request).keys.size() / state_->shape.head_dim);
 }
+
+std::uint64_t IndexerDecodeSim::tokens(std::uint32_t request) const { return state_->requests.at(request).tokens; }
 
 std::span<const std::vector<std::uint32_t>> IndexerDecodeSim::Selections(std::uint32_t request) const {
   return state_->requests.at(request).selections;

@@ -22,6 +22,15 @@
 // Sinks follow StreamingLLM (Xiao et al., ICLR 2024); the recency pull, H2O's recent window.
 // The parameters live in configs/workloads/<name>.json with the model they use.
 //
+// Compressed entries (DeepSeek-V4's compressed sparse attention, docs/ARCHITECTURE.md
+// "kinds"): with tokens_per_entry = m > 1 the indexer scores one key per m tokens, the C4
+// entries. The prompt's tokens make floor(prompt_tokens / m) entries; each step decodes one
+// token, whose queries are evolved and scored every step, and a new entry (its key) arrives
+// only at the step that completes a block of m tokens (the tokens before are compressor
+// state). The recency pull is towards the newest entry's key. Positions, context_len and
+// sink_tokens then count entries. tokens_per_entry = 1 (the JSON default) is the per-token
+// indexer above, draw for draw.
+//
 // Determinism: a pure function of (shape, config); request r draws from its own stream.
 // Thread-safety: none; one thread drives a simulation.
 #pragma once
@@ -55,9 +64,11 @@ struct DecodeSimConfig {
   double heavy_alpha = 1;   // (0, 100]: Lomax tail index of the per-key salience
   double heavy_boost = 0;   // [0, 100]: 0 = no heavy hitters
   double heavy_align = 0;   // [0, 100]
+  std::uint32_t tokens_per_entry = 1;  // [1, 1024]: 4 for a C4 indexer; optional in JSON
 
   Status Validate() const;  // names the first bad field
   std::uint32_t queries_per_step() const { return 1 + draft_tokens; }
+  std::uint32_t prompt_entries() const { return prompt_tokens / tokens_per_entry; }
 };
 
 Result<DecodeSimConfig> ParseDecodeSimConfig(std::string_view json_text, std::string_view origin = "decode config");
@@ -71,12 +82,16 @@ class IndexerDecodeSim {
                                                           std::uint64_t salt = 0);
   ~IndexerDecodeSim();
 
-  // Appends one token to every request, evolves its queries and runs the indexer:
-  // afterwards Selections(r)[j] is query j's top-k over the context_len(r) tokens.
+  // Appends one token to every request (and its entry when it completes one), evolves its
+  // queries and runs the indexer: afterwards Selections(r)[j] is query j's top-k over the
+  // context_len(r) entries.
   Status Step();
 
   std::uint32_t num_requests() const;
+  // Entries (keys) of the request: its tokens when tokens_per_entry = 1.
   std::uint32_t context_len(std::uint32_t request) const;
+  // Tokens of the request (prompt and decoded).
+  std::uint64_t tokens(std::uint32_t request) const;
   std::span<const std::vector<std::uint32_t>> Selections(std::uint32_t request) const;
   // The union of the step's queries (first-appearance order).
   std::span<const std::uint32_t> UnionSelection(std::uint32_t request) const;

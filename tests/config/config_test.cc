@@ -124,6 +124,127 @@ TEST(ModelConfig, RejectsEachBadFieldByName) {
   for (const BadField& b : bad) ExpectRejected(base, b, false);
 }
 
+TEST(ModelConfig, DeepSeekV4FlashHasThreeLayerKinds) {
+  auto m = LoadModelConfigByName("deepseek_v4_flash", DefaultConfigDir());
+  ASSERT_TRUE(m) << m.error().ToString();
+  ASSERT_TRUE(m->has_layer_kinds());
+  EXPECT_EQ(m->num_layers, 43u);
+  EXPECT_EQ(m->mtp_layers, 1u);
+  EXPECT_EQ(m->compress_ratios.size(), 44u);
+  EXPECT_EQ(m->sliding_window, 128u);
+  EXPECT_EQ(m->top_k, 512u);
+  EXPECT_EQ(m->attention_heads, 64u);
+  EXPECT_EQ(m->index_heads, 64u);
+  EXPECT_EQ(m->index_head_dim, 128u);
+  // Two window-only layers, CSA / HCA alternating from layer 2, the MTP layer window-only.
+  EXPECT_EQ(m->layer_kind(0), LayerKind::kSlidingWindow);
+  EXPECT_EQ(m->layer_kind(1), LayerKind::kSlidingWindow);
+  EXPECT_EQ(m->layer_kind(2), LayerKind::kCompressedSparse);
+  EXPECT_EQ(m->layer_kind(3), LayerKind::kHeavilyCompressed);
+  EXPECT_EQ(m->layer_kind(42), LayerKind::kCompressedSparse);
+  EXPECT_EQ(m->layer_kind(43), LayerKind::kSlidingWindow);
+  EXPECT_EQ(m->num_layers_of_kind(LayerKind::kSlidingWindow), 3u);
+  EXPECT_EQ(m->num_layers_of_kind(LayerKind::kCompressedSparse), 21u);
+  EXPECT_EQ(m->num_layers_of_kind(LayerKind::kHeavilyCompressed), 20u);
+  // SGLang's layouts: packed FP8 584 B, uniform FP8 512 B, BF16 1024 B; index keys 132 / 68 B.
+  EXPECT_EQ(m->kv_entry_bytes_per_layer, 584u);
+  EXPECT_EQ(m->kv_entry_bytes_fp8_uniform, 512u);
+  EXPECT_EQ(m->kv_entry_bytes_bf16, 1024u);
+  EXPECT_EQ(m->index_key_bytes_per_layer, 132u);
+  EXPECT_EQ(m->index_key_bytes_fp4, 68u);
+}
+
+TEST(ModelConfig, DeepSeekV4ProOpensWithTwoHcaLayers) {
+  auto m = LoadModelConfigByName("deepseek_v4_pro", DefaultConfigDir());
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_EQ(m->num_layers, 61u);
+  EXPECT_EQ(m->attention_heads, 128u);
+  EXPECT_EQ(m->top_k, 1024u);
+  EXPECT_EQ(m->layer_kind(0), LayerKind::kHeavilyCompressed);
+  EXPECT_EQ(m->layer_kind(1), LayerKind::kHeavilyCompressed);
+  EXPECT_EQ(m->layer_kind(2), LayerKind::kCompressedSparse);
+  EXPECT_EQ(m->num_layers_of_kind(LayerKind::kSlidingWindow), 1u);  // the MTP layer
+  EXPECT_EQ(m->num_layers_of_kind(LayerKind::kCompressedSparse), 30u);
+  EXPECT_EQ(m->num_layers_of_kind(LayerKind::kHeavilyCompressed), 31u);
+}
+
+TEST(ModelConfig, SingleKindModelsHaveNoLayerKinds) {
+  for (const char* name : {"glm5", "deepseek_v32", "tiny_glm", "tiny_dsa"}) {
+    auto m = LoadModelConfigByName(name, DefaultConfigDir());
+    ASSERT_TRUE(m) << m.error().ToString();
+    EXPECT_FALSE(m->has_layer_kinds()) << name;
+    EXPECT_EQ(m->num_layers_of_kind(LayerKind::kCompressedSparse), 0u) << name;
+  }
+  // A config built in code is held to the same rule: a window without ratios is refused.
+  auto m = LoadModelConfigByName("glm5", DefaultConfigDir());
+  ASSERT_TRUE(m);
+  m->sliding_window = 128;
+  auto st = m->Validate();
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.error().message().find("sliding_window"), std::string::npos) << st.error().message();
+}
+
+TEST(ModelConfig, RejectsEachBadLayerKindFieldByName) {
+  const nlohmann::json base = ReadJson((DefaultConfigDir() / "models" / "deepseek_v4_flash.json").string());
+  ASSERT_TRUE(ParseModelConfig(base.dump(), "test"));
+  // Every field, the layer-kind group included: missing (the group comes whole), wrong type.
+  for (auto it = base.begin(); it != base.end(); ++it) {
+    ExpectRejected(base, {it.key(), nullptr}, false);
+    ExpectRejected(base, {it.key(), it->is_string() ? nlohmann::json(7) : nlohmann::json("x")}, false);
+  }
+  nlohmann::json short_ratios = base["compress_ratios"];
+  short_ratios.erase(short_ratios.size() - 1);
+  nlohmann::json bad_ratio = base["compress_ratios"];
+  bad_ratio[5] = 8;
+  nlohmann::json negative_ratio = base["compress_ratios"];
+  negative_ratio[5] = -4;
+  const BadField bad[] = {
+      {"compress_ratios", short_ratios},  // 43 entries: the MTP layer's is missing
+      {"compress_ratios", bad_ratio},
+      {"compress_ratios", negative_ratio},
+      {"compress_ratios", nlohmann::json::array()},
+      {"sliding_window", 0},
+      {"compress_rate_csa", 3},
+      {"compress_rate_csa", 8},    // the ratios' 4 is then neither kind
+      {"compress_rate_csa", 256},  // not below compress_rate_hca
+      {"compress_rate_hca", 4},
+      {"compress_rate_hca", 96},
+      {"kv_entry_bytes_by_format", nlohmann::json::array({584})},
+  };
+  for (const BadField& b : bad) ExpectRejected(base, b, false);
+  // The group without its ratios: a lone window is refused by name.
+  nlohmann::json lone = ReadJson((DefaultConfigDir() / "models" / "glm5.json").string());
+  lone["sliding_window"] = 128;
+  ExpectRejected(lone, {"sliding_window", 128}, false);
+  // Per-format sizes that disagree with their layouts, and unknown formats.
+  struct Nested {
+    const char* object;
+    const char* field;
+    nlohmann::json value;
+  };
+  const Nested nested[] = {
+      {"kv_entry_bytes_by_format", "fp8_packed", 583},
+      {"kv_entry_bytes_by_format", "fp8_uniform", 511},
+      {"kv_entry_bytes_by_format", "bf16", 1000},
+      {"kv_entry_bytes_by_format", "int4", 256},
+      {"index_key_bytes_by_format", "fp8", 131},
+      {"index_key_bytes_by_format", "fp4", 72},  // 64 + 8: not SGLang's 64 + 128 / 32
+      {"index_key_bytes_by_format", "fp4", nullptr},
+  };
+  for (const Nested& n : nested) {
+    nlohmann::json j = base;
+    if (n.value.is_null()) {
+      j[n.object].erase(n.field);
+    } else {
+      j[n.object][n.field] = n.value;
+    }
+    auto m = ParseModelConfig(j.dump(), "test");
+    ASSERT_FALSE(m) << n.object << "." << n.field << " = " << n.value.dump();
+    EXPECT_EQ(m.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(m.error().message().find(n.field), std::string::npos) << m.error().message();
+  }
+}
+
 TEST(ModelConfig, RejectsMalformedJson) {
   auto m = ParseModelConfig("{\"name\": ", "broken.json");
   ASSERT_FALSE(m);
