@@ -34,6 +34,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -58,7 +59,8 @@ class CudaBackend final : public Backend {
     if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0) {
       return MakeError(ErrorCode::kFailedPrecondition,
                        fmt::format("cuda backend: no CUDA device is present ({})",
-                                   e != cudaSuccess ? CudaError(e, "cudaGetDeviceCount").message() : "0 devices"));
+                                   e != cudaSuccess ? fmt::format("{}, {}", cudaGetErrorName(e), cudaGetErrorString(e))
+                                                   : std::string("0 devices")));
     }
     auto b = std::unique_ptr<CudaBackend>(new CudaBackend());
     b->peer_.assign(static_cast<std::size_t>(devices) * devices, false);
@@ -228,7 +230,7 @@ class CudaBackend final : public Backend {
     }
     if (p.status) registry_.Count(src, dst, batch);
     const Fence fence = ++submitted_;
-    pending_.emplace(fence, p);
+    pending_.emplace(fence, std::move(p));
     return fence;
   }
 
