@@ -27,6 +27,6 @@ struct GatherArgs {
 };
 
 // Enqueues the batch on `stream`; returns the launch's error (cudaSuccess when enqueued).
-cudaError_t LaunchGather(const GatherArgs& args, cudaStream_t stream);
+[[nodiscard]] cudaError_t LaunchGather(const GatherArgs& args, cudaStream_t stream);
 
 }  // namespace ula::cuda_backend
