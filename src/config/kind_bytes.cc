@@ -34,12 +34,12 @@ Result<KindCounts> CountKindEntries(const ModelConfig& model, std::uint64_t toke
   for (std::uint32_t l = 0; l < model.compress_ratios.size(); ++l) {
     c.window_entries += window;
     switch (model.layer_kind(l)) {
-      case LayerKind::kCompressedSparse:
+      case AttentionLayerType::kCompressedSparse:
         c.csa_entries += tokens / model.compress_rate_csa;
         c.index_keys += tokens / model.compress_rate_csa;
         break;
-      case LayerKind::kHeavilyCompressed: c.hca_entries += tokens / model.compress_rate_hca; break;
-      case LayerKind::kSlidingWindow: break;
+      case AttentionLayerType::kHeavilyCompressed: c.hca_entries += tokens / model.compress_rate_hca; break;
+      case AttentionLayerType::kSlidingWindow: break;
     }
   }
   return c;

@@ -186,13 +186,13 @@ Status ModelConfig::Validate() const {
   return has_layer_kinds() ? ValidateLayerKinds(*this) : ValidateNoLayerKinds(*this);
 }
 
-LayerKind ModelConfig::layer_kind(std::uint32_t layer) const {
+AttentionLayerType ModelConfig::layer_kind(std::uint32_t layer) const {
   const std::uint32_t r = compress_ratios.at(layer);
-  if (r == 0) return LayerKind::kSlidingWindow;
-  return r == compress_rate_csa ? LayerKind::kCompressedSparse : LayerKind::kHeavilyCompressed;
+  if (r == 0) return AttentionLayerType::kSlidingWindow;
+  return r == compress_rate_csa ? AttentionLayerType::kCompressedSparse : AttentionLayerType::kHeavilyCompressed;
 }
 
-std::uint32_t ModelConfig::num_layers_of_kind(LayerKind kind) const {
+std::uint32_t ModelConfig::num_layers_of_kind(AttentionLayerType kind) const {
   std::uint32_t n = 0;
   for (std::uint32_t l = 0; l < compress_ratios.size(); ++l) n += layer_kind(l) == kind ? 1 : 0;
   return n;

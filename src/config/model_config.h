@@ -40,7 +40,7 @@
 
 namespace ula {
 
-enum class LayerKind : std::uint8_t {
+enum class AttentionLayerType : std::uint8_t {
   kSlidingWindow = 0,       // window KV only
   kCompressedSparse = 1,    // + one compressed entry per compress_rate_csa tokens, indexed
   kHeavilyCompressed = 2,   // + one compressed entry per compress_rate_hca tokens, all read
@@ -95,9 +95,9 @@ struct ModelConfig {
   // Whether the model has layer kinds (compress_ratios given).
   bool has_layer_kinds() const { return !compress_ratios.empty(); }
   // Kind of layer l (REQUIRES has_layer_kinds(), l < compress_ratios.size()).
-  LayerKind layer_kind(std::uint32_t layer) const;
+  AttentionLayerType layer_kind(std::uint32_t layer) const;
   // Layers of a kind, MTP layers included (0 for a single-kind model).
-  std::uint32_t num_layers_of_kind(LayerKind kind) const;
+  std::uint32_t num_layers_of_kind(AttentionLayerType kind) const;
 };
 
 // Parses JSON text. `origin` names the text in errors (a file name). Every field is

@@ -137,15 +137,15 @@ TEST(ModelConfig, DeepSeekV4FlashHasThreeLayerKinds) {
   EXPECT_EQ(m->index_heads, 64u);
   EXPECT_EQ(m->index_head_dim, 128u);
   // Two window-only layers, CSA / HCA alternating from layer 2, the MTP layer window-only.
-  EXPECT_EQ(m->layer_kind(0), LayerKind::kSlidingWindow);
-  EXPECT_EQ(m->layer_kind(1), LayerKind::kSlidingWindow);
-  EXPECT_EQ(m->layer_kind(2), LayerKind::kCompressedSparse);
-  EXPECT_EQ(m->layer_kind(3), LayerKind::kHeavilyCompressed);
-  EXPECT_EQ(m->layer_kind(42), LayerKind::kCompressedSparse);
-  EXPECT_EQ(m->layer_kind(43), LayerKind::kSlidingWindow);
-  EXPECT_EQ(m->num_layers_of_kind(LayerKind::kSlidingWindow), 3u);
-  EXPECT_EQ(m->num_layers_of_kind(LayerKind::kCompressedSparse), 21u);
-  EXPECT_EQ(m->num_layers_of_kind(LayerKind::kHeavilyCompressed), 20u);
+  EXPECT_EQ(m->layer_kind(0), AttentionLayerType::kSlidingWindow);
+  EXPECT_EQ(m->layer_kind(1), AttentionLayerType::kSlidingWindow);
+  EXPECT_EQ(m->layer_kind(2), AttentionLayerType::kCompressedSparse);
+  EXPECT_EQ(m->layer_kind(3), AttentionLayerType::kHeavilyCompressed);
+  EXPECT_EQ(m->layer_kind(42), AttentionLayerType::kCompressedSparse);
+  EXPECT_EQ(m->layer_kind(43), AttentionLayerType::kSlidingWindow);
+  EXPECT_EQ(m->num_layers_of_kind(AttentionLayerType::kSlidingWindow), 3u);
+  EXPECT_EQ(m->num_layers_of_kind(AttentionLayerType::kCompressedSparse), 21u);
+  EXPECT_EQ(m->num_layers_of_kind(AttentionLayerType::kHeavilyCompressed), 20u);
   // SGLang's layouts: packed FP8 584 B, uniform FP8 512 B, BF16 1024 B; index keys 132 / 68 B.
   EXPECT_EQ(m->kv_entry_bytes_per_layer, 584u);
   EXPECT_EQ(m->kv_entry_bytes_fp8_uniform, 512u);
@@ -160,12 +160,12 @@ TEST(ModelConfig, DeepSeekV4ProOpensWithTwoHcaLayers) {
   EXPECT_EQ(m->num_layers, 61u);
   EXPECT_EQ(m->attention_heads, 128u);
   EXPECT_EQ(m->top_k, 1024u);
-  EXPECT_EQ(m->layer_kind(0), LayerKind::kHeavilyCompressed);
-  EXPECT_EQ(m->layer_kind(1), LayerKind::kHeavilyCompressed);
-  EXPECT_EQ(m->layer_kind(2), LayerKind::kCompressedSparse);
-  EXPECT_EQ(m->num_layers_of_kind(LayerKind::kSlidingWindow), 1u);  // the MTP layer
-  EXPECT_EQ(m->num_layers_of_kind(LayerKind::kCompressedSparse), 30u);
-  EXPECT_EQ(m->num_layers_of_kind(LayerKind::kHeavilyCompressed), 31u);
+  EXPECT_EQ(m->layer_kind(0), AttentionLayerType::kHeavilyCompressed);
+  EXPECT_EQ(m->layer_kind(1), AttentionLayerType::kHeavilyCompressed);
+  EXPECT_EQ(m->layer_kind(2), AttentionLayerType::kCompressedSparse);
+  EXPECT_EQ(m->num_layers_of_kind(AttentionLayerType::kSlidingWindow), 1u);  // the MTP layer
+  EXPECT_EQ(m->num_layers_of_kind(AttentionLayerType::kCompressedSparse), 30u);
+  EXPECT_EQ(m->num_layers_of_kind(AttentionLayerType::kHeavilyCompressed), 31u);
 }
 
 TEST(ModelConfig, SingleKindModelsHaveNoLayerKinds) {
@@ -173,7 +173,7 @@ TEST(ModelConfig, SingleKindModelsHaveNoLayerKinds) {
     auto m = LoadModelConfigByName(name, DefaultConfigDir());
     ASSERT_TRUE(m) << m.error().ToString();
     EXPECT_FALSE(m->has_layer_kinds()) << name;
-    EXPECT_EQ(m->num_layers_of_kind(LayerKind::kCompressedSparse), 0u) << name;
+    EXPECT_EQ(m->num_layers_of_kind(AttentionLayerType::kCompressedSparse), 0u) << name;
   }
   // A config built in code is held to the same rule: a window without ratios is refused.
   auto m = LoadModelConfigByName("glm5", DefaultConfigDir());

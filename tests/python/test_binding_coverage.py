@@ -71,7 +71,18 @@ ALIASES = {
 
 
 # (Python class, C++ member) -> why it has no binding.
+V4_KINDS = "DeepSeek-V4 layer kinds: the model config reads them (configs/models/deepseek_v4_*.json); the space holds no kinds yet, so Python has nothing to drive with them (docs/INTEGRATION.md, DeepSeek-V4)"
 EXCLUDED = {
+    ("ModelConfig", "compress_rate_csa"): V4_KINDS,
+    ("ModelConfig", "compress_rate_hca"): V4_KINDS,
+    ("ModelConfig", "compress_ratios"): V4_KINDS,
+    ("ModelConfig", "has_layer_kinds"): V4_KINDS,
+    ("ModelConfig", "index_key_bytes_fp4"): V4_KINDS,
+    ("ModelConfig", "kv_entry_bytes_bf16"): V4_KINDS,
+    ("ModelConfig", "kv_entry_bytes_fp8_uniform"): V4_KINDS,
+    ("ModelConfig", "layer_kind"): V4_KINDS,
+    ("ModelConfig", "num_layers_of_kind"): V4_KINDS,
+    ("ModelConfig", "sliding_window"): V4_KINDS,
     ("AddressSpace", "SetMoveExecutor"): "a C++ callback run inside Allocate; from Python, register_engine_memory installs the executor over the engine's memory",
     ("AddressSpaceConfig", "bytes_per_address"): "metadata accounting of the benches (ula bench metadata)",
     ("TpStepPlanner", "PlanHome"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",

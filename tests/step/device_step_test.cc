@@ -53,7 +53,13 @@ constexpr std::uint32_t kMaxBatch = 4, kMaxQ = 2, kMaxTopK = 24;
 // adopted (ShareInto) addresses, request 1 freed (an unknown request for the steps).
 std::unique_ptr<AddressSpace> BuildSpace(Backend& backend, PolicyKind policy, std::uint32_t recent,
                                          std::uint64_t seed, std::uint32_t dev, std::uint32_t host) {
+  // Per-layer pools with groups of 2 and 1 layers of 16-byte rows (entry 32 bytes): a
+  // descriptor must move every row of its entry (num_layers, in every layer's coordinates).
   AddressSpaceConfig cfg = testing::EngineModes(SmallConfig(dev, host, 1, kGroups, 32));
+  cfg.row_bytes = 16;
+  cfg.group_layers = {2, 1};
+  cfg.device_bytes_per_rank = std::uint64_t{dev} * 3 * 16;
+  cfg.host_bytes_per_rank = std::uint64_t{host} * 3 * 16;
   cfg.policy = policy;
   cfg.policy_options.recent_buckets = recent;
   auto space = AddressSpace::Create(cfg, backend).value();

@@ -45,7 +45,13 @@ struct Side {
 void RunTwins(std::uint64_t seed, const TwinOptions& o) {
   SCOPED_TRACE(::testing::Message() << "policy " << static_cast<int>(o.policy) << " threads " << o.threads
                                     << " faults " << o.fault_fraction);
+  // Per-layer pools, groups of 2 and 1 layers of 16-byte rows: a descriptor moves every row
+  // of its entry, or the two sides' bytes differ.
   AddressSpaceConfig cfg = SmallConfig(/*device_slots=*/150, /*host_slots=*/600, /*ranks=*/2, /*groups=*/2);
+  cfg.row_bytes = 16;
+  cfg.group_layers = {2, 1};
+  cfg.device_bytes_per_rank = 150ull * 3 * 16;
+  cfg.host_bytes_per_rank = 600ull * 3 * 16;
   cfg.policy = o.policy;
   cfg.policy_options.recent_buckets = o.recent_buckets;
   const FaultPlan plan{.seed = seed + 7, .fail_fraction = o.fault_fraction, .partial = true};
@@ -84,7 +90,7 @@ void RunTwins(std::uint64_t seed, const TwinOptions& o) {
         }
         r.addrs = *a;
         for (LogicalAddr x : r.addrs) {
-          for (std::uint16_t g = 0; g < 2; ++g) ASSERT_TRUE(s.Write(x, GroupId(g), Pattern(x, g, 32)));
+          for (std::uint16_t g = 0; g < 2; ++g) ASSERT_TRUE(s.Write(x, GroupId(g), Pattern(x, g, 32 - 16 * g)));
         }
       });
       if (ok) {
@@ -172,7 +178,8 @@ void RunTwins(std::uint64_t seed, const TwinOptions& o) {
         const Location loc = cpu.space->Lookup(LogicalAddr(d[i].addr), group).value();
         ASSERT_EQ(loc.tier(), Tier::kDevice);
         ASSERT_EQ(loc.slot().value(), d[i].dst_slot);
-        ASSERT_EQ(d[i].dst_offset, std::uint64_t{d[i].dst_slot} * 32);
+        ASSERT_EQ(d[i].dst_offset, std::uint64_t{d[i].dst_slot} * 16) << "slot * row_bytes in every layer's region";
+        ASSERT_EQ(d[i].num_layers, group.value() == 0 ? 2u : 1u) << "every row of the entry";
         ASSERT_EQ(d[i].group, group.value());
       }
     }

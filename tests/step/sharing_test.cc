@@ -9,6 +9,8 @@
 #include <set>
 
 #include "space_fixture.h"
+#include "space/address_space_state.h"
+#include "space/space_access.h"
 #include "test_seed.h"
 #include "ula/address_space.h"
 #include "ula/step_planner.h"
@@ -311,5 +313,54 @@ TEST(Sharing, RandomSharingMatchesAShadowOfTheHolders) {
   ASSERT_TRUE(f.space->CheckInvariants());
 }
 
+
+// Owner tags are 32 bits: after 2^32 - 2 requests the next AddRequest renumbers the live
+// requests 1..n and re-tags each one's own allocations. An adopted address keeps its
+// allocator's tag (or the shared tag): renumbering must not hand it to its adopter, and the
+// isolation check must still tell adopters, allocators and strangers apart.
+TEST(Sharing, OwnerTagWrapKeepsAdoptedPrefixesAdopted) {
+  SpaceFixture f(SmallConfig(16, 16));
+  auto a = f.AddFilled(RequestId(1), Rank(0), 6);
+  ASSERT_TRUE(f.space->AddRequest(RequestId(2), Rank(0)));
+  f.requests.push_back(RequestId(2));
+  ASSERT_TRUE(f.space->ShareInto(RequestId(2), std::span(a).first(3)));
+  auto b = f.AddFilled(RequestId(3), Rank(0), 2);
+  ASSERT_TRUE(f.space->ShareInto(RequestId(3), std::span(a).subspan(1, 1)));
+  // And the other way round (the adopter registered before its allocator), so that whatever
+  // order the renumbering visits the requests in, one adopter comes after its allocator.
+  ASSERT_TRUE(f.space->AddRequest(RequestId(8), Rank(0)));
+  auto c = f.AddFilled(RequestId(9), Rank(0), 3);
+  f.requests.push_back(RequestId(8));
+  ASSERT_TRUE(f.space->ShareInto(RequestId(8), std::span(c).first(2)));
+  StateOf(*f.space).next_tag = kSharedTag;  // as after 2^32 - 2 requests
+  ASSERT_TRUE(f.space->AddRequest(RequestId(4), Rank(0)));  // the wrap: renumbered
+  f.requests.push_back(RequestId(4));
+  ASSERT_TRUE(f.space->CheckInvariants()) << f.space->CheckInvariants().error().ToString();
+  f.space->AdvanceRound();
+  std::vector<SlotId> slots(3);
+  const std::vector<LogicalAddr> prefix(a.begin(), a.begin() + 3);
+  ASSERT_TRUE(f.planner.Step({Rank(0), GroupId(0), prefix, Runs(RequestId(1), 3)}, slots)) << "the allocator";
+  ASSERT_TRUE(f.planner.Step({Rank(0), GroupId(0), prefix, Runs(RequestId(2), 3)}, slots)) << "the adopter";
+  const auto before = f.Take();
+  const std::vector<LogicalAddr> not_adopted{a[0], a[3], b[0]};
+  auto r = f.planner.Step({Rank(0), GroupId(0), not_adopted, Runs(RequestId(2), 3)}, slots);
+  ASSERT_FALSE(r) << "the adopter may not read what it did not adopt";
+  EXPECT_EQ(r.error().code(), ErrorCode::kNotFound);
+  r = f.planner.Step({Rank(0), GroupId(0), prefix, Runs(RequestId(4), 3)}, slots);
+  ASSERT_FALSE(r) << "a new request holds nothing";
+  EXPECT_EQ(r.error().code(), ErrorCode::kNotFound);
+  const std::vector<LogicalAddr> c_all(c.begin(), c.end());
+  r = f.planner.Step({Rank(0), GroupId(0), c_all, Runs(RequestId(8), 3)}, slots);
+  ASSERT_FALSE(r) << "the other adopter may not read what it did not adopt";
+  EXPECT_EQ(f.Take(), before);
+  ASSERT_TRUE(f.planner.Step({Rank(0), GroupId(0), c_all, Runs(RequestId(9), 3)}, slots)) << "its allocator";
+  // The allocator goes: what it shared stays live for the adopters and nothing else.
+  ASSERT_TRUE(f.space->Free(RequestId(1)));
+  f.requests.erase(f.requests.begin());
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(f.space->IsLive(a[i]), i < 3) << "address " << i;
+  EXPECT_EQ(f.space->RefCount(a[1]), 2u);
+  ASSERT_TRUE(f.planner.Step({Rank(0), GroupId(0), prefix, Runs(RequestId(2), 3)}, slots));
+  ASSERT_TRUE(f.space->CheckInvariants()) << f.space->CheckInvariants().error().ToString();
+}
 }  // namespace
 }  // namespace ula

@@ -63,7 +63,7 @@ inline Snapshot Take(const AddressSpace& space, const std::vector<RequestId>& re
     if (!addrs) continue;
     for (LogicalAddr a : *addrs) {
       for (std::uint32_t g = 0; g < cfg.num_groups; ++g) {
-        std::vector<std::byte> bytes(cfg.entry_bytes);
+        std::vector<std::byte> bytes(cfg.entry_bytes_of(GroupId(g)));
         EXPECT_TRUE(space.Read(a, GroupId(g), bytes));
         s.entries[{a.value(), g}] = {space.Lookup(a, GroupId(g)).value().bits(), bytes};
       }

@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "tp_fixture.h"
+#include "space/space_access.h"
+#include "space/tp_state.h"
 #include "ula/tp_address_space.h"
 #include "ula/tp_step_planner.h"
 
@@ -147,5 +149,40 @@ TEST(TpSharingCalls, BadCallsAreRefusedAndChangeNothingAndIsolationHolds) {
   EXPECT_TRUE(f.space->CheckInvariants());
 }
 
+
+// The TP directory's owner tags wrap as DP's do: the live requests are renumbered and each
+// re-tags only its own allocations, never what it adopted.
+TEST(TpSharingCalls, OwnerTagWrapKeepsAdoptedPrefixesAdopted) {
+  TpFixture f(SmallTpConfig(2, 8, 8, 8));
+  auto a = f.AddFilled(RequestId(1), 6);
+  ASSERT_TRUE(f.space->AddRequest(RequestId(2)));
+  f.requests.push_back(RequestId(2));
+  ASSERT_TRUE(f.space->ShareInto(RequestId(2), std::span(a).first(3)));
+  // And the other way round (the adopter registered before its allocator), so that whatever
+  // order the renumbering visits the requests in, one adopter comes after its allocator.
+  ASSERT_TRUE(f.space->AddRequest(RequestId(8)));
+  auto c = f.AddFilled(RequestId(9), 3);
+  f.requests.push_back(RequestId(8));
+  ASSERT_TRUE(f.space->ShareInto(RequestId(8), std::span(c).first(2)));
+  StateOf(*f.space).next_tag = refs::kSharedTag;  // as after 2^32 - 2 requests
+  ASSERT_TRUE(f.space->AddRequest(RequestId(3)));  // the wrap
+  f.requests.push_back(RequestId(3));
+  ASSERT_TRUE(f.space->CheckInvariants()) << f.space->CheckInvariants().error().ToString();
+  const std::vector<LogicalAddr> prefix(a.begin(), a.begin() + 3);
+  ASSERT_TRUE(f.planner.Step(GroupId(0), prefix, TpRuns(RequestId(2), 3))) << "the adopter";
+  f.space->AdvanceRound();
+  const auto after = f.Take();
+  const std::vector<LogicalAddr> other{a[0], a[4]};
+  auto r = f.planner.Step(GroupId(0), other, TpRuns(RequestId(2), 2));
+  ASSERT_FALSE(r) << "the adopter may not read what it did not adopt";
+  EXPECT_EQ(r.error().code(), ErrorCode::kNotFound);
+  r = f.planner.Step(GroupId(0), prefix, TpRuns(RequestId(3), 3));
+  ASSERT_FALSE(r) << "a new request holds nothing";
+  EXPECT_EQ(f.Take(), after);
+  ASSERT_TRUE(f.space->Free(RequestId(1)));
+  f.requests.erase(f.requests.begin());
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(f.space->IsLive(a[i]), i < 3) << "address " << i;
+  ASSERT_TRUE(f.space->CheckInvariants()) << f.space->CheckInvariants().error().ToString();
+}
 }  // namespace
 }  // namespace ula
