@@ -5,7 +5,8 @@
 //
 // Structure. A node covers the token span [start, end) of its edge (any length >= 1); its
 // children are keyed by their first token, so two sequences share a node up to the first
-// token where they differ, and Insert splits a node there (or at a checkpoint position).
+// token where they differ, and Insert splits a node there (or at a checkpoint position, or
+// at the window boundary of the sequence's end: see Locks).
 // KV stays page-aligned (page p holds tokens [p*P, (p+1)*P), P = page_tokens):
 //   * a node owns the pages that START inside its span: indices [ceil(start/P), ceil(end/P));
 //   * a node whose start is not page-aligned may also own a "head copy" of page
@@ -32,8 +33,9 @@
 // the window pages the request left behind become evictable as it advances.
 // No recurrent kind (state_kind invalid, window pages only: a pure SWA model, SGLang's SWA
 // radix cache): no checkpoints, every token's KV is kept, and a match ends at any node
-// boundary whose window is present (Holds too); the match locks the node it ends at (its state
-// lock, with no state). No host tier then (it holds checkpoints). Insert splits a node at any checkpoint position, so
+// boundary whose window is present (Holds too), and a match that ends inside a node (the
+// query diverges there, or max_length) splits it there when that point's window is present,
+// as SGLang's SWA match does; the match locks the node it ends at (its state lock, no state). No host tier then (it holds checkpoints). Insert splits a node at any checkpoint position, so
 // checkpoints live at any token position the caller chose. A node without one is a
 // tombstone (its state was evicted, or it was never saved there).
 //
@@ -49,7 +51,11 @@
 // the path (they are not evicted, their pages are pinned: they never move) and a state
 // lock only on the matched node (its checkpoint is pinned; the states of the ancestors stay
 // evictable). Splitting a locked node copies the KV lock count to both halves; the state
-// lock stays with the node that keeps the checkpoint (the lower half).
+// lock stays with the node that keeps the checkpoint (the lower half). With window pages,
+// Insert also cuts the path at WindowCut(n), the first token of the window of its end n
+// rounded down to a page (SGLang's split of a leaf at the window on insert), so a lock at n
+// window-locks a node holding only that window rounded up to pages; the window pages
+// before it stay evictable (window tombstones).
 //
 // Eviction by kind. Ordered sets, keyed by (last use, the root side first), give O(1)
 // victims. Every touch covers a whole path, and a split refreshes its lower half, so on a
@@ -99,7 +105,8 @@
 // pages and window pages with their chained hash, a store with its parent's hash and tokens.
 // Metrics() gives evictable and protected (locked) bytes per kind; every evictable count can
 // be paid: Evict of everything frees exactly those bytes (a node's window pages are
-// protected while any one of them is window-locked, as window eviction takes them together).
+// protected while any one of them is window-locked, as window eviction takes them together;
+// the window cut keeps that to the locked window of an insert's end).
 //
 // Invariants (CheckInvariants): every live non-root node has a live parent that keys it by
 // its first token, a non-empty span starting at its parent's end, exactly the pages its span
@@ -461,6 +468,9 @@ class PrefixCache {
   std::vector<BlockId> WindowPagesOfPath(const std::vector<std::uint32_t>& path, std::uint32_t length) const;
   // The first page index of the window a checkpoint at `length` needs.
   std::uint32_t WindowFirstPage(std::uint32_t length) const;
+  // Where Insert of [0, length) cuts the path so the window of `length` starts a node: the
+  // first token of WindowFirstPage(length) (0: no window pages, or the window is all of it).
+  std::uint32_t WindowCut(std::uint32_t length) const;
   // Whether a checkpoint at the end of path (a prefix of a root path) has its window.
   bool HasWindow(const std::vector<std::uint32_t>& path, std::uint32_t length) const;
   // The window page `page` on the path to `node`: its owner node (0: not on the path).

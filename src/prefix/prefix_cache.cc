@@ -247,6 +247,7 @@ PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint3
   std::uint32_t pos = 0;
   std::uint32_t kv_length = 0;
   bool on_device = true;
+  std::uint32_t partial = 0;  // the node the walk ended inside (0: none)
   while (pos < tokens.size()) {
     auto it = nodes_[node].children.find(tokens[pos]);
     if (it == nodes_[node].children.end()) break;
@@ -256,6 +257,7 @@ PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint3
     while (l < limit && c.tokens[l] == tokens[pos + l]) ++l;
     if (l < c.tokens.size()) {
       pos += static_cast<std::uint32_t>(l);
+      if (l > 0 && on_device && !c.kv_on_host) partial = it->second;
       break;
     }
     node = it->second;
@@ -269,6 +271,26 @@ PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint3
     if (usable) best.host_length = c.end;
   }
   kv_length = pos;
+  // Without a recurrent kind a match may end inside a node (where the query diverges, or at
+  // max_length): when the window of that point is present, the node is split there and the
+  // match ends at the split (SGLang's _match_prefix_helper). With one, a split would give a
+  // tombstone (no checkpoint there), so nothing is split.
+  if (stateless()) {
+    const std::uint32_t e = std::min(kv_length, max_length);
+    std::size_t depth = 0;
+    while (depth < path.size() && nodes_[path[depth]].end <= e) ++depth;
+    const std::uint32_t x = depth < path.size() ? path[depth] : partial;
+    if (x != 0 && nodes_[x].start < e && e < nodes_[x].end && !nodes_[x].kv_on_host) {
+      std::vector<std::uint32_t> upto(path.begin(), path.begin() + static_cast<std::ptrdiff_t>(depth));
+      upto.push_back(x);
+      if (HasWindow(upto, e)) {
+        upto.back() = Split(x, e);
+        path = std::move(upto);
+        best_depth = path.size();
+        best.host_length = std::max(best.host_length, e);
+      }
+    }
+  }
   ++clock_;
   path.resize(best_depth);
   for (std::uint32_t id : path) Touch(id, clock_);

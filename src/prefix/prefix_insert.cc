@@ -156,18 +156,26 @@ std::vector<std::uint32_t> PrefixCache::InsertPath(std::span<const std::uint32_t
     StorePage(page, i, hash(i), parent(i), page_tokens(i));
     if (window.valid()) RecordStored(CacheEvent::Type::kWindowStored, window, i, hash(i), parent(i), page_tokens(i));
   };
-  while (pos < plan.s) {  // down the shared prefix, splitting at its end and at checkpoints
+  // The window boundary of the sequence's end (0: none) is a cut too, so that a lock at n
+  // window-locks a node holding only the pages of its window (SGLang's split of a leaf at the
+  // window on insert): the window pages before it stay evictable (window tombstones).
+  const std::uint32_t window_cut = WindowCut(plan.n);
+  auto cut_before = [&](std::uint32_t from, std::uint32_t end) {
+    std::uint32_t cut = end;
+    if (auto t = plan.at.upper_bound(from); t != plan.at.end() && t->first < cut) cut = t->first;
+    if (window_cut > from && window_cut < cut) cut = window_cut;
+    return cut;
+  };
+  while (pos < plan.s) {  // down the shared prefix, splitting at its end, checkpoints and the window
     const std::uint32_t c = nodes_[node].children.at(tokens[pos]);
-    std::uint32_t cut = std::min(nodes_[c].end, plan.s);
-    if (auto t = plan.at.upper_bound(pos); t != plan.at.end() && t->first < cut) cut = t->first;
+    const std::uint32_t cut = cut_before(pos, std::min(nodes_[c].end, plan.s));
     node = cut < nodes_[c].end ? Split(c, cut) : c;
     pos = cut;
     path.push_back(node);
   }
-  // New nodes for [s, n), one per stretch between checkpoint positions (one without them).
+  // New nodes for [s, n), one per stretch between cuts (checkpoint positions, the window's).
   while (pos < plan.n) {
-    const auto t = plan.at.upper_bound(pos);
-    const std::uint32_t next = t == plan.at.end() ? plan.n : t->first;
+    const std::uint32_t next = cut_before(pos, plan.n);
     const std::uint32_t id = NewNode();
     Node& c = nodes_[id];
     c.parent = node;
