@@ -101,8 +101,9 @@
 // removes that host subtree first (the sequence brings the path's KV on the device).
 //
 // Events and metrics. With record_events, every page, window page and checkpoint that enters
-// or leaves the tree is queued as a CacheEvent (TakeEvents drains them) for external routers:
-// pages and window pages with their chained hash, a store with its parent's hash and tokens.
+// or leaves the tree, on either medium, is queued as a CacheEvent (TakeEvents drains them) for
+// external routers (ula/prefix_events.h): pages and window pages with their chained hash, a
+// store with its parent's hash and tokens; Reset queues one kAllCleared.
 // Metrics() gives evictable and protected (locked) bytes per kind; every evictable count can
 // be paid: Evict of everything frees exactly those bytes (a node's window pages are
 // protected while any one of them is window-locked, as window eviction takes them together;
@@ -130,6 +131,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <tuple>
@@ -139,6 +141,7 @@
 
 #include "ula/backend.h"
 #include "ula/hybrid_allocator.h"
+#include "ula/prefix_events.h"
 
 namespace ula {
 
@@ -155,6 +158,7 @@ struct PrefixCacheConfig {
   // sliding_window_size W - 1 (its window counts the tokens before the token).
   std::uint32_t sliding_window = 0;
   bool record_events = false;
+  EventHash event_hash = EventHash::kSglang;  // the events' block hash (ula/prefix_events.h)
 
   Status Validate() const;
 };
@@ -201,22 +205,6 @@ struct HostTierConfig {
   Arena host_arena;            // Tier::kHost, >= slots * (state + window block bytes) + page_slots * page bytes
   std::uint32_t slots = 0;     // checkpoints the host tier holds
   std::uint32_t page_slots = 0;  // KV pages the host tier holds (0: checkpoints only)
-};
-
-// What a KV-aware router reads (SGLang's BlockStored / BlockRemoved, which its model gateway
-// and Dynamo consume). A page's hash chains its tokens onto the previous page's hash along the
-// path (page 0 onto 0), so equal prefixes give equal hashes in every cache; a window page has
-// the hash of the KV page at its index. A removal carries the hash its store did.
-struct CacheEvent {
-  enum class Type : std::uint8_t {
-    kPageStored, kPageRemoved, kStateStored, kStateRemoved, kWindowStored, kWindowRemoved
-  };
-  Type type;
-  BlockId block;
-  std::uint32_t position = 0;       // page: index * page_tokens; state: its position
-  std::uint64_t hash = 0;           // pages and window pages: the block hash (states: 0)
-  std::uint64_t parent_hash = 0;    // stored pages: the previous page's hash (0: the first page)
-  std::vector<std::uint32_t> tokens;  // stored pages: the page's tokens (a partial page: those it holds)
 };
 
 struct KindBytes {
@@ -319,6 +307,14 @@ class PrefixCache {
   bool KvOnHost(std::span<const std::uint32_t> tokens) const;
   PrefixCacheMetrics Metrics() const;
   std::vector<CacheEvent> TakeEvents();
+  // With record_events: the store events that rebuild the blocks the tree holds now (every
+  // page and window page, on its medium, root side first), for a router joining late and for
+  // tests that compare a subscriber's view with the cache's. Empty without record_events.
+  std::vector<CacheEvent> StoredBlocks() const;
+  // Frees every block (both tiers) and empties the tree, queueing one kAllCleared event
+  // (SGLang's reset) in place of the removals. kFailedPrecondition while a match is locked
+  // (nothing changed).
+  Status Reset();
   Status CheckInvariants() const;
   // A hash of the whole state (core/digest.h): every node (span, tokens, pages, checkpoint,
   // host slot, lock counts, last use, children), the free-node list in order, the five LRU
@@ -436,15 +432,23 @@ class PrefixCache {
   void Touch(std::uint32_t id, std::uint64_t clock);
   std::uint32_t Split(std::uint32_t id, std::uint32_t at);
   void FreeCheckpoint(const Checkpoint& c, std::uint32_t position);
-  // Events (record_events): a page's store (hash, the previous page's hash, its tokens) or removal.
-  void RecordStored(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash,
-                    std::uint64_t parent_hash, std::span<const std::uint32_t> tokens);
-  void RecordRemoved(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash);
+  // Events (record_events): a page's store (hash, the previous page's hash or none, its
+  // tokens) or removal, and a checkpoint's, on a medium.
+  using ParentHash = std::optional<std::uint64_t>;
+  void RecordStored(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash, ParentHash parent,
+                    std::span<const std::uint32_t> tokens, EventMedium medium = EventMedium::kDevice);
+  void RecordRemoved(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash,
+                     EventMedium medium = EventMedium::kDevice);
+  void RecordState(CacheEvent::Type type, BlockId state, std::uint32_t position, EventMedium medium);
+  // The node's KV pages (and head copy) as events of one type on one medium (host moves).
+  void RecordNodePages(std::uint32_t id, CacheEvent::Type type, EventMedium medium);
   void FreePage(BlockId page, std::uint32_t index, std::uint64_t hash);
-  void StorePage(BlockId page, std::uint32_t index, std::uint64_t hash, std::uint64_t parent_hash,
+  void StorePage(BlockId page, std::uint32_t index, std::uint64_t hash, ParentHash parent,
                  std::span<const std::uint32_t> tokens);
   // The event hash of page `index` on the path to `node` (its deepest provider; 0: none).
   std::uint64_t PageHashOnPath(std::uint32_t node, std::uint32_t index) const;
+  // Page index - 1's hash on that path (none for page 0).
+  ParentHash ParentHashOnPath(std::uint32_t node, std::uint32_t index) const;
   // The path's tokens [0, nodes_[node].end).
   std::vector<std::uint32_t> PathTokens(std::uint32_t node) const;
   // Whether a node is a useless leaf: childless, unlocked, on the device, and without a

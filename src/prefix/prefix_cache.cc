@@ -99,19 +99,36 @@ void PrefixCache::Touch(std::uint32_t id, std::uint64_t clock) {
 }
 
 void PrefixCache::RecordStored(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash,
-                               std::uint64_t parent_hash, std::span<const std::uint32_t> tokens) {
+                               ParentHash parent, std::span<const std::uint32_t> tokens, EventMedium medium) {
   if (!config_.record_events) return;
-  events_.push_back({type, block, index * config_.page_tokens, hash, parent_hash, {tokens.begin(), tokens.end()}});
+  CacheEvent e{type, medium == EventMedium::kDevice ? block : BlockId::Invalid(), index * config_.page_tokens,
+               static_cast<std::int64_t>(hash)};
+  if (parent) e.parent_hash = static_cast<std::int64_t>(*parent);
+  e.tokens.assign(tokens.begin(), tokens.end());
+  e.medium = medium;
+  events_.push_back(std::move(e));
 }
 
-void PrefixCache::RecordRemoved(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash) {
-  if (config_.record_events) events_.push_back({type, block, index * config_.page_tokens, hash, 0, {}});
+void PrefixCache::RecordRemoved(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash,
+                                EventMedium medium) {
+  if (!config_.record_events) return;
+  CacheEvent e{type, medium == EventMedium::kDevice ? block : BlockId::Invalid(), index * config_.page_tokens,
+               static_cast<std::int64_t>(hash)};
+  e.medium = medium;
+  events_.push_back(std::move(e));
 }
 
-void PrefixCache::StorePage(BlockId page, std::uint32_t index, std::uint64_t hash, std::uint64_t parent_hash,
+void PrefixCache::RecordState(CacheEvent::Type type, BlockId state, std::uint32_t position, EventMedium medium) {
+  if (!config_.record_events) return;
+  CacheEvent e{type, medium == EventMedium::kDevice ? state : BlockId::Invalid(), position};
+  e.medium = medium;
+  events_.push_back(std::move(e));
+}
+
+void PrefixCache::StorePage(BlockId page, std::uint32_t index, std::uint64_t hash, ParentHash parent,
                             std::span<const std::uint32_t> tokens) {
   owned_.insert(page);
-  RecordStored(CacheEvent::Type::kPageStored, page, index, hash, parent_hash, tokens);
+  RecordStored(CacheEvent::Type::kPageStored, page, index, hash, parent, tokens);
 }
 
 void PrefixCache::FreePage(BlockId page, std::uint32_t index, std::uint64_t hash) {
@@ -131,6 +148,11 @@ std::uint64_t PrefixCache::PageHashOnPath(std::uint32_t node, std::uint32_t inde
   return 0;
 }
 
+PrefixCache::ParentHash PrefixCache::ParentHashOnPath(std::uint32_t node, std::uint32_t index) const {
+  if (index == 0) return std::nullopt;
+  return PageHashOnPath(node, index - 1);
+}
+
 std::vector<std::uint32_t> PrefixCache::PathTokens(std::uint32_t node) const {
   std::vector<std::uint32_t> tokens;
   for (std::uint32_t id : internal::PathTo(node, nodes_)) tokens.insert(tokens.end(), nodes_[id].tokens.begin(), nodes_[id].tokens.end());
@@ -144,7 +166,7 @@ void PrefixCache::FreeCheckpoint(const Checkpoint& c, std::uint32_t position) {
     owned_.erase(b);
     ULA_CHECK(allocator_->Free(b).has_value());
   }
-  if (config_.record_events) events_.push_back({CacheEvent::Type::kStateRemoved, c.state, position});
+  RecordState(CacheEvent::Type::kStateRemoved, c.state, position, EventMedium::kDevice);
 }
 
 std::uint32_t PrefixCache::Split(std::uint32_t id, std::uint32_t at) {

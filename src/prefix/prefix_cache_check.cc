@@ -1,11 +1,13 @@
 // PrefixCache: counts, metrics and the invariant check (see include/ula/prefix_cache.h).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 #include <utility>
 
 #include "prefix/tree_util.h"
 #include "core/digest.h"
+#include "ula/check.h"
 #include "ula/prefix_cache.h"
 
 namespace ula {
@@ -22,6 +24,62 @@ std::size_t PrefixCache::num_checkpoints() const {
 }
 
 std::vector<CacheEvent> PrefixCache::TakeEvents() { return std::exchange(events_, {}); }
+
+std::vector<CacheEvent> PrefixCache::StoredBlocks() const {
+  std::vector<CacheEvent> out;
+  if (!config_.record_events) return out;
+  const std::uint32_t P = config_.page_tokens;
+  std::vector<std::uint32_t> stack = {0};  // root side first: a parent's stores before its children's
+  while (!stack.empty()) {
+    const std::uint32_t id = stack.back();
+    stack.pop_back();
+    const Node& n = nodes_[id];
+    for (const auto& [token, child] : n.children) stack.push_back(child);
+    if (id == 0) continue;
+    const EventMedium medium = n.kv_on_host ? EventMedium::kHost : EventMedium::kDevice;
+    const std::vector<std::uint32_t> tokens = PathTokens(id);
+    auto add = [&](CacheEvent::Type type, BlockId b, std::uint32_t index, std::uint64_t hash) {
+      CacheEvent e{type, medium == EventMedium::kDevice ? b : BlockId::Invalid(), index * P, static_cast<std::int64_t>(hash)};
+      if (auto parent = ParentHashOnPath(id, index)) e.parent_hash = static_cast<std::int64_t>(*parent);
+      e.tokens.assign(tokens.begin() + index * P, tokens.begin() + std::min(n.end, (index + 1) * P));
+      e.medium = medium;
+      out.push_back(std::move(e));
+    };
+    if (n.start % P != 0 && (n.head.valid() || n.host_head != kNoSlot)) {
+      add(CacheEvent::Type::kPageStored, n.head, n.start / P, n.head_hash);
+      if (n.whead.valid()) add(CacheEvent::Type::kWindowStored, n.whead, n.start / P, n.head_hash);
+    }
+    for (std::size_t i = 0; i < n.hashes.size(); ++i) {
+      const auto index = CeilDiv(n.start, P) + static_cast<std::uint32_t>(i);
+      add(CacheEvent::Type::kPageStored, n.pages[i], index, n.hashes[i]);
+      if (i < n.wpages.size() && n.wpages[i].valid()) add(CacheEvent::Type::kWindowStored, n.wpages[i], index, n.hashes[i]);
+    }
+  }
+  return out;
+}
+
+Status PrefixCache::Reset() {
+  for (std::uint32_t id = 1; id < nodes_.size(); ++id) {
+    if (nodes_[id].live && nodes_[id].kv_locks > 0) {
+      return MakeError(ErrorCode::kFailedPrecondition, fmt::format("prefix cache reset: node {} is locked", id));
+    }
+  }
+  for (BlockId b : owned_) ULA_CHECK(allocator_->Free(b).has_value());  // unlocked: nothing is pinned
+  owned_.clear();
+  nodes_.resize(1);
+  nodes_[0] = Node{};
+  nodes_[0].live = true;
+  free_nodes_.clear();
+  for (auto* set : {&kv_lru_, &state_lru_, &host_lru_, &window_lru_, &host_kv_lru_}) set->clear();
+  window_locks_.clear();
+  free_host_.clear();
+  for (std::uint32_t s = host_.slots; s > 0; --s) free_host_.push_back(s - 1);
+  free_host_pages_.clear();
+  for (std::uint32_t s = host_.page_slots; s > 0; --s) free_host_pages_.push_back(s - 1);
+  if (config_.record_events) events_.push_back(CacheEvent{CacheEvent::Type::kAllCleared, BlockId::Invalid()});
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
 
 PrefixCacheMetrics PrefixCache::Metrics() const {
   PrefixCacheMetrics m;
@@ -257,8 +315,10 @@ std::uint64_t PrefixCache::DebugDigest() const {
     d.Add(static_cast<std::uint64_t>(e.type));
     add_block(e.block);
     d.Add(e.position);
-    d.Add(e.hash);
-    d.Add(e.parent_hash);
+    d.Add(static_cast<std::uint64_t>(e.hash));
+    d.Add(e.parent_hash ? static_cast<std::uint64_t>(*e.parent_hash) : 0);
+    d.Add(e.parent_hash.has_value());
+    d.Add(static_cast<std::uint64_t>(e.medium));
     d.AddAll(std::span<const std::uint32_t>(e.tokens));
   }
   for (std::uint64_t v : {clock_, host_hits_, std::uint64_t{loading_}}) d.Add(v);

@@ -148,9 +148,9 @@ std::vector<std::uint32_t> PrefixCache::InsertPath(std::span<const std::uint32_t
   std::uint32_t pos = 0;
   // record_events: the chained page hashes of tokens [0, n) and each page's tokens.
   const std::vector<std::uint64_t> hashes =
-      config_.record_events ? internal::PageHashes(tokens.first(plan.n), P) : std::vector<std::uint64_t>{};
+      config_.record_events ? internal::PageHashes(tokens.first(plan.n), P, config_.event_hash) : std::vector<std::uint64_t>{};
   auto hash = [&](std::uint32_t i) { return i < hashes.size() ? hashes[i] : 0; };
-  auto parent = [&](std::uint32_t i) { return i > 0 ? hash(i - 1) : 0; };
+  auto parent = [&](std::uint32_t i) { return i > 0 ? ParentHash(hash(i - 1)) : std::nullopt; };
   auto page_tokens = [&](std::uint32_t i) { return tokens.subspan(i * P, std::min(P, plan.n - i * P)); };
   auto store = [&](BlockId page, BlockId window, std::uint32_t i) {
     StorePage(page, i, hash(i), parent(i), page_tokens(i));
@@ -228,8 +228,8 @@ void PrefixCache::AdoptWindowPages(const std::vector<std::uint32_t>& path, std::
         owned_.insert(w);
         if (config_.record_events) {
           const auto page_tokens = tokens.subspan(i * P, std::min(P, plan.s - i * P));
-          RecordStored(CacheEvent::Type::kWindowStored, w, i, PageHashOnPath(owner, i),
-                       i > 0 ? PageHashOnPath(owner, i - 1) : 0, page_tokens);
+          RecordStored(CacheEvent::Type::kWindowStored, w, i, PageHashOnPath(owner, i), ParentHashOnPath(owner, i),
+                       page_tokens);
         }
         continue;
       }
@@ -244,11 +244,14 @@ void PrefixCache::AttachCheckpoints(const std::vector<std::uint32_t>& path, std:
     if (auto it = at.find(c.end); it != at.end() && !c.checkpoint.valid()) {
       Update(id, [&] {
         c.checkpoint = it->second;
-        if (c.host != kNoSlot) free_host_.push_back(std::exchange(c.host, kNoSlot));  // the device copy wins
+        if (c.host != kNoSlot) {  // the device copy wins
+          RecordState(CacheEvent::Type::kStateRemoved, BlockId::Invalid(), c.end, EventMedium::kHost);
+          free_host_.push_back(std::exchange(c.host, kNoSlot));
+        }
       });
       owned_.insert(it->second.state);
       if (it->second.window.valid()) owned_.insert(it->second.window);
-      if (config_.record_events) events_.push_back({CacheEvent::Type::kStateStored, it->second.state, c.end});
+      RecordState(CacheEvent::Type::kStateStored, it->second.state, c.end, EventMedium::kDevice);
       at.erase(it);
     }
   }

@@ -717,13 +717,13 @@ TEST(PrefixCache, EventsCarryChainedBlockHashesParentsAndTokens) {
   };
   insert(*cache, *a, Tokens(0, 10));  // pages [0..3] [4..7] [8, 9]
   std::vector<CacheEvent> stored;
-  std::map<std::uint32_t, std::uint64_t> hash_of;  // block -> stored hash
+  std::map<std::uint32_t, std::int64_t> hash_of;  // block -> stored hash
   for (auto& e : cache->TakeEvents()) {
     if (e.type == CacheEvent::Type::kPageStored) stored.push_back(e);
     if (e.type == CacheEvent::Type::kPageStored || e.type == CacheEvent::Type::kWindowStored) hash_of[e.block.value()] = e.hash;
   }
   ASSERT_EQ(stored.size(), 3u);
-  EXPECT_EQ(stored[0].parent_hash, 0u);
+  EXPECT_FALSE(stored[0].parent_hash.has_value());  // the first page: no parent (none, as SGLang)
   EXPECT_EQ(stored[1].parent_hash, stored[0].hash);
   EXPECT_EQ(stored[2].parent_hash, stored[1].hash);
   EXPECT_EQ(stored[1].tokens, Tokens(4, 4));

@@ -930,18 +930,42 @@ class PrefixRandom {
     const auto live = buffer_->Stats().live_blocks_per_kind;
     ASSERT_EQ(live[kKv.value()], (m.kv.evictable + m.kv.protected_bytes) / 64 + running_pages) << "step " << step_;
     ASSERT_EQ(live[kState.value()], on_device + running_states) << "step " << step_;
-    // The event stream replays to the cache's blocks.
+    // The event stream replays to the cache's blocks, per medium: device blocks by id (a
+    // removal carries the hash its store did), host pages by hash, host checkpoints by position.
     for (const auto& e : cache_->TakeEvents()) {
-      const bool page = e.type == CacheEvent::Type::kPageStored || e.type == CacheEvent::Type::kPageRemoved;
-      auto& set = page ? event_pages_ : event_states_;
-      if (e.type == CacheEvent::Type::kPageStored || e.type == CacheEvent::Type::kStateStored) {
+      ASSERT_FALSE(e.window()) << "a window event without window pages at step " << step_;
+      if (e.medium == EventMedium::kHost) {
+        ASSERT_FALSE(e.block.valid()) << "a host event with a device block at step " << step_;
+        if (e.kv()) {
+          if (e.stored()) {
+            host_event_pages_.insert(e.hash);
+          } else {
+            auto it = host_event_pages_.find(e.hash);
+            ASSERT_NE(it, host_event_pages_.end()) << "a host page removed without being stored at step " << step_;
+            host_event_pages_.erase(it);
+          }
+        } else if (e.stored()) {
+          host_event_states_.insert(e.position);
+        } else {
+          auto it = host_event_states_.find(e.position);
+          ASSERT_NE(it, host_event_states_.end()) << "a host state removed without being stored at step " << step_;
+          host_event_states_.erase(it);
+        }
+        continue;
+      }
+      auto& set = e.kv() ? event_pages_ : event_states_;
+      if (e.stored()) {
         ASSERT_TRUE(set.insert(e.block).second) << "stored twice at step " << step_;
+        if (e.kv()) stored_hash_[e.block] = e.hash;
       } else {
         ASSERT_EQ(set.erase(e.block), 1u) << "removed without being stored at step " << step_;
+        if (e.kv()) ASSERT_EQ(e.hash, stored_hash_.at(e.block)) << "a removal's hash is not its store's at step " << step_;
       }
     }
     ASSERT_EQ(event_pages_.size() * 64, m.kv.evictable + m.kv.protected_bytes);
     ASSERT_EQ(event_states_.size(), on_device);
+    ASSERT_EQ(host_event_pages_.size(), m.host_pages) << "step " << step_;
+    ASSERT_EQ(host_event_states_.size(), m.host_checkpoints) << "step " << step_;
   }
 
   std::mt19937 rng_;
@@ -954,6 +978,9 @@ class PrefixRandom {
   std::vector<Locked> locked_;
   std::vector<std::vector<BlockId>> running_;
   std::set<BlockId> event_pages_, event_states_;
+  std::map<BlockId, std::int64_t> stored_hash_;   // device page -> the hash its store carried
+  std::multiset<std::int64_t> host_event_pages_;  // host pages by hash
+  std::multiset<std::uint32_t> host_event_states_;  // host checkpoints by position
   std::uint64_t clock_ = 0;
   int step_ = 0;
   int inserts_ = 0, chunked_ = 0, hits_ = 0, evictions_ = 0, refused_ = 0;

@@ -162,6 +162,50 @@ def test_events_carry_block_hashes_parents_and_tokens():
     cache.check_invariants()
 
 
+def sglang_hashes(tokens, page):
+    """SGLang's block hashes (get_hash_str, hash_str_to_int64), computed here with hashlib."""
+    import hashlib
+    out, prior = [], None
+    for i in range(0, len(tokens), page):
+        h = hashlib.sha256()
+        if prior is not None:
+            h.update(prior)
+        for t in tokens[i:i + page]:
+            h.update(int(t).to_bytes(4, "little", signed=False))
+        prior = h.digest()
+        v = int(h.hexdigest()[:16], 16)
+        out.append(v - 2**64 if v >= 2**63 else v)
+    return out
+
+
+def test_events_carry_sglang_hashes_a_medium_and_all_cleared_on_reset():
+    """Events key blocks as SGLang does (SHA-256 chain, signed int64), say their medium, and a
+    reset is one all_cleared event; stored_blocks() is what the events built."""
+    buf = buffer()
+    config = ulacache.PrefixCacheConfig(page_tokens=2, record_events=True)
+    assert config.event_hash == "sglang"
+    cache = ulacache.PrefixCache(config, buf)
+    t = np.array([7, 70000, 3, 4, 5], dtype=np.uint32)
+    ids = buf.allocate([1, 3, 0])
+    cache.insert(t, ids[1:], [(5, int(ids[0]), -1)])
+    pages = [e for e in cache.take_events() if e.type == "page_stored"]
+    assert [e.hash for e in pages] == sglang_hashes(list(t), 2)
+    assert all(e.medium == "GPU" and e.kv and e.stored and not e.window for e in pages)
+    assert [(e.hash, e.parent_hash) for e in cache.stored_blocks()] == [(e.hash, e.parent_hash) for e in pages]
+    m = cache.match(t, 5)
+    cache.lock(m)
+    with pytest.raises(Exception):
+        cache.reset()  # refused while locked
+    cache.unlock(m)
+    cache.reset()
+    assert [e.type for e in cache.take_events()] == ["all_cleared"]
+    assert cache.num_nodes == 0 and cache.stored_blocks() == []
+    assert ulacache.PrefixCacheConfig(event_hash="debug").event_hash == "debug"
+    with pytest.raises(ValueError):
+        ulacache.PrefixCacheConfig(event_hash="md5")
+    cache.check_invariants()
+
+
 def test_a_window_only_cache_matches_at_a_node_boundary():
     """Issue 28 item 7: no state kind (a pure SWA model): no checkpoints, no dummy states."""
     buf = buffer()
