@@ -341,6 +341,9 @@ class PrefixCache {
     std::vector<BlockId> pages;         // pages [ceil(start/P), ceil(end/P))
     std::vector<std::uint64_t> hashes;  // record_events: [pages.size()] each page's event hash
     std::uint64_t head_hash = 0;        // record_events: the head copy's
+    // record_events: the tokens after `end` that its last (partial) page holds, when it
+    // provides that page: a split's lower half, or the next node of the insert, wrote them.
+    std::vector<std::uint32_t> tail;
     BlockId whead;                      // sliding_window > 0: the head copy's window page
     std::vector<BlockId> wpages;        // sliding_window > 0: [pages.size()] (invalid: absent)
     std::uint32_t window_locks = 0;     // window locks on its window pages, summed
@@ -451,6 +454,11 @@ class PrefixCache {
   ParentHash ParentHashOnPath(std::uint32_t node, std::uint32_t index) const;
   // The path's tokens [0, nodes_[node].end).
   std::vector<std::uint32_t> PathTokens(std::uint32_t node) const;
+  // The tokens page `index` (one the node provides) holds: what its store hashed, the
+  // node's tail included.
+  std::vector<std::uint32_t> PageTokens(std::uint32_t node, std::uint32_t index) const;
+  // Whether the node provides the page of its last token and that page runs past its end.
+  bool ProvidesLastPage(const Node& n) const;
   // Whether a node is a useless leaf: childless, unlocked, on the device, and without a
   // usable checkpoint (none on either tier, or its window pages gone: a window tombstone).
   bool Useless(std::uint32_t id) const;

@@ -37,12 +37,12 @@ struct CacheEvent {
   enum class Type : std::uint8_t {
     kPageStored, kPageRemoved, kStateStored, kStateRemoved, kWindowStored, kWindowRemoved, kAllCleared
   };
-  Type type;
-  BlockId block;                    // the device block (invalid on the host medium and for kAllCleared)
+  Type type = Type::kPageStored;
+  BlockId block = BlockId::Invalid();  // the device block (invalid on the host medium and for kAllCleared)
   std::uint32_t position = 0;       // page: index * page_tokens; state: its position
   std::int64_t hash = 0;            // pages and window pages: the block hash (states: 0)
-  std::optional<std::int64_t> parent_hash;  // stored pages: the previous page's hash (none: page 0)
-  std::vector<std::uint32_t> tokens;  // stored pages: the page's tokens (a partial page: those it holds)
+  std::optional<std::int64_t> parent_hash = std::nullopt;  // stored pages: the previous page's hash (none: page 0)
+  std::vector<std::uint32_t> tokens = {};  // stored pages: the page's tokens (a partial page: those it holds)
   EventMedium medium = EventMedium::kDevice;
 
   bool stored() const { return type == Type::kPageStored || type == Type::kStateStored || type == Type::kWindowStored; }

@@ -101,8 +101,8 @@ void PrefixCache::Touch(std::uint32_t id, std::uint64_t clock) {
 void PrefixCache::RecordStored(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash,
                                ParentHash parent, std::span<const std::uint32_t> tokens, EventMedium medium) {
   if (!config_.record_events) return;
-  CacheEvent e{type, medium == EventMedium::kDevice ? block : BlockId::Invalid(), index * config_.page_tokens,
-               static_cast<std::int64_t>(hash)};
+  CacheEvent e{.type = type, .block = medium == EventMedium::kDevice ? block : BlockId::Invalid(),
+               .position = index * config_.page_tokens, .hash = static_cast<std::int64_t>(hash)};
   if (parent) e.parent_hash = static_cast<std::int64_t>(*parent);
   e.tokens.assign(tokens.begin(), tokens.end());
   e.medium = medium;
@@ -112,15 +112,15 @@ void PrefixCache::RecordStored(CacheEvent::Type type, BlockId block, std::uint32
 void PrefixCache::RecordRemoved(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash,
                                 EventMedium medium) {
   if (!config_.record_events) return;
-  CacheEvent e{type, medium == EventMedium::kDevice ? block : BlockId::Invalid(), index * config_.page_tokens,
-               static_cast<std::int64_t>(hash)};
+  CacheEvent e{.type = type, .block = medium == EventMedium::kDevice ? block : BlockId::Invalid(),
+               .position = index * config_.page_tokens, .hash = static_cast<std::int64_t>(hash)};
   e.medium = medium;
   events_.push_back(std::move(e));
 }
 
 void PrefixCache::RecordState(CacheEvent::Type type, BlockId state, std::uint32_t position, EventMedium medium) {
   if (!config_.record_events) return;
-  CacheEvent e{type, medium == EventMedium::kDevice ? state : BlockId::Invalid(), position};
+  CacheEvent e{.type = type, .block = medium == EventMedium::kDevice ? state : BlockId::Invalid(), .position = position};
   e.medium = medium;
   events_.push_back(std::move(e));
 }
@@ -151,6 +151,24 @@ std::uint64_t PrefixCache::PageHashOnPath(std::uint32_t node, std::uint32_t inde
 PrefixCache::ParentHash PrefixCache::ParentHashOnPath(std::uint32_t node, std::uint32_t index) const {
   if (index == 0) return std::nullopt;
   return PageHashOnPath(node, index - 1);
+}
+
+std::vector<std::uint32_t> PrefixCache::PageTokens(std::uint32_t node, std::uint32_t index) const {
+  const std::uint32_t P = config_.page_tokens;
+  const Node& n = nodes_[node];
+  std::vector<std::uint32_t> tokens = PathTokens(node);
+  if (n.end % P != 0 && index == (n.end - 1) / P) tokens.insert(tokens.end(), n.tail.begin(), n.tail.end());
+  const std::size_t from = std::min<std::size_t>(tokens.size(), std::size_t{index} * P);
+  return {tokens.begin() + static_cast<std::ptrdiff_t>(from),
+          tokens.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(tokens.size(), from + P))};
+}
+
+bool PrefixCache::ProvidesLastPage(const Node& n) const {
+  const std::uint32_t P = config_.page_tokens;
+  if (n.end % P == 0) return false;
+  const std::uint32_t last = (n.end - 1) / P;
+  return (!n.pages.empty() && CeilDiv(n.start, P) + n.pages.size() - 1 == last) ||
+         ((n.head.valid() || n.host_head != kNoSlot) && n.start / P == last);
 }
 
 std::vector<std::uint32_t> PrefixCache::PathTokens(std::uint32_t node) const {
@@ -190,6 +208,11 @@ std::uint32_t PrefixCache::Split(std::uint32_t id, std::uint32_t at) {
   m.whead = n.whead;
   m.kv_locks = n.kv_locks;
   m.last_use = n.last_use;
+  if (config_.record_events && ProvidesLastPage(m)) {  // the page the cut leaves the upper half holds the rest
+    const std::uint32_t page_end = CeilDiv(at, P) * P;
+    m.tail.assign(n.tokens.begin() + cut, n.tokens.begin() + (std::min(page_end, n.end) - n.start));
+    if (page_end > n.end) m.tail.insert(m.tail.end(), n.tail.begin(), n.tail.end());
+  }
   nodes_[n.parent].children[m.tokens.front()] = upper;
   // Window locks live on pages: each half counts those of its own pages.
   auto locks_of = [&](const Node& x) {

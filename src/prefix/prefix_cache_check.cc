@@ -37,11 +37,11 @@ std::vector<CacheEvent> PrefixCache::StoredBlocks() const {
     for (const auto& [token, child] : n.children) stack.push_back(child);
     if (id == 0) continue;
     const EventMedium medium = n.kv_on_host ? EventMedium::kHost : EventMedium::kDevice;
-    const std::vector<std::uint32_t> tokens = PathTokens(id);
     auto add = [&](CacheEvent::Type type, BlockId b, std::uint32_t index, std::uint64_t hash) {
-      CacheEvent e{type, medium == EventMedium::kDevice ? b : BlockId::Invalid(), index * P, static_cast<std::int64_t>(hash)};
+      CacheEvent e{.type = type, .block = medium == EventMedium::kDevice ? b : BlockId::Invalid(), .position = index * P,
+                   .hash = static_cast<std::int64_t>(hash)};
       if (auto parent = ParentHashOnPath(id, index)) e.parent_hash = static_cast<std::int64_t>(*parent);
-      e.tokens.assign(tokens.begin() + index * P, tokens.begin() + std::min(n.end, (index + 1) * P));
+      e.tokens = PageTokens(id, index);
       e.medium = medium;
       out.push_back(std::move(e));
     };
@@ -76,7 +76,7 @@ Status PrefixCache::Reset() {
   for (std::uint32_t s = host_.slots; s > 0; --s) free_host_.push_back(s - 1);
   free_host_pages_.clear();
   for (std::uint32_t s = host_.page_slots; s > 0; --s) free_host_pages_.push_back(s - 1);
-  if (config_.record_events) events_.push_back(CacheEvent{CacheEvent::Type::kAllCleared, BlockId::Invalid()});
+  if (config_.record_events) events_.push_back(CacheEvent{.type = CacheEvent::Type::kAllCleared, .block = BlockId::Invalid()});
   ULA_EXPENSIVE_CHECK(*this);
   return Ok();
 }
@@ -272,6 +272,7 @@ std::uint64_t PrefixCache::DebugDigest() const {
     for (BlockId b : n.pages) add_block(b);
     d.AddAll(std::span<const std::uint64_t>(n.hashes));
     d.Add(n.head_hash);
+    d.AddAll(std::span<const std::uint32_t>(n.tail));
     add_block(n.whead);
     d.Add(n.wpages.size());
     for (BlockId b : n.wpages) add_block(b);

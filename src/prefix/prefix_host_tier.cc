@@ -275,14 +275,9 @@ Status PrefixCache::LoadBack(std::uint32_t id, EvictionRule rule) {
   const bool publish = ids && copied;
   if (publish) {  // the host part of the path is on the device again, its host slots freed
     std::size_t next = 0;
-    const std::vector<std::uint32_t> path_tokens = config_.record_events ? PathTokens(id) : std::vector<std::uint32_t>{};
     auto store = [&](std::uint32_t a, BlockId page, std::uint32_t index, std::uint64_t hash) {
-      std::span<const std::uint32_t> t;
-      if (config_.record_events) {
-        const std::uint32_t from = index * P;
-        t = std::span(path_tokens).subspan(from, std::min(P, nodes_[a].end - from));
-      }
-      StorePage(page, index, hash, ParentHashOnPath(a, index), t);
+      StorePage(page, index, hash, ParentHashOnPath(a, index),
+                config_.record_events ? PageTokens(a, index) : std::vector<std::uint32_t>{});
     };
     for (std::uint32_t a : host_path) {
       Node& h = nodes_[a];
@@ -330,15 +325,12 @@ void PrefixCache::RecordNodePages(std::uint32_t id, CacheEvent::Type type, Event
   const Node& n = nodes_[id];
   const std::uint32_t P = config_.page_tokens;
   const bool store = type == CacheEvent::Type::kPageStored;
-  const std::vector<std::uint32_t> path_tokens = store ? PathTokens(id) : std::vector<std::uint32_t>{};
   auto one = [&](BlockId b, std::uint32_t index, std::uint64_t hash) {
-    if (!store) {
+    if (store) {
+      RecordStored(type, b, index, hash, ParentHashOnPath(id, index), PageTokens(id, index), medium);
+    } else {
       RecordRemoved(type, b, index, hash, medium);
-      return;
     }
-    const std::uint32_t from = index * P;
-    RecordStored(type, b, index, hash, ParentHashOnPath(id, index),
-                 std::span(path_tokens).subspan(from, std::min(P, n.end - from)), medium);
   };
   if (n.start % P != 0 && (n.head.valid() || n.host_head != kNoSlot)) one(n.head, n.start / P, n.head_hash);
   for (std::size_t i = 0; i < n.hashes.size(); ++i) {

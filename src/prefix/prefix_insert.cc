@@ -194,6 +194,9 @@ std::vector<std::uint32_t> PrefixCache::InsertPath(std::span<const std::uint32_t
       store(pages[i], windowed ? window_pages[i] : BlockId::Invalid(), i);
       if (config_.record_events) c.hashes.push_back(hash(i));
     }
+    if (config_.record_events && ProvidesLastPage(c)) {  // the page holds tokens past `next` (the next node's)
+      c.tail.assign(tokens.begin() + next, tokens.begin() + std::min(CeilDiv(next, P) * P, plan.n));
+    }
     for (BlockId w : {c.whead}) {
       if (w.valid()) owned_.insert(w);
     }

@@ -100,13 +100,14 @@ def test_chunked_insert_and_window_release():
     m = wcache.match(toks(1, 4), 4)
     assert m.window_pages.dtype == np.int64 and list(m.window_pages[:3]) == [-1, -1, -1] and m.window_pages[3] >= 0
     wcache.lock(m)
-    assert wcache.metrics().window.evictable == 0  # the node holds the locked window page
-    assert wcache.evict(0, 0, 100).window_pages == 0
+    # Insert cut [1..4] at its window ([1..3] [4]): the lock protects only the window page 3.
+    assert wcache.metrics().window.evictable == 3 * UNIT and wcache.metrics().window.protected_bytes == UNIT
+    assert wcache.evict(0, 0, 100).window_pages == 3  # [1..3]: a window tombstone
     wcache.release_window(m)
-    assert len(m.window_pages) == 0 and wcache.metrics().window.evictable == 4 * UNIT
+    assert len(m.window_pages) == 0 and wcache.metrics().window.evictable == UNIT
     with pytest.raises(ulacache.FailedPreconditionError):
         wcache.release_window(wcache.match(toks(1, 4), 4))  # not locked
-    assert wcache.evict(0, 0, 1).window_pages == 4  # a window tombstone: KV and state stay
+    assert wcache.evict(0, 0, 1).window_pages == 1  # a window tombstone: KV and state stay
     assert wcache.match(toks(1, 4), 4).length == 0
     wcache.unlock(m)  # the window tombstone at a leaf is useless now: it goes
     assert wcache.num_nodes == 0
