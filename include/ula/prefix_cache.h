@@ -58,8 +58,8 @@
 // before it stay evictable (window tombstones).
 //
 // Eviction by kind. Ordered sets, keyed by (last use, the root side first), give O(1)
-// victims. Every touch covers a whole path, and a split refreshes its lower half, so on a
-// path a child is never older than its parent: state and window evictions tombstone the
+// victims. Every touch covers a whole path (the window set: as config.window_recency says),
+// and a split refreshes its lower half, so on a path a child is never older than its parent: state and window evictions tombstone the
 // root side first, as SGLang's LRU lists do:
 //   kv_lru_     unlocked leaves (KV evictable as a whole node);
 //   state_lru_  unlocked checkpoints (state-lock count 0);
@@ -146,6 +146,12 @@
 namespace ula {
 
 enum class EvictionRule : std::uint8_t { kNaive, kAllocationAware };
+// What refreshes a node's window pages in the window LRU (docs/ARCHITECTURE.md compares them):
+//   kPath     every touch of the node (a match or insert through it): one clock for all kinds;
+//   kCushion  SGLang's: a match refreshes only the nodes of its window cushion (the last
+//             W - 1 + page_tokens tokens, SGLang's sliding_window_size + page_size), an
+//             insert only the nodes it creates (its walk down refreshes no ancestor).
+enum class WindowRecency : std::uint8_t { kPath, kCushion };
 const char* EvictionRuleName(EvictionRule rule);
 
 struct PrefixCacheConfig {
@@ -159,6 +165,7 @@ struct PrefixCacheConfig {
   std::uint32_t sliding_window = 0;
   bool record_events = false;
   EventHash event_hash = EventHash::kSglang;  // the events' block hash (ula/prefix_events.h)
+  WindowRecency window_recency = WindowRecency::kCushion;  // sliding_window > 0: the window LRU's touches
 
   Status Validate() const;
 };
@@ -355,6 +362,7 @@ class PrefixCache {
     std::uint32_t host_head = kNoSlot;      // kv_on_host: the head copy's host page slot
     std::uint32_t kv_locks = 0, state_locks = 0;
     std::uint64_t last_use = 0;
+    std::uint64_t window_use = 0;  // the window LRU's last use (WindowRecency)
     bool live = false;
     std::unordered_map<std::uint32_t, std::uint32_t> children;  // first token -> node
   };
@@ -429,6 +437,9 @@ class PrefixCache {
   // any node boundary whose window is present.
   bool stateless() const { return !config_.state_kind.valid(); }
   LruKey KeyOf(std::uint32_t id) const;
+  LruKey WindowKeyOf(std::uint32_t id) const;  // window_lru_'s: (window_use, end, id)
+  // Refreshes the window LRU's use of the window cushion of a match ending at path.back().
+  void TouchWindowCushion(const std::vector<std::uint32_t>& path, std::uint64_t clock);
   // Removes the node from both LRU sets, calls f, puts it back where it belongs.
   template <class F>
   void Update(std::uint32_t id, F&& f);

@@ -339,8 +339,10 @@ class PrefixCacheConfig:
     sliding_window: int  # W counts the token itself: SGLang's sliding_window_size W - 1
     record_events: bool
     event_hash: str  # "sglang" (SHA-256, SGLang's) or "debug"
+    window_recency: str  # "cushion" (SGLang's window LRU) or "path"
     def __init__(self, page_tokens: int = 16, kv_kind: int = 1, state_kind: int = 0, window_kind: int = -1,
-                 sliding_window: int = 0, record_events: bool = False, event_hash: str = "sglang") -> None: ...
+                 sliding_window: int = 0, record_events: bool = False, event_hash: str = "sglang",
+                 window_recency: str = "cushion") -> None: ...
     def validate(self) -> None: ...
 
 class PrefixMatch:

@@ -94,8 +94,25 @@ PrefixCache::LruKey PrefixCache::KeyOf(std::uint32_t id) const {
   return {nodes_[id].last_use, nodes_[id].end, id};  // on a tie, the root side first (as SGLang)
 }
 
+PrefixCache::LruKey PrefixCache::WindowKeyOf(std::uint32_t id) const {
+  return {nodes_[id].window_use, nodes_[id].end, id};
+}
+
 void PrefixCache::Touch(std::uint32_t id, std::uint64_t clock) {
-  Update(id, [&] { nodes_[id].last_use = clock; });
+  Update(id, [&] {
+    nodes_[id].last_use = clock;
+    if (config_.window_recency == WindowRecency::kPath) nodes_[id].window_use = clock;
+  });
+}
+
+void PrefixCache::TouchWindowCushion(const std::vector<std::uint32_t>& path, std::uint64_t clock) {
+  if (config_.sliding_window == 0 || config_.window_recency != WindowRecency::kCushion) return;
+  const std::uint64_t cushion = std::uint64_t{config_.sliding_window} - 1 + config_.page_tokens;
+  std::uint64_t covered = 0;
+  for (auto it = path.rbegin(); it != path.rend() && covered < cushion; ++it) {
+    Update(*it, [&] { nodes_[*it].window_use = clock; });
+    covered += nodes_[*it].tokens.size();
+  }
 }
 
 void PrefixCache::RecordStored(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash,
@@ -208,6 +225,7 @@ std::uint32_t PrefixCache::Split(std::uint32_t id, std::uint32_t at) {
   m.whead = n.whead;
   m.kv_locks = n.kv_locks;
   m.last_use = n.last_use;
+  m.window_use = n.window_use;
   if (config_.record_events && ProvidesLastPage(m)) {  // the page the cut leaves the upper half holds the rest
     const std::uint32_t page_end = CeilDiv(at, P) * P;
     m.tail.assign(n.tokens.begin() + cut, n.tokens.begin() + (std::min(page_end, n.end) - n.start));
@@ -234,6 +252,7 @@ std::uint32_t PrefixCache::Split(std::uint32_t id, std::uint32_t at) {
     n.start = at;
     n.parent = upper;
     n.last_use = clock_;  // the lower half is refreshed (SGLang's _split_node)
+    n.window_use = clock_;
     n.window_locks = locks_of(n);
   });
   m.window_locks = locks_of(m);
@@ -339,6 +358,7 @@ PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint3
   ++clock_;
   path.resize(best_depth);
   for (std::uint32_t id : path) Touch(id, clock_);
+  TouchWindowCushion(path, clock_);
   if (!path.empty()) {
     const Node& d = nodes_[path.back()];
     best.length = d.end;

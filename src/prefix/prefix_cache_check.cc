@@ -155,7 +155,7 @@ Status PrefixCache::CheckInvariants() const {
       for (const auto& [token, child] : n.children) {
         if (child < nodes_.size() && !nodes_[child].kv_on_host) return bad(id, "is a host node with a device child");
       }
-      if (kv_lru_.contains(KeyOf(id)) || state_lru_.contains(KeyOf(id)) || window_lru_.contains(KeyOf(id))) {
+      if (kv_lru_.contains(KeyOf(id)) || state_lru_.contains(KeyOf(id)) || window_lru_.contains(WindowKeyOf(id))) {
         return bad(id, "is a host node in a device LRU set");
       }
       const bool want = n.kv_locks == 0 && n.children.empty();
@@ -201,7 +201,7 @@ Status PrefixCache::CheckInvariants() const {
     if (locks != n.window_locks) return bad(id, "has a window-lock count that is not its pages' sum");
     if (n.window_locks > 0 && n.kv_locks == 0) return bad(id, "is window-locked without a KV lock");
     const bool want_window = any_window && n.window_locks == 0;
-    if (want_window != window_lru_.contains(KeyOf(id))) return bad(id, "is misplaced in the window LRU set");
+    if (want_window != window_lru_.contains(WindowKeyOf(id))) return bad(id, "is misplaced in the window LRU set");
     in_window += want_window;
     const auto path_pages = PagesOfPath(PathTo(id, nodes_), n.end);
     for (BlockId b : path_pages) {
@@ -263,7 +263,7 @@ std::uint64_t PrefixCache::DebugDigest() const {
   for (const Node& n : nodes_) {
     for (std::uint64_t v : {std::uint64_t{n.live}, std::uint64_t{n.parent}, std::uint64_t{n.start}, std::uint64_t{n.end},
                             std::uint64_t{n.host}, std::uint64_t{n.host_window}, std::uint64_t{n.kv_locks},
-                            std::uint64_t{n.state_locks}, n.last_use}) {
+                            std::uint64_t{n.state_locks}, n.last_use, n.window_use}) {
       d.Add(v);
     }
     d.AddAll(std::span<const std::uint32_t>(n.tokens));

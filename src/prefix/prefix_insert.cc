@@ -284,7 +284,13 @@ Result<std::uint32_t> PrefixCache::Insert(std::span<const std::uint32_t> tokens,
   }
   if (config_.sliding_window > 0) AdoptWindowPages(path, tokens, window_pages, *plan);
   AttachCheckpoints(path, plan->at);
-  for (std::uint32_t id : path) Touch(id, clock_);
+  for (std::uint32_t id : path) {
+    Touch(id, clock_);
+    // SGLang's window LRU: the walk down refreshes no ancestor, the nodes it adds are new.
+    if (config_.window_recency == WindowRecency::kCushion && nodes_[id].start >= plan->s) {
+      Update(id, [&] { nodes_[id].window_use = clock_; });
+    }
+  }
   ULA_EXPENSIVE_CHECK(*this);
   return plan->s;
 }

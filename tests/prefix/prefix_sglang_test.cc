@@ -489,5 +489,54 @@ TEST(PrefixCacheSglang, AdvancedPrefixMatchWithNodeSplits) {
   }
 }
 
+// SGLang's window LRU (its unified radix cache, SWA without mamba; window 4 is our 5, page 1,
+// so its cushion is 5 tokens): segments A, B, C of 8 tokens inserted as one chain, then a
+// 5-token side branch; each insert is cut at its window ([4 + 4] per segment, [1 + 4] for the
+// side). Window eviction order then shows what each rule refreshed.
+struct WindowLruChain {
+  std::unique_ptr<UnifiedBuffer> a = Buffer();
+  std::unique_ptr<PrefixCache> cache;
+  std::vector<std::uint32_t> abc = Range(1, 24), side = Range(900, 904);
+  explicit WindowLruChain(WindowRecency rule) {
+    cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = 1, .state_kind = BlockKind::Invalid(),
+                                                  .sliding_window = 5, .window_recency = rule},
+                                a.get())
+                .value();
+    for (std::uint32_t n : {8u, 16u, 24u}) EXPECT_TRUE(InsertSwa(*cache, *a, Range(1, n)));
+    EXPECT_TRUE(InsertSwa(*cache, *a, side));
+  }
+};
+
+// test_swa_lru_match_only_refreshes_window_cushion and
+// test_swa_lru_old_ancestors_evict_first_under_pressure: a match of A+B+C refreshes only C's
+// two nodes (its cushion), so window eviction takes A's and B's window pages (root side
+// first) before the side branch's, which still matches whole.
+TEST(PrefixCacheSglang, AMatchRefreshesOnlyTheWindowCushion) {
+  WindowLruChain t(WindowRecency::kCushion);
+  ASSERT_EQ(t.cache->Match(t.abc, 24).length, 24u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(t.cache->Evict(0, 0, 1).window_pages, 4u) << i;  // A, then B: 4 pages each
+  EXPECT_EQ(t.cache->Match(t.side, 5).length, 5u);  // its window pages all there
+  EXPECT_EQ(t.cache->Match(t.abc, 24).length, 24u);  // C's window is the cushion
+  EXPECT_TRUE(t.cache->CheckInvariants()) << t.cache->CheckInvariants().error().ToString();
+  // Today's rule (one clock per path) refreshed A and B too: the side branch goes first.
+  WindowLruChain path(WindowRecency::kPath);
+  ASSERT_EQ(path.cache->Match(path.abc, 24).length, 24u);
+  EXPECT_EQ(path.cache->Evict(0, 0, 1).window_pages, 1u);  // the side's [900]
+}
+
+// test_swa_lru_walk_down_does_not_refresh_ancestors_during_insert: inserting A+B+C+D
+// refreshes none of A, B, C in the window LRU (only D's new nodes), so they stay older than
+// the side branch.
+TEST(PrefixCacheSglang, AnInsertsWalkDownRefreshesNoAncestor) {
+  WindowLruChain t(WindowRecency::kCushion);
+  ASSERT_EQ(InsertSwa(*t.cache, *t.a, Range(1, 32)).value(), 24u);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(t.cache->Evict(0, 0, 1).window_pages, 4u) << i;  // A, B, C before the side
+  EXPECT_EQ(t.cache->Match(t.side, 5).length, 5u);
+  EXPECT_TRUE(t.cache->CheckInvariants()) << t.cache->CheckInvariants().error().ToString();
+  WindowLruChain path(WindowRecency::kPath);
+  ASSERT_TRUE(InsertSwa(*path.cache, *path.a, Range(1, 32)));
+  EXPECT_EQ(path.cache->Evict(0, 0, 1).window_pages, 1u);  // the side's [900]
+}
+
 }  // namespace
 }  // namespace ula

@@ -202,6 +202,7 @@ def test_events_carry_sglang_hashes_a_medium_and_all_cleared_on_reset():
     assert [e.type for e in cache.take_events()] == ["all_cleared"]
     assert cache.num_nodes == 0 and cache.stored_blocks() == []
     assert ulacache.PrefixCacheConfig(event_hash="debug").event_hash == "debug"
+    assert config.window_recency == "cushion" and ulacache.PrefixCacheConfig(window_recency="path").window_recency == "path"
     with pytest.raises(ValueError):
         ulacache.PrefixCacheConfig(event_hash="md5")
     cache.check_invariants()
