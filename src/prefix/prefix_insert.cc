@@ -229,10 +229,9 @@ void PrefixCache::AdoptWindowPages(const std::vector<std::uint32_t>& path, std::
       if (!slot.valid()) {
         Update(owner, [&] { slot = w; });
         owned_.insert(w);
-        if (config_.record_events) {
-          const auto page_tokens = tokens.subspan(i * P, std::min(P, plan.s - i * P));
+        if (config_.record_events) {  // the KV page's hash, over the tokens that page holds
           RecordStored(CacheEvent::Type::kWindowStored, w, i, PageHashOnPath(owner, i), ParentHashOnPath(owner, i),
-                       page_tokens);
+                       PageTokens(owner, i));
         }
         continue;
       }
