@@ -395,7 +395,7 @@ TEST(PrefixCacheSglang, ALeafWithinItsWindowIsNotSplit) {
   }
 }
 
-// The issue's own case with a recurrent kind too: a 12-token leaf locked, window 4 (ours 5);
+// With a recurrent kind too: a 12-token leaf locked, window 4 (ours 5);
 // Evict(0, 0, 1000) frees the 8 window pages outside the window, and the locked match
 // still resumes at 12 (its checkpoint and window stay).
 TEST(PrefixCacheSglang, EvictFreesTheWindowPagesOutsideALockedWindow) {
@@ -417,7 +417,7 @@ TEST(PrefixCacheSglang, EvictFreesTheWindowPagesOutsideALockedWindow) {
 
 // A match that ends inside a node splits it there and returns the whole matched length with
 // its pages, when the window of that point is present (SGLang's SWA _match_prefix_helper).
-// The case: [1..8] with window 4 (ours 5), the query [1..6, 99] matches 6, not 0.
+// [1..8] with window 4 (ours 5), the query [1..6, 99] matches 6, not 0.
 TEST(PrefixCacheSglang, AMatchEndingInsideANodeSplitsIt) {
   auto a = Buffer();
   auto cache = SwaCache(*a, 5);
