@@ -43,7 +43,8 @@
 // checkpoint (a hybrid model can resume only there); `pages` covering [0, length);
 // `kv_length`, how many tokens of the query the tree holds KV for; `branch`, the position
 // where a new checkpoint should be saved because the cached KV runs past the deepest state
-// (kv_length when kv_length > length, else 0). MatchCopyOnWrite also locks the match and
+// (kv_length when kv_length > length, else 0). Without a recurrent kind a match may end
+// inside a node, which it splits there (see above). MatchCopyOnWrite also locks the match and
 // gives the request its own state block (and ring), copied from the checkpoint in the same
 // call, evicting (with the match locked) if it must.
 //
