@@ -5,7 +5,8 @@
 //
 // Structure. A node covers the token span [start, end) of its edge (any length >= 1); its
 // children are keyed by their first token, so two sequences share a node up to the first
-// token where they differ, and Insert splits a node there (or at a checkpoint position).
+// token where they differ, and Insert splits a node there (or at a checkpoint position, or
+// at the window boundary of the sequence's end: see Locks).
 // KV stays page-aligned (page p holds tokens [p*P, (p+1)*P), P = page_tokens):
 //   * a node owns the pages that START inside its span: indices [ceil(start/P), ceil(end/P));
 //   * a node whose start is not page-aligned may also own a "head copy" of page
@@ -32,8 +33,9 @@
 // the window pages the request left behind become evictable as it advances.
 // No recurrent kind (state_kind invalid, window pages only: a pure SWA model, SGLang's SWA
 // radix cache): no checkpoints, every token's KV is kept, and a match ends at any node
-// boundary whose window is present (Holds too); the match locks the node it ends at (its state
-// lock, with no state). No host tier then (it holds checkpoints). Insert splits a node at any checkpoint position, so
+// boundary whose window is present (Holds too), and a match that ends inside a node (the
+// query diverges there, or max_length) splits it there when that point's window is present,
+// as SGLang's SWA match does; the match locks the node it ends at (its state lock, no state). No host tier then (it holds checkpoints). Insert splits a node at any checkpoint position, so
 // checkpoints live at any token position the caller chose. A node without one is a
 // tombstone (its state was evicted, or it was never saved there).
 //
@@ -41,7 +43,8 @@
 // checkpoint (a hybrid model can resume only there); `pages` covering [0, length);
 // `kv_length`, how many tokens of the query the tree holds KV for; `branch`, the position
 // where a new checkpoint should be saved because the cached KV runs past the deepest state
-// (kv_length when kv_length > length, else 0). MatchCopyOnWrite also locks the match and
+// (kv_length when kv_length > length, else 0). Without a recurrent kind a match may end
+// inside a node, which it splits there (see above). MatchCopyOnWrite also locks the match and
 // gives the request its own state block (and ring), copied from the checkpoint in the same
 // call, evicting (with the match locked) if it must.
 //
@@ -49,11 +52,15 @@
 // the path (they are not evicted, their pages are pinned: they never move) and a state
 // lock only on the matched node (its checkpoint is pinned; the states of the ancestors stay
 // evictable). Splitting a locked node copies the KV lock count to both halves; the state
-// lock stays with the node that keeps the checkpoint (the lower half).
+// lock stays with the node that keeps the checkpoint (the lower half). With window pages,
+// Insert also cuts the path at WindowCut(n), the first token of the window of its end n
+// rounded down to a page (SGLang's split of a leaf at the window on insert), so a lock at n
+// window-locks a node holding only that window rounded up to pages; the window pages
+// before it stay evictable (window tombstones).
 //
 // Eviction by kind. Ordered sets, keyed by (last use, the root side first), give O(1)
-// victims. Every touch covers a whole path, and a split refreshes its lower half, so on a
-// path a child is never older than its parent: state and window evictions tombstone the
+// victims. Every touch covers a whole path (the window set: as config.window_recency says),
+// and a split refreshes its lower half, so on a path a child is never older than its parent: state and window evictions tombstone the
 // root side first, as SGLang's LRU lists do:
 //   kv_lru_     unlocked leaves (KV evictable as a whole node);
 //   state_lru_  unlocked checkpoints (state-lock count 0);
@@ -95,11 +102,13 @@
 // removes that host subtree first (the sequence brings the path's KV on the device).
 //
 // Events and metrics. With record_events, every page, window page and checkpoint that enters
-// or leaves the tree is queued as a CacheEvent (TakeEvents drains them) for external routers:
-// pages and window pages with their chained hash, a store with its parent's hash and tokens.
+// or leaves the tree, on either medium, is queued as a CacheEvent (TakeEvents drains them) for
+// external routers (ula/prefix_events.h): pages and window pages with their chained hash, a
+// store with its parent's hash and tokens; Reset queues one kAllCleared.
 // Metrics() gives evictable and protected (locked) bytes per kind; every evictable count can
 // be paid: Evict of everything frees exactly those bytes (a node's window pages are
-// protected while any one of them is window-locked, as window eviction takes them together).
+// protected while any one of them is window-locked, as window eviction takes them together;
+// the window cut keeps that to the locked window of an insert's end).
 //
 // Invariants (CheckInvariants): every live non-root node has a live parent that keys it by
 // its first token, a non-empty span starting at its parent's end, exactly the pages its span
@@ -123,6 +132,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <tuple>
@@ -132,10 +142,17 @@
 
 #include "ula/backend.h"
 #include "ula/hybrid_allocator.h"
+#include "ula/prefix_events.h"
 
 namespace ula {
 
 enum class EvictionRule : std::uint8_t { kNaive, kAllocationAware };
+// What refreshes a node's window pages in the window LRU (docs/ARCHITECTURE.md compares them):
+//   kPath     every touch of the node (a match or insert through it): one clock for all kinds;
+//   kCushion  SGLang's: a match refreshes only the nodes of its window cushion (the last
+//             W - 1 + page_tokens tokens, SGLang's sliding_window_size + page_size), an
+//             insert only the nodes it creates (its walk down refreshes no ancestor).
+enum class WindowRecency : std::uint8_t { kPath, kCushion };
 const char* EvictionRuleName(EvictionRule rule);
 
 struct PrefixCacheConfig {
@@ -148,6 +165,8 @@ struct PrefixCacheConfig {
   // sliding_window_size W - 1 (its window counts the tokens before the token).
   std::uint32_t sliding_window = 0;
   bool record_events = false;
+  EventHash event_hash = EventHash::kSglang;  // the events' block hash (ula/prefix_events.h)
+  WindowRecency window_recency = WindowRecency::kCushion;  // sliding_window > 0: the window LRU's touches
 
   Status Validate() const;
 };
@@ -194,22 +213,6 @@ struct HostTierConfig {
   Arena host_arena;            // Tier::kHost, >= slots * (state + window block bytes) + page_slots * page bytes
   std::uint32_t slots = 0;     // checkpoints the host tier holds
   std::uint32_t page_slots = 0;  // KV pages the host tier holds (0: checkpoints only)
-};
-
-// What a KV-aware router reads (SGLang's BlockStored / BlockRemoved, which its model gateway
-// and Dynamo consume). A page's hash chains its tokens onto the previous page's hash along the
-// path (page 0 onto 0), so equal prefixes give equal hashes in every cache; a window page has
-// the hash of the KV page at its index. A removal carries the hash its store did.
-struct CacheEvent {
-  enum class Type : std::uint8_t {
-    kPageStored, kPageRemoved, kStateStored, kStateRemoved, kWindowStored, kWindowRemoved
-  };
-  Type type;
-  BlockId block;
-  std::uint32_t position = 0;       // page: index * page_tokens; state: its position
-  std::uint64_t hash = 0;           // pages and window pages: the block hash (states: 0)
-  std::uint64_t parent_hash = 0;    // stored pages: the previous page's hash (0: the first page)
-  std::vector<std::uint32_t> tokens;  // stored pages: the page's tokens (a partial page: those it holds)
 };
 
 struct KindBytes {
@@ -312,6 +315,14 @@ class PrefixCache {
   bool KvOnHost(std::span<const std::uint32_t> tokens) const;
   PrefixCacheMetrics Metrics() const;
   std::vector<CacheEvent> TakeEvents();
+  // With record_events: the store events that rebuild the blocks the tree holds now (every
+  // page and window page, on its medium, root side first), for a router joining late and for
+  // tests that compare a subscriber's view with the cache's. Empty without record_events.
+  std::vector<CacheEvent> StoredBlocks() const;
+  // Frees every block (both tiers) and empties the tree, queueing one kAllCleared event
+  // (SGLang's reset) in place of the removals. kFailedPrecondition while a match is locked
+  // (nothing changed).
+  Status Reset();
   Status CheckInvariants() const;
   // A hash of the whole state (core/digest.h): every node (span, tokens, pages, checkpoint,
   // host slot, lock counts, last use, children), the free-node list in order, the five LRU
@@ -338,6 +349,9 @@ class PrefixCache {
     std::vector<BlockId> pages;         // pages [ceil(start/P), ceil(end/P))
     std::vector<std::uint64_t> hashes;  // record_events: [pages.size()] each page's event hash
     std::uint64_t head_hash = 0;        // record_events: the head copy's
+    // record_events: the tokens after `end` that its last (partial) page holds, when it
+    // provides that page: a split's lower half, or the next node of the insert, wrote them.
+    std::vector<std::uint32_t> tail;
     BlockId whead;                      // sliding_window > 0: the head copy's window page
     std::vector<BlockId> wpages;        // sliding_window > 0: [pages.size()] (invalid: absent)
     std::uint32_t window_locks = 0;     // window locks on its window pages, summed
@@ -349,6 +363,7 @@ class PrefixCache {
     std::uint32_t host_head = kNoSlot;      // kv_on_host: the head copy's host page slot
     std::uint32_t kv_locks = 0, state_locks = 0;
     std::uint64_t last_use = 0;
+    std::uint64_t window_use = 0;  // the window LRU's last use (WindowRecency)
     bool live = false;
     std::unordered_map<std::uint32_t, std::uint32_t> children;  // first token -> node
   };
@@ -423,23 +438,39 @@ class PrefixCache {
   // any node boundary whose window is present.
   bool stateless() const { return !config_.state_kind.valid(); }
   LruKey KeyOf(std::uint32_t id) const;
+  LruKey WindowKeyOf(std::uint32_t id) const;  // window_lru_'s: (window_use, end, id)
+  // Refreshes the window LRU's use of the window cushion of a match ending at path.back().
+  void TouchWindowCushion(const std::vector<std::uint32_t>& path, std::uint64_t clock);
   // Removes the node from both LRU sets, calls f, puts it back where it belongs.
   template <class F>
   void Update(std::uint32_t id, F&& f);
   void Touch(std::uint32_t id, std::uint64_t clock);
   std::uint32_t Split(std::uint32_t id, std::uint32_t at);
   void FreeCheckpoint(const Checkpoint& c, std::uint32_t position);
-  // Events (record_events): a page's store (hash, the previous page's hash, its tokens) or removal.
-  void RecordStored(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash,
-                    std::uint64_t parent_hash, std::span<const std::uint32_t> tokens);
-  void RecordRemoved(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash);
+  // Events (record_events): a page's store (hash, the previous page's hash or none, its
+  // tokens) or removal, and a checkpoint's, on a medium.
+  using ParentHash = std::optional<std::uint64_t>;
+  void RecordStored(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash, ParentHash parent,
+                    std::span<const std::uint32_t> tokens, EventMedium medium = EventMedium::kDevice);
+  void RecordRemoved(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash,
+                     EventMedium medium = EventMedium::kDevice);
+  void RecordState(CacheEvent::Type type, BlockId state, std::uint32_t position, EventMedium medium);
+  // The node's KV pages (and head copy) as events of one type on one medium (host moves).
+  void RecordNodePages(std::uint32_t id, CacheEvent::Type type, EventMedium medium);
   void FreePage(BlockId page, std::uint32_t index, std::uint64_t hash);
-  void StorePage(BlockId page, std::uint32_t index, std::uint64_t hash, std::uint64_t parent_hash,
+  void StorePage(BlockId page, std::uint32_t index, std::uint64_t hash, ParentHash parent,
                  std::span<const std::uint32_t> tokens);
   // The event hash of page `index` on the path to `node` (its deepest provider; 0: none).
   std::uint64_t PageHashOnPath(std::uint32_t node, std::uint32_t index) const;
+  // Page index - 1's hash on that path (none for page 0).
+  ParentHash ParentHashOnPath(std::uint32_t node, std::uint32_t index) const;
   // The path's tokens [0, nodes_[node].end).
   std::vector<std::uint32_t> PathTokens(std::uint32_t node) const;
+  // The tokens page `index` (one the node provides) holds: what its store hashed, the
+  // node's tail included.
+  std::vector<std::uint32_t> PageTokens(std::uint32_t node, std::uint32_t index) const;
+  // Whether the node provides the page of its last token and that page runs past its end.
+  bool ProvidesLastPage(const Node& n) const;
   // Whether a node is a useless leaf: childless, unlocked, on the device, and without a
   // usable checkpoint (none on either tier, or its window pages gone: a window tombstone).
   bool Useless(std::uint32_t id) const;
@@ -461,6 +492,9 @@ class PrefixCache {
   std::vector<BlockId> WindowPagesOfPath(const std::vector<std::uint32_t>& path, std::uint32_t length) const;
   // The first page index of the window a checkpoint at `length` needs.
   std::uint32_t WindowFirstPage(std::uint32_t length) const;
+  // Where Insert of [0, length) cuts the path so the window of `length` starts a node: the
+  // first token of WindowFirstPage(length) (0: no window pages, or the window is all of it).
+  std::uint32_t WindowCut(std::uint32_t length) const;
   // Whether a checkpoint at the end of path (a prefix of a root path) has its window.
   bool HasWindow(const std::vector<std::uint32_t>& path, std::uint32_t length) const;
   // The window page `page` on the path to `node`: its owner node (0: not on the path).

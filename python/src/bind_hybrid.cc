@@ -47,6 +47,7 @@ const char* EventTypeName(ula::CacheEvent::Type t) {
     case ula::CacheEvent::Type::kStateRemoved: return "state_removed";
     case ula::CacheEvent::Type::kWindowStored: return "window_stored";
     case ula::CacheEvent::Type::kWindowRemoved: return "window_removed";
+    case ula::CacheEvent::Type::kAllCleared: return "all_cleared";
   }
   return "unknown";
 }
@@ -193,11 +194,19 @@ Virtual block ids (uint32) over one arena; compaction never moves a pinned block
   py::class_<ula::PrefixCacheConfig>(m, "PrefixCacheConfig", R"doc(
 Radix prefix cache config (include/ula/prefix_cache.h). window_kind -1: no window kind;
 state_kind -1: no recurrent kind (window pages only: matches end at any node boundary).
-sliding_window W > 0 keeps the window layers' KV as window pages, W counting the token itself
+window_recency "cushion" (SGLang's window LRU) or "path". sliding_window W > 0 keeps the window layers' KV as window pages, W counting the token itself
 (SGLang's sliding_window_size W - 1); 0 keeps it as a ring in each checkpoint. record_events
-queues a CacheEvent for every page and state stored or removed (take_events).)doc")
+queues a CacheEvent for every page and state stored or removed (take_events); event_hash
+"sglang" (SGLang's SHA-256 block hash) or "debug" (a 64-bit digest chain).)doc")
       .def(py::init([](std::uint32_t page_tokens, std::uint8_t kv_kind, int state_kind, int window_kind,
-                       std::uint32_t sliding_window, bool record_events) {
+                       std::uint32_t sliding_window, bool record_events, const std::string& event_hash,
+                       const std::string& window_recency) {
+             if (event_hash != "sglang" && event_hash != "debug") {
+               throw py::value_error("PrefixCacheConfig: event_hash must be 'sglang' or 'debug'");
+             }
+             if (window_recency != "cushion" && window_recency != "path") {
+               throw py::value_error("PrefixCacheConfig: window_recency must be 'cushion' or 'path'");
+             }
              ula::PrefixCacheConfig c;
              c.page_tokens = page_tokens;
              c.kv_kind = ula::BlockKind(kv_kind);
@@ -205,10 +214,13 @@ queues a CacheEvent for every page and state stored or removed (take_events).)do
              c.window_kind = window_kind < 0 ? ula::BlockKind::Invalid() : ula::BlockKind(static_cast<std::uint8_t>(window_kind));
              c.sliding_window = sliding_window;
              c.record_events = record_events;
+             c.event_hash = event_hash == "debug" ? ula::EventHash::kDebug : ula::EventHash::kSglang;
+             c.window_recency = window_recency == "path" ? ula::WindowRecency::kPath : ula::WindowRecency::kCushion;
              return c;
            }),
            py::arg("page_tokens") = 16, py::arg("kv_kind") = 1, py::arg("state_kind") = 0, py::arg("window_kind") = -1,
-           py::arg("sliding_window") = 0, py::arg("record_events") = false)
+           py::arg("sliding_window") = 0, py::arg("record_events") = false, py::arg("event_hash") = "sglang",
+           py::arg("window_recency") = "cushion")
       .def_readonly("page_tokens", &ula::PrefixCacheConfig::page_tokens)
       .def_property_readonly("kv_kind", [](const ula::PrefixCacheConfig& c) { return c.kv_kind.value(); })
       .def_property_readonly("state_kind",
@@ -217,6 +229,12 @@ queues a CacheEvent for every page and state stored or removed (take_events).)do
                              [](const ula::PrefixCacheConfig& c) { return c.window_kind.valid() ? int{c.window_kind.value()} : -1; })
       .def_readonly("sliding_window", &ula::PrefixCacheConfig::sliding_window)
       .def_readonly("record_events", &ula::PrefixCacheConfig::record_events)
+      .def_property_readonly("event_hash", [](const ula::PrefixCacheConfig& c) {
+        return c.event_hash == ula::EventHash::kDebug ? "debug" : "sglang";
+      })
+      .def_property_readonly("window_recency", [](const ula::PrefixCacheConfig& c) {
+        return c.window_recency == ula::WindowRecency::kPath ? "path" : "cushion";
+      })
       .def("validate", [](const ula::PrefixCacheConfig& c) { Unwrap(c.Validate()); });
 
   py::class_<ula::PrefixMatch>(m, "PrefixMatch", R"doc(
@@ -255,17 +273,23 @@ window_pages (int64, -1 outside the window or released; empty after release_wind
       .def_readonly("offloaded_pages", &ula::EvictionStats::offloaded_pages);
 
   py::class_<ula::CacheEvent>(m, "CacheEvent", R"doc(
-A block entering or leaving the tree: type, block, position; for pages and window pages what
-KV-aware routers read (SGLang's BlockStored / BlockRemoved): hash (chained over the path's
-tokens), parent_hash (stored pages: the previous page's, None for the first page) and tokens
-(stored pages: uint32).)doc")
+A block entering or leaving the tree (include/ula/prefix_events.h): type, block (None on the
+host medium), position, medium ("GPU" or "CPU"); for pages and window pages what KV-aware
+routers read (SGLang's BlockStored / BlockRemoved): hash (SGLang's signed 64-bit block hash by
+default), parent_hash (stored pages: the previous page's, None for the first page) and tokens
+(stored pages: uint32). stored / kv / window / state classify the type.)doc")
       .def_property_readonly("type", [](const ula::CacheEvent& e) { return EventTypeName(e.type); })
-      .def_property_readonly("block", [](const ula::CacheEvent& e) { return e.block.value(); })
+      .def_property_readonly("block", [](const ula::CacheEvent& e) { return OptionalId(e.block); })
       .def_readonly("position", &ula::CacheEvent::position)
       .def_readonly("hash", &ula::CacheEvent::hash)
       .def_property_readonly("parent_hash",
-                             [](const ula::CacheEvent& e) { return e.parent_hash != 0 ? py::object(py::int_(e.parent_hash)) : py::none(); })
-      .def_property_readonly("tokens", [](const ula::CacheEvent& e) { return ToNumpy<std::uint32_t>(std::vector(e.tokens)); });
+                             [](const ula::CacheEvent& e) { return e.parent_hash ? py::object(py::int_(*e.parent_hash)) : py::none(); })
+      .def_property_readonly("tokens", [](const ula::CacheEvent& e) { return ToNumpy<std::uint32_t>(std::vector(e.tokens)); })
+      .def_property_readonly("medium", [](const ula::CacheEvent& e) { return ula::EventMediumName(e.medium); })
+      .def_property_readonly("stored", &ula::CacheEvent::stored)
+      .def_property_readonly("kv", &ula::CacheEvent::kv)
+      .def_property_readonly("window", &ula::CacheEvent::window)
+      .def_property_readonly("state", &ula::CacheEvent::state);
 
   py::class_<ula::KindBytes>(m, "KindBytes", "Bytes of one kind the tree holds: evictable now, or protected (locked).")
       .def_readonly("evictable", &ula::KindBytes::evictable)
@@ -398,6 +422,10 @@ per page, -1 where the request released it.)doc")
           py::arg("buffer"), "Checkpoint copies as copy batches of the buffer's backend (else memcpy).")
       .def("metrics", &ula::PrefixCache::Metrics)
       .def("take_events", &ula::PrefixCache::TakeEvents, "The queued CacheEvents (record_events), drained.")
+      .def("stored_blocks", &ula::PrefixCache::StoredBlocks,
+           "The store events that rebuild the blocks the tree holds now (record_events), root side first.")
+      .def("reset", [](ula::PrefixCache& pc) { Unwrap(pc.Reset()); },
+           "Frees every block and empties the tree (one all_cleared event); refused while a match is locked.")
       .def_property_readonly("num_nodes", &ula::PrefixCache::num_nodes)
       .def_property_readonly("num_checkpoints", &ula::PrefixCache::num_checkpoints)
       .def("debug_digest", &ula::PrefixCache::DebugDigest, "A hash of the whole state: equal before and after a refused call.")

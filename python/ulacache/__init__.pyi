@@ -340,8 +340,11 @@ class PrefixCacheConfig:
     window_kind: int  # -1: none
     sliding_window: int  # W counts the token itself: SGLang's sliding_window_size W - 1
     record_events: bool
+    event_hash: str  # "sglang" (SHA-256, SGLang's) or "debug"
+    window_recency: str  # "cushion" (SGLang's window LRU) or "path"
     def __init__(self, page_tokens: int = 16, kv_kind: int = 1, state_kind: int = 0, window_kind: int = -1,
-                 sliding_window: int = 0, record_events: bool = False) -> None: ...
+                 sliding_window: int = 0, record_events: bool = False, event_hash: str = "sglang",
+                 window_recency: str = "cushion") -> None: ...
     def validate(self) -> None: ...
 
 class PrefixMatch:
@@ -368,12 +371,17 @@ class EvictionStats:
     offloaded_pages: int
 
 class CacheEvent:
-    type: str  # "page_stored" | "page_removed" | "state_stored" | "state_removed" | "window_stored" | "window_removed"
-    block: int
+    type: str  # "page_stored" | "page_removed" | "state_stored" | "state_removed" | "window_stored" | "window_removed" | "all_cleared"
+    block: Optional[int]  # None on the host medium and for all_cleared
     position: int
-    hash: int  # pages and window pages: chained over the path's tokens (states: 0)
+    hash: int  # pages and window pages: SGLang's signed 64-bit block hash by default (states: 0)
     parent_hash: Optional[int]  # stored pages: the previous page's hash (None: the first page)
     tokens: U32  # stored pages: the page's tokens
+    medium: str  # "GPU" (device) or "CPU" (host tier)
+    stored: bool
+    kv: bool
+    window: bool
+    state: bool
 
 class KindBytes:
     evictable: int
@@ -413,5 +421,7 @@ class PrefixCache:
     def attach_copy_backend(self, buffer: UnifiedBuffer) -> None: ...
     def metrics(self) -> PrefixCacheMetrics: ...
     def take_events(self) -> list[CacheEvent]: ...
+    def stored_blocks(self) -> list[CacheEvent]: ...
+    def reset(self) -> None: ...
     def debug_digest(self) -> int: ...
     def check_invariants(self) -> None: ...

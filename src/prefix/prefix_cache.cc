@@ -94,24 +94,58 @@ PrefixCache::LruKey PrefixCache::KeyOf(std::uint32_t id) const {
   return {nodes_[id].last_use, nodes_[id].end, id};  // on a tie, the root side first (as SGLang)
 }
 
+PrefixCache::LruKey PrefixCache::WindowKeyOf(std::uint32_t id) const {
+  return {nodes_[id].window_use, nodes_[id].end, id};
+}
+
 void PrefixCache::Touch(std::uint32_t id, std::uint64_t clock) {
-  Update(id, [&] { nodes_[id].last_use = clock; });
+  Update(id, [&] {
+    nodes_[id].last_use = clock;
+    if (config_.window_recency == WindowRecency::kPath) nodes_[id].window_use = clock;
+  });
+}
+
+void PrefixCache::TouchWindowCushion(const std::vector<std::uint32_t>& path, std::uint64_t clock) {
+  if (config_.sliding_window == 0 || config_.window_recency != WindowRecency::kCushion) return;
+  const std::uint64_t cushion = std::uint64_t{config_.sliding_window} - 1 + config_.page_tokens;
+  std::uint64_t covered = 0;
+  for (auto it = path.rbegin(); it != path.rend() && covered < cushion; ++it) {
+    Update(*it, [&] { nodes_[*it].window_use = clock; });
+    covered += nodes_[*it].tokens.size();
+  }
 }
 
 void PrefixCache::RecordStored(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash,
-                               std::uint64_t parent_hash, std::span<const std::uint32_t> tokens) {
+                               ParentHash parent, std::span<const std::uint32_t> tokens, EventMedium medium) {
   if (!config_.record_events) return;
-  events_.push_back({type, block, index * config_.page_tokens, hash, parent_hash, {tokens.begin(), tokens.end()}});
+  CacheEvent e{.type = type, .block = medium == EventMedium::kDevice ? block : BlockId::Invalid(),
+               .position = index * config_.page_tokens, .hash = static_cast<std::int64_t>(hash)};
+  if (parent) e.parent_hash = static_cast<std::int64_t>(*parent);
+  e.tokens.assign(tokens.begin(), tokens.end());
+  e.medium = medium;
+  events_.push_back(std::move(e));
 }
 
-void PrefixCache::RecordRemoved(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash) {
-  if (config_.record_events) events_.push_back({type, block, index * config_.page_tokens, hash, 0, {}});
+void PrefixCache::RecordRemoved(CacheEvent::Type type, BlockId block, std::uint32_t index, std::uint64_t hash,
+                                EventMedium medium) {
+  if (!config_.record_events) return;
+  CacheEvent e{.type = type, .block = medium == EventMedium::kDevice ? block : BlockId::Invalid(),
+               .position = index * config_.page_tokens, .hash = static_cast<std::int64_t>(hash)};
+  e.medium = medium;
+  events_.push_back(std::move(e));
 }
 
-void PrefixCache::StorePage(BlockId page, std::uint32_t index, std::uint64_t hash, std::uint64_t parent_hash,
+void PrefixCache::RecordState(CacheEvent::Type type, BlockId state, std::uint32_t position, EventMedium medium) {
+  if (!config_.record_events) return;
+  CacheEvent e{.type = type, .block = medium == EventMedium::kDevice ? state : BlockId::Invalid(), .position = position};
+  e.medium = medium;
+  events_.push_back(std::move(e));
+}
+
+void PrefixCache::StorePage(BlockId page, std::uint32_t index, std::uint64_t hash, ParentHash parent,
                             std::span<const std::uint32_t> tokens) {
   owned_.insert(page);
-  RecordStored(CacheEvent::Type::kPageStored, page, index, hash, parent_hash, tokens);
+  RecordStored(CacheEvent::Type::kPageStored, page, index, hash, parent, tokens);
 }
 
 void PrefixCache::FreePage(BlockId page, std::uint32_t index, std::uint64_t hash) {
@@ -131,6 +165,29 @@ std::uint64_t PrefixCache::PageHashOnPath(std::uint32_t node, std::uint32_t inde
   return 0;
 }
 
+PrefixCache::ParentHash PrefixCache::ParentHashOnPath(std::uint32_t node, std::uint32_t index) const {
+  if (index == 0) return std::nullopt;
+  return PageHashOnPath(node, index - 1);
+}
+
+std::vector<std::uint32_t> PrefixCache::PageTokens(std::uint32_t node, std::uint32_t index) const {
+  const std::uint32_t P = config_.page_tokens;
+  const Node& n = nodes_[node];
+  std::vector<std::uint32_t> tokens = PathTokens(node);
+  if (n.end % P != 0 && index == (n.end - 1) / P) tokens.insert(tokens.end(), n.tail.begin(), n.tail.end());
+  const std::size_t from = std::min<std::size_t>(tokens.size(), std::size_t{index} * P);
+  return {tokens.begin() + static_cast<std::ptrdiff_t>(from),
+          tokens.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(tokens.size(), from + P))};
+}
+
+bool PrefixCache::ProvidesLastPage(const Node& n) const {
+  const std::uint32_t P = config_.page_tokens;
+  if (n.end % P == 0) return false;
+  const std::uint32_t last = (n.end - 1) / P;
+  return (!n.pages.empty() && CeilDiv(n.start, P) + n.pages.size() - 1 == last) ||
+         ((n.head.valid() || n.host_head != kNoSlot) && n.start / P == last);
+}
+
 std::vector<std::uint32_t> PrefixCache::PathTokens(std::uint32_t node) const {
   std::vector<std::uint32_t> tokens;
   for (std::uint32_t id : internal::PathTo(node, nodes_)) tokens.insert(tokens.end(), nodes_[id].tokens.begin(), nodes_[id].tokens.end());
@@ -144,7 +201,7 @@ void PrefixCache::FreeCheckpoint(const Checkpoint& c, std::uint32_t position) {
     owned_.erase(b);
     ULA_CHECK(allocator_->Free(b).has_value());
   }
-  if (config_.record_events) events_.push_back({CacheEvent::Type::kStateRemoved, c.state, position});
+  RecordState(CacheEvent::Type::kStateRemoved, c.state, position, EventMedium::kDevice);
 }
 
 std::uint32_t PrefixCache::Split(std::uint32_t id, std::uint32_t at) {
@@ -168,6 +225,12 @@ std::uint32_t PrefixCache::Split(std::uint32_t id, std::uint32_t at) {
   m.whead = n.whead;
   m.kv_locks = n.kv_locks;
   m.last_use = n.last_use;
+  m.window_use = n.window_use;
+  if (config_.record_events && ProvidesLastPage(m)) {  // the page the cut leaves the upper half holds the rest
+    const std::uint32_t page_end = CeilDiv(at, P) * P;
+    m.tail.assign(n.tokens.begin() + cut, n.tokens.begin() + (std::min(page_end, n.end) - n.start));
+    if (page_end > n.end) m.tail.insert(m.tail.end(), n.tail.begin(), n.tail.end());
+  }
   nodes_[n.parent].children[m.tokens.front()] = upper;
   // Window locks live on pages: each half counts those of its own pages.
   auto locks_of = [&](const Node& x) {
@@ -189,6 +252,7 @@ std::uint32_t PrefixCache::Split(std::uint32_t id, std::uint32_t at) {
     n.start = at;
     n.parent = upper;
     n.last_use = clock_;  // the lower half is refreshed (SGLang's _split_node)
+    n.window_use = clock_;
     n.window_locks = locks_of(n);
   });
   m.window_locks = locks_of(m);
@@ -247,6 +311,7 @@ PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint3
   std::uint32_t pos = 0;
   std::uint32_t kv_length = 0;
   bool on_device = true;
+  std::uint32_t partial = 0;  // the node the walk ended inside (0: none)
   while (pos < tokens.size()) {
     auto it = nodes_[node].children.find(tokens[pos]);
     if (it == nodes_[node].children.end()) break;
@@ -256,6 +321,7 @@ PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint3
     while (l < limit && c.tokens[l] == tokens[pos + l]) ++l;
     if (l < c.tokens.size()) {
       pos += static_cast<std::uint32_t>(l);
+      if (l > 0 && on_device && !c.kv_on_host) partial = it->second;
       break;
     }
     node = it->second;
@@ -269,9 +335,30 @@ PrefixMatch PrefixCache::Match(std::span<const std::uint32_t> tokens, std::uint3
     if (usable) best.host_length = c.end;
   }
   kv_length = pos;
+  // Without a recurrent kind a match may end inside a node (where the query diverges, or at
+  // max_length): when the window of that point is present, the node is split there and the
+  // match ends at the split (SGLang's _match_prefix_helper). With one, a split would give a
+  // tombstone (no checkpoint there), so nothing is split.
+  if (stateless()) {
+    const std::uint32_t e = std::min(kv_length, max_length);
+    std::size_t depth = 0;
+    while (depth < path.size() && nodes_[path[depth]].end <= e) ++depth;
+    const std::uint32_t x = depth < path.size() ? path[depth] : partial;
+    if (x != 0 && nodes_[x].start < e && e < nodes_[x].end && !nodes_[x].kv_on_host) {
+      std::vector<std::uint32_t> upto(path.begin(), path.begin() + static_cast<std::ptrdiff_t>(depth));
+      upto.push_back(x);
+      if (HasWindow(upto, e)) {
+        upto.back() = Split(x, e);
+        path = std::move(upto);
+        best_depth = path.size();
+        best.host_length = std::max(best.host_length, e);
+      }
+    }
+  }
   ++clock_;
   path.resize(best_depth);
   for (std::uint32_t id : path) Touch(id, clock_);
+  TouchWindowCushion(path, clock_);
   if (!path.empty()) {
     const Node& d = nodes_[path.back()];
     best.length = d.end;

@@ -1,11 +1,13 @@
 // PrefixCache: counts, metrics and the invariant check (see include/ula/prefix_cache.h).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 #include <utility>
 
 #include "prefix/tree_util.h"
 #include "core/digest.h"
+#include "ula/check.h"
 #include "ula/prefix_cache.h"
 
 namespace ula {
@@ -22,6 +24,62 @@ std::size_t PrefixCache::num_checkpoints() const {
 }
 
 std::vector<CacheEvent> PrefixCache::TakeEvents() { return std::exchange(events_, {}); }
+
+std::vector<CacheEvent> PrefixCache::StoredBlocks() const {
+  std::vector<CacheEvent> out;
+  if (!config_.record_events) return out;
+  const std::uint32_t P = config_.page_tokens;
+  std::vector<std::uint32_t> stack = {0};  // root side first: a parent's stores before its children's
+  while (!stack.empty()) {
+    const std::uint32_t id = stack.back();
+    stack.pop_back();
+    const Node& n = nodes_[id];
+    for (const auto& [token, child] : n.children) stack.push_back(child);
+    if (id == 0) continue;
+    const EventMedium medium = n.kv_on_host ? EventMedium::kHost : EventMedium::kDevice;
+    auto add = [&](CacheEvent::Type type, BlockId b, std::uint32_t index, std::uint64_t hash) {
+      CacheEvent e{.type = type, .block = medium == EventMedium::kDevice ? b : BlockId::Invalid(), .position = index * P,
+                   .hash = static_cast<std::int64_t>(hash)};
+      if (auto parent = ParentHashOnPath(id, index)) e.parent_hash = static_cast<std::int64_t>(*parent);
+      e.tokens = PageTokens(id, index);
+      e.medium = medium;
+      out.push_back(std::move(e));
+    };
+    if (n.start % P != 0 && (n.head.valid() || n.host_head != kNoSlot)) {
+      add(CacheEvent::Type::kPageStored, n.head, n.start / P, n.head_hash);
+      if (n.whead.valid()) add(CacheEvent::Type::kWindowStored, n.whead, n.start / P, n.head_hash);
+    }
+    for (std::size_t i = 0; i < n.hashes.size(); ++i) {
+      const auto index = CeilDiv(n.start, P) + static_cast<std::uint32_t>(i);
+      add(CacheEvent::Type::kPageStored, n.pages[i], index, n.hashes[i]);
+      if (i < n.wpages.size() && n.wpages[i].valid()) add(CacheEvent::Type::kWindowStored, n.wpages[i], index, n.hashes[i]);
+    }
+  }
+  return out;
+}
+
+Status PrefixCache::Reset() {
+  for (std::uint32_t id = 1; id < nodes_.size(); ++id) {
+    if (nodes_[id].live && nodes_[id].kv_locks > 0) {
+      return MakeError(ErrorCode::kFailedPrecondition, fmt::format("prefix cache reset: node {} is locked", id));
+    }
+  }
+  for (BlockId b : owned_) ULA_CHECK(allocator_->Free(b).has_value());  // unlocked: nothing is pinned
+  owned_.clear();
+  nodes_.resize(1);
+  nodes_[0] = Node{};
+  nodes_[0].live = true;
+  free_nodes_.clear();
+  for (auto* set : {&kv_lru_, &state_lru_, &host_lru_, &window_lru_, &host_kv_lru_}) set->clear();
+  window_locks_.clear();
+  free_host_.clear();
+  for (std::uint32_t s = host_.slots; s > 0; --s) free_host_.push_back(s - 1);
+  free_host_pages_.clear();
+  for (std::uint32_t s = host_.page_slots; s > 0; --s) free_host_pages_.push_back(s - 1);
+  if (config_.record_events) events_.push_back(CacheEvent{.type = CacheEvent::Type::kAllCleared, .block = BlockId::Invalid()});
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
 
 PrefixCacheMetrics PrefixCache::Metrics() const {
   PrefixCacheMetrics m;
@@ -97,7 +155,7 @@ Status PrefixCache::CheckInvariants() const {
       for (const auto& [token, child] : n.children) {
         if (child < nodes_.size() && !nodes_[child].kv_on_host) return bad(id, "is a host node with a device child");
       }
-      if (kv_lru_.contains(KeyOf(id)) || state_lru_.contains(KeyOf(id)) || window_lru_.contains(KeyOf(id))) {
+      if (kv_lru_.contains(KeyOf(id)) || state_lru_.contains(KeyOf(id)) || window_lru_.contains(WindowKeyOf(id))) {
         return bad(id, "is a host node in a device LRU set");
       }
       const bool want = n.kv_locks == 0 && n.children.empty();
@@ -143,7 +201,7 @@ Status PrefixCache::CheckInvariants() const {
     if (locks != n.window_locks) return bad(id, "has a window-lock count that is not its pages' sum");
     if (n.window_locks > 0 && n.kv_locks == 0) return bad(id, "is window-locked without a KV lock");
     const bool want_window = any_window && n.window_locks == 0;
-    if (want_window != window_lru_.contains(KeyOf(id))) return bad(id, "is misplaced in the window LRU set");
+    if (want_window != window_lru_.contains(WindowKeyOf(id))) return bad(id, "is misplaced in the window LRU set");
     in_window += want_window;
     const auto path_pages = PagesOfPath(PathTo(id, nodes_), n.end);
     for (BlockId b : path_pages) {
@@ -205,7 +263,7 @@ std::uint64_t PrefixCache::DebugDigest() const {
   for (const Node& n : nodes_) {
     for (std::uint64_t v : {std::uint64_t{n.live}, std::uint64_t{n.parent}, std::uint64_t{n.start}, std::uint64_t{n.end},
                             std::uint64_t{n.host}, std::uint64_t{n.host_window}, std::uint64_t{n.kv_locks},
-                            std::uint64_t{n.state_locks}, n.last_use}) {
+                            std::uint64_t{n.state_locks}, n.last_use, n.window_use}) {
       d.Add(v);
     }
     d.AddAll(std::span<const std::uint32_t>(n.tokens));
@@ -214,6 +272,7 @@ std::uint64_t PrefixCache::DebugDigest() const {
     for (BlockId b : n.pages) add_block(b);
     d.AddAll(std::span<const std::uint64_t>(n.hashes));
     d.Add(n.head_hash);
+    d.AddAll(std::span<const std::uint32_t>(n.tail));
     add_block(n.whead);
     d.Add(n.wpages.size());
     for (BlockId b : n.wpages) add_block(b);
@@ -257,8 +316,10 @@ std::uint64_t PrefixCache::DebugDigest() const {
     d.Add(static_cast<std::uint64_t>(e.type));
     add_block(e.block);
     d.Add(e.position);
-    d.Add(e.hash);
-    d.Add(e.parent_hash);
+    d.Add(static_cast<std::uint64_t>(e.hash));
+    d.Add(e.parent_hash ? static_cast<std::uint64_t>(*e.parent_hash) : 0);
+    d.Add(e.parent_hash.has_value());
+    d.Add(static_cast<std::uint64_t>(e.medium));
     d.AddAll(std::span<const std::uint32_t>(e.tokens));
   }
   for (std::uint64_t v : {clock_, host_hits_, std::uint64_t{loading_}}) d.Add(v);

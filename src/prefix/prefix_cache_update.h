@@ -19,7 +19,7 @@ void PrefixCache::Update(std::uint32_t id, F&& f) {
   kv_lru_.erase(old);
   state_lru_.erase(old);
   host_lru_.erase(old);
-  window_lru_.erase(old);
+  window_lru_.erase(WindowKeyOf(id));
   host_kv_lru_.erase(old);
   f();
   const Node& n = nodes_[id];
@@ -29,7 +29,7 @@ void PrefixCache::Update(std::uint32_t id, F&& f) {
   if (n.checkpoint.valid() && n.state_locks == 0) state_lru_.insert(KeyOf(id));
   if (n.host != kNoSlot && id != loading_) host_lru_.insert(KeyOf(id));
   const bool any_window = n.whead.valid() || std::any_of(n.wpages.begin(), n.wpages.end(), [](BlockId b) { return b.valid(); });
-  if (any_window && n.window_locks == 0) window_lru_.insert(KeyOf(id));
+  if (any_window && n.window_locks == 0) window_lru_.insert(WindowKeyOf(id));
 }
 
 }  // namespace ula

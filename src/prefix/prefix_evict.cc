@@ -41,7 +41,10 @@ void PrefixCache::RemoveLeaf(std::uint32_t id, EvictionStats& stats) {
       stats.pages += static_cast<std::uint32_t>(n.pages.size());
       if (n.checkpoint.valid()) ++stats.checkpoints;
       FreeCheckpoint(n.checkpoint, n.end);
-      if (n.host != kNoSlot) free_host_.push_back(n.host);
+      if (n.host != kNoSlot) {
+        RecordState(CacheEvent::Type::kStateRemoved, BlockId::Invalid(), n.end, EventMedium::kHost);
+        free_host_.push_back(n.host);
+      }
       stats.tokens += n.tokens.size();
       ++stats.nodes;
       Update(parent, [&] { nodes_[parent].children.erase(n.tokens.front()); });

@@ -103,11 +103,13 @@ bool PrefixCache::Offload(std::uint32_t id, EvictionStats& stats) {
     FreeCheckpoint(c, n.end);
     n.checkpoint = Checkpoint{};
   });
+  RecordState(CacheEvent::Type::kStateStored, BlockId::Invalid(), n.end, EventMedium::kHost);
   return true;
 }
 
 void PrefixCache::DropHost(std::uint32_t id, EvictionStats& stats) {
   Node& n = nodes_[id];
+  RecordState(CacheEvent::Type::kStateRemoved, BlockId::Invalid(), n.end, EventMedium::kHost);
   Update(id, [&] {
     free_host_.push_back(n.host);
     n.host = kNoSlot;
@@ -192,6 +194,7 @@ bool PrefixCache::OffloadKv(std::uint32_t id, EvictionStats& stats) {
     }
     n.kv_on_host = true;
   });
+  RecordNodePages(id, CacheEvent::Type::kPageStored, EventMedium::kHost);
   Update(n.parent, [] {});
   stats.pages += static_cast<std::uint32_t>(blocks.size());
   stats.offloaded_pages += static_cast<std::uint32_t>(blocks.size());
@@ -216,6 +219,8 @@ void PrefixCache::RemoveHostSubtree(std::uint32_t id) {
   ULA_CHECK(n.kv_on_host && n.kv_locks == 0);
   while (!n.children.empty()) RemoveHostSubtree(n.children.begin()->second);
   const std::uint32_t parent = n.parent;
+  RecordNodePages(id, CacheEvent::Type::kPageRemoved, EventMedium::kHost);
+  if (n.host != kNoSlot) RecordState(CacheEvent::Type::kStateRemoved, BlockId::Invalid(), n.end, EventMedium::kHost);
   Update(id, [&] {
     for (std::uint32_t s : n.host_pages) free_host_pages_.push_back(s);
     if (n.host_head != kNoSlot) free_host_pages_.push_back(n.host_head);
@@ -270,17 +275,13 @@ Status PrefixCache::LoadBack(std::uint32_t id, EvictionRule rule) {
   const bool publish = ids && copied;
   if (publish) {  // the host part of the path is on the device again, its host slots freed
     std::size_t next = 0;
-    const std::vector<std::uint32_t> path_tokens = config_.record_events ? PathTokens(id) : std::vector<std::uint32_t>{};
     auto store = [&](std::uint32_t a, BlockId page, std::uint32_t index, std::uint64_t hash) {
-      std::span<const std::uint32_t> t;
-      if (config_.record_events) {
-        const std::uint32_t from = index * P;
-        t = std::span(path_tokens).subspan(from, std::min(P, nodes_[a].end - from));
-      }
-      StorePage(page, index, hash, index > 0 ? PageHashOnPath(a, index - 1) : 0, t);
+      StorePage(page, index, hash, ParentHashOnPath(a, index),
+                config_.record_events ? PageTokens(a, index) : std::vector<std::uint32_t>{});
     };
     for (std::uint32_t a : host_path) {
       Node& h = nodes_[a];
+      RecordNodePages(a, CacheEvent::Type::kPageRemoved, EventMedium::kHost);
       Update(a, [&] {
         for (std::size_t i = 0; i < h.pages.size(); ++i) {
           h.pages[i] = pages[next++];
@@ -313,9 +314,28 @@ Status PrefixCache::LoadBack(std::uint32_t id, EvictionRule rule) {
   if (!copied) return copied;
   owned_.insert(c.state);
   if (c.window.valid()) owned_.insert(c.window);
-  if (config_.record_events) events_.push_back({CacheEvent::Type::kStateStored, c.state, n.end});
+  RecordState(CacheEvent::Type::kStateRemoved, BlockId::Invalid(), n.end, EventMedium::kHost);
+  RecordState(CacheEvent::Type::kStateStored, c.state, n.end, EventMedium::kDevice);
   ++host_hits_;
   return Ok();
+}
+
+void PrefixCache::RecordNodePages(std::uint32_t id, CacheEvent::Type type, EventMedium medium) {
+  if (!config_.record_events) return;
+  const Node& n = nodes_[id];
+  const std::uint32_t P = config_.page_tokens;
+  const bool store = type == CacheEvent::Type::kPageStored;
+  auto one = [&](BlockId b, std::uint32_t index, std::uint64_t hash) {
+    if (store) {
+      RecordStored(type, b, index, hash, ParentHashOnPath(id, index), PageTokens(id, index), medium);
+    } else {
+      RecordRemoved(type, b, index, hash, medium);
+    }
+  };
+  if (n.start % P != 0 && (n.head.valid() || n.host_head != kNoSlot)) one(n.head, n.start / P, n.head_hash);
+  for (std::size_t i = 0; i < n.hashes.size(); ++i) {
+    one(i < n.pages.size() ? n.pages[i] : BlockId::Invalid(), CeilDiv(n.start, P) + static_cast<std::uint32_t>(i), n.hashes[i]);
+  }
 }
 
 bool PrefixCache::HoldsOnHost(std::span<const std::uint32_t> tokens) const {

@@ -148,26 +148,34 @@ std::vector<std::uint32_t> PrefixCache::InsertPath(std::span<const std::uint32_t
   std::uint32_t pos = 0;
   // record_events: the chained page hashes of tokens [0, n) and each page's tokens.
   const std::vector<std::uint64_t> hashes =
-      config_.record_events ? internal::PageHashes(tokens.first(plan.n), P) : std::vector<std::uint64_t>{};
+      config_.record_events ? internal::PageHashes(tokens.first(plan.n), P, config_.event_hash) : std::vector<std::uint64_t>{};
   auto hash = [&](std::uint32_t i) { return i < hashes.size() ? hashes[i] : 0; };
-  auto parent = [&](std::uint32_t i) { return i > 0 ? hash(i - 1) : 0; };
+  auto parent = [&](std::uint32_t i) { return i > 0 ? ParentHash(hash(i - 1)) : std::nullopt; };
   auto page_tokens = [&](std::uint32_t i) { return tokens.subspan(i * P, std::min(P, plan.n - i * P)); };
   auto store = [&](BlockId page, BlockId window, std::uint32_t i) {
     StorePage(page, i, hash(i), parent(i), page_tokens(i));
     if (window.valid()) RecordStored(CacheEvent::Type::kWindowStored, window, i, hash(i), parent(i), page_tokens(i));
   };
-  while (pos < plan.s) {  // down the shared prefix, splitting at its end and at checkpoints
+  // The window boundary of the sequence's end (0: none) is a cut too, so that a lock at n
+  // window-locks a node holding only the pages of its window (SGLang's split of a leaf at the
+  // window on insert): the window pages before it stay evictable (window tombstones).
+  const std::uint32_t window_cut = WindowCut(plan.n);
+  auto cut_before = [&](std::uint32_t from, std::uint32_t end) {
+    std::uint32_t cut = end;
+    if (auto t = plan.at.upper_bound(from); t != plan.at.end() && t->first < cut) cut = t->first;
+    if (window_cut > from && window_cut < cut) cut = window_cut;
+    return cut;
+  };
+  while (pos < plan.s) {  // down the shared prefix, splitting at its end, checkpoints and the window
     const std::uint32_t c = nodes_[node].children.at(tokens[pos]);
-    std::uint32_t cut = std::min(nodes_[c].end, plan.s);
-    if (auto t = plan.at.upper_bound(pos); t != plan.at.end() && t->first < cut) cut = t->first;
+    const std::uint32_t cut = cut_before(pos, std::min(nodes_[c].end, plan.s));
     node = cut < nodes_[c].end ? Split(c, cut) : c;
     pos = cut;
     path.push_back(node);
   }
-  // New nodes for [s, n), one per stretch between checkpoint positions (one without them).
+  // New nodes for [s, n), one per stretch between cuts (checkpoint positions, the window's).
   while (pos < plan.n) {
-    const auto t = plan.at.upper_bound(pos);
-    const std::uint32_t next = t == plan.at.end() ? plan.n : t->first;
+    const std::uint32_t next = cut_before(pos, plan.n);
     const std::uint32_t id = NewNode();
     Node& c = nodes_[id];
     c.parent = node;
@@ -185,6 +193,9 @@ std::vector<std::uint32_t> PrefixCache::InsertPath(std::span<const std::uint32_t
       if (windowed) c.wpages.push_back(window_pages[i]);
       store(pages[i], windowed ? window_pages[i] : BlockId::Invalid(), i);
       if (config_.record_events) c.hashes.push_back(hash(i));
+    }
+    if (config_.record_events && ProvidesLastPage(c)) {  // the page holds tokens past `next` (the next node's)
+      c.tail.assign(tokens.begin() + next, tokens.begin() + std::min(CeilDiv(next, P) * P, plan.n));
     }
     for (BlockId w : {c.whead}) {
       if (w.valid()) owned_.insert(w);
@@ -218,10 +229,9 @@ void PrefixCache::AdoptWindowPages(const std::vector<std::uint32_t>& path, std::
       if (!slot.valid()) {
         Update(owner, [&] { slot = w; });
         owned_.insert(w);
-        if (config_.record_events) {
-          const auto page_tokens = tokens.subspan(i * P, std::min(P, plan.s - i * P));
-          RecordStored(CacheEvent::Type::kWindowStored, w, i, PageHashOnPath(owner, i),
-                       i > 0 ? PageHashOnPath(owner, i - 1) : 0, page_tokens);
+        if (config_.record_events) {  // the KV page's hash, over the tokens that page holds
+          RecordStored(CacheEvent::Type::kWindowStored, w, i, PageHashOnPath(owner, i), ParentHashOnPath(owner, i),
+                       PageTokens(owner, i));
         }
         continue;
       }
@@ -236,11 +246,14 @@ void PrefixCache::AttachCheckpoints(const std::vector<std::uint32_t>& path, std:
     if (auto it = at.find(c.end); it != at.end() && !c.checkpoint.valid()) {
       Update(id, [&] {
         c.checkpoint = it->second;
-        if (c.host != kNoSlot) free_host_.push_back(std::exchange(c.host, kNoSlot));  // the device copy wins
+        if (c.host != kNoSlot) {  // the device copy wins
+          RecordState(CacheEvent::Type::kStateRemoved, BlockId::Invalid(), c.end, EventMedium::kHost);
+          free_host_.push_back(std::exchange(c.host, kNoSlot));
+        }
       });
       owned_.insert(it->second.state);
       if (it->second.window.valid()) owned_.insert(it->second.window);
-      if (config_.record_events) events_.push_back({CacheEvent::Type::kStateStored, it->second.state, c.end});
+      RecordState(CacheEvent::Type::kStateStored, it->second.state, c.end, EventMedium::kDevice);
       at.erase(it);
     }
   }
@@ -270,7 +283,13 @@ Result<std::uint32_t> PrefixCache::Insert(std::span<const std::uint32_t> tokens,
   }
   if (config_.sliding_window > 0) AdoptWindowPages(path, tokens, window_pages, *plan);
   AttachCheckpoints(path, plan->at);
-  for (std::uint32_t id : path) Touch(id, clock_);
+  for (std::uint32_t id : path) {
+    Touch(id, clock_);
+    // SGLang's window LRU: the walk down refreshes no ancestor, the nodes it adds are new.
+    if (config_.window_recency == WindowRecency::kCushion && nodes_[id].start >= plan->s) {
+      Update(id, [&] { nodes_[id].window_use = clock_; });
+    }
+  }
   ULA_EXPENSIVE_CHECK(*this);
   return plan->s;
 }

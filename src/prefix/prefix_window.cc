@@ -18,6 +18,12 @@ std::uint32_t PrefixCache::WindowFirstPage(std::uint32_t length) const {
   return length > need ? (length - need) / config_.page_tokens : 0;
 }
 
+std::uint32_t PrefixCache::WindowCut(std::uint32_t length) const {
+  if (config_.sliding_window == 0) return 0;
+  const std::uint32_t cut = WindowFirstPage(length) * config_.page_tokens;
+  return cut < length ? cut : 0;
+}
+
 bool PrefixCache::HasWindow(const std::vector<std::uint32_t>& path, std::uint32_t length) const {
   if (config_.sliding_window == 0) return true;
   const std::vector<BlockId> w = WindowPagesOfPath(path, length);

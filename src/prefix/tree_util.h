@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "core/digest.h"
+#include "ula/prefix_events.h"
 
 namespace ula::internal {
 
@@ -21,19 +21,8 @@ std::vector<std::uint32_t> PathTo(std::uint32_t node, const Nodes& nodes) {
   return path;
 }
 
-// Chained page hashes of a token sequence (pages of P tokens, the last maybe partial): page
-// i's hash covers its tokens and page i - 1's hash (page 0: 0), so equal prefixes hash equal.
-inline std::vector<std::uint64_t> PageHashes(std::span<const std::uint32_t> tokens, std::uint32_t P) {
-  std::vector<std::uint64_t> hashes;
-  std::uint64_t parent = 0;
-  for (std::size_t i = 0; i < tokens.size(); i += P) {
-    StateDigest d;
-    d.Add(parent);
-    d.AddAll(tokens.subspan(i, std::min<std::size_t>(P, tokens.size() - i)));
-    parent = d.value();
-    hashes.push_back(parent);
-  }
-  return hashes;
-}
+// Chained page hashes of a token sequence (pages of P tokens, the last maybe partial), as
+// the bits of each page's event hash (ula/prefix_events.h says how each kind is computed).
+std::vector<std::uint64_t> PageHashes(std::span<const std::uint32_t> tokens, std::uint32_t P, EventHash hash);
 
 }  // namespace ula::internal

@@ -52,6 +52,7 @@
 #include <random>
 #include <set>
 
+#include "prefix/event_hashes.h"
 #include "test_seed.h"
 #include "backend/fault_backend.h"
 #include "ula/prefix_cache.h"
@@ -66,6 +67,7 @@ constexpr BlockKind kState(0), kKv(1), kSwa(2);
 using Tokens = std::vector<std::uint32_t>;
 
 Tokens Prefix(const Tokens& t, std::size_t n) { return Tokens(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(n)); }
+
 
 // The largest n with CanAllocate(n KV pages), by bisection.
 std::uint32_t FreeKvPages(const UnifiedBuffer& buffer) {
@@ -930,18 +932,44 @@ class PrefixRandom {
     const auto live = buffer_->Stats().live_blocks_per_kind;
     ASSERT_EQ(live[kKv.value()], (m.kv.evictable + m.kv.protected_bytes) / 64 + running_pages) << "step " << step_;
     ASSERT_EQ(live[kState.value()], on_device + running_states) << "step " << step_;
-    // The event stream replays to the cache's blocks.
-    for (const auto& e : cache_->TakeEvents()) {
-      const bool page = e.type == CacheEvent::Type::kPageStored || e.type == CacheEvent::Type::kPageRemoved;
-      auto& set = page ? event_pages_ : event_states_;
-      if (e.type == CacheEvent::Type::kPageStored || e.type == CacheEvent::Type::kStateStored) {
+    // The event stream replays to the cache's blocks, per medium: device blocks by id (a
+    // removal carries the hash its store did), host pages by hash, host checkpoints by position.
+    const std::vector<CacheEvent> events = cache_->TakeEvents();
+    ASSERT_EQ(event_hashes_.Replay(events, kPage), "") << "step " << step_;
+    for (const auto& e : events) {
+      ASSERT_FALSE(e.window()) << "a window event without window pages at step " << step_;
+      if (e.medium == EventMedium::kHost) {
+        ASSERT_FALSE(e.block.valid()) << "a host event with a device block at step " << step_;
+        if (e.kv()) {
+          if (e.stored()) {
+            host_event_pages_.insert(e.hash);
+          } else {
+            auto it = host_event_pages_.find(e.hash);
+            ASSERT_NE(it, host_event_pages_.end()) << "a host page removed without being stored at step " << step_;
+            host_event_pages_.erase(it);
+          }
+        } else if (e.stored()) {
+          host_event_states_.insert(e.position);
+        } else {
+          auto it = host_event_states_.find(e.position);
+          ASSERT_NE(it, host_event_states_.end()) << "a host state removed without being stored at step " << step_;
+          host_event_states_.erase(it);
+        }
+        continue;
+      }
+      auto& set = e.kv() ? event_pages_ : event_states_;
+      if (e.stored()) {
         ASSERT_TRUE(set.insert(e.block).second) << "stored twice at step " << step_;
+        if (e.kv()) stored_hash_[e.block] = e.hash;
       } else {
         ASSERT_EQ(set.erase(e.block), 1u) << "removed without being stored at step " << step_;
+        if (e.kv()) ASSERT_EQ(e.hash, stored_hash_.at(e.block)) << "a removal's hash is not its store's at step " << step_;
       }
     }
     ASSERT_EQ(event_pages_.size() * 64, m.kv.evictable + m.kv.protected_bytes);
     ASSERT_EQ(event_states_.size(), on_device);
+    ASSERT_EQ(host_event_pages_.size(), m.host_pages) << "step " << step_;
+    ASSERT_EQ(host_event_states_.size(), m.host_checkpoints) << "step " << step_;
   }
 
   std::mt19937 rng_;
@@ -954,6 +982,10 @@ class PrefixRandom {
   std::vector<Locked> locked_;
   std::vector<std::vector<BlockId>> running_;
   std::set<BlockId> event_pages_, event_states_;
+  std::map<BlockId, std::int64_t> stored_hash_;   // device page -> the hash its store carried
+  EventHashes event_hashes_;                       // every event's hash against its path and store
+  std::multiset<std::int64_t> host_event_pages_;  // host pages by hash
+  std::multiset<std::uint32_t> host_event_states_;  // host checkpoints by position
   std::uint64_t clock_ = 0;
   int step_ = 0;
   int inserts_ = 0, chunked_ = 0, hits_ = 0, evictions_ = 0, refused_ = 0;
@@ -998,8 +1030,9 @@ class PrefixWindowRandom {
     backend_ = MakeCpuBackend(CpuBackendOptions{.copy_threads = 1});
     const Arena device = backend_->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
     buffer_ = UnifiedBuffer::Create(c, device).value();
-    cache_ = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .window_kind = kSwa, .sliding_window = window},
-                                 buffer_.get())
+    cache_ = PrefixCache::Create(
+                 PrefixCacheConfig{.page_tokens = kPage, .window_kind = kSwa, .sliding_window = window, .record_events = true},
+                 buffer_.get())
                  .value();
     for (int s = 0; s < 4; ++s) {
       Tokens stem(24);
@@ -1056,6 +1089,9 @@ class PrefixWindowRandom {
     EXPECT_GT(paid_, 0);
     EXPECT_GT(window_stops_, 0);  // the window did decide some matches
     EXPECT_GT(complete_checked_, 0);
+    std::printf("  %d chunked inserts' windows checked, %d event hashes checked\n", chunks_checked_, event_hashes_.checked());
+    EXPECT_GT(chunks_checked_, 0);
+    EXPECT_GT(event_hashes_.checked(), 0);
     EXPECT_GT(releases_, 0);
     EXPECT_GT(window_evicted_, 0u);
     EXPECT_GT(evicted_states_, 0u);
@@ -1391,6 +1427,30 @@ class PrefixWindowRandom {
       cps.push_back({p, Checkpoint{s, BlockId::Invalid()}});
     }
     const std::size_t tree_kv = KvLength(t);  // how far the tree held t before
+    // Sometimes as a chunk of an unfinished request (InsertChunk): every window page the
+    // request attends to at n afterwards is the tree's and holds the query's bytes.
+    if (at.contains(n) && Uniform(0, 2) == 0) {
+      auto chunk = cache_->InsertChunk(t, pages, cps, PrefixMatch{}, window);
+      if (chunk) {
+        ++chunks_checked_;
+        Mismatch(chunk->length == n, "a chunk's match does not end at the chunk");
+        Mismatch(MatchBytesOk(*chunk, t, true), "a window page the chunk attends to is not the query's");
+        ASSERT_TRUE(cache_->Unlock(*chunk));
+        ++inserts_;
+        for (const auto& cp : cps) {
+          const Tokens key = Prefix(t, cp.position);
+          if (states_.contains(key)) {
+            Mismatch(!buffer_->KindOf(cp.checkpoint.state), "a duplicate checkpoint was not freed");
+          } else {
+            states_[key] = State{cp.checkpoint.state};
+          }
+        }
+        return;
+      }
+      ASSERT_TRUE(chunk.error().code() == ErrorCode::kInvalidArgument ||
+                  chunk.error().code() == ErrorCode::kFailedPrecondition)
+          << chunk.error().ToString();  // refused, nothing changed: inserted whole below
+    }
     auto inserted = cache_->Insert(t, pages, cps, window);
     ASSERT_TRUE(inserted) << inserted.error().ToString() << " step " << step_;
     ++inserts_;
@@ -1510,6 +1570,8 @@ class PrefixWindowRandom {
     ASSERT_TRUE(cache_->CheckInvariants()) << cache_->CheckInvariants().error().ToString() << " step " << step_;
     ASSERT_TRUE(buffer_->CheckInvariants()) << buffer_->CheckInvariants().error().ToString() << " step " << step_;
     ASSERT_EQ(cache_->num_checkpoints(), states_.size()) << "step " << step_;
+    const std::string events = event_hashes_.Take(*cache_);
+    ASSERT_EQ(events, "") << "step " << step_;
     std::uint64_t state_protected = 0;
     for (const auto& [key, st] : states_) {
       Mismatch(cache_->Holds(key) && StateOk(st.block, key), "a cached state lost");
@@ -1562,6 +1624,8 @@ class PrefixWindowRandom {
   int step_ = 0;
   bool broken_ = false;
   int inserts_ = 0, hits_ = 0, window_stops_ = 0, complete_checked_ = 0, releases_ = 0, evictions_ = 0, refused_ = 0;
+  EventHashes event_hashes_;  // every event's hash against its store
+  int chunks_checked_ = 0;     // chunked inserts whose window was checked
   int refusals_checked_ = 0, mismatches_ = 0, victims_watched_ = 0;
   int paid_ = 0;  // PayEvictable calls
   std::uint64_t window_evicted_ = 0, evicted_states_ = 0;

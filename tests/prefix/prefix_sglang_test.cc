@@ -5,6 +5,7 @@
 // swa_radix_cache.py) and checks ours against it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -59,8 +60,9 @@ std::uint32_t Matched(PrefixCache& cache, const std::vector<std::uint32_t>& toke
   return cache.Match(tokens, static_cast<std::uint32_t>(tokens.size())).length;
 }
 
-// Issue 28 item 1: the window's evictable counter is what Evict frees. SGLang (window 1):
-// a locked match protects its node's SWA, nothing of it is evictable.
+// The window's evictable counter is what Evict frees. SGLang (window 1, its leaf split at the
+// window on insert): a locked match protects only its window page (token 4); the 3 pages
+// before it, a node of their own, are evictable, and window eviction takes just them.
 TEST(PrefixCacheSglang, TheWindowEvictableCounterIsPayable) {
   auto a = Buffer();
   auto cache = Cache(*a, 2);
@@ -69,21 +71,23 @@ TEST(PrefixCacheSglang, TheWindowEvictableCounterIsPayable) {
   ASSERT_EQ(m.length, 4u);
   ASSERT_TRUE(cache->Lock(m));
   const PrefixCacheMetrics before = cache->Metrics();
-  EXPECT_EQ(before.window.evictable, 0u);  // the node holds the locked window page 3
-  EXPECT_EQ(before.window.protected_bytes, 4 * kBlock);
+  EXPECT_EQ(before.window.evictable, 3 * kBlock);
+  EXPECT_EQ(before.window.protected_bytes, 1 * kBlock);  // the locked window page 3
   const auto live = a->Stats().live_blocks_per_kind[kSwa.value()];
-  EXPECT_EQ(cache->Evict(0, 0, 1000).window_pages, 0u);
-  EXPECT_EQ(a->Stats().live_blocks_per_kind[kSwa.value()], live);
+  EXPECT_EQ(cache->Evict(0, 0, 1000).window_pages, 3u);
+  EXPECT_EQ(a->Stats().live_blocks_per_kind[kSwa.value()], live - 3);
+  EXPECT_EQ(cache->Metrics().window.evictable, 0u);
   ASSERT_TRUE(cache->Unlock(m));
-  EXPECT_EQ(cache->Metrics().window.evictable, 4 * kBlock);
-  EXPECT_EQ(cache->Evict(0, 0, 1000).window_pages, 4u);  // an unlocked leaf: it goes whole
+  EXPECT_EQ(cache->Metrics().window.evictable, 1 * kBlock);
+  EXPECT_EQ(cache->Evict(0, 0, 1000).window_pages, 1u);  // an unlocked leaf: it goes whole
   EXPECT_EQ(cache->num_nodes(), 0u);
   EXPECT_TRUE(cache->CheckInvariants());
 }
 
 // Item 2: a leaf whose window was evicted is useless and goes at once (SGLang's
-// _iteratively_delete_tombstone_leaf deletes it): the 6 tokens of [5..10] and then the 4 of
-// [1..4], whose window is gone.
+// _iteratively_delete_tombstone_leaf deletes it). The inserts were cut at their windows
+// ([1..3] [4] [5..9] [10]); window eviction takes [1..3]'s and [4]'s, so after the leaf [10]
+// and the tombstone [5..9] go, [4] (its window gone) and [1..3] follow: 10 tokens.
 TEST(PrefixCacheSglang, AWindowTombstonedLeafIsRemoved) {
   auto a = Buffer();
   auto cache = Cache(*a, 2);
@@ -92,11 +96,11 @@ TEST(PrefixCacheSglang, AWindowTombstonedLeafIsRemoved) {
   PrefixMatch m = cache->Match(Range(1, 10), 10);
   ASSERT_EQ(m.length, 10u);
   ASSERT_TRUE(cache->Lock(m));
-  EXPECT_EQ(cache->Evict(0, 0, 1).window_pages, 4u);  // [1..4]'s window: a window tombstone
+  EXPECT_EQ(cache->Evict(0, 0, 4).window_pages, 4u);  // [1..3] and [4]: window tombstones
   ASSERT_TRUE(cache->Unlock(m));
   const EvictionStats stats = cache->Evict(1, 0, 0);
   EXPECT_EQ(stats.tokens, 10u);
-  EXPECT_EQ(stats.nodes, 2u);
+  EXPECT_EQ(stats.nodes, 4u);
   EXPECT_EQ(cache->num_nodes(), 0u);
   EXPECT_EQ(Matched(*cache, Range(1, 4)), 0u);
   EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
@@ -135,14 +139,16 @@ TEST(PrefixCacheSglang, StateEvictionTombstonesTheRootSideFirst) {
   EXPECT_TRUE(cache->CheckInvariants());
 }
 
-// The same order for window pages (SGLang's SWA LRU list): the root side's go first.
+// The same order for window pages (SGLang's SWA LRU list): the root side's go first. The
+// inserts were cut at their windows: [1, 2] [3] [4..6] [7].
 TEST(PrefixCacheSglang, WindowEvictionTakesTheRootSideFirst) {
   auto a = Buffer();
   auto cache = Cache(*a, 2);
   ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 3), true));
   ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 7), true));
-  EXPECT_EQ(cache->Evict(0, 0, 1).window_pages, 3u);  // the node [1..3]: a window tombstone
-  EXPECT_EQ(Matched(*cache, Range(1, 7)), 7u);         // its window [6, 7) is in [4..7]
+  EXPECT_EQ(cache->Evict(0, 0, 1).window_pages, 2u);  // the node [1, 2]: a window tombstone
+  EXPECT_EQ(cache->Evict(0, 0, 1).window_pages, 1u);  // then [3]'s
+  EXPECT_EQ(Matched(*cache, Range(1, 7)), 7u);         // its window [6, 7) is in [7]
   EXPECT_EQ(Matched(*cache, Range(1, 3)), 0u);
   EXPECT_TRUE(cache->CheckInvariants());
 }
@@ -334,6 +340,202 @@ TEST(PrefixCacheSglang, ChunkedPrefillWithWindowPagesReleasesTheWindowItLeaves) 
   ASSERT_TRUE(a->Free(c3.pages[0]));
   ASSERT_TRUE(cache->Unlock(*m2));
   EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+}
+
+// SGLang's TestSWASplitLeafOnInsert (SGLANG_OPT_SWA_SPLIT_LEAF_ON_INSERT on; its window w
+// is our w + 1): an inserted leaf is cut at the window boundary of its end, rounded down to a
+// page, so a lock at its end protects only the last window rounded up to pages
+// (test_flag_on_caps_protection_at_window, test_flag_on_no_split_when_leaf_within_window),
+// the whole chain still matches (test_match_prefix_returns_full_chain_after_split) and
+// Unlock balances every counter to 0 (test_dec_lock_ref_after_split_balances_to_zero).
+struct SplitCase {
+  std::uint32_t window, page, leaf, tail;  // SGLang's window, page size, leaf length; protected tail
+};
+void CheckSplitAtWindow(const SplitCase& c) {
+  SCOPED_TRACE(testing::Message() << "window " << c.window << " page " << c.page << " leaf " << c.leaf);
+  auto a = Buffer();
+  auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = c.page, .state_kind = BlockKind::Invalid(),
+                                                     .sliding_window = c.window + 1},
+                                   a.get())
+                   .value();
+  const std::vector<std::uint32_t> tokens = Range(0, c.leaf - 1);
+  const std::uint32_t pages = (c.leaf + c.page - 1) / c.page;
+  Blocks b = Allocate(*a, pages);
+  ASSERT_TRUE(cache->Insert(tokens, b.pages, {}, b.window));
+  PrefixMatch m = cache->Match(tokens, c.leaf);
+  ASSERT_EQ(m.length, c.leaf);
+  EXPECT_EQ(m.pages, b.pages);  // the full chain
+  EXPECT_EQ(m.path.size(), c.leaf > c.tail ? 2u : 1u);
+  ASSERT_TRUE(cache->Lock(m));
+  const std::uint32_t tail_pages = std::min(pages, c.tail / c.page);
+  EXPECT_EQ(cache->Metrics().window.protected_bytes, tail_pages * kBlock);
+  EXPECT_EQ(cache->Metrics().window.evictable, (pages - tail_pages) * kBlock);
+  EXPECT_EQ(cache->Metrics().kv.protected_bytes, pages * kBlock);
+  ASSERT_TRUE(cache->Unlock(m));
+  EXPECT_EQ(cache->Metrics().window.protected_bytes, 0u);
+  EXPECT_EQ(cache->Metrics().kv.protected_bytes, 0u);
+  ASSERT_TRUE(cache->Lock(m));
+  EXPECT_EQ(cache->Evict(0, 0, 1000).window_pages, pages - tail_pages);  // what was evictable
+  EXPECT_EQ(cache->Match(tokens, c.leaf).length, c.leaf);                 // its window is the tail
+  ASSERT_TRUE(cache->Unlock(m));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+}
+
+TEST(PrefixCacheSglang, ALockProtectsOnlyTheLastWindowRoundedUpToPages) {
+  for (const SplitCase& c : {SplitCase{4, 1, 12, 4}, {4, 1, 5, 4}, {1, 1, 5, 1}, {4, 2, 12, 4}, {8, 2, 12, 8},
+                             {4, 4, 12, 4}, {3, 2, 12, 4}, {5, 4, 12, 8}, {3, 4, 12, 4}}) {
+    CheckSplitAtWindow(c);
+  }
+}
+
+TEST(PrefixCacheSglang, ALeafWithinItsWindowIsNotSplit) {
+  for (const SplitCase& c : {SplitCase{4, 1, 4, 4}, {4, 1, 3, 4}, {4, 2, 4, 4}, {3, 2, 4, 4}, {8, 2, 4, 8},
+                             {4, 4, 4, 4}}) {
+    CheckSplitAtWindow(c);
+  }
+}
+
+// With a recurrent kind too: a 12-token leaf locked, window 4 (ours 5);
+// Evict(0, 0, 1000) frees the 8 window pages outside the window, and the locked match
+// still resumes at 12 (its checkpoint and window stay).
+TEST(PrefixCacheSglang, EvictFreesTheWindowPagesOutsideALockedWindow) {
+  auto a = Buffer();
+  auto cache = Cache(*a, 5);
+  ASSERT_TRUE(InsertWithState(*cache, *a, Range(1, 12), true));
+  PrefixMatch m = cache->Match(Range(1, 12), 12);
+  ASSERT_EQ(m.length, 12u);
+  ASSERT_TRUE(cache->Lock(m));
+  EXPECT_EQ(cache->Metrics().window.protected_bytes, 4 * kBlock);
+  EXPECT_EQ(cache->Evict(0, 0, 1000).window_pages, 8u);
+  EXPECT_EQ(cache->Match(Range(1, 12), 12).length, 12u);
+  ASSERT_TRUE(cache->Unlock(m));
+  EXPECT_EQ(cache->Metrics().window.protected_bytes + cache->Metrics().kv.protected_bytes +
+                cache->Metrics().state.protected_bytes,
+            0u);
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+}
+
+// A match that ends inside a node splits it there and returns the whole matched length with
+// its pages, when the window of that point is present (SGLang's SWA _match_prefix_helper).
+// [1..8] with window 4 (ours 5), the query [1..6, 99] matches 6, not 0.
+TEST(PrefixCacheSglang, AMatchEndingInsideANodeSplitsIt) {
+  auto a = Buffer();
+  auto cache = SwaCache(*a, 5);
+  Blocks b = Allocate(*a, 8);
+  ASSERT_TRUE(cache->Insert(Range(1, 8), b.pages, {}, b.window));
+  const auto live = a->Stats().live_blocks_per_kind;
+  PrefixMatch m = cache->Match(Concat(Range(1, 6), {99}), 7);
+  EXPECT_EQ(m.length, 6u);
+  EXPECT_EQ(m.kv_length, 6u);
+  EXPECT_EQ(m.pages, std::vector<BlockId>(b.pages.begin(), b.pages.begin() + 6));
+  ASSERT_EQ(m.window_pages.size(), 6u);
+  EXPECT_EQ(m.window_pages[2], b.window[2]);  // the window of 6: tokens [2, 6)
+  EXPECT_FALSE(m.window_pages[1].valid());
+  EXPECT_TRUE(cache->Holds(Range(1, 6)));
+  EXPECT_EQ(a->Stats().live_blocks_per_kind, live);  // a split moves no block
+  // max_length inside a node splits there too.
+  EXPECT_EQ(cache->Match(Range(1, 8), 5).length, 5u);
+  ASSERT_TRUE(cache->Lock(m));
+  ASSERT_TRUE(cache->Unlock(m));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+  // Without the window of that point (the request released tokens [0, 4)'s), nothing is
+  // split: the match stays at the boundary before it, whose window is gone too.
+  auto released = SwaCache(*a, 5);
+  Blocks r = Allocate(*a, 8);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(a->Free(r.window[i]));
+    r.window[i] = BlockId::Invalid();
+  }
+  ASSERT_TRUE(released->Insert(Range(1, 8), r.pages, {}, r.window));
+  const std::size_t nodes = released->num_nodes();
+  EXPECT_EQ(released->Match(Concat(Range(1, 6), {99}), 7).length, 0u);
+  EXPECT_EQ(released->num_nodes(), nodes);
+  EXPECT_TRUE(released->CheckInvariants()) << released->CheckInvariants().error().ToString();
+}
+
+// SGLang's test_radix_cache_unit.py test_advanced_prefix_match_with_node_splits (page sizes 1
+// and 2): a full-attention model is window pages with a window longer than every sequence.
+// Matches that end inside a node return that many tokens' pages and change no data.
+TEST(PrefixCacheSglang, AdvancedPrefixMatchWithNodeSplits) {
+  for (std::uint32_t page : {1u, 2u}) {
+    SCOPED_TRACE(testing::Message() << "page " << page);
+    auto a = Buffer();
+    auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = page, .state_kind = BlockKind::Invalid(),
+                                                       .sliding_window = 64},
+                                     a.get())
+                     .value();
+    const std::vector<std::uint32_t> seq1 = Range(1, 8), seq2 = {1, 2, 9, 10};
+    Blocks b1 = Allocate(*a, 8 / page), b2 = Allocate(*a, 4 / page);
+    ASSERT_TRUE(cache->Insert(seq1, b1.pages, {}, b1.window));
+    ASSERT_EQ(cache->Insert(seq2, b2.pages, {}, b2.window).value(), 2u);
+    const auto total = a->Stats().live_blocks_per_kind[kKv.value()];
+    EXPECT_EQ(total * page, 10u);  // 8 + 2 tokens
+    auto pages_of = [&](std::uint32_t tokens) {
+      return std::vector<BlockId>(b1.pages.begin(), b1.pages.begin() + tokens / page);
+    };
+    PrefixMatch m = cache->Match(std::vector<std::uint32_t>{1, 2, 3, 4, 999, 1000}, 6);
+    EXPECT_EQ(m.length, 4u);
+    EXPECT_EQ(m.pages, pages_of(4));
+    EXPECT_EQ(a->Stats().live_blocks_per_kind[kKv.value()], total);
+    EXPECT_EQ(cache->Match(seq1, 8).pages, pages_of(8));
+    m = cache->Match(std::vector<std::uint32_t>{1, 2, 3, 4, 5, 6, 777, 888}, 8);
+    EXPECT_EQ(m.length, 6u);
+    EXPECT_EQ(m.pages, pages_of(6));
+    EXPECT_EQ(a->Stats().live_blocks_per_kind[kKv.value()], total);
+    std::vector<BlockId> branch = pages_of(2);
+    branch.insert(branch.end(), b2.pages.begin() + 2 / page, b2.pages.end());
+    EXPECT_EQ(cache->Match(seq2, 4).pages, branch);
+    EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+  }
+}
+
+// SGLang's window LRU (its unified radix cache, SWA without mamba; window 4 is our 5, page 1,
+// so its cushion is 5 tokens): segments A, B, C of 8 tokens inserted as one chain, then a
+// 5-token side branch; each insert is cut at its window ([4 + 4] per segment, [1 + 4] for the
+// side). Window eviction order then shows what each rule refreshed.
+struct WindowLruChain {
+  std::unique_ptr<UnifiedBuffer> a = Buffer();
+  std::unique_ptr<PrefixCache> cache;
+  std::vector<std::uint32_t> abc = Range(1, 24), side = Range(900, 904);
+  explicit WindowLruChain(WindowRecency rule) {
+    cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = 1, .state_kind = BlockKind::Invalid(),
+                                                  .sliding_window = 5, .window_recency = rule},
+                                a.get())
+                .value();
+    for (std::uint32_t n : {8u, 16u, 24u}) EXPECT_TRUE(InsertSwa(*cache, *a, Range(1, n)));
+    EXPECT_TRUE(InsertSwa(*cache, *a, side));
+  }
+};
+
+// test_swa_lru_match_only_refreshes_window_cushion and
+// test_swa_lru_old_ancestors_evict_first_under_pressure: a match of A+B+C refreshes only C's
+// two nodes (its cushion), so window eviction takes A's and B's window pages (root side
+// first) before the side branch's, which still matches whole.
+TEST(PrefixCacheSglang, AMatchRefreshesOnlyTheWindowCushion) {
+  WindowLruChain t(WindowRecency::kCushion);
+  ASSERT_EQ(t.cache->Match(t.abc, 24).length, 24u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(t.cache->Evict(0, 0, 1).window_pages, 4u) << i;  // A, then B: 4 pages each
+  EXPECT_EQ(t.cache->Match(t.side, 5).length, 5u);  // its window pages all there
+  EXPECT_EQ(t.cache->Match(t.abc, 24).length, 24u);  // C's window is the cushion
+  EXPECT_TRUE(t.cache->CheckInvariants()) << t.cache->CheckInvariants().error().ToString();
+  // Today's rule (one clock per path) refreshed A and B too: the side branch goes first.
+  WindowLruChain path(WindowRecency::kPath);
+  ASSERT_EQ(path.cache->Match(path.abc, 24).length, 24u);
+  EXPECT_EQ(path.cache->Evict(0, 0, 1).window_pages, 1u);  // the side's [900]
+}
+
+// test_swa_lru_walk_down_does_not_refresh_ancestors_during_insert: inserting A+B+C+D
+// refreshes none of A, B, C in the window LRU (only D's new nodes), so they stay older than
+// the side branch.
+TEST(PrefixCacheSglang, AnInsertsWalkDownRefreshesNoAncestor) {
+  WindowLruChain t(WindowRecency::kCushion);
+  ASSERT_EQ(InsertSwa(*t.cache, *t.a, Range(1, 32)).value(), 24u);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(t.cache->Evict(0, 0, 1).window_pages, 4u) << i;  // A, B, C before the side
+  EXPECT_EQ(t.cache->Match(t.side, 5).length, 5u);
+  EXPECT_TRUE(t.cache->CheckInvariants()) << t.cache->CheckInvariants().error().ToString();
+  WindowLruChain path(WindowRecency::kPath);
+  ASSERT_TRUE(InsertSwa(*path.cache, *path.a, Range(1, 32)));
+  EXPECT_EQ(path.cache->Evict(0, 0, 1).window_pages, 1u);  // the side's [900]
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "prefix/event_hashes.h"
 #include "test_seed.h"
 #include "ula/prefix_cache.h"
 #include "ula/unified_buffer.h"
@@ -40,7 +41,7 @@ class WindowOnlyRandom {
     c.padding_blocks = 0;
     buffer_ = UnifiedBuffer::Create(c).value();
     cache_ = PrefixCache::Create(PrefixCacheConfig{.page_tokens = 1, .state_kind = BlockKind::Invalid(),
-                                                   .sliding_window = window},
+                                                   .sliding_window = window, .record_events = true},
                                  buffer_.get())
                  .value();
   }
@@ -68,6 +69,7 @@ class WindowOnlyRandom {
       }
       const Status ok = cache_->CheckInvariants();
       ASSERT_TRUE(ok) << "step " << step_ << ": " << ok.error().ToString();
+      ASSERT_EQ(event_hashes_.Take(*cache_), "") << "step " << step_;  // every event's hash against its store
       const PrefixCacheMetrics m = cache_->Metrics();
       ASSERT_EQ(m.state.evictable + m.state.protected_bytes, 0u) << "step " << step_;
     }
@@ -78,6 +80,7 @@ class WindowOnlyRandom {
     EXPECT_GT(payments_, 5);
     EXPECT_GT(releases_, 5);
     EXPECT_GT(no_room_ + evicted_for_room_, 0);  // the buffer really filled up
+    EXPECT_GT(event_hashes_.checked(), steps / 2);
     while (!held_.empty()) UnlockOne();
     ASSERT_TRUE(cache_->CheckInvariants());
   }
@@ -205,6 +208,7 @@ class WindowOnlyRandom {
   std::unique_ptr<PrefixCache> cache_;
   std::vector<Tokens> inserted_;
   std::vector<PrefixMatch> held_;
+  EventHashes event_hashes_;
   int step_ = 0, inserts_ = 0, no_room_ = 0, evicted_for_room_ = 0, matches_ = 0, hits_ = 0, locks_ = 0;
   int releases_ = 0, payments_ = 0;
 };

@@ -36,7 +36,7 @@ CLASSES = {
     "PrefixCacheConfig": ("include/ula/prefix_cache.h", "PrefixCacheConfig"),
     "PrefixMatch": ("include/ula/prefix_cache.h", "PrefixMatch"),
     "EvictionStats": ("include/ula/prefix_cache.h", "EvictionStats"),
-    "CacheEvent": ("include/ula/prefix_cache.h", "CacheEvent"),
+    "CacheEvent": ("include/ula/prefix_events.h", "CacheEvent"),
     "KindBytes": ("include/ula/prefix_cache.h", "KindBytes"),
     "PrefixCacheMetrics": ("include/ula/prefix_cache.h", "PrefixCacheMetrics"),
     "PrefixCache": ("include/ula/prefix_cache.h", "PrefixCache"),

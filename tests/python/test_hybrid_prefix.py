@@ -100,13 +100,14 @@ def test_chunked_insert_and_window_release():
     m = wcache.match(toks(1, 4), 4)
     assert m.window_pages.dtype == np.int64 and list(m.window_pages[:3]) == [-1, -1, -1] and m.window_pages[3] >= 0
     wcache.lock(m)
-    assert wcache.metrics().window.evictable == 0  # the node holds the locked window page
-    assert wcache.evict(0, 0, 100).window_pages == 0
+    # Insert cut [1..4] at its window ([1..3] [4]): the lock protects only the window page 3.
+    assert wcache.metrics().window.evictable == 3 * UNIT and wcache.metrics().window.protected_bytes == UNIT
+    assert wcache.evict(0, 0, 100).window_pages == 3  # [1..3]: a window tombstone
     wcache.release_window(m)
-    assert len(m.window_pages) == 0 and wcache.metrics().window.evictable == 4 * UNIT
+    assert len(m.window_pages) == 0 and wcache.metrics().window.evictable == UNIT
     with pytest.raises(ulacache.FailedPreconditionError):
         wcache.release_window(wcache.match(toks(1, 4), 4))  # not locked
-    assert wcache.evict(0, 0, 1).window_pages == 4  # a window tombstone: KV and state stay
+    assert wcache.evict(0, 0, 1).window_pages == 1  # a window tombstone: KV and state stay
     assert wcache.match(toks(1, 4), 4).length == 0
     wcache.unlock(m)  # the window tombstone at a leaf is useless now: it goes
     assert wcache.num_nodes == 0
@@ -159,6 +160,51 @@ def test_events_carry_block_hashes_parents_and_tokens():
     removed = cache.take_events()
     assert sorted(e.hash for e in removed if e.type == "window_removed") == sorted(e.hash for e in windows)
     assert sorted(e.hash for e in removed if e.type == "page_removed") == sorted(e.hash for e in pages)
+    cache.check_invariants()
+
+
+def sglang_hashes(tokens, page):
+    """SGLang's block hashes (get_hash_str, hash_str_to_int64), computed here with hashlib."""
+    import hashlib
+    out, prior = [], None
+    for i in range(0, len(tokens), page):
+        h = hashlib.sha256()
+        if prior is not None:
+            h.update(prior)
+        for t in tokens[i:i + page]:
+            h.update(int(t).to_bytes(4, "little", signed=False))
+        prior = h.digest()
+        v = int(h.hexdigest()[:16], 16)
+        out.append(v - 2**64 if v >= 2**63 else v)
+    return out
+
+
+def test_events_carry_sglang_hashes_a_medium_and_all_cleared_on_reset():
+    """Events key blocks as SGLang does (SHA-256 chain, signed int64), say their medium, and a
+    reset is one all_cleared event; stored_blocks() is what the events built."""
+    buf = buffer()
+    config = ulacache.PrefixCacheConfig(page_tokens=2, record_events=True)
+    assert config.event_hash == "sglang"
+    cache = ulacache.PrefixCache(config, buf)
+    t = np.array([7, 70000, 3, 4, 5], dtype=np.uint32)
+    ids = buf.allocate([1, 3, 0])
+    cache.insert(t, ids[1:], [(5, int(ids[0]), -1)])
+    pages = [e for e in cache.take_events() if e.type == "page_stored"]
+    assert [e.hash for e in pages] == sglang_hashes(list(t), 2)
+    assert all(e.medium == "GPU" and e.kv and e.stored and not e.window for e in pages)
+    assert [(e.hash, e.parent_hash) for e in cache.stored_blocks()] == [(e.hash, e.parent_hash) for e in pages]
+    m = cache.match(t, 5)
+    cache.lock(m)
+    with pytest.raises(Exception):
+        cache.reset()  # refused while locked
+    cache.unlock(m)
+    cache.reset()
+    assert [e.type for e in cache.take_events()] == ["all_cleared"]
+    assert cache.num_nodes == 0 and cache.stored_blocks() == []
+    assert ulacache.PrefixCacheConfig(event_hash="debug").event_hash == "debug"
+    assert config.window_recency == "cushion" and ulacache.PrefixCacheConfig(window_recency="path").window_recency == "path"
+    with pytest.raises(ValueError):
+        ulacache.PrefixCacheConfig(event_hash="md5")
     cache.check_invariants()
 
 

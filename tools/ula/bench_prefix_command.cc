@@ -270,12 +270,16 @@ struct WindowResult {
   std::uint64_t window_bytes = 0;  // window KV the buffer holds after the prefixes were served
   std::uint32_t retained = 0;
   std::uint64_t recomputed = 0;
+  std::uint64_t variant_recomputed = 0;  // of the branching variants served before the returning requests
   double returning_ms = 0, token_us = 0;
 };
 
+// `variants` (may be empty) are served after the prefixes and before the returning requests.
 Result<WindowResult> RunWindow(bool pages, std::uint32_t window, const Options& o, const Sizes& ring_sizes, double fraction,
                                const std::vector<std::vector<std::uint32_t>>& prefixes,
-                               const std::vector<std::vector<std::uint32_t>>& returning) {
+                               const std::vector<std::vector<std::uint32_t>>& returning,
+                               WindowRecency recency = WindowRecency::kCushion,
+                               const std::vector<std::vector<std::uint32_t>>& variants = {}) {
   HybridModelConfig mc;
   mc.window_in_pages = pages;
   mc.window = window;
@@ -290,7 +294,7 @@ Result<WindowResult> RunWindow(bool pages, std::uint32_t window, const Options& 
   c.padding_blocks = 1;
   auto buffer = UnifiedBuffer::Create(c);
   if (!buffer) return std::unexpected(buffer.error());
-  PrefixCacheConfig pc{.page_tokens = mc.page_tokens};
+  PrefixCacheConfig pc{.page_tokens = mc.page_tokens, .window_recency = recency};
   if (pages) pc.sliding_window = mc.window;
   auto cache = PrefixCache::Create(pc, buffer->get());
   if (!cache) return std::unexpected(cache.error());
@@ -301,6 +305,11 @@ Result<WindowResult> RunWindow(bool pages, std::uint32_t window, const Options& 
     if (!s) return std::unexpected(s.error());
   }
   WindowResult r{.pages = pages};
+  for (const auto& v : variants) {
+    auto s = runner.Serve(v, serve);
+    if (!s) return std::unexpected(s.error());
+    r.variant_recomputed += s->recomputed;
+  }
   r.window_bytes = (*buffer)->Stats().live_blocks_per_kind[kModelWindowKind.value()] * c.kinds[2].block_bytes;
   for (const auto& p : prefixes) r.retained += (*cache)->Holds(p) ? 1 : 0;
   std::vector<double> token_us;
@@ -523,6 +532,33 @@ int Run(const Options& o) {
                    fraction * 100, r->window_bytes >> 10, r->retained, o.prefixes, r->recomputed, r->returning_ms,
                    r->token_us);
       }
+    }
+  }
+  // Window recency (window pages, W = 64, buffers of a fraction of the rings'): the variants branch off the
+  // prefixes (deep matches, inserts that walk down shared nodes), then the prefixes return.
+  // Today's rule (a touch refreshes the whole path's window pages) against SGLang's (a match
+  // refreshes its window cushion, an insert's walk down no ancestor).
+  out["window_recency"] = nlohmann::json::array();
+  if (!o.json) {
+    fmt::print("window recency: pages W=64, {} variants then the {} returning requests\n", variants.size(),
+               returning.size());
+    fmt::print("{:<10} {:>7} {:>9} {:>20} {:>21} {:>14}\n", "rule", "buffer", "retained", "variants recomputed",
+               "returning recomputed", "window KiB");
+  }
+  for (double fraction : {0.5, 0.15, 0.12, 0.1})
+  for (WindowRecency recency : {WindowRecency::kPath, WindowRecency::kCushion}) {
+    auto r = RunWindow(true, 64, o, sizes, fraction, prefixes, returning, recency, variants);
+    if (!r) {
+      fmt::print(stderr, "window recency run failed: {}\n", r.error().ToString());
+      return 1;
+    }
+    const char* name = recency == WindowRecency::kPath ? "path" : "cushion";
+    out["window_recency"].push_back({{"rule", name}, {"buffer_fraction", fraction}, {"retained", r->retained}, {"of", o.prefixes},
+                                     {"variant_recomputed_tokens", r->variant_recomputed},
+                                     {"returning_recomputed_tokens", r->recomputed}, {"window_bytes", r->window_bytes}});
+    if (!o.json) {
+      fmt::print("{:<10} {:>6.0f}% {:>6}/{:<2} {:>20} {:>21} {:>14}\n", name, fraction * 100, r->retained, o.prefixes,
+                 r->variant_recomputed, r->recomputed, r->window_bytes >> 10);
     }
   }
   const auto [unified_us, fixed_us] = MeasureTbt(**model, o);
