@@ -25,8 +25,10 @@ std::vector<Variant> Variants() {
   auto scale_rate = [](double f) { return [f](CostModelInputs& in) { in.rates.sparse_decode_flops *= f; }; };
   v.push_back({"sparse decode kernel rate", "x0.5", scale_rate(0.5), {}});
   v.push_back({"sparse decode kernel rate", "x1.5", scale_rate(1.5), {}});
-  v.push_back({"head multiple (B300)", "64 instead of 128", [](CostModelInputs& in) {
-                 in.rates.sparse_decode_head_multiple = std::min<std::uint32_t>(in.rates.sparse_decode_head_multiple, 64);
+  // The FP8 decode kernel pads <= 64 heads to 64 on every GPU; 128 is SM100's BF16 prefill
+  // padding, run here as the reading that would double every attention term.
+  v.push_back({"decode head padding", "128 instead of 64", [](CostModelInputs& in) {
+                 in.rates.sparse_decode_head_multiple = std::max<std::uint32_t>(in.rates.sparse_decode_head_multiple, 128);
                }, {}});
   auto pcie = [](double r) { return [r](CostModelInputs& in) { in.rates.host_link_scattered_bytes_per_s = r; }; };
   v.push_back({"scattered-row PCIe rate", "25 GB/s", pcie(25e9), {}});
