@@ -113,6 +113,8 @@ RankDemand DemandOf(const PlacementRules& r, std::uint32_t t) {
     case SystemKind::kVllmHiSparse:
       d.device = t * ix + double(r.hisparse_buffer_entries + r.tail_entries) * kv;
       d.host = r.mode == ParallelMode::kTp ? t * kv / r.num_ranks : t * kv;  // TP: one host pool for the node
+      // The pages admission reserves in the window beyond the tail (the tail is reserved above).
+      d.device_transient = std::max(0.0, std::min<double>(t, r.admission_window_entries) - r.tail_entries) * kv;
       break;
     case SystemKind::kUlaCache:
     case SystemKind::kUlaCacheAtHome: {
@@ -147,8 +149,8 @@ bool AdmissionLedger::FitsOn(std::uint32_t rank, std::uint32_t t) const {
   const double dev = rules_.device_bytes_per_rank, host = rules_.host_bytes_per_rank;
   // Flexible bytes can sit on either tier, so three sums decide.
   auto fits = [&](std::uint32_t r) {
-    return device_[r] + d.device <= dev && host_[r] + d.host <= host &&
-           device_[r] + host_[r] + either_[r] + d.device + d.host + d.either <= dev + host;
+    return device_[r] + d.device + d.device_transient <= dev && host_[r] + d.host <= host &&
+           device_[r] + host_[r] + either_[r] + d.device + d.device_transient + d.host + d.either <= dev + host;
   };
   if (rules_.mode == ParallelMode::kTp) {
     for (std::uint32_t r = 0; r < rules_.num_ranks; ++r) {

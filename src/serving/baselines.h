@@ -24,10 +24,16 @@
 //             tokens are dealt round-robin: ceil(ceil(T/b)/P)*b (b = helix_tokens_per_block).
 //   vllm_hisparse  device: T*ix + (C + tail)*kv (hot buffer C = hisparse_buffer_entries,
 //             the never-reclaimed tail pages); host: T*kv, in TP one copy for the node
-//             (T*kv/P per rank: the TP ranks share one host pool). Resident GPU pages are a
-//             cache of the host pool in the device room left over: not part of admission.
-// A rank fits a request when device_only + d <= D, host_only + h <= H and
-// device_only + host_only + either + d + h + f <= D + H (d: device-only, h: host-only, f: either).
+//             (T*kv/P per rank: the TP ranks share one host pool). Admission also needs,
+//             for the moment it admits, the request's resident pages up to the in-flight
+//             window: (min(T, window) - tail)*kv more free device bytes (device_transient,
+//             checked, not reserved: those pages are unpinned to host once written, as
+//             vLLM's HiSparseResidentManager.get_num_blocks_to_allocate caps them with
+//             apply_admission_cap). Resident GPU pages past that are a cache of the host
+//             pool in the device room left over: not part of admission.
+// A rank fits a request when device_only + d + t <= D, host_only + h <= H and
+// device_only + host_only + either + d + t + h + f <= D + H (d: device-only, t: device bytes
+// needed only while admitting, h: host-only, f: either).
 // DP places a request on the rank with the most free bytes (lowest index on ties).
 //
 // Thread-safety: none (plain state); one thread per ledger / buffer set.
@@ -99,6 +105,9 @@ struct PlacementRules {
   std::uint32_t tp_buffer_entries = 0;       // ulacache TP, per request; must be 0 for ulacache_home
   std::uint32_t helix_tokens_per_block = 0;  // helix: tokens of one KV block (the striping unit)
   std::uint32_t tail_entries = 0;            // vllm_hisparse: the newest pages, never reclaimed
+  // vllm_hisparse: tokens whose resident pages admission counts (the in-flight window,
+  // tail included; 0 = the tail only).
+  std::uint32_t admission_window_entries = 0;
 
   // Names the first bad field (kInvalidArgument); ulacache_home in DP mode is refused.
   Status Validate() const;
@@ -107,6 +116,7 @@ struct PlacementRules {
 // Bytes one request needs on one rank it touches.
 struct RankDemand {
   double device = 0, host = 0, either = 0;
+  double device_transient = 0;  // free device bytes the admission needs, not reserved after it
 };
 RankDemand DemandOf(const PlacementRules& rules, std::uint32_t history_tokens);
 // SGLang HiSparse's host pool under `ratio` (rules: the device and host budgets per rank):

@@ -22,6 +22,7 @@
 #include <optional>
 
 #include "workload/rng.h"
+#include "serving/availability.h"
 #include "serving/serving_systems.h"
 #include "serving/shared_admission.h"
 #include "workload/shared_workload.h"
@@ -147,6 +148,7 @@ PlacementRules MakeRules(const RunContext& ctx, SystemKind system) {
     // device_buffer_size defaults to (max decode query length + 1) x top-k rows.
     rules.hisparse_buffer_entries = (q + 1) * ctx.model.top_k;
     rules.tail_entries = sc.vllm_hisparse_tail_entries;
+    rules.admission_window_entries = sc.vllm_hisparse_admission_window_entries;
   }
   if (system == SystemKind::kHelix) {
     rules.device_bytes_per_rank = std::max(0.0, rules.device_bytes_per_rank - ctx.cost.RedundantQkvExtraWeightBytes());
@@ -284,6 +286,8 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
 
   const PlacementRules rules = MakeRules(ctx, system);
   PrintBudget(ctx, system, rules);
+  result.device_budget_bytes = rules.device_bytes_per_rank;
+  result.host_budget_bytes = rules.host_bytes_per_rank;
   result.admitted = MaxAdmitted(rules, ctx.finals);
   {
     double admitted_tokens = 0;
@@ -607,6 +611,8 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
   result.system = system;
   const PlacementRules rules = MakeRules(ctx, system);
   PrintBudget(ctx, system, rules);
+  result.device_budget_bytes = rules.device_bytes_per_rank;
+  result.host_budget_bytes = rules.host_bytes_per_rank;
   serving_internal::SharedAdmissionLimit lim;
   auto fits = SharedLimit(ctx, stream, rules, result, lim);
   result.fill = FillOf(rules, double(lim.stored_tokens), HasHostTier(system) ? ctx.budget.host_bytes : 0);
@@ -703,6 +709,21 @@ Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario_in, const 
     draft_tokens = wl->draft_tokens;
   }
 
+  auto avail = LoadAvailabilityConfig(dir);
+  if (!avail) return std::unexpected(avail.error());
+  for (SystemKind s : kAllSystems) {
+    if (avail->Find(SystemName(s)) == nullptr) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("systems/availability.json: no entry for system '{}'", SystemName(s)));
+    }
+  }
+  for (const SystemAvailability& a : avail->systems) {
+    if (std::none_of(std::begin(kAllSystems), std::end(kAllSystems), [&](SystemKind s) { return SystemName(s) == a.system; })) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("systems/availability.json: field 'systems.{}': unknown system", a.system));
+    }
+  }
+
   ComparisonResult out;
   out.scenario = scenario.name;
   out.model = scenario.model;
@@ -742,6 +763,11 @@ Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario_in, const 
       if (!SystemRunsIn(s, e.mode)) continue;  // ulacache_home: TP only
       auto r = stream ? RunSharedSystem(ctx, *stream, s) : RunSystem(ctx, s);
       if (!r) return std::unexpected(r.error());
+      const SystemAvailability& a = *avail->Find(SystemName(s));
+      r->engine = a.engine;
+      r->proposed = a.proposed;
+      r->why_not = WhyNotShipped(a, e);
+      r->ships = r->why_not.empty();
       cr.systems.push_back(std::move(*r));
     }
     cr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

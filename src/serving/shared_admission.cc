@@ -228,8 +228,8 @@ bool SharedLedger::Fits(const Holder& h, const RankDemand& d, double ws) const {
   // The working sets must be on device, but the step's distinct selections on a holder
   // cannot exceed the entries it stores: sharers' working sets overlap in their prefix.
   const double ws_device = std::min(h.ws + ws, h.either + d.either);
-  return h.device + d.device + ws_device <= dev && h.host + d.host <= host &&
-         h.device + h.host + h.either + d.device + d.host + d.either <= dev + host;
+  return h.device + d.device + d.device_transient + ws_device <= dev && h.host + d.host <= host &&
+         h.device + h.host + h.either + d.device + d.device_transient + d.host + d.either <= dev + host;
 }
 
 void SharedLedger::Add(Holder& h, const RankDemand& d, double ws, double sign) {

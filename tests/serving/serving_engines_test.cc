@@ -11,6 +11,7 @@
 
 #include "config/hardware_config.h"
 #include "config/model_config.h"
+#include "serving/availability.h"
 #include "serving/baselines.h"
 #include "serving/cost_model.h"
 #include "serving/serving_sim.h"
@@ -80,6 +81,32 @@ TEST(Engines, VllmHiSparseSharesOneHostPoolAcrossTheTpRanks) {
   PlacementRules room = Rules(SystemKind::kVllmHiSparse);
   room.device_bytes_per_rank = 20000;
   EXPECT_EQ(MaxAdmitted(room, t), 2u);
+}
+
+// vLLM's HiSparseResidentManager.get_num_blocks_to_allocate with apply_admission_cap: a new
+// request needs its resident pages up to the in-flight window free when it is admitted;
+// once written they move to host, so only the tail (and the hot buffer) stays reserved.
+TEST(Engines, VllmHiSparseAdmissionCountsTheResidentWindowWithoutReservingIt) {
+  PlacementRules r = Rules(SystemKind::kVllmHiSparse, ParallelMode::kDp, 1);
+  r.host_bytes_per_rank = 1e9;
+  r.admission_window_entries = 24;  // 20 tokens beyond the 4-token tail
+  const RankDemand d = DemandOf(r, 100);
+  EXPECT_DOUBLE_EQ(d.device, 100 * 10 + (16 + 4) * 100);  // 3000 B reserved
+  EXPECT_DOUBLE_EQ(d.device_transient, 20 * 100);         // 2000 B needed only to admit
+  EXPECT_DOUBLE_EQ(DemandOf(r, 10).device_transient, (10 - 4) * 100);  // a short request: its pages
+  // 10000 B: the third request finds 4000 B free, less than its 3000 + 2000 B: two admitted
+  // (without the window, 10000 / 3000 -> 3).
+  auto ledger = AdmissionLedger::Create(r);
+  ASSERT_TRUE(ledger.has_value());
+  EXPECT_TRUE(ledger->TryAdmit(100).has_value());
+  EXPECT_DOUBLE_EQ(ledger->device_only(0), 3000);  // the window is not reserved
+  EXPECT_TRUE(ledger->TryAdmit(100).has_value());
+  EXPECT_FALSE(ledger->TryAdmit(100).has_value());
+  EXPECT_DOUBLE_EQ(ledger->device_only(0), 6000);  // the refusal changed nothing
+  const std::vector<std::uint32_t> t(10, 100);
+  EXPECT_EQ(MaxAdmitted(r, t), 2u);
+  r.admission_window_entries = 0;  // the tail only
+  EXPECT_EQ(MaxAdmitted(r, t), 3u);
 }
 
 TEST(Engines, ContextParallelSystemsAreTpOnlyAndRefuseBadRules) {
@@ -308,7 +335,74 @@ TEST(Engines, TheComparisonRunsEveryEngineOnTheSameTracesAndBudgets) {
       // ulacache_home is DCP's placement plus a host tier: at least as many.
       EXPECT_GE(c.Find(SystemKind::kUlaCacheAtHome)->admitted, c.Find(SystemKind::kDcp)->admitted);
     }
+    // The test availability file ships Helix on b300 only and dcp_sglang for no DSA model:
+    // both hypothetical on tiny_gpu, out of the ranking; the rest ship; UlaCache is proposed.
+    for (const SystemResult& s : c.systems) {
+      const bool hyp = s.system == SystemKind::kHelix || s.system == SystemKind::kDcpSglang;
+      EXPECT_EQ(s.ships, !hyp) << SystemName(s.system) << ": " << s.why_not;
+      EXPECT_EQ(s.proposed, IsUlaCache(s.system)) << SystemName(s.system);
+    }
+    const SystemResult* best = c.BestShippingEngine();
+    ASSERT_NE(best, nullptr);
+    for (const SystemResult& s : c.systems) {
+      if (!s.proposed && s.ships) EXPECT_GE(best->peak_tput, s.peak_tput) << SystemName(s.system);
+    }
+    EXPECT_TRUE(best->ships && !best->proposed);
   }
+}
+
+TEST(Engines, TheRankingLeavesHypotheticalAndProposedSystemsOut) {
+  ConfigResult c;
+  auto add = [&](SystemKind k, double peak, bool ships, bool proposed) {
+    SystemResult s;
+    s.system = k;
+    s.peak_tput = peak;
+    s.ships = ships;
+    s.proposed = proposed;
+    c.systems.push_back(s);
+  };
+  add(SystemKind::kAllGpu, 100, true, false);
+  add(SystemKind::kUlaCache, 900, true, true);  // proposed: never the best engine
+  add(SystemKind::kHelix, 500, false, false);   // hypothetical: out of the ranking
+  add(SystemKind::kDcp, 300, true, false);
+  ASSERT_NE(c.BestShippingEngine(), nullptr);
+  EXPECT_EQ(c.BestShippingEngine()->system, SystemKind::kDcp);
+  c.systems[3].ships = false;
+  EXPECT_EQ(c.BestShippingEngine()->system, SystemKind::kAllGpu);
+  c.systems[0].ships = false;
+  EXPECT_EQ(c.BestShippingEngine(), nullptr);
+}
+
+TEST(Engines, AvailabilitySaysWhyASystemDoesNotShip) {
+  auto a = LoadAvailabilityConfig(std::filesystem::path(ULA_SERVING_TEST_CONFIGS).parent_path().parent_path().parent_path() /
+                                  "configs");
+  ASSERT_TRUE(a) << a.error().ToString();
+  const SystemAvailability* helix = a->Find("helix");
+  ASSERT_NE(helix, nullptr);
+  // TensorRT-LLM ships Helix for MLA models on Blackwell only.
+  const std::string h200 = WhyNotShipped(*helix, {"h200", ParallelMode::kTp, false});
+  EXPECT_NE(h200.find("hardware b300 only"), std::string::npos) << h200;
+  EXPECT_NE(h200.find("not for DSA models"), std::string::npos) << h200;
+  EXPECT_EQ(WhyNotShipped(*helix, {"b300", ParallelMode::kTp, false}), "not for DSA models");
+  const SystemAvailability* dcp = a->Find("dcp");
+  ASSERT_NE(dcp, nullptr);
+  EXPECT_EQ(WhyNotShipped(*dcp, {"b300", ParallelMode::kTp, true}), "");
+  EXPECT_EQ(WhyNotShipped(*dcp, {"b300", ParallelMode::kDp, false}), "not in dp mode");
+  EXPECT_EQ(WhyNotShipped(*a->Find("ulacache"), {"nowhere", ParallelMode::kDp, true}), "");  // proposed
+  // Bad files name the field and give nothing.
+  const char* missing_source = R"({"name": "x", "systems": {"dcp": {"engine": "vLLM", "proposed": false,
+      "hardware": ["b300"], "modes": ["tp"], "dsa": true, "mtp": true}}})";
+  auto bad = ParseAvailabilityConfig(missing_source, "t");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("systems.dcp.source"), std::string::npos) << bad.error().message();
+  const char* bad_mode = R"({"name": "x", "systems": {"dcp": {"engine": "vLLM", "proposed": false,
+      "hardware": ["b300"], "modes": ["pp"], "dsa": true, "mtp": true, "source": "s"}}})";
+  ASSERT_FALSE(ParseAvailabilityConfig(bad_mode, "t"));
+  const char* unknown = R"({"name": "x", "systems": {"dcp": {"engine": "vLLM", "proposed": false, "gpus": 8,
+      "hardware": ["b300"], "modes": ["tp"], "dsa": true, "mtp": true, "source": "s"}}})";
+  auto u = ParseAvailabilityConfig(unknown, "t");
+  ASSERT_FALSE(u);
+  EXPECT_NE(u.error().message().find("systems.dcp.gpus"), std::string::npos);
 }
 
 TEST(Engines, HiSparseMatchedToTheHostBudgetAdmitsAtLeastItsDefaultRatio) {
