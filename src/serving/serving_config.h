@@ -104,6 +104,9 @@ struct ScenarioConfig {
   // vLLM HiSparse: tokens of a request's resident pages its admission counts (the in-flight
   // window of apply_admission_cap; the tail included).
   std::uint32_t vllm_hisparse_admission_window_entries = 8192;
+  // Requests one engine instance decodes under CUDA graphs (TP: the node, DP: each GPU's
+  // rank); the curves stop there. 0 = no limit.
+  std::uint32_t cuda_graph_max_batch = 512;
   std::uint32_t tp_buffer_entries_per_request = 2048;      // UlaCache TP local buffer, MTP off
   std::uint32_t tp_buffer_entries_per_request_mtp = 3072;  // ... MTP on
   std::string selection_fit;        // configs/selection/<selection_fit>.json (selection_fit.h)

@@ -47,8 +47,8 @@ std::string HardwareLabel(std::uint32_t p, std::string name) {
 }
 
 // Pairs (field of acc, same field of t) over every term of StepTime.
-static_assert(sizeof(StepTime) == 15 * sizeof(double), "TimeFields must list every field of StepTime");
-std::array<std::pair<double*, double>, 15> TimeFields(StepTime& acc, const StepTime& t) {
+static_assert(sizeof(StepTime) == 16 * sizeof(double), "TimeFields must list every field of StepTime");
+std::array<std::pair<double*, double>, 16> TimeFields(StepTime& acc, const StepTime& t) {
   return {{{&acc.weights, t.weights},
            {&acc.dense, t.dense},
            {&acc.experts, t.experts},
@@ -58,6 +58,7 @@ std::array<std::pair<double*, double>, 15> TimeFields(StepTime& acc, const StepT
            {&acc.gpu, t.gpu},
            {&acc.host_link, t.host_link},
            {&acc.nvlink_fetch, t.nvlink_fetch},
+           {&acc.arriving, t.arriving},
            {&acc.transfer_exposed, t.transfer_exposed},
            {&acc.collectives, t.collectives},
            {&acc.collective_latency, t.collective_latency},
@@ -84,7 +85,7 @@ void SetPeak(SystemResult& result) {
 // One batch size's measured steps, summed in step order, and the curve point they give.
 struct PointSums {
   double t = 0, tokens = 0, batch = 0;
-  double distinct = 0, hits = 0, h2d = 0, d2h = 0, nv = 0;
+  double distinct = 0, hits = 0, h2d = 0, d2h = 0, nv = 0, arriving = 0;
   std::uint32_t steps = 0;
   StepTime time;
   std::vector<StepCounts> measured;
@@ -101,6 +102,7 @@ struct PointSums {
     h2d += c.h2d;
     d2h += c.d2h;
     nv += c.nvlink;
+    arriving += k.arriving_host_bytes + k.arriving_device_bytes;
     for (auto [acc, v] : TimeFields(time, st)) *acc += v;
   }
 };
@@ -192,6 +194,7 @@ CurvePoint MakePoint(const RunContext& ctx, SystemKind system, std::uint32_t b, 
   pt.hit_rate = s.distinct > 0 ? s.hits / s.distinct : 1;
   const double tb = static_cast<double>(ctx.cost.kv_bytes_per_token()) / 1e9 / m;
   pt.h2d_gb = s.h2d * tb, pt.d2h_gb = s.d2h * tb, pt.nvlink_gb = s.nv * tb;
+  pt.arriving_gb = s.arriving / 1e9 / m;
   pt.time = s.time;
   pt.measured = std::move(s.measured);
   for (auto [v, unused] : TimeFields(pt.time, s.time)) *v /= m;
@@ -238,7 +241,20 @@ void PrintBudget(const RunContext& ctx, SystemKind system, const PlacementRules&
                                    rules.device_bytes_per_rank / 1e9, rules.host_bytes_per_rank / 1e9, why));
 }
 
-// The batch sizes visited: the grid's below the admission limit, then the limit.
+// The largest batch a curve runs: the admission limit, capped at the engines' CUDA-graph
+// capture limit per engine instance (TP: the node; DP: each GPU's rank, P of them). A cap
+// below the admission limit is said in the result's note.
+std::uint32_t CurveLimit(const RunContext& ctx, SystemResult& result) {
+  const CostModelInputs& in = ctx.cost.inputs();
+  const std::uint64_t per = ctx.scenario.cuda_graph_max_batch;
+  const std::uint64_t cap = per * (in.mode == ParallelMode::kDp ? in.num_ranks : 1);
+  if (per == 0 || result.admitted <= cap) return result.admitted;
+  result.note = fmt::format("admits {} but decodes at most {}: the engines' CUDA-graph capture limit, {} per engine instance",
+                            result.admitted, cap, per);
+  return static_cast<std::uint32_t>(cap);
+}
+
+// The batch sizes visited: the grid's below the limit, then the limit.
 std::vector<std::uint32_t> BatchGrid(const ScenarioConfig& sc, std::uint32_t admitted) {
   std::vector<std::uint32_t> grid;
   for (std::uint32_t b : sc.sampling.batch_grid) {
@@ -248,11 +264,40 @@ std::vector<std::uint32_t> BatchGrid(const ScenarioConfig& sc, std::uint32_t adm
   return grid;
 }
 
+// Prefill KV arriving (StepCounts::arriving_*): bytes landing on one GPU per output token
+// the node produces. In steady state a request arrives per L_out output tokens (L_out: the
+// workload's mean output length), carrying its prompt's KV and index keys, placed as the
+// system places a history (TokenPart: device, host; UlaCache's either-tier bytes land on host,
+// where its history lives past the working set); DP: one of the P GPUs receives it.
+// Sharing workloads skip part of each prompt's prefill: not charged there (empty requests).
+struct ArrivingKv {
+  double host = 0, device = 0;
+};
+ArrivingKv ArrivingPerOutputToken(const std::vector<RequestSpec>& requests, const PlacementRules& rules) {
+  ArrivingKv a;
+  double output = 0;
+  for (const RequestSpec& r : requests) {
+    const RankDemand d = serving_internal::TokenPart(rules, r.input_tokens);
+    a.host += d.host + d.either;
+    a.device += d.device;
+    output += r.output_tokens;
+  }
+  if (!(output > 0)) return {};
+  const double share = rules.mode == ParallelMode::kDp ? 1.0 / rules.num_ranks : 1.0;
+  a.host *= share / output;
+  a.device *= share / output;
+  return a;
+}
+
 // What the cost model prices for one step of `system`: `local` requests simulated of
-// `total` decoding on all GPUs, with the step's counters.
+// `total` decoding on all GPUs, with the step's counters; `arriving` x the node's output
+// tokens of the step is the prefill KV it receives.
 StepCounts CountsOf(const serving_internal::SimSystem& sys, SystemKind system, const serving_internal::SimCounters& c,
-                    double local, double total, double history_sum, std::uint32_t p) {
+                    double local, double total, double history_sum, std::uint32_t p, const ArrivingKv& arriving = {},
+                    double tokens_per_request = 0) {
   StepCounts k;
+  k.arriving_host_bytes = arriving.host * total * tokens_per_request;
+  k.arriving_device_bytes = arriving.device * total * tokens_per_request;
   k.batch_local = local;
   k.batch_total = total;
   k.history_scored = sys.striped_indexer() ? history_sum / p : history_sum;
@@ -286,6 +331,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
 
   const PlacementRules rules = MakeRules(ctx, system);
   PrintBudget(ctx, system, rules);
+  const ArrivingKv arriving = ArrivingPerOutputToken(ctx.requests, rules);
   result.device_budget_bytes = rules.device_bytes_per_rank;
   result.host_budget_bytes = rules.host_bytes_per_rank;
   result.admitted = MaxAdmitted(rules, ctx.finals);
@@ -318,7 +364,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   auto selection = SelectionModel::Create(sp);
   if (!selection) return std::unexpected(selection.error());
 
-  const std::vector<std::uint32_t> grid = BatchGrid(sc, result.admitted);
+  const std::vector<std::uint32_t> grid = BatchGrid(sc, CurveLimit(ctx, result));
 
   std::deque<Active> active;
   std::size_t next = 0;
@@ -388,7 +434,8 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
       }
       // DP: the other ranks hold the rest of the batch (rank 0 holds the largest share).
       const StepCounts k =
-          CountsOf(sys, system, c, local, tp ? local : std::max(local, double(b) * local / target), history_sum, p);
+          CountsOf(sys, system, c, local, tp ? local : std::max(local, double(b) * local / target), history_sum, p,
+                   arriving, ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate));
       ULA_RETURN_IF_ERROR(ctx.cost.CheckCounts(k));
       const StepTime t = ctx.cost.Time(ctx.cost.Work(k));
       if (measured) sums.Add(k, t, c, ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate));
@@ -644,7 +691,7 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
 
   SharedRun run(ctx, stream, system, **made, *ledger, *selection, result.sharing);
   const auto wall0 = std::chrono::steady_clock::now();
-  for (std::uint32_t b : BatchGrid(sc, result.admitted)) {
+  for (std::uint32_t b : BatchGrid(sc, CurveLimit(ctx, result))) {
     ULA_RETURN_IF_ERROR(run.Fill(b));
     if (run.empty()) {
       result.note = fmt::format("batch {}: no request could be admitted", b);

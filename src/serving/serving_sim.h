@@ -44,6 +44,7 @@ struct CurvePoint {
   double hit_rate = 0;           // distinct selections already on the attending GPU's device
                                  // (ulacache_home: of those homed on it, the only ones it reads)
   double h2d_gb = 0, d2h_gb = 0, nvlink_gb = 0;  // per step, per GPU, all groups
+  double arriving_gb = 0;        // prefill KV arriving per step per GPU (StepCounts::arriving_*)
   StepTime time;                 // mean breakdown
   std::vector<StepCounts> measured;  // the counts of each measured step (RepriceComparison)
 };

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <vector>
 
 #include "config/hardware_config.h"
@@ -316,6 +317,7 @@ TEST(Engines, TheComparisonRunsEveryEngineOnTheSameTracesAndBudgets) {
   o.config_dir = kTestConfigs;
   auto r = RunComparison(Tiny(), o);
   ASSERT_TRUE(r) << r.error().ToString();
+  std::map<bool, double> tp_all_gpu;  // by mtp: all_gpu's arriving GB per request per step in TP
   for (const ConfigResult& c : r->configs) {
     SCOPED_TRACE(fmt::format("{} {}", ParallelModeName(c.entry.mode), c.entry.mtp));
     const bool tp = c.entry.mode == ParallelMode::kTp;
@@ -341,6 +343,21 @@ TEST(Engines, TheComparisonRunsEveryEngineOnTheSameTracesAndBudgets) {
       const bool hyp = s.system == SystemKind::kHelix || s.system == SystemKind::kDcpSglang;
       EXPECT_EQ(s.ships, !hyp) << SystemName(s.system) << ": " << s.why_not;
       EXPECT_EQ(s.proposed, IsUlaCache(s.system)) << SystemName(s.system);
+    }
+    // Prefill KV arriving: every system receives it; per request a replicated TP copy
+    // (all_gpu) gets P = 2 times what a striped one (dcp) gets.
+    auto per_request = [&](SystemKind k) {
+      const SystemResult& s = *c.Find(k);
+      const CurvePoint& p = s.curve.back();
+      return p.arriving_gb / p.mean_batch;
+    };
+    for (const SystemResult& s : c.systems) EXPECT_GT(s.curve.back().arriving_gb, 0) << SystemName(s.system);
+    if (tp) EXPECT_GT(per_request(SystemKind::kAllGpu), 1.5 * per_request(SystemKind::kDcp));
+    // DP: a request's KV lands on the one GPU it is routed to, 1 / P of TP's per GPU.
+    if (tp) {
+      tp_all_gpu[c.entry.mtp] = per_request(SystemKind::kAllGpu);
+    } else if (tp_all_gpu.contains(c.entry.mtp)) {
+      EXPECT_NEAR(per_request(SystemKind::kAllGpu), tp_all_gpu[c.entry.mtp] / 2, 1e-9 * tp_all_gpu[c.entry.mtp]);
     }
     const SystemResult* best = c.BestShippingEngine();
     ASSERT_NE(best, nullptr);
@@ -403,6 +420,37 @@ TEST(Engines, AvailabilitySaysWhyASystemDoesNotShip) {
   auto u = ParseAvailabilityConfig(unknown, "t");
   ASSERT_FALSE(u);
   EXPECT_NE(u.error().message().find("systems.dcp.gpus"), std::string::npos);
+}
+
+// CUDA-graph capture limit per engine instance (SGLang cuda_graph_max_bs, vLLM
+// max_cudagraph_capture_size): the curves stop there, TP at the limit, DP at P x the limit
+// (one instance per GPU), and the note says so; admission is memory's and does not move.
+TEST(Engines, CurvesStopAtTheCudaGraphCaptureLimit) {
+  CompareOptions o;
+  o.config_dir = kTestConfigs;
+  ScenarioConfig sc = Tiny();
+  auto free = RunComparison(sc, o);
+  ASSERT_TRUE(free) << free.error().ToString();
+  sc.cuda_graph_max_batch = 3;
+  auto capped = RunComparison(sc, o);
+  ASSERT_TRUE(capped) << capped.error().ToString();
+  bool any = false;
+  for (std::size_t i = 0; i < capped->configs.size(); ++i) {
+    const ConfigResult& c = capped->configs[i];
+    const std::uint32_t cap = c.entry.mode == ParallelMode::kTp ? 3 : 3 * sc.num_ranks;
+    for (const SystemResult& s : c.systems) {
+      SCOPED_TRACE(fmt::format("{} {}", ParallelModeName(c.entry.mode), SystemName(s.system)));
+      EXPECT_EQ(s.admitted, free->configs[i].Find(s.system)->admitted);
+      ASSERT_FALSE(s.curve.empty());
+      EXPECT_LE(s.curve.back().batch, cap);
+      if (s.admitted > cap) {
+        any = true;
+        EXPECT_EQ(s.curve.back().batch, cap);
+        EXPECT_NE(s.note.find("CUDA-graph capture limit"), std::string::npos) << s.note;
+      }
+    }
+  }
+  EXPECT_TRUE(any);  // the cap bit somewhere
 }
 
 TEST(Engines, HiSparseMatchedToTheHostBudgetAdmitsAtLeastItsDefaultRatio) {

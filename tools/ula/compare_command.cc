@@ -60,6 +60,7 @@ nlohmann::json ToJson(const ComparisonResult& r) {
                           {"step_ms", p.step_ms},       {"hit_rate", p.hit_rate},     {"h2d_gb", p.h2d_gb},
                           {"d2h_gb", p.d2h_gb},         {"nvlink_gb", p.nvlink_gb},   {"gpu_ms", 1e3 * p.time.gpu},
                           {"transfer_exposed_ms", 1e3 * p.time.transfer_exposed},
+                          {"arriving_gb", p.arriving_gb},     {"arriving_ms", 1e3 * p.time.arriving},
                           {"collectives_ms", 1e3 * p.time.collectives}});
       }
       systems[std::string(SystemName(s.system))] = {{"admitted", s.admitted},     {"peak_tput", s.peak_tput},
@@ -157,23 +158,28 @@ void PrintRanking(const ComparisonResult& r) {
 
 void PrintTable(const ComparisonResult& r) {
   fmt::print("\nula compare: scenario {}, model {} (throughput = output tokens/s of the 8-GPU node)\n", r.scenario, r.model);
-  fmt::print("{:<20} {:<13} {:<5} | {:>5} {:>5} {:>9} {:>5} {:>8} | {:>5} {:>5} {:>7} | {:>8}\n", "config", "system",
-             "ships", "adm", "fill", "peak", "@B", "tpot1", "hit1", "hit@B", "host@B", "vs ula");
+  fmt::print("{:<20} {:<13} {:<5} | {:>5} {:>5} {:>9} {:>5} {:>8} | {:>5} {:>5} {:>7} {:>7} {:>7} | {:>8}\n", "config",
+             "system", "ships", "adm", "fill", "peak", "@B", "tpot1", "hit1", "hit@B", "host@B", "pfkv@B", "pfms@B",
+             "vs ula");
   for (const ConfigResult& c : r.configs) {
     const SystemResult* ref = c.Find(UlaRef(c));
     for (const SystemResult& s : c.systems) {
       const CurvePoint* at = PeakPoint(s);
-      fmt::print("{:<20} {:<13} {:<5} | {:>5} {:>5.2f} {:>9.0f} {:>5} {:>8.2f} | {:>5.3f} {:>5.3f} {:>7.3f} | {:>8}\n",
+      fmt::print("{:<20} {:<13} {:<5} | {:>5} {:>5.2f} {:>9.0f} {:>5} {:>8.2f} | {:>5.3f} {:>5.3f} {:>7.3f} {:>7.3f} {:>7.3f} | "
+                 "{:>8}\n",
                  ConfigName(c), SystemName(s.system), s.proposed ? "ours" : s.ships ? "yes" : "hyp", s.admitted, s.fill,
                  s.peak_tput, s.peak_batch, s.tpot_b1_ms, s.hit_b1, at ? at->hit_rate : 0.0,
-                 at ? at->h2d_gb + at->d2h_gb : 0.0, ref ? Ratio(ref->peak_tput, s.peak_tput) : "-");
+                 at ? at->h2d_gb + at->d2h_gb : 0.0, at ? at->arriving_gb : 0.0, at ? 1e3 * at->time.arriving : 0.0,
+                 ref ? Ratio(ref->peak_tput, s.peak_tput) : "-");
     }
   }
   fmt::print("adm = requests decoding at once (admission limit); fill = the admitted requests' KV + index-key bytes / "
              "the memory the system may use for KV on all GPUs (device, plus host with a host tier); peak = tokens/s; "
              "@B = batch at peak; tpot1 = TPOT at batch 1 (ms); hit1, hit@B = distinct selections already on the "
              "attending GPU's device at batch 1 and at the peak batch (HiSparse: its per-request buffer; context "
-             "parallel and all_gpu: 1); host@B = GB over the host link per step per GPU at the peak batch; vs ula = "
+             "parallel and all_gpu: 1); host@B = GB over the host link per step per GPU at the peak batch (fetches and write-backs); "
+             "pfkv@B, pfms@B = prefill KV arriving per step per GPU at the peak batch (GB) and its host-link time (ms; "
+             "disaggregated serving: one prompt's KV per mean output length, at the link's bulk rate); vs ula = "
              "peak of ulacache_home (TP) / ulacache (DP) over this system's; ships = yes: its engine ships it for this "
              "config, hyp: hypothetical (simulated, not shipped: out of the ranking), ours: UlaCache "
              "(configs/systems/availability.json)\n");
@@ -238,7 +244,7 @@ Status WriteCsv(const ComparisonResult& r, const std::filesystem::path& out) {
   if (!f || !s) return MakeError(ErrorCode::kIo, fmt::format("cannot write CSV files in '{}'", out.string()));
   f << "config,hardware,mode,mtp,system,batch,mean_batch,tput,step_ms,tokens_per_step,hit_rate,h2d_gb,d2h_gb,nvlink_gb,"
        "weights_ms,attention_ms,indexer_ms,gpu_ms,host_link_ms,nvlink_fetch_ms,transfer_exposed_ms,collectives_ms,"
-       "overhead_ms,dense_ms,experts_ms,hbm_copies_ms,collective_latency_ms,planner_ms\n";
+       "overhead_ms,dense_ms,experts_ms,hbm_copies_ms,collective_latency_ms,planner_ms,arriving_gb,arriving_ms\n";
   s << "config,hardware,mode,mtp,system,admitted,peak_tput,peak_batch,tpot_b1_ms,device_kv_gb_per_gpu,host_gb_per_gpu,"
        "fill,hit_b1,ships\n";
   for (const ConfigResult& c : r.configs) {
@@ -252,11 +258,12 @@ Status WriteCsv(const ComparisonResult& r, const std::filesystem::path& out) {
       for (const CurvePoint& p : sys.curve) {
         const StepTime& t = p.time;
         f << fmt::format("{},{},{:.2f},{:.1f},{:.4f},{:.4f},{:.5f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},"
-                         "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f}\n",
+                         "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f}\n",
                          head, p.batch, p.mean_batch, p.tput, p.step_ms, p.tokens_per_step, p.hit_rate, p.h2d_gb, p.d2h_gb,
                          p.nvlink_gb, 1e3 * t.weights, 1e3 * t.attention, 1e3 * t.indexer, 1e3 * t.gpu, 1e3 * t.host_link,
                          1e3 * t.nvlink_fetch, 1e3 * t.transfer_exposed, 1e3 * t.collectives, 1e3 * t.overhead,
-                         1e3 * t.dense, 1e3 * t.experts, 1e3 * t.hbm_copies, 1e3 * t.collective_latency, 1e3 * t.planner);
+                         1e3 * t.dense, 1e3 * t.experts, 1e3 * t.hbm_copies, 1e3 * t.collective_latency, 1e3 * t.planner,
+                         p.arriving_gb, 1e3 * t.arriving);
       }
     }
   }
