@@ -27,6 +27,7 @@ std::string_view SystemName(SystemKind s) {
     case SystemKind::kDcpSglang: return "dcp_sglang";
     case SystemKind::kHelix: return "helix";
     case SystemKind::kVllmHiSparse: return "vllm_hisparse";
+    case SystemKind::kTrtllmOffload: return "trtllm_offload";
   }
   return "?";
 }
@@ -42,7 +43,8 @@ Status PlacementRules::Validate() const {
   if (!(host_bytes_per_rank >= 0)) return FieldError("host_bytes_per_rank", "must be >= 0");
   if (!(kv_bytes_per_token > 0)) return FieldError("kv_bytes_per_token", "must be > 0");
   if (!(index_bytes_per_token >= 0)) return FieldError("index_bytes_per_token", "must be >= 0");
-  if ((system == SystemKind::kHiSparse || system == SystemKind::kVllmHiSparse) && hisparse_buffer_entries == 0) {
+  if ((system == SystemKind::kHiSparse || system == SystemKind::kVllmHiSparse || system == SystemKind::kTrtllmOffload) &&
+      hisparse_buffer_entries == 0) {
     return FieldError("hisparse_buffer_entries", "must be >= 1");
   }
   if (IsUlaCache(system) && working_set_entries == 0) return FieldError("working_set_entries", "must be >= 1");
@@ -97,6 +99,7 @@ RankDemand DemandOf(const PlacementRules& r, std::uint32_t t) {
     case SystemKind::kAllGpu:
       d.device = t * (kv + ix);
       break;
+    case SystemKind::kTrtllmOffload:  // its GPU cache in the buffer's place
     case SystemKind::kHiSparse:
       d.device = r.hisparse_buffer_entries * kv + t * ix;
       d.host = t * kv;

@@ -7,6 +7,8 @@
 //   all_gpu   device: T*(kv + ix). TP: every rank holds a full copy.
 //   hisparse  device: C*kv (fixed per-request buffer, not lendable) + T*ix;
 //             host: T*kv (the full history). TP: every rank holds its own copy of both.
+//   trtllm_offload  as hisparse with C = its per-request GPU cache (host_history_size per
+//             rank: every TP rank its own copy).
 //   ulacache  DP: device: T*ix + W*kv (the request's working set, W = min(T, w), w = one step's
 //                 expected distinct selections: top_k x (1 + drafts x (1 - draft_keep)),
 //                 must fit on device in the step), the rest of T*kv on device or host.
@@ -64,6 +66,11 @@ namespace ula {
 //              it reclaimed under pressure, a per-request hot buffer of
 //              (queries + 1) x top-k rows for the rest; admission counts the hot buffer and
 //              the index keys on device, the whole history on host
+//   trtllm_offload  TensorRT-LLM's sparse KV cache offload (SparseKvCacheOffloadConfig):
+//              the history in pinned host memory per rank, each request a GPU cache of
+//              gpu_cache_factor x the units one decode step selects plus the unit being
+//              written, in whole pages; index keys on device. HiSparse's placement in the
+//              third engine (hisparse_buffer_entries = that cache)
 enum class SystemKind : std::uint8_t {
   kAllGpu,
   kHiSparse,
@@ -73,11 +80,14 @@ enum class SystemKind : std::uint8_t {
   kDcpSglang,
   kHelix,
   kVllmHiSparse,
+  kTrtllmOffload,
 };
 inline constexpr SystemKind kAllSystems[] = {SystemKind::kAllGpu,        SystemKind::kHiSparse, SystemKind::kUlaCache,
                                              SystemKind::kUlaCacheAtHome, SystemKind::kDcp,      SystemKind::kDcpSglang,
-                                             SystemKind::kHelix,          SystemKind::kVllmHiSparse};
-// "all_gpu", "hisparse", "ulacache", "ulacache_home", "dcp", "dcp_sglang", "helix", "vllm_hisparse"
+                                             SystemKind::kHelix,          SystemKind::kVllmHiSparse,
+                                             SystemKind::kTrtllmOffload};
+// "all_gpu", "hisparse", "ulacache", "ulacache_home", "dcp", "dcp_sglang", "helix", "vllm_hisparse",
+// "trtllm_offload"
 std::string_view SystemName(SystemKind s);
 // Whether the system exists in this mode (ulacache_home, dcp, dcp_sglang, helix: TP only).
 bool SystemRunsIn(SystemKind s, ParallelMode mode);
@@ -89,7 +99,7 @@ inline bool IsContextParallel(SystemKind s) {
 }
 // Whether the system keeps KV in host memory (fill counts the host budget).
 inline bool HasHostTier(SystemKind s) {
-  return s == SystemKind::kHiSparse || s == SystemKind::kVllmHiSparse || IsUlaCache(s);
+  return s == SystemKind::kHiSparse || s == SystemKind::kVllmHiSparse || s == SystemKind::kTrtllmOffload || IsUlaCache(s);
 }
 
 struct PlacementRules {

@@ -107,6 +107,10 @@ struct ScenarioConfig {
   // Requests one engine instance decodes under CUDA graphs (TP: the node, DP: each GPU's
   // rank); the curves stop there. 0 = no limit.
   std::uint32_t cuda_graph_max_batch = 512;
+  // TensorRT-LLM sparse KV offload: each request's GPU cache is gpu_cache_factor x the units
+  // one decode step selects + 1, in pages of tokens_per_page.
+  double trtllm_offload_gpu_cache_factor = 2.0;
+  std::uint32_t trtllm_offload_tokens_per_page = 64;
   std::uint32_t tp_buffer_entries_per_request = 2048;      // UlaCache TP local buffer, MTP off
   std::uint32_t tp_buffer_entries_per_request_mtp = 3072;  // ... MTP on
   std::string selection_fit;        // configs/selection/<selection_fit>.json (selection_fit.h)

@@ -152,6 +152,13 @@ PlacementRules MakeRules(const RunContext& ctx, SystemKind system) {
     rules.tail_entries = sc.vllm_hisparse_tail_entries;
     rules.admission_window_entries = sc.vllm_hisparse_admission_window_entries;
   }
+  if (system == SystemKind::kTrtllmOffload) {
+    // gpu_cache_factor x the units one decode step selects (every query's top-k) plus the
+    // unit being written, rounded up to whole pages.
+    const double units = sc.trtllm_offload_gpu_cache_factor * double(q) * ctx.model.top_k + 1;
+    const double page = sc.trtllm_offload_tokens_per_page;
+    rules.hisparse_buffer_entries = static_cast<std::uint32_t>(std::ceil(units / page) * page);
+  }
   if (system == SystemKind::kHelix) {
     rules.device_bytes_per_rank = std::max(0.0, rules.device_bytes_per_rank - ctx.cost.RedundantQkvExtraWeightBytes());
   }
@@ -311,7 +318,9 @@ StepCounts CountsOf(const serving_internal::SimSystem& sys, SystemKind system, c
   // vllm_hisparse's resolver and gather kernels run per index group on a copy stream,
   // overlapped within the group like UlaCache's copies; SGLang's swap-in is per layer on the
   // forward stream.
-  k.planner_per_group = IsUlaCache(system) || system == SystemKind::kVllmHiSparse;
+  // TensorRT-LLM's offload: its fetch kernels taken as vLLM's (per group, on a copy stream;
+  // an assumption: COST_MODEL.md "The systems engines run today").
+  k.planner_per_group = IsUlaCache(system) || system == SystemKind::kVllmHiSparse || system == SystemKind::kTrtllmOffload;
   k.swap_in_per_layer = system == SystemKind::kHiSparse;
   k.home_exchange = system == SystemKind::kHelix       ? HomeExchange::kHelix
                     : system == SystemKind::kDcpSglang ? HomeExchange::kDcpPacked
@@ -490,7 +499,8 @@ Result<bool> SharedLimit(const RunContext& ctx, const serving_internal::SharedSt
   sh.distinct_fraction = lim.named_tokens > 0 ? double(lim.stored_tokens) / double(lim.named_tokens) : 0;
   // TP all-GPU and SGLang HiSparse: a full copy per GPU (MLA's latent KV is replicated under
   // TP, HiSparse's host pool is per GPU); the striped systems and vLLM's shared host pool: one.
-  const bool copies = result.system == SystemKind::kAllGpu || result.system == SystemKind::kHiSparse;
+  const bool copies = result.system == SystemKind::kAllGpu || result.system == SystemKind::kHiSparse ||
+                      result.system == SystemKind::kTrtllmOffload;
   sh.copies_per_node = tp && copies ? p : 1;
   sh.prefill_saved_at_limit = lim.prefill_saved;
   sh.input_tokens_at_limit = lim.input_tokens;

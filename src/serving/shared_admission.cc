@@ -113,6 +113,7 @@ RankDemand TokenPart(const PlacementRules& r, std::uint32_t t) {
   switch (r.system) {
     case SystemKind::kAllGpu: d.device = t * (kv + ix); break;
     case SystemKind::kHiSparse:
+    case SystemKind::kTrtllmOffload:
       d.device = t * ix;
       d.host = t * kv;
       break;

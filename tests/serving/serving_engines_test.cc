@@ -110,6 +110,60 @@ TEST(Engines, VllmHiSparseAdmissionCountsTheResidentWindowWithoutReservingIt) {
   EXPECT_EQ(MaxAdmitted(r, t), 3u);
 }
 
+// TensorRT-LLM's sparse KV offload (SparseKvCacheOffloadConfig): HiSparse's placement with
+// its own per-request GPU cache, gpu_cache_factor x one step's selections + 1, in pages.
+TEST(Engines, TrtllmOffloadKeepsItsGpuCacheOnDeviceAndTheHistoryOnHost) {
+  PlacementRules r = Rules(SystemKind::kTrtllmOffload);
+  r.hisparse_buffer_entries = 24;
+  const RankDemand d = DemandOf(r, 400);
+  EXPECT_DOUBLE_EQ(d.device, 24 * 100 + 400 * 10);
+  EXPECT_DOUBLE_EQ(d.host, 400 * 100);  // per rank, every TP rank its own copy
+  EXPECT_TRUE(SystemRunsIn(SystemKind::kTrtllmOffload, ParallelMode::kDp));
+  EXPECT_TRUE(HasHostTier(SystemKind::kTrtllmOffload));
+  r.hisparse_buffer_entries = 0;
+  ASSERT_FALSE(r.Validate());
+  EXPECT_NE(r.Validate().error().message().find("hisparse_buffer_entries"), std::string::npos);
+  // In the comparison: its cache is ceil((2 x q x top-k + 1) / page) pages (tiny: top-k,
+  // pages of 4 tokens), and fetched misses move bytes over the host link.
+  CompareOptions o;
+  o.config_dir = kTestConfigs;
+  auto sc = LoadScenarioConfig(kTestConfigs / "scenarios" / "tiny.json", kTestConfigs);
+  ASSERT_TRUE(sc) << sc.error().ToString();
+  auto res = RunComparison(*sc, o);
+  ASSERT_TRUE(res) << res.error().ToString();
+  for (const ConfigResult& c : res->configs) {
+    const SystemResult* t = c.Find(SystemKind::kTrtllmOffload);
+    const SystemResult* h = c.Find(SystemKind::kHiSparse);
+    ASSERT_NE(t, nullptr);
+    EXPECT_GT(t->admitted, 0u);
+    EXPECT_TRUE(t->ships) << t->why_not;
+    EXPECT_GT(t->hit_b1, 0);
+    EXPECT_LE(t->hit_b1, 1);
+    // The same placement as SGLang's HiSparse but for the cache size and the host budget
+    // (HiSparse's pool follows its ratio): both admit some.
+    EXPECT_GT(h->admitted, 0u);
+  }
+  // A smaller cache factor leaves device room for more requests somewhere, never fewer; a
+  // larger one fewer.
+  ScenarioConfig small = *sc, large = *sc;
+  small.trtllm_offload_gpu_cache_factor = 1.0;
+  large.trtllm_offload_gpu_cache_factor = 8.0;
+  auto rs = RunComparison(small, o), rl = RunComparison(large, o);
+  ASSERT_TRUE(rs && rl);
+  bool more = false, fewer = false;
+  for (std::size_t i = 0; i < res->configs.size(); ++i) {
+    const std::uint32_t base = res->configs[i].Find(SystemKind::kTrtllmOffload)->admitted;
+    const std::uint32_t s = rs->configs[i].Find(SystemKind::kTrtllmOffload)->admitted;
+    const std::uint32_t l = rl->configs[i].Find(SystemKind::kTrtllmOffload)->admitted;
+    EXPECT_GE(s, base);
+    EXPECT_LE(l, base);
+    more = more || s > base;
+    fewer = fewer || l < base;
+  }
+  EXPECT_TRUE(more);
+  EXPECT_TRUE(fewer);
+}
+
 TEST(Engines, ContextParallelSystemsAreTpOnlyAndRefuseBadRules) {
   for (SystemKind s : {SystemKind::kDcp, SystemKind::kDcpSglang, SystemKind::kHelix}) {
     SCOPED_TRACE(SystemName(s));
@@ -352,7 +406,9 @@ TEST(Engines, TheComparisonRunsEveryEngineOnTheSameTracesAndBudgets) {
       return p.arriving_gb / p.mean_batch;
     };
     for (const SystemResult& s : c.systems) EXPECT_GT(s.curve.back().arriving_gb, 0) << SystemName(s.system);
-    if (tp) EXPECT_GT(per_request(SystemKind::kAllGpu), 1.5 * per_request(SystemKind::kDcp));
+    if (tp) {
+      EXPECT_GT(per_request(SystemKind::kAllGpu), 1.5 * per_request(SystemKind::kDcp));
+    }
     // DP: a request's KV lands on the one GPU it is routed to, 1 / P of TP's per GPU.
     if (tp) {
       tp_all_gpu[c.entry.mtp] = per_request(SystemKind::kAllGpu);
@@ -362,7 +418,9 @@ TEST(Engines, TheComparisonRunsEveryEngineOnTheSameTracesAndBudgets) {
     const SystemResult* best = c.BestShippingEngine();
     ASSERT_NE(best, nullptr);
     for (const SystemResult& s : c.systems) {
-      if (!s.proposed && s.ships) EXPECT_GE(best->peak_tput, s.peak_tput) << SystemName(s.system);
+      if (!s.proposed && s.ships) {
+        EXPECT_GE(best->peak_tput, s.peak_tput) << SystemName(s.system);
+      }
     }
     EXPECT_TRUE(best->ships && !best->proposed);
   }

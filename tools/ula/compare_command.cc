@@ -185,7 +185,8 @@ void PrintTable(const ComparisonResult& r) {
              "(configs/systems/availability.json)\n");
   fmt::print("ulacache_home = UlaCache TP with attention at home; dcp = decode context parallel as vLLM runs it (index "
              "keys sharded, global top-k merge), dcp_sglang = as SGLang runs it (index keys replicated); helix = "
-             "TensorRT-LLM Helix; vllm_hisparse = vLLM's HiSparse port; hisparse = SGLang HiSparse (its DP rows: DP "
+             "TensorRT-LLM Helix; vllm_hisparse = vLLM's HiSparse port; trtllm_offload = TensorRT-LLM's sparse KV cache offload (a "
+             "per-request GPU cache of 2 x one step's selections, the history on host); hisparse = SGLang HiSparse (its DP rows: DP "
              "attention, as SGLang's published HiSparse runs deploy it); TP-only systems have no DP rows\n");
   for (const ConfigResult& c : r.configs) {
     for (const SystemResult& s : c.systems) {
@@ -369,7 +370,8 @@ Action SetupCompare(CLI::App& app) {
 }
 
 ULA_REGISTER_COMMAND(compare, "", "compare",
-                     "serving comparison: UlaCache against all-GPU, SGLang and vLLM HiSparse, DCP and Helix (admission, fill, throughput)",
+                     "serving comparison: UlaCache against all-GPU, SGLang and vLLM HiSparse, TensorRT-LLM's offload, DCP and Helix "
+                     "(admission, fill, throughput)",
                      SetupCompare);
 
 }  // namespace
