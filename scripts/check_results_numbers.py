@@ -58,9 +58,12 @@ def systems_of(summary, config):
 
 
 def equal_batch(points, summary, config):
-    """The largest batch every system of the config measured (0: none in common)."""
+    """The largest batch every system of the config but all_gpu measured (0: none in common).
+    TP all_gpu holds a full copy per GPU (5 requests on H200): it shows where it ran that batch."""
     common = None
     for s in systems_of(summary, config):
+        if s == "all_gpu":
+            continue
         b = set(points.get((config, s), {}))
         common = b if common is None else common & b
     return max(common) if common else 0

@@ -240,11 +240,14 @@ void PrintBudget(const RunContext& ctx, SystemKind system, const PlacementRules&
     case SystemKind::kHelix:
       why = fmt::format(" (device less {:.2f} GB of replicated q_b / W_UK)", ctx.cost.RedundantQkvExtraWeightBytes() / 1e9);
       break;
+    case SystemKind::kTrtllmOffload:
+      why = fmt::format(" (host_history_size per rank; GPU cache {} rows per request)", rules.hisparse_buffer_entries);
+      break;
     default:
       if (!HasHostTier(system)) why = " (no host tier for running requests)";
       break;
   }
-  ctx.options.progress(fmt::format("  budget {:<13} device {:.2f} GB/GPU, host {:.2f} GB/GPU{}", SystemName(system),
+  ctx.options.progress(fmt::format("  budget {:<14} device {:.2f} GB/GPU, host {:.2f} GB/GPU{}", SystemName(system),
                                    rules.device_bytes_per_rank / 1e9, rules.host_bytes_per_rank / 1e9, why));
 }
 

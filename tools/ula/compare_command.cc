@@ -101,13 +101,13 @@ double Percent(std::uint64_t part, std::uint64_t whole) { return whole > 0 ? 100
 
 // Sharing workloads (issue 17 item 6): one line per config and system.
 void PrintSharingTable(const ComparisonResult& r) {
-  fmt::print("\nshared prefixes: {:<20} {:<13} | {:>5} {:>9} {:>6} | {:>8} {:>6} {:>8} | {:>8} {:>8} {:>9} {:>6} | {:>5}\n",
+  fmt::print("\nshared prefixes: {:<20} {:<14} | {:>5} {:>9} {:>6} | {:>8} {:>6} {:>8} | {:>8} {:>8} {:>9} {:>6} | {:>5}\n",
              "config", "system", "adm", "peak", "@B", "distinct", "copies", "saved@adm", "saved", "computed", "recomputed",
              "evict", "load");
   for (const ConfigResult& c : r.configs) {
     for (const SystemResult& s : c.systems) {
       const SharingResult& h = s.sharing;
-      fmt::print("                 {:<20} {:<13} | {:>5} {:>9.0f} {:>6} | {:>8.3f} {:>6} {:>8.1f}% | {:>7.1f}% {:>8.3g} {:>9.3g} "
+      fmt::print("                 {:<20} {:<14} | {:>5} {:>9.0f} {:>6} | {:>8.3f} {:>6} {:>8.1f}% | {:>7.1f}% {:>8.3g} {:>9.3g} "
                  "{:>6} | {:>5.2f}\n",
                  ConfigName(c), SystemName(s.system), s.admitted, s.peak_tput, s.peak_batch, h.distinct_fraction,
                  h.copies_per_node, Percent(h.prefill_saved_at_limit, h.input_tokens_at_limit),
@@ -144,7 +144,7 @@ void PrintRanking(const ComparisonResult& r) {
   for (const ConfigResult& c : r.configs) {
     const SystemResult* ref = c.Find(UlaRef(c));
     const SystemResult* best = c.BestShippingEngine();
-    fmt::print("{:<20} {:<13} {:>9.0f} | best shipping engine {:<13} {:>9.0f} ({}) | {:>6}\n", ConfigName(c),
+    fmt::print("{:<20} {:<14} {:>9.0f} | best shipping engine {:<14} {:>9.0f} ({}) | {:>6}\n", ConfigName(c),
                SystemName(UlaRef(c)), ref ? ref->peak_tput : 0.0, best ? SystemName(best->system) : "-",
                best ? best->peak_tput : 0.0, best ? best->engine : "-",
                ref && best ? Ratio(ref->peak_tput, best->peak_tput) : "-");
@@ -158,14 +158,14 @@ void PrintRanking(const ComparisonResult& r) {
 
 void PrintTable(const ComparisonResult& r) {
   fmt::print("\nula compare: scenario {}, model {} (throughput = output tokens/s of the 8-GPU node)\n", r.scenario, r.model);
-  fmt::print("{:<20} {:<13} {:<5} | {:>5} {:>5} {:>9} {:>5} {:>8} | {:>5} {:>5} {:>7} {:>7} {:>7} | {:>8}\n", "config",
+  fmt::print("{:<20} {:<14} {:<5} | {:>5} {:>5} {:>9} {:>5} {:>8} | {:>5} {:>5} {:>7} {:>7} {:>7} | {:>8}\n", "config",
              "system", "ships", "adm", "fill", "peak", "@B", "tpot1", "hit1", "hit@B", "host@B", "pfkv@B", "pfms@B",
              "vs ula");
   for (const ConfigResult& c : r.configs) {
     const SystemResult* ref = c.Find(UlaRef(c));
     for (const SystemResult& s : c.systems) {
       const CurvePoint* at = PeakPoint(s);
-      fmt::print("{:<20} {:<13} {:<5} | {:>5} {:>5.2f} {:>9.0f} {:>5} {:>8.2f} | {:>5.3f} {:>5.3f} {:>7.3f} {:>7.3f} {:>7.3f} | "
+      fmt::print("{:<20} {:<14} {:<5} | {:>5} {:>5.2f} {:>9.0f} {:>5} {:>8.2f} | {:>5.3f} {:>5.3f} {:>7.3f} {:>7.3f} {:>7.3f} | "
                  "{:>8}\n",
                  ConfigName(c), SystemName(s.system), s.proposed ? "ours" : s.ships ? "yes" : "hyp", s.admitted, s.fill,
                  s.peak_tput, s.peak_batch, s.tpot_b1_ms, s.hit_b1, at ? at->hit_rate : 0.0,
