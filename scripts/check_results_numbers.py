@@ -17,7 +17,8 @@ Checks:
              12,345<!-- s:CONFIG:SYSTEM:FIELD -->        summary.csv
              23.86<!-- p:CONFIG:SYSTEM:BATCH:FIELD -->   compare.csv at that batch
              2.17x<!-- r:CONFIG:SYS_A:SYS_B:FIELD -->    summary.csv, A's FIELD / B's
-           CONFIG is the CSV's config column (h200_tp_mtpon), SYSTEM its system column.
+           CONFIG is the CSV's config column (h200_tp_mtpon), SYSTEM its system column;
+           "s@DIR:", "p@DIR:", "r@DIR:" read docs/img/DIR/ (a sharing scenario's --out).
 """
 import csv
 import re
@@ -40,10 +41,11 @@ TERMS = [("dense", "dense_ms"), ("experts", "experts_ms"), ("attention", "attent
          ("planner", "planner_ms"), ("overhead", "overhead_ms")]
 
 
-def load(root):
-    summary = {(r["config"], r["system"]): r for r in csv.DictReader(open(Path(root) / SUMMARY))}
+def load(root, sub=""):
+    img = Path(root) / "docs" / "img" / sub
+    summary = {(r["config"], r["system"]): r for r in csv.DictReader(open(img / "summary.csv"))}
     points = {}
-    for r in csv.DictReader(open(Path(root) / POINTS)):
+    for r in csv.DictReader(open(img / "compare.csv")):
         points.setdefault((r["config"], r["system"]), {})[int(r["batch"])] = r
     return summary, points
 
@@ -105,18 +107,25 @@ def table_peak(summary, points):
 
 TABLES = {"decomposition-equal-batch": table_equal, "decomposition-peak": table_peak}
 REGION = re.compile(r"(<!-- results-table: ([a-z0-9-]+) -->\n)(.*?)(\n<!-- /results-table -->)", re.S)
-QUOTE = re.compile(r"([0-9][0-9,]*(?:\.[0-9]+)?)([x%]?)\*{0,2}<!-- ([spr]):([^ ]+) -->")
+QUOTE = re.compile(r"([0-9][0-9,]*(?:\.[0-9]+)?)([x%]?)\*{0,2}<!-- ([spr])(?:@([a-z_]+))?:([^ ]+) -->")
 
 
 def decimals(text):
     return len(text.split(".")[1]) if "." in text else 0
 
 
-def check_quotes(doc, summary, points):
+def check_quotes(root, doc, summary, points):
     errors = []
+    scenarios = {}
     for m in QUOTE.finditer(doc):
-        written, kind, ref = m.group(1), m.group(3), m.group(4).split(":")
+        written, kind, sub, ref = m.group(1), m.group(3), m.group(4), m.group(5).split(":")
         try:
+            if sub:
+                if sub not in scenarios:
+                    scenarios[sub] = load(root, sub)
+                summary, points = scenarios[sub]
+            else:
+                summary, points = scenarios.setdefault("", load(root))
             if kind == "s":
                 config, system, field = ref
                 value = float(summary[(config, system)][field])
@@ -126,7 +135,7 @@ def check_quotes(doc, summary, points):
             else:
                 config, a, b, field = ref
                 value = float(summary[(config, a)][field]) / float(summary[(config, b)][field])
-        except (KeyError, ValueError, ZeroDivisionError) as e:
+        except (KeyError, ValueError, ZeroDivisionError, OSError) as e:
             errors.append(f"{DOC}: marker {m.group(0)!r} names nothing in the CSVs ({e})")
             continue
         number = float(written.replace(",", ""))
@@ -150,7 +159,7 @@ def run_all(root):
             errors.append(f"{DOC}: results-table {name!r} differs from the CSVs (run with --write)")
     if regions == 0:
         errors.append(f"{DOC}: no results-table region")
-    quotes = check_quotes(doc, summary, points)
+    quotes = check_quotes(root, doc, summary, points)
     if not QUOTE.search(doc):
         errors.append(f"{DOC}: no quoted number with a marker")
     return errors + quotes
@@ -192,8 +201,8 @@ def self_test(root):
         for what, text in plants:
             scratch = Path(tmp) / what
             (scratch / "docs" / "img").mkdir(parents=True)
-            for rel in (SUMMARY, POINTS):
-                shutil.copy(Path(root) / rel, scratch / rel)
+            shutil.copytree(Path(root) / "docs" / "img", scratch / "docs" / "img", dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("*.png"))
             (scratch / DOC).write_text(text)
             if not run_all(scratch):
                 print(f"self-test: a planted difference ({what}) went unreported")
