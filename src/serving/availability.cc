@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/json_fields.h"
+#include "serving/baselines.h"
 
 namespace ula {
 namespace {
@@ -119,6 +120,22 @@ Result<AvailabilityConfig> LoadAvailabilityConfig(const std::filesystem::path& c
   auto text = config_internal::ReadTextFile(path.string());
   if (!text) return std::unexpected(text.error());
   return ParseAvailabilityConfig(*text, path.string());
+}
+
+Status CheckEverySystemListed(const AvailabilityConfig& a) {
+  for (SystemKind s : kAllSystems) {
+    if (a.Find(SystemName(s)) == nullptr) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("systems/availability.json: no entry for system '{}'", SystemName(s)));
+    }
+  }
+  for (const SystemAvailability& e : a.systems) {
+    if (std::none_of(std::begin(kAllSystems), std::end(kAllSystems), [&](SystemKind s) { return SystemName(s) == e.system; })) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("systems/availability.json: field 'systems.{}': unknown system", e.system));
+    }
+  }
+  return Ok();
 }
 
 }  // namespace ula

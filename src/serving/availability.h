@@ -46,5 +46,7 @@ std::string WhyNotShipped(const SystemAvailability& a, const ScenarioEntry& e);
 Result<AvailabilityConfig> ParseAvailabilityConfig(std::string_view json_text, std::string_view origin = "availability");
 // config_dir/systems/availability.json
 Result<AvailabilityConfig> LoadAvailabilityConfig(const std::filesystem::path& config_dir);
+// kInvalidArgument unless the file names every SystemKind once and nothing else.
+Status CheckEverySystemListed(const AvailabilityConfig& a);
 
 }  // namespace ula

@@ -771,18 +771,7 @@ Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario_in, const 
 
   auto avail = LoadAvailabilityConfig(dir);
   if (!avail) return std::unexpected(avail.error());
-  for (SystemKind s : kAllSystems) {
-    if (avail->Find(SystemName(s)) == nullptr) {
-      return MakeError(ErrorCode::kInvalidArgument,
-                       fmt::format("systems/availability.json: no entry for system '{}'", SystemName(s)));
-    }
-  }
-  for (const SystemAvailability& a : avail->systems) {
-    if (std::none_of(std::begin(kAllSystems), std::end(kAllSystems), [&](SystemKind s) { return SystemName(s) == a.system; })) {
-      return MakeError(ErrorCode::kInvalidArgument,
-                       fmt::format("systems/availability.json: field 'systems.{}': unknown system", a.system));
-    }
-  }
+  ULA_RETURN_IF_ERROR(CheckEverySystemListed(*avail));
 
   ComparisonResult out;
   out.scenario = scenario.name;

@@ -478,6 +478,19 @@ TEST(Engines, AvailabilitySaysWhyASystemDoesNotShip) {
   auto u = ParseAvailabilityConfig(unknown, "t");
   ASSERT_FALSE(u);
   EXPECT_NE(u.error().message().find("systems.dcp.gpus"), std::string::npos);
+  // The file must name every system and nothing else.
+  EXPECT_TRUE(CheckEverySystemListed(*a));
+  AvailabilityConfig less = *a;
+  less.systems.pop_back();
+  auto miss = CheckEverySystemListed(less);
+  ASSERT_FALSE(miss);
+  EXPECT_NE(miss.error().message().find("no entry for system"), std::string::npos);
+  AvailabilityConfig more = *a;
+  more.systems.push_back(more.systems.front());
+  more.systems.back().system = "sglang_hicache";
+  auto extra = CheckEverySystemListed(more);
+  ASSERT_FALSE(extra);
+  EXPECT_NE(extra.error().message().find("systems.sglang_hicache"), std::string::npos);
 }
 
 // CUDA-graph capture limit per engine instance (SGLang cuda_graph_max_bs, vLLM
