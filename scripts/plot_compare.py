@@ -24,6 +24,7 @@ STYLE = {
     "dcp_sglang": ("DCP (SGLang)", "tab:pink", "<"),
     "helix": ("Helix (TensorRT-LLM)", "tab:purple", ">"),
     "vllm_hisparse": ("HiSparse (vLLM)", "tab:brown", "x"),
+    "trtllm_offload": ("sparse KV offload (TensorRT-LLM)", "tab:olive", "P"),
 }
 TP_ONLY = {"ulacache_home", "dcp", "dcp_sglang", "helix"}
 
@@ -34,6 +35,13 @@ def main():
         return 2
     rows = list(csv.DictReader(open(sys.argv[1])))
     out_dir = sys.argv[2]
+    # summary.csv beside compare.csv says which systems their engines ship (ships = hyp:
+    # hypothetical, drawn dashed).
+    summary = os.path.join(os.path.dirname(sys.argv[1]), "summary.csv")
+    ships = {}
+    if os.path.exists(summary):
+        for r in csv.DictReader(open(summary)):
+            ships[(r["config"], r["system"])] = r.get("ships", "yes")
     configs = {}
     for r in rows:
         configs.setdefault(r["config"], []).append(r)
@@ -48,7 +56,9 @@ def main():
                 ax.plot([], [], color=color, marker=marker, label=f"{label} (admits 0)")
                 continue
             xs, ys = zip(*pts)
-            ax.plot(xs, ys, color=color, marker=marker, markersize=4, label=f"{label} (admits {xs[-1]})")
+            hyp = ships.get((name, system)) == "hyp"
+            ax.plot(xs, ys, color=color, marker=marker, markersize=4, linestyle="--" if hyp else "-",
+                    label=f"{label}{' (hypothetical)' if hyp else ''} (runs to {xs[-1]})")
             ax.axvline(xs[-1], color=color, linestyle=":", linewidth=0.8)
         mtp = "MTP on" if first["mtp"] == "1" else "MTP off"
         ax.set_title(f"GLM-5 decode, {first['hardware']} {first['mode'].upper()}, {mtp}")

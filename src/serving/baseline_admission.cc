@@ -27,6 +27,7 @@ std::string_view SystemName(SystemKind s) {
     case SystemKind::kDcpSglang: return "dcp_sglang";
     case SystemKind::kHelix: return "helix";
     case SystemKind::kVllmHiSparse: return "vllm_hisparse";
+    case SystemKind::kTrtllmOffload: return "trtllm_offload";
   }
   return "?";
 }
@@ -42,7 +43,8 @@ Status PlacementRules::Validate() const {
   if (!(host_bytes_per_rank >= 0)) return FieldError("host_bytes_per_rank", "must be >= 0");
   if (!(kv_bytes_per_token > 0)) return FieldError("kv_bytes_per_token", "must be > 0");
   if (!(index_bytes_per_token >= 0)) return FieldError("index_bytes_per_token", "must be >= 0");
-  if ((system == SystemKind::kHiSparse || system == SystemKind::kVllmHiSparse) && hisparse_buffer_entries == 0) {
+  if ((system == SystemKind::kHiSparse || system == SystemKind::kVllmHiSparse || system == SystemKind::kTrtllmOffload) &&
+      hisparse_buffer_entries == 0) {
     return FieldError("hisparse_buffer_entries", "must be >= 1");
   }
   if (IsUlaCache(system) && working_set_entries == 0) return FieldError("working_set_entries", "must be >= 1");
@@ -97,6 +99,7 @@ RankDemand DemandOf(const PlacementRules& r, std::uint32_t t) {
     case SystemKind::kAllGpu:
       d.device = t * (kv + ix);
       break;
+    case SystemKind::kTrtllmOffload:  // its GPU cache in the buffer's place
     case SystemKind::kHiSparse:
       d.device = r.hisparse_buffer_entries * kv + t * ix;
       d.host = t * kv;
@@ -113,6 +116,8 @@ RankDemand DemandOf(const PlacementRules& r, std::uint32_t t) {
     case SystemKind::kVllmHiSparse:
       d.device = t * ix + double(r.hisparse_buffer_entries + r.tail_entries) * kv;
       d.host = r.mode == ParallelMode::kTp ? t * kv / r.num_ranks : t * kv;  // TP: one host pool for the node
+      // The pages admission reserves in the window beyond the tail (the tail is reserved above).
+      d.device_transient = std::max(0.0, std::min<double>(t, r.admission_window_entries) - r.tail_entries) * kv;
       break;
     case SystemKind::kUlaCache:
     case SystemKind::kUlaCacheAtHome: {
@@ -147,8 +152,8 @@ bool AdmissionLedger::FitsOn(std::uint32_t rank, std::uint32_t t) const {
   const double dev = rules_.device_bytes_per_rank, host = rules_.host_bytes_per_rank;
   // Flexible bytes can sit on either tier, so three sums decide.
   auto fits = [&](std::uint32_t r) {
-    return device_[r] + d.device <= dev && host_[r] + d.host <= host &&
-           device_[r] + host_[r] + either_[r] + d.device + d.host + d.either <= dev + host;
+    return device_[r] + d.device + d.device_transient <= dev && host_[r] + d.host <= host &&
+           device_[r] + host_[r] + either_[r] + d.device + d.device_transient + d.host + d.either <= dev + host;
   };
   if (rules_.mode == ParallelMode::kTp) {
     for (std::uint32_t r = 0; r < rules_.num_ranks; ++r) {

@@ -7,6 +7,8 @@
 //   all_gpu   device: T*(kv + ix). TP: every rank holds a full copy.
 //   hisparse  device: C*kv (fixed per-request buffer, not lendable) + T*ix;
 //             host: T*kv (the full history). TP: every rank holds its own copy of both.
+//   trtllm_offload  as hisparse with C = its per-request GPU cache (host_history_size per
+//             rank: every TP rank its own copy).
 //   ulacache  DP: device: T*ix + W*kv (the request's working set, W = min(T, w), w = one step's
 //                 expected distinct selections: top_k x (1 + drafts x (1 - draft_keep)),
 //                 must fit on device in the step), the rest of T*kv on device or host.
@@ -24,10 +26,16 @@
 //             tokens are dealt round-robin: ceil(ceil(T/b)/P)*b (b = helix_tokens_per_block).
 //   vllm_hisparse  device: T*ix + (C + tail)*kv (hot buffer C = hisparse_buffer_entries,
 //             the never-reclaimed tail pages); host: T*kv, in TP one copy for the node
-//             (T*kv/P per rank: the TP ranks share one host pool). Resident GPU pages are a
-//             cache of the host pool in the device room left over: not part of admission.
-// A rank fits a request when device_only + d <= D, host_only + h <= H and
-// device_only + host_only + either + d + h + f <= D + H (d: device-only, h: host-only, f: either).
+//             (T*kv/P per rank: the TP ranks share one host pool). Admission also needs,
+//             for the moment it admits, the request's resident pages up to the in-flight
+//             window: (min(T, window) - tail)*kv more free device bytes (device_transient,
+//             checked, not reserved: those pages are unpinned to host once written, as
+//             vLLM's HiSparseResidentManager.get_num_blocks_to_allocate caps them with
+//             apply_admission_cap). Resident GPU pages past that are a cache of the host
+//             pool in the device room left over: not part of admission.
+// A rank fits a request when device_only + d + t <= D, host_only + h <= H and
+// device_only + host_only + either + d + t + h + f <= D + H (d: device-only, t: device bytes
+// needed only while admitting, h: host-only, f: either).
 // DP places a request on the rank with the most free bytes (lowest index on ties).
 //
 // Thread-safety: none (plain state); one thread per ledger / buffer set.
@@ -58,6 +66,11 @@ namespace ula {
 //              it reclaimed under pressure, a per-request hot buffer of
 //              (queries + 1) x top-k rows for the rest; admission counts the hot buffer and
 //              the index keys on device, the whole history on host
+//   trtllm_offload  TensorRT-LLM's sparse KV cache offload (SparseKvCacheOffloadConfig):
+//              the history in pinned host memory per rank, each request a GPU cache of
+//              gpu_cache_factor x the units one decode step selects plus the unit being
+//              written, in whole pages; index keys on device. HiSparse's placement in the
+//              third engine (hisparse_buffer_entries = that cache)
 enum class SystemKind : std::uint8_t {
   kAllGpu,
   kHiSparse,
@@ -67,11 +80,14 @@ enum class SystemKind : std::uint8_t {
   kDcpSglang,
   kHelix,
   kVllmHiSparse,
+  kTrtllmOffload,
 };
 inline constexpr SystemKind kAllSystems[] = {SystemKind::kAllGpu,        SystemKind::kHiSparse, SystemKind::kUlaCache,
                                              SystemKind::kUlaCacheAtHome, SystemKind::kDcp,      SystemKind::kDcpSglang,
-                                             SystemKind::kHelix,          SystemKind::kVllmHiSparse};
-// "all_gpu", "hisparse", "ulacache", "ulacache_home", "dcp", "dcp_sglang", "helix", "vllm_hisparse"
+                                             SystemKind::kHelix,          SystemKind::kVllmHiSparse,
+                                             SystemKind::kTrtllmOffload};
+// "all_gpu", "hisparse", "ulacache", "ulacache_home", "dcp", "dcp_sglang", "helix", "vllm_hisparse",
+// "trtllm_offload"
 std::string_view SystemName(SystemKind s);
 // Whether the system exists in this mode (ulacache_home, dcp, dcp_sglang, helix: TP only).
 bool SystemRunsIn(SystemKind s, ParallelMode mode);
@@ -83,7 +99,7 @@ inline bool IsContextParallel(SystemKind s) {
 }
 // Whether the system keeps KV in host memory (fill counts the host budget).
 inline bool HasHostTier(SystemKind s) {
-  return s == SystemKind::kHiSparse || s == SystemKind::kVllmHiSparse || IsUlaCache(s);
+  return s == SystemKind::kHiSparse || s == SystemKind::kVllmHiSparse || s == SystemKind::kTrtllmOffload || IsUlaCache(s);
 }
 
 struct PlacementRules {
@@ -99,6 +115,9 @@ struct PlacementRules {
   std::uint32_t tp_buffer_entries = 0;       // ulacache TP, per request; must be 0 for ulacache_home
   std::uint32_t helix_tokens_per_block = 0;  // helix: tokens of one KV block (the striping unit)
   std::uint32_t tail_entries = 0;            // vllm_hisparse: the newest pages, never reclaimed
+  // vllm_hisparse: tokens whose resident pages admission counts (the in-flight window,
+  // tail included; 0 = the tail only).
+  std::uint32_t admission_window_entries = 0;
 
   // Names the first bad field (kInvalidArgument); ulacache_home in DP mode is refused.
   Status Validate() const;
@@ -107,6 +126,7 @@ struct PlacementRules {
 // Bytes one request needs on one rank it touches.
 struct RankDemand {
   double device = 0, host = 0, either = 0;
+  double device_transient = 0;  // free device bytes the admission needs, not reserved after it
 };
 RankDemand DemandOf(const PlacementRules& rules, std::uint32_t history_tokens);
 // SGLang HiSparse's host pool under `ratio` (rules: the device and host budgets per rank):

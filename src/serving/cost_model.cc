@@ -206,7 +206,8 @@ Status CostModel::CheckCounts(const StepCounts& k) const {
   const std::pair<const char*, double> fields[] = {
       {"batch_total", k.batch_total},       {"batch_local", k.batch_local},   {"history_scored", k.history_scored},
       {"h2d_entries", k.h2d_entries},       {"d2h_entries", k.d2h_entries},   {"nvlink_entries", k.nvlink_entries},
-      {"home_entries", k.home_entries},     {"distinct_entries", k.distinct_entries}};
+      {"home_entries", k.home_entries},     {"distinct_entries", k.distinct_entries},
+      {"arriving_host_bytes", k.arriving_host_bytes}, {"arriving_device_bytes", k.arriving_device_bytes}};
   for (const auto& [name, v] : fields) {
     if (!(v >= 0) || !std::isfinite(v)) {
       return MakeError(ErrorCode::kInvalidArgument, fmt::format("field '{}': must be finite and >= 0 (got {})", name, v));
@@ -361,7 +362,9 @@ StepWork CostModel::Work(const StepCounts& k) const {
   // --- Every byte over a link crosses HBM: host fetches and NVLink fetches are written,
   // swap victims and backups read; NVLink fetches are served symmetrically (this GPU's home
   // entries read for the others), and collectives are read on send and written on receipt.
-  w.transfer_hbm_bytes = w.h2d_bytes + w.d2h_bytes + 2.0 * w.nvlink_fetch_bytes + 2.0 * w.collective_bytes;
+  w.arriving_bytes = k.arriving_host_bytes + k.arriving_device_bytes;
+  w.transfer_hbm_bytes = w.h2d_bytes + w.d2h_bytes + 2.0 * w.nvlink_fetch_bytes + 2.0 * w.collective_bytes +
+                         k.arriving_device_bytes;
 
   // --- UlaCache's planner: planner_kernels_per_call kernels per group pass, over every
   // selection of the batch this GPU plans. HiSparse: one swap-in kernel per layer pass over
@@ -393,13 +396,18 @@ StepTime CostModel::Time(const StepWork& w) const {
   // figure is bidirectional, so one direction gets half.
   const double scattered = in_.rates.host_link_scattered_bytes_per_s;
   const double h2d = w.h2d_bytes / scattered, d2h = w.d2h_bytes / scattered;
-  t.host_link = std::max(h2d, d2h);
+  // Arriving prefill KV: bulk writes at the link's own rate, in the host -> device direction.
+  const double bulk = hw.host_link_bandwidth_bytes_per_s > 0 ? hw.host_link_bandwidth_bytes_per_s : scattered;
+  t.arriving = w.arriving_bytes / bulk;
+  t.host_link = std::max(h2d + t.arriving, d2h);
   const double nvlink_dir = hw.nvlink_bandwidth_bytes_per_s / 2;
   t.nvlink_fetch = w.nvlink_fetch_bytes / nvlink_dir;
   // Overlap only within a group: of each group's transfers the first layer's share is exposed,
   // the others arrive while the group's earlier layers compute. A critical-path host fetch
   // (HiSparse's per-layer swap-in) is exposed in full.
-  const double tx = w.h2d_critical ? std::max(d2h, t.nvlink_fetch) : std::max(t.host_link, t.nvlink_fetch);
+  // The arriving KV streams in the background: overlapped like the other transfers (HiSparse:
+  // beside its critical-path fetch).
+  const double tx = w.h2d_critical ? std::max({d2h, t.arriving, t.nvlink_fetch}) : std::max(t.host_link, t.nvlink_fetch);
   const double l = std::max<std::uint32_t>(w.layers_per_group, 1);
   const double pipelined = tx / l + t.gpu / l + (l - 1) / l * std::max(t.gpu, tx) + (w.h2d_critical ? h2d : 0.0);
   t.transfer_exposed = pipelined - t.gpu;

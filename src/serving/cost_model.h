@@ -115,6 +115,13 @@ struct StepCounts {
   // HiSparse as SGLang runs it: one swap-in kernel per layer on the forward stream, between
   // the top-k and the attention, over every selection; its host fetch is on the critical path.
   bool swap_in_per_layer = false;
+  // Prefill KV arriving (disaggregated serving: the decode server receives each new
+  // request's KV and index keys from its prefill server), bytes per step landing on this
+  // GPU's share: into host memory (host tiers) or into device memory. Both cross the
+  // GPU's host link in the host -> device direction at its bulk rate (large RDMA writes,
+  // not scattered rows) and share it with the step's own host fetches; device bytes are
+  // also written to HBM.
+  double arriving_host_bytes = 0, arriving_device_bytes = 0;
 };
 
 struct StepWork {
@@ -127,6 +134,7 @@ struct StepWork {
   double collective_bytes = 0;  // sent per GPU on NVLink, on the critical path (all below included)
   double query_gather_bytes = 0;      // attention at home: all-gather of the absorbed queries
   double partial_exchange_bytes = 0;  // attention at home: partial outputs to their heads' owners
+  double arriving_bytes = 0;      // prefill KV arriving over the host link (host + device landing)
   double transfer_hbm_bytes = 0;  // HBM side of every byte over PCIe / NVLink (received written, sent read)
   double allreduce_calls = 0;     // ring all-reduces per step
   double gather_calls = 0;        // all-gathers, reduce-scatters, all-to-alls per step
@@ -142,6 +150,7 @@ struct StepTime {
   double weights = 0;  // dense + experts
   double dense = 0, experts = 0, attention = 0, indexer = 0, hbm_copies = 0, gpu = 0;
   double host_link = 0, nvlink_fetch = 0;
+  double arriving = 0;  // host-link time of the arriving prefill KV (part of host_link)
   double transfer_exposed = 0;  // total - gpu - collectives - planner - overhead
   double collectives = 0;       // bandwidth + per-call latency
   double collective_latency = 0;  // the latency part of collectives

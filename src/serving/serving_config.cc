@@ -191,6 +191,11 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
   }
   ULA_RETURN_IF_ERROR(SourcedUInt(f, "helix_tokens_per_block", 1, 1u << 16, &s.helix_tokens_per_block));
   ULA_RETURN_IF_ERROR(SourcedUInt(f, "vllm_hisparse_tail_entries", 0, 1u << 20, &s.vllm_hisparse_tail_entries));
+  ULA_RETURN_IF_ERROR(SourcedUInt(f, "vllm_hisparse_admission_window_entries", 0, 1u << 24,
+                                  &s.vllm_hisparse_admission_window_entries));
+  ULA_RETURN_IF_ERROR(SourcedUInt(f, "cuda_graph_max_batch", 0, 1u << 20, &s.cuda_graph_max_batch));
+  ULA_RETURN_IF_ERROR(sourced("trtllm_offload_gpu_cache_factor", 1, 1e3, &s.trtllm_offload_gpu_cache_factor));
+  ULA_RETURN_IF_ERROR(SourcedUInt(f, "trtllm_offload_tokens_per_page", 1, 1u << 16, &s.trtllm_offload_tokens_per_page));
   ULA_RETURN_IF_ERROR(uint("tp_buffer_entries_per_request", 1, 1u << 24, &s.tp_buffer_entries_per_request));
   ULA_RETURN_IF_ERROR(uint("tp_buffer_entries_per_request_mtp", 1, 1u << 24, &s.tp_buffer_entries_per_request_mtp));
 

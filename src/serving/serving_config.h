@@ -101,6 +101,16 @@ struct ScenarioConfig {
   bool hisparse_match_host_budget = true;
   std::uint32_t helix_tokens_per_block = 64;     // Helix: tokens per KV block, the striping unit
   std::uint32_t vllm_hisparse_tail_entries = 128;  // vLLM HiSparse: newest tokens never reclaimed
+  // vLLM HiSparse: tokens of a request's resident pages its admission counts (the in-flight
+  // window of apply_admission_cap; the tail included).
+  std::uint32_t vllm_hisparse_admission_window_entries = 8192;
+  // Requests one engine instance decodes under CUDA graphs (TP: the node, DP: each GPU's
+  // rank); the curves stop there. 0 = no limit.
+  std::uint32_t cuda_graph_max_batch = 512;
+  // TensorRT-LLM sparse KV offload: each request's GPU cache is gpu_cache_factor x the units
+  // one decode step selects + 1, in pages of tokens_per_page.
+  double trtllm_offload_gpu_cache_factor = 2.0;
+  std::uint32_t trtllm_offload_tokens_per_page = 64;
   std::uint32_t tp_buffer_entries_per_request = 2048;      // UlaCache TP local buffer, MTP off
   std::uint32_t tp_buffer_entries_per_request_mtp = 3072;  // ... MTP on
   std::string selection_fit;        // configs/selection/<selection_fit>.json (selection_fit.h)

@@ -22,6 +22,7 @@
 #include <optional>
 
 #include "workload/rng.h"
+#include "serving/availability.h"
 #include "serving/serving_systems.h"
 #include "serving/shared_admission.h"
 #include "workload/shared_workload.h"
@@ -46,8 +47,8 @@ std::string HardwareLabel(std::uint32_t p, std::string name) {
 }
 
 // Pairs (field of acc, same field of t) over every term of StepTime.
-static_assert(sizeof(StepTime) == 15 * sizeof(double), "TimeFields must list every field of StepTime");
-std::array<std::pair<double*, double>, 15> TimeFields(StepTime& acc, const StepTime& t) {
+static_assert(sizeof(StepTime) == 16 * sizeof(double), "TimeFields must list every field of StepTime");
+std::array<std::pair<double*, double>, 16> TimeFields(StepTime& acc, const StepTime& t) {
   return {{{&acc.weights, t.weights},
            {&acc.dense, t.dense},
            {&acc.experts, t.experts},
@@ -57,6 +58,7 @@ std::array<std::pair<double*, double>, 15> TimeFields(StepTime& acc, const StepT
            {&acc.gpu, t.gpu},
            {&acc.host_link, t.host_link},
            {&acc.nvlink_fetch, t.nvlink_fetch},
+           {&acc.arriving, t.arriving},
            {&acc.transfer_exposed, t.transfer_exposed},
            {&acc.collectives, t.collectives},
            {&acc.collective_latency, t.collective_latency},
@@ -83,7 +85,7 @@ void SetPeak(SystemResult& result) {
 // One batch size's measured steps, summed in step order, and the curve point they give.
 struct PointSums {
   double t = 0, tokens = 0, batch = 0;
-  double distinct = 0, hits = 0, h2d = 0, d2h = 0, nv = 0;
+  double distinct = 0, hits = 0, h2d = 0, d2h = 0, nv = 0, arriving = 0;
   std::uint32_t steps = 0;
   StepTime time;
   std::vector<StepCounts> measured;
@@ -100,6 +102,7 @@ struct PointSums {
     h2d += c.h2d;
     d2h += c.d2h;
     nv += c.nvlink;
+    arriving += k.arriving_host_bytes + k.arriving_device_bytes;
     for (auto [acc, v] : TimeFields(time, st)) *acc += v;
   }
 };
@@ -147,6 +150,14 @@ PlacementRules MakeRules(const RunContext& ctx, SystemKind system) {
     // device_buffer_size defaults to (max decode query length + 1) x top-k rows.
     rules.hisparse_buffer_entries = (q + 1) * ctx.model.top_k;
     rules.tail_entries = sc.vllm_hisparse_tail_entries;
+    rules.admission_window_entries = sc.vllm_hisparse_admission_window_entries;
+  }
+  if (system == SystemKind::kTrtllmOffload) {
+    // gpu_cache_factor x the units one decode step selects (every query's top-k) plus the
+    // unit being written, rounded up to whole pages.
+    const double units = sc.trtllm_offload_gpu_cache_factor * double(q) * ctx.model.top_k + 1;
+    const double page = sc.trtllm_offload_tokens_per_page;
+    rules.hisparse_buffer_entries = static_cast<std::uint32_t>(std::ceil(units / page) * page);
   }
   if (system == SystemKind::kHelix) {
     rules.device_bytes_per_rank = std::max(0.0, rules.device_bytes_per_rank - ctx.cost.RedundantQkvExtraWeightBytes());
@@ -190,6 +201,7 @@ CurvePoint MakePoint(const RunContext& ctx, SystemKind system, std::uint32_t b, 
   pt.hit_rate = s.distinct > 0 ? s.hits / s.distinct : 1;
   const double tb = static_cast<double>(ctx.cost.kv_bytes_per_token()) / 1e9 / m;
   pt.h2d_gb = s.h2d * tb, pt.d2h_gb = s.d2h * tb, pt.nvlink_gb = s.nv * tb;
+  pt.arriving_gb = s.arriving / 1e9 / m;
   pt.time = s.time;
   pt.measured = std::move(s.measured);
   for (auto [v, unused] : TimeFields(pt.time, s.time)) *v /= m;
@@ -228,15 +240,31 @@ void PrintBudget(const RunContext& ctx, SystemKind system, const PlacementRules&
     case SystemKind::kHelix:
       why = fmt::format(" (device less {:.2f} GB of replicated q_b / W_UK)", ctx.cost.RedundantQkvExtraWeightBytes() / 1e9);
       break;
+    case SystemKind::kTrtllmOffload:
+      why = fmt::format(" (host_history_size per rank; GPU cache {} rows per request)", rules.hisparse_buffer_entries);
+      break;
     default:
       if (!HasHostTier(system)) why = " (no host tier for running requests)";
       break;
   }
-  ctx.options.progress(fmt::format("  budget {:<13} device {:.2f} GB/GPU, host {:.2f} GB/GPU{}", SystemName(system),
+  ctx.options.progress(fmt::format("  budget {:<14} device {:.2f} GB/GPU, host {:.2f} GB/GPU{}", SystemName(system),
                                    rules.device_bytes_per_rank / 1e9, rules.host_bytes_per_rank / 1e9, why));
 }
 
-// The batch sizes visited: the grid's below the admission limit, then the limit.
+// The largest batch a curve runs: the admission limit, capped at the engines' CUDA-graph
+// capture limit per engine instance (TP: the node; DP: each GPU's rank, P of them). A cap
+// below the admission limit is said in the result's note.
+std::uint32_t CurveLimit(const RunContext& ctx, SystemResult& result) {
+  const CostModelInputs& in = ctx.cost.inputs();
+  const std::uint64_t per = ctx.scenario.cuda_graph_max_batch;
+  const std::uint64_t cap = per * (in.mode == ParallelMode::kDp ? in.num_ranks : 1);
+  if (per == 0 || result.admitted <= cap) return result.admitted;
+  result.note = fmt::format("admits {} but decodes at most {}: the engines' CUDA-graph capture limit, {} per engine instance",
+                            result.admitted, cap, per);
+  return static_cast<std::uint32_t>(cap);
+}
+
+// The batch sizes visited: the grid's below the limit, then the limit.
 std::vector<std::uint32_t> BatchGrid(const ScenarioConfig& sc, std::uint32_t admitted) {
   std::vector<std::uint32_t> grid;
   for (std::uint32_t b : sc.sampling.batch_grid) {
@@ -246,11 +274,40 @@ std::vector<std::uint32_t> BatchGrid(const ScenarioConfig& sc, std::uint32_t adm
   return grid;
 }
 
+// Prefill KV arriving (StepCounts::arriving_*): bytes landing on one GPU per output token
+// the node produces. In steady state a request arrives per L_out output tokens (L_out: the
+// workload's mean output length), carrying its prompt's KV and index keys, placed as the
+// system places a history (TokenPart: device, host; UlaCache's either-tier bytes land on host,
+// where its history lives past the working set); DP: one of the P GPUs receives it.
+// Sharing workloads skip part of each prompt's prefill: not charged there (empty requests).
+struct ArrivingKv {
+  double host = 0, device = 0;
+};
+ArrivingKv ArrivingPerOutputToken(const std::vector<RequestSpec>& requests, const PlacementRules& rules) {
+  ArrivingKv a;
+  double output = 0;
+  for (const RequestSpec& r : requests) {
+    const RankDemand d = serving_internal::TokenPart(rules, r.input_tokens);
+    a.host += d.host + d.either;
+    a.device += d.device;
+    output += r.output_tokens;
+  }
+  if (!(output > 0)) return {};
+  const double share = rules.mode == ParallelMode::kDp ? 1.0 / rules.num_ranks : 1.0;
+  a.host *= share / output;
+  a.device *= share / output;
+  return a;
+}
+
 // What the cost model prices for one step of `system`: `local` requests simulated of
-// `total` decoding on all GPUs, with the step's counters.
+// `total` decoding on all GPUs, with the step's counters; `arriving` x the node's output
+// tokens of the step is the prefill KV it receives.
 StepCounts CountsOf(const serving_internal::SimSystem& sys, SystemKind system, const serving_internal::SimCounters& c,
-                    double local, double total, double history_sum, std::uint32_t p) {
+                    double local, double total, double history_sum, std::uint32_t p, const ArrivingKv& arriving = {},
+                    double tokens_per_request = 0) {
   StepCounts k;
+  k.arriving_host_bytes = arriving.host * total * tokens_per_request;
+  k.arriving_device_bytes = arriving.device * total * tokens_per_request;
   k.batch_local = local;
   k.batch_total = total;
   k.history_scored = sys.striped_indexer() ? history_sum / p : history_sum;
@@ -264,7 +321,9 @@ StepCounts CountsOf(const serving_internal::SimSystem& sys, SystemKind system, c
   // vllm_hisparse's resolver and gather kernels run per index group on a copy stream,
   // overlapped within the group like UlaCache's copies; SGLang's swap-in is per layer on the
   // forward stream.
-  k.planner_per_group = IsUlaCache(system) || system == SystemKind::kVllmHiSparse;
+  // TensorRT-LLM's offload: its fetch kernels taken as vLLM's (per group, on a copy stream;
+  // an assumption: COST_MODEL.md "The systems engines run today").
+  k.planner_per_group = IsUlaCache(system) || system == SystemKind::kVllmHiSparse || system == SystemKind::kTrtllmOffload;
   k.swap_in_per_layer = system == SystemKind::kHiSparse;
   k.home_exchange = system == SystemKind::kHelix       ? HomeExchange::kHelix
                     : system == SystemKind::kDcpSglang ? HomeExchange::kDcpPacked
@@ -284,6 +343,9 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
 
   const PlacementRules rules = MakeRules(ctx, system);
   PrintBudget(ctx, system, rules);
+  const ArrivingKv arriving = ArrivingPerOutputToken(ctx.requests, rules);
+  result.device_budget_bytes = rules.device_bytes_per_rank;
+  result.host_budget_bytes = rules.host_bytes_per_rank;
   result.admitted = MaxAdmitted(rules, ctx.finals);
   {
     double admitted_tokens = 0;
@@ -314,7 +376,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
   auto selection = SelectionModel::Create(sp);
   if (!selection) return std::unexpected(selection.error());
 
-  const std::vector<std::uint32_t> grid = BatchGrid(sc, result.admitted);
+  const std::vector<std::uint32_t> grid = BatchGrid(sc, CurveLimit(ctx, result));
 
   std::deque<Active> active;
   std::size_t next = 0;
@@ -384,7 +446,8 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
       }
       // DP: the other ranks hold the rest of the batch (rank 0 holds the largest share).
       const StepCounts k =
-          CountsOf(sys, system, c, local, tp ? local : std::max(local, double(b) * local / target), history_sum, p);
+          CountsOf(sys, system, c, local, tp ? local : std::max(local, double(b) * local / target), history_sum, p,
+                   arriving, ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate));
       ULA_RETURN_IF_ERROR(ctx.cost.CheckCounts(k));
       const StepTime t = ctx.cost.Time(ctx.cost.Work(k));
       if (measured) sums.Add(k, t, c, ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate));
@@ -439,7 +502,8 @@ Result<bool> SharedLimit(const RunContext& ctx, const serving_internal::SharedSt
   sh.distinct_fraction = lim.named_tokens > 0 ? double(lim.stored_tokens) / double(lim.named_tokens) : 0;
   // TP all-GPU and SGLang HiSparse: a full copy per GPU (MLA's latent KV is replicated under
   // TP, HiSparse's host pool is per GPU); the striped systems and vLLM's shared host pool: one.
-  const bool copies = result.system == SystemKind::kAllGpu || result.system == SystemKind::kHiSparse;
+  const bool copies = result.system == SystemKind::kAllGpu || result.system == SystemKind::kHiSparse ||
+                      result.system == SystemKind::kTrtllmOffload;
   sh.copies_per_node = tp && copies ? p : 1;
   sh.prefill_saved_at_limit = lim.prefill_saved;
   sh.input_tokens_at_limit = lim.input_tokens;
@@ -607,6 +671,8 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
   result.system = system;
   const PlacementRules rules = MakeRules(ctx, system);
   PrintBudget(ctx, system, rules);
+  result.device_budget_bytes = rules.device_bytes_per_rank;
+  result.host_budget_bytes = rules.host_bytes_per_rank;
   serving_internal::SharedAdmissionLimit lim;
   auto fits = SharedLimit(ctx, stream, rules, result, lim);
   result.fill = FillOf(rules, double(lim.stored_tokens), HasHostTier(system) ? ctx.budget.host_bytes : 0);
@@ -638,7 +704,7 @@ Result<SystemResult> RunSharedSystem(const RunContext& ctx, const serving_intern
 
   SharedRun run(ctx, stream, system, **made, *ledger, *selection, result.sharing);
   const auto wall0 = std::chrono::steady_clock::now();
-  for (std::uint32_t b : BatchGrid(sc, result.admitted)) {
+  for (std::uint32_t b : BatchGrid(sc, CurveLimit(ctx, result))) {
     ULA_RETURN_IF_ERROR(run.Fill(b));
     if (run.empty()) {
       result.note = fmt::format("batch {}: no request could be admitted", b);
@@ -703,6 +769,10 @@ Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario_in, const 
     draft_tokens = wl->draft_tokens;
   }
 
+  auto avail = LoadAvailabilityConfig(dir);
+  if (!avail) return std::unexpected(avail.error());
+  ULA_RETURN_IF_ERROR(CheckEverySystemListed(*avail));
+
   ComparisonResult out;
   out.scenario = scenario.name;
   out.model = scenario.model;
@@ -742,6 +812,11 @@ Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario_in, const 
       if (!SystemRunsIn(s, e.mode)) continue;  // ulacache_home: TP only
       auto r = stream ? RunSharedSystem(ctx, *stream, s) : RunSystem(ctx, s);
       if (!r) return std::unexpected(r.error());
+      const SystemAvailability& a = *avail->Find(SystemName(s));
+      r->engine = a.engine;
+      r->proposed = a.proposed;
+      r->why_not = WhyNotShipped(a, e);
+      r->ships = r->why_not.empty();
       cr.systems.push_back(std::move(*r));
     }
     cr.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

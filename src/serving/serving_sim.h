@@ -44,6 +44,7 @@ struct CurvePoint {
   double hit_rate = 0;           // distinct selections already on the attending GPU's device
                                  // (ulacache_home: of those homed on it, the only ones it reads)
   double h2d_gb = 0, d2h_gb = 0, nvlink_gb = 0;  // per step, per GPU, all groups
+  double arriving_gb = 0;        // prefill KV arriving per step per GPU (StepCounts::arriving_*)
   StepTime time;                 // mean breakdown
   std::vector<StepCounts> measured;  // the counts of each measured step (RepriceComparison)
 };
@@ -76,7 +77,17 @@ struct SystemResult {
   // memory the system may use for KV on all GPUs: device budget, plus host with a host tier.
   double fill = 0;
   std::string note;            // why a curve stops early, if it does
+  // The system's own budgets per GPU (its PlacementRules: Helix loses its redundant QKV
+  // weights, HiSparse's host pool follows its ratio, systems without a host tier get 0).
+  double device_budget_bytes = 0, host_budget_bytes = 0;
   SharingResult sharing;
+  // configs/systems/availability.json (availability.h): who ships the system, and whether
+  // it ships for this config; `why_not` says why not. Not shipping: hypothetical, out of the
+  // config's ranking (BestShippingEngine).
+  std::string engine;
+  bool proposed = false;  // UlaCache's own systems
+  bool ships = true;
+  std::string why_not;
 };
 
 struct ConfigResult {
@@ -94,6 +105,15 @@ struct ConfigResult {
     return nullptr;
   }
   double seconds = 0;                 // wall time of the simulation
+  // The engine system (not proposed) that ships for this config with the highest peak, or
+  // nullptr when none ships.
+  const SystemResult* BestShippingEngine() const {
+    const SystemResult* best = nullptr;
+    for (const SystemResult& r : systems) {
+      if (!r.proposed && r.ships && (best == nullptr || r.peak_tput > best->peak_tput)) best = &r;
+    }
+    return best;
+  }
 };
 
 struct ComparisonResult {

@@ -465,7 +465,8 @@ Result<std::unique_ptr<SimSystem>> MakeSimSystem(const SimSystemConfig& cfg) {
   switch (cfg.rules.system) {
     case SystemKind::kAllGpu:
       return std::unique_ptr<SimSystem>(new AllGpuSystem(std::move(*ledger)));
-    case SystemKind::kHiSparse: {
+    case SystemKind::kHiSparse:
+    case SystemKind::kTrtllmOffload: {  // its per-request GPU cache: the same LRU buffer
       auto buffers = HiSparseBuffers::Create(cfg.rules.hisparse_buffer_entries);
       if (!buffers) return std::unexpected(buffers.error());
       return std::unique_ptr<SimSystem>(new HiSparseSystem(std::move(*ledger), std::move(*buffers)));

@@ -113,6 +113,7 @@ RankDemand TokenPart(const PlacementRules& r, std::uint32_t t) {
   switch (r.system) {
     case SystemKind::kAllGpu: d.device = t * (kv + ix); break;
     case SystemKind::kHiSparse:
+    case SystemKind::kTrtllmOffload:
       d.device = t * ix;
       d.host = t * kv;
       break;
@@ -228,8 +229,8 @@ bool SharedLedger::Fits(const Holder& h, const RankDemand& d, double ws) const {
   // The working sets must be on device, but the step's distinct selections on a holder
   // cannot exceed the entries it stores: sharers' working sets overlap in their prefix.
   const double ws_device = std::min(h.ws + ws, h.either + d.either);
-  return h.device + d.device + ws_device <= dev && h.host + d.host <= host &&
-         h.device + h.host + h.either + d.device + d.host + d.either <= dev + host;
+  return h.device + d.device + d.device_transient + ws_device <= dev && h.host + d.host <= host &&
+         h.device + h.host + h.either + d.device + d.device_transient + d.host + d.either <= dev + host;
 }
 
 void SharedLedger::Add(Holder& h, const RankDemand& d, double ws, double sign) {

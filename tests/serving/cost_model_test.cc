@@ -300,6 +300,38 @@ TEST(CostModel, TpAttentionFlopsUseThePaddedHeadCount) {
 }
 
 // Item 4: every byte over PCIe or NVLink crosses HBM.
+// Prefill KV arriving (disaggregated serving): bulk writes at the link's own rate in the
+// host -> device direction, sharing it with the step's fetches; only the bytes landing on
+// device are written to HBM; overlapped like the other transfers (HiSparse: beside its
+// critical-path fetch, not added to it).
+TEST(CostModel, ArrivingPrefillKvSharesTheHostLinkAtItsBulkRate) {
+  auto cm = CostModel::Create(TinyInputs(ParallelMode::kTp, false));
+  ASSERT_TRUE(cm);
+  StepCounts k = TpCounts();
+  const StepWork before = cm->Work(k);
+  k.arriving_host_bytes = 3e7;
+  k.arriving_device_bytes = 1e7;
+  const StepWork w = cm->Work(k);
+  EXPECT_DOUBLE_EQ(w.arriving_bytes, 4e7);
+  EXPECT_DOUBLE_EQ(w.transfer_hbm_bytes, before.transfer_hbm_bytes + 1e7);  // device landing only
+  StepWork x;
+  x.attention_bytes = 2e9;  // gpu 2 ms
+  x.h2d_bytes = 5e6;        // 1 ms at the scattered-row rate 5e9 B/s
+  x.arriving_bytes = 2e7;   // 2 ms at the link's bulk 1e10 B/s
+  x.layers_per_group = 2;
+  const StepTime t = cm->Time(x);
+  EXPECT_DOUBLE_EQ(t.arriving, 2e-3);
+  EXPECT_DOUBLE_EQ(t.host_link, 3e-3);  // the same direction: 1 + 2 ms
+  // tx = 3, gpu = 2, L = 2: 3/2 + 2/2 + 1/2 * 3 = 4 ms.
+  EXPECT_NEAR(t.gpu + t.transfer_exposed, 4e-3, 1e-12);
+  x.h2d_critical = true;  // HiSparse: its 1 ms fetch in full, the 2 ms arriving pipelined
+  EXPECT_NEAR(cm->Time(x).transfer_exposed, 1e-3 + (2e-3 / 2 + 2e-3 / 2 + 0.5 * 2e-3) - 2e-3, 1e-12);
+  k.arriving_host_bytes = -1;
+  auto bad = cm->CheckCounts(k);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("arriving_host_bytes"), std::string::npos);
+}
+
 TEST(CostModel, LinkBytesAreChargedToHbm) {
   auto cm = CostModel::Create(TinyInputs(ParallelMode::kTp, false));
   ASSERT_TRUE(cm);

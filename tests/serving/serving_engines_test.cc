@@ -7,10 +7,12 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <vector>
 
 #include "config/hardware_config.h"
 #include "config/model_config.h"
+#include "serving/availability.h"
 #include "serving/baselines.h"
 #include "serving/cost_model.h"
 #include "serving/serving_sim.h"
@@ -80,6 +82,86 @@ TEST(Engines, VllmHiSparseSharesOneHostPoolAcrossTheTpRanks) {
   PlacementRules room = Rules(SystemKind::kVllmHiSparse);
   room.device_bytes_per_rank = 20000;
   EXPECT_EQ(MaxAdmitted(room, t), 2u);
+}
+
+// vLLM's HiSparseResidentManager.get_num_blocks_to_allocate with apply_admission_cap: a new
+// request needs its resident pages up to the in-flight window free when it is admitted;
+// once written they move to host, so only the tail (and the hot buffer) stays reserved.
+TEST(Engines, VllmHiSparseAdmissionCountsTheResidentWindowWithoutReservingIt) {
+  PlacementRules r = Rules(SystemKind::kVllmHiSparse, ParallelMode::kDp, 1);
+  r.host_bytes_per_rank = 1e9;
+  r.admission_window_entries = 24;  // 20 tokens beyond the 4-token tail
+  const RankDemand d = DemandOf(r, 100);
+  EXPECT_DOUBLE_EQ(d.device, 100 * 10 + (16 + 4) * 100);  // 3000 B reserved
+  EXPECT_DOUBLE_EQ(d.device_transient, 20 * 100);         // 2000 B needed only to admit
+  EXPECT_DOUBLE_EQ(DemandOf(r, 10).device_transient, (10 - 4) * 100);  // a short request: its pages
+  // 10000 B: the third request finds 4000 B free, less than its 3000 + 2000 B: two admitted
+  // (without the window, 10000 / 3000 -> 3).
+  auto ledger = AdmissionLedger::Create(r);
+  ASSERT_TRUE(ledger.has_value());
+  EXPECT_TRUE(ledger->TryAdmit(100).has_value());
+  EXPECT_DOUBLE_EQ(ledger->device_only(0), 3000);  // the window is not reserved
+  EXPECT_TRUE(ledger->TryAdmit(100).has_value());
+  EXPECT_FALSE(ledger->TryAdmit(100).has_value());
+  EXPECT_DOUBLE_EQ(ledger->device_only(0), 6000);  // the refusal changed nothing
+  const std::vector<std::uint32_t> t(10, 100);
+  EXPECT_EQ(MaxAdmitted(r, t), 2u);
+  r.admission_window_entries = 0;  // the tail only
+  EXPECT_EQ(MaxAdmitted(r, t), 3u);
+}
+
+// TensorRT-LLM's sparse KV offload (SparseKvCacheOffloadConfig): HiSparse's placement with
+// its own per-request GPU cache, gpu_cache_factor x one step's selections + 1, in pages.
+TEST(Engines, TrtllmOffloadKeepsItsGpuCacheOnDeviceAndTheHistoryOnHost) {
+  PlacementRules r = Rules(SystemKind::kTrtllmOffload);
+  r.hisparse_buffer_entries = 24;
+  const RankDemand d = DemandOf(r, 400);
+  EXPECT_DOUBLE_EQ(d.device, 24 * 100 + 400 * 10);
+  EXPECT_DOUBLE_EQ(d.host, 400 * 100);  // per rank, every TP rank its own copy
+  EXPECT_TRUE(SystemRunsIn(SystemKind::kTrtllmOffload, ParallelMode::kDp));
+  EXPECT_TRUE(HasHostTier(SystemKind::kTrtllmOffload));
+  r.hisparse_buffer_entries = 0;
+  ASSERT_FALSE(r.Validate());
+  EXPECT_NE(r.Validate().error().message().find("hisparse_buffer_entries"), std::string::npos);
+  // In the comparison: its cache is ceil((2 x q x top-k + 1) / page) pages (tiny: top-k,
+  // pages of 4 tokens), and fetched misses move bytes over the host link.
+  CompareOptions o;
+  o.config_dir = kTestConfigs;
+  auto sc = LoadScenarioConfig(kTestConfigs / "scenarios" / "tiny.json", kTestConfigs);
+  ASSERT_TRUE(sc) << sc.error().ToString();
+  auto res = RunComparison(*sc, o);
+  ASSERT_TRUE(res) << res.error().ToString();
+  for (const ConfigResult& c : res->configs) {
+    const SystemResult* t = c.Find(SystemKind::kTrtllmOffload);
+    const SystemResult* h = c.Find(SystemKind::kHiSparse);
+    ASSERT_NE(t, nullptr);
+    EXPECT_GT(t->admitted, 0u);
+    EXPECT_TRUE(t->ships) << t->why_not;
+    EXPECT_GT(t->hit_b1, 0);
+    EXPECT_LE(t->hit_b1, 1);
+    // The same placement as SGLang's HiSparse but for the cache size and the host budget
+    // (HiSparse's pool follows its ratio): both admit some.
+    EXPECT_GT(h->admitted, 0u);
+  }
+  // A smaller cache factor leaves device room for more requests somewhere, never fewer; a
+  // larger one fewer.
+  ScenarioConfig small = *sc, large = *sc;
+  small.trtllm_offload_gpu_cache_factor = 1.0;
+  large.trtllm_offload_gpu_cache_factor = 8.0;
+  auto rs = RunComparison(small, o), rl = RunComparison(large, o);
+  ASSERT_TRUE(rs && rl);
+  bool more = false, fewer = false;
+  for (std::size_t i = 0; i < res->configs.size(); ++i) {
+    const std::uint32_t base = res->configs[i].Find(SystemKind::kTrtllmOffload)->admitted;
+    const std::uint32_t s = rs->configs[i].Find(SystemKind::kTrtllmOffload)->admitted;
+    const std::uint32_t l = rl->configs[i].Find(SystemKind::kTrtllmOffload)->admitted;
+    EXPECT_GE(s, base);
+    EXPECT_LE(l, base);
+    more = more || s > base;
+    fewer = fewer || l < base;
+  }
+  EXPECT_TRUE(more);
+  EXPECT_TRUE(fewer);
 }
 
 TEST(Engines, ContextParallelSystemsAreTpOnlyAndRefuseBadRules) {
@@ -289,6 +371,7 @@ TEST(Engines, TheComparisonRunsEveryEngineOnTheSameTracesAndBudgets) {
   o.config_dir = kTestConfigs;
   auto r = RunComparison(Tiny(), o);
   ASSERT_TRUE(r) << r.error().ToString();
+  std::map<bool, double> tp_all_gpu;  // by mtp: all_gpu's arriving GB per request per step in TP
   for (const ConfigResult& c : r->configs) {
     SCOPED_TRACE(fmt::format("{} {}", ParallelModeName(c.entry.mode), c.entry.mtp));
     const bool tp = c.entry.mode == ParallelMode::kTp;
@@ -308,7 +391,137 @@ TEST(Engines, TheComparisonRunsEveryEngineOnTheSameTracesAndBudgets) {
       // ulacache_home is DCP's placement plus a host tier: at least as many.
       EXPECT_GE(c.Find(SystemKind::kUlaCacheAtHome)->admitted, c.Find(SystemKind::kDcp)->admitted);
     }
+    // The test availability file ships Helix on b300 only and dcp_sglang for no DSA model:
+    // both hypothetical on tiny_gpu, out of the ranking; the rest ship; UlaCache is proposed.
+    for (const SystemResult& s : c.systems) {
+      const bool hyp = s.system == SystemKind::kHelix || s.system == SystemKind::kDcpSglang;
+      EXPECT_EQ(s.ships, !hyp) << SystemName(s.system) << ": " << s.why_not;
+      EXPECT_EQ(s.proposed, IsUlaCache(s.system)) << SystemName(s.system);
+    }
+    // Prefill KV arriving: every system receives it; per request a replicated TP copy
+    // (all_gpu) gets P = 2 times what a striped one (dcp) gets.
+    auto per_request = [&](SystemKind k) {
+      const SystemResult& s = *c.Find(k);
+      const CurvePoint& p = s.curve.back();
+      return p.arriving_gb / p.mean_batch;
+    };
+    for (const SystemResult& s : c.systems) EXPECT_GT(s.curve.back().arriving_gb, 0) << SystemName(s.system);
+    if (tp) {
+      EXPECT_GT(per_request(SystemKind::kAllGpu), 1.5 * per_request(SystemKind::kDcp));
+    }
+    // DP: a request's KV lands on the one GPU it is routed to, 1 / P of TP's per GPU.
+    if (tp) {
+      tp_all_gpu[c.entry.mtp] = per_request(SystemKind::kAllGpu);
+    } else if (tp_all_gpu.contains(c.entry.mtp)) {
+      EXPECT_NEAR(per_request(SystemKind::kAllGpu), tp_all_gpu[c.entry.mtp] / 2, 1e-9 * tp_all_gpu[c.entry.mtp]);
+    }
+    const SystemResult* best = c.BestShippingEngine();
+    ASSERT_NE(best, nullptr);
+    for (const SystemResult& s : c.systems) {
+      if (!s.proposed && s.ships) {
+        EXPECT_GE(best->peak_tput, s.peak_tput) << SystemName(s.system);
+      }
+    }
+    EXPECT_TRUE(best->ships && !best->proposed);
   }
+}
+
+TEST(Engines, TheRankingLeavesHypotheticalAndProposedSystemsOut) {
+  ConfigResult c;
+  auto add = [&](SystemKind k, double peak, bool ships, bool proposed) {
+    SystemResult s;
+    s.system = k;
+    s.peak_tput = peak;
+    s.ships = ships;
+    s.proposed = proposed;
+    c.systems.push_back(s);
+  };
+  add(SystemKind::kAllGpu, 100, true, false);
+  add(SystemKind::kUlaCache, 900, true, true);  // proposed: never the best engine
+  add(SystemKind::kHelix, 500, false, false);   // hypothetical: out of the ranking
+  add(SystemKind::kDcp, 300, true, false);
+  ASSERT_NE(c.BestShippingEngine(), nullptr);
+  EXPECT_EQ(c.BestShippingEngine()->system, SystemKind::kDcp);
+  c.systems[3].ships = false;
+  EXPECT_EQ(c.BestShippingEngine()->system, SystemKind::kAllGpu);
+  c.systems[0].ships = false;
+  EXPECT_EQ(c.BestShippingEngine(), nullptr);
+}
+
+TEST(Engines, AvailabilitySaysWhyASystemDoesNotShip) {
+  auto a = LoadAvailabilityConfig(std::filesystem::path(ULA_SERVING_TEST_CONFIGS).parent_path().parent_path().parent_path() /
+                                  "configs");
+  ASSERT_TRUE(a) << a.error().ToString();
+  const SystemAvailability* helix = a->Find("helix");
+  ASSERT_NE(helix, nullptr);
+  // TensorRT-LLM ships Helix for MLA models on Blackwell only.
+  const std::string h200 = WhyNotShipped(*helix, {"h200", ParallelMode::kTp, false});
+  EXPECT_NE(h200.find("hardware b300 only"), std::string::npos) << h200;
+  EXPECT_NE(h200.find("not for DSA models"), std::string::npos) << h200;
+  EXPECT_EQ(WhyNotShipped(*helix, {"b300", ParallelMode::kTp, false}), "not for DSA models");
+  const SystemAvailability* dcp = a->Find("dcp");
+  ASSERT_NE(dcp, nullptr);
+  EXPECT_EQ(WhyNotShipped(*dcp, {"b300", ParallelMode::kTp, true}), "");
+  EXPECT_EQ(WhyNotShipped(*dcp, {"b300", ParallelMode::kDp, false}), "not in dp mode");
+  EXPECT_EQ(WhyNotShipped(*a->Find("ulacache"), {"nowhere", ParallelMode::kDp, true}), "");  // proposed
+  // Bad files name the field and give nothing.
+  const char* missing_source = R"({"name": "x", "systems": {"dcp": {"engine": "vLLM", "proposed": false,
+      "hardware": ["b300"], "modes": ["tp"], "dsa": true, "mtp": true}}})";
+  auto bad = ParseAvailabilityConfig(missing_source, "t");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("systems.dcp.source"), std::string::npos) << bad.error().message();
+  const char* bad_mode = R"({"name": "x", "systems": {"dcp": {"engine": "vLLM", "proposed": false,
+      "hardware": ["b300"], "modes": ["pp"], "dsa": true, "mtp": true, "source": "s"}}})";
+  ASSERT_FALSE(ParseAvailabilityConfig(bad_mode, "t"));
+  const char* unknown = R"({"name": "x", "systems": {"dcp": {"engine": "vLLM", "proposed": false, "gpus": 8,
+      "hardware": ["b300"], "modes": ["tp"], "dsa": true, "mtp": true, "source": "s"}}})";
+  auto u = ParseAvailabilityConfig(unknown, "t");
+  ASSERT_FALSE(u);
+  EXPECT_NE(u.error().message().find("systems.dcp.gpus"), std::string::npos);
+  // The file must name every system and nothing else.
+  EXPECT_TRUE(CheckEverySystemListed(*a));
+  AvailabilityConfig less = *a;
+  less.systems.pop_back();
+  auto miss = CheckEverySystemListed(less);
+  ASSERT_FALSE(miss);
+  EXPECT_NE(miss.error().message().find("no entry for system"), std::string::npos);
+  AvailabilityConfig more = *a;
+  more.systems.push_back(more.systems.front());
+  more.systems.back().system = "sglang_hicache";
+  auto extra = CheckEverySystemListed(more);
+  ASSERT_FALSE(extra);
+  EXPECT_NE(extra.error().message().find("systems.sglang_hicache"), std::string::npos);
+}
+
+// CUDA-graph capture limit per engine instance (SGLang cuda_graph_max_bs, vLLM
+// max_cudagraph_capture_size): the curves stop there, TP at the limit, DP at P x the limit
+// (one instance per GPU), and the note says so; admission is memory's and does not move.
+TEST(Engines, CurvesStopAtTheCudaGraphCaptureLimit) {
+  CompareOptions o;
+  o.config_dir = kTestConfigs;
+  ScenarioConfig sc = Tiny();
+  auto free = RunComparison(sc, o);
+  ASSERT_TRUE(free) << free.error().ToString();
+  sc.cuda_graph_max_batch = 3;
+  auto capped = RunComparison(sc, o);
+  ASSERT_TRUE(capped) << capped.error().ToString();
+  bool any = false;
+  for (std::size_t i = 0; i < capped->configs.size(); ++i) {
+    const ConfigResult& c = capped->configs[i];
+    const std::uint32_t cap = c.entry.mode == ParallelMode::kTp ? 3 : 3 * sc.num_ranks;
+    for (const SystemResult& s : c.systems) {
+      SCOPED_TRACE(fmt::format("{} {}", ParallelModeName(c.entry.mode), SystemName(s.system)));
+      EXPECT_EQ(s.admitted, free->configs[i].Find(s.system)->admitted);
+      ASSERT_FALSE(s.curve.empty());
+      EXPECT_LE(s.curve.back().batch, cap);
+      if (s.admitted > cap) {
+        any = true;
+        EXPECT_EQ(s.curve.back().batch, cap);
+        EXPECT_NE(s.note.find("CUDA-graph capture limit"), std::string::npos) << s.note;
+      }
+    }
+  }
+  EXPECT_TRUE(any);  // the cap bit somewhere
 }
 
 TEST(Engines, HiSparseMatchedToTheHostBudgetAdmitsAtLeastItsDefaultRatio) {

@@ -251,9 +251,10 @@ TEST(ServingShared, PrefillSavedIsExactlyTheSharersPrefixesAndUlaCacheTpAdmitsMo
       if (c.entry.mode == ParallelMode::kTp) {
         EXPECT_EQ(s.sharing.prefill_saved, shared);
         EXPECT_EQ(s.sharing.recomputed, 0u);
-        // A copy per GPU for all-GPU and SGLang HiSparse (P = 2); one for the striped systems
-        // and vLLM's host pool shared by the TP ranks.
-        const bool per_gpu = s.system == SystemKind::kAllGpu || s.system == SystemKind::kHiSparse;
+        // A copy per GPU for all-GPU, SGLang HiSparse and TensorRT-LLM's offload (host history
+        // per rank; P = 2); one for the striped systems and vLLM's host pool shared by the TP ranks.
+        const bool per_gpu = s.system == SystemKind::kAllGpu || s.system == SystemKind::kHiSparse ||
+                             s.system == SystemKind::kTrtllmOffload;
         EXPECT_EQ(s.sharing.copies_per_node, per_gpu ? r.configs.size() / 2 : 1u);
       } else {
         EXPECT_EQ(s.sharing.prefill_saved + s.sharing.recomputed, shared);

@@ -47,7 +47,7 @@ TEST(ServingSim, EverySystemRunsUpToItsAdmissionLimit) {
   ASSERT_EQ(r.configs.size(), 4u);
   for (const ConfigResult& c : r.configs) {
     // ulacache_home, dcp, dcp_sglang and helix run in TP only; kAllSystems order.
-    ASSERT_EQ(c.systems.size(), c.entry.mode == ParallelMode::kTp ? 8u : 4u);
+    ASSERT_EQ(c.systems.size(), c.entry.mode == ParallelMode::kTp ? 9u : 5u);
     std::size_t next = 0;
     for (SystemKind k : kAllSystems) {
       if (SystemRunsIn(k, c.entry.mode)) EXPECT_EQ(c.systems[next++].system, k);
@@ -217,8 +217,10 @@ TEST(ServingSim, EachSystemPaysItsOwnKernelsAndHiSparsesFetchIsOnTheCriticalPath
       ASSERT_FALSE(s.curve.empty());
       const CurvePoint& b1 = s.curve.front();
       ASSERT_FALSE(b1.measured.empty());
-      // vllm_hisparse: its resolver and gather kernels per index group, priced as a planner.
-      const bool planner = IsUlaCache(s.system) || s.system == SystemKind::kVllmHiSparse;
+      // vllm_hisparse: its resolver and gather kernels per index group, priced as a planner;
+      // trtllm_offload's fetch kernels taken as vLLM's.
+      const bool planner = IsUlaCache(s.system) || s.system == SystemKind::kVllmHiSparse ||
+                           s.system == SystemKind::kTrtllmOffload;
       for (const StepCounts& k : b1.measured) {
         EXPECT_EQ(k.planner_per_group, planner);
         EXPECT_EQ(k.swap_in_per_layer, s.system == SystemKind::kHiSparse);

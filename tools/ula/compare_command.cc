@@ -60,13 +60,17 @@ nlohmann::json ToJson(const ComparisonResult& r) {
                           {"step_ms", p.step_ms},       {"hit_rate", p.hit_rate},     {"h2d_gb", p.h2d_gb},
                           {"d2h_gb", p.d2h_gb},         {"nvlink_gb", p.nvlink_gb},   {"gpu_ms", 1e3 * p.time.gpu},
                           {"transfer_exposed_ms", 1e3 * p.time.transfer_exposed},
+                          {"arriving_gb", p.arriving_gb},     {"arriving_ms", 1e3 * p.time.arriving},
                           {"collectives_ms", 1e3 * p.time.collectives}});
       }
       systems[std::string(SystemName(s.system))] = {{"admitted", s.admitted},     {"peak_tput", s.peak_tput},
                                                     {"peak_batch", s.peak_batch}, {"tpot_b1_ms", s.tpot_b1_ms},
                                                     {"hit_b1", s.hit_b1},         {"fill", s.fill},
                                                     {"curve", curve},             {"points", detail},
-                                                    {"note", s.note}};
+                                                    {"note", s.note},             {"engine", s.engine},
+                                                    {"ships", s.ships},           {"why_not", s.why_not},
+                                                    {"device_budget_bytes_per_gpu", s.device_budget_bytes},
+                                                    {"host_budget_bytes_per_gpu", s.host_budget_bytes}};
       if (s.sharing.on) {
         const SharingResult& h = s.sharing;
         systems[std::string(SystemName(s.system))]["sharing"] = {
@@ -97,13 +101,13 @@ double Percent(std::uint64_t part, std::uint64_t whole) { return whole > 0 ? 100
 
 // Sharing workloads (issue 17 item 6): one line per config and system.
 void PrintSharingTable(const ComparisonResult& r) {
-  fmt::print("\nshared prefixes: {:<20} {:<13} | {:>5} {:>9} {:>6} | {:>8} {:>6} {:>8} | {:>8} {:>8} {:>9} {:>6} | {:>5}\n",
+  fmt::print("\nshared prefixes: {:<20} {:<14} | {:>5} {:>9} {:>6} | {:>8} {:>6} {:>8} | {:>8} {:>8} {:>9} {:>6} | {:>5}\n",
              "config", "system", "adm", "peak", "@B", "distinct", "copies", "saved@adm", "saved", "computed", "recomputed",
              "evict", "load");
   for (const ConfigResult& c : r.configs) {
     for (const SystemResult& s : c.systems) {
       const SharingResult& h = s.sharing;
-      fmt::print("                 {:<20} {:<13} | {:>5} {:>9.0f} {:>6} | {:>8.3f} {:>6} {:>8.1f}% | {:>7.1f}% {:>8.3g} {:>9.3g} "
+      fmt::print("                 {:<20} {:<14} | {:>5} {:>9.0f} {:>6} | {:>8.3f} {:>6} {:>8.1f}% | {:>7.1f}% {:>8.3g} {:>9.3g} "
                  "{:>6} | {:>5.2f}\n",
                  ConfigName(c), SystemName(s.system), s.admitted, s.peak_tput, s.peak_batch, h.distinct_fraction,
                  h.copies_per_node, Percent(h.prefill_saved_at_limit, h.input_tokens_at_limit),
@@ -133,17 +137,39 @@ const CurvePoint* PointAt(const SystemResult& s, std::uint32_t batch) {
 
 const CurvePoint* PeakPoint(const SystemResult& s) { return PointAt(s, s.peak_batch); }
 
+// Per config: the best engine that ships against UlaCache's best, and the systems left out
+// of the ranking as hypothetical (configs/systems/availability.json).
+void PrintRanking(const ComparisonResult& r) {
+  fmt::print("\nranking: UlaCache against the best engine that ships for each config\n");
+  for (const ConfigResult& c : r.configs) {
+    const SystemResult* ref = c.Find(UlaRef(c));
+    const SystemResult* best = c.BestShippingEngine();
+    fmt::print("{:<20} {:<14} {:>9.0f} | best shipping engine {:<14} {:>9.0f} ({}) | {:>6}\n", ConfigName(c),
+               SystemName(UlaRef(c)), ref ? ref->peak_tput : 0.0, best ? SystemName(best->system) : "-",
+               best ? best->peak_tput : 0.0, best ? best->engine : "-",
+               ref && best ? Ratio(ref->peak_tput, best->peak_tput) : "-");
+    for (const SystemResult& s : c.systems) {
+      if (!s.ships) {
+        fmt::print("  hypothetical: {} ({}, peak {:.0f}): {}\n", SystemName(s.system), s.engine, s.peak_tput, s.why_not);
+      }
+    }
+  }
+}
+
 void PrintTable(const ComparisonResult& r) {
   fmt::print("\nula compare: scenario {}, model {} (throughput = output tokens/s of the 8-GPU node)\n", r.scenario, r.model);
-  fmt::print("{:<20} {:<13} | {:>5} {:>5} {:>9} {:>5} {:>8} | {:>5} {:>5} {:>7} | {:>8}\n", "config", "system", "adm",
-             "fill", "peak", "@B", "tpot1", "hit1", "hit@B", "host@B", "vs ula");
+  fmt::print("{:<20} {:<14} {:<5} | {:>5} {:>5} {:>9} {:>5} {:>8} | {:>5} {:>5} {:>7} {:>7} {:>7} | {:>8}\n", "config",
+             "system", "ships", "adm", "fill", "peak", "@B", "tpot1", "hit1", "hit@B", "host@B", "pfkv@B", "pfms@B",
+             "vs ula");
   for (const ConfigResult& c : r.configs) {
     const SystemResult* ref = c.Find(UlaRef(c));
     for (const SystemResult& s : c.systems) {
       const CurvePoint* at = PeakPoint(s);
-      fmt::print("{:<20} {:<13} | {:>5} {:>5.2f} {:>9.0f} {:>5} {:>8.2f} | {:>5.3f} {:>5.3f} {:>7.3f} | {:>8}\n",
-                 ConfigName(c), SystemName(s.system), s.admitted, s.fill, s.peak_tput, s.peak_batch, s.tpot_b1_ms,
-                 s.hit_b1, at ? at->hit_rate : 0.0, at ? at->h2d_gb + at->d2h_gb : 0.0,
+      fmt::print("{:<20} {:<14} {:<5} | {:>5} {:>5.2f} {:>9.0f} {:>5} {:>8.2f} | {:>5.3f} {:>5.3f} {:>7.3f} {:>7.3f} {:>7.3f} | "
+                 "{:>8}\n",
+                 ConfigName(c), SystemName(s.system), s.proposed ? "ours" : s.ships ? "yes" : "hyp", s.admitted, s.fill,
+                 s.peak_tput, s.peak_batch, s.tpot_b1_ms, s.hit_b1, at ? at->hit_rate : 0.0,
+                 at ? at->h2d_gb + at->d2h_gb : 0.0, at ? at->arriving_gb : 0.0, at ? 1e3 * at->time.arriving : 0.0,
                  ref ? Ratio(ref->peak_tput, s.peak_tput) : "-");
     }
   }
@@ -151,17 +177,23 @@ void PrintTable(const ComparisonResult& r) {
              "the memory the system may use for KV on all GPUs (device, plus host with a host tier); peak = tokens/s; "
              "@B = batch at peak; tpot1 = TPOT at batch 1 (ms); hit1, hit@B = distinct selections already on the "
              "attending GPU's device at batch 1 and at the peak batch (HiSparse: its per-request buffer; context "
-             "parallel and all_gpu: 1); host@B = GB over the host link per step per GPU at the peak batch; vs ula = "
-             "peak of ulacache_home (TP) / ulacache (DP) over this system's\n");
+             "parallel and all_gpu: 1); host@B = GB over the host link per step per GPU at the peak batch (fetches and write-backs); "
+             "pfkv@B, pfms@B = prefill KV arriving per step per GPU at the peak batch (GB) and its host-link time (ms; "
+             "disaggregated serving: one prompt's KV per mean output length, at the link's bulk rate); vs ula = "
+             "peak of ulacache_home (TP) / ulacache (DP) over this system's; ships = yes: its engine ships it for this "
+             "config, hyp: hypothetical (simulated, not shipped: out of the ranking), ours: UlaCache "
+             "(configs/systems/availability.json)\n");
   fmt::print("ulacache_home = UlaCache TP with attention at home; dcp = decode context parallel as vLLM runs it (index "
              "keys sharded, global top-k merge), dcp_sglang = as SGLang runs it (index keys replicated); helix = "
-             "TensorRT-LLM Helix; vllm_hisparse = vLLM's HiSparse port; hisparse = SGLang HiSparse (its DP rows: DP "
+             "TensorRT-LLM Helix; vllm_hisparse = vLLM's HiSparse port; trtllm_offload = TensorRT-LLM's sparse KV cache offload (a "
+             "per-request GPU cache of 2 x one step's selections, the history on host); hisparse = SGLang HiSparse (its DP rows: DP "
              "attention, as SGLang's published HiSparse runs deploy it); TP-only systems have no DP rows\n");
   for (const ConfigResult& c : r.configs) {
     for (const SystemResult& s : c.systems) {
       if (!s.note.empty()) fmt::print("note: {} {}: {}\n", ConfigName(c), SystemName(s.system), s.note);
     }
   }
+  PrintRanking(r);
 }
 
 // What UlaCache adds to DCP (issue 29 item 3): ulacache_home is DCP's placement (token
@@ -213,24 +245,26 @@ Status WriteCsv(const ComparisonResult& r, const std::filesystem::path& out) {
   if (!f || !s) return MakeError(ErrorCode::kIo, fmt::format("cannot write CSV files in '{}'", out.string()));
   f << "config,hardware,mode,mtp,system,batch,mean_batch,tput,step_ms,tokens_per_step,hit_rate,h2d_gb,d2h_gb,nvlink_gb,"
        "weights_ms,attention_ms,indexer_ms,gpu_ms,host_link_ms,nvlink_fetch_ms,transfer_exposed_ms,collectives_ms,"
-       "overhead_ms,dense_ms,experts_ms,hbm_copies_ms,collective_latency_ms,planner_ms\n";
+       "overhead_ms,dense_ms,experts_ms,hbm_copies_ms,collective_latency_ms,planner_ms,arriving_gb,arriving_ms\n";
   s << "config,hardware,mode,mtp,system,admitted,peak_tput,peak_batch,tpot_b1_ms,device_kv_gb_per_gpu,host_gb_per_gpu,"
-       "fill,hit_b1\n";
+       "fill,hit_b1,ships\n";
   for (const ConfigResult& c : r.configs) {
     for (const SystemResult& sys : c.systems) {
       const std::string head = fmt::format("{},{},{},{},{}", FileStem(c), c.hardware_label, ParallelModeName(c.entry.mode),
                                            c.entry.mtp ? 1 : 0, SystemName(sys.system));
-      s << fmt::format("{},{},{:.1f},{},{:.4f},{:.3f},{:.3f},{:.4f},{:.4f}\n", head, sys.admitted, sys.peak_tput,
-                       sys.peak_batch, sys.tpot_b1_ms, c.budget.device_kv_bytes / 1e9, c.budget.host_bytes / 1e9, sys.fill,
-                       sys.hit_b1);
+      // The system's own budgets (its placement rules), not the config's.
+      s << fmt::format("{},{},{:.1f},{},{:.4f},{:.3f},{:.3f},{:.4f},{:.4f},{}\n", head, sys.admitted, sys.peak_tput,
+                       sys.peak_batch, sys.tpot_b1_ms, sys.device_budget_bytes / 1e9, sys.host_budget_bytes / 1e9, sys.fill,
+                       sys.hit_b1, sys.proposed ? "ours" : sys.ships ? "yes" : "hyp");
       for (const CurvePoint& p : sys.curve) {
         const StepTime& t = p.time;
         f << fmt::format("{},{},{:.2f},{:.1f},{:.4f},{:.4f},{:.5f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},"
-                         "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f}\n",
+                         "{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f},{:.4f}\n",
                          head, p.batch, p.mean_batch, p.tput, p.step_ms, p.tokens_per_step, p.hit_rate, p.h2d_gb, p.d2h_gb,
                          p.nvlink_gb, 1e3 * t.weights, 1e3 * t.attention, 1e3 * t.indexer, 1e3 * t.gpu, 1e3 * t.host_link,
                          1e3 * t.nvlink_fetch, 1e3 * t.transfer_exposed, 1e3 * t.collectives, 1e3 * t.overhead,
-                         1e3 * t.dense, 1e3 * t.experts, 1e3 * t.hbm_copies, 1e3 * t.collective_latency, 1e3 * t.planner);
+                         1e3 * t.dense, 1e3 * t.experts, 1e3 * t.hbm_copies, 1e3 * t.collective_latency, 1e3 * t.planner,
+                         p.arriving_gb, 1e3 * t.arriving);
       }
     }
   }
@@ -336,7 +370,8 @@ Action SetupCompare(CLI::App& app) {
 }
 
 ULA_REGISTER_COMMAND(compare, "", "compare",
-                     "serving comparison: UlaCache against all-GPU, SGLang and vLLM HiSparse, DCP and Helix (admission, fill, throughput)",
+                     "serving comparison: UlaCache against all-GPU, SGLang and vLLM HiSparse, TensorRT-LLM's offload, DCP and Helix "
+                     "(admission, fill, throughput)",
                      SetupCompare);
 
 }  // namespace
