@@ -58,6 +58,7 @@ HEADER_LAYER = {
     "step_arrays": "core",  # plain arrays: read by the kernels and the engine step above
     "tp_fabric": "backend",  # the transport interface between ranks; src/tp implements it
     "tp_mpi": "tp",  # src/tp/mpi/tp_mpi.cc, the optional MPI engine
+    "prefix_events": "prefix",  # the prefix caches' event types (prefix_cache.h, kv_event_publisher.h)
 }
 
 # Where accelerator headers may appear (rule 5).
