@@ -1,4 +1,4 @@
-// Seeds of the randomized tests (issue 13, item 8).
+// Seeds of the randomized tests.
 //
 //   ULA_TEST_SEEDED(seed, 20261129);   // in a TEST body
 //   std::mt19937_64 rng(seed);

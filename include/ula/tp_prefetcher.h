@@ -1,5 +1,5 @@
-// TpPrefetcher: the overlap within one layer group of a TP decode step (docs/ARCHITECTURE.md "One decode step of one layer group", step 7, as
-// corrected by issue 14 item 2). A group's selection is known only after that group's own
+// TpPrefetcher: the overlap within one layer group of a TP decode step (docs/ARCHITECTURE.md,
+// "One decode step of one layer group", step 7). A group's selection is known only after that group's own
 // indexer ran on the output of the layers before it, so the next group's misses cannot be
 // fetched early. What overlaps is inside the group: its L layers share one selection, so
 // the first layer's bytes of the selected entries are on the critical path and layers

@@ -1,4 +1,4 @@
-// RouteByPrefix (DP mode, issue 17): cache-aware routing of a request to a rank. In DP a
+// RouteByPrefix (DP mode): cache-aware routing of a request to a rank. In DP a
 // prefix lives on one rank (its addresses are that rank's), so a request can reuse a
 // cached prefix only where the prefix is. The rule is that of SGLang's model gateway
 // (SMG, formerly sgl-router, policy `cache_aware`; defaults from its docs,

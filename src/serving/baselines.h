@@ -53,7 +53,7 @@
 
 namespace ula {
 
-// What engines run today (issue 29; docs/COST_MODEL.md "The systems engines run today"):
+// What engines run today (docs/COST_MODEL.md "The systems engines run today"):
 //   dcp        vLLM's decode context parallel (-dcp P): latent KV and index keys striped
 //              token by token over the TP ranks (token g on rank g mod P), attention at home,
 //              index keys sharded with a global top-k merge; no host tier for running KV
@@ -134,7 +134,7 @@ RankDemand DemandOf(const PlacementRules& rules, std::uint32_t history_tokens);
 // ratio x device x kv / (kv + ratio x ix), capped by the host budget; ratio = +inf: the
 // limit device x kv / ix (index keys of ratio x D tokens then fill the device).
 double HiSparseHostPoolBytes(const PlacementRules& rules, double ratio);
-// The seed's budget rule (issue 29): the ratio whose pool is the host budget H,
+// The seed's budget rule: the ratio whose pool is the host budget H,
 // H kv / (device kv - H ix) (at least 1), or +inf when no ratio reaches H.
 double HiSparseMatchedRatio(const PlacementRules& rules);
 // Fill: `stored_tokens` tokens of KV + index keys over num_ranks x (device budget +

@@ -1,4 +1,4 @@
-// Serving-comparison configs (issue 6): the scenario that `ula compare` runs, the model
+// Serving-comparison configs: the scenario that `ula compare` runs, the model
 // dimensions that only the cost model needs (weights, FLOPs), and compute rates that the
 // hardware profiles lack. Files:
 //
@@ -96,7 +96,7 @@ struct ScenarioConfig {
   std::uint32_t candidate_bytes = 8;         // striped-indexer gather, per candidate
   std::uint32_t hisparse_buffer_entries = 4096;            // per request per group
   double hisparse_host_to_device_ratio = 2;  // SGLang: host pool = ratio x device pool tokens
-  // The seed's budget rule (issue 29): HiSparse's ratio set so that its host pool uses the host
+  // The seed's budget rule: HiSparse's ratio set so that its host pool uses the host
   // budget (or the largest its rules allow); false: hisparse_host_to_device_ratio as given.
   bool hisparse_match_host_budget = true;
   std::uint32_t helix_tokens_per_block = 64;     // Helix: tokens per KV block, the striping unit

@@ -216,7 +216,7 @@ CurvePoint MakePoint(const RunContext& ctx, SystemKind system, std::uint32_t b, 
   return pt;
 }
 
-// One stderr line per system: the memory its rules give it (issue 29 item 1).
+// One stderr line per system: the memory its rules give it.
 void PrintBudget(const RunContext& ctx, SystemKind system, const PlacementRules& rules) {
   if (!ctx.options.progress) return;
   const CostModelInputs& in = ctx.cost.inputs();
@@ -743,7 +743,7 @@ Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario_in, const 
   if (!model) return std::unexpected(model.error());
   auto costs = LoadModelCostConfigByName(scenario.model_costs, dir);
   if (!costs) return std::unexpected(costs.error());
-  // A sharing workload (issue 17) runs the shared loop over its stream; the others the
+  // A sharing workload runs the shared loop over its stream; the others the
   // default one over GenerateWorkload's requests.
   auto shared = IsSharedWorkload(scenario.workload, dir);
   if (!shared) return std::unexpected(shared.error());

@@ -1,4 +1,4 @@
-// The serving comparison (issue 6): for each config of a scenario (hardware x TP/DP x MTP)
+// The serving comparison: for each config of a scenario (hardware x TP/DP x MTP)
 // and each system (all-GPU, HiSparse, UlaCache, vLLM's HiSparse; in TP also UlaCache with
 // attention at home, DCP as vLLM and SGLang run it, and Helix; baselines.h), the admission limit under the system's
 // placement rules and the decode throughput at batch sizes up to it, from continuous
@@ -11,7 +11,7 @@
 // system (requests finish and are replaced as in continuous batching). Counters are scaled
 // to all groups by the cost model.
 //
-// Sharing workloads (a workload config with "sharing", issue 17 item 6): the same loop over
+// Sharing workloads (a workload config with "sharing"): the same loop over
 // the workload's stream with a radix cache for every system and the prefix charged once
 // per holder (src/serving/shared_admission.h; docs/COST_MODEL.md "What is simulated" 5);
 // each system's SharingResult says what it stored and what prefill it skipped.
@@ -49,7 +49,7 @@ struct CurvePoint {
   std::vector<StepCounts> measured;  // the counts of each measured step (RepriceComparison)
 };
 
-// A sharing workload's figures (issue 17 item 6; docs/RESULTS.md "Shared prefixes").
+// A sharing workload's figures (docs/RESULTS.md "Shared prefixes").
 struct SharingResult {
   bool on = false;                       // the scenario's workload shares prefixes
   // At the admission limit (requests admitted in arrival order, none finished):
@@ -126,8 +126,8 @@ struct CompareOptions {
   std::filesystem::path config_dir;
   // Called with one line per finished batch size and system (progress on long runs).
   std::function<void(std::string_view)> progress;
-  // UlaCache: clean host shadows (AddressSpaceConfig::host_shadows, TpConfig::host_shadows,
-  // issue 30); an eviction to a live shadow sends nothing over the host link.
+  // UlaCache: clean host shadows (AddressSpaceConfig::host_shadows, TpConfig::host_shadows);
+  // an eviction to a live shadow sends nothing over the host link.
   bool host_shadows = false;
 };
 

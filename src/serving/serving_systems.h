@@ -80,7 +80,7 @@ class SimSystem {
                       SimCounters& c) = 0;
   // n new tokens of request id (history grows from `history` to history + n).
   virtual Status Append(std::uint64_t id, std::uint32_t history, std::uint32_t n, SimCounters& c) = 0;
-  // Sharing (issue 17; shared_admission.h). Admits request `id` whose first `matched`
+  // Sharing (shared_admission.h). Admits request `id` whose first `matched`
   // positions are its group's cached prefix (UlaCache: adopted with ShareInto, nothing
   // allocated or copied) and, when `cache` > 0, caches its first `cache` positions for its
   // group (UlaCache: one cache reference on each, Retain). The baselines keep no addresses:

@@ -1,4 +1,4 @@
-// Shared-prefix admission for the serving comparison (issue 17 item 6): the request stream
+// Shared-prefix admission for the serving comparison: the request stream
 // of a sharing workload (lengths only), and a ledger that charges a shared prefix once per
 // holder instead of once per request, with an LRU radix-cache eviction of idle prefixes and
 // (DP) cache-aware routing by RouteByPrefix.

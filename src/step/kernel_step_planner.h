@@ -1,6 +1,6 @@
 // KernelStepPlanner: StepPlanner's step (ula/step_planner.h, its contract word for word)
-// with its per-selection phases run as the step's data-parallel kernels (src/kernels,
-// issue 26), in their OpenMP form. It is the kernels' differential harness against the CPU
+// with its per-selection phases run as the step's data-parallel kernels (src/kernels), in
+// their OpenMP form. It is the kernels' differential harness against the CPU
 // reference planner: on the same state and inputs both return the same result, stats and
 // out_slots, publish the same tables and leave the same state (DebugDigest), whatever the
 // thread count.

@@ -1,4 +1,4 @@
-// SharedWorkload: seeded request streams whose token prefixes are shared (issue 17), with
+// SharedWorkload: seeded request streams whose token prefixes are shared, with
 // the token ids themselves, so that a prefix cache can match them. Three kinds:
 //   summaries_per_document  groups = documents; each document is asked requests_per_group
 //                           times (Multi-LexSum: a long, a short and a tiny summary per

@@ -340,7 +340,7 @@ TEST(PrefixCache, TheHostTierTakesEvictedCheckpointsAndGivesThemBackExclusively)
   ASSERT_TRUE(a->Free(m->copy.state));
   ASSERT_TRUE(a->Free(m->copy.window));
   // Three checkpoints for two host slots: the least recently used host copy is dropped, of
-  // the path's two (used together) the root side's, 4, as SGLang orders a path (issue 28,
+  // the path's two (used together) the root side's, 4, as SGLang orders a path (,
   // item 4); its node keeps its KV, a tombstone above the leaf whose state is on the host.
   InsertSequence(*cache, *a, Tokens(100, 4), {});
   ev = cache->Evict(0, 3);
@@ -435,7 +435,7 @@ TEST(PrefixCache, AFailedHostCopyPublishesNothing) {
   EXPECT_TRUE(cache->CheckInvariants());
 }
 
-// KV pages on the host (issue 20 item 7): an evicted leaf whose checkpoint went to the host
+// KV pages on the host: an evicted leaf whose checkpoint went to the host
 // goes there whole, and comes back with its path, copied then published; failed copies
 // publish nothing.
 TEST(PrefixCache, KvPagesGoToTheHostWithTheirLeafAndComeBackExclusively) {
@@ -523,7 +523,7 @@ TEST(PrefixCache, KvPagesGoToTheHostWithTheirLeafAndComeBackExclusively) {
   EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
 }
 
-// Issue 28 item 4: a host node under the root that is being loaded back holds LoadBack's KV
+// a host node under the root that is being loaded back holds LoadBack's KV
 // lock while its parent, the root, holds none (the root is never locked). The invariant
 // check took that for "a host node locked more than its parent", so any eviction LoadBack
 // needed for room failed the whole-structure check; SGLang's eviction order (root side first)
@@ -699,7 +699,7 @@ TEST(PrefixCache, WindowPagesMatchOnlyWithTheirWindowAndLockOnlyIt) {
   EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
 }
 
-// Issue 28 item 8: events carry what KV-aware routers read (SGLang's BlockStored: the block's
+// events carry what KV-aware routers read (SGLang's BlockStored: the block's
 // hash, its parent block's hash, its tokens; BlockRemoved: the hashes), window pages too.
 // Hashes chain over the path's tokens, so two caches that store the same prefix agree, a
 // sequence that differs from token 5 shares page 0's hash only, and a removal repeats the

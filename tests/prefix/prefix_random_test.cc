@@ -711,7 +711,7 @@ class PrefixRandom {
     for (BlockId id : *ids) Garbage(id);
     running_.push_back(*ids);
   }
-  // Every counter can be paid (issue 28, item 1): evicting all that Metrics calls evictable
+  // Every counter can be paid: evicting all that Metrics calls evictable
   // frees exactly those bytes, kind by kind, and leaves nothing evictable and the protected
   // bytes as they were.
   bool PaidExactly(const PrefixCacheMetrics& m, const std::vector<std::uint64_t>& live_before) {
@@ -1251,7 +1251,7 @@ class PrefixWindowRandom {
     ASSERT_TRUE(cache_->Unlock(locked_[i].match)) << "step " << step_;
     --states_.at(locked_[i].key).locks;
     locked_.erase(locked_.begin() + static_cast<std::ptrdiff_t>(i));
-    // A window tombstone that only the lock kept is a useless leaf now: it goes (issue 28,
+    // A window tombstone that only the lock kept is a useless leaf now: it goes (,
     // item 2), with the useless leaves above it.
     ObserveEvictions(EvictionStats{});
   }
@@ -1334,7 +1334,7 @@ class PrefixWindowRandom {
     }
     running_.push_back(*ids);
   }
-  // Every counter can be paid (issue 28, item 1): evicting all that Metrics calls evictable
+  // Every counter can be paid: evicting all that Metrics calls evictable
   // frees exactly those bytes, kind by kind, and leaves nothing evictable and the protected
   // bytes as they were.
   bool PaidExactly(const PrefixCacheMetrics& m, const std::vector<std::uint64_t>& live_before) {

@@ -1,4 +1,4 @@
-// SGLang's mamba and SWA radix cache scenarios on ula::PrefixCache (issue 28). Mapping:
+// SGLang's mamba and SWA radix cache scenarios on ula::PrefixCache. Mapping:
 // page size 1 is page_tokens 1; SGLang's window w is our sliding_window w + 1; a mamba value
 // is a checkpoint at the end of each insert; cow_mamba is MatchCopyOnWrite. Each test names
 // the result SGLang gives (python/sglang/srt/mem_cache/mamba_radix_cache.py,

@@ -1,8 +1,8 @@
-// Randomized: the window-only prefix cache (no recurrent kind, issue 28 item 7: SGLang's SWA
+// Randomized: the window-only prefix cache (no recurrent kind: SGLang's SWA
 // radix cache) under inserts that share prefixes, matches, locks, early window releases and
 // evictions by count and by demand. After every operation the cache's invariants hold; every
 // match is a prefix some insert gave, is Holds(), and carries its window's pages; and every
-// so often the counters are paid (issue 28 item 1, in this mode too): evicting all that
+// so often the counters are paid (in this mode too): evicting all that
 // Metrics calls evictable frees exactly that, kind by kind, with matches still locked.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// SparsePrefixCache (issue 17): a radix tree over logical addresses, DP and TP.
+// SparsePrefixCache: a radix tree over logical addresses, DP and TP.
 #include "ula/sparse_prefix_cache.h"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-"""Python has what C++ has (issue 27, item 6): every public member (method or field) of
+"""Python has what C++ has: every public member (method or field) of
 every C++ class the package binds has a binding, or a stated reason in EXCLUDED.
 
 The public members are read from the C++ headers of the bound classes (a small parser:
@@ -96,7 +96,7 @@ EXCLUDED = {
     ("FaultPlan", "copies"): "a FaultPlan constructor argument, not read back",
     ("FaultPlan", "swaps"): "a FaultPlan constructor argument, not read back",
     ("FaultPlan", "fetches"): "TP remote fetches are faulted through the fabric (src/tp/fault_fabric.h), which Python does not bind",
-    # The hybrid prefix cache (issue 27 item 6: everything else is bound).
+    # The hybrid prefix cache (: everything else is bound).
     ("PrefixCache", "SetEvictionObserver"): "a test hook called inside eviction; re-entering Python there is not supported",
     ("PrefixCache", "config"): "the cache's config is the PrefixCacheConfig the caller passed",
     ("UnifiedBuffer", "num_kinds"): "len(config.kinds) of the caller's UnifiedBufferConfig",
@@ -112,7 +112,7 @@ EXCLUDED = {
     ("UnifiedBufferConfig", "padding_blocks"): "a constructor argument",
     ("UnifiedBufferConfig", "compaction"): "a constructor argument",
     ("UnifiedBufferConfig", "hold_bytes"): "the Python buffer always holds its bytes (on its own CPU backend)",
-    # Raw memory and bench settings (issue 27 item 5: everything else is bound).
+    # Raw memory and bench settings (: everything else is bound).
     ("AddressSpace", "DeviceSlotData"): "a raw pointer into a device pool; device_pool(rank, group)[slot] views the same bytes",
     ("AddressSpace", "Metadata"): "metadata accounting of the benches (ula bench metadata), as bytes_per_address",
     ("AddressSpace", "backend"): "the space owns its backend (the constructor's backend and faults arguments); holds_bytes, fault_stats and transfer_bytes read it",

@@ -1,4 +1,4 @@
-"""The hybrid prefix cache's Python binding has what C++ has (issue 27, item 6): evict by
+"""The hybrid prefix cache's Python binding has what C++ has: evict by
 count, copy-on-write matches, chunked insertion, window pages and their early release,
 events, metrics, the host tier, and every PrefixMatch field."""
 import numpy as np
@@ -136,7 +136,7 @@ def test_host_tier_takes_evicted_checkpoints():
 
 
 def test_events_carry_block_hashes_parents_and_tokens():
-    """Issue 28 item 8: what KV-aware routers read (SGLang's BlockStored / BlockRemoved)."""
+    """what KV-aware routers read (SGLang's BlockStored / BlockRemoved)."""
     buf = buffer()
     cache = ulacache.PrefixCache(ulacache.PrefixCacheConfig(page_tokens=2, window_kind=SWA, sliding_window=3,
                                                             record_events=True), buf)
@@ -209,7 +209,7 @@ def test_events_carry_sglang_hashes_a_medium_and_all_cleared_on_reset():
 
 
 def test_a_window_only_cache_matches_at_a_node_boundary():
-    """Issue 28 item 7: no state kind (a pure SWA model): no checkpoints, no dummy states."""
+    """no state kind (a pure SWA model): no checkpoints, no dummy states."""
     buf = buffer()
     config = ulacache.PrefixCacheConfig(page_tokens=1, state_kind=-1, window_kind=SWA, sliding_window=5)
     assert config.state_kind == -1

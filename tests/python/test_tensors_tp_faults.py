@@ -1,4 +1,4 @@
-"""Issue 27, items 4, 5, 7, 8: tensors in and out (DLPack, int64 request ids, SGLang's flat
+"""Tensors in and out (DLPack, int64 request ids, SGLang's flat
 page_table_1, per-layer memory as a list or a dict), TP in the engine step API, faults
 through the engine step, and an import that names its cause."""
 import os

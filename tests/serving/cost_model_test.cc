@@ -279,7 +279,7 @@ TEST(CostModel, UnknownFlopRateIsRefusedWithTheFieldNamed) {
   EXPECT_NE(cm.error().message().find("dense_bf16_flops"), std::string::npos);
 }
 
-// Issue 14, item 1: TP attention is priced with the query heads of one call padded to the
+// TP attention is priced with the query heads of one call padded to the
 // kernel's head multiple, at the kernel's achieved rate; at home all heads, no padding.
 TEST(CostModel, TpAttentionFlopsUseThePaddedHeadCount) {
   auto cm = CostModel::Create(TinyInputs(ParallelMode::kTp, false));

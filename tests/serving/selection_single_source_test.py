@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One fitted selection-model parameter set, read by every consumer (issue 14 item 8).
+"""One fitted selection-model parameter set, read by every consumer.
 
 The fit lives in configs/selection/<name>.json (written by `ula bench trace --write-fit`).
 This test fails if a consumer carries its own copy of it:

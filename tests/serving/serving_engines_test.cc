@@ -1,4 +1,4 @@
-// The systems engines run today (issue 29): decode context parallel as vLLM and SGLang run
+// The systems engines run today: decode context parallel as vLLM and SGLang run
 // it, Helix, vLLM's HiSparse port, and the seed's budget rule for SGLang HiSparse. Their
 // admission arithmetic on hand-sized budgets, fill, the collectives each engine issues, the
 // adapters' step counts, and the systems in a small end-to-end comparison.

@@ -1,4 +1,4 @@
-// Shared prefixes in the serving comparison (issue 17 item 6; src/serving/shared_admission.h):
+// Shared prefixes in the serving comparison (src/serving/shared_admission.h):
 // the lengths-only stream is GenerateSharedWorkload's; the shared ledger charges a prefix
 // once per holder (TP baselines: a copy per GPU; UlaCache TP: a 1/P stripe), evicts idle
 // prefixes LRU for room (the next sharer recomputes); the end-to-end comparison counts the

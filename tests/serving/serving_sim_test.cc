@@ -205,7 +205,7 @@ TEST(ServingSystems, AllGpuCountsEachDistinctSelectionOnceAsAHit) {
   EXPECT_GT(ula.h2d, 0.0);
 }
 
-// Issue 14, items 3 and 6: UlaCache pays its planner per group, HiSparse its per-layer
+// UlaCache pays its planner per group, HiSparse its per-layer
 // swap-in kernel with the host fetch on the critical path, all-GPU neither.
 TEST(ServingSim, EachSystemPaysItsOwnKernelsAndHiSparsesFetchIsOnTheCriticalPath) {
   const ComparisonResult r = RunTiny();
@@ -250,7 +250,7 @@ TEST(ServingSim, RepricingWithTheSameInputsReproducesTheRunAndASlowerKernelSlows
   }
 }
 
-// Issue 14, item 9: SGLang sizes HiSparse's host pool as host_to_device_ratio x its device
+// SGLang sizes HiSparse's host pool as host_to_device_ratio x its device
 // pool, so a small ratio caps HiSparse's admission below what the host memory holds.
 TEST(ServingSim, HiSparsesHostPoolIsTheRatioTimesItsDevicePool) {
   auto sc = ParseScenarioConfig(ReadTiny(), "tiny.json");

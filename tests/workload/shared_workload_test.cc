@@ -1,4 +1,4 @@
-// Sharing workloads (issue 17): the shipped configs load with their sources, the generator
+// Sharing workloads: the shipped configs load with their sources, the generator
 // builds the prefixes each kind defines, and MeasureSharing counts distinct tokens exactly.
 #include "workload/shared_workload.h"
 

@@ -201,7 +201,7 @@ TEST(SelectionModel, ReturnsBringBackRecentlyDroppedPositions) {
   EXPECT_FALSE(SelectionModel::Create(p));
 }
 
-// Issue 14 item 8: drafts form a chain. Draft j keeps draft_keep of draft j-1's selection
+// drafts form a chain. Draft j keeps draft_keep of draft j-1's selection
 // (beyond sinks and recent tokens), so draft 2 overlaps draft 1 by about draft_keep and query 0
 // by about draft_keep^2; unchained, both drafts would overlap query 0 alike.
 TEST(SelectionModel, DraftsAreChained) {

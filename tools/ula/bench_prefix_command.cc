@@ -7,7 +7,7 @@
 // branching point (the cache's token-granular match) against without (checkpoints only
 // every checkpoint_interval tokens and at the end, as the page-granular cache had).
 //
-// Sizes (issue 14 item 11): the small model computes, but the buffer's accounting follows a
+// Sizes: the small model computes, but the buffer's accounting follows a
 // real hybrid model's config (--sizing NAME: configs/hybrid/NAME.json, default Qwen3-Next-80B-A3B):
 // its state bytes per request (every linear-attention layer's recurrent and conv state) and
 // its KV bytes per token (every full-attention layer), so that one checkpoint is worth as
@@ -262,7 +262,7 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Sliding-window KV: a ring in every checkpoint against window pages in the tree (issue 20
+// Sliding-window KV: a ring in every checkpoint against window pages in the tree (
 // item 4). The same prefixes and returning requests, on buffers of the same bytes
 // (`fraction` of what the ring needs to keep every prefix), allocation-aware eviction.
 struct WindowResult {

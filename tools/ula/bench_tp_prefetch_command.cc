@@ -2,7 +2,7 @@
 // layer group (TpPrefetcher) hides behind compute, against the same work run serially, in
 // the same run. In-process ranks on the cpu backend (real bytes moved by its copy threads).
 //
-// What can overlap (issue 14 item 2): a group's selection comes from its own indexer on the
+// What can overlap: a group's selection comes from its own indexer on the
 // output of the layers before it, so nothing of the next group can be fetched early. Within
 // a group the L = --layers layers share one selection: an entry is the L layers side by
 // side, each remote miss is copied as L strided per-layer sub-ranges (layer 0 first), layer

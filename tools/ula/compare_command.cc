@@ -1,8 +1,8 @@
-// `ula compare [--scenario FILE] [--json] [--out DIR] [--sensitivity]`: the serving comparison (issue 6),
+// `ula compare [--scenario FILE] [--json] [--out DIR] [--sensitivity]`: the serving comparison,
 // the main job. Prints the memory budget derivation and progress to stderr, the table (or
 // one JSON object with --json) to stdout, writes DIR/compare.csv (every curve point) and
 // DIR/summary.csv, and calls scripts/plot_compare.py for one PNG per config. Without
-// python3 or matplotlib it warns and keeps the CSVs. A sharing workload (issue 17 item 6)
+// python3 or matplotlib it warns and keeps the CSVs. A sharing workload
 // adds a second table, a "sharing" object per system in the JSON and DIR/sharing.csv.
 #include <fmt/format.h>
 
@@ -99,7 +99,7 @@ bool IsSharing(const ComparisonResult& r) {
 
 double Percent(std::uint64_t part, std::uint64_t whole) { return whole > 0 ? 100.0 * double(part) / double(whole) : 0; }
 
-// Sharing workloads (issue 17 item 6): one line per config and system.
+// Sharing workloads: one line per config and system.
 void PrintSharingTable(const ComparisonResult& r) {
   fmt::print("\nshared prefixes: {:<20} {:<14} | {:>5} {:>9} {:>6} | {:>8} {:>6} {:>8} | {:>8} {:>8} {:>9} {:>6} | {:>5}\n",
              "config", "system", "adm", "peak", "@B", "distinct", "copies", "saved@adm", "saved", "computed", "recomputed",
@@ -196,7 +196,7 @@ void PrintTable(const ComparisonResult& r) {
   PrintRanking(r);
 }
 
-// What UlaCache adds to DCP (issue 29 item 3): ulacache_home is DCP's placement (token
+// What UlaCache adds to DCP: ulacache_home is DCP's placement (token
 // striping, attention at home, the striped indexer = vLLM's sharded keys) plus a host tier,
 // one pool shared by all requests under PB-LRU, and shared prefixes stored once; dcp is vLLM's
 // DCP, dcp_sglang SGLang's (replicated index keys). At the largest batch both ran, the step's
@@ -360,7 +360,7 @@ Action SetupCompare(CLI::App& app) {
   app.add_option("--config-dir", o->config_dir, "configs directory (default: $ULA_CONFIG_DIR or the source tree's)");
   app.add_option("--out", o->out, "directory for compare.csv, summary.csv and the plots")->capture_default_str();
   app.add_flag("--json", o->json, "print one JSON object instead of the table");
-  app.add_option("--shadows", o->shadows, "UlaCache (DP and TP): clean host shadows (issue 30): on or off")
+  app.add_option("--shadows", o->shadows, "UlaCache (DP and TP): clean host shadows: on or off")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_flag("!--no-plot", o->plot, "do not call the plot script");
   app.add_flag("--quiet", o->quiet, "no progress lines on stderr");

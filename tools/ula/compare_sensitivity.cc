@@ -68,7 +68,7 @@ std::vector<Variant> Variants() {
   };
   v.push_back({"vLLM HiSparse admission window", "2048 tokens", {}, window(2048)});
   v.push_back({"vLLM HiSparse admission window", "128 tokens (the tail only)", {}, window(128)});
-  // Locality (issue 29 item 6): the share of each step's selections that are new (1 - keep)
+  // Locality: the share of each step's selections that are new (1 - keep)
   // and how far back the returning ones come from; the fit's values are the base.
   auto keep = [](double k) {
     return [k](ScenarioConfig& s) { s.selection_adjust = [k](SelectionModelParams& p) { p.keep_mean = k; }; };
