@@ -278,6 +278,13 @@ driven from different threads at once (the GIL is released while planning).)doc"
           "free", [](DpSpace& s, std::uint64_t request) { Unwrap(s.space->Free(ula::RequestId(request))); },
           py::arg("request"), "Frees every address of the request; NotFoundError the second time.")
       .def(
+          "truncate",
+          [](DpSpace& s, std::uint64_t request, std::uint32_t length) {
+            Unwrap(s.space->Truncate(ula::RequestId(request), length));
+          },
+          py::arg("request"), py::arg("length"),
+          "Frees the request's tokens past `length` (rejected drafts); its next tokens reuse them in place.")
+      .def(
           "write",
           [](DpSpace& s, std::uint32_t addr, std::uint16_t group, py::object data) {
             auto bytes = View<const std::uint8_t>(ToArray(data, "data"), "data");

@@ -327,6 +327,7 @@ void FreeAddress(const AddressSpaceConfig& cfg, AddressSpace::State& st, Logical
       ULA_CHECK(gp.host.Free(loc.slot()).has_value());
     }
     table.Erase(a);
+    if (gp.IsNewOnHost(a)) gp.new_on_host.erase(std::lower_bound(gp.new_on_host.begin(), gp.new_on_host.end(), a));
   }
   st.owner[a.value()] = 0;
   const std::uint32_t P = cfg.page_tokens;
@@ -375,6 +376,42 @@ Status AddressSpace::Free(RequestId request) {
     }
   }
   st.requests.erase(it);
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
+
+Status AddressSpace::Truncate(RequestId request, std::uint32_t length) {
+  State& st = *state_;
+  auto it = st.requests.find(request);
+  if (it == st.requests.end()) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("Truncate: request {} is unknown", request.value()));
+  }
+  RequestState& req = it->second;
+  if (length > req.addrs.size()) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("Truncate: request {} holds {} tokens, cannot keep {}",
+                                                         request.value(), req.addrs.size(), length));
+  }
+  for (std::size_t i = length; i < req.addrs.size(); ++i) {
+    const LogicalAddr a = req.addrs[i];
+    if (st.owner[a.value()] != req.tag || st.refs[a.value()] != State::kRequestRef) {
+      return MakeError(ErrorCode::kFailedPrecondition,
+                       fmt::format("Truncate: token {} of request {} (address {}) is {}: a shared entry is "
+                                   "immutable, only the request's own unshared tail can be rolled back",
+                                   i, request.value(), a.value(),
+                                   st.owner[a.value()] != req.tag ? "adopted (ShareInto)"
+                                                                  : fmt::format("held by {} holders",
+                                                                                refs::Holders(st.refs[a.value()]))));
+    }
+  }
+  for (std::size_t i = length; i < req.addrs.size(); ++i) {
+    st.refs[req.addrs[i].value()] = 0;
+    FreeAddress(config_, st, req.addrs[i]);
+  }
+  req.addrs.resize(length);
+  // Own allocations sit at offset (position % P) of their page ("Pages"), so the next token
+  // continues the last kept one's page; after an adopted one it opens a fresh page.
+  const bool own_last = length > 0 && st.owner[req.addrs.back().value()] == req.tag;
+  req.open_page = own_last ? req.addrs.back().value() / config_.page_tokens : RequestState::kNoPage;
   ULA_EXPENSIVE_CHECK(*this);
   return Ok();
 }

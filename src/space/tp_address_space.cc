@@ -420,6 +420,42 @@ Status TpAddressSpace::Free(RequestId request) {
   return Ok();
 }
 
+Status TpAddressSpace::Truncate(RequestId request, std::uint32_t length) {
+  State& st = *state_;
+  auto it = st.requests.find(request);
+  if (it == st.requests.end()) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("Truncate: request {} is unknown", request.value()));
+  }
+  std::vector<LogicalAddr>& addrs = it->second;
+  State::Holder& h = st.tags.at(request);
+  if (length > addrs.size()) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("Truncate: request {} holds {} tokens, cannot keep {}",
+                                                         request.value(), addrs.size(), length));
+  }
+  for (std::size_t i = length; i < addrs.size(); ++i) {
+    const LogicalAddr a = addrs[i];
+    if (st.owner[a.value()] != h.tag || st.refs[a.value()] != refs::kRequestRef) {
+      return MakeError(ErrorCode::kFailedPrecondition,
+                       fmt::format("Truncate: token {} of request {} (address {}) is {}: a shared entry is "
+                                   "immutable, only the request's own unshared tail can be rolled back",
+                                   i, request.value(), a.value(),
+                                   st.owner[a.value()] != h.tag ? "adopted (ShareInto)"
+                                                                : fmt::format("held by {} holders",
+                                                                              refs::Holders(st.refs[a.value()]))));
+    }
+  }
+  for (std::size_t i = length; i < addrs.size(); ++i) {
+    st.refs[addrs[i].value()] = 0;
+    FreeAddress(addrs[i]);
+  }
+  addrs.resize(length);
+  const bool own_last = length > 0 && st.owner[addrs.back().value()] == h.tag;
+  h.open_page = own_last && config_.page_tokens > 1 ? addrs.back().value() / config_.page_tokens
+                                                    : State::Holder::kNoPage;
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
+
 namespace {
 // Ok iff every address is live and listed once.
 Status CheckTpAddressList(const TpAddressSpace::State& st, std::span<const LogicalAddr> addrs, const char* what) {
