@@ -151,6 +151,7 @@ Status AddressSpace::RunMoves(std::span<const CopyDescriptor> moves) {
 }
 
 Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Allocate"));
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
@@ -362,6 +363,7 @@ Status CheckAddressList(const AddressSpace::State& st, std::span<const LogicalAd
 }  // namespace
 
 Status AddressSpace::Free(RequestId request) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Free"));
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
@@ -381,6 +383,7 @@ Status AddressSpace::Free(RequestId request) {
 }
 
 Status AddressSpace::Truncate(RequestId request, std::uint32_t length) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Truncate"));
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
@@ -417,6 +420,7 @@ Status AddressSpace::Truncate(RequestId request, std::uint32_t length) {
 }
 
 Status AddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> addrs) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("ShareInto"));
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
@@ -459,6 +463,7 @@ Status AddressSpace::Retain(std::span<const LogicalAddr> addrs) {
 }
 
 Status AddressSpace::Release(std::span<const LogicalAddr> addrs) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Release"));
   State& st = *state_;
   ULA_RETURN_IF_ERROR(CheckAddressList(st, addrs, Rank::Invalid(), "Release"));
   for (LogicalAddr a : addrs) {
@@ -518,6 +523,7 @@ Result<EntryRows> EntryBytes(const AddressSpace& space, const AddressSpace::Stat
 }  // namespace
 
 Status AddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Write"));
   auto p = EntryBytes(*this, *state_, addr, group, data.size());
   if (!p) return std::unexpected(p.error());
   if (const std::uint32_t holders = refs::Holders(state_->refs[addr.value()]); holders > 1) {

@@ -319,6 +319,7 @@ void PlaceNewEntries(const TpConfig& c, Backend& backend, TpGroupShard& sh, Rank
 }  // namespace
 
 Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Allocate"));
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
@@ -401,6 +402,7 @@ void TpAddressSpace::FreeAddress(LogicalAddr a) {
 }
 
 Status TpAddressSpace::Free(RequestId request) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Free"));
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
@@ -421,6 +423,7 @@ Status TpAddressSpace::Free(RequestId request) {
 }
 
 Status TpAddressSpace::Truncate(RequestId request, std::uint32_t length) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Truncate"));
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
@@ -475,6 +478,7 @@ Status CheckTpAddressList(const TpAddressSpace::State& st, std::span<const Logic
 }  // namespace
 
 Status TpAddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> addrs) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("ShareInto"));
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
@@ -516,6 +520,7 @@ Status TpAddressSpace::Retain(std::span<const LogicalAddr> addrs) {
 }
 
 Status TpAddressSpace::Release(std::span<const LogicalAddr> addrs) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Release"));
   State& st = *state_;
   ULA_RETURN_IF_ERROR(CheckTpAddressList(st, addrs, "Release"));
   for (LogicalAddr a : addrs) {
@@ -560,6 +565,7 @@ Status CheckEntryArgs(const TpConfig& cfg, const TpAddressSpace::State& st, Logi
 }  // namespace
 
 Status TpAddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Write"));
   ULA_RETURN_IF_ERROR(CheckEntryArgs(config_, *state_, addr, group, data.size()));
   if (!backend_.holds_bytes()) return MakeError(ErrorCode::kUnsupported, "the counting backend holds no bytes");
   if (const std::uint32_t holders = refs::Holders(state_->refs[addr.value()]); holders > 1) {
