@@ -1,5 +1,5 @@
-// Draft rollback (AddressSpace::Truncate, docs/ARCHITECTURE.md "Shared prefixes" and
-// docs/INTEGRATION.md "Speculative decoding"): an MTP loop on the engine path. Every round
+// Draft rollback (AddressSpace::Truncate, docs/ARCHITECTURE.md "Draft rollback and the
+// engine step's contract with the scheduler"): an MTP loop on the engine path. Every round
 // each running request (some skip a round) gets 1 + kDrafts new tokens (its next token and
 // the drafts, q_len 1 + kDrafts), looks their locations up once (out_cache_loc), runs
 // plan / the descriptors / complete per group, writes the tokens' KV at the looked-up

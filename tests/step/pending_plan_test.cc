@@ -1,4 +1,5 @@
-// No abort from misuse (docs/INTEGRATION.md "Scheduler"): between EngineStepPlanner::Plan
+// No abort from misuse (docs/ARCHITECTURE.md "Draft rollback and the engine
+// step's contract with the scheduler"): between EngineStepPlanner::Plan
 // and Complete the space refuses every call that could change an entry, slot or victim the
 // plan's descriptors name (Free, Truncate, Allocate, Write, ShareInto, Release, another
 // planner's Plan) with kFailedPrecondition and nothing changed; AdvanceRound keeps the

@@ -1,8 +1,9 @@
-// Admission that guarantees the round (EngineStepPlanner::ReserveRound, docs/INTEGRATION.md
-// "Scheduler"): a vLLM-shaped decode loop whose selections outgrow the device. Scheduled by
-// its token budget alone, a round's plan is refused after the round's tokens were
-// allocated (the engine cannot take back a forward pass); reserving each round first, and
-// deferring the requests that do not fit, no Allocate or Plan is ever refused.
+// Admission that guarantees the round (EngineStepPlanner::ReserveRound, docs/ARCHITECTURE.md
+// "Draft rollback and the engine step's contract with the scheduler"): a vLLM-shaped decode
+// loop whose selections outgrow the device. Scheduled by its token budget alone, a round's
+// plan is refused after the round's tokens were allocated (the engine cannot take back a
+// forward pass); reserving each round first, and deferring the requests that do not fit, no
+// Allocate or Plan is ever refused.
 #include <gtest/gtest.h>
 
 #include <optional>
