@@ -137,27 +137,3 @@ def test_free_between_plan_and_complete_is_refused_and_changes_nothing():
     planner.complete(fence, np.zeros(n, np.uint8))
     space.free(1)
     space.check_invariants()
-
-
-def test_truncate_rolls_drafts_back_in_place():
-    cfg = ulacache.AddressSpaceConfig(entry_bytes=32, device_bytes_per_rank=64 * 32, host_bytes_per_rank=64 * 32,
-                                      page_tokens=8, stable_new_entries=True)
-    space = ulacache.AddressSpace(cfg)
-    space.add_request(1, 0)
-    a = space.allocate(1, 13)
-    space.truncate(1, 10)  # three drafts rejected
-    assert not space.is_live(int(a[10])) and space.num_live_addresses == 10
-    b = space.allocate(1, 3)
-    assert list(b) == list(a[10:13])  # the same positions get the same addresses back
-    before = space.debug_digest()
-    with pytest.raises(ulacache.OutOfRangeError):
-        space.truncate(1, 14)
-    space.retain(a[12:13])
-    with pytest.raises(ulacache.FailedPreconditionError):
-        space.truncate(1, 12)
-    assert space.debug_digest() != before  # the retain; the refused truncate changed nothing more
-    after_retain = space.debug_digest()
-    with pytest.raises(ulacache.FailedPreconditionError):
-        space.truncate(1, 0)
-    assert space.debug_digest() == after_retain
-    space.check_invariants()
