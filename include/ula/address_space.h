@@ -232,6 +232,25 @@ class AddressSpace {
   // no other request or cache reference holds is freed. kNotFound for an unknown request
   // (including a second Free).
   Status Free(RequestId request);
+  // Draft rollback: frees the request's tokens [length, AddressesOf(request).size()), its
+  // last ones (rejected MTP / EAGLE drafts, as SGLang frees a verify's rejected
+  // out_cache_loc and vLLM rolls num_computed_tokens back). Each freed address loses its
+  // entry in every group at once (its slots are free, its bytes unreachable). Pages: the
+  // request's next token (position `length`) continues the page of its token length - 1
+  // (when that is its own allocation) at offset length % P, so the freed addresses of
+  // that page are the ones its next tokens get back, token i still at offset i % P ("Pages"
+  // above); a page left with no live address joins the free FIFO like any freed page.
+  // The re-allocated tokens are new entries (Allocate): with stable_new_entries their
+  // slots never go stale in their round, whatever the truncated entries' were.
+  // Rounds: call it after the round's verification read the drafts (its attention ran,
+  // the step's plan completed), before or after AdvanceRound(); the freed entries may have
+  // been allocated or selected in this round, and their slots may be reused by the same
+  // round's next Allocate (the round's attention already ran over them).
+  // Errors, nothing changed: kNotFound (unknown request), kOutOfRange (length past its
+  // tokens), kFailedPrecondition (a token to free is adopted (ShareInto) or has another
+  // holder (a sharer or a cache reference): shared entries are immutable, so a shared
+  // prefix cannot be rolled back; or an engine step's plan is pending). O(freed tokens).
+  Status Truncate(RequestId request, std::uint32_t length);
   // The request adopts live addresses (a shared prefix): appended to its list in order,
   // one more reference each. kNotFound (unknown request, an address not live),
   // kInvalidArgument (an address of another rank, one listed twice), kAlreadyExists (the

@@ -124,6 +124,20 @@ struct CompleteReport {
   std::uint32_t failed = 0;     // descriptors with a non-zero status: nothing published
 };
 
+// One running request's share of a scheduler round (ReserveRound): the tokens Allocate will
+// give it in the round (a prefill chunk, or 1 + drafts) and the most entries one group's
+// step selects for it (its rows' q_len x top_k; fewer distinct when it holds fewer tokens).
+struct RoundDemand {
+  RequestId request;
+  std::uint32_t new_tokens = 0;
+  std::uint32_t max_selections = 0;
+};
+
+struct RoundReservation {
+  std::uint64_t device_needed = 0;  // the largest group's bound: new tokens + distinct selections
+  std::uint64_t device_room = 0;    // that group's device slots not yet used in this round
+};
+
 // Engine-owned memory of one pool (tier, rank, group) in one allocation: num_layers regions
 // of slots * layer_bytes bytes, layer l starting at base + l * layer_stride; slot s of layer
 // l at base + l * layer_stride + s * layer_bytes. Layers allocated one by one (at any
@@ -145,6 +159,22 @@ class EngineStepPlanner {
 
   // The most descriptors one plan can produce (size out_descriptors to it).
   std::uint32_t max_descriptors() const;
+
+  // Admission that guarantees the round: the scheduler calls it once per round, before it
+  // commits the round (before any Allocate of it), with every running request of `rank`
+  // it means to schedule. Ok iff in every group the round's working set fits the device
+  // slots this round has not used yet: sum over requests of new_tokens +
+  // min(max_selections, tokens it will hold) <= capacity - used in this round, and the new
+  // tokens fit device free + host free (Allocate's own bound). A round that keeps to its
+  // reservation (at most new_tokens per request, one step per group whose rows select at
+  // most max_selections entries of their request) has no Allocate and no Plan refused for
+  // room (kResourceExhausted): the round's entries never outnumber the device. Shared
+  // entries are counted once per request that selects them (a bound, not a tally).
+  // kResourceExhausted (with the numbers; drop requests from the round and ask again),
+  // kNotFound (unknown request), kInvalidArgument (another rank's request, listed twice,
+  // max_selections past max_q_len x max_top_k), kFailedPrecondition (a plan is pending).
+  // Changes nothing: the reservation is the scheduler's commitment, not a hold.
+  Result<RoundReservation> ReserveRound(Rank rank, std::span<const RoundDemand> demands) const;
 
   // Library path: plan, run on the backend, wait, publish, write indices.
   // requests[b] is the request of batch row b: every address of row b must be live for it
@@ -174,8 +204,11 @@ class EngineStepPlanner {
 
   // Registers engine-owned memory for (tier, rank, group): num_layers regions of
   // layer_bytes rows, e.g. the group's 2 layers of 656 bytes (a group of any layer count,
-  // AddressSpaceConfig::group_layers). kInvalidArgument when num_layers * layer_bytes is
-  // not the group's entry (entry_bytes_of), base is 0, slots is below the pool's capacity,
+  // AddressSpaceConfig::group_layers). kInvalidArgument, with the numbers, when num_layers
+  // is not the group's layers_of or layer_bytes its row() (the descriptors name rows of
+  // row() bytes at slot * row() in each of the group's layers: a region split otherwise
+  // would be copied at the wrong offsets), base is 0, slots is below the pool's capacity
+  // (more are accepted: rows past the pool, e.g. padding to whole blocks, are never named),
   // or layers would overlap. Also makes Allocate's victims move in the registered memory
   // (AddressSpace::SetMoveExecutor), unless another executor is installed.
   // REQUIRES: the memory outlives the planner.

@@ -208,6 +208,14 @@ class TpAddressSpace {
   // Frees every address of the request (home slots and hosted buffer copies). kNotFound
   // for an unknown request, including a second Free.
   Status Free(RequestId request);
+  // Draft rollback: frees the request's tokens [length, size) (home slots and hosted buffer
+  // copies), as AddressSpace::Truncate: with page_tokens > 1 the next token continues the
+  // last kept own token's page at offset length % page_tokens, so the freed addresses of
+  // that page come back to the same positions (and homes); with page_tokens 1 they join
+  // their home rank's free FIFO. Call it on every process, as Free. Errors, nothing
+  // changed: kNotFound, kOutOfRange (length past its tokens), kFailedPrecondition (a token
+  // to free is adopted or has another holder, or a step's plan is pending).
+  Status Truncate(RequestId request, std::uint32_t length);
   // Sharing (see above). ShareInto: kNotFound (unknown request, an address not live),
   // kInvalidArgument (listed twice), kAlreadyExists (already held). Retain / Release:
   // kNotFound, kInvalidArgument, Release kFailedPrecondition (no cache reference to drop),

@@ -278,6 +278,13 @@ driven from different threads at once (the GIL is released while planning).)doc"
           "free", [](DpSpace& s, std::uint64_t request) { Unwrap(s.space->Free(ula::RequestId(request))); },
           py::arg("request"), "Frees every address of the request; NotFoundError the second time.")
       .def(
+          "truncate",
+          [](DpSpace& s, std::uint64_t request, std::uint32_t length) {
+            Unwrap(s.space->Truncate(ula::RequestId(request), length));
+          },
+          py::arg("request"), py::arg("length"),
+          "Frees the request's tokens past `length` (rejected drafts); its next tokens reuse them in place.")
+      .def(
           "write",
           [](DpSpace& s, std::uint32_t addr, std::uint16_t group, py::object data) {
             auto bytes = View<const std::uint8_t>(ToArray(data, "data"), "data");
@@ -513,6 +520,25 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
           "Engine path, part 1: (fence, n, StepStats); descriptors[:n] are the copies to run. Shapes as step; "
           "requests: uint64 or int64 [batch], the request of each row (an address not live for its row's "
           "request: NotFoundError).")
+      .def(
+          "reserve_round",
+          [](EnginePlanner& p, std::uint16_t rank, py::object requests, py::object new_tokens,
+             py::object max_selections) {
+            const py::array req_a = ToArray(requests, "requests");
+            auto req = RequestsView(req_a, "requests");
+            auto fresh = View<const std::uint32_t>(ToArray(new_tokens, "new_tokens"), "new_tokens", 1);
+            auto sel = View<const std::uint32_t>(ToArray(max_selections, "max_selections"), "max_selections", 1);
+            if (fresh.size() != req.size() || sel.size() != req.size()) {
+              Throw(ula::ErrorCode::kInvalidArgument, "reserve_round: requests, new_tokens and max_selections differ in length");
+            }
+            std::vector<ula::RoundDemand> demands(req.size());
+            for (std::size_t i = 0; i < req.size(); ++i) demands[i] = {req[i], fresh[i], sel[i]};
+            auto r = Unwrap(p.planner->ReserveRound(ula::Rank(rank), demands));
+            return std::make_tuple(r.device_needed, r.device_room);
+          },
+          py::arg("rank"), py::arg("requests"), py::arg("new_tokens"), py::arg("max_selections"),
+          "Admission that guarantees the round: (device_needed, device_room) of the largest group, or "
+          "ResourceExhaustedError with the numbers (schedule fewer requests). new_tokens, max_selections: uint32 [n].")
       .def(
           "complete",
           [](EnginePlanner& p, std::uint64_t fence, py::object status) {

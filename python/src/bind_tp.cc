@@ -137,6 +137,9 @@ rank hosted in this process. Owns its backend ('cpu' or 'counting').)doc")
           },
           py::arg("request"), py::arg("n_tokens"), "n_tokens new addresses striped over the ranks (uint32).")
       .def("free", [](TpSpace& s, std::uint64_t r) { Unwrap(s.space->Free(ula::RequestId(r))); }, py::arg("request"))
+      .def("truncate", [](TpSpace& s, std::uint64_t r, std::uint32_t length) {
+            Unwrap(s.space->Truncate(ula::RequestId(r), length));
+          }, py::arg("request"), py::arg("length"), "Frees the request's tokens past `length` (rejected drafts).")
       .def(
           "write",
           [](TpSpace& s, std::uint32_t addr, std::uint16_t group, py::object data) {

@@ -151,6 +151,7 @@ Status AddressSpace::RunMoves(std::span<const CopyDescriptor> moves) {
 }
 
 Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Allocate"));
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
@@ -327,6 +328,7 @@ void FreeAddress(const AddressSpaceConfig& cfg, AddressSpace::State& st, Logical
       ULA_CHECK(gp.host.Free(loc.slot()).has_value());
     }
     table.Erase(a);
+    if (gp.IsNewOnHost(a)) gp.new_on_host.erase(std::lower_bound(gp.new_on_host.begin(), gp.new_on_host.end(), a));
   }
   st.owner[a.value()] = 0;
   const std::uint32_t P = cfg.page_tokens;
@@ -361,6 +363,7 @@ Status CheckAddressList(const AddressSpace::State& st, std::span<const LogicalAd
 }  // namespace
 
 Status AddressSpace::Free(RequestId request) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Free"));
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
@@ -379,7 +382,45 @@ Status AddressSpace::Free(RequestId request) {
   return Ok();
 }
 
+Status AddressSpace::Truncate(RequestId request, std::uint32_t length) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Truncate"));
+  State& st = *state_;
+  auto it = st.requests.find(request);
+  if (it == st.requests.end()) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("Truncate: request {} is unknown", request.value()));
+  }
+  RequestState& req = it->second;
+  if (length > req.addrs.size()) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("Truncate: request {} holds {} tokens, cannot keep {}",
+                                                         request.value(), req.addrs.size(), length));
+  }
+  for (std::size_t i = length; i < req.addrs.size(); ++i) {
+    const LogicalAddr a = req.addrs[i];
+    if (st.owner[a.value()] != req.tag || st.refs[a.value()] != State::kRequestRef) {
+      return MakeError(ErrorCode::kFailedPrecondition,
+                       fmt::format("Truncate: token {} of request {} (address {}) is {}: a shared entry is "
+                                   "immutable, only the request's own unshared tail can be rolled back",
+                                   i, request.value(), a.value(),
+                                   st.owner[a.value()] != req.tag ? "adopted (ShareInto)"
+                                                                  : fmt::format("held by {} holders",
+                                                                                refs::Holders(st.refs[a.value()]))));
+    }
+  }
+  for (std::size_t i = length; i < req.addrs.size(); ++i) {
+    st.refs[req.addrs[i].value()] = 0;
+    FreeAddress(config_, st, req.addrs[i]);
+  }
+  req.addrs.resize(length);
+  // Own allocations sit at offset (position % P) of their page ("Pages"), so the next token
+  // continues the last kept one's page; after an adopted one it opens a fresh page.
+  const bool own_last = length > 0 && st.owner[req.addrs.back().value()] == req.tag;
+  req.open_page = own_last ? req.addrs.back().value() / config_.page_tokens : RequestState::kNoPage;
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
+
 Status AddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> addrs) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("ShareInto"));
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
@@ -422,6 +463,7 @@ Status AddressSpace::Retain(std::span<const LogicalAddr> addrs) {
 }
 
 Status AddressSpace::Release(std::span<const LogicalAddr> addrs) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Release"));
   State& st = *state_;
   ULA_RETURN_IF_ERROR(CheckAddressList(st, addrs, Rank::Invalid(), "Release"));
   for (LogicalAddr a : addrs) {
@@ -481,6 +523,7 @@ Result<EntryRows> EntryBytes(const AddressSpace& space, const AddressSpace::Stat
 }  // namespace
 
 Status AddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Write"));
   auto p = EntryBytes(*this, *state_, addr, group, data.size());
   if (!p) return std::unexpected(p.error());
   if (const std::uint32_t holders = refs::Holders(state_->refs[addr.value()]); holders > 1) {

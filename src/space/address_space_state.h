@@ -129,6 +129,18 @@ struct AddressSpace::State {
   AddressSpace::MoveExecutor move_executor;  // null: the backend runs Allocate's moves
   const void* move_executor_owner = nullptr;  // the EngineStepPlanner that installed it, if one did
   std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
+  // Plans between EngineStepPlanner::Plan and Complete over this space (each planner has
+  // at most one). While one is pending its descriptors name entries, slots and victims
+  // that a Free, Truncate, Allocate, Write, ShareInto or Release could change under it:
+  // those calls are refused (RefuseWhilePlanPending). Set by Plan, cleared by Complete or
+  // by the planner's destruction.
+  std::uint32_t plans_pending = 0;
+  Status RefuseWhilePlanPending(const char* what) const {
+    if (plans_pending == 0) return Ok();
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("{}: an engine step's plan is pending (between Plan and Complete); its descriptors "
+                                 "name entries and slots this call could change: Complete the plan first", what));
+  }
 
   GroupPools& at(Rank r, GroupId g) { return pools[r.value()][g.value()]; }
   // The isolation check (selection_run.h) of a live or free address `a` < next_addr:

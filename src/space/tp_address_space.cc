@@ -319,6 +319,7 @@ void PlaceNewEntries(const TpConfig& c, Backend& backend, TpGroupShard& sh, Rank
 }  // namespace
 
 Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Allocate"));
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
@@ -401,6 +402,7 @@ void TpAddressSpace::FreeAddress(LogicalAddr a) {
 }
 
 Status TpAddressSpace::Free(RequestId request) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Free"));
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
@@ -416,6 +418,43 @@ Status TpAddressSpace::Free(RequestId request) {
   }
   st.tags.erase(request);
   st.requests.erase(it);
+  ULA_EXPENSIVE_CHECK(*this);
+  return Ok();
+}
+
+Status TpAddressSpace::Truncate(RequestId request, std::uint32_t length) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Truncate"));
+  State& st = *state_;
+  auto it = st.requests.find(request);
+  if (it == st.requests.end()) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("Truncate: request {} is unknown", request.value()));
+  }
+  std::vector<LogicalAddr>& addrs = it->second;
+  State::Holder& h = st.tags.at(request);
+  if (length > addrs.size()) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("Truncate: request {} holds {} tokens, cannot keep {}",
+                                                         request.value(), addrs.size(), length));
+  }
+  for (std::size_t i = length; i < addrs.size(); ++i) {
+    const LogicalAddr a = addrs[i];
+    if (st.owner[a.value()] != h.tag || st.refs[a.value()] != refs::kRequestRef) {
+      return MakeError(ErrorCode::kFailedPrecondition,
+                       fmt::format("Truncate: token {} of request {} (address {}) is {}: a shared entry is "
+                                   "immutable, only the request's own unshared tail can be rolled back",
+                                   i, request.value(), a.value(),
+                                   st.owner[a.value()] != h.tag ? "adopted (ShareInto)"
+                                                                : fmt::format("held by {} holders",
+                                                                              refs::Holders(st.refs[a.value()]))));
+    }
+  }
+  for (std::size_t i = length; i < addrs.size(); ++i) {
+    st.refs[addrs[i].value()] = 0;
+    FreeAddress(addrs[i]);
+  }
+  addrs.resize(length);
+  const bool own_last = length > 0 && st.owner[addrs.back().value()] == h.tag;
+  h.open_page = own_last && config_.page_tokens > 1 ? addrs.back().value() / config_.page_tokens
+                                                    : State::Holder::kNoPage;
   ULA_EXPENSIVE_CHECK(*this);
   return Ok();
 }
@@ -439,6 +478,7 @@ Status CheckTpAddressList(const TpAddressSpace::State& st, std::span<const Logic
 }  // namespace
 
 Status TpAddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> addrs) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("ShareInto"));
   State& st = *state_;
   auto it = st.requests.find(request);
   if (it == st.requests.end()) {
@@ -480,6 +520,7 @@ Status TpAddressSpace::Retain(std::span<const LogicalAddr> addrs) {
 }
 
 Status TpAddressSpace::Release(std::span<const LogicalAddr> addrs) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Release"));
   State& st = *state_;
   ULA_RETURN_IF_ERROR(CheckTpAddressList(st, addrs, "Release"));
   for (LogicalAddr a : addrs) {
@@ -524,6 +565,7 @@ Status CheckEntryArgs(const TpConfig& cfg, const TpAddressSpace::State& st, Logi
 }  // namespace
 
 Status TpAddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data) {
+  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Write"));
   ULA_RETURN_IF_ERROR(CheckEntryArgs(config_, *state_, addr, group, data.size()));
   if (!backend_.holds_bytes()) return MakeError(ErrorCode::kUnsupported, "the counting backend holds no bytes");
   if (const std::uint32_t holders = refs::Holders(state_->refs[addr.value()]); holders > 1) {

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <deque>
 #include <memory>
@@ -152,6 +153,18 @@ struct TpAddressSpace::State {
   std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
   bool stable_new_entries = false;  // config.stable_new_entries: fixed at Create
   bool host_shadows = false;        // config.host_shadows: fixed at Create
+  // Plans between TpStepPlanner::PlanHome and CompleteHome over this space (the engine
+  // step's Plan and Complete); atomic because steps of different groups may run on
+  // different threads. While one is pending, Free, Truncate, Allocate, Write, ShareInto and
+  // Release are refused (RefuseWhilePlanPending): they could change the entries, slots and
+  // victims its descriptors name.
+  std::atomic<std::uint32_t> plans_pending{0};
+  Status RefuseWhilePlanPending(const char* what) const {
+    if (plans_pending.load(std::memory_order_acquire) == 0) return Ok();
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("{}: an engine step's plan is pending (between Plan and Complete); its descriptors "
+                                 "name entries and slots this call could change: Complete the plan first", what));
+  }
 
   // Hosted ranks: shards[r] empty for a rank not hosted here.
   std::vector<std::vector<TpGroupShard>> shards;  // [P][groups]

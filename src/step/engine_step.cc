@@ -195,6 +195,7 @@ EngineStepPlanner::EngineStepPlanner(AddressSpace& space, const EngineStepConfig
     : space_(space), config_(config), scratch_(std::move(scratch)) {}
 EngineStepPlanner::~EngineStepPlanner() {
   AddressSpace::State& st = StateOf(space_);
+  if (scratch_->pending) --st.plans_pending;  // its claims stay (the space's check reports them)
   if (st.move_executor_owner == this) {
     st.move_executor = nullptr;
     st.move_executor_owner = nullptr;
@@ -244,6 +245,9 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
     return MakeError(ErrorCode::kFailedPrecondition,
                      fmt::format("plan {} is pending: Complete it before planning again", s.fence));
   }
+  // One plan at a time over a space: a pending plan's swap victims stay claimed only while
+  // no other plan can take them (AdvanceRound between Plan and Complete ends their round).
+  ULA_RETURN_IF_ERROR(st.RefuseWhilePlanPending("Plan (another EngineStepPlanner over this space)"));
   if (rank.value() >= cfg.num_ranks) {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} is out of range ({} ranks)", rank.value(), cfg.num_ranks));
   }
@@ -316,12 +320,65 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   s.WriteDescriptors(table, gp, cfg, rank, group, n_free, out_descriptors);
   s.WriteIndices(table, selections, indices);
   s.pending = true;
+  ++st.plans_pending;
   s.fence = s.next_fence++;
   s.rank = rank;
   s.group = group;
   s.num_pending = static_cast<std::uint32_t>(n_miss);
   out.fence = s.fence;
   out.num_descriptors = static_cast<std::uint32_t>(n_miss);
+  return out;
+}
+
+Result<RoundReservation> EngineStepPlanner::ReserveRound(Rank rank, std::span<const RoundDemand> demands) const {
+  const AddressSpace::State& st = StateOf(space_);
+  const AddressSpaceConfig& cfg = space_.config();
+  ULA_RETURN_IF_ERROR(st.RefuseWhilePlanPending("ReserveRound"));
+  if (rank.value() >= cfg.num_ranks) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} is out of range ({} ranks)", rank.value(), cfg.num_ranks));
+  }
+  const std::uint64_t row_max = std::uint64_t{config_.max_q_len} * config_.max_top_k;
+  std::uint64_t new_tokens = 0, selected = 0;
+  std::vector<RequestId> seen;
+  seen.reserve(demands.size());
+  for (const RoundDemand& d : demands) {
+    auto it = st.requests.find(d.request);
+    if (it == st.requests.end()) {
+      return MakeError(ErrorCode::kNotFound, fmt::format("ReserveRound: request {} is unknown", d.request.value()));
+    }
+    if (it->second.rank != rank) {
+      return MakeError(ErrorCode::kInvalidArgument, fmt::format("ReserveRound: request {} is on rank {}, not {}",
+                                                                d.request.value(), it->second.rank.value(), rank.value()));
+    }
+    if (d.max_selections > row_max) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("ReserveRound: request {} selects up to {} entries, past the planner's "
+                                   "max_q_len x max_top_k = {}", d.request.value(), d.max_selections, row_max));
+    }
+    seen.push_back(d.request);
+    new_tokens += d.new_tokens;
+    selected += std::min<std::uint64_t>(d.max_selections, it->second.addrs.size() + d.new_tokens);
+  }
+  std::sort(seen.begin(), seen.end());
+  if (auto dup = std::adjacent_find(seen.begin(), seen.end()); dup != seen.end()) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("ReserveRound: request {} is listed twice", dup->value()));
+  }
+  RoundReservation out;
+  for (std::uint32_t g = 0; g < cfg.num_groups; ++g) {
+    const GroupPools& gp = st.at(rank, GroupId(g));
+    const std::uint64_t used_now = gp.device.num_used() - gp.policy->NumEvictable();
+    const std::uint64_t room = gp.device.capacity() - used_now;
+    const std::uint64_t needed = new_tokens + selected;
+    if (needed > room || new_tokens > std::uint64_t{gp.device.num_free()} + gp.HostFree()) {
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("ReserveRound: rank {} group {}: the round needs up to {} device slots ({} new "
+                                   "tokens + {} selections) but {} of {} are not yet used in this round, and {} "
+                                   "new tokens against {} free slots: schedule fewer requests this round",
+                                   rank.value(), g, needed, new_tokens, selected, room, gp.device.capacity(),
+                                   new_tokens, std::uint64_t{gp.device.num_free()} + gp.HostFree()));
+    }
+    if (needed > out.device_needed) out = RoundReservation{needed, room};
+  }
   return out;
 }
 
@@ -367,6 +424,7 @@ Result<CompleteReport> EngineStepPlanner::Complete(std::uint64_t fence, std::spa
       [&](std::size_t i) { ULA_CHECK(gp.device.Free(SlotId(s.pending_descs[i].dst_slot)).has_value()); }));
   report.failed = s.num_pending - report.published;
   s.pending = false;
+  --st.plans_pending;
   s.num_pending = 0;
   ULA_EXPENSIVE_CHECK(space_);
   return report;
@@ -429,16 +487,23 @@ Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId gro
     return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} / group {} is out of range", rank.value(), group.value()));
   }
   const std::size_t num_layers = layer_bases.size();
-  if (num_layers == 0 || std::uint64_t{num_layers} * layer_bytes != cfg.entry_bytes_of(group)) {
+  // The layout must be the config's, layer for layer: the descriptors name one row of
+  // cfg.row() bytes per layer at slot * row (step_arrays.h), so a region of other rows (the
+  // same entry bytes split differently) would be copied at the wrong offsets.
+  if (num_layers != cfg.layers_of(group) || layer_bytes != cfg.row()) {
     return MakeError(ErrorCode::kInvalidArgument,
-                     fmt::format("engine memory: {} layers x {} bytes != group {}'s entry of {} bytes ({} layers x {})",
-                                 num_layers, layer_bytes, group.value(), cfg.entry_bytes_of(group),
-                                 cfg.layers_of(group), cfg.row()));
+                     fmt::format("engine memory of group {}: {} layers of {}-byte rows, but the config's group is {} "
+                                 "layers of {}-byte rows (AddressSpaceConfig.row_bytes = {}, entry_bytes = {}): "
+                                 "register one region per layer of row_bytes per slot, or make the config say so",
+                                 group.value(), num_layers, layer_bytes, cfg.layers_of(group), cfg.row(),
+                                 cfg.row_bytes, cfg.entry_bytes_of(group)));
   }
   const std::uint64_t capacity = tier == Tier::kDevice ? cfg.device_slots_per_group() : cfg.host_slots_per_group();
   if (slots < capacity) {
     return MakeError(ErrorCode::kInvalidArgument,
-                     fmt::format("engine memory: {} slots per layer, the {} pool has {}", slots, TierName(tier), capacity));
+                     fmt::format("engine memory of group {}: {} slots per layer, but the {} pool has {} (a slot past "
+                                 "the region would be copied out of bounds)", group.value(), slots, TierName(tier),
+                                 capacity));
   }
   // The layers in address order: each must end before the next begins.
   std::vector<std::uintptr_t> sorted(layer_bases.begin(), layer_bases.end());

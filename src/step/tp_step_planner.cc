@@ -74,7 +74,9 @@ struct TpStepPlanner::Scratch {
 
 TpStepPlanner::TpStepPlanner(TpAddressSpace& space, TpFabric* fabric, TpPlannerOptions options)
     : space_(space), fabric_(fabric), options_(options), scratch_(std::make_unique<Scratch>()) {}
-TpStepPlanner::~TpStepPlanner() = default;
+TpStepPlanner::~TpStepPlanner() {
+  if (scratch_ && scratch_->home_pending) StateOf(space_).plans_pending.fetch_sub(1, std::memory_order_acq_rel);
+}
 
 namespace {
 
@@ -676,6 +678,7 @@ Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const Logica
     }
   }
   sc.home_pending = true;
+  StateOf(space_).plans_pending.fetch_add(1, std::memory_order_acq_rel);  // the space refuses what would break it
   sc.pending_group = group;
   return Emit(group, selections, /*pending=*/!at_home, /*home_pending=*/true);
 }
@@ -737,6 +740,7 @@ std::vector<std::size_t> TpStepPlanner::CompleteHome(const std::function<bool(st
     PublishBuffer(sh, w);
   }
   sc.home_pending = false;
+  st.plans_pending.fetch_sub(1, std::memory_order_acq_rel);
   ULA_EXPENSIVE_CHECK(space_);
   return published;
 }

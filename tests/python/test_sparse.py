@@ -7,8 +7,9 @@ import ulacache
 ENTRY = 64
 
 
-def make_space(device_slots=16, host_slots=64, groups=1, backend="cpu", ranks=1, engine=False):
+def make_space(device_slots=16, host_slots=64, groups=1, backend="cpu", ranks=1, engine=False, row_bytes=0):
     cfg = ulacache.AddressSpaceConfig(stable_new_entries=engine, num_ranks=ranks, num_groups=groups, entry_bytes=ENTRY,
+                                      row_bytes=row_bytes,
                                       device_bytes_per_rank=device_slots * ENTRY * groups,
                                       host_bytes_per_rank=host_slots * ENTRY * groups)
     return ulacache.AddressSpace(cfg, backend=backend)
@@ -97,7 +98,7 @@ def test_engine_step_library_path_writes_flashmla_indices():
 
 
 def engine_fixture(device_slots=8, host_slots=48, n=48):
-    space = make_space(device_slots, host_slots, backend="counting", engine=True)
+    space = make_space(device_slots, host_slots, backend="counting", engine=True, row_bytes=ENTRY // 2)  # 2 layers
     planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
     mem = {"device": np.zeros((2, device_slots, ENTRY // 2), np.uint8),
            "host": np.zeros((2, host_slots, ENTRY // 2), np.uint8)}
@@ -229,6 +230,11 @@ def test_register_engine_memory_refuses_bad_arrays():
         planner.register_engine_memory("device", 0, 0, np.zeros((2, 4, ENTRY // 2), np.uint8))
     with pytest.raises(ulacache.InvalidArgumentError):   # layers x row bytes != entry bytes
         planner.register_engine_memory("device", 0, 0, np.zeros((3, 8, ENTRY // 2), np.uint8))
+    # The same entry bytes split otherwise than the config's 2 layers of 32-byte rows.
+    with pytest.raises(ulacache.InvalidArgumentError, match="1 layers of 64-byte rows, but the config's group is 2"):
+        planner.register_engine_memory("device", 0, 0, np.zeros((1, 8, ENTRY), np.uint8))
+    with pytest.raises(ulacache.InvalidArgumentError, match="4 layers of 16-byte rows"):
+        planner.register_engine_memory("device", 0, 0, [np.zeros((8, ENTRY // 4), np.uint8) for _ in range(4)])
     with pytest.raises(ulacache.InvalidArgumentError):   # not C-contiguous
         planner.register_engine_memory("device", 0, 0, np.zeros((8, 2, ENTRY // 2), np.uint8).transpose(1, 0, 2))
     with pytest.raises(ulacache.InvalidArgumentError):

@@ -21,8 +21,11 @@ def pattern(addr, group, version=0):
     return ((np.arange(ENTRY) + addr * 131 + group * 17 + version * 7) & 0xFF).astype(np.uint8)
 
 
-def dp_space(device_slots=40, host_slots=96, backend="cpu", faults=None, engine=False):
-    cfg = ulacache.AddressSpaceConfig(stable_new_entries=engine, num_groups=1, entry_bytes=ENTRY, device_bytes_per_rank=device_slots * ENTRY,
+def dp_space(device_slots=40, host_slots=96, backend="cpu", faults=None, engine=False, row_bytes=0):
+    # row_bytes: the layers the engine registers (0: one layer of ENTRY bytes); a layout that
+    # disagrees with the config is refused (docs/INTEGRATION.md, Tensors)
+    cfg = ulacache.AddressSpaceConfig(stable_new_entries=engine, num_groups=1, entry_bytes=ENTRY, row_bytes=row_bytes,
+                                      device_bytes_per_rank=device_slots * ENTRY,
                                       host_bytes_per_rank=host_slots * ENTRY)
     return ulacache.AddressSpace(cfg, backend=backend, faults=faults)
 
@@ -132,7 +135,7 @@ def test_engine_memory_as_list_or_dict_of_layers_and_refused_on_a_cpu_space():
     assert cpu.holds_bytes
     outcomes = []
     for form in ("stacked", "list", "dict"):
-        space = dp_space(8, 48, backend="counting", engine=True)
+        space = dp_space(8, 48, backend="counting", engine=True, row_bytes=ENTRY // 2)
         assert not space.holds_bytes
         planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
         mem = {"device": np.zeros((2, 8, ENTRY // 2), np.uint8), "host": np.zeros((2, 48, ENTRY // 2), np.uint8)}
@@ -162,8 +165,8 @@ def test_engine_memory_as_list_or_dict_of_layers_and_refused_on_a_cpu_space():
     assert all((o == outcomes[0]).all() for o in outcomes)
     # Four layers of 16 bytes at any addresses: views of one allocation out of order, with a
     # gap, and separately allocated arrays are all accepted; overlapping layers are refused.
-    cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=ENTRY, device_bytes_per_rank=8 * ENTRY,
-                                      host_bytes_per_rank=48 * ENTRY)
+    cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=ENTRY, row_bytes=ENTRY // 4,
+                                      device_bytes_per_rank=8 * ENTRY, host_bytes_per_rank=48 * ENTRY)
     planner = ulacache.EngineStepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
     big = np.zeros((5, 8, ENTRY // 4), np.uint8)
     planner.register_engine_memory("device", 0, 0, [big[0], big[1], big[3], big[4]])   # a gap
@@ -182,7 +185,7 @@ def test_separately_allocated_layer_tensors_at_any_addresses():
     # vLLM and SGLang allocate each layer's KV tensor on its own: 4 layers per group, each
     # tier registered as a dict of its layers (at any addresses).
     layers, row = 4, ENTRY // 4
-    space = dp_space(8, 48, backend="counting", engine=True)
+    space = dp_space(8, 48, backend="counting", engine=True, row_bytes=row)
     planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
     # Device: the layers at unequal offsets of one buffer, out of address order; host: four
     # separate allocations.
@@ -260,7 +263,7 @@ def test_library_step_under_random_faults_publishes_nothing_and_loses_nothing():
 
 def test_complete_with_failed_statuses_publishes_nothing_and_loses_nothing():
     rng = np.random.default_rng(SEED + 1)
-    space = dp_space(device_slots=48, host_slots=160, backend="counting", engine=True)
+    space = dp_space(device_slots=48, host_slots=160, backend="counting", engine=True, row_bytes=ENTRY // 2)
     planner = ulacache.EngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
     mem = {"device": np.zeros((2, 48, ENTRY // 2), np.uint8), "host": np.zeros((2, 160, ENTRY // 2), np.uint8)}
     for tier, a in mem.items():

@@ -18,8 +18,8 @@ def pattern(addr):
 
 
 def test_torch_tensors_in_and_out_on_a_counting_space():
-    cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=ENTRY, device_bytes_per_rank=16 * ENTRY,
-                                      host_bytes_per_rank=48 * ENTRY)
+    cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=ENTRY, row_bytes=ENTRY // 2,
+                                      device_bytes_per_rank=16 * ENTRY, host_bytes_per_rank=48 * ENTRY)
     space = ulacache.AddressSpace(cfg, backend="counting")
     planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
     # vLLM-style: one tensor per layer, views of one allocation, handed over as a dict.

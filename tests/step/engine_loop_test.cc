@@ -80,6 +80,7 @@ LoopResult RunLoop(std::uint32_t device_slots, std::uint32_t host_slots, std::ve
   AddressSpaceConfig cfg;
   cfg.num_groups = kGroups;
   cfg.entry_bytes = kLayers * kRowBytes;
+  cfg.row_bytes = kRowBytes;  // two layers of 656-byte rows, as the engine memory registers them
   cfg.device_bytes_per_rank = std::uint64_t{device_slots} * cfg.entry_bytes * kGroups;
   cfg.host_bytes_per_rank = std::uint64_t{host_slots} * cfg.entry_bytes * kGroups;
   cfg.page_tokens = kPage;

@@ -92,7 +92,9 @@ TEST(EngineStepFaults, CompleteWithFailedStatusesPublishesNothingAndLosesNothing
   std::mt19937_64 rng(seed);
   constexpr std::uint32_t kDev = 48, kHost = 160;
   auto counting = MakeCountingBackend();
-  auto space = AddressSpace::Create(testing::EngineModes(SmallConfig(kDev, kHost, 1, 1, kEntry)), *counting).value();
+  AddressSpaceConfig cfg = testing::EngineModes(SmallConfig(kDev, kHost, 1, 1, kEntry));
+  cfg.row_bytes = kLayerBytes;  // kLayers layers of kLayerBytes, as the engine memory registers them
+  auto space = AddressSpace::Create(cfg, *counting).value();
   auto planner = EngineStepPlanner::Create(*space, {kRequests, 2, 8}).value();
   // Each layer's buffer on its own, not equally spaced (engine_step_fixture.h).
   EngineMemory mem[2] = {EngineMemory(kLayers, kLayerBytes, kDev), EngineMemory(kLayers, kLayerBytes, kHost)};

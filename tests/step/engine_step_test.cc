@@ -72,7 +72,9 @@ struct EngineFixture {
   EngineMemory mem[kNumTiers];
 
   EngineFixture(std::uint32_t dev, std::uint32_t host, const EngineStepConfig& ec) {
-    space = AddressSpace::Create(testing::EngineModes(SmallConfig(dev, host, 1, 1, kEntry)), *backend).value();
+    AddressSpaceConfig cfg = testing::EngineModes(SmallConfig(dev, host, 1, 1, kEntry));
+    cfg.row_bytes = kLayerBytes;  // kLayers layers of kLayerBytes, as the engine memory registers them
+    space = AddressSpace::Create(cfg, *backend).value();
     planner = EngineStepPlanner::Create(*space, ec).value();
     mem[0] = {std::vector<std::byte>(std::size_t{dev} * kEntry), dev};
     mem[1] = {std::vector<std::byte>(std::size_t{host} * kEntry), host};

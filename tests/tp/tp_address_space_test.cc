@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <tuple>
 
 #include "tp/tp_fixture.h"
 
@@ -176,6 +177,51 @@ TEST(TpAddressSpace, CountingBackendTracksPlacementWithoutBytes) {
   EXPECT_EQ(plan.Total().remote_fetches, 40u * 7);
   EXPECT_EQ(backend->counters().Bytes(Tier::kDevice, Tier::kDevice, /*cross_rank=*/true), 40u * 7 * 2624);
   EXPECT_TRUE(space->CheckInvariants());
+}
+
+// Draft rollback (TpAddressSpace::Truncate, as AddressSpace::Truncate): the freed tail of
+// the last kept page comes back to the same positions (so to the same home ranks), a freed
+// entry's slots and buffer copies go, shared tokens and bad lengths are refused and change
+// nothing; unpaged, the freed addresses join their homes' FIFOs.
+TEST(TpAddressSpace, TruncateRollsDraftsBackInPlaceAndRefusesSharedTokens) {
+  for (std::uint32_t page : {8u, 1u}) {
+    SCOPED_TRACE(page);
+    auto backend = MakeCpuBackend();
+    TpConfig c = SmallTpConfig(2, 16, 16, 4);
+    c.page_tokens = page;
+    auto space = TpAddressSpace::Create(c, *backend).value();
+    ASSERT_TRUE(space->AddRequest(RequestId(1)));
+    ASSERT_TRUE(space->AddRequest(RequestId(2)));
+    auto a = space->Allocate(RequestId(1), 11).value();
+    for (LogicalAddr x : a) ASSERT_TRUE(space->Write(x, GroupId(0), TpPattern(x, 0, 32)));
+    ASSERT_TRUE(space->ShareInto(RequestId(2), std::span(a).first(2)));
+    const std::uint64_t before = space->DebugDigest();
+    for (auto [r, len, code] : {std::tuple{9u, 0u, ErrorCode::kNotFound}, std::tuple{1u, 12u, ErrorCode::kOutOfRange},
+                                std::tuple{1u, 1u, ErrorCode::kFailedPrecondition},
+                                std::tuple{2u, 0u, ErrorCode::kFailedPrecondition}}) {
+      auto s = space->Truncate(RequestId(r), len);
+      ASSERT_FALSE(s) << r << " " << len;
+      EXPECT_EQ(s.error().code(), code) << s.error().ToString();
+      EXPECT_EQ(space->DebugDigest(), before);
+    }
+    ASSERT_TRUE(space->Truncate(RequestId(1), 9));
+    EXPECT_FALSE(space->IsLive(a[9]));
+    EXPECT_FALSE(space->IsLive(a[10]));
+    EXPECT_EQ(space->num_live_addresses(), 9u);
+    ASSERT_TRUE(space->CheckInvariants());
+    auto b = space->Allocate(RequestId(1), 2).value();
+    if (page > 1) {
+      EXPECT_EQ(b[0], a[9]);
+      EXPECT_EQ(b[1], a[10]);
+    }
+    for (LogicalAddr x : b) {
+      EXPECT_TRUE(space->IsLive(x));
+      EXPECT_EQ(space->Lookup(x, GroupId(0))->tier(), Tier::kDevice);
+    }
+    ASSERT_TRUE(space->Truncate(RequestId(1), 2));  // tokens 0, 1 are shared with request 2: kept
+    EXPECT_EQ(space->num_live_addresses(), 2u);
+    EXPECT_TRUE(space->CheckInvariants());
+  }
 }
 
 }  // namespace
