@@ -72,7 +72,7 @@
 //
 // Allocation: Create sizes every scratch array for the largest step (config.max_*) and
 // the largest address count the space can reach; Plan, Complete, ExecuteOnEngineMemory,
-// and a Step without misses then allocate nothing (tests/sparse/engine_step_test.cc counts
+// and a Step without misses then allocate nothing (tests/step/engine_step_test.cc counts
 // operator new), once the residency policy has seen its largest touch (PB-LRU keeps a
 // high-water-mark scratch: warm up with one step of the largest shape, as a CUDA-graph
 // capture does). A Step with misses allocates only the backend's CopyBatch vectors.

@@ -173,7 +173,7 @@ TYPED_TEST(PolicyConformance, TouchWithDuplicatesCountsEachSlotOnce) {
 }
 
 // (The planner's rule "free slots first, then victims" is the planners' business, not the
-// policies': tested on the planners, tests/sparse/step_planner_test.cc and
+// policies': tested on the planners, tests/step/step_planner_test.cc and
 // tests/tp/tp_step_planner_test.cc, MissesFillEveryFreeSlotThenEvict.)
 
 TYPED_TEST(PolicyConformance, PoolOfOneSlot) {
