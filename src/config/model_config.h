@@ -4,7 +4,7 @@
 // Layer groups. Main layers are grouped in order, `layers_per_group` to a group (the last
 // group takes the remainder: GLM-5's 78 layers make 19 groups of 4 and one of 2); each MTP
 // layer forms one more group of its own. All layers of a group share one top-k selection
-// and their entries sit side by side in one group entry (DESIGN.md "entry").
+// and their entries sit side by side in one group entry (docs/ARCHITECTURE.md, "Kinds").
 //
 // Invariants after Validate(): every count >= 1 where a zero makes no sense; the stated
 // per-layer byte sizes equal the ones computed from their parts

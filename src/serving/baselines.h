@@ -1,4 +1,4 @@
-// The systems of the serving comparison (DESIGN.md "Baselines", docs/COST_MODEL.md) and
+// The systems of the serving comparison (docs/COST_MODEL.md) and
 // their placement rules, plus the HiSparse per-request device buffer as a real policy.
 //
 // Placement rules, per GPU ("rank"), for a request whose whole history is T tokens

@@ -1,4 +1,4 @@
-// Workload: a seeded long-document-summarization request stream (DESIGN.md: 64K-128K
+// Workload: a seeded long-document-summarization request stream (docs/WORKLOADS.md: 64K-128K
 // input tokens, a few hundred output tokens, speculative decoding with 2 draft tokens on
 // and off). Parameters live in configs/workloads/<name>.json.
 //
