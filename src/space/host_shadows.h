@@ -78,8 +78,6 @@ class HostShadows {
     count_ = 0;
     enabled_ = true;
   }
-  // Forgets every shadow and the arrays (the caller frees the host slots first).
-  void Disable() { *this = HostShadows(); }
   bool enabled() const { return enabled_; }
   std::uint32_t size() const { return count_; }
 
@@ -144,7 +142,7 @@ class HostShadows {
   void Drop(Pool& host, SlotId d) {
     if (const SlotId h = Take(d); h.valid()) ULA_CHECK(host.Free(h).has_value());
   }
-  // The shadows' host slots, oldest first (checks, digests, Disable). A list longer than
+  // The shadows' host slots, oldest first (checks, digests, the device step's copy). A list longer than
   // count_ is a cycle (a slot added twice): a check failure, never an endless walk.
   template <class F>
   void ForEach(F&& f) const {
