@@ -53,8 +53,11 @@ TOP = "top"  # tools/, python/: above every layer
 # Public headers that no .cc of the same name implements: the layer they belong to.
 HEADER_LAYER = {
     "check": "core",
+    "host_device": "core",  # ULA_HD: host and device code share the headers below
     "ids": "core",
     "location": "core",
+    "location_bits": "core",  # the one location layout, device-callable
+    "tier": "core",
     "step_arrays": "core",  # plain arrays: read by the kernels and the engine step above
     "tp_fabric": "backend",  # the transport interface between ranks; src/tp implements it
     "tp_mpi": "tp",  # src/tp/mpi/tp_mpi.cc, the optional MPI engine

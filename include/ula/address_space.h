@@ -41,15 +41,17 @@
 // [num_blocks][64 * row + 64 * scale]; an entry's move is then two pieces per layer (its
 // row and its scale, both found from the slot) instead of one. Neither UlaCache's pools nor
 // its descriptors do that split today: such an engine registers its regions and runs the
-// descriptors by slot (descriptor.src_slot / dst_slot), not by offset.//
-// Pages. Addresses come in pages of page_tokens (P, default 64): page p is the
-// addresses [p * P, (p + 1) * P), and every page belongs to one request. Token i of a
-// request's list (its position in AddressesOf) gets an address at offset i % P of its
-// page, and tokens i and i + 1 share a page unless i + 1 is a multiple of P. So the list
-// read as SGLang's page_table_1 row (one address per token position) gives page ids at
-// every P-th position: page_table_1[:, ::64] // 64, as SGLang's indexer reads its key cache.
+// descriptors by slot (descriptor.src_slot / dst_slot), not by offset.
+//
+// Pages. Addresses come in pages of page_tokens (T, default 64; P is always the number of
+// ranks): page p is the addresses [p * T, (p + 1) * T), and every page belongs to one
+// request. Token i of a request's list (its position in AddressesOf) gets an address at
+// offset i % T of its page, and tokens i and i + 1 share a page unless i + 1 is a multiple
+// of T. So the list read as SGLang's page_table_1 row (one address per token position) gives
+// page ids at every T-th position: page_table_1[:, ::64] // 64, as SGLang's indexer reads
+// its key cache.
 // A request's first token, and its first token after a ShareInto, opens a fresh page at
-// offset i % P (the offsets before it are never handed out). A prefix adopted in whole
+// offset i % T (the offsets before it are never handed out). A prefix adopted in whole
 // pages (SGLang's page-aligned radix cache) keeps every page whole; a prefix ending inside
 // a page leaves that page's position range split over two pages (the ::64 read then misses
 // the tail). Freed pages are reused FIFO: a page whose last live address is freed (its
@@ -58,12 +60,12 @@
 //
 // The indexer's keys follow the same pages: the engine stores the key of a token (132 B
 // for GLM-5's FP8 key and its scale) at the token's address, in a device key cache shaped
-// [pages][P][132] like one layer of the KV pool by address, so each request's keys come in
+// [pages][T][132] like one layer of the KV pool by address, so each request's keys come in
 // whole pages and page_table_1[:, ::64] // 64 names the key cache's pages too. (UlaCache's
 // CPU indexer, sparse/indexer.h, scores keys by position and needs no layout.)
 //
 // TP (tp_address_space.h) applies the same pages over its striping (address a homed on
-// rank a mod P): a page of P or more consecutive addresses spans all P ranks.
+// rank a mod P): a page of T >= P consecutive addresses spans all P ranks.
 //
 // Errors: unknown/duplicate request, unknown or freed address, out-of-range group, wrong
 // byte count, allocation that does not fit, invalid config, adopting an address twice or
@@ -237,8 +239,8 @@ class AddressSpace {
   // out_cache_loc and vLLM rolls num_computed_tokens back). Each freed address loses its
   // entry in every group at once (its slots are free, its bytes unreachable). Pages: the
   // request's next token (position `length`) continues the page of its token length - 1
-  // (when that is its own allocation) at offset length % P, so the freed addresses of
-  // that page are the ones its next tokens get back, token i still at offset i % P ("Pages"
+  // (when that is its own allocation) at offset length % T, so the freed addresses of
+  // that page are the ones its next tokens get back, token i still at offset i % T ("Pages"
   // above); a page left with no live address joins the free FIFO like any freed page.
   // The re-allocated tokens are new entries (Allocate): with stable_new_entries their
   // slots never go stale in their round, whatever the truncated entries' were.

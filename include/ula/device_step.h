@@ -45,8 +45,10 @@
 //   1. classify [rows * top_k]: EngineStepPlanner's checks in its order (value, live, the
 //      row's request, held, rank); each valid address's first selection by an atomic minimum;
 //   2. first-occurrence flags, two exclusive scans (hits, misses in selection order), scatter;
-//   3. decide (one thread): the refusal (first bad selection; fewer descriptor rows than
-//      misses; no room: misses > free + evictable - hits new to this round), the split;
+//   3. decide (one thread): the refusal (first bad selection; a miss that this round's
+//      Allocate placed on host, whose KV is written at that host slot this round; fewer
+//      descriptor rows than misses; no room: misses > free + evictable - hits new to this
+//      round), the split;
 //   4. touch the hits; the lowest free slots (summary-level scan), then PB-LRU's victims (cold,
 //      oldest to newest, lowest slot first, never the current bucket), touched;
 //   5. descriptors [max_descriptors], copies into free slots first, then swaps;
@@ -90,16 +92,15 @@
 // all enqueued, no host synchronisation, so the sequence (the all-reduce included) captures
 // in one CUDA graph as the DP step does. verdict() is 0 or 1 + the ErrorCode of this rank's
 // refusal (a value < -1 anywhere: kInvalidArgument; the lowest invalid selection: kNotFound;
-// more home misses than descriptor rows, or than free + evictable device slots:
-// kResourceExhausted); a rank whose own verdict is 0 but whose agreed value is not refuses
+// a home miss that this round's Allocate placed on host, more home misses than descriptor
+// rows, or than free + evictable device slots: kResourceExhausted); a rank whose own verdict is 0 but whose agreed value is not refuses
 // with kFailedPrecondition. Either way the StepRecord alone is written and nothing changes.
 // TpEngineStepPlanner, every rank in one process, returns the first refusing rank's error.
 // StepRecord in TP: selections counts every non-padding selection; distinct, hits, misses,
 // evictions count this rank's home entries (the ranks' distinct add up to
 // TpRankStepStats::distinct); a descriptor moves one whole entry (num_layers 1, bytes =
 // entry_bytes, offsets slot * entry_bytes), src_rank == dst_rank == this rank.
-// Not covered in TP: the local buffer (kLocalBuffer, refused at Create), entries placed on
-// host by this round's Allocate (refused at Create, as in DP).
+// Not covered in TP: the local buffer (kLocalBuffer, refused at Create).
 //
 // Thread-safety: one driver thread per DeviceStep.
 #pragma once
@@ -152,8 +153,7 @@ class DeviceStep {
  public:
   // Sizes everything for config's largest shape and copies (rank, group)'s state from
   // `space`. kInvalidArgument (config), kOutOfRange (rank, group), kFailedPrecondition (the
-  // group's policy is not kernel_pb_lru; entries placed on host by this round's Allocate are
-  // pending: create after AdvanceRound; config.cuda in a build without CUDA or with no
+  // group's policy is not kernel_pb_lru; config.cuda in a build without CUDA or with no
   // device), kResourceExhausted (device memory).
   static Result<std::unique_ptr<DeviceStep>> Create(const AddressSpace& space, Rank rank, GroupId group,
                                                     const DeviceStepConfig& config);

@@ -8,6 +8,8 @@
 #include <functional>
 #include <limits>
 
+#include "ula/tier.h"
+
 namespace ula {
 
 template <class Tag, class Rep>
@@ -42,14 +44,6 @@ using GroupId = StrongId<struct GroupIdTag, std::uint16_t>;
 using RequestId = StrongId<struct RequestIdTag, std::uint64_t>;
 // A variable-size block of the unified buffer (hybrid models).
 using BlockId = StrongId<struct BlockIdTag, std::uint32_t>;
-
-// Where bytes sit.
-enum class Tier : std::uint8_t {
-  kDevice = 0,  // GPU HBM of one rank (a host buffer standing in for it on the CPU backend)
-  kHost = 1,    // pinned CPU memory attached to one rank
-};
-inline constexpr int kNumTiers = 2;
-constexpr const char* TierName(Tier t) { return t == Tier::kDevice ? "device" : "host"; }
 
 }  // namespace ula
 

@@ -7,10 +7,10 @@
 // children are keyed by their first token, so two sequences share a node up to the first
 // token where they differ, and Insert splits a node there (or at a checkpoint position, or
 // at the window boundary of the sequence's end: see Locks).
-// KV stays page-aligned (page p holds tokens [p*P, (p+1)*P), P = page_tokens):
-//   * a node owns the pages that START inside its span: indices [ceil(start/P), ceil(end/P));
+// KV stays page-aligned (page p holds tokens [p*T, (p+1)*T), T = page_tokens):
+//   * a node owns the pages that START inside its span: indices [ceil(start/T), ceil(end/T));
 //   * a node whose start is not page-aligned may also own a "head copy" of page
-//     floor(start/P): its own copy of the page it shares with its parent, holding the
+//     floor(start/T): its own copy of the page it shares with its parent, holding the
 //     parent's tokens before `start` and its own after. The node produced by splitting a
 //     node keeps using the page its upper half owns (no copy); a branch added later at an
 //     unaligned position brings its own copy. So the unaligned tail is COPIED (the engine's
@@ -249,7 +249,7 @@ class PrefixCache {
   // kFailedPrecondition when the match is not locked.
   Status Unlock(const PrefixMatch& match);
 
-  // Takes ownership of a sequence's blocks: pages[i] covers tokens [i * P, ...) of
+  // Takes ownership of a sequence's blocks: pages[i] covers tokens [i * T, ...) of
   // `tokens`; each checkpoint attaches at its position (splitting a node there). KV past the
   // last checkpoint is useless to a hybrid model and is not kept (those pages are freed).
   // A page or checkpoint the tree already has is freed (a duplicate), except the tree's own
@@ -345,8 +345,8 @@ class PrefixCache {
     std::uint32_t parent = 0;
     std::vector<std::uint32_t> tokens;  // the span [start, end)
     std::uint32_t start = 0, end = 0;
-    BlockId head;                       // head copy of page floor(start / P), or invalid
-    std::vector<BlockId> pages;         // pages [ceil(start/P), ceil(end/P))
+    BlockId head;                       // head copy of page floor(start / T), or invalid
+    std::vector<BlockId> pages;         // pages [ceil(start/T), ceil(end/T))
     std::vector<std::uint64_t> hashes;  // record_events: [pages.size()] each page's event hash
     std::uint64_t head_hash = 0;        // record_events: the head copy's
     // record_events: the tokens after `end` that its last (partial) page holds, when it
@@ -413,8 +413,8 @@ class PrefixCache {
     }
     // Whether a window page the tree lacks at page i (of the shared prefix) can be adopted:
     // a full page of [0, s), or the page at s when no other path reads it.
-    bool Adoptable(std::uint32_t i, std::uint32_t P) const {
-      return (i + 1) * P <= s || ((i + 1) == (s + P - 1) / P && last_page_private);
+    bool Adoptable(std::uint32_t i, std::uint32_t T) const {
+      return (i + 1) * T <= s || ((i + 1) == (s + T - 1) / T && last_page_private);
     }
   };
   Result<std::unordered_set<BlockId>> CheckInsertBlocks(std::span<const BlockId> pages,

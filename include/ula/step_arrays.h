@@ -42,6 +42,9 @@
 
 #include <cstdint>
 
+#include "ula/host_device.h"
+#include "ula/tier.h"
+
 namespace ula {
 
 inline constexpr std::int32_t kPadIndex = -1;
@@ -60,7 +63,7 @@ struct CopyDescriptor {
   std::uint16_t src_rank = 0;
   std::uint16_t dst_rank = 0;
   std::uint16_t group = 0;
-  std::uint8_t src_tier = 0;     // Tier
+  std::uint8_t src_tier = 0;     // Tier's value (ula/tier.h): 0 device, 1 host
   std::uint8_t dst_tier = 0;
   std::uint8_t op = 0;           // CopyOp
   std::uint8_t reserved0 = 0;
@@ -68,6 +71,37 @@ struct CopyDescriptor {
   std::uint8_t reserved[4] = {};
 };
 static_assert(sizeof(CopyDescriptor) == 48);
+
+// One end of a move: a slot of the pool of (tier, rank) of the descriptor's group.
+struct CopyEnd {
+  Tier tier = Tier::kHost;
+  std::uint16_t rank = 0;
+  std::uint32_t slot = 0;
+};
+
+// The one way a descriptor is made (every planner, the kernels, the space's own moves): the
+// offsets follow from the slots, slot * row_bytes in each of the num_layers regions, so no
+// descriptor can name a slot and an offset that disagree. row_bytes is one layer's row (DP:
+// AddressSpaceConfig::row(); TP: the whole entry, num_layers 1).
+ULA_HD constexpr CopyDescriptor MakeCopyDescriptor(CopyOp op, CopyEnd src, CopyEnd dst, std::uint32_t addr,
+                                                   std::uint16_t group, std::uint32_t row_bytes,
+                                                   std::uint16_t num_layers) {
+  CopyDescriptor d{};
+  d.src_offset = std::uint64_t{src.slot} * row_bytes;
+  d.dst_offset = std::uint64_t{dst.slot} * row_bytes;
+  d.src_slot = src.slot;
+  d.dst_slot = dst.slot;
+  d.bytes = row_bytes;
+  d.addr = addr;
+  d.src_rank = src.rank;
+  d.dst_rank = dst.rank;
+  d.group = group;
+  d.src_tier = static_cast<std::uint8_t>(src.tier);
+  d.dst_tier = static_cast<std::uint8_t>(dst.tier);
+  d.op = static_cast<std::uint8_t>(op);
+  d.num_layers = num_layers;
+  return d;
+}
 
 // What a step did, written once at its end (8-byte fields: a device writes it with plain
 // stores to pinned memory and sets `done` last).

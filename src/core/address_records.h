@@ -2,10 +2,9 @@
 // one such table in the library: the DP space keeps one per group, the gather and its bench
 // read one. One 8-byte record per logical address holds both what the step planner reads
 // (the location) and what it writes (the dedup stamp) for an (address, group), so that
-// steps 1-3 of a step touch one cache line of the group per distinct selection (,
-// item 2):
+// steps 1-3 of a step touch one cache line of the group per distinct selection:
 //
-//   bits [49:0]  the Location (ula/location.h: slot 32 | rank 16 | tier code 2; 0 = none)
+//   bits [49:0]  the Location (the layout of ula/location_bits.h; 0 = none)
 //   bits [63:50] dedup stamp: the step epoch (1..2^14-1) that last saw the address; planner
 //                scratch, never part of a location, of Get() or of the state's digest
 //
@@ -34,8 +33,8 @@ namespace ula {
 
 class AddressRecords {
  public:
-  static constexpr unsigned kStampShift = 50;
-  static constexpr std::uint64_t kLocationMask = (std::uint64_t{1} << kStampShift) - 1;
+  static constexpr unsigned kStampShift = location_bits::kUsedBits;
+  static constexpr std::uint64_t kLocationMask = location_bits::kMask;
   static constexpr std::uint32_t kMaxEpoch = (std::uint32_t{1} << (64 - kStampShift)) - 1;
   static_assert(Location::Make(Tier::kHost, Rank(0xffff), SlotId(0xffffffffu)).bits() <= kLocationMask,
                 "a location must leave the stamp bits free");

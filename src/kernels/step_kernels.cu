@@ -73,5 +73,4 @@ void Sync(void* exec) { cudaStreamSynchronize(Stream(exec)); }
 #define ULA_KERNELS_EXEC void*
 #define ULA_KERNELS_POLICY(e) thrust::cuda::par_nosync.on(Stream(e))
 #define ULA_KERNELS_READ(e, dst, src) ReadBack((e), (dst), (src))
-#define ULA_HD __host__ __device__
 #include "kernels/step_kernels.inl"

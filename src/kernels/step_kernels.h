@@ -9,9 +9,9 @@
 // Both namespaces export the same entry points (below); every pointer is host memory for
 // the OpenMP form and device memory for the CUDA form.
 //
-// Record layout (src/core/address_records.h, ula/location.h): one 8-byte record per
-// (address, group): bits [31:0] slot, [47:32] rank, [49:48] tier code (0 none, 1 device,
-// 2 host), [63:50] the step's dedup stamp.
+// Record layout: one 8-byte record per (address, group), a location in the one layout of
+// ula/location_bits.h (bits [49:0]; the kernels read and write it through those functions
+// only) and the step's dedup stamp above it (bits [63:50], src/core/address_records.h).
 //
 // Determinism: every output below is a function of the inputs only, whatever the thread
 // count or schedule: the dedup's winner of the stamp CAS only initialises the address's
@@ -23,13 +23,13 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ula/location_bits.h"
 #include "ula/step_arrays.h"
 
 namespace ula::kernels {
 
-inline constexpr unsigned kStampShift = 50;
-inline constexpr std::uint64_t kLocationMask = (std::uint64_t{1} << kStampShift) - 1;
-inline constexpr std::uint32_t kTierDeviceCode = 1, kTierHostCode = 2;
+inline constexpr unsigned kStampShift = location_bits::kUsedBits;
+inline constexpr std::uint64_t kLocationMask = location_bits::kMask;
 inline constexpr std::uint32_t kNoSelection = 0xffffffffu;
 
 // Selection kinds written by Classify, one byte per selection.
@@ -168,6 +168,12 @@ struct DeviceStepControl {
   std::uint32_t selections = 0;            // non-padding selections
   std::uint32_t n_hit = 0, n_miss = 0, n_free = 0, n_victims = 0;
   std::uint32_t newly_used = 0;            // distinct hits not yet used in this round
+  // Entries this round's Allocate placed on host (DeviceStepArgs::new_on_host): their count,
+  // set by the load and zeroed by the round's end (device memory, so that a captured graph
+  // reads the current count), and 1 when a miss of the step is one of them (refused: its KV is
+  // written at that host slot this round, so it cannot move).
+  std::uint32_t num_new_on_host = 0;
+  std::uint32_t new_on_host_miss = 0;
   std::uint32_t pending = 0;               // descriptors awaiting DeviceComplete
   std::uint32_t published = 0, failed = 0; // of the last DeviceComplete
   std::uint64_t steps = 0;                 // planned so far: StepRecord::done of the last one
@@ -198,6 +204,9 @@ struct DeviceStepArgs {
   FlatBitmap host_free;                        // the host pool's free slots
   PbLruArrays pb;                              // the device pool's PB-LRU
   std::uint32_t* device_owner = nullptr;       // [device capacity] address held by each slot
+  // [host capacity] sorted: the addresses this round's Allocate placed on host (the device held
+  // only this round's entries), ctl->num_new_on_host of them; no step of the round moves them.
+  const std::uint32_t* new_on_host = nullptr;
   std::uint32_t rank = 0, group = 0, row_bytes = 0, num_layers = 1;
   std::uint64_t entry_bytes = 0;               // row_bytes * num_layers
   DeviceErrorCodes codes;

@@ -4,7 +4,7 @@
 //   ULA_KERNELS_NS        the namespace of the form (omp, cuda)
 //   ULA_KERNELS_EXEC      the type of its execution context
 //   ULA_KERNELS_POLICY(e) the thrust execution policy of context e
-//   ULA_HD                __host__ __device__ or nothing
+// (ULA_HD, __host__ __device__ under nvcc, comes from ula/host_device.h).
 //
 // Kernels, one thread per element of the index space named first:
 //
@@ -123,7 +123,7 @@ ULA_HD inline void ClassifyTp(const ClassifyArgs& a, std::uint32_t i, std::uint3
   if (e >= a.table_size) return;
   const std::uint64_t loc = a.records[e] & kLocationMask;
   if (loc == 0) return;
-  const bool on_device = static_cast<std::uint32_t>(loc >> 48) == kTierDeviceCode;
+  const bool on_device = location_bits::OnDevice(loc);
   if (on_device) a.slots[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(loc));
   a.kind[i] = on_device ? kKindHit : kKindMiss;
   ::cuda::atomic_ref<std::uint32_t, kScope> stamp(a.stamps[e]);
@@ -161,8 +161,8 @@ struct ClassifyPass1 {
     const std::uint32_t owner = a.owner[addr];
     const bool holds = owner == a.run_tags[run] ||
                        (owner != 0 && Contains(a.adopted, a.adopted_starts[run], a.adopted_starts[run + 1], addr));
-    if (!holds || static_cast<std::uint32_t>((loc >> 32) & 0xffffu) != a.rank) return;
-    const bool on_device = static_cast<std::uint32_t>(loc >> 48) == kTierDeviceCode;
+    if (!holds || location_bits::RankOf(loc) != a.rank) return;
+    const bool on_device = location_bits::OnDevice(loc);
     if (on_device) a.slots[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(loc));
     a.kind[i] = on_device ? kKindHit : kKindMiss;
     // Claim the stamp: one CAS per attempt; a failure reloads (another thread stamped it).
@@ -414,10 +414,6 @@ struct PbFoldFn {
   }
 };
 
-ULA_HD inline std::uint64_t MakeLocation(std::uint32_t tier_code, std::uint32_t rank, std::uint32_t slot) {
-  return std::uint64_t{tier_code} << 48 | std::uint64_t{rank} << 32 | slot;
-}
-
 // ---- The device step's kernels (DeviceStepArgs; ula/device_step.h has the phases).
 struct FlatSource {
   FlatBitmap f;
@@ -465,6 +461,7 @@ struct DevBegin {  // one thread: a fresh control block
     c.error = 0;
     c.selections = c.n_hit = c.n_miss = c.n_free = c.n_victims = c.newly_used = 0;
     c.pending = 0;
+    c.new_on_host_miss = 0;
   }
 };
 
@@ -494,7 +491,7 @@ struct DevClassify {
     const std::uint32_t e = addr / a.num_ranks;
     const std::uint64_t loc = e < a.table_size ? a.records[e] & kLocationMask : 0;
     if (loc == 0) return kDevNotLive;
-    return static_cast<std::uint32_t>(loc >> 48) == kTierDeviceCode ? kDevHit : kDevMiss;
+    return location_bits::OnDevice(loc) ? kDevHit : kDevMiss;
   }
   ULA_HD std::uint8_t Check(std::uint32_t j) const {
     const std::int32_t v = SelectionAt(a.io, j);
@@ -511,8 +508,8 @@ struct DevClassify {
     const bool holds = owner == tag || (owner != 0 && Contains(a.adopted, a.adopted_starts[req],
                                                                a.adopted_starts[req + 1], addr));
     if (!holds) return kDevNotHeld;
-    if (static_cast<std::uint32_t>((loc >> 32) & 0xffffu) != a.rank) return kDevOtherRank;
-    return static_cast<std::uint32_t>(loc >> 48) == kTierDeviceCode ? kDevHit : kDevMiss;
+    if (location_bits::RankOf(loc) != a.rank) return kDevOtherRank;
+    return location_bits::OnDevice(loc) ? kDevHit : kDevMiss;
   }
   ULA_HD void operator()(std::uint32_t j) const {
     const std::uint8_t k = Check(j);
@@ -525,7 +522,12 @@ struct DevClassify {
       if (k == kDevBadValue) ::cuda::atomic_ref<std::uint32_t, kScope>(a.ctl->bad_value).store(1, kRelaxed);
       return;
     }
-    AtomicMin(a.first[EntryOf(a.num_ranks, static_cast<std::uint32_t>(SelectionAt(a.io, j)))], j);
+    const auto addr = static_cast<std::uint32_t>(SelectionAt(a.io, j));
+    AtomicMin(a.first[EntryOf(a.num_ranks, addr)], j);
+    const std::uint32_t pinned = a.ctl->num_new_on_host;
+    if (k == kDevMiss && pinned != 0 && Contains(a.new_on_host, 0, pinned, addr)) {
+      ::cuda::atomic_ref<std::uint32_t, kScope>(a.ctl->new_on_host_miss).store(1, kRelaxed);
+    }
   }
 };
 
@@ -578,6 +580,8 @@ struct DevDecide {
     } else if (c.first_bad != kNoSelection) {
       const std::uint8_t k = a.kind[c.first_bad];
       error = k == kDevBadValue || k == kDevOtherRank ? a.codes.invalid_argument : a.codes.not_found;
+    } else if (c.new_on_host_miss != 0) {  // the planners' RefuseMovingNewOnHost, in their order
+      error = a.codes.resource_exhausted;
     } else if (n_miss > a.io.max_descriptors) {  // TP: TpStepPlanner::PlanHome's room for descriptors
       error = tp ? a.codes.resource_exhausted : a.codes.invalid_argument;
     } else {
@@ -623,22 +627,11 @@ struct DevDescribe {
     const DeviceStepControl& c = *a.ctl;
     if (i >= c.n_miss) return;
     const std::uint32_t addr = a.missed[i];
-    const auto host_slot = static_cast<std::uint32_t>(a.records[EntryOf(a.num_ranks, addr)]);
-    CopyDescriptor d;
-    d.src_slot = host_slot;
-    d.dst_slot = a.targets[i];
-    d.src_offset = std::uint64_t{host_slot} * a.row_bytes;
-    d.dst_offset = std::uint64_t{d.dst_slot} * a.row_bytes;
-    d.bytes = a.row_bytes;
-    d.addr = addr;
-    d.src_rank = static_cast<std::uint16_t>(a.rank);
-    d.dst_rank = static_cast<std::uint16_t>(a.rank);
-    d.group = static_cast<std::uint16_t>(a.group);
-    d.src_tier = 1;  // Tier::kHost
-    d.dst_tier = 0;  // Tier::kDevice
-    d.op = static_cast<std::uint8_t>(i < c.n_free ? CopyOp::kCopy : CopyOp::kSwap);
-    d.num_layers = static_cast<std::uint16_t>(a.num_layers);
-    a.io.descriptors[i] = d;
+    const std::uint32_t host_slot = location_bits::SlotOf(a.records[EntryOf(a.num_ranks, addr)]);
+    const auto rank = static_cast<std::uint16_t>(a.rank);
+    a.io.descriptors[i] = MakeCopyDescriptor(i < c.n_free ? CopyOp::kCopy : CopyOp::kSwap, {Tier::kHost, rank, host_slot},
+                                             {Tier::kDevice, rank, a.targets[i]}, addr, static_cast<std::uint16_t>(a.group),
+                                             a.row_bytes, static_cast<std::uint16_t>(a.num_layers));
   }
 };
 
@@ -716,9 +709,9 @@ struct DevPublish {
     } else {
       if (!ok) return;
       const std::uint32_t victim = a.device_owner[dst];
-      a.records[EntryOf(a.num_ranks, victim)] = MakeLocation(kTierHostCode, a.rank, host_slot);
+      a.records[EntryOf(a.num_ranks, victim)] = location_bits::Pack(Tier::kHost, a.rank, host_slot);
     }
-    a.records[EntryOf(a.num_ranks, addr)] = MakeLocation(kTierDeviceCode, a.rank, dst);
+    a.records[EntryOf(a.num_ranks, addr)] = location_bits::Pack(Tier::kDevice, a.rank, dst);
     a.device_owner[dst] = addr;
   }
 };
@@ -735,22 +728,9 @@ struct Describe {
   DescriptorArgs a;
   ULA_HD void operator()(std::uint32_t i) const {
     const std::uint32_t addr = a.missed[i];
-    const std::uint32_t host_slot = static_cast<std::uint32_t>(a.records[EntryOf(a.num_ranks, addr)]);
-    CopyDescriptor d;
-    d.src_slot = host_slot;
-    d.dst_slot = a.targets[i];
-    d.src_offset = std::uint64_t{host_slot} * a.row_bytes;  // in every layer's region
-    d.dst_offset = std::uint64_t{d.dst_slot} * a.row_bytes;
-    d.bytes = a.row_bytes;
-    d.addr = addr;
-    d.src_rank = a.rank;
-    d.dst_rank = a.rank;
-    d.group = a.group;
-    d.src_tier = 1;  // Tier::kHost
-    d.dst_tier = 0;  // Tier::kDevice
-    d.op = static_cast<std::uint8_t>(i < a.n_free ? CopyOp::kCopy : CopyOp::kSwap);
-    d.num_layers = a.num_layers;
-    a.out[i] = d;
+    const std::uint32_t host_slot = location_bits::SlotOf(a.records[EntryOf(a.num_ranks, addr)]);
+    a.out[i] = MakeCopyDescriptor(i < a.n_free ? CopyOp::kCopy : CopyOp::kSwap, {Tier::kHost, a.rank, host_slot},
+                                  {Tier::kDevice, a.rank, a.targets[i]}, addr, a.group, a.row_bytes, a.num_layers);
   }
 };
 
@@ -765,11 +745,11 @@ struct PublishOne {
       const std::uint32_t victim = a.device_owner[d.dst_slot];
       ::cuda::atomic_ref<std::uint64_t, kScope> v(a.records[EntryOf(a.num_ranks, victim)]);
       const std::uint64_t old = v.load(kRelaxed);
-      v.store((old & ~kLocationMask) | MakeLocation(kTierHostCode, d.src_rank, d.src_slot), kRelaxed);
+      v.store((old & ~kLocationMask) | location_bits::Pack(Tier::kHost, d.src_rank, d.src_slot), kRelaxed);
     }
     ::cuda::atomic_ref<std::uint64_t, kScope> r(a.records[EntryOf(a.num_ranks, d.addr)]);
     const std::uint64_t old = r.load(kRelaxed);
-    r.store((old & ~kLocationMask) | MakeLocation(kTierDeviceCode, d.dst_rank, d.dst_slot), kRelaxed);
+    r.store((old & ~kLocationMask) | location_bits::Pack(Tier::kDevice, d.dst_rank, d.dst_slot), kRelaxed);
     a.device_owner[d.dst_slot] = d.addr;
   }
 };

@@ -13,7 +13,6 @@
 #define ULA_KERNELS_EXEC int
 #define ULA_KERNELS_POLICY(e) thrust::omp::par
 #define ULA_KERNELS_READ(e, dst, src) std::memcpy((dst), (src), sizeof(*(dst)))
-#define ULA_HD
 #include "kernels/step_kernels.inl"
 
 // The OpenMP form's "device" memory is host memory; copies are memcpy, Sync does nothing

@@ -218,20 +218,11 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
       auto host = gp.AllocateHost();
       ULA_CHECK(host.has_value());  // victims + host-placed entries = n_tokens - into_free <= host free
       plan.victim_host[k] = *host;
-      CopyDescriptor d;
-      d.src_offset = gp.device.offset(v);
-      d.dst_offset = gp.host.offset(*host);
-      d.src_slot = v.value();
-      d.dst_slot = host->value();
-      d.bytes = config_.row();  // one layer's row, num_layers of them (step_arrays.h)
-      d.num_layers = static_cast<std::uint16_t>(gp.num_layers);
-      d.addr = gp.device_owner[v.value()].value();
-      d.src_rank = d.dst_rank = static_cast<std::uint16_t>(rank.value());
-      d.group = static_cast<std::uint16_t>(g);
-      d.src_tier = static_cast<std::uint8_t>(Tier::kDevice);
-      d.dst_tier = static_cast<std::uint8_t>(Tier::kHost);
-      d.op = static_cast<std::uint8_t>(CopyOp::kCopy);
-      moves.push_back(d);
+      // One layer's row, num_layers of them (step_arrays.h).
+      moves.push_back(MakeCopyDescriptor(CopyOp::kCopy, {Tier::kDevice, rank.value(), v.value()},
+                                         {Tier::kHost, rank.value(), host->value()}, gp.device_owner[v.value()].value(),
+                                         static_cast<std::uint16_t>(g), config_.row(),
+                                         static_cast<std::uint16_t>(gp.num_layers)));
     }
   }
   if (!moves.empty()) {

@@ -69,7 +69,7 @@ struct DeviceStep::Impl {
   kernels::ScratchArena arena;
   std::vector<void*> blocks;         // every MemAlloc, freed at destruction
   std::uint32_t max_selections = 0, max_descriptors = 0;
-  std::uint32_t device_capacity = 0, host_words = 0;
+  std::uint32_t device_capacity = 0, host_words = 0, new_on_host_cap = 0;
   bool pending = false;
   bool checked = false;              // Check ran, Claim has not
   // The space, shard and extent loaded (StoreInto and Reload check them).
@@ -146,6 +146,7 @@ struct DeviceStep::ShardSource {
   // (sparse/host_shadows.h). The device step keeps no shadows, as the engine path does not
   // (EngineStepPlanner::Create turns them off): a shadow is free capacity, so it is dropped.
   std::vector<std::uint32_t> host_slots_freed;
+  std::vector<std::uint32_t> new_on_host;    // sorted: this round's Allocate placed them on host
   const void* space = nullptr;               // the AddressSpace or TpAddressSpace read
   std::uint32_t rank = 0, group = 0, row_bytes = 0, num_layers = 1, num_ranks = 1;
   std::uint64_t entry_bytes = 0;
@@ -156,9 +157,8 @@ struct DeviceStep::ShardSource {
 
 namespace {
 
-// The checks both spaces share: rank, group, the policy, this round's new entries on host.
-Status CheckShard(std::uint32_t ranks, std::uint32_t groups, Rank rank, GroupId group, const ResidencyPolicy& policy,
-                  std::size_t new_on_host) {
+// The checks both spaces share: rank, group, the policy.
+Status CheckShard(std::uint32_t ranks, std::uint32_t groups, Rank rank, GroupId group, const ResidencyPolicy& policy) {
   if (rank.value() >= ranks) {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} is out of range ({} ranks)", rank.value(), ranks));
   }
@@ -169,11 +169,6 @@ Status CheckShard(std::uint32_t ranks, std::uint32_t groups, Rank rank, GroupId 
     return MakeError(ErrorCode::kFailedPrecondition,
                      fmt::format("rank {} group {}: the device step holds PB-LRU as flat bitmaps: create the space "
                                  "with policy kernel_pb_lru (it has {})", rank.value(), group.value(), policy.name()));
-  }
-  if (new_on_host != 0) {
-    return MakeError(ErrorCode::kFailedPrecondition,
-                     fmt::format("rank {} group {}: {} entries were placed on host by this round's Allocate: create "
-                                 "the device step after AdvanceRound()", rank.value(), group.value(), new_on_host));
   }
   return Ok();
 }
@@ -212,10 +207,12 @@ Status DeviceStep::Read(const AddressSpace& space, Rank rank, GroupId group, Sha
   const AddressSpace::State& st = StateOf(space);
   const AddressSpaceConfig& cfg = space.config();
   if (rank.value() >= cfg.num_ranks || group.value() >= cfg.num_groups) {
-    return CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *st.at(Rank(0), GroupId(0)).policy, 0);
+    return CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *st.at(Rank(0), GroupId(0)).policy);
   }
   const GroupPools& gp = st.at(rank, group);
-  ULA_RETURN_IF_ERROR(CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *gp.policy, gp.new_on_host.size()));
+  ULA_RETURN_IF_ERROR(CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *gp.policy));
+  src.new_on_host.clear();
+  for (LogicalAddr a : gp.new_on_host) src.new_on_host.push_back(a.value());
   ULA_RETURN_IF_ERROR(FillRequests(st.requests, src.tags, src.adopted_starts, src.adopted));
   const AddressRecords& table = st.tables[group.value()];
   src.records.assign(table.data(), table.data() + table.size());
@@ -242,7 +239,7 @@ Status DeviceStep::Read(const TpAddressSpace& space, Rank rank, GroupId group, S
   const TpAddressSpace::State& st = StateOf(space);
   const TpConfig& cfg = space.config();
   if (rank.value() >= cfg.num_ranks || group.value() >= cfg.num_groups) {
-    return CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *st.at(space.hosted_ranks()[0], GroupId(0)).policy, 0);
+    return CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *st.at(space.hosted_ranks()[0], GroupId(0)).policy);
   }
   if (!space.Hosts(rank)) {
     return MakeError(ErrorCode::kFailedPrecondition, fmt::format("rank {}: this space does not host it", rank.value()));
@@ -252,7 +249,9 @@ Status DeviceStep::Read(const TpAddressSpace& space, Rank rank, GroupId group, S
                      "the TP device step covers attention at home (the local buffer's remote phase is not a kernel yet)");
   }
   const TpGroupShard& sh = st.at(rank, group);
-  ULA_RETURN_IF_ERROR(CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *sh.policy, sh.new_on_host.size()));
+  ULA_RETURN_IF_ERROR(CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *sh.policy));
+  src.new_on_host.clear();
+  for (LogicalAddr a : sh.new_on_host) src.new_on_host.push_back(a.value());
   ULA_RETURN_IF_ERROR(FillRequests(st.tags, src.tags, src.adopted_starts, src.adopted));
   const std::size_t entries = HomeInUse(st, cfg, rank.value());
   src.records.resize(entries);
@@ -344,6 +343,8 @@ Result<std::unique_ptr<DeviceStep>> DeviceStep::Build(const ShardSource& src, co
     need(d.clock = m.Zeroed<kernels::PbLruClock>(1));
   }
   need(a.device_owner = m.Zeroed<std::uint32_t>(m.device_capacity));
+  m.new_on_host_cap = src.host->capacity();  // a new entry on host holds a host slot
+  need(a.new_on_host = m.Zeroed<std::uint32_t>(m.new_on_host_cap));
   a.rank = src.rank;
   a.group = src.group;
   a.row_bytes = src.row_bytes;
@@ -406,6 +407,11 @@ void DeviceStep::Load(const ShardSource& src, void* stream) {
   starts.resize(std::size_t{m.request_cap} + 1, starts.empty() ? 0 : starts.back());
   put(a.adopted_starts, std::move(starts), std::size_t{m.request_cap} + 1);
   put(a.adopted, src.adopted, m.adopted_cap);
+  put(a.new_on_host, src.new_on_host, m.new_on_host_cap);
+  {
+    const auto pinned = static_cast<std::uint32_t>(src.new_on_host.size());
+    m.Copy(stream, &a.ctl->num_new_on_host, &pinned, sizeof(pinned));
+  }
   auto flat = [&](const HierBitmap& b, const kernels::FlatBitmap& f, const std::vector<std::uint32_t>& also_free) {
     std::vector<std::uint64_t> words(b.words(), b.words() + b.num_words()), summary(f.num_summary, 0);
     for (std::uint32_t slot : also_free) words[slot >> 6] |= std::uint64_t{1} << (slot & 63);
@@ -491,6 +497,7 @@ std::uint64_t DeviceStep::Digest(const ShardSource& src) {
     d.Add(std::span<const std::uint64_t>(b.words(), b.num_words()));
   }
   d.Add(std::span<const std::uint32_t>(src.host_slots_freed));
+  d.Add(std::span<const std::uint32_t>(src.new_on_host));
   const kernels::PbLruArrays pb = src.pb->arrays();
   const std::size_t buckets = pb.recent + 2;
   d.Add(std::span<const std::uint64_t>(pb.words, buckets * pb.num_words));
@@ -779,6 +786,15 @@ Status DeviceStep::AdvanceRound(void* stream) {
     return MakeError(ErrorCode::kFailedPrecondition, "DeviceStep::AdvanceRound: a plan or a check is pending");
   }
   m.dirty = true;
+  // The round's new entries on host are free to move from the next round on (the space's
+  // AdvanceRound clears its list likewise).
+  void* pinned = &m.args.ctl->num_new_on_host;
+#if defined(ULA_WITH_CUDA_KERNELS)
+  if (m.config.cuda) kernels::gpu::MemZero(stream, pinned, sizeof(std::uint32_t));
+  else kernels::omp::MemZero(0, pinned, sizeof(std::uint32_t));
+#else
+  kernels::omp::MemZero(0, pinned, sizeof(std::uint32_t));
+#endif
   const bool rebase = m.round == ~std::uint32_t{0};
   m.round = (rebase ? m.args.pb.recent + 2 : m.round) + 1;
 #if defined(ULA_WITH_CUDA_KERNELS)

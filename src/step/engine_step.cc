@@ -144,20 +144,12 @@ void EngineStepPlanner::Scratch::WriteDescriptors(const AddressRecords& table, c
     const LogicalAddr a = missed[i];
     const SlotId host_slot = table.Get(a).slot();
     const SlotId dev_slot = target_slots[i];
-    CopyDescriptor& d = out[i];
-    d = CopyDescriptor{};
-    d.src_offset = gp.host.offset(host_slot);
-    d.dst_offset = gp.device.offset(dev_slot);
-    d.src_slot = host_slot.value();
-    d.dst_slot = dev_slot.value();
-    d.bytes = cfg.row();  // one layer's row; offsets are slot * row in every layer (step_arrays.h)
-    d.num_layers = static_cast<std::uint16_t>(gp.num_layers);
-    d.addr = a.value();
-    d.src_rank = d.dst_rank = rank.value();
-    d.group = group.value();
-    d.src_tier = static_cast<std::uint8_t>(Tier::kHost);
-    d.dst_tier = static_cast<std::uint8_t>(Tier::kDevice);
-    d.op = static_cast<std::uint8_t>(i < n_free ? CopyOp::kCopy : CopyOp::kSwap);
+    // One layer's row; offsets are slot * row in every layer (step_arrays.h).
+    const CopyDescriptor d = MakeCopyDescriptor(i < n_free ? CopyOp::kCopy : CopyOp::kSwap,
+                                                {Tier::kHost, rank.value(), host_slot.value()},
+                                                {Tier::kDevice, rank.value(), dev_slot.value()}, a.value(), group.value(),
+                                                cfg.row(), static_cast<std::uint16_t>(gp.num_layers));
+    out[i] = d;
     pending_descs[i] = d;
     slot_of[a.value()] = static_cast<std::int32_t>(dev_slot.value());
   }

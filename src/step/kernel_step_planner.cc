@@ -20,8 +20,6 @@ namespace ula {
 
 static_assert(sizeof(LogicalAddr) == sizeof(std::uint32_t) && sizeof(SlotId) == sizeof(std::uint32_t));
 static_assert(AddressRecords::kStampShift == kernels::kStampShift);
-static_assert(Location::Make(Tier::kDevice, Rank(0), SlotId(0)).bits() >> 48 == kernels::kTierDeviceCode);
-static_assert(Location::Make(Tier::kHost, Rank(0), SlotId(0)).bits() >> 48 == kernels::kTierHostCode);
 
 Status KernelStepPlannerOptions::Validate() const {
   if (threads < 1 || threads > kMaxThreads) {

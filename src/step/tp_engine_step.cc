@@ -134,21 +134,12 @@ Result<TpPlannedStep> TpEngineStepPlanner::Plan(GroupId group, const StepShape& 
   for (std::size_t h = 0; h < plan->ranks.size(); ++h) {  // phase 1: the remote fetches
     const auto fetches = planner_.pending_remote_fetches(h);
     for (const auto& f : fetches) {
-      CopyDescriptor& c = out_descriptors[d++];
-      c = CopyDescriptor{};
-      c.src_offset = f.source_offset;
-      c.src_slot = f.source.slot().value();
-      c.dst_slot = buffer_base + f.buffer_slot.value();
-      c.dst_offset = std::uint64_t{c.dst_slot} * entry_bytes;
-      c.bytes = entry_bytes;
-      c.addr = f.addr.value();
-      c.src_rank = static_cast<std::uint16_t>(f.home.value());
-      c.dst_rank = static_cast<std::uint16_t>(plan->ranks[h].value());
-      c.group = static_cast<std::uint16_t>(group.value());
-      c.src_tier = static_cast<std::uint8_t>(f.source.tier());
-      c.dst_tier = static_cast<std::uint8_t>(Tier::kDevice);
-      c.op = static_cast<std::uint8_t>(CopyOp::kCopy);
-      c.num_layers = 1;
+      // A TP entry moves whole: one row of entry_bytes (offsets slot * entry_bytes, as the
+      // planner's source_offset is).
+      out_descriptors[d++] = MakeCopyDescriptor(
+          CopyOp::kCopy, {f.source.tier(), f.home.value(), f.source.slot().value()},
+          {Tier::kDevice, plan->ranks[h].value(), buffer_base + f.buffer_slot.value()}, f.addr.value(), group.value(),
+          entry_bytes, 1);
     }
     pending_fetches_[h] = static_cast<std::uint32_t>(fetches.size());
   }
@@ -157,21 +148,10 @@ Result<TpPlannedStep> TpEngineStepPlanner::Plan(GroupId group, const StepShape& 
     const auto moves = planner_.pending_home_moves(h);
     const auto rank = static_cast<std::uint16_t>(plan->ranks[h].value());
     for (const auto& m : moves) {
-      CopyDescriptor& c = out_descriptors[d++];
-      c = CopyDescriptor{};
-      c.src_offset = m.host_offset;
-      c.dst_offset = m.device_offset;
-      c.src_slot = m.host_slot.value();
-      c.dst_slot = m.device_slot.value();
-      c.bytes = entry_bytes;
-      c.addr = m.addr.value();
-      c.src_rank = rank;
-      c.dst_rank = rank;
-      c.group = static_cast<std::uint16_t>(group.value());
-      c.src_tier = static_cast<std::uint8_t>(Tier::kHost);
-      c.dst_tier = static_cast<std::uint8_t>(Tier::kDevice);
-      c.op = static_cast<std::uint8_t>(m.swap ? CopyOp::kSwap : CopyOp::kCopy);
-      c.num_layers = 1;
+      out_descriptors[d++] = MakeCopyDescriptor(m.swap ? CopyOp::kSwap : CopyOp::kCopy,
+                                                {Tier::kHost, rank, m.host_slot.value()},
+                                                {Tier::kDevice, rank, m.device_slot.value()}, m.addr.value(),
+                                                group.value(), entry_bytes, 1);
     }
     pending_counts_[h] = static_cast<std::uint32_t>(moves.size());
   }

@@ -11,7 +11,12 @@
 #include "verify/verifier_core.h"
 #include "ula/backend.h"
 #include "backend/fault_backend.h"
+#include "ula/device_step.h"
+#include "ula/engine_step.h"
 #include "ula/step_planner.h"
+#include "backend/copy_publish.h"
+#include "space/address_space_state.h"
+#include "space/space_access.h"
 #include "step/kernel_step_planner.h"
 
 namespace ula {
@@ -31,7 +36,10 @@ Status VerifierConfig::Validate() const {
   if (copy_threads < 0) return bad("copy_threads must be >= 0");
   if (!(fault_rate >= 0 && fault_rate <= 1)) return bad(fmt::format("fault_rate = {}: must be in [0, 1]", fault_rate));
   if (share_percent > 100) return bad(fmt::format("share_percent = {}: must be in [0, 100]", share_percent));
-  if (host_shadows && kernel_planner) return bad("host_shadows: the kernel planner does not implement host shadows");
+  if (host_shadows && form == PlannerForm::kKernels) return bad("host_shadows: the kernel planner does not implement host shadows");
+  if (group_layers == 0 || entry_bytes % group_layers != 0) {
+    return bad(fmt::format("group_layers = {}: must divide entry_bytes = {}", group_layers, entry_bytes));
+  }
   return Ok();
 }
 
@@ -44,12 +52,15 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
  public:
   Verifier(const VerifierConfig& cfg, std::unique_ptr<Backend> backend, std::unique_ptr<FaultInjectingBackend> faults,
            std::unique_ptr<AddressSpace> space)
-      : Core(cfg), backend_(std::move(backend)), faults_(std::move(faults)), space_(std::move(space)), planner_(*space_, cfg.kernel_planner) {
+      : Core(cfg), backend_(std::move(backend)), faults_(std::move(faults)), space_(std::move(space)), planner_(*space_, cfg) {
     if (faults_) faults_->set_armed(false);  // armed only around planner steps
     for (std::uint32_t r = 0; r < cfg.num_ranks; ++r) {
       caches_.push_back(SparsePrefixCache::Create(*space_, Rank(static_cast<std::uint16_t>(r))).value());
     }
   }
+
+  // The form's Create refused the space (its modes or policy): the run stops with the reason.
+  std::optional<Error> CreateError() const { return planner_.create_error; }
 
   VerifierReport Finish() {
     VerifierReport r = Run();
@@ -73,6 +84,16 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   bool Readable(LogicalAddr) { return true; }
   Status Read(LogicalAddr a, GroupId g, std::span<std::byte> out) { return space_->Read(a, g, out); }
   Status CheckSpaceInvariants() { return space_->CheckInvariants(); }
+  // Whether device slot `slot` of (rank, g) holds `want` in every layer's row.
+  bool DeviceHolds(Rank rank, GroupId g, SlotId slot, const std::byte* want) const {
+    const std::uint32_t row = cfg_.entry_bytes / cfg_.group_layers;
+    for (std::uint32_t l = 0; l < cfg_.group_layers; ++l) {
+      const auto layer = space_->DeviceLayerBytes(rank, g, l);
+      if (std::size_t{slot.value() + 1} * row > layer.size()) return false;
+      if (std::memcmp(layer.data() + std::size_t{slot.value()} * row, want + l * row, row) != 0) return false;
+    }
+    return true;
+  }
   // Sharing (verifier_core.h).
   Status ShareInto(RequestId id, std::span<const LogicalAddr> addrs) { return space_->ShareInto(id, addrs); }
   std::uint32_t RefCount(LogicalAddr a) { return space_->RefCount(a); }
@@ -118,8 +139,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
     for (LogicalAddr a : selections) {
       auto loc = space_->Lookup(a, g);
       if (!loc || loc->tier() != Tier::kDevice || early.contains(a.value())) continue;
-      const std::byte* got = space_->DeviceSlotData(loc->rank(), g, loc->slot());
-      if (got == nullptr || std::memcmp(got, Shadow(a, g.value()), cfg_.entry_bytes) != 0) {
+      if (!DeviceHolds(loc->rank(), g, loc->slot(), Shadow(a, g.value()))) {
         early.insert(a.value());
         Fail(report_.early_publishes, fmt::format("failed step: address {} group {} published at device slot {} "
                                                   "without its bytes", a.value(), g.value(), loc->slot().value()));
@@ -186,10 +206,8 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       report_.swaps += stats->evictions;
       report_.shadow_evictions += stats->shadow_evictions;
       for (std::size_t i = 0; i < selections.size(); ++i) {
-        const std::byte* got = space_->DeviceSlotData(rank, GroupId(g), slots[i]);
-        const std::byte* want = Shadow(selections[i], g);
         ++report_.entries_checked;
-        if (std::memcmp(got, want, cfg_.entry_bytes) != 0) {
+        if (!DeviceHolds(rank, GroupId(g), slots[i], Shadow(selections[i], g))) {
           Fail(report_.mismatches, fmt::format("group {} address {} at device slot {}: bytes differ from the shadow", g,
                                                selections[i].value(), slots[i].value()));
         }
@@ -235,7 +253,9 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
         });
         break;
       case 3: {
-        std::vector<LogicalAddr> sel{unknown};
+        // Unknown, and below 2^31 so that the engine forms' int32 selections carry it too:
+        // every form must refuse it as not live (kNotFound).
+        std::vector<LogicalAddr> sel{LogicalAddr(0x7ffffffeu)};
         std::vector<SelectionRun> runs{{requests_.front().id, 1}};
         std::vector<SlotId> out(1);
         ExpectRefused("step with an unknown address", ErrorCode::kNotFound,
@@ -252,15 +272,167 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<FaultInjectingBackend> faults_;  // over backend_, when fault_rate > 0
   std::unique_ptr<AddressSpace> space_;
-  // The planner under test: the CPU reference or the kernel planner (VerifierConfig).
+  // The step under test, in the form VerifierConfig::form names, behind the library path's
+  // signature (StepPlanner::Step): selections in runs in, a device slot per selection out.
   struct Planner {
-    Planner(AddressSpace& space, bool kernels) : cpu(space), kernel(space), use_kernels(kernels) {}
-    Result<StepStats> Step(const StepInput& in, std::span<SlotId> out) {
-      return use_kernels ? kernel.Step(in, out) : cpu.Step(in, out);
+    Planner(AddressSpace& space, const VerifierConfig& cfg)
+        : space(space), form(cfg.form), cpu(space), kernel(space), max_top_k(cfg.top_k * cfg.queries_per_request) {
+      if (form == PlannerForm::kEngine) {
+        auto made = EngineStepPlanner::Create(space, {.max_batch = cfg.max_batch, .max_q_len = 1, .max_top_k = max_top_k});
+        if (made) engine = std::move(*made);
+        else create_error = made.error();
+      }
+      if (form == PlannerForm::kDevice) {
+        devices.resize(std::size_t{cfg.num_ranks} * cfg.num_groups);
+        device_config = {.max_rows = cfg.max_batch, .max_batch = cfg.max_batch, .max_top_k = max_top_k,
+                         .max_addresses = 1024, .max_requests = 64, .max_adopted = 1024};
+        // Create's refusals (policy, modes) come at once, not at the first step.
+        auto made = DeviceStep::Create(space, Rank(0), GroupId(0), device_config);
+        if (made) devices[0] = std::move(*made);
+        else create_error = made.error();
+      }
     }
+    Result<StepStats> Step(const StepInput& in, std::span<SlotId> out) {
+      switch (form) {
+        case PlannerForm::kCpu: return cpu.Step(in, out);
+        case PlannerForm::kKernels: return kernel.Step(in, out);
+        case PlannerForm::kEngine: return EngineStep(in, out);
+        case PlannerForm::kDevice: return DeviceStepOf(in, out);
+      }
+      return MakeError(ErrorCode::kInternal, "unknown planner form");
+    }
+
+    // The runs as the engine's rows: one batch row per run, its selections then -1 padding.
+    Status ToRows(const StepInput& in) {
+      if (in.runs.size() > device_config.max_batch && form == PlannerForm::kDevice) {
+        return MakeError(ErrorCode::kInvalidArgument, "more runs than the step's max_batch");
+      }
+      shape = StepShape{.batch = static_cast<std::uint32_t>(in.runs.size()), .q_len = 1, .top_k = 1};
+      std::size_t covered = 0;
+      for (const SelectionRun& r : in.runs) {
+        shape.top_k = std::max(shape.top_k, r.count);
+        covered += r.count;
+      }
+      if (covered != in.selections.size() || shape.top_k > max_top_k) {
+        return MakeError(ErrorCode::kInvalidArgument, "runs that do not cover the selections");
+      }
+      rows.assign(shape.size(), kPadIndex);
+      indices.assign(shape.size(), kPadIndex);
+      requests.clear();
+      std::size_t i = 0;
+      for (std::size_t b = 0; b < in.runs.size(); ++b) {
+        requests.push_back(in.runs[b].request);
+        for (std::uint32_t c = 0; c < in.runs[b].count; ++c) rows[b * shape.top_k + c] = static_cast<std::int32_t>(in.selections[i++].value());
+      }
+      return Ok();
+    }
+    void FromRows(const StepInput& in, std::span<SlotId> out) const {
+      std::size_t i = 0;
+      for (std::size_t b = 0; b < in.runs.size(); ++b) {
+        for (std::uint32_t c = 0; c < in.runs[b].count; ++c) out[i++] = SlotId(static_cast<std::uint32_t>(indices[b * shape.top_k + c]));
+      }
+    }
+
+    Result<StepStats> EngineStep(const StepInput& in, std::span<SlotId> out) {
+      ULA_RETURN_IF_ERROR(ToRows(in));
+      auto stats = engine->Step(in.rank, in.group, shape, requests, rows, indices);
+      if (stats) FromRows(in, out);
+      return stats;
+    }
+
+    // One device step of (rank, group), bracketed as docs/INTEGRATION.md says an engine that
+    // changes the space between steps does: Reload, Plan, the copies, Complete, StoreInto.
+    Result<StepStats> DeviceStepOf(const StepInput& in, std::span<SlotId> out) {
+      const AddressSpaceConfig& sc = space.config();
+      if (in.rank.value() >= sc.num_ranks || in.group.value() >= sc.num_groups) {
+        return MakeError(ErrorCode::kOutOfRange, "rank or group out of range");
+      }
+      ULA_RETURN_IF_ERROR(ToRows(in));
+      std::unique_ptr<DeviceStep>& step = devices[std::size_t{in.rank.value()} * sc.num_groups + in.group.value()];
+      Status loaded = step ? step->Reload(space, nullptr) : Status(MakeError(ErrorCode::kResourceExhausted, "not created"));
+      while (!loaded && loaded.error().code() == ErrorCode::kResourceExhausted) {  // outgrown (or none yet): larger maxima
+        if (step) {
+          device_config.max_addresses *= 2;
+          device_config.max_requests *= 2;
+          device_config.max_adopted *= 2;
+        }
+        auto made = DeviceStep::Create(space, in.rank, in.group, device_config);
+        if (made) {
+          step = std::move(*made);
+          loaded = Ok();
+        } else if (made.error().code() == ErrorCode::kResourceExhausted) {
+          step = nullptr;
+          device_config.max_addresses *= 2;
+          device_config.max_requests *= 2;
+          device_config.max_adopted *= 2;
+        } else {
+          loaded = std::unexpected(made.error());
+        }
+      }
+      if (!loaded) return std::unexpected(loaded.error());
+      std::vector<std::int64_t> ids;
+      for (RequestId r : requests) ids.push_back(static_cast<std::int64_t>(r.value()));
+      descriptors.assign(step->max_descriptors(), CopyDescriptor{});
+      StepRecord record;
+      StepArrays arrays{.selections = rows.data(), .row_batch = nullptr, .requests = ids.data(), .indices = indices.data(),
+                        .descriptors = descriptors.data(), .stats = &record, .num_rows = shape.batch, .batch = shape.batch,
+                        .q_len = 1, .top_k = shape.top_k, .selection_stride = shape.top_k, .index_stride = shape.top_k,
+                        .max_descriptors = step->max_descriptors()};
+      ULA_RETURN_IF_ERROR(step->Plan(arrays, nullptr));
+      status.assign(step->max_descriptors(), 0);
+      const std::uint32_t n = record.error == 0 ? record.num_descriptors : 0;
+      std::unique_ptr<CopyPublish> cp;
+      if (n > 0) {  // the engine's copies, here the backend's over the space's pools
+        const GroupPools& gp = StateOf(space).at(in.rank, in.group);
+        const std::size_t n_free = record.misses - record.evictions;
+        cp = std::make_unique<CopyPublish>(gp.host.arena().id, gp.device.arena().id, sc.row(), n_free, n - n_free,
+                                           gp.num_layers);
+        for (std::uint32_t i = 0; i < n; ++i) {
+          const CopyDescriptor& d = descriptors[i];
+          cp->AddEntry([&](std::vector<SlotMove>& moves) {
+            gp.AppendMoves(Tier::kHost, SlotId(d.src_slot), SlotId(d.dst_slot), moves);
+          });
+        }
+        cp->Run(space.backend());
+        for (std::uint32_t i = 0; i < n; ++i) status[i] = cp->arrived(i) ? 0 : 1;
+      }
+      ULA_RETURN_IF_ERROR(step->Complete(status.data(), nullptr));
+      ULA_RETURN_IF_ERROR(step->StoreInto(space, nullptr));
+      if (record.error != 0) {
+        return MakeError(static_cast<ErrorCode>(record.error - 1),
+                         fmt::format("device step of rank {} group {} refused the step", in.rank.value(), in.group.value()));
+      }
+      if (cp && !cp->all_arrived()) {
+        return std::unexpected(cp->Failure(fmt::format("device step of rank {} group {}: copies failed", in.rank.value(),
+                                                       in.group.value())));
+      }
+      FromRows(in, out);
+      StepStats st;
+      st.selections = record.selections;
+      st.distinct = record.distinct;
+      st.hits = record.hits;
+      st.misses = record.misses;
+      st.into_free = record.misses - record.evictions;
+      st.evictions = record.evictions;
+      st.bytes_moved = record.bytes_moved;
+      return st;
+    }
+
+    AddressSpace& space;
+    PlannerForm form;
     StepPlanner cpu;
     KernelStepPlanner kernel;
-    bool use_kernels;
+    std::unique_ptr<EngineStepPlanner> engine;
+    std::vector<std::unique_ptr<DeviceStep>> devices;  // [rank][group]
+    DeviceStepConfig device_config;
+    std::uint32_t max_top_k;
+    std::optional<Error> create_error;  // the form's Create refused this space
+    // Step scratch.
+    StepShape shape;
+    std::vector<std::int32_t> rows, indices;
+    std::vector<RequestId> requests;
+    std::vector<CopyDescriptor> descriptors;
+    std::vector<std::uint8_t> status;
   };
   Planner planner_;
   std::vector<std::unique_ptr<SparsePrefixCache>> caches_;  // sharing: one per rank (destroyed first)
@@ -280,6 +452,8 @@ Result<VerifierReport> RunConsistencyVerifier(const VerifierConfig& config) {
   space_config.host_bytes_per_rank = per_slot * config.host_slots_per_group;
   space_config.policy = config.policy;
   space_config.host_shadows = config.host_shadows;
+  space_config.stable_new_entries = config.stable_new_entries;
+  space_config.row_bytes = config.entry_bytes / config.group_layers;
   std::unique_ptr<FaultInjectingBackend> faults;
   if (config.fault_rate > 0) {
     auto made = MakeFaultInjectingBackend(
@@ -291,6 +465,7 @@ Result<VerifierReport> RunConsistencyVerifier(const VerifierConfig& config) {
   auto space = AddressSpace::Create(space_config, moves);
   if (!space) return std::unexpected(space.error());
   Verifier verifier(config, std::move(backend), std::move(faults), std::move(*space));
+  if (auto refused = verifier.CreateError()) return std::unexpected(*refused);
   return verifier.Finish();
 }
 

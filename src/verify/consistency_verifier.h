@@ -13,10 +13,12 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ula/error.h"
 #include "ula/residency_policy.h"
+#include "verify/planner_form.h"
 
 namespace ula {
 
@@ -44,13 +46,29 @@ struct VerifierConfig {
   // (shared addresses and a SparsePrefixCache per rank; verifier_core.h, "Sharing"). In
   // [0, 100]; 0 draws the same numbers as before sharing existed.
   std::uint32_t share_percent = 0;
-  // true: the steps run through KernelStepPlanner (the step's kernels in their OpenMP form,
-  // sparse/kernel_step_planner.h) instead of the CPU reference StepPlanner; same checks.
-  bool kernel_planner = false;
+  // The form of the step under test (docs/ARCHITECTURE.md, "The step's forms today"); every
+  // form gets the same workload and the same checks:
+  //   kCpu      StepPlanner, the CPU reference;
+  //   kKernels  KernelStepPlanner, the step's kernels in their OpenMP form;
+  //   kEngine   EngineStepPlanner::Step: Plan, the descriptors run on the backend, Complete
+  //             (the engine path's pipeline with the library executing the copies);
+  //   kDevice   DeviceStep in its OpenMP form, one per (rank, group): Reload from the space,
+  //             Plan, the descriptors run on the backend over the space's pools, Complete,
+  //             StoreInto the space.
+  // The engine forms need the engine path's modes (stable_new_entries on, host_shadows off)
+  // and kDevice the kernel_pb_lru policy: otherwise their Create refuses, and so does
+  // RunConsistencyVerifier, with that reason.
+  PlannerForm form = PlannerForm::kCpu;
   // true: the space keeps clean host shadows (AddressSpaceConfig::host_shadows,
-  // sparse/host_shadows.h); the checks are the same (a shadow is never read, so every entry
-  // must still read its reference bytes). Not with kernel_planner (it refuses them).
+  // src/space/host_shadows.h); the checks are the same (a shadow is never read, so every
+  // entry must still read its reference bytes). Not with kKernels (it refuses them).
   bool host_shadows = false;
+  // AddressSpaceConfig::stable_new_entries (a new token's slot never moves in its round).
+  bool stable_new_entries = false;
+  // Layers per group: an entry is group_layers rows of entry_bytes / group_layers bytes, one
+  // per layer region, and every check compares every layer's row (a move must carry all
+  // of an entry's rows). Divides entry_bytes.
+  std::uint32_t group_layers = 1;
 
   Status Validate() const;
 };

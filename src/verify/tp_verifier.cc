@@ -52,9 +52,14 @@ Status TpVerifierConfig::Validate() const {
   }
   if (!(fault_rate >= 0 && fault_rate <= 1)) return bad(fmt::format("fault_rate = {}: must be in [0, 1]", fault_rate));
   if (share_percent > 100) return bad(fmt::format("share_percent = {}: must be in [0, 100]", share_percent));
+  if (form == PlannerForm::kEngine || form == PlannerForm::kDevice) {
+    return bad(fmt::format("form = {}: the TP verifier drives cpu and kernels (the TP engine step and device step "
+                           "have their own differential tests)", PlannerFormName(form)));
+  }
+  const bool kernel_planner = form == PlannerForm::kKernels;
   if (kernel_planner && host_shadows) return bad("host_shadows: the TP kernel planner does not implement host shadows");
   if (kernel_planner && attention != TpAttention::kAtHome) {
-    return bad("kernel_planner: the TP kernel planner covers attention at home only");
+    return bad("form = kernels: the TP kernel planner covers attention at home only");
   }
   return Ok();
 }
@@ -460,7 +465,7 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   std::unique_ptr<TpAddressSpace> space_;
   TpStepPlanner planner_;
   std::unique_ptr<TpKernelStepPlanner> kernels_ =
-      cfg_.kernel_planner ? std::make_unique<TpKernelStepPlanner>(*space_) : nullptr;
+      cfg_.form == PlannerForm::kKernels ? std::make_unique<TpKernelStepPlanner>(*space_) : nullptr;
   MlaShape mla_;
   std::unique_ptr<SparsePrefixCache> cache_ = SparsePrefixCache::Create(*space_).value();  // sharing
   std::uint64_t step_ = 0;
@@ -470,8 +475,8 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
 
 Result<TpVerifierReport> RunTpVerifier(const TpVerifierConfig& config, TpFabric* fabric) {
   ULA_RETURN_IF_ERROR(config.Validate());
-  if (fabric != nullptr && config.kernel_planner) {
-    return MakeError(ErrorCode::kFailedPrecondition, "TpVerifierConfig.kernel_planner: the TP kernel planner needs every "
+  if (fabric != nullptr && config.form == PlannerForm::kKernels) {
+    return MakeError(ErrorCode::kFailedPrecondition, "TpVerifierConfig.form = kernels: the TP kernel planner needs every "
                                                      "rank in this process (no fabric)");
   }
   if (fabric != nullptr && fabric->num_ranks() != config.num_ranks) {

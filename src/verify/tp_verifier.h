@@ -49,6 +49,7 @@
 #include "ula/error.h"
 #include "ula/residency_policy.h"
 #include "ula/tp_address_space.h"
+#include "verify/planner_form.h"
 
 namespace ula {
 
@@ -80,14 +81,16 @@ struct TpVerifierConfig {
   // > 0: this percentage of the arrivals adopts a cached prefix of a live request (one
   // SparsePrefixCache over the space; verifier_core.h, "Sharing"). In [0, 100].
   std::uint32_t share_percent = 0;
-  // Step with the kernels' OpenMP form of TP at home (TpKernelStepPlanner,
-  // sparse/tp_kernel_step_planner.h) instead of TpStepPlanner; same checks. Attention at home
-  // and in-process ranks only (Validate; RunTpVerifier refuses it with a fabric).
-  bool kernel_planner = false;
+  // The form of the step (planner_form.h): kCpu (TpStepPlanner) or kKernels (the kernels'
+  // OpenMP form of TP at home, TpKernelStepPlanner: attention at home and in-process ranks
+  // only; Validate, and RunTpVerifier with a fabric, refuse it otherwise). The TP engine
+  // forms (TpEngineStepPlanner, the TP device step) are not driven by this verifier yet:
+  // Validate refuses them (tests/tp has their differential tests).
+  PlannerForm form = PlannerForm::kCpu;
   // Each shard keeps clean host shadows (TpConfig::host_shadows, sparse/host_shadows.h); the
   // checks are the same (a shadow is never read, so every entry must still read its own
   // bytes), plus CheckInvariants' shadow checks (a shadow equals its entry's device bytes).
-  // Not with kernel_planner (it refuses shadows).
+  // Not with kKernels (it refuses shadows).
   bool host_shadows = false;
 
   Status Validate() const;

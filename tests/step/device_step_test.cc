@@ -249,6 +249,61 @@ TEST(DeviceStep, FailedCopiesPublishNothingAndLoseNothing) {
   EXPECT_EQ(after.host_free, before.host_free) << "no host slot is freed";
 }
 
+// A round whose Allocate found the device full of the round's own entries places the rest on
+// host, pinned there for the round (address_space.h, stable_new_entries). The device step
+// loads such a space (it used to refuse it at Create) and makes EngineStepPlanner's decision:
+// a step that would move a pinned entry is refused with kResourceExhausted and changes
+// nothing, though free device slots could take it; after AdvanceRound (on the step) the
+// pinned entries move into them.
+TEST(DeviceStep, NewEntriesOnHostStayThereForTheRound) {
+  auto backend = MakeCpuBackend();
+  AddressSpaceConfig cfg = testing::EngineModes(SmallConfig(4, 16, 1, 1, 32));
+  cfg.policy = PolicyKind::kKernelPbLru;
+  auto space = AddressSpace::Create(cfg, *backend).value();
+  auto twin = AddressSpace::Create(cfg, *backend).value();
+  for (AddressSpace* s : {space.get(), twin.get()}) {
+    ASSERT_TRUE(s->AddRequest(RequestId(0), Rank(0)));
+    ASSERT_TRUE(s->AddRequest(RequestId(1), Rank(0)));
+    ASSERT_TRUE(s->Allocate(RequestId(1), 2));  // on device, this round's
+    auto fresh = s->Allocate(RequestId(0), 4);  // 2 on device, 2 pinned on host
+    ASSERT_TRUE(fresh);
+    ASSERT_EQ(s->Lookup((*fresh)[3], GroupId(0)).value().tier(), Tier::kHost);
+    ASSERT_EQ(s->Lookup((*fresh)[2], GroupId(0)).value().tier(), Tier::kHost);
+    ASSERT_TRUE(s->Free(RequestId(1)));  // two device slots free again: room is not what refuses
+  }
+  const DeviceStepConfig dc{.max_rows = 1, .max_batch = 1, .max_top_k = 8};
+  auto step = DeviceStep::Create(*space, Rank(0), GroupId(0), dc);
+  ASSERT_TRUE(step) << step.error().ToString();
+  auto planner = EngineStepPlanner::Create(*twin, {.max_batch = 1, .max_q_len = 1, .max_top_k = 8}).value();
+  const auto mine = space->AddressesOf(RequestId(0)).value();
+  std::vector<std::int32_t> dense(8, -1);
+  for (std::size_t i = 0; i < mine.size(); ++i) dense[i] = static_cast<std::int32_t>(mine[i].value());
+  DeviceIo io;
+  io.Fill({.batch = 1, .q_len = 1, .top_k = 8, .sel_stride = 8, .idx_stride = 8}, dense, {RequestId(0)},
+          (*step)->max_descriptors());
+  const DeviceStepState before = (*step)->ReadState(nullptr);
+  ASSERT_TRUE((*step)->Plan(io.arrays, nullptr));
+  std::vector<std::uint8_t> status((*step)->max_descriptors(), 0);
+  ASSERT_TRUE((*step)->Complete(status.data(), nullptr));
+  std::vector<std::int32_t> indices(8, 0);
+  std::vector<CopyDescriptor> descs(planner->max_descriptors());
+  const std::vector<RequestId> reqs{RequestId(0)};
+  auto refused = planner->Plan(Rank(0), GroupId(0), {.batch = 1, .q_len = 1, .top_k = 8}, reqs, dense, indices, descs);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_EQ(io.record.error, 1u + static_cast<std::uint32_t>(refused.error().code())) << "the engine planner's refusal";
+  ExpectSameState((*step)->ReadState(nullptr), before, "a refused step changes nothing");
+  // The next round the pinned entries are ordinary host entries: the step swaps them in.
+  ASSERT_TRUE((*step)->AdvanceRound(nullptr));
+  io.Fill({.batch = 1, .q_len = 1, .top_k = 8, .sel_stride = 8, .idx_stride = 8}, dense, {RequestId(0)},
+          (*step)->max_descriptors());
+  ASSERT_TRUE((*step)->Plan(io.arrays, nullptr));
+  EXPECT_EQ(io.record.error, 0u);
+  EXPECT_EQ(io.record.misses, 2u);
+  EXPECT_EQ(io.record.evictions, 0u) << "into the freed slots";
+  ASSERT_TRUE((*step)->Complete(status.data(), nullptr));
+}
+
 // The device step is the engine path: it refuses a space whose modes are not the engine's
 // (host shadows on, or new entries not stable), with the field to change, and builds nothing.
 TEST(DeviceStep, RefusesASpaceWithoutTheEngineModes) {

@@ -111,7 +111,7 @@ TEST(ConsistencyVerifier, HostShadowsKeepEveryByteWithAndWithoutFaults) {
   }
   VerifierConfig kernels;
   kernels.host_shadows = true;
-  kernels.kernel_planner = true;
+  kernels.form = PlannerForm::kKernels;
   EXPECT_EQ(RunConsistencyVerifier(kernels).error().code(), ErrorCode::kInvalidArgument);
 }
 

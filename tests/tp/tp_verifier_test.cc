@@ -193,7 +193,7 @@ TEST(TpVerifier, HostShadowsKeepEveryByteWithFaultsOrNone) {
   }
   TpVerifierConfig kernels;
   kernels.attention = TpAttention::kAtHome;
-  kernels.kernel_planner = true;
+  kernels.form = PlannerForm::kKernels;
   kernels.host_shadows = true;
   EXPECT_EQ(RunTpVerifier(kernels).error().code(), ErrorCode::kInvalidArgument) << "the kernel planner keeps no shadows";
 }

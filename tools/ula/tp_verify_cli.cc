@@ -25,7 +25,7 @@ int RunTpVerify(const TpVerifyArgs& a) {
   c.top_k = a.top_k;
   c.fault_rate = a.fault_rate;
   c.share_percent = a.share_percent;
-  c.kernel_planner = a.kernel_planner;
+  c.form = a.kernel_planner ? PlannerForm::kKernels : PlannerForm::kCpu;
   c.host_shadows = a.host_shadows;
   if (!a.policy.empty()) {
     auto kind = ParsePolicyKind(a.policy);

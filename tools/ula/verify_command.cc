@@ -43,9 +43,18 @@ Action SetupVerify(CLI::App& app) {
   app.add_flag("--json", *json, "print one JSON object");
   auto planner = std::make_shared<std::string>("cpu");
   app.add_option("--planner", *planner,
-                 "cpu (the reference StepPlanner / TpStepPlanner) or kernels (the step's kernels in their OpenMP "
-                 "form: KernelStepPlanner; tp: TpKernelStepPlanner, --tp-attention at_home, in-process)")
-      ->check(CLI::IsMember({"cpu", "kernels"}))->capture_default_str();
+                 "the step's form: cpu (the reference StepPlanner / TpStepPlanner), kernels (the step's kernels in "
+                 "their OpenMP form: KernelStepPlanner; tp: TpKernelStepPlanner, --tp-attention at_home, "
+                 "in-process), engine (dp: EngineStepPlanner's Plan, copies, Complete) or device (dp: DeviceStep's "
+                 "OpenMP form, Reload / Plan / copies / Complete / StoreInto). The engine forms need "
+                 "--stable-new-entries and --shadows off, device also --policy kernel_pb_lru")
+      ->check(CLI::IsMember({"cpu", "kernels", "engine", "device"}))->capture_default_str();
+  app.add_flag("--stable-new-entries", cfg->stable_new_entries,
+               "dp: a new token's slot never moves in its round (AddressSpaceConfig::stable_new_entries; the "
+               "engine forms need it)");
+  app.add_option("--group-layers", cfg->group_layers,
+                 "dp: layers per group (an entry is this many rows, one per layer region; divides the entry bytes)")
+      ->capture_default_str()->check(IntIn(1, 64));
   auto shadows = std::make_shared<std::string>("off");
   app.add_option("--shadows", *shadows, "clean host shadows (AddressSpaceConfig::host_shadows, TpConfig::host_shadows): on or off")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
@@ -77,9 +86,14 @@ Action SetupVerify(CLI::App& app) {
                          "ranks (the TP kernel planner: sparse/tp_kernel_step_planner.h)\n");
       return 2;
     }
-    cfg->kernel_planner = *planner == "kernels";
+    if ((*planner == "engine" || *planner == "device") && *mode == "tp") {
+      fmt::print(stderr, "ula verify: --planner {} is the DP verifier's form (the TP verifier drives cpu and "
+                         "kernels)\n", *planner);
+      return 2;
+    }
+    cfg->form = ParsePlannerForm(*planner).value();
     cfg->host_shadows = *shadows == "on";
-    if (cfg->host_shadows && cfg->kernel_planner) {
+    if (cfg->host_shadows && cfg->form == PlannerForm::kKernels) {
       fmt::print(stderr, "ula verify: --shadows on needs --planner cpu (the kernel planners keep no host shadows)\n");
       return 2;
     }
@@ -88,7 +102,7 @@ Action SetupVerify(CLI::App& app) {
                           .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,
                           .top_k = cfg->top_k, .policy = *policy, .attention = *tp_attention, .mpi = *mpi,
                           .json = *json, .fault_rate = cfg->fault_rate, .share_percent = cfg->share_percent,
-                          .kernel_planner = cfg->kernel_planner, .host_shadows = cfg->host_shadows});
+                          .kernel_planner = cfg->form == PlannerForm::kKernels, .host_shadows = cfg->host_shadows});
     }
     auto kind = ParsePolicyKind(*policy);
     if (!kind) {
@@ -163,7 +177,9 @@ Action SetupVerify(CLI::App& app) {
                        {"attention_failures", att.first_failures}};
       fmt::print("{}\n", j.dump());
     } else {
-      fmt::print("ula verify: seed {} policy {}, {} operations in {:.1f} s\n", r.seed, *policy, r.ops, seconds);
+      fmt::print("ula verify: seed {} policy {} planner {}, {} operations in {:.1f} s\n", r.seed, *policy, *planner, r.ops,
+                 seconds);
+
       fmt::print("  steps              {:>12}  (+{} refused for lack of device room, checked unchanged)\n", r.steps,
                  r.rejected_steps);
       fmt::print("  hits / fetches / swaps  {} / {} / {}\n", r.hits, r.fetches, r.swaps);

@@ -1,0 +1,175 @@
+// The step's conformance suite (DP): every form of the step (docs/ARCHITECTURE.md, "The step's
+// forms today") runs the same seeded workload through the consistency verifier
+// (src/verify/consistency_verifier.h): requests arrive, grow, rewrite their entries, share
+// cached prefixes and finish; steps select overlapping top-k sets under device pressure so
+// that victims swap; after every step each selected entry's bytes are compared with the
+// shadow copy in every layer's row, Read() and CheckInvariants() are checked, refused steps
+// and bad input must change nothing, and injected copy faults must lose nothing and publish
+// nothing early.
+//
+// The forms: the CPU reference (StepPlanner), the kernels' OpenMP form (KernelStepPlanner),
+// the engine path (EngineStepPlanner: Plan, copies, Complete) and the device step's OpenMP
+// form (DeviceStep: Reload, Plan, copies, Complete, StoreInto). They must agree, not only
+// pass: on the same seed every form makes the same decisions, so the counts of steps,
+// refusals, hits, fetches and swaps are the CPU reference's. A form that cannot run a mode is
+// refused at its Create with the reason (RefusalsAtCreate), never switched silently.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "test_seed.h"
+#include "verify/consistency_verifier.h"
+
+namespace ula {
+namespace {
+
+#if defined(ULA_EXPENSIVE_CHECKS) || defined(__SANITIZE_THREAD__) || defined(ULA_VERIFIER_TEST_SANITIZER_OPS)
+constexpr std::uint64_t kOps = 500;
+#else
+constexpr std::uint64_t kOps = 1200;
+#endif
+
+// The mode every form can run: the engine path's (stable new entries, exclusive tiers), the
+// policy the device step keeps in flat arrays, two ranks, two groups of two layers each (a
+// descriptor must move both rows of an entry), a device pool small enough to swap.
+VerifierConfig Conformance(std::uint64_t seed, PlannerForm form) {
+  VerifierConfig c;
+  c.seed = seed;
+  c.ops = kOps;
+  c.form = form;
+  c.policy = PolicyKind::kKernelPbLru;
+  c.stable_new_entries = true;
+  c.group_layers = 2;
+  c.entry_bytes = 64;
+  c.device_slots_per_group = 256;
+  c.host_slots_per_group = 4096;
+  c.top_k = 32;
+  return c;
+}
+
+struct Counts {
+  std::uint64_t steps, rejected, hits, fetches, swaps, failed_calls, shares;
+  bool operator==(const Counts&) const = default;
+};
+Counts CountsOf(const VerifierReport& r) {
+  return {r.steps, r.rejected_steps, r.hits, r.fetches, r.swaps, r.failed_calls, r.shares};
+}
+std::string Describe(const Counts& c) {
+  return "steps " + std::to_string(c.steps) + ", refused " + std::to_string(c.rejected) + ", hits " +
+         std::to_string(c.hits) + ", fetches " + std::to_string(c.fetches) + ", swaps " + std::to_string(c.swaps) +
+         ", failed " + std::to_string(c.failed_calls) + ", shares " + std::to_string(c.shares);
+}
+
+VerifierReport RunOk(const VerifierConfig& c, const char* what) {
+  auto report = RunConsistencyVerifier(c);
+  EXPECT_TRUE(report) << what << ": " << report.error().ToString();
+  if (!report) return {};
+  for (const auto& f : report->first_failures) ADD_FAILURE() << what << " (" << PlannerFormName(c.form) << "): " << f;
+  EXPECT_TRUE(report->ok()) << what << " (" << PlannerFormName(c.form) << ")";
+  std::printf("%s %-8s %s; entries checked %llu\n", what, PlannerFormName(c.form), Describe(CountsOf(*report)).c_str(),
+              static_cast<unsigned long long>(report->entries_checked));
+  return *report;
+}
+
+class StepConformance : public ::testing::TestWithParam<PlannerForm> {};
+
+// Pressure: every form keeps every byte and decides as the CPU reference does.
+TEST_P(StepConformance, SameDecisionsUnderPressure) {
+  ULA_TEST_SEEDED(seed, 20261204);
+  const VerifierReport reference = RunOk(Conformance(seed, PlannerForm::kCpu), "pressure");
+  const VerifierReport r = RunOk(Conformance(seed, GetParam()), "pressure");
+  EXPECT_GT(r.swaps, kOps / 20) << "the workload must swap for the check to mean anything";
+  EXPECT_EQ(CountsOf(r), CountsOf(reference)) << Describe(CountsOf(r)) << " vs the reference's "
+                                              << Describe(CountsOf(reference));
+}
+
+// Injected copy faults: a failed copy publishes nothing and loses nothing, in every form, and
+// every form fails the same steps (the fault plan is a function of the seed and the batches).
+TEST_P(StepConformance, FaultsLoseNothing) {
+  ULA_TEST_SEEDED(seed, 20261205);
+  VerifierConfig c = Conformance(seed, PlannerForm::kCpu);
+  c.fault_rate = 0.15;
+  const VerifierReport reference = RunOk(c, "faults");
+  c.form = GetParam();
+  const VerifierReport r = RunOk(c, "faults");
+  EXPECT_GT(r.failed_calls, 0u);
+  EXPECT_EQ(r.entries_lost, 0u);
+  EXPECT_EQ(r.early_publishes, 0u);
+  EXPECT_EQ(CountsOf(r), CountsOf(reference)) << Describe(CountsOf(r)) << " vs the reference's "
+                                              << Describe(CountsOf(reference));
+}
+
+// Shared prefixes (adopted addresses, a SparsePrefixCache per rank): isolation holds and
+// every sharer reads its bytes in every form.
+TEST_P(StepConformance, SharedPrefixes) {
+  ULA_TEST_SEEDED(seed, 20261206);
+  VerifierConfig c = Conformance(seed, PlannerForm::kCpu);
+  c.share_percent = 40;
+  c.form = PlannerForm::kCpu;
+  const VerifierReport reference = RunOk(c, "sharing");
+  c.form = GetParam();
+  const VerifierReport r = RunOk(c, "sharing");
+  EXPECT_GT(r.shares, 0u);
+  EXPECT_GT(r.sharer_checks, 0u);
+  EXPECT_EQ(CountsOf(r), CountsOf(reference)) << Describe(CountsOf(r)) << " vs the reference's "
+                                              << Describe(CountsOf(reference));
+}
+
+INSTANTIATE_TEST_SUITE_P(Forms, StepConformance,
+                         ::testing::Values(PlannerForm::kCpu, PlannerForm::kKernels, PlannerForm::kEngine,
+                                           PlannerForm::kDevice),
+                         [](const auto& info) { return std::string(PlannerFormName(info.param)); });
+
+// A mode a form cannot run is refused when the form is created, with the reason; nothing
+// switches the mode behind the caller's back.
+TEST(StepConformanceRefusals, RefusalsAtCreate) {
+  VerifierConfig c = Conformance(1, PlannerForm::kEngine);
+  c.ops = 10;
+  c.stable_new_entries = false;
+  auto r = RunConsistencyVerifier(c);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(r.error().message().find("stable_new_entries"), std::string::npos) << r.error().ToString();
+
+  c = Conformance(1, PlannerForm::kDevice);
+  c.ops = 10;
+  c.stable_new_entries = false;
+  r = RunConsistencyVerifier(c);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(r.error().message().find("stable_new_entries"), std::string::npos) << r.error().ToString();
+
+  for (PlannerForm f : {PlannerForm::kEngine, PlannerForm::kDevice}) {
+    c = Conformance(1, f);
+    c.ops = 10;
+    c.host_shadows = true;
+    r = RunConsistencyVerifier(c);
+    ASSERT_FALSE(r) << PlannerFormName(f);
+    EXPECT_EQ(r.error().code(), ErrorCode::kUnsupported) << PlannerFormName(f);
+    EXPECT_NE(r.error().message().find("host_shadows"), std::string::npos) << r.error().ToString();
+  }
+
+  c = Conformance(1, PlannerForm::kDevice);
+  c.ops = 10;
+  c.policy = PolicyKind::kPbLru;
+  r = RunConsistencyVerifier(c);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(r.error().message().find("kernel_pb_lru"), std::string::npos) << r.error().ToString();
+
+  c = Conformance(1, PlannerForm::kKernels);
+  c.ops = 10;
+  c.host_shadows = true;
+  c.stable_new_entries = false;
+  r = RunConsistencyVerifier(c);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
+
+  EXPECT_EQ(ParsePlannerForm("gpu").error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(ParsePlannerForm("device").value(), PlannerForm::kDevice);
+}
+
+}  // namespace
+}  // namespace ula
