@@ -11,6 +11,8 @@
 
 #include "ula/selection_run.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -99,6 +101,24 @@ struct DLManagedTensorAbi {
   void (*deleter)(DLManagedTensorAbi*);
 };
 
+// The numpy dtype string of a DLPack dtype ("i4", "f2", "?"), or "" where numpy has none
+// (bfloat16: code 4; the float8 and smaller kinds: codes 7 and up; opaque handles).
+inline std::string NumpyKindOf(const DLDataTypeAbi& d) {
+  const unsigned bytes = d.bits / 8u;
+  switch (d.code) {
+    case 0:
+    case 1:
+      if (d.bits % 8 == 0 && (bytes == 1 || bytes == 2 || bytes == 4 || bytes == 8)) {
+        return std::string(d.code == 0 ? "i" : "u") + std::to_string(bytes);
+      }
+      return "";
+    case 2: return (d.bits == 16 || d.bits == 32 || d.bits == 64) ? "f" + std::to_string(bytes) : "";
+    case 5: return (d.bits == 64 || d.bits == 128) ? "c" + std::to_string(bytes) : "";
+    case 6: return d.bits == 8 ? "?" : "";
+    default: return "";
+  }
+}
+
 inline const char* DlDeviceName(std::int32_t type) {
   switch (type) {
     case 1: return "cpu";
@@ -109,18 +129,32 @@ inline const char* DlDeviceName(std::int32_t type) {
   }
 }
 
+// How ToArray treats a DLPack dtype that numpy has no equivalent of (bfloat16, the float8
+// kinds): refused (kExact, for arrays whose values are read) or viewed as its bytes
+// (kBytes: uint8 with one more trailing dimension of the element's size, for memory whose
+// bytes only are moved: engine-owned KV caches).
+enum class DtypeUse { kExact, kBytes };
+
+// Why a CUDA tensor is refused: every binding reads and writes its arrays on the host (the
+// planners read selections and write indices on the CPU; registered engine memory is written
+// by the CPU reference executor and by Allocate's moves). The device step (device_step.h)
+// is what takes device memory, and Python does not bind it.
+inline std::string CudaRefusal(const std::string& what, const std::string& where) {
+  return what + ": " + where + "; the Python planners read and write their arrays on the host (selections, "
+                "indices, descriptors, and registered engine memory, which Allocate's moves copy with the CPU) "
+                "and no space this module makes holds device memory: pass a CPU tensor";
+}
+
 // A numpy view of `obj`, never a copy: a numpy array as it is; a tensor exporting
 // __dlpack__ (torch, CPU or pinned host memory) as an array over the same memory that
 // keeps the producer's buffer alive. Device memory (a __cuda_array_interface__ or a
-// DLPack CUDA device) raises UnsupportedError: this build's backends ('cpu', 'counting',
-// 'fault') read and write host memory only. Anything else raises InvalidArgumentError.
-inline py::array ToArray(py::handle obj, const char* what) {
+// DLPack CUDA device) raises UnsupportedError (CudaRefusal). Anything else raises
+// InvalidArgumentError.
+inline py::array ToArray(py::handle obj, const char* what, DtypeUse use = DtypeUse::kExact) {
   if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
   const std::string name(what);
   if (py::hasattr(obj, "__cuda_array_interface__")) {
-    Throw(ula::ErrorCode::kUnsupported,
-          name + ": a CUDA array (__cuda_array_interface__); this build's backends ('cpu', 'counting', 'fault') "
-                 "read host memory, and no CUDA backend is built: pass a CPU tensor");
+    Throw(ula::ErrorCode::kUnsupported, CudaRefusal(name, "a CUDA array (__cuda_array_interface__)"));
   }
   if (!py::hasattr(obj, "__dlpack__")) {
     Throw(ula::ErrorCode::kInvalidArgument, name + ": expected a numpy array or a tensor with __dlpack__ (torch), got " +
@@ -130,10 +164,7 @@ inline py::array ToArray(py::handle obj, const char* what) {
     const auto dev = obj.attr("__dlpack_device__")().cast<py::tuple>();
     const auto type = dev[0].cast<std::int32_t>();
     if (type != 1 && type != 3) {
-      Throw(ula::ErrorCode::kUnsupported,
-            name + ": a tensor on " + DlDeviceName(type) +
-                " memory; this build's backends ('cpu', 'counting', 'fault') read host memory, and no CUDA backend "
-                "is built: pass a CPU tensor");
+      Throw(ula::ErrorCode::kUnsupported, CudaRefusal(name, std::string("a tensor on ") + DlDeviceName(type) + " memory"));
     }
   }
   py::object cap = obj.attr("__dlpack__")();
@@ -149,35 +180,112 @@ inline py::array ToArray(py::handle obj, const char* what) {
     if (m->deleter != nullptr) m->deleter(m);
   });
   const DLTensorAbi& t = managed->dl_tensor;
-  const char kinds[] = {'i', 'u', 'f'};
-  if (t.dtype.code > 2 || t.dtype.lanes != 1 || t.dtype.bits % 8 != 0) {
-    Throw(ula::ErrorCode::kInvalidArgument, name + ": DLPack dtype (code " + std::to_string(t.dtype.code) + ", " +
-                                                std::to_string(t.dtype.bits) + " bits) has no numpy equivalent here");
+  const std::string numpy_kind = NumpyKindOf(t.dtype);
+  const bool as_bytes = numpy_kind.empty();
+  if (t.dtype.lanes != 1 || t.dtype.bits == 0 || t.dtype.bits % 8 != 0 || (as_bytes && use != DtypeUse::kBytes)) {
+    Throw(ula::ErrorCode::kInvalidArgument,
+          name + ": DLPack dtype (code " + std::to_string(t.dtype.code) + ", " + std::to_string(t.dtype.bits) +
+              " bits, " + std::to_string(t.dtype.lanes) + " lanes) has no numpy equivalent" +
+              (use == DtypeUse::kBytes ? " and is not whole bytes" : ", and this argument's values are read"));
   }
-  const py::dtype dt(std::string(1, kinds[t.dtype.code]) + std::to_string(t.dtype.bits / 8));
+  const py::ssize_t item = t.dtype.bits / 8;
   std::vector<py::ssize_t> shape(t.shape, t.shape + t.ndim);
   std::vector<py::ssize_t> strides(static_cast<std::size_t>(t.ndim));
-  py::ssize_t contiguous = t.dtype.bits / 8;
+  py::ssize_t contiguous = item;
   for (int d = t.ndim - 1; d >= 0; --d) {
-    strides[d] = t.strides != nullptr ? static_cast<py::ssize_t>(t.strides[d]) * (t.dtype.bits / 8) : contiguous;
+    strides[d] = t.strides != nullptr ? static_cast<py::ssize_t>(t.strides[d]) * item : contiguous;
     contiguous *= shape[d];
   }
+  if (as_bytes) {  // bfloat16, float8, ...: the same memory as uint8 [..., item]
+    shape.push_back(item);
+    strides.push_back(1);
+  }
   auto* data = static_cast<char*>(t.data) + t.byte_offset;
-  return py::array(dt, shape, strides, data, owner);
+  return py::array(as_bytes ? py::dtype("u1") : py::dtype(numpy_kind), shape, strides, data, owner);
 }
 
-// Request ids of a step: uint64 [batch], or int64 [batch] (torch's req_pool_indices dtype,
-// the same bytes: ids are non-negative).
-inline std::span<const ula::RequestId> RequestsView(const py::array& a, const char* what) {
+// Request ids of a step, any integer width: uint64 or int64 [batch] (torch's
+// req_pool_indices) are viewed as they are; int32 or uint32 (vLLM's req_id_per_token) are
+// widened into `scratch` (a negative id is refused). The span is valid while `a` and
+// `scratch` are.
+inline std::span<const ula::RequestId> RequestsView(const py::array& a, const char* what,
+                                                    std::vector<ula::RequestId>& scratch) {
   static_assert(sizeof(ula::RequestId) == sizeof(std::uint64_t));
   const auto* api = &py::detail::npy_api::get();
-  if (api->PyArray_EquivTypes_(a.dtype().ptr(), py::dtype::of<std::int64_t>().ptr())) {
-    if (a.ndim() != 1) Throw(ula::ErrorCode::kInvalidArgument, std::string(what) + ": must have 1 dimensions");
-    CheckLayout(a, what, false);
-    return {static_cast<const ula::RequestId*>(a.data()), static_cast<std::size_t>(a.size())};
+  auto is = [&](py::dtype d) { return api->PyArray_EquivTypes_(a.dtype().ptr(), d.ptr()); };
+  const bool wide = is(py::dtype::of<std::int64_t>()) || is(py::dtype::of<std::uint64_t>());
+  const bool narrow_signed = is(py::dtype::of<std::int32_t>());
+  if (!wide && !narrow_signed && !is(py::dtype::of<std::uint32_t>())) {
+    Throw(ula::ErrorCode::kInvalidArgument, std::string(what) + ": dtype must be int32, uint32, int64 or uint64, got " +
+                                                std::string(py::str(a.dtype())));
   }
-  auto s = View<const std::uint64_t>(a, what, 1);
-  return {reinterpret_cast<const ula::RequestId*>(s.data()), s.size()};
+  if (a.ndim() != 1) Throw(ula::ErrorCode::kInvalidArgument, std::string(what) + ": must have 1 dimensions");
+  CheckLayout(a, what, false);
+  const auto n = static_cast<std::size_t>(a.size());
+  if (wide) return {static_cast<const ula::RequestId*>(a.data()), n};
+  scratch.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint64_t v = 0;
+    if (narrow_signed) {
+      const std::int32_t x = static_cast<const std::int32_t*>(a.data())[i];
+      if (x < 0) Throw(ula::ErrorCode::kInvalidArgument, std::string(what) + "[" + std::to_string(i) + "] = " +
+                                                              std::to_string(x) + ": request ids are non-negative");
+      v = static_cast<std::uint64_t>(x);
+    } else {
+      v = static_cast<const std::uint32_t*>(a.data())[i];
+    }
+    scratch[i] = ula::RequestId(v);
+  }
+  return {scratch.data(), n};
+}
+
+// One int32 or int64 1-D array as int64 values (query_start_loc, addresses), read by index.
+struct IntColumn {
+  const void* data = nullptr;
+  std::size_t size = 0;
+  bool is64 = false;
+  std::int64_t operator[](std::size_t i) const {
+    return is64 ? static_cast<const std::int64_t*>(data)[i] : std::int64_t{static_cast<const std::int32_t*>(data)[i]};
+  }
+};
+inline IntColumn IntColumnView(const py::array& a, const char* what) {
+  const auto* api = &py::detail::npy_api::get();
+  const bool is64 = api->PyArray_EquivTypes_(a.dtype().ptr(), py::dtype::of<std::int64_t>().ptr());
+  if (!is64 && !api->PyArray_EquivTypes_(a.dtype().ptr(), py::dtype::of<std::int32_t>().ptr())) {
+    Throw(ula::ErrorCode::kInvalidArgument,
+          std::string(what) + ": dtype must be int32 or int64, got " + std::string(py::str(a.dtype())));
+  }
+  if (a.ndim() != 1) Throw(ula::ErrorCode::kInvalidArgument, std::string(what) + ": must have 1 dimensions");
+  CheckLayout(a, what, false);
+  return {a.data(), static_cast<std::size_t>(a.size()), is64};
+}
+
+// vLLM's flat batch: selections [tokens, top_k] whose request b owns the rows
+// [query_start_loc[b], query_start_loc[b + 1]) (any q_len per request: prefill chunks
+// beside decodes). The planner's row is its batch row (StepArrays::row_batch's meaning,
+// step_arrays.h), so each token row gets its request in `out` and the step's shape is
+// [tokens, 1, top_k]: the rows count against the planner's max_batch.
+inline void RowRequests(std::span<const ula::RequestId> requests, const IntColumn& qsl, std::size_t rows,
+                        std::vector<ula::RequestId>& out) {
+  if (qsl.size != requests.size() + 1) {
+    Throw(ula::ErrorCode::kInvalidArgument, "query_start_loc: needs len(requests) + 1 = " +
+                                                std::to_string(requests.size() + 1) + " entries, got " +
+                                                std::to_string(qsl.size));
+  }
+  if (qsl[0] != 0 || qsl[qsl.size - 1] != static_cast<std::int64_t>(rows)) {
+    Throw(ula::ErrorCode::kInvalidArgument, "query_start_loc: must start at 0 and end at the selections' rows (" +
+                                                std::to_string(rows) + "), got " + std::to_string(qsl[0]) + " .. " +
+                                                std::to_string(qsl[qsl.size - 1]));
+  }
+  out.resize(rows);
+  for (std::size_t b = 0; b < requests.size(); ++b) {
+    const std::int64_t lo = qsl[b], hi = qsl[b + 1];
+    if (hi < lo) {
+      Throw(ula::ErrorCode::kInvalidArgument, "query_start_loc: decreases at " + std::to_string(b + 1) + " (" +
+                                                  std::to_string(lo) + " then " + std::to_string(hi) + ")");
+    }
+    for (std::int64_t r = lo; r < hi; ++r) out[static_cast<std::size_t>(r)] = requests[b];
+  }
 }
 
 // The StepShape of selections [batch, q_len, top_k], or of SGLang's flat page_table_1
@@ -207,6 +315,130 @@ inline void CheckSameShape(const py::array& sel, const py::array& idx) {
   for (py::ssize_t d = 0; same && d < sel.ndim(); ++d) same = sel.shape(d) == idx.shape(d);
   if (!same) Throw(ula::ErrorCode::kInvalidArgument, "indices: must have the shape of selections");
 }
+
+// Copy descriptors as a structure of arrays: a dict {field name: 1-D integer array}, each
+// column a numpy array or a CPU tensor (what a torch or CUDA copy kernel indexes), beside
+// the DESCRIPTOR_DTYPE records. Offsets are int64 (a pool's byte offset passes 2^31 at
+// 3.3 M rows of 656 bytes); every other field int32 or int64.
+struct DescriptorField {
+  const char* name;
+  bool needs_int64;
+  std::int64_t (*get)(const ula::CopyDescriptor&);
+  void (*set)(ula::CopyDescriptor&, std::int64_t);
+};
+#define ULAPY_DESCRIPTOR_FIELD(f, wide)                                                          \
+  DescriptorField {                                                                              \
+    #f, wide, [](const ula::CopyDescriptor& d) { return static_cast<std::int64_t>(d.f); },       \
+        [](ula::CopyDescriptor& d, std::int64_t v) { d.f = static_cast<decltype(d.f)>(v); }     \
+  }
+inline std::span<const DescriptorField> DescriptorFields() {
+  static const DescriptorField fields[] = {
+      ULAPY_DESCRIPTOR_FIELD(src_offset, true), ULAPY_DESCRIPTOR_FIELD(dst_offset, true),
+      ULAPY_DESCRIPTOR_FIELD(src_slot, false),  ULAPY_DESCRIPTOR_FIELD(dst_slot, false),
+      ULAPY_DESCRIPTOR_FIELD(bytes, false),     ULAPY_DESCRIPTOR_FIELD(addr, false),
+      ULAPY_DESCRIPTOR_FIELD(src_rank, false),  ULAPY_DESCRIPTOR_FIELD(dst_rank, false),
+      ULAPY_DESCRIPTOR_FIELD(group, false),     ULAPY_DESCRIPTOR_FIELD(src_tier, false),
+      ULAPY_DESCRIPTOR_FIELD(dst_tier, false),  ULAPY_DESCRIPTOR_FIELD(op, false),
+      ULAPY_DESCRIPTOR_FIELD(num_layers, false)};
+  return fields;
+}
+#undef ULAPY_DESCRIPTOR_FIELD
+
+// The descriptors argument of a plan or an executor: records (viewed, written in place) or
+// columns (the planner writes records into `scratch`; Scatter copies them out).
+class DescriptorArg {
+ public:
+  struct Column {
+    const DescriptorField* field;
+    py::array array;
+    bool is64;
+  };
+  // writable: plan's output (columns written after planning); else an executor's input
+  // (columns read now, every field but addr required).
+  DescriptorArg(py::handle obj, std::vector<ula::CopyDescriptor>& scratch, bool writable) {
+    if (!py::isinstance<py::dict>(obj)) {
+      py::array a = ToArray(obj, "descriptors");
+      if (writable) {
+        records_ = ViewOut<ula::CopyDescriptor>(a, "descriptors", 1);
+      } else {
+        auto v = View<const ula::CopyDescriptor>(a, "descriptors", 1);
+        records_ = {const_cast<ula::CopyDescriptor*>(v.data()), v.size()};
+      }
+      keep_ = a;
+      return;
+    }
+    const auto fields = DescriptorFields();
+    std::size_t rows = SIZE_MAX;
+    for (auto item : py::reinterpret_borrow<py::dict>(obj)) {
+      const std::string key = py::str(item.first);
+      const DescriptorField* f = nullptr;
+      for (const auto& cand : fields) f = key == cand.name ? &cand : f;
+      if (f == nullptr) {
+        std::string names;
+        for (const auto& cand : fields) names += std::string(names.empty() ? "" : ", ") + cand.name;
+        Throw(ula::ErrorCode::kInvalidArgument, "descriptors['" + key + "']: not a descriptor field (" + names + ")");
+      }
+      const std::string what = "descriptors['" + key + "']";
+      py::array a = ToArray(item.second, what.c_str());
+      const IntColumn c = IntColumnView(a, what.c_str());
+      if (writable) CheckLayout(a, what.c_str(), true);
+      if (f->needs_int64 && !c.is64) {
+        Throw(ula::ErrorCode::kInvalidArgument, what + ": must be int64 (byte offsets pass 2^31 in large pools)");
+      }
+      rows = std::min(rows, c.size);
+      columns_.push_back({f, a, c.is64});
+    }
+    if (columns_.empty()) Throw(ula::ErrorCode::kInvalidArgument, "descriptors: an empty dict (no columns)");
+    if (!writable) {
+      for (const auto& f : fields) {
+        bool have = std::string(f.name) == "addr";
+        for (const auto& col : columns_) have = have || col.field == &f;
+        if (!have) Throw(ula::ErrorCode::kInvalidArgument, std::string("descriptors: the executor needs column '") +
+                                                                  f.name + "'");
+      }
+      std::size_t n = SIZE_MAX;
+      for (const auto& col : columns_) n = std::min<std::size_t>(n, static_cast<std::size_t>(col.array.size()));
+      for (const auto& col : columns_) {
+        if (static_cast<std::size_t>(col.array.size()) != n) {
+          Throw(ula::ErrorCode::kInvalidArgument, "descriptors: the columns differ in length");
+        }
+      }
+      scratch.assign(n, ula::CopyDescriptor{});
+      for (const auto& col : columns_) {
+        const IntColumn c{col.array.data(), n, col.is64};
+        for (std::size_t i = 0; i < n; ++i) col.field->set(scratch[i], c[i]);
+      }
+      records_ = {scratch.data(), n};
+      return;
+    }
+    if (scratch.size() < rows) scratch.resize(rows);
+    records_ = {scratch.data(), rows};
+    scatter_ = true;
+  }
+  // The records the planner writes (plan) or the executor reads.
+  std::span<ula::CopyDescriptor> records() const { return records_; }
+  // After a plan of n descriptors: the columns' first n entries (nothing for records).
+  void Scatter(std::size_t n) const {
+    if (!scatter_) return;
+    for (const auto& col : columns_) {
+      void* out = const_cast<void*>(col.array.data());
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::int64_t v = col.field->get(records_[i]);
+        if (col.is64) {
+          static_cast<std::int64_t*>(out)[i] = v;
+        } else {
+          static_cast<std::int32_t*>(out)[i] = static_cast<std::int32_t>(v);
+        }
+      }
+    }
+  }
+
+ private:
+  std::span<ula::CopyDescriptor> records_;
+  std::vector<Column> columns_;
+  py::object keep_;
+  bool scatter_ = false;
+};
 
 // A 1-D numpy array of Rep that takes ownership of the vector's buffer (no copy). T is Rep
 // or a strong id over Rep (ula/ids.h: spans of ids are plain integer arrays).

@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <tuple>
 
 #include "bind_common.h"
 #include "ula/address_space.h"
@@ -17,17 +18,26 @@ struct DpSpace {
   std::unique_ptr<ula::AddressSpace> space;
 };
 
-// The engine step planner and the engine-owned arrays registered with it (kept alive).
+// The engine step planner, the engine-owned arrays registered with it (kept alive) and the
+// binding's own scratch (widened request ids, per-row requests of a flat batch, descriptor
+// records behind columns): grown to the largest call, then reused.
 struct EnginePlanner {
   std::unique_ptr<ula::EngineStepPlanner> planner;
   DpSpace* space = nullptr;
   std::vector<py::object> registered;
+  std::vector<ula::RequestId> ids, row_ids;
+  std::vector<ula::CopyDescriptor> descs;
 };
 
-// Engine-owned memory of one pool: one array [num_layers, slots, ...], or the layers' own
-// arrays [slots, ...] at any addresses, as a list (SGLang's pools) or a dict in layer order
-// (vLLM's register_kv_caches). Each layer's base goes to RegisterEngineMemory's layer_bases
-// form; `keep` holds the arrays alive.
+// Engine-owned memory of one pool: one array [num_layers, <layer>], or the layers' own
+// arrays [<layer>] at any addresses, as a list (SGLang's pools) or a dict in layer order
+// (vLLM's register_kv_caches). A <layer> is its rows in any shape whose last dimensions make
+// one row of the config's row() bytes: [slots, row_bytes] (SGLang), [num_blocks,
+// block_size, row_bytes] (vLLM), [num_blocks, block_size, 1, row_bytes] (FlashMLA), in any
+// dtype taken as bytes (uint8, bf16, fp8: ToArray's DtypeUse::kBytes); slots = its bytes /
+// row(). A layer whose last dimensions make no row is read as [slots, ...] by its first
+// dimension, and RegisterEngineMemory refuses it with both layouts named. Each layer's base
+// goes to RegisterEngineMemory's layer_bases form; `keep` holds the arrays alive.
 struct EngineMemoryArg {
   std::vector<std::uintptr_t> bases;  // [num_layers]
   std::uint32_t layer_bytes = 0;
@@ -35,24 +45,46 @@ struct EngineMemoryArg {
   std::vector<py::object> keep;
 };
 
-EngineMemoryArg ToEngineMemory(py::handle memory) {
+// Whether dimensions [first, ndim) of `a` hold whole rows of `row` bytes: some trailing
+// dimensions (from `first` + 1 on, at least the last) multiply to exactly one row.
+bool RowsAreTrailing(const py::array& a, py::ssize_t first, std::uint64_t row) {
+  std::uint64_t tail = static_cast<std::uint64_t>(a.itemsize());
+  for (py::ssize_t d = a.ndim() - 1; d > first; --d) {
+    tail *= static_cast<std::uint64_t>(a.shape(d));
+    if (tail == row) return true;
+    if (tail > row) return false;
+  }
+  return false;
+}
+
+// One layer's rows: (layer_bytes, slots) from its bytes and shape (dimensions from `first`).
+std::pair<std::uint32_t, std::uint32_t> LayerRows(const py::array& a, py::ssize_t first, std::uint64_t layer_nbytes,
+                                                  std::uint64_t row) {
+  if (row != 0 && RowsAreTrailing(a, first, row)) {
+    return {static_cast<std::uint32_t>(row), static_cast<std::uint32_t>(layer_nbytes / row)};
+  }
+  const auto slots = static_cast<std::uint64_t>(a.shape(first));
+  return {static_cast<std::uint32_t>(layer_nbytes / (slots == 0 ? 1 : slots)), static_cast<std::uint32_t>(slots)};
+}
+
+EngineMemoryArg ToEngineMemory(py::handle memory, std::uint64_t row) {
   EngineMemoryArg out;
   std::vector<py::array> layers;
   if (py::isinstance<py::dict>(memory)) {
-    for (auto item : py::reinterpret_borrow<py::dict>(memory)) layers.push_back(ToArray(item.second, "memory[layer]"));
+    for (auto item : py::reinterpret_borrow<py::dict>(memory)) {
+      layers.push_back(ToArray(item.second, "memory[layer]", DtypeUse::kBytes));
+    }
   } else if (py::isinstance<py::list>(memory) || py::isinstance<py::tuple>(memory)) {
-    for (auto item : memory) layers.push_back(ToArray(item, "memory[layer]"));
+    for (auto item : memory) layers.push_back(ToArray(item, "memory[layer]", DtypeUse::kBytes));
   } else {
-    py::array a = ToArray(memory, "memory");
+    py::array a = ToArray(memory, "memory", DtypeUse::kBytes);
     CheckLayout(a, "memory", /*writable=*/true);
     if (a.ndim() < 2) Throw(ula::ErrorCode::kInvalidArgument, "memory: must be [num_layers, slots, ...]");
-    const auto slots = static_cast<std::uint64_t>(a.shape(1));
     const auto layer_stride = static_cast<std::uint64_t>(a.strides(0));
     for (py::ssize_t l = 0; l < a.shape(0); ++l) {
       out.bases.push_back(reinterpret_cast<std::uintptr_t>(a.data()) + static_cast<std::uint64_t>(l) * layer_stride);
     }
-    out.layer_bytes = static_cast<std::uint32_t>(layer_stride / (slots == 0 ? 1 : slots));
-    out.slots = static_cast<std::uint32_t>(slots);
+    std::tie(out.layer_bytes, out.slots) = LayerRows(a, 1, layer_stride, row);
     out.keep.push_back(a);
     return out;
   }
@@ -66,9 +98,7 @@ EngineMemoryArg ToEngineMemory(py::handle memory) {
     out.bases.push_back(reinterpret_cast<std::uintptr_t>(a.data()));
     out.keep.push_back(a);
   }
-  const auto slots = static_cast<std::uint64_t>(first.shape(0));
-  out.layer_bytes = static_cast<std::uint32_t>(first.nbytes() / (slots == 0 ? 1 : slots));
-  out.slots = static_cast<std::uint32_t>(slots);
+  std::tie(out.layer_bytes, out.slots) = LayerRows(first, 0, static_cast<std::uint64_t>(first.nbytes()), row);
   return out;
 }
 
@@ -308,6 +338,68 @@ driven from different threads at once (the GIL is released while planning).)doc"
           },
           py::arg("addr"), py::arg("group"), "(tier, rank, slot) of a live address.")
       .def(
+          "slot_mapping",
+          [](DpSpace& s, py::object addrs, py::object out, std::uint16_t rank) {
+            const py::array a_arr = ToArray(addrs, "addrs"), o_arr = ToArray(out, "out");
+            const auto& c = s.space->config();
+            if (rank >= c.num_ranks) Throw(ula::ErrorCode::kOutOfRange, "rank out of range");
+            // addrs: uint32 (allocate's), or int32 / int64 with -1 for padding rows.
+            IntColumn col;
+            std::span<const std::uint32_t> u32;
+            if (py::detail::npy_api::get().PyArray_EquivTypes_(a_arr.dtype().ptr(),
+                                                               py::dtype::of<std::uint32_t>().ptr())) {
+              u32 = View<const std::uint32_t>(a_arr, "addrs", 1);
+            } else {
+              col = IntColumnView(a_arr, "addrs");
+            }
+            const std::size_t n = u32.empty() ? col.size : u32.size();
+            auto addr_at = [&](std::size_t i) { return u32.empty() ? col[i] : std::int64_t{u32[i]}; };
+            const std::size_t groups = c.num_groups;
+            const bool flat = o_arr.ndim() == 1 && groups == 1;
+            if (!flat && !(o_arr.ndim() == 2 && static_cast<std::size_t>(o_arr.shape(0)) == groups &&
+                           static_cast<std::size_t>(o_arr.shape(1)) == n)) {
+              Throw(ula::ErrorCode::kInvalidArgument, "out: must be int64 [num_groups = " + std::to_string(groups) +
+                                                          ", len(addrs) = " + std::to_string(n) + "]");
+            }
+            auto o = ViewOut<std::int64_t>(o_arr, "out");
+            if (flat && o.size() != n) Throw(ula::ErrorCode::kInvalidArgument, "out: must have len(addrs) entries");
+            // Every (address, group) checked before anything is written: a refusal leaves out as it was.
+            for (int pass = 0; pass < 2; ++pass) {
+              for (std::size_t g = 0; g < groups; ++g) {
+                for (std::size_t i = 0; i < n; ++i) {
+                  const std::int64_t v = addr_at(i);
+                  if (v == -1) {
+                    if (pass == 1) o[g * n + i] = -1;
+                    continue;
+                  }
+                  if (v < 0 || v > std::int64_t{UINT32_MAX}) {
+                    Throw(ula::ErrorCode::kInvalidArgument,
+                          "addrs[" + std::to_string(i) + "] = " + std::to_string(v) + ": neither an address nor -1");
+                  }
+                  const ula::Location loc = Unwrap(s.space->Lookup(ula::LogicalAddr(static_cast<std::uint32_t>(v)),
+                                                                   ula::GroupId(static_cast<std::uint16_t>(g))));
+                  if (pass == 1) {
+                    o[g * n + i] = loc.slot().value();
+                    continue;
+                  }
+                  if (loc.tier() != ula::Tier::kDevice || loc.rank().value() != rank) {
+                    Throw(ula::ErrorCode::kFailedPrecondition,
+                          "address " + std::to_string(v) + " of group " + std::to_string(g) + " is on " +
+                              std::string(ula::TierName(loc.tier())) + " of rank " + std::to_string(loc.rank().value()) +
+                              ", not on rank " + std::to_string(rank) +
+                              "'s device: slot_mapping names device slots (a space with stable_new_entries puts "
+                              "new tokens there; write others with write())");
+                  }
+                }
+              }
+            }
+          },
+          py::arg("addrs"), py::arg("out"), py::arg("rank") = 0,
+          "vLLM's slot_mapping for every group in one call: out int64 [num_groups, n] (or [n] with one group) "
+          "gets the device slot of each address (uint32, or int32 / int64 with -1 for padding, written -1), the "
+          "row the KV write goes to in each layer of the group (FlashMLA's block * 64 + offset). An address not "
+          "live (NotFoundError) or not on this rank's device (FailedPreconditionError) is refused, out unchanged.")
+      .def(
           "addresses_of",
           [](DpSpace& s, std::uint64_t request) {
             auto span = Unwrap(s.space->AddressesOf(ula::RequestId(request)));
@@ -459,6 +551,40 @@ void BindStepPlanner(py::module_& m) {
            }, "What the planner did besides its results (victim claims), as a dict.");
 }
 
+// The arguments of one engine step as the planner takes them.
+struct StepInput {
+  ula::StepShape shape;
+  std::span<const ula::RequestId> requests;
+  std::span<const std::int32_t> selections;
+  std::span<std::int32_t> indices;
+};
+
+// A step's arrays: selections and indices of one shape; requests one per batch row, or with
+// query_start_loc one per request and the rows cut by it (RowRequests).
+StepInput StepInputOf(EnginePlanner& p, const py::array& sel_a, const py::array& idx_a, py::handle requests,
+                           py::handle query_start_loc) {
+  const py::array req_a = ToArray(requests, "requests");
+  StepInput in;
+  in.requests = RequestsView(req_a, "requests", p.ids);
+  if (query_start_loc.is_none()) {
+    in.shape = ShapeOf(sel_a, in.requests.size());
+  } else {
+    if (sel_a.ndim() != 2) {
+      Throw(ula::ErrorCode::kInvalidArgument, "selections: with query_start_loc must be [tokens, top_k], got " +
+                                                  std::to_string(sel_a.ndim()) + " dimensions");
+    }
+    const py::array qsl_a = ToArray(query_start_loc, "query_start_loc");
+    const auto rows = static_cast<std::size_t>(sel_a.shape(0));
+    RowRequests(in.requests, IntColumnView(qsl_a, "query_start_loc"), rows, p.row_ids);
+    in.requests = {p.row_ids.data(), rows};
+    in.shape = {static_cast<std::uint32_t>(rows), 1, static_cast<std::uint32_t>(sel_a.shape(1))};
+  }
+  CheckSameShape(sel_a, idx_a);
+  in.selections = View<const std::int32_t>(sel_a, "selections");
+  in.indices = ViewOut<std::int32_t>(idx_a, "indices");
+  return in;
+}
+
 // EngineStepPlanner: the engine step API (library step, plan / complete, engine memory).
 void BindEngineStepPlanner(py::module_& m) {
   py::class_<EnginePlanner>(m, "EngineStepPlanner", R"doc(
@@ -474,7 +600,7 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
              c.max_q_len = max_q_len;
              c.max_top_k = max_top_k;
              c.top_k_multiple = top_k_multiple;
-             return EnginePlanner{Unwrap(ula::EngineStepPlanner::Create(*s.space, c)), &s, {}};
+             return EnginePlanner{Unwrap(ula::EngineStepPlanner::Create(*s.space, c)), &s, {}, {}, {}, {}};
            }),
            py::arg("space"), py::arg("max_batch"), py::arg("max_q_len"), py::arg("max_top_k"),
            py::arg("top_k_multiple") = 1, py::keep_alive<1, 2>(),
@@ -484,48 +610,49 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
       .def(
           "step",
           [](EnginePlanner& p, std::uint16_t rank, std::uint16_t group, py::object selections, py::object indices,
-             py::object requests) {
+             py::object requests, py::object query_start_loc) {
             const py::array sel_a = ToArray(selections, "selections"), idx_a = ToArray(indices, "indices");
-            const py::array req_a = ToArray(requests, "requests");
-            auto req = RequestsView(req_a, "requests");
-            const ula::StepShape shape = ShapeOf(sel_a, req.size());
-            CheckSameShape(sel_a, idx_a);
-            auto sel = View<const std::int32_t>(sel_a, "selections");
-            auto idx = ViewOut<std::int32_t>(idx_a, "indices");
+            const StepInput in = StepInputOf(p, sel_a, idx_a, requests, query_start_loc);
             py::gil_scoped_release nogil;
-            return Unwrap(p.planner->Step(ula::Rank(rank), ula::GroupId(group), shape, req, sel, idx));
+            return Unwrap(p.planner->Step(ula::Rank(rank), ula::GroupId(group), in.shape, in.requests, in.selections,
+                                          in.indices));
           },
           py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("requests"),
+          py::arg("query_start_loc") = py::none(),
           "Library path: plan, copy on the backend, publish, write indices. Returns StepStats. selections "
           "int32 [batch, q_len, top_k] or [batch * q_len, top_k] (SGLang's page_table_1); indices the same "
-          "shape; requests uint64 or int64 [batch]. numpy arrays or CPU torch tensors (DLPack).")
+          "shape; requests int32, uint32, int64 or uint64 [batch] (or one per token row: vLLM's "
+          "req_id_per_token). query_start_loc int32 or int64 [batch + 1] (vLLM's): request b owns the rows "
+          "[qsl[b], qsl[b+1]) of [tokens, top_k] selections, any q_len each; the rows count against max_batch. "
+          "numpy arrays or CPU torch tensors (DLPack).")
       .def(
           "plan",
           [](EnginePlanner& p, std::uint16_t rank, std::uint16_t group, py::object selections, py::object indices,
-             py::object descriptors, py::object requests) {
+             py::object descriptors, py::object requests, py::object query_start_loc) {
             const py::array sel_a = ToArray(selections, "selections"), idx_a = ToArray(indices, "indices");
-            const py::array req_a = ToArray(requests, "requests");
-            auto req = RequestsView(req_a, "requests");
-            const ula::StepShape shape = ShapeOf(sel_a, req.size());
-            CheckSameShape(sel_a, idx_a);
-            auto sel = View<const std::int32_t>(sel_a, "selections");
-            auto idx = ViewOut<std::int32_t>(idx_a, "indices");
-            auto desc = ViewOut<ula::CopyDescriptor>(ToArray(descriptors, "descriptors"), "descriptors", 1);
-            py::gil_scoped_release nogil;
-            auto planned = Unwrap(p.planner->Plan(ula::Rank(rank), ula::GroupId(group), shape, req, sel, idx, desc));
+            const StepInput in = StepInputOf(p, sel_a, idx_a, requests, query_start_loc);
+            const DescriptorArg desc(descriptors, p.descs, /*writable=*/true);
+            ula::PlannedStep planned;
+            {
+              py::gil_scoped_release nogil;
+              planned = Unwrap(p.planner->Plan(ula::Rank(rank), ula::GroupId(group), in.shape, in.requests,
+                                               in.selections, in.indices, desc.records()));
+            }
+            desc.Scatter(planned.num_descriptors);
             return std::make_tuple(planned.fence, planned.num_descriptors, planned.stats);
           },
           py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("descriptors"),
-          py::arg("requests"),
-          "Engine path, part 1: (fence, n, StepStats); descriptors[:n] are the copies to run. Shapes as step; "
-          "requests: uint64 or int64 [batch], the request of each row (an address not live for its row's "
-          "request: NotFoundError).")
+          py::arg("requests"), py::arg("query_start_loc") = py::none(),
+          "Engine path, part 1: (fence, n, StepStats); descriptors[:n] are the copies to run. Shapes, requests "
+          "and query_start_loc as step (an address not live for its row's request: NotFoundError). descriptors: "
+          "a DESCRIPTOR_DTYPE array, or a dict of columns {field: int32 or int64 [rows]} (offsets int64; "
+          "descriptor_columns() makes one) whose first n entries the plan writes.")
       .def(
           "reserve_round",
           [](EnginePlanner& p, std::uint16_t rank, py::object requests, py::object new_tokens,
              py::object max_selections) {
             const py::array req_a = ToArray(requests, "requests");
-            auto req = RequestsView(req_a, "requests");
+            auto req = RequestsView(req_a, "requests", p.ids);
             auto fresh = View<const std::uint32_t>(ToArray(new_tokens, "new_tokens"), "new_tokens", 1);
             auto sel = View<const std::uint32_t>(ToArray(max_selections, "max_selections"), "max_selections", 1);
             if (fresh.size() != req.size() || sel.size() != req.size()) {
@@ -559,27 +686,32 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
                     "register_engine_memory: this space's backend holds the bytes ('cpu'); engine-owned memory needs "
                     "a space made with backend='counting' (it keeps metadata only)");
             }
-            EngineMemoryArg mem = ToEngineMemory(memory);
+            EngineMemoryArg mem = ToEngineMemory(memory, p.space->space->config().row());
             Unwrap(p.planner->RegisterEngineMemory(ParseTier(tier), ula::Rank(rank), ula::GroupId(group), mem.bases,
                                                    mem.layer_bytes, mem.slots));
             for (auto& k : mem.keep) p.registered.push_back(std::move(k));
           },
           py::arg("tier"), py::arg("rank"), py::arg("group"), py::arg("memory"),
           "Registers engine-owned memory of a pool on a 'counting' space: one C-contiguous array [num_layers, "
-          "slots, ...], or the group's per-layer arrays [slots, ...] as a list (SGLang) or a dict in layer order "
-          "(vLLM's register_kv_caches), each allocated on its own (any addresses). numpy or CPU torch. Kept alive "
-          "by the planner.")
+          "<layer>], or the group's per-layer arrays <layer> as a list (SGLang) or a dict in layer order "
+          "(vLLM's register_kv_caches), each allocated on its own (any addresses). A <layer> is [slots, row_bytes] "
+          "(SGLang), [num_blocks, block_size, row_bytes] (vLLM) or any shape whose last dimensions make one row "
+          "of row() bytes, in any dtype taken as bytes (uint8, bf16, fp8). numpy or CPU torch. Kept alive by the "
+          "planner.")
       .def(
           "execute_on_engine_memory",
           [](EnginePlanner& p, py::object descriptors, py::object status) {
-            auto desc = View<const ula::CopyDescriptor>(ToArray(descriptors, "descriptors"), "descriptors", 1);
+            std::vector<ula::CopyDescriptor> gathered;
+            const DescriptorArg arg(descriptors, gathered, /*writable=*/false);
+            const std::span<const ula::CopyDescriptor> desc = arg.records();
             auto st = ViewOut<std::uint8_t>(ToArray(status, "status"), "status", 1);
             if (st.size() != desc.size()) Throw(ula::ErrorCode::kInvalidArgument, "status and descriptors differ in length");
             py::gil_scoped_release nogil;
             p.planner->ExecuteOnEngineMemory(desc, st);
           },
           py::arg("descriptors"), py::arg("status"),
-          "Runs descriptors over the registered memory (CPU reference executor); status[i] = 0 if done.");
+          "Runs descriptors (records, or a dict of columns of equal length) over the registered memory (CPU "
+          "reference executor); status[i] = 0 if done.");
 }
 
 }  // namespace

@@ -300,7 +300,8 @@ buffer slot b. The library's backend moves the bytes.)doc")
              py::object requests) {
             const py::array sel_a = ToArray(selections, "selections"), idx_a = ToArray(indices, "indices");
             const py::array req_a = ToArray(requests, "requests");
-            auto req = RequestsView(req_a, "requests");
+            std::vector<ula::RequestId> widened;
+            auto req = RequestsView(req_a, "requests", widened);
             const ula::StepShape shape = ShapeOf(sel_a, req.size());
             CheckRankIndices(p, sel_a, idx_a);
             auto sel = View<const std::int32_t>(sel_a, "selections");
@@ -322,17 +323,20 @@ buffer slot b. The library's backend moves the bytes.)doc")
              py::object descriptors, py::object requests) {
             const py::array sel_a = ToArray(selections, "selections"), idx_a = ToArray(indices, "indices");
             const py::array req_a = ToArray(requests, "requests");
-            auto req = RequestsView(req_a, "requests");
+            std::vector<ula::RequestId> widened;
+            auto req = RequestsView(req_a, "requests", widened);
             const ula::StepShape shape = ShapeOf(sel_a, req.size());
             CheckRankIndices(p, sel_a, idx_a);
             auto sel = View<const std::int32_t>(sel_a, "selections");
             auto idx = ViewOut<std::int32_t>(idx_a, "indices");
-            auto desc = ViewOut<ula::CopyDescriptor>(ToArray(descriptors, "descriptors"), "descriptors", 1);
+            std::vector<ula::CopyDescriptor> records;
+            const DescriptorArg desc(descriptors, records, /*writable=*/true);
             ula::TpPlannedStep planned;
             {
               py::gil_scoped_release nogil;
-              planned = Unwrap(p.Plan(ula::GroupId(group), shape, req, sel, idx, desc));
+              planned = Unwrap(p.Plan(ula::GroupId(group), shape, req, sel, idx, desc.records()));
             }
+            desc.Scatter(planned.num_descriptors);
             return std::make_tuple(planned.fence, planned.num_descriptors, planned.stats, planned.first_phase);
           },
           py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("descriptors"), py::arg("requests"),
@@ -355,7 +359,9 @@ buffer slot b. The library's backend moves the bytes.)doc")
       .def(
           "execute_on_shards",
           [](ula::TpEngineStepPlanner& p, py::object descriptors, py::object status) {
-            auto desc = View<const ula::CopyDescriptor>(ToArray(descriptors, "descriptors"), "descriptors", 1);
+            std::vector<ula::CopyDescriptor> gathered;
+            const DescriptorArg arg(descriptors, gathered, /*writable=*/false);
+            const std::span<const ula::CopyDescriptor> desc = arg.records();
             auto st = ViewOut<std::uint8_t>(ToArray(status, "status"), "status", 1);
             if (st.size() != desc.size()) Throw(ula::ErrorCode::kInvalidArgument, "status and descriptors differ in length");
             py::gil_scoped_release nogil;

@@ -2,8 +2,8 @@
 
 The classes are thin bindings of the C++ library (include/ula/*.h): numpy arrays and CPU
 torch tensors (any object with ``__dlpack__``) are viewed, never copied or cast (a wrong
-dtype, shape or layout raises InvalidArgumentError; a CUDA tensor raises UnsupportedError
-while no CUDA backend is built),
+dtype, shape or layout raises InvalidArgumentError; engine memory takes any dtype as bytes;
+a CUDA tensor raises UnsupportedError: the planners read and write their arrays on the host),
 the GIL is released in every call that plans or moves bytes, and every refused call raises
 a ``ulacache.Error`` subclass carrying the library's ``code`` and ``message`` after
 changing nothing.
@@ -109,3 +109,19 @@ try:
     from ._ulacache import DESCRIPTOR_DTYPE, COPY, SWAP, DEVICE, HOST  # noqa: E402,F401
 except ImportError as _error:
     raise _explain_import_failure(_error) from _error
+
+
+DESCRIPTOR_FIELDS = ("src_offset", "dst_offset", "src_slot", "dst_slot", "bytes", "addr", "src_rank", "dst_rank",
+                     "group", "src_tier", "dst_tier", "op", "num_layers")
+
+
+def descriptor_columns(n, fields=DESCRIPTOR_FIELDS):
+    """Copy descriptors as a structure of arrays: {field: numpy array [n]}, the byte offsets
+    int64 and every other field int32, for ``EngineStepPlanner.plan(descriptors=...)`` (it
+    writes the first ``num_descriptors`` entries of each column) and the executors. Wrap the
+    columns with ``torch.from_numpy`` for a torch copy kernel: the plan writes through them."""
+    import numpy as np
+    unknown = [f for f in fields if f not in DESCRIPTOR_FIELDS]
+    if unknown:
+        raise ValueError(f"not descriptor fields: {unknown} (fields: {', '.join(DESCRIPTOR_FIELDS)})")
+    return {f: np.zeros(n, np.int64 if f.endswith("_offset") else np.int32) for f in fields}

@@ -187,7 +187,7 @@ def test_bad_input_raises_and_changes_nothing():
         (ulacache.NotFoundError, lambda: planner.step(0, 0, good, idx, np.array([3], np.uint64))),  # another request's
         (ulacache.NotFoundError, lambda: planner.step(0, 0, good, idx, np.array([2], np.uint64))),  # a freed request
         (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, good, idx, np.array([1, 1], np.uint64))),  # rows
-        (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, good, idx, np.array([1], np.int32))),  # dtype (uint64 or int64)
+        (ulacache.InvalidArgumentError, lambda: planner.step(0, 0, good, idx, np.array([1], np.float32))),  # dtype (an integer width)
         (ulacache.NotFoundError, lambda: space.free(2)),                                              # freed request
         (ulacache.NotFoundError, lambda: space.allocate(2, 1)),
         (ulacache.NotFoundError, lambda: space.lookup(int(gone[1]), 0)),

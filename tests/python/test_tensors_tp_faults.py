@@ -115,7 +115,8 @@ def test_bad_tensors_are_refused_and_change_nothing():
         (ulacache.InvalidArgumentError, "expected a numpy array", lambda: planner.step(0, 0, sel.tolist(), idx, req)),
         (ulacache.InvalidArgumentError, "multiple of len", lambda: planner.step(0, 0, sel.reshape(2, 8)[:1], idx.reshape(2, 8)[:1], np.array([0, 1, 1], np.int64))),
         (ulacache.InvalidArgumentError, "shape of selections", lambda: planner.step(0, 0, sel, idx.reshape(2, 8), req)),
-        (ulacache.InvalidArgumentError, "dtype", lambda: planner.step(0, 0, sel, idx, req.astype(np.int32))),
+        (ulacache.InvalidArgumentError, "dtype", lambda: planner.step(0, 0, sel, idx, req.astype(np.float64))),
+        (ulacache.InvalidArgumentError, "non-negative", lambda: planner.step(0, 0, sel, idx, np.array([0, -1], np.int32))),
         # A [:, :1] view of a q_len-2 buffer is not contiguous: refused, never copied.
         (ulacache.InvalidArgumentError, "C-contiguous",
          lambda: planner.step(0, 0, np.repeat(sel, 2, axis=1)[:, :1], idx, req)),

@@ -75,3 +75,81 @@ def test_torch_refusals():
     assert int((idx != 0).sum()) == 0
     st = planner.step(0, 0, sel, idx, req)
     assert st.selections == 16
+
+
+def test_vllm_tensors_as_vllm_hands_them():
+    """bf16 per-layer caches [num_blocks, block_size, row] as register_kv_caches' dict,
+    query_start_loc and req_id_per_token as int32 tensors, descriptors as torch columns that a
+    torch copy (index_copy_ over each layer's [slots, row] view) runs."""
+    row, layers, dev, host, block = 64, 2, 64, 256, 16
+    cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=row * layers, row_bytes=row,
+                                      device_bytes_per_rank=dev * row * layers, host_bytes_per_rank=host * row * layers)
+    space = ulacache.AddressSpace(cfg, backend="counting")
+    planner = ulacache.EngineStepPlanner(space, max_batch=8, max_q_len=1, max_top_k=8)
+    caches = {tier: [torch.zeros((slots // block, block, row // 2), dtype=torch.bfloat16) for _ in range(layers)]
+              for tier, slots in (("device", dev), ("host", host))}
+    rows = {tier: [t.view(torch.uint8).view(-1, row) for t in ts] for tier, ts in caches.items()}   # the same memory
+    for tier, ts in caches.items():
+        planner.register_engine_memory(tier, 0, 0, {f"model.layers.{l}.self_attn.attn": t for l, t in enumerate(ts)})
+
+    def pat(a, layer):
+        return torch.from_numpy(((np.arange(row) + a * 131 + layer * 29) & 0xFF).astype(np.uint8))
+
+    reqs = torch.tensor([4, 9], dtype=torch.int32)
+    addrs = {}
+    for r in reqs.tolist():
+        space.add_request(r)
+        chunks = []
+        for _ in range(4):   # prefill chunks of 25, one round each; Allocate moves the oldest to host
+            new = space.allocate(r, 25)
+            out = torch.zeros((1, 25), dtype=torch.int64)
+            space.slot_mapping(torch.from_numpy(new.astype(np.int64)), out)    # vLLM's slot_mapping
+            for layer in range(layers):
+                for a, slot in zip(new.tolist(), out[0].tolist()):
+                    rows["device"][layer][slot] = pat(a, layer)
+            chunks.append(new)
+            space.advance_round()
+        addrs[r] = np.concatenate(chunks)
+    qsl = torch.tensor([0, 1, 3], dtype=torch.int32)                              # a decode, a 2-token row pair
+    sel = torch.full((3, 8), -1, dtype=torch.int32)
+    sel[0, :8] = torch.from_numpy(addrs[4][:8].astype(np.int32))                 # old: on host
+    sel[1, :4] = torch.from_numpy(addrs[9][:4].astype(np.int32))
+    sel[2, :6] = torch.from_numpy(addrs[9][90:96].astype(np.int32))
+    idx = torch.zeros_like(sel)
+    n_max = planner.max_descriptors
+    cols = {k: torch.zeros(n_max, dtype=torch.int64 if k.endswith("_offset") else torch.int32)
+            for k in ulacache.DESCRIPTOR_FIELDS}
+    fence, n, _ = planner.plan(0, 0, sel, idx, cols, reqs, query_start_loc=qsl)
+    assert n > 0
+    # The engine's copy, from the columns alone: a swap exchanges, a copy copies, per layer.
+    src, dst, op = cols["src_slot"][:n].long(), cols["dst_slot"][:n].long(), cols["op"][:n]
+    assert (cols["src_tier"][:n] == ulacache.HOST).all() and (cols["dst_tier"][:n] == ulacache.DEVICE).all()
+    for layer in range(layers):
+        d, h = rows["device"][layer], rows["host"][layer]
+        wanted, victims = h[src].clone(), d[dst].clone()
+        d.index_copy_(0, dst, wanted)
+        swaps = op == ulacache.SWAP
+        h.index_copy_(0, src[swaps], victims[swaps])
+    assert planner.complete(fence, torch.zeros(n, dtype=torch.uint8)) == (n, 0)
+    for s, i in zip(sel.reshape(-1).tolist(), idx.reshape(-1).tolist()):
+        assert (i < 0) == (s < 0)
+        if s >= 0:
+            for layer in range(layers):
+                assert torch.equal(rows["device"][layer][i], pat(s, layer))
+    # The same batch with one int32 request id per token row (req_id_per_token) plans alike.
+    space.advance_round()
+    idx2 = torch.zeros_like(sel)
+    desc = np.zeros(n_max, ulacache.DESCRIPTOR_DTYPE)
+    fence, n2, _ = planner.plan(0, 0, sel, idx2, desc, torch.tensor([4, 9, 9], dtype=torch.int32))
+    assert n2 == 0 and torch.equal(idx2, idx)   # everything is on device now
+    planner.complete(fence, np.zeros(0, np.uint8))
+
+
+def test_cuda_tensors_are_refused_where_a_gpu_exists():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the refusal of CUDA tensors is tested without one in test_vllm_shapes.py")
+    cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=64, device_bytes_per_rank=64 * 64,
+                                      host_bytes_per_rank=64 * 256)
+    planner = ulacache.EngineStepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
+    with pytest.raises(ulacache.UnsupportedError, match="on the host"):
+        planner.register_engine_memory("device", 0, 0, [torch.zeros((64, 64), dtype=torch.uint8, device="cuda")])
