@@ -297,6 +297,9 @@ StepWork CostModel::Work(const StepCounts& k) const {
   w.indexer_bytes = k.history_scored * (g_main + passes) * key;
   const double flops_per_key_query = 2.0 * m.index_heads * m.index_head_dim;
   w.indexer_flops = k.history_scored * (g_main * q + passes) * flops_per_key_query;
+  // Each query's logits over the scored keys (fp32) are written by the logits kernel and
+  // read back by the top-k: O(context) per query, like the scoring.
+  w.indexer_bytes += 2.0 * k.history_scored * (g_main * q + passes) * double(in_.indexer_logit_bytes);
 
   // --- Transfers from the planners' counters (per group -> all groups in use).
   const double token_bytes = static_cast<double>(kv_bytes_per_token());
@@ -385,8 +388,12 @@ StepTime CostModel::Time(const StepWork& w) const {
   const HardwareConfig& hw = in_.hardware;
   const double hbm = hw.hbm_bandwidth_bytes_per_s;
   StepTime t;
-  t.dense = std::max(w.dense_bytes / hbm, w.dense_flops / fp8_flops());
-  t.experts = std::max(w.expert_bytes / hbm, w.expert_flops / fp8_flops());
+  // GEMMs at their achieved rates: weight reads at gemm_hbm_efficiency of HBM peak, the
+  // routed experts' grouped GEMMs compute-bound at grouped_gemm_flops.
+  const double gemm_hbm = hbm * in_.rates.gemm_hbm_efficiency;
+  const double grouped = in_.rates.grouped_gemm_flops > 0 ? in_.rates.grouped_gemm_flops : fp8_flops();
+  t.dense = std::max(w.dense_bytes / gemm_hbm, w.dense_flops / fp8_flops());
+  t.experts = std::max(w.expert_bytes / gemm_hbm, w.expert_flops / grouped);
   t.weights = t.dense + t.experts;
   t.attention = std::max(w.attention_bytes / hbm, w.attention_flops / in_.rates.sparse_decode_flops);
   t.indexer = std::max(w.indexer_bytes / hbm, w.indexer_flops / fp8_flops());

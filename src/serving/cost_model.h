@@ -3,19 +3,25 @@
 //
 // GPU terms, each max(bytes / HBM bandwidth, FLOPs / rate), summed:
 //   dense      non-routed GEMMs (attention and indexer projections, dense MLP, shared experts,
-//              routers, embedding / LM head; under TP the replicated ones whole), FP8 rate
-//   experts    routed experts any token of the step was routed to, FP8 rate
+//              routers, embedding / LM head; under TP the replicated ones whole), FP8 rate,
+//              weights read at gemm_hbm_efficiency x HBM
+//   experts    routed experts any token of the step was routed to, weights read at
+//              gemm_hbm_efficiency x HBM, FLOPs at the grouped GEMMs' achieved rate
+//              (grouped_gemm_flops): compute-bound once an expert gets enough tokens
 //   attention  the selected entries of every query; FLOPs with the query heads of one call
 //              padded up to the sparse decode kernel's head multiple, at that kernel's
 //              published achieved rate
-//   indexer    every index key of every request the GPU scores, FP8 rate
+//   indexer    every index key of every request the GPU scores (the whole context, for
+//              every query), FP8 rate, plus each query's fp32 logits written and read back
+//              by the top-k
 //   hbm copies every byte received or sent over PCIe / NVLink is written to or read from HBM
 // Transfers, from the planners' counters: host link (scattered-row rate, max of the two
 // directions) and NVLink fetches. A group's selection is known only after its own indexer,
 // so only the layers of one group overlap: with L layers per group,
 // t = t_x/L + t_gpu/L + (L-1)/L * max(t_gpu, t_x), t_x = max(host, nvlink) — the first
-// layer's share of every group is exposed. HiSparse's swap-in runs per layer on the forward
-// stream: its host fetch is on the critical path in full.
+// layer's share of every group is exposed. SGLang HiSparse without its shared-index prefetch
+// (swap_in_per_layer) swaps in per layer on the forward stream: its host fetch is on the
+// critical path in full.
 // Collectives (bandwidth + NCCL per-call latency), UlaCache's planner kernels (launch + per
 // selection) and HiSparse's swap-in kernels, and a fixed per-layer overhead are on the
 // critical path and added. No term depends on which system is running: systems differ only
@@ -61,6 +67,7 @@ struct CostModelInputs {
   double kernel_overhead_s_per_layer = 0;
   std::uint32_t planner_kernels_per_call = 2;  // UlaCache planner, per group per step
   std::uint32_t candidate_bytes = 8;
+  std::uint32_t indexer_logit_bytes = 0;  // per scored key and query, written + read by the top-k
   double activation_reserve_fraction = 0.1;
 };
 
@@ -112,8 +119,9 @@ struct StepCounts {
   // over every selection of the batch this GPU plans; vllm_hisparse: its residency resolver
   // and gather kernels (per index group, on a copy stream).
   bool planner_per_group = false;
-  // HiSparse as SGLang runs it: one swap-in kernel per layer on the forward stream, between
-  // the top-k and the attention, over every selection; its host fetch is on the critical path.
+  // HiSparse as SGLang runs it without its shared-index prefetch: one swap-in kernel per
+  // layer on the forward stream, between the top-k and the attention, over every selection;
+  // its host fetch is on the critical path. (With the prefetch it is planner_per_group.)
   bool swap_in_per_layer = false;
   // Prefill KV arriving (disaggregated serving: the decode server receives each new
   // request's KV and index keys from its prefill server), bytes per step landing on this

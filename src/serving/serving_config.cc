@@ -69,6 +69,8 @@ Status ComputeRates::Validate() const {
   if (!(collective_hop_latency_s >= 0)) return FieldError("collective_hop_latency_s", "must be >= 0");
   if (!(kernel_launch_s >= 0)) return FieldError("kernel_launch_s", "must be >= 0");
   if (!(planner_s_per_selection >= 0)) return FieldError("planner_s_per_selection", "must be >= 0");
+  if (!(gemm_hbm_efficiency > 0 && gemm_hbm_efficiency <= 1)) return FieldError("gemm_hbm_efficiency", "must be in (0, 1]");
+  if (!(grouped_gemm_flops >= 0)) return FieldError("grouped_gemm_flops", "must be >= 0");
   return Ok();
 }
 
@@ -176,6 +178,7 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
   ULA_RETURN_IF_ERROR(sourced("kernel_overhead_s_per_layer", 0, 1, &s.kernel_overhead_s_per_layer));
   ULA_RETURN_IF_ERROR(SourcedUInt(f, "planner_kernels_per_call", 1, 64, &s.planner_kernels_per_call));
   ULA_RETURN_IF_ERROR(SourcedUInt(f, "candidate_bytes", 1, 64, &s.candidate_bytes));
+  ULA_RETURN_IF_ERROR(SourcedUInt(f, "indexer_logit_bytes", 0, 8, &s.indexer_logit_bytes));
   auto uint = [&](const char* field, std::uint64_t min, std::uint64_t max, std::uint32_t* out) -> Status {
     auto v = f.UInt(field, min, max);
     if (!v) return std::unexpected(v.error());
@@ -188,6 +191,11 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
     std::uint32_t match = 0;
     ULA_RETURN_IF_ERROR(SourcedUInt(f, "hisparse_match_host_budget", 0, 1, &match));
     s.hisparse_match_host_budget = match == 1;
+  }
+  {
+    std::uint32_t prefetch = 0;
+    ULA_RETURN_IF_ERROR(SourcedUInt(f, "hisparse_shared_index_prefetch", 0, 1, &prefetch));
+    s.hisparse_shared_index_prefetch = prefetch == 1;
   }
   ULA_RETURN_IF_ERROR(SourcedUInt(f, "helix_tokens_per_block", 1, 1u << 16, &s.helix_tokens_per_block));
   ULA_RETURN_IF_ERROR(SourcedUInt(f, "vllm_hisparse_tail_entries", 0, 1u << 20, &s.vllm_hisparse_tail_entries));
@@ -352,6 +360,8 @@ Result<ComputeRates> ParseComputeRates(std::string_view json_text, std::string_v
       {"collective_hop_latency_s", 0, 1, &r.collective_hop_latency_s},
       {"kernel_launch_s", 0, 1, &r.kernel_launch_s},
       {"planner_s_per_selection", 0, 1, &r.planner_s_per_selection},
+      {"gemm_hbm_efficiency", 1e-3, 1, &r.gemm_hbm_efficiency},
+      {"grouped_gemm_flops", 1, kBig, &r.grouped_gemm_flops},
   };
   for (const D& d : doubles) {
     auto v = f.SourcedDouble(d.field, d.min, d.max);

@@ -64,6 +64,11 @@ struct ComputeRates {
   double collective_hop_latency_s = 0;           // per ring step of a call
   double kernel_launch_s = 0;                    // one small kernel under CUDA graphs
   double planner_s_per_selection = 0;            // lookup + dedup/touch of one selected entry
+  // GEMMs below the roofline (docs/COST_MODEL.md "GEMMs at their achieved rates"): the
+  // share of HBM peak that weight-bound decode GEMMs read at, and the FP8 rate the routed
+  // experts' grouped GEMMs reach once compute-bound.
+  double gemm_hbm_efficiency = 1;                // (0, 1], dense and routed-expert weight reads
+  double grouped_gemm_flops = 0;                 // achieved, routed experts (0: dense_fp8_flops)
   Status Validate() const;
 };
 
@@ -94,11 +99,18 @@ struct ScenarioConfig {
   double kernel_overhead_s_per_layer = 0;
   std::uint32_t planner_kernels_per_call = 2;  // UlaCache planner kernels per group per step
   std::uint32_t candidate_bytes = 8;         // striped-indexer gather, per candidate
+  // The indexer's logits (one per scored key and query, fp32) are written and read back by
+  // its top-k: bytes per logit (0: not charged).
+  std::uint32_t indexer_logit_bytes = 4;
   std::uint32_t hisparse_buffer_entries = 4096;            // per request per group
   double hisparse_host_to_device_ratio = 2;  // SGLang: host pool = ratio x device pool tokens
   // The seed's budget rule: HiSparse's ratio set so that its host pool uses the host
   // budget (or the largest its rules allow); false: hisparse_host_to_device_ratio as given.
   bool hisparse_match_host_budget = true;
+  // SGLang HiSparse with IndexShare: the anchor layer of a group swaps in on the forward
+  // stream, its shared layers' copies are prefetched on a side stream (overlapped within the
+  // group, as every other system's copies); false: every layer's swap-in on the forward stream.
+  bool hisparse_shared_index_prefetch = true;
   std::uint32_t helix_tokens_per_block = 64;     // Helix: tokens per KV block, the striping unit
   std::uint32_t vllm_hisparse_tail_entries = 128;  // vLLM HiSparse: newest tokens never reclaimed
   // vLLM HiSparse: tokens of a request's resident pages its admission counts (the in-flight

@@ -301,10 +301,11 @@ ArrivingKv ArrivingPerOutputToken(const std::vector<RequestSpec>& requests, cons
 
 // What the cost model prices for one step of `system`: `local` requests simulated of
 // `total` decoding on all GPUs, with the step's counters; `arriving` x the node's output
-// tokens of the step is the prefill KV it receives.
+// tokens of the step is the prefill KV it receives. `hisparse_prefetch`: SGLang's HiSparse
+// runs its shared-index prefetch (ScenarioConfig::hisparse_shared_index_prefetch).
 StepCounts CountsOf(const serving_internal::SimSystem& sys, SystemKind system, const serving_internal::SimCounters& c,
-                    double local, double total, double history_sum, std::uint32_t p, const ArrivingKv& arriving = {},
-                    double tokens_per_request = 0) {
+                    double local, double total, double history_sum, std::uint32_t p, bool hisparse_prefetch,
+                    const ArrivingKv& arriving = {}, double tokens_per_request = 0) {
   StepCounts k;
   k.arriving_host_bytes = arriving.host * total * tokens_per_request;
   k.arriving_device_bytes = arriving.device * total * tokens_per_request;
@@ -319,12 +320,17 @@ StepCounts CountsOf(const serving_internal::SimSystem& sys, SystemKind system, c
   k.home_entries = c.home;
   k.distinct_entries = c.batch_distinct;
   // vllm_hisparse's resolver and gather kernels run per index group on a copy stream,
-  // overlapped within the group like UlaCache's copies; SGLang's swap-in is per layer on the
-  // forward stream.
+  // overlapped within the group like UlaCache's copies. SGLang's HiSparse with its
+  // shared-index prefetch: the group's anchor layer plans and swaps in on the forward
+  // stream (the first layer's share exposed, as the pipeline rule exposes everyone's), its
+  // shared layers' copies replay that plan on a side stream; without it, a swap-in per layer
+  // on the forward stream.
   // TensorRT-LLM's offload: its fetch kernels taken as vLLM's (per group, on a copy stream;
   // an assumption: COST_MODEL.md "The systems engines run today").
-  k.planner_per_group = IsUlaCache(system) || system == SystemKind::kVllmHiSparse || system == SystemKind::kTrtllmOffload;
-  k.swap_in_per_layer = system == SystemKind::kHiSparse;
+  const bool hisparse = system == SystemKind::kHiSparse;
+  k.planner_per_group = IsUlaCache(system) || system == SystemKind::kVllmHiSparse || system == SystemKind::kTrtllmOffload ||
+                        (hisparse && hisparse_prefetch);
+  k.swap_in_per_layer = hisparse && !hisparse_prefetch;
   k.home_exchange = system == SystemKind::kHelix       ? HomeExchange::kHelix
                     : system == SystemKind::kDcpSglang ? HomeExchange::kDcpPacked
                     : system == SystemKind::kDcp       ? HomeExchange::kDcp
@@ -447,7 +453,7 @@ Result<SystemResult> RunSystem(const RunContext& ctx, SystemKind system) {
       // DP: the other ranks hold the rest of the batch (rank 0 holds the largest share).
       const StepCounts k =
           CountsOf(sys, system, c, local, tp ? local : std::max(local, double(b) * local / target), history_sum, p,
-                   arriving, ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate));
+                   sc.hisparse_shared_index_prefetch, arriving, ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate));
       ULA_RETURN_IF_ERROR(ctx.cost.CheckCounts(k));
       const StepTime t = ctx.cost.Time(ctx.cost.Work(k));
       if (measured) sums.Add(k, t, c, ctx.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate));
@@ -583,7 +589,8 @@ class SharedRun {
       const bool tp = in.mode == ParallelMode::kTp;
       const double local = static_cast<double>(n);
       const StepCounts k =
-          CountsOf(sys_, system_, c, local, tp ? local : static_cast<double>(active_.size()), history_sum, in.num_ranks);
+          CountsOf(sys_, system_, c, local, tp ? local : static_cast<double>(active_.size()), history_sum, in.num_ranks,
+                   sc.hisparse_shared_index_prefetch);
       ULA_RETURN_IF_ERROR(ctx_.cost.CheckCounts(k));
       const StepTime t = ctx_.cost.Time(ctx_.cost.Work(k));
       if (measured) sums.Add(k, t, c, ctx_.cost.ExpectedTokensPerStep(sc.mtp_acceptance_rate));
@@ -794,6 +801,7 @@ Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario_in, const 
     ci.kernel_overhead_s_per_layer = scenario.kernel_overhead_s_per_layer;
     ci.planner_kernels_per_call = scenario.planner_kernels_per_call;
     ci.candidate_bytes = scenario.candidate_bytes;
+    ci.indexer_logit_bytes = scenario.indexer_logit_bytes;
     ci.activation_reserve_fraction = scenario.activation_reserve_fraction;
     auto cm = CostModel::Create(ci);
     if (!cm) return std::unexpected(cm.error());

@@ -416,5 +416,61 @@ TEST(CostModel, TpReplicatedWeightsCountWholeOnEveryGpu) {
   EXPECT_DOUBLE_EQ(cm->Budget().weight_bytes, (non_routed - rep + routed + 2 * p.embedding * 2) / P + rep);
 }
 
+// GEMMs at their achieved rates: weight reads at gemm_hbm_efficiency of HBM peak (dense
+// and routed experts, not the attention or the indexer), the routed experts compute-bound
+// at grouped_gemm_flops; the expert term turns compute-bound where its FLOPs pass the
+// reads, which more tokens per expert do.
+TEST(CostModel, GemmsReadWeightsAtTheirEfficiencyAndExpertsTurnComputeBoundAtTheGroupedRate) {
+  CostModelInputs in = TinyInputs(ParallelMode::kDp, false);
+  in.rates.gemm_hbm_efficiency = 0.5;
+  in.rates.grouped_gemm_flops = 1e14;  // half the tiny FP8 peak
+  auto cm = CostModel::Create(in);
+  ASSERT_TRUE(cm) << cm.error().ToString();
+  StepWork w;
+  w.dense_bytes = 1e9;       // 2 ms at 0.5 x 1e12 B/s
+  w.expert_bytes = 1e9;      // 2 ms
+  w.expert_flops = 1e11;     // 1 ms at 1e14: memory bound
+  w.attention_bytes = 1e9;   // 1 ms: the attention kernel keeps HBM peak
+  w.indexer_bytes = 1e9;     // 1 ms
+  w.groups = 1;
+  const StepTime t = cm->Time(w);
+  EXPECT_DOUBLE_EQ(t.dense, 2e-3);
+  EXPECT_DOUBLE_EQ(t.experts, 2e-3);
+  EXPECT_DOUBLE_EQ(t.attention, 1e-3);
+  EXPECT_DOUBLE_EQ(t.indexer, 1e-3);
+  w.expert_flops = 3e11;     // 3 ms at the grouped rate (1.5 ms at the FP8 peak): compute bound
+  EXPECT_DOUBLE_EQ(cm->Time(w).experts, 3e-3);
+  // 0 = the FP8 peak.
+  in.rates.grouped_gemm_flops = 0;
+  auto peak = CostModel::Create(in);
+  ASSERT_TRUE(peak);
+  EXPECT_DOUBLE_EQ(peak->Time(w).experts, 2e-3);
+  // Bad values are refused with the field named.
+  in.rates.gemm_hbm_efficiency = 0;
+  auto bad = CostModel::Create(in);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message().find("gemm_hbm_efficiency"), std::string::npos);
+}
+
+// The indexer scores every key of the context for every query, and each query's logits are
+// written and read back by the top-k: O(context) per query, not O(top-k).
+TEST(CostModel, IndexerScoresTheWholeContextPerQueryAndRoundTripsItsLogits) {
+  CostModelInputs in = TinyInputs(ParallelMode::kDp, true);  // 3 queries, 2 MTP passes
+  in.indexer_logit_bytes = 4;
+  auto cm = CostModel::Create(in);
+  ASSERT_TRUE(cm);
+  const ModelConfig& m = cm->inputs().model;  // 2 main groups + 1 MTP group
+  StepCounts k;
+  k.batch_total = k.batch_local = 2;
+  k.history_scored = 1000;
+  const StepWork w = cm->Work(k);
+  const double scorings = 1000.0 * (2 * 3 + 2);  // keys x (main groups x queries + MTP passes)
+  EXPECT_DOUBLE_EQ(w.indexer_bytes, 1000.0 * (2 + 2) * 64 + 2 * 4 * scorings);
+  EXPECT_DOUBLE_EQ(w.indexer_flops, scorings * 2 * m.index_heads * m.index_head_dim);
+  // Twice the context, twice the indexer; the top-k does not bound it.
+  k.history_scored = 2000;
+  EXPECT_DOUBLE_EQ(cm->Work(k).indexer_bytes, 2 * w.indexer_bytes);
+}
+
 }  // namespace
 }  // namespace ula

@@ -205,11 +205,27 @@ TEST(ServingSystems, AllGpuCountsEachDistinctSelectionOnceAsAHit) {
   EXPECT_GT(ula.h2d, 0.0);
 }
 
-// UlaCache pays its planner per group, HiSparse its per-layer
-// swap-in kernel with the host fetch on the critical path, all-GPU neither.
-TEST(ServingSim, EachSystemPaysItsOwnKernelsAndHiSparsesFetchIsOnTheCriticalPath) {
+// UlaCache pays its planner per group, SGLang's HiSparse with its shared-index prefetch
+// (tiny.json) too; without it its per-layer swap-in kernel with the host fetch on the
+// critical path; all-GPU neither.
+TEST(ServingSim, EachSystemPaysItsOwnKernelsAndHiSparsesFetchIsOnTheCriticalPathWithoutPrefetch) {
   const ComparisonResult r = RunTiny();
+  const ComparisonResult sync = RunTinyWith("/hisparse_shared_index_prefetch/value", 0);
   ASSERT_EQ(r.configs.size(), 4u);
+  ASSERT_EQ(sync.configs.size(), 4u);
+  for (std::size_t i = 0; i < r.configs.size(); ++i) {
+    const SystemResult* pre = r.configs[i].Find(SystemKind::kHiSparse);
+    const SystemResult* syn = sync.configs[i].Find(SystemKind::kHiSparse);
+    ASSERT_TRUE(pre && syn);
+    ASSERT_FALSE(pre->curve.empty() || syn->curve.empty());
+    for (const StepCounts& k : syn->curve.front().measured) {
+      EXPECT_TRUE(k.swap_in_per_layer);
+      EXPECT_FALSE(k.planner_per_group);
+    }
+    // The same counts, the fetch overlapped within the group: never slower.
+    EXPECT_LE(pre->curve.front().time.total, syn->curve.front().time.total);
+    EXPECT_LE(pre->curve.front().time.transfer_exposed, syn->curve.front().time.transfer_exposed);
+  }
   for (const ConfigResult& c : r.configs) {
     SCOPED_TRACE(std::string(ParallelModeName(c.entry.mode)) + (c.entry.mtp ? " mtp on" : " mtp off"));
     for (const SystemResult& s : c.systems) {
@@ -220,10 +236,10 @@ TEST(ServingSim, EachSystemPaysItsOwnKernelsAndHiSparsesFetchIsOnTheCriticalPath
       // vllm_hisparse: its resolver and gather kernels per index group, priced as a planner;
       // trtllm_offload's fetch kernels taken as vLLM's.
       const bool planner = IsUlaCache(s.system) || s.system == SystemKind::kVllmHiSparse ||
-                           s.system == SystemKind::kTrtllmOffload;
+                           s.system == SystemKind::kTrtllmOffload || s.system == SystemKind::kHiSparse;
       for (const StepCounts& k : b1.measured) {
         EXPECT_EQ(k.planner_per_group, planner);
-        EXPECT_EQ(k.swap_in_per_layer, s.system == SystemKind::kHiSparse);
+        EXPECT_FALSE(k.swap_in_per_layer);
       }
       if (s.system == SystemKind::kAllGpu || IsContextParallel(s.system)) {
         EXPECT_DOUBLE_EQ(b1.time.planner, 0);

@@ -47,6 +47,14 @@ std::vector<Variant> Variants() {
   auto launch = [](double f) { return [f](CostModelInputs& in) { in.rates.kernel_launch_s *= f; }; };
   v.push_back({"kernel launch (planner, swap-in)", "x0.5", launch(0.5), {}});
   v.push_back({"kernel launch (planner, swap-in)", "x2", launch(2), {}});
+  // GEMMs at their achieved rates (configs/costs/<hardware>.json): the roofline and a
+  // slower read; the experts' grouped GEMMs at the FP8 peak instead of DeepGEMM's achieved rate.
+  auto gemm_eff = [](double e) { return [e](CostModelInputs& in) { in.rates.gemm_hbm_efficiency = e; }; };
+  v.push_back({"GEMM weight-read efficiency", "1.0 (HBM peak)", gemm_eff(1.0), {}});
+  v.push_back({"GEMM weight-read efficiency", "0.5", gemm_eff(0.5), {}});
+  v.push_back({"grouped GEMM rate (routed experts)", "the FP8 peak", [](CostModelInputs& in) {
+                 in.rates.grouped_gemm_flops = 0;
+               }, {}});
   auto acceptance = [](double a) {
     return [a](ScenarioConfig& s) {
       s.mtp_acceptance_rate = a;
@@ -63,6 +71,8 @@ std::vector<Variant> Variants() {
                  s.hisparse_match_host_budget = false;
                  s.hisparse_host_to_device_ratio = 2;
                }});
+  v.push_back({"SGLang HiSparse swap-in", "synchronous, every layer (no shared-index prefetch)", {},
+               [](ScenarioConfig& s) { s.hisparse_shared_index_prefetch = false; }});
   auto window = [](std::uint32_t w) {
     return [w](ScenarioConfig& s) { s.vllm_hisparse_admission_window_entries = w; };
   };
