@@ -14,7 +14,8 @@
 //     parent's tokens before `start` and its own after. The node produced by splitting a
 //     node keeps using the page its upper half owns (no copy); a branch added later at an
 //     unaligned position brings its own copy. So the unaligned tail is COPIED (the engine's
-//     partial page), not dropped as SGLang does with page_size > 1.
+//     partial page), not dropped as SGLang does with page_size > 1 (config.unaligned_tail
+//     kDrop does that for Insert).
 //   * The page with index p on a path is provided by the deepest node of the path that
 //     owns index p; its bytes are valid for every token of the path in that page.
 // A node may hold a checkpoint (a state block, and a window ring when the model keeps its
@@ -153,6 +154,17 @@ enum class EvictionRule : std::uint8_t { kNaive, kAllocationAware };
 //             W - 1 + page_tokens tokens, SGLang's sliding_window_size + page_size), an
 //             insert only the nodes it creates (its walk down refreshes no ancestor).
 enum class WindowRecency : std::uint8_t { kPath, kCushion };
+// What Insert keeps of a finished sequence past its last page boundary (docs/ARCHITECTURE.md
+// measures both; InsertChunk always keeps what it is given, the request goes on from there):
+//   kKeep  ours: KV up to the last checkpoint, wherever it is; its partial last page stays in
+//          the tree, so a returning request that extends the sequence resumes at its end
+//          (copying that page) and a branch there brings its own head copy;
+//   kDrop  SGLang's (cache_finished_req with page_size > 1): only checkpoints at multiples of
+//          page_tokens are kept (the engine saves the state at its last page boundary, as
+//          SGLang's mamba track buffer does); the others, and the KV past the last kept one,
+//          are freed: no partial page is cached. Without a recurrent kind, KV up to the last
+//          page boundary.
+enum class UnalignedTail : std::uint8_t { kKeep, kDrop };
 const char* EvictionRuleName(EvictionRule rule);
 
 struct PrefixCacheConfig {
@@ -167,6 +179,7 @@ struct PrefixCacheConfig {
   bool record_events = false;
   EventHash event_hash = EventHash::kSglang;  // the events' block hash (ula/prefix_events.h)
   WindowRecency window_recency = WindowRecency::kCushion;  // sliding_window > 0: the window LRU's touches
+  UnalignedTail unaligned_tail = UnalignedTail::kKeep;      // Insert: a finished sequence's partial last page
 
   Status Validate() const;
 };
@@ -259,6 +272,8 @@ class PrefixCache {
   // lacks (released or evicted) over a full page of the shared prefix is taken too.
   // Returns the prefix length the tree held already (KV of tokens [0, s) with s up to the
   // last checkpoint: SGLang's InsertResult.prefix_len), whose duplicate pages were freed.
+  // With unaligned_tail kDrop, checkpoints off a page boundary are freed too, and KV is kept
+  // only up to the last checkpoint on one (see UnalignedTail).
   Result<std::uint32_t> Insert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
                                std::span<const PositionedCheckpoint> checkpoints,
                                std::span<const BlockId> window_pages = {});
@@ -398,6 +413,7 @@ class PrefixCache {
   // (splits and new nodes), the window pages adopted, the checkpoints attached.
   struct InsertPlan {
     std::map<std::uint32_t, Checkpoint> at;  // position -> checkpoint (those left are duplicates)
+    std::vector<Checkpoint> dropped;         // drop_tail: checkpoints off a page boundary (freed)
     std::uint32_t n = 0;                     // tokens kept: [0, n), up to the last checkpoint
     std::uint32_t s = 0;                     // of them, the tokens the tree holds already
     bool head_copy = false;                  // the first new node brings a head copy
@@ -422,9 +438,13 @@ class PrefixCache {
   Result<std::map<std::uint32_t, Checkpoint>> CheckInsertCheckpoints(std::size_t tokens,
                                                                      std::span<const PositionedCheckpoint> checkpoints,
                                                                      std::unordered_set<BlockId>& incoming) const;
+  // drop_tail: UnalignedTail::kDrop applies (Insert's; never a chunk's).
   Result<InsertPlan> PlanInsert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
                                 std::span<const PositionedCheckpoint> checkpoints,
-                                std::span<const BlockId> window_pages) const;
+                                std::span<const BlockId> window_pages, bool drop_tail) const;
+  Result<std::uint32_t> InsertSequence(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                                       std::span<const PositionedCheckpoint> checkpoints,
+                                       std::span<const BlockId> window_pages, bool drop_tail);
   std::vector<std::uint32_t> InsertPath(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
                                         std::span<const BlockId> window_pages, const InsertPlan& plan);
   void AdoptWindowPages(const std::vector<std::uint32_t>& path, std::span<const std::uint32_t> tokens,

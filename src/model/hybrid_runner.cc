@@ -59,7 +59,7 @@ Status HybridRunner::Release(const SequenceBlocks& seq, std::size_t shared_pages
 }
 
 Result<SequenceBlocks> HybridRunner::Reserve(std::uint32_t tokens, std::uint32_t chunk_tokens, EvictionRule rule,
-                                             EvictionStats* evicted) {
+                                             EvictionStats* evicted, std::vector<EvictionStats>* per_chunk) {
   const std::uint32_t P = model_.config().page_tokens;
   const std::size_t kinds = allocator_.num_kinds();
   SequenceBlocks seq;
@@ -74,7 +74,10 @@ Result<SequenceBlocks> HybridRunner::Reserve(std::uint32_t tokens, std::uint32_t
       d.Add(kModelStateKind, 1);
       if (model_.window_ring()) d.Add(kModelWindowKind, 1);
     }
-    auto ids = Allocate(d, rule, stats);
+    EvictionStats chunk_stats;
+    auto ids = Allocate(d, rule, chunk_stats);
+    Add(stats, chunk_stats);
+    if (per_chunk) per_chunk->push_back(chunk_stats);
     if (!ids) {
       (void)Release(seq);
       return std::unexpected(std::move(ids).error());
@@ -210,6 +213,10 @@ struct HybridRunner::ServeCall {
   std::uint32_t m = 0;       // matched tokens
   std::size_t shared = 0;    // leading pages that belong to the cache, used as they are
   std::uint32_t branch = 0;  // where to save a checkpoint for the branching point (0: none)
+  // A cache that drops a finished sequence's unaligned tail (UnalignedTail::kDrop) keeps only
+  // checkpoints on page boundaries: the state at the last one the request reaches (SGLang's
+  // mamba track buffer), saved on the way (0: none needed).
+  std::uint32_t tail_at = 0;
   std::size_t released = 0;  // window pages [0, released) are decided
   SequenceBlocks seq;
   std::vector<PositionedCheckpoint> checkpoints;
@@ -269,6 +276,11 @@ Status HybridRunner::ServeCall::StartState() {
   result.branch = held.branch;
   // held changes with chunks: the branch is the match's.
   branch = options.branch_alignment == 0 ? 0 : held.branch / options.branch_alignment * options.branch_alignment;
+  if (r.cache_ != nullptr && options.insert_into_cache && r.cache_->config().unaligned_tail == UnalignedTail::kDrop &&
+      options.draft_tokens == 0) {
+    const std::uint32_t fed = len + options.max_new_tokens - 1;  // what Finish inserts
+    if (fed % P != 0 && fed / P * P > m) tail_at = fed / P * P;
+  }
   return Ok();
 }
 
@@ -353,7 +365,7 @@ Status HybridRunner::ServeCall::Prefill() {
     if (r.cache_ == nullptr) continue;
     const bool at_interval = options.checkpoint_interval > 0 && seq.length % options.checkpoint_interval == 0;
     const bool at_branch = branch > m && seq.length == branch;
-    if (at_interval || at_branch) ULA_RETURN_IF_ERROR(SaveCheckpoint());
+    if (at_interval || at_branch || seq.length == tail_at) ULA_RETURN_IF_ERROR(SaveCheckpoint());
     if (options.prefill_chunk > 0 && seq.length < len && (seq.length - m) % options.prefill_chunk == 0) {
       ULA_RETURN_IF_ERROR(InsertChunk());
     }
@@ -381,6 +393,7 @@ Status HybridRunner::ServeCall::Decode() {
     const auto t0 = std::chrono::steady_clock::now();
     if (seq.length / P >= seq.pages.size()) ULA_RETURN_IF_ERROR(r.AddPage(seq, options.rule, result.evicted));
     ULA_RETURN_IF_ERROR(r.model_.Step(r.allocator_, seq, next, logits));
+    if (seq.length == tail_at) ULA_RETURN_IF_ERROR(SaveCheckpoint());
     ULA_RETURN_IF_ERROR(ReleaseWindow());
     next = HybridModel::Argmax(logits);
     result.output.push_back(next);

@@ -14,6 +14,9 @@
 // page; window pages that no position still to be computed reads and no checkpoint still to
 // be inserted needs are released as the request advances (its own freed, the tree's window
 // lock given back early: PrefixCache::ReleaseWindow).
+// A cache that drops a finished sequence's unaligned tail (PrefixCacheConfig::unaligned_tail
+// kDrop) also gets a checkpoint at the last page boundary the request reaches, saved on the
+// way (SGLang's mamba track buffer); not with speculative decoding (no exact stop there).
 // Thread-safety: none; one runner per allocator.
 #pragma once
 
@@ -73,9 +76,10 @@ class HybridRunner {
   Result<ServeResult> Serve(std::span<const std::uint32_t> prompt, const ServeOptions& options);
 
   // Allocates the memory of a request of `tokens` tokens without computing it, in chunks of
-  // `chunk_tokens` (0: all at once), evicting by `rule` as needed.
+  // `chunk_tokens` (0: all at once), evicting by `rule` as needed; `per_chunk` (optional)
+  // gets what each chunk's allocation evicted.
   Result<SequenceBlocks> Reserve(std::uint32_t tokens, std::uint32_t chunk_tokens, EvictionRule rule,
-                                 EvictionStats* evicted);
+                                 EvictionStats* evicted, std::vector<EvictionStats>* per_chunk = nullptr);
   // Frees a sequence's own blocks (pages shared with the cache excluded: `shared_pages`).
   Status Release(const SequenceBlocks& seq, std::size_t shared_pages = 0);
 

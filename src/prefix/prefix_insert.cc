@@ -78,7 +78,8 @@ Result<std::map<std::uint32_t, Checkpoint>> PrefixCache::CheckInsertCheckpoints(
 Result<PrefixCache::InsertPlan> PrefixCache::PlanInsert(std::span<const std::uint32_t> tokens,
                                                         std::span<const BlockId> pages,
                                                         std::span<const PositionedCheckpoint> checkpoints,
-                                                        std::span<const BlockId> window_pages) const {
+                                                        std::span<const BlockId> window_pages,
+                                                        bool drop_tail) const {
   const std::uint32_t P = config_.page_tokens;
   auto incoming = CheckInsertBlocks(pages, window_pages);
   if (!incoming) return std::unexpected(std::move(incoming).error());
@@ -87,9 +88,21 @@ Result<PrefixCache::InsertPlan> PrefixCache::PlanInsert(std::span<const std::uin
   const bool windowed = config_.sliding_window > 0;
   InsertPlan plan;
   plan.at = std::move(*at);
+  if (drop_tail) {  // SGLang's finished request: no checkpoint, hence no KV, off a page boundary
+    for (auto it = plan.at.begin(); it != plan.at.end();) {
+      if (it->first % P == 0) {
+        ++it;
+        continue;
+      }
+      plan.dropped.push_back(it->second);
+      it = plan.at.erase(it);
+    }
+  }
   // KV past the last checkpoint is useless to a hybrid model: keep tokens [0, n). Without a
-  // recurrent kind every token is kept (a match may end at any node boundary).
-  plan.n = stateless() ? static_cast<std::uint32_t>(tokens.size()) : plan.at.empty() ? 0 : plan.at.rbegin()->first;
+  // recurrent kind every token is kept (a match may end at any node boundary), up to the
+  // last page boundary with drop_tail.
+  const auto all = static_cast<std::uint32_t>(tokens.size());
+  plan.n = stateless() ? (drop_tail ? all / P * P : all) : plan.at.empty() ? 0 : plan.at.rbegin()->first;
   // Read-only walk: how far the tree holds these tokens (s_all; s within [0, n)), and the
   // pages it has there (which the sequence may share).
   // A host node is not walked into: when the sequence goes on through it, that host subtree
@@ -266,13 +279,19 @@ void PrefixCache::AttachCheckpoints(const std::vector<std::uint32_t>& path, std:
 Result<std::uint32_t> PrefixCache::Insert(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
                                           std::span<const PositionedCheckpoint> checkpoints,
                                           std::span<const BlockId> window_pages) {
+  return InsertSequence(tokens, pages, checkpoints, window_pages, config_.unaligned_tail == UnalignedTail::kDrop);
+}
+
+Result<std::uint32_t> PrefixCache::InsertSequence(std::span<const std::uint32_t> tokens, std::span<const BlockId> pages,
+                                                  std::span<const PositionedCheckpoint> checkpoints,
+                                                  std::span<const BlockId> window_pages, bool drop_tail) {
   const std::uint32_t P = config_.page_tokens;
   const std::size_t want_pages = (tokens.size() + P - 1) / P;
   if (pages.size() != want_pages) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("prefix cache insert: {} tokens need {} pages, got {}", tokens.size(), want_pages, pages.size()));
   }
-  auto plan = PlanInsert(tokens, pages, checkpoints, window_pages);
+  auto plan = PlanInsert(tokens, pages, checkpoints, window_pages, drop_tail);
   if (!plan) return std::unexpected(std::move(plan).error());
   // Mutation from here on: nothing below fails.
   if (plan->host_child != 0 && plan->s < plan->n) RemoveHostSubtree(plan->host_child);
@@ -283,6 +302,10 @@ Result<std::uint32_t> PrefixCache::Insert(std::span<const std::uint32_t> tokens,
   }
   if (config_.sliding_window > 0) AdoptWindowPages(path, tokens, window_pages, *plan);
   AttachCheckpoints(path, plan->at);
+  for (const Checkpoint& c : plan->dropped) {  // drop_tail: off a page boundary
+    ULA_CHECK(allocator_->Free(c.state).has_value());
+    if (c.window.valid()) ULA_CHECK(allocator_->Free(c.window).has_value());
+  }
   for (std::uint32_t id : path) {
     Touch(id, clock_);
     // SGLang's window LRU: the walk down refreshes no ancestor, the nodes it adds are new.
@@ -298,7 +321,7 @@ Status PrefixCache::CheckChunkWindow(std::span<const std::uint32_t> tokens, std:
                                      std::span<const PositionedCheckpoint> checkpoints,
                                      std::span<const BlockId> window_pages) const {
   if (pages.size() != CeilDiv(static_cast<std::uint32_t>(tokens.size()), config_.page_tokens)) return Ok();  // Insert refuses it
-  auto plan = PlanInsert(tokens, pages, checkpoints, window_pages);
+  auto plan = PlanInsert(tokens, pages, checkpoints, window_pages, false);
   if (!plan) return std::unexpected(std::move(plan).error());
   // The request resumes at the chunk's end: every window page it attends to from there must
   // be the tree's after the insert (its own taken or adopted, or the tree's already).
@@ -332,7 +355,7 @@ Result<PrefixMatch> PrefixCache::InsertChunk(std::span<const std::uint32_t> toke
   }
   if (auto w = CheckWindowLocked(held, *node); !w) return std::unexpected(std::move(w).error());
   if (config_.sliding_window > 0) ULA_RETURN_IF_ERROR(CheckChunkWindow(tokens, pages, checkpoints, window_pages));
-  ULA_RETURN_IF_ERROR(Insert(tokens, pages, checkpoints, window_pages));
+  ULA_RETURN_IF_ERROR(InsertSequence(tokens, pages, checkpoints, window_pages, false));  // a chunk keeps its tail
   PrefixMatch m = Match(tokens, static_cast<std::uint32_t>(tokens.size()));
   ULA_CHECK(m.length == tokens.size());
   ULA_CHECK(Lock(m).has_value());  // before Unlock(held): nothing of the path is freed meanwhile

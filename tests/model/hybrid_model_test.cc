@@ -100,6 +100,36 @@ TEST(HybridModel, ReusingTheEndOfRequestCheckpointIsBitIdenticalToFromScratch) {
   ExpectBitIdentical(*reused, FromScratch(*model, b, 5));
 }
 
+// A cache that drops a finished sequence's unaligned tail (SGLang's): the runner saves the
+// state at the last page boundary the request reaches, and a follow-up turn resumes there,
+// bit-identically. The boundary falls in the decode (94 tokens: 80) and in the prefill
+// (81 + 3 - 1 = 83 tokens, prompt 81: 80).
+TEST(HybridModel, DroppingTheUnalignedTailResumesAtTheLastPageBoundaryBitIdentically) {
+  auto model = SmallModel();
+  const auto vocab = model->config().vocab;
+  const std::uint32_t P = model->config().page_tokens;
+  for (const auto& [prompt_len, new_tokens] : {std::pair{90u, 5u}, std::pair{81u, 3u}}) {
+    auto buffer = Buffer(*model, 512);
+    auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = P, .unaligned_tail = UnalignedTail::kDrop},
+                                     buffer.get()).value();
+    HybridRunner runner(*model, *buffer, cache.get());
+    const auto a = RandomTokens(23, prompt_len, vocab);
+    auto first = runner.Serve(a, ServeOptions{.max_new_tokens = new_tokens});
+    ASSERT_TRUE(first) << first.error().ToString();
+    std::vector<std::uint32_t> b = a;
+    b.insert(b.end(), first->output.begin(), first->output.end());
+    const auto tail = RandomTokens(24, 20, vocab);
+    b.insert(b.end(), tail.begin(), tail.end());
+    const std::uint32_t fed = prompt_len + new_tokens - 1;
+    ASSERT_NE(fed % P, 0u);
+    auto reused = runner.Serve(b, ServeOptions{.max_new_tokens = 5});
+    ASSERT_TRUE(reused) << reused.error().ToString();
+    EXPECT_EQ(reused->matched, fed / P * P) << prompt_len;  // the tail is recomputed
+    ExpectBitIdentical(*reused, FromScratch(*model, b, 5));
+    EXPECT_TRUE(cache->CheckInvariants());
+  }
+}
+
 TEST(HybridModel, KvPastTheLastCheckpointIsNotReused) {
   auto model = SmallModel();
   auto buffer = Buffer(*model, 512);

@@ -119,8 +119,9 @@ struct FaultCounts {
 
 class PrefixRandom {
  public:
-  PrefixRandom(std::uint32_t seed, CompactionMode mode, std::uint32_t host_slots, double fault_rate = 0)
-      : rng_(seed) {
+  PrefixRandom(std::uint32_t seed, CompactionMode mode, std::uint32_t host_slots, double fault_rate = 0,
+               UnalignedTail tail = UnalignedTail::kKeep)
+      : rng_(seed), tail_(tail) {
     UnifiedBufferConfig c;
     c.alignment = 64;
     c.capacity_bytes = 160 * 64;
@@ -138,7 +139,9 @@ class PrefixRandom {
     }
     const Arena device = mover->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
     buffer_ = fault_rate > 0 ? UnifiedBuffer::Create(c, device, *mover).value() : UnifiedBuffer::Create(c, device).value();
-    cache_ = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .record_events = true}, buffer_.get()).value();
+    cache_ = PrefixCache::Create(PrefixCacheConfig{.page_tokens = kPage, .record_events = true, .unaligned_tail = tail},
+                                 buffer_.get())
+                 .value();
     if (fault_rate > 0) {
       EXPECT_TRUE(cache_->AttachCopyBackend(mover, device.id));
     }
@@ -224,6 +227,10 @@ class PrefixRandom {
     EXPECT_GT(paid_, 0);
     EXPECT_GT(chunked_, 0);
     EXPECT_GT(buffer_->Stats().blocks_moved, 0u);
+    if (tail_ == UnalignedTail::kDrop) {
+      std::printf("  %d unaligned checkpoints dropped by inserts\n", tails_dropped_);
+      EXPECT_GT(tails_dropped_, 0);
+    }
     if (host_) {
       EXPECT_GT(offloaded_, 0u);
       EXPECT_GT(loaded_, 0u);
@@ -848,7 +855,18 @@ class PrefixRandom {
     if (!built) return;
     auto inserted = cache_->Insert(t, built->pages, built->cps);
     ASSERT_TRUE(inserted) << inserted.error().ToString() << " step " << step_;
-    ShadowInsert(t, built->cps);
+    // kDrop (SGLang's finished request): a checkpoint off a page boundary is freed, and the
+    // KV past the last one on a boundary with it.
+    std::vector<PositionedCheckpoint> kept;
+    for (const auto& c : built->cps) {
+      if (tail_ == UnalignedTail::kKeep || c.position % kPage == 0) {
+        kept.push_back(c);
+      } else {
+        ++tails_dropped_;
+        EXPECT_FALSE(buffer_->KindOf(c.checkpoint.state)) << "an unaligned checkpoint was kept at step " << step_;
+      }
+    }
+    ShadowInsert(t, kept);
     ++inserts_;
   }
 
@@ -989,6 +1007,8 @@ class PrefixRandom {
   std::uint64_t clock_ = 0;
   int step_ = 0;
   int inserts_ = 0, chunked_ = 0, hits_ = 0, evictions_ = 0, refused_ = 0;
+  UnalignedTail tail_;
+  int tails_dropped_ = 0;  // kDrop: checkpoints off a page boundary Insert freed
   std::uint64_t evicted_states_ = 0, tombstones_ = 0, offloaded_ = 0, loaded_ = 0;
   bool host_ = false;
   FaultCounts counts_;
@@ -1645,12 +1665,13 @@ TEST(PrefixCacheRandom, WindowPagesMatchOnlyWithTheirWindowAndKeepLockedWindows)
 TEST(PrefixCacheRandom, WindowPagesShorterThanAPageKeepTheirBytes) { RunWindowRandom(20261202u, 3, 10000); }
 
 void RunPrefixRandom(std::uint32_t default_seed, CompactionMode mode, int steps, std::uint32_t host_slots = 0,
-                     double fault_rate = 0) {
+                     double fault_rate = 0, UnalignedTail tail = UnalignedTail::kKeep) {
   ULA_TEST_SEEDED(seed64, default_seed);
   const auto seed = static_cast<std::uint32_t>(seed64);
-  std::printf("prefix random test: seed=%u mode=%s steps=%d host slots=%u fault rate=%.2f\n", seed,
-              mode == CompactionMode::kEager ? "eager" : "lazy", steps, host_slots, fault_rate);
-  PrefixRandom(seed, mode, host_slots, fault_rate).Run(steps);
+  std::printf("prefix random test: seed=%u mode=%s steps=%d host slots=%u fault rate=%.2f tail=%s\n", seed,
+              mode == CompactionMode::kEager ? "eager" : "lazy", steps, host_slots, fault_rate,
+              tail == UnalignedTail::kDrop ? "drop" : "keep");
+  PrefixRandom(seed, mode, host_slots, fault_rate, tail).Run(steps);
 }
 
 TEST(PrefixCacheRandom, LazyBufferMatchesTheShadowAndKeepsEveryCachedByte) {
@@ -1673,6 +1694,16 @@ TEST(PrefixCacheRandom, InjectedFaultsLoseNothingAndPublishNothingEarly) {
 
 TEST(PrefixCacheRandom, InjectedFaultsWithEagerCompactionLoseNothing) {
   RunPrefixRandom(5150u, CompactionMode::kEager, 2000, 4, 0.2);
+}
+
+// SGLang's finished request (UnalignedTail::kDrop): inserts free their checkpoints off a page
+// boundary and the KV past the last one on a boundary; the rest of the shadow as above.
+TEST(PrefixCacheRandom, DroppingUnalignedTailsMatchesTheShadow) {
+  RunPrefixRandom(20261203u, CompactionMode::kLazy, 2500, 0, 0, UnalignedTail::kDrop);
+}
+
+TEST(PrefixCacheRandom, DroppingUnalignedTailsWithAHostTierAndEagerCompaction) {
+  RunPrefixRandom(20261204u, CompactionMode::kEager, 2500, 6, 0, UnalignedTail::kDrop);
 }
 
 }  // namespace

@@ -538,5 +538,77 @@ TEST(PrefixCacheSglang, AnInsertsWalkDownRefreshesNoAncestor) {
   EXPECT_EQ(path.cache->Evict(0, 0, 1).window_pages, 1u);  // the side's [900]
 }
 
+// test_paged_cache_finished_unaligned_tail_freed (mamba, page 4): a finished request of 6
+// tokens (one page and a 2-token tail). SGLang frees the tail and the aligned 4 tokens match;
+// its engine tracks the state at the last page boundary (the mamba track buffer), which is
+// the checkpoint at 4 here. Both rules side by side (UnalignedTail; docs/ARCHITECTURE.md,
+// "The hybrid prefix cache, against SGLang's mamba radix cache", says why kKeep is the default).
+struct TailCase {
+  explicit TailCase(UnalignedTail rule) {
+    a = Buffer();
+    cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = 4, .unaligned_tail = rule}, a.get()).value();
+  }
+  // Inserts [1..6] with its 2 pages, the state at 6 and, when `tracked`, the state at 4.
+  std::uint32_t InsertFinished(bool tracked) {
+    auto ids = a->AllocateDemand(Demand::Of(3).Add(kState, 2).Add(kKv, 2)).value();
+    std::vector<PositionedCheckpoint> cps = {{6, Checkpoint{ids[1], BlockId::Invalid()}}};
+    if (tracked) cps.insert(cps.begin(), {4, Checkpoint{ids[0], BlockId::Invalid()}});
+    else EXPECT_TRUE(a->Free(ids[0]));
+    return cache->Insert(Range(1, 6), std::vector<BlockId>{ids[2], ids[3]}, cps).value();
+  }
+  std::uint64_t Live(BlockKind k) const { return a->Stats().live_blocks_per_kind[k.value()]; }
+  std::unique_ptr<UnifiedBuffer> a;
+  std::unique_ptr<PrefixCache> cache;
+};
+
+TEST(PrefixCacheSglang, DropFreesAFinishedRequestsUnalignedTailAndTheAlignedPrefixMatches) {
+  TailCase t(UnalignedTail::kDrop);
+  const auto kv = t.Live(kKv);
+  EXPECT_EQ(t.InsertFinished(true), 0u);
+  EXPECT_EQ(t.Live(kKv), kv + 1);          // the tail's page went back (SGLang: 2 tokens)
+  EXPECT_EQ(t.Live(kState), 1u);           // the state at 6 too: off a page boundary
+  EXPECT_EQ(t.cache->Match(Range(1, 4), 4).length, 4u);  // SGLang's: the aligned 4 tokens
+  PrefixMatch whole = t.cache->Match(Concat(Range(1, 6), {99}), 7);
+  EXPECT_EQ(whole.length, 4u);             // a returning request recomputes the tail
+  EXPECT_EQ(whole.kv_length, 4u);
+  EXPECT_EQ(whole.pages.size(), 1u);
+  EXPECT_TRUE(t.cache->CheckInvariants()) << t.cache->CheckInvariants().error().ToString();
+}
+
+TEST(PrefixCacheSglang, DropKeepsNothingOfAFinishedRequestWithoutAnAlignedState) {
+  TailCase t(UnalignedTail::kDrop);
+  const auto kv = t.Live(kKv);
+  EXPECT_EQ(t.InsertFinished(false), 0u);
+  EXPECT_EQ(t.Live(kKv), kv);  // both pages freed: no checkpoint on a page boundary
+  EXPECT_EQ(t.Live(kState), 0u);
+  EXPECT_EQ(t.cache->num_nodes(), 0u);
+}
+
+// Ours (kKeep): the partial page stays, so the 4 aligned tokens alone match nothing (no state
+// at 4), but a returning request that extends the finished one resumes at its end, 6.
+TEST(PrefixCacheSglang, KeepCachesTheUnalignedTailAndAReturnResumesAtItsEnd) {
+  TailCase t(UnalignedTail::kKeep);
+  const auto kv = t.Live(kKv);
+  EXPECT_EQ(t.InsertFinished(false), 0u);
+  EXPECT_EQ(t.Live(kKv), kv + 2);
+  EXPECT_EQ(t.cache->Match(Range(1, 4), 4).length, 0u);
+  PrefixMatch whole = t.cache->Match(Concat(Range(1, 6), {99}), 7);
+  EXPECT_EQ(whole.length, 6u);
+  EXPECT_EQ(whole.pages.size(), 2u);
+  EXPECT_TRUE(t.cache->CheckInvariants()) << t.cache->CheckInvariants().error().ToString();
+}
+
+// A chunk is never the finished request: InsertChunk keeps its unaligned end under kDrop too
+// (the request goes on from there, SGLang's cache_unfinished_req).
+TEST(PrefixCacheSglang, DropLeavesAChunksUnalignedEndCached) {
+  TailCase t(UnalignedTail::kDrop);
+  auto ids = t.a->AllocateDemand(Demand::Of(3).Add(kState, 1).Add(kKv, 2)).value();
+  const std::vector<PositionedCheckpoint> cps = {{6, Checkpoint{ids[0], BlockId::Invalid()}}};
+  auto m = t.cache->InsertChunk(Range(1, 6), std::vector<BlockId>{ids[1], ids[2]}, cps, PrefixMatch{});
+  ASSERT_TRUE(m) << m.error().ToString();
+  EXPECT_EQ(m->length, 6u);
+  ASSERT_TRUE(t.cache->Unlock(*m));
+}
+
 }  // namespace
 }  // namespace ula

@@ -5,7 +5,10 @@
 // fixed pools, same run. Then the branching experiment: each prefix returns as several
 // variants that share a random part of it and then differ; with checkpoints at the
 // branching point (the cache's token-granular match) against without (checkpoints only
-// every checkpoint_interval tokens and at the end, as the page-granular cache had).
+// every checkpoint_interval tokens and at the end, as the page-granular cache had). The
+// chunked runs print what each chunk's allocation evicted. Then the sliding-window tables,
+// and the unaligned tail of finished requests: multi-turn conversations whose turns extend
+// the last, with the partial last page kept (ours) against dropped (SGLang's).
 //
 // Sizes: the small model computes, but the buffer's accounting follows a
 // real hybrid model's config (--sizing NAME: configs/hybrid/NAME.json, default Qwen3-Next-80B-A3B):
@@ -22,6 +25,7 @@
 #include <array>
 #include <cmath>
 #include <filesystem>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <chrono>
@@ -53,6 +57,7 @@ struct Options {
   std::uint32_t variants = 3;  // branching experiment: variants per prefix
   std::uint32_t host_slots = 64;  // the host-tier run: checkpoints the host holds
   std::uint32_t host_page_slots = 512;  // the host-tier run with KV: KV pages the host holds
+  std::uint32_t turns = 4;  // the unaligned-tail experiment: turns per conversation
   std::string sizing = "qwen3_next_80b_a3b";  // configs/hybrid/<name>.json, or "small"
   std::string config_dir;
 };
@@ -161,6 +166,7 @@ struct RunResult {
   std::uint64_t recomputed = 0;
   double returning_ms = 0;
   EvictionStats evicted;
+  std::vector<EvictionStats> chunks;  // what each allocation of the long request evicted
 };
 
 Result<RunResult> RunOnce(const HybridModel& model, const std::vector<KindConfig>& kinds, const Options& o,
@@ -189,12 +195,12 @@ Result<RunResult> RunOnce(const HybridModel& model, const std::vector<KindConfig
   }
   HybridRunner runner(model, **buffer, cache->get());
   const ServeOptions serve{.max_new_tokens = o.new_tokens, .checkpoint_interval = o.checkpoint_interval, .rule = rule};
-  RunResult r{.rule = rule, .chunked = chunked, .host_slots = host_slots, .host_page_slots = host_page_slots, .evicted = {}};
+  RunResult r{.rule = rule, .chunked = chunked, .host_slots = host_slots, .host_page_slots = host_page_slots, .evicted = {}, .chunks = {}};
   for (const auto& p : prefixes) {
     auto s = runner.Serve(p, serve);
     if (!s) return std::unexpected(s.error());
   }
-  auto seq = runner.Reserve(o.long_tokens, chunked ? o.chunk_tokens : 0, rule, &r.evicted);
+  auto seq = runner.Reserve(o.long_tokens, chunked ? o.chunk_tokens : 0, rule, &r.evicted, &r.chunks);
   if (!seq) return std::unexpected(seq.error());
   ULA_RETURN_IF_ERROR(runner.Release(*seq));  // not cacheable: measures what eviction destroyed
   for (const auto& p : prefixes) {
@@ -327,6 +333,73 @@ Result<WindowResult> RunWindow(bool pages, std::uint32_t window, const Options& 
   return r;
 }
 
+// The unaligned tail of a finished request (UnalignedTail): conversations of `turns` turns,
+// each turn's prompt the previous turn's prompt and output plus a user message of 8-39
+// tokens (so every finished sequence ends off a page boundary), served turn by turn, the
+// conversations of a turn in a random order (`orders`, the same for every run), on a buffer
+// of `buffer_bytes`. Reuse is counted from the second turn on.
+struct TailResult {
+  UnalignedTail rule;
+  std::uint64_t matched = 0, recomputed = 0;
+  std::uint64_t lost = 0;  // of the recomputed: tokens of the previous turn's sequence
+  std::uint64_t pages = 0, checkpoints = 0;  // what the tree holds at the end
+  std::uint64_t held_bytes = 0;               // all of it, in the buffer
+  std::uint32_t evicted_nodes = 0;
+};
+
+struct Conversation {
+  std::vector<std::uint32_t> first;                  // turn 1's prompt
+  std::vector<std::vector<std::uint32_t>> messages;  // [turns - 1] the user messages after it
+};
+
+Result<TailResult> RunTail(const HybridModel& model, const std::vector<KindConfig>& kinds, const Options& o,
+                           UnalignedTail rule, std::uint64_t buffer_bytes, const std::vector<Conversation>& convs,
+                           const std::vector<std::vector<std::uint32_t>>& orders) {
+  UnifiedBufferConfig c;
+  c.alignment = 64;
+  c.kinds = kinds;
+  c.capacity_bytes = buffer_bytes / 64 * 64;
+  c.padding_kind = kModelKvKind;
+  c.padding_blocks = 1;
+  auto buffer = UnifiedBuffer::Create(c);
+  if (!buffer) return std::unexpected(buffer.error());
+  auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = model.config().page_tokens, .unaligned_tail = rule},
+                                   buffer->get());
+  if (!cache) return std::unexpected(cache.error());
+  HybridRunner runner(model, **buffer, cache->get());
+  const ServeOptions serve{.max_new_tokens = o.new_tokens, .checkpoint_interval = o.checkpoint_interval};
+  TailResult r{.rule = rule};
+  std::vector<std::vector<std::uint32_t>> prompts, fed(convs.size());
+  for (const auto& conv : convs) prompts.push_back(conv.first);
+  for (std::uint32_t turn = 0; turn < o.turns; ++turn) {
+    for (const std::uint32_t i : orders[turn]) {
+      if (turn > 0) {  // the previous turn's prompt and output (all of it), then the message
+        const auto& msg = convs[i].messages[turn - 1];
+        prompts[i].insert(prompts[i].end(), msg.begin(), msg.end());
+      }
+      auto s = runner.Serve(prompts[i], serve);
+      if (!s) return std::unexpected(s.error());
+      if (turn > 0) {
+        r.matched += s->matched;
+        r.recomputed += s->recomputed;
+        r.lost += s->recomputed - (prompts[i].size() - fed[i].size());
+      }
+      r.evicted_nodes += s->evicted.nodes;
+      fed[i] = prompts[i];
+      fed[i].insert(fed[i].end(), s->output.begin(), s->output.end() - 1);  // what Finish inserted
+      prompts[i].insert(prompts[i].end(), s->output.begin(), s->output.end());
+    }
+  }
+  r.pages = (*buffer)->Stats().live_blocks_per_kind[kModelKvKind.value()];
+  r.checkpoints = (*cache)->num_checkpoints();
+  r.held_bytes = (*buffer)->Stats().live_bytes;
+  ULA_RETURN_IF_ERROR((*buffer)->CheckInvariants());
+  ULA_RETURN_IF_ERROR((*cache)->CheckInvariants());
+  return r;
+}
+
+const char* UnalignedTailName(UnalignedTail rule) { return rule == UnalignedTail::kKeep ? "keep" : "drop"; }
+
 // Decode time per token on the unified buffer and on fixed pools, interleaved.
 std::pair<double, double> MeasureTbt(const HybridModel& model, const Options& o) {
   const auto kinds = model.Kinds(64);
@@ -448,7 +521,14 @@ int Run(const Options& o) {
         fmt::print(stderr, "run failed: {}\n", r.error().ToString());
         return 1;
       }
+      nlohmann::json chunks = nlohmann::json::array();
+      std::string chunk_text;
+      for (const EvictionStats& c : r->chunks) {
+        chunks.push_back({{"nodes", c.nodes}, {"pages", c.pages}, {"checkpoints", c.checkpoints}});
+        chunk_text += fmt::format(" {}/{}/{}", c.nodes, c.pages, c.checkpoints);
+      }
       out["runs"].push_back({{"rule", EvictionRuleName(rule)},
+                             {"chunks", chunks},
                              {"chunked", chunked},
                              {"host_slots", config.host_slots},
                              {"host_page_slots", config.host_page_slots},
@@ -467,6 +547,7 @@ int Run(const Options& o) {
         if (config.host_page_slots > 0) name += fmt::format("+kv{}", config.host_page_slots);
         fmt::print("{:<24} {:>7} {:>6}/{:<2} {:>7} {:>11} {:>13.1f} {:>15} {:>13}\n", name, chunked ? "yes" : "no",
                    r->retained, o.prefixes, r->on_host, r->recomputed, r->returning_ms, r->evicted.nodes, r->evicted.pages);
+        if (chunked) fmt::print("  evicted per chunk (nodes/pages/checkpoints):{}\n", chunk_text);
       }
     }
   }
@@ -561,6 +642,65 @@ int Run(const Options& o) {
                  r->variant_recomputed, r->recomputed, r->window_bytes >> 10);
     }
   }
+  // The unaligned tail: ours (keep the partial page) against SGLang's (drop it), on a buffer
+  // where nothing is evicted, then on buffers of a fraction of what the keep rule held there.
+  std::vector<Conversation> convs;
+  std::vector<std::vector<std::uint32_t>> orders(o.turns);
+  for (auto& order : orders) {
+    order.resize(o.prefixes);
+    std::iota(order.begin(), order.end(), 0u);
+    std::shuffle(order.begin(), order.end(), rng);
+  }
+  std::uint64_t final_tokens = 0;
+  for (std::uint32_t i = 0; i < o.prefixes; ++i) {
+    // Turn 1: prefix_tokens / 2 to 3 / 2 prefix_tokens, so that the last page boundary
+    // of a finished turn meets an interval checkpoint only by chance (1 / interval x P).
+    Conversation conv{.first = RandomTokens(rng, o.prefix_tokens / 2 + rng() % o.prefix_tokens, vocab), .messages = {}};
+    std::uint64_t total = conv.first.size();
+    for (std::uint32_t t = 1; t < o.turns; ++t) {
+      conv.messages.push_back(RandomTokens(rng, 8 + rng() % 32, vocab));
+      total += o.new_tokens + conv.messages.back().size();
+    }
+    final_tokens += total + o.new_tokens;
+    convs.push_back(std::move(conv));
+  }
+  const std::uint32_t turn_checkpoints = (o.checkpoint_interval ? o.prefix_tokens / o.checkpoint_interval : 0) + 2 * o.turns;
+  const std::uint64_t ample = 2 * (final_tokens / page_tokens + 2 * o.prefixes) * sizes.page_bytes +
+                              std::uint64_t{o.prefixes} * turn_checkpoints * sizes.checkpoint_bytes;
+  out["unaligned_tail"] = nlohmann::json::array();
+  if (!o.json) {
+    fmt::print("unaligned tail: {} conversations x {} turns (turn 1 of {}-{} tokens, each next turn the last one's "
+               "prompt and output plus 8-39 tokens, the conversations in a random order per turn), reuse from turn 2\n",
+               o.prefixes, o.turns, o.prefix_tokens / 2, o.prefix_tokens / 2 + o.prefix_tokens - 1);
+    fmt::print("{:<6} {:>8} {:>14} {:>11} {:>18} {:>12} {:>12} {:>10} {:>15}\n", "tail", "buffer", "matched", "recomputed",
+               "of earlier turns", "pages held", "checkpoints", "held KiB", "evicted nodes");
+  }
+  std::uint64_t keep_held = 0;  // what the keep rule held on the ample buffer
+  for (double fraction : {1.0, 0.75, 0.5}) {
+    for (UnalignedTail rule : {UnalignedTail::kKeep, UnalignedTail::kDrop}) {
+      // fraction 1: nothing is evicted; the others: that fraction of keep_held, and room for
+      // the running request (its pages, state and checkpoints).
+      const std::uint64_t bytes =
+          fraction == 1.0 ? ample : static_cast<std::uint64_t>(fraction * double(keep_held)) +
+                                   4 * sizes.checkpoint_bytes + 64 * sizes.page_bytes;
+      auto r = RunTail(**model, kinds, o, rule, bytes, convs, orders);
+      if (!r) {
+        fmt::print(stderr, "unaligned tail run failed: {}\n", r.error().ToString());
+        return 1;
+      }
+      if (fraction == 1.0 && rule == UnalignedTail::kKeep) keep_held = r->held_bytes;
+      const std::string buffer = fraction == 1.0 ? "ample" : fmt::format("{:.0f}%", fraction * 100);
+      out["unaligned_tail"].push_back({{"tail", UnalignedTailName(rule)}, {"buffer", buffer}, {"buffer_bytes", bytes},
+                                       {"matched_tokens", r->matched}, {"recomputed_tokens", r->recomputed},
+                                       {"recomputed_of_earlier_turns", r->lost}, {"pages_held", r->pages},
+                                       {"checkpoints_held", r->checkpoints}, {"held_bytes", r->held_bytes},
+                                       {"evicted_nodes", r->evicted_nodes}});
+      if (!o.json) {
+        fmt::print("{:<6} {:>8} {:>14} {:>11} {:>18} {:>12} {:>12} {:>10} {:>15}\n", UnalignedTailName(rule), buffer,
+                   r->matched, r->recomputed, r->lost, r->pages, r->checkpoints, r->held_bytes >> 10, r->evicted_nodes);
+      }
+    }
+  }
   const auto [unified_us, fixed_us] = MeasureTbt(**model, o);
   out["tbt"] = {{"unified_median_us", unified_us}, {"fixed_median_us", fixed_us}, {"ratio", unified_us / fixed_us}};
   if (o.json) {
@@ -588,6 +728,7 @@ Action Setup(CLI::App& app) {
   app.add_option("--config-dir", o->config_dir, "configs directory (default: $ULA_CONFIG_DIR or the source tree's)");
   app.add_option("--host-slots", o->host_slots, "checkpoints the host tier of the host-tier run holds")
       ->check(IntIn(1, 100000));
+  app.add_option("--turns", o->turns, "unaligned-tail experiment: turns per conversation")->check(IntIn(2, 100));
   app.add_option("--host-page-slots", o->host_page_slots, "KV pages the host tier of the KV host-tier run holds")
       ->check(IntIn(1, 1000000));
   return [o] { return Run(*o); };
