@@ -1,0 +1,130 @@
+// The step's conformance suite in TP mode (tests/step/step_conformance_test.cc has DP): the
+// TP verifier (src/verify/tp_verifier.h) runs one seeded workload over four in-process ranks
+// under device pressure, with injected faults and with shared prefixes, in each TP mode and
+// form it drives: attention at home by the CPU reference (TpStepPlanner) and by the kernels'
+// OpenMP form (TpKernelStepPlanner), and the local buffer by the CPU reference. Every run
+// must keep every byte (each rank's refs read the shadow bytes, attention at home merges to
+// the dense reference), lose nothing to faults and keep isolation; the two forms of attention
+// at home must make the same decisions on the same seed (the same counts of steps, refusals,
+// home misses and swaps, selections left to their home, failed calls). A mode a form cannot
+// run is refused with the reason (the kernels with a local buffer or host shadows, the
+// engine forms, which this verifier does not drive yet).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "test_seed.h"
+#include "verify/tp_verifier.h"
+
+namespace ula {
+namespace {
+
+#if defined(ULA_EXPENSIVE_CHECKS) || defined(__SANITIZE_THREAD__)
+constexpr std::uint64_t kOps = 100;
+#else
+constexpr std::uint64_t kOps = 220;
+#endif
+
+TpVerifierConfig Conformance(std::uint64_t seed, TpAttention attention, PlannerForm form) {
+  TpVerifierConfig c;
+  c.seed = seed;
+  c.ops = kOps;
+  c.num_ranks = 4;
+  c.top_k = 16;
+  c.initial_requests = 24;
+  // A rank's share of one round's selections: the pools hold less than the workload.
+  c.device_slots_per_group = 2 * c.max_batch * c.queries_per_request * c.top_k / c.num_ranks;
+  c.attention = attention;
+  c.form = form;
+  c.policy = PolicyKind::kKernelPbLru;
+  return c;
+}
+
+struct Counts {
+  std::uint64_t steps, rejected, home_misses, home_swaps, left_to_home, failed_calls, shares;
+  bool operator==(const Counts&) const = default;
+};
+Counts CountsOf(const TpVerifierReport& r) {
+  return {r.steps, r.rejected_steps, r.home_misses, r.home_swaps, r.left_to_home, r.failed_calls, r.shares};
+}
+std::string Describe(const Counts& c) {
+  return "steps " + std::to_string(c.steps) + ", refused " + std::to_string(c.rejected) + ", home misses " +
+         std::to_string(c.home_misses) + ", swaps " + std::to_string(c.home_swaps) + ", left to home " +
+         std::to_string(c.left_to_home) + ", failed " + std::to_string(c.failed_calls) + ", shares " +
+         std::to_string(c.shares);
+}
+
+TpVerifierReport RunOk(const TpVerifierConfig& c, const char* what) {
+  auto report = RunTpVerifier(c);
+  EXPECT_TRUE(report) << what << ": " << report.error().ToString();
+  if (!report) return {};
+  for (const auto& f : report->first_failures) ADD_FAILURE() << what << ": " << f;
+  EXPECT_TRUE(report->ok()) << what;
+  std::printf("%s %s %s: %s; entries checked %llu, attention checks %llu\n", what,
+              c.attention == TpAttention::kAtHome ? "at_home" : "local_buffer", PlannerFormName(c.form),
+              Describe(CountsOf(*report)).c_str(), static_cast<unsigned long long>(report->entries_checked),
+              static_cast<unsigned long long>(report->attention_checks));
+  return *report;
+}
+
+struct Scenario {
+  const char* name;
+  double fault_rate;
+  std::uint32_t share_percent;
+};
+constexpr Scenario kScenarios[] = {{"pressure", 0, 0}, {"faults", 0.1, 0}, {"sharing", 0, 40}};
+
+TEST(TpStepConformance, EveryModeKeepsEveryByte) {
+  ULA_TEST_SEEDED(seed, 20261207);
+  for (const Scenario& s : kScenarios) {
+    TpVerifierConfig c = Conformance(seed, TpAttention::kLocalBuffer, PlannerForm::kCpu);
+    c.fault_rate = s.fault_rate / 4;  // the local buffer's path fails more often per fault
+    c.share_percent = s.share_percent;
+    const TpVerifierReport r = RunOk(c, s.name);
+    EXPECT_GT(r.home_swaps, 0u) << s.name;
+    EXPECT_GT(r.remote_fetches, 0u) << s.name;
+    if (s.fault_rate > 0) EXPECT_GT(r.failed_calls, 0u) << s.name;
+    if (s.share_percent > 0) EXPECT_GT(r.shares, 0u) << s.name;
+    EXPECT_EQ(r.entries_lost, 0u) << s.name;
+    EXPECT_EQ(r.early_publishes, 0u) << s.name;
+  }
+}
+
+TEST(TpStepConformance, AttentionAtHomeFormsMakeTheSameDecisions) {
+  ULA_TEST_SEEDED(seed, 20261208);
+  for (const Scenario& s : kScenarios) {
+    TpVerifierConfig c = Conformance(seed, TpAttention::kAtHome, PlannerForm::kCpu);
+    c.fault_rate = s.fault_rate;
+    c.share_percent = s.share_percent;
+    const TpVerifierReport reference = RunOk(c, s.name);
+    c.form = PlannerForm::kKernels;
+    const TpVerifierReport kernels = RunOk(c, s.name);
+    EXPECT_GT(reference.home_swaps, 0u) << s.name;
+    EXPECT_GT(reference.left_to_home, 0u) << s.name;
+    EXPECT_GT(reference.attention_checks, 0u) << s.name;
+    if (s.fault_rate > 0) EXPECT_GT(reference.failed_calls, 0u) << s.name;
+    if (s.share_percent > 0) EXPECT_GT(reference.shares, 0u) << s.name;
+    EXPECT_EQ(CountsOf(kernels), CountsOf(reference))
+        << s.name << ": kernels " << Describe(CountsOf(kernels)) << " vs the reference's " << Describe(CountsOf(reference));
+  }
+}
+
+TEST(TpStepConformance, RefusedWithTheReason) {
+  TpVerifierConfig c = Conformance(1, TpAttention::kLocalBuffer, PlannerForm::kKernels);
+  auto r = RunTpVerifier(c);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(r.error().message().find("at home"), std::string::npos) << r.error().ToString();
+  for (PlannerForm f : {PlannerForm::kEngine, PlannerForm::kDevice}) {
+    c = Conformance(1, TpAttention::kAtHome, f);
+    r = RunTpVerifier(c);
+    ASSERT_FALSE(r) << PlannerFormName(f);
+    EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(r.error().message().find(PlannerFormName(f)), std::string::npos) << r.error().ToString();
+  }
+}
+
+}  // namespace
+}  // namespace ula
