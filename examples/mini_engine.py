@@ -496,11 +496,11 @@ class TpStore(UlaStore):
         self.stats["new_moved"] += sum(self.space.lookup(a, g) != loc
                                        for a, loc in zip(self.new, self.out_cache_loc[g]) if a >= 0)
         self.stats["selections"] += int((sel >= 0).sum())
-        self.stats["distinct"] += sum(s.home_hits + s.home_misses for s in stats)  # each entry counted at its home
-        self.stats["hits"] += sum(s.home_hits for s in stats)
-        self.stats["misses"] += sum(s.home_misses for s in stats)
-        self.stats["evictions"] += sum(s.home_evictions for s in stats)
-        self.stats["bytes_moved"] += sum(s.host_bytes for s in stats)
+        self.stats["distinct"] += sum(s.hits + s.misses for s in stats)  # each entry counted at its home
+        self.stats["hits"] += sum(s.hits for s in stats)
+        self.stats["misses"] += sum(s.misses for s in stats)
+        self.stats["evictions"] += sum(s.evictions for s in stats)
+        self.stats["bytes_moved"] += sum(s.bytes_moved for s in stats)
         self.masks = [self.indices[r] >= 0 for r in range(self.ranks)]
         self.safes = [np.where(m, self.indices[r], 0) for r, m in enumerate(self.masks)]
         # Every selection is read by exactly one rank: its home.

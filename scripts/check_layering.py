@@ -58,7 +58,8 @@ HEADER_LAYER = {
     "location": "core",
     "location_bits": "core",  # the one location layout, device-callable
     "tier": "core",
-    "step_arrays": "core",  # plain arrays: read by the kernels and the engine step above
+    "step_arrays": "core",
+    "step_stats": "step",  # the one stats type of every step (DP, TP)  # plain arrays: read by the kernels and the engine step above
     "tp_fabric": "backend",  # the transport interface between ranks; src/tp implements it
     "tp_mpi": "tp",  # src/tp/mpi/tp_mpi.cc, the optional MPI engine
     "prefix_events": "prefix",  # the prefix caches' event types (prefix_cache.h, kv_event_publisher.h)

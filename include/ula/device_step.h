@@ -98,7 +98,7 @@
 // TpEngineStepPlanner, every rank in one process, returns the first refusing rank's error.
 // StepRecord in TP: selections counts every non-padding selection; distinct, hits, misses,
 // evictions count this rank's home entries (the ranks' distinct add up to
-// TpRankStepStats::distinct); a descriptor moves one whole entry (num_layers 1, bytes =
+// StepStats::distinct); a descriptor moves one whole entry (num_layers 1, bytes =
 // entry_bytes, offsets slot * entry_bytes), src_rank == dst_rank == this rank.
 // Not covered in TP: the local buffer (kLocalBuffer, refused at Create).
 //

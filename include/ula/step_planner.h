@@ -65,6 +65,7 @@
 
 #include "ula/address_space.h"
 #include "ula/selection_run.h"
+#include "ula/step_stats.h"
 
 namespace ula {
 
@@ -79,23 +80,6 @@ struct StepInput {
   // not live for its run's request (freed, reused by another request, or another
   // request's) fails the step with kNotFound.
   std::span<const SelectionRun> runs;
-};
-
-struct StepStats {
-  std::uint64_t selections = 0;
-  std::uint64_t distinct = 0;
-  std::uint64_t hits = 0;          // distinct entries already on device
-  std::uint64_t misses = 0;        // distinct entries fetched from host
-  std::uint64_t into_free = 0;     // misses placed in free device slots
-  std::uint64_t evictions = 0;     // misses that displaced a victim (swaps)
-  std::uint64_t bytes_moved = 0;   // both directions
-  // Host shadows (AddressSpaceConfig::host_shadows): victims evicted by the table alone
-  // (their clean host copy survived: no bytes), and victims copied device -> host into a
-  // host slot of their own (a free slot or a reclaimed shadow) before their slot was filled.
-  // evictions - shadow_evictions - evict_copies were swaps.
-  std::uint64_t shadow_evictions = 0;
-  std::uint64_t evict_copies = 0;
-  StepStats& operator+=(const StepStats& o);
 };
 
 struct StepPlannerOptions {

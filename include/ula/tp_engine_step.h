@@ -102,7 +102,7 @@ struct TpPlannedStep {
   // home): every one of them must have completed, on every rank, before any of
   // [first_phase, n) starts.
   std::uint32_t first_phase = 0;
-  std::vector<TpRankStepStats> stats; // [hosted] as planned
+  std::vector<StepStats> stats; // [hosted] as planned
 };
 
 class TpEngineStepPlanner {
@@ -126,7 +126,7 @@ class TpEngineStepPlanner {
   // requests[b]: the request of batch row b (a row of padding only is not looked up).
   // REQUIRES (checked): requests.size() == shape.batch, selections.size() == shape.size(),
   // indices.size() == ranks().size() * shape.size(). Returns the stats of each hosted rank.
-  Result<std::vector<TpRankStepStats>> Step(GroupId group, const StepShape& shape,
+  Result<std::vector<StepStats>> Step(GroupId group, const StepShape& shape,
                                             std::span<const RequestId> requests,
                                             std::span<const std::int32_t> selections, std::span<std::int32_t> indices);
 

@@ -52,7 +52,7 @@ struct TpPipelineStats {
   double exposed_s = 0;  // sum over groups of the time until layer 0 arrived
   double compute_s = 0;  // sum of the compute callbacks' durations
   double overlap() const;  // fraction of fetch time hidden behind compute
-  TpRankStepStats totals;  // over groups and hosted ranks
+  StepStats totals;  // over groups and hosted ranks
 };
 
 class TpPrefetcher {

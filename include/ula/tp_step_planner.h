@@ -39,32 +39,16 @@
 
 #include "ula/tp_address_space.h"
 #include "ula/selection_run.h"
+#include "ula/step_stats.h"
 #include "ula/tp_fabric.h"
 
 namespace ula {
 
-struct TpRankStepStats {
-  std::uint64_t distinct = 0;
-  std::uint64_t home_hits = 0;        // homed here, already on device
-  std::uint64_t home_misses = 0;      // homed here, swapped in from host
-  std::uint64_t home_evictions = 0;   // of those, how many displaced a victim (swap)
-  std::uint64_t home_shadow_evictions = 0;  // host shadows: of those, victims evicted to their shadow (no bytes)
-  std::uint64_t buffer_hits = 0;      // homed elsewhere, found in the local buffer
-  std::uint64_t remote_fetches = 0;   // homed elsewhere, fetched from the home rank
-  std::uint64_t buffer_evictions = 0; // fetches that replaced an older buffer copy
-  std::uint64_t host_bytes = 0;       // host <-> device bytes of the home phase
-  std::uint64_t remote_bytes = 0;     // bytes fetched from other ranks
-  std::uint32_t source_batches = 0;   // fetch batches (one per source rank with misses)
-  std::uint64_t elsewhere = 0;        // attention at home: homed elsewhere, left to that rank
-  TpRankStepStats& operator+=(const TpRankStepStats& o);
-  bool operator==(const TpRankStepStats&) const = default;
-};
-
 struct TpStepPlan {
   std::vector<Rank> ranks;                   // [hosted] the hosted ranks, in order
   std::vector<std::vector<TpReadRef>> refs;  // [hosted][selections]
-  std::vector<TpRankStepStats> stats;        // [hosted]
-  TpRankStepStats Total() const;
+  std::vector<StepStats> stats;        // [hosted]
+  StepStats Total() const;
 };
 
 // The layer pipeline of one group step (TpPrefetcher, tp_prefetcher.h). A group entry is

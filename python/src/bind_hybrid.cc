@@ -197,15 +197,20 @@ state_kind -1: no recurrent kind (window pages only: matches end at any node bou
 window_recency "cushion" (SGLang's window LRU) or "path". sliding_window W > 0 keeps the window layers' KV as window pages, W counting the token itself
 (SGLang's sliding_window_size W - 1); 0 keeps it as a ring in each checkpoint. record_events
 queues a CacheEvent for every page and state stored or removed (take_events); event_hash
-"sglang" (SGLang's SHA-256 block hash) or "debug" (a 64-bit digest chain).)doc")
+"sglang" (SGLang's SHA-256 block hash) or "debug" (a 64-bit digest chain). unaligned_tail
+"keep" (a finished sequence's partial last page stays cached) or "drop" (SGLang's
+cache_finished_req with page_size > 1: only page-aligned KV and checkpoints are kept).)doc")
       .def(py::init([](std::uint32_t page_tokens, std::uint8_t kv_kind, int state_kind, int window_kind,
                        std::uint32_t sliding_window, bool record_events, const std::string& event_hash,
-                       const std::string& window_recency) {
+                       const std::string& window_recency, const std::string& unaligned_tail) {
              if (event_hash != "sglang" && event_hash != "debug") {
                throw py::value_error("PrefixCacheConfig: event_hash must be 'sglang' or 'debug'");
              }
              if (window_recency != "cushion" && window_recency != "path") {
                throw py::value_error("PrefixCacheConfig: window_recency must be 'cushion' or 'path'");
+             }
+             if (unaligned_tail != "keep" && unaligned_tail != "drop") {
+               throw py::value_error("PrefixCacheConfig: unaligned_tail must be 'keep' or 'drop'");
              }
              ula::PrefixCacheConfig c;
              c.page_tokens = page_tokens;
@@ -216,11 +221,12 @@ queues a CacheEvent for every page and state stored or removed (take_events); ev
              c.record_events = record_events;
              c.event_hash = event_hash == "debug" ? ula::EventHash::kDebug : ula::EventHash::kSglang;
              c.window_recency = window_recency == "path" ? ula::WindowRecency::kPath : ula::WindowRecency::kCushion;
+             c.unaligned_tail = unaligned_tail == "drop" ? ula::UnalignedTail::kDrop : ula::UnalignedTail::kKeep;
              return c;
            }),
            py::arg("page_tokens") = 16, py::arg("kv_kind") = 1, py::arg("state_kind") = 0, py::arg("window_kind") = -1,
            py::arg("sliding_window") = 0, py::arg("record_events") = false, py::arg("event_hash") = "sglang",
-           py::arg("window_recency") = "cushion")
+           py::arg("window_recency") = "cushion", py::arg("unaligned_tail") = "keep")
       .def_readonly("page_tokens", &ula::PrefixCacheConfig::page_tokens)
       .def_property_readonly("kv_kind", [](const ula::PrefixCacheConfig& c) { return c.kv_kind.value(); })
       .def_property_readonly("state_kind",
@@ -234,6 +240,9 @@ queues a CacheEvent for every page and state stored or removed (take_events); ev
       })
       .def_property_readonly("window_recency", [](const ula::PrefixCacheConfig& c) {
         return c.window_recency == ula::WindowRecency::kPath ? "path" : "cushion";
+      })
+      .def_property_readonly("unaligned_tail", [](const ula::PrefixCacheConfig& c) {
+        return c.unaligned_tail == ula::UnalignedTail::kDrop ? "drop" : "keep";
       })
       .def("validate", [](const ula::PrefixCacheConfig& c) { Unwrap(c.Validate()); });
 

@@ -131,7 +131,7 @@ ula::Tier ParseTier(const std::string& t) {
 ula::PolicyKind ParsePolicy(const std::string& name) { return Unwrap(ula::ParsePolicyKind(name)); }
 
 void BindStats(py::module_& m) {
-  py::class_<ula::StepStats>(m, "StepStats", "What one step of one group did (include/ula/step_planner.h).")
+  py::class_<ula::StepStats>(m, "StepStats", "What one step of one group did on one rank, DP or TP (include/ula/step_stats.h).")
       .def_readonly("selections", &ula::StepStats::selections)
       .def_readonly("distinct", &ula::StepStats::distinct)
       .def_readonly("hits", &ula::StepStats::hits)
@@ -141,6 +141,12 @@ void BindStats(py::module_& m) {
       .def_readonly("bytes_moved", &ula::StepStats::bytes_moved)
       .def_readonly("shadow_evictions", &ula::StepStats::shadow_evictions)
       .def_readonly("evict_copies", &ula::StepStats::evict_copies)
+      .def_readonly("buffer_hits", &ula::StepStats::buffer_hits)
+      .def_readonly("remote_fetches", &ula::StepStats::remote_fetches)
+      .def_readonly("buffer_evictions", &ula::StepStats::buffer_evictions)
+      .def_readonly("remote_bytes", &ula::StepStats::remote_bytes)
+      .def_readonly("elsewhere", &ula::StepStats::elsewhere)
+      .def_readonly("source_batches", &ula::StepStats::source_batches)
       .def("__repr__", [](const ula::StepStats& s) {
         return "StepStats(selections=" + std::to_string(s.selections) + ", distinct=" + std::to_string(s.distinct) +
                ", hits=" + std::to_string(s.hits) + ", misses=" + std::to_string(s.misses) +

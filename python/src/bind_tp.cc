@@ -105,19 +105,7 @@ void BindTp(py::module_& m) {
       .def_property_readonly("attention", [](const ula::TpConfig& c) { return std::string(ula::TpAttentionName(c.attention)); })
       .def("validate", [](const ula::TpConfig& c) { Unwrap(c.Validate()); });
 
-  py::class_<ula::TpRankStepStats>(m, "TpRankStepStats", "One rank's share of a TP step.")
-      .def_readonly("distinct", &ula::TpRankStepStats::distinct)
-      .def_readonly("home_hits", &ula::TpRankStepStats::home_hits)
-      .def_readonly("home_misses", &ula::TpRankStepStats::home_misses)
-      .def_readonly("home_evictions", &ula::TpRankStepStats::home_evictions)
-      .def_readonly("home_shadow_evictions", &ula::TpRankStepStats::home_shadow_evictions)
-      .def_readonly("buffer_hits", &ula::TpRankStepStats::buffer_hits)
-      .def_readonly("remote_fetches", &ula::TpRankStepStats::remote_fetches)
-      .def_readonly("buffer_evictions", &ula::TpRankStepStats::buffer_evictions)
-      .def_readonly("host_bytes", &ula::TpRankStepStats::host_bytes)
-      .def_readonly("remote_bytes", &ula::TpRankStepStats::remote_bytes)
-      .def_readonly("elsewhere", &ula::TpRankStepStats::elsewhere)
-      .def_readonly("source_batches", &ula::TpRankStepStats::source_batches);
+  // StepStats (one rank's share of a TP step) is bound once, in bind_sparse.cc.
 
   py::class_<TpSpace>(m, "TpAddressSpace", R"doc(
 TP mode: one address space striped over the ranks (address a lives on rank a mod P), every
@@ -306,7 +294,7 @@ buffer slot b. The library's backend moves the bytes.)doc")
             CheckRankIndices(p, sel_a, idx_a);
             auto sel = View<const std::int32_t>(sel_a, "selections");
             auto idx = ViewOut<std::int32_t>(idx_a, "indices");
-            std::vector<ula::TpRankStepStats> stats;
+            std::vector<ula::StepStats> stats;
             {
               py::gil_scoped_release nogil;
               stats = Unwrap(p.Step(ula::GroupId(group), shape, req, sel, idx));
@@ -314,7 +302,7 @@ buffer slot b. The library's backend moves the bytes.)doc")
             return stats;
           },
           py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("requests"),
-          "One TP step of a group: writes indices; returns [TpRankStepStats per rank].")
+          "One TP step of a group: writes indices; returns [StepStats per rank].")
       .def_property_readonly("max_descriptors", &ula::TpEngineStepPlanner::max_descriptors)
       .def_property_readonly("has_pending", &ula::TpEngineStepPlanner::has_pending)
       .def(
@@ -340,7 +328,7 @@ buffer slot b. The library's backend moves the bytes.)doc")
             return std::make_tuple(planned.fence, planned.num_descriptors, planned.stats, planned.first_phase);
           },
           py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("descriptors"), py::arg("requests"),
-          "Engine path, part 1: (fence, n, [TpRankStepStats per rank], first_phase); descriptors[:first_phase] are "
+          "Engine path, part 1: (fence, n, [StepStats per rank], first_phase); descriptors[:first_phase] are "
           "the local buffer's remote fetches (0 at home), descriptors[first_phase:n] every rank's home moves (src_rank "
           "== dst_rank), whole group entries; every fetch must complete before any home move starts.")
       .def(
@@ -401,7 +389,7 @@ buffer slot b. The library's backend moves the bytes.)doc")
           },
           py::arg("group"), py::arg("selections"), py::arg("runs"),
           "selections uint32 [n] -> (source uint8 [ranks, n] (0 shard, 1 buffer, 2 elsewhere), "
-          "slot uint32 [ranks, n], [TpRankStepStats per rank]).")
+          "slot uint32 [ranks, n], [StepStats per rank]).")
       .def(
           "check",
           [](ula::TpStepPlanner& p, std::uint16_t group, py::object selections,

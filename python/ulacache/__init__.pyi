@@ -117,6 +117,13 @@ class StepStats:
     bytes_moved: int
     shadow_evictions: int  # evictions that moved no bytes (a live host shadow)
     evict_copies: int  # evictions copied device->host into a free or reclaimed host slot
+    # TP: the local buffer's (entries homed elsewhere), and attention at home's
+    buffer_hits: int
+    remote_fetches: int
+    buffer_evictions: int
+    remote_bytes: int
+    source_batches: int
+    elsewhere: int  # homed elsewhere, left to the home rank's partial
 
 class AddressSpaceConfig:
     num_ranks: int
@@ -247,20 +254,6 @@ class TpConfig:
                  stable_new_entries: bool = False, host_shadows: bool = False) -> None: ...
     def validate(self) -> None: ...
 
-class TpRankStepStats:
-    distinct: int
-    home_hits: int
-    home_misses: int
-    home_evictions: int
-    home_shadow_evictions: int  # host_shadows: evictions that moved no bytes
-    buffer_hits: int
-    remote_fetches: int
-    buffer_evictions: int
-    host_bytes: int
-    remote_bytes: int
-    elsewhere: int
-    source_batches: int
-
 class TpAddressSpace:
     num_live_addresses: int
     def __init__(self, config: TpConfig, backend: str = "cpu", faults: Optional[FaultPlan] = None) -> None: ...
@@ -308,18 +301,18 @@ class TpEngineStepPlanner:
     has_pending: bool
     def __init__(self, space: TpAddressSpace, max_batch: int, max_q_len: int, max_top_k: int) -> None: ...
     # indices: int32 [ranks, *selections.shape]
-    def step(self, group: int, selections: I32, indices: I32, requests: Requests) -> list[TpRankStepStats]: ...
+    def step(self, group: int, selections: I32, indices: I32, requests: Requests) -> list[StepStats]: ...
     # (fence, n, stats, first_phase): descriptors[:first_phase] the local buffer's remote fetches (0 at
     # home), then every rank's home moves; every fetch completes before any home move starts
     def plan(self, group: int, selections: I32, indices: I32, descriptors: Descriptors,
-             requests: Requests) -> tuple[int, int, list[TpRankStepStats], int]: ...
+             requests: Requests) -> tuple[int, int, list[StepStats], int]: ...
     def complete(self, fence: int, status: U8) -> tuple[int, int]: ...
     def execute_on_shards(self, descriptors: Descriptors, status: U8) -> None: ...
 
 class TpStepPlanner:
     def __init__(self, space: TpAddressSpace) -> None: ...
     def step(self, group: int, selections: U32,
-             runs: list[tuple[int, int]]) -> tuple[U8, U32, list[TpRankStepStats]]: ...
+             runs: list[tuple[int, int]]) -> tuple[U8, U32, list[StepStats]]: ...
     def check(self, group: int, selections: U32, runs: list[tuple[int, int]]) -> None: ...
 
 class UnifiedBufferConfig:
@@ -363,9 +356,10 @@ class PrefixCacheConfig:
     record_events: bool
     event_hash: str  # "sglang" (SHA-256, SGLang's) or "debug"
     window_recency: str  # "cushion" (SGLang's window LRU) or "path"
+    unaligned_tail: str  # "keep" (the partial last page stays cached) or "drop" (SGLang's)
     def __init__(self, page_tokens: int = 16, kv_kind: int = 1, state_kind: int = 0, window_kind: int = -1,
                  sliding_window: int = 0, record_events: bool = False, event_hash: str = "sglang",
-                 window_recency: str = "cushion") -> None: ...
+                 window_recency: str = "cushion", unaligned_tail: str = "keep") -> None: ...
     def validate(self) -> None: ...
 
 class PrefixMatch:

@@ -107,7 +107,7 @@ struct StepCounts {
   // TP attention at home (TpAttention::kAtHome): the GPU computes all heads over the
   // selected entries homed on it, no KV crosses NVLink, the absorbed queries are
   // all-gathered and the partial outputs exchanged. home_entries / distinct_entries is its
-  // share of the batch's selections (planner: home_hits + home_misses over distinct).
+  // share of the batch's selections (planner: hits + misses over distinct, StepStats).
   bool attention_at_home = false;
   HomeExchange home_exchange = HomeExchange::kUlaCache;
   double home_entries = 0;      // distinct selections homed on this GPU, per group

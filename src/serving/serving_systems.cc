@@ -425,14 +425,14 @@ class UlaTpSystem final : public SpaceSystem<TpAddressSpace> {
     auto plan = planner_.Step(GroupId(0), flat_, runs_);
     if (!plan) return std::unexpected(plan.error());
     space_->AdvanceRound();
-    const TpRankStepStats& s = plan->stats[0];  // rank 0, the simulated one
-    const double home = double(s.home_hits) + double(s.home_misses);
+    const StepStats& s = plan->stats[0];  // rank 0, the simulated one
+    const double home = double(s.hits) + double(s.misses);
     // At home rank 0 reads only its own shard's selections (the rest are kElsewhere, left to
     // their homes); with the local buffer it reads the whole union.
     c.distinct += attention_at_home() ? home : double(s.distinct);
-    c.hits += s.home_hits + s.buffer_hits;
-    c.h2d += s.home_misses;
-    c.d2h += s.home_evictions - s.home_shadow_evictions;  // an eviction to its shadow sends nothing
+    c.hits += s.hits + s.buffer_hits;
+    c.h2d += s.misses;
+    c.d2h += s.evictions - s.shadow_evictions;  // an eviction to its shadow sends nothing
     c.nvlink += s.remote_fetches;  // 0 at home
     c.batch_distinct += s.distinct;
     c.home += home;

@@ -46,7 +46,7 @@ struct SimCounters {
   double distinct = 0, hits = 0;
   double h2d = 0, d2h = 0, nvlink = 0;
   // UlaCache TP (both systems): distinct selections of the whole batch, and those homed on
-  // the simulated rank (planner: distinct, home_hits + home_misses).
+  // the simulated rank (planner: distinct, hits + misses).
   double batch_distinct = 0, home = 0;
   SimCounters& operator+=(const SimCounters& o) {
     distinct += o.distinct, hits += o.hits, h2d += o.h2d, d2h += o.d2h, nvlink += o.nvlink;

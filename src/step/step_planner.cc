@@ -16,19 +16,6 @@
 
 namespace ula {
 
-StepStats& StepStats::operator+=(const StepStats& o) {
-  selections += o.selections;
-  distinct += o.distinct;
-  hits += o.hits;
-  misses += o.misses;
-  into_free += o.into_free;
-  evictions += o.evictions;
-  bytes_moved += o.bytes_moved;
-  shadow_evictions += o.shadow_evictions;
-  evict_copies += o.evict_copies;
-  return *this;
-}
-
 Status StepPlannerOptions::Validate() const {
   if (threads < 1 || threads > kMaxThreads) {
     return MakeError(ErrorCode::kInvalidArgument,

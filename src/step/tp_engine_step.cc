@@ -97,7 +97,7 @@ void TpEngineStepPlanner::WriteIndices(const TpStepPlan& plan, std::size_t n, st
   }
 }
 
-Result<std::vector<TpRankStepStats>> TpEngineStepPlanner::Step(GroupId group, const StepShape& shape,
+Result<std::vector<StepStats>> TpEngineStepPlanner::Step(GroupId group, const StepShape& shape,
                                                                std::span<const RequestId> requests,
                                                                std::span<const std::int32_t> selections,
                                                                std::span<std::int32_t> indices) {

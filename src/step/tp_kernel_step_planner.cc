@@ -162,11 +162,11 @@ Result<TpStepPlan> TpKernelStepPlanner::Step(GroupId group, std::span<const Logi
     sh.policy->Touch(std::span(reinterpret_cast<const SlotId*>(w.hits.data()), w.hits.size()));
     const auto n_miss = static_cast<std::uint32_t>(w.missed.size());
     w.n_free = TakeTargets(sh.device, *sh.policy, n_miss, w.target_scratch, w.targets);
-    TpRankStepStats& stats = plan.stats[h];
+    StepStats& stats = plan.stats[h];
     stats.distinct = distinct;
-    stats.home_hits = w.hits.size();
-    stats.home_misses = n_miss;
-    stats.home_evictions = n_miss - w.n_free;
+    stats.hits = w.hits.size();
+    stats.misses = n_miss;
+    stats.evictions = n_miss - w.n_free;
     stats.elsewhere = distinct - w.hits.size() - n_miss;
     if (n_miss > 0) {
       w.descriptors.resize(n_miss);
@@ -185,7 +185,7 @@ Result<TpStepPlan> TpKernelStepPlanner::Step(GroupId group, std::span<const Logi
       kernels::omp::MakeDescriptors(0, d);
       CopyPublish cp(sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, w.n_free, n_miss - w.n_free);
       for (const CopyDescriptor& c : w.descriptors) cp.Add({c.src_offset, c.dst_offset});
-      stats.host_bytes = cp.bytes_moved();
+      stats.bytes_moved = cp.bytes_moved();
       cp.Run(space_.backend());
       kernels::PublishArgs pub;
       pub.descriptors = w.descriptors.data();

@@ -21,24 +21,8 @@
 
 namespace ula {
 
-TpRankStepStats& TpRankStepStats::operator+=(const TpRankStepStats& o) {
-  distinct += o.distinct;
-  home_hits += o.home_hits;
-  home_misses += o.home_misses;
-  home_evictions += o.home_evictions;
-  home_shadow_evictions += o.home_shadow_evictions;
-  buffer_hits += o.buffer_hits;
-  remote_fetches += o.remote_fetches;
-  buffer_evictions += o.buffer_evictions;
-  host_bytes += o.host_bytes;
-  remote_bytes += o.remote_bytes;
-  source_batches += o.source_batches;
-  elsewhere += o.elsewhere;
-  return *this;
-}
-
-TpRankStepStats TpStepPlan::Total() const {
-  TpRankStepStats t;
+StepStats TpStepPlan::Total() const {
+  StepStats t;
   for (const auto& s : stats) t += s;
   return t;
 }
@@ -59,7 +43,7 @@ struct RankWork {
     std::vector<std::size_t> misses;  // indices into remote_missed
   };
   std::vector<Submitted> submitted;
-  TpRankStepStats stats;
+  StepStats stats;
   Status status;                   // the first failed transfer of this rank's step
 };
 
@@ -103,8 +87,8 @@ void ClaimHome(TpGroupShard& sh, RankWork& w) {
   const std::size_t claimed = sh.policy->ClaimVictims(std::span(w.home_targets).subspan(n_free));
   ULA_CHECK(claimed == n_miss - n_free);
   w.home_free = n_free;
-  w.stats.home_misses = n_miss;
-  w.stats.home_evictions = n_miss - n_free;
+  w.stats.misses = n_miss;
+  w.stats.evictions = n_miss - n_free;
 }
 
 // Publishes the home moves of one rank whose outcome arrived(i) gives, by PublishArrived's
@@ -155,7 +139,7 @@ Status HomePhaseShadowed(const TpConfig& cfg, Backend& backend, TpGroupShard& sh
     sh.home[victim.value() / p] = at_host(h);
     victim = LogicalAddr::Invalid();
     fill[i] = Fill::kToShadow;
-    ++w.stats.home_shadow_evictions;
+    ++w.stats.shadow_evictions;
   }
   CopyBatch evict{sh.device.arena().id, sh.host.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
   for (std::size_t i = n_free; i < n_miss; ++i) {
@@ -172,7 +156,7 @@ Status HomePhaseShadowed(const TpConfig& cfg, Backend& backend, TpGroupShard& sh
   std::string evict_error;
   if (!evict.moves.empty()) {
     const std::size_t n_evict = evict.moves.size();
-    w.stats.host_bytes += n_evict * std::uint64_t{cfg.entry_bytes};
+    w.stats.bytes_moved += n_evict * std::uint64_t{cfg.entry_bytes};
     auto fence = backend.Submit(std::move(evict));
     Status landed = fence ? backend.Wait(*fence) : Status(std::unexpected(fence.error()));
     for (std::size_t i = n_free; i < n_miss; ++i) {
@@ -195,7 +179,7 @@ Status HomePhaseShadowed(const TpConfig& cfg, Backend& backend, TpGroupShard& sh
   for (std::size_t i : order) {
     cp.Add({sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])});
   }
-  w.stats.host_bytes += cp.bytes_moved();
+  w.stats.bytes_moved += cp.bytes_moved();
   cp.Run(backend);
   PublishArrived(
       cp,
@@ -242,7 +226,7 @@ Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWo
   for (std::size_t i = 0; i < n_miss; ++i) {
     cp.Add({sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])});
   }
-  w.stats.host_bytes = cp.bytes_moved();
+  w.stats.bytes_moved = cp.bytes_moved();
   cp.Run(backend);
   PublishHome(sh, w, p, [&cp](std::size_t i) { return cp.arrived(i); });
   if (!cp.all_arrived()) {
@@ -473,7 +457,7 @@ Status ClassifyRank(RankWork& w, const TpGroupShard& sh, std::span<const Logical
       w.remote_missed.push_back(a);
     }
   }
-  w.stats.home_hits = w.home_hit_slots.size();
+  w.stats.hits = w.home_hit_slots.size();
   w.stats.buffer_hits = w.buffer_hit_slots.size();
   // A new entry pinned on host (TpConfig::stable_new_entries) is written at that host slot:
   // no step of its round moves it.
@@ -670,7 +654,7 @@ Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const Logica
   const std::uint32_t entry_bytes = space_.config().entry_bytes;
   for (RankWork& w : sc.work) {
     ClaimHome(st.at(w.rank, group), w);
-    w.stats.host_bytes = (w.home_free + 2 * (w.home_missed.size() - w.home_free)) * std::uint64_t{entry_bytes};
+    w.stats.bytes_moved = (w.home_free + 2 * (w.home_missed.size() - w.home_free)) * std::uint64_t{entry_bytes};
     w.buffer_targets.clear();
     w.fetch_failed.clear();
     if (!at_home) {

@@ -336,11 +336,11 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   }
 
   void Tally(const TpStepPlan& plan) {
-    const TpRankStepStats t = plan.Total();
-    report_.home_swaps += t.home_evictions;
-    report_.home_shadow_evictions += t.home_shadow_evictions;
-    report_.home_misses += t.home_misses;
-    report_.host_bytes += t.host_bytes;
+    const StepStats t = plan.Total();
+    report_.home_swaps += t.evictions;
+    report_.home_shadow_evictions += t.shadow_evictions;
+    report_.home_misses += t.misses;
+    report_.host_bytes += t.bytes_moved;
     report_.buffer_hits += t.buffer_hits;
     report_.remote_fetches += t.remote_fetches;
     report_.buffer_evictions += t.buffer_evictions;

@@ -205,6 +205,9 @@ def test_events_carry_sglang_hashes_a_medium_and_all_cleared_on_reset():
     assert config.window_recency == "cushion" and ulacache.PrefixCacheConfig(window_recency="path").window_recency == "path"
     with pytest.raises(ValueError):
         ulacache.PrefixCacheConfig(event_hash="md5")
+    assert config.unaligned_tail == "keep" and ulacache.PrefixCacheConfig(unaligned_tail="drop").unaligned_tail == "drop"
+    with pytest.raises(ValueError):
+        ulacache.PrefixCacheConfig(unaligned_tail="trim")
     cache.check_invariants()
 
 

@@ -476,7 +476,7 @@ def test_tp_engine_plan_and_complete_is_step(attention):
         want = np.full_like(idx, 5)
         twin_stats = stepper.step(0, sel, want, np.arange(3, dtype=np.int64))
         assert (idx == want).all(), step
-        assert [s.home_misses for s in stats] == [s.home_misses for s in twin_stats]
+        assert [s.misses for s in stats] == [s.misses for s in twin_stats]
         assert [s.remote_fetches for s in stats] == [s.remote_fetches for s in twin_stats]
         assert space.debug_digest() == twin.debug_digest()
         space.advance_round()

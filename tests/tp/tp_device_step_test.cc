@@ -204,17 +204,17 @@ void RunDifferential(std::uint32_t ranks, std::uint32_t threads, std::uint64_t s
     }
     for (std::uint32_t r = 0; r < ranks; ++r) {
       const StepRecord& rec = k.io[r].record;
-      const TpRankStepStats& st = plan->stats[r];
+      const StepStats& st = plan->stats[r];
       ASSERT_EQ(rec.error, 0u) << where;
       EXPECT_EQ(rec.selections, non_pad) << where;
-      EXPECT_EQ(rec.hits, st.home_hits) << where;
-      EXPECT_EQ(rec.misses, st.home_misses) << where;
-      EXPECT_EQ(rec.evictions, st.home_evictions) << where;
-      EXPECT_EQ(rec.distinct, st.home_hits + st.home_misses) << where;
+      EXPECT_EQ(rec.hits, st.hits) << where;
+      EXPECT_EQ(rec.misses, st.misses) << where;
+      EXPECT_EQ(rec.evictions, st.evictions) << where;
+      EXPECT_EQ(rec.distinct, st.hits + st.misses) << where;
       EXPECT_EQ(rec.distinct + st.elsewhere, st.distinct) << where;
-      EXPECT_EQ(rec.bytes_moved, st.host_bytes) << where;
-      ASSERT_EQ(rec.num_descriptors, st.home_misses) << where;
-      evictions += static_cast<int>(st.home_evictions);
+      EXPECT_EQ(rec.bytes_moved, st.bytes_moved) << where;
+      ASSERT_EQ(rec.num_descriptors, st.misses) << where;
+      evictions += static_cast<int>(st.evictions);
       elsewhere += static_cast<int>(st.elsewhere);
       for (std::uint32_t i = 0; i < rec.num_descriptors; ++i) {
         ASSERT_EQ(std::memcmp(&k.io[r].descriptors[i], &ref_desc[first_desc + i], sizeof(CopyDescriptor)), 0)

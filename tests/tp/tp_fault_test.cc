@@ -245,9 +245,9 @@ TEST(TpFault, HomePhasePublishesEachBatchAfterItsOwnFence) {
     auto plan = planner.Step(GroupId(0), sel, std::vector<SelectionRun>{{RequestId(2), static_cast<std::uint32_t>(sel.size())}});
     ASSERT_TRUE(plan) << plan.error().ToString();
     ASSERT_EQ(PlanMismatches(*space, *plan, GroupId(0), sel), 0) << "step " << step;
-    swaps += plan->stats[0].home_evictions;
-    const auto copies = plan->stats[0].home_misses - plan->stats[0].home_evictions;
-    mixed_steps += copies > 0 && plan->stats[0].home_evictions > 0;
+    swaps += plan->stats[0].evictions;
+    const auto copies = plan->stats[0].misses - plan->stats[0].evictions;
+    mixed_steps += copies > 0 && plan->stats[0].evictions > 0;
   }
   EXPECT_GT(swaps, 10u);
   EXPECT_GE(mixed_steps, 1);

@@ -64,9 +64,9 @@ TEST(TpHostShadows, FetchKeepsTheHostSlotAndTheNextEvictionMovesNoBytes) {
   // The victims were written on device: no shadow, copied out to the 4 free host slots.
   auto first = f.Step({8, 10, 12, 14});
   ASSERT_TRUE(first) << first.error().ToString();
-  EXPECT_EQ(first->stats[0].home_misses, 4u);
-  EXPECT_EQ(first->stats[0].home_shadow_evictions, 0u);
-  EXPECT_EQ(first->stats[0].host_bytes, 8u * kBytes) << "4 victims out, 4 entries in";
+  EXPECT_EQ(first->stats[0].misses, 4u);
+  EXPECT_EQ(first->stats[0].shadow_evictions, 0u);
+  EXPECT_EQ(first->stats[0].bytes_moved, 8u * kBytes) << "4 victims out, 4 entries in";
   EXPECT_EQ(f.space->NumHostShadows(r0, g), 4u) << "the fetched entries' host slots stay as shadows";
   EXPECT_EQ(f.space->NumFree(r0, g, Tier::kHost), 4u) << "a shadow is free capacity: 4 shadows, 0 plain free slots";
   EXPECT_EQ(f.space->NumUsed(r0, g, Tier::kHost), 12u);
@@ -75,8 +75,8 @@ TEST(TpHostShadows, FetchKeepsTheHostSlotAndTheNextEvictionMovesNoBytes) {
   // Now the victims have shadows: evicted by the table alone, only the fills move.
   auto second = f.Step({16, 18, 20, 22});
   ASSERT_TRUE(second) << second.error().ToString();
-  EXPECT_EQ(second->stats[0].home_shadow_evictions, 4u);
-  EXPECT_EQ(second->stats[0].host_bytes, 4u * kBytes) << "1.0 entries over the host link per miss";
+  EXPECT_EQ(second->stats[0].shadow_evictions, 4u);
+  EXPECT_EQ(second->stats[0].bytes_moved, 4u * kBytes) << "1.0 entries over the host link per miss";
   EXPECT_EQ(f.space->NumHostShadows(r0, g), 4u);
   f.ExpectBytes();
 }
@@ -91,8 +91,8 @@ TEST(TpHostShadows, AWriteDropsTheShadowAndTheEvictionThenCopiesTheNewBytes) {
   EXPECT_TRUE(f.space->CheckInvariants());
   auto evict = f.Step({8, 10, 12, 14});  // 16..22 evicted: 3 to their shadows, 16 copied out
   ASSERT_TRUE(evict) << evict.error().ToString();
-  EXPECT_EQ(evict->stats[0].home_shadow_evictions, 3u);
-  EXPECT_EQ(evict->stats[0].host_bytes, 5u * kBytes);
+  EXPECT_EQ(evict->stats[0].shadow_evictions, 3u);
+  EXPECT_EQ(evict->stats[0].bytes_moved, 5u * kBytes);
   f.ExpectBytes(/*version_of_16=*/1);
 }
 

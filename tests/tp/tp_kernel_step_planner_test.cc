@@ -133,8 +133,8 @@ void RunDifferential(std::uint32_t ranks, std::uint32_t threads, std::uint64_t s
       EXPECT_EQ(t.kernel->DebugDigest(), before) << "a refused step changed the state";
     } else {
       for (std::size_t h = 0; h < got->stats.size(); ++h) {
-        swaps += got->stats[h].home_evictions;
-        copies += got->stats[h].home_misses - got->stats[h].home_evictions;
+        swaps += got->stats[h].evictions;
+        copies += got->stats[h].misses - got->stats[h].evictions;
         elsewhere += got->stats[h].elsewhere;
       }
     }

@@ -23,7 +23,7 @@ TEST(TpStepPlanner, ReadsOwnShardAndFetchesRemoteEntriesOnce) {
   for (std::size_t h = 0; h < 4; ++h) {
     EXPECT_EQ(plan.refs[h][0], plan.refs[h][8]);
     EXPECT_EQ(plan.stats[h].distinct, 8u);
-    EXPECT_EQ(plan.stats[h].home_hits, 2u);
+    EXPECT_EQ(plan.stats[h].hits, 2u);
     EXPECT_EQ(plan.stats[h].remote_fetches, 6u);
     EXPECT_EQ(plan.stats[h].source_batches, 3u);  // one batch per other rank
   }
@@ -66,9 +66,9 @@ TEST(TpStepPlanner, AttentionAtHomeReadsOnlyTheOwnShardAndMovesNothingBetweenRan
       EXPECT_EQ(f.space->Lookup(sel[j], GroupId(1)).value().tier(), Tier::kDevice);
     }
     EXPECT_EQ(mine, 3u + (f.space->HomeOf(sel[3]) == r ? 1u : 0u));  // striped 3 per rank, plus the duplicate
-    EXPECT_EQ(plan.stats[h].home_misses, 3u);                         // the newest entries lay on host
+    EXPECT_EQ(plan.stats[h].misses, 3u);                         // the newest entries lay on host
     EXPECT_EQ(plan.stats[h].distinct, 12u);
-    EXPECT_EQ(plan.stats[h].home_hits + plan.stats[h].home_misses, 3u);
+    EXPECT_EQ(plan.stats[h].hits + plan.stats[h].misses, 3u);
     EXPECT_EQ(plan.stats[h].elsewhere, 9u);
     EXPECT_EQ(plan.stats[h].remote_fetches, 0u);
     EXPECT_EQ(plan.stats[h].remote_bytes, 0u);
@@ -85,8 +85,8 @@ TEST(TpStepPlanner, SwapsHostResidentHomeEntriesOntoDevice) {
   auto plan = f.planner.Step(GroupId(0), sel, testing::TpRuns(RequestId(1), sel.size())).value();
   f.ExpectPlanReadsPattern(plan, GroupId(0), sel);
   const auto total = plan.Total();
-  EXPECT_EQ(total.home_misses, 8u);
-  EXPECT_EQ(total.home_evictions, 8u);  // the device pools were full: swaps
+  EXPECT_EQ(total.misses, 8u);
+  EXPECT_EQ(total.evictions, 8u);  // the device pools were full: swaps
   for (LogicalAddr a : sel) EXPECT_EQ(f.space->Lookup(a, GroupId(0))->tier(), Tier::kDevice);
   // Every entry still reads its bytes, wherever it went.
   std::vector<std::byte> out(32);
@@ -121,8 +121,8 @@ TEST(TpStepPlanner, MissesFillEveryFreeSlotThenEvict) {
   ASSERT_EQ(home.size(), 5u);
   auto plan = f.planner.Step(GroupId(0), home, testing::TpRuns(RequestId(2), home.size())).value();
   f.ExpectPlanReadsPattern(plan, GroupId(0), home);
-  EXPECT_EQ(plan.stats[0].home_misses, 5u);
-  EXPECT_EQ(plan.stats[0].home_evictions, 3u);
+  EXPECT_EQ(plan.stats[0].misses, 5u);
+  EXPECT_EQ(plan.stats[0].evictions, 3u);
   EXPECT_EQ(f.space->NumFree(Rank(0), GroupId(0), Tier::kDevice), 0u);
   EXPECT_EQ(plan.stats[1].remote_fetches, 5u);
   EXPECT_EQ(plan.stats[1].buffer_evictions, 2u);  // 3 free buffer slots, then 2 victims

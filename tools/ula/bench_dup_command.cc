@@ -55,7 +55,7 @@ struct Row {
 // One TP strategy run on the counting backend.
 struct TpRun {
   std::uint64_t physical = 0, distinct = 0, buffered = 0;
-  TpRankStepStats measured;       // steps 2.., all ranks
+  StepStats measured;       // steps 2.., all ranks
   std::uint64_t remote_bytes = 0;  // KV bytes fetched from other ranks, steps 2..
   std::uint64_t selections = 0;    // steps 2..
 }; 
@@ -195,7 +195,7 @@ int RunDup(const DupOptions& o) {
       {"all_gpu", "dp", "", ng, ng},
       {"hisparse", "dp", "", ng + hs, ng},
       {"ulacache", "dp", "", dp_physical, dp_distinct}};
-  const TpRankStepStats& m = buffered.measured;
+  const StepStats& m = buffered.measured;
   const double hit_rate =
       m.buffer_hits + m.remote_fetches == 0 ? 0 : double(m.buffer_hits) / double(m.buffer_hits + m.remote_fetches);
   const std::uint32_t measured_steps = o.steps > 1 ? o.steps - 1 : 1;
@@ -211,7 +211,7 @@ int RunDup(const DupOptions& o) {
   const double layer_passes = double(groups) * model.layers_per_group;
   const double exchange_per_rank = query_tokens * layer_passes * (query_bytes + partial_bytes);
   // KV entries each rank's attention reads per step (per group, summed over groups).
-  const double home_reads = double(home.measured.home_hits + home.measured.home_misses) / p / measured_steps;
+  const double home_reads = double(home.measured.hits + home.measured.misses) / p / measured_steps;
   const double buffered_reads = double(m.distinct) / p / measured_steps;
   const std::uint64_t buffer_slots = BufferSlots(o, model, wl, n_req);
 

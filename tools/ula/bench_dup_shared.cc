@@ -262,7 +262,7 @@ TpRunShared RunTpShared(const Plan& plan, const ModelConfig& model, const Shared
         runs.push_back(SelectionRun{RequestId(r->id.value()), static_cast<std::uint32_t>(sel.size() - first)});
       }
       const TpStepPlan step = Must(planner.Step(GroupId(static_cast<std::uint16_t>(g)), sel, runs), "TP step");
-      const TpRankStepStats t = step.Total();
+      const StepStats t = step.Total();
       run.selections += sel.size();
       run.distinct_selected += t.distinct / p;
       run.remote_fetches += t.remote_fetches;

@@ -147,7 +147,7 @@ int RunPrefetch(const PrefetchOptions& o) {
   }
   const bool same = sides[0].checksum == sides[1].checksum;
   const std::uint32_t measured = o.steps > 1 ? o.steps - 1 : 1;
-  const TpRankStepStats& t = sides[1].sum.totals;
+  const StepStats& t = sides[1].sum.totals;
   const double hit = t.buffer_hits + t.remote_fetches == 0 ? 0 : double(t.buffer_hits) / (t.buffer_hits + t.remote_fetches);
   if (o.json) {
     nlohmann::json j;
