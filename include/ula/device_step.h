@@ -76,6 +76,17 @@
 // The OpenMP form (config.cuda = false) runs the same kernels on the host, on host memory,
 // with `stream` ignored: it is what `make test` checks against EngineStepPlanner.
 //
+// Errors are values: every call returns a Status (no exception crosses this API; the CUDA
+// form catches thrust's and CCCL's at its entry points, and checks every CUDA call). Besides
+// each call's own refusals, the CUDA form can return:
+//   - kResourceExhausted: a step's scans need more scratch than the arena holds (sized at
+//     Create for the largest shape, so this is a sizing bug): refused before anything is
+//     enqueued, nothing changes, no StepRecord is written (a refused Claim uses up its Check);
+//   - kIo (a CUDA call failed or a launch threw; the message has CUDA's) or kResourceExhausted
+//     (device memory) after work was enqueued: the device state is then unknown, so the step
+//     refuses every later call with kFailedPrecondition naming that first error (nothing it
+//     moved reaches the space: StoreInto is refused too). Re-create it from the space.
+//
 // TP attention at home (Create from a TpAddressSpace): one device step per (rank, group)
 // shard, each in its rank's process, on its rank's stream, planning its own shard only —
 // TpEngineStepPlanner's Plan / Complete (ula/tp_engine_step.h, kAtHome) cut by rank. The
@@ -154,7 +165,7 @@ class DeviceStep {
   // Sizes everything for config's largest shape and copies (rank, group)'s state from
   // `space`. kInvalidArgument (config), kOutOfRange (rank, group), kFailedPrecondition (the
   // group's policy is not kernel_pb_lru; config.cuda in a build without CUDA or with no
-  // device), kResourceExhausted (device memory).
+  // device), kResourceExhausted (device memory), kIo (another CUDA error).
   static Result<std::unique_ptr<DeviceStep>> Create(const AddressSpace& space, Rank rank, GroupId group,
                                                     const DeviceStepConfig& config);
   // TP attention at home: rank's shard of group. The same errors, plus kFailedPrecondition
@@ -211,9 +222,11 @@ class DeviceStep {
   Status Reload(const TpAddressSpace& space, void* stream);
 
   // Synchronises `stream` and copies the state back (records: the loaded address extent).
-  DeviceStepState ReadState(void* stream) const;
+  // The errors of "Errors are values" above.
+  Result<DeviceStepState> ReadState(void* stream) const;
   // Bytes of temporary storage CCCL's scans have taken from the arena at most, and the
-  // requests it could not serve (0 after any run: no allocation after Create).
+  // steps refused because their scans did not fit (CUDA form; the OpenMP form's scans take
+  // none: both stay 0 there).
   std::uint64_t arena_high_water() const;
   std::uint64_t arena_overflows() const;
 
@@ -236,7 +249,7 @@ class DeviceStep {
   Status Store(const void* space, const std::function<Status(ShardSource&)>& read,
                const std::function<void(DeviceShard&)>& write, void* stream);
   // Writes `src` into the buffers (Build, Reload) and remembers its digest.
-  void Load(const ShardSource& src, void* stream);
+  Status Load(const ShardSource& src, void* stream);
   static std::uint64_t Digest(const ShardSource& src);
   Status Reload(const ShardSource& src, void* stream);
   // kFailedPrecondition while moves since the last load or store are not stored.

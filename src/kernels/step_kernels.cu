@@ -1,76 +1,198 @@
 // The CUDA form of the step's kernels: step_kernels.inl compiled by nvcc against the
-// toolkit's CCCL (thrust, cub, libcu++), namespace ula::kernels::gpu. The context is the
-// caller's stream (a cudaStream_t passed as void*: no CUDA type crosses step_kernels.h).
-// Every thrust call runs on that stream with thrust::cuda::par_nosync, so kernels are
-// ordered by the stream alone; the entry points that return a count (Classify, Compact,
-// TakeLowest) read it back with one 4-byte copy and a stream synchronisation — the device
-// step (DevicePlan / DeviceComplete: no host sync) keeps its counts on the device instead.
+// toolkit's CCCL (thrust, cub, libcu++), namespace ula::kernels::gpu: the device step's entry
+// points only (the host planners' kernels read counts back and exist in the OpenMP form). The
+// context is the caller's stream (a cudaStream_t passed as void*: no CUDA type crosses
+// step_kernels.h). Every thrust call runs on that stream with thrust::cuda::par_nosync, so
+// kernels are ordered by the stream alone and nothing here synchronises but Sync.
+//
+// Errors: every CUDA runtime call's result is checked (scripts/check_cuda_calls.py) and
+// returned as a KernelError. thrust reports a failed launch by throwing thrust::system_error
+// (and CCCL's allocations std::bad_alloc): the entry points catch every exception, so none
+// crosses into the host side. A step's scans take their temporary storage from the arena
+// (sized at Create, ScanScratchBytes); before launching anything, an entry point asks cub for
+// the bytes its scans need and refuses the step with kKernelArenaOverflow when they do not fit,
+// so that refusal leaves nothing enqueued.
 #include "kernels/step_kernels.h"
 
+#include <cub/device/device_scan.cuh>
 #include <cuda_runtime.h>
+#include <thrust/system/cuda/error.h>
 #include <thrust/system/cuda/execution_policy.h>
+#include <thrust/system_error.h>
 
-#include <cstdio>
-#include <cstdlib>
+#include <new>
 
 namespace ula::kernels::gpu {
 namespace {
 inline cudaStream_t Stream(void* exec) { return static_cast<cudaStream_t>(exec); }
-template <class T>
-void ReadBack(void* exec, T* dst, const T* src) {
-  cudaMemcpyAsync(dst, src, sizeof(T), cudaMemcpyDeviceToHost, Stream(exec));
-  cudaStreamSynchronize(Stream(exec));
+
+KernelError Code(cudaError_t e) {
+  if (e == cudaSuccess) return kKernelOk;
+  if (e == cudaErrorMemoryAllocation) return kKernelOutOfMemory;
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorStubLibrary ||
+      e == cudaErrorDevicesUnavailable) {
+    return kKernelNoDevice;
+  }
+  return static_cast<KernelError>(e);
 }
-}  // namespace
-}  // namespace ula::kernels::gpu
 
-// CCCL's scans take their temporary storage from the device step's arena (sized at Create),
-// so that a step allocates nothing and can be captured in a CUDA graph.
-namespace ula::kernels::gpu {
-namespace {
-class ArenaAllocator {
- public:
-  using value_type = char;
-  explicit ArenaAllocator(ScratchArena* arena) : arena_(arena) {}
-  char* allocate(std::ptrdiff_t n) {
-    const std::size_t at = (arena_->used + 255) & ~std::size_t{255};
-    ++arena_->allocations;
-    if (at + static_cast<std::size_t>(n) > arena_->capacity) {
-      ++arena_->overflows;
-      std::fprintf(stderr, "ula device step: scratch arena of %zu bytes cannot serve %td more bytes\n",
-                   arena_->capacity, n);
-      std::abort();
-    }
-    arena_->used = at + static_cast<std::size_t>(n);
-    if (arena_->used > arena_->high_water) arena_->high_water = arena_->used;
-    return arena_->base + at;
-  }
-  void deallocate(char* p, std::size_t n) {
-    if (p + n == arena_->base + arena_->used) arena_->used = static_cast<std::size_t>(p - arena_->base);
-  }
-
- private:
-  ScratchArena* arena_;
+// Thrown inside a launch sequence, caught by Guarded.
+struct LaunchFailed {
+  cudaError_t error;
 };
-}  // namespace
+struct ArenaShort {};  // a scan asked for more than its checked need (cannot happen after Fits)
 
-void* MemAlloc(std::size_t bytes) {
-  void* p = nullptr;
-  return cudaMalloc(&p, bytes == 0 ? 1 : bytes) == cudaSuccess ? p : nullptr;
+// The storage cub's exclusive sum of n uint32 needs (0 for n == 0).
+cudaError_t SumBytes(std::uint32_t n, std::size_t* bytes) {
+  *bytes = 0;
+  if (n == 0) return cudaSuccess;
+  return cub::DeviceScan::ExclusiveSum(nullptr, *bytes, static_cast<const std::uint32_t*>(nullptr),
+                                       static_cast<std::uint32_t*>(nullptr), n);
 }
-void MemFree(void* p) { cudaFree(p); }
-void MemCopy(void* exec, void* dst, const void* src, std::size_t bytes) {
-  if (bytes != 0) cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, Stream(exec));
+
+// out[i] = in[0] + ... + in[i - 1] over [0, n), its storage taken from the arena and given back.
+void ArenaScan(void* exec, ScratchArena* arena, const std::uint32_t* in, std::uint32_t n, std::uint32_t* out) {
+  std::size_t bytes = 0;
+  if (const cudaError_t e = SumBytes(n, &bytes); e != cudaSuccess) throw LaunchFailed{e};
+  if (n == 0) return;
+  char* storage = arena->Take(bytes);
+  if (storage == nullptr) throw ArenaShort{};
+  struct GiveBack {
+    ScratchArena* arena;
+    char* p;
+    std::size_t bytes;
+    ~GiveBack() { arena->Give(p, bytes); }
+  } give{arena, storage, bytes};
+  if (const cudaError_t e = cub::DeviceScan::ExclusiveSum(storage, bytes, in, out, n, Stream(exec)); e != cudaSuccess) {
+    throw LaunchFailed{e};
+  }
 }
-void MemZero(void* exec, void* dst, std::size_t bytes) {
-  if (bytes != 0) cudaMemsetAsync(dst, 0, bytes, Stream(exec));
+
+// The arena bytes a step's scans need: the two sums over the selections (DeviceCheck), the
+// free take and the victim take over the summary words (DeviceClaim); each gives its storage
+// back before the next.
+cudaError_t StepNeed(const DeviceStepArgs& a, std::uint32_t n, bool check, bool claim, std::size_t* need) {
+  *need = 0;
+  std::size_t b = 0;
+  if (check) {
+    if (const cudaError_t e = SumBytes(n, &b); e != cudaSuccess) return e;
+    *need = b;
+  }
+  if (claim && n > 0) {
+    if (const cudaError_t e = SumBytes(a.device_free.num_summary, &b); e != cudaSuccess) return e;
+    if (b > *need) *need = b;
+    if (const cudaError_t e = SumBytes((a.pb.recent + 1) * a.pb.num_summary, &b); e != cudaSuccess) return e;
+    if (b > *need) *need = b;
+  }
+  return cudaSuccess;
 }
-void Sync(void* exec) { cudaStreamSynchronize(Stream(exec)); }
+
+// Runs f (launches that may throw) and turns what it threw into a KernelError.
+template <class F>
+KernelError Guarded(F&& f) noexcept {
+  try {
+    f();
+    return kKernelOk;
+  } catch (const LaunchFailed& e) {
+    return e.error == cudaSuccess ? kKernelException : Code(e.error);
+  } catch (const ArenaShort&) {
+    return kKernelException;
+  } catch (const thrust::system_error& e) {
+    if (e.code().category() == thrust::cuda_category() && e.code().value() != 0) {
+      return Code(static_cast<cudaError_t>(e.code().value()));
+    }
+    return kKernelException;
+  } catch (const std::bad_alloc&) {
+    return kKernelOutOfMemory;
+  } catch (...) {
+    return kKernelException;
+  }
+}
+
+// Refuses (nothing enqueued) when the arena cannot hold the step's scans; else runs f guarded.
+template <class F>
+KernelError Step(const DeviceStepArgs& a, bool check, bool claim, F&& f) noexcept {
+  std::size_t need = 0;
+  if (const cudaError_t e = StepNeed(a, a.io.num_rows * a.io.top_k, check, claim, &need); e != cudaSuccess) {
+    return Code(e);
+  }
+  if (need > 0 && (a.arena == nullptr || !a.arena->Fits(need))) {
+    if (a.arena != nullptr) ++a.arena->overflows;
+    return kKernelArenaOverflow;
+  }
+  return Guarded(static_cast<F&&>(f));
+}
+}  // namespace
 }  // namespace ula::kernels::gpu
 
-#define ULA_KERNELS_SCAN_POLICY(e, arena) thrust::cuda::par_nosync(ArenaAllocator(arena)).on(Stream(e))
 #define ULA_KERNELS_NS gpu
 #define ULA_KERNELS_EXEC void*
 #define ULA_KERNELS_POLICY(e) thrust::cuda::par_nosync.on(Stream(e))
-#define ULA_KERNELS_READ(e, dst, src) ReadBack((e), (dst), (src))
+#define ULA_KERNELS_DEVICE_SCAN(e, arena, in, n, out) ArenaScan((e), (arena), (in), (n), (out))
 #include "kernels/step_kernels.inl"
+
+namespace ula::kernels::gpu {
+
+KernelError DevicePlan(void* exec, const DeviceStepArgs& args) {
+  return Step(args, true, true, [&] { launch::DevicePlan(exec, args); });
+}
+KernelError DeviceCheck(void* exec, const DeviceStepArgs& args) {
+  return Step(args, true, false, [&] { launch::DeviceCheck(exec, args); });
+}
+KernelError DeviceClaim(void* exec, const DeviceStepArgs& args, const std::uint32_t* agreed) {
+  return Step(args, false, true, [&] { launch::DeviceClaim(exec, args, agreed); });
+}
+KernelError DeviceComplete(void* exec, const DeviceStepArgs& args, const std::uint8_t* status) {
+  return Guarded([&] { launch::DeviceComplete(exec, args, status); });
+}
+KernelError DeviceAdvanceRound(void* exec, const DeviceStepArgs& args, bool rebase) {
+  return Guarded([&] { launch::DeviceAdvanceRound(exec, args, rebase); });
+}
+
+KernelError MemAlloc(std::size_t bytes, void** out) {
+  *out = nullptr;
+  if (const cudaError_t e = cudaMalloc(out, bytes == 0 ? 1 : bytes); e != cudaSuccess) {
+    *out = nullptr;
+    return Code(e);
+  }
+  return kKernelOk;
+}
+KernelError MemFree(void* p) {
+  if (const cudaError_t e = cudaFree(p); e != cudaSuccess) return Code(e);
+  return kKernelOk;
+}
+KernelError MemCopy(void* exec, void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return kKernelOk;
+  if (const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, Stream(exec)); e != cudaSuccess) {
+    return Code(e);
+  }
+  return kKernelOk;
+}
+KernelError Sync(void* exec) {
+  if (const cudaError_t e = cudaStreamSynchronize(Stream(exec)); e != cudaSuccess) return Code(e);
+  return kKernelOk;
+}
+
+KernelError CheckDevice() {
+  int count = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) return Code(e);
+  return count > 0 ? kKernelOk : kKernelNoDevice;
+}
+
+std::size_t ScanScratchBytes(const DeviceStepArgs& args, std::uint32_t n, KernelError* error) {
+  std::size_t need = 0;
+  if (const cudaError_t e = StepNeed(args, n, true, true, &need); e != cudaSuccess) {
+    *error = Code(e);
+    return 0;
+  }
+  *error = kKernelOk;
+  return need;
+}
+
+const char* ErrorText(KernelError e) {
+  if (e > 0) return cudaGetErrorString(static_cast<cudaError_t>(e));
+  const char* name = KernelErrorName(e);
+  return name != nullptr ? name : "unknown error";
+}
+
+}  // namespace ula::kernels::gpu

@@ -4,10 +4,16 @@
 // One source, step_kernels.inl, compiles two ways:
 //   - by g++ with thrust's OpenMP system (step_kernels_omp.cc, namespace ula::kernels::omp):
 //     what `make test` runs on every machine;
-//   - by nvcc for the GPU (step_kernels.cu, namespace ula::kernels::cuda, on the caller's
+//   - by nvcc for the GPU (step_kernels.cu, namespace ula::kernels::gpu, on the caller's
 //     stream), where ULA_WITH_CUDA is on.
-// Both namespaces export the same entry points (below); every pointer is host memory for
-// the OpenMP form and device memory for the CUDA form.
+// Both namespaces export the device step's entry points (ULA_KERNELS_DECLARE below); the host
+// planners' kernels (KernelStepPlanner, TpKernelStepPlanner, KernelPbLru) exist in the OpenMP
+// form only. Every pointer is host memory for the OpenMP form and device memory for the CUDA
+// form.
+//
+// Errors: the device step's entry points return a KernelError (0: done); nothing throws out of
+// them and nothing aborts (the CUDA form catches thrust's and CCCL's exceptions at its entry
+// points). This header is compiled as C++17 by nvcc and names no CUDA type.
 //
 // Record layout: one 8-byte record per (address, group), a location in the one layout of
 // ula/location_bits.h (bits [49:0]; the kernels read and write it through those functions
@@ -178,13 +184,61 @@ struct DeviceStepControl {
   std::uint32_t published = 0, failed = 0; // of the last DeviceComplete
   std::uint64_t steps = 0;                 // planned so far: StepRecord::done of the last one
 };
+// What an entry point of the device step returns: kKernelOk, a CUDA runtime error of the
+// first call that failed (cudaError_t's value, > 0; the CUDA form's ErrorText names it), or one
+// of the codes below (< 0).
+using KernelError = int;
+inline constexpr KernelError kKernelOk = 0;
+// The scans of this step need more scratch than the arena holds: refused before any launch,
+// nothing enqueued, nothing changed (the arena is sized at Create for the largest shape).
+inline constexpr KernelError kKernelArenaOverflow = -1;
+inline constexpr KernelError kKernelOutOfMemory = -2;  // an allocation failed (device or host)
+inline constexpr KernelError kKernelNoDevice = -3;     // CUDA form: no device, or no driver for one
+inline constexpr KernelError kKernelException = -4;    // an exception that carried no CUDA error
+// The text of a negative code (nullptr for the others).
+inline const char* KernelErrorName(KernelError e) {
+  switch (e) {
+    case kKernelOk: return "ok";
+    case kKernelArenaOverflow: return "the scans need more scratch than the arena holds";
+    case kKernelOutOfMemory: return "out of memory";
+    case kKernelNoDevice: return "no CUDA device";
+    case kKernelException: return "an exception without a CUDA error";
+    default: return nullptr;
+  }
+}
+
 // A bump arena of device memory for the temporary storage of CCCL's scans (CUDA form): sized
-// once, never grown; `overflows` counts requests it could not serve (a sizing bug: the
-// request then aborts). Host-side bookkeeping, device-side bytes.
+// once at Create for the largest shape, never grown. The CUDA form asks CCCL for a step's scan
+// storage before it launches anything and refuses the step (kKernelArenaOverflow) when Fits
+// says no; Take refuses a request past the capacity (nullptr, `overflows` + 1, nothing else
+// changes). Host-side bookkeeping, device-side bytes. Thread-safety: the step's driver thread.
 struct ScratchArena {
+  static constexpr std::size_t kAlign = 256;
   char* base = nullptr;
   std::size_t capacity = 0, used = 0, high_water = 0;
   std::uint64_t allocations = 0, overflows = 0;
+
+  static std::size_t AlignUp(std::size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
+  // Whether a request of `bytes` would be served now.
+  bool Fits(std::size_t bytes) const { return AlignUp(used) + bytes <= capacity; }
+  // `bytes` at the next aligned offset, or nullptr (refused: only `overflows` changes).
+  char* Take(std::size_t bytes) {
+    const std::size_t at = AlignUp(used);
+    if (at + bytes > capacity || at + bytes < at) {
+      ++overflows;
+      return nullptr;
+    }
+    ++allocations;
+    used = at + bytes;
+    if (used > high_water) high_water = used;
+    return base + at;
+  }
+  // Returns the last Take still held (a stack: anything else is kept until the arena is reset).
+  void Give(char* p, std::size_t bytes) {
+    if (p != nullptr && AlignUp(static_cast<std::size_t>(p - base) + bytes) == AlignUp(used)) {
+      used = static_cast<std::size_t>(p - base);
+    }
+  }
 };
 struct DeviceStepArgs {
   StepArrays io;                               // the engine's arrays (device pointers; stats pinned host)
@@ -237,64 +291,86 @@ struct IndexArgs {
 
 }  // namespace ula::kernels
 
-// The entry points, declared once per form (the same signatures; `Exec` is the form's
-// execution context: the OpenMP form takes a thread count, the CUDA form an opaque stream).
+// The device step's entry points, declared once per form (the same signatures; `Exec` is the
+// form's execution context: the OpenMP form takes a thread count, the CUDA form an opaque
+// stream). Each returns kKernelOk or the error of the first call that failed; an error other
+// than kKernelArenaOverflow may come after some launches were enqueued, so the step's device
+// state is then unknown (DeviceStep refuses every later call).
 #define ULA_KERNELS_DECLARE(NS, EXEC)                                                                     \
   namespace ula::kernels::NS {                                                                            \
-  /* Dedup + classify [0, n): one thread per selection. Returns the first invalid selection, or */       \
-  /* kNoSelection. */                                                                                     \
-  std::uint32_t Classify(EXEC exec, const ClassifyArgs& args);                                            \
-  /* flags[0, n) -> positions (exclusive scan); returns the total. values[i] goes to */                  \
-  /* out[pos[i]] where flags[i] != 0. */                                                                  \
-  std::uint32_t Compact(EXEC exec, const std::uint32_t* flags, std::uint32_t* pos, std::uint32_t n,       \
-                        const std::uint32_t* values, std::uint32_t* out);                                 \
-  /* out[k] = the k-th set bit (k < need) of the sources in order, as a slot of its bitmap. */           \
-  /* counts/offsets: [num_sources * num_words] scratch ([num_sources * num_summary] with */             \
-  /* summaries). Returns the number taken (<= need). */                                                  \
-  std::uint32_t TakeLowest(EXEC exec, const BitmapSources& sources, std::uint32_t need,                   \
-                           std::uint32_t* counts, std::uint32_t* offsets, std::uint32_t* out);            \
-  void MakeDescriptors(EXEC exec, const DescriptorArgs& args);                                            \
-  void Publish(EXEC exec, const PublishArgs& args);                                                       \
-  void WriteIndices(EXEC exec, const IndexArgs& args);                                                    \
-  /* Flat PB-LRU (PbLruArrays above). Slots: slots[i] for i < (n_dev ? *n_dev : n). */                  \
-  /* PbTouch: tracked slots into the current bucket, stamped with the round (duplicates fine). */        \
-  void PbTouch(EXEC exec, const PbLruArrays& pb, const std::uint32_t* slots, std::uint32_t n,            \
-               const std::uint32_t* n_dev);                                                               \
-  /* PbInsert: untracked, distinct slots into the current bucket. PbRemove: one tracked slot out. */     \
-  void PbInsert(EXEC exec, const PbLruArrays& pb, const std::uint32_t* slots, std::uint32_t n,           \
-                const std::uint32_t* n_dev);                                                              \
-  void PbRemove(EXEC exec, const PbLruArrays& pb, std::uint32_t slot);                                    \
-  /* PbRebase: REQUIRES the round is 2^32 - 1 (the host counts rounds); run right before PbAdvance. */ \
-  void PbRebase(EXEC exec, const PbLruArrays& pb);                                                        \
-  /* PbAdvance: the next round; the bucket about to be reused is folded into cold. */                    \
-  void PbAdvance(EXEC exec, const PbLruArrays& pb);                                                       \
-  /* PbTakeVictims: out[k] for k < need (need_dev ? *need_dev : need) = the k-th victim in */             \
-  /* ClaimVictims' order (cold, then ages R..1, lowest slot first; never the current bucket), */         \
-  /* by a scan over the buckets' summary levels. Claims nothing (PbTouch them to claim). */              \
-  /* counts/offsets: [(R + 1) * num_summary] scratch. */                                                 \
-  void PbTakeVictims(EXEC exec, const PbLruArrays& pb, std::uint32_t need, const std::uint32_t* need_dev, \
-                     std::uint32_t* counts, std::uint32_t* offsets, std::uint32_t* out);                  \
-  /* The device step (ula/device_step.h): DevicePlan classifies, claims, writes descriptors, */          \
-  /* indices and the StepRecord; DeviceComplete publishes descriptor i where status[i] == 0 */           \
-  /* ([io.max_descriptors] device bytes, written by the engine's copies earlier on the stream). */      \
-  void DevicePlan(EXEC exec, const DeviceStepArgs& args);                                                 \
+  /* DevicePlan classifies, claims, writes descriptors, indices and the StepRecord; */                  \
+  /* DeviceComplete publishes descriptor i where status[i] == 0 ([io.max_descriptors] device */         \
+  /* bytes, written by the engine's copies earlier on the stream). */                                    \
+  [[nodiscard]] KernelError DevicePlan(EXEC exec, const DeviceStepArgs& args);                           \
   /* DevicePlan in two halves (TP): DeviceCheck classifies and decides (ctl->error: the */              \
   /* verdict), changing no state; DeviceClaim, after the engine agreed the verdicts */                  \
   /* (agreed: device memory, MAX over the ranks; nullptr: this rank's own), claims and writes. */       \
-  void DeviceCheck(EXEC exec, const DeviceStepArgs& args);                                                \
-  void DeviceClaim(EXEC exec, const DeviceStepArgs& args, const std::uint32_t* agreed);                  \
-  void DeviceComplete(EXEC exec, const DeviceStepArgs& args, const std::uint8_t* status);                 \
-  /* The form's memory (device memory for CUDA, host memory for OpenMP) and copies. */                   \
-  void* MemAlloc(std::size_t bytes);                                                                      \
-  void MemFree(void* p);                                                                                  \
-  void MemCopy(EXEC exec, void* dst, const void* src, std::size_t bytes); /* any direction, async */     \
-  void MemZero(EXEC exec, void* dst, std::size_t bytes);                                                  \
-  void Sync(EXEC exec);                                                                                   \
-  /* The run of selection i (the kernels' search), for the host's error path. */                        \
-  std::uint32_t RunOfForHost(const std::uint32_t* run_starts, std::uint32_t num_runs, std::uint32_t i);   \
+  [[nodiscard]] KernelError DeviceCheck(EXEC exec, const DeviceStepArgs& args);                          \
+  [[nodiscard]] KernelError DeviceClaim(EXEC exec, const DeviceStepArgs& args, const std::uint32_t* agreed); \
+  [[nodiscard]] KernelError DeviceComplete(EXEC exec, const DeviceStepArgs& args, const std::uint8_t* status); \
+  /* The end of a scheduler iteration: the round's new entries on host may move again */                 \
+  /* (ctl->num_new_on_host = 0), PB-LRU's next round (rebase: REQUIRES the round is 2^32 - 1, */          \
+  /* PbRebase first). */                                                                                 \
+  [[nodiscard]] KernelError DeviceAdvanceRound(EXEC exec, const DeviceStepArgs& args, bool rebase);      \
+  /* The form's memory (device memory for CUDA, host memory for OpenMP) and copies. MemAlloc */          \
+  /* writes *out (zeroed memory for OpenMP only) or nullptr with kKernelOutOfMemory. */                  \
+  [[nodiscard]] KernelError MemAlloc(std::size_t bytes, void** out);                                     \
+  [[nodiscard]] KernelError MemFree(void* p);                                                            \
+  [[nodiscard]] KernelError MemCopy(EXEC exec, void* dst, const void* src, std::size_t bytes); /* async */ \
+  [[nodiscard]] KernelError Sync(EXEC exec);                                                             \
   }
 
 ULA_KERNELS_DECLARE(omp, int)
 // The CUDA form (step_kernels.cu, target ula_kernels_cuda; linked where ULA_WITH_CUDA is on):
 // the context is a cudaStream_t passed as void*.
 ULA_KERNELS_DECLARE(gpu, void*)
+
+namespace ula::kernels::gpu {
+// kKernelOk when a CUDA device can run the kernels; kKernelNoDevice when there is none (or
+// no driver); another CUDA error otherwise.
+[[nodiscard]] KernelError CheckDevice();
+// Bytes of arena the CUDA form's scans need for a step of n selections with args' pools
+// (what every step asks before its launches; Create sizes the arena with it); 0 with *error
+// set when CCCL cannot say.
+std::size_t ScanScratchBytes(const DeviceStepArgs& args, std::uint32_t n, KernelError* error);
+// CUDA's name and message for a positive code, KernelErrorName for the others.
+const char* ErrorText(KernelError e);
+}  // namespace ula::kernels::gpu
+
+// The host planners' kernels (KernelStepPlanner, TpKernelStepPlanner, KernelPbLru): the
+// OpenMP form only; they read counts back on the host, which a step on the GPU must not.
+namespace ula::kernels::omp {
+// Dedup + classify [0, n): one thread per selection. Returns the first invalid selection, or
+// kNoSelection.
+std::uint32_t Classify(int exec, const ClassifyArgs& args);
+// flags[0, n) -> positions (exclusive scan); returns the total. values[i] goes to
+// out[pos[i]] where flags[i] != 0.
+std::uint32_t Compact(int exec, const std::uint32_t* flags, std::uint32_t* pos, std::uint32_t n,
+                      const std::uint32_t* values, std::uint32_t* out);
+// out[k] = the k-th set bit (k < need) of the sources in order, as a slot of its bitmap.
+// counts/offsets: [num_sources * num_words] scratch ([num_sources * num_summary] with
+// summaries). Returns the number taken (<= need).
+std::uint32_t TakeLowest(int exec, const BitmapSources& sources, std::uint32_t need, std::uint32_t* counts,
+                         std::uint32_t* offsets, std::uint32_t* out);
+void MakeDescriptors(int exec, const DescriptorArgs& args);
+void Publish(int exec, const PublishArgs& args);
+void WriteIndices(int exec, const IndexArgs& args);
+// Flat PB-LRU (PbLruArrays above). Slots: slots[i] for i < (n_dev ? *n_dev : n).
+// PbTouch: tracked slots into the current bucket, stamped with the round (duplicates fine).
+void PbTouch(int exec, const PbLruArrays& pb, const std::uint32_t* slots, std::uint32_t n, const std::uint32_t* n_dev);
+// PbInsert: untracked, distinct slots into the current bucket. PbRemove: one tracked slot out.
+void PbInsert(int exec, const PbLruArrays& pb, const std::uint32_t* slots, std::uint32_t n, const std::uint32_t* n_dev);
+void PbRemove(int exec, const PbLruArrays& pb, std::uint32_t slot);
+// PbRebase: REQUIRES the round is 2^32 - 1 (the host counts rounds); run right before PbAdvance.
+void PbRebase(int exec, const PbLruArrays& pb);
+// PbAdvance: the next round; the bucket about to be reused is folded into cold.
+void PbAdvance(int exec, const PbLruArrays& pb);
+// PbTakeVictims: out[k] for k < need (need_dev ? *need_dev : need) = the k-th victim in
+// ClaimVictims' order (cold, then ages R..1, lowest slot first; never the current bucket),
+// by a scan over the buckets' summary levels. Claims nothing (PbTouch them to claim).
+// counts/offsets: [(R + 1) * num_summary] scratch.
+void PbTakeVictims(int exec, const PbLruArrays& pb, std::uint32_t need, const std::uint32_t* need_dev,
+                   std::uint32_t* counts, std::uint32_t* offsets, std::uint32_t* out);
+// The run of selection i (the kernels' search), for the host's error path.
+std::uint32_t RunOfForHost(const std::uint32_t* run_starts, std::uint32_t num_runs, std::uint32_t i);
+}  // namespace ula::kernels::omp

@@ -1,9 +1,14 @@
 // The step's kernels, written once against CCCL (step_kernels.h has the contract). Included
 // by step_kernels_omp.cc (g++, thrust's OpenMP system) and step_kernels.cu (nvcc, CUDA), each
 // of which first defines:
-//   ULA_KERNELS_NS        the namespace of the form (omp, cuda)
+//   ULA_KERNELS_NS        the namespace of the form (omp, gpu)
 //   ULA_KERNELS_EXEC      the type of its execution context
 //   ULA_KERNELS_POLICY(e) the thrust execution policy of context e
+//   ULA_KERNELS_DEVICE_SCAN(e, arena, in, n, out)  the device step's exclusive sums of n uint32
+//                         (the CUDA form's take their storage from the arena)
+//   ULA_KERNELS_HOST_PLANNER  (OpenMP form only) compile the host planners' entry points
+// and then wraps the device step's launches (namespace launch below, which may throw in the
+// CUDA form) into the entry points of step_kernels.h, which return a KernelError.
 // (ULA_HD, __host__ __device__ under nvcc, comes from ula/host_device.h).
 //
 // Kernels, one thread per element of the index space named first:
@@ -723,6 +728,11 @@ struct DevPublishEnd {
   DeviceStepArgs a;
   ULA_HD void operator()(std::uint32_t) const { a.ctl->pending = 0; }
 };
+// The round's end: this round's new entries on host may move from the next round on.
+struct DevRoundEnd {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t) const { a.ctl->num_new_on_host = 0; }
+};
 
 struct Describe {
   DescriptorArgs a;
@@ -765,6 +775,7 @@ struct IndexOne {
 
 }  // namespace
 
+#if defined(ULA_KERNELS_HOST_PLANNER)
 std::uint32_t Classify(ULA_KERNELS_EXEC exec, const ClassifyArgs& args) {
   if (args.n == 0) return kNoSelection;
   auto policy = ULA_KERNELS_POLICY(exec);
@@ -868,26 +879,31 @@ void PbTakeVictims(ULA_KERNELS_EXEC exec, const PbLruArrays& pb, std::uint32_t n
                    TakeBlock<PbVictimSources>{src, pb.num_words, pb.num_summary, offsets, need, need_dev, out});
 }
 
-#ifndef ULA_KERNELS_SCAN_POLICY
-#define ULA_KERNELS_SCAN_POLICY(e, arena) ULA_KERNELS_POLICY(e)
-#endif
+std::uint32_t RunOfForHost(const std::uint32_t* run_starts, std::uint32_t num_runs, std::uint32_t i) {
+  return RunOf(run_starts, num_runs, i);
+}
+#endif  // ULA_KERNELS_HOST_PLANNER
 
-void DeviceCheck(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
+// The device step's launches, in stream order. The OpenMP form runs them to completion; the
+// CUDA form enqueues them and throws (thrust::system_error, std::bad_alloc) where a launch
+// fails: its entry points (step_kernels.cu) catch that.
+namespace launch {
+
+inline void DeviceCheck(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
   const std::uint32_t n = args.io.num_rows * args.io.top_k;
   auto policy = ULA_KERNELS_POLICY(exec);
   thrust::for_each(policy, Index(0), Index(1), DevBegin{args});
   if (n > 0) {
     thrust::for_each(policy, Index(0), Index(n), DevClassify{args});
     thrust::for_each(policy, Index(0), Index(n), DevFlag{args});
-    auto scan = ULA_KERNELS_SCAN_POLICY(exec, args.arena);
-    thrust::exclusive_scan(scan, args.hit_flag, args.hit_flag + n, args.hit_pos, std::uint32_t{0});
-    thrust::exclusive_scan(scan, args.miss_flag, args.miss_flag + n, args.miss_pos, std::uint32_t{0});
+    ULA_KERNELS_DEVICE_SCAN(exec, args.arena, args.hit_flag, n, args.hit_pos);
+    ULA_KERNELS_DEVICE_SCAN(exec, args.arena, args.miss_flag, n, args.miss_pos);
     thrust::for_each(policy, Index(0), Index(n), DevScatter{args});
   }
   thrust::for_each(policy, Index(0), Index(1), DevDecide{args, n});
 }
 
-void DeviceClaim(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint32_t* agreed) {
+inline void DeviceClaim(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint32_t* agreed) {
   const std::uint32_t n = args.io.num_rows * args.io.top_k;
   const std::uint32_t n_desc = n < args.io.max_descriptors ? n : args.io.max_descriptors;
   auto policy = ULA_KERNELS_POLICY(exec);
@@ -899,10 +915,9 @@ void DeviceClaim(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::u
     thrust::for_each(policy, Index(0), Index(n), PbTouchFn{args.pb, args.hits, &c->n_hit});
     const FlatSource free_src{args.device_free};
     const std::uint32_t free_blocks = args.device_free.num_summary;
-    auto scan = ULA_KERNELS_SCAN_POLICY(exec, args.arena);
     thrust::transform(policy, Index(0), Index(free_blocks), args.take_counts,
                       BlockPopcount<FlatSource>{free_src, args.device_free.num_words, free_blocks});
-    thrust::exclusive_scan(scan, args.take_counts, args.take_counts + free_blocks, args.take_offsets, std::uint32_t{0});
+    ULA_KERNELS_DEVICE_SCAN(exec, args.arena, args.take_counts, free_blocks, args.take_offsets);
     thrust::for_each(policy, Index(0), Index(free_blocks),
                      TakeBlock<FlatSource>{free_src, args.device_free.num_words, free_blocks, args.take_offsets, 0,
                                            &c->n_free, args.targets});
@@ -911,7 +926,7 @@ void DeviceClaim(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::u
     const std::uint32_t blocks = (args.pb.recent + 1) * args.pb.num_summary;
     thrust::transform(policy, Index(0), Index(blocks), args.take_counts,
                       BlockPopcount<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary});
-    thrust::exclusive_scan(scan, args.take_counts, args.take_counts + blocks, args.take_offsets, std::uint32_t{0});
+    ULA_KERNELS_DEVICE_SCAN(exec, args.arena, args.take_counts, blocks, args.take_offsets);
     thrust::for_each(policy, Index(0), Index(blocks),
                      TakeBlock<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary, args.take_offsets, 0,
                                                 &c->n_victims, args.targets, &c->n_free});
@@ -923,12 +938,12 @@ void DeviceClaim(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::u
   thrust::for_each(policy, Index(0), Index(1), DevRecord{args});
 }
 
-void DevicePlan(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
+inline void DevicePlan(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
   DeviceCheck(exec, args);
   DeviceClaim(exec, args, nullptr);
 }
 
-void DeviceComplete(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint8_t* status) {
+inline void DeviceComplete(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint8_t* status) {
   auto policy = ULA_KERNELS_POLICY(exec);
   const std::uint32_t n = args.io.max_descriptors;
   thrust::for_each(policy, Index(0), Index(1), DevPublishBegin{args});
@@ -936,8 +951,14 @@ void DeviceComplete(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std
   thrust::for_each(policy, Index(0), Index(1), DevPublishEnd{args});
 }
 
-std::uint32_t RunOfForHost(const std::uint32_t* run_starts, std::uint32_t num_runs, std::uint32_t i) {
-  return RunOf(run_starts, num_runs, i);
+inline void DeviceAdvanceRound(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, bool rebase) {
+  auto policy = ULA_KERNELS_POLICY(exec);
+  thrust::for_each(policy, Index(0), Index(1), DevRoundEnd{args});
+  if (rebase) thrust::for_each(policy, Index(0), Index(args.pb.capacity), PbRebaseFn{args.pb});
+  thrust::for_each(policy, Index(0), Index(1), PbClockFn{args.pb});
+  thrust::for_each(policy, Index(0), Index(args.pb.num_summary), PbFoldFn{args.pb});
 }
+
+}  // namespace launch
 
 }  // namespace ula::kernels::ULA_KERNELS_NS

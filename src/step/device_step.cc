@@ -2,6 +2,9 @@
 // in the form's memory (kernels::omp or kernels::gpu MemAlloc), Plan / Complete /
 // AdvanceRound check the host-side arguments and enqueue the kernels of
 // src/kernels/step_kernels.inl. Nothing here reads device memory during a step.
+// Every call into the kernels' forms returns a KernelError, turned here into a Status
+// (KernelStatus); a failure after launches were enqueued marks the step failed (Impl::failed):
+// its device state is unknown, so every later call is refused.
 #include "ula/device_step.h"
 
 #include <fmt/format.h>
@@ -39,6 +42,38 @@ Status RefuseWhilePending(bool pending, bool checked, const char* what) {
                                  pending ? "Complete" : "Claim"));
   }
   return Ok();
+}
+
+// The text of a KernelError (CUDA's message for a CUDA error).
+std::string KernelText(kernels::KernelError e) {
+#if defined(ULA_WITH_CUDA_KERNELS)
+  const char* text = kernels::gpu::ErrorText(e);
+#else
+  const char* text = kernels::KernelErrorName(e);
+  if (text == nullptr) text = "CUDA error";
+#endif
+  return fmt::format("{} ({})", text, e);
+}
+
+// A KernelError as a Status: kResourceExhausted (the arena, memory), kFailedPrecondition (no
+// device), kIo (any other CUDA error or an exception the CUDA form caught).
+Status KernelStatus(kernels::KernelError e, const char* what, std::size_t arena_bytes = 0) {
+  switch (e) {
+    case kernels::kKernelOk:
+      return Ok();
+    case kernels::kKernelArenaOverflow:
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("DeviceStep::{}: the step's scans need more than the scratch arena's {} bytes "
+                                   "(sized at Create for the largest shape): refused, nothing enqueued", what,
+                                   arena_bytes));
+    case kernels::kKernelOutOfMemory:
+      return MakeError(ErrorCode::kResourceExhausted, fmt::format("DeviceStep::{}: {}", what, KernelText(e)));
+    case kernels::kKernelNoDevice:
+      return MakeError(ErrorCode::kFailedPrecondition,
+                       fmt::format("DeviceStep::{}: config.cuda needs a CUDA device: {}", what, KernelText(e)));
+    default:
+      return MakeError(ErrorCode::kIo, fmt::format("DeviceStep::{}: the CUDA form failed: {}", what, KernelText(e)));
+  }
 }
 }  // namespace
 
@@ -80,44 +115,79 @@ struct DeviceStep::Impl {
   std::uint64_t loaded_digest = 0;   // Digest of what was loaded or stored
   bool dirty = false;                // a state-changing call ran since the last load or store
   std::uint32_t round = 1;           // the host's count of the PB-LRU round (for the rebase)
+  // Build's first failed memory call (kKernelOk: none).
+  kernels::KernelError setup_error = kernels::kKernelOk;
+  // Non-empty once a call of the form failed after enqueueing work (a launch, a copy, a sync):
+  // the device state is unknown from then on and every call is refused with this reason.
+  mutable std::string failed;
 
   ~Impl() {
     for (void* p : blocks) Free(p);
   }
   void* Alloc(std::size_t bytes) {
+    void* p = nullptr;
 #if defined(ULA_WITH_CUDA_KERNELS)
-    void* p = config.cuda ? kernels::gpu::MemAlloc(bytes) : kernels::omp::MemAlloc(bytes);
+    const kernels::KernelError e = config.cuda ? kernels::gpu::MemAlloc(bytes, &p) : kernels::omp::MemAlloc(bytes, &p);
 #else
-    void* p = kernels::omp::MemAlloc(bytes);
+    const kernels::KernelError e = kernels::omp::MemAlloc(bytes, &p);
 #endif
-    if (p != nullptr) blocks.push_back(p);
+    if (e != kernels::kKernelOk) {
+      if (setup_error == kernels::kKernelOk) setup_error = e;
+      return nullptr;
+    }
+    blocks.push_back(p);
     return p;
   }
+  // Teardown: a failed free has no caller to report to (the memory is lost either way).
   void Free(void* p) const {
 #if defined(ULA_WITH_CUDA_KERNELS)
-    if (config.cuda) return kernels::gpu::MemFree(p);
+    if (config.cuda) {
+      (void)kernels::gpu::MemFree(p);
+      return;
+    }
 #endif
-    kernels::omp::MemFree(p);
+    (void)kernels::omp::MemFree(p);
   }
-  void Copy(void* stream, void* dst, const void* src, std::size_t bytes) const {
+  kernels::KernelError Copy(void* stream, void* dst, const void* src, std::size_t bytes) const {
 #if defined(ULA_WITH_CUDA_KERNELS)
     if (config.cuda) return kernels::gpu::MemCopy(stream, dst, src, bytes);
 #endif
     (void)stream;
-    kernels::omp::MemCopy(0, dst, src, bytes);
+    return kernels::omp::MemCopy(0, dst, src, bytes);
   }
-  void Sync(void* stream) const {
+  kernels::KernelError Sync(void* stream) const {
 #if defined(ULA_WITH_CUDA_KERNELS)
     if (config.cuda) return kernels::gpu::Sync(stream);
 #endif
     (void)stream;
+    return kernels::omp::Sync(0);
   }
-  // A device array holding `values` (nullptr when allocation failed).
+  // kFailedPrecondition once a call failed midway (`failed`); `what` names the call refused.
+  Status RefuseIfFailed(const char* what) const {
+    if (failed.empty()) return Ok();
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("DeviceStep::{}: an earlier call failed after enqueueing work ({}): the step's "
+                                 "device state is unknown; re-create it from the space", what, failed));
+  }
+  // The Status of a call of the form that may have enqueued work: any error but the arena's
+  // refusal (raised before anything is enqueued) marks the step failed.
+  Status Enqueued(kernels::KernelError e, const char* what) const {
+    if (e == kernels::kKernelOk) return Ok();
+    Status st = KernelStatus(e, what, arena.capacity);
+    if (e != kernels::kKernelArenaOverflow && failed.empty()) failed = st.error().ToString();
+    return st;
+  }
+  // A device array holding `values` (nullptr when allocation or the copy failed).
   template <class T>
   T* Upload(const std::vector<T>& values, std::size_t min_count = 1) {
     const std::size_t n = std::max(values.size(), min_count);
     auto* p = static_cast<T*>(Alloc(n * sizeof(T)));
-    if (p != nullptr && !values.empty()) Copy(nullptr, p, values.data(), values.size() * sizeof(T));
+    if (p != nullptr && !values.empty()) {
+      if (const kernels::KernelError e = Copy(nullptr, p, values.data(), values.size() * sizeof(T)); e != kernels::kKernelOk) {
+        if (setup_error == kernels::kKernelOk) setup_error = e;
+        return nullptr;
+      }
+    }
     return p;
   }
   template <class T>
@@ -293,6 +363,10 @@ Result<std::unique_ptr<DeviceStep>> DeviceStep::Create(const TpAddressSpace& spa
 }
 
 Result<std::unique_ptr<DeviceStep>> DeviceStep::Build(const ShardSource& src, const DeviceStepConfig& config) {
+#if defined(ULA_WITH_CUDA_KERNELS)
+  // The CUDA form needs a device before anything is allocated (kFailedPrecondition without one).
+  if (config.cuda) ULA_RETURN_IF_ERROR(KernelStatus(kernels::gpu::CheckDevice(), "Create"));
+#endif
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   Impl& m = *impl;
@@ -369,35 +443,48 @@ Result<std::unique_ptr<DeviceStep>> DeviceStep::Build(const ShardSource& src, co
   need(a.take_counts = m.Zeroed<std::uint32_t>(blocks));
   need(a.take_offsets = m.Zeroed<std::uint32_t>(blocks));
   need(a.ctl = m.Upload(std::vector<kernels::DeviceStepControl>{kernels::DeviceStepControl{}}));
-  // CCCL's decoupled look-back scans (CUDA form) need a few bytes per tile of items; the
-  // OpenMP form's scans are sequential and take nothing.
+  // The scans' temporary storage (CUDA form): what CCCL says the largest step's scans need
+  // (every step's are asked for again before its launches, and refused when they do not fit).
+  // The OpenMP form's scans run on the host thread and take nothing: no arena.
+#if defined(ULA_WITH_CUDA_KERNELS)
   if (config.cuda) {
-    m.arena.capacity = (std::size_t{1} << 20) + std::size_t{16} * std::max(m.max_selections, static_cast<std::uint32_t>(blocks));
+    kernels::KernelError e = kernels::kKernelOk;
+    const std::size_t scan = kernels::gpu::ScanScratchBytes(a, m.max_selections, &e);
+    ULA_RETURN_IF_ERROR(KernelStatus(e, "Create"));
+    m.arena.capacity = kernels::ScratchArena::AlignUp(scan);
     need(m.arena.base = static_cast<char*>(m.Alloc(m.arena.capacity)));
   }
+#endif
   a.arena = &m.arena;
   if (!ok) {
-    return MakeError(ErrorCode::kResourceExhausted, "DeviceStep: the state and scratch do not fit in device memory");
+    if (m.setup_error == kernels::kKernelOutOfMemory || m.setup_error == kernels::kKernelOk) {
+      return MakeError(ErrorCode::kResourceExhausted, "DeviceStep: the state and scratch do not fit in device memory");
+    }
+    return std::unexpected(KernelStatus(m.setup_error, "Create").error());
   }
   auto step = std::unique_ptr<DeviceStep>(new DeviceStep(std::move(impl)));
-  step->Load(src, nullptr);
-  step->impl_->Sync(nullptr);
+  ULA_RETURN_IF_ERROR(step->Load(src, nullptr));
+  ULA_RETURN_IF_ERROR(KernelStatus(step->impl_->Sync(nullptr), "Create"));
   return step;
 }
 
-void DeviceStep::Load(const ShardSource& src, void* stream) {
+Status DeviceStep::Load(const ShardSource& src, void* stream) {
   Impl& m = *impl_;
   kernels::DeviceStepArgs& a = m.args;
+  kernels::KernelError error = kernels::kKernelOk;  // the first failed copy; the rest are skipped
+  auto copy = [&](void* dst, const void* from, std::size_t bytes) {
+    if (error == kernels::kKernelOk) error = m.Copy(stream, dst, from, bytes);
+  };
   // (Some arrays are const in the kernels' arguments: the kernels only read them; the step owns them.)
   // values, then zeros up to count.
   auto put = [&](auto* dst, const auto& values, std::size_t count) {
     using T = std::decay_t<decltype(values[0])>;
     void* out = const_cast<void*>(static_cast<const void*>(dst));
     const std::size_t n = std::min(values.size(), count);
-    m.Copy(stream, out, values.data(), n * sizeof(T));
+    copy(out, values.data(), n * sizeof(T));
     if (n < count) {
       const std::vector<T> zeros(count - n, T{});
-      m.Copy(stream, static_cast<T*>(out) + n, zeros.data(), zeros.size() * sizeof(T));
+      copy(static_cast<T*>(out) + n, zeros.data(), zeros.size() * sizeof(T));
     }
   };
   put(a.records, src.records, m.table_cap);
@@ -410,7 +497,7 @@ void DeviceStep::Load(const ShardSource& src, void* stream) {
   put(a.new_on_host, src.new_on_host, m.new_on_host_cap);
   {
     const auto pinned = static_cast<std::uint32_t>(src.new_on_host.size());
-    m.Copy(stream, &a.ctl->num_new_on_host, &pinned, sizeof(pinned));
+    copy(&a.ctl->num_new_on_host, &pinned, sizeof(pinned));
   }
   auto flat = [&](const HierBitmap& b, const kernels::FlatBitmap& f, const std::vector<std::uint32_t>& also_free) {
     std::vector<std::uint64_t> words(b.words(), b.words() + b.num_words()), summary(f.num_summary, 0);
@@ -435,9 +522,11 @@ void DeviceStep::Load(const ShardSource& src, void* stream) {
   m.round = pb.clock->round;
   put(a.device_owner, src.device_owner, m.device_capacity);
   put(a.first, std::vector<std::uint32_t>(m.table_cap, kernels::kNoSelection), m.table_cap);
+  if (error != kernels::kKernelOk) return m.Enqueued(error, "Create or Reload (loading the state)");
   m.loaded_table = static_cast<std::uint32_t>(src.records.size());
   m.loaded_digest = Digest(src);
   m.dirty = false;
+  return Ok();
 }
 
 namespace {
@@ -510,6 +599,7 @@ std::uint64_t DeviceStep::Digest(const ShardSource& src) {
 
 Status DeviceStep::CheckSameSpace(const void* space, const char* what) const {
   const Impl& m = *impl_;
+  ULA_RETURN_IF_ERROR(m.RefuseIfFailed(what));
   ULA_RETURN_IF_ERROR(RefuseWhilePending(m.pending, m.checked, what));
   if (space != m.space) {
     return MakeError(ErrorCode::kInvalidArgument,
@@ -552,10 +642,10 @@ Status DeviceStep::ReadBack(const ShardSource& now, DeviceShard& d, void* stream
                                  m.rank, m.group));
   }
   const kernels::DeviceStepArgs& a = m.args;
-  m.Sync(stream);
+  kernels::KernelError error = m.Sync(stream);  // the first failure; the calls after it are skipped
   auto read = [&](auto& v, const auto* src, std::size_t n) {
     v.resize(n);
-    m.Copy(stream, v.data(), src, n * sizeof(v[0]));
+    if (error == kernels::kKernelOk) error = m.Copy(stream, v.data(), src, n * sizeof(v[0]));
   };
   const std::size_t buckets = a.pb.recent + 2;
   read(d.records, a.records, m.loaded_table);
@@ -566,9 +656,9 @@ Status DeviceStep::ReadBack(const ShardSource& now, DeviceShard& d, void* stream
   read(d.pb_summary, a.pb.summary, buckets * a.pb.num_summary);
   read(d.pb_counts, a.pb.counts, buckets);
   read(d.pb_stamps, a.pb.stamps, a.pb.capacity);
-  m.Copy(stream, &d.clock, a.pb.clock, sizeof(d.clock));
-  m.Sync(stream);
-  return Ok();
+  if (error == kernels::kKernelOk) error = m.Copy(stream, &d.clock, a.pb.clock, sizeof(d.clock));
+  if (error == kernels::kKernelOk) error = m.Sync(stream);
+  return m.Enqueued(error, "StoreInto");
 }
 
 namespace {
@@ -644,9 +734,8 @@ Status DeviceStep::Reload(const ShardSource& src, void* stream) {
   }
   if (src.tags.size() > m.request_cap) return over("max_requests", src.tags.size(), m.request_cap);
   if (src.adopted.size() > m.adopted_cap) return over("max_adopted", src.adopted.size(), m.adopted_cap);
-  Load(src, stream);
-  m.Sync(stream);
-  return Ok();
+  ULA_RETURN_IF_ERROR(Load(src, stream));
+  return m.Enqueued(m.Sync(stream), "Reload");
 }
 
 Status DeviceStep::Reload(const AddressSpace& space, void* stream) {
@@ -675,6 +764,7 @@ Status DeviceStep::CheckStored(const char* what) const {
 Status DeviceStep::Accept(const StepArrays& arrays, const char* what) {
   Impl& m = *impl_;
   auto bad = [what](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, fmt::format("DeviceStep::{}: {}", what, msg)); };
+  ULA_RETURN_IF_ERROR(m.RefuseIfFailed(what));
   ULA_RETURN_IF_ERROR(RefuseWhilePending(m.pending, m.checked, what));
   if (arrays.selections == nullptr || arrays.requests == nullptr || arrays.indices == nullptr ||
       arrays.descriptors == nullptr || arrays.stats == nullptr) {
@@ -699,6 +789,17 @@ Status DeviceStep::Accept(const StepArrays& arrays, const char* what) {
   return Ok();
 }
 
+// The form's entry point `call` on the step's arguments: the CUDA form's on `stream`, the
+// OpenMP form's under the step's team (its `stream` ignored).
+#if defined(ULA_WITH_CUDA_KERNELS)
+#define ULA_DEVICE_STEP_RUN(m, stream, call, ...)                                              \
+  ((m).config.cuda ? kernels::gpu::call((stream), (m).args __VA_OPT__(, ) __VA_ARGS__)          \
+                   : (OmpTeam((m).config.threads), kernels::omp::call(0, (m).args __VA_OPT__(, ) __VA_ARGS__)))
+#else
+#define ULA_DEVICE_STEP_RUN(m, stream, call, ...) \
+  ((void)(stream), OmpTeam((m).config.threads), kernels::omp::call(0, (m).args __VA_OPT__(, ) __VA_ARGS__))
+#endif
+
 Status DeviceStep::Plan(const StepArrays& arrays, void* stream) {
   Impl& m = *impl_;
   if (m.args.num_ranks > 1) {
@@ -707,17 +808,7 @@ Status DeviceStep::Plan(const StepArrays& arrays, void* stream) {
                                  "verdict() with MAX over the ranks, then Claim", m.args.num_ranks));
   }
   ULA_RETURN_IF_ERROR(Accept(arrays, "Plan"));
-#if defined(ULA_WITH_CUDA_KERNELS)
-  if (m.config.cuda) {
-    kernels::gpu::DevicePlan(stream, m.args);
-    m.pending = true;
-    m.dirty = true;
-    return Ok();
-  }
-#endif
-  (void)stream;
-  OmpTeam team(m.config.threads);
-  kernels::omp::DevicePlan(0, m.args);
+  ULA_RETURN_IF_ERROR(m.Enqueued(ULA_DEVICE_STEP_RUN(m, stream, DevicePlan), "Plan"));
   m.pending = true;
   m.dirty = true;
   return Ok();
@@ -726,16 +817,8 @@ Status DeviceStep::Plan(const StepArrays& arrays, void* stream) {
 Status DeviceStep::Check(const StepArrays& arrays, void* stream) {
   Impl& m = *impl_;
   ULA_RETURN_IF_ERROR(Accept(arrays, "Check"));
+  ULA_RETURN_IF_ERROR(m.Enqueued(ULA_DEVICE_STEP_RUN(m, stream, DeviceCheck), "Check"));
   m.checked = true;
-#if defined(ULA_WITH_CUDA_KERNELS)
-  if (m.config.cuda) {
-    kernels::gpu::DeviceCheck(stream, m.args);
-    return Ok();
-  }
-#endif
-  (void)stream;
-  OmpTeam team(m.config.threads);
-  kernels::omp::DeviceCheck(0, m.args);
   return Ok();
 }
 
@@ -743,82 +826,53 @@ const std::uint32_t* DeviceStep::verdict() const { return &impl_->args.ctl->erro
 
 Status DeviceStep::Claim(const std::uint32_t* agreed, void* stream) {
   Impl& m = *impl_;
+  ULA_RETURN_IF_ERROR(m.RefuseIfFailed("Claim"));
   if (!m.checked) return MakeError(ErrorCode::kFailedPrecondition, "DeviceStep::Claim: no Check is pending");
   if (agreed == nullptr) return MakeError(ErrorCode::kInvalidArgument, "DeviceStep::Claim: agreed must not be null");
+  // Refused or not, the check is used up: a refused Claim (the arena) claimed nothing.
   m.checked = false;
+  ULA_RETURN_IF_ERROR(m.Enqueued(ULA_DEVICE_STEP_RUN(m, stream, DeviceClaim, agreed), "Claim"));
   m.pending = true;
   m.dirty = true;
-#if defined(ULA_WITH_CUDA_KERNELS)
-  if (m.config.cuda) {
-    kernels::gpu::DeviceClaim(stream, m.args, agreed);
-    return Ok();
-  }
-#endif
-  (void)stream;
-  OmpTeam team(m.config.threads);
-  kernels::omp::DeviceClaim(0, m.args, agreed);
   return Ok();
 }
 
 Status DeviceStep::Complete(const std::uint8_t* status, void* stream) {
   Impl& m = *impl_;
+  ULA_RETURN_IF_ERROR(m.RefuseIfFailed("Complete"));
   if (!m.pending) return MakeError(ErrorCode::kFailedPrecondition, "DeviceStep::Complete: no plan is pending");
   if (status == nullptr && m.args.io.max_descriptors > 0) {
     return MakeError(ErrorCode::kInvalidArgument, "DeviceStep::Complete: status must not be null");
   }
   m.pending = false;
   m.dirty = true;
-#if defined(ULA_WITH_CUDA_KERNELS)
-  if (m.config.cuda) {
-    kernels::gpu::DeviceComplete(stream, m.args, status);
-    return Ok();
-  }
-#endif
-  (void)stream;
-  OmpTeam team(m.config.threads);
-  kernels::omp::DeviceComplete(0, m.args, status);
-  return Ok();
+  return m.Enqueued(ULA_DEVICE_STEP_RUN(m, stream, DeviceComplete, status), "Complete");
 }
 
 Status DeviceStep::AdvanceRound(void* stream) {
   Impl& m = *impl_;
+  ULA_RETURN_IF_ERROR(m.RefuseIfFailed("AdvanceRound"));
   if (m.checked || m.pending) {
     return MakeError(ErrorCode::kFailedPrecondition, "DeviceStep::AdvanceRound: a plan or a check is pending");
   }
   m.dirty = true;
   // The round's new entries on host are free to move from the next round on (the space's
-  // AdvanceRound clears its list likewise).
-  void* pinned = &m.args.ctl->num_new_on_host;
-#if defined(ULA_WITH_CUDA_KERNELS)
-  if (m.config.cuda) kernels::gpu::MemZero(stream, pinned, sizeof(std::uint32_t));
-  else kernels::omp::MemZero(0, pinned, sizeof(std::uint32_t));
-#else
-  kernels::omp::MemZero(0, pinned, sizeof(std::uint32_t));
-#endif
+  // AdvanceRound clears its list likewise), then PB-LRU's next round.
   const bool rebase = m.round == ~std::uint32_t{0};
+  ULA_RETURN_IF_ERROR(m.Enqueued(ULA_DEVICE_STEP_RUN(m, stream, DeviceAdvanceRound, rebase), "AdvanceRound"));
   m.round = (rebase ? m.args.pb.recent + 2 : m.round) + 1;
-#if defined(ULA_WITH_CUDA_KERNELS)
-  if (m.config.cuda) {
-    if (rebase) kernels::gpu::PbRebase(stream, m.args.pb);
-    kernels::gpu::PbAdvance(stream, m.args.pb);
-    return Ok();
-  }
-#endif
-  (void)stream;
-  OmpTeam team(m.config.threads);
-  if (rebase) kernels::omp::PbRebase(0, m.args.pb);
-  kernels::omp::PbAdvance(0, m.args.pb);
   return Ok();
 }
 
-DeviceStepState DeviceStep::ReadState(void* stream) const {
+Result<DeviceStepState> DeviceStep::ReadState(void* stream) const {
   const Impl& m = *impl_;
+  ULA_RETURN_IF_ERROR(m.RefuseIfFailed("ReadState"));
   const kernels::DeviceStepArgs& a = m.args;
-  m.Sync(stream);
+  kernels::KernelError error = m.Sync(stream);  // the first failure; the calls after it are skipped
   DeviceStepState s;
   auto read = [&](auto& v, const auto* src, std::size_t n) {
     v.resize(n);
-    m.Copy(stream, v.data(), src, n * sizeof(v[0]));
+    if (error == kernels::kKernelOk) error = m.Copy(stream, v.data(), src, n * sizeof(v[0]));
   };
   read(s.records, a.records, m.loaded_table);
   read(s.device_owner, a.device_owner, m.device_capacity);
@@ -828,9 +882,10 @@ DeviceStepState DeviceStep::ReadState(void* stream) const {
   read(s.bucket_words, a.pb.words, std::size_t{a.pb.recent + 2} * a.pb.num_words);
   kernels::PbLruClock clock;
   kernels::DeviceStepControl ctl;
-  m.Copy(stream, &clock, a.pb.clock, sizeof(clock));
-  m.Copy(stream, &ctl, a.ctl, sizeof(ctl));
-  m.Sync(stream);
+  if (error == kernels::kKernelOk) error = m.Copy(stream, &clock, a.pb.clock, sizeof(clock));
+  if (error == kernels::kKernelOk) error = m.Copy(stream, &ctl, a.ctl, sizeof(ctl));
+  if (error == kernels::kKernelOk) error = m.Sync(stream);
+  ULA_RETURN_IF_ERROR(m.Enqueued(error, "ReadState"));
   s.round = clock.round;
   s.cur = clock.cur;
   s.tracked = clock.tracked;
@@ -839,5 +894,7 @@ DeviceStepState DeviceStep::ReadState(void* stream) const {
   s.error = ctl.error;
   return s;
 }
+
+#undef ULA_DEVICE_STEP_RUN
 
 }  // namespace ula

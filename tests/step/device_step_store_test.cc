@@ -216,13 +216,13 @@ TEST(DeviceStepStore, StoreIntoRefusesAChangedSpaceAndChangesNothing) {
   // The engine allocated before storing: the step's moves and the space's change collide.
   ASSERT_TRUE(t.space->Allocate(RequestId(1), 1));
   const std::uint64_t digest = t.space->DebugDigest();
-  const DeviceStepState before = t.step->ReadState(nullptr);
+  const DeviceStepState before = t.step->ReadState(nullptr).value();
   auto st = t.step->StoreInto(*t.space, nullptr);
   ASSERT_FALSE(st);
   EXPECT_EQ(st.error().code(), ErrorCode::kFailedPrecondition);
   EXPECT_NE(st.error().ToString().find("changed since the step loaded it"), std::string::npos) << st.error().ToString();
   EXPECT_EQ(t.space->DebugDigest(), digest) << "a refused StoreInto changes nothing";
-  ExpectSameState(before, t.step->ReadState(nullptr), "a refused StoreInto keeps the step's state");
+  ExpectSameState(before, t.step->ReadState(nullptr).value(), "a refused StoreInto keeps the step's state");
   EXPECT_EQ(t.step->Reload(*t.space, nullptr).error().code(), ErrorCode::kFailedPrecondition)
       << "the step's moves are not stored: no reload over them";
 }
@@ -257,26 +257,26 @@ TEST(DeviceStepStore, ReloadRefusesUnstoredMovesAndASpacePastTheMaxima) {
   dc.max_requests = 3;
   OneStep t(dc);
   t.StepOnce();
-  const DeviceStepState moved = t.step->ReadState(nullptr);
+  const DeviceStepState moved = t.step->ReadState(nullptr).value();
   auto st = t.step->Reload(*t.space, nullptr);
   ASSERT_FALSE(st);
   EXPECT_EQ(st.error().code(), ErrorCode::kFailedPrecondition);
-  ExpectSameState(moved, t.step->ReadState(nullptr), "a refused Reload drops no move");
+  ExpectSameState(moved, t.step->ReadState(nullptr).value(), "a refused Reload drops no move");
   ASSERT_TRUE(t.step->StoreInto(*t.space, nullptr));
   ASSERT_TRUE(t.step->Reload(*t.space, nullptr)) << "stored: the step is clean";
-  ExpectSameState(moved, t.step->ReadState(nullptr), "store then reload is the same state");
+  ExpectSameState(moved, t.step->ReadState(nullptr).value(), "store then reload is the same state");
   // One page more fits; a second does not (a new round: Allocate places them on device).
   t.space->AdvanceRound();
   ASSERT_TRUE(t.space->Allocate(RequestId(1), 8));
   ASSERT_TRUE(t.step->Reload(*t.space, nullptr));
   t.space->AdvanceRound();
   ASSERT_TRUE(t.space->Allocate(RequestId(1), 1));
-  const DeviceStepState full = t.step->ReadState(nullptr);
+  const DeviceStepState full = t.step->ReadState(nullptr).value();
   st = t.step->Reload(*t.space, nullptr);
   ASSERT_FALSE(st);
   EXPECT_EQ(st.error().code(), ErrorCode::kResourceExhausted);
   EXPECT_NE(st.error().ToString().find("max_addresses"), std::string::npos) << st.error().ToString();
-  ExpectSameState(full, t.step->ReadState(nullptr), "a refused Reload changes nothing");
+  ExpectSameState(full, t.step->ReadState(nullptr).value(), "a refused Reload changes nothing");
   // Request ids past max_requests.
   OneStep r(dc);
   ASSERT_TRUE(r.space->AddRequest(RequestId(3), Rank(0)));

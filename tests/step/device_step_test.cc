@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/step_kernels.h"
 #include "step/device_step_fixture.h"
 #include "step/space_fixture.h"
 #include "test_seed.h"
@@ -147,7 +148,7 @@ TEST(DeviceStep, MatchesEngineStepPlannerOnRandomSteps) {
       auto plan = ref_planner->Plan(Rank(0), g, {in.shape.batch, in.shape.q_len, in.shape.top_k}, in.requests, in.dense,
                                     ref_indices, ref_desc);
       io.Fill(in.shape, in.dense, in.requests, step->max_descriptors());
-      const DeviceStepState before = step->ReadState(nullptr);
+      const DeviceStepState before = step->ReadState(nullptr).value();
       ASSERT_TRUE(step->Plan(io.arrays, nullptr));
       ASSERT_GE(io.record.done, 1u) << "the StepRecord is written last, done set";
       if (!plan) {
@@ -157,7 +158,7 @@ TEST(DeviceStep, MatchesEngineStepPlannerOnRandomSteps) {
         std::vector<std::uint8_t> none(step->max_descriptors(), 0);
         ASSERT_TRUE(step->Complete(none.data(), nullptr));  // a refused plan's Complete publishes nothing
         for (std::int32_t x : io.indices) ASSERT_EQ(x, -9) << "a refused step writes no index";
-        ExpectSameState(before, step->ReadState(nullptr), "a refused step changes nothing");
+        ExpectSameState(before, step->ReadState(nullptr).value(), "a refused step changes nothing");
         continue;
       }
       ++planned;
@@ -195,7 +196,7 @@ TEST(DeviceStep, MatchesEngineStepPlannerOnRandomSteps) {
       ASSERT_TRUE(twin_planner->Complete(twin_plan->fence, st));
       ASSERT_TRUE(step->Complete(status.data(), nullptr));
       failed_copies += static_cast<int>(report.failed);
-      const DeviceStepState after = step->ReadState(nullptr);
+      const DeviceStepState after = step->ReadState(nullptr).value();
       EXPECT_EQ(after.published, report.published);
       EXPECT_EQ(after.failed, report.failed);
       // The published tables: every address's location as the reference has it.
@@ -212,7 +213,7 @@ TEST(DeviceStep, MatchesEngineStepPlannerOnRandomSteps) {
       // kernel_pb_lru), and the twin equals the pb_lru reference (digest: tables, pools, policy).
       ASSERT_EQ(ref->DebugDigest(), twin->DebugDigest()) << "step " << s;
       auto fresh = DeviceStep::Create(*twin, Rank(0), g, dc).value();
-      ExpectSameState(step->ReadState(nullptr), fresh->ReadState(nullptr), "device state vs the reference's");
+      ExpectSameState(step->ReadState(nullptr).value(), fresh->ReadState(nullptr).value(), "device state vs the reference's");
       ASSERT_FALSE(::testing::Test::HasFailure()) << "step " << s << " seed " << seed;
     }
   }
@@ -234,13 +235,13 @@ TEST(DeviceStep, FailedCopiesPublishNothingAndLoseNothing) {
   DeviceIo io;
   io.Fill({.batch = 2, .q_len = 1, .top_k = 24, .sel_stride = 24, .idx_stride = 24}, dense,
           {RequestId(2), RequestId(2)}, step->max_descriptors());
-  const DeviceStepState before = step->ReadState(nullptr);
+  const DeviceStepState before = step->ReadState(nullptr).value();
   ASSERT_TRUE(step->Plan(io.arrays, nullptr));
   ASSERT_EQ(io.record.error, 0u);
   ASSERT_GT(io.record.misses, 0u) << "the request's entries are partly on host";
   std::vector<std::uint8_t> status(step->max_descriptors(), 1);
   ASSERT_TRUE(step->Complete(status.data(), nullptr));
-  const DeviceStepState after = step->ReadState(nullptr);
+  const DeviceStepState after = step->ReadState(nullptr).value();
   EXPECT_EQ(after.published, 0u);
   EXPECT_EQ(after.failed, io.record.misses);
   EXPECT_EQ(after.records, before.records) << "a failed copy publishes nothing";
@@ -281,7 +282,7 @@ TEST(DeviceStep, NewEntriesOnHostStayThereForTheRound) {
   DeviceIo io;
   io.Fill({.batch = 1, .q_len = 1, .top_k = 8, .sel_stride = 8, .idx_stride = 8}, dense, {RequestId(0)},
           (*step)->max_descriptors());
-  const DeviceStepState before = (*step)->ReadState(nullptr);
+  const DeviceStepState before = (*step)->ReadState(nullptr).value();
   ASSERT_TRUE((*step)->Plan(io.arrays, nullptr));
   std::vector<std::uint8_t> status((*step)->max_descriptors(), 0);
   ASSERT_TRUE((*step)->Complete(status.data(), nullptr));
@@ -292,7 +293,7 @@ TEST(DeviceStep, NewEntriesOnHostStayThereForTheRound) {
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().code(), ErrorCode::kResourceExhausted);
   EXPECT_EQ(io.record.error, 1u + static_cast<std::uint32_t>(refused.error().code())) << "the engine planner's refusal";
-  ExpectSameState((*step)->ReadState(nullptr), before, "a refused step changes nothing");
+  ExpectSameState((*step)->ReadState(nullptr).value(), before, "a refused step changes nothing");
   // The next round the pinned entries are ordinary host entries: the step swaps them in.
   ASSERT_TRUE((*step)->AdvanceRound(nullptr));
   io.Fill({.batch = 1, .q_len = 1, .top_k = 8, .sel_stride = 8, .idx_stride = 8}, dense, {RequestId(0)},
@@ -352,6 +353,7 @@ TEST(DeviceStep, AllocatesNothingAfterCreate) {
   }
   EXPECT_EQ(g_allocations.load() - before, 0u) << "Plan, Complete and AdvanceRound allocate nothing";
   EXPECT_EQ(step->arena_overflows(), 0u);
+  EXPECT_EQ(step->arena_high_water(), 0u) << "the OpenMP form's scans take no scratch";
   EXPECT_GT(misses, 0u);
 }
 
@@ -373,7 +375,7 @@ TEST(DeviceStep, BadArgumentsAreRefusedOnTheHost) {
   const std::vector<std::int32_t> dense(16, -1);
   io.Fill({.batch = 2, .q_len = 1, .top_k = 8, .sel_stride = 8, .idx_stride = 8}, dense, {RequestId(0), RequestId(0)},
           step->max_descriptors());
-  const DeviceStepState before = step->ReadState(nullptr);
+  const DeviceStepState before = step->ReadState(nullptr).value();
   StepArrays big = io.arrays;
   big.top_k = 9;  // past max_top_k
   EXPECT_EQ(step->Plan(big, nullptr).error().code(), ErrorCode::kInvalidArgument);
@@ -387,12 +389,59 @@ TEST(DeviceStep, BadArgumentsAreRefusedOnTheHost) {
   null.indices = nullptr;
   EXPECT_EQ(step->Plan(null, nullptr).error().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(io.record.done, 0u) << "a refused Plan enqueues nothing";
-  ExpectSameState(before, step->ReadState(nullptr), "refused arguments change nothing");
+  ExpectSameState(before, step->ReadState(nullptr).value(), "refused arguments change nothing");
   ASSERT_TRUE(step->Plan(io.arrays, nullptr));
   EXPECT_EQ(step->Plan(io.arrays, nullptr).error().code(), ErrorCode::kFailedPrecondition) << "a plan is pending";
   EXPECT_EQ(step->AdvanceRound(nullptr).error().code(), ErrorCode::kFailedPrecondition);
   ASSERT_TRUE(step->Complete(status.data(), nullptr));
   EXPECT_EQ(io.record.distinct, 0u) << "padding only";
+}
+
+// Create with config.cuda = true where no CUDA device can run the kernels: kFailedPrecondition
+// (ula/device_step.h), before anything is allocated, in a CUDA build (the device check) and in
+// a build without CUDA (Validate) alike. Skipped where a device is present.
+TEST(DeviceStep, CudaFormWithoutADeviceIsAFailedPrecondition) {
+  if (auto cuda = MakeCudaBackend()) GTEST_SKIP() << "a CUDA device is present";
+  auto backend = MakeCountingBackend();
+  auto space = BuildSpace(*backend, PolicyKind::kKernelPbLru, 4, 7, 40, 256);
+  DeviceStepConfig dc{.cuda = true, .max_rows = kMaxBatch * kMaxQ, .max_batch = kMaxBatch, .max_top_k = kMaxTopK};
+  auto made = DeviceStep::Create(*space, Rank(0), GroupId(1), dc);
+  ASSERT_FALSE(made) << "a CUDA-form step was made without a device";
+  EXPECT_EQ(made.error().code(), ErrorCode::kFailedPrecondition) << made.error().ToString();
+  dc.cuda = false;
+  EXPECT_TRUE(DeviceStep::Create(*space, Rank(0), GroupId(1), dc)) << "the OpenMP form needs no device";
+}
+
+// The scratch arena's refusal (kernels/step_kernels.h ScratchArena, the CUDA form's scan
+// storage): a request past the capacity gets nullptr and changes nothing but the overflow
+// count, so the CUDA form's Fits check before a step's launches refuses the step whole. The
+// OpenMP form cannot provoke it through DeviceStep: its scans (thrust's OpenMP system) run on
+// the calling thread and take no temporary storage, so it has no arena; this checks the
+// bookkeeping in host memory instead.
+TEST(DeviceStepArena, RefusesPastItsCapacityAndChangesNothing) {
+  std::vector<char> bytes(1024);
+  kernels::ScratchArena arena;
+  arena.base = bytes.data();
+  arena.capacity = bytes.size();
+  EXPECT_TRUE(arena.Fits(1024));
+  EXPECT_FALSE(arena.Fits(1025));
+  char* a = arena.Take(100);
+  ASSERT_EQ(a, bytes.data());
+  EXPECT_FALSE(arena.Fits(1024 - 255)) << "the next request starts at the next 256-byte boundary";
+  EXPECT_TRUE(arena.Fits(1024 - 256));
+  EXPECT_EQ(arena.Take(1024 - 255), nullptr);
+  EXPECT_EQ(arena.used, 100u) << "a refused request changes nothing";
+  EXPECT_EQ(arena.overflows, 1u);
+  EXPECT_EQ(arena.allocations, 1u);
+  EXPECT_EQ(arena.Take(~std::size_t{0} - 64), nullptr) << "a request that wraps the offset is refused";
+  EXPECT_EQ(arena.overflows, 2u);
+  char* b = arena.Take(1024 - 256);
+  ASSERT_EQ(b, bytes.data() + 256);
+  EXPECT_EQ(arena.high_water, 1024u);
+  arena.Give(b, 1024 - 256);
+  arena.Give(a, 100);
+  EXPECT_EQ(arena.used, 0u) << "given back in stack order, the arena is empty again";
+  EXPECT_EQ(arena.Take(1024), bytes.data());
 }
 
 // The CUDA form against the OpenMP form on the same steps (scripts/gpu-check.sh runs it on a
@@ -456,7 +505,7 @@ TEST(DeviceStep, CudaFormMatchesOpenMpForm) {
       ASSERT_TRUE(host_step->AdvanceRound(nullptr));
       ASSERT_TRUE(dev_step->AdvanceRound(nullptr));
     }
-    const DeviceStepState hs = host_step->ReadState(nullptr), ds = dev_step->ReadState(nullptr);  // syncs
+    const DeviceStepState hs = host_step->ReadState(nullptr).value(), ds = dev_step->ReadState(nullptr).value();  // syncs
     ASSERT_EQ(d_rec->done, io.record.done) << "step " << s;
     ASSERT_EQ(d_rec->error, io.record.error) << "step " << s;
     ASSERT_EQ(d_rec->misses, io.record.misses) << "step " << s;

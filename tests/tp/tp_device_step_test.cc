@@ -165,7 +165,7 @@ void RunDifferential(std::uint32_t ranks, std::uint32_t threads, std::uint64_t s
     auto plan = planner->Plan(g, {in.shape.batch, in.shape.q_len, in.shape.top_k}, in.requests, in.dense, ref_indices,
                               ref_desc);
     std::vector<DeviceStepState> before;
-    for (auto& r : k.steps) before.push_back(r[g.value()]->ReadState(nullptr));
+    for (auto& r : k.steps) before.push_back(r[g.value()]->ReadState(nullptr).value());
     std::uint32_t agreed = 0;
     k.Plan(g, in, &agreed);
     const std::string where = "step " + std::to_string(s) + " seed " + std::to_string(seed);
@@ -189,7 +189,7 @@ void RunDifferential(std::uint32_t ranks, std::uint32_t threads, std::uint64_t s
         std::vector<std::uint8_t> none(k.steps[r][g.value()]->max_descriptors(), 0);
         ASSERT_TRUE(k.steps[r][g.value()]->Complete(none.data(), nullptr));
         for (std::int32_t x : k.io[r].indices) ASSERT_EQ(x, -9) << "a refused step writes no index, " << where;
-        ExpectSameState(before[r], k.steps[r][g.value()]->ReadState(nullptr), "a refused step changes nothing, " + where);
+        ExpectSameState(before[r], k.steps[r][g.value()]->ReadState(nullptr).value(), "a refused step changes nothing, " + where);
       }
       continue;
     }
@@ -237,7 +237,7 @@ void RunDifferential(std::uint32_t ranks, std::uint32_t threads, std::uint64_t s
     failed_copies += static_cast<int>(report.failed);
     std::uint32_t published = 0, failed = 0;
     for (auto& r : k.steps) {
-      const DeviceStepState st = r[g.value()]->ReadState(nullptr);
+      const DeviceStepState st = r[g.value()]->ReadState(nullptr).value();
       published += st.published;
       failed += st.failed;
     }
@@ -255,7 +255,7 @@ void RunDifferential(std::uint32_t ranks, std::uint32_t threads, std::uint64_t s
     for (std::uint32_t r = 0; r < ranks; ++r) {
       for (std::uint32_t gg = 0; gg < kGroups; ++gg) {
         auto fresh = DeviceStep::Create(*ref, Rank(r), GroupId(gg), dc).value();
-        ExpectSameState(k.steps[r][gg]->ReadState(nullptr), fresh->ReadState(nullptr),
+        ExpectSameState(k.steps[r][gg]->ReadState(nullptr).value(), fresh->ReadState(nullptr).value(),
                         "rank " + std::to_string(r) + " group " + std::to_string(gg) + " vs the reference, " + where);
       }
     }
@@ -304,7 +304,7 @@ TEST(TpDeviceStep, OneRanksRoomRefusalRefusesEveryRank) {
   }
   ASSERT_GT(c, 9u);
   in.dense[c] = theirs;
-  const DeviceStepState before0 = k.steps[0][0]->ReadState(nullptr), before1 = k.steps[1][0]->ReadState(nullptr);
+  const DeviceStepState before0 = k.steps[0][0]->ReadState(nullptr).value(), before1 = k.steps[1][0]->ReadState(nullptr).value();
   std::uint32_t agreed = 0;
   k.Plan(g, in, &agreed);
   EXPECT_EQ(k.verdicts[0], 1 + static_cast<std::uint32_t>(ErrorCode::kResourceExhausted));
@@ -313,8 +313,8 @@ TEST(TpDeviceStep, OneRanksRoomRefusalRefusesEveryRank) {
   EXPECT_EQ(k.io[1].record.error, 1 + static_cast<std::uint32_t>(ErrorCode::kFailedPrecondition));
   std::vector<std::uint8_t> none(64, 0);
   for (auto& r : k.steps) ASSERT_TRUE(r[0]->Complete(none.data(), nullptr));
-  ExpectSameState(before0, k.steps[0][0]->ReadState(nullptr), "rank 0");
-  ExpectSameState(before1, k.steps[1][0]->ReadState(nullptr), "rank 1");
+  ExpectSameState(before0, k.steps[0][0]->ReadState(nullptr).value(), "rank 0");
+  ExpectSameState(before1, k.steps[1][0]->ReadState(nullptr).value(), "rank 1");
   // The other rank alone, with its own verdict: it would plan.
   ASSERT_TRUE(k.steps[1][0]->Check(k.io[1].arrays, nullptr));
   ASSERT_TRUE(k.steps[1][0]->Claim(k.steps[1][0]->verdict(), nullptr));
@@ -345,21 +345,21 @@ TEST(TpDeviceStep, ShortDescriptorArrayAndFailedCopies) {
   DeviceStep& step = *k.steps[0][1];
   DeviceIo& io = k.io[0];
   io.Fill(in.shape, in.dense, in.requests, 1);
-  const DeviceStepState before = step.ReadState(nullptr);
+  const DeviceStepState before = step.ReadState(nullptr).value();
   ASSERT_TRUE(step.Check(io.arrays, nullptr));
   ASSERT_TRUE(step.Claim(step.verdict(), nullptr));
   EXPECT_EQ(io.record.error, 1 + static_cast<std::uint32_t>(ErrorCode::kResourceExhausted))
       << "the request's entries on rank 0 are partly on host: more than one miss";
   std::vector<std::uint8_t> status(step.max_descriptors(), 1);
   ASSERT_TRUE(step.Complete(status.data(), nullptr));
-  ExpectSameState(before, step.ReadState(nullptr), "a short descriptor array changes nothing");
+  ExpectSameState(before, step.ReadState(nullptr).value(), "a short descriptor array changes nothing");
   io.Fill(in.shape, in.dense, in.requests, step.max_descriptors());
   ASSERT_TRUE(step.Check(io.arrays, nullptr));
   ASSERT_TRUE(step.Claim(step.verdict(), nullptr));
   ASSERT_EQ(io.record.error, 0u);
   ASSERT_GT(io.record.misses, 1u);
   ASSERT_TRUE(step.Complete(status.data(), nullptr));  // every copy failed
-  const DeviceStepState after = step.ReadState(nullptr);
+  const DeviceStepState after = step.ReadState(nullptr).value();
   EXPECT_EQ(after.published, 0u);
   EXPECT_EQ(after.failed, io.record.misses);
   EXPECT_EQ(after.records, before.records) << "a failed copy publishes nothing";
@@ -399,7 +399,7 @@ TEST(TpDeviceStep, BadArgumentsAreRefused) {
   const std::vector<std::int32_t> dense(8, -1);
   io.Fill({.batch = 1, .q_len = 1, .top_k = 8, .sel_stride = 8, .idx_stride = 8}, dense, {RequestId(1)},
           step->max_descriptors());
-  const DeviceStepState before = step->ReadState(nullptr);
+  const DeviceStepState before = step->ReadState(nullptr).value();
   EXPECT_EQ(step->Plan(io.arrays, nullptr).error().code(), ErrorCode::kFailedPrecondition)
       << "two ranks: Plan would skip the agreement";
   std::uint32_t zero = 0;
@@ -418,7 +418,7 @@ TEST(TpDeviceStep, BadArgumentsAreRefused) {
   ASSERT_TRUE(step->Complete(status.data(), nullptr));
   EXPECT_EQ(io.record.error, 0u);
   EXPECT_EQ(io.record.distinct, 0u) << "padding only";
-  ExpectSameState(before, step->ReadState(nullptr), "refused calls and a padding-only step change nothing");
+  ExpectSameState(before, step->ReadState(nullptr).value(), "refused calls and a padding-only step change nothing");
 }
 
 // The CUDA form against the OpenMP form, 2 ranks, on the same steps (scripts/gpu-check.sh runs
@@ -487,7 +487,7 @@ TEST(TpDeviceStep, CudaFormMatchesOpenMpForm) {
       da.descriptors = d[r].desc;
       da.stats = d[r].rec;
       ASSERT_TRUE(dev[r]->Check(da, nullptr));
-      max = std::max(max, dev[r]->ReadState(nullptr).error);
+      max = std::max(max, dev[r]->ReadState(nullptr).value().error);
     }
     ASSERT_EQ(max, host_agreed) << "step " << s;
     *agreed = max;
@@ -502,7 +502,7 @@ TEST(TpDeviceStep, CudaFormMatchesOpenMpForm) {
         ASSERT_TRUE(dev[r]->AdvanceRound(nullptr));
         ASSERT_TRUE(host.steps[r][0]->AdvanceRound(nullptr));
       }
-      const DeviceStepState hs = host.steps[r][0]->ReadState(nullptr), ds = dev[r]->ReadState(nullptr);  // syncs
+      const DeviceStepState hs = host.steps[r][0]->ReadState(nullptr).value(), ds = dev[r]->ReadState(nullptr).value();  // syncs
       const DeviceIo& io = host.io[r];
       ASSERT_EQ(d[r].rec->error, io.record.error) << "rank " << r << " step " << s;
       ASSERT_EQ(d[r].rec->misses, io.record.misses) << "rank " << r << " step " << s;
