@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace ula {
 namespace {
@@ -41,13 +42,15 @@ double SglangC128StateBytes(const KindShape& s, const KindCompareConfig& kc, con
 struct SglangSizes {
   double full = 0, swa = 0, c4 = 0, c128 = 0, fixed = 0, bpft = 0;
 };
-SglangSizes SglangPools(const KindShape& s, const KindCompareConfig& kc, const PoolSetup& setup, double shrink) {
+// max_full: a cap on the full-token space (HiSparse: its host pool, every C4 entry, must fit).
+SglangSizes SglangPools(const KindShape& s, const KindCompareConfig& kc, const PoolSetup& setup, double shrink,
+                        double max_full = std::numeric_limits<double>::infinity()) {
   SglangSizes z;
   const double page = kc.sglang_page_size;
   z.bpft = SglangBytesPerFullToken(s, kc, setup.mtp, shrink);
   z.fixed = SglangC128StateBytes(s, kc, setup);
   const double avail = std::max(0.0, setup.device_bytes - z.fixed);
-  z.full = std::floor(std::floor(avail / z.bpft) / page) * page;
+  z.full = std::floor(std::min(std::floor(avail / z.bpft), max_full) / page) * page;
   z.swa = std::floor(std::floor(z.full * kc.sglang_swa_full_tokens_ratio) / page) * page;
   z.c4 = std::floor(z.full / (s.csa_ratio * shrink));
   z.c128 = std::floor(z.full / s.hca_ratio);
@@ -153,7 +156,12 @@ Result<PoolPlan> MakePoolPlan(KindSystem system, const KindShape& shape, const K
         }
         p.hisparse_ratio = shrink;
       }
-      const SglangSizes z = SglangPools(shape, kc, setup, shrink);
+      // HiSparse's host pool holds every C4 entry of the full-token space: when even ratio 1
+      // overflows the host budget, the host caps the full-token space.
+      const double host_per_full = kv * shape.csa_layers / shape.csa_ratio;
+      const double max_full = system == KindSystem::kSglangHiSparse ? std::floor(setup.host_bytes / host_per_full)
+                                                                     : std::numeric_limits<double>::infinity();
+      const SglangSizes z = SglangPools(shape, kc, setup, shrink, max_full);
       p.pools = {{"full", z.full, 0}, {"swa", z.swa, 0}};
       if (system == KindSystem::kSglangHiSparse) p.pools.push_back({"c4_device", z.c4, 0});
       p.reserved = KindUse{.window = z.swa * kv * shape.main_layers,

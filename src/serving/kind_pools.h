@@ -16,7 +16,8 @@
 //                    r, its host pool holds every C4 entry; each request keeps min(C4
 //                    entries, its HiSparse buffer) on device. r: the largest whose host pool
 //                    fits the host budget, capped at mean_tokens / (4 x buffer) so that the
-//                    device C4 pool holds a buffer for every request the full pool admits.
+//                    device C4 pool holds a buffer for every request the full pool admits;
+//                    a host budget below even ratio 1's host pool caps the full-token space.
 //   vllm             one block pool per GPU shared by every kind (no split): a request holds
 //                    ceil(L / block) blocks of C4 KV, index keys and C128 KV, each page padded
 //                    to the alignment, and the window's blocks plus one per layer.

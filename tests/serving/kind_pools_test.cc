@@ -139,6 +139,27 @@ TEST(KindPools, SharedPoolsAndTiers) {
   EXPECT_FALSE(MakePoolPlan(KindSystem::kDcp, s, f.kc, MakeSetup(ParallelMode::kDp, 100e9)).has_value());
 }
 
+TEST(KindPools, HiSparseRatioKeepsOneBufferPerRequestOnDevice) {
+  const Fixture f = Load();
+  const KindShape s = *MakeKindShape(f.model, false);
+  PoolSetup setup = MakeSetup(ParallelMode::kDp, 100e9);
+  setup.host_bytes = 1e15;  // the host budget allows any ratio: the buffer cap decides
+  setup.mean_tokens = 98304;
+  auto plan = MakePoolPlan(KindSystem::kSglangHiSparse, s, f.kc, setup);
+  ASSERT_TRUE(plan);
+  EXPECT_DOUBLE_EQ(plan->hisparse_ratio, 98304.0 / (4 * 4096));
+  // The device C4 pool then holds a 4096-entry buffer for every request the full pool admits.
+  const std::vector<std::uint32_t> reqs(100000, 98304);
+  const Admission a = Admit(*plan, s, f.kc, setup, reqs);
+  EXPECT_NE(a.binds, "c4_device");
+  // A small host budget lowers the ratio until the host pool (every C4 entry) fits.
+  setup.host_bytes = 20e9;
+  auto small = MakePoolPlan(KindSystem::kSglangHiSparse, s, f.kc, setup);
+  ASSERT_TRUE(small);
+  EXPECT_LT(small->hisparse_ratio, plan->hisparse_ratio);
+  EXPECT_LE(small->host_bytes, 20e9);
+}
+
 KindStepInputs StepInputs(const Fixture& f, ParallelMode mode, bool mtp) {
   KindStepInputs in;
   in.shape = *MakeKindShape(f.model, mtp);

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -23,6 +24,10 @@ double Share(double part, const PoolPlan& p, std::uint32_t ranks) {
   return p.memory_bytes > 0 ? part / (p.memory_bytes * ranks) : 0;
 }
 std::uint32_t Ranks(const KindConfigResult& c) { return c.num_ranks; }
+std::string HardwareLabel(std::string name) {
+  for (char& ch : name) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return "8x" + name;  // the starvation sweep runs the scenario's 8-GPU configs
+}
 
 const KindCurvePoint* Peak(const KindSystemResult& s) {
   for (const KindCurvePoint& p : s.curve) {
@@ -77,7 +82,7 @@ void PrintTables(const KindComparison& r) {
   for (const KindStarvationRow& row : r.starvation) {
     const Admission& sg = row.cells[0].admission;
     fmt::print("{:<20} {:>7} | {:>6} {:<5} {:>6.1f} {:>6.1f} | {:>6} | {:>6} | {:>7}\n",
-               fmt::format("8x{} {}", row.entry.hardware, ParallelModeName(row.entry.mode)), row.context, sg.admitted,
+               fmt::format("{} {}", HardwareLabel(row.entry.hardware), ParallelModeName(row.entry.mode)), row.context, sg.admitted,
                sg.binds.empty() ? "-" : sg.binds, 100 * sg.pool_fill[0], 100 * sg.pool_fill[1], row.cells[1].admission.admitted,
                row.cells[2].admission.admitted,
                sg.admitted > 0 ? fmt::format("{:.2f}x", double(row.cells[2].admission.admitted) / sg.admitted) : "-");
