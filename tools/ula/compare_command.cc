@@ -4,6 +4,9 @@
 // DIR/summary.csv, and calls scripts/plot_compare.py for one PNG per config. Without
 // python3 or matplotlib it warns and keeps the CSVs. A sharing workload
 // adds a second table, a "sharing" object per system in the JSON and DIR/sharing.csv.
+// `--model M` names the model: the scenario's own (GLM-5 for the default) runs as above; a
+// model with layer kinds and a configs/kinds/M.json runs the per-kind comparison instead
+// (compare_kinds.h).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -16,6 +19,7 @@
 #include <string>
 
 #include "command_registry.h"
+#include "compare_kinds.h"
 #include "compare_sensitivity.h"
 #include "config/model_config.h"
 #include "serving/serving_sim.h"
@@ -25,6 +29,7 @@ namespace {
 
 struct CompareCliOptions {
   std::string scenario;
+  std::string model;  // empty: the scenario's model
   std::string config_dir;
   std::string out = "compare-out";
   bool json = false;
@@ -320,6 +325,9 @@ int Run(const CompareCliOptions& o) {
     fmt::print(stderr, "ula compare: {}\n", scenario.error().ToString());
     return 2;
   }
+  if (!o.model.empty() && o.model != scenario->model) {
+    return RunCompareKinds({.model = o.model, .config_dir = dir, .out = o.out, .json = o.json, .sensitivity = o.sensitivity});
+  }
   CompareOptions copt;
   copt.config_dir = dir;
   copt.host_shadows = o.shadows == "on";
@@ -357,6 +365,9 @@ int Run(const CompareCliOptions& o) {
 Action SetupCompare(CLI::App& app) {
   auto o = std::make_shared<CompareCliOptions>();
   app.add_option("--scenario", o->scenario, "scenario JSON (default: configs/scenarios/default.json)");
+  app.add_option("--model", o->model,
+                 "model (default: the scenario's, glm5); one with layer kinds (deepseek_v4_flash) runs the per-kind "
+                 "comparison of configs/kinds/MODEL.json");
   app.add_option("--config-dir", o->config_dir, "configs directory (default: $ULA_CONFIG_DIR or the source tree's)");
   app.add_option("--out", o->out, "directory for compare.csv, summary.csv and the plots")->capture_default_str();
   app.add_flag("--json", o->json, "print one JSON object instead of the table");

@@ -1,0 +1,177 @@
+// The per-kind comparison driver (kind_compare.h).
+#include "serving/kind_compare.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include "workload/workload.h"
+
+namespace ula {
+namespace {
+
+std::string Label(std::uint32_t p, std::string name) {
+  for (char& ch : name) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return fmt::format("{}x{}", p, name);
+}
+
+// Selections per step per GPU that cross the host link: each query's top-k in each CSA layer
+// turns over by `turnover`; a system with a per-request buffer misses those once the request's
+// C4 entries outgrow the buffer, UlaCache misses the host share of them.
+double HostFetches(KindSystem s, const KindShape& shape, const KindCompareConfig& kc, const PoolSetup& setup,
+                   double batch_local, double context, double host_share) {
+  const double c4 = std::floor(context / shape.csa_ratio);
+  const double selected = std::min(c4, double(shape.top_k));
+  const double turned = batch_local * setup.queries * shape.csa_layers * selected * kc.selection_turnover;
+  switch (s) {
+    case KindSystem::kSglangHiSparse: return c4 > setup.hisparse_buffer_entries ? turned : 0;
+    case KindSystem::kTrtllmOffload:
+      return c4 > setup.trtllm_gpu_cache_factor * setup.queries * shape.top_k + 1 ? turned : 0;
+    case KindSystem::kUlaCache: return turned * host_share;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+Result<KindComparison> RunKindComparison(const KindCompareConfig& kc, const std::filesystem::path& dir) {
+  ULA_RETURN_IF_ERROR(kc.Validate());
+  auto scenario = LoadScenarioConfig(dir / "scenarios" / (kc.scenario + ".json"), dir);
+  if (!scenario) return std::unexpected(scenario.error());
+  auto model = LoadModelConfigByName(kc.model, dir);
+  if (!model) return std::unexpected(model.error());
+  auto wl = LoadWorkloadConfigByName(scenario->workload, dir);
+  if (!wl) return std::unexpected(wl.error());
+  wl->num_requests = scenario->sampling.max_requests;
+  auto requests = GenerateWorkload(*wl);
+  if (!requests) return std::unexpected(requests.error());
+  std::vector<std::uint32_t> finals;
+  for (const RequestSpec& r : *requests) finals.push_back(r.input_tokens + r.output_tokens);
+
+  KindComparison out;
+  out.model = kc.model;
+  out.scenario = scenario->name;
+  for (const ScenarioEntry& e : scenario->configs) {
+    auto hw = LoadHardwareConfigByName(e.hardware, dir);
+    if (!hw) return std::unexpected(hw.error());
+    auto rates = LoadComputeRatesByName(e.hardware, dir);
+    if (!rates) return std::unexpected(rates.error());
+    auto shape = MakeKindShape(*model, e.mtp);
+    if (!shape) return std::unexpected(shape.error());
+    KindStepInputs in;
+    in.shape = *shape;
+    in.main_layers = model->num_layers;
+    in.attention_heads = model->attention_heads;
+    in.index_heads = model->index_heads;
+    in.kinds = kc;
+    in.hardware = *hw;
+    in.rates = *rates;
+    in.mode = e.mode;
+    in.num_ranks = scenario->num_ranks;
+    in.mtp = e.mtp;
+    in.draft_tokens = wl->draft_tokens;
+    in.kernel_overhead_s_per_layer = scenario->kernel_overhead_s_per_layer;
+    in.indexer_logit_bytes = scenario->indexer_logit_bytes;
+
+    KindConfigResult cr;
+    cr.entry = e;
+    cr.hardware_label = Label(scenario->num_ranks, e.hardware);
+    cr.num_ranks = scenario->num_ranks;
+    const double hbm = double(hw->device_memory_bytes);
+    cr.weight_bytes_per_gpu = DeriveKindWeights(in).bytes_per_gpu;
+    cr.device_kv_bytes_per_gpu = std::max(0.0, hbm - cr.weight_bytes_per_gpu - scenario->activation_reserve_fraction * hbm);
+    cr.host_bytes_per_gpu = double(hw->host_memory_bytes_per_gpu);
+    cr.tokens_per_step = KindTokensPerStep(in, scenario->mtp_acceptance_rate);
+
+    PoolSetup setup;
+    setup.mode = e.mode;
+    setup.num_ranks = scenario->num_ranks;
+    setup.mtp = e.mtp;
+    setup.queries = e.mtp ? 1 + wl->draft_tokens : 1;
+    setup.device_bytes = cr.device_kv_bytes_per_gpu;
+    setup.host_bytes = cr.host_bytes_per_gpu;
+    setup.hisparse_buffer_entries = scenario->hisparse_buffer_entries;
+    setup.hisparse_match_host_budget = scenario->hisparse_match_host_budget;
+    setup.hisparse_host_to_device_ratio = scenario->hisparse_host_to_device_ratio;
+    setup.trtllm_gpu_cache_factor = scenario->trtllm_offload_gpu_cache_factor;
+    setup.trtllm_tokens_per_page = scenario->trtllm_offload_tokens_per_page;
+    double mean = 0;
+    for (std::uint32_t t : finals) mean += t;
+    setup.mean_tokens = finals.empty() ? 0 : mean / finals.size();
+
+    const double P = scenario->num_ranks;
+    for (KindSystem s : kAllKindSystems) {
+      if (!KindSystemRunsIn(s, e.mode)) continue;
+      KindSystemResult r;
+      r.system = s;
+      auto plan = MakePoolPlan(s, *shape, kc, setup);
+      if (!plan) return std::unexpected(plan.error());
+      r.plan = *plan;
+      r.admission = Admit(r.plan, *shape, kc, setup, finals);
+      // Curves stop at the engines' CUDA-graph limit per engine instance (the GLM-5 comparison's rule).
+      std::uint32_t limit = r.admission.admitted;
+      const std::uint64_t cap = std::uint64_t{scenario->cuda_graph_max_batch} * (e.mode == ParallelMode::kDp ? scenario->num_ranks : 1);
+      if (scenario->cuda_graph_max_batch > 0 && limit > cap) {
+        limit = static_cast<std::uint32_t>(cap);
+        r.note = fmt::format("admits {} but decodes at most {} (CUDA-graph limit per engine instance)", r.admission.admitted, cap);
+      }
+      std::vector<std::uint32_t> grid;
+      for (std::uint32_t b : scenario->sampling.batch_grid) {
+        if (b < limit) grid.push_back(b);
+      }
+      if (limit > 0) grid.push_back(limit);
+      const bool home = e.mode == ParallelMode::kTp && (s == KindSystem::kDcp || s == KindSystem::kUlaCache);
+      for (std::uint32_t b : grid) {
+        double ctx = 0;
+        for (std::uint32_t i = 0; i < b; ++i) ctx += (*requests)[i].input_tokens + 0.5 * (*requests)[i].output_tokens;
+        ctx /= b;
+        const double local = e.mode == ParallelMode::kDp ? std::ceil(b / P) : b;
+        double host_share = 0;
+        if (s == KindSystem::kUlaCache) {
+          host_share = Admit(r.plan, *shape, kc, setup, std::span<const std::uint32_t>(finals).first(b)).host_share_csa;
+        }
+        KindStepCounts c;
+        c.batch_total = b;
+        c.batch_local = local;
+        c.context = ctx;
+        c.at_home = home;
+        c.striped_indexer = home;
+        c.home_partial_bytes = s == KindSystem::kUlaCache ? 4 : 2;
+        c.host_fetch_entries = HostFetches(s, *shape, kc, setup, local, ctx, host_share);
+        auto t = PriceKindStep(in, c);
+        if (!t) return std::unexpected(t.error());
+        KindCurvePoint pt{.batch = b, .context = ctx, .tput = b * cr.tokens_per_step / t->total,
+                          .host_fetch = c.host_fetch_entries, .time = *t};
+        if (b == 1) r.tpot_b1_ms = 1e3 * t->total / cr.tokens_per_step;
+        if (pt.tput > r.peak_tput) r.peak_tput = pt.tput, r.peak_batch = b;
+        r.curve.push_back(pt);
+      }
+      cr.systems.push_back(std::move(r));
+    }
+    out.configs.push_back(std::move(cr));
+
+    // Starvation sweep: the first hardware's MTP-off configs.
+    if (!e.mtp && e.hardware == scenario->configs.front().hardware) {
+      const std::uint32_t out_tokens = (wl->min_output_tokens + wl->max_output_tokens) / 2;
+      for (std::uint32_t L : kc.starvation_contexts) {
+        const std::vector<std::uint32_t> same(kc.starvation_requests, L + out_tokens);
+        PoolSetup fixed = setup;
+        fixed.mean_tokens = L + out_tokens;
+        KindStarvationRow row;
+        row.entry = e;
+        row.context = L;
+        for (KindSystem s : {KindSystem::kSglang, KindSystem::kVllm, KindSystem::kUlaCache}) {
+          auto plan = MakePoolPlan(s, *shape, kc, fixed);
+          if (!plan) return std::unexpected(plan.error());
+          row.cells.push_back({s, Admit(*plan, *shape, kc, fixed, same)});
+        }
+        out.starvation.push_back(std::move(row));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace ula

@@ -1,0 +1,85 @@
+// The per-kind serving comparison (`ula compare --model deepseek_v4_flash`): for each config
+// of the kind config's scenario (hardware x TP/DP x MTP, the same workload, traces and
+// budgets as the default comparison) and each system of kind_pools.h, the admission limit,
+// the fill per kind, and decode throughput and TPOT from kind_step_cost.h over the
+// scenario's batch grid; plus a starvation sweep: fixed context lengths at which SGLang's
+// window pool or its full / C4 pool fills first.
+//
+// What this is: accounting and a roofline, not a simulation. No system runs: admission
+// counts bytes per kind under each engine's pool rules, and the step is priced from the
+// kinds' entry counts. Selections that miss a device buffer or tier are the kind config's
+// selection_turnover of each query's top-k (times the share of C4 bytes on host for
+// UlaCache); UlaCache's kinds are not yet in its address space (docs/COST_MODEL.md "Kinds").
+//
+// Determinism: a pure function of the configs. Thread-safety: reentrant.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "config/model_config.h"
+#include "serving/kind_config.h"
+#include "serving/kind_pools.h"
+#include "serving/kind_step_cost.h"
+#include "serving/serving_config.h"
+#include "ula/error.h"
+
+namespace ula {
+
+struct KindCurvePoint {
+  std::uint32_t batch = 0;
+  double context = 0;      // mean context of the batch's requests (mid-decode)
+  double tput = 0;         // output tokens / s, all GPUs
+  double host_fetch = 0;   // C4 entries fetched from host per step per GPU
+  KindStepTime time;
+};
+
+struct KindSystemResult {
+  KindSystem system = KindSystem::kUlaCache;
+  PoolPlan plan;
+  Admission admission;
+  std::vector<KindCurvePoint> curve;
+  double peak_tput = 0;
+  std::uint32_t peak_batch = 0;
+  double tpot_b1_ms = 0;
+  std::string note;
+};
+
+struct KindConfigResult {
+  ScenarioEntry entry;
+  std::string hardware_label;  // "8xH200"
+  std::uint32_t num_ranks = 8;
+  double weight_bytes_per_gpu = 0, device_kv_bytes_per_gpu = 0, host_bytes_per_gpu = 0;
+  double tokens_per_step = 1;
+  std::vector<KindSystemResult> systems;  // kAllKindSystems order, those that run in the mode
+  const KindSystemResult* Find(KindSystem s) const {
+    for (const KindSystemResult& r : systems) {
+      if (r.system == s) return &r;
+    }
+    return nullptr;
+  }
+};
+
+// One context length of the starvation sweep, one config.
+struct KindStarvationRow {
+  ScenarioEntry entry;
+  std::uint32_t context = 0;  // input tokens (output: the workload's mean), starvation_requests of them
+  struct Cell {
+    KindSystem system = KindSystem::kUlaCache;
+    Admission admission;
+  };
+  std::vector<Cell> cells;  // sglang_dsv4, vllm, ulacache
+};
+
+struct KindComparison {
+  std::string model, scenario;
+  std::vector<KindConfigResult> configs;
+  std::vector<KindStarvationRow> starvation;  // MTP-off configs of the first hardware
+};
+
+// Loads the scenario and model the kind config names from config_dir and runs the comparison.
+Result<KindComparison> RunKindComparison(const KindCompareConfig& kinds, const std::filesystem::path& config_dir);
+
+}  // namespace ula
