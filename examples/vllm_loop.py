@@ -134,7 +134,8 @@ def main(argv=None):
     space = ulacache.AddressSpace(cfg, backend="counting")
     # One planner row per token of the round (query_start_loc cuts them by request); a
     # request's selections are bounded by budget x top_k (a whole prefill chunk).
-    planner = ulacache.EngineStepPlanner(space, max_batch=args.budget, max_q_len=args.budget, max_top_k=top_k)
+    planner = ulacache.EngineStepPlanner(space, max_batch=args.budget, max_q_len=args.budget, max_top_k=top_k,
+                                         max_rows=args.budget)
 
     def zeros(shape):
         return torch.zeros(shape, dtype=torch.uint8) if torch is not None else np.zeros(shape, np.uint8)

@@ -107,9 +107,19 @@ struct EngineStepConfig {
   std::uint32_t max_batch = 1;
   std::uint32_t max_q_len = 1;
   std::uint32_t max_top_k = 2048;
+  // The most selection rows of one step (batch x q_len; flat token rows with per-request
+  // q_len come as batch = tokens, q_len = 1); 0: max_batch x max_q_len. The scratch is sized
+  // for max_rows x max_top_k selections, so a scheduler with a token budget sets max_rows to
+  // the budget and max_q_len to its largest chunk (vLLM: 8,192 and 2,048 at top-k 2,048:
+  // 2^24 selections, where max_batch x max_q_len x max_top_k would pass 2^31). Plan and Step
+  // refuse a shape with more rows; ReserveRound caps a request at max_q_len x max_top_k.
+  std::uint32_t max_rows = 0;
   // Plan and Step refuse a shape whose top_k is not a multiple of this (64 for FlashMLA's
   // SM90 sparse kernels, above); 1 accepts any.
   std::uint32_t top_k_multiple = 1;
+  std::uint64_t rows() const { return max_rows != 0 ? max_rows : std::uint64_t{max_batch} * max_q_len; }
+  // kInvalidArgument naming the field: a zero maximum, top_k_multiple not dividing
+  // max_top_k, max_rows above max_batch x max_q_len, more than 2^31 selections.
   Status Validate() const;
 };
 

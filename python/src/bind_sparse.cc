@@ -600,17 +600,20 @@ The engine step API (include/ula/engine_step.h): selections int32 [batch, q_len,
 DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's backend;
 `plan` + `complete(fence, status)` let the engine run them. Nothing allocates per step.)doc")
       .def(py::init([](DpSpace& s, std::uint32_t max_batch, std::uint32_t max_q_len, std::uint32_t max_top_k,
-                       std::uint32_t top_k_multiple) {
+                       std::uint32_t top_k_multiple, std::uint32_t max_rows) {
              ula::EngineStepConfig c;
              c.max_batch = max_batch;
              c.max_q_len = max_q_len;
              c.max_top_k = max_top_k;
              c.top_k_multiple = top_k_multiple;
+             c.max_rows = max_rows;
              return EnginePlanner{Unwrap(ula::EngineStepPlanner::Create(*s.space, c)), &s, {}, {}, {}, {}};
            }),
            py::arg("space"), py::arg("max_batch"), py::arg("max_q_len"), py::arg("max_top_k"),
-           py::arg("top_k_multiple") = 1, py::keep_alive<1, 2>(),
-           "top_k_multiple=64 refuses any top_k that FlashMLA's SM90 sparse kernels cannot take.")
+           py::arg("top_k_multiple") = 1, py::arg("max_rows") = 0, py::keep_alive<1, 2>(),
+           "top_k_multiple=64 refuses any top_k that FlashMLA's SM90 sparse kernels cannot take. max_rows: the most "
+           "selection rows of one step (0: max_batch x max_q_len); a token-budget scheduler sets it to the budget "
+           "and max_q_len to its largest chunk.")
       .def_property_readonly("max_descriptors", [](EnginePlanner& p) { return p.planner->max_descriptors(); })
       .def_property_readonly("has_pending", [](EnginePlanner& p) { return p.planner->has_pending(); })
       .def(

@@ -270,10 +270,16 @@ At home: the rank's shard device slot, -1 for padding and for entries homed else
 (each rank's attention is a partial, float [batch * q_len, heads, kv_lora_rank + 2],
 merged over ranks in rank order). Local buffer: shard slot s, or device_slots + b for
 buffer slot b. The library's backend moves the bytes.)doc")
-      .def(py::init([](TpSpace& s, std::uint32_t max_batch, std::uint32_t max_q_len, std::uint32_t max_top_k) {
-             return Unwrap(ula::TpEngineStepPlanner::Create(*s.space, {max_batch, max_q_len, max_top_k}));
+      .def(py::init([](TpSpace& s, std::uint32_t max_batch, std::uint32_t max_q_len, std::uint32_t max_top_k,
+                       std::uint32_t max_rows) {
+             ula::EngineStepConfig c;
+             c.max_batch = max_batch;
+             c.max_q_len = max_q_len;
+             c.max_top_k = max_top_k;
+             c.max_rows = max_rows;
+             return Unwrap(ula::TpEngineStepPlanner::Create(*s.space, c));
            }),
-           py::arg("space"), py::arg("max_batch"), py::arg("max_q_len"), py::arg("max_top_k"), py::keep_alive<1, 2>())
+           py::arg("space"), py::arg("max_batch"), py::arg("max_q_len"), py::arg("max_top_k"), py::arg("max_rows") = 0, py::keep_alive<1, 2>())
       .def_property_readonly("num_ranks", [](const ula::TpEngineStepPlanner& p) { return p.ranks().size(); })
       .def_property_readonly("ranks", [](const ula::TpEngineStepPlanner& p) {
              std::vector<std::uint16_t> r;

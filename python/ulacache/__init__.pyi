@@ -217,7 +217,7 @@ class EngineStepPlanner:
     max_descriptors: int
     has_pending: bool
     def __init__(self, space: AddressSpace, max_batch: int, max_q_len: int, max_top_k: int,
-                 top_k_multiple: int = 1) -> None: ...
+                 top_k_multiple: int = 1, max_rows: int = 0) -> None: ...
     # selections/indices: int32 [batch, q_len, top_k] or [batch * q_len, top_k] (page_table_1).
     # query_start_loc: request b owns rows [qsl[b], qsl[b+1]) of [tokens, top_k] selections.
     def step(self, rank: int, group: int, selections: I32, indices: I32, requests: Requests,
@@ -299,7 +299,8 @@ class TpEngineStepPlanner:
     index_slots: int
     max_descriptors: int
     has_pending: bool
-    def __init__(self, space: TpAddressSpace, max_batch: int, max_q_len: int, max_top_k: int) -> None: ...
+    def __init__(self, space: TpAddressSpace, max_batch: int, max_q_len: int, max_top_k: int,
+                 max_rows: int = 0) -> None: ...
     # indices: int32 [ranks, *selections.shape]
     def step(self, group: int, selections: I32, indices: I32, requests: Requests) -> list[StepStats]: ...
     # (fence, n, stats, first_phase): descriptors[:first_phase] the local buffer's remote fetches (0 at

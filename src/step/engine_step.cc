@@ -176,8 +176,14 @@ Status EngineStepConfig::Validate() const {
   if (top_k_multiple == 0 || max_top_k % top_k_multiple != 0) {
     return bad(fmt::format("top_k_multiple = {}: must be >= 1 and divide max_top_k = {}", top_k_multiple, max_top_k));
   }
-  if (std::uint64_t{max_batch} * max_q_len * max_top_k > (std::uint64_t{1} << 31)) {
-    return bad("max_batch * max_q_len * max_top_k: more than 2^31 selections");
+  if (std::uint64_t{max_rows} > std::uint64_t{max_batch} * max_q_len) {
+    return bad(fmt::format("max_rows = {}: more than max_batch x max_q_len = {} rows", max_rows,
+                           std::uint64_t{max_batch} * max_q_len));
+  }
+  if (rows() * max_top_k > (std::uint64_t{1} << 31)) {
+    return bad(max_rows != 0 ? "max_rows * max_top_k: more than 2^31 selections"
+                             : "max_batch * max_q_len * max_top_k: more than 2^31 selections (set max_rows to the "
+                               "rows one step reads, e.g. the token budget)");
   }
   return Ok();
 }
@@ -199,7 +205,7 @@ Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpac
   ULA_RETURN_IF_ERROR(config.Validate());
   const AddressSpaceConfig& cfg = space.config();
   ULA_RETURN_IF_ERROR(RefuseEngineModes(cfg.stable_new_entries, cfg.host_shadows, "AddressSpaceConfig"));
-  const std::uint64_t max_sel = std::uint64_t{config.max_batch} * config.max_q_len * config.max_top_k;
+  const std::uint64_t max_sel = config.rows() * config.max_top_k;
   // Addresses come in pages (address_space.h "Pages"): a page is minted only when none is
   // free, i.e. when every handed-out page holds a live address; live addresses fit in the
   // pools. So pages stay below the pools' capacity, addresses below page_tokens times that.
@@ -250,6 +256,11 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("shape [{}][{}][{}] exceeds the planner's maximum [{}][{}][{}]", shape.batch,
                                  shape.q_len, shape.top_k, config_.max_batch, config_.max_q_len, config_.max_top_k));
+  }
+  if (std::uint64_t{shape.batch} * shape.q_len > config_.rows()) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("shape [{}][{}][{}]: {} rows, more than max_rows = {}", shape.batch, shape.q_len,
+                                 shape.top_k, std::uint64_t{shape.batch} * shape.q_len, config_.rows()));
   }
   if (shape.top_k % config_.top_k_multiple != 0) {
     return MakeError(ErrorCode::kInvalidArgument,

@@ -23,7 +23,7 @@ Result<std::unique_ptr<TpEngineStepPlanner>> TpEngineStepPlanner::Create(TpAddre
 TpEngineStepPlanner::TpEngineStepPlanner(TpAddressSpace& space, const EngineStepConfig& config, TpFabric* fabric,
                                          TpPlannerOptions options)
     : space_(space), config_(config), planner_(space, fabric, options) {
-  const std::size_t most = std::size_t{config.max_batch} * config.max_q_len * config.max_top_k;
+  const std::size_t most = config.rows() * config.max_top_k;
   compact_.reserve(most);
   where_.reserve(most);
   runs_.reserve(config.max_batch);
@@ -44,7 +44,8 @@ std::uint32_t TpEngineStepPlanner::index_slots() const {
 Status TpEngineStepPlanner::Compact(const StepShape& shape, std::span<const RequestId> requests,
                                     std::span<const std::int32_t> selections, std::size_t indices_size) {
   if (shape.batch == 0 || shape.q_len == 0 || shape.top_k == 0 || shape.batch > config_.max_batch ||
-      shape.q_len > config_.max_q_len || shape.top_k > config_.max_top_k) {
+      shape.q_len > config_.max_q_len || shape.top_k > config_.max_top_k ||
+      std::uint64_t{shape.batch} * shape.q_len > config_.rows()) {
     return MakeError(ErrorCode::kInvalidArgument, "shape [" + std::to_string(shape.batch) + ", " +
                                                 std::to_string(shape.q_len) + ", " + std::to_string(shape.top_k) +
                                                 "] is empty or past the planner's config");

@@ -131,3 +131,49 @@ TEST(RoundReservation, BadDemandsAreRefusedAndChangeNothing) {
 
 }  // namespace
 }  // namespace ula
+
+namespace ula {
+namespace {
+
+// A token-budget scheduler's planner (vLLM: budget 8,192, chunks of 2,048, top-k 2,048): sized
+// by max_batch x max_q_len it would need 2^35 selections and is refused; max_rows = the budget
+// sizes it for the rows one step reads. A shape with more rows than max_rows is refused and
+// changes nothing; ReserveRound still caps a request at max_q_len x max_top_k.
+TEST(EngineStepConfig, MaxRowsSizesATokenBudget) {
+  EngineStepConfig vllm{.max_batch = 8192, .max_q_len = 2048, .max_top_k = 2048};
+  auto refused = vllm.Validate();
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message().find("max_rows"), std::string::npos) << refused.error().ToString();
+  vllm.max_rows = 8192;
+  EXPECT_TRUE(vllm.Validate());
+  EXPECT_EQ(vllm.rows(), 8192u);
+  vllm.max_rows = 8192u * 2048u + 1;
+  EXPECT_EQ(vllm.Validate().error().code(), ErrorCode::kInvalidArgument) << "more rows than batch x q_len";
+
+  auto backend = MakeCountingBackend();
+  auto space = AddressSpace::Create(testing::EngineModes(testing::SmallConfig(64, 256, 1, 1)), *backend).value();
+  ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
+  const auto addrs = space->Allocate(RequestId(1), 8).value();
+  space->AdvanceRound();
+  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 4, .max_q_len = 4, .max_top_k = 2, .max_rows = 4}).value();
+  std::vector<CopyDescriptor> desc(planner->max_descriptors());
+  const std::vector<RequestId> one{RequestId(1)};
+  std::vector<std::int32_t> sel(8), idx(8);
+  for (int i = 0; i < 8; ++i) sel[i] = static_cast<std::int32_t>(addrs[i].value());
+  auto at_limit = planner->Plan(Rank(0), GroupId(0), {.batch = 1, .q_len = 4, .top_k = 2}, one,
+                            std::span(sel).first(8), std::span(idx).first(8), desc);
+  ASSERT_TRUE(at_limit) << at_limit.error().ToString();  // 4 rows: at the limit, accepted
+  ASSERT_TRUE(planner->Complete(at_limit->fence, std::vector<std::uint8_t>(at_limit->num_descriptors, 0)));
+  const std::uint64_t planned = space->DebugDigest();
+  std::vector<std::int32_t> sel6(12, sel[0]), idx6(12);
+  const std::vector<RequestId> two_rows{RequestId(1), RequestId(1)};
+  auto over = planner->Plan(Rank(0), GroupId(0), {.batch = 2, .q_len = 3, .top_k = 2}, two_rows, sel6, idx6, desc);
+  ASSERT_FALSE(over);
+  EXPECT_EQ(over.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(over.error().message().find("max_rows = 4"), std::string::npos) << over.error().ToString();
+  EXPECT_EQ(space->DebugDigest(), planned) << "a refused shape changes nothing";
+  EXPECT_FALSE(planner->has_pending());
+}
+
+}  // namespace
+}  // namespace ula
