@@ -130,6 +130,24 @@ class TpEngineStepPlanner {
                                             std::span<const RequestId> requests,
                                             std::span<const std::int32_t> selections, std::span<std::int32_t> indices);
 
+  // Admission that guarantees the round (EngineStepPlanner::ReserveRound's contract, per
+  // hosted rank): the scheduler calls it once per round, before any Allocate of it, with
+  // every running request it means to schedule (in TP every rank steps every request). Ok
+  // iff on every hosted rank r and group: the new tokens homed on r plus each request's
+  // selections homed on r (at most min(max_selections, its tokens homed on r after the
+  // round)) fit the shard's device slots this round has not used yet, the new tokens homed on
+  // r fit its free device and host slots, and, with TpAttention::kLocalBuffer, each request's
+  // selections homed elsewhere (at most min(max_selections, its tokens homed elsewhere)) fit
+  // the rank's buffer slots not used this round. New tokens are homed by position (token i on
+  // rank i mod P when P divides page_tokens, address_space.h "Pages"); otherwise every new
+  // token counts on every rank (a bound). A round that keeps to its reservation has no
+  // Allocate and no Plan refused for room. With a fabric each process checks the rank it
+  // hosts: admit the round only where every rank's reservation is Ok (the scheduler's
+  // all-reduce). Returns the tightest (rank, group): its bound and room. Refusals as
+  // EngineStepPlanner::ReserveRound's (kResourceExhausted with the numbers, kNotFound,
+  // kInvalidArgument, kFailedPrecondition while a plan is pending); changes nothing.
+  Result<RoundReservation> ReserveRound(std::span<const RoundDemand> demands) const;
+
   // The most descriptors one Plan writes (every hosted rank's device shard pool and local
   // buffer turned over).
   std::uint32_t max_descriptors() const;

@@ -289,6 +289,25 @@ buffer slot b. The library's backend moves the bytes.)doc")
       .def_property_readonly("device_slots", &ula::TpEngineStepPlanner::device_slots)
       .def_property_readonly("index_slots", &ula::TpEngineStepPlanner::index_slots)
       .def(
+          "reserve_round",
+          [](const ula::TpEngineStepPlanner& p, py::object requests, py::object new_tokens, py::object max_selections) {
+            const py::array req_a = ToArray(requests, "requests");
+            std::vector<ula::RequestId> widened;
+            auto req = RequestsView(req_a, "requests", widened);
+            auto fresh = View<const std::uint32_t>(ToArray(new_tokens, "new_tokens"), "new_tokens", 1);
+            auto sel = View<const std::uint32_t>(ToArray(max_selections, "max_selections"), "max_selections", 1);
+            if (fresh.size() != req.size() || sel.size() != req.size()) {
+              Throw(ula::ErrorCode::kInvalidArgument, "reserve_round: requests, new_tokens and max_selections differ in length");
+            }
+            std::vector<ula::RoundDemand> demands(req.size());
+            for (std::size_t i = 0; i < req.size(); ++i) demands[i] = {req[i], fresh[i], sel[i]};
+            auto r = Unwrap(p.ReserveRound(demands));
+            return std::make_tuple(r.device_needed, r.device_room);
+          },
+          py::arg("requests"), py::arg("new_tokens"), py::arg("max_selections"),
+          "Admission that guarantees the round on every hosted rank: (device_needed, device_room) of the tightest "
+          "(rank, group), or ResourceExhaustedError with the numbers. new_tokens, max_selections: uint32 [n].")
+      .def(
           "step",
           [](ula::TpEngineStepPlanner& p, std::uint16_t group, py::object selections, py::object indices,
              py::object requests) {

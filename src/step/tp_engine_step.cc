@@ -30,6 +30,82 @@ TpEngineStepPlanner::TpEngineStepPlanner(TpAddressSpace& space, const EngineStep
 }
 
 TpEngineStepPlanner::~TpEngineStepPlanner() = default;
+TpEngineStepPlanner::~TpEngineStepPlanner() = default;
+
+namespace {
+// Positions k in [0, x) with k mod P == r.
+std::uint64_t PositionsOn(std::uint64_t x, std::uint32_t p, std::uint32_t r) { return x / p + (x % p > r ? 1 : 0); }
+}  // namespace
+
+Result<RoundReservation> TpEngineStepPlanner::ReserveRound(std::span<const RoundDemand> demands) const {
+  const TpAddressSpace::State& st = StateOf(space_);
+  const TpConfig& cfg = space_.config();
+  ULA_RETURN_IF_ERROR(st.RefuseWhilePlanPending("ReserveRound"));
+  const std::uint64_t row_max = std::uint64_t{config_.max_q_len} * config_.max_top_k;
+  const std::uint32_t p = cfg.num_ranks;
+  // New tokens are homed by position when P divides the page (token i on rank i mod P).
+  const bool by_position = cfg.page_tokens > 1 && cfg.page_tokens % p == 0;
+  std::vector<RequestId> seen;
+  seen.reserve(demands.size());
+  for (const RoundDemand& d : demands) {
+    if (!st.requests.contains(d.request)) {
+      return MakeError(ErrorCode::kNotFound, fmt::format("ReserveRound: request {} is unknown", d.request.value()));
+    }
+    if (d.max_selections > row_max) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("ReserveRound: request {} selects up to {} entries, past the planner's "
+                                   "max_q_len x max_top_k = {}", d.request.value(), d.max_selections, row_max));
+    }
+    seen.push_back(d.request);
+  }
+  std::sort(seen.begin(), seen.end());
+  if (auto dup = std::adjacent_find(seen.begin(), seen.end()); dup != seen.end()) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("ReserveRound: request {} is listed twice", dup->value()));
+  }
+  RoundReservation out;
+  for (Rank r : space_.hosted_ranks()) {
+    std::uint64_t new_here = 0, home_sel = 0, remote_sel = 0;
+    for (const RoundDemand& d : demands) {
+      const std::vector<LogicalAddr>& addrs = st.requests.at(d.request);
+      std::uint64_t held_here = 0;
+      for (LogicalAddr a : addrs) held_here += a.value() % p == r.value();
+      const std::uint64_t len = addrs.size();
+      const std::uint64_t fresh = by_position ? PositionsOn(len + d.new_tokens, p, r.value()) - PositionsOn(len, p, r.value())
+                                              : d.new_tokens;
+      new_here += fresh;
+      home_sel += std::min<std::uint64_t>(d.max_selections, held_here + fresh);
+      const std::uint64_t elsewhere = len + d.new_tokens - std::min<std::uint64_t>(len + d.new_tokens, held_here + fresh);
+      remote_sel += std::min<std::uint64_t>(d.max_selections, by_position ? elsewhere : len + d.new_tokens);
+    }
+    for (std::uint32_t g = 0; g < cfg.num_groups; ++g) {
+      const TpGroupShard& sh = st.at(r, GroupId(static_cast<std::uint16_t>(g)));
+      const std::uint64_t room = sh.device.capacity() - (sh.device.num_used() - sh.policy->NumEvictable());
+      const std::uint64_t needed = new_here + home_sel;
+      const std::uint64_t seatable = std::uint64_t{sh.device.num_free()} + sh.HostFree();
+      if (needed > room || new_here > seatable) {
+        return MakeError(ErrorCode::kResourceExhausted,
+                         fmt::format("ReserveRound: rank {} group {}: the round needs up to {} device slots ({} new "
+                                     "tokens homed here + {} selections) but {} of {} are not yet used in this "
+                                     "round, and {} new tokens against {} free slots: schedule fewer requests this "
+                                     "round", r.value(), g, needed, new_here, home_sel, room, sh.device.capacity(),
+                                     new_here, seatable));
+      }
+      if (cfg.attention == TpAttention::kLocalBuffer) {
+        const std::uint64_t buffer_room =
+            sh.buffer.capacity() - (sh.buffer.num_used() - sh.buffer_policy->NumEvictable());
+        if (remote_sel > buffer_room) {
+          return MakeError(ErrorCode::kResourceExhausted,
+                           fmt::format("ReserveRound: rank {} group {}: the round selects up to {} entries homed "
+                                       "elsewhere but {} of the local buffer's {} slots are not yet used in this "
+                                       "round: schedule fewer requests this round", r.value(), g, remote_sel,
+                                       buffer_room, sh.buffer.capacity()));
+        }
+      }
+      if (needed > out.device_needed || out.device_room == 0) out = RoundReservation{needed, room};
+    }
+  }
+  return out;
+}
 
 std::span<const Rank> TpEngineStepPlanner::ranks() const { return space_.hosted_ranks(); }
 

@@ -637,3 +637,21 @@ def test_tp_new_tokens_keep_their_looked_up_slot_and_the_engine_writes_there():
         space.read(int(a), 0, out)
         assert (out == pattern(int(a), 0)).all(), a
     space.check_invariants()
+
+
+@pytest.mark.parametrize("attention", ["at_home", "local_buffer"])
+def test_tp_reserve_round_bounds_every_rank(attention):
+    """TpEngineStepPlanner.reserve_round: Ok for a round that fits every rank's shard, refused
+    with the numbers (and nothing changed) for one whose new tokens outnumber them."""
+    space, addrs = tp_space(attention, engine=True)
+    engine = ulacache.TpEngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
+    req = np.arange(3, dtype=np.int64)
+    needed, room = engine.reserve_round(req, np.ones(3, np.uint32), np.full(3, 8, np.uint32))
+    assert 0 < needed <= room
+    live = space.num_live_addresses
+    with pytest.raises(ulacache.ResourceExhaustedError, match="ReserveRound: rank"):
+        engine.reserve_round(req, np.full(3, 100000, np.uint32), np.full(3, 8, np.uint32))
+    with pytest.raises(ulacache.InvalidArgumentError, match="past the planner"):
+        engine.reserve_round(req, np.ones(3, np.uint32), np.full(3, 17, np.uint32))
+    assert space.num_live_addresses == live
+    space.check_invariants()
