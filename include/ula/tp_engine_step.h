@@ -140,8 +140,10 @@ class TpEngineStepPlanner {
   // selections homed elsewhere (at most min(max_selections, its tokens homed elsewhere)) fit
   // the rank's buffer slots not used this round. New tokens are homed by position (token i on
   // rank i mod P when P divides page_tokens, address_space.h "Pages"); otherwise every new
-  // token counts on every rank (a bound). A round that keeps to its reservation has no
-  // Allocate and no Plan refused for room. With a fabric each process checks the rank it
+  // token counts on every rank (a bound). The split of a request's selections between the
+  // ranks is the indexer's, so each rank is bounded by all of them: the bound admits up to P
+  // times fewer requests than fit on average (tests/tp/tp_round_reservation_test.cc). A
+  // round that keeps to its reservation has no Allocate and no Plan refused for room. With a fabric each process checks the rank it
   // hosts: admit the round only where every rank's reservation is Ok (the scheduler's
   // all-reduce). Returns the tightest (rank, group): its bound and room. Refusals as
   // EngineStepPlanner::ReserveRound's (kResourceExhausted with the numbers, kNotFound,

@@ -30,7 +30,6 @@ TpEngineStepPlanner::TpEngineStepPlanner(TpAddressSpace& space, const EngineStep
 }
 
 TpEngineStepPlanner::~TpEngineStepPlanner() = default;
-TpEngineStepPlanner::~TpEngineStepPlanner() = default;
 
 namespace {
 // Positions k in [0, x) with k mod P == r.

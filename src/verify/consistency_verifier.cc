@@ -18,6 +18,7 @@
 #include "space/address_space_state.h"
 #include "space/space_access.h"
 #include "step/kernel_step_planner.h"
+#include "verify/step_rows.h"
 
 namespace ula {
 
@@ -302,40 +303,18 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       return MakeError(ErrorCode::kInternal, "unknown planner form");
     }
 
-    // The runs as the engine's rows: one batch row per run, its selections then -1 padding.
     Status ToRows(const StepInput& in) {
-      if (in.runs.size() > device_config.max_batch && form == PlannerForm::kDevice) {
-        return MakeError(ErrorCode::kInvalidArgument, "more runs than the step's max_batch");
-      }
-      shape = StepShape{.batch = static_cast<std::uint32_t>(in.runs.size()), .q_len = 1, .top_k = 1};
-      std::size_t covered = 0;
-      for (const SelectionRun& r : in.runs) {
-        shape.top_k = std::max(shape.top_k, r.count);
-        covered += r.count;
-      }
-      if (covered != in.selections.size() || shape.top_k > max_top_k) {
-        return MakeError(ErrorCode::kInvalidArgument, "runs that do not cover the selections");
-      }
-      rows.assign(shape.size(), kPadIndex);
-      indices.assign(shape.size(), kPadIndex);
-      requests.clear();
-      std::size_t i = 0;
-      for (std::size_t b = 0; b < in.runs.size(); ++b) {
-        requests.push_back(in.runs[b].request);
-        for (std::uint32_t c = 0; c < in.runs[b].count; ++c) rows[b * shape.top_k + c] = static_cast<std::int32_t>(in.selections[i++].value());
-      }
+      ULA_RETURN_IF_ERROR(rows.Fill(in.selections, in.runs, max_top_k));
+      indices.assign(rows.shape.size(), kPadIndex);
       return Ok();
     }
     void FromRows(const StepInput& in, std::span<SlotId> out) const {
-      std::size_t i = 0;
-      for (std::size_t b = 0; b < in.runs.size(); ++b) {
-        for (std::uint32_t c = 0; c < in.runs[b].count; ++c) out[i++] = SlotId(static_cast<std::uint32_t>(indices[b * shape.top_k + c]));
-      }
+      rows.Gather(in.runs, indices, [&](std::size_t i, std::int32_t index) { out[i] = SlotId(static_cast<std::uint32_t>(index)); });
     }
 
     Result<StepStats> EngineStep(const StepInput& in, std::span<SlotId> out) {
       ULA_RETURN_IF_ERROR(ToRows(in));
-      auto stats = engine->Step(in.rank, in.group, shape, requests, rows, indices);
+      auto stats = engine->Step(in.rank, in.group, rows.shape, rows.requests, rows.rows, indices);
       if (stats) FromRows(in, out);
       return stats;
     }
@@ -370,14 +349,9 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
         }
       }
       if (!loaded) return std::unexpected(loaded.error());
-      std::vector<std::int64_t> ids;
-      for (RequestId r : requests) ids.push_back(static_cast<std::int64_t>(r.value()));
       descriptors.assign(step->max_descriptors(), CopyDescriptor{});
       StepRecord record;
-      StepArrays arrays{.selections = rows.data(), .row_batch = nullptr, .requests = ids.data(), .indices = indices.data(),
-                        .descriptors = descriptors.data(), .stats = &record, .num_rows = shape.batch, .batch = shape.batch,
-                        .q_len = 1, .top_k = shape.top_k, .selection_stride = shape.top_k, .index_stride = shape.top_k,
-                        .max_descriptors = step->max_descriptors()};
+      const StepArrays arrays = rows.Arrays(indices, descriptors, &record);
       ULA_RETURN_IF_ERROR(step->Plan(arrays, nullptr));
       status.assign(step->max_descriptors(), 0);
       const std::uint32_t n = record.error == 0 ? record.num_descriptors : 0;
@@ -428,9 +402,8 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
     std::uint32_t max_top_k;
     std::optional<Error> create_error;  // the form's Create refused this space
     // Step scratch.
-    StepShape shape;
-    std::vector<std::int32_t> rows, indices;
-    std::vector<RequestId> requests;
+    verify_internal::StepRows rows;
+    std::vector<std::int32_t> indices;
     std::vector<CopyDescriptor> descriptors;
     std::vector<std::uint8_t> status;
   };

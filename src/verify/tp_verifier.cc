@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <unordered_set>
 
@@ -17,7 +18,13 @@
 #include "ula/tp_home_attention.h"
 #include "ula/reference_attention.h"
 #include "ula/tp_fabric.h"
+#include "backend/copy_publish.h"
+#include "space/space_access.h"
+#include "space/tp_state.h"
 #include "step/tp_kernel_step_planner.h"
+#include "ula/device_step.h"
+#include "ula/tp_engine_step.h"
+#include "verify/step_rows.h"
 #include "ula/tp_step_planner.h"
 #include "verify/verifier_core.h"
 
@@ -52,9 +59,9 @@ Status TpVerifierConfig::Validate() const {
   }
   if (!(fault_rate >= 0 && fault_rate <= 1)) return bad(fmt::format("fault_rate = {}: must be in [0, 1]", fault_rate));
   if (share_percent > 100) return bad(fmt::format("share_percent = {}: must be in [0, 100]", share_percent));
-  if (form == PlannerForm::kEngine || form == PlannerForm::kDevice) {
-    return bad(fmt::format("form = {}: the TP verifier drives cpu and kernels (the TP engine step and device step "
-                           "have their own differential tests)", PlannerFormName(form)));
+  if (form == PlannerForm::kDevice && attention != TpAttention::kAtHome) {
+    return bad("form = device: the TP device step covers attention at home only (the local buffer's remote phase "
+               "is not a kernel yet)");
   }
   const bool kernel_planner = form == PlannerForm::kKernels;
   if (kernel_planner && host_shadows) return bad("host_shadows: the TP kernel planner does not implement host shadows");
@@ -195,9 +202,180 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
     std::vector<SelectionRun> runs{{r.id, 1}};
     return Plan(GroupId(0), sel, runs);
   }
-  // One group step through the configured planner.
+  // One group step through the configured form.
   Result<TpStepPlan> Plan(GroupId group, std::span<const LogicalAddr> sel, std::span<const SelectionRun> runs) {
-    return kernels_ ? kernels_->Step(group, sel, runs) : planner_.Step(group, sel, runs);
+    switch (cfg_.form) {
+      case PlannerForm::kKernels: return kernels_->Step(group, sel, runs);
+      case PlannerForm::kEngine: return EnginePlan(group, sel, runs);
+      case PlannerForm::kDevice: return DevicePlan(group, sel, runs);
+      case PlannerForm::kCpu: break;
+    }
+    return planner_.Step(group, sel, runs);
+  }
+
+ public:
+  // The form's Create refused the space (its modes or policy): the run stops with the reason.
+  std::optional<Error> CreateError() {
+    if (cfg_.form == PlannerForm::kEngine) {
+      auto made = TpEngineStepPlanner::Create(*space_, {.max_batch = cfg_.max_batch, .max_q_len = 1,
+                                                        .max_top_k = MaxRun()}, fabric_,
+                                              {.parallel_ranks = cfg_.parallel_ranks && cfg_.fault_rate == 0});
+      if (!made) return made.error();
+      engine_ = std::move(*made);
+    }
+    if (cfg_.form == PlannerForm::kDevice) {
+      device_steps_.resize(std::size_t{cfg_.num_ranks} * cfg_.num_groups);
+      device_config_ = {.max_rows = cfg_.max_batch, .max_batch = cfg_.max_batch, .max_top_k = MaxRun(),
+                        .max_addresses = 1024, .max_requests = 64, .max_adopted = 1024};
+      auto made = DeviceStep::Create(*space_, space_->hosted_ranks()[0], GroupId(0), device_config_);
+      if (!made) return made.error();
+      device_steps_[std::size_t{space_->hosted_ranks()[0].value()} * cfg_.num_groups] = std::move(*made);
+    }
+    return std::nullopt;
+  }
+
+ private:
+  std::uint32_t MaxRun() const { return cfg_.top_k * cfg_.queries_per_request; }
+
+  // The engine path's refs, from its per-rank index arrays ([hosted][rows][top_k]): a shard
+  // slot, a buffer slot (index_slots past device_slots), or -1 (attention at home: homed
+  // elsewhere).
+  TpReadRef RefOf(Rank rank, std::int32_t index) const {
+    const std::uint32_t dev = space_->config().device_slots_per_group();
+    if (index < 0) return TpReadRef{TpReadRef::Source::kElsewhere, SlotId::Invalid(), rank};
+    const auto i = static_cast<std::uint32_t>(index);
+    return i < dev ? TpReadRef{TpReadRef::Source::kShard, SlotId(i), rank}
+                   : TpReadRef{TpReadRef::Source::kBuffer, SlotId(i - dev), rank};
+  }
+
+  Result<TpStepPlan> EnginePlan(GroupId group, std::span<const LogicalAddr> sel, std::span<const SelectionRun> runs) {
+    ULA_RETURN_IF_ERROR(rows_.Fill(sel, runs, MaxRun()));
+    const std::span<const Rank> ranks = space_->hosted_ranks();
+    const std::size_t n = rows_.shape.size();
+    indices_.assign(ranks.size() * n, kPadIndex);
+    auto stats = engine_->Step(group, rows_.shape, rows_.requests, rows_.rows, indices_);
+    if (!stats) return std::unexpected(stats.error());
+    TpStepPlan plan;
+    plan.ranks.assign(ranks.begin(), ranks.end());
+    plan.stats = std::move(*stats);
+    plan.refs.resize(ranks.size());
+    for (std::size_t h = 0; h < ranks.size(); ++h) {
+      plan.refs[h].resize(sel.size());
+      rows_.Gather(runs, std::span<const std::int32_t>(indices_).subspan(h * n, n),
+                   [&](std::size_t i, std::int32_t index) { plan.refs[h][i] = RefOf(ranks[h], index); });
+    }
+    return plan;
+  }
+
+  // One device step per hosted rank, agreed as an engine's all-reduce would (the maximum of
+  // the ranks' verdicts), bracketed by Reload and StoreInto as docs/INTEGRATION.md says an
+  // engine that changes the space between steps does.
+  Result<TpStepPlan> DevicePlan(GroupId group, std::span<const LogicalAddr> sel, std::span<const SelectionRun> runs) {
+    if (group.value() >= cfg_.num_groups) return MakeError(ErrorCode::kOutOfRange, "group out of range");
+    ULA_RETURN_IF_ERROR(rows_.Fill(sel, runs, MaxRun()));
+    const std::span<const Rank> ranks = space_->hosted_ranks();
+    const std::size_t n = rows_.shape.size();
+    std::vector<DeviceStep*> steps;
+    for (Rank r : ranks) {
+      std::unique_ptr<DeviceStep>& step = device_steps_[std::size_t{r.value()} * cfg_.num_groups + group.value()];
+      Status loaded = step ? step->Reload(*space_, nullptr) : Status(MakeError(ErrorCode::kResourceExhausted, "none"));
+      while (!loaded && loaded.error().code() == ErrorCode::kResourceExhausted) {  // outgrown: larger maxima
+        if (step) {
+          device_config_.max_addresses *= 2;
+          device_config_.max_requests *= 2;
+          device_config_.max_adopted *= 2;
+        }
+        auto made = DeviceStep::Create(*space_, r, group, device_config_);
+        if (made) {
+          step = std::move(*made);
+          loaded = Ok();
+        } else if (made.error().code() == ErrorCode::kResourceExhausted) {
+          step = nullptr;
+          device_config_.max_addresses *= 2;
+          device_config_.max_requests *= 2;
+          device_config_.max_adopted *= 2;
+        } else {
+          loaded = std::unexpected(made.error());
+        }
+      }
+      if (!loaded) return std::unexpected(loaded.error());
+      steps.push_back(step.get());
+    }
+    const std::size_t hosted = ranks.size();
+    indices_.assign(hosted * n, kPadIndex);
+    device_descs_.resize(hosted);
+    device_records_.assign(hosted, StepRecord{});
+    std::uint32_t agreed = 0;
+    std::vector<std::uint32_t> verdicts(hosted, 0);
+    for (std::size_t h = 0; h < hosted; ++h) {
+      device_descs_[h].assign(steps[h]->max_descriptors(), CopyDescriptor{});
+      const StepArrays arrays =
+          rows_.Arrays(std::span(indices_).subspan(h * n, n), device_descs_[h], &device_records_[h]);
+      ULA_RETURN_IF_ERROR(steps[h]->Check(arrays, nullptr));
+      verdicts[h] = *steps[h]->verdict();  // the OpenMP form's verdict is host memory
+      agreed = std::max(agreed, verdicts[h]);
+    }
+    bool all_arrived = true;
+    std::optional<Error> failure;
+    const TpConfig& tc = space_->config();
+    for (std::size_t h = 0; h < hosted; ++h) {
+      ULA_RETURN_IF_ERROR(steps[h]->Claim(&agreed, nullptr));
+      const StepRecord& rec = device_records_[h];
+      std::vector<std::uint8_t> status(steps[h]->max_descriptors(), 0);
+      const std::uint32_t m = rec.error == 0 ? rec.num_descriptors : 0;
+      if (m > 0) {  // the engine's copies: the backend's, over the shard's pools
+        const TpGroupShard& sh = StateOf(*space_).at(ranks[h], group);
+        const std::size_t n_free = rec.misses - rec.evictions;
+        CopyPublish cp(sh.host.arena().id, sh.device.arena().id, tc.entry_bytes, n_free, m - n_free, 1);
+        for (std::uint32_t i = 0; i < m; ++i) {
+          const CopyDescriptor& d = device_descs_[h][i];
+          cp.Add(SlotMove{sh.host.offset(SlotId(d.src_slot)), sh.device.offset(SlotId(d.dst_slot))});
+        }
+        cp.Run(space_->backend());
+        for (std::uint32_t i = 0; i < m; ++i) status[i] = cp.arrived(i) ? 0 : 1;
+        if (!cp.all_arrived()) {
+          all_arrived = false;
+          if (!failure) failure = cp.Failure(fmt::format("device step of rank {} group {}", ranks[h].value(), group.value()));
+        }
+      }
+      ULA_RETURN_IF_ERROR(steps[h]->Complete(status.data(), nullptr));
+      ULA_RETURN_IF_ERROR(steps[h]->StoreInto(*space_, nullptr));
+    }
+    if (agreed != 0) {  // the first rank that refused names the error (TpEngineStepPlanner's rule)
+      for (std::size_t h = 0; h < hosted; ++h) {
+        if (verdicts[h] != 0) {
+          return MakeError(static_cast<ErrorCode>(verdicts[h] - 1),
+                           fmt::format("device step of rank {} group {} refused the step", ranks[h].value(),
+                                       group.value()));
+        }
+      }
+    }
+    if (!all_arrived) return std::unexpected(*failure);
+    TpStepPlan plan;
+    plan.ranks.assign(ranks.begin(), ranks.end());
+    plan.refs.resize(hosted);
+    plan.stats.resize(hosted);
+    const std::uint32_t p = tc.num_ranks;
+    for (std::size_t h = 0; h < hosted; ++h) {
+      plan.refs[h].resize(sel.size());
+      rows_.Gather(runs, std::span<const std::int32_t>(indices_).subspan(h * n, n),
+                   [&](std::size_t i, std::int32_t index) { plan.refs[h][i] = RefOf(ranks[h], index); });
+      std::unordered_set<std::uint32_t> elsewhere;
+      for (LogicalAddr a : sel) {
+        if (a.value() % p != ranks[h].value()) elsewhere.insert(a.value());
+      }
+      const StepRecord& rec = device_records_[h];
+      StepStats& st = plan.stats[h];
+      st.selections = rec.selections;
+      st.elsewhere = elsewhere.size();
+      st.distinct = rec.distinct + elsewhere.size();
+      st.hits = rec.hits;
+      st.misses = rec.misses;
+      st.into_free = rec.misses - rec.evictions;
+      st.evictions = rec.evictions;
+      st.bytes_moved = rec.bytes_moved;
+    }
+    return plan;
   }
 
   bool HomeHosted(LogicalAddr a) const { return space_->Hosts(space_->HomeOf(a)); }
@@ -440,7 +618,9 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
                       [&] { return space_->Write(some, bad_group, buf); });
         break;
       case 3: {
-        std::vector<LogicalAddr> sel{unknown};
+        // Unknown, and below 2^31 so that the engine forms' int32 selections carry it too:
+        // every form must refuse it as not live (kNotFound).
+        std::vector<LogicalAddr> sel{LogicalAddr(0x7ffffffeu)};
         std::vector<SelectionRun> runs{{front.id, 1}};
         ExpectRefused("step with an unknown address", ErrorCode::kNotFound,
                       [&] { return Plan(GroupId(0), sel, runs); });
@@ -466,6 +646,13 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   TpStepPlanner planner_;
   std::unique_ptr<TpKernelStepPlanner> kernels_ =
       cfg_.form == PlannerForm::kKernels ? std::make_unique<TpKernelStepPlanner>(*space_) : nullptr;
+  std::unique_ptr<TpEngineStepPlanner> engine_;       // kEngine
+  std::vector<std::unique_ptr<DeviceStep>> device_steps_;  // kDevice: [rank][group]
+  DeviceStepConfig device_config_;
+  verify_internal::StepRows rows_;                    // the engine forms' rows
+  std::vector<std::int32_t> indices_;                 // [hosted][rows][top_k]
+  std::vector<std::vector<CopyDescriptor>> device_descs_;  // [hosted]
+  std::vector<StepRecord> device_records_;            // [hosted]
   MlaShape mla_;
   std::unique_ptr<SparsePrefixCache> cache_ = SparsePrefixCache::Create(*space_).value();  // sharing
   std::uint64_t step_ = 0;
@@ -475,6 +662,10 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
 
 Result<TpVerifierReport> RunTpVerifier(const TpVerifierConfig& config, TpFabric* fabric) {
   ULA_RETURN_IF_ERROR(config.Validate());
+  if (fabric != nullptr && config.form == PlannerForm::kDevice) {
+    return MakeError(ErrorCode::kFailedPrecondition, "TpVerifierConfig.form = device: the verifier agrees the ranks' "
+                                                     "verdicts in this process (no fabric)");
+  }
   if (fabric != nullptr && config.form == PlannerForm::kKernels) {
     return MakeError(ErrorCode::kFailedPrecondition, "TpVerifierConfig.form = kernels: the TP kernel planner needs every "
                                                      "rank in this process (no fabric)");
@@ -496,6 +687,7 @@ Result<TpVerifierReport> RunTpVerifier(const TpVerifierConfig& config, TpFabric*
   tp.policy = config.policy;
   tp.buffer_policy = config.policy;
   tp.host_shadows = config.host_shadows;
+  tp.stable_new_entries = config.stable_new_entries;
   std::vector<Rank> hosted;
   if (fabric != nullptr) hosted.push_back(fabric->local_rank());
   // Faults: one stream per process (the ranks of an MPI run fail different transfers),
@@ -521,6 +713,10 @@ Result<TpVerifierReport> RunTpVerifier(const TpVerifierConfig& config, TpFabric*
   if (!space) return std::unexpected(space.error());
   if (fabric != nullptr) ULA_RETURN_IF_ERROR(fabric->Expose(**space));
   TpVerifier verifier(config, fabric, std::move(backend), std::move(faults), fault_fabric.get(), std::move(*space));
+  if (auto refused = verifier.CreateError()) {
+    if (fabric != nullptr) fabric->Unexpose();
+    return std::unexpected(*refused);
+  }
   auto report = verifier.Finish();
   if (fabric != nullptr) fabric->Unexpose();
   return report;

@@ -81,12 +81,20 @@ struct TpVerifierConfig {
   // > 0: this percentage of the arrivals adopts a cached prefix of a live request (one
   // SparsePrefixCache over the space; verifier_core.h, "Sharing"). In [0, 100].
   std::uint32_t share_percent = 0;
-  // The form of the step (planner_form.h): kCpu (TpStepPlanner) or kKernels (the kernels'
-  // OpenMP form of TP at home, TpKernelStepPlanner: attention at home and in-process ranks
-  // only; Validate, and RunTpVerifier with a fabric, refuse it otherwise). The TP engine
-  // forms (TpEngineStepPlanner, the TP device step) are not driven by this verifier yet:
-  // Validate refuses them (tests/tp has their differential tests).
+  // The form of the step (planner_form.h), every one with the same workload and checks:
+  //   kCpu      TpStepPlanner;
+  //   kKernels  the kernels' OpenMP form of TP at home (TpKernelStepPlanner);
+  //   kEngine   TpEngineStepPlanner::Step (its Plan, the copies on the backend, Complete),
+  //             both attentions;
+  //   kDevice   one DeviceStep (OpenMP form) per hosted rank and group, attention at home:
+  //             Reload, Check on every rank, the verdicts' maximum, Claim, the copies on
+  //             the backend over the shard pools, Complete, StoreInto.
+  // kKernels and kDevice need attention at home and in-process ranks; the engine forms need
+  // stable_new_entries (TpConfig::stable_new_entries) and no host shadows, kDevice the
+  // kernel_pb_lru policy, kEngine with a local buffer in-process ranks. Validate and
+  // RunTpVerifier refuse the others with the reason (the forms' own Create refusals).
   PlannerForm form = PlannerForm::kCpu;
+  bool stable_new_entries = false;  // TpConfig::stable_new_entries
   // Each shard keeps clean host shadows (TpConfig::host_shadows, sparse/host_shadows.h); the
   // checks are the same (a shadow is never read, so every entry must still read its own
   // bytes), plus CheckInvariants' shadow checks (a shadow equals its entry's device bytes).

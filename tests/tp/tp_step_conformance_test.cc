@@ -1,14 +1,16 @@
 // The step's conformance suite in TP mode (tests/step/step_conformance_test.cc has DP): the
 // TP verifier (src/verify/tp_verifier.h) runs one seeded workload over four in-process ranks
-// under device pressure, with injected faults and with shared prefixes, in each TP mode and
-// form it drives: attention at home by the CPU reference (TpStepPlanner) and by the kernels'
-// OpenMP form (TpKernelStepPlanner), and the local buffer by the CPU reference. Every run
-// must keep every byte (each rank's refs read the shadow bytes, attention at home merges to
-// the dense reference), lose nothing to faults and keep isolation; the two forms of attention
-// at home must make the same decisions on the same seed (the same counts of steps, refusals,
-// home misses and swaps, selections left to their home, failed calls). A mode a form cannot
-// run is refused with the reason (the kernels with a local buffer or host shadows, the
-// engine forms, which this verifier does not drive yet).
+// under device pressure, with injected faults and with shared prefixes, in every TP mode and
+// form: attention at home by the CPU reference (TpStepPlanner), the kernels' OpenMP form
+// (TpKernelStepPlanner), the engine path (TpEngineStepPlanner) and the device step (one
+// DeviceStep per rank, their verdicts agreed); the local buffer by the CPU reference and the
+// engine path. Every run must keep every byte (each rank's refs read the shadow bytes,
+// attention at home merges to the dense reference), lose nothing to faults and keep
+// isolation, and every form must make the CPU reference's decisions on the same seed (the
+// same counts of steps, refusals, home misses and swaps, selections left to their home,
+// failed calls, shares). A mode a form cannot run is refused with the reason (the kernels
+// and the device step with a local buffer, the engine forms without stable new entries, the
+// device step without kernel_pb_lru).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -38,7 +40,8 @@ TpVerifierConfig Conformance(std::uint64_t seed, TpAttention attention, PlannerF
   c.device_slots_per_group = 2 * c.max_batch * c.queries_per_request * c.top_k / c.num_ranks;
   c.attention = attention;
   c.form = form;
-  c.policy = PolicyKind::kKernelPbLru;
+  c.policy = PolicyKind::kKernelPbLru;  // the device step's policy
+  c.stable_new_entries = true;          // the engine path's mode, so that every form runs it
   return c;
 }
 
@@ -76,22 +79,30 @@ struct Scenario {
 };
 constexpr Scenario kScenarios[] = {{"pressure", 0, 0}, {"faults", 0.1, 0}, {"sharing", 0, 40}};
 
-TEST(TpStepConformance, EveryModeKeepsEveryByte) {
+// Local buffers: the CPU reference and the engine path (TpEngineStepPlanner, Plan with its
+// two phases of copies, Complete) make the same decisions.
+TEST(TpStepConformance, LocalBufferFormsMakeTheSameDecisions) {
   ULA_TEST_SEEDED(seed, 20261207);
   for (const Scenario& s : kScenarios) {
     TpVerifierConfig c = Conformance(seed, TpAttention::kLocalBuffer, PlannerForm::kCpu);
     c.fault_rate = s.fault_rate / 4;  // the local buffer's path fails more often per fault
     c.share_percent = s.share_percent;
-    const TpVerifierReport r = RunOk(c, s.name);
-    EXPECT_GT(r.home_swaps, 0u) << s.name;
-    EXPECT_GT(r.remote_fetches, 0u) << s.name;
-    if (s.fault_rate > 0) EXPECT_GT(r.failed_calls, 0u) << s.name;
-    if (s.share_percent > 0) EXPECT_GT(r.shares, 0u) << s.name;
-    EXPECT_EQ(r.entries_lost, 0u) << s.name;
-    EXPECT_EQ(r.early_publishes, 0u) << s.name;
+    const TpVerifierReport reference = RunOk(c, s.name);
+    EXPECT_GT(reference.home_swaps, 0u) << s.name;
+    EXPECT_GT(reference.remote_fetches, 0u) << s.name;
+    if (s.fault_rate > 0) EXPECT_GT(reference.failed_calls, 0u) << s.name;
+    if (s.share_percent > 0) EXPECT_GT(reference.shares, 0u) << s.name;
+    c.form = PlannerForm::kEngine;
+    const TpVerifierReport engine = RunOk(c, s.name);
+    EXPECT_EQ(engine.entries_lost, 0u) << s.name;
+    EXPECT_EQ(engine.early_publishes, 0u) << s.name;
+    EXPECT_EQ(CountsOf(engine), CountsOf(reference))
+        << s.name << ": engine " << Describe(CountsOf(engine)) << " vs the reference's " << Describe(CountsOf(reference));
   }
 }
 
+// Attention at home: the CPU reference, the kernels' OpenMP form, the engine path and the
+// device step (one per rank, verdicts agreed) make the same decisions.
 TEST(TpStepConformance, AttentionAtHomeFormsMakeTheSameDecisions) {
   ULA_TEST_SEEDED(seed, 20261208);
   for (const Scenario& s : kScenarios) {
@@ -99,15 +110,20 @@ TEST(TpStepConformance, AttentionAtHomeFormsMakeTheSameDecisions) {
     c.fault_rate = s.fault_rate;
     c.share_percent = s.share_percent;
     const TpVerifierReport reference = RunOk(c, s.name);
-    c.form = PlannerForm::kKernels;
-    const TpVerifierReport kernels = RunOk(c, s.name);
     EXPECT_GT(reference.home_swaps, 0u) << s.name;
     EXPECT_GT(reference.left_to_home, 0u) << s.name;
     EXPECT_GT(reference.attention_checks, 0u) << s.name;
     if (s.fault_rate > 0) EXPECT_GT(reference.failed_calls, 0u) << s.name;
     if (s.share_percent > 0) EXPECT_GT(reference.shares, 0u) << s.name;
-    EXPECT_EQ(CountsOf(kernels), CountsOf(reference))
-        << s.name << ": kernels " << Describe(CountsOf(kernels)) << " vs the reference's " << Describe(CountsOf(reference));
+    for (PlannerForm f : {PlannerForm::kKernels, PlannerForm::kEngine, PlannerForm::kDevice}) {
+      c.form = f;
+      const TpVerifierReport r = RunOk(c, s.name);
+      EXPECT_EQ(r.entries_lost, 0u) << s.name;
+      EXPECT_EQ(r.early_publishes, 0u) << s.name;
+      EXPECT_EQ(CountsOf(r), CountsOf(reference)) << s.name << ": " << PlannerFormName(f) << " "
+                                                  << Describe(CountsOf(r)) << " vs the reference's "
+                                                  << Describe(CountsOf(reference));
+    }
   }
 }
 
@@ -117,13 +133,24 @@ TEST(TpStepConformance, RefusedWithTheReason) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(r.error().message().find("at home"), std::string::npos) << r.error().ToString();
+  c = Conformance(1, TpAttention::kLocalBuffer, PlannerForm::kDevice);
+  r = RunTpVerifier(c);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(r.error().message().find("at home"), std::string::npos) << r.error().ToString();
   for (PlannerForm f : {PlannerForm::kEngine, PlannerForm::kDevice}) {
     c = Conformance(1, TpAttention::kAtHome, f);
+    c.stable_new_entries = false;
     r = RunTpVerifier(c);
     ASSERT_FALSE(r) << PlannerFormName(f);
-    EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(r.error().message().find(PlannerFormName(f)), std::string::npos) << r.error().ToString();
+    EXPECT_EQ(r.error().code(), ErrorCode::kFailedPrecondition) << PlannerFormName(f);
+    EXPECT_NE(r.error().message().find("stable_new_entries"), std::string::npos) << r.error().ToString();
   }
+  c = Conformance(1, TpAttention::kAtHome, PlannerForm::kDevice);
+  c.policy = PolicyKind::kPbLru;
+  r = RunTpVerifier(c);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message().find("kernel_pb_lru"), std::string::npos) << r.error().ToString();
 }
 
 }  // namespace

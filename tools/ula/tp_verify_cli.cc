@@ -25,7 +25,8 @@ int RunTpVerify(const TpVerifyArgs& a) {
   c.top_k = a.top_k;
   c.fault_rate = a.fault_rate;
   c.share_percent = a.share_percent;
-  c.form = a.kernel_planner ? PlannerForm::kKernels : PlannerForm::kCpu;
+  c.form = a.form;
+  c.stable_new_entries = a.stable_new_entries;
   c.host_shadows = a.host_shadows;
   if (!a.policy.empty()) {
     auto kind = ParsePolicyKind(a.policy);
@@ -86,7 +87,7 @@ int RunTpVerify(const TpVerifyArgs& a) {
                      {"buffer_evictions", r.buffer_evictions}, {"tp_attention", a.attention},
                      {"left_to_home", r.left_to_home}, {"attention_checks", r.attention_checks},
                      {"attention_mismatches", r.attention_mismatches}, {"max_attention_error", r.max_attention_error},
-                     {"planner", a.kernel_planner ? "kernels" : "cpu"}, {"fault_rate", a.fault_rate}, {"faults_injected", r.faults_injected},
+                     {"planner", PlannerFormName(a.form)}, {"fault_rate", a.fault_rate}, {"faults_injected", r.faults_injected},
                      {"failed_calls", r.failed_calls}, {"entries_lost", r.entries_lost},
                      {"early_publishes", r.early_publishes},
                      {"all_ranks_ok", all_ok}, {"seconds", seconds},
@@ -97,7 +98,7 @@ int RunTpVerify(const TpVerifyArgs& a) {
     fmt::print("{}\n", j.dump());
   } else {
     fmt::print("ula verify --mode tp ({}, rank {} of {}, attention {}, planner {}): seed {}, {} operations in {:.1f} s\n",
-               fabric ? "MPI" : "in-process", me, c.num_ranks, a.attention, a.kernel_planner ? "kernels" : "cpu",
+               fabric ? "MPI" : "in-process", me, c.num_ranks, a.attention, PlannerFormName(a.form),
                r.seed, r.ops, seconds);
     fmt::print("  steps {} (+{} refused, checked unchanged); home swaps {}; buffer hits {} / fetches {} / evictions {}\n",
                r.steps, r.rejected_steps, r.home_swaps, r.buffer_hits, r.remote_fetches, r.buffer_evictions);

@@ -3,6 +3,8 @@
 // verify_command.cc so that file only forwards to it.
 #pragma once
 
+#include "verify/planner_form.h"
+
 #include <cstdint>
 #include <string>
 
@@ -22,7 +24,8 @@ struct TpVerifyArgs {
   bool json = false;
   double fault_rate = 0;  // in [0, 1]: TpVerifierConfig::fault_rate
   std::uint32_t share_percent = 0;  // arrivals that adopt a cached prefix
-  bool kernel_planner = false;      // --planner kernels: TpKernelStepPlanner (at home, in-process)
+  PlannerForm form = PlannerForm::kCpu;  // --planner: the step's form (verify/planner_form.h)
+  bool stable_new_entries = false;       // --stable-new-entries (the engine forms need it)
   bool host_shadows = false;        // --shadows on: TpConfig::host_shadows
 };
 

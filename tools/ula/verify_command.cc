@@ -45,12 +45,13 @@ Action SetupVerify(CLI::App& app) {
   app.add_option("--planner", *planner,
                  "the step's form: cpu (the reference StepPlanner / TpStepPlanner), kernels (the step's kernels in "
                  "their OpenMP form: KernelStepPlanner; tp: TpKernelStepPlanner, --tp-attention at_home, "
-                 "in-process), engine (dp: EngineStepPlanner's Plan, copies, Complete) or device (dp: DeviceStep's "
-                 "OpenMP form, Reload / Plan / copies / Complete / StoreInto). The engine forms need "
-                 "--stable-new-entries and --shadows off, device also --policy kernel_pb_lru")
+                 "in-process), engine (EngineStepPlanner / TpEngineStepPlanner: Plan, copies, Complete) or device "
+                 "(DeviceStep's OpenMP form, one per rank: Reload / Plan / copies / Complete / StoreInto; tp: at "
+                 "home, in-process, the ranks' verdicts agreed). The engine forms need --stable-new-entries and "
+                 "--shadows off, device also --policy kernel_pb_lru")
       ->check(CLI::IsMember({"cpu", "kernels", "engine", "device"}))->capture_default_str();
   app.add_flag("--stable-new-entries", cfg->stable_new_entries,
-               "dp: a new token's slot never moves in its round (AddressSpaceConfig::stable_new_entries; the "
+               "a new token's slot never moves in its round (stable_new_entries of the space's config; the "
                "engine forms need it)");
   app.add_option("--group-layers", cfg->group_layers,
                  "dp: layers per group (an entry is this many rows, one per layer region; divides the entry bytes)")
@@ -83,12 +84,7 @@ Action SetupVerify(CLI::App& app) {
     }
     if (*planner == "kernels" && *mode == "tp" && (*tp_attention != "at_home" || *mpi)) {
       fmt::print(stderr, "ula verify: --planner kernels with --mode tp needs --tp-attention at_home and in-process "
-                         "ranks (the TP kernel planner: sparse/tp_kernel_step_planner.h)\n");
-      return 2;
-    }
-    if ((*planner == "engine" || *planner == "device") && *mode == "tp") {
-      fmt::print(stderr, "ula verify: --planner {} is the DP verifier's form (the TP verifier drives cpu and "
-                         "kernels)\n", *planner);
+                         "ranks (the TP kernel planner: src/step/tp_kernel_step_planner.h)\n");
       return 2;
     }
     cfg->form = ParsePlannerForm(*planner).value();
@@ -102,7 +98,8 @@ Action SetupVerify(CLI::App& app) {
                           .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,
                           .top_k = cfg->top_k, .policy = *policy, .attention = *tp_attention, .mpi = *mpi,
                           .json = *json, .fault_rate = cfg->fault_rate, .share_percent = cfg->share_percent,
-                          .kernel_planner = cfg->form == PlannerForm::kKernels, .host_shadows = cfg->host_shadows});
+                          .form = cfg->form, .stable_new_entries = cfg->stable_new_entries,
+                          .host_shadows = cfg->host_shadows});
     }
     auto kind = ParsePolicyKind(*policy);
     if (!kind) {
