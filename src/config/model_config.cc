@@ -5,14 +5,14 @@
 
 #include <fmt/format.h>
 
+#include <dlfcn.h>
+
 #include <cstdlib>
+#include <system_error>
 #include <utility>
 
 #include "config/json_fields.h"
 
-#ifndef ULA_SOURCE_CONFIG_DIR
-#define ULA_SOURCE_CONFIG_DIR "configs"
-#endif
 
 namespace ula {
 namespace {
@@ -281,9 +281,33 @@ Result<ModelConfig> LoadModelConfigByName(std::string_view name, const std::file
   return LoadModelConfig(config_dir / "models" / (std::string(name) + ".json"));
 }
 
+std::filesystem::path FindConfigDirAbove(const std::vector<std::filesystem::path>& starts) {
+  std::error_code ec;
+  for (const std::filesystem::path& start : starts) {
+    if (start.empty()) continue;
+    for (std::filesystem::path dir = start;; dir = dir.parent_path()) {
+      if (std::filesystem::is_directory(dir / "configs" / "models", ec)) return dir / "configs";
+      if (dir == dir.parent_path() || dir.empty()) break;
+    }
+  }
+  return {};
+}
+
 std::filesystem::path DefaultConfigDir() {
   if (const char* env = std::getenv("ULA_CONFIG_DIR"); env != nullptr && *env != '\0') return env;
-  return ULA_SOURCE_CONFIG_DIR;
+  std::vector<std::filesystem::path> starts;
+  std::error_code ec;
+  // The binary holding this function: the program it is linked into, or a shared object
+  // (the Python extension module) wherever it was loaded from.
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&FindConfigDirAbove), &info) != 0 && info.dli_fname != nullptr) {
+    const std::filesystem::path self = std::filesystem::weakly_canonical(info.dli_fname, ec);
+    if (!ec) starts.push_back(self.parent_path());
+  }
+  if (const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec); !ec) starts.push_back(exe.parent_path());
+  if (const auto cwd = std::filesystem::current_path(ec); !ec) starts.push_back(cwd);
+  if (auto found = FindConfigDirAbove(starts); !found.empty()) return found;
+  return "configs";
 }
 
 }  // namespace ula

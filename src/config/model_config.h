@@ -109,8 +109,18 @@ Result<ModelConfig> LoadModelConfig(const std::filesystem::path& path);
 // LoadModelConfig(config_dir / "models" / (name + ".json")).
 Result<ModelConfig> LoadModelConfigByName(std::string_view name, const std::filesystem::path& config_dir);
 
-// The configs/ directory: $ULA_CONFIG_DIR if set and non-empty, else the source tree's
-// configs/ compiled in by CMake (so a fresh clone's build tree finds it).
+// The configs/ directory: $ULA_CONFIG_DIR if set and non-empty; else the first folder
+// holding `configs/models/` found walking up from the binary that contains this code (the
+// program, or the Python extension module), then from the working directory; else the
+// relative path "configs". Found at run time, never compiled in: a build tree inside any
+// clone, or a prebuilt folder moved into another working tree (scripts/gpu-check.sh), finds
+// its own configs/, and no absolute path enters the compile line (the compiler cache then
+// serves every clone, docs/BENCHMARKS.md, "The test loop").
 std::filesystem::path DefaultConfigDir();
+
+// The search of DefaultConfigDir() without the environment: the first of `starts` (and each
+// one's ancestors, in order) that holds `configs/models/`, as `<that folder>/configs`; empty
+// when none does. Exposed for its test.
+std::filesystem::path FindConfigDirAbove(const std::vector<std::filesystem::path>& starts);
 
 }  // namespace ula

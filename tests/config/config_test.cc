@@ -1,9 +1,12 @@
 // Config loading: the shipped configs load with their published figures, and every field
 // of a model or hardware config is rejected with an error that names it.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -289,12 +292,41 @@ TEST(HardwareConfig, RejectsEachBadFieldByName) {
   ExpectRejected(base, {"extra", 1}, true);
 }
 
-TEST(ConfigDir, EnvironmentOverridesTheCompiledInDirectory) {
+TEST(ConfigDir, EnvironmentOverridesTheFoundDirectory) {
   const std::string before = DefaultConfigDir().string();
   ::setenv("ULA_CONFIG_DIR", "elsewhere/configs", 1);
   EXPECT_EQ(DefaultConfigDir().string(), "elsewhere/configs");
   ::unsetenv("ULA_CONFIG_DIR");
   EXPECT_EQ(DefaultConfigDir().string(), before);
+}
+
+// Without the environment, the test binary (in a build tree inside the clone) finds the
+// clone's configs/ at run time: nothing absolute is compiled in.
+TEST(ConfigDir, FoundAboveTheBinaryWithoutTheEnvironment) {
+  ::unsetenv("ULA_CONFIG_DIR");
+  const std::filesystem::path dir = DefaultConfigDir();
+  EXPECT_TRUE(dir.is_absolute()) << dir;
+  EXPECT_TRUE(std::filesystem::exists(dir / "models" / "glm5.json")) << dir;
+}
+
+// The walk up: the first start (and its ancestors) wins over later starts; a start with no
+// configs/models above it is passed over; nothing found is an empty path.
+TEST(ConfigDir, WalksUpEachStartInOrder) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / fmt::format("ula_config_dir_{}", ::getpid());
+  fs::remove_all(root);
+  fs::create_directories(root / "a" / "configs" / "models");
+  fs::create_directories(root / "a" / "build" / "tools" / "ula");
+  fs::create_directories(root / "b" / "configs" / "models");
+  fs::create_directories(root / "b" / "deep");
+  fs::create_directories(root / "c" / "configs");  // no models/: not a config directory
+  fs::create_directories(root / "c" / "x");
+  EXPECT_EQ(FindConfigDirAbove({root / "a" / "build" / "tools" / "ula"}), root / "a" / "configs");
+  EXPECT_EQ(FindConfigDirAbove({root / "b" / "deep", root / "a" / "build"}), root / "b" / "configs");
+  EXPECT_EQ(FindConfigDirAbove({root / "c" / "x", root / "b" / "deep"}), root / "b" / "configs");
+  EXPECT_EQ(FindConfigDirAbove({root / "c" / "x"}), fs::path{}) << "configs/ without models/ is not one";
+  EXPECT_EQ(FindConfigDirAbove({}), fs::path{});
+  fs::remove_all(root);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <random>
 #include <string>
@@ -46,7 +47,11 @@ class Subscriber {
       close(in[1]);
       close(out[0]);
       const std::string bs = std::to_string(block_size), w = std::to_string(window);
-      execl(ULA_PYTHON3, ULA_PYTHON3, ULA_SUBSCRIBER, endpoint.c_str(), bs.c_str(), w.c_str(), static_cast<char*>(nullptr));
+      // Set by ctest (tests/prefix/CMakeLists.txt).
+      const char* python = std::getenv("ULA_PYTHON3");
+      const char* script = std::getenv("ULA_SUBSCRIBER");
+      if (python == nullptr || script == nullptr) _exit(126);
+      execl(python, python, script, endpoint.c_str(), bs.c_str(), w.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
     close(in[0]);

@@ -11,7 +11,8 @@
 namespace ula {
 namespace {
 
-const std::filesystem::path kTestConfigs = ULA_SERVING_TEST_CONFIGS;
+// The test configs (tests/serving/configs), found beside the clone's configs/ at run time.
+const std::filesystem::path kTestConfigs = DefaultConfigDir().parent_path() / "tests" / "serving" / "configs";
 
 CostModelInputs TinyInputs(ParallelMode mode, bool mtp) {
   CostModelInputs in;

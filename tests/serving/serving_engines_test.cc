@@ -21,7 +21,8 @@
 namespace ula {
 namespace {
 
-const std::filesystem::path kTestConfigs = ULA_SERVING_TEST_CONFIGS;
+// The test configs (tests/serving/configs), found beside the clone's configs/ at run time.
+const std::filesystem::path kTestConfigs = DefaultConfigDir().parent_path() / "tests" / "serving" / "configs";
 
 // kv 100 B/token, index 10 B/token, device 10000 B, host 20000 B per rank, 4 ranks.
 PlacementRules Rules(SystemKind s, ParallelMode m = ParallelMode::kTp, std::uint32_t ranks = 4) {
@@ -449,8 +450,7 @@ TEST(Engines, TheRankingLeavesHypotheticalAndProposedSystemsOut) {
 }
 
 TEST(Engines, AvailabilitySaysWhyASystemDoesNotShip) {
-  auto a = LoadAvailabilityConfig(std::filesystem::path(ULA_SERVING_TEST_CONFIGS).parent_path().parent_path().parent_path() /
-                                  "configs");
+  auto a = LoadAvailabilityConfig(DefaultConfigDir());
   ASSERT_TRUE(a) << a.error().ToString();
   const SystemAvailability* helix = a->Find("helix");
   ASSERT_NE(helix, nullptr);

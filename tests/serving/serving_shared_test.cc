@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "config/model_config.h"
 #include "serving/serving_systems.h"
 #include "serving/shared_admission.h"
 #include "serving/serving_sim.h"
@@ -22,7 +23,8 @@ using serving_internal::SharedItem;
 using serving_internal::SharedLedger;
 using serving_internal::SharedStream;
 
-const std::filesystem::path kTestConfigs = ULA_SERVING_TEST_CONFIGS;
+// The test configs (tests/serving/configs), found beside the clone's configs/ at run time.
+const std::filesystem::path kTestConfigs = DefaultConfigDir().parent_path() / "tests" / "serving" / "configs";
 const std::filesystem::path kRepoConfigs = kTestConfigs.parent_path().parent_path().parent_path() / "configs";
 
 TEST(SharedStream, LengthsAreTheGeneratorsForEveryKind) {

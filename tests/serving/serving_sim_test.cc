@@ -8,13 +8,15 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "config/model_config.h"
 #include "serving/serving_systems.h"
 #include "serving/serving_sim.h"
 
 namespace ula {
 namespace {
 
-const std::filesystem::path kTestConfigs = ULA_SERVING_TEST_CONFIGS;
+// The test configs (tests/serving/configs), found beside the clone's configs/ at run time.
+const std::filesystem::path kTestConfigs = DefaultConfigDir().parent_path() / "tests" / "serving" / "configs";
 
 std::string ReadTiny() {
   std::ifstream in(kTestConfigs / "scenarios" / "tiny.json");
