@@ -254,6 +254,18 @@ def test_slot_mapping_fills_every_group_in_one_call():
         with pytest.raises(exc, match=text):
             call()
         assert (out3 == 7).all()
+    # A negative address other than the -1 padding is refused with its index named, in int32
+    # and in int64, out unchanged: -2, and an int64 that a cast to uint32 would wrap onto a
+    # live address (new[0] - 2**32) must never read as that address.
+    live = new[:4].astype(np.int64)
+    for dtype, bad in [(np.int32, -2), (np.int64, -2), (np.int64, int(new[0]) - 2**32),
+                       (np.int64, -2**63)]:
+        addrs = live.copy()
+        addrs[2] = bad
+        out4 = np.full((groups, 4), 7, np.int64)
+        with pytest.raises(ulacache.InvalidArgumentError, match=rf"addrs\[2\] = {bad}: neither an address nor -1"):
+            space.slot_mapping(addrs.astype(dtype), out4)
+        assert (out4 == 7).all(), (dtype, bad)
     # A new token placed on host (a space without stable_new_entries, its device full) has no
     # device slot to write: refused.
     cfg = ulacache.AddressSpaceConfig(num_groups=1, entry_bytes=ROW, device_bytes_per_rank=64 * ROW,

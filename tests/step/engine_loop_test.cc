@@ -283,6 +283,48 @@ TEST(EngineLoop, AllocateWhoseVictimMovesFailAllocatesNothing) {
   EXPECT_TRUE(space->CheckInvariants());
 }
 
+// The same rule when Allocate reuses freed pages out of address order (page 1 freed before
+// page 0): the round's host-placed entries are found by every step of the round whatever the
+// order their pages were handed out in, so none of them is moved to a device slot that frees
+// up later in the round.
+TEST(EngineLoop, NewEntriesOnHostStayFindableWhenPagesAreReusedOutOfOrder) {
+  auto backend = MakeCpuBackend();
+  AddressSpaceConfig c = testing::EngineModes(testing::SmallConfig(4, 16));
+  c.page_tokens = 2;
+  auto space = AddressSpace::Create(c, *backend).value();
+  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
+  for (std::uint64_t r = 1; r <= 4; ++r) ASSERT_TRUE(space->AddRequest(RequestId(r), Rank(0)));
+  ASSERT_TRUE(space->Allocate(RequestId(2), 2));  // page 0
+  ASSERT_TRUE(space->Allocate(RequestId(3), 2));  // page 1: the device (4 slots) is full
+  space->AdvanceRound();
+  ASSERT_TRUE(space->Allocate(RequestId(1), 4));  // pages 2, 3 on the device; requests 2, 3 to host
+  ASSERT_TRUE(space->Free(RequestId(3)));         // page 1 freed first,
+  ASSERT_TRUE(space->Free(RequestId(2)));         // then page 0
+  auto a = space->Allocate(RequestId(4), 4).value();
+  ASSERT_EQ(a, (std::vector<LogicalAddr>{LogicalAddr(2), LogicalAddr(3), LogicalAddr(0), LogicalAddr(1)}))
+      << "pages are reused in the order they were freed";
+  for (LogicalAddr x : a) {
+    ASSERT_EQ(space->Lookup(x, GroupId(0))->tier(), Tier::kHost) << "the device held only this round's entries";
+    ASSERT_TRUE(space->Write(x, GroupId(0), testing::Pattern(x, 0, 32)));
+  }
+  ASSERT_TRUE(space->Free(RequestId(1)));  // four device slots free up in the same round
+  const std::vector<RequestId> rows{RequestId(4)};
+  std::vector<std::int32_t> idx(1);
+  for (LogicalAddr x : a) {
+    SCOPED_TRACE(x.value());
+    const Location where = *space->Lookup(x, GroupId(0));
+    const std::uint64_t before = space->DebugDigest();
+    const std::vector<std::int32_t> sel{static_cast<std::int32_t>(x.value())};
+    auto refused = planner->Step(Rank(0), GroupId(0), {1, 1, 1}, rows, sel, idx);
+    ASSERT_FALSE(refused) << "a step moved address " << x.value() << " in the round that placed it on host";
+    EXPECT_NE(refused.error().message().find("placed on host by this round's Allocate"), std::string::npos)
+        << refused.error().ToString();
+    EXPECT_EQ(space->DebugDigest(), before);
+    EXPECT_EQ(*space->Lookup(x, GroupId(0)), where);
+  }
+  EXPECT_TRUE(space->CheckInvariants());
+}
+
 // A new entry Allocate had to put on host (the device held only this round's entries) is
 // written at that host slot: even when device slots free up later in the round, no step of
 // the round moves it (it would leave the engine's write behind); the next round may.

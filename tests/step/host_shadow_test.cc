@@ -212,6 +212,40 @@ TEST(HostShadows, PreferringShadowedVictimsSavesTheirCopies) {
   }
 }
 
+// The preference forgets a shadow the moment it goes: a Write that drops an entry's shadow
+// tells the policy at once, so the next eviction prefers the entry whose shadow survives
+// (no copy) over the rewritten one, which would be evicted first by slot order and copied
+// as if its eviction were free.
+TEST(HostShadows, AWriteMakesThePolicyForgetTheDroppedShadowAtOnce) {
+  auto backend = MakeCpuBackend({.copy_threads = 1});
+  AddressSpaceConfig c = ShadowConfig(4, 16);
+  c.policy_options.recent_buckets = 0;
+  c.policy_options.prefer_shadowed = true;
+  auto space = AddressSpace::Create(c, *backend).value();
+  StepPlanner planner(*space);
+  ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
+  const auto addrs = space->Allocate(RequestId(1), 16).value();
+  for (LogicalAddr a : addrs) ASSERT_TRUE(space->Write(a, GroupId(0), Pattern(a, 0, kBytes)));
+  space->AdvanceRound();
+  // Hits 0, 1 and misses 4, 5, fetched into slots 2, 3 with shadows.
+  ASSERT_TRUE(StepOn(planner, RequestId(1), std::vector<LogicalAddr>{addrs[0], addrs[1], addrs[4], addrs[5]}));
+  space->AdvanceRound();
+  const auto fresh = Pattern(addrs[4], 0, kBytes, /*version=*/3);
+  ASSERT_TRUE(space->Write(addrs[4], GroupId(0), fresh));  // drops 4's shadow (slot 2, the first by slot order)
+  ASSERT_EQ(space->NumHostShadows(Rank(0), GroupId(0)), 1u);
+  auto s = StepOn(planner, RequestId(1), std::span(addrs).subspan(6, 1));
+  ASSERT_TRUE(s) << s.error().ToString();
+  EXPECT_EQ(s->shadow_evictions, 1u) << "the victim was the rewritten entry: the policy still preferred its dropped shadow";
+  EXPECT_EQ(s->evict_copies, 0u);
+  EXPECT_EQ(s->bytes_moved, 1u * kBytes) << "one fetch, no eviction copy";
+  EXPECT_EQ(space->Lookup(addrs[4], GroupId(0))->tier(), Tier::kDevice);
+  EXPECT_EQ(space->Lookup(addrs[5], GroupId(0))->tier(), Tier::kHost);
+  std::vector<std::byte> got(kBytes);
+  ASSERT_TRUE(space->Read(addrs[4], GroupId(0), got));
+  EXPECT_EQ(got, fresh);
+  EXPECT_TRUE(space->CheckInvariants());
+}
+
 TEST(HostShadows, FreeReleasesTheShadowsAndEveryCapacityFigureAgrees) {
   Fixture f;
   ASSERT_TRUE(StepOn(f.planner, RequestId(1), f.Slice(4, 4)));

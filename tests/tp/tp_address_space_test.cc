@@ -224,5 +224,31 @@ TEST(TpAddressSpace, TruncateRollsDraftsBackInPlaceAndRefusesSharedTokens) {
   }
 }
 
+// The rule of Truncate when the last kept token was adopted (ShareInto): the request's next
+// token opens a fresh page of its own. It never continues the adopted page, whose owner
+// holds (or will take) the next offsets of that page.
+TEST(TpAddressSpace, TruncateToAnAdoptedTokenOpensAFreshPage) {
+  auto backend = MakeCpuBackend();
+  TpConfig c = SmallTpConfig(2, 16, 16, 4);
+  c.page_tokens = 8;
+  auto space = TpAddressSpace::Create(c, *backend).value();
+  ASSERT_TRUE(space->AddRequest(RequestId(1)));
+  ASSERT_TRUE(space->AddRequest(RequestId(2)));
+  auto a = space->Allocate(RequestId(1), 4).value();  // page 0, offsets 0-3
+  for (LogicalAddr x : a) ASSERT_TRUE(space->Write(x, GroupId(0), TpPattern(x, 0, 32)));
+  ASSERT_TRUE(space->ShareInto(RequestId(2), a));     // request 2 adopts all four
+  auto own = space->Allocate(RequestId(2), 3).value();
+  for (LogicalAddr x : own) EXPECT_NE(x.value() / 8, 0u) << "request 2's own tokens never join page 0";
+  ASSERT_TRUE(space->Truncate(RequestId(2), 4));      // its last kept token is adopted
+  auto next2 = space->Allocate(RequestId(2), 1).value();
+  auto next1 = space->Allocate(RequestId(1), 1).value();
+  EXPECT_NE(next2[0].value() / 8, 0u) << "request 2's next token continued the adopted page 0 at address "
+                                      << next2[0].value();
+  EXPECT_EQ(next1[0].value(), 4u) << "request 1 continues its own page";
+  EXPECT_NE(next1[0], next2[0]);
+  EXPECT_EQ(space->num_live_addresses(), 6u);
+  EXPECT_TRUE(space->CheckInvariants());
+}
+
 }  // namespace
 }  // namespace ula
