@@ -9,10 +9,10 @@
 #   probe          cuda_backend_test CudaBackend.FindsTheGpu: the CUDA runtime of the build
 #                  finds it (device, sm, driver and runtime versions)
 #   *_test         cuda_backend_test, device_step_test, tp_device_step_test,
-#                  kernel_step_planner_test, policy_test: every test passes and no CUDA test
+#                  policy_test: every test passes and no CUDA test
 #                  (a name with "Cuda") skips; other skips are listed
-#   verify_*       ula verify --planner kernels, without and with faults (0 mismatches)
-#   bench_*        ula bench planner --planner kernels / cpu; ula bench gather --backend
+#   verify_*       ula verify --planner device, without and with faults (0 mismatches)
+#   bench_*        ula bench planner --planner host; ula bench gather --backend
 #                  cuda / cpu; ula_bench BM_DeviceStepRound
 # Fails (exit 1) when a step fails or times out or a CUDA test skips; exit 3 when no GPU is
 # seen (nothing after the probe runs); exit 2 when the prebuilt folder is missing.
@@ -99,7 +99,7 @@ EOF
 }
 
 BIN=$DIST/bin
-for b in ula ula_bench cuda_backend_test device_step_test tp_device_step_test kernel_step_planner_test policy_test; do
+for b in ula ula_bench cuda_backend_test device_step_test tp_device_step_test policy_test; do
   if [[ ! -x $BIN/$b ]]; then
     summary "no-prebuilt" "$BIN/$b is missing: run scripts/gpu-build.sh on a machine with the CUDA toolkit"
     exit 2
@@ -130,7 +130,7 @@ else
   fi
   why=$(grep -m1 -o 'no CUDA device: .*' "$OUTDIR/probe.log" 2>/dev/null)
   if (( SMOKE )); then
-    for b in cuda_backend_test device_step_test tp_device_step_test kernel_step_planner_test policy_test; do
+    for b in cuda_backend_test device_step_test tp_device_step_test policy_test; do
       run_step "smoke_$b" 30 "$BIN/$b" --gtest_list_tests
     done
     run_step smoke_ula 30 "$BIN/ula" --help
@@ -145,15 +145,14 @@ export OMP_WAIT_POLICY=passive
 run_step cuda_backend_test 120 "$BIN/cuda_backend_test"
 run_step device_step_test 120 "$BIN/device_step_test"
 run_step tp_device_step_test 120 "$BIN/tp_device_step_test"
-run_step kernel_step_planner_test 120 "$BIN/kernel_step_planner_test"
 run_step policy_test 90 "$BIN/policy_test"
-run_step verify_kernels 60 "$BIN/ula" verify --planner kernels --ops 2000 --attention-steps 0 --json
-run_step verify_kernels_no_mismatch 5 grep -q '"invariant_failures":0,.*"mismatches":0' "$OUTDIR/verify_kernels.log"
-run_step verify_kernels_faults 60 "$BIN/ula" verify --planner kernels --fault-rate 0.2 --ops 3000 --attention-steps 0 --json
-run_step verify_kernels_faults_nothing_lost 5 grep -q '"early_publishes":0,.*"entries_lost":0' "$OUTDIR/verify_kernels_faults.log"
+run_step verify_device 60 "$BIN/ula" verify --planner device --stable-new-entries --policy kernel_pb_lru --ops 2000 --attention-steps 0 --json
+run_step verify_device_no_mismatch 5 grep -q '"invariant_failures":0,.*"mismatches":0' "$OUTDIR/verify_device.log"
+run_step verify_device_faults 60 "$BIN/ula" verify --planner device --stable-new-entries --policy kernel_pb_lru --fault-rate 0.2 --ops 3000 --attention-steps 0 --json
+run_step verify_device_faults_nothing_lost 5 grep -q '"early_publishes":0,.*"entries_lost":0' "$OUTDIR/verify_device_faults.log"
 
 # 3. Measurements (docs/BENCHMARKS.md, "GPU check").
-for planner in kernels cpu; do
+for planner in host; do
   run_step "bench_planner_$planner" 90 "$BIN/ula" bench planner --planner "$planner" --configs h200_dp_mtpoff \
     --batch-fractions 1 --threads 1 2 8 16 --steps 2 --warmup 2
 done

@@ -155,8 +155,8 @@ struct AddressSpaceConfig {
   // Clean host shadows (src/space/host_shadows.h): a fetched entry's host slot
   // keeps its bytes as a reclaimable copy, counted free everywhere, so that evicting the
   // entry later moves no bytes. Off: exclusive tiers, every eviction copies. The DP
-  // StepPlanner and Allocate keep them; the engine path (EngineStepPlanner, DeviceStep) and
-  // KernelStepPlanner refuse a space with them (kUnsupported).
+  // StepPlanner and Allocate keep them; the engine path (EngineStepPlanner, DeviceStep)
+  // refuses a space with them (kUnsupported).
   bool host_shadows = false;
 
   // Names the first bad field.

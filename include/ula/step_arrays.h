@@ -35,7 +35,7 @@
 //               asynchronously to pinned host memory; `done` turns non-zero when written).
 //
 // Determinism: for the same state and inputs, every implementation (the CPU reference
-// planner, the OpenMP kernels, the CUDA kernels) writes the same indices, the same
+// planner, the device step's OpenMP and CUDA forms) writes the same indices, the same
 // descriptors in the same order (first occurrence of each missed address in row-major
 // selection order) and the same published tables, whatever the thread count or schedule.
 #pragma once

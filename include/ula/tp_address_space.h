@@ -129,7 +129,7 @@ struct TpConfig {
   // entry fetched host -> device keeps its host slot as a reclaimable copy, counted free in
   // every capacity figure, so that evicting it later moves no bytes. TpStepPlanner's Step
   // (every rank, the fabric included) and Allocate keep them; the engine path
-  // (TpEngineStepPlanner, DeviceStep), TpKernelStepPlanner and PlanHome refuse a space with
+  // (TpEngineStepPlanner, DeviceStep) and PlanHome refuse a space with
   // them (kUnsupported). Off: exclusive
   // tiers, every eviction copies.
   bool host_shadows = false;

@@ -1,6 +1,5 @@
 // OmpTeam: the calling thread's OpenMP team size for the kernels of one call (the kernels'
-// OpenMP form), restored when it goes out of scope. Used by KernelStepPlanner, DeviceStep and
-// KernelPbLru.
+// OpenMP form), restored when it goes out of scope. Used by DeviceStep and KernelPbLru.
 // Thread-safety: per calling thread (omp_set_num_threads sets the caller's ICV only).
 #pragma once
 

@@ -1,6 +1,6 @@
 // The CUDA form of the step's kernels: step_kernels.inl compiled by nvcc against the
 // toolkit's CCCL (thrust, cub, libcu++), namespace ula::kernels::gpu: the device step's entry
-// points only (the host planners' kernels read counts back and exist in the OpenMP form). The
+// points only (the host-side kernels read counts back and exist in the OpenMP form). The
 // context is the caller's stream (a cudaStream_t passed as void*: no CUDA type crosses
 // step_kernels.h). Every thrust call runs on that stream with thrust::cuda::par_nosync, so
 // kernels are ordered by the stream alone and nothing here synchronises but Sync.

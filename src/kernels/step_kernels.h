@@ -6,9 +6,9 @@
 //     what `make test` runs on every machine;
 //   - by nvcc for the GPU (step_kernels.cu, namespace ula::kernels::gpu, on the caller's
 //     stream), where ULA_WITH_CUDA is on.
-// Both namespaces export the device step's entry points (ULA_KERNELS_DECLARE below); the host
-// planners' kernels (KernelStepPlanner, TpKernelStepPlanner, KernelPbLru) exist in the OpenMP
-// form only. Every pointer is host memory for the OpenMP form and device memory for the CUDA
+// Both namespaces export the device step's entry points (ULA_KERNELS_DECLARE below); the
+// host-side kernels (TakeLowest and the flat PB-LRU's, which KernelPbLru runs) exist in the
+// OpenMP form only. Every pointer is host memory for the OpenMP form and device memory for the CUDA
 // form.
 //
 // Errors: the device step's entry points return a KernelError (0: done); nothing throws out of
@@ -17,13 +17,13 @@
 //
 // Record layout: one 8-byte record per (address, group), a location in the one layout of
 // ula/location_bits.h (bits [49:0]; the kernels read and write it through those functions
-// only) and the step's dedup stamp above it (bits [63:50], src/core/address_records.h).
+// only); the bits above it are the host step's dedup stamp (src/core/address_records.h), which
+// the kernels mask off (kLocationMask).
 //
 // Determinism: every output below is a function of the inputs only, whatever the thread
-// count or schedule: the dedup's winner of the stamp CAS only initialises the address's
-// first-occurrence scratch, which an atomic minimum then makes the lowest selection index;
-// compaction positions are exclusive scans in selection order; the victims are the ranks of
-// set bits in a fixed word order.
+// count or schedule: the dedup's first-occurrence scratch is an atomic minimum (the lowest
+// selection index of the address); compaction positions are exclusive scans in selection
+// order; the victims are the ranks of set bits in a fixed word order.
 #pragma once
 
 #include <cstddef>
@@ -34,48 +34,8 @@
 
 namespace ula::kernels {
 
-inline constexpr unsigned kStampShift = location_bits::kUsedBits;
 inline constexpr std::uint64_t kLocationMask = location_bits::kMask;
 inline constexpr std::uint32_t kNoSelection = 0xffffffffu;
-
-// Selection kinds written by Classify, one byte per selection.
-enum SelectionKind : std::uint8_t {
-  kKindHit = 0,        // on device: its index is written by Classify
-  kKindMiss = 1,       // on host: its index is written by WriteIndices after the publish
-  kKindInvalid = 2,    // fails the checks (not live, not its run's request's, another rank's)
-  kKindElsewhere = 3,  // TP (num_ranks > 1): valid, homed on another rank (its partial covers it)
-};
-
-// TP mode (ClassifyArgs::num_ranks = P > 1, TpKernelStepPlanner): the records are one rank's
-// home table, address a (homed on rank a mod P) at records[a / P], holding plain locations;
-// the dedup stamps then live in their own array, stamps[a / P] (the step's epoch), and
-// first[] is indexed by a / P as well. owner[] (the directory) stays indexed by a, and a
-// selection is live when its owner tag is non-zero.
-
-// Inputs and outputs of Classify over selections [0, n).
-struct ClassifyArgs {
-  const std::uint32_t* selections = nullptr;   // [n] logical addresses
-  std::uint32_t n = 0;
-  const std::uint32_t* run_starts = nullptr;   // [num_runs + 1] first selection of each run; last = total
-  std::uint32_t num_runs = 0;
-  const std::uint32_t* run_tags = nullptr;     // [num_runs] the holder's owner tag
-  const std::uint32_t* adopted_starts = nullptr;  // [num_runs + 1] into adopted
-  const std::uint32_t* adopted = nullptr;      // [..] each run's holder's adopted addresses, sorted
-  std::uint64_t* records = nullptr;            // [table_size] read; stamp bits written (DP)
-  std::uint32_t table_size = 0;
-  const std::uint32_t* owner = nullptr;        // [owner_size] owner tags, by address
-  std::uint32_t owner_size = 0;                // DP: table_size
-  std::uint32_t* first = nullptr;              // [table_size] scratch: lowest selection of the address
-  std::uint32_t epoch = 0;                     // fresh: no record (DP) or stamp (TP) carries it
-  std::uint32_t rank = 0;
-  std::uint32_t num_ranks = 1;                 // TP: P (above); 1: DP
-  std::uint32_t* stamps = nullptr;             // TP: [table_size] the dedup stamps
-  // outputs, [n] each
-  std::uint8_t* kind = nullptr;
-  std::int32_t* slots = nullptr;               // device slot of hits (others untouched)
-  std::uint32_t* hit_first = nullptr;          // 1 at the first selection of a distinct hit
-  std::uint32_t* miss_first = nullptr;         // 1 at the first selection of a distinct miss
-};
 
 // The sources of TakeLowest: num_sources bitmaps of num_words level-0 words each, read in
 // this order as one bit string (source 0's word 0 bit 0 first).
@@ -89,28 +49,6 @@ struct BitmapSources {
   std::uint32_t num_sources = 0;
   std::uint32_t num_words = 0;    // per source
   std::uint32_t num_summary = 0;  // per source; 0: no summaries, every word is popcounted
-};
-
-struct DescriptorArgs {
-  const std::uint32_t* missed = nullptr;   // [n_miss] addresses, first-occurrence order
-  const std::uint32_t* targets = nullptr;  // [n_miss] device slots (free ones first)
-  const std::uint64_t* records = nullptr;  // [table] their host locations
-  std::uint32_t n_miss = 0, n_free = 0;
-  std::uint32_t row_bytes = 0;             // one layer's row (step_arrays.h coordinates)
-  std::uint16_t num_layers = 1;            // rows per entry: the group's layers
-  std::uint16_t rank = 0, group = 0;
-  std::uint32_t num_ranks = 1;             // TP: records[a / P]
-  CopyDescriptor* out = nullptr;           // [n_miss]
-};
-
-struct PublishArgs {
-  const CopyDescriptor* descriptors = nullptr;  // [n] as written by MakeDescriptors
-  std::uint32_t n = 0, n_free = 0;
-  bool copies_ok = true;   // the kCopy batch (descriptors [0, n_free)) completed
-  bool swaps_ok = true;    // the kSwap batch (descriptors [n_free, n)) completed
-  std::uint64_t* records = nullptr;        // [table]
-  std::uint32_t* device_owner = nullptr;   // [device capacity] address held by each slot
-  std::uint32_t num_ranks = 1;             // TP: records[a / P]
 };
 
 // PB-LRU as flat arrays (policy/kernel_pb_lru.h keeps them in host memory, the device step
@@ -280,15 +218,6 @@ struct DeviceStepArgs {
   ScratchArena* arena = nullptr;               // host object
 };
 
-struct IndexArgs {
-  const std::uint32_t* selections = nullptr;  // [n]
-  const std::uint8_t* kind = nullptr;         // [n]
-  const std::uint64_t* records = nullptr;     // [table], published
-  std::uint32_t n = 0;
-  std::int32_t* slots = nullptr;              // [n] misses' entries written
-  std::uint32_t num_ranks = 1;                // TP: records[a / P]
-};
-
 }  // namespace ula::kernels
 
 // The device step's entry points, declared once per form (the same signatures; `Exec` is the
@@ -337,24 +266,14 @@ std::size_t ScanScratchBytes(const DeviceStepArgs& args, std::uint32_t n, Kernel
 const char* ErrorText(KernelError e);
 }  // namespace ula::kernels::gpu
 
-// The host planners' kernels (KernelStepPlanner, TpKernelStepPlanner, KernelPbLru): the
-// OpenMP form only; they read counts back on the host, which a step on the GPU must not.
+// The host-side kernels (KernelPbLru, policy/kernel_pb_lru.h, and TakeLowest): the OpenMP
+// form only; they read counts back on the host, which a step on the GPU must not.
 namespace ula::kernels::omp {
-// Dedup + classify [0, n): one thread per selection. Returns the first invalid selection, or
-// kNoSelection.
-std::uint32_t Classify(int exec, const ClassifyArgs& args);
-// flags[0, n) -> positions (exclusive scan); returns the total. values[i] goes to
-// out[pos[i]] where flags[i] != 0.
-std::uint32_t Compact(int exec, const std::uint32_t* flags, std::uint32_t* pos, std::uint32_t n,
-                      const std::uint32_t* values, std::uint32_t* out);
 // out[k] = the k-th set bit (k < need) of the sources in order, as a slot of its bitmap.
 // counts/offsets: [num_sources * num_words] scratch ([num_sources * num_summary] with
 // summaries). Returns the number taken (<= need).
 std::uint32_t TakeLowest(int exec, const BitmapSources& sources, std::uint32_t need, std::uint32_t* counts,
                          std::uint32_t* offsets, std::uint32_t* out);
-void MakeDescriptors(int exec, const DescriptorArgs& args);
-void Publish(int exec, const PublishArgs& args);
-void WriteIndices(int exec, const IndexArgs& args);
 // Flat PB-LRU (PbLruArrays above). Slots: slots[i] for i < (n_dev ? *n_dev : n).
 // PbTouch: tracked slots into the current bucket, stamped with the round (duplicates fine).
 void PbTouch(int exec, const PbLruArrays& pb, const std::uint32_t* slots, std::uint32_t n, const std::uint32_t* n_dev);
@@ -371,6 +290,4 @@ void PbAdvance(int exec, const PbLruArrays& pb);
 // counts/offsets: [(R + 1) * num_summary] scratch.
 void PbTakeVictims(int exec, const PbLruArrays& pb, std::uint32_t need, const std::uint32_t* need_dev,
                    std::uint32_t* counts, std::uint32_t* offsets, std::uint32_t* out);
-// The run of selection i (the kernels' search), for the host's error path.
-std::uint32_t RunOfForHost(const std::uint32_t* run_starts, std::uint32_t num_runs, std::uint32_t i);
 }  // namespace ula::kernels::omp

@@ -6,27 +6,14 @@
 //   ULA_KERNELS_POLICY(e) the thrust execution policy of context e
 //   ULA_KERNELS_DEVICE_SCAN(e, arena, in, n, out)  the device step's exclusive sums of n uint32
 //                         (the CUDA form's take their storage from the arena)
-//   ULA_KERNELS_HOST_PLANNER  (OpenMP form only) compile the host planners' entry points
+//   ULA_KERNELS_HOST_PLANNER  (OpenMP form only) compile the host-side entry points: TakeLowest
+//                         and the flat PB-LRU's (policy/kernel_pb_lru.h)
 // and then wraps the device step's launches (namespace launch below, which may throw in the
 // CUDA form) into the entry points of step_kernels.h, which return a KernelError.
 // (ULA_HD, __host__ __device__ under nvcc, comes from ula/host_device.h).
 //
 // Kernels, one thread per element of the index space named first:
 //
-// Classify — [n] selections; reads selections, run_starts/run_tags/adopted, owner, records;
-//   writes records' stamp bits, first[a], kind[i], slots[i] (hits), hit_first/miss_first[i].
-//   Pass 1: validate; a valid selection claims its address's stamp with a compare-and-swap
-//   on the 8-byte record (the 14 stamp bits become the step's epoch; the location bits are
-//   kept). Exactly one thread per distinct address sees the CAS succeed from an older stamp:
-//   it owns the address for this step and initialises first[a] = its index. Pass 2: every
-//   other valid selection lowers first[a] with an atomic minimum (a CAS loop: libcu++ 1.8.1
-//   has no fetch_min). Pass 3: the selection with i == first[a] is the address's first
-//   occurrence; it flags hit_first or miss_first. Why the order does not matter: the CAS
-//   winner only writes a value the minimum then replaces by the lowest index, whichever
-//   thread won; the minimum of a set does not depend on the order of its updates; pass 3
-//   reads values no thread writes any more. The first invalid selection is a min-reduction.
-// Compact — [n] flags; an exclusive scan gives each flagged element its position, a scatter
-//   writes values[i] to out[pos[i]]: the positions are the flags' ranks in index order.
 // TakeLowest — [num_sources * num_words] words; pass 1 popcounts each word, an exclusive scan
 //   gives each word the rank of its first set bit, pass 2 writes the set bits of rank < need
 //   to out[rank]. Each word's thread writes its own ranks only: no atomics. With summary
@@ -47,23 +34,15 @@
 //   stamps keeping every age), then [num_summary] threads
 //   fold the reused bucket's words into cold, each over its own 64 words and summary word
 //   (disjoint writes, one atomic add to cold's count per thread).
-// MakeDescriptors — [n_miss]; descriptor i from missed[i], targets[i] and the record's host
-//   slot; disjoint outputs.
-// Publish — [n] descriptors, run after the copies completed (the caller waits on the fences;
-//   the CUDA form is ordered after the copy kernel on the same stream): each descriptor's
-//   address gets its device location, a swap's victim gets the host slot, device_owner the
-//   new holder. The addresses and slots of distinct descriptors are distinct (each address is
-//   missed once, each target slot claimed once): disjoint 8-byte stores, atomic_ref only so
-//   that concurrent readers never see a torn record.
-// WriteIndices — [n] selections; each miss's selection reads its published slot.
+// The device step's kernels (Dev*, launched by namespace launch at the end: check, claim,
+//   complete, advance round) say at their definitions what they read and write and why the
+//   order of threads does not matter; ula/device_step.h has the phases.
 
 #include <thrust/execution_policy.h>
 #include <thrust/for_each.h>
-#include <thrust/functional.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/scan.h>
 #include <thrust/transform.h>
-#include <thrust/transform_reduce.h>
 
 #include <cuda/atomic>
 
@@ -89,18 +68,6 @@ ULA_HD inline std::uint32_t Ctz64(std::uint64_t x) {
 #endif
 }
 
-// The run holding selection i: the last r with run_starts[r] <= i (runs of count 0 share a
-// start with the next one; the last of them holds i).
-ULA_HD inline std::uint32_t RunOf(const std::uint32_t* starts, std::uint32_t num_runs, std::uint32_t i) {
-  std::uint32_t lo = 0, hi = num_runs;  // answer in [lo, hi)
-  while (hi - lo > 1) {
-    const std::uint32_t mid = lo + (hi - lo) / 2;
-    if (starts[mid] <= i) lo = mid;
-    else hi = mid;
-  }
-  return lo;
-}
-
 // Whether sorted[begin, end) holds a (a lower bound, then one comparison).
 ULA_HD inline bool Contains(const std::uint32_t* sorted, std::uint32_t begin, std::uint32_t end, std::uint32_t a) {
   const std::uint32_t stop = end;
@@ -112,109 +79,10 @@ ULA_HD inline bool Contains(const std::uint32_t* sorted, std::uint32_t begin, st
   return begin < stop && sorted[begin] == a;
 }
 
-// TP (num_ranks > 1): the directory check, then home records without stamps.
-ULA_HD inline void ClassifyTp(const ClassifyArgs& a, std::uint32_t i, std::uint32_t addr) {
-  if (addr >= a.owner_size) return;
-  const std::uint32_t owner = a.owner[addr];
-  if (owner == 0) return;  // not live
-  const std::uint32_t run = RunOf(a.run_starts, a.num_runs, i);
-  const bool holds = owner == a.run_tags[run] || Contains(a.adopted, a.adopted_starts[run], a.adopted_starts[run + 1], addr);
-  if (!holds) return;
-  if (addr % a.num_ranks != a.rank) {
-    a.kind[i] = kKindElsewhere;
-    return;
-  }
-  const std::uint32_t e = addr / a.num_ranks;
-  if (e >= a.table_size) return;
-  const std::uint64_t loc = a.records[e] & kLocationMask;
-  if (loc == 0) return;
-  const bool on_device = location_bits::OnDevice(loc);
-  if (on_device) a.slots[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(loc));
-  a.kind[i] = on_device ? kKindHit : kKindMiss;
-  ::cuda::atomic_ref<std::uint32_t, kScope> stamp(a.stamps[e]);
-  std::uint32_t old = stamp.load(kRelaxed);
-  while (old != a.epoch) {
-    if (stamp.compare_exchange_weak(old, a.epoch, kRelaxed, kRelaxed)) {
-      ::cuda::atomic_ref<std::uint32_t, kScope>(a.first[e]).store(i, kRelaxed);  // the owner
-      return;
-    }
-  }
-}
-
 // The index of address addr's record and first[] entry.
 ULA_HD inline std::uint32_t EntryOf(std::uint32_t num_ranks, std::uint32_t addr) {
   return num_ranks > 1 ? addr / num_ranks : addr;
 }
-
-struct ClassifyPass1 {
-  ClassifyArgs a;
-  ULA_HD void operator()(std::uint32_t i) const {
-    const std::uint32_t addr = a.selections[i];
-    a.kind[i] = kKindInvalid;
-    a.hit_first[i] = 0;
-    a.miss_first[i] = 0;
-    if (a.num_ranks > 1) {
-      ClassifyTp(a, i, addr);
-      return;
-    }
-    if (addr >= a.table_size) return;
-    ::cuda::atomic_ref<std::uint64_t, kScope> rec(a.records[addr]);
-    std::uint64_t old = rec.load(kRelaxed);
-    const std::uint64_t loc = old & kLocationMask;
-    if (loc == 0) return;
-    const std::uint32_t run = RunOf(a.run_starts, a.num_runs, i);
-    const std::uint32_t owner = a.owner[addr];
-    const bool holds = owner == a.run_tags[run] ||
-                       (owner != 0 && Contains(a.adopted, a.adopted_starts[run], a.adopted_starts[run + 1], addr));
-    if (!holds || location_bits::RankOf(loc) != a.rank) return;
-    const bool on_device = location_bits::OnDevice(loc);
-    if (on_device) a.slots[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(loc));
-    a.kind[i] = on_device ? kKindHit : kKindMiss;
-    // Claim the stamp: one CAS per attempt; a failure reloads (another thread stamped it).
-    const std::uint64_t stamp = std::uint64_t{a.epoch} << kStampShift;
-    while ((old >> kStampShift) != a.epoch) {
-      if (rec.compare_exchange_weak(old, (old & kLocationMask) | stamp, kRelaxed, kRelaxed)) {
-        ::cuda::atomic_ref<std::uint32_t, kScope>(a.first[addr]).store(i, kRelaxed);  // the owner
-        return;
-      }
-    }
-  }
-};
-
-struct ClassifyPass2 {
-  ClassifyArgs a;
-  ULA_HD void operator()(std::uint32_t i) const {
-    if (a.kind[i] == kKindInvalid || a.kind[i] == kKindElsewhere) return;
-    ::cuda::atomic_ref<std::uint32_t, kScope> first(a.first[EntryOf(a.num_ranks, a.selections[i])]);
-    std::uint32_t cur = first.load(kRelaxed);
-    while (i < cur && !first.compare_exchange_weak(cur, i, kRelaxed, kRelaxed)) {
-    }
-  }
-};
-
-struct ClassifyPass3 {
-  ClassifyArgs a;
-  ULA_HD void operator()(std::uint32_t i) const {
-    const std::uint8_t k = a.kind[i];
-    if (k == kKindInvalid || k == kKindElsewhere || a.first[EntryOf(a.num_ranks, a.selections[i])] != i) return;
-    (k == kKindHit ? a.hit_first : a.miss_first)[i] = 1;
-  }
-};
-
-struct InvalidIndex {
-  const std::uint8_t* kind;
-  ULA_HD std::uint32_t operator()(std::uint32_t i) const { return kind[i] == kKindInvalid ? i : kNoSelection; }
-};
-
-struct Scatter {
-  const std::uint32_t* flags;
-  const std::uint32_t* pos;
-  const std::uint32_t* values;
-  std::uint32_t* out;
-  ULA_HD void operator()(std::uint32_t i) const {
-    if (flags[i] != 0) out[pos[i]] = values[i];
-  }
-};
 
 struct WordPopcount {
   BitmapSources s;
@@ -734,70 +602,9 @@ struct DevRoundEnd {
   ULA_HD void operator()(std::uint32_t) const { a.ctl->num_new_on_host = 0; }
 };
 
-struct Describe {
-  DescriptorArgs a;
-  ULA_HD void operator()(std::uint32_t i) const {
-    const std::uint32_t addr = a.missed[i];
-    const std::uint32_t host_slot = location_bits::SlotOf(a.records[EntryOf(a.num_ranks, addr)]);
-    a.out[i] = MakeCopyDescriptor(i < a.n_free ? CopyOp::kCopy : CopyOp::kSwap, {Tier::kHost, a.rank, host_slot},
-                                  {Tier::kDevice, a.rank, a.targets[i]}, addr, a.group, a.row_bytes, a.num_layers);
-  }
-};
-
-
-struct PublishOne {
-  PublishArgs a;
-  ULA_HD void operator()(std::uint32_t i) const {
-    const bool copy = i < a.n_free;
-    if (copy ? !a.copies_ok : !a.swaps_ok) return;  // not copied: nothing published
-    const CopyDescriptor& d = a.descriptors[i];
-    if (!copy) {
-      const std::uint32_t victim = a.device_owner[d.dst_slot];
-      ::cuda::atomic_ref<std::uint64_t, kScope> v(a.records[EntryOf(a.num_ranks, victim)]);
-      const std::uint64_t old = v.load(kRelaxed);
-      v.store((old & ~kLocationMask) | location_bits::Pack(Tier::kHost, d.src_rank, d.src_slot), kRelaxed);
-    }
-    ::cuda::atomic_ref<std::uint64_t, kScope> r(a.records[EntryOf(a.num_ranks, d.addr)]);
-    const std::uint64_t old = r.load(kRelaxed);
-    r.store((old & ~kLocationMask) | location_bits::Pack(Tier::kDevice, d.dst_rank, d.dst_slot), kRelaxed);
-    a.device_owner[d.dst_slot] = d.addr;
-  }
-};
-
-struct IndexOne {
-  IndexArgs a;
-  ULA_HD void operator()(std::uint32_t i) const {
-    if (a.kind[i] == kKindMiss) {
-      a.slots[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(a.records[EntryOf(a.num_ranks, a.selections[i])]));
-    }
-  }
-};
-
 }  // namespace
 
 #if defined(ULA_KERNELS_HOST_PLANNER)
-std::uint32_t Classify(ULA_KERNELS_EXEC exec, const ClassifyArgs& args) {
-  if (args.n == 0) return kNoSelection;
-  auto policy = ULA_KERNELS_POLICY(exec);
-  thrust::for_each(policy, Index(0), Index(args.n), ClassifyPass1{args});
-  thrust::for_each(policy, Index(0), Index(args.n), ClassifyPass2{args});
-  thrust::for_each(policy, Index(0), Index(args.n), ClassifyPass3{args});
-  return thrust::transform_reduce(policy, Index(0), Index(args.n), InvalidIndex{args.kind}, kNoSelection,
-                                  thrust::minimum<std::uint32_t>());
-}
-
-std::uint32_t Compact(ULA_KERNELS_EXEC exec, const std::uint32_t* flags, std::uint32_t* pos, std::uint32_t n,
-                      const std::uint32_t* values, std::uint32_t* out) {
-  if (n == 0) return 0;
-  auto policy = ULA_KERNELS_POLICY(exec);
-  thrust::exclusive_scan(policy, flags, flags + n, pos, std::uint32_t{0});
-  thrust::for_each(policy, Index(0), Index(n), Scatter{flags, pos, values, out});
-  std::uint32_t last_pos = 0, last_flag = 0;
-  ULA_KERNELS_READ(exec, &last_pos, pos + n - 1);
-  ULA_KERNELS_READ(exec, &last_flag, flags + n - 1);
-  return last_pos + last_flag;
-}
-
 std::uint32_t TakeLowest(ULA_KERNELS_EXEC exec, const BitmapSources& sources, std::uint32_t need,
                          std::uint32_t* counts, std::uint32_t* offsets, std::uint32_t* out) {
   const std::uint32_t words = sources.num_sources * sources.num_words;
@@ -823,21 +630,6 @@ std::uint32_t TakeLowest(ULA_KERNELS_EXEC exec, const BitmapSources& sources, st
   ULA_KERNELS_READ(exec, &last_offset, offsets + words - 1);
   ULA_KERNELS_READ(exec, &last_count, counts + words - 1);
   return last_offset + last_count < need ? last_offset + last_count : need;
-}
-
-void MakeDescriptors(ULA_KERNELS_EXEC exec, const DescriptorArgs& args) {
-  if (args.n_miss == 0) return;
-  thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(args.n_miss), Describe{args});
-}
-
-void Publish(ULA_KERNELS_EXEC exec, const PublishArgs& args) {
-  if (args.n == 0) return;
-  thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(args.n), PublishOne{args});
-}
-
-void WriteIndices(ULA_KERNELS_EXEC exec, const IndexArgs& args) {
-  if (args.n == 0) return;
-  thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(args.n), IndexOne{args});
 }
 
 void PbTouch(ULA_KERNELS_EXEC exec, const PbLruArrays& pb, const std::uint32_t* slots, std::uint32_t n,
@@ -879,9 +671,6 @@ void PbTakeVictims(ULA_KERNELS_EXEC exec, const PbLruArrays& pb, std::uint32_t n
                    TakeBlock<PbVictimSources>{src, pb.num_words, pb.num_summary, offsets, need, need_dev, out});
 }
 
-std::uint32_t RunOfForHost(const std::uint32_t* run_starts, std::uint32_t num_runs, std::uint32_t i) {
-  return RunOf(run_starts, num_runs, i);
-}
 #endif  // ULA_KERNELS_HOST_PLANNER
 
 // The device step's launches, in stream order. The OpenMP form runs them to completion; the

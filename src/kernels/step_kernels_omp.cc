@@ -1,6 +1,6 @@
 // The OpenMP form of the step's kernels: step_kernels.inl compiled by the host compiler with
 // thrust's OpenMP device system (THRUST_DEVICE_SYSTEM_OMP, set for this library in
-// src/kernels/CMakeLists.txt), with the host planners' entry points.
+// src/kernels/CMakeLists.txt), with the host-side entry points (TakeLowest, the flat PB-LRU's).
 #include "kernels/step_kernels.h"
 
 #include <thrust/scan.h>
@@ -10,7 +10,7 @@
 #include <cstring>
 
 // The team: each thrust call forks OpenMP's default team of the calling thread
-// (omp_set_num_threads; the kernel planner sets it around a step). The context is unused.
+// (omp_set_num_threads; the device step sets it around a launch, omp_team.h). The context is unused.
 // The scans are thrust's OpenMP system's, which run on the calling thread and take no
 // temporary storage: the arena is not used (ScratchArena stays empty).
 #define ULA_KERNELS_NS omp

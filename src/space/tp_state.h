@@ -72,8 +72,7 @@ struct TpGroupShard {
     return !new_on_host.empty() && std::binary_search(new_on_host.begin(), new_on_host.end(), a);
   }
 
-  // The refusals a TP home phase makes before it changes anything, shared by TpStepPlanner
-  // and TpKernelStepPlanner (one wording: their differential test compares messages).
+  // The refusals TpStepPlanner's home phase makes before it changes anything.
   // kResourceExhausted naming the first of `missed` (LogicalAddr or raw uint32 addresses)
   // that this round's Allocate pinned on host; Ok when none is.
   template <class Addr>

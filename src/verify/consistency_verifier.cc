@@ -17,7 +17,6 @@
 #include "backend/copy_publish.h"
 #include "space/address_space_state.h"
 #include "space/space_access.h"
-#include "step/kernel_step_planner.h"
 #include "verify/step_rows.h"
 
 namespace ula {
@@ -37,7 +36,6 @@ Status VerifierConfig::Validate() const {
   if (copy_threads < 0) return bad("copy_threads must be >= 0");
   if (!(fault_rate >= 0 && fault_rate <= 1)) return bad(fmt::format("fault_rate = {}: must be in [0, 1]", fault_rate));
   if (share_percent > 100) return bad(fmt::format("share_percent = {}: must be in [0, 100]", share_percent));
-  if (host_shadows && form == PlannerForm::kKernels) return bad("host_shadows: the kernel planner does not implement host shadows");
   if (group_layers == 0 || entry_bytes % group_layers != 0) {
     return bad(fmt::format("group_layers = {}: must divide entry_bytes = {}", group_layers, entry_bytes));
   }
@@ -277,7 +275,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   // signature (StepPlanner::Step): selections in runs in, a device slot per selection out.
   struct Planner {
     Planner(AddressSpace& space, const VerifierConfig& cfg)
-        : space(space), form(cfg.form), cpu(space), kernel(space), max_top_k(cfg.top_k * cfg.queries_per_request) {
+        : space(space), form(cfg.form), host(space), max_top_k(cfg.top_k * cfg.queries_per_request) {
       if (form == PlannerForm::kEngine) {
         auto made = EngineStepPlanner::Create(space, {.max_batch = cfg.max_batch, .max_q_len = 1, .max_top_k = max_top_k});
         if (made) engine = std::move(*made);
@@ -295,8 +293,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
     }
     Result<StepStats> Step(const StepInput& in, std::span<SlotId> out) {
       switch (form) {
-        case PlannerForm::kCpu: return cpu.Step(in, out);
-        case PlannerForm::kKernels: return kernel.Step(in, out);
+        case PlannerForm::kHost: return host.Step(in, out);
         case PlannerForm::kEngine: return EngineStep(in, out);
         case PlannerForm::kDevice: return DeviceStepOf(in, out);
       }
@@ -394,8 +391,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
 
     AddressSpace& space;
     PlannerForm form;
-    StepPlanner cpu;
-    KernelStepPlanner kernel;
+    StepPlanner host;
     std::unique_ptr<EngineStepPlanner> engine;
     std::vector<std::unique_ptr<DeviceStep>> devices;  // [rank][group]
     DeviceStepConfig device_config;

@@ -48,8 +48,7 @@ struct VerifierConfig {
   std::uint32_t share_percent = 0;
   // The form of the step under test (docs/ARCHITECTURE.md, "The step's forms today"); every
   // form gets the same workload and the same checks:
-  //   kCpu      StepPlanner, the CPU reference;
-  //   kKernels  KernelStepPlanner, the step's kernels in their OpenMP form;
+  //   kHost     StepPlanner, the serial host step (the reference);
   //   kEngine   EngineStepPlanner::Step: Plan, the descriptors run on the backend, Complete
   //             (the engine path's pipeline with the library executing the copies);
   //   kDevice   DeviceStep in its OpenMP form, one per (rank, group): Reload from the space,
@@ -58,10 +57,11 @@ struct VerifierConfig {
   // The engine forms need the engine path's modes (stable_new_entries on, host_shadows off)
   // and kDevice the kernel_pb_lru policy: otherwise their Create refuses, and so does
   // RunConsistencyVerifier, with that reason.
-  PlannerForm form = PlannerForm::kCpu;
+  PlannerForm form = PlannerForm::kHost;
   // true: the space keeps clean host shadows (AddressSpaceConfig::host_shadows,
   // src/space/host_shadows.h); the checks are the same (a shadow is never read, so every
-  // entry must still read its reference bytes). Not with kKernels (it refuses them).
+  // entry must still read its reference bytes). Not with kEngine or kDevice (their Create
+  // refuses them).
   bool host_shadows = false;
   // AddressSpaceConfig::stable_new_entries (a new token's slot never moves in its round).
   bool stable_new_entries = false;

@@ -6,8 +6,7 @@ namespace ula {
 
 const char* PlannerFormName(PlannerForm form) {
   switch (form) {
-    case PlannerForm::kCpu: return "cpu";
-    case PlannerForm::kKernels: return "kernels";
+    case PlannerForm::kHost: return "host";
     case PlannerForm::kEngine: return "engine";
     case PlannerForm::kDevice: return "device";
   }
@@ -15,10 +14,10 @@ const char* PlannerFormName(PlannerForm form) {
 }
 
 Result<PlannerForm> ParsePlannerForm(std::string_view name) {
-  for (PlannerForm f : {PlannerForm::kCpu, PlannerForm::kKernels, PlannerForm::kEngine, PlannerForm::kDevice}) {
+  for (PlannerForm f : {PlannerForm::kHost, PlannerForm::kEngine, PlannerForm::kDevice}) {
     if (name == PlannerFormName(f)) return f;
   }
-  return MakeError(ErrorCode::kInvalidArgument, fmt::format("planner form '{}': one of cpu, kernels, engine, device", name));
+  return MakeError(ErrorCode::kInvalidArgument, fmt::format("planner form '{}': one of host, engine, device", name));
 }
 
 }  // namespace ula

@@ -11,13 +11,12 @@
 namespace ula {
 
 enum class PlannerForm : std::uint8_t {
-  kCpu,      // the CPU reference: StepPlanner (DP), TpStepPlanner (TP)
-  kKernels,  // the step's kernels in their OpenMP form: KernelStepPlanner, TpKernelStepPlanner
-  kEngine,   // DP: EngineStepPlanner's Plan, the copies, Complete
-  kDevice,   // DP: DeviceStep's OpenMP form, bracketed by Reload and StoreInto
+  kHost,    // the serial host step, the reference: StepPlanner (DP), TpStepPlanner (TP)
+  kEngine,  // EngineStepPlanner's Plan, the copies, Complete (TP: TpEngineStepPlanner)
+  kDevice,  // DeviceStep's OpenMP form, bracketed by Reload and StoreInto (TP: one per rank)
 };
 const char* PlannerFormName(PlannerForm form);
-// "cpu", "kernels", "engine", "device"; kInvalidArgument otherwise, naming the choices.
+// "host", "engine", "device"; kInvalidArgument otherwise, naming the choices.
 Result<PlannerForm> ParsePlannerForm(std::string_view name);
 
 }  // namespace ula

@@ -21,7 +21,6 @@
 #include "backend/copy_publish.h"
 #include "space/space_access.h"
 #include "space/tp_state.h"
-#include "step/tp_kernel_step_planner.h"
 #include "ula/device_step.h"
 #include "ula/tp_engine_step.h"
 #include "verify/step_rows.h"
@@ -62,11 +61,6 @@ Status TpVerifierConfig::Validate() const {
   if (form == PlannerForm::kDevice && attention != TpAttention::kAtHome) {
     return bad("form = device: the TP device step covers attention at home only (the local buffer's remote phase "
                "is not a kernel yet)");
-  }
-  const bool kernel_planner = form == PlannerForm::kKernels;
-  if (kernel_planner && host_shadows) return bad("host_shadows: the TP kernel planner does not implement host shadows");
-  if (kernel_planner && attention != TpAttention::kAtHome) {
-    return bad("form = kernels: the TP kernel planner covers attention at home only");
   }
   return Ok();
 }
@@ -205,10 +199,9 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   // One group step through the configured form.
   Result<TpStepPlan> Plan(GroupId group, std::span<const LogicalAddr> sel, std::span<const SelectionRun> runs) {
     switch (cfg_.form) {
-      case PlannerForm::kKernels: return kernels_->Step(group, sel, runs);
       case PlannerForm::kEngine: return EnginePlan(group, sel, runs);
       case PlannerForm::kDevice: return DevicePlan(group, sel, runs);
-      case PlannerForm::kCpu: break;
+      case PlannerForm::kHost: break;
     }
     return planner_.Step(group, sel, runs);
   }
@@ -644,8 +637,6 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   FaultInjectingFabric* fault_fabric_;             // == fabric_ under MPI with fault_rate > 0
   std::unique_ptr<TpAddressSpace> space_;
   TpStepPlanner planner_;
-  std::unique_ptr<TpKernelStepPlanner> kernels_ =
-      cfg_.form == PlannerForm::kKernels ? std::make_unique<TpKernelStepPlanner>(*space_) : nullptr;
   std::unique_ptr<TpEngineStepPlanner> engine_;       // kEngine
   std::vector<std::unique_ptr<DeviceStep>> device_steps_;  // kDevice: [rank][group]
   DeviceStepConfig device_config_;
@@ -665,10 +656,6 @@ Result<TpVerifierReport> RunTpVerifier(const TpVerifierConfig& config, TpFabric*
   if (fabric != nullptr && config.form == PlannerForm::kDevice) {
     return MakeError(ErrorCode::kFailedPrecondition, "TpVerifierConfig.form = device: the verifier agrees the ranks' "
                                                      "verdicts in this process (no fabric)");
-  }
-  if (fabric != nullptr && config.form == PlannerForm::kKernels) {
-    return MakeError(ErrorCode::kFailedPrecondition, "TpVerifierConfig.form = kernels: the TP kernel planner needs every "
-                                                     "rank in this process (no fabric)");
   }
   if (fabric != nullptr && fabric->num_ranks() != config.num_ranks) {
     return MakeError(ErrorCode::kInvalidArgument, fmt::format("TpVerifierConfig.num_ranks = {} but the fabric has {} ranks",

@@ -82,23 +82,22 @@ struct TpVerifierConfig {
   // SparsePrefixCache over the space; verifier_core.h, "Sharing"). In [0, 100].
   std::uint32_t share_percent = 0;
   // The form of the step (planner_form.h), every one with the same workload and checks:
-  //   kCpu      TpStepPlanner;
-  //   kKernels  the kernels' OpenMP form of TP at home (TpKernelStepPlanner);
+  //   kHost     TpStepPlanner, the serial host step (the reference);
   //   kEngine   TpEngineStepPlanner::Step (its Plan, the copies on the backend, Complete),
   //             both attentions;
   //   kDevice   one DeviceStep (OpenMP form) per hosted rank and group, attention at home:
   //             Reload, Check on every rank, the verdicts' maximum, Claim, the copies on
   //             the backend over the shard pools, Complete, StoreInto.
-  // kKernels and kDevice need attention at home and in-process ranks; the engine forms need
+  // kDevice needs attention at home and in-process ranks; the engine forms need
   // stable_new_entries (TpConfig::stable_new_entries) and no host shadows, kDevice the
   // kernel_pb_lru policy, kEngine with a local buffer in-process ranks. Validate and
   // RunTpVerifier refuse the others with the reason (the forms' own Create refusals).
-  PlannerForm form = PlannerForm::kCpu;
+  PlannerForm form = PlannerForm::kHost;
   bool stable_new_entries = false;  // TpConfig::stable_new_entries
   // Each shard keeps clean host shadows (TpConfig::host_shadows, sparse/host_shadows.h); the
   // checks are the same (a shadow is never read, so every entry must still read its own
   // bytes), plus CheckInvariants' shadow checks (a shadow equals its entry's device bytes).
-  // Not with kKernels (it refuses shadows).
+  // Not with kEngine or kDevice (their Create refuses shadows).
   bool host_shadows = false;
 
   Status Validate() const;

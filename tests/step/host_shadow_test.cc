@@ -6,9 +6,9 @@
 #include <random>
 
 #include "backend/fault_backend.h"
-#include "step/kernel_step_planner.h"
 #include "step/space_fixture.h"
 #include "test_seed.h"
+#include "ula/device_step.h"
 #include "ula/engine_step.h"
 
 namespace ula {
@@ -256,14 +256,8 @@ TEST(HostShadows, FreeReleasesTheShadowsAndEveryCapacityFigureAgrees) {
   EXPECT_TRUE(f.space->CheckInvariants());
 }
 
-TEST(HostShadows, KernelAndEnginePlannersRefuseThemAndChangeNothing) {
+TEST(HostShadows, TheEngineAndDeviceStepsRefuseThemAndChangeNothing) {
   Fixture f;
-  KernelStepPlanner kernels(*f.space);
-  std::vector<SlotId> out(1);
-  const auto runs = Runs(RequestId(1), 1);
-  auto refused = kernels.Step({Rank(0), GroupId(0), f.Slice(4, 1), runs}, out);
-  ASSERT_FALSE(refused);
-  EXPECT_EQ(refused.error().code(), ErrorCode::kUnsupported);
   ASSERT_TRUE(StepOn(f.planner, RequestId(1), f.Slice(4, 4)));
   ASSERT_EQ(f.space->NumHostShadows(Rank(0), GroupId(0)), 4u);
   const std::uint64_t before = f.space->DebugDigest();
@@ -271,6 +265,10 @@ TEST(HostShadows, KernelAndEnginePlannersRefuseThemAndChangeNothing) {
   ASSERT_FALSE(engine) << "the engine path keeps no host shadows: a space with them is refused";
   EXPECT_EQ(engine.error().code(), ErrorCode::kUnsupported);
   EXPECT_NE(engine.error().message().find("host_shadows = false"), std::string::npos) << engine.error().ToString();
+  auto device = DeviceStep::Create(*f.space, Rank(0), GroupId(0), DeviceStepConfig{.max_rows = 1, .max_batch = 1, .max_top_k = 8});
+  ASSERT_FALSE(device) << "the device step keeps no host shadows either";
+  EXPECT_EQ(device.error().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(device.error().message().find("AddressSpaceConfig.host_shadows"), std::string::npos) << device.error().ToString();
   EXPECT_EQ(f.space->DebugDigest(), before) << "the refusal changes nothing";
   EXPECT_EQ(f.space->NumHostShadows(Rank(0), GroupId(0)), 4u) << "no shadow dropped behind the space's back";
   EXPECT_TRUE(f.space->CheckInvariants());

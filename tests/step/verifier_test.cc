@@ -109,10 +109,6 @@ TEST(ConsistencyVerifier, HostShadowsKeepEveryByteWithAndWithoutFaults) {
       }
     }
   }
-  VerifierConfig kernels;
-  kernels.host_shadows = true;
-  kernels.form = PlannerForm::kKernels;
-  EXPECT_EQ(RunConsistencyVerifier(kernels).error().code(), ErrorCode::kInvalidArgument);
 }
 
 TEST(ConsistencyVerifier, InvalidConfigIsRefused) {

@@ -1,13 +1,12 @@
 // Host shadows per TP shard (TpConfig::host_shadows, sparse/host_shadows.h): a home
 // entry fetched host -> device keeps its host slot as a clean copy, counted free; evicting it
 // later moves no bytes; a write drops the shadow; a free frees it; host allocations reclaim
-// shadows, oldest first; the engine path turns them off, the kernel planner and PlanHome
-// refuse them, a device step counts them free.
+// shadows, oldest first; the engine path turns them off, PlanHome refuses them, a device
+// step counts them free.
 #include <gtest/gtest.h>
 
 #include <vector>
 
-#include "step/tp_kernel_step_planner.h"
 #include "tp/tp_fixture.h"
 #include "ula/device_step.h"
 #include "ula/tp_engine_step.h"
@@ -123,9 +122,9 @@ TEST(TpHostShadows, FreeFreesTheShadowsAndAllocationsReclaimThem) {
 }
 
 // Host shadows are a mode of the space (TpConfig::host_shadows). The forms that do not keep
-// them refuse a space with them, with the reason, and change nothing: the TP kernel planner,
-// PlanHome, and the engine path (TpEngineStepPlanner and the device step).
-TEST(TpHostShadows, TheEnginePathTheKernelsAndPlanHomeRefuseThemAndChangeNothing) {
+// them refuse a space with them, with the reason, and change nothing: PlanHome and the
+// engine path (TpEngineStepPlanner and the device step).
+TEST(TpHostShadows, TheEnginePathAndPlanHomeRefuseThemAndChangeNothing) {
   Fixture f;
   ASSERT_TRUE(f.Step({8, 10, 12, 14}));
   f.space->AdvanceRound();
@@ -135,10 +134,8 @@ TEST(TpHostShadows, TheEnginePathTheKernelsAndPlanHomeRefuseThemAndChangeNothing
   ASSERT_FALSE(step);
   EXPECT_EQ(step.error().code(), ErrorCode::kUnsupported);
   EXPECT_NE(step.error().message().find("TpConfig.host_shadows"), std::string::npos) << step.error().ToString();
-  TpKernelStepPlanner kernels(*f.space);
   const std::vector<LogicalAddr> sel{LogicalAddr(16)};
   const std::vector<SelectionRun> runs{{RequestId(1), 1}};
-  EXPECT_EQ(kernels.Step(GroupId(0), sel, runs).error().code(), ErrorCode::kUnsupported);
   EXPECT_EQ(f.planner.PlanHome(GroupId(0), sel, runs, 8).error().code(), ErrorCode::kUnsupported);
   auto engine = TpEngineStepPlanner::Create(*f.space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 8});
   ASSERT_FALSE(engine);

@@ -281,5 +281,38 @@ TEST(TpStepPlanner, RefDataRefusesRefsOfAnotherRankAndBadSlots) {
   EXPECT_NE(f.space->ShardMemory(Rank(0), GroupId(0)).home, nullptr);
 }
 
+// The home room bound, exactly: a rank whose device pool has 4 slots, all evictable, takes 4
+// misses and refuses 5 (kResourceExhausted naming the room, nothing changed).
+TEST(TpStepPlanner, TheHomeRoomBoundIsExact) {
+  auto backend = MakeCpuBackend();
+  TpConfig c = SmallTpConfig(2, /*device=*/4, /*host=*/16, 0, /*groups=*/2);
+  c.attention = TpAttention::kAtHome;
+  auto space = TpAddressSpace::Create(c, *backend).value();
+  ASSERT_TRUE(space->AddRequest(RequestId(1)));
+  ASSERT_TRUE(space->Allocate(RequestId(1), 24));  // 12 per rank: 4 on device, 8 on host
+  space->AdvanceRound();
+  std::vector<LogicalAddr> on_host;  // rank 0's entries on host
+  const auto list = space->AddressesOf(RequestId(1)).value();
+  for (LogicalAddr x : list) {
+    if (space->HomeOf(x) == Rank(0) && space->Lookup(x, GroupId(0))->tier() == Tier::kHost) on_host.push_back(x);
+  }
+  ASSERT_GE(on_host.size(), 5u);
+  TpStepPlanner planner(*space, nullptr, {.parallel_ranks = false});
+  for (std::size_t k : {5u, 4u}) {
+    const std::vector<LogicalAddr> sel(on_host.begin(), on_host.begin() + static_cast<std::ptrdiff_t>(k));
+    const std::vector<SelectionRun> runs{{RequestId(1), static_cast<std::uint32_t>(k)}};
+    const auto before = space->DebugDigest();
+    auto plan = planner.Step(GroupId(0), sel, runs);
+    ASSERT_EQ(plan.has_value(), k == 4) << k << " misses";
+    if (k == 5) {
+      EXPECT_EQ(plan.error().code(), ErrorCode::kResourceExhausted) << plan.error().ToString();
+      EXPECT_NE(plan.error().message().find("only 4 device slots are free or evictable"), std::string::npos)
+          << plan.error().ToString();
+      EXPECT_EQ(space->DebugDigest(), before) << "a refused step changes nothing";
+    }
+  }
+  EXPECT_TRUE(space->CheckInvariants());
+}
+
 }  // namespace
 }  // namespace ula

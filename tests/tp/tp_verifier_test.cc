@@ -191,11 +191,6 @@ TEST(TpVerifier, HostShadowsKeepEveryByteWithFaultsOrNone) {
       EXPECT_TRUE(report->ok());
     }
   }
-  TpVerifierConfig kernels;
-  kernels.attention = TpAttention::kAtHome;
-  kernels.form = PlannerForm::kKernels;
-  kernels.host_shadows = true;
-  EXPECT_EQ(RunTpVerifier(kernels).error().code(), ErrorCode::kInvalidArgument) << "the kernel planner keeps no shadows";
 }
 
 // A run that starts with more requests than the live cap is refused.

@@ -59,7 +59,6 @@
 #include "workload/selection_model.h"
 #include "serving/serving_config.h"
 #include "ula/step_planner.h"
-#include "step/kernel_step_planner.h"
 
 namespace ula::cli {
 namespace {
@@ -79,7 +78,7 @@ struct PlannerOptions {
   std::uint64_t seed = 1;
   bool json = false;
   bool claim_sweep = false;
-  std::string planner = "cpu";  // cpu (StepPlanner) or kernels (KernelStepPlanner, OpenMP form)
+  std::string planner = "host";  // host (StepPlanner); device is refused (SetupPlanner says why)
   std::string shadows = "off";  // AddressSpaceConfig::host_shadows
   bool prefer_shadowed = false; // PolicyOptions::prefer_shadowed
   double host_free = -1;        // >= 0: host pool sized so that this share is free after the prefill
@@ -229,6 +228,13 @@ int RunClaimSweep(const PlannerOptions& o) {
 
 int Run(const PlannerOptions& o) {
   if (o.claim_sweep) return RunClaimSweep(o);
+  if (o.planner == "device") {
+    fmt::print(stderr, "ula bench planner: --planner device is not built: the device step (DeviceStep) runs on an "
+                       "engine-path space (kernel_pb_lru, stable_new_entries) with its arrays sized at Create, and its "
+                       "copies are the engine's; its cost is measured by bench/device_step_bench.cc "
+                       "(BM_DeviceStepRound, OpenMP form) and on a GPU by scripts/gpu-check.sh\n");
+    return 2;
+  }
   const std::filesystem::path dir = o.config_dir.empty() ? DefaultConfigDir() : std::filesystem::path(o.config_dir);
   auto fail = [](const std::string& m) {
     fmt::print(stderr, "ula bench planner: {}\n", m);
@@ -303,8 +309,6 @@ int Run(const PlannerOptions& o) {
       auto selection = SelectionModel::Create([&] { auto p = scenario->selection; p.top_k = model->top_k; return p; }());
       if (!selection) return fail(selection.error().ToString());
       StepPlanner planner(**space);
-      KernelStepPlanner kernel_planner(**space);
-      const bool kernels = o.planner == "kernels";
       std::vector<std::vector<std::uint32_t>> picks;
       std::vector<LogicalAddr> sel;
       std::vector<SelectionRun> runs;
@@ -325,7 +329,6 @@ int Run(const PlannerOptions& o) {
         if (auto s = planner.SetOptions({o.threads[k], o.prefetch_distance, o.parallel_claim_min_victims}); !s) {
           return fail(s.error().ToString());
         }
-        if (auto s = kernel_planner.SetOptions({.threads = o.threads[k]}); !s) return fail(s.error().ToString());
         for (std::uint32_t g = 0; g < groups; ++g) {
           sel.clear();
           runs.clear();
@@ -342,7 +345,7 @@ int Run(const PlannerOptions& o) {
           const StepPlannerCounters before = planner.counters();
           const auto t0 = std::chrono::steady_clock::now();
           const StepInput input{Rank(0), GroupId(static_cast<std::uint16_t>(g)), sel, runs};
-          auto stats = kernels ? kernel_planner.Step(input, slots) : planner.Step(input, slots);
+          auto stats = planner.Step(input, slots);
           const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
           if (!stats) return fail(fmt::format("{} batch {} group {}: {}", name, batch, g, stats.error().ToString()));
           if (step >= o.warmup) {
@@ -469,9 +472,9 @@ Action SetupPlanner(CLI::App& app) {
   app.add_option("--seed", o->seed, "request lengths")->capture_default_str()->check(Seed());
   app.add_flag("--json", o->json, "print one JSON object");
   app.add_option("--planner", o->planner,
-                 "cpu (StepPlanner) or kernels (the step's kernels in their OpenMP form, KernelStepPlanner: T = "
-                 "its OpenMP team; no claim counters)")
-      ->check(CLI::IsMember({"cpu", "kernels"}))->capture_default_str();
+                 "host (StepPlanner, the serial host step); device (DeviceStep) is refused with the reason: "
+                 "bench/device_step_bench.cc measures it")
+      ->check(CLI::IsMember({"host", "device"}))->capture_default_str();
   app.add_option("--shadows", o->shadows, "clean host shadows (AddressSpaceConfig::host_shadows): on or off")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--host-free", o->host_free,

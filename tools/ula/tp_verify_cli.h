@@ -24,7 +24,7 @@ struct TpVerifyArgs {
   bool json = false;
   double fault_rate = 0;  // in [0, 1]: TpVerifierConfig::fault_rate
   std::uint32_t share_percent = 0;  // arrivals that adopt a cached prefix
-  PlannerForm form = PlannerForm::kCpu;  // --planner: the step's form (verify/planner_form.h)
+  PlannerForm form = PlannerForm::kHost;  // --planner: the step's form (verify/planner_form.h)
   bool stable_new_entries = false;       // --stable-new-entries (the engine forms need it)
   bool host_shadows = false;        // --shadows on: TpConfig::host_shadows
 };

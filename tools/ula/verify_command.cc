@@ -41,15 +41,13 @@ Action SetupVerify(CLI::App& app) {
       ->check(IntIn(0, 100));
   app.add_option("--policy", *policy, "residency policy")->capture_default_str();
   app.add_flag("--json", *json, "print one JSON object");
-  auto planner = std::make_shared<std::string>("cpu");
+  auto planner = std::make_shared<std::string>("host");
   app.add_option("--planner", *planner,
-                 "the step's form: cpu (the reference StepPlanner / TpStepPlanner), kernels (the step's kernels in "
-                 "their OpenMP form: KernelStepPlanner; tp: TpKernelStepPlanner, --tp-attention at_home, "
-                 "in-process), engine (EngineStepPlanner / TpEngineStepPlanner: Plan, copies, Complete) or device "
+                 "the step's form: host (the serial host step, the reference: StepPlanner / TpStepPlanner), engine (EngineStepPlanner / TpEngineStepPlanner: Plan, copies, Complete) or device "
                  "(DeviceStep's OpenMP form, one per rank: Reload / Plan / copies / Complete / StoreInto; tp: at "
                  "home, in-process, the ranks' verdicts agreed). The engine forms need --stable-new-entries and "
                  "--shadows off, device also --policy kernel_pb_lru")
-      ->check(CLI::IsMember({"cpu", "kernels", "engine", "device"}))->capture_default_str();
+      ->check(CLI::IsMember({"host", "engine", "device"}))->capture_default_str();
   app.add_flag("--stable-new-entries", cfg->stable_new_entries,
                "a new token's slot never moves in its round (stable_new_entries of the space's config; the "
                "engine forms need it)");
@@ -82,17 +80,8 @@ Action SetupVerify(CLI::App& app) {
                          "process)\n");
       return 2;
     }
-    if (*planner == "kernels" && *mode == "tp" && (*tp_attention != "at_home" || *mpi)) {
-      fmt::print(stderr, "ula verify: --planner kernels with --mode tp needs --tp-attention at_home and in-process "
-                         "ranks (the TP kernel planner: src/step/tp_kernel_step_planner.h)\n");
-      return 2;
-    }
     cfg->form = ParsePlannerForm(*planner).value();
     cfg->host_shadows = *shadows == "on";
-    if (cfg->host_shadows && cfg->form == PlannerForm::kKernels) {
-      fmt::print(stderr, "ula verify: --shadows on needs --planner cpu (the kernel planners keep no host shadows)\n");
-      return 2;
-    }
     if (*mode == "tp") {
       return RunTpVerify({.seed = cfg->seed, .ops = cfg->ops, .ranks = cfg->num_ranks, .groups = cfg->num_groups,
                           .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,
