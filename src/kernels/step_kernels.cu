@@ -26,14 +26,14 @@ namespace ula::kernels::gpu {
 namespace {
 inline cudaStream_t Stream(void* exec) { return static_cast<cudaStream_t>(exec); }
 
+static_assert(kCudaErrorMemoryAllocation == cudaErrorMemoryAllocation && kCudaErrorStubLibrary == cudaErrorStubLibrary &&
+              kCudaErrorInsufficientDriver == cudaErrorInsufficientDriver &&
+              kCudaErrorDevicesUnavailable == cudaErrorDevicesUnavailable && kCudaErrorNoDevice == cudaErrorNoDevice);
+
 KernelError Code(cudaError_t e) {
-  if (e == cudaSuccess) return kKernelOk;
-  if (e == cudaErrorMemoryAllocation) return kKernelOutOfMemory;
-  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorStubLibrary ||
-      e == cudaErrorDevicesUnavailable) {
-    return kKernelNoDevice;
-  }
-  return static_cast<KernelError>(e);
+  int driver = 0;
+  if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+  return FromCudaError(static_cast<int>(e), driver);
 }
 
 // Thrown inside a launch sequence, caught by Guarded.
