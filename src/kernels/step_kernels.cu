@@ -32,7 +32,10 @@ static_assert(kCudaErrorMemoryAllocation == cudaErrorMemoryAllocation && kCudaEr
 
 KernelError Code(cudaError_t e) {
   int driver = 0;
-  if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+  if (e == cudaErrorInsufficientDriver) {
+    const cudaError_t v = cudaDriverGetVersion(&driver);
+    if (v != cudaSuccess) driver = 0;  // no version: read as no driver
+  }
   return FromCudaError(static_cast<int>(e), driver);
 }
 
