@@ -10,7 +10,7 @@
 #     through CUDA_cudart_LIBRARY), GoogleTest (libgtest.a), fmt compiled header-only
 #     (FMT_HEADER_ONLY: Debian ships no libfmt.a; --as-needed then drops libfmt.so);
 #   - the shared libraries Debian ships only as .so (libstdc++, libgcc_s, libgomp,
-#     libbenchmark) copied into $DIST/lib, found through each binary's RPATH $ORIGIN/../lib.
+#     libbenchmark, libcrypto) copied into $DIST/lib, found through each binary's RPATH $ORIGIN/../lib.
 #     RPATH, not RUNPATH (-Wl,--disable-new-dtags): a RUNPATH covers only the binary's own
 #     dependencies, an RPATH also those of the libraries it loads (libbenchmark's libstdc++), and
 #     the copied libraries carry none of their own. After collecting, every binary is checked
