@@ -10,14 +10,19 @@
 #     through CUDA_cudart_LIBRARY), GoogleTest (libgtest.a), fmt compiled header-only
 #     (FMT_HEADER_ONLY: Debian ships no libfmt.a; --as-needed then drops libfmt.so);
 #   - the shared libraries Debian ships only as .so (libstdc++, libgcc_s, libgomp,
-#     libbenchmark) copied into $DIST/lib, found through each binary's RUNPATH $ORIGIN/../lib;
+#     libbenchmark, libcrypto) copied into $DIST/lib, found through each binary's RPATH $ORIGIN/../lib.
+#     RPATH, not RUNPATH (-Wl,--disable-new-dtags): a RUNPATH covers only the binary's own
+#     dependencies, an RPATH also those of the libraries it loads (libbenchmark's libstdc++), and
+#     the copied libraries carry none of their own. After collecting, every binary is checked
+#     with ldd: each library that is neither glibc's nor the driver's resolves inside $DIST/lib;
 #   - only the CUDA-relevant targets: the tests of the CUDA forms and of the OpenMP kernels,
 #     the cuda backend's test, the `ula` program (bench planner, bench gather, verify) and
 #     ula_bench; stripped, then the folder is measured and refused above GPU_DIST_MAX_MIB
 #     (default 60: the device machine takes at most 64 MiB with the working tree).
 # Output: $DIST (default gpu-dist/, ignored by git) with bin/, lib/ and MANIFEST.txt (commit,
 # toolkit, sizes, each binary's dynamic dependencies). Build tree: $BUILD (default build-gpu/).
-# The build is slow on a shared machine: GPU_BUILD_JOBS (default 1) and nice 10.
+# The build is slow on a shared machine: GPU_BUILD_JOBS (default 1) and nice 10. Ninja when it
+# is installed (Debian's ninja-build), Unix Makefiles otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${GPU_BUILD_DIR:-build-gpu}
@@ -34,15 +39,20 @@ if [[ ! -x $CUDA_HOME/bin/nvcc ]]; then
   echo "gpu-build: no nvcc under $CUDA_HOME (set CUDA_HOME)" >&2
   exit 2
 fi
+GENERATOR="Unix Makefiles"
+command -v ninja >/dev/null 2>&1 && GENERATOR=Ninja
+if [[ -f $BUILD/CMakeCache.txt ]]; then  # a tree keeps the generator it was made with
+  GENERATOR=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$BUILD/CMakeCache.txt")
+fi
 start=$(date +%s)
 mkdir -p "$BUILD"
-echo "== configure $BUILD (sm_90, Release, MPI off, Python off, bench on)"
-nice -n 10 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+echo "== configure $BUILD ($GENERATOR; sm_90, Release, MPI off, Python off, bench on)"
+nice -n 10 cmake -S . -B "$BUILD" -G "$GENERATOR" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" -DULA_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DULA_WITH_MPI=OFF -DULA_BUILD_PYTHON=OFF -DULA_BUILD_BENCH=ON -DULA_BUILD_TESTS=ON -DULA_BUILD_TOOLS=ON \
   -DCUDA_cudart_LIBRARY="$CUDA_HOME/lib64/libcudart_static.a" \
   -DCMAKE_CXX_FLAGS="-DFMT_HEADER_ONLY=1" \
-  -DCMAKE_EXE_LINKER_FLAGS="-Wl,--as-needed" \
+  -DCMAKE_EXE_LINKER_FLAGS="-Wl,--as-needed -Wl,--disable-new-dtags" \
   '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib' >"$BUILD/configure.log" 2>&1 ||
   { tail -40 "$BUILD/configure.log"; exit 1; }
 
@@ -77,6 +87,25 @@ for b in "$DIST"/bin/*; do
     if [[ ! -e $DIST/lib/$so ]]; then
       cp -L "$path" "$DIST/lib/$so"
       strip --strip-unneeded "$DIST/lib/$so"
+    fi
+  done < <(ldd "$b" | grep '=>')
+done
+# Every binary loads from the folder: each library that is not glibc's or the driver's resolves
+# inside $DIST/lib (through the RPATH, also for the copied libraries' own dependencies), and
+# none is missing.
+abs_lib=$(cd "$DIST/lib" && pwd -P)
+for b in "$DIST"/bin/*; do
+  if [[ $(readelf -d "$b" | grep -c '(RUNPATH)') != 0 || $(readelf -d "$b" | grep -c '(RPATH)') != 1 ]]; then
+    echo "gpu-build: $b has a RUNPATH or no RPATH (needs -Wl,--disable-new-dtags):" >&2
+    readelf -d "$b" | grep -E 'R(UN)?PATH' >&2
+    exit 1
+  fi
+  while read -r so _ path _; do
+    is_system "$so" && continue
+    [[ $path == /* ]] && path=$(realpath "$path") || path="nowhere (not found)"
+    if [[ $path != "$abs_lib/$so" ]]; then
+      echo "gpu-build: $(basename "$b") loads $so from $path, not from $DIST/lib" >&2
+      exit 1
     fi
   done < <(ldd "$b" | grep '=>')
 done

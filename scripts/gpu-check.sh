@@ -1,36 +1,101 @@
 #!/usr/bin/env bash
-# gpu-check.sh: the GPU check, on a bare GPU machine (the CUDA driver and toolkit, CMake,
-# coreutils; none of this project's packages), from the prebuilt folder of scripts/gpu-build.sh.
-# It builds nothing and runs no cmake: only the binaries of $GPU_DIST (default gpu-dist/).
+# gpu-check.sh: the GPU check, on a bare GPU machine (the CUDA driver and toolkit, CMake, bash,
+# coreutils, grep, sed; none of this project's packages), from the prebuilt folder of
+# scripts/gpu-build.sh. It builds nothing and runs no cmake: only the binaries of $GPU_DIST.
 # docs/BENCHMARKS.md, "GPU check", says what it prints. It has NOT run on a GPU yet.
 #
-# Steps (each under its own timeout, all under GPU_CHECK_BUDGET_S, default 450 s < 8 min):
-#   gpu            nvidia-smi -L: a GPU is seen
-#   probe          cuda_backend_test CudaBackend.FindsTheGpu: the CUDA runtime of the build
-#                  finds it (device, sm, driver and runtime versions)
-#   *_test         cuda_backend_test, device_step_test, tp_device_step_test,
-#                  policy_test: every test passes and no CUDA test
-#                  (a name with "Cuda") skips; other skips are listed
-#   verify_*       ula verify --planner device, without and with faults (0 mismatches)
-#   bench_*        ula bench planner --planner host; ula bench gather --backend
-#                  cuda / cpu; ula_bench BM_DeviceStepRound
-# Fails (exit 1) when a step fails or times out or a CUDA test skips; exit 3 when no GPU is
-# seen (nothing after the probe runs); exit 2 when the prebuilt folder is missing.
-# Output: $OUT when set (the folder whose files come back from the device machine), else
-# gpu-check-out/: one log per step (<step>.log), summary.json, and everything on stdout.
-# --smoke (a machine without a GPU): after "no GPU", runs each binary once cheaply (test
-# lists, `ula --help`) to show the folder loads here; still exits 3.
+# Usage: gpu-check.sh [--smoke | --plan]
+#   (none)   the check: every step below, in order, each under its own limit
+#   --smoke  on the machine that built the folder (or any without a GPU): only that every
+#            binary loads and answers (load), then gpu and probe for the record; "smoke-pass"
+#   --plan   prints each step's limit, their sum and the budget; runs nothing
+#
+# Steps and their limits (s): correctness first, then measurements; the limits sum to less
+# than the budget (365 < 450 s; the script refuses to start otherwise), so the whole check
+# ends within 8 minutes.
+#   load            each binary once cheaply (test lists, --help): the folder loads here
+#   gpu             nvidia-smi -L: a GPU is seen
+#   probe           cuda_backend_test CudaBackend.FindsTheGpu: the build's CUDA runtime finds
+#                   it (device, sm, driver and runtime versions; the versions also without one)
+#   *_test          cuda_backend_test, device_step_test, tp_device_step_test,
+#                   policy_test: every test passes and no CUDA test
+#                   (a name with "Cuda") skips; other skips are listed
+#   verify_*        ula verify --planner device, without and with faults (0 mismatches)
+#   bench_*         ula bench planner --planner host; ula bench gather --backend
+#                   cuda / cpu; ula_bench BM_DeviceStepRound
+# A step that would start with too little of the budget left is not run (a timeout).
+#
+# Verdicts (summary.json "status", and the last line "gpu-check: VERDICT: ...") and exit codes:
+#   pass 0          every step passed on a GPU        smoke-pass 0   --smoke: every binary loads
+#   fail 1          a step failed                     cuda-skipped 6 a CUDA test skipped on a GPU
+#   timeout 7       a step ran past its limit (or the budget was spent before it)
+#   bad-input 2     the prebuilt folder or configs/ is missing, a bad argument or setting
+#   no-gpu 3        no GPU seen (no nvidia-smi, no device, no driver): nothing ran on a device
+#   old-driver 4    a driver is installed but older than the CUDA runtime the folder was built with
+#   no-load 5       a prebuilt binary does not load here (a library, or an older glibc than
+#                   MANIFEST.txt's "glibc needed")
+# Where several steps fail, the verdict is the first failed step's.
+#
+# Settings (environment):
+#   GPU_DIST             the prebuilt folder (default gpu-dist/ in the working tree)
+#   OUT                  where logs and summary.json go (default gpu-check-out/)
+#   GPU_CHECK_BUDGET_S   the whole check's budget in s (default 450; at least the limits' sum)
+#   GPU_CHECK_MAX_STEP_S caps every step's limit (default none; the self-test shrinks it to
+#                        provoke a timeout)
+# ULA_CONFIG_DIR is exported as the working tree's configs/, so the binaries find the configs
+# wherever the folder lies.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$(pwd -P)
 DIST=${GPU_DIST:-gpu-dist}
 OUTDIR=${OUT:-gpu-check-out}
 BUDGET=${GPU_CHECK_BUDGET_S:-450}
-SMOKE=0
-[[ ${1:-} == --smoke ]] && SMOKE=1
+MAX_STEP=${GPU_CHECK_MAX_STEP_S:-}
+TESTS=(cuda_backend_test device_step_test tp_device_step_test policy_test)
+BINARIES=(ula ula_bench "${TESTS[@]}")
+
+# The steps in order, with their limits in seconds.
+STEPS=(load:20 gpu:10 probe:20
+  cuda_backend_test:45 device_step_test:45 tp_device_step_test:30 policy_test:30
+  verify_device:25 verify_device_no_mismatch:5 verify_device_faults:25 verify_device_faults_nothing_lost:5
+  bench_planner_host:40 bench_gather_cuda:20 bench_gather_cpu:15 bench_device_step_round:30)
+declare -A LIMIT=()
+limits_sum=0
+for s in "${STEPS[@]}"; do
+  LIMIT[${s%%:*}]=${s##*:}
+  limits_sum=$(( limits_sum + ${s##*:} ))
+done
+
+usage_error() {
+  echo "gpu-check: $1" >&2
+  echo "usage: scripts/gpu-check.sh [--smoke | --plan] (settings: GPU_DIST, OUT, GPU_CHECK_BUDGET_S, GPU_CHECK_MAX_STEP_S)" >&2
+  exit 2
+}
+MODE=check
+case $# in
+  0) ;;
+  1) case $1 in
+       --smoke) MODE=smoke ;;
+       --plan) MODE=plan ;;
+       *) usage_error "unknown argument '$1'" ;;
+     esac ;;
+  *) usage_error "at most one argument, got $#" ;;
+esac
+[[ $BUDGET =~ ^[0-9]+$ ]] || usage_error "GPU_CHECK_BUDGET_S='$BUDGET': not a whole number of seconds"
+[[ -z $MAX_STEP || $MAX_STEP =~ ^[1-9][0-9]*$ ]] || usage_error "GPU_CHECK_MAX_STEP_S='$MAX_STEP': not a positive whole number"
+if (( limits_sum >= BUDGET )); then
+  usage_error "the step limits sum to ${limits_sum} s, not less than the ${BUDGET} s budget (GPU_CHECK_BUDGET_S)"
+fi
+if [[ $MODE == plan ]]; then
+  for s in "${STEPS[@]}"; do printf '%-36s %4d s\n' "${s%%:*}" "${s##*:}"; done
+  printf 'limits_sum %d s\nbudget %d s\n' "$limits_sum" "$BUDGET"
+  exit 0
+fi
+
 start=$(date +%s)
-mkdir -p "$OUTDIR"
+mkdir -p "$OUTDIR" || usage_error "cannot make the output folder '$OUTDIR'"
 steps_json=""
-failed=0
+verdict=""   # the first failed step's verdict
 gpu_seen=false
 gpu_name=""
 
@@ -42,127 +107,159 @@ json_str() {  # a JSON string of $1
   printf '"%s"' "$(printf '%s' "$s" | tr -d '\000-\037')"
 }
 
-# run_step NAME TIMEOUT_S CMD... : runs CMD with its log in $OUTDIR/NAME.log, records it.
-# Sets step_rc. A step that would start past the budget is not run (rc 124, "budget").
+record() {  # record NAME COMMAND RC SECONDS SKIPPED NOTE
+  [[ -n $steps_json ]] && steps_json+=","
+  steps_json+=$'\n    '"{\"name\": $(json_str "$1"), \"command\": $(json_str "$2"), \"rc\": $3, \"seconds\": $4, \"limit_s\": ${LIMIT[$1]}, \"log\": $(json_str "$1.log"), \"skipped\": $(json_str "$5"), \"note\": $(json_str "$6")}"
+}
+
+# run_step NAME CMD... : runs CMD under NAME's limit (capped by GPU_CHECK_MAX_STEP_S and by
+# what is left of the budget) with its log in $OUTDIR/NAME.log, and records it. Sets step_rc
+# and, on the first failure, the verdict (timeout, cuda-skipped or fail).
 run_step() {
-  local name=$1 limit=$2
-  shift 2
-  local now left note="" skipped="" cuda_skips=""
+  local name=$1
+  shift
+  local limit=${LIMIT[$name]:?"gpu-check: step $name has no limit"}
+  local now left note="" skipped="" cuda_skips="" kind=""
+  [[ -n $MAX_STEP ]] && (( limit > MAX_STEP )) && limit=$MAX_STEP
   now=$(date +%s)
-  left=$(( BUDGET - (now - start) ))
-  (( limit > left - 5 )) && limit=$(( left - 5 ))
+  left=$(( BUDGET - (now - start) - 5 ))  # 5 s for --kill-after
+  (( limit > left )) && limit=$left
   echo
-  echo "== $name (timeout ${limit} s): $*"
-  if (( limit < 5 )); then
+  echo "== $name (limit ${limit} s): $*"
+  if (( limit < 1 )); then
     step_rc=124
+    kind=timeout
     note="not run: the ${BUDGET} s budget is spent"
+    : >"$OUTDIR/$name.log"
     echo "$note"
   else
     timeout --kill-after=5 "$limit" "$@" >"$OUTDIR/$name.log" 2>&1
     step_rc=$?
     cat "$OUTDIR/$name.log"
-    (( step_rc == 124 || step_rc == 137 )) && note="timed out after ${limit} s"
+    if (( step_rc == 124 || step_rc == 137 )); then
+      kind=timeout
+      note="timed out after ${limit} s"
+    fi
     skipped=$(sed -n 's/^\[  SKIPPED \] \([A-Za-z0-9_/]*\.[A-Za-z0-9_./]*\).*/\1/p' "$OUTDIR/$name.log" | sort -u | tr '\n' ' ')
     skipped=${skipped% }
     cuda_skips=$(printf '%s\n' $skipped | grep -i cuda | tr '\n' ' ')
     cuda_skips=${cuda_skips% }
     if [[ -n $cuda_skips && $step_rc == 0 ]]; then
       step_rc=1
+      kind=cuda-skipped
       note="CUDA tests skipped: $cuda_skips"
     fi
   fi
   local secs=$(( $(date +%s) - now ))
-  (( step_rc != 0 )) && failed=1
+  if (( step_rc != 0 )) && [[ -z $verdict ]]; then
+    verdict=${kind:-fail}
+    first_failed="$name${note:+ ($note)}"
+  fi
   echo "-- $name: rc $step_rc, ${secs} s${note:+, $note}"
-  [[ -n $steps_json ]] && steps_json+=","
-  steps_json+=$'\n    '"{\"name\": $(json_str "$name"), \"command\": $(json_str "$*"), \"rc\": $step_rc, \"seconds\": $secs, \"log\": $(json_str "$name.log"), \"skipped\": $(json_str "$skipped"), \"note\": $(json_str "$note")}"
+  record "$name" "$*" "$step_rc" "$secs" "$skipped" "$note"
 }
 
-summary() {  # summary STATUS MESSAGE
+finish() {  # finish VERDICT EXIT_CODE MESSAGE: writes summary.json, prints the verdict, exits
   local commit=""
   [[ -f $DIST/MANIFEST.txt ]] && commit=$(sed -n 's/^commit: //p' "$DIST/MANIFEST.txt")
   cat >"$OUTDIR/summary.json" <<EOF
 {
   "status": $(json_str "$1"),
-  "message": $(json_str "$2"),
+  "exit_code": $2,
+  "message": $(json_str "$3"),
+  "mode": $(json_str "$MODE"),
   "gpu_seen": $gpu_seen,
   "gpu": $(json_str "$gpu_name"),
   "prebuilt_commit": $(json_str "$commit"),
   "elapsed_s": $(( $(date +%s) - start )),
   "budget_s": $BUDGET,
+  "limits_sum_s": $limits_sum,
   "steps": [$steps_json
   ]
 }
 EOF
   echo
-  echo "gpu-check: $1: $2 ($(( $(date +%s) - start )) s; logs and summary.json in $OUTDIR)"
+  echo "gpu-check: $1: $3 ($(( $(date +%s) - start )) s; logs and summary.json in $OUTDIR)"
+  exit "$2"
 }
 
-BIN=$DIST/bin
-for b in ula ula_bench cuda_backend_test device_step_test tp_device_step_test policy_test; do
-  if [[ ! -x $BIN/$b ]]; then
-    summary "no-prebuilt" "$BIN/$b is missing: run scripts/gpu-build.sh on a machine with the CUDA toolkit"
-    exit 2
-  fi
+for b in "${BINARIES[@]}"; do
+  [[ -x $DIST/bin/$b ]] ||
+    finish bad-input 2 "$DIST/bin/$b is missing: run scripts/gpu-build.sh on a machine with the CUDA toolkit"
 done
+[[ -d $ROOT/configs ]] || finish bad-input 2 "$ROOT/configs is missing: run from a working tree of the project"
+export ULA_CONFIG_DIR=$ROOT/configs
+BIN=$(cd "$DIST/bin" && pwd -P)
 echo "gpu-check: prebuilt $(sed -n 's/^commit: //p' "$DIST/MANIFEST.txt" 2>/dev/null), output in $OUTDIR"
+
+# 0. Every binary loads here and answers a cheap question.
+# shellcheck disable=SC2016
+run_step load bash -c 'set -e
+  for t in "${@:2}"; do echo "-- $t"; "$1/$t" --gtest_list_tests; done
+  echo "-- ula"; "$1/ula" --help
+  echo "-- ula_bench"; "$1/ula_bench" --benchmark_list_tests' load "$BIN" "${TESTS[@]}"
+load_rc=$step_rc
+loader=$(grep -m1 -E 'error while loading shared libraries|version .GLIBC.* not found|cannot execute' "$OUTDIR/load.log")
+if [[ $step_rc != 0 && -n $loader ]]; then
+  finish no-load 5 "the prebuilt binaries do not load here: $loader"
+fi
 
 # 1. A GPU: nvidia-smi sees one and the build's CUDA runtime finds it.
 if command -v nvidia-smi >/dev/null 2>&1; then
-  run_step gpu 30 nvidia-smi -L
+  run_step gpu nvidia-smi -L
   [[ $step_rc == 0 ]] && gpu_name=$(head -1 "$OUTDIR/gpu.log")
 else
   echo "== gpu: nvidia-smi is not on PATH" | tee "$OUTDIR/gpu.log"
   step_rc=127
-  steps_json+=$'\n    '"{\"name\": \"gpu\", \"command\": \"nvidia-smi -L\", \"rc\": 127, \"seconds\": 0, \"log\": \"gpu.log\", \"skipped\": \"\", \"note\": \"nvidia-smi not found\"}"
+  record gpu "nvidia-smi -L" 127 0 "" "nvidia-smi not found"
 fi
 gpu_rc=$step_rc
-run_step probe 60 "$BIN/cuda_backend_test" --gtest_filter=CudaBackend.FindsTheGpu
+run_step probe "$BIN/cuda_backend_test" --gtest_filter=CudaBackend.FindsTheGpu
 probe_rc=$step_rc
+if [[ $MODE == smoke ]]; then
+  [[ $gpu_rc == 0 && $probe_rc == 0 ]] && gpu_seen=true
+  if [[ $load_rc == 0 ]]; then
+    finish smoke-pass 0 "every prebuilt binary loads and answers here (GPU seen: $gpu_seen; nothing ran on a device)"
+  fi
+  finish fail 1 "the load step failed without a loader error: see load.log"
+fi
 if [[ $gpu_rc == 0 && $probe_rc == 0 ]]; then
   gpu_seen=true
 else
-  # A binary that does not load (an older glibc than MANIFEST.txt's "glibc needed") is not
-  # "no GPU": say so.
   if loader=$(grep -m1 -E 'error while loading shared libraries|version .GLIBC.* not found' "$OUTDIR/probe.log"); then
-    summary "fail" "the prebuilt binaries do not load here: $loader"
-    exit 1
+    finish no-load 5 "the prebuilt binaries do not load here: $loader"
+  fi
+  driver=$(sed -n 's/^cuda versions: driver \([0-9]*\), runtime \([0-9]*\).*/\1 \2/p' "$OUTDIR/probe.log" | head -1)
+  if grep -q cudaErrorInsufficientDriver "$OUTDIR/probe.log" && [[ -n $driver && ${driver%% *} -gt 0 ]]; then
+    finish old-driver 4 "the CUDA driver (${driver%% *}) is older than the folder's CUDA runtime (${driver##* }): update the driver; nothing ran on a device"
   fi
   why=$(grep -m1 -o 'no CUDA device: .*' "$OUTDIR/probe.log" 2>/dev/null)
-  if (( SMOKE )); then
-    for b in cuda_backend_test device_step_test tp_device_step_test policy_test; do
-      run_step "smoke_$b" 30 "$BIN/$b" --gtest_list_tests
-    done
-    run_step smoke_ula 30 "$BIN/ula" --help
-    run_step smoke_ula_bench 30 "$BIN/ula_bench" --benchmark_list_tests
-  fi
-  summary "no-gpu" "no GPU: nvidia-smi rc $gpu_rc, probe rc $probe_rc${why:+ ($why)}; nothing ran on a device"
-  exit 3
+  finish no-gpu 3 "no GPU: nvidia-smi rc $gpu_rc, probe rc $probe_rc${why:+ ($why)}; nothing ran on a device"
 fi
 
-# 2. The tests of the CUDA forms, the cuda backend and the OpenMP kernels.
+# 2. Correctness: the tests of the CUDA forms, the cuda backend and the OpenMP kernels, and
+# the verifier over the device step.
 export OMP_WAIT_POLICY=passive
-run_step cuda_backend_test 120 "$BIN/cuda_backend_test"
-run_step device_step_test 120 "$BIN/device_step_test"
-run_step tp_device_step_test 120 "$BIN/tp_device_step_test"
-run_step policy_test 90 "$BIN/policy_test"
-run_step verify_device 60 "$BIN/ula" verify --planner device --stable-new-entries --policy kernel_pb_lru --ops 2000 --attention-steps 0 --json
-run_step verify_device_no_mismatch 5 grep -q '"invariant_failures":0,.*"mismatches":0' "$OUTDIR/verify_device.log"
-run_step verify_device_faults 60 "$BIN/ula" verify --planner device --stable-new-entries --policy kernel_pb_lru --fault-rate 0.2 --ops 3000 --attention-steps 0 --json
-run_step verify_device_faults_nothing_lost 5 grep -q '"early_publishes":0,.*"entries_lost":0' "$OUTDIR/verify_device_faults.log"
+for t in "${TESTS[@]}"; do
+  run_step "$t" "$BIN/$t"
+done
+run_step verify_device "$BIN/ula" verify --planner device --stable-new-entries --policy kernel_pb_lru --ops 2000 --attention-steps 0 --json
+run_step verify_device_no_mismatch grep -q '"invariant_failures":0,.*"mismatches":0' "$OUTDIR/verify_device.log"
+run_step verify_device_faults "$BIN/ula" verify --planner device --stable-new-entries --policy kernel_pb_lru --fault-rate 0.2 --ops 3000 --attention-steps 0 --json
+run_step verify_device_faults_nothing_lost grep -q '"early_publishes":0,.*"entries_lost":0' "$OUTDIR/verify_device_faults.log"
 
 # 3. Measurements (docs/BENCHMARKS.md, "GPU check").
 for planner in host; do
-  run_step "bench_planner_$planner" 90 "$BIN/ula" bench planner --planner "$planner" --configs h200_dp_mtpoff \
+  run_step "bench_planner_$planner" "$BIN/ula" bench planner --planner "$planner" --configs h200_dp_mtpoff \
     --batch-fractions 1 --threads 1 2 8 16 --steps 2 --warmup 2
 done
-run_step bench_gather_cuda 60 "$BIN/ula" bench gather --backend cuda --repeats 15
-run_step bench_gather_cpu 60 "$BIN/ula" bench gather --backend cpu --repeats 5
-run_step bench_device_step_round 90 "$BIN/ula_bench" --benchmark_filter=BM_DeviceStepRound --benchmark_min_time=0.05
+run_step bench_gather_cuda "$BIN/ula" bench gather --backend cuda --repeats 15
+run_step bench_gather_cpu "$BIN/ula" bench gather --backend cpu --repeats 5
+run_step bench_device_step_round "$BIN/ula_bench" --benchmark_filter=BM_DeviceStepRound --benchmark_min_time=0.05
 
-if (( failed )); then
-  summary "fail" "a step failed, timed out or skipped a CUDA test (see steps)"
-  exit 1
-fi
-summary "pass" "every step passed on $gpu_name"
-exit 0
+case $verdict in
+  "") finish pass 0 "every step passed on $gpu_name" ;;
+  timeout) finish timeout 7 "a step ran past its limit: $first_failed" ;;
+  cuda-skipped) finish cuda-skipped 6 "a CUDA test skipped on a GPU: $first_failed" ;;
+  *) finish fail 1 "a step failed: $first_failed" ;;
+esac

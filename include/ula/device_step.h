@@ -164,8 +164,8 @@ class DeviceStep {
  public:
   // Sizes everything for config's largest shape and copies (rank, group)'s state from
   // `space`. kInvalidArgument (config), kOutOfRange (rank, group), kFailedPrecondition (the
-  // group's policy is not kernel_pb_lru; config.cuda in a build without CUDA or with no
-  // device), kResourceExhausted (device memory), kIo (another CUDA error).
+  // group's policy is not kernel_pb_lru; config.cuda in a build without CUDA, with no
+  // device, or with a CUDA driver older than the build's runtime, each named), kResourceExhausted (device memory), kIo (another CUDA error).
   static Result<std::unique_ptr<DeviceStep>> Create(const AddressSpace& space, Rank rank, GroupId group,
                                                     const DeviceStepConfig& config);
   // TP attention at home: rank's shard of group. The same errors, plus kFailedPrecondition

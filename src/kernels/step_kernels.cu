@@ -26,14 +26,17 @@ namespace ula::kernels::gpu {
 namespace {
 inline cudaStream_t Stream(void* exec) { return static_cast<cudaStream_t>(exec); }
 
+static_assert(kCudaErrorMemoryAllocation == cudaErrorMemoryAllocation && kCudaErrorStubLibrary == cudaErrorStubLibrary &&
+              kCudaErrorInsufficientDriver == cudaErrorInsufficientDriver &&
+              kCudaErrorDevicesUnavailable == cudaErrorDevicesUnavailable && kCudaErrorNoDevice == cudaErrorNoDevice);
+
 KernelError Code(cudaError_t e) {
-  if (e == cudaSuccess) return kKernelOk;
-  if (e == cudaErrorMemoryAllocation) return kKernelOutOfMemory;
-  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorStubLibrary ||
-      e == cudaErrorDevicesUnavailable) {
-    return kKernelNoDevice;
+  int driver = 0;
+  if (e == cudaErrorInsufficientDriver) {
+    const cudaError_t v = cudaDriverGetVersion(&driver);
+    if (v != cudaSuccess) driver = 0;  // no version: read as no driver
   }
-  return static_cast<KernelError>(e);
+  return FromCudaError(static_cast<int>(e), driver);
 }
 
 // Thrown inside a launch sequence, caught by Guarded.

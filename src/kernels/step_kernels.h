@@ -133,6 +133,9 @@ inline constexpr KernelError kKernelArenaOverflow = -1;
 inline constexpr KernelError kKernelOutOfMemory = -2;  // an allocation failed (device or host)
 inline constexpr KernelError kKernelNoDevice = -3;     // CUDA form: no device, or no driver for one
 inline constexpr KernelError kKernelException = -4;    // an exception that carried no CUDA error
+// CUDA form: a driver is installed but older than the CUDA runtime the build links (an update
+// of the driver, not a GPU, is what is missing).
+inline constexpr KernelError kKernelOldDriver = -5;
 // The text of a negative code (nullptr for the others).
 inline const char* KernelErrorName(KernelError e) {
   switch (e) {
@@ -141,7 +144,30 @@ inline const char* KernelErrorName(KernelError e) {
     case kKernelOutOfMemory: return "out of memory";
     case kKernelNoDevice: return "no CUDA device";
     case kKernelException: return "an exception without a CUDA error";
+    case kKernelOldDriver: return "the CUDA driver is older than the CUDA runtime of this build";
     default: return nullptr;
+  }
+}
+
+// The CUDA runtime's error codes that FromCudaError names (cudaError_t's values; step_kernels.cu
+// checks them against cuda_runtime.h, so this header needs no CUDA).
+inline constexpr int kCudaErrorMemoryAllocation = 2;
+inline constexpr int kCudaErrorStubLibrary = 34;
+inline constexpr int kCudaErrorInsufficientDriver = 35;
+inline constexpr int kCudaErrorDevicesUnavailable = 46;
+inline constexpr int kCudaErrorNoDevice = 100;
+// The KernelError of a CUDA runtime error. driver_version is cudaDriverGetVersion's (0 when no
+// driver is installed): cudaErrorInsufficientDriver with no driver at all is kKernelNoDevice,
+// with one installed kKernelOldDriver (it is older than the runtime).
+constexpr KernelError FromCudaError(int cuda_error, int driver_version) {
+  switch (cuda_error) {
+    case 0: return kKernelOk;
+    case kCudaErrorMemoryAllocation: return kKernelOutOfMemory;
+    case kCudaErrorInsufficientDriver: return driver_version > 0 ? kKernelOldDriver : kKernelNoDevice;
+    case kCudaErrorNoDevice:
+    case kCudaErrorStubLibrary:
+    case kCudaErrorDevicesUnavailable: return kKernelNoDevice;
+    default: return cuda_error;
   }
 }
 
@@ -256,7 +282,8 @@ ULA_KERNELS_DECLARE(gpu, void*)
 
 namespace ula::kernels::gpu {
 // kKernelOk when a CUDA device can run the kernels; kKernelNoDevice when there is none (or
-// no driver); another CUDA error otherwise.
+// no driver); kKernelOldDriver when the driver is older than the runtime; another CUDA error
+// otherwise.
 [[nodiscard]] KernelError CheckDevice();
 // Bytes of arena the CUDA form's scans need for a step of n selections with args' pools
 // (what every step asks before its launches; Create sizes the arena with it); 0 with *error

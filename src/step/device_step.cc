@@ -56,7 +56,7 @@ std::string KernelText(kernels::KernelError e) {
 }
 
 // A KernelError as a Status: kResourceExhausted (the arena, memory), kFailedPrecondition (no
-// device), kIo (any other CUDA error or an exception the CUDA form caught).
+// device, an old driver), kIo (any other CUDA error or an exception the CUDA form caught).
 Status KernelStatus(kernels::KernelError e, const char* what, std::size_t arena_bytes = 0) {
   switch (e) {
     case kernels::kKernelOk:
@@ -71,6 +71,9 @@ Status KernelStatus(kernels::KernelError e, const char* what, std::size_t arena_
     case kernels::kKernelNoDevice:
       return MakeError(ErrorCode::kFailedPrecondition,
                        fmt::format("DeviceStep::{}: config.cuda needs a CUDA device: {}", what, KernelText(e)));
+    case kernels::kKernelOldDriver:
+      return MakeError(ErrorCode::kFailedPrecondition,
+                       fmt::format("DeviceStep::{}: config.cuda needs a newer CUDA driver: {}", what, KernelText(e)));
     default:
       return MakeError(ErrorCode::kIo, fmt::format("DeviceStep::{}: the CUDA form failed: {}", what, KernelText(e)));
   }

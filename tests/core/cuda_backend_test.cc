@@ -37,10 +37,17 @@ int CurrentDevice() {
   return d;
 }
 
-// The probe scripts/gpu-check.sh reads: the device, driver and runtime it found.
+// The probe scripts/gpu-check.sh reads: the device, driver and runtime it found. The driver and
+// runtime versions are printed before the skip, so that a machine whose driver is older than
+// the runtime (cudaErrorInsufficientDriver with a driver > 0) is told from one with no driver
+// (driver 0).
 TEST(CudaBackend, FindsTheGpu) {
+  int driver = 0, runtime = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+  if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = 0;
+  std::printf("cuda versions: driver %d, runtime %d\n", driver, runtime);
   ULA_CUDA_BACKEND_OR_SKIP(cuda);
-  int devices = 0, driver = 0, runtime = 0;
+  int devices = 0;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
   ASSERT_EQ(cudaDriverGetVersion(&driver), cudaSuccess);
   ASSERT_EQ(cudaRuntimeGetVersion(&runtime), cudaSuccess);

@@ -397,19 +397,43 @@ TEST(DeviceStep, BadArgumentsAreRefusedOnTheHost) {
   EXPECT_EQ(io.record.distinct, 0u) << "padding only";
 }
 
-// Create with config.cuda = true where no CUDA device can run the kernels: kFailedPrecondition
-// (ula/device_step.h), before anything is allocated, in a CUDA build (the device check) and in
-// a build without CUDA (Validate) alike. Skipped where a device is present.
-TEST(DeviceStep, CudaFormWithoutADeviceIsAFailedPrecondition) {
-  if (auto cuda = MakeCudaBackend()) GTEST_SKIP() << "a CUDA device is present";
+// Create with config.cuda = true: made where a CUDA device is present (MakeCudaBackend finds
+// one), refused with kFailedPrecondition (ula/device_step.h) before anything is allocated where
+// none is, in a CUDA build (the device check) and in a build without CUDA (Validate) alike. It
+// asserts on both kinds of machine and skips on neither (scripts/gpu-check.sh fails a GPU run
+// in which a CUDA test skips). The OpenMP form needs no device.
+TEST(DeviceStep, CudaFormIsMadeExactlyWhereADeviceIs) {
+  const bool device = MakeCudaBackend().has_value();
   auto backend = MakeCountingBackend();
   auto space = BuildSpace(*backend, PolicyKind::kKernelPbLru, 4, 7, 40, 256);
   DeviceStepConfig dc{.cuda = true, .max_rows = kMaxBatch * kMaxQ, .max_batch = kMaxBatch, .max_top_k = kMaxTopK};
   auto made = DeviceStep::Create(*space, Rank(0), GroupId(1), dc);
-  ASSERT_FALSE(made) << "a CUDA-form step was made without a device";
-  EXPECT_EQ(made.error().code(), ErrorCode::kFailedPrecondition) << made.error().ToString();
+  if (device) {
+    EXPECT_TRUE(made) << "a device is present: " << made.error().ToString();
+  } else {
+    ASSERT_FALSE(made) << "a CUDA-form step was made without a device";
+    EXPECT_EQ(made.error().code(), ErrorCode::kFailedPrecondition) << made.error().ToString();
+  }
   dc.cuda = false;
   EXPECT_TRUE(DeviceStep::Create(*space, Rank(0), GroupId(1), dc)) << "the OpenMP form needs no device";
+}
+
+// The CUDA form's names for the runtime errors that mean "this machine cannot run it": no
+// device and no driver are kKernelNoDevice; a driver older than the runtime (the same
+// cudaErrorInsufficientDriver, with a driver installed) is kKernelOldDriver, named apart so
+// that an old driver is not reported as a missing GPU.
+TEST(DeviceStepKernelError, AnOldDriverIsNotNoDevice) {
+  using namespace kernels;
+  EXPECT_EQ(FromCudaError(kCudaErrorInsufficientDriver, 12040), kKernelOldDriver);
+  EXPECT_EQ(FromCudaError(kCudaErrorInsufficientDriver, 0), kKernelNoDevice) << "no driver installed";
+  EXPECT_EQ(FromCudaError(kCudaErrorNoDevice, 13000), kKernelNoDevice);
+  EXPECT_EQ(FromCudaError(kCudaErrorStubLibrary, 0), kKernelNoDevice);
+  EXPECT_EQ(FromCudaError(kCudaErrorDevicesUnavailable, 13000), kKernelNoDevice);
+  EXPECT_EQ(FromCudaError(kCudaErrorMemoryAllocation, 13000), kKernelOutOfMemory);
+  EXPECT_EQ(FromCudaError(0, 13000), kKernelOk);
+  EXPECT_EQ(FromCudaError(700, 13000), 700) << "other CUDA errors keep their value";
+  ASSERT_NE(KernelErrorName(kKernelOldDriver), nullptr);
+  EXPECT_NE(std::string(KernelErrorName(kKernelOldDriver)), KernelErrorName(kKernelNoDevice));
 }
 
 // The scratch arena's refusal (kernels/step_kernels.h ScratchArena, the CUDA form's scan
