@@ -1039,7 +1039,8 @@ class PrefixRandom {
 class PrefixWindowRandom {
  public:
   // window: W (the token and W - 1 before it), on pages of kPage = 4 tokens.
-  PrefixWindowRandom(std::uint32_t seed, std::uint32_t window) : rng_(seed), window_(window) {
+  PrefixWindowRandom(std::uint32_t seed, std::uint32_t window, WindowRecency recency)
+      : rng_(seed), window_(window) {
     UnifiedBufferConfig c;
     c.alignment = 64;
     c.capacity_bytes = 160 * 64;
@@ -1051,7 +1052,8 @@ class PrefixWindowRandom {
     const Arena device = backend_->CreateArena(Tier::kDevice, Rank(0), c.capacity_bytes).value();
     buffer_ = UnifiedBuffer::Create(c, device).value();
     cache_ = PrefixCache::Create(
-                 PrefixCacheConfig{.page_tokens = kPage, .window_kind = kSwa, .sliding_window = window, .record_events = true},
+                 PrefixCacheConfig{.page_tokens = kPage, .window_kind = kSwa, .sliding_window = window, .record_events = true,
+                                   .window_recency = recency},
                  buffer_.get())
                  .value();
     for (int s = 0; s < 4; ++s) {
@@ -1651,11 +1653,19 @@ class PrefixWindowRandom {
   std::uint64_t window_evicted_ = 0, evicted_states_ = 0;
 };
 
+// Each window rule (WindowRecency) runs half of `steps` from the same seed: the checks above
+// hold whichever nodes a touch refreshes in the window LRU.
 void RunWindowRandom(std::uint32_t default_seed, std::uint32_t window, int steps) {
   ULA_TEST_SEEDED(seed64, default_seed);
   const auto seed = static_cast<std::uint32_t>(seed64);
-  std::printf("prefix random test, window pages (W = %u on %u-token pages): seed=%u steps=%d\n", window, kPage, seed, steps);
-  PrefixWindowRandom(seed, window).Run(steps);
+  for (WindowRecency recency : {WindowRecency::kCushion, WindowRecency::kPath}) {
+    const char* rule = recency == WindowRecency::kCushion ? "cushion" : "path";
+    SCOPED_TRACE(std::string("window recency ") + rule);
+    std::printf("prefix random test, window pages (W = %u on %u-token pages, %s recency): seed=%u steps=%d\n", window,
+                kPage, rule, seed, steps / 2);
+    PrefixWindowRandom(seed, window, recency).Run(steps / 2);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
 }
 
 // W = 6: a window of one or two pages.

@@ -4,6 +4,7 @@
 // match is a prefix some insert gave, is Holds(), and carries its window's pages; and every
 // so often the counters are paid (in this mode too): evicting all that
 // Metrics calls evictable frees exactly that, kind by kind, with matches still locked.
+// Each window rule (WindowRecency: kCushion, kPath) runs every window.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,7 +33,7 @@ std::uint32_t CommonPrefix(const Tokens& a, const Tokens& b) {
 
 class WindowOnlyRandom {
  public:
-  WindowOnlyRandom(std::uint64_t seed, std::uint32_t window) : rng_(seed), window_(window) {
+  WindowOnlyRandom(std::uint64_t seed, std::uint32_t window, WindowRecency recency) : rng_(seed), window_(window) {
     UnifiedBufferConfig c;
     c.alignment = 64;
     c.capacity_bytes = 96 * kBlock;  // a few dozen tokens' KV and window pages: inserts evict
@@ -41,7 +42,8 @@ class WindowOnlyRandom {
     c.padding_blocks = 0;
     buffer_ = UnifiedBuffer::Create(c).value();
     cache_ = PrefixCache::Create(PrefixCacheConfig{.page_tokens = 1, .state_kind = BlockKind::Invalid(),
-                                                   .sliding_window = window, .record_events = true},
+                                                   .sliding_window = window, .record_events = true,
+                                                   .window_recency = recency},
                                  buffer_.get())
                  .value();
   }
@@ -213,12 +215,17 @@ class WindowOnlyRandom {
   int releases_ = 0, payments_ = 0;
 };
 
+// Both window rules (WindowRecency), each window under each, half the steps apiece.
 TEST(PrefixCacheRandom, WindowOnlyCacheMatchesWhatWasInsertedAndPaysItsCounters) {
   ULA_TEST_SEEDED(seed, 20261203);
-  for (std::uint32_t window : {2u, 5u}) {
-    SCOPED_TRACE("window " + std::to_string(window));
-    std::printf("seed=%llu window=%u\n", static_cast<unsigned long long>(seed), window);
-    WindowOnlyRandom(seed + window, window).Run(4000);
+  for (WindowRecency recency : {WindowRecency::kCushion, WindowRecency::kPath}) {
+    const char* rule = recency == WindowRecency::kCushion ? "cushion" : "path";
+    for (std::uint32_t window : {2u, 5u}) {
+      SCOPED_TRACE("window " + std::to_string(window) + ", " + rule + " recency");
+      std::printf("seed=%llu window=%u recency=%s\n", static_cast<unsigned long long>(seed), window, rule);
+      WindowOnlyRandom(seed + window, window, recency).Run(2000);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
   }
 }
 
