@@ -538,6 +538,35 @@ TEST(PrefixCacheSglang, AnInsertsWalkDownRefreshesNoAncestor) {
   EXPECT_EQ(path.cache->Evict(0, 0, 1).window_pages, 1u);  // the side's [900]
 }
 
+// Ours (no SGLang test pins it): the cushion's far end. On 4-token pages with W = 5 a match's
+// window is its last page and its cushion (W - 1 + page_tokens = 8 tokens) its last two: a
+// chain inserted a page at a time, N1..N4 (one node per page), then a one-page side branch.
+// A match of the chain refreshes N3 (the furthest-back node inside the cushion, holding the
+// window of a match one page shorter) as well as N4, so window eviction takes N1, N2, then
+// the side branch, and N3's window outlives it: [1..12] still matches whole.
+TEST(PrefixCacheSglang, AMatchRefreshesTheCushionsFurthestBackNode) {
+  auto a = Buffer();
+  auto cache = PrefixCache::Create(PrefixCacheConfig{.page_tokens = 4, .state_kind = BlockKind::Invalid(),
+                                                     .sliding_window = 5, .window_recency = WindowRecency::kCushion},
+                                   a.get())
+                   .value();
+  auto insert = [&](const std::vector<std::uint32_t>& tokens) {
+    const auto pages = static_cast<std::uint32_t>(tokens.size() / 4);
+    Blocks b = Allocate(*a, pages);
+    return cache->Insert(tokens, b.pages, {}, b.window);
+  };
+  for (std::uint32_t n : {4u, 8u, 12u, 16u}) ASSERT_EQ(insert(Range(1, n)).value(), n - 4);
+  const std::vector<std::uint32_t> side = Range(900, 903);
+  ASSERT_EQ(insert(side).value(), 0u);
+  ASSERT_EQ(cache->Match(Range(1, 16), 16).length, 16u);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(cache->Evict(0, 0, 1).window_pages, 1u) << i;  // N1, N2
+  EXPECT_EQ(cache->Evict(0, 0, 1).window_pages, 1u);  // the side's, not N3's (no match between: a match refreshes)
+  EXPECT_EQ(cache->Match(side, 4).length, 0u);
+  EXPECT_EQ(cache->Match(Range(1, 12), 12).length, 12u);  // N3: the cushion's far end
+  EXPECT_EQ(cache->Match(Range(1, 16), 16).length, 16u);
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+}
+
 // test_paged_cache_finished_unaligned_tail_freed (mamba, page 4): a finished request of 6
 // tokens (one page and a 2-token tail). SGLang frees the tail and the aligned 4 tokens match;
 // its engine tracks the state at the last page boundary (the mamba track buffer), which is
