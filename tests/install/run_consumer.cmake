@@ -4,7 +4,15 @@
 #   1. the tiny consumer of ula::ula (tests/install/consumer);
 #   2. the README's examples (examples/cpp): dp, tp_local_buffer, tp_at_home, and, when
 #      the package has ula::mpi (HAS_MPI), tp_mpi under `MPIRUN -np 2`.
+# CCACHE (the program, or empty), CCACHE_CONFIG and CCACHE_BASE: both builds compile through
+# the project's compiler cache (cmake/UlaCcache.cmake), its settings in their environment.
 file(REMOVE_RECURSE ${WORK_DIR})
+set(launcher "")
+set(build_env ${CMAKE_COMMAND} -E env)
+if(CCACHE)
+  set(launcher -DCMAKE_CXX_COMPILER_LAUNCHER=${CCACHE})
+  list(APPEND build_env CCACHE_CONFIGPATH=${CCACHE_CONFIG} CCACHE_BASEDIR=${CCACHE_BASE})
+endif()
 function(run)
   execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
@@ -14,8 +22,8 @@ function(run)
 endfunction()
 run(${CMAKE_COMMAND} --install ${ULA_BUILD_DIR} --prefix ${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -DCMAKE_BUILD_TYPE=Release
-    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
-run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix ${launcher})
+run(${build_env} ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/ula_consumer)
 # The Python package lands in the prefix's site-packages and imports from there. (No ';'
 # in the code: run() passes its arguments on as a CMake list.)
@@ -31,8 +39,8 @@ print('ulacache imported from the prefix:', ulacache.__file__[len(sys.argv[1]):]
 endif()
 
 run(${CMAKE_COMMAND} -S ${EXAMPLES_SOURCE_DIR} -B ${WORK_DIR}/examples -DCMAKE_BUILD_TYPE=Release
-    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
-run(${CMAKE_COMMAND} --build ${WORK_DIR}/examples)
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix ${launcher})
+run(${build_env} ${CMAKE_COMMAND} --build ${WORK_DIR}/examples)
 foreach(example dp tp_local_buffer tp_at_home)
   run(${WORK_DIR}/examples/${example})
 endforeach()
