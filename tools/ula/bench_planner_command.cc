@@ -286,7 +286,7 @@ std::optional<DeviceRow> MeasureDevice(const PlannerOptions& o, AddressSpaceConf
   std::vector<std::unique_ptr<DeviceStep>> steps;
   for (std::uint32_t g = 0; g < groups; ++g) {
     auto step = DeviceStep::Create(**space, Rank(0), GroupId(static_cast<std::uint16_t>(g)), dc);
-    if (!step) return error = step.error().ToString(), std::nullopt;
+    if (!step) return error = (o.cuda ? "--cuda: " : "") + step.error().ToString(), std::nullopt;
     steps.push_back(std::move(*step));
   }
   if (o.cuda) {
