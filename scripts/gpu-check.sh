@@ -58,7 +58,7 @@ BINARIES=(ula ula_bench "${TESTS[@]}")
 STEPS=(load:20 gpu:10 probe:20
   cuda_backend_test:45 device_step_test:45 tp_device_step_test:30 policy_test:30
   verify_device:25 verify_device_no_mismatch:5 verify_device_faults:25 verify_device_faults_nothing_lost:5
-  bench_planner_host:40 bench_gather_cuda:20 bench_gather_cpu:15 bench_device_step_round:30)
+  bench_planner_host:40 bench_planner_device:40 bench_gather_cuda:20 bench_gather_cpu:15 bench_device_step_round:30)
 declare -A LIMIT=()
 limits_sum=0
 for s in "${STEPS[@]}"; do
@@ -253,6 +253,10 @@ for planner in host; do
   run_step "bench_planner_$planner" "$BIN/ula" bench planner --planner "$planner" --configs h200_dp_mtpoff \
     --batch-fractions 1 --threads 1 2 8 16 --steps 2 --warmup 2
 done
+# The device step's OpenMP form beside the host planner on a quarter batch, with its launches
+# and syncs per (rank, group) step (the CUDA form's timing is not in this command).
+run_step bench_planner_device "$BIN/ula" bench planner --planner device --configs h200_dp_mtpoff \
+  --batch-fractions 0.25 --threads 16 --steps 2 --warmup 1
 run_step bench_gather_cuda "$BIN/ula" bench gather --backend cuda --repeats 15
 run_step bench_gather_cpu "$BIN/ula" bench gather --backend cpu --repeats 5
 run_step bench_device_step_round "$BIN/ula_bench" --benchmark_filter=BM_DeviceStepRound --benchmark_min_time=0.05

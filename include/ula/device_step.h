@@ -160,6 +160,28 @@ struct DeviceStepState {
   std::uint32_t error = 0;                   // *verdict(): after Check this rank's, after Claim the step's
 };
 
+// Kernel launches and host synchronisations of one phase (see DeviceStepCounters).
+struct DeviceStepCounts {
+  std::uint64_t launches = 0;
+  std::uint64_t syncs = 0;   // stream synchronisations, blocking and pageable copies
+  friend bool operator==(const DeviceStepCounts&, const DeviceStepCounts&) = default;
+};
+// What the step has enqueued since Create, by phase, cumulative: take a snapshot before a
+// step and subtract (Since). Counted where every launch goes through (the kernels' one
+// launch helper, src/kernels/step_kernels.inl: a thrust for_each or transform is one kernel, a
+// CCCL scan two) and where every synchronisation goes through (the step's Sync and Copy).
+// Both forms count the CUDA form's kernels. Plan counts into check and claim. docs/ARCHITECTURE.md
+// ("The device step") gives the count of one step.
+struct DeviceStepCounters {
+  DeviceStepCounts check, claim, complete, advance_round;
+  DeviceStepCounts state;    // Create, Reload, StoreInto, ReadState: outside a step
+  // The four step phases together (state excluded).
+  DeviceStepCounts Step() const;
+  // This minus an earlier snapshot of the same step.
+  DeviceStepCounters Since(const DeviceStepCounters& earlier) const;
+  friend bool operator==(const DeviceStepCounters&, const DeviceStepCounters&) = default;
+};
+
 class DeviceStep {
  public:
   // Sizes everything for config's largest shape and copies (rank, group)'s state from
@@ -229,6 +251,8 @@ class DeviceStep {
   // none: both stay 0 there).
   std::uint64_t arena_high_water() const;
   std::uint64_t arena_overflows() const;
+  // Launches and host synchronisations since Create, by phase (cumulative).
+  DeviceStepCounters counters() const;
 
   struct Impl;  // src/step/device_step.cc
 

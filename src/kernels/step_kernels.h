@@ -204,6 +204,25 @@ struct ScratchArena {
     }
   }
 };
+// The phases of a (rank, group) step whose launches and host synchronisations are counted
+// (ula/device_step.h, DeviceStepCounters): the entry points' phases, and the state's copies
+// outside a step (Create, Reload, StoreInto, ReadState).
+enum LaunchPhase : std::uint32_t {
+  kPhaseCheck = 0,
+  kPhaseClaim = 1,
+  kPhaseComplete = 2,
+  kPhaseAdvanceRound = 3,
+  kPhaseState = 4,
+  kNumPhases = 5,
+};
+// Kernel launches and host synchronisations of one phase, cumulative (host object). Every
+// launch of the step's kernels goes through the .inl's Launch helpers, which add here: a
+// thrust for_each or transform over a non-empty range is one kernel, a CCCL exclusive scan
+// of n > 0 items two (cub's init and scan kernels); both forms count the CUDA form's kernels.
+struct LaunchCounts {
+  std::uint64_t launches = 0;
+  std::uint64_t syncs = 0;   // stream synchronisations and blocking (pageable) copies
+};
 struct DeviceStepArgs {
   StepArrays io;                               // the engine's arrays (device pointers; stats pinned host)
   // The state of one (rank, group), device memory.
@@ -242,6 +261,7 @@ struct DeviceStepArgs {
   std::uint32_t* take_offsets = nullptr;       // [(R + 1) * num_summary]
   DeviceStepControl* ctl = nullptr;            // [1]
   ScratchArena* arena = nullptr;               // host object
+  LaunchCounts* counts = nullptr;              // [kNumPhases] host objects; nullptr: not counted
 };
 
 }  // namespace ula::kernels

@@ -678,53 +678,81 @@ void PbTakeVictims(ULA_KERNELS_EXEC exec, const PbLruArrays& pb, std::uint32_t n
 // fails: its entry points (step_kernels.cu) catch that.
 namespace launch {
 
+// The one place every launch of the device step goes through: it counts the kernels it
+// enqueues into the phase's LaunchCounts (step_kernels.h), then launches.
+struct Launcher {
+  ULA_KERNELS_EXEC exec;
+  const DeviceStepArgs& args;
+  LaunchPhase phase;
+  void Count(std::uint64_t kernels) const {
+    if (args.counts != nullptr) args.counts[phase].launches += kernels;
+  }
+  // One kernel over [0, n) (none for an empty range: thrust launches nothing).
+  template <class F>
+  void ForEach(std::uint32_t n, F f) const {
+    if (n == 0) return;
+    Count(1);
+    thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(n), f);
+  }
+  template <class F>
+  void Transform(std::uint32_t n, std::uint32_t* out, F f) const {
+    if (n == 0) return;
+    Count(1);
+    thrust::transform(ULA_KERNELS_POLICY(exec), Index(0), Index(n), out, f);
+  }
+  // The exclusive sum of n uint32: two kernels (cub's init and scan).
+  void Scan(const std::uint32_t* in, std::uint32_t n, std::uint32_t* out) const {
+    if (n == 0) return;
+    Count(2);
+    ULA_KERNELS_DEVICE_SCAN(exec, args.arena, in, n, out);
+  }
+};
+
 inline void DeviceCheck(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
   const std::uint32_t n = args.io.num_rows * args.io.top_k;
-  auto policy = ULA_KERNELS_POLICY(exec);
-  thrust::for_each(policy, Index(0), Index(1), DevBegin{args});
+  const Launcher l{exec, args, kPhaseCheck};
+  l.ForEach(1, DevBegin{args});
   if (n > 0) {
-    thrust::for_each(policy, Index(0), Index(n), DevClassify{args});
-    thrust::for_each(policy, Index(0), Index(n), DevFlag{args});
-    ULA_KERNELS_DEVICE_SCAN(exec, args.arena, args.hit_flag, n, args.hit_pos);
-    ULA_KERNELS_DEVICE_SCAN(exec, args.arena, args.miss_flag, n, args.miss_pos);
-    thrust::for_each(policy, Index(0), Index(n), DevScatter{args});
+    l.ForEach(n, DevClassify{args});
+    l.ForEach(n, DevFlag{args});
+    l.Scan(args.hit_flag, n, args.hit_pos);
+    l.Scan(args.miss_flag, n, args.miss_pos);
+    l.ForEach(n, DevScatter{args});
   }
-  thrust::for_each(policy, Index(0), Index(1), DevDecide{args, n});
+  l.ForEach(1, DevDecide{args, n});
 }
 
 inline void DeviceClaim(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint32_t* agreed) {
   const std::uint32_t n = args.io.num_rows * args.io.top_k;
   const std::uint32_t n_desc = n < args.io.max_descriptors ? n : args.io.max_descriptors;
-  auto policy = ULA_KERNELS_POLICY(exec);
-  if (agreed != nullptr) thrust::for_each(policy, Index(0), Index(1), DevAgree{args, agreed});
+  const Launcher l{exec, args, kPhaseClaim};
+  if (agreed != nullptr) l.ForEach(1, DevAgree{args, agreed});
   DeviceStepControl* c = args.ctl;
   if (n > 0) {
     // Claim: touch the hits, take the lowest free slots, then the victims (PB-LRU's order)
     // after them, and touch the victims.
-    thrust::for_each(policy, Index(0), Index(n), PbTouchFn{args.pb, args.hits, &c->n_hit});
+    l.ForEach(n, PbTouchFn{args.pb, args.hits, &c->n_hit});
     const FlatSource free_src{args.device_free};
     const std::uint32_t free_blocks = args.device_free.num_summary;
-    thrust::transform(policy, Index(0), Index(free_blocks), args.take_counts,
-                      BlockPopcount<FlatSource>{free_src, args.device_free.num_words, free_blocks});
-    ULA_KERNELS_DEVICE_SCAN(exec, args.arena, args.take_counts, free_blocks, args.take_offsets);
-    thrust::for_each(policy, Index(0), Index(free_blocks),
-                     TakeBlock<FlatSource>{free_src, args.device_free.num_words, free_blocks, args.take_offsets, 0,
-                                           &c->n_free, args.targets});
-    thrust::for_each(policy, Index(0), Index(n_desc), DevAllocate{args});
+    l.Transform(free_blocks, args.take_counts,
+                BlockPopcount<FlatSource>{free_src, args.device_free.num_words, free_blocks});
+    l.Scan(args.take_counts, free_blocks, args.take_offsets);
+    l.ForEach(free_blocks, TakeBlock<FlatSource>{free_src, args.device_free.num_words, free_blocks,
+                                                 args.take_offsets, 0, &c->n_free, args.targets});
+    l.ForEach(n_desc, DevAllocate{args});
     const PbVictimSources vsrc{args.pb};
     const std::uint32_t blocks = (args.pb.recent + 1) * args.pb.num_summary;
-    thrust::transform(policy, Index(0), Index(blocks), args.take_counts,
-                      BlockPopcount<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary});
-    ULA_KERNELS_DEVICE_SCAN(exec, args.arena, args.take_counts, blocks, args.take_offsets);
-    thrust::for_each(policy, Index(0), Index(blocks),
-                     TakeBlock<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary, args.take_offsets, 0,
-                                                &c->n_victims, args.targets, &c->n_free});
-    thrust::for_each(policy, Index(0), Index(n_desc), PbTouchFn{args.pb, args.targets, &c->n_victims, &c->n_free});
-    thrust::for_each(policy, Index(0), Index(n_desc), DevDescribe{args});
-    thrust::for_each(policy, Index(0), Index(n), DevIndices{args});
-    thrust::for_each(policy, Index(0), Index(n), DevResetFirst{args});
+    l.Transform(blocks, args.take_counts,
+                BlockPopcount<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary});
+    l.Scan(args.take_counts, blocks, args.take_offsets);
+    l.ForEach(blocks, TakeBlock<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary, args.take_offsets,
+                                                 0, &c->n_victims, args.targets, &c->n_free});
+    l.ForEach(n_desc, PbTouchFn{args.pb, args.targets, &c->n_victims, &c->n_free});
+    l.ForEach(n_desc, DevDescribe{args});
+    l.ForEach(n, DevIndices{args});
+    l.ForEach(n, DevResetFirst{args});
   }
-  thrust::for_each(policy, Index(0), Index(1), DevRecord{args});
+  l.ForEach(1, DevRecord{args});
 }
 
 inline void DevicePlan(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
@@ -733,19 +761,19 @@ inline void DevicePlan(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
 }
 
 inline void DeviceComplete(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint8_t* status) {
-  auto policy = ULA_KERNELS_POLICY(exec);
   const std::uint32_t n = args.io.max_descriptors;
-  thrust::for_each(policy, Index(0), Index(1), DevPublishBegin{args});
-  if (n > 0) thrust::for_each(policy, Index(0), Index(n), DevPublish{args, status});
-  thrust::for_each(policy, Index(0), Index(1), DevPublishEnd{args});
+  const Launcher l{exec, args, kPhaseComplete};
+  l.ForEach(1, DevPublishBegin{args});
+  l.ForEach(n, DevPublish{args, status});
+  l.ForEach(1, DevPublishEnd{args});
 }
 
 inline void DeviceAdvanceRound(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, bool rebase) {
-  auto policy = ULA_KERNELS_POLICY(exec);
-  thrust::for_each(policy, Index(0), Index(1), DevRoundEnd{args});
-  if (rebase) thrust::for_each(policy, Index(0), Index(args.pb.capacity), PbRebaseFn{args.pb});
-  thrust::for_each(policy, Index(0), Index(1), PbClockFn{args.pb});
-  thrust::for_each(policy, Index(0), Index(args.pb.num_summary), PbFoldFn{args.pb});
+  const Launcher l{exec, args, kPhaseAdvanceRound};
+  l.ForEach(1, DevRoundEnd{args});
+  if (rebase) l.ForEach(args.pb.capacity, PbRebaseFn{args.pb});
+  l.ForEach(1, PbClockFn{args.pb});
+  l.ForEach(args.pb.num_summary, PbFoldFn{args.pb});
 }
 
 }  // namespace launch

@@ -105,6 +105,8 @@ struct DeviceStep::Impl {
   DeviceStepConfig config;
   kernels::DeviceStepArgs args;      // the state and scratch pointers; io filled per Plan
   kernels::ScratchArena arena;
+  // [kNumPhases] launches and syncs, cumulative (args.counts points here).
+  mutable kernels::LaunchCounts counts[kernels::kNumPhases] = {};
   std::vector<void*> blocks;         // every MemAlloc, freed at destruction
   std::uint32_t max_selections = 0, max_descriptors = 0;
   std::uint32_t device_capacity = 0, host_words = 0, new_on_host_cap = 0;
@@ -151,7 +153,10 @@ struct DeviceStep::Impl {
 #endif
     (void)kernels::omp::MemFree(p);
   }
+  // A copy between the step's memory and pageable host memory: counted as a host
+  // synchronisation (outside a step: Create, Reload, StoreInto, ReadState).
   kernels::KernelError Copy(void* stream, void* dst, const void* src, std::size_t bytes) const {
+    ++counts[kernels::kPhaseState].syncs;
 #if defined(ULA_WITH_CUDA_KERNELS)
     if (config.cuda) return kernels::gpu::MemCopy(stream, dst, src, bytes);
 #endif
@@ -159,6 +164,7 @@ struct DeviceStep::Impl {
     return kernels::omp::MemCopy(0, dst, src, bytes);
   }
   kernels::KernelError Sync(void* stream) const {
+    ++counts[kernels::kPhaseState].syncs;
 #if defined(ULA_WITH_CUDA_KERNELS)
     if (config.cuda) return kernels::gpu::Sync(stream);
 #endif
@@ -205,6 +211,27 @@ DeviceStep::~DeviceStep() = default;
 std::uint32_t DeviceStep::max_descriptors() const { return impl_->max_descriptors; }
 std::uint64_t DeviceStep::arena_high_water() const { return impl_->arena.high_water; }
 std::uint64_t DeviceStep::arena_overflows() const { return impl_->arena.overflows; }
+
+DeviceStepCounts DeviceStepCounters::Step() const {
+  return {.launches = check.launches + claim.launches + complete.launches + advance_round.launches,
+          .syncs = check.syncs + claim.syncs + complete.syncs + advance_round.syncs};
+}
+
+DeviceStepCounters DeviceStepCounters::Since(const DeviceStepCounters& e) const {
+  const auto minus = [](const DeviceStepCounts& a, const DeviceStepCounts& b) {
+    return DeviceStepCounts{.launches = a.launches - b.launches, .syncs = a.syncs - b.syncs};
+  };
+  return {.check = minus(check, e.check), .claim = minus(claim, e.claim), .complete = minus(complete, e.complete),
+          .advance_round = minus(advance_round, e.advance_round), .state = minus(state, e.state)};
+}
+
+DeviceStepCounters DeviceStep::counters() const {
+  const auto at = [&](kernels::LaunchPhase p) {
+    return DeviceStepCounts{.launches = impl_->counts[p].launches, .syncs = impl_->counts[p].syncs};
+  };
+  return {.check = at(kernels::kPhaseCheck), .claim = at(kernels::kPhaseClaim), .complete = at(kernels::kPhaseComplete),
+          .advance_round = at(kernels::kPhaseAdvanceRound), .state = at(kernels::kPhaseState)};
+}
 
 // What the device step copies from one (rank, group) of either space, in host memory.
 struct DeviceStep::ShardSource {
@@ -459,6 +486,7 @@ Result<std::unique_ptr<DeviceStep>> DeviceStep::Build(const ShardSource& src, co
   }
 #endif
   a.arena = &m.arena;
+  a.counts = m.counts;
   if (!ok) {
     if (m.setup_error == kernels::kKernelOutOfMemory || m.setup_error == kernels::kKernelOk) {
       return MakeError(ErrorCode::kResourceExhausted, "DeviceStep: the state and scratch do not fit in device memory");

@@ -39,6 +39,14 @@
 // floor of the parallel claim, which forks twice). The cost model's GPU time
 // per group at the same batch (step_ms / groups of the compare CSV's nearest batch row) is
 // printed beside it, so the planner can be compared with the GPU work it must hide behind.
+// --planner device: after each host row, the device step (ula/device_step.h; its OpenMP
+// form, docs/ARCHITECTURE.md "The device step") on an engine-path copy of the same workload
+// (kernel_pb_lru, stable_new_entries, no host shadows; the same requests and selections), one
+// DeviceStep per group: Plan + Complete per group timed (every copy reported arrived),
+// AdvanceRound per step. Reported per row: median ms per group, ns per distinct selection
+// beside the host planner's, and the kernel launches and host synchronisations per (rank,
+// group) step by phase (DeviceStep::counters()). --cuda asks for the CUDA form: refused with
+// the reason (exit 2) in a build without CUDA or on a machine without a GPU.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -46,6 +54,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -58,6 +67,7 @@
 #include "config/model_config.h"
 #include "workload/selection_model.h"
 #include "serving/serving_config.h"
+#include "ula/device_step.h"
 #include "ula/step_planner.h"
 
 namespace ula::cli {
@@ -78,7 +88,8 @@ struct PlannerOptions {
   std::uint64_t seed = 1;
   bool json = false;
   bool claim_sweep = false;
-  std::string planner = "host";  // host (StepPlanner); device is refused (SetupPlanner says why)
+  std::string planner = "host";  // host (StepPlanner); device: DeviceStep beside the host planner
+  bool cuda = false;             // --planner device: the CUDA form (refused where it cannot run)
   std::string shadows = "off";  // AddressSpaceConfig::host_shadows
   bool prefer_shadowed = false; // PolicyOptions::prefer_shadowed
   double host_free = -1;        // >= 0: host pool sized so that this share is free after the prefill
@@ -226,14 +237,202 @@ int RunClaimSweep(const PlannerOptions& o) {
   return 0;
 }
 
+// --planner device: one row per (config, batch, T) of the DeviceStep's OpenMP form on the same
+// workload as the host planner's row, beside it.
+struct DeviceRow {
+  std::string config;
+  std::uint32_t batch = 0, groups = 0, threads = 1;
+  std::uint64_t distinct = 0, group_steps = 0, misses = 0, evictions = 0;
+  double total_ms = 0, group_ms_median = 0, ns_per_distinct = 0, host_ns_per_distinct = 0;
+  DeviceStepCounters counts;  // over the measured steps, every group
+};
+
+// The device step of every group on an engine-path copy of the workload (kernel_pb_lru,
+// stable_new_entries, no host shadows): per measured step, every group's Plan + Complete
+// (every copy reported arrived: the counting backend moves no bytes) timed, then every
+// group's AdvanceRound (not timed: once per scheduler iteration). Launches and syncs by phase
+// from DeviceStep::counters(). nullopt with `error` set on a failure (exit 2).
+std::optional<DeviceRow> MeasureDevice(const PlannerOptions& o, AddressSpaceConfig sc, const std::string& name,
+                                       std::uint32_t batch, std::uint32_t groups, std::uint32_t queries,
+                                       std::uint32_t top_k, const SelectionModelParams& params, std::uint32_t threads,
+                                       std::string& error) {
+  sc.policy = PolicyKind::kKernelPbLru;
+  sc.stable_new_entries = true;
+  sc.host_shadows = false;
+  auto backend = MakeCountingBackend();
+  auto space = AddressSpace::Create(sc, *backend);
+  if (!space) return error = space.error().ToString(), std::nullopt;
+  std::mt19937_64 rng(o.seed);
+  std::vector<std::vector<LogicalAddr>> addrs;
+  for (std::uint32_t r = 0; r < batch; ++r) {
+    if (auto s = (*space)->AddRequest(RequestId(r), Rank(0)); !s) return error = s.error().ToString(), std::nullopt;
+    const auto len = static_cast<std::uint32_t>(65536 + rng() % 65537);
+    auto a = (*space)->Allocate(RequestId(r), len);
+    if (!a) {
+      if (a.error().code() != ErrorCode::kResourceExhausted) return error = a.error().ToString(), std::nullopt;
+      (void)(*space)->Free(RequestId(r));
+      break;
+    }
+    addrs.push_back(std::move(*a));
+  }
+  (*space)->AdvanceRound();  // prefill's round ends: its entries may move
+  // A model of its own: the host row's drew the same streams (the same selections here).
+  auto selection = SelectionModel::Create(params);
+  if (!selection) return error = selection.error().ToString(), std::nullopt;
+  const auto placed = static_cast<std::uint32_t>(addrs.size());
+  const std::uint32_t rows = placed * queries;
+  const DeviceStepConfig dc{.cuda = o.cuda, .threads = threads, .max_rows = std::max(rows, 1u),
+                            .max_batch = std::max(placed, 1u), .max_top_k = top_k};
+  std::vector<std::unique_ptr<DeviceStep>> steps;
+  for (std::uint32_t g = 0; g < groups; ++g) {
+    auto step = DeviceStep::Create(**space, Rank(0), GroupId(static_cast<std::uint16_t>(g)), dc);
+    if (!step) return error = (o.cuda ? "--cuda: " : "") + step.error().ToString(), std::nullopt;
+    steps.push_back(std::move(*step));
+  }
+  if (o.cuda) {
+    error = "--cuda: the CUDA form's timing (CUDA events on device arrays) is not built in this command; "
+            "scripts/gpu-check.sh runs the CUDA form's tests";
+    return std::nullopt;
+  }
+  const std::uint32_t max_desc = steps.empty() ? 0 : steps[0]->max_descriptors();
+  std::vector<std::int32_t> selections(std::size_t{rows} * top_k, -1), indices(selections.size(), -1);
+  std::vector<std::int64_t> requests(placed);
+  for (std::uint32_t r = 0; r < placed; ++r) requests[r] = r;
+  std::vector<CopyDescriptor> descriptors(max_desc);
+  std::vector<std::uint8_t> status(max_desc, 0);
+  StepRecord record;
+  StepArrays arrays{.selections = selections.data(), .requests = requests.data(), .indices = indices.data(),
+                    .descriptors = descriptors.data(), .stats = &record, .num_rows = rows, .batch = placed,
+                    .q_len = queries, .top_k = top_k, .selection_stride = top_k, .index_stride = top_k,
+                    .max_descriptors = max_desc};
+  DeviceRow row;
+  row.config = name;
+  row.batch = placed;
+  row.groups = groups;
+  row.threads = threads;
+  std::vector<DeviceStepCounters> before(groups);
+  std::vector<double> group_ms;
+  std::vector<std::vector<std::uint32_t>> picks;
+  for (std::uint32_t step = 0; step < o.warmup + o.steps; ++step) {
+    const bool measured = step >= o.warmup;
+    if (step == o.warmup) {
+      for (std::uint32_t g = 0; g < groups; ++g) before[g] = steps[g]->counters();
+    }
+    for (std::uint32_t g = 0; g < groups; ++g) {
+      std::fill(selections.begin(), selections.end(), -1);
+      for (std::uint32_t r = 0; r < placed; ++r) {
+        const auto ctx = static_cast<std::uint32_t>(addrs[r].size());
+        if (auto s = selection->Step(std::uint64_t{r} * 64 + g, ctx, queries, picks); !s) {
+          return error = s.error().ToString(), std::nullopt;
+        }
+        for (std::uint32_t q = 0; q < queries && q < picks.size(); ++q) {
+          const std::size_t at = (std::size_t{r} * queries + q) * top_k;
+          for (std::size_t c = 0; c < picks[q].size() && c < top_k; ++c) {
+            selections[at + c] = static_cast<std::int32_t>(addrs[r][picks[q][c]].value());
+          }
+        }
+      }
+      record = StepRecord{};
+      const auto t0 = std::chrono::steady_clock::now();
+      Status st = steps[g]->Plan(arrays, nullptr);
+      if (st) st = steps[g]->Complete(status.data(), nullptr);
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (!st) return error = fmt::format("{} batch {} group {}: {}", name, placed, g, st.error().ToString()), std::nullopt;
+      if (record.error != 0) {
+        return error = fmt::format("{} batch {} group {}: the device step refused the step (error {})", name, placed, g,
+                                   record.error),
+               std::nullopt;
+      }
+      if (measured) {
+        group_ms.push_back(ms);
+        row.total_ms += ms;
+        row.distinct += record.distinct;
+        row.misses += record.misses;
+        row.evictions += record.evictions;
+        ++row.group_steps;
+      }
+    }
+    for (auto& s : steps) {
+      if (Status st = s->AdvanceRound(nullptr); !st) return error = st.error().ToString(), std::nullopt;
+    }
+  }
+  for (std::uint32_t g = 0; g < groups; ++g) {
+    const DeviceStepCounters d = steps[g]->counters().Since(before[g]);
+    const auto add = [](DeviceStepCounts& a, const DeviceStepCounts& b) {
+      a.launches += b.launches;
+      a.syncs += b.syncs;
+    };
+    add(row.counts.check, d.check);
+    add(row.counts.claim, d.claim);
+    add(row.counts.complete, d.complete);
+    add(row.counts.advance_round, d.advance_round);
+    add(row.counts.state, d.state);
+  }
+  row.group_ms_median = Median(group_ms);
+  row.ns_per_distinct = row.distinct == 0 ? 0.0 : row.total_ms * 1e6 / static_cast<double>(row.distinct);
+  return row;
+}
+
+// Per (rank, group) step: the counts over the measured group steps divided by their number.
+double PerStep(std::uint64_t total, const DeviceRow& d) {
+  return d.group_steps == 0 ? 0.0 : static_cast<double>(total) / static_cast<double>(d.group_steps);
+}
+
+nlohmann::json DeviceRowJson(const DeviceRow& d) {
+  nlohmann::json launches, syncs;
+  const std::pair<const char*, const DeviceStepCounts*> phases[] = {
+      {"check", &d.counts.check}, {"claim", &d.counts.claim}, {"complete", &d.counts.complete},
+      {"advance_round", &d.counts.advance_round}};
+  for (const auto& [name, c] : phases) {
+    launches[name] = PerStep(c->launches, d);
+    syncs[name] = PerStep(c->syncs, d);
+  }
+  launches["total"] = PerStep(d.counts.Step().launches, d);
+  syncs["total"] = PerStep(d.counts.Step().syncs, d);
+  return {{"config", d.config}, {"batch_per_rank", d.batch}, {"groups", d.groups}, {"threads", d.threads},
+          {"form", "openmp"}, {"group_ms_median", d.group_ms_median}, {"ns_per_distinct", d.ns_per_distinct},
+          {"host_ns_per_distinct", d.host_ns_per_distinct},
+          {"device_over_host", d.host_ns_per_distinct > 0 ? d.ns_per_distinct / d.host_ns_per_distinct : -1.0},
+          {"misses_per_group_step", PerStep(d.misses, d)}, {"evictions_per_group_step", PerStep(d.evictions, d)},
+          {"launches_per_step", launches}, {"syncs_per_step", syncs}};
+}
+
+void PrintDeviceRows(const PlannerOptions& o, const std::vector<DeviceRow>& rows) {
+  fmt::print("\nula bench planner (device planner): DeviceStep's OpenMP form on an engine-path copy of each row's "
+             "workload (kernel_pb_lru, stable_new_entries), Plan + Complete per group timed, {} warm-up + {} measured "
+             "steps; host_ns/sel: the host planner's row above\n",
+             o.warmup, o.steps);
+  fmt::print("{:<15} {:>6} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}\n", "config", "batch", "T", "group_ms", "ns/sel",
+             "host_ns/sel", "dev/host", "miss/g", "evict/g");
+  for (const DeviceRow& d : rows) {
+    fmt::print("{:<15} {:>6} {:>3} {:>9.3f} {:>9.1f} {:>11.1f} {:>9.2f} {:>9.0f} {:>9.0f}\n", d.config, d.batch, d.threads,
+               d.group_ms_median, d.ns_per_distinct, d.host_ns_per_distinct,
+               d.host_ns_per_distinct > 0 ? d.ns_per_distinct / d.host_ns_per_distinct : -1.0, PerStep(d.misses, d),
+               PerStep(d.evictions, d));
+  }
+  fmt::print("per (rank, group) step (Check, Claim, Complete, AdvanceRound; a CCCL scan counts two kernels):\n");
+  for (const DeviceRow& d : rows) {
+    const DeviceStepCounters& c = d.counts;
+    fmt::print("{:<15} {:>6} {:>3} launches {:.0f} = {:.0f} + {:.0f} + {:.0f} + {:.0f}, syncs {:.0f} = {:.0f} + {:.0f} + "
+               "{:.0f} + {:.0f}\n",
+               d.config, d.batch, d.threads, PerStep(c.Step().launches, d), PerStep(c.check.launches, d),
+               PerStep(c.claim.launches, d), PerStep(c.complete.launches, d), PerStep(c.advance_round.launches, d),
+               PerStep(c.Step().syncs, d), PerStep(c.check.syncs, d), PerStep(c.claim.syncs, d),
+               PerStep(c.complete.syncs, d), PerStep(c.advance_round.syncs, d));
+  }
+}
+
 int Run(const PlannerOptions& o) {
   if (o.claim_sweep) return RunClaimSweep(o);
-  if (o.planner == "device") {
-    fmt::print(stderr, "ula bench planner: --planner device is not built: the device step (DeviceStep) runs on an "
-                       "engine-path space (kernel_pb_lru, stable_new_entries) with its arrays sized at Create, and its "
-                       "copies are the engine's; its cost is measured by bench/device_step_bench.cc "
-                       "(BM_DeviceStepRound, OpenMP form) and on a GPU by scripts/gpu-check.sh\n");
+  if (o.cuda && o.planner != "device") {
+    fmt::print(stderr, "ula bench planner: --cuda times the device step: it needs --planner device\n");
     return 2;
+  }
+  if (o.cuda) {  // a build without CUDA says so before any work
+    if (Status st = DeviceStepConfig{.cuda = true}.Validate(); !st) {
+      fmt::print(stderr, "ula bench planner: --cuda: {}\n", st.error().ToString());
+      return 2;
+    }
   }
   const std::filesystem::path dir = o.config_dir.empty() ? DefaultConfigDir() : std::filesystem::path(o.config_dir);
   auto fail = [](const std::string& m) {
@@ -255,6 +454,7 @@ int Run(const PlannerOptions& o) {
                                                    (model->mtp_layers + model->layers_per_group - 1) / model->layers_per_group;
   const std::uint32_t entry = model->kv_entry_bytes_per_layer * model->layers_per_group;
   std::vector<Row> rows;
+  std::vector<DeviceRow> device_rows;
   for (const std::string& name : o.configs) {
     ConfigRow cfg;
     for (const auto& r : summary) {
@@ -396,6 +596,13 @@ int Run(const PlannerOptions& o) {
         row.moved_per_miss = row.misses == 0 ? 0.0
                                              : static_cast<double>(row.bytes_moved) / entry / static_cast<double>(row.misses);
         rows.push_back(row);
+        if (o.planner == "device") {
+          std::string error;
+          auto d = MeasureDevice(o, sc, name, batch, groups, queries, model->top_k, selection->params(), row.threads, error);
+          if (!d) return fail("--planner device: " + error);
+          d->host_ns_per_distinct = row.ns_per_distinct;
+          device_rows.push_back(*d);
+        }
       }
     }
   }
@@ -423,13 +630,14 @@ int Run(const PlannerOptions& o) {
                              {"shadow_evictions_per_group_step", r.shadow_evictions / r.group_steps},
                              {"step_share_of_gpu_group", r.gpu_group_ms > 0 ? r.group_ms_median / r.gpu_group_ms : -1.0}});
     }
+    for (const DeviceRow& d : device_rows) out["device_rows"].push_back(DeviceRowJson(d));
     fmt::print("{}\n", out.dump());
     return 0;
   }
   fmt::print("ula bench planner ({} planner): DP, one rank of 8, counting backend, {} groups x {} B entries, {} warm-up + {} "
              "measured steps per thread count, prefetch distance {}, parallel claim from {} victims, device pool x {}, "
              "host shadows {}{}\n",
-             o.planner, groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims, o.device_fraction,
+             "host", groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims, o.device_fraction,
              o.shadows, o.prefer_shadowed ? ", shadowed victims preferred" : "");
   fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>5} {:>9} {:>10} {:>9}\n", "config",
              "batch", "T", "distinct/g", "group_ms", "ns/sel", "read_ns", "ratio", "hit", "table_MB", "gpu_ms/g",
@@ -442,6 +650,7 @@ int Run(const PlannerOptions& o) {
                r.claim_ns / 1e3 / static_cast<double>(r.group_steps), 100.0 * r.claim_ns / 1e6 / r.total_ms,
                r.parallel_claims, r.host_free_share, r.moved_per_miss, r.shadow_evictions / r.group_steps);
   }
+  if (!device_rows.empty()) PrintDeviceRows(o, device_rows);
   return 0;
 }
 
@@ -467,14 +676,19 @@ Action SetupPlanner(CLI::App& app) {
                  "evictions from which a step with T > 1 claims its victims on the T threads")
       ->capture_default_str()
       ->check(IntIn(1, 0xffffffffu));
+  app.add_option("--groups", o->groups, "layer groups planned per step (0: the model's, GLM-5: 21)")
+      ->capture_default_str()
+      ->check(IntIn(0, 1024));
   app.add_option("--steps", o->steps, "measured steps per thread count")->capture_default_str()->check(IntIn(1, 1000));
   app.add_option("--warmup", o->warmup, "unmeasured steps first")->capture_default_str()->check(IntIn(0, 1000));
   app.add_option("--seed", o->seed, "request lengths")->capture_default_str()->check(Seed());
   app.add_flag("--json", o->json, "print one JSON object");
   app.add_option("--planner", o->planner,
-                 "host (StepPlanner, the serial host step); device (DeviceStep) is refused with the reason: "
-                 "bench/device_step_bench.cc measures it")
+                 "host (StepPlanner, the serial host step); device: also DeviceStep's OpenMP form on the same "
+                 "workload, beside the host planner, with its launches and syncs per step")
       ->check(CLI::IsMember({"host", "device"}))->capture_default_str();
+  app.add_flag("--cuda", o->cuda,
+               "--planner device: the CUDA form (a build with CUDA and a GPU; refused with the reason otherwise)");
   app.add_option("--shadows", o->shadows, "clean host shadows (AddressSpaceConfig::host_shadows): on or off")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--host-free", o->host_free,
