@@ -268,6 +268,52 @@ TEST(ServingSim, RepricingWithTheSameInputsReproducesTheRunAndASlowerKernelSlows
   }
 }
 
+// Prefill KV arriving follows the output tokens a step produces, MTP's accepted drafts
+// included: per measured step, arriving bytes = (bytes per output token) x batch_total x
+// tokens_per_step. The bytes per output token depend on the workload and the placement
+// rules, not on the acceptance rate, so at two acceptance rates (MTP on: 1.5 and more
+// tokens per step apart) arriving / (batch_total x tokens_per_step) is the same for every
+// system and mode; leaving the drafts out (1 token per step) breaks it by that factor.
+TEST(ServingSim, ArrivingPrefillKvFollowsTheOutputTokensIncludingAcceptedDrafts) {
+  const ComparisonResult hi = RunTiny();  // acceptance 0.7
+  const ComparisonResult lo = RunTinyWith("/mtp_acceptance_rate/value", 0.1);
+  ASSERT_EQ(hi.configs.size(), 4u);
+  ASSERT_EQ(lo.configs.size(), 4u);
+  int mtp_checked = 0;
+  for (std::size_t i = 0; i < hi.configs.size(); ++i) {
+    const ConfigResult &h = hi.configs[i], &l = lo.configs[i];
+    SCOPED_TRACE(std::string(ParallelModeName(h.entry.mode)) + (h.entry.mtp ? " mtp on" : " mtp off"));
+    ASSERT_EQ(h.systems.size(), l.systems.size());
+    for (std::size_t s = 0; s < h.systems.size(); ++s) {
+      SCOPED_TRACE(std::string(SystemName(h.systems[s].system)));
+      ASSERT_FALSE(h.systems[s].curve.empty() || l.systems[s].curve.empty());
+      // Arriving bytes per output token, from each measured step of each curve point.
+      auto per_output_token = [](const SystemResult& r) {
+        std::vector<double> v;
+        for (const CurvePoint& p : r.curve) {
+          for (const StepCounts& k : p.measured) {
+            v.push_back((k.arriving_host_bytes + k.arriving_device_bytes) / (k.batch_total * p.tokens_per_step));
+          }
+        }
+        return v;
+      };
+      const std::vector<double> a = per_output_token(h.systems[s]), b = per_output_token(l.systems[s]);
+      ASSERT_FALSE(a.empty() || b.empty());
+      const double ref = a.front();
+      ASSERT_GT(ref, 0);
+      for (double x : a) EXPECT_NEAR(x, ref, 1e-9 * ref);
+      for (double x : b) EXPECT_NEAR(x, ref, 1e-9 * ref);
+      if (h.entry.mtp) {
+        const double th = h.systems[s].curve.front().tokens_per_step, tl = l.systems[s].curve.front().tokens_per_step;
+        EXPECT_GT(th, 1.5);
+        EXPECT_GT(th, 1.3 * tl);  // the two rates differ enough to tell drafts from none
+        ++mtp_checked;
+      }
+    }
+  }
+  EXPECT_GT(mtp_checked, 0);
+}
+
 // SGLang sizes HiSparse's host pool as host_to_device_ratio x its device
 // pool, so a small ratio caps HiSparse's admission below what the host memory holds.
 TEST(ServingSim, HiSparsesHostPoolIsTheRatioTimesItsDevicePool) {
