@@ -185,30 +185,40 @@ TEST(HostShadows, StableAllocateEvictsShadowedVictimsWithoutCopies) {
   ExpectBytes(*space, *fresh);
 }
 
+// 4 device slots under PB-LRU with R = 0 (PolicyOptions::prefer_shadowed as given), 16 entries
+// written; one step hits 0, 1 and misses 4, 5, fetched into slots 2, 3 (evicting entries 2, 3)
+// with host shadows; then the round ends, so every device entry is cold.
+struct ColdShadows {
+  explicit ColdShadows(bool prefer) {
+    AddressSpaceConfig c = ShadowConfig(4, 16);
+    c.policy_options.recent_buckets = 0;
+    c.policy_options.prefer_shadowed = prefer;
+    space = AddressSpace::Create(c, *backend).value();
+    planner = std::make_unique<StepPlanner>(*space);
+    EXPECT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
+    addrs = space->Allocate(RequestId(1), 16).value();
+    for (LogicalAddr a : addrs) EXPECT_TRUE(space->Write(a, GroupId(0), Pattern(a, 0, kBytes)));
+    space->AdvanceRound();
+    EXPECT_TRUE(StepOn(*planner, RequestId(1), std::vector<LogicalAddr>{addrs[0], addrs[1], addrs[4], addrs[5]}));
+    space->AdvanceRound();
+  }
+  std::unique_ptr<Backend> backend = MakeCpuBackend({.copy_threads = 1});
+  std::unique_ptr<AddressSpace> space;
+  std::unique_ptr<StepPlanner> planner;
+  std::vector<LogicalAddr> addrs;
+};
+
 // PolicyOptions::prefer_shadowed: among equally old victims (PB-LRU's cold bucket, R = 0)
 // the shadowed ones go first, so the eviction moves no bytes; without it, slot order.
 TEST(HostShadows, PreferringShadowedVictimsSavesTheirCopies) {
   for (bool prefer : {false, true}) {
-    auto backend = MakeCpuBackend({.copy_threads = 1});
-    AddressSpaceConfig c = ShadowConfig(4, 16);
-    c.policy_options.recent_buckets = 0;
-    c.policy_options.prefer_shadowed = prefer;
-    auto space = AddressSpace::Create(c, *backend).value();
-    StepPlanner planner(*space);
-    ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
-    const auto addrs = space->Allocate(RequestId(1), 16).value();
-    for (LogicalAddr a : addrs) ASSERT_TRUE(space->Write(a, GroupId(0), Pattern(a, 0, kBytes)));
-    space->AdvanceRound();
-    // Hits 0, 1 and misses 4, 5: the victims are slots 2, 3 (entries 2, 3).
-    const std::vector<LogicalAddr> first{addrs[0], addrs[1], addrs[4], addrs[5]};
-    ASSERT_TRUE(StepOn(planner, RequestId(1), first));
-    space->AdvanceRound();  // R = 0: every device entry is cold now, 4 and 5 with shadows
-    auto s = StepOn(planner, RequestId(1), std::span(addrs).subspan(6, 2));
+    ColdShadows f(prefer);  // entries 4 and 5 cold on device with shadows, 0 and 1 without
+    auto s = StepOn(*f.planner, RequestId(1), std::span(f.addrs).subspan(6, 2));
     ASSERT_TRUE(s) << s.error().ToString();
     EXPECT_EQ(s->shadow_evictions, prefer ? 2u : 0u) << "prefer_shadowed " << prefer;
     EXPECT_EQ(s->bytes_moved, (prefer ? 2u : 4u) * kBytes) << "prefer_shadowed " << prefer;
-    EXPECT_TRUE(space->CheckInvariants());
-    ExpectBytes(*space, addrs);
+    EXPECT_TRUE(f.space->CheckInvariants());
+    ExpectBytes(*f.space, f.addrs);
   }
 }
 
@@ -217,19 +227,10 @@ TEST(HostShadows, PreferringShadowedVictimsSavesTheirCopies) {
 // (no copy) over the rewritten one, which would be evicted first by slot order and copied
 // as if its eviction were free.
 TEST(HostShadows, AWriteMakesThePolicyForgetTheDroppedShadowAtOnce) {
-  auto backend = MakeCpuBackend({.copy_threads = 1});
-  AddressSpaceConfig c = ShadowConfig(4, 16);
-  c.policy_options.recent_buckets = 0;
-  c.policy_options.prefer_shadowed = true;
-  auto space = AddressSpace::Create(c, *backend).value();
-  StepPlanner planner(*space);
-  ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
-  const auto addrs = space->Allocate(RequestId(1), 16).value();
-  for (LogicalAddr a : addrs) ASSERT_TRUE(space->Write(a, GroupId(0), Pattern(a, 0, kBytes)));
-  space->AdvanceRound();
-  // Hits 0, 1 and misses 4, 5, fetched into slots 2, 3 with shadows.
-  ASSERT_TRUE(StepOn(planner, RequestId(1), std::vector<LogicalAddr>{addrs[0], addrs[1], addrs[4], addrs[5]}));
-  space->AdvanceRound();
+  ColdShadows f(/*prefer=*/true);
+  auto& space = f.space;
+  auto& planner = *f.planner;
+  const auto& addrs = f.addrs;
   const auto fresh = Pattern(addrs[4], 0, kBytes, /*version=*/3);
   ASSERT_TRUE(space->Write(addrs[4], GroupId(0), fresh));  // drops 4's shadow (slot 2, the first by slot order)
   ASSERT_EQ(space->NumHostShadows(Rank(0), GroupId(0)), 1u);
