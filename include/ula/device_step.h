@@ -16,8 +16,8 @@
 // pools' free bitmaps, the device pool's PB-LRU as flat bitmaps with a summary level
 // (kernels/step_kernels.h, the layout of policy kernel_pb_lru) and each device slot's
 // address. Create copies it from an AddressSpace whose policy is kernel_pb_lru and whose
-// modes are the engine path's (stable_new_entries on, host_shadows off; refused otherwise,
-// as EngineStepPlanner::Create refuses); from then on
+// modes are the device step's (stable_new_entries on, host_shadows off; refused otherwise
+// at Create, src/step/engine_modes.h); from then on
 // the device step's state is the authoritative one for that (rank, group) (ReadState copies
 // it back for inspection).
 //

@@ -28,7 +28,9 @@
 //
 // Descriptor semantics (what an engine's copy kernel must do):
 //   kCopy  copy `bytes` from (src_tier, src_rank, src_offset) to (dst_tier, dst_rank,
-//          dst_offset). The destination is a free slot: a failed copy may leave garbage.
+//          dst_offset). The destination is a free slot, or the slot of a victim whose
+//          clean host shadow holds its bytes (host shadows, below): a failed copy may
+//          leave garbage.
 //   kSwap  exchange the two ranges (the displaced victim goes to the wanted entry's host
 //          slot). A failed swap must leave both ranges as they were (swap through a
 //          staging buffer and report failure before writing back).
@@ -66,10 +68,22 @@
 //
 // Modes: Create refuses a space whose config has stable_new_entries off
 // (kFailedPrecondition: the engine writes a new token's KV where Lookup said right after
-// Allocate, so every new entry's write slot must stay put for its round) or host_shadows on
-// (kUnsupported: the engine path moves exclusive entries). Both are AddressSpaceConfig
-// fields, fixed when the space is created; nothing here changes them.
+// Allocate, so every new entry's write slot must stay put for its round). It is an
+// AddressSpaceConfig field, fixed when the space is created; nothing here changes it.
 //
+// Host shadows (AddressSpaceConfig::host_shadows, src/space/host_shadows.h): a fetched
+// entry's host slot stays behind as a clean copy. A victim whose shadow survives is
+// published at its shadow by Complete, with no descriptor of its own: the miss that takes
+// its slot is a plain kCopy, so an engine runs one copy where it ran a swap. The plan lists
+// the copies into free slots, then those into shadowed victims' slots, then the swaps (the
+// victims without a shadow). Complete moves every shadowed victim of the plan to its shadow
+// whatever the statuses (its bytes are there; a failed copy may have overwritten its device
+// row, whose slot then goes back to the pool). Entries are never rewritten in place by an
+// engine (a new token's KV goes to a new entry, which has no shadow), so a shadow stays
+// clean; AddressSpace::Write drops one as usual. On the comparison's workload the host link
+// carries about 1.0 entries per miss with shadows, 2.0 without (docs/BENCHMARKS.md, "Host
+// shadows").
+
 // Allocation: Create sizes every scratch array for the largest step (config.max_*) and
 // the largest address count the space can reach; Plan, Complete, ExecuteOnEngineMemory,
 // and a Step without misses then allocate nothing (tests/step/engine_step_test.cc counts

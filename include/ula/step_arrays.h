@@ -49,7 +49,17 @@ namespace ula {
 
 inline constexpr std::int32_t kPadIndex = -1;
 
-enum class CopyOp : std::uint8_t { kCopy = 0, kSwap = 1 };
+// kEvict (DP engine step with host shadows, ula/engine_step.h): first copy the destination
+// (device) row to the victim's host slot evict_slot, then the source (host) row to the
+// destination, in that order.
+enum class CopyOp : std::uint8_t { kCopy = 0, kSwap = 1, kEvict = 2 };
+
+// An engine's status per descriptor, for Complete: 0 done; any other value failed, nothing
+// of it published. kEvictLanded (kEvict only): the victim's row reached its host slot but
+// the fill of the device row did not (the victim is published on host, its device slot freed).
+inline constexpr std::uint8_t kDescriptorDone = 0;
+inline constexpr std::uint8_t kDescriptorFailed = 1;
+inline constexpr std::uint8_t kEvictLanded = 2;
 
 // One entry move, a plain 48-byte record (mirrored by the Python package's numpy dtype).
 // Offsets are per layer: slot * row_bytes in each of the group's num_layers regions.
@@ -68,7 +78,7 @@ struct CopyDescriptor {
   std::uint8_t op = 0;           // CopyOp
   std::uint8_t reserved0 = 0;
   std::uint16_t num_layers = 1;  // rows to move: one per layer of the group
-  std::uint8_t reserved[4] = {};
+  std::uint32_t evict_slot = 0;  // kEvict: the victim's new host slot (offset evict_slot * row_bytes)
 };
 static_assert(sizeof(CopyDescriptor) == 48);
 

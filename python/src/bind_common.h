@@ -339,7 +339,7 @@ inline std::span<const DescriptorField> DescriptorFields() {
       ULAPY_DESCRIPTOR_FIELD(src_rank, false),  ULAPY_DESCRIPTOR_FIELD(dst_rank, false),
       ULAPY_DESCRIPTOR_FIELD(group, false),     ULAPY_DESCRIPTOR_FIELD(src_tier, false),
       ULAPY_DESCRIPTOR_FIELD(dst_tier, false),  ULAPY_DESCRIPTOR_FIELD(op, false),
-      ULAPY_DESCRIPTOR_FIELD(num_layers, false)};
+      ULAPY_DESCRIPTOR_FIELD(num_layers, false), ULAPY_DESCRIPTOR_FIELD(evict_slot, false)};
   return fields;
 }
 #undef ULAPY_DESCRIPTOR_FIELD

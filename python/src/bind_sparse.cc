@@ -201,10 +201,12 @@ namespace {
 // The descriptor dtype and the constants of its fields.
 void BindDescriptorDtype(py::module_& m) {
   PYBIND11_NUMPY_DTYPE(ula::CopyDescriptor, src_offset, dst_offset, src_slot, dst_slot, bytes, addr, src_rank,
-                       dst_rank, group, src_tier, dst_tier, op, num_layers);
+                       dst_rank, group, src_tier, dst_tier, op, num_layers, evict_slot);
   m.attr("DESCRIPTOR_DTYPE") = py::dtype::of<ula::CopyDescriptor>();
   m.attr("COPY") = static_cast<int>(ula::CopyOp::kCopy);
   m.attr("SWAP") = static_cast<int>(ula::CopyOp::kSwap);
+  m.attr("EVICT") = static_cast<int>(ula::CopyOp::kEvict);
+  m.attr("EVICT_LANDED") = static_cast<int>(ula::kEvictLanded);
   m.attr("DEVICE") = static_cast<int>(ula::Tier::kDevice);
   m.attr("HOST") = static_cast<int>(ula::Tier::kHost);
 }
@@ -255,7 +257,7 @@ void BindAddressSpaceConfig(py::module_& m) {
                      "requires it: the engine writes KV where it looked it up).")
       .def_readwrite("host_shadows", &ula::AddressSpaceConfig::host_shadows,
                      "Fetched entries keep their host slot as a clean, reclaimable copy: evicting them "
-                     "moves no bytes (src/space/host_shadows.h). Off by default; an EngineStepPlanner refuses a space with it on.")
+                     "moves no bytes (src/space/host_shadows.h). Off by default; the EngineStepPlanner keeps them (its plans then hold EVICT descriptors); the device step refuses them.")
       .def_readwrite("page_tokens", &ula::AddressSpaceConfig::page_tokens)
       .def_readwrite("num_groups", &ula::AddressSpaceConfig::num_groups)
       .def_readwrite("entry_bytes", &ula::AddressSpaceConfig::entry_bytes)

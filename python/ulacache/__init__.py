@@ -106,13 +106,13 @@ def _explain_import_failure(error: ImportError) -> ImportError:
 
 try:
     from ._ulacache import *  # noqa: E402,F401,F403
-    from ._ulacache import DESCRIPTOR_DTYPE, COPY, SWAP, DEVICE, HOST  # noqa: E402,F401
+    from ._ulacache import DESCRIPTOR_DTYPE, COPY, SWAP, EVICT, EVICT_LANDED, DEVICE, HOST  # noqa: E402,F401
 except ImportError as _error:
     raise _explain_import_failure(_error) from _error
 
 
 DESCRIPTOR_FIELDS = ("src_offset", "dst_offset", "src_slot", "dst_slot", "bytes", "addr", "src_rank", "dst_rank",
-                     "group", "src_tier", "dst_tier", "op", "num_layers")
+                     "group", "src_tier", "dst_tier", "op", "num_layers", "evict_slot")
 
 
 def descriptor_columns(n, fields=DESCRIPTOR_FIELDS):

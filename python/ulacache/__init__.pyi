@@ -46,13 +46,17 @@ def error_class(code: str) -> type: ...
 
 # numpy dtype of one copy descriptor (48 bytes, ula::CopyDescriptor): src_offset, dst_offset
 # (u8), src_slot, dst_slot, bytes, addr (u4), src_rank, dst_rank, group (u2), src_tier,
-# dst_tier, op (u1), num_layers (u2: rows of `bytes` per descriptor, one per layer).
+# dst_tier, op (u1), num_layers (u2: rows of `bytes` per descriptor, one per layer),
+# evict_slot (u4: EVICT's host slot for the victim's row, written before the fill).
 DESCRIPTOR_DTYPE: np.dtype
 DESCRIPTOR_FIELDS: tuple[str, ...]
 # {field: numpy [n]} (offsets int64, the rest int32): plan's descriptors as columns.
 def descriptor_columns(n: int, fields: tuple[str, ...] = ...) -> dict[str, np.ndarray]: ...
 COPY: int
 SWAP: int
+EVICT: int
+# complete()'s status for an EVICT whose victim row landed on host but whose fill did not.
+EVICT_LANDED: int
 DEVICE: int
 HOST: int
 

@@ -243,8 +243,8 @@ struct DeviceStep::ShardSource {
   const policy::KernelPbLru* pb = nullptr;
   std::vector<std::uint32_t> device_owner;
   // Host slots the pool counts allocated that the device step counts free: DP's host shadows
-  // (sparse/host_shadows.h). The device step keeps no shadows, as the engine path does not
-  // (EngineStepPlanner::Create turns them off): a shadow is free capacity, so it is dropped.
+  // (sparse/host_shadows.h). The device step keeps no shadows (Create refuses a space with
+  // them on; this covers a state read otherwise): a shadow is free capacity, so it is dropped.
   std::vector<std::uint32_t> host_slots_freed;
   std::vector<std::uint32_t> new_on_host;    // sorted: this round's Allocate placed them on host
   const void* space = nullptr;               // the AddressSpace or TpAddressSpace read

@@ -4,10 +4,13 @@
 // engine descriptors to run on its own streams and write slots to put new tokens' KV in.
 // Two of a space's modes decide whether that can be right, and both are fields of the
 // space's config, fixed at the space's Create: no step changes them behind the space's back.
-//   - stable_new_entries must be on: the engine writes a new token's KV at the location
-//     Lookup gave right after Allocate, so that slot must not move within its round.
-//   - host_shadows must be off: the engine's descriptors move exclusive entries; a shadow
-//     would need the engine to keep host bytes it never wrote (the library step keeps them).
+//   - stable_new_entries must be on (every engine form): the engine writes a new token's KV
+//     at the location Lookup gave right after Allocate, so that slot must not move within
+//     its round.
+//   - host_shadows: the DP engine step keeps them (ula/engine_step.h, "Host shadows": a
+//     victim with a clean host copy is published there, its slot filled by a plain copy).
+//     The TP engine step and the device step refuse them: their descriptors move exclusive
+//     entries only.
 #pragma once
 
 #include <string_view>
@@ -20,14 +23,7 @@ namespace ula {
 
 // Ok, or the refusal that names the config field to change. `config_name` is the space's
 // config type ("AddressSpaceConfig", "TpConfig").
-inline Status RefuseEngineModes(bool stable_new_entries, bool host_shadows, std::string_view config_name) {
-  if (host_shadows) {
-    return MakeError(ErrorCode::kUnsupported,
-                     fmt::format("{}.host_shadows is on: the engine path moves exclusive entries and keeps no "
-                                 "host shadows; create the space with host_shadows = false (the library step "
-                                 "keeps them)",
-                                 config_name));
-  }
+inline Status RefuseUnstableNewEntries(bool stable_new_entries, std::string_view config_name) {
   if (!stable_new_entries) {
     return MakeError(ErrorCode::kFailedPrecondition,
                      fmt::format("{}.stable_new_entries is off: the engine path writes a new token's KV at the "
@@ -36,6 +32,19 @@ inline Status RefuseEngineModes(bool stable_new_entries, bool host_shadows, std:
                                  config_name));
   }
   return Ok();
+}
+
+// The forms that move exclusive entries only (the TP engine step, the device step): both
+// modes above, shadows first.
+inline Status RefuseEngineModes(bool stable_new_entries, bool host_shadows, std::string_view config_name) {
+  if (host_shadows) {
+    return MakeError(ErrorCode::kUnsupported,
+                     fmt::format("{}.host_shadows is on: this engine form moves exclusive entries and keeps no "
+                                 "host shadows; create the space with host_shadows = false (the DP engine step "
+                                 "and the host steps keep them)",
+                                 config_name));
+  }
+  return RefuseUnstableNewEntries(stable_new_entries, config_name);
 }
 
 }  // namespace ula

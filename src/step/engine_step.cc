@@ -6,10 +6,20 @@
 //
 // Pending-plan invariant: while a plan is pending, for each descriptor i
 //   - the wanted entry addr_i is on host at src_slot_i (unchanged since Plan);
-//   - kCopy: dst_slot_i is allocated in the device pool, owned by no address, untracked
-//     by the policy; kSwap: dst_slot_i is still owned (table and device_owner) by the
-//     victim, and the policy tracks it as used in the current round.
-// Complete restores "every allocated device slot holds exactly one live address".
+//   - kCopy into a free slot: dst_slot_i is allocated in the device pool, owned by no
+//     address, untracked by the policy;
+//   - kCopy into a shadowed victim's slot (host shadows on, fill kToShadow): dst_slot_i is
+//     still owned (table and device_owner) by the victim and tracked by the policy as used
+//     in the current round; the victim's shadow is out of the list, its host slot
+//     (victim_host_i) allocated and located by no address;
+//   - kEvict (host shadows on): as kToShadow, victim_host_i a host slot of the victim's own
+//     (a free one, or the oldest shadow reclaimed);
+//   - kSwap: dst_slot_i is still owned by the victim, tracked as above.
+// The plan lists the copies into free slots, the copies into shadowed victims' slots, the
+// evictions, then the swaps. Complete restores "every allocated device slot holds exactly
+// one live address": a shadowed victim goes to its shadow whatever the descriptor's status
+// (its bytes are there; the copy may have overwritten its device row), an evicted one to
+// its host slot when its row landed there; then the fills that arrived are published.
 #include "ula/engine_step.h"
 
 #include <fmt/format.h>
@@ -33,8 +43,13 @@ struct EngineStepPlanner::Scratch {
   std::vector<SlotId> hit_slots;          // [max selections]
   std::vector<const RequestState*> row_req;  // [max batch] each row's request (null: not looked up)
   std::vector<SlotId> target_slots;       // [max descriptors]
+  // Per miss i (Claim): how target_slots[i] is filled, and the victim's host slot (kToShadow,
+  // kEvict). Per descriptor j (WriteDescriptors, the pending plan): the same, in plan order.
+  std::vector<ShadowFill> miss_fill, fill;       // [max descriptors]
+  std::vector<SlotId> miss_host, victim_host;    // [max descriptors]
   std::vector<CopyDescriptor> library_descs;   // [max descriptors] Step's own plan
   std::vector<std::uint8_t> library_status;    // [max descriptors] all 0
+  std::vector<std::uint32_t> library_move;     // [max descriptors] Step: descriptor j's move in its CopyPublish
   // The pending plan.
   bool pending = false;
   std::uint64_t fence = 0;
@@ -59,12 +74,22 @@ struct EngineStepPlanner::Scratch {
                                  const StepShape& shape, std::span<const RequestId> requests,
                                  std::span<const std::int32_t> selections);
   // Step 4: the misses' device slots into target_slots, free slots first, then victims
-  // (marked used in this round); the hits touched. REQUIRES: the room check passed.
+  // (marked used in this round); the hits touched; miss_fill[i] says how each slot is filled.
+  // Without host shadows every victim swaps. With them (host_shadows.h, ShadowFill), as the
+  // host step decides: the victims' shadows leave the list first (kToShadow; none is then
+  // reclaimed for another victim), then each other victim, in miss order, gets a host slot
+  // of its own (kEvict) or, when the host holds nothing but entries, swaps.
+  // REQUIRES: the room check passed.
   void Claim(GroupPools& gp);
-  // The copy plan: descriptor i moves missed[i] into target_slots[i] (copies first, then
-  // swaps), into out and pending_descs; slot_of maps each miss to its target.
+  // The copy plan, in the host step's order (host_shadows.h, ShadowFillOrder): the fills
+  // by copy (free slots, shadowed victims' slots, evictions) in miss order, then the swaps
+  // (so the shadows are added in the host step's order): descriptor j moves miss i into
+  // target_slots[i] as miss_fill[i] says, into out and pending_descs (fill[j],
+  // victim_host[j]); slot_of maps each miss to its target.
   void WriteDescriptors(const AddressRecords& table, const GroupPools& gp, const AddressSpaceConfig& cfg, Rank rank,
-                        GroupId group, std::size_t n_free, std::span<CopyDescriptor> out);
+                        GroupId group, std::span<CopyDescriptor> out);
+  void WriteDescriptor(const AddressRecords& table, const GroupPools& gp, const AddressSpaceConfig& cfg, Rank rank,
+                       GroupId group, std::size_t i, std::size_t j, std::span<CopyDescriptor> out);
   // Step 6: indices in the kernels' layout: hits read their slot now, misses their target.
   void WriteIndices(const AddressRecords& table, std::span<const std::int32_t> selections,
                     std::span<std::int32_t> indices) const;
@@ -135,24 +160,54 @@ void EngineStepPlanner::Scratch::Claim(GroupPools& gp) {
   for (std::size_t i = 0; i < n_free; ++i) target_slots[i] = *gp.device.Allocate();
   const std::size_t claimed = gp.policy->ClaimVictims(std::span(target_slots).subspan(n_free));
   ULA_CHECK(claimed == n_miss - n_free);
+  std::fill_n(miss_fill.begin(), n_free, ShadowFill::kFree);
+  std::fill(miss_fill.begin() + n_free, miss_fill.begin() + n_miss, ShadowFill::kSwap);
+  if (!gp.shadows.enabled()) return;
+  for (std::size_t i = n_free; i < n_miss; ++i) {
+    const SlotId h = gp.shadows.Take(target_slots[i]);
+    if (!h.valid()) continue;
+    miss_host[i] = h;
+    miss_fill[i] = ShadowFill::kToShadow;
+  }
+  for (std::size_t i = n_free; i < n_miss; ++i) {
+    if (miss_fill[i] == ShadowFill::kToShadow) continue;
+    const auto h = gp.AllocateHost();  // a free host slot, else the oldest shadow
+    if (!h) continue;                  // the host holds only entries: a swap
+    miss_host[i] = *h;
+    miss_fill[i] = ShadowFill::kEvict;
+  }
 }
 
 void EngineStepPlanner::Scratch::WriteDescriptors(const AddressRecords& table, const GroupPools& gp,
                                                   const AddressSpaceConfig& cfg, Rank rank, GroupId group,
-                                                  std::size_t n_free, std::span<CopyDescriptor> out) {
-  for (std::size_t i = 0; i < missed.size(); ++i) {
-    const LogicalAddr a = missed[i];
-    const SlotId host_slot = table.Get(a).slot();
-    const SlotId dev_slot = target_slots[i];
-    // One layer's row; offsets are slot * row in every layer (step_arrays.h).
-    const CopyDescriptor d = MakeCopyDescriptor(i < n_free ? CopyOp::kCopy : CopyOp::kSwap,
-                                                {Tier::kHost, rank.value(), host_slot.value()},
-                                                {Tier::kDevice, rank.value(), dev_slot.value()}, a.value(), group.value(),
-                                                cfg.row(), static_cast<std::uint16_t>(gp.num_layers));
-    out[i] = d;
-    pending_descs[i] = d;
-    slot_of[a.value()] = static_cast<std::int32_t>(dev_slot.value());
+                                                  std::span<CopyDescriptor> out) {
+  std::size_t j = 0;
+  for (const bool swaps : {false, true}) {
+    for (std::size_t i = 0; i < missed.size(); ++i) {
+      if ((miss_fill[i] == ShadowFill::kSwap) != swaps) continue;
+      fill[j] = miss_fill[i];
+      victim_host[j] = miss_host[i];
+      WriteDescriptor(table, gp, cfg, rank, group, i, j++, out);
+    }
   }
+}
+
+void EngineStepPlanner::Scratch::WriteDescriptor(const AddressRecords& table, const GroupPools& gp,
+                                                 const AddressSpaceConfig& cfg, Rank rank, GroupId group,
+                                                 std::size_t i, std::size_t j, std::span<CopyDescriptor> out) {
+  const LogicalAddr a = missed[i];
+  const SlotId host_slot = table.Get(a).slot();
+  const SlotId dev_slot = target_slots[i];
+  // One layer's row; offsets are slot * row in every layer (step_arrays.h).
+  const CopyOp op = fill[j] == ShadowFill::kSwap ? CopyOp::kSwap
+                    : fill[j] == ShadowFill::kEvict ? CopyOp::kEvict : CopyOp::kCopy;
+  CopyDescriptor d = MakeCopyDescriptor(op, {Tier::kHost, rank.value(), host_slot.value()},
+                                        {Tier::kDevice, rank.value(), dev_slot.value()}, a.value(), group.value(),
+                                        cfg.row(), static_cast<std::uint16_t>(gp.num_layers));
+  if (op == CopyOp::kEvict) d.evict_slot = victim_host[j].value();
+  out[j] = d;
+  pending_descs[j] = d;
+  slot_of[a.value()] = static_cast<std::int32_t>(dev_slot.value());
 }
 
 void EngineStepPlanner::Scratch::WriteIndices(const AddressRecords& table, std::span<const std::int32_t> selections,
@@ -204,7 +259,7 @@ Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpac
                                                                       const EngineStepConfig& config) {
   ULA_RETURN_IF_ERROR(config.Validate());
   const AddressSpaceConfig& cfg = space.config();
-  ULA_RETURN_IF_ERROR(RefuseEngineModes(cfg.stable_new_entries, cfg.host_shadows, "AddressSpaceConfig"));
+  ULA_RETURN_IF_ERROR(RefuseUnstableNewEntries(cfg.stable_new_entries, "AddressSpaceConfig"));
   const std::uint64_t max_sel = config.rows() * config.max_top_k;
   // Addresses come in pages (address_space.h "Pages"): a page is minted only when none is
   // free, i.e. when every handed-out page holds a live address; live addresses fit in the
@@ -222,8 +277,13 @@ Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpac
   s->missed.reserve(max_sel);
   s->hit_slots.reserve(max_sel);
   s->target_slots.reserve(s->max_descriptors);
+  s->fill.assign(s->max_descriptors, ShadowFill::kFree);
+  s->miss_fill.assign(s->max_descriptors, ShadowFill::kFree);
+  s->victim_host.assign(s->max_descriptors, SlotId::Invalid());
+  s->miss_host.assign(s->max_descriptors, SlotId::Invalid());
   s->library_descs.resize(s->max_descriptors);
   s->library_status.assign(s->max_descriptors, 0);
+  s->library_move.assign(s->max_descriptors, 0);
   s->pending_descs.resize(s->max_descriptors);
   s->regions.resize(std::size_t{kNumTiers} * cfg.num_ranks * cfg.num_groups);
   return std::unique_ptr<EngineStepPlanner>(new EngineStepPlanner(space, config, std::move(s)));
@@ -312,6 +372,11 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   // 4. Claim device slots; the copy plan; 6. the indices.
   const std::size_t n_free = std::min<std::size_t>(n_miss, gp.device.num_free());
   s.Claim(gp);
+  std::size_t n_shadowed = 0, n_evict = 0;
+  for (std::size_t i = n_free; i < n_miss; ++i) {
+    n_shadowed += s.miss_fill[i] == ShadowFill::kToShadow;
+    n_evict += s.miss_fill[i] == ShadowFill::kEvict;
+  }
   PlannedStep out;
   out.stats.selections = selections.size();
   out.stats.distinct = *distinct;
@@ -319,8 +384,11 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   out.stats.misses = n_miss;
   out.stats.into_free = n_free;
   out.stats.evictions = n_miss - n_free;
-  out.stats.bytes_moved = (n_miss + (n_miss - n_free)) * std::uint64_t{cfg.entry_bytes_of(group)};
-  s.WriteDescriptors(table, gp, cfg, rank, group, n_free, out_descriptors);
+  out.stats.shadow_evictions = n_shadowed;
+  out.stats.evict_copies = n_evict;
+  // A fetch per miss, and a victim's row to host per eviction and per swap.
+  out.stats.bytes_moved = (n_miss + (n_miss - n_free - n_shadowed)) * std::uint64_t{cfg.entry_bytes_of(group)};
+  s.WriteDescriptors(table, gp, cfg, rank, group, out_descriptors);
   s.WriteIndices(table, selections, indices);
   s.pending = true;
   ++st.plans_pending;
@@ -402,20 +470,40 @@ Result<CompleteReport> EngineStepPlanner::Complete(std::uint64_t fence, std::spa
     const CopyDescriptor& d = s.pending_descs[i];
     ULA_CHECK(table.Get(LogicalAddr(d.addr)) == Location::Make(Tier::kHost, s.rank, SlotId(d.src_slot)));
   }
-  // Publish what arrived (backend/copy_publish.h): a failed copy's free slot goes back to the
-  // pool, a failed swap's victim simply stays.
+  // The victims first: a shadowed one goes to its shadow whatever the status (its bytes are
+  // there; the copy into its slot may have overwritten the device row); an evicted one to
+  // its host slot when its row landed there, else it stays and that host slot goes back.
+  const auto landed_on_host = [&](std::size_t i) { return status[i] == kDescriptorDone || status[i] == kEvictLanded; };
+  for (std::uint32_t i = 0; i < s.num_pending; ++i) {
+    const ShadowFill f = s.fill[i];
+    if (f != ShadowFill::kToShadow && f != ShadowFill::kEvict) continue;
+    const SlotId dev_slot(s.pending_descs[i].dst_slot);
+    LogicalAddr& victim = gp.device_owner[dev_slot.value()];
+    ULA_CHECK(table.Get(victim) == Location::Make(Tier::kDevice, s.rank, dev_slot));  // REQUIRES: not freed
+    if (f == ShadowFill::kEvict && !landed_on_host(i)) {
+      ULA_CHECK(gp.host.Free(s.victim_host[i]).has_value());
+      continue;
+    }
+    table.Set(victim, Location::Make(Tier::kHost, s.rank, s.victim_host[i]));
+    victim = LogicalAddr::Invalid();
+  }
+  // Publish what arrived (backend/copy_publish.h): a failed fill's slot (a free one, or an
+  // emptied victim's) goes back to the pool; a failed swap's or eviction's victim stays.
+  // With shadows on, a fetched entry's host slot stays behind as its shadow (the fill read
+  // it and nobody wrote it), except after a swap: that slot now holds the victim.
   CompleteReport report;
   report.published = static_cast<std::uint32_t>(PublishArrived(
-      s.num_pending, [&](std::size_t i) { return status[i] == 0; },
-      [&](std::size_t i) { return s.pending_descs[i].op == static_cast<std::uint8_t>(CopyOp::kSwap); },
+      s.num_pending, [&](std::size_t i) { return status[i] == kDescriptorDone; },
+      [&](std::size_t i) { return s.fill[i] == ShadowFill::kSwap; },
       [&](std::size_t i, bool swap) {
         const CopyDescriptor& d = s.pending_descs[i];
         const LogicalAddr wanted(d.addr);
         const SlotId host_slot(d.src_slot);
         const SlotId dev_slot(d.dst_slot);
         if (!swap) {
-          ULA_CHECK(gp.host.Free(host_slot).has_value());
-          gp.policy->Insert(dev_slot);
+          if (s.fill[i] == ShadowFill::kFree) gp.policy->Insert(dev_slot);  // a victim's slot stays tracked
+          if (gp.shadows.enabled()) gp.shadows.Add(dev_slot, host_slot);
+          else ULA_CHECK(gp.host.Free(host_slot).has_value());
         } else {
           const LogicalAddr victim = gp.device_owner[dev_slot.value()];
           ULA_CHECK(table.Get(victim) == Location::Make(Tier::kDevice, s.rank, dev_slot));  // REQUIRES: not freed
@@ -424,7 +512,12 @@ Result<CompleteReport> EngineStepPlanner::Complete(std::uint64_t fence, std::spa
         table.Set(wanted, Location::Make(Tier::kDevice, s.rank, dev_slot));
         gp.device_owner[dev_slot.value()] = wanted;
       },
-      [&](std::size_t i) { ULA_CHECK(gp.device.Free(SlotId(s.pending_descs[i].dst_slot)).has_value()); }));
+      [&](std::size_t i) {
+        const SlotId dev_slot(s.pending_descs[i].dst_slot);
+        if (s.fill[i] == ShadowFill::kEvict && !landed_on_host(i)) return;  // its victim stays in the slot
+        if (s.fill[i] != ShadowFill::kFree) gp.policy->Remove(dev_slot);
+        ULA_CHECK(gp.device.Free(dev_slot).has_value());
+      }));
   report.failed = s.num_pending - report.published;
   s.pending = false;
   --st.plans_pending;
@@ -445,29 +538,57 @@ Result<StepStats> EngineStepPlanner::Step(Rank rank, GroupId group, const StepSh
     ULA_CHECK(report.has_value() && report->failed == 0);
     return planned->stats;
   }
-  // The library copies the descriptors itself (backend/copy_publish.h): Plan wrote the
-  // copies first, then the swaps; Complete publishes only those whose batch arrived.
+  // The library runs the descriptors itself, in the host step's batches. The evictions'
+  // device -> host batch runs first, waited on its own fence; then CopyPublish
+  // (backend/copy_publish.h) runs the fills: the copies (with the evictions' fills when
+  // their batch landed) and the swaps, which Plan wrote last. Complete publishes only what
+  // arrived.
   const GroupPools& gp = StateOf(space_).at(rank, group);
-  const std::size_t n_free = planned->stats.into_free;
-  CopyPublish cp(gp.host.arena().id, gp.device.arena().id, space_.config().row(), n_free, n - n_free,
-                 gp.num_layers);
-  for (std::uint32_t i = 0; i < n; ++i) {
-    const CopyDescriptor& d = s.library_descs[i];
-    ULA_DCHECK((d.op == static_cast<std::uint8_t>(CopyOp::kSwap)) == cp.is_swap(i));
+  const auto is_evict = [&](std::uint32_t j) { return s.library_descs[j].op == static_cast<std::uint8_t>(CopyOp::kEvict); };
+  const auto is_swap = [&](std::uint32_t j) { return s.library_descs[j].op == static_cast<std::uint8_t>(CopyOp::kSwap); };
+  const std::size_t n_evict = planned->stats.evict_copies;
+  const std::size_t n_swap = n - planned->stats.into_free - planned->stats.shadow_evictions - n_evict;
+  Status evicted = Ok();
+  if (n_evict > 0) {
+    CopyBatch evict{gp.device.arena().id, gp.host.arena().id, space_.config().row(), /*swap=*/false, {}};
+    for (std::uint32_t j = 0; j < n; ++j) {
+      if (is_evict(j)) gp.AppendMoves(Tier::kDevice, SlotId(s.library_descs[j].dst_slot), SlotId(s.library_descs[j].evict_slot), evict.moves);
+    }
+    auto fence = space_.backend().Submit(std::move(evict));
+    evicted = fence ? space_.backend().Wait(*fence) : Status(std::unexpected(fence.error()));
+  }
+  const std::size_t n_fill = n - n_swap - (evicted ? 0 : n_evict);  // a failed eviction's slot is not filled
+  CopyPublish cp(gp.host.arena().id, gp.device.arena().id, space_.config().row(), n_fill, n_swap, gp.num_layers);
+  std::size_t added = 0;
+  for (std::uint32_t j = 0; j < n; ++j) {
+    if (is_evict(j) && !evicted) {
+      s.library_status[j] = kDescriptorFailed;
+      continue;
+    }
+    s.library_move[j] = static_cast<std::uint32_t>(added++);
+    const CopyDescriptor& d = s.library_descs[j];
+    ULA_DCHECK(is_swap(j) == cp.is_swap(s.library_move[j]));
     cp.AddEntry([&](std::vector<SlotMove>& rows) {
       gp.AppendMoves(Tier::kHost, SlotId(d.src_slot), SlotId(d.dst_slot), rows);
     });
   }
   cp.Run(space_.backend());
-  for (std::uint32_t i = 0; i < n; ++i) s.library_status[i] = cp.arrived(i) ? 0 : 1;
+  for (std::uint32_t j = 0; j < n; ++j) {
+    if (is_evict(j) && !evicted) continue;
+    s.library_status[j] = cp.arrived(s.library_move[j]) ? kDescriptorDone : is_evict(j) ? kEvictLanded : kDescriptorFailed;
+  }
   auto report = Complete(planned->fence, std::span<const std::uint8_t>(s.library_status).first(n));
   std::fill_n(s.library_status.begin(), n, std::uint8_t{0});
   ULA_CHECK(report.has_value());
-  if (!cp.all_arrived()) {
-    return std::unexpected(cp.Failure(fmt::format("rank {} group {}: {} of {} copies not published", rank.value(),
-                                                  group.value(), report->failed, n)));
-  }
-  return planned->stats;
+  if (cp.all_arrived() && evicted) return planned->stats;
+  const std::string context = fmt::format("rank {} group {}: {} of {} copies not published", rank.value(),
+                                          group.value(), report->failed, n);
+  const std::string evict_error =
+      evicted ? std::string() : fmt::format("device->host copy of {} victims failed ({})", n_evict, evicted.error().message());
+  if (cp.all_arrived()) return MakeError(ErrorCode::kIo, fmt::format("{}: {}", context, evict_error));
+  Error e = cp.Failure(context);
+  if (evicted) return std::unexpected(std::move(e));
+  return MakeError(ErrorCode::kIo, fmt::format("{}; {}", e.message(), evict_error));
 }
 
 Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId group, const EngineRegion& region) {
@@ -564,6 +685,9 @@ void EngineStepPlanner::ExecuteOnEngineMemory(std::span<const CopyDescriptor> de
       auto* b = reinterpret_cast<std::byte*>(dst->bases[l] + std::uint64_t{d.dst_slot} * lb);
       if (d.op == static_cast<std::uint8_t>(CopyOp::kSwap)) {
         std::swap_ranges(a, a + lb, b);
+      } else if (d.op == static_cast<std::uint8_t>(CopyOp::kEvict)) {  // the victim's row out first
+        std::memcpy(reinterpret_cast<std::byte*>(src->bases[l] + std::uint64_t{d.evict_slot} * lb), b, lb);
+        std::memcpy(b, a, lb);
       } else {
         std::memcpy(b, a, lb);
       }

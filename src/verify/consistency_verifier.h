@@ -54,14 +54,14 @@ struct VerifierConfig {
   //   kDevice   DeviceStep in its OpenMP form, one per (rank, group): Reload from the space,
   //             Plan, the descriptors run on the backend over the space's pools, Complete,
   //             StoreInto the space.
-  // The engine forms need the engine path's modes (stable_new_entries on, host_shadows off)
-  // and kDevice the kernel_pb_lru policy: otherwise their Create refuses, and so does
+  // The engine forms need stable_new_entries on, kDevice also host_shadows off and the
+  // kernel_pb_lru policy: otherwise their Create refuses, and so does
   // RunConsistencyVerifier, with that reason.
   PlannerForm form = PlannerForm::kHost;
   // true: the space keeps clean host shadows (AddressSpaceConfig::host_shadows,
   // src/space/host_shadows.h); the checks are the same (a shadow is never read, so every
-  // entry must still read its reference bytes). Not with kEngine or kDevice (their Create
-  // refuses them).
+  // entry must still read its reference bytes). kEngine keeps them (its plans evict to
+  // shadows and host slots, engine_step.h); kDevice's Create refuses them.
   bool host_shadows = false;
   // AddressSpaceConfig::stable_new_entries (a new token's slot never moves in its round).
   bool stable_new_entries = false;

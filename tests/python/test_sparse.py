@@ -7,8 +7,9 @@ import ulacache
 ENTRY = 64
 
 
-def make_space(device_slots=16, host_slots=64, groups=1, backend="cpu", ranks=1, engine=False, row_bytes=0):
-    cfg = ulacache.AddressSpaceConfig(stable_new_entries=engine, num_ranks=ranks, num_groups=groups, entry_bytes=ENTRY,
+def make_space(device_slots=16, host_slots=64, groups=1, backend="cpu", ranks=1, engine=False, row_bytes=0,
+               shadows=False):
+    cfg = ulacache.AddressSpaceConfig(stable_new_entries=engine, host_shadows=shadows, num_ranks=ranks, num_groups=groups, entry_bytes=ENTRY,
                                       row_bytes=row_bytes,
                                       device_bytes_per_rank=device_slots * ENTRY * groups,
                                       host_bytes_per_rank=host_slots * ENTRY * groups)
@@ -97,8 +98,9 @@ def test_engine_step_library_path_writes_flashmla_indices():
     space.check_invariants()
 
 
-def engine_fixture(device_slots=8, host_slots=48, n=48):
-    space = make_space(device_slots, host_slots, backend="counting", engine=True, row_bytes=ENTRY // 2)  # 2 layers
+def engine_fixture(device_slots=8, host_slots=48, n=48, shadows=False):
+    space = make_space(device_slots, host_slots, backend="counting", engine=True, row_bytes=ENTRY // 2,  # 2 layers
+                       shadows=shadows)
     planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
     mem = {"device": np.zeros((2, device_slots, ENTRY // 2), np.uint8),
            "host": np.zeros((2, host_slots, ENTRY // 2), np.uint8)}
@@ -137,6 +139,32 @@ def test_engine_path_plan_execute_complete():
     for a in addrs:
         assert np.array_equal(entry_at(space, mem, a), pattern(int(a), 0))
     space.check_invariants()
+
+
+def test_engine_path_with_host_shadows_evicts_then_copies():
+    # Host shadows (include/ula/engine_step.h): victims without a shadow are EVICT descriptors
+    # (the victim's row to evict_slot, then the fill); a fetched entry keeps its host slot, so
+    # the next plan fills the same slots with plain COPYs and no victim's bytes move.
+    space, planner, mem, addrs = engine_fixture(host_slots=56, shadows=True)
+    desc = np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
+    for first, op in ((20, ulacache.EVICT), (28, ulacache.COPY)):
+        sel = addrs[first:first + 8].astype(np.int32).reshape(1, 1, 8)
+        idx = np.zeros_like(sel)
+        fence, n, st = planner.plan(0, 0, sel, idx, desc, R1)
+        assert n == 8 and set(desc[:n]["op"]) == {op}
+        assert st.bytes_moved == (16 if op == ulacache.EVICT else 8) * ENTRY
+        status = np.full(n, 5, np.uint8)
+        planner.execute_on_engine_memory(desc[:n], status)
+        assert planner.complete(fence, status) == (8, 0)
+        for a, i in zip(sel.ravel(), idx.ravel()):
+            assert np.array_equal(mem["device"][:, i].reshape(-1), pattern(int(a), 0))
+        space.advance_round()
+    assert space.num_host_shadows(0, 0) == 8
+    for a in addrs:
+        assert np.array_equal(entry_at(space, mem, a), pattern(int(a), 0))
+    space.check_invariants()
+    cols = ulacache.descriptor_columns(4)
+    assert "evict_slot" in cols and ulacache.EVICT_LANDED == 2
 
 
 def test_failed_descriptor_publishes_nothing():

@@ -71,8 +71,9 @@ struct EngineFixture {
   std::unique_ptr<EngineStepPlanner> planner;
   EngineMemory mem[kNumTiers];
 
-  EngineFixture(std::uint32_t dev, std::uint32_t host, const EngineStepConfig& ec) {
+  EngineFixture(std::uint32_t dev, std::uint32_t host, const EngineStepConfig& ec, bool shadows = false) {
     AddressSpaceConfig cfg = testing::EngineModes(SmallConfig(dev, host, 1, 1, kEntry));
+    cfg.host_shadows = shadows;
     cfg.row_bytes = kLayerBytes;  // kLayers layers of kLayerBytes, as the engine memory registers them
     space = AddressSpace::Create(cfg, *backend).value();
     planner = EngineStepPlanner::Create(*space, ec).value();
@@ -108,6 +109,14 @@ struct EngineFixture {
     return addrs;
   }
 };
+
+// sel.size() distinct addresses of addrs, drawn at random.
+void RandomSelection(std::span<const LogicalAddr> addrs, std::mt19937& rng, std::span<std::int32_t> sel) {
+  std::vector<std::uint32_t> perm(addrs.size());
+  for (std::uint32_t i = 0; i < perm.size(); ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (std::size_t i = 0; i < sel.size(); ++i) sel[i] = static_cast<std::int32_t>(addrs[perm[i]].value());
+}
 
 TEST(EngineStep, LibraryStepWritesFlashMlaIndices) {
   auto backend = MakeCpuBackend();
@@ -156,10 +165,7 @@ TEST(EngineStep, FailedDescriptorPublishesNothingAndLosesNoBytes) {
   std::vector<std::uint8_t> status(desc.size());
   std::uint64_t failures = 0;
   for (int step = 0; step < 60; ++step) {
-    std::vector<std::uint32_t> perm(addrs.size());
-    for (std::uint32_t i = 0; i < perm.size(); ++i) perm[i] = i;
-    std::shuffle(perm.begin(), perm.end(), rng);
-    for (int i = 0; i < 8; ++i) sel[i] = static_cast<std::int32_t>(addrs[perm[i]].value());
+    RandomSelection(addrs, rng, sel);
     auto plan = f.planner->Plan(Rank(0), GroupId(0), {1, 1, 8}, one, sel, idx, desc);
     ASSERT_TRUE(plan) << plan.error().ToString();
     const std::uint32_t n = plan->num_descriptors;
@@ -231,6 +237,173 @@ TEST(EngineStep, FailedDescriptorPublishesNothingAndLosesNoBytes) {
     }
   }
   EXPECT_GT(failures, 10u);
+}
+
+// Host shadows in the engine path (engine_step.h, "Host shadows"): a victim without a
+// shadow is evicted to a host slot of its own (kEvict: its row out, then the fill), so the
+// fetched entry keeps its host slot as a shadow; the next time it is a victim its slot is
+// filled by a plain copy and it is published at its shadow, with no bytes moved for it.
+TEST(EngineStep, HostShadowsTurnTheNextEvictionsIntoPlainCopies) {
+  EngineFixture f(4, 16, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}, /*shadows=*/true);
+  const auto addrs = f.Add(RequestId(1), 16);  // 4 on device (written there: no shadow), 12 on host
+  const std::vector<RequestId> one{RequestId(1)};
+  std::vector<CopyDescriptor> desc(f.planner->max_descriptors());
+  std::vector<std::int32_t> idx(4);
+  auto run = [&](std::size_t from, CopyOp want_op) -> StepStats {
+    std::vector<std::int32_t> sel;
+    for (std::size_t i = from; i < from + 4; ++i) sel.push_back(static_cast<std::int32_t>(addrs[i].value()));
+    auto plan = f.planner->Plan(Rank(0), GroupId(0), {1, 1, 4}, one, sel, idx, desc);
+    EXPECT_TRUE(plan) << plan.error().ToString();
+    EXPECT_EQ(plan->num_descriptors, 4u);
+    for (std::uint32_t i = 0; i < plan->num_descriptors; ++i) {
+      EXPECT_EQ(desc[i].op, static_cast<std::uint8_t>(want_op)) << i;
+    }
+    std::vector<std::uint8_t> st(plan->num_descriptors, 9);
+    f.planner->ExecuteOnEngineMemory(std::span(desc).first(st.size()), st);
+    auto report = f.planner->Complete(plan->fence, st);
+    EXPECT_TRUE(report && report->published == 4u);
+    f.space->AdvanceRound();
+    return plan->stats;
+  };
+  const StepStats first = run(4, CopyOp::kEvict);
+  EXPECT_EQ(first.evict_copies, 4u);
+  EXPECT_EQ(first.shadow_evictions, 0u);
+  EXPECT_EQ(first.bytes_moved, 8u * kEntry) << "each victim's row out, each wanted row in";
+  EXPECT_EQ(f.space->NumHostShadows(Rank(0), GroupId(0)), 4u) << "every fetched entry keeps its host slot";
+  ASSERT_TRUE(f.space->CheckInvariants());
+  const StepStats second = run(8, CopyOp::kCopy);
+  EXPECT_EQ(second.shadow_evictions, 4u);
+  EXPECT_EQ(second.evict_copies, 0u);
+  EXPECT_EQ(second.bytes_moved, 4u * kEntry) << "the victims go back to their shadows: one copy per miss";
+  for (std::size_t i = 4; i < 8; ++i) EXPECT_EQ(f.space->Lookup(addrs[i], GroupId(0))->tier(), Tier::kHost);
+  ASSERT_TRUE(f.space->CheckInvariants());
+  for (LogicalAddr a : addrs) EXPECT_TRUE(f.EntryIntact(a)) << "address " << a.value();
+  for (std::size_t i = 0; i < 4; ++i) {  // attention reads the wanted entries through the indices
+    EXPECT_EQ(std::memcmp(f.mem[0].At(0, static_cast<std::uint32_t>(idx[i])), Pattern(addrs[8 + i], 0, kEntry).data(),
+                          kLayerBytes), 0) << i;
+  }
+}
+
+// An engine whose descriptors fail, with shadows on: a failed eviction (status 1: nothing
+// written to the device row) leaves its victim on device; one whose victim row landed
+// (kEvictLanded) publishes the victim on host and frees the slot; a failed copy into a
+// shadowed victim's slot (garbage left there) still publishes the victim at its shadow.
+// Every entry reads its bytes wherever the table puts it, after every step.
+TEST(EngineStep, FailedDescriptorsWithShadowsLoseNoBytes) {
+  ULA_TEST_SEEDED(seed, 20261205);
+  std::mt19937 rng(static_cast<std::uint32_t>(seed));
+  for (std::uint32_t host : {44u, 32u}) {  // host room for evictions; a host of entries only (swaps)
+    EngineFixture f(8, host, {.max_batch = 1, .max_q_len = 1, .max_top_k = 8}, /*shadows=*/true);
+    const auto addrs = f.Add(RequestId(1), 40);
+    std::vector<std::int32_t> sel(8), idx(8);
+    const std::vector<RequestId> one{RequestId(1)};
+    std::vector<CopyDescriptor> desc(f.planner->max_descriptors());
+    std::uint64_t ops[3] = {0, 0, 0}, failures = 0, landed_only = 0;
+    for (int step = 0; step < 80; ++step) {
+      RandomSelection(addrs, rng, sel);
+      auto plan = f.planner->Plan(Rank(0), GroupId(0), {1, 1, 8}, one, sel, idx, desc);
+      ASSERT_TRUE(plan) << plan.error().ToString();
+      const std::uint32_t n = plan->num_descriptors;
+      std::vector<std::uint8_t> status(n, kDescriptorDone);
+      std::vector<Location> victim_was(n);
+      for (std::uint32_t i = 0; i < n; ++i) {
+        const CopyDescriptor& d = desc[i];
+        ++ops[d.op];
+        const bool fail = rng() % 3 == 0;
+        std::uint8_t one_status = 9;
+        if (!fail) {
+          f.planner->ExecuteOnEngineMemory(std::span(desc).subspan(i, 1), std::span(&one_status, 1));
+          ASSERT_EQ(one_status, 0);
+          continue;
+        }
+        ++failures;
+        status[i] = kDescriptorFailed;
+        if (d.op == static_cast<std::uint8_t>(CopyOp::kEvict) && rng() % 2 == 0) {
+          for (std::uint32_t l = 0; l < kLayers; ++l) {  // the victim's row landed; the fill left garbage
+            std::memcpy(f.mem[1].At(l, d.evict_slot), f.mem[0].At(l, d.dst_slot), kLayerBytes);
+            std::memset(f.mem[0].At(l, d.dst_slot), 0xEE, kLayerBytes);
+          }
+          status[i] = kEvictLanded;
+          ++landed_only;
+        } else if (d.op == static_cast<std::uint8_t>(CopyOp::kCopy)) {
+          std::memset(f.mem[0].At(0, d.dst_slot), 0xEE, kLayerBytes);  // a half-done copy
+        }
+      }
+      auto report = f.planner->Complete(plan->fence, status);
+      ASSERT_TRUE(report) << report.error().ToString();
+      std::uint32_t n_fail = 0;
+      for (auto x : status) n_fail += x != kDescriptorDone;
+      EXPECT_EQ(report->failed, n_fail);
+      for (std::uint32_t i = 0; i < n; ++i) {
+        const Location now = f.space->Lookup(LogicalAddr(desc[i].addr), GroupId(0)).value();
+        if (status[i] == kDescriptorDone) EXPECT_EQ(now, Location::Make(Tier::kDevice, Rank(0), SlotId(desc[i].dst_slot)));
+        else EXPECT_EQ(now, Location::Make(Tier::kHost, Rank(0), SlotId(desc[i].src_slot))) << "nothing published";
+      }
+      for (LogicalAddr a : addrs) ASSERT_TRUE(f.EntryIntact(a)) << "address " << a.value() << " lost its bytes at step " << step;
+      ASSERT_TRUE(f.space->CheckInvariants());
+      f.space->AdvanceRound();
+    }
+    EXPECT_GT(failures, 20u);
+    if (host == 44) {
+      EXPECT_GT(ops[static_cast<int>(CopyOp::kCopy)], 0u) << "victims with shadows";
+      EXPECT_GT(ops[static_cast<int>(CopyOp::kEvict)], 0u);
+      EXPECT_GT(landed_only, 0u);
+    } else {
+      EXPECT_EQ(ops[static_cast<int>(CopyOp::kSwap)], ops[0] + ops[1] + ops[2]) << "a host of entries only swaps";
+    }
+  }
+}
+
+// An engine loop at steady state (docs/BENCHMARKS.md, "Host shadows"): requests select an
+// eighth of their history each round and add one token; the device holds under a sixth of
+// the history (the round's selections and a little more), the host has room. The host link carries the descriptors' entries: a copy
+// is one, an eviction or a swap two. With shadows a miss costs at most 1.01 entries,
+// without exactly 2.00.
+double EntriesPerMiss(bool shadows) {
+  constexpr std::uint32_t kRequests = 2, kHistory = 2048, kTopK = 256, kRounds = 40, kWarmup = 10;
+  EngineFixture f(640, kRequests * (kHistory + kRounds) + 64, {.max_batch = kRequests, .max_q_len = 1, .max_top_k = kTopK},
+                  shadows);
+  std::vector<std::vector<LogicalAddr>> hist(kRequests);
+  std::vector<RequestId> rows;
+  for (std::uint32_t r = 0; r < kRequests; ++r) {
+    hist[r] = f.Add(RequestId(r + 1), kHistory);
+    rows.push_back(RequestId(r + 1));
+  }
+  std::mt19937 rng(7);
+  std::vector<std::int32_t> sel(kRequests * kTopK), idx(sel.size());
+  std::vector<CopyDescriptor> desc(f.planner->max_descriptors());
+  std::uint64_t misses = 0, entries = 0;
+  for (std::uint32_t round = 0; round < kRounds; ++round) {
+    for (std::uint32_t r = 0; r < kRequests; ++r) {
+      std::vector<LogicalAddr> pick = hist[r];
+      std::shuffle(pick.begin(), pick.end(), rng);
+      for (std::uint32_t k = 0; k < kTopK; ++k) sel[r * kTopK + k] = static_cast<std::int32_t>(pick[k].value());
+    }
+    auto plan = f.planner->Plan(Rank(0), GroupId(0), {kRequests, 1, kTopK}, rows, sel, idx, desc);
+    EXPECT_TRUE(plan) << plan.error().ToString();
+    if (!plan) return 0;
+    std::vector<std::uint8_t> st(plan->num_descriptors, 0);
+    EXPECT_TRUE(f.planner->Complete(plan->fence, st));
+    if (round >= kWarmup) {
+      misses += plan->num_descriptors;
+      for (std::uint32_t i = 0; i < plan->num_descriptors; ++i) entries += desc[i].op == 0 ? 1 : 2;
+    }
+    for (std::uint32_t r = 0; r < kRequests; ++r) {  // decode: one new token per request
+      auto a = f.space->Allocate(RequestId(r + 1), 1);
+      EXPECT_TRUE(a);
+      if (a) hist[r].push_back((*a)[0]);
+    }
+    f.space->AdvanceRound();
+  }
+  EXPECT_TRUE(f.space->CheckInvariants());
+  return static_cast<double>(entries) / static_cast<double>(misses);
+}
+
+TEST(EngineStep, ShadowsHalveTheHostLinkEntriesPerMiss) {
+  const double with = EntriesPerMiss(true), without = EntriesPerMiss(false);
+  EXPECT_LE(with, 1.01);
+  EXPECT_DOUBLE_EQ(without, 2.0);
+  std::printf("engine loop: %.4f host-link entries per miss with shadows, %.4f without\n", with, without);
 }
 
 // The engine path's modes are the space's config, fixed at its Create: an engine step over a

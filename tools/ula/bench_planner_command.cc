@@ -68,7 +68,9 @@
 #include "workload/selection_model.h"
 #include "serving/serving_config.h"
 #include "ula/device_step.h"
+#include "ula/engine_step.h"
 #include "ula/step_planner.h"
+#include "verify/step_rows.h"
 
 namespace ula::cli {
 namespace {
@@ -428,6 +430,11 @@ int Run(const PlannerOptions& o) {
     fmt::print(stderr, "ula bench planner: --cuda times the device step: it needs --planner device\n");
     return 2;
   }
+  if (o.planner == "engine" && std::any_of(o.threads.begin(), o.threads.end(), [](std::uint32_t t) { return t != 1; })) {
+    fmt::print(stderr, "ula bench planner: --planner engine runs on one thread (EngineStepPlanner has no threads): "
+                       "--threads 1\n");
+    return 2;
+  }
   if (o.cuda) {  // a build without CUDA says so before any work
     if (Status st = DeviceStepConfig{.cuda = true}.Validate(); !st) {
       fmt::print(stderr, "ula bench planner: --cuda: {}\n", st.error().ToString());
@@ -477,6 +484,7 @@ int Run(const PlannerOptions& o) {
       sc.host_bytes_per_rank = static_cast<std::uint64_t>(cfg.host_gb * 1e9);
       sc.host_shadows = o.shadows == "on";
       sc.policy_options.prefer_shadowed = o.prefer_shadowed;
+      sc.stable_new_entries = o.planner == "engine";  // the engine path's mode
       if (o.host_free >= 0) {  // the batch's tokens (the same draws as below) beyond the device pool
         std::mt19937_64 draw(o.seed);
         std::uint64_t tokens = 0;
@@ -509,6 +517,18 @@ int Run(const PlannerOptions& o) {
       auto selection = SelectionModel::Create([&] { auto p = scenario->selection; p.top_k = model->top_k; return p; }());
       if (!selection) return fail(selection.error().ToString());
       StepPlanner planner(**space);
+      // --planner engine: EngineStepPlanner::Step (Plan, the descriptors on the backend,
+      // Complete) on the same selections, each request's run as one row.
+      std::unique_ptr<EngineStepPlanner> engine;
+      verify_internal::StepRows engine_rows;
+      std::vector<std::int32_t> engine_indices;
+      const std::uint32_t row_max = queries * model->top_k;
+      if (o.planner == "engine") {
+        auto made = EngineStepPlanner::Create(**space, {.max_batch = std::max<std::uint32_t>(1, placed), .max_q_len = 1,
+                                                         .max_top_k = row_max});
+        if (!made) return fail(made.error().ToString());
+        engine = std::move(*made);
+      }
       std::vector<std::vector<std::uint32_t>> picks;
       std::vector<LogicalAddr> sel;
       std::vector<SelectionRun> runs;
@@ -542,10 +562,20 @@ int Run(const PlannerOptions& o) {
             runs.push_back(SelectionRun{RequestId(r), static_cast<std::uint32_t>(sel.size() - first)});
           }
           slots.resize(sel.size());
+          if (engine) {  // the rows an engine hands over, made outside the timed step
+            if (auto f = engine_rows.Fill(sel, runs, row_max); !f) return fail(f.error().ToString());
+            engine_indices.resize(engine_rows.rows.size());
+          }
           const StepPlannerCounters before = planner.counters();
           const auto t0 = std::chrono::steady_clock::now();
           const StepInput input{Rank(0), GroupId(static_cast<std::uint16_t>(g)), sel, runs};
-          auto stats = planner.Step(input, slots);
+          Result<StepStats> stats = MakeError(ErrorCode::kInternal, "no step");
+          if (engine) {
+            stats = engine->Step(Rank(0), input.group, engine_rows.shape, engine_rows.requests, engine_rows.rows,
+                                 engine_indices);
+          } else {
+            stats = planner.Step(input, slots);
+          }
           const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
           if (!stats) return fail(fmt::format("{} batch {} group {}: {}", name, batch, g, stats.error().ToString()));
           if (step >= o.warmup) {
@@ -637,7 +667,7 @@ int Run(const PlannerOptions& o) {
   fmt::print("ula bench planner ({} planner): DP, one rank of 8, counting backend, {} groups x {} B entries, {} warm-up + {} "
              "measured steps per thread count, prefetch distance {}, parallel claim from {} victims, device pool x {}, "
              "host shadows {}{}\n",
-             "host", groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims, o.device_fraction,
+             o.planner == "engine" ? "engine" : "host", groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims, o.device_fraction,
              o.shadows, o.prefer_shadowed ? ", shadowed victims preferred" : "");
   fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>5} {:>9} {:>10} {:>9}\n", "config",
              "batch", "T", "distinct/g", "group_ms", "ns/sel", "read_ns", "ratio", "hit", "table_MB", "gpu_ms/g",
@@ -684,9 +714,11 @@ Action SetupPlanner(CLI::App& app) {
   app.add_option("--seed", o->seed, "request lengths")->capture_default_str()->check(Seed());
   app.add_flag("--json", o->json, "print one JSON object");
   app.add_option("--planner", o->planner,
-                 "host (StepPlanner, the serial host step); device: also DeviceStep's OpenMP form on the same "
+                 "host (StepPlanner, the serial host step); engine (EngineStepPlanner::Step instead: Plan, the "
+                 "descriptors on the backend, Complete; each request's selections one row; the space in the engine "
+                 "path's mode, stable_new_entries); device: also DeviceStep's OpenMP form on the same "
                  "workload, beside the host planner, with its launches and syncs per step")
-      ->check(CLI::IsMember({"host", "device"}))->capture_default_str();
+      ->check(CLI::IsMember({"host", "engine", "device"}))->capture_default_str();
   app.add_flag("--cuda", o->cuda,
                "--planner device: the CUDA form (a build with CUDA and a GPU; refused with the reason otherwise)");
   app.add_option("--shadows", o->shadows, "clean host shadows (AddressSpaceConfig::host_shadows): on or off")

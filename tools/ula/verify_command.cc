@@ -45,8 +45,8 @@ Action SetupVerify(CLI::App& app) {
   app.add_option("--planner", *planner,
                  "the step's form: host (the serial host step, the reference: StepPlanner / TpStepPlanner), engine (EngineStepPlanner / TpEngineStepPlanner: Plan, copies, Complete) or device "
                  "(DeviceStep's OpenMP form, one per rank: Reload / Plan / copies / Complete / StoreInto; tp: at "
-                 "home, in-process, the ranks' verdicts agreed). The engine forms need --stable-new-entries and "
-                 "--shadows off, device also --policy kernel_pb_lru")
+                 "home, in-process, the ranks' verdicts agreed). The engine forms need --stable-new-entries, "
+                 "device also --shadows off and --policy kernel_pb_lru (tp engine: --shadows off)")
       ->check(CLI::IsMember({"host", "engine", "device"}))->capture_default_str();
   app.add_flag("--stable-new-entries", cfg->stable_new_entries,
                "a new token's slot never moves in its round (stable_new_entries of the space's config; the "
