@@ -659,13 +659,14 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
             const DescriptorArg desc(descriptors, p.descs, /*writable=*/true);
             ula::PlannedStep planned;
             const std::int64_t t1 = NowNs();
+            std::int64_t t2 = 0;
             {
               py::gil_scoped_release nogil;
               planned = Unwrap(p.planner->Plan(ula::Rank(rank), ula::GroupId(group), in.shape, in.requests,
                                                in.selections, in.indices, desc.records()));
+              t2 = NowNs();
+              desc.Scatter(planned.num_descriptors);
             }
-            const std::int64_t t2 = NowNs();
-            desc.Scatter(planned.num_descriptors);
             auto result = std::make_tuple(planned.fence, planned.num_descriptors, planned.stats);
             p.args_ns = t1 - t0;
             p.planner_ns = t2 - t1;
