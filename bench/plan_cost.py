@@ -32,37 +32,20 @@ import sys
 import time
 from pathlib import Path
 
-DEBIAN_PYTHON = "/usr/bin/python3"  # the interpreter the package is built for
-
-
-def reexec_with_debian_python():
-    if os.path.exists(DEBIAN_PYTHON) and os.path.realpath(sys.executable) != os.path.realpath(DEBIAN_PYTHON):
-        os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON, *sys.argv])
-
-
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "examples"))
 try:
     import numpy as np
+    from vllm_loop import import_ulacache  # finds the in-tree build (ULA_PYTHON_PATH, --build-dir)
 except ImportError:
-    if __name__ == "__main__":
-        reexec_with_debian_python()
+    # Another python3 first on PATH (without numpy): run with the one the package is built for.
+    if __name__ == "__main__" and os.path.realpath(sys.executable) != "/usr/bin/python3":
+        os.execv("/usr/bin/python3", ["/usr/bin/python3", *sys.argv])
     raise
 
-REPO = Path(__file__).resolve().parent.parent
 ROW = 656      # bytes of one layer's row (GLM-5 / DeepSeek-V3.2 FP8 MLA)
 LAYERS = 2     # layers per group (the descriptors name rows; the planner's time does not depend on it)
 GROUPS = 2
-
-
-def import_ulacache(build_dir):
-    b = Path(build_dir) if build_dir else Path(os.environ.get("ULA_PYTHON_PATH", REPO / "build" / "python")).parent
-    if (b / "python" / "ulacache").is_dir():
-        sys.path.insert(0, str(b / "python"))
-    try:
-        import ulacache
-    except ImportError:
-        reexec_with_debian_python()
-        raise
-    return ulacache
 
 
 class Shape:
