@@ -11,7 +11,8 @@ metadata only, as under an engine that owns its KV memory), rows of 656 bytes (F
 Selections are distinct within a row, drawn at random from the row's request's history
 (a fixed seed), so most of each step's distinct entries move: the device pool of each group
 holds two thirds of the history. The copy plan comes back as a dict of int32/int64 columns
-(vLLM's loop) or as DESCRIPTOR_DTYPE records (--descriptors records).
+(every field, or --columns: vllm_loop, the six examples/vllm_loop.py reads) or as
+DESCRIPTOR_DTYPE records (--descriptors records).
 
 Per plan call it reads perf_counter_ns around `planner.plan(...)` (the Python call) and,
 where the module has it, `planner.last_plan_timing`: the nanoseconds the binding spent
@@ -21,7 +22,8 @@ call is pybind11's dispatch (argument parsing, the call, the returned objects). 
 median over --reps rounds (after --warmup rounds) of each part, per plan call.
 
 Usage: python3 bench/plan_cost.py [--reps N] [--warmup N] [--shapes decode,mixed]
-       [--descriptors columns|records] [--quick] [--json] [--build-dir DIR]
+       [--descriptors columns|records] [--columns all|vllm_loop|F,F,...] [--quick] [--json]
+       [--build-dir DIR]
 --quick: small sizes (a smoke run, the ctest).
 """
 import argparse
@@ -72,7 +74,7 @@ def shapes(quick):
             "mixed": Shape("mixed", 32, 8192, 4, 2032, 4096, 2048)}
 
 
-def build(ulacache, shape, descriptors_form, seed):
+def build(ulacache, shape, descriptors_form, columns, seed):
     lengths = shape.lengths()
     history = sum(lengths)
     # Two thirds of the history fits on device, the rest on host: a step's misses move.
@@ -107,7 +109,7 @@ def build(ulacache, shape, descriptors_form, seed):
                              [np.arange(shape.prefill_at + 1, shape.prefill_at + shape.chunk + 1)
                               for _ in range(shape.prefills)]).astype(np.int64)
     if descriptors_form == "columns":
-        desc = ulacache.descriptor_columns(planner.max_descriptors)
+        desc = ulacache.descriptor_columns(planner.max_descriptors, columns)
     else:
         desc = np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
 
@@ -132,8 +134,20 @@ def build(ulacache, shape, descriptors_form, seed):
     return space, planner, requests, qsl, desc, selections
 
 
+# The columns examples/vllm_loop.py asks for: what its copy kernel and its checks read.
+VLLM_LOOP_COLUMNS = ("src_slot", "dst_slot", "src_tier", "dst_tier", "op", "num_layers")
+
+
+def columns_of(ulacache, spec):
+    if spec == "all":
+        return ulacache.DESCRIPTOR_FIELDS
+    if spec == "vllm_loop":
+        return VLLM_LOOP_COLUMNS
+    return tuple(spec.split(","))
+
+
 def measure(ulacache, shape, args):
-    space, planner, requests, qsl, desc, selections = build(ulacache, shape, args.descriptors, args.seed)
+    space, planner, requests, qsl, desc, selections = build(ulacache, shape, args.descriptors, columns_of(ulacache, args.columns), args.seed)
     timed = hasattr(planner, "last_plan_timing")
     samples = {"python": [], "args": [], "planner": [], "outputs": []}
     stats = {"selections": [], "distinct": [], "misses": [], "descriptors": []}
@@ -162,7 +176,8 @@ def measure(ulacache, shape, args):
         space.advance_round()
     med = {k: statistics.median(v) / 1e3 for k, v in samples.items() if v}  # microseconds
     out = {"shape": shape.name, "rows": shape.rows, "top_k": shape.top_k, "groups": GROUPS,
-           "descriptors_form": args.descriptors, "plans": len(samples["python"]),
+           "descriptors_form": args.descriptors,
+           "columns": args.columns if args.descriptors == "columns" else None, "plans": len(samples["python"]),
            "median_us": {k: round(v, 1) for k, v in med.items()},
            "per_plan": {k: int(statistics.median(v)) for k, v in stats.items()}}
     if timed:
@@ -181,6 +196,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--shapes", default="decode,mixed")
     ap.add_argument("--descriptors", choices=["columns", "records"], default="columns")
+    ap.add_argument("--columns", default="all",
+                    help="with columns: all, vllm_loop (the six examples/vllm_loop.py reads) or field,field,...")
     ap.add_argument("--seed", type=int, default=20261205)
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     ap.add_argument("--json", action="store_true")
@@ -199,7 +216,8 @@ def main(argv=None):
         print(json.dumps(results, indent=2))
         return 0
     print(f"plan cost from Python, per plan call, median of {args.reps} rounds x {GROUPS} groups "
-          f"(descriptors as {args.descriptors}), microseconds")
+          f"(descriptors as {args.descriptors}"
+          f"{': ' + args.columns if args.descriptors == 'columns' else ''}), microseconds")
     cols = ["python", "dispatch", "args", "planner", "outputs"]
     print(f"{'shape':8} {'rows x top_k':>13} {'misses':>7} " + " ".join(f"{c:>9}" for c in cols) + f" {'overhead':>9}")
     for r in results:
