@@ -12,7 +12,8 @@ Selections are distinct within a row, drawn at random from the row's request's h
 (a fixed seed), so most of each step's distinct entries move: the device pool of each group
 holds two thirds of the history. The copy plan comes back as a dict of int32/int64 columns
 (every field, or --columns: vllm_loop, the six examples/vllm_loop.py reads) or as
-DESCRIPTOR_DTYPE records (--descriptors records).
+DESCRIPTOR_DTYPE records (--descriptors records); numpy arrays, or with --tensors torch CPU
+torch tensors over the same memory (as vLLM hands them).
 
 Per plan call it reads perf_counter_ns around `planner.plan(...)` (the Python call) and,
 where the module has it, `planner.last_plan_timing`: the nanoseconds the binding spent
@@ -22,8 +23,8 @@ call is pybind11's dispatch (argument parsing, the call, the returned objects). 
 median over --reps rounds (after --warmup rounds) of each part, per plan call.
 
 Usage: python3 bench/plan_cost.py [--reps N] [--warmup N] [--shapes decode,mixed]
-       [--descriptors columns|records] [--columns all|vllm_loop|F,F,...] [--quick] [--json]
-       [--build-dir DIR]
+       [--descriptors columns|records] [--columns all|vllm_loop|F,F,...]
+       [--tensors numpy|torch] [--quick] [--json] [--build-dir DIR]
 --quick: small sizes (a smoke run, the ctest).
 """
 import argparse
@@ -147,14 +148,22 @@ def columns_of(ulacache, spec):
 
 
 def measure(ulacache, shape, args):
-    space, planner, requests, qsl, desc, selections = build(ulacache, shape, args.descriptors, columns_of(ulacache, args.columns), args.seed)
+    space, planner, requests, qsl, desc, selections = build(ulacache, shape, args.descriptors,
+                                                            columns_of(ulacache, args.columns), args.seed)
+    idx = np.empty((shape.rows, shape.top_k), np.int32)
+    wrap = lambda a: a  # noqa: E731
+    if args.tensors == "torch":  # CPU tensors over the same memory, handed over by DLPack
+        import torch
+        wrap = torch.from_numpy
+        requests, qsl, idx = wrap(requests), wrap(qsl), wrap(idx)
+        if isinstance(desc, dict):
+            desc = {k: wrap(v) for k, v in desc.items()}
     timed = hasattr(planner, "last_plan_timing")
     samples = {"python": [], "args": [], "planner": [], "outputs": []}
     stats = {"selections": [], "distinct": [], "misses": [], "descriptors": []}
     rounds = args.warmup + args.reps
-    idx = np.empty((shape.rows, shape.top_k), np.int32)
     for i in range(rounds):
-        step = [selections() for _ in range(GROUPS)]  # drawn before the timed calls
+        step = [wrap(selections()) for _ in range(GROUPS)]  # drawn before the timed calls
         for g in range(GROUPS):
             sel = step[g]
             t0 = time.perf_counter_ns()
@@ -176,7 +185,7 @@ def measure(ulacache, shape, args):
         space.advance_round()
     med = {k: statistics.median(v) / 1e3 for k, v in samples.items() if v}  # microseconds
     out = {"shape": shape.name, "rows": shape.rows, "top_k": shape.top_k, "groups": GROUPS,
-           "descriptors_form": args.descriptors,
+           "descriptors_form": args.descriptors, "tensors": args.tensors,
            "columns": args.columns if args.descriptors == "columns" else None, "plans": len(samples["python"]),
            "median_us": {k: round(v, 1) for k, v in med.items()},
            "per_plan": {k: int(statistics.median(v)) for k, v in stats.items()}}
@@ -198,6 +207,8 @@ def main(argv=None):
     ap.add_argument("--descriptors", choices=["columns", "records"], default="columns")
     ap.add_argument("--columns", default="all",
                     help="with columns: all, vllm_loop (the six examples/vllm_loop.py reads) or field,field,...")
+    ap.add_argument("--tensors", choices=["numpy", "torch"], default="numpy",
+                    help="torch: every array a CPU torch tensor over the same memory (DLPack)")
     ap.add_argument("--seed", type=int, default=20261205)
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     ap.add_argument("--json", action="store_true")
@@ -217,7 +228,7 @@ def main(argv=None):
         return 0
     print(f"plan cost from Python, per plan call, median of {args.reps} rounds x {GROUPS} groups "
           f"(descriptors as {args.descriptors}"
-          f"{': ' + args.columns if args.descriptors == 'columns' else ''}), microseconds")
+          f"{': ' + args.columns if args.descriptors == 'columns' else ''}; {args.tensors}), microseconds")
     cols = ["python", "dispatch", "args", "planner", "outputs"]
     print(f"{'shape':8} {'rows x top_k':>13} {'misses':>7} " + " ".join(f"{c:>9}" for c in cols) + f" {'overhead':>9}")
     for r in results:

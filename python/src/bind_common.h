@@ -145,6 +145,21 @@ inline std::string CudaRefusal(const std::string& what, const std::string& where
                 "and no space this module makes holds device memory: pass a CPU tensor";
 }
 
+// Whether obj is a torch.Tensor, where torch is imported already (this never imports it).
+inline bool IsTorchTensor(py::handle obj) {
+  PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
+  if (torch == nullptr) return false;
+  PyObject* tensor = PyObject_GetAttrString(torch, "Tensor");
+  if (tensor == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  const int is = PyObject_IsInstance(obj.ptr(), tensor);
+  Py_DECREF(tensor);
+  if (is < 0) PyErr_Clear();
+  return is == 1;
+}
+
 // A numpy view of `obj`, never a copy: a numpy array as it is; a tensor exporting
 // __dlpack__ (torch, CPU or pinned host memory) as an array over the same memory that
 // keeps the producer's buffer alive. Device memory (a __cuda_array_interface__ or a
@@ -152,6 +167,16 @@ inline std::string CudaRefusal(const std::string& what, const std::string& where
 // InvalidArgumentError.
 inline py::array ToArray(py::handle obj, const char* what, DtypeUse use = DtypeUse::kExact) {
   if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
+  // A torch tensor on the CPU: Tensor.numpy() is one C call over the same memory (it never
+  // copies: it raises instead), where __dlpack__ and __dlpack_device__ are Python functions
+  // of torch's, several microseconds per argument. What it refuses (a CUDA tensor, bfloat16,
+  // one that requires grad) goes the DLPack way below, which views it or says why not.
+  if (IsTorchTensor(obj)) {
+    PyObject* view = PyObject_CallMethod(obj.ptr(), "numpy", nullptr);
+    if (view != nullptr && py::isinstance<py::array>(view)) return py::reinterpret_steal<py::array>(view);
+    Py_XDECREF(view);
+    PyErr_Clear();
+  }
   const std::string name(what);
   if (py::hasattr(obj, "__cuda_array_interface__")) {
     Throw(ula::ErrorCode::kUnsupported, CudaRefusal(name, "a CUDA array (__cuda_array_interface__)"));
