@@ -6,24 +6,12 @@ import numpy as np
 import pytest
 
 import ulacache
+from test_vllm_shapes import DLPackOnly  # a producer offering only DLPack, as torch does
 
 ROW, LAYERS = 656, 2   # vLLM's FP8 MLA row, two layers per group
 DEV, HOST = 2048, 8192
 TOKENS = 6000          # one request's history: most of it on host
 TOP_K = 1600           # misses past three blocks of the binding's column writes
-
-
-class DLPackOnly:
-    """A producer that offers only the DLPack protocol (as torch does), over a numpy array."""
-
-    def __init__(self, array):
-        self.array = array
-
-    def __dlpack__(self, stream=None):
-        return self.array.__dlpack__()
-
-    def __dlpack_device__(self):
-        return (1, 0)
 
 
 def setup():

@@ -1,12 +1,14 @@
 """The engine step API with torch tensors (Debian's python3-torch, CPU): selections,
 indices, int64 request ids (torch's req_pool_indices) and engine-owned per-layer KV caches
-as torch tensors, viewed through DLPack, never copied. Its own ctest (python_ulacache_torch:
+as torch tensors, viewed in place (Tensor.numpy(), or DLPack where numpy() refuses, as for
+bfloat16), never copied. Its own ctest (python_ulacache_torch:
 importing torch takes seconds); skipped, with the reason, where torch is not installed
 (deps/debian-packages.txt does not list it: see docs/INTEGRATION.md, "Tensors")."""
 import numpy as np
 import pytest
 
 import ulacache
+from test_vllm_shapes import DLPackOnly
 
 torch = pytest.importorskip("torch", reason="python3-torch is not installed (optional: docs/INTEGRATION.md, Tensors)")
 
@@ -155,17 +157,8 @@ def test_cuda_tensors_are_refused_where_a_gpu_exists():
         planner.register_engine_memory("device", 0, 0, [torch.zeros((64, 64), dtype=torch.uint8, device="cuda")])
 
 
-class CopyingNumpy:
+class CopyingNumpy(DLPackOnly):
     """Not a torch tensor: DLPack over an array, and a numpy() that returns a copy."""
-
-    def __init__(self, array):
-        self.array = array
-
-    def __dlpack__(self, stream=None):
-        return self.array.__dlpack__()
-
-    def __dlpack_device__(self):
-        return (1, 0)
 
     def numpy(self):
         return self.array.copy()
