@@ -145,6 +145,21 @@ inline std::string CudaRefusal(const std::string& what, const std::string& where
                 "and no space this module makes holds device memory: pass a CPU tensor";
 }
 
+// Whether obj is a torch.Tensor, where torch is imported already (this never imports it).
+inline bool IsTorchTensor(py::handle obj) {
+  PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
+  if (torch == nullptr) return false;
+  PyObject* tensor = PyObject_GetAttrString(torch, "Tensor");
+  if (tensor == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  const int is = PyObject_IsInstance(obj.ptr(), tensor);
+  Py_DECREF(tensor);
+  if (is < 0) PyErr_Clear();
+  return is == 1;
+}
+
 // A numpy view of `obj`, never a copy: a numpy array as it is; a tensor exporting
 // __dlpack__ (torch, CPU or pinned host memory) as an array over the same memory that
 // keeps the producer's buffer alive. Device memory (a __cuda_array_interface__ or a
@@ -152,6 +167,16 @@ inline std::string CudaRefusal(const std::string& what, const std::string& where
 // InvalidArgumentError.
 inline py::array ToArray(py::handle obj, const char* what, DtypeUse use = DtypeUse::kExact) {
   if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
+  // A torch tensor on the CPU: Tensor.numpy() is one C call over the same memory (it never
+  // copies: it raises instead), where __dlpack__ and __dlpack_device__ are Python functions
+  // of torch's, several microseconds per argument. What it refuses (a CUDA tensor, bfloat16,
+  // one that requires grad) goes the DLPack way below, which views it or says why not.
+  if (IsTorchTensor(obj)) {
+    PyObject* view = PyObject_CallMethod(obj.ptr(), "numpy", nullptr);
+    if (view != nullptr && py::isinstance<py::array>(view)) return py::reinterpret_steal<py::array>(view);
+    Py_XDECREF(view);
+    PyErr_Clear();
+  }
   const std::string name(what);
   if (py::hasattr(obj, "__cuda_array_interface__")) {
     Throw(ula::ErrorCode::kUnsupported, CudaRefusal(name, "a CUDA array (__cuda_array_interface__)"));
@@ -323,13 +348,21 @@ inline void CheckSameShape(const py::array& sel, const py::array& idx) {
 struct DescriptorField {
   const char* name;
   bool needs_int64;
-  std::int64_t (*get)(const ula::CopyDescriptor&);
   void (*set)(ula::CopyDescriptor&, std::int64_t);
+  // out[i] = records[i].<field> for i < n: one typed loop per field and width (the plan's
+  // columns are written with no per-element call).
+  void (*scatter32)(const ula::CopyDescriptor* records, std::size_t n, std::int32_t* out);
+  void (*scatter64)(const ula::CopyDescriptor* records, std::size_t n, std::int64_t* out);
 };
-#define ULAPY_DESCRIPTOR_FIELD(f, wide)                                                          \
-  DescriptorField {                                                                              \
-    #f, wide, [](const ula::CopyDescriptor& d) { return static_cast<std::int64_t>(d.f); },       \
-        [](ula::CopyDescriptor& d, std::int64_t v) { d.f = static_cast<decltype(d.f)>(v); }     \
+#define ULAPY_DESCRIPTOR_FIELD(f, wide)                                                            \
+  DescriptorField {                                                                                \
+    #f, wide, [](ula::CopyDescriptor& d, std::int64_t v) { d.f = static_cast<decltype(d.f)>(v); }, \
+        [](const ula::CopyDescriptor* r, std::size_t n, std::int32_t* out) {                       \
+          for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::int32_t>(r[i].f);          \
+        },                                                                                         \
+        [](const ula::CopyDescriptor* r, std::size_t n, std::int64_t* out) {                       \
+          for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::int64_t>(r[i].f);          \
+        }                                                                                          \
   }
 inline std::span<const DescriptorField> DescriptorFields() {
   static const DescriptorField fields[] = {
@@ -352,6 +385,7 @@ class DescriptorArg {
     const DescriptorField* field;
     py::array array;
     bool is64;
+    void* data;  // array's first element (read with the GIL held; written by Scatter)
   };
   // writable: plan's output (columns written after planning); else an executor's input
   // (columns read now, every field but addr required).
@@ -386,7 +420,7 @@ class DescriptorArg {
         Throw(ula::ErrorCode::kInvalidArgument, what + ": must be int64 (byte offsets pass 2^31 in large pools)");
       }
       rows = std::min(rows, c.size);
-      columns_.push_back({f, a, c.is64});
+      columns_.push_back({f, a, c.is64, writable ? a.mutable_data() : nullptr});
     }
     if (columns_.empty()) Throw(ula::ErrorCode::kInvalidArgument, "descriptors: an empty dict (no columns)");
     if (!writable) {
@@ -418,16 +452,19 @@ class DescriptorArg {
   // The records the planner writes (plan) or the executor reads.
   std::span<ula::CopyDescriptor> records() const { return records_; }
   // After a plan of n descriptors: the columns' first n entries (nothing for records).
+  // Touches only the columns' memory (the arrays are held by this object), so the caller
+  // may run it with the GIL released.
   void Scatter(std::size_t n) const {
     if (!scatter_) return;
-    for (const auto& col : columns_) {
-      void* out = const_cast<void*>(col.array.data());
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::int64_t v = col.field->get(records_[i]);
+    // In blocks of records that stay in the L1 cache while every column takes its field.
+    constexpr std::size_t kBlock = 512;  // 24 KiB of records
+    for (std::size_t lo = 0; lo < n; lo += kBlock) {
+      const std::size_t m = std::min(kBlock, n - lo);
+      for (const auto& col : columns_) {
         if (col.is64) {
-          static_cast<std::int64_t*>(out)[i] = v;
+          col.field->scatter64(records_.data() + lo, m, static_cast<std::int64_t*>(col.data) + lo);
         } else {
-          static_cast<std::int32_t*>(out)[i] = static_cast<std::int32_t>(v);
+          col.field->scatter32(records_.data() + lo, m, static_cast<std::int32_t*>(col.data) + lo);
         }
       }
     }

@@ -27,7 +27,16 @@ struct EnginePlanner {
   std::vector<py::object> registered;
   std::vector<ula::RequestId> ids, row_ids;
   std::vector<ula::CopyDescriptor> descs;
+  // Where the last plan call's time went, in nanoseconds (bench/plan_cost.py reads it):
+  // taking the arguments (views, checks, per-row requests), inside EngineStepPlanner::Plan,
+  // and writing the outputs (descriptor columns, the result).
+  std::int64_t args_ns = 0, planner_ns = 0, outputs_ns = 0;
 };
+
+inline std::int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // Engine-owned memory of one pool: one array [num_layers, <layer>], or the layers' own
 // arrays [<layer>] at any addresses, as a list (SGLang's pools) or a dict in layer order
@@ -609,7 +618,7 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
              c.max_top_k = max_top_k;
              c.top_k_multiple = top_k_multiple;
              c.max_rows = max_rows;
-             return EnginePlanner{Unwrap(ula::EngineStepPlanner::Create(*s.space, c)), &s, {}, {}, {}, {}};
+             return EnginePlanner{Unwrap(ula::EngineStepPlanner::Create(*s.space, c)), &s, {}, {}, {}, {}, 0, 0, 0};
            }),
            py::arg("space"), py::arg("max_batch"), py::arg("max_q_len"), py::arg("max_top_k"),
            py::arg("top_k_multiple") = 1, py::arg("max_rows") = 0, py::keep_alive<1, 2>(),
@@ -618,6 +627,12 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
            "and max_q_len to its largest chunk.")
       .def_property_readonly("max_descriptors", [](EnginePlanner& p) { return p.planner->max_descriptors(); })
       .def_property_readonly("has_pending", [](EnginePlanner& p) { return p.planner->has_pending(); })
+      .def_property_readonly("last_plan_timing", [](const EnginePlanner& p) {
+             return py::dict(py::arg("args_ns") = p.args_ns, py::arg("planner_ns") = p.planner_ns,
+                             py::arg("outputs_ns") = p.outputs_ns);
+           }, "Where the last successful plan call's time went, in ns: args_ns (views and checks of the arguments), "
+              "planner_ns (EngineStepPlanner::Plan, the GIL released), outputs_ns (descriptor columns, the result). "
+              "For measurement (bench/plan_cost.py); a refused call leaves it as it was.")
       .def(
           "step",
           [](EnginePlanner& p, std::uint16_t rank, std::uint16_t group, py::object selections, py::object indices,
@@ -640,17 +655,25 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
           "plan",
           [](EnginePlanner& p, std::uint16_t rank, std::uint16_t group, py::object selections, py::object indices,
              py::object descriptors, py::object requests, py::object query_start_loc) {
+            const std::int64_t t0 = NowNs();
             const py::array sel_a = ToArray(selections, "selections"), idx_a = ToArray(indices, "indices");
             const StepInput in = StepInputOf(p, sel_a, idx_a, requests, query_start_loc);
             const DescriptorArg desc(descriptors, p.descs, /*writable=*/true);
             ula::PlannedStep planned;
+            const std::int64_t t1 = NowNs();
+            std::int64_t t2 = 0;
             {
               py::gil_scoped_release nogil;
               planned = Unwrap(p.planner->Plan(ula::Rank(rank), ula::GroupId(group), in.shape, in.requests,
                                                in.selections, in.indices, desc.records()));
+              t2 = NowNs();
+              desc.Scatter(planned.num_descriptors);
             }
-            desc.Scatter(planned.num_descriptors);
-            return std::make_tuple(planned.fence, planned.num_descriptors, planned.stats);
+            auto result = std::make_tuple(planned.fence, planned.num_descriptors, planned.stats);
+            p.args_ns = t1 - t0;
+            p.planner_ns = t2 - t1;
+            p.outputs_ns = NowNs() - t2;
+            return result;
           },
           py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("descriptors"),
           py::arg("requests"), py::arg("query_start_loc") = py::none(),

@@ -336,20 +336,22 @@ buffer slot b. The library's backend moves the bytes.)doc")
              py::object descriptors, py::object requests) {
             const py::array sel_a = ToArray(selections, "selections"), idx_a = ToArray(indices, "indices");
             const py::array req_a = ToArray(requests, "requests");
-            std::vector<ula::RequestId> widened;
+            // The binding's scratch, grown to the largest call and reused (one call at a time
+            // per thread): widened request ids, the records behind descriptor columns.
+            thread_local std::vector<ula::RequestId> widened;
+            thread_local std::vector<ula::CopyDescriptor> records;
             auto req = RequestsView(req_a, "requests", widened);
             const ula::StepShape shape = ShapeOf(sel_a, req.size());
             CheckRankIndices(p, sel_a, idx_a);
             auto sel = View<const std::int32_t>(sel_a, "selections");
             auto idx = ViewOut<std::int32_t>(idx_a, "indices");
-            std::vector<ula::CopyDescriptor> records;
             const DescriptorArg desc(descriptors, records, /*writable=*/true);
             ula::TpPlannedStep planned;
             {
               py::gil_scoped_release nogil;
               planned = Unwrap(p.Plan(ula::GroupId(group), shape, req, sel, idx, desc.records()));
+              desc.Scatter(planned.num_descriptors);
             }
-            desc.Scatter(planned.num_descriptors);
             return std::make_tuple(planned.fence, planned.num_descriptors, planned.stats, planned.first_phase);
           },
           py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("descriptors"), py::arg("requests"),

@@ -220,6 +220,8 @@ class StepPlanner:
 class EngineStepPlanner:
     max_descriptors: int
     has_pending: bool
+    # {args_ns, planner_ns, outputs_ns} of the last successful plan call (for measurement)
+    last_plan_timing: dict[str, int]
     def __init__(self, space: AddressSpace, max_batch: int, max_q_len: int, max_top_k: int,
                  top_k_multiple: int = 1, max_rows: int = 0) -> None: ...
     # selections/indices: int32 [batch, q_len, top_k] or [batch * q_len, top_k] (page_table_1).

@@ -1,12 +1,14 @@
 """The engine step API with torch tensors (Debian's python3-torch, CPU): selections,
 indices, int64 request ids (torch's req_pool_indices) and engine-owned per-layer KV caches
-as torch tensors, viewed through DLPack, never copied. Its own ctest (python_ulacache_torch:
+as torch tensors, viewed in place (Tensor.numpy(), or DLPack where numpy() refuses, as for
+bfloat16), never copied. Its own ctest (python_ulacache_torch:
 importing torch takes seconds); skipped, with the reason, where torch is not installed
 (deps/debian-packages.txt does not list it: see docs/INTEGRATION.md, "Tensors")."""
 import numpy as np
 import pytest
 
 import ulacache
+from test_vllm_shapes import DLPackOnly
 
 torch = pytest.importorskip("torch", reason="python3-torch is not installed (optional: docs/INTEGRATION.md, Tensors)")
 
@@ -153,3 +155,44 @@ def test_cuda_tensors_are_refused_where_a_gpu_exists():
     planner = ulacache.EngineStepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
     with pytest.raises(ulacache.UnsupportedError, match="on the host"):
         planner.register_engine_memory("device", 0, 0, [torch.zeros((64, 64), dtype=torch.uint8, device="cuda")])
+
+
+class CopyingNumpy(DLPackOnly):
+    """Not a torch tensor: DLPack over an array, and a numpy() that returns a copy."""
+
+    def numpy(self):
+        return self.array.copy()
+
+
+def test_plan_views_torch_tensors_and_only_torch_by_numpy():
+    """A CPU torch tensor is taken by Tensor.numpy() (a view; the fast way), anything else by
+    DLPack: the plan's indices and columns land in the caller's memory either way, and equal
+    what a numpy call writes."""
+    cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=ENTRY, row_bytes=ENTRY // 2,
+                                      device_bytes_per_rank=64 * ENTRY, host_bytes_per_rank=256 * ENTRY)
+    outs = {}
+    for form in ("numpy", "torch", "copying_numpy"):
+        space = ulacache.AddressSpace(cfg, backend="counting")
+        planner = ulacache.EngineStepPlanner(space, max_batch=4, max_q_len=2, max_top_k=32)
+        space.add_request(0)
+        addrs = space.allocate(0, 200)
+        space.advance_round()
+        on_host = np.array([a for a in addrs if space.lookup(int(a), 0)[0] == "host"], np.int32)
+        sel_np = on_host[:64].reshape(2, 32).copy()
+        idx_np = np.full_like(sel_np, 99)
+        cols_np = ulacache.descriptor_columns(planner.max_descriptors)
+        req_np, qsl_np = np.array([0], np.int32), np.array([0, 2], np.int32)
+        wrap = {"numpy": lambda a: a, "torch": torch.from_numpy, "copying_numpy": CopyingNumpy}[form]
+        fence, n, _ = planner.plan(0, 0, wrap(sel_np), wrap(idx_np), {k: wrap(v) for k, v in cols_np.items()},
+                                   wrap(req_np), query_start_loc=wrap(qsl_np))
+        assert n > 0 and planner.complete(fence, np.zeros(n, np.uint8)) == (n, 0)
+        assert (idx_np != 99).all() and (sel_np == on_host[:64].reshape(2, 32)).all()
+        outs[form] = (idx_np.copy(), {k: v[:n].copy() for k, v in cols_np.items()})
+    for form in ("torch", "copying_numpy"):
+        assert (outs[form][0] == outs["numpy"][0]).all()
+        assert all((outs[form][1][k] == v).all() for k, v in outs["numpy"][1].items())
+    # A tensor that Tensor.numpy() refuses takes the DLPack way, and its refusal is DLPack's.
+    planner = ulacache.EngineStepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
+    with pytest.raises(ulacache.InvalidArgumentError, match="dtype"):
+        planner.plan(0, 0, torch.zeros((1, 1, 8), dtype=torch.bfloat16), np.zeros((1, 1, 8), np.int32),
+                     np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE), np.array([0], np.int64))
