@@ -202,8 +202,8 @@ class HostShadows {
   ResidencyPolicy* policy_ = nullptr;  // told of each shadow's coming and going
 };
 
-// How a step with shadows fills each miss's device slot (DP's CopyAndPublishShadowed in
-// step_planner.cc and TP's HomePhaseShadowed in tp_step_planner.cc, the same rule over their
+// How a step with shadows fills each miss's device slot (DP's MissFills in step/miss_fills.h,
+// for the host step and the engine path, and TP's HomePhaseShadowed in tp_step_planner.cc, the same rule over their
 // own pools). Misses below the free count go to free slots; a victim's slot is
 //   kToShadow  emptied by moving its victim to its live shadow (the table alone), then filled by a copy;
 //   kEvict     emptied by copying its victim device -> host into a host slot of its own, then filled by a copy;

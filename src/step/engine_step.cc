@@ -1,25 +1,9 @@
 // EngineStepPlanner. Plan does steps 1-4 and 6 of StepPlanner (validate, dedup, classify,
-// claim device slots, write indices) and records the claims as one pending plan; Complete
-// does step 5's publish per descriptor, undoing the claim of a failed one. The library
-// path (Step) is Plan + CopyPublish (backend/copy_publish.h) + Complete with each
-// descriptor's status the outcome of its batch.
-//
-// Pending-plan invariant: while a plan is pending, for each descriptor i
-//   - the wanted entry addr_i is on host at src_slot_i (unchanged since Plan);
-//   - kCopy into a free slot: dst_slot_i is allocated in the device pool, owned by no
-//     address, untracked by the policy;
-//   - kCopy into a shadowed victim's slot (host shadows on, fill kToShadow): dst_slot_i is
-//     still owned (table and device_owner) by the victim and tracked by the policy as used
-//     in the current round; the victim's shadow is out of the list, its host slot
-//     (victim_host_i) allocated and located by no address;
-//   - kEvict (host shadows on): as kToShadow, victim_host_i a host slot of the victim's own
-//     (a free one, or the oldest shadow reclaimed);
-//   - kSwap: dst_slot_i is still owned by the victim, tracked as above.
-// The plan lists the copies into free slots, the copies into shadowed victims' slots, the
-// evictions, then the swaps. Complete restores "every allocated device slot holds exactly
-// one live address": a shadowed victim goes to its shadow whatever the descriptor's status
-// (its bytes are there; the copy may have overwritten its device row), an evicted one to
-// its host slot when its row landed there; then the fills that arrived are published.
+// claim device slots, write indices) and records the claims as one pending plan, the copy
+// plan of MissFills (step/miss_fills.h, whose pending state it is: the wanted entries on
+// host, the claimed slots, the victims' host slots); Complete publishes it per descriptor
+// status (MissFills::Publish). The library path (Step) is Plan + MissFills::Run on the
+// backend + Complete with each descriptor's status the outcome of its batch.
 #include "ula/engine_step.h"
 
 #include <fmt/format.h>
@@ -30,6 +14,7 @@
 #include "backend/copy_publish.h"
 #include "space/space_access.h"
 #include "step/engine_modes.h"
+#include "step/miss_fills.h"
 #include "space/address_space_state.h"
 #include "ula/check.h"
 
@@ -43,20 +28,15 @@ struct EngineStepPlanner::Scratch {
   std::vector<SlotId> hit_slots;          // [max selections]
   std::vector<const RequestState*> row_req;  // [max batch] each row's request (null: not looked up)
   std::vector<SlotId> target_slots;       // [max descriptors]
-  // Per miss i (Claim): how target_slots[i] is filled, and the victim's host slot (kToShadow,
-  // kEvict). Per descriptor j (WriteDescriptors, the pending plan): the same, in plan order.
-  std::vector<ShadowFill> miss_fill, fill;       // [max descriptors]
-  std::vector<SlotId> miss_host, victim_host;    // [max descriptors]
+  MissFills fills;                        // the copy plan (pending between Plan and Complete)
   std::vector<CopyDescriptor> library_descs;   // [max descriptors] Step's own plan
-  std::vector<std::uint8_t> library_status;    // [max descriptors] all 0
-  std::vector<std::uint32_t> library_move;     // [max descriptors] Step: descriptor j's move in its CopyPublish
+  std::vector<std::uint8_t> library_status;    // [max descriptors]
   // The pending plan.
   bool pending = false;
   std::uint64_t fence = 0;
   std::uint64_t next_fence = 1;
   Rank rank;
   GroupId group;
-  std::vector<CopyDescriptor> pending_descs;   // [max descriptors] a copy of what Plan wrote
   std::uint32_t num_pending = 0;
   // One registered pool: layer l's rows at bases[l] + slot * layer_bytes.
   struct Pool {
@@ -74,22 +54,9 @@ struct EngineStepPlanner::Scratch {
                                  const StepShape& shape, std::span<const RequestId> requests,
                                  std::span<const std::int32_t> selections);
   // Step 4: the misses' device slots into target_slots, free slots first, then victims
-  // (marked used in this round); the hits touched; miss_fill[i] says how each slot is filled.
-  // Without host shadows every victim swaps. With them (host_shadows.h, ShadowFill), as the
-  // host step decides: the victims' shadows leave the list first (kToShadow; none is then
-  // reclaimed for another victim), then each other victim, in miss order, gets a host slot
-  // of its own (kEvict) or, when the host holds nothing but entries, swaps.
+  // (marked used in this round); the hits touched; the fills decided (MissFills::Decide).
   // REQUIRES: the room check passed.
   void Claim(GroupPools& gp);
-  // The copy plan, in the host step's order (host_shadows.h, ShadowFillOrder): the fills
-  // by copy (free slots, shadowed victims' slots, evictions) in miss order, then the swaps
-  // (so the shadows are added in the host step's order): descriptor j moves miss i into
-  // target_slots[i] as miss_fill[i] says, into out and pending_descs (fill[j],
-  // victim_host[j]); slot_of maps each miss to its target.
-  void WriteDescriptors(const AddressRecords& table, const GroupPools& gp, const AddressSpaceConfig& cfg, Rank rank,
-                        GroupId group, std::span<CopyDescriptor> out);
-  void WriteDescriptor(const AddressRecords& table, const GroupPools& gp, const AddressSpaceConfig& cfg, Rank rank,
-                       GroupId group, std::size_t i, std::size_t j, std::span<CopyDescriptor> out);
   // Step 6: indices in the kernels' layout: hits read their slot now, misses their target.
   void WriteIndices(const AddressRecords& table, std::span<const std::int32_t> selections,
                     std::span<std::int32_t> indices) const;
@@ -160,54 +127,7 @@ void EngineStepPlanner::Scratch::Claim(GroupPools& gp) {
   for (std::size_t i = 0; i < n_free; ++i) target_slots[i] = *gp.device.Allocate();
   const std::size_t claimed = gp.policy->ClaimVictims(std::span(target_slots).subspan(n_free));
   ULA_CHECK(claimed == n_miss - n_free);
-  std::fill_n(miss_fill.begin(), n_free, ShadowFill::kFree);
-  std::fill(miss_fill.begin() + n_free, miss_fill.begin() + n_miss, ShadowFill::kSwap);
-  if (!gp.shadows.enabled()) return;
-  for (std::size_t i = n_free; i < n_miss; ++i) {
-    const SlotId h = gp.shadows.Take(target_slots[i]);
-    if (!h.valid()) continue;
-    miss_host[i] = h;
-    miss_fill[i] = ShadowFill::kToShadow;
-  }
-  for (std::size_t i = n_free; i < n_miss; ++i) {
-    if (miss_fill[i] == ShadowFill::kToShadow) continue;
-    const auto h = gp.AllocateHost();  // a free host slot, else the oldest shadow
-    if (!h) continue;                  // the host holds only entries: a swap
-    miss_host[i] = *h;
-    miss_fill[i] = ShadowFill::kEvict;
-  }
-}
-
-void EngineStepPlanner::Scratch::WriteDescriptors(const AddressRecords& table, const GroupPools& gp,
-                                                  const AddressSpaceConfig& cfg, Rank rank, GroupId group,
-                                                  std::span<CopyDescriptor> out) {
-  std::size_t j = 0;
-  for (const bool swaps : {false, true}) {
-    for (std::size_t i = 0; i < missed.size(); ++i) {
-      if ((miss_fill[i] == ShadowFill::kSwap) != swaps) continue;
-      fill[j] = miss_fill[i];
-      victim_host[j] = miss_host[i];
-      WriteDescriptor(table, gp, cfg, rank, group, i, j++, out);
-    }
-  }
-}
-
-void EngineStepPlanner::Scratch::WriteDescriptor(const AddressRecords& table, const GroupPools& gp,
-                                                 const AddressSpaceConfig& cfg, Rank rank, GroupId group,
-                                                 std::size_t i, std::size_t j, std::span<CopyDescriptor> out) {
-  const LogicalAddr a = missed[i];
-  const SlotId host_slot = table.Get(a).slot();
-  const SlotId dev_slot = target_slots[i];
-  // One layer's row; offsets are slot * row in every layer (step_arrays.h).
-  const CopyOp op = fill[j] == ShadowFill::kSwap ? CopyOp::kSwap
-                    : fill[j] == ShadowFill::kEvict ? CopyOp::kEvict : CopyOp::kCopy;
-  CopyDescriptor d = MakeCopyDescriptor(op, {Tier::kHost, rank.value(), host_slot.value()},
-                                        {Tier::kDevice, rank.value(), dev_slot.value()}, a.value(), group.value(),
-                                        cfg.row(), static_cast<std::uint16_t>(gp.num_layers));
-  if (op == CopyOp::kEvict) d.evict_slot = victim_host[j].value();
-  out[j] = d;
-  pending_descs[j] = d;
-  slot_of[a.value()] = static_cast<std::int32_t>(dev_slot.value());
+  fills.Decide(gp, target_slots, n_free);
 }
 
 void EngineStepPlanner::Scratch::WriteIndices(const AddressRecords& table, std::span<const std::int32_t> selections,
@@ -277,14 +197,9 @@ Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpac
   s->missed.reserve(max_sel);
   s->hit_slots.reserve(max_sel);
   s->target_slots.reserve(s->max_descriptors);
-  s->fill.assign(s->max_descriptors, ShadowFill::kFree);
-  s->miss_fill.assign(s->max_descriptors, ShadowFill::kFree);
-  s->victim_host.assign(s->max_descriptors, SlotId::Invalid());
-  s->miss_host.assign(s->max_descriptors, SlotId::Invalid());
+  s->fills.Reserve(s->max_descriptors);
   s->library_descs.resize(s->max_descriptors);
   s->library_status.assign(s->max_descriptors, 0);
-  s->library_move.assign(s->max_descriptors, 0);
-  s->pending_descs.resize(s->max_descriptors);
   s->regions.resize(std::size_t{kNumTiers} * cfg.num_ranks * cfg.num_groups);
   return std::unique_ptr<EngineStepPlanner>(new EngineStepPlanner(space, config, std::move(s)));
 }
@@ -372,23 +287,15 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   // 4. Claim device slots; the copy plan; 6. the indices.
   const std::size_t n_free = std::min<std::size_t>(n_miss, gp.device.num_free());
   s.Claim(gp);
-  std::size_t n_shadowed = 0, n_evict = 0;
-  for (std::size_t i = n_free; i < n_miss; ++i) {
-    n_shadowed += s.miss_fill[i] == ShadowFill::kToShadow;
-    n_evict += s.miss_fill[i] == ShadowFill::kEvict;
-  }
   PlannedStep out;
   out.stats.selections = selections.size();
   out.stats.distinct = *distinct;
   out.stats.hits = s.hit_slots.size();
   out.stats.misses = n_miss;
-  out.stats.into_free = n_free;
-  out.stats.evictions = n_miss - n_free;
-  out.stats.shadow_evictions = n_shadowed;
-  out.stats.evict_copies = n_evict;
-  // A fetch per miss, and a victim's row to host per eviction and per swap.
-  out.stats.bytes_moved = (n_miss + (n_miss - n_free - n_shadowed)) * std::uint64_t{cfg.entry_bytes_of(group)};
-  s.WriteDescriptors(table, gp, cfg, rank, group, out_descriptors);
+  s.fills.AddPlannedStats(cfg.entry_bytes_of(group), out.stats);
+  ULA_DCHECK(out.stats.into_free == n_free);
+  s.fills.Describe(table, gp, cfg.row(), rank, group, s.missed, s.target_slots, out_descriptors);
+  for (std::size_t i = 0; i < n_miss; ++i) s.slot_of[s.missed[i].value()] = static_cast<std::int32_t>(s.target_slots[i].value());
   s.WriteIndices(table, selections, indices);
   s.pending = true;
   ++st.plans_pending;
@@ -466,58 +373,8 @@ Result<CompleteReport> EngineStepPlanner::Complete(std::uint64_t fence, std::spa
   AddressSpace::State& st = StateOf(space_);
   AddressRecords& table = st.tables[s.group.value()];
   GroupPools& gp = st.at(s.rank, s.group);
-  for (std::uint32_t i = 0; i < s.num_pending; ++i) {  // REQUIRES: no wanted entry was freed
-    const CopyDescriptor& d = s.pending_descs[i];
-    ULA_CHECK(table.Get(LogicalAddr(d.addr)) == Location::Make(Tier::kHost, s.rank, SlotId(d.src_slot)));
-  }
-  // The victims first: a shadowed one goes to its shadow whatever the status (its bytes are
-  // there; the copy into its slot may have overwritten the device row); an evicted one to
-  // its host slot when its row landed there, else it stays and that host slot goes back.
-  const auto landed_on_host = [&](std::size_t i) { return status[i] == kDescriptorDone || status[i] == kEvictLanded; };
-  for (std::uint32_t i = 0; i < s.num_pending; ++i) {
-    const ShadowFill f = s.fill[i];
-    if (f != ShadowFill::kToShadow && f != ShadowFill::kEvict) continue;
-    const SlotId dev_slot(s.pending_descs[i].dst_slot);
-    LogicalAddr& victim = gp.device_owner[dev_slot.value()];
-    ULA_CHECK(table.Get(victim) == Location::Make(Tier::kDevice, s.rank, dev_slot));  // REQUIRES: not freed
-    if (f == ShadowFill::kEvict && !landed_on_host(i)) {
-      ULA_CHECK(gp.host.Free(s.victim_host[i]).has_value());
-      continue;
-    }
-    table.Set(victim, Location::Make(Tier::kHost, s.rank, s.victim_host[i]));
-    victim = LogicalAddr::Invalid();
-  }
-  // Publish what arrived (backend/copy_publish.h): a failed fill's slot (a free one, or an
-  // emptied victim's) goes back to the pool; a failed swap's or eviction's victim stays.
-  // With shadows on, a fetched entry's host slot stays behind as its shadow (the fill read
-  // it and nobody wrote it), except after a swap: that slot now holds the victim.
   CompleteReport report;
-  report.published = static_cast<std::uint32_t>(PublishArrived(
-      s.num_pending, [&](std::size_t i) { return status[i] == kDescriptorDone; },
-      [&](std::size_t i) { return s.fill[i] == ShadowFill::kSwap; },
-      [&](std::size_t i, bool swap) {
-        const CopyDescriptor& d = s.pending_descs[i];
-        const LogicalAddr wanted(d.addr);
-        const SlotId host_slot(d.src_slot);
-        const SlotId dev_slot(d.dst_slot);
-        if (!swap) {
-          if (s.fill[i] == ShadowFill::kFree) gp.policy->Insert(dev_slot);  // a victim's slot stays tracked
-          if (gp.shadows.enabled()) gp.shadows.Add(dev_slot, host_slot);
-          else ULA_CHECK(gp.host.Free(host_slot).has_value());
-        } else {
-          const LogicalAddr victim = gp.device_owner[dev_slot.value()];
-          ULA_CHECK(table.Get(victim) == Location::Make(Tier::kDevice, s.rank, dev_slot));  // REQUIRES: not freed
-          table.Set(victim, Location::Make(Tier::kHost, s.rank, host_slot));
-        }
-        table.Set(wanted, Location::Make(Tier::kDevice, s.rank, dev_slot));
-        gp.device_owner[dev_slot.value()] = wanted;
-      },
-      [&](std::size_t i) {
-        const SlotId dev_slot(s.pending_descs[i].dst_slot);
-        if (s.fill[i] == ShadowFill::kEvict && !landed_on_host(i)) return;  // its victim stays in the slot
-        if (s.fill[i] != ShadowFill::kFree) gp.policy->Remove(dev_slot);
-        ULA_CHECK(gp.device.Free(dev_slot).has_value());
-      }));
+  report.published = static_cast<std::uint32_t>(s.fills.Publish(table, gp, s.rank, status));
   report.failed = s.num_pending - report.published;
   s.pending = false;
   --st.plans_pending;
@@ -538,57 +395,15 @@ Result<StepStats> EngineStepPlanner::Step(Rank rank, GroupId group, const StepSh
     ULA_CHECK(report.has_value() && report->failed == 0);
     return planned->stats;
   }
-  // The library runs the descriptors itself, in the host step's batches. The evictions'
-  // device -> host batch runs first, waited on its own fence; then CopyPublish
-  // (backend/copy_publish.h) runs the fills: the copies (with the evictions' fills when
-  // their batch landed) and the swaps, which Plan wrote last. Complete publishes only what
-  // arrived.
+  // The library runs the plan itself (MissFills::Run, the host step's batches); Complete
+  // publishes only what arrived.
   const GroupPools& gp = StateOf(space_).at(rank, group);
-  const auto is_evict = [&](std::uint32_t j) { return s.library_descs[j].op == static_cast<std::uint8_t>(CopyOp::kEvict); };
-  const auto is_swap = [&](std::uint32_t j) { return s.library_descs[j].op == static_cast<std::uint8_t>(CopyOp::kSwap); };
-  const std::size_t n_evict = planned->stats.evict_copies;
-  const std::size_t n_swap = n - planned->stats.into_free - planned->stats.shadow_evictions - n_evict;
-  Status evicted = Ok();
-  if (n_evict > 0) {
-    CopyBatch evict{gp.device.arena().id, gp.host.arena().id, space_.config().row(), /*swap=*/false, {}};
-    for (std::uint32_t j = 0; j < n; ++j) {
-      if (is_evict(j)) gp.AppendMoves(Tier::kDevice, SlotId(s.library_descs[j].dst_slot), SlotId(s.library_descs[j].evict_slot), evict.moves);
-    }
-    auto fence = space_.backend().Submit(std::move(evict));
-    evicted = fence ? space_.backend().Wait(*fence) : Status(std::unexpected(fence.error()));
-  }
-  const std::size_t n_fill = n - n_swap - (evicted ? 0 : n_evict);  // a failed eviction's slot is not filled
-  CopyPublish cp(gp.host.arena().id, gp.device.arena().id, space_.config().row(), n_fill, n_swap, gp.num_layers);
-  std::size_t added = 0;
-  for (std::uint32_t j = 0; j < n; ++j) {
-    if (is_evict(j) && !evicted) {
-      s.library_status[j] = kDescriptorFailed;
-      continue;
-    }
-    s.library_move[j] = static_cast<std::uint32_t>(added++);
-    const CopyDescriptor& d = s.library_descs[j];
-    ULA_DCHECK(is_swap(j) == cp.is_swap(s.library_move[j]));
-    cp.AddEntry([&](std::vector<SlotMove>& rows) {
-      gp.AppendMoves(Tier::kHost, SlotId(d.src_slot), SlotId(d.dst_slot), rows);
-    });
-  }
-  cp.Run(space_.backend());
-  for (std::uint32_t j = 0; j < n; ++j) {
-    if (is_evict(j) && !evicted) continue;
-    s.library_status[j] = cp.arrived(s.library_move[j]) ? kDescriptorDone : is_evict(j) ? kEvictLanded : kDescriptorFailed;
-  }
-  auto report = Complete(planned->fence, std::span<const std::uint8_t>(s.library_status).first(n));
-  std::fill_n(s.library_status.begin(), n, std::uint8_t{0});
+  const auto status = std::span(s.library_status).first(n);
+  Status ran = s.fills.Run(space_.backend(), gp, space_.config().row(), rank, group, status);
+  auto report = Complete(planned->fence, status);
   ULA_CHECK(report.has_value());
-  if (cp.all_arrived() && evicted) return planned->stats;
-  const std::string context = fmt::format("rank {} group {}: {} of {} copies not published", rank.value(),
-                                          group.value(), report->failed, n);
-  const std::string evict_error =
-      evicted ? std::string() : fmt::format("device->host copy of {} victims failed ({})", n_evict, evicted.error().message());
-  if (cp.all_arrived()) return MakeError(ErrorCode::kIo, fmt::format("{}: {}", context, evict_error));
-  Error e = cp.Failure(context);
-  if (evicted) return std::unexpected(std::move(e));
-  return MakeError(ErrorCode::kIo, fmt::format("{}; {}", e.message(), evict_error));
+  if (!ran) return std::unexpected(std::move(ran).error());
+  return planned->stats;
 }
 
 Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId group, const EngineRegion& region) {

@@ -12,6 +12,7 @@
 #include "policy/pb_lru.h"
 #include "space/space_access.h"
 #include "space/address_space_state.h"
+#include "step/miss_fills.h"
 #include "ula/check.h"
 
 namespace ula {
@@ -58,6 +59,11 @@ struct StepPlanner::Lanes {
   std::vector<Lane> lanes;
   policy::ForkJoin fork_join;
   std::vector<const RequestState*> run_holders;  // [runs] each run's request (null: a run of count 0)
+  // Step 5: the misses' copy plan (step/miss_fills.h, shared with the engine path), its
+  // descriptors and their statuses.
+  MissFills fills;
+  std::vector<CopyDescriptor> descriptors;
+  std::vector<std::uint8_t> status;
 };
 
 StepPlanner::StepPlanner(AddressSpace& space) : space_(space), lanes_(std::make_unique<Lanes>(1)) {}
@@ -285,140 +291,6 @@ std::size_t ClaimDeviceSlots(GroupPools& gp, std::vector<SlotId>& targets, std::
   return n_free;
 }
 
-// Step 5: copies missed[i] into targets[i] (the first n_free are free slots, the rest
-// victims) through CopyPublish (backend/copy_publish.h) and publishes what arrived: a failed
-// copy's free slot goes back, the victims of a failed swap stay put, the entries of a failed
-// batch stay on host. kIo naming every failed batch.
-Status CopyAndPublish(Backend& backend, const AddressSpaceConfig& cfg, AddressRecords& table, GroupPools& gp,
-                      const StepInput& input, std::span<const LogicalAddr> missed, std::span<const SlotId> targets,
-                      std::size_t n_free, StepStats& stats) {
-  const std::size_t n_miss = missed.size();
-  // One move per layer's row of each entry (per-layer pools, address_space.h "Pools").
-  CopyPublish cp(gp.host.arena().id, gp.device.arena().id, cfg.row(), n_free, n_miss - n_free, gp.num_layers);
-  for (std::size_t i = 0; i < n_miss; ++i) {
-    cp.AddEntry([&](std::vector<SlotMove>& rows) {
-      gp.AppendMoves(Tier::kHost, table.Get(missed[i]).slot(), targets[i], rows);
-    });
-  }
-  stats.bytes_moved = cp.bytes_moved();
-  cp.Run(backend);
-  PublishArrived(
-      cp,
-      [&](std::size_t i, bool swap) {
-        const LogicalAddr wanted = missed[i];
-        const SlotId device_slot = targets[i];
-        const SlotId host_slot = table.Get(wanted).slot();
-        if (!swap) {
-          ULA_CHECK(gp.host.Free(host_slot).has_value());
-          gp.policy->Insert(device_slot);
-        } else {
-          const LogicalAddr victim = gp.device_owner[device_slot.value()];
-          table.Set(victim, Location::Make(Tier::kHost, input.rank, host_slot));
-        }
-        table.Set(wanted, Location::Make(Tier::kDevice, input.rank, device_slot));
-        gp.device_owner[device_slot.value()] = wanted;
-      },
-      [&](std::size_t i) { ULA_CHECK(gp.device.Free(targets[i]).has_value()); });
-  if (cp.all_arrived()) return Ok();
-  return std::unexpected(cp.Failure(fmt::format("rank {} group {}", input.rank.value(), input.group.value())));
-}
-
-// Step 5 with host shadows (sparse/host_shadows.h, step_planner.h step 4 and the failure
-// contract). Each miss's slot is filled as ShadowFill says (host_shadows.h). A filled slot's
-// wanted entry leaves its host slot behind as its shadow (not after a swap: that slot now
-// holds the victim).
-using Fill = ShadowFill;
-
-Status CopyAndPublishShadowed(Backend& backend, const AddressSpaceConfig& cfg, AddressRecords& table, GroupPools& gp,
-                              const StepInput& input, std::span<const LogicalAddr> missed,
-                              std::span<const SlotId> targets, std::size_t n_free, StepStats& stats) {
-  const std::size_t n_miss = missed.size();
-  std::vector<Fill> fill(n_miss, Fill::kFree);
-  std::vector<SlotId> evict_to(n_miss);  // kEvict: the victim's new host slot
-  const auto at_host = [&](SlotId h) { return Location::Make(Tier::kHost, input.rank, h); };
-  // The victims' shadows leave the list first (so none is reclaimed below), and those
-  // victims go back to them: their bytes are there already.
-  for (std::size_t i = n_free; i < n_miss; ++i) {
-    const SlotId h = gp.shadows.Take(targets[i]);
-    if (!h.valid()) continue;
-    LogicalAddr& victim = gp.device_owner[targets[i].value()];
-    table.Set(victim, at_host(h));
-    victim = LogicalAddr::Invalid();
-    fill[i] = Fill::kToShadow;
-    ++stats.shadow_evictions;
-  }
-  CopyBatch evict{gp.device.arena().id, gp.host.arena().id, cfg.row(), /*swap=*/false, {}};
-  for (std::size_t i = n_free; i < n_miss; ++i) {
-    if (fill[i] == Fill::kToShadow) continue;
-    auto h = gp.AllocateHost();  // a free host slot, else the oldest shadow
-    if (!h) {
-      fill[i] = Fill::kSwap;
-      continue;
-    }
-    fill[i] = Fill::kEvict;
-    evict_to[i] = *h;
-    gp.AppendMoves(Tier::kDevice, targets[i], *h, evict.moves);
-  }
-  std::string evict_error;
-  if (!evict.moves.empty()) {
-    const std::size_t n_evict = evict.moves.size() / gp.num_layers;
-    stats.bytes_moved += evict.moves.size() * std::uint64_t{cfg.row()};
-    auto fence = backend.Submit(std::move(evict));
-    Status landed = fence ? backend.Wait(*fence) : Status(std::unexpected(fence.error()));
-    for (std::size_t i = n_free; i < n_miss; ++i) {
-      if (fill[i] != Fill::kEvict) continue;
-      if (!landed) {  // nothing published: the victim stays on device, its host slot goes back
-        ULA_CHECK(gp.host.Free(evict_to[i]).has_value());
-        fill[i] = Fill::kDropped;
-        continue;
-      }
-      LogicalAddr& victim = gp.device_owner[targets[i].value()];
-      table.Set(victim, at_host(evict_to[i]));  // its bytes arrived
-      victim = LogicalAddr::Invalid();
-      ++stats.evict_copies;
-    }
-    if (!landed) evict_error = fmt::format("device->host copy of {} victims failed ({})", n_evict, landed.error().message());
-  }
-  // The fills: copies (free slots and the emptied victims' slots), then swaps.
-  std::size_t n_copies = 0;
-  const std::vector<std::size_t> order = ShadowFillOrder(fill, &n_copies);
-  CopyPublish cp(gp.host.arena().id, gp.device.arena().id, cfg.row(), n_copies, order.size() - n_copies, gp.num_layers);
-  for (std::size_t i : order) {
-    cp.AddEntry([&](std::vector<SlotMove>& rows) {
-      gp.AppendMoves(Tier::kHost, table.Get(missed[i]).slot(), targets[i], rows);
-    });
-  }
-  stats.bytes_moved += cp.bytes_moved();
-  cp.Run(backend);
-  PublishArrived(
-      cp,
-      [&](std::size_t j, bool swap) {
-        const std::size_t i = order[j];
-        const LogicalAddr wanted = missed[i];
-        const SlotId device_slot = targets[i];
-        const SlotId host_slot = table.Get(wanted).slot();
-        if (!swap) {
-          if (fill[i] == Fill::kFree) gp.policy->Insert(device_slot);  // a victim's slot stays tracked
-          gp.shadows.Add(device_slot, host_slot);  // the copy read it and nobody wrote it: clean
-        } else {
-          const LogicalAddr victim = gp.device_owner[device_slot.value()];
-          table.Set(victim, at_host(host_slot));
-        }
-        table.Set(wanted, Location::Make(Tier::kDevice, input.rank, device_slot));
-        gp.device_owner[device_slot.value()] = wanted;
-      },
-      [&](std::size_t j) {  // not copied: the slot (a free one, or an emptied victim's) goes back
-        const std::size_t i = order[j];
-        if (fill[i] != Fill::kFree) gp.policy->Remove(targets[i]);
-        ULA_CHECK(gp.device.Free(targets[i]).has_value());
-      });
-  if (cp.all_arrived() && evict_error.empty()) return Ok();
-  std::string context = fmt::format("rank {} group {}", input.rank.value(), input.group.value());
-  if (cp.all_arrived()) return MakeError(ErrorCode::kIo, fmt::format("{}: {}", context, evict_error));
-  Error e = cp.Failure(context);
-  if (evict_error.empty()) return std::unexpected(std::move(e));
-  return MakeError(ErrorCode::kIo, fmt::format("{}; {}", e.message(), evict_error));
-}
 }  // namespace
 
 // validate -> scan lanes (dedup, classify) -> merge -> room check -> claim -> copy and
@@ -480,18 +352,22 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   const std::size_t n_miss = missed_.size();
   const std::size_t n_free = ClaimDeviceSlots(gp, target_slots_, n_miss, options_, lanes.fork_join, counters_);
 
-  // 5. Copy, wait, then publish what arrived.
+  // 5. The copy plan (shared with the engine path), run on the backend; then publish what
+  // arrived.
   StepStats stats;
   stats.selections = input.selections.size();
   stats.distinct = hit_slots_.size() + n_miss;
   stats.hits = hit_slots_.size();
   stats.misses = n_miss;
-  stats.into_free = n_free;
-  stats.evictions = n_miss - n_free;
   if (n_miss > 0) {
-    Status s = gp.shadows.enabled()
-                   ? CopyAndPublishShadowed(space_.backend(), cfg, table, gp, input, missed_, target_slots_, n_free, stats)
-                   : CopyAndPublish(space_.backend(), cfg, table, gp, input, missed_, target_slots_, n_free, stats);
+    MissFills& fills = lanes.fills;
+    fills.Decide(gp, target_slots_, n_free);
+    fills.AddPlannedStats(cfg.entry_bytes_of(input.group), stats);
+    lanes.descriptors.resize(n_miss);
+    lanes.status.resize(n_miss);
+    fills.Describe(table, gp, cfg.row(), input.rank, input.group, missed_, target_slots_, lanes.descriptors);
+    Status s = fills.Run(space_.backend(), gp, cfg.row(), input.rank, input.group, lanes.status);
+    fills.Publish(table, gp, input.rank, lanes.status);
     if (!s) {
       ULA_EXPENSIVE_CHECK(space_);
       return std::unexpected(std::move(s).error());
