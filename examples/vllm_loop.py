@@ -357,8 +357,6 @@ def main(argv=None):
                 m["deferrals"] += 1
         decode_only = all(not r.prefilling for r, _ in batch)
         full = sum(n for _, n in batch) == budget_tokens
-        m["decode_rounds"] += decode_only
-        m["full_rounds"] += full
         # 2. allocate; vLLM's slot_mapping for every group in one call; the KV write.
         qsl = np.zeros(len(batch) + 1, np.int32)
         for b, (r, n) in enumerate(batch):
@@ -434,6 +432,8 @@ def main(argv=None):
             running.remove(r)
         space.advance_round()
         m["rounds"] += 1
+        m["full_rounds"] += full
+        m["decode_rounds"] += decode_only
     space.check_invariants()
     m.update(max_round_tokens=max_rows, plan_ms=median(plan_ms), planner_ms=median(planner_ms),
              full_plan_ms=median(full_plan_ms), decode_plan_ms=median(decode_plan_ms),
