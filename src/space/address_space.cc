@@ -295,15 +295,11 @@ Directory::ReleaseFn Releaser(const AddressSpaceConfig& cfg, AddressSpace::State
 }  // namespace
 
 Status AddressSpace::Free(RequestId request) {
-  ULA_RETURN_IF_ERROR(state_->dir.Free(request, Releaser(config_, *state_)));
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.Free(request, Releaser(config_, *state_)));
 }
 
 Status AddressSpace::Truncate(RequestId request, std::uint32_t length) {
-  ULA_RETURN_IF_ERROR(state_->dir.Truncate(request, length, Releaser(config_, *state_)));
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.Truncate(request, length, Releaser(config_, *state_)));
 }
 
 Status AddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> addrs) {
@@ -317,21 +313,15 @@ Status AddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> a
     return MakeError(ErrorCode::kInvalidArgument, fmt::format("ShareInto: address {} lives on rank {}, not rank {}",
                                                               a.value(), at.value(), rank.value()));
   };
-  ULA_RETURN_IF_ERROR(state_->dir.ShareInto(request, addrs, on_rank));
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.ShareInto(request, addrs, on_rank));
 }
 
 Status AddressSpace::Retain(std::span<const LogicalAddr> addrs) {
-  ULA_RETURN_IF_ERROR(state_->dir.Retain(addrs));
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.Retain(addrs));
 }
 
 Status AddressSpace::Release(std::span<const LogicalAddr> addrs) {
-  ULA_RETURN_IF_ERROR(state_->dir.Release(addrs, Releaser(config_, *state_)));
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.Release(addrs, Releaser(config_, *state_)));
 }
 
 std::uint32_t AddressSpace::RefCount(LogicalAddr addr) const { return state_->dir.RefCount(addr); }

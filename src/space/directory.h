@@ -48,6 +48,7 @@
 #include "core/digest.h"
 #include "core/huge_page_allocator.h"
 #include "space/address_refs.h"
+#include "ula/check.h"
 #include "ula/error.h"
 #include "ula/ids.h"
 
@@ -152,5 +153,13 @@ class Directory {
   std::uint64_t num_live_ = 0;
   std::atomic<std::uint32_t> plans_pending_{0};
 };
+
+// The status of a directory call made by `space`, after the whole-space check
+// (ULA_EXPENSIVE_CHECK, the sanitizer trees) when the call succeeded.
+template <class Space>
+Status Checked(const Space& space, Status status) {
+  if (status) ULA_EXPENSIVE_CHECK(space);
+  return status;
+}
 
 }  // namespace ula

@@ -344,33 +344,23 @@ void TpAddressSpace::FreeAddress(LogicalAddr a) {
 }
 
 Status TpAddressSpace::Free(RequestId request) {
-  ULA_RETURN_IF_ERROR(state_->dir.Free(request, [this](LogicalAddr a) { FreeAddress(a); }));
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.Free(request, [this](LogicalAddr a) { FreeAddress(a); }));
 }
 
 Status TpAddressSpace::Truncate(RequestId request, std::uint32_t length) {
-  ULA_RETURN_IF_ERROR(state_->dir.Truncate(request, length, [this](LogicalAddr a) { FreeAddress(a); }));
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.Truncate(request, length, [this](LogicalAddr a) { FreeAddress(a); }));
 }
 
 Status TpAddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> addrs) {
-  ULA_RETURN_IF_ERROR(state_->dir.ShareInto(request, addrs));
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.ShareInto(request, addrs));
 }
 
 Status TpAddressSpace::Retain(std::span<const LogicalAddr> addrs) {
-  ULA_RETURN_IF_ERROR(state_->dir.Retain(addrs));
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.Retain(addrs));
 }
 
 Status TpAddressSpace::Release(std::span<const LogicalAddr> addrs) {
-  ULA_RETURN_IF_ERROR(state_->dir.Release(addrs, [this](LogicalAddr a) { FreeAddress(a); }));
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.Release(addrs, [this](LogicalAddr a) { FreeAddress(a); }));
 }
 
 std::uint32_t TpAddressSpace::RefCount(LogicalAddr addr) const { return state_->dir.RefCount(addr); }
