@@ -100,7 +100,7 @@ Result<std::unique_ptr<TpAddressSpace>> TpAddressSpace::Create(const TpConfig& c
       return MakeError(ErrorCode::kInvalidArgument, fmt::format("rank {} is hosted twice", hosted[i].value()));
     }
   }
-  auto state = std::make_unique<State>(backend);  // on failure its arenas are destroyed
+  auto state = std::make_unique<State>(backend, config.page_tokens);  // on failure its arenas are destroyed
   const std::uint32_t dev = config.device_slots_per_group();
   const std::uint32_t host = config.host_slots_per_group();
   const std::uint32_t buf = config.buffer_slots_per_group();
@@ -144,104 +144,76 @@ bool TpAddressSpace::Hosts(Rank r) const {
   return r.value() < config_.num_ranks && !state_->shards[r.value()].empty();
 }
 
-Status TpAddressSpace::AddRequest(RequestId request) {
-  if (state_->requests.contains(request)) {
-    return MakeError(ErrorCode::kAlreadyExists, fmt::format("request {} already exists", request.value()));
-  }
-  State& st = *state_;
-  if (st.next_tag == 0 || st.next_tag == refs::kSharedTag) {  // 2^32 - 2 requests so far: renumber 1..n
-    st.next_tag = 1;
-    for (auto& [id, addrs] : st.requests) {
-      State::Holder& h = st.tags[id];
-      h.tag = st.next_tag++;
-      for (LogicalAddr a : addrs) {  // its own allocations: the addresses it did not adopt
-        if (!std::binary_search(h.adopted.begin(), h.adopted.end(), a)) st.owner[a.value()] = h.tag;
-      }
-    }
-  }
-  st.requests.emplace(request, std::vector<LogicalAddr>{});
-  st.tags[request] = State::Holder{st.next_tag++, {}};
-  return Ok();
-}
+Status TpAddressSpace::AddRequest(RequestId request) { return state_->dir.AddRequest(request, Rank::Invalid()); }
 
 namespace {
-// The directory's half of TpAddressSpace::Allocate: n_tokens new addresses for the request
-// whose list has pos0 entries (holder: its tag and open page), planned first and then taken
-// from the free FIFOs or pages ("Pages" in tp_address_space.h); nothing changes on error.
-Result<std::vector<LogicalAddr>> TakeAddresses(TpAddressSpace::State& st, const TpConfig& c, RequestId request,
-                                               TpAddressSpace::State::Holder& holder, std::uint64_t pos0,
-                                               std::uint32_t n_tokens) {
-  using State = TpAddressSpace::State;
+// The home rule's half of TpAddressSpace::Allocate: n_tokens new addresses for `req`, chosen
+// but not taken ("Pages" in tp_address_space.h). page_tokens == 1: round robin from the
+// cursor over the ranks with room, each rank's freed addresses first (FIFO), then its next
+// minted one; `cursor` gets the cursor after them. Else the directory's pages, refused when
+// a token's home rank (address mod P) would hold more than its shard.
+Result<Directory::AddressPlan> PlanAddresses(const TpAddressSpace::State& st, const TpConfig& c, RequestId request,
+                                             const Directory::Request& req, std::uint32_t n_tokens,
+                                             std::uint32_t& cursor) {
   const std::uint32_t p = c.num_ranks;
   const std::uint32_t cap = c.shard_slots_per_group();
-  const std::uint32_t T = c.page_tokens;
-  // Plan the addresses first (nothing changes until they all fit).
-  std::vector<LogicalAddr> out(n_tokens);
   std::vector<std::uint32_t> planned(st.homed);
-  std::uint32_t cursor = st.cursor;
-  std::size_t pages_reused = 0;
-  std::uint32_t next_page = st.next_page, page = holder.open_page;
-  if (T == 1) {  // round robin from the cursor over ranks that have room
-    std::uint64_t room = 0;
-    for (std::uint32_t r = 0; r < p; ++r) room += cap - st.homed[r];
-    if (n_tokens > room) {
-      return MakeError(ErrorCode::kResourceExhausted,
-                       fmt::format("request {}: {} new entries do not fit: {} free entries over {} ranks of {} each",
-                                   request.value(), n_tokens, room, p, cap));
-    }
-    std::vector<std::uint32_t> taken(p, 0);
+  if (c.page_tokens > 1) {
+    auto plan = st.dir.PlanPages(request, req, n_tokens);
+    if (!plan) return plan;
     for (std::uint32_t i = 0; i < n_tokens; ++i) {
-      while (planned[cursor] >= cap) cursor = (cursor + 1) % p;
-      const std::uint32_t k = taken[cursor]++;
-      out[i] = k < st.free_addrs[cursor].size()
-                   ? st.free_addrs[cursor][k]
-                   : LogicalAddr((st.minted[cursor] + (k - static_cast<std::uint32_t>(st.free_addrs[cursor].size()))) * p +
-                                 cursor);
-      ++planned[cursor];
-      cursor = (cursor + 1) % p;
-    }
-  } else {  // pages: token i of the list at offset i % T; its rank is its address's
-    const std::uint32_t max_pages = static_cast<std::uint32_t>(std::uint64_t{LogicalAddr::kInvalidValue} / T);
-    for (std::uint32_t i = 0; i < n_tokens; ++i) {
-      const std::uint64_t pos = pos0 + i;
-      if (pos % T == 0 || (i == 0 && page == State::Holder::kNoPage)) {
-        if (pages_reused < st.free_pages.size()) {
-          page = st.free_pages[pages_reused++];
-        } else if (next_page < max_pages) {
-          page = next_page++;
-        } else {
-          return MakeError(ErrorCode::kResourceExhausted,
-                           fmt::format("request {}: the logical address space is exhausted", request.value()));
-        }
-      }
-      out[i] = LogicalAddr(static_cast<std::uint32_t>(std::uint64_t{page} * T + pos % T));
-      const std::uint32_t r = out[i].value() % p;
+      const LogicalAddr a = plan->addrs[i];
+      const std::uint32_t r = a.value() % p;
       if (++planned[r] > cap) {
         return MakeError(ErrorCode::kResourceExhausted,
                          fmt::format("request {}: {} new entries do not fit: token {} is homed on rank {} (address {} "
                                      "mod {}), whose shard of {} entries is full",
-                                     request.value(), n_tokens, pos, r, out[i].value(), p, cap));
+                                     request.value(), n_tokens, req.addrs.size() + i, r, a.value(), p, cap));
       }
     }
+    return plan;
   }
-  // Commit the directory.
-  if (T == 1) {
-    st.cursor = cursor;
-    for (LogicalAddr a : out) {
-      const std::uint32_t r = a.value() % p;
-      if (!st.free_addrs[r].empty() && st.free_addrs[r].front() == a) {
-        st.free_addrs[r].pop_front();
-      } else {
-        ULA_CHECK(a.value() == st.minted[r] * p + r);
-        ++st.minted[r];
-      }
+  std::uint64_t room = 0;
+  for (std::uint32_t r = 0; r < p; ++r) room += cap - st.homed[r];
+  if (n_tokens > room) {
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("request {}: {} new entries do not fit: {} free entries over {} ranks of {} each",
+                                 request.value(), n_tokens, room, p, cap));
+  }
+  Directory::AddressPlan plan;
+  plan.addrs.resize(n_tokens);
+  std::vector<std::uint32_t> taken(p, 0);
+  cursor = st.cursor;
+  for (std::uint32_t i = 0; i < n_tokens; ++i) {
+    while (planned[cursor] >= cap) cursor = (cursor + 1) % p;
+    const std::uint32_t k = taken[cursor]++;
+    const auto& fifo = st.free_addrs[cursor];
+    plan.addrs[i] = k < fifo.size()
+                        ? fifo[k]
+                        : LogicalAddr((st.minted[cursor] + (k - static_cast<std::uint32_t>(fifo.size()))) * p + cursor);
+    ++planned[cursor];
+    cursor = (cursor + 1) % p;
+  }
+  return plan;
+}
+
+// Takes the addresses PlanAddresses chose (page_tokens == 1: from the free FIFOs or minted)
+// and counts them homed.
+void TakeAddresses(TpAddressSpace::State& st, const TpConfig& c, std::span<const LogicalAddr> addrs,
+                   std::uint32_t cursor) {
+  const std::uint32_t p = c.num_ranks;
+  if (c.page_tokens == 1) st.cursor = cursor;
+  for (LogicalAddr a : addrs) {
+    const std::uint32_t r = a.value() % p;
+    ++st.homed[r];
+    if (c.page_tokens > 1) continue;
+    if (!st.free_addrs[r].empty() && st.free_addrs[r].front() == a) {
+      st.free_addrs[r].pop_front();
+    } else {
+      ULA_CHECK(a.value() == st.minted[r] * p + r);
+      ++st.minted[r];
     }
-  } else {
-    st.free_pages.erase(st.free_pages.begin(), st.free_pages.begin() + static_cast<std::ptrdiff_t>(pages_reused));
-    st.next_page = next_page;
-    if (n_tokens > 0) holder.open_page = page;
   }
-  return out;
 }
 
 // The shard's half of TpAddressSpace::Allocate: places the new entries `fresh` of one
@@ -319,49 +291,34 @@ void PlaceNewEntries(const TpConfig& c, Backend& backend, TpGroupShard& sh, Rank
 }  // namespace
 
 Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
-  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Allocate"));
   State& st = *state_;
-  auto it = st.requests.find(request);
-  if (it == st.requests.end()) {
-    return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));
-  }
-  State::Holder& holder = st.tags.at(request);
-  auto taken = TakeAddresses(st, config_, request, holder, it->second.size(), n_tokens);
-  if (!taken) return std::unexpected(std::move(taken).error());
-  std::vector<LogicalAddr> out = std::move(*taken);
-  const std::uint32_t p = config_.num_ranks;
-  const std::uint32_t tag = holder.tag;
-  for (std::uint32_t i = 0; i < n_tokens; ++i) {
-    const LogicalAddr a = out[i];
-    const std::uint32_t r = a.value() % p;
-    if (st.live.size() <= a.value()) {
-      st.live.resize(std::max<std::size_t>(a.value() + 1, st.live.size() * 2), 0);
-      st.owner.resize(st.live.size(), 0);
-      st.refs.resize(st.live.size(), 0);
-    }
-    st.live[a.value()] = 1;
-    st.owner[a.value()] = tag;
-    st.refs[a.value()] = refs::kRequestRef;
-    ++st.homed[r];
-  }
+  ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("Allocate"));
+  Directory::Request* req = st.dir.Find(request);
+  if (req == nullptr) return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));
+  std::uint32_t cursor = 0;
+  auto plan = PlanAddresses(st, config_, request, *req, n_tokens, cursor);
+  if (!plan) return std::unexpected(std::move(plan).error());
+  TakeAddresses(st, config_, plan->addrs, cursor);
+  st.dir.Append(*req, *plan);
   // The hosted shards (the directory above is every process's alike; what follows is each
   // process's own ranks and never fails).
+  const std::uint32_t p = config_.num_ranks;
   std::vector<LogicalAddr> fresh;
   for (Rank r : hosted_) {
     fresh.clear();
-    for (LogicalAddr a : out) {
+    for (LogicalAddr a : plan->addrs) {
       if (a.value() % p == r.value()) fresh.push_back(a);
     }
     if (fresh.empty()) continue;
     for (TpGroupShard& sh : st.shards[r.value()]) PlaceNewEntries(config_, backend_, sh, r, fresh, st.stable_new_entries);
   }
-  auto& addrs = it->second;
-  addrs.insert(addrs.end(), out.begin(), out.end());
-  st.num_live += n_tokens;
   ULA_EXPENSIVE_CHECK(*this);
-  return out;
+  return std::move(plan->addrs);
 }
 
+// The directory's ReleaseFn: frees the entries of an address whose last holder let go (its
+// buffer copies, its home entry and slot in every hosted group) and returns it to its home
+// rank (page_tokens == 1: to the rank's free FIFO; else the directory frees its page).
 void TpAddressSpace::FreeAddress(LogicalAddr a) {
   State& st = *state_;
   const std::uint32_t p = config_.num_ranks;
@@ -369,182 +326,46 @@ void TpAddressSpace::FreeAddress(LogicalAddr a) {
   for (Rank hr : hosted_) {
     for (TpGroupShard& sh : st.shards[hr.value()]) sh.DropCopy(a);
   }
-  if (!st.shards[r].empty()) {
-    for (TpGroupShard& sh : st.shards[r]) {
-      if (sh.IsNewOnHost(a)) sh.new_on_host.erase(std::lower_bound(sh.new_on_host.begin(), sh.new_on_host.end(), a));
-      Location& loc = sh.home[a.value() / p];
-      if (loc.tier() == Tier::kDevice) {
-        sh.shadows.Drop(sh.host, loc.slot());
-        sh.policy->Remove(loc.slot());
-        ULA_CHECK(sh.device.Free(loc.slot()).has_value());
-        sh.device_owner[loc.slot().value()] = LogicalAddr::Invalid();
-      } else {
-        ULA_CHECK(sh.host.Free(loc.slot()).has_value());
-      }
-      loc = Location::None();
+  for (TpGroupShard& sh : st.shards[r]) {  // none unless rank r is hosted here
+    if (sh.IsNewOnHost(a)) sh.new_on_host.erase(std::lower_bound(sh.new_on_host.begin(), sh.new_on_host.end(), a));
+    Location& loc = sh.home[a.value() / p];
+    if (loc.tier() == Tier::kDevice) {
+      sh.shadows.Drop(sh.host, loc.slot());
+      sh.policy->Remove(loc.slot());
+      ULA_CHECK(sh.device.Free(loc.slot()).has_value());
+      sh.device_owner[loc.slot().value()] = LogicalAddr::Invalid();
+    } else {
+      ULA_CHECK(sh.host.Free(loc.slot()).has_value());
     }
+    loc = Location::None();
   }
-  st.live[a.value()] = 0;
-  st.owner[a.value()] = 0;
   --st.homed[r];
-  --st.num_live;
-  const std::uint32_t T = config_.page_tokens;
-  if (T == 1) {
-    st.free_addrs[r].push_back(a);
-    return;
-  }
-  // The page joins the free FIFO once none of its addresses is live.
-  const std::uint32_t page = a.value() / T;
-  for (std::uint64_t b = std::uint64_t{page} * T; b < std::uint64_t{page + 1} * T; ++b) {
-    if (b < st.live.size() && st.live[b] != 0) return;
-  }
-  st.free_pages.push_back(page);
+  if (config_.page_tokens == 1) st.free_addrs[r].push_back(a);
 }
 
 Status TpAddressSpace::Free(RequestId request) {
-  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Free"));
-  State& st = *state_;
-  auto it = st.requests.find(request);
-  if (it == st.requests.end()) {
-    return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown or already freed", request.value()));
-  }
-  const std::uint32_t tag = st.tags.at(request).tag;
-  for (LogicalAddr a : it->second) {
-    if ((st.refs[a.value()] -= refs::kRequestRef) == 0) {
-      FreeAddress(a);
-    } else if (st.owner[a.value()] == tag) {
-      st.owner[a.value()] = refs::kSharedTag;  // its other holders keep it where it is
-    }
-  }
-  st.tags.erase(request);
-  st.requests.erase(it);
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.Free(request, [this](LogicalAddr a) { FreeAddress(a); }));
 }
 
 Status TpAddressSpace::Truncate(RequestId request, std::uint32_t length) {
-  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Truncate"));
-  State& st = *state_;
-  auto it = st.requests.find(request);
-  if (it == st.requests.end()) {
-    return MakeError(ErrorCode::kNotFound, fmt::format("Truncate: request {} is unknown", request.value()));
-  }
-  std::vector<LogicalAddr>& addrs = it->second;
-  State::Holder& h = st.tags.at(request);
-  if (length > addrs.size()) {
-    return MakeError(ErrorCode::kOutOfRange, fmt::format("Truncate: request {} holds {} tokens, cannot keep {}",
-                                                         request.value(), addrs.size(), length));
-  }
-  for (std::size_t i = length; i < addrs.size(); ++i) {
-    const LogicalAddr a = addrs[i];
-    if (st.owner[a.value()] != h.tag || st.refs[a.value()] != refs::kRequestRef) {
-      return MakeError(ErrorCode::kFailedPrecondition,
-                       fmt::format("Truncate: token {} of request {} (address {}) is {}: a shared entry is "
-                                   "immutable, only the request's own unshared tail can be rolled back",
-                                   i, request.value(), a.value(),
-                                   st.owner[a.value()] != h.tag ? "adopted (ShareInto)"
-                                                                : fmt::format("held by {} holders",
-                                                                              refs::Holders(st.refs[a.value()]))));
-    }
-  }
-  for (std::size_t i = length; i < addrs.size(); ++i) {
-    st.refs[addrs[i].value()] = 0;
-    FreeAddress(addrs[i]);
-  }
-  addrs.resize(length);
-  const bool own_last = length > 0 && st.owner[addrs.back().value()] == h.tag;
-  h.open_page = own_last && config_.page_tokens > 1 ? addrs.back().value() / config_.page_tokens
-                                                    : State::Holder::kNoPage;
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.Truncate(request, length, [this](LogicalAddr a) { FreeAddress(a); }));
 }
-
-namespace {
-// Ok iff every address is live and listed once.
-Status CheckTpAddressList(const TpAddressSpace::State& st, std::span<const LogicalAddr> addrs, const char* what) {
-  std::vector<LogicalAddr> sorted(addrs.begin(), addrs.end());
-  std::sort(sorted.begin(), sorted.end());
-  if (auto d = std::adjacent_find(sorted.begin(), sorted.end()); d != sorted.end()) {
-    return MakeError(ErrorCode::kInvalidArgument, fmt::format("{}: address {} is listed twice", what, d->value()));
-  }
-  for (LogicalAddr a : addrs) {
-    if (!st.IsLive(a)) {
-      return MakeError(ErrorCode::kNotFound,
-                       fmt::format("{}: logical address {} is not live (freed, or never allocated)", what, a.value()));
-    }
-  }
-  return Ok();
-}
-}  // namespace
 
 Status TpAddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> addrs) {
-  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("ShareInto"));
-  State& st = *state_;
-  auto it = st.requests.find(request);
-  if (it == st.requests.end()) {
-    return MakeError(ErrorCode::kNotFound, fmt::format("ShareInto: request {} is unknown", request.value()));
-  }
-  State::Holder& h = st.tags.at(request);
-  ULA_RETURN_IF_ERROR(CheckTpAddressList(st, addrs, "ShareInto"));
-  for (LogicalAddr a : addrs) {
-    if (st.Holds(h, a)) {
-      return MakeError(ErrorCode::kAlreadyExists,
-                       fmt::format("ShareInto: request {} already holds address {}", request.value(), a.value()));
-    }
-    if (refs::RequestRefs(st.refs[a.value()]) == refs::kMaxRequestRefs) {
-      return MakeError(ErrorCode::kResourceExhausted,
-                       fmt::format("ShareInto: address {} is held by the most requests there can be", a.value()));
-    }
-  }
-  it->second.insert(it->second.end(), addrs.begin(), addrs.end());
-  refs::MergeAdopted(h.adopted, addrs);
-  if (!addrs.empty()) h.open_page = State::Holder::kNoPage;  // the list no longer ends in it
-  for (LogicalAddr a : addrs) st.refs[a.value()] += refs::kRequestRef;
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.ShareInto(request, addrs));
 }
 
 Status TpAddressSpace::Retain(std::span<const LogicalAddr> addrs) {
-  State& st = *state_;
-  ULA_RETURN_IF_ERROR(CheckTpAddressList(st, addrs, "Retain"));
-  for (LogicalAddr a : addrs) {
-    if (refs::CacheRefs(st.refs[a.value()]) == refs::kMaxCacheRefs) {
-      return MakeError(ErrorCode::kResourceExhausted,
-                       fmt::format("Retain: address {} has {} cache references, the most there can be", a.value(),
-                                   refs::kMaxCacheRefs));
-    }
-  }
-  for (LogicalAddr a : addrs) st.refs[a.value()] += refs::kCacheRef;
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.Retain(addrs));
 }
 
 Status TpAddressSpace::Release(std::span<const LogicalAddr> addrs) {
-  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Release"));
-  State& st = *state_;
-  ULA_RETURN_IF_ERROR(CheckTpAddressList(st, addrs, "Release"));
-  for (LogicalAddr a : addrs) {
-    if (refs::CacheRefs(st.refs[a.value()]) == 0) {
-      return MakeError(ErrorCode::kFailedPrecondition,
-                       fmt::format("Release: address {} has no cache reference to release (released twice?)",
-                                   a.value()));
-    }
-  }
-  for (LogicalAddr a : addrs) {
-    if ((st.refs[a.value()] -= refs::kCacheRef) == 0) FreeAddress(a);
-  }
-  ULA_EXPENSIVE_CHECK(*this);
-  return Ok();
+  return Checked(*this, state_->dir.Release(addrs, [this](LogicalAddr a) { FreeAddress(a); }));
 }
 
-std::uint32_t TpAddressSpace::RefCount(LogicalAddr addr) const {
-  return state_->IsLive(addr) ? refs::Holders(state_->refs[addr.value()]) : 0;
-}
+std::uint32_t TpAddressSpace::RefCount(LogicalAddr addr) const { return state_->dir.RefCount(addr); }
 
-bool TpAddressSpace::Holds(RequestId request, LogicalAddr addr) const {
-  auto it = state_->tags.find(request);
-  return it != state_->tags.end() && state_->IsLive(addr) && state_->Holds(it->second, addr);
-}
+bool TpAddressSpace::Holds(RequestId request, LogicalAddr addr) const { return state_->dir.Holds(request, addr); }
 
 namespace {
 
@@ -556,7 +377,7 @@ Status CheckEntryArgs(const TpConfig& cfg, const TpAddressSpace::State& st, Logi
   if (size != cfg.entry_bytes) {
     return MakeError(ErrorCode::kInvalidArgument, fmt::format("entry is {} bytes, not {}", cfg.entry_bytes, size));
   }
-  if (!st.IsLive(addr)) {
+  if (!st.dir.IsLive(addr)) {
     return MakeError(ErrorCode::kNotFound, fmt::format("logical address {} is not live", addr.value()));
   }
   return Ok();
@@ -565,10 +386,10 @@ Status CheckEntryArgs(const TpConfig& cfg, const TpAddressSpace::State& st, Logi
 }  // namespace
 
 Status TpAddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data) {
-  ULA_RETURN_IF_ERROR(state_->RefuseWhilePlanPending("Write"));
+  ULA_RETURN_IF_ERROR(state_->dir.RefuseWhilePlanPending("Write"));
   ULA_RETURN_IF_ERROR(CheckEntryArgs(config_, *state_, addr, group, data.size()));
   if (!backend_.holds_bytes()) return MakeError(ErrorCode::kUnsupported, "the counting backend holds no bytes");
-  if (const std::uint32_t holders = refs::Holders(state_->refs[addr.value()]); holders > 1) {
+  if (const std::uint32_t holders = refs::Holders(state_->dir.refs(addr)); holders > 1) {
     return MakeError(ErrorCode::kFailedPrecondition,
                      fmt::format("address {} is shared by {} holders: a shared entry is immutable (write a new "
                                  "address)", addr.value(), holders));
@@ -610,7 +431,7 @@ Result<Location> TpAddressSpace::Lookup(LogicalAddr addr, GroupId group) const {
   if (group.value() >= config_.num_groups) {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range", group.value()));
   }
-  if (!state_->IsLive(addr)) {
+  if (!state_->dir.IsLive(addr)) {
     return MakeError(ErrorCode::kNotFound, fmt::format("logical address {} is not live", addr.value()));
   }
   const Rank home = HomeOf(addr);
@@ -623,7 +444,7 @@ Result<std::optional<SlotId>> TpAddressSpace::BufferSlot(Rank rank, LogicalAddr 
     return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} / group {} is out of range", rank.value(), group.value()));
   }
   if (!Hosts(rank)) return MakeError(ErrorCode::kUnsupported, fmt::format("rank {} is not hosted here", rank.value()));
-  if (!state_->IsLive(addr)) {
+  if (!state_->dir.IsLive(addr)) {
     return MakeError(ErrorCode::kNotFound, fmt::format("logical address {} is not live", addr.value()));
   }
   const auto& buffered = state_->at(rank, group).buffered;
@@ -642,14 +463,10 @@ const std::byte* TpAddressSpace::RefData(Rank rank, GroupId group, TpReadRef ref
 }
 
 Result<std::span<const LogicalAddr>> TpAddressSpace::AddressesOf(RequestId request) const {
-  auto it = state_->requests.find(request);
-  if (it == state_->requests.end()) {
-    return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));
-  }
-  return std::span<const LogicalAddr>(it->second);
+  return state_->dir.AddressesOf(request);
 }
 
-bool TpAddressSpace::IsLive(LogicalAddr addr) const { return state_->IsLive(addr); }
+bool TpAddressSpace::IsLive(LogicalAddr addr) const { return state_->dir.IsLive(addr); }
 
 void TpAddressSpace::AdvanceRound() {
   for (Rank r : hosted_) {
@@ -662,8 +479,8 @@ void TpAddressSpace::AdvanceRound() {
   ULA_EXPENSIVE_CHECK(*this);
 }
 
-std::uint64_t TpAddressSpace::num_live_addresses() const { return state_->num_live; }
-std::uint32_t TpAddressSpace::num_requests() const { return static_cast<std::uint32_t>(state_->requests.size()); }
+std::uint64_t TpAddressSpace::num_live_addresses() const { return state_->dir.num_live(); }
+std::uint32_t TpAddressSpace::num_requests() const { return state_->dir.num_requests(); }
 std::uint32_t TpAddressSpace::NumHomed(Rank r) const {
   return r.value() < config_.num_ranks ? state_->homed[r.value()] : 0;
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "space/address_refs.h"
+#include "space/directory.h"
 #include "space/host_shadows.h"
 #include "space/pool_arenas.h"
 #include "backend/slot_pool.h"
@@ -121,64 +122,34 @@ struct TpGroupShard {
 };
 
 struct TpAddressSpace::State {
-  explicit State(Backend& backend) : arenas(backend) {}
+  State(Backend& backend, std::uint32_t page_tokens)
+      : arenas(backend), dir(page_tokens, /*paged=*/page_tokens > 1) {}
 
   PoolArenas arenas;  // destroyed last: every pool below lives in one of them
-  // Directory (replicated).
-  std::unordered_map<RequestId, std::vector<LogicalAddr>> requests;
-  // page_tokens == 1: per home rank, a FIFO of freed addresses and the count minted.
+  // The directory (directory.h), replicated: every process holds all of it. Paged when
+  // page_tokens > 1; with page_tokens == 1 the home rule below mints each address.
+  Directory dir;
+  // page_tokens == 1: per home rank, a FIFO of freed addresses and the count minted; the
+  // next rank to receive a token (round robin over ranks with room).
   std::vector<std::deque<LogicalAddr>> free_addrs;  // [P] FIFO per home rank
   std::vector<std::uint32_t> minted;                // [P] addresses r, r+P, ... handed out once
-  // page_tokens T > 1 (address_space.h "Pages"): pages [p*T, (p+1)*T) minted so far, and a
-  // FIFO of the minted pages that hold no live address.
-  std::uint32_t next_page = 0;
-  std::deque<std::uint32_t> free_pages;
+  std::uint32_t cursor = 0;
   std::vector<std::uint32_t> homed;                 // [P] live addresses per home rank
-  std::vector<std::uint8_t> live;                   // [max address + 1] 1 = live
-  struct Holder {
-    std::uint32_t tag = 0;              // owner tag (non-zero, unique among live requests)
-    std::vector<LogicalAddr> adopted;   // sorted: the addresses it adopted (ShareInto)
-    static constexpr std::uint32_t kNoPage = 0xffffffffu;
-    std::uint32_t open_page = kNoPage;  // the page its list ends in (page_tokens > 1)
-  };
-  std::unordered_map<RequestId, Holder> tags;       // request -> its tag and adopted addresses
-  // [live.size()] owner tag (sparse/address_refs.h): the allocating request's while it holds
-  // the address, refs::kSharedTag once only adopters / cache references do, 0 when free.
-  std::vector<std::uint32_t> owner;
-  std::vector<std::uint32_t> refs;                  // [live.size()] packed reference counts (address_refs.h)
-  std::uint32_t next_tag = 1;                       // the next request's tag (renumbered on wrap)
-  std::uint32_t cursor = 0;                         // page_tokens == 1: next rank to receive a token
-  std::uint64_t num_live = 0;
   std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
   bool stable_new_entries = false;  // config.stable_new_entries: fixed at Create
   bool host_shadows = false;        // config.host_shadows: fixed at Create
-  // Plans between TpStepPlanner::PlanHome and CompleteHome over this space (the engine
-  // step's Plan and Complete); atomic because steps of different groups may run on
-  // different threads. While one is pending, Free, Truncate, Allocate, Write, ShareInto and
-  // Release are refused (RefuseWhilePlanPending): they could change the entries, slots and
-  // victims its descriptors name.
-  std::atomic<std::uint32_t> plans_pending{0};
-  Status RefuseWhilePlanPending(const char* what) const {
-    if (plans_pending.load(std::memory_order_acquire) == 0) return Ok();
-    return MakeError(ErrorCode::kFailedPrecondition,
-                     fmt::format("{}: an engine step's plan is pending (between Plan and Complete); its descriptors "
-                                 "name entries and slots this call could change: Complete the plan first", what));
-  }
 
   // Hosted ranks: shards[r] empty for a rank not hosted here.
   std::vector<std::vector<TpGroupShard>> shards;  // [P][groups]
 
   TpGroupShard& at(Rank r, GroupId g) { return shards[r.value()][g.value()]; }
   const TpGroupShard& at(Rank r, GroupId g) const { return shards[r.value()][g.value()]; }
-  bool IsLive(LogicalAddr a) const { return a.value() < live.size() && live[a.value()] != 0; }
-  // The isolation check for a live address (address_refs.h).
-  bool Holds(const Holder& h, LogicalAddr a) const { return refs::Holds(owner[a.value()], h.tag, h.adopted, a); }
 };
 
 // Home entries of rank r that an address handed out so far can index: [0, n).
 inline std::size_t HomeInUse(const TpAddressSpace::State& st, const TpConfig& c, std::uint32_t r) {
   if (c.page_tokens == 1) return st.minted[r];
-  const std::uint64_t end = std::uint64_t{st.next_page} * c.page_tokens;  // addresses [0, end)
+  const std::uint64_t end = std::uint64_t{st.dir.next_page()} * c.page_tokens;  // addresses [0, end)
   return end > r ? static_cast<std::size_t>((end - r + c.num_ranks - 1) / c.num_ranks) : 0;
 }
 

@@ -313,11 +313,11 @@ Status DeviceStep::Read(const AddressSpace& space, Rank rank, GroupId group, Sha
   ULA_RETURN_IF_ERROR(CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *gp.policy));
   src.new_on_host.clear();
   for (LogicalAddr a : gp.new_on_host) src.new_on_host.push_back(a.value());
-  ULA_RETURN_IF_ERROR(FillRequests(st.requests, src.tags, src.adopted_starts, src.adopted));
+  ULA_RETURN_IF_ERROR(FillRequests(st.dir.requests(), src.tags, src.adopted_starts, src.adopted));
   const AddressRecords& table = st.tables[group.value()];
   src.records.assign(table.data(), table.data() + table.size());
   for (std::uint64_t& r : src.records) r &= AddressRecords::kLocationMask;
-  src.owner.assign(st.owner.begin(), st.owner.end());
+  src.owner.assign(st.dir.owner().begin(), st.dir.owner().end());
   src.owner.resize(src.records.size(), 0);
   src.device = &gp.device;
   src.host = &gp.host;
@@ -352,11 +352,11 @@ Status DeviceStep::Read(const TpAddressSpace& space, Rank rank, GroupId group, S
   ULA_RETURN_IF_ERROR(CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *sh.policy));
   src.new_on_host.clear();
   for (LogicalAddr a : sh.new_on_host) src.new_on_host.push_back(a.value());
-  ULA_RETURN_IF_ERROR(FillRequests(st.tags, src.tags, src.adopted_starts, src.adopted));
+  ULA_RETURN_IF_ERROR(FillRequests(st.dir.requests(), src.tags, src.adopted_starts, src.adopted));
   const std::size_t entries = HomeInUse(st, cfg, rank.value());
   src.records.resize(entries);
   for (std::size_t e = 0; e < entries; ++e) src.records[e] = sh.home[e].bits();
-  src.owner.assign(st.owner.begin(), st.owner.end());
+  src.owner.assign(st.dir.owner().begin(), st.dir.owner().end());
   src.device = &sh.device;
   src.host = &sh.host;
   src.host_slots_freed.clear();

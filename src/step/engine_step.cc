@@ -89,14 +89,14 @@ Result<std::uint64_t> EngineStepPlanner::Scratch::Classify(const AddressSpace::S
     }
     const std::size_t row = i / row_len;
     if (row_req[row] == nullptr) {
-      auto req = st.requests.find(requests[row]);
-      if (req == st.requests.end()) {
+      auto req = st.dir.requests().find(requests[row]);
+      if (req == st.dir.requests().end()) {
         return MakeError(ErrorCode::kNotFound, fmt::format("row {}: request {} is unknown or freed (a stale batch?): "
                                                            "refused", row, requests[row].value()));
       }
       row_req[row] = &req->second;
     }
-    if (!st.Holds(*row_req[row], a)) {
+    if (!st.dir.Holds(*row_req[row], a)) {
       return MakeError(ErrorCode::kNotFound,
                        fmt::format("selection {}: address {} is not live for request {} of row {} (freed and reused, "
                                    "or another request's): refused",
@@ -168,7 +168,7 @@ EngineStepPlanner::EngineStepPlanner(AddressSpace& space, const EngineStepConfig
     : space_(space), config_(config), scratch_(std::move(scratch)) {}
 EngineStepPlanner::~EngineStepPlanner() {
   AddressSpace::State& st = StateOf(space_);
-  if (scratch_->pending) --st.plans_pending;  // its claims stay (the space's check reports them)
+  if (scratch_->pending) st.dir.EndPlan();  // its claims stay (the space's check reports them)
   if (st.move_executor_owner == this) {
     st.move_executor = nullptr;
     st.move_executor_owner = nullptr;
@@ -187,7 +187,7 @@ Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpac
   // The scratch starts at the addresses handed out so far (at least the pools' capacity)
   // and Plan grows it, up to that bound, when the space minted pages since.
   const std::uint64_t max_addrs = std::max<std::uint64_t>(
-      StateOf(space).next_addr,
+      StateOf(space).dir.extent(),
       std::uint64_t{cfg.num_ranks} * (std::uint64_t{cfg.device_slots_per_group()} + cfg.host_slots_per_group()));
   auto s = std::make_unique<Scratch>();
   s->max_descriptors = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_sel, cfg.device_slots_per_group()));
@@ -220,7 +220,7 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   }
   // One plan at a time over a space: a pending plan's swap victims stay claimed only while
   // no other plan can take them (AdvanceRound between Plan and Complete ends their round).
-  ULA_RETURN_IF_ERROR(st.RefuseWhilePlanPending("Plan (another EngineStepPlanner over this space)"));
+  ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("Plan (another EngineStepPlanner over this space)"));
   if (rank.value() >= cfg.num_ranks) {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} is out of range ({} ranks)", rank.value(), cfg.num_ranks));
   }
@@ -256,8 +256,8 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
 
   // 1-3. Validate, dedup, classify. Nothing is modified until every check has passed
   // (growing the scratch to new pages' addresses changes no state).
-  if (st.next_addr > s.seen_epoch.size()) {
-    const std::size_t n = std::max<std::size_t>(st.next_addr, 2 * s.seen_epoch.size());
+  if (st.dir.extent() > s.seen_epoch.size()) {
+    const std::size_t n = std::max<std::size_t>(st.dir.extent(), 2 * s.seen_epoch.size());
     s.seen_epoch.resize(n, 0);
     s.slot_of.resize(n, kPadIndex);
   }
@@ -298,7 +298,7 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   for (std::size_t i = 0; i < n_miss; ++i) s.slot_of[s.missed[i].value()] = static_cast<std::int32_t>(s.target_slots[i].value());
   s.WriteIndices(table, selections, indices);
   s.pending = true;
-  ++st.plans_pending;
+  st.dir.BeginPlan();
   s.fence = s.next_fence++;
   s.rank = rank;
   s.group = group;
@@ -311,7 +311,7 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
 Result<RoundReservation> EngineStepPlanner::ReserveRound(Rank rank, std::span<const RoundDemand> demands) const {
   const AddressSpace::State& st = StateOf(space_);
   const AddressSpaceConfig& cfg = space_.config();
-  ULA_RETURN_IF_ERROR(st.RefuseWhilePlanPending("ReserveRound"));
+  ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("ReserveRound"));
   if (rank.value() >= cfg.num_ranks) {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} is out of range ({} ranks)", rank.value(), cfg.num_ranks));
   }
@@ -320,8 +320,8 @@ Result<RoundReservation> EngineStepPlanner::ReserveRound(Rank rank, std::span<co
   std::vector<RequestId> seen;
   seen.reserve(demands.size());
   for (const RoundDemand& d : demands) {
-    auto it = st.requests.find(d.request);
-    if (it == st.requests.end()) {
+    auto it = st.dir.requests().find(d.request);
+    if (it == st.dir.requests().end()) {
       return MakeError(ErrorCode::kNotFound, fmt::format("ReserveRound: request {} is unknown", d.request.value()));
     }
     if (it->second.rank != rank) {
@@ -377,7 +377,7 @@ Result<CompleteReport> EngineStepPlanner::Complete(std::uint64_t fence, std::spa
   report.published = static_cast<std::uint32_t>(s.fills.Publish(table, gp, s.rank, status));
   report.failed = s.num_pending - report.published;
   s.pending = false;
-  --st.plans_pending;
+  st.dir.EndPlan();
   s.num_pending = 0;
   ULA_EXPENSIVE_CHECK(space_);
   return report;

@@ -87,11 +87,11 @@ inline bool OwnedBy(const std::uint32_t* owner, std::uint32_t a, const RequestSt
 // The error path of the isolation check: names both requests (a scan of the requests).
 std::string StaleSelectionMessage(const AddressSpace::State& st, std::size_t i, LogicalAddr a, std::uint32_t tag) {
   std::uint64_t holder = 0, wanted = 0;
-  for (const auto& [id, req] : st.requests) {
-    if (req.tag == st.owner[a.value()]) holder = id.value();
+  for (const auto& [id, req] : st.dir.requests()) {
+    if (req.tag == st.dir.owner()[a.value()]) holder = id.value();
     if (req.tag == tag) wanted = id.value();
   }
-  if (st.owner[a.value()] == kSharedTag) {
+  if (st.dir.owner()[a.value()] == kSharedTag) {
     return fmt::format("selection {}: logical address {} is a shared address that request {} does not hold (it "
                        "never adopted it, or released it): refused", i, a.value(), wanted);
   }
@@ -109,7 +109,7 @@ Error SelectionError(const AddressSpace::State& st, const AddressRecords& table,
     return Error(ErrorCode::kNotFound, fmt::format("selection {}: logical address {} is not live (freed, or never "
                                                    "allocated)", i, a.value()));
   }
-  if (!OwnedBy(st.owner.data(), a.value(), holder)) {
+  if (!OwnedBy(st.dir.owner().data(), a.value(), holder)) {
     return Error(ErrorCode::kNotFound, StaleSelectionMessage(st, i, a, holder.tag));
   }
   return Error(ErrorCode::kInvalidArgument, fmt::format("selection {}: address {} lives on rank {}, not rank {}", i,
@@ -225,8 +225,8 @@ std::size_t ResolveRunHolders(const AddressSpace::State& st, std::span<const Sel
   std::size_t first = 0;
   for (std::size_t r = 0; r < runs.size(); ++r) {
     if (runs[r].count != 0) {
-      auto req = st.requests.find(runs[r].request);
-      if (req == st.requests.end()) {
+      auto req = st.dir.requests().find(runs[r].request);
+      if (req == st.dir.requests().end()) {
         bad_run = r;
         return first;
       }
@@ -301,7 +301,7 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   ULA_RETURN_IF_ERROR(CheckStepInput(cfg, input, out_slots.size()));
   AddressRecords& table = st.tables[input.group.value()];
   GroupPools& gp = st.at(input.rank, input.group);
-  ULA_CHECK(table.size() == st.owner.size());
+  ULA_CHECK(table.size() == st.dir.owner().size());
 
   // 1-3. Validate, dedup, classify. Nothing is modified until every check has passed (the
   // records' dedup stamps are scratch, out_slots is not state).
@@ -315,7 +315,7 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   const std::uint32_t distance = options_.prefetch_distance;
   auto scan = [&](std::size_t lane) {
     ScanLane(lanes.lanes[lane], static_cast<std::uint32_t>(lane), T, input.selections, input.runs, lanes.run_holders, end,
-             table, st.owner.data(), epoch, input.rank, distance, out_slots.data());
+             table, st.dir.owner().data(), epoch, input.rank, distance, out_slots.data());
   };
   if (T == 1) {
     scan(0);

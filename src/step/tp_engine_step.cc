@@ -39,7 +39,7 @@ std::uint64_t PositionsOn(std::uint64_t x, std::uint32_t p, std::uint32_t r) { r
 Result<RoundReservation> TpEngineStepPlanner::ReserveRound(std::span<const RoundDemand> demands) const {
   const TpAddressSpace::State& st = StateOf(space_);
   const TpConfig& cfg = space_.config();
-  ULA_RETURN_IF_ERROR(st.RefuseWhilePlanPending("ReserveRound"));
+  ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("ReserveRound"));
   const std::uint64_t row_max = std::uint64_t{config_.max_q_len} * config_.max_top_k;
   const std::uint32_t p = cfg.num_ranks;
   // New tokens are homed by position when P divides the page (token i on rank i mod P).
@@ -47,7 +47,7 @@ Result<RoundReservation> TpEngineStepPlanner::ReserveRound(std::span<const Round
   std::vector<RequestId> seen;
   seen.reserve(demands.size());
   for (const RoundDemand& d : demands) {
-    if (!st.requests.contains(d.request)) {
+    if (!st.dir.requests().contains(d.request)) {
       return MakeError(ErrorCode::kNotFound, fmt::format("ReserveRound: request {} is unknown", d.request.value()));
     }
     if (d.max_selections > row_max) {
@@ -65,7 +65,7 @@ Result<RoundReservation> TpEngineStepPlanner::ReserveRound(std::span<const Round
   for (Rank r : space_.hosted_ranks()) {
     std::uint64_t new_here = 0, home_sel = 0, remote_sel = 0;
     for (const RoundDemand& d : demands) {
-      const std::vector<LogicalAddr>& addrs = st.requests.at(d.request);
+      const std::vector<LogicalAddr>& addrs = st.dir.requests().at(d.request).addrs;
       std::uint64_t held_here = 0;
       for (LogicalAddr a : addrs) held_here += a.value() % p == r.value();
       const std::uint64_t len = addrs.size();

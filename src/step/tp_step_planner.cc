@@ -59,7 +59,7 @@ struct TpStepPlanner::Scratch {
 TpStepPlanner::TpStepPlanner(TpAddressSpace& space, TpFabric* fabric, TpPlannerOptions options)
     : space_(space), fabric_(fabric), options_(options), scratch_(std::make_unique<Scratch>()) {}
 TpStepPlanner::~TpStepPlanner() {
-  if (scratch_ && scratch_->home_pending) StateOf(space_).plans_pending.fetch_sub(1, std::memory_order_acq_rel);
+  if (scratch_ && scratch_->home_pending) StateOf(space_).dir.EndPlan();
 }
 
 namespace {
@@ -385,21 +385,21 @@ namespace {
 Status DedupSelections(const TpAddressSpace::State& st, std::span<const LogicalAddr> selections,
                        std::span<const SelectionRun> runs, std::vector<std::uint32_t>& seen_epoch,
                        std::uint32_t& epoch, std::vector<LogicalAddr>& distinct) {
-  if (seen_epoch.size() < st.live.size()) seen_epoch.resize(st.live.size(), 0);
+  if (seen_epoch.size() < st.dir.extent()) seen_epoch.resize(st.dir.extent(), 0);
   if (++epoch == 0) {
     std::fill(seen_epoch.begin(), seen_epoch.end(), 0);
     epoch = 1;
   }
   distinct.clear();
   std::size_t next_run = 0, run_end = 0;
-  const TpAddressSpace::State::Holder* holder = nullptr;  // selection i's run's request
+  const Directory::Request* holder = nullptr;  // selection i's run's request
   for (std::size_t i = 0; i < selections.size(); ++i) {
     while (i == run_end) {  // skips runs of count 0; the runs cover every selection
       const SelectionRun& run = runs[next_run++];
       run_end += run.count;
       if (run.count == 0) continue;
-      auto req = st.tags.find(run.request);
-      if (req == st.tags.end()) {
+      auto req = st.dir.requests().find(run.request);
+      if (req == st.dir.requests().end()) {
         return MakeError(ErrorCode::kNotFound,
                          fmt::format("selection {}: request {} of its run is unknown or freed (a stale selection?): "
                                      "refused", i, run.request.value()));
@@ -407,15 +407,15 @@ Status DedupSelections(const TpAddressSpace::State& st, std::span<const LogicalA
       holder = &req->second;
     }
     const LogicalAddr a = selections[i];
-    if (!st.IsLive(a)) {
+    if (!st.dir.IsLive(a)) {
       return MakeError(ErrorCode::kNotFound,
                        fmt::format("selection {}: logical address {} is not live (freed, or never allocated)", i,
                                    a.value()));
     }
-    if (!st.Holds(*holder, a)) {
+    if (!st.dir.Holds(*holder, a)) {
       std::uint64_t owner = 0, wanted = 0;  // the error path: name both requests
-      for (const auto& [id, t] : st.tags) {
-        if (t.tag == st.owner[a.value()]) owner = id.value();
+      for (const auto& [id, t] : st.dir.requests()) {
+        if (t.tag == st.dir.owner()[a.value()]) owner = id.value();
         if (t.tag == holder->tag) wanted = id.value();
       }
       return MakeError(ErrorCode::kNotFound,
@@ -662,7 +662,7 @@ Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const Logica
     }
   }
   sc.home_pending = true;
-  StateOf(space_).plans_pending.fetch_add(1, std::memory_order_acq_rel);  // the space refuses what would break it
+  StateOf(space_).dir.BeginPlan();  // the space refuses what would break it
   sc.pending_group = group;
   return Emit(group, selections, /*pending=*/!at_home, /*home_pending=*/true);
 }
@@ -715,7 +715,7 @@ std::vector<std::size_t> TpStepPlanner::CompleteHome(const std::function<bool(st
       // Complete aborts (as the DP engine path's) when an entry of the plan was freed since.
       ULA_CHECK(sh.home[w.home_missed[i].value() / p].tier() == Tier::kHost);
     }
-    for (LogicalAddr a : w.remote_missed) ULA_CHECK(st.IsLive(a));
+    for (LogicalAddr a : w.remote_missed) ULA_CHECK(st.dir.IsLive(a));
     published[h] = PublishHome(sh, w, p, [&](std::size_t i) { return arrived(h, i); });
     for (std::size_t i = 0; i < w.buffer_targets.size(); ++i) {
       w.fetch_failed[i] = !(fetched && fetched(h, i));
@@ -724,7 +724,7 @@ std::vector<std::size_t> TpStepPlanner::CompleteHome(const std::function<bool(st
     PublishBuffer(sh, w);
   }
   sc.home_pending = false;
-  st.plans_pending.fetch_sub(1, std::memory_order_acq_rel);
+  st.dir.EndPlan();
   ULA_EXPENSIVE_CHECK(space_);
   return published;
 }

@@ -332,7 +332,7 @@ TEST(Sharing, OwnerTagWrapKeepsAdoptedPrefixesAdopted) {
   auto c = f.AddFilled(RequestId(9), Rank(0), 3);
   f.requests.push_back(RequestId(8));
   ASSERT_TRUE(f.space->ShareInto(RequestId(8), std::span(c).first(2)));
-  StateOf(*f.space).next_tag = kSharedTag;  // as after 2^32 - 2 requests
+  StateOf(*f.space).dir.set_next_tag_for_test(kSharedTag);  // as after 2^32 - 2 requests
   ASSERT_TRUE(f.space->AddRequest(RequestId(4), Rank(0)));  // the wrap: renumbered
   f.requests.push_back(RequestId(4));
   ASSERT_TRUE(f.space->CheckInvariants()) << f.space->CheckInvariants().error().ToString();

@@ -164,7 +164,7 @@ TEST(TpSharingCalls, OwnerTagWrapKeepsAdoptedPrefixesAdopted) {
   auto c = f.AddFilled(RequestId(9), 3);
   f.requests.push_back(RequestId(8));
   ASSERT_TRUE(f.space->ShareInto(RequestId(8), std::span(c).first(2)));
-  StateOf(*f.space).next_tag = refs::kSharedTag;  // as after 2^32 - 2 requests
+  StateOf(*f.space).dir.set_next_tag_for_test(refs::kSharedTag);  // as after 2^32 - 2 requests
   ASSERT_TRUE(f.space->AddRequest(RequestId(3)));  // the wrap
   f.requests.push_back(RequestId(3));
   ASSERT_TRUE(f.space->CheckInvariants()) << f.space->CheckInvariants().error().ToString();
