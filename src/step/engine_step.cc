@@ -285,7 +285,6 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   }
 
   // 4. Claim device slots; the copy plan; 6. the indices.
-  const std::size_t n_free = std::min<std::size_t>(n_miss, gp.device.num_free());
   s.Claim(gp);
   PlannedStep out;
   out.stats.selections = selections.size();
@@ -293,7 +292,6 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   out.stats.hits = s.hit_slots.size();
   out.stats.misses = n_miss;
   s.fills.AddPlannedStats(cfg.entry_bytes_of(group), out.stats);
-  ULA_DCHECK(out.stats.into_free == n_free);
   s.fills.Describe(table, gp, cfg.row(), rank, group, s.missed, s.target_slots, out_descriptors);
   for (std::size_t i = 0; i < n_miss; ++i) s.slot_of[s.missed[i].value()] = static_cast<std::int32_t>(s.target_slots[i].value());
   s.WriteIndices(table, selections, indices);
