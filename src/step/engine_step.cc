@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backend/copy_publish.h"
 #include "space/space_access.h"
 #include "step/engine_modes.h"
 #include "step/miss_fills.h"
@@ -292,7 +291,8 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
   out.stats.hits = s.hit_slots.size();
   out.stats.misses = n_miss;
   s.fills.AddPlannedStats(cfg.entry_bytes_of(group), out.stats);
-  s.fills.Describe(table, gp, cfg.row(), rank, group, s.missed, s.target_slots, out_descriptors);
+  s.fills.Describe(table, gp, cfg.row(), rank, group, s.missed, s.target_slots);
+  std::ranges::copy(s.fills.descriptors(), out_descriptors.begin());
   for (std::size_t i = 0; i < n_miss; ++i) s.slot_of[s.missed[i].value()] = static_cast<std::int32_t>(s.target_slots[i].value());
   s.WriteIndices(table, selections, indices);
   s.pending = true;

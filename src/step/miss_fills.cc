@@ -52,8 +52,7 @@ void MissFills::Decide(GroupPools& gp, std::span<const SlotId> targets, std::siz
 }
 
 void MissFills::Describe(const AddressRecords& table, const GroupPools& gp, std::uint32_t row_bytes, Rank rank,
-                         GroupId group, std::span<const LogicalAddr> missed, std::span<const SlotId> targets,
-                         std::span<CopyDescriptor> out) {
+                         GroupId group, std::span<const LogicalAddr> missed, std::span<const SlotId> targets) {
   std::size_t j = 0;
   for (const bool swaps : {false, true}) {
     for (std::size_t i = 0; i < num_; ++i) {
@@ -67,8 +66,7 @@ void MissFills::Describe(const AddressRecords& table, const GroupPools& gp, std:
       if (op == CopyOp::kEvict) d.evict_slot = miss_host_[i].value();
       fill_[j] = f;
       victim_host_[j] = miss_host_[i];
-      descs_[j] = d;
-      out[j++] = d;
+      descs_[j++] = d;
     }
   }
 }

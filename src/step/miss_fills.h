@@ -53,17 +53,16 @@ class MissFills {
 
   // Decides each miss's fill. REQUIRES: targets claimed as above, targets.size() = misses.
   void Decide(GroupPools& gp, std::span<const SlotId> targets, std::size_t n_free);
-  // Writes the plan's descriptors into out[0, size()) and keeps them. REQUIRES: after Decide;
-  // out.size() >= size(); missed[i] on host.
+  // Writes the plan's descriptors (descriptors()). REQUIRES: after Decide; missed[i] on host.
   void Describe(const AddressRecords& table, const GroupPools& gp, std::uint32_t row_bytes, Rank rank, GroupId group,
-                std::span<const LogicalAddr> missed, std::span<const SlotId> targets, std::span<CopyDescriptor> out);
+                std::span<const LogicalAddr> missed, std::span<const SlotId> targets);
 
   std::size_t size() const { return num_; }
   std::size_t num_free() const { return counts_[0]; }
   std::size_t num_to_shadow() const { return counts_[1]; }
   std::size_t num_evict() const { return counts_[2]; }
   std::size_t num_swap() const { return counts_[3]; }
-  const CopyDescriptor& descriptor(std::size_t j) const { return descs_[j]; }
+  std::span<const CopyDescriptor> descriptors() const { return std::span(descs_).first(num_); }
   // The plan's counters: into_free, evictions, shadow_evictions, evict_copies, and the bytes
   // over the host link if every descriptor succeeds (a fetch per miss, a victim's row per
   // eviction and per swap).

@@ -7,7 +7,6 @@
 #include <limits>
 #include <string>
 
-#include "backend/copy_publish.h"
 #include "policy/fork_join.h"
 #include "policy/pb_lru.h"
 #include "space/space_access.h"
@@ -59,10 +58,9 @@ struct StepPlanner::Lanes {
   std::vector<Lane> lanes;
   policy::ForkJoin fork_join;
   std::vector<const RequestState*> run_holders;  // [runs] each run's request (null: a run of count 0)
-  // Step 5: the misses' copy plan (step/miss_fills.h, shared with the engine path), its
-  // descriptors and their statuses.
+  // Step 5: the misses' copy plan (step/miss_fills.h, shared with the engine path) and its
+  // descriptors' statuses.
   MissFills fills;
-  std::vector<CopyDescriptor> descriptors;
   std::vector<std::uint8_t> status;
 };
 
@@ -363,9 +361,8 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
     MissFills& fills = lanes.fills;
     fills.Decide(gp, target_slots_, n_free);
     fills.AddPlannedStats(cfg.entry_bytes_of(input.group), stats);
-    lanes.descriptors.resize(n_miss);
     lanes.status.resize(n_miss);
-    fills.Describe(table, gp, cfg.row(), input.rank, input.group, missed_, target_slots_, lanes.descriptors);
+    fills.Describe(table, gp, cfg.row(), input.rank, input.group, missed_, target_slots_);
     Status s = fills.Run(space_.backend(), gp, cfg.row(), input.rank, input.group, lanes.status);
     fills.Publish(table, gp, input.rank, lanes.status);
     if (!s) {
