@@ -569,13 +569,9 @@ int Run(const PlannerOptions& o) {
           const StepPlannerCounters before = planner.counters();
           const auto t0 = std::chrono::steady_clock::now();
           const StepInput input{Rank(0), GroupId(static_cast<std::uint16_t>(g)), sel, runs};
-          Result<StepStats> stats = MakeError(ErrorCode::kInternal, "no step");
-          if (engine) {
-            stats = engine->Step(Rank(0), input.group, engine_rows.shape, engine_rows.requests, engine_rows.rows,
-                                 engine_indices);
-          } else {
-            stats = planner.Step(input, slots);
-          }
+          auto stats = engine ? engine->Step(Rank(0), input.group, engine_rows.shape, engine_rows.requests,
+                                             engine_rows.rows, engine_indices)
+                              : planner.Step(input, slots);
           const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
           if (!stats) return fail(fmt::format("{} batch {} group {}: {}", name, batch, g, stats.error().ToString()));
           if (step >= o.warmup) {
