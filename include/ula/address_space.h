@@ -112,6 +112,7 @@
 #include "ula/backend.h"
 #include "ula/error.h"
 #include "ula/ids.h"
+#include "ula/kv_kinds.h"
 #include "ula/location.h"
 #include "ula/residency_policy.h"
 #include "ula/step_arrays.h"
@@ -158,6 +159,12 @@ struct AddressSpaceConfig {
   // StepPlanner and Allocate keep them; the engine path (EngineStepPlanner, DeviceStep)
   // refuses a space with them (kUnsupported).
   bool host_shadows = false;
+  // The kinds of KV the space holds (ula/kv_kinds.h; docs/ARCHITECTURE.md, "Kinds"). Empty:
+  // one kind, one entry per token per group, as everything above describes. Otherwise the
+  // groups are the selections of the one sparse kind (their layers sum to its layers, row()
+  // is its row) and the other kinds sit beside it. The per-token paths (Allocate and every
+  // step form) refuse a space with kinds (kUnsupported): its entries are made per kind.
+  std::vector<KvKind> kinds;
 
   // Names the first bad field.
   Status Validate() const;

@@ -33,6 +33,9 @@ Status ValidateLayerKinds(const ModelConfig& m) {
                                                      m.compress_ratios.size(), layers));
   }
   if (m.sliding_window < 1) return FieldError("sliding_window", "must be >= 1");
+  if (!ValidValueBytes(m.compressor_state_bytes_per_value)) {
+    return FieldError("compressor_state_bytes_per_value", "must be 1, 2 or 4");
+  }
   if (m.compress_rate_csa < 2 || !PowerOfTwo(m.compress_rate_csa)) {
     return FieldError("compress_rate_csa", fmt::format("must be a power of two >= 2, got {}", m.compress_rate_csa));
   }
@@ -81,6 +84,7 @@ Status ValidateNoLayerKinds(const ModelConfig& m) {
       {"kv_entry_bytes_by_format.fp8_uniform", m.kv_entry_bytes_fp8_uniform},
       {"kv_entry_bytes_by_format.bf16", m.kv_entry_bytes_bf16},
       {"index_key_bytes_by_format.fp4", m.index_key_bytes_fp4},
+      {"compressor_state_bytes_per_value", m.compressor_state_bytes_per_value},
   };
   for (const auto& [field, value] : fields) {
     if (value != 0) return FieldError(field, "is set but compress_ratios is not (the layer-kind fields come together)");
@@ -91,7 +95,8 @@ Status ValidateNoLayerKinds(const ModelConfig& m) {
 // The layer-kind group of a model JSON (model_config.h): all or none.
 Status ParseLayerKinds(config_internal::JsonFields& f, ModelConfig& m) {
   static constexpr const char* kGroup[] = {"compress_ratios",   "sliding_window",           "compress_rate_csa",
-                                           "compress_rate_hca", "kv_entry_bytes_by_format", "index_key_bytes_by_format"};
+                                           "compress_rate_hca", "kv_entry_bytes_by_format", "index_key_bytes_by_format",
+                                           "compressor_state_bytes_per_value"};
   bool any = false;
   for (const char* field : kGroup) any = any || f.Has(field);
   if (!any) return Ok();
@@ -110,6 +115,7 @@ Status ParseLayerKinds(config_internal::JsonFields& f, ModelConfig& m) {
       {"sliding_window", &m.sliding_window},
       {"compress_rate_csa", &m.compress_rate_csa},
       {"compress_rate_hca", &m.compress_rate_hca},
+      {"compressor_state_bytes_per_value", &m.compressor_state_bytes_per_value},
   };
   for (const auto& [field, out] : scalars) {
     auto v = f.UInt(field, 1, kMax32);

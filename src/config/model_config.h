@@ -21,7 +21,7 @@
 // model has one kind (a token entry per token and layer group, V3.2 / GLM-5).
 // Invariants after Validate() for such a model: compress_ratios.size() = num_layers +
 // mtp_layers, every ratio is 0, csa or hca; 2 <= csa < hca, both powers of two;
-// sliding_window >= 1; the per-format byte sizes equal their layouts' formulas:
+// sliding_window >= 1; compressor_state_bytes_per_value 1, 2 or 4; the per-format byte sizes equal their layouts' formulas:
 //   fp8_packed  = kv_entry_bytes_per_layer (nope FP8 + scales + rope BF16)
 //   fp8_uniform = kv_lora_rank + qk_rope_head_dim (every value e4m3, no scale)
 //   bf16        = 2 * (kv_lora_rank + qk_rope_head_dim)
@@ -74,6 +74,9 @@ struct ModelConfig {
   std::uint32_t kv_entry_bytes_fp8_uniform = 0;
   std::uint32_t kv_entry_bytes_bf16 = 0;
   std::uint32_t index_key_bytes_fp4 = 0;
+  // Bytes of one value of the compressors' partial state (the block still filling): FP32 in
+  // SGLang's DSV4 state pools.
+  std::uint32_t compressor_state_bytes_per_value = 0;
 
   // Names the first bad field: "field 'top_k': must be >= 1".
   Status Validate() const;
@@ -102,7 +105,8 @@ struct ModelConfig {
 
 // Parses JSON text. `origin` names the text in errors (a file name). Every field is
 // required except the layer-kind group (compress_ratios, sliding_window, compress_rate_csa,
-// compress_rate_hca, kv_entry_bytes_by_format, index_key_bytes_by_format), which comes whole
+// compress_rate_hca, kv_entry_bytes_by_format, index_key_bytes_by_format,
+// compressor_state_bytes_per_value), which comes whole
 // or not at all; unknown fields are rejected, and an error names the field.
 Result<ModelConfig> ParseModelConfig(std::string_view json_text, std::string_view origin = "model config");
 Result<ModelConfig> LoadModelConfig(const std::filesystem::path& path);

@@ -8,6 +8,7 @@
 
 #include "space/address_space_state.h"
 #include "space/pool_geometry.h"
+#include "space/space_kinds.h"
 #include "ula/check.h"
 #include "core/digest.h"
 
@@ -50,6 +51,7 @@ Status AddressSpaceConfig::Validate() const {
   if (page_tokens == 0 || page_tokens > 65536) {
     return bad(fmt::format("page_tokens = {}: must be in [1, 65536]", page_tokens));
   }
+  ULA_RETURN_IF_ERROR(ValidateSpaceKinds(*this));
   return policy_options.Validate();
 }
 
@@ -234,6 +236,7 @@ void PlaceGroup(AddressSpace::State& st, Rank rank, std::uint32_t g, const Group
 
 Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
   State& st = *state_;
+  ULA_RETURN_IF_ERROR(RefuseKinds(config_, "Allocate"));
   ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("Allocate"));
   RequestState* req = st.dir.Find(request);
   if (req == nullptr) return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));

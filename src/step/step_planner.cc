@@ -10,6 +10,7 @@
 #include "policy/fork_join.h"
 #include "policy/pb_lru.h"
 #include "space/space_access.h"
+#include "space/space_kinds.h"
 #include "space/address_space_state.h"
 #include "step/miss_fills.h"
 #include "ula/check.h"
@@ -296,6 +297,7 @@ std::size_t ClaimDeviceSlots(GroupPools& gp, std::vector<SlotId>& targets, std::
 Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> out_slots) {
   AddressSpace::State& st = StateOf(space_);
   const AddressSpaceConfig& cfg = space_.config();
+  ULA_RETURN_IF_ERROR(RefuseKinds(cfg, "StepPlanner"));
   ULA_RETURN_IF_ERROR(CheckStepInput(cfg, input, out_slots.size()));
   AddressRecords& table = st.tables[input.group.value()];
   GroupPools& gp = st.at(input.rank, input.group);

@@ -213,6 +213,8 @@ TEST(ModelConfig, RejectsEachBadLayerKindFieldByName) {
       {"compress_rate_hca", 4},
       {"compress_rate_hca", 96},
       {"kv_entry_bytes_by_format", nlohmann::json::array({584})},
+      {"compressor_state_bytes_per_value", 3},
+      {"compressor_state_bytes_per_value", 8},
   };
   for (const BadField& b : bad) ExpectRejected(base, b, false);
   // The group without its ratios: a lone window is refused by name.

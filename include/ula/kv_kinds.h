@@ -1,0 +1,80 @@
+// The kinds of KV one space holds (docs/ARCHITECTURE.md, "Kinds").
+//
+// A model like DeepSeek-V4 keeps several kinds of memory per request, and the space holds
+// every kind in one address space (no pool sized per kind at start-up). A kind states what
+// the space must know to hold it:
+//   tokens_per_entry  how many tokens make one entry: 1 (window KV), 4 (C4), 128 (C128). An
+//                     entry appears when the token completing its block is written; until
+//                     then the block's tokens live in the request's compressor state.
+//   lifetime          kRing: the last `ring_tokens` tokens' entries (the window plus the most
+//                     draft tokens one round may roll back, so a rollback finds what it
+//                     restores); the oldest is freed as a token arrives. kAppend: kept until
+//                     the request frees it (compressed entries). kPerRequest: `state_rows`
+//                     rows per layer for the request's whole life (compressor state: the
+//                     block still filling).
+//   layers, row_bytes one row per layer, in the storage format the model config chose.
+//   companion_of      the kind whose entry this one accompanies (an index key and its C4
+//                     entry): same logical address, same lifetime, a kind of its own so it
+//                     can be placed apart (the indexer scores every key every step, while
+//                     the entry itself may sit on host).
+//   placement         kSparse: exclusive device/host tiers, the residency policy and the
+//                     step (what a top-k selects); kResident: on device, read every step,
+//                     never missed.
+//
+// Rules (ValidateKinds; the error names the field, "kinds[2].companion_of"):
+//   - a name, unique; tokens_per_entry a power of two in [1, kMaxTokensPerEntry];
+//     layers >= 1, row_bytes >= 1;
+//   - kRing: tokens_per_entry 1 and ring_tokens >= 1; other lifetimes: ring_tokens 0;
+//   - kPerRequest: state_rows >= 1 and resident (the compressor writes it every token);
+//     other lifetimes: state_rows 0;
+//   - kSparse: lifetime kAppend (a ring or a state is read whole every step); at most one
+//     sparse kind (the step takes one selection per request and group);
+//   - companion_of: an earlier kind that is no companion itself, with the same
+//     tokens_per_entry and lifetime; a companion is resident.
+// An empty list means the space's single kind (one entry per token per group), unchanged.
+//
+// Thread-safety: plain values; ValidateKinds is a pure function.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+
+#include "ula/error.h"
+
+namespace ula {
+
+enum class KindLifetime : std::uint8_t { kRing = 0, kAppend = 1, kPerRequest = 2 };
+enum class KindPlacement : std::uint8_t { kSparse = 0, kResident = 1 };
+
+// The heaviest compression a kind may state: DeepSeek-V4's HCA entry, one per 128 tokens.
+inline constexpr std::uint32_t kMaxTokensPerEntry = 128;
+inline constexpr std::uint32_t kNoCompanion = std::numeric_limits<std::uint32_t>::max();
+
+struct KvKind {
+  std::string name;
+  std::uint32_t tokens_per_entry = 1;
+  KindLifetime lifetime = KindLifetime::kAppend;
+  std::uint32_t ring_tokens = 0;  // kRing only
+  std::uint32_t state_rows = 0;   // kPerRequest only: rows per layer per request
+  std::uint32_t layers = 0;
+  std::uint32_t row_bytes = 0;
+  std::uint32_t companion_of = kNoCompanion;
+  KindPlacement placement = KindPlacement::kResident;
+
+  // Bytes of one entry over the kind's layers (kPerRequest: of one state row).
+  std::uint64_t entry_bytes() const { return std::uint64_t{layers} * row_bytes; }
+  bool operator==(const KvKind&) const = default;
+};
+
+std::string_view ToString(KindLifetime lifetime);
+std::string_view ToString(KindPlacement placement);
+
+// Ok, or kInvalidArgument naming the first bad field ("kinds[i].field") and the rule.
+Status ValidateKinds(std::span<const KvKind> kinds);
+
+// Index of the sparse kind, or kNoCompanion-like `kinds.size()` when there is none.
+std::size_t SparseKindIndex(std::span<const KvKind> kinds);
+
+}  // namespace ula

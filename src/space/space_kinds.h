@@ -1,0 +1,27 @@
+// Kinds in a DP space's config (ula/kv_kinds.h; docs/ARCHITECTURE.md, "Kinds").
+//
+// A space with kinds holds the sparse kind's entries in its groups (one group per selection:
+// DeepSeek-V4's compressed-sparse layers, each with its own indexer) and every other kind
+// beside them. Until the entries of every kind are made as the model makes them, the paths
+// written for the single kind (the step forms, Allocate) refuse such a space with the reason
+// rather than read one token's entry where a kind keeps one per block.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string_view>
+
+#include "ula/address_space.h"
+#include "ula/error.h"
+
+namespace ula {
+
+// Ok for no kinds. Otherwise ValidateKinds, then exactly one sparse kind whose layers and row
+// the config's groups describe: the groups' layers sum to its layers and row() is its
+// row_bytes. kInvalidArgument naming the field.
+Status ValidateSpaceKinds(const AddressSpaceConfig& config);
+
+// kUnsupported naming `path` when the config has kinds; Ok otherwise.
+Status RefuseKinds(const AddressSpaceConfig& config, std::string_view path);
+
+}  // namespace ula
