@@ -69,6 +69,8 @@
 
 namespace ula {
 
+class DpStep;  // src/step/dp_step.h
+
 struct StepInput {
   Rank rank;
   GroupId group;
@@ -121,8 +123,8 @@ class StepPlanner {
 
   // kInvalidArgument for invalid options (Validate): the planner keeps its old options.
   Status SetOptions(const StepPlannerOptions& options);
-  const StepPlannerOptions& options() const { return options_; }
-  const StepPlannerCounters& counters() const { return counters_; }
+  const StepPlannerOptions& options() const;
+  const StepPlannerCounters& counters() const;
 
   // out_slots[i] = device slot holding input.selections[i] after the step. After an error
   // the contents of out_slots are unspecified (the space's state is as documented above).
@@ -133,13 +135,9 @@ class StepPlanner {
   Result<StepStats> Step(const StepInput& input, std::span<SlotId> out_slots);
 
  private:
-  struct Lanes;  // per-thread scratch of steps 1-3 (step_planner.cc)
   AddressSpace& space_;
-  StepPlannerOptions options_;
-  StepPlannerCounters counters_;
-  std::unique_ptr<Lanes> lanes_;
-  std::vector<LogicalAddr> missed_;
-  std::vector<SlotId> hit_slots_, target_slots_;
+  std::unique_ptr<DpStep> step_;      // the one DP step (src/step/dp_step.h), shared with the engine path
+  std::vector<std::uint8_t> status_;  // [descriptors] each descriptor's outcome on the backend
 };
 
 }  // namespace ula
