@@ -15,7 +15,8 @@
 //
 // Two ways to execute a plan:
 //   Step()            the library's backend runs the copies, waits, publishes, writes
-//                     indices (today's StepPlanner path, in the kernels' format).
+//                     indices: the same plan and completion as StepPlanner::Step (one
+//                     DP host step, src/step/dp_step.h), in the kernels' format.
 //   Plan()/Complete() the engine runs the descriptors on its own streams, then calls
 //                     Complete(fence, status per descriptor). Only then are the new
 //                     locations published. A descriptor whose status is not 0 publishes

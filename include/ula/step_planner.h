@@ -52,6 +52,11 @@
 // per word range, an exclusive prefix sum, each thread takes the ranks it owns) — exactly
 // the victims, in the order, that one thread claims; otherwise on the calling thread. The
 // output of the misses' selections runs on the T threads again.
+// Implementation: the library path over the engine path. Step is the plan of
+// src/step/dp_step.h (steps 1-4 and the copy plan, the one DP host step that
+// EngineStepPlanner::Plan runs too), the backend running its descriptors, and the
+// completion that publishes each by its outcome (docs/ARCHITECTURE.md, "The step's forms
+// today"); one plan is pending per space, so Step is refused while an engine plan is.
 // Lifetime: the planner holds the space by reference (the space outlives it); out_slots
 // name device slots whose bytes DeviceSlotData returns, valid as stated there.
 // Thread-safety: as AddressSpace (one driver thread calls Step; the planner's own worker
@@ -130,8 +135,10 @@ class StepPlanner {
   // the contents of out_slots are unspecified (the space's state is as documented above).
   // kOutOfRange (rank, group), kInvalidArgument (out_slots.size() !=
   // selections.size(), runs that do not cover the selections, an address of another
-  // rank), kNotFound (an address not live for its run's request), kResourceExhausted:
-  // nothing changes. kIo (a failed transfer) with the state of the contract above.
+  // rank), kNotFound (an address not live for its run's request), kResourceExhausted (no
+  // room, or a new entry on host selected), kFailedPrecondition (an EngineStepPlanner's plan
+  // is pending on the space): nothing changes. kIo (a failed transfer) with the state of
+  // the contract above.
   Result<StepStats> Step(const StepInput& input, std::span<SlotId> out_slots);
 
  private:

@@ -69,8 +69,9 @@ class DpStep {
 
   // Steps 1-3 and the refusals above. Out is SlotId (StepPlanner) or std::int32_t (the
   // engine's indices: Classify leaves them alone, WriteTargets writes them all; SlotId
-  // output gets the hits' slots here and is unspecified after an error). kNotFound, kInvalidArgument (the selection's error), kFailedPrecondition
-  // (a new entry on host), kResourceExhausted (no room): nothing changed.
+  // output gets the hits' slots here and is unspecified after an error). kNotFound,
+  // kInvalidArgument (the first failing selection's error), kResourceExhausted (no room, or
+  // a new entry on host selected): nothing changed but the dedup stamps.
   // REQUIRES: rank and group in range; out has sel.addrs.size() elements; no plan pending.
   template <class Out>
   Result<StepStats> Classify(Rank rank, GroupId group, const DpSelections& sel, Out* out);
