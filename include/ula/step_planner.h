@@ -74,8 +74,6 @@
 
 namespace ula {
 
-class DpStep;  // src/step/dp_step.h
-
 struct StepInput {
   Rank rank;
   GroupId group;
@@ -142,9 +140,9 @@ class StepPlanner {
   Result<StepStats> Step(const StepInput& input, std::span<SlotId> out_slots);
 
  private:
+  struct Impl;  // the one DP host step and its descriptors' outcomes (step_planner.cc)
   AddressSpace& space_;
-  std::unique_ptr<DpStep> step_;      // the one DP step (src/step/dp_step.h), shared with the engine path
-  std::vector<std::uint8_t> status_;  // [descriptors] each descriptor's outcome on the backend
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace ula

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <limits>
+#include <vector>
 
 #include "space/address_space_state.h"
 #include "space/space_access.h"
@@ -14,12 +15,18 @@
 
 namespace ula {
 
-StepPlanner::StepPlanner(AddressSpace& space) : space_(space), step_(std::make_unique<DpStep>(space)) {}
+struct StepPlanner::Impl {
+  explicit Impl(AddressSpace& space) : step(space) {}
+  DpStep step;                       // the one DP step, shared with the engine path
+  std::vector<std::uint8_t> status;  // [descriptors] each descriptor's outcome on the backend
+};
+
+StepPlanner::StepPlanner(AddressSpace& space) : space_(space), impl_(std::make_unique<Impl>(space)) {}
 StepPlanner::~StepPlanner() = default;
 
-Status StepPlanner::SetOptions(const StepPlannerOptions& options) { return step_->SetOptions(options); }
-const StepPlannerOptions& StepPlanner::options() const { return step_->options(); }
-const StepPlannerCounters& StepPlanner::counters() const { return step_->counters(); }
+Status StepPlanner::SetOptions(const StepPlannerOptions& options) { return impl_->step.SetOptions(options); }
+const StepPlannerOptions& StepPlanner::options() const { return impl_->step.options(); }
+const StepPlannerCounters& StepPlanner::counters() const { return impl_->step.counters(); }
 
 namespace {
 // The checks of the step's arguments that need no state: rank, group, output size.
@@ -50,15 +57,16 @@ Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> ou
   static_assert(sizeof(LogicalAddr) == sizeof(std::uint32_t));
   const DpSelections sel{
       std::span(reinterpret_cast<const std::uint32_t*>(input.selections.data()), input.selections.size()), input.runs};
-  auto stats = step_->Classify(input.rank, input.group, sel, out_slots.data());
+  DpStep& step = impl_->step;
+  auto stats = step.Classify(input.rank, input.group, sel, out_slots.data());
   if (!stats) return stats;
-  step_->Claim(*stats);
-  const std::size_t n = step_->descriptors().size();
-  status_.resize(n);
-  Status ran = n > 0 ? step_->Run(status_) : Ok();
-  step_->Complete(status_);
+  step.Claim(*stats);
+  std::vector<std::uint8_t>& status = impl_->status;
+  status.resize(step.descriptors().size());
+  Status ran = status.empty() ? Ok() : step.Run(status);
+  step.Complete(status);
   if (!ran) return std::unexpected(std::move(ran).error());
-  step_->WritePublished(out_slots.data());
+  step.WritePublished(out_slots.data());
   return stats;
 }
 
