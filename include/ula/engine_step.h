@@ -15,7 +15,8 @@
 //
 // Two ways to execute a plan:
 //   Step()            the library's backend runs the copies, waits, publishes, writes
-//                     indices (today's StepPlanner path, in the kernels' format).
+//                     indices: the same plan and completion as StepPlanner::Step (one
+//                     DP host step, src/step/dp_step.h), in the kernels' format.
 //   Plan()/Complete() the engine runs the descriptors on its own streams, then calls
 //                     Complete(fence, status per descriptor). Only then are the new
 //                     locations published. A descriptor whose status is not 0 publishes
@@ -226,6 +227,16 @@ class EngineStepPlanner {
   Result<CompleteReport> Complete(std::uint64_t fence, std::span<const std::uint8_t> status);
   bool has_pending() const;
 
+  // The step's threads and prefetch (StepPlannerOptions, as StepPlanner's): steps 1-3 and,
+  // with PB-LRU and enough victims, the victim claims run on options.threads threads; the
+  // plan, the indices and the errors are those of one thread. The no-allocation promise
+  // below is made (and tested) at one thread.
+  // kInvalidArgument for invalid options (the planner keeps its old ones);
+  // kFailedPrecondition while a plan is pending.
+  Status SetOptions(const StepPlannerOptions& options);
+  const StepPlannerOptions& options() const;
+  const StepPlannerCounters& counters() const;  // the victim claims, as StepPlanner::counters()
+
   // Registers engine-owned memory for (tier, rank, group): num_layers regions of
   // layer_bytes rows, e.g. the group's 2 layers of 656 bytes (a group of any layer count,
   // AddressSpaceConfig::group_layers). kInvalidArgument, with the numbers, when num_layers
@@ -251,6 +262,11 @@ class EngineStepPlanner {
   struct Scratch;  // opaque; defined in src/step/engine_step.cc
 
  private:
+  // Plan without handing the descriptors out: checks, DpStep's classify and claim, the
+  // indices; refuses a step of more than descriptor_rows misses.
+  Result<PlannedStep> Prepare(Rank rank, GroupId group, const StepShape& shape, std::span<const RequestId> requests,
+                              std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
+                              std::size_t descriptor_rows);
   EngineStepPlanner(AddressSpace& space, const EngineStepConfig& config, std::unique_ptr<Scratch> scratch);
 
   AddressSpace& space_;

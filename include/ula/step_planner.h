@@ -52,6 +52,11 @@
 // per word range, an exclusive prefix sum, each thread takes the ranks it owns) — exactly
 // the victims, in the order, that one thread claims; otherwise on the calling thread. The
 // output of the misses' selections runs on the T threads again.
+// Implementation: the library path over the engine path. Step is the plan of
+// src/step/dp_step.h (steps 1-4 and the copy plan, the one DP host step that
+// EngineStepPlanner::Plan runs too), the backend running its descriptors, and the
+// completion that publishes each by its outcome (docs/ARCHITECTURE.md, "The step's forms
+// today"); one plan is pending per space, so Step is refused while an engine plan is.
 // Lifetime: the planner holds the space by reference (the space outlives it); out_slots
 // name device slots whose bytes DeviceSlotData returns, valid as stated there.
 // Thread-safety: as AddressSpace (one driver thread calls Step; the planner's own worker
@@ -121,25 +126,23 @@ class StepPlanner {
 
   // kInvalidArgument for invalid options (Validate): the planner keeps its old options.
   Status SetOptions(const StepPlannerOptions& options);
-  const StepPlannerOptions& options() const { return options_; }
-  const StepPlannerCounters& counters() const { return counters_; }
+  const StepPlannerOptions& options() const;
+  const StepPlannerCounters& counters() const;
 
   // out_slots[i] = device slot holding input.selections[i] after the step. After an error
   // the contents of out_slots are unspecified (the space's state is as documented above).
   // kOutOfRange (rank, group), kInvalidArgument (out_slots.size() !=
   // selections.size(), runs that do not cover the selections, an address of another
-  // rank), kNotFound (an address not live for its run's request), kResourceExhausted:
-  // nothing changes. kIo (a failed transfer) with the state of the contract above.
+  // rank), kNotFound (an address not live for its run's request), kResourceExhausted (no
+  // room, or a new entry on host selected), kFailedPrecondition (an EngineStepPlanner's plan
+  // is pending on the space): nothing changes. kIo (a failed transfer) with the state of
+  // the contract above.
   Result<StepStats> Step(const StepInput& input, std::span<SlotId> out_slots);
 
  private:
-  struct Lanes;  // per-thread scratch of steps 1-3 (step_planner.cc)
+  struct Impl;  // the one DP host step and its descriptors' outcomes (step_planner.cc)
   AddressSpace& space_;
-  StepPlannerOptions options_;
-  StepPlannerCounters counters_;
-  std::unique_ptr<Lanes> lanes_;
-  std::vector<LogicalAddr> missed_;
-  std::vector<SlotId> hit_slots_, target_slots_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace ula

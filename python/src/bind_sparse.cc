@@ -627,6 +627,26 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
            "and max_q_len to its largest chunk.")
       .def_property_readonly("max_descriptors", [](EnginePlanner& p) { return p.planner->max_descriptors(); })
       .def_property_readonly("has_pending", [](EnginePlanner& p) { return p.planner->has_pending(); })
+      .def(
+          "set_options",
+          [](EnginePlanner& p, std::uint32_t threads, std::uint32_t prefetch_distance,
+             std::uint32_t parallel_claim_min_victims) {
+            Unwrap(p.planner->SetOptions({threads, prefetch_distance, parallel_claim_min_victims}));
+          },
+          py::arg("threads") = 1, py::arg("prefetch_distance") = 16,
+          py::arg("parallel_claim_min_victims") = ula::StepPlannerOptions::kDefaultParallelClaimMinVictims,
+          "StepPlanner.set_options' threads and knobs for this planner's steps (engine_step.h); "
+          "InvalidArgumentError keeps the old options, FailedPreconditionError while a plan is pending.")
+      .def_property_readonly("options", [](EnginePlanner& p) {
+             const auto& o = p.planner->options();
+             return py::dict(py::arg("threads") = o.threads, py::arg("prefetch_distance") = o.prefetch_distance,
+                             py::arg("parallel_claim_min_victims") = o.parallel_claim_min_victims);
+           }, "The options as a dict (set_options' arguments).")
+      .def_property_readonly("counters", [](EnginePlanner& p) {
+             const auto& c = p.planner->counters();
+             return py::dict(py::arg("claims") = c.claims, py::arg("parallel_claims") = c.parallel_claims,
+                             py::arg("victims") = c.victims, py::arg("claim_ns") = c.claim_ns);
+           }, "The victim claims of this planner's steps, as a dict (StepPlanner.counters).")
       .def_property_readonly("last_plan_timing", [](const EnginePlanner& p) {
              return py::dict(py::arg("args_ns") = p.args_ns, py::arg("planner_ns") = p.planner_ns,
                              py::arg("outputs_ns") = p.outputs_ns);

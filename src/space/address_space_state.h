@@ -109,8 +109,8 @@ struct AddressSpace::State {
 
 // The error of selection i (address a, selected for `holder` on `rank`) that failed a check
 // of the step (not live, not the holder's, another rank's), built off the hot path with the
-// requests named: kNotFound or kInvalidArgument. The DP host step's (StepPlanner), defined in
-// step_planner.cc.
+// requests named: kNotFound or kInvalidArgument. The DP host step's (src/step/dp_step.h),
+// defined in dp_step.cc.
 Error SelectionError(const AddressSpace::State& st, const AddressRecords& table, std::size_t i, LogicalAddr a,
                      const RequestState& holder, Rank rank);
 

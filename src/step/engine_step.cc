@@ -1,9 +1,8 @@
-// EngineStepPlanner. Plan does steps 1-4 and 6 of StepPlanner (validate, dedup, classify,
-// claim device slots, write indices) and records the claims as one pending plan, the copy
-// plan of MissFills (step/miss_fills.h, whose pending state it is: the wanted entries on
-// host, the claimed slots, the victims' host slots); Complete publishes it per descriptor
-// status (MissFills::Publish). The library path (Step) is Plan + MissFills::Run on the
-// backend + Complete with each descriptor's status the outcome of its batch.
+// EngineStepPlanner: the engine path of the DP host step over the one plan of
+// step/dp_step.h (which StepPlanner runs too). Plan checks the engine's shape, hands the
+// step the rows as runs of the kernels' padded layout, and writes the indices and the
+// descriptors; Complete publishes by the engine's statuses. The library path (Step) is the
+// same plan, DpStep::Run on the backend, and Complete with each descriptor's outcome.
 #include "ula/engine_step.h"
 
 #include <fmt/format.h>
@@ -14,30 +13,17 @@
 #include "space/space_access.h"
 #include "step/engine_modes.h"
 #include "space/space_kinds.h"
-#include "step/miss_fills.h"
+#include "step/dp_step.h"
 #include "space/address_space_state.h"
 #include "ula/check.h"
 
 namespace ula {
 
 struct EngineStepPlanner::Scratch {
-  std::vector<std::uint32_t> seen_epoch;  // [max addresses] dedup stamps
-  std::vector<std::int32_t> slot_of;      // [max addresses] device slot for this step's misses
-  std::uint32_t epoch = 0;
-  std::vector<LogicalAddr> missed;        // [max selections]
-  std::vector<SlotId> hit_slots;          // [max selections]
-  std::vector<const RequestState*> row_req;  // [max batch] each row's request (null: not looked up)
-  std::vector<SlotId> target_slots;       // [max descriptors]
-  MissFills fills;                        // the copy plan (pending between Plan and Complete)
-  std::vector<CopyDescriptor> library_descs;   // [max descriptors] Step's own plan
-  std::vector<std::uint8_t> library_status;    // [max descriptors]
-  // The pending plan.
-  bool pending = false;
-  std::uint64_t fence = 0;
-  std::uint64_t next_fence = 1;
-  Rank rank;
-  GroupId group;
-  std::uint32_t num_pending = 0;
+  explicit Scratch(AddressSpace& space) : step(space) {}
+  DpStep step;                                // the plan (pending between Plan and Complete)
+  std::vector<SelectionRun> runs;             // [max batch] row b: top_k x q_len selections of requests[b]
+  std::vector<std::uint8_t> library_status;   // [max descriptors] Step's outcomes
   // One registered pool: layer l's rows at bases[l] + slot * layer_bytes.
   struct Pool {
     std::vector<std::uintptr_t> bases;  // [num_layers]; empty: nothing registered
@@ -46,102 +32,7 @@ struct EngineStepPlanner::Scratch {
   };
   std::vector<Pool> regions;  // [tier][rank][group]
   std::uint32_t max_descriptors = 0;
-
-  // The phases of Plan. Classify: steps 1-3 (validate, dedup, classify into missed and
-  // hit_slots; each row's request looked up at its first selection); changes nothing but
-  // the dedup stamps. Returns the number of distinct entries.
-  Result<std::uint64_t> Classify(const AddressSpace::State& st, const AddressRecords& table, Rank rank,
-                                 const StepShape& shape, std::span<const RequestId> requests,
-                                 std::span<const std::int32_t> selections);
-  // Step 4: the misses' device slots into target_slots, free slots first, then victims
-  // (marked used in this round); the hits touched; the fills decided (MissFills::Decide).
-  // REQUIRES: the room check passed.
-  void Claim(GroupPools& gp);
-  // Step 6: indices in the kernels' layout: hits read their slot now, misses their target.
-  void WriteIndices(const AddressRecords& table, std::span<const std::int32_t> selections,
-                    std::span<std::int32_t> indices) const;
 };
-
-Result<std::uint64_t> EngineStepPlanner::Scratch::Classify(const AddressSpace::State& st, const AddressRecords& table,
-                                                           Rank rank, const StepShape& shape,
-                                                           std::span<const RequestId> requests,
-                                                           std::span<const std::int32_t> selections) {
-  std::fill(row_req.begin(), row_req.begin() + shape.batch, nullptr);
-  const std::uint64_t row_len = std::uint64_t{shape.q_len} * shape.top_k;
-  if (++epoch == 0) {
-    std::fill(seen_epoch.begin(), seen_epoch.end(), 0);
-    epoch = 1;
-  }
-  missed.clear();
-  hit_slots.clear();
-  std::uint64_t distinct = 0;
-  for (std::size_t i = 0; i < selections.size(); ++i) {
-    const std::int32_t v = selections[i];
-    if (v == kPadIndex) continue;
-    if (v < 0) {
-      return MakeError(ErrorCode::kInvalidArgument, fmt::format("selection {}: {} is neither an address nor -1", i, v));
-    }
-    const LogicalAddr a(static_cast<std::uint32_t>(v));
-    const Location loc = table.Get(a);
-    if (loc.is_none()) {
-      return MakeError(ErrorCode::kNotFound,
-                       fmt::format("selection {}: logical address {} is not live (freed or never allocated)", i, v));
-    }
-    const std::size_t row = i / row_len;
-    if (row_req[row] == nullptr) {
-      auto req = st.dir.requests().find(requests[row]);
-      if (req == st.dir.requests().end()) {
-        return MakeError(ErrorCode::kNotFound, fmt::format("row {}: request {} is unknown or freed (a stale batch?): "
-                                                           "refused", row, requests[row].value()));
-      }
-      row_req[row] = &req->second;
-    }
-    if (!st.dir.Holds(*row_req[row], a)) {
-      return MakeError(ErrorCode::kNotFound,
-                       fmt::format("selection {}: address {} is not live for request {} of row {} (freed and reused, "
-                                   "or another request's): refused",
-                                   i, v, requests[row].value(), row));
-    }
-    if (loc.rank() != rank) {
-      return MakeError(ErrorCode::kInvalidArgument, fmt::format("selection {}: address {} lives on rank {}, not rank {}",
-                                                                i, v, loc.rank().value(), rank.value()));
-    }
-    ULA_CHECK(a.value() < seen_epoch.size());
-    if (seen_epoch[a.value()] == epoch) continue;
-    seen_epoch[a.value()] = epoch;
-    ++distinct;
-    if (loc.tier() == Tier::kDevice) {
-      hit_slots.push_back(loc.slot());
-    } else {
-      missed.push_back(a);
-    }
-  }
-  return distinct;
-}
-
-void EngineStepPlanner::Scratch::Claim(GroupPools& gp) {
-  gp.policy->Touch(hit_slots);
-  const std::size_t n_miss = missed.size();
-  const std::size_t n_free = std::min<std::size_t>(n_miss, gp.device.num_free());
-  target_slots.resize(n_miss);
-  for (std::size_t i = 0; i < n_free; ++i) target_slots[i] = *gp.device.Allocate();
-  const std::size_t claimed = gp.policy->ClaimVictims(std::span(target_slots).subspan(n_free));
-  ULA_CHECK(claimed == n_miss - n_free);
-  fills.Decide(gp, target_slots, n_free);
-}
-
-void EngineStepPlanner::Scratch::WriteIndices(const AddressRecords& table, std::span<const std::int32_t> selections,
-                                              std::span<std::int32_t> indices) const {
-  for (std::size_t i = 0; i < selections.size(); ++i) {
-    const std::int32_t v = selections[i];
-    if (v == kPadIndex) {
-      indices[i] = kPadIndex;
-      continue;
-    }
-    const Location loc = table.Get(LogicalAddr(static_cast<std::uint32_t>(v)));
-    indices[i] = loc.tier() == Tier::kDevice ? static_cast<std::int32_t>(loc.slot().value()) : slot_of[v];
-  }
-}
 
 Status EngineStepConfig::Validate() const {
   auto bad = [](std::string m) { return MakeError(ErrorCode::kInvalidArgument, "EngineStepConfig." + m); };
@@ -167,8 +58,7 @@ EngineStepPlanner::EngineStepPlanner(AddressSpace& space, const EngineStepConfig
                                      std::unique_ptr<Scratch> scratch)
     : space_(space), config_(config), scratch_(std::move(scratch)) {}
 EngineStepPlanner::~EngineStepPlanner() {
-  AddressSpace::State& st = StateOf(space_);
-  if (scratch_->pending) st.dir.EndPlan();  // its claims stay (the space's check reports them)
+  AddressSpace::State& st = StateOf(space_);  // a pending plan ends with its DpStep
   if (st.move_executor_owner == this) {
     st.move_executor = nullptr;
     st.move_executor_owner = nullptr;
@@ -185,39 +75,42 @@ Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpac
   // Addresses come in pages (address_space.h "Pages"): a page is minted only when none is
   // free, i.e. when every handed-out page holds a live address; live addresses fit in the
   // pools. So pages stay below the pools' capacity, addresses below page_tokens times that.
-  // The scratch starts at the addresses handed out so far (at least the pools' capacity)
-  // and Plan grows it, up to that bound, when the space minted pages since.
+  // The step's scratch starts at the addresses handed out so far (at least the pools'
+  // capacity) and Plan grows it, up to that bound, when the space minted pages since.
   const std::uint64_t max_addrs = std::max<std::uint64_t>(
       StateOf(space).dir.extent(),
       std::uint64_t{cfg.num_ranks} * (std::uint64_t{cfg.device_slots_per_group()} + cfg.host_slots_per_group()));
-  auto s = std::make_unique<Scratch>();
+  auto s = std::make_unique<Scratch>(space);
   s->max_descriptors = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_sel, cfg.device_slots_per_group()));
-  s->seen_epoch.assign(max_addrs, 0);
-  s->row_req.assign(config.max_batch, nullptr);
-  s->slot_of.assign(max_addrs, kPadIndex);
-  s->missed.reserve(max_sel);
-  s->hit_slots.reserve(max_sel);
-  s->target_slots.reserve(s->max_descriptors);
-  s->fills.Reserve(s->max_descriptors);
-  s->library_descs.resize(s->max_descriptors);
+  s->step.Reserve(max_sel, s->max_descriptors, max_addrs);
+  s->runs.resize(config.max_batch);
   s->library_status.assign(s->max_descriptors, 0);
   s->regions.resize(std::size_t{kNumTiers} * cfg.num_ranks * cfg.num_groups);
   return std::unique_ptr<EngineStepPlanner>(new EngineStepPlanner(space, config, std::move(s)));
 }
 
 std::uint32_t EngineStepPlanner::max_descriptors() const { return scratch_->max_descriptors; }
-bool EngineStepPlanner::has_pending() const { return scratch_->pending; }
+bool EngineStepPlanner::has_pending() const { return scratch_->step.pending(); }
+Status EngineStepPlanner::SetOptions(const StepPlannerOptions& options) {
+  if (scratch_->step.pending()) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("SetOptions: plan {} is pending: Complete it first", scratch_->step.fence()));
+  }
+  return scratch_->step.SetOptions(options);
+}
+const StepPlannerOptions& EngineStepPlanner::options() const { return scratch_->step.options(); }
+const StepPlannerCounters& EngineStepPlanner::counters() const { return scratch_->step.counters(); }
 
-Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const StepShape& shape,
-                                            std::span<const RequestId> requests,
-                                            std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
-                                            std::span<CopyDescriptor> out_descriptors) {
+Result<PlannedStep> EngineStepPlanner::Prepare(Rank rank, GroupId group, const StepShape& shape,
+                                               std::span<const RequestId> requests,
+                                               std::span<const std::int32_t> selections,
+                                               std::span<std::int32_t> indices, std::size_t descriptor_rows) {
   Scratch& s = *scratch_;
   AddressSpace::State& st = StateOf(space_);
   const AddressSpaceConfig& cfg = space_.config();
-  if (s.pending) {
+  if (s.step.pending()) {
     return MakeError(ErrorCode::kFailedPrecondition,
-                     fmt::format("plan {} is pending: Complete it before planning again", s.fence));
+                     fmt::format("plan {} is pending: Complete it before planning again", s.step.fence()));
   }
   // One plan at a time over a space: a pending plan's swap victims stay claimed only while
   // no other plan can take them (AdvanceRound between Plan and Complete ends their round).
@@ -252,60 +145,42 @@ Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const Step
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("{} requests for a batch of {} rows", requests.size(), shape.batch));
   }
-  const AddressRecords& table = st.tables[group.value()];
-  GroupPools& gp = st.at(rank, group);
-
-  // 1-3. Validate, dedup, classify. Nothing is modified until every check has passed
-  // (growing the scratch to new pages' addresses changes no state).
-  if (st.dir.extent() > s.seen_epoch.size()) {
-    const std::size_t n = std::max<std::size_t>(st.dir.extent(), 2 * s.seen_epoch.size());
-    s.seen_epoch.resize(n, 0);
-    s.slot_of.resize(n, kPadIndex);
-  }
-  auto distinct = s.Classify(st, table, rank, shape, requests, selections);
-  if (!distinct) return std::unexpected(std::move(distinct).error());
-  const std::size_t n_miss = s.missed.size();
-  ULA_RETURN_IF_ERROR(gp.RefuseMovingNewOnHost(s.missed));
-  // Room first, then the descriptor rows: both refuse this step's state (kResourceExhausted),
-  // not a malformed call; each says how many descriptors the step needed.
-  std::uint64_t newly_used = 0;
-  for (SlotId slot : s.hit_slots) newly_used += !gp.policy->UsedInCurrentRound(slot);
-  const std::uint64_t evictable = gp.policy->NumEvictable() - newly_used;
-  if (n_miss > gp.device.num_free() + evictable) {
-    return MakeError(ErrorCode::kResourceExhausted,
-                     fmt::format("step needs {} distinct entries on device ({} missing: {} descriptors) but only {} "
-                                 "free and {} evictable slots remain of {} in rank {} group {}",
-                                 *distinct, n_miss, n_miss, gp.device.num_free(), evictable, gp.device.capacity(),
-                                 rank.value(), group.value()));
-  }
-  if (out_descriptors.size() < n_miss) {
+  // 1-3. Validate, dedup, classify (DpStep): row b is a run of q_len x top_k selections of
+  // requests[b]; -1 is padding. Nothing is modified until every check has passed.
+  const auto row_len = static_cast<std::uint32_t>(std::uint64_t{shape.q_len} * shape.top_k);
+  for (std::uint32_t b = 0; b < shape.batch; ++b) s.runs[b] = SelectionRun{requests[b], row_len};
+  static_assert(sizeof(std::int32_t) == sizeof(std::uint32_t));
+  const DpSelections sel{std::span(reinterpret_cast<const std::uint32_t*>(selections.data()), selections.size()),
+                         std::span(s.runs).first(shape.batch), /*padding=*/true};
+  auto stats = s.step.Classify(rank, group, sel, indices.data());
+  if (!stats) return std::unexpected(std::move(stats).error());
+  // Room was checked by Classify; then the descriptor rows: both refuse this step's state
+  // (kResourceExhausted), not a malformed call; each says how many descriptors it needed.
+  const std::size_t n_miss = s.step.num_misses();
+  if (descriptor_rows < n_miss) {
     return MakeError(ErrorCode::kResourceExhausted,
                      fmt::format("step needs {} descriptors ({} misses) but the descriptor array has {} rows (size it "
                                  "to max_descriptors() = {})",
-                                 n_miss, n_miss, out_descriptors.size(), s.max_descriptors));
+                                 n_miss, n_miss, descriptor_rows, s.max_descriptors));
   }
 
-  // 4. Claim device slots; the copy plan; 6. the indices.
-  s.Claim(gp);
+  // 4. Claim device slots and describe the copies; 6. the misses' indices.
   PlannedStep out;
-  out.stats.selections = selections.size();
-  out.stats.distinct = *distinct;
-  out.stats.hits = s.hit_slots.size();
-  out.stats.misses = n_miss;
-  s.fills.AddPlannedStats(cfg.entry_bytes_of(group), out.stats);
-  s.fills.Describe(table, gp, cfg.row(), rank, group, s.missed, s.target_slots);
-  std::ranges::copy(s.fills.descriptors(), out_descriptors.begin());
-  for (std::size_t i = 0; i < n_miss; ++i) s.slot_of[s.missed[i].value()] = static_cast<std::int32_t>(s.target_slots[i].value());
-  s.WriteIndices(table, selections, indices);
-  s.pending = true;
-  st.dir.BeginPlan();
-  s.fence = s.next_fence++;
-  s.rank = rank;
-  s.group = group;
-  s.num_pending = static_cast<std::uint32_t>(n_miss);
-  out.fence = s.fence;
+  out.stats = *stats;
+  s.step.Claim(out.stats);
+  s.step.WriteTargets(indices.data());
+  out.fence = s.step.fence();
   out.num_descriptors = static_cast<std::uint32_t>(n_miss);
   return out;
+}
+
+Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const StepShape& shape,
+                                            std::span<const RequestId> requests,
+                                            std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
+                                            std::span<CopyDescriptor> out_descriptors) {
+  auto planned = Prepare(rank, group, shape, requests, selections, indices, out_descriptors.size());
+  if (planned) std::ranges::copy(scratch_->step.descriptors(), out_descriptors.begin());
+  return planned;
 }
 
 Result<RoundReservation> EngineStepPlanner::ReserveRound(Rank rank, std::span<const RoundDemand> demands) const {
@@ -361,25 +236,20 @@ Result<RoundReservation> EngineStepPlanner::ReserveRound(Rank rank, std::span<co
 }
 
 Result<CompleteReport> EngineStepPlanner::Complete(std::uint64_t fence, std::span<const std::uint8_t> status) {
-  Scratch& s = *scratch_;
-  if (!s.pending || fence != s.fence) {
-    return MakeError(ErrorCode::kNotFound, s.pending ? fmt::format("fence {} is not the pending plan ({})", fence, s.fence)
-                                                     : fmt::format("fence {}: no plan is pending", fence));
+  DpStep& step = scratch_->step;
+  if (!step.pending() || fence != step.fence()) {
+    return MakeError(ErrorCode::kNotFound, step.pending()
+                                               ? fmt::format("fence {} is not the pending plan ({})", fence, step.fence())
+                                               : fmt::format("fence {}: no plan is pending", fence));
   }
-  if (status.size() != s.num_pending) {
+  const std::size_t n = step.descriptors().size();
+  if (status.size() != n) {
     return MakeError(ErrorCode::kInvalidArgument,
-                     fmt::format("{} statuses for {} descriptors of plan {}", status.size(), s.num_pending, fence));
+                     fmt::format("{} statuses for {} descriptors of plan {}", status.size(), n, fence));
   }
-  AddressSpace::State& st = StateOf(space_);
-  AddressRecords& table = st.tables[s.group.value()];
-  GroupPools& gp = st.at(s.rank, s.group);
   CompleteReport report;
-  report.published = static_cast<std::uint32_t>(s.fills.Publish(table, gp, s.rank, status));
-  report.failed = s.num_pending - report.published;
-  s.pending = false;
-  st.dir.EndPlan();
-  s.num_pending = 0;
-  ULA_EXPENSIVE_CHECK(space_);
+  report.published = static_cast<std::uint32_t>(step.Complete(status));
+  report.failed = static_cast<std::uint32_t>(n) - report.published;
   return report;
 }
 
@@ -387,19 +257,13 @@ Result<StepStats> EngineStepPlanner::Step(Rank rank, GroupId group, const StepSh
                                           std::span<const RequestId> requests,
                                           std::span<const std::int32_t> selections, std::span<std::int32_t> indices) {
   Scratch& s = *scratch_;
-  auto planned = Plan(rank, group, shape, requests, selections, indices, s.library_descs);
+  auto planned = Prepare(rank, group, shape, requests, selections, indices, s.max_descriptors);
   if (!planned) return std::unexpected(planned.error());
   const std::uint32_t n = planned->num_descriptors;
-  if (n == 0) {
-    auto report = Complete(planned->fence, {});
-    ULA_CHECK(report.has_value() && report->failed == 0);
-    return planned->stats;
-  }
-  // The library runs the plan itself (MissFills::Run, the host step's batches); Complete
+  // The library runs the plan itself (DpStep::Run, the host step's batches); Complete
   // publishes only what arrived.
-  const GroupPools& gp = StateOf(space_).at(rank, group);
   const auto status = std::span(s.library_status).first(n);
-  Status ran = s.fills.Run(space_.backend(), gp, space_.config().row(), rank, group, status);
+  Status ran = n > 0 ? s.step.Run(status) : Ok();
   auto report = Complete(planned->fence, status);
   ULA_CHECK(report.has_value());
   if (!ran) return std::unexpected(std::move(ran).error());

@@ -142,3 +142,31 @@ def test_engine_path_runs_its_descriptors_and_publishes_only_the_done_ones():
         space.check_invariants()
     assert failed_total > 5
 
+
+
+def test_engine_planner_threads_plan_as_one_thread():
+    """The engine planner takes StepPlanner's threads (the same host step): on twin spaces, a
+    planner at 3 threads writes the indices and descriptors of one at one thread; a bad
+    value is refused and keeps the old options."""
+    (s1, p1, sels), (s3, p3, _) = big_space(11), big_space(11)
+    p3.set_options(threads=3, parallel_claim_min_victims=1)
+    assert p3.options["threads"] == 3 and p1.options["threads"] == 1
+    try:
+        p3.set_options(threads=0)
+        raise AssertionError("threads=0 was accepted")
+    except ulacache.InvalidArgumentError:
+        pass
+    assert p3.options["threads"] == 3
+    for sel in sels[:3]:
+        outs = []
+        for space, planner in ((s1, p1), (s3, p3)):
+            idx = np.empty_like(sel)
+            desc = np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
+            fence, n, _ = planner.plan(0, 0, sel, idx, desc, np.ones(sel.shape[0], np.uint64))
+            planner.complete(fence, np.zeros(n, np.uint8))
+            space.advance_round()
+            outs.append((idx.copy(), desc[:n].copy()))
+        assert (outs[0][0] == outs[1][0]).all()
+        assert (outs[0][1] == outs[1][1]).all()
+    assert s1.debug_digest() == s3.debug_digest()
+    assert p3.counters["victims"] == p1.counters["victims"] > 0

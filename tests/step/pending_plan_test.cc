@@ -2,7 +2,7 @@
 // step's contract with the scheduler"): between EngineStepPlanner::Plan
 // and Complete the space refuses every call that could change an entry, slot or victim the
 // plan's descriptors name (Free, Truncate, Allocate, Write, ShareInto, Release, another
-// planner's Plan) with kFailedPrecondition and nothing changed; AdvanceRound keeps the
+// planner's Plan, a StepPlanner's Step) with kFailedPrecondition and nothing changed; AdvanceRound keeps the
 // plan valid (Complete publishes it into the next round). Before the refusal, a Free there
 // made Complete abort the process (its ULA_CHECK on the wanted entries).
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include "tp/tp_fixture.h"
 #include "ula/address_space.h"
 #include "ula/engine_step.h"
+#include "ula/step_planner.h"
 #include "ula/tp_address_space.h"
 #include "ula/tp_engine_step.h"
 
@@ -60,6 +61,18 @@ TEST(PendingPlan, EveryCallThatWouldInvalidateItIsRefusedAndChangesNothing) {
   auto second = other->Plan(Rank(0), GroupId(0), {1, 1, 4}, rows, sel, idx2, desc);
   ASSERT_FALSE(second);
   EXPECT_EQ(second.error().code(), ErrorCode::kFailedPrecondition) << second.error().ToString();
+  // The library path is the same plan: a StepPlanner's Step would claim the pending plan's
+  // slots and victims again.
+  StepPlanner library(*space);
+  const std::vector<LogicalAddr> lib_sel{a[8], a[4]};
+  const std::vector<SelectionRun> lib_runs{{RequestId(1), 2}};
+  std::vector<SlotId> lib_out(2);
+  const std::uint64_t before = space->DebugDigest();
+  auto lib = library.Step({Rank(0), GroupId(0), lib_sel, lib_runs}, lib_out);
+  ASSERT_FALSE(lib);
+  EXPECT_EQ(lib.error().code(), ErrorCode::kFailedPrecondition) << lib.error().ToString();
+  EXPECT_NE(lib.error().message().find("StepPlanner::Step"), std::string::npos) << lib.error().ToString();
+  EXPECT_EQ(space->DebugDigest(), before);
   // AdvanceRound keeps the plan valid: Complete publishes it (into the next round).
   space->AdvanceRound();
   std::vector<std::uint8_t> status(plan->num_descriptors);

@@ -7,10 +7,13 @@
 // changes nothing. The device pools are small, so most steps evict: the T-thread planner
 // claims its victims on its threads (PbLru::ClaimVictimsParallel, from one victim up for
 // T = 2 and 4, from 200 up for T = 3, so both paths run), and the test checks that it did.
+// The engine path (EngineStepPlanner::Plan / Complete) runs the same step (src/step/dp_step.h)
+// and takes the same options: its indices, descriptors and errors must not depend on T either.
 // Labelled `threaded`: it also runs under ThreadSanitizer.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +21,7 @@
 #include "test_seed.h"
 #include "ula/address_space.h"
 #include "ula/backend.h"
+#include "ula/engine_step.h"
 #include "ula/step_planner.h"
 
 namespace ula {
@@ -222,6 +226,124 @@ TEST(StepPlannerThreads, OptionsAreValidatedAndABadValueChangesNothing) {
   }
   EXPECT_NE(planner.SetOptions({0, 8}).error().message().find("threads = 0"), std::string::npos);
   EXPECT_NE(planner.SetOptions({2, 8, 0}).error().message().find("parallel_claim_min_victims = 0"), std::string::npos);
+}
+
+// The engine path over twin spaces, one planner at one thread and one at T: the same
+// indices (padding included), the same descriptors, the same errors (code and message, the
+// first bad selection's) and the same state after every Complete.
+TEST(EngineStepThreads, SameIndicesDescriptorsAndErrorsAsOneThread) {
+  ULA_TEST_SEEDED(seed, 20261205);
+  AddressSpaceConfig c;
+  c.num_ranks = 2;
+  c.entry_bytes = 64;
+  c.stable_new_entries = true;  // the engine path's mode
+  const std::uint32_t device_slots = 3000, host_slots = 40000;
+  c.device_bytes_per_rank = std::uint64_t{device_slots} * c.entry_bytes;
+  c.host_bytes_per_rank = std::uint64_t{host_slots} * c.entry_bytes;
+  constexpr std::uint32_t kBatch = 8, kTopK = 512;
+  for (std::uint32_t threads : {2u, 3u}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    std::mt19937_64 rng(seed + threads);
+    auto backend_one = MakeCountingBackend(), backend_many = MakeCountingBackend();
+    auto space_one = AddressSpace::Create(c, *backend_one).value();
+    auto space_many = AddressSpace::Create(c, *backend_many).value();
+    const EngineStepConfig ec{.max_batch = kBatch, .max_q_len = 1, .max_top_k = kTopK};
+    auto one = EngineStepPlanner::Create(*space_one, ec).value();
+    auto many = EngineStepPlanner::Create(*space_many, ec).value();
+    ASSERT_TRUE(many->SetOptions({threads, 8, 1}));  // victims claimed on the threads from one up
+    EXPECT_EQ(many->options().threads, threads);
+    std::vector<RequestId> live;
+    std::vector<LogicalAddr> freed;
+    std::uint64_t next_id = 0;
+    auto add = [&](std::uint32_t tokens) {
+      const RequestId id(next_id++);
+      const Rank rank(static_cast<std::uint16_t>(id.value() % 2));
+      ASSERT_TRUE(space_one->AddRequest(id, rank));
+      ASSERT_TRUE(space_many->AddRequest(id, rank));
+      auto a = space_one->Allocate(id, tokens);
+      auto b = space_many->Allocate(id, tokens);
+      ASSERT_EQ(a.has_value(), b.has_value());
+      if (a) live.push_back(id);
+    };
+    for (int i = 0; i < 10; ++i) add(static_cast<std::uint32_t>(2000 + rng() % 3000));  // > 4 blocks of 4,096
+    space_one->AdvanceRound();
+    space_many->AdvanceRound();
+    int ok = 0, refused = 0;
+    std::vector<CopyDescriptor> desc_one(one->max_descriptors()), desc_many(many->max_descriptors());
+    for (int step = 0; step < 16; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      if (rng() % 4 == 0 && live.size() > 4) {  // a request ends; a new one reuses addresses
+        const std::size_t k = rng() % live.size();
+        auto addrs = space_one->AddressesOf(live[k]).value();
+        freed.insert(freed.end(), addrs.begin(), addrs.end());
+        ASSERT_TRUE(space_one->Free(live[k]));
+        ASSERT_TRUE(space_many->Free(live[k]));
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+        add(static_cast<std::uint32_t>(2000 + rng() % 3000));
+      }
+      const Rank rank(static_cast<std::uint16_t>(rng() % 2));
+      std::vector<RequestId> rows;
+      std::vector<std::int32_t> sel;
+      for (RequestId id : live) {
+        if (id.value() % 2 != rank.value() || rows.size() == kBatch) continue;
+        auto addrs = space_one->AddressesOf(id).value();
+        rows.push_back(id);
+        for (std::uint32_t k = 0; k < kTopK; ++k) {
+          const bool pad = k >= kTopK - rng() % 64;
+          sel.push_back(pad ? -1 : static_cast<std::int32_t>(addrs[rng() % addrs.size()].value()));
+        }
+      }
+      // 0-2: bad selections (up to 3, in several threads' blocks: the error names the first).
+      const int bad = static_cast<int>(rng() % 10);
+      for (int b = bad <= 2 ? 1 + static_cast<int>(rng() % 3) : 0; b > 0 && !sel.empty(); --b) {
+        const std::size_t at = rng() % sel.size();
+        const int kind = static_cast<int>(rng() % 4);
+        if (kind == 0 && !freed.empty()) sel[at] = static_cast<std::int32_t>(freed[rng() % freed.size()].value());
+        if (kind == 1) sel[at] = (1 << 30) + static_cast<std::int32_t>(rng() % (1u << 20));  // never allocated
+        if (kind == 2) sel[at] = -2 - static_cast<std::int32_t>(rng() % 100);                  // neither
+        if (kind == 3) {                                                                      // another rank's
+          for (RequestId id : live) {
+            if (id.value() % 2 != rank.value()) sel[at] = static_cast<std::int32_t>(space_one->AddressesOf(id).value()[0].value());
+          }
+        }
+      }
+      if (!rows.empty() && rng() % 10 == 0) rows[rng() % rows.size()] = RequestId(1u << 20);  // unknown
+      const StepShape shape{static_cast<std::uint32_t>(rows.size()), 1, kTopK};
+      std::vector<std::int32_t> idx_one(sel.size(), 7), idx_many(sel.size(), 7);
+      const std::uint64_t before_one = space_one->DebugDigest(), before_many = space_many->DebugDigest();
+      auto a = one->Plan(rank, GroupId(0), shape, rows, sel, idx_one, desc_one);
+      auto b = many->Plan(rank, GroupId(0), shape, rows, sel, idx_many, desc_many);
+      ASSERT_EQ(a.has_value(), b.has_value()) << (a ? b.error().ToString() : a.error().ToString());
+      if (a) {
+        ++ok;
+        ExpectSameStats(a->stats, b->stats);
+        EXPECT_EQ(idx_one, idx_many);
+        ASSERT_EQ(a->num_descriptors, b->num_descriptors);
+        EXPECT_EQ(std::memcmp(desc_one.data(), desc_many.data(), a->num_descriptors * sizeof(CopyDescriptor)), 0);
+        EXPECT_EQ(many->SetOptions({1, 8}).error().code(), ErrorCode::kFailedPrecondition) << "a plan is pending";
+        const std::vector<std::uint8_t> status(a->num_descriptors, kDescriptorDone);
+        ASSERT_TRUE(one->Complete(a->fence, status));
+        ASSERT_TRUE(many->Complete(b->fence, status));
+      } else {
+        ++refused;
+        EXPECT_EQ(a.error().code(), b.error().code());
+        EXPECT_EQ(a.error().message(), b.error().message());
+        EXPECT_EQ(before_one, space_one->DebugDigest()) << "a refused plan changed the state";
+        EXPECT_EQ(before_many, space_many->DebugDigest()) << "a refused plan changed the state";
+      }
+      ASSERT_EQ(space_one->DebugDigest(), space_many->DebugDigest());
+      space_one->AdvanceRound();
+      space_many->AdvanceRound();
+      ASSERT_TRUE(space_many->CheckInvariants());
+    }
+    std::printf("engine path, threads %u: %d plans, %d refused, identical to one thread; %llu of %llu claims on the "
+                "threads\n", threads, ok, refused, static_cast<unsigned long long>(many->counters().parallel_claims),
+                static_cast<unsigned long long>(many->counters().claims));
+    EXPECT_GE(ok, 5);
+    EXPECT_GE(refused, 2);
+    EXPECT_GE(many->counters().parallel_claims, 3u);  // the parallel claim ran in the engine path
+    EXPECT_EQ(one->counters().parallel_claims, 0u);
+  }
 }
 
 }  // namespace

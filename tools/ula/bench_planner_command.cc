@@ -430,11 +430,6 @@ int Run(const PlannerOptions& o) {
     fmt::print(stderr, "ula bench planner: --cuda times the device step: it needs --planner device\n");
     return 2;
   }
-  if (o.planner == "engine" && std::any_of(o.threads.begin(), o.threads.end(), [](std::uint32_t t) { return t != 1; })) {
-    fmt::print(stderr, "ula bench planner: --planner engine runs on one thread (EngineStepPlanner has no threads): "
-                       "--threads 1\n");
-    return 2;
-  }
   if (o.cuda) {  // a build without CUDA says so before any work
     if (Status st = DeviceStepConfig{.cuda = true}.Validate(); !st) {
       fmt::print(stderr, "ula bench planner: --cuda: {}\n", st.error().ToString());
@@ -546,7 +541,8 @@ int Run(const PlannerOptions& o) {
           const double cap = std::max<double>(1, sc.host_slots_per_group());
           host_free_share = (*space)->NumFree(Rank(0), GroupId(0), Tier::kHost) / cap;
         }
-        if (auto s = planner.SetOptions({o.threads[k], o.prefetch_distance, o.parallel_claim_min_victims}); !s) {
+        const StepPlannerOptions options{o.threads[k], o.prefetch_distance, o.parallel_claim_min_victims};
+        if (auto s = engine ? engine->SetOptions(options) : planner.SetOptions(options); !s) {
           return fail(s.error().ToString());
         }
         for (std::uint32_t g = 0; g < groups; ++g) {
@@ -566,7 +562,8 @@ int Run(const PlannerOptions& o) {
             if (auto f = engine_rows.Fill(sel, runs, row_max); !f) return fail(f.error().ToString());
             engine_indices.resize(engine_rows.rows.size());
           }
-          const StepPlannerCounters before = planner.counters();
+          const auto counters = [&]() -> const StepPlannerCounters& { return engine ? engine->counters() : planner.counters(); };
+          const StepPlannerCounters before = counters();
           const auto t0 = std::chrono::steady_clock::now();
           const StepInput input{Rank(0), GroupId(static_cast<std::uint16_t>(g)), sel, runs};
           auto stats = engine ? engine->Step(Rank(0), input.group, engine_rows.shape, engine_rows.requests,
@@ -584,8 +581,8 @@ int Run(const PlannerOptions& o) {
             per_t[k].misses += stats->misses;
             per_t[k].bytes_moved += stats->bytes_moved;
             per_t[k].shadow_evictions += stats->shadow_evictions;
-            per_t[k].claim_ns += planner.counters().claim_ns - before.claim_ns;
-            per_t[k].parallel_claims += planner.counters().parallel_claims - before.parallel_claims;
+            per_t[k].claim_ns += counters().claim_ns - before.claim_ns;
+            per_t[k].parallel_claims += counters().parallel_claims - before.parallel_claims;
             ++per_t[k].group_steps;
           }
         }
