@@ -79,29 +79,15 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceCon
   auto state = std::make_unique<State>(backend, config.page_tokens);  // on failure its arenas are destroyed
   const std::uint32_t dev_slots = config.device_slots_per_group();
   const std::uint32_t host_slots = config.host_slots_per_group();
-  auto fail = [](Error e) -> Result<std::unique_ptr<AddressSpace>> { return std::unexpected(std::move(e)); };
-  // Per-layer regions of PaddedRows(slots) rows (address_space.h "Pools").
-  auto make_pool = [&](Tier tier, Rank rank, std::uint32_t slots, std::uint32_t layers) {
-    return state->arenas.MakePool(tier, rank, slots, config.row(), layers * PaddedRows(slots) * config.row());
-  };
   state->pools.resize(config.num_ranks);
   for (std::uint32_t r = 0; r < config.num_ranks; ++r) {
     for (std::uint32_t g = 0; g < config.num_groups; ++g) {
-      const std::uint32_t layers = config.layers_of(GroupId(g));
-      auto device = make_pool(Tier::kDevice, Rank(r), dev_slots, layers);
-      if (!device) return fail(device.error());
-      auto host = make_pool(Tier::kHost, Rank(r), host_slots, layers);
-      if (!host) return fail(host.error());
-      auto policy = MakePolicy(config.policy, dev_slots, config.policy_options);
-      if (!policy) return fail(policy.error());
-      state->pools[r].push_back(GroupPools{std::move(*device), std::move(*host), std::move(*policy),
-                                           std::vector<LogicalAddr>(dev_slots), layers,
-                                           PaddedRows(dev_slots) * config.row(), PaddedRows(host_slots) * config.row(),
-                                           {}, HostShadows{}});
-      if (config.host_shadows) {
-        GroupPools& gp = state->pools[r].back();
-        gp.shadows.Enable(dev_slots, host_slots, gp.policy.get());
-      }
+      const ShardPools::Geometry geo{Rank(static_cast<std::uint16_t>(r)), GroupId(static_cast<std::uint16_t>(g)),
+                                     dev_slots, host_slots, config.row(), config.layers_of(GroupId(g)),
+                                     /*layer_regions=*/true};
+      auto pools = ShardPools::Create(state->arenas, geo, config.policy, config.policy_options, config.host_shadows);
+      if (!pools) return std::unexpected(pools.error());
+      state->pools[r].push_back(std::move(*pools));
     }
   }
   state->tables.resize(config.num_groups);
@@ -139,97 +125,24 @@ Status AddressSpace::RunMoves(std::span<const CopyDescriptor> moves) {
 }
 
 namespace {
-// Device placement of one group for Allocate: every new entry goes to device, into a free
-// slot or else into the slot of a victim that this round has not used (the policy's choice,
-// moved to a host slot first); only once the device holds nothing but this round's entries
-// does the rest go to host. Victims of every group are claimed and copied before anything
-// is published: a failed copy publishes nothing (the victims stay on device). Host shadows:
-// a victim with a live shadow goes back to it and moves no bytes; the victims' shadows leave
-// the list before any other victim's host slot is chosen (a free slot, else the oldest
-// shadow reclaimed), so none is reclaimed under its own victim.
-struct GroupPlan {
-  std::uint32_t into_free = 0;
-  std::vector<SlotId> victims;      // device slots whose entries move to host
-  std::vector<SlotId> victim_host;  // their host slots
-  std::vector<bool> shadowed;       // [victims] its host slot is its shadow: no copy
-};
-
-// Claims the victims of every group on `rank` (stable_new_entries) and appends the copies
-// that move them to host.
+// Claims the victims of every group on `rank` (ShardPools::PlanVictims) and appends the
+// copies that move them to host. Victims of every group are claimed and copied before
+// anything is published: a failed copy publishes nothing (the victims stay on device).
 void PlanVictims(const AddressSpaceConfig& cfg, AddressSpace::State& st, Rank rank, std::uint32_t n_tokens,
-                 std::vector<GroupPlan>& plans, std::vector<CopyDescriptor>& moves) {
+                 std::vector<ShardPools::VictimPlan>& plans, std::vector<CopyDescriptor>& moves) {
   for (std::uint32_t g = 0; g < cfg.num_groups; ++g) {
     GroupPools& gp = st.at(rank, GroupId(g));
-    GroupPlan& plan = plans[g];
-    plan.into_free = std::min(n_tokens, gp.device.num_free());
-    const std::uint64_t want =
-        st.stable_new_entries ? std::min<std::uint64_t>(n_tokens - plan.into_free, gp.policy->NumEvictable()) : 0;
-    plan.victims.resize(want);
-    ULA_CHECK(gp.policy->ClaimVictims(plan.victims) == want);
-    plan.victim_host.resize(want);
-    plan.shadowed.assign(want, false);
-    for (std::size_t k = 0; k < want; ++k) {
-      plan.victim_host[k] = gp.shadows.Take(plan.victims[k]);
-      plan.shadowed[k] = plan.victim_host[k].valid();
-    }
-    for (std::size_t k = 0; k < want; ++k) {
+    plans[g] = gp.PlanVictims(n_tokens, st.stable_new_entries);
+    const ShardPools::VictimPlan& plan = plans[g];
+    for (std::size_t k = 0; k < plan.victims.size(); ++k) {
       if (plan.shadowed[k]) continue;  // its clean copy is on host: the table alone changes
       const SlotId v = plan.victims[k];
-      auto host = gp.AllocateHost();
-      ULA_CHECK(host.has_value());  // victims + host-placed entries = n_tokens - into_free <= host free
-      plan.victim_host[k] = *host;
       // One layer's row, num_layers of them (step_arrays.h).
       moves.push_back(MakeCopyDescriptor(CopyOp::kCopy, {Tier::kDevice, rank.value(), v.value()},
-                                         {Tier::kHost, rank.value(), host->value()}, gp.device_owner[v.value()].value(),
-                                         static_cast<std::uint16_t>(g), cfg.row(),
+                                         {Tier::kHost, rank.value(), plan.victim_host[k].value()},
+                                         gp.device_owner[v.value()].value(), static_cast<std::uint16_t>(g), cfg.row(),
                                          static_cast<std::uint16_t>(gp.num_layers)));
     }
-  }
-}
-
-// After a failed copy: the copied victims' host slots go back, the shadows stay shadows.
-void ReturnVictims(const AddressSpaceConfig& cfg, AddressSpace::State& st, Rank rank,
-                   const std::vector<GroupPlan>& plans) {
-  for (std::uint32_t g = 0; g < cfg.num_groups; ++g) {
-    GroupPools& gp = st.at(rank, GroupId(g));
-    const GroupPlan& plan = plans[g];
-    for (std::size_t k = 0; k < plan.victims.size(); ++k) {
-      if (plan.shadowed[k]) gp.shadows.Add(plan.victims[k], plan.victim_host[k]);  // still clean
-      else ULA_CHECK(gp.host.Free(plan.victim_host[k]).has_value());
-    }
-  }
-}
-
-// Publishes group g's new entries `out` on `rank` once the victims' copies landed.
-void PlaceGroup(AddressSpace::State& st, Rank rank, std::uint32_t g, const GroupPlan& plan,
-                std::span<const LogicalAddr> out) {
-  AddressRecords& table = st.tables[g];
-  table.Reserve(st.dir.extent());
-  GroupPools& gp = st.at(rank, GroupId(g));
-  for (std::size_t k = 0; k < plan.victims.size(); ++k) {
-    const LogicalAddr victim = gp.device_owner[plan.victims[k].value()];
-    table.Set(victim, Location::Make(Tier::kHost, rank, plan.victim_host[k]));
-  }
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const LogicalAddr a = out[i];
-    if (i < plan.into_free) {
-      const SlotId dev = *gp.device.Allocate();
-      table.Set(a, Location::Make(Tier::kDevice, rank, dev));
-      gp.device_owner[dev.value()] = a;
-      gp.policy->Insert(dev);
-    } else if (i < plan.into_free + plan.victims.size()) {
-      const SlotId dev = plan.victims[i - plan.into_free];  // tracked, used in this round
-      table.Set(a, Location::Make(Tier::kDevice, rank, dev));
-      gp.device_owner[dev.value()] = a;
-    } else {
-      auto host = gp.AllocateHost();
-      ULA_CHECK(host.has_value());  // capacity was checked by Allocate
-      table.Set(a, Location::Make(Tier::kHost, rank, *host));
-      if (st.stable_new_entries) gp.new_on_host.push_back(a);
-    }
-  }
-  if (st.stable_new_entries && plan.into_free + plan.victims.size() < out.size()) {
-    std::sort(gp.new_on_host.begin(), gp.new_on_host.end());
   }
 }
 }  // namespace
@@ -243,7 +156,7 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
   const Rank rank = req->rank;
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
     const GroupPools& gp = st.at(rank, GroupId(g));
-    const std::uint64_t free = std::uint64_t{gp.device.num_free()} + gp.HostFree();
+    const std::uint64_t free = std::uint64_t{gp.NumFree(Tier::kDevice)} + gp.NumFree(Tier::kHost);
     if (n_tokens > free) {
       return MakeError(ErrorCode::kResourceExhausted,
                        fmt::format("request {}: {} new entries do not fit on rank {} group {} ({} free of {})",
@@ -253,20 +166,25 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
   }
   auto planned = st.dir.PlanPages(request, *req, n_tokens);
   if (!planned) return std::unexpected(std::move(planned).error());
-  std::vector<GroupPlan> plans(config_.num_groups);
+  std::vector<ShardPools::VictimPlan> plans(config_.num_groups);
   std::vector<CopyDescriptor> moves;
   PlanVictims(config_, st, rank, n_tokens, plans, moves);
   if (!moves.empty()) {
     Status copied = RunMoves(moves);
     if (!copied) {
-      ReturnVictims(config_, st, rank, plans);
+      for (std::uint32_t g = 0; g < config_.num_groups; ++g) st.at(rank, GroupId(g)).ReturnVictims(plans[g]);
       return MakeError(ErrorCode::kIo, fmt::format("request {}: moving {} device entries to host to make room for its "
                                                    "new tokens failed ({}); nothing allocated, the entries stay on "
                                                    "device", request.value(), moves.size(), copied.error().message()));
     }
   }
   st.dir.Append(*req, *planned);
-  for (std::uint32_t g = 0; g < config_.num_groups; ++g) PlaceGroup(st, rank, g, plans[g], planned->addrs);
+  for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
+    AddressRecords& table = st.tables[g];
+    table.Reserve(st.dir.extent());
+    st.at(rank, GroupId(g)).PlaceNew(plans[g], /*moved=*/true, planned->addrs, st.stable_new_entries,
+                                     [&table](LogicalAddr a, Location loc) { table.Set(a, loc); });
+  }
   ULA_EXPENSIVE_CHECK(*this);
   return std::move(planned->addrs);
 }
@@ -278,17 +196,8 @@ void ReleaseEntries(const AddressSpaceConfig& cfg, AddressSpace::State& st, Logi
   for (std::uint32_t g = 0; g < cfg.num_groups; ++g) {
     AddressRecords& table = st.tables[g];
     const Location loc = table.Get(a);
-    GroupPools& gp = st.at(loc.rank(), GroupId(g));
-    if (loc.tier() == Tier::kDevice) {
-      gp.DropShadow(loc.slot());
-      gp.policy->Remove(loc.slot());
-      ULA_CHECK(gp.device.Free(loc.slot()).has_value());
-      gp.device_owner[loc.slot().value()] = LogicalAddr::Invalid();
-    } else {
-      ULA_CHECK(gp.host.Free(loc.slot()).has_value());
-    }
+    st.at(loc.rank(), GroupId(g)).FreeEntry(a, loc);
     table.Erase(a);
-    if (gp.IsNewOnHost(a)) gp.new_on_host.erase(std::lower_bound(gp.new_on_host.begin(), gp.new_on_host.end(), a));
   }
 }
 
@@ -374,7 +283,7 @@ Status AddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const std:
   }
   if (state_->host_shadows) {  // the new bytes are on device only: its host copy is no longer clean
     const Location loc = state_->tables[group.value()].Get(addr);
-    if (loc.tier() == Tier::kDevice) state_->at(loc.rank(), group).DropShadow(loc.slot());
+    state_->at(loc.rank(), group).Written(loc);
   }
   for (std::uint32_t l = 0; l < p->layers; ++l) std::memcpy(p->first + l * p->stride, data.data() + l * p->row, p->row);
 #ifdef ULA_EXPENSIVE_CHECKS
@@ -415,10 +324,7 @@ bool AddressSpace::IsLive(LogicalAddr addr) const { return !state_->tables[0].Ge
 
 void AddressSpace::AdvanceRound() {
   for (auto& rank : state_->pools) {
-    for (auto& gp : rank) {
-      gp.policy->AdvanceRound();
-      gp.new_on_host.clear();
-    }
+    for (auto& gp : rank) gp.AdvanceRound();
   }
   ULA_EXPENSIVE_CHECK(*this);
 }
@@ -434,13 +340,11 @@ bool InRange(const AddressSpaceConfig& cfg, Rank rank, GroupId group) {
 
 std::uint32_t AddressSpace::NumUsed(Rank rank, GroupId group, Tier tier) const {
   if (!InRange(config_, rank, group)) return 0;
-  const GroupPools& gp = state_->at(rank, group);
-  return tier == Tier::kDevice ? gp.device.num_used() : gp.HostUsed();
+  return state_->at(rank, group).NumUsed(tier);
 }
 std::uint32_t AddressSpace::NumFree(Rank rank, GroupId group, Tier tier) const {
   if (!InRange(config_, rank, group)) return 0;
-  const GroupPools& gp = state_->at(rank, group);
-  return tier == Tier::kDevice ? gp.device.num_free() : gp.HostFree();
+  return state_->at(rank, group).NumFree(tier);
 }
 std::uint32_t AddressSpace::NumHostShadows(Rank rank, GroupId group) const {
   if (!InRange(config_, rank, group)) return 0;
@@ -500,17 +404,10 @@ constexpr std::uint16_t kNoRank = std::numeric_limits<std::uint16_t>::max();
 
 auto Fail(std::string msg) { return MakeError(ErrorCode::kInternal, "AddressSpace: " + std::move(msg)); }
 
-// Per (rank, tier) of one group: which slots the table locates, and how many.
-struct Located {
-  std::vector<std::vector<bool>> seen;  // [num_ranks * 2][capacity] slot already located
-  std::vector<std::uint64_t> count;     // [num_ranks * 2]
-  std::size_t at(Rank r, Tier t) const { return r.value() * 2 + static_cast<std::size_t>(t); }
-};
-
-// Group g's table: exactly the live addresses are located, each on its requests' rank, in an
-// allocated slot that no other address holds; a device slot's owner map and policy agree.
+// Group g's table: exactly the live addresses are located, each on its requests' rank, in
+// its pools' slot (ShardPools::CheckEntry, counted in located[rank]).
 Status CheckTable(const AddressSpaceConfig& cfg, const AddressSpace::State& st, std::uint32_t g,
-                  const std::vector<std::uint16_t>& rank_of, Located& located) {
+                  const std::vector<std::uint16_t>& rank_of, std::vector<ShardPools::Occupancy>& located) {
   const AddressRecords& table = st.tables[g];
   for (std::uint32_t a = 0; a < table.size(); ++a) {
     const Location loc = table.Get(LogicalAddr(a));
@@ -526,72 +423,8 @@ Status CheckTable(const AddressSpaceConfig& cfg, const AddressSpace::State& st, 
     if (loc.rank().value() >= cfg.num_ranks || (rank_of[a] != kNoRank && loc.rank().value() != rank_of[a])) {
       return Fail(fmt::format("address {} is on rank {} but its request is on rank {}", a, loc.rank().value(), rank_of[a]));
     }
-    const GroupPools& gp = st.at(loc.rank(), GroupId(g));
-    const SlotPool& pool = loc.tier() == Tier::kDevice ? gp.device : gp.host;
-    if (!pool.IsAllocated(loc.slot())) {
-      return Fail(fmt::format("address {} group {} sits in free {} slot {}", a, g, TierName(loc.tier()), loc.slot().value()));
-    }
-    auto& seen_slots = located.seen[located.at(loc.rank(), loc.tier())];
-    if (seen_slots.empty()) seen_slots.resize(pool.capacity());
-    if (seen_slots[loc.slot().value()]) {
-      return Fail(fmt::format("{} slot {} of rank {} group {} holds two addresses", TierName(loc.tier()),
-                              loc.slot().value(), loc.rank().value(), g));
-    }
-    seen_slots[loc.slot().value()] = true;
-    if (loc.tier() == Tier::kDevice) {
-      if (gp.device_owner[loc.slot().value()] != LogicalAddr(a)) {
-        return Fail(fmt::format("device slot {} owner map disagrees with address {}", loc.slot().value(), a));
-      }
-      if (!gp.policy->IsTracked(loc.slot())) {
-        return Fail(fmt::format("device slot {} holds address {} but the policy does not track it", loc.slot().value(), a));
-      }
-    }
-    ++located.count[located.at(loc.rank(), loc.tier())];
-  }
-  return Ok();
-}
-
-// The pools of (rank r, group g) against what the table locates there.
-Status CheckPools(const AddressSpace::State& st, Rank rank, std::uint32_t g, const Located& located) {
-  const std::uint32_t r = rank.value();
-  const GroupPools& gp = st.at(rank, GroupId(g));
-  const AddressRecords& table = st.tables[g];
-  // Host shadows (sparse/host_shadows.h): each one's host slot is allocated and located by no
-  // address; its device slot holds a live entry whose location is that slot.
-  if (gp.shadows.enabled() != st.host_shadows) {
-    return Fail(fmt::format("rank {} group {}: shadows {} but the space {}", r, g, gp.shadows.enabled(), st.host_shadows));
-  }
-  ULA_RETURN_IF_ERROR(gp.shadows.CheckInvariants());
-  Status shadow_ok = Ok();
-  const auto& host_seen = located.seen[located.at(rank, Tier::kHost)];
-  gp.shadows.ForEach([&](SlotId d, SlotId h) {
-    if (!shadow_ok) return;
-    if (!gp.host.IsAllocated(h) || (!host_seen.empty() && host_seen[h.value()])) {
-      shadow_ok = Fail(fmt::format("rank {} group {}: host shadow slot {} is free or an entry's location", r, g, h.value()));
-      return;
-    }
-    const LogicalAddr a = gp.device_owner[d.value()];
-    if (!gp.device.IsAllocated(d) || !a.valid() || table.Get(a) != Location::Make(Tier::kDevice, rank, d)) {
-      shadow_ok = Fail(fmt::format("rank {} group {}: host shadow {} of device slot {} whose entry is not there", r, g,
-                                   h.value(), d.value()));
-    }
-  });
-  ULA_RETURN_IF_ERROR(shadow_ok);
-  // Distinct slots: used counts equal located counts (plus the host shadows), and the owner
-  // map has no extras.
-  const std::uint64_t on_device = located.count[located.at(rank, Tier::kDevice)];
-  const std::uint64_t on_host = located.count[located.at(rank, Tier::kHost)];
-  if (gp.device.num_used() != on_device || gp.host.num_used() != on_host + gp.shadows.size()) {
-    return Fail(fmt::format("rank {} group {}: pools hold {}/{} entries ({} host shadows) but the table locates {}/{}", r,
-                            g, gp.device.num_used(), gp.host.num_used(), gp.shadows.size(), on_device, on_host));
-  }
-  ULA_RETURN_IF_ERROR(gp.device.CheckInvariants());
-  ULA_RETURN_IF_ERROR(gp.host.CheckInvariants());
-  ULA_RETURN_IF_ERROR(gp.policy->CheckInvariants());
-  std::uint64_t tracked = 0;
-  for (std::uint32_t s = 0; s < gp.device.capacity(); ++s) tracked += gp.policy->IsTracked(SlotId(s));
-  if (tracked != gp.device.num_used()) {
-    return Fail(fmt::format("rank {} group {}: policy tracks {} slots, {} are occupied", r, g, tracked, gp.device.num_used()));
+    ULA_RETURN_IF_ERROR(
+        st.at(loc.rank(), GroupId(g)).CheckEntry("AddressSpace", LogicalAddr(a), loc, located[loc.rank().value()]));
   }
   return Ok();
 }
@@ -603,14 +436,17 @@ Status AddressSpace::CheckInvariants() const {
   std::vector<std::uint16_t> rank_of;
   ULA_RETURN_IF_ERROR(st.dir.CheckInvariants("AddressSpace", &rank_of));
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
-    if (st.tables[g].size() < st.dir.extent()) {
-      return Fail(fmt::format("group {}: a table of {} for {} addresses", g, st.tables[g].size(), st.dir.extent()));
+    const AddressRecords& table = st.tables[g];
+    if (table.size() < st.dir.extent()) {
+      return Fail(fmt::format("group {}: a table of {} for {} addresses", g, table.size(), st.dir.extent()));
     }
-    Located located{std::vector<std::vector<bool>>(config_.num_ranks * 2),
-                    std::vector<std::uint64_t>(config_.num_ranks * 2, 0)};
+    std::vector<ShardPools::Occupancy> located(config_.num_ranks);
     ULA_RETURN_IF_ERROR(CheckTable(config_, st, g, rank_of, located));
+    auto locate = [&table](LogicalAddr a) { return table.Get(a); };
     for (std::uint32_t r = 0; r < config_.num_ranks; ++r) {
-      ULA_RETURN_IF_ERROR(CheckPools(st, Rank(static_cast<std::uint16_t>(r)), g, located));
+      ULA_RETURN_IF_ERROR(st.at(Rank(static_cast<std::uint16_t>(r)), GroupId(g))
+                              .CheckInvariants("AddressSpace", located[r], locate, st.host_shadows,
+                                               backend_.holds_bytes()));
     }
   }
   return Ok();
@@ -624,18 +460,7 @@ std::uint64_t AddressSpace::DebugDigest() const {
     for (std::uint32_t a = 0; a < t.size(); ++a) d.Add(t.Get(LogicalAddr(a)).bits());
   }
   for (const auto& per_rank : st.pools) {
-    for (const GroupPools& gp : per_rank) {
-      d.Add(gp.device.free_bitmap());
-      d.Add(gp.host.free_bitmap());
-      d.Add(gp.policy->DebugDigest());
-      for (LogicalAddr a : gp.device_owner) d.Add(a.value());
-      for (LogicalAddr a : gp.new_on_host) d.Add(a.value());
-      d.Add(gp.shadows.size());
-      gp.shadows.ForEach([&](SlotId dev, SlotId h) {
-        d.Add(dev.value());
-        d.Add(h.value());
-      });
-    }
+    for (const GroupPools& gp : per_rank) gp.AddToDigest(d);
   }
   st.dir.AddToDigest(d);
   return d.value();

@@ -23,7 +23,7 @@
 //   count_      shadows in the list.
 // 12 B per host slot + 4 B per device slot; nothing when disabled. Every operation O(1).
 // The host SlotPool counts a shadow slot as allocated (its bytes must survive); the owner
-// (GroupPools in address_space_state.h) subtracts count_ wherever a capacity is reported.
+// (ShardPools in shard_pools.h) subtracts count_ wherever a capacity is reported.
 //
 // Invariants (CheckInvariants here; the space checks the rest):
 //   1. of_device_ and links_[].device_of are inverse on the shadows; the list holds exactly them,
@@ -127,7 +127,7 @@ class HostShadows {
     return Take(SlotId(links_[head_].device_of));
   }
 
-  // With the host pool the shadows live in (DP's GroupPools and TP's TpGroupShard, alike):
+  // With the host pool the shadows live in (ShardPools::AllocateHost and DropShadow):
   // A host slot for an entry: a free one, else the oldest shadow reclaimed (its device
   // entry keeps its authoritative copy). nullopt when the host holds only entries.
   template <class Pool>

@@ -105,34 +105,22 @@ Result<std::unique_ptr<TpAddressSpace>> TpAddressSpace::Create(const TpConfig& c
   const std::uint32_t host = config.host_slots_per_group();
   const std::uint32_t buf = config.buffer_slots_per_group();
   auto fail = [](Error e) -> Result<std::unique_ptr<TpAddressSpace>> { return std::unexpected(std::move(e)); };
-  auto make_pool = [&](Tier tier, Rank rank, std::uint32_t slots) {
-    return state->arenas.MakePool(tier, rank, slots, config.entry_bytes);
-  };
   state->free_addrs.resize(config.num_ranks);
   state->minted.assign(config.num_ranks, 0);
   state->homed.assign(config.num_ranks, 0);
   state->shards.resize(config.num_ranks);
   for (Rank r : hosted) {
     for (std::uint32_t g = 0; g < config.num_groups; ++g) {
-      auto device = make_pool(Tier::kDevice, r, dev);
-      if (!device) return fail(device.error());
-      auto host_pool = make_pool(Tier::kHost, r, host);
-      if (!host_pool) return fail(host_pool.error());
-      auto buffer = make_pool(Tier::kDevice, r, buf);
+      const ShardPools::Geometry geo{r, GroupId(static_cast<std::uint16_t>(g)), dev, host, config.entry_bytes};
+      auto pools = ShardPools::Create(state->arenas, geo, config.policy, config.policy_options, config.host_shadows);
+      if (!pools) return fail(pools.error());
+      auto buffer = state->arenas.MakePool(Tier::kDevice, r, buf, config.entry_bytes);
       if (!buffer) return fail(buffer.error());
-      auto policy = MakePolicy(config.policy, dev, config.policy_options);
-      if (!policy) return fail(policy.error());
       auto buffer_policy = MakePolicy(config.buffer_policy, buf, config.policy_options);
       if (!buffer_policy) return fail(buffer_policy.error());
-      state->shards[r.value()].push_back(TpGroupShard{std::move(*device), std::move(*host_pool), std::move(*policy),
-                                                      std::vector<LogicalAddr>(dev),
-                                                      HomeTable(HomeEntries(config)),
+      state->shards[r.value()].push_back(TpGroupShard{std::move(*pools), HomeTable(HomeEntries(config)),
                                                       std::move(*buffer), std::move(*buffer_policy),
-                                                      std::vector<LogicalAddr>(buf), {}, {}, HostShadows{}});
-      if (config.host_shadows) {
-        TpGroupShard& sh = state->shards[r.value()].back();
-        sh.shadows.Enable(dev, host, sh.policy.get());
-      }
+                                                      std::vector<LogicalAddr>(buf), {}});
     }
   }
   state->stable_new_entries = config.stable_new_entries;
@@ -217,76 +205,25 @@ void TakeAddresses(TpAddressSpace::State& st, const TpConfig& c, std::span<const
 }
 
 // The shard's half of TpAddressSpace::Allocate: places the new entries `fresh` of one
-// hosted rank and group (their home table entries), by the rules in tp_address_space.h:
-// free device slots; with `stable`, then the slots of victims this round has not used,
-// moved device -> host in one batch and waited on before anything is published (a failed
-// batch publishes nothing: the victims stay, and those entries go to host); the rest to
-// host, pinned for the round with `stable`. Room on the shard was planned by TakeAddresses.
-void PlaceNewEntries(const TpConfig& c, Backend& backend, TpGroupShard& sh, Rank rank,
-                     std::span<const LogicalAddr> fresh, bool stable) {
-  const std::uint32_t p = c.num_ranks;
-  const std::size_t n = fresh.size();
-  const std::size_t into_free = std::min<std::size_t>(n, sh.device.num_free());
-  const std::size_t want = stable ? std::min<std::size_t>(n - into_free, sh.policy->NumEvictable()) : 0;
-  std::vector<SlotId> victims(want), victim_host(want);
-  std::vector<std::uint8_t> shadowed(want, 0);
-  ULA_CHECK(sh.policy->ClaimVictims(victims) == want);  // used in this round from here on
+// hosted rank and group (their home table entries) by ShardPools's placement: the victims'
+// moves device -> host run in one batch, waited on before anything is published; a failed
+// batch publishes nothing (the victims stay, and their share of the entries goes to host,
+// pinned for the round with `stable`). Room on the shard was planned by TakeAddresses.
+void PlaceNewEntries(const TpConfig& c, Backend& backend, TpGroupShard& sh, std::span<const LogicalAddr> fresh,
+                     bool stable) {
+  const ShardPools::VictimPlan plan = sh.PlanVictims(static_cast<std::uint32_t>(fresh.size()), stable);
+  CopyBatch batch{sh.device.arena().id, sh.host.arena().id, c.entry_bytes, /*swap=*/false, {}};
+  for (std::size_t k = 0; k < plan.victims.size(); ++k) {
+    if (!plan.shadowed[k]) sh.AppendMoves(Tier::kDevice, plan.victims[k], plan.victim_host[k], batch.moves);
+  }
   bool moved = true;
-  if (want > 0) {
-    // Host shadows: a victim with a live shadow goes back to it and moves no bytes; the
-    // victims' shadows leave the list before any other victim's host slot is chosen.
-    for (std::size_t k = 0; k < want; ++k) {
-      victim_host[k] = sh.shadows.Take(victims[k]);
-      shadowed[k] = victim_host[k].valid();
-    }
-    CopyBatch batch{sh.device.arena().id, sh.host.arena().id, c.entry_bytes, /*swap=*/false, {}};
-    batch.moves.reserve(want);
-    for (std::size_t k = 0; k < want; ++k) {
-      if (shadowed[k]) continue;
-      auto host = sh.shadows.AllocateHost(sh.host);  // a free slot, else the oldest shadow
-      ULA_CHECK(host.has_value());  // victims + entries placed on host <= n - into_free <= host free + shadows
-      victim_host[k] = *host;
-      batch.moves.push_back({sh.device.offset(victims[k]), sh.host.offset(*host)});
-    }
-    if (!batch.moves.empty()) {
-      auto fence = backend.Submit(std::move(batch));
-      moved = fence.has_value() && backend.Wait(*fence).has_value();
-    }
-    if (!moved) {  // nothing published: the copied victims' slots go back, the shadows stay shadows
-      for (std::size_t k = 0; k < want; ++k) {
-        if (shadowed[k]) sh.shadows.Add(victims[k], victim_host[k]);  // still clean
-        else ULA_CHECK(sh.host.Free(victim_host[k]).has_value());  // partly written, never published
-      }
-    }
+  if (!batch.moves.empty()) {
+    auto fence = backend.Submit(std::move(batch));
+    moved = fence.has_value() && backend.Wait(*fence).has_value();
   }
-  const std::size_t into_victims = moved ? want : 0;
-  bool pinned = false;
-  for (std::size_t i = 0; i < n; ++i) {
-    const LogicalAddr a = fresh[i];
-    Location loc;
-    if (i < into_free) {
-      const SlotId dev = *sh.device.Allocate();
-      sh.device_owner[dev.value()] = a;
-      sh.policy->Insert(dev);
-      loc = Location::Make(Tier::kDevice, rank, dev);
-    } else if (i < into_free + into_victims) {
-      const std::size_t k = i - into_free;
-      const SlotId dev = victims[k];  // its victim's bytes landed in victim_host[k]
-      sh.home[sh.device_owner[dev.value()].value() / p] = Location::Make(Tier::kHost, rank, victim_host[k]);
-      sh.device_owner[dev.value()] = a;
-      loc = Location::Make(Tier::kDevice, rank, dev);
-    } else {
-      auto host = sh.shadows.AllocateHost(sh.host);
-      ULA_CHECK(host.has_value());  // room was planned by TakeAddresses (shadows are free room)
-      loc = Location::Make(Tier::kHost, rank, *host);
-      if (stable) {
-        sh.new_on_host.push_back(a);
-        pinned = true;
-      }
-    }
-    sh.home[a.value() / p] = loc;
-  }
-  if (pinned) std::sort(sh.new_on_host.begin(), sh.new_on_host.end());
+  if (!moved) sh.ReturnVictims(plan);
+  const std::uint32_t p = c.num_ranks;
+  sh.PlaceNew(plan, moved, fresh, stable, [&sh, p](LogicalAddr a, Location loc) { sh.home[a.value() / p] = loc; });
 }
 }  // namespace
 
@@ -310,7 +247,7 @@ Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std
       if (a.value() % p == r.value()) fresh.push_back(a);
     }
     if (fresh.empty()) continue;
-    for (TpGroupShard& sh : st.shards[r.value()]) PlaceNewEntries(config_, backend_, sh, r, fresh, st.stable_new_entries);
+    for (TpGroupShard& sh : st.shards[r.value()]) PlaceNewEntries(config_, backend_, sh, fresh, st.stable_new_entries);
   }
   ULA_EXPENSIVE_CHECK(*this);
   return std::move(plan->addrs);
@@ -327,16 +264,8 @@ void TpAddressSpace::FreeAddress(LogicalAddr a) {
     for (TpGroupShard& sh : st.shards[hr.value()]) sh.DropCopy(a);
   }
   for (TpGroupShard& sh : st.shards[r]) {  // none unless rank r is hosted here
-    if (sh.IsNewOnHost(a)) sh.new_on_host.erase(std::lower_bound(sh.new_on_host.begin(), sh.new_on_host.end(), a));
     Location& loc = sh.home[a.value() / p];
-    if (loc.tier() == Tier::kDevice) {
-      sh.shadows.Drop(sh.host, loc.slot());
-      sh.policy->Remove(loc.slot());
-      ULA_CHECK(sh.device.Free(loc.slot()).has_value());
-      sh.device_owner[loc.slot().value()] = LogicalAddr::Invalid();
-    } else {
-      ULA_CHECK(sh.host.Free(loc.slot()).has_value());
-    }
+    sh.FreeEntry(a, loc);
     loc = Location::None();
   }
   --st.homed[r];
@@ -399,9 +328,8 @@ Status TpAddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const st
   if (Hosts(home)) {
     TpGroupShard& sh = state_->at(home, group);
     const Location loc = sh.home[addr.value() / config_.num_ranks];
-    // The new bytes are on device only: its host shadow is no longer clean.
-    if (loc.tier() == Tier::kDevice) sh.shadows.Drop(sh.host, loc.slot());
-    const SlotPool& pool = loc.tier() == Tier::kDevice ? sh.device : sh.host;
+    sh.Written(loc);
+    const SlotPool& pool = sh.pool(loc.tier());
     std::memcpy(pool.data(loc.slot()), data.data(), data.size());
   }
 #ifdef ULA_EXPENSIVE_CHECKS
@@ -470,11 +398,7 @@ bool TpAddressSpace::IsLive(LogicalAddr addr) const { return state_->dir.IsLive(
 
 void TpAddressSpace::AdvanceRound() {
   for (Rank r : hosted_) {
-    for (TpGroupShard& sh : state_->shards[r.value()]) {
-      sh.policy->AdvanceRound();
-      sh.buffer_policy->AdvanceRound();
-      sh.new_on_host.clear();
-    }
+    for (TpGroupShard& sh : state_->shards[r.value()]) sh.AdvanceRound();
   }
   ULA_EXPENSIVE_CHECK(*this);
 }
@@ -487,13 +411,11 @@ std::uint32_t TpAddressSpace::NumHomed(Rank r) const {
 
 std::uint32_t TpAddressSpace::NumUsed(Rank rank, GroupId group, Tier tier) const {
   if (!Hosts(rank) || group.value() >= config_.num_groups) return 0;
-  const TpGroupShard& sh = state_->at(rank, group);
-  return tier == Tier::kDevice ? sh.device.num_used() : sh.HostUsed();
+  return state_->at(rank, group).NumUsed(tier);
 }
 std::uint32_t TpAddressSpace::NumFree(Rank rank, GroupId group, Tier tier) const {
   if (!Hosts(rank) || group.value() >= config_.num_groups) return 0;
-  const TpGroupShard& sh = state_->at(rank, group);
-  return tier == Tier::kDevice ? sh.device.num_free() : sh.HostFree();
+  return state_->at(rank, group).NumFree(tier);
 }
 std::uint32_t TpAddressSpace::NumBuffered(Rank rank, GroupId group) const {
   if (!Hosts(rank) || group.value() >= config_.num_groups) return 0;

@@ -39,20 +39,12 @@ Status CheckHomeRule(const TpAddressSpace::State& st, const TpConfig& c) {
   return Ok();
 }
 
-// Slots a shard's home entries locate, per tier.
-struct Homed {
-  std::vector<bool> dev_seen, host_seen;  // [capacity] slot already located
-  std::uint32_t n_dev = 0, n_host = 0;
-};
-
 // The home table of (rank, group g): exactly the live addresses homed there are located, on
-// this rank, in an allocated slot no other address holds; a device slot's owner map and
-// policy agree.
-Status CheckHomes(const TpAddressSpace::State& st, const TpConfig& c, Rank rank, std::uint32_t g, Homed& homed) {
+// this rank, in its pools' slot (ShardPools::CheckEntry, counted in `homed`).
+Status CheckHomes(const TpAddressSpace::State& st, const TpConfig& c, Rank rank, std::uint32_t g,
+                  ShardPools::Occupancy& homed) {
   const std::uint32_t p = c.num_ranks, r = rank.value();
   const TpGroupShard& sh = st.shards[r][g];
-  homed.dev_seen.assign(sh.device.capacity(), false);
-  homed.host_seen.assign(sh.host.capacity(), false);
   const std::size_t in_use = HomeInUse(st, c, r);
   for (std::size_t i = in_use; i < sh.home.size() && i < in_use + 64; ++i) {  // spot check past the end
     if (!sh.home[i].is_none()) return Fail(fmt::format("rank {} group {}: home entry {} past the addresses is set", r, g, i));
@@ -67,76 +59,26 @@ Status CheckHomes(const TpAddressSpace::State& st, const TpConfig& c, Rank rank,
     }
     if (!live) return Fail(fmt::format("dead address {} has a home in group {}", a.value(), g));
     if (loc.rank() != rank) return Fail(fmt::format("address {} homed on rank {} is located on rank {}", a.value(), r, loc.rank().value()));
-    const bool dev = loc.tier() == Tier::kDevice;
-    const SlotPool& pool = dev ? sh.device : sh.host;
-    auto& seen = dev ? homed.dev_seen : homed.host_seen;
-    if (!pool.IsAllocated(loc.slot())) return Fail(fmt::format("address {} group {} sits in a free slot", a.value(), g));
-    if (seen[loc.slot().value()]) return Fail(fmt::format("rank {} group {}: {} slot {} holds two addresses", r, g, TierName(loc.tier()), loc.slot().value()));
-    seen[loc.slot().value()] = true;
-    if (dev) {
-      if (sh.device_owner[loc.slot().value()] != a) return Fail(fmt::format("device owner map disagrees for address {}", a.value()));
-      if (!sh.policy->IsTracked(loc.slot())) return Fail(fmt::format("device slot of address {} is untracked", a.value()));
-      ++homed.n_dev;
-    } else {
-      ++homed.n_host;
-    }
-  }
-  // Pinned new entries (stable_new_entries): live, homed here, on host, each once.
-  if (!std::is_sorted(sh.new_on_host.begin(), sh.new_on_host.end()) ||
-      std::adjacent_find(sh.new_on_host.begin(), sh.new_on_host.end()) != sh.new_on_host.end()) {
-    return Fail(fmt::format("rank {} group {}: the pinned new entries are not sorted and distinct", r, g));
-  }
-  for (LogicalAddr a : sh.new_on_host) {
-    if (!st.dir.IsLive(a) || a.value() % p != r || sh.home[a.value() / p].tier() != Tier::kHost) {
-      return Fail(fmt::format("rank {} group {}: pinned new entry {} is not a live entry of this rank on host", r, g,
-                              a.value()));
-    }
+    ULA_RETURN_IF_ERROR(sh.CheckEntry("TpAddressSpace", a, loc, homed));
   }
   return Ok();
 }
 
-// Host shadows of (rank, group g) (sparse/host_shadows.h): each one's host slot is allocated
-// and locates no address; its device slot holds a live entry located there, whose bytes it
-// equals (clean: the entry was not written since its fetch). Then the pools' used counts.
-Status CheckShadows(const TpAddressSpace& space, const TpAddressSpace::State& st, Rank rank, std::uint32_t g,
-                    const Homed& homed) {
-  const TpConfig& c = space.config();
-  const std::uint32_t p = c.num_ranks, r = rank.value();
+// The pools of (rank, group g) against the homes (ShardPools::CheckInvariants: shadows,
+// used counts, policy, new entries on host).
+Status CheckPools(const TpAddressSpace& space, const TpAddressSpace::State& st, Rank rank, std::uint32_t g,
+                  const ShardPools::Occupancy& homed) {
+  const std::uint32_t p = space.config().num_ranks, r = rank.value();
   const TpGroupShard& sh = st.shards[r][g];
-  if (sh.shadows.enabled() != st.host_shadows) {
-    return Fail(fmt::format("rank {} group {}: shadows {} but the space {}", r, g, sh.shadows.enabled(), st.host_shadows));
-  }
-  ULA_RETURN_IF_ERROR(sh.shadows.CheckInvariants());
-  Status shadow_ok = Ok();
-  sh.shadows.ForEach([&](SlotId d, SlotId h) {
-    if (!shadow_ok) return;
-    if (!sh.host.IsAllocated(h) || homed.host_seen[h.value()]) {
-      shadow_ok = Fail(fmt::format("rank {} group {}: host shadow slot {} is free or an entry's location", r, g, h.value()));
-      return;
-    }
-    const LogicalAddr a = sh.device_owner[d.value()];
-    if (!sh.device.IsAllocated(d) || !a.valid() || a.value() % p != r ||
-        sh.home[a.value() / p] != Location::Make(Tier::kDevice, rank, d)) {
-      shadow_ok = Fail(fmt::format("rank {} group {}: host shadow {} of device slot {} whose entry is not there", r,
-                                   g, h.value(), d.value()));
-      return;
-    }
-    if (space.backend().holds_bytes() && std::memcmp(sh.host.data(h), sh.device.data(d), c.entry_bytes) != 0) {
-      shadow_ok = Fail(fmt::format("rank {} group {}: host shadow {} of address {} differs from its device bytes (a "
-                                   "write did not drop it)", r, g, h.value(), a.value()));
-    }
-  });
-  ULA_RETURN_IF_ERROR(shadow_ok);
-  if (homed.n_dev != sh.device.num_used() || homed.n_host + sh.shadows.size() != sh.host.num_used()) {
-    return Fail(fmt::format("rank {} group {}: pools hold {}/{} ({} host shadows) but homes locate {}/{}", r, g,
-                            sh.device.num_used(), sh.host.num_used(), sh.shadows.size(), homed.n_dev, homed.n_host));
-  }
-  return Ok();
+  auto locate = [&](LogicalAddr a) {
+    return a.value() % p == r && st.dir.IsLive(a) ? sh.home[a.value() / p] : Location::None();
+  };
+  return sh.CheckInvariants("TpAddressSpace", homed, locate, st.host_shadows, space.backend().holds_bytes());
 }
 
 // The local buffer of (rank, group g): each copy is of a live address homed elsewhere, in a
-// tracked slot, equal to its home's bytes (when that home is hosted here); then the pools'
-// and policies' own checks.
+// tracked slot, equal to its home's bytes (when that home is hosted here); then the buffer's
+// pool and policy checks.
 Status CheckBuffer(const TpAddressSpace& space, const TpAddressSpace::State& st, Rank rank, std::uint32_t g) {
   const TpConfig& c = space.config();
   const std::uint32_t p = c.num_ranks, r = rank.value();
@@ -160,17 +102,13 @@ Status CheckBuffer(const TpAddressSpace& space, const TpAddressSpace::State& st,
       }
     }
   }
-  ULA_RETURN_IF_ERROR(sh.device.CheckInvariants());
-  ULA_RETURN_IF_ERROR(sh.host.CheckInvariants());
   ULA_RETURN_IF_ERROR(sh.buffer.CheckInvariants());
-  ULA_RETURN_IF_ERROR(sh.policy->CheckInvariants());
   ULA_RETURN_IF_ERROR(sh.buffer_policy->CheckInvariants());
-  std::uint64_t tracked = 0, tracked_buf = 0;
-  for (std::uint32_t s = 0; s < sh.device.capacity(); ++s) tracked += sh.policy->IsTracked(SlotId(s));
+  std::uint64_t tracked_buf = 0;
   for (std::uint32_t s = 0; s < sh.buffer.capacity(); ++s) tracked_buf += sh.buffer_policy->IsTracked(SlotId(s));
-  if (tracked != sh.device.num_used() || tracked_buf != sh.buffer.num_used()) {
-    return Fail(fmt::format("rank {} group {}: policies track {}/{} slots, {}/{} occupied", r, g, tracked, tracked_buf,
-                            sh.device.num_used(), sh.buffer.num_used()));
+  if (tracked_buf != sh.buffer.num_used()) {
+    return Fail(fmt::format("rank {} group {}: the buffer policy tracks {} slots, {} occupied", r, g, tracked_buf,
+                            sh.buffer.num_used()));
   }
   return Ok();
 }
@@ -183,9 +121,9 @@ Status TpAddressSpace::CheckInvariants() const {
   ULA_RETURN_IF_ERROR(CheckHomeRule(st, config_));
   for (Rank rank : hosted_) {  // hosted shards and buffers
     for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
-      Homed homed;
+      ShardPools::Occupancy homed;
       ULA_RETURN_IF_ERROR(CheckHomes(st, config_, rank, g, homed));
-      ULA_RETURN_IF_ERROR(CheckShadows(*this, st, rank, g, homed));
+      ULA_RETURN_IF_ERROR(CheckPools(*this, st, rank, g, homed));
       ULA_RETURN_IF_ERROR(CheckBuffer(*this, st, rank, g));
     }
   }
@@ -206,10 +144,7 @@ std::uint64_t TpAddressSpace::DebugDigest() const {
   for (Rank r : hosted_) {
     for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
       const TpGroupShard& sh = state_->at(r, GroupId(static_cast<std::uint16_t>(g)));
-      d.Add(sh.device.free_bitmap());
-      d.Add(sh.host.free_bitmap());
-      d.Add(sh.policy->DebugDigest());
-      for (LogicalAddr a : sh.device_owner) d.Add(a.value());
+      sh.AddToDigest(d);
       for (std::size_t i = 0, n = HomeInUse(st, config_, r.value()); i < n; ++i) d.Add(sh.home[i].bits());
       d.Add(sh.buffer.free_bitmap());
       d.Add(sh.buffer_policy->DebugDigest());
@@ -217,13 +152,6 @@ std::uint64_t TpAddressSpace::DebugDigest() const {
       std::uint64_t buffered = 0;
       for (const auto& [a, s] : sh.buffered) buffered += StateDigest::Mix(a, s.value());
       d.Add(buffered);
-      d.Add(sh.new_on_host.size());
-      for (LogicalAddr a : sh.new_on_host) d.Add(a.value());
-      d.Add(sh.shadows.size());
-      sh.shadows.ForEach([&](SlotId dev, SlotId h) {
-        d.Add(dev.value());
-        d.Add(h.value());
-      });
     }
   }
   return d.value();

@@ -16,8 +16,8 @@
 
 #include "space/address_refs.h"
 #include "space/directory.h"
-#include "space/host_shadows.h"
 #include "space/pool_arenas.h"
+#include "space/shard_pools.h"
 #include "backend/slot_pool.h"
 #include "ula/error.h"
 #include "ula/tp_address_space.h"
@@ -47,50 +47,15 @@ class HomeTable {
   std::size_t size_ = 0;
 };
 
-// One rank's share of one layer group.
-struct TpGroupShard {
-  SlotPool device;                               // shard, device tier
-  SlotPool host;                                 // shard, host tier
-  std::unique_ptr<ResidencyPolicy> policy;       // over device slots
-  std::vector<LogicalAddr> device_owner;         // [device capacity]
+// One rank's share of one layer group: its pools (shard_pools.h: device and host, policy,
+// owner map, shadows, new entries on host) plus the home rule's table and the local buffer.
+struct TpGroupShard : ShardPools {
   HomeTable home;                                // [HomeEntries(config)] indexed by address / P
   SlotPool buffer;                               // local buffer, device tier
   std::unique_ptr<ResidencyPolicy> buffer_policy;
   std::vector<LogicalAddr> buffer_owner;         // [buffer capacity]
   std::unordered_map<std::uint32_t, SlotId> buffered;  // address -> buffer slot
-  // Sorted: the new entries this round's Allocate pinned on host (stable_new_entries; the
-  // engine writes their KV at that host slot, so no step of the round moves them). Cleared
-  // by AdvanceRound; empty almost always.
-  std::vector<LogicalAddr> new_on_host;
-  // Clean host copies of device entries (sparse/host_shadows.h), disabled unless
-  // TpConfig::host_shadows. A shadow's host slot is allocated in `host` but free in every
-  // capacity figure (HostFree, HostUsed).
-  HostShadows shadows;
-  std::uint32_t HostFree() const { return host.num_free() + shadows.size(); }
-  std::uint32_t HostUsed() const { return host.num_used() - shadows.size(); }
 
-  bool IsNewOnHost(LogicalAddr a) const {
-    return !new_on_host.empty() && std::binary_search(new_on_host.begin(), new_on_host.end(), a);
-  }
-
-  // The refusals TpStepPlanner's home phase makes before it changes anything.
-  // kResourceExhausted naming the first of `missed` (LogicalAddr or raw uint32 addresses)
-  // that this round's Allocate pinned on host; Ok when none is.
-  template <class Addr>
-  Status RefuseMovingNewOnHost(Rank rank, GroupId group, const std::vector<Addr>& missed) const {
-    if (new_on_host.empty()) return Ok();
-    for (const Addr& raw : missed) {
-      const LogicalAddr a{raw};
-      if (IsNewOnHost(a)) {
-        return MakeError(ErrorCode::kResourceExhausted,
-                         fmt::format("rank {} group {}: address {} was placed on host by this round's Allocate (the "
-                                     "device held only this round's entries, or its victims' move failed): its KV "
-                                     "is written at that host slot, so this round cannot move it; select it after "
-                                     "AdvanceRound()", rank.value(), group.value(), a.value()));
-      }
-    }
-    return Ok();
-  }
   // Free plus evictable device slots once `hits` (device slots) are used in this round.
   template <class Slot>
   std::uint64_t HomeRoom(const std::vector<Slot>& hits) const {
@@ -118,6 +83,10 @@ struct TpGroupShard {
     (void)buffer.Free(it->second);
     buffer_owner[it->second.value()] = LogicalAddr::Invalid();
     buffered.erase(it);
+  }
+  void AdvanceRound() {
+    ShardPools::AdvanceRound();
+    buffer_policy->AdvanceRound();
   }
 };
 
