@@ -74,7 +74,7 @@ std::string_view ToString(KindPlacement placement);
 // Ok, or kInvalidArgument naming the first bad field ("kinds[i].field") and the rule.
 Status ValidateKinds(std::span<const KvKind> kinds);
 
-// Index of the sparse kind, or kNoCompanion-like `kinds.size()` when there is none.
+// Index of the sparse kind, or kinds.size() when there is none.
 std::size_t SparseKindIndex(std::span<const KvKind> kinds);
 
 }  // namespace ula
