@@ -2,9 +2,15 @@
 """A mini inference engine over UlaCache: continuous-batching decode of the tiny sparse MLA
 model (configs/models/tiny_glm.json) in numpy, in the order an SGLang DSA integration runs.
 
-Each decode step allocates every running request's new tokens (the last token and q_len - 1
-draft tokens, speculative decoding with every draft accepted) before the forward and looks up
-where their KV goes (SGLang's out_cache_loc). Then, per layer group, the model's lightning
+The loop is SGLang's scheduler loop, call for call (docs/INTEGRATION.md, "SGLang's loop"):
+admission by capacity (allocate fills the prompt, device plus host) and by the next decode
+round (planner.reserve_round over the running batch and the newcomers: the last admitted
+wait when it does not hold, as SGLang's prefill adder leaves them queued); the round's
+reservation (check_decode_mem: reserve_round, and while it is refused, retract_decode's
+order: the request with the fewest output tokens is freed and queued again first, to be
+prefilled over what it has); allocate every running request's new tokens (the last token and
+q_len - 1 draft tokens of speculative decoding) and look up where their KV goes (SGLang's
+out_cache_loc), before the forward. Then, per layer group, the model's lightning
 indexer (the library's C++ indexer, ulacache.Indexer) picks the top-k past positions of every
 query; the engine appends the step's new tokens up to the query itself, maps the positions to
 UlaCache logical addresses in SGLang's flat page_table_1 form [batch * q_len, 64] (-1
@@ -12,10 +18,15 @@ padding), and UlaCache's engine step API writes the attention index array in the
 kernels' layout (FlashMLA sparse decode: the device slot, -1 padding) and the copy plan; the
 engine runs the copies, calls complete(), writes each layer's new KV at out_cache_loc, and
 attention gathers every entry of every layer of the group, its own included, through the
-index array. The device and host pools are each smaller than the history, so entries move.
+index array. Verification rejects drafts at random (--reject); space.truncate frees the
+rejected ones (SGLang's EAGLE worker frees their out_cache_loc) and the next round's
+allocate gives their positions new entries. advance_round ends the round. The device and
+host pools are each smaller than the history, so entries move.
 
 The same model runs a second time over a dense store that never moves (entry of request r,
-position t at a fixed row). The two runs must produce bit-identical logits; the script exits 1
+position t at a fixed row), replaying the first run's schedule (its admissions, deferrals and
+retractions, which UlaCache's memory decided; the verification is a function of request and
+position). The two runs must produce bit-identical logits; the script exits 1
 if they do not. TP at home's reference splits the dense entries into the ranks' shards and
 merges the partials in rank order as the TP run does (DenseAtHomeStore); the plain dense run,
 one softmax per query, differs from it by float rounding and is reported beside it.
@@ -42,7 +53,8 @@ Prefill computes the prompt's entries with dense causal attention (the same code
 runs); decode is sparse. The MTP layer of the config is not run.
 
 Usage: python3 examples/mini_engine.py [--exec engine|library] [--tp N] [--q-len Q]
-       [--groups 4,2] [--tensors auto|numpy|torch] [--json] [--requests N]
+       [--groups 4,2] [--tensors auto|numpy|torch] [--json] [--requests N] [--reject P]
+       [--device-slots N] [--no-reserve]
 The in-tree build is found without installing (<repo>/build/python, or --build-dir).
 """
 import argparse
@@ -205,7 +217,10 @@ class DenseStore:
         self.max_len = max(len(r["prompt"]) + r["gen"] for r in reqs) + q_len
         self.kv = np.zeros((model.num_layers, len(reqs) * self.max_len, model.width), np.float32)
 
-    def admit(self, rid, entries):
+    def allocate_prompt(self, rid, n):
+        return True
+
+    def write_prefill(self, rid, entries):
         base = rid * self.max_len
         self.kv[:, base:base + entries.shape[1]] = entries
 
@@ -228,6 +243,17 @@ class DenseStore:
         return e, self.mask
 
     def finish(self, rid):
+        pass
+
+    # No memory limits: every reservation holds (a reference run replays the schedule of the
+    # run it checks), a rejected draft's row is simply written again.
+    def reserve_decode(self, rids, new_tokens, max_selections):
+        return True
+
+    def truncate(self, rid, length):
+        pass
+
+    def end_step(self):
         pass
 
 
@@ -319,10 +345,35 @@ class UlaStore:
     def _np(self, a):
         return a.numpy() if self.torch is not None else a  # torch.Tensor.numpy(): the same memory
 
-    def admit(self, rid, entries):
+    def allocate_prompt(self, rid, n):
+        """Admission by capacity (device plus host): the prompt's tokens, or False with the
+        request gone again."""
         self.space.add_request(rid)
-        addrs = self.space.allocate(rid, entries.shape[1])  # ResourceExhaustedError if it cannot fit
-        self.addrs[rid] = list(addrs)
+        try:
+            self.addrs[rid] = [int(a) for a in self.space.allocate(rid, n)]
+        except self.u.ResourceExhaustedError:
+            self.space.free(rid)
+            return False
+        return True
+
+    def reserve_decode(self, rids, new_tokens, max_selections):
+        """check_decode_mem: the round of these requests, each with new_tokens new tokens and
+        up to max_selections selections per group step."""
+        n = len(rids)
+        try:
+            self.planner.reserve_round(0, np.array(rids, np.int64), np.full(n, new_tokens, np.uint32),
+                                       np.full(n, max_selections, np.uint32))
+        except self.u.ResourceExhaustedError:
+            return False
+        return True
+
+    def truncate(self, rid, length):
+        """The rejected drafts' tokens go; the next allocate continues at position length."""
+        self.space.truncate(rid, length)
+        del self.addrs[rid][length:]
+
+    def write_prefill(self, rid, entries):
+        addrs = self.addrs[rid]
         for g, layers in enumerate(self.model.group_layers):
             for i, a in enumerate(addrs):
                 if self.mode == "engine":  # the prefill's KV write, at the looked-up location
@@ -471,10 +522,17 @@ class TpStore(UlaStore):
                       "host": [[view(self.space.shard_host_pool(r, g, writable=True), host_slots)
                                 for g in range(model.num_groups)] for r in range(ranks)]}
 
-    def admit(self, rid, entries):
-        self.space.add_request(rid)
-        addrs = self.space.allocate(rid, entries.shape[1])
-        self.addrs[rid] = list(addrs)
+    def reserve_decode(self, rids, new_tokens, max_selections):
+        n = len(rids)  # every hosted rank bounded by all of a request's selections
+        try:
+            self.planner.reserve_round(np.array(rids, np.int64), np.full(n, new_tokens, np.uint32),
+                                       np.full(n, max_selections, np.uint32))
+        except self.u.ResourceExhaustedError:
+            return False
+        return True
+
+    def write_prefill(self, rid, entries):
+        addrs = self.addrs[rid]
         for g, layers in enumerate(self.model.group_layers):
             for i, a in enumerate(addrs):  # the prefill's KV write, at the looked-up location
                 tier, rank, slot = self.space.lookup(int(a), g)
@@ -526,50 +584,138 @@ class TpStore(UlaStore):
 
 
 def draft(token, j, vocab):
-    """The drafter of speculative decoding: a fixed rule, every draft accepted (the verifying
-    forward still runs all q_len queries of the step through the index array)."""
+    """The drafter of speculative decoding: a fixed rule (the verify below decides which drafts
+    the target model keeps)."""
     return (token * 31 + 7 * j) % vocab
 
 
-def run(model, ulacache, reqs, store, max_batch, q_len=1):
-    """Continuous batching: admit arrived requests into free batch rows, decode q_len tokens
-    per request and step (the last token plus q_len - 1 drafts), finish."""
+def accepted_drafts(seed, rid, pos, q_len, reject):
+    """Verification with random rejection: drafts 1 .. q_len - 1 are kept in order while each
+    passes (probability 1 - reject); the first rejected one and every later one are dropped.
+    A function of (seed, request, position), so the reference run verifies alike."""
+    rng = np.random.default_rng([seed, rid, pos])
+    kept = 0
+    while kept < q_len - 1 and rng.random() >= reject:
+        kept += 1
+    return kept
+
+
+class Schedule:
+    """The scheduler's memory decisions (admission, the round's reservation), taken from the
+    store, or replayed from an earlier run so that a reference store that has no memory limits
+    runs the same schedule (the same batches, retractions and re-prefills)."""
+
+    def __init__(self, store, replay=None, reserve=True):
+        self.store, self.replay, self.log = store, None if replay is None else iter(replay), []
+        self.reserve = reserve
+
+    def decide(self, ask, reservation=False):
+        if reservation and not self.reserve:
+            ok = True  # by the batch size alone: a plan may then be refused for room
+        else:
+            ok = ask() if self.replay is None else next(self.replay)
+        self.log.append(ok)
+        return ok
+
+
+def retract_order(rows, out_len, prompt_len):
+    """SGLang's ScheduleBatch.retract_decode order: sorted by (output tokens, -prompt length)
+    descending and popped from the end, so the request with the fewest output tokens (the
+    longest prompt among equals) goes first."""
+    return sorted(rows, key=lambda b: (out_len[b], -prompt_len[b]), reverse=True)
+
+
+def run(model, ulacache, reqs, store, max_batch, q_len=1, reject=0.0, seed=0, replay=None, reserve=True):
+    """Continuous batching in SGLang's scheduler order. Per iteration: admit arrived requests
+    into free batch rows (the prefill round: reserve_round for the prompt, else it stays
+    queued); reserve the decode round for the running batch (check_decode_mem), retracting
+    requests in retract_decode's order until it fits (a retracted request frees its KV and
+    is queued again first, to be prefilled over its prompt and the tokens it has so far);
+    allocate the round's new tokens (the last token and q_len - 1 drafts) and look up
+    out_cache_loc; the forward (per group: indexer, plan, descriptors, complete, KV writes,
+    attention through the indices); verify with random rejection and truncate the rejected
+    drafts; advance the round."""
     b_rows = [-1] * max_batch
-    pos = {}      # rid -> next position
+    pos = {}      # rid -> tokens with KV (the next position)
     left = {}     # rid -> tokens still to generate
-    last = {}     # rid -> last generated token
+    last = {}     # rid -> last generated token (its KV not yet computed)
+    hist = {}     # rid -> the tokens with KV, in order
+    prompt_len = {}
+    out_len = {}
     ikeys = {}    # rid -> [groups, max_len, idim]
     logits_log, tokens_log = [], []
     indexer = ulacache.Indexer(model.ih, model.idim, model.top_k)
     width = select_width(model, q_len)
-    waiting = list(reqs)
+    sched = Schedule(store, replay, reserve)
+    waiting = [dict(r) for r in reqs]
     step = 0
     decode_tokens = 0
     t_decode = 0.0
-    admitted = False
+    counts = {"retractions": 0, "admissions_deferred": 0, "drafts_rejected": 0, "rounds_reserved": 0}
     while waiting or any(r >= 0 for r in b_rows):
-        for b in range(max_batch):
-            if b_rows[b] < 0 and waiting and waiting[0]["arrival"] <= step:
-                r = waiting.pop(0)
-                entries, keys, logits = model.prefill(r["prompt"])
-                store.admit(r["id"], entries)
-                rid = r["id"]
-                n = len(r["prompt"])
-                ikeys[rid] = np.zeros((model.num_groups, n + r["gen"] + q_len, model.idim), np.float32)
-                ikeys[rid][:, :n] = keys
-                pos[rid], left[rid] = n, r["gen"]
-                last[rid] = int(np.argmax(logits))
-                logits_log.append(logits)
-                tokens_log.append((rid, last[rid]))
-                b_rows[b] = rid
-                admitted = True
-        if admitted and hasattr(store, "end_step"):
-            store.end_step()  # the prefill forward is a round of its own (its allocations count as used in it)
-        admitted = False
+        # Admission (SGLang's prefill adder): the arrived requests that allocate fills, in
+        # arrival order, into free rows; their prefill is a round of its own. Then the next
+        # decode round must hold with them: the last admitted go back to the queue until it
+        # does (a lone request is admitted regardless; check_decode_mem below then says
+        # whether its round fits at all).
+        cands = []
+        free_rows = [b for b in range(max_batch) if b_rows[b] < 0]
+        while free_rows and waiting and waiting[0]["arrival"] <= step:
+            r = waiting[0]
+            if not sched.decide(lambda: store.allocate_prompt(r["id"], len(r["prompt"]))):
+                counts["admissions_deferred"] += 1
+                break  # FCFS: the head waits, and so does everything behind it
+            cands.append((free_rows.pop(0), waiting.pop(0)))
+        if cands:
+            store.end_step()
+            running = [b_rows[b] for b in range(max_batch) if b_rows[b] >= 0]
+            while cands and not sched.decide(
+                    lambda: store.reserve_decode(running + [r["id"] for _, r in cands], q_len, q_len * width),
+                    reservation=True):
+                if not running and len(cands) == 1:
+                    break
+                _, r = cands.pop()
+                store.finish(r["id"])
+                waiting.insert(0, r)
+                counts["admissions_deferred"] += 1
+        for b, r in cands:
+            rid, tokens = r["id"], r["prompt"]
+            entries, keys, logits = model.prefill(tokens)
+            store.write_prefill(rid, entries)
+            n = len(tokens)
+            ikeys[rid] = np.zeros((model.num_groups, n + r["gen"] + q_len, model.idim), np.float32)
+            ikeys[rid][:, :n] = keys
+            pos[rid], left[rid], hist[rid] = n, r["gen"], [int(v) for v in tokens]
+            prompt_len.setdefault(rid, n)
+            out_len.setdefault(rid, 0)
+            last[rid] = int(np.argmax(logits))
+            logits_log.append(logits)
+            tokens_log.append((rid, last[rid]))
+            if left[rid] <= 0:  # a retracted request whose prefill made its last token
+                store.finish(rid)
+                continue
+            b_rows[b] = rid
         active = [b for b in range(max_batch) if b_rows[b] >= 0]
         if not active:
             step += 1
             continue
+        # check_decode_mem: the round's reservation, retracting until it holds.
+        while not sched.decide(lambda: store.reserve_decode([b_rows[b] for b in active], q_len, q_len * width),
+                               reservation=True):
+            if len(active) == 1:
+                raise RuntimeError("the device pool cannot hold one request's round")
+            b = retract_order(active, {b: out_len[b_rows[b]] for b in active},
+                              {b: prompt_len[b_rows[b]] for b in active})[-1]
+            rid = b_rows[b]
+            store.finish(rid)
+            # Queued again first, with the tokens it has: its prefill recomputes their KV and
+            # the last one's; it then generates what is left after that.
+            waiting.insert(0, {"id": rid, "arrival": step, "prompt": np.array(hist[rid] + [last[rid]], np.int64),
+                               "gen": left[rid] - 1})
+            b_rows[b] = -1
+            active.remove(b)
+            counts["retractions"] += 1
+        counts["rounds_reserved"] += 1
         t0 = time.perf_counter()
         toks = np.zeros((max_batch, q_len), np.int64)
         for b in active:
@@ -606,20 +752,25 @@ def run(model, ulacache, reqs, store, max_batch, q_len=1):
             rid = b_rows[b]
             for j in range(q_len):
                 logits_log.append(logits[b, j].copy())
-            pos[rid] += q_len
-            left[rid] -= q_len
-            last[rid] = int(np.argmax(logits[b, q_len - 1]))
+            kept = accepted_drafts(seed, rid, pos[rid], q_len, reject)
+            hist[rid] += [int(v) for v in toks[b, :1 + kept]]
+            pos[rid] += 1 + kept
+            if kept < q_len - 1:  # the rejected drafts' KV goes (SGLang frees their out_cache_loc)
+                store.truncate(rid, pos[rid])
+                counts["drafts_rejected"] += q_len - 1 - kept
+            left[rid] -= 1 + kept
+            out_len[rid] += 1 + kept
+            last[rid] = int(np.argmax(logits[b, kept]))  # the target model's token after the last kept one
             tokens_log.append((rid, last[rid]))
-            decode_tokens += q_len
+            decode_tokens += 1 + kept
             if left[rid] <= 0:
                 store.finish(rid)
                 b_rows[b] = -1
-        if hasattr(store, "end_step"):
-            store.end_step()
+        store.end_step()
         t_decode += time.perf_counter() - t0
         step += 1
     return {"logits": np.stack(logits_log), "tokens": tokens_log, "decode_tokens": decode_tokens,
-            "decode_seconds": t_decode, "steps": step}
+            "decode_seconds": t_decode, "steps": step, "schedule": sched.log, **counts}
 
 
 def main(argv=None):
@@ -633,6 +784,13 @@ def main(argv=None):
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--max-batch", type=int, default=4)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--reject", type=float, default=0.3,
+                    help="probability that verification rejects a draft (the rest of the step's drafts go with it)")
+    ap.add_argument("--no-reserve", action="store_true",
+                    help="schedule by the batch size alone (no reserve_round): a plan refused for room ends the run")
+    ap.add_argument("--device-slots", type=int, default=None,
+                    help="device slots per group (per rank with --tp); default sized from the peak history. "
+                         "Small enough, rounds are reserved for fewer requests and running ones are retracted")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--build-dir", default=os.environ.get("ULA_BUILD_DIR"), help="in-tree build (default <repo>/build)")
     args = ap.parse_args(argv)
@@ -652,25 +810,27 @@ def main(argv=None):
         tensors = "numpy"  # the engine owns no tensors there: UlaCache's cpu backend holds the bytes
     q_len = args.q_len
 
-    dense = run(model, ulacache, reqs, DenseStore(model, reqs, q_len), args.max_batch, q_len)
-    # TP at home merges per-rank partials: its bit-exact reference splits the dense entries the
-    # same way (DenseAtHomeStore); the plain dense run is reported beside it.
-    reference = dense if args.tp == 1 else run(model, ulacache, reqs, DenseAtHomeStore(model, reqs, q_len, args.tp),
-                                               args.max_batch, q_len)
-
     # Peak live history (entries per group) in the reference run's schedule decides the pool
     # sizes: device and host each hold well under the history; together they hold it.
     peak = peak_history(reqs, args.max_batch, q_len)
     step_working_set = args.max_batch * q_len * (model.top_k + 1)  # the most distinct entries one step can select
     if args.tp > 1:   # per rank: its shard of the history and of the step's working set
-        device_slots = max(step_working_set // args.tp + args.max_batch * q_len, peak * 2 // (5 * args.tp))
+        device_slots = args.device_slots or max(step_working_set // args.tp + args.max_batch * q_len,
+                                                peak * 2 // (5 * args.tp))
         host_slots = peak * 3 // (4 * args.tp) + peak // 8
         store = TpStore(ulacache, model, device_slots, host_slots, args.max_batch, q_len, args.tp)
     else:
-        device_slots = max(step_working_set, peak * 2 // 5)
+        device_slots = args.device_slots or max(step_working_set, peak * 2 // 5)
         host_slots = peak * 3 // 4
         store = UlaStore(ulacache, model, device_slots, host_slots, args.max_batch, q_len, args.mode, tensors)
-    ula = run(model, ulacache, reqs, store, args.max_batch, q_len)
+    sgl = dict(q_len=q_len, reject=args.reject, seed=args.seed)
+    ula = run(model, ulacache, reqs, store, args.max_batch, reserve=not args.no_reserve, **sgl)
+    # The references replay UlaCache's schedule (admissions, retractions), which its memory
+    # decided. TP at home merges per-rank partials: its bit-exact reference splits the dense
+    # entries the same way (DenseAtHomeStore); the plain dense run is reported beside it.
+    dense = run(model, ulacache, reqs, DenseStore(model, reqs, q_len), args.max_batch, replay=ula["schedule"], **sgl)
+    reference = dense if args.tp == 1 else run(model, ulacache, reqs, DenseAtHomeStore(model, reqs, q_len, args.tp),
+                                               args.max_batch, replay=ula["schedule"], **sgl)
 
     same = reference["logits"].shape == ula["logits"].shape and reference["logits"].tobytes() == ula["logits"].tobytes()
     max_diff = float(np.max(np.abs(dense["logits"] - ula["logits"]))) if dense["logits"].shape == ula["logits"].shape else None
@@ -697,7 +857,11 @@ def main(argv=None):
         "entries_fetched": st["misses"],
         "entries_evicted": st["evictions"],
         "bytes_moved": st["bytes_moved"],
-        "new_tokens_moved": st.get("new_moved"),  # TP: new tokens whose slot a plan of their round moved
+        "new_tokens_moved": st.get("new_moved"),
+        "rounds_reserved": ula["rounds_reserved"],
+        "retractions": ula["retractions"],
+        "admissions_deferred": ula["admissions_deferred"],
+        "drafts_rejected": ula["drafts_rejected"],  # TP: new tokens whose slot a plan of their round moved
         "logits_compared": int(dense["logits"].shape[0]),
         "reference": "dense" if args.tp == 1 else "dense_at_home",
         "max_abs_logit_diff": max_diff,  # against the plain dense run
@@ -712,6 +876,8 @@ def main(argv=None):
         print(f"  pools per group: {device_slots} device + {host_slots} host slots; peak history {peak} entries")
         print(f"  decode: {result['decode_tokens']} tokens in {result['steps']} steps, "
               f"{result['tokens_per_s']} tokens/s (dense reference {result['dense_tokens_per_s']} tokens/s)")
+        print(f"  scheduler: {result['rounds_reserved']} rounds reserved, {result['retractions']} retractions, "
+              f"{result['admissions_deferred']} admissions deferred, {result['drafts_rejected']} drafts rejected")
         print(f"  hit rate {result['hit_rate']:.2%}, entries fetched {st['misses']}, evicted {st['evictions']}, "
               f"{st['bytes_moved']} bytes moved")
         verdict = "bit-identical to" if result["matches_dense_reference"] else "DIFFERENT from"

@@ -34,3 +34,49 @@ def test_mini_engine_matches_dense_reference(args, capsys):
     if out["tp"] > 1:
         assert out["reference"] == "dense_at_home"
         assert out["exec"] == "engine" and out["new_tokens_moved"] == 0
+
+
+@pytest.mark.parametrize("args", [
+    ["--exec", "engine", "--device-slots", "200", "--requests", "10"],
+    ["--exec", "library", "--device-slots", "200", "--groups", "3,2,1", "--requests", "10"],
+    ["--tp", "2", "--device-slots", "150", "--requests", "12"],
+])
+def test_sglang_loop_reserves_retracts_and_rolls_back(args, capsys):
+    """SGLang's scheduler loop under memory pressure: admissions deferred by the round's
+    reservation, running requests retracted in retract_decode's order and prefilled again,
+    drafts rejected at verification and truncated; every plan of a reserved round succeeds
+    (a refused plan raises) and the logits match the reference replaying the schedule."""
+    assert mini_engine.main(args + ["--tensors", "numpy", "--json", "--reject", "0.4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["matches_dense_reference"] and out["bit_identical"]
+    assert out["retractions"] > 0 and out["admissions_deferred"] > 0 and out["drafts_rejected"] > 0
+    assert out["rounds_reserved"] > 0 and out["entries_fetched"] > 0
+
+
+def test_without_the_reservation_a_plan_is_refused():
+    """The same pressure scheduled by the batch size alone (--no-reserve): a round selects
+    more than the device's unused slots and its plan is refused, which the reservation above
+    prevents."""
+    ulacache = mini_engine.import_ulacache(None)
+    with pytest.raises(ulacache.ResourceExhaustedError, match="cannot be evicted"):
+        mini_engine.main(["--device-slots", "200", "--requests", "10", "--tensors", "numpy", "--json", "--no-reserve"])
+
+
+def test_verification_keeps_drafts_in_order():
+    """Drafts are kept in order up to the first rejection; the decision is a function of
+    (seed, request, position) alone, so a replay verifies alike."""
+    kept = [mini_engine.accepted_drafts(7, rid, pos, 3, 0.4) for rid in range(20) for pos in range(40, 60)]
+    assert set(kept) == {0, 1, 2}
+    assert kept == [mini_engine.accepted_drafts(7, rid, pos, 3, 0.4) for rid in range(20) for pos in range(40, 60)]
+    assert all(mini_engine.accepted_drafts(7, r, 50, 1, 0.4) == 0 for r in range(10))
+    assert all(mini_engine.accepted_drafts(7, r, 50, 3, 0.0) == 2 for r in range(10))
+
+
+def test_retraction_order_is_sglangs():
+    """retract_decode pops the end of the list sorted by (output tokens, -prompt length)
+    descending: the fewest output tokens first, the longest prompt among equals."""
+    rows = [0, 1, 2, 3]
+    out_len = {0: 9, 1: 2, 2: 2, 3: 5}
+    prompt_len = {0: 50, 1: 40, 2: 90, 3: 10}
+    order = mini_engine.retract_order(rows, out_len, prompt_len)
+    assert order[-1] == 2 and order[-2] == 1 and order[0] == 0
