@@ -1,5 +1,13 @@
 // AddressSpace (DP mode): stable logical addresses over exclusive device/host tiers.
 //
+// This header holds the contract of the space that DP and TP share (docs/ARCHITECTURE.md,
+// "The directory"): pages, rounds, isolation, sharing, draft rollback, errors, lifetime, and
+// the operations that follow them (AddRequest to Holds, Write/Read, Lookup, AddressesOf,
+// AdvanceRound, the occupancy counters, CheckInvariants, DebugDigest). Both spaces run the
+// same implementation of it (src/space/directory.h, src/space/shard_pools.h);
+// tp_address_space.h states only what TP does differently (the home rule a mod P, the
+// replicated directory, the local buffer). "Structure" and "Pools" below are DP's.
+//
 // Structure. For every rank r and layer group g there is a device pool D[r][g] and a
 // host pool H[r][g] of the same number of slots per group, and one LocationTable per group maps a
 // logical address to (tier, rank, slot). A request belongs to one rank (DP: each rank runs
@@ -43,7 +51,7 @@
 // its descriptors do that split today: such an engine registers its regions and runs the
 // descriptors by slot (descriptor.src_slot / dst_slot), not by offset.
 //
-// Pages. Addresses come in pages of page_tokens (T, default 64; P is always the number of
+// Pages (shared). Addresses come in pages of page_tokens (T, default 64; P is always the number of
 // ranks): page p is the addresses [p * T, (p + 1) * T), and every page belongs to one
 // request. Token i of a request's list (its position in AddressesOf) gets an address at
 // offset i % T of its page, and tokens i and i + 1 share a page unless i + 1 is a multiple
@@ -67,12 +75,12 @@
 // TP (tp_address_space.h) applies the same pages over its striping (address a homed on
 // rank a mod P): a page of T >= P consecutive addresses spans all P ranks.
 //
-// Errors: unknown/duplicate request, unknown or freed address, out-of-range group, wrong
+// Errors (shared): unknown/duplicate request, unknown or freed address, out-of-range group, wrong
 // byte count, allocation that does not fit, invalid config, adopting an address twice or
 // from another rank, releasing a cache reference that is not there — each returns an
 // Error and changes nothing (DebugDigest equal before and after).
 //
-// Rounds (the prefill/decode rule): a round is one scheduler iteration, ended by
+// Rounds (shared; the prefill/decode rule): a round is one scheduler iteration, ended by
 // AdvanceRound() after its attention. Entries allocated in a round, and entries a Step
 // selects in it, are used in that round and are not evicted before AdvanceRound() (the
 // round's attention reads them). An iteration may mix prefill chunks and decode steps:
@@ -80,13 +88,13 @@
 // AdvanceRound(); a step whose misses do not fit beside the round's used entries fails
 // with kResourceExhausted and says so.
 //
-// Isolation: Step takes the request of every selection (selection_run.h) and refuses an
+// Isolation (shared): Step takes the request of every selection (selection_run.h) and refuses an
 // address that is not live for that request (freed, reused by another, another's), so no
 // request is handed a slot holding another request's entry, even from a stale selection.
 // "Live for the request" means the request holds a reference to it: its own allocation or
 // an address it adopted with ShareInto (a shared prefix).
 //
-// Sharing (docs/ARCHITECTURE.md "Shared prefixes"). ShareInto(request, addrs) lets a request adopt
+// Sharing (shared; docs/ARCHITECTURE.md "Shared prefixes"). ShareInto(request, addrs) lets a request adopt
 // live addresses of its rank (a cached prefix, another request's prefix): they are
 // appended to its list and gain a reference; nothing is copied or moved. Retain/Release
 // take and drop references that belong to no request (a prefix cache's nodes,
@@ -94,7 +102,7 @@
 // holder still references keeps its entry, its location and its bytes. Shared entries
 // follow the residency policy like any other (a cold cached prefix drifts to host).
 //
-// Lifetime: `backend` outlives the space (held by reference; the backend's destructor
+// Lifetime (shared): `backend` outlives the space (held by reference; the backend's destructor
 // stops the program while a space lives); the space outlives every StepPlanner over it.
 // Spans from AddressesOf are valid until the next Allocate/Free of that request.
 //

@@ -1,33 +1,37 @@
 // TpAddressSpace (TP mode, docs/ARCHITECTURE.md "TP attention at home"): one distributed address
 // space over all P ranks, instead of a full copy of the latent KV on every rank.
 //
+// The contract it shares with AddressSpace is stated once, in address_space.h: pages,
+// rounds, isolation, sharing, draft rollback (Truncate), errors (each refused call changes
+// nothing), lifetime, and what stable_new_entries and host_shadows mean. Both spaces run
+// one implementation of it (src/space/directory.h, src/space/shard_pools.h). This header
+// states only what TP does differently: where an entry lives (its home rank), the
+// replicated directory, the local buffer.
+//
 // Structure.
 //   - Directory (replicated: every process of an MPI run holds the same one, because every
 //     rank sees the same scheduler calls): requests -> their logical addresses, and the
-//     address pages (below). Address a has its home on rank a mod P.
+//     address pages. Address a has its home on rank a mod P. Call every mutating method
+//     (Allocate, Free, Truncate, ShareInto, Retain, Release, Write, AdvanceRound) on every
+//     process.
 //   - Shard of rank r, group g (held only for the ranks this object hosts: all of them
-//     in-process, one per process under MPI): a device SlotPool and a host SlotPool
-//     (exclusive tiers, as in DP mode), the device residency policy, the device owner map,
-//     and the home table  home[a / P] = location of a  (a fixed array: its memory is what
-//     other ranks read one-sidedly).
+//     in-process, one per process under MPI): the pools of one DP rank (exclusive device
+//     and host tiers, the residency policy, the owner map, host shadows) plus the home
+//     table  home[a / P] = location of a  (a fixed array: its memory is what other ranks
+//     read one-sidedly).
 //   - Local buffer of rank r, group g: a device SlotPool of read-only copies of entries
 //     homed on other ranks, with its own residency policy, an owner map and an index
 //     address -> buffer slot. Empty (no slots) with TpAttention::kAtHome, where each
 //     rank's attention covers only its own shard.
 //
-// Pages (TpConfig::page_tokens = T, default 64; address_space.h "Pages" is the model).
-// Addresses come in pages of T consecutive addresses [p*T, (p+1)*T), each page one
-// request's; token i of a request's list sits at offset i % T of its page (a fresh page at
-// offset 0, or at the first token after a ShareInto), and freed pages are reused FIFO. So a
-// request's list read as SGLang's page_table_1 row names its pages at every T-th position
-// (page_table_1[:, ::64] // 64), in TP as in DP. Pages and striping agree: address a stays
-// homed on rank a mod P, so a page of T >= P consecutive addresses spans all P ranks, T / P
-// of its addresses on each when P divides T (rank (p*T + o) mod P for offset o), and a
-// request's consecutive tokens still go round robin over the ranks. A new token's rank is
-// its address's: Allocate refuses (kResourceExhausted, nothing changes) when a rank that
-// one of its tokens lands on has no room, even if other ranks have. T = 1 keeps the
-// unpaged allocator: a new token goes to the next rank, round robin, that has room, and
-// freed addresses are reused FIFO per rank.
+// Pages and striping (address_space.h "Pages" is the rule). Pages and striping agree:
+// address a stays homed on rank a mod P, so a page of T >= P consecutive addresses spans
+// all P ranks, T / P of its addresses on each when P divides T (rank (p*T + o) mod P for
+// offset o), and a request's consecutive tokens go round robin over the ranks. A new
+// token's rank is its address's: Allocate refuses (kResourceExhausted, nothing changes)
+// when a rank that one of its tokens lands on has no room, even if other ranks have. T = 1
+// keeps the unpaged allocator: a new token goes to the next rank, round robin, that has
+// room, and freed addresses are reused FIFO per rank.
 //
 // Invariants (CheckInvariants, for every hosted rank):
 //   1. Exclusive residency: each live address homed on r has exactly one home location per
@@ -42,22 +46,11 @@
 //      reference. Reference counts and owner tags as in DP mode (address_space.h,
 //      "Sharing"; src/space/address_refs.h).
 //
-// Sharing. ShareInto / Retain / Release / RefCount / Holds as AddressSpace's: a request
-// adopts live addresses (a cached prefix) without a copy; the prefix stays striped a mod P
-// where it was allocated, stored once in the node (never once per rank, both attention
-// strategies); an address is freed when its last holder lets go. Write refuses an address
-// with more than one holder (shared entries are immutable). The directory is replicated:
-// call them on every process, as Allocate and Free.
-// A Write or Free of an address drops every hosted buffer copy of it first, so a copy
-// never outlives or disagrees with its home.
-//
-// Errors: unknown/duplicate request, unknown or freed address, out-of-range rank or group,
-// wrong byte count, allocation that does not fit, invalid config — each returns an Error
-// and changes nothing.
-//
-// Rounds and isolation: as in DP mode (address_space.h): entries allocated or selected in
-// a round are not evicted before AdvanceRound(); TpStepPlanner::Step takes the request of
-// every selection and refuses an address that is not live for it.
+// Sharing, errors, rounds and isolation: address_space.h. What differs: a shared prefix
+// stays striped a mod P where it was allocated, stored once (never once per rank, both
+// attention strategies); a Write or Free of an address drops every hosted buffer copy of it
+// first, so a copy never outlives or disagrees with its home; the step that refuses an
+// address not live for its selection's request is TpStepPlanner::Step.
 //
 // Lifetime: `backend` outlives the space (the backend's destructor stops the program while
 // a space lives); the space outlives its planners, prefetchers and its exposure on a
@@ -115,15 +108,10 @@ struct TpConfig {
   PolicyKind policy = DefaultPolicyKind();         // shard device pool
   PolicyKind buffer_policy = DefaultPolicyKind();  // local buffer
   PolicyOptions policy_options;
-  // Tokens per page of logical addresses, in [1, 65536] ("Pages" above): 64, the block size
-  // of FlashMLA's paged KV and of SGLang's and vLLM's sparse MLA pools; 1: no pages.
+  // As AddressSpaceConfig's (address_space.h): tokens per page ("Pages"; 1: the unpaged
+  // allocator above), and new entries whose write slot never goes stale (the engine path,
+  // TpEngineStepPlanner and DeviceStep, needs it on; Allocate below says what differs).
   std::uint32_t page_tokens = 64;
-  // A new token's write slot never goes stale (Allocate below): new
-  // entries go to device, evicting entries this round has not used, and one that must go
-  // to host stays there for its round. The engine path (TpEngineStepPlanner, DeviceStep)
-  // needs it on and refuses a space without it. Off: new
-  // entries go to free device slots, then host, where the round's steps may move them (the
-  // library path, where Write goes to the current location).
   bool stable_new_entries = false;
   // Clean host shadows per shard (src/space/host_shadows.h), as in DP: a home
   // entry fetched host -> device keeps its host slot as a reclaimable copy, counted free in
@@ -205,31 +193,23 @@ class TpAddressSpace {
   // them). kNotFound, kResourceExhausted (a rank one of the tokens lands on is full, or the
   // address space is exhausted; nothing allocated then).
   Result<std::vector<LogicalAddr>> Allocate(RequestId request, std::uint32_t n_tokens);
-  // Frees every address of the request (home slots and hosted buffer copies). kNotFound
-  // for an unknown request, including a second Free.
+  // As AddressSpace::Free; an address freed loses its home slots and hosted buffer copies.
   Status Free(RequestId request);
-  // Draft rollback: frees the request's tokens [length, size) (home slots and hosted buffer
-  // copies), as AddressSpace::Truncate: with page_tokens > 1 the next token continues the
-  // last kept own token's page at offset length % page_tokens, so the freed addresses of
-  // that page come back to the same positions (and homes); with page_tokens 1 they join
-  // their home rank's free FIFO. Call it on every process, as Free. Errors, nothing
-  // changed: kNotFound, kOutOfRange (length past its tokens), kFailedPrecondition (a token
-  // to free is adopted or has another holder, or a step's plan is pending).
+  // Draft rollback, as AddressSpace::Truncate (its contract and errors); the freed tokens'
+  // hosted buffer copies go too, and with page_tokens 1 their addresses join their home
+  // rank's free FIFO. The freed addresses of a page come back with their homes.
   Status Truncate(RequestId request, std::uint32_t length);
-  // Sharing (see above). ShareInto: kNotFound (unknown request, an address not live),
-  // kInvalidArgument (listed twice), kAlreadyExists (already held). Retain / Release:
-  // kNotFound, kInvalidArgument, Release kFailedPrecondition (no cache reference to drop),
-  // kResourceExhausted (too many references on one address). Nothing changes on error.
+  // Sharing, as AddressSpace's (contract and errors), except that ShareInto has no rank
+  // check: every address is homed where its stripe says.
   Status ShareInto(RequestId request, std::span<const LogicalAddr> addrs);
   Status Retain(std::span<const LogicalAddr> addrs);
   Status Release(std::span<const LogicalAddr> addrs);
   std::uint32_t RefCount(LogicalAddr addr) const;
   bool Holds(RequestId request, LogicalAddr addr) const;
 
-  // The engine's KV write: drops hosted buffer copies, then writes the home bytes if the
-  // home is hosted here (call it on every process; the others only drop copies).
-  // kOutOfRange (group), kInvalidArgument (size), kNotFound, kUnsupported (counting),
-  // kFailedPrecondition (a shared address: more than one holder).
+  // As AddressSpace::Write (its errors), after dropping the hosted buffer copies; the home
+  // bytes are written where the home is hosted (call it on every process; the others only
+  // drop copies).
   Status Write(LogicalAddr addr, GroupId group, std::span<const std::byte> data);
   // The home bytes. kUnsupported if the home is not hosted here or on a counting backend.
   Status Read(LogicalAddr addr, GroupId group, std::span<std::byte> out) const;
