@@ -19,6 +19,12 @@ Checks:
              2.17x<!-- r:CONFIG:SYS_A:SYS_B:FIELD -->    summary.csv, A's FIELD / B's
            CONFIG is the CSV's config column (h200_tp_mtpon), SYSTEM its system column;
            "s@DIR:", "p@DIR:", "r@DIR:" read docs/img/DIR/ (a sharing scenario's --out).
+  stdout   every pasted `ula compare` table (a fenced block opening with "ula compare:
+           scenario NAME") agrees with the CSVs of that scenario (default: docs/img/, else
+           docs/img/NAME/) in every column at the precision printed: adm, fill, peak, @B,
+           tpot1, hit1 (summary.csv), hit@B, host@B (h2d + d2h), pfkv@B, pfms@B
+           (compare.csv at the peak batch) and vs ula (ulacache_home's peak in TP,
+           ulacache's in DP, over the row's).
 """
 import csv
 import re
@@ -145,6 +151,65 @@ def check_quotes(root, doc, summary, points):
     return errors
 
 
+STDOUT = re.compile(r"```\nula compare: scenario ([a-z_]+)[^\n]*\n(.*?)```", re.S)
+STDOUT_ROW = re.compile(r"^(\d+)x([A-Za-z0-9]+) (tp|dp) mtp=(on|off) +([a-z_]+) +([a-z]+) +\|(.*)$")
+
+
+def stdout_config(hardware, mode, mtp):
+    return f"{hardware.lower()}_{mode}_mtp{mtp}"
+
+
+def check_stdout(root, doc):
+    errors = []
+    blocks = 0
+    for m in STDOUT.finditer(doc):
+        blocks += 1
+        scenario = m.group(1)
+        try:
+            summary, points = load(root, "" if scenario == "default" else scenario)
+        except OSError as e:
+            errors.append(f"{DOC}: stdout of scenario {scenario}: no CSVs ({e})")
+            continue
+        for line in m.group(2).splitlines():
+            r = STDOUT_ROW.match(line)
+            if not r:
+                continue
+            _, hw, mode, mtp, system, _ships, rest = r.groups()
+            config = stdout_config(hw, mode, mtp)
+            cells = rest.replace("|", " ").split()
+            try:
+                srow = summary[(config, system)]
+                b = int(srow["peak_batch"])
+                prow = points[(config, system)][b]
+                ref = "ulacache_home" if mode == "tp" else "ulacache"
+                # (value, its rounding slack): the CSVs hold rounded values, so a printed figure
+                # may sit half a CSV unit off (a sum two, a ratio its operands' relative slack).
+                def csv_value(row, field):
+                    return float(row[field]), 0.5 * 10 ** -decimals(row[field])
+                h2d, d2h = csv_value(prow, "h2d_gb"), csv_value(prow, "d2h_gb")
+                top, own = csv_value(summary[(config, ref)], "peak_tput"), csv_value(srow, "peak_tput")
+                ratio = top[0] / own[0]
+                expect = [csv_value(srow, "admitted"), csv_value(srow, "fill"), own, (float(b), 0.0),
+                          csv_value(srow, "tpot_b1_ms"), csv_value(srow, "hit_b1"), csv_value(prow, "hit_rate"),
+                          (h2d[0] + d2h[0], h2d[1] + d2h[1]), csv_value(prow, "arriving_gb"),
+                          csv_value(prow, "arriving_ms"), (ratio, ratio * (top[1] / top[0] + own[1] / own[0]))]
+            except (KeyError, ValueError, ZeroDivisionError) as e:
+                errors.append(f"{DOC}: stdout row {line.strip()!r} names nothing in the CSVs ({e})")
+                continue
+            names = ["adm", "fill", "peak", "@B", "tpot1", "hit1", "hit@B", "host@B", "pfkv@B", "pfms@B", "vs ula"]
+            if len(cells) != len(names):
+                errors.append(f"{DOC}: stdout row {line.strip()!r} has {len(cells)} columns, not {len(names)}")
+                continue
+            for name, cell, (value, slack) in zip(names, cells, expect):
+                written = cell.rstrip("x")
+                d = decimals(written)
+                if abs(value - float(written)) > 0.5 * 10 ** -d + slack + 1e-9:
+                    errors.append(f"{DOC}: stdout {config} {system} {name} says {cell}, the CSVs {value:.{d}f}")
+    if blocks == 0:
+        errors.append(f"{DOC}: no pasted `ula compare` table")
+    return errors
+
+
 def run_all(root):
     doc = (Path(root) / DOC).read_text()
     summary, points = load(root)
@@ -162,7 +227,7 @@ def run_all(root):
     quotes = check_quotes(root, doc, summary, points)
     if not QUOTE.search(doc):
         errors.append(f"{DOC}: no quoted number with a marker")
-    return errors + quotes
+    return errors + quotes + check_stdout(root, doc)
 
 
 def write(root):
@@ -194,8 +259,13 @@ def self_test(root):
         if cell:
             body2 = body[:cell.start(1)] + "999.99" + body[cell.end(1):]
             plants.append(("tables", doc[:r.start(3)] + body2 + doc[r.end(3):]))
-    if len(plants) < 2:
-        print("self-test: nothing to plant (no marker or no table)")
+    o = STDOUT.search(doc)
+    row = next((r for r in re.finditer(r"^.*\| +(\d+) +[0-9.]+ +(\d+) ", o.group(2), re.M)), None) if o else None
+    if row:  # one peak of a pasted table changed by 10 tok/s
+        at = o.start(2) + row.start(2)
+        plants.append(("stdout", doc[:at] + str(int(row.group(2)) + 10).rjust(len(row.group(2))) + doc[at + len(row.group(2)):]))
+    if len(plants) < 3:
+        print("self-test: nothing to plant (no marker, no table or no pasted output)")
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         for what, text in plants:
