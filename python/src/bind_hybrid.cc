@@ -9,6 +9,7 @@
 
 #include "bind_common.h"
 #include "ula/backend.h"
+#include "ula/kv_event_publisher.h"
 #include "ula/prefix_cache.h"
 #include "ula/unified_buffer.h"
 
@@ -299,6 +300,48 @@ default), parent_hash (stored pages: the previous page's, None for the first pag
       .def_property_readonly("kv", &ula::CacheEvent::kv)
       .def_property_readonly("window", &ula::CacheEvent::window)
       .def_property_readonly("state", &ula::CacheEvent::state);
+
+  py::class_<ula::KvEventPublisherConfig>(m, "KvEventPublisherConfig", R"doc(
+The KV event publisher's config (include/ula/kv_event_publisher.h): endpoint (bound; port "*"
+takes a free one), topic (the first frame), block_size (the cache's page_tokens),
+sliding_window (the cache's, for window pages' group spec), data_parallel_rank (None: left
+out of each KVEventBatch), send_high_water_mark (ZeroMQ's ZMQ_SNDHWM).)doc")
+      .def(py::init([](const std::string& endpoint, const std::string& topic, std::uint32_t block_size,
+                       std::uint32_t sliding_window, std::optional<std::int32_t> data_parallel_rank, int hwm) {
+             return ula::KvEventPublisherConfig{endpoint, topic, block_size, sliding_window, data_parallel_rank, hwm};
+           }),
+           py::arg("endpoint") = "tcp://127.0.0.1:5557", py::arg("topic") = "", py::arg("block_size") = 16,
+           py::arg("sliding_window") = 0, py::arg("data_parallel_rank") = py::none(),
+           py::arg("send_high_water_mark") = 100000)
+      .def_readonly("endpoint", &ula::KvEventPublisherConfig::endpoint)
+      .def_readonly("topic", &ula::KvEventPublisherConfig::topic)
+      .def_readonly("block_size", &ula::KvEventPublisherConfig::block_size)
+      .def_readonly("sliding_window", &ula::KvEventPublisherConfig::sliding_window)
+      .def_readonly("data_parallel_rank", &ula::KvEventPublisherConfig::data_parallel_rank)
+      .def_readonly("send_high_water_mark", &ula::KvEventPublisherConfig::send_high_water_mark)
+      .def("validate", [](const ula::KvEventPublisherConfig& c) { Unwrap(c.Validate()); });
+
+  py::class_<ula::KvEventPublisher>(m, "KvEventPublisher", R"doc(
+Sends a prefix cache's events (PrefixCache.take_events) to KV-aware routers as SGLang's and
+vLLM's KVEventBatch: msgpack over a bound ZeroMQ PUB socket, three frames per message [topic,
+sequence number (8 bytes big-endian), payload] (include/ula/kv_event_publisher.h).
+publish(events, ts) sends one batch and returns its sequence number; encode gives the payload.
+InvalidArgumentError for a bad config, IoError when the socket cannot be bound.)doc")
+      .def(py::init([](const ula::KvEventPublisherConfig& c) { return Unwrap(ula::KvEventPublisher::Create(c)); }),
+           py::arg("config"))
+      .def_property_readonly("endpoint", &ula::KvEventPublisher::endpoint)
+      .def(
+          "publish",
+          [](ula::KvEventPublisher& p, const std::vector<ula::CacheEvent>& events, double ts) {
+            return Unwrap(p.Publish(events, ts));
+          },
+          py::arg("events"), py::arg("ts"))
+      .def(
+          "encode",
+          [](const ula::KvEventPublisher& p, const std::vector<ula::CacheEvent>& events, double ts) {
+            return py::bytes(p.Encode(events, ts));
+          },
+          py::arg("events"), py::arg("ts"));
 
   py::class_<ula::KindBytes>(m, "KindBytes", "Bytes of one kind the tree holds: evictable now, or protected (locked).")
       .def_readonly("evictable", &ula::KindBytes::evictable)

@@ -2,7 +2,7 @@
 # in include/ula/*.h). Arrays are numpy arrays, or CPU tensors with __dlpack__ (torch), of
 # exactly the dtype named; nothing is cast or copied (engine memory: any dtype, taken as
 # bytes). A CUDA tensor raises UnsupportedError (the planners read and write on the host).
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -410,6 +410,26 @@ class CacheEvent:
     kv: bool
     window: bool
     state: bool
+
+class KvEventPublisherConfig:
+    endpoint: str  # bound; "tcp://127.0.0.1:*" takes a free port
+    topic: str
+    block_size: int  # the cache's page_tokens
+    sliding_window: int  # the cache's sliding_window
+    data_parallel_rank: Optional[int]  # None: left out of each KVEventBatch
+    send_high_water_mark: int
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:5557", topic: str = "", block_size: int = 16,
+                 sliding_window: int = 0, data_parallel_rank: Optional[int] = None,
+                 send_high_water_mark: int = 100000) -> None: ...
+    def validate(self) -> None: ...
+
+class KvEventPublisher:
+    """SGLang's / vLLM's KVEventBatch over a bound ZeroMQ PUB socket: [topic, seq, payload]."""
+    def __init__(self, config: KvEventPublisherConfig) -> None: ...
+    @property
+    def endpoint(self) -> str: ...  # the port chosen for "*"
+    def publish(self, events: Sequence[CacheEvent], ts: float) -> int: ...  # the batch's sequence number
+    def encode(self, events: Sequence[CacheEvent], ts: float) -> bytes: ...  # its msgpack payload
 
 class KindBytes:
     evictable: int

@@ -15,97 +15,16 @@ Protocol with the test (stdin / stdout, one line each):
   out one JSON object          {"blocks": [[medium, group, hash], ...], "messages": n, "events": n,
                                 "hashes_checked": n}, or {"error": "..."}; exit status 1 on error
 """
-import hashlib
 import json
 import sys
+from pathlib import Path
 
 import msgpack
 import zmq
 
-
-class Bad(Exception):
-    pass
-
-
-def signed64(digest):
-    v = int.from_bytes(digest[:8], "big")
-    return v - 2**64 if v >= 2**63 else v
-
-
-def check(cond, what):
-    if not cond:
-        raise Bad(what)
-
-
-class View:
-    def __init__(self, block_size, sliding_window):
-        self.block_size = block_size
-        self.sliding_window = sliding_window
-        self.blocks = {}  # (medium, group, hash) -> count
-        self.digest = {}  # hash -> full SHA-256 digest (to chain a child's hash)
-        self.events = 0
-        self.hashes_checked = 0
-
-    def stored(self, ev):
-        check(len(ev) in (8, 12), f"BlockStored with {len(ev)} fields")
-        _, hashes, parent, tokens, block_size, lora_id, medium, lora_name = ev[:8]
-        check(isinstance(hashes, list) and hashes and all(isinstance(h, int) for h in hashes), "block_hashes")
-        check(parent is None or isinstance(parent, int), "parent_block_hash")
-        check(block_size == self.block_size, f"block_size {block_size}")
-        check(lora_id is None and lora_name is None, "lora fields")
-        check(medium in ("GPU", "CPU"), f"medium {medium!r}")
-        group = 0
-        if len(ev) == 12:
-            extra_keys, group, kind, window = ev[8:]
-            check(extra_keys is None and group == 1 and kind == "sliding_window" and window == self.sliding_window,
-                  f"window group fields {ev[8:]}")
-        check(len(tokens) <= len(hashes) * block_size and len(tokens) > (len(hashes) - 1) * block_size,
-              f"{len(tokens)} tokens for {len(hashes)} blocks")
-        prior = parent
-        for k, h in enumerate(hashes):
-            page = tokens[k * block_size:(k + 1) * block_size]
-            hasher = hashlib.sha256()
-            if prior is not None:
-                check(prior in self.digest, f"parent {prior} was never stored")
-                hasher.update(self.digest[prior])
-            for t in page:
-                hasher.update(int(t).to_bytes(4, "little", signed=False))
-            d = hasher.digest()
-            check(signed64(d) == h, f"hash {h} ({medium}, tokens {page}, parent {prior}) is not SGLang's hash of its tokens and parent")
-            self.hashes_checked += 1
-            self.digest[h] = d
-            key = (medium, group, h)
-            self.blocks[key] = self.blocks.get(key, 0) + 1
-            prior = h
-
-    def removed(self, ev):
-        check(len(ev) in (3, 4), f"BlockRemoved with {len(ev)} fields")
-        hashes, medium = ev[1], ev[2]
-        group = ev[3] if len(ev) == 4 else 0
-        check(medium in ("GPU", "CPU") and group in (0, 1), f"medium {medium!r} group {group!r}")
-        for h in hashes:
-            key = (medium, group, h)
-            check(self.blocks.get(key, 0) > 0, f"removed {key}, which is not stored")
-            self.blocks[key] -= 1
-            if self.blocks[key] == 0:
-                del self.blocks[key]
-
-    def batch(self, payload):
-        batch = msgpack.unpackb(payload, raw=False, strict_map_key=True)
-        check(isinstance(batch, list) and len(batch) in (2, 3), "KVEventBatch is [ts, events(, dp_rank)]")
-        check(isinstance(batch[0], float) and isinstance(batch[1], list), f"ts and events: {batch!r:.200}")
-        for ev in batch[1]:
-            check(isinstance(ev, list) and ev and isinstance(ev[0], str), "a tagged event")
-            self.events += 1
-            if ev[0] == "BlockStored":
-                self.stored(ev)
-            elif ev[0] == "BlockRemoved":
-                self.removed(ev)
-            elif ev[0] == "AllBlocksCleared":
-                check(len(ev) == 1, "AllBlocksCleared has no fields")
-                self.blocks.clear()
-            else:
-                raise Bad(f"unknown event {ev[0]!r}")
+# The router's view is the example router's (one implementation): examples/kv_router.py.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from kv_router import Bad, RouterView as View, check  # noqa: E402
 
 
 def main():

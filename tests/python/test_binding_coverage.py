@@ -39,6 +39,8 @@ CLASSES = {
     "KindBytes": ("include/ula/prefix_cache.h", "KindBytes"),
     "PrefixCacheMetrics": ("include/ula/prefix_cache.h", "PrefixCacheMetrics"),
     "PrefixCache": ("include/ula/prefix_cache.h", "PrefixCache"),
+    "KvEventPublisherConfig": ("include/ula/kv_event_publisher.h", "KvEventPublisherConfig"),
+    "KvEventPublisher": ("include/ula/kv_event_publisher.h", "KvEventPublisher"),
     "FaultPlan": ("src/backend/fault_backend.h", "FaultPlan"),
     "FaultStats": ("src/backend/fault_backend.h", "FaultStats"),
     "TpEngineStepPlanner": ("include/ula/tp_engine_step.h", "TpEngineStepPlanner"),
@@ -55,6 +57,8 @@ ALIASES = {
     ("PrefixMatch", "checkpoint"): "checkpoint_state",  # and checkpoint_window
     ("PrefixMatch", "copy"): "copy_state",  # and copy_window
     ("PrefixCacheConfig", "Validate"): "validate",
+    ("KvEventPublisherConfig", "Validate"): "validate",
+    ("KvEventPublisher", "Create"): "__init__",
     ("UnifiedBufferConfig", "Validate"): "validate",
     ("AddressSpace", "Create"): "__init__",
     ("TpAddressSpace", "Create"): "__init__",
