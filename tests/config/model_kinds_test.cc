@@ -35,6 +35,7 @@ TEST(ModelKinds, DeepSeekV4FlashHasEveryKindWithItsRowsAndPlacement) {
   const KvKind& window = Named(*kinds, "window");
   EXPECT_EQ(window.lifetime, KindLifetime::kRing);
   EXPECT_EQ(window.ring_tokens, 128u + 3u);  // the window plus the draft a round may roll back
+  EXPECT_EQ(window.ring_draft_tokens, 3u);
   EXPECT_EQ(window.layers, 44u);             // 43 layers and the MTP layer
   EXPECT_EQ(window.row_bytes, 584u);         // SGLang's packed FP8 entry
   EXPECT_EQ(window.placement, KindPlacement::kResident);
@@ -114,6 +115,8 @@ TEST(KvKinds, EachRuleIsRefusedWithItsField) {
       {"kinds[0].tokens_per_entry", [](auto& k) { k[0].tokens_per_entry = 4; }},  // a ring keeps tokens
       {"kinds[0].ring_tokens", [](auto& k) { k[0].ring_tokens = 0; }},
       {"kinds[1].ring_tokens", [](auto& k) { k[1].ring_tokens = 8; }},
+      {"kinds[0].ring_draft_tokens", [](auto& k) { k[0].ring_draft_tokens = 8; }},  // no window left
+      {"kinds[1].ring_draft_tokens", [](auto& k) { k[1].ring_draft_tokens = 1; }},  // drafts of no ring
       {"kinds[3].state_rows", [](auto& k) { k[3].state_rows = 0; }},
       {"kinds[1].state_rows", [](auto& k) { k[1].state_rows = 2; }},
       {"kinds[0].layers", [](auto& k) { k[0].layers = 0; }},
