@@ -70,6 +70,7 @@ class KindEntries {
   explicit KindEntries(std::span<const KvKind> kinds);
 
   bool empty() const { return kinds_.empty(); }
+  std::size_t num_requests() const { return requests_.size(); }
   std::size_t num_kinds() const { return kinds_.size(); }
   // Whether kind k's entries are logical addresses (the sparse kind, its companions).
   bool addressed(std::uint32_t k) const { return addressed_[k]; }
