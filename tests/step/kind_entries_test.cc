@@ -51,11 +51,23 @@ KindPages Pages(const KindEntries& e, RequestId r, std::uint32_t k) {
   return p ? *p : KindPages{};
 }
 
-TEST(KindEntries, TheCompressedEntriesAppearWhenTheirBlockCompletes) {
-  const auto kinds = V4Kinds();
-  KindEntries e(kinds);
-  const RequestId r(1);
-  ASSERT_TRUE(e.AddRequest(r));
+// The request's page tables of every kind that is not the addresses.
+std::vector<KindPages> Tables(const KindEntries& e, RequestId r) {
+  std::vector<KindPages> t;
+  for (std::uint32_t k : {kWin, kC128, kS4, kS128}) t.push_back(Pages(e, r, k));
+  return t;
+}
+
+// One request of the V4 kinds, registered.
+class KindEntriesOfOneRequest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(e.AddRequest(r)); }
+  const std::vector<KvKind> kinds = V4Kinds();
+  KindEntries e{kinds};
+  const RequestId r{1};
+};
+
+TEST_F(KindEntriesOfOneRequest, TheCompressedEntriesAppearWhenTheirBlockCompletes) {
   auto three = e.CheckAppend(r, 3);
   ASSERT_TRUE(three);
   EXPECT_EQ(*three, 0u);  // three tokens make no C4 entry: they are the compressor state's
@@ -84,11 +96,7 @@ TEST(KindEntries, TheCompressedEntriesAppearWhenTheirBlockCompletes) {
   EXPECT_TRUE(e.CheckInvariants("test"));
 }
 
-TEST(KindEntries, TheRingFreesABlockOnlyWhenAllItsTokensAreOlderThanTheRing) {
-  const auto kinds = V4Kinds();
-  KindEntries e(kinds);
-  const RequestId r(1);
-  ASSERT_TRUE(e.AddRequest(r));
+TEST_F(KindEntriesOfOneRequest, TheRingFreesABlockOnlyWhenAllItsTokensAreOlderThanTheRing) {
   e.Append(r, 64 + kRing - 1);  // live [63, 194): token 63 still holds block 0
   KindPages w = Pages(e, r, kWin);
   EXPECT_EQ(w.entries, kRing);
@@ -112,14 +120,9 @@ TEST(KindEntries, TheRingFreesABlockOnlyWhenAllItsTokensAreOlderThanTheRing) {
   EXPECT_TRUE(e.CheckInvariants("test"));
 }
 
-TEST(KindEntries, ARollbackUndoesWhatTheRejectedTokensMade) {
-  const auto kinds = V4Kinds();
-  KindEntries e(kinds);
-  const RequestId r(1);
-  ASSERT_TRUE(e.AddRequest(r));
+TEST_F(KindEntriesOfOneRequest, ARollbackUndoesWhatTheRejectedTokensMade) {
   e.Append(r, 126);
-  std::vector<KindPages> at126;
-  for (std::uint32_t k : {kWin, kC128, kS4, kS128}) at126.push_back(Pages(e, r, k));
+  const std::vector<KindPages> at126 = Tables(e, r);
   e.Append(r, 3);  // 129: the 32nd C4 entry and the first C128 entry
   EXPECT_EQ(Pages(e, r, kC128).entries, 1u);
   auto keep = e.CheckTruncate(r, 126);
@@ -129,9 +132,7 @@ TEST(KindEntries, ARollbackUndoesWhatTheRejectedTokensMade) {
   EXPECT_EQ(Pages(e, r, kC128).entries, 0u);
   EXPECT_EQ(Pages(e, r, kS4).filling_tokens, 2u);
   EXPECT_EQ(Pages(e, r, kS128).filling_tokens, 126u);
-  std::vector<KindPages> now;  // as if the drafts were never made (the ids they took are free)
-  for (std::uint32_t k : {kWin, kC128, kS4, kS128}) now.push_back(Pages(e, r, k));
-  EXPECT_EQ(now, at126);
+  EXPECT_EQ(Tables(e, r), at126);  // as if the drafts were never made (the ids they took are free)
   EXPECT_EQ(e.BlocksInUse(kC128), 0u);
   EXPECT_EQ(e.BlocksInUse(kWin), 2u);
   EXPECT_TRUE(e.CheckInvariants("test"));
@@ -145,11 +146,7 @@ TEST(KindEntries, ARollbackUndoesWhatTheRejectedTokensMade) {
   EXPECT_TRUE(e.CheckInvariants("test"));
 }
 
-TEST(KindEntries, BadInputIsRefusedAndChangesNothing) {
-  const auto kinds = V4Kinds();
-  KindEntries e(kinds);
-  const RequestId r(1);
-  ASSERT_TRUE(e.AddRequest(r));
+TEST_F(KindEntriesOfOneRequest, BadInputIsRefusedAndChangesNothing) {
   e.Append(r, 1000);
   const std::uint64_t before = Digest(e);
   auto past_ring = e.CheckTruncate(r, 1000 - kDrafts - 1);
