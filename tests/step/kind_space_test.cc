@@ -7,6 +7,8 @@
 #include <random>
 
 #include "config/model_kinds.h"
+#include "space/address_space_state.h"
+#include "space/space_access.h"
 #include "test_seed.h"
 #include "ula/address_space.h"
 #include "ula/backend.h"
@@ -186,6 +188,26 @@ TEST(KindSpace, FreeReleasesEveryKind) {
   EXPECT_EQ(s.num_live_addresses(), 0u);
   for (std::uint32_t g = 0; g < s.config().num_groups; ++g) EXPECT_EQ(s.NumUsed(Rank(0), GroupId(g), Tier::kDevice), 0u);
   EXPECT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
+}
+
+// The check is not vacuous: kinds that count tokens the directory has no C4 entries for, or
+// a request the kinds do not know, fail it.
+TEST(KindSpace, CheckInvariantsCatchesTheKindsOutOfStepWithTheAddresses) {
+  Flash f;
+  AddressSpace& s = *f.space;
+  const RequestId r(1);
+  ASSERT_TRUE(s.AddRequest(r, Rank(0)));
+  ASSERT_TRUE(s.Allocate(r, 10));
+  ASSERT_TRUE(s.CheckInvariants());
+  KindEntries& kinds = StateOf(s).kinds;
+  kinds.Append(r, 2);  // 12 tokens: 3 C4 entries, the directory lists 2
+  const Status off = s.CheckInvariants();
+  ASSERT_FALSE(off);
+  EXPECT_NE(off.error().message().find("not its 3 C4 entries"), std::string::npos) << off.error().message();
+  kinds.Truncate(r, 10);
+  ASSERT_TRUE(s.CheckInvariants());
+  ASSERT_TRUE(kinds.Free(r));
+  EXPECT_FALSE(s.CheckInvariants());
 }
 
 }  // namespace
