@@ -41,6 +41,12 @@ struct Flash {
                      : n == "c4_state" ? s4 : n == "c4_index_state" ? s4i : s128) = k;
     }
   }
+  // Registers request r on rank 0 and allocates its first `tokens` tokens.
+  void Start(RequestId r, std::uint32_t tokens) {
+    EXPECT_TRUE(space->AddRequest(r, Rank(0)));
+    auto a = space->Allocate(r, tokens);
+    EXPECT_TRUE(a) << a.error().ToString();
+  }
   KindPages Pages(RequestId r, std::uint32_t k) const {
     auto p = space->KindPagesOf(r, k);
     EXPECT_TRUE(p) << p.error().ToString();
@@ -123,8 +129,7 @@ TEST(KindSpace, ARollbackPastTheRingIsRefusedAndChangesNothing) {
   Flash f;
   AddressSpace& s = *f.space;
   const RequestId r(1);
-  ASSERT_TRUE(s.AddRequest(r, Rank(0)));
-  ASSERT_TRUE(s.Allocate(r, 400));
+  f.Start(r, 400);
   const std::uint64_t before = s.DebugDigest();
   const Status past = s.Truncate(r, 400 - kDrafts - 1);
   ASSERT_FALSE(past);
@@ -144,8 +149,7 @@ TEST(KindSpace, BadInputIsRefusedAndChangesNothing) {
   Flash f(/*device_entries=*/64, /*host_entries=*/64);
   AddressSpace& s = *f.space;
   const RequestId r(1);
-  ASSERT_TRUE(s.AddRequest(r, Rank(0)));
-  ASSERT_TRUE(s.Allocate(r, 10));
+  f.Start(r, 10);
   const std::uint64_t before = s.DebugDigest();
   EXPECT_EQ(s.Allocate(RequestId(9), 4).error().code(), ErrorCode::kNotFound);
   EXPECT_EQ(s.Truncate(r, 11).error().code(), ErrorCode::kOutOfRange);
@@ -168,10 +172,8 @@ TEST(KindSpace, BadInputIsRefusedAndChangesNothing) {
 TEST(KindSpace, FreeReleasesEveryKind) {
   Flash f;
   AddressSpace& s = *f.space;
-  ASSERT_TRUE(s.AddRequest(RequestId(1), Rank(0)));
-  ASSERT_TRUE(s.AddRequest(RequestId(2), Rank(0)));
-  ASSERT_TRUE(s.Allocate(RequestId(1), 700));
-  ASSERT_TRUE(s.Allocate(RequestId(2), 300));
+  f.Start(RequestId(1), 700);
+  f.Start(RequestId(2), 300);
   const KindPages w1 = f.Pages(RequestId(1), f.window);
   const KindPages s1 = f.Pages(RequestId(1), f.s128);
   ASSERT_TRUE(s.Free(RequestId(1)));
@@ -179,8 +181,7 @@ TEST(KindSpace, FreeReleasesEveryKind) {
   EXPECT_EQ(s.KindPagesOf(RequestId(1), f.window).error().code(), ErrorCode::kNotFound);
   EXPECT_EQ(s.Free(RequestId(1)).error().code(), ErrorCode::kNotFound);
   // A new request gets the freed blocks back, lowest id first.
-  ASSERT_TRUE(s.AddRequest(RequestId(3), Rank(0)));
-  ASSERT_TRUE(s.Allocate(RequestId(3), 1));
+  f.Start(RequestId(3), 1);
   EXPECT_EQ(f.Pages(RequestId(3), f.s128).blocks, s1.blocks);
   EXPECT_EQ(f.Pages(RequestId(3), f.window).blocks[0], *std::min_element(w1.blocks.begin(), w1.blocks.end()));
   ASSERT_TRUE(s.Free(RequestId(2)));
@@ -196,8 +197,7 @@ TEST(KindSpace, CheckInvariantsCatchesTheKindsOutOfStepWithTheAddresses) {
   Flash f;
   AddressSpace& s = *f.space;
   const RequestId r(1);
-  ASSERT_TRUE(s.AddRequest(r, Rank(0)));
-  ASSERT_TRUE(s.Allocate(r, 10));
+  f.Start(r, 10);
   ASSERT_TRUE(s.CheckInvariants());
   KindEntries& kinds = StateOf(s).kinds;
   kinds.Append(r, 2);  // 12 tokens: 3 C4 entries, the directory lists 2
