@@ -102,6 +102,21 @@
 // holder still references keeps its entry, its location and its bytes. Shared entries
 // follow the residency policy like any other (a cold cached prefix drifts to host).
 //
+// Kinds (DP only; AddressSpaceConfig::kinds; docs/ARCHITECTURE.md, "Kinds"). A space with kinds
+// counts a request's tokens T: Allocate(request, n) appends n tokens and returns the new
+// addresses, which are the sparse kind's (C4) entries those tokens complete, one per
+// tokens_per_entry tokens (none until a block's last token arrives: the tokens before it
+// are in the compressor state), placed in the groups as single-kind entries; AddressesOf
+// lists the request's C4 entries, Lookup, Write and Read take them, and their index keys
+// share them. Beside them the space keeps, per request, the other kinds' logical blocks
+// (KindPagesOf): the C128 entries in blocks of 64, the window ring's last ring_tokens
+// tokens (a block is freed once all its tokens are older; at most ceil(ring_tokens / 64) + 1
+// blocks), one entry per compressor state from the first Allocate. Truncate(request, length)
+// takes tokens: it keeps floor(length / tokens_per_entry) entries of each kind and restores
+// the ring, refused (kFailedPrecondition, nothing changed) when the window of `length` is
+// no longer in the ring (a rollback of more than ring_draft_tokens). Free releases every
+// kind. Only logical blocks exist yet: the bytes of the kinds other than C4 are not held.
+//
 // Lifetime (shared): `backend` outlives the space (held by reference; the backend's destructor
 // stops the program while a space lives); the space outlives every StepPlanner over it.
 // Spans from AddressesOf are valid until the next Allocate/Free of that request.
@@ -170,8 +185,10 @@ struct AddressSpaceConfig {
   // The kinds of KV the space holds (ula/kv_kinds.h; docs/ARCHITECTURE.md, "Kinds"). Empty:
   // one kind, one entry per token per group, as everything above describes. Otherwise the
   // groups are the selections of the one sparse kind (their layers sum to its layers, row()
-  // is its row) and the other kinds sit beside it. The per-token paths (Allocate and every
-  // step form) refuse a space with kinds (kUnsupported): its entries are made per kind.
+  // is its row) and the other kinds sit beside it. Allocate, Truncate and Free take the
+  // model's tokens and make and release the entries of every kind ("Kinds" below); the
+  // step forms (StepPlanner::Step, EngineStepPlanner, DeviceStep) and ShareInto refuse a
+  // space with kinds (kUnsupported).
   std::vector<KvKind> kinds;
 
   // Names the first bad field.
@@ -233,7 +250,8 @@ class AddressSpace {
   // once at schedule time and every layer writes there, and HiSparse keeps every running
   // request's newest token on device the same way; FlashMLA's sparse decode has no input
   // for a token outside the cache.)
-  // kResourceExhausted if the rank cannot hold them in every group; kIo if moving the
+  // With kinds, n_tokens are the model's tokens and the addresses their new C4 entries
+  // ("Kinds" above). kResourceExhausted if the rank cannot hold them in every group; kIo if moving the
   // victims failed (nothing allocated then; the victims stay on device, counted as used in
   // this round: the policy has no "unclaim").
   Result<std::vector<LogicalAddr>> Allocate(RequestId request, std::uint32_t n_tokens);
@@ -267,11 +285,14 @@ class AddressSpace {
   // tokens), kFailedPrecondition (a token to free is adopted (ShareInto) or has another
   // holder (a sharer or a cache reference): shared entries are immutable, so a shared
   // prefix cannot be rolled back; or an engine step's plan is pending). O(freed tokens).
+  // With kinds, `length` is in tokens ("Kinds" above); also kFailedPrecondition when the
+  // rollback reaches past the window ring.
   Status Truncate(RequestId request, std::uint32_t length);
   // The request adopts live addresses (a shared prefix): appended to its list in order,
   // one more reference each. kNotFound (unknown request, an address not live),
   // kInvalidArgument (an address of another rank, one listed twice), kAlreadyExists (the
-  // request already holds one): nothing changes. O(addrs log addrs + adopted).
+  // request already holds one), kUnsupported (a space with kinds): nothing changes.
+  // O(addrs log addrs + adopted).
   Status ShareInto(RequestId request, std::span<const LogicalAddr> addrs);
   // One cache reference more / less on each address (a prefix cache node's). Release frees
   // an address whose last reference it drops. kNotFound (an address not live),
@@ -294,6 +315,12 @@ class AddressSpace {
 
   Result<Location> Lookup(LogicalAddr addr, GroupId group) const;
   Result<std::span<const LogicalAddr>> AddressesOf(RequestId request) const;
+  // A space with kinds ("Kinds" above): the request's entries of kind `kind` as an engine
+  // indexes them: its tokens, live entries, block ids in order, the ring's first live
+  // offset, the tokens still filling a block. The sparse kind and its companions: the pages
+  // of AddressesOf (page_tokens entries each). kFailedPrecondition (no kinds), kNotFound
+  // (unknown request), kOutOfRange (kind).
+  Result<KindPages> KindPagesOf(RequestId request, std::uint32_t kind) const;
   Result<Rank> RankOf(RequestId request) const;
   bool IsLive(LogicalAddr addr) const;
 

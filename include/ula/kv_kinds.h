@@ -7,8 +7,9 @@
 //                     entry appears when the token completing its block is written; until
 //                     then the block's tokens live in the request's compressor state.
 //   lifetime          kRing: the last `ring_tokens` tokens' entries (the window plus the most
-//                     draft tokens one round may roll back, so a rollback finds what it
-//                     restores); the oldest is freed as a token arrives. kAppend: kept until
+//                     draft tokens one round may roll back, `ring_draft_tokens` of them, so a
+//                     rollback finds what it restores); the oldest is freed as a token
+//                     arrives. kAppend: kept until
 //                     the request frees it (compressed entries). kPerRequest: `state_rows`
 //                     rows per layer for the request's whole life (compressor state: the
 //                     block still filling).
@@ -24,7 +25,8 @@
 // Rules (ValidateKinds; the error names the field, "kinds[2].companion_of"):
 //   - a name, unique; tokens_per_entry a power of two in [1, kMaxTokensPerEntry];
 //     layers >= 1, row_bytes >= 1;
-//   - kRing: tokens_per_entry 1 and ring_tokens >= 1; other lifetimes: ring_tokens 0;
+//   - kRing: tokens_per_entry 1, ring_tokens >= 1 and ring_draft_tokens < ring_tokens (a
+//     window of at least one token); other lifetimes: ring_tokens and ring_draft_tokens 0;
 //   - kPerRequest: state_rows >= 1 and resident (the compressor writes it every token);
 //     other lifetimes: state_rows 0;
 //   - kSparse: lifetime kAppend (a ring or a state is read whole every step); at most one
@@ -40,6 +42,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "ula/error.h"
 
@@ -56,7 +59,8 @@ struct KvKind {
   std::string name;
   std::uint32_t tokens_per_entry = 1;
   KindLifetime lifetime = KindLifetime::kAppend;
-  std::uint32_t ring_tokens = 0;  // kRing only
+  std::uint32_t ring_tokens = 0;        // kRing only: the window plus ring_draft_tokens
+  std::uint32_t ring_draft_tokens = 0;  // kRing only: the most tokens a rollback may drop
   std::uint32_t state_rows = 0;   // kPerRequest only: rows per layer per request
   std::uint32_t layers = 0;
   std::uint32_t row_bytes = 0;
@@ -66,6 +70,25 @@ struct KvKind {
   // Bytes of one entry over the kind's layers (kPerRequest: of one state row).
   std::uint64_t entry_bytes() const { return std::uint64_t{layers} * row_bytes; }
   bool operator==(const KvKind&) const = default;
+};
+
+// Entries per logical block of a kind whose entries are not the space's addresses (a
+// request's page table of C128 entries or window tokens): SGLang's 256-token page holds 64
+// C4 entries and 2 C128 entries, a 64-token block of the window.
+inline constexpr std::uint32_t kKindBlockEntries = 64;
+
+// A request's entries of one kind as an engine indexes them (AddressSpace::KindPagesOf).
+struct KindPages {
+  std::uint32_t tokens = 0;   // the request's tokens
+  std::uint32_t entries = 0;  // live entries: floor(tokens / tokens_per_entry); a ring: its
+                              // live tokens; a per_request kind: 1 once allocated
+  // Entries per block: kKindBlockEntries; the sparse kind and its companions: the space's
+  // page_tokens (their blocks are its pages of logical addresses); per_request: 1.
+  std::uint32_t entries_per_block = 0;
+  std::uint32_t first_offset = 0;    // a ring: offset of its oldest live entry in blocks[0]
+  std::uint32_t filling_tokens = 0;  // tokens in no entry yet (the compressor state's position)
+  std::vector<std::uint32_t> blocks;  // [ceil((first_offset + entries) / entries_per_block)] ids in order
+  bool operator==(const KindPages&) const = default;
 };
 
 std::string_view ToString(KindLifetime lifetime);

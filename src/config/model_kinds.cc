@@ -46,6 +46,7 @@ Result<std::vector<KvKind>> KindsOfModel(const ModelConfig& model, const ModelKi
   std::vector<KvKind> kinds;
   KvKind window = Kind("window", 1, KindLifetime::kRing, all, kv, KindPlacement::kResident);
   window.ring_tokens = static_cast<std::uint32_t>(ring);
+  window.ring_draft_tokens = options.max_draft_tokens;
   kinds.push_back(window);
   if (csa > 0) {
     kinds.push_back(Kind("c4", model.compress_rate_csa, KindLifetime::kAppend, csa, kv, KindPlacement::kSparse));

@@ -76,7 +76,7 @@ AddressSpace::~AddressSpace() = default;
 
 Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceConfig& config, Backend& backend) {
   ULA_RETURN_IF_ERROR(config.Validate());
-  auto state = std::make_unique<State>(backend, config.page_tokens);  // on failure its arenas are destroyed
+  auto state = std::make_unique<State>(backend, config.page_tokens, config.kinds);  // on failure its arenas are destroyed
   const std::uint32_t dev_slots = config.device_slots_per_group();
   const std::uint32_t host_slots = config.host_slots_per_group();
   state->pools.resize(config.num_ranks);
@@ -101,7 +101,9 @@ Status AddressSpace::AddRequest(RequestId request, Rank rank) {
     return MakeError(ErrorCode::kOutOfRange,
                      fmt::format("rank {} is out of range ({} ranks)", rank.value(), config_.num_ranks));
   }
-  return state_->dir.AddRequest(request, rank);
+  ULA_RETURN_IF_ERROR(state_->dir.AddRequest(request, rank));
+  if (!state_->kinds.empty()) ULA_CHECK(state_->kinds.AddRequest(request));  // the directory knew no such request
+  return Ok();
 }
 
 void AddressSpace::SetMoveExecutor(MoveExecutor executor) { state_->move_executor = std::move(executor); }
@@ -149,26 +151,40 @@ void PlanVictims(const AddressSpaceConfig& cfg, AddressSpace::State& st, Rank ra
 
 Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::uint32_t n_tokens) {
   State& st = *state_;
-  ULA_RETURN_IF_ERROR(RefuseKinds(config_, "Allocate"));
   ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("Allocate"));
   RequestState* req = st.dir.Find(request);
   if (req == nullptr) return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));
   const Rank rank = req->rank;
+  // With kinds, n_tokens are the model's tokens and the new addresses are the C4 entries
+  // they complete (docs/ARCHITECTURE.md, "Kinds"): the rest of the path places them as
+  // single-kind entries; the other kinds' entries are taken once they are placed.
+  const bool kinds = !st.kinds.empty();
+  std::uint32_t n_entries = n_tokens;
+  if (kinds) {
+    auto made = st.kinds.CheckAppend(request, n_tokens);
+    if (!made) return std::unexpected(made.error());
+    n_entries = *made;
+    if (n_entries == 0) {
+      st.kinds.Append(request, n_tokens);
+      ULA_EXPENSIVE_CHECK(*this);
+      return std::vector<LogicalAddr>{};
+    }
+  }
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
     const GroupPools& gp = st.at(rank, GroupId(g));
     const std::uint64_t free = std::uint64_t{gp.NumFree(Tier::kDevice)} + gp.NumFree(Tier::kHost);
-    if (n_tokens > free) {
+    if (n_entries > free) {
       return MakeError(ErrorCode::kResourceExhausted,
                        fmt::format("request {}: {} new entries do not fit on rank {} group {} ({} free of {})",
-                                   request.value(), n_tokens, rank.value(), g, free,
+                                   request.value(), n_entries, rank.value(), g, free,
                                    std::uint64_t{gp.device.capacity()} + gp.host.capacity()));
     }
   }
-  auto planned = st.dir.PlanPages(request, *req, n_tokens);
+  auto planned = st.dir.PlanPages(request, *req, n_entries);
   if (!planned) return std::unexpected(std::move(planned).error());
   std::vector<ShardPools::VictimPlan> plans(config_.num_groups);
   std::vector<CopyDescriptor> moves;
-  PlanVictims(config_, st, rank, n_tokens, plans, moves);
+  PlanVictims(config_, st, rank, n_entries, plans, moves);
   if (!moves.empty()) {
     Status copied = RunMoves(moves);
     if (!copied) {
@@ -185,6 +201,7 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
     st.at(rank, GroupId(g)).PlaceNew(plans[g], /*moved=*/true, planned->addrs, st.stable_new_entries,
                                      [&table](LogicalAddr a, Location loc) { table.Set(a, loc); });
   }
+  if (kinds) st.kinds.Append(request, n_tokens);
   ULA_EXPENSIVE_CHECK(*this);
   return std::move(planned->addrs);
 }
@@ -207,15 +224,30 @@ Directory::ReleaseFn Releaser(const AddressSpaceConfig& cfg, AddressSpace::State
 }  // namespace
 
 Status AddressSpace::Free(RequestId request) {
-  return Checked(*this, state_->dir.Free(request, Releaser(config_, *state_)));
+  State& st = *state_;
+  Status freed = st.dir.Free(request, Releaser(config_, st));
+  if (freed && !st.kinds.empty()) ULA_CHECK(st.kinds.Free(request));  // it knows every request the directory does
+  return Checked(*this, std::move(freed));
 }
 
 Status AddressSpace::Truncate(RequestId request, std::uint32_t length) {
-  return Checked(*this, state_->dir.Truncate(request, length, Releaser(config_, *state_)));
+  State& st = *state_;
+  if (st.kinds.empty()) return Checked(*this, st.dir.Truncate(request, length, Releaser(config_, st)));
+  // length is in tokens: the directory keeps the C4 entries of the kept tokens.
+  auto keep = st.kinds.CheckTruncate(request, length);
+  if (!keep) return std::unexpected(keep.error());
+  ULA_RETURN_IF_ERROR(st.dir.Truncate(request, *keep, Releaser(config_, st)));
+  st.kinds.Truncate(request, length);
+  return Checked(*this, Ok());
 }
 
 Status AddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> addrs) {
   const State& st = *state_;
+  if (!st.kinds.empty()) {
+    return MakeError(ErrorCode::kUnsupported,
+                     "ShareInto: a space with kinds shares no prefix yet: adopted C4 entries would come without "
+                     "the window, C128 entries and compressor state of their tokens (docs/ARCHITECTURE.md, \"Kinds\")");
+  }
   const RequestState* req = st.dir.Find(request);
   const Rank rank = req != nullptr ? req->rank : Rank::Invalid();
   // DP: an adopted address lives on the request's rank.
@@ -312,6 +344,28 @@ Result<Location> AddressSpace::Lookup(LogicalAddr addr, GroupId group) const {
 
 Result<std::span<const LogicalAddr>> AddressSpace::AddressesOf(RequestId request) const {
   return state_->dir.AddressesOf(request);
+}
+
+Result<KindPages> AddressSpace::KindPagesOf(RequestId request, std::uint32_t kind) const {
+  const State& st = *state_;
+  if (st.kinds.empty()) {
+    return MakeError(ErrorCode::kFailedPrecondition, "KindPagesOf: the space has no kinds (AddressSpaceConfig::kinds)");
+  }
+  if (kind >= st.kinds.num_kinds() || !st.kinds.addressed(kind)) return st.kinds.PagesOf(request, kind);
+  // The sparse kind and its companions: the request's logical addresses, token i of its
+  // list at offset i % P of its page (no ShareInto in a space with kinds), so its pages are
+  // the addresses at every P-th position.
+  auto tokens = st.kinds.TokensOf(request);
+  if (!tokens) return std::unexpected(tokens.error());
+  const std::span<const LogicalAddr> addrs = st.dir.Find(request)->addrs;
+  const std::uint32_t P = config_.page_tokens;
+  KindPages p;
+  p.tokens = *tokens;
+  p.entries = static_cast<std::uint32_t>(addrs.size());
+  p.entries_per_block = P;
+  p.filling_tokens = *tokens % config_.kinds[kind].tokens_per_entry;
+  for (std::size_t i = 0; i < addrs.size(); i += P) p.blocks.push_back(addrs[i].value() / P);
+  return p;
 }
 
 Result<Rank> AddressSpace::RankOf(RequestId request) const {
@@ -435,6 +489,21 @@ Status AddressSpace::CheckInvariants() const {
   // The directory (directory.h), which also gives each address its requests' rank.
   std::vector<std::uint16_t> rank_of;
   ULA_RETURN_IF_ERROR(st.dir.CheckInvariants("AddressSpace", &rank_of));
+  if (!st.kinds.empty()) {  // the kinds' entries (kind_entries.h); a request's addresses are its C4 entries
+    ULA_RETURN_IF_ERROR(st.kinds.CheckInvariants("AddressSpace"));
+    if (st.kinds.num_requests() != st.dir.num_requests()) {
+      return Fail(fmt::format("{} requests with kind entries, {} in the directory", st.kinds.num_requests(),
+                              st.dir.num_requests()));
+    }
+    for (const auto& [id, req] : st.dir.requests()) {
+      auto c4 = st.kinds.AddressedEntries(id);
+      if (!c4) return Fail(fmt::format("request {} has no kind entries", id.value()));
+      if (*c4 != req.addrs.size() || !req.adopted.empty()) {
+        return Fail(fmt::format("request {} of {} tokens lists {} addresses ({} adopted), not its {} C4 entries",
+                                id.value(), *st.kinds.TokensOf(id), req.addrs.size(), req.adopted.size(), *c4));
+      }
+    }
+  }
   for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
     const AddressRecords& table = st.tables[g];
     if (table.size() < st.dir.extent()) {
@@ -463,6 +532,7 @@ std::uint64_t AddressSpace::DebugDigest() const {
     for (const GroupPools& gp : per_rank) gp.AddToDigest(d);
   }
   st.dir.AddToDigest(d);
+  st.kinds.AddToDigest(d);
   return d.value();
 }
 

@@ -15,6 +15,7 @@
 #include "core/address_records.h"
 #include "space/address_refs.h"
 #include "space/directory.h"
+#include "space/kind_entries.h"
 #include "space/pool_arenas.h"
 #include "space/shard_pools.h"
 #include "backend/slot_pool.h"
@@ -33,7 +34,8 @@ using RequestState = Directory::Request;
 inline constexpr std::uint32_t kSharedTag = refs::kSharedTag;
 
 struct AddressSpace::State {
-  State(Backend& backend, std::uint32_t page_tokens) : arenas(backend), dir(page_tokens, /*paged=*/true) {}
+  State(Backend& backend, std::uint32_t page_tokens, std::span<const KvKind> kinds)
+      : arenas(backend), dir(page_tokens, /*paged=*/true), kinds(kinds) {}
 
   PoolArenas arenas;  // destroyed last: every pool below lives in one of them
   std::vector<std::vector<GroupPools>> pools;  // [num_ranks][num_groups]
@@ -41,6 +43,9 @@ struct AddressSpace::State {
   // The requests, their addresses, tags, reference counts and pages (directory.h); its
   // extent is the tables' size.
   Directory dir;
+  // A space with kinds: every request's entries of every kind (kind_entries.h); the
+  // directory's addresses are the sparse kind's entries. Empty without kinds.
+  KindEntries kinds;
   bool stable_new_entries = false;  // config.stable_new_entries: fixed at Create
   bool host_shadows = false;        // config.host_shadows: fixed at Create
   AddressSpace::MoveExecutor move_executor;  // null: the backend runs Allocate's moves

@@ -40,6 +40,15 @@ Status ValidateOne(std::size_t i, const KvKind& k) {
                      fmt::format("is {}: a ring keeps one entry per token, so it must be 1", k.tokens_per_entry));
   }
   if (ring && k.ring_tokens < 1) return KindError(i, "ring_tokens", "must be >= 1 for a ring");
+  if (ring && k.ring_draft_tokens >= k.ring_tokens) {
+    return KindError(i, "ring_draft_tokens",
+                     fmt::format("is {}: must be less than ring_tokens = {} (the window keeps at least one token)",
+                                 k.ring_draft_tokens, k.ring_tokens));
+  }
+  if (!ring && k.ring_draft_tokens != 0) {
+    return KindError(i, "ring_draft_tokens", fmt::format("is {}: only a ring keeps draft tokens ({} lifetime)",
+                                                         k.ring_draft_tokens, ToString(k.lifetime)));
+  }
   if (!ring && k.ring_tokens != 0) {
     return KindError(i, "ring_tokens", fmt::format("is {}: only a ring has a length ({} lifetime)", k.ring_tokens,
                                                    ToString(k.lifetime)));

@@ -2,9 +2,9 @@
 //
 // A space with kinds holds the sparse kind's entries in its groups (one group per selection:
 // DeepSeek-V4's compressed-sparse layers, each with its own indexer) and every other kind
-// beside them. Until the entries of every kind are made as the model makes them, the paths
-// written for the single kind (the step forms, Allocate) refuse such a space with the reason
-// rather than read one token's entry where a kind keeps one per block.
+// beside them. Allocate, Truncate and Free make and release every kind's entries
+// (space/kind_entries.h); until the step reads the sparse kind's entries with the others,
+// the step forms refuse such a space with the reason (RefuseKinds).
 //
 // Thread-safety: pure functions.
 #pragma once

@@ -74,13 +74,14 @@ ALIASES = {
 
 
 # (Python class, C++ member) -> why it has no binding.
-V4_KINDS = "DeepSeek-V4 layer kinds: the model config reads them (configs/models/deepseek_v4_*.json); a space with kinds makes no entries yet (Allocate and the step forms refuse it), so Python has nothing to drive with them (docs/INTEGRATION.md, DeepSeek-V4)"
+V4_KINDS = "DeepSeek-V4 layer kinds: the model config reads them (configs/models/deepseek_v4_*.json); a space with kinds makes its entries' logical blocks but holds no bytes for them and the step forms refuse it, so Python has nothing to drive with them yet (docs/INTEGRATION.md, DeepSeek-V4)"
 EXCLUDED = {
     ("ModelConfig", "compress_rate_csa"): V4_KINDS,
     ("ModelConfig", "compress_rate_hca"): V4_KINDS,
     ("ModelConfig", "compress_ratios"): V4_KINDS,
     ("ModelConfig", "compressor_state_bytes_per_value"): V4_KINDS,
     ("AddressSpaceConfig", "kinds"): V4_KINDS,
+    ("AddressSpace", "KindPagesOf"): V4_KINDS,
     ("ModelConfig", "has_layer_kinds"): V4_KINDS,
     ("ModelConfig", "index_key_bytes_fp4"): V4_KINDS,
     ("ModelConfig", "kv_entry_bytes_bf16"): V4_KINDS,

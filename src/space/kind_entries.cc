@@ -1,0 +1,273 @@
+#include "space/kind_entries.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "ula/check.h"
+
+namespace ula {
+
+namespace {
+constexpr std::uint32_t kB = KindEntries::kBlockEntries;
+
+// Blocks of the entries [first, end): [first / B, ceil(end / B)), none when first == end.
+std::uint32_t FirstBlock(std::uint32_t first) { return first / kB; }
+std::uint32_t EndBlock(std::uint32_t first, std::uint32_t end) {
+  return end == first ? FirstBlock(first) : static_cast<std::uint32_t>((std::uint64_t{end} + kB - 1) / kB);
+}
+
+std::unexpected<Error> Unknown(std::string_view what, RequestId request) {
+  return MakeError(ErrorCode::kNotFound, fmt::format("{}: request {} is unknown", what, request.value()));
+}
+}  // namespace
+
+KindEntries::KindEntries(std::span<const KvKind> kinds)
+    : kinds_(kinds.begin(), kinds.end()), addressed_(kinds.size(), false), pools_(kinds.size()) {
+  sparse_ = static_cast<std::uint32_t>(SparseKindIndex(kinds));
+  for (std::size_t k = 0; k < kinds.size(); ++k) {
+    addressed_[k] = k == sparse_ || (kinds[k].companion_of != kNoCompanion && kinds[k].companion_of == sparse_);
+  }
+}
+
+std::uint32_t KindEntries::Pool::Take() {
+  if (!free.empty()) {
+    const std::uint32_t id = *free.begin();
+    free.erase(free.begin());
+    return id;
+  }
+  ULA_CHECK(extent < std::numeric_limits<std::uint32_t>::max());
+  return extent++;
+}
+
+Status KindEntries::AddRequest(RequestId request) {
+  if (requests_.contains(request)) {
+    return MakeError(ErrorCode::kAlreadyExists, fmt::format("request {} already exists", request.value()));
+  }
+  requests_.emplace(request, Request{0, false, std::vector<KindState>(kinds_.size())});
+  return Ok();
+}
+
+Result<std::uint32_t> KindEntries::TokensOf(RequestId request) const {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return Unknown("KindEntries", request);
+  return it->second.tokens;
+}
+
+Result<std::uint32_t> KindEntries::AddressedEntries(RequestId request) const {
+  auto t = TokensOf(request);
+  if (!t) return std::unexpected(t.error());
+  return EntriesAt(sparse_, *t);
+}
+
+Result<std::uint32_t> KindEntries::CheckAppend(RequestId request, std::uint32_t n_tokens) const {
+  if (kinds_.empty()) return MakeError(ErrorCode::kFailedPrecondition, "Allocate: the space has no kinds");
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return Unknown("Allocate", request);
+  const std::uint32_t t = it->second.tokens;
+  if (n_tokens > std::numeric_limits<std::uint32_t>::max() - t) {
+    return MakeError(ErrorCode::kOutOfRange,
+                     fmt::format("Allocate: request {} holds {} tokens, {} more pass 2^32 - 1", request.value(), t,
+                                 n_tokens));
+  }
+  return EntriesAt(sparse_, t + n_tokens) - EntriesAt(sparse_, t);
+}
+
+void KindEntries::Resize(std::uint32_t k, KindState& s, std::uint32_t first, std::uint32_t end) {
+  Pool& pool = pools_[k];
+  const std::uint32_t old_first = FirstBlock(s.first);
+  const std::uint32_t new_first = FirstBlock(first);
+  const std::uint32_t new_end = EndBlock(first, end);
+  // Blocks whose entries are all older than `first` go from the front, those past `end`
+  // from the back; the kept ones keep their ids, new ones come at the back.
+  std::size_t drop_front = std::min<std::size_t>(s.blocks.size(), new_first - old_first);
+  if (end == first) drop_front = s.blocks.size();
+  for (std::size_t i = 0; i < drop_front; ++i) pool.Give(s.blocks[i]);
+  s.blocks.erase(s.blocks.begin(), s.blocks.begin() + static_cast<std::ptrdiff_t>(drop_front));
+  const std::size_t want = new_end - new_first;
+  while (s.blocks.size() > want) pool.Give(s.blocks.back()), s.blocks.pop_back();
+  while (s.blocks.size() < want) s.blocks.push_back(pool.Take());
+  s.first = first;
+  s.end = end;
+}
+
+void KindEntries::Append(RequestId request, std::uint32_t n_tokens) {
+  Request& req = requests_.at(request);
+  req.tokens += n_tokens;
+  for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
+    if (addressed_[k]) continue;
+    const KvKind& kind = kinds_[k];
+    KindState& s = req.kinds[k];
+    switch (kind.lifetime) {
+      case KindLifetime::kRing: {
+        const std::uint32_t oldest = req.tokens > kind.ring_tokens ? req.tokens - kind.ring_tokens : 0;
+        Resize(k, s, std::max(s.first, oldest), req.tokens);
+        break;
+      }
+      case KindLifetime::kAppend: Resize(k, s, 0, EntriesAt(k, req.tokens)); break;
+      case KindLifetime::kPerRequest:
+        if (!req.appended) s.blocks.push_back(pools_[k].Take()), s.end = 1;
+        break;
+    }
+  }
+  req.appended = true;
+}
+
+Result<std::uint32_t> KindEntries::CheckTruncate(RequestId request, std::uint32_t length) const {
+  if (kinds_.empty()) return MakeError(ErrorCode::kFailedPrecondition, "Truncate: the space has no kinds");
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return Unknown("Truncate", request);
+  const Request& req = it->second;
+  if (length > req.tokens) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("Truncate: request {} holds {} tokens, cannot keep {}",
+                                                         request.value(), req.tokens, length));
+  }
+  for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
+    const KvKind& kind = kinds_[k];
+    if (kind.lifetime != KindLifetime::kRing || length == req.tokens) continue;
+    const std::uint32_t window = kind.ring_tokens - kind.ring_draft_tokens;
+    const std::uint32_t need = length > window ? length - window : 0;  // the window of the new length
+    if (need < req.kinds[k].first) {
+      return MakeError(ErrorCode::kFailedPrecondition,
+                       fmt::format("Truncate: request {} to {} tokens (from {}) reaches past the ring of '{}': its "
+                                   "window needs token {}, and the ring of {} tokens ({} of them drafts) keeps tokens "
+                                   "from {} on; a rollback may drop at most {} tokens since the ring was full",
+                                   request.value(), length, req.tokens, kind.name, need, kind.ring_tokens,
+                                   kind.ring_draft_tokens, req.kinds[k].first, kind.ring_draft_tokens));
+    }
+  }
+  return EntriesAt(sparse_, length);
+}
+
+void KindEntries::Truncate(RequestId request, std::uint32_t length) {
+  Request& req = requests_.at(request);
+  req.tokens = length;
+  for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
+    if (addressed_[k]) continue;
+    KindState& s = req.kinds[k];
+    switch (kinds_[k].lifetime) {
+      case KindLifetime::kRing: Resize(k, s, s.first, length); break;
+      case KindLifetime::kAppend: Resize(k, s, 0, EntriesAt(k, length)); break;
+      case KindLifetime::kPerRequest: break;  // its position is tokens % E
+    }
+  }
+}
+
+Status KindEntries::Free(RequestId request) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return Unknown("Free", request);
+  for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
+    for (std::uint32_t id : it->second.kinds[k].blocks) pools_[k].Give(id);
+  }
+  requests_.erase(it);
+  return Ok();
+}
+
+Result<KindPages> KindEntries::PagesOf(RequestId request, std::uint32_t k) const {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return Unknown("KindPagesOf", request);
+  if (k >= kinds_.size()) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("KindPagesOf: kind {} is out of range ({} kinds)", k,
+                                                         kinds_.size()));
+  }
+  if (addressed_[k]) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("KindPagesOf: kind '{}' is the space's logical addresses", kinds_[k].name));
+  }
+  const Request& req = it->second;
+  const KindState& s = req.kinds[k];
+  const bool state = kinds_[k].lifetime == KindLifetime::kPerRequest;
+  KindPages p;
+  p.tokens = req.tokens;
+  p.entries = s.end - s.first;
+  p.entries_per_block = state ? 1 : kB;
+  p.first_offset = state ? 0 : s.first % kB;
+  p.filling_tokens = req.tokens % kinds_[k].tokens_per_entry;
+  p.blocks = s.blocks;
+  return p;
+}
+
+std::uint32_t KindEntries::BlocksInUse(std::uint32_t k) const {
+  return pools_[k].extent - static_cast<std::uint32_t>(pools_[k].free.size());
+}
+
+Status KindEntries::CheckInvariants(std::string_view who) const {
+  auto fail = [who](std::string msg) { return MakeError(ErrorCode::kInternal, fmt::format("{}: {}", who, msg)); };
+  for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
+    if (addressed_[k]) continue;
+    const KvKind& kind = kinds_[k];
+    std::vector<std::uint8_t> seen(pools_[k].extent, 0);
+    for (std::uint32_t id : pools_[k].free) {
+      if (id >= pools_[k].extent) return fail(fmt::format("kind '{}': free block {} past the extent", kind.name, id));
+      seen[id] = 1;
+    }
+    for (const auto& [request, req] : requests_) {
+      const KindState& s = req.kinds[k];
+      std::uint32_t first = 0, end = 0;
+      std::size_t blocks = 0;
+      switch (kind.lifetime) {
+        case KindLifetime::kRing:
+          first = s.first, end = req.tokens;
+          if (first > end || end - first > kind.ring_tokens) {
+            return fail(fmt::format("request {} kind '{}': ring [{}, {}) of more than {} tokens", request.value(),
+                                    kind.name, first, end, kind.ring_tokens));
+          }
+          blocks = EndBlock(first, end) - FirstBlock(first);
+          if (blocks > (kind.ring_tokens + kB - 1) / kB + 1) {
+            return fail(fmt::format("request {} kind '{}': {} ring blocks", request.value(), kind.name, blocks));
+          }
+          break;
+        case KindLifetime::kAppend:
+          end = EntriesAt(k, req.tokens);
+          blocks = EndBlock(0, end);
+          break;
+        case KindLifetime::kPerRequest:
+          end = req.appended ? 1 : 0;
+          blocks = end;
+          break;
+      }
+      if (s.first != first || s.end != end || s.blocks.size() != blocks) {
+        return fail(fmt::format("request {} of {} tokens, kind '{}': entries [{}, {}) in {} blocks, expected [{}, "
+                                "{}) in {}", request.value(), req.tokens, kind.name, s.first, s.end, s.blocks.size(),
+                                first, end, blocks));
+      }
+      for (std::uint32_t id : s.blocks) {
+        if (id >= pools_[k].extent || seen[id] != 0) {
+          return fail(fmt::format("kind '{}': block {} of request {} is {}", kind.name, id, request.value(),
+                                  id >= pools_[k].extent ? "past the extent" : "owned twice or free"));
+        }
+        seen[id] = 1;
+      }
+    }
+    for (std::uint32_t id = 0; id < pools_[k].extent; ++id) {
+      if (seen[id] == 0) return fail(fmt::format("kind '{}': block {} is neither free nor owned", kind.name, id));
+    }
+  }
+  return Ok();
+}
+
+void KindEntries::AddToDigest(StateDigest& d) const {
+  for (const Pool& p : pools_) {
+    d.Add(p.extent);
+    d.Add(p.free.size());
+    for (std::uint32_t id : p.free) d.Add(id);
+  }
+  // The requests in id order (the map's order is not part of the state).
+  std::vector<RequestId> ids;
+  for (const auto& [id, req] : requests_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end(), [](RequestId a, RequestId b) { return a.value() < b.value(); });
+  for (RequestId id : ids) {
+    const Request& req = requests_.at(id);
+    d.Add(id.value());
+    d.Add(req.tokens);
+    d.Add(req.appended ? 1 : 0);
+    for (const KindState& s : req.kinds) {
+      d.Add(s.first);
+      d.Add(s.end);
+      for (std::uint32_t b : s.blocks) d.Add(b);
+    }
+  }
+}
+
+}  // namespace ula

@@ -1,0 +1,142 @@
+// KindEntries: the entries of a space's kinds as the model makes them (ula/kv_kinds.h;
+// docs/ARCHITECTURE.md, "Kinds"). The logical side only: which entries of which kind a
+// request holds and the logical blocks they sit in; the bytes behind a block (frames) are
+// not here. A DP space with kinds embeds one (space/address_space_state.h).
+//
+// Entries per kind, for a request of T tokens (a kind of tokens_per_entry E):
+//   addressed  the sparse kind and its companions: floor(T / E) entries, the space's logical
+//              addresses (the directory's "tokens" in a space with kinds are these entries:
+//              the step selects them as in a single-kind space). A companion (an index key)
+//              shares its entry's address, so its pages are the directory's pages. The
+//              entry of block k appears when token (k + 1) * E - 1 is allocated; until then
+//              the block's tokens are counted in the request's compressor state. KindEntries
+//              counts them; the directory holds them.
+//   kAppend    (not addressed: C128) floor(T / E) entries, in blocks of kKindBlockEntries
+//              entries (a 256-token SGLang page holds 64 C4 and 2 C128 entries): entry j in
+//              the request's block j / 64 at offset j % 64, the request's blocks
+//              [0, ceil(entries / 64)).
+//   kRing      (the window, E = 1) the live tokens [first, T): first = max over the request's
+//              history of T - ring_tokens, so T - first <= ring_tokens; a Truncate keeps first.
+//              Token t sits in the request's block t / 64 at offset t % 64; its blocks are
+//              those holding a live token, [first / 64, ceil(T / 64)): a block is freed once
+//              all its tokens are older than the last ring_tokens, so a request holds at most
+//              ceil(ring_tokens / 64) + 1 blocks, the same number in steady state.
+//   kPerRequest (compressor state) one entry per request, taken by its first Append and held
+//              until Free; its position (tokens of the block still filling) is T % E.
+// Block ids: one logical id pool per non-addressed kind; a freed id is reused lowest first
+// (the ids stay dense, so the frames behind them, a later stage, can be sized by the
+// highest id). A per-request kind's entry takes one id of its pool.
+//
+// Truncate(request, length), a draft rollback to `length` tokens: drops the appended kinds'
+// entries of the rejected tokens (keeps floor(length / E)), the ring's tokens past `length`
+// and the blocks left without a live token; a compressor state's position follows T. The
+// ring's `first` stays: the tokens it dropped as older than ring_tokens are gone, so a
+// rollback is refused (kFailedPrecondition) when the window of the new length,
+// [length - (ring_tokens - ring_draft_tokens), length), is no longer all live: a rollback of
+// more than ring_draft_tokens tokens from a full ring (in total since the ring was full).
+//
+// Invariants (CheckInvariants):
+//  1. Per request and kind: entries == the formula of T above; the ring's T - first <=
+//     ring_tokens; its blocks are exactly the request's blocks holding a live entry, so
+//     blocks.size() == ceil(entries_end / 64) - first / 64 (0 when no entry).
+//  2. Per pool: every id below the pool's extent is either free (listed once) or in exactly
+//     one request's blocks of that kind; no id at or past the extent is used.
+//  3. A per-request kind's entry is held iff the request was appended to.
+//
+// Failure: every mutating call checks all of its input first; an error changes nothing.
+// Thread-safety: plain data under the space's one driver thread.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/digest.h"
+#include "ula/error.h"
+#include "ula/ids.h"
+#include "ula/kv_kinds.h"
+
+namespace ula {
+
+class KindEntries {
+ public:
+  // Entries of a non-addressed kind per logical block.
+  static constexpr std::uint32_t kBlockEntries = kKindBlockEntries;
+
+  // REQUIRES: ValidateKinds(kinds) is Ok. No kinds: every call but AddRequest is an error.
+  explicit KindEntries(std::span<const KvKind> kinds);
+
+  bool empty() const { return kinds_.empty(); }
+  std::size_t num_requests() const { return requests_.size(); }
+  std::size_t num_kinds() const { return kinds_.size(); }
+  // Whether kind k's entries are logical addresses (the sparse kind, its companions).
+  bool addressed(std::uint32_t k) const { return addressed_[k]; }
+  // The sparse kind's index (its entries are the addresses).
+  std::uint32_t sparse_kind() const { return sparse_; }
+
+  // kAlreadyExists when known.
+  Status AddRequest(RequestId request);
+  // The request's tokens; kNotFound.
+  Result<std::uint32_t> TokensOf(RequestId request) const;
+  // How many addressed entries the request's tokens make: floor(T / E) of the sparse kind.
+  Result<std::uint32_t> AddressedEntries(RequestId request) const;
+
+  // Checks an Append of n_tokens: kNotFound, kOutOfRange (more than 2^32 - 1 tokens).
+  // Returns the addressed entries it will create.
+  Result<std::uint32_t> CheckAppend(RequestId request, std::uint32_t n_tokens) const;
+  // REQUIRES: CheckAppend(request, n_tokens) is Ok.
+  void Append(RequestId request, std::uint32_t n_tokens);
+  // Checks a Truncate: kNotFound, kOutOfRange (length past T), kFailedPrecondition (the
+  // rollback reaches past a ring). Returns the addressed entries to keep.
+  Result<std::uint32_t> CheckTruncate(RequestId request, std::uint32_t length) const;
+  // REQUIRES: CheckTruncate(request, length) is Ok.
+  void Truncate(RequestId request, std::uint32_t length);
+  // Releases all of the request's entries of every kind. kNotFound.
+  Status Free(RequestId request);
+
+  // The request's page table of a non-addressed kind k (kind_entries.h above; the
+  // addressed kinds' pages are the directory's): kNotFound, kOutOfRange (k),
+  // kInvalidArgument (k addressed).
+  Result<KindPages> PagesOf(RequestId request, std::uint32_t k) const;
+  // Ids of kind k's pool in use / minted (for tests and reports).
+  std::uint32_t BlocksInUse(std::uint32_t k) const;
+  std::uint32_t BlockExtent(std::uint32_t k) const { return pools_[k].extent; }
+
+  Status CheckInvariants(std::string_view who) const;
+  void AddToDigest(StateDigest& d) const;
+
+ private:
+  struct KindState {        // one request's entries of one non-addressed kind
+    std::uint32_t first = 0;  // first live entry (ring); 0 otherwise
+    std::uint32_t end = 0;    // entries made: live entries are [first, end)
+    std::vector<std::uint32_t> blocks;  // [ceil(end / 64) - first / 64] ids, the request's blocks in order
+  };
+  struct Request {
+    std::uint32_t tokens = 0;
+    bool appended = false;          // its per-request entries are held
+    std::vector<KindState> kinds;   // [num_kinds] (addressed kinds: unused)
+  };
+  struct Pool {  // one kind's logical block ids
+    std::uint32_t extent = 0;        // ids [0, extent) were minted
+    std::set<std::uint32_t> free;    // minted, not in use; the lowest is reused first
+    std::uint32_t Take();
+    void Give(std::uint32_t id) { free.insert(id); }
+  };
+
+  // The entries [first, end) kind k holds at `tokens` tokens, given the ring's first so far.
+  void Resize(std::uint32_t k, KindState& s, std::uint32_t first, std::uint32_t end);
+  std::uint32_t EntriesAt(std::uint32_t k, std::uint32_t tokens) const {
+    return tokens / kinds_[k].tokens_per_entry;
+  }
+
+  std::vector<KvKind> kinds_;
+  std::vector<bool> addressed_;  // [num_kinds]
+  std::uint32_t sparse_ = 0;
+  std::vector<Pool> pools_;      // [num_kinds] (addressed kinds: unused)
+  std::unordered_map<RequestId, Request> requests_;
+};
+
+}  // namespace ula
