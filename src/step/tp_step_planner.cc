@@ -17,6 +17,7 @@
 #include "backend/copy_publish.h"
 #include "space/space_access.h"
 #include "space/tp_state.h"
+#include "step/miss_fills.h"
 #include "ula/check.h"
 
 namespace ula {
@@ -33,6 +34,8 @@ struct RankWork {
   std::vector<SlotId> home_hit_slots, home_targets;
   std::vector<LogicalAddr> home_missed;
   std::size_t home_free = 0;       // home_targets[0, home_free) were free slots (copies)
+  MissFills fills;                 // the home phase's plan (step/miss_fills.h), pending until published
+  std::vector<std::uint8_t> home_status;  // [fills.size()] each home descriptor's outcome
   std::vector<SlotId> buffer_hit_slots, buffer_targets;
   std::vector<LogicalAddr> remote_missed;
   std::vector<char> fetch_failed;  // [remote_missed]
@@ -88,7 +91,28 @@ void ClaimHome(TpGroupShard& sh, RankWork& w) {
   ULA_CHECK(claimed == n_miss - n_free);
   w.home_free = n_free;
   w.stats.misses = n_miss;
-  w.stats.evictions = n_miss - n_free;
+}
+
+// The home phase's plan of one rank (docs/ARCHITECTURE.md, "One decode step of one layer
+// group", steps 4 and 5): ClaimHome's slots, then the one copy plan of DP and TP (MissFills,
+// step/miss_fills.h) decides each fill (a free slot, a victim to its clean host shadow with no
+// descriptor of its own, a victim evicted to a host slot of its own, a swap) and describes it:
+// one descriptor per miss, copies into free slots, then into emptied victims' slots, then
+// swaps. Its planned counters go to the rank's stats. Pending until PublishHome.
+void PlanHomeFills(const TpConfig& cfg, TpGroupShard& sh, RankWork& w, GroupId group) {
+  ClaimHome(sh, w);
+  w.fills.Decide(sh, w.home_targets, w.home_free);
+  w.fills.AddPlannedStats(cfg.entry_bytes, w.stats);
+  w.fills.Describe(HomeRecords{sh.home, cfg.num_ranks}, sh, cfg.entry_bytes, w.rank, group, w.home_missed,
+                   w.home_targets);
+  w.home_status.assign(w.fills.size(), kDescriptorFailed);
+}
+
+// Publishes the rank's pending home plan by w.home_status (MissFills::Publish: shadowed
+// victims at their shadows, what arrived on device, the rest back where it was) and ends it.
+std::size_t PublishHomeFills(const TpConfig& cfg, TpGroupShard& sh, RankWork& w) {
+  HomeRecords records{sh.home, cfg.num_ranks};
+  return w.fills.Publish(records, sh, w.rank, w.home_status);
 }
 
 // Publishes the home moves of one rank whose outcome arrived(i) gives, by PublishArrived's
@@ -150,6 +174,7 @@ Status HomePhaseShadowed(const TpConfig& cfg, Backend& backend, TpGroupShard& sh
       continue;
     }
     fill[i] = Fill::kEvict;
+    ++w.stats.evict_copies;
     evict_to[i] = *h;
     evict.moves.push_back({sh.device.offset(w.home_targets[i]), sh.host.offset(*h)});
   }
@@ -219,6 +244,8 @@ Status HomePhaseShadowed(const TpConfig& cfg, Backend& backend, TpGroupShard& sh
 Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
   ClaimHome(sh, w);
   const std::size_t n_miss = w.home_missed.size();
+  w.stats.evictions = n_miss - w.home_free;
+  w.stats.into_free = w.home_free;
   if (n_miss == 0) return Ok();
   if (sh.shadows.enabled()) return HomePhaseShadowed(cfg, backend, sh, w, group);
   const std::uint32_t p = cfg.num_ranks;
@@ -630,10 +657,6 @@ Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const Logica
                      "names its home's slot, which only the home's process knows; use Step (the fabric fetches by "
                      "address)");
   }
-  if (StateOf(space_).host_shadows) {
-    return MakeError(ErrorCode::kUnsupported,
-                     "PlanHome does not keep host shadows (the engine path turns them off: TpEngineStepPlanner::Create)");
-  }
   Scratch& sc = *scratch_;
   Status local = Classify(group, selections, runs);
   if (local) {
@@ -651,10 +674,8 @@ Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const Logica
   }
   ULA_RETURN_IF_ERROR(Agree(group, std::move(local)));
   TpAddressSpace::State& st = StateOf(space_);
-  const std::uint32_t entry_bytes = space_.config().entry_bytes;
   for (RankWork& w : sc.work) {
-    ClaimHome(st.at(w.rank, group), w);
-    w.stats.bytes_moved = (w.home_free + 2 * (w.home_missed.size() - w.home_free)) * std::uint64_t{entry_bytes};
+    PlanHomeFills(space_.config(), st.at(w.rank, group), w, group);
     w.buffer_targets.clear();
     w.fetch_failed.clear();
     if (!at_home) {
@@ -686,37 +707,27 @@ std::vector<TpStepPlanner::RemoteFetch> TpStepPlanner::pending_remote_fetches(st
   return fetches;
 }
 
-std::vector<TpStepPlanner::HomeMove> TpStepPlanner::pending_home_moves(std::size_t h) const {
+std::span<const CopyDescriptor> TpStepPlanner::pending_home_descriptors(std::size_t h) const {
   const Scratch& sc = *scratch_;
   ULA_CHECK(sc.home_pending && h < sc.work.size());
-  const RankWork& w = sc.work[h];
-  const TpGroupShard& sh = StateOf(space_).at(w.rank, sc.pending_group);
-  const std::uint32_t p = space_.config().num_ranks;
-  std::vector<HomeMove> moves(w.home_missed.size());
-  for (std::size_t i = 0; i < moves.size(); ++i) {
-    const Location loc = sh.home[w.home_missed[i].value() / p];
-    moves[i] = HomeMove{w.home_missed[i], loc.slot(), w.home_targets[i], i >= w.home_free,
-                        sh.host.offset(loc.slot()), sh.device.offset(w.home_targets[i])};
-  }
-  return moves;
+  return sc.work[h].fills.descriptors();
 }
 
-std::vector<std::size_t> TpStepPlanner::CompleteHome(const std::function<bool(std::size_t, std::size_t)>& arrived,
-                                                     const std::function<bool(std::size_t, std::size_t)>& fetched) {
+std::vector<std::size_t> TpStepPlanner::CompleteHome(
+    const std::function<std::uint8_t(std::size_t, std::size_t)>& status,
+    const std::function<bool(std::size_t, std::size_t)>& fetched) {
   Scratch& sc = *scratch_;
   ULA_CHECK(sc.home_pending);
   TpAddressSpace::State& st = StateOf(space_);
-  const std::uint32_t p = space_.config().num_ranks;
   std::vector<std::size_t> published(sc.work.size());
   for (std::size_t h = 0; h < sc.work.size(); ++h) {
     RankWork& w = sc.work[h];
     TpGroupShard& sh = st.at(w.rank, sc.pending_group);
-    for (std::size_t i = 0; i < w.home_missed.size(); ++i) {
-      // Complete aborts (as the DP engine path's) when an entry of the plan was freed since.
-      ULA_CHECK(sh.home[w.home_missed[i].value() / p].tier() == Tier::kHost);
-    }
+    // Complete aborts (as the DP engine path's) when an entry of the plan was freed since
+    // (MissFills::Publish checks the home misses).
     for (LogicalAddr a : w.remote_missed) ULA_CHECK(st.dir.IsLive(a));
-    published[h] = PublishHome(sh, w, p, [&](std::size_t i) { return arrived(h, i); });
+    for (std::size_t i = 0; i < w.home_status.size(); ++i) w.home_status[i] = status(h, i);
+    published[h] = PublishHomeFills(space_.config(), sh, w);
     for (std::size_t i = 0; i < w.buffer_targets.size(); ++i) {
       w.fetch_failed[i] = !(fetched && fetched(h, i));
       published[h] += !w.fetch_failed[i];
