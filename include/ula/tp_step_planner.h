@@ -7,9 +7,11 @@
 //      elsewhere (local-buffer hit / miss); check that each rank's misses fit in free plus
 //      evictable slots -> all ranks agree (fabric collective) or the step fails with
 //      nothing changed
-//   1. home phase, per rank: host-resident entries of its own shard swap onto device
+//   1. home phase, per rank: host-resident entries of its own shard come onto device
 //      exactly as in DP mode (free slots first, then policy victims; never a slot used in
-//      this round); copy, wait, then publish
+//      this round): the engine path's plan (PlanHome's, one plan with DP's:
+//      src/step/miss_fills.h, host shadows included), its descriptors run on the backend,
+//      waited on, then published by their outcomes (CompleteHome's rules)
 //   -- barrier: every home is settled before anyone reads it --
 //   2. remote phase, per rank: buffer hits are touched; misses get buffer slots (free first,
 //      then victims of the buffer policy — read-only copies, dropped without write-back)

@@ -1,4 +1,4 @@
-// TpStepPlanner: validate -> agree -> home phase (HomePhase, through CopyPublish) -> barrier
+// TpStepPlanner: validate -> agree -> home phase (RunHome: the engine path's plan, MissFills) -> barrier
 // -> remote phase (RemotePhase) -> barrier -> emit (see include/ula/tp_step_planner.h). The
 // dedup runs once per step and group and is shared read-only by the rank workers; each
 // worker touches only its own rank's shard and buffer of the stepped group, and in the
@@ -14,7 +14,6 @@
 #include <thread>
 #include <unordered_map>
 
-#include "backend/copy_publish.h"
 #include "space/space_access.h"
 #include "space/tp_state.h"
 #include "step/miss_fills.h"
@@ -115,151 +114,17 @@ std::size_t PublishHomeFills(const TpConfig& cfg, TpGroupShard& sh, RankWork& w)
   return w.fills.Publish(records, sh, w.rank, w.home_status);
 }
 
-// Publishes the home moves of one rank whose outcome arrived(i) gives, by PublishArrived's
-// rules (backend/copy_publish.h): an arrived copy frees the host slot, an arrived swap sends
-// the victim to the wanted entry's host slot, a failed copy's free target goes back to the
-// pool, a failed swap changes nothing. Move i < home_free is a copy, the rest are swaps.
-template <class Arrived>
-std::size_t PublishHome(TpGroupShard& sh, RankWork& w, std::uint32_t p, Arrived&& arrived) {
-  return PublishArrived(
-      w.home_missed.size(), arrived, [&](std::size_t i) { return i >= w.home_free; },
-      [&](std::size_t i, bool swap) {
-        const LogicalAddr wanted = w.home_missed[i];
-        const SlotId dev = w.home_targets[i];
-        Location& loc = sh.home[wanted.value() / p];
-        const SlotId host_slot = loc.slot();
-        if (!swap) {
-          ULA_CHECK(sh.host.Free(host_slot).has_value());
-          sh.policy->Insert(dev);
-        } else {
-          const LogicalAddr victim = sh.device_owner[dev.value()];
-          sh.home[victim.value() / p] = Location::Make(Tier::kHost, w.rank, host_slot);
-        }
-        loc = Location::Make(Tier::kDevice, w.rank, dev);
-        sh.device_owner[dev.value()] = wanted;
-      },
-      [&](std::size_t i) { ULA_CHECK(sh.device.Free(w.home_targets[i]).has_value()); });
-}
-
-// The home phase with host shadows (sparse/host_shadows.h; DP's CopyAndPublishShadowed in
-// step_planner.cc is the same rule over one rank's pools). Each miss's slot is filled as
-// ShadowFill says (host_shadows.h); a kEvict victim's host slot is a free one, else the oldest
-// shadow reclaimed. A filled slot's wanted entry leaves its host slot behind as its shadow
-// (not after a swap: that slot now holds the victim). The victims' shadows leave the list
-// before any host slot is chosen, so no victim's shadow is reclaimed for another victim;
-// fetches read only authoritative host locations, never a shadow.
-using Fill = ShadowFill;
-
-Status HomePhaseShadowed(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
-  const std::size_t n_miss = w.home_missed.size(), n_free = w.home_free;
-  const std::uint32_t p = cfg.num_ranks;
-  std::vector<Fill> fill(n_miss, Fill::kFree);
-  std::vector<SlotId> evict_to(n_miss);
-  const auto at_host = [&](SlotId h) { return Location::Make(Tier::kHost, w.rank, h); };
-  for (std::size_t i = n_free; i < n_miss; ++i) {
-    const SlotId h = sh.shadows.Take(w.home_targets[i]);
-    if (!h.valid()) continue;
-    LogicalAddr& victim = sh.device_owner[w.home_targets[i].value()];
-    sh.home[victim.value() / p] = at_host(h);
-    victim = LogicalAddr::Invalid();
-    fill[i] = Fill::kToShadow;
-    ++w.stats.shadow_evictions;
-  }
-  CopyBatch evict{sh.device.arena().id, sh.host.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
-  for (std::size_t i = n_free; i < n_miss; ++i) {
-    if (fill[i] == Fill::kToShadow) continue;
-    auto h = sh.shadows.AllocateHost(sh.host);
-    if (!h) {
-      fill[i] = Fill::kSwap;
-      continue;
-    }
-    fill[i] = Fill::kEvict;
-    ++w.stats.evict_copies;
-    evict_to[i] = *h;
-    evict.moves.push_back({sh.device.offset(w.home_targets[i]), sh.host.offset(*h)});
-  }
-  std::string evict_error;
-  if (!evict.moves.empty()) {
-    const std::size_t n_evict = evict.moves.size();
-    w.stats.bytes_moved += n_evict * std::uint64_t{cfg.entry_bytes};
-    auto fence = backend.Submit(std::move(evict));
-    Status landed = fence ? backend.Wait(*fence) : Status(std::unexpected(fence.error()));
-    for (std::size_t i = n_free; i < n_miss; ++i) {
-      if (fill[i] != Fill::kEvict) continue;
-      if (!landed) {  // nothing published: the victim stays on device, its host slot goes back
-        ULA_CHECK(sh.host.Free(evict_to[i]).has_value());
-        fill[i] = Fill::kDropped;
-        continue;
-      }
-      LogicalAddr& victim = sh.device_owner[w.home_targets[i].value()];
-      sh.home[victim.value() / p] = at_host(evict_to[i]);  // its bytes arrived
-      victim = LogicalAddr::Invalid();
-    }
-    if (!landed) evict_error = fmt::format("device->host copy of {} victims failed ({})", n_evict, landed.error().message());
-  }
-  // The fills: copies (free slots and the emptied victims' slots), then swaps.
-  std::size_t n_copies = 0;
-  const std::vector<std::size_t> order = ShadowFillOrder(fill, &n_copies);
-  CopyPublish cp(sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, n_copies, order.size() - n_copies);
-  for (std::size_t i : order) {
-    cp.Add({sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])});
-  }
-  w.stats.bytes_moved += cp.bytes_moved();
-  cp.Run(backend);
-  PublishArrived(
-      cp,
-      [&](std::size_t j, bool swap) {
-        const std::size_t i = order[j];
-        const LogicalAddr wanted = w.home_missed[i];
-        const SlotId dev = w.home_targets[i];
-        Location& loc = sh.home[wanted.value() / p];
-        const SlotId host_slot = loc.slot();
-        if (!swap) {
-          if (fill[i] == Fill::kFree) sh.policy->Insert(dev);  // a victim's slot stays tracked
-          sh.shadows.Add(dev, host_slot);  // the copy read it and nobody wrote it: clean
-        } else {
-          const LogicalAddr victim = sh.device_owner[dev.value()];
-          sh.home[victim.value() / p] = at_host(host_slot);
-        }
-        loc = Location::Make(Tier::kDevice, w.rank, dev);
-        sh.device_owner[dev.value()] = wanted;
-      },
-      [&](std::size_t j) {  // not copied: the slot (a free one, or an emptied victim's) goes back
-        const std::size_t i = order[j];
-        if (fill[i] != Fill::kFree) sh.policy->Remove(w.home_targets[i]);
-        ULA_CHECK(sh.device.Free(w.home_targets[i]).has_value());
-      });
-  const std::string context = fmt::format("rank {} group {}: home phase", w.rank.value(), group.value());
-  if (cp.all_arrived() && evict_error.empty()) return Ok();
-  if (cp.all_arrived()) return MakeError(ErrorCode::kIo, fmt::format("{}: {}", context, evict_error));
-  Error e = cp.Failure(context);
-  if (evict_error.empty()) return std::unexpected(std::move(e));
-  return MakeError(ErrorCode::kIo, fmt::format("{}; {}", e.message(), evict_error));
-}
-
-// Home phase of one rank: host-resident entries of its own shard come onto device (copies
-// into free slots, swaps with victims) through CopyPublish (backend/copy_publish.h): each
-// batch waited on its own fence, only what arrived is published; returns kIo naming every
-// failed batch. With host shadows, HomePhaseShadowed above.
-Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
-  ClaimHome(sh, w);
-  const std::size_t n_miss = w.home_missed.size();
-  w.stats.evictions = n_miss - w.home_free;
-  w.stats.into_free = w.home_free;
-  if (n_miss == 0) return Ok();
-  if (sh.shadows.enabled()) return HomePhaseShadowed(cfg, backend, sh, w, group);
-  const std::uint32_t p = cfg.num_ranks;
-  CopyPublish cp(sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, w.home_free, n_miss - w.home_free);
-  for (std::size_t i = 0; i < n_miss; ++i) {
-    cp.Add({sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])});
-  }
-  w.stats.bytes_moved = cp.bytes_moved();
-  cp.Run(backend);
-  PublishHome(sh, w, p, [&cp](std::size_t i) { return cp.arrived(i); });
-  if (!cp.all_arrived()) {
-    return std::unexpected(cp.Failure(fmt::format("rank {} group {}: home phase", w.rank.value(), group.value())));
-  }
-  return Ok();
+// The home phase of one rank (Step): the engine path's plan (PlanHomeFills), its descriptors
+// run on the backend in the host step's batches (MissFills::Run: the evictions' device -> host
+// batch first, waited on its own fence, then the copies and the swaps, each batch waited on its
+// own fence), then the engine path's publish by each descriptor's outcome (PublishHomeFills):
+// only what arrived is published. kIo names every failed batch.
+Status RunHome(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
+  PlanHomeFills(cfg, sh, w, group);
+  if (w.fills.size() == 0) return Ok();
+  Status ran = w.fills.Run(backend, sh, cfg.entry_bytes, w.rank, group, w.home_status);
+  PublishHomeFills(cfg, sh, w);
+  return ran;
 }
 
 // The remote phase of one step and group: what its parts share. Layer l of a layer sink
@@ -577,7 +442,7 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
 
   // 1. Home phase.
   ForEachRank(sc.work, options_.parallel_ranks,
-              [&](RankWork& w) { w.status = HomePhase(cfg, space_.backend(), st.at(w.rank, group), w, group); });
+              [&](RankWork& w) { w.status = RunHome(cfg, space_.backend(), st.at(w.rank, group), w, group); });
   // Attention at home: no rank reads another's memory, so no barrier and no remote phase.
   if (fabric_ && !at_home) fabric_->Barrier();
 
