@@ -1,8 +1,10 @@
-// MissFills: how one DP step fills the device slots of its misses, and the publish of what
-// arrived (docs/ARCHITECTURE.md, "One decode step of one layer group", step 5). The one copy
-// plan of the host step (StepPlanner::Step: decide, run on the backend, publish) and of the
-// engine path (EngineStepPlanner: Plan decides and hands the descriptors out, the engine or
-// the library runs them, Complete publishes), so that both forms move and publish alike.
+// MissFills: how one step fills the device slots of its misses on one rank (a DP rank's pools,
+// or a TP rank's shard in its home phase), and the publish of what arrived (docs/ARCHITECTURE.md,
+// "One decode step of one layer group", step 5). The one copy plan of the host steps
+// (StepPlanner::Step, TpStepPlanner::Step: decide, run on the backend, publish) and of the
+// engine paths (EngineStepPlanner, TpEngineStepPlanner: Plan decides and hands the descriptors
+// out, the engine or the library runs them, Complete publishes), so that every form moves and
+// publishes alike, host shadows included.
 //
 // The plan, after the step claimed a device slot per miss (targets[i] for missed[i]: the first
 // n_free free slots, the rest victims the policy marked used in this round):
