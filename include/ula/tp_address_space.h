@@ -116,10 +116,9 @@ struct TpConfig {
   // Clean host shadows per shard (src/space/host_shadows.h), as in DP: a home
   // entry fetched host -> device keeps its host slot as a reclaimable copy, counted free in
   // every capacity figure, so that evicting it later moves no bytes. TpStepPlanner's Step
-  // (every rank, the fabric included) and Allocate keep them; the engine path
-  // (TpEngineStepPlanner, DeviceStep) and PlanHome refuse a space with
-  // them (kUnsupported). Off: exclusive
-  // tiers, every eviction copies.
+  // (every rank, the fabric included), PlanHome and TpEngineStepPlanner (one home plan,
+  // step/miss_fills.h, as DP's) and Allocate keep them; DeviceStep refuses a space with
+  // them (kUnsupported). Off: exclusive tiers, every eviction copies.
   bool host_shadows = false;
 
   // Names the first bad field.

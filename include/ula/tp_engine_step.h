@@ -52,17 +52,26 @@
 //                     (dst_rank, dst_tier kDevice, dst_slot in the index space above:
 //                     device_slots() + the buffer slot, dst_offset = dst_slot * entry_bytes
 //                     over the [shard device | local buffer] view).
-//                     Phase 2, the rest: every hosted rank's home moves, rank after rank,
-//                     each rank's copies first, then its swaps; src_rank == dst_rank: from
-//                     the shard's host pool to its device pool, kCopy into a free slot,
-//                     kSwap with the victim, which goes to the wanted entry's host slot.
-//                     Every phase-1 descriptor must have completed, on every rank, before
-//                     any phase-2 descriptor starts: a fetch reads a host slot that a swap
-//                     overwrites (one stream in array order, or a barrier between).
-//                     Status 0 publishes a descriptor; any other publishes nothing for it:
-//                     a copy's free target or a fetch's buffer slot is freed again, a
-//                     failed swap's victim keeps its bytes and slot (a failed swap must
-//                     leave both ranges as they were). With kLocalBuffer, Plan needs every
+//                     Phase 2, the rest: every hosted rank's home moves, rank after rank, in
+//                     the DP engine path's order and semantics (engine_step.h, descriptor
+//                     semantics and "Host shadows"; one plan, step/miss_fills.h):
+//                     src_rank == dst_rank, from the shard's host pool to its device pool:
+//                     kCopy into a free slot, then kCopy into the slot of a victim whose
+//                     clean host shadow survives, then kEvict (the victim's row out to
+//                     its host slot evict_slot, then the copy), then kSwap with a victim,
+//                     which goes to the wanted entry's host slot. Every phase-1 descriptor
+//                     must have completed, on every rank, before any phase-2 descriptor
+//                     starts: a fetch reads a host slot that a swap overwrites (one stream
+//                     in array order, or a barrier between).
+//                     Status 0 publishes a descriptor (kEvictLanded: the victim's row
+//                     landed, the fill did not); any other publishes nothing for it: a
+//                     copy's free target or a fetch's buffer slot is freed again, a failed
+//                     swap's victim keeps its bytes and slot (a failed swap must leave both
+//                     ranges as they were).
+//   Host shadows (TpConfig::host_shadows, src/space/host_shadows.h), as in DP: a victim
+//                     whose shadow survives is published at its shadow by Complete with no
+//                     descriptor of its own, whatever the statuses (its bytes are there; a
+//                     failed copy into its slot sends the slot back to the pool). With kLocalBuffer, Plan needs every
 //                     rank in this process (kFailedPrecondition with a fabric: a fetch names
 //                     its home's slot). ExecuteOnShards is a CPU reference executor over
 //                     the space's own pools (the library's backend, one batch per
@@ -71,7 +80,7 @@
 //   (kFailedPrecondition), and, as in DP, REQUIRES: no Allocate, Free or Write on the space
 //   (a Write drops buffer copies a pending fetch targets).
 //   Modes: as EngineStepPlanner in DP, Create refuses a space whose TpConfig has
-//   stable_new_entries off (kFailedPrecondition) or host_shadows on (kUnsupported). With
+//   stable_new_entries off (kFailedPrecondition). With
 //   stable new entries (Allocate in tp_address_space.h) a new token goes to its home
 //   rank's device, in a free slot or a victim's, and no step of its round moves it, so the
 //   engine writes its KV where Lookup said right after Allocate (tests/tp/

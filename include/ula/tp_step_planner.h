@@ -7,9 +7,11 @@
 //      elsewhere (local-buffer hit / miss); check that each rank's misses fit in free plus
 //      evictable slots -> all ranks agree (fabric collective) or the step fails with
 //      nothing changed
-//   1. home phase, per rank: host-resident entries of its own shard swap onto device
+//   1. home phase, per rank: host-resident entries of its own shard come onto device
 //      exactly as in DP mode (free slots first, then policy victims; never a slot used in
-//      this round); copy, wait, then publish
+//      this round): the engine path's plan (PlanHome's, one plan with DP's:
+//      src/step/miss_fills.h, host shadows included), its descriptors run on the backend,
+//      waited on, then published by their outcomes (CompleteHome's rules)
 //   -- barrier: every home is settled before anyone reads it --
 //   2. remote phase, per rank: buffer hits are touched; misses get buffer slots (free first,
 //      then victims of the buffer policy — read-only copies, dropped without write-back)
@@ -39,6 +41,7 @@
 
 #include "ula/tp_address_space.h"
 #include "ula/selection_run.h"
+#include "ula/step_arrays.h"
 #include "ula/step_stats.h"
 #include "ula/tp_fabric.h"
 
@@ -139,18 +142,15 @@ class TpStepPlanner {
   Result<TpStepPlan> PlanHome(GroupId group, std::span<const LogicalAddr> selections,
                               std::span<const SelectionRun> runs, std::size_t max_moves);
   bool has_pending() const;
-  // Move i of hosted rank h's pending plan: copies (into free slots) first, then swaps (the
-  // victim goes to the wanted entry's host slot). Offsets are the shard pools' byte offsets
-  // (slot * entry_bytes). REQUIRES: has_pending(), h < hosted ranks.
-  struct HomeMove {
-    LogicalAddr addr;
-    SlotId host_slot;
-    SlotId device_slot;
-    bool swap = false;
-    std::uint64_t host_offset = 0;
-    std::uint64_t device_offset = 0;
-  };
-  std::vector<HomeMove> pending_home_moves(std::size_t h) const;
+  // The home descriptors of hosted rank h's pending plan (ula/step_arrays.h; one entry row
+  // each, offsets slot * entry_bytes in the shard's pools): descriptor i brings home miss i's
+  // entry from its host slot to its device slot, as the DP engine path's (engine_step.h, "Host
+  // shadows"): the copies into free slots, then those into shadowed victims' slots (a victim
+  // whose clean host shadow survives is published at it by CompleteHome, with no descriptor of
+  // its own), then kEvict (the victim's row out to a host slot of its own, then the copy),
+  // then the swaps (the victim goes to the wanted entry's host slot). Without host shadows:
+  // copies into free slots, then swaps. REQUIRES: has_pending(), h < hosted ranks.
+  std::span<const CopyDescriptor> pending_home_descriptors(std::size_t h) const;
   // Fetch i of hosted rank h's pending plan (TpAttention::kLocalBuffer): the entry's home
   // rank and its location there now (the fetch reads it before any home move), and the
   // buffer slot of rank h it lands in. Offsets: slot * entry_bytes in the home's pool of
@@ -164,12 +164,14 @@ class TpStepPlanner {
     std::uint64_t buffer_offset = 0;
   };
   std::vector<RemoteFetch> pending_remote_fetches(std::size_t h) const;
-  // Publishes the pending plan: move i of hosted rank h when arrived(h, i), by the rules of
-  // backend/copy_publish.h (a failed copy's target is freed again, a failed swap changes
-  // nothing: its victim keeps its bytes and slot), and fetch i of rank h when fetched(h, i)
-  // (a failed fetch's buffer slot goes back to the pool: no later step counts it a hit).
-  // Returns the moves and fetches published per rank. REQUIRES: has_pending().
-  std::vector<std::size_t> CompleteHome(const std::function<bool(std::size_t h, std::size_t i)>& arrived,
+  // Publishes the pending plan: home descriptor i of hosted rank h by status(h, i)
+  // (ula/step_arrays.h: kDescriptorDone, kEvictLanded, anything else failed), by the rules of
+  // step/miss_fills.h (a shadowed victim goes to its shadow whatever the status; a failed
+  // copy's target is freed again; a failed swap changes nothing: its victim keeps its bytes
+  // and slot), and fetch i of rank h when fetched(h, i) (a failed fetch's buffer slot goes
+  // back to the pool: no later step counts it a hit). Returns the descriptors published per
+  // rank. REQUIRES: has_pending().
+  std::vector<std::size_t> CompleteHome(const std::function<std::uint8_t(std::size_t h, std::size_t i)>& status,
                                         const std::function<bool(std::size_t h, std::size_t i)>& fetched = {});
 
  private:

@@ -202,31 +202,12 @@ class HostShadows {
   ResidencyPolicy* policy_ = nullptr;  // told of each shadow's coming and going
 };
 
-// How a step with shadows fills each miss's device slot (DP's MissFills in step/miss_fills.h,
-// for the host step and the engine path, and TP's HomePhaseShadowed in tp_step_planner.cc, the same rule over their
-// own pools). Misses below the free count go to free slots; a victim's slot is
+// How a step with shadows fills each miss's device slot (MissFills in step/miss_fills.h: the
+// one plan of the DP and TP host steps and engine paths). Misses below the free count go to free
+// slots; a victim's slot is
 //   kToShadow  emptied by moving its victim to its live shadow (the table alone), then filled by a copy;
 //   kEvict     emptied by copying its victim device -> host into a host slot of its own, then filled by a copy;
-//   kSwap      filled by a swap with the wanted entry's host slot (the host holds nothing but entries);
-//   kDropped   kEvict whose device -> host batch failed: the victim stays, its miss stays on host.
-enum class ShadowFill : std::uint8_t { kFree, kToShadow, kEvict, kSwap, kDropped };
-
-// The order the fills run in, as CopyPublish takes them: the copies (free slots and emptied
-// victims' slots) first, then the swaps; kDropped misses are left out. *n_copies is set to the
-// number of copies.
-inline std::vector<std::size_t> ShadowFillOrder(std::span<const ShadowFill> fill, std::size_t* n_copies) {
-  std::vector<std::size_t> order;
-  order.reserve(fill.size());
-  for (std::size_t i = 0; i < fill.size(); ++i) {
-    if (fill[i] == ShadowFill::kFree || fill[i] == ShadowFill::kToShadow || fill[i] == ShadowFill::kEvict) {
-      order.push_back(i);
-    }
-  }
-  *n_copies = order.size();
-  for (std::size_t i = 0; i < fill.size(); ++i) {
-    if (fill[i] == ShadowFill::kSwap) order.push_back(i);
-  }
-  return order;
-}
+//   kSwap      filled by a swap with the wanted entry's host slot (the host holds nothing but entries).
+enum class ShadowFill : std::uint8_t { kFree, kToShadow, kEvict, kSwap };
 
 }  // namespace ula

@@ -47,6 +47,15 @@ class HomeTable {
   std::size_t size_ = 0;
 };
 
+// A shard's home table as a location record (AddressRecords' Get / Set, by logical address):
+// the record MissFills (step/miss_fills.h) plans and publishes a TP home phase through.
+struct HomeRecords {
+  HomeTable& home;
+  std::uint32_t num_ranks;
+  Location Get(LogicalAddr a) const { return home[a.value() / num_ranks]; }
+  void Set(LogicalAddr a, Location loc) { home[a.value() / num_ranks] = loc; }
+};
+
 // One rank's share of one layer group: its pools (shard_pools.h: device and host, policy,
 // owner map, shadows, new entries on host) plus the home rule's table and the local buffer.
 struct TpGroupShard : ShardPools {

@@ -7,10 +7,10 @@
 //   - stable_new_entries must be on (every engine form): the engine writes a new token's KV
 //     at the location Lookup gave right after Allocate, so that slot must not move within
 //     its round.
-//   - host_shadows: the DP engine step keeps them (ula/engine_step.h, "Host shadows": a
-//     victim with a clean host copy is published there, its slot filled by a plain copy).
-//     The TP engine step and the device step refuse them: their descriptors move exclusive
-//     entries only.
+//   - host_shadows: the DP and TP engine steps keep them (ula/engine_step.h, "Host shadows":
+//     a victim with a clean host copy is published there, its slot filled by a plain copy;
+//     one plan for both, step/miss_fills.h). The device step refuses them: its descriptors
+//     move exclusive entries only.
 #pragma once
 
 #include <string_view>
@@ -34,8 +34,8 @@ inline Status RefuseUnstableNewEntries(bool stable_new_entries, std::string_view
   return Ok();
 }
 
-// The forms that move exclusive entries only (the TP engine step, the device step): both
-// modes above, shadows first.
+// The form that moves exclusive entries only (the device step): both modes above, shadows
+// first.
 inline Status RefuseEngineModes(bool stable_new_entries, bool host_shadows, std::string_view config_name) {
   if (host_shadows) {
     return MakeError(ErrorCode::kUnsupported,

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "backend/copy_publish.h"
+#include "space/tp_state.h"
 #include "ula/check.h"
 
 namespace ula {
@@ -51,7 +52,8 @@ void MissFills::Decide(GroupPools& gp, std::span<const SlotId> targets, std::siz
   for (std::size_t i = 0; i < n_miss; ++i) ++counts_[Index(miss_fill_[i])];
 }
 
-void MissFills::Describe(const AddressRecords& table, const GroupPools& gp, std::uint32_t row_bytes, Rank rank,
+template <class Records>
+void MissFills::Describe(const Records& table, const GroupPools& gp, std::uint32_t row_bytes, Rank rank,
                          GroupId group, std::span<const LogicalAddr> missed, std::span<const SlotId> targets) {
   std::size_t j = 0;
   for (const bool swaps : {false, true}) {
@@ -128,7 +130,8 @@ Status MissFills::Run(Backend& backend, const GroupPools& gp, std::uint32_t row_
   return MakeError(ErrorCode::kIo, fmt::format("{}; {}", e.message(), evict_error));
 }
 
-std::size_t MissFills::Publish(AddressRecords& table, GroupPools& gp, Rank rank, std::span<const std::uint8_t> status) {
+template <class Records>
+std::size_t MissFills::Publish(Records& table, GroupPools& gp, Rank rank, std::span<const std::uint8_t> status) {
   ULA_CHECK(status.size() == num_);
   const auto at = [&](Tier t, SlotId s) { return Location::Make(t, rank, s); };
   for (std::size_t j = 0; j < num_; ++j) {  // REQUIRES: no wanted entry was freed
@@ -180,5 +183,12 @@ std::size_t MissFills::Publish(AddressRecords& table, GroupPools& gp, Rank rank,
   num_ = 0;
   return published;
 }
+
+template void MissFills::Describe(const AddressRecords&, const GroupPools&, std::uint32_t, Rank, GroupId,
+                                  std::span<const LogicalAddr>, std::span<const SlotId>);
+template void MissFills::Describe(const HomeRecords&, const GroupPools&, std::uint32_t, Rank, GroupId,
+                                  std::span<const LogicalAddr>, std::span<const SlotId>);
+template std::size_t MissFills::Publish(AddressRecords&, GroupPools&, Rank, std::span<const std::uint8_t>);
+template std::size_t MissFills::Publish(HomeRecords&, GroupPools&, Rank, std::span<const std::uint8_t>);
 
 }  // namespace ula

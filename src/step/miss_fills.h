@@ -1,8 +1,10 @@
-// MissFills: how one DP step fills the device slots of its misses, and the publish of what
-// arrived (docs/ARCHITECTURE.md, "One decode step of one layer group", step 5). The one copy
-// plan of the host step (StepPlanner::Step: decide, run on the backend, publish) and of the
-// engine path (EngineStepPlanner: Plan decides and hands the descriptors out, the engine or
-// the library runs them, Complete publishes), so that both forms move and publish alike.
+// MissFills: how one step fills the device slots of its misses on one rank (a DP rank's pools,
+// or a TP rank's shard in its home phase), and the publish of what arrived (docs/ARCHITECTURE.md,
+// "One decode step of one layer group", step 5). The one copy plan of the host steps
+// (StepPlanner::Step, TpStepPlanner::Step: decide, run on the backend, publish) and of the
+// engine paths (EngineStepPlanner, TpEngineStepPlanner: Plan decides and hands the descriptors
+// out, the engine or the library runs them, Complete publishes), so that every form moves and
+// publishes alike, host shadows included.
 //
 // The plan, after the step claimed a device slot per miss (targets[i] for missed[i]: the first
 // n_free free slots, the rest victims the policy marked used in this round):
@@ -29,6 +31,10 @@
 // host slot now holds the victim); a failed fill's emptied slot goes back to the pool; a
 // failed swap or eviction changes nothing.
 //
+// The location record is the space's: DP's table (AddressRecords) or a TP shard's home table
+// (HomeRecords, space/tp_state.h), so that one plan and one publish serve both modes
+// (docs/ARCHITECTURE.md, "One decode step of one layer group", step 5).
+//
 // Thread-safety: none; the space's driver thread.
 #pragma once
 
@@ -54,7 +60,9 @@ class MissFills {
   // Decides each miss's fill. REQUIRES: targets claimed as above, targets.size() = misses.
   void Decide(GroupPools& gp, std::span<const SlotId> targets, std::size_t n_free);
   // Writes the plan's descriptors (descriptors()). REQUIRES: after Decide; missed[i] on host.
-  void Describe(const AddressRecords& table, const GroupPools& gp, std::uint32_t row_bytes, Rank rank, GroupId group,
+  // Records: AddressRecords or HomeRecords (above).
+  template <class Records>
+  void Describe(const Records& table, const GroupPools& gp, std::uint32_t row_bytes, Rank rank, GroupId group,
                 std::span<const LogicalAddr> missed, std::span<const SlotId> targets);
 
   std::size_t size() const { return num_; }
@@ -79,7 +87,8 @@ class MissFills {
 
   // Publishes by status (above) and ends the plan. Returns the number of descriptors published.
   // REQUIRES: status.size() == size(); nothing of the plan was freed (checked).
-  std::size_t Publish(AddressRecords& table, GroupPools& gp, Rank rank, std::span<const std::uint8_t> status);
+  template <class Records>
+  std::size_t Publish(Records& table, GroupPools& gp, Rank rank, std::span<const std::uint8_t> status);
 
  private:
   std::vector<ShadowFill> miss_fill_, fill_;     // per miss (Decide), per descriptor (Describe)

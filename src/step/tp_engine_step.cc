@@ -16,7 +16,7 @@ Result<std::unique_ptr<TpEngineStepPlanner>> TpEngineStepPlanner::Create(TpAddre
                                                                          const EngineStepConfig& config,
                                                                          TpFabric* fabric, TpPlannerOptions options) {
   ULA_RETURN_IF_ERROR(config.Validate());
-  ULA_RETURN_IF_ERROR(RefuseEngineModes(space.config().stable_new_entries, space.config().host_shadows, "TpConfig"));
+  ULA_RETURN_IF_ERROR(RefuseUnstableNewEntries(space.config().stable_new_entries, "TpConfig"));
   return std::unique_ptr<TpEngineStepPlanner>(new TpEngineStepPlanner(space, config, fabric, options));
 }
 
@@ -221,14 +221,9 @@ Result<TpPlannedStep> TpEngineStepPlanner::Plan(GroupId group, const StepShape& 
   }
   planned.first_phase = d;
   for (std::size_t h = 0; h < plan->ranks.size(); ++h) {  // phase 2: the home moves
-    const auto moves = planner_.pending_home_moves(h);
-    const auto rank = static_cast<std::uint16_t>(plan->ranks[h].value());
-    for (const auto& m : moves) {
-      out_descriptors[d++] = MakeCopyDescriptor(m.swap ? CopyOp::kSwap : CopyOp::kCopy,
-                                                {Tier::kHost, rank, m.host_slot.value()},
-                                                {Tier::kDevice, rank, m.device_slot.value()}, m.addr.value(),
-                                                group.value(), entry_bytes, 1);
-    }
+    const auto moves = planner_.pending_home_descriptors(h);
+    std::copy(moves.begin(), moves.end(), out_descriptors.begin() + d);
+    d += static_cast<std::uint32_t>(moves.size());
     pending_counts_[h] = static_cast<std::uint32_t>(moves.size());
   }
   planned.num_descriptors = d;
@@ -255,7 +250,7 @@ Result<CompleteReport> TpEngineStepPlanner::Complete(std::uint64_t fence, std::s
                                                       " entries; the pending plan has " + std::to_string(total) +
                                                       " descriptors");
   }
-  const auto published = planner_.CompleteHome([&](std::size_t h, std::size_t i) { return status[first[h] + i] == 0; },
+  const auto published = planner_.CompleteHome([&](std::size_t h, std::size_t i) { return status[first[h] + i]; },
                                                [&](std::size_t h, std::size_t i) { return status[first_fetch[h] + i] == 0; });
   CompleteReport report;
   for (std::size_t p : published) report.published += static_cast<std::uint32_t>(p);
@@ -287,7 +282,13 @@ void TpEngineStepPlanner::ExecuteOnShards(std::span<const CopyDescriptor> descri
       batch = CopyBatch{(c.src_tier == device ? src.device : src.host).arena().id, dst.buffer.arena().id, c.bytes,
                         /*swap=*/false, {SlotMove{c.src_offset, (c.dst_slot - buffer_base) * entry_bytes}}};
     } else {  // a home move within one rank's shard
-      if (c.src_rank != c.dst_rank || c.src_tier != host) continue;
+      if (c.src_rank != c.dst_rank || c.src_tier != host || c.op > static_cast<std::uint8_t>(CopyOp::kEvict)) continue;
+      if (c.op == static_cast<std::uint8_t>(CopyOp::kEvict)) {  // the victim's row out to its host slot first
+        auto out = backend.Submit(CopyBatch{dst.device.arena().id, dst.host.arena().id, c.bytes, /*swap=*/false,
+                                            {SlotMove{c.dst_offset, dst.host.offset(SlotId(c.evict_slot))}}});
+        if (!out || !backend.Wait(*out)) continue;
+        status[i] = kEvictLanded;
+      }
       batch = CopyBatch{dst.host.arena().id, dst.device.arena().id, c.bytes, c.op == static_cast<std::uint8_t>(CopyOp::kSwap),
                         {SlotMove{c.src_offset, c.dst_offset}}};
     }

@@ -1,4 +1,4 @@
-// TpStepPlanner: validate -> agree -> home phase (HomePhase, through CopyPublish) -> barrier
+// TpStepPlanner: validate -> agree -> home phase (RunHome: the engine path's plan, MissFills) -> barrier
 // -> remote phase (RemotePhase) -> barrier -> emit (see include/ula/tp_step_planner.h). The
 // dedup runs once per step and group and is shared read-only by the rank workers; each
 // worker touches only its own rank's shard and buffer of the stepped group, and in the
@@ -14,9 +14,9 @@
 #include <thread>
 #include <unordered_map>
 
-#include "backend/copy_publish.h"
 #include "space/space_access.h"
 #include "space/tp_state.h"
+#include "step/miss_fills.h"
 #include "ula/check.h"
 
 namespace ula {
@@ -33,6 +33,8 @@ struct RankWork {
   std::vector<SlotId> home_hit_slots, home_targets;
   std::vector<LogicalAddr> home_missed;
   std::size_t home_free = 0;       // home_targets[0, home_free) were free slots (copies)
+  MissFills fills;                 // the home phase's plan (step/miss_fills.h), pending until published
+  std::vector<std::uint8_t> home_status;  // [fills.size()] each home descriptor's outcome
   std::vector<SlotId> buffer_hit_slots, buffer_targets;
   std::vector<LogicalAddr> remote_missed;
   std::vector<char> fetch_failed;  // [remote_missed]
@@ -88,151 +90,41 @@ void ClaimHome(TpGroupShard& sh, RankWork& w) {
   ULA_CHECK(claimed == n_miss - n_free);
   w.home_free = n_free;
   w.stats.misses = n_miss;
-  w.stats.evictions = n_miss - n_free;
 }
 
-// Publishes the home moves of one rank whose outcome arrived(i) gives, by PublishArrived's
-// rules (backend/copy_publish.h): an arrived copy frees the host slot, an arrived swap sends
-// the victim to the wanted entry's host slot, a failed copy's free target goes back to the
-// pool, a failed swap changes nothing. Move i < home_free is a copy, the rest are swaps.
-template <class Arrived>
-std::size_t PublishHome(TpGroupShard& sh, RankWork& w, std::uint32_t p, Arrived&& arrived) {
-  return PublishArrived(
-      w.home_missed.size(), arrived, [&](std::size_t i) { return i >= w.home_free; },
-      [&](std::size_t i, bool swap) {
-        const LogicalAddr wanted = w.home_missed[i];
-        const SlotId dev = w.home_targets[i];
-        Location& loc = sh.home[wanted.value() / p];
-        const SlotId host_slot = loc.slot();
-        if (!swap) {
-          ULA_CHECK(sh.host.Free(host_slot).has_value());
-          sh.policy->Insert(dev);
-        } else {
-          const LogicalAddr victim = sh.device_owner[dev.value()];
-          sh.home[victim.value() / p] = Location::Make(Tier::kHost, w.rank, host_slot);
-        }
-        loc = Location::Make(Tier::kDevice, w.rank, dev);
-        sh.device_owner[dev.value()] = wanted;
-      },
-      [&](std::size_t i) { ULA_CHECK(sh.device.Free(w.home_targets[i]).has_value()); });
-}
-
-// The home phase with host shadows (sparse/host_shadows.h; DP's CopyAndPublishShadowed in
-// step_planner.cc is the same rule over one rank's pools). Each miss's slot is filled as
-// ShadowFill says (host_shadows.h); a kEvict victim's host slot is a free one, else the oldest
-// shadow reclaimed. A filled slot's wanted entry leaves its host slot behind as its shadow
-// (not after a swap: that slot now holds the victim). The victims' shadows leave the list
-// before any host slot is chosen, so no victim's shadow is reclaimed for another victim;
-// fetches read only authoritative host locations, never a shadow.
-using Fill = ShadowFill;
-
-Status HomePhaseShadowed(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
-  const std::size_t n_miss = w.home_missed.size(), n_free = w.home_free;
-  const std::uint32_t p = cfg.num_ranks;
-  std::vector<Fill> fill(n_miss, Fill::kFree);
-  std::vector<SlotId> evict_to(n_miss);
-  const auto at_host = [&](SlotId h) { return Location::Make(Tier::kHost, w.rank, h); };
-  for (std::size_t i = n_free; i < n_miss; ++i) {
-    const SlotId h = sh.shadows.Take(w.home_targets[i]);
-    if (!h.valid()) continue;
-    LogicalAddr& victim = sh.device_owner[w.home_targets[i].value()];
-    sh.home[victim.value() / p] = at_host(h);
-    victim = LogicalAddr::Invalid();
-    fill[i] = Fill::kToShadow;
-    ++w.stats.shadow_evictions;
-  }
-  CopyBatch evict{sh.device.arena().id, sh.host.arena().id, cfg.entry_bytes, /*swap=*/false, {}};
-  for (std::size_t i = n_free; i < n_miss; ++i) {
-    if (fill[i] == Fill::kToShadow) continue;
-    auto h = sh.shadows.AllocateHost(sh.host);
-    if (!h) {
-      fill[i] = Fill::kSwap;
-      continue;
-    }
-    fill[i] = Fill::kEvict;
-    evict_to[i] = *h;
-    evict.moves.push_back({sh.device.offset(w.home_targets[i]), sh.host.offset(*h)});
-  }
-  std::string evict_error;
-  if (!evict.moves.empty()) {
-    const std::size_t n_evict = evict.moves.size();
-    w.stats.bytes_moved += n_evict * std::uint64_t{cfg.entry_bytes};
-    auto fence = backend.Submit(std::move(evict));
-    Status landed = fence ? backend.Wait(*fence) : Status(std::unexpected(fence.error()));
-    for (std::size_t i = n_free; i < n_miss; ++i) {
-      if (fill[i] != Fill::kEvict) continue;
-      if (!landed) {  // nothing published: the victim stays on device, its host slot goes back
-        ULA_CHECK(sh.host.Free(evict_to[i]).has_value());
-        fill[i] = Fill::kDropped;
-        continue;
-      }
-      LogicalAddr& victim = sh.device_owner[w.home_targets[i].value()];
-      sh.home[victim.value() / p] = at_host(evict_to[i]);  // its bytes arrived
-      victim = LogicalAddr::Invalid();
-    }
-    if (!landed) evict_error = fmt::format("device->host copy of {} victims failed ({})", n_evict, landed.error().message());
-  }
-  // The fills: copies (free slots and the emptied victims' slots), then swaps.
-  std::size_t n_copies = 0;
-  const std::vector<std::size_t> order = ShadowFillOrder(fill, &n_copies);
-  CopyPublish cp(sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, n_copies, order.size() - n_copies);
-  for (std::size_t i : order) {
-    cp.Add({sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])});
-  }
-  w.stats.bytes_moved += cp.bytes_moved();
-  cp.Run(backend);
-  PublishArrived(
-      cp,
-      [&](std::size_t j, bool swap) {
-        const std::size_t i = order[j];
-        const LogicalAddr wanted = w.home_missed[i];
-        const SlotId dev = w.home_targets[i];
-        Location& loc = sh.home[wanted.value() / p];
-        const SlotId host_slot = loc.slot();
-        if (!swap) {
-          if (fill[i] == Fill::kFree) sh.policy->Insert(dev);  // a victim's slot stays tracked
-          sh.shadows.Add(dev, host_slot);  // the copy read it and nobody wrote it: clean
-        } else {
-          const LogicalAddr victim = sh.device_owner[dev.value()];
-          sh.home[victim.value() / p] = at_host(host_slot);
-        }
-        loc = Location::Make(Tier::kDevice, w.rank, dev);
-        sh.device_owner[dev.value()] = wanted;
-      },
-      [&](std::size_t j) {  // not copied: the slot (a free one, or an emptied victim's) goes back
-        const std::size_t i = order[j];
-        if (fill[i] != Fill::kFree) sh.policy->Remove(w.home_targets[i]);
-        ULA_CHECK(sh.device.Free(w.home_targets[i]).has_value());
-      });
-  const std::string context = fmt::format("rank {} group {}: home phase", w.rank.value(), group.value());
-  if (cp.all_arrived() && evict_error.empty()) return Ok();
-  if (cp.all_arrived()) return MakeError(ErrorCode::kIo, fmt::format("{}: {}", context, evict_error));
-  Error e = cp.Failure(context);
-  if (evict_error.empty()) return std::unexpected(std::move(e));
-  return MakeError(ErrorCode::kIo, fmt::format("{}; {}", e.message(), evict_error));
-}
-
-// Home phase of one rank: host-resident entries of its own shard come onto device (copies
-// into free slots, swaps with victims) through CopyPublish (backend/copy_publish.h): each
-// batch waited on its own fence, only what arrived is published; returns kIo naming every
-// failed batch. With host shadows, HomePhaseShadowed above.
-Status HomePhase(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
+// The home phase's plan of one rank (docs/ARCHITECTURE.md, "One decode step of one layer
+// group", steps 4 and 5): ClaimHome's slots, then the one copy plan of DP and TP (MissFills,
+// step/miss_fills.h) decides each fill (a free slot, a victim to its clean host shadow with no
+// descriptor of its own, a victim evicted to a host slot of its own, a swap) and describes it:
+// one descriptor per miss, copies into free slots, then into emptied victims' slots, then
+// swaps. Its planned counters go to the rank's stats. Pending until PublishHome.
+void PlanHomeFills(const TpConfig& cfg, TpGroupShard& sh, RankWork& w, GroupId group) {
   ClaimHome(sh, w);
-  const std::size_t n_miss = w.home_missed.size();
-  if (n_miss == 0) return Ok();
-  if (sh.shadows.enabled()) return HomePhaseShadowed(cfg, backend, sh, w, group);
-  const std::uint32_t p = cfg.num_ranks;
-  CopyPublish cp(sh.host.arena().id, sh.device.arena().id, cfg.entry_bytes, w.home_free, n_miss - w.home_free);
-  for (std::size_t i = 0; i < n_miss; ++i) {
-    cp.Add({sh.host.offset(sh.home[w.home_missed[i].value() / p].slot()), sh.device.offset(w.home_targets[i])});
-  }
-  w.stats.bytes_moved = cp.bytes_moved();
-  cp.Run(backend);
-  PublishHome(sh, w, p, [&cp](std::size_t i) { return cp.arrived(i); });
-  if (!cp.all_arrived()) {
-    return std::unexpected(cp.Failure(fmt::format("rank {} group {}: home phase", w.rank.value(), group.value())));
-  }
-  return Ok();
+  w.fills.Decide(sh, w.home_targets, w.home_free);
+  w.fills.AddPlannedStats(cfg.entry_bytes, w.stats);
+  w.fills.Describe(HomeRecords{sh.home, cfg.num_ranks}, sh, cfg.entry_bytes, w.rank, group, w.home_missed,
+                   w.home_targets);
+  w.home_status.assign(w.fills.size(), kDescriptorFailed);
+}
+
+// Publishes the rank's pending home plan by w.home_status (MissFills::Publish: shadowed
+// victims at their shadows, what arrived on device, the rest back where it was) and ends it.
+std::size_t PublishHomeFills(const TpConfig& cfg, TpGroupShard& sh, RankWork& w) {
+  HomeRecords records{sh.home, cfg.num_ranks};
+  return w.fills.Publish(records, sh, w.rank, w.home_status);
+}
+
+// The home phase of one rank (Step): the engine path's plan (PlanHomeFills), its descriptors
+// run on the backend in the host step's batches (MissFills::Run: the evictions' device -> host
+// batch first, waited on its own fence, then the copies and the swaps, each batch waited on its
+// own fence), then the engine path's publish by each descriptor's outcome (PublishHomeFills):
+// only what arrived is published. kIo names every failed batch.
+Status RunHome(const TpConfig& cfg, Backend& backend, TpGroupShard& sh, RankWork& w, GroupId group) {
+  PlanHomeFills(cfg, sh, w, group);
+  if (w.fills.size() == 0) return Ok();
+  Status ran = w.fills.Run(backend, sh, cfg.entry_bytes, w.rank, group, w.home_status);
+  PublishHomeFills(cfg, sh, w);
+  return ran;
 }
 
 // The remote phase of one step and group: what its parts share. Layer l of a layer sink
@@ -550,7 +442,7 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
 
   // 1. Home phase.
   ForEachRank(sc.work, options_.parallel_ranks,
-              [&](RankWork& w) { w.status = HomePhase(cfg, space_.backend(), st.at(w.rank, group), w, group); });
+              [&](RankWork& w) { w.status = RunHome(cfg, space_.backend(), st.at(w.rank, group), w, group); });
   // Attention at home: no rank reads another's memory, so no barrier and no remote phase.
   if (fabric_ && !at_home) fabric_->Barrier();
 
@@ -630,10 +522,6 @@ Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const Logica
                      "names its home's slot, which only the home's process knows; use Step (the fabric fetches by "
                      "address)");
   }
-  if (StateOf(space_).host_shadows) {
-    return MakeError(ErrorCode::kUnsupported,
-                     "PlanHome does not keep host shadows (the engine path turns them off: TpEngineStepPlanner::Create)");
-  }
   Scratch& sc = *scratch_;
   Status local = Classify(group, selections, runs);
   if (local) {
@@ -651,10 +539,8 @@ Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const Logica
   }
   ULA_RETURN_IF_ERROR(Agree(group, std::move(local)));
   TpAddressSpace::State& st = StateOf(space_);
-  const std::uint32_t entry_bytes = space_.config().entry_bytes;
   for (RankWork& w : sc.work) {
-    ClaimHome(st.at(w.rank, group), w);
-    w.stats.bytes_moved = (w.home_free + 2 * (w.home_missed.size() - w.home_free)) * std::uint64_t{entry_bytes};
+    PlanHomeFills(space_.config(), st.at(w.rank, group), w, group);
     w.buffer_targets.clear();
     w.fetch_failed.clear();
     if (!at_home) {
@@ -686,37 +572,27 @@ std::vector<TpStepPlanner::RemoteFetch> TpStepPlanner::pending_remote_fetches(st
   return fetches;
 }
 
-std::vector<TpStepPlanner::HomeMove> TpStepPlanner::pending_home_moves(std::size_t h) const {
+std::span<const CopyDescriptor> TpStepPlanner::pending_home_descriptors(std::size_t h) const {
   const Scratch& sc = *scratch_;
   ULA_CHECK(sc.home_pending && h < sc.work.size());
-  const RankWork& w = sc.work[h];
-  const TpGroupShard& sh = StateOf(space_).at(w.rank, sc.pending_group);
-  const std::uint32_t p = space_.config().num_ranks;
-  std::vector<HomeMove> moves(w.home_missed.size());
-  for (std::size_t i = 0; i < moves.size(); ++i) {
-    const Location loc = sh.home[w.home_missed[i].value() / p];
-    moves[i] = HomeMove{w.home_missed[i], loc.slot(), w.home_targets[i], i >= w.home_free,
-                        sh.host.offset(loc.slot()), sh.device.offset(w.home_targets[i])};
-  }
-  return moves;
+  return sc.work[h].fills.descriptors();
 }
 
-std::vector<std::size_t> TpStepPlanner::CompleteHome(const std::function<bool(std::size_t, std::size_t)>& arrived,
-                                                     const std::function<bool(std::size_t, std::size_t)>& fetched) {
+std::vector<std::size_t> TpStepPlanner::CompleteHome(
+    const std::function<std::uint8_t(std::size_t, std::size_t)>& status,
+    const std::function<bool(std::size_t, std::size_t)>& fetched) {
   Scratch& sc = *scratch_;
   ULA_CHECK(sc.home_pending);
   TpAddressSpace::State& st = StateOf(space_);
-  const std::uint32_t p = space_.config().num_ranks;
   std::vector<std::size_t> published(sc.work.size());
   for (std::size_t h = 0; h < sc.work.size(); ++h) {
     RankWork& w = sc.work[h];
     TpGroupShard& sh = st.at(w.rank, sc.pending_group);
-    for (std::size_t i = 0; i < w.home_missed.size(); ++i) {
-      // Complete aborts (as the DP engine path's) when an entry of the plan was freed since.
-      ULA_CHECK(sh.home[w.home_missed[i].value() / p].tier() == Tier::kHost);
-    }
+    // Complete aborts (as the DP engine path's) when an entry of the plan was freed since
+    // (MissFills::Publish checks the home misses).
     for (LogicalAddr a : w.remote_missed) ULA_CHECK(st.dir.IsLive(a));
-    published[h] = PublishHome(sh, w, p, [&](std::size_t i) { return arrived(h, i); });
+    for (std::size_t i = 0; i < w.home_status.size(); ++i) w.home_status[i] = status(h, i);
+    published[h] = PublishHomeFills(space_.config(), sh, w);
     for (std::size_t i = 0; i < w.buffer_targets.size(); ++i) {
       w.fetch_failed[i] = !(fetched && fetched(h, i));
       published[h] += !w.fetch_failed[i];

@@ -89,7 +89,7 @@ struct TpVerifierConfig {
   //             Reload, Check on every rank, the verdicts' maximum, Claim, the copies on
   //             the backend over the shard pools, Complete, StoreInto.
   // kDevice needs attention at home and in-process ranks; the engine forms need
-  // stable_new_entries (TpConfig::stable_new_entries) and no host shadows, kDevice the
+  // stable_new_entries (TpConfig::stable_new_entries), kDevice also no host shadows and the
   // kernel_pb_lru policy, kEngine with a local buffer in-process ranks. Validate and
   // RunTpVerifier refuse the others with the reason (the forms' own Create refusals).
   PlannerForm form = PlannerForm::kHost;
@@ -97,7 +97,7 @@ struct TpVerifierConfig {
   // Each shard keeps clean host shadows (TpConfig::host_shadows, sparse/host_shadows.h); the
   // checks are the same (a shadow is never read, so every entry must still read its own
   // bytes), plus CheckInvariants' shadow checks (a shadow equals its entry's device bytes).
-  // Not with kEngine or kDevice (their Create refuses shadows).
+  // Not with kDevice (its Create refuses shadows).
   bool host_shadows = false;
 
   Status Validate() const;
