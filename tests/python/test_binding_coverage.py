@@ -93,7 +93,7 @@ EXCLUDED = {
     ("AddressSpaceConfig", "bytes_per_address"): "metadata accounting of the benches (ula bench metadata)",
     ("TpStepPlanner", "PlanHome"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
     ("TpStepPlanner", "has_pending"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
-    ("TpStepPlanner", "pending_home_moves"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
+    ("TpStepPlanner", "pending_home_descriptors"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
     ("TpStepPlanner", "pending_remote_fetches"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
     ("TpStepPlanner", "CompleteHome"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
     ("FaultPlan", "Validate"): "the FaultPlan constructor validates",
