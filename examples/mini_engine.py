@@ -651,7 +651,10 @@ def run(model, ulacache, reqs, store, max_batch, q_len=1, reject=0.0, seed=0, re
     step = 0
     decode_tokens = 0
     t_decode = 0.0
-    counts = {"retractions": 0, "admissions_deferred": 0, "drafts_rejected": 0, "rounds_reserved": 0}
+    counts = {"retractions": 0, "admissions_deferred": 0, "drafts_rejected": 0, "rounds_reserved": 0,
+              "requests_decoded": 0,      # summed over the decode rounds: the mean batch is this / rounds
+              "selections_reserved": 0,   # what reserve_round bounded each request's group step by, summed
+              "selections_used": 0}       # the distinct entries each request's group step selected (most of its groups), summed
     while waiting or any(r >= 0 for r in b_rows):
         # Admission (SGLang's prefill adder): the arrived requests that allocate fills, in
         # arrival order, into free rows; their prefill is a round of its own. Then the next
@@ -716,6 +719,9 @@ def run(model, ulacache, reqs, store, max_batch, q_len=1, reject=0.0, seed=0, re
             active.remove(b)
             counts["retractions"] += 1
         counts["rounds_reserved"] += 1
+        counts["requests_decoded"] += len(active)
+        counts["selections_reserved"] += sum(min(q_len * width, pos[b_rows[b]] + q_len) for b in active)
+        used = {b: 0 for b in active}
         t0 = time.perf_counter()
         toks = np.zeros((max_batch, q_len), np.int64)
         for b in active:
@@ -738,6 +744,8 @@ def run(model, ulacache, reqs, store, max_batch, q_len=1, reject=0.0, seed=0, re
                     positions[r, :len(top)] = top
                     positions[r, len(top):len(top) + j + 1] = t + np.arange(j + 1)  # the step's tokens up to itself
                 ikeys[rid][g, t:t + q_len] = ik[b * q_len:(b + 1) * q_len]
+                rows = positions[b * q_len:(b + 1) * q_len]
+                used[b] = max(used[b], len(np.unique(rows[rows >= 0])))
             store.prepare_group(g, b_rows, positions, q_len)
             for li, layer in enumerate(layers):
                 kv = x @ model.w_kv[layer]                   # the new tokens' KV of this layer
@@ -747,6 +755,7 @@ def run(model, ulacache, reqs, store, max_batch, q_len=1, reject=0.0, seed=0, re
                 else:
                     entries, mask = store.gather(g, li, layer)
                     x = model.attend(layer, x, entries, mask)
+        counts["selections_used"] += sum(used.values())
         logits = (x @ model.emb.T).reshape(max_batch, q_len, model.vocab)
         for b in active:
             rid = b_rows[b]
@@ -861,7 +870,13 @@ def main(argv=None):
         "rounds_reserved": ula["rounds_reserved"],
         "retractions": ula["retractions"],
         "admissions_deferred": ula["admissions_deferred"],
-        "drafts_rejected": ula["drafts_rejected"],  # TP: new tokens whose slot a plan of their round moved
+        "drafts_rejected": ula["drafts_rejected"],
+        "mean_batch": round(ula["requests_decoded"] / max(ula["rounds_reserved"], 1), 3),
+        # Of what the reservation set aside for the requests' selections, the share they used.
+        "reserved_selections_used": round(ula["selections_used"] / max(ula["selections_reserved"], 1), 4),
+        # SGLang's HiSparse: a fixed device buffer per request of 2 x top-k entries (4,096 for top-k
+        # 2,048) plus its new tokens, so a pool of this size decodes at most this many at once.
+        "hisparse_batch_bound": min(args.max_batch, device_slots // (2 * model.top_k + q_len)),  # TP: new tokens whose slot a plan of their round moved
         "logits_compared": int(dense["logits"].shape[0]),
         "reference": "dense" if args.tp == 1 else "dense_at_home",
         "max_abs_logit_diff": max_diff,  # against the plain dense run
@@ -878,6 +893,9 @@ def main(argv=None):
               f"{result['tokens_per_s']} tokens/s (dense reference {result['dense_tokens_per_s']} tokens/s)")
         print(f"  scheduler: {result['rounds_reserved']} rounds reserved, {result['retractions']} retractions, "
               f"{result['admissions_deferred']} admissions deferred, {result['drafts_rejected']} drafts rejected")
+        print(f"  mean batch {result['mean_batch']} (HiSparse's per-request buffers: at most "
+              f"{result['hisparse_batch_bound']}); the rounds used {result['reserved_selections_used']:.1%} of the "
+              f"selections reserved")
         print(f"  hit rate {result['hit_rate']:.2%}, entries fetched {st['misses']}, evicted {st['evictions']}, "
               f"{st['bytes_moved']} bytes moved")
         verdict = "bit-identical to" if result["matches_dense_reference"] else "DIFFERENT from"
