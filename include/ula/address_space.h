@@ -187,8 +187,8 @@ struct AddressSpaceConfig {
   // groups are the selections of the one sparse kind (their layers sum to its layers, row()
   // is its row) and the other kinds sit beside it. Allocate, Truncate and Free take the
   // model's tokens and make and release the entries of every kind ("Kinds" below); the
-  // step forms (StepPlanner::Step, EngineStepPlanner, DeviceStep) and ShareInto refuse a
-  // space with kinds (kUnsupported).
+  // host step (StepPlanner::Step, EngineStepPlanner) selects C4 entries as any addresses;
+  // DeviceStep and ShareInto refuse a space with kinds (kUnsupported).
   std::vector<KvKind> kinds;
 
   // Names the first bad field.

@@ -3,8 +3,9 @@
 // A space with kinds holds the sparse kind's entries in its groups (one group per selection:
 // DeepSeek-V4's compressed-sparse layers, each with its own indexer) and every other kind
 // beside them. Allocate, Truncate and Free make and release every kind's entries
-// (space/kind_entries.h); until the step reads the sparse kind's entries with the others,
-// the step forms refuse such a space with the reason (RefuseKinds).
+// (space/kind_entries.h). The host step (StepPlanner, EngineStepPlanner) selects the sparse
+// kind's entries as any space's addresses and leaves the other kinds alone; the device step
+// refuses such a space with the reason (RefuseKinds).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -21,7 +22,8 @@ namespace ula {
 // row_bytes. kInvalidArgument naming the field.
 Status ValidateSpaceKinds(const AddressSpaceConfig& config);
 
-// kUnsupported naming `path` when the config has kinds; Ok otherwise.
+// kUnsupported naming `path` (a step form that does not take kinds yet) when the config has
+// kinds; Ok otherwise.
 Status RefuseKinds(const AddressSpaceConfig& config, std::string_view path);
 
 }  // namespace ula

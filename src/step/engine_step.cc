@@ -12,7 +12,6 @@
 
 #include "space/space_access.h"
 #include "step/engine_modes.h"
-#include "space/space_kinds.h"
 #include "step/dp_step.h"
 #include "space/address_space_state.h"
 #include "ula/check.h"
@@ -69,7 +68,6 @@ Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpac
                                                                       const EngineStepConfig& config) {
   ULA_RETURN_IF_ERROR(config.Validate());
   const AddressSpaceConfig& cfg = space.config();
-  ULA_RETURN_IF_ERROR(RefuseKinds(cfg, "EngineStepPlanner"));
   ULA_RETURN_IF_ERROR(RefuseUnstableNewEntries(cfg.stable_new_entries, "AddressSpaceConfig"));
   const std::uint64_t max_sel = config.rows() * config.max_top_k;
   // Addresses come in pages (address_space.h "Pages"): a page is minted only when none is

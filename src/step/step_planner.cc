@@ -11,7 +11,6 @@
 
 #include "space/address_space_state.h"
 #include "space/space_access.h"
-#include "space/space_kinds.h"
 #include "step/dp_step.h"
 
 namespace ula {
@@ -51,7 +50,6 @@ Status CheckStepInput(const AddressSpaceConfig& cfg, const StepInput& input, std
 }  // namespace
 
 Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> out_slots) {
-  ULA_RETURN_IF_ERROR(RefuseKinds(space_.config(), "StepPlanner"));
   ULA_RETURN_IF_ERROR(CheckStepInput(space_.config(), input, out_slots.size()));
   ULA_RETURN_IF_ERROR(CheckSelectionRuns(input.runs, input.selections.size()));
   // One plan at a time over a space: an engine plan's claims must not be taken by this step.

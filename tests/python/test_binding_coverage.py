@@ -74,7 +74,7 @@ ALIASES = {
 
 
 # (Python class, C++ member) -> why it has no binding.
-V4_KINDS = "DeepSeek-V4 layer kinds: the model config reads them (configs/models/deepseek_v4_*.json); a space with kinds makes its entries' logical blocks but holds no bytes for them and the step forms refuse it, so Python has nothing to drive with them yet (docs/INTEGRATION.md, DeepSeek-V4)"
+V4_KINDS = "DeepSeek-V4 layer kinds: the model config reads them (configs/models/deepseek_v4_*.json); a space with kinds holds bytes for its C4 entries only (the host step selects them; the other kinds are logical blocks, and the device step refuses such a space), so Python binds no kinds yet (docs/INTEGRATION.md, DeepSeek-V4)"
 EXCLUDED = {
     ("ModelConfig", "compress_rate_csa"): V4_KINDS,
     ("ModelConfig", "compress_rate_hca"): V4_KINDS,

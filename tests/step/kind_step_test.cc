@@ -1,0 +1,360 @@
+// The host step over a DeepSeek-V4-Flash space (SpaceConfigOfModel; docs/ARCHITECTURE.md,
+// "Kinds"): the indexer's top-k of C4 entries goes through the one DP host step as any
+// selection does. A decode loop with drafts over a device pool smaller than the C4 history,
+// through StepPlanner (the library path) and EngineStepPlanner (plan, the descriptors on
+// engine memory, complete): every selection's slot holds its entry's bytes, the descriptors
+// name C4 entries' slots only, no step changes any kind's page table (KindPagesOf), and a
+// selection that is not a live C4 entry of its request is refused with nothing changed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <random>
+#include <unordered_map>
+#include <vector>
+
+#include "config/model_kinds.h"
+#include "test_seed.h"
+#include "ula/address_space.h"
+#include "ula/backend.h"
+#include "ula/engine_step.h"
+#include "ula/step_planner.h"
+
+namespace ula {
+namespace {
+
+constexpr std::uint32_t kDrafts = 3;
+constexpr std::uint32_t kRow = 584;             // V4's FP8 packed C4 row: one CSA layer per group
+constexpr std::uint32_t kDeviceEntries = 64;    // per group: far below the requests' C4 history
+constexpr std::uint32_t kHostEntries = 1024;
+constexpr std::uint32_t kTopK = 12;
+constexpr std::uint32_t kRequests = 3;
+constexpr std::uint32_t kPrompt = 240;          // 60 C4 entries per request
+constexpr int kRounds = 120;
+
+AddressSpaceConfig FlashConfig() {
+  auto m = LoadModelConfigByName("deepseek_v4_flash", DefaultConfigDir());
+  EXPECT_TRUE(m) << m.error().ToString();
+  AddressSpaceConfig base;
+  base.device_bytes_per_rank = std::uint64_t{kDeviceEntries} * 21 * kRow;  // 21 CSA groups
+  base.host_bytes_per_rank = std::uint64_t{kHostEntries} * 21 * kRow;
+  base.stable_new_entries = true;  // the engine path's modes
+  base.host_shadows = false;
+  auto c = SpaceConfigOfModel(*m, {.max_draft_tokens = kDrafts}, base);
+  EXPECT_TRUE(c) << c.error().ToString();
+  EXPECT_EQ(c->num_groups, 21u);
+  EXPECT_EQ(c->row(), kRow);
+  return *c;
+}
+
+// The bytes of (address, version, group) in its group's one layer.
+void Fill(std::byte* out, LogicalAddr a, std::uint32_t version, std::uint32_t g) {
+  for (std::uint32_t i = 0; i < kRow; ++i) out[i] = std::byte((a.value() * 131 + version * 61 + g * 17 + i * 7) & 0xff);
+}
+bool Holds(const std::byte* row, LogicalAddr a, std::uint32_t version, std::uint32_t g) {
+  std::byte want[kRow];
+  Fill(want, a, version, g);
+  return row != nullptr && std::memcmp(row, want, kRow) == 0;
+}
+
+// Every request's page table of every kind: what no step may change.
+std::vector<KindPages> AllKindPages(const AddressSpace& s, std::span<const RequestId> requests) {
+  std::vector<KindPages> out;
+  for (RequestId r : requests) {
+    for (std::uint32_t k = 0; k < s.config().kinds.size(); ++k) {
+      auto p = s.KindPagesOf(r, k);
+      EXPECT_TRUE(p) << p.error().ToString();
+      out.push_back(p ? *p : KindPages{});
+    }
+  }
+  return out;
+}
+
+// The scheduler's side of the loop: tokens per request, the version of each C4 entry's bytes.
+struct Decode {
+  AddressSpace& space;
+  std::mt19937_64 rng;
+  std::vector<RequestId> requests;
+  std::vector<std::uint32_t> tokens;
+  std::unordered_map<std::uint32_t, std::uint32_t> version;  // address -> its current bytes' version
+  std::uint32_t next_version = 1;
+
+  Decode(AddressSpace& s, std::uint64_t seed) : space(s), rng(seed) {
+    for (std::uint32_t b = 0; b < kRequests; ++b) {
+      requests.push_back(RequestId(b + 1));
+      tokens.push_back(0);
+      EXPECT_TRUE(space.AddRequest(requests[b], Rank(0)));
+    }
+  }
+  // Allocates n tokens of request b: the C4 entries they complete, each with a new version.
+  std::vector<LogicalAddr> Allocate(std::uint32_t b, std::uint32_t n) {
+    auto a = space.Allocate(requests[b], n);
+    EXPECT_TRUE(a) << a.error().ToString();
+    if (!a) return {};
+    EXPECT_EQ(a->size(), (tokens[b] + n) / 4 - tokens[b] / 4);  // one per completed 4-token block
+    tokens[b] += n;
+    for (LogicalAddr x : *a) version[x.value()] = next_version++;
+    return std::move(*a);
+  }
+  // The indexer of one group: a random top-k of request b's C4 entries, nothing else.
+  std::vector<LogicalAddr> TopK(std::uint32_t b) {
+    auto list = space.AddressesOf(requests[b]).value();
+    std::vector<LogicalAddr> pool(list.begin(), list.end());
+    const std::size_t k = std::min<std::size_t>(kTopK, pool.size());
+    for (std::size_t i = 0; i < k; ++i) std::swap(pool[i], pool[i + rng() % (pool.size() - i)]);
+    pool.resize(k);
+    return pool;
+  }
+  // Verification: of the round's 1 + kDrafts tokens of each request, 1..1 + kDrafts are
+  // accepted; the rejected drafts are truncated (with their C4 entries).
+  void Accept() {
+    for (std::uint32_t b = 0; b < kRequests; ++b) {
+      const std::uint32_t rejected = static_cast<std::uint32_t>(rng() % (kDrafts + 1));
+      if (rejected == 0) continue;
+      tokens[b] -= rejected;
+      ASSERT_TRUE(space.Truncate(requests[b], tokens[b]));
+    }
+  }
+};
+
+// The library path: Write each new C4 entry, Step every group with each request's top-k,
+// read every selection back through its slot.
+TEST(KindStep, HostStepOverC4EntriesReadsEverySelectionsBytes) {
+  ULA_TEST_SEEDED(seed, 20261207);
+  auto backend = MakeCpuBackend({.copy_threads = 1});
+  auto space = AddressSpace::Create(FlashConfig(), *backend);
+  ASSERT_TRUE(space) << space.error().ToString();
+  AddressSpace& s = **space;
+  Decode d(s, seed);
+  std::vector<std::byte> row(kRow);
+  auto write = [&](std::span<const LogicalAddr> fresh) {
+    for (LogicalAddr a : fresh) {
+      for (std::uint32_t g = 0; g < s.config().num_groups; ++g) {
+        Fill(row.data(), a, d.version[a.value()], g);
+        ASSERT_TRUE(s.Write(a, GroupId(g), row));
+      }
+    }
+  };
+  for (std::uint32_t b = 0; b < kRequests; ++b) {  // prefill, a round each
+    write(d.Allocate(b, kPrompt));
+    s.AdvanceRound();
+  }
+  StepPlanner planner(s);
+  StepStats total;
+  for (int round = 0; round < kRounds; ++round) {
+    for (std::uint32_t b = 0; b < kRequests; ++b) write(d.Allocate(b, 1 + kDrafts));
+    for (std::uint32_t g = 0; g < s.config().num_groups; ++g) {
+      std::vector<LogicalAddr> sel;
+      std::vector<SelectionRun> runs;
+      for (std::uint32_t b = 0; b < kRequests; ++b) {
+        const auto top = d.TopK(b);
+        sel.insert(sel.end(), top.begin(), top.end());
+        runs.push_back({d.requests[b], static_cast<std::uint32_t>(top.size())});
+      }
+      const auto kinds_before = AllKindPages(s, d.requests);
+      std::vector<SlotId> slots(sel.size());
+      auto stats = planner.Step({Rank(0), GroupId(g), sel, runs}, slots);
+      ASSERT_TRUE(stats) << "round " << round << " group " << g << ": " << stats.error().ToString();
+      total.misses += stats->misses;
+      total.evictions += stats->evictions;
+      ASSERT_EQ(AllKindPages(s, d.requests), kinds_before) << "round " << round << " group " << g;
+      for (std::size_t i = 0; i < sel.size(); ++i) {
+        ASSERT_TRUE(Holds(s.DeviceSlotData(Rank(0), GroupId(g), slots[i]), sel[i], d.version[sel[i].value()], g))
+            << "round " << round << " group " << g << " selection " << i << " (address " << sel[i].value() << ")";
+      }
+      ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
+    }
+    d.Accept();
+    s.AdvanceRound();
+    ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
+  }
+  // The entries moved: the device pool holds a fraction of the C4 history.
+  EXPECT_GT(total.misses, 1000u);
+  EXPECT_GT(total.evictions, 1000u);
+  EXPECT_GT(s.num_live_addresses(), 4u * kDeviceEntries);
+}
+
+// Engine memory of one (tier, group): [slots][kRow], the group's one layer.
+struct Pool {
+  std::uint32_t slots = 0;
+  std::vector<std::byte> bytes;
+  std::byte* Row(std::uint32_t slot) { return bytes.data() + std::size_t{slot} * kRow; }
+  EngineRegion Region() {
+    return EngineRegion{reinterpret_cast<std::uintptr_t>(bytes.data()), std::uint64_t{slots} * kRow, kRow, 1, slots};
+  }
+};
+
+// The engine path: the engine writes each new C4 entry at its looked-up location, plans each
+// group, runs the descriptors on its memory, completes, and reads through the indices. Every
+// descriptor brings a selected C4 entry from its host slot into a free device slot or one of a
+// C4 entry (every used device slot holds one): no other kind's block is ever a source or a
+// destination, and no kind's page table changes.
+TEST(KindStep, EnginePlanMovesOnlyC4EntriesAndKeepsEveryKindsPages) {
+  ULA_TEST_SEEDED(seed, 20261208);
+  auto backend = MakeCountingBackend();  // the engine owns the bytes
+  auto space = AddressSpace::Create(FlashConfig(), *backend);
+  ASSERT_TRUE(space) << space.error().ToString();
+  AddressSpace& s = **space;
+  const std::uint32_t groups = s.config().num_groups;
+  auto created = EngineStepPlanner::Create(s, {.max_batch = kRequests, .max_q_len = 1, .max_top_k = kTopK});
+  ASSERT_TRUE(created) << created.error().ToString();
+  EngineStepPlanner& planner = **created;
+  std::vector<Pool> mem[kNumTiers];
+  for (std::uint32_t g = 0; g < groups; ++g) {
+    mem[0].push_back({s.config().device_slots_per_group(), {}});
+    mem[1].push_back({s.config().host_slots_per_group(), {}});
+    for (int t = 0; t < kNumTiers; ++t) {
+      mem[t][g].bytes.resize(std::size_t{mem[t][g].slots} * kRow);
+      ASSERT_TRUE(planner.RegisterEngineMemory(static_cast<Tier>(t), Rank(0), GroupId(g), mem[t][g].Region()));
+    }
+  }
+  Decode d(s, seed);
+  auto write_kv = [&](std::span<const LogicalAddr> fresh) {
+    for (LogicalAddr a : fresh) {
+      for (std::uint32_t g = 0; g < groups; ++g) {
+        const Location loc = s.Lookup(a, GroupId(g)).value();
+        Fill(mem[static_cast<int>(loc.tier())][g].Row(loc.slot().value()), a, d.version[a.value()], g);
+      }
+    }
+  };
+  for (std::uint32_t b = 0; b < kRequests; ++b) {
+    write_kv(d.Allocate(b, kPrompt));
+    s.AdvanceRound();
+  }
+  std::vector<std::int32_t> sel(std::size_t{kRequests} * kTopK), idx(sel.size());
+  std::vector<CopyDescriptor> desc(planner.max_descriptors());
+  std::vector<std::uint8_t> status(desc.size());
+  std::uint64_t moved = 0, swaps = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    for (std::uint32_t b = 0; b < kRequests; ++b) write_kv(d.Allocate(b, 1 + kDrafts));
+    for (std::uint32_t g = 0; g < groups; ++g) {
+      std::fill(sel.begin(), sel.end(), -1);
+      for (std::uint32_t b = 0; b < kRequests; ++b) {
+        const auto top = d.TopK(b);
+        for (std::size_t k = 0; k < top.size(); ++k) sel[b * kTopK + k] = static_cast<std::int32_t>(top[k].value());
+      }
+      // Where every C4 entry of the group is before the plan; every used device slot is one's.
+      std::map<std::uint32_t, Location> where;
+      std::map<std::uint32_t, std::uint32_t> device_owner;  // device slot -> C4 address
+      for (RequestId r : d.requests) {
+        const std::span<const LogicalAddr> list = s.AddressesOf(r).value();
+        for (LogicalAddr a : list) {
+          const Location loc = s.Lookup(a, GroupId(g)).value();
+          where[a.value()] = loc;
+          if (loc.tier() == Tier::kDevice) device_owner[loc.slot().value()] = a.value();
+        }
+      }
+      ASSERT_EQ(device_owner.size(), s.NumUsed(Rank(0), GroupId(g), Tier::kDevice));
+      const auto kinds_before = AllKindPages(s, d.requests);
+      auto plan = planner.Plan(Rank(0), GroupId(g), {kRequests, 1, kTopK}, d.requests, sel, idx, desc);
+      ASSERT_TRUE(plan) << "round " << round << " group " << g << ": " << plan.error().ToString();
+      for (std::uint32_t i = 0; i < plan->num_descriptors; ++i) {
+        const CopyDescriptor& c = desc[i];
+        ASSERT_EQ(c.group, g);
+        ASSERT_TRUE(std::count(sel.begin(), sel.end(), static_cast<std::int32_t>(c.addr)) > 0) << c.addr;
+        const Location from = where.at(c.addr);  // a live C4 entry of a request
+        ASSERT_EQ(from.tier(), Tier::kHost);
+        ASSERT_EQ(c.src_tier, static_cast<std::uint8_t>(Tier::kHost));
+        ASSERT_EQ(c.src_slot, from.slot().value());
+        ASSERT_EQ(c.dst_tier, static_cast<std::uint8_t>(Tier::kDevice));
+        ASSERT_EQ(c.bytes, kRow);
+        ASSERT_EQ(c.num_layers, 1u);
+        if (c.op == static_cast<std::uint8_t>(CopyOp::kSwap)) {
+          ASSERT_TRUE(device_owner.contains(c.dst_slot)) << "a swap with a slot that holds no C4 entry";
+          ++swaps;
+        }
+      }
+      moved += plan->num_descriptors;
+      auto st = std::span(status).first(plan->num_descriptors);
+      planner.ExecuteOnEngineMemory(std::span(desc).first(plan->num_descriptors), st);
+      auto report = planner.Complete(plan->fence, st);
+      ASSERT_TRUE(report) << report.error().ToString();
+      ASSERT_EQ(report->failed, 0u);
+      ASSERT_EQ(AllKindPages(s, d.requests), kinds_before) << "round " << round << " group " << g;
+      for (std::size_t i = 0; i < sel.size(); ++i) {
+        if (sel[i] == -1) continue;
+        const LogicalAddr a(static_cast<std::uint32_t>(sel[i]));
+        ASSERT_GE(idx[i], 0);
+        ASSERT_TRUE(Holds(mem[0][g].Row(static_cast<std::uint32_t>(idx[i])), a, d.version[a.value()], g))
+            << "round " << round << " group " << g << " selection " << i << " (address " << a.value() << ")";
+      }
+      ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
+    }
+    d.Accept();
+    s.AdvanceRound();
+    ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
+  }
+  EXPECT_GT(moved, 1000u);
+  EXPECT_GT(swaps, 1000u);
+}
+
+// A selection that is not a live C4 entry of its request (one a Truncate freed, another
+// request's, one never made) is refused by both forms with kNotFound, and nothing changes:
+// the digest (tables, pools, policies, the kinds' entries) and every kind's page table.
+// While an engine plan is pending, a Truncate is refused and changes no kind either.
+TEST(KindStep, BadSelectionIsRefusedAndChangesNothing) {
+  auto backend = MakeCpuBackend({.copy_threads = 1});
+  auto space = AddressSpace::Create(FlashConfig(), *backend);
+  ASSERT_TRUE(space) << space.error().ToString();
+  AddressSpace& s = **space;
+  const std::vector<RequestId> rs{RequestId(1), RequestId(2)};
+  for (RequestId r : rs) {
+    ASSERT_TRUE(s.AddRequest(r, Rank(0)));
+    ASSERT_TRUE(s.Allocate(r, 101));  // 25 C4 entries, one token filling
+    s.AdvanceRound();
+  }
+  // Drafts of request 1: tokens [101, 105) complete one C4 entry; all are rejected.
+  auto drafted = s.Allocate(rs[0], 4);
+  ASSERT_TRUE(drafted);
+  ASSERT_EQ(drafted->size(), 1u);
+  const LogicalAddr freed = (*drafted)[0];
+  ASSERT_TRUE(s.Truncate(rs[0], 101));
+  ASSERT_FALSE(s.IsLive(freed));
+  s.AdvanceRound();
+  const auto own = s.AddressesOf(rs[0]).value();
+  const LogicalAddr other = s.AddressesOf(rs[1]).value().front();
+  auto engine = EngineStepPlanner::Create(s, {.max_batch = 1, .max_q_len = 1, .max_top_k = 2});
+  ASSERT_TRUE(engine) << engine.error().ToString();
+  StepPlanner host(s);
+  const std::uint64_t digest = s.DebugDigest();
+  const auto kinds = AllKindPages(s, rs);
+  const std::vector<SelectionRun> runs{{rs[0], 2}};
+  for (const LogicalAddr bad : {freed, other, LogicalAddr(1u << 20)}) {
+    SCOPED_TRACE(bad.value());
+    const std::vector<LogicalAddr> sel{own[3], bad};  // a good selection first
+    std::vector<SlotId> slots(2);
+    auto stepped = host.Step({Rank(0), GroupId(5), sel, runs}, slots);
+    ASSERT_FALSE(stepped);
+    EXPECT_EQ(stepped.error().code(), ErrorCode::kNotFound) << stepped.error().ToString();
+    EXPECT_NE(stepped.error().message().find("selection 1"), std::string::npos) << stepped.error().message();
+    const std::vector<std::int32_t> isel{static_cast<std::int32_t>(own[3].value()), static_cast<std::int32_t>(bad.value())};
+    std::vector<std::int32_t> idx(2);
+    auto planned = (*engine)->Step(Rank(0), GroupId(5), {1, 1, 2}, std::span(rs).first(1), isel, idx);
+    ASSERT_FALSE(planned);
+    EXPECT_EQ(planned.error().code(), ErrorCode::kNotFound) << planned.error().ToString();
+    EXPECT_EQ(s.DebugDigest(), digest);
+    EXPECT_EQ(AllKindPages(s, rs), kinds);
+  }
+  // A pending plan (one device-resident selection: no descriptor) holds off a rollback.
+  const std::vector<std::int32_t> newest{static_cast<std::int32_t>(own.back().value()), -1};
+  std::vector<std::int32_t> idx(2);
+  std::vector<CopyDescriptor> desc((*engine)->max_descriptors());
+  auto plan = (*engine)->Plan(Rank(0), GroupId(0), {1, 1, 2}, std::span(rs).first(1), newest, idx, desc);
+  ASSERT_TRUE(plan) << plan.error().ToString();
+  const std::uint64_t pending = s.DebugDigest();
+  const Status rollback = s.Truncate(rs[0], 99);  // two tokens back: the 25th C4 entry would go
+  ASSERT_FALSE(rollback);
+  EXPECT_EQ(rollback.error().code(), ErrorCode::kFailedPrecondition) << rollback.error().ToString();
+  EXPECT_EQ(s.DebugDigest(), pending);
+  EXPECT_EQ(AllKindPages(s, rs), kinds);
+  std::vector<std::uint8_t> st(plan->num_descriptors);
+  ASSERT_TRUE((*engine)->Complete(plan->fence, st));
+  EXPECT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
+  ASSERT_TRUE(s.Truncate(rs[0], 99));  // now it runs: one C4 entry fewer
+  EXPECT_EQ(s.AddressesOf(rs[0]).value().size(), 24u);
+  EXPECT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
+}
+
+}  // namespace
+}  // namespace ula
