@@ -32,6 +32,29 @@ Result<ShardPools> ShardPools::Create(PoolArenas& arenas, const Geometry& geo, P
   return sp;
 }
 
+Status ShardPools::RefuseNoRoom(std::span<const SlotId> hits, std::size_t n_miss) const {
+  // When the misses fit even if every hit were new to the round (almost always), the exact
+  // count — one policy lookup per hit, a second random line per selection — is skipped:
+  // same decision.
+  std::uint64_t evictable = policy->NumEvictable();
+  const bool fits_anyway =
+      evictable >= hits.size() && n_miss <= device.num_free() + (evictable - hits.size());
+  if (fits_anyway) return Ok();
+  std::uint64_t newly_used = 0;
+  for (SlotId s : hits) newly_used += !policy->UsedInCurrentRound(s);
+  evictable -= newly_used;
+  if (n_miss <= device.num_free() + evictable) return Ok();
+  return MakeError(ErrorCode::kResourceExhausted,
+                   fmt::format("rank {} group {}: the step needs {} of its own entries on device ({} missing: {} "
+                               "descriptors) but only {} device slots are free or evictable ({} free, {} "
+                               "evictable, of {}): {} entries are used in this round (allocated or selected since "
+                               "the last AdvanceRound(), this step's hits included) and cannot be evicted: call "
+                               "AdvanceRound() after the round's attention, or select fewer entries per round",
+                               rank.value(), group.value(), hits.size() + n_miss, n_miss, n_miss,
+                               device.num_free() + evictable, device.num_free(), evictable, device.capacity(),
+                               device.num_used() - evictable));
+}
+
 Status ShardPools::RefuseNewOnHost(LogicalAddr a) const {
   return MakeError(ErrorCode::kResourceExhausted,
                    fmt::format("rank {} group {}: address {} was placed on host by this round's Allocate (the "

@@ -115,6 +115,17 @@ struct ShardPools {
     }
     return Ok();
   }
+  // The step's room check, for every planner (docs/ARCHITECTURE.md, "One decode step of one
+  // layer group"): Ok when `missed` (the step's distinct misses here, LogicalAddr or raw
+  // uint32 addresses) can all come to device: none is a new entry pinned on host
+  // (RefuseMovingNewOnHost), and they fit in the free device slots plus the slots the policy
+  // may evict once `hits` (the step's distinct device hits here) are used in this round.
+  // kResourceExhausted naming the room otherwise. Changes nothing.
+  template <class Addr>
+  Status RefuseMissesWithoutRoom(const std::vector<Addr>& missed, std::span<const SlotId> hits) const {
+    if (Status s = RefuseMovingNewOnHost(missed); !s) return s;
+    return RefuseNoRoom(hits, missed.size());
+  }
   const SlotPool& pool(Tier t) const { return t == Tier::kDevice ? device : host; }
   std::uint64_t stride(Tier t) const { return t == Tier::kDevice ? device_stride : host_stride; }
   // The backend moves of one entry from slot `src` of tier `from` to slot `dst` of the
@@ -178,6 +189,8 @@ struct ShardPools {
 
  private:
   Status RefuseNewOnHost(LogicalAddr a) const;
+  // The room half of RefuseMissesWithoutRoom: `n_miss` misses against free plus evictable.
+  Status RefuseNoRoom(std::span<const SlotId> hits, std::size_t n_miss) const;
 };
 
 }  // namespace ula

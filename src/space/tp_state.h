@@ -4,8 +4,6 @@
 // different threads.
 #pragma once
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -64,25 +62,6 @@ struct TpGroupShard : ShardPools {
   std::unique_ptr<ResidencyPolicy> buffer_policy;
   std::vector<LogicalAddr> buffer_owner;         // [buffer capacity]
   std::unordered_map<std::uint32_t, SlotId> buffered;  // address -> buffer slot
-
-  // Free plus evictable device slots once `hits` (device slots) are used in this round.
-  template <class Slot>
-  std::uint64_t HomeRoom(const std::vector<Slot>& hits) const {
-    std::uint64_t newly_used = 0;
-    for (const Slot& s : hits) newly_used += !policy->UsedInCurrentRound(SlotId(s));
-    return std::uint64_t{device.num_free()} + (policy->NumEvictable() - newly_used);
-  }
-  // kResourceExhausted when `misses` entries homed here cannot come to device (room: HomeRoom).
-  Status RefuseHomeMisses(Rank rank, GroupId group, std::size_t misses, std::uint64_t room) const {
-    if (misses <= room) return Ok();
-    return MakeError(ErrorCode::kResourceExhausted,
-                     fmt::format("rank {} group {}: {} of its own entries must come to device but only {} device "
-                                 "slots are free or evictable: {} entries are used in this round (allocated or "
-                                 "selected since the last AdvanceRound(), this step's hits included) and cannot "
-                                 "be evicted: call AdvanceRound() after the round's attention, or select fewer "
-                                 "entries per round", rank.value(), group.value(), misses, room,
-                                 device.num_used() + device.num_free() - room));
-  }
 
   // Drops the buffer copy of `a` if there is one.
   void DropCopy(LogicalAddr a) {

@@ -261,30 +261,6 @@ void MergeLanes(std::span<Lane> lanes, Get get, Emit emit) {
   }
 }
 
-// The room check: kResourceExhausted unless the misses fit in the free slots plus the slots
-// the policy may evict this round (the hits not yet used in this round stop being evictable).
-Status CheckRoom(const GroupPools& gp, std::span<const SlotId> hits, std::size_t n_miss, Rank rank, GroupId group) {
-  // When the misses fit even if every hit were new to the round (almost always), the exact
-  // count — one policy lookup per hit, a second random line per selection — is skipped:
-  // same decision.
-  std::uint64_t evictable = gp.policy->NumEvictable();
-  const bool fits_anyway =
-      evictable >= hits.size() && n_miss <= gp.device.num_free() + (evictable - hits.size());
-  if (fits_anyway) return Ok();
-  std::uint64_t newly_used = 0;
-  for (SlotId s : hits) newly_used += !gp.policy->UsedInCurrentRound(s);
-  evictable -= newly_used;
-  if (n_miss <= gp.device.num_free() + evictable) return Ok();
-  return MakeError(ErrorCode::kResourceExhausted,
-                   fmt::format("step needs {} distinct entries on device ({} missing: {} descriptors) but only {} "
-                               "free and {} evictable slots remain of {} in rank {} group {}: {} entries are used in "
-                               "this round (allocated or selected since the last AdvanceRound(), this step's hits "
-                               "included) and cannot be evicted: call AdvanceRound() after the round's attention, "
-                               "or select fewer entries per round",
-                               hits.size() + n_miss, n_miss, n_miss, gp.device.num_free(), evictable,
-                               gp.device.capacity(), rank.value(), group.value(), gp.device.num_used() - evictable));
-}
-
 // Step 4: the misses' device slots into targets[0, n_miss): free slots first, then victims
 // (on the step's threads when there are enough of them, PbLru::ClaimVictimsParallel).
 // Returns the number of free slots. REQUIRES: the room check passed.
@@ -373,8 +349,7 @@ Result<StepStats> DpStep::Classify(Rank rank, GroupId group, const DpSelections&
              [&](std::uint32_t slot) { m.hit_slots.push_back(SlotId(slot)); });
   MergeLanes(m.lanes, [](const Lane& L) -> const std::vector<Indexed>& { return L.misses; },
              [&](std::uint32_t a) { m.missed.push_back(LogicalAddr(a)); });
-  ULA_RETURN_IF_ERROR(gp.RefuseMovingNewOnHost(m.missed));
-  ULA_RETURN_IF_ERROR(CheckRoom(gp, m.hit_slots, m.missed.size(), rank, group));
+  ULA_RETURN_IF_ERROR(gp.RefuseMissesWithoutRoom(m.missed, m.hit_slots));
   m.addrs = sel.addrs;
   m.rank = rank;
   m.group = group;

@@ -10,8 +10,8 @@
 // Classify (steps 1-3): every selected address is checked (live, held by its run's request,
 // on this rank), deduplicated by the records' stamps (src/core/address_records.h) and sorted
 // into hits and misses; a hit's slot goes to out[i] in that pass, padding (the engine layout)
-// gets kPadIndex. Then the refusals that need the whole step: a new entry on host
-// (GroupPools::RefuseMovingNewOnHost) and the room check. Changes nothing but the stamps.
+// gets kPadIndex. Then the refusals that need the whole step, TP's too: a new entry on host
+// and the room check (GroupPools::RefuseMissesWithoutRoom). Changes nothing but the stamps.
 // Threads (StepPlannerOptions::threads = T): thread t of T owns the addresses of every T-th
 // block of 4,096 addresses, so no two threads dedup or write the same record; each scans the
 // selections in order and keeps its hits and misses with their selection index; the lists

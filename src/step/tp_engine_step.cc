@@ -2,6 +2,8 @@
 // TpStepPlanner's (selections, runs), its refs written back as per-rank index arrays.
 #include "ula/tp_engine_step.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <string>
 

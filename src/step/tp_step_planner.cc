@@ -353,8 +353,7 @@ Status ClassifyRank(RankWork& w, const TpGroupShard& sh, std::span<const Logical
   w.stats.buffer_hits = w.buffer_hit_slots.size();
   // A new entry pinned on host (TpConfig::stable_new_entries) is written at that host slot:
   // no step of its round moves it.
-  ULA_RETURN_IF_ERROR(sh.RefuseMovingNewOnHost(w.home_missed));
-  ULA_RETURN_IF_ERROR(sh.RefuseHomeMisses(w.rank, group, w.home_missed.size(), sh.HomeRoom(w.home_hit_slots)));
+  ULA_RETURN_IF_ERROR(sh.RefuseMissesWithoutRoom(w.home_missed, w.home_hit_slots));
   std::uint64_t buffer_newly_used = 0;
   for (SlotId s : w.buffer_hit_slots) buffer_newly_used += !sh.buffer_policy->UsedInCurrentRound(s);
   const std::uint64_t buffer_room =
