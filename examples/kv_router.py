@@ -29,7 +29,9 @@ import os
 import sys
 from pathlib import Path
 
+import msgpack
 import numpy as np
+import zmq
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,7 +119,6 @@ class RouterView:
                 del self.blocks[key]
 
     def batch(self, payload):
-        import msgpack
         batch = msgpack.unpackb(payload, raw=False, strict_map_key=True)
         check(isinstance(batch, list) and len(batch) in (2, 3), "KVEventBatch is [ts, events(, dp_rank)]")
         check(isinstance(batch[0], float) and isinstance(batch[1], list), f"ts and events: {batch!r:.200}")
@@ -154,8 +155,6 @@ class Router:
     """A SUB socket on one instance's publisher and the view it rebuilds."""
 
     def __init__(self, endpoint, block_size, sliding_window):
-        import zmq
-        self.zmq = zmq
         self.sock = zmq.Context.instance().socket(zmq.SUB)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         self.sock.connect(endpoint)

@@ -601,13 +601,12 @@ def accepted_drafts(seed, rid, pos, q_len, reject):
 
 
 class Schedule:
-    """The scheduler's memory decisions (admission, the round's reservation), taken from the
+    """The scheduler's memory decisions (admission, the round's reservation), asked of the
     store, or replayed from an earlier run so that a reference store that has no memory limits
     runs the same schedule (the same batches, retractions and re-prefills)."""
 
-    def __init__(self, store, replay=None, reserve=True):
-        self.store, self.replay, self.log = store, None if replay is None else iter(replay), []
-        self.reserve = reserve
+    def __init__(self, replay=None, reserve=True):
+        self.replay, self.log, self.reserve = None if replay is None else iter(replay), [], reserve
 
     def decide(self, ask, reservation=False):
         if reservation and not self.reserve:
@@ -646,7 +645,7 @@ def run(model, ulacache, reqs, store, max_batch, q_len=1, reject=0.0, seed=0, re
     logits_log, tokens_log = [], []
     indexer = ulacache.Indexer(model.ih, model.idim, model.top_k)
     width = select_width(model, q_len)
-    sched = Schedule(store, replay, reserve)
+    sched = Schedule(replay, reserve)
     waiting = [dict(r) for r in reqs]
     step = 0
     decode_tokens = 0

@@ -7,15 +7,12 @@
 
 #include "config/kind_bytes.h"
 #include "config/model_config.h"
+#include "v4_flash.h"
 
 namespace ula {
 namespace {
 
-ModelConfig Flash() {
-  auto m = LoadModelConfigByName("deepseek_v4_flash", DefaultConfigDir());
-  EXPECT_TRUE(m) << m.error().ToString();
-  return *m;
-}
+ModelConfig Flash() { return test::FlashModel(); }
 
 TEST(KindBytes, PageHoldsSglangsCompressedEntryCounts) {
   // DSV4PoolConfigurator asserts page_size % 128 == 0; the unified pool's K_PER_BLOCK is

@@ -9,15 +9,12 @@
 #include "ula/device_step.h"
 #include "ula/engine_step.h"
 #include "ula/step_planner.h"
+#include "v4_flash.h"
 
 namespace ula {
 namespace {
 
-ModelConfig Flash() {
-  auto m = LoadModelConfigByName("deepseek_v4_flash", DefaultConfigDir());
-  EXPECT_TRUE(m) << m.error().ToString();
-  return *m;
-}
+ModelConfig Flash() { return test::FlashModel(); }
 
 const KvKind& Named(const std::vector<KvKind>& kinds, std::string_view name) {
   for (const KvKind& k : kinds) {

@@ -10,6 +10,7 @@
 #include "space/address_space_state.h"
 #include "space/space_access.h"
 #include "test_seed.h"
+#include "v4_flash.h"
 #include "ula/address_space.h"
 #include "ula/backend.h"
 
@@ -24,19 +25,12 @@ struct Flash {
   std::uint32_t window = 0, c4 = 0, key = 0, c128 = 0, s4 = 0, s4i = 0, s128 = 0;
 
   explicit Flash(std::uint32_t device_entries = 512, std::uint32_t host_entries = 4096) {
-    auto m = LoadModelConfigByName("deepseek_v4_flash", DefaultConfigDir());
-    EXPECT_TRUE(m) << m.error().ToString();
-    AddressSpaceConfig base;
-    base.device_bytes_per_rank = std::uint64_t{device_entries} * 21 * 584;  // 21 CSA groups of 584 B
-    base.host_bytes_per_rank = std::uint64_t{host_entries} * 21 * 584;
-    base.stable_new_entries = true;
-    auto c = SpaceConfigOfModel(*m, {.max_draft_tokens = kDrafts}, base);
-    EXPECT_TRUE(c) << c.error().ToString();
-    auto s = AddressSpace::Create(*c, *backend);
+    const AddressSpaceConfig c = test::FlashSpaceConfig(device_entries, host_entries, kDrafts);
+    auto s = AddressSpace::Create(c, *backend);
     EXPECT_TRUE(s) << s.error().ToString();
     space = std::move(*s);
-    for (std::uint32_t k = 0; k < c->kinds.size(); ++k) {
-      const std::string& n = c->kinds[k].name;
+    for (std::uint32_t k = 0; k < c.kinds.size(); ++k) {
+      const std::string& n = c.kinds[k].name;
       (n == "window" ? window : n == "c4" ? c4 : n == "c4_index_key" ? key : n == "c128" ? c128
                      : n == "c4_state" ? s4 : n == "c4_index_state" ? s4i : s128) = k;
     }

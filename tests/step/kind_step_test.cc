@@ -16,6 +16,7 @@
 
 #include "config/model_kinds.h"
 #include "test_seed.h"
+#include "v4_flash.h"
 #include "ula/address_space.h"
 #include "ula/backend.h"
 #include "ula/engine_step.h"
@@ -25,7 +26,7 @@ namespace ula {
 namespace {
 
 constexpr std::uint32_t kDrafts = 3;
-constexpr std::uint32_t kRow = 584;             // V4's FP8 packed C4 row: one CSA layer per group
+constexpr std::uint32_t kRow = test::kFlashC4Row;  // one CSA layer per group
 constexpr std::uint32_t kDeviceEntries = 64;    // per group: far below the requests' C4 history
 constexpr std::uint32_t kHostEntries = 1024;
 constexpr std::uint32_t kTopK = 12;
@@ -33,20 +34,7 @@ constexpr std::uint32_t kRequests = 3;
 constexpr std::uint32_t kPrompt = 240;          // 60 C4 entries per request
 constexpr int kRounds = 120;
 
-AddressSpaceConfig FlashConfig() {
-  auto m = LoadModelConfigByName("deepseek_v4_flash", DefaultConfigDir());
-  EXPECT_TRUE(m) << m.error().ToString();
-  AddressSpaceConfig base;
-  base.device_bytes_per_rank = std::uint64_t{kDeviceEntries} * 21 * kRow;  // 21 CSA groups
-  base.host_bytes_per_rank = std::uint64_t{kHostEntries} * 21 * kRow;
-  base.stable_new_entries = true;  // the engine path's modes
-  base.host_shadows = false;
-  auto c = SpaceConfigOfModel(*m, {.max_draft_tokens = kDrafts}, base);
-  EXPECT_TRUE(c) << c.error().ToString();
-  EXPECT_EQ(c->num_groups, 21u);
-  EXPECT_EQ(c->row(), kRow);
-  return *c;
-}
+AddressSpaceConfig FlashConfig() { return test::FlashSpaceConfig(kDeviceEntries, kHostEntries, kDrafts); }
 
 // The bytes of (address, version, group) in its group's one layer.
 void Fill(std::byte* out, LogicalAddr a, std::uint32_t version, std::uint32_t g) {
