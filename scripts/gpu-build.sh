@@ -46,10 +46,12 @@ if [[ -f $BUILD/CMakeCache.txt ]]; then  # a tree keeps the generator it was mad
 fi
 start=$(date +%s)
 mkdir -p "$BUILD"
+# GNU ld, not the test trees' gold (cmake/UlaLinker.cmake): the folder's RPATH and the copied
+# libraries' loading were tried as the GPU machine runs them with ld's output.
 echo "== configure $BUILD ($GENERATOR; sm_90, Release, MPI off, Python off, bench on)"
 nice -n 10 cmake -S . -B "$BUILD" -G "$GENERATOR" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" -DULA_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DULA_WITH_MPI=OFF -DULA_BUILD_PYTHON=OFF -DULA_BUILD_BENCH=ON -DULA_BUILD_TESTS=ON -DULA_BUILD_TOOLS=ON \
+  -DULA_LINKER=DEFAULT -DULA_WITH_MPI=OFF -DULA_BUILD_PYTHON=OFF -DULA_BUILD_BENCH=ON -DULA_BUILD_TESTS=ON -DULA_BUILD_TOOLS=ON \
   -DCUDA_cudart_LIBRARY="$CUDA_HOME/lib64/libcudart_static.a" \
   -DCMAKE_CXX_FLAGS="-DFMT_HEADER_ONLY=1" \
   -DCMAKE_EXE_LINKER_FLAGS="-Wl,--as-needed -Wl,--disable-new-dtags" \
