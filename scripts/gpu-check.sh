@@ -95,6 +95,7 @@ fi
 start=$(date +%s)
 mkdir -p "$OUTDIR" || usage_error "cannot make the output folder '$OUTDIR'"
 steps_json=""
+figures_json=""  # "step": the JSON its measurement wrote (null when it wrote none), for summary.json
 verdict=""   # the first failed step's verdict
 gpu_seen=false
 gpu_name=""
@@ -159,6 +160,30 @@ run_step() {
   record "$name" "$*" "$step_rc" "$secs" "$skipped" "$note"
 }
 
+# measure NAME JSON_FILE CMD...: run_step NAME CMD with CMD's standard output (one JSON
+# document: `--json`) written to JSON_FILE instead of the log, then figure NAME JSON_FILE.
+measure() {
+  local name=$1 file=$2
+  shift 2
+  rm -f "$file"
+  # shellcheck disable=SC2016
+  run_step "$name" bash -c 'f=$1; shift; "$@" >"$f"' measure "$file" "$@"
+  figure "$name" "$file"
+}
+
+# figure NAME JSON_FILE: summary.json's figures gain "NAME": the file's JSON document, or null
+# when the step wrote none (a failed or timed-out step, or output that is not one object).
+figure() {
+  local doc=null first last
+  if [[ -s $2 ]]; then
+    first=$(tr -d ' \t\r\n' <"$2" | head -c 1)
+    last=$(tr -d ' \t\r\n' <"$2" | tail -c 1)
+    [[ $first == "{" && $last == "}" ]] && doc=$(cat "$2")
+  fi
+  [[ -n $figures_json ]] && figures_json+=","
+  figures_json+=$'\n    '"$(json_str "$1"): $doc"
+}
+
 finish() {  # finish VERDICT EXIT_CODE MESSAGE: writes summary.json, prints the verdict, exits
   local commit=""
   [[ -f $DIST/MANIFEST.txt ]] && commit=$(sed -n 's/^commit: //p' "$DIST/MANIFEST.txt")
@@ -175,7 +200,9 @@ finish() {  # finish VERDICT EXIT_CODE MESSAGE: writes summary.json, prints the 
   "budget_s": $BUDGET,
   "limits_sum_s": $limits_sum,
   "steps": [$steps_json
-  ]
+  ],
+  "figures": {$figures_json
+  }
 }
 EOF
   echo
@@ -248,18 +275,20 @@ run_step verify_device_no_mismatch grep -q '"invariant_failures":0,.*"mismatches
 run_step verify_device_faults "$BIN/ula" verify --planner device --stable-new-entries --policy kernel_pb_lru --fault-rate 0.2 --ops 3000 --attention-steps 0 --json
 run_step verify_device_faults_nothing_lost grep -q '"early_publishes":0,.*"entries_lost":0' "$OUTDIR/verify_device_faults.log"
 
-# 3. Measurements (docs/BENCHMARKS.md, "GPU check").
-for planner in host; do
-  run_step "bench_planner_$planner" "$BIN/ula" bench planner --planner "$planner" --configs h200_dp_mtpoff \
-    --batch-fractions 1 --threads 1 2 8 16 --steps 2 --warmup 2
-done
+# 3. Measurements (docs/BENCHMARKS.md, "GPU check"): each writes one JSON document, which
+# summary.json carries under "figures" (null where the step wrote none).
+measure bench_planner_host "$OUTDIR/bench_planner_host.json" "$BIN/ula" bench planner --planner host \
+  --configs h200_dp_mtpoff --batch-fractions 1 --threads 1 2 8 16 --steps 2 --warmup 2 --json
 # The device step's OpenMP form beside the host planner on a quarter batch, with its launches
 # and syncs per (rank, group) step (the CUDA form's timing is not in this command).
-run_step bench_planner_device "$BIN/ula" bench planner --planner device --configs h200_dp_mtpoff \
-  --batch-fractions 0.25 --threads 16 --steps 2 --warmup 1
-run_step bench_gather_cuda "$BIN/ula" bench gather --backend cuda --repeats 15
-run_step bench_gather_cpu "$BIN/ula" bench gather --backend cpu --repeats 5
-run_step bench_device_step_round "$BIN/ula_bench" --benchmark_filter=BM_DeviceStepRound --benchmark_min_time=0.05
+measure bench_planner_device "$OUTDIR/bench_planner_device.json" "$BIN/ula" bench planner --planner device \
+  --configs h200_dp_mtpoff --batch-fractions 0.25 --threads 16 --steps 2 --warmup 1 --json
+measure bench_gather_cuda "$OUTDIR/bench_gather_cuda.json" "$BIN/ula" bench gather --backend cuda --repeats 15 --json
+measure bench_gather_cpu "$OUTDIR/bench_gather_cpu.json" "$BIN/ula" bench gather --backend cpu --repeats 5 --json
+rm -f "$OUTDIR/bench_device_step_round.json"
+run_step bench_device_step_round "$BIN/ula_bench" --benchmark_filter=BM_DeviceStepRound --benchmark_min_time=0.05 \
+  --benchmark_out="$OUTDIR/bench_device_step_round.json" --benchmark_out_format=json
+figure bench_device_step_round "$OUTDIR/bench_device_step_round.json"
 
 case $verdict in
   "") finish pass 0 "every step passed on $gpu_name" ;;

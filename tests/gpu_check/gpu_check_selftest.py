@@ -4,7 +4,8 @@
 one scenario at a time (FAKE_SCENARIO, read by the stubs). Each scenario must give its verdict:
 the exit code, summary.json's "status" and the last line "gpu-check: VERDICT: ...".
 
-Scenarios: pass (a GPU, every step passes), cuda-skipped (a CUDA test skips on a GPU), no-gpu
+Scenarios: pass (a GPU, every step passes, every measurement's JSON carried whole in summary.json's
+"figures"), cuda-skipped (a CUDA test skips on a GPU), no-gpu
 (no nvidia-smi answer, no driver), old-driver (a driver older than the runtime), no-load (a
 binary whose library is missing), timeout (a step that sleeps past GPU_CHECK_MAX_STEP_S), fail
 (a test fails), smoke (--smoke without a GPU), and bad input (no folder, a bad argument, a budget
@@ -78,10 +79,23 @@ case $me in
   ula)
     if [[ $1 == verify ]]; then
       echo '{"invariant_failures":0,"x":1,"mismatches":0,"early_publishes":0,"y":2,"entries_lost":0}'
+    elif [[ $1 == bench && $2 == gather && $* == *cuda* && $sc == fail ]]; then
+      echo "ula bench gather: --backend cuda: no kernel image" >&2; exit 1
+    elif [[ $1 == bench && $2 == planner && $* == *device* ]]; then
+      echo "a warning on standard error" >&2
+      echo '{"rows": [{"ns_per_distinct": 41.9}],'
+      echo ' "device_rows": [{"form": "openmp", "ns_per_distinct": 143.8, "launches_per_step": {"total": 30}, "syncs_per_step": {"total": 0}}]}'
+    elif [[ $1 == bench ]]; then
+      echo "{\"fake\": \"$2\", \"gather_gbps\": 1.5}"
     else
       echo "fake $*"
     fi
     exit 0 ;;
+  ula_bench)
+    for a in "$@"; do
+      [[ $a == --benchmark_out=* ]] && printf '{"benchmarks": [{"name": "BM_DeviceStepRound", "real_time": 12.5}]}\n' >"${a#--benchmark_out=}"
+    done
+    echo "BM_DeviceStepRound 12.5 us"; exit 0 ;;
   *) echo "[  PASSED  ] 7 tests."; exit 0 ;;
 esac
 """
@@ -170,6 +184,16 @@ def main():
             check(s["gpu_seen"] is True and "H200" in s["gpu"], "pass: the GPU is named")
             dst = next(x for x in s["steps"] if x["name"] == "device_step_test")
             check(dst["skipped"] == "DeviceStepArena.SomethingElse", "pass: a non-CUDA skip is listed and allowed")
+            # Every measurement's JSON is carried whole under "figures" (its standard error stays in the log).
+            f = s.get("figures", {})
+            check(sorted(f) == ["bench_device_step_round", "bench_gather_cpu", "bench_gather_cuda", "bench_planner_device",
+                                "bench_planner_host"], f"pass: one figure per measurement: {sorted(f)}")
+            dev = (f.get("bench_planner_device") or {}).get("device_rows", [{}])[0]
+            check(dev.get("launches_per_step", {}).get("total") == 30 and dev.get("ns_per_distinct") == 143.8,
+                  f"pass: the device step's launches and ns per selection reach summary.json: {dev}")
+            check((f.get("bench_device_step_round") or {}).get("benchmarks", [{}])[0].get("real_time") == 12.5,
+                  "pass: ula_bench's JSON reaches summary.json")
+            check(all(v is not None for v in f.values()), f"pass: no measurement without its figure: {f}")
         _, s = expect(tmp, "cuda-skipped", 6, "cuda-skipped")
         if s:
             check("DeviceStep.CudaFormIsMadeExactlyWhereADeviceIs" in s["message"], "cuda-skipped: the test is named")
@@ -191,6 +215,9 @@ def main():
         _, s = expect(tmp, "fail", 1, "fail")
         if s:
             check("tp_device_step_test" in s["message"], "fail: the failed step is named")
+            f = s.get("figures", {})
+            check("bench_gather_cuda" in f and f["bench_gather_cuda"] is None and f.get("bench_gather_cpu") is not None,
+                  f"fail: a failed measurement's figure is null, the others are kept: {f}")
         expect(tmp, "smoke", 0, "smoke-pass", args=("--smoke",))
         expect(tmp, "no-load", 5, "no-load", args=("--smoke",))
         expect(tmp, "pass", 2, "bad-input", dist=tmp / "nowhere")
