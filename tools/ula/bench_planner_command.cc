@@ -70,6 +70,8 @@
 #include "ula/device_step.h"
 #include "ula/engine_step.h"
 #include "ula/step_planner.h"
+#include "ula/tp_address_space.h"
+#include "ula/tp_step_planner.h"
 #include "verify/step_rows.h"
 
 namespace ula::cli {
@@ -77,7 +79,7 @@ namespace {
 
 struct PlannerOptions {
   std::string config_dir, summary, compare_csv;
-  std::vector<std::string> configs{"h200_dp_mtpoff", "h200_dp_mtpon", "b300_dp_mtpoff", "b300_dp_mtpon"};
+  std::vector<std::string> configs;  // default: the DP configs below (--mode tp: the TP ones)
   std::vector<double> batch_fractions{1.0, 0.5, 0.25};
   double device_fraction = 1.0;
   std::uint32_t steps = 2;   // measured steps per thread count
@@ -91,6 +93,7 @@ struct PlannerOptions {
   bool json = false;
   bool claim_sweep = false;
   std::string planner = "host";  // host (StepPlanner); device: DeviceStep beside the host planner
+  std::string mode = "dp";       // dp; tp: attention at home over `ranks` in-process ranks (--planner device)
   bool cuda = false;             // --planner device: the CUDA form (refused where it cannot run)
   std::string shadows = "off";  // AddressSpaceConfig::host_shadows
   bool prefer_shadowed = false; // PolicyOptions::prefer_shadowed
@@ -243,7 +246,8 @@ int RunClaimSweep(const PlannerOptions& o) {
 // workload as the host planner's row, beside it.
 struct DeviceRow {
   std::string config;
-  std::uint32_t batch = 0, groups = 0, threads = 1;
+  std::string mode = "dp";  // dp; tp: attention at home, `ranks` ranks, one row over all of them
+  std::uint32_t batch = 0, groups = 0, threads = 1, ranks = 1;
   std::uint64_t distinct = 0, group_steps = 0, misses = 0, evictions = 0;
   double total_ms = 0, group_ms_median = 0, ns_per_distinct = 0, host_ns_per_distinct = 0;
   DeviceStepCounters counts;  // over the measured steps, every group
@@ -375,6 +379,214 @@ std::optional<DeviceRow> MeasureDevice(const PlannerOptions& o, AddressSpaceConf
   return row;
 }
 
+// --mode tp: attention at home over P = --ranks in-process ranks (TpAttention::kAtHome) on
+// the config's ulacache_home row: the node's admitted requests x the batch fraction, of
+// 64K-128K tokens, every entry striped a mod P, the per-GPU device and host bytes of the
+// comparison per rank (kernel_pb_lru, stable_new_entries, the device step's modes). Two
+// spaces built alike from the same draws: on one the TP host step (TpStepPlanner::Step, the
+// ranks one after the other) per group, on the other one DeviceStep per (rank, group), each
+// group step as the engine runs it: every rank's Check, the MAX of the verdicts (the
+// all-reduce), every rank's Claim, every rank's Complete (every copy reported arrived).
+// Timed per group step over all ranks; a row's group_ms is the median over (rank, group)
+// steps of the group step's time / P, ns per distinct selection over the ranks' distinct
+// home entries (which add up to the step's distinct), the same for the host step. Launches
+// and syncs per (rank, group) step from DeviceStep::counters().
+std::optional<DeviceRow> MeasureDeviceTp(const PlannerOptions& o, const ConfigRow& cfg, std::uint32_t batch,
+                                         std::uint32_t groups, std::uint32_t entry, std::uint32_t queries,
+                                         std::uint32_t top_k, const SelectionModelParams& params, std::uint32_t threads,
+                                         std::string& error) {
+  TpConfig tc;
+  tc.num_ranks = o.ranks;
+  tc.num_groups = groups;
+  tc.entry_bytes = entry;
+  tc.attention = TpAttention::kAtHome;
+  tc.device_bytes_per_rank = static_cast<std::uint64_t>(cfg.device_gb * 1e9 * o.device_fraction);
+  tc.host_bytes_per_rank = static_cast<std::uint64_t>(cfg.host_gb * 1e9);
+  tc.policy = PolicyKind::kKernelPbLru;
+  tc.stable_new_entries = true;
+  struct Side {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<TpAddressSpace> space;
+    std::vector<std::vector<LogicalAddr>> addrs;
+  };
+  auto build = [&](Side& side) -> bool {
+    side.backend = MakeCountingBackend();
+    auto space = TpAddressSpace::Create(tc, *side.backend);
+    if (!space) return error = space.error().ToString(), false;
+    side.space = std::move(*space);
+    std::mt19937_64 rng(o.seed);
+    for (std::uint32_t r = 0; r < batch; ++r) {
+      if (Status s = side.space->AddRequest(RequestId(r)); !s) return error = s.error().ToString(), false;
+      const auto len = static_cast<std::uint32_t>(65536 + rng() % 65537);
+      auto a = side.space->Allocate(RequestId(r), len);
+      if (!a) {
+        if (a.error().code() != ErrorCode::kResourceExhausted) return error = a.error().ToString(), false;
+        (void)side.space->Free(RequestId(r));
+        break;
+      }
+      side.addrs.push_back(std::move(*a));
+    }
+    side.space->AdvanceRound();  // prefill's round ends
+    return true;
+  };
+  Side host, dev;
+  if (!build(host) || !build(dev)) return std::nullopt;
+  const auto placed = static_cast<std::uint32_t>(dev.addrs.size());
+  const std::uint32_t rows = placed * queries;
+  const DeviceStepConfig dc{.cuda = o.cuda, .threads = threads, .max_rows = std::max(rows, 1u),
+                            .max_batch = std::max(placed, 1u), .max_top_k = top_k};
+  std::vector<std::vector<std::unique_ptr<DeviceStep>>> steps(o.ranks);  // [rank][group]
+  for (std::uint32_t r = 0; r < o.ranks; ++r) {
+    for (std::uint32_t g = 0; g < groups; ++g) {
+      auto step = DeviceStep::Create(*dev.space, Rank(static_cast<std::uint16_t>(r)), GroupId(static_cast<std::uint16_t>(g)), dc);
+      if (!step) return error = (o.cuda ? "--cuda: " : "") + step.error().ToString(), std::nullopt;
+      steps[r].push_back(std::move(*step));
+    }
+  }
+  if (o.cuda) {
+    error = "--cuda: the CUDA form's timing (CUDA events on device arrays) is not built in this command; "
+            "scripts/gpu-check.sh runs the CUDA form's tests";
+    return std::nullopt;
+  }
+  TpStepPlanner planner(*host.space, nullptr, {.parallel_ranks = false});
+  const std::uint32_t max_desc = steps.empty() || steps[0].empty() ? 0 : steps[0][0]->max_descriptors();
+  std::vector<std::int32_t> selections(std::size_t{rows} * top_k, -1);
+  std::vector<std::int64_t> requests(placed);
+  for (std::uint32_t r = 0; r < placed; ++r) requests[r] = r;
+  struct RankIo {  // what one rank's step writes
+    std::vector<std::int32_t> indices;
+    std::vector<CopyDescriptor> descriptors;
+    StepRecord record;
+    StepArrays arrays;
+  };
+  std::vector<RankIo> io(o.ranks);
+  for (RankIo& x : io) {
+    x.indices.assign(selections.size(), -1);
+    x.descriptors.resize(max_desc);
+    x.arrays = StepArrays{.selections = selections.data(), .requests = requests.data(), .indices = x.indices.data(),
+                          .descriptors = x.descriptors.data(), .stats = &x.record, .num_rows = rows, .batch = placed,
+                          .q_len = queries, .top_k = top_k, .selection_stride = top_k, .index_stride = top_k,
+                          .max_descriptors = max_desc};
+  }
+  std::vector<std::uint8_t> status(max_desc, 0);
+  std::vector<LogicalAddr> host_sel;
+  std::vector<SelectionRun> host_runs;
+  DeviceRow row;
+  row.config = cfg.config;
+  row.mode = "tp";
+  row.ranks = o.ranks;
+  row.batch = placed;
+  row.groups = groups;
+  row.threads = threads;
+  auto selection = SelectionModel::Create(params);
+  if (!selection) return error = selection.error().ToString(), std::nullopt;
+  std::vector<std::vector<DeviceStepCounters>> before(o.ranks, std::vector<DeviceStepCounters>(groups));
+  std::vector<double> group_ms;
+  std::vector<std::vector<std::uint32_t>> picks;
+  double host_ms = 0;
+  std::uint64_t host_distinct = 0;
+  using Clock = std::chrono::steady_clock;
+  for (std::uint32_t step = 0; step < o.warmup + o.steps; ++step) {
+    const bool measured = step >= o.warmup;
+    if (step == o.warmup) {
+      for (std::uint32_t r = 0; r < o.ranks; ++r) {
+        for (std::uint32_t g = 0; g < groups; ++g) before[r][g] = steps[r][g]->counters();
+      }
+    }
+    for (std::uint32_t g = 0; g < groups; ++g) {
+      std::fill(selections.begin(), selections.end(), -1);
+      host_sel.clear();
+      host_runs.clear();
+      for (std::uint32_t q = 0; q < placed; ++q) {
+        const auto ctx = static_cast<std::uint32_t>(dev.addrs[q].size());
+        if (auto s = selection->Step(std::uint64_t{q} * 64 + g, ctx, queries, picks); !s) {
+          return error = s.error().ToString(), std::nullopt;
+        }
+        std::uint32_t n = 0;
+        for (std::uint32_t k = 0; k < queries && k < picks.size(); ++k) {
+          const std::size_t at = (std::size_t{q} * queries + k) * top_k;
+          for (std::size_t c = 0; c < picks[k].size() && c < top_k; ++c) {
+            selections[at + c] = static_cast<std::int32_t>(dev.addrs[q][picks[k][c]].value());
+            host_sel.push_back(host.addrs[q][picks[k][c]]);
+            ++n;
+          }
+        }
+        host_runs.push_back({RequestId(q), n});
+      }
+      const GroupId group(static_cast<std::uint16_t>(g));
+      const auto h0 = Clock::now();
+      auto plan = planner.Step(group, host_sel, host_runs);
+      const double hms = std::chrono::duration<double, std::milli>(Clock::now() - h0).count();
+      if (!plan) return error = fmt::format("{} batch {} group {}: the TP host step: {}", cfg.config, placed, g, plan.error().ToString()), std::nullopt;
+      std::uint32_t agreed = 0;
+      double ms = 0;
+      for (std::uint32_t r = 0; r < o.ranks; ++r) {
+        io[r].record = StepRecord{};
+        const auto t0 = Clock::now();
+        Status st = steps[r][g]->Check(io[r].arrays, nullptr);
+        ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        if (!st) return error = fmt::format("{} batch {} group {} rank {}: {}", cfg.config, placed, g, r, st.error().ToString()), std::nullopt;
+        agreed = std::max(agreed, *steps[r][g]->verdict());
+      }
+      std::uint64_t distinct = 0, misses = 0, evictions = 0;
+      for (std::uint32_t r = 0; r < o.ranks; ++r) {
+        const auto t0 = Clock::now();
+        Status st = steps[r][g]->Claim(&agreed, nullptr);
+        if (st) st = steps[r][g]->Complete(status.data(), nullptr);
+        ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        if (!st) return error = fmt::format("{} batch {} group {} rank {}: {}", cfg.config, placed, g, r, st.error().ToString()), std::nullopt;
+        if (io[r].record.error != 0) {
+          return error = fmt::format("{} batch {} group {}: the device step refused the step (error {})", cfg.config,
+                                     placed, g, io[r].record.error),
+                 std::nullopt;
+        }
+        distinct += io[r].record.distinct;
+        misses += io[r].record.misses;
+        evictions += io[r].record.evictions;
+      }
+      if (measured) {
+        group_ms.push_back(ms / o.ranks);
+        row.total_ms += ms;
+        row.distinct += distinct;
+        row.misses += misses;
+        row.evictions += evictions;
+        row.group_steps += o.ranks;
+        host_ms += hms;
+        host_distinct += plan->stats.empty() ? 0 : plan->stats[0].distinct;  // each rank's: the step's
+      }
+    }
+    host.space->AdvanceRound();
+    for (auto& per_rank : steps) {
+      for (auto& s : per_rank) {
+        if (Status st = s->AdvanceRound(nullptr); !st) return error = st.error().ToString(), std::nullopt;
+      }
+    }
+  }
+  for (std::uint32_t r = 0; r < o.ranks; ++r) {
+    for (std::uint32_t g = 0; g < groups; ++g) {
+      const DeviceStepCounters d = steps[r][g]->counters().Since(before[r][g]);
+      const auto add = [](DeviceStepCounts& a, const DeviceStepCounts& b) {
+        a.launches += b.launches;
+        a.syncs += b.syncs;
+      };
+      add(row.counts.check, d.check);
+      add(row.counts.claim, d.claim);
+      add(row.counts.complete, d.complete);
+      add(row.counts.advance_round, d.advance_round);
+      add(row.counts.state, d.state);
+    }
+  }
+  if (host_distinct != row.distinct) {
+    return error = fmt::format("{} batch {}: the TP host step counted {} distinct home entries, the device step {}",
+                               cfg.config, placed, host_distinct, row.distinct),
+           std::nullopt;
+  }
+  row.group_ms_median = Median(group_ms);
+  row.ns_per_distinct = row.distinct == 0 ? 0.0 : row.total_ms * 1e6 / static_cast<double>(row.distinct);
+  row.host_ns_per_distinct = host_distinct == 0 ? 0.0 : host_ms * 1e6 / static_cast<double>(host_distinct);
+  return row;
+}
+
 // Per (rank, group) step: the counts over the measured group steps divided by their number.
 double PerStep(std::uint64_t total, const DeviceRow& d) {
   return d.group_steps == 0 ? 0.0 : static_cast<double>(total) / static_cast<double>(d.group_steps);
@@ -391,7 +603,8 @@ nlohmann::json DeviceRowJson(const DeviceRow& d) {
   }
   launches["total"] = PerStep(d.counts.Step().launches, d);
   syncs["total"] = PerStep(d.counts.Step().syncs, d);
-  return {{"config", d.config}, {"batch_per_rank", d.batch}, {"groups", d.groups}, {"threads", d.threads},
+  return {{"config", d.config}, {"mode", d.mode}, {"ranks", d.ranks},
+          {d.mode == "tp" ? "batch" : "batch_per_rank", d.batch}, {"groups", d.groups}, {"threads", d.threads},
           {"form", "openmp"}, {"group_ms_median", d.group_ms_median}, {"ns_per_distinct", d.ns_per_distinct},
           {"host_ns_per_distinct", d.host_ns_per_distinct},
           {"device_over_host", d.host_ns_per_distinct > 0 ? d.ns_per_distinct / d.host_ns_per_distinct : -1.0},
@@ -400,10 +613,18 @@ nlohmann::json DeviceRowJson(const DeviceRow& d) {
 }
 
 void PrintDeviceRows(const PlannerOptions& o, const std::vector<DeviceRow>& rows) {
-  fmt::print("\nula bench planner (device planner): DeviceStep's OpenMP form on an engine-path copy of each row's "
-             "workload (kernel_pb_lru, stable_new_entries), Plan + Complete per group timed, {} warm-up + {} measured "
-             "steps; host_ns/sel: the host planner's row above\n",
-             o.warmup, o.steps);
+  if (o.mode == "tp") {
+    fmt::print("\nula bench planner (device planner, TP attention at home over {} in-process ranks): DeviceStep's OpenMP "
+               "form per (rank, group), every rank's Check, the MAX of the verdicts, every rank's Claim and Complete "
+               "timed (kernel_pb_lru, stable_new_entries), {} warm-up + {} measured steps; host_ns/sel: the TP host "
+               "step (TpStepPlanner::Step, the ranks in turn) on a space built alike; batch: the node's requests\n",
+               o.ranks, o.warmup, o.steps);
+  } else {
+    fmt::print("\nula bench planner (device planner): DeviceStep's OpenMP form on an engine-path copy of each row's "
+               "workload (kernel_pb_lru, stable_new_entries), Plan + Complete per group timed, {} warm-up + {} measured "
+               "steps; host_ns/sel: the host planner's row above\n",
+               o.warmup, o.steps);
+  }
   fmt::print("{:<15} {:>6} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}\n", "config", "batch", "T", "group_ms", "ns/sel",
              "host_ns/sel", "dev/host", "miss/g", "evict/g");
   for (const DeviceRow& d : rows) {
@@ -428,6 +649,14 @@ int Run(const PlannerOptions& o) {
   if (o.claim_sweep) return RunClaimSweep(o);
   if (o.cuda && o.planner != "device") {
     fmt::print(stderr, "ula bench planner: --cuda times the device step: it needs --planner device\n");
+    return 2;
+  }
+  if (o.mode == "tp" && o.planner != "device") {
+    fmt::print(stderr, "ula bench planner: --mode tp runs the device step beside the TP host step: it needs --planner device\n");
+    return 2;
+  }
+  if (o.mode == "tp" && o.ranks < 2) {
+    fmt::print(stderr, "ula bench planner: --mode tp needs --ranks of at least 2 (got {})\n", o.ranks);
     return 2;
   }
   if (o.cuda) {  // a build without CUDA says so before any work
@@ -457,7 +686,34 @@ int Run(const PlannerOptions& o) {
   const std::uint32_t entry = model->kv_entry_bytes_per_layer * model->layers_per_group;
   std::vector<Row> rows;
   std::vector<DeviceRow> device_rows;
-  for (const std::string& name : o.configs) {
+  const bool tp = o.mode == "tp";
+  std::vector<std::string> configs = o.configs;
+  if (configs.empty()) {
+    configs = tp ? std::vector<std::string>{"h200_tp_mtpoff", "h200_tp_mtpon", "b300_tp_mtpoff", "b300_tp_mtpon"}
+                 : std::vector<std::string>{"h200_dp_mtpoff", "h200_dp_mtpon", "b300_dp_mtpoff", "b300_dp_mtpon"};
+  }
+  for (const std::string& name : tp ? configs : std::vector<std::string>{}) {
+    ConfigRow cfg;
+    for (const auto& r : summary) {
+      if (r.at("config") == name && r.at("system") == "ulacache_home" && r.at("mode") == "tp") {
+        cfg = {name, static_cast<std::uint32_t>(std::stoul(r.at("admitted"))), std::stod(r.at("device_kv_gb_per_gpu")),
+               std::stod(r.at("host_gb_per_gpu")), r.at("mtp") == "1"};
+      }
+    }
+    if (cfg.admitted == 0) return fail("--mode tp: no ulacache_home row of a TP config named " + name + " in " + summary_path);
+    auto selection = SelectionModel::Create([&] { auto p = scenario->selection; p.top_k = model->top_k; return p; }());
+    if (!selection) return fail(selection.error().ToString());
+    for (double fraction : o.batch_fractions) {
+      const std::uint32_t batch = std::max<std::uint32_t>(1, static_cast<std::uint32_t>(std::lround(fraction * cfg.admitted)));
+      for (std::uint32_t t : o.threads) {
+        std::string error;
+        auto d = MeasureDeviceTp(o, cfg, batch, groups, entry, cfg.mtp ? 3 : 1, model->top_k, selection->params(), t, error);
+        if (!d) return fail("--planner device --mode tp: " + error);
+        device_rows.push_back(*d);
+      }
+    }
+  }
+  for (const std::string& name : tp ? std::vector<std::string>{} : configs) {
     ConfigRow cfg;
     for (const auto& r : summary) {
       if (r.at("config") == name && r.at("system") == "ulacache") {
@@ -657,21 +913,23 @@ int Run(const PlannerOptions& o) {
     fmt::print("{}\n", out.dump());
     return 0;
   }
-  fmt::print("ula bench planner ({} planner): DP, one rank of 8, counting backend, {} groups x {} B entries, {} warm-up + {} "
-             "measured steps per thread count, prefetch distance {}, parallel claim from {} victims, device pool x {}, "
-             "host shadows {}{}\n",
-             o.planner == "engine" ? "engine" : "host", groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims, o.device_fraction,
-             o.shadows, o.prefer_shadowed ? ", shadowed victims preferred" : "");
-  fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>5} {:>9} {:>10} {:>9}\n", "config",
-             "batch", "T", "distinct/g", "group_ms", "ns/sel", "read_ns", "ratio", "hit", "table_MB", "gpu_ms/g",
-             "evict/g", "claim_us", "claim%", "par", "host_free", "moved/miss", "free_ev/g");
-  for (const Row& r : rows) {
-    fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9.3f} {:>9.1f} {:>9.1f} {:>7.2f} {:>7.4f} {:>10.1f} {:>9.3f} {:>9} {:>9.1f} "
-               "{:>7.2f} {:>5} {:>9.3f} {:>10.3f} {:>9}\n",
-               r.config, r.batch, r.threads, r.distinct / (r.groups * o.steps), r.group_ms_median, r.ns_per_distinct,
-               r.read_ns, r.ratio, r.hit_rate, r.table_bytes / 1e6, r.gpu_group_ms, r.evictions / r.group_steps,
-               r.claim_ns / 1e3 / static_cast<double>(r.group_steps), 100.0 * r.claim_ns / 1e6 / r.total_ms,
-               r.parallel_claims, r.host_free_share, r.moved_per_miss, r.shadow_evictions / r.group_steps);
+  if (!rows.empty()) {
+    fmt::print("ula bench planner ({} planner): DP, one rank of 8, counting backend, {} groups x {} B entries, {} warm-up + {} "
+               "measured steps per thread count, prefetch distance {}, parallel claim from {} victims, device pool x {}, "
+               "host shadows {}{}\n",
+               o.planner == "engine" ? "engine" : "host", groups, entry, o.warmup, o.steps, o.prefetch_distance, o.parallel_claim_min_victims, o.device_fraction,
+               o.shadows, o.prefer_shadowed ? ", shadowed victims preferred" : "");
+    fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>5} {:>9} {:>10} {:>9}\n", "config",
+               "batch", "T", "distinct/g", "group_ms", "ns/sel", "read_ns", "ratio", "hit", "table_MB", "gpu_ms/g",
+               "evict/g", "claim_us", "claim%", "par", "host_free", "moved/miss", "free_ev/g");
+    for (const Row& r : rows) {
+      fmt::print("{:<15} {:>6} {:>3} {:>10} {:>9.3f} {:>9.1f} {:>9.1f} {:>7.2f} {:>7.4f} {:>10.1f} {:>9.3f} {:>9} {:>9.1f} "
+                 "{:>7.2f} {:>5} {:>9.3f} {:>10.3f} {:>9}\n",
+                 r.config, r.batch, r.threads, r.distinct / (r.groups * o.steps), r.group_ms_median, r.ns_per_distinct,
+                 r.read_ns, r.ratio, r.hit_rate, r.table_bytes / 1e6, r.gpu_group_ms, r.evictions / r.group_steps,
+                 r.claim_ns / 1e3 / static_cast<double>(r.group_steps), 100.0 * r.claim_ns / 1e6 / r.total_ms,
+                 r.parallel_claims, r.host_free_share, r.moved_per_miss, r.shadow_evictions / r.group_steps);
+    }
   }
   if (!device_rows.empty()) PrintDeviceRows(o, device_rows);
   return 0;
@@ -682,7 +940,8 @@ Action SetupPlanner(CLI::App& app) {
   app.add_option("--config-dir", o->config_dir, "configs directory (default: $ULA_CONFIG_DIR or the source tree's)");
   app.add_option("--summary", o->summary, "ula compare summary.csv (default: docs/img/summary.csv)");
   app.add_option("--compare-csv", o->compare_csv, "ula compare compare.csv (default: docs/img/compare.csv)");
-  app.add_option("--configs", o->configs, "DP configs of ula compare")->capture_default_str();
+  app.add_option("--configs", o->configs,
+                 "configs of ula compare (default: h200/b300 x mtp off/on, DP; with --mode tp, TP)");
   app.add_option("--batch-fractions", o->batch_fractions, "batches as fractions of the rank's admission limit")
       ->capture_default_str()
       ->check(RealIn(0, 1, /*lo_open=*/true));
@@ -712,6 +971,14 @@ Action SetupPlanner(CLI::App& app) {
                  "path's mode, stable_new_entries); device: also DeviceStep's OpenMP form on the same "
                  "workload, beside the host planner, with its launches and syncs per step")
       ->check(CLI::IsMember({"host", "engine", "device"}))->capture_default_str();
+  app.add_option("--ranks", o->ranks,
+                 "GPUs of the node: DP gives one rank admitted / ranks requests; TP stripes over this many in-process ranks")
+      ->capture_default_str()
+      ->check(IntIn(1, 64));
+  app.add_option("--mode", o->mode,
+                 "dp; tp (with --planner device): TP attention at home over --ranks in-process ranks on the TP configs' "
+                 "ulacache_home rows, the device step beside the TP host step")
+      ->check(CLI::IsMember({"dp", "tp"}))->capture_default_str();
   app.add_flag("--cuda", o->cuda,
                "--planner device: the CUDA form (a build with CUDA and a GPU; refused with the reason otherwise)");
   app.add_option("--shadows", o->shadows, "clean host shadows (AddressSpaceConfig::host_shadows): on or off")
