@@ -310,7 +310,7 @@ class UlaStore:
         self.space = ulacache.AddressSpace(cfg, backend="counting" if mode == "engine" else "cpu")
         assert cfg.device_slots_per_group == device_slots and cfg.host_slots_per_group == host_slots
         width = select_width(model, q_len)
-        self.planner = ulacache.EngineStepPlanner(self.space, max_batch=max_batch, max_q_len=q_len, max_top_k=width,
+        self.planner = ulacache.StepPlanner(self.space, max_batch=max_batch, max_q_len=q_len, max_top_k=width,
                                                   top_k_multiple=64)  # FlashMLA's SM90 sparse decode
         self.selections = self._array((max_batch * q_len, width), "int32", -1)
         self.indices = self._array((max_batch * q_len, width), "int32", -1)

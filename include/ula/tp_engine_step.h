@@ -1,4 +1,4 @@
-// TpEngineStepPlanner: the engine step API (engine_step.h) of a TP address space: the
+// TpEngineStepPlanner: the engine step API (step_planner.h) of a TP address space: the
 // same selection array in, one FlashMLA index array per hosted rank out.
 //
 // Per step and layer group the planner reads the indexer's selection, int32
@@ -35,7 +35,7 @@
 // included. kIo (a transfer failed) leaves the state TpStepPlanner::Step documents for it
 // and the index arrays untouched: no index names a slot that was not published.
 //
-// Two ways to execute a step, as the DP planner (engine_step.h):
+// Two ways to execute a step, as the DP planner (step_planner.h):
 //   Step()            the library's backend (and fabric) move the bytes, wait, publish,
 //                     write the indices.
 //   Plan()/Complete() the engine runs the descriptors on its own streams, then calls
@@ -53,7 +53,7 @@
 //                     device_slots() + the buffer slot, dst_offset = dst_slot * entry_bytes
 //                     over the [shard device | local buffer] view).
 //                     Phase 2, the rest: every hosted rank's home moves, rank after rank, in
-//                     the DP engine path's order and semantics (engine_step.h, descriptor
+//                     the DP engine path's order and semantics (step_planner.h, descriptor
 //                     semantics and "Host shadows"; one plan, step/miss_fills.h):
 //                     src_rank == dst_rank, from the shard's host pool to its device pool:
 //                     kCopy into a free slot, then kCopy into the slot of a victim whose
@@ -79,7 +79,7 @@
 //   Between Plan and Complete one plan is pending: Step and a second Plan are refused
 //   (kFailedPrecondition), and, as in DP, REQUIRES: no Allocate, Free or Write on the space
 //   (a Write drops buffer copies a pending fetch targets).
-//   Modes: as EngineStepPlanner in DP, Create refuses a space whose TpConfig has
+//   Modes: as StepPlanner's engine path in DP, Create refuses a space whose TpConfig has
 //   stable_new_entries off (kFailedPrecondition). With
 //   stable new entries (Allocate in tp_address_space.h) a new token goes to its home
 //   rank's device, in a free slot or a victim's, and no step of its round moves it, so the
@@ -97,7 +97,7 @@
 #include <span>
 #include <vector>
 
-#include "ula/engine_step.h"
+#include "ula/step_planner.h"
 #include "ula/tp_address_space.h"
 #include "ula/tp_fabric.h"
 #include "ula/tp_step_planner.h"
@@ -139,7 +139,7 @@ class TpEngineStepPlanner {
                                             std::span<const RequestId> requests,
                                             std::span<const std::int32_t> selections, std::span<std::int32_t> indices);
 
-  // Admission that guarantees the round (EngineStepPlanner::ReserveRound's contract, per
+  // Admission that guarantees the round (StepPlanner::ReserveRound's contract, per
   // hosted rank): the scheduler calls it once per round, before any Allocate of it, with
   // every running request it means to schedule (in TP every rank steps every request). Ok
   // iff on every hosted rank r and group: the new tokens homed on r plus each request's
@@ -155,7 +155,7 @@ class TpEngineStepPlanner {
   // round that keeps to its reservation has no Allocate and no Plan refused for room. With a fabric each process checks the rank it
   // hosts: admit the round only where every rank's reservation is Ok (the scheduler's
   // all-reduce). Returns the tightest (rank, group): its bound and room. Refusals as
-  // EngineStepPlanner::ReserveRound's (kResourceExhausted with the numbers, kNotFound,
+  // StepPlanner::ReserveRound's (kResourceExhausted with the numbers, kNotFound,
   // kInvalidArgument, kFailedPrecondition while a plan is pending); changes nothing.
   Result<RoundReservation> ReserveRound(std::span<const RoundDemand> demands) const;
 

@@ -144,7 +144,7 @@ class TpStepPlanner {
   bool has_pending() const;
   // The home descriptors of hosted rank h's pending plan (ula/step_arrays.h; one entry row
   // each, offsets slot * entry_bytes in the shard's pools): descriptor i brings home miss i's
-  // entry from its host slot to its device slot, as the DP engine path's (engine_step.h, "Host
+  // entry from its host slot to its device slot, as the DP engine path's (step_planner.h, "Host
   // shadows"): the copies into free slots, then those into shadowed victims' slots (a victim
   // whose clean host shadow survives is published at it by CompleteHome, with no descriptor of
   // its own), then kEvict (the victim's row out to a host slot of its own, then the copy),

@@ -346,7 +346,7 @@ ULA_HD inline std::uint32_t RowTag(const DeviceStepArgs& a, std::uint32_t j, std
   return req >= 0 && static_cast<std::uint64_t>(req) < a.num_requests ? a.request_tags[req] : 0;
 }
 
-// Validate (EngineStepPlanner's checks, in its order) and claim first[a] = the lowest
+// Validate (StepPlanner's checks, in its order) and claim first[a] = the lowest
 // selection of each valid address (an atomic minimum: the order of the updates is irrelevant).
 struct DevClassify {
   DeviceStepArgs a;
@@ -405,7 +405,7 @@ struct DevClassify {
 };
 
 // First occurrences: the flags the scans rank; a distinct hit not yet used in this round
-// counts towards the room check (EngineStepPlanner's newly_used).
+// counts towards the room check (StepPlanner's newly_used).
 struct DevFlag {
   DeviceStepArgs a;
   ULA_HD void operator()(std::uint32_t j) const {
@@ -438,7 +438,7 @@ struct DevScatter {
 };
 
 // One thread: the counts, the refusal (first bad selection, too few descriptor rows, no
-// room: EngineStepPlanner's order), the split into free slots and victims.
+// room: StepPlanner's order), the split into free slots and victims.
 struct DevDecide {
   DeviceStepArgs a;
   std::uint32_t n;
@@ -558,7 +558,7 @@ struct DevRecord {
   }
 };
 
-// Publish descriptor i where status[i] == 0 (EngineStepPlanner::Complete): a copy frees its
+// Publish descriptor i where status[i] == 0 (StepPlanner::Complete): a copy frees its
 // host slot and enters the policy; a failed copy's slot goes back to the free bitmap; a swap
 // moves its victim to the wanted entry's host slot; a failed swap changes nothing. Distinct
 // descriptors touch distinct addresses and slots: disjoint record stores; bitmaps atomic.

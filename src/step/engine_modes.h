@@ -1,13 +1,13 @@
 // The space modes the engine path needs, checked where an engine step is created.
 //
-// The engine path (EngineStepPlanner, TpEngineStepPlanner and the device step) hands the
+// The engine path (StepPlanner::Plan, TpEngineStepPlanner and the device step) hands the
 // engine descriptors to run on its own streams and write slots to put new tokens' KV in.
 // Two of a space's modes decide whether that can be right, and both are fields of the
 // space's config, fixed at the space's Create: no step changes them behind the space's back.
 //   - stable_new_entries must be on (every engine form): the engine writes a new token's KV
 //     at the location Lookup gave right after Allocate, so that slot must not move within
 //     its round.
-//   - host_shadows: the DP and TP engine steps keep them (ula/engine_step.h, "Host shadows":
+//   - host_shadows: the DP and TP engine steps keep them (ula/step_planner.h, "Host shadows":
 //     a victim with a clean host copy is published there, its slot filled by a plain copy;
 //     one plan for both, step/miss_fills.h). The device step refuses them: its descriptors
 //     move exclusive entries only.

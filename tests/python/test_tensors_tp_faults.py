@@ -77,7 +77,7 @@ def test_dlpack_views_flat_page_table_and_int64_requests_match_numpy():
     for form in ("numpy", "dlpack", "flat", "flat_dlpack"):
         space = dp_space(engine=True)
         addrs = filled(space)
-        planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=8)
+        planner = ulacache.StepPlanner(space, max_batch=2, max_q_len=2, max_top_k=8)
         sel = select(np.random.default_rng(SEED), addrs, 2, 2, 8)
         idx = np.full_like(sel, 99)
         req64 = np.array([0, 1], np.int64)       # torch's req_pool_indices dtype
@@ -104,7 +104,7 @@ def test_dlpack_views_flat_page_table_and_int64_requests_match_numpy():
 def test_bad_tensors_are_refused_and_change_nothing():
     space = dp_space(engine=True)
     addrs = filled(space)
-    planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=8)
+    planner = ulacache.StepPlanner(space, max_batch=2, max_q_len=2, max_top_k=8)
     sel = select(np.random.default_rng(SEED), addrs, 2, 1, 8)
     idx = np.full_like(sel, 7)
     req = np.array([0, 1], np.int64)
@@ -131,14 +131,14 @@ def test_bad_tensors_are_refused_and_change_nothing():
 def test_engine_memory_as_list_or_dict_of_layers_and_refused_on_a_cpu_space():
     cpu = dp_space(engine=True)
     with pytest.raises(ulacache.FailedPreconditionError, match="counting"):
-        ulacache.EngineStepPlanner(cpu, 1, 1, 8).register_engine_memory("device", 0, 0,
+        ulacache.StepPlanner(cpu, 1, 1, 8).register_engine_memory("device", 0, 0,
                                                                         np.zeros((2, 16, ENTRY // 2), np.uint8))
     assert cpu.holds_bytes
     outcomes = []
     for form in ("stacked", "list", "dict"):
         space = dp_space(8, 48, backend="counting", engine=True, row_bytes=ENTRY // 2)
         assert not space.holds_bytes
-        planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
+        planner = ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
         mem = {"device": np.zeros((2, 8, ENTRY // 2), np.uint8), "host": np.zeros((2, 48, ENTRY // 2), np.uint8)}
         for tier, a in mem.items():
             if form == "stacked":
@@ -168,7 +168,7 @@ def test_engine_memory_as_list_or_dict_of_layers_and_refused_on_a_cpu_space():
     # gap, and separately allocated arrays are all accepted; overlapping layers are refused.
     cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=ENTRY, row_bytes=ENTRY // 4,
                                       device_bytes_per_rank=8 * ENTRY, host_bytes_per_rank=48 * ENTRY)
-    planner = ulacache.EngineStepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
+    planner = ulacache.StepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
     big = np.zeros((5, 8, ENTRY // 4), np.uint8)
     planner.register_engine_memory("device", 0, 0, [big[0], big[1], big[3], big[4]])   # a gap
     planner.register_engine_memory("device", 0, 0, [big[1], big[0], big[2], big[3]])   # descending
@@ -187,7 +187,7 @@ def test_separately_allocated_layer_tensors_at_any_addresses():
     # tier registered as a dict of its layers (at any addresses).
     layers, row = 4, ENTRY // 4
     space = dp_space(8, 48, backend="counting", engine=True, row_bytes=row)
-    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
+    planner = ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
     # Device: the layers at unequal offsets of one buffer, out of address order; host: four
     # separate allocations.
     arena = np.zeros(16384, np.uint8)
@@ -232,7 +232,7 @@ def test_library_step_under_random_faults_publishes_nothing_and_loses_nothing():
     space.set_faults_armed(False)
     addrs = filled(space, requests=3, n=30)
     shadow = {int(a): pattern(int(a), 0) for r in addrs for a in addrs[r]}
-    planner = ulacache.EngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
+    planner = ulacache.StepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
     failed = ok = 0
     out = np.empty(ENTRY, np.uint8)
     for step in range(40):
@@ -265,7 +265,7 @@ def test_library_step_under_random_faults_publishes_nothing_and_loses_nothing():
 def test_complete_with_failed_statuses_publishes_nothing_and_loses_nothing():
     rng = np.random.default_rng(SEED + 1)
     space = dp_space(device_slots=48, host_slots=160, backend="counting", engine=True, row_bytes=ENTRY // 2)
-    planner = ulacache.EngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
+    planner = ulacache.StepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
     mem = {"device": np.zeros((2, 48, ENTRY // 2), np.uint8), "host": np.zeros((2, 160, ENTRY // 2), np.uint8)}
     for tier, a in mem.items():
         planner.register_engine_memory(tier, 0, 0, a)
@@ -356,9 +356,9 @@ def test_per_layer_pools_of_unequal_groups_read_through_device_layer():
         for a in addrs:
             space.write(int(a), g, entry[g][int(a)])
     space.advance_round()
-    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=64, top_k_multiple=64)
+    planner = ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=64, top_k_multiple=64)
     with pytest.raises(ulacache.InvalidArgumentError):
-        ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=48, top_k_multiple=64)
+        ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=48, top_k_multiple=64)
     for g in (0, 1):
         sel = np.full((1, 64), -1, np.int32)
         sel[0, :30] = addrs[20:50]

@@ -160,7 +160,7 @@ def test_stub_and_docstrings_cover_every_binding():
             in_stub = {b.name for b in classes[name].body if isinstance(b, ast.FunctionDef)}
             in_stub |= {b.target.id for b in classes[name].body if isinstance(b, ast.AnnAssign)}
             assert members - in_stub == set(), f"{name}: members missing from the stub"
-    for cls in (ext.AddressSpace, ext.EngineStepPlanner, ext.TpAddressSpace, ext.UnifiedBuffer, ext.PrefixCache):
+    for cls in (ext.AddressSpace, ext.StepPlanner, ext.TpAddressSpace, ext.UnifiedBuffer, ext.PrefixCache):
         assert cls.__doc__ and len(cls.__doc__) > 40
 
 
