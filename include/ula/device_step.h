@@ -89,7 +89,7 @@
 //
 // TP attention at home (Create from a TpAddressSpace): one device step per (rank, group)
 // shard, each in its rank's process, on its rank's stream, planning its own shard only —
-// TpEngineStepPlanner's Plan / Complete (ula/tp_engine_step.h, kAtHome) cut by rank. The
+// TpStepPlanner's Plan / Complete (ula/tp_step_planner.h, kAtHome) cut by rank. The
 // kernels are the DP step's with the home table as the records (address a at a / P), the
 // directory (owner tags by address, the request table) replicated in each rank's copy. A
 // selection homed on another rank is checked against the directory (live, held by its
@@ -106,7 +106,7 @@
 // a home miss that this round's Allocate placed on host, more home misses than descriptor
 // rows, or than free + evictable device slots: kResourceExhausted); a rank whose own verdict is 0 but whose agreed value is not refuses
 // with kFailedPrecondition. Either way the StepRecord alone is written and nothing changes.
-// TpEngineStepPlanner, every rank in one process, returns the first refusing rank's error.
+// TpStepPlanner, every rank in one process, returns the first refusing rank's error.
 // StepRecord in TP: selections counts every non-padding selection; distinct, hits, misses,
 // evictions count this rank's home entries (the ranks' distinct add up to
 // StepStats::distinct); a descriptor moves one whole entry (num_layers 1, bytes =

@@ -18,7 +18,7 @@ struct DpSpace {
   std::unique_ptr<ula::AddressSpace> space;
 };
 
-// The engine step planner, the engine-owned arrays registered with it (kept alive) and the
+// The DP host step (StepPlanner), the engine-owned arrays registered with it (kept alive) and the
 // binding's own scratch (widened request ids, per-row requests of a flat batch, descriptor
 // records behind columns): grown to the largest call, then reused.
 struct EnginePlanner {

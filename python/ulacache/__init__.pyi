@@ -245,7 +245,7 @@ class TpConfig:
     host_bytes_per_rank: int
     buffer_bytes_per_rank: int
     page_tokens: int
-    stable_new_entries: bool  # new entries on device, slot kept for the round (TpEngineStepPlanner requires it on)
+    stable_new_entries: bool  # new entries on device, slot kept for the round (TpStepPlanner requires it on)
     host_shadows: bool  # each shard's fetched entries keep their host slot as a clean copy; off by default
     attention: str
     policy: str
@@ -298,15 +298,16 @@ class TpAddressSpace:
     def holds(self, request: int, addr: int) -> bool: ...
     def debug_digest(self) -> int: ...
 
-class TpEngineStepPlanner:
+class TpStepPlanner:
     num_ranks: int
     ranks: list[int]
     device_slots: int
     index_slots: int
     max_descriptors: int
     has_pending: bool
-    def __init__(self, space: TpAddressSpace, max_batch: int, max_q_len: int, max_top_k: int,
-                 max_rows: int = 0) -> None: ...
+    # TpStepPlanner(space): the library path only (step_runs, check); with an engine shape, both paths.
+    def __init__(self, space: TpAddressSpace, max_batch: int | None = None, max_q_len: int | None = None,
+                 max_top_k: int | None = None, max_rows: int = 0) -> None: ...
     # indices: int32 [ranks, *selections.shape]
     def reserve_round(self, requests: Requests, new_tokens: U32, max_selections: U32) -> tuple[int, int]: ...
     def step(self, group: int, selections: I32, indices: I32, requests: Requests) -> list[StepStats]: ...
@@ -316,11 +317,9 @@ class TpEngineStepPlanner:
              requests: Requests) -> tuple[int, int, list[StepStats], int]: ...
     def complete(self, fence: int, status: U8) -> tuple[int, int]: ...
     def execute_on_shards(self, descriptors: Descriptors, status: U8) -> None: ...
-
-class TpStepPlanner:
-    def __init__(self, space: TpAddressSpace) -> None: ...
-    def step(self, group: int, selections: U32,
-             runs: list[tuple[int, int]]) -> tuple[U8, U32, list[StepStats]]: ...
+    # The library layout: uint32 selections cut into runs [(request, count), ...].
+    def step_runs(self, group: int, selections: U32,
+                  runs: list[tuple[int, int]]) -> tuple[U8, U32, list[StepStats]]: ...
     def check(self, group: int, selections: U32, runs: list[tuple[int, int]]) -> None: ...
 
 class UnifiedBufferConfig:

@@ -350,7 +350,7 @@ ULA_HD inline std::uint32_t RowTag(const DeviceStepArgs& a, std::uint32_t j, std
 // selection of each valid address (an atomic minimum: the order of the updates is irrelevant).
 struct DevClassify {
   DeviceStepArgs a;
-  // TP (TpEngineStepPlanner / TpStepPlanner's checks): the directory (live, the row's request
+  // TP (TpStepPlanner / TpStepPlanner's checks): the directory (live, the row's request
   // known, held), then home: another rank's address is kDevElsewhere, this rank's is a hit or
   // a miss by its home record.
   ULA_HD std::uint8_t CheckTp(std::uint32_t j, std::uint32_t addr) const {
@@ -448,7 +448,7 @@ struct DevDecide {
     const std::uint32_t n_miss = n == 0 ? 0 : a.miss_pos[n - 1] + a.miss_flag[n - 1];
     std::uint32_t error = 0;
     const bool tp = a.num_ranks > 1;
-    if (tp && c.bad_value != 0) {  // TpEngineStepPlanner checks every value before any address
+    if (tp && c.bad_value != 0) {  // TpStepPlanner checks every value before any address
       error = a.codes.invalid_argument;
     } else if (c.first_bad != kNoSelection) {
       const std::uint8_t k = a.kind[c.first_bad];

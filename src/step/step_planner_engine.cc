@@ -62,18 +62,6 @@ Result<std::unique_ptr<StepPlanner>> StepPlanner::Create(AddressSpace& space, co
 
 std::uint32_t StepPlanner::max_descriptors() const { return impl_->max_descriptors; }
 
-namespace {
-// The engine path's calls on a planner made without an engine config.
-Status RefuseWithoutEngineConfig(const std::optional<EngineStepConfig>& engine, const char* what) {
-  if (!engine) {
-    return MakeError(ErrorCode::kFailedPrecondition,
-                     fmt::format("{}: this StepPlanner has no engine config (made by StepPlanner(space), the library "
-                                 "path only): make it with StepPlanner::Create(space, config)", what));
-  }
-  return Ok();
-}
-}  // namespace
-
 Result<PlannedStep> StepPlanner::Prepare(Rank rank, GroupId group, const StepShape& shape,
                                                std::span<const RequestId> requests,
                                                std::span<const std::int32_t> selections,
@@ -81,7 +69,7 @@ Result<PlannedStep> StepPlanner::Prepare(Rank rank, GroupId group, const StepSha
   Impl& m = *impl_;
   AddressSpace::State& st = StateOf(space_);
   const AddressSpaceConfig& cfg = space_.config();
-  ULA_RETURN_IF_ERROR(RefuseWithoutEngineConfig(m.engine, "Plan"));
+  ULA_RETURN_IF_ERROR(RefuseWithoutEngineConfig(m.engine.has_value(), "StepPlanner", "Plan"));
   const EngineStepConfig& config = *m.engine;
   if (m.pending) {
     return MakeError(ErrorCode::kFailedPrecondition,
@@ -161,7 +149,7 @@ Result<PlannedStep> StepPlanner::Plan(Rank rank, GroupId group, const StepShape&
 Result<RoundReservation> StepPlanner::ReserveRound(Rank rank, std::span<const RoundDemand> demands) const {
   const AddressSpace::State& st = StateOf(space_);
   const AddressSpaceConfig& cfg = space_.config();
-  ULA_RETURN_IF_ERROR(RefuseWithoutEngineConfig(impl_->engine, "ReserveRound"));
+  ULA_RETURN_IF_ERROR(RefuseWithoutEngineConfig(impl_->engine.has_value(), "StepPlanner", "ReserveRound"));
   const EngineStepConfig& config = *impl_->engine;
   ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("ReserveRound"));
   if (rank.value() >= cfg.num_ranks) {

@@ -26,7 +26,7 @@ DRIVER = textwrap.dedent(r'''
                                 host_bytes_per_rank=40 * E * 2, buffer_bytes_per_rank=8 * E * 2,
                                 page_tokens=4, stable_new_entries=True)
         space = ulacache.TpAddressSpace(cfg)
-        planner = ulacache.TpEngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
+        planner = ulacache.TpStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
     else:
         cfg = ulacache.AddressSpaceConfig(num_groups=2, entry_bytes=E, device_bytes_per_rank=6 * E * 2,
                                           host_bytes_per_rank=40 * E * 2, page_tokens=4, stable_new_entries=True)

@@ -402,7 +402,7 @@ def test_tp_engine_step_matches_the_tp_planner(attention):
     rng = np.random.default_rng(SEED)
     space, addrs = tp_space(attention, engine=True)
     twin, _ = tp_space(attention, engine=True)
-    engine = ulacache.TpEngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
+    engine = ulacache.TpStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
     planner = ulacache.TpStepPlanner(twin)
     assert engine.num_ranks == 2
     dev = engine.device_slots
@@ -415,7 +415,7 @@ def test_tp_engine_step_matches_the_tp_planner(attention):
         keep = sel.reshape(-1) >= 0
         compact = sel.reshape(-1)[keep].astype(np.uint32)
         runs = [(b, int((sel[b] >= 0).sum())) for b in range(3)]
-        source, slot, twin_stats = planner.step(0, compact, runs)
+        source, slot, twin_stats = planner.step_runs(0, compact, runs)
         assert [s.distinct for s in stats] == [s.distinct for s in twin_stats]
         for rank in range(2):
             want = np.full(sel.size, -1, np.int64)
@@ -451,8 +451,8 @@ def test_tp_engine_plan_and_complete_is_step(attention):
     rng = np.random.default_rng(SEED)
     space, addrs = tp_space(attention, engine=True)
     twin, _ = tp_space(attention, engine=True)
-    engine = ulacache.TpEngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
-    stepper = ulacache.TpEngineStepPlanner(twin, max_batch=3, max_q_len=2, max_top_k=8)
+    engine = ulacache.TpStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
+    stepper = ulacache.TpStepPlanner(twin, max_batch=3, max_q_len=2, max_top_k=8)
     desc = np.zeros(engine.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
     moved = fetched = 0
     for step in range(6):
@@ -560,7 +560,7 @@ def test_tp_check_refuses_as_step_would_and_changes_nothing():
     with pytest.raises(ulacache.NotFoundError):
         planner.check(0, np.concatenate([a, b]), [(1, len(a) + len(b))])    # another request's addresses
     assert space.debug_digest() == digest
-    assert ulacache.TpEngineStepPlanner(space, 1, 1, 8).ranks == [0, 1]
+    assert ulacache.TpStepPlanner(space, 1, 1, 8).ranks == [0, 1]
 
 
 def test_indexer_score_select_union_and_config_members():
@@ -593,7 +593,7 @@ def test_indexer_score_select_union_and_config_members():
 
 
 def test_tp_new_tokens_keep_their_looked_up_slot_and_the_engine_writes_there():
-    """A TpEngineStepPlanner requires stable_new_entries (a space without it is refused, its
+    """A TpStepPlanner::Create requires stable_new_entries (a space without it is refused, its
     modes unchanged), so a new token lands on its home rank's device (a victim moved to host)
     and the engine writes its KV through a writable shard view at the slot lookup gave; a token
     pinned on host (the device held only this round's entries) is counted and a step that
@@ -602,10 +602,10 @@ def test_tp_new_tokens_keep_their_looked_up_slot_and_the_engine_writes_there():
                             device_bytes_per_rank=4 * ENTRY, host_bytes_per_rank=32 * ENTRY)
     assert not cfg.stable_new_entries
     with pytest.raises(ulacache.FailedPreconditionError, match="stable_new_entries"):
-        ulacache.TpEngineStepPlanner(ulacache.TpAddressSpace(cfg), max_batch=1, max_q_len=1, max_top_k=4)
+        ulacache.TpStepPlanner(ulacache.TpAddressSpace(cfg), max_batch=1, max_q_len=1, max_top_k=4)
     cfg.stable_new_entries = True
     space = ulacache.TpAddressSpace(cfg)
-    engine = ulacache.TpEngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
+    engine = ulacache.TpStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
     space.add_request(1)
     old = space.allocate(1, 12)  # 6 per rank: 4 on device, 2 pinned on host
     assert [space.num_new_on_host(r, 0) for r in range(2)] == [2, 2]
@@ -641,10 +641,10 @@ def test_tp_new_tokens_keep_their_looked_up_slot_and_the_engine_writes_there():
 
 @pytest.mark.parametrize("attention", ["at_home", "local_buffer"])
 def test_tp_reserve_round_bounds_every_rank(attention):
-    """TpEngineStepPlanner.reserve_round: Ok for a round that fits every rank's shard, refused
+    """TpStepPlanner.reserve_round: Ok for a round that fits every rank's shard, refused
     with the numbers (and nothing changed) for one whose new tokens outnumber them."""
     space, addrs = tp_space(attention, engine=True)
-    engine = ulacache.TpEngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
+    engine = ulacache.TpStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
     req = np.arange(3, dtype=np.int64)
     needed, room = engine.reserve_round(req, np.ones(3, np.uint32), np.full(3, 8, np.uint32))
     assert 0 < needed <= room

@@ -14,7 +14,7 @@
 #include "ula/address_space.h"
 #include "ula/step_planner.h"
 #include "ula/tp_address_space.h"
-#include "ula/tp_engine_step.h"
+#include "ula/tp_step_planner.h"
 
 namespace ula {
 namespace {
@@ -108,7 +108,7 @@ TEST(PendingPlan, APlannerDestroyedWithAPlanPendingReleasesTheSpace) {
 TEST(PendingPlan, TpSpaceRefusesTheSameCallsWhileATpPlanIsPending) {
   auto backend = MakeCpuBackend();
   auto space = TpAddressSpace::Create(testing::TpEngineModes(testing::SmallTpConfig(2, 4, 32, 8)), *backend).value();
-  auto planner = TpEngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
+  auto planner = TpStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
   ASSERT_TRUE(space->AddRequest(RequestId(1)));
   ASSERT_TRUE(space->AddRequest(RequestId(77)));
   auto a = space->Allocate(RequestId(1), 20).value();
