@@ -17,7 +17,7 @@ torch tensors over the same memory (as vLLM hands them).
 
 Per plan call it reads perf_counter_ns around `planner.plan(...)` (the Python call) and,
 where the module has it, `planner.last_plan_timing`: the nanoseconds the binding spent
-taking its arguments (views and checks), inside the C++ planner (EngineStepPlanner::Plan)
+taking its arguments (views and checks), inside the C++ planner (StepPlanner::Plan)
 and writing its outputs (the descriptor columns, the result tuple). The rest of the Python
 call is pybind11's dispatch (argument parsing, the call, the returned objects). Prints the
 median over --reps rounds (after --warmup rounds) of each part, per plan call.
@@ -86,7 +86,7 @@ def build(ulacache, shape, descriptors_form, columns, seed):
                                       host_bytes_per_rank=GROUPS * host * ROW * LAYERS)
     space = ulacache.AddressSpace(cfg, backend="counting")
     max_q = max(2, shape.chunk)
-    planner = ulacache.EngineStepPlanner(space, max_batch=shape.rows, max_q_len=max_q, max_top_k=shape.top_k,
+    planner = ulacache.StepPlanner(space, max_batch=shape.rows, max_q_len=max_q, max_top_k=shape.top_k,
                                          max_rows=shape.rows)
     addrs = []
     for r, n in enumerate(lengths):
@@ -237,7 +237,7 @@ def main(argv=None):
         over = f"{r['overhead_percent']:8.1f}%" if "overhead_percent" in r else f"{'-':>9}"
         print(f"{r['shape']:8} {str(r['rows']) + ' x ' + str(r['top_k']):>13} {r['per_plan']['misses']:7d} {cells} {over}")
     print("python: the whole call; dispatch: pybind11's (parse, call, return); args: views and checks of the "
-          "arguments; planner: EngineStepPlanner::Plan; outputs: descriptor columns and the result; "
+          "arguments; planner: StepPlanner::Plan; outputs: descriptor columns and the result; "
           "overhead: median of (python - planner) / planner")
     return 0
 

@@ -41,7 +41,7 @@ Execution of the copy plan (--exec):
            engine writes entries with space.write() and attention reads the device pool
            view (space.device_pool) through the same index array.
   --tp N   TP over N in-process ranks with attention at home on the engine path
-           (TpEngineStepPlanner plan -> execute_on_shards -> complete; UlaCache's cpu backend
+           (TpStepPlanner plan -> execute_on_shards -> complete; UlaCache's cpu backend
            holds the shard pools, the new KV is written into them at out_cache_loc): each
            rank attends over its own shard, partials merged.
 
@@ -310,7 +310,7 @@ class UlaStore:
         self.space = ulacache.AddressSpace(cfg, backend="counting" if mode == "engine" else "cpu")
         assert cfg.device_slots_per_group == device_slots and cfg.host_slots_per_group == host_slots
         width = select_width(model, q_len)
-        self.planner = ulacache.EngineStepPlanner(self.space, max_batch=max_batch, max_q_len=q_len, max_top_k=width,
+        self.planner = ulacache.StepPlanner(self.space, max_batch=max_batch, max_q_len=q_len, max_top_k=width,
                                                   top_k_multiple=64)  # FlashMLA's SM90 sparse decode
         self.selections = self._array((max_batch * q_len, width), "int32", -1)
         self.indices = self._array((max_batch * q_len, width), "int32", -1)
@@ -484,7 +484,7 @@ class UlaStore:
 
 class TpStore(UlaStore):
     """TP with attention at home over P in-process ranks, on the engine path
-    (TpEngineStepPlanner plan -> descriptors -> complete): per group, plan writes each rank's
+    (TpStepPlanner plan -> descriptors -> complete): per group, plan writes each rank's
     index array (its own shard's device slots, -1 for entries homed elsewhere) and every
     rank's home moves; the engine runs them (execute_on_shards, the CPU reference executor
     over the space's shard pools) and completes them; then each layer's new KV is written at
@@ -502,9 +502,9 @@ class TpStore(UlaStore):
                                 host_bytes_per_rank=host_slots * per)
         self.space = ulacache.TpAddressSpace(cfg)
         width = select_width(model, q_len)
-        # The engine step planner turns on the space's stable_new_entries: a new token's
+        # The engine path needs the space's stable_new_entries (TpStepPlanner refuses it otherwise): a new token's
         # looked-up slot is where the round's attention reads it.
-        self.planner = ulacache.TpEngineStepPlanner(self.space, max_batch=max_batch, max_q_len=q_len, max_top_k=width)
+        self.planner = ulacache.TpStepPlanner(self.space, max_batch=max_batch, max_q_len=q_len, max_top_k=width)
         self.ranks = ranks
         self.selections = np.full((max_batch * q_len, width), -1, np.int32)
         self.indices = np.full((ranks, max_batch * q_len, width), -1, np.int32)

@@ -48,7 +48,7 @@ Prints one line (or --json): rounds; plans, plans refused (0 when every round is
 deferrals; rows checked; descriptors by op; the plans' misses and evictions; plan time per
 group call (the whole Python call: medians over every plan, over the plans of full-budget
 rounds and over those of decode-only rounds, and the largest) and the planner's own share
-(EngineStepPlanner.last_plan_timing). Exits 1 if a gathered row differs from the reference or
+(StepPlanner.last_plan_timing). Exits 1 if a gathered row differs from the reference or
 a reserved round's plan was refused.
 
 Usage: python3 examples/vllm_loop.py [--scale toy|vllm] [--tensors auto|numpy|torch]
@@ -291,7 +291,7 @@ def main(argv=None):
     space = ulacache.AddressSpace(cfg, backend="counting")
     # One planner row per token of the round (query_start_loc cuts them by request); a
     # request's selections are bounded by chunk x top_k (a whole prefill chunk).
-    planner = ulacache.EngineStepPlanner(space, max_batch=budget_tokens, max_q_len=chunk, max_top_k=top_k,
+    planner = ulacache.StepPlanner(space, max_batch=budget_tokens, max_q_len=chunk, max_top_k=top_k,
                                          max_rows=budget_tokens)
 
     def zeros(shape):

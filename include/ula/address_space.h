@@ -172,22 +172,22 @@ struct AddressSpaceConfig {
   // is placed on device, evicting, and no step of its round moves it. Off: new entries go
   // to free device slots, then host, and a step of the same round may move them (the
   // library path, where Write goes to the current location, and simulators that allocate
-  // a request's future tokens as a reservation). The engine path (EngineStepPlanner,
+  // a request's future tokens as a reservation). The engine path (StepPlanner::Plan,
   // DeviceStep) needs it on and refuses a space without it: an engine writes KV at the
   // location it looked up.
   bool stable_new_entries = false;
   // Clean host shadows (src/space/host_shadows.h): a fetched entry's host slot
   // keeps its bytes as a reclaimable copy, counted free everywhere, so that evicting the
   // entry later moves no bytes. Off: exclusive tiers, every eviction copies. The DP
-  // StepPlanner and Allocate keep them; the engine path (EngineStepPlanner, DeviceStep)
-  // refuses a space with them (kUnsupported).
+  // StepPlanner (both paths) and Allocate keep them; DeviceStep refuses a space with them
+  // (kUnsupported).
   bool host_shadows = false;
   // The kinds of KV the space holds (ula/kv_kinds.h; docs/ARCHITECTURE.md, "Kinds"). Empty:
   // one kind, one entry per token per group, as everything above describes. Otherwise the
   // groups are the selections of the one sparse kind (their layers sum to its layers, row()
   // is its row) and the other kinds sit beside it. Allocate, Truncate and Free take the
   // model's tokens and make and release the entries of every kind ("Kinds" below); the
-  // host step (StepPlanner::Step, EngineStepPlanner) selects C4 entries as any addresses;
+  // host step (StepPlanner, both paths) selects C4 entries as any addresses;
   // DeviceStep and ShareInto refuse a space with kinds (kUnsupported).
   std::vector<KvKind> kinds;
 
@@ -259,7 +259,7 @@ class AddressSpace {
   // Runs the victims' moves of Allocate: device -> host kCopy descriptors (step_arrays.h),
   // one per (victim, group), to complete before Allocate returns; Ok if every one landed.
   // Null (the default) runs them on the space's backend (its own pools). An engine that
-  // owns the memory installs its copy here (EngineStepPlanner::RegisterEngineMemory
+  // owns the memory installs its copy here (StepPlanner::RegisterEngineMemory
   // installs ExecuteOnEngineMemory over the registered regions).
   using MoveExecutor = std::function<Status(std::span<const CopyDescriptor>)>;
   void SetMoveExecutor(MoveExecutor executor);

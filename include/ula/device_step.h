@@ -1,7 +1,7 @@
 // DeviceStep: one (rank, group)'s DP step as data-parallel kernels on the engine's stream
 //. It reads a StepArrays (ula/step_arrays.h) of device pointers and writes the
-// device indices, the copy descriptors and the StepRecord — EngineStepPlanner's Plan /
-// Complete (ula/engine_step.h), bit for bit, with no host in the loop:
+// device indices, the copy descriptors and the StepRecord — StepPlanner's Plan /
+// Complete (ula/step_planner.h), bit for bit, with no host in the loop:
 //   - no host synchronisation: every count (hits, misses, free slots taken, victims) stays in
 //     device memory; each kernel reads it there and runs over a fixed index space (the
 //     selections, the descriptor rows, the bitmaps' summary words);
@@ -42,7 +42,7 @@
 // for the same round.
 //
 // Phases of Plan (kernels in src/kernels/step_kernels.inl, each with its arrays and atomics):
-//   1. classify [rows * top_k]: EngineStepPlanner's checks in its order (value, live, the
+//   1. classify [rows * top_k]: StepPlanner's checks in its order (value, live, the
 //      row's request, held, rank); each valid address's first selection by an atomic minimum;
 //   2. first-occurrence flags, two exclusive scans (hits, misses in selection order), scatter;
 //   3. decide (one thread): the refusal (first bad selection; a miss that this round's
@@ -55,7 +55,7 @@
 //   6. indices (hits: their slot, misses: their target, pads -1); the StepRecord last, its
 //      `done` = the step's sequence number (>= 1) after a system-scope fence.
 // A refused step writes only the StepRecord (error = 1 + the ula::ErrorCode that
-// EngineStepPlanner::Plan returns for the same inputs) and changes no state. Complete follows
+// StepPlanner::Plan returns for the same inputs) and changes no state. Complete follows
 // every Plan, refused or not (a refused plan's Complete publishes nothing), so that one graph
 // holds both.
 //
@@ -66,7 +66,7 @@
 // publish kernel, which reads those statuses: stream order puts it after the copies, so a
 // location changes only after its bytes are there. A failed copy publishes nothing and loses
 // nothing: its entry stays on host, a free slot it targeted is free again, a failed swap's
-// victim stays on device (counted as used this round, as in EngineStepPlanner).
+// victim stays on device (counted as used this round, as in StepPlanner's engine path).
 //
 // Decode loop (docs/INTEGRATION.md): per group, after its indexer on `stream`:
 //   step->Plan(arrays, stream); copy_kernel<<<..., stream>>>(descriptors, status, ...);
@@ -74,7 +74,7 @@
 // and once per scheduler iteration, after the last group's attention, AdvanceRound(stream).
 //
 // The OpenMP form (config.cuda = false) runs the same kernels on the host, on host memory,
-// with `stream` ignored: it is what `make test` checks against EngineStepPlanner.
+// with `stream` ignored: it is what `make test` checks against StepPlanner's engine path.
 //
 // Errors are values: every call returns a Status (no exception crosses this API; the CUDA
 // form catches thrust's and CCCL's at its entry points, and checks every CUDA call). Besides
@@ -89,7 +89,7 @@
 //
 // TP attention at home (Create from a TpAddressSpace): one device step per (rank, group)
 // shard, each in its rank's process, on its rank's stream, planning its own shard only —
-// TpEngineStepPlanner's Plan / Complete (ula/tp_engine_step.h, kAtHome) cut by rank. The
+// TpStepPlanner's Plan / Complete (ula/tp_step_planner.h, kAtHome) cut by rank. The
 // kernels are the DP step's with the home table as the records (address a at a / P), the
 // directory (owner tags by address, the request table) replicated in each rank's copy. A
 // selection homed on another rank is checked against the directory (live, held by its
@@ -106,7 +106,7 @@
 // a home miss that this round's Allocate placed on host, more home misses than descriptor
 // rows, or than free + evictable device slots: kResourceExhausted); a rank whose own verdict is 0 but whose agreed value is not refuses
 // with kFailedPrecondition. Either way the StepRecord alone is written and nothing changes.
-// TpEngineStepPlanner, every rank in one process, returns the first refusing rank's error.
+// TpStepPlanner, every rank in one process, returns the first refusing rank's error.
 // StepRecord in TP: selections counts every non-padding selection; distinct, hits, misses,
 // evictions count this rank's home entries (the ranks' distinct add up to
 // StepStats::distinct); a descriptor moves one whole entry (num_layers 1, bytes =

@@ -1,6 +1,6 @@
 // The arrays of one layer group's step, as an engine hands them over and as the step's
 // kernels (host or device) read and write them. This header is the contract shared by the
-// engine step API (engine_step.h: numpy, torch and DLPack tensors from Python, spans from
+// engine step API (step_planner.h: numpy, torch and DLPack tensors from Python, spans from
 // C++) and the device step (the planner as data-parallel kernels on the engine's stream):
 // both take a StepArrays and fill the same outputs, bit for bit.
 //
@@ -49,7 +49,7 @@ namespace ula {
 
 inline constexpr std::int32_t kPadIndex = -1;
 
-// kEvict (DP engine step with host shadows, ula/engine_step.h): first copy the destination
+// kEvict (DP engine step with host shadows, ula/step_planner.h): first copy the destination
 // (device) row to the victim's host slot evict_slot, then the source (host) row to the
 // destination, in that order.
 enum class CopyOp : std::uint8_t { kCopy = 0, kSwap = 1, kEvict = 2 };

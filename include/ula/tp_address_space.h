@@ -110,13 +110,13 @@ struct TpConfig {
   PolicyOptions policy_options;
   // As AddressSpaceConfig's (address_space.h): tokens per page ("Pages"; 1: the unpaged
   // allocator above), and new entries whose write slot never goes stale (the engine path,
-  // TpEngineStepPlanner and DeviceStep, needs it on; Allocate below says what differs).
+  // TpStepPlanner::Create and DeviceStep, needs it on; Allocate below says what differs).
   std::uint32_t page_tokens = 64;
   bool stable_new_entries = false;
   // Clean host shadows per shard (src/space/host_shadows.h), as in DP: a home
   // entry fetched host -> device keeps its host slot as a reclaimable copy, counted free in
-  // every capacity figure, so that evicting it later moves no bytes. TpStepPlanner's Step
-  // (every rank, the fabric included), PlanHome and TpEngineStepPlanner (one home plan,
+  // every capacity figure, so that evicting it later moves no bytes. TpStepPlanner's two
+  // paths (Step: every rank, the fabric included; Plan / Complete: one home plan,
   // step/miss_fills.h, as DP's) and Allocate keep them; DeviceStep refuses a space with
   // them (kUnsupported). Off: exclusive tiers, every eviction copies.
   bool host_shadows = false;

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "backend/fault_backend.h"
-#include "ula/engine_step.h"
+#include "ula/step_planner.h"
 #include "ula/error.h"
 #include "ula/ids.h"
 

@@ -2,11 +2,11 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <optional>
 #include <tuple>
 
 #include "bind_common.h"
 #include "ula/address_space.h"
-#include "ula/engine_step.h"
 #include "ula/step_planner.h"
 
 namespace ulapy {
@@ -18,17 +18,17 @@ struct DpSpace {
   std::unique_ptr<ula::AddressSpace> space;
 };
 
-// The engine step planner, the engine-owned arrays registered with it (kept alive) and the
+// The DP host step (StepPlanner), the engine-owned arrays registered with it (kept alive) and the
 // binding's own scratch (widened request ids, per-row requests of a flat batch, descriptor
 // records behind columns): grown to the largest call, then reused.
 struct EnginePlanner {
-  std::unique_ptr<ula::EngineStepPlanner> planner;
+  std::unique_ptr<ula::StepPlanner> planner;
   DpSpace* space = nullptr;
   std::vector<py::object> registered;
   std::vector<ula::RequestId> ids, row_ids;
   std::vector<ula::CopyDescriptor> descs;
   // Where the last plan call's time went, in nanoseconds (bench/plan_cost.py reads it):
-  // taking the arguments (views, checks, per-row requests), inside EngineStepPlanner::Plan,
+  // taking the arguments (views, checks, per-row requests), inside StepPlanner::Plan,
   // and writing the outputs (descriptor columns, the result).
   std::int64_t args_ns = 0, planner_ns = 0, outputs_ns = 0;
 };
@@ -262,11 +262,11 @@ void BindAddressSpaceConfig(py::module_& m) {
           [](ula::AddressSpaceConfig& c, const std::string& name) { c.policy = ParsePolicy(name); },
           "The device pools' residency policy by name (residency_policy.h).")
       .def_readwrite("stable_new_entries", &ula::AddressSpaceConfig::stable_new_entries,
-                     "New entries are placed on device and keep their slot for their round (an EngineStepPlanner "
+                     "New entries are placed on device and keep their slot for their round (StepPlanner's engine path "
                      "requires it: the engine writes KV where it looked it up).")
       .def_readwrite("host_shadows", &ula::AddressSpaceConfig::host_shadows,
                      "Fetched entries keep their host slot as a clean, reclaimable copy: evicting them "
-                     "moves no bytes (src/space/host_shadows.h). Off by default; the EngineStepPlanner keeps them (its plans then hold EVICT descriptors); the device step refuses them.")
+                     "moves no bytes (src/space/host_shadows.h). Off by default; StepPlanner's engine path keeps them (its plans then hold EVICT descriptors); the device step refuses them.")
       .def_readwrite("page_tokens", &ula::AddressSpaceConfig::page_tokens)
       .def_readwrite("num_groups", &ula::AddressSpaceConfig::num_groups)
       .def_readwrite("entry_bytes", &ula::AddressSpaceConfig::entry_bytes)
@@ -524,50 +524,6 @@ driven from different threads at once (the GIL is released while planning).)doc"
            "A hash of the whole state: equal before and after a refused call (for tests).");
 }
 
-// StepPlanner: one step of one group per call, copies on the space's backend.
-void BindStepPlanner(py::module_& m) {
-  py::class_<ula::StepPlanner>(m, "StepPlanner", "One decode step of one group per call (include/ula/step_planner.h).")
-      .def(py::init([](DpSpace& s) { return std::make_unique<ula::StepPlanner>(*s.space); }), py::arg("space"),
-           py::keep_alive<1, 2>())
-      .def(
-          "step",
-          [](ula::StepPlanner& p, std::uint16_t rank, std::uint16_t group, py::object selections,
-             py::object out_slots, const std::vector<std::pair<std::uint64_t, std::uint32_t>>& runs) {
-            auto sel = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(selections, "selections"), "selections", 1));
-            auto out = AsIdsOut<ula::SlotId>(ViewOut<std::uint32_t>(ToArray(out_slots, "out_slots"), "out_slots", 1));
-            const auto r = ToRuns(runs);
-            py::gil_scoped_release nogil;
-            return Unwrap(p.Step({ula::Rank(rank), ula::GroupId(group), sel, r}, out));
-          },
-          py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("out_slots"), py::arg("runs"),
-          "selections uint32 [n] -> out_slots uint32 [n] (device slots), runs the copies; StepStats. runs: "
-          "[(request, count), ...] cut the selections into consecutive pieces of one request each; an address "
-          "not live for its run's request (freed, reused, another request's) is refused (NotFoundError).")
-      .def(
-          "set_options",
-          [](ula::StepPlanner& p, std::uint32_t threads, std::uint32_t prefetch_distance,
-             std::uint32_t parallel_claim_min_victims) {
-            ula::StepPlannerOptions o;
-            o.threads = threads;
-            o.prefetch_distance = prefetch_distance;
-            o.parallel_claim_min_victims = parallel_claim_min_victims;
-            Unwrap(p.SetOptions(o));
-          },
-          py::arg("threads") = 1, py::arg("prefetch_distance") = 16,
-          py::arg("parallel_claim_min_victims") = ula::StepPlannerOptions::kDefaultParallelClaimMinVictims,
-          "Threads of steps 1-3 and their knobs (step_planner.h); InvalidArgumentError keeps the old options.")
-      .def_property_readonly("options", [](const ula::StepPlanner& p) {
-             const auto& o = p.options();
-             return py::dict(py::arg("threads") = o.threads, py::arg("prefetch_distance") = o.prefetch_distance,
-                             py::arg("parallel_claim_min_victims") = o.parallel_claim_min_victims);
-           }, "The options as a dict (set_options' arguments).")
-      .def_property_readonly("counters", [](const ula::StepPlanner& p) {
-             const auto& c = p.counters();
-             return py::dict(py::arg("claims") = c.claims, py::arg("parallel_claims") = c.parallel_claims,
-                             py::arg("victims") = c.victims, py::arg("claim_ns") = c.claim_ns);
-           }, "What the planner did besides its results (victim claims), as a dict.");
-}
-
 // The arguments of one engine step as the planner takes them.
 struct StepInput {
   ula::StepShape shape;
@@ -602,29 +558,40 @@ StepInput StepInputOf(EnginePlanner& p, const py::array& sel_a, const py::array&
   return in;
 }
 
-// EngineStepPlanner: the engine step API (library step, plan / complete, engine memory).
-void BindEngineStepPlanner(py::module_& m) {
-  py::class_<EnginePlanner>(m, "EngineStepPlanner", R"doc(
-The engine step API (include/ula/engine_step.h): selections int32 [batch, q_len, top_k]
+// StepPlanner: the DP host step (library step, plan / complete, engine memory).
+void BindStepPlanner(py::module_& m) {
+  py::class_<EnginePlanner>(m, "StepPlanner", R"doc(
+The DP host step (include/ula/step_planner.h): selections int32 [batch, q_len, top_k]
 (-1 = padding) -> indices int32 [batch, q_len, top_k] in the sparse MLA kernels' layout
 (FlashMLA sparse decode: the device slot, -1 for padding), and the copy plan as a
 DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's backend;
-`plan` + `complete(fence, status)` let the engine run them. Nothing allocates per step.)doc")
-      .def(py::init([](DpSpace& s, std::uint32_t max_batch, std::uint32_t max_q_len, std::uint32_t max_top_k,
-                       std::uint32_t top_k_multiple, std::uint32_t max_rows) {
+`plan` + `complete(fence, status)` let the engine run them. Nothing allocates per step.
+`step_runs` is the library layout's step: uint32 selections cut into runs of one request
+each, uint32 out_slots.)doc")
+      .def(py::init([](DpSpace& s, std::optional<std::uint32_t> max_batch, std::optional<std::uint32_t> max_q_len,
+                       std::optional<std::uint32_t> max_top_k, std::uint32_t top_k_multiple, std::uint32_t max_rows) {
+             EnginePlanner p{nullptr, &s, {}, {}, {}, {}, 0, 0, 0};
+             if (!max_batch && !max_q_len && !max_top_k) {  // the library path only
+               p.planner = std::make_unique<ula::StepPlanner>(*s.space);
+               return p;
+             }
              ula::EngineStepConfig c;
-             c.max_batch = max_batch;
-             c.max_q_len = max_q_len;
-             c.max_top_k = max_top_k;
+             c.max_batch = max_batch.value_or(c.max_batch);
+             c.max_q_len = max_q_len.value_or(c.max_q_len);
+             c.max_top_k = max_top_k.value_or(c.max_top_k);
              c.top_k_multiple = top_k_multiple;
              c.max_rows = max_rows;
-             return EnginePlanner{Unwrap(ula::EngineStepPlanner::Create(*s.space, c)), &s, {}, {}, {}, {}, 0, 0, 0};
+             p.planner = Unwrap(ula::StepPlanner::Create(*s.space, c));
+             return p;
            }),
-           py::arg("space"), py::arg("max_batch"), py::arg("max_q_len"), py::arg("max_top_k"),
-           py::arg("top_k_multiple") = 1, py::arg("max_rows") = 0, py::keep_alive<1, 2>(),
-           "top_k_multiple=64 refuses any top_k that FlashMLA's SM90 sparse kernels cannot take. max_rows: the most "
-           "selection rows of one step (0: max_batch x max_q_len); a token-budget scheduler sets it to the budget "
-           "and max_q_len to its largest chunk.")
+           py::arg("space"), py::arg("max_batch") = py::none(), py::arg("max_q_len") = py::none(),
+           py::arg("max_top_k") = py::none(), py::arg("top_k_multiple") = 1, py::arg("max_rows") = 0,
+           py::keep_alive<1, 2>(),
+           "StepPlanner(space): the library path only (step_runs). With any of max_batch, max_q_len, max_top_k "
+           "(EngineStepConfig's defaults for the others): the engine path too (step, plan, complete, ...), "
+           "refused for a space without stable_new_entries. top_k_multiple=64 refuses any top_k that FlashMLA's "
+           "SM90 sparse kernels cannot take. max_rows: the most selection rows of one step (0: max_batch x "
+           "max_q_len); a token-budget scheduler sets it to the budget and max_q_len to its largest chunk.")
       .def_property_readonly("max_descriptors", [](EnginePlanner& p) { return p.planner->max_descriptors(); })
       .def_property_readonly("has_pending", [](EnginePlanner& p) { return p.planner->has_pending(); })
       .def(
@@ -635,8 +602,8 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
           },
           py::arg("threads") = 1, py::arg("prefetch_distance") = 16,
           py::arg("parallel_claim_min_victims") = ula::StepPlannerOptions::kDefaultParallelClaimMinVictims,
-          "StepPlanner.set_options' threads and knobs for this planner's steps (engine_step.h); "
-          "InvalidArgumentError keeps the old options, FailedPreconditionError while a plan is pending.")
+          "Threads of steps 1-3 and their knobs (step_planner.h); InvalidArgumentError keeps the old options, "
+          "FailedPreconditionError while a plan is pending.")
       .def_property_readonly("options", [](EnginePlanner& p) {
              const auto& o = p.planner->options();
              return py::dict(py::arg("threads") = o.threads, py::arg("prefetch_distance") = o.prefetch_distance,
@@ -646,13 +613,28 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
              const auto& c = p.planner->counters();
              return py::dict(py::arg("claims") = c.claims, py::arg("parallel_claims") = c.parallel_claims,
                              py::arg("victims") = c.victims, py::arg("claim_ns") = c.claim_ns);
-           }, "The victim claims of this planner's steps, as a dict (StepPlanner.counters).")
+           }, "What the planner did besides its results (victim claims), as a dict.")
       .def_property_readonly("last_plan_timing", [](const EnginePlanner& p) {
              return py::dict(py::arg("args_ns") = p.args_ns, py::arg("planner_ns") = p.planner_ns,
                              py::arg("outputs_ns") = p.outputs_ns);
            }, "Where the last successful plan call's time went, in ns: args_ns (views and checks of the arguments), "
-              "planner_ns (EngineStepPlanner::Plan, the GIL released), outputs_ns (descriptor columns, the result). "
+              "planner_ns (StepPlanner::Plan, the GIL released), outputs_ns (descriptor columns, the result). "
               "For measurement (bench/plan_cost.py); a refused call leaves it as it was.")
+      .def(
+          "step_runs",
+          [](EnginePlanner& p, std::uint16_t rank, std::uint16_t group, py::object selections,
+             py::object out_slots, const std::vector<std::pair<std::uint64_t, std::uint32_t>>& runs) {
+            auto sel = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(selections, "selections"), "selections", 1));
+            auto out = AsIdsOut<ula::SlotId>(ViewOut<std::uint32_t>(ToArray(out_slots, "out_slots"), "out_slots", 1));
+            const auto r = ToRuns(runs);
+            py::gil_scoped_release nogil;
+            return Unwrap(p.planner->Step({ula::Rank(rank), ula::GroupId(group), sel, r}, out));
+          },
+          py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("out_slots"), py::arg("runs"),
+          "The library layout: selections uint32 [n] -> out_slots uint32 [n] (device slots), runs the copies; "
+          "StepStats. runs: [(request, count), ...] cut the selections into consecutive pieces of one request "
+          "each; an address not live for its run's request (freed, reused, another request's) is refused "
+          "(NotFoundError).")
       .def(
           "step",
           [](EnginePlanner& p, std::uint16_t rank, std::uint16_t group, py::object selections, py::object indices,
@@ -665,7 +647,8 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
           },
           py::arg("rank"), py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("requests"),
           py::arg("query_start_loc") = py::none(),
-          "Library path: plan, copy on the backend, publish, write indices. Returns StepStats. selections "
+          "The engine layout on the library path: plan, copy on the backend, publish, write indices. Returns "
+          "StepStats. selections "
           "int32 [batch, q_len, top_k] or [batch * q_len, top_k] (SGLang's page_table_1); indices the same "
           "shape; requests int32, uint32, int64 or uint64 [batch] (or one per token row: vLLM's "
           "req_id_per_token). query_start_loc int32 or int64 [batch + 1] (vLLM's): request b owns the rows "
@@ -777,7 +760,6 @@ void BindSparse(py::module_& m) {
   BindAddressSpaceConfig(m);
   BindAddressSpace(m);
   BindStepPlanner(m);
-  BindEngineStepPlanner(m);
 }
 
 }  // namespace ulapy

@@ -2,10 +2,10 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <optional>
 
 #include "bind_common.h"
 #include "ula/tp_address_space.h"
-#include "ula/tp_engine_step.h"
 #include "ula/tp_step_planner.h"
 
 namespace ulapy {
@@ -22,7 +22,7 @@ struct TpSpace {
 
 namespace {
 // indices of a TP engine step: [ranks, *selections.shape].
-void CheckRankIndices(const ula::TpEngineStepPlanner& p, const py::array& sel_a, const py::array& idx_a) {
+void CheckRankIndices(const ula::TpStepPlanner& p, const py::array& sel_a, const py::array& idx_a) {
   bool same = idx_a.ndim() == sel_a.ndim() + 1 && idx_a.ndim() >= 1 &&
               idx_a.shape(0) == static_cast<py::ssize_t>(p.ranks().size());
   for (py::ssize_t d = 0; same && d < sel_a.ndim(); ++d) same = idx_a.shape(d + 1) == sel_a.shape(d);
@@ -83,12 +83,12 @@ void BindTp(py::module_& m) {
       .def_readwrite("buffer_bytes_per_rank", &ula::TpConfig::buffer_bytes_per_rank)
       .def_readwrite("page_tokens", &ula::TpConfig::page_tokens)
       .def_readwrite("stable_new_entries", &ula::TpConfig::stable_new_entries,
-                     "New entries are placed on device and keep their slot for their round (a TpEngineStepPlanner "
+                     "New entries are placed on device and keep their slot for their round (TpStepPlanner::Create "
                      "requires it: the engine writes KV where it looked it up).")
       .def_readwrite("host_shadows", &ula::TpConfig::host_shadows,
                      "Each shard's fetched entries keep their host slot as a clean copy, counted free, so that their "
-                     "later eviction moves no bytes (src/space/host_shadows.h). Off by default; a TpEngineStepPlanner "
-                     "refuses a space with it on.")
+                     "later eviction moves no bytes (src/space/host_shadows.h). Off by default; TpStepPlanner keeps them in "
+                     "both paths, DeviceStep refuses a space with it on.")
       .def_property(
           "policy", [](const ula::TpConfig& c) { return std::string(ula::PolicyKindName(c.policy)); },
           [](ula::TpConfig& c, const std::string& name) { c.policy = ParsePolicy(name); },
@@ -237,7 +237,7 @@ rank hosted in this process. Owns its backend ('cpu' or 'counting').)doc")
           },
           py::arg("rank"), py::arg("group"), py::arg("writable") = false,
           "uint8 [device slots, entry_bytes] view of a rank's shard device pool (what at-home attention reads "
-          "through TpEngineStepPlanner's indices; no copy). Read-only unless writable: the engine's KV write of a "
+          "through TpStepPlanner's indices; no copy). Read-only unless writable: the engine's KV write of a "
           "new token at the slot lookup gave right after allocate (stable_new_entries); never write an entry "
           "with more than one holder.")
       .def(
@@ -262,35 +262,41 @@ rank hosted in this process. Owns its backend ('cpu' or 'counting').)doc")
           py::arg("rank"), py::arg("group"), py::arg("slot"), py::arg("out"),
           "Copies the local-buffer entry at a buffer slot of a rank into uint8 [entry_bytes] (a test's reader).");
 
-  py::class_<ula::TpEngineStepPlanner>(m, "TpEngineStepPlanner", R"doc(
-The engine step API of a TP space (include/ula/tp_engine_step.h): selections int32
+  py::class_<ula::TpStepPlanner>(m, "TpStepPlanner", R"doc(
+The TP host step (include/ula/tp_step_planner.h). The engine layout: selections int32
 [batch, q_len, top_k] or [batch * q_len, top_k] (-1 = padding) and requests uint64/int64
 [batch] -> indices int32 [ranks, *selections.shape], one FlashMLA index array per rank.
 At home: the rank's shard device slot, -1 for padding and for entries homed elsewhere
 (each rank's attention is a partial, float [batch * q_len, heads, kv_lora_rank + 2],
 merged over ranks in rank order). Local buffer: shard slot s, or device_slots + b for
-buffer slot b. The library's backend moves the bytes.)doc")
-      .def(py::init([](TpSpace& s, std::uint32_t max_batch, std::uint32_t max_q_len, std::uint32_t max_top_k,
-                       std::uint32_t max_rows) {
+buffer slot b. `step` lets the library's backend move the bytes, `plan` + `complete` the
+engine. `step_runs` is the library layout's step (uint32 selections cut into runs).)doc")
+      .def(py::init([](TpSpace& s, std::optional<std::uint32_t> max_batch, std::optional<std::uint32_t> max_q_len,
+                       std::optional<std::uint32_t> max_top_k, std::uint32_t max_rows) {
+             if (!max_batch && !max_q_len && !max_top_k) return std::make_unique<ula::TpStepPlanner>(*s.space);
              ula::EngineStepConfig c;
-             c.max_batch = max_batch;
-             c.max_q_len = max_q_len;
-             c.max_top_k = max_top_k;
+             c.max_batch = max_batch.value_or(c.max_batch);
+             c.max_q_len = max_q_len.value_or(c.max_q_len);
+             c.max_top_k = max_top_k.value_or(c.max_top_k);
              c.max_rows = max_rows;
-             return Unwrap(ula::TpEngineStepPlanner::Create(*s.space, c));
+             return Unwrap(ula::TpStepPlanner::Create(*s.space, c));
            }),
-           py::arg("space"), py::arg("max_batch"), py::arg("max_q_len"), py::arg("max_top_k"), py::arg("max_rows") = 0, py::keep_alive<1, 2>())
-      .def_property_readonly("num_ranks", [](const ula::TpEngineStepPlanner& p) { return p.ranks().size(); })
-      .def_property_readonly("ranks", [](const ula::TpEngineStepPlanner& p) {
+           py::arg("space"), py::arg("max_batch") = py::none(), py::arg("max_q_len") = py::none(),
+           py::arg("max_top_k") = py::none(), py::arg("max_rows") = 0, py::keep_alive<1, 2>(),
+           "TpStepPlanner(space): the library path only (step_runs, check). With any of max_batch, max_q_len, "
+           "max_top_k (EngineStepConfig's defaults for the others): the engine path too (step, plan, complete, "
+           "...), refused for a space without stable_new_entries.")
+      .def_property_readonly("num_ranks", [](const ula::TpStepPlanner& p) { return p.ranks().size(); })
+      .def_property_readonly("ranks", [](const ula::TpStepPlanner& p) {
              std::vector<std::uint16_t> r;
              for (ula::Rank x : p.ranks()) r.push_back(x.value());
              return r;
            }, "The hosted ranks, in the order of the index arrays' first axis.")
-      .def_property_readonly("device_slots", &ula::TpEngineStepPlanner::device_slots)
-      .def_property_readonly("index_slots", &ula::TpEngineStepPlanner::index_slots)
+      .def_property_readonly("device_slots", &ula::TpStepPlanner::device_slots)
+      .def_property_readonly("index_slots", &ula::TpStepPlanner::index_slots)
       .def(
           "reserve_round",
-          [](const ula::TpEngineStepPlanner& p, py::object requests, py::object new_tokens, py::object max_selections) {
+          [](const ula::TpStepPlanner& p, py::object requests, py::object new_tokens, py::object max_selections) {
             const py::array req_a = ToArray(requests, "requests");
             std::vector<ula::RequestId> widened;
             auto req = RequestsView(req_a, "requests", widened);
@@ -309,7 +315,7 @@ buffer slot b. The library's backend moves the bytes.)doc")
           "(rank, group), or ResourceExhaustedError with the numbers. new_tokens, max_selections: uint32 [n].")
       .def(
           "step",
-          [](ula::TpEngineStepPlanner& p, std::uint16_t group, py::object selections, py::object indices,
+          [](ula::TpStepPlanner& p, std::uint16_t group, py::object selections, py::object indices,
              py::object requests) {
             const py::array sel_a = ToArray(selections, "selections"), idx_a = ToArray(indices, "indices");
             const py::array req_a = ToArray(requests, "requests");
@@ -328,11 +334,11 @@ buffer slot b. The library's backend moves the bytes.)doc")
           },
           py::arg("group"), py::arg("selections"), py::arg("indices"), py::arg("requests"),
           "One TP step of a group: writes indices; returns [StepStats per rank].")
-      .def_property_readonly("max_descriptors", &ula::TpEngineStepPlanner::max_descriptors)
-      .def_property_readonly("has_pending", &ula::TpEngineStepPlanner::has_pending)
+      .def_property_readonly("max_descriptors", &ula::TpStepPlanner::max_descriptors)
+      .def_property_readonly("has_pending", &ula::TpStepPlanner::has_pending)
       .def(
           "plan",
-          [](ula::TpEngineStepPlanner& p, std::uint16_t group, py::object selections, py::object indices,
+          [](ula::TpStepPlanner& p, std::uint16_t group, py::object selections, py::object indices,
              py::object descriptors, py::object requests) {
             const py::array sel_a = ToArray(selections, "selections"), idx_a = ToArray(indices, "indices");
             const py::array req_a = ToArray(requests, "requests");
@@ -360,7 +366,7 @@ buffer slot b. The library's backend moves the bytes.)doc")
           "== dst_rank), whole group entries; every fetch must complete before any home move starts.")
       .def(
           "complete",
-          [](ula::TpEngineStepPlanner& p, std::uint64_t fence, py::object status) {
+          [](ula::TpStepPlanner& p, std::uint64_t fence, py::object status) {
             auto st = View<const std::uint8_t>(ToArray(status, "status"), "status", 1);
             ula::CompleteReport r;
             {
@@ -373,7 +379,7 @@ buffer slot b. The library's backend moves the bytes.)doc")
           "Engine path, part 2: status uint8 [n], 0 = done. Publishes the done ones; (published, failed).")
       .def(
           "execute_on_shards",
-          [](ula::TpEngineStepPlanner& p, py::object descriptors, py::object status) {
+          [](ula::TpStepPlanner& p, py::object descriptors, py::object status) {
             std::vector<ula::CopyDescriptor> gathered;
             const DescriptorArg arg(descriptors, gathered, /*writable=*/false);
             const std::span<const ula::CopyDescriptor> desc = arg.records();
@@ -384,13 +390,9 @@ buffer slot b. The library's backend moves the bytes.)doc")
           },
           py::arg("descriptors"), py::arg("status"),
           "Runs descriptors over the space's shard pools on its backend (CPU reference executor); status[i] = 0 "
-          "if done.");
-
-  py::class_<ula::TpStepPlanner>(m, "TpStepPlanner", "One TP step of one group (include/ula/tp_step_planner.h).")
-      .def(py::init([](TpSpace& s) { return std::make_unique<ula::TpStepPlanner>(*s.space); }), py::arg("space"),
-           py::keep_alive<1, 2>())
+          "if done.")
       .def(
-          "step",
+          "step_runs",
           [](ula::TpStepPlanner& p, std::uint16_t group, py::object selections,
              const std::vector<std::pair<std::uint64_t, std::uint32_t>>& runs) {
             auto sel = AsIds<ula::LogicalAddr>(View<const std::uint32_t>(ToArray(selections, "selections"), "selections", 1));
@@ -415,8 +417,8 @@ buffer slot b. The library's backend moves the bytes.)doc")
             return std::make_tuple(source, slot, plan.stats);
           },
           py::arg("group"), py::arg("selections"), py::arg("runs"),
-          "selections uint32 [n] -> (source uint8 [ranks, n] (0 shard, 1 buffer, 2 elsewhere), "
-          "slot uint32 [ranks, n], [StepStats per rank]).")
+          "The library layout's step: selections uint32 [n], runs [(request, count), ...] -> (source uint8 "
+          "[ranks, n] (0 shard, 1 buffer, 2 elsewhere), slot uint32 [ranks, n], [StepStats per rank]).")
       .def(
           "check",
           [](ula::TpStepPlanner& p, std::uint16_t group, py::object selections,

@@ -14,7 +14,7 @@ changing nothing.
     space.add_request(7)
     addrs = space.allocate(7, 100)                       # uint32 logical addresses
     space.advance_round()                                # end of the prefill step
-    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=32)
+    planner = ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=32)
     sel = np.full((1, 1, 32), -1, np.int32); sel[0, 0, :20] = addrs[80:]
     idx = np.empty_like(sel)
     requests = np.array([7], np.int64)                   # the request of each batch row
@@ -117,7 +117,7 @@ DESCRIPTOR_FIELDS = ("src_offset", "dst_offset", "src_slot", "dst_slot", "bytes"
 
 def descriptor_columns(n, fields=DESCRIPTOR_FIELDS):
     """Copy descriptors as a structure of arrays: {field: numpy array [n]}, the byte offsets
-    int64 and every other field int32, for ``EngineStepPlanner.plan(descriptors=...)`` (it
+    int64 and every other field int32, for ``StepPlanner.plan(descriptors=...)`` (it
     writes the first ``num_descriptors`` entries of each column) and the executors. Wrap the
     columns with ``torch.from_numpy`` for a torch copy kernel: the plan writes through them."""
     import numpy as np

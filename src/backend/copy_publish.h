@@ -1,5 +1,5 @@
 // CopyPublish: the one copy -> wait -> publish step of every planner that brings entries
-// from host onto device: StepPlanner::Step, EngineStepPlanner::Step (the library path)
+// from host onto device: StepPlanner::Step (the library path)
 // and TpStepPlanner's home phase. It owns the copies and the waits; the caller owns the
 // publish (its table), which PublishArrived drives so that the rules below hold in one place.
 //

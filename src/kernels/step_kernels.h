@@ -90,7 +90,7 @@ enum DeviceKind : std::uint8_t {
   kDevMiss = 1,
   kDevPad = 2,
   kDevElsewhere = 3,      // TP (num_ranks > 1): valid, homed on another rank (index -1)
-  // refusals, in the order EngineStepPlanner checks a selection (every kind above
+  // refusals, in the order StepPlanner's engine path checks a selection (every kind above
   // kDevElsewhere is one):
   kDevBadValue = 4,       // < -1
   kDevNotLive = 5,        // not a live address

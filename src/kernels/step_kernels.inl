@@ -346,11 +346,11 @@ ULA_HD inline std::uint32_t RowTag(const DeviceStepArgs& a, std::uint32_t j, std
   return req >= 0 && static_cast<std::uint64_t>(req) < a.num_requests ? a.request_tags[req] : 0;
 }
 
-// Validate (EngineStepPlanner's checks, in its order) and claim first[a] = the lowest
+// Validate (StepPlanner's checks, in its order) and claim first[a] = the lowest
 // selection of each valid address (an atomic minimum: the order of the updates is irrelevant).
 struct DevClassify {
   DeviceStepArgs a;
-  // TP (TpEngineStepPlanner / TpStepPlanner's checks): the directory (live, the row's request
+  // TP (TpStepPlanner / TpStepPlanner's checks): the directory (live, the row's request
   // known, held), then home: another rank's address is kDevElsewhere, this rank's is a hit or
   // a miss by its home record.
   ULA_HD std::uint8_t CheckTp(std::uint32_t j, std::uint32_t addr) const {
@@ -405,7 +405,7 @@ struct DevClassify {
 };
 
 // First occurrences: the flags the scans rank; a distinct hit not yet used in this round
-// counts towards the room check (EngineStepPlanner's newly_used).
+// counts towards the room check (StepPlanner's newly_used).
 struct DevFlag {
   DeviceStepArgs a;
   ULA_HD void operator()(std::uint32_t j) const {
@@ -438,7 +438,7 @@ struct DevScatter {
 };
 
 // One thread: the counts, the refusal (first bad selection, too few descriptor rows, no
-// room: EngineStepPlanner's order), the split into free slots and victims.
+// room: StepPlanner's order), the split into free slots and victims.
 struct DevDecide {
   DeviceStepArgs a;
   std::uint32_t n;
@@ -448,7 +448,7 @@ struct DevDecide {
     const std::uint32_t n_miss = n == 0 ? 0 : a.miss_pos[n - 1] + a.miss_flag[n - 1];
     std::uint32_t error = 0;
     const bool tp = a.num_ranks > 1;
-    if (tp && c.bad_value != 0) {  // TpEngineStepPlanner checks every value before any address
+    if (tp && c.bad_value != 0) {  // TpStepPlanner checks every value before any address
       error = a.codes.invalid_argument;
     } else if (c.first_bad != kNoSelection) {
       const std::uint8_t k = a.kind[c.first_bad];
@@ -558,7 +558,7 @@ struct DevRecord {
   }
 };
 
-// Publish descriptor i where status[i] == 0 (EngineStepPlanner::Complete): a copy frees its
+// Publish descriptor i where status[i] == 0 (StepPlanner::Complete): a copy frees its
 // host slot and enters the policy; a failed copy's slot goes back to the free bitmap; a swap
 // moves its victim to the wanted entry's host slot; a failed swap changes nothing. Distinct
 // descriptors touch distinct addresses and slots: disjoint record stores; bitmaps atomic.

@@ -49,7 +49,7 @@ struct AddressSpace::State {
   bool stable_new_entries = false;  // config.stable_new_entries: fixed at Create
   bool host_shadows = false;        // config.host_shadows: fixed at Create
   AddressSpace::MoveExecutor move_executor;  // null: the backend runs Allocate's moves
-  const void* move_executor_owner = nullptr;  // the EngineStepPlanner that installed it, if one did
+  const void* move_executor_owner = nullptr;  // the StepPlanner that installed it, if one did
   std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
 
   GroupPools& at(Rank r, GroupId g) { return pools[r.value()][g.value()]; }
@@ -58,8 +58,8 @@ struct AddressSpace::State {
 
 // The error of selection i (address a, selected for `holder` on `rank`) that failed a check
 // of the step (not live, not the holder's, another rank's), built off the hot path with the
-// requests named: kNotFound or kInvalidArgument. The DP host step's (src/step/dp_step.h),
-// defined in dp_step.cc.
+// requests named: kNotFound or kInvalidArgument. The DP host step's (src/step/step_planner_impl.h),
+// defined in step_planner.cc.
 Error SelectionError(const AddressSpace::State& st, const AddressRecords& table, std::size_t i, LogicalAddr a,
                      const RequestState& holder, Rank rank);
 

@@ -3,7 +3,7 @@
 // A space with kinds holds the sparse kind's entries in its groups (one group per selection:
 // DeepSeek-V4's compressed-sparse layers, each with its own indexer) and every other kind
 // beside them. Allocate, Truncate and Free make and release every kind's entries
-// (space/kind_entries.h). The host step (StepPlanner, EngineStepPlanner) selects the sparse
+// (space/kind_entries.h). The host step (StepPlanner) selects the sparse
 // kind's entries as any space's addresses and leaves the other kinds alone; the device step
 // refuses such a space with the reason (RefuseKinds).
 //

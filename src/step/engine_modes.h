@@ -1,13 +1,13 @@
 // The space modes the engine path needs, checked where an engine step is created.
 //
-// The engine path (EngineStepPlanner, TpEngineStepPlanner and the device step) hands the
+// The engine path (StepPlanner::Plan, TpStepPlanner::Plan and the device step) hands the
 // engine descriptors to run on its own streams and write slots to put new tokens' KV in.
 // Two of a space's modes decide whether that can be right, and both are fields of the
 // space's config, fixed at the space's Create: no step changes them behind the space's back.
 //   - stable_new_entries must be on (every engine form): the engine writes a new token's KV
 //     at the location Lookup gave right after Allocate, so that slot must not move within
 //     its round.
-//   - host_shadows: the DP and TP engine steps keep them (ula/engine_step.h, "Host shadows":
+//   - host_shadows: the DP and TP engine steps keep them (ula/step_planner.h, "Host shadows":
 //     a victim with a clean host copy is published there, its slot filled by a plain copy;
 //     one plan for both, step/miss_fills.h). The device step refuses them: its descriptors
 //     move exclusive entries only.
@@ -30,6 +30,17 @@ inline Status RefuseUnstableNewEntries(bool stable_new_entries, std::string_view
                                  "location Lookup gives right after Allocate, which only stable new entries keep "
                                  "for the round; create the space with stable_new_entries = true",
                                  config_name));
+  }
+  return Ok();
+}
+
+// Ok, or the refusal of an engine-path call (`what`) on a planner of class `planner` made by
+// its constructor, which has the library path only.
+inline Status RefuseWithoutEngineConfig(bool has_engine_config, std::string_view planner, std::string_view what) {
+  if (!has_engine_config) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("{}: this {} has no engine config (made by its constructor, the library path "
+                                 "only): make it with {}::Create(space, config)", what, planner, planner));
   }
   return Ok();
 }

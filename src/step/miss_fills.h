@@ -2,7 +2,7 @@
 // or a TP rank's shard in its home phase), and the publish of what arrived (docs/ARCHITECTURE.md,
 // "One decode step of one layer group", step 5). The one copy plan of the host steps
 // (StepPlanner::Step, TpStepPlanner::Step: decide, run on the backend, publish) and of the
-// engine paths (EngineStepPlanner, TpEngineStepPlanner: Plan decides and hands the descriptors
+// engine paths (StepPlanner::Plan, TpStepPlanner: Plan decides and hands the descriptors
 // out, the engine or the library runs them, Complete publishes), so that every form moves and
 // publishes alike, host shadows included.
 //

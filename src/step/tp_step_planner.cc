@@ -1,5 +1,7 @@
 // TpStepPlanner: validate -> agree -> home phase (RunHome: the engine path's plan, MissFills) -> barrier
-// -> remote phase (RemotePhase) -> barrier -> emit (see include/ula/tp_step_planner.h). The
+// -> remote phase (RemotePhase) -> barrier -> emit (see include/ula/tp_step_planner.h), and
+// the engine path's plan and completion in the runs layout (PlanHome, CompleteHome; the
+// engine layout over them is tp_step_planner_engine.cc). The
 // dedup runs once per step and group and is shared read-only by the rank workers; each
 // worker touches only its own rank's shard and buffer of the stepped group, and in the
 // remote phase only reads other ranks' homes, which the barrier has settled.
@@ -17,6 +19,7 @@
 #include "space/space_access.h"
 #include "space/tp_state.h"
 #include "step/miss_fills.h"
+#include "step/tp_step_planner_engine.h"
 #include "ula/check.h"
 
 namespace ula {
@@ -505,7 +508,7 @@ Status TpStepPlanner::Agree(GroupId group, Status local) const {
 Status TpStepPlanner::RefuseIfPending() const {
   if (!scratch_->home_pending) return Ok();
   return MakeError(ErrorCode::kFailedPrecondition,
-                   fmt::format("group {}: a plan is pending (PlanHome): CompleteHome it first",
+                   fmt::format("group {}: a plan is pending (Plan): Complete it first",
                                scratch_->pending_group.value()));
 }
 

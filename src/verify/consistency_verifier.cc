@@ -12,7 +12,6 @@
 #include "ula/backend.h"
 #include "backend/fault_backend.h"
 #include "ula/device_step.h"
-#include "ula/engine_step.h"
 #include "ula/step_planner.h"
 #include "backend/copy_publish.h"
 #include "space/address_space_state.h"
@@ -275,11 +274,13 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   // signature (StepPlanner::Step): selections in runs in, a device slot per selection out.
   struct Planner {
     Planner(AddressSpace& space, const VerifierConfig& cfg)
-        : space(space), form(cfg.form), host(space), max_top_k(cfg.top_k * cfg.queries_per_request) {
-      if (form == PlannerForm::kEngine) {
-        auto made = EngineStepPlanner::Create(space, {.max_batch = cfg.max_batch, .max_q_len = 1, .max_top_k = max_top_k});
-        if (made) engine = std::move(*made);
+        : space(space), form(cfg.form), max_top_k(cfg.top_k * cfg.queries_per_request) {
+      if (form == PlannerForm::kEngine) {  // the engine layout's path: a planner with an engine config
+        auto made = StepPlanner::Create(space, {.max_batch = cfg.max_batch, .max_q_len = 1, .max_top_k = max_top_k});
+        if (made) host = std::move(*made);
         else create_error = made.error();
+      } else {
+        host = std::make_unique<StepPlanner>(space);
       }
       if (form == PlannerForm::kDevice) {
         devices.resize(std::size_t{cfg.num_ranks} * cfg.num_groups);
@@ -293,7 +294,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
     }
     Result<StepStats> Step(const StepInput& in, std::span<SlotId> out) {
       switch (form) {
-        case PlannerForm::kHost: return host.Step(in, out);
+        case PlannerForm::kHost: return host->Step(in, out);
         case PlannerForm::kEngine: return EngineStep(in, out);
         case PlannerForm::kDevice: return DeviceStepOf(in, out);
       }
@@ -311,7 +312,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
 
     Result<StepStats> EngineStep(const StepInput& in, std::span<SlotId> out) {
       ULA_RETURN_IF_ERROR(ToRows(in));
-      auto stats = engine->Step(in.rank, in.group, rows.shape, rows.requests, rows.rows, indices);
+      auto stats = host->Step(in.rank, in.group, rows.shape, rows.requests, rows.rows, indices);
       if (stats) FromRows(in, out);
       return stats;
     }
@@ -391,8 +392,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
 
     AddressSpace& space;
     PlannerForm form;
-    StepPlanner host;
-    std::unique_ptr<EngineStepPlanner> engine;
+    std::unique_ptr<StepPlanner> host;  // kHost: the library path; kEngine: made by Create, the engine layout
     std::vector<std::unique_ptr<DeviceStep>> devices;  // [rank][group]
     DeviceStepConfig device_config;
     std::uint32_t max_top_k;

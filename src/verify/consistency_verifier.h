@@ -49,7 +49,7 @@ struct VerifierConfig {
   // The form of the step under test (docs/ARCHITECTURE.md, "The step's forms today"); every
   // form gets the same workload and the same checks:
   //   kHost     StepPlanner, the serial host step (the reference);
-  //   kEngine   EngineStepPlanner::Step: Plan, the descriptors run on the backend, Complete
+  //   kEngine   StepPlanner::Step: Plan, the descriptors run on the backend, Complete
   //             (the engine path's pipeline with the library executing the copies);
   //   kDevice   DeviceStep in its OpenMP form, one per (rank, group): Reload from the space,
   //             Plan, the descriptors run on the backend over the space's pools, Complete,
@@ -61,7 +61,7 @@ struct VerifierConfig {
   // true: the space keeps clean host shadows (AddressSpaceConfig::host_shadows,
   // src/space/host_shadows.h); the checks are the same (a shadow is never read, so every
   // entry must still read its reference bytes). kEngine keeps them (its plans evict to
-  // shadows and host slots, engine_step.h); kDevice's Create refuses them.
+  // shadows and host slots, step_planner.h); kDevice's Create refuses them.
   bool host_shadows = false;
   // AddressSpaceConfig::stable_new_entries (a new token's slot never moves in its round).
   bool stable_new_entries = false;

@@ -12,7 +12,7 @@ namespace ula {
 
 enum class PlannerForm : std::uint8_t {
   kHost,    // the serial host step, the reference: StepPlanner (DP), TpStepPlanner (TP)
-  kEngine,  // EngineStepPlanner's Plan, the copies, Complete (TP: TpEngineStepPlanner)
+  kEngine,  // StepPlanner's Plan, the copies, Complete (TP: TpStepPlanner)
   kDevice,  // DeviceStep's OpenMP form, bracketed by Reload and StoreInto (TP: one per rank)
 };
 const char* PlannerFormName(PlannerForm form);

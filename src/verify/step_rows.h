@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "ula/engine_step.h"
+#include "ula/step_planner.h"
 #include "ula/error.h"
 #include "ula/selection_run.h"
 #include "ula/step_arrays.h"

@@ -22,9 +22,8 @@
 #include "space/space_access.h"
 #include "space/tp_state.h"
 #include "ula/device_step.h"
-#include "ula/tp_engine_step.h"
-#include "verify/step_rows.h"
 #include "ula/tp_step_planner.h"
+#include "verify/step_rows.h"
 #include "verify/verifier_core.h"
 
 namespace ula {
@@ -210,7 +209,7 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   // The form's Create refused the space (its modes or policy): the run stops with the reason.
   std::optional<Error> CreateError() {
     if (cfg_.form == PlannerForm::kEngine) {
-      auto made = TpEngineStepPlanner::Create(*space_, {.max_batch = cfg_.max_batch, .max_q_len = 1,
+      auto made = TpStepPlanner::Create(*space_, {.max_batch = cfg_.max_batch, .max_q_len = 1,
                                                         .max_top_k = MaxRun()}, fabric_,
                                               {.parallel_ranks = cfg_.parallel_ranks && cfg_.fault_rate == 0});
       if (!made) return made.error();
@@ -334,7 +333,7 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
       ULA_RETURN_IF_ERROR(steps[h]->Complete(status.data(), nullptr));
       ULA_RETURN_IF_ERROR(steps[h]->StoreInto(*space_, nullptr));
     }
-    if (agreed != 0) {  // the first rank that refused names the error (TpEngineStepPlanner's rule)
+    if (agreed != 0) {  // the first rank that refused names the error (TpStepPlanner's rule)
       for (std::size_t h = 0; h < hosted; ++h) {
         if (verdicts[h] != 0) {
           return MakeError(static_cast<ErrorCode>(verdicts[h] - 1),
@@ -637,7 +636,7 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   FaultInjectingFabric* fault_fabric_;             // == fabric_ under MPI with fault_rate > 0
   std::unique_ptr<TpAddressSpace> space_;
   TpStepPlanner planner_;
-  std::unique_ptr<TpEngineStepPlanner> engine_;       // kEngine
+  std::unique_ptr<TpStepPlanner> engine_;       // kEngine
   std::vector<std::unique_ptr<DeviceStep>> device_steps_;  // kDevice: [rank][group]
   DeviceStepConfig device_config_;
   verify_internal::StepRows rows_;                    // the engine forms' rows

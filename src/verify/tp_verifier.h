@@ -83,7 +83,7 @@ struct TpVerifierConfig {
   std::uint32_t share_percent = 0;
   // The form of the step (planner_form.h), every one with the same workload and checks:
   //   kHost     TpStepPlanner, the serial host step (the reference);
-  //   kEngine   TpEngineStepPlanner::Step (its Plan, the copies on the backend, Complete),
+  //   kEngine   TpStepPlanner::Step (its Plan, the copies on the backend, Complete),
   //             both attentions;
   //   kDevice   one DeviceStep (OpenMP form) per hosted rank and group, attention at home:
   //             Reload, Check on every rank, the verdicts' maximum, Claim, the copies on

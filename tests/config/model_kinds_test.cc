@@ -7,7 +7,6 @@
 #include "ula/backend.h"
 #include "config/model_kinds.h"
 #include "ula/device_step.h"
-#include "ula/engine_step.h"
 #include "ula/step_planner.h"
 #include "v4_flash.h"
 
@@ -197,7 +196,7 @@ TEST(KvKinds, TheDeviceStepRefusesASpaceWithKindsAndChangesNothing) {
   EXPECT_EQ(device.error().code(), ErrorCode::kUnsupported);
   EXPECT_NE(device.error().message().find("DeviceStep"), std::string::npos) << device.error().message();
   EXPECT_EQ(s.DebugDigest(), before);
-  EXPECT_TRUE(EngineStepPlanner::Create(s, {}));
+  EXPECT_TRUE(StepPlanner::Create(s, {}));
   StepPlanner host(s);
   const std::span<const LogicalAddr> one = *s.AddressesOf(RequestId(1));
   const std::vector<SelectionRun> runs{{RequestId(1), 1}};

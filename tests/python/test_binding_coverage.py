@@ -25,10 +25,8 @@ CLASSES = {
     "AddressSpaceConfig": ("include/ula/address_space.h", "AddressSpaceConfig"),
     "AddressSpace": ("include/ula/address_space.h", "AddressSpace"),
     "StepPlanner": ("include/ula/step_planner.h", "StepPlanner"),
-    "EngineStepPlanner": ("include/ula/engine_step.h", "EngineStepPlanner"),
     "TpConfig": ("include/ula/tp_address_space.h", "TpConfig"),
     "TpAddressSpace": ("include/ula/tp_address_space.h", "TpAddressSpace"),
-    "TpStepPlanner": ("include/ula/tp_step_planner.h", "TpStepPlanner"),
     "UnifiedBufferConfig": ("include/ula/unified_buffer.h", "UnifiedBufferConfig"),
     "AllocatorStats": ("include/ula/hybrid_allocator.h", "AllocatorStats"),
     "UnifiedBuffer": ("include/ula/unified_buffer.h", "UnifiedBuffer"),
@@ -43,7 +41,7 @@ CLASSES = {
     "KvEventPublisher": ("include/ula/kv_event_publisher.h", "KvEventPublisher"),
     "FaultPlan": ("src/backend/fault_backend.h", "FaultPlan"),
     "FaultStats": ("src/backend/fault_backend.h", "FaultStats"),
-    "TpEngineStepPlanner": ("include/ula/tp_engine_step.h", "TpEngineStepPlanner"),
+    "TpStepPlanner": ("include/ula/tp_step_planner.h", "TpStepPlanner"),
 }
 
 # Bound Python classes with no C++ class of their own.
@@ -62,9 +60,9 @@ ALIASES = {
     ("UnifiedBufferConfig", "Validate"): "validate",
     ("AddressSpace", "Create"): "__init__",
     ("TpAddressSpace", "Create"): "__init__",
-    ("EngineStepPlanner", "Create"): "__init__",
+    ("StepPlanner", "Create"): "__init__",
     ("Indexer", "Create"): "__init__",
-    ("TpEngineStepPlanner", "Create"): "__init__",
+    ("TpStepPlanner", "Create"): "__init__",
     ("AddressSpace", "DeviceLayerBytes"): "device_layer",
     ("AddressSpace", "DevicePoolBytes"): "device_pool",
 }
@@ -91,11 +89,6 @@ EXCLUDED = {
     ("ModelConfig", "sliding_window"): V4_KINDS,
     ("AddressSpace", "SetMoveExecutor"): "a C++ callback run inside Allocate; from Python, register_engine_memory installs the executor over the engine's memory",
     ("AddressSpaceConfig", "bytes_per_address"): "metadata accounting of the benches (ula bench metadata)",
-    ("TpStepPlanner", "PlanHome"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
-    ("TpStepPlanner", "has_pending"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
-    ("TpStepPlanner", "pending_home_descriptors"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
-    ("TpStepPlanner", "pending_remote_fetches"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
-    ("TpStepPlanner", "CompleteHome"): "the parts of TpEngineStepPlanner's plan / complete, which Python binds",
     ("FaultPlan", "Validate"): "the FaultPlan constructor validates",
     ("FaultPlan", "at_submit"): "a FaultPlan constructor argument, not read back",
     ("FaultPlan", "at_wait"): "a FaultPlan constructor argument, not read back",

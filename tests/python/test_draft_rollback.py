@@ -41,7 +41,7 @@ def test_mtp_loop_with_random_acceptance_matches_the_dense_reference():
     cfg = ulacache.AddressSpaceConfig(entry_bytes=row * layers, row_bytes=row, device_bytes_per_rank=dev * row * layers,
                                       host_bytes_per_rank=host * row * layers, page_tokens=64, stable_new_entries=True)
     space = ulacache.AddressSpace(cfg, backend="counting")
-    planner = ulacache.EngineStepPlanner(space, max_batch=3, max_q_len=3, max_top_k=8)
+    planner = ulacache.StepPlanner(space, max_batch=3, max_q_len=3, max_top_k=8)
     mem = {"device": np.zeros((layers, dev, row), np.uint8), "host": np.zeros((layers, host, row), np.uint8)}
     for tier, a in mem.items():
         planner.register_engine_memory(tier, 0, 0, a)

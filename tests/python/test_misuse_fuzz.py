@@ -26,12 +26,12 @@ DRIVER = textwrap.dedent(r'''
                                 host_bytes_per_rank=40 * E * 2, buffer_bytes_per_rank=8 * E * 2,
                                 page_tokens=4, stable_new_entries=True)
         space = ulacache.TpAddressSpace(cfg)
-        planner = ulacache.TpEngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
+        planner = ulacache.TpStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
     else:
         cfg = ulacache.AddressSpaceConfig(num_groups=2, entry_bytes=E, device_bytes_per_rank=6 * E * 2,
                                           host_bytes_per_rank=40 * E * 2, page_tokens=4, stable_new_entries=True)
         space = ulacache.AddressSpace(cfg)
-        planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
+        planner = ulacache.StepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
     desc = np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
     pending = None  # (fence, n)
     ok = refused = 0
@@ -121,7 +121,7 @@ def test_free_between_plan_and_complete_is_refused_and_changes_nothing():
     cfg = ulacache.AddressSpaceConfig(entry_bytes=32, device_bytes_per_rank=4 * 32, host_bytes_per_rank=32 * 32,
                                       stable_new_entries=True)
     space = ulacache.AddressSpace(cfg)
-    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
+    planner = ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
     space.add_request(1, 0)
     addrs = space.allocate(1, 12)
     space.advance_round()

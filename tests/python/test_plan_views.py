@@ -1,4 +1,4 @@
-"""EngineStepPlanner.plan views the caller's arrays: the indices and the descriptor columns
+"""StepPlanner.plan views the caller's arrays: the indices and the descriptor columns
 it writes are the caller's own memory (numpy or DLPack), the inputs are never written, the
 columns carry exactly the records' values however many descriptors a step has, and a refused
 call changes nothing: not the space, not the outputs, not last_plan_timing."""
@@ -19,7 +19,7 @@ def setup():
                                       device_bytes_per_rank=DEV * ROW * LAYERS,
                                       host_bytes_per_rank=HOST * ROW * LAYERS)
     space = ulacache.AddressSpace(cfg, backend="counting")
-    planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=TOP_K)
+    planner = ulacache.StepPlanner(space, max_batch=2, max_q_len=2, max_top_k=TOP_K)
     space.add_request(7)
     addrs = np.concatenate([space.allocate(7, 1000) for _ in range(TOKENS // 1000)])
     space.advance_round()

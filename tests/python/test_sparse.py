@@ -72,7 +72,7 @@ def test_step_planner_moves_entries_to_device():
     planner = ulacache.StepPlanner(space)
     sel = addrs[30:40].copy()
     out = np.zeros(10, np.uint32)
-    st = planner.step(0, 0, sel, out, [(1, len(sel))])  # all ten selections are request 1's
+    st = planner.step_runs(0, 0, sel, out, [(1, len(sel))])  # all ten selections are request 1's
     assert st.misses == 10 and st.distinct == 10
     pool = space.device_pool(0, 0)
     assert pool.shape == (16, ENTRY) and not pool.flags.writeable
@@ -84,7 +84,7 @@ def test_step_planner_moves_entries_to_device():
 
 def test_engine_step_library_path_writes_flashmla_indices():
     space, addrs = filled(groups=2, engine=True)
-    planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
+    planner = ulacache.StepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
     sel = np.array([[[40, 41, 2, 3], [40, 42, -1, -1]], [[43, 5, 6, -1], [-1, -1, -1, -1]]], np.int32)
     idx = np.full_like(sel, 99)
     for g in range(2):
@@ -101,7 +101,7 @@ def test_engine_step_library_path_writes_flashmla_indices():
 def engine_fixture(device_slots=8, host_slots=48, n=48, shadows=False):
     space = make_space(device_slots, host_slots, backend="counting", engine=True, row_bytes=ENTRY // 2,  # 2 layers
                        shadows=shadows)
-    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
+    planner = ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
     mem = {"device": np.zeros((2, device_slots, ENTRY // 2), np.uint8),
            "host": np.zeros((2, host_slots, ENTRY // 2), np.uint8)}
     for tier, a in mem.items():
@@ -142,7 +142,7 @@ def test_engine_path_plan_execute_complete():
 
 
 def test_engine_path_with_host_shadows_evicts_then_copies():
-    # Host shadows (include/ula/engine_step.h): victims without a shadow are EVICT descriptors
+    # Host shadows (include/ula/step_planner.h): victims without a shadow are EVICT descriptors
     # (the victim's row to evict_slot, then the fill); a fetched entry keeps its host slot, so
     # the next plan fills the same slots with plain COPYs and no victim's bytes move.
     space, planner, mem, addrs = engine_fixture(host_slots=56, shadows=True)
@@ -190,7 +190,7 @@ def test_failed_descriptor_publishes_nothing():
 
 def test_bad_input_raises_and_changes_nothing():
     space, addrs = filled(engine=True)
-    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
+    planner = ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
     space.add_request(3)  # another live request: good's addresses are not its own
     space.allocate(3, 2)
     space.add_request(2)
@@ -284,7 +284,7 @@ def test_register_engine_memory_refuses_bad_arrays():
 
 def test_equal_dtype_objects_are_accepted_without_copy():
     space, addrs = filled(engine=True)
-    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
+    planner = ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
     i32 = np.dtype(np.int32).newbyteorder("=")       # equal to int32, another object
     assert i32 is not np.dtype(np.int32)
     sel = np.array([[[40, 41, 1, -1]]], dtype=i32)
@@ -301,7 +301,7 @@ def test_two_ranks_each_plan_their_own_entries():
     space.add_request(2, rank=1)
     a0, a1 = space.allocate(1, 20), space.allocate(2, 20)
     space.advance_round()
-    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
+    planner = ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
     idx = np.zeros((1, 1, 4), np.int32)
     before = snapshot(space, list(a0) + list(a1))
     with pytest.raises(ulacache.InvalidArgumentError, match="rank 1, not rank 0"):

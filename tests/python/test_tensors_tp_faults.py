@@ -77,7 +77,7 @@ def test_dlpack_views_flat_page_table_and_int64_requests_match_numpy():
     for form in ("numpy", "dlpack", "flat", "flat_dlpack"):
         space = dp_space(engine=True)
         addrs = filled(space)
-        planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=8)
+        planner = ulacache.StepPlanner(space, max_batch=2, max_q_len=2, max_top_k=8)
         sel = select(np.random.default_rng(SEED), addrs, 2, 2, 8)
         idx = np.full_like(sel, 99)
         req64 = np.array([0, 1], np.int64)       # torch's req_pool_indices dtype
@@ -104,7 +104,7 @@ def test_dlpack_views_flat_page_table_and_int64_requests_match_numpy():
 def test_bad_tensors_are_refused_and_change_nothing():
     space = dp_space(engine=True)
     addrs = filled(space)
-    planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=8)
+    planner = ulacache.StepPlanner(space, max_batch=2, max_q_len=2, max_top_k=8)
     sel = select(np.random.default_rng(SEED), addrs, 2, 1, 8)
     idx = np.full_like(sel, 7)
     req = np.array([0, 1], np.int64)
@@ -131,14 +131,14 @@ def test_bad_tensors_are_refused_and_change_nothing():
 def test_engine_memory_as_list_or_dict_of_layers_and_refused_on_a_cpu_space():
     cpu = dp_space(engine=True)
     with pytest.raises(ulacache.FailedPreconditionError, match="counting"):
-        ulacache.EngineStepPlanner(cpu, 1, 1, 8).register_engine_memory("device", 0, 0,
+        ulacache.StepPlanner(cpu, 1, 1, 8).register_engine_memory("device", 0, 0,
                                                                         np.zeros((2, 16, ENTRY // 2), np.uint8))
     assert cpu.holds_bytes
     outcomes = []
     for form in ("stacked", "list", "dict"):
         space = dp_space(8, 48, backend="counting", engine=True, row_bytes=ENTRY // 2)
         assert not space.holds_bytes
-        planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
+        planner = ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
         mem = {"device": np.zeros((2, 8, ENTRY // 2), np.uint8), "host": np.zeros((2, 48, ENTRY // 2), np.uint8)}
         for tier, a in mem.items():
             if form == "stacked":
@@ -168,7 +168,7 @@ def test_engine_memory_as_list_or_dict_of_layers_and_refused_on_a_cpu_space():
     # gap, and separately allocated arrays are all accepted; overlapping layers are refused.
     cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=ENTRY, row_bytes=ENTRY // 4,
                                       device_bytes_per_rank=8 * ENTRY, host_bytes_per_rank=48 * ENTRY)
-    planner = ulacache.EngineStepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
+    planner = ulacache.StepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
     big = np.zeros((5, 8, ENTRY // 4), np.uint8)
     planner.register_engine_memory("device", 0, 0, [big[0], big[1], big[3], big[4]])   # a gap
     planner.register_engine_memory("device", 0, 0, [big[1], big[0], big[2], big[3]])   # descending
@@ -187,7 +187,7 @@ def test_separately_allocated_layer_tensors_at_any_addresses():
     # tier registered as a dict of its layers (at any addresses).
     layers, row = 4, ENTRY // 4
     space = dp_space(8, 48, backend="counting", engine=True, row_bytes=row)
-    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
+    planner = ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
     # Device: the layers at unequal offsets of one buffer, out of address order; host: four
     # separate allocations.
     arena = np.zeros(16384, np.uint8)
@@ -232,7 +232,7 @@ def test_library_step_under_random_faults_publishes_nothing_and_loses_nothing():
     space.set_faults_armed(False)
     addrs = filled(space, requests=3, n=30)
     shadow = {int(a): pattern(int(a), 0) for r in addrs for a in addrs[r]}
-    planner = ulacache.EngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
+    planner = ulacache.StepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
     failed = ok = 0
     out = np.empty(ENTRY, np.uint8)
     for step in range(40):
@@ -265,7 +265,7 @@ def test_library_step_under_random_faults_publishes_nothing_and_loses_nothing():
 def test_complete_with_failed_statuses_publishes_nothing_and_loses_nothing():
     rng = np.random.default_rng(SEED + 1)
     space = dp_space(device_slots=48, host_slots=160, backend="counting", engine=True, row_bytes=ENTRY // 2)
-    planner = ulacache.EngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
+    planner = ulacache.StepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
     mem = {"device": np.zeros((2, 48, ENTRY // 2), np.uint8), "host": np.zeros((2, 160, ENTRY // 2), np.uint8)}
     for tier, a in mem.items():
         planner.register_engine_memory(tier, 0, 0, a)
@@ -356,9 +356,9 @@ def test_per_layer_pools_of_unequal_groups_read_through_device_layer():
         for a in addrs:
             space.write(int(a), g, entry[g][int(a)])
     space.advance_round()
-    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=64, top_k_multiple=64)
+    planner = ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=64, top_k_multiple=64)
     with pytest.raises(ulacache.InvalidArgumentError):
-        ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=48, top_k_multiple=64)
+        ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=48, top_k_multiple=64)
     for g in (0, 1):
         sel = np.full((1, 64), -1, np.int32)
         sel[0, :30] = addrs[20:50]
@@ -402,7 +402,7 @@ def test_tp_engine_step_matches_the_tp_planner(attention):
     rng = np.random.default_rng(SEED)
     space, addrs = tp_space(attention, engine=True)
     twin, _ = tp_space(attention, engine=True)
-    engine = ulacache.TpEngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
+    engine = ulacache.TpStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
     planner = ulacache.TpStepPlanner(twin)
     assert engine.num_ranks == 2
     dev = engine.device_slots
@@ -415,7 +415,7 @@ def test_tp_engine_step_matches_the_tp_planner(attention):
         keep = sel.reshape(-1) >= 0
         compact = sel.reshape(-1)[keep].astype(np.uint32)
         runs = [(b, int((sel[b] >= 0).sum())) for b in range(3)]
-        source, slot, twin_stats = planner.step(0, compact, runs)
+        source, slot, twin_stats = planner.step_runs(0, compact, runs)
         assert [s.distinct for s in stats] == [s.distinct for s in twin_stats]
         for rank in range(2):
             want = np.full(sel.size, -1, np.int64)
@@ -451,8 +451,8 @@ def test_tp_engine_plan_and_complete_is_step(attention):
     rng = np.random.default_rng(SEED)
     space, addrs = tp_space(attention, engine=True)
     twin, _ = tp_space(attention, engine=True)
-    engine = ulacache.TpEngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
-    stepper = ulacache.TpEngineStepPlanner(twin, max_batch=3, max_q_len=2, max_top_k=8)
+    engine = ulacache.TpStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
+    stepper = ulacache.TpStepPlanner(twin, max_batch=3, max_q_len=2, max_top_k=8)
     desc = np.zeros(engine.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
     moved = fetched = 0
     for step in range(6):
@@ -560,7 +560,7 @@ def test_tp_check_refuses_as_step_would_and_changes_nothing():
     with pytest.raises(ulacache.NotFoundError):
         planner.check(0, np.concatenate([a, b]), [(1, len(a) + len(b))])    # another request's addresses
     assert space.debug_digest() == digest
-    assert ulacache.TpEngineStepPlanner(space, 1, 1, 8).ranks == [0, 1]
+    assert ulacache.TpStepPlanner(space, 1, 1, 8).ranks == [0, 1]
 
 
 def test_indexer_score_select_union_and_config_members():
@@ -593,7 +593,7 @@ def test_indexer_score_select_union_and_config_members():
 
 
 def test_tp_new_tokens_keep_their_looked_up_slot_and_the_engine_writes_there():
-    """A TpEngineStepPlanner requires stable_new_entries (a space without it is refused, its
+    """A TpStepPlanner::Create requires stable_new_entries (a space without it is refused, its
     modes unchanged), so a new token lands on its home rank's device (a victim moved to host)
     and the engine writes its KV through a writable shard view at the slot lookup gave; a token
     pinned on host (the device held only this round's entries) is counted and a step that
@@ -602,10 +602,10 @@ def test_tp_new_tokens_keep_their_looked_up_slot_and_the_engine_writes_there():
                             device_bytes_per_rank=4 * ENTRY, host_bytes_per_rank=32 * ENTRY)
     assert not cfg.stable_new_entries
     with pytest.raises(ulacache.FailedPreconditionError, match="stable_new_entries"):
-        ulacache.TpEngineStepPlanner(ulacache.TpAddressSpace(cfg), max_batch=1, max_q_len=1, max_top_k=4)
+        ulacache.TpStepPlanner(ulacache.TpAddressSpace(cfg), max_batch=1, max_q_len=1, max_top_k=4)
     cfg.stable_new_entries = True
     space = ulacache.TpAddressSpace(cfg)
-    engine = ulacache.TpEngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
+    engine = ulacache.TpStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=4)
     space.add_request(1)
     old = space.allocate(1, 12)  # 6 per rank: 4 on device, 2 pinned on host
     assert [space.num_new_on_host(r, 0) for r in range(2)] == [2, 2]
@@ -641,10 +641,10 @@ def test_tp_new_tokens_keep_their_looked_up_slot_and_the_engine_writes_there():
 
 @pytest.mark.parametrize("attention", ["at_home", "local_buffer"])
 def test_tp_reserve_round_bounds_every_rank(attention):
-    """TpEngineStepPlanner.reserve_round: Ok for a round that fits every rank's shard, refused
+    """TpStepPlanner.reserve_round: Ok for a round that fits every rank's shard, refused
     with the numbers (and nothing changed) for one whose new tokens outnumber them."""
     space, addrs = tp_space(attention, engine=True)
-    engine = ulacache.TpEngineStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
+    engine = ulacache.TpStepPlanner(space, max_batch=3, max_q_len=2, max_top_k=8)
     req = np.arange(3, dtype=np.int64)
     needed, room = engine.reserve_round(req, np.ones(3, np.uint32), np.full(3, 8, np.uint32))
     assert 0 < needed <= room

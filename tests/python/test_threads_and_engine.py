@@ -22,7 +22,7 @@ def big_space(seed):
     space.add_request(1)
     addrs = space.allocate(1, 200000)
     space.advance_round()
-    planner = ulacache.EngineStepPlanner(space, max_batch=16, max_q_len=1, max_top_k=2048)
+    planner = ulacache.StepPlanner(space, max_batch=16, max_q_len=1, max_top_k=2048)
     rng = np.random.default_rng(seed)
     sels = [rng.choice(addrs, 16 * 2048, replace=False).astype(np.int32).reshape(16, 1, 2048) for _ in range(6)]
     return space, planner, sels
@@ -97,7 +97,7 @@ def test_engine_path_runs_its_descriptors_and_publishes_only_the_done_ones():
     space = ulacache.AddressSpace(cfg, backend="counting")  # the engine owns the bytes
     space.add_request(1)
     addrs = space.allocate(1, dev_slots + host_slots)
-    planner = ulacache.EngineStepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
+    planner = ulacache.StepPlanner(space, max_batch=1, max_q_len=1, max_top_k=8)
     mem = {"device": np.zeros((1, dev_slots, entry), np.uint8), "host": np.zeros((1, host_slots, entry), np.uint8)}
     for tier, m in mem.items():
         planner.register_engine_memory(tier, 0, 0, m)

@@ -23,7 +23,7 @@ def test_torch_tensors_in_and_out_on_a_counting_space():
     cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=ENTRY, row_bytes=ENTRY // 2,
                                       device_bytes_per_rank=16 * ENTRY, host_bytes_per_rank=48 * ENTRY)
     space = ulacache.AddressSpace(cfg, backend="counting")
-    planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
+    planner = ulacache.StepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
     # vLLM-style: one tensor per layer, views of one allocation, handed over as a dict.
     dev = torch.zeros((2, 16, ENTRY // 2), dtype=torch.uint8)
     host = torch.zeros((2, 48, ENTRY // 2), dtype=torch.uint8)
@@ -66,7 +66,7 @@ def test_torch_refusals():
     space.add_request(0)
     addrs = space.allocate(0, 8)
     space.advance_round()
-    planner = ulacache.EngineStepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
+    planner = ulacache.StepPlanner(space, max_batch=2, max_q_len=2, max_top_k=4)
     sel = torch.tensor(addrs[:8].astype(np.int32)).reshape(2, 1, 4).repeat(1, 2, 1)   # [batch 2, q_len 2, 4]
     idx = torch.zeros_like(sel)
     req = torch.tensor([0, 0])
@@ -87,7 +87,7 @@ def test_vllm_tensors_as_vllm_hands_them():
     cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=row * layers, row_bytes=row,
                                       device_bytes_per_rank=dev * row * layers, host_bytes_per_rank=host * row * layers)
     space = ulacache.AddressSpace(cfg, backend="counting")
-    planner = ulacache.EngineStepPlanner(space, max_batch=8, max_q_len=1, max_top_k=8)
+    planner = ulacache.StepPlanner(space, max_batch=8, max_q_len=1, max_top_k=8)
     caches = {tier: [torch.zeros((slots // block, block, row // 2), dtype=torch.bfloat16) for _ in range(layers)]
               for tier, slots in (("device", dev), ("host", host))}
     rows = {tier: [t.view(torch.uint8).view(-1, row) for t in ts] for tier, ts in caches.items()}   # the same memory
@@ -152,7 +152,7 @@ def test_cuda_tensors_are_refused_where_a_gpu_exists():
         pytest.skip("no CUDA device: the refusal of CUDA tensors is tested without one in test_vllm_shapes.py")
     cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=1, entry_bytes=64, device_bytes_per_rank=64 * 64,
                                       host_bytes_per_rank=64 * 256)
-    planner = ulacache.EngineStepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
+    planner = ulacache.StepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
     with pytest.raises(ulacache.UnsupportedError, match="on the host"):
         planner.register_engine_memory("device", 0, 0, [torch.zeros((64, 64), dtype=torch.uint8, device="cuda")])
 
@@ -173,7 +173,7 @@ def test_plan_views_torch_tensors_and_only_torch_by_numpy():
     outs = {}
     for form in ("numpy", "torch", "copying_numpy"):
         space = ulacache.AddressSpace(cfg, backend="counting")
-        planner = ulacache.EngineStepPlanner(space, max_batch=4, max_q_len=2, max_top_k=32)
+        planner = ulacache.StepPlanner(space, max_batch=4, max_q_len=2, max_top_k=32)
         space.add_request(0)
         addrs = space.allocate(0, 200)
         space.advance_round()
@@ -192,7 +192,7 @@ def test_plan_views_torch_tensors_and_only_torch_by_numpy():
         assert (outs[form][0] == outs["numpy"][0]).all()
         assert all((outs[form][1][k] == v).all() for k, v in outs["numpy"][1].items())
     # A tensor that Tensor.numpy() refuses takes the DLPack way, and its refusal is DLPack's.
-    planner = ulacache.EngineStepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
+    planner = ulacache.StepPlanner(ulacache.AddressSpace(cfg, backend="counting"), 1, 1, 8)
     with pytest.raises(ulacache.InvalidArgumentError, match="dtype"):
         planner.plan(0, 0, torch.zeros((1, 1, 8), dtype=torch.bfloat16), np.zeros((1, 1, 8), np.int32),
                      np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE), np.array([0], np.int64))

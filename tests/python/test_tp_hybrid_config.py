@@ -25,7 +25,7 @@ def test_tp_local_buffer_and_at_home():
         space.read(int(addrs[3]), 0, out)
         assert np.array_equal(out, data)
         planner = ulacache.TpStepPlanner(space)
-        source, slot, stats = planner.step(0, addrs[:12].copy(), [(1, 12)])
+        source, slot, stats = planner.step_runs(0, addrs[:12].copy(), [(1, 12)])
         assert source.shape == (2, 12) and slot.shape == (2, 12) and len(stats) == 2
         if attention == "at_home":
             for r in range(2):
@@ -35,13 +35,13 @@ def test_tp_local_buffer_and_at_home():
             assert np.all(source != 2)
         space.check_invariants()
         with pytest.raises(ulacache.NotFoundError):
-            planner.step(0, np.array([100000], np.uint32), [(1, 1)])
+            planner.step_runs(0, np.array([100000], np.uint32), [(1, 1)])
         with pytest.raises(ulacache.InvalidArgumentError):
-            planner.step(0, addrs[:4].astype(np.int32), [(1, 4)])
+            planner.step_runs(0, addrs[:4].astype(np.int32), [(1, 4)])
         with pytest.raises(ulacache.NotFoundError):  # request 1's addresses named as request 2's (isolation)
-            planner.step(0, addrs[:4].copy(), [(2, 4)])
+            planner.step_runs(0, addrs[:4].copy(), [(2, 4)])
         with pytest.raises(ulacache.InvalidArgumentError):  # runs that do not cover the selections
-            planner.step(0, addrs[:4].copy(), [(1, 3)])
+            planner.step_runs(0, addrs[:4].copy(), [(1, 3)])
         space.free(1)
         with pytest.raises(ulacache.NotFoundError):
             space.free(1)
@@ -160,7 +160,7 @@ def test_stub_and_docstrings_cover_every_binding():
             in_stub = {b.name for b in classes[name].body if isinstance(b, ast.FunctionDef)}
             in_stub |= {b.target.id for b in classes[name].body if isinstance(b, ast.AnnAssign)}
             assert members - in_stub == set(), f"{name}: members missing from the stub"
-    for cls in (ext.AddressSpace, ext.EngineStepPlanner, ext.TpAddressSpace, ext.UnifiedBuffer, ext.PrefixCache):
+    for cls in (ext.AddressSpace, ext.StepPlanner, ext.TpAddressSpace, ext.UnifiedBuffer, ext.PrefixCache):
         assert cls.__doc__ and len(cls.__doc__) > 40
 
 

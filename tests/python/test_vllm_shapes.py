@@ -26,7 +26,7 @@ def space_and_planner(groups=1, backend="counting", max_batch=8, max_q_len=4, ma
                                       row_bytes=ROW, device_bytes_per_rank=groups * device * ROW * LAYERS,
                                       host_bytes_per_rank=groups * HOST * ROW * LAYERS)
     space = ulacache.AddressSpace(cfg, backend=backend)
-    return space, ulacache.EngineStepPlanner(space, max_batch=max_batch, max_q_len=max_q_len, max_top_k=max_top_k)
+    return space, ulacache.StepPlanner(space, max_batch=max_batch, max_q_len=max_q_len, max_top_k=max_top_k)
 
 
 class DLPackOnly:

@@ -1,6 +1,6 @@
 // DeviceStep::StoreInto / Reload (ula/device_step.h, "The space between rounds"): an engine
 // loop in which the device steps plan every group and the host space allocates, frees and
-// shares between rounds, against the same loop over EngineStepPlanner on a twin space (the
+// shares between rounds, against the same loop over StepPlanner's engine path on a twin space (the
 // same results, and the same space digest after every round); the refusals (a space changed
 // behind the step's back, another space, unstored moves, a space past the step's maxima, a
 // pending plan) change neither the space nor the step.
@@ -14,7 +14,7 @@
 #include "step/space_fixture.h"
 #include "test_seed.h"
 #include "ula/device_step.h"
-#include "ula/engine_step.h"
+#include "ula/step_planner.h"
 
 namespace ula {
 namespace {
@@ -77,7 +77,7 @@ TEST(DeviceStepStore, ServesAnEngineLoopWithHostBookkeepingBetweenRounds) {
   auto backend = MakeCountingBackend();
   auto ref = AddressSpace::Create(LoopConfig(PolicyKind::kPbLru, 48, 1024), *backend).value();
   auto twin = AddressSpace::Create(LoopConfig(PolicyKind::kKernelPbLru, 48, 1024), *backend).value();
-  auto planner = EngineStepPlanner::Create(*ref, EngineStepConfig{.max_batch = kMaxBatch, .max_q_len = 1, .max_top_k = kTopK})
+  auto planner = StepPlanner::Create(*ref, EngineStepConfig{.max_batch = kMaxBatch, .max_q_len = 1, .max_top_k = kTopK})
                      .value();
   std::vector<RequestId> live;
   std::uint64_t next_id = 0;
@@ -132,7 +132,7 @@ TEST(DeviceStepStore, ServesAnEngineLoopWithHostBookkeepingBetweenRounds) {
       }
     }
     for (auto& step : steps) ASSERT_TRUE(step->Reload(*twin, nullptr)) << "round " << round;
-    // The round's steps: the device steps plan the twin, EngineStepPlanner the reference.
+    // The round's steps: the device steps plan the twin, StepPlanner's engine path the reference.
     for (int s = 0; s < 3; ++s) {
       const GroupId g(static_cast<std::uint32_t>(rng() % kGroups));
       Batch b = RandomBatch(rng, *ref, live);

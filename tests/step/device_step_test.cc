@@ -1,4 +1,4 @@
-// DeviceStep (ula/device_step.h), its OpenMP form, against EngineStepPlanner on the same
+// DeviceStep (ula/device_step.h), its OpenMP form, against StepPlanner's engine path on the same
 // inputs: the same indices, descriptors in order, StepRecord counts, refusals (as 1 + the
 // ErrorCode) and published tables, over randomized steps with injected copy failures and bad
 // selections; a failed copy publishes nothing and loses nothing; no allocation after Create
@@ -18,7 +18,6 @@
 #include "step/device_step_fixture.h"
 #include "step/space_fixture.h"
 #include "test_seed.h"
-#include "ula/engine_step.h"
 #include "ula/step_planner.h"
 
 namespace {
@@ -129,8 +128,8 @@ TEST(DeviceStep, MatchesEngineStepPlannerOnRandomSteps) {
     auto twin = BuildSpace(*backend, PolicyKind::kKernelPbLru, recent, build_seed, dev, host);
     ASSERT_EQ(ref->DebugDigest(), twin->DebugDigest()) << "pb_lru and kernel_pb_lru spaces differ after the same build";
     const EngineStepConfig ec{.max_batch = kMaxBatch, .max_q_len = kMaxQ, .max_top_k = kMaxTopK};
-    auto ref_planner = EngineStepPlanner::Create(*ref, ec).value();
-    auto twin_planner = EngineStepPlanner::Create(*twin, ec).value();
+    auto ref_planner = StepPlanner::Create(*ref, ec).value();
+    auto twin_planner = StepPlanner::Create(*twin, ec).value();
     DeviceStepConfig dc;
     dc.threads = 1 + trial % 2;
     dc.max_rows = kMaxBatch * kMaxQ;
@@ -209,7 +208,7 @@ TEST(DeviceStep, MatchesEngineStepPlannerOnRandomSteps) {
         twin->AdvanceRound();
         ASSERT_TRUE(step->AdvanceRound(nullptr));
       }
-      // The whole device state equals a fresh load of the twin space (EngineStepPlanner over
+      // The whole device state equals a fresh load of the twin space (StepPlanner's engine path over
       // kernel_pb_lru), and the twin equals the pb_lru reference (digest: tables, pools, policy).
       ASSERT_EQ(ref->DebugDigest(), twin->DebugDigest()) << "step " << s;
       auto fresh = DeviceStep::Create(*twin, Rank(0), g, dc).value();
@@ -252,7 +251,7 @@ TEST(DeviceStep, FailedCopiesPublishNothingAndLoseNothing) {
 
 // A round whose Allocate found the device full of the round's own entries places the rest on
 // host, pinned there for the round (address_space.h, stable_new_entries). The device step
-// loads such a space (it used to refuse it at Create) and makes EngineStepPlanner's decision:
+// loads such a space (it used to refuse it at Create) and makes StepPlanner's decision:
 // a step that would move a pinned entry is refused with kResourceExhausted and changes
 // nothing, though free device slots could take it; after AdvanceRound (on the step) the
 // pinned entries move into them.
@@ -275,7 +274,7 @@ TEST(DeviceStep, NewEntriesOnHostStayThereForTheRound) {
   const DeviceStepConfig dc{.max_rows = 1, .max_batch = 1, .max_top_k = 8};
   auto step = DeviceStep::Create(*space, Rank(0), GroupId(0), dc);
   ASSERT_TRUE(step) << step.error().ToString();
-  auto planner = EngineStepPlanner::Create(*twin, {.max_batch = 1, .max_q_len = 1, .max_top_k = 8}).value();
+  auto planner = StepPlanner::Create(*twin, {.max_batch = 1, .max_q_len = 1, .max_top_k = 8}).value();
   const auto mine = space->AddressesOf(RequestId(0)).value();
   std::vector<std::int32_t> dense(8, -1);
   for (std::size_t i = 0; i < mine.size(); ++i) dense[i] = static_cast<std::int32_t>(mine[i].value());

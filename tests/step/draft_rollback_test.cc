@@ -18,7 +18,7 @@
 #include "step/space_fixture.h"
 #include "test_seed.h"
 #include "ula/address_space.h"
-#include "ula/engine_step.h"
+#include "ula/step_planner.h"
 
 namespace ula {
 namespace {
@@ -60,7 +60,7 @@ MtpResult RunMtp(std::uint64_t seed, std::uint32_t device_slots, std::uint32_t r
   cfg.stable_new_entries = true;
   auto space = AddressSpace::Create(cfg, *backend).value();
   constexpr std::uint32_t kBatch = 4, kTopK = 16, kQ = 1 + kDrafts;
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = kBatch, .max_q_len = kQ, .max_top_k = kTopK}).value();
+  auto planner = StepPlanner::Create(*space, {.max_batch = kBatch, .max_q_len = kQ, .max_top_k = kTopK}).value();
   Pools mem[kNumTiers][kGroups];
   for (std::uint32_t g = 0; g < kGroups; ++g) {
     mem[0][g] = {device_slots, std::vector<std::byte>(std::size_t{kLayers} * device_slots * kRow)};

@@ -25,7 +25,7 @@
 #include "step/space_fixture.h"
 #include "test_seed.h"
 #include "ula/address_space.h"
-#include "ula/engine_step.h"
+#include "ula/step_planner.h"
 
 namespace ula {
 namespace {
@@ -87,7 +87,7 @@ LoopResult RunLoop(std::uint32_t device_slots, std::uint32_t host_slots, std::ve
   cfg.stable_new_entries = true;  // the engine path's mode (step/engine_modes.h)
   auto space = AddressSpace::Create(cfg, *backend).value();
   const std::uint32_t batch = static_cast<std::uint32_t>(prompts.size());
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = batch, .max_q_len = 1, .max_top_k = top_k}).value();
+  auto planner = StepPlanner::Create(*space, {.max_batch = batch, .max_q_len = 1, .max_top_k = top_k}).value();
   LayerPools mem[kNumTiers][kGroups];
   for (std::uint32_t g = 0; g < kGroups; ++g) {
     mem[0][g] = {device_slots, std::vector<std::byte>(std::size_t{kLayers} * device_slots * kRowBytes)};
@@ -292,7 +292,7 @@ TEST(EngineLoop, NewEntriesOnHostStayFindableWhenPagesAreReusedOutOfOrder) {
   AddressSpaceConfig c = testing::EngineModes(testing::SmallConfig(4, 16));
   c.page_tokens = 2;
   auto space = AddressSpace::Create(c, *backend).value();
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
+  auto planner = StepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
   for (std::uint64_t r = 1; r <= 4; ++r) ASSERT_TRUE(space->AddRequest(RequestId(r), Rank(0)));
   ASSERT_TRUE(space->Allocate(RequestId(2), 2));  // page 0
   ASSERT_TRUE(space->Allocate(RequestId(3), 2));  // page 1: the device (4 slots) is full
@@ -331,7 +331,7 @@ TEST(EngineLoop, NewEntriesOnHostStayFindableWhenPagesAreReusedOutOfOrder) {
 TEST(EngineLoop, NewEntryPlacedOnHostStaysThereForItsRound) {
   auto backend = MakeCpuBackend();
   auto space = AddressSpace::Create(testing::EngineModes(testing::SmallConfig(4, 16)), *backend).value();
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 2}).value();
+  auto planner = StepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 2}).value();
   ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
   ASSERT_TRUE(space->AddRequest(RequestId(2), Rank(0)));
   ASSERT_TRUE(space->Allocate(RequestId(2), 2));

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ula/address_space.h"
-#include "ula/engine_step.h"
+#include "ula/step_planner.h"
 
 namespace ula {
 namespace {
@@ -41,7 +41,7 @@ TEST(EngineMemoryLayout, LayersRowsOrSlotsThatDisagreeWithTheConfigAreRefusedWit
                         Case{656, 2, 656, 128, ""}}) {
     SCOPED_TRACE(k.says);
     auto space = AddressSpace::Create(Config(k.config_row, 64), *backend).value();
-    auto planner = EngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
+    auto planner = StepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
     auto s = planner->RegisterEngineMemory(Tier::kDevice, Rank(0), GroupId(0),
                                            EngineRegion{base, std::uint64_t{k.slots} * k.layer_bytes, k.layer_bytes,
                                                         k.layers, k.slots});
@@ -61,7 +61,7 @@ TEST(EngineMemoryLayout, LayersRowsOrSlotsThatDisagreeWithTheConfigAreRefusedWit
 TEST(EngineMemoryLayout, DescriptorsDescribeTheRegisteredLayers) {
   auto backend = MakeCountingBackend();
   auto space = AddressSpace::Create(Config(656, 64), *backend).value();
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 8}).value();
+  auto planner = StepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 8}).value();
   std::vector<std::byte> dev(std::size_t{2} * 64 * 656), host(std::size_t{2} * 256 * 656);
   auto region = [](std::vector<std::byte>& m, std::uint32_t slots) {
     return EngineRegion{reinterpret_cast<std::uintptr_t>(m.data()), std::uint64_t{slots} * 656, 656, 2, slots};

@@ -1,4 +1,4 @@
-// EngineStepPlanner::Step (the library path: Plan, CopyPublish, Complete) under injected
+// StepPlanner::Step (the library path: Plan, CopyPublish, Complete) under injected
 // transfer failures (backend/fault_backend.h): after every step, failed or not, every
 // entry reads its own bytes at its published location (none lost, none published before
 // its bytes arrived), every invariant holds, and a failed step reports kIo naming each

@@ -1,4 +1,4 @@
-// Test helpers for the engine step API (engine_step.h), shared by its tests:
+// Test helpers for the engine step API (step_planner.h), shared by its tests:
 //   - EngineMemory: engine-owned memory of one pool, one buffer per layer
 //     ([slots][layer_bytes] each, as vLLM and SGLang allocate a tensor per layer) at
 //     unequally spaced addresses, registered through RegisterEngineMemory's layer_bases form;
@@ -16,7 +16,7 @@
 
 #include "backend/fault_backend.h"
 #include "step/space_fixture.h"
-#include "ula/engine_step.h"
+#include "ula/step_planner.h"
 
 namespace ula::testing {
 
@@ -47,7 +47,7 @@ struct EngineMemory {
   std::byte* At(std::uint32_t l, std::uint32_t slot) {
     return reinterpret_cast<std::byte*>(bases[l]) + std::size_t{slot} * layer_bytes;
   }
-  Status Register(EngineStepPlanner& planner, Tier tier) const {
+  Status Register(StepPlanner& planner, Tier tier) const {
     return planner.RegisterEngineMemory(tier, Rank(0), GroupId(0), bases, layer_bytes, slots);
   }
   // The entry at `slot`: its layers' rows side by side.
@@ -66,7 +66,7 @@ struct FaultStepSpace {
   std::unique_ptr<Backend> cpu;
   std::unique_ptr<FaultInjectingBackend> faults;  // over cpu; disarmed outside ArmedStep
   std::unique_ptr<AddressSpace> space;
-  std::unique_ptr<EngineStepPlanner> planner;
+  std::unique_ptr<StepPlanner> planner;
   std::map<std::uint32_t, std::vector<std::byte>> shadow;  // [live address] the bytes it must read
 
   FaultStepSpace(const FaultPlan& plan, std::uint32_t device_slots, std::uint32_t host_slots,
@@ -75,7 +75,7 @@ struct FaultStepSpace {
     faults = MakeFaultInjectingBackend(*cpu, plan).value();
     faults->set_armed(false);
     space = AddressSpace::Create(EngineModes(SmallConfig(device_slots, host_slots, 1, 1, entry_bytes)), *faults).value();
-    planner = EngineStepPlanner::Create(*space, ec).value();
+    planner = StepPlanner::Create(*space, ec).value();
   }
 
   // n new entries of `request` (added on first use), written with Pattern(a, 0, entry,

@@ -1,4 +1,4 @@
-// EngineStepPlanner under faults: a library Step on a fault-injecting
+// StepPlanner's engine path under faults: a library Step on a fault-injecting
 // backend (src/backend/fault_backend.h), and a Complete with failed statuses on engine-run
 // descriptors, publish nothing they did not copy and lose no entry's bytes: after every
 // step, under random faults (seeded, printed), every live entry reads back its shadow
@@ -95,7 +95,7 @@ TEST(EngineStepFaults, CompleteWithFailedStatusesPublishesNothingAndLosesNothing
   AddressSpaceConfig cfg = testing::EngineModes(SmallConfig(kDev, kHost, 1, 1, kEntry));
   cfg.row_bytes = kLayerBytes;  // kLayers layers of kLayerBytes, as the engine memory registers them
   auto space = AddressSpace::Create(cfg, *counting).value();
-  auto planner = EngineStepPlanner::Create(*space, {kRequests, 2, 8}).value();
+  auto planner = StepPlanner::Create(*space, {kRequests, 2, 8}).value();
   // Each layer's buffer on its own, not equally spaced (engine_step_fixture.h).
   EngineMemory mem[2] = {EngineMemory(kLayers, kLayerBytes, kDev), EngineMemory(kLayers, kLayerBytes, kHost)};
   ASSERT_TRUE(mem[0].Register(*planner, Tier::kDevice));

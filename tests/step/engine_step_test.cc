@@ -1,7 +1,7 @@
-// EngineStepPlanner: FlashMLA-layout indices, the engine-executed path (a failed
+// StepPlanner's engine path: FlashMLA-layout indices, the engine-executed path (a failed
 // descriptor publishes nothing and loses no bytes), bad input changes nothing, and no
 // allocation per step (a counting global operator new, this binary only).
-#include "ula/engine_step.h"
+#include "ula/step_planner.h"
 
 #include <gtest/gtest.h>
 
@@ -68,7 +68,7 @@ struct EngineMemory {
 struct EngineFixture {
   std::unique_ptr<Backend> backend = MakeCountingBackend();
   std::unique_ptr<AddressSpace> space;
-  std::unique_ptr<EngineStepPlanner> planner;
+  std::unique_ptr<StepPlanner> planner;
   EngineMemory mem[kNumTiers];
 
   EngineFixture(std::uint32_t dev, std::uint32_t host, const EngineStepConfig& ec, bool shadows = false) {
@@ -76,7 +76,7 @@ struct EngineFixture {
     cfg.host_shadows = shadows;
     cfg.row_bytes = kLayerBytes;  // kLayers layers of kLayerBytes, as the engine memory registers them
     space = AddressSpace::Create(cfg, *backend).value();
-    planner = EngineStepPlanner::Create(*space, ec).value();
+    planner = StepPlanner::Create(*space, ec).value();
     mem[0] = {std::vector<std::byte>(std::size_t{dev} * kEntry), dev};
     mem[1] = {std::vector<std::byte>(std::size_t{host} * kEntry), host};
     EXPECT_TRUE(planner->RegisterEngineMemory(Tier::kDevice, Rank(0), GroupId(0), mem[0].Region()));
@@ -127,7 +127,7 @@ TEST(EngineStep, LibraryStepWritesFlashMlaIndices) {
     for (std::uint32_t g = 0; g < 2; ++g) ASSERT_TRUE(space->Write(a, GroupId(g), Pattern(a, g, 32)));
   }
   space->AdvanceRound();  // the new entries are evictable from now on
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 2, .max_q_len = 2, .max_top_k = 3}).value();
+  auto planner = StepPlanner::Create(*space, {.max_batch = 2, .max_q_len = 2, .max_top_k = 3}).value();
   // [batch 2][q_len 2][top_k 3]: the last query of request 1 has one entry, then padding.
   const std::vector<std::int32_t> sel = {20, 21, 2, 3, 20, 22, 23, 5, 6, 2, -1, -1};
   std::vector<std::int32_t> idx(sel.size(), 12345);
@@ -239,7 +239,7 @@ TEST(EngineStep, FailedDescriptorPublishesNothingAndLosesNoBytes) {
   EXPECT_GT(failures, 10u);
 }
 
-// Host shadows in the engine path (engine_step.h, "Host shadows"): a victim without a
+// Host shadows in the engine path (step_planner.h, "Host shadows"): a victim without a
 // shadow is evicted to a host slot of its own (kEvict: its row out, then the fill), so the
 // fetched entry keeps its host slot as a shadow; the next time it is a victim its slot is
 // filled by a plain copy and it is published at its shadow, with no bytes moved for it.
@@ -415,7 +415,7 @@ TEST(EngineStep, CreateRefusesASpaceWithoutStableNewEntries) {
   ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
   ASSERT_TRUE(space->Allocate(RequestId(1), 3));
   const std::uint64_t before = space->DebugDigest();
-  auto refused = EngineStepPlanner::Create(*space, {});
+  auto refused = StepPlanner::Create(*space, {});
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().code(), ErrorCode::kFailedPrecondition);
   EXPECT_NE(refused.error().message().find("AddressSpaceConfig.stable_new_entries"), std::string::npos)
@@ -424,7 +424,41 @@ TEST(EngineStep, CreateRefusesASpaceWithoutStableNewEntries) {
   EXPECT_FALSE(space->config().stable_new_entries);
   // With the mode set at the space's Create, the same call succeeds.
   auto stable = AddressSpace::Create(testing::EngineModes(SmallConfig(4, 16)), *backend).value();
-  EXPECT_TRUE(EngineStepPlanner::Create(*stable, {}));
+  EXPECT_TRUE(StepPlanner::Create(*stable, {}));
+}
+
+// A planner made by its constructor has the library path only: the engine path's calls are
+// refused (kFailedPrecondition, naming Create) and change nothing, even over a space with the
+// engine's modes; the library path runs on it, over any space.
+TEST(EngineStep, ConstructedPlannerRefusesTheEnginePath) {
+  auto backend = MakeCountingBackend();
+  auto space = AddressSpace::Create(testing::EngineModes(SmallConfig(4, 16)), *backend).value();
+  ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
+  const std::vector<LogicalAddr> addrs = space->Allocate(RequestId(1), 3).value();
+  StepPlanner planner(*space);
+  EXPECT_EQ(planner.max_descriptors(), 0u);
+  const std::uint64_t before = space->DebugDigest();
+  const std::vector<RequestId> requests = {RequestId(1)};
+  const std::vector<std::int32_t> sel = {static_cast<std::int32_t>(addrs[0].value())};
+  std::vector<std::int32_t> idx(1, 77);
+  std::vector<CopyDescriptor> desc(4);
+  auto refused = planner.Plan(Rank(0), GroupId(0), {1, 1, 1}, requests, sel, idx, desc);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(refused.error().message().find("StepPlanner::Create"), std::string::npos) << refused.error().ToString();
+  auto stepped = planner.Step(Rank(0), GroupId(0), {1, 1, 1}, requests, sel, idx);
+  ASSERT_FALSE(stepped);
+  EXPECT_EQ(stepped.error().code(), ErrorCode::kFailedPrecondition);
+  const std::vector<RoundDemand> demands = {{RequestId(1), 1, 1}};
+  auto reserved = planner.ReserveRound(Rank(0), demands);
+  ASSERT_FALSE(reserved);
+  EXPECT_EQ(reserved.error().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(idx[0], 77) << "a refused plan writes no index";
+  EXPECT_EQ(space->DebugDigest(), before) << "the refusals change nothing";
+  std::vector<SlotId> out(1);
+  const std::vector<SelectionRun> runs = {{RequestId(1), 1}};
+  ASSERT_TRUE(planner.Step(StepInput{Rank(0), GroupId(0), std::span(addrs).first(1), runs}, out));
+  EXPECT_EQ(out[0], space->Lookup(addrs[0], GroupId(0)).value().slot());
 }
 
 TEST(EngineStep, BadInputChangesNothing) {
@@ -617,7 +651,7 @@ TEST(EngineStep, NoAllocationPerStep) {
   }
   // The library Step with misses, on a fixture of its own (its copies run on the library's
   // backend, not over the engine memory the first fixture checks): it allocates only the
-  // backend's CopyBatch vectors (host->device fetch and swap: engine_step.h), never more.
+  // backend's CopyBatch vectors (host->device fetch and swap: step_planner.h), never more.
   {
     EngineFixture g(96, 256, {.max_batch = kBatch, .max_q_len = 1, .max_top_k = kTopK});
     std::vector<std::vector<LogicalAddr>> greqs;

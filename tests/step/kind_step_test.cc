@@ -1,7 +1,7 @@
 // The host step over a DeepSeek-V4-Flash space (SpaceConfigOfModel; docs/ARCHITECTURE.md,
 // "Kinds"): the indexer's top-k of C4 entries goes through the one DP host step as any
 // selection does. A decode loop with drafts over a device pool smaller than the C4 history,
-// through StepPlanner (the library path) and EngineStepPlanner (plan, the descriptors on
+// through StepPlanner's library path and its engine path (plan, the descriptors on
 // engine memory, complete): every selection's slot holds its entry's bytes, the descriptors
 // name C4 entries' slots only, no step changes any kind's page table (KindPagesOf), and a
 // selection that is not a live C4 entry of its request is refused with nothing changed.
@@ -19,7 +19,6 @@
 #include "v4_flash.h"
 #include "ula/address_space.h"
 #include "ula/backend.h"
-#include "ula/engine_step.h"
 #include "ula/step_planner.h"
 
 namespace ula {
@@ -185,9 +184,9 @@ TEST(KindStep, EnginePlanMovesOnlyC4EntriesAndKeepsEveryKindsPages) {
   ASSERT_TRUE(space) << space.error().ToString();
   AddressSpace& s = **space;
   const std::uint32_t groups = s.config().num_groups;
-  auto created = EngineStepPlanner::Create(s, {.max_batch = kRequests, .max_q_len = 1, .max_top_k = kTopK});
+  auto created = StepPlanner::Create(s, {.max_batch = kRequests, .max_q_len = 1, .max_top_k = kTopK});
   ASSERT_TRUE(created) << created.error().ToString();
-  EngineStepPlanner& planner = **created;
+  StepPlanner& planner = **created;
   std::vector<Pool> mem[kNumTiers];
   for (std::uint32_t g = 0; g < groups; ++g) {
     mem[0].push_back({s.config().device_slots_per_group(), {}});
@@ -302,7 +301,7 @@ TEST(KindStep, BadSelectionIsRefusedAndChangesNothing) {
   s.AdvanceRound();
   const auto own = s.AddressesOf(rs[0]).value();
   const LogicalAddr other = s.AddressesOf(rs[1]).value().front();
-  auto engine = EngineStepPlanner::Create(s, {.max_batch = 1, .max_q_len = 1, .max_top_k = 2});
+  auto engine = StepPlanner::Create(s, {.max_batch = 1, .max_q_len = 1, .max_top_k = 2});
   ASSERT_TRUE(engine) << engine.error().ToString();
   StepPlanner host(s);
   const std::uint64_t digest = s.DebugDigest();

@@ -1,5 +1,5 @@
 // No abort from misuse (docs/ARCHITECTURE.md "Draft rollback and the engine
-// step's contract with the scheduler"): between EngineStepPlanner::Plan
+// step's contract with the scheduler"): between StepPlanner::Plan
 // and Complete the space refuses every call that could change an entry, slot or victim the
 // plan's descriptors name (Free, Truncate, Allocate, Write, ShareInto, Release, another
 // planner's Plan, a StepPlanner's Step) with kFailedPrecondition and nothing changed; AdvanceRound keeps the
@@ -12,10 +12,9 @@
 #include "step/space_fixture.h"
 #include "tp/tp_fixture.h"
 #include "ula/address_space.h"
-#include "ula/engine_step.h"
 #include "ula/step_planner.h"
 #include "ula/tp_address_space.h"
-#include "ula/tp_engine_step.h"
+#include "ula/tp_step_planner.h"
 
 namespace ula {
 namespace {
@@ -42,8 +41,8 @@ void ExpectEveryMutationRefused(Space& space, RequestId owner, std::span<const L
 TEST(PendingPlan, EveryCallThatWouldInvalidateItIsRefusedAndChangesNothing) {
   auto backend = MakeCpuBackend();
   auto space = AddressSpace::Create(testing::EngineModes(testing::SmallConfig(4, 32)), *backend).value();
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
-  auto other = EngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
+  auto planner = StepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
+  auto other = StepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
   ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
   ASSERT_TRUE(space->AddRequest(RequestId(77), Rank(0)));
   auto a = space->Allocate(RequestId(1), 12).value();
@@ -95,7 +94,7 @@ TEST(PendingPlan, APlannerDestroyedWithAPlanPendingReleasesTheSpace) {
   auto a = space->Allocate(RequestId(1), 4).value();
   space->AdvanceRound();
   {
-    auto planner = EngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
+    auto planner = StepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
     const std::vector<RequestId> rows{RequestId(1)};
     const std::vector<std::int32_t> sel{0, 1, 2, 3};
     std::vector<std::int32_t> idx(4);
@@ -109,7 +108,7 @@ TEST(PendingPlan, APlannerDestroyedWithAPlanPendingReleasesTheSpace) {
 TEST(PendingPlan, TpSpaceRefusesTheSameCallsWhileATpPlanIsPending) {
   auto backend = MakeCpuBackend();
   auto space = TpAddressSpace::Create(testing::TpEngineModes(testing::SmallTpConfig(2, 4, 32, 8)), *backend).value();
-  auto planner = TpEngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
+  auto planner = TpStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
   ASSERT_TRUE(space->AddRequest(RequestId(1)));
   ASSERT_TRUE(space->AddRequest(RequestId(77)));
   auto a = space->Allocate(RequestId(1), 20).value();

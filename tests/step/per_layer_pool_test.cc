@@ -10,7 +10,7 @@
 #include "step/space_fixture.h"
 
 #include "ula/address_space.h"
-#include "ula/engine_step.h"
+#include "ula/step_planner.h"
 
 namespace ula {
 namespace {
@@ -114,7 +114,7 @@ TEST(PerLayerPools, DescriptorsAreInPerLayerCoordinates) {
     for (std::uint32_t g = 0; g < 2; ++g) ASSERT_TRUE(space->Write(a, GroupId(g), Entry(a, g, layers[g])));
   }
   space->AdvanceRound();
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 64}).value();
+  auto planner = StepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 64}).value();
   std::vector<std::int32_t> sel(64), idx(64);
   for (std::uint32_t k = 0; k < 64; ++k) sel[k] = static_cast<std::int32_t>(addrs[(k * 7) % 250].value());
   const std::vector<RequestId> rows{RequestId(1)};
@@ -152,7 +152,7 @@ TEST(PerLayerPools, DescriptorsAreInPerLayerCoordinates) {
 TEST(PerLayerPools, EngineRegionsOfEachGroupsLayerCount) {
   auto backend = MakeCountingBackend();
   auto space = AddressSpace::Create(testing::EngineModes(TwoAndOne()), *backend).value();
-  auto planner = EngineStepPlanner::Create(*space, {}).value();
+  auto planner = StepPlanner::Create(*space, {}).value();
   std::vector<std::byte> two(2ull * 128 * kRow), one(128ull * kRow);
   const auto base2 = reinterpret_cast<std::uintptr_t>(two.data()), base1 = reinterpret_cast<std::uintptr_t>(one.data());
   EXPECT_TRUE(planner->RegisterEngineMemory(Tier::kDevice, Rank(0), GroupId(0), {base2, 128ull * kRow, kRow, 2, 128}));
@@ -169,8 +169,8 @@ TEST(PerLayerPools, TopKMultipleOf64IsEnforcedWhenAsked) {
   auto space = AddressSpace::Create(testing::EngineModes(TwoAndOne()), *backend).value();
   ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
   auto addrs = space->Allocate(RequestId(1), 100).value();
-  EXPECT_FALSE(EngineStepPlanner::Create(*space, {.max_top_k = 100, .top_k_multiple = 64}));
-  auto planner = EngineStepPlanner::Create(*space, {.max_top_k = 128, .top_k_multiple = 64}).value();
+  EXPECT_FALSE(StepPlanner::Create(*space, {.max_top_k = 100, .top_k_multiple = 64}));
+  auto planner = StepPlanner::Create(*space, {.max_top_k = 128, .top_k_multiple = 64}).value();
   std::vector<std::int32_t> sel(100, -1), idx(100);
   sel[0] = static_cast<std::int32_t>(addrs[0].value());
   const std::vector<RequestId> rows{RequestId(1)};

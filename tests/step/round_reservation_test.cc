@@ -1,4 +1,4 @@
-// Admission that guarantees the round (EngineStepPlanner::ReserveRound, docs/ARCHITECTURE.md
+// Admission that guarantees the round (StepPlanner::ReserveRound, docs/ARCHITECTURE.md
 // "Draft rollback and the engine step's contract with the scheduler"): a vLLM-shaped decode
 // loop whose selections outgrow the device. Scheduled by its token budget alone, a round's
 // plan is refused after the round's tokens were allocated (the engine cannot take back a
@@ -13,7 +13,7 @@
 #include "step/space_fixture.h"
 #include "test_seed.h"
 #include "ula/address_space.h"
-#include "ula/engine_step.h"
+#include "ula/step_planner.h"
 
 namespace ula {
 namespace {
@@ -28,7 +28,7 @@ LoopCounts RunLoop(bool reserve, std::uint64_t seed) {
   auto backend = MakeCountingBackend();
   AddressSpaceConfig cfg = testing::EngineModes(testing::SmallConfig(200, 4096, 1, kGroups));
   auto space = AddressSpace::Create(cfg, *backend).value();
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = kRequests, .max_q_len = 1, .max_top_k = kTopK}).value();
+  auto planner = StepPlanner::Create(*space, {.max_batch = kRequests, .max_q_len = 1, .max_top_k = kTopK}).value();
   std::vector<RequestId> running;
   for (std::uint32_t r = 1; r <= kRequests; ++r) {
     EXPECT_TRUE(space->AddRequest(RequestId(r), Rank(0)));
@@ -104,7 +104,7 @@ TEST(RoundReservation, AReservedRoundsPlansAreNeverRefused) {
 TEST(RoundReservation, BadDemandsAreRefusedAndChangeNothing) {
   auto backend = MakeCountingBackend();
   auto space = AddressSpace::Create(testing::EngineModes(testing::SmallConfig(16, 64, 2)), *backend).value();
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 2, .max_q_len = 2, .max_top_k = 4}).value();
+  auto planner = StepPlanner::Create(*space, {.max_batch = 2, .max_q_len = 2, .max_top_k = 4}).value();
   ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
   ASSERT_TRUE(space->AddRequest(RequestId(2), Rank(1)));
   ASSERT_TRUE(space->Allocate(RequestId(1), 10));
@@ -155,7 +155,7 @@ TEST(EngineStepConfig, MaxRowsSizesATokenBudget) {
   ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
   const auto addrs = space->Allocate(RequestId(1), 8).value();
   space->AdvanceRound();
-  auto planner = EngineStepPlanner::Create(*space, {.max_batch = 4, .max_q_len = 4, .max_top_k = 2, .max_rows = 4}).value();
+  auto planner = StepPlanner::Create(*space, {.max_batch = 4, .max_q_len = 4, .max_top_k = 2, .max_rows = 4}).value();
   std::vector<CopyDescriptor> desc(planner->max_descriptors());
   const std::vector<RequestId> one{RequestId(1)};
   std::vector<std::int32_t> sel(8), idx(8);

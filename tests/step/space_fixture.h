@@ -28,7 +28,7 @@ inline AddressSpaceConfig SmallConfig(std::uint32_t device_slots, std::uint32_t 
 }
 
 // The modes the engine path requires of a space (step/engine_modes.h): stable new entries
-// on, host shadows off. EngineStepPlanner and DeviceStep refuse any other space.
+// on, host shadows off. StepPlanner's engine path and DeviceStep refuse any other space.
 inline AddressSpaceConfig EngineModes(AddressSpaceConfig c) {
   c.stable_new_entries = true;
   c.host_shadows = false;

@@ -7,7 +7,7 @@
 // and bad input must change nothing, and injected copy faults must lose nothing and publish
 // nothing early.
 //
-// The forms: the serial host step, the reference (StepPlanner), the engine path (EngineStepPlanner: Plan, copies, Complete) and the device step's OpenMP
+// The forms: the serial host step, the reference (StepPlanner), the engine path (StepPlanner::Plan, copies, Complete) and the device step's OpenMP
 // form (DeviceStep: Reload, Plan, copies, Complete, StoreInto). They must agree, not only
 // pass: on the same seed every form makes the same decisions, so the counts of steps,
 // refusals, hits, fetches and swaps are the host reference's. A form that cannot run a mode is
@@ -121,7 +121,7 @@ INSTANTIATE_TEST_SUITE_P(Forms, StepConformance,
                          [](const auto& info) { return std::string(PlannerFormName(info.param)); });
 
 // Host shadows, with injected faults: the engine path (its plans evict to shadows and to
-// host slots of the victims' own, engine_step.h) decides as the host step does: the same
+// host slots of the victims' own, step_planner.h) decides as the host step does: the same
 // steps, refusals, hits, fetches, swaps and evictions to a shadow, and loses nothing.
 TEST(StepConformanceShadows, TheEnginePathDecidesAsTheHostStep) {
   ULA_TEST_SEEDED(seed, 20261207);

@@ -7,7 +7,7 @@
 // changes nothing. The device pools are small, so most steps evict: the T-thread planner
 // claims its victims on its threads (PbLru::ClaimVictimsParallel, from one victim up for
 // T = 2 and 4, from 200 up for T = 3, so both paths run), and the test checks that it did.
-// The engine path (EngineStepPlanner::Plan / Complete) runs the same step (src/step/dp_step.h)
+// The engine path (StepPlanner::Plan / Complete) runs the same step (src/step/step_planner_impl.h)
 // and takes the same options: its indices, descriptors and errors must not depend on T either.
 // Labelled `threaded`: it also runs under ThreadSanitizer.
 #include <gtest/gtest.h>
@@ -21,7 +21,6 @@
 #include "test_seed.h"
 #include "ula/address_space.h"
 #include "ula/backend.h"
-#include "ula/engine_step.h"
 #include "ula/step_planner.h"
 
 namespace ula {
@@ -248,8 +247,8 @@ TEST(EngineStepThreads, SameIndicesDescriptorsAndErrorsAsOneThread) {
     auto space_one = AddressSpace::Create(c, *backend_one).value();
     auto space_many = AddressSpace::Create(c, *backend_many).value();
     const EngineStepConfig ec{.max_batch = kBatch, .max_q_len = 1, .max_top_k = kTopK};
-    auto one = EngineStepPlanner::Create(*space_one, ec).value();
-    auto many = EngineStepPlanner::Create(*space_many, ec).value();
+    auto one = StepPlanner::Create(*space_one, ec).value();
+    auto many = StepPlanner::Create(*space_many, ec).value();
     ASSERT_TRUE(many->SetOptions({threads, 8, 1}));  // victims claimed on the threads from one up
     EXPECT_EQ(many->options().threads, threads);
     std::vector<RequestId> live;

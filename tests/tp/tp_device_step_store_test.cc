@@ -1,7 +1,7 @@
 // DeviceStep::StoreInto / Reload over a TP space (ula/device_step.h, "The space between
 // rounds"): every rank's device steps plan their shards (Check, the verdicts' MAX, Claim,
 // Complete) and the host space allocates, frees and shares between rounds, against the same
-// loop over TpEngineStepPlanner on a twin space: the same indices and descriptors per rank,
+// loop over TpStepPlanner on a twin space: the same indices and descriptors per rank,
 // the same space digest after every round; a space changed behind a shard's step is refused.
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 #include "tp/tp_fixture.h"
 #include "ula/backend.h"
 #include "ula/device_step.h"
-#include "ula/tp_engine_step.h"
+#include "ula/tp_step_planner.h"
 
 namespace ula {
 namespace {
@@ -42,7 +42,7 @@ TEST(TpDeviceStepStore, ServesAnEngineLoopWithHostBookkeepingBetweenRounds) {
   auto ref = TpAddressSpace::Create(LoopConfig(), *backend).value();
   auto twin = TpAddressSpace::Create(LoopConfig(), *backend).value();
   auto planner =
-      TpEngineStepPlanner::Create(*ref, EngineStepConfig{.max_batch = kMaxBatch, .max_q_len = 1, .max_top_k = kTopK}).value();
+      TpStepPlanner::Create(*ref, EngineStepConfig{.max_batch = kMaxBatch, .max_q_len = 1, .max_top_k = kTopK}).value();
   std::vector<RequestId> live;
   std::uint64_t next_id = 1;
   auto add_request = [&](std::uint32_t tokens) {

@@ -1,7 +1,7 @@
 // DeviceStep in TP mode (ula/device_step.h, "TP attention at home"), its OpenMP form: one
 // device step per (rank, group) shard of a TP space, each rank's Check, the verdicts reduced
 // with MAX (the engine's all-reduce, done here by hand), each rank's Claim and Complete,
-// against TpEngineStepPlanner's Plan / Complete (every rank in one process) on the same
+// against TpStepPlanner's Plan / Complete (every rank in one process) on the same
 // space: per rank the same indices (-1 for another rank's entries), that rank's slice of the
 // descriptors, its stats, the same refusals (one rank's refusal refuses every rank), and the
 // whole device state equal to a fresh copy of the reference after every step, over
@@ -19,7 +19,7 @@
 #include "tp/tp_fixture.h"
 #include "ula/backend.h"
 #include "ula/device_step.h"
-#include "ula/tp_engine_step.h"
+#include "ula/tp_step_planner.h"
 
 namespace ula {
 namespace {
@@ -150,7 +150,7 @@ void RunDifferential(std::uint32_t ranks, std::uint32_t threads, std::uint64_t s
   auto backend = MakeCpuBackend();
   auto ref = BuildSpace(*backend, ranks, 20 + static_cast<std::uint32_t>(rng() % 12), rng());
   const EngineStepConfig ec{.max_batch = kMaxBatch, .max_q_len = kMaxQ, .max_top_k = kMaxTopK};
-  auto planner = TpEngineStepPlanner::Create(*ref, ec).value();
+  auto planner = TpStepPlanner::Create(*ref, ec).value();
   const DeviceStepConfig dc = StepConfig(threads);
   Ranks k = MakeRanks(*ref, dc);
   std::vector<std::int32_t> ref_indices;
@@ -272,12 +272,12 @@ void RunDifferential(std::uint32_t ranks, std::uint32_t threads, std::uint64_t s
   EXPECT_GT(elsewhere, 50);
 }
 
-TEST(TpDeviceStep, MatchesTpEngineStepPlannerOnTwoRanks) {
+TEST(TpDeviceStep, MatchesTpStepPlannerOnTwoRanks) {
   ULA_TEST_SEEDED(seed, 20261202);
   RunDifferential(2, 1, seed);
 }
 
-TEST(TpDeviceStep, MatchesTpEngineStepPlannerOnThreeRanksAndTwoThreads) {
+TEST(TpDeviceStep, MatchesTpStepPlannerOnThreeRanksAndTwoThreads) {
   ULA_TEST_SEEDED(seed, 20261203);
   RunDifferential(3, 2, seed);
 }
@@ -321,7 +321,7 @@ TEST(TpDeviceStep, OneRanksRoomRefusalRefusesEveryRank) {
   EXPECT_EQ(k.io[1].record.error, 0u);
   ASSERT_TRUE(k.steps[1][0]->Complete(none.data(), nullptr));
   // The reference refuses the step with rank 0's error.
-  auto planner = TpEngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 24}).value();
+  auto planner = TpStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 24}).value();
   std::vector<std::int32_t> idx(48);
   std::vector<CopyDescriptor> desc(planner->max_descriptors());
   auto plan = planner->Plan(g, {1, 1, 24}, in.requests, in.dense, idx, desc);
@@ -329,7 +329,7 @@ TEST(TpDeviceStep, OneRanksRoomRefusalRefusesEveryRank) {
   EXPECT_EQ(plan.error().code(), ErrorCode::kResourceExhausted) << plan.error().ToString();
 }
 
-// Fewer descriptor rows than this rank's misses: kResourceExhausted (TpEngineStepPlanner's
+// Fewer descriptor rows than this rank's misses: kResourceExhausted (TpStepPlanner's
 // refusal of a short descriptor array), nothing changes; every copy failing publishes nothing
 // and loses nothing.
 TEST(TpDeviceStep, ShortDescriptorArrayAndFailedCopies) {

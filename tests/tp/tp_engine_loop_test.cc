@@ -8,7 +8,7 @@
 // gathered row is compared with a dense reference.
 //
 // Before TP new tokens were placed on device (TpConfig::stable_new_entries, turned on by
-// TpEngineStepPlanner::Create), a new token went to its rank's host pool once the device
+// TpStepPlanner::Create), a new token went to its rank's host pool once the device
 // pool was full, the same round's Plan swapped it in, its victim moved into the token's old
 // host slot, and the KV write at the looked-up location corrupted the victim.
 #include <gtest/gtest.h>
@@ -23,7 +23,7 @@
 #include "backend/fault_backend.h"
 #include "test_seed.h"
 #include "tp/tp_fixture.h"
-#include "ula/tp_engine_step.h"
+#include "ula/tp_step_planner.h"
 
 namespace ula {
 namespace {
@@ -85,7 +85,7 @@ LoopResult RunLoop(std::uint32_t device_slots, std::uint32_t host_slots, std::ui
   c.page_tokens = kPage;
   c.stable_new_entries = true;  // the engine path's mode (step/engine_modes.h)
   auto space = TpAddressSpace::Create(c, *backend).value();
-  auto engine = TpEngineStepPlanner::Create(*space, {.max_batch = rows, .max_q_len = 1, .max_top_k = top_k}).value();
+  auto engine = TpStepPlanner::Create(*space, {.max_batch = rows, .max_q_len = 1, .max_top_k = top_k}).value();
   std::vector<RequestId> requests;
   for (std::uint32_t b = 0; b < rows; ++b) {
     requests.push_back(RequestId(b + 1));
@@ -207,7 +207,7 @@ TEST(TpEngineLoop, NewEntriesPinnedOnHostStayThereForTheirRound) {
   TpConfig c = testing::TpEngineModes(testing::SmallTpConfig(kRanks, /*device=*/4, /*host=*/32, 0, kGroups, kEntryBytes));
   c.attention = TpAttention::kAtHome;
   auto space = TpAddressSpace::Create(c, *backend).value();
-  auto engine = TpEngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
+  auto engine = TpStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
   ASSERT_TRUE(space->AddRequest(RequestId(1)));
   const auto addrs = space->Allocate(RequestId(1), 12).value();  // 6 per rank: 4 on device, 2 pinned
   for (LogicalAddr a : addrs) {
@@ -261,7 +261,7 @@ TEST(TpEngineLoop, FailedVictimMovesPinTheNewTokensAndLoseNothing) {
   TpConfig c = testing::TpEngineModes(testing::SmallTpConfig(kRanks, /*device=*/4, /*host=*/32, 0, kGroups, kEntryBytes));
   c.attention = TpAttention::kAtHome;
   auto space = TpAddressSpace::Create(c, *faults).value();
-  auto engine = TpEngineStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
+  auto engine = TpStepPlanner::Create(*space, {.max_batch = 1, .max_q_len = 1, .max_top_k = 4}).value();
   ASSERT_TRUE(space->AddRequest(RequestId(1)));
   const auto old = space->Allocate(RequestId(1), 8).value();  // fills both ranks' device pools
   for (LogicalAddr a : old) {

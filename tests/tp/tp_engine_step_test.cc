@@ -1,4 +1,4 @@
-// TpEngineStepPlanner (include/ula/tp_engine_step.h): per-rank FlashMLA index arrays of a
+// TpStepPlanner (include/ula/tp_step_planner.h): per-rank FlashMLA index arrays of a
 // TP step, checked against TpStepPlanner's refs on a twin space and against the reference
 // attention (at home: every rank's partial over its own indices, merged in rank order;
 // local buffer: every rank's attention through its indices over the whole selection).
@@ -16,7 +16,7 @@
 #include "tp/tp_fixture.h"
 #include "ula/partial_attention.h"
 #include "ula/reference_attention.h"
-#include "ula/tp_engine_step.h"
+#include "ula/tp_step_planner.h"
 
 namespace ula {
 namespace {
@@ -97,7 +97,7 @@ TEST_P(TpEngineStepTest, IndicesMatchTheTpPlannerAndAttentionMatchesTheReference
   Twin a = MakeTwin(attention), b = MakeTwin(attention);
   const auto addrs = Fill(*a.space, 3, 40);
   ASSERT_EQ(Fill(*b.space, 3, 40), addrs);
-  auto engine = TpEngineStepPlanner::Create(*a.space, {3, 2, 8}).value();
+  auto engine = TpStepPlanner::Create(*a.space, {3, 2, 8}).value();
   TpStepPlanner twin(*b.space);
   ASSERT_EQ(engine->ranks().size(), 2u);
   const std::uint32_t device = a.space->config().device_slots_per_group();
@@ -216,7 +216,7 @@ INSTANTIATE_TEST_SUITE_P(Attention, TpEngineStepTest,
 TEST(TpEngineStep, RefusalsChangeNothing) {
   Twin t = MakeTwin(TpAttention::kAtHome);
   const auto addrs = Fill(*t.space, 2, 10);
-  auto engine = TpEngineStepPlanner::Create(*t.space, {2, 1, 4}).value();
+  auto engine = TpStepPlanner::Create(*t.space, {2, 1, 4}).value();
   const std::vector<RequestId> requests{RequestId(0), RequestId(1)};
   const std::vector<RequestId> all{RequestId(0), RequestId(1)};
   const auto before = testing::TakeTp(*t.space, all);
@@ -254,7 +254,7 @@ TEST(TpEngineStep, RefusalsChangeNothing) {
   other[1] = a(1, 5);  // request 1's address in request 0's row
   refuse(ErrorCode::kNotFound, [&] { return engine->Step(GroupId(0), shape, requests, other, indices); });
   refuse(ErrorCode::kOutOfRange, [&] { return engine->Step(GroupId(2), shape, requests, sel, indices); });
-  EXPECT_FALSE(TpEngineStepPlanner::Create(*t.space, {0, 1, 4}));
+  EXPECT_FALSE(TpStepPlanner::Create(*t.space, {0, 1, 4}));
   auto ok = engine->Step(GroupId(0), shape, requests, sel, indices);
   ASSERT_TRUE(ok) << ok.error().message();
   EXPECT_EQ(indices[2], kPadIndex);  // padding
@@ -266,7 +266,7 @@ TEST(TpEngineStep, RefusalsChangeNothing) {
   }
 }
 
-// The engine path of attention at home (tp_engine_step.h, Plan / Complete): the engine runs
+// The engine path of attention at home (tp_step_planner.h, Plan / Complete): the engine runs
 // the descriptors (here ExecuteOnShards, over the space's own backend) and completes them.
 // Without faults it is Step, step for step: the same indices, stats and digest as a twin
 // driven by Step, under memory pressure (swaps). With injected faults (a fault-injecting
@@ -286,7 +286,7 @@ std::vector<std::int32_t> SelectFew(std::mt19937_64& rng, const std::vector<std:
   return sel;
 }
 
-// With the local buffer the plan has two phases (tp_engine_step.h): the remote fetches, read
+// With the local buffer the plan has two phases (tp_step_planner.h): the remote fetches, read
 // from each entry's home where it is now, then the home moves; ExecuteOnShards runs them in
 // array order. Its buffer (12 slots per rank and group) is smaller than a step's remote
 // misses over a few steps, so fetches evict older copies.
@@ -319,8 +319,8 @@ TEST_P(TpEnginePlanTest, PlanAndCompleteAreStepAndFailuresLoseNothing) {
     const auto addrs = Fill(*space, 3, 40);
     ASSERT_EQ(Fill(*twin.space, 3, 40), addrs);
     // 15 selections a step: at most 15 of a rank's, within its 16 device slots.
-    auto engine = TpEngineStepPlanner::Create(*space, {3, 1, 6}).value();
-    auto stepper = TpEngineStepPlanner::Create(*twin.space, {3, 1, 6}).value();
+    auto engine = TpStepPlanner::Create(*space, {3, 1, 6}).value();
+    auto stepper = TpStepPlanner::Create(*twin.space, {3, 1, 6}).value();
     const std::vector<RequestId> requests{RequestId(0), RequestId(1), RequestId(2)};
     const StepShape shape{3, 1, 6};
     std::vector<CopyDescriptor> descriptors(engine->max_descriptors());
@@ -437,7 +437,7 @@ INSTANTIATE_TEST_SUITE_P(Attention, TpEnginePlanTest,
 TEST(TpEngineStep, PlanRefusalsChangeNothing) {
   Twin t = MakeTwin(TpAttention::kAtHome);
   const auto addrs = Fill(*t.space, 2, 60);
-  auto engine = TpEngineStepPlanner::Create(*t.space, {2, 1, 4}).value();
+  auto engine = TpStepPlanner::Create(*t.space, {2, 1, 4}).value();
   const std::vector<RequestId> requests{RequestId(0), RequestId(1)};
   const StepShape shape{2, 1, 4};
   auto a = [&](int r, int i) { return static_cast<std::int32_t>(addrs[r][i].value()); };
@@ -484,7 +484,7 @@ TEST(TpEngineStep, PlanRefusalsChangeNothing) {
   // The local buffer: its remote fetches count against the descriptor rows as well.
   Twin lb = MakeTwin(TpAttention::kLocalBuffer);
   const auto lb_addrs = Fill(*lb.space, 2, 30);
-  auto lb_engine = TpEngineStepPlanner::Create(*lb.space, {2, 1, 4}).value();
+  auto lb_engine = TpStepPlanner::Create(*lb.space, {2, 1, 4}).value();
   // Two entries of each request, on device at their homes: no home miss, 2 remote fetches.
   std::vector<std::int32_t> lb_sel{static_cast<std::int32_t>(lb_addrs[0][0].value()),
                                    static_cast<std::int32_t>(lb_addrs[0][1].value()), -1, -1,
@@ -531,14 +531,47 @@ TEST(TpEngineStep, CreateRefusesASpaceWithoutStableNewEntries) {
   ASSERT_TRUE(space->AddRequest(RequestId(1)));
   ASSERT_TRUE(space->Allocate(RequestId(1), 5));
   const std::uint64_t before = space->DebugDigest();
-  auto refused = TpEngineStepPlanner::Create(*space, {1, 1, 4});
+  auto refused = TpStepPlanner::Create(*space, {1, 1, 4});
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error().code(), ErrorCode::kFailedPrecondition);
   EXPECT_NE(refused.error().message().find("TpConfig.stable_new_entries"), std::string::npos)
       << refused.error().ToString();
   EXPECT_EQ(space->DebugDigest(), before);
   auto stable = TpAddressSpace::Create(testing::TpEngineModes(c), *backend).value();
-  EXPECT_TRUE(TpEngineStepPlanner::Create(*stable, {1, 1, 4}));
+  EXPECT_TRUE(TpStepPlanner::Create(*stable, {1, 1, 4}));
+}
+
+// A planner made by its constructor has the library path only: the engine path's calls are
+// refused (kFailedPrecondition, naming Create) and change nothing; its library step runs.
+TEST(TpEngineStep, ConstructedPlannerRefusesTheEnginePath) {
+  auto backend = MakeCpuBackend();
+  TpConfig c = testing::TpEngineModes(testing::SmallTpConfig(2, 8, 16, 0));
+  c.attention = TpAttention::kAtHome;
+  auto space = TpAddressSpace::Create(c, *backend).value();
+  ASSERT_TRUE(space->AddRequest(RequestId(1)));
+  const std::vector<LogicalAddr> addrs = space->Allocate(RequestId(1), 4).value();
+  TpStepPlanner planner(*space);
+  const std::uint64_t before = space->DebugDigest();
+  const std::vector<RequestId> requests = {RequestId(1)};
+  const std::vector<std::int32_t> sel = {static_cast<std::int32_t>(addrs[0].value()),
+                                         static_cast<std::int32_t>(addrs[1].value())};
+  std::vector<std::int32_t> idx(2 * sel.size(), 77);
+  std::vector<CopyDescriptor> desc(planner.max_descriptors());
+  auto refused = planner.Plan(GroupId(0), {1, 1, 2}, requests, sel, idx, desc);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(refused.error().message().find("TpStepPlanner::Create"), std::string::npos) << refused.error().ToString();
+  auto stepped = planner.Step(GroupId(0), {1, 1, 2}, requests, sel, idx);
+  ASSERT_FALSE(stepped);
+  EXPECT_EQ(stepped.error().code(), ErrorCode::kFailedPrecondition);
+  const std::vector<RoundDemand> demands = {{RequestId(1), 1, 2}};
+  auto reserved = planner.ReserveRound(demands);
+  ASSERT_FALSE(reserved);
+  EXPECT_EQ(reserved.error().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_TRUE(std::all_of(idx.begin(), idx.end(), [](std::int32_t i) { return i == 77; })) << "no index written";
+  EXPECT_EQ(space->DebugDigest(), before) << "the refusals change nothing";
+  const std::vector<SelectionRun> runs = {{RequestId(1), 2}};
+  ASSERT_TRUE(planner.Step(GroupId(0), std::span(addrs).first(2), runs));
 }
 
 TEST(TpPages, RequestsGetWholePagesStripedOverAllRanks) {

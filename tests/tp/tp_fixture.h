@@ -31,7 +31,7 @@ inline TpConfig SmallTpConfig(std::uint32_t ranks, std::uint32_t device_slots, s
 }
 
 // The modes every engine form runs (step/engine_modes.h): stable new entries on, host
-// shadows off (TpEngineStepPlanner keeps shadows; DeviceStep refuses them).
+// shadows off (TpStepPlanner keeps shadows; DeviceStep refuses them).
 inline TpConfig TpEngineModes(TpConfig c) {
   c.stable_new_entries = true;
   c.host_shadows = false;

@@ -1,7 +1,7 @@
 // Host shadows per TP shard (TpConfig::host_shadows, sparse/host_shadows.h): a home
 // entry fetched host -> device keeps its host slot as a clean copy, counted free; evicting it
 // later moves no bytes; a write drops the shadow; a free frees it; host allocations reclaim
-// shadows, oldest first. The engine path (TpEngineStepPlanner::Plan / Complete) keeps them
+// shadows, oldest first. The engine path (TpStepPlanner::Plan / Complete) keeps them
 // as the library path (TpStepPlanner::Step) does: the same decisions and the same bytes read,
 // step by step on a seeded workload; the device step refuses them.
 #include <gtest/gtest.h>
@@ -16,7 +16,6 @@
 #include "test_seed.h"
 #include "tp/tp_fixture.h"
 #include "ula/device_step.h"
-#include "ula/tp_engine_step.h"
 #include "ula/tp_step_planner.h"
 
 namespace ula {
@@ -145,7 +144,7 @@ TEST(TpHostShadows, TheDeviceStepRefusesThemAndChangesNothing) {
   f.ExpectBytes();
 }
 
-// The engine path with host shadows (tp_engine_step.h, "Host shadows"): Plan's descriptors run
+// The engine path with host shadows (tp_step_planner.h, "Host shadows"): Plan's descriptors run
 // by ExecuteOnShards, then Complete, against TpStepPlanner::Step on a twin space, step by step
 // over one seeded workload under device pressure, in both attentions: the same indices (the
 // refs of Step), the same stats, the same state (DebugDigest), and every selection reads its
@@ -183,7 +182,7 @@ TEST_P(TpHostShadowEngineTest, EnginePathMakesTheLibraryPathsDecisionsAndReadsTh
       }
       s->AdvanceRound();
     }
-    auto engine = TpEngineStepPlanner::Create(*space, {kRequests, 1, kTopK}).value();
+    auto engine = TpStepPlanner::Create(*space, {kRequests, 1, kTopK}).value();
     TpStepPlanner library(*twin);
     const std::vector<RequestId> requests{RequestId(0), RequestId(1), RequestId(2)};
     const StepShape shape{kRequests, 1, kTopK};

@@ -1,4 +1,4 @@
-// Admission that guarantees the round in TP (TpEngineStepPlanner::ReserveRound): the DP loop
+// Admission that guarantees the round in TP (TpStepPlanner::ReserveRound): the DP loop
 // of tests/step/round_reservation_test.cc over two in-process ranks, attention at home and
 // with local buffers. Scheduled by the token budget alone, a round's plan is refused after its
 // tokens were allocated; reserving each round first, and deferring the requests that do not
@@ -12,7 +12,7 @@
 #include "test_seed.h"
 #include "tp/tp_fixture.h"
 #include "ula/tp_address_space.h"
-#include "ula/tp_engine_step.h"
+#include "ula/tp_step_planner.h"
 
 namespace ula {
 namespace {
@@ -36,7 +36,7 @@ LoopCounts RunLoop(TpAttention attention, bool reserve, std::uint64_t seed) {
   c.attention = attention;
   c.page_tokens = 64;
   auto space = TpAddressSpace::Create(c, *backend).value();
-  auto planner = TpEngineStepPlanner::Create(*space, {.max_batch = kRequests, .max_q_len = 1, .max_top_k = kTopK}).value();
+  auto planner = TpStepPlanner::Create(*space, {.max_batch = kRequests, .max_q_len = 1, .max_top_k = kTopK}).value();
   std::vector<RequestId> running;
   for (std::uint32_t r = 1; r <= kRequests; ++r) {
     EXPECT_TRUE(space->AddRequest(RequestId(r)));
@@ -118,7 +118,7 @@ TEST(TpRoundReservation, BadDemandsAreRefusedAndChangeNothing) {
   TpConfig c = testing::TpEngineModes(testing::SmallTpConfig(kRanks, 16, 64, 0));
   c.attention = TpAttention::kAtHome;
   auto space = TpAddressSpace::Create(c, *backend).value();
-  auto planner = TpEngineStepPlanner::Create(*space, {.max_batch = 2, .max_q_len = 2, .max_top_k = 4}).value();
+  auto planner = TpStepPlanner::Create(*space, {.max_batch = 2, .max_q_len = 2, .max_top_k = 4}).value();
   ASSERT_TRUE(space->AddRequest(RequestId(1)));
   ASSERT_TRUE(space->Allocate(RequestId(1), 10));
   const std::vector<RoundDemand> unknown{{RequestId(7), 1, 4}};

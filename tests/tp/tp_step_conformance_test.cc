@@ -2,7 +2,7 @@
 // TP verifier (src/verify/tp_verifier.h) runs one seeded workload over four in-process ranks
 // under device pressure, with injected faults and with shared prefixes, in every TP mode and
 // form: attention at home by the host reference (TpStepPlanner), the engine path
-// (TpEngineStepPlanner) and the device step (one DeviceStep per rank, their verdicts agreed);
+// (TpStepPlanner) and the device step (one DeviceStep per rank, their verdicts agreed);
 // the local buffer by the host reference and the engine path. Every run must keep every byte (each rank's refs read the shadow bytes,
 // attention at home merges to the dense reference), lose nothing to faults and keep
 // isolation, and every form must make the host reference's decisions on the same seed (the
@@ -78,7 +78,7 @@ struct Scenario {
 };
 constexpr Scenario kScenarios[] = {{"pressure", 0, 0}, {"faults", 0.1, 0}, {"sharing", 0, 40}};
 
-// Local buffers: the host reference and the engine path (TpEngineStepPlanner, Plan with its
+// Local buffers: the host reference and the engine path (TpStepPlanner, Plan with its
 // two phases of copies, Complete) make the same decisions.
 TEST(TpStepConformance, LocalBufferFormsMakeTheSameDecisions) {
   ULA_TEST_SEEDED(seed, 20261207);

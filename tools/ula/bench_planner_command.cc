@@ -68,7 +68,6 @@
 #include "workload/selection_model.h"
 #include "serving/serving_config.h"
 #include "ula/device_step.h"
-#include "ula/engine_step.h"
 #include "ula/step_planner.h"
 #include "ula/tp_address_space.h"
 #include "ula/tp_step_planner.h"
@@ -768,14 +767,14 @@ int Run(const PlannerOptions& o) {
       auto selection = SelectionModel::Create([&] { auto p = scenario->selection; p.top_k = model->top_k; return p; }());
       if (!selection) return fail(selection.error().ToString());
       StepPlanner planner(**space);
-      // --planner engine: EngineStepPlanner::Step (Plan, the descriptors on the backend,
+      // --planner engine: StepPlanner::Step (Plan, the descriptors on the backend,
       // Complete) on the same selections, each request's run as one row.
-      std::unique_ptr<EngineStepPlanner> engine;
+      std::unique_ptr<StepPlanner> engine;
       verify_internal::StepRows engine_rows;
       std::vector<std::int32_t> engine_indices;
       const std::uint32_t row_max = queries * model->top_k;
       if (o.planner == "engine") {
-        auto made = EngineStepPlanner::Create(**space, {.max_batch = std::max<std::uint32_t>(1, placed), .max_q_len = 1,
+        auto made = StepPlanner::Create(**space, {.max_batch = std::max<std::uint32_t>(1, placed), .max_q_len = 1,
                                                          .max_top_k = row_max});
         if (!made) return fail(made.error().ToString());
         engine = std::move(*made);
@@ -966,7 +965,7 @@ Action SetupPlanner(CLI::App& app) {
   app.add_option("--seed", o->seed, "request lengths")->capture_default_str()->check(Seed());
   app.add_flag("--json", o->json, "print one JSON object");
   app.add_option("--planner", o->planner,
-                 "host (StepPlanner, the serial host step); engine (EngineStepPlanner::Step instead: Plan, the "
+                 "host (StepPlanner, the serial host step); engine (StepPlanner::Step instead: Plan, the "
                  "descriptors on the backend, Complete; each request's selections one row; the space in the engine "
                  "path's mode, stable_new_entries); device: also DeviceStep's OpenMP form on the same "
                  "workload, beside the host planner, with its launches and syncs per step")

@@ -43,7 +43,7 @@ Action SetupVerify(CLI::App& app) {
   app.add_flag("--json", *json, "print one JSON object");
   auto planner = std::make_shared<std::string>("host");
   app.add_option("--planner", *planner,
-                 "the step's form: host (the serial host step, the reference: StepPlanner / TpStepPlanner), engine (EngineStepPlanner / TpEngineStepPlanner: Plan, copies, Complete) or device "
+                 "the step's form: host (the serial host step, the reference: StepPlanner / TpStepPlanner), engine (StepPlanner / TpStepPlanner's engine path: Plan, copies, Complete) or device "
                  "(DeviceStep's OpenMP form, one per rank: Reload / Plan / copies / Complete / StoreInto; tp: at "
                  "home, in-process, the ranks' verdicts agreed). The engine forms need --stable-new-entries, "
                  "device also --shadows off and --policy kernel_pb_lru (tp engine: --shadows off)")

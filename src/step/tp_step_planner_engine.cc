@@ -1,6 +1,7 @@
-// TpEngineStepPlanner (include/ula/tp_engine_step.h): the selection array compacted into
-// TpStepPlanner's (selections, runs), its refs written back as per-rank index arrays.
-#include "ula/tp_engine_step.h"
+// TpStepPlanner's engine path (include/ula/tp_step_planner.h): the selection array compacted
+// into the runs layout (selections, runs) the step takes, its refs written back as per-rank
+// index arrays; Plan / Complete over PlanHome / CompleteHome.
+#include "ula/tp_step_planner.h"
 
 #include <fmt/format.h>
 
@@ -10,39 +11,38 @@
 #include "space/space_access.h"
 #include "step/engine_modes.h"
 #include "space/tp_state.h"
+#include "step/tp_step_planner_engine.h"
 #include "ula/check.h"
 
 namespace ula {
 
-Result<std::unique_ptr<TpEngineStepPlanner>> TpEngineStepPlanner::Create(TpAddressSpace& space,
-                                                                         const EngineStepConfig& config,
-                                                                         TpFabric* fabric, TpPlannerOptions options) {
+Result<std::unique_ptr<TpStepPlanner>> TpStepPlanner::Create(TpAddressSpace& space, const EngineStepConfig& config,
+                                                             TpFabric* fabric, TpPlannerOptions options) {
   ULA_RETURN_IF_ERROR(config.Validate());
   ULA_RETURN_IF_ERROR(RefuseUnstableNewEntries(space.config().stable_new_entries, "TpConfig"));
-  return std::unique_ptr<TpEngineStepPlanner>(new TpEngineStepPlanner(space, config, fabric, options));
-}
-
-TpEngineStepPlanner::TpEngineStepPlanner(TpAddressSpace& space, const EngineStepConfig& config, TpFabric* fabric,
-                                         TpPlannerOptions options)
-    : space_(space), config_(config), planner_(space, fabric, options) {
+  auto planner = std::make_unique<TpStepPlanner>(space, fabric, options);
+  auto engine = std::make_unique<Engine>();
+  engine->config = config;
   const std::size_t most = config.rows() * config.max_top_k;
-  compact_.reserve(most);
-  where_.reserve(most);
-  runs_.reserve(config.max_batch);
+  engine->compact.reserve(most);
+  engine->where.reserve(most);
+  engine->runs.reserve(config.max_batch);
+  planner->engine_ = std::move(engine);
+  return planner;
 }
-
-TpEngineStepPlanner::~TpEngineStepPlanner() = default;
 
 namespace {
 // Positions k in [0, x) with k mod P == r.
 std::uint64_t PositionsOn(std::uint64_t x, std::uint32_t p, std::uint32_t r) { return x / p + (x % p > r ? 1 : 0); }
 }  // namespace
 
-Result<RoundReservation> TpEngineStepPlanner::ReserveRound(std::span<const RoundDemand> demands) const {
+Result<RoundReservation> TpStepPlanner::ReserveRound(std::span<const RoundDemand> demands) const {
   const TpAddressSpace::State& st = StateOf(space_);
   const TpConfig& cfg = space_.config();
+  ULA_RETURN_IF_ERROR(RefuseWithoutEngineConfig(engine_ != nullptr, "TpStepPlanner", "ReserveRound"));
   ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("ReserveRound"));
-  const std::uint64_t row_max = std::uint64_t{config_.max_q_len} * config_.max_top_k;
+  const EngineStepConfig& config = engine_->config;
+  const std::uint64_t row_max = std::uint64_t{config.max_q_len} * config.max_top_k;
   const std::uint32_t p = cfg.num_ranks;
   // New tokens are homed by position when P divides the page (token i on rank i mod P).
   const bool by_position = cfg.page_tokens > 1 && cfg.page_tokens % p == 0;
@@ -108,21 +108,23 @@ Result<RoundReservation> TpEngineStepPlanner::ReserveRound(std::span<const Round
   return out;
 }
 
-std::span<const Rank> TpEngineStepPlanner::ranks() const { return space_.hosted_ranks(); }
+std::span<const Rank> TpStepPlanner::ranks() const { return space_.hosted_ranks(); }
 
-std::uint32_t TpEngineStepPlanner::device_slots() const { return space_.config().device_slots_per_group(); }
+std::uint32_t TpStepPlanner::device_slots() const { return space_.config().device_slots_per_group(); }
 
-std::uint32_t TpEngineStepPlanner::index_slots() const {
+std::uint32_t TpStepPlanner::index_slots() const {
   const auto& c = space_.config();
   return c.attention == TpAttention::kLocalBuffer ? c.device_slots_per_group() + c.buffer_slots_per_group()
                                                   : c.device_slots_per_group();
 }
 
-Status TpEngineStepPlanner::Compact(const StepShape& shape, std::span<const RequestId> requests,
+Status TpStepPlanner::Compact(const StepShape& shape, std::span<const RequestId> requests,
                                     std::span<const std::int32_t> selections, std::size_t indices_size) {
-  if (shape.batch == 0 || shape.q_len == 0 || shape.top_k == 0 || shape.batch > config_.max_batch ||
-      shape.q_len > config_.max_q_len || shape.top_k > config_.max_top_k ||
-      std::uint64_t{shape.batch} * shape.q_len > config_.rows()) {
+  ULA_RETURN_IF_ERROR(RefuseWithoutEngineConfig(engine_ != nullptr, "TpStepPlanner", "the engine layout's step"));
+  const EngineStepConfig& config = engine_->config;
+  if (shape.batch == 0 || shape.q_len == 0 || shape.top_k == 0 || shape.batch > config.max_batch ||
+      shape.q_len > config.max_q_len || shape.top_k > config.max_top_k ||
+      std::uint64_t{shape.batch} * shape.q_len > config.rows()) {
     return MakeError(ErrorCode::kInvalidArgument, "shape [" + std::to_string(shape.batch) + ", " +
                                                 std::to_string(shape.q_len) + ", " + std::to_string(shape.top_k) +
                                                 "] is empty or past the planner's config");
@@ -135,9 +137,12 @@ Status TpEngineStepPlanner::Compact(const StepShape& shape, std::span<const Requ
                    "), selections " + std::to_string(selections.size()) + " (want " + std::to_string(n) +
                    "), indices " + std::to_string(indices_size) + " (want " + std::to_string(hosted * n) + ")");
   }
-  compact_.clear();
-  where_.clear();
-  runs_.clear();
+  std::vector<LogicalAddr>& compact = engine_->compact;
+  std::vector<std::uint32_t>& where = engine_->where;
+  std::vector<SelectionRun>& runs = engine_->runs;
+  compact.clear();
+  where.clear();
+  runs.clear();
   const std::size_t per_row = std::size_t{shape.q_len} * shape.top_k;
   for (std::uint32_t b = 0; b < shape.batch; ++b) {
     std::uint32_t count = 0;
@@ -148,26 +153,27 @@ Status TpEngineStepPlanner::Compact(const StepShape& shape, std::span<const Requ
         return MakeError(ErrorCode::kInvalidArgument, "selection " + std::to_string(i) + " is " + std::to_string(a) +
                                                     " (addresses are >= 0, padding is -1)");
       }
-      compact_.push_back(LogicalAddr(static_cast<std::uint32_t>(a)));
-      where_.push_back(static_cast<std::uint32_t>(i));
+      compact.push_back(LogicalAddr(static_cast<std::uint32_t>(a)));
+      where.push_back(static_cast<std::uint32_t>(i));
       ++count;
     }
-    if (count > 0) runs_.push_back(SelectionRun{requests[b], count});
+    if (count > 0) runs.push_back(SelectionRun{requests[b], count});
   }
   return Ok();
 }
 
-void TpEngineStepPlanner::WriteIndices(const TpStepPlan& plan, std::size_t n, std::span<std::int32_t> indices) const {
+void TpStepPlanner::WriteIndices(const TpStepPlan& plan, std::size_t n, std::span<std::int32_t> indices) const {
   const std::uint32_t buffer_base = device_slots();
+  const std::vector<std::uint32_t>& where = engine_->where;
   for (std::size_t r = 0; r < plan.refs.size(); ++r) {
     std::span<std::int32_t> out = indices.subspan(r * n, n);
     std::fill(out.begin(), out.end(), kPadIndex);
-    for (std::size_t j = 0; j < compact_.size(); ++j) {
+    for (std::size_t j = 0; j < engine_->compact.size(); ++j) {
       const TpReadRef& ref = plan.refs[r][j];
       switch (ref.source) {
-        case TpReadRef::Source::kShard: out[where_[j]] = static_cast<std::int32_t>(ref.slot.value()); break;
+        case TpReadRef::Source::kShard: out[where[j]] = static_cast<std::int32_t>(ref.slot.value()); break;
         case TpReadRef::Source::kBuffer:
-          out[where_[j]] = static_cast<std::int32_t>(buffer_base + ref.slot.value());
+          out[where[j]] = static_cast<std::int32_t>(buffer_base + ref.slot.value());
           break;
         case TpReadRef::Source::kElsewhere: break;  // stays -1: its home rank's partial covers it
       }
@@ -175,42 +181,41 @@ void TpEngineStepPlanner::WriteIndices(const TpStepPlan& plan, std::size_t n, st
   }
 }
 
-Result<std::vector<StepStats>> TpEngineStepPlanner::Step(GroupId group, const StepShape& shape,
+Result<std::vector<StepStats>> TpStepPlanner::Step(GroupId group, const StepShape& shape,
                                                                std::span<const RequestId> requests,
                                                                std::span<const std::int32_t> selections,
                                                                std::span<std::int32_t> indices) {
   ULA_RETURN_IF_ERROR(Compact(shape, requests, selections, indices.size()));
-  auto plan = planner_.Step(group, compact_, runs_);
+  auto plan = Step(group, engine_->compact, engine_->runs);
   if (!plan) return std::unexpected(plan.error());
   WriteIndices(*plan, shape.size(), indices);
   return std::move(plan->stats);
 }
 
-std::uint32_t TpEngineStepPlanner::max_descriptors() const {
+std::uint32_t TpStepPlanner::max_descriptors() const {
   return static_cast<std::uint32_t>(ranks().size()) * index_slots();
 }
 
-bool TpEngineStepPlanner::has_pending() const { return planner_.has_pending(); }
-
-Result<TpPlannedStep> TpEngineStepPlanner::Plan(GroupId group, const StepShape& shape,
+Result<TpPlannedStep> TpStepPlanner::Plan(GroupId group, const StepShape& shape,
                                                 std::span<const RequestId> requests,
                                                 std::span<const std::int32_t> selections,
                                                 std::span<std::int32_t> indices,
                                                 std::span<CopyDescriptor> out_descriptors) {
   ULA_RETURN_IF_ERROR(Compact(shape, requests, selections, indices.size()));
-  auto plan = planner_.PlanHome(group, compact_, runs_, out_descriptors.size());
+  auto plan = PlanHome(group, engine_->compact, engine_->runs, out_descriptors.size());
   if (!plan) return std::unexpected(plan.error());
   WriteIndices(*plan, shape.size(), indices);
+  Engine& en = *engine_;
   TpPlannedStep planned;
-  planned.fence = ++last_fence_;
+  planned.fence = ++en.last_fence;
   planned.stats = plan->stats;
-  pending_counts_.assign(plan->ranks.size(), 0);
-  pending_fetches_.assign(plan->ranks.size(), 0);
+  en.pending_counts.assign(plan->ranks.size(), 0);
+  en.pending_fetches.assign(plan->ranks.size(), 0);
   const std::uint32_t entry_bytes = space_.config().entry_bytes;
   const std::uint32_t buffer_base = device_slots();
   std::uint32_t d = 0;
   for (std::size_t h = 0; h < plan->ranks.size(); ++h) {  // phase 1: the remote fetches
-    const auto fetches = planner_.pending_remote_fetches(h);
+    const auto fetches = pending_remote_fetches(h);
     for (const auto& f : fetches) {
       // A TP entry moves whole: one row of entry_bytes (offsets slot * entry_bytes, as the
       // planner's source_offset is).
@@ -219,48 +224,50 @@ Result<TpPlannedStep> TpEngineStepPlanner::Plan(GroupId group, const StepShape& 
           {Tier::kDevice, plan->ranks[h].value(), buffer_base + f.buffer_slot.value()}, f.addr.value(), group.value(),
           entry_bytes, 1);
     }
-    pending_fetches_[h] = static_cast<std::uint32_t>(fetches.size());
+    en.pending_fetches[h] = static_cast<std::uint32_t>(fetches.size());
   }
   planned.first_phase = d;
   for (std::size_t h = 0; h < plan->ranks.size(); ++h) {  // phase 2: the home moves
-    const auto moves = planner_.pending_home_descriptors(h);
+    const auto moves = pending_home_descriptors(h);
     std::copy(moves.begin(), moves.end(), out_descriptors.begin() + d);
     d += static_cast<std::uint32_t>(moves.size());
-    pending_counts_[h] = static_cast<std::uint32_t>(moves.size());
+    en.pending_counts[h] = static_cast<std::uint32_t>(moves.size());
   }
   planned.num_descriptors = d;
-  pending_fence_ = planned.fence;
+  en.pending_fence = planned.fence;
   return planned;
 }
 
-Result<CompleteReport> TpEngineStepPlanner::Complete(std::uint64_t fence, std::span<const std::uint8_t> status) {
-  if (!planner_.has_pending() || fence != pending_fence_) {
+Result<CompleteReport> TpStepPlanner::Complete(std::uint64_t fence, std::span<const std::uint8_t> status) {
+  if (!has_pending() || engine_ == nullptr || fence != engine_->pending_fence) {
     return MakeError(ErrorCode::kNotFound, "fence " + std::to_string(fence) + " is not the pending plan's");
   }
+  const std::vector<std::uint32_t>& fetch_counts = engine_->pending_fetches;
+  const std::vector<std::uint32_t>& move_counts = engine_->pending_counts;
   std::size_t total = 0;
-  std::vector<std::size_t> first_fetch(pending_fetches_.size()), first(pending_counts_.size());
-  for (std::size_t h = 0; h < pending_fetches_.size(); ++h) {
+  std::vector<std::size_t> first_fetch(fetch_counts.size()), first(move_counts.size());
+  for (std::size_t h = 0; h < fetch_counts.size(); ++h) {
     first_fetch[h] = total;
-    total += pending_fetches_[h];
+    total += fetch_counts[h];
   }
-  for (std::size_t h = 0; h < pending_counts_.size(); ++h) {
+  for (std::size_t h = 0; h < move_counts.size(); ++h) {
     first[h] = total;
-    total += pending_counts_[h];
+    total += move_counts[h];
   }
   if (status.size() != total) {
     return MakeError(ErrorCode::kInvalidArgument, "status has " + std::to_string(status.size()) +
                                                       " entries; the pending plan has " + std::to_string(total) +
                                                       " descriptors");
   }
-  const auto published = planner_.CompleteHome([&](std::size_t h, std::size_t i) { return status[first[h] + i]; },
-                                               [&](std::size_t h, std::size_t i) { return status[first_fetch[h] + i] == 0; });
+  const auto published = CompleteHome([&](std::size_t h, std::size_t i) { return status[first[h] + i]; },
+                                      [&](std::size_t h, std::size_t i) { return status[first_fetch[h] + i] == 0; });
   CompleteReport report;
   for (std::size_t p : published) report.published += static_cast<std::uint32_t>(p);
   report.failed = static_cast<std::uint32_t>(total) - report.published;
   return report;
 }
 
-void TpEngineStepPlanner::ExecuteOnShards(std::span<const CopyDescriptor> descriptors,
+void TpStepPlanner::ExecuteOnShards(std::span<const CopyDescriptor> descriptors,
                                           std::span<std::uint8_t> status) const {
   ULA_CHECK(status.size() == descriptors.size());
   const TpAddressSpace::State& st = StateOf(space_);

@@ -1,9 +1,9 @@
-// EngineStepPlanner: the engine path of the DP host step over the one plan of
-// step/dp_step.h (which StepPlanner runs too). Plan checks the engine's shape, hands the
-// step the rows as runs of the kernels' padded layout, and writes the indices and the
-// descriptors; Complete publishes by the engine's statuses. The library path (Step) is the
-// same plan, DpStep::Run on the backend, and Complete with each descriptor's outcome.
-#include "ula/engine_step.h"
+// StepPlanner's engine path (ula/step_planner.h) over the one plan of
+// step/step_planner_impl.h. Plan checks the engine's shape, hands the step the rows as runs of
+// the kernels' padded layout, and writes the indices and the descriptors; Complete publishes
+// by the engine's statuses. Step in the engine layout is the same plan, run on the backend,
+// and Complete with each descriptor's outcome.
+#include "ula/step_planner.h"
 
 #include <fmt/format.h>
 
@@ -12,26 +12,11 @@
 
 #include "space/space_access.h"
 #include "step/engine_modes.h"
-#include "step/dp_step.h"
+#include "step/step_planner_impl.h"
 #include "space/address_space_state.h"
 #include "ula/check.h"
 
 namespace ula {
-
-struct EngineStepPlanner::Scratch {
-  explicit Scratch(AddressSpace& space) : step(space) {}
-  DpStep step;                                // the plan (pending between Plan and Complete)
-  std::vector<SelectionRun> runs;             // [max batch] row b: top_k x q_len selections of requests[b]
-  std::vector<std::uint8_t> library_status;   // [max descriptors] Step's outcomes
-  // One registered pool: layer l's rows at bases[l] + slot * layer_bytes.
-  struct Pool {
-    std::vector<std::uintptr_t> bases;  // [num_layers]; empty: nothing registered
-    std::uint32_t layer_bytes = 0;
-    std::uint32_t slots = 0;
-  };
-  std::vector<Pool> regions;  // [tier][rank][group]
-  std::uint32_t max_descriptors = 0;
-};
 
 Status EngineStepConfig::Validate() const {
   auto bad = [](std::string m) { return MakeError(ErrorCode::kInvalidArgument, "EngineStepConfig." + m); };
@@ -53,19 +38,7 @@ Status EngineStepConfig::Validate() const {
   return Ok();
 }
 
-EngineStepPlanner::EngineStepPlanner(AddressSpace& space, const EngineStepConfig& config,
-                                     std::unique_ptr<Scratch> scratch)
-    : space_(space), config_(config), scratch_(std::move(scratch)) {}
-EngineStepPlanner::~EngineStepPlanner() {
-  AddressSpace::State& st = StateOf(space_);  // a pending plan ends with its DpStep
-  if (st.move_executor_owner == this) {
-    st.move_executor = nullptr;
-    st.move_executor_owner = nullptr;
-  }
-}
-
-Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpace& space,
-                                                                      const EngineStepConfig& config) {
+Result<std::unique_ptr<StepPlanner>> StepPlanner::Create(AddressSpace& space, const EngineStepConfig& config) {
   ULA_RETURN_IF_ERROR(config.Validate());
   const AddressSpaceConfig& cfg = space.config();
   ULA_RETURN_IF_ERROR(RefuseUnstableNewEntries(cfg.stable_new_entries, "AddressSpaceConfig"));
@@ -78,61 +51,53 @@ Result<std::unique_ptr<EngineStepPlanner>> EngineStepPlanner::Create(AddressSpac
   const std::uint64_t max_addrs = std::max<std::uint64_t>(
       StateOf(space).dir.extent(),
       std::uint64_t{cfg.num_ranks} * (std::uint64_t{cfg.device_slots_per_group()} + cfg.host_slots_per_group()));
-  auto s = std::make_unique<Scratch>(space);
-  s->max_descriptors = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_sel, cfg.device_slots_per_group()));
-  s->step.Reserve(max_sel, s->max_descriptors, max_addrs);
-  s->runs.resize(config.max_batch);
-  s->library_status.assign(s->max_descriptors, 0);
-  s->regions.resize(std::size_t{kNumTiers} * cfg.num_ranks * cfg.num_groups);
-  return std::unique_ptr<EngineStepPlanner>(new EngineStepPlanner(space, config, std::move(s)));
+  auto m = std::make_unique<Impl>(space);
+  m->engine = config;
+  m->max_descriptors = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_sel, cfg.device_slots_per_group()));
+  m->Reserve(max_sel, m->max_descriptors, max_addrs);
+  m->runs.resize(config.max_batch);
+  m->status.reserve(m->max_descriptors);
+  return std::unique_ptr<StepPlanner>(new StepPlanner(space, std::move(m)));
 }
 
-std::uint32_t EngineStepPlanner::max_descriptors() const { return scratch_->max_descriptors; }
-bool EngineStepPlanner::has_pending() const { return scratch_->step.pending(); }
-Status EngineStepPlanner::SetOptions(const StepPlannerOptions& options) {
-  if (scratch_->step.pending()) {
-    return MakeError(ErrorCode::kFailedPrecondition,
-                     fmt::format("SetOptions: plan {} is pending: Complete it first", scratch_->step.fence()));
-  }
-  return scratch_->step.SetOptions(options);
-}
-const StepPlannerOptions& EngineStepPlanner::options() const { return scratch_->step.options(); }
-const StepPlannerCounters& EngineStepPlanner::counters() const { return scratch_->step.counters(); }
+std::uint32_t StepPlanner::max_descriptors() const { return impl_->max_descriptors; }
 
-Result<PlannedStep> EngineStepPlanner::Prepare(Rank rank, GroupId group, const StepShape& shape,
+Result<PlannedStep> StepPlanner::Prepare(Rank rank, GroupId group, const StepShape& shape,
                                                std::span<const RequestId> requests,
                                                std::span<const std::int32_t> selections,
                                                std::span<std::int32_t> indices, std::size_t descriptor_rows) {
-  Scratch& s = *scratch_;
+  Impl& m = *impl_;
   AddressSpace::State& st = StateOf(space_);
   const AddressSpaceConfig& cfg = space_.config();
-  if (s.step.pending()) {
+  ULA_RETURN_IF_ERROR(RefuseWithoutEngineConfig(m.engine.has_value(), "StepPlanner", "Plan"));
+  const EngineStepConfig& config = *m.engine;
+  if (m.pending) {
     return MakeError(ErrorCode::kFailedPrecondition,
-                     fmt::format("plan {} is pending: Complete it before planning again", s.step.fence()));
+                     fmt::format("plan {} is pending: Complete it before planning again", m.fence));
   }
   // One plan at a time over a space: a pending plan's swap victims stay claimed only while
   // no other plan can take them (AdvanceRound between Plan and Complete ends their round).
-  ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("Plan (another EngineStepPlanner over this space)"));
+  ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("Plan (another StepPlanner's over this space)"));
   if (rank.value() >= cfg.num_ranks) {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} is out of range ({} ranks)", rank.value(), cfg.num_ranks));
   }
   if (group.value() >= cfg.num_groups) {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range ({} groups)", group.value(), cfg.num_groups));
   }
-  if (shape.batch > config_.max_batch || shape.q_len > config_.max_q_len || shape.top_k > config_.max_top_k) {
+  if (shape.batch > config.max_batch || shape.q_len > config.max_q_len || shape.top_k > config.max_top_k) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("shape [{}][{}][{}] exceeds the planner's maximum [{}][{}][{}]", shape.batch,
-                                 shape.q_len, shape.top_k, config_.max_batch, config_.max_q_len, config_.max_top_k));
+                                 shape.q_len, shape.top_k, config.max_batch, config.max_q_len, config.max_top_k));
   }
-  if (std::uint64_t{shape.batch} * shape.q_len > config_.rows()) {
+  if (std::uint64_t{shape.batch} * shape.q_len > config.rows()) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("shape [{}][{}][{}]: {} rows, more than max_rows = {}", shape.batch, shape.q_len,
-                                 shape.top_k, std::uint64_t{shape.batch} * shape.q_len, config_.rows()));
+                                 shape.top_k, std::uint64_t{shape.batch} * shape.q_len, config.rows()));
   }
-  if (shape.top_k % config_.top_k_multiple != 0) {
+  if (shape.top_k % config.top_k_multiple != 0) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("top_k = {} is not a multiple of {} (FlashMLA's sparse kernels read index rows in "
-                                 "tiles of 64: pad the rows with -1)", shape.top_k, config_.top_k_multiple));
+                                 "tiles of 64: pad the rows with -1)", shape.top_k, config.top_k_multiple));
   }
   if (selections.size() != shape.size() || indices.size() != shape.size()) {
     return MakeError(ErrorCode::kInvalidArgument,
@@ -143,52 +108,54 @@ Result<PlannedStep> EngineStepPlanner::Prepare(Rank rank, GroupId group, const S
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("{} requests for a batch of {} rows", requests.size(), shape.batch));
   }
-  // 1-3. Validate, dedup, classify (DpStep): row b is a run of q_len x top_k selections of
+  // 1-3. Validate, dedup, classify: row b is a run of q_len x top_k selections of
   // requests[b]; -1 is padding. Nothing is modified until every check has passed.
   const auto row_len = static_cast<std::uint32_t>(std::uint64_t{shape.q_len} * shape.top_k);
-  for (std::uint32_t b = 0; b < shape.batch; ++b) s.runs[b] = SelectionRun{requests[b], row_len};
+  for (std::uint32_t b = 0; b < shape.batch; ++b) m.runs[b] = SelectionRun{requests[b], row_len};
   static_assert(sizeof(std::int32_t) == sizeof(std::uint32_t));
-  const DpSelections sel{std::span(reinterpret_cast<const std::uint32_t*>(selections.data()), selections.size()),
-                         std::span(s.runs).first(shape.batch), /*padding=*/true};
-  auto stats = s.step.Classify(rank, group, sel, indices.data());
+  const StepSelections sel{std::span(reinterpret_cast<const std::uint32_t*>(selections.data()), selections.size()),
+                         std::span(m.runs).first(shape.batch), /*padding=*/true};
+  auto stats = m.Classify(rank, group, sel, indices.data());
   if (!stats) return std::unexpected(std::move(stats).error());
   // Room was checked by Classify; then the descriptor rows: both refuse this step's state
   // (kResourceExhausted), not a malformed call; each says how many descriptors it needed.
-  const std::size_t n_miss = s.step.num_misses();
+  const std::size_t n_miss = m.missed.size();
   if (descriptor_rows < n_miss) {
     return MakeError(ErrorCode::kResourceExhausted,
                      fmt::format("step needs {} descriptors ({} misses) but the descriptor array has {} rows (size it "
                                  "to max_descriptors() = {})",
-                                 n_miss, n_miss, descriptor_rows, s.max_descriptors));
+                                 n_miss, n_miss, descriptor_rows, m.max_descriptors));
   }
 
   // 4. Claim device slots and describe the copies; 6. the misses' indices.
   PlannedStep out;
   out.stats = *stats;
-  s.step.Claim(out.stats);
-  s.step.WriteTargets(indices.data());
-  out.fence = s.step.fence();
+  m.Claim(out.stats);
+  m.WriteTargets(indices.data());
+  out.fence = m.fence;
   out.num_descriptors = static_cast<std::uint32_t>(n_miss);
   return out;
 }
 
-Result<PlannedStep> EngineStepPlanner::Plan(Rank rank, GroupId group, const StepShape& shape,
+Result<PlannedStep> StepPlanner::Plan(Rank rank, GroupId group, const StepShape& shape,
                                             std::span<const RequestId> requests,
                                             std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
                                             std::span<CopyDescriptor> out_descriptors) {
   auto planned = Prepare(rank, group, shape, requests, selections, indices, out_descriptors.size());
-  if (planned) std::ranges::copy(scratch_->step.descriptors(), out_descriptors.begin());
+  if (planned) std::ranges::copy(impl_->descriptors(), out_descriptors.begin());
   return planned;
 }
 
-Result<RoundReservation> EngineStepPlanner::ReserveRound(Rank rank, std::span<const RoundDemand> demands) const {
+Result<RoundReservation> StepPlanner::ReserveRound(Rank rank, std::span<const RoundDemand> demands) const {
   const AddressSpace::State& st = StateOf(space_);
   const AddressSpaceConfig& cfg = space_.config();
+  ULA_RETURN_IF_ERROR(RefuseWithoutEngineConfig(impl_->engine.has_value(), "StepPlanner", "ReserveRound"));
+  const EngineStepConfig& config = *impl_->engine;
   ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("ReserveRound"));
   if (rank.value() >= cfg.num_ranks) {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("rank {} is out of range ({} ranks)", rank.value(), cfg.num_ranks));
   }
-  const std::uint64_t row_max = std::uint64_t{config_.max_q_len} * config_.max_top_k;
+  const std::uint64_t row_max = std::uint64_t{config.max_q_len} * config.max_top_k;
   std::uint64_t new_tokens = 0, selected = 0;
   std::vector<RequestId> seen;
   seen.reserve(demands.size());
@@ -233,42 +200,42 @@ Result<RoundReservation> EngineStepPlanner::ReserveRound(Rank rank, std::span<co
   return out;
 }
 
-Result<CompleteReport> EngineStepPlanner::Complete(std::uint64_t fence, std::span<const std::uint8_t> status) {
-  DpStep& step = scratch_->step;
-  if (!step.pending() || fence != step.fence()) {
-    return MakeError(ErrorCode::kNotFound, step.pending()
-                                               ? fmt::format("fence {} is not the pending plan ({})", fence, step.fence())
-                                               : fmt::format("fence {}: no plan is pending", fence));
+Result<CompleteReport> StepPlanner::Complete(std::uint64_t fence, std::span<const std::uint8_t> status) {
+  Impl& m = *impl_;
+  if (!m.pending || fence != m.fence) {
+    return MakeError(ErrorCode::kNotFound, m.pending ? fmt::format("fence {} is not the pending plan ({})", fence, m.fence)
+                                                     : fmt::format("fence {}: no plan is pending", fence));
   }
-  const std::size_t n = step.descriptors().size();
+  const std::size_t n = m.descriptors().size();
   if (status.size() != n) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("{} statuses for {} descriptors of plan {}", status.size(), n, fence));
   }
   CompleteReport report;
-  report.published = static_cast<std::uint32_t>(step.Complete(status));
+  report.published = static_cast<std::uint32_t>(m.Complete(status));
   report.failed = static_cast<std::uint32_t>(n) - report.published;
   return report;
 }
 
-Result<StepStats> EngineStepPlanner::Step(Rank rank, GroupId group, const StepShape& shape,
+Result<StepStats> StepPlanner::Step(Rank rank, GroupId group, const StepShape& shape,
                                           std::span<const RequestId> requests,
                                           std::span<const std::int32_t> selections, std::span<std::int32_t> indices) {
-  Scratch& s = *scratch_;
-  auto planned = Prepare(rank, group, shape, requests, selections, indices, s.max_descriptors);
+  Impl& m = *impl_;
+  auto planned = Prepare(rank, group, shape, requests, selections, indices, m.max_descriptors);
   if (!planned) return std::unexpected(planned.error());
   const std::uint32_t n = planned->num_descriptors;
-  // The library runs the plan itself (DpStep::Run, the host step's batches); Complete
+  // The library runs the plan itself (Impl::Run, the host step's batches); Complete
   // publishes only what arrived.
-  const auto status = std::span(s.library_status).first(n);
-  Status ran = n > 0 ? s.step.Run(status) : Ok();
+  m.status.resize(n);
+  const auto status = std::span(m.status);
+  Status ran = n > 0 ? m.Run(status) : Ok();
   auto report = Complete(planned->fence, status);
   ULA_CHECK(report.has_value());
   if (!ran) return std::unexpected(std::move(ran).error());
   return planned->stats;
 }
 
-Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId group, const EngineRegion& region) {
+Status StepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId group, const EngineRegion& region) {
   if (region.base == 0) return MakeError(ErrorCode::kInvalidArgument, "EngineRegion.base: null");
   if (region.num_layers > 1 && region.layer_stride < std::uint64_t{region.slots} * region.layer_bytes) {
     return MakeError(ErrorCode::kInvalidArgument,
@@ -280,7 +247,7 @@ Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId gro
   return RegisterEngineMemory(tier, rank, group, bases, region.layer_bytes, region.slots);
 }
 
-Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId group,
+Status StepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId group,
                                                std::span<const std::uintptr_t> layer_bases, std::uint32_t layer_bytes,
                                                std::uint32_t slots) {
   const AddressSpaceConfig& cfg = space_.config();
@@ -319,7 +286,7 @@ Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId gro
     }
   }
   const std::size_t k = (static_cast<std::size_t>(tier) * cfg.num_ranks + rank.value()) * cfg.num_groups + group.value();
-  scratch_->regions[k] = Scratch::Pool{std::vector<std::uintptr_t>(layer_bases.begin(), layer_bases.end()), layer_bytes,
+  impl_->regions[k] = Impl::Pool{std::vector<std::uintptr_t>(layer_bases.begin(), layer_bases.end()), layer_bytes,
                                        slots};
   // Allocate's victims now move in the registered memory (address_space.h).
   AddressSpace::State& st = StateOf(space_);
@@ -338,19 +305,19 @@ Status EngineStepPlanner::RegisterEngineMemory(Tier tier, Rank rank, GroupId gro
   return Ok();
 }
 
-void EngineStepPlanner::ExecuteOnEngineMemory(std::span<const CopyDescriptor> descriptors,
+void StepPlanner::ExecuteOnEngineMemory(std::span<const CopyDescriptor> descriptors,
                                               std::span<std::uint8_t> status) const {
   ULA_CHECK(status.size() == descriptors.size());
   const AddressSpaceConfig& cfg = space_.config();
-  auto region_of = [&](std::uint8_t tier, std::uint16_t rank, std::uint16_t group) -> const Scratch::Pool* {
+  auto region_of = [&](std::uint8_t tier, std::uint16_t rank, std::uint16_t group) -> const Impl::Pool* {
     if (tier >= kNumTiers || rank >= cfg.num_ranks || group >= cfg.num_groups) return nullptr;
-    const Scratch::Pool& r = scratch_->regions[(std::size_t{tier} * cfg.num_ranks + rank) * cfg.num_groups + group];
+    const Impl::Pool& r = impl_->regions[(std::size_t{tier} * cfg.num_ranks + rank) * cfg.num_groups + group];
     return r.bases.empty() ? nullptr : &r;
   };
   for (std::size_t i = 0; i < descriptors.size(); ++i) {
     const CopyDescriptor& d = descriptors[i];
-    const Scratch::Pool* src = region_of(d.src_tier, d.src_rank, d.group);
-    const Scratch::Pool* dst = region_of(d.dst_tier, d.dst_rank, d.group);
+    const Impl::Pool* src = region_of(d.src_tier, d.src_rank, d.group);
+    const Impl::Pool* dst = region_of(d.dst_tier, d.dst_rank, d.group);
     if (src == nullptr || dst == nullptr || src->layer_bytes != dst->layer_bytes ||
         src->bases.size() != dst->bases.size()) {
       status[i] = 1;
