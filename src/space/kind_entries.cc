@@ -230,6 +230,34 @@ Status KindEntries::Free(RequestId request) {
   return Ok();
 }
 
+Result<std::uint32_t> KindEntries::Compact(std::uint32_t k, std::span<const RequestId> pinned) {
+  if (frames_ == nullptr) return MakeError(ErrorCode::kFailedPrecondition, "Compact: the kinds hold no frames");
+  if (k >= kinds_.size() || addressed_[k]) {
+    return MakeError(k >= kinds_.size() ? ErrorCode::kOutOfRange : ErrorCode::kInvalidArgument,
+                     fmt::format("Compact: kind {} is out of range or the space's addresses", k));
+  }
+  // Each live block's place in its request's page table, and whether it may move.
+  struct Owner {
+    std::vector<std::uint32_t>* blocks;
+    std::size_t index;
+    bool pinned;
+  };
+  std::unordered_map<std::uint32_t, Owner> owner;
+  const std::set<RequestId> stay(pinned.begin(), pinned.end());
+  for (auto& [id, req] : requests_) {
+    std::vector<std::uint32_t>& blocks = req.kinds[k].blocks;
+    for (std::size_t i = 0; i < blocks.size(); ++i) owner[blocks[i]] = Owner{&blocks, i, stay.contains(id)};
+  }
+  return frames_->Compact(
+      k, [&owner](std::uint32_t block) { return owner.at(block).pinned; },
+      [&owner](std::uint32_t from, std::uint32_t to) {
+        const Owner o = owner.at(from);
+        (*o.blocks)[o.index] = to;
+        owner.erase(from);
+        owner.emplace(to, o);
+      });
+}
+
 Result<KindPages> KindEntries::PagesOf(RequestId request, std::uint32_t k) const {
   auto it = requests_.find(request);
   if (it == requests_.end()) return Unknown("KindPagesOf", request);

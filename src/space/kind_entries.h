@@ -110,6 +110,11 @@ class KindEntries {
   void Truncate(RequestId request, std::uint32_t length);
   // Releases all of the request's entries of every kind. kNotFound.
   Status Free(RequestId request);
+  // Over frames: compacts kind k's frames (KindFrames::Compact); a moved block keeps its
+  // entries and takes its new id in its request's page table. The blocks of `pinned`
+  // requests (those a step in flight reads) stay. Returns the frames returned to the budget.
+  // kFailedPrecondition without frames, kOutOfRange (k), kInvalidArgument (k addressed).
+  Result<std::uint32_t> Compact(std::uint32_t k, std::span<const RequestId> pinned);
 
   // The request's page table of a non-addressed kind k (kind_entries.h above; the
   // addressed kinds' pages are the directory's): kNotFound, kOutOfRange (k),

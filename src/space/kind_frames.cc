@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "ula/check.h"
 
@@ -89,6 +90,11 @@ std::optional<std::uint32_t> KindFrames::Take(std::uint32_t k) {
   } else {
     return std::nullopt;
   }
+  return TakeIn(k, f);
+}
+
+std::uint32_t KindFrames::TakeIn(std::uint32_t k, std::uint32_t f) {
+  const std::uint32_t per = envelopes_[k].per_frame;
   Frame& frame = frames_[f];
   std::uint32_t i = 0;
   while (frame.used[i] != 0) ++i;  // the frame has room
@@ -96,6 +102,40 @@ std::optional<std::uint32_t> KindFrames::Take(std::uint32_t k) {
   if (++frame.live == per) room_[k].erase(f);
   ++in_use_[k];
   return f * per + i;
+}
+
+std::uint32_t KindFrames::Compact(std::uint32_t k, const PinnedFn& pinned, const MovedFn& moved) {
+  const std::uint32_t per = envelopes_[k].per_frame;
+  const std::uint64_t bytes = envelopes_[k].bytes;
+  std::uint32_t returned = 0;
+  std::set<std::uint32_t> tried;  // frames with a pinned block: they stay
+  for (;;) {
+    // The sparsest frame of the kind that may move, and the room of the others.
+    std::uint32_t source = kFree;
+    std::uint64_t room = 0;
+    for (std::uint32_t f : room_[k]) room += per - frames_[f].live;
+    for (std::uint32_t f : room_[k]) {
+      if (!tried.contains(f) && (source == kFree || frames_[f].live < frames_[source].live)) source = f;
+    }
+    if (source == kFree || frames_[source].live > room - (per - frames_[source].live)) return returned;
+    bool movable = true;
+    for (std::uint32_t i = 0; i < per && movable; ++i) movable = frames_[source].used[i] == 0 || !pinned(source * per + i);
+    if (!movable) {
+      tried.insert(source);
+      continue;
+    }
+    for (std::uint32_t i = 0; i < per && frames_[source].kind == k; ++i) {  // until the frame returns
+      if (frames_[source].used[i] == 0) continue;
+      auto dest = room_[k].begin();
+      if (*dest == source) ++dest;  // room elsewhere was counted above
+      const std::uint32_t from = source * per + i;
+      const std::uint32_t to = TakeIn(k, *dest);
+      if (bytes_ != nullptr) std::memcpy(bytes_ + Offset(k, to), bytes_ + Offset(k, from), bytes);
+      moved(from, to);
+      Give(k, from);  // the last one returns the frame
+    }
+    ++returned;
+  }
 }
 
 void KindFrames::Give(std::uint32_t k, std::uint32_t block) {

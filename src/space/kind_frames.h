@@ -18,6 +18,12 @@
 // is far larger than a useful frame, so the envelopes are padded instead: kKindFrameBytes
 // keeps every V4-Flash kind's padding under 2.5 % (kind_frames_test prints the table).
 //
+// Compaction (Compact): frames of one kind that hold few live blocks are emptied into the
+// room of the kind's other frames and return to the budget, as the unified buffer compacts
+// its ends around pins (unified/end_layout.h): a pinned block never moves; each move copies
+// the block's bytes into its new place first and only then publishes it (the caller's
+// `moved` renames the block in its page table), so a reader sees the old block or the new.
+//
 // Invariants (CheckInvariants):
 //   1. Every frame is free (no kind, no live block) or of one kind with 1..per_frame live
 //      blocks, its live count equal to its used bits.
@@ -31,6 +37,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <set>
 #include <span>
@@ -112,6 +119,14 @@ class KindFrames {
   std::uint32_t FramesNeeded(std::span<const std::uint32_t> takes, std::span<const std::uint32_t> gives) const;
   bool IsLive(std::uint32_t k, std::uint32_t block) const;
 
+  // Empties kind k's frames with the fewest live blocks into the room of its other frames,
+  // sparsest first, while one with no pinned block fits in that room: each live block is
+  // copied (the bytes, when held) to the lowest free block of the lowest other frame with
+  // room, then moved(from, to) publishes it. Returns the frames returned to the budget.
+  using PinnedFn = std::function<bool(std::uint32_t block)>;
+  using MovedFn = std::function<void(std::uint32_t from, std::uint32_t to)>;
+  std::uint32_t Compact(std::uint32_t k, const PinnedFn& pinned, const MovedFn& moved);
+
   std::uint64_t Offset(std::uint32_t k, std::uint32_t block) const { return std::uint64_t{block} * envelopes_[k].padded; }
   // REQUIRES: layer < kinds[k].layers.
   StridedLayer Layer(std::uint32_t k, std::uint32_t layer) const;
@@ -126,6 +141,8 @@ class KindFrames {
     std::vector<std::uint8_t> used;  // [per_frame(kind)] 1 = live block; empty when free
   };
   KindFrames() = default;
+  // Takes the lowest free block of frame f (REQUIRES: of kind k, with room).
+  std::uint32_t TakeIn(std::uint32_t k, std::uint32_t f);
 
   std::vector<KvKind> kinds_;
   std::vector<KindEnvelope> envelopes_;      // [num_kinds]

@@ -8,6 +8,7 @@
 // through its strided layer view while requests come and go.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 #include <map>
 #include <random>
@@ -116,6 +117,41 @@ TEST(KindFrames, AFrameThatEmptiesReturnsToTheBudgetForAnotherKind) {
   EXPECT_EQ(f.Offset(s4, *s), f.Offset(win, window[0]));
   EXPECT_EQ(f.Offset(c128, h), kKindFrameBytes);
   EXPECT_TRUE(f.CheckInvariants("test"));
+}
+
+TEST(KindFrames, CompactionReturnsSparseFramesAroundPinnedRequests) {
+  const std::vector<KvKind> kinds = FlashKinds();
+  KindFrames f = MakeFrames(kinds, 60 * kKindFrameBytes);  // the states of 300 requests take 35
+  KindEntries e(kinds, &f, /*sparse_host_entries=*/1 << 30);
+  const std::uint32_t c128 = Named(kinds, "c128");
+  // 300 requests of one C128 block each fill three frames (140 blocks a frame)...
+  for (std::uint32_t r = 1; r <= 300; ++r) {
+    ASSERT_TRUE(e.AddRequest(RequestId(r)));
+    ASSERT_TRUE(e.CheckAppend(RequestId(r), 128));
+    e.Append(RequestId(r), 128);
+  }
+  EXPECT_EQ(f.frames_of(c128), 3u);
+  // ... and most of them go: 30 stay, 10 in each frame.
+  for (std::uint32_t r = 1; r <= 300; ++r) {
+    if (r % 10 != 0) ASSERT_TRUE(e.Free(RequestId(r)));
+  }
+  EXPECT_EQ(f.frames_of(c128), 3u);
+  const std::uint32_t free_before = f.free_frames();
+  const std::uint64_t share_before = e.SparseDeviceShare();
+  // Pin request 10 (frame 0): the two other frames empty into frame 0's room.
+  const RequestId pin(10);
+  const KindPages pinned = *e.PagesOf(pin, c128);
+  auto n = e.Compact(c128, std::span(&pin, 1));
+  ASSERT_TRUE(n) << n.error().ToString();
+  EXPECT_EQ(*n, 2u);
+  EXPECT_EQ(f.frames_of(c128), 1u);
+  EXPECT_EQ(f.free_frames(), free_before + 2);
+  EXPECT_GT(e.SparseDeviceShare(), share_before);  // the returned frames are the C4 share's
+  EXPECT_EQ(*e.PagesOf(pin, c128), pinned);
+  EXPECT_TRUE(e.CheckInvariants("compact")) << e.CheckInvariants("compact").error().ToString();
+  // Nothing left to return.
+  EXPECT_EQ(*e.Compact(c128, {}), 0u);
+  EXPECT_EQ(e.Compact(Named(kinds, "c4"), {}).error().code(), ErrorCode::kInvalidArgument);
 }
 
 TEST(KindFrames, ABudgetWithoutAFrameOrAnEnvelopeLargerThanAFrameIsRefused) {
@@ -289,7 +325,7 @@ TEST(KindFrames, EveryKindsRowsReadBackThroughItsStridedViewAsRequestsComeAndGo)
   // (request, kind, entry) -> the stamp its rows were written with.
   std::map<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>, std::uint32_t> shadow;
   std::vector<std::uint32_t> live;
-  std::uint32_t next = 1, stamp = 0, checked = 0;
+  std::uint32_t next = 1, stamp = 0, checked = 0, returned = 0;
   auto row = [&](std::uint32_t r, std::uint32_t k, std::uint32_t entry, std::uint32_t layer) -> std::byte* {
     const KindPages p = *e.PagesOf(RequestId(r), k);
     const StridedLayer view = frames.Layer(k, layer);
@@ -314,11 +350,20 @@ TEST(KindFrames, EveryKindsRowsReadBackThroughItsStridedViewAsRequestsComeAndGo)
       const std::uint32_t r = live[rng() % live.size()];
       const std::uint32_t n = 1 + static_cast<std::uint32_t>(rng() % 24);
       if (e.CheckAppend(RequestId(r), n)) e.Append(RequestId(r), n);
-    } else if (what < 8) {
+    } else if (what < 7) {
       const std::uint32_t r = live[rng() % live.size()];
       const std::uint32_t t = *e.TokensOf(RequestId(r));
       const std::uint32_t keep = t - std::min<std::uint32_t>(t, rng() % 3);
       if (e.CheckTruncate(RequestId(r), keep)) e.Truncate(RequestId(r), keep);
+    } else if (what < 8) {
+      // Compaction, one request pinned: its page table does not change.
+      const std::uint32_t k = std::array{0u, 2u, 3u, 4u}[rng() % 4];
+      const RequestId pin(live[rng() % live.size()]);
+      const KindPages before = *e.PagesOf(pin, k);
+      auto n = e.Compact(k, std::span(&pin, 1));
+      ASSERT_TRUE(n) << n.error().ToString();
+      returned += *n;
+      EXPECT_EQ(*e.PagesOf(pin, k), before) << "a pinned request's block moved";
     } else {
       const std::size_t i = rng() % live.size();
       ASSERT_TRUE(e.Free(RequestId(live[i])));
@@ -353,9 +398,10 @@ TEST(KindFrames, EveryKindsRowsReadBackThroughItsStridedViewAsRequestsComeAndGo)
     }
     shadow = std::move(now);
   }
-  std::printf("%u bytes checked, %u frames of %u in use at the end\n", checked,
-              frames.num_frames() - frames.free_frames(), frames.num_frames());
+  std::printf("%u bytes checked, %u frames returned by compaction, %u frames of %u in use at the end\n", checked,
+              returned, frames.num_frames() - frames.free_frames(), frames.num_frames());
   EXPECT_GT(checked, 100000u);
+  EXPECT_GT(returned, 10u);
 }
 
 }  // namespace
