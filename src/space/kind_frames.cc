@@ -134,6 +134,7 @@ std::uint32_t KindFrames::Compact(std::uint32_t k, const PinnedFn& pinned, const
       moved(from, to);
       Give(k, from);  // the last one returns the frame
     }
+    if (frames_[source].kind == k) return returned;  // not returned (an invariant broke): stop
     ++returned;
   }
 }
