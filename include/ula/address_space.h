@@ -115,7 +115,11 @@
 // takes tokens: it keeps floor(length / tokens_per_entry) entries of each kind and restores
 // the ring, refused (kFailedPrecondition, nothing changed) when the window of `length` is
 // no longer in the ring (a rollback of more than ring_draft_tokens). Free releases every
-// kind. Only logical blocks exist yet: the bytes of the kinds other than C4 are not held.
+// kind. The space's kind blocks are logical ids: the bytes of the kinds other than C4 are
+// not held here yet. One rank's budget of frames that holds every kind's bytes with no fixed
+// split (each kind's padded block envelope dividing a fixed frame, its layers as strided
+// views, the C4 device share whatever the resident kinds leave) is src/space/kind_frames.h,
+// under KindEntries; docs/ARCHITECTURE.md, "Kinds", says what the space lacks to use it.
 //
 // Lifetime (shared): `backend` outlives the space (held by reference; the backend's destructor
 // stops the program while a space lives); the space outlives every StepPlanner over it.

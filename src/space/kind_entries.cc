@@ -23,12 +23,33 @@ std::unexpected<Error> Unknown(std::string_view what, RequestId request) {
 }
 }  // namespace
 
-KindEntries::KindEntries(std::span<const KvKind> kinds)
-    : kinds_(kinds.begin(), kinds.end()), addressed_(kinds.size(), false), pools_(kinds.size()) {
+KindEntries::KindEntries(std::span<const KvKind> kinds, KindFrames* frames, std::uint64_t sparse_host_entries)
+    : kinds_(kinds.begin(), kinds.end()), addressed_(kinds.size(), false), pools_(kinds.size()), frames_(frames),
+      sparse_host_entries_(sparse_host_entries) {
+  ULA_CHECK(frames == nullptr || frames->num_kinds() == kinds.size());
   sparse_ = static_cast<std::uint32_t>(SparseKindIndex(kinds));
   for (std::size_t k = 0; k < kinds.size(); ++k) {
-    addressed_[k] = k == sparse_ || (kinds[k].companion_of != kNoCompanion && kinds[k].companion_of == sparse_);
+    // Over frames the companion holds blocks of its own (its bytes are resident).
+    const bool companion = kinds[k].companion_of != kNoCompanion && kinds[k].companion_of == sparse_;
+    addressed_[k] = k == sparse_ || (companion && frames == nullptr);
   }
+}
+
+std::uint32_t KindEntries::TakeBlock(std::uint32_t k) {
+  if (frames_ == nullptr) return pools_[k].Take();
+  const std::optional<std::uint32_t> block = frames_->Take(k);
+  ULA_CHECK(block.has_value());  // CheckAppend counted the frames
+  return *block;
+}
+
+void KindEntries::GiveBlock(std::uint32_t k, std::uint32_t id) {
+  if (frames_ == nullptr) return pools_[k].Give(id);
+  frames_->Give(k, id);
+}
+
+std::uint64_t KindEntries::SparseDeviceShare() const {
+  if (frames_ == nullptr || sparse_ >= kinds_.size()) return 0;
+  return std::uint64_t{frames_->free_frames()} * frames_->envelope(sparse_).per_frame * kB;
 }
 
 std::uint32_t KindEntries::Pool::Take() {
@@ -39,6 +60,11 @@ std::uint32_t KindEntries::Pool::Take() {
   }
   ULA_CHECK(extent < std::numeric_limits<std::uint32_t>::max());
   return extent++;
+}
+
+std::size_t KindEntries::DropFront(const KindState& s, std::uint32_t first, std::uint32_t end) {
+  if (end == first) return s.blocks.size();
+  return std::min<std::size_t>(s.blocks.size(), FirstBlock(first) - FirstBlock(s.first));
 }
 
 Status KindEntries::AddRequest(RequestId request) {
@@ -71,45 +97,83 @@ Result<std::uint32_t> KindEntries::CheckAppend(RequestId request, std::uint32_t 
                      fmt::format("Allocate: request {} holds {} tokens, {} more pass 2^32 - 1", request.value(), t,
                                  n_tokens));
   }
-  return EntriesAt(sparse_, t + n_tokens) - EntriesAt(sparse_, t);
+  const std::uint32_t made = EntriesAt(sparse_, t + n_tokens) - EntriesAt(sparse_, t);
+  if (frames_ == nullptr) return made;
+  // Over frames: the resident kinds' new blocks first, then the sparse entries in what is left.
+  const Request& req = it->second;
+  std::vector<std::uint32_t> takes(kinds_.size(), 0), gives(kinds_.size(), 0);
+  for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
+    if (addressed_[k]) continue;
+    if (kinds_[k].lifetime == KindLifetime::kPerRequest) {
+      takes[k] = req.appended ? 0 : 1;
+      continue;
+    }
+    const auto [first, end] = RangeAt(k, req.kinds[k], t + n_tokens);
+    const BlockDelta d = ResizeDelta(req.kinds[k], first, end);
+    takes[k] = d.takes, gives[k] = d.gives;
+  }
+  const std::uint32_t need = frames_->FramesNeeded(takes, gives);
+  if (need > frames_->free_frames()) {
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("Allocate: request {} ({} tokens, {} more): its resident kinds' new blocks need {} "
+                                 "free frames of {} B and the budget has {} free of {}", request.value(), t, n_tokens,
+                                 need, frames_->frame_bytes(), frames_->free_frames(), frames_->num_frames()));
+  }
+  const std::uint64_t share =
+      std::uint64_t{frames_->free_frames() - need} * frames_->envelope(sparse_).per_frame * kB;
+  if (sparse_entries_ + made > share + sparse_host_entries_) {
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("Allocate: request {} ({} tokens, {} more): {} '{}' entries in all would not fit "
+                                 "the device share the resident kinds leave ({} entries in {} free frames) plus the "
+                                 "host tier ({} entries)", request.value(), t, n_tokens, sparse_entries_ + made,
+                                 kinds_[sparse_].name, share, frames_->free_frames() - need, sparse_host_entries_));
+  }
+  return made;
+}
+
+KindEntries::BlockDelta KindEntries::ResizeDelta(const KindState& s, std::uint32_t first, std::uint32_t end) {
+  const std::size_t drop_front = DropFront(s, first, end);
+  const std::size_t kept = s.blocks.size() - drop_front;
+  const std::size_t want = EndBlock(first, end) - FirstBlock(first);
+  return {static_cast<std::uint32_t>(want > kept ? want - kept : 0),
+          static_cast<std::uint32_t>(drop_front + (kept > want ? kept - want : 0))};
+}
+
+std::pair<std::uint32_t, std::uint32_t> KindEntries::RangeAt(std::uint32_t k, const KindState& s,
+                                                             std::uint32_t tokens) const {
+  const KvKind& kind = kinds_[k];
+  if (kind.lifetime != KindLifetime::kRing) return {0, EntriesAt(k, tokens)};
+  const std::uint32_t oldest = tokens > kind.ring_tokens ? tokens - kind.ring_tokens : 0;
+  return {std::max(s.first, oldest), tokens};
 }
 
 void KindEntries::Resize(std::uint32_t k, KindState& s, std::uint32_t first, std::uint32_t end) {
-  Pool& pool = pools_[k];
-  const std::uint32_t old_first = FirstBlock(s.first);
-  const std::uint32_t new_first = FirstBlock(first);
-  const std::uint32_t new_end = EndBlock(first, end);
   // Blocks whose entries are all older than `first` go from the front, those past `end`
   // from the back; the kept ones keep their ids, new ones come at the back.
-  std::size_t drop_front = std::min<std::size_t>(s.blocks.size(), new_first - old_first);
-  if (end == first) drop_front = s.blocks.size();
-  for (std::size_t i = 0; i < drop_front; ++i) pool.Give(s.blocks[i]);
+  const std::size_t drop_front = DropFront(s, first, end);
+  for (std::size_t i = 0; i < drop_front; ++i) GiveBlock(k, s.blocks[i]);
   s.blocks.erase(s.blocks.begin(), s.blocks.begin() + static_cast<std::ptrdiff_t>(drop_front));
-  const std::size_t want = new_end - new_first;
-  while (s.blocks.size() > want) pool.Give(s.blocks.back()), s.blocks.pop_back();
-  while (s.blocks.size() < want) s.blocks.push_back(pool.Take());
+  const std::size_t want = EndBlock(first, end) - FirstBlock(first);
+  while (s.blocks.size() > want) GiveBlock(k, s.blocks.back()), s.blocks.pop_back();
+  while (s.blocks.size() < want) s.blocks.push_back(TakeBlock(k));
   s.first = first;
   s.end = end;
 }
 
 void KindEntries::Append(RequestId request, std::uint32_t n_tokens) {
   Request& req = requests_.at(request);
+  sparse_entries_ -= EntriesAt(sparse_, req.tokens);
   req.tokens += n_tokens;
+  sparse_entries_ += EntriesAt(sparse_, req.tokens);
   for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
     if (addressed_[k]) continue;
-    const KvKind& kind = kinds_[k];
     KindState& s = req.kinds[k];
-    switch (kind.lifetime) {
-      case KindLifetime::kRing: {
-        const std::uint32_t oldest = req.tokens > kind.ring_tokens ? req.tokens - kind.ring_tokens : 0;
-        Resize(k, s, std::max(s.first, oldest), req.tokens);
-        break;
-      }
-      case KindLifetime::kAppend: Resize(k, s, 0, EntriesAt(k, req.tokens)); break;
-      case KindLifetime::kPerRequest:
-        if (!req.appended) s.blocks.push_back(pools_[k].Take()), s.end = 1;
-        break;
+    if (kinds_[k].lifetime == KindLifetime::kPerRequest) {
+      if (!req.appended) s.blocks.push_back(TakeBlock(k)), s.end = 1;
+      continue;
     }
+    const auto [first, end] = RangeAt(k, s, req.tokens);
+    Resize(k, s, first, end);
   }
   req.appended = true;
 }
@@ -142,6 +206,7 @@ Result<std::uint32_t> KindEntries::CheckTruncate(RequestId request, std::uint32_
 
 void KindEntries::Truncate(RequestId request, std::uint32_t length) {
   Request& req = requests_.at(request);
+  sparse_entries_ -= EntriesAt(sparse_, req.tokens) - EntriesAt(sparse_, length);
   req.tokens = length;
   for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
     if (addressed_[k]) continue;
@@ -158,10 +223,39 @@ Status KindEntries::Free(RequestId request) {
   auto it = requests_.find(request);
   if (it == requests_.end()) return Unknown("Free", request);
   for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
-    for (std::uint32_t id : it->second.kinds[k].blocks) pools_[k].Give(id);
+    for (std::uint32_t id : it->second.kinds[k].blocks) GiveBlock(k, id);
   }
+  sparse_entries_ -= EntriesAt(sparse_, it->second.tokens);
   requests_.erase(it);
   return Ok();
+}
+
+Result<std::uint32_t> KindEntries::Compact(std::uint32_t k, std::span<const RequestId> pinned) {
+  if (frames_ == nullptr) return MakeError(ErrorCode::kFailedPrecondition, "Compact: the kinds hold no frames");
+  if (k >= kinds_.size() || addressed_[k]) {
+    return MakeError(k >= kinds_.size() ? ErrorCode::kOutOfRange : ErrorCode::kInvalidArgument,
+                     fmt::format("Compact: kind {} is out of range or the space's addresses", k));
+  }
+  // Each live block's place in its request's page table, and whether it may move.
+  struct Owner {
+    std::vector<std::uint32_t>* blocks;
+    std::size_t index;
+    bool pinned;
+  };
+  std::unordered_map<std::uint32_t, Owner> owner;
+  const std::set<RequestId> stay(pinned.begin(), pinned.end());
+  for (auto& [id, req] : requests_) {
+    std::vector<std::uint32_t>& blocks = req.kinds[k].blocks;
+    for (std::size_t i = 0; i < blocks.size(); ++i) owner[blocks[i]] = Owner{&blocks, i, stay.contains(id)};
+  }
+  return frames_->Compact(
+      k, [&owner](std::uint32_t block) { return owner.at(block).pinned; },
+      [&owner](std::uint32_t from, std::uint32_t to) {
+        const Owner o = owner.at(from);
+        (*o.blocks)[o.index] = to;
+        owner.erase(from);
+        owner.emplace(to, o);
+      });
 }
 
 Result<KindPages> KindEntries::PagesOf(RequestId request, std::uint32_t k) const {
@@ -189,6 +283,7 @@ Result<KindPages> KindEntries::PagesOf(RequestId request, std::uint32_t k) const
 }
 
 std::uint32_t KindEntries::BlocksInUse(std::uint32_t k) const {
+  if (frames_ != nullptr) return frames_->blocks_in_use(k);
   return pools_[k].extent - static_cast<std::uint32_t>(pools_[k].free.size());
 }
 
@@ -198,6 +293,7 @@ Status KindEntries::CheckInvariants(std::string_view who) const {
     if (addressed_[k]) continue;
     const KvKind& kind = kinds_[k];
     std::vector<std::uint8_t> seen(pools_[k].extent, 0);
+    std::set<std::uint32_t> owned;  // over frames
     for (std::uint32_t id : pools_[k].free) {
       if (id >= pools_[k].extent) return fail(fmt::format("kind '{}': free block {} past the extent", kind.name, id));
       seen[id] = 1;
@@ -233,6 +329,13 @@ Status KindEntries::CheckInvariants(std::string_view who) const {
                                 first, end, blocks));
       }
       for (std::uint32_t id : s.blocks) {
+        if (frames_ != nullptr) {
+          if (!frames_->IsLive(k, id) || !owned.insert(id).second) {
+            return fail(fmt::format("kind '{}': block {} of request {} is {}", kind.name, id, request.value(),
+                                    frames_->IsLive(k, id) ? "owned twice" : "not live in the frames"));
+          }
+          continue;
+        }
         if (id >= pools_[k].extent || seen[id] != 0) {
           return fail(fmt::format("kind '{}': block {} of request {} is {}", kind.name, id, request.value(),
                                   id >= pools_[k].extent ? "past the extent" : "owned twice or free"));
@@ -243,11 +346,34 @@ Status KindEntries::CheckInvariants(std::string_view who) const {
     for (std::uint32_t id = 0; id < pools_[k].extent; ++id) {
       if (seen[id] == 0) return fail(fmt::format("kind '{}': block {} is neither free nor owned", kind.name, id));
     }
+    if (frames_ != nullptr && owned.size() != frames_->blocks_in_use(k)) {
+      return fail(fmt::format("kind '{}': the frames hold {} live blocks, the requests own {}", kind.name,
+                              frames_->blocks_in_use(k), owned.size()));
+    }
+  }
+  return CheckFrames(who);
+}
+
+Status KindEntries::CheckFrames(std::string_view who) const {
+  auto fail = [who](std::string msg) { return MakeError(ErrorCode::kInternal, fmt::format("{}: {}", who, msg)); };
+  if (kinds_.empty()) return Ok();
+  std::uint64_t sparse = 0;
+  for (const auto& [id, req] : requests_) sparse += EntriesAt(sparse_, req.tokens);
+  if (sparse != sparse_entries_) {
+    return fail(fmt::format("{} sparse entries counted, the requests' tokens make {}", sparse_entries_, sparse));
+  }
+  if (frames_ == nullptr) return Ok();
+  ULA_RETURN_IF_ERROR(frames_->CheckInvariants(who));
+  if (sparse_entries_ > SparseDeviceShare() + sparse_host_entries_) {
+    return fail(fmt::format("{} '{}' entries exceed the free frames' share ({}) plus the host tier ({})",
+                            sparse_entries_, kinds_[sparse_].name, SparseDeviceShare(), sparse_host_entries_));
   }
   return Ok();
 }
 
 void KindEntries::AddToDigest(StateDigest& d) const {
+  d.Add(sparse_entries_);
+  if (frames_ != nullptr) frames_->AddToDigest(d);
   for (const Pool& p : pools_) {
     d.Add(p.extent);
     d.Add(p.free.size());

@@ -24,8 +24,15 @@
 //   kPerRequest (compressor state) one entry per request, taken by its first Append and held
 //              until Free; its position (tokens of the block still filling) is T % E.
 // Block ids: one logical id pool per non-addressed kind; a freed id is reused lowest first
-// (the ids stay dense, so the frames behind them, a later stage, can be sized by the
-// highest id). A per-request kind's entry takes one id of its pool.
+// (the ids stay dense). A per-request kind's entry takes one id of its pool.
+// Over frames (the constructor's `frames`, space/kind_frames.h): the blocks are the frames'
+// blocks of one rank's budget (a block id is its byte offset / the kind's padded envelope),
+// every kind but the sparse one is held there, its companion too (the index keys, in blocks
+// of 64 entries: the request's page j holds the keys of its C4 entries [64j, 64j + 64)), and
+// the sparse kind's device share is what they leave: the free frames, in blocks of 64
+// entries; its host tier (sparse_host_entries) holds the rest. An Append that does not fit
+// is refused (kResourceExhausted) with nothing changed: the resident kinds' new blocks need
+// more frames than are free, or the sparse entries would exceed that share plus the host.
 //
 // Truncate(request, length), a draft rollback to `length` tokens: drops the appended kinds'
 // entries of the rejected tokens (keeps floor(length / E)), the ring's tokens past `length`
@@ -42,21 +49,26 @@
 //  2. Per pool: every id below the pool's extent is either free (listed once) or in exactly
 //     one request's blocks of that kind; no id at or past the extent is used.
 //  3. A per-request kind's entry is held iff the request was appended to.
+//  4. Over frames: each kind's blocks in use in the frames are exactly the requests' blocks
+//     of that kind; the sparse entries fit the free frames' share plus the host tier.
 //
 // Failure: every mutating call checks all of its input first; an error changes nothing.
 // Thread-safety: plain data under the space's one driver thread.
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <set>
 #include <span>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/digest.h"
 #include "ula/error.h"
 #include "ula/ids.h"
+#include "space/kind_frames.h"
 #include "ula/kv_kinds.h"
 
 namespace ula {
@@ -67,7 +79,9 @@ class KindEntries {
   static constexpr std::uint32_t kBlockEntries = kKindBlockEntries;
 
   // REQUIRES: ValidateKinds(kinds) is Ok. No kinds: every call but AddRequest is an error.
-  explicit KindEntries(std::span<const KvKind> kinds);
+  // `frames` (over the same kinds; outlives this): hold the blocks there (above).
+  explicit KindEntries(std::span<const KvKind> kinds, KindFrames* frames = nullptr,
+                       std::uint64_t sparse_host_entries = 0);
 
   bool empty() const { return kinds_.empty(); }
   std::size_t num_requests() const { return requests_.size(); }
@@ -96,14 +110,25 @@ class KindEntries {
   void Truncate(RequestId request, std::uint32_t length);
   // Releases all of the request's entries of every kind. kNotFound.
   Status Free(RequestId request);
+  // Over frames: compacts kind k's frames (KindFrames::Compact); a moved block keeps its
+  // entries and takes its new id in its request's page table. The blocks of `pinned`
+  // requests (those a step in flight reads) stay. Returns the frames returned to the budget.
+  // kFailedPrecondition without frames, kOutOfRange (k), kInvalidArgument (k addressed).
+  Result<std::uint32_t> Compact(std::uint32_t k, std::span<const RequestId> pinned);
 
   // The request's page table of a non-addressed kind k (kind_entries.h above; the
   // addressed kinds' pages are the directory's): kNotFound, kOutOfRange (k),
   // kInvalidArgument (k addressed).
   Result<KindPages> PagesOf(RequestId request, std::uint32_t k) const;
-  // Ids of kind k's pool in use / minted (for tests and reports).
+  // Ids of kind k's pool in use / minted (for tests and reports; over frames, the frames').
   std::uint32_t BlocksInUse(std::uint32_t k) const;
   std::uint32_t BlockExtent(std::uint32_t k) const { return pools_[k].extent; }
+  // The sparse kind's entries of every request, and where they sit over frames: on device
+  // up to the free frames' share, the rest on host.
+  std::uint64_t SparseEntries() const { return sparse_entries_; }
+  std::uint64_t SparseDeviceShare() const;
+  std::uint64_t SparseDeviceEntries() const { return std::min(sparse_entries_, SparseDeviceShare()); }
+  std::uint64_t SparseHostEntries() const { return sparse_entries_ - SparseDeviceEntries(); }
 
   Status CheckInvariants(std::string_view who) const;
   void AddToDigest(StateDigest& d) const;
@@ -128,6 +153,18 @@ class KindEntries {
 
   // The entries [first, end) kind k holds at `tokens` tokens, given the ring's first so far.
   void Resize(std::uint32_t k, KindState& s, std::uint32_t first, std::uint32_t end);
+  // Blocks a Resize to [first, end) takes and gives back.
+  struct BlockDelta {
+    std::uint32_t takes = 0, gives = 0;
+  };
+  // Blocks of s to give back from the front for [first, end): all older than `first`.
+  static std::size_t DropFront(const KindState& s, std::uint32_t first, std::uint32_t end);
+  static BlockDelta ResizeDelta(const KindState& s, std::uint32_t first, std::uint32_t end);
+  // Kind k's [first, end) after `tokens` tokens (REQUIRES: not addressed, not per-request).
+  std::pair<std::uint32_t, std::uint32_t> RangeAt(std::uint32_t k, const KindState& s, std::uint32_t tokens) const;
+  std::uint32_t TakeBlock(std::uint32_t k);
+  void GiveBlock(std::uint32_t k, std::uint32_t id);
+  Status CheckFrames(std::string_view who) const;
   std::uint32_t EntriesAt(std::uint32_t k, std::uint32_t tokens) const {
     return tokens / kinds_[k].tokens_per_entry;
   }
@@ -137,6 +174,9 @@ class KindEntries {
   std::uint32_t sparse_ = 0;
   std::vector<Pool> pools_;      // [num_kinds] (addressed kinds: unused)
   std::unordered_map<RequestId, Request> requests_;
+  KindFrames* frames_ = nullptr;          // null: logical ids (pools_)
+  std::uint64_t sparse_host_entries_ = 0;  // over frames: the sparse kind's host tier
+  std::uint64_t sparse_entries_ = 0;      // the sparse kind's entries of every request
 };
 
 }  // namespace ula
