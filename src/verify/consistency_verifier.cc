@@ -38,6 +38,8 @@ Status VerifierConfig::Validate() const {
   if (group_layers == 0 || entry_bytes % group_layers != 0) {
     return bad(fmt::format("group_layers = {}: must divide entry_bytes = {}", group_layers, entry_bytes));
   }
+  if (draft_reject_percent > 100) return bad(fmt::format("draft_reject_percent = {}: must be in [0, 100]", draft_reject_percent));
+  if (reserve_rounds && !stable_new_entries) return bad("reserve_rounds: ReserveRound is the engine path's: needs stable_new_entries");
   return Ok();
 }
 
@@ -54,6 +56,10 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
     if (faults_) faults_->set_armed(false);  // armed only around planner steps
     for (std::uint32_t r = 0; r < cfg.num_ranks; ++r) {
       caches_.push_back(SparsePrefixCache::Create(*space_, Rank(static_cast<std::uint16_t>(r))).value());
+    }
+    if (cfg.reserve_rounds) {
+      reserver_ = StepPlanner::Create(*space_, {.max_batch = cfg.max_batch, .max_q_len = 1,
+                                                .max_top_k = cfg.top_k * cfg.queries_per_request}).value();
     }
   }
 
@@ -78,6 +84,10 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   }
   Status Write(LogicalAddr a, GroupId g, std::span<const std::byte> bytes) { return space_->Write(a, g, bytes); }
   Status Free(RequestId id) { return space_->Free(id); }
+  Status Truncate(RequestId id, std::uint32_t length) { return space_->Truncate(id, length); }
+  Result<RoundReservation> ReserveRound(Rank rank, std::span<const RoundDemand> demands) const {
+    return reserver_->ReserveRound(rank, demands);
+  }
   bool KeepInSelection(LogicalAddr) { return true; }
   bool Readable(LogicalAddr) { return true; }
   Status Read(LogicalAddr a, GroupId g, std::span<std::byte> out) { return space_->Read(a, g, out); }
@@ -405,6 +415,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   };
   Planner planner_;
   std::vector<std::unique_ptr<SparsePrefixCache>> caches_;  // sharing: one per rank (destroyed first)
+  std::unique_ptr<StepPlanner> reserver_;                   // reserve_rounds: the admission's planner
 };
 
 }  // namespace

@@ -69,6 +69,14 @@ struct VerifierConfig {
   // per layer region, and every check compares every layer's row (a move must carry all
   // of an entry's rows). Divides entry_bytes.
   std::uint32_t group_layers = 1;
+  // > 0: this percentage of the decodes first rolls back 1..3 of the request's last tokens
+  // (AddressSpace::Truncate: drafts the verification rejected, verifier_core.h). In [0, 100];
+  // 0 draws the same numbers as without it.
+  std::uint32_t draft_reject_percent = 0;
+  // true: a decode allocates only once StepPlanner::ReserveRound (a planner made by Create
+  // over the space, in every form: the scheduler's admission) admitted its tokens. Needs
+  // stable_new_entries.
+  bool reserve_rounds = false;
 
   Status Validate() const;
 };
@@ -96,6 +104,9 @@ struct VerifierReport {
   std::uint64_t cache_evictions = 0;   // sharing: cache evictions run
   std::uint64_t locked_checks = 0;     // sharing: locked matches checked after an eviction
   std::uint64_t sharing_failures = 0;  // sharing: an entry a sharer's free or an eviction lost or moved
+  std::uint64_t draft_rollbacks = 0;   // draft_reject_percent: decodes that rolled back drafts first
+  std::uint64_t reservations = 0;      // reserve_rounds: decodes ReserveRound admitted
+  std::uint64_t reservations_refused = 0;  // reserve_rounds: decodes it deferred (kResourceExhausted)
   std::vector<std::string> first_failures;  // up to 10 descriptions
 
   bool ok() const {

@@ -57,6 +57,8 @@ Status TpVerifierConfig::Validate() const {
   }
   if (!(fault_rate >= 0 && fault_rate <= 1)) return bad(fmt::format("fault_rate = {}: must be in [0, 1]", fault_rate));
   if (share_percent > 100) return bad(fmt::format("share_percent = {}: must be in [0, 100]", share_percent));
+  if (draft_reject_percent > 100) return bad(fmt::format("draft_reject_percent = {}: must be in [0, 100]", draft_reject_percent));
+  if (reserve_rounds && !stable_new_entries) return bad("reserve_rounds: ReserveRound is the engine path's: needs stable_new_entries");
   if (form == PlannerForm::kDevice && attention != TpAttention::kAtHome) {
     return bad("form = device: the TP device step covers attention at home only (the local buffer's remote phase "
                "is not a kernel yet)");
@@ -181,6 +183,15 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   }
   Status Write(LogicalAddr a, GroupId g, std::span<const std::byte> bytes) { return space_->Write(a, g, bytes); }
   Status Free(RequestId id) { return space_->Free(id); }
+  Status Truncate(RequestId id, std::uint32_t length) { return space_->Truncate(id, length); }
+  Result<RoundReservation> ReserveRound(Rank, std::span<const RoundDemand> demands) {
+    if (!reserver_) {
+      auto made = TpStepPlanner::Create(*space_, {.max_batch = cfg_.max_batch, .max_q_len = 1, .max_top_k = MaxRun()});
+      if (!made) return std::unexpected(made.error());
+      reserver_ = std::move(*made);
+    }
+    return reserver_->ReserveRound(demands);
+  }
   bool KeepInSelection(LogicalAddr a) { return space_->IsLive(a); }
   bool Readable(LogicalAddr a) { return HomeHosted(a); }  // this process's shards only
   Status Read(LogicalAddr a, GroupId g, std::span<std::byte> out) { return space_->Read(a, g, out); }
@@ -645,6 +656,7 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   std::vector<StepRecord> device_records_;            // [hosted]
   MlaShape mla_;
   std::unique_ptr<SparsePrefixCache> cache_ = SparsePrefixCache::Create(*space_).value();  // sharing
+  std::unique_ptr<TpStepPlanner> reserver_;           // reserve_rounds: the admission's planner
   std::uint64_t step_ = 0;
 };
 
@@ -655,6 +667,11 @@ Result<TpVerifierReport> RunTpVerifier(const TpVerifierConfig& config, TpFabric*
   if (fabric != nullptr && config.form == PlannerForm::kDevice) {
     return MakeError(ErrorCode::kFailedPrecondition, "TpVerifierConfig.form = device: the verifier agrees the ranks' "
                                                      "verdicts in this process (no fabric)");
+  }
+  if (fabric != nullptr && config.reserve_rounds) {
+    return MakeError(ErrorCode::kInvalidArgument, "TpVerifierConfig.reserve_rounds: each process would admit by its own "
+                                                  "rank's room (the scheduler's all-reduce is not modelled): in-process "
+                                                  "ranks only");
   }
   if (fabric != nullptr && fabric->num_ranks() != config.num_ranks) {
     return MakeError(ErrorCode::kInvalidArgument, fmt::format("TpVerifierConfig.num_ranks = {} but the fabric has {} ranks",

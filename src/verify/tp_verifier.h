@@ -99,6 +99,11 @@ struct TpVerifierConfig {
   // bytes), plus CheckInvariants' shadow checks (a shadow equals its entry's device bytes).
   // Not with kDevice (its Create refuses shadows).
   bool host_shadows = false;
+  // Drafts rolled back and round reservations, as VerifierConfig's (consistency_verifier.h):
+  // TpAddressSpace::Truncate, and TpStepPlanner::ReserveRound (a planner made by Create, in
+  // every form; in-process ranks only, and stable_new_entries).
+  std::uint32_t draft_reject_percent = 0;
+  bool reserve_rounds = false;
 
   Status Validate() const;
   std::uint32_t buffer_slots() const;
@@ -147,6 +152,9 @@ struct TpVerifierReport {
   std::uint64_t cache_evictions = 0;        // sharing: cache evictions run
   std::uint64_t locked_checks = 0;          // sharing: locked matches checked after an eviction
   std::uint64_t sharing_failures = 0;       // sharing: an entry a sharer's free or an eviction lost or moved
+  std::uint64_t draft_rollbacks = 0;        // draft_reject_percent: decodes that rolled back drafts first
+  std::uint64_t reservations = 0;           // reserve_rounds: decodes ReserveRound admitted
+  std::uint64_t reservations_refused = 0;   // reserve_rounds: decodes it deferred (kResourceExhausted)
   std::vector<std::string> first_failures;  // up to 10
   std::vector<TpStepRecord> records;
 

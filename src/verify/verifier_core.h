@@ -35,6 +35,14 @@
 // initial_requests: requests that arrive before the first op); Report has the
 // counters of verifier_checks.h plus ops, seed and entries_checked.
 //
+// Drafts and rounds (optional Config fields; off, they draw nothing). draft_reject_percent:
+// that share of the decodes first rolls back 1..3 of the request's last tokens (Truncate),
+// as a verification that rejected drafts some steps already selected; the strategy adds
+// Status Truncate(RequestId, std::uint32_t length). reserve_rounds: a decode allocates only
+// after the strategy's Result<RoundReservation> ReserveRound(Rank, std::span<const
+// RoundDemand>) admitted the round's batch (kResourceExhausted defers it). Report counts draft_rollbacks, reservations
+// and reservations_refused.
+//
 // Sharing (only when cfg_.share_percent > 0, so that runs without it draw the
 // same numbers as before). Requests carry token ids. That share of the arrivals adopts a
 // prefix of a live request instead: the donor is cached in the rank's SparsePrefixCache
@@ -69,6 +77,7 @@
 #include "ula/error.h"
 #include "ula/ids.h"
 #include "ula/sparse_prefix_cache.h"
+#include "ula/step_planner.h"
 #include "verify/verifier_checks.h"
 
 namespace ula::verify_internal {
@@ -219,13 +228,69 @@ class VerifierCore {
 
   void Decode() {
     Request& r = requests_[rng_() % requests_.size()];
-    auto addrs = self().Allocate(r.id, 1 + static_cast<std::uint32_t>(rng_() % 3));
+    if constexpr (requires { cfg_.draft_reject_percent; }) {
+      if (cfg_.draft_reject_percent > 0 && rng_() % 100 < cfg_.draft_reject_percent) RollBackDrafts(r);
+    }
+    const std::uint32_t n = 1 + static_cast<std::uint32_t>(rng_() % 3);
+    if constexpr (requires { cfg_.reserve_rounds; }) {
+      if (cfg_.reserve_rounds && !Reserved(r, n)) return;
+    }
+    auto addrs = self().Allocate(r.id, n);
     if (!addrs) return;  // full
     for (LogicalAddr a : *addrs) {
       Fill(a);
       r.addrs.push_back(a);
       if (Sharing()) r.tokens.push_back(NextToken());
     }
+  }
+
+  // Drafts rolled back: the verification rejected 1..3 of r's last tokens (Truncate), which
+  // steps may have selected and moved. Shared entries are immutable (Truncate refuses them),
+  // so only r's own tail is rolled back. The truncated addresses leave r's selections.
+  void RollBackDrafts(Request& r) {
+    std::size_t k = std::min<std::size_t>(1 + rng_() % 3, r.addrs.size());
+    if (Sharing()) {
+      std::size_t own = 0;
+      while (own < k && self().RefCount(r.addrs[r.addrs.size() - 1 - own]) == 1) ++own;
+      k = own;
+    }
+    if (k == 0) return;
+    const std::uint32_t length = static_cast<std::uint32_t>(r.addrs.size() - k);
+    if (auto s = self().Truncate(r.id, length); !s) {
+      Fail(report_.invariant_failures, "Truncate: " + s.error().ToString());
+      return;
+    }
+    const std::vector<LogicalAddr> gone(r.addrs.begin() + length, r.addrs.end());
+    r.addrs.resize(length);
+    if (Sharing()) r.tokens.resize(length);
+    for (auto& sel : r.selection) {
+      std::erase_if(sel, [&](LogicalAddr a) { return std::find(gone.begin(), gone.end(), a) != gone.end(); });
+    }
+    ++report_.draft_rollbacks;
+    CheckInvariants("draft rollback");
+  }
+
+  // Round reservations: the decode's n tokens are admitted only when the engine path's
+  // ReserveRound (the strategy's) says a round fits that steps r with its n new tokens and
+  // the batch's other requests (the first live ones on r's rank, up to max_batch), each
+  // selecting top_k per query; kResourceExhausted defers them.
+  bool Reserved(const Request& r, std::uint32_t n) {
+    const std::uint32_t selections = cfg_.top_k * cfg_.queries_per_request;
+    std::vector<RoundDemand> demands{{r.id, n, selections}};
+    for (const Request& other : requests_) {
+      if (demands.size() >= cfg_.max_batch) break;
+      if (other.id != r.id && other.rank == r.rank) demands.push_back({other.id, 0, selections});
+    }
+    auto reserved = self().ReserveRound(r.rank, demands);
+    if (reserved) {
+      ++report_.reservations;
+      return true;
+    }
+    if (reserved.error().code() != ErrorCode::kResourceExhausted) {
+      Fail(report_.invariant_failures, "ReserveRound: " + reserved.error().ToString());
+    }
+    ++report_.reservations_refused;
+    return false;
   }
 
   void Rewrite() {

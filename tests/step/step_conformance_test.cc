@@ -2,7 +2,8 @@
 // forms today") runs the same seeded workload through the consistency verifier
 // (src/verify/consistency_verifier.h): requests arrive, grow, rewrite their entries, share
 // cached prefixes and finish; steps select overlapping top-k sets under device pressure so
-// that victims swap; after every step each selected entry's bytes are compared with the
+// that victims swap; drafts are rolled back (Truncate) and decodes admitted by round
+// reservations (ReserveRound); after every step each selected entry's bytes are compared with the
 // shadow copy in every layer's row, Read() and CheckInvariants() are checked, refused steps
 // and bad input must change nothing, and injected copy faults must lose nothing and publish
 // nothing early.
@@ -24,10 +25,11 @@
 namespace ula {
 namespace {
 
+constexpr std::uint64_t kFullOps = 1200;
 #if defined(ULA_EXPENSIVE_CHECKS) || defined(__SANITIZE_THREAD__) || defined(ULA_VERIFIER_TEST_SANITIZER_OPS)
 constexpr std::uint64_t kOps = 500;
 #else
-constexpr std::uint64_t kOps = 1200;
+constexpr std::uint64_t kOps = kFullOps;
 #endif
 
 // The mode every form can run: the engine path's (stable new entries, exclusive tiers), the
@@ -49,16 +51,19 @@ VerifierConfig Conformance(std::uint64_t seed, PlannerForm form) {
 }
 
 struct Counts {
-  std::uint64_t steps, rejected, hits, fetches, swaps, failed_calls, shares;
+  std::uint64_t steps, rejected, hits, fetches, swaps, failed_calls, shares, rollbacks, reserved, deferred;
   bool operator==(const Counts&) const = default;
 };
 Counts CountsOf(const VerifierReport& r) {
-  return {r.steps, r.rejected_steps, r.hits, r.fetches, r.swaps, r.failed_calls, r.shares};
+  return {r.steps, r.rejected_steps, r.hits, r.fetches, r.swaps, r.failed_calls, r.shares, r.draft_rollbacks,
+          r.reservations, r.reservations_refused};
 }
 std::string Describe(const Counts& c) {
   return "steps " + std::to_string(c.steps) + ", refused " + std::to_string(c.rejected) + ", hits " +
          std::to_string(c.hits) + ", fetches " + std::to_string(c.fetches) + ", swaps " + std::to_string(c.swaps) +
-         ", failed " + std::to_string(c.failed_calls) + ", shares " + std::to_string(c.shares);
+         ", failed " + std::to_string(c.failed_calls) + ", shares " + std::to_string(c.shares) + ", rollbacks " +
+         std::to_string(c.rollbacks) + ", reserved " + std::to_string(c.reserved) + ", deferred " +
+         std::to_string(c.deferred);
 }
 
 VerifierReport RunOk(const VerifierConfig& c, const char* what) {
@@ -112,6 +117,40 @@ TEST_P(StepConformance, SharedPrefixes) {
   const VerifierReport r = RunOk(c, "sharing");
   EXPECT_GT(r.shares, 0u);
   EXPECT_GT(r.sharer_checks, 0u);
+  EXPECT_EQ(CountsOf(r), CountsOf(reference)) << Describe(CountsOf(r)) << " vs the reference's "
+                                              << Describe(CountsOf(reference));
+}
+
+// Drafts rolled back: a share of the decodes first truncates 1..3 of the request's last
+// tokens (rejected drafts that steps may have selected and moved), with shared prefixes
+// (whose entries no rollback reaches): every form decides as the host reference does.
+TEST_P(StepConformance, DraftsRolledBack) {
+  ULA_TEST_SEEDED(seed, 20261210);
+  VerifierConfig c = Conformance(seed, PlannerForm::kHost);
+  c.draft_reject_percent = 40;
+  c.share_percent = 20;
+  const VerifierReport reference = RunOk(c, "drafts");
+  c.form = GetParam();
+  const VerifierReport r = RunOk(c, "drafts");
+  EXPECT_GT(r.draft_rollbacks, kOps / 50);
+  EXPECT_EQ(CountsOf(r), CountsOf(reference)) << Describe(CountsOf(r)) << " vs the reference's "
+                                              << Describe(CountsOf(reference));
+}
+
+// Round reservations: a decode allocates only once ReserveRound admitted it, so a form whose
+// rounds used other slots would admit other decodes; every form decides as the host
+// reference does.
+TEST_P(StepConformance, RoundsReserved) {
+  ULA_TEST_SEEDED(seed, 20261211);
+  VerifierConfig c = Conformance(seed, PlannerForm::kHost);
+  c.reserve_rounds = true;
+  const VerifierReport reference = RunOk(c, "reservations");
+  c.form = GetParam();
+  const VerifierReport r = RunOk(c, "reservations");
+  EXPECT_GT(r.reservations, 0u);
+  if (kOps >= kFullOps) {  // the short sanitizer runs may defer none
+    EXPECT_GT(r.reservations_refused, 0u) << "the workload must defer decodes for the check to mean anything";
+  }
   EXPECT_EQ(CountsOf(r), CountsOf(reference)) << Describe(CountsOf(r)) << " vs the reference's "
                                               << Describe(CountsOf(reference));
 }

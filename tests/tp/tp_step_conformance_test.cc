@@ -1,6 +1,7 @@
 // The step's conformance suite in TP mode (tests/step/step_conformance_test.cc has DP): the
 // TP verifier (src/verify/tp_verifier.h) runs one seeded workload over four in-process ranks
-// under device pressure, with injected faults and with shared prefixes, in every TP mode and
+// under device pressure, with injected faults, with shared prefixes, with drafts rolled back
+// (Truncate) and with decodes admitted by round reservations (ReserveRound), in every TP mode and
 // form: attention at home by the host reference (TpStepPlanner), the engine path
 // (TpStepPlanner) and the device step (one DeviceStep per rank, their verdicts agreed);
 // the local buffer by the host reference and the engine path. Every run must keep every byte (each rank's refs read the shadow bytes,
@@ -22,10 +23,11 @@
 namespace ula {
 namespace {
 
+constexpr std::uint64_t kFullOps = 220;
 #if defined(ULA_EXPENSIVE_CHECKS) || defined(__SANITIZE_THREAD__)
 constexpr std::uint64_t kOps = 100;
 #else
-constexpr std::uint64_t kOps = 220;
+constexpr std::uint64_t kOps = kFullOps;
 #endif
 
 TpVerifierConfig Conformance(std::uint64_t seed, TpAttention attention, PlannerForm form) {
@@ -45,17 +47,20 @@ TpVerifierConfig Conformance(std::uint64_t seed, TpAttention attention, PlannerF
 }
 
 struct Counts {
-  std::uint64_t steps, rejected, home_misses, home_swaps, left_to_home, failed_calls, shares;
+  std::uint64_t steps, rejected, home_misses, home_swaps, left_to_home, failed_calls, shares, rollbacks, reserved,
+      deferred;
   bool operator==(const Counts&) const = default;
 };
 Counts CountsOf(const TpVerifierReport& r) {
-  return {r.steps, r.rejected_steps, r.home_misses, r.home_swaps, r.left_to_home, r.failed_calls, r.shares};
+  return {r.steps,       r.rejected_steps,  r.home_misses,  r.home_swaps,           r.left_to_home,
+          r.failed_calls, r.shares, r.draft_rollbacks, r.reservations, r.reservations_refused};
 }
 std::string Describe(const Counts& c) {
   return "steps " + std::to_string(c.steps) + ", refused " + std::to_string(c.rejected) + ", home misses " +
          std::to_string(c.home_misses) + ", swaps " + std::to_string(c.home_swaps) + ", left to home " +
          std::to_string(c.left_to_home) + ", failed " + std::to_string(c.failed_calls) + ", shares " +
-         std::to_string(c.shares);
+         std::to_string(c.shares) + ", rollbacks " + std::to_string(c.rollbacks) + ", reserved " +
+         std::to_string(c.reserved) + ", deferred " + std::to_string(c.deferred);
 }
 
 TpVerifierReport RunOk(const TpVerifierConfig& c, const char* what) {
@@ -75,8 +80,28 @@ struct Scenario {
   const char* name;
   double fault_rate;
   std::uint32_t share_percent;
+  std::uint32_t draft_reject_percent = 0;  // drafts rolled back (Truncate)
+  bool reserve_rounds = false;             // decodes admitted by ReserveRound
+  void ApplyTo(TpVerifierConfig& c) const {
+    c.share_percent = share_percent;
+    c.draft_reject_percent = draft_reject_percent;
+    c.reserve_rounds = reserve_rounds;
+    if (reserve_rounds) c.device_slots_per_group = c.top_k * c.queries_per_request;  // rounds that do not always fit
+  }
+  void ExpectExercised(const TpVerifierReport& r) const {
+    if (fault_rate > 0) EXPECT_GT(r.failed_calls, 0u) << name;
+    if (share_percent > 0) EXPECT_GT(r.shares, 0u) << name;
+    if (draft_reject_percent > 0) EXPECT_GT(r.draft_rollbacks, 0u) << name;
+    if (reserve_rounds) EXPECT_GT(r.reservations, 0u) << name;
+    // The short sanitizer runs may defer none.
+    if (reserve_rounds && kOps >= kFullOps) EXPECT_GT(r.reservations_refused, 0u) << name;
+  }
 };
-constexpr Scenario kScenarios[] = {{"pressure", 0, 0}, {"faults", 0.1, 0}, {"sharing", 0, 40}};
+constexpr Scenario kScenarios[] = {{"pressure", 0, 0},
+                                   {"faults", 0.1, 0},
+                                   {"sharing", 0, 40},
+                                   {"drafts", 0, 20, 40},
+                                   {"reservations", 0, 0, 0, true}};
 
 // Local buffers: the host reference and the engine path (TpStepPlanner, Plan with its
 // two phases of copies, Complete) make the same decisions.
@@ -85,12 +110,11 @@ TEST(TpStepConformance, LocalBufferFormsMakeTheSameDecisions) {
   for (const Scenario& s : kScenarios) {
     TpVerifierConfig c = Conformance(seed, TpAttention::kLocalBuffer, PlannerForm::kHost);
     c.fault_rate = s.fault_rate / 4;  // the local buffer's path fails more often per fault
-    c.share_percent = s.share_percent;
+    s.ApplyTo(c);
     const TpVerifierReport reference = RunOk(c, s.name);
     EXPECT_GT(reference.home_swaps, 0u) << s.name;
     EXPECT_GT(reference.remote_fetches, 0u) << s.name;
-    if (s.fault_rate > 0) EXPECT_GT(reference.failed_calls, 0u) << s.name;
-    if (s.share_percent > 0) EXPECT_GT(reference.shares, 0u) << s.name;
+    s.ExpectExercised(reference);
     c.form = PlannerForm::kEngine;
     const TpVerifierReport engine = RunOk(c, s.name);
     EXPECT_EQ(engine.entries_lost, 0u) << s.name;
@@ -106,13 +130,12 @@ TEST(TpStepConformance, AttentionAtHomeFormsMakeTheSameDecisions) {
   for (const Scenario& s : kScenarios) {
     TpVerifierConfig c = Conformance(seed, TpAttention::kAtHome, PlannerForm::kHost);
     c.fault_rate = s.fault_rate;
-    c.share_percent = s.share_percent;
+    s.ApplyTo(c);
     const TpVerifierReport reference = RunOk(c, s.name);
     EXPECT_GT(reference.home_swaps, 0u) << s.name;
     EXPECT_GT(reference.left_to_home, 0u) << s.name;
     EXPECT_GT(reference.attention_checks, 0u) << s.name;
-    if (s.fault_rate > 0) EXPECT_GT(reference.failed_calls, 0u) << s.name;
-    if (s.share_percent > 0) EXPECT_GT(reference.shares, 0u) << s.name;
+    s.ExpectExercised(reference);
     for (PlannerForm f : {PlannerForm::kEngine, PlannerForm::kDevice}) {
       c.form = f;
       const TpVerifierReport r = RunOk(c, s.name);

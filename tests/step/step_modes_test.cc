@@ -1,0 +1,288 @@
+// Which step form runs which mode: one table over every cell of {DP, TP attention at home,
+// TP local buffer} x {host library path, host engine path, device step} x the modes that
+// decide it (the base mode: stable new entries, no host shadows, kernel_pb_lru, no kinds;
+// then one of them changed at a time). Each cell either runs or is refused at the form's
+// Create with the ErrorCode and reason the table states (docs/ARCHITECTURE.md, "Which form
+// runs which mode", is this table). A cell that runs takes a short seeded workload through
+// the verifier of its topology (src/verify/consistency_verifier.h, src/verify/tp_verifier.h),
+// or, for a space with kinds (which the verifier does not build), Create and one step over
+// the request's C4 entries. A refused cell is created directly from a space in that mode, so
+// the table pins the forms' own refusals, not the verifier's.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "test_seed.h"
+#include "v4_flash.h"
+#include "ula/address_space.h"
+#include "ula/backend.h"
+#include "ula/device_step.h"
+#include "ula/step_planner.h"
+#include "ula/tp_address_space.h"
+#include "ula/tp_step_planner.h"
+#include "verify/consistency_verifier.h"
+#include "verify/tp_verifier.h"
+
+namespace ula {
+namespace {
+
+#if defined(ULA_EXPENSIVE_CHECKS) || defined(__SANITIZE_THREAD__)
+constexpr std::uint64_t kDpOps = 60;
+constexpr std::uint64_t kTpOps = 20;
+#else
+constexpr std::uint64_t kDpOps = 200;
+constexpr std::uint64_t kTpOps = 60;
+#endif
+
+enum class Topology { kDp, kTpAtHome, kTpLocalBuffer };
+enum class Form { kLibrary, kEngine, kDevice };
+// The base mode, or the one field changed from it.
+enum class Mode { kBase, kUnstableNewEntries, kHostShadows, kPbLru, kKinds };
+
+struct Cell {
+  Topology topology;
+  Form form;
+  Mode mode;
+  bool runs;
+  ErrorCode code;      // when refused
+  const char* reason;  // when refused: a substring of the message
+};
+
+constexpr ErrorCode kNone = ErrorCode::kInternal;  // unused: the cell runs
+constexpr ErrorCode kPrecondition = ErrorCode::kFailedPrecondition;
+constexpr ErrorCode kUnsupported = ErrorCode::kUnsupported;
+constexpr const char* kStable = "stable_new_entries is off";
+constexpr const char* kShadows = "host_shadows is on";
+constexpr const char* kPolicy = "policy kernel_pb_lru";
+constexpr const char* kKindsReason = "kinds: its entries are made per kind";
+constexpr const char* kAtHome = "covers attention at home";
+
+using enum Topology;
+using enum Form;
+using enum Mode;
+// The table. Kinds are a DP space's (TpConfig has none). Where a space is in two modes a
+// form refuses, the first of its checks names it: the device step checks kinds, then host
+// shadows, then stable new entries, then (TP) the attention, then the policy.
+constexpr Cell kCells[] = {
+    {kDp, kLibrary, kBase, true, kNone, ""},
+    {kDp, kEngine, kBase, true, kNone, ""},
+    {kDp, kDevice, kBase, true, kNone, ""},
+    {kDp, kLibrary, kUnstableNewEntries, true, kNone, ""},
+    {kDp, kEngine, kUnstableNewEntries, false, kPrecondition, kStable},
+    {kDp, kDevice, kUnstableNewEntries, false, kPrecondition, kStable},
+    {kDp, kLibrary, kHostShadows, true, kNone, ""},
+    {kDp, kEngine, kHostShadows, true, kNone, ""},
+    {kDp, kDevice, kHostShadows, false, kUnsupported, kShadows},
+    {kDp, kLibrary, kPbLru, true, kNone, ""},
+    {kDp, kEngine, kPbLru, true, kNone, ""},
+    {kDp, kDevice, kPbLru, false, kPrecondition, kPolicy},
+    {kDp, kLibrary, kKinds, true, kNone, ""},
+    {kDp, kEngine, kKinds, true, kNone, ""},
+    {kDp, kDevice, kKinds, false, kUnsupported, kKindsReason},
+
+    {kTpAtHome, kLibrary, kBase, true, kNone, ""},
+    {kTpAtHome, kEngine, kBase, true, kNone, ""},
+    {kTpAtHome, kDevice, kBase, true, kNone, ""},
+    {kTpAtHome, kLibrary, kUnstableNewEntries, true, kNone, ""},
+    {kTpAtHome, kEngine, kUnstableNewEntries, false, kPrecondition, kStable},
+    {kTpAtHome, kDevice, kUnstableNewEntries, false, kPrecondition, kStable},
+    {kTpAtHome, kLibrary, kHostShadows, true, kNone, ""},
+    {kTpAtHome, kEngine, kHostShadows, true, kNone, ""},
+    {kTpAtHome, kDevice, kHostShadows, false, kUnsupported, kShadows},
+    {kTpAtHome, kLibrary, kPbLru, true, kNone, ""},
+    {kTpAtHome, kEngine, kPbLru, true, kNone, ""},
+    {kTpAtHome, kDevice, kPbLru, false, kPrecondition, kPolicy},
+
+    {kTpLocalBuffer, kLibrary, kBase, true, kNone, ""},
+    {kTpLocalBuffer, kEngine, kBase, true, kNone, ""},
+    {kTpLocalBuffer, kDevice, kBase, false, kPrecondition, kAtHome},
+    {kTpLocalBuffer, kLibrary, kUnstableNewEntries, true, kNone, ""},
+    {kTpLocalBuffer, kEngine, kUnstableNewEntries, false, kPrecondition, kStable},
+    {kTpLocalBuffer, kDevice, kUnstableNewEntries, false, kPrecondition, kStable},
+    {kTpLocalBuffer, kLibrary, kHostShadows, true, kNone, ""},
+    {kTpLocalBuffer, kEngine, kHostShadows, true, kNone, ""},
+    {kTpLocalBuffer, kDevice, kHostShadows, false, kUnsupported, kShadows},
+    {kTpLocalBuffer, kLibrary, kPbLru, true, kNone, ""},
+    {kTpLocalBuffer, kEngine, kPbLru, true, kNone, ""},
+    {kTpLocalBuffer, kDevice, kPbLru, false, kPrecondition, kAtHome},
+};
+
+std::string Name(const Cell& c) {
+  static constexpr const char* kTopologies[] = {"dp", "tp_at_home", "tp_local_buffer"};
+  static constexpr const char* kForms[] = {"library", "engine", "device"};
+  static constexpr const char* kModes[] = {"base", "unstable_new_entries", "host_shadows", "pb_lru", "kinds"};
+  return std::string(kTopologies[static_cast<int>(c.topology)]) + "/" + kForms[static_cast<int>(c.form)] + "/" +
+         kModes[static_cast<int>(c.mode)];
+}
+
+PlannerForm VerifierForm(Form f) {
+  return f == kLibrary ? PlannerForm::kHost : f == kEngine ? PlannerForm::kEngine : PlannerForm::kDevice;
+}
+
+// The mode's three fields of a space config (kinds aside).
+struct Fields {
+  bool stable_new_entries, host_shadows;
+  PolicyKind policy;
+};
+Fields FieldsOf(Mode m) {
+  return {m != kUnstableNewEntries, m == kHostShadows, m == kPbLru ? PolicyKind::kPbLru : PolicyKind::kKernelPbLru};
+}
+
+// A running cell: the verifier of its topology, a short seeded workload with device pressure.
+void RunThroughVerifier(const Cell& cell, std::uint64_t seed) {
+  const Fields f = FieldsOf(cell.mode);
+  if (cell.topology == kDp) {
+    VerifierConfig c;
+    c.seed = seed;
+    c.ops = kDpOps;
+    c.form = VerifierForm(cell.form);
+    c.policy = f.policy;
+    c.stable_new_entries = f.stable_new_entries;
+    c.host_shadows = f.host_shadows;
+    c.group_layers = 2;
+    c.device_slots_per_group = 128;
+    c.host_slots_per_group = 2048;
+    c.top_k = 16;
+    auto r = RunConsistencyVerifier(c);
+    ASSERT_TRUE(r) << r.error().ToString();
+    for (const auto& failure : r->first_failures) ADD_FAILURE() << failure;
+    EXPECT_TRUE(r->ok());
+    EXPECT_GT(r->steps, 0u);
+    return;
+  }
+  TpVerifierConfig c;
+  c.seed = seed;
+  c.ops = kTpOps;
+  c.num_ranks = 2;
+  c.top_k = 16;
+  c.initial_requests = 8;
+  c.device_slots_per_group = 2 * c.max_batch * c.queries_per_request * c.top_k / c.num_ranks;
+  c.attention = cell.topology == kTpAtHome ? TpAttention::kAtHome : TpAttention::kLocalBuffer;
+  c.form = VerifierForm(cell.form);
+  c.policy = f.policy;
+  c.stable_new_entries = f.stable_new_entries;
+  c.host_shadows = f.host_shadows;
+  auto r = RunTpVerifier(c);
+  ASSERT_TRUE(r) << r.error().ToString();
+  for (const auto& failure : r->first_failures) ADD_FAILURE() << failure;
+  EXPECT_TRUE(r->ok());
+  EXPECT_GT(r->steps, 0u);
+}
+
+// A space with kinds: Create and one step of group 0 over the request's C4 entries (fresh
+// entries, on device: hits, no copies).
+void RunWithKinds(const Cell& cell) {
+  auto backend = MakeCpuBackend({.copy_threads = 1});
+  AddressSpaceConfig config = test::FlashSpaceConfig(64, 1024, 3);
+  config.policy = PolicyKind::kKernelPbLru;
+  auto space = AddressSpace::Create(config, *backend);
+  ASSERT_TRUE(space) << space.error().ToString();
+  AddressSpace& s = **space;
+  const RequestId request(1);
+  ASSERT_TRUE(s.AddRequest(request, Rank(0)));
+  auto made = s.Allocate(request, 64);  // 16 C4 entries
+  ASSERT_TRUE(made) << made.error().ToString();
+  ASSERT_EQ(made->size(), 16u);
+  if (cell.form == kLibrary) {
+    StepPlanner planner(s);
+    const SelectionRun run{request, static_cast<std::uint32_t>(made->size())};
+    std::vector<SlotId> slots(made->size());
+    auto st = planner.Step(StepInput{Rank(0), GroupId(0), *made, {&run, 1}}, slots);
+    ASSERT_TRUE(st) << st.error().ToString();
+    EXPECT_EQ(st->hits, made->size());
+    return;
+  }
+  auto planner = StepPlanner::Create(s, {.max_batch = 1, .max_q_len = 1, .max_top_k = 16});
+  ASSERT_TRUE(planner) << planner.error().ToString();
+  std::vector<std::int32_t> selections;
+  for (LogicalAddr a : *made) selections.push_back(static_cast<std::int32_t>(a.value()));
+  std::vector<std::int32_t> indices(selections.size(), -7);
+  std::vector<CopyDescriptor> descriptors((*planner)->max_descriptors());
+  auto plan = (*planner)->Plan(Rank(0), GroupId(0), {.batch = 1, .q_len = 1, .top_k = 16}, {&request, 1}, selections,
+                               indices, descriptors);
+  ASSERT_TRUE(plan) << plan.error().ToString();
+  EXPECT_EQ(plan->num_descriptors, 0u);
+  auto done = (*planner)->Complete(plan->fence, {});
+  ASSERT_TRUE(done) << done.error().ToString();
+  for (std::int32_t i : indices) EXPECT_GE(i, 0);
+}
+
+// A refused cell: its form's Create from a space in that mode.
+Status CreateRefused(const Cell& cell) {
+  auto backend = MakeCpuBackend({.copy_threads = 1});
+  const Fields f = FieldsOf(cell.mode);
+  if (cell.topology == kDp) {
+    AddressSpaceConfig config;
+    if (cell.mode == kKinds) {
+      config = test::FlashSpaceConfig(64, 1024, 3);
+    } else {
+      config.entry_bytes = 64;
+      config.device_bytes_per_rank = 64 * 128;
+      config.host_bytes_per_rank = 64 * 1024;
+      config.stable_new_entries = f.stable_new_entries;
+      config.host_shadows = f.host_shadows;
+    }
+    config.policy = f.policy;
+    auto space = AddressSpace::Create(config, *backend);
+    if (!space) return MakeError(ErrorCode::kInternal, "the space: " + space.error().ToString());
+    if (cell.form == kEngine) {
+      auto made = StepPlanner::Create(**space, {});
+      return made ? Ok() : Status(std::unexpected(made.error()));
+    }
+    auto made = DeviceStep::Create(**space, Rank(0), GroupId(0), {});
+    return made ? Ok() : Status(std::unexpected(made.error()));
+  }
+  TpConfig config;
+  config.num_ranks = 2;
+  config.entry_bytes = 64;
+  config.device_bytes_per_rank = 64 * 128;
+  config.host_bytes_per_rank = 64 * 1024;
+  config.attention = cell.topology == kTpAtHome ? TpAttention::kAtHome : TpAttention::kLocalBuffer;
+  config.buffer_bytes_per_rank = cell.topology == kTpAtHome ? 0 : 64 * 128;
+  config.policy = f.policy;
+  config.buffer_policy = f.policy;
+  config.stable_new_entries = f.stable_new_entries;
+  config.host_shadows = f.host_shadows;
+  auto space = TpAddressSpace::Create(config, *backend);
+  if (!space) return MakeError(ErrorCode::kInternal, "the space: " + space.error().ToString());
+  if (cell.form == kEngine) {
+    auto made = TpStepPlanner::Create(**space, {});
+    return made ? Ok() : Status(std::unexpected(made.error()));
+  }
+  auto made = DeviceStep::Create(**space, Rank(0), GroupId(0), {});
+  return made ? Ok() : Status(std::unexpected(made.error()));
+}
+
+TEST(StepModes, EveryCellRunsOrIsRefusedAtCreateWithItsReason) {
+  ULA_TEST_SEEDED(seed, 20261209);
+  for (const Cell& cell : kCells) {
+    SCOPED_TRACE(Name(cell));
+    if (!cell.runs) {
+      ASSERT_NE(cell.form, kLibrary) << "the library path refuses no mode";
+      const Status st = CreateRefused(cell);
+      ASSERT_FALSE(st) << "expected a refusal at Create";
+      EXPECT_EQ(st.error().code(), cell.code) << st.error().ToString();
+      EXPECT_NE(st.error().message().find(cell.reason), std::string::npos) << st.error().ToString();
+    } else if (cell.mode == kKinds) {
+      RunWithKinds(cell);
+    } else {
+      RunThroughVerifier(cell, seed);
+    }
+  }
+}
+
+// The table covers every cell once: 3 forms x 5 modes in DP, 3 x 4 in each TP topology.
+TEST(StepModes, TheTableCoversEveryCell) {
+  std::vector<std::string> seen;
+  for (const Cell& cell : kCells) {
+    for (const std::string& s : seen) EXPECT_NE(s, Name(cell)) << "listed twice";
+    seen.push_back(Name(cell));
+  }
+  EXPECT_EQ(seen.size(), 3u * 5 + 2 * 3u * 4);
+}
+
+}  // namespace
+}  // namespace ula
