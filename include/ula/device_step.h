@@ -46,9 +46,9 @@
 //      row's request, held, rank); each valid address's first selection by an atomic minimum;
 //   2. first-occurrence flags, two exclusive scans (hits, misses in selection order), scatter;
 //   3. decide (one thread): the refusal (first bad selection; a miss that this round's
-//      Allocate placed on host, whose KV is written at that host slot this round; fewer
-//      descriptor rows than misses; no room: misses > free + evictable - hits new to this
-//      round), the split;
+//      Allocate placed on host, whose KV is written at that host slot this round; no room:
+//      misses > free + evictable - hits new to this round; fewer descriptor rows than misses:
+//      both kResourceExhausted, as StepPlanner's engine path), the split;
 //   4. touch the hits; the lowest free slots (summary-level scan), then PB-LRU's victims (cold,
 //      oldest to newest, lowest slot first, never the current bucket), touched;
 //   5. descriptors [max_descriptors], copies into free slots first, then swaps;

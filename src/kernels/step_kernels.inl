@@ -455,12 +455,13 @@ struct DevDecide {
       error = k == kDevBadValue || k == kDevOtherRank ? a.codes.invalid_argument : a.codes.not_found;
     } else if (c.new_on_host_miss != 0) {  // the planners' RefuseMovingNewOnHost, in their order
       error = a.codes.resource_exhausted;
-    } else if (n_miss > a.io.max_descriptors) {  // TP: TpStepPlanner::PlanHome's room for descriptors
-      error = tp ? a.codes.resource_exhausted : a.codes.invalid_argument;
     } else {
+      // No room (StepPlanner's Classify; TP: TpStepPlanner::PlanHome's) or fewer descriptor
+      // rows than misses: both refuse this step's state with kResourceExhausted, as the host
+      // step's engine path does (whichever it checks first, the code is the same).
       const std::uint64_t free = *a.device_free.count;
       const std::uint64_t evictable = a.pb.clock->tracked - a.pb.counts[a.pb.clock->cur] - c.newly_used;
-      if (n_miss > free + evictable) error = a.codes.resource_exhausted;
+      if (n_miss > free + evictable || n_miss > a.io.max_descriptors) error = a.codes.resource_exhausted;
     }
     c.error = error;
     if (error != 0) return;  // every count stays 0: the kernels after this one do nothing
