@@ -252,6 +252,19 @@ struct DeviceRow {
   DeviceStepCounters counts;  // over the measured steps, every group
 };
 
+// into += d, phase by phase: a row's launches and syncs over its (rank, group) steps.
+void AddCounters(DeviceStepCounters& into, const DeviceStepCounters& d) {
+  const auto add = [](DeviceStepCounts& a, const DeviceStepCounts& b) {
+    a.launches += b.launches;
+    a.syncs += b.syncs;
+  };
+  add(into.check, d.check);
+  add(into.claim, d.claim);
+  add(into.complete, d.complete);
+  add(into.advance_round, d.advance_round);
+  add(into.state, d.state);
+}
+
 // The device step of every group on an engine-path copy of the workload (kernel_pb_lru,
 // stable_new_entries, no host shadows): per measured step, every group's Plan + Complete
 // (every copy reported arrived: the counting backend moves no bytes) timed, then every
@@ -361,18 +374,7 @@ std::optional<DeviceRow> MeasureDevice(const PlannerOptions& o, AddressSpaceConf
       if (Status st = s->AdvanceRound(nullptr); !st) return error = st.error().ToString(), std::nullopt;
     }
   }
-  for (std::uint32_t g = 0; g < groups; ++g) {
-    const DeviceStepCounters d = steps[g]->counters().Since(before[g]);
-    const auto add = [](DeviceStepCounts& a, const DeviceStepCounts& b) {
-      a.launches += b.launches;
-      a.syncs += b.syncs;
-    };
-    add(row.counts.check, d.check);
-    add(row.counts.claim, d.claim);
-    add(row.counts.complete, d.complete);
-    add(row.counts.advance_round, d.advance_round);
-    add(row.counts.state, d.state);
-  }
+  for (std::uint32_t g = 0; g < groups; ++g) AddCounters(row.counts, steps[g]->counters().Since(before[g]));
   row.group_ms_median = Median(group_ms);
   row.ns_per_distinct = row.distinct == 0 ? 0.0 : row.total_ms * 1e6 / static_cast<double>(row.distinct);
   return row;
@@ -562,18 +564,7 @@ std::optional<DeviceRow> MeasureDeviceTp(const PlannerOptions& o, const ConfigRo
     }
   }
   for (std::uint32_t r = 0; r < o.ranks; ++r) {
-    for (std::uint32_t g = 0; g < groups; ++g) {
-      const DeviceStepCounters d = steps[r][g]->counters().Since(before[r][g]);
-      const auto add = [](DeviceStepCounts& a, const DeviceStepCounts& b) {
-        a.launches += b.launches;
-        a.syncs += b.syncs;
-      };
-      add(row.counts.check, d.check);
-      add(row.counts.claim, d.claim);
-      add(row.counts.complete, d.complete);
-      add(row.counts.advance_round, d.advance_round);
-      add(row.counts.state, d.state);
-    }
+    for (std::uint32_t g = 0; g < groups; ++g) AddCounters(row.counts, steps[r][g]->counters().Since(before[r][g]));
   }
   if (host_distinct != row.distinct) {
     return error = fmt::format("{} batch {}: the TP host step counted {} distinct home entries, the device step {}",
