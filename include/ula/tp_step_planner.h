@@ -121,7 +121,7 @@
 //
 // Lifetime: the planner holds the space and the fabric by reference; both outlive it. A
 // plan is a value; its refs name slots that RefData resolves, valid as stated there.
-// Hosted ranks run on their own threads when options.parallel_ranks (the in-process
+// Hosted ranks run on threads of their own, started once and kept, when options.parallel_ranks (the in-process
 // engine). Thread-safety: a planner is driven by one thread at a time (TpPrefetcher, in
 // tp_prefetcher.h, steps it on a worker thread, one step at a time); use one planner per
 // thread to step different groups concurrently. A TpLayerSink's callbacks run on the
@@ -171,7 +171,7 @@ class TpLayerSink {
 };
 
 struct TpPlannerOptions {
-  bool parallel_ranks = true;  // one thread per hosted rank in each phase
+  bool parallel_ranks = true;  // each hosted rank on a thread of its own, kept for the planner's life
 };
 
 struct TpPlannedStep {

@@ -13,12 +13,12 @@
 #include <functional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <unordered_map>
 
 #include "space/space_access.h"
 #include "space/tp_state.h"
 #include "step/miss_fills.h"
+#include "step/rank_threads.h"
 #include "step/tp_step_planner_engine.h"
 #include "ula/check.h"
 
@@ -59,6 +59,7 @@ struct TpStepPlanner::Scratch {
   std::vector<RankWork> work;  // [hosted]
   bool home_pending = false;   // PlanHome claimed the work's home targets; CompleteHome publishes
   GroupId pending_group;
+  RankThreads rank_threads;    // the hosted ranks' threads when options.parallel_ranks
 };
 
 TpStepPlanner::TpStepPlanner(TpAddressSpace& space, TpFabric* fabric, TpPlannerOptions options)
@@ -69,15 +70,15 @@ TpStepPlanner::~TpStepPlanner() {
 
 namespace {
 
+// One call of fn per hosted rank: on the planner's kept rank threads when parallel (the
+// calls may wait for each other at the fabric's barriers), else one after another.
 template <class F>
-void ForEachRank(std::vector<RankWork>& work, bool parallel, F&& fn) {
+void ForEachRank(std::vector<RankWork>& work, bool parallel, RankThreads& threads, F&& fn) {
   if (!parallel || work.size() < 2) {
     for (RankWork& w : work) fn(w);
     return;
   }
-  std::vector<std::jthread> threads;
-  threads.reserve(work.size());
-  for (RankWork& w : work) threads.emplace_back([&fn, &w] { fn(w); });
+  threads.Run(work.size(), [&](std::size_t i) { fn(work[i]); });
 }
 
 // The home phase's choice of slots for one rank: its hits touched, then a device target per
@@ -443,7 +444,7 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   ULA_RETURN_IF_ERROR(Agree(group, std::move(local)));
 
   // 1. Home phase.
-  ForEachRank(sc.work, options_.parallel_ranks,
+  ForEachRank(sc.work, options_.parallel_ranks, sc.rank_threads,
               [&](RankWork& w) { w.status = RunHome(cfg, space_.backend(), st.at(w.rank, group), w, group); });
   // Attention at home: no rank reads another's memory, so no barrier and no remote phase.
   if (fabric_ && !at_home) fabric_->Barrier();
@@ -453,7 +454,7 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   const std::uint32_t layers = sink ? sink->layers() : 1;
   const RemotePhase remote{space_, st, fabric_, group, layers, cfg.entry_bytes / layers};
   if (!at_home && sink == nullptr) {
-    ForEachRank(sc.work, options_.parallel_ranks, [&](RankWork& w) {
+    ForEachRank(sc.work, options_.parallel_ranks, sc.rank_threads, [&](RankWork& w) {
       remote.AssignAndSubmit(w);
       remote.WaitLayer(w, 0);
       remote.Publish(w);
@@ -461,7 +462,7 @@ Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAdd
   } else if (sink != nullptr) {
     // The layer pipeline: the refs are handed out before any copy is waited on, then each
     // layer's arrival on every hosted rank, in layer order, then everything is published.
-    if (!at_home) ForEachRank(sc.work, options_.parallel_ranks, [&](RankWork& w) { remote.AssignAndSubmit(w); });
+    if (!at_home) ForEachRank(sc.work, options_.parallel_ranks, sc.rank_threads, [&](RankWork& w) { remote.AssignAndSubmit(w); });
     sink->Planned(Emit(group, selections, /*pending=*/!at_home, /*home_pending=*/false));
     for (std::uint32_t l = 0; l < layers; ++l) {
       bool ok = true;
