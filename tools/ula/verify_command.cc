@@ -25,16 +25,20 @@ struct ModelRequest {
   bool groups_given = false, group_layers_given = false;
 };
 
-// The model names under configs/models/, sorted.
+// The model names under configs/models/, sorted: those with layer kinds, then all.
 std::string KnownModels() {
   std::set<std::string> names;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(DefaultConfigDir() / "models", ec)) {
     if (e.path().extension() == ".json") names.insert(e.path().stem().string());
   }
-  std::string out;
-  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
+  std::string kinds, all;
+  for (const std::string& n : names) {
+    all += (all.empty() ? "" : ", ") + n;
+    auto m = LoadModelConfigByName(n, DefaultConfigDir());
+    if (m && m->has_layer_kinds()) kinds += (kinds.empty() ? "" : ", ") + n;
+  }
+  return fmt::format("with layer kinds: {}; all: {}", kinds.empty() ? "none" : kinds, all);
 }
 
 // Loads --model into cfg (its kinds' space shape, rollbacks on); the reason it is refused
@@ -54,7 +58,7 @@ std::optional<std::string> ApplyModelOption(const ModelRequest& m, VerifierConfi
   }
   auto model = LoadModelConfigByName(m.name, DefaultConfigDir());
   if (!model) {
-    return fmt::format("--model {}: no such model config ({}); known models: {}", m.name, model.error().message(),
+    return fmt::format("--model {}: no such model config ({}); known models {}", m.name, model.error().message(),
                        KnownModels());
   }
   VerifierConfig shaped = cfg;
@@ -69,7 +73,7 @@ std::optional<std::string> ApplyModelOption(const ModelRequest& m, VerifierConfi
     return fmt::format("--group-layers {} does not match --model {}: its groups hold {} layer(s) each; leave "
                        "--group-layers out", cfg.group_layers, m.name, shaped.group_layers);
   }
-  if (shaped.draft_reject_percent == 0) shaped.draft_reject_percent = 25;  // drafts rolled back, as V4's MTP does
+  if (shaped.draft_reject_percent == 0) shaped.draft_reject_percent = 50;  // half the rounds reject a draft (V4's MTP)
   cfg = std::move(shaped);
   return std::nullopt;
 }
@@ -119,7 +123,7 @@ Action SetupVerify(CLI::App& app) {
   app.add_option("--model", *model,
                  "dp: a model with layer kinds (deepseek_v4_flash): the space holds its kinds, Allocate takes its "
                  "tokens and every step selects among C4 entries; every kind's page tables are checked against "
-                 "the verifier's model after every op, and a quarter of the decodes roll back drafts "
+                 "the verifier's model after every op, and half of the decodes roll back drafts "
                  "(docs/ARCHITECTURE.md, \"Kinds\"). Host and engine planners; no sharing; --groups and "
                  "--group-layers are the model's");
   auto shadows = std::make_shared<std::string>("off");
