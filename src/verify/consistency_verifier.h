@@ -6,7 +6,8 @@
 // step it checks that each selected entry's bytes at the returned device slot equal the
 // shadow, that Read() agrees, and that CheckInvariants() holds. It also feeds bad input
 // (freed and unknown addresses, double frees, oversize allocations) and checks that each
-// is refused and changes nothing.
+// is refused and changes nothing. With a model (VerifierConfig::model) the space holds the
+// model's kinds and every kind's page tables are checked as well (verify/kind_model.h).
 //
 // Thread-safety: a verifier run is single-threaded (the backend's copy workers aside).
 #pragma once
