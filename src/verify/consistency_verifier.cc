@@ -16,7 +16,9 @@
 #include "backend/copy_publish.h"
 #include "space/address_space_state.h"
 #include "space/space_access.h"
+#include "verify/kind_model.h"
 #include "verify/step_rows.h"
+#include "config/model_kinds.h"
 
 namespace ula {
 
@@ -40,6 +42,70 @@ Status VerifierConfig::Validate() const {
   }
   if (draft_reject_percent > 100) return bad(fmt::format("draft_reject_percent = {}: must be in [0, 100]", draft_reject_percent));
   if (reserve_rounds && !stable_new_entries) return bad("reserve_rounds: ReserveRound is the engine path's: needs stable_new_entries");
+  if (model && share_percent > 0) {
+    return bad(fmt::format("share_percent = {}: the space of model '{}' holds kinds, and a space with kinds refuses "
+                           "ShareInto (kUnsupported: adopted C4 entries would come without their tokens' other kinds)",
+                           share_percent, model->name));
+  }
+  if (model && form == PlannerForm::kDevice) {
+    return bad(fmt::format("form device: the space of model '{}' holds kinds, and DeviceStep::Create refuses a space "
+                           "with kinds (kUnsupported); the host and engine forms take one", model->name));
+  }
+  return Ok();
+}
+
+namespace {
+
+ModelKindsOptions KindsOptions(const VerifierConfig& config) {
+  return {.max_draft_tokens = config.queries_per_request - 1};  // the verifier's drafts: the queries past the first
+}
+
+// The space config of a verifier config: the single kind, or the model's kinds.
+Result<AddressSpaceConfig> SpaceConfigOf(const VerifierConfig& config) {
+  AddressSpaceConfig c;
+  c.num_ranks = config.num_ranks;
+  c.num_groups = config.num_groups;
+  c.entry_bytes = config.entry_bytes;
+  const std::uint64_t per_slot = std::uint64_t{config.entry_bytes} * config.num_groups;
+  c.device_bytes_per_rank = per_slot * config.device_slots_per_group;
+  c.host_bytes_per_rank = per_slot * config.host_slots_per_group;
+  c.policy = config.policy;
+  c.host_shadows = config.host_shadows;
+  c.stable_new_entries = config.stable_new_entries;
+  c.row_bytes = config.entry_bytes / config.group_layers;
+  if (!config.model) return c;
+  auto m = SpaceConfigOfModel(*config.model, KindsOptions(config), c);
+  if (!m) return std::unexpected(m.error());
+  if (m->num_groups != c.num_groups || m->entry_bytes != c.entry_bytes || m->row_bytes != c.row_bytes) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("VerifierConfig: {} groups of {} B entries in rows of {} B; model '{}' has {} of {} "
+                                 "in rows of {} (ApplyModel)", c.num_groups, c.entry_bytes, c.row_bytes,
+                                 config.model->name, m->num_groups, m->entry_bytes, m->row_bytes));
+  }
+  return m;
+}
+
+}  // namespace
+
+Status ApplyModel(VerifierConfig& config, const ModelConfig& model) {
+  VerifierConfig c = config;
+  c.model = model;
+  AddressSpaceConfig budget;  // any budget: only the shape is read
+  budget.device_bytes_per_rank = std::uint64_t{1} << 40;
+  budget.host_bytes_per_rank = std::uint64_t{1} << 40;
+  auto m = SpaceConfigOfModel(model, KindsOptions(c), budget);
+  if (!m) return std::unexpected(m.error());
+  for (std::uint32_t layers : m->group_layers) {
+    if (layers != m->group_layers.front()) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("model '{}': its groups hold unequal numbers of layers; the verifier's entries "
+                                   "are group_layers rows each", model.name));
+    }
+  }
+  c.num_groups = m->num_groups;
+  c.entry_bytes = m->entry_bytes;
+  c.group_layers = m->group_layers.empty() ? 1 : m->group_layers.front();
+  config = std::move(c);
   return Ok();
 }
 
@@ -61,6 +127,9 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       reserver_ = StepPlanner::Create(*space_, {.max_batch = cfg.max_batch, .max_q_len = 1,
                                                 .max_top_k = cfg.top_k * cfg.queries_per_request}).value();
     }
+    if (!space_->config().kinds.empty()) {
+      kinds_ = std::make_unique<verify_internal::KindModel>(space_->config().kinds, space_->config().page_tokens);
+    }
   }
 
   // The form's Create refused the space (its modes or policy): the run stops with the reason.
@@ -69,6 +138,15 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   VerifierReport Finish() {
     VerifierReport r = Run();
     if (faults_) r.faults_injected = faults_->stats().injected;
+    if (kinds_) {
+      const auto& c = kinds_->counts();
+      r.kind_pages_checked = c.pages_checked;
+      r.c4_made = c.c4_made;
+      r.c4_freed = c.c4_freed;
+      r.c128_made = c.c128_made;
+      r.ring_blocks_freed = c.ring_blocks_freed;
+      r.rollbacks_refused = c.rollbacks_refused;
+    }
     return r;
   }
 
@@ -77,13 +155,83 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
 
   // --- the strategy's verbs (verifier_core.h) ---
   Rank PickRank() { return Rank(static_cast<std::uint16_t>(rng_() % cfg_.num_ranks)); }
-  Status AddRequest(RequestId id, Rank rank) { return space_->AddRequest(id, rank); }
-  Result<std::vector<LogicalAddr>> Allocate(RequestId id, std::uint32_t n) { return space_->Allocate(id, n); }
+  Status AddRequest(RequestId id, Rank rank) {
+    Status s = space_->AddRequest(id, rank);
+    if (s && kinds_) kinds_->Added(id);
+    return s;
+  }
+  // With kinds, n is tokens and the addresses the C4 entries they complete; a prefill goes
+  // in chunks of kPrefillChunk tokens (a chunked prefill: the window ring frees its front
+  // blocks between them), every kind checked after each. A chunk past the first that the
+  // rank cannot hold ends the prefill there (the tokens so far stay allocated).
+  static constexpr std::uint32_t kPrefillChunk = 256;
+  Result<std::vector<LogicalAddr>> Allocate(RequestId id, std::uint32_t n) {
+    if (!kinds_) return space_->Allocate(id, n);
+    const bool arriving = std::none_of(requests_.begin(), requests_.end(), [&](const Request& r) { return r.id == id; });
+    std::vector<LogicalAddr> made;
+    for (std::uint32_t done = 0; done < n;) {
+      const std::uint32_t chunk = std::min(n - done, kPrefillChunk);
+      auto addrs = space_->Allocate(id, chunk);
+      if (!addrs && done > 0 && addrs.error().code() == ErrorCode::kResourceExhausted) break;
+      if (!addrs) return addrs;
+      if (auto wrong = kinds_->Appended(id, chunk, addrs->size())) Fail(report_.kind_failures, *wrong);
+      made.insert(made.end(), addrs->begin(), addrs->end());
+      done += chunk;
+      if (arriving && done < n) CheckKindsOf(id, made);
+    }
+    return made;
+  }
   void RandomBytes(std::span<std::byte> entry) {
     for (std::byte& b : entry) b = static_cast<std::byte>(rng_());
   }
   Status Write(LogicalAddr a, GroupId g, std::span<const std::byte> bytes) { return space_->Write(a, g, bytes); }
-  Status Free(RequestId id) { return space_->Free(id); }
+  Status Free(RequestId id) {
+    Status s = space_->Free(id);
+    if (s && kinds_) kinds_->Freed(id);
+    return s;
+  }
+
+  // --- kinds (verifier_core.h, "Kinds"; verify/kind_model.h) ---
+  bool CountsTokens() const { return kinds_ != nullptr; }
+  std::uint32_t TokensPerAddress() const { return kinds_->sparse_tokens(); }
+  // Rolls back `drafts` of the request's tokens; a rollback the window ring no longer
+  // holds must be refused with nothing changed. Returns the C4 entries kept.
+  std::optional<std::uint32_t> RollBackTokens(RequestId id, std::uint32_t drafts) {
+    const std::uint32_t tokens = kinds_->TokensOf(id);
+    if (drafts > tokens) return std::nullopt;
+    const std::uint32_t length = tokens - drafts;
+    if (!kinds_->RollbackAllowed(id, length)) {
+      ExpectRefused("rollback past the window ring", ErrorCode::kFailedPrecondition,
+                    [&] { return space_->Truncate(id, length); });
+      ++kinds_->counts().rollbacks_refused;
+      return std::nullopt;
+    }
+    if (auto s = space_->Truncate(id, length); !s) {
+      Fail(report_.invariant_failures, "Truncate: " + s.error().ToString());
+      return std::nullopt;
+    }
+    kinds_->Truncated(id, length);
+    const std::uint32_t kept = kinds_->AddressesAt(length);
+    // At once: the next Allocate of this op may take the freed blocks back under new ids.
+    for (const Request& r : requests_) {
+      if (r.id == id) CheckKindsOf(id, std::span(r.addrs).first(std::min<std::size_t>(kept, r.addrs.size())));
+    }
+    return kept;
+  }
+  // Every request's kinds against the model, after every op.
+  void AfterOp() {
+    if (!kinds_) return;
+    for (const Request& r : requests_) CheckKindsOf(r.id, r.addrs);
+  }
+  void CheckKindsOf(RequestId id, std::span<const LogicalAddr> addrs) {
+    if (auto wrong = kinds_->Check(*space_, id, addrs)) Fail(report_.kind_failures, *wrong);
+  }
+  std::uint64_t KindsDigest() {
+    if (!kinds_) return 0;
+    std::vector<RequestId> ids;
+    for (const Request& r : requests_) ids.push_back(r.id);
+    return verify_internal::KindModel::PagesDigest(*space_, ids);
+  }
   Status Truncate(RequestId id, std::uint32_t length) { return space_->Truncate(id, length); }
   Result<RoundReservation> ReserveRound(Rank rank, std::span<const RoundDemand> demands) const {
     return reserver_->ReserveRound(rank, demands);
@@ -191,9 +339,13 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       }
       slots.assign(selections.size(), SlotId());
       const std::uint64_t before = Fingerprint();
+      const std::uint64_t kinds_before = KindsDigest();
       if (faults_) faults_->set_armed(true);
       auto stats = planner_.Step(StepInput{rank, GroupId(g), selections, runs}, slots);
       if (faults_) faults_->set_armed(false);
+      if (KindsDigest() != kinds_before) {  // the step moves C4 rows only: every kind's pages stay
+        Fail(report_.kind_failures, fmt::format("a step of group {} changed a kind's page table", g));
+      }
       if (!stats && stats.error().code() == ErrorCode::kIo) {
         ++report_.failed_calls;
         CheckAfterFailedStep(GroupId(g), selections);
@@ -243,7 +395,9 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   void BadInput() {
     std::vector<std::byte> buf(cfg_.entry_bytes);
     const LogicalAddr unknown(LogicalAddr::kInvalidValue - 1);
-    switch (rng_() % 5) {
+    // With kinds: Allocate takes tokens, and the space's own refusals are fed too.
+    const std::uint32_t per_entry = kinds_ ? kinds_->sparse_tokens() : 1;
+    switch (rng_() % (kinds_ ? 8 : 5)) {
       case 0:
         ExpectRefused("read of an unknown address", ErrorCode::kNotFound,
                       [&] { return space_->Read(unknown, GroupId(0), buf); });
@@ -251,7 +405,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       case 1:
         ExpectRefused("allocation larger than the rank", ErrorCode::kResourceExhausted, [&] {
           return space_->Allocate(requests_.front().id,
-                                  (cfg_.device_slots_per_group + cfg_.host_slots_per_group) + 1);
+                                  (cfg_.device_slots_per_group + cfg_.host_slots_per_group + 1) * per_entry);
         });
         break;
       case 2:
@@ -273,6 +427,31 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       case 4:
         ExpectRefused("free of an unknown request", ErrorCode::kNotFound,
                       [&] { return space_->Free(RequestId(~std::uint64_t{0} - 1)); });
+        break;
+      default: KindsBadInput(rng_() % 3); break;
+    }
+  }
+
+  // A space with kinds: sharing refused, a rollback past the request's tokens, a kind out of range.
+  void KindsBadInput(std::uint64_t which) {
+    const Request& r = requests_.front();
+    switch (which) {
+      case 0: {
+        const Request& donor = requests_.back();
+        if (donor.addrs.empty() || donor.id == r.id) return;
+        const std::vector<LogicalAddr> prefix{donor.addrs.front()};
+        ExpectRefused("ShareInto on a space with kinds", ErrorCode::kUnsupported,
+                      [&] { return space_->ShareInto(r.id, prefix); });
+        break;
+      }
+      case 1:
+        ExpectRefused("Truncate past the request's tokens", ErrorCode::kOutOfRange,
+                      [&] { return space_->Truncate(r.id, kinds_->TokensOf(r.id) + 1); });
+        break;
+      default:
+        ExpectRefused("KindPagesOf of a kind out of range", ErrorCode::kOutOfRange, [&] {
+          return space_->KindPagesOf(r.id, static_cast<std::uint32_t>(space_->config().kinds.size()));
+        });
         break;
     }
   }
@@ -416,24 +595,16 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   Planner planner_;
   std::vector<std::unique_ptr<SparsePrefixCache>> caches_;  // sharing: one per rank (destroyed first)
   std::unique_ptr<StepPlanner> reserver_;                   // reserve_rounds: the admission's planner
+  std::unique_ptr<verify_internal::KindModel> kinds_;       // a space with kinds: the model of every request's kinds
 };
 
 }  // namespace
 
 Result<VerifierReport> RunConsistencyVerifier(const VerifierConfig& config) {
   ULA_RETURN_IF_ERROR(config.Validate());
+  auto space_config = SpaceConfigOf(config);
+  if (!space_config) return std::unexpected(space_config.error());
   auto backend = MakeCpuBackend({.copy_threads = config.copy_threads});
-  AddressSpaceConfig space_config;
-  space_config.num_ranks = config.num_ranks;
-  space_config.num_groups = config.num_groups;
-  space_config.entry_bytes = config.entry_bytes;
-  const std::uint64_t per_slot = std::uint64_t{config.entry_bytes} * config.num_groups;
-  space_config.device_bytes_per_rank = per_slot * config.device_slots_per_group;
-  space_config.host_bytes_per_rank = per_slot * config.host_slots_per_group;
-  space_config.policy = config.policy;
-  space_config.host_shadows = config.host_shadows;
-  space_config.stable_new_entries = config.stable_new_entries;
-  space_config.row_bytes = config.entry_bytes / config.group_layers;
   std::unique_ptr<FaultInjectingBackend> faults;
   if (config.fault_rate > 0) {
     auto made = MakeFaultInjectingBackend(
@@ -442,7 +613,7 @@ Result<VerifierReport> RunConsistencyVerifier(const VerifierConfig& config) {
     faults = std::move(*made);
   }
   Backend& moves = faults ? static_cast<Backend&>(*faults) : *backend;
-  auto space = AddressSpace::Create(space_config, moves);
+  auto space = AddressSpace::Create(*space_config, moves);
   if (!space) return std::unexpected(space.error());
   Verifier verifier(config, std::move(backend), std::move(faults), std::move(*space));
   if (auto refused = verifier.CreateError()) return std::unexpected(*refused);

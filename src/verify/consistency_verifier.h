@@ -6,16 +6,19 @@
 // step it checks that each selected entry's bytes at the returned device slot equal the
 // shadow, that Read() agrees, and that CheckInvariants() holds. It also feeds bad input
 // (freed and unknown addresses, double frees, oversize allocations) and checks that each
-// is refused and changes nothing.
+// is refused and changes nothing. With a model (VerifierConfig::model) the space holds the
+// model's kinds and every kind's page tables are checked as well (verify/kind_model.h).
 //
 // Thread-safety: a verifier run is single-threaded (the backend's copy workers aside).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "config/model_config.h"
 #include "ula/error.h"
 #include "ula/residency_policy.h"
 #include "verify/planner_form.h"
@@ -77,6 +80,17 @@ struct VerifierConfig {
   // over the space, in every form: the scheduler's admission) admitted its tokens. Needs
   // stable_new_entries.
   bool reserve_rounds = false;
+  // A model with layer kinds (DeepSeek-V4; docs/ARCHITECTURE.md, "Kinds"): the space holds
+  // its kinds (SpaceConfigOfModel, with queries_per_request - 1 draft tokens in the window
+  // ring), Allocate, Truncate and Free take the model's tokens and the addresses are its C4
+  // entries, so every step selects among C4 entries. num_groups, entry_bytes and
+  // group_layers must be the model's (ApplyModel sets them). Besides the checks of every
+  // run, after every op each request's page table of every kind (KindPagesOf) is compared
+  // with the verifier's model of it (verify/kind_model.h), no step may change one, a
+  // rollback past the window ring must be refused with nothing changed, and the space's own
+  // refusals are fed as bad input (ShareInto: kUnsupported). Not with share_percent > 0 (a
+  // space with kinds refuses ShareInto) or the device form (DeviceStep refuses kinds).
+  std::optional<ModelConfig> model;
 
   Status Validate() const;
 };
@@ -107,13 +121,27 @@ struct VerifierReport {
   std::uint64_t draft_rollbacks = 0;   // draft_reject_percent: decodes that rolled back drafts first
   std::uint64_t reservations = 0;      // reserve_rounds: decodes ReserveRound admitted
   std::uint64_t reservations_refused = 0;  // reserve_rounds: decodes it deferred (kResourceExhausted)
+  // model: what the kinds did and how they were checked (verify/kind_model.h).
+  std::uint64_t kind_failures = 0;       // a page table or address list not the model's, or changed by a step
+  std::uint64_t kind_pages_checked = 0;  // (request, kind) page tables compared with the model
+  std::uint64_t c4_made = 0;             // C4 entries (addresses) Allocate made
+  std::uint64_t c4_freed = 0;            // C4 entries a rollback or a Free released
+  std::uint64_t c128_made = 0;           // C128 entries that appeared
+  std::uint64_t ring_blocks_freed = 0;   // window blocks the ring freed at its front
+  std::uint64_t rollbacks_refused = 0;   // rollbacks past the window ring, refused with nothing changed
   std::vector<std::string> first_failures;  // up to 10 descriptions
 
   bool ok() const {
     return mismatches == 0 && invariant_failures == 0 && bad_input_failures == 0 && entries_lost == 0 &&
-           early_publishes == 0 && sharing_failures == 0;
+           early_publishes == 0 && sharing_failures == 0 && kind_failures == 0;
   }
 };
+
+// Sets config.model and the model's space shape: num_groups (one per CSA layer),
+// entry_bytes and group_layers. kFailedPrecondition for a model without layer kinds or
+// compressed-sparse layers; kInvalidArgument for groups of unequal layers (the verifier's
+// entries are group_layers rows each). Nothing changes on an error.
+Status ApplyModel(VerifierConfig& config, const ModelConfig& model);
 
 Result<VerifierReport> RunConsistencyVerifier(const VerifierConfig& config);
 

@@ -43,6 +43,14 @@
 // RoundDemand>) admitted the round's batch (kResourceExhausted defers it). Report counts draft_rollbacks, reservations
 // and reservations_refused.
 //
+// Kinds (optional strategy verbs; without them nothing changes). void AfterOp() runs after
+// every op (the DP strategy checks every kind's page tables there); where bool
+// CountsTokens() says the space has kinds, std::optional<std::uint32_t>
+// RollBackTokens(RequestId, std::uint32_t drafts) replaces the rollback's Truncate: a space
+// with kinds counts tokens, not addresses (the strategy returns the addresses kept, nullopt
+// when nothing was rolled back), and std::uint32_t TokensPerAddress() scales the arrivals' and
+// decodes' tokens so that they make as many addresses as in a single-kind space.
+//
 // Sharing (only when cfg_.share_percent > 0, so that runs without it draw the
 // same numbers as before). Requests carry token ids. That share of the arrivals adopts a
 // prefix of a live request instead: the donor is cached in the rank's SparsePrefixCache
@@ -68,6 +76,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -125,6 +134,7 @@ class VerifierCore {
       } else {
         self().BadInput();
       }
+      if constexpr (requires { self().AfterOp(); }) self().AfterOp();
       ++report_.ops;
     }
     return std::move(report_);
@@ -196,6 +206,14 @@ class VerifierCore {
 
  private:
   bool Sharing() const { return cfg_.share_percent > 0; }
+  // Tokens per address: 1, or the strategy's (a space with kinds: the C4 kind's 4), so that
+  // arrivals and decodes make as many addresses as in a single-kind space.
+  std::uint32_t TokensPerAddress() {
+    if constexpr (requires { self().CountsTokens(); }) {
+      if (self().CountsTokens()) return self().TokensPerAddress();
+    }
+    return 1;
+  }
   std::uint32_t NextToken() { return static_cast<std::uint32_t>(rng_()); }
 
   void Arrive() {
@@ -206,7 +224,8 @@ class VerifierCore {
     }
     const RequestId id(next_request_++);
     const Rank rank = self().PickRank();
-    const std::uint32_t n = cfg_.top_k / 2 + static_cast<std::uint32_t>(rng_() % (6 * cfg_.top_k));
+    const std::uint32_t t = TokensPerAddress();
+    const std::uint32_t n = cfg_.top_k / 2 * t + static_cast<std::uint32_t>(rng_() % (6 * cfg_.top_k * t));
     if (auto s = self().AddRequest(id, rank); !s) {
       Fail(report_.invariant_failures, "AddRequest: " + s.error().ToString());
       return;
@@ -231,7 +250,7 @@ class VerifierCore {
     if constexpr (requires { cfg_.draft_reject_percent; }) {
       if (cfg_.draft_reject_percent > 0 && rng_() % 100 < cfg_.draft_reject_percent) RollBackDrafts(r);
     }
-    const std::uint32_t n = 1 + static_cast<std::uint32_t>(rng_() % 3);
+    const std::uint32_t n = 1 + static_cast<std::uint32_t>(rng_() % (3 * TokensPerAddress()));
     if constexpr (requires { cfg_.reserve_rounds; }) {
       if (cfg_.reserve_rounds && !Reserved(r, n)) return;
     }
@@ -248,17 +267,33 @@ class VerifierCore {
   // steps may have selected and moved. Shared entries are immutable (Truncate refuses them),
   // so only r's own tail is rolled back. The truncated addresses leave r's selections.
   void RollBackDrafts(Request& r) {
-    std::size_t k = std::min<std::size_t>(1 + rng_() % 3, r.addrs.size());
-    if (Sharing()) {
-      std::size_t own = 0;
-      while (own < k && self().RefCount(r.addrs[r.addrs.size() - 1 - own]) == 1) ++own;
-      k = own;
+    const std::uint32_t drafts = 1 + static_cast<std::uint32_t>(rng_() % 3);
+    std::uint32_t length = 0;  // the addresses r keeps
+    bool kinds = false;
+    if constexpr (requires { self().CountsTokens(); }) {
+      if (self().CountsTokens()) {
+        // A space with kinds counts tokens: the strategy rolls back `drafts` of them (or
+        // checks that a rollback past the window ring is refused) and returns the C4
+        // entries kept; nullopt when nothing was rolled back.
+        const std::optional<std::uint32_t> kept = self().RollBackTokens(r.id, drafts);
+        if (!kept) return;
+        length = *kept;
+        kinds = true;
+      }
     }
-    if (k == 0) return;
-    const std::uint32_t length = static_cast<std::uint32_t>(r.addrs.size() - k);
-    if (auto s = self().Truncate(r.id, length); !s) {
-      Fail(report_.invariant_failures, "Truncate: " + s.error().ToString());
-      return;
+    if (!kinds) {
+      std::size_t k = std::min<std::size_t>(drafts, r.addrs.size());
+      if (Sharing()) {
+        std::size_t own = 0;
+        while (own < k && self().RefCount(r.addrs[r.addrs.size() - 1 - own]) == 1) ++own;
+        k = own;
+      }
+      if (k == 0) return;
+      length = static_cast<std::uint32_t>(r.addrs.size() - k);
+      if (auto s = self().Truncate(r.id, length); !s) {
+        Fail(report_.invariant_failures, "Truncate: " + s.error().ToString());
+        return;
+      }
     }
     const std::vector<LogicalAddr> gone(r.addrs.begin() + length, r.addrs.end());
     r.addrs.resize(length);

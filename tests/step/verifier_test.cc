@@ -4,7 +4,10 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <string>
+#include <string_view>
 
+#include "config/model_config.h"
 #include "test_seed.h"
 
 namespace ula {
@@ -117,6 +120,46 @@ TEST(ConsistencyVerifier, InvalidConfigIsRefused) {
   auto report = RunConsistencyVerifier(c);
   ASSERT_FALSE(report);
   EXPECT_EQ(report.error().code(), ErrorCode::kInvalidArgument);
+}
+
+// A model's shape comes from ApplyModel; what a space with kinds refuses (sharing, the
+// device form) and a shape not the model's are refused before anything runs, and a model
+// without layer kinds changes nothing (the run itself: ctest cli_verify_model_v4).
+TEST(ConsistencyVerifier, ModelRefusesSharingTheDeviceFormAndAnotherShape) {
+  auto flash = LoadModelConfigByName("deepseek_v4_flash", DefaultConfigDir());
+  ASSERT_TRUE(flash) << flash.error().ToString();
+  VerifierConfig c;
+  c.ops = 50;
+  ASSERT_TRUE(ApplyModel(c, *flash));
+  EXPECT_EQ(c.num_groups, 21u);
+  EXPECT_EQ(c.entry_bytes, 584u);
+  EXPECT_EQ(c.group_layers, 1u);
+  auto refused = [](VerifierConfig bad, std::string_view says) {
+    auto report = RunConsistencyVerifier(bad);
+    ASSERT_FALSE(report) << "ran: " << says;
+    EXPECT_EQ(report.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(report.error().message().find(says), std::string::npos) << report.error().message();
+  };
+  VerifierConfig sharing = c;
+  sharing.share_percent = 10;
+  refused(sharing, "refuses ShareInto");
+  VerifierConfig device = c;
+  device.form = PlannerForm::kDevice;
+  device.stable_new_entries = true;
+  device.policy = PolicyKind::kKernelPbLru;
+  refused(device, "DeviceStep::Create refuses a space with kinds");
+  VerifierConfig groups = c;
+  groups.num_groups = 2;
+  refused(groups, "model 'deepseek_v4_flash' has 21");
+
+  auto glm = LoadModelConfigByName("tiny_glm", DefaultConfigDir());
+  ASSERT_TRUE(glm) << glm.error().ToString();
+  VerifierConfig before;
+  auto applied = ApplyModel(before, *glm);
+  ASSERT_FALSE(applied);
+  EXPECT_EQ(applied.error().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_FALSE(before.model.has_value());
+  EXPECT_EQ(before.num_groups, VerifierConfig{}.num_groups);
 }
 
 }  // namespace

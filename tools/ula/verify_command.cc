@@ -2,7 +2,11 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
 
 #include "cli_checks.h"
 #include "command_registry.h"
@@ -14,6 +18,66 @@
 namespace ula::cli {
 namespace {
 
+// The DP verifier over a model's kinds (--model): what it was asked besides.
+struct ModelRequest {
+  std::string name;
+  std::string mode, planner;
+  bool groups_given = false, group_layers_given = false;
+};
+
+// The model names under configs/models/, sorted: those with layer kinds, then all.
+std::string KnownModels() {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(DefaultConfigDir() / "models", ec)) {
+    if (e.path().extension() == ".json") names.insert(e.path().stem().string());
+  }
+  std::string kinds, all;
+  for (const std::string& n : names) {
+    all += (all.empty() ? "" : ", ") + n;
+    auto m = LoadModelConfigByName(n, DefaultConfigDir());
+    if (m && m->has_layer_kinds()) kinds += (kinds.empty() ? "" : ", ") + n;
+  }
+  return fmt::format("with layer kinds: {}; all: {}", kinds.empty() ? "none" : kinds, all);
+}
+
+// Loads --model into cfg (its kinds' space shape, rollbacks on); the reason it is refused
+// otherwise, naming the option: nothing runs then.
+std::optional<std::string> ApplyModelOption(const ModelRequest& m, VerifierConfig& cfg) {
+  if (m.mode != "dp") {
+    return "--model needs --mode dp: a TP space holds one kind (TpConfig has no kinds; docs/ARCHITECTURE.md, "
+           "\"Kinds\")";
+  }
+  if (m.planner == "device") {
+    return "--model takes --planner host or engine: DeviceStep::Create refuses a space with kinds (kUnsupported)";
+  }
+  if (cfg.share_percent > 0) {
+    return fmt::format("--model with --share-percent {}: a space with kinds refuses ShareInto (kUnsupported: "
+                       "adopted C4 entries would come without their tokens' window, C128 entries and compressor "
+                       "state); use --share-percent 0", cfg.share_percent);
+  }
+  auto model = LoadModelConfigByName(m.name, DefaultConfigDir());
+  if (!model) {
+    return fmt::format("--model {}: no such model config ({}); known models {}", m.name, model.error().message(),
+                       KnownModels());
+  }
+  VerifierConfig shaped = cfg;
+  if (auto applied = ApplyModel(shaped, *model); !applied) {
+    return fmt::format("--model {}: {}", m.name, applied.error().message());
+  }
+  if (m.groups_given && shaped.num_groups != cfg.num_groups) {
+    return fmt::format("--groups {} does not match --model {}: its space has {} groups (one per compressed-sparse "
+                       "layer); leave --groups out", cfg.num_groups, m.name, shaped.num_groups);
+  }
+  if (m.group_layers_given && shaped.group_layers != cfg.group_layers) {
+    return fmt::format("--group-layers {} does not match --model {}: its groups hold {} layer(s) each; leave "
+                       "--group-layers out", cfg.group_layers, m.name, shaped.group_layers);
+  }
+  if (shaped.draft_reject_percent == 0) shaped.draft_reject_percent = 50;  // half the rounds reject a draft (V4's MTP)
+  cfg = std::move(shaped);
+  return std::nullopt;
+}
+
 Action SetupVerify(CLI::App& app) {
   auto cfg = std::make_shared<VerifierConfig>();
   auto json = std::make_shared<bool>(false);
@@ -21,7 +85,8 @@ Action SetupVerify(CLI::App& app) {
   app.add_option("--seed", cfg->seed, "random seed")->capture_default_str()->check(Seed());
   app.add_option("--ops", cfg->ops, "number of operations")->capture_default_str()->check(IntIn(1, 1000000000));
   app.add_option("--ranks", cfg->num_ranks, "ranks (DP)")->capture_default_str()->check(IntIn(1, 1024));
-  app.add_option("--groups", cfg->num_groups, "layer groups")->capture_default_str()->check(IntIn(1, 1024));
+  auto groups_opt =
+      app.add_option("--groups", cfg->num_groups, "layer groups")->capture_default_str()->check(IntIn(1, 1024));
   app.add_option("--device-slots", cfg->device_slots_per_group, "device slots per rank per group")
       ->capture_default_str()
       ->check(IntIn(1, 1 << 30));
@@ -51,9 +116,16 @@ Action SetupVerify(CLI::App& app) {
   app.add_flag("--stable-new-entries", cfg->stable_new_entries,
                "a new token's slot never moves in its round (stable_new_entries of the space's config; the "
                "engine forms need it)");
-  app.add_option("--group-layers", cfg->group_layers,
+  auto group_layers_opt = app.add_option("--group-layers", cfg->group_layers,
                  "dp: layers per group (an entry is this many rows, one per layer region; divides the entry bytes)")
       ->capture_default_str()->check(IntIn(1, 64));
+  auto model = std::make_shared<std::string>();
+  app.add_option("--model", *model,
+                 "dp: a model with layer kinds (deepseek_v4_flash): the space holds its kinds, Allocate takes its "
+                 "tokens and every step selects among C4 entries; every kind's page tables are checked against "
+                 "the verifier's model after every op, and half of the decodes roll back drafts "
+                 "(docs/ARCHITECTURE.md, \"Kinds\"). Host and engine planners; no sharing; --groups and "
+                 "--group-layers are the model's");
   auto shadows = std::make_shared<std::string>("off");
   app.add_option("--shadows", *shadows, "clean host shadows (AddressSpaceConfig::host_shadows, TpConfig::host_shadows): on or off")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
@@ -74,7 +146,8 @@ Action SetupVerify(CLI::App& app) {
                  "each shard, merged by log-sum-exp)")
       ->check(CLI::IsMember({"local_buffer", "at_home"}))
       ->capture_default_str();
-  return [cfg, json, policy, mode, mpi, attention_model, attention_steps, tp_attention, planner, shadows]() -> int {
+  return [cfg, json, policy, mode, mpi, attention_model, attention_steps, tp_attention, planner, shadows, model, groups_opt,
+          group_layers_opt]() -> int {
     if (*mpi && *mode != "tp") {
       fmt::print(stderr, "ula verify: --mpi needs --mode tp (the DP verifier has no MPI mode: its ranks share one "
                          "process)\n");
@@ -82,6 +155,14 @@ Action SetupVerify(CLI::App& app) {
     }
     cfg->form = ParsePlannerForm(*planner).value();
     cfg->host_shadows = *shadows == "on";
+    if (!model->empty()) {
+      const ModelRequest m{.name = *model, .mode = *mode, .planner = *planner,
+                           .groups_given = groups_opt->count() > 0, .group_layers_given = group_layers_opt->count() > 0};
+      if (auto refused = ApplyModelOption(m, *cfg)) {
+        fmt::print(stderr, "ula verify: {}\n", *refused);
+        return 2;
+      }
+    }
     if (*mode == "tp") {
       return RunTpVerify({.seed = cfg->seed, .ops = cfg->ops, .ranks = cfg->num_ranks, .groups = cfg->num_groups,
                           .device_slots = cfg->device_slots_per_group, .host_slots = cfg->host_slots_per_group,
@@ -151,6 +232,15 @@ Action SetupVerify(CLI::App& app) {
                        {"cache_evictions", r.cache_evictions},
                        {"locked_checks", r.locked_checks},
                        {"sharing_failures", r.sharing_failures},
+                       {"model", *model},
+                       {"kind_failures", r.kind_failures},
+                       {"kind_pages_checked", r.kind_pages_checked},
+                       {"c4_made", r.c4_made},
+                       {"c4_freed", r.c4_freed},
+                       {"c128_made", r.c128_made},
+                       {"ring_blocks_freed", r.ring_blocks_freed},
+                       {"draft_rollbacks", r.draft_rollbacks},
+                       {"rollbacks_refused", r.rollbacks_refused},
                        {"policy", *policy},
                        {"planner", *planner},
                        {"seconds", seconds},
@@ -182,6 +272,12 @@ Action SetupVerify(CLI::App& app) {
         fmt::print("  sharing ({}% of arrivals): {} adopted prefixes, {} shared entries checked, {} cache evictions, "
                    "{} locked matches checked, {} failures\n", cfg->share_percent, r.shares, r.sharer_checks,
                    r.cache_evictions, r.locked_checks, r.sharing_failures);
+      }
+      if (!model->empty()) {
+        fmt::print("  kinds ({}): C4 entries made / freed {} / {}, C128 made {}, ring blocks freed {}, rollbacks {} "
+                   "(+{} past the ring, refused unchanged); {} page tables checked, {} differ from the model\n",
+                   *model, r.c4_made, r.c4_freed, r.c128_made, r.ring_blocks_freed, r.draft_rollbacks,
+                   r.rollbacks_refused, r.kind_pages_checked, r.kind_failures);
       }
       fmt::print("  attention ({}): {} outputs compared with the dense reference, {} differ; {} of {} planner "
                  "calls swapped\n",

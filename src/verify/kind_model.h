@@ -1,0 +1,97 @@
+// KindModel: the consistency verifier's own account of a space with kinds
+// (docs/ARCHITECTURE.md, "Kinds"), from which every kind's page table follows. Per request it
+// keeps the tokens T, the most tokens it ever held (the window ring's first live token is
+// that minus ring_tokens: a rollback does not bring back what the ring freed) and whether it
+// was ever appended to, and per kind the page table last read (KindPagesOf).
+//
+// What a request of T tokens must hold, kind by kind (E its tokens per entry):
+//   the sparse kind and its companions  floor(T / E) entries, the request's addresses, in
+//                                       pages of the space's page_tokens;
+//   append (C128)                       floor(T / E) entries in blocks of kKindBlockEntries;
+//   ring (the window)                   the tokens [first, T), first = max(0, most - ring_tokens),
+//                                       in the blocks [first / 64, ceil(T / 64));
+//   per request (compressor state)      one entry from the first append, T mod E filling.
+// and no block that still holds a live entry changes id between two reads (a resident
+// block never moves; the window ring frees only its front). A rollback to `length` is
+// accepted iff the window of `length`, [length - (ring_tokens - ring_draft_tokens), length),
+// is still in the ring.
+//
+// Check reads every kind of one request, compares it with the above, and counts what
+// changed since the previous read: C128 entries made, ring blocks freed at the front.
+//
+// Thread-safety: none; the verifier's one thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ula/address_space.h"
+#include "ula/ids.h"
+#include "ula/kv_kinds.h"
+
+namespace ula::verify_internal {
+
+class KindModel {
+ public:
+  struct Counts {
+    std::uint64_t c4_made = 0;            // sparse entries Allocate made
+    std::uint64_t c4_freed = 0;           // sparse entries a rollback or a Free released
+    std::uint64_t c128_made = 0;          // append-kind (not addressed) entries that appeared
+    std::uint64_t ring_blocks_freed = 0;  // window blocks the ring gave back at its front
+    std::uint64_t rollbacks_refused = 0;  // rollbacks past the ring, refused as predicted
+    std::uint64_t pages_checked = 0;      // (request, kind) page tables compared with the model
+  };
+
+  // REQUIRES: ValidateKinds(kinds) is Ok, with a sparse kind.
+  KindModel(std::span<const KvKind> kinds, std::uint32_t page_tokens);
+
+  void Added(RequestId request);
+  // An Allocate of n tokens that made `made` addresses; a description if `made` is not the
+  // number of sparse blocks the tokens completed.
+  std::optional<std::string> Appended(RequestId request, std::uint32_t n_tokens, std::size_t made);
+  std::uint32_t TokensOf(RequestId request) const { return requests_.at(request).tokens; }
+  // Whether Truncate(request, length) must be accepted (the ring still holds its window).
+  bool RollbackAllowed(RequestId request, std::uint32_t length) const;
+  void Truncated(RequestId request, std::uint32_t length);
+  void Freed(RequestId request);
+  // The addresses a request of `tokens` tokens holds.
+  std::uint32_t AddressesAt(std::uint32_t tokens) const { return tokens / sparse_tokens_; }
+  // Tokens per address (the sparse kind's tokens_per_entry).
+  std::uint32_t sparse_tokens() const { return sparse_tokens_; }
+
+  // Compares every kind of `request` (space.KindPagesOf) and its addresses with the model;
+  // the description of the first difference, if any.
+  std::optional<std::string> Check(const AddressSpace& space, RequestId request, std::span<const LogicalAddr> addrs);
+  // A digest of every kind's page table of the requests (what no step may change).
+  static std::uint64_t PagesDigest(const AddressSpace& space, std::span<const RequestId> requests);
+
+  const Counts& counts() const { return counts_; }
+  Counts& counts() { return counts_; }
+
+ private:
+  struct Request {
+    std::uint32_t tokens = 0;
+    std::uint32_t most = 0;  // the most tokens ever held
+    bool appended = false;
+    std::vector<KindPages> last;  // [kinds] the page tables last read
+  };
+  // The page table kind k of `r` must have (blocks: only their number is set).
+  KindPages Expected(std::uint32_t k, const Request& r) const;
+  // The index of blocks[0] among the request's blocks of kind k (the ring's first block).
+  std::uint32_t BaseBlock(std::uint32_t k, const KindPages& p) const;
+  // Blocks that hold a live entry in both reads keep their ids; counts what changed.
+  std::optional<std::string> CheckStable(std::uint32_t k, const KindPages& before, const KindPages& now);
+
+  std::vector<KvKind> kinds_;
+  std::vector<bool> addressed_;  // [kinds] the sparse kind and its companions
+  std::uint32_t sparse_tokens_ = 1;
+  std::uint32_t page_tokens_ = 1;
+  std::unordered_map<RequestId, Request> requests_;
+  Counts counts_;
+};
+
+}  // namespace ula::verify_internal
