@@ -347,7 +347,9 @@ Status DeviceStep::Read(const TpAddressSpace& space, Rank rank, GroupId group, S
   }
   if (cfg.attention != TpAttention::kAtHome) {
     return MakeError(ErrorCode::kFailedPrecondition,
-                     "the TP device step covers attention at home (the local buffer's remote phase is not a kernel yet)");
+                     "the TP device step covers attention at home, not the local buffer (at home peaks 1.12 to 1.57x "
+                     "higher in ula compare's TP configs: docs/ARCHITECTURE.md, \"Which form runs which mode\"); "
+                     "the host steps run the local buffer");
   }
   const TpGroupShard& sh = st.at(rank, group);
   ULA_RETURN_IF_ERROR(CheckShard(cfg.num_ranks, cfg.num_groups, rank, group, *sh.policy));

@@ -50,9 +50,10 @@ inline Status RefuseWithoutEngineConfig(bool has_engine_config, std::string_view
 inline Status RefuseEngineModes(bool stable_new_entries, bool host_shadows, std::string_view config_name) {
   if (host_shadows) {
     return MakeError(ErrorCode::kUnsupported,
-                     fmt::format("{}.host_shadows is on: this engine form moves exclusive entries and keeps no "
-                                 "host shadows; create the space with host_shadows = false (the DP engine step "
-                                 "and the host steps keep them)",
+                     fmt::format("{}.host_shadows is on: the device step moves exclusive entries and keeps no "
+                                 "host shadows (on a GPU the evictions a shadow saves cross the host link in the "
+                                 "direction it has to spare: docs/ARCHITECTURE.md, \"Which form runs which mode\"); "
+                                 "create the space with host_shadows = false (the host steps keep them)",
                                  config_name));
   }
   return RefuseUnstableNewEntries(stable_new_entries, config_name);
