@@ -20,8 +20,8 @@ void SelectionShare::Configure(std::uint32_t window, double quantile, std::uint6
   scratch_.reserve(max_row_selections);
 }
 
-void SelectionShare::Record(std::span<const std::int32_t> rows, std::uint64_t bound) {
-  if (bound == 0) return;
+void SelectionShare::Record(std::span<const std::int32_t> rows) {
+  const std::uint64_t bound = rows.size();
   scratch_.clear();
   for (std::int32_t a : rows) {
     if (a >= 0) scratch_.push_back(a);
@@ -53,10 +53,10 @@ std::uint32_t SelectionShare::QuantileBin() const {
   return kBins - 1;
 }
 
-std::uint64_t SelectionShare::Reserve(std::uint64_t bound) const {
+std::uint64_t SelectionShare::Reserve(std::uint64_t bound, std::uint64_t demand) const {
   if (count_ < needed_) return bound;
   const std::uint64_t edge = QuantileBin() + 1;  // the bin's upper edge, in 1 / kBins
-  return std::min(bound, (bound * edge + kBins - 1) / kBins);
+  return std::min(bound, (demand * edge + kBins - 1) / kBins);
 }
 
 }  // namespace ula

@@ -3,16 +3,17 @@
 // planners.
 //
 // A sample is one request's rows in one group step: the distinct entries they selected
-// over that step's guaranteed bound, min(q_len x top_k, tokens the request held), kept as
-// a bin of kBins equal bins of (0, 1] (bin i covers (i / kBins, (i + 1) / kBins]; a share
+// over the selections they hold, q_len x top_k (padding included), kept as a bin of kBins
+// equal bins of (0, 1] (bin i covers (i / kBins, (i + 1) / kBins]; a share
 // of 0 falls in bin 0). The last `window` samples are kept in a ring, their bins counted in
 // hist_. Invariants: sum(hist_) == count_ <= ring_.size(); hist_ counts exactly the bins of
 // the count_ ring entries before next_.
 //
-// Reserve(bound) scales a guaranteed bound by the upper edge of the bin holding quantile q
-// of the kept samples (so it never reserves less than a share some sample at or above the
-// quantile used), rounded up and never above the bound. While fewer samples are kept than
-// the quantile needs (ceil(1 / (1 - q)), 1 for q = 1, at most the window) it is the bound.
+// Reserve(bound, demand) scales a request's demand (its max_selections, q_len x top_k) by
+// the upper edge of the bin holding quantile q of the kept samples, rounded up, and takes
+// the guaranteed bound where that is smaller (a short history). While fewer samples are
+// kept than the quantile needs (ceil(1 / (1 - q)), 1 for q = 1, at most the window) it is
+// the bound.
 #pragma once
 
 #include <array>
@@ -30,12 +31,13 @@ class SelectionShare {
   // for rows of up to max_row_selections selections (no allocation in Record).
   void Configure(std::uint32_t window, double quantile, std::uint64_t max_row_selections);
 
-  // One request's rows of one group step: its selections (-1 padding) and its bound.
-  // A bound of 0 (nothing held) or rows of padding only record nothing.
-  void Record(std::span<const std::int32_t> rows, std::uint64_t bound);
+  // One request's rows of one group step: its q_len x top_k selections (-1 padding).
+  // Rows of padding only record nothing.
+  void Record(std::span<const std::int32_t> rows);
 
-  // The slots a guaranteed bound of `bound` selections is reserved as: <= bound.
-  std::uint64_t Reserve(std::uint64_t bound) const;
+  // The selections a request with this guaranteed bound and demand (max_selections) is
+  // reserved: <= bound.
+  std::uint64_t Reserve(std::uint64_t bound, std::uint64_t demand) const;
 
   std::uint64_t samples() const { return count_; }
 

@@ -144,10 +144,8 @@ Result<PlannedStep> StepPlanner::Prepare(Rank rank, GroupId group, const StepSha
   out.num_descriptors = static_cast<std::uint32_t>(n_miss);
   if (config.reserve == ReserveMode::kQuantile) {  // ReserveRound's measurement: each request's rows
     for (std::uint32_t b = 0; b < shape.batch; ++b) {
-      auto it = st.dir.requests().find(requests[b]);
-      if (it == st.dir.requests().end()) continue;  // a row of padding only
-      m.share.Record(selections.subspan(std::size_t{b} * row_len, row_len),
-                     std::min<std::uint64_t>(row_len, it->second.addrs.size()));
+      if (!st.dir.requests().contains(requests[b])) continue;  // a row of padding only
+      m.share.Record(selections.subspan(std::size_t{b} * row_len, row_len));
     }
   }
   return out;
@@ -192,7 +190,7 @@ Result<RoundReservation> StepPlanner::ReserveRound(Rank rank, std::span<const Ro
     seen.push_back(d.request);
     new_tokens += d.new_tokens;
     const std::uint64_t bound = std::min<std::uint64_t>(d.max_selections, it->second.addrs.size() + d.new_tokens);
-    selected += config.reserve == ReserveMode::kQuantile ? impl_->share.Reserve(bound) : bound;
+    selected += config.reserve == ReserveMode::kQuantile ? impl_->share.Reserve(bound, d.max_selections) : bound;
   }
   std::sort(seen.begin(), seen.end());
   if (auto dup = std::adjacent_find(seen.begin(), seen.end()); dup != seen.end()) {

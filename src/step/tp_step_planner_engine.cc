@@ -80,8 +80,8 @@ Result<RoundReservation> TpStepPlanner::ReserveRound(std::span<const RoundDemand
       const std::uint64_t elsewhere = len + d.new_tokens - std::min<std::uint64_t>(len + d.new_tokens, held_here + fresh);
       const std::uint64_t home_bound = std::min<std::uint64_t>(d.max_selections, held_here + fresh);
       const std::uint64_t remote_bound = std::min<std::uint64_t>(d.max_selections, by_position ? elsewhere : len + d.new_tokens);
-      home_sel += quantile ? engine_->share.Reserve(home_bound) : home_bound;
-      remote_sel += quantile ? engine_->share.Reserve(remote_bound) : remote_bound;
+      home_sel += quantile ? engine_->share.Reserve(home_bound, d.max_selections) : home_bound;
+      remote_sel += quantile ? engine_->share.Reserve(remote_bound, d.max_selections) : remote_bound;
     }
     for (std::uint32_t g = 0; g < cfg.num_groups; ++g) {
       const TpGroupShard& sh = st.at(r, GroupId(static_cast<std::uint16_t>(g)));
@@ -173,9 +173,8 @@ void TpStepPlanner::Measure(const StepShape& shape, std::span<const RequestId> r
   const auto& reqs = StateOf(space_).dir.requests();
   const std::size_t per_row = std::size_t{shape.q_len} * shape.top_k;
   for (std::uint32_t b = 0; b < shape.batch; ++b) {
-    auto it = reqs.find(requests[b]);
-    if (it == reqs.end()) continue;  // a row of padding only
-    engine_->share.Record(selections.subspan(b * per_row, per_row), std::min<std::uint64_t>(per_row, it->second.addrs.size()));
+    if (!reqs.contains(requests[b])) continue;  // a row of padding only
+    engine_->share.Record(selections.subspan(b * per_row, per_row));
   }
 }
 

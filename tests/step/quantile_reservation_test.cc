@@ -19,8 +19,9 @@ namespace {
 
 constexpr std::uint32_t kTopK = 64;
 
-// One request holding 300 tokens over a device that never runs out; plans of one row of
-// kTopK selections of which `distinct` are distinct (the rest repeat the first).
+// Request 1 holding 300 tokens and request 2 holding 10, over a device that never runs out;
+// plans of request 1's one row of kTopK selections of which `distinct` are distinct (the
+// rest repeat the first).
 struct Fixture {
   std::unique_ptr<Backend> backend = MakeCountingBackend();
   std::unique_ptr<AddressSpace> space;
@@ -31,6 +32,8 @@ struct Fixture {
     space = AddressSpace::Create(testing::EngineModes(testing::SmallConfig(4096, 4096, 1, 1)), *backend).value();
     EXPECT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
     addrs = space->Allocate(RequestId(1), 300).value();
+    EXPECT_TRUE(space->AddRequest(RequestId(2), Rank(0)));
+    EXPECT_TRUE(space->Allocate(RequestId(2), 10));
     space->AdvanceRound();
     config.max_batch = 1;
     config.max_q_len = 1;
@@ -49,9 +52,9 @@ struct Fixture {
     space->AdvanceRound();
   }
 
-  // Device slots the round of request 1 (1 new token, up to kTopK selections) is reserved.
-  std::uint64_t Needed(std::uint32_t max_selections = kTopK) {
-    auto r = planner->ReserveRound(Rank(0), std::vector<RoundDemand>{{RequestId(1), 1, max_selections}});
+  // Device slots the round of one request (1 new token, up to max_selections) is reserved.
+  std::uint64_t Needed(std::uint32_t max_selections = kTopK, RequestId request = RequestId(1)) {
+    auto r = planner->ReserveRound(Rank(0), std::vector<RoundDemand>{{request, 1, max_selections}});
     EXPECT_TRUE(r) << r.error().ToString();
     return r ? r->device_needed : 0;
   }
@@ -80,22 +83,25 @@ TEST(QuantileReservation, ReservesTheMeasuredQuantile) {
     Fixture f(Quantile(q));
     for (int i = 0; i < 10; ++i) f.Step(i % 2 == 0 ? 16 : 48);
     EXPECT_EQ(f.Needed(), q == 0.9 ? 49u : 17u) << "q = " << q;
-    // A request's bound below q_len x top_k scales alike: 0.75 (0.25) of 20 selections.
+    // A smaller demand scales alike: 0.75 (0.25) of 20 selections.
     EXPECT_EQ(f.Needed(20), q == 0.9 ? 16u : 6u) << "q = " << q;
   }
 }
 
-// Steps that select their whole bound leave the reservation at the bound, never above it,
-// and only the window's latest samples count.
+// Steps that select their whole demand leave the reservation at the bound; a request whose
+// history caps its bound (request 2: 10 tokens + 1 new) is never reserved more than it, even
+// where the measured share of its demand is larger; only the window's latest samples count.
 TEST(QuantileReservation, NeverAboveTheBoundAndForgetsPastTheWindow) {
   Fixture f(Quantile(0.99, 16));
   for (int i = 0; i < 16; ++i) f.Step(kTopK);
   EXPECT_EQ(f.Needed(), 65u);
   EXPECT_EQ(f.Needed(7), 8u) << "the bound of 7 selections, not more";
+  EXPECT_EQ(f.Needed(kTopK, RequestId(2)), 12u) << "1 new + its 11 tokens";
   for (int i = 0; i < 15; ++i) f.Step(16);
   EXPECT_EQ(f.Needed(), 65u) << "one full sample left in the window of 16";
   f.Step(16);
   EXPECT_EQ(f.Needed(), 17u) << "the full samples left the window";
+  EXPECT_EQ(f.Needed(kTopK, RequestId(2)), 12u) << "16 of 64 is more than its bound of 11";
 }
 
 TEST(QuantileReservation, BadConfigIsRefusedNamingTheField) {
