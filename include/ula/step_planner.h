@@ -241,8 +241,9 @@ enum class ReserveMode : std::uint8_t {
   kGuaranteed,
   // max_selections times quantile reserve_quantile of the shares of their selections that
   // the planner's recent successful plans' requests selected distinct (distinct entries of
-  // a request's rows over q_len x top_k, measured per request and group step over the last
-  // reserve_window of them, in 1/1024 steps rounded up), never more than the bound; the
+  // a request's rows over q_len x top_k, measured per request and group step, at most 8
+  // requests a plan, over the last reserve_window of them, in 1/1024 steps rounded up),
+  // never more than the bound; the
   // bound itself until ceil(1 / (1 - reserve_quantile)) samples are kept (1 for a quantile
   // of 1, at most the window). A round can then be refused a Plan for room
   // (kResourceExhausted, nothing changed): the engine drops a request from the round and

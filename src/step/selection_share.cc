@@ -42,6 +42,13 @@ void SelectionShare::Record(std::span<const std::int32_t> rows) {
   next_ = (next_ + 1) % ring_.size();
 }
 
+SelectionShare::Rows SelectionShare::NextRows(std::uint32_t batch) {
+  if (batch == 0) return {};
+  const Rows rows{static_cast<std::uint32_t>(cursor_ % batch), std::min(batch, kRequestsPerPlan)};
+  cursor_ += rows.n;
+  return rows;
+}
+
 std::uint32_t SelectionShare::QuantileBin() const {
   // The smallest bin b with at least ceil(q * count) samples in bins <= b.
   const auto want = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::ceil(quantile_ * count_ - 1e-9)));

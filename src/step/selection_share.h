@@ -26,6 +26,10 @@ namespace ula {
 class SelectionShare {
  public:
   static constexpr std::uint32_t kBins = 1024;
+  // A plan records at most this many of its requests (a sort of q_len x top_k each),
+  // starting where the previous plan's stopped, so the measurement's cost per step is
+  // bounded whatever the batch.
+  static constexpr std::uint32_t kRequestsPerPlan = 8;
 
   // REQUIRES: window >= 1, 0 < quantile <= 1 (EngineStepConfig::Validate); scratch sized
   // for rows of up to max_row_selections selections (no allocation in Record).
@@ -41,6 +45,12 @@ class SelectionShare {
 
   std::uint64_t samples() const { return count_; }
 
+  // The batch rows a plan of `batch` rows records: [first, first + n) modulo batch.
+  struct Rows {
+    std::uint32_t first = 0, n = 0;
+  };
+  Rows NextRows(std::uint32_t batch);
+
  private:
   // The bin of quantile q of the kept samples; REQUIRES count_ >= needed_.
   std::uint32_t QuantileBin() const;
@@ -50,6 +60,7 @@ class SelectionShare {
   std::vector<std::uint16_t> ring_;     // [window] bins of the last samples
   std::size_t next_ = 0;                // the ring entry the next sample overwrites
   std::size_t count_ = 0;               // ring entries filled
+  std::uint64_t cursor_ = 0;            // the next plan's first row (modulo its batch)
   std::array<std::uint32_t, kBins> hist_{};
   std::vector<std::int32_t> scratch_;   // [max_row_selections] one request's selections, sorted
 };

@@ -143,7 +143,9 @@ Result<PlannedStep> StepPlanner::Prepare(Rank rank, GroupId group, const StepSha
   out.fence = m.fence;
   out.num_descriptors = static_cast<std::uint32_t>(n_miss);
   if (config.reserve == ReserveMode::kQuantile) {  // ReserveRound's measurement: each request's rows
-    for (std::uint32_t b = 0; b < shape.batch; ++b) {
+    const SelectionShare::Rows rows = m.share.NextRows(shape.batch);
+    for (std::uint32_t i = 0; i < rows.n; ++i) {
+      const std::uint32_t b = (rows.first + i) % shape.batch;
       if (!st.dir.requests().contains(requests[b])) continue;  // a row of padding only
       m.share.Record(selections.subspan(std::size_t{b} * row_len, row_len));
     }
