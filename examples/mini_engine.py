@@ -54,7 +54,8 @@ runs); decode is sparse. The MTP layer of the config is not run.
 
 Usage: python3 examples/mini_engine.py [--exec engine|library] [--tp N] [--q-len Q]
        [--groups 4,2] [--tensors auto|numpy|torch] [--json] [--requests N] [--reject P]
-       [--device-slots N] [--no-reserve]
+       [--device-slots N] [--reserve guaranteed|quantile|oracle|hisparse|none] [--reserve-quantile Q]
+       (--no-reserve: --reserve none)
 The in-tree build is found without installing (<repo>/build/python, or --build-dir).
 """
 import argparse
@@ -228,7 +229,7 @@ class DenseStore:
         self.new_rows = np.array([rid * self.max_len + pos[rid] + j if rid >= 0 else -1
                                   for rid in rids for j in range(q_len)])
 
-    def prepare_group(self, g, rids, positions, q_len):
+    def prepare_group(self, g, rids, positions, q_len, refusable=False):
         self.mask = positions >= 0
         row_rid = np.repeat(np.asarray(rids), q_len)
         self.rows = np.where(self.mask, row_rid[:, None] * self.max_len + positions, 0)
@@ -253,6 +254,9 @@ class DenseStore:
     def truncate(self, rid, length):
         pass
 
+    def drop_rows(self, b, q_len):
+        self.new_rows[b * q_len:(b + 1) * q_len] = -1
+
     def end_step(self):
         pass
 
@@ -270,7 +274,7 @@ class DenseAtHomeStore(DenseStore):
         assert 64 % ranks == 0, "a rank's share of a 64-token page"
         self.ranks = ranks
 
-    def prepare_group(self, g, rids, positions, q_len):
+    def prepare_group(self, g, rids, positions, q_len, refusable=False):
         super().prepare_group(g, rids, positions, q_len)
         self.homes = [self.mask & (positions % self.ranks == r) for r in range(self.ranks)]
 
@@ -292,8 +296,10 @@ class UlaStore:
     looks the new tokens up, writes each layer's KV there, and attention reads every entry,
     its own included, through the index array (no KV handed to attention outside the cache)."""
 
-    def __init__(self, ulacache, model, device_slots, host_slots, max_batch, q_len, mode, tensors):
+    def __init__(self, ulacache, model, device_slots, host_slots, max_batch, q_len, mode, tensors, reserve="guaranteed",
+                 quantile=0.99):
         self.u, self.model, self.mode, self.q_len = ulacache, model, mode, q_len
+        self.device_slots = device_slots
         self.torch = None
         if tensors == "torch":
             import torch
@@ -311,7 +317,9 @@ class UlaStore:
         assert cfg.device_slots_per_group == device_slots and cfg.host_slots_per_group == host_slots
         width = select_width(model, q_len)
         self.planner = ulacache.StepPlanner(self.space, max_batch=max_batch, max_q_len=q_len, max_top_k=width,
-                                                  top_k_multiple=64)  # FlashMLA's SM90 sparse decode
+                                            top_k_multiple=64,  # FlashMLA's SM90 sparse decode
+                                            reserve="quantile" if reserve == "quantile" else "guaranteed",
+                                            reserve_quantile=quantile)
         self.selections = self._array((max_batch * q_len, width), "int32", -1)
         self.indices = self._array((max_batch * q_len, width), "int32", -1)
         self.requests = self._array((max_batch,), "int64", 0)
@@ -362,7 +370,7 @@ class UlaStore:
         n = len(rids)
         try:
             self.planner.reserve_round(0, np.array(rids, np.int64), np.full(n, new_tokens, np.uint32),
-                                       np.full(n, max_selections, np.uint32))
+                                       np.broadcast_to(np.asarray(max_selections, np.uint32), (n,)).copy())
         except self.u.ResourceExhaustedError:
             return False
         return True
@@ -399,7 +407,21 @@ class UlaStore:
         self.out_cache_loc = [[self.space.lookup(a, g) if a >= 0 else None for a in self.new]
                               for g in range(self.model.num_groups)]
 
-    def prepare_group(self, g, rids, positions, q_len):
+    def drop_rows(self, b, q_len):
+        """Batch row b left the round (its request was retracted): no KV goes to its new tokens."""
+        self.new[b * q_len:(b + 1) * q_len] = [-1] * q_len
+
+    def prepare_group(self, g, rids, positions, q_len, refusable=False):
+        """The group's plan; with refusable, False where it is refused for room (nothing changed)."""
+        try:
+            self._plan_group(g, rids, positions, q_len)
+        except self.u.ResourceExhaustedError:
+            if not refusable:
+                raise
+            return False
+        return True
+
+    def _plan_group(self, g, rids, positions, q_len):
         sel = self._np(self.selections)
         sel.fill(-1)
         for r in range(positions.shape[0]):
@@ -492,8 +514,10 @@ class TpStore(UlaStore):
     that rank's shard pool (a writable view), and every rank attends over its own shard,
     the partials merged in rank order."""
 
-    def __init__(self, ulacache, model, device_slots, host_slots, max_batch, q_len, ranks):
+    def __init__(self, ulacache, model, device_slots, host_slots, max_batch, q_len, ranks, reserve="guaranteed",
+                 quantile=0.99):
         self.u, self.model, self.q_len, self.mode, self.torch = ulacache, model, q_len, "tp", None
+        self.device_slots = device_slots
         lpg = model.layers_per_group
         self.entry_floats = lpg * model.width
         per = self.entry_floats * 4 * model.num_groups
@@ -504,7 +528,9 @@ class TpStore(UlaStore):
         width = select_width(model, q_len)
         # The engine path needs the space's stable_new_entries (TpStepPlanner refuses it otherwise): a new token's
         # looked-up slot is where the round's attention reads it.
-        self.planner = ulacache.TpStepPlanner(self.space, max_batch=max_batch, max_q_len=q_len, max_top_k=width)
+        self.planner = ulacache.TpStepPlanner(self.space, max_batch=max_batch, max_q_len=q_len, max_top_k=width,
+                                              reserve="quantile" if reserve == "quantile" else "guaranteed",
+                                              reserve_quantile=quantile)
         self.ranks = ranks
         self.selections = np.full((max_batch * q_len, width), -1, np.int32)
         self.indices = np.full((ranks, max_batch * q_len, width), -1, np.int32)
@@ -526,7 +552,7 @@ class TpStore(UlaStore):
         n = len(rids)  # every hosted rank bounded by all of a request's selections
         try:
             self.planner.reserve_round(np.array(rids, np.int64), np.full(n, new_tokens, np.uint32),
-                                       np.full(n, max_selections, np.uint32))
+                                       np.broadcast_to(np.asarray(max_selections, np.uint32), (n,)).copy())
         except self.u.ResourceExhaustedError:
             return False
         return True
@@ -538,7 +564,7 @@ class TpStore(UlaStore):
                 tier, rank, slot = self.space.lookup(int(a), g)
                 self.pools[tier][rank][g][slot, :len(layers)] = entries[layers, i]
 
-    def prepare_group(self, g, rids, positions, q_len):
+    def _plan_group(self, g, rids, positions, q_len):
         sel = self.selections
         sel.fill(-1)
         for r in range(positions.shape[0]):
@@ -616,6 +642,18 @@ class Schedule:
         self.log.append(ok)
         return ok
 
+    def plan(self, ask):
+        """A group's plan: ask() plans it (False: refused for room, nothing changed); a replay
+        plans where the run it replays did."""
+        if self.replay is None:
+            ok = ask()
+        else:
+            ok = next(self.replay)
+            if ok:
+                ask()
+        self.log.append(ok)
+        return ok
+
 
 def retract_order(rows, out_len, prompt_len):
     """SGLang's ScheduleBatch.retract_decode order: sorted by (output tokens, -prompt length)
@@ -624,7 +662,11 @@ def retract_order(rows, out_len, prompt_len):
     return sorted(rows, key=lambda b: (out_len[b], -prompt_len[b]), reverse=True)
 
 
-def run(model, ulacache, reqs, store, max_batch, q_len=1, reject=0.0, seed=0, replay=None, reserve=True):
+RESERVE_MODES = ("guaranteed", "quantile", "oracle", "hisparse", "none")
+
+
+def run(model, ulacache, reqs, store, max_batch, q_len=1, reject=0.0, seed=0, replay=None, reserve="guaranteed",
+        shadow=None):
     """Continuous batching in SGLang's scheduler order. Per iteration: admit arrived requests
     into free batch rows (the prefill round: reserve_round for the prompt, else it stays
     queued); reserve the decode round for the running batch (check_decode_mem), retracting
@@ -633,7 +675,18 @@ def run(model, ulacache, reqs, store, max_batch, q_len=1, reject=0.0, seed=0, re
     allocate the round's new tokens (the last token and q_len - 1 drafts) and look up
     out_cache_loc; the forward (per group: indexer, plan, descriptors, complete, KV writes,
     attention through the indices); verify with random rejection and truncate the rejected
-    drafts; advance the round."""
+    drafts; advance the round.
+
+    reserve: what admission and check_decode_mem ask of the round. guaranteed: reserve_round
+    over each request's bound (q_len x width, capped by its history); quantile: the same call
+    on a planner in quantile mode (its measured share of the bound); oracle: reserve_round
+    over each request's true distinct selections of the round, drawn before admission by
+    running the round's indexer over `shadow` (a dense store of the same entries); hisparse:
+    SGLang HiSparse's fixed device buffer of 2 x top_k + q_len slots per request; none: the
+    batch size alone. Under quantile, oracle and hisparse a plan refused for room is the
+    engine's fallback: the request retract_decode picks leaves the round (freed and queued
+    again, as a retraction) and the group is planned again (plan_refusals counts them);
+    under guaranteed and none a refused plan raises."""
     b_rows = [-1] * max_batch
     pos = {}      # rid -> tokens with KV (the next position)
     left = {}     # rid -> tokens still to generate
@@ -645,7 +698,109 @@ def run(model, ulacache, reqs, store, max_batch, q_len=1, reject=0.0, seed=0, re
     logits_log, tokens_log = [], []
     indexer = ulacache.Indexer(model.ih, model.idim, model.top_k)
     width = select_width(model, q_len)
-    sched = Schedule(replay, reserve)
+    sched = Schedule(replay, reserve != "none")
+    fallback = reserve in ("quantile", "oracle", "hisparse")
+    truth = {}    # oracle: rid -> the most distinct entries of one group step in this iteration's round
+
+    def forward(st, rows, active, toks, tpos, keys, refused=None):
+        """The round's forward over store st: per group the indexer's top-k, the plan (with
+        refused: planned again after refused() took a request out of the round), the new
+        KV written and attention. Returns x and, per batch row, its most distinct entries."""
+        x = model.emb[toks.reshape(-1)]                      # [max_batch * q_len, hidden]
+        used = {b: 0 for b in active}
+        for g, layers in enumerate(model.group_layers):
+            iq = x @ model.w_iq[g]
+            iw = x @ model.w_iw[g]
+            ik = x @ model.w_ik[g]
+            positions = np.full((max_batch * q_len, width), -1, np.int32)
+            for b in active:
+                rid = rows[b]
+                t = tpos[rid]
+                for j in range(q_len):
+                    r = b * q_len + j
+                    top = indexer.select(iq[r], iw[r], keys[rid][g, :t])
+                    positions[r, :len(top)] = top
+                    positions[r, len(top):len(top) + j + 1] = t + np.arange(j + 1)  # the step's tokens up to itself
+                keys[rid][g, t:t + q_len] = ik[b * q_len:(b + 1) * q_len]
+                sel = positions[b * q_len:(b + 1) * q_len]
+                used[b] = max(used[b], len(np.unique(sel[sel >= 0])))
+            if refused is None:
+                st.prepare_group(g, rows, positions, q_len)
+            else:
+                while not sched.plan(lambda: st.prepare_group(g, rows, positions, q_len, refusable=True)):
+                    b = refused()
+                    positions[b * q_len:(b + 1) * q_len] = -1
+                    del used[b]
+            for li, layer in enumerate(layers):
+                kv = x @ model.w_kv[layer]                   # the new tokens' KV of this layer
+                st.write_new(g, li, layer, kv)               # at the looked-up location
+                if hasattr(st, "gather_parts"):
+                    x = model.attend_at_home(layer, x, st.gather_parts(g, li))
+                else:
+                    entries, mask = st.gather(g, li, layer)
+                    x = model.attend(layer, x, entries, mask)
+        return x, used
+
+    def drafts(toks, b, first):
+        toks[b, 0] = first
+        for j in range(1, q_len):
+            toks[b, j] = draft(toks[b, j - 1], j, model.vocab)
+
+    def draw(cands):
+        """The oracle: the next round's selections of the running requests and cands, drawn
+        over the shadow store (the cands prefilled there first). Each row's selections depend
+        on its own request alone, so any subset of them selects the same."""
+        rows, tpos, keys = [-1] * max_batch, {}, {}
+        toks = np.zeros((max_batch, q_len), np.int64)
+        for b in range(max_batch):
+            if b_rows[b] >= 0:
+                rid = b_rows[b]
+                rows[b], tpos[rid], keys[rid] = rid, pos[rid], ikeys[rid]
+                drafts(toks, b, last[rid])
+        for b, r in cands:
+            if r["gen"] <= 0:
+                continue  # its prefill makes its last token: not in the round
+            rid, tokens = r["id"], r["prompt"]
+            entries, k, logits = model.prefill(tokens)
+            shadow.write_prefill(rid, entries)
+            n = len(tokens)
+            keys[rid] = np.zeros((model.num_groups, n + r["gen"] + q_len, model.idim), np.float32)
+            keys[rid][:, :n] = k
+            rows[b], tpos[rid] = rid, n
+            drafts(toks, b, int(np.argmax(logits)))
+        active = [b for b in range(max_batch) if rows[b] >= 0]
+        shadow.begin_step(rows, tpos, q_len)
+        _, used = forward(shadow, rows, active, toks, tpos, keys)
+        return {rows[b]: n for b, n in used.items()}
+
+    def reserve_round(rids):
+        if reserve == "hisparse":
+            return len(rids) * (2 * model.top_k + q_len) <= store.device_slots
+        if reserve == "oracle":
+            return store.reserve_decode(rids, q_len, [truth.get(rid, 0) for rid in rids])
+        return store.reserve_decode(rids, q_len, q_len * width)
+
+    def retract(b, counter):
+        """Batch row b's request leaves: freed and queued again first, with the tokens it has
+        (its prefill recomputes their KV and the last one's; it then generates what is left)."""
+        rid = b_rows[b]
+        store.finish(rid)
+        waiting.insert(0, {"id": rid, "arrival": step, "prompt": np.array(hist[rid] + [last[rid]], np.int64),
+                           "gen": left[rid] - 1})
+        b_rows[b] = -1
+        active.remove(b)
+        counts[counter] += 1
+        return b
+
+    def retract_refused():
+        """A plan of the round was refused for room: retract_decode's pick leaves the round."""
+        if len(active) == 1:
+            raise RuntimeError("a plan of one request's round is refused for room")
+        b = retract_order(active, {b: out_len[b_rows[b]] for b in active},
+                          {b: prompt_len[b_rows[b]] for b in active})[-1]
+        store.drop_rows(b, q_len)
+        return retract(b, "plan_refusals")
+
     waiting = [dict(r) for r in reqs]
     step = 0
     decode_tokens = 0
@@ -653,7 +808,8 @@ def run(model, ulacache, reqs, store, max_batch, q_len=1, reject=0.0, seed=0, re
     counts = {"retractions": 0, "admissions_deferred": 0, "drafts_rejected": 0, "rounds_reserved": 0,
               "requests_decoded": 0,      # summed over the decode rounds: the mean batch is this / rounds
               "selections_reserved": 0,   # what reserve_round bounded each request's group step by, summed
-              "selections_used": 0}       # the distinct entries each request's group step selected (most of its groups), summed
+              "selections_used": 0,       # the distinct entries each request's group step selected (most of its groups), summed
+              "plan_refusals": 0}         # plans refused for room, each followed by a request retracted and a re-plan
     while waiting or any(r >= 0 for r in b_rows):
         # Admission (SGLang's prefill adder): the arrived requests that allocate fills, in
         # arrival order, into free rows; their prefill is a round of its own. Then the next
@@ -668,12 +824,13 @@ def run(model, ulacache, reqs, store, max_batch, q_len=1, reject=0.0, seed=0, re
                 counts["admissions_deferred"] += 1
                 break  # FCFS: the head waits, and so does everything behind it
             cands.append((free_rows.pop(0), waiting.pop(0)))
+        if reserve == "oracle" and replay is None and (cands or any(r >= 0 for r in b_rows)):
+            truth = draw(cands)
         if cands:
             store.end_step()
             running = [b_rows[b] for b in range(max_batch) if b_rows[b] >= 0]
-            while cands and not sched.decide(
-                    lambda: store.reserve_decode(running + [r["id"] for _, r in cands], q_len, q_len * width),
-                    reservation=True):
+            while cands and not sched.decide(lambda: reserve_round(running + [r["id"] for _, r in cands]),
+                                             reservation=True):
                 if not running and len(cands) == 1:
                     break
                 _, r = cands.pop()
@@ -684,6 +841,8 @@ def run(model, ulacache, reqs, store, max_batch, q_len=1, reject=0.0, seed=0, re
             rid, tokens = r["id"], r["prompt"]
             entries, keys, logits = model.prefill(tokens)
             store.write_prefill(rid, entries)
+            if shadow is not None:
+                shadow.write_prefill(rid, entries)
             n = len(tokens)
             ikeys[rid] = np.zeros((model.num_groups, n + r["gen"] + q_len, model.idim), np.float32)
             ikeys[rid][:, :n] = keys
@@ -702,58 +861,23 @@ def run(model, ulacache, reqs, store, max_batch, q_len=1, reject=0.0, seed=0, re
             step += 1
             continue
         # check_decode_mem: the round's reservation, retracting until it holds.
-        while not sched.decide(lambda: store.reserve_decode([b_rows[b] for b in active], q_len, q_len * width),
-                               reservation=True):
+        while not sched.decide(lambda: reserve_round([b_rows[b] for b in active]), reservation=True):
             if len(active) == 1:
                 raise RuntimeError("the device pool cannot hold one request's round")
-            b = retract_order(active, {b: out_len[b_rows[b]] for b in active},
-                              {b: prompt_len[b_rows[b]] for b in active})[-1]
-            rid = b_rows[b]
-            store.finish(rid)
-            # Queued again first, with the tokens it has: its prefill recomputes their KV and
-            # the last one's; it then generates what is left after that.
-            waiting.insert(0, {"id": rid, "arrival": step, "prompt": np.array(hist[rid] + [last[rid]], np.int64),
-                               "gen": left[rid] - 1})
-            b_rows[b] = -1
-            active.remove(b)
-            counts["retractions"] += 1
+            retract(retract_order(active, {b: out_len[b_rows[b]] for b in active},
+                                  {b: prompt_len[b_rows[b]] for b in active})[-1], "retractions")
         counts["rounds_reserved"] += 1
-        counts["requests_decoded"] += len(active)
-        counts["selections_reserved"] += sum(min(q_len * width, pos[b_rows[b]] + q_len) for b in active)
-        used = {b: 0 for b in active}
         t0 = time.perf_counter()
         toks = np.zeros((max_batch, q_len), np.int64)
         for b in active:
-            toks[b, 0] = last[b_rows[b]]
-            for j in range(1, q_len):
-                toks[b, j] = draft(toks[b, j - 1], j, model.vocab)
+            drafts(toks, b, last[b_rows[b]])
         store.begin_step(b_rows, pos, q_len)
-        x = model.emb[toks.reshape(-1)]                      # [max_batch * q_len, hidden]
-        for g, layers in enumerate(model.group_layers):
-            iq = x @ model.w_iq[g]
-            iw = x @ model.w_iw[g]
-            ik = x @ model.w_ik[g]
-            positions = np.full((max_batch * q_len, width), -1, np.int32)
-            for b in active:
-                rid = b_rows[b]
-                t = pos[rid]
-                for j in range(q_len):
-                    r = b * q_len + j
-                    top = indexer.select(iq[r], iw[r], ikeys[rid][g, :t])
-                    positions[r, :len(top)] = top
-                    positions[r, len(top):len(top) + j + 1] = t + np.arange(j + 1)  # the step's tokens up to itself
-                ikeys[rid][g, t:t + q_len] = ik[b * q_len:(b + 1) * q_len]
-                rows = positions[b * q_len:(b + 1) * q_len]
-                used[b] = max(used[b], len(np.unique(rows[rows >= 0])))
-            store.prepare_group(g, b_rows, positions, q_len)
-            for li, layer in enumerate(layers):
-                kv = x @ model.w_kv[layer]                   # the new tokens' KV of this layer
-                store.write_new(g, li, layer, kv)            # at the looked-up location
-                if hasattr(store, "gather_parts"):
-                    x = model.attend_at_home(layer, x, store.gather_parts(g, li))
-                else:
-                    entries, mask = store.gather(g, li, layer)
-                    x = model.attend(layer, x, entries, mask)
+        x, used = forward(store, b_rows, active, toks, pos, ikeys, retract_refused if fallback else None)
+        if reserve == "oracle" and replay is None:
+            # The oracle drew this round's selections before admission: the round selected no more.
+            assert all(used[b] <= truth[b_rows[b]] for b in active), (used, truth)
+        counts["requests_decoded"] += len(active)
+        counts["selections_reserved"] += sum(min(q_len * width, pos[b_rows[b]] + q_len) for b in active)
         counts["selections_used"] += sum(used.values())
         logits = (x @ model.emb.T).reshape(max_batch, q_len, model.vocab)
         for b in active:
@@ -794,8 +918,13 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--reject", type=float, default=0.3,
                     help="probability that verification rejects a draft (the rest of the step's drafts go with it)")
-    ap.add_argument("--no-reserve", action="store_true",
-                    help="schedule by the batch size alone (no reserve_round): a plan refused for room ends the run")
+    ap.add_argument("--reserve", choices=RESERVE_MODES, default="guaranteed",
+                    help="admission and check_decode_mem: guaranteed (reserve_round's bound), quantile (reserve_round "
+                         "in quantile mode; a refused plan retracts a request and plans again), oracle (reserve_round "
+                         "over the round's true selections, drawn first), hisparse (2 x top-k + q_len device slots "
+                         "per request), none (the batch size alone: a plan refused for room ends the run)")
+    ap.add_argument("--no-reserve", dest="reserve", action="store_const", const="none", help="--reserve none")
+    ap.add_argument("--reserve-quantile", type=float, default=0.99, help="--reserve quantile's quantile, in (0, 1]")
     ap.add_argument("--device-slots", type=int, default=None,
                     help="device slots per group (per rank with --tp); default sized from the peak history. "
                          "Small enough, rounds are reserved for fewer requests and running ones are retracted")
@@ -826,13 +955,18 @@ def main(argv=None):
         device_slots = args.device_slots or max(step_working_set // args.tp + args.max_batch * q_len,
                                                 peak * 2 // (5 * args.tp))
         host_slots = peak * 3 // (4 * args.tp) + peak // 8
-        store = TpStore(ulacache, model, device_slots, host_slots, args.max_batch, q_len, args.tp)
+        store = TpStore(ulacache, model, device_slots, host_slots, args.max_batch, q_len, args.tp, args.reserve,
+                        args.reserve_quantile)
     else:
         device_slots = args.device_slots or max(step_working_set, peak * 2 // 5)
         host_slots = peak * 3 // 4
-        store = UlaStore(ulacache, model, device_slots, host_slots, args.max_batch, q_len, args.mode, tensors)
-    sgl = dict(q_len=q_len, reject=args.reject, seed=args.seed)
-    ula = run(model, ulacache, reqs, store, args.max_batch, reserve=not args.no_reserve, **sgl)
+        store = UlaStore(ulacache, model, device_slots, host_slots, args.max_batch, q_len, args.mode, tensors,
+                         args.reserve, args.reserve_quantile)
+    sgl = dict(q_len=q_len, reject=args.reject, seed=args.seed, reserve=args.reserve)
+    shadow = None
+    if args.reserve == "oracle":  # the oracle draws each round's selections over the same entries, kept dense
+        shadow = DenseStore(model, reqs, q_len) if args.tp == 1 else DenseAtHomeStore(model, reqs, q_len, args.tp)
+    ula = run(model, ulacache, reqs, store, args.max_batch, shadow=shadow, **sgl)
     # The references replay UlaCache's schedule (admissions, retractions), which its memory
     # decided. TP at home merges per-rank partials: its bit-exact reference splits the dense
     # entries the same way (DenseAtHomeStore); the plain dense run is reported beside it.
@@ -866,7 +1000,9 @@ def main(argv=None):
         "entries_evicted": st["evictions"],
         "bytes_moved": st["bytes_moved"],
         "new_tokens_moved": st.get("new_moved"),
+        "reserve": args.reserve,
         "rounds_reserved": ula["rounds_reserved"],
+        "plan_refusals": ula["plan_refusals"],
         "retractions": ula["retractions"],
         "admissions_deferred": ula["admissions_deferred"],
         "drafts_rejected": ula["drafts_rejected"],
@@ -890,8 +1026,10 @@ def main(argv=None):
         print(f"  pools per group: {device_slots} device + {host_slots} host slots; peak history {peak} entries")
         print(f"  decode: {result['decode_tokens']} tokens in {result['steps']} steps, "
               f"{result['tokens_per_s']} tokens/s (dense reference {result['dense_tokens_per_s']} tokens/s)")
-        print(f"  scheduler: {result['rounds_reserved']} rounds reserved, {result['retractions']} retractions, "
-              f"{result['admissions_deferred']} admissions deferred, {result['drafts_rejected']} drafts rejected")
+        print(f"  scheduler (--reserve {args.reserve}): {result['rounds_reserved']} rounds reserved, "
+              f"{result['retractions']} retractions, {result['admissions_deferred']} admissions deferred, "
+              f"{result['plan_refusals']} plans refused (a request retracted, planned again), "
+              f"{result['drafts_rejected']} drafts rejected")
         print(f"  mean batch {result['mean_batch']} (HiSparse's per-request buffers: at most "
               f"{result['hisparse_batch_bound']}); the rounds used {result['reserved_selections_used']:.1%} of the "
               f"selections reserved")

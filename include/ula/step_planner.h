@@ -233,6 +233,24 @@ struct StepShape {
   std::uint64_t size() const { return std::uint64_t{batch} * q_len * top_k; }
 };
 
+// ReserveRound's bound on one request's selections in one group step. Its guaranteed
+// bound is min(max_selections, tokens it will hold).
+enum class ReserveMode : std::uint8_t {
+  // The guaranteed bound: a round that keeps to its reservation has no Plan refused for
+  // room.
+  kGuaranteed,
+  // max_selections times quantile reserve_quantile of the shares of their selections that
+  // the planner's recent successful plans' requests selected distinct (distinct entries of
+  // a request's rows over q_len x top_k, measured per request and group step, at most 8
+  // requests a plan, over the last reserve_window of them, in 1/1024 steps rounded up),
+  // never more than the bound; the
+  // bound itself until ceil(1 / (1 - reserve_quantile)) samples are kept (1 for a quantile
+  // of 1, at most the window). A round can then be refused a Plan for room
+  // (kResourceExhausted, nothing changed): the engine drops a request from the round and
+  // plans again (docs/INTEGRATION.md, "Reservation modes").
+  kQuantile,
+};
+
 struct EngineStepConfig {
   std::uint32_t max_batch = 1;
   std::uint32_t max_q_len = 1;
@@ -247,9 +265,16 @@ struct EngineStepConfig {
   // Plan and Step refuse a shape whose top_k is not a multiple of this (64 for FlashMLA's
   // SM90 sparse kernels, above); 1 accepts any.
   std::uint32_t top_k_multiple = 1;
+  // What ReserveRound sets aside for a request's selections (ReserveMode, above).
+  ReserveMode reserve = ReserveMode::kGuaranteed;
+  // kQuantile: the quantile, in (0, 1], of the measured shares a request's reservation
+  // covers, and how many of the latest samples (request x group step) are kept, >= 1.
+  double reserve_quantile = 0.99;
+  std::uint32_t reserve_window = 4096;
   std::uint64_t rows() const { return max_rows != 0 ? max_rows : std::uint64_t{max_batch} * max_q_len; }
   // kInvalidArgument naming the field: a zero maximum, top_k_multiple not dividing
-  // max_top_k, max_rows above max_batch x max_q_len, more than 2^31 selections.
+  // max_top_k, max_rows above max_batch x max_q_len, more than 2^31 selections,
+  // reserve_quantile outside (0, 1], reserve_window 0.
   Status Validate() const;
 };
 
@@ -323,6 +348,9 @@ class StepPlanner {
   // most max_selections entries of their request) has no Allocate and no Plan refused for
   // room (kResourceExhausted): the round's entries never outnumber the device. Shared
   // entries are counted once per request that selects them (a bound, not a tally).
+  // With the config's reserve = kQuantile each request's selections are reserved as its
+  // measured quantile of that bound instead (ReserveMode): fewer slots, and a Plan of the
+  // round may then be refused for room.
   // kResourceExhausted (with the numbers; drop requests from the round and ask again),
   // kNotFound (unknown request), kInvalidArgument (another rank's request, listed twice,
   // max_selections past max_q_len x max_top_k), kFailedPrecondition (a plan is pending).

@@ -266,7 +266,10 @@ class TpStepPlanner {
   // hosts: admit the round only where every rank's reservation is Ok (the scheduler's
   // all-reduce). Returns the tightest (rank, group): its bound and room. Refusals as
   // StepPlanner::ReserveRound's (kResourceExhausted with the numbers, kNotFound,
-  // kInvalidArgument, kFailedPrecondition while a plan is pending); changes nothing.
+  // kInvalidArgument, kFailedPrecondition while a plan is pending); changes nothing. With
+  // the config's reserve = kQuantile each of those bounds is reserved as the measured
+  // quantile of it (ReserveMode, ula/step_planner.h; the shares measured over every hosted
+  // rank's plans): a Plan of the round may then be refused for room.
   Result<RoundReservation> ReserveRound(std::span<const RoundDemand> demands) const;
 
   // The most descriptors one Plan writes (every hosted rank's device shard pool and local
@@ -359,6 +362,8 @@ class TpStepPlanner {
                  std::size_t indices_size);
   // The plan's refs as per-rank index arrays.
   void WriteIndices(const TpStepPlan& plan, std::size_t n, std::span<std::int32_t> indices) const;
+  // ReserveRound's measurement (reserve = kQuantile): each request's rows of a step that ran.
+  void Measure(const StepShape& shape, std::span<const RequestId> requests, std::span<const std::int32_t> selections);
 
   struct Scratch;
   struct Engine;  // the engine path's config and scratch (step/tp_step_planner_engine.h); null: library only

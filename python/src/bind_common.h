@@ -44,6 +44,21 @@ T Unwrap(ula::Result<T>&& r) {
 }
 
 // Raises InvalidArgumentError unless `a` is C-contiguous (and writable if asked).
+// EngineStepConfig's reservation fields from the planners' keyword arguments (validated by
+// Create: a bad quantile or window is refused there, naming the field).
+inline void SetReserveMode(ula::EngineStepConfig& c, const std::string& reserve, double quantile, std::uint32_t window) {
+  if (reserve == "guaranteed") {
+    c.reserve = ula::ReserveMode::kGuaranteed;
+  } else if (reserve == "quantile") {
+    c.reserve = ula::ReserveMode::kQuantile;
+  } else {
+    Throw(ula::ErrorCode::kInvalidArgument,
+          "EngineStepConfig.reserve: '" + reserve + "' is not 'guaranteed' or 'quantile'");
+  }
+  c.reserve_quantile = quantile;
+  c.reserve_window = window;
+}
+
 inline void CheckLayout(const py::array& a, const char* what, bool writable) {
   if (!(a.flags() & py::array::c_style)) {
     Throw(ula::ErrorCode::kInvalidArgument, std::string(what) + ": must be C-contiguous");

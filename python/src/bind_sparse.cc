@@ -569,7 +569,8 @@ DESCRIPTOR_DTYPE array with a fence. `step` runs the copies on the library's bac
 `step_runs` is the library layout's step: uint32 selections cut into runs of one request
 each, uint32 out_slots.)doc")
       .def(py::init([](DpSpace& s, std::optional<std::uint32_t> max_batch, std::optional<std::uint32_t> max_q_len,
-                       std::optional<std::uint32_t> max_top_k, std::uint32_t top_k_multiple, std::uint32_t max_rows) {
+                       std::optional<std::uint32_t> max_top_k, std::uint32_t top_k_multiple, std::uint32_t max_rows,
+                       const std::string& reserve, double reserve_quantile, std::uint32_t reserve_window) {
              EnginePlanner p{nullptr, &s, {}, {}, {}, {}, 0, 0, 0};
              if (!max_batch && !max_q_len && !max_top_k) {  // the library path only
                p.planner = std::make_unique<ula::StepPlanner>(*s.space);
@@ -581,17 +582,22 @@ each, uint32 out_slots.)doc")
              c.max_top_k = max_top_k.value_or(c.max_top_k);
              c.top_k_multiple = top_k_multiple;
              c.max_rows = max_rows;
+             SetReserveMode(c, reserve, reserve_quantile, reserve_window);
              p.planner = Unwrap(ula::StepPlanner::Create(*s.space, c));
              return p;
            }),
            py::arg("space"), py::arg("max_batch") = py::none(), py::arg("max_q_len") = py::none(),
            py::arg("max_top_k") = py::none(), py::arg("top_k_multiple") = 1, py::arg("max_rows") = 0,
+           py::arg("reserve") = "guaranteed", py::arg("reserve_quantile") = 0.99, py::arg("reserve_window") = 4096,
            py::keep_alive<1, 2>(),
            "StepPlanner(space): the library path only (step_runs). With any of max_batch, max_q_len, max_top_k "
            "(EngineStepConfig's defaults for the others): the engine path too (step, plan, complete, ...), "
            "refused for a space without stable_new_entries. top_k_multiple=64 refuses any top_k that FlashMLA's "
            "SM90 sparse kernels cannot take. max_rows: the most selection rows of one step (0: max_batch x "
-           "max_q_len); a token-budget scheduler sets it to the budget and max_q_len to its largest chunk.")
+           "max_q_len); a token-budget scheduler sets it to the budget and max_q_len to its largest chunk. reserve: "
+           "what reserve_round sets aside per request, 'guaranteed' (the bound: no plan of the round refused for "
+           "room) or 'quantile' (reserve_quantile, in (0, 1], of the shares of the bound measured over the last "
+           "reserve_window request group steps: fewer slots; a plan may then be refused for room).")
       .def_property_readonly("max_descriptors", [](EnginePlanner& p) { return p.planner->max_descriptors(); })
       .def_property_readonly("has_pending", [](EnginePlanner& p) { return p.planner->has_pending(); })
       .def(

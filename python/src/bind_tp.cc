@@ -272,20 +272,24 @@ merged over ranks in rank order). Local buffer: shard slot s, or device_slots + 
 buffer slot b. `step` lets the library's backend move the bytes, `plan` + `complete` the
 engine. `step_runs` is the library layout's step (uint32 selections cut into runs).)doc")
       .def(py::init([](TpSpace& s, std::optional<std::uint32_t> max_batch, std::optional<std::uint32_t> max_q_len,
-                       std::optional<std::uint32_t> max_top_k, std::uint32_t max_rows) {
+                       std::optional<std::uint32_t> max_top_k, std::uint32_t max_rows, const std::string& reserve,
+                       double reserve_quantile, std::uint32_t reserve_window) {
              if (!max_batch && !max_q_len && !max_top_k) return std::make_unique<ula::TpStepPlanner>(*s.space);
              ula::EngineStepConfig c;
              c.max_batch = max_batch.value_or(c.max_batch);
              c.max_q_len = max_q_len.value_or(c.max_q_len);
              c.max_top_k = max_top_k.value_or(c.max_top_k);
              c.max_rows = max_rows;
+             SetReserveMode(c, reserve, reserve_quantile, reserve_window);
              return Unwrap(ula::TpStepPlanner::Create(*s.space, c));
            }),
            py::arg("space"), py::arg("max_batch") = py::none(), py::arg("max_q_len") = py::none(),
-           py::arg("max_top_k") = py::none(), py::arg("max_rows") = 0, py::keep_alive<1, 2>(),
+           py::arg("max_top_k") = py::none(), py::arg("max_rows") = 0, py::arg("reserve") = "guaranteed",
+           py::arg("reserve_quantile") = 0.99, py::arg("reserve_window") = 4096, py::keep_alive<1, 2>(),
            "TpStepPlanner(space): the library path only (step_runs, check). With any of max_batch, max_q_len, "
            "max_top_k (EngineStepConfig's defaults for the others): the engine path too (step, plan, complete, "
-           "...), refused for a space without stable_new_entries.")
+           "...), refused for a space without stable_new_entries. reserve, reserve_quantile, reserve_window: "
+           "reserve_round's mode, as StepPlanner's.")
       .def_property_readonly("num_ranks", [](const ula::TpStepPlanner& p) { return p.ranks().size(); })
       .def_property_readonly("ranks", [](const ula::TpStepPlanner& p) {
              std::vector<std::uint16_t> r;

@@ -35,6 +35,13 @@ Status EngineStepConfig::Validate() const {
                              : "max_batch * max_q_len * max_top_k: more than 2^31 selections (set max_rows to the "
                                "rows one step reads, e.g. the token budget)");
   }
+  if (!(reserve_quantile > 0.0 && reserve_quantile <= 1.0)) {
+    return bad(fmt::format("reserve_quantile = {}: must be in (0, 1]", reserve_quantile));
+  }
+  if (reserve_window == 0) return bad("reserve_window: must be >= 1");
+  if (reserve != ReserveMode::kGuaranteed && reserve != ReserveMode::kQuantile) {
+    return bad(fmt::format("reserve = {}: not a ReserveMode", static_cast<int>(reserve)));
+  }
   return Ok();
 }
 
@@ -57,6 +64,7 @@ Result<std::unique_ptr<StepPlanner>> StepPlanner::Create(AddressSpace& space, co
   m->Reserve(max_sel, m->max_descriptors, max_addrs);
   m->runs.resize(config.max_batch);
   m->status.reserve(m->max_descriptors);
+  m->share.Configure(config.reserve_window, config.reserve_quantile, std::uint64_t{config.max_q_len} * config.max_top_k);
   return std::unique_ptr<StepPlanner>(new StepPlanner(space, std::move(m)));
 }
 
@@ -134,6 +142,14 @@ Result<PlannedStep> StepPlanner::Prepare(Rank rank, GroupId group, const StepSha
   m.WriteTargets(indices.data());
   out.fence = m.fence;
   out.num_descriptors = static_cast<std::uint32_t>(n_miss);
+  if (config.reserve == ReserveMode::kQuantile) {  // ReserveRound's measurement: each request's rows
+    const SelectionShare::Rows rows = m.share.NextRows(shape.batch);
+    for (std::uint32_t i = 0; i < rows.n; ++i) {
+      const std::uint32_t b = (rows.first + i) % shape.batch;
+      if (!st.dir.requests().contains(requests[b])) continue;  // a row of padding only
+      m.share.Record(selections.subspan(std::size_t{b} * row_len, row_len));
+    }
+  }
   return out;
 }
 
@@ -175,7 +191,8 @@ Result<RoundReservation> StepPlanner::ReserveRound(Rank rank, std::span<const Ro
     }
     seen.push_back(d.request);
     new_tokens += d.new_tokens;
-    selected += std::min<std::uint64_t>(d.max_selections, it->second.addrs.size() + d.new_tokens);
+    const std::uint64_t bound = std::min<std::uint64_t>(d.max_selections, it->second.addrs.size() + d.new_tokens);
+    selected += config.reserve == ReserveMode::kQuantile ? impl_->share.Reserve(bound, d.max_selections) : bound;
   }
   std::sort(seen.begin(), seen.end());
   if (auto dup = std::adjacent_find(seen.begin(), seen.end()); dup != seen.end()) {

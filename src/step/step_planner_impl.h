@@ -36,6 +36,7 @@
 
 #include "policy/fork_join.h"
 #include "step/miss_fills.h"
+#include "step/selection_share.h"
 #include "ula/address_space.h"
 #include "ula/step_planner.h"
 
@@ -138,6 +139,7 @@ struct StepPlanner::Impl {
 
   // The engine path (Create): its config and scratch.
   std::optional<EngineStepConfig> engine;
+  SelectionShare share;  // ReserveRound's measurement (reserve = kQuantile)
   std::vector<SelectionRun> runs;  // [max batch] row b: top_k x q_len selections of requests[b]
   std::uint32_t max_descriptors = 0;
   // One registered pool: layer l's rows at bases[l] + slot * layer_bytes.

@@ -27,6 +27,8 @@ Result<std::unique_ptr<TpStepPlanner>> TpStepPlanner::Create(TpAddressSpace& spa
   engine->compact.reserve(most);
   engine->where.reserve(most);
   engine->runs.reserve(config.max_batch);
+  engine->share.Configure(config.reserve_window, config.reserve_quantile,
+                          std::uint64_t{config.max_q_len} * config.max_top_k);
   planner->engine_ = std::move(engine);
   return planner;
 }
@@ -63,6 +65,7 @@ Result<RoundReservation> TpStepPlanner::ReserveRound(std::span<const RoundDemand
   if (auto dup = std::adjacent_find(seen.begin(), seen.end()); dup != seen.end()) {
     return MakeError(ErrorCode::kInvalidArgument, fmt::format("ReserveRound: request {} is listed twice", dup->value()));
   }
+  const bool quantile = config.reserve == ReserveMode::kQuantile;
   RoundReservation out;
   for (Rank r : space_.hosted_ranks()) {
     std::uint64_t new_here = 0, home_sel = 0, remote_sel = 0;
@@ -74,9 +77,11 @@ Result<RoundReservation> TpStepPlanner::ReserveRound(std::span<const RoundDemand
       const std::uint64_t fresh = by_position ? PositionsOn(len + d.new_tokens, p, r.value()) - PositionsOn(len, p, r.value())
                                               : d.new_tokens;
       new_here += fresh;
-      home_sel += std::min<std::uint64_t>(d.max_selections, held_here + fresh);
       const std::uint64_t elsewhere = len + d.new_tokens - std::min<std::uint64_t>(len + d.new_tokens, held_here + fresh);
-      remote_sel += std::min<std::uint64_t>(d.max_selections, by_position ? elsewhere : len + d.new_tokens);
+      const std::uint64_t home_bound = std::min<std::uint64_t>(d.max_selections, held_here + fresh);
+      const std::uint64_t remote_bound = std::min<std::uint64_t>(d.max_selections, by_position ? elsewhere : len + d.new_tokens);
+      home_sel += quantile ? engine_->share.Reserve(home_bound, d.max_selections) : home_bound;
+      remote_sel += quantile ? engine_->share.Reserve(remote_bound, d.max_selections) : remote_bound;
     }
     for (std::uint32_t g = 0; g < cfg.num_groups; ++g) {
       const TpGroupShard& sh = st.at(r, GroupId(static_cast<std::uint16_t>(g)));
@@ -162,6 +167,19 @@ Status TpStepPlanner::Compact(const StepShape& shape, std::span<const RequestId>
   return Ok();
 }
 
+void TpStepPlanner::Measure(const StepShape& shape, std::span<const RequestId> requests,
+                            std::span<const std::int32_t> selections) {
+  if (engine_->config.reserve != ReserveMode::kQuantile) return;
+  const auto& reqs = StateOf(space_).dir.requests();
+  const std::size_t per_row = std::size_t{shape.q_len} * shape.top_k;
+  const SelectionShare::Rows rows = engine_->share.NextRows(shape.batch);
+  for (std::uint32_t i = 0; i < rows.n; ++i) {
+    const std::uint32_t b = (rows.first + i) % shape.batch;
+    if (!reqs.contains(requests[b])) continue;  // a row of padding only
+    engine_->share.Record(selections.subspan(b * per_row, per_row));
+  }
+}
+
 void TpStepPlanner::WriteIndices(const TpStepPlan& plan, std::size_t n, std::span<std::int32_t> indices) const {
   const std::uint32_t buffer_base = device_slots();
   const std::vector<std::uint32_t>& where = engine_->where;
@@ -189,6 +207,7 @@ Result<std::vector<StepStats>> TpStepPlanner::Step(GroupId group, const StepShap
   auto plan = Step(group, engine_->compact, engine_->runs);
   if (!plan) return std::unexpected(plan.error());
   WriteIndices(*plan, shape.size(), indices);
+  Measure(shape, requests, selections);
   return std::move(plan->stats);
 }
 
@@ -205,6 +224,7 @@ Result<TpPlannedStep> TpStepPlanner::Plan(GroupId group, const StepShape& shape,
   auto plan = PlanHome(group, engine_->compact, engine_->runs, out_descriptors.size());
   if (!plan) return std::unexpected(plan.error());
   WriteIndices(*plan, shape.size(), indices);
+  Measure(shape, requests, selections);
   Engine& en = *engine_;
   TpPlannedStep planned;
   planned.fence = ++en.last_fence;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "step/selection_share.h"
 #include "ula/tp_step_planner.h"
 
 namespace ula {
@@ -21,6 +22,7 @@ struct TpStepPlanner::Engine {
   std::uint64_t pending_fence = 0;
   std::vector<std::uint32_t> pending_counts;   // [hosted] home moves of the pending plan
   std::vector<std::uint32_t> pending_fetches;  // [hosted] remote fetches of the pending plan (local buffer)
+  SelectionShare share;                        // ReserveRound's measurement (reserve = kQuantile)
 };
 
 }  // namespace ula

@@ -136,5 +136,48 @@ TEST(TpRoundReservation, BadDemandsAreRefusedAndChangeNothing) {
   EXPECT_TRUE(space->CheckInvariants());
 }
 
+// ReserveRound's quantile mode in TP (ReserveMode::kQuantile, ula/step_planner.h): the same
+// measurement as DP's, over the plans of every hosted rank. One request of 300 tokens (150
+// homed on each rank; its new token at position 300 on rank 0): unmeasured, rank 0's bound is
+// 1 + 64; after 10 plans selecting 16 distinct of 64, its 0.9 quantile is 1 + 16. A bad
+// quantile is refused at Create, naming the field.
+TEST(TpRoundReservation, QuantileModeReservesTheMeasuredShare) {
+  for (ReserveMode mode : {ReserveMode::kGuaranteed, ReserveMode::kQuantile}) {
+    SCOPED_TRACE(mode == ReserveMode::kQuantile ? "quantile" : "guaranteed");
+    auto backend = MakeCountingBackend();
+    TpConfig c = testing::TpEngineModes(testing::SmallTpConfig(kRanks, 4096, 4096, 0));
+    c.attention = TpAttention::kAtHome;
+    c.page_tokens = 64;
+    auto space = TpAddressSpace::Create(c, *backend).value();
+    ASSERT_TRUE(space->AddRequest(RequestId(1)));
+    const auto addrs = space->Allocate(RequestId(1), 300).value();
+    space->AdvanceRound();
+    EngineStepConfig config{.max_batch = 1, .max_q_len = 1, .max_top_k = kTopK, .reserve = mode,
+                            .reserve_quantile = 0.9};
+    auto planner = TpStepPlanner::Create(*space, config).value();
+    const std::vector<RoundDemand> demand{{RequestId(1), 1, kTopK}};
+    EXPECT_EQ(planner->ReserveRound(demand)->device_needed, 65u) << "unmeasured: the bound";
+    std::vector<CopyDescriptor> desc(planner->max_descriptors());
+    const std::vector<RequestId> one{RequestId(1)};
+    for (int i = 0; i < 10; ++i) {
+      std::vector<std::int32_t> sel(kTopK), idx(std::size_t{kRanks} * kTopK);
+      for (std::uint32_t k = 0; k < kTopK; ++k) sel[k] = static_cast<std::int32_t>(addrs[k < 16 ? k : 0].value());
+      auto plan = planner->Plan(GroupId(0), {1, 1, kTopK}, one, sel, idx, desc);
+      ASSERT_TRUE(plan) << plan.error().ToString();
+      ASSERT_TRUE(planner->Complete(plan->fence, std::vector<std::uint8_t>(plan->num_descriptors, 0)));
+      space->AdvanceRound();
+    }
+    EXPECT_EQ(planner->ReserveRound(demand)->device_needed, mode == ReserveMode::kQuantile ? 17u : 65u);
+  }
+  auto backend = MakeCountingBackend();
+  TpConfig c = testing::TpEngineModes(testing::SmallTpConfig(kRanks, 16, 64, 0));
+  c.attention = TpAttention::kAtHome;
+  auto space = TpAddressSpace::Create(c, *backend).value();
+  auto bad = TpStepPlanner::Create(*space, {.reserve = ReserveMode::kQuantile, .reserve_quantile = 1.01});
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(bad.error().message().find("reserve_quantile"), std::string::npos) << bad.error().ToString();
+}
+
 }  // namespace
 }  // namespace ula
