@@ -12,7 +12,8 @@
 // form (DeviceStep: Reload, Plan, copies, Complete, StoreInto). They must agree, not only
 // pass: on the same seed every form makes the same decisions, so the counts of steps,
 // refusals, hits, fetches and swaps are the host reference's. A form that cannot run a mode is
-// refused at its Create with the reason (RefusalsAtCreate), never switched silently.
+// refused at its Create with the reason (RefusalsAtCreate), never switched silently. The
+// groups hold two layers each, four in MultiLayerGroups (with a larger entry).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -151,6 +152,30 @@ TEST_P(StepConformance, RoundsReserved) {
   if (kOps >= kFullOps) {  // the short sanitizer runs may defer none
     EXPECT_GT(r.reservations_refused, 0u) << "the workload must defer decodes for the check to mean anything";
   }
+  EXPECT_EQ(CountsOf(r), CountsOf(reference)) << Describe(CountsOf(r)) << " vs the reference's "
+                                              << Describe(CountsOf(reference));
+}
+
+// Groups of four layers and a larger entry (four rows of 128 bytes), with copy faults and
+// drafts rolled back: a descriptor must move every layer's row of its entry, a failed one
+// publish none of them, and every form decides as the host reference does. The sanitizer
+// trees run it at a fifth of their ops (it checks four rows per entry).
+TEST_P(StepConformance, MultiLayerGroups) {
+  ULA_TEST_SEEDED(seed, 20261212);
+  VerifierConfig c = Conformance(seed, PlannerForm::kHost);
+  c.ops = kOps >= kFullOps ? kOps : kOps / 5;
+  c.group_layers = 4;
+  c.entry_bytes = 512;
+  c.fault_rate = 0.1;
+  c.draft_reject_percent = 20;
+  const VerifierReport reference = RunOk(c, "layers");
+  c.form = GetParam();
+  const VerifierReport r = RunOk(c, "layers");
+  EXPECT_GT(r.swaps, c.ops / 20) << "the workload must swap for the check to mean anything";
+  EXPECT_GT(r.failed_calls, 0u);
+  EXPECT_GT(r.draft_rollbacks, 0u);
+  EXPECT_EQ(r.entries_lost, 0u);
+  EXPECT_EQ(r.early_publishes, 0u);
   EXPECT_EQ(CountsOf(r), CountsOf(reference)) << Describe(CountsOf(r)) << " vs the reference's "
                                               << Describe(CountsOf(reference));
 }

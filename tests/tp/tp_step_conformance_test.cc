@@ -97,6 +97,10 @@ struct Scenario {
     if (reserve_rounds && kOps >= kFullOps) EXPECT_GT(r.reservations_refused, 0u) << name;
   }
 };
+// No multi-layer scenario here: a TP group has no layer count (TpConfig::entry_bytes is one
+// group entry, all its layers, and a TP descriptor moves it whole as one row: DeviceStep::Read
+// sets num_layers 1), so the rows of a layered entry are DP's (step_conformance_test.cc,
+// MultiLayerGroups).
 constexpr Scenario kScenarios[] = {{"pressure", 0, 0},
                                    {"faults", 0.1, 0},
                                    {"sharing", 0, 40},
