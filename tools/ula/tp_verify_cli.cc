@@ -28,6 +28,8 @@ int RunTpVerify(const TpVerifyArgs& a) {
   c.form = a.form;
   c.stable_new_entries = a.stable_new_entries;
   c.host_shadows = a.host_shadows;
+  c.draft_reject_percent = a.draft_reject_percent;
+  c.reserve_rounds = a.reserve_rounds;
   if (!a.policy.empty()) {
     auto kind = ParsePolicyKind(a.policy);
     if (!kind) {
@@ -94,6 +96,9 @@ int RunTpVerify(const TpVerifyArgs& a) {
                      {"share_percent", c.share_percent}, {"shares", r.shares}, {"sharer_checks", r.sharer_checks},
                      {"cache_evictions", r.cache_evictions}, {"locked_checks", r.locked_checks},
                      {"sharing_failures", r.sharing_failures},
+                     {"draft_reject_percent", c.draft_reject_percent}, {"draft_rollbacks", r.draft_rollbacks},
+                     {"reserve_rounds", c.reserve_rounds}, {"reservations", r.reservations},
+                     {"reservations_refused", r.reservations_refused},
                      {"failures", r.first_failures}};
     fmt::print("{}\n", j.dump());
   } else {
@@ -121,6 +126,12 @@ int RunTpVerify(const TpVerifyArgs& a) {
       fmt::print("  sharing: {} adopted prefixes, {} shared entries checked, {} cache evictions, {} locked matches "
                  "checked, {} failures\n", r.shares, r.sharer_checks, r.cache_evictions, r.locked_checks,
                  r.sharing_failures);
+    }
+    if (c.draft_reject_percent > 0) {
+      fmt::print("  drafts ({}% of decodes): {} rolled back\n", c.draft_reject_percent, r.draft_rollbacks);
+    }
+    if (c.reserve_rounds) {
+      fmt::print("  round reservations: {} decodes admitted, {} deferred\n", r.reservations, r.reservations_refused);
     }
     for (const auto& f : r.first_failures) fmt::print("  FAIL: {}\n", f);
     fmt::print("{}\n", all_ok ? "OK: every rank read back the last written bytes" : "FAILED");

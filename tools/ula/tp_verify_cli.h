@@ -27,6 +27,8 @@ struct TpVerifyArgs {
   PlannerForm form = PlannerForm::kHost;  // --planner: the step's form (verify/planner_form.h)
   bool stable_new_entries = false;       // --stable-new-entries (the engine forms need it)
   bool host_shadows = false;        // --shadows on: TpConfig::host_shadows
+  std::uint32_t draft_reject_percent = 0;  // --draft-reject-percent: TpVerifierConfig's
+  bool reserve_rounds = false;             // --reserve-rounds: TpVerifierConfig's
 };
 
 // Returns the process exit code (0 ok, 1 verification failed, 2 bad arguments / no MPI).

@@ -104,6 +104,14 @@ Action SetupVerify(CLI::App& app) {
                  "SparsePrefixCache; dp and tp)")
       ->capture_default_str()
       ->check(IntIn(0, 100));
+  app.add_option("--draft-reject-percent", cfg->draft_reject_percent,
+                 "percent of the decodes that first roll back 1..3 of the request's last tokens (Truncate: drafts "
+                 "the verification rejected; dp and tp)")
+      ->capture_default_str()
+      ->check(IntIn(0, 100));
+  app.add_flag("--reserve-rounds", cfg->reserve_rounds,
+               "a decode allocates only once the step planner's ReserveRound admitted its tokens (dp and tp "
+               "in-process; needs --stable-new-entries)");
   app.add_option("--policy", *policy, "residency policy")->capture_default_str();
   app.add_flag("--json", *json, "print one JSON object");
   auto planner = std::make_shared<std::string>("host");
@@ -153,6 +161,16 @@ Action SetupVerify(CLI::App& app) {
                          "process)\n");
       return 2;
     }
+    if (cfg->reserve_rounds && !cfg->stable_new_entries) {
+      fmt::print(stderr, "ula verify: --reserve-rounds needs --stable-new-entries (ReserveRound is the engine "
+                         "path's: a planner made by Create)\n");
+      return 2;
+    }
+    if (cfg->reserve_rounds && *mpi) {
+      fmt::print(stderr, "ula verify: --reserve-rounds with --mpi: each process would admit by its own planner; "
+                         "use in-process ranks\n");
+      return 2;
+    }
     cfg->form = ParsePlannerForm(*planner).value();
     cfg->host_shadows = *shadows == "on";
     if (!model->empty()) {
@@ -169,7 +187,8 @@ Action SetupVerify(CLI::App& app) {
                           .top_k = cfg->top_k, .policy = *policy, .attention = *tp_attention, .mpi = *mpi,
                           .json = *json, .fault_rate = cfg->fault_rate, .share_percent = cfg->share_percent,
                           .form = cfg->form, .stable_new_entries = cfg->stable_new_entries,
-                          .host_shadows = cfg->host_shadows});
+                          .host_shadows = cfg->host_shadows, .draft_reject_percent = cfg->draft_reject_percent,
+                          .reserve_rounds = cfg->reserve_rounds});
     }
     auto kind = ParsePolicyKind(*policy);
     if (!kind) {
@@ -241,6 +260,10 @@ Action SetupVerify(CLI::App& app) {
                        {"ring_blocks_freed", r.ring_blocks_freed},
                        {"draft_rollbacks", r.draft_rollbacks},
                        {"rollbacks_refused", r.rollbacks_refused},
+                       {"draft_reject_percent", cfg->draft_reject_percent},
+                       {"reserve_rounds", cfg->reserve_rounds},
+                       {"reservations", r.reservations},
+                       {"reservations_refused", r.reservations_refused},
                        {"policy", *policy},
                        {"planner", *planner},
                        {"seconds", seconds},
@@ -272,6 +295,12 @@ Action SetupVerify(CLI::App& app) {
         fmt::print("  sharing ({}% of arrivals): {} adopted prefixes, {} shared entries checked, {} cache evictions, "
                    "{} locked matches checked, {} failures\n", cfg->share_percent, r.shares, r.sharer_checks,
                    r.cache_evictions, r.locked_checks, r.sharing_failures);
+      }
+      if (cfg->draft_reject_percent > 0 && model->empty()) {
+        fmt::print("  drafts ({}% of decodes): {} rolled back\n", cfg->draft_reject_percent, r.draft_rollbacks);
+      }
+      if (cfg->reserve_rounds) {
+        fmt::print("  round reservations: {} decodes admitted, {} deferred\n", r.reservations, r.reservations_refused);
       }
       if (!model->empty()) {
         fmt::print("  kinds ({}): C4 entries made / freed {} / {}, C128 made {}, ring blocks freed {}, rollbacks {} "
