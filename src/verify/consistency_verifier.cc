@@ -545,6 +545,20 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       std::unique_ptr<CopyPublish> cp;
       if (n > 0) {  // the engine's copies, here the backend's over the space's pools
         const GroupPools& gp = StateOf(space).at(in.rank, in.group);
+        // An engine moves what a descriptor names: num_layers rows of `bytes` each. One that
+        // names less or more than the entry's rows would leave some of them behind or move
+        // another entry's bytes, so the step fails (copies failed, nothing published).
+        for (std::uint32_t i = 0; i < n; ++i) {
+          const CopyDescriptor& d = descriptors[i];
+          if (d.num_layers == gp.num_layers && d.bytes == sc.row()) continue;
+          std::fill(status.begin(), status.end(), std::uint8_t{1});
+          ULA_RETURN_IF_ERROR(step->Complete(status.data(), nullptr));
+          ULA_RETURN_IF_ERROR(step->StoreInto(space, nullptr));
+          return MakeError(ErrorCode::kInternal,
+                           fmt::format("device step of rank {} group {}: descriptor {} moves {} rows of {} bytes, the "
+                                       "entry is {} rows of {}", in.rank.value(), in.group.value(), i, d.num_layers,
+                                       d.bytes, gp.num_layers, sc.row()));
+        }
         const std::size_t n_free = record.misses - record.evictions;
         cp = std::make_unique<CopyPublish>(gp.host.arena().id, gp.device.arena().id, sc.row(), n_free, n - n_free,
                                            gp.num_layers);
