@@ -28,13 +28,4 @@ Status ValidateSpaceKinds(const AddressSpaceConfig& config) {
   return Ok();
 }
 
-Status RefuseKinds(const AddressSpaceConfig& config, std::string_view path) {
-  if (config.kinds.empty()) return Ok();
-  return MakeError(ErrorCode::kUnsupported,
-                   fmt::format("{} holds one entry per token per group, and this space has {} kinds: its entries "
-                               "are made per kind as the model writes tokens (docs/ARCHITECTURE.md, \"Kinds\"), "
-                               "which {} does not do; create the space without kinds",
-                               path, config.kinds.size(), path));
-}
-
 }  // namespace ula

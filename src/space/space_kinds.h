@@ -3,14 +3,11 @@
 // A space with kinds holds the sparse kind's entries in its groups (one group per selection:
 // DeepSeek-V4's compressed-sparse layers, each with its own indexer) and every other kind
 // beside them. Allocate, Truncate and Free make and release every kind's entries
-// (space/kind_entries.h). The host step (StepPlanner) selects the sparse
-// kind's entries as any space's addresses and leaves the other kinds alone; the device step
-// refuses such a space with the reason (RefuseKinds).
+// (space/kind_entries.h). Every step form (StepPlanner's two paths, DeviceStep) selects the
+// sparse kind's entries as any space's addresses and leaves the other kinds alone.
 //
 // Thread-safety: pure functions.
 #pragma once
-
-#include <string_view>
 
 #include "ula/address_space.h"
 #include "ula/error.h"
@@ -21,9 +18,5 @@ namespace ula {
 // the config's groups describe: the groups' layers sum to its layers and row() is its
 // row_bytes. kInvalidArgument naming the field.
 Status ValidateSpaceKinds(const AddressSpaceConfig& config);
-
-// kUnsupported naming `path` (a step form that does not take kinds yet) when the config has
-// kinds; Ok otherwise.
-Status RefuseKinds(const AddressSpaceConfig& config, std::string_view path);
 
 }  // namespace ula

@@ -19,7 +19,6 @@
 #include "kernels/step_kernels.h"
 #include "policy/kernel_pb_lru.h"
 #include "space/space_access.h"
-#include "space/space_kinds.h"
 #include "step/engine_modes.h"
 #include "space/address_space_state.h"
 #include "space/tp_state.h"
@@ -380,7 +379,6 @@ Status DeviceStep::Read(const TpAddressSpace& space, Rank rank, GroupId group, S
 Result<std::unique_ptr<DeviceStep>> DeviceStep::Create(const AddressSpace& space, Rank rank, GroupId group,
                                                        const DeviceStepConfig& config) {
   ULA_RETURN_IF_ERROR(config.Validate());
-  ULA_RETURN_IF_ERROR(RefuseKinds(space.config(), "DeviceStep"));
   ULA_RETURN_IF_ERROR(RefuseEngineModes(space.config().stable_new_entries, space.config().host_shadows, "AddressSpaceConfig"));
   ShardSource src;
   ULA_RETURN_IF_ERROR(Read(space, rank, group, src));

@@ -47,10 +47,6 @@ Status VerifierConfig::Validate() const {
                            "ShareInto (kUnsupported: adopted C4 entries would come without their tokens' other kinds)",
                            share_percent, model->name));
   }
-  if (model && form == PlannerForm::kDevice) {
-    return bad(fmt::format("form device: the space of model '{}' holds kinds, and DeviceStep::Create refuses a space "
-                           "with kinds (kUnsupported); the host and engine forms take one", model->name));
-  }
   return Ok();
 }
 
@@ -473,6 +469,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       }
       if (form == PlannerForm::kDevice) {
         devices.resize(std::size_t{cfg.num_ranks} * cfg.num_groups);
+        generations.resize(devices.size(), 0);
         device_config = {.max_rows = cfg.max_batch, .max_batch = cfg.max_batch, .max_top_k = max_top_k,
                          .max_addresses = 1024, .max_requests = 64, .max_adopted = 1024};
         // Create's refusals (policy, modes) come at once, not at the first step.
@@ -514,23 +511,27 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
         return MakeError(ErrorCode::kOutOfRange, "rank or group out of range");
       }
       ULA_RETURN_IF_ERROR(ToRows(in));
-      std::unique_ptr<DeviceStep>& step = devices[std::size_t{in.rank.value()} * sc.num_groups + in.group.value()];
+      const std::size_t k = std::size_t{in.rank.value()} * sc.num_groups + in.group.value();
+      std::unique_ptr<DeviceStep>& step = devices[k];
       Status loaded = step ? step->Reload(space, nullptr) : Status(MakeError(ErrorCode::kResourceExhausted, "not created"));
-      while (!loaded && loaded.error().code() == ErrorCode::kResourceExhausted) {  // outgrown (or none yet): larger maxima
-        if (step) {
-          device_config.max_addresses *= 2;
-          device_config.max_requests *= 2;
-          device_config.max_adopted *= 2;
-        }
+      // Outgrown (or none yet): re-create at the maxima, doubled when this step already had
+      // them (the maxima are shared: the other groups' steps outgrow them together).
+      auto grow = [&] {
+        device_config.max_addresses *= 2;
+        device_config.max_requests *= 2;
+        device_config.max_adopted *= 2;
+        ++device_generation;
+      };
+      while (!loaded && loaded.error().code() == ErrorCode::kResourceExhausted) {
+        if (step && generations[k] == device_generation) grow();
         auto made = DeviceStep::Create(space, in.rank, in.group, device_config);
         if (made) {
           step = std::move(*made);
+          generations[k] = device_generation;
           loaded = Ok();
         } else if (made.error().code() == ErrorCode::kResourceExhausted) {
           step = nullptr;
-          device_config.max_addresses *= 2;
-          device_config.max_requests *= 2;
-          device_config.max_adopted *= 2;
+          grow();
         } else {
           loaded = std::unexpected(made.error());
         }
@@ -597,7 +598,9 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
     PlannerForm form;
     std::unique_ptr<StepPlanner> host;  // kHost: the library path; kEngine: made by Create, the engine layout
     std::vector<std::unique_ptr<DeviceStep>> devices;  // [rank][group]
+    std::vector<std::uint32_t> generations;            // [rank][group] the maxima each step was made with
     DeviceStepConfig device_config;
+    std::uint32_t device_generation = 0;               // how often the maxima grew
     std::uint32_t max_top_k;
     std::optional<Error> create_error;  // the form's Create refused this space
     // Step scratch.

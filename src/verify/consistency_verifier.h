@@ -88,8 +88,8 @@ struct VerifierConfig {
   // run, after every op each request's page table of every kind (KindPagesOf) is compared
   // with the verifier's model of it (verify/kind_model.h), no step may change one, a
   // rollback past the window ring must be refused with nothing changed, and the space's own
-  // refusals are fed as bad input (ShareInto: kUnsupported). Not with share_percent > 0 (a
-  // space with kinds refuses ShareInto) or the device form (DeviceStep refuses kinds).
+  // refusals are fed as bad input (ShareInto: kUnsupported). Every form; not with
+  // share_percent > 0 (a space with kinds refuses ShareInto).
   std::optional<ModelConfig> model;
 
   Status Validate() const;

@@ -1,7 +1,7 @@
 // The kinds of a space (ula/kv_kinds.h) and DeepSeek-V4-Flash's kinds built from its model
 // config (config/model_kinds.h): each rule of a kind refused with the field named, the V4
 // kinds with their granularity, lifetime, layers, rows and placement, and the step forms
-// refusing a space that holds them, changing nothing.
+// taking a space that holds them (the device step refusing only another mode's policy).
 #include <gtest/gtest.h>
 
 #include "ula/backend.h"
@@ -178,9 +178,10 @@ TEST(KvKinds, TheSpaceGroupsMustHoldTheSparseKind) {
   EXPECT_NE(refused.error().message().find("kinds[0].ring_tokens"), std::string::npos);
 }
 
-// The host step takes a space with kinds (tests/step/kind_step_test.cc); the device step
-// does not yet, and its refusal changes nothing.
-TEST(KvKinds, TheDeviceStepRefusesASpaceWithKindsAndChangesNothing) {
+// Every step form takes a space with kinds (the loops: tests/step/kind_step_test.cc). The
+// device step refuses this one for its policy (pb_lru), as any space's, and takes it with
+// kernel_pb_lru; neither Create changes the space.
+TEST(KvKinds, EveryStepFormTakesASpaceWithKinds) {
   auto backend = MakeCpuBackend({.copy_threads = 1});
   auto space = AddressSpace::Create(KindsSpace(), *backend);
   ASSERT_TRUE(space) << space.error().ToString();
@@ -193,9 +194,21 @@ TEST(KvKinds, TheDeviceStepRefusesASpaceWithKindsAndChangesNothing) {
   const std::uint64_t before = s.DebugDigest();
   auto device = DeviceStep::Create(s, Rank(0), GroupId(0), {});
   ASSERT_FALSE(device);
-  EXPECT_EQ(device.error().code(), ErrorCode::kUnsupported);
-  EXPECT_NE(device.error().message().find("DeviceStep"), std::string::npos) << device.error().message();
+  EXPECT_EQ(device.error().code(), ErrorCode::kFailedPrecondition);
+  EXPECT_NE(device.error().message().find("kernel_pb_lru"), std::string::npos) << device.error().message();
   EXPECT_EQ(s.DebugDigest(), before);
+  {
+    AddressSpaceConfig kernel = KindsSpace();
+    kernel.policy = PolicyKind::kKernelPbLru;
+    auto other = AddressSpace::Create(kernel, *backend);
+    ASSERT_TRUE(other) << other.error().ToString();
+    ASSERT_TRUE((*other)->AddRequest(RequestId(1), Rank(0)));
+    ASSERT_TRUE((*other)->Allocate(RequestId(1), 4));
+    const std::uint64_t made = (*other)->DebugDigest();
+    auto taken = DeviceStep::Create(**other, Rank(0), GroupId(0), {});
+    ASSERT_TRUE(taken) << taken.error().ToString();
+    EXPECT_EQ((*other)->DebugDigest(), made);
+  }
   EXPECT_TRUE(StepPlanner::Create(s, {}));
   StepPlanner host(s);
   const std::span<const LogicalAddr> one = *s.AddressesOf(RequestId(1));

@@ -1,24 +1,32 @@
-// The host step over a DeepSeek-V4-Flash space (SpaceConfigOfModel; docs/ARCHITECTURE.md,
-// "Kinds"): the indexer's top-k of C4 entries goes through the one DP host step as any
-// selection does. A decode loop with drafts over a device pool smaller than the C4 history,
+// The steps over a DeepSeek-V4-Flash space (SpaceConfigOfModel; docs/ARCHITECTURE.md,
+// "Kinds"): the indexer's top-k of C4 entries goes through the one DP step as any selection
+// does. A decode loop with drafts over a device pool smaller than the C4 history,
 // through StepPlanner's library path and its engine path (plan, the descriptors on
 // engine memory, complete): every selection's slot holds its entry's bytes, the descriptors
 // name C4 entries' slots only, no step changes any kind's page table (KindPagesOf), and a
-// selection that is not a live C4 entry of its request is refused with nothing changed.
+// selection that is not a live C4 entry of its request is refused with nothing changed. The
+// device step's OpenMP form (DeviceStep) over the same loop on a twin space, with requests
+// finishing and coming between its rounds (StoreInto, the space's bookkeeping, Reload), makes
+// the engine path's decisions and refuses the same bad selections.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "config/model_kinds.h"
+#include "step/device_step_fixture.h"
 #include "test_seed.h"
 #include "v4_flash.h"
 #include "ula/address_space.h"
 #include "ula/backend.h"
+#include "ula/device_step.h"
 #include "ula/step_planner.h"
 
 namespace ula {
@@ -61,17 +69,21 @@ std::vector<KindPages> AllKindPages(const AddressSpace& s, std::span<const Reque
 // The scheduler's side of the loop: tokens per request, the version of each C4 entry's bytes.
 struct Decode {
   AddressSpace& space;
+  AddressSpace* twin = nullptr;  // made to do the same, where a test runs two forms side by side
   std::mt19937_64 rng;
   std::vector<RequestId> requests;
   std::vector<std::uint32_t> tokens;
   std::unordered_map<std::uint32_t, std::uint32_t> version;  // address -> its current bytes' version
   std::uint32_t next_version = 1;
 
-  Decode(AddressSpace& s, std::uint64_t seed) : space(s), rng(seed) {
+  Decode(AddressSpace& s, std::uint64_t seed, AddressSpace* t = nullptr) : space(s), twin(t), rng(seed) {
     for (std::uint32_t b = 0; b < kRequests; ++b) {
       requests.push_back(RequestId(b + 1));
       tokens.push_back(0);
       EXPECT_TRUE(space.AddRequest(requests[b], Rank(0)));
+      if (twin != nullptr) {
+        EXPECT_TRUE(twin->AddRequest(requests[b], Rank(0)));
+      }
     }
   }
   // Allocates n tokens of request b: the C4 entries they complete, each with a new version.
@@ -79,6 +91,10 @@ struct Decode {
     auto a = space.Allocate(requests[b], n);
     EXPECT_TRUE(a) << a.error().ToString();
     if (!a) return {};
+    if (twin != nullptr) {
+      auto t = twin->Allocate(requests[b], n);
+      EXPECT_TRUE(t && *t == *a) << "the twin allocated other addresses";
+    }
     EXPECT_EQ(a->size(), (tokens[b] + n) / 4 - tokens[b] / 4);  // one per completed 4-token block
     tokens[b] += n;
     for (LogicalAddr x : *a) version[x.value()] = next_version++;
@@ -101,7 +117,21 @@ struct Decode {
       if (rejected == 0) continue;
       tokens[b] -= rejected;
       ASSERT_TRUE(space.Truncate(requests[b], tokens[b]));
+      if (twin != nullptr) {
+        ASSERT_TRUE(twin->Truncate(requests[b], tokens[b]));
+      }
     }
+  }
+  // Request b finishes (every kind's entries freed) and a new one takes its place.
+  void Replace(std::uint32_t b, RequestId next) {
+    ASSERT_TRUE(space.Free(requests[b]));
+    ASSERT_TRUE(space.AddRequest(next, Rank(0)));
+    if (twin != nullptr) {
+      ASSERT_TRUE(twin->Free(requests[b]));
+      ASSERT_TRUE(twin->AddRequest(next, Rank(0)));
+    }
+    requests[b] = next;
+    tokens[b] = 0;
   }
 };
 
@@ -274,6 +304,214 @@ TEST(KindStep, EnginePlanMovesOnlyC4EntriesAndKeepsEveryKindsPages) {
   }
   EXPECT_GT(moved, 1000u);
   EXPECT_GT(swaps, 1000u);
+}
+
+// An engine's copy kernel over engine memory ([tier][group] pools): runs one step's descriptors.
+void RunDescriptors(std::span<const CopyDescriptor> desc, std::vector<Pool> (&mem)[kNumTiers]) {
+  for (const CopyDescriptor& c : desc) {
+    std::byte* src = mem[c.src_tier][c.group].Row(c.src_slot);
+    std::byte* dst = mem[c.dst_tier][c.group].Row(c.dst_slot);
+    switch (static_cast<CopyOp>(c.op)) {
+      case CopyOp::kCopy: std::memcpy(dst, src, kRow); break;
+      case CopyOp::kSwap: std::swap_ranges(src, src + kRow, dst); break;
+      case CopyOp::kEvict:
+        std::memcpy(mem[static_cast<int>(Tier::kHost)][c.group].Row(c.evict_slot), dst, kRow);
+        std::memcpy(dst, src, kRow);
+        break;
+    }
+  }
+}
+
+DeviceStepConfig FlashDeviceStepConfig() {
+  return {.max_rows = kRequests, .max_batch = kRequests, .max_top_k = kTopK, .max_addresses = 1u << 14,
+          .max_requests = 256, .max_adopted = 16};
+}
+
+// The device step's OpenMP form over the same seeded decode loop as the engine path, on a twin
+// space: requests allocate tokens (C4 entries), drafts are truncated, requests finish and new
+// ones come, between the steps (StoreInto, the space's bookkeeping, Reload). Each group's step
+// makes the engine path's decisions (descriptors, indices, hits, misses, evictions), its
+// descriptors run on the twin's engine memory bring every selection's bytes, the twin's
+// invariants hold after every step, no step changes a kind's page table, and the two spaces
+// agree after every round.
+TEST(KindStep, DeviceStepMakesTheEnginePathsDecisionsOverC4Entries) {
+  ULA_TEST_SEEDED(seed, 20261210);
+  auto backend = MakeCountingBackend();  // the engine owns the bytes
+  AddressSpaceConfig config = FlashConfig();
+  config.policy = PolicyKind::kKernelPbLru;  // the device step holds PB-LRU as flat bitmaps
+  auto ref_space = AddressSpace::Create(config, *backend);
+  auto twin_space = AddressSpace::Create(config, *backend);
+  ASSERT_TRUE(ref_space && twin_space);
+  AddressSpace& ref = **ref_space;
+  AddressSpace& twin = **twin_space;
+  const std::uint32_t groups = config.num_groups;
+  auto created = StepPlanner::Create(ref, {.max_batch = kRequests, .max_q_len = 1, .max_top_k = kTopK});
+  ASSERT_TRUE(created) << created.error().ToString();
+  StepPlanner& planner = **created;
+  std::vector<Pool> mem_ref[kNumTiers], mem_twin[kNumTiers];
+  for (std::uint32_t g = 0; g < groups; ++g) {
+    const std::uint32_t slots[kNumTiers] = {config.device_slots_per_group(), config.host_slots_per_group()};
+    for (int t = 0; t < kNumTiers; ++t) {
+      mem_ref[t].push_back({slots[t], std::vector<std::byte>(std::size_t{slots[t]} * kRow)});
+      mem_twin[t].push_back({slots[t], std::vector<std::byte>(std::size_t{slots[t]} * kRow)});
+      ASSERT_TRUE(planner.RegisterEngineMemory(static_cast<Tier>(t), Rank(0), GroupId(g), mem_ref[t][g].Region()));
+    }
+  }
+  // Allocate's victims move in the twin's engine memory, as the planner's registered memory does
+  // for the reference.
+  twin.SetMoveExecutor([&](std::span<const CopyDescriptor> moves) -> Status {
+    RunDescriptors(moves, mem_twin);
+    return Ok();
+  });
+  Decode d(ref, seed, &twin);
+  auto write_kv = [&](std::span<const LogicalAddr> fresh) {
+    for (LogicalAddr a : fresh) {
+      for (std::uint32_t g = 0; g < groups; ++g) {
+        const Location r = ref.Lookup(a, GroupId(g)).value();
+        const Location t = twin.Lookup(a, GroupId(g)).value();
+        Fill(mem_ref[static_cast<int>(r.tier())][g].Row(r.slot().value()), a, d.version[a.value()], g);
+        Fill(mem_twin[static_cast<int>(t.tier())][g].Row(t.slot().value()), a, d.version[a.value()], g);
+      }
+    }
+  };
+  for (std::uint32_t b = 0; b < kRequests; ++b) {
+    write_kv(d.Allocate(b, kPrompt));
+    ref.AdvanceRound();
+    twin.AdvanceRound();
+  }
+  std::vector<std::unique_ptr<DeviceStep>> steps;
+  for (std::uint32_t g = 0; g < groups; ++g) {
+    auto step = DeviceStep::Create(twin, Rank(0), GroupId(g), FlashDeviceStepConfig());
+    ASSERT_TRUE(step) << step.error().ToString();
+    steps.push_back(std::move(*step));
+  }
+  testing::Shape shape{.batch = kRequests, .q_len = 1, .top_k = kTopK, .sel_stride = kTopK, .idx_stride = kTopK};
+  std::vector<std::int32_t> sel(std::size_t{kRequests} * kTopK), idx(sel.size());
+  std::vector<CopyDescriptor> desc(planner.max_descriptors());
+  std::vector<std::uint8_t> status(std::max(desc.size(), std::size_t{steps[0]->max_descriptors()}), 0);
+  std::uint64_t hits = 0, misses = 0, evictions = 0, replaced = 0;
+  std::uint32_t next_id = kRequests + 1;
+  for (int round = 0; round < kRounds; ++round) {
+    if (round > 0 && d.rng() % 8 == 0) {
+      const std::uint32_t b = static_cast<std::uint32_t>(d.rng() % kRequests);
+      d.Replace(b, RequestId(next_id++));
+      write_kv(d.Allocate(b, kPrompt));  // its prefill, a round of its own (the steps are stored)
+      ref.AdvanceRound();
+      twin.AdvanceRound();
+      ++replaced;
+    }
+    for (std::uint32_t b = 0; b < kRequests; ++b) write_kv(d.Allocate(b, 1 + kDrafts));
+    const auto kinds_before = AllKindPages(twin, d.requests);
+    for (std::uint32_t g = 0; g < groups; ++g) {
+      const std::string where = "round " + std::to_string(round) + " group " + std::to_string(g);
+      DeviceStep& step = *steps[g];
+      ASSERT_TRUE(step.Reload(twin, nullptr)) << where;
+      std::fill(sel.begin(), sel.end(), -1);
+      for (std::uint32_t b = 0; b < kRequests; ++b) {
+        const auto top = d.TopK(b);
+        for (std::size_t k = 0; k < top.size(); ++k) sel[b * kTopK + k] = static_cast<std::int32_t>(top[k].value());
+      }
+      auto plan = planner.Plan(Rank(0), GroupId(g), {kRequests, 1, kTopK}, d.requests, sel, idx, desc);
+      ASSERT_TRUE(plan) << where << ": " << plan.error().ToString();
+      const auto ref_desc = std::span(desc).first(plan->num_descriptors);
+      auto st = std::span(status).first(plan->num_descriptors);
+      planner.ExecuteOnEngineMemory(ref_desc, st);
+      ASSERT_TRUE(planner.Complete(plan->fence, st)) << where;
+      testing::DeviceIo io;
+      io.Fill(shape, sel, d.requests, step.max_descriptors());
+      ASSERT_TRUE(step.Plan(io.arrays, nullptr)) << where;
+      ASSERT_EQ(io.record.error, 0u) << where;
+      ASSERT_EQ(io.record.num_descriptors, plan->num_descriptors) << where;
+      EXPECT_EQ(io.record.hits, plan->stats.hits) << where;
+      EXPECT_EQ(io.record.misses, plan->stats.misses) << where;
+      EXPECT_EQ(io.record.evictions, plan->stats.evictions) << where;
+      for (std::uint32_t i = 0; i < plan->num_descriptors; ++i) {
+        ASSERT_EQ(std::memcmp(&io.descriptors[i], &ref_desc[i], sizeof(CopyDescriptor)), 0) << where << " descriptor " << i;
+      }
+      for (std::size_t i = 0; i < sel.size(); ++i) ASSERT_EQ(io.indices[i], idx[i]) << where << " selection " << i;
+      RunDescriptors(std::span(io.descriptors).first(io.record.num_descriptors), mem_twin);
+      std::fill(status.begin(), status.end(), 0);
+      ASSERT_TRUE(step.Complete(status.data(), nullptr)) << where;
+      ASSERT_TRUE(step.StoreInto(twin, nullptr)) << where;
+      hits += io.record.hits;
+      misses += io.record.misses;
+      evictions += io.record.evictions;
+      for (std::size_t i = 0; i < sel.size(); ++i) {
+        if (sel[i] == -1) continue;
+        const LogicalAddr a(static_cast<std::uint32_t>(sel[i]));
+        ASSERT_GE(io.indices[i], 0) << where;
+        ASSERT_TRUE(Holds(mem_ref[0][g].Row(static_cast<std::uint32_t>(idx[i])), a, d.version[a.value()], g))
+            << where << " selection " << i << " (address " << a.value() << "), the engine path";
+        ASSERT_TRUE(Holds(mem_twin[0][g].Row(static_cast<std::uint32_t>(io.indices[i])), a, d.version[a.value()], g))
+            << where << " selection " << i << " (address " << a.value() << ")";
+      }
+      const Status inv = twin.CheckInvariants();
+      ASSERT_TRUE(inv) << where << ": " << inv.error().ToString();
+      ASSERT_EQ(AllKindPages(twin, d.requests), kinds_before) << where;
+    }
+    ASSERT_EQ(twin.DebugDigest(), ref.DebugDigest()) << "round " << round;
+    d.Accept();
+    ref.AdvanceRound();
+    twin.AdvanceRound();
+    const Status inv = twin.CheckInvariants();
+    ASSERT_TRUE(inv) << "round " << round << ": " << inv.error().ToString();
+  }
+  EXPECT_GT(hits, 1000u);
+  EXPECT_GT(misses, 1000u);
+  EXPECT_GT(evictions, 1000u);
+  EXPECT_GT(replaced, 5u);
+  std::printf("device step over C4: %llu hits, %llu misses, %llu evictions, %llu requests replaced\n",
+              static_cast<unsigned long long>(hits), static_cast<unsigned long long>(misses),
+              static_cast<unsigned long long>(evictions), static_cast<unsigned long long>(replaced));
+}
+
+// The device step refuses a selection that is not a live C4 entry of its request (one a
+// Truncate freed, another request's, one never made) with kNotFound in its record, and
+// nothing changes: the step stores back the space it loaded, every kind's page table as it was.
+TEST(KindStep, DeviceStepRefusesABadSelectionAndChangesNothing) {
+  auto backend = MakeCpuBackend({.copy_threads = 1});
+  AddressSpaceConfig config = FlashConfig();
+  config.policy = PolicyKind::kKernelPbLru;
+  auto space = AddressSpace::Create(config, *backend);
+  ASSERT_TRUE(space) << space.error().ToString();
+  AddressSpace& s = **space;
+  const std::vector<RequestId> rs{RequestId(1), RequestId(2)};
+  for (RequestId r : rs) {
+    ASSERT_TRUE(s.AddRequest(r, Rank(0)));
+    ASSERT_TRUE(s.Allocate(r, 101));
+    s.AdvanceRound();
+  }
+  auto drafted = s.Allocate(rs[0], 4);  // completes one C4 entry; the drafts are rejected
+  ASSERT_TRUE(drafted);
+  ASSERT_EQ(drafted->size(), 1u);
+  const LogicalAddr freed = (*drafted)[0];
+  ASSERT_TRUE(s.Truncate(rs[0], 101));
+  ASSERT_FALSE(s.IsLive(freed));
+  s.AdvanceRound();
+  const auto own = s.AddressesOf(rs[0]).value();
+  const LogicalAddr other = s.AddressesOf(rs[1]).value().front();
+  auto step = DeviceStep::Create(s, Rank(0), GroupId(5), FlashDeviceStepConfig());
+  ASSERT_TRUE(step) << step.error().ToString();
+  const std::uint64_t digest = s.DebugDigest();
+  const auto kinds = AllKindPages(s, rs);
+  const auto before = (*step)->ReadState(nullptr).value();
+  const testing::Shape shape{.batch = 1, .q_len = 1, .top_k = 2, .sel_stride = 2, .idx_stride = 2};
+  std::vector<std::uint8_t> status((*step)->max_descriptors(), 0);
+  for (const LogicalAddr bad : {freed, other, LogicalAddr(1u << 20)}) {
+    SCOPED_TRACE(bad.value());
+    const std::vector<std::int32_t> sel{static_cast<std::int32_t>(own[3].value()), static_cast<std::int32_t>(bad.value())};
+    testing::DeviceIo io;
+    io.Fill(shape, sel, {rs[0]}, (*step)->max_descriptors());
+    ASSERT_TRUE((*step)->Plan(io.arrays, nullptr));
+    EXPECT_EQ(io.record.error, 1 + static_cast<std::uint32_t>(ErrorCode::kNotFound));
+    EXPECT_EQ(io.record.num_descriptors, 0u);
+    ASSERT_TRUE((*step)->Complete(status.data(), nullptr));
+    testing::ExpectSameState(before, (*step)->ReadState(nullptr).value(), "a refused step changes nothing");
+    ASSERT_TRUE((*step)->StoreInto(s, nullptr));
+    EXPECT_EQ(s.DebugDigest(), digest);
+    EXPECT_EQ(AllKindPages(s, rs), kinds);
+    EXPECT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
+  }
 }
 
 // A selection that is not a live C4 entry of its request (one a Truncate freed, another

@@ -5,8 +5,8 @@
 // Create with the ErrorCode and reason the table states (docs/ARCHITECTURE.md, "Which form
 // runs which mode", is this table). A cell that runs takes a short seeded workload through
 // the verifier of its topology (src/verify/consistency_verifier.h, src/verify/tp_verifier.h),
-// or, for a space with kinds (which the verifier does not build), Create and one step over
-// the request's C4 entries. A refused cell is created directly from a space in that mode, so
+// or, for a space with kinds, Create and one step over the request's C4 entries (ula verify
+// --model runs the DP verifier over them; tests/step/kind_step_test.cc the loops). A refused cell is created directly from a space in that mode, so
 // the table pins the forms' own refusals, not the verifier's.
 #include <gtest/gtest.h>
 
@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "step/device_step_fixture.h"
 #include "test_seed.h"
 #include "v4_flash.h"
 #include "ula/address_space.h"
@@ -57,15 +58,13 @@ constexpr ErrorCode kUnsupported = ErrorCode::kUnsupported;
 constexpr const char* kStable = "stable_new_entries is off";
 constexpr const char* kShadows = "host_shadows is on";
 constexpr const char* kPolicy = "policy kernel_pb_lru";
-constexpr const char* kKindsReason = "kinds: its entries are made per kind";
 constexpr const char* kAtHome = "covers attention at home";
 
 using enum Topology;
 using enum Form;
 using enum Mode;
 // The table. Kinds are a DP space's (TpConfig has none). Where a space is in two modes a
-// form refuses, the first of its checks names it: the device step checks kinds, then host
-// shadows, then stable new entries, then (TP) the attention, then the policy.
+// form refuses, the first of its checks names it: the device step checks host shadows, then stable new entries, then (TP) the attention, then the policy.
 constexpr Cell kCells[] = {
     {kDp, kLibrary, kBase, true, kNone, ""},
     {kDp, kEngine, kBase, true, kNone, ""},
@@ -81,7 +80,7 @@ constexpr Cell kCells[] = {
     {kDp, kDevice, kPbLru, false, kPrecondition, kPolicy},
     {kDp, kLibrary, kKinds, true, kNone, ""},
     {kDp, kEngine, kKinds, true, kNone, ""},
-    {kDp, kDevice, kKinds, false, kUnsupported, kKindsReason},
+    {kDp, kDevice, kKinds, true, kNone, ""},
 
     {kTpAtHome, kLibrary, kBase, true, kNone, ""},
     {kTpAtHome, kEngine, kBase, true, kNone, ""},
@@ -186,6 +185,24 @@ void RunWithKinds(const Cell& cell) {
   auto made = s.Allocate(request, 64);  // 16 C4 entries
   ASSERT_TRUE(made) << made.error().ToString();
   ASSERT_EQ(made->size(), 16u);
+  if (cell.form == kDevice) {
+    auto step = DeviceStep::Create(s, Rank(0), GroupId(0), {.max_top_k = 16});
+    ASSERT_TRUE(step) << step.error().ToString();
+    testing::DeviceIo io;
+    std::vector<std::int32_t> selections;
+    for (LogicalAddr a : *made) selections.push_back(static_cast<std::int32_t>(a.value()));
+    io.Fill({.batch = 1, .q_len = 1, .top_k = 16, .sel_stride = 16, .idx_stride = 16}, selections, {request},
+            (*step)->max_descriptors());
+    ASSERT_TRUE((*step)->Plan(io.arrays, nullptr));
+    EXPECT_EQ(io.record.error, 0u);
+    EXPECT_EQ(io.record.num_descriptors, 0u);
+    EXPECT_EQ(io.record.hits, made->size());
+    std::vector<std::uint8_t> status((*step)->max_descriptors(), 0);
+    ASSERT_TRUE((*step)->Complete(status.data(), nullptr));
+    ASSERT_TRUE((*step)->StoreInto(s, nullptr));
+    for (std::int32_t i : io.indices) EXPECT_GE(i, 0);
+    return;
+  }
   if (cell.form == kLibrary) {
     StepPlanner planner(s);
     const SelectionRun run{request, static_cast<std::uint32_t>(made->size())};

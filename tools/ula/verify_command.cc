@@ -48,9 +48,6 @@ std::optional<std::string> ApplyModelOption(const ModelRequest& m, VerifierConfi
     return "--model needs --mode dp: a TP space holds one kind (TpConfig has no kinds; docs/ARCHITECTURE.md, "
            "\"Kinds\")";
   }
-  if (m.planner == "device") {
-    return "--model takes --planner host or engine: DeviceStep::Create refuses a space with kinds (kUnsupported)";
-  }
   if (cfg.share_percent > 0) {
     return fmt::format("--model with --share-percent {}: a space with kinds refuses ShareInto (kUnsupported: "
                        "adopted C4 entries would come without their tokens' window, C128 entries and compressor "
@@ -132,7 +129,7 @@ Action SetupVerify(CLI::App& app) {
                  "dp: a model with layer kinds (deepseek_v4_flash): the space holds its kinds, Allocate takes its "
                  "tokens and every step selects among C4 entries; every kind's page tables are checked against "
                  "the verifier's model after every op, and half of the decodes roll back drafts "
-                 "(docs/ARCHITECTURE.md, \"Kinds\"). Host and engine planners; no sharing; --groups and "
+                 "(docs/ARCHITECTURE.md, \"Kinds\"). Every planner form; no sharing; --groups and "
                  "--group-layers are the model's");
   auto shadows = std::make_shared<std::string>("off");
   app.add_option("--shadows", *shadows, "clean host shadows (AddressSpaceConfig::host_shadows, TpConfig::host_shadows): on or off")
