@@ -28,7 +28,7 @@ namespace {
 
 constexpr std::uint64_t kFullOps = 1200;
 #if defined(ULA_EXPENSIVE_CHECKS) || defined(__SANITIZE_THREAD__) || defined(ULA_VERIFIER_TEST_SANITIZER_OPS)
-constexpr std::uint64_t kOps = 500;
+constexpr std::uint64_t kOps = 350;
 #else
 constexpr std::uint64_t kOps = kFullOps;
 #endif
