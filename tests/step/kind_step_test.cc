@@ -471,6 +471,31 @@ TEST(KindStep, DeviceStepMakesTheEnginePathsDecisionsOverC4Entries) {
               static_cast<unsigned long long>(evictions), static_cast<unsigned long long>(replaced));
 }
 
+// Two requests of 101 tokens (25 C4 entries each, one token filling); request 1's drafts,
+// tokens [101, 105), complete one C4 entry and are all rejected. The selections the bad-input
+// tests use: the entry that Truncate freed, request 1's live entries, request 2's first.
+struct BadSelections {
+  LogicalAddr freed, other;
+  std::vector<LogicalAddr> own;
+};
+void MakeBadSelections(AddressSpace& s, const std::vector<RequestId>& rs, BadSelections& out) {
+  for (RequestId r : rs) {
+    ASSERT_TRUE(s.AddRequest(r, Rank(0)));
+    ASSERT_TRUE(s.Allocate(r, 101));
+    s.AdvanceRound();
+  }
+  auto drafted = s.Allocate(rs[0], 4);
+  ASSERT_TRUE(drafted);
+  ASSERT_EQ(drafted->size(), 1u);
+  out.freed = (*drafted)[0];
+  ASSERT_TRUE(s.Truncate(rs[0], 101));
+  ASSERT_FALSE(s.IsLive(out.freed));
+  s.AdvanceRound();
+  const auto own = s.AddressesOf(rs[0]).value();
+  out.own.assign(own.begin(), own.end());
+  out.other = s.AddressesOf(rs[1]).value().front();
+}
+
 // The device step refuses a selection that is not a live C4 entry of its request (one a
 // Truncate freed, another request's, one never made) with kNotFound in its record, and
 // nothing changes: the step stores back the space it loaded, every kind's page table as it was.
@@ -482,20 +507,10 @@ TEST(KindStep, DeviceStepRefusesABadSelectionAndChangesNothing) {
   ASSERT_TRUE(space) << space.error().ToString();
   AddressSpace& s = **space;
   const std::vector<RequestId> rs{RequestId(1), RequestId(2)};
-  for (RequestId r : rs) {
-    ASSERT_TRUE(s.AddRequest(r, Rank(0)));
-    ASSERT_TRUE(s.Allocate(r, 101));
-    s.AdvanceRound();
-  }
-  auto drafted = s.Allocate(rs[0], 4);  // completes one C4 entry; the drafts are rejected
-  ASSERT_TRUE(drafted);
-  ASSERT_EQ(drafted->size(), 1u);
-  const LogicalAddr freed = (*drafted)[0];
-  ASSERT_TRUE(s.Truncate(rs[0], 101));
-  ASSERT_FALSE(s.IsLive(freed));
-  s.AdvanceRound();
-  const auto own = s.AddressesOf(rs[0]).value();
-  const LogicalAddr other = s.AddressesOf(rs[1]).value().front();
+  BadSelections bad;
+  ASSERT_NO_FATAL_FAILURE(MakeBadSelections(s, rs, bad));
+  const LogicalAddr freed = bad.freed, other = bad.other;
+  const std::vector<LogicalAddr>& own = bad.own;
   auto step = DeviceStep::Create(s, Rank(0), GroupId(5), FlashDeviceStepConfig());
   ASSERT_TRUE(step) << step.error().ToString();
   const std::uint64_t digest = s.DebugDigest();
@@ -530,21 +545,10 @@ TEST(KindStep, BadSelectionIsRefusedAndChangesNothing) {
   ASSERT_TRUE(space) << space.error().ToString();
   AddressSpace& s = **space;
   const std::vector<RequestId> rs{RequestId(1), RequestId(2)};
-  for (RequestId r : rs) {
-    ASSERT_TRUE(s.AddRequest(r, Rank(0)));
-    ASSERT_TRUE(s.Allocate(r, 101));  // 25 C4 entries, one token filling
-    s.AdvanceRound();
-  }
-  // Drafts of request 1: tokens [101, 105) complete one C4 entry; all are rejected.
-  auto drafted = s.Allocate(rs[0], 4);
-  ASSERT_TRUE(drafted);
-  ASSERT_EQ(drafted->size(), 1u);
-  const LogicalAddr freed = (*drafted)[0];
-  ASSERT_TRUE(s.Truncate(rs[0], 101));
-  ASSERT_FALSE(s.IsLive(freed));
-  s.AdvanceRound();
-  const auto own = s.AddressesOf(rs[0]).value();
-  const LogicalAddr other = s.AddressesOf(rs[1]).value().front();
+  BadSelections bad;
+  ASSERT_NO_FATAL_FAILURE(MakeBadSelections(s, rs, bad));
+  const LogicalAddr freed = bad.freed, other = bad.other;
+  const std::vector<LogicalAddr>& own = bad.own;
   auto engine = StepPlanner::Create(s, {.max_batch = 1, .max_q_len = 1, .max_top_k = 2});
   ASSERT_TRUE(engine) << engine.error().ToString();
   StepPlanner host(s);
