@@ -43,7 +43,6 @@ T Unwrap(ula::Result<T>&& r) {
   if constexpr (!std::is_void_v<T>) return std::move(*r);
 }
 
-// Raises InvalidArgumentError unless `a` is C-contiguous (and writable if asked).
 // EngineStepConfig's reservation fields from the planners' keyword arguments (validated by
 // Create: a bad quantile or window is refused there, naming the field).
 inline void SetReserveMode(ula::EngineStepConfig& c, const std::string& reserve, double quantile, std::uint32_t window) {
@@ -59,6 +58,7 @@ inline void SetReserveMode(ula::EngineStepConfig& c, const std::string& reserve,
   c.reserve_window = window;
 }
 
+// Raises InvalidArgumentError unless `a` is C-contiguous (and writable if asked).
 inline void CheckLayout(const py::array& a, const char* what, bool writable) {
   if (!(a.flags() & py::array::c_style)) {
     Throw(ula::ErrorCode::kInvalidArgument, std::string(what) + ": must be C-contiguous");

@@ -45,13 +45,26 @@ class SelectionShare {
 
   std::uint64_t samples() const { return count_; }
 
+  // One plan's measurement, for the DP and TP planners alike: of its `batch` rows of
+  // `per_row` selections, up to kRequestsPerPlan from where the previous plan stopped, each
+  // row of a request (is_request(b); rows of padding only are skipped) recorded.
+  template <class IsRequest>
+  void RecordPlan(std::uint32_t batch, std::size_t per_row, std::span<const std::int32_t> selections,
+                  IsRequest&& is_request) {
+    const Rows rows = NextRows(batch);
+    for (std::uint32_t i = 0; i < rows.n; ++i) {
+      const std::uint32_t b = (rows.first + i) % batch;
+      if (is_request(b)) Record(selections.subspan(std::size_t{b} * per_row, per_row));
+    }
+  }
+
+ private:
   // The batch rows a plan of `batch` rows records: [first, first + n) modulo batch.
   struct Rows {
     std::uint32_t first = 0, n = 0;
   };
   Rows NextRows(std::uint32_t batch);
 
- private:
   // The bin of quantile q of the kept samples; REQUIRES count_ >= needed_.
   std::uint32_t QuantileBin() const;
 

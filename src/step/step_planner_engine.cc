@@ -143,12 +143,8 @@ Result<PlannedStep> StepPlanner::Prepare(Rank rank, GroupId group, const StepSha
   out.fence = m.fence;
   out.num_descriptors = static_cast<std::uint32_t>(n_miss);
   if (config.reserve == ReserveMode::kQuantile) {  // ReserveRound's measurement: each request's rows
-    const SelectionShare::Rows rows = m.share.NextRows(shape.batch);
-    for (std::uint32_t i = 0; i < rows.n; ++i) {
-      const std::uint32_t b = (rows.first + i) % shape.batch;
-      if (!st.dir.requests().contains(requests[b])) continue;  // a row of padding only
-      m.share.Record(selections.subspan(std::size_t{b} * row_len, row_len));
-    }
+    m.share.RecordPlan(shape.batch, row_len, selections,
+                       [&](std::uint32_t b) { return st.dir.requests().contains(requests[b]); });
   }
   return out;
 }

@@ -171,13 +171,8 @@ void TpStepPlanner::Measure(const StepShape& shape, std::span<const RequestId> r
                             std::span<const std::int32_t> selections) {
   if (engine_->config.reserve != ReserveMode::kQuantile) return;
   const auto& reqs = StateOf(space_).dir.requests();
-  const std::size_t per_row = std::size_t{shape.q_len} * shape.top_k;
-  const SelectionShare::Rows rows = engine_->share.NextRows(shape.batch);
-  for (std::uint32_t i = 0; i < rows.n; ++i) {
-    const std::uint32_t b = (rows.first + i) % shape.batch;
-    if (!reqs.contains(requests[b])) continue;  // a row of padding only
-    engine_->share.Record(selections.subspan(b * per_row, per_row));
-  }
+  engine_->share.RecordPlan(shape.batch, std::size_t{shape.q_len} * shape.top_k, selections,
+                            [&](std::uint32_t b) { return reqs.contains(requests[b]); });
 }
 
 void TpStepPlanner::WriteIndices(const TpStepPlan& plan, std::size_t n, std::span<std::int32_t> indices) const {
