@@ -268,33 +268,9 @@ class VerifierCore {
   // so only r's own tail is rolled back. The truncated addresses leave r's selections.
   void RollBackDrafts(Request& r) {
     const std::uint32_t drafts = 1 + static_cast<std::uint32_t>(rng_() % 3);
-    std::uint32_t length = 0;  // the addresses r keeps
-    bool kinds = false;
-    if constexpr (requires { self().CountsTokens(); }) {
-      if (self().CountsTokens()) {
-        // A space with kinds counts tokens: the strategy rolls back `drafts` of them (or
-        // checks that a rollback past the window ring is refused) and returns the C4
-        // entries kept; nullopt when nothing was rolled back.
-        const std::optional<std::uint32_t> kept = self().RollBackTokens(r.id, drafts);
-        if (!kept) return;
-        length = *kept;
-        kinds = true;
-      }
-    }
-    if (!kinds) {
-      std::size_t k = std::min<std::size_t>(drafts, r.addrs.size());
-      if (Sharing()) {
-        std::size_t own = 0;
-        while (own < k && self().RefCount(r.addrs[r.addrs.size() - 1 - own]) == 1) ++own;
-        k = own;
-      }
-      if (k == 0) return;
-      length = static_cast<std::uint32_t>(r.addrs.size() - k);
-      if (auto s = self().Truncate(r.id, length); !s) {
-        Fail(report_.invariant_failures, "Truncate: " + s.error().ToString());
-        return;
-      }
-    }
+    const std::optional<std::uint32_t> kept = RollBack(r, drafts);
+    if (!kept) return;
+    const std::uint32_t length = *kept;  // the addresses r keeps
     const std::vector<LogicalAddr> gone(r.addrs.begin() + length, r.addrs.end());
     r.addrs.resize(length);
     if (Sharing()) r.tokens.resize(length);
@@ -303,6 +279,29 @@ class VerifierCore {
     }
     ++report_.draft_rollbacks;
     CheckInvariants("draft rollback");
+  }
+
+  // Rolls back r's last `drafts` tokens; the addresses r keeps, nullopt when nothing was
+  // rolled back. A space with kinds counts tokens: the strategy rolls them back (or checks
+  // that a rollback past the window ring is refused) and returns the C4 entries kept.
+  // Otherwise one address a token, only r's own tail when sharing.
+  std::optional<std::uint32_t> RollBack(const Request& r, std::uint32_t drafts) {
+    if constexpr (requires { self().CountsTokens(); }) {
+      if (self().CountsTokens()) return self().RollBackTokens(r.id, drafts);
+    }
+    std::size_t k = std::min<std::size_t>(drafts, r.addrs.size());
+    if (Sharing()) {
+      std::size_t own = 0;
+      while (own < k && self().RefCount(r.addrs[r.addrs.size() - 1 - own]) == 1) ++own;
+      k = own;
+    }
+    if (k == 0) return std::nullopt;
+    const auto length = static_cast<std::uint32_t>(r.addrs.size() - k);
+    if (auto s = self().Truncate(r.id, length); !s) {
+      Fail(report_.invariant_failures, "Truncate: " + s.error().ToString());
+      return std::nullopt;
+    }
+    return length;
   }
 
   // Round reservations: the decode's n tokens are admitted only when the engine path's

@@ -21,7 +21,7 @@ namespace {
 // The DP verifier over a model's kinds (--model): what it was asked besides.
 struct ModelRequest {
   std::string name;
-  std::string mode, planner;
+  std::string mode;
   bool groups_given = false, group_layers_given = false;
 };
 
@@ -171,7 +171,7 @@ Action SetupVerify(CLI::App& app) {
     cfg->form = ParsePlannerForm(*planner).value();
     cfg->host_shadows = *shadows == "on";
     if (!model->empty()) {
-      const ModelRequest m{.name = *model, .mode = *mode, .planner = *planner,
+      const ModelRequest m{.name = *model, .mode = *mode,
                            .groups_given = groups_opt->count() > 0, .group_layers_given = group_layers_opt->count() > 0};
       if (auto refused = ApplyModelOption(m, *cfg)) {
         fmt::print(stderr, "ula verify: {}\n", *refused);
