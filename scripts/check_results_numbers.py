@@ -18,7 +18,9 @@ Checks:
              23.86<!-- p:CONFIG:SYSTEM:BATCH:FIELD -->   compare.csv at that batch
              2.17x<!-- r:CONFIG:SYS_A:SYS_B:FIELD -->    summary.csv, A's FIELD / B's
            CONFIG is the CSV's config column (h200_tp_mtpon), SYSTEM its system column;
-           "s@DIR:", "p@DIR:", "r@DIR:" read docs/img/DIR/ (a sharing scenario's --out).
+           "s@DIR:", "p@DIR:", "r@DIR:" read docs/img/DIR/ (a scenario's --out other than the
+           default). A marker it cannot read (no number before it, a name outside [a-z0-9_])
+           is an error, not skipped.
   stdout   every pasted `ula compare` table (a fenced block opening with "ula compare:
            scenario NAME") agrees with the CSVs of that scenario (default: docs/img/, else
            docs/img/NAME/) in every column at the precision printed: adm, fill, peak, @B,
@@ -113,15 +115,23 @@ def table_peak(summary, points):
 
 TABLES = {"decomposition-equal-batch": table_equal, "decomposition-peak": table_peak}
 REGION = re.compile(r"(<!-- results-table: ([a-z0-9-]+) -->\n)(.*?)(\n<!-- /results-table -->)", re.S)
-QUOTE = re.compile(r"([0-9][0-9,]*(?:\.[0-9]+)?)([x%]?)\*{0,2}<!-- ([spr])(?:@([a-z_]+))?:([^ ]+) -->")
+QUOTE = re.compile(r"([0-9][0-9,]*(?:\.[0-9]+)?)([x%]?)\*{0,2}<!-- ([spr])(?:@([a-z0-9_]+))?:([^ ]+) -->")
 
 
 def decimals(text):
     return len(text.split(".")[1]) if "." in text else 0
 
 
+# A marker QUOTE cannot read (a scenario or config name outside its character set, no number
+# before it) would be skipped without a word: every marker must be one QUOTE reads.
+MARKER = re.compile(r"<!-- [spr](?:@[^ :]*)?:[^ ]* -->")
+
+
 def check_quotes(root, doc, summary, points):
     errors = []
+    read = {m.start(3) - len("<!-- ") for m in QUOTE.finditer(doc)}
+    errors += [f"{DOC}: marker {m.group(0)!r} is not read (no number before it, or a name outside [a-z0-9_])"
+               for m in MARKER.finditer(doc) if m.start() not in read]
     scenarios = {}
     for m in QUOTE.finditer(doc):
         written, kind, sub, ref = m.group(1), m.group(3), m.group(4), m.group(5).split(":")
@@ -151,8 +161,8 @@ def check_quotes(root, doc, summary, points):
     return errors
 
 
-STDOUT = re.compile(r"```\nula compare: scenario ([a-z_]+)[^\n]*\n(.*?)```", re.S)
-STDOUT_ROW = re.compile(r"^(\d+)x([A-Za-z0-9]+) (tp|dp) mtp=(on|off) +([a-z_]+) +([a-z]+) +\|(.*)$")
+STDOUT = re.compile(r"```\nula compare: scenario ([a-z0-9_]+)[^\n]*\n(.*?)```", re.S)
+STDOUT_ROW = re.compile(r"^(\d+)x([A-Za-z0-9_]+) (tp|dp) mtp=(on|off) +([a-z_]+) +([a-z]+) +\|(.*)$")
 
 
 def stdout_config(hardware, mode, mtp):
@@ -252,6 +262,8 @@ def self_test(root):
         d = decimals(w)
         new = f"{float(w.replace(',', '')) + 10 ** -d * 3:.{d}f}"
         plants.append(("quotes", doc[:q.start(1)] + new + doc[q.end(1):]))
+    if q:  # the same marker's scenario spelled with a character QUOTE does not read
+        plants.append(("unread marker", doc[:q.start(3)] + q.group(3) + "@Bad" + doc[q.end(3):]))
     r = REGION.search(doc)
     if r:  # one cell of a generated table changed
         body = r.group(3)
@@ -264,12 +276,12 @@ def self_test(root):
     if row:  # one peak of a pasted table changed by 10 tok/s
         at = o.start(2) + row.start(2)
         plants.append(("stdout", doc[:at] + str(int(row.group(2)) + 10).rjust(len(row.group(2))) + doc[at + len(row.group(2)):]))
-    if len(plants) < 3:
+    if len(plants) < 4:
         print("self-test: nothing to plant (no marker, no table or no pasted output)")
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         for what, text in plants:
-            scratch = Path(tmp) / what
+            scratch = Path(tmp) / what.replace(" ", "_")
             (scratch / "docs" / "img").mkdir(parents=True)
             shutil.copytree(Path(root) / "docs" / "img", scratch / "docs" / "img", dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("*.png"))
