@@ -115,11 +115,11 @@
 // takes tokens: it keeps floor(length / tokens_per_entry) entries of each kind and restores
 // the ring, refused (kFailedPrecondition, nothing changed) when the window of `length` is
 // no longer in the ring (a rollback of more than ring_draft_tokens). Free releases every
-// kind. The space's kind blocks are logical ids: the bytes of the kinds other than C4 are
-// not held here yet. One rank's budget of frames that holds every kind's bytes with no fixed
-// split (each kind's padded block envelope dividing a fixed frame, its layers as strided
-// views, the C4 device share whatever the resident kinds leave) is src/space/kind_frames.h,
-// under KindEntries; docs/ARCHITECTURE.md, "Kinds", says what the space lacks to use it.
+// kind. Without kind_frame_bytes the space's kind blocks are logical ids: the bytes of the
+// kinds other than C4 are not held here. With it (one rank), every kind's blocks and the C4
+// device slots come from one budget of frames (src/space/kind_frames.h, frame_share.h): the
+// C4 share is whatever the resident kinds leave; KindBudgetOf reports it, CompactKind
+// returns sparse frames; docs/ARCHITECTURE.md, "Kinds".
 //
 // Lifetime (shared): `backend` outlives the space (held by reference; the backend's destructor
 // stops the program while a space lives); the space outlives every StepPlanner over it.
@@ -149,6 +149,16 @@ namespace ula {
 namespace internal {
 struct SpaceAccess;  // src/space/space_access.h: not part of the API
 }  // namespace internal
+
+// How one rank's budget is shared in a space with kind frames (AddressSpace::KindBudgetOf).
+struct KindBudget {
+  std::uint32_t frames = 0;       // the budget's frames
+  std::uint32_t free_frames = 0;  // held by no kind: the C4 share
+  std::vector<std::uint32_t> frames_of_kind;  // [kinds] (the sparse kind's: 0)
+  std::uint64_t c4_device_slots = 0;  // per group: the free frames' C4 slots
+  std::uint64_t c4_entries = 0;       // C4 entries of every request
+  std::uint64_t c4_on_device = 0;     // of them on device (the same in every group)
+};
 
 struct AddressSpaceConfig {
   std::uint32_t num_ranks = 1;
@@ -192,8 +202,14 @@ struct AddressSpaceConfig {
   // is its row) and the other kinds sit beside it. Allocate, Truncate and Free take the
   // model's tokens and make and release the entries of every kind ("Kinds" below); the
   // host step (StepPlanner, both paths) selects C4 entries as any addresses;
-  // DeviceStep and ShareInto refuse a space with kinds (kUnsupported).
+  // ShareInto refuses a space with kinds (kUnsupported).
   std::vector<KvKind> kinds;
+  // With kinds: 0 keeps the kinds other than the sparse one as logical block ids (their bytes
+  // are the engine's) and device_bytes_per_rank the sparse kind's. Otherwise every kind is
+  // carved from one budget, device_bytes_per_rank, cut into frames of this many bytes
+  // (kKindFrameBytes suits V4-Flash; "Kinds" below): no kind has a fixed share, the sparse
+  // kind's device slots are what the others leave. One rank, no host shadows.
+  std::uint64_t kind_frame_bytes = 0;
 
   // Names the first bad field.
   Status Validate() const;
@@ -357,6 +373,14 @@ class AddressSpace {
   // slot s at s * row — FlashMLA's k_cache of that layer, indexed by the slots a step
   // returns. Empty for an out-of-range rank, group or layer, or on a counting backend.
   std::span<const std::byte> DeviceLayerBytes(Rank rank, GroupId group, std::uint32_t layer) const;
+  // A space with kind frames: how its budget is shared now. kFailedPrecondition without.
+  Result<KindBudget> KindBudgetOf() const;
+  // Compacts kind `kind`'s frames (src/space/kind_frames.h, Compact): its sparsest frames are
+  // emptied into the room of its others, each block copied before its request's page table
+  // names the new block, and return to the budget, where the C4 share gets them back.
+  // Returns the frames returned. kFailedPrecondition (no kind frames, a plan pending),
+  // kOutOfRange (kind), kInvalidArgument (the sparse kind: its entries are the addresses).
+  Result<std::uint32_t> CompactKind(std::uint32_t kind);
   MetadataReport Metadata() const;
   Status CheckInvariants() const;
   // A hash of the whole state (tables, pools and their free bitmaps, residency policies,

@@ -28,6 +28,17 @@ Result<SlotId> SlotPool::Allocate() {
   return SlotId(static_cast<std::uint32_t>(*first));
 }
 
+Status SlotPool::Claim(SlotId slot) {
+  if (slot.value() >= capacity_) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("slot {} is out of range (capacity {})", slot.value(), capacity_));
+  }
+  if (!free_.Test(slot.value())) {
+    return MakeError(ErrorCode::kFailedPrecondition, fmt::format("slot {} is already allocated", slot.value()));
+  }
+  free_.Clear(slot.value());
+  return Ok();
+}
+
 Status SlotPool::Free(SlotId slot) {
   if (slot.value() >= capacity_) {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("slot {} is out of range (capacity {})", slot.value(), capacity_));

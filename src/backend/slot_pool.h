@@ -24,6 +24,8 @@ class SlotPool {
 
   Result<SlotId> Allocate();
   Status Free(SlotId slot);
+  // Allocates the given free slot. kOutOfRange, kFailedPrecondition (allocated).
+  Status Claim(SlotId slot);
   bool IsAllocated(SlotId slot) const { return slot.value() < capacity_ && !free_.Test(slot.value()); }
 
   std::uint32_t capacity() const { return capacity_; }

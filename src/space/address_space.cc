@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "space/address_space_state.h"
+#include "space/frame_share.h"
 #include "space/pool_geometry.h"
 #include "space/space_kinds.h"
 #include "ula/check.h"
@@ -63,6 +64,14 @@ std::uint64_t AddressSpaceConfig::bytes_per_address() const {
 }
 
 std::uint32_t AddressSpaceConfig::device_slots_per_group() const {
+  if (kind_frame_bytes != 0) {  // the budget's frames, each holding its C4 slots (frame_share.h)
+    const std::size_t sparse = SparseKindIndex(kinds);
+    auto envelopes = KindEnvelopes(kinds, kind_frame_bytes);
+    if (sparse == kinds.size() || !envelopes) return 0;
+    const std::uint64_t slots =
+        device_bytes_per_rank / kind_frame_bytes * (*envelopes)[sparse].per_frame * std::uint64_t{kKindBlockEntries};
+    return static_cast<std::uint32_t>(std::min<std::uint64_t>(slots, SlotId::kInvalidValue));
+  }
   return static_cast<std::uint32_t>(device_bytes_per_rank / std::max<std::uint64_t>(bytes_per_address(), 1));
 }
 std::uint32_t AddressSpaceConfig::host_slots_per_group() const {
@@ -91,6 +100,13 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceCon
     }
   }
   state->tables.resize(config.num_groups);
+  if (config.kind_frame_bytes != 0) {  // every kind from one budget (frame_share.h)
+    auto frames = KindFrames::Create({config.kinds, config.device_bytes_per_rank, config.kind_frame_bytes});
+    if (!frames) return std::unexpected(frames.error());
+    state->frames = std::make_unique<KindFrames>(std::move(*frames));
+    state->share = FrameShareOf(config);
+    state->kinds = KindEntries(config.kinds, state->frames.get(), host_slots);
+  }
   state->stable_new_entries = config.stable_new_entries;
   state->host_shadows = config.host_shadows;
   return std::unique_ptr<AddressSpace>(new AddressSpace(config, backend, std::move(state)));
@@ -115,9 +131,16 @@ Status AddressSpace::RunMoves(std::span<const CopyDescriptor> moves) {
   while (i < moves.size()) {
     const CopyDescriptor& first = moves[i];
     const GroupPools& gp = state_->at(Rank(first.src_rank), GroupId(first.group));
-    CopyBatch batch{gp.device.arena().id, gp.host.arena().id, first.bytes, /*swap=*/false, {}};
-    for (; i < moves.size() && moves[i].group == first.group && moves[i].src_rank == first.src_rank; ++i) {
-      gp.AppendMoves(Tier::kDevice, SlotId(moves[i].src_slot), SlotId(moves[i].dst_slot), batch.moves);
+    const Tier to = static_cast<Tier>(first.dst_tier);
+    CopyBatch batch{gp.device.arena().id, gp.pool(to).arena().id, first.bytes, /*swap=*/false, {}};
+    for (; i < moves.size() && moves[i].group == first.group && moves[i].src_rank == first.src_rank &&
+           moves[i].dst_tier == first.dst_tier;
+         ++i) {
+      const SlotPool& dst = gp.pool(to);
+      for (std::uint32_t l = 0; l < gp.num_layers; ++l) {
+        batch.moves.push_back({gp.device.offset(SlotId(moves[i].src_slot)) + l * gp.device_stride,
+                               dst.offset(SlotId(moves[i].dst_slot)) + l * gp.stride(to)});
+      }
     }
     auto fence = backend_.Submit(std::move(batch));
     if (!fence) return std::unexpected(fence.error());
@@ -127,6 +150,15 @@ Status AddressSpace::RunMoves(std::span<const CopyDescriptor> moves) {
 }
 
 namespace {
+// The kinds' entries of n_tokens more tokens; over frames, the frames that stayed free go
+// back to the C4 share, and every frame a kind took was withheld (frame_share.h).
+void AppendKinds(const AddressSpaceConfig& cfg, AddressSpace::State& st, RequestId request, std::uint32_t n_tokens) {
+  st.kinds.Append(request, n_tokens);
+  if (!st.frames) return;
+  ReleaseFreeFrames(cfg, st, Rank(0));
+  ULA_CHECK(st.frames->withheld_frames() == st.frames->num_frames() - st.frames->free_frames());
+}
+
 // Claims the victims of every group on `rank` (ShardPools::PlanVictims) and appends the
 // copies that move them to host. Victims of every group are claimed and copied before
 // anything is published: a failed copy publishes nothing (the victims stay on device).
@@ -163,9 +195,13 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
   if (kinds) {
     auto made = st.kinds.CheckAppend(request, n_tokens);
     if (!made) return std::unexpected(made.error());
-    n_entries = *made;
+    n_entries = made->entries;
+    if (st.frames) {  // the frames the other kinds' new blocks may take leave the C4 share first
+      ULA_RETURN_IF_ERROR(WithholdFrames(config_, st, rank, st.frames->LowestFree(made->frames),
+                                         [this](std::span<const CopyDescriptor> m) { return RunMoves(m); }));
+    }
     if (n_entries == 0) {
-      st.kinds.Append(request, n_tokens);
+      AppendKinds(config_, st, request, n_tokens);
       ULA_EXPENSIVE_CHECK(*this);
       return std::vector<LogicalAddr>{};
     }
@@ -174,6 +210,7 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
     const GroupPools& gp = st.at(rank, GroupId(g));
     const std::uint64_t free = std::uint64_t{gp.NumFree(Tier::kDevice)} + gp.NumFree(Tier::kHost);
     if (n_entries > free) {
+      ReleaseFreeFrames(config_, st, rank);
       return MakeError(ErrorCode::kResourceExhausted,
                        fmt::format("request {}: {} new entries do not fit on rank {} group {} ({} free of {})",
                                    request.value(), n_entries, rank.value(), g, free,
@@ -181,7 +218,10 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
     }
   }
   auto planned = st.dir.PlanPages(request, *req, n_entries);
-  if (!planned) return std::unexpected(std::move(planned).error());
+  if (!planned) {
+    ReleaseFreeFrames(config_, st, rank);
+    return std::unexpected(std::move(planned).error());
+  }
   std::vector<ShardPools::VictimPlan> plans(config_.num_groups);
   std::vector<CopyDescriptor> moves;
   PlanVictims(config_, st, rank, n_entries, plans, moves);
@@ -189,6 +229,7 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
     Status copied = RunMoves(moves);
     if (!copied) {
       for (std::uint32_t g = 0; g < config_.num_groups; ++g) st.at(rank, GroupId(g)).ReturnVictims(plans[g]);
+      ReleaseFreeFrames(config_, st, rank);
       return MakeError(ErrorCode::kIo, fmt::format("request {}: moving {} device entries to host to make room for its "
                                                    "new tokens failed ({}); nothing allocated, the entries stay on "
                                                    "device", request.value(), moves.size(), copied.error().message()));
@@ -201,7 +242,7 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
     st.at(rank, GroupId(g)).PlaceNew(plans[g], /*moved=*/true, planned->addrs, st.stable_new_entries,
                                      [&table](LogicalAddr a, Location loc) { table.Set(a, loc); });
   }
-  if (kinds) st.kinds.Append(request, n_tokens);
+  if (kinds) AppendKinds(config_, st, request, n_tokens);
   ULA_EXPENSIVE_CHECK(*this);
   return std::move(planned->addrs);
 }
@@ -226,7 +267,10 @@ Directory::ReleaseFn Releaser(const AddressSpaceConfig& cfg, AddressSpace::State
 Status AddressSpace::Free(RequestId request) {
   State& st = *state_;
   Status freed = st.dir.Free(request, Releaser(config_, st));
-  if (freed && !st.kinds.empty()) ULA_CHECK(st.kinds.Free(request));  // it knows every request the directory does
+  if (freed && !st.kinds.empty()) {
+    ULA_CHECK(st.kinds.Free(request));  // it knows every request the directory does
+    ReleaseFreeFrames(config_, st, Rank(0));
+  }
   return Checked(*this, std::move(freed));
 }
 
@@ -238,6 +282,7 @@ Status AddressSpace::Truncate(RequestId request, std::uint32_t length) {
   if (!keep) return std::unexpected(keep.error());
   ULA_RETURN_IF_ERROR(st.dir.Truncate(request, *keep, Releaser(config_, st)));
   st.kinds.Truncate(request, length);
+  ReleaseFreeFrames(config_, st, Rank(0));
   return Checked(*this, Ok());
 }
 
@@ -428,6 +473,36 @@ std::span<const std::byte> AddressSpace::DeviceLayerBytes(Rank rank, GroupId gro
   return {base + layer * gp.device_stride, static_cast<std::size_t>(gp.device_stride)};
 }
 
+Result<KindBudget> AddressSpace::KindBudgetOf() const {
+  const State& st = *state_;
+  if (!st.frames) {
+    return MakeError(ErrorCode::kFailedPrecondition, "KindBudgetOf: the space holds no kind frames "
+                                                     "(AddressSpaceConfig::kind_frame_bytes)");
+  }
+  KindBudget b;
+  b.frames = st.frames->num_frames();
+  b.free_frames = st.frames->free_frames();
+  for (std::uint32_t k = 0; k < st.frames->num_kinds(); ++k) b.frames_of_kind.push_back(st.frames->frames_of(k));
+  b.c4_device_slots = std::uint64_t{b.free_frames} * st.share.slots_per_frame;
+  b.c4_entries = st.kinds.SparseEntries();
+  b.c4_on_device = st.at(Rank(0), GroupId(0)).NumUsed(Tier::kDevice);
+  return b;
+}
+
+Result<std::uint32_t> AddressSpace::CompactKind(std::uint32_t kind) {
+  State& st = *state_;
+  if (!st.frames) {
+    return MakeError(ErrorCode::kFailedPrecondition, "CompactKind: the space holds no kind frames "
+                                                     "(AddressSpaceConfig::kind_frame_bytes)");
+  }
+  ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("CompactKind"));
+  auto returned = st.kinds.Compact(kind, {});
+  if (!returned) return std::unexpected(returned.error());
+  ReleaseFreeFrames(config_, st, Rank(0));
+  ULA_EXPENSIVE_CHECK(*this);
+  return *returned;
+}
+
 MetadataReport AddressSpace::Metadata() const {
   // Per entry per group at full occupancy: every byte of metadata divided by the entries
   // the pools can hold.
@@ -491,6 +566,7 @@ Status AddressSpace::CheckInvariants() const {
   ULA_RETURN_IF_ERROR(st.dir.CheckInvariants("AddressSpace", &rank_of));
   if (!st.kinds.empty()) {  // the kinds' entries (kind_entries.h); a request's addresses are its C4 entries
     ULA_RETURN_IF_ERROR(st.kinds.CheckInvariants("AddressSpace"));
+    ULA_RETURN_IF_ERROR(CheckFrameShare(config_, st));
     if (st.kinds.num_requests() != st.dir.num_requests()) {
       return Fail(fmt::format("{} requests with kind entries, {} in the directory", st.kinds.num_requests(),
                               st.dir.num_requests()));

@@ -15,6 +15,8 @@
 #include "core/address_records.h"
 #include "space/address_refs.h"
 #include "space/directory.h"
+#include "space/frame_share.h"
+#include "space/kind_frames.h"
 #include "space/kind_entries.h"
 #include "space/pool_arenas.h"
 #include "space/shard_pools.h"
@@ -46,6 +48,10 @@ struct AddressSpace::State {
   // A space with kinds: every request's entries of every kind (kind_entries.h); the
   // directory's addresses are the sparse kind's entries. Empty without kinds.
   KindEntries kinds;
+  // A space with kind frames (config.kind_frame_bytes): rank 0's budget of every kind, and
+  // where the C4 slots sit in it (frame_share.h). Null and empty otherwise.
+  std::unique_ptr<KindFrames> frames;
+  FrameShare share;
   bool stable_new_entries = false;  // config.stable_new_entries: fixed at Create
   bool host_shadows = false;        // config.host_shadows: fixed at Create
   AddressSpace::MoveExecutor move_executor;  // null: the backend runs Allocate's moves

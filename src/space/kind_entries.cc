@@ -87,7 +87,7 @@ Result<std::uint32_t> KindEntries::AddressedEntries(RequestId request) const {
   return EntriesAt(sparse_, *t);
 }
 
-Result<std::uint32_t> KindEntries::CheckAppend(RequestId request, std::uint32_t n_tokens) const {
+Result<KindEntries::AppendCheck> KindEntries::CheckAppend(RequestId request, std::uint32_t n_tokens) const {
   if (kinds_.empty()) return MakeError(ErrorCode::kFailedPrecondition, "Allocate: the space has no kinds");
   auto it = requests_.find(request);
   if (it == requests_.end()) return Unknown("Allocate", request);
@@ -98,7 +98,7 @@ Result<std::uint32_t> KindEntries::CheckAppend(RequestId request, std::uint32_t 
                                  n_tokens));
   }
   const std::uint32_t made = EntriesAt(sparse_, t + n_tokens) - EntriesAt(sparse_, t);
-  if (frames_ == nullptr) return made;
+  if (frames_ == nullptr) return AppendCheck{made, 0};
   // Over frames: the resident kinds' new blocks first, then the sparse entries in what is left.
   const Request& req = it->second;
   std::vector<std::uint32_t> takes(kinds_.size(), 0), gives(kinds_.size(), 0);
@@ -128,7 +128,7 @@ Result<std::uint32_t> KindEntries::CheckAppend(RequestId request, std::uint32_t 
                                  "host tier ({} entries)", request.value(), t, n_tokens, sparse_entries_ + made,
                                  kinds_[sparse_].name, share, frames_->free_frames() - need, sparse_host_entries_));
   }
-  return made;
+  return AppendCheck{made, need};
 }
 
 KindEntries::BlockDelta KindEntries::ResizeDelta(const KindState& s, std::uint32_t first, std::uint32_t end) {

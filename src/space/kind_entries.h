@@ -98,9 +98,15 @@ class KindEntries {
   // How many addressed entries the request's tokens make: floor(T / E) of the sparse kind.
   Result<std::uint32_t> AddressedEntries(RequestId request) const;
 
-  // Checks an Append of n_tokens: kNotFound, kOutOfRange (more than 2^32 - 1 tokens).
-  // Returns the addressed entries it will create.
-  Result<std::uint32_t> CheckAppend(RequestId request, std::uint32_t n_tokens) const;
+  // What an Append of n_tokens makes: the addressed entries it creates, and over frames the
+  // free frames its resident kinds' new blocks may take (a bound, KindFrames::FramesNeeded).
+  struct AppendCheck {
+    std::uint32_t entries = 0;
+    std::uint32_t frames = 0;
+  };
+  // Checks an Append of n_tokens: kNotFound, kOutOfRange (more than 2^32 - 1 tokens), over
+  // frames kResourceExhausted (above).
+  Result<AppendCheck> CheckAppend(RequestId request, std::uint32_t n_tokens) const;
   // REQUIRES: CheckAppend(request, n_tokens) is Ok.
   void Append(RequestId request, std::uint32_t n_tokens);
   // Checks a Truncate: kNotFound, kOutOfRange (length past T), kFailedPrecondition (the
@@ -129,6 +135,8 @@ class KindEntries {
   std::uint64_t SparseDeviceShare() const;
   std::uint64_t SparseDeviceEntries() const { return std::min(sparse_entries_, SparseDeviceShare()); }
   std::uint64_t SparseHostEntries() const { return sparse_entries_ - SparseDeviceEntries(); }
+  // The frames the blocks sit in; nullptr without.
+  const KindFrames* frames() const { return frames_; }
 
   Status CheckInvariants(std::string_view who) const;
   void AddToDigest(StateDigest& d) const;

@@ -63,6 +63,7 @@ Result<KindFrames> KindFrames::Create(const KindFramesConfig& config, std::byte*
   f.frame_bytes_ = config.frame_bytes;
   f.bytes_ = bytes;
   f.frames_.resize(config.budget_bytes / config.frame_bytes);
+  f.withheld_.assign(f.frames_.size(), 0);
   for (std::uint32_t i = 0; i < f.frames_.size(); ++i) f.free_.insert(f.free_.end(), i);
   f.room_.resize(config.kinds.size());
   f.frames_of_.assign(config.kinds.size(), 0);
@@ -82,8 +83,9 @@ std::optional<std::uint32_t> KindFrames::Take(std::uint32_t k) {
   if (!room_[k].empty()) {
     f = *room_[k].begin();
   } else if (!free_.empty()) {
-    f = *free_.begin();
-    free_.erase(free_.begin());
+    f = ready_.empty() ? *free_.begin() : *ready_.begin();
+    free_.erase(f);
+    ready_.erase(f);
     frames_[f] = Frame{k, 0, std::vector<std::uint8_t>(per, 0)};
     ++frames_of_[k];
     room_[k].insert(f);
@@ -151,6 +153,7 @@ void KindFrames::Give(std::uint32_t k, std::uint32_t block) {
     --frames_of_[k];
     frame = Frame{};
     free_.insert(f);
+    if (withheld_[f] != 0) ready_.insert(f);
   } else {
     room_[k].insert(f);
   }
@@ -170,6 +173,26 @@ bool KindFrames::IsLive(std::uint32_t k, std::uint32_t block) const {
   const std::uint32_t per = envelopes_[k].per_frame;
   const std::uint32_t f = block / per;
   return f < frames_.size() && frames_[f].kind == k && frames_[f].used[block % per] != 0;
+}
+
+void KindFrames::Withhold(std::uint32_t f) {
+  ULA_CHECK(f < frames_.size() && frames_[f].kind == kFree && withheld_[f] == 0);
+  withheld_[f] = 1;
+  ++withheld_count_;
+  ready_.insert(f);
+}
+
+void KindFrames::Release(std::uint32_t f) {
+  ULA_CHECK(f < frames_.size() && frames_[f].kind == kFree && withheld_[f] != 0);
+  withheld_[f] = 0;
+  --withheld_count_;
+  ready_.erase(f);
+}
+
+std::vector<std::uint32_t> KindFrames::LowestFree(std::uint32_t n) const {
+  std::vector<std::uint32_t> out;
+  for (auto it = free_.begin(); it != free_.end() && out.size() < n; ++it) out.push_back(*it);
+  return out;
 }
 
 StridedLayer KindFrames::Layer(std::uint32_t k, std::uint32_t layer) const {
@@ -192,9 +215,13 @@ Status KindFrames::CheckInvariants(std::string_view who) const {
         return fail(fmt::format("frame {} of no kind holds {} blocks or is not listed free", f, frame.live));
       }
       ++free;
+      if (ready_.contains(f) != (withheld_[f] != 0)) {
+        return fail(fmt::format("free frame {} is {}withheld but {}listed as free and withheld", f,
+                                withheld_[f] != 0 ? "" : "not ", ready_.contains(f) ? "" : "not "));
+      }
       continue;
     }
-    if (frame.kind >= envelopes_.size() || free_.contains(f)) {
+    if (frame.kind >= envelopes_.size() || free_.contains(f) || ready_.contains(f)) {
       return fail(fmt::format("frame {} of kind {} is listed free or of no known kind", f, frame.kind));
     }
     const std::uint32_t per = envelopes_[frame.kind].per_frame;
@@ -222,7 +249,7 @@ Status KindFrames::CheckInvariants(std::string_view who) const {
     }
     kinds_frames += frames_of[k];
   }
-  if (free != free_.size() || free + kinds_frames != frames_.size()) {
+  if (free != free_.size() || free + kinds_frames != frames_.size() || ready_.size() > free) {
     return fail(fmt::format("{} free frames ({} listed) and {} of kinds, not the budget's {}", free, free_.size(),
                             kinds_frames, frames_.size()));
   }
@@ -231,6 +258,7 @@ Status KindFrames::CheckInvariants(std::string_view who) const {
 
 void KindFrames::AddToDigest(StateDigest& d) const {
   d.Add(frames_.size());
+  for (std::uint8_t w : withheld_) d.Add(w);
   for (const Frame& f : frames_) {
     d.Add(f.kind);
     d.Add(f.live);

@@ -30,6 +30,7 @@
 //   2. A kind's frames with room are exactly its frames with fewer live blocks than
 //      per_frame; the free frames are exactly the frames of no kind.
 //   3. The budget is the frames: num_frames = free frames + the frames of every kind.
+//   4. The free withheld frames are exactly the free frames marked withheld.
 // Which request owns each block is its caller's (KindEntries checks each block is owned once).
 //
 // Thread-safety: none; plain data under the space's driver thread.
@@ -118,6 +119,25 @@ class KindFrames {
   // frames the gives would empty are not counted free.
   std::uint32_t FramesNeeded(std::span<const std::uint32_t> takes, std::span<const std::uint32_t> gives) const;
   bool IsLive(std::uint32_t k, std::uint32_t block) const;
+  // Frame f holds no kind's block (REQUIRES: f < num_frames()).
+  bool IsFree(std::uint32_t f) const { return frames_[f].kind == kFree; }
+
+  // Withheld frames (a space's C4 share, src/space/frame_share.h): a frame whose bytes the
+  // sparse kind does not use. The space withholds a free frame (Withhold) before a kind may
+  // take it, and releases it (Release) once it is free again. Take gives a kind that has no
+  // room the lowest free withheld frame first, then the lowest free frame; a frame keeps its
+  // mark while a kind holds it and after it returns to the budget.
+  bool IsWithheld(std::uint32_t f) const { return withheld_[f] != 0; }
+  // REQUIRES: f is free and not withheld.
+  void Withhold(std::uint32_t f);
+  // REQUIRES: f is free and withheld.
+  void Release(std::uint32_t f);
+  // The free frames that are withheld, lowest first.
+  const std::set<std::uint32_t>& FreeWithheld() const { return ready_; }
+  std::uint32_t withheld_frames() const { return withheld_count_; }
+  // The n lowest free frames (fewer when fewer are free): the frames Take gives a kind that
+  // has no room, in the order it gives them.
+  std::vector<std::uint32_t> LowestFree(std::uint32_t n) const;
 
   // Empties kind k's frames with the fewest live blocks into the room of its other frames,
   // sparsest first, while one with no pinned block fits in that room: each live block is
@@ -150,6 +170,9 @@ class KindFrames {
   std::byte* bytes_ = nullptr;
   std::vector<Frame> frames_;                // [num_frames]
   std::set<std::uint32_t> free_;             // frames of no kind, lowest first
+  std::set<std::uint32_t> ready_;            // the free frames that are withheld, lowest first
+  std::vector<std::uint8_t> withheld_;       // [num_frames] 1 = withheld
+  std::uint32_t withheld_count_ = 0;
   std::vector<std::set<std::uint32_t>> room_;  // [num_kinds] frames of the kind with a free block
   std::vector<std::uint32_t> frames_of_;     // [num_kinds]
   std::vector<std::uint32_t> in_use_;        // [num_kinds] live blocks

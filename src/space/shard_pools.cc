@@ -204,19 +204,19 @@ Status ShardPools::CheckInvariants(std::string_view who, const Occupancy& seen,
     if (shadow_ok) shadow_ok = CheckShadow(who, *this, d, h, seen, locate, compare_bytes);
   });
   ULA_RETURN_IF_ERROR(shadow_ok);
-  if (device.num_used() != seen.on_device || host.num_used() != seen.on_host + shadows.size()) {
-    return Fail(who, fmt::format("rank {} group {}: pools hold {}/{} entries ({} host shadows) but the record "
-                                 "locates {}/{}", r, g, device.num_used(), host.num_used(), shadows.size(),
-                                 seen.on_device, seen.on_host));
+  if (device.num_used() != seen.on_device + withheld || host.num_used() != seen.on_host + shadows.size()) {
+    return Fail(who, fmt::format("rank {} group {}: pools hold {}/{} entries ({} withheld device slots, {} host "
+                                 "shadows) but the record locates {}/{}", r, g, device.num_used(), host.num_used(),
+                                 withheld, shadows.size(), seen.on_device, seen.on_host));
   }
   ULA_RETURN_IF_ERROR(device.CheckInvariants());
   ULA_RETURN_IF_ERROR(host.CheckInvariants());
   ULA_RETURN_IF_ERROR(policy->CheckInvariants());
   std::uint64_t tracked = 0;
   for (std::uint32_t s = 0; s < device.capacity(); ++s) tracked += policy->IsTracked(SlotId(s));
-  if (tracked != device.num_used()) {
+  if (tracked != device.num_used() - withheld) {
     return Fail(who, fmt::format("rank {} group {}: policy tracks {} slots, {} are occupied", r, g, tracked,
-                                 device.num_used()));
+                                 device.num_used() - withheld));
   }
   if (!std::is_sorted(new_on_host.begin(), new_on_host.end()) ||
       std::adjacent_find(new_on_host.begin(), new_on_host.end()) != new_on_host.end()) {
@@ -239,6 +239,7 @@ void ShardPools::AddToDigest(StateDigest& d) const {
   for (LogicalAddr a : device_owner) d.Add(a.value());
   d.Add(new_on_host.size());
   for (LogicalAddr a : new_on_host) d.Add(a.value());
+  d.Add(withheld);
   d.Add(shadows.size());
   shadows.ForEach([&](SlotId dev, SlotId h) {
     d.Add(dev.value());

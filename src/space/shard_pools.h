@@ -16,14 +16,16 @@
 //                  them (RefuseMovingNewOnHost). Cleared by AdvanceRound; empty almost always;
 //   shadows        the clean host copies of device entries (host_shadows.h), when enabled: a
 //                  shadow's host slot is allocated in `host` but free in every capacity figure
-//                  (HostFree, HostUsed, NumFree).
+//                  (HostFree, HostUsed, NumFree);
+//   withheld       device slots allocated to no entry (a space's frames of other kinds,
+//                  frame_share.h): counted used, owned by nothing, not in the policy.
 //
 // Invariants (CheckEntry and CheckInvariants, given what the location record locates here):
 //   1. Each located entry sits in an allocated slot of its tier that no other entry holds; a
 //      device entry's slot names it in device_owner and is tracked by the policy; the policy
 //      tracks exactly the used device slots.
-//   2. Used counts: device used = entries located on device; host used = entries located on
-//      host + shadows.
+//   2. Used counts: device used = entries located on device + withheld slots; host used =
+//      entries located on host + shadows.
 //   3. Each shadow's host slot locates no entry; its device slot holds a live entry located
 //      there, whose bytes it equals (a write dropped it otherwise).
 //   4. new_on_host is sorted and distinct, and each of its entries is located on host here.
@@ -81,12 +83,15 @@ struct ShardPools {
   GroupId group;
   std::vector<LogicalAddr> new_on_host;  // sorted (see above)
   HostShadows shadows;
+  // Device slots allocated to no entry: the C4 slots of frames a space with kind frames gave
+  // to its resident kinds (src/space/frame_share.h). No owner, not tracked by the policy.
+  std::uint32_t withheld = 0;
 
   // Capacity, shadows counted free.
   std::uint32_t HostFree() const { return host.num_free() + shadows.size(); }
   std::uint32_t HostUsed() const { return host.num_used() - shadows.size(); }
   std::uint32_t NumFree(Tier t) const { return t == Tier::kDevice ? device.num_free() : HostFree(); }
-  std::uint32_t NumUsed(Tier t) const { return t == Tier::kDevice ? device.num_used() : HostUsed(); }
+  std::uint32_t NumUsed(Tier t) const { return t == Tier::kDevice ? device.num_used() - withheld : HostUsed(); }
   // A host slot for an entry: a free one, else the oldest shadow reclaimed (its device
   // entry keeps its authoritative copy). nullopt when the host holds only entries.
   std::optional<SlotId> AllocateHost() { return shadows.AllocateHost(host); }

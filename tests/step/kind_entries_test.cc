@@ -70,12 +70,12 @@ class KindEntriesOfOneRequest : public ::testing::Test {
 TEST_F(KindEntriesOfOneRequest, TheCompressedEntriesAppearWhenTheirBlockCompletes) {
   auto three = e.CheckAppend(r, 3);
   ASSERT_TRUE(three);
-  EXPECT_EQ(*three, 0u);  // three tokens make no C4 entry: they are the compressor state's
+  EXPECT_EQ(three->entries, 0u);  // three tokens make no C4 entry: they are the compressor state's
   e.Append(r, 3);
   EXPECT_EQ(*e.AddressedEntries(r), 0u);
   EXPECT_EQ(Pages(e, r, kS4).filling_tokens, 3u);
   EXPECT_EQ(Pages(e, r, kS4).entries, 1u);  // the state is there from the first Append
-  EXPECT_EQ(*e.CheckAppend(r, 1), 1u);       // the fourth token completes the block
+  EXPECT_EQ(e.CheckAppend(r, 1)->entries, 1u);       // the fourth token completes the block
   e.Append(r, 1);
   EXPECT_EQ(*e.AddressedEntries(r), 1u);
   EXPECT_EQ(Pages(e, r, kS4).filling_tokens, 0u);
@@ -262,7 +262,7 @@ TEST(KindEntries, RandomOperationsAgreeWithAPerTokenModel) {
       const std::uint32_t c4 = it->second.c4;
       e.Append(r, n);
       it->second.Add(n);
-      EXPECT_EQ(*made, it->second.c4 - c4);
+      EXPECT_EQ(made->entries, it->second.c4 - c4);
     }
     // Every request against its model; block ids owned once per kind, stable while kept.
     std::map<std::uint32_t, std::set<std::uint32_t>> owned;  // kind -> ids
