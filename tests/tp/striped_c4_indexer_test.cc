@@ -58,7 +58,9 @@ IndexerShape ShapeOf(const char* model) {
 
 std::vector<float> Scores(const C4Workload& w, const C4Request& r) {
   std::vector<float> s(r.entries());
-  for (std::uint32_t j = 0; j < r.entries(); ++j) s[j] = IndexScore(w.shape, w.q(), r.keys.data() + std::size_t{j} * w.shape.head_dim);
+  for (std::uint32_t j = 0; j < r.entries(); ++j) {
+    s[j] = IndexScore(w.shape, w.q(), r.keys.data() + std::size_t{j} * w.shape.head_dim);
+  }
   return s;
 }
 
@@ -193,8 +195,8 @@ TEST(StripedC4Indexer, MergedCandidatesEqualSingleRankTopKWithPlantedTies) {
 // request per rank; results[rank][request].
 std::vector<std::vector<std::vector<std::uint32_t>>> RunOnFabric(const C4Workload& w, std::uint32_t ranks) {
   testing::ThreadFabricHub hub(ranks);
-  std::vector<std::vector<std::vector<std::uint32_t>>> results(ranks,
-                                                               std::vector<std::vector<std::uint32_t>>(w.requests.size()));
+  using PerRequest = std::vector<std::vector<std::uint32_t>>;
+  std::vector<PerRequest> results(ranks, PerRequest(w.requests.size()));
   std::vector<char> ok(ranks, 1);
   {
     std::vector<std::jthread> threads;
@@ -255,7 +257,9 @@ TEST(StripedC4Indexer, AllScoresEqualSelectTheLowestPositionsAcrossRanks) {
       std::vector<std::uint32_t> lowest(std::min(w.shape.top_k, w.requests[i].entries()));
       for (std::uint32_t p = 0; p < lowest.size(); ++p) lowest[p] = p;
       ASSERT_EQ(SingleRank(w, w.requests[i]), lowest);
-      for (std::uint32_t rank = 0; rank < ranks; ++rank) ASSERT_EQ(got[rank][i], lowest) << "P " << ranks << " request " << i;
+      for (std::uint32_t rank = 0; rank < ranks; ++rank) {
+        ASSERT_EQ(got[rank][i], lowest) << "P " << ranks << " request " << i;
+      }
     }
   }
 }
