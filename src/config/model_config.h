@@ -36,6 +36,7 @@
 #include <string_view>
 #include <vector>
 
+#include "indexer/indexer.h"
 #include "ula/error.h"
 
 namespace ula {
@@ -101,6 +102,12 @@ struct ModelConfig {
   AttentionLayerType layer_kind(std::uint32_t layer) const;
   // Layers of a kind, MTP layers included (0 for a single-kind model).
   std::uint32_t num_layers_of_kind(AttentionLayerType kind) const;
+
+  // The lightning indexer's shape: index_heads query heads of index_head_dim values, top_k
+  // positions per query. A model with layer kinds indexes its C4 entries (one key per
+  // compress_rate_csa tokens): its top_k counts C4 entries (V4-Flash 512, V4-Pro 1024).
+  // A validated config gives a valid shape.
+  IndexerShape indexer_shape() const { return {.num_heads = index_heads, .head_dim = index_head_dim, .top_k = top_k}; }
 };
 
 // Parses JSON text. `origin` names the text in errors (a file name). Every field is

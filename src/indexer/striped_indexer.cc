@@ -1,7 +1,9 @@
-// Striped top-k: local candidates, fixed-size gather, merge (sparse/striped_indexer.h).
+// Striped top-k: local candidates, fixed-size gather, merge (indexer/striped_indexer.h).
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstring>
 
 #include "indexer/striped_indexer.h"
@@ -25,11 +27,14 @@ Status LocalCandidates(const IndexerShape& shape, const IndexQuery& q, std::span
                      fmt::format("striped indexer: {} key values for {} positions of {} dims", local_keys.size(),
                                  local_positions.size(), shape.head_dim));
   }
-  out.resize(local_positions.size());
   for (std::size_t i = 0; i < local_positions.size(); ++i) {
     if (local_positions[i] == IndexCandidate::kNoPosition) {
-      return MakeError(ErrorCode::kInvalidArgument, "striped indexer: position 2^32 - 1 is reserved");
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("striped indexer: local position {} is 2^32 - 1, which is reserved", i));
     }
+  }
+  out.resize(local_positions.size());
+  for (std::size_t i = 0; i < local_positions.size(); ++i) {
     out[i] = IndexCandidate{IndexScore(shape, q, local_keys.data() + i * shape.head_dim), local_positions[i]};
   }
   const std::size_t k = std::min<std::size_t>(shape.top_k, out.size());
@@ -57,14 +62,28 @@ void MergeCandidates(std::span<const IndexCandidate> gathered, std::uint32_t k, 
 Status StripedSelect(const IndexerShape& shape, const IndexQuery& q, std::span<const float> local_keys,
                      std::span<const std::uint32_t> local_positions, TpFabric* fabric, std::vector<std::uint32_t>& out) {
   std::vector<IndexCandidate> mine;
-  ULA_RETURN_IF_ERROR(LocalCandidates(shape, q, local_keys, local_positions, mine));
+  Status local = LocalCandidates(shape, q, local_keys, local_positions, mine);
   if (fabric == nullptr) {
+    ULA_RETURN_IF_ERROR(local);
     MergeCandidates(mine, shape.top_k, out);
     return Ok();
   }
+  // The shape and the query are the same on every rank, so every rank refuses them alike
+  // before the collective; the local sizes are this rank's own, so a rank that refuses them
+  // still joins the gather with a refusal block, and every rank returns the error.
+  ULA_RETURN_IF_ERROR(shape.Validate());
+  if (!local) mine.assign(1, IndexCandidate{std::numeric_limits<float>::quiet_NaN(), IndexCandidate::kNoPosition});
   PadCandidates(mine, shape.top_k);
   std::vector<IndexCandidate> all(std::size_t{shape.top_k} * fabric->num_ranks());
   ULA_RETURN_IF_ERROR(fabric->AllGather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all))));
+  if (!local) return local;
+  for (std::uint32_t r = 0; r < fabric->num_ranks(); ++r) {
+    const IndexCandidate& head = all[std::size_t{r} * shape.top_k];
+    if (head.position == IndexCandidate::kNoPosition && std::isnan(head.score)) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       fmt::format("striped indexer: rank {} refused its local keys", r));
+    }
+  }
   MergeCandidates(all, shape.top_k, out);
   return Ok();
 }

@@ -59,7 +59,7 @@ Result<AttentionCheckReport> RunAttentionCheck(AddressSpace& space, const Attent
   const std::uint32_t layer_bytes = m.kv_entry_bytes_per_layer;
   const MlaShape shape{m.attention_heads, m.kv_lora_rank, m.qk_rope_head_dim,
                        1.0f / std::sqrt(static_cast<float>(m.kv_lora_rank + m.qk_rope_head_dim))};
-  const IndexerShape ishape{m.index_heads, m.index_head_dim, m.top_k};
+  const IndexerShape ishape = m.indexer_shape();
   DecodeSimConfig sim_cfg;
   sim_cfg.model = m.name;
   sim_cfg.seed = options.seed;

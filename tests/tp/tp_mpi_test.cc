@@ -18,6 +18,7 @@
 #include "ula/tp_mpi.h"
 #include "verify/tp_verifier.h"
 #include "test_seed.h"
+#include "tp/c4_keys.h"
 
 namespace ula {
 namespace {
@@ -284,6 +285,29 @@ TEST(TpMpi, StripedIndexerGatherEqualsSingleRankTopK) {
     all_equal = all_equal && got == want;
   }
   EXPECT_TRUE(all_equal);
+}
+
+// DeepSeek-V4's C4 keys at V4-Flash's and V4-Pro's shapes (tp/c4_keys.h: interleaved
+// requests of fewer than k, k and 3k C4 entries, planted ties straddling k and the ranks):
+// the MPI gather of k x 8 B per rank gives every rank the single-rank top-k.
+TEST(TpMpi, StripedIndexerOverV4C4KeysEqualsSingleRankTopK) {
+  ULA_TEST_SEEDED(seed, 20261209);
+  std::mt19937_64 rng(seed);  // same stream on every rank: the same workload
+  const std::uint32_t p = g_fabric->num_ranks(), me = g_fabric->local_rank().value();
+  bool all_equal = true;
+  for (const char* model : {"deepseek_v4_flash", "deepseek_v4_pro"}) {
+    const test::C4Workload w = test::MakeC4Workload(test::IndexerShapeOfModel(model), rng);
+    std::vector<float> keys;
+    std::vector<std::uint32_t> positions, got;
+    for (const test::C4Request& r : w.requests) {
+      test::C4LocalKeys(w, r, p, me, keys, positions);
+      ASSERT_TRUE(StripedSelect(w.shape, w.q(), keys, positions, g_fabric, got));
+      const bool equal = got == test::C4SingleRankTopK(w, r);
+      EXPECT_TRUE(equal) << model << ": " << r.entries() << " C4 entries, rank " << me << " of " << p;
+      all_equal = all_equal && equal;
+    }
+  }
+  EXPECT_TRUE(g_fabric->AllTrue(all_equal)) << "some rank's striped top-k differs from the single-rank one";
 }
 
 }  // namespace

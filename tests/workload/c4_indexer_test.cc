@@ -131,7 +131,7 @@ TEST(C4Indexer, FlashIndexerStatisticsAndTrace) {
   ASSERT_TRUE(schedule);
   schedule->seed = seed;
   schedule->decode_steps = 12;
-  const IndexerShape shape{.num_heads = model->index_heads, .head_dim = model->index_head_dim, .top_k = model->top_k};
+  const IndexerShape shape = model->indexer_shape();
   double overlap_at_keep[2] = {0, 0};
   for (int i = 0; i < 2; ++i) {
     DecodeSimConfig s = *schedule;

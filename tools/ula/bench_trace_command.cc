@@ -71,7 +71,7 @@ int Run(const TraceOptions& o) {
   if (!schedule) return fail(schedule.error());
   auto model = LoadModelConfigByName(schedule->model, dir);
   if (!model) return fail(model.error());
-  const IndexerShape shape{model->index_heads, model->index_head_dim, model->top_k};
+  const IndexerShape shape = model->indexer_shape();
   auto cal = CalibrateSelectionModel(shape, *schedule);
   if (!cal) return fail(cal.error());
   if (o.heavy_skew >= 0 || o.return_fraction >= 0) {  // explicit values instead of the fitted ones
