@@ -72,7 +72,7 @@ ALIASES = {
 
 
 # (Python class, C++ member) -> why it has no binding.
-V4_KINDS = "DeepSeek-V4 layer kinds: the model config reads them (configs/models/deepseek_v4_*.json); a space with kinds holds bytes for its C4 entries only (the host step selects them; the other kinds are logical blocks, and the device step refuses such a space), so Python binds no kinds yet (docs/INTEGRATION.md, DeepSeek-V4)"
+V4_KINDS = "DeepSeek-V4 layer kinds: the model config reads them (configs/models/deepseek_v4_*.json); a space with kinds holds bytes for its C4 entries only (the host and device steps select them; the other kinds are logical blocks or blocks of its budget's frames, whose bytes are the engine's), so Python binds no kinds yet (docs/INTEGRATION.md, DeepSeek-V4)"
 EXCLUDED = {
     ("ModelConfig", "compress_rate_csa"): V4_KINDS,
     ("ModelConfig", "compress_rate_hca"): V4_KINDS,
@@ -80,6 +80,10 @@ EXCLUDED = {
     ("ModelConfig", "compressor_state_bytes_per_value"): V4_KINDS,
     ("AddressSpaceConfig", "kinds"): V4_KINDS,
     ("AddressSpace", "KindPagesOf"): V4_KINDS,
+    ("AddressSpaceConfig", "kind_frame_bytes"): V4_KINDS,
+    ("AddressSpace", "KindBudgetOf"): V4_KINDS,
+    ("AddressSpace", "CompactKind"): V4_KINDS,
+    ("ModelConfig", "indexer_shape"): "the indexer's shape from the model's fields (index_heads, index_head_dim, top_k), which Python reads from ModelConfig itself",
     ("ModelConfig", "has_layer_kinds"): V4_KINDS,
     ("ModelConfig", "index_key_bytes_fp4"): V4_KINDS,
     ("ModelConfig", "kv_entry_bytes_bf16"): V4_KINDS,

@@ -23,6 +23,7 @@
 
 #include "config/model_config.h"
 #include "indexer/striped_indexer.h"
+#include "test_seed.h"  // the callers seed the engine they pass
 
 namespace ula::test {
 
