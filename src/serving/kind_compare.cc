@@ -7,6 +7,8 @@
 #include <cctype>
 #include <cmath>
 
+#include "serving/kind_space_admission.h"
+#include "space/kind_frames.h"
 #include "workload/workload.h"
 
 namespace ula {
@@ -32,6 +34,38 @@ double HostFetches(KindSystem s, const KindShape& shape, const KindCompareConfig
     case KindSystem::kUlaCache: return turned * host_share;
     default: return 0;
   }
+}
+
+// UlaCache's admission: a run of its space at the setup's budget (kind_space_admission.h).
+// The admitted requests' bytes per kind (exact entries, as every row's fill) and the space's
+// budget per rank; host_share (optional): the C4 host share after each prefix of them.
+Result<Admission> AdmitInSpace(const ModelConfig& model, const KindShape& shape, const PoolPlan& plan,
+                               const PoolSetup& setup, std::uint32_t draft_tokens,
+                               std::span<const std::uint32_t> finals, std::vector<double>* host_share) {
+  const KindSpaceSetup ks{.mode = setup.mode, .num_ranks = setup.num_ranks, .mtp = setup.mtp,
+                          .draft_tokens = draft_tokens, .device_bytes = setup.device_bytes, .host_bytes = setup.host_bytes};
+  auto run = RunKindSpace(model, ks, finals);
+  if (!run) return std::unexpected(run.error());
+  Admission a;
+  a.admitted = run->admitted;
+  a.binds = run->binds;
+  for (std::uint32_t i = 0; i < a.admitted; ++i) a.held += ExactKindUse(shape, finals[i]);
+  const double memory = plan.memory_bytes * setup.num_ranks;
+  a.fill = memory > 0 ? a.held.total() / memory : 0;
+  a.host_share_csa = run->host_share_csa.back();
+  // Pools {device, space}: the fullest rank's device frames in use (resident kinds' frames
+  // and the C4 entries on device) and its whole space in use (those and the C4 entries on host).
+  const double frame = double(kKindFrameBytes), device = double(run->frames_per_rank) * frame;
+  const double space = device + double(run->c4_entry_bytes) * std::floor(setup.host_bytes / double(run->c4_entry_bytes));
+  a.pool_fill.assign(2, 0.0);
+  for (const KindBudget& b : run->ranks) {
+    const double resident = double(b.frames - b.free_frames) * frame;
+    a.pool_fill[0] = std::max(a.pool_fill[0], (resident + double(b.c4_on_device) * run->c4_entry_bytes) / device);
+    a.pool_fill[1] = std::max(a.pool_fill[1], (resident + double(b.c4_entries) * run->c4_entry_bytes) / space);
+  }
+  a.space = std::move(run->ranks);
+  if (host_share != nullptr) *host_share = std::move(run->host_share_csa);
+  return a;
 }
 
 }  // namespace
@@ -109,7 +143,14 @@ Result<KindComparison> RunKindComparison(const KindCompareConfig& kc, const std:
       auto plan = MakePoolPlan(s, *shape, kc, setup);
       if (!plan) return std::unexpected(plan.error());
       r.plan = *plan;
-      r.admission = Admit(r.plan, *shape, kc, setup, finals);
+      std::vector<double> host_share;  // ulacache: [b] the C4 host share of the first b admitted
+      if (s == KindSystem::kUlaCache) {
+        auto a = AdmitInSpace(*model, *shape, r.plan, setup, wl->draft_tokens, finals, &host_share);
+        if (!a) return std::unexpected(a.error());
+        r.admission = std::move(*a);
+      } else {
+        r.admission = Admit(r.plan, *shape, kc, setup, finals);
+      }
       // Curves stop at the engines' CUDA-graph limit per engine instance (the GLM-5 comparison's rule).
       std::uint32_t limit = r.admission.admitted;
       const std::uint64_t cap = std::uint64_t{scenario->cuda_graph_max_batch} * (e.mode == ParallelMode::kDp ? scenario->num_ranks : 1);
@@ -128,10 +169,7 @@ Result<KindComparison> RunKindComparison(const KindCompareConfig& kc, const std:
         for (std::uint32_t i = 0; i < b; ++i) ctx += (*requests)[i].input_tokens + 0.5 * (*requests)[i].output_tokens;
         ctx /= b;
         const double local = e.mode == ParallelMode::kDp ? std::ceil(b / P) : b;
-        double host_share = 0;
-        if (s == KindSystem::kUlaCache) {
-          host_share = Admit(r.plan, *shape, kc, setup, std::span<const std::uint32_t>(finals).first(b)).host_share_csa;
-        }
+        const double share_at_b = s == KindSystem::kUlaCache ? host_share[b] : 0.0;
         KindStepCounts c;
         c.batch_total = b;
         c.batch_local = local;
@@ -139,7 +177,7 @@ Result<KindComparison> RunKindComparison(const KindCompareConfig& kc, const std:
         c.at_home = home;
         c.striped_indexer = home;
         c.home_partial_bytes = s == KindSystem::kUlaCache ? 4 : 2;
-        c.host_fetch_entries = HostFetches(s, *shape, kc, setup, local, ctx, host_share);
+        c.host_fetch_entries = HostFetches(s, *shape, kc, setup, local, ctx, share_at_b);
         auto t = PriceKindStep(in, c);
         if (!t) return std::unexpected(t.error());
         KindCurvePoint pt{.batch = b, .context = ctx, .tput = b * cr.tokens_per_step / t->total,
@@ -165,7 +203,13 @@ Result<KindComparison> RunKindComparison(const KindCompareConfig& kc, const std:
         for (KindSystem s : {KindSystem::kSglang, KindSystem::kVllm, KindSystem::kUlaCache}) {
           auto plan = MakePoolPlan(s, *shape, kc, fixed);
           if (!plan) return std::unexpected(plan.error());
-          row.cells.push_back({s, Admit(*plan, *shape, kc, fixed, same)});
+          if (s == KindSystem::kUlaCache) {
+            auto a = AdmitInSpace(*model, *shape, *plan, fixed, wl->draft_tokens, same, nullptr);
+            if (!a) return std::unexpected(a.error());
+            row.cells.push_back({s, std::move(*a)});
+          } else {
+            row.cells.push_back({s, Admit(*plan, *shape, kc, fixed, same)});
+          }
         }
         out.starvation.push_back(std::move(row));
       }

@@ -5,11 +5,13 @@
 // scenario's batch grid; plus a starvation sweep: fixed context lengths at which SGLang's
 // window pool or its full / C4 pool fills first.
 //
-// What this is: accounting and a roofline, not a simulation. No system runs: admission
-// counts bytes per kind under each engine's pool rules, and the step is priced from the
-// kinds' entry counts. Selections that miss a device buffer or tier are the kind config's
-// selection_turnover of each query's top-k (times the share of C4 bytes on host for
-// UlaCache); UlaCache's kinds are not yet in its address space (docs/COST_MODEL.md "Kinds").
+// What this is: the engines' rows are accounting and a roofline (no engine runs: admission
+// counts bytes per kind under each engine's pool rules); UlaCache's admission is a run of its
+// space over frames at each config's budget (kind_space_admission.h), and its step's host
+// fetches come from the C4 host share that run leaves at each batch. Every step is priced from
+// the kinds' entry counts. Selections that miss a device buffer or tier are the kind config's
+// selection_turnover of each query's top-k (times the C4 host share for UlaCache)
+// (docs/COST_MODEL.md "Kinds").
 //
 // Determinism: a pure function of the configs. Thread-safety: reentrant.
 #pragma once

@@ -12,9 +12,6 @@ namespace {
 
 double CeilDiv(double a, double b) { return std::ceil(a / b); }
 double RoundUp(double bytes, double align) { return align > 0 ? std::ceil(bytes / align) * align : bytes; }
-bool Striped(KindSystem s, ParallelMode mode) {
-  return mode == ParallelMode::kTp && (s == KindSystem::kDcp || s == KindSystem::kUlaCache);
-}
 
 // SGLang DSV4PoolConfigurator._get_bytes_per_full_token with c4_shrink_factor `shrink`, and
 // the MTP draft worker's (T + D) / T inflation.
@@ -195,9 +192,10 @@ Result<PoolPlan> MakePoolPlan(KindSystem system, const KindShape& shape, const K
       p.pools = {{"device", setup.device_bytes, 0}, {"space", setup.device_bytes + setup.host_bytes, 0}};
       p.host_bytes = setup.host_bytes;
       p.memory_bytes = setup.device_bytes + setup.host_bytes;
-      p.derivation = fmt::format("one space of {:.1f} GB device + {:.1f} GB host per GPU, no split between kinds{}",
+      p.derivation = fmt::format("one space over frames per GPU: {:.1f} GB device (whole frames of every kind, C4 in the "
+                                 "free ones) + {:.1f} GB host (C4 entries), admitted by a run of the space{}",
                                  setup.device_bytes / 1e9, setup.host_bytes / 1e9,
-                                 setup.mode == ParallelMode::kTp ? ", striped over the ranks" : "");
+                                 setup.mode == ParallelMode::kTp ? ", each rank 1/P of each request" : "");
       break;
   }
   return p;
@@ -229,20 +227,17 @@ std::vector<double> PoolDemand(const PoolPlan& plan, const KindShape& shape, con
       const double cache = std::min(c4, CeilDiv(setup.trtllm_gpu_cache_factor * setup.queries * shape.top_k + 1, per_page) * per_page);
       return {u.window + u.hca + u.index + cache * kv * shape.csa_layers, u.csa};
     }
-    case KindSystem::kUlaCache: {
-      const double share = Striped(plan.system, setup.mode) ? 1.0 / setup.num_ranks : 1.0;
-      const KindUse u = ExactKindUse(shape, tokens);
-      return {(u.window + u.hca + u.index) * share, u.total() * share};
-    }
+    case KindSystem::kUlaCache: return {};  // a run of the space (kind_space_admission.h)
   }
   return {};
 }
 
 Admission Admit(const PoolPlan& plan, const KindShape& shape, const KindCompareConfig& kc, const PoolSetup& setup,
                 std::span<const std::uint32_t> final_tokens) {
+  Admission a;
+  if (plan.system == KindSystem::kUlaCache) return a;  // a run of the space admits it
   const std::uint32_t ranks = setup.mode == ParallelMode::kDp ? setup.num_ranks : 1;
   std::vector<std::vector<Pool>> per_rank(ranks, plan.pools);
-  Admission a;
   for (std::size_t i = 0; i < final_tokens.size(); ++i) {
     std::vector<Pool>& pools = per_rank[i % ranks];
     const std::vector<double> d = PoolDemand(plan, shape, kc, setup, final_tokens[i]);
@@ -266,11 +261,6 @@ Admission Admit(const PoolPlan& plan, const KindShape& shape, const KindCompareC
   }
   const double memory = plan.memory_bytes * setup.num_ranks;
   a.fill = memory > 0 ? a.held.total() / memory : 0;
-  if (plan.system == KindSystem::kUlaCache && a.held.csa > 0) {
-    // Device room left for C4 entries after the device-only kinds, all GPUs.
-    const double device_room = std::max(0.0, setup.device_bytes * setup.num_ranks - (a.held.window + a.held.hca + a.held.index));
-    a.host_share_csa = std::max(0.0, a.held.csa - device_room) / a.held.csa;
-  }
   return a;
 }
 

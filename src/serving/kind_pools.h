@@ -26,13 +26,12 @@
 //                    gpu_cache_factor x one step's selections + 1, in pages.
 //   dcp              TP only: vLLM's pool with every kind's tokens interleaved over the P
 //                    ranks (decode context parallel): ceil(L / P) tokens per rank.
-//   ulacache         every kind in one space, no split: window, C128 and index keys on
-//                    device (read every step), C4 entries anywhere in the device + host space
-//                    (the sparse placement, exclusive tiers); TP: striped over the P ranks.
-//                    Exact entries (no pages). UlaCache's kinds are not yet in its address
-//                    space: this is its accounting, not a run of it.
+//   ulacache         every kind in one space over frames, no split: its plan states the
+//                    budget (device + host per GPU); its admission is no formula here but a
+//                    run of the space (kind_space_admission.h): Admit and PoolDemand do not
+//                    take it.
 // TP: the engines' pools replicate MLA KV on every rank (each rank's pools = the node's);
-// dcp and ulacache hold 1/P of each request per rank. DP: requests go round-robin to the
+// dcp holds 1/P of each request per rank. DP: requests go round-robin to the
 // P ranks, each with its own pools. Admission in arrival order stops at the first request
 // that does not fit (the refusing pool is `binds`).
 //
@@ -48,6 +47,7 @@
 #include "config/model_config.h"
 #include "serving/kind_config.h"
 #include "serving/serving_config.h"
+#include "ula/address_space.h"
 #include "ula/error.h"
 
 namespace ula {
@@ -117,7 +117,8 @@ struct PoolPlan {
 };
 
 Result<PoolPlan> MakePoolPlan(KindSystem system, const KindShape& shape, const KindCompareConfig& kc, const PoolSetup& setup);
-// What one request of `tokens` tokens draws from each of plan.pools on one GPU (same order).
+// What one request of `tokens` tokens draws from each of plan.pools on one GPU (same order);
+// empty for kUlaCache.
 std::vector<double> PoolDemand(const PoolPlan& plan, const KindShape& shape, const KindCompareConfig& kc,
                                const PoolSetup& setup, double tokens);
 
@@ -127,10 +128,14 @@ struct Admission {
   KindUse held;                // bytes of each kind the admitted requests hold, all GPUs (exact entries)
   std::vector<double> pool_fill;  // per pool: used / capacity on the fullest GPU
   double fill = 0;             // held.total() / (memory_bytes x GPUs holding distinct data)
-  double host_share_csa = 0;   // ulacache: share of the C4 bytes that sit in host memory
+  double host_share_csa = 0;   // ulacache: share of the C4 entries that sit in host memory
+  // ulacache: each space's budget after the admitted requests (DP: one per rank; TP: the one
+  // space every rank runs): frames of each kind, the C4 device share, C4 on device.
+  std::vector<KindBudget> space;
 };
-// Admits requests of `final_tokens` (arrival order) under the plan: TP on one GPU (replicated
-// or striped, the same on every GPU), DP round-robin over the ranks.
+// Admits requests of `final_tokens` (arrival order) under an engine's plan: TP on one GPU
+// (replicated or striped, the same on every GPU), DP round-robin over the ranks. REQUIRES:
+// plan.system is not kUlaCache (a run of the space admits it: an empty Admission here).
 Admission Admit(const PoolPlan& plan, const KindShape& shape, const KindCompareConfig& kc, const PoolSetup& setup,
                 std::span<const std::uint32_t> final_tokens);
 

@@ -37,7 +37,7 @@ const KindCurvePoint* Peak(const KindSystemResult& s) {
 }
 
 void PrintTables(const KindComparison& r) {
-  fmt::print("\nula compare --model {}: scenario {} (per-kind accounting and roofline; throughput = output tokens/s of the "
+  fmt::print("\nula compare --model {}: scenario {} (engines: per-kind accounting; ulacache: a run of its space; roofline step; throughput = output tokens/s of the "
              "8-GPU node)\n", r.model, r.scenario);
   fmt::print("{:<20} {:<16} | {:>5} {:<9} | {:>5} {:>6} {:>6} {:>6} {:>6} | {:>9} {:>5} {:>7} {:>8} | {:>7}\n", "config",
              "system", "adm", "binds", "fill", "window", "c4", "c128", "index", "peak", "@B", "tpot1", "host@B", "ula/x");
@@ -61,8 +61,9 @@ void PrintTables(const KindComparison& r) {
              "vLLM's shared pool; device / host / space = the tiers); fill = the admitted requests' bytes (exact entries) / "
              "the system's KV memory on all GPUs (device, + host with a host tier), then the share of that memory each kind "
              "holds; peak = tokens/s at @B; tpot1 = TPOT at batch 1 (ms); host@B = GB of C4 entries fetched from host per "
-             "step per GPU at @B; ula/x = ulacache peak / this system's. UlaCache's kinds are not yet in its address space: "
-             "its rows are its accounting\n");
+             "step per GPU at @B; ula/x = ulacache peak / this system's. The engines' admission is their pools' accounting; "
+             "ulacache's is a run of its space over frames at the same budget (binds: device = no free frame for the resident "
+             "kinds, space = C4 entries past the device share + host)\n");
   for (const KindConfigResult& c : r.configs) {
     fmt::print("pools {}: weights {:.1f} GB/GPU, KV budget {:.1f} GB device + {:.0f} GB host per GPU\n", ConfigName(c),
                c.weight_bytes_per_gpu / 1e9, c.device_kv_bytes_per_gpu / 1e9, c.host_bytes_per_gpu / 1e9);
