@@ -64,6 +64,7 @@ Result<Admission> AdmitInSpace(const ModelConfig& model, const KindShape& shape,
     a.pool_fill[1] = std::max(a.pool_fill[1], (resident + double(b.c4_entries) * run->c4_entry_bytes) / space);
   }
   a.space = std::move(run->ranks);
+  a.space_kinds = std::move(run->kinds);
   if (host_share != nullptr) *host_share = std::move(run->host_share_csa);
   return a;
 }

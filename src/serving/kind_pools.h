@@ -132,6 +132,7 @@ struct Admission {
   // ulacache: each space's budget after the admitted requests (DP: one per rank; TP: the one
   // space every rank runs): frames of each kind, the C4 device share, C4 on device.
   std::vector<KindBudget> space;
+  std::vector<std::string> space_kinds;  // [kinds] names of frames_of_kind's entries
 };
 // Admits requests of `final_tokens` (arrival order) under an engine's plan: TP on one GPU
 // (replicated or striped, the same on every GPU), DP round-robin over the ranks. REQUIRES:

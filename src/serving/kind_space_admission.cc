@@ -141,6 +141,7 @@ Result<KindSpaceRun> RunKindSpace(const ModelConfig& model, const KindSpaceSetup
   out.admitted = static_cast<std::uint32_t>(first_refused);
   out.frames_per_rank = static_cast<std::uint32_t>(frames);
   out.c4_entry_bytes = c4_entry_bytes;
+  for (const KvKind& kind : config->kinds) out.kinds.push_back(kind.name);
   if (first_refused < n) {
     out.refusal = ranks[first_refused % P].refusal;
     out.binds = BindsOf(out.refusal);

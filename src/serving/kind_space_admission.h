@@ -52,6 +52,7 @@ struct KindSpaceRun {
   std::string binds;
   std::string refusal;                // the space's error for the refused request
   std::vector<KindBudget> ranks;      // [ranks run] each space's budget after the admitted requests
+  std::vector<std::string> kinds;     // [kinds] the space's kind names (KindBudget::frames_of_kind)
   // [admitted + 1]: of the C4 entries the first b admitted requests hold (all ranks), the
   // share on host; [0] = 0.
   std::vector<double> host_share_csa;

@@ -73,6 +73,22 @@ void PrintTables(const KindComparison& r) {
                    KindSystemName(s.system), s.plan.derivation, s.plan.reserved.window / 1e9, s.plan.reserved.csa / 1e9,
                    s.plan.reserved.hca / 1e9, s.plan.reserved.index / 1e9, s.plan.state_bytes / 1e9);
       }
+      if (s.system == KindSystem::kUlaCache && !s.admission.space.empty()) {
+        // The space's run: its fullest rank's frames by kind and its C4 entries by tier.
+        const Admission& a = s.admission;
+        const KindBudget* b = &a.space.front();
+        for (const KindBudget& r : a.space) {
+          if (r.free_frames < b->free_frames) b = &r;
+        }
+        std::string kinds;
+        for (std::size_t k = 0; k < b->frames_of_kind.size() && k < a.space_kinds.size(); ++k) {
+          if (b->frames_of_kind[k] > 0) kinds += fmt::format(" {} {}", a.space_kinds[k], b->frames_of_kind[k]);
+        }
+        fmt::print("  {:<16} {}; the run's fullest rank: {} frames, of them{}, free (the C4 share) {}: {} C4 slots; C4 entries "
+                   "{} on device, {} on host (all ranks: {:.1f} % on host)\n",
+                   KindSystemName(s.system), s.plan.derivation, b->frames, kinds, b->free_frames, b->c4_device_slots,
+                   b->c4_on_device, b->c4_entries - b->c4_on_device, 100 * a.host_share_csa);
+      }
       if (!s.note.empty()) fmt::print("  note {}: {}\n", KindSystemName(s.system), s.note);
     }
   }
