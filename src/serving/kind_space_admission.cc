@@ -26,8 +26,10 @@ ModelConfig ServedModel(const ModelConfig& model, bool mtp) {
   return m;
 }
 
-// One space's run over its requests (indices into final_tokens, in order), stopping at its
-// first refusal or at `bound` requests: each admitted request's budget after it.
+// One space's run over a rank's requests (their lengths, in order), stopping at its first
+// refusal: each admitted request's budget after it. The space starts empty and is left
+// empty (every request freed), so the next rank's run reuses it: an empty space admits by
+// counts of frames and entries alone, whatever addresses its earlier runs handed out.
 struct RankRun {
   std::vector<KindBudget> after;  // [admitted here]
   bool refused = false;
@@ -35,12 +37,7 @@ struct RankRun {
   KindBudget start;
 };
 
-Result<RankRun> RunOneSpace(const AddressSpaceConfig& config, const KindSpaceSetup& setup,
-                            std::span<const std::uint32_t> tokens) {
-  auto backend = MakeCountingBackend();
-  auto created = AddressSpace::Create(config, *backend);
-  if (!created) return std::unexpected(created.error());
-  AddressSpace& s = **created;
+Result<RankRun> RunOneSpace(AddressSpace& s, const KindSpaceSetup& setup, std::span<const std::uint32_t> tokens) {
   RankRun run;
   auto start = s.KindBudgetOf();
   if (!start) return std::unexpected(start.error());
@@ -69,6 +66,9 @@ Result<RankRun> RunOneSpace(const AddressSpaceConfig& config, const KindSpaceSet
     if (!b) return std::unexpected(b.error());
     run.after.push_back(*b);
   }
+  const std::size_t added = std::min(tokens.size(), run.after.size() + (run.refused ? 1 : 0));
+  for (std::size_t i = 0; i < added; ++i) ULA_RETURN_IF_ERROR(s.Free(RequestId(static_cast<std::uint32_t>(i + 1))));
+  s.AdvanceRound();
   return run;
 }
 
@@ -107,6 +107,10 @@ Result<KindSpaceRun> RunKindSpace(const ModelConfig& model, const KindSpaceSetup
   const std::uint32_t P = tp ? 1 : setup.num_ranks;
   const std::size_t n = final_tokens.size();
   std::size_t first_refused = n;  // global index of the first refused request
+  auto backend = MakeCountingBackend();
+  auto created = AddressSpace::Create(*config, *backend);
+  if (!created) return std::unexpected(created.error());
+  AddressSpace& space = **created;  // every rank's run in turn, emptied between them
   std::vector<RankRun> ranks(P);
   std::vector<std::vector<std::uint32_t>> seqs(P);
   std::vector<std::string> refusal(P);
@@ -127,7 +131,7 @@ Result<KindSpaceRun> RunKindSpace(const ModelConfig& model, const KindSpaceSetup
       ranks[k] = ranks[same];
       if (ranks[k].after.size() > seqs[k].size()) ranks[k].after.resize(seqs[k].size()), ranks[k].refused = false;
     } else {
-      auto run = RunOneSpace(*config, setup, seqs[k]);
+      auto run = RunOneSpace(space, setup, seqs[k]);
       if (!run) return std::unexpected(run.error());
       ranks[k] = std::move(*run);
     }
