@@ -197,7 +197,7 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
     if (!made) return std::unexpected(made.error());
     n_entries = made->entries;
     if (st.frames) {  // the frames the other kinds' new blocks may take leave the C4 share first
-      ULA_RETURN_IF_ERROR(WithholdFrames(config_, st, rank, st.frames->LowestFree(made->frames),
+      ULA_RETURN_IF_ERROR(WithholdFrames(config_, st, rank, made->frames,
                                          [this](std::span<const CopyDescriptor> m) { return RunMoves(m); }));
     }
     if (n_entries == 0) {

@@ -14,11 +14,12 @@
 // device pool with no owner and no place in the policy (ShardPools::withheld), so the step
 // and Allocate see the C4 device share shrink as the resident kinds grow, and grow back when
 // their frames return. Before an Append whose resident blocks may take free frames
-// (KindEntries::CheckAppend's bound), WithholdFrames empties the lowest of them: their C4
+// (KindEntries::CheckAppend's bound), WithholdFrames empties that many free frames: their C4
 // entries move to host (or to a free device slot of another frame when the host is full),
 // copy first, publish after, and KindFrames::Take gives withheld free frames first. An
-// entry used in this round (allocated or selected since AdvanceRound) never moves: its write
-// slot or its step's index would go stale, so the Allocate is refused instead. After every
+// entry used in this round (allocated or selected since AdvanceRound) never moves, since its
+// write slot or its step's index would go stale: the frames taken are the lowest free ones
+// that hold none, and the Allocate is refused when too few are left. After every
 // change of the kinds, ReleaseFreeFrames gives the C4 slots of the frames that are free again
 // back to the pools.
 //
@@ -50,11 +51,12 @@ FrameShare FrameShareOf(const AddressSpaceConfig& config);
 
 using RunMovesFn = std::function<Status(std::span<const CopyDescriptor>)>;
 
-// Withholds `frames` (free, not withheld) from C4 on `rank`: kResourceExhausted when one of
-// their C4 slots holds an entry used in this round or the moved entries find no room, kIo
-// when a copy fails; nothing changes on error.
-Status WithholdFrames(const AddressSpaceConfig& config, AddressSpace::State& st, Rank rank,
-                      std::span<const std::uint32_t> frames, const RunMovesFn& run_moves);
+// Withholds `need` free frames from C4 on `rank`, the lowest whose C4 slots hold no entry
+// used in this round: their entries move out (host first, else a free device slot of another
+// frame), copy first, publish after. kResourceExhausted when fewer such frames are free or
+// the moved entries find no room, kIo when a copy fails; nothing changes on error.
+Status WithholdFrames(const AddressSpaceConfig& config, AddressSpace::State& st, Rank rank, std::uint32_t need,
+                      const RunMovesFn& run_moves);
 
 // Gives the C4 slots of every free withheld frame back to the groups' pools.
 void ReleaseFreeFrames(const AddressSpaceConfig& config, AddressSpace::State& st, Rank rank);
