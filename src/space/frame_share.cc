@@ -44,10 +44,10 @@ Status WithholdFrames(const AddressSpaceConfig& config, AddressSpace::State& st,
   if (need == 0) return Ok();
   const FrameShare& share = st.share;
   const std::uint32_t spf = share.slots_per_frame;
-  // 1. The lowest free frames whose C4 entries may move: none used in this round. Refused
+  // 1. The free frames Take gives first whose C4 entries may move: none used in this round. Refused
   // before anything changes when fewer than `need` are.
   std::vector<std::uint32_t> frames;
-  const std::vector<std::uint32_t> free = st.frames->LowestFree(st.frames->num_frames());
+  const std::vector<std::uint32_t> free = st.frames->FreeInTakeOrder();
   for (std::size_t i = 0; i < free.size() && frames.size() < need; ++i) {
     if (!HoldsRoundUsed(config, st, rank, free[i])) frames.push_back(free[i]);
   }

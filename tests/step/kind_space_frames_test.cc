@@ -149,6 +149,73 @@ struct Shadow {
   }
 };
 
+// The engine's rows of every resident kind, written through KindLayerView into the blocks
+// KindPagesOf gives each request: a block's pattern names its request, kind, block and row,
+// so a C4 write or move into a kind's frame, or a block id that is not where the view says,
+// shows as a changed row.
+struct ResidentRows {
+  std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint32_t> owner;  // (kind, block) -> request written
+  static std::byte Pattern(std::uint32_t r, std::uint32_t k, std::uint32_t block, std::uint32_t l, std::uint32_t row,
+                           std::uint32_t i) {
+    return std::byte((r * 13 + k * 29 + block * 7 + l * 3 + row * 5 + i) & 0xff);
+  }
+  template <class F>
+  static void ForEachRow(const AddressSpace& s, std::uint32_t k, std::uint32_t block, F&& f) {
+    for (std::uint32_t l = 0; l < s.config().kinds[k].layers; ++l) {
+      auto vv = s.KindLayerView(k, l);
+      if (!vv) { ADD_FAILURE() << vv.error().ToString(); return; }
+      const LayerView v = *vv;
+      if (block >= v.blocks) { ADD_FAILURE() << "kind " << k << " block " << block << " of " << v.blocks; return; }
+      for (std::uint32_t row = 0; row < v.rows; ++row) f(l, row, const_cast<std::byte*>(v.Row(block, row)), v.row_bytes);
+    }
+  }
+  // Writes the blocks that changed hands, then checks every live block's rows.
+  void Update(const AddressSpace& s, std::span<const RequestId> live) {
+    for (RequestId r : live) {
+      for (std::uint32_t k = 0; k < s.config().kinds.size(); ++k) {
+        if (k == 1 || k == 2) continue;  // C4 and its keys: the directory's pages (the keys are the engine's)
+        const KindPages pages = *s.KindPagesOf(r, k);
+        for (std::uint32_t block : pages.blocks) {
+          auto& who = owner[{k, block}];
+          if (who == r.value()) continue;
+          who = r.value();
+          ForEachRow(s, k, block, [&](std::uint32_t l, std::uint32_t row, std::byte* p, std::uint32_t n) {
+            for (std::uint32_t i = 0; i < n; ++i) p[i] = Pattern(r.value(), k, block, l, row, i);
+          });
+        }
+      }
+    }
+    for (RequestId r : live) {
+      for (std::uint32_t k = 0; k < s.config().kinds.size(); ++k) {
+        if (k == 1 || k == 2) continue;
+        const KindPages pages = *s.KindPagesOf(r, k);
+        for (std::uint32_t block : pages.blocks) {
+          ForEachRow(s, k, block, [&](std::uint32_t l, std::uint32_t row, std::byte* p, std::uint32_t n) {
+            for (std::uint32_t i = 0; i < n; ++i) {
+              ASSERT_EQ(p[i], Pattern(r.value(), k, block, l, row, i))
+                  << "request " << r.value() << " kind " << k << " block " << block << " layer " << l << " row " << row;
+            }
+          });
+        }
+      }
+    }
+  }
+};
+
+// Every C4 entry on device is at its slot's row of DeviceLayerView, in the budget's buffer.
+void CheckC4Views(const AddressSpace& s, const std::map<std::uint32_t, std::uint32_t>& version) {
+  for (const auto& [a, v] : version) {
+    for (std::uint32_t g = 0; g < s.config().num_groups; ++g) {
+      const Location loc = *s.Lookup(LogicalAddr(a), GroupId(g));
+      if (loc.tier() != Tier::kDevice) continue;
+      const LayerView view = *s.DeviceLayerView(Rank(0), GroupId(g), 0);
+      const std::uint32_t slot = loc.slot().value();
+      ASSERT_EQ(std::memcmp(view.Row(slot / 64, slot % 64), Bytes(LogicalAddr(a), GroupId(g), v).data(), 64), 0)
+          << "address " << a << " group " << g << " slot " << slot;
+    }
+  }
+}
+
 TEST(KindSpaceFrames, AFrameAKindTakesSendsItsC4EntriesToHostWithTheirBytes) {
   auto backend = MakeCpuBackend({.copy_threads = 1});
   auto space = AddressSpace::Create(SmallFramesConfig(8, 4096), *backend);
@@ -160,6 +227,18 @@ TEST(KindSpaceFrames, AFrameAKindTakesSendsItsC4EntriesToHostWithTheirBytes) {
   auto first = s.Allocate(RequestId(1), 8192);
   ASSERT_TRUE(first) << first.error().ToString();
   ASSERT_TRUE(shadow.WriteAll(s, *first, 1));
+  // One buffer: the C4 layers and every kind's layers are views of the budget's bytes.
+  const LayerView c4 = *s.DeviceLayerView(Rank(0), GroupId(0), 0), window = *s.KindLayerView(0, 0);
+  EXPECT_EQ(c4.block_stride, 32u * 1024 / 4);  // the padded C4 envelope: 4 blocks per frame
+  EXPECT_EQ(window.base, c4.base);             // block 0 of every kind's view starts at the buffer
+  EXPECT_EQ(c4.blocks * c4.block_stride, s.config().device_bytes_per_rank);
+  EXPECT_TRUE(s.DeviceLayerBytes(Rank(0), GroupId(0), 0).empty());  // strided: no flat region
+  EXPECT_EQ(s.KindLayerView(1, 0).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s.KindLayerView(0, 9).error().code(), ErrorCode::kOutOfRange);
+  ResidentRows resident;
+  std::vector<RequestId> live = {RequestId(1)};
+  resident.Update(s, live);
+  CheckC4Views(s, shadow.version);
   KindBudget b = *s.KindBudgetOf();
   const std::uint32_t taken_before = Resident(b);
   EXPECT_GT(taken_before, 0u);  // its window, keys, C128 and state took the lowest frames
@@ -180,6 +259,9 @@ TEST(KindSpaceFrames, AFrameAKindTakesSendsItsC4EntriesToHostWithTheirBytes) {
     ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
     ASSERT_TRUE(shadow.WriteAll(s, *fresh, r));
     shadow.Check(s);
+    live.push_back(RequestId(r));
+    resident.Update(s, live);
+    CheckC4Views(s, shadow.version);
     const KindBudget now = *s.KindBudgetOf();
     EXPECT_EQ(now.c4_on_device, now.c4_device_slots);  // still full: the share shrank under it
     s.AdvanceRound();
@@ -197,6 +279,8 @@ TEST(KindSpaceFrames, AFrameAKindTakesSendsItsC4EntriesToHostWithTheirBytes) {
   ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
   EXPECT_EQ(Resident(*s.KindBudgetOf()), taken_before);
   shadow.Check(s);
+  resident.Update(s, std::vector<RequestId>{RequestId(1)});
+  CheckC4Views(s, shadow.version);
   ASSERT_TRUE(s.Free(RequestId(1)));
   const KindBudget empty = *s.KindBudgetOf();
   EXPECT_EQ(empty.free_frames, empty.frames);
