@@ -376,3 +376,25 @@ def test_over_frames_a_refused_call_changes_neither_the_space_nor_the_budget():
     with pytest.raises(ulacache.ResourceExhaustedError):
         space.allocate(2, 10_000_000)
     assert space.debug_digest() == before and vars_of(space.kind_budget_of()) == budget
+
+
+def test_the_integration_guides_v4_calls_run():
+    """docs/INTEGRATION.md's DeepSeek-V4 block, as it stands there."""
+    text = (REPO / "docs" / "INTEGRATION.md").read_text()
+    section = text.index("### The calls, in the order a scheduler makes them")
+    start = text.index("```python\n", section) + len("```python\n")
+    code = text[start:text.index("```", start)]
+    scope = {}
+    import os
+    cwd = os.getcwd()
+    os.chdir(REPO)  # the block names the model config by its path in the repository
+    try:
+        exec(compile(code, "INTEGRATION.md", "exec"), scope)
+    finally:
+        os.chdir(cwd)
+    new_c4, slots = scope["new_c4"], scope["slots"]
+    assert len(new_c4) == 1 and slots.shape == (GROUPS, 1) and (slots >= 0).all()  # token 1003 completes entry 250
+    assert scope["window_slots"] == [int(scope["window"].blocks[-1]) * 64 + i % 64 for i in (1001, 1002, 1003)]
+    assert (scope["c128"].entries, scope["state"].filling_tokens) == (7, 0)
+    assert (scope["idx"][0, :, :126] >= 0).all() and (scope["idx"][0, :, 126:] == -1).all()
+    assert scope["budget"].c4_entries == 250 and scope["space"].num_requests == 0
