@@ -200,7 +200,7 @@ def test_every_kinds_page_table_follows_the_rules_through_decode_rollback_and_fr
     cfg = flash_config(drafts=2, frames=frames)
     space = ulacache.AddressSpace(cfg, backend="counting")
     model = Model(cfg.kinds, cfg.page_tokens)
-    counts = run_ops(space, model, rng, 300, frames)
+    counts = run_ops(space, model, rng, 300, frames, on_budget=budget_check if frames else None)
     print(counts)
     assert counts["rollbacks"] > 20 and counts["refused_rollbacks"] > 0 and counts["freed"] > 5
 
