@@ -288,6 +288,8 @@ TEST(KindSpaceFrames, AFrameAKindTakesSendsItsC4EntriesToHostWithTheirBytes) {
   ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
 }
 
+// A frame full of this round's entries refuses the Allocate; a frame holding one is passed
+// over for a lower one.
 TEST(KindSpaceFrames, AnEntryUsedInThisRoundNeverMovesTheAllocateIsRefused) {
   auto backend = MakeCpuBackend({.copy_threads = 1});
   auto space = AddressSpace::Create(SmallFramesConfig(8, 4096), *backend);
@@ -303,6 +305,25 @@ TEST(KindSpaceFrames, AnEntryUsedInThisRoundNeverMovesTheAllocateIsRefused) {
   EXPECT_NE(refused.error().message().find("used in this round"), std::string::npos) << refused.error().message();
   EXPECT_EQ(s.DebugDigest(), before);
   s.AdvanceRound();
+  // In the next round a step selects one C4 entry of the highest free frame (2; the kinds
+  // hold 3..7): that frame is passed over, and frame 1, below it, is the one emptied.
+  const FrameShare share = FrameShareOf(s.config());
+  LogicalAddr selected, in_frame_1;
+  for (LogicalAddr a : s.AddressesOf(RequestId(1)).value()) {
+    const Location loc = *s.Lookup(a, GroupId(0));
+    if (loc.tier() != Tier::kDevice) continue;
+    if (share.FrameOfSlot(loc.slot().value()) == 2 && !selected.valid()) selected = a;
+    if (share.FrameOfSlot(loc.slot().value()) == 1 && !in_frame_1.valid()) in_frame_1 = a;
+  }
+  ASSERT_TRUE(selected.valid() && in_frame_1.valid());
+  const Location selected_at = *s.Lookup(selected, GroupId(0));
+  {
+    StepPlanner planner(s);
+    const std::vector<LogicalAddr> sel = {selected};
+    const std::vector<SelectionRun> runs = {{RequestId(1), 1}};
+    std::vector<SlotId> slots(1);
+    ASSERT_TRUE(planner.Step({Rank(0), GroupId(0), sel, runs}, slots));
+  }
   // A failed move changes nothing either.
   s.SetMoveExecutor([](std::span<const CopyDescriptor>) -> Status { return MakeError(ErrorCode::kIo, "copy engine"); });
   before = s.DebugDigest();
@@ -314,6 +335,8 @@ TEST(KindSpaceFrames, AnEntryUsedInThisRoundNeverMovesTheAllocateIsRefused) {
   s.SetMoveExecutor(nullptr);
   ASSERT_TRUE(s.Allocate(RequestId(2), 260));  // after AdvanceRound they may leave
   ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
+  EXPECT_EQ(*s.Lookup(selected, GroupId(0)), selected_at);              // used in this round: stayed
+  EXPECT_EQ(s.Lookup(in_frame_1, GroupId(0))->tier(), Tier::kHost);    // frame 1 was emptied
 }
 
 TEST(KindSpaceFrames, CompactionReturnsFramesToTheC4Share) {
