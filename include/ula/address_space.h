@@ -117,9 +117,10 @@
 // no longer in the ring (a rollback of more than ring_draft_tokens). Free releases every
 // kind. Without kind_frame_bytes the space's kind blocks are logical ids: the bytes of the
 // kinds other than C4 are not held here. With it (one rank), every kind's blocks and the C4
-// device slots come from one budget of frames (src/space/kind_frames.h, frame_share.h): the
-// C4 share is whatever the resident kinds leave; KindBudgetOf reports it, CompactKind
-// returns sparse frames; docs/ARCHITECTURE.md, "Kinds".
+// device slots come from one budget of frames in one buffer (src/space/kind_frames.h,
+// frame_share.h): the C4 share is whatever the resident kinds leave; each layer of each kind
+// is a strided view of the buffer (DeviceLayerView, KindLayerView); KindBudgetOf reports the
+// shares, CompactKind returns sparse frames; docs/ARCHITECTURE.md, "Kinds".
 //
 // Lifetime (shared): `backend` outlives the space (held by reference; the backend's destructor
 // stops the program while a space lives); the space outlives every StepPlanner over it.
@@ -149,6 +150,19 @@ namespace ula {
 namespace internal {
 struct SpaceAccess;  // src/space/space_access.h: not part of the API
 }  // namespace internal
+
+// One layer of a pool's entries as a kernel reads it, a [blocks][rows][row_bytes] tensor with
+// a block stride: row r of block b at base + b * block_stride + r * row_bytes.
+struct LayerView {
+  const std::byte* base = nullptr;  // nullptr on a backend that holds no bytes
+  std::uint64_t block_stride = 0;
+  std::uint32_t blocks = 0;
+  std::uint32_t rows = 0;
+  std::uint32_t row_bytes = 0;
+  const std::byte* Row(std::uint32_t block, std::uint32_t row) const {
+    return base + std::uint64_t{block} * block_stride + std::uint64_t{row} * row_bytes;
+  }
+};
 
 // How one rank's budget is shared in a space with kind frames (AddressSpace::KindBudgetOf).
 struct KindBudget {
@@ -371,8 +385,17 @@ class AddressSpace {
   std::span<const std::byte> DevicePoolBytes(Rank rank, GroupId group) const;
   // One layer's device region of (rank, group): PaddedRows(capacity) rows of row bytes,
   // slot s at s * row — FlashMLA's k_cache of that layer, indexed by the slots a step
-  // returns. Empty for an out-of-range rank, group or layer, or on a counting backend.
+  // returns. Empty for an out-of-range rank, group or layer, on a counting backend, or in a
+  // space with kind frames (its layers are strided: DeviceLayerView).
   std::span<const std::byte> DeviceLayerBytes(Rank rank, GroupId group, std::uint32_t layer) const;
+  // Layer `layer` of (rank, group)'s device slots in blocks of 64 (FlashMLA's paged KV, block
+  // size 64): slot s is row s % 64 of block s / 64, in any space (a space with kind frames:
+  // C4's blocks among the other kinds' in the budget's buffer). kOutOfRange.
+  Result<LayerView> DeviceLayerView(Rank rank, GroupId group, std::uint32_t layer) const;
+  // A space with kind frames: layer `layer` of kind `kind` (not the sparse one) over the
+  // budget's buffer, its blocks the ids KindPagesOf gives. kFailedPrecondition (no frames),
+  // kOutOfRange, kInvalidArgument (the sparse kind: DeviceLayerView).
+  Result<LayerView> KindLayerView(std::uint32_t kind, std::uint32_t layer) const;
   // A space with kind frames: how its budget is shared now. kFailedPrecondition without.
   Result<KindBudget> KindBudgetOf() const;
   // Compacts kind `kind`'s frames (src/space/kind_frames.h, Compact): its sparsest frames are

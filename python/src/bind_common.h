@@ -529,6 +529,13 @@ struct OwnedBackend {
   std::unique_ptr<ula::FaultInjectingBackend> faults;
   ula::Backend& get() { return faults ? static_cast<ula::Backend&>(*faults) : *inner; }
 };
+// A DP address space with the backend it owns (the backend outlives the space): the
+// Python AddressSpace (bind_sparse.cc binds it, bind_kinds.cc adds the kinds' calls).
+struct DpSpace {
+  OwnedBackend backend;
+  std::unique_ptr<ula::AddressSpace> space;
+};
+
 // faults: None or a ulacache.FaultPlan.
 OwnedBackend MakeBackend(const std::string& name, py::handle faults);
 void BindFaults(py::module_& m);
@@ -537,5 +544,6 @@ void BindSparse(py::module_& m);
 void BindTp(py::module_& m);
 void BindHybrid(py::module_& m);
 void BindConfig(py::module_& m);
+void BindKinds(py::module_& m);  // after BindSparse: it adds to AddressSpace(Config)
 
 }  // namespace ulapy

@@ -12,12 +12,6 @@
 namespace ulapy {
 namespace {
 
-// An address space with the backend it owns (the backend outlives the space).
-struct DpSpace {
-  OwnedBackend backend;
-  std::unique_ptr<ula::AddressSpace> space;
-};
-
 // The DP host step (StepPlanner), the engine-owned arrays registered with it (kept alive) and the
 // binding's own scratch (widened request ids, per-row requests of a flat batch, descriptor
 // records behind columns): grown to the largest call, then reused.

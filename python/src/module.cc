@@ -92,6 +92,10 @@ sum_h w[h] * relu(q[h] . k) in float32 in a fixed order; top-k by score, ties by
 }  // namespace
 
 void BindConfig(py::module_& m) {
+  py::enum_<ula::AttentionLayerType>(m, "AttentionLayerType", "A layer's attention kind (src/config/model_config.h).")
+      .value("sliding_window", ula::AttentionLayerType::kSlidingWindow)
+      .value("compressed_sparse", ula::AttentionLayerType::kCompressedSparse)
+      .value("heavily_compressed", ula::AttentionLayerType::kHeavilyCompressed);
   py::class_<ula::ModelConfig>(m, "ModelConfig", "A model's shape (configs/models/*.json, src/config/model_config.h).")
       .def_readonly("name", &ula::ModelConfig::name)
       .def_readonly("source", &ula::ModelConfig::source)
@@ -119,7 +123,28 @@ void BindConfig(py::module_& m) {
       .def_property_readonly("num_groups", &ula::ModelConfig::num_groups)
       .def("group_layers", &ula::ModelConfig::GroupLayers, py::arg("group"))
       .def_property_readonly("group_entry_bytes", &ula::ModelConfig::group_entry_bytes)
-      .def_property_readonly("is_float32", &ula::ModelConfig::is_float32);
+      .def_property_readonly("is_float32", &ula::ModelConfig::is_float32)
+      // The layer-kind group (DeepSeek-V4; empty or 0 for a model without layer kinds).
+      .def_readonly("compress_ratios", &ula::ModelConfig::compress_ratios, "[num_layers + mtp_layers]: 0, csa or hca")
+      .def_readonly("sliding_window", &ula::ModelConfig::sliding_window)
+      .def_readonly("compress_rate_csa", &ula::ModelConfig::compress_rate_csa)
+      .def_readonly("compress_rate_hca", &ula::ModelConfig::compress_rate_hca)
+      .def_readonly("kv_entry_bytes_fp8_uniform", &ula::ModelConfig::kv_entry_bytes_fp8_uniform)
+      .def_readonly("kv_entry_bytes_bf16", &ula::ModelConfig::kv_entry_bytes_bf16)
+      .def_readonly("index_key_bytes_fp4", &ula::ModelConfig::index_key_bytes_fp4)
+      .def_readonly("compressor_state_bytes_per_value", &ula::ModelConfig::compressor_state_bytes_per_value)
+      .def_property_readonly("has_layer_kinds", &ula::ModelConfig::has_layer_kinds)
+      .def(
+          "layer_kind",
+          [](const ula::ModelConfig& c, std::uint32_t layer) {
+            if (!c.has_layer_kinds() || layer >= c.compress_ratios.size()) {
+              Throw(ula::ErrorCode::kOutOfRange, "layer " + std::to_string(layer) + " of " +
+                                                     std::to_string(c.compress_ratios.size()) + " layers with a kind");
+            }
+            return c.layer_kind(layer);
+          },
+          py::arg("layer"), "The attention kind of layer `layer` (MTP layers after the main ones).")
+      .def("num_layers_of_kind", &ula::ModelConfig::num_layers_of_kind, py::arg("kind"));
   m.def(
       "parse_model_config", [](std::string_view text) { return Unwrap(ula::ParseModelConfig(text)); },
       py::arg("json_text"), "A ModelConfig from JSON text; InvalidArgumentError names the bad field.");
@@ -151,6 +176,7 @@ PYBIND11_MODULE(_ulacache, m) {
   ulapy::BindConfig(m);
   ulapy::BindIndexer(m);
   ulapy::BindSparse(m);
+  ulapy::BindKinds(m);
   ulapy::BindTp(m);
   ulapy::BindHybrid(m);
 }

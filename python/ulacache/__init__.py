@@ -125,3 +125,39 @@ def descriptor_columns(n, fields=DESCRIPTOR_FIELDS):
     if unknown:
         raise ValueError(f"not descriptor fields: {unknown} (fields: {', '.join(DESCRIPTOR_FIELDS)})")
     return {f: np.zeros(n, np.int64 if f.endswith("_offset") else np.int32) for f in fields}
+
+
+def newest_entry(pages):
+    """(block, offset) of the newest live entry in a KindPages (``AddressSpace.kind_pages_of``),
+    or None when the request holds no entry of the kind: where the engine writes the entry its
+    newest token made. The window: the token just allocated. c4 / c128 (append kinds): the
+    entry the newest token completed when ``pages.filling_tokens == 0``, otherwise the last
+    complete one (the newest tokens are still in the compressor state). A per_request state:
+    its one block, offset 0 (its row is ``filling_tokens``, the position in the block still
+    filling). The row in a kind's strided view ``[blocks][entries_per_block][row]`` is
+    ``block * pages.entries_per_block + offset``."""
+    if pages.entries == 0:
+        return None
+    i = pages.first_offset + pages.entries - 1
+    return int(pages.blocks[i // pages.entries_per_block]), i % pages.entries_per_block
+
+
+def kind_block_table(space, requests, kind, width=None):
+    """The block table of one kind for a batch (vLLM's per-group ``block_table``, SGLang's
+    per-pool page table rows): int32 [len(requests), width], row b the block ids of request
+    ``requests[b]`` from ``space.kind_pages_of``, -1 past its blocks; width defaults to the
+    longest row. A ring's first live entry sits at ``kind_pages_of(...).first_offset`` of
+    column 0. Raises what ``kind_pages_of`` raises, and InvalidArgumentError when a row does
+    not fit ``width``."""
+    import numpy as np
+    rows = [space.kind_pages_of(int(r), kind).blocks for r in requests]
+    longest = max((len(b) for b in rows), default=0)
+    if width is None:
+        width = longest
+    elif longest > width:
+        raise InvalidArgumentError("invalid argument",
+                                   f"kind_block_table: a request holds {longest} blocks of kind {kind}, more than width {width}")
+    table = np.full((len(rows), width), -1, np.int32)
+    for b, blocks in enumerate(rows):
+        table[b, :len(blocks)] = blocks
+    return table

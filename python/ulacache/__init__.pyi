@@ -77,6 +77,18 @@ class ModelConfig:
     num_groups: int
     group_entry_bytes: int
     is_float32: bool
+    # the layer-kind group (DeepSeek-V4; empty / 0 without layer kinds)
+    compress_ratios: list[int]
+    sliding_window: int
+    compress_rate_csa: int
+    compress_rate_hca: int
+    kv_entry_bytes_fp8_uniform: int
+    kv_entry_bytes_bf16: int
+    index_key_bytes_fp4: int
+    compressor_state_bytes_per_value: int
+    has_layer_kinds: bool
+    def layer_kind(self, layer: int) -> AttentionLayerType: ...
+    def num_layers_of_kind(self, kind: AttentionLayerType) -> int: ...
     def group_layers(self, group: int) -> int: ...
     kv_lora_bytes_per_value: int
     kv_scale_bytes: int
@@ -150,7 +162,77 @@ class AddressSpaceConfig:
     stable_new_entries: bool  # new entries on device, slot kept for the round (StepPlanner requires it on)
     host_shadows: bool  # fetched entries keep their host slot as a clean copy; off by default
     policy: str
+    kinds: list[KvKind]  # assign a whole list (the getter returns a copy); empty: one kind
+    kind_frame_bytes: int  # with kinds: 0 = logical blocks; else every kind from one budget in frames
     def validate(self) -> None: ...
+
+# DeepSeek-V4's kinds (include/ula/kv_kinds.h; docs/ARCHITECTURE.md "Kinds").
+class KindLifetime:  # a pybind11 enum: KindLifetime.ring, int(x), x.name
+    ring: KindLifetime
+    append: KindLifetime
+    per_request: KindLifetime
+    name: str
+    value: int
+    def __int__(self) -> int: ...
+
+class KindPlacement:  # a pybind11 enum: KindPlacement.sparse, int(x), x.name
+    sparse: KindPlacement
+    resident: KindPlacement
+    name: str
+    value: int
+    def __int__(self) -> int: ...
+
+class AttentionLayerType:  # a pybind11 enum: AttentionLayerType.sliding_window, int(x), x.name
+    sliding_window: AttentionLayerType
+    compressed_sparse: AttentionLayerType
+    heavily_compressed: AttentionLayerType
+    name: str
+    value: int
+    def __int__(self) -> int: ...
+
+class KvKind:
+    name: str
+    tokens_per_entry: int
+    lifetime: KindLifetime
+    ring_tokens: int
+    ring_draft_tokens: int
+    state_rows: int
+    layers: int
+    row_bytes: int
+    companion_of: Optional[int]
+    placement: KindPlacement
+    def __init__(self, name: str, tokens_per_entry: int = 1, lifetime: KindLifetime = KindLifetime.append,
+                 ring_tokens: int = 0, ring_draft_tokens: int = 0, state_rows: int = 0, layers: int = 0,
+                 row_bytes: int = 0, companion_of: Optional[int] = None,
+                 placement: KindPlacement = KindPlacement.resident) -> None: ...
+    def entry_bytes(self) -> int: ...
+
+class KindPages:
+    tokens: int
+    entries: int
+    entries_per_block: int
+    first_offset: int
+    filling_tokens: int
+    blocks: I32  # read-only view, [ceil((first_offset + entries) / entries_per_block)]
+
+class KindBudget:
+    frames: int
+    free_frames: int
+    frames_of_kind: list[int]
+    c4_device_slots: int
+    c4_entries: int
+    c4_on_device: int
+
+KIND_BLOCK_ENTRIES: int
+KIND_FRAME_BYTES: int
+def validate_kinds(kinds: list[KvKind]) -> None: ...
+def kinds_of_model(model: ModelConfig, kv_format: str = "fp8_packed", index_format: str = "fp8",
+                   max_draft_tokens: int = 0) -> list[KvKind]: ...
+def space_config_of_model(model: ModelConfig, base: AddressSpaceConfig = ..., kv_format: str = "fp8_packed",
+                          index_format: str = "fp8", max_draft_tokens: int = 0) -> AddressSpaceConfig: ...
+# Python helpers over kind_pages_of (python/ulacache/__init__.py)
+def newest_entry(pages: KindPages) -> Optional[tuple[int, int]]: ...
+def kind_block_table(space: AddressSpace, requests: Sequence[int], kind: int, width: Optional[int] = None) -> I32: ...
 
 class AddressSpace:
     config: AddressSpaceConfig
@@ -186,6 +268,11 @@ class AddressSpace:
     def holds(self, request: int, addr: int) -> bool: ...
     def rank_of(self, request: int) -> int: ...
     def debug_digest(self) -> int: ...
+    def kind_pages_of(self, request: int, kind: int) -> KindPages: ...
+    def kind_budget_of(self) -> KindBudget: ...
+    def compact_kind(self, kind: int) -> int: ...
+    def device_layer_view(self, rank: int, group: int, layer: int) -> U8: ...
+    def kind_layer_view(self, kind: int, layer: int) -> U8: ...
 
 class FaultPlan:
     seed: int

@@ -4,17 +4,25 @@
 
 namespace ula {
 
-Result<SlotPool> SlotPool::Create(const Arena& arena, std::uint32_t slot_bytes, std::uint32_t capacity) {
+Result<SlotPool> SlotPool::Create(const Arena& arena, std::uint32_t slot_bytes, std::uint32_t capacity,
+                                  SlotBlocks blocks) {
   if (slot_bytes == 0) return MakeError(ErrorCode::kInvalidArgument, "slot pool: slot_bytes must be > 0");
   if (capacity == SlotId::kInvalidValue) {
     return MakeError(ErrorCode::kInvalidArgument, "slot pool: capacity too large");
   }
-  if (std::uint64_t{slot_bytes} * capacity > arena.bytes) {
+  if (blocks.block_stride != 0 && blocks.block_stride < std::uint64_t{SlotBlocks::kRows} * slot_bytes) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("slot pool: a block stride of {} B is shorter than {} slots of {} B",
+                                 blocks.block_stride, SlotBlocks::kRows, slot_bytes));
+  }
+  SlotPool pool(arena, slot_bytes, capacity, blocks);
+  const std::uint64_t end = capacity == 0 ? 0 : pool.offset(SlotId(capacity - 1)) + slot_bytes;
+  if (end > arena.bytes) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("slot pool: {} slots of {} B need {} B but the arena holds {} B", capacity,
-                                 slot_bytes, std::uint64_t{slot_bytes} * capacity, arena.bytes));
+                                 slot_bytes, end, arena.bytes));
   }
-  return SlotPool(arena, slot_bytes, capacity);
+  return pool;
 }
 
 Result<SlotId> SlotPool::Allocate() {

@@ -1,8 +1,11 @@
 // SlotPool: `capacity` equal cells of `slot_bytes` over one arena of one (tier, rank).
+// Where a slot sits (SlotBlocks): slot s at s * slot_bytes, or, in blocks of 64 rows, at
+// base + (s / 64) * block_stride + (s % 64) * slot_bytes (a space's frames share one arena
+// among its kinds: src/space/frame_share.h).
 // Tracks which cells are free in a HierBitmap (bit set = free), so Allocate and Free are
 // O(levels) and Allocate returns the lowest free slot (dense use, fewer pages touched).
 //
-// Invariants: num_free() == free-bitmap count; slot s lives at arena offset s * slot_bytes.
+// Invariants: num_free() == free-bitmap count; slot s lives at arena offset offset(s).
 // Errors leave the pool unchanged: Allocate on a full pool, Free of an out-of-range or
 // already-free slot.
 // Thread-safety: none; callers serialize.
@@ -17,10 +20,18 @@
 
 namespace ula {
 
+// The placement of a pool's slots in its arena: block_stride 0 is linear.
+struct SlotBlocks {
+  static constexpr std::uint32_t kRows = 64;  // slots per block
+  std::uint64_t base = 0;
+  std::uint64_t block_stride = 0;
+};
+
 class SlotPool {
  public:
-  // The arena must hold at least capacity * slot_bytes bytes.
-  static Result<SlotPool> Create(const Arena& arena, std::uint32_t slot_bytes, std::uint32_t capacity);
+  // The arena must hold every slot's bytes (linear: capacity * slot_bytes).
+  static Result<SlotPool> Create(const Arena& arena, std::uint32_t slot_bytes, std::uint32_t capacity,
+                                 SlotBlocks blocks = {});
 
   Result<SlotId> Allocate();
   Status Free(SlotId slot);
@@ -33,7 +44,12 @@ class SlotPool {
   std::uint32_t num_used() const { return capacity_ - num_free(); }
   std::uint32_t slot_bytes() const { return slot_bytes_; }
   const Arena& arena() const { return arena_; }
-  std::uint64_t offset(SlotId slot) const { return std::uint64_t{slot.value()} * slot_bytes_; }
+  std::uint64_t offset(SlotId slot) const {
+    const std::uint64_t s = slot.value();
+    if (blocks_.block_stride == 0) return s * slot_bytes_;
+    return blocks_.base + s / SlotBlocks::kRows * blocks_.block_stride + s % SlotBlocks::kRows * slot_bytes_;
+  }
+  const SlotBlocks& blocks() const { return blocks_; }
   // Pointer to the slot's bytes; nullptr on the counting backend.
   std::byte* data(SlotId slot) const { return arena_.data ? arena_.data + offset(slot) : nullptr; }
   const HierBitmap& free_bitmap() const { return free_; }
@@ -53,12 +69,13 @@ class SlotPool {
   std::size_t MetadataBytes() const { return free_.MemoryBytes(); }
 
  private:
-  SlotPool(const Arena& arena, std::uint32_t slot_bytes, std::uint32_t capacity)
-      : arena_(arena), slot_bytes_(slot_bytes), capacity_(capacity), free_(capacity, /*all_set=*/true) {}
+  SlotPool(const Arena& arena, std::uint32_t slot_bytes, std::uint32_t capacity, SlotBlocks blocks)
+      : arena_(arena), slot_bytes_(slot_bytes), capacity_(capacity), blocks_(blocks), free_(capacity, /*all_set=*/true) {}
 
   Arena arena_;
   std::uint32_t slot_bytes_;
   std::uint32_t capacity_;
+  SlotBlocks blocks_;
   HierBitmap free_;  // [capacity] bit set = slot free
 };
 

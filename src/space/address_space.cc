@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "space/address_space_state.h"
 #include "space/frame_share.h"
@@ -89,11 +90,28 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceCon
   const std::uint32_t dev_slots = config.device_slots_per_group();
   const std::uint32_t host_slots = config.host_slots_per_group();
   state->pools.resize(config.num_ranks);
+  // A space with kind frames: one arena of the budget's frames on rank 0, in which the C4
+  // slots of group g are the C4 kind's layers of g, in blocks of 64 (frame_share.h).
+  std::optional<Arena> budget;
+  SlotBlocks c4_blocks;
+  if (config.kind_frame_bytes != 0) {
+    auto arena = state->arenas.MakeArena(Tier::kDevice, Rank(0), config.device_bytes_per_rank /
+                                                                    config.kind_frame_bytes * config.kind_frame_bytes);
+    if (!arena) return std::unexpected(arena.error());
+    budget = *arena;
+    c4_blocks.block_stride = (*KindEnvelopes(config.kinds, config.kind_frame_bytes))[SparseKindIndex(config.kinds)].padded;
+  }
   for (std::uint32_t r = 0; r < config.num_ranks; ++r) {
+    std::uint64_t layer_base = 0;  // the C4 kind's layers before group g
     for (std::uint32_t g = 0; g < config.num_groups; ++g) {
-      const ShardPools::Geometry geo{Rank(static_cast<std::uint16_t>(r)), GroupId(static_cast<std::uint16_t>(g)),
-                                     dev_slots, host_slots, config.row(), config.layers_of(GroupId(g)),
-                                     /*layer_regions=*/true};
+      ShardPools::Geometry geo{Rank(static_cast<std::uint16_t>(r)), GroupId(static_cast<std::uint16_t>(g)),
+                               dev_slots, host_slots, config.row(), config.layers_of(GroupId(g)),
+                               /*layer_regions=*/true};
+      if (budget) {
+        geo.device_arena = &*budget;
+        geo.device_blocks = SlotBlocks{layer_base * SlotBlocks::kRows * config.row(), c4_blocks.block_stride};
+      }
+      layer_base += config.layers_of(GroupId(g));
       auto pools = ShardPools::Create(state->arenas, geo, config.policy, config.policy_options, config.host_shadows);
       if (!pools) return std::unexpected(pools.error());
       state->pools[r].push_back(std::move(*pools));
@@ -101,7 +119,9 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceCon
   }
   state->tables.resize(config.num_groups);
   if (config.kind_frame_bytes != 0) {  // every kind from one budget (frame_share.h)
-    auto frames = KindFrames::Create({config.kinds, config.device_bytes_per_rank, config.kind_frame_bytes});
+    auto frames = KindFrames::Create({config.kinds, config.device_bytes_per_rank, config.kind_frame_bytes,
+                                      /*take_from_top=*/true},
+                                     budget->data);
     if (!frames) return std::unexpected(frames.error());
     state->frames = std::make_unique<KindFrames>(std::move(*frames));
     state->share = FrameShareOf(config);
@@ -197,7 +217,7 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
     if (!made) return std::unexpected(made.error());
     n_entries = made->entries;
     if (st.frames) {  // the frames the other kinds' new blocks may take leave the C4 share first
-      ULA_RETURN_IF_ERROR(WithholdFrames(config_, st, rank, st.frames->LowestFree(made->frames),
+      ULA_RETURN_IF_ERROR(WithholdFrames(config_, st, rank, made->frames,
                                          [this](std::span<const CopyDescriptor> m) { return RunMoves(m); }));
     }
     if (n_entries == 0) {
@@ -458,7 +478,7 @@ const std::byte* AddressSpace::DeviceSlotData(Rank rank, GroupId group, SlotId s
 }
 
 std::span<const std::byte> AddressSpace::DevicePoolBytes(Rank rank, GroupId group) const {
-  if (!InRange(config_, rank, group)) return {};
+  if (!InRange(config_, rank, group) || state_->frames) return {};
   const GroupPools& gp = state_->at(rank, group);
   const std::byte* base = gp.device.data(SlotId(0));
   if (base == nullptr) return {};
@@ -466,11 +486,46 @@ std::span<const std::byte> AddressSpace::DevicePoolBytes(Rank rank, GroupId grou
 }
 
 std::span<const std::byte> AddressSpace::DeviceLayerBytes(Rank rank, GroupId group, std::uint32_t layer) const {
-  if (!InRange(config_, rank, group)) return {};
+  if (!InRange(config_, rank, group) || state_->frames) return {};
   const GroupPools& gp = state_->at(rank, group);
   const std::byte* base = gp.device.data(SlotId(0));
   if (base == nullptr || layer >= gp.num_layers) return {};
   return {base + layer * gp.device_stride, static_cast<std::size_t>(gp.device_stride)};
+}
+
+Result<LayerView> AddressSpace::DeviceLayerView(Rank rank, GroupId group, std::uint32_t layer) const {
+  if (!InRange(config_, rank, group) || layer >= config_.layers_of(group)) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("DeviceLayerView: rank {} group {} layer {} is out of range",
+                                                         rank.value(), group.value(), layer));
+  }
+  const GroupPools& gp = state_->at(rank, group);
+  const SlotPool& pool = gp.device;
+  constexpr std::uint32_t kRows = SlotBlocks::kRows;
+  LayerView v;
+  v.rows = kRows;
+  v.row_bytes = config_.row();
+  v.blocks = (pool.capacity() + kRows - 1) / kRows;
+  // Linear regions: 64 rows of a layer's region are a block; blocks: the pool's own stride.
+  v.block_stride = pool.blocks().block_stride != 0 ? pool.blocks().block_stride : std::uint64_t{kRows} * v.row_bytes;
+  if (pool.arena().data != nullptr) v.base = pool.arena().data + pool.offset(SlotId(0)) + layer * gp.device_stride;
+  return v;
+}
+
+Result<LayerView> AddressSpace::KindLayerView(std::uint32_t kind, std::uint32_t layer) const {
+  const State& st = *state_;
+  if (!st.frames) {
+    return MakeError(ErrorCode::kFailedPrecondition, "KindLayerView: the space holds no kind frames "
+                                                     "(AddressSpaceConfig::kind_frame_bytes)");
+  }
+  if (kind >= config_.kinds.size() || layer >= config_.kinds[kind].layers) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("KindLayerView: kind {} layer {} is out of range", kind, layer));
+  }
+  if (kind == st.kinds.sparse_kind()) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("KindLayerView: kind {} is the sparse kind, whose "
+                                                              "layers are its groups' (DeviceLayerView)", kind));
+  }
+  const StridedLayer l = st.frames->Layer(kind, layer);
+  return LayerView{l.base, l.block_stride, l.blocks, l.rows, l.row_bytes};
 }
 
 Result<KindBudget> AddressSpace::KindBudgetOf() const {

@@ -26,26 +26,44 @@ struct Leaving {
 };
 }  // namespace
 
-Status WithholdFrames(const AddressSpaceConfig& config, AddressSpace::State& st, Rank rank,
-                      std::span<const std::uint32_t> frames, const RunMovesFn& run_moves) {
-  if (frames.empty()) return Ok();
+namespace {
+// Whether a C4 slot of frame f holds an entry used in this round, in any group.
+bool HoldsRoundUsed(const AddressSpaceConfig& config, const AddressSpace::State& st, Rank rank, std::uint32_t f) {
+  for (std::uint32_t g = 0; g < config.num_groups; ++g) {
+    const GroupPools& gp = st.at(rank, GroupId(g));
+    for (std::uint32_t s = st.share.FirstSlot(f); s < st.share.FirstSlot(f) + st.share.slots_per_frame; ++s) {
+      if (gp.device.IsAllocated(SlotId(s)) && gp.policy->UsedInCurrentRound(SlotId(s))) return true;
+    }
+  }
+  return false;
+}
+}  // namespace
+
+Status WithholdFrames(const AddressSpaceConfig& config, AddressSpace::State& st, Rank rank, std::uint32_t need,
+                      const RunMovesFn& run_moves) {
+  if (need == 0) return Ok();
   const FrameShare& share = st.share;
   const std::uint32_t spf = share.slots_per_frame;
+  // 1. The free frames Take gives first whose C4 entries may move: none used in this round. Refused
+  // before anything changes when fewer than `need` are.
+  std::vector<std::uint32_t> frames;
+  const std::vector<std::uint32_t> free = st.frames->FreeInTakeOrder();
+  for (std::size_t i = 0; i < free.size() && frames.size() < need; ++i) {
+    if (!HoldsRoundUsed(config, st, rank, free[i])) frames.push_back(free[i]);
+  }
+  if (frames.size() < need) {
+    return MakeError(ErrorCode::kResourceExhausted,
+                     fmt::format("Allocate: the resident kinds need {} free frames and {} of the {} free hold no C4 "
+                                 "entry used in this round (allocated or selected since the last AdvanceRound()): "
+                                 "such an entry cannot move before AdvanceRound()",
+                                 need, frames.size(), free.size()));
+  }
   std::vector<Leaving> leaving;
-  // 1. Refuse before anything changes: an entry used in this round stays where it is.
   for (std::uint32_t g = 0; g < config.num_groups; ++g) {
     const GroupPools& gp = st.at(rank, GroupId(g));
     for (std::uint32_t f : frames) {
       for (std::uint32_t s = share.FirstSlot(f); s < share.FirstSlot(f) + spf; ++s) {
-        if (!gp.device.IsAllocated(SlotId(s))) continue;
-        if (gp.policy->UsedInCurrentRound(SlotId(s))) {
-          return MakeError(ErrorCode::kResourceExhausted,
-                           fmt::format("Allocate: the resident kinds need frame {}, whose C4 device slot {} of group {} "
-                                       "holds address {}, used in this round (allocated or selected since the last "
-                                       "AdvanceRound()): it cannot move before AdvanceRound()",
-                                       f, s, g, gp.device_owner[s].value()));
-        }
-        leaving.push_back({g, SlotId(s), Location::None()});
+        if (gp.device.IsAllocated(SlotId(s))) leaving.push_back({g, SlotId(s), Location::None()});
       }
     }
   }
@@ -83,7 +101,7 @@ Status WithholdFrames(const AddressSpaceConfig& config, AddressSpace::State& st,
       undo();
       return MakeError(ErrorCode::kResourceExhausted,
                        fmt::format("Allocate: the resident kinds need {} frames, and the C4 entries in them find no "
-                                   "free slot on host or on device (group {})", frames.size(), l.group));
+                                   "free slot on host or on device (group {})", need, l.group));
     }
   }
   // 3. Copy first.

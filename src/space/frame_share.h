@@ -4,21 +4,23 @@
 // A space with kind frames cuts its rank's device budget (device_bytes_per_rank) into the
 // frames of src/space/kind_frames.h. Every kind takes its blocks there but the sparse one
 // (C4), whose device slots are the groups' pools as in any space, sized to the whole budget:
-// frame f holds C4 slots [FirstSlot(f), FirstSlot(f) + slots_per_frame) of every group, one
-// sparse block of 64 slots per padded C4 envelope. The slots are numbered from the top frame
-// down (FirstSlot(f) = (F - 1 - f) x slots_per_frame) while the kinds take frames from the
-// bottom up, so the pools' lowest-first allocation and the kinds meet only when the budget
-// is full: the two ends of one buffer, as in the unified buffer (unified/end_layout.h).
+// frame f holds C4 slots [f x slots_per_frame, (f + 1) x slots_per_frame) of every group, one
+// sparse block of 64 slots per padded C4 envelope, so C4 slot s is row s % 64 of block s / 64
+// of the budget (its bytes there, when the backend holds bytes: space/address_space.cc,
+// Create). The pools allocate slots lowest first while the kinds take frames from the top
+// (KindFramesConfig::take_from_top), so the two meet only when the budget is full: the two
+// ends of one buffer, as in the unified buffer (unified/end_layout.h).
 //
 // A frame a kind holds is withheld from C4: its C4 slots are allocated in every group's
 // device pool with no owner and no place in the policy (ShardPools::withheld), so the step
 // and Allocate see the C4 device share shrink as the resident kinds grow, and grow back when
 // their frames return. Before an Append whose resident blocks may take free frames
-// (KindEntries::CheckAppend's bound), WithholdFrames empties the lowest of them: their C4
+// (KindEntries::CheckAppend's bound), WithholdFrames empties that many free frames: their C4
 // entries move to host (or to a free device slot of another frame when the host is full),
 // copy first, publish after, and KindFrames::Take gives withheld free frames first. An
-// entry used in this round (allocated or selected since AdvanceRound) never moves: its write
-// slot or its step's index would go stale, so the Allocate is refused instead. After every
+// entry used in this round (allocated or selected since AdvanceRound) never moves, since its
+// write slot or its step's index would go stale: the frames taken are the lowest free ones
+// that hold none, and the Allocate is refused when too few are left. After every
 // change of the kinds, ReleaseFreeFrames gives the C4 slots of the frames that are free again
 // back to the pools.
 //
@@ -40,8 +42,8 @@ namespace ula {
 struct FrameShare {
   std::uint32_t num_frames = 0;
   std::uint32_t slots_per_frame = 0;  // C4 slots of one group per frame: 64 x blocks per frame
-  std::uint32_t FirstSlot(std::uint32_t f) const { return (num_frames - 1 - f) * slots_per_frame; }
-  std::uint32_t FrameOfSlot(std::uint32_t s) const { return num_frames - 1 - s / slots_per_frame; }
+  std::uint32_t FirstSlot(std::uint32_t f) const { return f * slots_per_frame; }
+  std::uint32_t FrameOfSlot(std::uint32_t s) const { return s / slots_per_frame; }
 };
 
 // The C4 slots of one group per frame, and the frames, of a config with kind frames.
@@ -50,11 +52,12 @@ FrameShare FrameShareOf(const AddressSpaceConfig& config);
 
 using RunMovesFn = std::function<Status(std::span<const CopyDescriptor>)>;
 
-// Withholds `frames` (free, not withheld) from C4 on `rank`: kResourceExhausted when one of
-// their C4 slots holds an entry used in this round or the moved entries find no room, kIo
-// when a copy fails; nothing changes on error.
-Status WithholdFrames(const AddressSpaceConfig& config, AddressSpace::State& st, Rank rank,
-                      std::span<const std::uint32_t> frames, const RunMovesFn& run_moves);
+// Withholds `need` free frames from C4 on `rank`, the first Take gives whose C4 slots hold no entry
+// used in this round: their entries move out (host first, else a free device slot of another
+// frame), copy first, publish after. kResourceExhausted when fewer such frames are free or
+// the moved entries find no room, kIo when a copy fails; nothing changes on error.
+Status WithholdFrames(const AddressSpaceConfig& config, AddressSpace::State& st, Rank rank, std::uint32_t need,
+                      const RunMovesFn& run_moves);
 
 // Gives the C4 slots of every free withheld frame back to the groups' pools.
 void ReleaseFreeFrames(const AddressSpaceConfig& config, AddressSpace::State& st, Rank rank);

@@ -61,6 +61,7 @@ Result<KindFrames> KindFrames::Create(const KindFramesConfig& config, std::byte*
   f.kinds_ = config.kinds;
   f.envelopes_ = *KindEnvelopes(config.kinds, config.frame_bytes);
   f.frame_bytes_ = config.frame_bytes;
+  f.from_top_ = config.take_from_top;
   f.bytes_ = bytes;
   f.frames_.resize(config.budget_bytes / config.frame_bytes);
   f.withheld_.assign(f.frames_.size(), 0);
@@ -83,7 +84,8 @@ std::optional<std::uint32_t> KindFrames::Take(std::uint32_t k) {
   if (!room_[k].empty()) {
     f = *room_[k].begin();
   } else if (!free_.empty()) {
-    f = ready_.empty() ? *free_.begin() : *ready_.begin();
+    const std::set<std::uint32_t>& from = ready_.empty() ? free_ : ready_;
+    f = from_top_ ? *from.rbegin() : *from.begin();
     free_.erase(f);
     ready_.erase(f);
     frames_[f] = Frame{k, 0, std::vector<std::uint8_t>(per, 0)};
@@ -189,9 +191,9 @@ void KindFrames::Release(std::uint32_t f) {
   ready_.erase(f);
 }
 
-std::vector<std::uint32_t> KindFrames::LowestFree(std::uint32_t n) const {
-  std::vector<std::uint32_t> out;
-  for (auto it = free_.begin(); it != free_.end() && out.size() < n; ++it) out.push_back(*it);
+std::vector<std::uint32_t> KindFrames::FreeInTakeOrder() const {
+  std::vector<std::uint32_t> out(free_.begin(), free_.end());
+  if (from_top_) std::reverse(out.begin(), out.end());
   return out;
 }
 

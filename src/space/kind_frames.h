@@ -75,6 +75,9 @@ struct KindFramesConfig {
   std::vector<KvKind> kinds;
   std::uint64_t budget_bytes = 0;  // the rank's device bytes for every kind; whole frames are used
   std::uint64_t frame_bytes = kKindFrameBytes;
+  // Take gives a kind with no room the highest free frame, not the lowest: a space's C4 slots
+  // fill its budget from the bottom (src/space/frame_share.h), the kinds from the top.
+  bool take_from_top = false;
   // Names the first bad field ("KindFramesConfig.budget_bytes", "kinds[6]").
   Status Validate() const;
 };
@@ -109,7 +112,8 @@ class KindFrames {
   std::uint64_t PaddingInUse() const;
 
   // A block of kind k: the lowest free block of its lowest frame with room, else the first
-  // block of the lowest free frame; nullopt when neither exists (nothing changes).
+  // block of the lowest free frame (the highest with take_from_top); nullopt when neither
+  // exists (nothing changes).
   std::optional<std::uint32_t> Take(std::uint32_t k);
   // REQUIRES: block is a live block of kind k. Its frame returns to the budget when it was
   // the frame's last.
@@ -125,7 +129,8 @@ class KindFrames {
   // Withheld frames (a space's C4 share, src/space/frame_share.h): a frame whose bytes the
   // sparse kind does not use. The space withholds a free frame (Withhold) before a kind may
   // take it, and releases it (Release) once it is free again. Take gives a kind that has no
-  // room the lowest free withheld frame first, then the lowest free frame; a frame keeps its
+  // room a free withheld frame first, then a free frame (each the lowest, or the highest with
+  // take_from_top); a frame keeps its
   // mark while a kind holds it and after it returns to the budget.
   bool IsWithheld(std::uint32_t f) const { return withheld_[f] != 0; }
   // REQUIRES: f is free and not withheld.
@@ -135,9 +140,9 @@ class KindFrames {
   // The free frames that are withheld, lowest first.
   const std::set<std::uint32_t>& FreeWithheld() const { return ready_; }
   std::uint32_t withheld_frames() const { return withheld_count_; }
-  // The n lowest free frames (fewer when fewer are free): the frames Take gives a kind that
-  // has no room, in the order it gives them.
-  std::vector<std::uint32_t> LowestFree(std::uint32_t n) const;
+  // The free frames in the order Take gives them to a kind that has no room (the withheld
+  // ones aside): lowest first, or highest first with take_from_top.
+  std::vector<std::uint32_t> FreeInTakeOrder() const;
 
   // Empties kind k's frames with the fewest live blocks into the room of its other frames,
   // sparsest first, while one with no pinned block fits in that room: each live block is
@@ -167,6 +172,7 @@ class KindFrames {
   std::vector<KvKind> kinds_;
   std::vector<KindEnvelope> envelopes_;      // [num_kinds]
   std::uint64_t frame_bytes_ = 0;
+  bool from_top_ = false;
   std::byte* bytes_ = nullptr;
   std::vector<Frame> frames_;                // [num_frames]
   std::set<std::uint32_t> free_;             // frames of no kind, lowest first

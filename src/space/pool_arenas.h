@@ -25,6 +25,14 @@ class PoolArenas {
   PoolArenas(const PoolArenas&) = delete;
   PoolArenas& operator=(const PoolArenas&) = delete;
 
+  // A new arena of `bytes` bytes on (tier, rank), for pools the caller lays over it.
+  Result<Arena> MakeArena(Tier tier, Rank rank, std::uint64_t bytes) {
+    auto arena = backend_.CreateArena(tier, rank, bytes);
+    if (!arena) return std::unexpected(arena.error());
+    ids_.push_back(arena->id);
+    return *arena;
+  }
+
   // A new arena of slots * slot_bytes bytes (at least; arena_bytes when larger: a pool of
   // several layers' regions) on (tier, rank), and a SlotPool over its first region.
   Result<SlotPool> MakePool(Tier tier, Rank rank, std::uint32_t slots, std::uint32_t slot_bytes,

@@ -18,15 +18,20 @@ Result<ShardPools> ShardPools::Create(PoolArenas& arenas, const Geometry& geo, P
     return arenas.MakePool(tier, geo.rank, slots, geo.row_bytes,
                            geo.layer_regions ? geo.num_layers * rows(slots) * geo.row_bytes : 0);
   };
-  auto device = make_pool(Tier::kDevice, geo.device_slots);
+  auto device = geo.device_arena != nullptr
+                    ? SlotPool::Create(*geo.device_arena, geo.row_bytes, geo.device_slots, geo.device_blocks)
+                    : make_pool(Tier::kDevice, geo.device_slots);
   if (!device) return std::unexpected(device.error());
+  const std::uint64_t device_stride = geo.device_arena != nullptr
+                                          ? std::uint64_t{SlotBlocks::kRows} * geo.row_bytes
+                                          : rows(geo.device_slots) * geo.row_bytes;
   auto host = make_pool(Tier::kHost, geo.host_slots);
   if (!host) return std::unexpected(host.error());
   auto policy = MakePolicy(policy_kind, geo.device_slots, options);
   if (!policy) return std::unexpected(policy.error());
   ShardPools sp{std::move(*device), std::move(*host), std::move(*policy),
                 std::vector<LogicalAddr>(geo.device_slots), geo.num_layers, geo.row_bytes,
-                rows(geo.device_slots) * geo.row_bytes, rows(geo.host_slots) * geo.row_bytes,
+                device_stride, rows(geo.host_slots) * geo.row_bytes,
                 geo.rank, geo.group, {}, HostShadows{}};
   if (host_shadows) sp.shadows.Enable(geo.device_slots, geo.host_slots, sp.policy.get());
   return sp;

@@ -7,7 +7,8 @@
 // Data:
 //   device, host   the slot pools of the two tiers. An entry is num_layers rows of row_bytes;
 //                  layer l's row of slot s sits at pool.offset(s) + l * stride (DP's
-//                  per-layer regions, include/ula/address_space.h "Pools"; TP: one layer);
+//                  per-layer regions, include/ula/address_space.h "Pools"; TP: one layer; a
+//                  space's frames: blocks of 64 rows per layer in the budget's arena);
 //   policy         the residency policy over the device slots;
 //   device_owner   [device capacity] the address each device slot holds, Invalid when free;
 //   new_on_host    sorted: the entries this round's Allocate placed on host (the device held
@@ -66,6 +67,10 @@ struct ShardPools {
     std::uint32_t num_layers = 1;
     // DP: per-layer regions of PaddedRows(slots) rows each; TP: one region of the slots.
     bool layer_regions = false;
+    // A space's frames (frame_share.h): the device slots in blocks of 64 rows over this arena,
+    // layer l of slot s at blocks' offset(s) + l * 64 * row_bytes. Null: an arena of their own.
+    const Arena* device_arena = nullptr;
+    SlotBlocks device_blocks;
   };
   // The pools on `arenas`, the policy over the device slots, shadows when `host_shadows`.
   static Result<ShardPools> Create(PoolArenas& arenas, const Geometry& geometry, PolicyKind policy_kind,

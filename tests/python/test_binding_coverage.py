@@ -42,6 +42,17 @@ CLASSES = {
     "FaultPlan": ("src/backend/fault_backend.h", "FaultPlan"),
     "FaultStats": ("src/backend/fault_backend.h", "FaultStats"),
     "TpStepPlanner": ("include/ula/tp_step_planner.h", "TpStepPlanner"),
+    "KvKind": ("include/ula/kv_kinds.h", "KvKind"),
+    "KindPages": ("include/ula/kv_kinds.h", "KindPages"),
+    "KindBudget": ("include/ula/address_space.h", "KindBudget"),
+}
+
+# Bound enums -> (header, C++ enum class): every enumerator is a Python value, named
+# snake_case without the k (kPerRequest -> per_request), with the same number.
+ENUMS = {
+    "KindLifetime": ("include/ula/kv_kinds.h", "KindLifetime"),
+    "KindPlacement": ("include/ula/kv_kinds.h", "KindPlacement"),
+    "AttentionLayerType": ("src/config/model_config.h", "AttentionLayerType"),
 }
 
 # Bound Python classes with no C++ class of their own.
@@ -72,25 +83,8 @@ ALIASES = {
 
 
 # (Python class, C++ member) -> why it has no binding.
-V4_KINDS = "DeepSeek-V4 layer kinds: the model config reads them (configs/models/deepseek_v4_*.json); a space with kinds holds bytes for its C4 entries only (the host and device steps select them; the other kinds are logical blocks or blocks of its budget's frames, whose bytes are the engine's), so Python binds no kinds yet (docs/INTEGRATION.md, DeepSeek-V4)"
 EXCLUDED = {
-    ("ModelConfig", "compress_rate_csa"): V4_KINDS,
-    ("ModelConfig", "compress_rate_hca"): V4_KINDS,
-    ("ModelConfig", "compress_ratios"): V4_KINDS,
-    ("ModelConfig", "compressor_state_bytes_per_value"): V4_KINDS,
-    ("AddressSpaceConfig", "kinds"): V4_KINDS,
-    ("AddressSpace", "KindPagesOf"): V4_KINDS,
-    ("AddressSpaceConfig", "kind_frame_bytes"): V4_KINDS,
-    ("AddressSpace", "KindBudgetOf"): V4_KINDS,
-    ("AddressSpace", "CompactKind"): V4_KINDS,
     ("ModelConfig", "indexer_shape"): "the indexer's shape from the model's fields (index_heads, index_head_dim, top_k), which Python reads from ModelConfig itself",
-    ("ModelConfig", "has_layer_kinds"): V4_KINDS,
-    ("ModelConfig", "index_key_bytes_fp4"): V4_KINDS,
-    ("ModelConfig", "kv_entry_bytes_bf16"): V4_KINDS,
-    ("ModelConfig", "kv_entry_bytes_fp8_uniform"): V4_KINDS,
-    ("ModelConfig", "layer_kind"): V4_KINDS,
-    ("ModelConfig", "num_layers_of_kind"): V4_KINDS,
-    ("ModelConfig", "sliding_window"): V4_KINDS,
     ("AddressSpace", "SetMoveExecutor"): "a C++ callback run inside Allocate; from Python, register_engine_memory installs the executor over the engine's memory",
     ("AddressSpaceConfig", "bytes_per_address"): "metadata accounting of the benches (ula bench metadata)",
     ("FaultPlan", "Validate"): "the FaultPlan constructor validates",
@@ -210,9 +204,9 @@ def bound_classes():
 
 
 def test_every_bound_class_is_listed():
-    unlisted = sorted(bound_classes() - set(CLASSES) - set(NOT_CPP))
-    assert not unlisted, f"bound classes missing from CLASSES (or NOT_CPP): {unlisted}"
-    gone = sorted((set(CLASSES) | set(NOT_CPP)) - bound_classes())
+    unlisted = sorted(bound_classes() - set(CLASSES) - set(NOT_CPP) - set(ENUMS))
+    assert not unlisted, f"bound classes missing from CLASSES (or NOT_CPP, ENUMS): {unlisted}"
+    gone = sorted((set(CLASSES) | set(NOT_CPP) | set(ENUMS)) - bound_classes())
     assert not gone, f"listed classes the package no longer binds: {gone}"
 
 
@@ -244,3 +238,24 @@ def test_every_public_member_is_bound_or_excluded(py_name):
             stale.append(member + " (no longer a public member)")
     assert not missing, f"{py_name}: public C++ members with neither a binding nor a reason in EXCLUDED: {missing}"
     assert not stale, f"{py_name}: excluded members that are bound now (remove them from EXCLUDED): {stale}"
+
+
+def enumerators(header, name):
+    text = strip_comments((REPO / header).read_text())
+    m = re.search(r"\benum\s+class\s+" + re.escape(name) + r"\b[^{;]*\{([^}]*)\}", text)
+    assert m, f"{name}: no enum class found in {header}"
+    out = {}
+    for item in m.group(1).split(","):
+        item = item.strip()
+        if item:
+            key, value = (x.strip() for x in item.split("="))
+            out[snake(key[1:])] = int(value)
+    return out
+
+
+@pytest.mark.parametrize("py_name", sorted(ENUMS))
+def test_every_enumerator_is_bound_with_its_value(py_name):
+    header, cpp = ENUMS[py_name]
+    cls = getattr(ulacache, py_name)
+    bound = {name: int(value) for name, value in cls.__members__.items()}
+    assert bound == enumerators(header, cpp)

@@ -3,17 +3,25 @@
 // leave. As the batch grows the resident frames rise and the C4 device share falls, the
 // groups' pools hold exactly that share, nothing is refused while the total fits; a frame a
 // kind takes sends its C4 entries to host with their bytes, never one used in this round;
-// frames return when requests free; a failed move and bad configs change nothing.
+// frames return when requests free; a failed move and bad configs change nothing. The
+// engine path and the device step's OpenMP form, on twin spaces over frames, make the same
+// decisions while frames are taken from under C4 entries and given back between rounds.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <map>
+#include <memory>
+#include <random>
+#include <string>
 
 #include "space/frame_share.h"
+#include "step/device_step_fixture.h"
 #include "space/kind_frames.h"
 #include "ula/address_space.h"
 #include "ula/backend.h"
+#include "ula/device_step.h"
 #include "ula/step_planner.h"
+#include "test_seed.h"
 #include "v4_flash.h"
 
 namespace ula {
@@ -141,6 +149,73 @@ struct Shadow {
   }
 };
 
+// The engine's rows of every resident kind, written through KindLayerView into the blocks
+// KindPagesOf gives each request: a block's pattern names its request, kind, block and row,
+// so a C4 write or move into a kind's frame, or a block id that is not where the view says,
+// shows as a changed row.
+struct ResidentRows {
+  std::map<std::pair<std::uint32_t, std::uint32_t>, std::uint32_t> owner;  // (kind, block) -> request written
+  static std::byte Pattern(std::uint32_t r, std::uint32_t k, std::uint32_t block, std::uint32_t l, std::uint32_t row,
+                           std::uint32_t i) {
+    return std::byte((r * 13 + k * 29 + block * 7 + l * 3 + row * 5 + i) & 0xff);
+  }
+  template <class F>
+  static void ForEachRow(const AddressSpace& s, std::uint32_t k, std::uint32_t block, F&& f) {
+    for (std::uint32_t l = 0; l < s.config().kinds[k].layers; ++l) {
+      auto vv = s.KindLayerView(k, l);
+      if (!vv) { ADD_FAILURE() << vv.error().ToString(); return; }
+      const LayerView v = *vv;
+      if (block >= v.blocks) { ADD_FAILURE() << "kind " << k << " block " << block << " of " << v.blocks; return; }
+      for (std::uint32_t row = 0; row < v.rows; ++row) f(l, row, const_cast<std::byte*>(v.Row(block, row)), v.row_bytes);
+    }
+  }
+  // Writes the blocks that changed hands, then checks every live block's rows.
+  void Update(const AddressSpace& s, std::span<const RequestId> live) {
+    for (RequestId r : live) {
+      for (std::uint32_t k = 0; k < s.config().kinds.size(); ++k) {
+        if (k == 1 || k == 2) continue;  // C4 and its keys: the directory's pages (the keys are the engine's)
+        const KindPages pages = *s.KindPagesOf(r, k);
+        for (std::uint32_t block : pages.blocks) {
+          auto& who = owner[{k, block}];
+          if (who == r.value()) continue;
+          who = r.value();
+          ForEachRow(s, k, block, [&](std::uint32_t l, std::uint32_t row, std::byte* p, std::uint32_t n) {
+            for (std::uint32_t i = 0; i < n; ++i) p[i] = Pattern(r.value(), k, block, l, row, i);
+          });
+        }
+      }
+    }
+    for (RequestId r : live) {
+      for (std::uint32_t k = 0; k < s.config().kinds.size(); ++k) {
+        if (k == 1 || k == 2) continue;
+        const KindPages pages = *s.KindPagesOf(r, k);
+        for (std::uint32_t block : pages.blocks) {
+          ForEachRow(s, k, block, [&](std::uint32_t l, std::uint32_t row, std::byte* p, std::uint32_t n) {
+            for (std::uint32_t i = 0; i < n; ++i) {
+              ASSERT_EQ(p[i], Pattern(r.value(), k, block, l, row, i))
+                  << "request " << r.value() << " kind " << k << " block " << block << " layer " << l << " row " << row;
+            }
+          });
+        }
+      }
+    }
+  }
+};
+
+// Every C4 entry on device is at its slot's row of DeviceLayerView, in the budget's buffer.
+void CheckC4Views(const AddressSpace& s, const std::map<std::uint32_t, std::uint32_t>& version) {
+  for (const auto& [a, v] : version) {
+    for (std::uint32_t g = 0; g < s.config().num_groups; ++g) {
+      const Location loc = *s.Lookup(LogicalAddr(a), GroupId(g));
+      if (loc.tier() != Tier::kDevice) continue;
+      const LayerView view = *s.DeviceLayerView(Rank(0), GroupId(g), 0);
+      const std::uint32_t slot = loc.slot().value();
+      ASSERT_EQ(std::memcmp(view.Row(slot / 64, slot % 64), Bytes(LogicalAddr(a), GroupId(g), v).data(), 64), 0)
+          << "address " << a << " group " << g << " slot " << slot;
+    }
+  }
+}
+
 TEST(KindSpaceFrames, AFrameAKindTakesSendsItsC4EntriesToHostWithTheirBytes) {
   auto backend = MakeCpuBackend({.copy_threads = 1});
   auto space = AddressSpace::Create(SmallFramesConfig(8, 4096), *backend);
@@ -152,6 +227,18 @@ TEST(KindSpaceFrames, AFrameAKindTakesSendsItsC4EntriesToHostWithTheirBytes) {
   auto first = s.Allocate(RequestId(1), 8192);
   ASSERT_TRUE(first) << first.error().ToString();
   ASSERT_TRUE(shadow.WriteAll(s, *first, 1));
+  // One buffer: the C4 layers and every kind's layers are views of the budget's bytes.
+  const LayerView c4 = *s.DeviceLayerView(Rank(0), GroupId(0), 0), window = *s.KindLayerView(0, 0);
+  EXPECT_EQ(c4.block_stride, 32u * 1024 / 4);  // the padded C4 envelope: 4 blocks per frame
+  EXPECT_EQ(window.base, c4.base);             // block 0 of every kind's view starts at the buffer
+  EXPECT_EQ(c4.blocks * c4.block_stride, s.config().device_bytes_per_rank);
+  EXPECT_TRUE(s.DeviceLayerBytes(Rank(0), GroupId(0), 0).empty());  // strided: no flat region
+  EXPECT_EQ(s.KindLayerView(1, 0).error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s.KindLayerView(0, 9).error().code(), ErrorCode::kOutOfRange);
+  ResidentRows resident;
+  std::vector<RequestId> live = {RequestId(1)};
+  resident.Update(s, live);
+  CheckC4Views(s, shadow.version);
   KindBudget b = *s.KindBudgetOf();
   const std::uint32_t taken_before = Resident(b);
   EXPECT_GT(taken_before, 0u);  // its window, keys, C128 and state took the lowest frames
@@ -172,6 +259,9 @@ TEST(KindSpaceFrames, AFrameAKindTakesSendsItsC4EntriesToHostWithTheirBytes) {
     ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
     ASSERT_TRUE(shadow.WriteAll(s, *fresh, r));
     shadow.Check(s);
+    live.push_back(RequestId(r));
+    resident.Update(s, live);
+    CheckC4Views(s, shadow.version);
     const KindBudget now = *s.KindBudgetOf();
     EXPECT_EQ(now.c4_on_device, now.c4_device_slots);  // still full: the share shrank under it
     s.AdvanceRound();
@@ -189,6 +279,8 @@ TEST(KindSpaceFrames, AFrameAKindTakesSendsItsC4EntriesToHostWithTheirBytes) {
   ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
   EXPECT_EQ(Resident(*s.KindBudgetOf()), taken_before);
   shadow.Check(s);
+  resident.Update(s, std::vector<RequestId>{RequestId(1)});
+  CheckC4Views(s, shadow.version);
   ASSERT_TRUE(s.Free(RequestId(1)));
   const KindBudget empty = *s.KindBudgetOf();
   EXPECT_EQ(empty.free_frames, empty.frames);
@@ -196,6 +288,8 @@ TEST(KindSpaceFrames, AFrameAKindTakesSendsItsC4EntriesToHostWithTheirBytes) {
   ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
 }
 
+// A frame full of this round's entries refuses the Allocate; a frame holding one is passed
+// over for a lower one.
 TEST(KindSpaceFrames, AnEntryUsedInThisRoundNeverMovesTheAllocateIsRefused) {
   auto backend = MakeCpuBackend({.copy_threads = 1});
   auto space = AddressSpace::Create(SmallFramesConfig(8, 4096), *backend);
@@ -211,6 +305,25 @@ TEST(KindSpaceFrames, AnEntryUsedInThisRoundNeverMovesTheAllocateIsRefused) {
   EXPECT_NE(refused.error().message().find("used in this round"), std::string::npos) << refused.error().message();
   EXPECT_EQ(s.DebugDigest(), before);
   s.AdvanceRound();
+  // In the next round a step selects one C4 entry of the highest free frame (2; the kinds
+  // hold 3..7): that frame is passed over, and frame 1, below it, is the one emptied.
+  const FrameShare share = FrameShareOf(s.config());
+  LogicalAddr selected, in_frame_1;
+  for (LogicalAddr a : s.AddressesOf(RequestId(1)).value()) {
+    const Location loc = *s.Lookup(a, GroupId(0));
+    if (loc.tier() != Tier::kDevice) continue;
+    if (share.FrameOfSlot(loc.slot().value()) == 2 && !selected.valid()) selected = a;
+    if (share.FrameOfSlot(loc.slot().value()) == 1 && !in_frame_1.valid()) in_frame_1 = a;
+  }
+  ASSERT_TRUE(selected.valid() && in_frame_1.valid());
+  const Location selected_at = *s.Lookup(selected, GroupId(0));
+  {
+    StepPlanner planner(s);
+    const std::vector<LogicalAddr> sel = {selected};
+    const std::vector<SelectionRun> runs = {{RequestId(1), 1}};
+    std::vector<SlotId> slots(1);
+    ASSERT_TRUE(planner.Step({Rank(0), GroupId(0), sel, runs}, slots));
+  }
   // A failed move changes nothing either.
   s.SetMoveExecutor([](std::span<const CopyDescriptor>) -> Status { return MakeError(ErrorCode::kIo, "copy engine"); });
   before = s.DebugDigest();
@@ -222,6 +335,8 @@ TEST(KindSpaceFrames, AnEntryUsedInThisRoundNeverMovesTheAllocateIsRefused) {
   s.SetMoveExecutor(nullptr);
   ASSERT_TRUE(s.Allocate(RequestId(2), 260));  // after AdvanceRound they may leave
   ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
+  EXPECT_EQ(*s.Lookup(selected, GroupId(0)), selected_at);              // used in this round: stayed
+  EXPECT_EQ(s.Lookup(in_frame_1, GroupId(0))->tier(), Tier::kHost);    // frame 1 was emptied
 }
 
 TEST(KindSpaceFrames, CompactionReturnsFramesToTheC4Share) {
@@ -287,6 +402,220 @@ TEST(KindSpaceFrames, BadConfigsAreRefusedNamingTheField) {
   ASSERT_TRUE(s) << s.error().ToString();
   EXPECT_EQ((*s)->KindBudgetOf().error().code(), ErrorCode::kFailedPrecondition);
   EXPECT_EQ((*s)->CompactKind(0).error().code(), ErrorCode::kFailedPrecondition);
+}
+
+
+// Engine memory of one (tier, group): [slots][64 B], the group's one layer.
+struct EnginePool {
+  std::uint32_t slots = 0;
+  std::vector<std::byte> bytes;
+  std::byte* Row(std::uint32_t slot) { return bytes.data() + std::size_t{slot} * 64; }
+  EngineRegion Region() {
+    return EngineRegion{reinterpret_cast<std::uintptr_t>(bytes.data()), std::uint64_t{slots} * 64, 64, 1, slots};
+  }
+};
+using EngineMemory = std::vector<EnginePool>[kNumTiers];
+
+void RunOn(std::span<const CopyDescriptor> desc, EngineMemory& mem) {
+  for (const CopyDescriptor& c : desc) {
+    std::byte* src = mem[c.src_tier][c.group].Row(c.src_slot);
+    std::byte* dst = mem[c.dst_tier][c.group].Row(c.dst_slot);
+    switch (static_cast<CopyOp>(c.op)) {
+      case CopyOp::kCopy: std::memcpy(dst, src, 64); break;
+      case CopyOp::kSwap: std::swap_ranges(src, src + 64, dst); break;
+      case CopyOp::kEvict:
+        std::memcpy(mem[static_cast<int>(Tier::kHost)][c.group].Row(c.evict_slot), dst, 64);
+        std::memcpy(dst, src, 64);
+        break;
+    }
+  }
+}
+
+// A decode loop with drafts over the small kinds at 16 frames: requests of 4096 tokens arrive
+// and finish, so their resident blocks take frames from under C4 entries (Allocate moves
+// them) and give them back, between the rounds. The engine path plans each group on one
+// space; the device step (OpenMP) plans it on a twin: the same descriptors, indices and
+// counts, each selection's bytes at its index, no selection ever in a withheld frame, the
+// twins' digests equal after every round.
+TEST(KindSpaceFrames, EnginePathAndDeviceStepAgreeWhileFramesMove) {
+  ULA_TEST_SEEDED(seed, 20261206);
+  constexpr std::uint32_t kBatch = 4, kTopK = 24, kDrafts = 2, kPrompt = 4096;
+#if defined(ULA_EXPENSIVE_CHECKS)
+  constexpr int kRounds = 60;
+#else
+  constexpr int kRounds = 150;
+#endif
+  auto backend = MakeCountingBackend();  // the engine owns the bytes
+  AddressSpaceConfig config = SmallFramesConfig(16, 4096);
+  config.policy = PolicyKind::kKernelPbLru;  // the device step holds PB-LRU as flat bitmaps
+  auto ref_space = AddressSpace::Create(config, *backend);
+  auto twin_space = AddressSpace::Create(config, *backend);
+  ASSERT_TRUE(ref_space && twin_space);
+  AddressSpace& ref = **ref_space;
+  AddressSpace& twin = **twin_space;
+  auto created = StepPlanner::Create(ref, {.max_batch = kBatch, .max_q_len = 1, .max_top_k = kTopK});
+  ASSERT_TRUE(created) << created.error().ToString();
+  StepPlanner& planner = **created;
+  EngineMemory mem_ref, mem_twin;
+  for (std::uint32_t g = 0; g < config.num_groups; ++g) {
+    const std::uint32_t slots[kNumTiers] = {config.device_slots_per_group(), config.host_slots_per_group()};
+    for (int t = 0; t < kNumTiers; ++t) {
+      mem_ref[t].push_back({slots[t], std::vector<std::byte>(std::size_t{slots[t]} * 64)});
+      mem_twin[t].push_back({slots[t], std::vector<std::byte>(std::size_t{slots[t]} * 64)});
+      ASSERT_TRUE(planner.RegisterEngineMemory(static_cast<Tier>(t), Rank(0), GroupId(g), mem_ref[t][g].Region()));
+    }
+  }
+  twin.SetMoveExecutor([&](std::span<const CopyDescriptor> moves) -> Status {
+    RunOn(moves, mem_twin);
+    return Ok();
+  });
+  std::vector<std::unique_ptr<DeviceStep>> steps;
+  for (std::uint32_t g = 0; g < config.num_groups; ++g) {
+    auto step = DeviceStep::Create(twin, Rank(0), GroupId(g),
+                                   {.max_rows = kBatch, .max_batch = kBatch, .max_top_k = kTopK,
+                                    .max_addresses = 1u << 14, .max_requests = 256, .max_adopted = 16});
+    ASSERT_TRUE(step) << step.error().ToString();
+    steps.push_back(std::move(*step));
+  }
+  std::mt19937_64 rng(seed);
+  std::vector<RequestId> requests;
+  std::vector<std::uint32_t> tokens;
+  std::map<std::uint32_t, std::uint32_t> version;
+  std::uint32_t next_id = 1, next_version = 1;
+  std::uint64_t frames_taken = 0, frames_returned = 0;
+  std::uint32_t last_free = ref.KindBudgetOf()->free_frames;
+  auto track = [&]() {  // the frames the last change took or gave back
+    const std::uint32_t now = ref.KindBudgetOf()->free_frames;
+    EXPECT_EQ(twin.KindBudgetOf()->free_frames, now);
+    frames_taken += now < last_free ? last_free - now : 0;
+    frames_returned += now > last_free ? now - last_free : 0;
+    last_free = now;
+  };
+  auto write_kv = [&](std::span<const LogicalAddr> fresh) {
+    for (LogicalAddr a : fresh) {
+      version[a.value()] = next_version++;
+      for (std::uint32_t g = 0; g < config.num_groups; ++g) {
+        const Location r = ref.Lookup(a, GroupId(g)).value();
+        const Location t = twin.Lookup(a, GroupId(g)).value();
+        std::vector<std::byte> row = Bytes(a, GroupId(g), version[a.value()]);
+        std::memcpy(mem_ref[static_cast<int>(r.tier())][g].Row(r.slot().value()), row.data(), 64);
+        std::memcpy(mem_twin[static_cast<int>(t.tier())][g].Row(t.slot().value()), row.data(), 64);
+      }
+    }
+  };
+  // Both spaces do the same; the twin's answer must be the reference's.
+  auto allocate = [&](std::size_t b, std::uint32_t n) -> bool {
+    auto a = ref.Allocate(requests[b], n);
+    auto t = twin.Allocate(requests[b], n);
+    EXPECT_EQ(a.has_value(), t.has_value());
+    if (!a || !t) {
+      if (!a) std::printf("refused: %s\n", a.error().ToString().c_str());
+      return false;
+    }
+    EXPECT_EQ(*a, *t);
+    tokens[b] += n;
+    write_kv(*a);
+    track();
+    return true;
+  };
+  auto add = [&]() {
+    const RequestId r(next_id++);
+    EXPECT_TRUE(ref.AddRequest(r, Rank(0)) && twin.AddRequest(r, Rank(0)));
+    requests.push_back(r);
+    tokens.push_back(0);
+    if (!allocate(requests.size() - 1, kPrompt)) {  // the budget is full: it waits
+      EXPECT_TRUE(ref.Free(r) && twin.Free(r));
+      requests.pop_back();
+      tokens.pop_back();
+    }
+    ref.AdvanceRound();
+    twin.AdvanceRound();
+  };
+  for (std::uint32_t b = 0; b < kBatch; ++b) add();
+  ASSERT_EQ(requests.size(), kBatch);
+  testing::Shape shape{.batch = kBatch, .q_len = 1, .top_k = kTopK, .sel_stride = kTopK, .idx_stride = kTopK};
+  std::vector<std::int32_t> sel(std::size_t{kBatch} * kTopK), idx(sel.size());
+  std::vector<CopyDescriptor> desc(planner.max_descriptors());
+  std::vector<std::uint8_t> status(std::max(desc.size(), std::size_t{steps[0]->max_descriptors()}), 0);
+  std::uint64_t hits = 0, misses = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    if (round % 10 == 9) {  // one request finishes, another arrives
+      const std::size_t b = rng() % requests.size();
+      ASSERT_TRUE(ref.Free(requests[b]) && twin.Free(requests[b]));
+      track();
+      requests.erase(requests.begin() + static_cast<std::ptrdiff_t>(b));
+      tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(b));
+      add();
+      while (requests.size() < kBatch) add();
+    }
+    for (std::size_t b = 0; b < requests.size(); ++b) ASSERT_TRUE(allocate(b, 1 + kDrafts)) << "round " << round;
+    for (std::uint32_t g = 0; g < config.num_groups; ++g) {
+      const std::string where = "round " + std::to_string(round) + " group " + std::to_string(g);
+      DeviceStep& step = *steps[g];
+      ASSERT_TRUE(step.Reload(twin, nullptr)) << where;
+      std::fill(sel.begin(), sel.end(), -1);
+      for (std::size_t b = 0; b < requests.size(); ++b) {
+        auto list = ref.AddressesOf(requests[b]).value();
+        std::vector<LogicalAddr> pool(list.begin(), list.end());
+        const std::size_t k = std::min<std::size_t>(kTopK, pool.size());
+        for (std::size_t i = 0; i < k; ++i) std::swap(pool[i], pool[i + rng() % (pool.size() - i)]);
+        for (std::size_t i = 0; i < k; ++i) sel[b * kTopK + i] = static_cast<std::int32_t>(pool[i].value());
+      }
+      auto plan = planner.Plan(Rank(0), GroupId(g), {kBatch, 1, kTopK}, requests, sel, idx, desc);
+      ASSERT_TRUE(plan) << where << ": " << plan.error().ToString();
+      const auto ref_desc = std::span(desc).first(plan->num_descriptors);
+      auto st = std::span(status).first(plan->num_descriptors);
+      planner.ExecuteOnEngineMemory(ref_desc, st);
+      ASSERT_TRUE(planner.Complete(plan->fence, st)) << where;
+      testing::DeviceIo io;
+      io.Fill(shape, sel, requests, step.max_descriptors());
+      ASSERT_TRUE(step.Plan(io.arrays, nullptr)) << where;
+      ASSERT_EQ(io.record.error, 0u) << where;
+      ASSERT_EQ(io.record.num_descriptors, plan->num_descriptors) << where;
+      EXPECT_EQ(io.record.hits, plan->stats.hits) << where;
+      EXPECT_EQ(io.record.misses, plan->stats.misses) << where;
+      for (std::uint32_t i = 0; i < plan->num_descriptors; ++i) {
+        ASSERT_EQ(std::memcmp(&io.descriptors[i], &ref_desc[i], sizeof(CopyDescriptor)), 0) << where << " descriptor " << i;
+      }
+      RunOn(std::span(io.descriptors).first(io.record.num_descriptors), mem_twin);
+      std::fill(status.begin(), status.end(), 0);
+      ASSERT_TRUE(step.Complete(status.data(), nullptr)) << where;
+      ASSERT_TRUE(step.StoreInto(twin, nullptr)) << where;
+      hits += io.record.hits;
+      misses += io.record.misses;
+      for (std::size_t i = 0; i < sel.size(); ++i) {
+        if (sel[i] == -1) continue;
+        const LogicalAddr a(static_cast<std::uint32_t>(sel[i]));
+        ASSERT_EQ(io.indices[i], idx[i]) << where << " selection " << i;
+        ASSERT_GE(idx[i], 0) << where;
+        const std::uint32_t slot = static_cast<std::uint32_t>(idx[i]);
+        ASSERT_LT(slot, config.device_slots_per_group());
+        ASSERT_EQ(twin.Lookup(a, GroupId(g))->slot().value(), slot) << where;  // never a withheld slot: CheckInvariants
+        const std::vector<std::byte> want = Bytes(a, GroupId(g), version.at(a.value()));
+        ASSERT_EQ(std::memcmp(mem_twin[0][g].Row(slot), want.data(), 64), 0) << where << " address " << a.value();
+        ASSERT_EQ(std::memcmp(mem_ref[0][g].Row(slot), want.data(), 64), 0) << where << " address " << a.value();
+      }
+      const Status inv = twin.CheckInvariants();  // no C4 entry in a withheld frame, among the rest
+      ASSERT_TRUE(inv) << where << ": " << inv.error().ToString();
+    }
+    ASSERT_EQ(twin.DebugDigest(), ref.DebugDigest()) << "round " << round;
+    for (std::size_t b = 0; b < requests.size(); ++b) {  // verification: rejected drafts roll back
+      const std::uint32_t rejected = static_cast<std::uint32_t>(rng() % (kDrafts + 1));
+      if (rejected == 0) continue;
+      tokens[b] -= rejected;
+      ASSERT_TRUE(ref.Truncate(requests[b], tokens[b]) && twin.Truncate(requests[b], tokens[b]));
+      track();
+    }
+    ref.AdvanceRound();
+    twin.AdvanceRound();
+    ASSERT_TRUE(ref.CheckInvariants()) << ref.CheckInvariants().error().ToString();
+  }
+  std::printf("device step over frames: %llu hits, %llu misses, frames taken %llu and returned %llu between rounds\n",
+              static_cast<unsigned long long>(hits), static_cast<unsigned long long>(misses),
+              static_cast<unsigned long long>(frames_taken), static_cast<unsigned long long>(frames_returned));
+  EXPECT_GT(misses, 500u);
+  EXPECT_GT(frames_taken, 3u);
+  EXPECT_GE(frames_returned, 3u);
 }
 
 }  // namespace
