@@ -67,8 +67,8 @@ Status WithholdFrames(const AddressSpaceConfig& config, AddressSpace::State& st,
       }
     }
   }
-  // 2. Claim the frames' free slots, then the places the leaving entries go: host first,
-  // else a free device slot outside the frames. Undone on any failure below.
+  // 2. Claim the frames' free slots, then the places the leaving entries go: a free device
+  // slot outside the frames first (the C4 share keeps every entry it has room for), else host. Undone on any failure below.
   std::vector<std::vector<SlotId>> claimed(config.num_groups);
   auto undo = [&]() {
     for (const Leaving& l : leaving) {
@@ -93,10 +93,10 @@ Status WithholdFrames(const AddressSpaceConfig& config, AddressSpace::State& st,
   }
   for (Leaving& l : leaving) {
     GroupPools& gp = st.at(rank, GroupId(l.group));
-    if (auto h = gp.host.Allocate()) {
-      l.to = Location::Make(Tier::kHost, rank, *h);
-    } else if (auto d = gp.device.Allocate()) {
+    if (auto d = gp.device.Allocate()) {
       l.to = Location::Make(Tier::kDevice, rank, *d);
+    } else if (auto h = gp.host.Allocate()) {
+      l.to = Location::Make(Tier::kHost, rank, *h);
     } else {
       undo();
       return MakeError(ErrorCode::kResourceExhausted,

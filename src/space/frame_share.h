@@ -16,7 +16,7 @@
 // and Allocate see the C4 device share shrink as the resident kinds grow, and grow back when
 // their frames return. Before an Append whose resident blocks may take free frames
 // (KindEntries::CheckAppend's bound), WithholdFrames empties that many free frames: their C4
-// entries move to host (or to a free device slot of another frame when the host is full),
+// entries move to a free device slot of another frame, or to host when the share is full,
 // copy first, publish after, and KindFrames::Take gives withheld free frames first. An
 // entry used in this round (allocated or selected since AdvanceRound) never moves, since its
 // write slot or its step's index would go stale: the frames taken are the lowest free ones
@@ -53,8 +53,8 @@ FrameShare FrameShareOf(const AddressSpaceConfig& config);
 using RunMovesFn = std::function<Status(std::span<const CopyDescriptor>)>;
 
 // Withholds `need` free frames from C4 on `rank`, the first Take gives whose C4 slots hold no entry
-// used in this round: their entries move out (host first, else a free device slot of another
-// frame), copy first, publish after. kResourceExhausted when fewer such frames are free or
+// used in this round: their entries move out (a free device slot of another frame first,
+// else host), copy first, publish after. kResourceExhausted when fewer such frames are free or
 // the moved entries find no room, kIo when a copy fails; nothing changes on error.
 Status WithholdFrames(const AddressSpaceConfig& config, AddressSpace::State& st, Rank rank, std::uint32_t need,
                       const RunMovesFn& run_moves);
