@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "config/model_kinds.h"
+#include "space/kind_entries.h"
 #include "space/kind_frames.h"
 #include "ula/backend.h"
 
@@ -26,10 +27,29 @@ ModelConfig ServedModel(const ModelConfig& model, bool mtp) {
   return m;
 }
 
-// One space's run over a rank's requests (their lengths, in order), stopping at its first
-// refusal: each admitted request's budget after it. The space starts empty and is left
-// empty (every request freed), so the next rank's run reuses it: an empty space admits by
-// counts of frames and entries alone, whatever addresses its earlier runs handed out.
+// The space's admission core: KindEntries over one rank's KindFrames, the classes
+// AddressSpace::Allocate admits by (space/kind_entries.h), without the C4 entries' directory
+// and pools, whose per-entry work changes no admission (kind_space_admission_test runs the
+// whole space beside it: the same count and budgets).
+struct AdmissionCore {
+  std::unique_ptr<KindFrames> frames;
+  std::unique_ptr<KindEntries> entries;
+  std::uint32_t sparse = 0;
+  KindBudget Budget() const {
+    KindBudget b;
+    b.frames = frames->num_frames();
+    b.free_frames = frames->free_frames();
+    for (std::uint32_t k = 0; k < frames->num_kinds(); ++k) b.frames_of_kind.push_back(frames->frames_of(k));
+    b.c4_device_slots = std::uint64_t{b.free_frames} * frames->envelope(sparse).per_frame * kKindBlockEntries;
+    b.c4_entries = entries->SparseEntries();
+    b.c4_on_device = entries->SparseDeviceEntries();  // new entries fill the device share first
+    return b;
+  }
+};
+
+// One rank's run over its requests (their lengths, in order), stopping at its first refusal:
+// each admitted request's budget after it. The core starts empty and is left empty (every
+// request freed), so the next rank's run reuses it.
 struct RankRun {
   std::vector<KindBudget> after;  // [admitted here]
   bool refused = false;
@@ -37,38 +57,35 @@ struct RankRun {
   KindBudget start;
 };
 
-Result<RankRun> RunOneSpace(AddressSpace& s, const KindSpaceSetup& setup, std::span<const std::uint32_t> tokens) {
+Result<RankRun> RunOneSpace(AdmissionCore& core, const KindSpaceSetup& setup, std::span<const std::uint32_t> tokens) {
   RankRun run;
-  auto start = s.KindBudgetOf();
-  if (!start) return std::unexpected(start.error());
-  run.start = *start;
+  run.start = core.Budget();
+  KindEntries& e = *core.entries;
+  std::size_t added = 0;
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     const RequestId r(static_cast<std::uint32_t>(i + 1));
-    ULA_RETURN_IF_ERROR(s.AddRequest(r, Rank(0)));
+    ULA_RETURN_IF_ERROR(e.AddRequest(r));
+    ++added;
     Status refused = Ok();
     for (std::uint32_t done = 0; done < tokens[i];) {  // prefill in chunks, a round each
       const std::uint32_t chunk = std::min(setup.prefill_chunk_tokens, tokens[i] - done);
-      auto fresh = s.Allocate(r, chunk);
-      if (!fresh) {
-        if (fresh.error().code() != ErrorCode::kResourceExhausted) return std::unexpected(fresh.error());
-        refused = std::unexpected(fresh.error());
+      auto made = e.CheckAppend(r, chunk);
+      if (!made) {
+        if (made.error().code() != ErrorCode::kResourceExhausted) return std::unexpected(made.error());
+        refused = std::unexpected(made.error());
         break;
       }
+      e.Append(r, chunk);
       done += chunk;
-      s.AdvanceRound();
     }
     if (!refused) {
       run.refused = true;
       run.refusal = refused.error().message();
       break;  // the refused request is not counted (the engine aborts it; its space goes with it)
     }
-    auto b = s.KindBudgetOf();
-    if (!b) return std::unexpected(b.error());
-    run.after.push_back(*b);
+    run.after.push_back(core.Budget());
   }
-  const std::size_t added = std::min(tokens.size(), run.after.size() + (run.refused ? 1 : 0));
-  for (std::size_t i = 0; i < added; ++i) ULA_RETURN_IF_ERROR(s.Free(RequestId(static_cast<std::uint32_t>(i + 1))));
-  s.AdvanceRound();
+  for (std::size_t i = 0; i < added; ++i) ULA_RETURN_IF_ERROR(e.Free(RequestId(static_cast<std::uint32_t>(i + 1))));
   return run;
 }
 
@@ -107,10 +124,14 @@ Result<KindSpaceRun> RunKindSpace(const ModelConfig& model, const KindSpaceSetup
   const std::uint32_t P = tp ? 1 : setup.num_ranks;
   const std::size_t n = final_tokens.size();
   std::size_t first_refused = n;  // global index of the first refused request
-  auto backend = MakeCountingBackend();
-  auto created = AddressSpace::Create(*config, *backend);
-  if (!created) return std::unexpected(created.error());
-  AddressSpace& space = **created;  // every rank's run in turn, emptied between them
+  ULA_RETURN_IF_ERROR(config->Validate());
+  auto frames_made = KindFrames::Create({config->kinds, config->device_bytes_per_rank, config->kind_frame_bytes,
+                                         /*take_from_top=*/true});
+  if (!frames_made) return std::unexpected(frames_made.error());
+  AdmissionCore space;  // every rank's run in turn, emptied between them
+  space.frames = std::make_unique<KindFrames>(std::move(*frames_made));
+  space.entries = std::make_unique<KindEntries>(config->kinds, space.frames.get(), config->host_slots_per_group());
+  space.sparse = space.entries->sparse_kind();
   std::vector<RankRun> ranks(P);
   std::vector<std::vector<std::uint32_t>> seqs(P);
   std::vector<std::string> refusal(P);

@@ -1,15 +1,18 @@
 // KindSpaceAdmission: UlaCache's admission of a model with layer kinds (DeepSeek-V4) from a
 // run of its address space, not from accounting (docs/COST_MODEL.md "Kinds").
 //
-// Per GPU, one DP space over kind frames (AddressSpaceConfig::kind_frame_bytes =
-// kKindFrameBytes; src/space/frame_share.h) on the counting backend (no bytes): every kind of
+// Per GPU, the admission core of one DP space over kind frames (AddressSpaceConfig::
+// kind_frame_bytes = kKindFrameBytes; src/space/frame_share.h): KindEntries over one rank's
+// KindFrames (space/kind_entries.h), what AddressSpace::Allocate admits by, without the C4
+// entries' directory and pools (kind_space_admission_test runs the whole space beside it:
+// the same admission and budgets). Every kind of
 // the model (SpaceConfigOfModel; the MTP layer's window only with MTP on, the ring's drafts
 // the workload's) carved from the GPU's device KV budget, its host tier the GPU's host
 // budget in C4 entries. The CSA layers are one group of their 21 layers: a C4 entry's place
 // is the same in every group of a space over frames (KindBudget::c4_on_device), so one group
 // admits what 21 do, at 1/21 of the work. Requests arrive in order and are prefilled as an
-// engine does, in chunks of prefill_chunk_tokens (AddRequest, then Allocate per chunk,
-// AdvanceRound after each); the first request whose Allocate is refused is freed and stops
+// engine does, in chunks of prefill_chunk_tokens (AddRequest, then CheckAppend and Append
+// per chunk, as Allocate does); the first request whose Allocate is refused is freed and stops
 // admission: it is not counted, and every later request waits behind it.
 //
 //   DP: request i runs on rank i mod P, each rank its own space (one budget per GPU).
