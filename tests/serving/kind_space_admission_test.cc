@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "test_seed.h"
 #include "config/model_config.h"
 #include "config/model_kinds.h"
 #include "serving/kind_config.h"
@@ -72,9 +73,10 @@ Direct DirectRun(std::uint32_t frames, std::uint64_t host_c4, const std::vector<
   return d;
 }
 
-std::vector<std::uint32_t> Lengths(std::uint32_t n, std::uint32_t lo, std::uint32_t hi, std::uint32_t seed) {
-  std::printf("seed %u\n", seed);
-  std::mt19937 rng(seed);
+std::vector<std::uint32_t> Lengths(std::uint32_t n, std::uint32_t lo, std::uint32_t hi, std::uint32_t default_seed) {
+  const std::uint64_t seed = ::ula::testing::TestSeed(default_seed);
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937 rng(static_cast<std::uint32_t>(seed));
   std::uniform_int_distribution<std::uint32_t> len(lo, hi);
   std::vector<std::uint32_t> out(n);
   for (std::uint32_t& t : out) t = len(rng);
