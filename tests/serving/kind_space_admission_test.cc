@@ -28,6 +28,16 @@ ModelConfig Flash() {
   return *m;
 }
 
+// The sanitizer trees check every invariant inside each Allocate of the direct runs (21
+// groups, every C4 entry): they run smaller budgets and host tiers there, the same rules.
+#if defined(ULA_EXPENSIVE_CHECKS)
+constexpr std::uint32_t kBudgetFrames = 8, kSmallFrames = 8;
+constexpr std::uint64_t kHostC4 = 20'000, kSmallHostC4 = 10'000;
+#else
+constexpr std::uint32_t kBudgetFrames = 16, kSmallFrames = 12;
+constexpr std::uint64_t kHostC4 = 100'000, kSmallHostC4 = 50'000;
+#endif
+
 // What a space over frames admits, run by hand: V4-Flash without its MTP layer, its 21 CSA
 // groups of one layer each (not the run's one group of 21), requests prefilled in chunks of
 // 8192 tokens with a round each, until the first Allocate is refused.
@@ -89,8 +99,8 @@ KindSpaceSetup Dp(std::uint32_t ranks, std::uint32_t frames, std::uint64_t host_
 }
 
 TEST(KindSpaceAdmission, AdmitsWhatADirectRunOfTheSpaceAdmitsAndStopsAtTheFirstRefusal) {
-  constexpr std::uint32_t kFrames = 16;
-  constexpr std::uint64_t kHost = 100'000;
+  constexpr std::uint32_t kFrames = kBudgetFrames;
+  constexpr std::uint64_t kHost = kHostC4;
   const std::vector<std::uint32_t> tokens = Lengths(80, 2'000, 40'000, 58);
   const Direct direct = DirectRun(kFrames, kHost, tokens);
   ASSERT_LT(direct.admitted, tokens.size()) << "the budget never filled";
@@ -118,8 +128,8 @@ TEST(KindSpaceAdmission, AdmitsWhatADirectRunOfTheSpaceAdmitsAndStopsAtTheFirstR
 }
 
 TEST(KindSpaceAdmission, TheFirstRequestThatDoesNotFitIsNotCountedAndLaterOnesWaitBehindIt) {
-  constexpr std::uint32_t kFrames = 16;
-  constexpr std::uint64_t kHost = 100'000;
+  constexpr std::uint32_t kFrames = kBudgetFrames;
+  constexpr std::uint64_t kHost = kHostC4;
   // Five requests fit, the sixth holds more C4 entries than the whole space, the rest fit.
   std::vector<std::uint32_t> tokens(5, 20'000);
   tokens.push_back(2'000'000);
@@ -137,8 +147,8 @@ TEST(KindSpaceAdmission, TheFirstRequestThatDoesNotFitIsNotCountedAndLaterOnesWa
 }
 
 TEST(KindSpaceAdmission, DpRanksStopAtTheFirstRefusalOfAnyRankInArrivalOrder) {
-  constexpr std::uint32_t kFrames = 12;
-  constexpr std::uint64_t kHost = 50'000;
+  constexpr std::uint32_t kFrames = kSmallFrames;
+  constexpr std::uint64_t kHost = kSmallHostC4;
   // Rank 1 (odd requests) gets long requests, rank 0 short ones: rank 1 refuses first.
   std::vector<std::uint32_t> tokens;
   for (std::uint32_t i = 0; i < 120; ++i) tokens.push_back(i % 2 == 0 ? 3'000 : 30'000);
@@ -183,15 +193,15 @@ TEST(KindSpaceAdmission, AdmitsMoreThanSglangsFixedPoolsAtTheSameBudget) {
 }
 
 TEST(KindSpaceAdmission, TpRunsOneRanksShareOfEachRequest) {
-  constexpr std::uint32_t kFrames = 16;
+  constexpr std::uint32_t kFrames = kBudgetFrames;
   const std::vector<std::uint32_t> tokens = Lengths(120, 16'000, 160'000, 59);
-  KindSpaceSetup tp = Dp(8, kFrames, 100'000);
+  KindSpaceSetup tp = Dp(8, kFrames, kHostC4);
   tp.mode = ParallelMode::kTp;
   auto run = RunKindSpace(Flash(), tp, tokens);
   ASSERT_TRUE(run) << run.error().ToString();
   std::vector<std::uint32_t> share;
   for (std::uint32_t t : tokens) share.push_back((t + 7) / 8);
-  const Direct d = DirectRun(kFrames, 100'000, share);
+  const Direct d = DirectRun(kFrames, kHostC4, share);
   ASSERT_LT(d.admitted, tokens.size());
   EXPECT_EQ(run->admitted, d.admitted);
   ASSERT_EQ(run->ranks.size(), 1u);
