@@ -8,8 +8,7 @@
 #include <memory>
 
 #include "config/model_kinds.h"
-#include "space/kind_entries.h"
-#include "space/kind_frames.h"
+#include "space/frame_share.h"
 #include "ula/backend.h"
 
 namespace ula {
@@ -34,17 +33,7 @@ ModelConfig ServedModel(const ModelConfig& model, bool mtp) {
 struct AdmissionCore {
   std::unique_ptr<KindFrames> frames;
   std::unique_ptr<KindEntries> entries;
-  std::uint32_t sparse = 0;
-  KindBudget Budget() const {
-    KindBudget b;
-    b.frames = frames->num_frames();
-    b.free_frames = frames->free_frames();
-    for (std::uint32_t k = 0; k < frames->num_kinds(); ++k) b.frames_of_kind.push_back(frames->frames_of(k));
-    b.c4_device_slots = std::uint64_t{b.free_frames} * frames->envelope(sparse).per_frame * kKindBlockEntries;
-    b.c4_entries = entries->SparseEntries();
-    b.c4_on_device = entries->SparseDeviceEntries();  // new entries fill the device share first
-    return b;
-  }
+  KindBudget Budget() const { return BudgetOf(*frames, *entries); }  // new entries fill the device share first
 };
 
 // One rank's run over its requests (their lengths, in order), stopping at its first refusal:
@@ -131,7 +120,6 @@ Result<KindSpaceRun> RunKindSpace(const ModelConfig& model, const KindSpaceSetup
   AdmissionCore space;  // every rank's run in turn, emptied between them
   space.frames = std::make_unique<KindFrames>(std::move(*frames_made));
   space.entries = std::make_unique<KindEntries>(config->kinds, space.frames.get(), config->host_slots_per_group());
-  space.sparse = space.entries->sparse_kind();
   std::vector<RankRun> ranks(P);
   std::vector<std::vector<std::uint32_t>> seqs(P);
   std::vector<std::string> refusal(P);

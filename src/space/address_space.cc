@@ -66,11 +66,9 @@ std::uint64_t AddressSpaceConfig::bytes_per_address() const {
 
 std::uint32_t AddressSpaceConfig::device_slots_per_group() const {
   if (kind_frame_bytes != 0) {  // the budget's frames, each holding its C4 slots (frame_share.h)
-    const std::size_t sparse = SparseKindIndex(kinds);
-    auto envelopes = KindEnvelopes(kinds, kind_frame_bytes);
-    if (sparse == kinds.size() || !envelopes) return 0;
-    const std::uint64_t slots =
-        device_bytes_per_rank / kind_frame_bytes * (*envelopes)[sparse].per_frame * std::uint64_t{kKindBlockEntries};
+    const std::optional<FrameShare> share = FrameShareOf(*this);
+    if (!share) return 0;
+    const std::uint64_t slots = std::uint64_t{share->num_frames} * share->slots_per_frame;
     return static_cast<std::uint32_t>(std::min<std::uint64_t>(slots, SlotId::kInvalidValue));
   }
   return static_cast<std::uint32_t>(device_bytes_per_rank / std::max<std::uint64_t>(bytes_per_address(), 1));
@@ -93,13 +91,12 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceCon
   // A space with kind frames: one arena of the budget's frames on rank 0, in which the C4
   // slots of group g are the C4 kind's layers of g, in blocks of 64 (frame_share.h).
   std::optional<Arena> budget;
-  SlotBlocks c4_blocks;
   if (config.kind_frame_bytes != 0) {
-    auto arena = state->arenas.MakeArena(Tier::kDevice, Rank(0), config.device_bytes_per_rank /
-                                                                    config.kind_frame_bytes * config.kind_frame_bytes);
+    state->share = *FrameShareOf(config);  // Validate checked the kinds and the frame
+    auto arena = state->arenas.MakeArena(Tier::kDevice, Rank(0),
+                                         std::uint64_t{state->share.num_frames} * config.kind_frame_bytes);
     if (!arena) return std::unexpected(arena.error());
     budget = *arena;
-    c4_blocks.block_stride = (*KindEnvelopes(config.kinds, config.kind_frame_bytes))[SparseKindIndex(config.kinds)].padded;
   }
   for (std::uint32_t r = 0; r < config.num_ranks; ++r) {
     std::uint64_t layer_base = 0;  // the C4 kind's layers before group g
@@ -109,7 +106,7 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceCon
                                /*layer_regions=*/true};
       if (budget) {
         geo.device_arena = &*budget;
-        geo.device_blocks = SlotBlocks{layer_base * SlotBlocks::kRows * config.row(), c4_blocks.block_stride};
+        geo.device_blocks = SlotBlocks{layer_base * SlotBlocks::kRows * config.row(), state->share.block_stride};
       }
       layer_base += config.layers_of(GroupId(g));
       auto pools = ShardPools::Create(state->arenas, geo, config.policy, config.policy_options, config.host_shadows);
@@ -124,7 +121,6 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceCon
                                      budget->data);
     if (!frames) return std::unexpected(frames.error());
     state->frames = std::make_unique<KindFrames>(std::move(*frames));
-    state->share = FrameShareOf(config);
     state->kinds = KindEntries(config.kinds, state->frames.get(), host_slots);
   }
   state->stable_new_entries = config.stable_new_entries;
@@ -156,11 +152,7 @@ Status AddressSpace::RunMoves(std::span<const CopyDescriptor> moves) {
     for (; i < moves.size() && moves[i].group == first.group && moves[i].src_rank == first.src_rank &&
            moves[i].dst_tier == first.dst_tier;
          ++i) {
-      const SlotPool& dst = gp.pool(to);
-      for (std::uint32_t l = 0; l < gp.num_layers; ++l) {
-        batch.moves.push_back({gp.device.offset(SlotId(moves[i].src_slot)) + l * gp.device_stride,
-                               dst.offset(SlotId(moves[i].dst_slot)) + l * gp.stride(to)});
-      }
+      gp.AppendMoves(Tier::kDevice, SlotId(moves[i].src_slot), to, SlotId(moves[i].dst_slot), batch.moves);
     }
     auto fence = backend_.Submit(std::move(batch));
     if (!fence) return std::unexpected(fence.error());
@@ -534,13 +526,8 @@ Result<KindBudget> AddressSpace::KindBudgetOf() const {
     return MakeError(ErrorCode::kFailedPrecondition, "KindBudgetOf: the space holds no kind frames "
                                                      "(AddressSpaceConfig::kind_frame_bytes)");
   }
-  KindBudget b;
-  b.frames = st.frames->num_frames();
-  b.free_frames = st.frames->free_frames();
-  for (std::uint32_t k = 0; k < st.frames->num_kinds(); ++k) b.frames_of_kind.push_back(st.frames->frames_of(k));
-  b.c4_device_slots = std::uint64_t{b.free_frames} * st.share.slots_per_frame;
-  b.c4_entries = st.kinds.SparseEntries();
-  b.c4_on_device = st.at(Rank(0), GroupId(0)).NumUsed(Tier::kDevice);
+  KindBudget b = BudgetOf(*st.frames, st.kinds);
+  b.c4_on_device = st.at(Rank(0), GroupId(0)).NumUsed(Tier::kDevice);  // where the pools hold them
   return b;
 }
 

@@ -9,12 +9,24 @@
 
 namespace ula {
 
-FrameShare FrameShareOf(const AddressSpaceConfig& config) {
-  auto envelopes = KindEnvelopes(config.kinds, config.kind_frame_bytes);
-  ULA_CHECK(envelopes.has_value());  // Validate checked them
+std::optional<FrameShare> FrameShareOf(const AddressSpaceConfig& config) {
   const std::size_t sparse = SparseKindIndex(config.kinds);
+  auto envelopes = KindEnvelopes(config.kinds, config.kind_frame_bytes);
+  if (sparse == config.kinds.size() || !envelopes) return std::nullopt;
+  const KindEnvelope& c4 = (*envelopes)[sparse];
   return FrameShare{static_cast<std::uint32_t>(config.device_bytes_per_rank / config.kind_frame_bytes),
-                    (*envelopes)[sparse].per_frame * kKindBlockEntries};
+                    c4.per_frame * kKindBlockEntries, c4.padded};
+}
+
+KindBudget BudgetOf(const KindFrames& frames, const KindEntries& entries) {
+  KindBudget b;
+  b.frames = frames.num_frames();
+  b.free_frames = frames.free_frames();
+  for (std::uint32_t k = 0; k < frames.num_kinds(); ++k) b.frames_of_kind.push_back(frames.frames_of(k));
+  b.c4_device_slots = entries.SparseDeviceShare();
+  b.c4_entries = entries.SparseEntries();
+  b.c4_on_device = entries.SparseDeviceEntries();
+  return b;
 }
 
 namespace {
@@ -24,9 +36,7 @@ struct Leaving {
   SlotId from;
   Location to;
 };
-}  // namespace
 
-namespace {
 // Whether a C4 slot of frame f holds an entry used in this round, in any group.
 bool HoldsRoundUsed(const AddressSpaceConfig& config, const AddressSpace::State& st, Rank rank, std::uint32_t f) {
   for (std::uint32_t g = 0; g < config.num_groups; ++g) {
@@ -68,13 +78,13 @@ Status WithholdFrames(const AddressSpaceConfig& config, AddressSpace::State& st,
     }
   }
   // 2. Claim the frames' free slots, then the places the leaving entries go: a free device
-  // slot outside the frames first (the C4 share keeps every entry it has room for), else host. Undone on any failure below.
+  // slot outside the frames first (the C4 share keeps every entry it has room for), else
+  // host. Undone on any failure below.
   std::vector<std::vector<SlotId>> claimed(config.num_groups);
   auto undo = [&]() {
     for (const Leaving& l : leaving) {
       if (l.to.is_none()) continue;
       GroupPools& gp = st.at(rank, GroupId(l.group));
-      ULA_CHECK(gp.pool(l.to.tier()) .IsAllocated(l.to.slot()));
       ULA_CHECK((l.to.tier() == Tier::kDevice ? gp.device : gp.host).Free(l.to.slot()).has_value());
     }
     for (std::uint32_t g = 0; g < config.num_groups; ++g) {

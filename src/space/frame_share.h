@@ -32,8 +32,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 
+#include "space/kind_entries.h"
+#include "space/kind_frames.h"
 #include "ula/address_space.h"
 #include "ula/step_arrays.h"
 
@@ -42,13 +45,18 @@ namespace ula {
 struct FrameShare {
   std::uint32_t num_frames = 0;
   std::uint32_t slots_per_frame = 0;  // C4 slots of one group per frame: 64 x blocks per frame
+  std::uint64_t block_stride = 0;     // the padded C4 envelope: one block of 64 slots
   std::uint32_t FirstSlot(std::uint32_t f) const { return f * slots_per_frame; }
   std::uint32_t FrameOfSlot(std::uint32_t s) const { return s / slots_per_frame; }
 };
 
-// The C4 slots of one group per frame, and the frames, of a config with kind frames.
-// REQUIRES: config.Validate() is Ok and config.kind_frame_bytes > 0.
-FrameShare FrameShareOf(const AddressSpaceConfig& config);
+// Where the C4 slots of a config with kind frames sit; nullopt when its kinds have no sparse
+// kind or a frame holds no envelope (Validate names the field).
+std::optional<FrameShare> FrameShareOf(const AddressSpaceConfig& config);
+
+// How the frames are shared (AddressSpace::KindBudgetOf): the C4 entries on device as the
+// share holds them when new entries fill it first (the space reports its pools' count).
+KindBudget BudgetOf(const KindFrames& frames, const KindEntries& entries);
 
 using RunMovesFn = std::function<Status(std::span<const CopyDescriptor>)>;
 

@@ -138,13 +138,15 @@ struct ShardPools {
   }
   const SlotPool& pool(Tier t) const { return t == Tier::kDevice ? device : host; }
   std::uint64_t stride(Tier t) const { return t == Tier::kDevice ? device_stride : host_stride; }
-  // The backend moves of one entry from slot `src` of tier `from` to slot `dst` of the
-  // other tier: one row per layer.
-  void AppendMoves(Tier from, SlotId src, SlotId dst, std::vector<SlotMove>& out) const {
-    const Tier to = from == Tier::kDevice ? Tier::kHost : Tier::kDevice;
+  // The backend moves of one entry from slot `src` of tier `from` to slot `dst` of tier `to`
+  // (the other tier, or a device slot of another frame: frame_share.h): one row per layer.
+  void AppendMoves(Tier from, SlotId src, Tier to, SlotId dst, std::vector<SlotMove>& out) const {
     for (std::uint32_t l = 0; l < num_layers; ++l) {
       out.push_back({pool(from).offset(src) + l * stride(from), pool(to).offset(dst) + l * stride(to)});
     }
+  }
+  void AppendMoves(Tier from, SlotId src, SlotId dst, std::vector<SlotMove>& out) const {
+    AppendMoves(from, src, from == Tier::kDevice ? Tier::kHost : Tier::kDevice, dst, out);
   }
 
   // Allocate's placement of n new entries, in two halves so that the space can move the

@@ -16,6 +16,7 @@
 
 #include "space/frame_share.h"
 #include "step/device_step_fixture.h"
+#include "step/engine_pools.h"
 #include "space/kind_frames.h"
 #include "ula/address_space.h"
 #include "ula/backend.h"
@@ -312,7 +313,7 @@ TEST(KindSpaceFrames, AnEntryUsedInThisRoundNeverMovesTheAllocateIsRefused) {
   s.AdvanceRound();
   // In the next round a step selects one C4 entry of the highest free frame (2; the kinds
   // hold 3..7): that frame is passed over, and frame 1, below it, is the one emptied.
-  const FrameShare share = FrameShareOf(s.config());
+  const FrameShare share = *FrameShareOf(s.config());
   LogicalAddr selected, in_frame_1;
   const std::span<const LogicalAddr> held = s.AddressesOf(RequestId(1)).value();
   for (LogicalAddr a : held) {
@@ -411,31 +412,6 @@ TEST(KindSpaceFrames, BadConfigsAreRefusedNamingTheField) {
 }
 
 
-// Engine memory of one (tier, group): [slots][64 B], the group's one layer.
-struct EnginePool {
-  std::uint32_t slots = 0;
-  std::vector<std::byte> bytes;
-  std::byte* Row(std::uint32_t slot) { return bytes.data() + std::size_t{slot} * 64; }
-  EngineRegion Region() {
-    return EngineRegion{reinterpret_cast<std::uintptr_t>(bytes.data()), std::uint64_t{slots} * 64, 64, 1, slots};
-  }
-};
-using EngineMemory = std::vector<EnginePool>[kNumTiers];
-
-void RunOn(std::span<const CopyDescriptor> desc, EngineMemory& mem) {
-  for (const CopyDescriptor& c : desc) {
-    std::byte* src = mem[c.src_tier][c.group].Row(c.src_slot);
-    std::byte* dst = mem[c.dst_tier][c.group].Row(c.dst_slot);
-    switch (static_cast<CopyOp>(c.op)) {
-      case CopyOp::kCopy: std::memcpy(dst, src, 64); break;
-      case CopyOp::kSwap: std::swap_ranges(src, src + 64, dst); break;
-      case CopyOp::kEvict:
-        std::memcpy(mem[static_cast<int>(Tier::kHost)][c.group].Row(c.evict_slot), dst, 64);
-        std::memcpy(dst, src, 64);
-        break;
-    }
-  }
-}
 
 // A decode loop with drafts over the small kinds at 16 frames: requests of 4096 tokens arrive
 // and finish, so their resident blocks take frames from under C4 entries (Allocate moves
@@ -462,17 +438,17 @@ TEST(KindSpaceFrames, EnginePathAndDeviceStepAgreeWhileFramesMove) {
   auto created = StepPlanner::Create(ref, {.max_batch = kBatch, .max_q_len = 1, .max_top_k = kTopK});
   ASSERT_TRUE(created) << created.error().ToString();
   StepPlanner& planner = **created;
-  EngineMemory mem_ref, mem_twin;
+  testing::EngineMemory mem_ref, mem_twin;
   for (std::uint32_t g = 0; g < config.num_groups; ++g) {
     const std::uint32_t slots[kNumTiers] = {config.device_slots_per_group(), config.host_slots_per_group()};
     for (int t = 0; t < kNumTiers; ++t) {
-      mem_ref[t].push_back({slots[t], std::vector<std::byte>(std::size_t{slots[t]} * 64)});
-      mem_twin[t].push_back({slots[t], std::vector<std::byte>(std::size_t{slots[t]} * 64)});
+      mem_ref[t].emplace_back(slots[t], 64);
+      mem_twin[t].emplace_back(slots[t], 64);
       ASSERT_TRUE(planner.RegisterEngineMemory(static_cast<Tier>(t), Rank(0), GroupId(g), mem_ref[t][g].Region()));
     }
   }
   twin.SetMoveExecutor([&](std::span<const CopyDescriptor> moves) -> Status {
-    RunOn(moves, mem_twin);
+    testing::RunOnEngineMemory(moves, mem_twin);
     return Ok();
   });
   std::vector<std::unique_ptr<DeviceStep>> steps;
@@ -583,7 +559,7 @@ TEST(KindSpaceFrames, EnginePathAndDeviceStepAgreeWhileFramesMove) {
       for (std::uint32_t i = 0; i < plan->num_descriptors; ++i) {
         ASSERT_EQ(std::memcmp(&io.descriptors[i], &ref_desc[i], sizeof(CopyDescriptor)), 0) << where << " descriptor " << i;
       }
-      RunOn(std::span(io.descriptors).first(io.record.num_descriptors), mem_twin);
+      testing::RunOnEngineMemory(std::span(io.descriptors).first(io.record.num_descriptors), mem_twin);
       std::fill(status.begin(), status.end(), 0);
       ASSERT_TRUE(step.Complete(status.data(), nullptr)) << where;
       ASSERT_TRUE(step.StoreInto(twin, nullptr)) << where;

@@ -22,6 +22,7 @@
 
 #include "config/model_kinds.h"
 #include "step/device_step_fixture.h"
+#include "step/engine_pools.h"
 #include "test_seed.h"
 #include "v4_flash.h"
 #include "ula/address_space.h"
@@ -198,16 +199,6 @@ TEST(KindStep, HostStepOverC4EntriesReadsEverySelectionsBytes) {
   EXPECT_GT(s.num_live_addresses(), 4u * kDeviceEntries);
 }
 
-// Engine memory of one (tier, group): [slots][kRow], the group's one layer.
-struct Pool {
-  std::uint32_t slots = 0;
-  std::vector<std::byte> bytes;
-  std::byte* Row(std::uint32_t slot) { return bytes.data() + std::size_t{slot} * kRow; }
-  EngineRegion Region() {
-    return EngineRegion{reinterpret_cast<std::uintptr_t>(bytes.data()), std::uint64_t{slots} * kRow, kRow, 1, slots};
-  }
-};
-
 // The engine path: the engine writes each new C4 entry at its looked-up location, plans each
 // group, runs the descriptors on its memory, completes, and reads through the indices. Every
 // descriptor brings a selected C4 entry from its host slot into a free device slot or one of a
@@ -223,12 +214,11 @@ TEST(KindStep, EnginePlanMovesOnlyC4EntriesAndKeepsEveryKindsPages) {
   auto created = StepPlanner::Create(s, {.max_batch = kRequests, .max_q_len = 1, .max_top_k = kTopK});
   ASSERT_TRUE(created) << created.error().ToString();
   StepPlanner& planner = **created;
-  std::vector<Pool> mem[kNumTiers];
+  testing::EngineMemory mem;
   for (std::uint32_t g = 0; g < groups; ++g) {
-    mem[0].push_back({s.config().device_slots_per_group(), {}});
-    mem[1].push_back({s.config().host_slots_per_group(), {}});
+    mem[0].emplace_back(s.config().device_slots_per_group(), kRow);
+    mem[1].emplace_back(s.config().host_slots_per_group(), kRow);
     for (int t = 0; t < kNumTiers; ++t) {
-      mem[t][g].bytes.resize(std::size_t{mem[t][g].slots} * kRow);
       ASSERT_TRUE(planner.RegisterEngineMemory(static_cast<Tier>(t), Rank(0), GroupId(g), mem[t][g].Region()));
     }
   }
@@ -312,22 +302,6 @@ TEST(KindStep, EnginePlanMovesOnlyC4EntriesAndKeepsEveryKindsPages) {
   EXPECT_GT(swaps, 1000u);
 }
 
-// An engine's copy kernel over engine memory ([tier][group] pools): runs one step's descriptors.
-void RunDescriptors(std::span<const CopyDescriptor> desc, std::vector<Pool> (&mem)[kNumTiers]) {
-  for (const CopyDescriptor& c : desc) {
-    std::byte* src = mem[c.src_tier][c.group].Row(c.src_slot);
-    std::byte* dst = mem[c.dst_tier][c.group].Row(c.dst_slot);
-    switch (static_cast<CopyOp>(c.op)) {
-      case CopyOp::kCopy: std::memcpy(dst, src, kRow); break;
-      case CopyOp::kSwap: std::swap_ranges(src, src + kRow, dst); break;
-      case CopyOp::kEvict:
-        std::memcpy(mem[static_cast<int>(Tier::kHost)][c.group].Row(c.evict_slot), dst, kRow);
-        std::memcpy(dst, src, kRow);
-        break;
-    }
-  }
-}
-
 DeviceStepConfig FlashDeviceStepConfig() {
   return {.max_rows = kRequests, .max_batch = kRequests, .max_top_k = kTopK, .max_addresses = 1u << 14,
           .max_requests = 256, .max_adopted = 16};
@@ -354,19 +328,19 @@ TEST(KindStep, DeviceStepMakesTheEnginePathsDecisionsOverC4Entries) {
   auto created = StepPlanner::Create(ref, {.max_batch = kRequests, .max_q_len = 1, .max_top_k = kTopK});
   ASSERT_TRUE(created) << created.error().ToString();
   StepPlanner& planner = **created;
-  std::vector<Pool> mem_ref[kNumTiers], mem_twin[kNumTiers];
+  testing::EngineMemory mem_ref, mem_twin;
   for (std::uint32_t g = 0; g < groups; ++g) {
     const std::uint32_t slots[kNumTiers] = {config.device_slots_per_group(), config.host_slots_per_group()};
     for (int t = 0; t < kNumTiers; ++t) {
-      mem_ref[t].push_back({slots[t], std::vector<std::byte>(std::size_t{slots[t]} * kRow)});
-      mem_twin[t].push_back({slots[t], std::vector<std::byte>(std::size_t{slots[t]} * kRow)});
+      mem_ref[t].emplace_back(slots[t], kRow);
+      mem_twin[t].emplace_back(slots[t], kRow);
       ASSERT_TRUE(planner.RegisterEngineMemory(static_cast<Tier>(t), Rank(0), GroupId(g), mem_ref[t][g].Region()));
     }
   }
   // Allocate's victims move in the twin's engine memory, as the planner's registered memory does
   // for the reference.
   twin.SetMoveExecutor([&](std::span<const CopyDescriptor> moves) -> Status {
-    RunDescriptors(moves, mem_twin);
+    testing::RunOnEngineMemory(moves, mem_twin);
     return Ok();
   });
   Decode d(ref, seed, &twin);
@@ -435,7 +409,7 @@ TEST(KindStep, DeviceStepMakesTheEnginePathsDecisionsOverC4Entries) {
         ASSERT_EQ(std::memcmp(&io.descriptors[i], &ref_desc[i], sizeof(CopyDescriptor)), 0) << where << " descriptor " << i;
       }
       for (std::size_t i = 0; i < sel.size(); ++i) ASSERT_EQ(io.indices[i], idx[i]) << where << " selection " << i;
-      RunDescriptors(std::span(io.descriptors).first(io.record.num_descriptors), mem_twin);
+      testing::RunOnEngineMemory(std::span(io.descriptors).first(io.record.num_descriptors), mem_twin);
       std::fill(status.begin(), status.end(), 0);
       ASSERT_TRUE(step.Complete(status.data(), nullptr)) << where;
       ASSERT_TRUE(step.StoreInto(twin, nullptr)) << where;
