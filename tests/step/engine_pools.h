@@ -11,6 +11,8 @@
 #include <span>
 #include <vector>
 
+#include "ula/address_space.h"
+#include "ula/error.h"
 #include "ula/location.h"
 #include "ula/step_arrays.h"
 #include "ula/step_planner.h"
@@ -50,6 +52,15 @@ inline void RunOnEngineMemory(std::span<const CopyDescriptor> desc, EngineMemory
       }
     }
   }
+}
+
+// Allocate's victims moving in `mem` (AddressSpace::SetMoveExecutor), as the planner's registered
+// memory does for a reference space: a twin's engine memory. REQUIRES: mem outlives the space's use.
+inline AddressSpace::MoveExecutor MovesOnEngineMemory(EngineMemory& mem) {
+  return [&mem](std::span<const CopyDescriptor> moves) -> Status {
+    RunOnEngineMemory(moves, mem);
+    return Ok();
+  };
 }
 
 }  // namespace ula::testing

@@ -23,6 +23,11 @@
 // version (a counter bumped by every token written), so a stale, moved-away, rolled-back or
 // another request's row cannot match.
 //
+// The device step's OpenMP form (DeviceStep) runs the same loop on a twin space with engine
+// memory of its own: every step returns the engine path's descriptors, indices, hits and
+// misses, its descriptors run on the twin's memory bring the same rows, and the two spaces'
+// digests agree after every round.
+//
 // The window ring holds the window plus the most tokens one round appends (a prefill chunk),
 // not only the drafts: Allocate frees the tokens older than the ring before the round's
 // attention, and a chunk's first row attends to the kWindow - 1 tokens before the chunk. With
@@ -38,10 +43,12 @@
 #include <string>
 #include <vector>
 
+#include "step/device_step_fixture.h"
 #include "step/engine_pools.h"
 #include "test_seed.h"
 #include "ula/address_space.h"
 #include "ula/backend.h"
+#include "ula/device_step.h"
 #include "ula/step_planner.h"
 
 namespace ula {
@@ -80,6 +87,7 @@ AddressSpaceConfig V4Config() {
   c.group_layers = {kGroupLayers[0], kGroupLayers[1]};
   c.page_tokens = 64;
   c.stable_new_entries = true;
+  c.policy = PolicyKind::kKernelPbLru;  // the device step holds PB-LRU as flat bitmaps
   c.device_bytes_per_rank = std::uint64_t{kDeviceC4} * kCsaLayers.size() * kRow;
   c.host_bytes_per_rank = std::uint64_t{kHostC4} * kCsaLayers.size() * kRow;
   c.kinds = {
@@ -174,8 +182,11 @@ TEST(V4EngineLoop, EveryGatheredRowMatchesTheDenseModel) {
   auto backend = MakeCountingBackend();  // the engine owns the bytes
   const AddressSpaceConfig config = V4Config();
   auto created_space = AddressSpace::Create(config, *backend);
+  auto twin_space = AddressSpace::Create(config, *backend);
   ASSERT_TRUE(created_space) << created_space.error().ToString();
+  ASSERT_TRUE(twin_space) << twin_space.error().ToString();
   AddressSpace& space = **created_space;
+  AddressSpace& twin = **twin_space;
   ASSERT_EQ(config.device_slots_per_group(), kDeviceC4);
   constexpr std::uint32_t kMaxRows = kBatch * kChunk;
   // Flat token rows come as batch = rows, q_len 1; a prefill chunk is reserved as one
@@ -184,13 +195,23 @@ TEST(V4EngineLoop, EveryGatheredRowMatchesTheDenseModel) {
                                              .max_rows = kMaxRows});
   ASSERT_TRUE(created) << created.error().ToString();
   StepPlanner& planner = **created;
-  testing::EngineMemory c4_mem;
+  testing::EngineMemory c4_mem, twin_mem;
   for (std::uint32_t g = 0; g < config.num_groups; ++g) {
     const std::uint32_t slots[kNumTiers] = {config.device_slots_per_group(), config.host_slots_per_group()};
     for (int t = 0; t < kNumTiers; ++t) {
       c4_mem[t].emplace_back(slots[t], kRow, kGroupLayers[g]);
+      twin_mem[t].emplace_back(slots[t], kRow, kGroupLayers[g]);
       ASSERT_TRUE(planner.RegisterEngineMemory(static_cast<Tier>(t), Rank(0), GroupId(g), c4_mem[t][g].Region()));
     }
+  }
+  twin.SetMoveExecutor(testing::MovesOnEngineMemory(twin_mem));
+  std::vector<std::unique_ptr<DeviceStep>> steps;
+  for (std::uint32_t g = 0; g < config.num_groups; ++g) {
+    auto step = DeviceStep::Create(twin, Rank(0), GroupId(g),
+                                   {.max_rows = kMaxRows, .max_batch = kMaxRows, .max_top_k = kTopK,
+                                    .max_addresses = 1u << 14, .max_requests = 1u << 12, .max_adopted = 16});
+    ASSERT_TRUE(step) << step.error().ToString();
+    steps.push_back(std::move(*step));
   }
   PagedKind window_mem{kLayers, {}}, c128_mem{static_cast<std::uint32_t>(kHcaLayers.size()), {}};
 
@@ -202,13 +223,15 @@ TEST(V4EngineLoop, EveryGatheredRowMatchesTheDenseModel) {
     r->id = RequestId(next_id++);
     r->prompt = 200 + static_cast<std::uint32_t>(rng() % 500);
     r->target = r->prompt + 30 + static_cast<std::uint32_t>(rng() % 90);
-    ASSERT_TRUE(space.AddRequest(r->id, Rank(0)));
+    ASSERT_TRUE(space.AddRequest(r->id, Rank(0)) && twin.AddRequest(r->id, Rank(0)));
     running.push_back(std::move(r));
   };
   // Allocate, then the engine's KV write: every kind's new rows, in the cache and dense.
   auto allocate = [&](Running& r, std::uint32_t count) {
     auto fresh = space.Allocate(r.id, count);
     ASSERT_TRUE(fresh) << fresh.error().ToString();
+    auto twin_fresh = twin.Allocate(r.id, count);
+    ASSERT_TRUE(twin_fresh && *twin_fresh == *fresh);
     const std::uint32_t from = r.tokens;
     r.tokens += count;
     ASSERT_EQ(fresh->size(), r.tokens / 4 - from / 4);
@@ -226,12 +249,13 @@ TEST(V4EngineLoop, EveryGatheredRowMatchesTheDenseModel) {
         const std::uint32_t e = (p + 1) / 4 - 1;
         const LogicalAddr a = (*fresh)[e - from / 4];
         for (std::uint32_t g = 0; g < config.num_groups; ++g) {
-          const Location loc = *space.Lookup(a, GroupId(g));
+          const Location loc = *space.Lookup(a, GroupId(g)), twin_loc = *twin.Lookup(a, GroupId(g));
           for (std::uint32_t j = 0; j < kGroupLayers[g]; ++j) {
             const std::uint32_t sl = kGroupFirst[g] + j;
-            FillRow(r.c4.Append(sl), r.id.value(), e, kC4, kCsaLayers[sl], v);
-            FillRow(c4_mem[static_cast<int>(loc.tier())][g].Row(loc.slot().value(), j), r.id.value(), e, kC4,
-                    kCsaLayers[sl], v);
+            std::byte* row = r.c4.Append(sl);
+            FillRow(row, r.id.value(), e, kC4, kCsaLayers[sl], v);
+            std::memcpy(c4_mem[static_cast<int>(loc.tier())][g].Row(loc.slot().value(), j), row, kRow);
+            std::memcpy(twin_mem[static_cast<int>(twin_loc.tier())][g].Row(twin_loc.slot().value(), j), row, kRow);
           }
         }
       }
@@ -245,9 +269,11 @@ TEST(V4EngineLoop, EveryGatheredRowMatchesTheDenseModel) {
       }
     }
   };
-  // The request's page tables hold exactly the dense model's entries.
+  // The request's page tables hold exactly the dense model's entries, the twin's the same.
   auto check_counts = [&](const Running& r) {
     const KindPages wp = *space.KindPagesOf(r.id, kWindowKind), cp = *space.KindPagesOf(r.id, kC128);
+    ASSERT_EQ(*twin.KindPagesOf(r.id, kWindowKind), wp);
+    ASSERT_EQ(*twin.KindPagesOf(r.id, kC128), cp);
     ASSERT_EQ(wp.tokens, r.tokens);
     ASSERT_EQ(r.window.size(), r.tokens);
     ASSERT_GE(wp.entries, std::min(r.tokens, kWindow));
@@ -340,6 +366,26 @@ TEST(V4EngineLoop, EveryGatheredRowMatchesTheDenseModel) {
       ASSERT_TRUE(std::all_of(st.begin(), st.end(), [](std::uint8_t s) { return s == 0; })) << where;
       auto done = planner.Complete(plan->fence, st);
       ASSERT_TRUE(done && done->failed == 0) << where;
+      // The device step on the twin: the same decisions, its descriptors on the twin's memory.
+      DeviceStep& step = *steps[g];
+      ASSERT_TRUE(step.Reload(twin, nullptr)) << where;
+      testing::DeviceIo io;
+      io.Fill({.batch = shape.batch, .q_len = shape.q_len, .top_k = kTopK, .sel_stride = kTopK, .idx_stride = kTopK},
+              sel[g], flat ? row_request : batch_request, step.max_descriptors());
+      ASSERT_TRUE(step.Plan(io.arrays, nullptr)) << where;
+      ASSERT_EQ(io.record.error, 0u) << where << " group " << g;
+      ASSERT_EQ(io.record.num_descriptors, plan->num_descriptors) << where << " group " << g;
+      ASSERT_EQ(io.record.hits, plan->stats.hits) << where;
+      ASSERT_EQ(io.record.misses, plan->stats.misses) << where;
+      for (std::uint32_t i = 0; i < plan->num_descriptors; ++i) {
+        ASSERT_EQ(std::memcmp(&io.descriptors[i], &desc[i], sizeof(CopyDescriptor)), 0) << where << " descriptor " << i;
+      }
+      ASSERT_EQ(io.indices, idx[g]) << where << " group " << g;
+      testing::RunOnEngineMemory(std::span(io.descriptors).first(io.record.num_descriptors), twin_mem);
+      std::vector<std::uint8_t> twin_status(step.max_descriptors(), 0);
+      const Status completed = step.Complete(twin_status.data(), nullptr);
+      ASSERT_TRUE(completed) << where << ": " << completed.error().ToString();
+      ASSERT_TRUE(step.StoreInto(twin, nullptr)) << where;
       n.hits += plan->stats.hits;
       n.misses += plan->stats.misses;
       n.evictions += plan->stats.evictions;
@@ -370,8 +416,10 @@ TEST(V4EngineLoop, EveryGatheredRowMatchesTheDenseModel) {
           ASSERT_GE(idx[g][k], 0) << at;
           ASSERT_LT(static_cast<std::uint32_t>(idx[g][k]), kDeviceC4) << at;
           for (std::uint32_t j = 0; j < kGroupLayers[g]; ++j) {
-            ASSERT_EQ(std::memcmp(c4_mem[0][g].Row(static_cast<std::uint32_t>(idx[g][k]), j),
-                                  r.c4.Row(kGroupFirst[g] + j, chosen[g][k]), kRow), 0)
+            const std::byte* want = r.c4.Row(kGroupFirst[g] + j, chosen[g][k]);
+            ASSERT_EQ(std::memcmp(twin_mem[0][g].Row(static_cast<std::uint32_t>(idx[g][k]), j), want, kRow), 0)
+                << at << ": the twin's C4 entry " << chosen[g][k] << " group " << g;
+            ASSERT_EQ(std::memcmp(c4_mem[0][g].Row(static_cast<std::uint32_t>(idx[g][k]), j), want, kRow), 0)
                 << at << ": C4 entry " << chosen[g][k] << " group " << g << " layer " << kCsaLayers[kGroupFirst[g] + j]
                 << " at slot " << idx[g][k];
             ++n.c4_rows;
@@ -393,7 +441,7 @@ TEST(V4EngineLoop, EveryGatheredRowMatchesTheDenseModel) {
       if (rng() % 2 == 0) continue;
       const std::uint32_t keep = r->tokens - kDraft;
       n.c4_rolled_back += r->tokens / 4 - keep / 4;
-      ASSERT_TRUE(space.Truncate(r->id, keep)) << where;
+      ASSERT_TRUE(space.Truncate(r->id, keep) && twin.Truncate(r->id, keep)) << where;
       r->tokens = keep;
       r->window.Truncate(keep);
       r->c4.Truncate(keep / 4);
@@ -410,12 +458,14 @@ TEST(V4EngineLoop, EveryGatheredRowMatchesTheDenseModel) {
         ++b;
         continue;
       }
-      ASSERT_TRUE(space.Free(running[b]->id));
+      ASSERT_TRUE(space.Free(running[b]->id) && twin.Free(running[b]->id));
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(b));
       ++n.finished;
     }
     while (running.size() < kBatch) arrive();
     space.AdvanceRound();
+    twin.AdvanceRound();
+    ASSERT_EQ(twin.DebugDigest(), space.DebugDigest()) << where;
     ++n.rounds;
     const Status inv = space.CheckInvariants();
     ASSERT_TRUE(inv) << where << ": " << inv.error().ToString();
