@@ -447,10 +447,7 @@ TEST(KindSpaceFrames, EnginePathAndDeviceStepAgreeWhileFramesMove) {
       ASSERT_TRUE(planner.RegisterEngineMemory(static_cast<Tier>(t), Rank(0), GroupId(g), mem_ref[t][g].Region()));
     }
   }
-  twin.SetMoveExecutor([&](std::span<const CopyDescriptor> moves) -> Status {
-    testing::RunOnEngineMemory(moves, mem_twin);
-    return Ok();
-  });
+  twin.SetMoveExecutor(testing::MovesOnEngineMemory(mem_twin));
   std::vector<std::unique_ptr<DeviceStep>> steps;
   for (std::uint32_t g = 0; g < config.num_groups; ++g) {
     auto step = DeviceStep::Create(twin, Rank(0), GroupId(g),

@@ -339,10 +339,7 @@ TEST(KindStep, DeviceStepMakesTheEnginePathsDecisionsOverC4Entries) {
   }
   // Allocate's victims move in the twin's engine memory, as the planner's registered memory does
   // for the reference.
-  twin.SetMoveExecutor([&](std::span<const CopyDescriptor> moves) -> Status {
-    testing::RunOnEngineMemory(moves, mem_twin);
-    return Ok();
-  });
+  twin.SetMoveExecutor(testing::MovesOnEngineMemory(mem_twin));
   Decode d(ref, seed, &twin);
   auto write_kv = [&](std::span<const LogicalAddr> fresh) {
     for (LogicalAddr a : fresh) {
