@@ -29,17 +29,18 @@ struct Expected {
 // The turnover by its definition, from IndexerDecodeSim's selections: per request and step
 // t >= 1, |S0_t \ S0_{t-1}| / top_k (query 0 alone) and |U_t \ U_{t-1}| / (queries x top_k)
 // (U the set of every query's positions).
-Expected Recompute(const KindCompareConfig& kc) {
+void Recompute(const KindCompareConfig& kc, Expected* out) {
   auto model = LoadModelConfigByName(kc.model, DefaultConfigDir());
+  ASSERT_TRUE(model) << model.error().ToString();
   auto schedule = LoadDecodeSimConfigByName(kc.selection_workload, DefaultConfigDir());
-  EXPECT_TRUE(model && schedule);
+  ASSERT_TRUE(schedule) << schedule.error().ToString();
   auto sim = IndexerDecodeSim::Create(model->indexer_shape(), *schedule);
-  EXPECT_TRUE(sim);
+  ASSERT_TRUE(sim) << sim.error().ToString();
   const double k = model->top_k, q = schedule->queries_per_step();
   std::vector<std::set<std::uint32_t>> prev_q0(schedule->num_requests), prev_union(schedule->num_requests);
   double single = 0, per_query = 0, n = 0;
   for (std::uint32_t step = 0; step < schedule->decode_steps; ++step) {
-    EXPECT_TRUE((*sim)->Step());
+    ASSERT_TRUE((*sim)->Step());
     for (std::uint32_t r = 0; r < schedule->num_requests; ++r) {
       const auto sel = (*sim)->Selections(r);
       const std::set<std::uint32_t> q0(sel[0].begin(), sel[0].end());
@@ -57,18 +58,18 @@ Expected Recompute(const KindCompareConfig& kc) {
       prev_union[r] = all;
     }
   }
-  return {single / n, per_query / n};
+  ASSERT_GT(n, 0);
+  *out = {single / n, per_query / n};
 }
 
-KindCompareConfig LoadKinds() {
-  auto kc = LoadKindCompareConfigByName("deepseek_v4_flash", DefaultConfigDir());
-  EXPECT_TRUE(kc) << kc.error().ToString();
-  return *kc;
-}
+Result<KindCompareConfig> LoadKinds() { return LoadKindCompareConfigByName("deepseek_v4_flash", DefaultConfigDir()); }
 
 TEST(KindTurnover, PricedMissesComeFromTheIndexersSelections) {
-  const KindCompareConfig kc = LoadKinds();
-  const Expected want = Recompute(kc);
+  const auto loaded = LoadKinds();
+  ASSERT_TRUE(loaded) << loaded.error().ToString();
+  const KindCompareConfig& kc = *loaded;
+  Expected want;
+  ASSERT_NO_FATAL_FAILURE(Recompute(kc, &want));
   std::printf("[ turnover ] %s: %.4f a step (MTP off), %.4f per query (MTP on)\n", kc.selection_workload.c_str(), want.single,
               want.per_query);
   // V4's indexer keeps most of its selection: a few percent turn over, and a draft adds to the
@@ -118,7 +119,9 @@ TEST(KindTurnover, PricedMissesComeFromTheIndexersSelections) {
 }
 
 TEST(KindTurnover, EverySystemsFetchesScaleWithIt) {
-  const KindCompareConfig kc = LoadKinds();
+  const auto loaded = LoadKinds();
+  ASSERT_TRUE(loaded) << loaded.error().ToString();
+  const KindCompareConfig& kc = *loaded;
   // Pricing alone (the measurement is the test above): any turnover, then twice it.
   const KindTurnover t{.workload = kc.selection_workload, .single = 0.04, .per_query = 0.02};
   KindTurnover doubled = t;
@@ -174,7 +177,9 @@ class ScratchConfigs {
 };
 
 TEST(KindTurnover, RefusesABadWorkloadNamingTheField) {
-  const KindCompareConfig kc = LoadKinds();
+  const auto loaded = LoadKinds();
+  ASSERT_TRUE(loaded) << loaded.error().ToString();
+  const KindCompareConfig& kc = *loaded;
   ScratchConfigs scratch;
   scratch.Write("other_model", "model", "\"glm5\"");
   scratch.Write("per_token", "tokens_per_entry", "1");
