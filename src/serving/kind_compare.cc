@@ -9,6 +9,7 @@
 
 #include "serving/kind_space_admission.h"
 #include "space/kind_frames.h"
+#include "workload/calibration.h"
 #include "workload/workload.h"
 
 namespace ula {
@@ -20,28 +21,36 @@ std::string Label(std::uint32_t p, std::string name) {
 }
 
 // Selections per step per GPU that cross the host link: each query's top-k in each CSA layer
-// turns over by `turnover`; a system with a per-request buffer misses those once the request's
-// C4 entries outgrow the buffer, UlaCache misses the host share of them.
-double HostFetches(KindSystem s, const KindShape& shape, const KindCompareConfig& kc, const PoolSetup& setup,
-                   double batch_local, double context, double host_share) {
+// turns over by the measured `turnover`; a system with a per-request buffer misses those once
+// the request's C4 entries outgrow the buffer; UlaCache misses those that land on host
+// (`landing`, AdmitInSpace), in TP only its own stripe's (attention at home: 1/P of each
+// selection is homed on a rank).
+double HostFetches(KindSystem s, const KindShape& shape, const PoolSetup& setup, double turnover,
+                   double batch_local, double context, double landing) {
   const double c4 = std::floor(context / shape.csa_ratio);
   const double selected = std::min(c4, double(shape.top_k));
-  const double turned = batch_local * setup.queries * shape.csa_layers * selected * kc.selection_turnover;
+  const double turned = batch_local * setup.queries * shape.csa_layers * selected * turnover;
   switch (s) {
     case KindSystem::kSglangHiSparse: return c4 > setup.hisparse_buffer_entries ? turned : 0;
     case KindSystem::kTrtllmOffload:
       return c4 > setup.trtllm_gpu_cache_factor * setup.queries * shape.top_k + 1 ? turned : 0;
-    case KindSystem::kUlaCache: return turned * host_share;
+    case KindSystem::kUlaCache:
+      return turned * landing / (setup.mode == ParallelMode::kTp ? double(setup.num_ranks) : 1.0);
     default: return 0;
   }
 }
 
 // UlaCache's admission: a run of its space at the setup's budget (kind_space_admission.h).
 // The admitted requests' bytes per kind (exact entries, as every row's fill) and the space's
-// budget per rank; host_share (optional): the C4 host share after each prefix of them.
+// budget per rank; landing (optional): [b] for the first b admitted requests, the chance that
+// a turned-over selection lands on host. The tiers are exclusive and PB-LRU keeps the
+// previous step's top-k on device (its newest buckets), so a turned-over selection is one of
+// the entries outside it, and the run left H of those C - S on host: H / (C - S), C the C4
+// entries, H those on host, S the previous step's top-k (min(C4 entries, top-k) a request,
+// its 1/P stripe in TP); 1 when the device share cannot hold S.
 Result<Admission> AdmitInSpace(const ModelConfig& model, const KindShape& shape, const PoolPlan& plan,
                                const PoolSetup& setup, std::uint32_t draft_tokens,
-                               std::span<const std::uint32_t> finals, std::vector<double>* host_share) {
+                               std::span<const std::uint32_t> finals, std::vector<double>* landing) {
   const KindSpaceSetup ks{.mode = setup.mode, .num_ranks = setup.num_ranks, .mtp = setup.mtp,
                           .draft_tokens = draft_tokens, .device_bytes = setup.device_bytes, .host_bytes = setup.host_bytes};
   auto run = RunKindSpace(model, ks, finals);
@@ -65,14 +74,73 @@ Result<Admission> AdmitInSpace(const ModelConfig& model, const KindShape& shape,
   }
   a.space = std::move(run->ranks);
   a.space_kinds = std::move(run->kinds);
-  if (host_share != nullptr) *host_share = std::move(run->host_share_csa);
+  if (landing != nullptr) {
+    const double stripes = setup.mode == ParallelMode::kTp ? double(setup.num_ranks) : 1.0;
+    landing->assign(1, 0.0);
+    double selected = 0;
+    for (std::uint32_t b = 1; b <= a.admitted; ++b) {
+      selected += std::min(std::floor(double(finals[b - 1]) / shape.csa_ratio), double(shape.top_k)) / stripes;
+      const double c4 = double(run->c4_entries_csa[b]), host = run->host_share_csa[b] * c4;
+      const double outside = c4 - selected;
+      landing->push_back(host <= 0 ? 0.0 : outside <= host ? 1.0 : host / outside);
+    }
+  }
   return a;
 }
 
 }  // namespace
 
-Result<KindComparison> RunKindComparison(const KindCompareConfig& kc, const std::filesystem::path& dir) {
+Result<KindTurnover> MeasureKindTurnover(const KindCompareConfig& kc, const std::filesystem::path& dir,
+                                         std::optional<double> query_keep) {
   ULA_RETURN_IF_ERROR(kc.Validate());
+  const auto bad = [&](std::string_view why) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("field 'selection_workload': workload '{}' {}", kc.selection_workload, why));
+  };
+  auto model = LoadModelConfigByName(kc.model, dir);
+  if (!model) return std::unexpected(model.error());
+  auto shape = MakeKindShape(*model, /*mtp=*/false);
+  if (!shape) return std::unexpected(shape.error());
+  auto schedule = LoadDecodeSimConfigByName(kc.selection_workload, dir);
+  if (!schedule) return bad(schedule.error().message());
+  if (schedule->model != kc.model) return bad(fmt::format("runs model '{}', not '{}'", schedule->model, kc.model));
+  if (schedule->tokens_per_entry != shape->csa_ratio) {
+    return bad(fmt::format("has tokens_per_entry {}, not the model's CSA ratio {}: not its C4 indexer", schedule->tokens_per_entry,
+                           shape->csa_ratio));
+  }
+  if (schedule->decode_steps < 2) return bad("needs at least 2 decode steps (a turnover is between two)");
+  if (schedule->prompt_entries() < shape->top_k) {
+    return bad(fmt::format("has {} prompt entries, fewer than the top-k {}", schedule->prompt_entries(), shape->top_k));
+  }
+  if (query_keep) {
+    schedule->query_keep = *query_keep;
+    ULA_RETURN_IF_ERROR(schedule->Validate());
+  }
+  auto run = RunRealIndexer(model->indexer_shape(), *schedule, /*record_trace=*/false);
+  if (!run) return std::unexpected(run.error());
+  KindTurnover t;
+  t.workload = kc.selection_workload;
+  t.query_keep = schedule->query_keep;
+  t.queries = schedule->queries_per_step();
+  t.single = 1.0 - run->overlap.mean;
+  t.per_query = run->union_turnover / t.queries;
+  t.seconds = run->seconds;
+  return t;
+}
+
+Result<KindComparison> RunKindComparison(const KindCompareConfig& kc, const std::filesystem::path& dir) {
+  auto turnover = MeasureKindTurnover(kc, dir);
+  if (!turnover) return std::unexpected(turnover.error());
+  return RunKindComparison(kc, dir, *turnover);
+}
+
+Result<KindComparison> RunKindComparison(const KindCompareConfig& kc, const std::filesystem::path& dir,
+                                         const KindTurnover& turnover) {
+  ULA_RETURN_IF_ERROR(kc.Validate());
+  for (double t : {turnover.single, turnover.per_query}) {
+    if (!(t >= 0 && t <= 1)) {
+      return MakeError(ErrorCode::kInvalidArgument, fmt::format("selection turnover {} of workload '{}' is outside [0, 1]", t, turnover.workload));
+    }
+  }
   auto scenario = LoadScenarioConfig(dir / "scenarios" / (kc.scenario + ".json"), dir);
   if (!scenario) return std::unexpected(scenario.error());
   auto model = LoadModelConfigByName(kc.model, dir);
@@ -88,6 +156,7 @@ Result<KindComparison> RunKindComparison(const KindCompareConfig& kc, const std:
   KindComparison out;
   out.model = kc.model;
   out.scenario = scenario->name;
+  out.turnover = turnover;
   for (const ScenarioEntry& e : scenario->configs) {
     auto hw = LoadHardwareConfigByName(e.hardware, dir);
     if (!hw) return std::unexpected(hw.error());
@@ -144,9 +213,9 @@ Result<KindComparison> RunKindComparison(const KindCompareConfig& kc, const std:
       auto plan = MakePoolPlan(s, *shape, kc, setup);
       if (!plan) return std::unexpected(plan.error());
       r.plan = *plan;
-      std::vector<double> host_share;  // ulacache: [b] the C4 host share of the first b admitted
+      std::vector<double> landing;  // ulacache: [b] where the first b admitted's turned-over selections land on host
       if (s == KindSystem::kUlaCache) {
-        auto a = AdmitInSpace(*model, *shape, r.plan, setup, wl->draft_tokens, finals, &host_share);
+        auto a = AdmitInSpace(*model, *shape, r.plan, setup, wl->draft_tokens, finals, &landing);
         if (!a) return std::unexpected(a.error());
         r.admission = std::move(*a);
       } else {
@@ -170,7 +239,7 @@ Result<KindComparison> RunKindComparison(const KindCompareConfig& kc, const std:
         for (std::uint32_t i = 0; i < b; ++i) ctx += (*requests)[i].input_tokens + 0.5 * (*requests)[i].output_tokens;
         ctx /= b;
         const double local = e.mode == ParallelMode::kDp ? std::ceil(b / P) : b;
-        const double share_at_b = s == KindSystem::kUlaCache ? host_share[b] : 0.0;
+        const double landing_at_b = s == KindSystem::kUlaCache ? landing[b] : 0.0;
         KindStepCounts c;
         c.batch_total = b;
         c.batch_local = local;
@@ -178,7 +247,7 @@ Result<KindComparison> RunKindComparison(const KindCompareConfig& kc, const std:
         c.at_home = home;
         c.striped_indexer = home;
         c.home_partial_bytes = s == KindSystem::kUlaCache ? 4 : 2;
-        c.host_fetch_entries = HostFetches(s, *shape, kc, setup, local, ctx, share_at_b);
+        c.host_fetch_entries = HostFetches(s, *shape, setup, turnover.For(e.mtp), local, ctx, landing_at_b);
         auto t = PriceKindStep(in, c);
         if (!t) return std::unexpected(t.error());
         KindCurvePoint pt{.batch = b, .context = ctx, .tput = b * cr.tokens_per_step / t->total,

@@ -49,7 +49,10 @@ Status KindCompareConfig::Validate() const {
   if (!(sglang_swa_full_tokens_ratio > 0 && sglang_swa_full_tokens_ratio <= 1)) {
     return bad("sglang_swa_full_tokens_ratio", "must be in (0, 1]");
   }
-  if (!(selection_turnover >= 0 && selection_turnover <= 1)) return bad("selection_turnover", "must be in [0, 1]");
+  if (selection_workload.empty()) return bad("selection_workload", "must name a C4 indexer workload");
+  if (!(selection_sensitivity_query_keep > 0 && selection_sensitivity_query_keep <= 10)) {
+    return bad("selection_sensitivity_query_keep", "must be in (0, 10]");
+  }
   if (starvation_contexts.empty() || !std::is_sorted(starvation_contexts.begin(), starvation_contexts.end())) {
     return bad("starvation_contexts", "must be non-empty and ascending");
   }
@@ -95,7 +98,14 @@ Result<KindCompareConfig> ParseKindCompareConfig(std::string_view json_text, std
   ULA_RETURN_IF_ERROR(UIntField(*f, "vllm_block_tokens", c.vllm_block_tokens));
   ULA_RETURN_IF_ERROR(UIntField(*f, "vllm_page_alignment", c.vllm_page_alignment));
   ULA_RETURN_IF_ERROR(UIntField(*f, "vllm_window_blocks_extra", c.vllm_window_blocks_extra, 0, 16));
-  ULA_RETURN_IF_ERROR(DoubleField(*f, "selection_turnover", c.selection_turnover, 0, 1));
+  auto workload = f->Object("selection_workload");
+  if (!workload) return std::unexpected(workload.error());
+  if (auto s = workload->String("source"); !s) return std::unexpected(s.error());
+  auto workload_name = workload->String("value");
+  if (!workload_name) return std::unexpected(workload_name.error());
+  c.selection_workload = *workload_name;
+  ULA_RETURN_IF_ERROR(workload->CheckNoUnknownFields());
+  ULA_RETURN_IF_ERROR(DoubleField(*f, "selection_sensitivity_query_keep", c.selection_sensitivity_query_keep, 1e-6, 10));
   ULA_RETURN_IF_ERROR(UIntField(*f, "starvation_requests", c.starvation_requests, 1, 1 << 20));
   auto ctx = f->Object("starvation_contexts");
   if (!ctx) return std::unexpected(ctx.error());

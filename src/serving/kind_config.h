@@ -1,11 +1,12 @@
 // KindCompareConfig: what the per-kind comparison (`ula compare --model deepseek_v4_flash`,
 // kind_compare.h) needs beside the model's layer kinds (configs/models/<model>.json) and
 // the scenario it borrows hardware, modes, workload and budgets from: the weight shapes the
-// step is priced with, each engine's DSV4 pool constants and the selection turnover.
+// step is priced with, each engine's DSV4 pool constants and the C4 indexer workload whose
+// run measures the selection turnover (kind_compare.h MeasureKindTurnover).
 // File: configs/kinds/<model>.json; every constant {"value", "source"}.
 //
 // Invariants after Validate(): every count >= 1; 0 < swa_full_tokens_ratio <= 1;
-// 0 <= selection_turnover <= 1; page and block sizes multiples of 128 (one C128 entry per
+// selection_workload non-empty; 0 < selection_sensitivity_query_keep <= 10; page and block sizes multiples of 128 (one C128 entry per
 // 128 tokens, SGLang asserts page_size % 128 == 0); starvation_contexts non-empty, ascending.
 //
 // Thread-safety: plain values; loaders are reentrant.
@@ -42,8 +43,11 @@ struct KindCompareConfig {
   std::uint32_t vllm_block_tokens = 256;
   std::uint32_t vllm_page_alignment = 576;
   std::uint32_t vllm_window_blocks_extra = 1;
-  // Share of a query's top-k its previous step did not select.
-  double selection_turnover = 0.1;
+  // configs/workloads/<selection_workload>.json: the C4 indexer of `model` whose decode run
+  // measures the share of a query's top-k its previous step did not select (the turnover).
+  std::string selection_workload;
+  // --sensitivity: the same run with the queries' drift at this query_keep.
+  double selection_sensitivity_query_keep = 0.3;
   std::uint32_t starvation_requests = 4096;  // offered at each context of the sweep
   std::vector<std::uint32_t> starvation_contexts;
 

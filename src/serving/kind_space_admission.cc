@@ -162,6 +162,7 @@ Result<KindSpaceRun> RunKindSpace(const ModelConfig& model, const KindSpaceSetup
   // Each rank's budget after its requests before the first refusal; the host share of every
   // prefix of the admitted requests.
   out.host_share_csa.assign(1, 0.0);
+  out.c4_entries_csa.assign(1, 0);
   std::vector<const KindBudget*> at(P);
   for (std::uint32_t k = 0; k < P; ++k) at[k] = &ranks[k].start;
   std::uint64_t c4 = 0, on_device = 0;
@@ -172,6 +173,7 @@ Result<KindSpaceRun> RunKindSpace(const ModelConfig& model, const KindSpaceSetup
     on_device = on_device + next.c4_on_device - at[k]->c4_on_device;
     at[k] = &next;
     out.host_share_csa.push_back(c4 > 0 ? double(c4 - on_device) / double(c4) : 0.0);
+    out.c4_entries_csa.push_back(c4);
   }
   for (std::uint32_t k = 0; k < P; ++k) out.ranks.push_back(*at[k]);
   return out;

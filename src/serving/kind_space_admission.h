@@ -59,6 +59,8 @@ struct KindSpaceRun {
   // [admitted + 1]: of the C4 entries the first b admitted requests hold (all ranks), the
   // share on host; [0] = 0.
   std::vector<double> host_share_csa;
+  // [admitted + 1]: the C4 entries the first b admitted requests hold (all ranks run).
+  std::vector<std::uint64_t> c4_entries_csa;
   std::uint32_t frames_per_rank = 0;
   std::uint64_t c4_entry_bytes = 0;   // one C4 entry over every CSA layer
 };

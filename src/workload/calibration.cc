@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 
 namespace ula {
 namespace {
@@ -18,7 +19,8 @@ constexpr std::uint32_t kReturnWindowGrid[] = {8};  // 16 and 32 were tried: the
 class RunAccumulator {
  public:
   RunAccumulator(const DecodeSimConfig& schedule, std::uint32_t top_k, bool record)
-      : schedule_(schedule), top_k_(top_k), record_(record), prev_(schedule.num_requests) {
+      : schedule_(schedule), top_k_(top_k), record_(record), prev_(schedule.num_requests),
+        prev_union_(schedule.num_requests) {
     first_.assign(kRateWindow, 0);
     newest_.assign(kRateWindow, 0);
     if (record_) {
@@ -43,6 +45,16 @@ class RunAccumulator {
     std::vector<std::uint32_t> uni;
     UnionSelections(std::vector<std::vector<std::uint32_t>>(queries.begin(), queries.end()), context_len, uni);
     union_sum_ += static_cast<double>(uni.size()) / top_k_;
+    if (!prev_union_[request].empty()) {
+      std::vector<std::uint32_t> before = prev_union_[request], now = uni;
+      std::sort(before.begin(), before.end());
+      std::sort(now.begin(), now.end());
+      std::vector<std::uint32_t> fresh;
+      std::set_difference(now.begin(), now.end(), before.begin(), before.end(), std::back_inserter(fresh));
+      turnover_sum_ += static_cast<double>(fresh.size()) / top_k_;
+      ++turnover_samples_;
+    }
+    prev_union_[request] = uni;
     reuse_.Add(request, step_, uni);
     ++samples_;
     for (std::uint32_t p : q0) {
@@ -64,6 +76,7 @@ class RunAccumulator {
     stats_.draft_overlap = SummarizeOverlap(std::move(drafts_));
     stats_.draft_chain_overlap = SummarizeOverlap(std::move(chain_));
     stats_.union_per_top_k = samples_ ? union_sum_ / samples_ : 0;
+    stats_.union_turnover = turnover_samples_ ? turnover_sum_ / turnover_samples_ : 0;
     stats_.first_rate.resize(kRateWindow);
     stats_.newest_rate.resize(kRateWindow);
     for (std::uint32_t i = 0; i < kRateWindow; ++i) {
@@ -79,9 +92,11 @@ class RunAccumulator {
   const DecodeSimConfig& schedule_;
   double top_k_;
   bool record_;
-  std::vector<std::vector<std::uint32_t>> prev_;
+  std::vector<std::vector<std::uint32_t>> prev_;        // [requests] query 0 of the previous step
+  std::vector<std::vector<std::uint32_t>> prev_union_;  // [requests] the previous step's union
   std::vector<double> overlaps_, drafts_, chain_, first_, newest_;
   double union_sum_ = 0;
+  double turnover_sum_ = 0, turnover_samples_ = 0;
   double samples_ = 0;
   std::uint32_t step_ = 0;  // 1-based after the first BeginStep
   ReuseTracker reuse_{16};

@@ -7,6 +7,8 @@
 //   draft_overlap  per request, step and draft query j >= 1: |S_j ∩ S_0| / |S_j|
 //   draft_chain_overlap  the same against the previous draft: |S_j ∩ S_{j-1}| / |S_j|
 //   union_per_top_k mean |union of the step's queries| / top_k
+//   union_turnover  per request and step t >= 1: |U_t \ U_{t-1}| / top_k, U the union of the
+//                  step's queries: the entries a step selects that its previous step did not
 //   first_rate[p]  how often position p (p < 64) is selected by query 0
 //   newest_rate[r] how often the r-th newest position (r < 64) is selected by query 0
 //   reuse          reuse distances of each request's step unions (reuse_distance.h, window 16)
@@ -39,6 +41,7 @@ struct SelectionRunStats {
   OverlapStats draft_overlap;
   OverlapStats draft_chain_overlap;
   double union_per_top_k = 0;
+  double union_turnover = 0;
   std::vector<double> first_rate;   // [64]
   std::vector<double> newest_rate;  // [64]
   ReuseStats reuse;

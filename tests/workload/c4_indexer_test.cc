@@ -135,7 +135,7 @@ TEST(C4Indexer, FlashIndexerStatisticsAndTrace) {
   double overlap_at_keep[2] = {0, 0};
   for (int i = 0; i < 2; ++i) {
     DecodeSimConfig s = *schedule;
-    s.query_keep = i == 0 ? 1.0 : 0.3;  // the drift sensitivity: slower drift, more overlap
+    s.query_keep = i == 0 ? 1.0 : 0.3;  // the drift sensitivity: faster drift, less overlap
     auto run = RunRealIndexer(shape, s);
     ASSERT_TRUE(run) << run.error().ToString();
     overlap_at_keep[i] = run->overlap.mean;

@@ -39,6 +39,10 @@ const KindCurvePoint* Peak(const KindSystemResult& s) {
 void PrintTables(const KindComparison& r) {
   fmt::print("\nula compare --model {}: scenario {} (engines: per-kind accounting; ulacache: a run of its space; roofline step; throughput = output tokens/s of the "
              "8-GPU node)\n", r.model, r.scenario);
+  const KindTurnover& t = r.turnover;
+  fmt::print("selection turnover, measured by the real indexer over workload {} (query_keep {}, {} queries a step, {:.2f} s): "
+             "{:.4f} of a query's top-k a step with MTP off, {:.4f} per query with MTP on (the step's union)\n",
+             t.workload, t.query_keep, t.queries, t.seconds, t.single, t.per_query);
   fmt::print("{:<20} {:<16} | {:>5} {:<9} | {:>5} {:>6} {:>6} {:>6} {:>6} | {:>9} {:>5} {:>7} {:>8} | {:>7}\n", "config",
              "system", "adm", "binds", "fill", "window", "c4", "c128", "index", "peak", "@B", "tpot1", "host@B", "ula/x");
   for (const KindConfigResult& c : r.configs) {
@@ -173,7 +177,12 @@ nlohmann::json ToJson(const KindComparison& r) {
     }
     configs.push_back({{"config", Stem(k.entry)}, {"systems", systems}});
   }
-  return {{"model", r.model}, {"scenario", r.scenario}, {"configs", configs}};
+  const KindTurnover& t = r.turnover;
+  return {{"model", r.model},
+          {"scenario", r.scenario},
+          {"turnover", {{"workload", t.workload}, {"query_keep", t.query_keep}, {"queries", t.queries}, {"single", t.single},
+                        {"per_query", t.per_query}}},
+          {"configs", configs}};
 }
 
 // --sensitivity: one constant at a time, the H200 MTP-off configs.
@@ -181,14 +190,29 @@ int Sensitivity(const KindCompareConfig& base, const std::filesystem::path& dir)
   struct Variant {
     std::string constant, value;
     std::function<void(KindCompareConfig&)> apply;
+    const KindTurnover* turnover = nullptr;  // the measured one unless set
   };
-  std::vector<Variant> vs = {{"(base)", "", [](KindCompareConfig&) {}}};
+  // The turnover: measured once at the workload's query_keep (every variant but one) and once
+  // at the sensitivity's.
+  auto measured = MeasureKindTurnover(base, dir);
+  if (!measured) {
+    fmt::print(stderr, "ula compare --sensitivity: {}\n", measured.error().ToString());
+    return 1;
+  }
+  auto drift = MeasureKindTurnover(base, dir, base.selection_sensitivity_query_keep);
+  if (!drift) {
+    fmt::print(stderr, "ula compare --sensitivity: {}\n", drift.error().ToString());
+    return 1;
+  }
+  std::vector<Variant> vs = {{"(base)", fmt::format("turnover {:.4f} / {:.4f} per query, MTP off / on (query_keep {})", measured->single,
+                                                    measured->per_query, measured->query_keep),
+                              [](KindCompareConfig&) {}}};
   for (double x : {0.05, 0.2, 0.5}) {
     vs.push_back({"sglang_swa_full_tokens_ratio", fmt::format("{}", x), [x](KindCompareConfig& k) { k.sglang_swa_full_tokens_ratio = x; }});
   }
-  for (double x : {0.05, 0.2}) {
-    vs.push_back({"selection_turnover", fmt::format("{}", x), [x](KindCompareConfig& k) { k.selection_turnover = x; }});
-  }
+  vs.push_back({"selection query_keep", fmt::format("{} (turnover {:.4f} / {:.4f} per query, MTP off / on)", drift->query_keep,
+                                                     drift->single, drift->per_query),
+                [](KindCompareConfig&) {}, &*drift});
   vs.push_back({"vllm_block_tokens", "128", [](KindCompareConfig& k) { k.vllm_block_tokens = 128; }});
   vs.push_back({"sglang_state_dtype_bytes", "2", [](KindCompareConfig& k) { k.sglang_state_dtype_bytes = 2; }});
   fmt::print("| constant | value | config | sglang_dsv4 adm / peak | sglang_hisparse adm / peak | vllm adm / peak | "
@@ -196,7 +220,7 @@ int Sensitivity(const KindCompareConfig& base, const std::filesystem::path& dir)
   for (const Variant& v : vs) {
     KindCompareConfig k = base;
     v.apply(k);
-    auto r = RunKindComparison(k, dir);
+    auto r = RunKindComparison(k, dir, v.turnover ? *v.turnover : *measured);
     if (!r) {
       fmt::print(stderr, "ula compare --sensitivity: {} {}: {}\n", v.constant, v.value, r.error().ToString());
       return 1;
