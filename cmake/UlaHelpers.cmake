@@ -18,6 +18,10 @@ function(ula_add_component name)
     PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
     PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(ula_${name} PUBLIC ${ARG_DEPS})
+  if(ULA_SANITIZE AND ULA_SANITIZE_LIB_OPT_FLAGS)  # the top CMakeLists.txt says why
+    separate_arguments(lib_opt UNIX_COMMAND "${ULA_SANITIZE_LIB_OPT_FLAGS}")
+    target_compile_options(ula_${name} PRIVATE ${lib_opt})
+  endif()
   # Exported: a consumer of the installed package compiles the headers as C++23.
   target_compile_features(ula_${name} PUBLIC cxx_std_23)
   set(ULA_COMPONENTS ${ULA_COMPONENTS} ula_${name} PARENT_SCOPE)
@@ -66,6 +70,12 @@ function(ula_add_test name)
   endif()
   # A randomized program (one of its sources includes tests/test_seed.h) must refuse a
   # malformed ULA_TEST_SEED in every test that draws a seed (scripts/check_seed_refusal.py).
+  # Checked in the unsanitized tree only: the refusal is the program's own logic, the same in
+  # every tree, and the check runs the whole program (each test that draws no seed runs in
+  # full), which costs a sanitized tree a second run of it (docs/BENCHMARKS.md "The test loop").
+  if(ULA_SANITIZE)
+    return()
+  endif()
   foreach(src ${ARG_SOURCES})
     file(READ ${CMAKE_CURRENT_SOURCE_DIR}/${src} text)
     string(FIND "${text}" "#include \"test_seed.h\"" at)

@@ -3,7 +3,10 @@
 ties the README's programs.
 
   check_doc_numbers.py ROOT [--ula PATH]   every check below (metadata only with --ula)
-  check_doc_numbers.py --self-test ROOT    each check reports a planted difference
+  check_doc_numbers.py --self-test ROOT [--ula PATH]
+                                           every check of the tree first (as above), then
+                                           each check reports a planted difference; one run
+                                           of `ula bench metadata` serves both (ctest doc_numbers)
 
 Checks:
   metadata    docs/BENCHMARKS.md's metadata table (the one under "<!-- metadata-table -->")
@@ -203,9 +206,13 @@ def self_test(root, ula):
     if ula:
         plants.append(("docs/BENCHMARKS.md", "B to spare for pb_lru", "B to spare for pb_lru", "metadata-spare"))
     ok = True
-    if run_all(root, ula):
+    errors = run_all(root, ula)
+    for e in errors:
+        print(e)
+    if errors:
         print("self-test: the tree itself does not pass")
         return 1
+    print("doc numbers: ok", "(metadata table included)" if ula else "(metadata table not checked: no --ula)")
     with tempfile.TemporaryDirectory() as tmp:
         for rel, old, new, what in plants:
             scratch = Path(tmp) / "t"

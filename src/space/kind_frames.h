@@ -164,6 +164,7 @@ class KindFrames {
     std::uint32_t kind = kFree;
     std::uint32_t live = 0;
     std::vector<std::uint8_t> used;  // [per_frame(kind)] 1 = live block; empty when free
+    std::uint32_t below_all_used = 0;  // every block below it is live: where TakeIn's search starts
   };
   KindFrames() = default;
   // Takes the lowest free block of frame f (REQUIRES: of kind k, with room).
