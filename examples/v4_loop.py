@@ -26,9 +26,10 @@ Per round:
      row through its page table, each equal to the dense store's row;
   5. each decode's draft is rejected half the time (`space.truncate`), finished requests go
      and new ones arrive, `space.advance_round()`.
-The window ring holds the window plus a prefill chunk (ring_draft_tokens = CHUNK): allocate
-frees the tokens older than the ring before the round's attention, and a chunk's first row
-still reads the WINDOW - 1 tokens before its chunk.
+The window ring is the model's own, the window plus the drafts (ring_draft_tokens = DRAFT),
+with prefill chunks far longer than the drafts: allocate frees the ring by the round's first
+token (docs/ARCHITECTURE.md, "Kinds"), so a chunk's first row still reads the WINDOW - 1
+tokens before its chunk, and advance_round frees the chunk's tokens no later round reads.
 
 Prints one line (or --json) of counts; exits 1 if any row differs, a plan is refused, or a run
 of 300 rounds or more never moved an entry, rolled a draft back, finished a request, ran
@@ -125,7 +126,7 @@ def make_config(ulacache):
                                       device_bytes_per_rank=DEVICE_C4 * len(CSA) * ROW,
                                       host_bytes_per_rank=HOST_C4 * len(CSA) * ROW)
     cfg.kinds = [
-        ulacache.KvKind("window", 1, L.ring, ring_tokens=WINDOW + CHUNK, ring_draft_tokens=CHUNK, layers=LAYERS,
+        ulacache.KvKind("window", 1, L.ring, ring_tokens=WINDOW + DRAFT, ring_draft_tokens=DRAFT, layers=LAYERS,
                         row_bytes=ROW),
         ulacache.KvKind("c4", 4, L.append, layers=len(CSA), row_bytes=ROW, placement=P.sparse),
         ulacache.KvKind("c4_index_key", 4, L.append, layers=len(CSA), row_bytes=16, companion_of=C4),

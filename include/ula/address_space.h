@@ -109,13 +109,18 @@
 // are in the compressor state), placed in the groups as single-kind entries; AddressesOf
 // lists the request's C4 entries, Lookup, Write and Read take them, and their index keys
 // share them. Beside them the space keeps, per request, the other kinds' logical blocks
-// (KindPagesOf): the C128 entries in blocks of 64, the window ring's last ring_tokens
-// tokens (a block is freed once all its tokens are older; at most ceil(ring_tokens / 64) + 1
-// blocks), one entry per compressor state from the first Allocate. Truncate(request, length)
-// takes tokens: it keeps floor(length / tokens_per_entry) entries of each kind and restores
-// the ring, refused (kFailedPrecondition, nothing changed) when the window of `length` is
-// no longer in the ring (a rollback of more than ring_draft_tokens). Free releases every
-// kind. Without kind_frame_bytes the space's kind blocks are logical ids: the bytes of the
+// (KindPagesOf): the C128 entries in blocks of 64, the window ring, one entry per compressor
+// state from the first Allocate. The ring frees by a round's first token: Allocate(request, n)
+// at T tokens keeps the tokens from T + 1 - ring_tokens on (the window token T reads and the
+// drafts a rollback may restore), so each of the n tokens finds its window live, a prefill
+// chunk's first too; the round's other n - 1 tokens stay until AdvanceRound (which keeps the
+// last ring_tokens) or the request's next Allocate. A block is freed once all its tokens are
+// older: at most ceil((ring_tokens + n - 1) / 64) + 1 blocks during a round of n tokens,
+// ceil(ring_tokens / 64) + 1 between rounds; Allocate's frame check counts the round's blocks.
+// Truncate(request, length) takes tokens: it keeps floor(length / tokens_per_entry) entries
+// of each kind and restores the ring, refused (kFailedPrecondition, nothing changed) when
+// the window of `length` starts before the most tokens held minus ring_tokens (a rollback of
+// more than ring_draft_tokens since the ring was full). Free releases every kind. Without kind_frame_bytes the space's kind blocks are logical ids: the bytes of the
 // kinds other than C4 are not held here. With it (one rank), every kind's blocks and the C4
 // device slots come from one budget of frames in one buffer (src/space/kind_frames.h,
 // frame_share.h): the C4 share is whatever the resident kinds leave; each layer of each kind
@@ -359,7 +364,8 @@ class AddressSpace {
   bool IsLive(LogicalAddr addr) const;
 
   // Ends the current round of every group's residency policy: once per scheduler
-  // iteration, after its attention (see "Rounds" above).
+  // iteration, after its attention (see "Rounds" above). A space with kinds: every window
+  // ring frees the round's tokens no later round and no rollback reads ("Kinds" above).
   void AdvanceRound();
 
   const AddressSpaceConfig& config() const { return config_; }

@@ -6,10 +6,17 @@
 //   tokens_per_entry  how many tokens make one entry: 1 (window KV), 4 (C4), 128 (C128). An
 //                     entry appears when the token completing its block is written; until
 //                     then the block's tokens live in the request's compressor state.
-//   lifetime          kRing: the last `ring_tokens` tokens' entries (the window plus the most
-//                     draft tokens one round may roll back, `ring_draft_tokens` of them, so a
-//                     rollback finds what it restores); the oldest is freed as a token
-//                     arrives. kAppend: kept until
+//   lifetime          kRing: a window of `ring_tokens` tokens' entries, the window plus the
+//                     most draft tokens a rollback may drop (`ring_draft_tokens`), counted back
+//                     from a round's first token: an Allocate of n tokens at T keeps the tokens
+//                     from T + 1 - ring_tokens on (what token T reads, and what a rollback of
+//                     the drafts before it restores), so every token of a prefill chunk finds
+//                     its window, and the round's n - 1 later tokens stay until the round ends
+//                     (AdvanceRound) or the request's next Allocate: ring_tokens + n - 1 tokens,
+//                     at most ceil((ring_tokens + n - 1) / 64) + 1 blocks of 64 during a round,
+//                     ring_tokens between rounds (docs/ARCHITECTURE.md, "Kinds"). A rollback of
+//                     more than ring_draft_tokens since the ring was full is refused, whatever
+//                     the ring still holds. kAppend: kept until
 //                     the request frees it (compressed entries). kPerRequest: `state_rows`
 //                     rows per layer for the request's whole life (compressor state: the
 //                     block still filling).
@@ -59,7 +66,7 @@ struct KvKind {
   std::string name;
   std::uint32_t tokens_per_entry = 1;
   KindLifetime lifetime = KindLifetime::kAppend;
-  std::uint32_t ring_tokens = 0;        // kRing only: the window plus ring_draft_tokens
+  std::uint32_t ring_tokens = 0;        // kRing only: the window plus ring_draft_tokens, from a round's first token
   std::uint32_t ring_draft_tokens = 0;  // kRing only: the most tokens a rollback may drop
   std::uint32_t state_rows = 0;   // kPerRequest only: rows per layer per request
   std::uint32_t layers = 0;

@@ -65,6 +65,7 @@ Result<RankRun> RunOneSpace(AdmissionCore& core, const KindSpaceSetup& setup, st
         break;
       }
       e.Append(r, chunk);
+      e.EndRound();  // the chunk's round ends: the window ring keeps what later rounds read
       done += chunk;
     }
     if (!refused) {

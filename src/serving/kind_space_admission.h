@@ -11,8 +11,9 @@
 // budget in C4 entries. The CSA layers are one group of their 21 layers: a C4 entry's place
 // is the same in every group of a space over frames (KindBudget::c4_on_device), so one group
 // admits what 21 do, at 1/21 of the work. Requests arrive in order and are prefilled as an
-// engine does, in chunks of prefill_chunk_tokens (AddRequest, then CheckAppend and Append
-// per chunk, as Allocate does); the first request whose Allocate is refused is freed and stops
+// engine does, in chunks of prefill_chunk_tokens (AddRequest, then CheckAppend, Append and
+// EndRound per chunk, as Allocate and AdvanceRound do: a chunk's round holds its whole window,
+// ARCHITECTURE "Kinds"); the first request whose Allocate is refused is freed and stops
 // admission: it is not counted, and every later request waits behind it.
 //
 //   DP: request i runs on rank i mod P, each rank its own space (one budget per GPU).

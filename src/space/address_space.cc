@@ -437,6 +437,8 @@ void AddressSpace::AdvanceRound() {
   for (auto& rank : state_->pools) {
     for (auto& gp : rank) gp.AdvanceRound();
   }
+  // The window rings free the round's tokens no later round reads (kind_entries.h, kRing).
+  if (state_->kinds.EndRound() && state_->frames) ReleaseFreeFrames(config_, *state_, Rank(0));
   ULA_EXPENSIVE_CHECK(*this);
 }
 

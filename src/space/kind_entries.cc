@@ -71,7 +71,7 @@ Status KindEntries::AddRequest(RequestId request) {
   if (requests_.contains(request)) {
     return MakeError(ErrorCode::kAlreadyExists, fmt::format("request {} already exists", request.value()));
   }
-  requests_.emplace(request, Request{0, false, std::vector<KindState>(kinds_.size())});
+  requests_.emplace(request, Request{.kinds = std::vector<KindState>(kinds_.size())});
   return Ok();
 }
 
@@ -108,7 +108,7 @@ Result<KindEntries::AppendCheck> KindEntries::CheckAppend(RequestId request, std
       takes[k] = req.appended ? 0 : 1;
       continue;
     }
-    const auto [first, end] = RangeAt(k, req.kinds[k], t + n_tokens);
+    const auto [first, end] = RangeAt(k, req.kinds[k], ReachAfter(req, n_tokens), t + n_tokens);
     const BlockDelta d = ResizeDelta(req.kinds[k], first, end);
     takes[k] = d.takes, gives[k] = d.gives;
   }
@@ -140,11 +140,21 @@ KindEntries::BlockDelta KindEntries::ResizeDelta(const KindState& s, std::uint32
 }
 
 std::pair<std::uint32_t, std::uint32_t> KindEntries::RangeAt(std::uint32_t k, const KindState& s,
-                                                             std::uint32_t tokens) const {
+                                                             std::uint32_t reach, std::uint32_t tokens) const {
   const KvKind& kind = kinds_[k];
   if (kind.lifetime != KindLifetime::kRing) return {0, EntriesAt(k, tokens)};
-  const std::uint32_t oldest = tokens > kind.ring_tokens ? tokens - kind.ring_tokens : 0;
-  return {std::max(s.first, oldest), tokens};
+  return {std::max(s.first, RingFirst(kind, reach)), tokens};
+}
+
+std::uint32_t KindEntries::RingFirst(const KvKind& kind, std::uint32_t reach) {
+  // Token reach - 1 reads [reach - window, reach - 1]; a rollback of ring_draft_tokens from
+  // it reads ring_draft_tokens tokens further back: ring_tokens in all.
+  return reach > kind.ring_tokens ? reach - kind.ring_tokens : 0;
+}
+
+std::uint32_t KindEntries::ReachAfter(const Request& req, std::uint32_t n_tokens) {
+  // An Allocate of n tokens at T: its first token T reads back from T (nothing when n is 0).
+  return std::max(req.reach, req.tokens + std::min<std::uint32_t>(n_tokens, 1));
 }
 
 void KindEntries::Resize(std::uint32_t k, KindState& s, std::uint32_t first, std::uint32_t end) {
@@ -163,7 +173,9 @@ void KindEntries::Resize(std::uint32_t k, KindState& s, std::uint32_t first, std
 void KindEntries::Append(RequestId request, std::uint32_t n_tokens) {
   Request& req = requests_.at(request);
   sparse_entries_ -= EntriesAt(sparse_, req.tokens);
+  req.reach = ReachAfter(req, n_tokens);
   req.tokens += n_tokens;
+  req.most = std::max(req.most, req.tokens);
   sparse_entries_ += EntriesAt(sparse_, req.tokens);
   for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
     if (addressed_[k]) continue;
@@ -172,10 +184,26 @@ void KindEntries::Append(RequestId request, std::uint32_t n_tokens) {
       if (!req.appended) s.blocks.push_back(TakeBlock(k)), s.end = 1;
       continue;
     }
-    const auto [first, end] = RangeAt(k, s, req.tokens);
+    const auto [first, end] = RangeAt(k, s, req.reach, req.tokens);
     Resize(k, s, first, end);
   }
   req.appended = true;
+}
+
+bool KindEntries::EndRound() {
+  bool gave = false;
+  for (auto& [id, req] : requests_) {
+    if (req.reach == req.most) continue;  // its rings hold nothing a later round cannot read
+    req.reach = req.most;
+    for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
+      if (addressed_[k] || kinds_[k].lifetime != KindLifetime::kRing) continue;
+      KindState& s = req.kinds[k];
+      const auto [first, end] = RangeAt(k, s, req.reach, req.tokens);
+      gave = gave || ResizeDelta(s, first, end).gives > 0;
+      Resize(k, s, first, end);
+    }
+  }
+  return gave;
 }
 
 Result<std::uint32_t> KindEntries::CheckTruncate(RequestId request, std::uint32_t length) const {
@@ -192,13 +220,16 @@ Result<std::uint32_t> KindEntries::CheckTruncate(RequestId request, std::uint32_
     if (kind.lifetime != KindLifetime::kRing || length == req.tokens) continue;
     const std::uint32_t window = kind.ring_tokens - kind.ring_draft_tokens;
     const std::uint32_t need = length > window ? length - window : 0;  // the window of the new length
-    if (need < req.kinds[k].first) {
+    // What a rollback may restore is fixed by the most tokens held, not by how the rounds
+    // were cut (the ring may still hold more: a round's tokens until the next Allocate).
+    const std::uint32_t restorable = RingFirst(kind, req.most);
+    if (need < restorable) {
       return MakeError(ErrorCode::kFailedPrecondition,
-                       fmt::format("Truncate: request {} to {} tokens (from {}) reaches past the ring of '{}': its "
-                                   "window needs token {}, and the ring of {} tokens ({} of them drafts) keeps tokens "
-                                   "from {} on; a rollback may drop at most {} tokens since the ring was full",
-                                   request.value(), length, req.tokens, kind.name, need, kind.ring_tokens,
-                                   kind.ring_draft_tokens, req.kinds[k].first, kind.ring_draft_tokens));
+                       fmt::format("Truncate: request {} to {} tokens (from {}, {} at most) reaches past the ring of "
+                                   "'{}': its window needs token {}, and a ring of {} tokens ({} of them drafts) "
+                                   "restores tokens from {} on; a rollback may drop at most {} tokens since the ring "
+                                   "was full", request.value(), length, req.tokens, req.most, kind.name, need,
+                                   kind.ring_tokens, kind.ring_draft_tokens, restorable, kind.ring_draft_tokens));
     }
   }
   return EntriesAt(sparse_, length);
@@ -304,15 +335,15 @@ Status KindEntries::CheckInvariants(std::string_view who) const {
       std::size_t blocks = 0;
       switch (kind.lifetime) {
         case KindLifetime::kRing:
-          first = s.first, end = req.tokens;
-          if (first > end || end - first > kind.ring_tokens) {
-            return fail(fmt::format("request {} kind '{}': ring [{}, {}) of more than {} tokens", request.value(),
-                                    kind.name, first, end, kind.ring_tokens));
+          // The ring frees by the first token of the request's last round (reach - 1), and
+          // holds the round's other tokens beside it: at most ring_tokens + (n - 1) tokens.
+          first = RingFirst(kind, req.reach), end = req.tokens;
+          if (req.reach > req.most || req.tokens > req.most || first > end) {
+            return fail(fmt::format("request {} kind '{}': {} tokens, {} at most, its rounds from token {} at most, "
+                                    "the ring from {}", request.value(), kind.name, req.tokens, req.most,
+                                    req.reach == 0 ? 0 : req.reach - 1, first));
           }
           blocks = EndBlock(first, end) - FirstBlock(first);
-          if (blocks > (kind.ring_tokens + kB - 1) / kB + 1) {
-            return fail(fmt::format("request {} kind '{}': {} ring blocks", request.value(), kind.name, blocks));
-          }
           break;
         case KindLifetime::kAppend:
           end = EntriesAt(k, req.tokens);

@@ -15,12 +15,22 @@
 //              entries (a 256-token SGLang page holds 64 C4 and 2 C128 entries): entry j in
 //              the request's block j / 64 at offset j % 64, the request's blocks
 //              [0, ceil(entries / 64)).
-//   kRing      (the window, E = 1) the live tokens [first, T): first = max over the request's
-//              history of T - ring_tokens, so T - first <= ring_tokens; a Truncate keeps first.
+//   kRing      (the window, E = 1) the live tokens [first, T). The ring frees by the first
+//              token of a round, not its last: an Allocate of n >= 1 tokens at T sets
+//              reach = max(reach, T + 1) and first = max(0, reach - ring_tokens)
+//              (the window token T reads, [T - window + 1, T], and the ring_draft_tokens before
+//              it a rollback may restore), so every token of the round finds its window live
+//              (a prefill chunk's first token too), and the round's other n - 1 tokens stay
+//              until the round ends (EndRound, at the space's AdvanceRound: reach = most, the
+//              tokens no later round and no rollback reads go) or the request's next Allocate:
+//              the ring holds at most ring_tokens + n - 1 tokens, n the request's last
+//              Allocate, and ring_tokens between rounds (vLLM's SlidingWindowManager frees by
+//              the tokens computed before the new ones the same way). A Truncate keeps first.
 //              Token t sits in the request's block t / 64 at offset t % 64; its blocks are
-//              those holding a live token, [first / 64, ceil(T / 64)): a block is freed once
-//              all its tokens are older than the last ring_tokens, so a request holds at most
-//              ceil(ring_tokens / 64) + 1 blocks, the same number in steady state.
+//              those holding a live token, [first / 64, ceil(T / 64)): at most
+//              ceil((ring_tokens + n - 1) / 64) + 1 blocks from an Allocate of n tokens to the
+//              round's end, ceil(ring_tokens / 64) + 1 between rounds (CheckAppend counts a
+//              round's blocks exactly, so an admitted Allocate holds them).
 //   kPerRequest (compressor state) one entry per request, taken by its first Append and held
 //              until Free; its position (tokens of the block still filling) is T % E.
 // Block ids: one logical id pool per non-addressed kind; a freed id is reused lowest first
@@ -37,15 +47,17 @@
 // Truncate(request, length), a draft rollback to `length` tokens: drops the appended kinds'
 // entries of the rejected tokens (keeps floor(length / E)), the ring's tokens past `length`
 // and the blocks left without a live token; a compressor state's position follows T. The
-// ring's `first` stays: the tokens it dropped as older than ring_tokens are gone, so a
-// rollback is refused (kFailedPrecondition) when the window of the new length,
-// [length - (ring_tokens - ring_draft_tokens), length), is no longer all live: a rollback of
-// more than ring_draft_tokens tokens from a full ring (in total since the ring was full).
+// ring's `first` stays. What a rollback may restore depends on the most tokens the request
+// held (most), not on how its rounds were cut: a rollback is refused (kFailedPrecondition)
+// when the window of the new length, [length - (ring_tokens - ring_draft_tokens), length),
+// starts before most - ring_tokens: a rollback of more than ring_draft_tokens tokens from a
+// full ring (in total since the ring was full), even while the ring still holds a round's
+// tokens. Since reach <= most, what is restored is always live.
 //
 // Invariants (CheckInvariants):
-//  1. Per request and kind: entries == the formula of T above; the ring's T - first <=
-//     ring_tokens; its blocks are exactly the request's blocks holding a live entry, so
-//     blocks.size() == ceil(entries_end / 64) - first / 64 (0 when no entry).
+//  1. Per request and kind: entries == the formula of T above; the ring's first ==
+//     max(0, reach - ring_tokens) <= T, reach and T <= most; its blocks are exactly the
+//     request's blocks holding a live entry, so blocks.size() == ceil(entries_end / 64) - first / 64 (0 when no entry).
 //  2. Per pool: every id below the pool's extent is either free (listed once) or in exactly
 //     one request's blocks of that kind; no id at or past the extent is used.
 //  3. A per-request kind's entry is held iff the request was appended to.
@@ -109,6 +121,10 @@ class KindEntries {
   Result<AppendCheck> CheckAppend(RequestId request, std::uint32_t n_tokens) const;
   // REQUIRES: CheckAppend(request, n_tokens) is Ok.
   void Append(RequestId request, std::uint32_t n_tokens);
+  // Ends the round (AddressSpace::AdvanceRound, after its attention): every ring frees what
+  // no later round and no rollback reads, the tokens before most - ring_tokens (reach = most).
+  // Returns whether a block was given back.
+  bool EndRound();
   // Checks a Truncate: kNotFound, kOutOfRange (length past T), kFailedPrecondition (the
   // rollback reaches past a ring). Returns the addressed entries to keep.
   Result<std::uint32_t> CheckTruncate(RequestId request, std::uint32_t length) const;
@@ -149,6 +165,8 @@ class KindEntries {
   };
   struct Request {
     std::uint32_t tokens = 0;
+    std::uint32_t most = 0;         // the most tokens it ever held (what a rollback may restore)
+    std::uint32_t reach = 0;        // 1 + the first token of its latest round (what the ring frees by)
     bool appended = false;          // its per-request entries are held
     std::vector<KindState> kinds;   // [num_kinds] (addressed kinds: unused)
   };
@@ -168,8 +186,14 @@ class KindEntries {
   // Blocks of s to give back from the front for [first, end): all older than `first`.
   static std::size_t DropFront(const KindState& s, std::uint32_t first, std::uint32_t end);
   static BlockDelta ResizeDelta(const KindState& s, std::uint32_t first, std::uint32_t end);
-  // Kind k's [first, end) after `tokens` tokens (REQUIRES: not addressed, not per-request).
-  std::pair<std::uint32_t, std::uint32_t> RangeAt(std::uint32_t k, const KindState& s, std::uint32_t tokens) const;
+  // Kind k's [first, end) at `tokens` tokens, a ring freed by `reach` (REQUIRES: not
+  // addressed, not per-request).
+  std::pair<std::uint32_t, std::uint32_t> RangeAt(std::uint32_t k, const KindState& s, std::uint32_t reach,
+                                                  std::uint32_t tokens) const;
+  // A ring's first live token once its rounds reached `reach`: reach - ring_tokens (or 0).
+  static std::uint32_t RingFirst(const KvKind& kind, std::uint32_t reach);
+  // The request's reach after an Allocate of n_tokens more (its first token's position + 1).
+  static std::uint32_t ReachAfter(const Request& req, std::uint32_t n_tokens);
   std::uint32_t TakeBlock(std::uint32_t k);
   void GiveBlock(std::uint32_t k, std::uint32_t id);
   Status CheckFrames(std::string_view who) const;

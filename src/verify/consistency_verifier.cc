@@ -386,6 +386,7 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       CheckInvariants("step");
     }
     space_->AdvanceRound();
+    if (kinds_) kinds_->RoundEnded();
   }
 
   void BadInput() {

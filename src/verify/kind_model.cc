@@ -30,6 +30,7 @@ void KindModel::Added(RequestId request) { requests_[request] = Request{.last = 
 std::optional<std::string> KindModel::Appended(RequestId request, std::uint32_t n_tokens, std::size_t made) {
   Request& r = requests_.at(request);
   const std::uint32_t want = AddressesAt(r.tokens + n_tokens) - AddressesAt(r.tokens);
+  if (n_tokens > 0) r.reach = std::max(r.reach, r.tokens + 1);
   r.tokens += n_tokens;
   r.most = std::max(r.most, r.tokens);
   r.appended = true;
@@ -57,6 +58,10 @@ void KindModel::Truncated(RequestId request, std::uint32_t length) {
   r.tokens = length;
 }
 
+void KindModel::RoundEnded() {
+  for (auto& [id, r] : requests_) r.reach = r.most;
+}
+
 void KindModel::Freed(RequestId request) {
   counts_.c4_freed += AddressesAt(requests_.at(request).tokens);
   requests_.erase(request);
@@ -77,7 +82,7 @@ KindPages KindModel::Expected(std::uint32_t k, const Request& r) const {
     p.entries_per_block = kB;
     blocks = CeilDiv(p.entries, kB);
   } else if (kind.lifetime == KindLifetime::kRing) {
-    const std::uint32_t first = r.most > kind.ring_tokens ? r.most - kind.ring_tokens : 0;
+    const std::uint32_t first = r.reach > kind.ring_tokens ? r.reach - kind.ring_tokens : 0;
     p.entries = r.tokens - first;
     p.entries_per_block = kB;
     p.first_offset = first % kB;

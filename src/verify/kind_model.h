@@ -1,20 +1,22 @@
 // KindModel: the consistency verifier's own account of a space with kinds
 // (docs/ARCHITECTURE.md, "Kinds"), from which every kind's page table follows. Per request it
-// keeps the tokens T, the most tokens it ever held (the window ring's first live token is
-// that minus ring_tokens: a rollback does not bring back what the ring freed) and whether it
+// keeps the tokens T, the most tokens it ever held (a rollback may restore the window of
+// most - ring_draft_tokens tokens, no further), the first token of its latest round plus one
+// (reach: the window ring frees by it, so a round's tokens stay until the round ends or the
+// request's next Allocate) and whether it
 // was ever appended to, and per kind the page table last read (KindPagesOf).
 //
 // What a request of T tokens must hold, kind by kind (E its tokens per entry):
 //   the sparse kind and its companions  floor(T / E) entries, the request's addresses, in
 //                                       pages of the space's page_tokens;
 //   append (C128)                       floor(T / E) entries in blocks of kKindBlockEntries;
-//   ring (the window)                   the tokens [first, T), first = max(0, most - ring_tokens),
+//   ring (the window)                   the tokens [first, T), first = max(0, reach - ring_tokens),
 //                                       in the blocks [first / 64, ceil(T / 64));
 //   per request (compressor state)      one entry from the first append, T mod E filling.
 // and no block that still holds a live entry changes id between two reads (a resident
 // block never moves; the window ring frees only its front). A rollback to `length` is
 // accepted iff the window of `length`, [length - (ring_tokens - ring_draft_tokens), length),
-// is still in the ring.
+// starts at or after most - ring_tokens (what the ring restores, whatever it still holds).
 //
 // Check reads every kind of one request, compares it with the above, and counts what
 // changed since the previous read: C128 entries made, ring blocks freed at the front.
@@ -58,6 +60,8 @@ class KindModel {
   bool RollbackAllowed(RequestId request, std::uint32_t length) const;
   void Truncated(RequestId request, std::uint32_t length);
   void Freed(RequestId request);
+  // AdvanceRound: every ring frees what no later round reads (reach = most).
+  void RoundEnded();
   // The addresses a request of `tokens` tokens holds.
   std::uint32_t AddressesAt(std::uint32_t tokens) const { return tokens / sparse_tokens_; }
   // Tokens per address (the sparse kind's tokens_per_entry).
@@ -75,7 +79,8 @@ class KindModel {
  private:
   struct Request {
     std::uint32_t tokens = 0;
-    std::uint32_t most = 0;  // the most tokens ever held
+    std::uint32_t most = 0;   // the most tokens ever held
+    std::uint32_t reach = 0;  // 1 + the first token of the latest Allocate of at least one token
     bool appended = false;
     std::vector<KindPages> last;  // [kinds] the page tables last read
   };

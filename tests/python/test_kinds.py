@@ -280,6 +280,7 @@ def test_slot_helpers_give_each_kinds_block_table_and_newest_entry():
     for r, n in ((1, 1000), (2, 130), (3, 3)):
         space.add_request(r)
         space.allocate(r, n)
+    space.advance_round()  # the prefill's round ends: each window ring keeps its last 130 tokens
     table = ulacache.kind_block_table(space, [1, 2, 3], C128)
     assert table.dtype == np.int32 and table.shape == (3, 1)
     # 1,000 and 130 tokens hold C128 entries (7 and 1, one block each); 3 tokens none.

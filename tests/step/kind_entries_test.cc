@@ -97,7 +97,9 @@ TEST_F(KindEntriesOfOneRequest, TheCompressedEntriesAppearWhenTheirBlockComplete
 }
 
 TEST_F(KindEntriesOfOneRequest, TheRingFreesABlockOnlyWhenAllItsTokensAreOlderThanTheRing) {
-  e.Append(r, 64 + kRing - 1);  // live [63, 194): token 63 still holds block 0
+  e.Append(r, 64 + kRing - 1);  // one round: its tokens stay until it ends
+  EXPECT_EQ(Pages(e, r, kWin).entries, 64 + kRing - 1);
+  e.EndRound();  // live [63, 194): token 63 still holds block 0
   KindPages w = Pages(e, r, kWin);
   EXPECT_EQ(w.entries, kRing);
   EXPECT_EQ(w.first_offset, 63u);
@@ -138,6 +140,7 @@ TEST_F(KindEntriesOfOneRequest, ARollbackUndoesWhatTheRejectedTokensMade) {
   EXPECT_TRUE(e.CheckInvariants("test"));
   // A full ring restores the window after a rollback of ring_draft_tokens.
   e.Append(r, 1000);
+  e.EndRound();
   const std::uint32_t t = 1126;
   ASSERT_TRUE(e.CheckTruncate(r, t - kDrafts));
   e.Truncate(r, t - kDrafts);
@@ -148,6 +151,7 @@ TEST_F(KindEntriesOfOneRequest, ARollbackUndoesWhatTheRejectedTokensMade) {
 
 TEST_F(KindEntriesOfOneRequest, BadInputIsRefusedAndChangesNothing) {
   e.Append(r, 1000);
+  e.EndRound();
   const std::uint64_t before = Digest(e);
   auto past_ring = e.CheckTruncate(r, 1000 - kDrafts - 1);
   ASSERT_FALSE(past_ring);
@@ -187,25 +191,35 @@ TEST_F(KindEntriesOfOneRequest, BadInputIsRefusedAndChangesNothing) {
 
 // The reference: one request simulated token by token.
 struct Model {
-  std::uint32_t tokens = 0;
+  std::uint32_t tokens = 0, most = 0;
   std::deque<std::uint32_t> ring;  // live window tokens
   std::uint32_t c4 = 0, c128 = 0;
   bool appended = false;
 
+  // Drops the ring's tokens that token `reader` and a rollback of kDrafts before it never read.
+  void Drop(std::uint32_t reader) {
+    while (!ring.empty() && ring.front() + kWindow + kDrafts <= reader) ring.pop_front();
+  }
   void Add(std::uint32_t n) {
+    const std::uint32_t first = tokens;  // the round's first token
     for (std::uint32_t i = 0; i < n; ++i, ++tokens) {
       ring.push_back(tokens);
-      if (ring.size() > kRing) ring.pop_front();
       if ((tokens + 1) % 4 == 0) ++c4;
       if ((tokens + 1) % 128 == 0) ++c128;
     }
+    if (n > 0) Drop(first);
+    most = std::max(most, tokens);
     appended = true;
   }
-  // Whether the window of `length` is still all live.
+  void EndRound() {
+    if (most > 0) Drop(most - 1);
+  }
+  // Whether the window of `length` is within what a rollback restores: the window of
+  // most - kDrafts tokens and later.
   bool CanTruncate(std::uint32_t length) const {
     if (length == tokens) return true;
     const std::uint32_t need = length > kWindow ? length - kWindow : 0;
-    return ring.empty() ? need == 0 : need >= ring.front();
+    return need + kRing >= most;
   }
   void Cut(std::uint32_t length) {
     while (!ring.empty() && ring.back() >= length) ring.pop_back();
@@ -243,6 +257,9 @@ TEST(KindEntries, RandomOperationsAgreeWithAPerTokenModel) {
       ASSERT_TRUE(e.Free(r));
       models.erase(it);
       std::erase_if(ids, [id](const auto& kv) { return std::get<0>(kv.first) == id; });
+    } else if (pick(8) == 0) {
+      e.EndRound();
+      for (auto& [rid, m] : models) m.EndRound();
     } else if (pick(3) == 0 && it->second.tokens > 0) {
       const std::uint32_t back = std::min(it->second.tokens, pick(kDrafts + 3));
       const std::uint32_t length = it->second.tokens - back;

@@ -192,6 +192,7 @@ struct Batch {
       return std::unexpected(made.error());
     }
     entries.Append(r, tokens);
+    entries.EndRound();  // its prefill was a round: the ring keeps the window and the drafts
     ++admitted;
     return Ok();
   }

@@ -8,6 +8,8 @@
 // decisions while frames are taken from under C4 entries and given back between rounds.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <cstring>
 #include <map>
 #include <memory>
@@ -38,7 +40,37 @@ AddressSpaceConfig FlashFramesConfig(std::uint32_t frames, std::uint32_t host_c4
 
 std::uint32_t Resident(const KindBudget& b) { return b.frames - b.free_frames; }
 
-// Requests of 16384 tokens arrive, one round each, until one is refused.
+// Prefills `tokens` tokens of request r in chunks, as an engine does: a window ring holds a
+// round's tokens until the round ends or the next Allocate (ARCHITECTURE "Kinds"), so one
+// Allocate of the whole prompt would need its whole window at once. The chunks before token
+// `rounds_until` are a round each (AdvanceRound after each), the rest share the current
+// round. A refused chunk changes nothing (its digest is checked); the chunks before it stay.
+// (digest: false compares KindBudgetOf and the request's addresses instead, much cheaper.)
+Result<std::vector<LogicalAddr>> Prefill(AddressSpace& s, RequestId r, std::uint32_t tokens, std::uint32_t chunk,
+                                         std::uint32_t rounds_until = 0, bool digest = true) {
+  std::vector<LogicalAddr> all;
+  auto state = [&]() {
+    const KindBudget b = *s.KindBudgetOf();
+    return std::tuple{digest ? s.DebugDigest() : 0, b.free_frames, b.frames_of_kind, b.c4_entries, b.c4_on_device,
+                      s.AddressesOf(r)->size()};
+  };
+  for (std::uint32_t done = 0; done < tokens;) {
+    const std::uint32_t n = std::min(chunk, tokens - done);
+    const auto before = state();
+    auto a = s.Allocate(r, n);
+    if (!a) {
+      EXPECT_EQ(state(), before) << "a refused Allocate changed the space";
+      return std::unexpected(a.error());
+    }
+    all.insert(all.end(), a->begin(), a->end());
+    done += n;
+    if (done < rounds_until) s.AdvanceRound();
+  }
+  return all;
+}
+
+// Requests of 16384 tokens arrive, one round each (prefilled in chunks of 2048), until one
+// is refused.
 TEST(KindSpaceFrames, AsTheBatchGrowsTheC4DeviceShareIsWhatTheResidentKindsLeave) {
   // The sanitizer trees check every invariant inside each Allocate: a smaller budget there.
 #if defined(ULA_EXPENSIVE_CHECKS)
@@ -46,6 +78,7 @@ TEST(KindSpaceFrames, AsTheBatchGrowsTheC4DeviceShareIsWhatTheResidentKindsLeave
 #else
   constexpr std::uint32_t kFrames = 16, kHostC4 = 100'000, kTokens = 16384;
 #endif
+  constexpr std::uint32_t kChunk = 2048;
   auto backend = MakeCountingBackend();
   auto space = AddressSpace::Create(FlashFramesConfig(kFrames, kHostC4), *backend);
   ASSERT_TRUE(space) << space.error().ToString();
@@ -54,18 +87,18 @@ TEST(KindSpaceFrames, AsTheBatchGrowsTheC4DeviceShareIsWhatTheResidentKindsLeave
   EXPECT_EQ(start.frames, kFrames);
   EXPECT_EQ(start.c4_device_slots, s.config().device_slots_per_group());
   EXPECT_EQ(start.c4_device_slots, std::uint64_t{kFrames} * 136 * 64);  // 136 C4 blocks of 64 per frame
-  KindBudget last = start;
+  KindBudget last = start, at_refusal;
   std::uint32_t admitted = 0;
   Status refused = Ok();
   while (refused && admitted < 1000) {
     const RequestId r(admitted + 1);
     ASSERT_TRUE(s.AddRequest(r, Rank(0)));
-    const std::uint64_t before = s.DebugDigest();
-    auto fresh = s.Allocate(r, kTokens);
+    auto fresh = Prefill(s, r, kTokens, kChunk, /*rounds_until=*/0, /*digest=*/false);
     ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
     if (!fresh) {
       refused = std::unexpected(fresh.error());
-      EXPECT_EQ(s.DebugDigest(), before) << "a refused Allocate changed the space";
+      at_refusal = *s.KindBudgetOf();
+      ASSERT_TRUE(s.Free(r));  // the engine aborts it
       break;
     }
     EXPECT_EQ(fresh->size(), kTokens / 4);
@@ -97,9 +130,8 @@ TEST(KindSpaceFrames, AsTheBatchGrowsTheC4DeviceShareIsWhatTheResidentKindsLeave
   EXPECT_GT(last.c4_entries, last.c4_on_device);  // the C4 history spilled to host
   // Nothing refused while the total fitted: the next request's resident blocks need frames
   // the budget no longer has, or its C4 entries pass the share plus the host.
-  const std::uint64_t request_c4 = kTokens / 4;
   const bool frames_short = refused.error().message().find("free frames") != std::string::npos;
-  const bool c4_short = last.c4_entries + request_c4 > last.c4_device_slots + kHostC4;
+  const bool c4_short = at_refusal.c4_entries + kChunk / 4 > at_refusal.c4_device_slots + kHostC4;
   EXPECT_TRUE(frames_short || c4_short) << refused.error().message();
 }
 
@@ -230,7 +262,7 @@ TEST(KindSpaceFrames, AFrameAKindTakesSendsItsC4EntriesToHostWithTheirBytes) {
   Shadow shadow;
   // Fill the C4 device share: 8 frames x 256 slots, one request of 8192 tokens.
   ASSERT_TRUE(s.AddRequest(RequestId(1), Rank(0)));
-  auto first = s.Allocate(RequestId(1), 8192);
+  auto first = Prefill(s, RequestId(1), 8192, 64, /*rounds_until=*/8192);
   ASSERT_TRUE(first) << first.error().ToString();
   ASSERT_TRUE(shadow.WriteAll(s, *first, 1));
   // One buffer: the C4 layers and every kind's layers are views of the budget's bytes.
@@ -302,7 +334,8 @@ TEST(KindSpaceFrames, AnEntryUsedInThisRoundNeverMovesTheAllocateIsRefused) {
   ASSERT_TRUE(space);
   AddressSpace& s = **space;
   ASSERT_TRUE(s.AddRequest(RequestId(1), Rank(0)));
-  ASSERT_TRUE(s.Allocate(RequestId(1), 8192));  // fills the C4 share in this round
+  // The last 3,072 tokens' 768 C4 entries fill the C4 share (frames 0..2) in this round.
+  ASSERT_TRUE(Prefill(s, RequestId(1), 8192, 64, /*rounds_until=*/8192 - 3072));
   ASSERT_TRUE(s.AddRequest(RequestId(2), Rank(0)));
   std::uint64_t before = s.DebugDigest();
   auto refused = s.Allocate(RequestId(2), 260);  // its window needs a frame full of this round's entries
@@ -421,7 +454,7 @@ TEST(KindSpaceFrames, BadConfigsAreRefusedNamingTheField) {
 // twins' digests equal after every round.
 TEST(KindSpaceFrames, EnginePathAndDeviceStepAgreeWhileFramesMove) {
   ULA_TEST_SEEDED(seed, 20261206);
-  constexpr std::uint32_t kBatch = 4, kTopK = 24, kDrafts = 2, kPrompt = 4096;
+  constexpr std::uint32_t kBatch = 4, kTopK = 24, kDrafts = 2, kPrompt = 4096, kPrefillChunk = 512;
 #if defined(ULA_EXPENSIVE_CHECKS)
   constexpr int kRounds = 60;
 #else
@@ -502,13 +535,17 @@ TEST(KindSpaceFrames, EnginePathAndDeviceStepAgreeWhileFramesMove) {
     EXPECT_TRUE(ref.AddRequest(r, Rank(0)) && twin.AddRequest(r, Rank(0)));
     requests.push_back(r);
     tokens.push_back(0);
-    if (!allocate(requests.size() - 1, kPrompt)) {  // the budget is full: it waits
+    bool fits = true;
+    for (std::uint32_t done = 0; fits && done < kPrompt; done += kPrefillChunk) {  // a round each
+      fits = allocate(requests.size() - 1, kPrefillChunk);
+      ref.AdvanceRound();
+      twin.AdvanceRound();
+    }
+    if (!fits) {  // the budget is full: it waits
       EXPECT_TRUE(ref.Free(r) && twin.Free(r));
       requests.pop_back();
       tokens.pop_back();
     }
-    ref.AdvanceRound();
-    twin.AdvanceRound();
   };
   for (std::uint32_t b = 0; b < kBatch; ++b) add();
   ASSERT_EQ(requests.size(), kBatch);

@@ -82,6 +82,10 @@ TEST(KindSpace, AllocateMakesTheC4EntriesAtTheirBlockBoundaries) {
   EXPECT_EQ(f.Pages(r, f.key), c4);  // the index keys share the C4 entries' addresses
   EXPECT_EQ(f.Pages(r, f.c128).entries, 7u);
   EXPECT_EQ(f.Pages(r, f.c128).filling_tokens, 1004u % 128);
+  // The round's tokens stay in the ring until it ends (the window of its first token, 4,
+  // reaches back to token 0); then the ring keeps 128 + drafts.
+  EXPECT_EQ(f.Pages(r, f.window).entries, 1004u);
+  s.AdvanceRound();
   const KindPages w = f.Pages(r, f.window);
   EXPECT_EQ(w.entries, 128u + kDrafts);
   EXPECT_EQ(w.first_offset, (1004u - 131u) % 64);
@@ -115,6 +119,66 @@ TEST(KindSpace, DecodeWithDraftsKeepsTheKindsInStep) {
     ASSERT_LE(live, 128u + kDrafts) << "round " << round;
     ASSERT_LE(f.Pages(r, f.window).blocks.size(), 4u);
     ASSERT_EQ(f.Pages(r, f.s128).filling_tokens, tokens[q] % 128);
+    ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
+  }
+}
+
+// The ring frees by a round's first token (kind_entries.h, kRing): a prefill chunk far longer
+// than the drafts finds the window of its first token live and readable at the blocks it was
+// written to; the round's end, or the request's next Allocate, frees exactly what no later
+// token reads; a rollback is bounded by the drafts whatever the ring still holds.
+TEST(KindSpace, APrefillChunkReadsItsFirstTokensWindowAndTheNextRoundFreesTheRest) {
+  constexpr std::uint32_t kRingTokens = 128 + kDrafts, kChunk = 200;
+  for (const bool end_round : {false, true}) {
+    SCOPED_TRACE(end_round ? "freed at AdvanceRound" : "freed by the next Allocate");
+    Flash f;
+    AddressSpace& s = *f.space;
+    const RequestId r(1);
+    f.Start(r, 500);
+    s.AdvanceRound();
+    const KindPages before = f.Pages(r, f.window);  // tokens [369, 500): blocks 5..7
+    ASSERT_EQ(before.tokens - before.entries, 500u - kRingTokens);
+    ASSERT_TRUE(s.Allocate(r, kChunk));  // the chunk [500, 700)
+    const KindPages w = f.Pages(r, f.window);
+    // Its first token, 500, reads [373, 500]; a rollback of the drafts before it, 3 more.
+    const std::uint32_t first = w.tokens - w.entries;
+    EXPECT_EQ(first, 500u + 1 - kRingTokens);
+    EXPECT_EQ(w.entries, kRingTokens + kChunk - 1);
+    EXPECT_EQ(w.first_offset, first % 64);
+    ASSERT_EQ(w.blocks.size(), (700u + 63) / 64 - first / 64);  // blocks 5..10
+    EXPECT_LE(w.blocks.size(), (kRingTokens + kChunk - 1 + 63) / 64 + 1);  // the bound of a round
+    // The blocks written before the chunk are where they were: the window reads its bytes.
+    for (std::size_t i = 0; i < before.blocks.size(); ++i) EXPECT_EQ(w.blocks[i], before.blocks[i]) << i;
+    ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
+    // A rollback past the drafts is refused though the ring still holds the tokens.
+    const std::uint64_t digest = s.DebugDigest();
+    const Status past = s.Truncate(r, 700 - kDrafts - 1);
+    ASSERT_FALSE(past);
+    EXPECT_EQ(past.error().code(), ErrorCode::kFailedPrecondition);
+    EXPECT_NE(past.error().message().find("reaches past the ring"), std::string::npos) << past.error().message();
+    EXPECT_EQ(s.Truncate(r, 701).error().code(), ErrorCode::kOutOfRange);
+    EXPECT_EQ(s.Allocate(RequestId(9), 1).error().code(), ErrorCode::kNotFound);
+    EXPECT_EQ(s.DebugDigest(), digest);
+    EXPECT_EQ(f.Pages(r, f.window), w);
+    // The next round frees exactly the blocks no later token reads, the rest keep their ids.
+    std::uint32_t tokens = 700;
+    if (end_round) {
+      s.AdvanceRound();  // reads from 700 - 128 - drafts on: blocks 8..10
+    } else {
+      ASSERT_TRUE(s.Allocate(r, 1));  // token 700 reads [573, 700], a rollback 3 more: blocks 8..10
+      ++tokens;
+    }
+    const KindPages next = f.Pages(r, f.window);
+    const std::uint32_t next_first = next.tokens - next.entries;
+    EXPECT_EQ(next_first, end_round ? 700u - kRingTokens : 701u - kRingTokens);
+    ASSERT_EQ(next.blocks.size(), (tokens + 63) / 64 - next_first / 64);
+    ASSERT_EQ(next.blocks.size(), 3u);
+    for (std::size_t i = 0; i < next.blocks.size(); ++i) EXPECT_EQ(next.blocks[i], w.blocks[3 + i]) << i;
+    ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
+    // Within the drafts the rollback restores the window of its length.
+    ASSERT_TRUE(s.Truncate(r, tokens - kDrafts));
+    const KindPages back = f.Pages(r, f.window);
+    EXPECT_GE(back.entries, 128u);
     ASSERT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
   }
 }

@@ -28,10 +28,10 @@
 // misses, its descriptors run on the twin's memory bring the same rows, and the two spaces'
 // digests agree after every round.
 //
-// The window ring holds the window plus the most tokens one round appends (a prefill chunk),
-// not only the drafts: Allocate frees the tokens older than the ring before the round's
-// attention, and a chunk's first row attends to the kWindow - 1 tokens before the chunk. With
-// a ring of the window plus the drafts, a chunk longer than the drafts would lose them.
+// The window ring is the model's own: the window plus the drafts (ring_draft_tokens = kDraft),
+// with prefill chunks far longer than the drafts. Allocate frees the ring by the round's first
+// token (docs/ARCHITECTURE.md, "Kinds"), so a chunk's first row still finds the kWindow - 1
+// tokens before the chunk, and the chunk's tokens stay until the request's next Allocate.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -60,7 +60,6 @@ constexpr std::uint32_t kDraft = 1;        // MTP: one draft token, q_len 2
 constexpr std::uint32_t kQLen = 1 + kDraft;
 constexpr std::uint32_t kTopK = 8;
 constexpr std::uint32_t kChunk = 48;       // prefill chunk (one query row per token)
-constexpr std::uint32_t kRingSlack = kChunk;  // the ring's tokens past the window: a round's most new tokens
 constexpr std::uint32_t kBatch = 5;        // running requests
 constexpr std::uint32_t kDeviceC4 = 320;   // C4 slots per group: far below the C4 history
 constexpr std::uint32_t kHostC4 = 4096;
@@ -91,8 +90,8 @@ AddressSpaceConfig V4Config() {
   c.device_bytes_per_rank = std::uint64_t{kDeviceC4} * kCsaLayers.size() * kRow;
   c.host_bytes_per_rank = std::uint64_t{kHostC4} * kCsaLayers.size() * kRow;
   c.kinds = {
-      {.name = "window", .tokens_per_entry = 1, .lifetime = KindLifetime::kRing, .ring_tokens = kWindow + kRingSlack,
-       .ring_draft_tokens = kRingSlack, .layers = kLayers, .row_bytes = kRow},
+      {.name = "window", .tokens_per_entry = 1, .lifetime = KindLifetime::kRing, .ring_tokens = kWindow + kDraft,
+       .ring_draft_tokens = kDraft, .layers = kLayers, .row_bytes = kRow},
       {.name = "c4", .tokens_per_entry = 4, .lifetime = KindLifetime::kAppend, .layers = 3, .row_bytes = kRow,
        .placement = KindPlacement::kSparse},
       {.name = "c4_index_key", .tokens_per_entry = 4, .lifetime = KindLifetime::kAppend, .layers = 3,
@@ -277,6 +276,7 @@ TEST(V4EngineLoop, EveryGatheredRowMatchesTheDenseModel) {
     ASSERT_EQ(wp.tokens, r.tokens);
     ASSERT_EQ(r.window.size(), r.tokens);
     ASSERT_GE(wp.entries, std::min(r.tokens, kWindow));
+    ASSERT_LE(wp.entries, kWindow + kDraft + kChunk - 1);  // the ring plus a round's other tokens
     ASSERT_EQ(space.AddressesOf(r.id)->size(), r.c4.size());
     ASSERT_EQ(r.c4.size(), r.tokens / 4);
     ASSERT_EQ(cp.entries, r.c128.size());
