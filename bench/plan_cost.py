@@ -10,10 +10,20 @@ metadata only, as under an engine that owns its KV memory), rows of 656 bytes (F
           2,032 tokens (causal: a chunk's early rows select fewer than 2,048, padded with -1).
 Selections are distinct within a row, drawn at random from the row's request's history
 (a fixed seed), so most of each step's distinct entries move: the device pool of each group
-holds two thirds of the history. The copy plan comes back as a dict of int32/int64 columns
+holds q_len / (q_len + 1) of the history (two thirds at the default q_len 2). The copy plan comes back as a dict of int32/int64 columns
 (every field, or --columns: vllm_loop, the six examples/vllm_loop.py reads) or as
 DESCRIPTOR_DTYPE records (--descriptors records); numpy arrays, or with --tensors torch CPU
 torch tensors over the same memory (as vLLM hands them).
+
+--q-len sets each decode's query rows (1 + drafts; default 2). --layout batched hands the
+decode step over as SGLang's [batch, q_len, top_k] with one request per batch row instead of
+vLLM's flat rows cut by query_start_loc (decode only). --reserve guaranteed,quantile plans
+each shape on one planner per reservation mode (StepPlanner(reserve=...); the same space
+layout, seed and selections), the modes alternated within each round (the first to plan
+rotates), and reports each mode's medians and the median over paired plan calls (same round
+and group) of each mode's planner time over the first mode's: the quantile mode's own cost
+in a plan, its measurement of each request's distinct share (step/selection_share.h; it
+reads a request's rows as one sample in the batched layout, a single row in the flat one).
 
 Per plan call it reads perf_counter_ns around `planner.plan(...)` (the Python call) and,
 where the module has it, `planner.last_plan_timing`: the nanoseconds the binding spent
@@ -24,7 +34,8 @@ median over --reps rounds (after --warmup rounds) of each part, per plan call.
 
 Usage: python3 bench/plan_cost.py [--reps N] [--warmup N] [--shapes decode,mixed]
        [--descriptors columns|records] [--columns all|vllm_loop|F,F,...]
-       [--tensors numpy|torch] [--quick] [--json] [--build-dir DIR]
+       [--tensors numpy|torch] [--q-len N] [--layout flat|batched]
+       [--reserve guaranteed|quantile|guaranteed,quantile] [--quick] [--json] [--build-dir DIR]
 --quick: small sizes (a smoke run, the ctest).
 """
 import argparse
@@ -52,42 +63,46 @@ GROUPS = 2
 
 
 class Shape:
-    """One step's batch: `decodes` requests of q_len 2 over `history` tokens each, and
-    `prefills` chunks of `chunk` tokens starting at position `prefill_at`."""
+    """One step's batch: `decodes` requests of `q_len` query rows over `history` tokens each,
+    and `prefills` chunks of `chunk` tokens starting at position `prefill_at`."""
 
-    def __init__(self, name, decodes, history, prefills, chunk, prefill_at, top_k):
+    def __init__(self, name, decodes, history, prefills, chunk, prefill_at, top_k, q_len=2):
         self.name, self.decodes, self.history = name, decodes, history
         self.prefills, self.chunk, self.prefill_at, self.top_k = prefills, chunk, prefill_at, top_k
+        self.q_len = q_len
 
     @property
     def rows(self):
-        return 2 * self.decodes + self.prefills * self.chunk
+        return self.q_len * self.decodes + self.prefills * self.chunk
 
     def lengths(self):
         """Tokens each request holds (a prefill's chunk included: its KV is written first)."""
         return [self.history] * self.decodes + [self.prefill_at + self.chunk] * self.prefills
 
 
-def shapes(quick):
+def shapes(quick, q_len):
     if quick:
-        return {"decode": Shape("decode", 4, 512, 0, 0, 0, 64), "mixed": Shape("mixed", 4, 512, 2, 120, 256, 64)}
-    return {"decode": Shape("decode", 32, 8192, 0, 0, 0, 2048),
-            "mixed": Shape("mixed", 32, 8192, 4, 2032, 4096, 2048)}
+        return {"decode": Shape("decode", 4, 512, 0, 0, 0, 64, q_len),
+                "mixed": Shape("mixed", 4, 512, 2, 120, 256, 64, q_len)}
+    return {"decode": Shape("decode", 32, 8192, 0, 0, 0, 2048, q_len),
+            "mixed": Shape("mixed", 32, 8192, 4, 2032, 4096, 2048, q_len)}
 
 
-def build(ulacache, shape, descriptors_form, columns, seed):
+def build(ulacache, shape, descriptors_form, columns, seed, reserve="guaranteed"):
     lengths = shape.lengths()
     history = sum(lengths)
-    # Two thirds of the history fits on device, the rest on host: a step's misses move.
-    device = history * 2 // 3
+    # q_len / (q_len + 1) of the history fits on device (two thirds at q_len 2), the rest on
+    # host: a step's misses move, and the step's distinct entries (more rows, more of them)
+    # still fit.
+    device = history * shape.q_len // (shape.q_len + 1)
     host = history + device
     cfg = ulacache.AddressSpaceConfig(stable_new_entries=True, num_groups=GROUPS, entry_bytes=ROW * LAYERS,
                                       row_bytes=ROW, device_bytes_per_rank=GROUPS * device * ROW * LAYERS,
                                       host_bytes_per_rank=GROUPS * host * ROW * LAYERS)
     space = ulacache.AddressSpace(cfg, backend="counting")
-    max_q = max(2, shape.chunk)
+    max_q = max(shape.q_len, shape.chunk)
     planner = ulacache.StepPlanner(space, max_batch=shape.rows, max_q_len=max_q, max_top_k=shape.top_k,
-                                         max_rows=shape.rows)
+                                   max_rows=shape.rows, reserve=reserve)
     addrs = []
     for r, n in enumerate(lengths):
         space.add_request(r)
@@ -98,15 +113,15 @@ def build(ulacache, shape, descriptors_form, columns, seed):
         addrs.append(np.concatenate(got).astype(np.int64))
     requests = np.arange(len(lengths), dtype=np.int32)
     qsl = np.zeros(len(lengths) + 1, np.int32)
-    q_lens = [2] * shape.decodes + [shape.chunk] * shape.prefills
+    q_lens = [shape.q_len] * shape.decodes + [shape.chunk] * shape.prefills
     qsl[1:] = np.cumsum(q_lens)
-    # Each row's visible prefix: a decode's two rows see all its tokens (the draft's row
-    # one more than the verified one's, both already written); a prefill row at position p
+    # Each row's visible prefix: a decode's q_len rows see all its tokens (a draft's row
+    # more than the verified one's, all already written); a prefill row at position p
     # sees p + 1 tokens.
     rng = np.random.default_rng(seed)
     perms = [rng.permutation(n) for n in lengths]
     row_req = np.repeat(np.arange(len(lengths)), q_lens)
-    visible = np.concatenate([np.full(2 * shape.decodes, shape.history)] +
+    visible = np.concatenate([np.full(shape.q_len * shape.decodes, shape.history)] +
                              [np.arange(shape.prefill_at + 1, shape.prefill_at + shape.chunk + 1)
                               for _ in range(shape.prefills)]).astype(np.int64)
     if descriptors_form == "columns":
@@ -147,56 +162,86 @@ def columns_of(ulacache, spec):
     return tuple(spec.split(","))
 
 
-def measure(ulacache, shape, args):
-    space, planner, requests, qsl, desc, selections = build(ulacache, shape, args.descriptors,
-                                                            columns_of(ulacache, args.columns), args.seed)
-    idx = np.empty((shape.rows, shape.top_k), np.int32)
-    wrap = lambda a: a  # noqa: E731
-    if args.tensors == "torch":  # CPU tensors over the same memory, handed over by DLPack
-        import torch
-        wrap = torch.from_numpy
-        requests, qsl, idx = wrap(requests), wrap(qsl), wrap(idx)
-        if isinstance(desc, dict):
-            desc = {k: wrap(v) for k, v in desc.items()}
-    timed = hasattr(planner, "last_plan_timing")
-    samples = {"python": [], "args": [], "planner": [], "outputs": []}
-    stats = {"selections": [], "distinct": [], "misses": [], "descriptors": []}
-    rounds = args.warmup + args.reps
-    for i in range(rounds):
-        step = [wrap(selections()) for _ in range(GROUPS)]  # drawn before the timed calls
+class Run:
+    """One reservation mode's planner over its own space: what it drew and measured."""
+
+    def __init__(self, ulacache, shape, args, reserve):
+        self.reserve = reserve
+        (self.space, self.planner, requests, qsl, desc,
+         self.selections) = build(ulacache, shape, args.descriptors, columns_of(ulacache, args.columns), args.seed,
+                                  reserve)
+        batched = args.layout == "batched"
+        self.dims = (shape.decodes, shape.q_len, shape.top_k) if batched else (shape.rows, shape.top_k)
+        idx = np.empty(self.dims, np.int32)
+        self.wrap = lambda a: a  # noqa: E731
+        if args.tensors == "torch":  # CPU tensors over the same memory, handed over by DLPack
+            import torch
+            self.wrap = torch.from_numpy
+            requests, qsl, idx = self.wrap(requests), self.wrap(qsl), self.wrap(idx)
+            if isinstance(desc, dict):
+                desc = {k: self.wrap(v) for k, v in desc.items()}
+        self.requests, self.qsl, self.idx, self.desc = requests, (None if batched else qsl), idx, desc
+        self.timed = hasattr(self.planner, "last_plan_timing")
+        self.samples = {"python": [], "args": [], "planner": [], "outputs": []}
+        self.stats = {"selections": [], "distinct": [], "misses": [], "descriptors": []}
+
+    def round(self, measured):
+        """Plans every group once (selections drawn before the timed calls), then the round ends."""
+        step = [self.wrap(self.selections().reshape(self.dims)) for _ in range(GROUPS)]
         for g in range(GROUPS):
-            sel = step[g]
             t0 = time.perf_counter_ns()
-            fence, n, st = planner.plan(0, g, sel, idx, desc, requests, query_start_loc=qsl)
+            fence, n, st = self.planner.plan(0, g, step[g], self.idx, self.desc, self.requests,
+                                             query_start_loc=self.qsl)
             t1 = time.perf_counter_ns()
-            planner.complete(fence, np.zeros(n, np.uint8))
-            if i < args.warmup:
+            self.planner.complete(fence, np.zeros(n, np.uint8))
+            if not measured:
                 continue
-            samples["python"].append(t1 - t0)
-            if timed:
-                t = planner.last_plan_timing
-                samples["args"].append(t["args_ns"])
-                samples["planner"].append(t["planner_ns"])
-                samples["outputs"].append(t["outputs_ns"])
-            stats["selections"].append(st.selections)
-            stats["distinct"].append(st.distinct)
-            stats["misses"].append(st.misses)
-            stats["descriptors"].append(n)
-        space.advance_round()
-    med = {k: statistics.median(v) / 1e3 for k, v in samples.items() if v}  # microseconds
-    out = {"shape": shape.name, "rows": shape.rows, "top_k": shape.top_k, "groups": GROUPS,
-           "descriptors_form": args.descriptors, "tensors": args.tensors,
-           "columns": args.columns if args.descriptors == "columns" else None, "plans": len(samples["python"]),
-           "median_us": {k: round(v, 1) for k, v in med.items()},
-           "per_plan": {k: int(statistics.median(v)) for k, v in stats.items()}}
-    if timed:
-        med_dispatch = statistics.median(
-            [p - (a + q + o) for p, a, q, o in zip(samples["python"], samples["args"], samples["planner"],
-                                                   samples["outputs"])]) / 1e3
-        out["median_us"]["dispatch"] = round(med_dispatch, 1)
-        out["overhead_percent"] = round(100.0 * statistics.median(
-            [(p - q) / q for p, q in zip(samples["python"], samples["planner"])]), 1)
-    return out
+            self.samples["python"].append(t1 - t0)
+            if self.timed:
+                t = self.planner.last_plan_timing
+                self.samples["args"].append(t["args_ns"])
+                self.samples["planner"].append(t["planner_ns"])
+                self.samples["outputs"].append(t["outputs_ns"])
+            self.stats["selections"].append(st.selections)
+            self.stats["distinct"].append(st.distinct)
+            self.stats["misses"].append(st.misses)
+            self.stats["descriptors"].append(n)
+        self.space.advance_round()
+
+    def result(self, shape, args):
+        samples = self.samples
+        med = {k: statistics.median(v) / 1e3 for k, v in samples.items() if v}  # microseconds
+        out = {"shape": shape.name, "rows": shape.rows, "top_k": shape.top_k, "q_len": shape.q_len,
+               "layout": args.layout, "reserve": self.reserve, "groups": GROUPS,
+               "descriptors_form": args.descriptors, "tensors": args.tensors,
+               "columns": args.columns if args.descriptors == "columns" else None, "plans": len(samples["python"]),
+               "median_us": {k: round(v, 1) for k, v in med.items()},
+               "per_plan": {k: int(statistics.median(v)) for k, v in self.stats.items()}}
+        if self.timed:
+            med_dispatch = statistics.median(
+                [p - (a + q + o) for p, a, q, o in zip(samples["python"], samples["args"], samples["planner"],
+                                                       samples["outputs"])]) / 1e3
+            out["median_us"]["dispatch"] = round(med_dispatch, 1)
+            out["overhead_percent"] = round(100.0 * statistics.median(
+                [(p - q) / q for p, q in zip(samples["python"], samples["planner"])]), 1)
+        return out
+
+
+def measure(ulacache, shape, args):
+    """One result per reservation mode; with several, each round plans every mode in turn
+    (round i starts at mode i mod n) and each result after the first carries the median over
+    paired plan calls of its planner time over the first mode's (planner_ratio)."""
+    runs = [Run(ulacache, shape, args, mode) for mode in args.reserve]
+    for i in range(args.warmup + args.reps):
+        for j in range(len(runs)):
+            runs[(i + j) % len(runs)].round(measured=i >= args.warmup)
+    results = [r.result(shape, args) for r in runs]
+    base = runs[0].samples["planner"]
+    for r, out in zip(runs[1:], results[1:]):
+        if base and r.samples["planner"]:
+            out["planner_ratio"] = {"to": runs[0].reserve, "median": round(statistics.median(
+                [q / b for q, b in zip(r.samples["planner"], base)]), 3)}
+    return results
 
 
 def main(argv=None):
@@ -209,6 +254,11 @@ def main(argv=None):
                     help="with columns: all, vllm_loop (the six examples/vllm_loop.py reads) or field,field,...")
     ap.add_argument("--tensors", choices=["numpy", "torch"], default="numpy",
                     help="torch: every array a CPU torch tensor over the same memory (DLPack)")
+    ap.add_argument("--q-len", type=int, default=2, help="query rows of each decode request (1 + drafts)")
+    ap.add_argument("--layout", choices=["flat", "batched"], default="flat",
+                    help="flat: vLLM's rows cut by query_start_loc; batched: [batch, q_len, top_k] (decode only)")
+    ap.add_argument("--reserve", default="guaranteed",
+                    help="reservation modes, comma-separated (guaranteed, quantile): one planner each, alternated")
     ap.add_argument("--seed", type=int, default=20261205)
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     ap.add_argument("--json", action="store_true")
@@ -216,29 +266,46 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.reps < 1 or args.warmup < 0:
         ap.error("--reps must be at least 1 and --warmup at least 0")
-    ulacache = import_ulacache(args.build_dir)
-    table = shapes(args.quick)
-    results = []
-    for name in args.shapes.split(","):
+    if args.q_len < 1:
+        ap.error(f"--q-len must be at least 1, got {args.q_len}")
+    args.reserve = args.reserve.split(",")
+    for mode in args.reserve:
+        if mode not in ("guaranteed", "quantile"):
+            ap.error(f"--reserve: unknown mode {mode!r} (guaranteed, quantile)")
+    if len(set(args.reserve)) != len(args.reserve):
+        ap.error(f"--reserve: a mode named twice ({','.join(args.reserve)})")
+    table = shapes(args.quick, args.q_len)
+    names = args.shapes.split(",")
+    for name in names:
         if name not in table:
             ap.error(f"--shapes: unknown shape {name!r} (decode, mixed)")
-        results.append(measure(ulacache, table[name], args))
+        if args.layout == "batched" and name != "decode":
+            ap.error(f"--layout batched: decode only (shape {name!r} has prefill chunks of their own q_len)")
+    ulacache = import_ulacache(args.build_dir)
+    results = []
+    for name in names:
+        results.extend(measure(ulacache, table[name], args))
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
     print(f"plan cost from Python, per plan call, median of {args.reps} rounds x {GROUPS} groups "
           f"(descriptors as {args.descriptors}"
-          f"{': ' + args.columns if args.descriptors == 'columns' else ''}; {args.tensors}), microseconds")
+          f"{': ' + args.columns if args.descriptors == 'columns' else ''}; {args.tensors}; q_len {args.q_len}, "
+          f"{args.layout} layout), microseconds")
     cols = ["python", "dispatch", "args", "planner", "outputs"]
-    print(f"{'shape':8} {'rows x top_k':>13} {'misses':>7} " + " ".join(f"{c:>9}" for c in cols) + f" {'overhead':>9}")
+    print(f"{'shape':8} {'reserve':>10} {'rows x top_k':>13} {'misses':>7} " + " ".join(f"{c:>9}" for c in cols) +
+          f" {'overhead':>9} {'planner ratio':>13}")
     for r in results:
         m = r["median_us"]
         cells = " ".join(f"{m[c]:9.1f}" if c in m else f"{'-':>9}" for c in cols)
         over = f"{r['overhead_percent']:8.1f}%" if "overhead_percent" in r else f"{'-':>9}"
-        print(f"{r['shape']:8} {str(r['rows']) + ' x ' + str(r['top_k']):>13} {r['per_plan']['misses']:7d} {cells} {over}")
+        ratio = f"{r['planner_ratio']['median']:13.3f}" if "planner_ratio" in r else f"{'-':>13}"
+        print(f"{r['shape']:8} {r['reserve']:>10} {str(r['rows']) + ' x ' + str(r['top_k']):>13} "
+              f"{r['per_plan']['misses']:7d} {cells} {over} {ratio}")
     print("python: the whole call; dispatch: pybind11's (parse, call, return); args: views and checks of the "
           "arguments; planner: StepPlanner::Plan; outputs: descriptor columns and the result; "
-          "overhead: median of (python - planner) / planner")
+          "overhead: median of (python - planner) / planner; planner ratio: median over paired plan calls of the "
+          "mode's planner time over the first --reserve mode's")
     return 0
 
 
