@@ -29,9 +29,11 @@ ModelConfig Flash() {
 }
 
 // The sanitizer trees check every invariant inside each Allocate of the direct runs (21
-// groups, every C4 entry): they run smaller budgets and host tiers there, the same rules.
+// groups, every C4 entry): they run smaller budgets and host tiers there, the same rules (12
+// frames at least: a prefill chunk's round holds the chunk's own window, 8,192 tokens of it,
+// and five of the 20,000-token requests below must fit).
 #if defined(ULA_EXPENSIVE_CHECKS)
-constexpr std::uint32_t kBudgetFrames = 8, kSmallFrames = 8;
+constexpr std::uint32_t kBudgetFrames = 12, kSmallFrames = 8;
 constexpr std::uint64_t kHostC4 = 20'000, kSmallHostC4 = 10'000;
 #else
 constexpr std::uint32_t kBudgetFrames = 16, kSmallFrames = 12;
@@ -77,9 +79,12 @@ Direct DirectRun(std::uint32_t frames, std::uint64_t host_c4, const std::vector<
       break;
     }
     ++d.admitted;
+    // The budget after the admitted requests, as the admission core reports it: not after the
+    // refused request's chunks were freed, whose moves (C4 entries out of the frames its
+    // window took) the core does not replay.
+    d.budget = *s.KindBudgetOf();
   }
   EXPECT_TRUE(s.CheckInvariants()) << s.CheckInvariants().error().ToString();
-  d.budget = *s.KindBudgetOf();
   return d;
 }
 
@@ -115,7 +120,12 @@ TEST(KindSpaceAdmission, AdmitsWhatADirectRunOfTheSpaceAdmitsAndStopsAtTheFirstR
   EXPECT_EQ(b.free_frames, direct.budget.free_frames);
   EXPECT_EQ(b.frames_of_kind, direct.budget.frames_of_kind);
   EXPECT_EQ(b.c4_entries, direct.budget.c4_entries);
-  EXPECT_EQ(b.c4_on_device, direct.budget.c4_on_device);
+  // The core places C4 entries device-first in the share the frames leave, as the step's
+  // policy keeps them once decoding; a direct run right after its prefills may hold fewer there:
+  // a chunk's round takes window frames for the chunk's own window, C4 entries move out of them
+  // to host, and they come back only when a step selects them.
+  EXPECT_GE(b.c4_on_device, direct.budget.c4_on_device);
+  EXPECT_LE(b.c4_on_device, b.c4_entries);
   EXPECT_FALSE(run->binds.empty());
   ASSERT_EQ(run->host_share_csa.size(), run->admitted + 1u);
   EXPECT_DOUBLE_EQ(run->host_share_csa.back(), double(b.c4_entries - b.c4_on_device) / double(b.c4_entries));
