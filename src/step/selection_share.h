@@ -40,7 +40,8 @@ class SelectionShare {
   static constexpr std::uint32_t kRequestsPerPlan = 8;
 
   // REQUIRES: window >= 1, 0 < quantile <= 1 (EngineStepConfig::Validate); scratch sized
-  // for rows of up to max_row_selections selections (no allocation in Record).
+  // for rows of up to max_row_selections selections (no allocation in Record): the set's
+  // table, 8 bytes a slot, the power of two at least twice max_row_selections.
   void Configure(std::uint32_t window, double quantile, std::uint64_t max_row_selections);
 
   // One request's rows of one group step: its q_len x top_k selections (-1 padding).
