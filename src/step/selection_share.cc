@@ -17,17 +17,41 @@ void SelectionShare::Configure(std::uint32_t window, double quantile, std::uint6
   ring_.assign(window, 0);
   next_ = count_ = 0;
   hist_.fill(0);
-  scratch_.reserve(max_row_selections);
+  std::uint32_t log2 = 4;
+  while ((std::uint64_t{1} << log2) < 2 * max_row_selections) ++log2;
+  keys_.assign(std::size_t{1} << log2, 0);
+  stamps_.assign(std::size_t{1} << log2, 0);
+  epoch_ = 0;
+  shift_ = 32 - log2;
+}
+
+std::uint64_t SelectionShare::Distinct(std::span<const std::int32_t> rows) {
+  ULA_DCHECK(2 * rows.size() <= keys_.size());
+  if (++epoch_ == 0) {  // the stamps wrapped: forget them all
+    std::fill(stamps_.begin(), stamps_.end(), 0);
+    epoch_ = 1;
+  }
+  const std::size_t mask = keys_.size() - 1;
+  std::uint64_t distinct = 0;
+  for (std::int32_t a : rows) {
+    if (a < 0) continue;  // padding
+    std::size_t i = (static_cast<std::uint32_t>(a) * 0x9E3779B1u) >> shift_;
+    for (;; i = (i + 1) & mask) {
+      if (stamps_[i] != epoch_) {  // empty: a first sight
+        stamps_[i] = epoch_;
+        keys_[i] = a;
+        ++distinct;
+        break;
+      }
+      if (keys_[i] == a) break;  // a duplicate
+    }
+  }
+  return distinct;
 }
 
 void SelectionShare::Record(std::span<const std::int32_t> rows) {
   const std::uint64_t bound = rows.size();
-  scratch_.clear();
-  for (std::int32_t a : rows) {
-    if (a >= 0) scratch_.push_back(a);
-  }
-  std::sort(scratch_.begin(), scratch_.end());
-  const auto distinct = static_cast<std::uint64_t>(std::unique(scratch_.begin(), scratch_.end()) - scratch_.begin());
+  const std::uint64_t distinct = Distinct(rows);
   if (distinct == 0) return;  // padding rows (a request's rows select at least its new token)
   // Bin i covers (i / kBins, (i + 1) / kBins]: the smallest i with distinct <= bound (i + 1) / kBins.
   const std::uint64_t scaled = std::min(distinct, bound) * kBins;

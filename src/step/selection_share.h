@@ -14,6 +14,14 @@
 // the guaranteed bound where that is smaller (a short history). While fewer samples are
 // kept than the quantile needs (ceil(1 / (1 - q)), 1 for q = 1, at most the window) it is
 // the bound.
+//
+// Counting a sample's distinct entries: an open-addressed set of addresses (linear probing,
+// a power-of-two table of at least twice the largest sample), each slot valid only while its
+// stamp is the current sample's epoch, so a sample starts from an empty set without clearing
+// it. One pass over the sample, no copy and no sort. The count is per sample, not the plan's:
+// the planner's own dedup (its records' stamps, one epoch a plan) counts an entry once in the
+// whole plan, so an entry that two requests share (ShareInto) or that two rows of one request
+// select (vLLM's flat rows are rows of one query each) would count for the first only.
 #pragma once
 
 #include <array>
@@ -26,18 +34,24 @@ namespace ula {
 class SelectionShare {
  public:
   static constexpr std::uint32_t kBins = 1024;
-  // A plan records at most this many of its requests (a sort of q_len x top_k each),
+  // A plan records at most this many of its requests (a pass over q_len x top_k each),
   // starting where the previous plan's stopped, so the measurement's cost per step is
   // bounded whatever the batch.
   static constexpr std::uint32_t kRequestsPerPlan = 8;
 
   // REQUIRES: window >= 1, 0 < quantile <= 1 (EngineStepConfig::Validate); scratch sized
-  // for rows of up to max_row_selections selections (no allocation in Record).
+  // for rows of up to max_row_selections selections (no allocation in Record): the set's
+  // table, 8 bytes a slot, the power of two at least twice max_row_selections.
   void Configure(std::uint32_t window, double quantile, std::uint64_t max_row_selections);
 
   // One request's rows of one group step: its q_len x top_k selections (-1 padding).
   // Rows of padding only record nothing.
+  // REQUIRES: rows.size() <= Configure's max_row_selections.
   void Record(std::span<const std::int32_t> rows);
+
+  // The distinct entries of rows, padding (< 0) not counted: what Record bins.
+  // REQUIRES: as Record.
+  std::uint64_t Distinct(std::span<const std::int32_t> rows);
 
   // The selections a request with this guaranteed bound and demand (max_selections) is
   // reserved: <= bound.
@@ -75,7 +89,11 @@ class SelectionShare {
   std::size_t count_ = 0;               // ring entries filled
   std::uint64_t cursor_ = 0;            // the next plan's first row (modulo its batch)
   std::array<std::uint32_t, kBins> hist_{};
-  std::vector<std::int32_t> scratch_;   // [max_row_selections] one request's selections, sorted
+  // The distinct-entry set (see the file comment): slot i holds keys_[i] iff stamps_[i] == epoch_.
+  std::vector<std::int32_t> keys_;      // [table] addresses
+  std::vector<std::uint32_t> stamps_;   // [table] the epoch of the sample that wrote keys_[i]
+  std::uint32_t epoch_ = 0;             // the current sample's epoch (0: no sample; stamps start at 0)
+  std::uint32_t shift_ = 32;            // 32 - log2(table): the hash keeps the product's top bits
 };
 
 }  // namespace ula

@@ -3,14 +3,19 @@
 // guaranteed bound. Unmeasured it is the bound; measured, it follows the quantile of the
 // shares the planner's plans selected (over its window), never above the bound; a bad
 // quantile or window is refused at Create, naming the field. TP's side is in
-// tests/tp/tp_round_reservation_test.cc.
+// tests/tp/tp_round_reservation_test.cc. SelectionShareCount: the share's distinct count
+// against sort and unique.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <vector>
 
+#include "step/selection_share.h"
 #include "step/space_fixture.h"
+#include "test_seed.h"
 #include "ula/address_space.h"
 #include "ula/step_planner.h"
 
@@ -120,6 +125,69 @@ TEST(QuantileReservation, BadConfigIsRefusedNamingTheField) {
   EXPECT_NE(window.error().message().find("reserve_window"), std::string::npos) << window.error().ToString();
   EXPECT_EQ(space->DebugDigest(), before);
   EXPECT_TRUE(StepPlanner::Create(*space, Quantile(1.0, 1)));
+}
+
+// The reference: the distinct entries of one sample by sort and unique, padding (-1) dropped.
+std::uint64_t SortedDistinct(std::span<const std::int32_t> rows) {
+  std::vector<std::int32_t> v;
+  for (std::int32_t a : rows) {
+    if (a >= 0) v.push_back(a);
+  }
+  std::sort(v.begin(), v.end());
+  return static_cast<std::uint64_t>(std::unique(v.begin(), v.end()) - v.begin());
+}
+
+// Random plans of batch x (q_len x top_k) selections: each request draws from its own
+// addresses, from addresses every request shares (a shared prefix) and again from what it
+// already selected (duplicates in the request), with -1 padding at the end of its rows and
+// scattered; some rows are padding only; addresses range up to 2^31 - 1. Every sample's count
+// is sort and unique's, in plan order (a sample's entries left in the set by the previous
+// sample are not its duplicates), and Record bins that count: with a window of one sample
+// and q = 1, a request of demand d is reserved ceil(d x (bin + 1) / kBins).
+TEST(SelectionShareCount, DistinctMatchesSortUniqueOnRandomPlans) {
+  ULA_TEST_SEEDED(seed, 20261206);
+  std::mt19937_64 rng(seed);
+  constexpr std::uint32_t kBins = SelectionShare::kBins;
+  for (int plan = 0; plan < 60; ++plan) {
+    const std::uint32_t q_len = 1 + static_cast<std::uint32_t>(rng() % 4);
+    const std::uint32_t top_k = 64 * (1 + static_cast<std::uint32_t>(rng() % 8));
+    const std::uint32_t batch = 1 + static_cast<std::uint32_t>(rng() % 12);
+    const std::size_t per_row = std::size_t{q_len} * top_k;
+    SelectionShare share;
+    share.Configure(/*window=*/1, /*quantile=*/1.0, per_row);
+    const std::int32_t span = rng() % 2 == 0 ? 1 << 12 : std::numeric_limits<std::int32_t>::max();
+    std::vector<std::int32_t> shared(1 + rng() % 200);
+    for (auto& a : shared) a = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(span));
+    std::vector<std::int32_t> sel(batch * per_row);
+    for (std::uint32_t b = 0; b < batch; ++b) {
+      const std::span<std::int32_t> row(sel.data() + b * per_row, per_row);
+      const std::uint64_t mode = rng() % 8;
+      const std::size_t padded = mode == 0 ? per_row : static_cast<std::size_t>(rng() % (per_row / 2 + 1));
+      for (std::size_t i = 0; i < per_row; ++i) {
+        const std::uint64_t pick = rng() % 10;
+        if (i >= per_row - padded || pick == 0) {
+          row[i] = -1;
+        } else if (pick < 4) {
+          row[i] = shared[rng() % shared.size()];
+        } else if (pick < 7 && i > 0) {
+          row[i] = row[rng() % i];  // a duplicate in the request (or padding)
+        } else {
+          row[i] = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(span));
+        }
+      }
+      const std::uint64_t want = SortedDistinct(row);
+      ASSERT_EQ(share.Distinct(row), want) << "plan " << plan << " request " << b;
+      const std::uint64_t before = share.samples();
+      share.Record(row);
+      if (want == 0) {
+        EXPECT_EQ(share.samples(), before) << "padding only records nothing";
+        continue;
+      }
+      const std::uint64_t bin = (want * kBins + per_row - 1) / per_row - 1;
+      EXPECT_EQ(share.Reserve(per_row, per_row), (per_row * (bin + 1) + kBins - 1) / kBins)
+          << "plan " << plan << " request " << b << ": " << want << " of " << per_row;
+    }
+  }
 }
 
 }  // namespace
