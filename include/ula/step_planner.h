@@ -292,6 +292,9 @@ struct CompleteReport {
 // One running request's share of a scheduler round (ReserveRound): the tokens Allocate will
 // give it in the round (a prefill chunk, or 1 + drafts) and the most entries one group's
 // step selects for it (its rows' q_len x top_k; fewer distinct when it holds fewer tokens).
+// In a space with kinds new_tokens is a bound in C4 entries, except over frames
+// (AddressSpaceConfig::kind_frame_bytes), where it is the round's tokens exactly as Allocate
+// takes them: their C4 entries and their other kinds' frames are counted from them.
 struct RoundDemand {
   RequestId request;
   std::uint32_t new_tokens = 0;
@@ -348,12 +351,20 @@ class StepPlanner {
   // most max_selections entries of their request) has no Allocate and no Plan refused for
   // room (kResourceExhausted): the round's entries never outnumber the device. Shared
   // entries are counted once per request that selects them (a bound, not a tally).
+  // Over frames (docs/ARCHITECTURE.md, "The space over frames") the round's Allocates also
+  // take free frames for their resident kinds (window ring, C128, compressor states, index
+  // keys): Ok iff they fit as Allocate's check counts them (KindEntries::CheckRound, each
+  // request's blocks net of its own gives, in any order), and those frames' C4 slots join the
+  // round's working set and its new entries (in C4 entries). One gap: an Allocate may still
+  // be refused when the round's C4 entries already allocated or selected sit in every free
+  // frame it could take (docs/ARCHITECTURE.md, "Not built yet").
   // With the config's reserve = kQuantile each request's selections are reserved as its
   // measured quantile of that bound instead (ReserveMode): fewer slots, and a Plan of the
   // round may then be refused for room.
   // kResourceExhausted (with the numbers; drop requests from the round and ask again),
   // kNotFound (unknown request), kInvalidArgument (another rank's request, listed twice,
-  // max_selections past max_q_len x max_top_k), kFailedPrecondition (a plan is pending).
+  // max_selections past max_q_len x max_top_k), kOutOfRange (over frames, a request's tokens
+  // past 2^32 - 1), kFailedPrecondition (a plan is pending).
   // Changes nothing: the reservation is the scheduler's commitment, not a hold.
   Result<RoundReservation> ReserveRound(Rank rank, std::span<const RoundDemand> demands) const;
 

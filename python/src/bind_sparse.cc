@@ -702,7 +702,8 @@ each, uint32 out_slots.)doc")
           },
           py::arg("rank"), py::arg("requests"), py::arg("new_tokens"), py::arg("max_selections"),
           "Admission that guarantees the round: (device_needed, device_room) of the largest group, or "
-          "ResourceExhaustedError with the numbers (schedule fewer requests). new_tokens, max_selections: uint32 [n].")
+          "ResourceExhaustedError with the numbers (schedule fewer requests). new_tokens, max_selections: uint32 [n]. "
+          "Over kind frames new_tokens are the round's tokens, and the frames their other kinds take are counted.")
       .def(
           "complete",
           [](EnginePlanner& p, std::uint64_t fence, py::object status) {

@@ -88,47 +88,69 @@ Result<std::uint32_t> KindEntries::AddressedEntries(RequestId request) const {
 }
 
 Result<KindEntries::AppendCheck> KindEntries::CheckAppend(RequestId request, std::uint32_t n_tokens) const {
-  if (kinds_.empty()) return MakeError(ErrorCode::kFailedPrecondition, "Allocate: the space has no kinds");
-  auto it = requests_.find(request);
-  if (it == requests_.end()) return Unknown("Allocate", request);
-  const std::uint32_t t = it->second.tokens;
-  if (n_tokens > std::numeric_limits<std::uint32_t>::max() - t) {
-    return MakeError(ErrorCode::kOutOfRange,
-                     fmt::format("Allocate: request {} holds {} tokens, {} more pass 2^32 - 1", request.value(), t,
-                                 n_tokens));
-  }
-  const std::uint32_t made = EntriesAt(sparse_, t + n_tokens) - EntriesAt(sparse_, t);
-  if (frames_ == nullptr) return AppendCheck{made, 0};
-  // Over frames: the resident kinds' new blocks first, then the sparse entries in what is left.
-  const Request& req = it->second;
-  std::vector<std::uint32_t> takes(kinds_.size(), 0), gives(kinds_.size(), 0);
-  for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
-    if (addressed_[k]) continue;
-    if (kinds_[k].lifetime == KindLifetime::kPerRequest) {
-      takes[k] = req.appended ? 0 : 1;
-      continue;
+  const RoundAppend one{request, n_tokens};
+  auto round = CheckRound("Allocate", std::span(&one, 1));
+  if (!round) return std::unexpected(round.error());
+  return AppendCheck{round->entries[0], round->frames};
+}
+
+Result<KindEntries::RoundCheck> KindEntries::CheckRound(std::string_view who,
+                                                        std::span<const RoundAppend> appends) const {
+  if (kinds_.empty()) return MakeError(ErrorCode::kFailedPrecondition, fmt::format("{}: the space has no kinds", who));
+  RoundCheck out;
+  out.entries.reserve(appends.size());
+  // Per kind, the blocks the round's Appends take beyond what each gives back itself: a
+  // request's own gives come before its takes, another's may come after (any order).
+  std::vector<std::uint32_t> takes(kinds_.size(), 0);
+  const std::vector<std::uint32_t> none(kinds_.size(), 0);
+  std::uint64_t made = 0;
+  for (const RoundAppend& a : appends) {
+    auto it = requests_.find(a.request);
+    if (it == requests_.end()) return Unknown(who, a.request);
+    const Request& req = it->second;
+    const std::uint32_t t = req.tokens;
+    if (a.n_tokens > std::numeric_limits<std::uint32_t>::max() - t) {
+      return MakeError(ErrorCode::kOutOfRange,
+                       fmt::format("{}: request {} holds {} tokens, {} more pass 2^32 - 1", who, a.request.value(), t,
+                                   a.n_tokens));
     }
-    const auto [first, end] = RangeAt(k, req.kinds[k], ReachAfter(req, n_tokens), t + n_tokens);
-    const BlockDelta d = ResizeDelta(req.kinds[k], first, end);
-    takes[k] = d.takes, gives[k] = d.gives;
+    out.entries.push_back(EntriesAt(sparse_, t + a.n_tokens) - EntriesAt(sparse_, t));
+    made += out.entries.back();
+    if (frames_ == nullptr) continue;
+    for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
+      if (addressed_[k]) continue;
+      if (kinds_[k].lifetime == KindLifetime::kPerRequest) {
+        takes[k] += req.appended ? 0 : 1;
+        continue;
+      }
+      const auto [first, end] = RangeAt(k, req.kinds[k], ReachAfter(req, a.n_tokens), t + a.n_tokens);
+      const BlockDelta d = ResizeDelta(req.kinds[k], first, end);
+      if (d.takes > d.gives) takes[k] += d.takes - d.gives;
+    }
   }
-  const std::uint32_t need = frames_->FramesNeeded(takes, gives);
-  if (need > frames_->free_frames()) {
+  if (frames_ == nullptr) return out;
+  // Over frames: the resident kinds' new blocks first, then the sparse entries in what is left.
+  const std::string what = appends.size() == 1
+                               ? fmt::format("request {} ({} tokens, {} more)", appends[0].request.value(),
+                                             requests_.at(appends[0].request).tokens, appends[0].n_tokens)
+                               : fmt::format("a round of {} requests", appends.size());
+  out.frames = frames_->FramesNeeded(takes, none);
+  if (out.frames > frames_->free_frames()) {
     return MakeError(ErrorCode::kResourceExhausted,
-                     fmt::format("Allocate: request {} ({} tokens, {} more): its resident kinds' new blocks need {} "
-                                 "free frames of {} B and the budget has {} free of {}", request.value(), t, n_tokens,
-                                 need, frames_->frame_bytes(), frames_->free_frames(), frames_->num_frames()));
+                     fmt::format("{}: {}: its resident kinds' new blocks need {} free frames of {} B and the budget "
+                                 "has {} free of {}", who, what, out.frames, frames_->frame_bytes(),
+                                 frames_->free_frames(), frames_->num_frames()));
   }
   const std::uint64_t share =
-      std::uint64_t{frames_->free_frames() - need} * frames_->envelope(sparse_).per_frame * kB;
+      std::uint64_t{frames_->free_frames() - out.frames} * frames_->envelope(sparse_).per_frame * kB;
   if (sparse_entries_ + made > share + sparse_host_entries_) {
     return MakeError(ErrorCode::kResourceExhausted,
-                     fmt::format("Allocate: request {} ({} tokens, {} more): {} '{}' entries in all would not fit "
-                                 "the device share the resident kinds leave ({} entries in {} free frames) plus the "
-                                 "host tier ({} entries)", request.value(), t, n_tokens, sparse_entries_ + made,
-                                 kinds_[sparse_].name, share, frames_->free_frames() - need, sparse_host_entries_));
+                     fmt::format("{}: {}: {} '{}' entries in all would not fit the device share the resident kinds "
+                                 "leave ({} entries in {} free frames) plus the host tier ({} entries)", who, what,
+                                 sparse_entries_ + made, kinds_[sparse_].name, share,
+                                 frames_->free_frames() - out.frames, sparse_host_entries_));
   }
-  return AppendCheck{made, need};
+  return out;
 }
 
 KindEntries::BlockDelta KindEntries::ResizeDelta(const KindState& s, std::uint32_t first, std::uint32_t end) {

@@ -119,6 +119,21 @@ class KindEntries {
   // Checks an Append of n_tokens: kNotFound, kOutOfRange (more than 2^32 - 1 tokens), over
   // frames kResourceExhausted (above).
   Result<AppendCheck> CheckAppend(RequestId request, std::uint32_t n_tokens) const;
+  // One scheduler round's Appends (StepPlanner::ReserveRound over frames), in any order:
+  // kNotFound, kOutOfRange, over frames kResourceExhausted, as CheckAppend, when they would
+  // not all pass it. The round's free frames are what its Appends' resident kinds may take,
+  // each request's blocks net of the blocks it gives back itself (a request's gives free room
+  // only for its own takes, since another's Append may come first): a single Append's frames
+  // are CheckAppend's. entries: [appends.size()], each Append's addressed entries.
+  struct RoundAppend {
+    RequestId request;
+    std::uint32_t n_tokens = 0;
+  };
+  struct RoundCheck {
+    std::vector<std::uint32_t> entries;
+    std::uint32_t frames = 0;
+  };
+  Result<RoundCheck> CheckRound(std::string_view who, std::span<const RoundAppend> appends) const;
   // REQUIRES: CheckAppend(request, n_tokens) is Ok.
   void Append(RequestId request, std::uint32_t n_tokens);
   // Ends the round (AddressSpace::AdvanceRound, after its attention): every ring frees what

@@ -186,27 +186,50 @@ Result<RoundReservation> StepPlanner::ReserveRound(Rank rank, std::span<const Ro
                                    "max_q_len x max_top_k = {}", d.request.value(), d.max_selections, row_max));
     }
     seen.push_back(d.request);
-    new_tokens += d.new_tokens;
-    const std::uint64_t bound = std::min<std::uint64_t>(d.max_selections, it->second.addrs.size() + d.new_tokens);
-    selected += config.reserve == ReserveMode::kQuantile ? impl_->share.Reserve(bound, d.max_selections) : bound;
   }
   std::sort(seen.begin(), seen.end());
   if (auto dup = std::adjacent_find(seen.begin(), seen.end()); dup != seen.end()) {
     return MakeError(ErrorCode::kInvalidArgument, fmt::format("ReserveRound: request {} is listed twice", dup->value()));
+  }
+  // Over frames (docs/ARCHITECTURE.md, "The space over frames") new_tokens are the round's
+  // tokens: its Allocates' C4 entries and the free frames their resident kinds may take
+  // (KindEntries::CheckRound, Allocate's check over the whole round), whose C4 slots leave
+  // every group's share.
+  std::vector<std::uint32_t> entries;
+  std::uint64_t withheld_slots = 0;
+  if (st.frames) {  // the round's frames
+    std::vector<KindEntries::RoundAppend> appends;
+    appends.reserve(demands.size());
+    for (const RoundDemand& d : demands) appends.push_back({d.request, d.new_tokens});
+    auto round = st.kinds.CheckRound("ReserveRound", appends);
+    if (!round) return std::unexpected(round.error());
+    entries = std::move(round->entries);
+    withheld_slots = std::uint64_t{round->frames} * st.frames->envelope(st.kinds.sparse_kind()).per_frame *
+                     KindEntries::kBlockEntries;
+  }
+  for (std::size_t i = 0; i < demands.size(); ++i) {
+    const RoundDemand& d = demands[i];
+    const std::uint64_t n = entries.empty() ? d.new_tokens : entries[i];
+    new_tokens += n;
+    const std::uint64_t held = st.dir.requests().at(d.request).addrs.size() + n;
+    const std::uint64_t bound = std::min<std::uint64_t>(d.max_selections, held);
+    selected += config.reserve == ReserveMode::kQuantile ? impl_->share.Reserve(bound, d.max_selections) : bound;
   }
   RoundReservation out;
   for (std::uint32_t g = 0; g < cfg.num_groups; ++g) {
     const GroupPools& gp = st.at(rank, GroupId(g));
     const std::uint64_t used_now = gp.device.num_used() - gp.policy->NumEvictable();
     const std::uint64_t room = gp.device.capacity() - used_now;
-    const std::uint64_t needed = new_tokens + selected;
-    if (needed > room || new_tokens > std::uint64_t{gp.device.num_free()} + gp.HostFree()) {
+    const std::uint64_t needed = new_tokens + selected + withheld_slots;
+    const std::uint64_t free_slots = std::uint64_t{gp.device.num_free()} + gp.HostFree();
+    if (needed > room || new_tokens + withheld_slots > free_slots) {
       return MakeError(ErrorCode::kResourceExhausted,
                        fmt::format("ReserveRound: rank {} group {}: the round needs up to {} device slots ({} new "
-                                   "tokens + {} selections) but {} of {} are not yet used in this round, and {} "
-                                   "new tokens against {} free slots: schedule fewer requests this round",
-                                   rank.value(), g, needed, new_tokens, selected, room, gp.device.capacity(),
-                                   new_tokens, std::uint64_t{gp.device.num_free()} + gp.HostFree()));
+                                   "entries + {} selections + {} of the frames its other kinds take) but {} of {} "
+                                   "are not yet used in this round, and {} new entries against {} free slots: "
+                                   "schedule fewer requests this round",
+                                   rank.value(), g, needed, new_tokens, selected, withheld_slots, room,
+                                   gp.device.capacity(), new_tokens + withheld_slots, free_slots));
     }
     if (needed > out.device_needed) out = RoundReservation{needed, room};
   }

@@ -18,6 +18,7 @@
 
 #include "space/frame_share.h"
 #include "step/device_step_fixture.h"
+#include "step/small_frames_config.h"
 #include "step/engine_pools.h"
 #include "space/kind_frames.h"
 #include "ula/address_space.h"
@@ -29,6 +30,8 @@
 
 namespace ula {
 namespace {
+
+using testing::SmallFramesConfig;
 
 // V4-Flash at `frames` frames of kKindFrameBytes, a host tier of host_c4 C4 entries.
 AddressSpaceConfig FlashFramesConfig(std::uint32_t frames, std::uint32_t host_c4) {
@@ -133,32 +136,6 @@ TEST(KindSpaceFrames, AsTheBatchGrowsTheC4DeviceShareIsWhatTheResidentKindsLeave
   const bool frames_short = refused.error().message().find("free frames") != std::string::npos;
   const bool c4_short = at_refusal.c4_entries + kChunk / 4 > at_refusal.c4_device_slots + kHostC4;
   EXPECT_TRUE(frames_short || c4_short) << refused.error().message();
-}
-
-// Small kinds over small frames, with bytes: two C4 groups, a window ring, index keys, C128
-// and a compressor state.
-AddressSpaceConfig SmallFramesConfig(std::uint32_t frames, std::uint32_t host_c4) {
-  AddressSpaceConfig c;
-  c.num_groups = 2;
-  c.entry_bytes = 64;
-  c.row_bytes = 64;
-  c.page_tokens = 64;
-  c.stable_new_entries = true;
-  c.kinds = {
-      {.name = "window", .tokens_per_entry = 1, .lifetime = KindLifetime::kRing, .ring_tokens = 18,
-       .ring_draft_tokens = 2, .layers = 2, .row_bytes = 64},
-      {.name = "c4", .tokens_per_entry = 4, .lifetime = KindLifetime::kAppend, .layers = 2, .row_bytes = 64,
-       .placement = KindPlacement::kSparse},
-      {.name = "c4_index_key", .tokens_per_entry = 4, .lifetime = KindLifetime::kAppend, .layers = 2,
-       .row_bytes = 16, .companion_of = 1},
-      {.name = "c128", .tokens_per_entry = 128, .lifetime = KindLifetime::kAppend, .layers = 1, .row_bytes = 64},
-      {.name = "c4_state", .tokens_per_entry = 4, .lifetime = KindLifetime::kPerRequest, .state_rows = 8,
-       .layers = 2, .row_bytes = 64},
-  };
-  c.kind_frame_bytes = 32 * 1024;  // 4 C4 blocks of 64 x 2 x 64 B: 256 C4 slots per group
-  c.device_bytes_per_rank = std::uint64_t{frames} * c.kind_frame_bytes;
-  c.host_bytes_per_rank = std::uint64_t{host_c4} * 2 * 64;
-  return c;
 }
 
 std::vector<std::byte> Bytes(LogicalAddr a, GroupId g, std::uint32_t version) {
