@@ -17,10 +17,11 @@ void SelectionShare::Configure(std::uint32_t window, double quantile, std::uint6
   ring_.assign(window, 0);
   next_ = count_ = 0;
   hist_.fill(0);
+  // No table when nothing is measured (max_row_selections 0: a planner not in kQuantile).
   std::uint32_t log2 = 4;
   while ((std::uint64_t{1} << log2) < 2 * max_row_selections) ++log2;
-  keys_.assign(std::size_t{1} << log2, 0);
-  stamps_.assign(std::size_t{1} << log2, 0);
+  keys_.assign(max_row_selections == 0 ? 0 : std::size_t{1} << log2, 0);
+  stamps_.assign(keys_.size(), 0);
   epoch_ = 0;
   shift_ = 32 - log2;
 }

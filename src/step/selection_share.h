@@ -41,7 +41,8 @@ class SelectionShare {
 
   // REQUIRES: window >= 1, 0 < quantile <= 1 (EngineStepConfig::Validate); scratch sized
   // for rows of up to max_row_selections selections (no allocation in Record): the set's
-  // table, 8 bytes a slot, the power of two at least twice max_row_selections.
+  // table, 8 bytes a slot, the power of two at least twice max_row_selections; none for 0
+  // (the planners pass 0 unless they reserve by kQuantile, the only mode that records).
   void Configure(std::uint32_t window, double quantile, std::uint64_t max_row_selections);
 
   // One request's rows of one group step: its q_len x top_k selections (-1 padding).

@@ -64,7 +64,9 @@ Result<std::unique_ptr<StepPlanner>> StepPlanner::Create(AddressSpace& space, co
   m->Reserve(max_sel, m->max_descriptors, max_addrs);
   m->runs.resize(config.max_batch);
   m->status.reserve(m->max_descriptors);
-  m->share.Configure(config.reserve_window, config.reserve_quantile, std::uint64_t{config.max_q_len} * config.max_top_k);
+  // The measurement's table only where it runs (kQuantile): 16 B a slot, twice a request's rows.
+  m->share.Configure(config.reserve_window, config.reserve_quantile,
+                     config.reserve == ReserveMode::kQuantile ? std::uint64_t{config.max_q_len} * config.max_top_k : 0);
   return std::unique_ptr<StepPlanner>(new StepPlanner(space, std::move(m)));
 }
 

@@ -27,8 +27,8 @@ Result<std::unique_ptr<TpStepPlanner>> TpStepPlanner::Create(TpAddressSpace& spa
   engine->compact.reserve(most);
   engine->where.reserve(most);
   engine->runs.reserve(config.max_batch);
-  engine->share.Configure(config.reserve_window, config.reserve_quantile,
-                          std::uint64_t{config.max_q_len} * config.max_top_k);
+  engine->share.Configure(config.reserve_window, config.reserve_quantile,  // the table only where it runs
+                          config.reserve == ReserveMode::kQuantile ? std::uint64_t{config.max_q_len} * config.max_top_k : 0);
   planner->engine_ = std::move(engine);
   return planner;
 }
