@@ -198,6 +198,10 @@ void KindEntries::Append(RequestId request, std::uint32_t n_tokens) {
   req.reach = ReachAfter(req, n_tokens);
   req.tokens += n_tokens;
   req.most = std::max(req.most, req.tokens);
+  if (req.reach != req.most && !req.round_pending) {
+    req.round_pending = true;
+    round_pending_.push_back(request);
+  }
   sparse_entries_ += EntriesAt(sparse_, req.tokens);
   for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
     if (addressed_[k]) continue;
@@ -214,7 +218,11 @@ void KindEntries::Append(RequestId request, std::uint32_t n_tokens) {
 
 bool KindEntries::EndRound() {
   bool gave = false;
-  for (auto& [id, req] : requests_) {
+  for (RequestId id : round_pending_) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;  // freed since
+    Request& req = it->second;
+    req.round_pending = false;
     if (req.reach == req.most) continue;  // its rings hold nothing a later round cannot read
     req.reach = req.most;
     for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
@@ -225,6 +233,7 @@ bool KindEntries::EndRound() {
       Resize(k, s, first, end);
     }
   }
+  round_pending_.clear();
   return gave;
 }
 
@@ -360,10 +369,12 @@ Status KindEntries::CheckInvariants(std::string_view who) const {
           // The ring frees by the first token of the request's last round (reach - 1), and
           // holds the round's other tokens beside it: at most ring_tokens + (n - 1) tokens.
           first = RingFirst(kind, req.reach), end = req.tokens;
-          if (req.reach > req.most || req.tokens > req.most || first > end) {
+          if (req.reach > req.most || req.tokens > req.most || first > end ||
+              (req.reach != req.most && !req.round_pending)) {
             return fail(fmt::format("request {} kind '{}': {} tokens, {} at most, its rounds from token {} at most, "
-                                    "the ring from {}", request.value(), kind.name, req.tokens, req.most,
-                                    req.reach == 0 ? 0 : req.reach - 1, first));
+                                    "the ring from {}{}", request.value(), kind.name, req.tokens, req.most,
+                                    req.reach == 0 ? 0 : req.reach - 1, first,
+                                    req.round_pending ? "" : ", not listed for the round's end"));
           }
           blocks = EndBlock(first, end) - FirstBlock(first);
           break;

@@ -183,6 +183,7 @@ class KindEntries {
     std::uint32_t most = 0;         // the most tokens it ever held (what a rollback may restore)
     std::uint32_t reach = 0;        // 1 + the first token of its latest round (what the ring frees by)
     bool appended = false;          // its per-request entries are held
+    bool round_pending = false;     // listed in round_pending_ (reach < most since an Append)
     std::vector<KindState> kinds;   // [num_kinds] (addressed kinds: unused)
   };
   struct Pool {  // one kind's logical block ids
@@ -221,6 +222,10 @@ class KindEntries {
   std::uint32_t sparse_ = 0;
   std::vector<Pool> pools_;      // [num_kinds] (addressed kinds: unused)
   std::unordered_map<RequestId, Request> requests_;
+  // The requests whose rings hold a round's tokens EndRound frees (reach < most after an
+  // Append; a freed one is skipped): EndRound visits these, not every request (visiting all
+  // made a prefill of N requests in chunks quadratic in N).
+  std::vector<RequestId> round_pending_;
   KindFrames* frames_ = nullptr;          // null: logical ids (pools_)
   std::uint64_t sparse_host_entries_ = 0;  // over frames: the sparse kind's host tier
   std::uint64_t sparse_entries_ = 0;      // the sparse kind's entries of every request
