@@ -130,15 +130,17 @@ Result<KindEntries::RoundCheck> KindEntries::CheckRound(std::string_view who,
   }
   if (frames_ == nullptr) return out;
   // Over frames: the resident kinds' new blocks first, then the sparse entries in what is left.
-  const std::string what = appends.size() == 1
-                               ? fmt::format("request {} ({} tokens, {} more)", appends[0].request.value(),
+  // Named in a refusal only (every Allocate runs this check).
+  const auto what = [&] {
+    return appends.size() == 1 ? fmt::format("request {} ({} tokens, {} more)", appends[0].request.value(),
                                              requests_.at(appends[0].request).tokens, appends[0].n_tokens)
                                : fmt::format("a round of {} requests", appends.size());
+  };
   out.frames = frames_->FramesNeeded(takes, none);
   if (out.frames > frames_->free_frames()) {
     return MakeError(ErrorCode::kResourceExhausted,
                      fmt::format("{}: {}: its resident kinds' new blocks need {} free frames of {} B and the budget "
-                                 "has {} free of {}", who, what, out.frames, frames_->frame_bytes(),
+                                 "has {} free of {}", who, what(), out.frames, frames_->frame_bytes(),
                                  frames_->free_frames(), frames_->num_frames()));
   }
   const std::uint64_t share =
@@ -146,7 +148,7 @@ Result<KindEntries::RoundCheck> KindEntries::CheckRound(std::string_view who,
   if (sparse_entries_ + made > share + sparse_host_entries_) {
     return MakeError(ErrorCode::kResourceExhausted,
                      fmt::format("{}: {}: {} '{}' entries in all would not fit the device share the resident kinds "
-                                 "leave ({} entries in {} free frames) plus the host tier ({} entries)", who, what,
+                                 "leave ({} entries in {} free frames) plus the host tier ({} entries)", who, what(),
                                  sparse_entries_ + made, kinds_[sparse_].name, share,
                                  frames_->free_frames() - out.frames, sparse_host_entries_));
   }
