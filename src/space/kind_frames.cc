@@ -88,7 +88,9 @@ std::optional<std::uint32_t> KindFrames::Take(std::uint32_t k) {
     f = from_top_ ? *from.rbegin() : *from.begin();
     free_.erase(f);
     ready_.erase(f);
-    frames_[f] = Frame{k, 0, std::vector<std::uint8_t>(per, 0)};
+    Frame& frame = frames_[f];
+    frame.kind = k;
+    frame.used.assign(per, 0);  // the buffer a free frame kept: no allocation when it fits
     ++frames_of_[k];
     room_[k].insert(f);
   } else {
@@ -151,16 +153,19 @@ void KindFrames::Give(std::uint32_t k, std::uint32_t block) {
   const std::uint32_t f = block / per;
   ULA_CHECK(f < frames_.size() && frames_[f].kind == k && frames_[f].used[block % per] != 0);
   Frame& frame = frames_[f];
+  const bool was_full = frame.live == per;
   frame.used[block % per] = 0;
   frame.below_all_used = std::min(frame.below_all_used, block % per);
   --in_use_[k];
   if (--frame.live == 0) {  // the frame returns to the budget
     room_[k].erase(f);
     --frames_of_[k];
-    frame = Frame{};
+    frame.kind = kFree;
+    frame.below_all_used = 0;
+    frame.used.clear();  // keeps its buffer for the frame's next kind
     free_.insert(f);
     if (withheld_[f] != 0) ready_.insert(f);
-  } else {
+  } else if (was_full) {  // listed with room from now on (a frame with room already is)
     room_[k].insert(f);
   }
 }
