@@ -16,7 +16,8 @@ stats() {  # "hits misses" from ccache's machine-readable counters, or nothing w
 case "${1:-}" in
   start)
     rm -rf "$dir" && mkdir -p "$dir"
-    stats >"$dir/ccache-before"
+    # On a machine without ccache yet, the package phase installs it: its counters start at 0.
+    if command -v ccache >/dev/null 2>&1; then stats >"$dir/ccache-before"; else echo "0 0 installed" >"$dir/ccache-before"; fi
     date +%s >"$dir/start"
     ;;
   run)
@@ -34,11 +35,14 @@ case "${1:-}" in
     awk -F'\t' '{printf "  %-28s %8.1f s%s\n", $1, $2, ($3=="0" ? "" : "  (exit " $3 ")"); t+=$2}
                 END{printf "  %-28s %8.1f s (%.1f min)\n", "total", t, t/60}' "$dir/phases"
     if [ -s "$dir/ccache-before" ]; then
-      read -r h0 m0 <"$dir/ccache-before"
+      read -r h0 m0 how <"$dir/ccache-before"
       read -r h1 m1 < <(stats)
-      h=$((h1 - h0)); m=$((m1 - m0))
-      if [ $((h + m)) -gt 0 ]; then
-        awk -v h=$h -v m=$m 'BEGIN{printf "  ccache: %d hits, %d misses, hit rate %.1f %%\n", h, m, 100*h/(h+m)}'
+      h=$((${h1:-0} - h0)); m=$((${m1:-0} - m0))
+      if [ -z "${h1:-}" ]; then
+        echo "  ccache: not in use"
+      elif [ $((h + m)) -gt 0 ]; then
+        awk -v h=$h -v m=$m -v how="${how:-}" 'BEGIN{printf "  ccache: %d hits, %d misses, hit rate %.1f %%%s\n", h, m, 100*h/(h+m),
+                                            how == "installed" ? " (installed by this run: a cold cache)" : ""}'
       else
         echo "  ccache: no compilations in this run"
       fi
