@@ -64,7 +64,17 @@ void Recompute(const KindCompareConfig& kc, Expected* out) {
 
 Result<KindCompareConfig> LoadKinds() { return LoadKindCompareConfigByName("deepseek_v4_flash", DefaultConfigDir()); }
 
+// Under the sanitizers the comparison runs once, as `ula compare --model deepseek_v4_flash`
+// (ctest serving_compare_kinds_cli: the same MeasureKindTurnover and RunKindComparison); the
+// numbers below are the Release tree's checks.
+#if defined(ULA_EXPENSIVE_CHECKS)
+#define ULA_RELEASE_TREE_CHECK() GTEST_SKIP() << "the Release tree's check; the sanitizers run the comparison in the CLI test"
+#else
+#define ULA_RELEASE_TREE_CHECK() (void)0
+#endif
+
 TEST(KindTurnover, PricedMissesComeFromTheIndexersSelections) {
+  ULA_RELEASE_TREE_CHECK();
   const auto loaded = LoadKinds();
   ASSERT_TRUE(loaded) << loaded.error().ToString();
   const KindCompareConfig& kc = *loaded;
@@ -111,23 +121,15 @@ TEST(KindTurnover, PricedMissesComeFromTheIndexersSelections) {
     EXPECT_LE(last.host_fetch, turned * (1 + 1e-9)) << c.hardware_label;
   }
   EXPECT_GT(checked, 20);
-  // The sensitivity's faster drift (query_keep 0.3) turns more over. The Release tree's check:
-  // a third run of the indexer (its scoring is most of this test's time under the sanitizers,
-  // which run MeasureKindTurnover's code above already).
-#if !defined(ULA_EXPENSIVE_CHECKS)
+  // The sensitivity's faster drift (query_keep 0.3) turns more over.
   auto drift = MeasureKindTurnover(kc, DefaultConfigDir(), kc.selection_sensitivity_query_keep);
   ASSERT_TRUE(drift) << drift.error().ToString();
   EXPECT_DOUBLE_EQ(drift->query_keep, 0.3);
   EXPECT_GT(drift->single, r->turnover.single);
-#endif
 }
 
 TEST(KindTurnover, EverySystemsFetchesScaleWithIt) {
-#if defined(ULA_EXPENSIVE_CHECKS)
-  // Two more comparisons of the code the test above runs under the sanitizers: their pricing
-  // is arithmetic, checked in the Release tree.
-  GTEST_SKIP() << "the pricing's scaling is the Release tree's check";
-#endif
+  ULA_RELEASE_TREE_CHECK();
   const auto loaded = LoadKinds();
   ASSERT_TRUE(loaded) << loaded.error().ToString();
   const KindCompareConfig& kc = *loaded;
