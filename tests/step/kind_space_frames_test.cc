@@ -77,7 +77,7 @@ Result<std::vector<LogicalAddr>> Prefill(AddressSpace& s, RequestId r, std::uint
 TEST(KindSpaceFrames, AsTheBatchGrowsTheC4DeviceShareIsWhatTheResidentKindsLeave) {
   // The sanitizer trees check every invariant inside each Allocate: a smaller budget there.
 #if defined(ULA_EXPENSIVE_CHECKS)
-  constexpr std::uint32_t kFrames = 10, kHostC4 = 40'000, kTokens = 16384;
+  constexpr std::uint32_t kFrames = 8, kHostC4 = 20'000, kTokens = 16384;
 #else
   constexpr std::uint32_t kFrames = 16, kHostC4 = 100'000, kTokens = 16384;
 #endif
