@@ -11,7 +11,7 @@
 #   --plan   prints each step's limit, their sum and the budget; runs nothing
 #
 # Steps and their limits (s): correctness first, then measurements; the limits sum to less
-# than the budget (365 < 450 s; the script refuses to start otherwise), so the whole check
+# than the budget (465 < 470 s, --plan; the script refuses to start otherwise), so the whole check
 # ends within 8 minutes.
 #   load            each binary once cheaply (test lists, --help): the folder loads here
 #   gpu             nvidia-smi -L: a GPU is seen
@@ -23,6 +23,11 @@
 #   verify_*        ula verify --planner device, without and with faults (0 mismatches)
 #   bench_*         ula bench planner --planner host; ula bench gather --backend
 #                   cuda / cpu; ula_bench BM_DeviceStepRound
+#   *_cuda*         the device step's CUDA form: ula verify --planner device --cuda (DP, TP at
+#                   home), ula bench planner --planner device --cuda (DP, TP at home: ns per
+#                   selection by CUDA events beside the host step's, launches and syncs per
+#                   step), ula bench gather --backend cuda --pattern random (the random-read
+#                   reference in GB/s beside the device-to-device copy)
 # A step that would start with too little of the budget left is not run (a timeout).
 #
 # Verdicts (summary.json "status", and the last line "gpu-check: VERDICT: ...") and exit codes:
@@ -39,7 +44,7 @@
 # Settings (environment):
 #   GPU_DIST             the prebuilt folder (default gpu-dist/ in the working tree)
 #   OUT                  where logs and summary.json go (default gpu-check-out/)
-#   GPU_CHECK_BUDGET_S   the whole check's budget in s (default 450; at least the limits' sum)
+#   GPU_CHECK_BUDGET_S   the whole check's budget in s (default 470; more than the limits' sum)
 #   GPU_CHECK_MAX_STEP_S caps every step's limit (default none; the self-test shrinks it to
 #                        provoke a timeout)
 # ULA_CONFIG_DIR is exported as the working tree's configs/, so the binaries find the configs
@@ -49,7 +54,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd -P)
 DIST=${GPU_DIST:-gpu-dist}
 OUTDIR=${OUT:-gpu-check-out}
-BUDGET=${GPU_CHECK_BUDGET_S:-450}
+BUDGET=${GPU_CHECK_BUDGET_S:-470}
 MAX_STEP=${GPU_CHECK_MAX_STEP_S:-}
 TESTS=(cuda_backend_test device_step_test tp_device_step_test policy_test)
 BINARIES=(ula ula_bench "${TESTS[@]}")
@@ -57,8 +62,10 @@ BINARIES=(ula ula_bench "${TESTS[@]}")
 # The steps in order, with their limits in seconds.
 STEPS=(load:20 gpu:10 probe:20
   cuda_backend_test:45 device_step_test:45 tp_device_step_test:30 policy_test:30
-  verify_device:25 verify_device_no_mismatch:5 verify_device_faults:25 verify_device_faults_nothing_lost:5
-  bench_planner_host:40 bench_planner_device:40 bench_gather_cuda:20 bench_gather_cpu:15 bench_device_step_round:30)
+  verify_device:15 verify_device_no_mismatch:5 verify_device_faults:15 verify_device_faults_nothing_lost:5
+  bench_planner_host:40 bench_planner_device:40 bench_gather_cuda:20 bench_gather_cpu:10 bench_device_step_round:30
+  verify_device_cuda:15 verify_device_cuda_tp:15 bench_planner_device_cuda:25 bench_planner_device_cuda_tp:20
+  bench_gather_random:10)
 declare -A LIMIT=()
 limits_sum=0
 for s in "${STEPS[@]}"; do
@@ -280,7 +287,7 @@ run_step verify_device_faults_nothing_lost grep -q '"early_publishes":0,.*"entri
 measure bench_planner_host "$OUTDIR/bench_planner_host.json" "$BIN/ula" bench planner --planner host \
   --configs h200_dp_mtpoff --batch-fractions 1 --threads 1 2 8 16 --steps 2 --warmup 2 --json
 # The device step's OpenMP form beside the host planner on a quarter batch, with its launches
-# and syncs per (rank, group) step (the CUDA form's timing is not in this command).
+# and syncs per (rank, group) step (the CUDA form's: bench_planner_device_cuda below).
 measure bench_planner_device "$OUTDIR/bench_planner_device.json" "$BIN/ula" bench planner --planner device \
   --configs h200_dp_mtpoff --batch-fractions 0.25 --threads 16 --steps 2 --warmup 1 --json
 measure bench_gather_cuda "$OUTDIR/bench_gather_cuda.json" "$BIN/ula" bench gather --backend cuda --repeats 15 --json
@@ -289,6 +296,20 @@ rm -f "$OUTDIR/bench_device_step_round.json"
 run_step bench_device_step_round "$BIN/ula_bench" --benchmark_filter=BM_DeviceStepRound --benchmark_min_time=0.05 \
   --benchmark_out="$OUTDIR/bench_device_step_round.json" --benchmark_out_format=json
 figure bench_device_step_round "$OUTDIR/bench_device_step_round.json"
+# The device step's CUDA form (docs/BENCHMARKS.md, "GPU check"): the verifiers on it (a
+# mismatch exits 1: the step fails), then its timing by CUDA events beside the host step, and
+# the random-read reference it is compared with.
+measure verify_device_cuda "$OUTDIR/verify_device_cuda.json" "$BIN/ula" verify --planner device --cuda \
+  --stable-new-entries --policy kernel_pb_lru --ops 1000 --attention-steps 0 --json
+measure verify_device_cuda_tp "$OUTDIR/verify_device_cuda_tp.json" "$BIN/ula" verify --mode tp --planner device --cuda \
+  --stable-new-entries --policy kernel_pb_lru --tp-attention at_home --ranks 4 --ops 300 --json
+measure bench_planner_device_cuda "$OUTDIR/bench_planner_device_cuda.json" "$BIN/ula" bench planner --planner device \
+  --cuda --configs h200_dp_mtpoff --batch-fractions 0.25 --threads 16 --steps 2 --warmup 1 --json
+measure bench_planner_device_cuda_tp "$OUTDIR/bench_planner_device_cuda_tp.json" "$BIN/ula" bench planner \
+  --planner device --cuda --mode tp --ranks 2 --configs h200_tp_mtpoff --batch-fractions 0.01 --device-fraction 0.01 \
+  --groups 4 --threads 16 --steps 2 --warmup 1 --json
+measure bench_gather_random "$OUTDIR/bench_gather_random.json" "$BIN/ula" bench gather --backend cuda --pattern random \
+  --repeats 15 --json
 
 case $verdict in
   "") finish pass 0 "every step passed on $gpu_name" ;;

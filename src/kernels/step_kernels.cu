@@ -192,6 +192,44 @@ std::size_t ScanScratchBytes(const DeviceStepArgs& args, std::uint32_t n, Kernel
   return need;
 }
 
+KernelError StreamCreate(void** stream) {
+  *stream = nullptr;
+  cudaStream_t s = nullptr;
+  if (const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess) return Code(e);
+  *stream = s;
+  return kKernelOk;
+}
+KernelError StreamDestroy(void* stream) {
+  if (const cudaError_t e = cudaStreamDestroy(Stream(stream)); e != cudaSuccess) return Code(e);
+  return kKernelOk;
+}
+KernelError EventCreate(void** event) {
+  *event = nullptr;
+  cudaEvent_t ev = nullptr;
+  if (const cudaError_t e = cudaEventCreate(&ev); e != cudaSuccess) return Code(e);
+  *event = ev;
+  return kKernelOk;
+}
+KernelError EventDestroy(void* event) {
+  if (const cudaError_t e = cudaEventDestroy(static_cast<cudaEvent_t>(event)); e != cudaSuccess) return Code(e);
+  return kKernelOk;
+}
+KernelError EventRecord(void* event, void* stream) {
+  if (const cudaError_t e = cudaEventRecord(static_cast<cudaEvent_t>(event), Stream(stream)); e != cudaSuccess) {
+    return Code(e);
+  }
+  return kKernelOk;
+}
+KernelError EventElapsedMs(void* start, void* end, float* ms) {
+  *ms = 0;
+  if (const cudaError_t e = cudaEventSynchronize(static_cast<cudaEvent_t>(end)); e != cudaSuccess) return Code(e);
+  if (const cudaError_t e = cudaEventElapsedTime(ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end));
+      e != cudaSuccess) {
+    return Code(e);
+  }
+  return kKernelOk;
+}
+
 const char* ErrorText(KernelError e) {
   if (e > 0) return cudaGetErrorString(static_cast<cudaError_t>(e));
   const char* name = KernelErrorName(e);

@@ -311,6 +311,30 @@ namespace ula::kernels::gpu {
 std::size_t ScanScratchBytes(const DeviceStepArgs& args, std::uint32_t n, KernelError* error);
 // CUDA's name and message for a positive code, KernelErrorName for the others.
 const char* ErrorText(KernelError e);
+
+// What a program that drives and times the step needs besides it (step/device_io.h): a
+// stream and events, as opaque handles (cudaStream_t, cudaEvent_t). Create writes the handle
+// (nullptr on an error); Destroy is teardown (its error has no caller to go to but is
+// returned).
+[[nodiscard]] KernelError StreamCreate(void** stream);
+[[nodiscard]] KernelError StreamDestroy(void* stream);
+[[nodiscard]] KernelError EventCreate(void** event);
+[[nodiscard]] KernelError EventDestroy(void* event);
+[[nodiscard]] KernelError EventRecord(void* event, void* stream);
+// Waits for `end` (a host synchronisation) and writes the milliseconds from `start` to it.
+[[nodiscard]] KernelError EventElapsedMs(void* start, void* end, float* ms);
+
+// The memory-bound reference the device step is compared with (random_read.cu): `reads`
+// independent 8-byte reads at pseudo-random indices of table[num_entries] (a splitmix64 of
+// (seed, i), computed in the kernel: no index array is read), enqueued on `stream` as one
+// launch of a grid-stride loop. Each thread folds what it read into one word and stores it to
+// sink[thread] only when it equals a value no table entry sums to in practice, so the reads
+// cannot be dropped and the stores are nearly none. sink: [threads()] device words.
+// REQUIRES: num_entries > 0.
+[[nodiscard]] KernelError RandomRead(void* stream, const std::uint64_t* table, std::uint64_t num_entries,
+                                     std::uint64_t reads, std::uint64_t seed, std::uint64_t* sink);
+// The threads of RandomRead's grid: the size of its sink.
+std::uint32_t RandomReadThreads();
 }  // namespace ula::kernels::gpu
 
 // The host-side kernels (KernelPbLru, policy/kernel_pb_lru.h, and TakeLowest): the OpenMP

@@ -11,6 +11,7 @@
 #include "verify/verifier_core.h"
 #include "ula/backend.h"
 #include "backend/fault_backend.h"
+#include "step/device_io.h"
 #include "ula/device_step.h"
 #include "ula/step_planner.h"
 #include "backend/copy_publish.h"
@@ -468,16 +469,38 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       } else {
         host = std::make_unique<StepPlanner>(space);
       }
+      if (cfg.cuda && form != PlannerForm::kDevice) {
+        create_error = Error(ErrorCode::kInvalidArgument,
+                             fmt::format("VerifierConfig.cuda: the CUDA form is the device step's; form is {}",
+                                         PlannerFormName(form)));
+        return;
+      }
       if (form == PlannerForm::kDevice) {
         devices.resize(std::size_t{cfg.num_ranks} * cfg.num_groups);
         generations.resize(devices.size(), 0);
-        device_config = {.max_rows = cfg.max_batch, .max_batch = cfg.max_batch, .max_top_k = max_top_k,
-                         .max_addresses = 1024, .max_requests = 64, .max_adopted = 1024};
-        // Create's refusals (policy, modes) come at once, not at the first step.
+        device_config = {.cuda = cfg.cuda, .max_rows = cfg.max_batch, .max_batch = cfg.max_batch,
+                         .max_top_k = max_top_k, .max_addresses = 1024, .max_requests = 64, .max_adopted = 1024};
+        // Create's refusals (policy, modes, the CUDA form's) come at once, not at the first step.
         auto made = DeviceStep::Create(space, Rank(0), GroupId(0), device_config);
         if (made) devices[0] = std::move(*made);
         else create_error = made.error();
+        if (made) {
+          if (Status st = EnsureIo(devices[0]->max_descriptors()); !st) create_error = st.error();
+        }
       }
+    }
+    // The engine's side of the device steps (their arrays in the step's memory, the stream),
+    // for steps of up to `max_descriptors` descriptors.
+    Status EnsureIo(std::uint32_t max_descriptors) {
+      if (io && io_descriptors >= max_descriptors) return Ok();
+      auto made = DeviceIo::Create(device_config.cuda,
+                                   {.max_selections = std::uint64_t{device_config.max_rows} * max_top_k,
+                                    .max_rows = device_config.max_rows, .max_batch = device_config.max_batch,
+                                    .max_descriptors = max_descriptors});
+      if (!made) return std::unexpected(made.error());
+      io = std::move(*made);
+      io_descriptors = max_descriptors;
+      return Ok();
     }
     Result<StepStats> Step(const StepInput& in, std::span<SlotId> out) {
       switch (form) {
@@ -514,7 +537,8 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       ULA_RETURN_IF_ERROR(ToRows(in));
       const std::size_t k = std::size_t{in.rank.value()} * sc.num_groups + in.group.value();
       std::unique_ptr<DeviceStep>& step = devices[k];
-      Status loaded = step ? step->Reload(space, nullptr) : Status(MakeError(ErrorCode::kResourceExhausted, "not created"));
+      Status loaded = step ? step->Reload(space, io->stream())
+                           : Status(MakeError(ErrorCode::kResourceExhausted, "not created"));
       // Outgrown (or none yet): re-create at the maxima, doubled when this step already had
       // them (the maxima are shared: the other groups' steps outgrow them together).
       auto grow = [&] {
@@ -538,11 +562,22 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
         }
       }
       if (!loaded) return std::unexpected(loaded.error());
+      ULA_RETURN_IF_ERROR(EnsureIo(step->max_descriptors()));
+      void* const stream = io->stream();
       descriptors.assign(step->max_descriptors(), CopyDescriptor{});
       StepRecord record;
       const StepArrays arrays = rows.Arrays(indices, descriptors, &record);
-      ULA_RETURN_IF_ERROR(step->Plan(arrays, nullptr));
+      auto dev = io->Upload(arrays);  // the CUDA form's arrays on the GPU (OpenMP: these)
+      if (!dev) return std::unexpected(dev.error());
+      ULA_RETURN_IF_ERROR(step->Plan(*dev, stream));
+      ULA_RETURN_IF_ERROR(io->Download(*dev, arrays));
       status.assign(step->max_descriptors(), 0);
+      // Complete with the engine's statuses, in the step's memory.
+      auto complete = [&]() -> Status {
+        auto st = io->UploadStatus(status);
+        if (!st) return std::unexpected(st.error());
+        return step->Complete(*st, stream);
+      };
       const std::uint32_t n = record.error == 0 ? record.num_descriptors : 0;
       std::unique_ptr<CopyPublish> cp;
       if (n > 0) {  // the engine's copies, here the backend's over the space's pools
@@ -554,8 +589,8 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
           const CopyDescriptor& d = descriptors[i];
           if (d.num_layers == gp.num_layers && d.bytes == sc.row()) continue;
           std::fill(status.begin(), status.end(), std::uint8_t{1});
-          ULA_RETURN_IF_ERROR(step->Complete(status.data(), nullptr));
-          ULA_RETURN_IF_ERROR(step->StoreInto(space, nullptr));
+          ULA_RETURN_IF_ERROR(complete());
+          ULA_RETURN_IF_ERROR(step->StoreInto(space, stream));
           return MakeError(ErrorCode::kInternal,
                            fmt::format("device step of rank {} group {}: descriptor {} moves {} rows of {} bytes, the "
                                        "entry is {} rows of {}", in.rank.value(), in.group.value(), i, d.num_layers,
@@ -573,8 +608,8 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
         cp->Run(space.backend());
         for (std::uint32_t i = 0; i < n; ++i) status[i] = cp->arrived(i) ? 0 : 1;
       }
-      ULA_RETURN_IF_ERROR(step->Complete(status.data(), nullptr));
-      ULA_RETURN_IF_ERROR(step->StoreInto(space, nullptr));
+      ULA_RETURN_IF_ERROR(complete());
+      ULA_RETURN_IF_ERROR(step->StoreInto(space, stream));
       if (record.error != 0) {
         return MakeError(static_cast<ErrorCode>(record.error - 1),
                          fmt::format("device step of rank {} group {} refused the step", in.rank.value(), in.group.value()));
@@ -601,6 +636,8 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
     std::vector<std::unique_ptr<DeviceStep>> devices;  // [rank][group]
     std::vector<std::uint32_t> generations;            // [rank][group] the maxima each step was made with
     DeviceStepConfig device_config;
+    std::unique_ptr<DeviceIo> io;                      // kDevice: the engine's side of every step
+    std::uint32_t io_descriptors = 0;                  // the descriptors io holds
     std::uint32_t device_generation = 0;               // how often the maxima grew
     std::uint32_t max_top_k;
     std::optional<Error> create_error;  // the form's Create refused this space

@@ -61,6 +61,11 @@ struct VerifierConfig {
   // kernel_pb_lru policy: otherwise their Create refuses, and so does
   // RunConsistencyVerifier, with that reason.
   PlannerForm form = PlannerForm::kHost;
+  // kDevice only: the device step's CUDA form (DeviceStepConfig::cuda) on the GPU, the
+  // engine's arrays there (step/device_io.h), the copies still the backend's over the space's
+  // pools. kInvalidArgument with another form; the CUDA form's Create refusals otherwise (a
+  // build without CUDA, no device, an old driver).
+  bool cuda = false;
   // true: the space keeps clean host shadows (AddressSpaceConfig::host_shadows,
   // src/space/host_shadows.h); the checks are the same (a shadow is never read, so every
   // entry must still read its reference bytes). kEngine keeps them (its plans evict to

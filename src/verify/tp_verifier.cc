@@ -21,6 +21,7 @@
 #include "backend/copy_publish.h"
 #include "space/space_access.h"
 #include "space/tp_state.h"
+#include "step/device_io.h"
 #include "ula/device_step.h"
 #include "ula/tp_step_planner.h"
 #include "verify/step_rows.h"
@@ -36,6 +37,9 @@ std::uint32_t TpVerifierConfig::buffer_slots() const {
 Status TpVerifierConfig::Validate() const {
   auto bad = [](std::string m) { return MakeError(ErrorCode::kInvalidArgument, "TpVerifierConfig." + m); };
   if (num_ranks == 0) return bad("num_ranks must be > 0");
+  if (cuda && form != PlannerForm::kDevice) {
+    return bad(fmt::format("cuda: the CUDA form is the device step's; form is {}", PlannerFormName(form)));
+  }
   if (num_groups == 0) return bad("num_groups must be > 0");
   if (entry_bytes < 32 || entry_bytes % 4 != 0) return bad("entry_bytes must be a multiple of 4, >= 32 (float32 entries)");
   if (top_k == 0 || max_batch == 0 || queries_per_request == 0) return bad("top_k, max_batch, queries_per_request must be > 0");
@@ -228,10 +232,12 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
     }
     if (cfg_.form == PlannerForm::kDevice) {
       device_steps_.resize(std::size_t{cfg_.num_ranks} * cfg_.num_groups);
-      device_config_ = {.max_rows = cfg_.max_batch, .max_batch = cfg_.max_batch, .max_top_k = MaxRun(),
-                        .max_addresses = 1024, .max_requests = 64, .max_adopted = 1024};
+      device_config_ = {.cuda = cfg_.cuda, .max_rows = cfg_.max_batch, .max_batch = cfg_.max_batch,
+                        .max_top_k = MaxRun(), .max_addresses = 1024, .max_requests = 64, .max_adopted = 1024};
       auto made = DeviceStep::Create(*space_, space_->hosted_ranks()[0], GroupId(0), device_config_);
       if (!made) return made.error();
+      device_io_.resize(space_->hosted_ranks().size());
+      if (Status st = EnsureIo(0, (*made)->max_descriptors()); !st) return st.error();
       device_steps_[std::size_t{space_->hosted_ranks()[0].value()} * cfg_.num_groups] = std::move(*made);
     }
     return std::nullopt;
@@ -281,7 +287,10 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
     std::vector<DeviceStep*> steps;
     for (Rank r : ranks) {
       std::unique_ptr<DeviceStep>& step = device_steps_[std::size_t{r.value()} * cfg_.num_groups + group.value()];
-      Status loaded = step ? step->Reload(*space_, nullptr) : Status(MakeError(ErrorCode::kResourceExhausted, "none"));
+      const std::size_t h = steps.size();  // the hosted rank's index
+      ULA_RETURN_IF_ERROR(EnsureIo(h, 0));
+      Status loaded = step ? step->Reload(*space_, Stream(h))
+                           : Status(MakeError(ErrorCode::kResourceExhausted, "none"));
       while (!loaded && loaded.error().code() == ErrorCode::kResourceExhausted) {  // outgrown: larger maxima
         if (step) {
           device_config_.max_addresses *= 2;
@@ -304,25 +313,34 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
       if (!loaded) return std::unexpected(loaded.error());
       steps.push_back(step.get());
     }
+    for (std::size_t h = 0; h < ranks.size(); ++h) ULA_RETURN_IF_ERROR(EnsureIo(h, steps[h]->max_descriptors()));
     const std::size_t hosted = ranks.size();
     indices_.assign(hosted * n, kPadIndex);
     device_descs_.resize(hosted);
     device_records_.assign(hosted, StepRecord{});
     std::uint32_t agreed = 0;
     std::vector<std::uint32_t> verdicts(hosted, 0);
+    std::vector<StepArrays> host_arrays(hosted), dev(hosted);
     for (std::size_t h = 0; h < hosted; ++h) {
       device_descs_[h].assign(steps[h]->max_descriptors(), CopyDescriptor{});
-      const StepArrays arrays =
-          rows_.Arrays(std::span(indices_).subspan(h * n, n), device_descs_[h], &device_records_[h]);
-      ULA_RETURN_IF_ERROR(steps[h]->Check(arrays, nullptr));
-      verdicts[h] = *steps[h]->verdict();  // the OpenMP form's verdict is host memory
+      host_arrays[h] = rows_.Arrays(std::span(indices_).subspan(h * n, n), device_descs_[h], &device_records_[h]);
+      auto up = device_io_[h]->Upload(host_arrays[h]);  // the CUDA form's arrays on the GPU (OpenMP: these)
+      if (!up) return std::unexpected(up.error());
+      dev[h] = *up;
+      ULA_RETURN_IF_ERROR(steps[h]->Check(dev[h], Stream(h)));
+      auto v = device_io_[h]->ReadWord(steps[h]->verdict());  // the engine's all-reduce, here on the host
+      if (!v) return std::unexpected(v.error());
+      verdicts[h] = *v;
       agreed = std::max(agreed, verdicts[h]);
     }
     bool all_arrived = true;
     std::optional<Error> failure;
     const TpConfig& tc = space_->config();
     for (std::size_t h = 0; h < hosted; ++h) {
-      ULA_RETURN_IF_ERROR(steps[h]->Claim(&agreed, nullptr));
+      auto agreed_dev = device_io_[h]->Agreed(agreed);
+      if (!agreed_dev) return std::unexpected(agreed_dev.error());
+      ULA_RETURN_IF_ERROR(steps[h]->Claim(*agreed_dev, Stream(h)));
+      ULA_RETURN_IF_ERROR(device_io_[h]->Download(dev[h], host_arrays[h]));
       const StepRecord& rec = device_records_[h];
       std::vector<std::uint8_t> status(steps[h]->max_descriptors(), 0);
       const std::uint32_t m = rec.error == 0 ? rec.num_descriptors : 0;
@@ -341,8 +359,10 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
           if (!failure) failure = cp.Failure(fmt::format("device step of rank {} group {}", ranks[h].value(), group.value()));
         }
       }
-      ULA_RETURN_IF_ERROR(steps[h]->Complete(status.data(), nullptr));
-      ULA_RETURN_IF_ERROR(steps[h]->StoreInto(*space_, nullptr));
+      auto status_dev = device_io_[h]->UploadStatus(status);
+      if (!status_dev) return std::unexpected(status_dev.error());
+      ULA_RETURN_IF_ERROR(steps[h]->Complete(*status_dev, Stream(h)));
+      ULA_RETURN_IF_ERROR(steps[h]->StoreInto(*space_, Stream(h)));
     }
     if (agreed != 0) {  // the first rank that refused names the error (TpStepPlanner's rule)
       for (std::size_t h = 0; h < hosted; ++h) {
@@ -380,6 +400,21 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
     }
     return plan;
   }
+
+  // The hosted rank h's DeviceIo, for steps of up to max_descriptors descriptors.
+  Status EnsureIo(std::size_t h, std::uint32_t max_descriptors) {
+    device_io_descriptors_.resize(device_io_.size(), 0);
+    if (device_io_[h] && device_io_descriptors_[h] >= max_descriptors) return Ok();
+    auto made = DeviceIo::Create(device_config_.cuda,
+                                 {.max_selections = std::uint64_t{device_config_.max_rows} * MaxRun(),
+                                  .max_rows = device_config_.max_rows, .max_batch = device_config_.max_batch,
+                                  .max_descriptors = max_descriptors});
+    if (!made) return std::unexpected(made.error());
+    device_io_[h] = std::move(*made);
+    device_io_descriptors_[h] = max_descriptors;
+    return Ok();
+  }
+  void* Stream(std::size_t h) const { return device_io_[h] ? device_io_[h]->stream() : nullptr; }
 
   bool HomeHosted(LogicalAddr a) const { return space_->Hosts(space_->HomeOf(a)); }
 
@@ -654,6 +689,8 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   std::vector<std::int32_t> indices_;                 // [hosted][rows][top_k]
   std::vector<std::vector<CopyDescriptor>> device_descs_;  // [hosted]
   std::vector<StepRecord> device_records_;            // [hosted]
+  std::vector<std::unique_ptr<DeviceIo>> device_io_;  // kDevice: [hosted] the engine's side of the rank's steps
+  std::vector<std::uint32_t> device_io_descriptors_;  // [hosted] the descriptors each holds
   MlaShape mla_;
   std::unique_ptr<SparsePrefixCache> cache_ = SparsePrefixCache::Create(*space_).value();  // sharing
   std::unique_ptr<TpStepPlanner> reserver_;           // reserve_rounds: the admission's planner

@@ -93,6 +93,10 @@ struct TpVerifierConfig {
   // kernel_pb_lru policy, kEngine with a local buffer in-process ranks. Validate and
   // RunTpVerifier refuse the others with the reason (the forms' own Create refusals).
   PlannerForm form = PlannerForm::kHost;
+  // kDevice only: the device steps' CUDA form (DeviceStepConfig::cuda) on the GPU, each hosted
+  // rank's arrays there (step/device_io.h), the verdicts read back and their maximum written
+  // there for Claim, the copies still the backend's. Validate refuses it with another form.
+  bool cuda = false;
   bool stable_new_entries = false;  // TpConfig::stable_new_entries
   // Each shard keeps clean host shadows (TpConfig::host_shadows, sparse/host_shadows.h); the
   // checks are the same (a shadow is never read, so every entry must still read its own

@@ -5,10 +5,10 @@ one scenario at a time (FAKE_SCENARIO, read by the stubs). Each scenario must gi
 the exit code, summary.json's "status" and the last line "gpu-check: VERDICT: ...".
 
 Scenarios: pass (a GPU, every step passes, every measurement's JSON carried whole in summary.json's
-"figures"), cuda-skipped (a CUDA test skips on a GPU), no-gpu
+"figures", the CUDA form's steps among them), cuda-skipped (a CUDA test skips on a GPU), no-gpu
 (no nvidia-smi answer, no driver), old-driver (a driver older than the runtime), no-load (a
 binary whose library is missing), timeout (a step that sleeps past GPU_CHECK_MAX_STEP_S), fail
-(a test fails), smoke (--smoke without a GPU), and bad input (no folder, a bad argument, a budget
+(a test fails, and so does every step of the CUDA form: their figures are null), smoke (--smoke without a GPU), and bad input (no folder, a bad argument, a budget
 below the step limits). It also checks, from --plan and independently of the script's own
 refusal, that the step limits sum to less than the budget and that the budget is under 8 minutes.
 
@@ -25,6 +25,9 @@ import tempfile
 ROOT = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parents[2])
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
 TESTS = ["cuda_backend_test", "device_step_test", "tp_device_step_test", "policy_test"]
+# The measurement steps of the device step's CUDA form, each a figure of summary.json.
+CUDA_FIGURES = ["verify_device_cuda", "verify_device_cuda_tp", "bench_planner_device_cuda",
+                "bench_planner_device_cuda_tp", "bench_gather_random"]
 
 # One stub for every binary: it answers by its own name, its arguments and FAKE_SCENARIO.
 STUB = r"""#!/usr/bin/env bash
@@ -77,8 +80,17 @@ case $me in
     if [[ $sc == fail ]]; then echo "[  FAILED  ] TpDeviceStep.Something"; exit 1; fi
     echo "[  PASSED  ] 12 tests."; exit 0 ;;
   ula)
-    if [[ $1 == verify ]]; then
+    if [[ $sc == fail && ( $* == *--cuda* || $* == *"--pattern random"* ) ]]; then
+      echo "ula $1: the CUDA form failed: an illegal memory access" >&2; exit 1
+    elif [[ $1 == verify && $* == *--cuda* ]]; then
+      echo "{\"cuda\":true,\"invariant_failures\":0,\"mismatches\":0,\"planner\":\"device\",\"fake\":\"$3\"}"
+    elif [[ $1 == verify ]]; then
       echo '{"invariant_failures":0,"x":1,"mismatches":0,"early_publishes":0,"y":2,"entries_lost":0}'
+    elif [[ $1 == bench && $2 == planner && $* == *--cuda* ]]; then
+      [[ $* == *"--mode tp"* ]] && mode=tp launches=31 || mode=dp launches=30
+      echo "{\"rows\": [{\"ns_per_distinct\": 41.9}], \"device_rows\": [{\"form\": \"cuda\", \"timing\": \"cuda_events\", \"mode\": \"$mode\", \"ns_per_distinct\": 12.5, \"host_ns_per_distinct\": 41.9, \"launches_per_step\": {\"total\": $launches}, \"syncs_per_step\": {\"total\": 0}}]}"
+    elif [[ $1 == bench && $2 == gather && $* == *"--pattern random"* ]]; then
+      echo '{"backend": "cuda", "pattern": "random", "copy_gbps": 1500.0, "random_read_gbps": 95.5, "random_read_ns": 0.084}'
     elif [[ $1 == bench && $2 == gather && $* == *cuda* && $sc == fail ]]; then
       echo "ula bench gather: --backend cuda: no kernel image" >&2; exit 1
     elif [[ $1 == bench && $2 == planner && $* == *device* ]]; then
@@ -175,6 +187,8 @@ def main():
         check(budget is not None and budget + 5 < 8 * 60, f"the budget {budget} s leaves the check over 8 minutes")
         steps = list(limits)
         check(steps.index("policy_test") < steps.index("bench_planner_host"), "correctness steps before measurements")
+        check(all(name in steps and steps.index(name) > steps.index("policy_test") for name in CUDA_FIGURES),
+              f"the CUDA form's measurements are planned after the correctness steps: {steps}")
         print(f"ok: {len(limits)} steps, limits sum {total} s < budget {budget} s")
 
         _, s = expect(tmp, "pass", 0, "pass")
@@ -186,8 +200,23 @@ def main():
             check(dst["skipped"] == "DeviceStepArena.SomethingElse", "pass: a non-CUDA skip is listed and allowed")
             # Every measurement's JSON is carried whole under "figures" (its standard error stays in the log).
             f = s.get("figures", {})
-            check(sorted(f) == ["bench_device_step_round", "bench_gather_cpu", "bench_gather_cuda", "bench_planner_device",
-                                "bench_planner_host"], f"pass: one figure per measurement: {sorted(f)}")
+            check(sorted(f) == sorted(["bench_device_step_round", "bench_gather_cpu", "bench_gather_cuda",
+                                       "bench_planner_device", "bench_planner_host", *CUDA_FIGURES]),
+                  f"pass: one figure per measurement: {sorted(f)}")
+            # The CUDA form's figures: ns per selection by CUDA events beside the host step's, its
+            # launches (DP 30, TP 31), the random read beside the copy, the verifiers' counts.
+            for name, mode, launches in [("bench_planner_device_cuda", "dp", 30), ("bench_planner_device_cuda_tp", "tp", 31)]:
+                row = (f.get(name) or {}).get("device_rows", [{}])[0]
+                check(row.get("form") == "cuda" and row.get("timing") == "cuda_events" and row.get("mode") == mode
+                      and row.get("ns_per_distinct") == 12.5 and row.get("host_ns_per_distinct") == 41.9
+                      and row.get("launches_per_step", {}).get("total") == launches,
+                      f"pass: {name}'s CUDA-form row reaches summary.json: {row}")
+            rnd = f.get("bench_gather_random") or {}
+            check(rnd.get("random_read_gbps") == 95.5 and rnd.get("copy_gbps") == 1500.0,
+                  f"pass: the random read and the copy reach summary.json: {rnd}")
+            for name in ("verify_device_cuda", "verify_device_cuda_tp"):
+                v = f.get(name) or {}
+                check(v.get("cuda") is True and v.get("mismatches") == 0, f"pass: {name}'s counts reach summary.json: {v}")
             dev = (f.get("bench_planner_device") or {}).get("device_rows", [{}])[0]
             check(dev.get("launches_per_step", {}).get("total") == 30 and dev.get("ns_per_distinct") == 143.8,
                   f"pass: the device step's launches and ns per selection reach summary.json: {dev}")
@@ -211,13 +240,17 @@ def main():
         if s:
             pol = next(x for x in s["steps"] if x["name"] == "policy_test")
             check(pol["rc"] in (124, 137) and "timed out" in pol["note"], f"timeout: policy_test {pol}")
-            check(s["steps"][-1]["name"] == "bench_device_step_round", "timeout: the steps after it still run")
+            check(s["steps"][-1]["name"] == steps[-1], "timeout: the steps after it still run")
         _, s = expect(tmp, "fail", 1, "fail")
         if s:
             check("tp_device_step_test" in s["message"], "fail: the failed step is named")
             f = s.get("figures", {})
             check("bench_gather_cuda" in f and f["bench_gather_cuda"] is None and f.get("bench_gather_cpu") is not None,
                   f"fail: a failed measurement's figure is null, the others are kept: {f}")
+            check(all(name in f and f[name] is None for name in CUDA_FIGURES) and f.get("bench_planner_device") is not None,
+                  f"fail: the failed CUDA-form steps' figures are null, the OpenMP form's kept: {f}")
+            failed = {x["name"] for x in s["steps"] if x["rc"] != 0}
+            check(set(CUDA_FIGURES) <= failed, f"fail: every CUDA-form step is recorded failed: {sorted(failed)}")
         expect(tmp, "smoke", 0, "smoke-pass", args=("--smoke",))
         expect(tmp, "no-load", 5, "no-load", args=("--smoke",))
         expect(tmp, "pass", 2, "bad-input", dist=tmp / "nowhere")

@@ -122,6 +122,22 @@ TEST(ConsistencyVerifier, InvalidConfigIsRefused) {
   EXPECT_EQ(report.error().code(), ErrorCode::kInvalidArgument);
 }
 
+// The CUDA form is the device step's: VerifierConfig::cuda with another form is refused before
+// anything runs, naming the field (with the device form it is DeviceStep::Create's to refuse).
+TEST(ConsistencyVerifier, CudaWithAnotherFormIsRefused) {
+  for (PlannerForm form : {PlannerForm::kHost, PlannerForm::kEngine}) {
+    VerifierConfig c;
+    c.ops = 20;
+    c.form = form;
+    c.stable_new_entries = true;
+    c.cuda = true;
+    auto report = RunConsistencyVerifier(c);
+    ASSERT_FALSE(report) << PlannerFormName(form);
+    EXPECT_EQ(report.error().code(), ErrorCode::kInvalidArgument) << report.error().ToString();
+    EXPECT_NE(report.error().message().find("VerifierConfig.cuda"), std::string::npos) << report.error().ToString();
+  }
+}
+
 // A model's shape comes from ApplyModel; what a space with kinds refuses (sharing) and a
 // shape not the model's are refused before anything runs, the device form runs over the
 // model's kinds, and a model without layer kinds changes nothing (the runs themselves: ctest

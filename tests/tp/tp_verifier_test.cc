@@ -244,6 +244,11 @@ TEST(TpVerifier, InvalidConfigIsRefused) {
   c.attention = TpAttention::kAtHome;
   c.buffer_slots_per_group = 64;  // no buffer at home
   EXPECT_EQ(RunTpVerifier(c).error().code(), ErrorCode::kInvalidArgument);
+  c = {};
+  c.cuda = true;  // the CUDA form is the device step's
+  c.form = PlannerForm::kEngine;
+  c.stable_new_entries = true;
+  EXPECT_EQ(RunTpVerifier(c).error().code(), ErrorCode::kInvalidArgument);
 }
 
 }  // namespace

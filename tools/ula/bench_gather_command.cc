@@ -5,6 +5,10 @@
 // (AnonHugePages of the process, before and after they were touched), the random-read
 // cost of `bench planner` over an array as large as the location table, and the CPU model:
 // the ratio depends on all three (docs/BENCHMARKS.md, "gather").
+// --backend cuda --pattern random: instead of the gather, the memory-bound reference of the
+// device step (step/device_io.h, MeasureRandomRead): independent 8-byte reads at random
+// indices of a device table of --table-mib (a group's location table), in GB/s and ns per
+// read, beside the device-to-device copy of the same run (docs/BENCHMARKS.md, "GPU check").
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,6 +24,7 @@
 #include "ula/backend.h"
 #include "core/gather.h"
 #include "core/address_records.h"
+#include "step/device_io.h"
 
 namespace ula::cli {
 namespace {
@@ -32,6 +37,9 @@ struct GatherOptions {
   std::uint64_t seed = 7;
   bool json = false;
   std::string backend = "cpu";  // cpu: translate + gather on the host; cuda: the cuda backend's gather kernel
+  std::string pattern = "gather";  // gather; random (--backend cuda): random 8-byte reads of a table
+  std::uint64_t table_mib = 256;   // --pattern random: the table read
+  std::uint64_t reads = std::uint64_t{1} << 26;  // --pattern random: reads per run
 };
 
 
@@ -80,7 +88,7 @@ int RunGatherCuda(const GatherOptions& o) {
   };
   std::vector<double> t_copy, t_gather;
   for (int rep = 0; rep < o.repeats + 1; ++rep) {  // the first run of each warms up
-    const double c = timed(copy), g = timed(gather);
+    const double c = timed(copy), g = o.pattern == "random" ? 1.0 : timed(gather);  // random: no gather
     if (c < 0 || g < 0) {
       fmt::print(stderr, "ula bench gather --backend cuda: a batch failed\n");
       return 1;
@@ -89,6 +97,27 @@ int RunGatherCuda(const GatherOptions& o) {
   }
   const double copy_gbps = double(bytes) / MedianSeconds(t_copy) / 1e9;
   const double gather_gbps = double(bytes) / MedianSeconds(t_gather) / 1e9;
+  if (o.pattern == "random") {
+    auto r = MeasureRandomRead(o.table_mib << 20, o.reads, o.repeats, o.seed);
+    if (!r) {
+      fmt::print(stderr, "ula bench gather --backend cuda --pattern random: {}\n", r.error().ToString());
+      return 2;
+    }
+    if (o.json) {
+      nlohmann::json j{{"backend", "cuda"}, {"pattern", "random"}, {"table_mib", o.table_mib}, {"reads", r->reads},
+                       {"repeats", o.repeats}, {"timing", "cuda_events"}, {"random_read_ms", r->ms_median},
+                       {"random_read_ns", r->ns_per_read}, {"random_read_gbps", r->gbps},
+                       {"copy_bytes", bytes}, {"copy_gbps", copy_gbps}, {"ratio", r->gbps / copy_gbps}};
+      fmt::print("{}\n", j.dump());
+    } else {
+      fmt::print("cuda random reads: {} reads of 8 B at random indices of a {} MiB device table, median of {} runs "
+                 "(CUDA events)\n", r->reads, o.table_mib, o.repeats);
+      fmt::print("  device-to-device copy  {:8.2f} GB/s ({:.1f} MiB)\n", copy_gbps, bytes / 1048576.0);
+      fmt::print("  random 8-byte reads    {:8.2f} GB/s, {:.3f} ns per read\n", r->gbps, r->ns_per_read);
+      fmt::print("  ratio                  {:8.3f}\n", r->gbps / copy_gbps);
+    }
+    return 0;
+  }
   if (o.json) {
     nlohmann::json j{{"backend", "cuda"}, {"entry_bytes", o.entry_bytes}, {"selections", o.selections},
                      {"pool_mib", o.pool_mib}, {"bytes", bytes}, {"repeats", o.repeats},
@@ -105,6 +134,10 @@ int RunGatherCuda(const GatherOptions& o) {
 }
 
 int RunGather(const GatherOptions& o) {
+  if (o.pattern == "random" && o.backend != "cuda") {
+    fmt::print(stderr, "ula bench gather: --pattern random reads a device table: it needs --backend cuda\n");
+    return 2;
+  }
   if (o.backend == "cuda") return RunGatherCuda(o);
   // Every buffer is an arena of the cpu backend, so both sides see the same memory.
   const std::int64_t huge_before = AnonHugePagesKiB();
@@ -191,6 +224,14 @@ Action SetupGather(CLI::App& app) {
                  "cpu: translate + gather vs memcpy on the host; cuda: the cuda backend's gather kernel vs a "
                  "device-to-device copy of the same bytes (needs a CUDA device)")
       ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--pattern", o->pattern,
+                 "gather; random (--backend cuda): random 8-byte reads of a --table-mib device table (the device "
+                 "step's memory-bound reference) instead of the gather, beside the device-to-device copy")
+      ->capture_default_str()->check(CLI::IsMember({"gather", "random"}));
+  app.add_option("--table-mib", o->table_mib, "--pattern random: the table read, MiB")->capture_default_str()
+      ->check(IntIn(1, 1 << 20));
+  app.add_option("--reads", o->reads, "--pattern random: reads per run")->capture_default_str()
+      ->check(IntIn(1, std::uint64_t{1} << 34));
   return [o] { return RunGather(*o); };
 }
 

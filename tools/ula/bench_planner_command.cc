@@ -45,8 +45,12 @@
 // DeviceStep per group: Plan + Complete per group timed (every copy reported arrived),
 // AdvanceRound per step. Reported per row: median ms per group, ns per distinct selection
 // beside the host planner's, and the kernel launches and host synchronisations per (rank,
-// group) step by phase (DeviceStep::counters()). --cuda asks for the CUDA form: refused with
-// the reason (exit 2) in a build without CUDA or on a machine without a GPU.
+// group) step by phase (DeviceStep::counters()). --cuda runs the CUDA form instead: the
+// arrays on the GPU (step/device_io.h: the selections copied there before each group step,
+// not timed), each group step timed with CUDA events on the step's stream, the same rows and
+// JSON fields (form "cuda", timing "cuda_events"; the OpenMP form's: "openmp",
+// "steady_clock"). Refused with the reason (exit 2, before any work) in a build without CUDA
+// or on a machine without a GPU.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -71,43 +75,21 @@
 #include "ula/step_planner.h"
 #include "ula/tp_address_space.h"
 #include "ula/tp_step_planner.h"
+#include "bench_planner.h"
+#include "step/device_io.h"
 #include "verify/step_rows.h"
 
 namespace ula::cli {
 namespace {
 
-struct PlannerOptions {
-  std::string config_dir, summary, compare_csv;
-  std::vector<std::string> configs;  // default: the DP configs below (--mode tp: the TP ones)
-  std::vector<double> batch_fractions{1.0, 0.5, 0.25};
-  double device_fraction = 1.0;
-  std::uint32_t steps = 2;   // measured steps per thread count
-  std::vector<std::uint32_t> threads{1, 2};
-  std::uint32_t prefetch_distance = StepPlannerOptions{}.prefetch_distance;
-  std::uint32_t parallel_claim_min_victims = StepPlannerOptions{}.parallel_claim_min_victims;
-  std::uint32_t warmup = 4;  // steps first replayed unmeasured (the device pool fills from empty)
-  std::uint32_t groups = 0;  // 0: from the model
-  std::uint32_t ranks = 8;
-  std::uint64_t seed = 1;
-  bool json = false;
-  bool claim_sweep = false;
-  std::string planner = "host";  // host (StepPlanner); device: DeviceStep beside the host planner
-  std::string mode = "dp";       // dp; tp: attention at home over `ranks` in-process ranks (--planner device)
-  bool cuda = false;             // --planner device: the CUDA form (refused where it cannot run)
-  std::string shadows = "off";  // AddressSpaceConfig::host_shadows
-  bool prefer_shadowed = false; // PolicyOptions::prefer_shadowed
-  double host_free = -1;        // >= 0: host pool sized so that this share is free after the prefill
-  std::uint32_t claim_capacity = 1u << 21;
-  std::vector<std::uint32_t> claim_demands{1024, 4096, 16384, 65536, 262144};
-  std::uint32_t claim_reps = 9;
-};
-
-struct ConfigRow {
-  std::string config;
-  std::uint32_t admitted = 0;
-  double device_gb = 0, host_gb = 0;
-  bool mtp = false;
-};
+using planner_bench::ConfigRow;
+using planner_bench::DeviceRow;
+using planner_bench::Median;
+using planner_bench::PlannerOptions;
+using planner_bench::MeasureDevice;
+using planner_bench::MeasureDeviceTp;
+using planner_bench::DeviceRowJson;
+using planner_bench::PrintDeviceRows;
 
 // Reads a CSV with a header row into maps.
 std::vector<std::unordered_map<std::string, std::string>> ReadCsv(const std::string& path) {
@@ -144,10 +126,6 @@ struct Row {
   double total_ms = 0, host_free_share = 0, moved_per_miss = 0;
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 int RunClaimSweep(const PlannerOptions& o) {
   using Clock = std::chrono::steady_clock;
@@ -241,399 +219,6 @@ int RunClaimSweep(const PlannerOptions& o) {
   return 0;
 }
 
-// --planner device: one row per (config, batch, T) of the DeviceStep's OpenMP form on the same
-// workload as the host planner's row, beside it.
-struct DeviceRow {
-  std::string config;
-  std::string mode = "dp";  // dp; tp: attention at home, `ranks` ranks, one row over all of them
-  std::uint32_t batch = 0, groups = 0, threads = 1, ranks = 1;
-  std::uint64_t distinct = 0, group_steps = 0, misses = 0, evictions = 0;
-  double total_ms = 0, group_ms_median = 0, ns_per_distinct = 0, host_ns_per_distinct = 0;
-  DeviceStepCounters counts;  // over the measured steps, every group
-};
-
-// into += d, phase by phase: a row's launches and syncs over its (rank, group) steps.
-void AddCounters(DeviceStepCounters& into, const DeviceStepCounters& d) {
-  const auto add = [](DeviceStepCounts& a, const DeviceStepCounts& b) {
-    a.launches += b.launches;
-    a.syncs += b.syncs;
-  };
-  add(into.check, d.check);
-  add(into.claim, d.claim);
-  add(into.complete, d.complete);
-  add(into.advance_round, d.advance_round);
-  add(into.state, d.state);
-}
-
-// The device step of every group on an engine-path copy of the workload (kernel_pb_lru,
-// stable_new_entries, no host shadows): per measured step, every group's Plan + Complete
-// (every copy reported arrived: the counting backend moves no bytes) timed, then every
-// group's AdvanceRound (not timed: once per scheduler iteration). Launches and syncs by phase
-// from DeviceStep::counters(). nullopt with `error` set on a failure (exit 2).
-std::optional<DeviceRow> MeasureDevice(const PlannerOptions& o, AddressSpaceConfig sc, const std::string& name,
-                                       std::uint32_t batch, std::uint32_t groups, std::uint32_t queries,
-                                       std::uint32_t top_k, const SelectionModelParams& params, std::uint32_t threads,
-                                       std::string& error) {
-  sc.policy = PolicyKind::kKernelPbLru;
-  sc.stable_new_entries = true;
-  sc.host_shadows = false;
-  auto backend = MakeCountingBackend();
-  auto space = AddressSpace::Create(sc, *backend);
-  if (!space) return error = space.error().ToString(), std::nullopt;
-  std::mt19937_64 rng(o.seed);
-  std::vector<std::vector<LogicalAddr>> addrs;
-  for (std::uint32_t r = 0; r < batch; ++r) {
-    if (auto s = (*space)->AddRequest(RequestId(r), Rank(0)); !s) return error = s.error().ToString(), std::nullopt;
-    const auto len = static_cast<std::uint32_t>(65536 + rng() % 65537);
-    auto a = (*space)->Allocate(RequestId(r), len);
-    if (!a) {
-      if (a.error().code() != ErrorCode::kResourceExhausted) return error = a.error().ToString(), std::nullopt;
-      (void)(*space)->Free(RequestId(r));
-      break;
-    }
-    addrs.push_back(std::move(*a));
-  }
-  (*space)->AdvanceRound();  // prefill's round ends: its entries may move
-  // A model of its own: the host row's drew the same streams (the same selections here).
-  auto selection = SelectionModel::Create(params);
-  if (!selection) return error = selection.error().ToString(), std::nullopt;
-  const auto placed = static_cast<std::uint32_t>(addrs.size());
-  const std::uint32_t rows = placed * queries;
-  const DeviceStepConfig dc{.cuda = o.cuda, .threads = threads, .max_rows = std::max(rows, 1u),
-                            .max_batch = std::max(placed, 1u), .max_top_k = top_k};
-  std::vector<std::unique_ptr<DeviceStep>> steps;
-  for (std::uint32_t g = 0; g < groups; ++g) {
-    auto step = DeviceStep::Create(**space, Rank(0), GroupId(static_cast<std::uint16_t>(g)), dc);
-    if (!step) return error = (o.cuda ? "--cuda: " : "") + step.error().ToString(), std::nullopt;
-    steps.push_back(std::move(*step));
-  }
-  if (o.cuda) {
-    error = "--cuda: the CUDA form's timing (CUDA events on device arrays) is not built in this command; "
-            "scripts/gpu-check.sh runs the CUDA form's tests";
-    return std::nullopt;
-  }
-  const std::uint32_t max_desc = steps.empty() ? 0 : steps[0]->max_descriptors();
-  std::vector<std::int32_t> selections(std::size_t{rows} * top_k, -1), indices(selections.size(), -1);
-  std::vector<std::int64_t> requests(placed);
-  for (std::uint32_t r = 0; r < placed; ++r) requests[r] = r;
-  std::vector<CopyDescriptor> descriptors(max_desc);
-  std::vector<std::uint8_t> status(max_desc, 0);
-  StepRecord record;
-  StepArrays arrays{.selections = selections.data(), .requests = requests.data(), .indices = indices.data(),
-                    .descriptors = descriptors.data(), .stats = &record, .num_rows = rows, .batch = placed,
-                    .q_len = queries, .top_k = top_k, .selection_stride = top_k, .index_stride = top_k,
-                    .max_descriptors = max_desc};
-  DeviceRow row;
-  row.config = name;
-  row.batch = placed;
-  row.groups = groups;
-  row.threads = threads;
-  std::vector<DeviceStepCounters> before(groups);
-  std::vector<double> group_ms;
-  std::vector<std::vector<std::uint32_t>> picks;
-  for (std::uint32_t step = 0; step < o.warmup + o.steps; ++step) {
-    const bool measured = step >= o.warmup;
-    if (step == o.warmup) {
-      for (std::uint32_t g = 0; g < groups; ++g) before[g] = steps[g]->counters();
-    }
-    for (std::uint32_t g = 0; g < groups; ++g) {
-      std::fill(selections.begin(), selections.end(), -1);
-      for (std::uint32_t r = 0; r < placed; ++r) {
-        const auto ctx = static_cast<std::uint32_t>(addrs[r].size());
-        if (auto s = selection->Step(std::uint64_t{r} * 64 + g, ctx, queries, picks); !s) {
-          return error = s.error().ToString(), std::nullopt;
-        }
-        for (std::uint32_t q = 0; q < queries && q < picks.size(); ++q) {
-          const std::size_t at = (std::size_t{r} * queries + q) * top_k;
-          for (std::size_t c = 0; c < picks[q].size() && c < top_k; ++c) {
-            selections[at + c] = static_cast<std::int32_t>(addrs[r][picks[q][c]].value());
-          }
-        }
-      }
-      record = StepRecord{};
-      const auto t0 = std::chrono::steady_clock::now();
-      Status st = steps[g]->Plan(arrays, nullptr);
-      if (st) st = steps[g]->Complete(status.data(), nullptr);
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      if (!st) return error = fmt::format("{} batch {} group {}: {}", name, placed, g, st.error().ToString()), std::nullopt;
-      if (record.error != 0) {
-        return error = fmt::format("{} batch {} group {}: the device step refused the step (error {})", name, placed, g,
-                                   record.error),
-               std::nullopt;
-      }
-      if (measured) {
-        group_ms.push_back(ms);
-        row.total_ms += ms;
-        row.distinct += record.distinct;
-        row.misses += record.misses;
-        row.evictions += record.evictions;
-        ++row.group_steps;
-      }
-    }
-    for (auto& s : steps) {
-      if (Status st = s->AdvanceRound(nullptr); !st) return error = st.error().ToString(), std::nullopt;
-    }
-  }
-  for (std::uint32_t g = 0; g < groups; ++g) AddCounters(row.counts, steps[g]->counters().Since(before[g]));
-  row.group_ms_median = Median(group_ms);
-  row.ns_per_distinct = row.distinct == 0 ? 0.0 : row.total_ms * 1e6 / static_cast<double>(row.distinct);
-  return row;
-}
-
-// --mode tp: attention at home over P = --ranks in-process ranks (TpAttention::kAtHome) on
-// the config's ulacache_home row: the node's admitted requests x the batch fraction, of
-// 64K-128K tokens, every entry striped a mod P, the per-GPU device and host bytes of the
-// comparison per rank (kernel_pb_lru, stable_new_entries, the device step's modes). Two
-// spaces built alike from the same draws: on one the TP host step (TpStepPlanner::Step, the
-// ranks one after the other) per group, on the other one DeviceStep per (rank, group), each
-// group step as the engine runs it: every rank's Check, the MAX of the verdicts (the
-// all-reduce), every rank's Claim, every rank's Complete (every copy reported arrived).
-// Timed per group step over all ranks; a row's group_ms is the median over (rank, group)
-// steps of the group step's time / P, ns per distinct selection over the ranks' distinct
-// home entries (which add up to the step's distinct), the same for the host step. Launches
-// and syncs per (rank, group) step from DeviceStep::counters().
-std::optional<DeviceRow> MeasureDeviceTp(const PlannerOptions& o, const ConfigRow& cfg, std::uint32_t batch,
-                                         std::uint32_t groups, std::uint32_t entry, std::uint32_t queries,
-                                         std::uint32_t top_k, const SelectionModelParams& params, std::uint32_t threads,
-                                         std::string& error) {
-  TpConfig tc;
-  tc.num_ranks = o.ranks;
-  tc.num_groups = groups;
-  tc.entry_bytes = entry;
-  tc.attention = TpAttention::kAtHome;
-  tc.device_bytes_per_rank = static_cast<std::uint64_t>(cfg.device_gb * 1e9 * o.device_fraction);
-  tc.host_bytes_per_rank = static_cast<std::uint64_t>(cfg.host_gb * 1e9);
-  tc.policy = PolicyKind::kKernelPbLru;
-  tc.stable_new_entries = true;
-  struct Side {
-    std::unique_ptr<Backend> backend;
-    std::unique_ptr<TpAddressSpace> space;
-    std::vector<std::vector<LogicalAddr>> addrs;
-  };
-  auto build = [&](Side& side) -> bool {
-    side.backend = MakeCountingBackend();
-    auto space = TpAddressSpace::Create(tc, *side.backend);
-    if (!space) return error = space.error().ToString(), false;
-    side.space = std::move(*space);
-    std::mt19937_64 rng(o.seed);
-    for (std::uint32_t r = 0; r < batch; ++r) {
-      if (Status s = side.space->AddRequest(RequestId(r)); !s) return error = s.error().ToString(), false;
-      const auto len = static_cast<std::uint32_t>(65536 + rng() % 65537);
-      auto a = side.space->Allocate(RequestId(r), len);
-      if (!a) {
-        if (a.error().code() != ErrorCode::kResourceExhausted) return error = a.error().ToString(), false;
-        (void)side.space->Free(RequestId(r));
-        break;
-      }
-      side.addrs.push_back(std::move(*a));
-    }
-    side.space->AdvanceRound();  // prefill's round ends
-    return true;
-  };
-  Side host, dev;
-  if (!build(host) || !build(dev)) return std::nullopt;
-  const auto placed = static_cast<std::uint32_t>(dev.addrs.size());
-  const std::uint32_t rows = placed * queries;
-  const DeviceStepConfig dc{.cuda = o.cuda, .threads = threads, .max_rows = std::max(rows, 1u),
-                            .max_batch = std::max(placed, 1u), .max_top_k = top_k};
-  std::vector<std::vector<std::unique_ptr<DeviceStep>>> steps(o.ranks);  // [rank][group]
-  for (std::uint32_t r = 0; r < o.ranks; ++r) {
-    for (std::uint32_t g = 0; g < groups; ++g) {
-      auto step = DeviceStep::Create(*dev.space, Rank(static_cast<std::uint16_t>(r)), GroupId(static_cast<std::uint16_t>(g)), dc);
-      if (!step) return error = (o.cuda ? "--cuda: " : "") + step.error().ToString(), std::nullopt;
-      steps[r].push_back(std::move(*step));
-    }
-  }
-  if (o.cuda) {
-    error = "--cuda: the CUDA form's timing (CUDA events on device arrays) is not built in this command; "
-            "scripts/gpu-check.sh runs the CUDA form's tests";
-    return std::nullopt;
-  }
-  TpStepPlanner planner(*host.space, nullptr, {.parallel_ranks = false});
-  const std::uint32_t max_desc = steps.empty() || steps[0].empty() ? 0 : steps[0][0]->max_descriptors();
-  std::vector<std::int32_t> selections(std::size_t{rows} * top_k, -1);
-  std::vector<std::int64_t> requests(placed);
-  for (std::uint32_t r = 0; r < placed; ++r) requests[r] = r;
-  struct RankIo {  // what one rank's step writes
-    std::vector<std::int32_t> indices;
-    std::vector<CopyDescriptor> descriptors;
-    StepRecord record;
-    StepArrays arrays;
-  };
-  std::vector<RankIo> io(o.ranks);
-  for (RankIo& x : io) {
-    x.indices.assign(selections.size(), -1);
-    x.descriptors.resize(max_desc);
-    x.arrays = StepArrays{.selections = selections.data(), .requests = requests.data(), .indices = x.indices.data(),
-                          .descriptors = x.descriptors.data(), .stats = &x.record, .num_rows = rows, .batch = placed,
-                          .q_len = queries, .top_k = top_k, .selection_stride = top_k, .index_stride = top_k,
-                          .max_descriptors = max_desc};
-  }
-  std::vector<std::uint8_t> status(max_desc, 0);
-  std::vector<LogicalAddr> host_sel;
-  std::vector<SelectionRun> host_runs;
-  DeviceRow row;
-  row.config = cfg.config;
-  row.mode = "tp";
-  row.ranks = o.ranks;
-  row.batch = placed;
-  row.groups = groups;
-  row.threads = threads;
-  auto selection = SelectionModel::Create(params);
-  if (!selection) return error = selection.error().ToString(), std::nullopt;
-  std::vector<std::vector<DeviceStepCounters>> before(o.ranks, std::vector<DeviceStepCounters>(groups));
-  std::vector<double> group_ms;
-  std::vector<std::vector<std::uint32_t>> picks;
-  double host_ms = 0;
-  std::uint64_t host_distinct = 0;
-  using Clock = std::chrono::steady_clock;
-  for (std::uint32_t step = 0; step < o.warmup + o.steps; ++step) {
-    const bool measured = step >= o.warmup;
-    if (step == o.warmup) {
-      for (std::uint32_t r = 0; r < o.ranks; ++r) {
-        for (std::uint32_t g = 0; g < groups; ++g) before[r][g] = steps[r][g]->counters();
-      }
-    }
-    for (std::uint32_t g = 0; g < groups; ++g) {
-      std::fill(selections.begin(), selections.end(), -1);
-      host_sel.clear();
-      host_runs.clear();
-      for (std::uint32_t q = 0; q < placed; ++q) {
-        const auto ctx = static_cast<std::uint32_t>(dev.addrs[q].size());
-        if (auto s = selection->Step(std::uint64_t{q} * 64 + g, ctx, queries, picks); !s) {
-          return error = s.error().ToString(), std::nullopt;
-        }
-        std::uint32_t n = 0;
-        for (std::uint32_t k = 0; k < queries && k < picks.size(); ++k) {
-          const std::size_t at = (std::size_t{q} * queries + k) * top_k;
-          for (std::size_t c = 0; c < picks[k].size() && c < top_k; ++c) {
-            selections[at + c] = static_cast<std::int32_t>(dev.addrs[q][picks[k][c]].value());
-            host_sel.push_back(host.addrs[q][picks[k][c]]);
-            ++n;
-          }
-        }
-        host_runs.push_back({RequestId(q), n});
-      }
-      const GroupId group(static_cast<std::uint16_t>(g));
-      const auto h0 = Clock::now();
-      auto plan = planner.Step(group, host_sel, host_runs);
-      const double hms = std::chrono::duration<double, std::milli>(Clock::now() - h0).count();
-      if (!plan) return error = fmt::format("{} batch {} group {}: the TP host step: {}", cfg.config, placed, g, plan.error().ToString()), std::nullopt;
-      std::uint32_t agreed = 0;
-      double ms = 0;
-      for (std::uint32_t r = 0; r < o.ranks; ++r) {
-        io[r].record = StepRecord{};
-        const auto t0 = Clock::now();
-        Status st = steps[r][g]->Check(io[r].arrays, nullptr);
-        ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-        if (!st) return error = fmt::format("{} batch {} group {} rank {}: {}", cfg.config, placed, g, r, st.error().ToString()), std::nullopt;
-        agreed = std::max(agreed, *steps[r][g]->verdict());
-      }
-      std::uint64_t distinct = 0, misses = 0, evictions = 0;
-      for (std::uint32_t r = 0; r < o.ranks; ++r) {
-        const auto t0 = Clock::now();
-        Status st = steps[r][g]->Claim(&agreed, nullptr);
-        if (st) st = steps[r][g]->Complete(status.data(), nullptr);
-        ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-        if (!st) return error = fmt::format("{} batch {} group {} rank {}: {}", cfg.config, placed, g, r, st.error().ToString()), std::nullopt;
-        if (io[r].record.error != 0) {
-          return error = fmt::format("{} batch {} group {}: the device step refused the step (error {})", cfg.config,
-                                     placed, g, io[r].record.error),
-                 std::nullopt;
-        }
-        distinct += io[r].record.distinct;
-        misses += io[r].record.misses;
-        evictions += io[r].record.evictions;
-      }
-      if (measured) {
-        group_ms.push_back(ms / o.ranks);
-        row.total_ms += ms;
-        row.distinct += distinct;
-        row.misses += misses;
-        row.evictions += evictions;
-        row.group_steps += o.ranks;
-        host_ms += hms;
-        host_distinct += plan->stats.empty() ? 0 : plan->stats[0].distinct;  // each rank's: the step's
-      }
-    }
-    host.space->AdvanceRound();
-    for (auto& per_rank : steps) {
-      for (auto& s : per_rank) {
-        if (Status st = s->AdvanceRound(nullptr); !st) return error = st.error().ToString(), std::nullopt;
-      }
-    }
-  }
-  for (std::uint32_t r = 0; r < o.ranks; ++r) {
-    for (std::uint32_t g = 0; g < groups; ++g) AddCounters(row.counts, steps[r][g]->counters().Since(before[r][g]));
-  }
-  if (host_distinct != row.distinct) {
-    return error = fmt::format("{} batch {}: the TP host step counted {} distinct home entries, the device step {}",
-                               cfg.config, placed, host_distinct, row.distinct),
-           std::nullopt;
-  }
-  row.group_ms_median = Median(group_ms);
-  row.ns_per_distinct = row.distinct == 0 ? 0.0 : row.total_ms * 1e6 / static_cast<double>(row.distinct);
-  row.host_ns_per_distinct = host_distinct == 0 ? 0.0 : host_ms * 1e6 / static_cast<double>(host_distinct);
-  return row;
-}
-
-// Per (rank, group) step: the counts over the measured group steps divided by their number.
-double PerStep(std::uint64_t total, const DeviceRow& d) {
-  return d.group_steps == 0 ? 0.0 : static_cast<double>(total) / static_cast<double>(d.group_steps);
-}
-
-nlohmann::json DeviceRowJson(const DeviceRow& d) {
-  nlohmann::json launches, syncs;
-  const std::pair<const char*, const DeviceStepCounts*> phases[] = {
-      {"check", &d.counts.check}, {"claim", &d.counts.claim}, {"complete", &d.counts.complete},
-      {"advance_round", &d.counts.advance_round}};
-  for (const auto& [name, c] : phases) {
-    launches[name] = PerStep(c->launches, d);
-    syncs[name] = PerStep(c->syncs, d);
-  }
-  launches["total"] = PerStep(d.counts.Step().launches, d);
-  syncs["total"] = PerStep(d.counts.Step().syncs, d);
-  return {{"config", d.config}, {"mode", d.mode}, {"ranks", d.ranks},
-          {d.mode == "tp" ? "batch" : "batch_per_rank", d.batch}, {"groups", d.groups}, {"threads", d.threads},
-          {"form", "openmp"}, {"group_ms_median", d.group_ms_median}, {"ns_per_distinct", d.ns_per_distinct},
-          {"host_ns_per_distinct", d.host_ns_per_distinct},
-          {"device_over_host", d.host_ns_per_distinct > 0 ? d.ns_per_distinct / d.host_ns_per_distinct : -1.0},
-          {"misses_per_group_step", PerStep(d.misses, d)}, {"evictions_per_group_step", PerStep(d.evictions, d)},
-          {"launches_per_step", launches}, {"syncs_per_step", syncs}};
-}
-
-void PrintDeviceRows(const PlannerOptions& o, const std::vector<DeviceRow>& rows) {
-  if (o.mode == "tp") {
-    fmt::print("\nula bench planner (device planner, TP attention at home over {} in-process ranks): DeviceStep's OpenMP "
-               "form per (rank, group), every rank's Check, the MAX of the verdicts, every rank's Claim and Complete "
-               "timed (kernel_pb_lru, stable_new_entries), {} warm-up + {} measured steps; host_ns/sel: the TP host "
-               "step (TpStepPlanner::Step, the ranks in turn) on a space built alike; batch: the node's requests\n",
-               o.ranks, o.warmup, o.steps);
-  } else {
-    fmt::print("\nula bench planner (device planner): DeviceStep's OpenMP form on an engine-path copy of each row's "
-               "workload (kernel_pb_lru, stable_new_entries), Plan + Complete per group timed, {} warm-up + {} measured "
-               "steps; host_ns/sel: the host planner's row above\n",
-               o.warmup, o.steps);
-  }
-  fmt::print("{:<15} {:>6} {:>3} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9}\n", "config", "batch", "T", "group_ms", "ns/sel",
-             "host_ns/sel", "dev/host", "miss/g", "evict/g");
-  for (const DeviceRow& d : rows) {
-    fmt::print("{:<15} {:>6} {:>3} {:>9.3f} {:>9.1f} {:>11.1f} {:>9.2f} {:>9.0f} {:>9.0f}\n", d.config, d.batch, d.threads,
-               d.group_ms_median, d.ns_per_distinct, d.host_ns_per_distinct,
-               d.host_ns_per_distinct > 0 ? d.ns_per_distinct / d.host_ns_per_distinct : -1.0, PerStep(d.misses, d),
-               PerStep(d.evictions, d));
-  }
-  fmt::print("per (rank, group) step (Check, Claim, Complete, AdvanceRound; a CCCL scan counts two kernels):\n");
-  for (const DeviceRow& d : rows) {
-    const DeviceStepCounters& c = d.counts;
-    fmt::print("{:<15} {:>6} {:>3} launches {:.0f} = {:.0f} + {:.0f} + {:.0f} + {:.0f}, syncs {:.0f} = {:.0f} + {:.0f} + "
-               "{:.0f} + {:.0f}\n",
-               d.config, d.batch, d.threads, PerStep(c.Step().launches, d), PerStep(c.check.launches, d),
-               PerStep(c.claim.launches, d), PerStep(c.complete.launches, d), PerStep(c.advance_round.launches, d),
-               PerStep(c.Step().syncs, d), PerStep(c.check.syncs, d), PerStep(c.claim.syncs, d),
-               PerStep(c.complete.syncs, d), PerStep(c.advance_round.syncs, d));
-  }
-}
 
 int Run(const PlannerOptions& o) {
   if (o.claim_sweep) return RunClaimSweep(o);
@@ -649,9 +234,9 @@ int Run(const PlannerOptions& o) {
     fmt::print(stderr, "ula bench planner: --mode tp needs --ranks of at least 2 (got {})\n", o.ranks);
     return 2;
   }
-  if (o.cuda) {  // a build without CUDA says so before any work
-    if (Status st = DeviceStepConfig{.cuda = true}.Validate(); !st) {
-      fmt::print(stderr, "ula bench planner: --cuda: {}\n", st.error().ToString());
+  if (o.cuda) {  // a build without CUDA, or a machine without a GPU, says so before any work
+    if (auto io = DeviceIo::Create(true, DeviceIoShape{}); !io) {
+      fmt::print(stderr, "ula bench planner: --cuda: {}\n", io.error().ToString());
       return 2;
     }
   }
@@ -958,8 +543,8 @@ Action SetupPlanner(CLI::App& app) {
   app.add_option("--planner", o->planner,
                  "host (StepPlanner, the serial host step); engine (StepPlanner::Step instead: Plan, the "
                  "descriptors on the backend, Complete; each request's selections one row; the space in the engine "
-                 "path's mode, stable_new_entries); device: also DeviceStep's OpenMP form on the same "
-                 "workload, beside the host planner, with its launches and syncs per step")
+                 "path's mode, stable_new_entries); device: also DeviceStep's OpenMP form (--cuda: its CUDA form) "
+                 "on the same workload, beside the host planner, with its launches and syncs per step")
       ->check(CLI::IsMember({"host", "engine", "device"}))->capture_default_str();
   app.add_option("--ranks", o->ranks,
                  "GPUs of the node: DP gives one rank admitted / ranks requests; TP stripes over this many in-process ranks")
@@ -970,7 +555,8 @@ Action SetupPlanner(CLI::App& app) {
                  "ulacache_home rows, the device step beside the TP host step")
       ->check(CLI::IsMember({"dp", "tp"}))->capture_default_str();
   app.add_flag("--cuda", o->cuda,
-               "--planner device: the CUDA form (a build with CUDA and a GPU; refused with the reason otherwise)");
+               "--planner device: the CUDA form, timed with CUDA events (a build with CUDA and a GPU; refused with the "
+               "reason otherwise)");
   app.add_option("--shadows", o->shadows, "clean host shadows (AddressSpaceConfig::host_shadows): on or off")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
   app.add_option("--host-free", o->host_free,

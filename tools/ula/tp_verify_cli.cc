@@ -30,6 +30,7 @@ int RunTpVerify(const TpVerifyArgs& a) {
   c.host_shadows = a.host_shadows;
   c.draft_reject_percent = a.draft_reject_percent;
   c.reserve_rounds = a.reserve_rounds;
+  c.cuda = a.cuda;
   if (!a.policy.empty()) {
     auto kind = ParsePolicyKind(a.policy);
     if (!kind) {
@@ -89,7 +90,7 @@ int RunTpVerify(const TpVerifyArgs& a) {
                      {"buffer_evictions", r.buffer_evictions}, {"tp_attention", a.attention},
                      {"left_to_home", r.left_to_home}, {"attention_checks", r.attention_checks},
                      {"attention_mismatches", r.attention_mismatches}, {"max_attention_error", r.max_attention_error},
-                     {"planner", PlannerFormName(a.form)}, {"fault_rate", a.fault_rate}, {"faults_injected", r.faults_injected},
+                     {"planner", PlannerFormName(a.form)}, {"cuda", a.cuda}, {"fault_rate", a.fault_rate}, {"faults_injected", r.faults_injected},
                      {"failed_calls", r.failed_calls}, {"entries_lost", r.entries_lost},
                      {"early_publishes", r.early_publishes},
                      {"all_ranks_ok", all_ok}, {"seconds", seconds},
@@ -102,8 +103,8 @@ int RunTpVerify(const TpVerifyArgs& a) {
                      {"failures", r.first_failures}};
     fmt::print("{}\n", j.dump());
   } else {
-    fmt::print("ula verify --mode tp ({}, rank {} of {}, attention {}, planner {}): seed {}, {} operations in {:.1f} s\n",
-               fabric ? "MPI" : "in-process", me, c.num_ranks, a.attention, PlannerFormName(a.form),
+    fmt::print("ula verify --mode tp ({}, rank {} of {}, attention {}, planner {}{}): seed {}, {} operations in {:.1f} s\n",
+               fabric ? "MPI" : "in-process", me, c.num_ranks, a.attention, PlannerFormName(a.form), a.cuda ? " (CUDA form)" : "",
                r.seed, r.ops, seconds);
     fmt::print("  steps {} (+{} refused, checked unchanged); home swaps {}; buffer hits {} / fetches {} / evictions {}\n",
                r.steps, r.rejected_steps, r.home_swaps, r.buffer_hits, r.remote_fetches, r.buffer_evictions);

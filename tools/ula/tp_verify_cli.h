@@ -29,6 +29,7 @@ struct TpVerifyArgs {
   bool host_shadows = false;        // --shadows on: TpConfig::host_shadows
   std::uint32_t draft_reject_percent = 0;  // --draft-reject-percent: TpVerifierConfig's
   bool reserve_rounds = false;             // --reserve-rounds: TpVerifierConfig's
+  bool cuda = false;                       // --cuda: the device step's CUDA form (TpVerifierConfig::cuda)
 };
 
 // Returns the process exit code (0 ok, 1 verification failed, 2 bad arguments / no MPI).

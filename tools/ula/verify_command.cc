@@ -11,6 +11,7 @@
 #include "cli_checks.h"
 #include "command_registry.h"
 #include "tp_verify_cli.h"
+#include "step/device_io.h"
 #include "verify/attention_check.h"
 #include "verify/consistency_verifier.h"
 #include "config/model_config.h"
@@ -118,6 +119,10 @@ Action SetupVerify(CLI::App& app) {
                  "home, in-process, the ranks' verdicts agreed). The engine forms need --stable-new-entries, "
                  "device also --shadows off and --policy kernel_pb_lru (tp engine: --shadows off)")
       ->check(CLI::IsMember({"host", "engine", "device"}))->capture_default_str();
+  auto cuda = std::make_shared<bool>(false);
+  app.add_flag("--cuda", *cuda,
+               "--planner device: the device step's CUDA form on the GPU (dp and tp at home; a build with CUDA and a "
+               "GPU, refused with the reason otherwise)");
   app.add_flag("--stable-new-entries", cfg->stable_new_entries,
                "a new token's slot never moves in its round (stable_new_entries of the space's config; the "
                "engine forms need it)");
@@ -152,7 +157,19 @@ Action SetupVerify(CLI::App& app) {
       ->check(CLI::IsMember({"local_buffer", "at_home"}))
       ->capture_default_str();
   return [cfg, json, policy, mode, mpi, attention_model, attention_steps, tp_attention, planner, shadows, model, groups_opt,
-          group_layers_opt]() -> int {
+          group_layers_opt, cuda]() -> int {
+    if (*cuda && *planner != "device") {
+      fmt::print(stderr, "ula verify: --cuda runs the device step's CUDA form: it needs --planner device (got {})\n",
+                 *planner);
+      return 2;
+    }
+    if (*cuda) {  // a build without CUDA, or a machine without a GPU, says so before any work
+      if (auto io = DeviceIo::Create(true, DeviceIoShape{}); !io) {
+        fmt::print(stderr, "ula verify: --cuda: {}\n", io.error().ToString());
+        return 2;
+      }
+    }
+    cfg->cuda = *cuda;
     if (*mpi && *mode != "tp") {
       fmt::print(stderr, "ula verify: --mpi needs --mode tp (the DP verifier has no MPI mode: its ranks share one "
                          "process)\n");
@@ -185,7 +202,7 @@ Action SetupVerify(CLI::App& app) {
                           .json = *json, .fault_rate = cfg->fault_rate, .share_percent = cfg->share_percent,
                           .form = cfg->form, .stable_new_entries = cfg->stable_new_entries,
                           .host_shadows = cfg->host_shadows, .draft_reject_percent = cfg->draft_reject_percent,
-                          .reserve_rounds = cfg->reserve_rounds});
+                          .reserve_rounds = cfg->reserve_rounds, .cuda = *cuda});
     }
     auto kind = ParsePolicyKind(*policy);
     if (!kind) {
@@ -263,6 +280,7 @@ Action SetupVerify(CLI::App& app) {
                        {"reservations_refused", r.reservations_refused},
                        {"policy", *policy},
                        {"planner", *planner},
+                       {"cuda", *cuda},
                        {"seconds", seconds},
                        {"failures", r.first_failures},
                        {"attention_model", *attention_model},
@@ -273,8 +291,8 @@ Action SetupVerify(CLI::App& app) {
                        {"attention_failures", att.first_failures}};
       fmt::print("{}\n", j.dump());
     } else {
-      fmt::print("ula verify: seed {} policy {} planner {}, {} operations in {:.1f} s\n", r.seed, *policy, *planner, r.ops,
-                 seconds);
+      fmt::print("ula verify: seed {} policy {} planner {}{}, {} operations in {:.1f} s\n", r.seed, *policy, *planner,
+                 *cuda ? " (CUDA form)" : "", r.ops, seconds);
 
       fmt::print("  steps              {:>12}  (+{} refused for lack of device room, checked unchanged)\n", r.steps,
                  r.rejected_steps);
