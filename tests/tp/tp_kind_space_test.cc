@@ -27,6 +27,17 @@ namespace ula {
 namespace {
 
 constexpr std::uint32_t kDrafts = 3;
+// The sanitizer trees check the whole space after every call (ULA_EXPENSIVE_CHECKS): fewer
+// operations, and in the memory run fewer, shorter requests over smaller shards.
+#if defined(ULA_EXPENSIVE_CHECKS)
+constexpr int kRandomOps = 100;
+constexpr int kMemorySteps = 12;
+constexpr std::uint32_t kLive = 12, kMemoryDevice = 1024, kMemoryHost = 4096, kMemorySpread = 2048;
+#else
+constexpr int kRandomOps = 400;
+constexpr int kMemorySteps = 100;
+constexpr std::uint32_t kLive = 32, kMemoryDevice = 4096, kMemoryHost = 16384, kMemorySpread = 6144;
+#endif
 
 // V4-Flash's kinds over `ranks` ranks (attention at home, the engine's modes), each rank's
 // shard holding the given C4 entries per group and tier.
@@ -207,7 +218,7 @@ TEST(TpKindSpace, RandomOpsMatchAPerTokenModelOnEveryRank) {
     std::map<std::uint32_t, Model> models;
     std::vector<std::uint32_t> homes(p, 0);
     std::uint32_t next_id = 1, refused = 0, rollbacks = 0;
-    for (int op = 0; op < 400; ++op) {
+    for (int op = 0; op < kRandomOps; ++op) {
       const std::string where = "op " + std::to_string(op);
       const std::uint32_t dice = static_cast<std::uint32_t>(rng() % 100);
       if (models.size() < 3 || (dice < 10 && models.size() < 8)) {  // a request arrives, prefilled
@@ -406,22 +417,21 @@ TEST(TpKindSpace, MemoryPerRankStaysWithinThePlacementsBound) {
   std::mt19937_64 rng(seed);
   for (const std::uint32_t p : {4u, 8u}) {
     SCOPED_TRACE("P = " + std::to_string(p));
-    TpFlash f(p, /*device_entries=*/4096, /*host_entries=*/16384);
+    TpFlash f(p, kMemoryDevice, kMemoryHost);
     TpAddressSpace& s = *f.space;
     const std::vector<KvKind>& kinds = s.config().kinds;
     auto block_bytes = [&](std::uint32_t k) { return std::uint64_t{64} * kinds[k].entry_bytes(); };
     auto state_bytes = [&](std::uint32_t k) { return std::uint64_t{kinds[k].state_rows} * kinds[k].entry_bytes(); };
     const std::uint64_t states = state_bytes(f.s4) + state_bytes(f.s4i) + state_bytes(f.s128);
     const std::uint64_t striped_slack = kinds[f.c4].entry_bytes() + kinds[f.key].entry_bytes() + block_bytes(f.c128);
-    constexpr std::uint32_t kLive = 32;
     std::vector<std::uint32_t> live;
     std::uint32_t next = 1;
     double worst_ratio = 0, worst_bound = 0;
-    for (int step = 0; step < 100; ++step) {
+    for (int step = 0; step < kMemorySteps; ++step) {
       while (live.size() < kLive) {  // arrivals, prefilled in one round
         const RequestId r(next);
         ASSERT_TRUE(s.AddRequest(r));
-        ASSERT_TRUE(s.Allocate(r, 2048 + static_cast<std::uint32_t>(rng() % 6144)));
+        ASSERT_TRUE(s.Allocate(r, 2048 + static_cast<std::uint32_t>(rng() % kMemorySpread)));
         live.push_back(next++);
       }
       s.AdvanceRound();
