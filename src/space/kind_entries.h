@@ -75,7 +75,7 @@
 //     hold whole has no ring or per-request entry here.
 //  2. Per pool: every id below the pool's extent is either free (listed once) or in exactly
 //     one request's blocks of that kind; no id at or past the extent is used.
-//  3. A per-request kind's entry is held iff the request was appended to.
+//  3. A per-request kind's entry is held iff the request was appended to and is held whole.
 //  4. Over frames: each kind's blocks in use in the frames are exactly the requests' blocks
 //     of that kind; the sparse entries fit the free frames' share plus the host tier.
 //
