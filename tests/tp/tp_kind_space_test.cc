@@ -68,7 +68,7 @@ struct TpFlash {
   std::uint32_t window = 0, c4 = 0, key = 0, c128 = 0, s4 = 0, s4i = 0, s128 = 0;
   std::uint32_t ring = 0;  // the window ring's tokens: window + drafts
 
-  explicit TpFlash(std::uint32_t ranks, std::uint32_t device_entries = 2048, std::uint32_t host_entries = 8192)
+  explicit TpFlash(std::uint32_t ranks, std::uint32_t device_entries = 512, std::uint32_t host_entries = 1024)
       : p(ranks) {
     const TpConfig c = FlashTpConfig(ranks, device_entries, host_entries);
     auto s = TpAddressSpace::Create(c, *backend);
