@@ -46,6 +46,33 @@
 //      reference. Reference counts and owner tags as in DP mode (address_space.h,
 //      "Sharing"; src/space/address_refs.h).
 //
+// Kinds (TpConfig::kinds; docs/ARCHITECTURE.md, "Kinds under TP"). A TP space with kinds holds
+// DeepSeek-V4's kinds as the DP space does (address_space.h, "Kinds": Allocate, Truncate and
+// Free take the model's tokens; the directory's addresses are the C4 entries), and every entry
+// of every kind on exactly one rank:
+//   - C4 entries and their index keys: the directory's addresses, homed a mod P as above;
+//   - C128 entries: striped by their index j in the request, entry j on rank j mod P (the rank
+//     a C4 address at the same offset of a page has when P divides page_tokens);
+//   - the window ring and the compressor states: whole on the request's window home, the rank
+//     with the fewest window homes when AddRequest registers it (the lowest such rank);
+//     the compressor state completes each block, whose C4 / C128 entry goes to its own home.
+// Structure: per rank r, a KindEntries (src/space/kind_entries.h) holding rank r's share of
+// every request: its C128 stripe in local blocks of 64, and the window and states of the
+// requests whose window home it is; the window homes per request. Like the directory it is
+// replicated (logical block ids, no bytes): every process holds every rank's share.
+// KindPagesOf(request, kind, rank) is rank r's page table of the kind. Invariants, beside 1-4
+// (CheckInvariants, a rule per kind):
+//   5. Each rank's share satisfies KindEntries's invariants; every rank counts the request's
+//      tokens alike; the request lists exactly floor(T / 4) C4 addresses (none adopted).
+//   6. C128: the ranks' entries of a request sum to floor(T / 128), rank r holding those
+//      j mod P == r: no entry on two ranks, none missing.
+//   7. Window and compressor states: no rank but the request's window home holds any of them;
+//      the home holds one state per compressing kind once the request was allocated to, and
+//      the window's ring; the window homes counted per rank match the requests.
+// Not built (refused, naming the reason): the local buffer with kinds (Create:
+// TpConfig.attention must be at_home), the TP step over a space with kinds (TpStepPlanner,
+// DeviceStep), ShareInto (as DP's), kind frames.
+//
 // Sharing, errors, rounds and isolation: address_space.h. What differs: a shared prefix
 // stays striped a mod P where it was allocated, stored once (never once per rank, both
 // attention strategies); a Write or Free of an address drops every hosted buffer copy of it
@@ -71,6 +98,7 @@
 #include "ula/backend.h"
 #include "ula/error.h"
 #include "ula/ids.h"
+#include "ula/kv_kinds.h"
 #include "ula/location.h"
 #include "ula/residency_policy.h"
 
@@ -120,6 +148,11 @@ struct TpConfig {
   // step/miss_fills.h, as DP's) and Allocate keep them; DeviceStep refuses a space with
   // them (kUnsupported). Off: exclusive tiers, every eviction copies.
   bool host_shadows = false;
+  // The kinds of KV the space holds ("Kinds" above; ula/kv_kinds.h). Empty: one kind. Otherwise
+  // as AddressSpaceConfig::kinds: the groups are the selections of the one sparse kind, each
+  // group's entry_bytes / its row_bytes layers, all groups' layers its layers; attention
+  // must be at_home (Create refuses the local buffer with kinds: not built).
+  std::vector<KvKind> kinds;
 
   // Names the first bad field.
   Status Validate() const;
@@ -171,7 +204,7 @@ class TpAddressSpace {
   bool Hosts(Rank r) const;
   std::span<const Rank> hosted_ranks() const { return hosted_; }
 
-  // kAlreadyExists.
+  // kAlreadyExists. With kinds, the request's window home is chosen here ("Kinds" above).
   Status AddRequest(RequestId request);
   // n_tokens new addresses in the request's pages, striped a mod P ("Pages" above; T = 1:
   // round robin over the ranks with room). On its home rank each entry goes to a free
@@ -191,15 +224,20 @@ class TpAddressSpace {
   // at the round's step instead, whose refusal every rank agrees on (NumNewOnHost counts
   // them). kNotFound, kResourceExhausted (a rank one of the tokens lands on is full, or the
   // address space is exhausted; nothing allocated then).
+  // With kinds, n_tokens are the model's tokens and the addresses their new C4 entries, as
+  // DP's; every rank's share of the other kinds follows ("Kinds" above); also kOutOfRange
+  // (more than 2^32 - 1 tokens).
   Result<std::vector<LogicalAddr>> Allocate(RequestId request, std::uint32_t n_tokens);
   // As AddressSpace::Free; an address freed loses its home slots and hosted buffer copies.
   Status Free(RequestId request);
   // Draft rollback, as AddressSpace::Truncate (its contract and errors); the freed tokens'
   // hosted buffer copies go too, and with page_tokens 1 their addresses join their home
-  // rank's free FIFO. The freed addresses of a page come back with their homes.
+  // rank's free FIFO. The freed addresses of a page come back with their homes. With kinds,
+  // `length` is in tokens and a rollback past the window ring is refused, as DP's.
   Status Truncate(RequestId request, std::uint32_t length);
   // Sharing, as AddressSpace's (contract and errors), except that ShareInto has no rank
-  // check: every address is homed where its stripe says.
+  // check: every address is homed where its stripe says. A space with kinds refuses ShareInto
+  // (kUnsupported), as DP's.
   Status ShareInto(RequestId request, std::span<const LogicalAddr> addrs);
   Status Retain(std::span<const LogicalAddr> addrs);
   Status Release(std::span<const LogicalAddr> addrs);
@@ -225,9 +263,22 @@ class TpAddressSpace {
   const std::byte* RefData(Rank rank, GroupId group, TpReadRef ref) const;
 
   Result<std::span<const LogicalAddr>> AddressesOf(RequestId request) const;
+  // A space with kinds ("Kinds" above): rank `rank`'s page table of the request's entries of
+  // kind `kind`. The window and compressor states: the window home's whole table, on every
+  // other rank no entry and no block; C128: the rank's stripe (local entry i is the request's
+  // entry i * P + rank, in block i / 64 at offset i % 64); C4 and index keys: the request's
+  // addresses homed on the rank (entries), in the directory's pages that hold one of them
+  // (blocks: page ids, page_tokens entries each; the entry at offset o of page b is on rank
+  // (b * page_tokens + o) mod P). kFailedPrecondition (no kinds), kNotFound (request),
+  // kOutOfRange (kind, rank).
+  Result<KindPages> KindPagesOf(RequestId request, std::uint32_t kind, Rank rank) const;
+  // The rank that holds the request's window and compressor states. kFailedPrecondition (no
+  // kinds), kNotFound.
+  Result<Rank> WindowHomeOf(RequestId request) const;
   bool IsLive(LogicalAddr addr) const;
   // Ends the current round of every hosted policy: once per scheduler iteration, after
-  // its attention (on every process under MPI).
+  // its attention (on every process under MPI). With kinds, every window ring frees the
+  // round's tokens no later round reads (address_space.h, "Kinds").
   void AdvanceRound();
 
   const TpConfig& config() const { return config_; }

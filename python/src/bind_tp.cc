@@ -89,6 +89,9 @@ void BindTp(py::module_& m) {
                      "Each shard's fetched entries keep their host slot as a clean copy, counted free, so that their "
                      "later eviction moves no bytes (src/space/host_shadows.h). Off by default; TpStepPlanner keeps them in "
                      "both paths, DeviceStep refuses a space with it on.")
+      .def_readwrite("kinds", &ula::TpConfig::kinds,
+                     "The kinds of KV the space holds (a list of KvKind, as AddressSpaceConfig.kinds; empty: one "
+                     "kind). With kinds, attention must be 'at_home'. Assign a whole list: the getter returns a copy.")
       .def_property(
           "policy", [](const ula::TpConfig& c) { return std::string(ula::PolicyKindName(c.policy)); },
           [](ula::TpConfig& c, const std::string& name) { c.policy = ParsePolicy(name); },
@@ -165,6 +168,21 @@ rank hosted in this process. Owns its backend ('cpu' or 'counting').)doc")
             return ToNumpy<std::uint32_t>(std::vector<ula::LogicalAddr>(span.begin(), span.end()));
           },
           py::arg("request"), "A snapshot of the request's addresses (uint32).")
+      .def(
+          "kind_pages_of",
+          [](TpSpace& s, std::uint64_t request, std::uint32_t kind, std::uint16_t rank) {
+            return Unwrap(s.space->KindPagesOf(ula::RequestId(request), kind, ula::Rank(rank)));
+          },
+          py::arg("request"), py::arg("kind"), py::arg("rank"),
+          "A space with kinds: rank `rank`'s page table of the request's entries of kind `kind` (KindPages; the "
+          "window and compressor states on the request's window home only, C128 striped j mod P, C4 and index keys "
+          "by address). FailedPreconditionError (no kinds), NotFoundError, OutOfRangeError (kind, rank).")
+      .def(
+          "window_home_of",
+          [](TpSpace& s, std::uint64_t request) { return Unwrap(s.space->WindowHomeOf(ula::RequestId(request))).value(); },
+          py::arg("request"),
+          "A space with kinds: the rank holding the request's window and compressor states. "
+          "FailedPreconditionError (no kinds), NotFoundError.")
       .def(
           "lookup",
           [](TpSpace& s, std::uint32_t addr, std::uint16_t group) {

@@ -19,8 +19,8 @@
 //   DP: request i runs on rank i mod P, each rank its own space (one budget per GPU).
 //   TP: every rank holds 1/P of each request (striped); the ranks are alike, so one space
 //       runs, each request there its ceil(L / P) tokens. The window ring is then held whole
-//       on that rank (a striped space would hold 1/P of it: a TP space has no kinds yet,
-//       ARCHITECTURE "Kinds"), which overstates the window by 7/8 of 128 tokens a request.
+//       on that rank (the TP space with kinds keeps it whole on one rank per request; this
+//       core models no TP space yet, ARCHITECTURE "Kinds under TP"), which overstates the window by 7/8 of 128 tokens a request.
 //
 // Thread-safety: reentrant (each call owns its spaces). Determinism: a pure function of
 // its arguments.

@@ -23,10 +23,12 @@ std::unexpected<Error> Unknown(std::string_view what, RequestId request) {
 }
 }  // namespace
 
-KindEntries::KindEntries(std::span<const KvKind> kinds, KindFrames* frames, std::uint64_t sparse_host_entries)
+KindEntries::KindEntries(std::span<const KvKind> kinds, KindFrames* frames, std::uint64_t sparse_host_entries,
+                         Share share)
     : kinds_(kinds.begin(), kinds.end()), addressed_(kinds.size(), false), pools_(kinds.size()), frames_(frames),
-      sparse_host_entries_(sparse_host_entries) {
+      sparse_host_entries_(sparse_host_entries), share_(share) {
   ULA_CHECK(frames == nullptr || frames->num_kinds() == kinds.size());
+  ULA_CHECK(share.rank < share.ranks && (frames == nullptr || share.ranks == 1));
   sparse_ = static_cast<std::uint32_t>(SparseKindIndex(kinds));
   for (std::size_t k = 0; k < kinds.size(); ++k) {
     // Over frames the companion holds blocks of its own (its bytes are resident).
@@ -67,11 +69,11 @@ std::size_t KindEntries::DropFront(const KindState& s, std::uint32_t first, std:
   return std::min<std::size_t>(s.blocks.size(), FirstBlock(first) - FirstBlock(s.first));
 }
 
-Status KindEntries::AddRequest(RequestId request) {
+Status KindEntries::AddRequest(RequestId request, bool whole) {
   if (requests_.contains(request)) {
     return MakeError(ErrorCode::kAlreadyExists, fmt::format("request {} already exists", request.value()));
   }
-  requests_.emplace(request, Request{.kinds = std::vector<KindState>(kinds_.size())});
+  requests_.emplace(request, Request{.whole = whole, .kinds = std::vector<KindState>(kinds_.size())});
   return Ok();
 }
 
@@ -120,10 +122,10 @@ Result<KindEntries::RoundCheck> KindEntries::CheckRound(std::string_view who,
     for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
       if (addressed_[k]) continue;
       if (kinds_[k].lifetime == KindLifetime::kPerRequest) {
-        takes[k] += req.appended ? 0 : 1;
+        takes[k] += req.appended || !req.whole ? 0 : 1;
         continue;
       }
-      const auto [first, end] = RangeAt(k, req.kinds[k], ReachAfter(req, a.n_tokens), t + a.n_tokens);
+      const auto [first, end] = RangeAt(k, req, req.kinds[k], ReachAfter(req, a.n_tokens), t + a.n_tokens);
       const BlockDelta d = ResizeDelta(req.kinds[k], first, end);
       if (d.takes > d.gives) takes[k] += d.takes - d.gives;
     }
@@ -163,10 +165,12 @@ KindEntries::BlockDelta KindEntries::ResizeDelta(const KindState& s, std::uint32
           static_cast<std::uint32_t>(drop_front + (kept > want ? kept - want : 0))};
 }
 
-std::pair<std::uint32_t, std::uint32_t> KindEntries::RangeAt(std::uint32_t k, const KindState& s,
-                                                             std::uint32_t reach, std::uint32_t tokens) const {
+std::pair<std::uint32_t, std::uint32_t> KindEntries::RangeAt(std::uint32_t k, const Request& req,
+                                                             const KindState& s, std::uint32_t reach,
+                                                             std::uint32_t tokens) const {
   const KvKind& kind = kinds_[k];
-  if (kind.lifetime != KindLifetime::kRing) return {0, EntriesAt(k, tokens)};
+  if (kind.lifetime != KindLifetime::kRing) return {0, HeldAt(k, tokens)};
+  if (!req.whole) return {0, 0};  // the window is held whole by its home rank
   return {std::max(s.first, RingFirst(kind, reach)), tokens};
 }
 
@@ -209,10 +213,10 @@ void KindEntries::Append(RequestId request, std::uint32_t n_tokens) {
     if (addressed_[k]) continue;
     KindState& s = req.kinds[k];
     if (kinds_[k].lifetime == KindLifetime::kPerRequest) {
-      if (!req.appended) s.blocks.push_back(TakeBlock(k)), s.end = 1;
+      if (!req.appended && req.whole) s.blocks.push_back(TakeBlock(k)), s.end = 1;
       continue;
     }
-    const auto [first, end] = RangeAt(k, s, req.reach, req.tokens);
+    const auto [first, end] = RangeAt(k, req, s, req.reach, req.tokens);
     Resize(k, s, first, end);
   }
   req.appended = true;
@@ -230,7 +234,7 @@ bool KindEntries::EndRound() {
     for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
       if (addressed_[k] || kinds_[k].lifetime != KindLifetime::kRing) continue;
       KindState& s = req.kinds[k];
-      const auto [first, end] = RangeAt(k, s, req.reach, req.tokens);
+      const auto [first, end] = RangeAt(k, req, s, req.reach, req.tokens);
       gave = gave || ResizeDelta(s, first, end).gives > 0;
       Resize(k, s, first, end);
     }
@@ -276,8 +280,10 @@ void KindEntries::Truncate(RequestId request, std::uint32_t length) {
     if (addressed_[k]) continue;
     KindState& s = req.kinds[k];
     switch (kinds_[k].lifetime) {
-      case KindLifetime::kRing: Resize(k, s, s.first, length); break;
-      case KindLifetime::kAppend: Resize(k, s, 0, EntriesAt(k, length)); break;
+      case KindLifetime::kRing:
+        if (req.whole) Resize(k, s, s.first, length);
+        break;
+      case KindLifetime::kAppend: Resize(k, s, 0, HeldAt(k, length)); break;
       case KindLifetime::kPerRequest: break;  // its position is tokens % E
     }
   }
@@ -370,7 +376,7 @@ Status KindEntries::CheckInvariants(std::string_view who) const {
         case KindLifetime::kRing:
           // The ring frees by the first token of the request's last round (reach - 1), and
           // holds the round's other tokens beside it: at most ring_tokens + (n - 1) tokens.
-          first = RingFirst(kind, req.reach), end = req.tokens;
+          first = req.whole ? RingFirst(kind, req.reach) : 0, end = req.whole ? req.tokens : 0;
           if (req.reach > req.most || req.tokens > req.most || first > end ||
               (req.reach != req.most && !req.round_pending)) {
             return fail(fmt::format("request {} kind '{}': {} tokens, {} at most, its rounds from token {} at most, "
@@ -381,11 +387,11 @@ Status KindEntries::CheckInvariants(std::string_view who) const {
           blocks = EndBlock(first, end) - FirstBlock(first);
           break;
         case KindLifetime::kAppend:
-          end = EntriesAt(k, req.tokens);
+          end = HeldAt(k, req.tokens);
           blocks = EndBlock(0, end);
           break;
         case KindLifetime::kPerRequest:
-          end = req.appended ? 1 : 0;
+          end = req.appended && req.whole ? 1 : 0;
           blocks = end;
           break;
       }
@@ -454,6 +460,7 @@ void KindEntries::AddToDigest(StateDigest& d) const {
     d.Add(id.value());
     d.Add(req.tokens);
     d.Add(req.appended ? 1 : 0);
+    d.Add(req.whole ? 1 : 0);
     for (const KindState& s : req.kinds) {
       d.Add(s.first);
       d.Add(s.end);

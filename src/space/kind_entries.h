@@ -33,6 +33,19 @@
 //              round's blocks exactly, so an admitted Allocate holds them).
 //   kPerRequest (compressor state) one entry per request, taken by its first Append and held
 //              until Free; its position (tokens of the block still filling) is T % E.
+// A rank's share (TP: one KindEntries per rank, each holding only that rank's entries;
+// docs/ARCHITECTURE.md, "Kinds under TP"). The constructor's `share` names rank r of P
+// (default 0 of 1: every entry, the DP space's):
+//   - a kAppend kind that is not addressed (C128) is striped by its entries' index in the
+//     request: entry j of the request is held by rank j mod P, as its local entry j / P, so
+//     rank r holds StripeEntries(floor(T / E)) of them, in local blocks of 64 (local entry i
+//     in block i / 64 at offset i % 64): the formulas above read "entries held here";
+//   - the ring and per-request kinds (the window, the compressor states) are held whole by
+//     one rank, the request's window home: AddRequest(request, whole) says whether this
+//     rank is it; a rank that is not holds no entry of them for the request;
+//   - the addressed kinds are the directory's, homed a mod P there (TpAddressSpace).
+// Every rank counts the request's tokens, most and reach alike (the scheduler's calls reach
+// every rank), so CheckTruncate gives the same answer on every rank.
 // Block ids: one logical id pool per non-addressed kind; a freed id is reused lowest first
 // (the ids stay dense). A per-request kind's entry takes one id of its pool.
 // Over frames (the constructor's `frames`, space/kind_frames.h): the blocks are the frames'
@@ -55,12 +68,14 @@
 // tokens. Since reach <= most, what is restored is always live.
 //
 // Invariants (CheckInvariants):
-//  1. Per request and kind: entries == the formula of T above; the ring's first ==
-//     max(0, reach - ring_tokens) <= T, reach and T <= most; its blocks are exactly the
-//     request's blocks holding a live entry, so blocks.size() == ceil(entries_end / 64) - first / 64 (0 when no entry).
+//  1. Per request and kind: entries == the formula of T above (this rank's share of it);
+//     the ring's first == max(0, reach - ring_tokens) <= T, reach and T <= most; its blocks
+//     are exactly the request's blocks holding a live entry, so blocks.size() ==
+//     ceil(entries_end / 64) - first / 64 (0 when no entry). A request this rank does not
+//     hold whole has no ring or per-request entry here.
 //  2. Per pool: every id below the pool's extent is either free (listed once) or in exactly
 //     one request's blocks of that kind; no id at or past the extent is used.
-//  3. A per-request kind's entry is held iff the request was appended to.
+//  3. A per-request kind's entry is held iff the request was appended to and is held whole.
 //  4. Over frames: each kind's blocks in use in the frames are exactly the requests' blocks
 //     of that kind; the sparse entries fit the free frames' share plus the host tier.
 //
@@ -85,15 +100,23 @@
 
 namespace ula {
 
+// Rank `rank` of `ranks` (above, "A rank's share"); {0, 1} holds every entry.
+struct KindShare {
+  std::uint32_t rank = 0;
+  std::uint32_t ranks = 1;
+};
+
 class KindEntries {
  public:
   // Entries of a non-addressed kind per logical block.
   static constexpr std::uint32_t kBlockEntries = kKindBlockEntries;
 
-  // REQUIRES: ValidateKinds(kinds) is Ok. No kinds: every call but AddRequest is an error.
+  using Share = KindShare;
+  // REQUIRES: ValidateKinds(kinds) is Ok; share.rank < share.ranks; frames only with a share
+  // of one rank. No kinds: every call but AddRequest is an error.
   // `frames` (over the same kinds; outlives this): hold the blocks there (above).
   explicit KindEntries(std::span<const KvKind> kinds, KindFrames* frames = nullptr,
-                       std::uint64_t sparse_host_entries = 0);
+                       std::uint64_t sparse_host_entries = 0, Share share = {});
 
   bool empty() const { return kinds_.empty(); }
   std::size_t num_requests() const { return requests_.size(); }
@@ -103,8 +126,13 @@ class KindEntries {
   // The sparse kind's index (its entries are the addresses).
   std::uint32_t sparse_kind() const { return sparse_; }
 
-  // kAlreadyExists when known.
-  Status AddRequest(RequestId request);
+  // kAlreadyExists when known. `whole`: this rank holds the request's ring and per-request
+  // kinds (its window home; always, with a share of one rank).
+  Status AddRequest(RequestId request, bool whole = true);
+  // Of `entries` entries striped j mod P, how many this rank holds (j mod P == rank).
+  std::uint32_t StripeEntries(std::uint32_t entries) const {
+    return entries / share_.ranks + (entries % share_.ranks > share_.rank ? 1 : 0);
+  }
   // The request's tokens; kNotFound.
   Result<std::uint32_t> TokensOf(RequestId request) const;
   // How many addressed entries the request's tokens make: floor(T / E) of the sparse kind.
@@ -182,7 +210,8 @@ class KindEntries {
     std::uint32_t tokens = 0;
     std::uint32_t most = 0;         // the most tokens it ever held (what a rollback may restore)
     std::uint32_t reach = 0;        // 1 + the first token of its latest round (what the ring frees by)
-    bool appended = false;          // its per-request entries are held
+    bool appended = false;          // appended to (its per-request entries are held, if whole)
+    bool whole = true;              // this rank holds its ring and per-request kinds
     bool round_pending = false;     // listed in round_pending_ (reach < most since an Append)
     std::vector<KindState> kinds;   // [num_kinds] (addressed kinds: unused)
   };
@@ -204,8 +233,9 @@ class KindEntries {
   static BlockDelta ResizeDelta(const KindState& s, std::uint32_t first, std::uint32_t end);
   // Kind k's [first, end) at `tokens` tokens, a ring freed by `reach` (REQUIRES: not
   // addressed, not per-request).
-  std::pair<std::uint32_t, std::uint32_t> RangeAt(std::uint32_t k, const KindState& s, std::uint32_t reach,
-                                                  std::uint32_t tokens) const;
+  // A ring of a request not held whole here: [0, 0).
+  std::pair<std::uint32_t, std::uint32_t> RangeAt(std::uint32_t k, const Request& req, const KindState& s,
+                                                  std::uint32_t reach, std::uint32_t tokens) const;
   // A ring's first live token once its rounds reached `reach`: reach - ring_tokens (or 0).
   static std::uint32_t RingFirst(const KvKind& kind, std::uint32_t reach);
   // The request's reach after an Allocate of n_tokens more (its first token's position + 1).
@@ -216,6 +246,8 @@ class KindEntries {
   std::uint32_t EntriesAt(std::uint32_t k, std::uint32_t tokens) const {
     return tokens / kinds_[k].tokens_per_entry;
   }
+  // This rank's entries of the kAppend kind k (not addressed) at `tokens` tokens.
+  std::uint32_t HeldAt(std::uint32_t k, std::uint32_t tokens) const { return StripeEntries(EntriesAt(k, tokens)); }
 
   std::vector<KvKind> kinds_;
   std::vector<bool> addressed_;  // [num_kinds]
@@ -229,6 +261,7 @@ class KindEntries {
   KindFrames* frames_ = nullptr;          // null: logical ids (pools_)
   std::uint64_t sparse_host_entries_ = 0;  // over frames: the sparse kind's host tier
   std::uint64_t sparse_entries_ = 0;      // the sparse kind's entries of every request
+  Share share_;                           // the rank whose entries these are
 };
 
 }  // namespace ula

@@ -27,6 +27,29 @@ Result<TpAttention> ParseTpAttention(std::string_view name) {
                    fmt::format("TP attention '{}' is unknown (local_buffer or at_home)", name));
 }
 
+namespace {
+// The kinds' fields (tp_address_space.h, "Kinds"): ValidateKinds, then one sparse kind whose
+// layers the groups hold, each group's entry a whole number of its rows.
+Status ValidateKindsOf(const TpConfig& c) {
+  if (c.kinds.empty()) return Ok();
+  ULA_RETURN_IF_ERROR(ValidateKinds(c.kinds));
+  auto bad = [](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, "TpConfig." + msg); };
+  const std::size_t s = SparseKindIndex(c.kinds);
+  if (s == c.kinds.size()) return bad("kinds: no sparse kind; a space's groups are the selections of its sparse kind");
+  const KvKind& sparse = c.kinds[s];
+  if (c.entry_bytes % sparse.row_bytes != 0) {
+    return bad(fmt::format("entry_bytes = {}: the groups hold the sparse kind '{}', whose row of {} B does not "
+                           "divide it", c.entry_bytes, sparse.name, sparse.row_bytes));
+  }
+  const std::uint64_t layers = std::uint64_t{c.num_groups} * (c.entry_bytes / sparse.row_bytes);
+  if (layers != sparse.layers) {
+    return bad(fmt::format("num_groups = {}: the groups hold {} layers of the sparse kind '{}', which has {}",
+                           c.num_groups, layers, sparse.name, sparse.layers));
+  }
+  return Ok();
+}
+}  // namespace
+
 Status TpConfig::Validate() const {
   ULA_RETURN_IF_ERROR(ValidatePoolGeometry("TpConfig", num_ranks, num_groups, entry_bytes, device_bytes_per_rank));
   auto bad = [](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, "TpConfig." + msg); };
@@ -54,7 +77,7 @@ Status TpConfig::Validate() const {
                            "2^32 entries; lower page_tokens", page_tokens, shard));
   }
   ULA_RETURN_IF_ERROR(policy_options.Validate());
-  return Ok();
+  return ValidateKindsOf(*this);
 }
 
 namespace {
@@ -86,6 +109,12 @@ TpAddressSpace::~TpAddressSpace() = default;
 Result<std::unique_ptr<TpAddressSpace>> TpAddressSpace::Create(const TpConfig& config, Backend& backend,
                                                               std::span<const Rank> hosted_ranks) {
   ULA_RETURN_IF_ERROR(config.Validate());
+  if (!config.kinds.empty() && config.attention != TpAttention::kAtHome) {
+    return MakeError(ErrorCode::kUnsupported,
+                     "TpConfig.attention = local_buffer with kinds: not built; the local buffer copies the selected "
+                     "C4 entries of other ranks onto every rank, and a space with kinds keeps every entry on one rank "
+                     "(docs/ARCHITECTURE.md, \"Kinds under TP\"); use attention = at_home");
+  }
   std::vector<Rank> hosted(hosted_ranks.begin(), hosted_ranks.end());
   if (hosted.empty()) {
     for (std::uint32_t r = 0; r < config.num_ranks; ++r) hosted.push_back(Rank(static_cast<std::uint16_t>(r)));
@@ -125,6 +154,12 @@ Result<std::unique_ptr<TpAddressSpace>> TpAddressSpace::Create(const TpConfig& c
   }
   state->stable_new_entries = config.stable_new_entries;
   state->host_shadows = config.host_shadows;
+  if (!config.kinds.empty()) {  // every rank's share of the kinds (kind_entries.h, "A rank's share")
+    for (std::uint32_t r = 0; r < config.num_ranks; ++r) {
+      state->kinds.emplace_back(config.kinds, nullptr, 0, KindEntries::Share{r, config.num_ranks});
+    }
+    state->window_homed.assign(config.num_ranks, 0);
+  }
   return std::unique_ptr<TpAddressSpace>(new TpAddressSpace(config, backend, std::move(hosted), std::move(state)));
 }
 
@@ -132,7 +167,19 @@ bool TpAddressSpace::Hosts(Rank r) const {
   return r.value() < config_.num_ranks && !state_->shards[r.value()].empty();
 }
 
-Status TpAddressSpace::AddRequest(RequestId request) { return state_->dir.AddRequest(request, Rank::Invalid()); }
+Status TpAddressSpace::AddRequest(RequestId request) {
+  State& st = *state_;
+  ULA_RETURN_IF_ERROR(st.dir.AddRequest(request, Rank::Invalid()));
+  if (st.kinds.empty()) return Ok();
+  // Its window and compressor states go whole to one rank (tp_address_space.h, "Kinds").
+  const Rank home = NextWindowHome(st);
+  for (std::uint32_t r = 0; r < config_.num_ranks; ++r) {
+    ULA_CHECK(st.kinds[r].AddRequest(request, r == home.value()));  // the directory knew no such request
+  }
+  st.window_home.emplace(request, home);
+  ++st.window_homed[home.value()];
+  return Ok();
+}
 
 namespace {
 // The home rule's half of TpAddressSpace::Allocate: n_tokens new addresses for `req`, chosen
@@ -232,11 +279,27 @@ Result<std::vector<LogicalAddr>> TpAddressSpace::Allocate(RequestId request, std
   ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("Allocate"));
   Directory::Request* req = st.dir.Find(request);
   if (req == nullptr) return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));
+  // With kinds, n_tokens are the model's tokens and the addresses the C4 entries they
+  // complete (address_space.h, "Kinds"); every rank's share of the other kinds follows.
+  std::uint32_t n_entries = n_tokens;
+  if (!st.kinds.empty()) {
+    for (const KindEntries& share : st.kinds) {  // every rank counts alike; each checks its own share
+      auto made = share.CheckAppend(request, n_tokens);
+      if (!made) return std::unexpected(made.error());
+      n_entries = made->entries;
+    }
+    if (n_entries == 0) {  // tokens in the compressor states only: no address
+      for (KindEntries& share : st.kinds) share.Append(request, n_tokens);
+      ULA_EXPENSIVE_CHECK(*this);
+      return std::vector<LogicalAddr>{};
+    }
+  }
   std::uint32_t cursor = 0;
-  auto plan = PlanAddresses(st, config_, request, *req, n_tokens, cursor);
+  auto plan = PlanAddresses(st, config_, request, *req, n_entries, cursor);
   if (!plan) return std::unexpected(std::move(plan).error());
   TakeAddresses(st, config_, plan->addrs, cursor);
   st.dir.Append(*req, *plan);
+  for (KindEntries& share : st.kinds) share.Append(request, n_tokens);
   // The hosted shards (the directory above is every process's alike; what follows is each
   // process's own ranks and never fails).
   const std::uint32_t p = config_.num_ranks;
@@ -273,14 +336,42 @@ void TpAddressSpace::FreeAddress(LogicalAddr a) {
 }
 
 Status TpAddressSpace::Free(RequestId request) {
-  return Checked(*this, state_->dir.Free(request, [this](LogicalAddr a) { FreeAddress(a); }));
+  State& st = *state_;
+  Status freed = st.dir.Free(request, [this](LogicalAddr a) { FreeAddress(a); });
+  if (freed && !st.kinds.empty()) {
+    for (KindEntries& share : st.kinds) ULA_CHECK(share.Free(request));  // they know every request the directory does
+    auto home = st.window_home.find(request);
+    --st.window_homed[home->second.value()];
+    st.window_home.erase(home);
+  }
+  return Checked(*this, std::move(freed));
 }
 
 Status TpAddressSpace::Truncate(RequestId request, std::uint32_t length) {
-  return Checked(*this, state_->dir.Truncate(request, length, [this](LogicalAddr a) { FreeAddress(a); }));
+  State& st = *state_;
+  auto release = [this](LogicalAddr a) { FreeAddress(a); };
+  if (st.kinds.empty()) return Checked(*this, st.dir.Truncate(request, length, release));
+  // length is in tokens: the directory keeps the C4 entries of the kept tokens. Every rank
+  // counts the request's tokens alike, so each share's check agrees (the window home's
+  // refuses a rollback past its ring; the others apply the same rule to the same counts).
+  std::uint32_t keep = 0;
+  for (const KindEntries& share : st.kinds) {
+    auto k = share.CheckTruncate(request, length);
+    if (!k) return std::unexpected(k.error());
+    keep = *k;
+  }
+  ULA_RETURN_IF_ERROR(st.dir.Truncate(request, keep, release));
+  for (KindEntries& share : st.kinds) share.Truncate(request, length);
+  return Checked(*this, Ok());
 }
 
 Status TpAddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> addrs) {
+  if (!state_->kinds.empty()) {
+    return MakeError(ErrorCode::kUnsupported,
+                     "ShareInto: a space with kinds shares no prefix yet: adopted C4 entries would come without "
+                     "the window, C128 entries and compressor state of their tokens (docs/ARCHITECTURE.md, "
+                     "\"Kinds under TP\")");
+  }
   return Checked(*this, state_->dir.ShareInto(request, addrs));
 }
 
@@ -400,6 +491,8 @@ void TpAddressSpace::AdvanceRound() {
   for (Rank r : hosted_) {
     for (TpGroupShard& sh : state_->shards[r.value()]) sh.AdvanceRound();
   }
+  // The window rings free the round's tokens no later round reads (kind_entries.h, kRing).
+  for (KindEntries& share : state_->kinds) (void)share.EndRound();
   ULA_EXPENSIVE_CHECK(*this);
 }
 

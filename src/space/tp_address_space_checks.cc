@@ -119,6 +119,7 @@ Status TpAddressSpace::CheckInvariants() const {
   const State& st = *state_;
   ULA_RETURN_IF_ERROR(st.dir.CheckInvariants("TpAddressSpace"));  // the directory (directory.h)
   ULA_RETURN_IF_ERROR(CheckHomeRule(st, config_));
+  ULA_RETURN_IF_ERROR(CheckTpKinds(st, config_));  // invariants 5-7 (space/tp_kinds.cc)
   for (Rank rank : hosted_) {  // hosted shards and buffers
     for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
       ShardPools::Occupancy homed;
@@ -141,6 +142,7 @@ std::uint64_t TpAddressSpace::DebugDigest() const {
   d.AddAll(std::span<const std::uint32_t>(st.minted));
   d.AddAll(std::span<const std::uint32_t>(st.homed));
   d.Add(st.cursor);
+  AddTpKindsToDigest(st, d);
   for (Rank r : hosted_) {
     for (std::uint32_t g = 0; g < config_.num_groups; ++g) {
       const TpGroupShard& sh = state_->at(r, GroupId(static_cast<std::uint16_t>(g)));

@@ -14,6 +14,7 @@
 
 #include "space/address_refs.h"
 #include "space/directory.h"
+#include "space/kind_entries.h"
 #include "space/pool_arenas.h"
 #include "space/shard_pools.h"
 #include "backend/slot_pool.h"
@@ -95,6 +96,12 @@ struct TpAddressSpace::State {
   std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
   bool stable_new_entries = false;  // config.stable_new_entries: fixed at Create
   bool host_shadows = false;        // config.host_shadows: fixed at Create
+  // A space with kinds (tp_address_space.h, "Kinds"): rank r's share of every request's kinds
+  // (kind_entries.h, "A rank's share"), replicated as the directory is, and each request's
+  // window home. Empty without kinds.
+  std::vector<KindEntries> kinds;                   // [P]
+  std::unordered_map<RequestId, Rank> window_home;  // request -> the rank holding its window and states
+  std::vector<std::uint32_t> window_homed;          // [P] requests whose window home is the rank
 
   // Hosted ranks: shards[r] empty for a rank not hosted here.
   std::vector<std::vector<TpGroupShard>> shards;  // [P][groups]
@@ -102,6 +109,13 @@ struct TpAddressSpace::State {
   TpGroupShard& at(Rank r, GroupId g) { return shards[r.value()][g.value()]; }
   const TpGroupShard& at(Rank r, GroupId g) const { return shards[r.value()][g.value()]; }
 };
+
+// The kinds' half of TpAddressSpace (space/tp_kinds.cc, tp_address_space.h "Kinds").
+// The rank with the fewest window homes, the lowest on a tie: a new request's window home.
+Rank NextWindowHome(const TpAddressSpace::State& st);
+// Invariants 5-7 of tp_address_space.h; Ok without kinds.
+Status CheckTpKinds(const TpAddressSpace::State& st, const TpConfig& c);
+void AddTpKindsToDigest(const TpAddressSpace::State& st, StateDigest& d);
 
 // Home entries of rank r that an address handed out so far can index: [0, n).
 inline std::size_t HomeInUse(const TpAddressSpace::State& st, const TpConfig& c, std::uint32_t r) {

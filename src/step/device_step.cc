@@ -388,6 +388,7 @@ Result<std::unique_ptr<DeviceStep>> DeviceStep::Create(const AddressSpace& space
 Result<std::unique_ptr<DeviceStep>> DeviceStep::Create(const TpAddressSpace& space, Rank rank, GroupId group,
                                                        const DeviceStepConfig& config) {
   ULA_RETURN_IF_ERROR(config.Validate());
+  ULA_RETURN_IF_ERROR(RefuseTpKinds(!space.config().kinds.empty(), "DeviceStep::Create"));
   ULA_RETURN_IF_ERROR(RefuseEngineModes(space.config().stable_new_entries, space.config().host_shadows, "TpConfig"));
   ShardSource src;
   ULA_RETURN_IF_ERROR(Read(space, rank, group, src));

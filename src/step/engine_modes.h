@@ -45,6 +45,19 @@ inline Status RefuseWithoutEngineConfig(bool has_engine_config, std::string_view
   return Ok();
 }
 
+// Ok, or the refusal of a TP step form (`form`) over a space with kinds (TpConfig::kinds):
+// not built yet. Its selections would be C4 entries, and attention at home per layer kind
+// (the window home's partial merged with every rank's C4 or C128 partial) has no step yet
+// (docs/ARCHITECTURE.md, "Kinds under TP").
+inline Status RefuseTpKinds(bool has_kinds, std::string_view form) {
+  if (!has_kinds) return Ok();
+  return MakeError(ErrorCode::kUnsupported,
+                   fmt::format("{}: the TP step over a space with kinds (TpConfig::kinds) is not built: attention at "
+                               "home per layer kind (the window home's partial merged with every rank's C4 or C128 "
+                               "partial) has no step yet (docs/ARCHITECTURE.md, \"Kinds under TP\"); step a DP "
+                               "space with kinds, or a TP space without", form));
+}
+
 // The form that moves exclusive entries only (the device step): both modes above, shadows
 // first.
 inline Status RefuseEngineModes(bool stable_new_entries, bool host_shadows, std::string_view config_name) {

@@ -17,6 +17,7 @@
 
 #include "space/space_access.h"
 #include "space/tp_state.h"
+#include "step/engine_modes.h"
 #include "step/miss_fills.h"
 #include "step/rank_threads.h"
 #include "step/tp_step_planner_engine.h"
@@ -423,6 +424,7 @@ Status TpStepPlanner::Check(GroupId group, std::span<const LogicalAddr> selectio
 
 Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAddr> selections,
                                        std::span<const SelectionRun> runs, TpLayerSink* sink) {
+  ULA_RETURN_IF_ERROR(RefuseTpKinds(!space_.config().kinds.empty(), "TpStepPlanner::Step"));
   ULA_RETURN_IF_ERROR(RefuseIfPending());
   if (sink != nullptr) {
     if (fabric_ != nullptr) {
@@ -517,6 +519,7 @@ bool TpStepPlanner::has_pending() const { return scratch_->home_pending; }
 
 Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const LogicalAddr> selections,
                                            std::span<const SelectionRun> runs, std::size_t max_moves) {
+  ULA_RETURN_IF_ERROR(RefuseTpKinds(!space_.config().kinds.empty(), "TpStepPlanner::PlanHome"));
   ULA_RETURN_IF_ERROR(RefuseIfPending());
   const bool at_home = space_.config().attention == TpAttention::kAtHome;
   if (!at_home && fabric_ != nullptr) {

@@ -443,3 +443,35 @@ def test_over_frames_every_kind_reads_through_a_strided_view_of_one_buffer():
         space.kind_layer_view(C4, 0)  # the sparse kind's layers are device_layer_view's
     with pytest.raises(ulacache.OutOfRangeError):
         space.device_layer_view(0, 2, 0)
+
+
+def test_a_tp_space_holds_every_kind_on_exactly_one_rank():
+    """TP (docs/ARCHITECTURE.md "Kinds under TP"): C4 and its keys by address (a mod P), C128
+    entry j on rank j mod P, the window and the states whole on the request's window home."""
+    dp = flash_config(drafts=3)
+    cfg = ulacache.TpConfig(num_ranks=4, num_groups=dp.num_groups, entry_bytes=dp.entry_bytes, attention="at_home",
+                            device_bytes_per_rank=dp.device_bytes_per_rank,
+                            host_bytes_per_rank=dp.host_bytes_per_rank, stable_new_entries=True)
+    cfg.kinds = dp.kinds
+    space = ulacache.TpAddressSpace(cfg)
+    for r in (1, 2):
+        space.add_request(r)
+    assert [space.window_home_of(r) for r in (1, 2)] == [0, 1]
+    addrs = space.allocate(2, 1000)
+    space.advance_round()
+    assert len(addrs) == 250
+    for rank in range(4):
+        c4 = space.kind_pages_of(2, C4, rank)
+        assert c4.entries == int((addrs % 4 == rank).sum()) == 250 // 4 + (250 % 4 > rank)
+        assert space.kind_pages_of(2, C128, rank).entries == 7 // 4 + (7 % 4 > rank)
+        window = space.kind_pages_of(2, WINDOW, rank)
+        state = space.kind_pages_of(2, C128_STATE, rank)
+        assert (window.entries, state.entries) == ((131, 1) if rank == 1 else (0, 0))
+    with pytest.raises(ulacache.OutOfRangeError):
+        space.kind_pages_of(2, WINDOW, 4)
+    local = ulacache.TpConfig(num_ranks=4, num_groups=dp.num_groups, entry_bytes=dp.entry_bytes,
+                              attention="local_buffer", device_bytes_per_rank=dp.device_bytes_per_rank,
+                              buffer_bytes_per_rank=64 * dp.entry_bytes * dp.num_groups)
+    local.kinds = dp.kinds
+    with pytest.raises(ulacache.UnsupportedError, match="local_buffer with kinds"):
+        ulacache.TpAddressSpace(local)

@@ -59,11 +59,15 @@ constexpr const char* kStable = "stable_new_entries is off";
 constexpr const char* kShadows = "host_shadows is on";
 constexpr const char* kPolicy = "policy kernel_pb_lru";
 constexpr const char* kAtHome = "covers attention at home";
+constexpr const char* kTpKinds = "TP step over a space with kinds";
+constexpr const char* kLocalKinds = "local_buffer with kinds";  // refused by the space's Create
 
 using enum Topology;
 using enum Form;
 using enum Mode;
-// The table. Kinds are a DP space's (TpConfig has none). Where a space is in two modes a
+// The table. A TP space with kinds has no step yet: every TP form refuses it, the library
+// path too (the only mode it refuses), and a local buffer with kinds is refused by the
+// space's own Create. Where a space is in two modes a
 // form refuses, the first of its checks names it: the device step checks host shadows, then stable new entries, then (TP) the attention, then the policy.
 constexpr Cell kCells[] = {
     {kDp, kLibrary, kBase, true, kNone, ""},
@@ -94,6 +98,9 @@ constexpr Cell kCells[] = {
     {kTpAtHome, kLibrary, kPbLru, true, kNone, ""},
     {kTpAtHome, kEngine, kPbLru, true, kNone, ""},
     {kTpAtHome, kDevice, kPbLru, false, kPrecondition, kPolicy},
+    {kTpAtHome, kLibrary, kKinds, false, kUnsupported, kTpKinds},
+    {kTpAtHome, kEngine, kKinds, false, kUnsupported, kTpKinds},
+    {kTpAtHome, kDevice, kKinds, false, kUnsupported, kTpKinds},
 
     {kTpLocalBuffer, kLibrary, kBase, true, kNone, ""},
     {kTpLocalBuffer, kEngine, kBase, true, kNone, ""},
@@ -107,6 +114,9 @@ constexpr Cell kCells[] = {
     {kTpLocalBuffer, kLibrary, kPbLru, true, kNone, ""},
     {kTpLocalBuffer, kEngine, kPbLru, true, kNone, ""},
     {kTpLocalBuffer, kDevice, kPbLru, false, kPrecondition, kAtHome},
+    {kTpLocalBuffer, kLibrary, kKinds, false, kUnsupported, kLocalKinds},
+    {kTpLocalBuffer, kEngine, kKinds, false, kUnsupported, kLocalKinds},
+    {kTpLocalBuffer, kDevice, kKinds, false, kUnsupported, kLocalKinds},
 };
 
 std::string Name(const Cell& c) {
@@ -257,14 +267,33 @@ Status CreateRefused(const Cell& cell) {
   config.entry_bytes = 64;
   config.device_bytes_per_rank = 64 * 128;
   config.host_bytes_per_rank = 64 * 1024;
+  if (cell.mode == kKinds) {  // V4-Flash's kinds over two ranks (tp_address_space.h, "Kinds")
+    const AddressSpaceConfig flash = test::FlashSpaceConfig(64, 1024, 3);
+    config.num_groups = flash.num_groups;
+    config.entry_bytes = flash.entry_bytes;
+    config.device_bytes_per_rank = flash.device_bytes_per_rank;
+    config.host_bytes_per_rank = flash.host_bytes_per_rank;
+    config.kinds = flash.kinds;
+  }
   config.attention = cell.topology == kTpAtHome ? TpAttention::kAtHome : TpAttention::kLocalBuffer;
-  config.buffer_bytes_per_rank = cell.topology == kTpAtHome ? 0 : 64 * 128;
+  config.buffer_bytes_per_rank = cell.topology == kTpAtHome ? 0 : std::uint64_t{128} * config.entry_bytes * config.num_groups;
   config.policy = f.policy;
   config.buffer_policy = f.policy;
   config.stable_new_entries = f.stable_new_entries;
   config.host_shadows = f.host_shadows;
   auto space = TpAddressSpace::Create(config, *backend);
+  if (!space && cell.mode == kKinds) return std::unexpected(space.error());  // the local buffer with kinds
   if (!space) return MakeError(ErrorCode::kInternal, "the space: " + space.error().ToString());
+  if (cell.form == kLibrary) {  // with kinds only: a step over the request's C4 entries
+    const RequestId request(1);
+    if (Status added = (*space)->AddRequest(request); !added) return MakeError(ErrorCode::kInternal, "AddRequest");
+    auto made = (*space)->Allocate(request, 64);
+    if (!made) return MakeError(ErrorCode::kInternal, "the allocation: " + made.error().ToString());
+    TpStepPlanner planner(**space);
+    const SelectionRun run{request, static_cast<std::uint32_t>(made->size())};
+    auto step = planner.Step(GroupId(0), *made, {&run, 1});
+    return step ? Ok() : Status(std::unexpected(step.error()));
+  }
   if (cell.form == kEngine) {
     auto made = TpStepPlanner::Create(**space, {});
     return made ? Ok() : Status(std::unexpected(made.error()));
@@ -278,7 +307,8 @@ TEST(StepModes, EveryCellRunsOrIsRefusedAtCreateWithItsReason) {
   for (const Cell& cell : kCells) {
     SCOPED_TRACE(Name(cell));
     if (!cell.runs) {
-      ASSERT_NE(cell.form, kLibrary) << "the library path refuses no mode";
+      ASSERT_TRUE(cell.form != kLibrary || (cell.mode == kKinds && cell.topology != kDp))
+          << "the library path refuses no mode but a TP space with kinds";
       const Status st = CreateRefused(cell);
       ASSERT_FALSE(st) << "expected a refusal at Create";
       EXPECT_EQ(st.error().code(), cell.code) << st.error().ToString();
@@ -291,14 +321,14 @@ TEST(StepModes, EveryCellRunsOrIsRefusedAtCreateWithItsReason) {
   }
 }
 
-// The table covers every cell once: 3 forms x 5 modes in DP, 3 x 4 in each TP topology.
+// The table covers every cell once: 3 forms x 5 modes in DP and in each TP topology.
 TEST(StepModes, TheTableCoversEveryCell) {
   std::vector<std::string> seen;
   for (const Cell& cell : kCells) {
     for (const std::string& s : seen) EXPECT_NE(s, Name(cell)) << "listed twice";
     seen.push_back(Name(cell));
   }
-  EXPECT_EQ(seen.size(), 3u * 5 + 2 * 3u * 4);
+  EXPECT_EQ(seen.size(), 3u * 5 + 2 * 3u * 5);
 }
 
 }  // namespace

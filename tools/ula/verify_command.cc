@@ -46,8 +46,8 @@ std::string KnownModels() {
 // otherwise, naming the option: nothing runs then.
 std::optional<std::string> ApplyModelOption(const ModelRequest& m, VerifierConfig& cfg) {
   if (m.mode != "dp") {
-    return "--model needs --mode dp: a TP space holds one kind (TpConfig has no kinds; docs/ARCHITECTURE.md, "
-           "\"Kinds\")";
+    return "--model needs --mode dp: no TP step runs over a space with kinds yet (the TP space holds them, every "
+           "entry on one rank; docs/ARCHITECTURE.md, \"Kinds under TP\")";
   }
   if (cfg.share_percent > 0) {
     return fmt::format("--model with --share-percent {}: a space with kinds refuses ShareInto (kUnsupported: "
