@@ -17,6 +17,7 @@
 #include "backend/copy_publish.h"
 #include "space/address_space_state.h"
 #include "space/space_access.h"
+#include "verify/engine_descriptors.h"
 #include "verify/kind_model.h"
 #include "verify/step_rows.h"
 #include "config/model_kinds.h"
@@ -520,11 +521,27 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       rows.Gather(in.runs, indices, [&](std::size_t i, std::int32_t index) { out[i] = SlotId(static_cast<std::uint32_t>(index)); });
     }
 
+    // One engine-path step of (rank, group), as an engine runs it: Plan, the descriptors
+    // (checked, then run on the space's pools), Complete with their statuses.
     Result<StepStats> EngineStep(const StepInput& in, std::span<SlotId> out) {
       ULA_RETURN_IF_ERROR(ToRows(in));
-      auto stats = host->Step(in.rank, in.group, rows.shape, rows.requests, rows.rows, indices);
-      if (stats) FromRows(in, out);
-      return stats;
+      descriptors.assign(host->max_descriptors(), CopyDescriptor{});
+      auto planned = host->Plan(in.rank, in.group, rows.shape, rows.requests, rows.rows, indices, descriptors);
+      if (!planned) return std::unexpected(planned.error());
+      const auto described = std::span<const CopyDescriptor>(descriptors).first(planned->num_descriptors);
+      status.assign(described.size(), kDescriptorDone);
+      const auto misdescribed = verify_internal::MisdescribedRows(space, in.rank, in.group, described, "engine");
+      // A descriptor that does not name its entry's rows fails the step: nothing published.
+      if (misdescribed) std::fill(status.begin(), status.end(), kDescriptorFailed);
+      Status ran = misdescribed || described.empty()
+                       ? Ok()
+                       : verify_internal::RunDescriptors(space, in.rank, in.group, described, status);
+      auto report = host->Complete(planned->fence, status);
+      if (!report) return std::unexpected(report.error());
+      if (misdescribed) return MakeError(ErrorCode::kInternal, *misdescribed);
+      if (!ran) return std::unexpected(ran.error());
+      FromRows(in, out);
+      return planned->stats;
     }
 
     // One device step of (rank, group), bracketed as docs/INTEGRATION.md says an engine that
@@ -579,44 +596,24 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
         return step->Complete(*st, stream);
       };
       const std::uint32_t n = record.error == 0 ? record.num_descriptors : 0;
-      std::unique_ptr<CopyPublish> cp;
-      if (n > 0) {  // the engine's copies, here the backend's over the space's pools
-        const GroupPools& gp = StateOf(space).at(in.rank, in.group);
-        // An engine moves what a descriptor names: num_layers rows of `bytes` each. One that
-        // names less or more than the entry's rows would leave some of them behind or move
-        // another entry's bytes, so the step fails (copies failed, nothing published).
-        for (std::uint32_t i = 0; i < n; ++i) {
-          const CopyDescriptor& d = descriptors[i];
-          if (d.num_layers == gp.num_layers && d.bytes == sc.row()) continue;
-          std::fill(status.begin(), status.end(), std::uint8_t{1});
-          ULA_RETURN_IF_ERROR(complete());
-          ULA_RETURN_IF_ERROR(step->StoreInto(space, stream));
-          return MakeError(ErrorCode::kInternal,
-                           fmt::format("device step of rank {} group {}: descriptor {} moves {} rows of {} bytes, the "
-                                       "entry is {} rows of {}", in.rank.value(), in.group.value(), i, d.num_layers,
-                                       d.bytes, gp.num_layers, sc.row()));
-        }
-        const std::size_t n_free = record.misses - record.evictions;
-        cp = std::make_unique<CopyPublish>(gp.host.arena().id, gp.device.arena().id, sc.row(), n_free, n - n_free,
-                                           gp.num_layers);
-        for (std::uint32_t i = 0; i < n; ++i) {
-          const CopyDescriptor& d = descriptors[i];
-          cp->AddEntry([&](std::vector<SlotMove>& moves) {
-            gp.AppendMoves(Tier::kHost, SlotId(d.src_slot), SlotId(d.dst_slot), moves);
-          });
-        }
-        cp->Run(space.backend());
-        for (std::uint32_t i = 0; i < n; ++i) status[i] = cp->arrived(i) ? 0 : 1;
-      }
+      const auto described = std::span<const CopyDescriptor>(descriptors).first(n);
+      // The engine's copies (verify/engine_descriptors.h): every descriptor must name its
+      // entry's rows, else the step fails (copies failed, nothing published).
+      const auto misdescribed = verify_internal::MisdescribedRows(space, in.rank, in.group, described, "device");
+      if (misdescribed) std::fill(status.begin(), status.end(), kDescriptorFailed);
+      Status ran = misdescribed || n == 0 ? Ok()
+                                          : verify_internal::RunDescriptors(space, in.rank, in.group, described,
+                                                                            std::span(status).first(n));
       ULA_RETURN_IF_ERROR(complete());
       ULA_RETURN_IF_ERROR(step->StoreInto(space, stream));
+      if (misdescribed) return MakeError(ErrorCode::kInternal, *misdescribed);
       if (record.error != 0) {
         return MakeError(static_cast<ErrorCode>(record.error - 1),
                          fmt::format("device step of rank {} group {} refused the step", in.rank.value(), in.group.value()));
       }
-      if (cp && !cp->all_arrived()) {
-        return std::unexpected(cp->Failure(fmt::format("device step of rank {} group {}: copies failed", in.rank.value(),
-                                                       in.group.value())));
+      if (!ran) {
+        return MakeError(ran.error().code(), fmt::format("device step of rank {} group {}: copies failed: {}",
+                                                         in.rank.value(), in.group.value(), ran.error().message()));
       }
       FromRows(in, out);
       StepStats st;

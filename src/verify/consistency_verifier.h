@@ -52,11 +52,14 @@ struct VerifierConfig {
   // The form of the step under test (docs/ARCHITECTURE.md, "The step's forms today"); every
   // form gets the same workload and the same checks:
   //   kHost     StepPlanner, the serial host step (the reference);
-  //   kEngine   StepPlanner::Step: Plan, the descriptors run on the backend, Complete
-  //             (the engine path's pipeline with the library executing the copies);
+  //   kEngine   StepPlanner's engine path: Plan, the descriptors run on the backend over
+  //             the space's pools as an engine runs them, Complete with their statuses;
   //   kDevice   DeviceStep in its OpenMP form, one per (rank, group): Reload from the space,
   //             Plan, the descriptors run on the backend over the space's pools, Complete,
   //             StoreInto the space.
+  // Both engine forms' descriptors pass one check (verify/engine_descriptors.h): each names
+  // every row of its entry (the group's layers, row() bytes, at slot x row()), else the step
+  // fails and publishes nothing.
   // The engine forms need stable_new_entries on, kDevice also host_shadows off and the
   // kernel_pb_lru policy: otherwise their Create refuses, and so does
   // RunConsistencyVerifier, with that reason.
