@@ -13,17 +13,22 @@
 
 namespace ula {
 
-namespace {
-// A KernelError of the CUDA form as a Status naming the call.
-Status IoStatus(kernels::KernelError e, const char* what) {
-  if (e == kernels::kKernelOk) return Ok();
+std::string KernelErrorText(int error) {
+  const auto e = static_cast<kernels::KernelError>(error);
 #if defined(ULA_WITH_CUDA_KERNELS)
   const char* text = kernels::gpu::ErrorText(e);
 #else
   const char* text = kernels::KernelErrorName(e);
   if (text == nullptr) text = "CUDA error";
 #endif
-  const std::string m = fmt::format("DeviceIo::{}: {} ({})", what, text, e);
+  return fmt::format("{} ({})", text, error);
+}
+
+namespace {
+// A KernelError of the CUDA form as a Status naming the call.
+Status IoStatus(kernels::KernelError e, const char* what) {
+  if (e == kernels::kKernelOk) return Ok();
+  const std::string m = fmt::format("DeviceIo::{}: {}", what, KernelErrorText(e));
   switch (e) {
     case kernels::kKernelOutOfMemory: return MakeError(ErrorCode::kResourceExhausted, m);
     case kernels::kKernelNoDevice:

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 
 #include "ula/error.h"
 #include "ula/step_arrays.h"
@@ -100,5 +101,9 @@ struct RandomReadResult {
 };
 Result<RandomReadResult> MeasureRandomRead(std::uint64_t table_bytes, std::uint64_t reads, int repeats,
                                            std::uint64_t seed);
+
+// The text of a step kernel's error code (kernels::KernelError, src/kernels/step_kernels.h):
+// CUDA's own message for a CUDA error, the code's name otherwise; the code in parentheses.
+std::string KernelErrorText(int error);
 
 }  // namespace ula

@@ -19,6 +19,7 @@
 #include "kernels/step_kernels.h"
 #include "policy/kernel_pb_lru.h"
 #include "space/space_access.h"
+#include "step/device_io.h"
 #include "step/engine_modes.h"
 #include "space/address_space_state.h"
 #include "space/tp_state.h"
@@ -44,16 +45,6 @@ Status RefuseWhilePending(bool pending, bool checked, const char* what) {
   return Ok();
 }
 
-// The text of a KernelError (CUDA's message for a CUDA error).
-std::string KernelText(kernels::KernelError e) {
-#if defined(ULA_WITH_CUDA_KERNELS)
-  const char* text = kernels::gpu::ErrorText(e);
-#else
-  const char* text = kernels::KernelErrorName(e);
-  if (text == nullptr) text = "CUDA error";
-#endif
-  return fmt::format("{} ({})", text, e);
-}
 
 // A KernelError as a Status: kResourceExhausted (the arena, memory), kFailedPrecondition (no
 // device, an old driver), kIo (any other CUDA error or an exception the CUDA form caught).
@@ -67,15 +58,15 @@ Status KernelStatus(kernels::KernelError e, const char* what, std::size_t arena_
                                    "(sized at Create for the largest shape): refused, nothing enqueued", what,
                                    arena_bytes));
     case kernels::kKernelOutOfMemory:
-      return MakeError(ErrorCode::kResourceExhausted, fmt::format("DeviceStep::{}: {}", what, KernelText(e)));
+      return MakeError(ErrorCode::kResourceExhausted, fmt::format("DeviceStep::{}: {}", what, KernelErrorText(e)));
     case kernels::kKernelNoDevice:
       return MakeError(ErrorCode::kFailedPrecondition,
-                       fmt::format("DeviceStep::{}: config.cuda needs a CUDA device: {}", what, KernelText(e)));
+                       fmt::format("DeviceStep::{}: config.cuda needs a CUDA device: {}", what, KernelErrorText(e)));
     case kernels::kKernelOldDriver:
       return MakeError(ErrorCode::kFailedPrecondition,
-                       fmt::format("DeviceStep::{}: config.cuda needs a newer CUDA driver: {}", what, KernelText(e)));
+                       fmt::format("DeviceStep::{}: config.cuda needs a newer CUDA driver: {}", what, KernelErrorText(e)));
     default:
-      return MakeError(ErrorCode::kIo, fmt::format("DeviceStep::{}: the CUDA form failed: {}", what, KernelText(e)));
+      return MakeError(ErrorCode::kIo, fmt::format("DeviceStep::{}: the CUDA form failed: {}", what, KernelErrorText(e)));
   }
 }
 }  // namespace
