@@ -50,7 +50,7 @@
 # ULA_CONFIG_DIR is exported as the working tree's configs/, so the binaries find the configs
 # wherever the folder lies.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 ROOT=$(pwd -P)
 DIST=${GPU_DIST:-gpu-dist}
 OUTDIR=${OUT:-gpu-check-out}
@@ -99,7 +99,7 @@ if [[ $MODE == plan ]]; then
   exit 0
 fi
 
-start=$(date +%s)
+printf -v start '%(%s)T' -1
 mkdir -p "$OUTDIR" || usage_error "cannot make the output folder '$OUTDIR'"
 steps_json=""
 figures_json=""  # "step": the JSON its measurement wrote (null when it wrote none), for summary.json
@@ -107,17 +107,56 @@ verdict=""   # the first failed step's verdict
 gpu_seen=false
 gpu_name=""
 
-json_str() {  # a JSON string of $1
-  local s=${1//\\/\\\\}
+# The helpers below run no subprocess (no `$(...)`, no pipeline): the check runs some twenty
+# steps, and its self-test runs it a dozen times over stubs, where forks are most of its cost.
+json_str_to() {  # json_str_to VAR TEXT: VAR = TEXT as a JSON string (control characters dropped)
+  local s=${2//\\/\\\\}
   s=${s//\"/\\\"}
   s=${s//$'\n'/\\n}
   s=${s//$'\t'/ }
-  printf '"%s"' "$(printf '%s' "$s" | tr -d '\000-\037')"
+  s=${s//[$'\001'-$'\037']/}
+  printf -v "$1" '"%s"' "$s"
+}
+
+json_str() {  # a JSON string of $1, on standard output
+  local out
+  json_str_to out "$1"
+  printf '%s' "$out"
 }
 
 record() {  # record NAME COMMAND RC SECONDS SKIPPED NOTE
+  local name command log skipped note
+  json_str_to name "$1"
+  json_str_to command "$2"
+  json_str_to log "$1.log"
+  json_str_to skipped "$5"
+  json_str_to note "$6"
   [[ -n $steps_json ]] && steps_json+=","
-  steps_json+=$'\n    '"{\"name\": $(json_str "$1"), \"command\": $(json_str "$2"), \"rc\": $3, \"seconds\": $4, \"limit_s\": ${LIMIT[$1]}, \"log\": $(json_str "$1.log"), \"skipped\": $(json_str "$5"), \"note\": $(json_str "$6")}"
+  steps_json+=$'\n    '"{\"name\": $name, \"command\": $command, \"rc\": $3, \"seconds\": $4, \"limit_s\": ${LIMIT[$1]}, \"log\": $log, \"skipped\": $skipped, \"note\": $note}"
+}
+
+now_s() {  # now_s VAR: VAR = the epoch second (bash's own clock, no `date` process)
+  printf -v "$1" '%(%s)T' -1
+}
+
+# skips_of LOG: sets `skipped` (the tests the gtest log reports SKIPPED, sorted, unique,
+# space-separated) and `cuda_skips` (those whose name holds "cuda", any case).
+skips_of() {
+  local line re='^\[  SKIPPED \] ([A-Za-z0-9_/]*\.[A-Za-z0-9_./]*)'
+  local -A seen=()
+  skipped=""
+  cuda_skips=""
+  while IFS= read -r line || [[ -n $line ]]; do
+    [[ $line =~ $re ]] && seen[${BASH_REMATCH[1]}]=1
+  done <"$1"
+  local names=("${!seen[@]}") sorted=() n
+  if (( ${#names[@]} )); then
+    readarray -t sorted < <(printf '%s\n' "${names[@]}" | LC_ALL=C sort)
+  fi
+  for n in "${sorted[@]}"; do
+    skipped+="${skipped:+ }$n"
+    [[ ${n,,} == *cuda* ]] && cuda_skips+="${cuda_skips:+ }$n"
+  done
 }
 
 # run_step NAME CMD... : runs CMD under NAME's limit (capped by GPU_CHECK_MAX_STEP_S and by
@@ -129,7 +168,7 @@ run_step() {
   local limit=${LIMIT[$name]:?"gpu-check: step $name has no limit"}
   local now left note="" skipped="" cuda_skips="" kind=""
   [[ -n $MAX_STEP ]] && (( limit > MAX_STEP )) && limit=$MAX_STEP
-  now=$(date +%s)
+  now_s now
   left=$(( BUDGET - (now - start) - 5 ))  # 5 s for --kill-after
   (( limit > left )) && limit=$left
   echo
@@ -148,17 +187,16 @@ run_step() {
       kind=timeout
       note="timed out after ${limit} s"
     fi
-    skipped=$(sed -n 's/^\[  SKIPPED \] \([A-Za-z0-9_/]*\.[A-Za-z0-9_./]*\).*/\1/p' "$OUTDIR/$name.log" | sort -u | tr '\n' ' ')
-    skipped=${skipped% }
-    cuda_skips=$(printf '%s\n' $skipped | grep -i cuda | tr '\n' ' ')
-    cuda_skips=${cuda_skips% }
+    skips_of "$OUTDIR/$name.log"
     if [[ -n $cuda_skips && $step_rc == 0 ]]; then
       step_rc=1
       kind=cuda-skipped
       note="CUDA tests skipped: $cuda_skips"
     fi
   fi
-  local secs=$(( $(date +%s) - now ))
+  local secs end
+  now_s end
+  secs=$(( end - now ))
   if (( step_rc != 0 )) && [[ -z $verdict ]]; then
     verdict=${kind:-fail}
     first_failed="$name${note:+ ($note)}"
@@ -181,14 +219,18 @@ measure() {
 # figure NAME JSON_FILE: summary.json's figures gain "NAME": the file's JSON document, or null
 # when the step wrote none (a failed or timed-out step, or output that is not one object).
 figure() {
-  local doc=null first last
+  local doc=null text="" bare name
   if [[ -s $2 ]]; then
-    first=$(tr -d ' \t\r\n' <"$2" | head -c 1)
-    last=$(tr -d ' \t\r\n' <"$2" | tail -c 1)
-    [[ $first == "{" && $last == "}" ]] && doc=$(cat "$2")
+    IFS= read -r -d '' text <"$2"
+    bare=${text//[$' \t\r\n']/}
+    if [[ ${bare:0:1} == "{" && ${bare: -1} == "}" ]]; then
+      doc=$text
+      while [[ $doc == *$'\n' ]]; do doc=${doc%$'\n'}; done
+    fi
   fi
+  json_str_to name "$1"
   [[ -n $figures_json ]] && figures_json+=","
-  figures_json+=$'\n    '"$(json_str "$1"): $doc"
+  figures_json+=$'\n    '"$name: $doc"
 }
 
 finish() {  # finish VERDICT EXIT_CODE MESSAGE: writes summary.json, prints the verdict, exits

@@ -30,7 +30,7 @@ CUDA_FIGURES = ["verify_device_cuda", "verify_device_cuda_tp", "bench_planner_de
                 "bench_planner_device_cuda_tp", "bench_gather_random"]
 
 # One stub for every binary: it answers by its own name, its arguments and FAKE_SCENARIO.
-STUB = r"""#!/usr/bin/env bash
+STUB = r"""#!/bin/bash
 me=$(basename "$0")
 sc=${FAKE_SCENARIO:?}
 if [[ $sc == no-load && $me == ula_bench ]]; then
@@ -112,7 +112,7 @@ case $me in
 esac
 """
 
-NVIDIA_SMI = r"""#!/usr/bin/env bash
+NVIDIA_SMI = r"""#!/bin/bash
 case ${FAKE_SCENARIO:?} in
   no-gpu|smoke) echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2; exit 9 ;;
   *) echo "GPU 0: NVIDIA H200 (UUID: GPU-fake)"; exit 0 ;;
