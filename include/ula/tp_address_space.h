@@ -69,9 +69,11 @@
 //   7. Window and compressor states: no rank but the request's window home holds any of them;
 //      the home holds one state per compressing kind once the request was allocated to, and
 //      the window's ring; the window homes counted per rank match the requests.
+// The step: TpStepPlanner (attention at home) selects a request's C4 entries, each on its
+// home a mod P, as in a space without kinds; the other kinds never move.
 // Not built (refused, naming the reason): the local buffer with kinds (Create:
-// TpConfig.attention must be at_home), the TP step over a space with kinds (TpStepPlanner,
-// DeviceStep), ShareInto (as DP's), kind frames.
+// TpConfig.attention must be at_home), the device step over a TP space with kinds
+// (DeviceStep::Create), ShareInto (as DP's), kind frames.
 //
 // Sharing, errors, rounds and isolation: address_space.h. What differs: a shared prefix
 // stays striped a mod P where it was allocated, stored once (never once per rank, both

@@ -14,11 +14,18 @@
 // slice of the output projection consumes next under TP. It is a pure function of the
 // entries' bytes and the queries, the same bits on every engine (in-process or MPI).
 //
+// With kinds (TpConfig::kinds, DeepSeek-V4; docs/ARCHITECTURE.md "Kinds under TP"),
+// AttendKindsAtHome runs the same three steps per layer kind: a rank's partial covers its
+// own selected C4 entries (CSA) or its own C128 stripe (HCA), plus the request's window on
+// the window home alone (a window-only layer: the home alone; the other ranks' parts are
+// empty); the exchange and the merge in rank order are AttendAtHome's.
+//
 // Thread-safety: reads the space; must not overlap a Step or a mutation of the group.
 // Collective when a fabric is used (every rank calls it with its own plan, same bounds).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -59,5 +66,39 @@ Result<TpHomeAttention> AttendAtHome(const TpAddressSpace& space, const TpStepPl
                                      const MlaShape& shape, std::span<const float> queries,
                                      std::span<const std::size_t> bounds, TpFabric* fabric = nullptr,
                                      std::uint32_t layer_offset = 0);
+
+// The layer kinds of DeepSeek-V4 (ModelConfig's compress ratios 0, 4, 128).
+enum class KindLayer : std::uint8_t { kWindowOnly = 0, kCsa = 1, kHca = 2 };
+
+// The bytes of one row of a resident kind that the engine holds (a TP space with kinds keeps
+// their logical blocks only): `kind`'s layer as the engine's view indexes it on `rank`, the
+// block id and row of KindPagesOf(request, kind, rank). nullptr: no such row (refused).
+using KindRowBytes = std::function<const std::byte*(Rank rank, std::uint32_t kind, std::uint32_t block,
+                                                    std::uint32_t row)>;
+
+struct KindLayerInput {
+  KindLayer layer = KindLayer::kCsa;
+  std::span<const RequestId> requests;  // [n_queries] each query's request: one decode query at its
+                                        // last token, reading the window's last tokens before it
+  // kCsa only (empty otherwise): Step's plan of the layer's group, its selections the queries'
+  // C4 entries, query j's [bounds[j], bounds[j + 1]); the layer at layer_offset of the entry.
+  const TpStepPlan* plan = nullptr;
+  GroupId group;
+  std::span<const std::size_t> bounds;
+  std::uint32_t layer_offset = 0;
+};
+
+// One layer of a space with kinds, attention at home (above). Rank r's partial of query j
+// reads, in order: (kCsa) its shard's selections of query j in selection order, (kHca) its
+// C128 entries of the request in KindPagesOf order, then, on the request's window home only,
+// the window: the last min(window, live) tokens of the ring, oldest first (window = the
+// ring's tokens less its drafts). kFailedPrecondition (no kinds, not at home, the plan's
+// ranks, a row the engine does not hold), kInvalidArgument (shape, sizes, a plan or bounds
+// given to a layer without C4, none to kCsa, bounds not matching the requests, a row wider
+// than the kind's), kNotFound (request), kUnsupported (a fabric without all-to-all).
+// Nothing changes.
+Result<TpHomeAttention> AttendKindsAtHome(const TpAddressSpace& space, const KindLayerInput& input,
+                                          const MlaShape& shape, std::span<const float> queries,
+                                          const KindRowBytes& rows, TpFabric* fabric = nullptr);
 
 }  // namespace ula

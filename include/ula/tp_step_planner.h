@@ -24,6 +24,11 @@
 // elsewhere get a kElsewhere ref, and each rank's attention covers only its own shard
 // (AttendAtHome, tp_home_attention.h, computes and merges the partial outputs).
 //
+// A space with kinds (TpConfig::kinds, DeepSeek-V4; docs/ARCHITECTURE.md "Kinds under TP") is
+// stepped at home as any TP space: its addresses are C4 entries, so a group's selections are
+// a request's C4 entries, each read on its home a mod P; no other kind moves and no step
+// changes a kind's page table (AttendKindsAtHome reads the other kinds where they live).
+//
 // The engine path (a planner made by Create), the DP engine path's API (step_planner.h) for
 // a TP space: the same selection array in, one FlashMLA index array per hosted rank out.
 //

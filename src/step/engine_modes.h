@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "ula/error.h"
+#include "ula/tp_address_space.h"
 
 namespace ula {
 
@@ -45,17 +46,24 @@ inline Status RefuseWithoutEngineConfig(bool has_engine_config, std::string_view
   return Ok();
 }
 
-// Ok, or the refusal of a TP step form (`form`) over a space with kinds (TpConfig::kinds):
-// not built yet. Its selections would be C4 entries, and attention at home per layer kind
-// (the window home's partial merged with every rank's C4 or C128 partial) has no step yet
-// (docs/ARCHITECTURE.md, "Kinds under TP").
-inline Status RefuseTpKinds(bool has_kinds, std::string_view form) {
-  if (!has_kinds) return Ok();
+// Ok, or the refusal of a TP step form (`form`) over a space with kinds (TpConfig::kinds)
+// where that form is not built. Built: the host step with attention at home (TpStepPlanner,
+// its selections a request's C4 entries on their homes, a mod P). Not built: the device step
+// (DeviceStep over a TP space) and the local buffer (refused by the space's Create); callers
+// pass `refused` true for those (docs/ARCHITECTURE.md, "Kinds under TP").
+inline Status RefuseTpKinds(bool refused, std::string_view form) {
+  if (!refused) return Ok();
   return MakeError(ErrorCode::kUnsupported,
-                   fmt::format("{}: the TP step over a space with kinds (TpConfig::kinds) is not built: attention at "
-                               "home per layer kind (the window home's partial merged with every rank's C4 or C128 "
-                               "partial) has no step yet (docs/ARCHITECTURE.md, \"Kinds under TP\"); step a DP "
-                               "space with kinds, or a TP space without", form));
+                   fmt::format("{}: the TP step over a space with kinds (TpConfig::kinds) is built for the host step "
+                               "with attention at home only (TpStepPlanner over TpAttention::kAtHome): this form has "
+                               "no step over it yet (docs/ARCHITECTURE.md, \"Kinds under TP\"); step it with "
+                               "TpStepPlanner, or a DP space with kinds", form));
+}
+
+// Whether a TP space has kinds but not attention at home: the host step over kinds is built at
+// home only (the space's Create refuses the local buffer with kinds, so this holds there too).
+inline bool KindsWithoutHome(const TpConfig& config) {
+  return !config.kinds.empty() && config.attention != TpAttention::kAtHome;
 }
 
 // The form that moves exclusive entries only (the device step): both modes above, shadows

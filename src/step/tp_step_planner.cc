@@ -424,7 +424,7 @@ Status TpStepPlanner::Check(GroupId group, std::span<const LogicalAddr> selectio
 
 Result<TpStepPlan> TpStepPlanner::Step(GroupId group, std::span<const LogicalAddr> selections,
                                        std::span<const SelectionRun> runs, TpLayerSink* sink) {
-  ULA_RETURN_IF_ERROR(RefuseTpKinds(!space_.config().kinds.empty(), "TpStepPlanner::Step"));
+  ULA_RETURN_IF_ERROR(RefuseTpKinds(KindsWithoutHome(space_.config()), "TpStepPlanner::Step"));
   ULA_RETURN_IF_ERROR(RefuseIfPending());
   if (sink != nullptr) {
     if (fabric_ != nullptr) {
@@ -519,7 +519,7 @@ bool TpStepPlanner::has_pending() const { return scratch_->home_pending; }
 
 Result<TpStepPlan> TpStepPlanner::PlanHome(GroupId group, std::span<const LogicalAddr> selections,
                                            std::span<const SelectionRun> runs, std::size_t max_moves) {
-  ULA_RETURN_IF_ERROR(RefuseTpKinds(!space_.config().kinds.empty(), "TpStepPlanner::PlanHome"));
+  ULA_RETURN_IF_ERROR(RefuseTpKinds(KindsWithoutHome(space_.config()), "TpStepPlanner::PlanHome"));
   ULA_RETURN_IF_ERROR(RefuseIfPending());
   const bool at_home = space_.config().attention == TpAttention::kAtHome;
   if (!at_home && fabric_ != nullptr) {

@@ -19,7 +19,7 @@ namespace ula {
 Result<std::unique_ptr<TpStepPlanner>> TpStepPlanner::Create(TpAddressSpace& space, const EngineStepConfig& config,
                                                              TpFabric* fabric, TpPlannerOptions options) {
   ULA_RETURN_IF_ERROR(config.Validate());
-  ULA_RETURN_IF_ERROR(RefuseTpKinds(!space.config().kinds.empty(), "TpStepPlanner::Create"));
+  ULA_RETURN_IF_ERROR(RefuseTpKinds(KindsWithoutHome(space.config()), "TpStepPlanner::Create"));
   ULA_RETURN_IF_ERROR(RefuseUnstableNewEntries(space.config().stable_new_entries, "TpConfig"));
   auto planner = std::make_unique<TpStepPlanner>(space, fabric, options);
   auto engine = std::make_unique<Engine>();

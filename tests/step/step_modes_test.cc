@@ -65,9 +65,9 @@ constexpr const char* kLocalKinds = "local_buffer with kinds";  // refused by th
 using enum Topology;
 using enum Form;
 using enum Mode;
-// The table. A TP space with kinds has no step yet: every TP form refuses it, the library
-// path too (the only mode it refuses), and a local buffer with kinds is refused by the
-// space's own Create. Where a space is in two modes a
+// The table. A TP space with kinds at home runs the host steps (library and engine paths)
+// and the device step refuses it; a local buffer with kinds is refused by the space's own
+// Create (the one mode the library path refuses). Where a space is in two modes a
 // form refuses, the first of its checks names it: the device step checks host shadows, then stable new entries, then (TP) the attention, then the policy.
 constexpr Cell kCells[] = {
     {kDp, kLibrary, kBase, true, kNone, ""},
@@ -98,8 +98,8 @@ constexpr Cell kCells[] = {
     {kTpAtHome, kLibrary, kPbLru, true, kNone, ""},
     {kTpAtHome, kEngine, kPbLru, true, kNone, ""},
     {kTpAtHome, kDevice, kPbLru, false, kPrecondition, kPolicy},
-    {kTpAtHome, kLibrary, kKinds, false, kUnsupported, kTpKinds},
-    {kTpAtHome, kEngine, kKinds, false, kUnsupported, kTpKinds},
+    {kTpAtHome, kLibrary, kKinds, true, kNone, ""},
+    {kTpAtHome, kEngine, kKinds, true, kNone, ""},
     {kTpAtHome, kDevice, kKinds, false, kUnsupported, kTpKinds},
 
     {kTpLocalBuffer, kLibrary, kBase, true, kNone, ""},
@@ -181,9 +181,65 @@ void RunThroughVerifier(const Cell& cell, std::uint64_t seed) {
   EXPECT_GT(r->steps, 0u);
 }
 
+// A TP space with kinds at home (V4-Flash over two ranks): Create and one step of group 0
+// over the request's C4 entries, each read on its home a mod P (fresh entries: hits).
+void RunTpWithKinds(const Cell& cell) {
+  auto backend = MakeCpuBackend({.copy_threads = 1});
+  const AddressSpaceConfig flash = test::FlashSpaceConfig(64, 1024, 3);
+  TpConfig config;
+  config.num_ranks = 2;
+  config.num_groups = flash.num_groups;
+  config.entry_bytes = flash.entry_bytes;
+  config.device_bytes_per_rank = flash.device_bytes_per_rank;
+  config.host_bytes_per_rank = flash.host_bytes_per_rank;
+  config.page_tokens = flash.page_tokens;
+  config.kinds = flash.kinds;
+  config.attention = TpAttention::kAtHome;
+  config.stable_new_entries = true;
+  auto space = TpAddressSpace::Create(config, *backend);
+  ASSERT_TRUE(space) << space.error().ToString();
+  TpAddressSpace& s = **space;
+  const RequestId request(1);
+  ASSERT_TRUE(s.AddRequest(request));
+  auto made = s.Allocate(request, 64);  // 16 C4 entries
+  ASSERT_TRUE(made) << made.error().ToString();
+  ASSERT_EQ(made->size(), 16u);
+  if (cell.form == kLibrary) {
+    TpStepPlanner planner(s);
+    const SelectionRun run{request, static_cast<std::uint32_t>(made->size())};
+    auto step = planner.Step(GroupId(0), *made, {&run, 1});
+    ASSERT_TRUE(step) << step.error().ToString();
+    for (std::size_t h = 0; h < step->ranks.size(); ++h) {
+      for (std::size_t i = 0; i < made->size(); ++i) {
+        const bool home = (*made)[i].value() % 2 == step->ranks[h].value();
+        EXPECT_EQ(step->refs[h][i].source == TpReadRef::Source::kShard, home) << "selection " << i;
+      }
+    }
+    return;
+  }
+  auto planner = TpStepPlanner::Create(s, {.max_batch = 1, .max_q_len = 1, .max_top_k = 16});
+  ASSERT_TRUE(planner) << planner.error().ToString();
+  std::vector<std::int32_t> selections;
+  for (LogicalAddr a : *made) selections.push_back(static_cast<std::int32_t>(a.value()));
+  std::vector<std::int32_t> indices(2 * selections.size(), -7);
+  std::vector<CopyDescriptor> descriptors((*planner)->max_descriptors());
+  auto plan = (*planner)->Plan(GroupId(0), {.batch = 1, .q_len = 1, .top_k = 16}, {&request, 1}, selections, indices,
+                               descriptors);
+  ASSERT_TRUE(plan) << plan.error().ToString();
+  EXPECT_EQ(plan->num_descriptors, 0u);
+  auto done = (*planner)->Complete(plan->fence, {});
+  ASSERT_TRUE(done) << done.error().ToString();
+  for (std::size_t i = 0; i < selections.size(); ++i) {  // rank r's row: its home's slots, -1 elsewhere
+    for (std::uint32_t r = 0; r < 2; ++r) {
+      EXPECT_EQ(indices[r * selections.size() + i] >= 0, selections[i] % 2 == static_cast<std::int32_t>(r));
+    }
+  }
+}
+
 // A space with kinds: Create and one step of group 0 over the request's C4 entries (fresh
 // entries, on device: hits, no copies).
 void RunWithKinds(const Cell& cell) {
+  if (cell.topology != kDp) return RunTpWithKinds(cell);
   auto backend = MakeCpuBackend({.copy_threads = 1});
   AddressSpaceConfig config = test::FlashSpaceConfig(64, 1024, 3);
   config.policy = PolicyKind::kKernelPbLru;
@@ -284,16 +340,6 @@ Status CreateRefused(const Cell& cell) {
   auto space = TpAddressSpace::Create(config, *backend);
   if (!space && cell.mode == kKinds) return std::unexpected(space.error());  // the local buffer with kinds
   if (!space) return MakeError(ErrorCode::kInternal, "the space: " + space.error().ToString());
-  if (cell.form == kLibrary) {  // with kinds only: a step over the request's C4 entries
-    const RequestId request(1);
-    if (Status added = (*space)->AddRequest(request); !added) return MakeError(ErrorCode::kInternal, "AddRequest");
-    auto made = (*space)->Allocate(request, 64);
-    if (!made) return MakeError(ErrorCode::kInternal, "the allocation: " + made.error().ToString());
-    TpStepPlanner planner(**space);
-    const SelectionRun run{request, static_cast<std::uint32_t>(made->size())};
-    auto step = planner.Step(GroupId(0), *made, {&run, 1});
-    return step ? Ok() : Status(std::unexpected(step.error()));
-  }
   if (cell.form == kEngine) {
     auto made = TpStepPlanner::Create(**space, {});
     return made ? Ok() : Status(std::unexpected(made.error()));
@@ -307,8 +353,8 @@ TEST(StepModes, EveryCellRunsOrIsRefusedAtCreateWithItsReason) {
   for (const Cell& cell : kCells) {
     SCOPED_TRACE(Name(cell));
     if (!cell.runs) {
-      ASSERT_TRUE(cell.form != kLibrary || (cell.mode == kKinds && cell.topology != kDp))
-          << "the library path refuses no mode but a TP space with kinds";
+      ASSERT_TRUE(cell.form != kLibrary || (cell.mode == kKinds && cell.topology == kTpLocalBuffer))
+          << "the library path refuses no mode but a TP local buffer with kinds";
       const Status st = CreateRefused(cell);
       ASSERT_FALSE(st) << "expected a refusal at Create";
       EXPECT_EQ(st.error().code(), cell.code) << st.error().ToString();

@@ -46,8 +46,9 @@ std::string KnownModels() {
 // otherwise, naming the option: nothing runs then.
 std::optional<std::string> ApplyModelOption(const ModelRequest& m, VerifierConfig& cfg) {
   if (m.mode != "dp") {
-    return "--model needs --mode dp: no TP step runs over a space with kinds yet (the TP space holds them, every "
-           "entry on one rank; docs/ARCHITECTURE.md, \"Kinds under TP\")";
+    return "--model needs --mode dp: the TP verifier does not run over a space with kinds yet (the TP space holds "
+           "them, every entry on one rank, and the host step at home selects their C4 entries; docs/ARCHITECTURE.md, "
+           "\"Kinds under TP\")";
   }
   if (cfg.share_percent > 0) {
     return fmt::format("--model with --share-percent {}: a space with kinds refuses ShareInto (kUnsupported: "
