@@ -70,8 +70,8 @@
 //     s of layer l sits at  base(l) + s * row_bytes, in an engine-registered region and in
 //     UlaCache's own pools alike (AddressSpace::DeviceLayerBytes): FlashMLA's
 //     k_cache[layer].view(num_blocks, 64, 1, row_bytes), index = block * 64 + offset.
-//   - the copy plan: CopyDescriptor[n] (source tier/rank/slot/byte offset, destination,
-//     bytes, the logical address it brings in) and a fence id.
+//   - the copy plan: CopyDescriptor[n] (source tier/rank/slot/byte offset, destination, bytes, the address
+//     it brings in), as records or columns (ula/descriptor_sink.h: written as made), and a fence id.
 //
 // Two ways to execute a plan in that layout:
 //   Step(rank, ...)   the library's backend runs the copies, waits, publishes, writes
