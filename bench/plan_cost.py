@@ -27,8 +27,9 @@ reads a request's rows as one sample in the batched layout, a single row in the 
 
 Per plan call it reads perf_counter_ns around `planner.plan(...)` (the Python call) and,
 where the module has it, `planner.last_plan_timing`: the nanoseconds the binding spent
-taking its arguments (views and checks), inside the C++ planner (StepPlanner::Plan)
-and writing its outputs (the descriptor columns, the result tuple). The rest of the Python
+taking its arguments (views and checks), inside the C++ planner (StepPlanner::Plan, which
+writes the descriptors itself, records or columns) and writing its outputs (the result
+tuple). The rest of the Python
 call is pybind11's dispatch (argument parsing, the call, the returned objects). Prints the
 median over --reps rounds (after --warmup rounds) of each part, per plan call.
 
@@ -303,7 +304,7 @@ def main(argv=None):
         print(f"{r['shape']:8} {r['reserve']:>10} {str(r['rows']) + ' x ' + str(r['top_k']):>13} "
               f"{r['per_plan']['misses']:7d} {cells} {over} {ratio}")
     print("python: the whole call; dispatch: pybind11's (parse, call, return); args: views and checks of the "
-          "arguments; planner: StepPlanner::Plan; outputs: descriptor columns and the result; "
+          "arguments; planner: StepPlanner::Plan (the descriptors included); outputs: the result; "
           "overhead: median of (python - planner) / planner; planner ratio: median over paired plan calls of the "
           "mode's planner time over the first --reserve mode's")
     return 0

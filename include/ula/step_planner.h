@@ -70,8 +70,8 @@
 //     s of layer l sits at  base(l) + s * row_bytes, in an engine-registered region and in
 //     UlaCache's own pools alike (AddressSpace::DeviceLayerBytes): FlashMLA's
 //     k_cache[layer].view(num_blocks, 64, 1, row_bytes), index = block * 64 + offset.
-//   - the copy plan: CopyDescriptor[n] (source tier/rank/slot/byte offset, destination,
-//     bytes, the logical address it brings in) and a fence id.
+//   - the copy plan: CopyDescriptor[n] (source tier/rank/slot/byte offset, destination, bytes, the address
+//     it brings in), as records or columns (ula/descriptor_sink.h: written as made), and a fence id.
 //
 // Two ways to execute a plan in that layout:
 //   Step(rank, ...)   the library's backend runs the copies, waits, publishes, writes
@@ -176,6 +176,7 @@
 #include <vector>
 
 #include "ula/address_space.h"
+#include "ula/descriptor_sink.h"
 #include "ula/selection_run.h"
 #include "ula/step_arrays.h"
 #include "ula/step_stats.h"
@@ -380,15 +381,18 @@ class StepPlanner {
                          std::span<const std::int32_t> selections, std::span<std::int32_t> indices);
 
   // Engine path, part 1: claims device slots, writes indices (valid once Complete reports
-  // no failure) and the descriptors. kInvalidArgument (shape, sizes, an address < -1),
-  // kOutOfRange, kNotFound (a request unknown or freed, an address not live for its row's
-  // request: freed, reused by another request, or another request's), kResourceExhausted
-  // (the misses do not fit the device pool, or out_descriptors has fewer rows than this
-  // step's misses: the message names how many it needed), kFailedPrecondition (a plan is
-  // pending).
+  // no failure) and the descriptors: rows [0, num_descriptors) of out_descriptors, the
+  // engine's CopyDescriptor records or its columns (ula/descriptor_sink.h: a std::vector or
+  // span of records, or DescriptorColumns; each descriptor written as the plan makes it,
+  // a column not asked for never written). kInvalidArgument (shape, sizes, an address < -1,
+  // columns refused by DescriptorColumns::Rows), kOutOfRange, kNotFound (a request unknown
+  // or freed, an address not live for its row's request: freed, reused by another request,
+  // or another request's), kResourceExhausted (the misses do not fit the device pool, or
+  // out_descriptors has fewer rows than this step's misses: the message names how many it
+  // needed), kFailedPrecondition (a plan is pending). A refused call writes no descriptor.
   Result<PlannedStep> Plan(Rank rank, GroupId group, const StepShape& shape, std::span<const RequestId> requests,
                            std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
-                           std::span<CopyDescriptor> out_descriptors);
+                           DescriptorSink out_descriptors);
   // Engine path, part 2: status[i] == 0 publishes descriptor i; anything else publishes
   // nothing for it. kNotFound (not the pending fence), kInvalidArgument (status size).
   Result<CompleteReport> Complete(std::uint64_t fence, std::span<const std::uint8_t> status);
@@ -428,11 +432,12 @@ class StepPlanner {
 
  private:
   struct Impl;  // the step's classify, claim, copy plan and completion (step/step_planner_impl.h)
-  // Plan without handing the descriptors out: the engine layout's checks, the classify and
-  // claim, the indices; refuses a step of more than descriptor_rows misses.
+  // Plan: the engine layout's checks, the classify and claim, the indices; the descriptors
+  // into out_descriptors (null: only the planner's own plan, max_descriptors() rows, for
+  // Step); refuses a step of more misses than it has rows.
   Result<PlannedStep> Prepare(Rank rank, GroupId group, const StepShape& shape, std::span<const RequestId> requests,
                               std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
-                              std::size_t descriptor_rows);
+                              const DescriptorSink* out_descriptors);
   StepPlanner(AddressSpace& space, std::unique_ptr<Impl> impl);
 
   AddressSpace& space_;

@@ -281,13 +281,14 @@ class TpStepPlanner {
   // buffer turned over).
   std::uint32_t max_descriptors() const;
   // Engine path, part 1: claims device and buffer slots, writes the indices (valid once
-  // Complete publishes) and the descriptors. Errors as Step's refusals (nothing changes),
-  // plus kResourceExhausted when out_descriptors has fewer rows than the step's home misses
-  // and remote fetches (the message names how many it needed), and kFailedPrecondition
-  // while a plan is pending or with kLocalBuffer and a fabric.
+  // Complete publishes) and the descriptors, as records or columns (ula/descriptor_sink.h).
+  // Errors as Step's refusals (nothing changes), plus kInvalidArgument for columns refused
+  // by DescriptorColumns::Rows, kResourceExhausted when out_descriptors has fewer rows than
+  // the step's home misses and remote fetches (the message names how many it needed), and
+  // kFailedPrecondition while a plan is pending or with kLocalBuffer and a fabric.
   Result<TpPlannedStep> Plan(GroupId group, const StepShape& shape, std::span<const RequestId> requests,
                              std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
-                             std::span<CopyDescriptor> out_descriptors);
+                             DescriptorSink out_descriptors);
   // Engine path, part 2: status[i] == 0 publishes descriptor i. kNotFound (not the pending
   // fence), kInvalidArgument (status size): nothing changes.
   Result<CompleteReport> Complete(std::uint64_t fence, std::span<const std::uint8_t> status);

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <string>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "backend/fault_backend.h"
+#include "ula/descriptor_sink.h"
 #include "ula/step_planner.h"
 #include "ula/error.h"
 #include "ula/ids.h"
@@ -359,26 +361,18 @@ inline void CheckSameShape(const py::array& sel, const py::array& idx) {
 // Copy descriptors as a structure of arrays: a dict {field name: 1-D integer array}, each
 // column a numpy array or a CPU tensor (what a torch or CUDA copy kernel indexes), beside
 // the DESCRIPTOR_DTYPE records. Offsets are int64 (a pool's byte offset passes 2^31 at
-// 3.3 M rows of 656 bytes); every other field int32 or int64.
+// 3.3 M rows of 656 bytes); every other field int32 or int64. A plan writes the columns
+// itself (ula::DescriptorColumns, ula/descriptor_sink.h); an executor's columns are read
+// into records.
 struct DescriptorField {
   const char* name;
   bool needs_int64;
   void (*set)(ula::CopyDescriptor&, std::int64_t);
-  // out[i] = records[i].<field> for i < n: one typed loop per field and width (the plan's
-  // columns are written with no per-element call).
-  void (*scatter32)(const ula::CopyDescriptor* records, std::size_t n, std::int32_t* out);
-  void (*scatter64)(const ula::CopyDescriptor* records, std::size_t n, std::int64_t* out);
+  ula::DescriptorColumn ula::DescriptorColumns::*column;
 };
-#define ULAPY_DESCRIPTOR_FIELD(f, wide)                                                            \
-  DescriptorField {                                                                                \
-    #f, wide, [](ula::CopyDescriptor& d, std::int64_t v) { d.f = static_cast<decltype(d.f)>(v); }, \
-        [](const ula::CopyDescriptor* r, std::size_t n, std::int32_t* out) {                       \
-          for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::int32_t>(r[i].f);          \
-        },                                                                                         \
-        [](const ula::CopyDescriptor* r, std::size_t n, std::int64_t* out) {                       \
-          for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::int64_t>(r[i].f);          \
-        }                                                                                          \
-  }
+#define ULAPY_DESCRIPTOR_FIELD(f, wide) \
+  DescriptorField { #f, wide, [](ula::CopyDescriptor& d, std::int64_t v) { d.f = static_cast<decltype(d.f)>(v); }, \
+                    &ula::DescriptorColumns::f }
 inline std::span<const DescriptorField> DescriptorFields() {
   static const DescriptorField fields[] = {
       ULAPY_DESCRIPTOR_FIELD(src_offset, true), ULAPY_DESCRIPTOR_FIELD(dst_offset, true),
@@ -392,37 +386,74 @@ inline std::span<const DescriptorField> DescriptorFields() {
 }
 #undef ULAPY_DESCRIPTOR_FIELD
 
-// The descriptors argument of a plan or an executor: records (viewed, written in place) or
-// columns (the planner writes records into `scratch`; Scatter copies them out).
+// The descriptors argument of a plan (its output: records viewed, or columns, both written
+// by the planner through sink()) or of an executor (its input: records viewed, or columns
+// read into `scratch`).
 class DescriptorArg {
  public:
-  struct Column {
-    const DescriptorField* field;
-    py::array array;
-    bool is64;
-    void* data;  // array's first element (read with the GIL held; written by Scatter)
-  };
-  // writable: plan's output (columns written after planning); else an executor's input
-  // (columns read now, every field but addr required).
-  DescriptorArg(py::handle obj, std::vector<ula::CopyDescriptor>& scratch, bool writable) {
+  // A plan's output.
+  explicit DescriptorArg(py::handle obj) {
     if (!py::isinstance<py::dict>(obj)) {
       py::array a = ToArray(obj, "descriptors");
-      if (writable) {
-        records_ = ViewOut<ula::CopyDescriptor>(a, "descriptors", 1);
-      } else {
-        auto v = View<const ula::CopyDescriptor>(a, "descriptors", 1);
-        records_ = {const_cast<ula::CopyDescriptor*>(v.data()), v.size()};
-      }
-      keep_ = a;
+      records_ = ViewOut<ula::CopyDescriptor>(a, "descriptors", 1);
+      keep_.push_back(a);
       return;
     }
+    columns_ = ula::DescriptorColumns{};
+    ForEachColumn(obj, /*writable=*/true, [&](const DescriptorField& f, py::array& a, const IntColumn& c) {
+      void* data = a.mutable_data();
+      columns_.value().*f.column =
+          c.is64 ? ula::DescriptorColumn(std::span(static_cast<std::int64_t*>(data), c.size))
+                 : ula::DescriptorColumn(std::span(static_cast<std::int32_t*>(data), c.size));
+    });
+  }
+  // An executor's input: columns need every field but addr, of one length.
+  DescriptorArg(py::handle obj, std::vector<ula::CopyDescriptor>& scratch) {
+    if (!py::isinstance<py::dict>(obj)) {
+      py::array a = ToArray(obj, "descriptors");
+      auto v = View<const ula::CopyDescriptor>(a, "descriptors", 1);
+      records_ = {const_cast<ula::CopyDescriptor*>(v.data()), v.size()};
+      keep_.push_back(a);
+      return;
+    }
+    std::vector<std::pair<const DescriptorField*, IntColumn>> cols;
+    ForEachColumn(obj, /*writable=*/false,
+                  [&](const DescriptorField& f, py::array&, const IntColumn& c) { cols.emplace_back(&f, c); });
+    for (const auto& f : DescriptorFields()) {
+      bool have = std::string(f.name) == "addr";
+      for (const auto& col : cols) have = have || col.first == &f;
+      if (!have) Throw(ula::ErrorCode::kInvalidArgument, std::string("descriptors: the executor needs column '") +
+                                                                f.name + "'");
+    }
+    const std::size_t n = cols.front().second.size;
+    for (const auto& col : cols) {
+      if (col.second.size != n) Throw(ula::ErrorCode::kInvalidArgument, "descriptors: the columns differ in length");
+    }
+    scratch.assign(n, ula::CopyDescriptor{});
+    for (const auto& [f, c] : cols) {
+      for (std::size_t i = 0; i < n; ++i) f->set(scratch[i], c[i]);
+    }
+    records_ = {scratch.data(), n};
+  }
+  // The records an executor reads.
+  std::span<ula::CopyDescriptor> records() const { return records_; }
+  // Where a plan writes (the arrays are held by this object: usable with the GIL released).
+  ula::DescriptorSink sink() const {
+    if (columns_) return ula::DescriptorSink(*columns_);
+    return ula::DescriptorSink(records_);
+  }
+
+ private:
+  // f(field, array, view) for each column of the dict, checked: a descriptor field, int32 or
+  // int64 (offsets int64), 1-D, contiguous (and writable for a plan's output).
+  template <class F>
+  void ForEachColumn(py::handle obj, bool writable, F&& f) {
     const auto fields = DescriptorFields();
-    std::size_t rows = SIZE_MAX;
     for (auto item : py::reinterpret_borrow<py::dict>(obj)) {
       const std::string key = py::str(item.first);
-      const DescriptorField* f = nullptr;
-      for (const auto& cand : fields) f = key == cand.name ? &cand : f;
-      if (f == nullptr) {
+      const DescriptorField* field = nullptr;
+      for (const auto& cand : fields) field = key == cand.name ? &cand : field;
+      if (field == nullptr) {
         std::string names;
         for (const auto& cand : fields) names += std::string(names.empty() ? "" : ", ") + cand.name;
         Throw(ula::ErrorCode::kInvalidArgument, "descriptors['" + key + "']: not a descriptor field (" + names + ")");
@@ -431,65 +462,18 @@ class DescriptorArg {
       py::array a = ToArray(item.second, what.c_str());
       const IntColumn c = IntColumnView(a, what.c_str());
       if (writable) CheckLayout(a, what.c_str(), true);
-      if (f->needs_int64 && !c.is64) {
+      if (field->needs_int64 && !c.is64) {
         Throw(ula::ErrorCode::kInvalidArgument, what + ": must be int64 (byte offsets pass 2^31 in large pools)");
       }
-      rows = std::min(rows, c.size);
-      columns_.push_back({f, a, c.is64, writable ? a.mutable_data() : nullptr});
+      keep_.push_back(a);
+      f(*field, a, c);
     }
-    if (columns_.empty()) Throw(ula::ErrorCode::kInvalidArgument, "descriptors: an empty dict (no columns)");
-    if (!writable) {
-      for (const auto& f : fields) {
-        bool have = std::string(f.name) == "addr";
-        for (const auto& col : columns_) have = have || col.field == &f;
-        if (!have) Throw(ula::ErrorCode::kInvalidArgument, std::string("descriptors: the executor needs column '") +
-                                                                  f.name + "'");
-      }
-      std::size_t n = SIZE_MAX;
-      for (const auto& col : columns_) n = std::min<std::size_t>(n, static_cast<std::size_t>(col.array.size()));
-      for (const auto& col : columns_) {
-        if (static_cast<std::size_t>(col.array.size()) != n) {
-          Throw(ula::ErrorCode::kInvalidArgument, "descriptors: the columns differ in length");
-        }
-      }
-      scratch.assign(n, ula::CopyDescriptor{});
-      for (const auto& col : columns_) {
-        const IntColumn c{col.array.data(), n, col.is64};
-        for (std::size_t i = 0; i < n; ++i) col.field->set(scratch[i], c[i]);
-      }
-      records_ = {scratch.data(), n};
-      return;
-    }
-    if (scratch.size() < rows) scratch.resize(rows);
-    records_ = {scratch.data(), rows};
-    scatter_ = true;
-  }
-  // The records the planner writes (plan) or the executor reads.
-  std::span<ula::CopyDescriptor> records() const { return records_; }
-  // After a plan of n descriptors: the columns' first n entries (nothing for records).
-  // Touches only the columns' memory (the arrays are held by this object), so the caller
-  // may run it with the GIL released.
-  void Scatter(std::size_t n) const {
-    if (!scatter_) return;
-    // In blocks of records that stay in the L1 cache while every column takes its field.
-    constexpr std::size_t kBlock = 512;  // 24 KiB of records
-    for (std::size_t lo = 0; lo < n; lo += kBlock) {
-      const std::size_t m = std::min(kBlock, n - lo);
-      for (const auto& col : columns_) {
-        if (col.is64) {
-          col.field->scatter64(records_.data() + lo, m, static_cast<std::int64_t*>(col.data) + lo);
-        } else {
-          col.field->scatter32(records_.data() + lo, m, static_cast<std::int32_t*>(col.data) + lo);
-        }
-      }
-    }
+    if (keep_.empty()) Throw(ula::ErrorCode::kInvalidArgument, "descriptors: an empty dict (no columns)");
   }
 
- private:
   std::span<ula::CopyDescriptor> records_;
-  std::vector<Column> columns_;
-  py::object keep_;
-  bool scatter_ = false;
+  std::optional<ula::DescriptorColumns> columns_;
+  std::vector<py::array> keep_;
 };
 
 // A 1-D numpy array of Rep that takes ownership of the vector's buffer (no copy). T is Rep

@@ -13,17 +13,16 @@ namespace ulapy {
 namespace {
 
 // The DP host step (StepPlanner), the engine-owned arrays registered with it (kept alive) and the
-// binding's own scratch (widened request ids, per-row requests of a flat batch, descriptor
-// records behind columns): grown to the largest call, then reused.
+// binding's own scratch (widened request ids, per-row requests of a flat batch): grown to the
+// largest call, then reused.
 struct EnginePlanner {
   std::unique_ptr<ula::StepPlanner> planner;
   DpSpace* space = nullptr;
   std::vector<py::object> registered;
   std::vector<ula::RequestId> ids, row_ids;
-  std::vector<ula::CopyDescriptor> descs;
   // Where the last plan call's time went, in nanoseconds (bench/plan_cost.py reads it):
   // taking the arguments (views, checks, per-row requests), inside StepPlanner::Plan,
-  // and writing the outputs (descriptor columns, the result).
+  // and writing the outputs (the result; the planner wrote the descriptors).
   std::int64_t args_ns = 0, planner_ns = 0, outputs_ns = 0;
 };
 
@@ -565,7 +564,7 @@ each, uint32 out_slots.)doc")
       .def(py::init([](DpSpace& s, std::optional<std::uint32_t> max_batch, std::optional<std::uint32_t> max_q_len,
                        std::optional<std::uint32_t> max_top_k, std::uint32_t top_k_multiple, std::uint32_t max_rows,
                        const std::string& reserve, double reserve_quantile, std::uint32_t reserve_window) {
-             EnginePlanner p{nullptr, &s, {}, {}, {}, {}, 0, 0, 0};
+             EnginePlanner p{nullptr, &s, {}, {}, {}, 0, 0, 0};
              if (!max_batch && !max_q_len && !max_top_k) {  // the library path only
                p.planner = std::make_unique<ula::StepPlanner>(*s.space);
                return p;
@@ -618,7 +617,8 @@ each, uint32 out_slots.)doc")
              return py::dict(py::arg("args_ns") = p.args_ns, py::arg("planner_ns") = p.planner_ns,
                              py::arg("outputs_ns") = p.outputs_ns);
            }, "Where the last successful plan call's time went, in ns: args_ns (views and checks of the arguments), "
-              "planner_ns (StepPlanner::Plan, the GIL released), outputs_ns (descriptor columns, the result). "
+              "planner_ns (StepPlanner::Plan, the GIL released, writing the descriptors, records or columns), "
+              "outputs_ns (the result). "
               "For measurement (bench/plan_cost.py); a refused call leaves it as it was.")
       .def(
           "step_runs",
@@ -661,16 +661,15 @@ each, uint32 out_slots.)doc")
             const std::int64_t t0 = NowNs();
             const py::array sel_a = ToArray(selections, "selections"), idx_a = ToArray(indices, "indices");
             const StepInput in = StepInputOf(p, sel_a, idx_a, requests, query_start_loc);
-            const DescriptorArg desc(descriptors, p.descs, /*writable=*/true);
+            const DescriptorArg desc(descriptors);
             ula::PlannedStep planned;
             const std::int64_t t1 = NowNs();
             std::int64_t t2 = 0;
             {
               py::gil_scoped_release nogil;
               planned = Unwrap(p.planner->Plan(ula::Rank(rank), ula::GroupId(group), in.shape, in.requests,
-                                               in.selections, in.indices, desc.records()));
+                                               in.selections, in.indices, desc.sink()));
               t2 = NowNs();
-              desc.Scatter(planned.num_descriptors);
             }
             auto result = std::make_tuple(planned.fence, planned.num_descriptors, planned.stats);
             p.args_ns = t1 - t0;
@@ -740,7 +739,7 @@ each, uint32 out_slots.)doc")
           "execute_on_engine_memory",
           [](EnginePlanner& p, py::object descriptors, py::object status) {
             std::vector<ula::CopyDescriptor> gathered;
-            const DescriptorArg arg(descriptors, gathered, /*writable=*/false);
+            const DescriptorArg arg(descriptors, gathered);
             const std::span<const ula::CopyDescriptor> desc = arg.records();
             auto st = ViewOut<std::uint8_t>(ToArray(status, "status"), "status", 1);
             if (st.size() != desc.size()) Throw(ula::ErrorCode::kInvalidArgument, "status and descriptors differ in length");

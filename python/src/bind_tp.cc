@@ -365,20 +365,18 @@ engine. `step_runs` is the library layout's step (uint32 selections cut into run
             const py::array sel_a = ToArray(selections, "selections"), idx_a = ToArray(indices, "indices");
             const py::array req_a = ToArray(requests, "requests");
             // The binding's scratch, grown to the largest call and reused (one call at a time
-            // per thread): widened request ids, the records behind descriptor columns.
+            // per thread): widened request ids.
             thread_local std::vector<ula::RequestId> widened;
-            thread_local std::vector<ula::CopyDescriptor> records;
             auto req = RequestsView(req_a, "requests", widened);
             const ula::StepShape shape = ShapeOf(sel_a, req.size());
             CheckRankIndices(p, sel_a, idx_a);
             auto sel = View<const std::int32_t>(sel_a, "selections");
             auto idx = ViewOut<std::int32_t>(idx_a, "indices");
-            const DescriptorArg desc(descriptors, records, /*writable=*/true);
+            const DescriptorArg desc(descriptors);
             ula::TpPlannedStep planned;
             {
               py::gil_scoped_release nogil;
-              planned = Unwrap(p.Plan(ula::GroupId(group), shape, req, sel, idx, desc.records()));
-              desc.Scatter(planned.num_descriptors);
+              planned = Unwrap(p.Plan(ula::GroupId(group), shape, req, sel, idx, desc.sink()));
             }
             return std::make_tuple(planned.fence, planned.num_descriptors, planned.stats, planned.first_phase);
           },
@@ -403,7 +401,7 @@ engine. `step_runs` is the library layout's step (uint32 selections cut into run
           "execute_on_shards",
           [](ula::TpStepPlanner& p, py::object descriptors, py::object status) {
             std::vector<ula::CopyDescriptor> gathered;
-            const DescriptorArg arg(descriptors, gathered, /*writable=*/false);
+            const DescriptorArg arg(descriptors, gathered);
             const std::span<const ula::CopyDescriptor> desc = arg.records();
             auto st = ViewOut<std::uint8_t>(ToArray(status, "status"), "status", 1);
             if (st.size() != desc.size()) Throw(ula::ErrorCode::kInvalidArgument, "status and descriptors differ in length");

@@ -54,7 +54,8 @@ void MissFills::Decide(GroupPools& gp, std::span<const SlotId> targets, std::siz
 
 template <class Records>
 void MissFills::Describe(const Records& table, const GroupPools& gp, std::uint32_t row_bytes, Rank rank,
-                         GroupId group, std::span<const LogicalAddr> missed, std::span<const SlotId> targets) {
+                         GroupId group, std::span<const LogicalAddr> missed, std::span<const SlotId> targets,
+                         const DescriptorSink* out) {
   std::size_t j = 0;
   for (const bool swaps : {false, true}) {
     for (std::size_t i = 0; i < num_; ++i) {
@@ -68,6 +69,7 @@ void MissFills::Describe(const Records& table, const GroupPools& gp, std::uint32
       if (op == CopyOp::kEvict) d.evict_slot = miss_host_[i].value();
       fill_[j] = f;
       victim_host_[j] = miss_host_[i];
+      if (out != nullptr) out->Put(j, d);
       descs_[j++] = d;
     }
   }
@@ -185,9 +187,9 @@ std::size_t MissFills::Publish(Records& table, GroupPools& gp, Rank rank, std::s
 }
 
 template void MissFills::Describe(const AddressRecords&, const GroupPools&, std::uint32_t, Rank, GroupId,
-                                  std::span<const LogicalAddr>, std::span<const SlotId>);
+                                  std::span<const LogicalAddr>, std::span<const SlotId>, const DescriptorSink*);
 template void MissFills::Describe(const HomeRecords&, const GroupPools&, std::uint32_t, Rank, GroupId,
-                                  std::span<const LogicalAddr>, std::span<const SlotId>);
+                                  std::span<const LogicalAddr>, std::span<const SlotId>, const DescriptorSink*);
 template std::size_t MissFills::Publish(AddressRecords&, GroupPools&, Rank, std::span<const std::uint8_t>);
 template std::size_t MissFills::Publish(HomeRecords&, GroupPools&, Rank, std::span<const std::uint8_t>);
 

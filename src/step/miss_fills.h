@@ -46,6 +46,7 @@
 #include "space/address_space_state.h"
 #include "space/host_shadows.h"
 #include "ula/backend.h"
+#include "ula/descriptor_sink.h"
 #include "ula/error.h"
 #include "ula/step_arrays.h"
 #include "ula/step_stats.h"
@@ -59,11 +60,14 @@ class MissFills {
 
   // Decides each miss's fill. REQUIRES: targets claimed as above, targets.size() = misses.
   void Decide(GroupPools& gp, std::span<const SlotId> targets, std::size_t n_free);
-  // Writes the plan's descriptors (descriptors()). REQUIRES: after Decide; missed[i] on host.
+  // Writes the plan's descriptors (descriptors()) and, when out is not null, each into out as
+  // it is made (the engine's records or columns, ula/descriptor_sink.h: descriptor j at row
+  // j). REQUIRES: after Decide; missed[i] on host; out, if any, takes size() rows.
   // Records: AddressRecords or HomeRecords (above).
   template <class Records>
   void Describe(const Records& table, const GroupPools& gp, std::uint32_t row_bytes, Rank rank, GroupId group,
-                std::span<const LogicalAddr> missed, std::span<const SlotId> targets);
+                std::span<const LogicalAddr> missed, std::span<const SlotId> targets,
+                const DescriptorSink* out = nullptr);
 
   std::size_t size() const { return num_; }
   std::size_t num_free() const { return counts_[0]; }

@@ -318,7 +318,7 @@ template Result<StepStats> StepPlanner::Impl::Classify<SlotId>(Rank, GroupId, co
 template Result<StepStats> StepPlanner::Impl::Classify<std::int32_t>(Rank, GroupId, const StepSelections&,
                                                                    std::int32_t*);
 
-void StepPlanner::Impl::Claim(StepStats& stats) {
+void StepPlanner::Impl::Claim(StepStats& stats, const DescriptorSink* out) {
   Impl& m = *this;
   AddressSpace::State& st = StateOf(m.space);
   const AddressSpaceConfig& cfg = m.space.config();
@@ -328,7 +328,7 @@ void StepPlanner::Impl::Claim(StepStats& stats) {
   const std::size_t n_free = ClaimDeviceSlots(gp, m.target_slots, n_miss, m.options, *m.fork_join, m.counters);
   m.fills.Decide(gp, m.target_slots, n_free);
   m.fills.AddPlannedStats(cfg.entry_bytes_of(m.group), stats);
-  m.fills.Describe(st.tables[m.group.value()], gp, cfg.row(), m.rank, m.group, m.missed, m.target_slots);
+  m.fills.Describe(st.tables[m.group.value()], gp, cfg.row(), m.rank, m.group, m.missed, m.target_slots, out);
   m.pending = true;
   st.dir.BeginPlan();
   ++m.fence;

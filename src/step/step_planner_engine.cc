@@ -75,12 +75,20 @@ std::uint32_t StepPlanner::max_descriptors() const { return impl_->max_descripto
 Result<PlannedStep> StepPlanner::Prepare(Rank rank, GroupId group, const StepShape& shape,
                                                std::span<const RequestId> requests,
                                                std::span<const std::int32_t> selections,
-                                               std::span<std::int32_t> indices, std::size_t descriptor_rows) {
+                                               std::span<std::int32_t> indices, const DescriptorSink* out_descriptors) {
   Impl& m = *impl_;
   AddressSpace::State& st = StateOf(space_);
   const AddressSpaceConfig& cfg = space_.config();
   ULA_RETURN_IF_ERROR(RefuseWithoutEngineConfig(m.engine.has_value(), "StepPlanner", "Plan"));
   const EngineStepConfig& config = *m.engine;
+  // The descriptors' rows: the caller's records or columns (refused as Rows says), or the
+  // library's own plan (Step).
+  std::size_t descriptor_rows = m.max_descriptors;
+  if (out_descriptors != nullptr) {
+    auto rows = out_descriptors->Rows();
+    if (!rows) return std::unexpected(std::move(rows).error());
+    descriptor_rows = *rows;
+  }
   if (m.pending) {
     return MakeError(ErrorCode::kFailedPrecondition,
                      fmt::format("plan {} is pending: Complete it before planning again", m.fence));
@@ -137,10 +145,11 @@ Result<PlannedStep> StepPlanner::Prepare(Rank rank, GroupId group, const StepSha
                                  n_miss, n_miss, descriptor_rows, m.max_descriptors));
   }
 
-  // 4. Claim device slots and describe the copies; 6. the misses' indices.
+  // 4. Claim device slots and describe the copies (each written to out_descriptors as it is
+  // made); 6. the misses' indices.
   PlannedStep out;
   out.stats = *stats;
-  m.Claim(out.stats);
+  m.Claim(out.stats, out_descriptors);
   m.WriteTargets(indices.data());
   out.fence = m.fence;
   out.num_descriptors = static_cast<std::uint32_t>(n_miss);
@@ -154,10 +163,8 @@ Result<PlannedStep> StepPlanner::Prepare(Rank rank, GroupId group, const StepSha
 Result<PlannedStep> StepPlanner::Plan(Rank rank, GroupId group, const StepShape& shape,
                                             std::span<const RequestId> requests,
                                             std::span<const std::int32_t> selections, std::span<std::int32_t> indices,
-                                            std::span<CopyDescriptor> out_descriptors) {
-  auto planned = Prepare(rank, group, shape, requests, selections, indices, out_descriptors.size());
-  if (planned) std::ranges::copy(impl_->descriptors(), out_descriptors.begin());
-  return planned;
+                                            DescriptorSink out_descriptors) {
+  return Prepare(rank, group, shape, requests, selections, indices, &out_descriptors);
 }
 
 Result<RoundReservation> StepPlanner::ReserveRound(Rank rank, std::span<const RoundDemand> demands) const {
@@ -259,7 +266,7 @@ Result<StepStats> StepPlanner::Step(Rank rank, GroupId group, const StepShape& s
                                           std::span<const RequestId> requests,
                                           std::span<const std::int32_t> selections, std::span<std::int32_t> indices) {
   Impl& m = *impl_;
-  auto planned = Prepare(rank, group, shape, requests, selections, indices, m.max_descriptors);
+  auto planned = Prepare(rank, group, shape, requests, selections, indices, /*out_descriptors=*/nullptr);
   if (!planned) return std::unexpected(planned.error());
   const std::uint32_t n = planned->num_descriptors;
   // The library runs the plan itself (Impl::Run, the host step's batches); Complete

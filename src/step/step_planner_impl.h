@@ -88,9 +88,11 @@ struct StepPlanner::Impl {
   // REQUIRES: rank and group in range; out has sel.addrs.size() elements; no plan pending.
   template <class Out>
   Result<StepStats> Classify(Rank rank, GroupId group, const StepSelections& sel, Out* out);
-  // Step 4 and the copy plan; adds the planned counters to stats. The plan is pending.
-  // REQUIRES: the last Classify succeeded and nothing changed the space since.
-  void Claim(StepStats& stats);
+  // Step 4 and the copy plan; adds the planned counters to stats; the engine path's
+  // descriptors go to out as they are made (MissFills::Describe). The plan is pending.
+  // REQUIRES: the last Classify succeeded and nothing changed the space since; out, if
+  // any, takes the step's misses.
+  void Claim(StepStats& stats, const DescriptorSink* out = nullptr);
   std::span<const CopyDescriptor> descriptors() const { return fills.descriptors(); }  // the pending plan's
   // The engine path: the indices of the last Classify<std::int32_t> into out: the hits'
   // slots, kPadIndex for padding, each miss's claimed slot (read once Complete published

@@ -215,9 +215,11 @@ Result<TpPlannedStep> TpStepPlanner::Plan(GroupId group, const StepShape& shape,
                                                 std::span<const RequestId> requests,
                                                 std::span<const std::int32_t> selections,
                                                 std::span<std::int32_t> indices,
-                                                std::span<CopyDescriptor> out_descriptors) {
+                                                DescriptorSink out_descriptors) {
+  auto rows = out_descriptors.Rows();
+  if (!rows) return std::unexpected(std::move(rows).error());
   ULA_RETURN_IF_ERROR(Compact(shape, requests, selections, indices.size()));
-  auto plan = PlanHome(group, engine_->compact, engine_->runs, out_descriptors.size());
+  auto plan = PlanHome(group, engine_->compact, engine_->runs, *rows);
   if (!plan) return std::unexpected(plan.error());
   WriteIndices(*plan, shape.size(), indices);
   Measure(shape, requests, selections);
@@ -235,18 +237,17 @@ Result<TpPlannedStep> TpStepPlanner::Plan(GroupId group, const StepShape& shape,
     for (const auto& f : fetches) {
       // A TP entry moves whole: one row of entry_bytes (offsets slot * entry_bytes, as the
       // planner's source_offset is).
-      out_descriptors[d++] = MakeCopyDescriptor(
+      out_descriptors.Put(d++, MakeCopyDescriptor(
           CopyOp::kCopy, {f.source.tier(), f.home.value(), f.source.slot().value()},
           {Tier::kDevice, plan->ranks[h].value(), buffer_base + f.buffer_slot.value()}, f.addr.value(), group.value(),
-          entry_bytes, 1);
+          entry_bytes, 1));
     }
     en.pending_fetches[h] = static_cast<std::uint32_t>(fetches.size());
   }
   planned.first_phase = d;
   for (std::size_t h = 0; h < plan->ranks.size(); ++h) {  // phase 2: the home moves
     const auto moves = pending_home_descriptors(h);
-    std::copy(moves.begin(), moves.end(), out_descriptors.begin() + d);
-    d += static_cast<std::uint32_t>(moves.size());
+    for (const CopyDescriptor& m : moves) out_descriptors.Put(d++, m);
     en.pending_counts[h] = static_cast<std::uint32_t>(moves.size());
   }
   planned.num_descriptors = d;
