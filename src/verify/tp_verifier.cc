@@ -811,10 +811,6 @@ Status ApplyModelKinds(const TpVerifierConfig& config, TpConfig& tp) {
 
 Result<TpVerifierReport> RunTpVerifier(const TpVerifierConfig& config, TpFabric* fabric) {
   ULA_RETURN_IF_ERROR(config.Validate());
-  if (fabric != nullptr && config.model) {
-    return MakeError(ErrorCode::kUnsupported, "TpVerifierConfig.model: under MPI the verifier does not run over a "
-                                              "space with kinds yet; use in-process ranks");
-  }
   if (fabric != nullptr && config.form == PlannerForm::kDevice) {
     return MakeError(ErrorCode::kFailedPrecondition, "TpVerifierConfig.form = device: the verifier agrees the ranks' "
                                                      "verdicts in this process (no fabric)");

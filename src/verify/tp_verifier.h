@@ -121,8 +121,9 @@ struct TpVerifierConfig {
   // view: C4 entry i on rank i mod P, C128 entry j on rank j mod P, the window and the
   // compressor states on the window home alone); no step may change one; a rollback past
   // the window ring must be refused with nothing changed; the space's refusals are fed as
-  // bad input. Attention at home, the host and engine forms, in-process ranks; num_ranks
-  // must divide the model's page of 64 C4 entries; not with share_percent > 0.
+  // bad input. Attention at home, the host and engine forms, in-process or under MPI (every
+  // process holds every rank's share, so each checks every rank's tables); num_ranks must
+  // divide the model's page of 64 C4 entries; not with share_percent > 0.
   std::optional<ModelConfig> model;
 
   Status Validate() const;

@@ -26,7 +26,6 @@ struct ModelRequest {
   bool groups_given = false, group_layers_given = false;
   std::string tp_attention;  // --mode tp: --tp-attention
   std::string planner;       // --planner
-  bool mpi = false;
 };
 
 // The model names under configs/models/, sorted: those with layer kinds, then all.
@@ -56,10 +55,6 @@ std::optional<std::string> ApplyModelOption(const ModelRequest& m, VerifierConfi
   if (m.mode == "tp" && m.planner == "device") {
     return "--model with --mode tp and --planner device: the device step over a TP space with kinds is not built "
            "(docs/ARCHITECTURE.md, \"Kinds under TP\"); use --planner host or engine";
-  }
-  if (m.mode == "tp" && m.mpi) {
-    return "--model with --mode tp --mpi: the TP verifier over a space with kinds runs in-process ranks only; leave "
-           "--mpi out";
   }
   if (cfg.share_percent > 0) {
     return fmt::format("--model with --share-percent {}: a space with kinds refuses ShareInto (kUnsupported: "
@@ -151,8 +146,8 @@ Action SetupVerify(CLI::App& app) {
                  "tokens and every step selects among C4 entries; every kind's page tables (tp: on every rank) are "
                  "checked against the verifier's model after every op, and half of the decodes roll back drafts "
                  "(docs/ARCHITECTURE.md, \"Kinds\" and \"Kinds under TP\"). dp: every planner form; tp: "
-                 "--tp-attention at_home, --planner host or engine, in-process ranks dividing 64. No sharing; "
-                 "--groups and --group-layers are the model's");
+                 "--tp-attention at_home, --planner host or engine, ranks dividing 64 (in-process or --mpi). No "
+                 "sharing; --groups and --group-layers are the model's");
   auto shadows = std::make_shared<std::string>("off");
   app.add_option("--shadows", *shadows, "clean host shadows (AddressSpaceConfig::host_shadows, TpConfig::host_shadows): on or off")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
@@ -207,7 +202,7 @@ Action SetupVerify(CLI::App& app) {
     if (!model->empty()) {
       const ModelRequest m{.name = *model, .mode = *mode,
                            .groups_given = groups_opt->count() > 0, .group_layers_given = group_layers_opt->count() > 0,
-                           .tp_attention = *tp_attention, .planner = *planner, .mpi = *mpi};
+                           .tp_attention = *tp_attention, .planner = *planner};
       if (auto refused = ApplyModelOption(m, *cfg)) {
         fmt::print(stderr, "ula verify: {}\n", *refused);
         return 2;
