@@ -49,7 +49,10 @@
 // RollBackTokens(RequestId, std::uint32_t drafts) replaces the rollback's Truncate: a space
 // with kinds counts tokens, not addresses (the strategy returns the addresses kept, nullopt
 // when nothing was rolled back), and std::uint32_t TokensPerAddress() scales the arrivals' and
-// decodes' tokens so that they make as many addresses as in a single-kind space.
+// decodes' tokens so that they make as many addresses as in a single-kind space. The verbs a
+// space with kinds needs are implemented here once for every strategy (DP and TP), over its
+// space_, its kinds_ (verify/kind_model.h) and its CheckKindsOf: AllocateTokens (prefill
+// chunks), RollBackTokens, CheckEveryKind, KindsDigest and KindsBadInput (below).
 //
 // Sharing (only when cfg_.share_percent > 0, so that runs without it draw the
 // same numbers as before). Requests carry token ids. That share of the arrivals adopts a
