@@ -158,26 +158,10 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
     if (s && kinds_) kinds_->Added(id);
     return s;
   }
-  // With kinds, n is tokens and the addresses the C4 entries they complete; a prefill goes
-  // in chunks of kPrefillChunk tokens (a chunked prefill: the window ring frees its front
-  // blocks between them), every kind checked after each. A chunk past the first that the
-  // rank cannot hold ends the prefill there (the tokens so far stay allocated).
-  static constexpr std::uint32_t kPrefillChunk = 256;
+  // With kinds, n is tokens (verifier_core.h, AllocateTokens).
   Result<std::vector<LogicalAddr>> Allocate(RequestId id, std::uint32_t n) {
     if (!kinds_) return space_->Allocate(id, n);
-    const bool arriving = std::none_of(requests_.begin(), requests_.end(), [&](const Request& r) { return r.id == id; });
-    std::vector<LogicalAddr> made;
-    for (std::uint32_t done = 0; done < n;) {
-      const std::uint32_t chunk = std::min(n - done, kPrefillChunk);
-      auto addrs = space_->Allocate(id, chunk);
-      if (!addrs && done > 0 && addrs.error().code() == ErrorCode::kResourceExhausted) break;
-      if (!addrs) return addrs;
-      if (auto wrong = kinds_->Appended(id, chunk, addrs->size())) Fail(report_.kind_failures, *wrong);
-      made.insert(made.end(), addrs->begin(), addrs->end());
-      done += chunk;
-      if (arriving && done < n) CheckKindsOf(id, made);
-    }
-    return made;
+    return AllocateTokens(id, n);
   }
   void RandomBytes(std::span<std::byte> entry) {
     for (std::byte& b : entry) b = static_cast<std::byte>(rng_());
@@ -192,43 +176,12 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
   // --- kinds (verifier_core.h, "Kinds"; verify/kind_model.h) ---
   bool CountsTokens() const { return kinds_ != nullptr; }
   std::uint32_t TokensPerAddress() const { return kinds_->sparse_tokens(); }
-  // Rolls back `drafts` of the request's tokens; a rollback the window ring no longer
-  // holds must be refused with nothing changed. Returns the C4 entries kept.
-  std::optional<std::uint32_t> RollBackTokens(RequestId id, std::uint32_t drafts) {
-    const std::uint32_t tokens = kinds_->TokensOf(id);
-    if (drafts > tokens) return std::nullopt;
-    const std::uint32_t length = tokens - drafts;
-    if (!kinds_->RollbackAllowed(id, length)) {
-      ExpectRefused("rollback past the window ring", ErrorCode::kFailedPrecondition,
-                    [&] { return space_->Truncate(id, length); });
-      ++kinds_->counts().rollbacks_refused;
-      return std::nullopt;
-    }
-    if (auto s = space_->Truncate(id, length); !s) {
-      Fail(report_.invariant_failures, "Truncate: " + s.error().ToString());
-      return std::nullopt;
-    }
-    kinds_->Truncated(id, length);
-    const std::uint32_t kept = kinds_->AddressesAt(length);
-    // At once: the next Allocate of this op may take the freed blocks back under new ids.
-    for (const Request& r : requests_) {
-      if (r.id == id) CheckKindsOf(id, std::span(r.addrs).first(std::min<std::size_t>(kept, r.addrs.size())));
-    }
-    return kept;
-  }
   // Every request's kinds against the model, after every op.
   void AfterOp() {
-    if (!kinds_) return;
-    for (const Request& r : requests_) CheckKindsOf(r.id, r.addrs);
+    if (kinds_) CheckEveryKind();
   }
   void CheckKindsOf(RequestId id, std::span<const LogicalAddr> addrs) {
     if (auto wrong = kinds_->Check(*space_, id, addrs)) Fail(report_.kind_failures, *wrong);
-  }
-  std::uint64_t KindsDigest() {
-    if (!kinds_) return 0;
-    std::vector<RequestId> ids;
-    for (const Request& r : requests_) ids.push_back(r.id);
-    return verify_internal::KindModel::PagesDigest(*space_, ids);
   }
   Status Truncate(RequestId id, std::uint32_t length) { return space_->Truncate(id, length); }
   Result<RoundReservation> ReserveRound(Rank rank, std::span<const RoundDemand> demands) const {
@@ -337,11 +290,11 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
       }
       slots.assign(selections.size(), SlotId());
       const std::uint64_t before = Fingerprint();
-      const std::uint64_t kinds_before = KindsDigest();
+      const std::uint64_t kinds_before = kinds_ ? KindsDigest() : 0;
       if (faults_) faults_->set_armed(true);
       auto stats = planner_.Step(StepInput{rank, GroupId(g), selections, runs}, slots);
       if (faults_) faults_->set_armed(false);
-      if (KindsDigest() != kinds_before) {  // the step moves C4 rows only: every kind's pages stay
+      if (kinds_ && KindsDigest() != kinds_before) {  // the step moves C4 rows only: every kind's pages stay
         Fail(report_.kind_failures, fmt::format("a step of group {} changed a kind's page table", g));
       }
       if (!stats && stats.error().code() == ErrorCode::kIo) {
@@ -427,31 +380,18 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
         ExpectRefused("free of an unknown request", ErrorCode::kNotFound,
                       [&] { return space_->Free(RequestId(~std::uint64_t{0} - 1)); });
         break;
-      default: KindsBadInput(rng_() % 3); break;
-    }
-  }
-
-  // A space with kinds: sharing refused, a rollback past the request's tokens, a kind out of range.
-  void KindsBadInput(std::uint64_t which) {
-    const Request& r = requests_.front();
-    switch (which) {
-      case 0: {
-        const Request& donor = requests_.back();
-        if (donor.addrs.empty() || donor.id == r.id) return;
-        const std::vector<LogicalAddr> prefix{donor.addrs.front()};
-        ExpectRefused("ShareInto on a space with kinds", ErrorCode::kUnsupported,
-                      [&] { return space_->ShareInto(r.id, prefix); });
+      default: {
+        const std::uint64_t which = rng_() % 3;  // the space's refusals (verifier_core.h), a kind out of range
+        if (which < 2) {
+          KindsBadInput(which);
+        } else {
+          const Request& r = requests_.front();
+          ExpectRefused("KindPagesOf of a kind out of range", ErrorCode::kOutOfRange, [&] {
+            return space_->KindPagesOf(r.id, static_cast<std::uint32_t>(space_->config().kinds.size()));
+          });
+        }
         break;
       }
-      case 1:
-        ExpectRefused("Truncate past the request's tokens", ErrorCode::kOutOfRange,
-                      [&] { return space_->Truncate(r.id, kinds_->TokensOf(r.id) + 1); });
-        break;
-      default:
-        ExpectRefused("KindPagesOf of a kind out of range", ErrorCode::kOutOfRange, [&] {
-          return space_->KindPagesOf(r.id, static_cast<std::uint32_t>(space_->config().kinds.size()));
-        });
-        break;
     }
   }
 

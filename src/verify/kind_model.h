@@ -21,10 +21,22 @@
 // Check reads every kind of one request, compares it with the above, and counts what
 // changed since the previous read: C128 entries made, ring blocks freed at the front.
 //
+// A rank view (TP, docs/ARCHITECTURE.md "Kinds under TP"): over P ranks, rank r's page table
+// of each kind is its share of the above. With n = floor(T / 4) C4 entries, entry i of the
+// request on rank i mod P (pages of page_tokens opened per request; P divides page_tokens):
+//   the sparse kind and its companions  the n entries with i mod P == r, in the pages that hold
+//                                       one: ceil((n - r) / page_tokens) of them (0 if n <= r);
+//   append (C128)                       entry j on rank j mod P: the rank's stripe of floor(T / E)
+//                                       entries, in local blocks of kKindBlockEntries;
+//   ring and per request                the whole table on the request's window home; no entry
+//                                       and no block on any other rank.
+// DP is the view of one rank (P = 1, r = 0, the home 0): the table above.
+//
 // Thread-safety: none; the verifier's one thread.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -32,8 +44,10 @@
 #include <vector>
 
 #include "ula/address_space.h"
+#include "ula/error.h"
 #include "ula/ids.h"
 #include "ula/kv_kinds.h"
+#include "ula/tp_address_space.h"
 
 namespace ula::verify_internal {
 
@@ -48,8 +62,11 @@ class KindModel {
     std::uint64_t pages_checked = 0;      // (request, kind) page tables compared with the model
   };
 
-  // REQUIRES: ValidateKinds(kinds) is Ok, with a sparse kind.
-  KindModel(std::span<const KvKind> kinds, std::uint32_t page_tokens);
+  // The page table of (kind, rank) a space reports (AddressSpace / TpAddressSpace::KindPagesOf).
+  using PagesReader = std::function<Result<KindPages>(std::uint32_t kind, std::uint32_t rank)>;
+
+  // REQUIRES: ValidateKinds(kinds) is Ok, with a sparse kind; ranks >= 1 divides page_tokens.
+  KindModel(std::span<const KvKind> kinds, std::uint32_t page_tokens, std::uint32_t ranks = 1);
 
   void Added(RequestId request);
   // An Allocate of n tokens that made `made` addresses; a description if `made` is not the
@@ -70,8 +87,12 @@ class KindModel {
   // Compares every kind of `request` (space.KindPagesOf) and its addresses with the model;
   // the description of the first difference, if any.
   std::optional<std::string> Check(const AddressSpace& space, RequestId request, std::span<const LogicalAddr> addrs);
+  // The same over every rank of a TP space (the rank view above; the request's window home
+  // is the space's WindowHomeOf).
+  std::optional<std::string> Check(const TpAddressSpace& space, RequestId request, std::span<const LogicalAddr> addrs);
   // A digest of every kind's page table of the requests (what no step may change).
   static std::uint64_t PagesDigest(const AddressSpace& space, std::span<const RequestId> requests);
+  static std::uint64_t PagesDigest(const TpAddressSpace& space, std::span<const RequestId> requests);
 
   const Counts& counts() const { return counts_; }
   Counts& counts() { return counts_; }
@@ -82,10 +103,17 @@ class KindModel {
     std::uint32_t most = 0;   // the most tokens ever held
     std::uint32_t reach = 0;  // 1 + the first token of the latest Allocate of at least one token
     bool appended = false;
-    std::vector<KindPages> last;  // [kinds] the page tables last read
+    std::vector<KindPages> last;  // [ranks * kinds] the page tables last read
   };
-  // The page table kind k of `r` must have (blocks: only their number is set).
-  KindPages Expected(std::uint32_t k, const Request& r) const;
+  // The page table kind k of `r` must have on `rank`, whose window home is `home` (blocks:
+  // only their number is set).
+  KindPages Expected(std::uint32_t k, const Request& r, std::uint32_t rank, std::uint32_t home) const;
+  // Check's body: `listed` is the space's AddressesOf, `home` its window home.
+  std::optional<std::string> CheckRanks(RequestId request, std::span<const LogicalAddr> addrs,
+                                        Result<std::span<const LogicalAddr>> listed, std::uint32_t home,
+                                        const PagesReader& read);
+  static std::uint64_t Digest(std::span<const RequestId> requests, std::uint32_t kinds, std::uint32_t ranks,
+                              const std::function<Result<KindPages>(RequestId, std::uint32_t, std::uint32_t)>& read);
   // The index of blocks[0] among the request's blocks of kind k (the ring's first block).
   std::uint32_t BaseBlock(std::uint32_t k, const KindPages& p) const;
   // Blocks that hold a live entry in both reads keep their ids; counts what changed.
@@ -95,6 +123,7 @@ class KindModel {
   std::vector<bool> addressed_;  // [kinds] the sparse kind and its companions
   std::uint32_t sparse_tokens_ = 1;
   std::uint32_t page_tokens_ = 1;
+  std::uint32_t ranks_ = 1;
   std::unordered_map<RequestId, Request> requests_;
   Counts counts_;
 };

@@ -24,6 +24,8 @@
 #include "step/device_io.h"
 #include "ula/device_step.h"
 #include "ula/tp_step_planner.h"
+#include "config/model_kinds.h"
+#include "verify/kind_model.h"
 #include "verify/step_rows.h"
 #include "verify/verifier_core.h"
 
@@ -63,6 +65,20 @@ Status TpVerifierConfig::Validate() const {
   if (share_percent > 100) return bad(fmt::format("share_percent = {}: must be in [0, 100]", share_percent));
   if (draft_reject_percent > 100) return bad(fmt::format("draft_reject_percent = {}: must be in [0, 100]", draft_reject_percent));
   if (reserve_rounds && !stable_new_entries) return bad("reserve_rounds: ReserveRound is the engine path's: needs stable_new_entries");
+  if (model && attention != TpAttention::kAtHome) {
+    return bad(fmt::format("attention = local_buffer: the TP space of model '{}' holds kinds, and a space with kinds "
+                           "runs attention at home only (the local buffer would copy C4 entries onto other ranks; "
+                           "docs/ARCHITECTURE.md, \"Kinds under TP\")", model->name));
+  }
+  if (model && form == PlannerForm::kDevice) {
+    return bad(fmt::format("form = device: the device step over a TP space with kinds is not built (model '{}'; "
+                           "docs/ARCHITECTURE.md, \"Kinds under TP\"): use the host or engine form", model->name));
+  }
+  if (model && share_percent > 0) {
+    return bad(fmt::format("share_percent = {}: the space of model '{}' holds kinds, and a space with kinds refuses "
+                           "ShareInto (kUnsupported: adopted C4 entries would come without their tokens' other kinds)",
+                           share_percent, model->name));
+  }
   if (form == PlannerForm::kDevice && attention != TpAttention::kAtHome) {
     return bad("form = device: the TP device step covers attention at home only (the local buffer's remote phase "
                "is not a kernel yet)");
@@ -96,12 +112,25 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
     // At home: 6 heads, so that 4 and 8 ranks own uneven head ranges (some none).
     const std::uint32_t heads = cfg.attention == TpAttention::kAtHome ? 6 : 2;
     mla_ = MlaShape{.num_heads = heads, .kv_lora_rank = values - 4, .rope_dim = 4, .softmax_scale = 0.125f};
+    const TpConfig& tc = space_->config();
+    if (!tc.kinds.empty()) {
+      kinds_ = std::make_unique<verify_internal::KindModel>(tc.kinds, tc.page_tokens, tc.num_ranks);
+    }
   }
 
   TpVerifierReport Finish() {
     TpVerifierReport r = Run();
     if (faults_) r.faults_injected += faults_->stats().injected;
     if (fault_fabric_) r.faults_injected += fault_fabric_->stats().injected;
+    if (kinds_) {
+      const auto& c = kinds_->counts();
+      r.kind_pages_checked = c.pages_checked;
+      r.c4_made = c.c4_made;
+      r.c4_freed = c.c4_freed;
+      r.c128_made = c.c128_made;
+      r.ring_blocks_freed = c.ring_blocks_freed;
+      r.rollbacks_refused = c.rollbacks_refused;
+    }
     return r;
   }
 
@@ -175,8 +204,16 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
 
   // --- the strategy's verbs (verifier_core.h) ---
   Rank PickRank() { return Rank(0); }  // TP: a request spans every rank (a mod P)
-  Status AddRequest(RequestId id, Rank) { return space_->AddRequest(id); }
-  Result<std::vector<LogicalAddr>> Allocate(RequestId id, std::uint32_t n) { return space_->Allocate(id, n); }
+  Status AddRequest(RequestId id, Rank) {
+    Status s = space_->AddRequest(id);
+    if (s && kinds_) kinds_->Added(id);
+    return s;
+  }
+  // With kinds, n is tokens (verifier_core.h, AllocateTokens).
+  Result<std::vector<LogicalAddr>> Allocate(RequestId id, std::uint32_t n) {
+    if (!kinds_) return space_->Allocate(id, n);
+    return AllocateTokens(id, n);
+  }
   // float32 values in [-1, 1]: the attention check reads the entries as MLA latents.
   void RandomBytes(std::span<std::byte> entry) {
     std::uniform_real_distribution<float> value(-1.0f, 1.0f);
@@ -186,8 +223,22 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
     }
   }
   Status Write(LogicalAddr a, GroupId g, std::span<const std::byte> bytes) { return space_->Write(a, g, bytes); }
-  Status Free(RequestId id) { return space_->Free(id); }
+  Status Free(RequestId id) {
+    Status s = space_->Free(id);
+    if (s && kinds_) kinds_->Freed(id);
+    return s;
+  }
   Status Truncate(RequestId id, std::uint32_t length) { return space_->Truncate(id, length); }
+  // --- kinds (verifier_core.h, "Kinds"; verify/kind_model.h, its rank view) ---
+  bool CountsTokens() const { return kinds_ != nullptr; }
+  std::uint32_t TokensPerAddress() const { return kinds_->sparse_tokens(); }
+  // Every request's kinds on every rank against the model, after every op.
+  void AfterOp() {
+    if (kinds_) CheckEveryKind();
+  }
+  void CheckKindsOf(RequestId id, std::span<const LogicalAddr> addrs) {
+    if (auto wrong = kinds_->Check(*space_, id, addrs)) Fail(report_.kind_failures, *wrong);
+  }
   Result<RoundReservation> ReserveRound(Rank, std::span<const RoundDemand> demands) {
     if (!reserver_) {
       auto made = TpStepPlanner::Create(*space_, {.max_batch = cfg_.max_batch, .max_q_len = 1, .max_top_k = MaxRun()});
@@ -593,9 +644,13 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
         }
         // Equal-length per-query selections (for the attention record): only full-k requests.
         const std::uint64_t before = Fingerprint();
+        const std::uint64_t kinds_before = kinds_ ? KindsDigest() : 0;
         Arm(true);
         auto plan = Plan(gid, sel[b], runs[b]);
         Arm(false);
+        if (kinds_ && KindsDigest() != kinds_before) {  // the step moves C4 entries only: every kind's pages stay
+          Fail(report_.kind_failures, fmt::format("a step of group {} changed a kind's page table", g));
+        }
         const bool io_failed = !plan && plan.error().code() == ErrorCode::kIo;
         // Under MPI a transfer fails on one rank: the others have a plan, but the attention
         // at home is a collective the failed rank cannot join, so every rank learns it.
@@ -633,6 +688,7 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
       }
     }
     space_->AdvanceRound();
+    if (kinds_) kinds_->RoundEnded();
   }
 
   void BadInput() {
@@ -641,14 +697,17 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
     const Request& front = requests_.front();
     const LogicalAddr some = front.addrs.empty() ? unknown : front.addrs[0];
     const GroupId bad_group(static_cast<std::uint16_t>(cfg_.num_groups));
-    switch (rng_() % 6) {
+    // With kinds: Allocate takes tokens, and the space's own refusals are fed too.
+    const std::uint32_t per_entry = kinds_ ? kinds_->sparse_tokens() : 1;
+    switch (rng_() % (kinds_ ? 9 : 6)) {
       case 0:
         ExpectRefused("write of an unknown address", ErrorCode::kNotFound,
                       [&] { return space_->Write(unknown, GroupId(0), buf); });
         break;
       case 1:
         ExpectRefused("allocation larger than all shards", ErrorCode::kResourceExhausted, [&] {
-          return space_->Allocate(front.id, cfg_.num_ranks * (cfg_.device_slots_per_group + cfg_.host_slots_per_group) + 1);
+          return space_->Allocate(
+              front.id, (cfg_.num_ranks * (cfg_.device_slots_per_group + cfg_.host_slots_per_group) + 1) * per_entry);
         });
         break;
       case 2:
@@ -673,6 +732,20 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
           return space_->BufferSlot(Rank(static_cast<std::uint16_t>(cfg_.num_ranks)), some, GroupId(0));
         });
         break;
+      case 6:
+      case 7: KindsBadInput(rng_() % 2); break;  // ShareInto, a Truncate past the tokens (verifier_core.h)
+      default: {
+        const Rank past(static_cast<std::uint16_t>(cfg_.num_ranks));
+        const auto kinds = static_cast<std::uint32_t>(space_->config().kinds.size());
+        if (rng_() % 2 == 0) {
+          ExpectRefused("KindPagesOf of a rank out of range", ErrorCode::kOutOfRange,
+                        [&] { return space_->KindPagesOf(front.id, 0, past); });
+        } else {
+          ExpectRefused("KindPagesOf of a kind out of range", ErrorCode::kOutOfRange,
+                        [&] { return space_->KindPagesOf(front.id, kinds, Rank(0)); });
+        }
+        break;
+      }
     }
   }
 
@@ -694,8 +767,45 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   MlaShape mla_;
   std::unique_ptr<SparsePrefixCache> cache_ = SparsePrefixCache::Create(*space_).value();  // sharing
   std::unique_ptr<TpStepPlanner> reserver_;           // reserve_rounds: the admission's planner
+  std::unique_ptr<verify_internal::KindModel> kinds_;  // a space with kinds: the model of every request's kinds
   std::uint64_t step_ = 0;
 };
+
+}  // namespace
+
+namespace {
+
+// The model's kinds over the TP space (TpVerifierConfig::model): SpaceConfigOfModel's kinds,
+// pages and budgets; the shape must be the config's. Nothing changes on an error.
+Status ApplyModelKinds(const TpVerifierConfig& config, TpConfig& tp) {
+  AddressSpaceConfig c;
+  c.num_groups = config.num_groups;
+  c.entry_bytes = config.entry_bytes;
+  c.row_bytes = config.entry_bytes;  // one layer a group: an entry is one C4 row
+  c.device_bytes_per_rank = tp.device_bytes_per_rank;
+  c.host_bytes_per_rank = tp.host_bytes_per_rank;
+  c.policy = tp.policy;
+  c.stable_new_entries = tp.stable_new_entries;
+  auto m = SpaceConfigOfModel(*config.model, {.max_draft_tokens = config.queries_per_request - 1}, c);
+  if (!m) return std::unexpected(m.error());
+  if (m->num_groups != c.num_groups || m->entry_bytes != c.entry_bytes || m->row_bytes != c.row_bytes) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("TpVerifierConfig: {} groups of {} B entries; model '{}' has {} of {} in rows of {} "
+                                 "(ApplyModel, one layer a group)", c.num_groups, c.entry_bytes, config.model->name,
+                                 m->num_groups, m->entry_bytes, m->row_bytes));
+  }
+  if (m->page_tokens % config.num_ranks != 0) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("TpVerifierConfig.num_ranks = {}: with model '{}' it must divide the page's {} C4 "
+                                 "entries (C4 entry i of a request on rank i mod P; docs/ARCHITECTURE.md, \"Kinds "
+                                 "under TP\")", config.num_ranks, config.model->name, m->page_tokens));
+  }
+  tp.device_bytes_per_rank = m->device_bytes_per_rank;
+  tp.host_bytes_per_rank = m->host_bytes_per_rank;
+  tp.page_tokens = m->page_tokens;
+  tp.kinds = m->kinds;
+  return Ok();
+}
 
 }  // namespace
 
@@ -728,6 +838,7 @@ Result<TpVerifierReport> RunTpVerifier(const TpVerifierConfig& config, TpFabric*
   tp.buffer_policy = config.policy;
   tp.host_shadows = config.host_shadows;
   tp.stable_new_entries = config.stable_new_entries;
+  if (config.model) ULA_RETURN_IF_ERROR(ApplyModelKinds(config, tp));
   std::vector<Rank> hosted;
   if (fabric != nullptr) hosted.push_back(fabric->local_rank());
   // Faults: one stream per process (the ranks of an MPI run fail different transfers),

@@ -43,9 +43,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "config/model_config.h"
 #include "ula/error.h"
 #include "ula/residency_policy.h"
 #include "ula/tp_address_space.h"
@@ -108,6 +110,21 @@ struct TpVerifierConfig {
   // every form; in-process ranks only, and stable_new_entries).
   std::uint32_t draft_reject_percent = 0;
   bool reserve_rounds = false;
+  // A model with layer kinds (DeepSeek-V4; docs/ARCHITECTURE.md, "Kinds under TP"): the TP
+  // space holds its kinds (SpaceConfigOfModel, queries_per_request - 1 draft tokens in the
+  // window ring; TpConfig::kinds), Allocate, Truncate and Free take the model's tokens and the
+  // addresses are its C4 entries, each on its home a mod P, so every step at home selects
+  // among C4 entries and reads each on its home. num_groups and entry_bytes must be the
+  // model's (ApplyModel of consistency_verifier.h gives them, with one layer a group). After
+  // every op each request's page table of every kind on every rank (KindPagesOf(request,
+  // kind, rank)) is compared with the verifier's model of it (verify/kind_model.h, its rank
+  // view: C4 entry i on rank i mod P, C128 entry j on rank j mod P, the window and the
+  // compressor states on the window home alone); no step may change one; a rollback past
+  // the window ring must be refused with nothing changed; the space's refusals are fed as
+  // bad input. Attention at home, the host and engine forms, in-process or under MPI (every
+  // process holds every rank's share, so each checks every rank's tables); num_ranks must
+  // divide the model's page of 64 C4 entries; not with share_percent > 0.
+  std::optional<ModelConfig> model;
 
   Status Validate() const;
   std::uint32_t buffer_slots() const;
@@ -159,12 +176,20 @@ struct TpVerifierReport {
   std::uint64_t draft_rollbacks = 0;        // draft_reject_percent: decodes that rolled back drafts first
   std::uint64_t reservations = 0;           // reserve_rounds: decodes ReserveRound admitted
   std::uint64_t reservations_refused = 0;   // reserve_rounds: decodes it deferred (kResourceExhausted)
+  // model: what the kinds did and how they were checked (verify/kind_model.h), over every rank.
+  std::uint64_t kind_failures = 0;          // a page table or address list not the model's, or changed by a step
+  std::uint64_t kind_pages_checked = 0;     // (request, kind, rank) page tables compared with the model
+  std::uint64_t c4_made = 0;                // C4 entries (addresses) Allocate made
+  std::uint64_t c4_freed = 0;               // C4 entries a rollback or a Free released
+  std::uint64_t c128_made = 0;              // C128 entries that appeared (summed over the ranks)
+  std::uint64_t ring_blocks_freed = 0;      // window blocks the ring freed at its front (window homes)
+  std::uint64_t rollbacks_refused = 0;      // rollbacks past the window ring, refused with nothing changed
   std::vector<std::string> first_failures;  // up to 10
   std::vector<TpStepRecord> records;
 
   bool ok() const {
     return mismatches == 0 && invariant_failures == 0 && bad_input_failures == 0 && attention_mismatches == 0 &&
-           entries_lost == 0 && early_publishes == 0 && sharing_failures == 0;
+           entries_lost == 0 && early_publishes == 0 && sharing_failures == 0 && kind_failures == 0;
   }
 };
 

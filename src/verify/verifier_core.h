@@ -49,7 +49,10 @@
 // RollBackTokens(RequestId, std::uint32_t drafts) replaces the rollback's Truncate: a space
 // with kinds counts tokens, not addresses (the strategy returns the addresses kept, nullopt
 // when nothing was rolled back), and std::uint32_t TokensPerAddress() scales the arrivals' and
-// decodes' tokens so that they make as many addresses as in a single-kind space.
+// decodes' tokens so that they make as many addresses as in a single-kind space. The verbs a
+// space with kinds needs are implemented here once for every strategy (DP and TP), over its
+// space_, its kinds_ (verify/kind_model.h) and its CheckKindsOf: AllocateTokens (prefill
+// chunks), RollBackTokens, CheckEveryKind, KindsDigest and KindsBadInput (below).
 //
 // Sharing (only when cfg_.share_percent > 0, so that runs without it draw the
 // same numbers as before). Requests carry token ids. That share of the arrivals adopts a
@@ -87,6 +90,7 @@
 #include "ula/ids.h"
 #include "ula/sparse_prefix_cache.h"
 #include "ula/step_planner.h"
+#include "verify/kind_model.h"
 #include "verify/verifier_checks.h"
 
 namespace ula::verify_internal {
@@ -191,6 +195,84 @@ class VerifierCore {
       }
     }
     return true;
+  }
+
+  // --- a space with kinds: one implementation for every strategy ("Kinds" above). They use
+  // the strategy's space_ (Allocate, Truncate, ShareInto take the model's tokens) and kinds_
+  // (verify/kind_model.h), and its CheckKindsOf(RequestId, std::span<const LogicalAddr>),
+  // which compares every kind's page tables (on every rank) with the model.
+
+  // Allocate of n tokens; the addresses are the C4 entries they complete. A prefill goes in
+  // chunks of kPrefillChunk tokens (a chunked prefill: the window ring frees its front blocks
+  // between them), every kind checked after each. A chunk past the first that the space
+  // cannot hold ends the prefill there (the tokens so far stay allocated).
+  static constexpr std::uint32_t kPrefillChunk = 256;
+  Result<std::vector<LogicalAddr>> AllocateTokens(RequestId id, std::uint32_t n) {
+    auto& kinds = *self().kinds_;
+    const bool arriving =
+        std::none_of(requests_.begin(), requests_.end(), [&](const Request& r) { return r.id == id; });
+    std::vector<LogicalAddr> made;
+    for (std::uint32_t done = 0; done < n;) {
+      const std::uint32_t chunk = std::min(n - done, kPrefillChunk);
+      auto addrs = self().space_->Allocate(id, chunk);
+      if (!addrs && done > 0 && addrs.error().code() == ErrorCode::kResourceExhausted) break;
+      if (!addrs) return addrs;
+      if (auto wrong = kinds.Appended(id, chunk, addrs->size())) Fail(report_.kind_failures, *wrong);
+      made.insert(made.end(), addrs->begin(), addrs->end());
+      done += chunk;
+      if (arriving && done < n) self().CheckKindsOf(id, made);
+    }
+    return made;
+  }
+  // Rolls back `drafts` of the request's tokens; a rollback the window ring no longer holds
+  // must be refused with nothing changed. Returns the C4 entries kept.
+  std::optional<std::uint32_t> RollBackTokens(RequestId id, std::uint32_t drafts) {
+    auto& kinds = *self().kinds_;
+    const std::uint32_t tokens = kinds.TokensOf(id);
+    if (drafts > tokens) return std::nullopt;
+    const std::uint32_t length = tokens - drafts;
+    if (!kinds.RollbackAllowed(id, length)) {
+      ExpectRefused("rollback past the window ring", ErrorCode::kFailedPrecondition,
+                    [&] { return self().space_->Truncate(id, length); });
+      ++kinds.counts().rollbacks_refused;
+      return std::nullopt;
+    }
+    if (auto s = self().space_->Truncate(id, length); !s) {
+      Fail(report_.invariant_failures, "Truncate: " + s.error().ToString());
+      return std::nullopt;
+    }
+    kinds.Truncated(id, length);
+    const std::uint32_t kept = kinds.AddressesAt(length);
+    // At once: the next Allocate of this op may take the freed blocks back under new ids.
+    for (const Request& r : requests_) {
+      if (r.id == id) self().CheckKindsOf(id, std::span(r.addrs).first(std::min<std::size_t>(kept, r.addrs.size())));
+    }
+    return kept;
+  }
+  // Every request's kinds against the model (after every op).
+  void CheckEveryKind() {
+    for (const Request& r : requests_) self().CheckKindsOf(r.id, r.addrs);
+  }
+  // A digest of every live request's page tables of every kind (no step may change it).
+  std::uint64_t KindsDigest() {
+    std::vector<RequestId> ids;
+    for (const Request& r : requests_) ids.push_back(r.id);
+    return KindModel::PagesDigest(*self().space_, ids);
+  }
+  // The space's refusals of a space with kinds (`which` in [0, 2)): ShareInto (kUnsupported),
+  // a Truncate past the request's tokens (kOutOfRange).
+  void KindsBadInput(std::uint64_t which) {
+    const Request& r = requests_.front();
+    if (which == 0) {
+      const Request& donor = requests_.back();
+      if (donor.addrs.empty() || donor.id == r.id) return;
+      const std::vector<LogicalAddr> prefix{donor.addrs.front()};
+      ExpectRefused("ShareInto on a space with kinds", ErrorCode::kUnsupported,
+                    [&] { return self().space_->ShareInto(r.id, prefix); });
+    } else {
+      ExpectRefused("Truncate past the request's tokens", ErrorCode::kOutOfRange,
+                    [&] { return self().space_->Truncate(r.id, self().kinds_->TokensOf(r.id) + 1); });
+    }
   }
 
   // The next selection of query `slot` of `r` (NextSelection), appended to `out`.

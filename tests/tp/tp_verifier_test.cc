@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string_view>
 
+#include "config/model_config.h"
 #include "test_seed.h"
+#include "verify/consistency_verifier.h"
 
 namespace ula {
 namespace {
@@ -198,6 +201,62 @@ TEST(TpVerifier, HostShadowsKeepEveryByteWithFaultsOrNone) {
 }
 
 // A run that starts with more requests than the live cap is refused.
+// DeepSeek-V4-Flash's kinds over a TP space (TpVerifierConfig::model; docs/ARCHITECTURE.md,
+// "Kinds under TP"): the host step at home runs clean at P = 2 and 4 with every rank's page
+// tables checked against the model, and what a TP space with kinds does not run is refused
+// before anything runs, naming the reason (the long runs: ctest cli_verify_model_v4_tp*).
+TEST(TpVerifier, ModelKindsRunAtHomeAndTheRefusalsNameTheirReasons) {
+  ULA_TEST_SEEDED(seed, 20261206);
+  auto flash = LoadModelConfigByName("deepseek_v4_flash", DefaultConfigDir());
+  ASSERT_TRUE(flash) << flash.error().ToString();
+  VerifierConfig shape;
+  ASSERT_TRUE(ApplyModel(shape, *flash));
+  TpVerifierConfig c;
+  c.seed = seed;
+  c.ops = kOps / 4;
+  c.num_groups = shape.num_groups;
+  c.entry_bytes = shape.entry_bytes;
+  c.top_k = 16;
+  c.device_slots_per_group = 48;
+  c.attention = TpAttention::kAtHome;
+  c.draft_reject_percent = 50;
+  c.model = *flash;
+  for (std::uint32_t ranks : {2u, 4u}) {
+    c.num_ranks = ranks;
+    std::printf("seed=%llu ranks=%u model deepseek_v4_flash\n", static_cast<unsigned long long>(c.seed), ranks);
+    auto report = RunTpVerifier(c);
+    ASSERT_TRUE(report) << report.error().ToString();
+    ExpectClean(*report);
+    EXPECT_TRUE(report->ok());
+    EXPECT_GT(report->steps, 0u);
+    EXPECT_GT(report->c4_made, 0u);
+    EXPECT_GE(report->kind_pages_checked, report->ops * ranks);  // every rank's tables after every op
+  }
+  auto refused = [&](TpVerifierConfig bad, std::string_view says) {
+    auto report = RunTpVerifier(bad);
+    ASSERT_FALSE(report) << "ran: " << says;
+    EXPECT_EQ(report.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(report.error().message().find(says), std::string::npos) << report.error().message();
+  };
+  TpVerifierConfig local = c;
+  local.attention = TpAttention::kLocalBuffer;
+  refused(local, "runs attention at home only");
+  TpVerifierConfig device = c;
+  device.form = PlannerForm::kDevice;
+  device.stable_new_entries = true;
+  device.policy = PolicyKind::kKernelPbLru;
+  refused(device, "device step over a TP space with kinds is not built");
+  TpVerifierConfig sharing = c;
+  sharing.share_percent = 10;
+  refused(sharing, "refuses ShareInto");
+  TpVerifierConfig three = c;
+  three.num_ranks = 3;
+  refused(three, "must divide the page's 64 C4 entries");
+  TpVerifierConfig groups = c;
+  groups.num_groups = 2;
+  refused(groups, "model 'deepseek_v4_flash' has 21");
+}
+
 TEST(TpVerifier, TooManyInitialRequestsAreRefused) {
   TpVerifierConfig c;
   c.initial_requests = kFullWorkload + 1;

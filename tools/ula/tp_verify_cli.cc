@@ -31,6 +31,8 @@ int RunTpVerify(const TpVerifyArgs& a) {
   c.draft_reject_percent = a.draft_reject_percent;
   c.reserve_rounds = a.reserve_rounds;
   c.cuda = a.cuda;
+  c.entry_bytes = a.entry_bytes;
+  c.model = a.model;
   if (!a.policy.empty()) {
     auto kind = ParsePolicyKind(a.policy);
     if (!kind) {
@@ -100,6 +102,10 @@ int RunTpVerify(const TpVerifyArgs& a) {
                      {"draft_reject_percent", c.draft_reject_percent}, {"draft_rollbacks", r.draft_rollbacks},
                      {"reserve_rounds", c.reserve_rounds}, {"reservations", r.reservations},
                      {"reservations_refused", r.reservations_refused},
+                     {"model", a.model ? a.model->name : ""}, {"kind_failures", r.kind_failures},
+                     {"kind_pages_checked", r.kind_pages_checked}, {"c4_made", r.c4_made}, {"c4_freed", r.c4_freed},
+                     {"c128_made", r.c128_made}, {"ring_blocks_freed", r.ring_blocks_freed},
+                     {"rollbacks_refused", r.rollbacks_refused},
                      {"failures", r.first_failures}};
     fmt::print("{}\n", j.dump());
   } else {
@@ -130,6 +136,12 @@ int RunTpVerify(const TpVerifyArgs& a) {
     }
     if (c.draft_reject_percent > 0) {
       fmt::print("  drafts ({}% of decodes): {} rolled back\n", c.draft_reject_percent, r.draft_rollbacks);
+    }
+    if (a.model) {
+      fmt::print("  kinds of {}: {} C4 entries made, {} freed; {} C128 made; {} window blocks freed; {} rollbacks "
+                 "refused past the ring; {} page tables checked on {} ranks, {} differ from the model\n",
+                 a.model->name, r.c4_made, r.c4_freed, r.c128_made, r.ring_blocks_freed, r.rollbacks_refused,
+                 r.kind_pages_checked, c.num_ranks, r.kind_failures);
     }
     if (c.reserve_rounds) {
       fmt::print("  round reservations: {} decodes admitted, {} deferred\n", r.reservations, r.reservations_refused);

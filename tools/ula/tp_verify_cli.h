@@ -3,9 +3,11 @@
 // verify_command.cc so that file only forwards to it.
 #pragma once
 
+#include "config/model_config.h"
 #include "verify/planner_form.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace ula::cli {
@@ -30,6 +32,8 @@ struct TpVerifyArgs {
   std::uint32_t draft_reject_percent = 0;  // --draft-reject-percent: TpVerifierConfig's
   bool reserve_rounds = false;             // --reserve-rounds: TpVerifierConfig's
   bool cuda = false;                       // --cuda: the device step's CUDA form (TpVerifierConfig::cuda)
+  std::uint32_t entry_bytes = 64;          // TpVerifierConfig::entry_bytes (--model: the model's)
+  std::optional<ModelConfig> model;        // --model: TpVerifierConfig::model
 };
 
 // Returns the process exit code (0 ok, 1 verification failed, 2 bad arguments / no MPI).

@@ -19,11 +19,13 @@
 namespace ula::cli {
 namespace {
 
-// The DP verifier over a model's kinds (--model): what it was asked besides.
+// The verifier over a model's kinds (--model): what it was asked besides.
 struct ModelRequest {
   std::string name;
   std::string mode;
   bool groups_given = false, group_layers_given = false;
+  std::string tp_attention;  // --mode tp: --tp-attention
+  std::string planner;       // --planner
 };
 
 // The model names under configs/models/, sorted: those with layer kinds, then all.
@@ -45,10 +47,14 @@ std::string KnownModels() {
 // Loads --model into cfg (its kinds' space shape, rollbacks on); the reason it is refused
 // otherwise, naming the option: nothing runs then.
 std::optional<std::string> ApplyModelOption(const ModelRequest& m, VerifierConfig& cfg) {
-  if (m.mode != "dp") {
-    return "--model needs --mode dp: the TP verifier does not run over a space with kinds yet (the TP space holds "
-           "them, every entry on one rank, and the host step at home selects their C4 entries; docs/ARCHITECTURE.md, "
-           "\"Kinds under TP\")";
+  if (m.mode == "tp" && m.tp_attention != "at_home") {
+    return fmt::format("--model with --mode tp needs --tp-attention at_home (got {}): a TP space with kinds runs "
+                       "attention at home only, the local buffer would copy C4 entries onto other ranks "
+                       "(docs/ARCHITECTURE.md, \"Kinds under TP\")", m.tp_attention);
+  }
+  if (m.mode == "tp" && m.planner == "device") {
+    return "--model with --mode tp and --planner device: the device step over a TP space with kinds is not built "
+           "(docs/ARCHITECTURE.md, \"Kinds under TP\"); use --planner host or engine";
   }
   if (cfg.share_percent > 0) {
     return fmt::format("--model with --share-percent {}: a space with kinds refuses ShareInto (kUnsupported: "
@@ -71,6 +77,10 @@ std::optional<std::string> ApplyModelOption(const ModelRequest& m, VerifierConfi
   if (m.group_layers_given && shaped.group_layers != cfg.group_layers) {
     return fmt::format("--group-layers {} does not match --model {}: its groups hold {} layer(s) each; leave "
                        "--group-layers out", cfg.group_layers, m.name, shaped.group_layers);
+  }
+  if (m.mode == "tp" && shaped.group_layers != 1) {
+    return fmt::format("--model {} with --mode tp: its groups hold {} layers; the TP verifier's entries are one row",
+                       m.name, shaped.group_layers);
   }
   if (shaped.draft_reject_percent == 0) shaped.draft_reject_percent = 50;  // half the rounds reject a draft (V4's MTP)
   cfg = std::move(shaped);
@@ -132,11 +142,12 @@ Action SetupVerify(CLI::App& app) {
       ->capture_default_str()->check(IntIn(1, 64));
   auto model = std::make_shared<std::string>();
   app.add_option("--model", *model,
-                 "dp: a model with layer kinds (deepseek_v4_flash): the space holds its kinds, Allocate takes its "
-                 "tokens and every step selects among C4 entries; every kind's page tables are checked against "
-                 "the verifier's model after every op, and half of the decodes roll back drafts "
-                 "(docs/ARCHITECTURE.md, \"Kinds\"). Every planner form; no sharing; --groups and "
-                 "--group-layers are the model's");
+                 "a model with layer kinds (deepseek_v4_flash): the space holds its kinds, Allocate takes its "
+                 "tokens and every step selects among C4 entries; every kind's page tables (tp: on every rank) are "
+                 "checked against the verifier's model after every op, and half of the decodes roll back drafts "
+                 "(docs/ARCHITECTURE.md, \"Kinds\" and \"Kinds under TP\"). dp: every planner form; tp: "
+                 "--tp-attention at_home, --planner host or engine, ranks dividing 64 (in-process or --mpi). No "
+                 "sharing; --groups and --group-layers are the model's");
   auto shadows = std::make_shared<std::string>("off");
   app.add_option("--shadows", *shadows, "clean host shadows (AddressSpaceConfig::host_shadows, TpConfig::host_shadows): on or off")
       ->check(CLI::IsMember({"on", "off"}))->capture_default_str();
@@ -190,7 +201,8 @@ Action SetupVerify(CLI::App& app) {
     cfg->host_shadows = *shadows == "on";
     if (!model->empty()) {
       const ModelRequest m{.name = *model, .mode = *mode,
-                           .groups_given = groups_opt->count() > 0, .group_layers_given = group_layers_opt->count() > 0};
+                           .groups_given = groups_opt->count() > 0, .group_layers_given = group_layers_opt->count() > 0,
+                           .tp_attention = *tp_attention, .planner = *planner};
       if (auto refused = ApplyModelOption(m, *cfg)) {
         fmt::print(stderr, "ula verify: {}\n", *refused);
         return 2;
@@ -203,7 +215,8 @@ Action SetupVerify(CLI::App& app) {
                           .json = *json, .fault_rate = cfg->fault_rate, .share_percent = cfg->share_percent,
                           .form = cfg->form, .stable_new_entries = cfg->stable_new_entries,
                           .host_shadows = cfg->host_shadows, .draft_reject_percent = cfg->draft_reject_percent,
-                          .reserve_rounds = cfg->reserve_rounds, .cuda = *cuda});
+                          .reserve_rounds = cfg->reserve_rounds, .cuda = *cuda, .entry_bytes = cfg->entry_bytes,
+                          .model = cfg->model});
     }
     auto kind = ParsePolicyKind(*policy);
     if (!kind) {
