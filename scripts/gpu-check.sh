@@ -132,7 +132,8 @@ record() {  # record NAME COMMAND RC SECONDS SKIPPED NOTE
   json_str_to skipped "$5"
   json_str_to note "$6"
   [[ -n $steps_json ]] && steps_json+=","
-  steps_json+=$'\n    '"{\"name\": $name, \"command\": $command, \"rc\": $3, \"seconds\": $4, \"limit_s\": ${LIMIT[$1]}, \"log\": $log, \"skipped\": $skipped, \"note\": $note}"
+  steps_json+=$'\n    '"{\"name\": $name, \"command\": $command, \"rc\": $3, \"seconds\": $4, "
+  steps_json+="\"limit_s\": ${LIMIT[$1]}, \"log\": $log, \"skipped\": $skipped, \"note\": $note}"
 }
 
 now_s() {  # now_s VAR: VAR = the epoch second (bash's own clock, no `date` process)
