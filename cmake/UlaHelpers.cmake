@@ -49,7 +49,7 @@ function(ula_add_test name)
   endif()
   # The release tree compiles a test's own sources at -O1 (its set-up, drivers and
   # assertions; the libraries under test stay -O3): 30-50 % less compile time per test
-  # source (docs/BENCHMARKS.md, "Build time"), and no test is timed.
+  # source (docs/BENCHMARKS.md, "The test loop"), and no test is timed.
   if(CMAKE_BUILD_TYPE STREQUAL "Release" AND NOT ULA_SANITIZE)
     target_compile_options(${name} PRIVATE -O1)
   endif()
