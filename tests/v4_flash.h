@@ -10,6 +10,7 @@
 #include "config/model_config.h"
 #include "config/model_kinds.h"
 #include "ula/address_space.h"
+#include "ula/tp_address_space.h"
 
 namespace ula::test {
 
@@ -35,6 +36,24 @@ inline AddressSpaceConfig FlashSpaceConfig(std::uint32_t device_entries, std::ui
   EXPECT_EQ(c->num_groups, kFlashGroups);
   EXPECT_EQ(c->row(), kFlashC4Row);
   return *c;
+}
+
+// The same space over `ranks` TP ranks, attention at home: each rank's pools sized as one DP
+// rank's above, every kind of the model (TpConfig::kinds).
+inline TpConfig FlashTpConfig(std::uint32_t ranks, std::uint32_t device_entries, std::uint32_t host_entries,
+                              std::uint32_t drafts) {
+  const AddressSpaceConfig dp = FlashSpaceConfig(device_entries, host_entries, drafts);
+  TpConfig c;
+  c.num_ranks = ranks;
+  c.num_groups = dp.num_groups;
+  c.entry_bytes = dp.entry_bytes;
+  c.attention = TpAttention::kAtHome;
+  c.device_bytes_per_rank = dp.device_bytes_per_rank;
+  c.host_bytes_per_rank = dp.host_bytes_per_rank;
+  c.page_tokens = dp.page_tokens;
+  c.stable_new_entries = true;
+  c.kinds = dp.kinds;
+  return c;
 }
 
 }  // namespace ula::test

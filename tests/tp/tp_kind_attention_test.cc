@@ -34,18 +34,7 @@ constexpr MlaShape kShape{.num_heads = 6, .kv_lora_rank = 128, .rope_dim = 16, .
 constexpr std::uint32_t kWidth = kShape.kv_lora_rank + kShape.rope_dim;
 
 TpConfig FlashTpConfig(std::uint32_t ranks) {
-  const AddressSpaceConfig dp = test::FlashSpaceConfig(64, 2048, kDrafts);
-  TpConfig c;
-  c.num_ranks = ranks;
-  c.num_groups = dp.num_groups;
-  c.entry_bytes = dp.entry_bytes;
-  c.attention = TpAttention::kAtHome;
-  c.device_bytes_per_rank = dp.device_bytes_per_rank;
-  c.host_bytes_per_rank = dp.host_bytes_per_rank;
-  c.page_tokens = dp.page_tokens;
-  c.stable_new_entries = true;
-  c.kinds = dp.kinds;
-  return c;
+  return test::FlashTpConfig(ranks, 64, 2048, kDrafts);
 }
 
 std::uint32_t KindNamed(const TpConfig& c, const std::string& name) {

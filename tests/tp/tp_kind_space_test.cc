@@ -42,18 +42,7 @@ constexpr std::uint32_t kLive = 32, kMemoryDevice = 4096, kMemoryHost = 16384, k
 // V4-Flash's kinds over `ranks` ranks (attention at home, the engine's modes), each rank's
 // shard holding the given C4 entries per group and tier.
 TpConfig FlashTpConfig(std::uint32_t ranks, std::uint32_t device_entries, std::uint32_t host_entries) {
-  const AddressSpaceConfig dp = test::FlashSpaceConfig(device_entries, host_entries, kDrafts);
-  TpConfig c;
-  c.num_ranks = ranks;
-  c.num_groups = dp.num_groups;
-  c.entry_bytes = dp.entry_bytes;
-  c.attention = TpAttention::kAtHome;
-  c.device_bytes_per_rank = dp.device_bytes_per_rank;
-  c.host_bytes_per_rank = dp.host_bytes_per_rank;
-  c.page_tokens = dp.page_tokens;
-  c.stable_new_entries = true;
-  c.kinds = dp.kinds;
-  return c;
+  return test::FlashTpConfig(ranks, device_entries, host_entries, kDrafts);
 }
 
 std::uint32_t Stripe(std::uint32_t entries, std::uint32_t p, std::uint32_t r) {

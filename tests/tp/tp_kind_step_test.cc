@@ -48,18 +48,7 @@ constexpr std::uint32_t kGroupsPerRound = test::kFlashGroups;
 enum class Form { kLibrary, kEngine };
 
 TpConfig FlashTpConfig(std::uint32_t ranks) {
-  const AddressSpaceConfig dp = test::FlashSpaceConfig(kDeviceEntries, kHostEntries, kDrafts);
-  TpConfig c;
-  c.num_ranks = ranks;
-  c.num_groups = dp.num_groups;
-  c.entry_bytes = dp.entry_bytes;
-  c.attention = TpAttention::kAtHome;
-  c.device_bytes_per_rank = dp.device_bytes_per_rank;
-  c.host_bytes_per_rank = dp.host_bytes_per_rank;
-  c.page_tokens = dp.page_tokens;
-  c.stable_new_entries = true;
-  c.kinds = dp.kinds;
-  return c;
+  return test::FlashTpConfig(ranks, kDeviceEntries, kHostEntries, kDrafts);
 }
 
 // The bytes of (address, version, group) in its group's one layer.
