@@ -78,8 +78,12 @@ using KindRowBytes = std::function<const std::byte*(Rank rank, std::uint32_t kin
 
 struct KindLayerInput {
   KindLayer layer = KindLayer::kCsa;
-  std::span<const RequestId> requests;  // [n_queries] each query's request: one decode query at its
-                                        // last token, reading the window's last tokens before it
+  std::span<const RequestId> requests;  // [n_queries] each query's request
+  // [n_queries] each query's token position (MTP: the verified token and its drafts, q_len
+  // queries of one request); empty: each query at its request's last token. A query at
+  // position q reads the window's tokens (q - window, q] and the C128 entries complete by
+  // token q; its C4 entries are its selections (the indexer's causal top-k).
+  std::span<const std::uint32_t> positions;
   // kCsa only (empty otherwise): Step's plan of the layer's group, its selections the queries'
   // C4 entries, query j's [bounds[j], bounds[j + 1]); the layer at layer_offset of the entry.
   const TpStepPlan* plan = nullptr;
@@ -90,12 +94,14 @@ struct KindLayerInput {
 
 // One layer of a space with kinds, attention at home (above). Rank r's partial of query j
 // reads, in order: (kCsa) its shard's selections of query j in selection order, (kHca) its
-// C128 entries of the request in KindPagesOf order, then, on the request's window home only,
-// the window: the last min(window, live) tokens of the ring, oldest first (window = the
-// ring's tokens less its drafts). kFailedPrecondition (no kinds, not at home, the plan's
-// ranks, a row the engine does not hold), kInvalidArgument (shape, sizes, a plan or bounds
-// given to a layer without C4, none to kCsa, bounds not matching the requests, a row wider
-// than the kind's), kNotFound (request), kUnsupported (a fabric without all-to-all).
+// C128 entries of the request complete by the query's token, in KindPagesOf order, then, on
+// the request's window home only, the window: the min(window, q + 1) tokens up to the
+// query's token q, oldest first (window = the ring's tokens less its drafts).
+// kFailedPrecondition (no kinds, not at home, the plan's ranks, a row the engine does not
+// hold), kInvalidArgument (shape, sizes, a plan or bounds given to a layer without C4, none
+// to kCsa, bounds not matching the requests, positions not one per query, a row wider than
+// the kind's), kOutOfRange (a position at or past its request's tokens, or whose window the
+// ring no longer holds), kNotFound (request), kUnsupported (a fabric without all-to-all).
 // Nothing changes.
 Result<TpHomeAttention> AttendKindsAtHome(const TpAddressSpace& space, const KindLayerInput& input,
                                           const MlaShape& shape, std::span<const float> queries,

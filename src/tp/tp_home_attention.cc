@@ -206,23 +206,20 @@ Result<LayerKinds> KindsOf(const TpConfig& cfg) {
   return k;
 }
 
-// Appends the rows of `request`'s kind `kind` on `rank`, entries [from, entries) of its page
-// table in order, from the engine's view.
-Status AppendKindRows(const TpAddressSpace& space, RequestId request, std::uint32_t kind, Rank rank,
-                      std::uint32_t keep_last, const MlaShape& shape, const KindRowBytes& rows,
+// Appends entries [from, to) of `pages`, rank `rank`'s page table of `request`'s kind `kind`,
+// in order, from the engine's view.
+Status AppendKindRows(const TpAddressSpace& space, const KindPages& pages, RequestId request, std::uint32_t kind,
+                      Rank rank, std::uint32_t from, std::uint32_t to, const MlaShape& shape, const KindRowBytes& rows,
                       std::vector<const std::byte*>& entries) {
-  auto pages = space.KindPagesOf(request, kind, rank);
-  if (!pages) return std::unexpected(pages.error());
   if (shape.entry_bytes() > space.config().kinds[kind].row_bytes) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("a layer of {} B is wider than kind {}'s {}-byte row", shape.entry_bytes(),
                                  space.config().kinds[kind].name, space.config().kinds[kind].row_bytes));
   }
-  const std::uint32_t from = pages->entries > keep_last ? pages->entries - keep_last : 0;
-  for (std::uint32_t i = from; i < pages->entries; ++i) {
-    const std::uint32_t pos = pages->first_offset + i;
-    const std::uint32_t block = pages->blocks[pos / pages->entries_per_block];
-    const std::uint32_t row = pos % pages->entries_per_block;
+  for (std::uint32_t i = from; i < to; ++i) {
+    const std::uint32_t pos = pages.first_offset + i;
+    const std::uint32_t block = pages.blocks[pos / pages.entries_per_block];
+    const std::uint32_t row = pos % pages.entries_per_block;
     const std::byte* data = rows ? rows(rank, kind, block, row) : nullptr;
     if (data == nullptr) {
       return MakeError(ErrorCode::kFailedPrecondition,
@@ -232,6 +229,54 @@ Status AppendKindRows(const TpAddressSpace& space, RequestId request, std::uint3
     entries.push_back(data);
   }
   return Ok();
+}
+
+// Where query j sits: its request's window home and ring, and its token position.
+struct QueryAt {
+  Rank home;
+  KindPages ring;            // the home's page table of the window
+  std::uint32_t position;    // the query's token (< ring.tokens)
+  std::uint32_t window_lo;   // its first window token: position + 1 - min(window, position + 1)
+};
+
+// Each query's place, every position checked before anything is read.
+Result<std::vector<QueryAt>> PlaceQueries(const TpAddressSpace& space, const KindLayerInput& in,
+                                          const LayerKinds& kinds) {
+  if (!in.positions.empty() && in.positions.size() != in.requests.size()) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("{} positions for {} queries", in.positions.size(),
+                                                              in.requests.size()));
+  }
+  std::vector<QueryAt> out(in.requests.size());
+  for (std::size_t j = 0; j < in.requests.size(); ++j) {
+    const RequestId request = in.requests[j];
+    const Result<Rank> home = space.WindowHomeOf(request);
+    if (!home) return std::unexpected(home.error());
+    auto ring = space.KindPagesOf(request, kinds.window, *home);
+    if (!ring) return std::unexpected(ring.error());
+    QueryAt& q = out[j];
+    q.home = *home;
+    q.ring = std::move(*ring);
+    const std::uint32_t tokens = q.ring.tokens;
+    if (in.positions.empty()) {
+      q.position = tokens == 0 ? 0 : tokens - 1;
+    } else {
+      q.position = in.positions[j];
+      if (q.position >= tokens) {
+        return MakeError(ErrorCode::kOutOfRange, fmt::format("query {} at position {}: request {} has {} tokens", j,
+                                                             q.position, request.value(), tokens));
+      }
+    }
+    const std::uint32_t upto = tokens == 0 ? 0 : q.position + 1;
+    q.window_lo = upto - std::min(kinds.window_tokens, upto);
+    const std::uint32_t ring_first = tokens - q.ring.entries;
+    if (q.window_lo < ring_first) {
+      return MakeError(ErrorCode::kOutOfRange,
+                       fmt::format("query {} at position {}: its window starts at token {}, the ring of request {} "
+                                   "holds tokens from {}",
+                                   j, q.position, q.window_lo, request.value(), ring_first));
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -288,22 +333,30 @@ Result<TpHomeAttention> AttendKindsAtHome(const TpAddressSpace& space, const Kin
   // 1. Partials: [hosted][query][head][record], each over the rank's own entries of the layer.
   std::vector<std::vector<float>> partials(result.ranks.size(), std::vector<float>(n_queries * pv));
   std::vector<const std::byte*> entries;
+  const Result<std::vector<QueryAt>> placed = PlaceQueries(space, in, kinds);
+  if (!placed) return std::unexpected(placed.error());
   for (std::size_t h = 0; h < result.ranks.size(); ++h) {
     const Rank rank = result.ranks[h];
     for (std::size_t j = 0; j < n_queries; ++j) {
       const RequestId request = in.requests[j];
-      const Result<Rank> home = space.WindowHomeOf(request);
-      if (!home) return std::unexpected(home.error());
+      const QueryAt& q = (*placed)[j];
+      const std::uint32_t upto = q.ring.tokens == 0 ? 0 : q.position + 1;  // the tokens the query sees
       entries.clear();
       if (csa) {
         ULA_RETURN_IF_ERROR(AppendShardEntries(space, *in.plan, h, in.group, in.bounds, j, in.layer_offset, entries));
       }
-      if (in.layer == KindLayer::kHca) {
-        ULA_RETURN_IF_ERROR(AppendKindRows(space, request, kinds.dense, rank, ~0u, shape, rows, entries));
+      if (in.layer == KindLayer::kHca) {  // entry e (complete by token upto - 1) on rank e mod P, local e / P
+        auto pages = space.KindPagesOf(request, kinds.dense, rank);
+        if (!pages) return std::unexpected(pages.error());
+        const std::uint32_t complete = upto / cfg.kinds[kinds.dense].tokens_per_entry;
+        const std::uint32_t r = rank.value();
+        const std::uint32_t mine = std::min(pages->entries, complete > r ? (complete - r + p - 1) / p : 0u);
+        ULA_RETURN_IF_ERROR(AppendKindRows(space, *pages, request, kinds.dense, rank, 0, mine, shape, rows, entries));
       }
-      if (rank == *home) {  // the window, whole on its home (docs/ARCHITECTURE.md, "Kinds under TP")
-        ULA_RETURN_IF_ERROR(
-            AppendKindRows(space, request, kinds.window, rank, kinds.window_tokens, shape, rows, entries));
+      if (rank == q.home) {  // the window, whole on its home (docs/ARCHITECTURE.md, "Kinds under TP")
+        const std::uint32_t first = q.ring.tokens - q.ring.entries;
+        ULA_RETURN_IF_ERROR(AppendKindRows(space, q.ring, request, kinds.window, rank, q.window_lo - first,
+                                           upto - first, shape, rows, entries));
       }
       result.entries_read += entries.size();
       ULA_RETURN_IF_ERROR(PartialMlaAttention(shape, queries.subspan(j * qv, qv), entries,

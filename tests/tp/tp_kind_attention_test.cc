@@ -72,7 +72,8 @@ struct KindCase {
   std::map<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t>, const std::vector<float>*> store;
   std::set<std::tuple<std::uint32_t, std::uint32_t, std::uint64_t>> asked;  // (rank, kind, block << 8 | row)
 
-  KindCase(std::uint32_t ranks, std::mt19937_64& rng) : p(ranks) {
+  KindCase(std::uint32_t ranks, std::mt19937_64& rng, std::vector<std::uint32_t> lengths = {700, 1000, 90})
+      : p(ranks) {
     auto s = TpAddressSpace::Create(FlashTpConfig(ranks), *backend);
     EXPECT_TRUE(s) << s.error().ToString();
     space = std::move(*s);
@@ -86,7 +87,7 @@ struct KindCase {
       for (float& x : r) x = v(rng);
       return r;
     };
-    for (const std::uint32_t t : {700u, 1000u, 90u}) {  // the last: a window shorter than 128 tokens
+    for (const std::uint32_t t : lengths) {  // the default's last: a window shorter than 128 tokens
       const RequestId id(static_cast<std::uint64_t>(requests.size() + 1));
       EXPECT_TRUE(space->AddRequest(id));
       auto addrs = space->Allocate(id, t);
@@ -265,6 +266,97 @@ TEST(TpKindAttention, EachLayerKindMergesTheRanksPartsInRankOrderWithTheWindowAt
   }
 }
 
+// MTP: a request's q_len = 1 + kDrafts queries at its last tokens, each reading the window up to
+// its own token, the C128 entries complete by it and its own causal selection. The request of
+// 1,024 tokens has its eighth C128 entry completed by the last draft alone.
+TEST(TpKindAttention, DraftQueriesReadTheWindowAndC128UpToTheirOwnToken) {
+  ULA_TEST_SEEDED(seed, 20261207);
+  for (const std::uint32_t p : {2u, 4u}) {
+    SCOPED_TRACE("P = " + std::to_string(p));
+    std::mt19937_64 rng(seed + p);
+    KindCase c(p, rng, {1024, 700, 90});
+    const std::uint32_t w = c.window_tokens;
+    // The queries: request b's tokens T - 1 - kDrafts .. T - 1, in order.
+    std::vector<RequestId> qreq;
+    std::vector<std::uint32_t> qpos;
+    std::vector<std::size_t> qb;  // the query's request index
+    for (std::size_t b = 0; b < c.requests.size(); ++b) {
+      for (std::uint32_t d = 0; d <= kDrafts; ++d) {
+        qreq.push_back(c.requests[b]);
+        qpos.push_back(c.tokens[b] - 1 - kDrafts + d);
+        qb.push_back(b);
+      }
+    }
+    const std::size_t n = qreq.size(), qv = kShape.query_values();
+    std::vector<float> queries(n * qv);
+    std::uniform_real_distribution<float> v(-1.0f, 1.0f);
+    for (float& x : queries) x = v(rng);
+    // Each query's causal top-k (6 here: the step brings every query's selections to the
+    // homes' device pools of 64 at once): C4 entries complete by its token.
+    std::vector<LogicalAddr> sel;
+    std::vector<SelectionRun> runs;
+    std::vector<std::size_t> bounds{0};
+    for (std::size_t j = 0; j < n; ++j) {
+      auto list = c.space->AddressesOf(qreq[j]).value();
+      std::vector<LogicalAddr> pool(list.begin(), list.begin() + (qpos[j] + 1) / 4);
+      const std::size_t k = std::min<std::size_t>(6, pool.size());
+      for (std::size_t i = 0; i < k; ++i) std::swap(pool[i], pool[i + rng() % (pool.size() - i)]);
+      sel.insert(sel.end(), pool.begin(), pool.begin() + std::ptrdiff_t(k));
+      runs.push_back({qreq[j], static_cast<std::uint32_t>(k)});
+      bounds.push_back(sel.size());
+    }
+    TpStepPlanner planner(*c.space);
+    auto plan = planner.Step(GroupId(0), sel, runs);
+    ASSERT_TRUE(plan) << plan.error().ToString();
+    const std::uint64_t digest = c.space->DebugDigest();
+    std::uint64_t c128_last_draft_only = 0;
+    for (const KindLayer layer : {KindLayer::kCsa, KindLayer::kHca, KindLayer::kWindowOnly}) {
+      const std::string name = layer == KindLayer::kCsa ? "CSA" : layer == KindLayer::kHca ? "HCA" : "window-only";
+      std::vector<std::vector<const std::byte*>> all(n);
+      std::vector<std::vector<std::vector<const std::byte*>>> mine(p, std::vector<std::vector<const std::byte*>>(n));
+      std::uint64_t reads = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        const std::size_t b = qb[j];
+        const std::uint64_t id = c.requests[b].value();
+        const std::uint32_t upto = qpos[j] + 1, complete = upto / 128;
+        std::vector<const std::byte*> window;
+        for (std::uint32_t t = upto - std::min(w, upto); t < upto; ++t) window.push_back(AsBytes(c.wrows.at({id, t})));
+        for (std::uint32_t r = 0; r < p; ++r) {
+          if (layer == KindLayer::kCsa) {
+            for (std::size_t i = bounds[j]; i < bounds[j + 1]; ++i) {
+              if (sel[i].value() % p == r) mine[r][j].push_back(AsBytes(c.c4.at(sel[i].value())));
+            }
+          } else if (layer == KindLayer::kHca) {
+            for (std::uint32_t e = r; e < complete; e += p) mine[r][j].push_back(AsBytes(c.crows.at({id, e})));
+          }
+          if (r == c.Home(b)) mine[r][j].insert(mine[r][j].end(), window.begin(), window.end());
+          reads += mine[r][j].size();
+        }
+        if (layer == KindLayer::kCsa) {
+          for (std::size_t i = bounds[j]; i < bounds[j + 1]; ++i) all[j].push_back(AsBytes(c.c4.at(sel[i].value())));
+        } else if (layer == KindLayer::kHca) {
+          for (std::uint32_t e = 0; e < complete; ++e) all[j].push_back(AsBytes(c.crows.at({id, e})));
+          if (complete > (upto - 1) / 128) c128_last_draft_only += upto == c.tokens[b];
+        }
+        all[j].insert(all[j].end(), window.begin(), window.end());
+      }
+      KindLayerInput in = Input(layer, qreq);
+      in.positions = qpos;
+      if (layer == KindLayer::kCsa) {
+        in.plan = &*plan;
+        in.group = GroupId(0);
+        in.bounds = bounds;
+      }
+      auto att = AttendKindsAtHome(*c.space, in, kShape, queries, c.Rows());
+      ASSERT_TRUE(att) << name << ": " << att.error().ToString();
+      EXPECT_EQ(att->entries_read, reads) << name << ": every entry read once, up to its query's token";
+      ExpectMerged(*att, p, queries, all, mine, name);
+      EXPECT_EQ(c.space->DebugDigest(), digest) << name << ": attention changed the space";
+    }
+    EXPECT_EQ(c128_last_draft_only, 1u) << "the 1,024-token request's last draft completes a C128 entry";
+  }
+}
+
 TEST(TpKindAttention, BadInputIsRefusedWithNothingChanged) {
   ULA_TEST_SEEDED(seed, 20261206);
   std::mt19937_64 rng(seed);
@@ -294,6 +386,16 @@ TEST(TpKindAttention, BadInputIsRefusedWithNothingChanged) {
   EXPECT_EQ(code(AttendKindsAtHome(*c.space, Input(KindLayer::kWindowOnly, unknown), kShape,
                                    std::span(queries).first(kShape.query_values()), c.Rows())),
             ErrorCode::kNotFound);
+  // Positions: not one per query; at or past the request's tokens; a window the ring no
+  // longer holds (token 0 of a 700-token request).
+  KindLayerInput at = hca;
+  const std::vector<std::uint32_t> two = {1, 2}, past = {700, 999, 89}, gone = {0, 999, 89};
+  at.positions = two;
+  EXPECT_EQ(code(AttendKindsAtHome(*c.space, at, kShape, queries, c.Rows())), ErrorCode::kInvalidArgument);
+  at.positions = past;
+  EXPECT_EQ(code(AttendKindsAtHome(*c.space, at, kShape, queries, c.Rows())), ErrorCode::kOutOfRange);
+  at.positions = gone;
+  EXPECT_EQ(code(AttendKindsAtHome(*c.space, at, kShape, queries, c.Rows())), ErrorCode::kOutOfRange);
   // Rows the engine does not hold.
   const KindRowBytes none = [](Rank, std::uint32_t, std::uint32_t, std::uint32_t) -> const std::byte* {
     return nullptr;
