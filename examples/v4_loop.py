@@ -34,7 +34,15 @@ tokens before its chunk, and advance_round frees the chunk's tokens no later rou
 Prints one line (or --json) of counts; exits 1 if any row differs, a plan is refused, or a run
 of 300 rounds or more never moved an entry, rolled a draft back, finished a request, ran
 both shapes or read a C128 row.
-Usage: python3 examples/v4_loop.py [--rounds N] [--seed S] [--json] [--build-dir DIR]
+
+With --tp P the same loop runs over a TP space with kinds at P ranks, attention at home
+(docs/ARCHITECTURE.md, "Kinds under TP"; the C++ twin is tests/tp/tp_v4_engine_loop_test.cc):
+`TpStepPlanner`'s reserve_round, plan, execute_on_shards and complete. A C4 entry is written on
+its home (`write`) and read on that rank at its index of the plan (-1 on every other rank), the
+window on the request's window home alone (`window_home_of`), C128 entry j on rank j mod P at its
+local entry j / P (`kind_pages_of(request, kind, rank)`). A TP space has one entry size for every
+group, so the TP model has four CSA layers (1, 3, 4, 6) in two groups of two.
+Usage: python3 examples/v4_loop.py [--rounds N] [--seed S] [--json] [--build-dir DIR] [--tp P]
 """
 import argparse
 import json
@@ -143,9 +151,12 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=20261206)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--build-dir")
+    ap.add_argument("--tp", type=int, default=0, help="run over a TP space with kinds at this many ranks")
     args = ap.parse_args(argv)
     ulacache = import_ulacache(args.build_dir)
     rng = np.random.default_rng(args.seed)
+    if args.tp:
+        return run_tp(args, ulacache, rng)
     space = ulacache.AddressSpace(make_config(ulacache), backend="counting")   # the engine owns the bytes
     max_rows = BATCH * CHUNK
     planner = ulacache.StepPlanner(space, max_batch=max_rows, max_q_len=CHUNK, max_top_k=TOP_K, max_rows=max_rows)
@@ -322,6 +333,206 @@ def main(argv=None):
         print(json.dumps(n))
     else:
         print("v4 loop: " + ", ".join(f"{k} {v}" for k, v in n.items()))
+    return 0
+
+
+# The TP model: every group's entry is two CSA layers' rows (TpConfig has one entry size).
+TP_LAYERS = 7
+TP_CSA = [1, 3, 4, 6]            # group 0: layers 1 and 3, group 1: layers 4 and 6
+TP_DEVICE_C4 = 384               # C4 slots per group over all ranks (DEVICE_C4 / P each)
+
+
+def make_tp_config(ulacache, p):
+    L, P = ulacache.KindLifetime, ulacache.KindPlacement
+    slots = TP_DEVICE_C4 // p
+    cfg = ulacache.TpConfig(num_ranks=p, num_groups=2, entry_bytes=2 * ROW, attention="at_home",
+                            device_bytes_per_rank=slots * 2 * 2 * ROW, host_bytes_per_rank=HOST_C4 * 2 * 2 * ROW,
+                            page_tokens=64, stable_new_entries=True)
+    cfg.kinds = [
+        ulacache.KvKind("window", 1, L.ring, ring_tokens=WINDOW + DRAFT, ring_draft_tokens=DRAFT, layers=TP_LAYERS,
+                        row_bytes=ROW),
+        ulacache.KvKind("c4", 4, L.append, layers=len(TP_CSA), row_bytes=ROW, placement=P.sparse),
+        ulacache.KvKind("c4_index_key", 4, L.append, layers=len(TP_CSA), row_bytes=16, companion_of=C4),
+        ulacache.KvKind("c128", 128, L.append, layers=len(HCA), row_bytes=ROW),
+        ulacache.KvKind("c4_state", 4, L.per_request, state_rows=8, layers=len(TP_CSA), row_bytes=ROW),
+        ulacache.KvKind("c128_state", 128, L.per_request, state_rows=128, layers=len(HCA), row_bytes=ROW),
+    ]
+    return cfg
+
+
+def run_tp(args, ulacache, rng):
+    """The loop over a TP space with kinds at P = args.tp ranks (the docstring's last part)."""
+    p = args.tp
+    space = ulacache.TpAddressSpace(make_tp_config(ulacache, p), backend="cpu")
+    max_rows = BATCH * CHUNK
+    planner = ulacache.TpStepPlanner(space, max_batch=max_rows, max_q_len=CHUNK, max_top_k=TOP_K, max_rows=max_rows)
+    window_mem = [Paged(TP_LAYERS) for _ in range(p)]       # each rank's paged store
+    c128_mem = [Paged(len(HCA)) for _ in range(p)]
+    descriptors = np.zeros(planner.max_descriptors, ulacache.DESCRIPTOR_DTYPE)
+    n = dict(rounds=0, q_len_2=0, flat=0, prefill_chunks=0, waited=0, decodes=0, drafts_rejected=0, finished=0,
+             descriptors=0, window_rows=0, c4_rows=0, c128_rows=0)
+    c4_on = [0] * p
+    running, next_id, next_version = [], 1, 1
+
+    def arrive():
+        nonlocal next_id
+        prompt = 200 + int(rng.integers(0, 500))
+        r = Request(next_id, prompt, prompt + 30 + int(rng.integers(0, 90)))
+        r.window = np.zeros((TP_LAYERS,) + r.window.shape[1:], np.uint8)
+        r.c4 = np.zeros((len(TP_CSA),) + r.c4.shape[1:], np.uint8)
+        next_id += 1
+        space.add_request(r.rid)
+        r.home = space.window_home_of(r.rid)
+        running.append(r)
+
+    def allocate(r, count):
+        nonlocal next_version
+        fresh = space.allocate(r.rid, count)
+        lo, r.tokens = r.tokens, r.tokens + count
+        assert len(fresh) == r.tokens // 4 - lo // 4
+        pos = np.arange(lo, r.tokens)
+        ver = np.arange(next_version, next_version + count)
+        next_version += count
+        blk, off = ring_rows(space.kind_pages_of(r.rid, WINDOW_KIND, r.home), pos)
+        mem = window_mem[r.home].at(blk)
+        for l in range(TP_LAYERS):
+            r.window[l, lo:r.tokens] = mem[blk, l, off] = rows_of(r.rid, pos, WINDOW_KIND, l, ver)
+        e = np.arange(lo // 4, r.tokens // 4)
+        ev = ver[4 * e + 3 - lo]
+        for g in range(2):   # each new C4 entry's group entry, written on its home
+            rows = [rows_of(r.rid, e, C4, TP_CSA[2 * g + j], ev) for j in range(2)]
+            for j in range(2):
+                r.c4[2 * g + j, e] = rows[j]
+            for k, a in enumerate(fresh):
+                space.write(int(a), g, np.concatenate([rows[0][k], rows[1][k]]))
+        for ent in range(lo // 128, r.tokens // 128):   # C128 entry j on rank j mod P, local j / P
+            q = ent % p
+            blk, off = entry_rows(space.kind_pages_of(r.rid, C128, q), np.array([ent // p]))
+            mem = c128_mem[q].at(blk)
+            for h, layer in enumerate(HCA):
+                r.c128[h, ent] = mem[blk[0], h, off[0]] = rows_of(r.rid, [ent], C128, layer, [ver[128 * ent + 127 - lo]])[0]
+
+    def demand(r, rows):
+        return r.rid, (r.tokens + rows) // 4 - r.tokens // 4, rows * TOP_K
+
+    def reserve(ds):
+        try:
+            planner.reserve_round(np.array([d[0] for d in ds], np.uint64), np.array([d[1] for d in ds], np.uint32),
+                                  np.array([d[2] for d in ds], np.uint32))
+            return True
+        except ulacache.ResourceExhaustedError:
+            return False
+
+    for _ in range(BATCH):
+        arrive()
+    for rnd in range(args.rounds):
+        ds = []
+        for r in running:
+            r.rows = 0 if r.prefilling else Q_LEN
+            if r.rows:
+                ds.append(demand(r, r.rows))
+        assert reserve(ds), f"round {rnd}: the decodes alone were refused"
+        for r in running:
+            if r.prefilling:
+                rows = min(CHUNK, r.prompt - r.tokens)
+                if reserve(ds + [demand(r, rows)]):
+                    ds.append(demand(r, rows))
+                    r.rows = rows
+                else:
+                    n["waited"] += 1
+        sched = [r for r in running if r.rows]
+        flat = any(r.prefilling for r in sched)
+        row_req, row_pos, row_of = [], [], []
+        for r in sched:
+            n["prefill_chunks" if r.prefilling else "decodes"] += 1
+            lo = r.tokens
+            allocate(r, r.rows)
+            row_req += [r.rid] * r.rows
+            row_pos += list(range(lo, r.tokens))
+            row_of += [r] * r.rows
+        rows = len(row_req)
+        n["flat" if flat else "q_len_2"] += 1
+        requests = np.array(row_req if flat else [r.rid for r in sched], np.uint64)
+        chosen, sels, idx = [], [], []
+        addrs = {r.rid: space.addresses_of(r.rid) for r in sched}
+        for g in range(2):
+            ch = np.full((rows, TOP_K), -1, np.int64)
+            for i, q in enumerate(row_pos):
+                visible = (q + 1) // 4
+                k = min(TOP_K, visible)
+                if k:
+                    ch[i, :k] = rng.choice(visible, size=k, replace=False)
+            sel = np.where(ch >= 0, addrs_of_rows(addrs, row_req, ch), -1).astype(np.int32)
+            shape = (rows, TOP_K) if flat else (rows // Q_LEN, Q_LEN, TOP_K)
+            ix = np.full((p,) + shape, -2, np.int32)
+            fence, count, _stats, _first = planner.plan(g, sel.reshape(shape), ix, descriptors, requests)
+            status = np.ones(count, np.uint8)
+            planner.execute_on_shards(descriptors[:count], status)
+            assert not status.any(), f"round {rnd} group {g}: a descriptor did not run"
+            _published, failed = planner.complete(fence, status)
+            assert failed == 0
+            n["descriptors"] += count
+            chosen.append(ch)
+            sels.append(sel)
+            idx.append(ix.reshape(p, rows, TOP_K))
+        pools = [[space.shard_device_pool(h, g) for g in range(2)] for h in range(p)]   # [slots, 2 x ROW]
+        for i, (r, q) in enumerate(zip(row_of, row_pos)):
+            at = f"P {p} round {rnd} request {r.rid} position {q}"
+            ps = np.arange(max(0, q + 1 - WINDOW), q + 1)   # the window: on its home alone
+            blk, off = ring_rows(space.kind_pages_of(r.rid, WINDOW_KIND, r.home), ps)
+            got = window_mem[r.home].a[blk, :, off]
+            if not np.array_equal(got, r.window[:, ps].transpose(1, 0, 2)):
+                raise AssertionError(f"{at}: a window row on its home differs from the dense store")
+            n["window_rows"] += got.shape[0] * got.shape[1]
+            for g in range(2):   # C4: each selection at its home's index, -1 on every other rank
+                ch, sel = chosen[g][i], sels[g][i]
+                for s_, (e, a) in enumerate(zip(ch, sel)):
+                    home = int(a) % p if e >= 0 else -1
+                    for h in range(p):
+                        slot = int(idx[g][h, i, s_])
+                        if h != home:
+                            if slot != -1:
+                                raise AssertionError(f"{at}: rank {h} got index {slot} for a selection homed on {home}")
+                            continue
+                        want = np.concatenate([r.c4[2 * g, e], r.c4[2 * g + 1, e]])
+                        if not 0 <= slot < planner.device_slots or not np.array_equal(pools[h][g][slot], want):
+                            raise AssertionError(f"{at} group {g}: C4 entry {e} differs on its home {h} at {slot}")
+                        n["c4_rows"] += 2
+                        c4_on[h] += 2
+            for ent in range((q + 1) // 128):   # C128 entry j on rank j mod P
+                owner = ent % p
+                blk, off = entry_rows(space.kind_pages_of(r.rid, C128, owner), np.array([ent // p]))
+                got = c128_mem[owner].a[blk[0], :, off[0]]
+                if not np.array_equal(got, r.c128[:, ent]):
+                    raise AssertionError(f"{at}: C128 entry {ent} differs on rank {owner}")
+                n["c128_rows"] += len(HCA)
+        for r in sched:
+            if r.tokens - r.rows >= r.prompt and rng.integers(0, 2):
+                space.truncate(r.rid, r.tokens - DRAFT)
+                r.tokens -= DRAFT
+                n["drafts_rejected"] += 1
+            assert len(space.addresses_of(r.rid)) == r.tokens // 4
+            stripes = [space.kind_pages_of(r.rid, C128, h).entries for h in range(p)]
+            assert sum(stripes) == r.tokens // 128, f"C128 stripes {stripes} for {r.tokens} tokens"
+            assert all(space.kind_pages_of(r.rid, WINDOW_KIND, h).entries == 0 for h in range(p) if h != r.home)
+        for r in [r for r in running if r.tokens >= r.target]:
+            space.free(r.rid)
+            running.remove(r)
+            n["finished"] += 1
+        while len(running) < BATCH:
+            arrive()
+        space.advance_round()
+        n["rounds"] += 1
+    space.check_invariants()
+    if args.rounds >= 300:
+        short = [k for k in ("q_len_2", "flat", "drafts_rejected", "finished", "descriptors", "c128_rows")
+                 if n[k] == 0] + [f"c4 rows on rank {h}" for h in range(p) if c4_on[h] == 0]
+        assert not short, f"the loop never exercised {short}"
+    n["ranks"] = p
+    if args.json:
+        print(json.dumps(n))
+    else:
+        print("v4 loop (TP): " + ", ".join(f"{k} {v}" for k, v in n.items()))
     return 0
 
 
