@@ -321,7 +321,8 @@ Status AddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> a
 Result<PrefixShare> AddressSpace::SharePrefix(RequestId request, RequestId source, std::uint32_t tokens) {
   State& st = *state_;
   if (st.kinds.empty()) {
-    return MakeError(ErrorCode::kFailedPrecondition, "SharePrefix: the space has no kinds (ShareInto adopts addresses)");
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     "SharePrefix: the space has no kinds (ShareInto adopts addresses)");
   }
   ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("SharePrefix"));
   const RequestState* req = st.dir.Find(request);
@@ -341,7 +342,7 @@ Result<PrefixShare> AddressSpace::SharePrefix(RequestId request, RequestId sourc
                                                          "{} ({} tokens)", tokens, source.value(), held));
   }
   // Whole blocks of every kind; the tokens of the blocks still filling are recomputed.
-  const std::uint32_t unit = KindEntries::ShareUnit(config_.kinds, config_.page_tokens);
+  const std::uint32_t unit = KindEntries::ShareUnit(config_.kinds, config_.page_tokens);  // whole blocks
   const std::uint32_t resume = tokens / unit * unit;
   ULA_RETURN_IF_ERROR(st.kinds.CheckShare(request, source, resume, unit));
   const std::uint32_t E = config_.kinds[st.kinds.sparse_kind()].tokens_per_entry;

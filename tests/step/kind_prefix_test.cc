@@ -122,7 +122,9 @@ struct Engine {
   // The engine runs a share's copies (the last C128 block's entries).
   void Copy(const PrefixShare& share) {
     for (const KindBlockCopy& c : share.copies) {
-      for (std::uint32_t i = 0; i < c.entries; ++i) shadow[Key(c.kind, c.dst_block, i)] = Shadow(c.kind, c.src_block, i);
+      for (std::uint32_t i = 0; i < c.entries; ++i) {
+        shadow[Key(c.kind, c.dst_block, i)] = Shadow(c.kind, c.src_block, i);
+      }
     }
   }
   // Everything r's next token reads: the window, every C4 entry (every group's bytes), every
