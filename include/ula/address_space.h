@@ -117,6 +117,7 @@
 // last ring_tokens) or the request's next Allocate. A block is freed once all its tokens are
 // older: at most ceil((ring_tokens + n - 1) / 64) + 1 blocks during a round of n tokens,
 // ceil(ring_tokens / 64) + 1 between rounds; Allocate's frame check counts the round's blocks.
+// SharePrefix(request, source, tokens) adopts a prefix in whole blocks of every kind (below).
 // Truncate(request, length) takes tokens: it keeps floor(length / tokens_per_entry) entries
 // of each kind and restores the ring, refused (kFailedPrecondition, nothing changed) when
 // the window of `length` starts before the most tokens held minus ring_tokens (a rollback of
@@ -221,7 +222,7 @@ struct AddressSpaceConfig {
   // is its row) and the other kinds sit beside it. Allocate, Truncate and Free take the
   // model's tokens and make and release the entries of every kind ("Kinds" below); the
   // host step (StepPlanner, both paths) selects C4 entries as any addresses;
-  // ShareInto refuses a space with kinds (kUnsupported).
+  // SharePrefix shares a prefix in whole blocks of every kind; ShareInto refuses (kUnsupported).
   std::vector<KvKind> kinds;
   // With kinds: 0 keeps the kinds other than the sparse one as logical block ids (their bytes
   // are the engine's) and device_bytes_per_rank the sparse kind's. Otherwise every kind is
@@ -330,9 +331,28 @@ class AddressSpace {
   // The request adopts live addresses (a shared prefix): appended to its list in order,
   // one more reference each. kNotFound (unknown request, an address not live),
   // kInvalidArgument (an address of another rank, one listed twice), kAlreadyExists (the
-  // request already holds one), kUnsupported (a space with kinds): nothing changes.
-  // O(addrs log addrs + adopted).
+  // request already holds one), kUnsupported (a space with kinds: SharePrefix): nothing
+  // changes. O(addrs log addrs + adopted).
   Status ShareInto(RequestId request, std::span<const LogicalAddr> addrs);
+  // A space with kinds (no kind frames): a new request adopts the prefix of `tokens` tokens of
+  // a live source request on its rank, in whole blocks of every kind (src/space/kind_entries.h,
+  // "Shared prefixes"): the first resume_from = floor(tokens / A) * A tokens, A the share unit
+  // (lcm of the kinds' tokens per entry, a C4 page's tokens and the ring's 64-token block: 256
+  // for V4 at page_tokens 64). Their C4 entries and index keys by address (one more reference
+  // each, as ShareInto), their C128 entries' full blocks and the window ring's blocks of
+  // [resume_from - ring_tokens, resume_from) by reference; the last, partly filled C128 block
+  // is the request's own, with the copy of its entries returned for the engine to run. The
+  // request then continues with Allocate from token resume_from: it recomputes the tokens
+  // [resume_from, tokens) of its prompt (the compressor states, per request, fill again from
+  // position 0), reading the adopted window. Free, Retain and Release keep every kind's counts:
+  // a shared entry or block is freed when its last holder goes; Truncate below resume_from is
+  // refused. A cache holds a prefix of kinds by a request that adopted it and never allocates
+  // (the source's ring frees its window as it decodes on).
+  // Errors, nothing changed: kFailedPrecondition (no kinds; the request holds a token; the
+  // source's ring no longer holds the window before resume_from; a plan pending), kNotFound
+  // (either request unknown), kInvalidArgument (request == source, another rank), kOutOfRange
+  // (tokens past the source's), kUnsupported (kind frames).
+  Result<PrefixShare> SharePrefix(RequestId request, RequestId source, std::uint32_t tokens);
   // One cache reference more / less on each address (a prefix cache node's). Release frees
   // an address whose last reference it drops. kNotFound (an address not live),
   // kInvalidArgument (listed twice), Release: kFailedPrecondition (an address without a

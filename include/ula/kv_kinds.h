@@ -98,6 +98,26 @@ struct KindPages {
   bool operator==(const KindPages&) const = default;
 };
 
+// A shared prefix in a space with kinds (AddressSpace::SharePrefix; src/space/kind_entries.h,
+// "Shared prefixes"). The adopter holds the source's first `resume_from` tokens: their C4
+// entries (and index keys) by address, their C128 entries' whole blocks and the window
+// ring's blocks by reference; it recomputes its tokens from resume_from on (an Allocate, as a
+// prefill chunk), which rebuilds the compressor states of the blocks still filling. copies:
+// the C128 entries of the last, partly filled block, which the engine copies (entries [0,
+// entries) of src_block to the same offsets of dst_block, on every layer of the kind) before
+// the adopter's next step reads them; the space holds no bytes of those kinds.
+struct KindBlockCopy {
+  std::uint32_t kind = 0;
+  std::uint32_t src_block = 0;
+  std::uint32_t dst_block = 0;
+  std::uint32_t entries = 0;
+  bool operator==(const KindBlockCopy&) const = default;
+};
+struct PrefixShare {
+  std::uint32_t resume_from = 0;  // tokens adopted; the request's next Allocate starts here
+  std::vector<KindBlockCopy> copies;
+};
+
 std::string_view ToString(KindLifetime lifetime);
 std::string_view ToString(KindPlacement placement);
 

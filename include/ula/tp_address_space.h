@@ -73,7 +73,7 @@
 // home a mod P, as in a space without kinds; the other kinds never move.
 // Not built (refused, naming the reason): the local buffer with kinds (Create:
 // TpConfig.attention must be at_home), the device step over a TP space with kinds
-// (DeviceStep::Create), ShareInto (as DP's), kind frames.
+// (DeviceStep::Create), prefix sharing (ShareInto; DP's SharePrefix has no TP form), kind frames.
 //
 // Sharing, errors, rounds and isolation: address_space.h. What differs: a shared prefix
 // stays striped a mod P where it was allocated, stored once (never once per rank, both
@@ -239,7 +239,7 @@ class TpAddressSpace {
   Status Truncate(RequestId request, std::uint32_t length);
   // Sharing, as AddressSpace's (contract and errors), except that ShareInto has no rank
   // check: every address is homed where its stripe says. A space with kinds refuses ShareInto
-  // (kUnsupported), as DP's.
+  // (kUnsupported): prefix sharing across kinds is DP's SharePrefix, not built for TP.
   Status ShareInto(RequestId request, std::span<const LogicalAddr> addrs);
   Status Retain(std::span<const LogicalAddr> addrs);
   Status Release(std::span<const LogicalAddr> addrs);

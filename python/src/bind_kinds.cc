@@ -121,6 +121,21 @@ in no entry yet (filling_tokens), and blocks: the block ids in order, a read-onl
                ", blocks=" + std::to_string(p.blocks.size()) + ")";
       });
 
+  py::class_<ula::KindBlockCopy>(m, "KindBlockCopy", R"doc(
+A copy a shared prefix needs (AddressSpace.share_prefix): entries [0, entries) of kind `kind`'s
+block src_block to the same offsets of dst_block, on every layer of the kind.)doc")
+      .def_readonly("kind", &ula::KindBlockCopy::kind)
+      .def_readonly("src_block", &ula::KindBlockCopy::src_block)
+      .def_readonly("dst_block", &ula::KindBlockCopy::dst_block)
+      .def_readonly("entries", &ula::KindBlockCopy::entries)
+      .def(py::self == py::self);
+
+  py::class_<ula::PrefixShare>(m, "PrefixShare", R"doc(
+A prefix adopted in whole blocks of every kind (AddressSpace.share_prefix): resume_from, the
+token the request's next allocate starts at, and copies, the engine's copies to run first.)doc")
+      .def_readonly("resume_from", &ula::PrefixShare::resume_from)
+      .def_readonly("copies", &ula::PrefixShare::copies);
+
   py::class_<ula::KindBudget>(m, "KindBudget", "How one rank's budget of kind frames is shared now (AddressSpace.kind_budget_of).")
       .def_readonly("frames", &ula::KindBudget::frames)
       .def_readonly("free_frames", &ula::KindBudget::free_frames, "Frames no kind holds: the C4 share.")
@@ -164,6 +179,15 @@ void BindKindCalls(py::module_& m) {
           py::arg("request"), py::arg("kind"),
           "A space with kinds: the request's page table of kind `kind` (KindPages). FailedPreconditionError (no "
           "kinds), NotFoundError (request), OutOfRangeError (kind).")
+      .def(
+          "share_prefix",
+          [](DpSpace& s, std::uint64_t request, std::uint64_t source, std::uint32_t tokens) {
+            return Unwrap(s.space->SharePrefix(ula::RequestId(request), ula::RequestId(source), tokens));
+          },
+          py::arg("request"), py::arg("source"), py::arg("tokens"),
+          "A space with kinds: the new request adopts the source's prefix of `tokens` tokens in whole blocks of "
+          "every kind (PrefixShare: it resumes from resume_from; docs/ARCHITECTURE.md, \"Kinds\"). "
+          "FailedPreconditionError, NotFoundError, InvalidArgumentError, OutOfRangeError, UnsupportedError.")
       .def(
           "kind_budget_of", [](DpSpace& s) { return Unwrap(s.space->KindBudgetOf()); },
           "A space with kind frames: how its budget is shared now (KindBudget). FailedPreconditionError without.")

@@ -215,6 +215,16 @@ class KindPages:
     filling_tokens: int
     blocks: I32  # read-only view, [ceil((first_offset + entries) / entries_per_block)]
 
+class KindBlockCopy:
+    kind: int
+    src_block: int
+    dst_block: int
+    entries: int
+
+class PrefixShare:
+    resume_from: int
+    copies: list[KindBlockCopy]
+
 class KindBudget:
     frames: int
     free_frames: int
@@ -269,6 +279,7 @@ class AddressSpace:
     def rank_of(self, request: int) -> int: ...
     def debug_digest(self) -> int: ...
     def kind_pages_of(self, request: int, kind: int) -> KindPages: ...
+    def share_prefix(self, request: int, source: int, tokens: int) -> PrefixShare: ...
     def kind_budget_of(self) -> KindBudget: ...
     def compact_kind(self, kind: int) -> int: ...
     def device_layer_view(self, rank: int, group: int, layer: int) -> U8: ...

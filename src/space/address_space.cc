@@ -302,8 +302,9 @@ Status AddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> a
   const State& st = *state_;
   if (!st.kinds.empty()) {
     return MakeError(ErrorCode::kUnsupported,
-                     "ShareInto: a space with kinds shares no prefix yet: adopted C4 entries would come without "
-                     "the window, C128 entries and compressor state of their tokens (docs/ARCHITECTURE.md, \"Kinds\")");
+                     "ShareInto: a space with kinds adopts a prefix by SharePrefix: C4 entries alone would come "
+                     "without the window, C128 entries and compressor state of their tokens (docs/ARCHITECTURE.md, "
+                     "\"Kinds\")");
   }
   const RequestState* req = st.dir.Find(request);
   const Rank rank = req != nullptr ? req->rank : Rank::Invalid();
@@ -315,6 +316,41 @@ Status AddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> a
                                                               a.value(), at.value(), rank.value()));
   };
   return Checked(*this, state_->dir.ShareInto(request, addrs, on_rank));
+}
+
+Result<PrefixShare> AddressSpace::SharePrefix(RequestId request, RequestId source, std::uint32_t tokens) {
+  State& st = *state_;
+  if (st.kinds.empty()) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     "SharePrefix: the space has no kinds (ShareInto adopts addresses)");
+  }
+  ULA_RETURN_IF_ERROR(st.dir.RefuseWhilePlanPending("SharePrefix"));
+  const RequestState* req = st.dir.Find(request);
+  const RequestState* src = st.dir.Find(source);
+  if (req == nullptr || src == nullptr) {
+    return MakeError(ErrorCode::kNotFound, fmt::format("SharePrefix: request {} is unknown",
+                                                       (req == nullptr ? request : source).value()));
+  }
+  if (req->rank != src->rank) {
+    return MakeError(ErrorCode::kInvalidArgument, fmt::format("SharePrefix: request {} is on rank {}, source {} on {}",
+                                                              request.value(), req->rank.value(), source.value(),
+                                                              src->rank.value()));
+  }
+  const std::uint32_t held = *st.kinds.TokensOf(source);
+  if (tokens > held) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("SharePrefix: a prefix of {} tokens is longer than source "
+                                                         "{} ({} tokens)", tokens, source.value(), held));
+  }
+  // Whole blocks of every kind; the tokens of the blocks still filling are recomputed.
+  const std::uint32_t unit = KindEntries::ShareUnit(config_.kinds, config_.page_tokens);  // whole blocks
+  const std::uint32_t resume = tokens / unit * unit;
+  ULA_RETURN_IF_ERROR(st.kinds.CheckShare(request, source, resume, unit));
+  const std::uint32_t E = config_.kinds[st.kinds.sparse_kind()].tokens_per_entry;
+  const std::vector<LogicalAddr> prefix(src->addrs.begin(), src->addrs.begin() + resume / E);
+  if (!prefix.empty()) ULA_RETURN_IF_ERROR(st.dir.ShareInto(request, prefix));  // same rank, live, not held
+  PrefixShare out{resume, st.kinds.SharePrefix(request, source, resume)};
+  ULA_RETURN_IF_ERROR(Checked(*this, Ok()));
+  return out;
 }
 
 Status AddressSpace::Retain(std::span<const LogicalAddr> addrs) {
@@ -410,8 +446,8 @@ Result<KindPages> AddressSpace::KindPagesOf(RequestId request, std::uint32_t kin
   }
   if (kind >= st.kinds.num_kinds() || !st.kinds.addressed(kind)) return st.kinds.PagesOf(request, kind);
   // The sparse kind and its companions: the request's logical addresses, token i of its
-  // list at offset i % P of its page (no ShareInto in a space with kinds), so its pages are
-  // the addresses at every P-th position.
+  // list at offset i % P of its page (a shared prefix is whole pages, and the first entry
+  // after it opens a fresh page), so its pages are the addresses at every P-th position.
   auto tokens = st.kinds.TokensOf(request);
   if (!tokens) return std::unexpected(tokens.error());
   const std::span<const LogicalAddr> addrs = st.dir.Find(request)->addrs;
@@ -615,12 +651,22 @@ Status AddressSpace::CheckInvariants() const {
       return Fail(fmt::format("{} requests with kind entries, {} in the directory", st.kinds.num_requests(),
                               st.dir.num_requests()));
     }
+    const std::uint32_t E = config_.kinds[st.kinds.sparse_kind()].tokens_per_entry;
+    const std::uint32_t unit = KindEntries::ShareUnit(config_.kinds, config_.page_tokens);
     for (const auto& [id, req] : st.dir.requests()) {
       auto c4 = st.kinds.AddressedEntries(id);
       if (!c4) return Fail(fmt::format("request {} has no kind entries", id.value()));
-      if (*c4 != req.addrs.size() || !req.adopted.empty()) {
-        return Fail(fmt::format("request {} of {} tokens lists {} addresses ({} adopted), not its {} C4 entries",
-                                id.value(), *st.kinds.TokensOf(id), req.addrs.size(), req.adopted.size(), *c4));
+      // Its adopted addresses are the C4 entries of its shared prefix, the first of its list,
+      // in whole pages (kind_entries.h, "Shared prefixes").
+      const std::uint32_t shared = *st.kinds.SharedTokensOf(id);
+      bool prefix = req.adopted.size() == shared / E && shared % unit == 0;
+      for (std::size_t i = 0; prefix && i < req.adopted.size(); ++i) {
+        prefix = std::binary_search(req.adopted.begin(), req.adopted.end(), req.addrs[i]);
+      }
+      if (*c4 != req.addrs.size() || !prefix) {
+        return Fail(fmt::format("request {} of {} tokens ({} shared) lists {} addresses ({} adopted), not its {} C4 "
+                                "entries with the shared prefix's first", id.value(), *st.kinds.TokensOf(id), shared,
+                                req.addrs.size(), req.adopted.size(), *c4));
       }
     }
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 
 #include "ula/check.h"
 
@@ -58,9 +59,11 @@ std::uint32_t KindEntries::Pool::Take() {
   if (!free.empty()) {
     const std::uint32_t id = *free.begin();
     free.erase(free.begin());
+    holders[id] = 1;
     return id;
   }
   ULA_CHECK(extent < std::numeric_limits<std::uint32_t>::max());
+  holders.push_back(1);
   return extent++;
 }
 
@@ -252,6 +255,11 @@ Result<std::uint32_t> KindEntries::CheckTruncate(RequestId request, std::uint32_
     return MakeError(ErrorCode::kOutOfRange, fmt::format("Truncate: request {} holds {} tokens, cannot keep {}",
                                                          request.value(), req.tokens, length));
   }
+  if (length < req.shared) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("Truncate: request {} to {} tokens would drop part of its shared prefix of {} tokens "
+                                 "(a shared prefix is immutable)", request.value(), length, req.shared));
+  }
   for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
     const KvKind& kind = kinds_[k];
     if (kind.lifetime != KindLifetime::kRing || length == req.tokens) continue;
@@ -287,6 +295,97 @@ void KindEntries::Truncate(RequestId request, std::uint32_t length) {
       case KindLifetime::kPerRequest: break;  // its position is tokens % E
     }
   }
+}
+
+std::uint32_t KindEntries::ShareUnit(std::span<const KvKind> kinds, std::uint32_t page_tokens) {
+  std::uint64_t unit = kB;  // the ring's blocks
+  const std::size_t sparse = SparseKindIndex(kinds);
+  for (std::size_t k = 0; k < kinds.size(); ++k) {
+    std::uint64_t tokens = kinds[k].tokens_per_entry;
+    if (k == sparse) tokens *= page_tokens;  // whole pages of addresses
+    unit = std::lcm(unit, tokens);
+  }
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(unit, std::numeric_limits<std::uint32_t>::max()));
+}
+
+Status KindEntries::CheckShare(RequestId request, RequestId source, std::uint32_t resume, std::uint32_t unit) const {
+  if (kinds_.empty()) return MakeError(ErrorCode::kFailedPrecondition, "SharePrefix: the space has no kinds");
+  if (frames_ != nullptr) {
+    return MakeError(ErrorCode::kUnsupported,
+                     "SharePrefix: a space over kind frames shares no prefix (its frames count a block once per "
+                     "owner; docs/ARCHITECTURE.md, \"Kinds\")");
+  }
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return Unknown("SharePrefix", request);
+  auto src = requests_.find(source);
+  if (src == requests_.end()) return Unknown("SharePrefix (source)", source);
+  if (request == source) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("SharePrefix: request {} cannot adopt its own prefix", request.value()));
+  }
+  if (unit == 0 || resume % unit != 0) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     fmt::format("SharePrefix: {} tokens are not a multiple of the share unit {}", resume, unit));
+  }
+  const Request& req = it->second;
+  if (req.tokens != 0 || req.appended) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("SharePrefix: request {} already holds {} tokens: a prefix is adopted before the "
+                                 "first Allocate", request.value(), req.tokens));
+  }
+  const Request& from = src->second;
+  if (resume > from.tokens) {
+    return MakeError(ErrorCode::kOutOfRange, fmt::format("SharePrefix: source {} holds {} tokens, not {}",
+                                                         source.value(), from.tokens, resume));
+  }
+  for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
+    if (kinds_[k].lifetime != KindLifetime::kRing) continue;
+    const std::uint32_t need = RingFirst(kinds_[k], resume);
+    const KindState& s = from.kinds[k];
+    if (resume > 0 && (!from.whole || s.first > need)) {
+      return MakeError(ErrorCode::kFailedPrecondition,
+                       fmt::format("SharePrefix: source {}'s ring of '{}' holds tokens [{}, {}): a resume at token {} "
+                                   "needs [{}, {}) (hold a prefix by sharing it into a request while its source's "
+                                   "ring holds it)", source.value(), kinds_[k].name, s.first, from.tokens, resume,
+                                   need, resume));
+    }
+  }
+  return Ok();
+}
+
+std::vector<KindBlockCopy> KindEntries::SharePrefix(RequestId request, RequestId source, std::uint32_t resume) {
+  const Request& from = requests_.at(source);
+  Request& req = requests_.at(request);
+  std::vector<KindBlockCopy> copies;
+  req.tokens = req.most = req.reach = req.shared = resume;
+  sparse_entries_ += EntriesAt(sparse_, resume);
+  for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
+    if (addressed_[k] || kinds_[k].lifetime == KindLifetime::kPerRequest) continue;
+    const KindState& src = from.kinds[k];
+    KindState& s = req.kinds[k];
+    const auto [first, end] = RangeAt(k, req, s, resume, resume);
+    s.first = first;
+    s.end = end;
+    if (first == end) continue;
+    // The source's block of absolute block position b is src.blocks[b - src.first / 64].
+    for (std::uint32_t b = FirstBlock(first); b < EndBlock(first, end); ++b) {
+      const std::uint32_t id = src.blocks[b - FirstBlock(src.first)];
+      if ((b + 1) * kB <= end) {  // full: shared
+        pools_[k].Hold(id);
+        s.blocks.push_back(id);
+        continue;
+      }
+      s.blocks.push_back(TakeBlock(k));  // partly filled (an append kind's last): its own, copied
+      copies.push_back({k, id, s.blocks.back(), end - b * kB});
+    }
+  }
+  return copies;
+}
+
+Result<std::uint32_t> KindEntries::SharedTokensOf(RequestId request) const {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) return Unknown("KindEntries", request);
+  return it->second.shared;
 }
 
 Status KindEntries::Free(RequestId request) {
@@ -362,11 +461,18 @@ Status KindEntries::CheckInvariants(std::string_view who) const {
   for (std::uint32_t k = 0; k < kinds_.size(); ++k) {
     if (addressed_[k]) continue;
     const KvKind& kind = kinds_[k];
-    std::vector<std::uint8_t> seen(pools_[k].extent, 0);
+    const Pool& pool = pools_[k];
+    if (frames_ == nullptr && pool.holders.size() != pool.extent) {
+      return fail(fmt::format("kind '{}': {} hold counts for {} ids", kind.name, pool.holders.size(), pool.extent));
+    }
+    // Per id: the requests listing it, its block position, the least end (tokens or entries)
+    // of its holders (a shared block is sealed below every holder's end).
+    std::vector<std::uint32_t> listed(pool.extent, 0), position(pool.extent, 0), least_end(pool.extent, 0);
     std::set<std::uint32_t> owned;  // over frames
-    for (std::uint32_t id : pools_[k].free) {
-      if (id >= pools_[k].extent) return fail(fmt::format("kind '{}': free block {} past the extent", kind.name, id));
-      seen[id] = 1;
+    for (std::uint32_t id : pool.free) {
+      if (id >= pool.extent || pool.holders[id] != 0) {
+        return fail(fmt::format("kind '{}': free block {} is past the extent or held", kind.name, id));
+      }
     }
     for (const auto& [request, req] : requests_) {
       const KindState& s = req.kinds[k];
@@ -400,7 +506,8 @@ Status KindEntries::CheckInvariants(std::string_view who) const {
                                 "{}) in {}", request.value(), req.tokens, kind.name, s.first, s.end, s.blocks.size(),
                                 first, end, blocks));
       }
-      for (std::uint32_t id : s.blocks) {
+      for (std::size_t i = 0; i < s.blocks.size(); ++i) {
+        const std::uint32_t id = s.blocks[i];
         if (frames_ != nullptr) {
           if (!frames_->IsLive(k, id) || !owned.insert(id).second) {
             return fail(fmt::format("kind '{}': block {} of request {} is {}", kind.name, id, request.value(),
@@ -408,15 +515,28 @@ Status KindEntries::CheckInvariants(std::string_view who) const {
           }
           continue;
         }
-        if (id >= pools_[k].extent || seen[id] != 0) {
+        const std::uint32_t at = FirstBlock(s.first) + static_cast<std::uint32_t>(i);
+        if (id >= pool.extent || pool.free.contains(id) || (listed[id] != 0 && position[id] != at)) {
           return fail(fmt::format("kind '{}': block {} of request {} is {}", kind.name, id, request.value(),
-                                  id >= pools_[k].extent ? "past the extent" : "owned twice or free"));
+                                  id >= pool.extent      ? "past the extent"
+                                  : pool.free.contains(id) ? "free"
+                                                           : "at another position in another request"));
         }
-        seen[id] = 1;
+        least_end[id] = listed[id] == 0 ? s.end : std::min(least_end[id], s.end);
+        position[id] = at;
+        ++listed[id];
       }
     }
-    for (std::uint32_t id = 0; id < pools_[k].extent; ++id) {
-      if (seen[id] == 0) return fail(fmt::format("kind '{}': block {} is neither free nor owned", kind.name, id));
+    for (std::uint32_t id = 0; id < pool.extent; ++id) {
+      if (listed[id] != pool.holders[id] || (listed[id] == 0 && !pool.free.contains(id))) {
+        return fail(fmt::format("kind '{}': block {} is listed by {} requests and counts {} holders{}", kind.name, id,
+                                listed[id], pool.holders[id], pool.free.contains(id) ? " (free)" : ""));
+      }
+      if (listed[id] > 1 && (position[id] + 1) * kB > least_end[id]) {
+        return fail(fmt::format("kind '{}': block {} is shared by {} requests but not sealed: its entries reach {}, "
+                                "a holder's end is {}", kind.name, id, listed[id], (position[id] + 1) * kB,
+                                least_end[id]));
+      }
     }
     if (frames_ != nullptr && owned.size() != frames_->blocks_in_use(k)) {
       return fail(fmt::format("kind '{}': the frames hold {} live blocks, the requests own {}", kind.name,
@@ -450,6 +570,7 @@ void KindEntries::AddToDigest(StateDigest& d) const {
     d.Add(p.extent);
     d.Add(p.free.size());
     for (std::uint32_t id : p.free) d.Add(id);
+    for (std::uint32_t h : p.holders) d.Add(h);
   }
   // The requests in id order (the map's order is not part of the state).
   std::vector<RequestId> ids;
@@ -461,6 +582,7 @@ void KindEntries::AddToDigest(StateDigest& d) const {
     d.Add(req.tokens);
     d.Add(req.appended ? 1 : 0);
     d.Add(req.whole ? 1 : 0);
+    d.Add(req.shared);
     for (const KindState& s : req.kinds) {
       d.Add(s.first);
       d.Add(s.end);

@@ -57,6 +57,33 @@
 // is refused (kResourceExhausted) with nothing changed: the resident kinds' new blocks need
 // more frames than are free, or the sparse entries would exceed that share plus the host.
 //
+// Shared prefixes (SharePrefix, as AddressSpace::SharePrefix; docs/ARCHITECTURE.md, "Kinds"). A new
+// request (no token yet) adopts the first R tokens of a live source request, R a multiple of
+// the share unit A = lcm(every kind's tokens_per_entry, the sparse kind's E x page_tokens,
+// kKindBlockEntries) (ShareUnit: 256 tokens for V4 at 64 addresses a page), so that every
+// kind's prefix is whole blocks: its C4 entries whole pages of addresses (the directory's,
+// shared by address), the ring's tokens [RingFirst(R), R) whole 64-token blocks, every
+// compression block closed (no compressor state is shared: it is per request and mutable).
+// The adopter's state after SharePrefix is the source's at R, as if it had run those tokens
+// (tokens = most = reach = R, not appended: its compressor states are taken by its first
+// Append, at position 0) and it holds:
+//   kRing      the source's blocks of the tokens [RingFirst(R), R), by reference (the window
+//              its token R reads, and the drafts a rollback from R could restore); they are
+//              full, and neither holder writes them again (both append past R);
+//   kAppend    the source's blocks whose 64 entries all lie below floor(R / E), by reference;
+//              when floor(R / E) is not a multiple of 64 the last, partly filled block is a
+//              fresh block of its own, and SharePrefix returns the copy of its entries (the source
+//              appends into its own block at the same offsets: a shared partial block would be
+//              written by both);
+//   kPerRequest nothing (taken by its first Append).
+// Reference counts: per pool, holders[id] = the requests listing id in their blocks of the
+// kind; GiveBlock drops one and frees the id when the last holder goes. A block with more
+// than one holder is sealed: all its entries lie below every holder's end (ring: tokens), so
+// no Append or Truncate of any holder writes or drops it while another holds it. A request
+// with a shared prefix of R tokens refuses Truncate below R (the prefix is immutable; the
+// directory refuses dropping its adopted C4 entries too). Over frames SharePrefix is refused (the
+// frames count a block once per owner).
+//
 // Truncate(request, length), a draft rollback to `length` tokens: drops the appended kinds'
 // entries of the rejected tokens (keeps floor(length / E)), the ring's tokens past `length`
 // and the blocks left without a live token; a compressor state's position follows T. The
@@ -73,8 +100,12 @@
 //     are exactly the request's blocks holding a live entry, so blocks.size() ==
 //     ceil(entries_end / 64) - first / 64 (0 when no entry). A request this rank does not
 //     hold whole has no ring or per-request entry here.
-//  2. Per pool: every id below the pool's extent is either free (listed once) or in exactly
-//     one request's blocks of that kind; no id at or past the extent is used.
+//  2. Per pool: every id below the pool's extent is either free (listed once, no holder) or
+//     listed by exactly holders[id] >= 1 requests' blocks of that kind, at the same block
+//     position in each, and sealed (above) when holders[id] > 1; no id at or past the extent
+//     is used.
+//  5. A request's shared prefix: shared <= tokens, a multiple of the share unit (the space
+//     checks the unit: it knows page_tokens).
 //  3. A per-request kind's entry is held iff the request was appended to and is held whole.
 //  4. Over frames: each kind's blocks in use in the frames are exactly the requests' blocks
 //     of that kind; the sparse entries fit the free frames' share plus the host tier.
@@ -173,6 +204,22 @@ class KindEntries {
   Result<std::uint32_t> CheckTruncate(RequestId request, std::uint32_t length) const;
   // REQUIRES: CheckTruncate(request, length) is Ok.
   void Truncate(RequestId request, std::uint32_t length);
+  // The share unit A of `kinds` at `page_tokens` addresses a page (above, "Shared prefixes").
+  static std::uint32_t ShareUnit(std::span<const KvKind> kinds, std::uint32_t page_tokens);
+  // Checks SharePrefix(request, source, resume): kNotFound (either unknown), kInvalidArgument
+  // (request == source, resume not a multiple of `unit`), kOutOfRange (resume past the
+  // source's tokens), kFailedPrecondition (the request holds a token or was appended to; the
+  // source's ring no longer holds [RingFirst(resume), resume)), kUnsupported (over frames).
+  Status CheckShare(RequestId request, RequestId source, std::uint32_t resume, std::uint32_t unit) const;
+  // REQUIRES: CheckShare is Ok. The request adopts the source's prefix of `resume` tokens;
+  // returns the copies of partly filled blocks (above).
+  std::vector<KindBlockCopy> SharePrefix(RequestId request, RequestId source, std::uint32_t resume);
+  // The tokens of the request's shared prefix (0: none). kNotFound.
+  Result<std::uint32_t> SharedTokensOf(RequestId request) const;
+  // Holders of kind k's block id (0: free). Logical ids only (no frames).
+  std::uint32_t HoldersOf(std::uint32_t k, std::uint32_t id) const {
+    return id < pools_[k].holders.size() ? pools_[k].holders[id] : 0;
+  }
   // Releases all of the request's entries of every kind. kNotFound.
   Status Free(RequestId request);
   // Over frames: compacts kind k's frames (KindFrames::Compact); a moved block keeps its
@@ -213,13 +260,19 @@ class KindEntries {
     bool appended = false;          // appended to (its per-request entries are held, if whole)
     bool whole = true;              // this rank holds its ring and per-request kinds
     bool round_pending = false;     // listed in round_pending_ (reach < most since an Append)
+    std::uint32_t shared = 0;       // tokens of its shared prefix (SharePrefix): Truncate stays at or above
     std::vector<KindState> kinds;   // [num_kinds] (addressed kinds: unused)
   };
   struct Pool {  // one kind's logical block ids
     std::uint32_t extent = 0;        // ids [0, extent) were minted
     std::set<std::uint32_t> free;    // minted, not in use; the lowest is reused first
+    std::vector<std::uint32_t> holders;  // [extent] requests listing the id; 0 iff free
     std::uint32_t Take();
-    void Give(std::uint32_t id) { free.insert(id); }
+    // Drops one holder; the id is free when the last goes.
+    void Give(std::uint32_t id) {
+      if (--holders[id] == 0) free.insert(id);
+    }
+    void Hold(std::uint32_t id) { ++holders[id]; }
   };
 
   // The entries [first, end) kind k holds at `tokens` tokens, given the ring's first so far.

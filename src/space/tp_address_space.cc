@@ -368,9 +368,9 @@ Status TpAddressSpace::Truncate(RequestId request, std::uint32_t length) {
 Status TpAddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> addrs) {
   if (!state_->kinds.empty()) {
     return MakeError(ErrorCode::kUnsupported,
-                     "ShareInto: a space with kinds shares no prefix yet: adopted C4 entries would come without "
-                     "the window, C128 entries and compressor state of their tokens (docs/ARCHITECTURE.md, "
-                     "\"Kinds under TP\")");
+                     "ShareInto: a TP space with kinds shares no prefix: SharePrefix, which shares every kind's "
+                     "whole blocks, is built for the DP space only, and C4 entries alone would come without the "
+                     "window, C128 entries and compressor state of their tokens (docs/ARCHITECTURE.md, \"Kinds\")");
   }
   return Checked(*this, state_->dir.ShareInto(request, addrs));
 }

@@ -44,6 +44,8 @@ CLASSES = {
     "TpStepPlanner": ("include/ula/tp_step_planner.h", "TpStepPlanner"),
     "KvKind": ("include/ula/kv_kinds.h", "KvKind"),
     "KindPages": ("include/ula/kv_kinds.h", "KindPages"),
+    "KindBlockCopy": ("include/ula/kv_kinds.h", "KindBlockCopy"),
+    "PrefixShare": ("include/ula/kv_kinds.h", "PrefixShare"),
     "KindBudget": ("include/ula/address_space.h", "KindBudget"),
 }
 

@@ -360,6 +360,32 @@ def test_bad_input_raises_the_libraries_reason_and_changes_nothing():
     assert space.debug_digest() == before
 
 
+def test_a_prefix_is_shared_in_whole_blocks_of_every_kind():
+    # share_prefix (docs/ARCHITECTURE.md "Kinds", "Shared prefixes across kinds"): the first
+    # floor(tokens / 256) * 256 tokens, C4 by address, full C128 blocks by reference, the last
+    # partly filled one copied; the request resumes its prefill from resume_from.
+    space = ulacache.AddressSpace(flash_config(drafts=3), backend="counting")
+    space.add_request(1)
+    space.allocate(1, 8500)  # one round: the ring holds every token until it ends
+    space.add_request(2)
+    share = space.share_prefix(2, 1, 8300)
+    assert share.resume_from == 8192 and share.copies == []
+    assert list(space.addresses_of(2)) == list(space.addresses_of(1)[:2048])
+    assert list(space.kind_pages_of(2, C128).blocks) == list(space.kind_pages_of(1, C128).blocks[:1])
+    space.add_request(3)
+    mid = space.share_prefix(3, 1, 1000)
+    assert mid.resume_from == 768
+    assert [(c.kind, c.src_block, c.entries) for c in mid.copies] == [(C128, space.kind_pages_of(1, C128).blocks[0], 6)]
+    space.advance_round()
+    space.allocate(2, 8300 - 8192)  # recomputes the tokens past the shared blocks
+    space.check_invariants()
+    with pytest.raises(ulacache.FailedPreconditionError, match="shared prefix"):
+        space.truncate(2, 8000)
+    for r in (1, 2, 3):
+        space.free(r)
+        space.check_invariants()
+
+
 def test_over_frames_a_refused_call_changes_neither_the_space_nor_the_budget():
     cfg = flash_config(drafts=2, host_c4=0, frames=8)
     space = ulacache.AddressSpace(cfg, backend="counting")
