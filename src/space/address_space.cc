@@ -101,9 +101,13 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceCon
   for (std::uint32_t r = 0; r < config.num_ranks; ++r) {
     std::uint64_t layer_base = 0;  // the C4 kind's layers before group g
     for (std::uint32_t g = 0; g < config.num_groups; ++g) {
-      ShardPools::Geometry geo{Rank(static_cast<std::uint16_t>(r)), GroupId(static_cast<std::uint16_t>(g)),
-                               dev_slots, host_slots, config.row(), config.layers_of(GroupId(g)),
-                               /*layer_regions=*/true};
+      ShardPools::Geometry geo{.rank = Rank(static_cast<std::uint16_t>(r)),
+                               .group = GroupId(static_cast<std::uint16_t>(g)),
+                               .device_slots = dev_slots,
+                               .host_slots = host_slots,
+                               .row_bytes = config.row(),
+                               .num_layers = config.layers_of(GroupId(g)),
+                               .layer_regions = true};
       if (budget) {
         geo.device_arena = &*budget;
         geo.device_blocks = SlotBlocks{layer_base * SlotBlocks::kRows * config.row(), state->share.block_stride};

@@ -142,30 +142,42 @@ namespace {
 std::unexpected<Error> Fail(std::string_view who, std::string msg) {
   return MakeError(ErrorCode::kInternal, fmt::format("{}: {}", who, msg));
 }
+
+enum class EntryFault : std::uint8_t { kFreeSlot, kTwoAddresses, kOwner, kUntracked };
+
+// Out of line and cold: formatted in CheckEntry's body, the texts gave every call a stack
+// frame of some 1 KB that the sanitizer trees poison and unpoison on each call, and their
+// CheckInvariants calls it for every entry of every group after every operation.
+[[gnu::noinline, gnu::cold]] Status EntryFailure(std::string_view who, EntryFault fault, const ShardPools& sp,
+                                                 LogicalAddr a, Location loc) {
+  const std::uint32_t s = loc.slot().value(), r = sp.rank.value(), g = sp.group.value();
+  switch (fault) {
+    case EntryFault::kFreeSlot:
+      return Fail(who, fmt::format("address {} group {} sits in free {} slot {} of rank {}", a.value(), g,
+                                   TierName(loc.tier()), s, r));
+    case EntryFault::kTwoAddresses:
+      return Fail(who, fmt::format("{} slot {} of rank {} group {} holds two addresses", TierName(loc.tier()), s, r, g));
+    case EntryFault::kOwner:
+      return Fail(who, fmt::format("device slot {} owner map disagrees with address {}", s, a.value()));
+    case EntryFault::kUntracked:
+      break;
+  }
+  return Fail(who, fmt::format("device slot {} holds address {} but the policy does not track it", s, a.value()));
+}
 }  // namespace
 
 Status ShardPools::CheckEntry(std::string_view who, LogicalAddr a, Location loc, Occupancy& seen) const {
   const bool dev = loc.tier() == Tier::kDevice;
   const SlotPool& p = pool(loc.tier());
   const std::uint32_t s = loc.slot().value();
-  if (!p.IsAllocated(loc.slot())) {
-    return Fail(who, fmt::format("address {} group {} sits in free {} slot {} of rank {}", a.value(), group.value(),
-                                 TierName(loc.tier()), s, rank.value()));
-  }
+  if (!p.IsAllocated(loc.slot())) return EntryFailure(who, EntryFault::kFreeSlot, *this, a, loc);
   auto& slots = dev ? seen.device_seen : seen.host_seen;
   if (slots.empty()) slots.resize(p.capacity());
-  if (slots[s]) {
-    return Fail(who, fmt::format("{} slot {} of rank {} group {} holds two addresses", TierName(loc.tier()), s,
-                                 rank.value(), group.value()));
-  }
+  if (slots[s]) return EntryFailure(who, EntryFault::kTwoAddresses, *this, a, loc);
   slots[s] = true;
   if (dev) {
-    if (device_owner[s] != a) {
-      return Fail(who, fmt::format("device slot {} owner map disagrees with address {}", s, a.value()));
-    }
-    if (!policy->IsTracked(loc.slot())) {
-      return Fail(who, fmt::format("device slot {} holds address {} but the policy does not track it", s, a.value()));
-    }
+    if (device_owner[s] != a) return EntryFailure(who, EntryFault::kOwner, *this, a, loc);
+    if (!policy->IsTracked(loc.slot())) return EntryFailure(who, EntryFault::kUntracked, *this, a, loc);
   }
   ++(dev ? seen.on_device : seen.on_host);
   return Ok();

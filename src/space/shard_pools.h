@@ -70,7 +70,7 @@ struct ShardPools {
     // A space's frames (frame_share.h): the device slots in blocks of 64 rows over this arena,
     // layer l of slot s at blocks' offset(s) + l * 64 * row_bytes. Null: an arena of their own.
     const Arena* device_arena = nullptr;
-    SlotBlocks device_blocks;
+    SlotBlocks device_blocks = {};
   };
   // The pools on `arenas`, the policy over the device slots, shadows when `host_shadows`.
   static Result<ShardPools> Create(PoolArenas& arenas, const Geometry& geometry, PolicyKind policy_kind,

@@ -140,7 +140,8 @@ Result<std::unique_ptr<TpAddressSpace>> TpAddressSpace::Create(const TpConfig& c
   state->shards.resize(config.num_ranks);
   for (Rank r : hosted) {
     for (std::uint32_t g = 0; g < config.num_groups; ++g) {
-      const ShardPools::Geometry geo{r, GroupId(static_cast<std::uint16_t>(g)), dev, host, config.entry_bytes};
+      const ShardPools::Geometry geo{.rank = r, .group = GroupId(static_cast<std::uint16_t>(g)), .device_slots = dev,
+                                     .host_slots = host, .row_bytes = config.entry_bytes};
       auto pools = ShardPools::Create(state->arenas, geo, config.policy, config.policy_options, config.host_shadows);
       if (!pools) return fail(pools.error());
       auto buffer = state->arenas.MakePool(Tier::kDevice, r, buf, config.entry_bytes);

@@ -111,8 +111,8 @@ class VerifierCore {
     Rank rank;
     std::vector<LogicalAddr> addrs;
     std::vector<std::vector<LogicalAddr>> selection;  // [groups * queries] previous selection
-    std::vector<std::uint32_t> tokens;                // sharing: [addrs] the token of each address
-    SparsePrefixMatch lock;                           // sharing: its locked match (if locked)
+    std::vector<std::uint32_t> tokens = {};           // sharing: [addrs] the token of each address
+    SparsePrefixMatch lock = {};                      // sharing: its locked match (if locked)
     bool locked = false;
   };
 
