@@ -267,7 +267,7 @@ std::uint32_t CurveLimit(const RunContext& ctx, SystemResult& result) {
   const std::uint64_t cap = per * (in.mode == ParallelMode::kDp ? in.num_ranks : 1);
   if (per == 0 || result.admitted <= cap) return result.admitted;
   const std::string unit = CudaGraphLimitInTokens(engine)
-                               ? fmt::format("{} requests of {} tokens ({} tokens)", per, q,
+                               ? fmt::format("{} requests{} ({} tokens)", per, q > 1 ? fmt::format(" of {} tokens", q) : "",
                                              in.rates.vllm_max_cudagraph_capture_size)
                                : fmt::format("{}", per);
   result.note = fmt::format("admits {} but decodes at most {}: the engines' CUDA-graph capture limit, {} per engine instance",
