@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 
+#include "serving/engine_limits.h"
 #include "serving/kind_space_admission.h"
 #include "space/kind_frames.h"
 #include "workload/calibration.h"
@@ -221,10 +222,14 @@ Result<KindComparison> RunKindComparison(const KindCompareConfig& kc, const std:
       } else {
         r.admission = Admit(r.plan, *shape, kc, setup, finals);
       }
-      // Curves stop at the engines' CUDA-graph limit per engine instance (the GLM-5 comparison's rule).
+      // Curves stop at the engines' CUDA-graph limit per engine instance (the GLM-5 comparison's
+      // rule, engine_limits.h): vLLM's systems (vllm, dcp) in tokens, the others in requests.
       std::uint32_t limit = r.admission.admitted;
-      const std::uint64_t cap = std::uint64_t{scenario->cuda_graph_max_batch} * (e.mode == ParallelMode::kDp ? scenario->num_ranks : 1);
-      if (scenario->cuda_graph_max_batch > 0 && limit > cap) {
+      const bool vllm = s == KindSystem::kVllm || s == KindSystem::kDcp;
+      const std::uint32_t per = CudaGraphRequestsPerInstance(vllm ? "vLLM" : "SGLang", scenario->cuda_graph_max_batch,
+                                                             rates->vllm_max_cudagraph_capture_size, setup.queries);
+      const std::uint64_t cap = std::uint64_t{per} * (e.mode == ParallelMode::kDp ? scenario->num_ranks : 1);
+      if (per > 0 && limit > cap) {
         limit = static_cast<std::uint32_t>(cap);
         r.note = fmt::format("admits {} but decodes at most {} (CUDA-graph limit per engine instance)", r.admission.admitted, cap);
       }

@@ -199,8 +199,8 @@ Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::stri
   }
   ULA_RETURN_IF_ERROR(SourcedUInt(f, "helix_tokens_per_block", 1, 1u << 16, &s.helix_tokens_per_block));
   ULA_RETURN_IF_ERROR(SourcedUInt(f, "vllm_hisparse_tail_entries", 0, 1u << 20, &s.vllm_hisparse_tail_entries));
-  ULA_RETURN_IF_ERROR(SourcedUInt(f, "vllm_hisparse_admission_window_entries", 0, 1u << 24,
-                                  &s.vllm_hisparse_admission_window_entries));
+  ULA_RETURN_IF_ERROR(SourcedUInt(f, "vllm_max_num_batched_tokens", 0, 1u << 20, &s.vllm_max_num_batched_tokens));
+  ULA_RETURN_IF_ERROR(SourcedUInt(f, "vllm_max_concurrent_batches", 1, 16, &s.vllm_max_concurrent_batches));
   ULA_RETURN_IF_ERROR(SourcedUInt(f, "cuda_graph_max_batch", 0, 1u << 20, &s.cuda_graph_max_batch));
   ULA_RETURN_IF_ERROR(sourced("trtllm_offload_gpu_cache_factor", 1, 1e3, &s.trtllm_offload_gpu_cache_factor));
   ULA_RETURN_IF_ERROR(SourcedUInt(f, "trtllm_offload_tokens_per_page", 1, 1u << 16, &s.trtllm_offload_tokens_per_page));
@@ -369,6 +369,8 @@ Result<ComputeRates> ParseComputeRates(std::string_view json_text, std::string_v
     *d.out = *v;
   }
   ULA_RETURN_IF_ERROR(SourcedUInt(f, "sparse_decode_head_multiple", 1, 1024, &r.sparse_decode_head_multiple));
+  ULA_RETURN_IF_ERROR(
+      SourcedUInt(f, "vllm_max_cudagraph_capture_size", 0, 1u << 20, &r.vllm_max_cudagraph_capture_size));
   ULA_RETURN_IF_ERROR(f.CheckNoUnknownFields());
   if (auto st = r.Validate(); !st) return std::unexpected(Prefixed(origin, st.error()));
   return r;

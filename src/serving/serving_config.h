@@ -69,6 +69,9 @@ struct ComputeRates {
   // experts' grouped GEMMs reach once compute-bound.
   double gemm_hbm_efficiency = 1;                // (0, 1], dense and routed-expert weight reads
   double grouped_gemm_flops = 0;                 // achieved, routed experts (0: dense_fp8_flops)
+  // vLLM's default CUDA-graph capture ceiling on this GPU, in tokens (VllmConfig.
+  // _set_cudagraph_sizes: 1024 on compute capability family 100, else 512); 0 = no limit.
+  std::uint32_t vllm_max_cudagraph_capture_size = 0;
   Status Validate() const;
 };
 
@@ -113,11 +116,14 @@ struct ScenarioConfig {
   bool hisparse_shared_index_prefetch = true;
   std::uint32_t helix_tokens_per_block = 64;     // Helix: tokens per KV block, the striping unit
   std::uint32_t vllm_hisparse_tail_entries = 128;  // vLLM HiSparse: newest tokens never reclaimed
-  // vLLM HiSparse: tokens of a request's resident pages its admission counts (the in-flight
-  // window of apply_admission_cap; the tail included).
-  std::uint32_t vllm_hisparse_admission_window_entries = 8192;
-  // Requests one engine instance decodes under CUDA graphs (TP: the node, DP: each GPU's
-  // rank); the curves stop there. 0 = no limit.
+  // vLLM HiSparse: its admission counts a request's resident pages up to the in-flight window
+  // (apply_admission_cap; the tail included), VllmConfig.max_in_flight_tokens =
+  // max_concurrent_batches x max_num_batched_tokens: VllmHiSparseAdmissionWindow.
+  std::uint32_t vllm_max_num_batched_tokens = 8192;
+  std::uint32_t vllm_max_concurrent_batches = 2;  // 2 with async scheduling (vLLM's default), 1 without
+  // SGLang's CUDA-graph limit (cuda_graph_max_bs), in requests per engine instance (TP: the
+  // node, DP: each GPU's rank); the curves stop there. 0 = no limit. vLLM's limit is in
+  // tokens, per hardware (ComputeRates::vllm_max_cudagraph_capture_size): engine_limits.h.
   std::uint32_t cuda_graph_max_batch = 512;
   // TensorRT-LLM sparse KV offload: each request's GPU cache is gpu_cache_factor x the units
   // one decode step selects + 1, in pages of tokens_per_page.
@@ -136,6 +142,12 @@ struct ScenarioConfig {
 
   Status Validate() const;
 };
+
+// vLLM HiSparse's admission window in tokens: VllmConfig.max_in_flight_tokens =
+// max_concurrent_batches x max_num_batched_tokens (docs/COST_MODEL.md, `vllm_hisparse`).
+inline std::uint32_t VllmHiSparseAdmissionWindow(const ScenarioConfig& s) {
+  return s.vllm_max_concurrent_batches * s.vllm_max_num_batched_tokens;
+}
 
 Result<ScenarioConfig> ParseScenarioConfig(std::string_view json_text, std::string_view origin = "scenario");
 // Parses without reading other files: `selection` stays unset until ResolveScenarioSelection.

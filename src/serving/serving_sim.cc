@@ -23,6 +23,7 @@
 
 #include "workload/rng.h"
 #include "serving/availability.h"
+#include "serving/engine_limits.h"
 #include "serving/serving_systems.h"
 #include "serving/shared_admission.h"
 #include "workload/shared_workload.h"
@@ -116,6 +117,7 @@ struct RunContext {
   const std::vector<std::uint32_t>& finals;  // [requests] input + output
   const std::string& label;
   const CompareOptions& options;
+  const AvailabilityConfig& availability;  // each system's engine: its CUDA-graph limit's form
 };
 
 // HiSparse's host_to_device_ratio under the scenario's rule: matched to the host budget
@@ -150,7 +152,7 @@ PlacementRules MakeRules(const RunContext& ctx, SystemKind system) {
     // device_buffer_size defaults to (max decode query length + 1) x top-k rows.
     rules.hisparse_buffer_entries = (q + 1) * ctx.model.top_k;
     rules.tail_entries = sc.vllm_hisparse_tail_entries;
-    rules.admission_window_entries = sc.vllm_hisparse_admission_window_entries;
+    rules.admission_window_entries = VllmHiSparseAdmissionWindow(sc);
   }
   if (system == SystemKind::kTrtllmOffload) {
     // gpu_cache_factor x the units one decode step selects (every query's top-k) plus the
@@ -251,16 +253,25 @@ void PrintBudget(const RunContext& ctx, SystemKind system, const PlacementRules&
                                    rules.device_bytes_per_rank / 1e9, rules.host_bytes_per_rank / 1e9, why));
 }
 
-// The largest batch a curve runs: the admission limit, capped at the engines' CUDA-graph
-// capture limit per engine instance (TP: the node; DP: each GPU's rank, P of them). A cap
-// below the admission limit is said in the result's note.
+// The largest batch a curve runs: the admission limit, capped at its engine's CUDA-graph
+// capture limit per engine instance (TP: the node; DP: each GPU's rank, P of them), in
+// requests for SGLang (and UlaCache, TensorRT-LLM), in tokens for vLLM (engine_limits.h). A
+// cap below the admission limit is said in the result's note.
 std::uint32_t CurveLimit(const RunContext& ctx, SystemResult& result) {
   const CostModelInputs& in = ctx.cost.inputs();
-  const std::uint64_t per = ctx.scenario.cuda_graph_max_batch;
+  const SystemAvailability* a = ctx.availability.Find(SystemName(result.system));
+  const std::string_view engine = a != nullptr ? std::string_view(a->engine) : std::string_view();
+  const std::uint32_t q = ctx.cost.queries();
+  const std::uint64_t per = CudaGraphRequestsPerInstance(engine, ctx.scenario.cuda_graph_max_batch,
+                                                         in.rates.vllm_max_cudagraph_capture_size, q);
   const std::uint64_t cap = per * (in.mode == ParallelMode::kDp ? in.num_ranks : 1);
   if (per == 0 || result.admitted <= cap) return result.admitted;
+  const std::string unit = CudaGraphLimitInTokens(engine)
+                               ? fmt::format("{} requests{} ({} tokens)", per, q > 1 ? fmt::format(" of {} tokens", q) : "",
+                                             in.rates.vllm_max_cudagraph_capture_size)
+                               : fmt::format("{}", per);
   result.note = fmt::format("admits {} but decodes at most {}: the engines' CUDA-graph capture limit, {} per engine instance",
-                            result.admitted, cap, per);
+                            result.admitted, cap, unit);
   return static_cast<std::uint32_t>(cap);
 }
 
@@ -815,7 +826,7 @@ Result<ComparisonResult> RunComparison(const ScenarioConfig& scenario_in, const 
       options.progress(fmt::format("{} {} mtp={}:", cr.hardware_label, ParallelModeName(e.mode), e.mtp ? "on" : "off"));
       for (const std::string& line : cr.budget.derivation) options.progress("  " + line);
     }
-    const RunContext ctx{scenario, *model, *cm, cr.budget, requests, finals, cr.hardware_label, options};
+    const RunContext ctx{scenario, *model, *cm, cr.budget, requests, finals, cr.hardware_label, options, *avail};
     for (SystemKind s : kAllSystems) {
       if (!SystemRunsIn(s, e.mode)) continue;  // ulacache_home: TP only
       auto r = stream ? RunSharedSystem(ctx, *stream, s) : RunSystem(ctx, s);

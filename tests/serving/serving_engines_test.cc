@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <vector>
@@ -15,6 +18,7 @@
 #include "serving/availability.h"
 #include "serving/baselines.h"
 #include "serving/cost_model.h"
+#include "serving/engine_limits.h"
 #include "serving/serving_sim.h"
 #include "serving/serving_systems.h"
 
@@ -493,35 +497,103 @@ TEST(Engines, AvailabilitySaysWhyASystemDoesNotShip) {
   EXPECT_NE(extra.error().message().find("systems.sglang_hicache"), std::string::npos);
 }
 
-// CUDA-graph capture limit per engine instance (SGLang cuda_graph_max_bs, vLLM
-// max_cudagraph_capture_size): the curves stop there, TP at the limit, DP at P x the limit
-// (one instance per GPU), and the note says so; admission is memory's and does not move.
+// Each engine's CUDA-graph limit in its own unit (engine_limits.h): vLLM counts tokens,
+// requests x (1 + drafts) <= capture, SGLang (and UlaCache, TensorRT-LLM) requests.
+TEST(Engines, CudaGraphLimitsAtTheirBoundaries) {
+  // vLLM, 512 tokens (SM90): 170 requests of 3 tokens fit (510), 171 do not (513).
+  EXPECT_EQ(CudaGraphRequestsPerInstance("vLLM", 512, 512, 3), 170u);
+  EXPECT_LE(170u * 3, 512u);
+  EXPECT_GT(171u * 3, 512u);
+  EXPECT_EQ(CudaGraphRequestsPerInstance("vLLM", 512, 512, 1), 512u);
+  // Compute capability family 100 (B300): 1024 tokens, 341 requests of 3.
+  EXPECT_EQ(CudaGraphRequestsPerInstance("vLLM", 512, 1024, 3), 341u);
+  EXPECT_EQ(CudaGraphRequestsPerInstance("vLLM", 512, 0, 3), 0u);  // no limit
+  // SGLang counts requests, drafts or not; so do the engines that are not vLLM.
+  for (const char* engine : {"SGLang", "this library", "TensorRT-LLM", "SGLang / vLLM"}) {
+    SCOPED_TRACE(engine);
+    EXPECT_EQ(CudaGraphRequestsPerInstance(engine, 512, 512, 3), 512u);
+    EXPECT_EQ(CudaGraphRequestsPerInstance(engine, 512, 512, 1), 512u);
+  }
+  // The shipped per-GPU ceilings.
+  auto h200 = LoadComputeRatesByName("h200", DefaultConfigDir());
+  auto b300 = LoadComputeRatesByName("b300", DefaultConfigDir());
+  ASSERT_TRUE(h200 && b300);
+  EXPECT_EQ(h200->vllm_max_cudagraph_capture_size, 512u);
+  EXPECT_EQ(b300->vllm_max_cudagraph_capture_size, 1024u);
+}
+
+// vLLM HiSparse's admission window: VllmConfig.max_in_flight_tokens = max_concurrent_batches
+// x max_num_batched_tokens; the default scenario runs async scheduling (2 batches) x 8192.
+TEST(Engines, VllmHiSparseAdmissionWindowIsTheInFlightTokens) {
+  ScenarioConfig sc;
+  sc.vllm_max_num_batched_tokens = 8192;
+  sc.vllm_max_concurrent_batches = 2;
+  EXPECT_EQ(VllmHiSparseAdmissionWindow(sc), 16384u);
+  sc.vllm_max_concurrent_batches = 1;  // synchronous scheduling
+  EXPECT_EQ(VllmHiSparseAdmissionWindow(sc), 8192u);
+  sc.vllm_max_num_batched_tokens = 2048;
+  sc.vllm_max_concurrent_batches = 3;  // async scheduling at PP 2 (V2 runner)
+  EXPECT_EQ(VllmHiSparseAdmissionWindow(sc), 6144u);
+  auto def = LoadScenarioConfig(DefaultConfigDir() / "scenarios" / "default.json", DefaultConfigDir());
+  ASSERT_TRUE(def) << def.error().ToString();
+  EXPECT_EQ(VllmHiSparseAdmissionWindow(*def), 16384u);
+}
+
+// The curves stop at the CUDA-graph limit per engine instance, TP at the limit, DP at P x the
+// limit (one instance per GPU), each engine in its unit: tiny_gpu's vLLM capture is 9 tokens
+// (9 requests, 3 with two drafts), SGLang's cuda_graph_max_bs here 5 requests. The note says
+// so; admission is memory's and does not move.
 TEST(Engines, CurvesStopAtTheCudaGraphCaptureLimit) {
   CompareOptions o;
   o.config_dir = kTestConfigs;
   ScenarioConfig sc = Tiny();
   auto free = RunComparison(sc, o);
   ASSERT_TRUE(free) << free.error().ToString();
-  sc.cuda_graph_max_batch = 3;
+  // A copy of the test configs whose tiny_gpu has vLLM's ceiling at 9 tokens.
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "cuda_graph_limit_configs";
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(kTestConfigs, dir, std::filesystem::copy_options::recursive);
+  {
+    const std::filesystem::path costs = dir / "costs" / "tiny_gpu.json";
+    std::ifstream in(costs);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string from = "\"vllm_max_cudagraph_capture_size\": {\"value\": 0";
+    const std::size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, from.size(), "\"vllm_max_cudagraph_capture_size\": {\"value\": 9");
+    std::ofstream(costs, std::ios::trunc) << text;
+  }
+  o.config_dir = dir;
+  sc.cuda_graph_max_batch = 5;
   auto capped = RunComparison(sc, o);
   ASSERT_TRUE(capped) << capped.error().ToString();
-  bool any = false;
+  bool any_tokens = false, any_requests = false, drafts_bit = false;
   for (std::size_t i = 0; i < capped->configs.size(); ++i) {
     const ConfigResult& c = capped->configs[i];
-    const std::uint32_t cap = c.entry.mode == ParallelMode::kTp ? 3 : 3 * sc.num_ranks;
+    const std::uint32_t q = c.entry.mtp ? 1 + c.cost_inputs.draft_tokens : 1;
+    const std::uint32_t instances = c.entry.mode == ParallelMode::kTp ? 1 : sc.num_ranks;
     for (const SystemResult& s : c.systems) {
-      SCOPED_TRACE(fmt::format("{} {}", ParallelModeName(c.entry.mode), SystemName(s.system)));
+      SCOPED_TRACE(fmt::format("{} mtp={} {} ({})", ParallelModeName(c.entry.mode), c.entry.mtp, SystemName(s.system),
+                               s.engine));
+      const bool tokens = s.engine == "vLLM";
+      const std::uint32_t per = tokens ? 9 / q : 5;
+      const std::uint32_t cap = per * instances;
       EXPECT_EQ(s.admitted, free->configs[i].Find(s.system)->admitted);
       ASSERT_FALSE(s.curve.empty());
       EXPECT_LE(s.curve.back().batch, cap);
       if (s.admitted > cap) {
-        any = true;
-        EXPECT_EQ(s.curve.back().batch, cap);
+        (tokens ? any_tokens : any_requests) = true;
+        drafts_bit = drafts_bit || (tokens && q > 1);
+        EXPECT_EQ(s.curve.back().batch, cap);  // at the boundary, not one past
         EXPECT_NE(s.note.find("CUDA-graph capture limit"), std::string::npos) << s.note;
+      } else {
+        EXPECT_EQ(s.curve.back().batch, s.admitted);
       }
     }
   }
-  EXPECT_TRUE(any);  // the cap bit somewhere
+  EXPECT_TRUE(any_tokens);    // vLLM's token limit bit somewhere
+  EXPECT_TRUE(drafts_bit);    // ... with drafts counted
+  EXPECT_TRUE(any_requests);  // and the request limit
 }
 
 TEST(Engines, HiSparseMatchedToTheHostBudgetAdmitsAtLeastItsDefaultRatio) {

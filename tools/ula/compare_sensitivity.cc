@@ -73,11 +73,15 @@ std::vector<Variant> Variants() {
                }});
   v.push_back({"SGLang HiSparse swap-in", "synchronous, every layer (no shared-index prefetch)", {},
                [](ScenarioConfig& s) { s.hisparse_shared_index_prefetch = false; }});
-  auto window = [](std::uint32_t w) {
-    return [w](ScenarioConfig& s) { s.vllm_hisparse_admission_window_entries = w; };
+  auto window = [](std::uint32_t batches, std::uint32_t tokens) {
+    return [batches, tokens](ScenarioConfig& s) {
+      s.vllm_max_concurrent_batches = batches;
+      s.vllm_max_num_batched_tokens = tokens;
+    };
   };
-  v.push_back({"vLLM HiSparse admission window", "2048 tokens", {}, window(2048)});
-  v.push_back({"vLLM HiSparse admission window", "128 tokens (the tail only)", {}, window(128)});
+  v.push_back({"vLLM HiSparse admission window", "8192 tokens (synchronous scheduling: one batch in flight)", {},
+               window(1, 8192)});
+  v.push_back({"vLLM HiSparse admission window", "128 tokens (the tail only)", {}, window(1, 128)});
   // Locality: the share of each step's selections that are new (1 - keep)
   // and how far back the returning ones come from; the fit's values are the base.
   auto keep = [](double k) {
