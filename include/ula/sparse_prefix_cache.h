@@ -69,7 +69,8 @@
 //   Match(tokens) gives the longest cached unit-aligned prefix and its node's holder: the
 //     request resuming there calls space.SharePrefix(request, match.holder, match.length) and
 //     recomputes the rest of its prompt (SharePrefix's rule for a prefix inside a block).
-//     Match never splits (nodes are units). Lock/Unlock as above.
+//     Match never splits (nodes are units) and leaves match.addrs empty. Lock/Unlock as
+//     above; the cache's destructor frees no holder (evict first: Evict(all)).
 //   Eviction. LRU unlocked leaves, as above; evicting a node frees its holder (space.Free),
 //     which frees what it alone held: its C4 entries (and so their index keys) whose last
 //     reference it was, and its C128 and window blocks whose last holder it was
@@ -98,7 +99,8 @@
 //   Errors (nothing changed, DebugDigest of the cache and the space): Insert(tokens, source)
 //     of an unknown source or one of another rank (kNotFound / kInvalidArgument), more tokens
 //     than the source holds (kOutOfRange), the ring condition above (kFailedPrecondition),
-//     more nodes than holder ids (kResourceExhausted); the address form of Insert or MakeRoom
+//     more nodes than holder ids (kResourceExhausted), a holder id the engine uses
+//     (kAlreadyExists); the address form of Insert or MakeRoom
 //     in kinds mode and the kinds forms without kinds (kFailedPrecondition); a demand of the
 //     wrong size (kInvalidArgument). Create refuses a TP space with kinds (kUnsupported:
 //     SharePrefix, and so a holder, has no TP form) and a space over kind frames (kUnsupported:
@@ -127,6 +129,7 @@ struct SparsePrefixMatch {
   std::vector<LogicalAddr> addrs;  // [length] their addresses, in token order
   std::uint32_t node = 0;          // the node ending at `length` (0: the root, empty match)
   std::uint32_t generation = 0;    // of that node, to recognise a stale match
+  // (kinds mode: addrs is empty; length is whole units)
   RequestId holder = RequestId::Invalid();  // kinds mode: the node's holder (SharePrefix from it)
 };
 

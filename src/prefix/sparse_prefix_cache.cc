@@ -100,7 +100,7 @@ Result<std::unique_ptr<SparsePrefixCache>> SparsePrefixCache::Create(AddressSpac
 }
 
 Result<std::unique_ptr<SparsePrefixCache>> SparsePrefixCache::Create(TpAddressSpace& space) {
-  if (!space.config().kinds.empty()) {
+  if (!space.config().kinds.empty()) {  // DP only
     return MakeError(ErrorCode::kUnsupported,
                      "SparsePrefixCache over a TP space with kinds: the kinds mode holds a prefix by a holder request "
                      "made by SharePrefix, which has no TP form (DP only; docs/ARCHITECTURE.md \"Shared prefixes "
