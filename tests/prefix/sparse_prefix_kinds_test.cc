@@ -310,8 +310,10 @@ TEST(SparsePrefixKinds, EventsNameEachKindAndGroupAndARemovalFollowsEveryEvictio
   auto pub = KvEventPublisher::Create({.endpoint = "inproc://sparse-kinds", .block_size = kUnit});
   ASSERT_TRUE(pub) << pub.error().ToString();
   const std::string wire = (*pub)->Encode(ev, 1.0);
-  EXPECT_NE(wire.find("sliding_window_mla"), std::string::npos);
-  EXPECT_NE(wire.find("mla_attention"), std::string::npos);
+  // msgpack: group_idx (a fixint), then kv_cache_spec_kind (a fixstr), then the window (uint8 128).
+  EXPECT_NE(wire.find(std::string("\x00\xb2" "sliding_window_mla" "\xcc\x80", 22)), std::string::npos);
+  EXPECT_NE(wire.find(std::string("\x01\xad" "mla_attention" "\xc0", 16)), std::string::npos);
+  EXPECT_NE(wire.find(std::string("\x02\xad" "mla_attention" "\xc0", 16)), std::string::npos);
   // Evictions, one at a time (LRU: a's leaf, then b's, then the shared first unit).
   const std::int64_t order[] = {ha[1], hb[1], ha[0]};
   for (int i = 0; i < 3; ++i) {
