@@ -8,11 +8,14 @@
 //   BlockStored       ["BlockStored", [hash...], parent_hash | nil, [token...], block_size,
 //                      lora_id = nil, medium, lora_name = nil
 //                      (window pages also: extra_keys = nil, group_idx = 1,
-//                       kv_cache_spec_kind = "sliding_window", kv_cache_spec_sliding_window = W)]
-//   BlockRemoved      ["BlockRemoved", [hash...], medium (, group_idx = 1 for window pages)]
+//                       kv_cache_spec_kind = "sliding_window", kv_cache_spec_sliding_window = W;
+//                       an event with a group (the kinds cache's: CacheEvent::group) the same
+//                       four with its group_idx, spec_kind and spec_window (nil when 0))]
+//   BlockRemoved      ["BlockRemoved", [hash...], medium (, group_idx = 1 for window pages,
+//                      the event's group for a grouped one)]
 //   AllBlocksCleared  ["AllBlocksCleared"]
 // medium is "GPU" or "CPU" (EventMediumName). Consecutive stores of one kind and medium that
-// chain (each onto the previous, which was a full block) become one BlockStored, as SGLang
+// chain (each onto the previous, which was a full block) become one BlockStored (one group too), as SGLang
 // emits one per inserted node; consecutive removals of one kind and medium one BlockRemoved.
 // Window pages are their own group (vLLM's group_idx for a hybrid model's sliding-window
 // group), so a router keyed by (group, hash) never takes a window removal for the KV

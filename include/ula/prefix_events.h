@@ -14,6 +14,9 @@
 // same tokens) but is a window event, which the publisher sends in its own group (vLLM's
 // group_idx 1, "sliding_window"), so no adapter mistakes it for the KV block's store or
 // removal; state (checkpoint) events carry no hash and are not sent as blocks.
+// The kinds cache (ula/sparse_prefix_cache.h, kinds mode) names each event's kind by its group
+// (CacheEvent::group, spec_kind): a C4 page and a C128 block are "mla_attention" (vLLM's kind for
+// DeepSeek's MLA layers), a window block "sliding_window_mla", each kind its own group_idx.
 // Medium: where the block lives (the device, or the host tier's slots). A move to the host is
 // a device removal and a host store; a load back the reverse; dropping a host copy a host
 // removal. kAllCleared (PrefixCache::Reset) says every block of every medium is gone.
@@ -22,6 +25,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "ula/hybrid_allocator.h"
@@ -44,6 +48,15 @@ struct CacheEvent {
   std::optional<std::int64_t> parent_hash = std::nullopt;  // stored pages: the previous page's hash (none: page 0)
   std::vector<std::uint32_t> tokens = {};  // stored pages: the page's tokens (a partial page: those it holds)
   EventMedium medium = EventMedium::kDevice;
+  // The kinds cache's events (SparsePrefixCache over a space with kinds): the block's KV cache
+  // group, as vLLM's BlockStored / BlockRemoved name it: group_idx and kv_cache_spec_kind (a
+  // value of vLLM's KVCacheSpecKind, vllm/v1/kv_cache_interface.py get_kv_cache_spec_kind;
+  // the fields of vllm/distributed/kv_events.py), and a sliding-window kind's window
+  // (kv_cache_spec_sliding_window). group < 0: none (the hybrid cache's events, whose window
+  // pages are group 1, "sliding_window").
+  std::int32_t group = -1;
+  std::string spec_kind = {};
+  std::uint32_t spec_window = 0;
 
   bool stored() const { return type == Type::kPageStored || type == Type::kStateStored || type == Type::kWindowStored; }
   bool kv() const { return type == Type::kPageStored || type == Type::kPageRemoved; }

@@ -287,7 +287,9 @@ A block entering or leaving the tree (include/ula/prefix_events.h): type, block 
 host medium), position, medium ("GPU" or "CPU"); for pages and window pages what KV-aware
 routers read (SGLang's BlockStored / BlockRemoved): hash (SGLang's signed 64-bit block hash by
 default), parent_hash (stored pages: the previous page's, None for the first page) and tokens
-(stored pages: uint32). stored / kv / window / state classify the type.)doc")
+(stored pages: uint32); group, spec_kind, spec_window (the kinds cache's events: vLLM's
+group_idx, kv_cache_spec_kind and sliding window; group -1: none). stored / kv / window / state
+classify the type.)doc")
       .def_property_readonly("type", [](const ula::CacheEvent& e) { return EventTypeName(e.type); })
       .def_property_readonly("block", [](const ula::CacheEvent& e) { return OptionalId(e.block); })
       .def_readonly("position", &ula::CacheEvent::position)
@@ -296,6 +298,9 @@ default), parent_hash (stored pages: the previous page's, None for the first pag
                              [](const ula::CacheEvent& e) { return e.parent_hash ? py::object(py::int_(*e.parent_hash)) : py::none(); })
       .def_property_readonly("tokens", [](const ula::CacheEvent& e) { return ToNumpy<std::uint32_t>(std::vector(e.tokens)); })
       .def_property_readonly("medium", [](const ula::CacheEvent& e) { return ula::EventMediumName(e.medium); })
+      .def_readonly("group", &ula::CacheEvent::group)
+      .def_readonly("spec_kind", &ula::CacheEvent::spec_kind)
+      .def_readonly("spec_window", &ula::CacheEvent::spec_window)
       .def_property_readonly("stored", &ula::CacheEvent::stored)
       .def_property_readonly("kv", &ula::CacheEvent::kv)
       .def_property_readonly("window", &ula::CacheEvent::window)

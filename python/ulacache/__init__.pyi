@@ -501,6 +501,9 @@ class CacheEvent:
     parent_hash: Optional[int]  # stored pages: the previous page's hash (None: the first page)
     tokens: U32  # stored pages: the page's tokens
     medium: str  # "GPU" (device) or "CPU" (host tier)
+    group: int  # the kinds cache's events: vLLM's group_idx (-1: none)
+    spec_kind: str  # the kinds cache's events: vLLM's kv_cache_spec_kind ("" when none)
+    spec_window: int  # a sliding-window kind's window (0 otherwise)
     stored: bool
     kv: bool
     window: bool

@@ -86,7 +86,7 @@ std::vector<Run> Runs(std::span<const CacheEvent> events, std::uint32_t block_si
     if (e.state()) continue;  // no block hash: not a block event
     if (!runs.empty() && runs.back().last == i && e.type != CacheEvent::Type::kAllCleared) {
       const CacheEvent& prev = events[i - 1];
-      const bool same = prev.type == e.type && prev.medium == e.medium;
+      const bool same = prev.type == e.type && prev.medium == e.medium && prev.group == e.group;
       const bool chained = !e.stored() || (e.parent_hash == prev.hash && prev.tokens.size() == block_size);
       if (same && chained) {
         runs.back().last = i + 1;
@@ -115,7 +115,8 @@ std::string KvEventPublisher::Encode(std::span<const CacheEvent> events, double 
       PackString(pk, "AllBlocksCleared");
       continue;
     }
-    const bool window = head.window();
+    // A group: the kinds cache's (its own group_idx and spec kind) or a window page's (group 1).
+    const bool window = head.window() || head.group >= 0;
     if (head.stored()) {
       pk.pack_array(window ? 12 : 8);
       PackString(pk, "BlockStored");
@@ -141,7 +142,16 @@ std::string KvEventPublisher::Encode(std::span<const CacheEvent> events, double 
       pk.pack_nil();  // lora_id
       PackString(pk, EventMediumName(head.medium));
       pk.pack_nil();  // lora_name
-      if (window) {
+      if (head.group >= 0) {
+        pk.pack_nil();         // extra_keys
+        pk.pack(head.group);   // group_idx
+        PackString(pk, head.spec_kind);
+        if (head.spec_window > 0) {
+          pk.pack(head.spec_window);
+        } else {
+          pk.pack_nil();
+        }
+      } else if (window) {
         pk.pack_nil();  // extra_keys
         pk.pack(1);     // group_idx
         PackString(pk, "sliding_window");
@@ -149,7 +159,11 @@ std::string KvEventPublisher::Encode(std::span<const CacheEvent> events, double 
       }
     } else {
       PackString(pk, EventMediumName(head.medium));
-      if (window) pk.pack(1);  // group_idx
+      if (head.group >= 0) {
+        pk.pack(head.group);  // group_idx
+      } else if (window) {
+        pk.pack(1);  // group_idx
+      }
     }
   }
   if (c.data_parallel_rank) pk.pack(*c.data_parallel_rank);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "prefix/sparse_prefix_kinds.h"
 #include "prefix/tree_util.h"
 #include "ula/check.h"
 #include "core/digest.h"
@@ -78,15 +79,33 @@ SparsePrefixCache::SparsePrefixCache(std::unique_ptr<Domain> domain) : domain_(s
 
 SparsePrefixCache::~SparsePrefixCache() = default;
 
-Result<std::unique_ptr<SparsePrefixCache>> SparsePrefixCache::Create(AddressSpace& space, Rank rank) {
+Result<std::unique_ptr<SparsePrefixCache::Kinds>> MakeKinds(AddressSpace& space, Rank rank,
+                                                             const SparsePrefixCacheConfig& config);
+
+Result<std::unique_ptr<SparsePrefixCache>> SparsePrefixCache::Create(AddressSpace& space, Rank rank,
+                                                                     const SparsePrefixCacheConfig& config) {
   if (rank.value() >= space.config().num_ranks) {
     return MakeError(ErrorCode::kOutOfRange,
                      fmt::format("rank {} is out of range ({} ranks)", rank.value(), space.config().num_ranks));
   }
-  return std::unique_ptr<SparsePrefixCache>(new SparsePrefixCache(std::make_unique<DpDomain>(space, rank)));
+  std::unique_ptr<Kinds> kinds;
+  if (!space.config().kinds.empty()) {
+    auto k = MakeKinds(space, rank, config);
+    if (!k) return std::unexpected(k.error());
+    kinds = std::move(*k);
+  }
+  auto cache = std::unique_ptr<SparsePrefixCache>(new SparsePrefixCache(std::make_unique<DpDomain>(space, rank)));
+  cache->kinds_ = std::move(kinds);
+  return cache;
 }
 
 Result<std::unique_ptr<SparsePrefixCache>> SparsePrefixCache::Create(TpAddressSpace& space) {
+  if (!space.config().kinds.empty()) {  // DP only
+    return MakeError(ErrorCode::kUnsupported,
+                     "SparsePrefixCache over a TP space with kinds: the kinds mode holds a prefix by a holder request "
+                     "made by SharePrefix, which has no TP form (DP only; docs/ARCHITECTURE.md \"Shared prefixes "
+                     "across kinds\")");
+  }
   return std::unique_ptr<SparsePrefixCache>(new SparsePrefixCache(std::make_unique<TpDomain>(space)));
 }
 
@@ -112,6 +131,11 @@ SparsePrefixCache::Walk SparsePrefixCache::WalkTokens(std::span<const std::uint3
 }
 
 std::uint32_t SparsePrefixCache::PeekLength(std::span<const std::uint32_t> tokens) const {
+  if (kinds_) {
+    const std::size_t units = tokens.size() / kinds_->unit;
+    return WalkUnits(tokens, BlockHashes(tokens.first(units * kinds_->unit), kinds_->unit, kinds_->config.event_hash))
+        .length;
+  }
   return WalkTokens(tokens).length;
 }
 
@@ -157,17 +181,23 @@ std::uint32_t SparsePrefixCache::Split(std::uint32_t id, std::uint32_t at) {
   upper.addrs.assign(lower.addrs.begin(), lower.addrs.begin() + at);
   upper.locks = lower.locks;
   upper.last_use = lower.last_use;
-  nodes_[upper.parent].children[upper.tokens[0]] = up;
+  nodes_[upper.parent].children[KeyOf(upper)] = up;
   lower.tokens.erase(lower.tokens.begin(), lower.tokens.begin() + at);
   lower.addrs.erase(lower.addrs.begin(), lower.addrs.begin() + at);
   lower.start += at;
   lower.parent = up;
-  upper.children[lower.tokens[0]] = id;
+  upper.children[KeyOf(lower)] = id;
   return up;  // the lower node's LRU key (last_use, id) is unchanged; the upper has a child
 }
 
 SparsePrefixMatch SparsePrefixCache::Match(std::span<const std::uint32_t> tokens) {
-  Walk w = WalkTokens(tokens);
+  Walk w;
+  if (kinds_) {  // whole units; a node is one unit, so the match ends on a node
+    const std::size_t units = tokens.size() / kinds_->unit;
+    w = WalkUnits(tokens, BlockHashes(tokens.first(units * kinds_->unit), kinds_->unit, kinds_->config.event_hash));
+  } else {
+    w = WalkTokens(tokens);
+  }
   SparsePrefixMatch m;
   if (w.length == 0) return m;
   std::uint32_t node = w.node;
@@ -184,6 +214,7 @@ SparsePrefixMatch SparsePrefixCache::Match(std::span<const std::uint32_t> tokens
   m.length = w.length;
   m.node = node;
   m.generation = nodes_[node].generation;
+  m.holder = nodes_[node].holder;
   ULA_EXPENSIVE_CHECK(*this);
   return m;
 }
@@ -230,6 +261,11 @@ Status SparsePrefixCache::Unlock(const SparsePrefixMatch& match) {
 
 Result<std::uint32_t> SparsePrefixCache::Insert(std::span<const std::uint32_t> tokens,
                                                 std::span<const LogicalAddr> addrs) {
+  if (kinds_) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     "Insert(tokens, addrs): the cache's space has kinds: Insert(tokens, source) caches a prefix by "
+                     "a holder (SharePrefix)");
+  }
   if (tokens.size() != addrs.size()) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("Insert: {} tokens but {} addresses", tokens.size(), addrs.size()));
@@ -251,7 +287,7 @@ Result<std::uint32_t> SparsePrefixCache::Insert(std::span<const std::uint32_t> t
   leaf.tokens.assign(tokens.begin() + w.length, tokens.end());
   leaf.addrs.assign(rest.begin(), rest.end());
   leaf.last_use = ++clock_;
-  nodes_[parent].children[leaf.tokens[0]] = id;
+  nodes_[parent].children[KeyOf(leaf)] = id;
   SyncLru(parent);  // no longer a leaf
   SyncLru(id);
   cached_tokens_ += rest.size();
@@ -263,24 +299,33 @@ bool SparsePrefixCache::EvictOne(SparseEvictionStats& stats) {
   if (lru_.empty()) return false;
   const std::uint32_t id = lru_.begin()->second;
   lru_.erase(lru_.begin());
+  if (kinds_) {
+    EvictKindNode(id, stats);  // frees its holder, counting each kind
+  } else {
+    for (LogicalAddr a : nodes_[id].addrs) stats.freed += domain_->RefCount(a) == 1;
+    ULA_CHECK(domain_->Release(nodes_[id].addrs).has_value());
+  }
   Node& n = nodes_[id];
-  for (LogicalAddr a : n.addrs) stats.freed += domain_->RefCount(a) == 1;
-  ULA_CHECK(domain_->Release(n.addrs).has_value());
-  stats.tokens += n.addrs.size();
+  stats.tokens += n.tokens.size();
   ++stats.nodes;
-  cached_tokens_ -= n.addrs.size();
+  cached_tokens_ -= n.tokens.size();
   const std::uint32_t parent = n.parent;
-  nodes_[parent].children.erase(n.tokens[0]);
+  nodes_[parent].children.erase(KeyOf(n));
   n.live = false;
   n.tokens.clear();
   n.addrs.clear();
   n.children.clear();
+  n.holder = RequestId::Invalid();
   free_nodes_.push_back(id);
   SyncLru(parent);
   return true;
 }
 
 Result<SparseEvictionStats> SparsePrefixCache::MakeRoom(std::uint64_t n_entries) {
+  if (kinds_) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     "MakeRoom(n): the cache's space has kinds: MakeRoom(demand) counts every kind");
+  }
   SparseEvictionStats stats;
   while (domain_->Room() < n_entries) {
     if (!EvictOne(stats)) {
@@ -315,6 +360,7 @@ SparsePrefixCacheMetrics SparsePrefixCache::Metrics() const {
     if (n.locks > 0) m.locked_tokens += n.tokens.size();
   }
   m.evictable_leaves = lru_.size();
+  if (kinds_) m.evicted_per_kind = kinds_->evicted;
   return m;
 }
 
@@ -328,12 +374,14 @@ Status SparsePrefixCache::CheckInvariants() const {
       if (lru_.contains({n.last_use, id})) return fail(fmt::format("dead node {} is in the LRU set", id));
       continue;
     }
-    if (n.tokens.empty() || n.tokens.size() != n.addrs.size()) {
+    if (kinds_) {
+      if (auto s = CheckKindNode(id); !s) return fail(s.error().message());
+    } else if (n.tokens.empty() || n.tokens.size() != n.addrs.size()) {
       return fail(fmt::format("node {}: {} tokens, {} addresses", id, n.tokens.size(), n.addrs.size()));
     }
     if (n.parent >= nodes_.size() || !nodes_[n.parent].live) return fail(fmt::format("node {} has a dead parent", id));
     const Node& p = nodes_[n.parent];
-    auto key = p.children.find(n.tokens[0]);
+    auto key = p.children.find(KeyOf(n));
     if (key == p.children.end() || key->second != id) return fail(fmt::format("node {} is not keyed by its parent", id));
     const std::uint32_t parent_end = n.parent == 0 ? 0 : p.start + static_cast<std::uint32_t>(p.tokens.size());
     if (n.start != parent_end) return fail(fmt::format("node {} starts at {}, its parent ends at {}", id, n.start, parent_end));
@@ -343,7 +391,7 @@ Status SparsePrefixCache::CheckInvariants() const {
       if (domain_->RefCount(a) == 0) return fail(fmt::format("node {}: address {} has no reference", id, a.value()));
     }
     for (const auto& [tok, child] : n.children) {
-      if (child >= nodes_.size() || !nodes_[child].live || nodes_[child].parent != id || nodes_[child].tokens[0] != tok) {
+      if (child >= nodes_.size() || !nodes_[child].live || nodes_[child].parent != id || KeyOf(nodes_[child]) != tok) {
         return fail(fmt::format("node {}: child {} is keyed wrongly", id, child));
       }
     }
@@ -375,6 +423,9 @@ std::uint64_t SparsePrefixCache::DebugDigest() const {
     for (LogicalAddr a : n.addrs) d.Add(a.value());
     d.Add(n.locks);
     d.Add(n.last_use);
+    d.Add(n.holder.value());
+    d.Add(n.hash);
+    d.Add(n.parent_hash);
     std::uint64_t children = 0;
     for (const auto& [t, c] : n.children) children += StateDigest::Mix(t, c);
     d.Add(children);
@@ -384,6 +435,10 @@ std::uint64_t SparsePrefixCache::DebugDigest() const {
   d.AddAll(std::span<const std::uint32_t>(free_nodes_));
   d.Add(clock_);
   d.Add(cached_tokens_);
+  if (kinds_) {
+    d.AddAll(std::span<const std::uint64_t>(kinds_->evicted));
+    d.Add(kinds_->events.size());
+  }
   return d.value();
 }
 

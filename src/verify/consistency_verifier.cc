@@ -118,7 +118,8 @@ class Verifier : public verify_internal::VerifierCore<Verifier, VerifierConfig, 
            std::unique_ptr<AddressSpace> space)
       : Core(cfg), backend_(std::move(backend)), faults_(std::move(faults)), space_(std::move(space)), planner_(*space_, cfg) {
     if (faults_) faults_->set_armed(false);  // armed only around planner steps
-    for (std::uint32_t r = 0; r < cfg.num_ranks; ++r) {
+    // Sharing's caches: a space with kinds refuses sharing by addresses (share_percent, above).
+    for (std::uint32_t r = 0; space_->config().kinds.empty() && r < cfg.num_ranks; ++r) {
       caches_.push_back(SparsePrefixCache::Create(*space_, Rank(static_cast<std::uint16_t>(r))).value());
     }
     if (cfg.reserve_rounds) {

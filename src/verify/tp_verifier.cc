@@ -765,7 +765,9 @@ class TpVerifier : public verify_internal::VerifierCore<TpVerifier, TpVerifierCo
   std::vector<std::unique_ptr<DeviceIo>> device_io_;  // kDevice: [hosted] the engine's side of the rank's steps
   std::vector<std::uint32_t> device_io_descriptors_;  // [hosted] the descriptors each holds
   MlaShape mla_;
-  std::unique_ptr<SparsePrefixCache> cache_ = SparsePrefixCache::Create(*space_).value();  // sharing
+  // Sharing (a TP space with kinds refuses a cache: SharePrefix is DP only).
+  std::unique_ptr<SparsePrefixCache> cache_ =
+      space_->config().kinds.empty() ? SparsePrefixCache::Create(*space_).value() : nullptr;
   std::unique_ptr<TpStepPlanner> reserver_;           // reserve_rounds: the admission's planner
   std::unique_ptr<verify_internal::KindModel> kinds_;  // a space with kinds: the model of every request's kinds
   std::uint64_t step_ = 0;
