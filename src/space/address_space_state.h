@@ -56,7 +56,7 @@ struct AddressSpace::State {
   bool host_shadows = false;        // config.host_shadows: fixed at Create
   AddressSpace::MoveExecutor move_executor;  // null: the backend runs Allocate's moves
   const void* move_executor_owner = nullptr;  // the StepPlanner that installed it, if one did
-  std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
+  std::uint64_t writes = 0;  // sanitizer trees: writes since the last full check (WriteCheckStride)
 
   GroupPools& at(Rank r, GroupId g) { return pools[r.value()][g.value()]; }
   const GroupPools& at(Rank r, GroupId g) const { return pools[r.value()][g.value()]; }

@@ -36,6 +36,7 @@
 // pending plans, which is atomic (TP steps of different groups run on different threads).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -160,6 +161,13 @@ template <class Space>
 Status Checked(const Space& space, Status status) {
   if (status) ULA_EXPENSIVE_CHECK(space);
   return status;
+}
+
+// The sanitizer trees' full check after a Write (which changes bytes, never metadata) runs
+// once per this many writes: at least 64, and an eighth of the entries the check visits, so
+// that the checks cost at most about eight entry visits per write.
+inline std::uint64_t WriteCheckStride(std::uint64_t live_addresses, std::uint32_t groups) {
+  return std::max<std::uint64_t>(64, live_addresses * groups / 8);
 }
 
 }  // namespace ula

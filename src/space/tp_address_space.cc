@@ -425,9 +425,12 @@ Status TpAddressSpace::Write(LogicalAddr addr, GroupId group, std::span<const st
     std::memcpy(pool.data(loc.slot()), data.data(), data.size());
   }
 #ifdef ULA_EXPENSIVE_CHECKS
-  // Write drops buffer copies and changes bytes: the full check runs on every 64th write
-  // (on every one, the TP verifier's sanitizer run took three times as long).
-  if (++state_->writes % 64 == 0) ULA_EXPENSIVE_CHECK(*this);
+  // Write drops buffer copies and changes bytes: the full check runs once per WriteCheckStride
+  // writes (on every one, the TP verifier's sanitizer run took three times as long).
+  if (++state_->writes >= WriteCheckStride(num_live_addresses(), config_.num_groups)) {
+    state_->writes = 0;
+    ULA_EXPENSIVE_CHECK(*this);
+  }
 #endif
   return Ok();
 }

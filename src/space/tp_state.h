@@ -93,7 +93,7 @@ struct TpAddressSpace::State {
   std::vector<std::uint32_t> minted;                // [P] addresses r, r+P, ... handed out once
   std::uint32_t cursor = 0;
   std::vector<std::uint32_t> homed;                 // [P] live addresses per home rank
-  std::uint64_t writes = 0;  // sanitizer trees: Write checks every 64th time
+  std::uint64_t writes = 0;  // sanitizer trees: writes since the last full check (WriteCheckStride)
   bool stable_new_entries = false;  // config.stable_new_entries: fixed at Create
   bool host_shadows = false;        // config.host_shadows: fixed at Create
   // A space with kinds (tp_address_space.h, "Kinds"): rank r's share of every request's kinds
