@@ -46,6 +46,7 @@
 #include "step/device_step_fixture.h"
 #include "step/engine_pools.h"
 #include "test_seed.h"
+#include "v4_loop_rows.h"
 #include "ula/address_space.h"
 #include "ula/backend.h"
 #include "ula/device_step.h"
@@ -54,7 +55,7 @@
 namespace ula {
 namespace {
 
-constexpr std::uint32_t kRow = 32;         // bytes of one row of every kind
+constexpr std::uint32_t kRow = test::kV4Row;  // bytes of one row of every kind
 constexpr std::uint32_t kWindow = 24;      // the sliding window
 constexpr std::uint32_t kDraft = 1;        // MTP: one draft token, q_len 2
 constexpr std::uint32_t kQLen = 1 + kDraft;
@@ -105,59 +106,12 @@ AddressSpaceConfig V4Config() {
   return c;
 }
 
-// A row's contents: its request, position (window) or entry (C4, C128), kind, model layer
-// and version, then a mix of them.
-void FillRow(std::byte* out, std::uint32_t request, std::uint32_t index, std::uint32_t kind, std::uint32_t layer,
-             std::uint32_t version) {
-  std::uint32_t w[kRow / 4] = {request, index, kind, layer, version};
-  std::uint64_t h = (std::uint64_t{request} << 40) ^ (std::uint64_t{index} << 20) ^ (kind * 977u + layer * 131u) ^
-                    (std::uint64_t{version} << 7);
-  for (std::uint32_t i = 5; i < kRow / 4; ++i) {
-    h = (h ^ (h >> 31)) * 0x9e3779b97f4a7c15ull + i;
-    w[i] = static_cast<std::uint32_t>(h >> 16);
-  }
-  std::memcpy(out, w, kRow);
-}
-
-// The same model over a dense store: a request's rows of one kind, [layers][index][kRow].
-struct DenseKind {
-  std::vector<std::vector<std::byte>> layers;
-  explicit DenseKind(std::size_t n) : layers(n) {}
-  std::uint32_t size() const { return static_cast<std::uint32_t>(layers[0].size() / kRow); }
-  std::byte* Append(std::uint32_t l) {
-    layers[l].resize(layers[l].size() + kRow);
-    return layers[l].data() + layers[l].size() - kRow;
-  }
-  const std::byte* Row(std::uint32_t l, std::uint32_t i) const { return layers[l].data() + std::size_t{i} * kRow; }
-  void Truncate(std::uint32_t n) {
-    for (auto& v : layers) v.resize(std::min<std::size_t>(v.size(), std::size_t{n} * kRow));
-  }
-};
-
-// The engine's store of a resident kind: [block][layer][kKindBlockEntries][kRow], indexed by
-// the block ids of KindPagesOf (grown as the ids come).
-struct PagedKind {
-  std::uint32_t layers;
-  std::vector<std::byte> bytes;
-  std::byte* Row(std::uint32_t block, std::uint32_t layer, std::uint32_t offset) {
-    const std::size_t at = ((std::size_t{block} * layers + layer) * kKindBlockEntries + offset) * kRow;
-    if (at + kRow > bytes.size()) bytes.resize(std::size_t{block + 1} * layers * kKindBlockEntries * kRow);
-    return bytes.data() + at;
-  }
-};
-
-// Where a ring's position p (a live token) or an append kind's entry e sits in its page table.
-struct PageRow {
-  std::uint32_t block, offset;
-};
-PageRow RingRow(const KindPages& pages, std::uint32_t p) {
-  const std::uint32_t first = pages.tokens - pages.entries;
-  const std::uint32_t i = pages.first_offset + (p - first);
-  return {pages.blocks.at(i / pages.entries_per_block), i % pages.entries_per_block};
-}
-PageRow EntryRow(const KindPages& pages, std::uint32_t e) {
-  return {pages.blocks.at(e / pages.entries_per_block), e % pages.entries_per_block};
-}
+using test::DenseKind;
+using test::EntryRow;
+using test::FillRow;
+using test::PagedKind;
+using test::PageRow;
+using test::RingRow;
 
 struct Running {
   RequestId id;
