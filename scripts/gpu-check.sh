@@ -20,6 +20,9 @@
 #   *_test          cuda_backend_test, device_step_test, tp_device_step_test,
 #                   policy_test: every test passes and no CUDA test
 #                   (a name with "Cuda") skips; other skips are listed
+#   graph_replay    device_step_test's DeviceStepCudaGraph printed its "graph:" line: a
+#                   decode iteration (every group's Check, Claim, reference copies, Complete,
+#                   then AdvanceRound) captured once and replayed against the OpenMP form
 #   verify_*        ula verify --planner device, without and with faults (0 mismatches)
 #   bench_*         ula bench planner --planner host; ula bench gather --backend
 #                   cuda / cpu; ula_bench BM_DeviceStepRound
@@ -62,7 +65,7 @@ BINARIES=(ula ula_bench "${TESTS[@]}")
 # The steps in order, with their limits in seconds.
 STEPS=(load:20 gpu:10 probe:20
   cuda_backend_test:45 device_step_test:45 tp_device_step_test:30 policy_test:30
-  verify_device:15 verify_device_no_mismatch:5 verify_device_faults:15 verify_device_faults_nothing_lost:5
+  graph_replay:4 verify_device:15 verify_device_no_mismatch:3 verify_device_faults:15 verify_device_faults_nothing_lost:3
   bench_planner_host:40 bench_planner_device:40 bench_gather_cuda:20 bench_gather_cpu:10 bench_device_step_round:30
   verify_device_cuda:15 verify_device_cuda_tp:15 bench_planner_device_cuda:25 bench_planner_device_cuda_tp:20
   bench_gather_random:10)
@@ -320,6 +323,10 @@ export OMP_WAIT_POLICY=passive
 for t in "${TESTS[@]}"; do
   run_step "$t" "$BIN/$t"
 done
+# The decode iteration captured in one CUDA graph and replayed against the OpenMP form
+# (device_step_test's DeviceStepCudaGraph): its line says the graph ran, with the step's
+# launches per iteration and the replay's time by CUDA events.
+run_step graph_replay grep -m1 '^graph: ' "$OUTDIR/device_step_test.log"
 run_step verify_device "$BIN/ula" verify --planner device --stable-new-entries --policy kernel_pb_lru --ops 2000 --attention-steps 0 --json
 run_step verify_device_no_mismatch grep -q '"invariant_failures":0,.*"mismatches":0' "$OUTDIR/verify_device.log"
 run_step verify_device_faults "$BIN/ula" verify --planner device --stable-new-entries --policy kernel_pb_lru --fault-rate 0.2 --ops 3000 --attention-steps 0 --json

@@ -74,6 +74,13 @@ struct PbLruArrays {
   std::uint32_t num_words = 0;       // ceil(capacity / 64)
   std::uint32_t num_summary = 0;     // ceil(num_words / 64)
 };
+// One group's engine pools as ReferenceCopy sees them: each tier [layers][slots][row_bytes]
+// (slot s of layer l at base + (l * slots + s) * row_bytes), device-visible memory.
+struct CopyPools {
+  unsigned char* device = nullptr;
+  unsigned char* host = nullptr;
+  std::uint32_t device_slots = 0, host_slots = 0, row_bytes = 0;
+};
 // A set of slots as one flat bitmap with the same summary level (the device step's free slots).
 struct FlatBitmap {
   std::uint64_t* words = nullptr;    // [num_words]
@@ -323,6 +330,23 @@ const char* ErrorText(KernelError e);
 [[nodiscard]] KernelError EventRecord(void* event, void* stream);
 // Waits for `end` (a host synchronisation) and writes the milliseconds from `start` to it.
 [[nodiscard]] KernelError EventElapsedMs(void* start, void* end, float* ms);
+
+// Graphs (graph_replay.cu): what an engine adds around the step inside one CUDA graph, and
+// the capture and replay of it. ReferenceCopy enqueues the engine's copies of one step:
+// descriptor i in [0, record->num_descriptors) — the count the step's Claim wrote to the
+// StepRecord earlier on the stream, read by the kernel, so the launch is the same for every
+// step and a captured graph copies what each replay's plan wrote — moves num_layers rows
+// between `pools` (CopyOp's semantics, as an engine's copy kernel) and sets status[i] = 0.
+// One launch of max_descriptors blocks (none for 0). The pointers are device-visible memory.
+[[nodiscard]] KernelError ReferenceCopy(void* stream, const CopyDescriptor* descriptors, const StepRecord* record,
+                                        std::uint32_t max_descriptors, const CopyPools& pools, std::uint8_t* status);
+// Stream capture (thread-local mode) into one instantiated graph; GraphCaptureEnd ends the
+// capture whatever happened inside it (a capture left open would refuse the stream's next
+// work) and writes the executable graph (nullptr on an error). GraphLaunch enqueues one replay.
+[[nodiscard]] KernelError GraphCaptureBegin(void* stream);
+[[nodiscard]] KernelError GraphCaptureEnd(void* stream, void** graph_exec);
+[[nodiscard]] KernelError GraphLaunch(void* graph_exec, void* stream);
+[[nodiscard]] KernelError GraphDestroy(void* graph_exec);
 
 // The memory-bound reference the device step is compared with (random_read.cu): `reads`
 // independent 8-byte reads at pseudo-random indices of table[num_entries] (a splitmix64 of

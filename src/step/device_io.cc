@@ -202,6 +202,53 @@ Result<double> DeviceIo::StopMs() {
 #endif
 }
 
+Result<std::unique_ptr<StreamGraph>> StreamGraph::Capture(void* stream, const std::function<Status()>& enqueue) {
+#if !defined(ULA_WITH_CUDA_KERNELS)
+  (void)stream, (void)enqueue;
+  return MakeError(ErrorCode::kFailedPrecondition, "StreamGraph: this build has no CUDA (ULA_WITH_CUDA)");
+#else
+  namespace gpu = kernels::gpu;
+  ULA_RETURN_IF_ERROR(IoStatus(gpu::GraphCaptureBegin(stream), "StreamGraph::Capture (begin)"));
+  const Status enqueued = enqueue();
+  std::unique_ptr<StreamGraph> graph(new StreamGraph());
+  const kernels::KernelError ended = gpu::GraphCaptureEnd(stream, &graph->exec_);
+  if (!enqueued) return std::unexpected(enqueued.error());
+  ULA_RETURN_IF_ERROR(IoStatus(ended, "StreamGraph::Capture (end and instantiate)"));
+  return graph;
+#endif
+}
+
+StreamGraph::~StreamGraph() {
+#if defined(ULA_WITH_CUDA_KERNELS)
+  (void)kernels::gpu::GraphDestroy(exec_);  // teardown: no caller to report to
+#endif
+}
+
+Status StreamGraph::Launch(void* stream) {
+#if !defined(ULA_WITH_CUDA_KERNELS)
+  (void)stream;
+  return MakeError(ErrorCode::kFailedPrecondition, "StreamGraph: this build has no CUDA (ULA_WITH_CUDA)");
+#else
+  return IoStatus(kernels::gpu::GraphLaunch(exec_, stream), "StreamGraph::Launch");
+#endif
+}
+
+Status EnqueueReferenceCopies(void* stream, const StepArrays& step, const kernels::CopyPools& pools,
+                              std::uint8_t* status) {
+  if (step.descriptors == nullptr || step.stats == nullptr || status == nullptr || pools.device == nullptr ||
+      pools.host == nullptr) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "EnqueueReferenceCopies: descriptors, stats, status and both pools must not be null");
+  }
+#if !defined(ULA_WITH_CUDA_KERNELS)
+  (void)stream;
+  return MakeError(ErrorCode::kFailedPrecondition, "EnqueueReferenceCopies: this build has no CUDA (ULA_WITH_CUDA)");
+#else
+  return IoStatus(kernels::gpu::ReferenceCopy(stream, step.descriptors, step.stats, step.max_descriptors, pools, status),
+                  "EnqueueReferenceCopies");
+#endif
+}
+
 Result<RandomReadResult> MeasureRandomRead(std::uint64_t table_bytes, std::uint64_t reads, int repeats,
                                            std::uint64_t seed) {
   if (table_bytes < 8 || reads == 0 || repeats < 1) {

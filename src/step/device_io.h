@@ -17,10 +17,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 
+#include "kernels/step_kernels.h"
 #include "ula/error.h"
 #include "ula/step_arrays.h"
 
@@ -87,6 +89,34 @@ class DeviceIo {
   std::uint32_t host_word_ = 0;          // OpenMP form: Agreed's
   std::chrono::steady_clock::time_point started_{};
 };
+
+// One CUDA graph of the work `enqueue` puts on `stream` (an engine iteration: each group's
+// Check, Claim, copies and Complete, then AdvanceRound), captured once and replayed by Launch.
+// The capture is ended whatever `enqueue` returns, so the stream stays usable. CUDA form only:
+// kFailedPrecondition in a build without CUDA; `enqueue`'s own error; kIo naming CUDA's error
+// when the capture, the instantiation or a launch fails (a call that is not capturable, such
+// as a synchronisation inside `enqueue`, fails the capture).
+class StreamGraph {
+ public:
+  static Result<std::unique_ptr<StreamGraph>> Capture(void* stream, const std::function<Status()>& enqueue);
+  ~StreamGraph();
+  StreamGraph(const StreamGraph&) = delete;
+  StreamGraph& operator=(const StreamGraph&) = delete;
+  // Enqueues one replay on `stream` (nothing waits for it).
+  Status Launch(void* stream);
+
+ private:
+  StreamGraph() = default;
+  void* exec_ = nullptr;  // cudaGraphExec_t
+};
+
+// The engine's copies of one step as a copy kernel would run them (kernels::gpu::ReferenceCopy):
+// `step`'s descriptors [0, its StepRecord's num_descriptors), the count read on the device, over
+// one group's `pools`, each status set to 0. One launch of step.max_descriptors blocks on
+// `stream`. CUDA form only (kFailedPrecondition in a build without CUDA); kInvalidArgument for
+// null arrays.
+Status EnqueueReferenceCopies(void* stream, const StepArrays& step, const kernels::CopyPools& pools,
+                              std::uint8_t* status);
 
 // The random-read reference of the GPU check (kernels::gpu::RandomRead): `reads` independent
 // 8-byte reads at random indices of a device table of table_bytes (its contents unset), one

@@ -1,0 +1,350 @@
+// The device step inside one CUDA graph (ula/device_step.h, "Decode loop"; docs/ARCHITECTURE.md,
+// "The device step"): an engine iteration — for every group Check, Claim, the engine's copies
+// (a reference copy kernel that reads its descriptor count from device memory) and Complete,
+// then every group's AdvanceRound — captured once on a non-blocking stream and replayed N
+// times against the OpenMP form running the same iterations call by call. After every replay
+// each group's StepRecord, indices, descriptors, state and both pools' bytes equal the OpenMP
+// form's, and every selection's index reads its own entry's bytes in every layer. Every CUDA
+// call's error is checked (StreamGraph, EnqueueReferenceCopies); the replays are timed by CUDA
+// events. scripts/gpu-check.sh runs it on a GPU, where a skip fails the check. Where
+// MakeCudaBackend finds no device (or the build has no CUDA) the same harness runs with the
+// OpenMP form in place of the graph (see the test), so its checks are themselves checked here.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "step/device_io.h"
+#include "step/device_step_fixture.h"
+#include "step/engine_pools.h"
+#include "step/space_fixture.h"
+#include "ula/device_step.h"
+#include "ula/location.h"
+
+namespace ula {
+namespace {
+
+constexpr std::uint32_t kGroups = 2, kRow = 16;
+constexpr std::uint32_t kBatch = 4, kTopK = 16;
+constexpr std::uint32_t kDeviceSlots = 96, kHostSlots = 1024;
+constexpr int kReplays = 24;
+const std::uint32_t kLayers[kGroups] = {2, 1};
+
+std::uint8_t TokenByte(std::uint32_t addr, std::uint32_t group, std::uint32_t layer, std::uint32_t b) {
+  return static_cast<std::uint8_t>(addr * 131 + group * 17 + layer * 7 + b);
+}
+
+// Four requests of 60 to 90 tokens over several rounds: most of them on host, so that the
+// steps fetch, and the device pool fills, so that they swap.
+std::unique_ptr<AddressSpace> BuildSpace(Backend& backend) {
+  AddressSpaceConfig cfg = testing::EngineModes(testing::SmallConfig(kDeviceSlots, kHostSlots, 1, kGroups, 32));
+  cfg.row_bytes = kRow;
+  cfg.group_layers = {kLayers[0], kLayers[1]};
+  cfg.device_bytes_per_rank = std::uint64_t{kDeviceSlots} * 3 * kRow;
+  cfg.host_bytes_per_rank = std::uint64_t{kHostSlots} * 3 * kRow;
+  cfg.policy = PolicyKind::kKernelPbLru;
+  cfg.policy_options.recent_buckets = 2;
+  auto space = AddressSpace::Create(cfg, backend).value();
+  for (std::uint32_t r = 0; r < kBatch; ++r) EXPECT_TRUE(space->AddRequest(RequestId(r), Rank(0)));
+  for (int round = 0; round < 6; ++round) {
+    for (std::uint32_t r = 0; r < kBatch; ++r) EXPECT_TRUE(space->Allocate(RequestId(r), 10 + 5 * r).has_value());
+    space->AdvanceRound();
+  }
+  return space;
+}
+
+// One group's arrays in pinned, mapped host memory (the CUDA form's kernels read and write it
+// directly), carved from one arena of the cuda backend.
+struct PinnedGroup {
+  std::int32_t* selections = nullptr;
+  std::int64_t* requests = nullptr;
+  std::int32_t* indices = nullptr;
+  CopyDescriptor* descriptors = nullptr;
+  std::uint8_t* status = nullptr;
+  StepRecord* record = nullptr;
+  kernels::CopyPools pools;
+  StepArrays arrays;
+};
+
+// The reference copy kernel's rule on the host (kernels::gpu::ReferenceCopy): the stand-in
+// for the graph's copies where no device is, so that the harness below runs everywhere.
+void ReferenceCopyOnHost(const StepArrays& step, const kernels::CopyPools& p, std::uint8_t* status) {
+  for (std::uint32_t i = 0; i < step.stats->num_descriptors; ++i) {
+    const CopyDescriptor& d = step.descriptors[i];
+    auto row = [&](std::uint8_t tier, std::uint32_t slot, std::uint32_t l) {
+      return (tier == 0 ? p.device : p.host) + (std::size_t{l} * (tier == 0 ? p.device_slots : p.host_slots) + slot) * p.row_bytes;
+    };
+    for (std::uint32_t l = 0; l < d.num_layers; ++l) {
+      unsigned char* src = row(d.src_tier, d.src_slot, l);
+      unsigned char* dst = row(d.dst_tier, d.dst_slot, l);
+      if (d.op == static_cast<std::uint8_t>(CopyOp::kSwap)) std::swap_ranges(src, src + d.bytes, dst);
+      else std::memcpy(dst, src, d.bytes);
+    }
+    status[i] = 0;
+  }
+}
+
+// On a GPU (MakeCudaBackend finds one): the CUDA form, its arrays and pools in pinned mapped
+// memory, the iteration captured once and replayed. Without one: the same harness with a
+// second OpenMP-form step in place of the CUDA one and the iteration's function called in
+// place of a replay (it checks the harness and the iteration's order, not a graph; the line
+// it prints says which ran).
+TEST(DeviceStepCudaGraph, ReplayedIterationsMatchTheOpenMpForm) {
+  auto cuda = MakeCudaBackend();
+  const bool gpu = cuda.has_value();
+  auto backend = MakeCountingBackend();
+  auto space = BuildSpace(*backend);
+  DeviceStepConfig dc{.max_rows = kBatch, .max_batch = kBatch, .max_top_k = kTopK};
+  std::vector<std::unique_ptr<DeviceStep>> ref, dev;
+  for (std::uint32_t g = 0; g < kGroups; ++g) {
+    ref.push_back(DeviceStep::Create(*space, Rank(0), GroupId(g), dc).value());
+    DeviceStepConfig cc = dc;
+    cc.cuda = gpu;
+    auto made = DeviceStep::Create(*space, Rank(0), GroupId(g), cc);
+    ASSERT_TRUE(made) << made.error().ToString();
+    dev.push_back(std::move(*made));
+  }
+  const std::uint32_t nd = dev[0]->max_descriptors();
+  ASSERT_EQ(nd, ref[0]->max_descriptors());
+  auto io = DeviceIo::Create(gpu, DeviceIoShape{});  // CUDA: a non-blocking stream and the event timer
+  ASSERT_TRUE(io) << io.error().ToString();
+  void* stream = (*io)->stream();
+
+  // The OpenMP form's engine memory and arrays, and the CUDA form's pinned twins.
+  testing::EngineMemory mem;
+  for (std::uint32_t g = 0; g < kGroups; ++g) {
+    mem[static_cast<int>(Tier::kDevice)].emplace_back(kDeviceSlots, kRow, kLayers[g]);
+    mem[static_cast<int>(Tier::kHost)].emplace_back(kHostSlots, kRow, kLayers[g]);
+  }
+  std::vector<testing::DeviceIo> host_io(kGroups);
+  const testing::Shape shape{.batch = kBatch, .q_len = 1, .top_k = kTopK, .sel_stride = kTopK, .idx_stride = kTopK};
+  std::vector<RequestId> reqs;
+  for (std::uint32_t r = 0; r < kBatch; ++r) reqs.push_back(RequestId(r));
+  const std::uint64_t per_group = 4096 + std::uint64_t{kBatch} * kTopK * 8 + kBatch * 8 + nd * (sizeof(CopyDescriptor) + 1) +
+                                  sizeof(StepRecord) + std::uint64_t{kDeviceSlots + kHostSlots} * 2 * kRow + 8 * 64;
+  Arena arena;
+  std::vector<std::byte> host_bytes;
+  if (gpu) {
+    arena = (*cuda)->CreateArena(Tier::kHost, Rank(0), per_group * kGroups).value();
+  } else {
+    host_bytes.assign(per_group * kGroups, std::byte{0});
+    arena.data = host_bytes.data();
+  }
+  std::byte* next = arena.data;
+  auto carve = [&](std::size_t bytes) {
+    std::byte* at = next;
+    next += (bytes + 63) / 64 * 64;
+    return at;
+  };
+  std::vector<PinnedGroup> pin(kGroups);
+  const std::vector<std::int32_t> no_selections(std::size_t{kBatch} * kTopK, -1);
+  for (std::uint32_t g = 0; g < kGroups; ++g) {
+    PinnedGroup& p = pin[g];
+    p.selections = reinterpret_cast<std::int32_t*>(carve(std::size_t{kBatch} * kTopK * 4));
+    p.requests = reinterpret_cast<std::int64_t*>(carve(kBatch * 8));
+    p.indices = reinterpret_cast<std::int32_t*>(carve(std::size_t{kBatch} * kTopK * 4));
+    p.descriptors = reinterpret_cast<CopyDescriptor*>(carve(std::size_t{nd} * sizeof(CopyDescriptor)));
+    p.status = reinterpret_cast<std::uint8_t*>(carve(nd));
+    p.record = reinterpret_cast<StepRecord*>(carve(sizeof(StepRecord)));
+    p.pools.device = reinterpret_cast<unsigned char*>(carve(std::size_t{kDeviceSlots} * kLayers[g] * kRow));
+    p.pools.host = reinterpret_cast<unsigned char*>(carve(std::size_t{kHostSlots} * kLayers[g] * kRow));
+    p.pools.device_slots = kDeviceSlots;
+    p.pools.host_slots = kHostSlots;
+    p.pools.row_bytes = kRow;
+    host_io[g].Fill(shape, no_selections, reqs, nd);
+    p.arrays = host_io[g].arrays;
+    p.arrays.selections = p.selections;
+    p.arrays.requests = p.requests;
+    p.arrays.indices = p.indices;
+    p.arrays.descriptors = p.descriptors;
+    p.arrays.stats = p.record;
+    for (std::uint32_t b = 0; b < kBatch; ++b) p.requests[b] = b;
+    *p.record = StepRecord{};
+  }
+  ASSERT_LE(next, arena.data + per_group * kGroups);
+
+  // Every live entry's bytes at its location, in both forms' pools.
+  for (std::uint32_t g = 0; g < kGroups; ++g) {
+    const DeviceStepState s = ref[g]->ReadState(nullptr).value();
+    for (std::uint32_t a = 0; a < s.records.size(); ++a) {
+      const Location loc = Location::FromBits(s.records[a]);
+      if (s.records[a] == 0) continue;
+      const bool on_device = loc.tier() == Tier::kDevice;
+      testing::EnginePool& pool = mem[static_cast<int>(loc.tier())][g];
+      unsigned char* pinned = on_device ? pin[g].pools.device : pin[g].pools.host;
+      const std::uint32_t slots = on_device ? kDeviceSlots : kHostSlots;
+      for (std::uint32_t l = 0; l < kLayers[g]; ++l) {
+        for (std::uint32_t b = 0; b < kRow; ++b) {
+          const std::uint8_t v = TokenByte(a, g, l, b);
+          pool.Row(loc.slot().value(), l)[b] = std::byte(v);
+          pinned[(std::size_t{l} * slots + loc.slot().value()) * kRow + b] = v;
+        }
+      }
+    }
+  }
+
+  // The iteration, captured once.
+  std::vector<DeviceStepCounters> before;
+  for (auto& d : dev) before.push_back(d->counters());
+  const std::function<Status()> iteration = [&]() -> Status {
+    for (std::uint32_t g = 0; g < kGroups; ++g) {
+      ULA_RETURN_IF_ERROR(dev[g]->Check(pin[g].arrays, stream));
+      ULA_RETURN_IF_ERROR(dev[g]->Claim(dev[g]->verdict(), stream));
+      if (gpu) {
+        ULA_RETURN_IF_ERROR(EnqueueReferenceCopies(stream, pin[g].arrays, pin[g].pools, pin[g].status));
+      } else {
+        ReferenceCopyOnHost(pin[g].arrays, pin[g].pools, pin[g].status);
+      }
+      ULA_RETURN_IF_ERROR(dev[g]->Complete(pin[g].status, stream));
+    }
+    for (auto& d : dev) ULA_RETURN_IF_ERROR(d->AdvanceRound(stream));
+    return Ok();
+  };
+  std::unique_ptr<StreamGraph> graph;
+  if (gpu) {
+    auto captured = StreamGraph::Capture(stream, iteration);
+    ASSERT_TRUE(captured) << captured.error().ToString();
+    graph = std::move(*captured);
+  }
+  std::uint64_t step_launches = 0, syncs = 0;
+  for (std::uint32_t g = 0; g < kGroups; ++g) {
+    const DeviceStepCounters c = dev[g]->counters().Since(before[g]);
+    step_launches += c.Step().launches;
+    syncs += c.Step().syncs + c.state.syncs;
+  }
+  EXPECT_EQ(syncs, 0u) << "a synchronisation inside the capture";
+  if (!gpu) EXPECT_EQ(step_launches, 0u) << "nothing ran yet";
+
+  std::mt19937_64 rng(20261206);
+  std::vector<double> ms;
+  std::uint64_t misses = 0, evictions = 0, refused = 0, reads = 0;
+  for (int it = 0; it < kReplays; ++it) {
+    // The next iteration's selections: each request's own addresses, repeats and padding.
+    for (std::uint32_t g = 0; g < kGroups; ++g) {
+      std::vector<std::int32_t> dense(std::size_t{kBatch} * kTopK, -1);
+      for (std::uint32_t b = 0; b < kBatch; ++b) {
+        const auto addrs = space->AddressesOf(RequestId(b)).value();
+        const std::uint32_t used = kTopK / 2 + static_cast<std::uint32_t>(rng() % (kTopK / 2 + 1));
+        for (std::uint32_t c = 0; c < used; ++c) {
+          dense[std::size_t{b} * kTopK + c] = static_cast<std::int32_t>(addrs[rng() % addrs.size()].value());
+        }
+      }
+      host_io[g].Fill(shape, dense, reqs, nd);
+      std::memcpy(pin[g].selections, host_io[g].selections.data(), host_io[g].selections.size() * 4);
+    }
+    // The OpenMP form, call by call.
+    for (std::uint32_t g = 0; g < kGroups; ++g) {
+      testing::DeviceIo& h = host_io[g];
+      ASSERT_TRUE(ref[g]->Check(h.arrays, nullptr));
+      ASSERT_TRUE(ref[g]->Claim(ref[g]->verdict(), nullptr));
+      testing::RunOnEngineMemory(std::span<const CopyDescriptor>(h.descriptors.data(), h.record.num_descriptors), mem);
+      const std::vector<std::uint8_t> ok(nd, 0);
+      ASSERT_TRUE(ref[g]->Complete(ok.data(), nullptr));
+    }
+    for (auto& r : ref) ASSERT_TRUE(r->AdvanceRound(nullptr));
+    // The CUDA form: one replay.
+    ASSERT_TRUE((*io)->Start());
+    if (gpu) {
+      ASSERT_TRUE(graph->Launch(stream));
+    } else {
+      ASSERT_TRUE(iteration());
+    }
+    auto t = (*io)->StopMs();  // waits for the replay
+    ASSERT_TRUE(t) << t.error().ToString();
+    ms.push_back(*t);
+    for (std::uint32_t g = 0; g < kGroups; ++g) {
+      const testing::DeviceIo& h = host_io[g];
+      const PinnedGroup& p = pin[g];
+      const std::string at = "replay " + std::to_string(it) + " group " + std::to_string(g);
+      ASSERT_EQ(p.record->done, h.record.done) << at;
+      ASSERT_EQ(p.record->error, h.record.error) << at;
+      ASSERT_EQ(p.record->hits, h.record.hits) << at;
+      ASSERT_EQ(p.record->misses, h.record.misses) << at;
+      ASSERT_EQ(p.record->evictions, h.record.evictions) << at;
+      ASSERT_EQ(p.record->num_descriptors, h.record.num_descriptors) << at;
+      ASSERT_EQ(std::memcmp(p.indices, h.indices.data(), h.indices.size() * 4), 0) << at << ": indices";
+      ASSERT_EQ(std::memcmp(p.descriptors, h.descriptors.data(), std::size_t{h.record.num_descriptors} * sizeof(CopyDescriptor)), 0)
+          << at << ": descriptors";
+      testing::ExpectSameState(ref[g]->ReadState(nullptr).value(), dev[g]->ReadState(stream).value(), at);
+      const auto& dpool = mem[static_cast<int>(Tier::kDevice)][g].bytes;
+      const auto& hpool = mem[static_cast<int>(Tier::kHost)][g].bytes;
+      ASSERT_EQ(std::memcmp(p.pools.device, dpool.data(), dpool.size()), 0) << at << ": device pool bytes";
+      ASSERT_EQ(std::memcmp(p.pools.host, hpool.data(), hpool.size()), 0) << at << ": host pool bytes";
+      if (h.record.error != 0) {
+        ++refused;
+        continue;
+      }
+      // What attention reads: each selection's index, in every layer, holds its entry's bytes.
+      for (std::uint32_t j = 0; j < kBatch * kTopK; ++j) {
+        const std::int32_t a = h.selections[j];
+        if (a < 0) continue;
+        const std::int32_t slot = p.indices[j];
+        ASSERT_GE(slot, 0) << at;
+        for (std::uint32_t l = 0; l < kLayers[g]; ++l) {
+          for (std::uint32_t b = 0; b < kRow; ++b) {
+            ASSERT_EQ(p.pools.device[(std::size_t{l} * kDeviceSlots + slot) * kRow + b],
+                      TokenByte(static_cast<std::uint32_t>(a), g, l, b))
+                << at << ": address " << a << " layer " << l;
+          }
+        }
+        ++reads;
+      }
+      misses += h.record.misses;
+      evictions += h.record.evictions;
+    }
+  }
+  EXPECT_GT(misses, 0u) << "the replays fetched nothing: the test would not see a stale count";
+  EXPECT_GT(evictions, 0u) << "the replays swapped nothing";
+  std::sort(ms.begin(), ms.end());
+  if (!gpu) {  // the per-iteration launches, counted as they ran
+    step_launches = 0;
+    for (std::uint32_t g = 0; g < kGroups; ++g) step_launches += dev[g]->counters().Since(before[g]).Step().launches;
+    step_launches /= kReplays;
+  }
+  std::printf("%s: %u groups, %u step launches + %u copy launches per iteration, %d replays, median %.3f ms per "
+              "replay (%s); %llu misses, %llu evictions, %llu refused steps, %llu selections read equal\n",
+              gpu ? "graph" : "no device, the OpenMP form uncaptured", kGroups, static_cast<unsigned>(step_launches), kGroups, kReplays, ms[ms.size() / 2], (*io)->timing_source(),
+              static_cast<unsigned long long>(misses), static_cast<unsigned long long>(evictions),
+              static_cast<unsigned long long>(refused), static_cast<unsigned long long>(reads));
+  if (gpu) ASSERT_TRUE((*cuda)->DestroyArena(arena.id));
+}
+
+// A capture whose enqueue fails returns that error and leaves the stream out of capture mode
+// (a second capture on it succeeds and replays); without CUDA (a build without it, or no
+// device) the capture is refused with kFailedPrecondition before anything runs. Bad
+// arguments to the reference copies are refused in every build.
+TEST(DeviceStepGraph, AFailedCaptureLeavesTheStreamUsable) {
+  const kernels::CopyPools none;
+  StepArrays empty;
+  EXPECT_EQ(EnqueueReferenceCopies(nullptr, empty, none, nullptr).error().code(), ErrorCode::kInvalidArgument);
+  bool ran = false;
+  const auto planted = [&]() -> Status {
+    ran = true;
+    return MakeError(ErrorCode::kInternal, "planted");
+  };
+  if (!MakeCudaBackend()) {
+    auto graph = StreamGraph::Capture(nullptr, planted);
+    ASSERT_FALSE(graph);
+    EXPECT_EQ(graph.error().code(), ErrorCode::kFailedPrecondition) << graph.error().ToString();
+    EXPECT_FALSE(ran) << "nothing is enqueued without CUDA";
+    return;
+  }
+  auto io = DeviceIo::Create(true, DeviceIoShape{});
+  ASSERT_TRUE(io) << io.error().ToString();
+  auto failed = StreamGraph::Capture((*io)->stream(), planted);
+  ASSERT_FALSE(failed);
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(failed.error().code(), ErrorCode::kInternal) << "the enqueue's own error: " << failed.error().ToString();
+  auto graph = StreamGraph::Capture((*io)->stream(), [] { return Ok(); });
+  ASSERT_TRUE(graph) << "the stream is still capturing: " << graph.error().ToString();
+  ASSERT_TRUE((*graph)->Launch((*io)->stream()));
+  ASSERT_TRUE((*io)->Start());
+  EXPECT_TRUE((*io)->StopMs());
+}
+
+}  // namespace
+}  // namespace ula
