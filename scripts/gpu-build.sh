@@ -31,7 +31,7 @@ JOBS=${GPU_BUILD_JOBS:-1}
 MAX_MIB=${GPU_DIST_MAX_MIB:-60}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 # [target] -> the file name the build gives it
-TESTS=(cuda_backend_test device_step_test tp_device_step_test policy_test)
+TESTS=(cuda_backend_test device_step_test tp_device_step_test policy_test step_conformance_test tp_step_conformance_test)
 PROGRAMS=(ula_cli ula_bench)
 declare -A FILE_OF=([ula_cli]=ula)
 

@@ -23,6 +23,9 @@
 #   graph_replay    device_step_test's DeviceStepCudaGraph printed its "graph:" line: a
 #                   decode iteration (every group's Check, Claim, reference copies, Complete,
 #                   then AdvanceRound) captured once and replayed against the OpenMP form
+#   conformance_cuda, conformance_cuda_tp
+#                   the conformance suites' CUDA cells (step_conformance_test,
+#                   tp_step_conformance_test, --gtest_filter='*Cuda*'): no skip, no failure
 #   verify_*        ula verify --planner device, without and with faults (0 mismatches)
 #   bench_*         ula bench planner --planner host; ula bench gather --backend
 #                   cuda / cpu; ula_bench BM_DeviceStepRound
@@ -60,13 +63,16 @@ OUTDIR=${OUT:-gpu-check-out}
 BUDGET=${GPU_CHECK_BUDGET_S:-470}
 MAX_STEP=${GPU_CHECK_MAX_STEP_S:-}
 TESTS=(cuda_backend_test device_step_test tp_device_step_test policy_test)
-BINARIES=(ula ula_bench "${TESTS[@]}")
+# Run by steps of their own (a filter), shipped and loaded as the others.
+CELLS=(step_conformance_test tp_step_conformance_test)
+BINARIES=(ula ula_bench "${TESTS[@]}" "${CELLS[@]}")
 
 # The steps in order, with their limits in seconds.
 STEPS=(load:20 gpu:10 probe:20
   cuda_backend_test:45 device_step_test:45 tp_device_step_test:30 policy_test:30
-  graph_replay:4 verify_device:15 verify_device_no_mismatch:3 verify_device_faults:15 verify_device_faults_nothing_lost:3
-  bench_planner_host:40 bench_planner_device:40 bench_gather_cuda:20 bench_gather_cpu:10 bench_device_step_round:30
+  graph_replay:2 conformance_cuda:15 conformance_cuda_tp:12
+  verify_device:10 verify_device_no_mismatch:3 verify_device_faults:10 verify_device_faults_nothing_lost:3
+  bench_planner_host:40 bench_planner_device:30 bench_gather_cuda:20 bench_gather_cpu:10 bench_device_step_round:25
   verify_device_cuda:15 verify_device_cuda_tp:15 bench_planner_device_cuda:25 bench_planner_device_cuda_tp:20
   bench_gather_random:10)
 declare -A LIMIT=()
@@ -277,7 +283,7 @@ echo "gpu-check: prebuilt $(sed -n 's/^commit: //p' "$DIST/MANIFEST.txt" 2>/dev/
 run_step load bash -c 'set -e
   for t in "${@:2}"; do echo "-- $t"; "$1/$t" --gtest_list_tests; done
   echo "-- ula"; "$1/ula" --help
-  echo "-- ula_bench"; "$1/ula_bench" --benchmark_list_tests' load "$BIN" "${TESTS[@]}"
+  echo "-- ula_bench"; "$1/ula_bench" --benchmark_list_tests' load "$BIN" "${TESTS[@]}" "${CELLS[@]}"
 load_rc=$step_rc
 loader=$(grep -m1 -E 'error while loading shared libraries|version .GLIBC.* not found|cannot execute' "$OUTDIR/load.log")
 if [[ $step_rc != 0 && -n $loader ]]; then
@@ -327,6 +333,10 @@ done
 # (device_step_test's DeviceStepCudaGraph): its line says the graph ran, with the step's
 # launches per iteration and the replay's time by CUDA events.
 run_step graph_replay grep -m1 '^graph: ' "$OUTDIR/device_step_test.log"
+# The step's conformance suite in its CUDA cells: the device step's CUDA form makes the host
+# step's decisions in every scenario (DP; TP at home).
+run_step conformance_cuda "$BIN/step_conformance_test" --gtest_filter='*Cuda*'
+run_step conformance_cuda_tp "$BIN/tp_step_conformance_test" --gtest_filter='*Cuda*'
 run_step verify_device "$BIN/ula" verify --planner device --stable-new-entries --policy kernel_pb_lru --ops 2000 --attention-steps 0 --json
 run_step verify_device_no_mismatch grep -q '"invariant_failures":0,.*"mismatches":0' "$OUTDIR/verify_device.log"
 run_step verify_device_faults "$BIN/ula" verify --planner device --stable-new-entries --policy kernel_pb_lru --fault-rate 0.2 --ops 3000 --attention-steps 0 --json

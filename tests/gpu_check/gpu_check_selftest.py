@@ -25,6 +25,8 @@ import tempfile
 ROOT = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parents[2])
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
 TESTS = ["cuda_backend_test", "device_step_test", "tp_device_step_test", "policy_test"]
+# The conformance suites, whose CUDA cells run as steps of their own.
+CELLS = ["step_conformance_test", "tp_step_conformance_test"]
 # The measurement steps of the device step's CUDA form, each a figure of summary.json.
 CUDA_FIGURES = ["verify_device_cuda", "verify_device_cuda_tp", "bench_planner_device_cuda",
                 "bench_planner_device_cuda_tp", "bench_gather_random"]
@@ -168,7 +170,7 @@ def main():
         tmp = pathlib.Path(t)
         (tmp / "dist" / "bin").mkdir(parents=True)
         (tmp / "stubs").mkdir()
-        for b in ["ula", "ula_bench", *TESTS]:
+        for b in ["ula", "ula_bench", *TESTS, *CELLS]:
             write_exe(tmp / "dist" / "bin" / b, STUB)
         (tmp / "dist" / "MANIFEST.txt").write_text("commit: fake\n")
         write_exe(tmp / "stubs" / "nvidia-smi", NVIDIA_SMI)

@@ -9,7 +9,9 @@
 // nothing early.
 //
 // The forms: the serial host step, the reference (StepPlanner), the engine path (StepPlanner::Plan, copies, Complete) and the device step's OpenMP
-// form (DeviceStep: Reload, Plan, copies, Complete, StoreInto). They must agree, not only
+// form (DeviceStep: Reload, Plan, copies, Complete, StoreInto), and on a GPU the device step's
+// CUDA form (the cells named deviceCuda; skipped where no device is, run by
+// scripts/gpu-check.sh). They must agree, not only
 // pass: on the same seed every form makes the same decisions, so the counts of steps,
 // refusals, hits, fetches and swaps are the host reference's. A form that cannot run a mode is
 // refused at its Create with the reason (RefusalsAtCreate), never switched silently. The
@@ -20,6 +22,7 @@
 #include <cstdio>
 #include <string>
 
+#include "step/device_io.h"
 #include "test_seed.h"
 #include "verify/consistency_verifier.h"
 
@@ -78,13 +81,31 @@ VerifierReport RunOk(const VerifierConfig& c, const char* what) {
   return *report;
 }
 
-class StepConformance : public ::testing::TestWithParam<PlannerForm> {};
+// A cell of the suite: a form, and for the device step its CUDA form (on a GPU).
+struct Cell {
+  PlannerForm form;
+  bool cuda = false;
+};
+class StepConformance : public ::testing::TestWithParam<Cell> {
+ protected:
+  // The CUDA cell needs a device: skipped without one (scripts/gpu-check.sh runs the cells
+  // on a GPU, where a skip of a test named Cuda fails the check).
+  void SetUp() override {
+    if (GetParam().cuda && !DeviceIo::Create(true, DeviceIoShape{})) GTEST_SKIP() << "no CUDA device";
+  }
+  // `c` run in this cell's form.
+  static VerifierConfig InCell(VerifierConfig c) {
+    c.form = GetParam().form;
+    c.cuda = GetParam().cuda;
+    return c;
+  }
+};
 
 // Pressure: every form keeps every byte and decides as the host reference does.
 TEST_P(StepConformance, SameDecisionsUnderPressure) {
   ULA_TEST_SEEDED(seed, 20261204);
   const VerifierReport reference = RunOk(Conformance(seed, PlannerForm::kHost), "pressure");
-  const VerifierReport r = RunOk(Conformance(seed, GetParam()), "pressure");
+  const VerifierReport r = RunOk(InCell(Conformance(seed, PlannerForm::kHost)), "pressure");
   EXPECT_GT(r.swaps, kOps / 20) << "the workload must swap for the check to mean anything";
   EXPECT_EQ(CountsOf(r), CountsOf(reference)) << Describe(CountsOf(r)) << " vs the reference's "
                                               << Describe(CountsOf(reference));
@@ -97,8 +118,7 @@ TEST_P(StepConformance, FaultsLoseNothing) {
   VerifierConfig c = Conformance(seed, PlannerForm::kHost);
   c.fault_rate = 0.15;
   const VerifierReport reference = RunOk(c, "faults");
-  c.form = GetParam();
-  const VerifierReport r = RunOk(c, "faults");
+  const VerifierReport r = RunOk(InCell(c), "faults");
   EXPECT_GT(r.failed_calls, 0u);
   EXPECT_EQ(r.entries_lost, 0u);
   EXPECT_EQ(r.early_publishes, 0u);
@@ -114,8 +134,7 @@ TEST_P(StepConformance, SharedPrefixes) {
   c.share_percent = 40;
   c.form = PlannerForm::kHost;
   const VerifierReport reference = RunOk(c, "sharing");
-  c.form = GetParam();
-  const VerifierReport r = RunOk(c, "sharing");
+  const VerifierReport r = RunOk(InCell(c), "sharing");
   EXPECT_GT(r.shares, 0u);
   EXPECT_GT(r.sharer_checks, 0u);
   EXPECT_EQ(CountsOf(r), CountsOf(reference)) << Describe(CountsOf(r)) << " vs the reference's "
@@ -131,8 +150,7 @@ TEST_P(StepConformance, DraftsRolledBack) {
   c.draft_reject_percent = 40;
   c.share_percent = 20;
   const VerifierReport reference = RunOk(c, "drafts");
-  c.form = GetParam();
-  const VerifierReport r = RunOk(c, "drafts");
+  const VerifierReport r = RunOk(InCell(c), "drafts");
   EXPECT_GT(r.draft_rollbacks, kOps / 50);
   EXPECT_EQ(CountsOf(r), CountsOf(reference)) << Describe(CountsOf(r)) << " vs the reference's "
                                               << Describe(CountsOf(reference));
@@ -146,8 +164,7 @@ TEST_P(StepConformance, RoundsReserved) {
   VerifierConfig c = Conformance(seed, PlannerForm::kHost);
   c.reserve_rounds = true;
   const VerifierReport reference = RunOk(c, "reservations");
-  c.form = GetParam();
-  const VerifierReport r = RunOk(c, "reservations");
+  const VerifierReport r = RunOk(InCell(c), "reservations");
   EXPECT_GT(r.reservations, 0u);
   if (kOps >= kFullOps) {  // the short sanitizer runs may defer none
     EXPECT_GT(r.reservations_refused, 0u) << "the workload must defer decodes for the check to mean anything";
@@ -169,8 +186,7 @@ TEST_P(StepConformance, MultiLayerGroups) {
   c.fault_rate = 0.1;
   c.draft_reject_percent = 20;
   const VerifierReport reference = RunOk(c, "layers");
-  c.form = GetParam();
-  const VerifierReport r = RunOk(c, "layers");
+  const VerifierReport r = RunOk(InCell(c), "layers");
   EXPECT_GT(r.swaps, c.ops / 20) << "the workload must swap for the check to mean anything";
   EXPECT_GT(r.failed_calls, 0u);
   EXPECT_GT(r.draft_rollbacks, 0u);
@@ -181,8 +197,11 @@ TEST_P(StepConformance, MultiLayerGroups) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Forms, StepConformance,
-                         ::testing::Values(PlannerForm::kHost, PlannerForm::kEngine, PlannerForm::kDevice),
-                         [](const auto& info) { return std::string(PlannerFormName(info.param)); });
+                         ::testing::Values(Cell{PlannerForm::kHost}, Cell{PlannerForm::kEngine}, Cell{PlannerForm::kDevice},
+                                           Cell{PlannerForm::kDevice, true}),
+                         [](const auto& info) {
+                           return std::string(PlannerFormName(info.param.form)) + (info.param.cuda ? "Cuda" : "");
+                         });
 
 // Host shadows, with injected faults: the engine path (its plans evict to shadows and to
 // host slots of the victims' own, step_planner.h) decides as the host step does: the same

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <string>
 
+#include "step/device_io.h"
 #include "test_seed.h"
 #include "verify/tp_verifier.h"
 
@@ -149,6 +150,27 @@ TEST(TpStepConformance, AttentionAtHomeFormsMakeTheSameDecisions) {
                                                   << Describe(CountsOf(r)) << " vs the reference's "
                                                   << Describe(CountsOf(reference));
     }
+  }
+}
+
+// Attention at home on a GPU: the device step's CUDA form (one per rank, verdicts agreed)
+// makes the host reference's decisions in every scenario. Skipped where no CUDA device is;
+// scripts/gpu-check.sh runs it on a GPU, where a skip fails the check.
+TEST(TpStepConformance, AttentionAtHomeCudaFormMakesTheSameDecisions) {
+  if (!DeviceIo::Create(true, DeviceIoShape{})) GTEST_SKIP() << "no CUDA device";
+  ULA_TEST_SEEDED(seed, 20261208);
+  for (const Scenario& s : kScenarios) {
+    TpVerifierConfig c = Conformance(seed, TpAttention::kAtHome, PlannerForm::kHost);
+    c.fault_rate = s.fault_rate;
+    s.ApplyTo(c);
+    const TpVerifierReport reference = RunOk(c, s.name);
+    c.form = PlannerForm::kDevice;
+    c.cuda = true;
+    const TpVerifierReport r = RunOk(c, s.name);
+    EXPECT_EQ(r.entries_lost, 0u) << s.name;
+    EXPECT_EQ(r.early_publishes, 0u) << s.name;
+    EXPECT_EQ(CountsOf(r), CountsOf(reference)) << s.name << ": device (CUDA) " << Describe(CountsOf(r))
+                                                << " vs the reference's " << Describe(CountsOf(reference));
   }
 }
 
