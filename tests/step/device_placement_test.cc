@@ -12,6 +12,8 @@
 #include <random>
 #include <vector>
 
+#include "space/address_space_state.h"
+#include "space/space_access.h"
 #include "step/device_step_fixture.h"
 #include "step/space_fixture.h"
 #include "test_seed.h"
@@ -604,6 +606,16 @@ TEST(DevicePlacement, JournalCancels) {
   ASSERT_EQ(j.released[0].size(), 1u);
   ASSERT_EQ(j.retired.size(), 1u);
   EXPECT_TRUE(space->CheckInvariants());
+  // The owner tags wrap (2^32 - 2 requests): the host would renumber the tags the device
+  // holds, so the request is refused and nothing changes.
+  ASSERT_TRUE(space->AddRequest(RequestId(3), Rank(0)));
+  StateOf(*space).dir.set_next_tag_for_test(refs::kSharedTag);
+  const std::uint64_t before = space->DebugDigest();
+  const Status wrapped = space->AddRequest(RequestId(4), Rank(0));
+  ASSERT_FALSE(wrapped);
+  EXPECT_EQ(wrapped.error().code(), ErrorCode::kResourceExhausted);
+  EXPECT_EQ(space->DebugDigest(), before);
+  EXPECT_EQ(space->num_requests(), 1u);
 }
 
 }  // namespace
