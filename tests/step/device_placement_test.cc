@@ -507,10 +507,18 @@ TEST(DevicePlacement, RefusalsChangeNothing) {
   }
   // The step's calls around a pending place, then the place itself.
   EXPECT_EQ(step->CompletePlace(status.data(), nullptr).error().code(), ErrorCode::kFailedPrecondition);
+  const DeviceStepCounters counted = step->counters();
   ASSERT_TRUE(step->Place(p, nullptr));
   EXPECT_EQ(step->AdvanceRound(nullptr).error().code(), ErrorCode::kFailedPrecondition);
   EXPECT_EQ(step->Place(p, nullptr).error().code(), ErrorCode::kFailedPrecondition);
   ASSERT_TRUE(step->CompletePlace(status.data(), nullptr));
+  // docs/ARCHITECTURE.md ("The device step"): 21 launches for a Place with every list
+  // non-empty, none for an empty list (here no retired request, no release: 19), 3 for
+  // CompletePlace; no synchronisation and nothing outside the place phase.
+  const DeviceStepCounters placed = step->counters().Since(counted);
+  EXPECT_EQ(placed.place, (DeviceStepCounts{.launches = 19 + 3, .syncs = 0}));
+  EXPECT_EQ(placed.Step(), DeviceStepCounts{});
+  EXPECT_EQ(placed.state, DeviceStepCounts{});
   EXPECT_EQ(num_evictions, 0u);
   for (std::uint32_t i = 0; i < 4; ++i) {  // the lowest free device slots, in seat order
     EXPECT_TRUE(location_bits::OnDevice(locations[i]));
