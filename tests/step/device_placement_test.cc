@@ -49,9 +49,9 @@ AddressSpaceConfig Config(bool device_placement) {
   return cfg;
 }
 
-DeviceStepConfig StepConfig() {
+DeviceStepConfig StepConfig(std::uint32_t threads = 1) {
   DeviceStepConfig c;
-  c.threads = 1;
+  c.threads = threads;
   c.max_rows = kMaxBatch;
   c.max_batch = kMaxBatch;
   c.max_top_k = kTopK;
@@ -95,6 +95,7 @@ struct Options {
   Mode mode = Mode::kDevice;
   bool checkpoints = true;
   std::uint32_t fail_every = 0;  // device mode: eviction copy k with (k % fail_every == 1) fails
+  std::uint32_t threads = 1;     // the OpenMP form's team
 };
 
 class Loop {
@@ -103,7 +104,7 @@ class Loop {
     backend_ = MakeCountingBackend();
     space_ = AddressSpace::Create(Config(opt.mode == Mode::kDevice), *backend_).value();
     for (std::uint32_t g = 0; g < kGroups; ++g) {
-      steps_.push_back(DeviceStep::Create(*space_, Rank(0), GroupId(g), StepConfig()).value());
+      steps_.push_back(DeviceStep::Create(*space_, Rank(0), GroupId(g), StepConfig(opt.threads)).value());
     }
     if (opt.mode == Mode::kBracket) {  // Allocate's victims: device -> host in the engine's pools
       space_->SetMoveExecutor([this](std::span<const CopyDescriptor> moves) {
@@ -390,6 +391,21 @@ TEST(DevicePlacement, FailedEvictionLosesNothing) {
   Loop loop(seed, {.mode = Mode::kDevice, .fail_every = 3});
   loop.Run(kIterations / 2);
   EXPECT_GT(loop.evictions_failed(), 0u);  // the checkpoints read every live address's bytes
+}
+
+// Determinism: the team's size changes nothing (every slot is a rank in a scan, every shared
+// update an atomic that commutes), failed evictions included.
+TEST(DevicePlacement, SameForAnyTeam) {
+  ULA_TEST_SEEDED(seed, 20261209);
+  Loop one(seed, {.mode = Mode::kDevice, .fail_every = 4, .threads = 1});
+  one.Run(kIterations / 4);
+  Loop three(seed, {.mode = Mode::kDevice, .fail_every = 4, .threads = 3});
+  three.Run(kIterations / 4);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  EXPECT_EQ(three.trace().steps, one.trace().steps);
+  EXPECT_EQ(three.trace().indices, one.trace().indices);
+  EXPECT_EQ(three.trace().checkpoints, one.trace().checkpoints);
+  EXPECT_GT(one.evictions_run(), 0u);
 }
 
 // (c) Bad input changes nothing, and the forms and calls that do not have the mode refuse it.
