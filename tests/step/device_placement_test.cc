@@ -1,6 +1,7 @@
 // Device placement (AddressSpaceConfig::device_placement; ula/device_step.h, "Addresses on the
-// host, slots on the device"), the OpenMP form: an engine loop whose space hands out addresses
-// and whose device steps place them (Place, CompletePlace) with no host synchronisation;
+// host, slots on the device"), the OpenMP form: an engine loop (arrivals, prefill chunks,
+// decode tokens, draft rollbacks, finished requests) whose space hands out addresses and
+// whose device steps place them (Place, CompletePlace) with no host synchronisation;
 // the same seeded workload in today's bracket (StoreInto, host Allocate / Free / AdvanceRound,
 // Reload) against it, byte for byte through the steps' indices and location for location at
 // checkpoints; bad input changing nothing; failed eviction copies losing nothing.
@@ -154,6 +155,12 @@ class Loop {
       } else {
         ++i;
       }
+    }
+    // A rejected draft: the request's last token is rolled back (its entry released), and
+    // its next token takes the same address again.
+    for (const Active& a : active_) {
+      const std::size_t held = space_->AddressesOf(a.id).value().size();
+      if (held >= 2 && rng_() % 8 == 0) ASSERT_TRUE(space_->Truncate(a.id, static_cast<std::uint32_t>(held - 1)));
     }
     while (active_.size() < kMaxBatch && rng_() % 3 != 0) {
       const RequestId id(next_id_++ % kMaxRequests);
