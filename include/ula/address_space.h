@@ -29,6 +29,10 @@
 //      request holds it, "shared" once only adopters or cache references hold it, none
 //      when free; each request's adopted set is exactly the addresses of its list it did
 //      not allocate. Free addresses have no holder.
+//   Device placement (AddressSpaceConfig::device_placement): in 1 and 2, "a live address"
+//   reads "a live address with a location": Allocate leaves new addresses unplaced (the
+//   device places them, DeviceStep::Place) and only DeviceStep::StoreInto writes locations,
+//   so a live address may have none; every location is still a live address's.
 // New entries go to device: see Allocate.
 //
 // Pools (the coordinates of step_arrays.h). Each pool of (rank, group,
@@ -210,6 +214,20 @@ struct AddressSpaceConfig {
   // DeviceStep) needs it on and refuses a space without it: an engine writes KV at the
   // location it looked up.
   bool stable_new_entries = false;
+  // Addresses on the host, slots on the device (docs/ARCHITECTURE.md, "The device step"):
+  // Allocate hands out logical addresses (pages, owner tags, the request's list) without
+  // placing them, Free and Truncate release addresses, and the space records what changed
+  // in a placement journal (TakePlacement) that each (rank, group)'s DeviceStep applies with
+  // Place, placing the new entries by Allocate's rule for stable_new_entries on the device.
+  // The group tables then hold a location only for what a DeviceStep::StoreInto wrote
+  // (checkpoints): a live address may be unplaced (CheckInvariants allows it), and Read or
+  // Write of an unplaced entry is refused (kFailedPrecondition). Requires
+  // stable_new_entries, no host_shadows and no kinds (Validate: kInvalidArgument). Refused
+  // here (kUnsupported): ShareInto, Retain, Release, SharePrefix (the device's request table
+  // keeps no adopted lists' updates). Refused at Create (kUnsupported) by the forms that
+  // place on the host: StepPlanner (src/step/engine_modes.h). TP spaces (TpConfig) have no
+  // such field: their device step places on the host between rounds.
+  bool device_placement = false;
   // Clean host shadows (src/space/host_shadows.h): a fetched entry's host slot
   // keeps its bytes as a reclaimable copy, counted free everywhere, so that evicting the
   // entry later moves no bytes. Off: exclusive tiers, every eviction copies. The DP
@@ -262,6 +280,29 @@ struct MetadataReport {
   double request_lists = 0;    // 4 B list + 4 B owner tag + 4 B reference counts per address, shared by all groups
   double host_shadows = 0;     // host_shadows on: 12 B per host slot + 4 B per device slot
   double total() const { return location_table + device_owner + policy + free_bitmaps + request_lists + host_shadows; }
+};
+
+// What the device must apply to its state in device placement mode
+// (AddressSpaceConfig::device_placement), in this order: retired requests' tags cleared, new
+// requests' tags set, released addresses' entries freed, seated addresses placed (in
+// Allocate order, the device's rule for new entries: DeviceStep::Place). An address seated
+// and released before the journal was taken appears in neither list; a request added and
+// freed likewise. Every rank's steps take the requests; rank r's take seated[r] and released[r].
+struct PlacementJournal {
+  struct NewRequest {
+    RequestId id;
+    std::uint32_t tag = 0;  // its owner tag (non-zero)
+    Rank rank;
+  };
+  struct Seat {
+    LogicalAddr addr;
+    std::uint32_t tag = 0;  // its request's owner tag
+  };
+  std::vector<NewRequest> new_requests;
+  std::vector<RequestId> retired;
+  std::vector<std::vector<Seat>> seated;           // [num_ranks] in Allocate order
+  std::vector<std::vector<LogicalAddr>> released;  // [num_ranks]
+  bool empty() const;
 };
 
 class StepPlanner;
@@ -382,6 +423,11 @@ class AddressSpace {
   Result<KindPages> KindPagesOf(RequestId request, std::uint32_t kind) const;
   Result<Rank> RankOf(RequestId request) const;
   bool IsLive(LogicalAddr addr) const;
+
+  // Device placement mode (AddressSpaceConfig::device_placement): what changed since the
+  // last call, for the device steps to apply (PlacementJournal, DeviceStep::Place); the
+  // journal starts empty again. kFailedPrecondition outside the mode.
+  Result<PlacementJournal> TakePlacement();
 
   // Ends the current round of every group's residency policy: once per scheduler
   // iteration, after its attention (see "Rounds" above). A space with kinds: every window

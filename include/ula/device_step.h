@@ -24,7 +24,8 @@
 // The space between rounds: StoreInto and Reload. Allocate, Free, ShareInto, Retain and
 // Release are host operations of the space (they are not device kernels yet), and the space
 // does not see what the device step moved. So an engine that changes the space between
-// steps brackets the change:
+// steps brackets the change (a space in device placement mode needs no bracket: see
+// "Addresses on the host, slots on the device" below):
 //   step->StoreInto(space, stream);   // syncs; the step's locations, pools and PB-LRU -> space
 //   space.AdvanceRound(); space.Allocate(...); space.Free(...);   // host bookkeeping
 //   step->Reload(space, stream);      // the space's state -> the step's own buffers
@@ -40,6 +41,27 @@
 // (kResourceExhausted naming the field; re-create the step with larger maxima). Call
 // AdvanceRound either on the step or on the space between StoreInto and Reload, never both
 // for the same round.
+//
+// Addresses on the host, slots on the device (AddressSpaceConfig::device_placement): the
+// space's Allocate hands out addresses only and Free / Truncate release them, recording a
+// PlacementJournal; the engine applies it to each (rank, group)'s step with Place, so no
+// bracket is needed and the loop has no host synchronisation:
+//   space.Free(...); space.AddRequest(...); space.Allocate(...);   // addresses, tags (host)
+//   journal = space.TakePlacement();            // copied to device arrays (pinned, async)
+//   per group: step->Place(place_arrays, stream); copy_kernel(evictions, status);
+//              step->CompletePlace(status, stream); write the new tokens' KV at locations;
+//              step->Plan(...); copies; step->Complete(...); attention(...);
+//   per group, once per iteration: step->AdvanceRound(stream);
+// Place applies the journal's retired and new requests' tags, then its releases (a slot
+// back to its free bitmap and out of PB-LRU), then its seats by Allocate's rule for stable
+// new entries: the lowest free device slots in seat order, then PB-LRU victims not used this
+// round (ClaimVictims' order), each moved to the lowest free host slot by an eviction the
+// engine runs, then the lowest free host slots, new on host for the round (no step of the
+// round moves them). An engine that frees before it allocates in an iteration gets the
+// slots the host's Allocate would give. Copy first, publish after: CompletePlace publishes
+// an eviction only where its copy arrived. StoreInto and Reload keep working for
+// checkpoints: in this mode StoreInto checks that the device's owner and request tags are
+// the space's (every journal applied) instead of comparing the space with what was loaded.
 //
 // Phases of Plan (kernels in src/kernels/step_kernels.inl, each with its arrays and atomics):
 //   1. classify [rows * top_k]: StepPlanner's checks in its order (value, live, the
@@ -142,6 +164,13 @@ struct DeviceStepConfig {
   std::uint32_t max_addresses = 0;
   std::uint32_t max_requests = 0;
   std::uint32_t max_adopted = 0;
+  // Device placement (see "Addresses on the host, slots on the device"): the most seated
+  // addresses, released addresses and request changes (new or retired, each list) one Place
+  // takes. Size PlacementArrays::locations, evictions and CompletePlace's status to
+  // max_place_seats. 0: Place takes no such entries.
+  std::uint32_t max_place_seats = 0;
+  std::uint32_t max_place_releases = 0;
+  std::uint32_t max_place_requests = 0;
   // kInvalidArgument naming the first bad field.
   Status Validate() const;
 };
@@ -158,6 +187,9 @@ struct DeviceStepState {
   std::uint64_t tracked = 0;
   std::uint32_t published = 0, failed = 0;   // of the last Complete
   std::uint32_t error = 0;                   // *verdict(): after Check this rank's, after Claim the step's
+  std::uint32_t place_published = 0, place_failed = 0;  // evictions of the last CompletePlace
+  std::vector<std::uint32_t> owner;          // [max_addresses] owner tags (device placement changes them)
+  std::vector<std::uint32_t> request_tags;   // [max_requests]
 };
 
 // Kernel launches and host synchronisations of one phase (see DeviceStepCounters).
@@ -175,7 +207,9 @@ struct DeviceStepCounts {
 struct DeviceStepCounters {
   DeviceStepCounts check, claim, complete, advance_round;
   DeviceStepCounts state;    // Create, Reload, StoreInto, ReadState: outside a step
-  // The four step phases together (state excluded).
+  DeviceStepCounts place;    // device placement: Place and CompletePlace (enqueued only: no syncs)
+  // The four step phases together (state and place excluded: add place for an iteration
+  // of device placement).
   DeviceStepCounts Step() const;
   // This minus an earlier snapshot of the same step.
   DeviceStepCounters Since(const DeviceStepCounters& earlier) const;
@@ -223,16 +257,37 @@ class DeviceStep {
   // `status` is device memory [max_descriptors]. kFailedPrecondition: no plan is pending.
   Status Complete(const std::uint8_t* status, void* stream);
   // Enqueues the end of the scheduler iteration (PB-LRU's next round).
-  // kFailedPrecondition: a plan is pending.
+  // kFailedPrecondition: a plan or a place is pending.
   Status AdvanceRound(void* stream);
 
+  // Device placement (a space with AddressSpaceConfig::device_placement; see "Addresses on
+  // the host, slots on the device"): enqueues the kernels that apply one (rank, group)'s
+  // share of a PlacementJournal: tags, releases, then the seats by Allocate's rule for
+  // stable new entries, each seat's location in arrays.locations, the evictions'
+  // descriptors in arrays.evictions and their count in *arrays.num_evictions. Nothing is
+  // read back. Host checks only, nothing enqueued on a refusal: kFailedPrecondition (not
+  // such a step; a plan, check or place pending), kInvalidArgument (a count past its
+  // DeviceStepConfig maximum, a null array, a zero tag), kResourceExhausted (OpenMP form,
+  // which reads the host arrays: an address past max_addresses or a request id past
+  // max_requests; the CUDA form's kernels skip those). REQUIRES: the arrays stay as they
+  // are until CompletePlace.
+  Status Place(const PlacementArrays& arrays, void* stream);
+  // Enqueues the evictions' publish after the engine ran them: status[k] == 0 (device
+  // memory, [max_place_seats]) publishes eviction k (victim -> its host slot, the new
+  // address -> the victim's device slot); a failed copy loses nothing (the victim stays,
+  // the new address takes the reserved host slot, new on host this round). Follows every
+  // Place. kFailedPrecondition: no place is pending.
+  Status CompletePlace(const std::uint8_t* status, void* stream);
+
   // Synchronises `stream` and writes the step's state (locations, device owners, both pools'
-  // free sets, PB-LRU) into `space`, the one it was created from, for its (rank, group):
+  // free sets, PB-LRU; device placement: the round's new entries on host) into `space`, the
+  // one it was created from, for its (rank, group):
   // the space then equals the device state (the space's host shadows of that group are
   // dropped: the step counted their slots free). kInvalidArgument (another space),
   // kFailedPrecondition (a plan or check is pending; the space changed since the step
-  // loaded or stored it): nothing changes then. After it the step is clean: Reload may
-  // follow.
+  // loaded or stored it; device placement: the device's owner tags or request tags differ
+  // from the space's directory, i.e. a journal was not applied): nothing changes then.
+  // After it the step is clean: Reload may follow.
   Status StoreInto(AddressSpace& space, void* stream);
   Status StoreInto(TpAddressSpace& space, void* stream);
   // Loads `space`'s state for the step's (rank, group) into the step's existing buffers (no
@@ -268,6 +323,7 @@ class DeviceStep {
   // that `now` (the space read again) is what the step loaded.
   struct DeviceShard;
   Status ReadBack(const ShardSource& now, DeviceShard& out, void* stream) const;
+  Status ReadBackPlaced(const ShardSource& now, DeviceShard& out, void* stream) const;
   // StoreInto for either space: `read` reads the shard as Create does, `write` writes the
   // device state into it (after every check passed: it cannot fail).
   Status Store(const void* space, const std::function<Status(ShardSource&)>& read,

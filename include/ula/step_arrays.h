@@ -145,4 +145,31 @@ struct StepArrays {
   std::uint32_t max_descriptors = 0;
 };
 
+// One DeviceStep::Place's arrays (device placement, AddressSpaceConfig::device_placement):
+// one (rank, group)'s share of a PlacementJournal (ula/address_space.h) as flat arrays, and
+// the outputs. Pointers are device memory for the CUDA form and host memory for the OpenMP
+// form; the counts are host values, each at most its DeviceStepConfig maximum. The arrays
+// stay as they are until DeviceStep::CompletePlace.
+struct PlacementArrays {
+  const std::uint32_t* retired = nullptr;       // [num_retired] request ids whose tags clear
+  const std::uint32_t* new_requests = nullptr;  // [num_new_requests] request ids
+  const std::uint32_t* new_tags = nullptr;      // [num_new_requests] their owner tags (non-zero)
+  const std::uint32_t* released = nullptr;      // [num_released] distinct addresses freed
+  const std::uint32_t* seated = nullptr;        // [num_seated] distinct new addresses, in Allocate order
+  const std::uint32_t* seated_tags = nullptr;   // [num_seated] their requests' owner tags
+  std::uint32_t num_retired = 0;
+  std::uint32_t num_new_requests = 0;
+  std::uint32_t num_released = 0;
+  std::uint32_t num_seated = 0;
+  // Out, [max_place_seats]: seat i's Location bits (ula/location_bits.h), where the engine
+  // writes its KV; final after CompletePlace (an eviction's seat is on device, or on host
+  // when its copy failed).
+  std::uint64_t* locations = nullptr;
+  // Out, [max_place_seats]: the evictions' device -> host kCopy descriptors (one entry of
+  // num_layers rows each), *num_evictions of them, for the engine to run between Place and
+  // CompletePlace (status[k] == 0: copy k's bytes arrived).
+  CopyDescriptor* evictions = nullptr;
+  std::uint32_t* num_evictions = nullptr;  // [1]
+};
+
 }  // namespace ula

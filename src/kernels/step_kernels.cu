@@ -90,6 +90,18 @@ cudaError_t StepNeed(const DeviceStepArgs& a, std::uint32_t n, bool check, bool 
   return cudaSuccess;
 }
 
+// The arena bytes a Place's scans need (device placement): the free, victim and host takes
+// over the summary words, each giving its storage back before the next.
+cudaError_t PlaceNeed(const DeviceStepArgs& a, std::size_t* need) {
+  *need = 0;
+  std::size_t b = 0;
+  for (std::uint32_t n : {a.device_free.num_summary, (a.pb.recent + 1) * a.pb.num_summary, a.host_free.num_summary}) {
+    if (const cudaError_t e = SumBytes(n, &b); e != cudaSuccess) return e;
+    if (b > *need) *need = b;
+  }
+  return cudaSuccess;
+}
+
 // Runs f (launches that may throw) and turns what it threw into a KernelError.
 template <class F>
 KernelError Guarded(F&& f) noexcept {
@@ -152,6 +164,21 @@ KernelError DeviceAdvanceRound(void* exec, const DeviceStepArgs& args, bool reba
   return Guarded([&] { launch::DeviceAdvanceRound(exec, args, rebase); });
 }
 
+KernelError DevicePlace(void* exec, const DeviceStepArgs& args) {
+  std::size_t need = 0;
+  if (args.place.io.num_seated > 0) {
+    if (const cudaError_t e = PlaceNeed(args, &need); e != cudaSuccess) return Code(e);
+  }
+  if (need > 0 && (args.arena == nullptr || !args.arena->Fits(need))) {
+    if (args.arena != nullptr) ++args.arena->overflows;
+    return kKernelArenaOverflow;
+  }
+  return Guarded([&] { launch::DevicePlace(exec, args); });
+}
+KernelError DevicePlaceComplete(void* exec, const DeviceStepArgs& args, const std::uint8_t* status) {
+  return Guarded([&] { launch::DevicePlaceComplete(exec, args, status); });
+}
+
 KernelError MemAlloc(std::size_t bytes, void** out) {
   *out = nullptr;
   if (const cudaError_t e = cudaMalloc(out, bytes == 0 ? 1 : bytes); e != cudaSuccess) {
@@ -188,6 +215,14 @@ std::size_t ScanScratchBytes(const DeviceStepArgs& args, std::uint32_t n, Kernel
     *error = Code(e);
     return 0;
   }
+  std::size_t place = 0;  // device placement's takes (DevicePlace)
+  if (args.place.ctl != nullptr) {
+    if (const cudaError_t e = PlaceNeed(args, &place); e != cudaSuccess) {
+      *error = Code(e);
+      return 0;
+    }
+  }
+  if (place > need) need = place;
   *error = kKernelOk;
   return need;
 }

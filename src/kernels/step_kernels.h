@@ -220,7 +220,8 @@ enum LaunchPhase : std::uint32_t {
   kPhaseComplete = 2,
   kPhaseAdvanceRound = 3,
   kPhaseState = 4,
-  kNumPhases = 5,
+  kPhasePlace = 5,   // device placement: Place and its CompletePlace
+  kNumPhases = 6,
 };
 // Kernel launches and host synchronisations of one phase, cumulative (host object). Every
 // launch of the step's kernels goes through the .inl's Launch helpers, which add here: a
@@ -229,6 +230,32 @@ enum LaunchPhase : std::uint32_t {
 struct LaunchCounts {
   std::uint64_t launches = 0;
   std::uint64_t syncs = 0;   // stream synchronisations and blocking (pageable) copies
+};
+// Device placement (DeviceStep::Place): the split of one Place's seats and its evictions'
+// publish, device memory.
+struct PlaceControl {
+  std::uint32_t n_free = 0;     // seats [0, n_free) take the lowest free device slots
+  std::uint32_t n_victims = 0;  // seats [n_free, n_free + n_victims) take PB-LRU victims' slots
+  std::uint32_t n_host = 0;     // the rest take the lowest free host slots (new on host)
+  std::uint32_t n_hosts = 0;    // n_victims + n_host: the host slots taken
+  std::uint32_t pending = 0;    // evictions awaiting DevicePlaceComplete
+  std::uint32_t published = 0, failed = 0;  // of the last DevicePlaceComplete
+  std::uint32_t short_host = 0;  // 1: fewer free host slots than seats past the device (clamped)
+};
+// Device placement's arrays (all null in a step without it).
+struct PlaceArgs {
+  PlacementArrays io;                        // the engine's, for one Place and its CompletePlace
+  std::uint32_t* slots = nullptr;            // [max seats] device slot of seat i < n_free + n_victims
+  std::uint32_t* hosts = nullptr;            // [max seats] host slots: victims' first, then new on host
+  std::uint32_t* addrs = nullptr;            // [max seats] eviction k's new address
+  std::uint32_t* take_counts = nullptr;      // [largest bitmap's summary words] scratch
+  std::uint32_t* take_offsets = nullptr;
+  // [new_on_host_words] bit a: address a is new on host this round (no step of the round
+  // moves it); replaces DeviceStepArgs::new_on_host's sorted list in this mode.
+  std::uint64_t* new_on_host_bits = nullptr;
+  std::uint32_t new_on_host_words = 0;
+  std::uint32_t max_seats = 0;
+  PlaceControl* ctl = nullptr;               // [1]
 };
 struct DeviceStepArgs {
   StepArrays io;                               // the engine's arrays (device pointers; stats pinned host)
@@ -269,6 +296,7 @@ struct DeviceStepArgs {
   DeviceStepControl* ctl = nullptr;            // [1]
   ScratchArena* arena = nullptr;               // host object
   LaunchCounts* counts = nullptr;              // [kNumPhases] host objects; nullptr: not counted
+  PlaceArgs place;                             // device placement (ula/device_step.h, Place)
 };
 
 }  // namespace ula::kernels
@@ -294,6 +322,10 @@ struct DeviceStepArgs {
   /* (ctl->num_new_on_host = 0), PB-LRU's next round (rebase: REQUIRES the round is 2^32 - 1, */          \
   /* PbRebase first). */                                                                                 \
   [[nodiscard]] KernelError DeviceAdvanceRound(EXEC exec, const DeviceStepArgs& args, bool rebase);      \
+  /* Device placement: DevicePlace applies args.place.io (tags, releases, seats; the */                  \
+  /* evictions' descriptors); DevicePlaceComplete publishes eviction k where status[k] == 0. */          \
+  [[nodiscard]] KernelError DevicePlace(EXEC exec, const DeviceStepArgs& args);                          \
+  [[nodiscard]] KernelError DevicePlaceComplete(EXEC exec, const DeviceStepArgs& args, const std::uint8_t* status); \
   /* The form's memory (device memory for CUDA, host memory for OpenMP) and copies. MemAlloc */          \
   /* writes *out (zeroed memory for OpenMP only) or nullptr with kKernelOutOfMemory. */                  \
   [[nodiscard]] KernelError MemAlloc(std::size_t bytes, void** out);                                     \

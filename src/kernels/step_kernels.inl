@@ -346,6 +346,14 @@ ULA_HD inline std::uint32_t RowTag(const DeviceStepArgs& a, std::uint32_t j, std
   return req >= 0 && static_cast<std::uint64_t>(req) < a.num_requests ? a.request_tags[req] : 0;
 }
 
+// Whether addr is new on host this round: device placement's bitmap, else the sorted list.
+ULA_HD inline bool IsNewOnHost(const DeviceStepArgs& a, std::uint32_t pinned, std::uint32_t addr) {
+  if (a.place.new_on_host_bits != nullptr) {
+    return addr < a.owner_size && ((a.place.new_on_host_bits[addr >> 6] >> (addr & 63)) & 1) != 0;
+  }
+  return Contains(a.new_on_host, 0, pinned, addr);
+}
+
 // Validate (StepPlanner's checks, in its order) and claim first[a] = the lowest
 // selection of each valid address (an atomic minimum: the order of the updates is irrelevant).
 struct DevClassify {
@@ -398,7 +406,7 @@ struct DevClassify {
     const auto addr = static_cast<std::uint32_t>(SelectionAt(a.io, j));
     AtomicMin(a.first[EntryOf(a.num_ranks, addr)], j);
     const std::uint32_t pinned = a.ctl->num_new_on_host;
-    if (k == kDevMiss && pinned != 0 && Contains(a.new_on_host, 0, pinned, addr)) {
+    if (k == kDevMiss && pinned != 0 && IsNewOnHost(a, pinned, addr)) {
       ::cuda::atomic_ref<std::uint32_t, kScope>(a.ctl->new_on_host_miss).store(1, kRelaxed);
     }
   }
@@ -603,6 +611,192 @@ struct DevRoundEnd {
   ULA_HD void operator()(std::uint32_t) const { a.ctl->num_new_on_host = 0; }
 };
 
+// ---- Device placement (DeviceStep::Place; docs/ARCHITECTURE.md, "The device step"): the
+// host's journal applied as kernels over the journal's index spaces. Each list names
+// distinct request ids or addresses (the journal's), so per-element stores go to distinct
+// records, owners, slots and request tags; the bitmaps, PB-LRU and counts shared between
+// elements are changed by atomics whose results do not depend on the order (a set bit is
+// set, a cleared one cleared, counts are sums). Every choice of a slot is a rank in a scan
+// of a bitmap in word order, as the step's claim takes them: the result is the host rule's
+// whatever the schedule.
+ULA_HD inline void NewOnHostMark(const DeviceStepArgs& a, std::uint32_t addr) {
+  ::cuda::atomic_ref<std::uint64_t, kScope>(a.place.new_on_host_bits[addr >> 6])
+      .fetch_or(std::uint64_t{1} << (addr & 63), kRelaxed);
+  // The step's gate (DevClassify reads the bitmap only when it is non-zero).
+  ::cuda::atomic_ref<std::uint32_t, kScope>(a.ctl->num_new_on_host).fetch_add(1, kRelaxed);
+}
+// PbRemove for one of many threads: the stamp's exchange makes one thread the remover.
+ULA_HD inline void PbRemoveOne(const PbLruArrays& pb, std::uint32_t s) {
+  const std::uint32_t old = ::cuda::atomic_ref<std::uint32_t, kScope>(pb.stamps[s]).exchange(0, kRelaxed);
+  if (old == 0) return;
+  BucketClear(pb, BucketOfStamp(pb, pb.clock->round, pb.clock->cur, old), s);
+  ::cuda::atomic_ref<std::uint64_t, kScope>(pb.clock->tracked).fetch_sub(1, kRelaxed);
+}
+
+struct DevPlaceBegin {  // one thread: a fresh split
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t) const { *a.place.ctl = PlaceControl{}; }
+};
+// [num_retired]: a freed request's tag is cleared (ids past the table are skipped: the host
+// checks them in the OpenMP form).
+struct DevRetire {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t i) const {
+    const std::uint32_t r = a.place.io.retired[i];
+    if (r < a.num_requests) const_cast<std::uint32_t*>(a.request_tags)[r] = 0;
+  }
+};
+// [num_new_requests]: a new request's tag (after the retirements: an id freed and added
+// again ends with the new tag).
+struct DevAdmit {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t i) const {
+    const std::uint32_t r = a.place.io.new_requests[i];
+    if (r < a.num_requests) const_cast<std::uint32_t*>(a.request_tags)[r] = a.place.io.new_tags[i];
+  }
+};
+// [num_released]: a released address's entry: its device slot back to the free bitmap and out
+// of PB-LRU (its owner cleared), or its host slot back to the host's; its record, owner tag
+// and new-on-host mark cleared. An address no Place seated (record 0) only loses its tag.
+struct DevRelease {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t i) const {
+    const std::uint32_t addr = a.place.io.released[i];
+    if (addr >= a.owner_size) return;
+    const std::uint64_t loc = a.records[addr] & kLocationMask;
+    if (loc != 0) {
+      const std::uint32_t slot = location_bits::SlotOf(loc);
+      if (location_bits::OnDevice(loc)) {
+        PbRemoveOne(a.pb, slot);
+        a.device_owner[slot] = 0xffffffffu;  // LogicalAddr::Invalid(), as the host pools keep it
+        FlatSet(a.device_free, slot);
+      } else {
+        FlatSet(a.host_free, slot);
+      }
+    }
+    a.records[addr] = 0;
+    const_cast<std::uint32_t*>(a.owner)[addr] = 0;
+    ::cuda::atomic_ref<std::uint64_t, kScope>(a.place.new_on_host_bits[addr >> 6])
+        .fetch_and(~(std::uint64_t{1} << (addr & 63)), kRelaxed);
+  }
+};
+// [num_seated]: each new address's owner tag.
+struct DevSeatOwner {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t i) const {
+    const std::uint32_t addr = a.place.io.seated[i];
+    if (addr < a.owner_size) const_cast<std::uint32_t*>(a.owner)[addr] = a.place.io.seated_tags[i];
+  }
+};
+// One thread: Allocate's split for stable new entries (ShardPools::PlanVictims): the lowest
+// free device slots, then victims that this round has not used (every tracked slot outside
+// the current bucket), then host; the host slots the victims and the rest need.
+struct DevPlaceSplit {
+  DeviceStepArgs a;
+  std::uint32_t n;
+  ULA_HD void operator()(std::uint32_t) const {
+    PlaceControl& c = *a.place.ctl;
+    const std::uint64_t free = *a.device_free.count;
+    c.n_free = n < free ? n : static_cast<std::uint32_t>(free);
+    const std::uint64_t evictable = a.pb.clock->tracked - a.pb.counts[a.pb.clock->cur];
+    const std::uint32_t rest = n - c.n_free;
+    c.n_victims = rest < evictable ? rest : static_cast<std::uint32_t>(evictable);
+    c.n_host = rest - c.n_victims;
+    const std::uint64_t host_free = *a.host_free.count;
+    if (std::uint64_t{c.n_victims} + c.n_host > host_free) {  // the host's room check makes this unreachable
+      c.short_host = 1;
+      c.n_victims = c.n_victims < host_free ? c.n_victims : static_cast<std::uint32_t>(host_free);
+      c.n_host = static_cast<std::uint32_t>(host_free) - c.n_victims < c.n_host
+                     ? static_cast<std::uint32_t>(host_free) - c.n_victims : c.n_host;
+    }
+    c.n_hosts = c.n_victims + c.n_host;
+    c.pending = c.n_victims;
+    *a.place.io.num_evictions = c.n_victims;
+  }
+};
+// [num_seated]: seats [0, n_free) take their free slots (out of the free bitmap, into PB-LRU's
+// current bucket: used this round), owners and records.
+struct DevSeatFree {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t i) const {
+    if (i >= a.place.ctl->n_free) return;
+    const std::uint32_t addr = a.place.io.seated[i], s = a.place.slots[i];
+    FlatClear(a.device_free, s);
+    PbInsertOne(a.pb, s);
+    a.device_owner[s] = addr;
+    const std::uint64_t loc = location_bits::Pack(Tier::kDevice, a.rank, s);
+    a.records[addr] = loc;
+    a.place.io.locations[i] = loc;
+  }
+};
+// [num_seated]: seats past the free slots. A victim's seat k: its host slot taken, the
+// descriptor that copies the victim there (the new address is published by
+// DevicePlaceComplete); a host seat: its host slot, its record, new on host this round.
+struct DevSeatRest {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t i) const {
+    const PlaceControl& c = *a.place.ctl;
+    if (i < c.n_free || i >= c.n_free + c.n_hosts) return;
+    const std::uint32_t addr = a.place.io.seated[i], k = i - c.n_free, h = a.place.hosts[k];
+    FlatClear(a.host_free, h);
+    if (k < c.n_victims) {
+      const std::uint32_t v = a.place.slots[i];
+      a.place.addrs[k] = addr;
+      const auto rank = static_cast<std::uint16_t>(a.rank);
+      a.place.io.evictions[k] = MakeCopyDescriptor(CopyOp::kCopy, {Tier::kDevice, rank, v}, {Tier::kHost, rank, h},
+                                                   a.device_owner[v], static_cast<std::uint16_t>(a.group),
+                                                   a.row_bytes, static_cast<std::uint16_t>(a.num_layers));
+      a.place.io.locations[i] = 0;  // published by DevicePlaceComplete
+      return;
+    }
+    const std::uint64_t loc = location_bits::Pack(Tier::kHost, a.rank, h);
+    a.records[addr] = loc;
+    a.place.io.locations[i] = loc;
+    NewOnHostMark(a, addr);
+  }
+};
+// [max seats]: eviction k's publish after the engine's copy. Copied: the victim's record
+// names its host slot, the new address takes the victim's device slot (tracked, used this
+// round: the claim touched it). Failed: the victim stays (used this round, as a failed move
+// of Allocate leaves it) and the new address takes the reserved host slot, new on host.
+// Distinct evictions name distinct victims, slots and addresses: disjoint stores.
+struct DevEvictPublish {
+  DeviceStepArgs a;
+  const std::uint8_t* status;
+  ULA_HD void operator()(std::uint32_t k) const {
+    const PlaceControl& c = *a.place.ctl;
+    if (k >= c.pending) return;
+    const bool ok = status[k] == 0;
+    ::cuda::atomic_ref<std::uint32_t, kScope>(ok ? a.place.ctl->published : a.place.ctl->failed).fetch_add(1, kRelaxed);
+    const std::uint32_t i = c.n_free + k, addr = a.place.addrs[k], v = a.place.slots[i], h = a.place.hosts[k];
+    if (!ok) {
+      const std::uint64_t loc = location_bits::Pack(Tier::kHost, a.rank, h);
+      a.records[addr] = loc;
+      a.place.io.locations[i] = loc;
+      NewOnHostMark(a, addr);
+      return;
+    }
+    a.records[a.device_owner[v]] = location_bits::Pack(Tier::kHost, a.rank, h);
+    const std::uint64_t loc = location_bits::Pack(Tier::kDevice, a.rank, v);
+    a.records[addr] = loc;
+    a.place.io.locations[i] = loc;
+    a.device_owner[v] = addr;
+  }
+};
+struct DevPlaceCompleteBegin {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t) const { a.place.ctl->published = a.place.ctl->failed = 0; }
+};
+struct DevPlaceCompleteEnd {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t) const { a.place.ctl->pending = 0; }
+};
+// [new_on_host_words], at the round's end: no entry is new on host in the next round.
+struct DevClearNewOnHost {
+  DeviceStepArgs a;
+  ULA_HD void operator()(std::uint32_t w) const { a.place.new_on_host_bits[w] = 0; }
+};
+
 }  // namespace
 
 #if defined(ULA_KERNELS_HOST_PLANNER)
@@ -772,9 +966,61 @@ inline void DeviceComplete(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, co
 inline void DeviceAdvanceRound(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, bool rebase) {
   const Launcher l{exec, args, kPhaseAdvanceRound};
   l.ForEach(1, DevRoundEnd{args});
+  if (args.place.new_on_host_bits != nullptr) l.ForEach(args.place.new_on_host_words, DevClearNewOnHost{args});
   if (rebase) l.ForEach(args.pb.capacity, PbRebaseFn{args.pb});
   l.ForEach(1, PbClockFn{args.pb});
   l.ForEach(args.pb.num_summary, PbFoldFn{args.pb});
+}
+
+// Device placement (DeviceStep::Place): the journal's tags, releases and seats, then the
+// takes of the split (free device slots, victims, host slots: each a popcount, a scan and a
+// take over the bitmap's summary words, as DeviceClaim's), the claims and the seats.
+inline void DevicePlace(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
+  const PlacementArrays& io = args.place.io;
+  const std::uint32_t n = io.num_seated;
+  const Launcher l{exec, args, kPhasePlace};
+  PlaceControl* c = args.place.ctl;
+  l.ForEach(1, DevPlaceBegin{args});
+  l.ForEach(io.num_retired, DevRetire{args});
+  l.ForEach(io.num_new_requests, DevAdmit{args});
+  l.ForEach(io.num_released, DevRelease{args});
+  l.ForEach(n, DevSeatOwner{args});
+  l.ForEach(1, DevPlaceSplit{args, n});
+  if (n > 0) {
+    const FlatSource free_src{args.device_free};
+    const std::uint32_t free_blocks = args.device_free.num_summary;
+    l.Transform(free_blocks, args.place.take_counts,
+                BlockPopcount<FlatSource>{free_src, args.device_free.num_words, free_blocks});
+    l.Scan(args.place.take_counts, free_blocks, args.place.take_offsets);
+    l.ForEach(free_blocks, TakeBlock<FlatSource>{free_src, args.device_free.num_words, free_blocks,
+                                                 args.place.take_offsets, 0, &c->n_free, args.place.slots});
+    const PbVictimSources vsrc{args.pb};
+    const std::uint32_t blocks = (args.pb.recent + 1) * args.pb.num_summary;
+    l.Transform(blocks, args.place.take_counts,
+                BlockPopcount<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary});
+    l.Scan(args.place.take_counts, blocks, args.place.take_offsets);
+    l.ForEach(blocks, TakeBlock<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary, args.place.take_offsets,
+                                                 0, &c->n_victims, args.place.slots, &c->n_free});
+    // The victims are claimed (used this round) before the free seats enter the current
+    // bucket; neither changes the other's slots.
+    l.ForEach(n, PbTouchFn{args.pb, args.place.slots, &c->n_victims, &c->n_free});
+    l.ForEach(n, DevSeatFree{args});
+    const FlatSource host_src{args.host_free};
+    const std::uint32_t host_blocks = args.host_free.num_summary;
+    l.Transform(host_blocks, args.place.take_counts,
+                BlockPopcount<FlatSource>{host_src, args.host_free.num_words, host_blocks});
+    l.Scan(args.place.take_counts, host_blocks, args.place.take_offsets);
+    l.ForEach(host_blocks, TakeBlock<FlatSource>{host_src, args.host_free.num_words, host_blocks,
+                                                 args.place.take_offsets, 0, &c->n_hosts, args.place.hosts});
+    l.ForEach(n, DevSeatRest{args});
+  }
+}
+
+inline void DevicePlaceComplete(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint8_t* status) {
+  const Launcher l{exec, args, kPhasePlace};
+  l.ForEach(1, DevPlaceCompleteBegin{args});
+  l.ForEach(args.place.max_seats, DevEvictPublish{args, status});
+  l.ForEach(1, DevPlaceCompleteEnd{args});
 }
 
 }  // namespace launch

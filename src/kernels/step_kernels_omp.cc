@@ -47,6 +47,15 @@ KernelError DeviceAdvanceRound(int exec, const DeviceStepArgs& args, bool rebase
   return kKernelOk;
 }
 
+KernelError DevicePlace(int exec, const DeviceStepArgs& args) {
+  launch::DevicePlace(exec, args);
+  return kKernelOk;
+}
+KernelError DevicePlaceComplete(int exec, const DeviceStepArgs& args, const std::uint8_t* status) {
+  launch::DevicePlaceComplete(exec, args, status);
+  return kKernelOk;
+}
+
 KernelError MemAlloc(std::size_t bytes, void** out) {
   *out = std::calloc(bytes == 0 ? 1 : bytes, 1);
   return *out != nullptr ? kKernelOk : kKernelOutOfMemory;

@@ -53,6 +53,13 @@ Status AddressSpaceConfig::Validate() const {
   if (page_tokens == 0 || page_tokens > 65536) {
     return bad(fmt::format("page_tokens = {}: must be in [1, 65536]", page_tokens));
   }
+  if (device_placement) {  // docs/ARCHITECTURE.md, "The device step": the device step's modes, one kind
+    if (!stable_new_entries) {
+      return bad("device_placement: needs stable_new_entries (the device places new entries by its rule)");
+    }
+    if (host_shadows) return bad("device_placement: needs host_shadows off (the device step keeps no shadows)");
+    if (!kinds.empty()) return bad("device_placement: a space with kinds places its entries on the host");
+  }
   ULA_RETURN_IF_ERROR(ValidateSpaceKinds(*this));
   return policy_options.Validate();
 }
@@ -129,6 +136,10 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::Create(const AddressSpaceCon
   }
   state->stable_new_entries = config.stable_new_entries;
   state->host_shadows = config.host_shadows;
+  state->device_placement = config.device_placement;
+  state->journal.seated.resize(config.num_ranks);
+  state->journal.released.resize(config.num_ranks);
+  state->live_on_rank.assign(config.num_ranks, 0);
   return std::unique_ptr<AddressSpace>(new AddressSpace(config, backend, std::move(state)));
 }
 
@@ -137,7 +148,19 @@ Status AddressSpace::AddRequest(RequestId request, Rank rank) {
     return MakeError(ErrorCode::kOutOfRange,
                      fmt::format("rank {} is out of range ({} ranks)", rank.value(), config_.num_ranks));
   }
-  ULA_RETURN_IF_ERROR(state_->dir.AddRequest(request, rank));
+  State& st = *state_;
+  if (st.device_placement && st.dir.TagsWrapNext() && !st.dir.requests().contains(request)) {
+    // The wrap renumbers every live request's tags on the host: the device's owner tags
+    // would no longer match, and a journal of the renumbering would be as large as the state.
+    return MakeError(ErrorCode::kResourceExhausted,
+                     "AddRequest: the owner tags wrapped (2^32 - 2 requests): in device placement mode the "
+                     "device holds the tags; store the steps (DeviceStep::StoreInto) and re-create the space");
+  }
+  ULA_RETURN_IF_ERROR(st.dir.AddRequest(request, rank));
+  if (st.device_placement) {
+    st.request_pos[request.value()] = st.journal.new_requests.size();
+    st.journal.new_requests.push_back({request, st.dir.Find(request)->tag, rank});
+  }
   if (!state_->kinds.empty()) ULA_CHECK(state_->kinds.AddRequest(request));  // the directory knew no such request
   return Ok();
 }
@@ -203,6 +226,28 @@ Result<std::vector<LogicalAddr>> AddressSpace::Allocate(RequestId request, std::
   RequestState* req = st.dir.Find(request);
   if (req == nullptr) return MakeError(ErrorCode::kNotFound, fmt::format("request {} is unknown", request.value()));
   const Rank rank = req->rank;
+  if (st.device_placement) {
+    // Addresses only (docs/ARCHITECTURE.md, "The device step"): the device places them when
+    // it applies the journal, by the rule below for stable new entries.
+    const std::uint64_t room = std::uint64_t{config_.device_slots_per_group()} + config_.host_slots_per_group();
+    if (st.live_on_rank[rank.value()] + n_tokens > room) {
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("request {}: {} new entries do not fit on rank {} ({} live of {} slots per group)",
+                                   request.value(), n_tokens, rank.value(), st.live_on_rank[rank.value()], room));
+    }
+    auto planned = st.dir.PlanPages(request, *req, n_tokens);
+    if (!planned) return std::unexpected(std::move(planned).error());
+    st.dir.Append(*req, *planned);
+    for (AddressRecords& table : st.tables) table.Reserve(st.dir.extent());
+    std::vector<PlacementJournal::Seat>& seats = st.journal.seated[rank.value()];
+    for (LogicalAddr a : planned->addrs) {
+      st.seat_pos[a.value()] = seats.size();
+      seats.push_back({a, req->tag});
+    }
+    st.live_on_rank[rank.value()] += n_tokens;
+    ULA_EXPENSIVE_CHECK(*this);
+    return std::move(planned->addrs);
+  }
   // With kinds, n_tokens are the model's tokens and the new addresses are the C4 entries
   // they complete (docs/ARCHITECTURE.md, "Kinds"): the rest of the path places them as
   // single-kind entries; the other kinds' entries are taken once they are placed.
@@ -270,19 +315,57 @@ void ReleaseEntries(const AddressSpaceConfig& cfg, AddressSpace::State& st, Logi
   for (std::uint32_t g = 0; g < cfg.num_groups; ++g) {
     AddressRecords& table = st.tables[g];
     const Location loc = table.Get(a);
-    st.at(loc.rank(), GroupId(g)).FreeEntry(a, loc);
+    // Device placement: an address no StoreInto located has no slot here (the device frees it).
+    if (!loc.is_none()) st.at(loc.rank(), GroupId(g)).FreeEntry(a, loc);
     table.Erase(a);
   }
 }
 
-Directory::ReleaseFn Releaser(const AddressSpaceConfig& cfg, AddressSpace::State& st) {
-  return [&cfg, &st](LogicalAddr a) { ReleaseEntries(cfg, st, a); };
+// Device placement: the release of a (on `rank`) in the journal. A seat not yet taken is
+// cancelled (the device never saw it); otherwise the device frees it.
+void JournalRelease(AddressSpace::State& st, Rank rank, LogicalAddr a) {
+  if (auto it = st.seat_pos.find(a.value()); it != st.seat_pos.end()) {
+    st.journal.seated[rank.value()][it->second].tag = 0;
+    st.seat_pos.erase(it);
+  } else {
+    st.journal.released[rank.value()].push_back(a);
+  }
+  st.live_on_rank[rank.value()] -= 1;
+}
+
+// `rank`: the request's (device placement records the release there).
+Directory::ReleaseFn Releaser(const AddressSpaceConfig& cfg, AddressSpace::State& st, Rank rank = Rank(0)) {
+  return [&cfg, &st, rank](LogicalAddr a) {
+    ReleaseEntries(cfg, st, a);
+    if (st.device_placement) JournalRelease(st, rank, a);
+  };
+}
+
+// Device placement: sharing adds holders that the device's request table cannot follow.
+Status RefuseSharing(const AddressSpace::State& st, const char* what) {
+  if (!st.device_placement) return Ok();
+  return MakeError(ErrorCode::kUnsupported,
+                   fmt::format("{}: AddressSpaceConfig.device_placement is on: the device step's request table "
+                               "keeps no adopted lists or cache references that the journal could update, so "
+                               "shared prefixes are not built in this mode", what));
 }
 }  // namespace
 
 Status AddressSpace::Free(RequestId request) {
   State& st = *state_;
-  Status freed = st.dir.Free(request, Releaser(config_, st));
+  const RequestState* req = st.dir.Find(request);
+  const Rank rank = req != nullptr ? req->rank : Rank(0);
+  const std::uint32_t tag = req != nullptr ? req->tag : 0;
+  Status freed = st.dir.Free(request, Releaser(config_, st, rank));
+  if (freed && st.device_placement) {  // a request added since the last take is cancelled
+    if (auto it = st.request_pos.find(request.value());
+        it != st.request_pos.end() && st.journal.new_requests[it->second].tag == tag) {
+      st.journal.new_requests[it->second].tag = 0;
+      st.request_pos.erase(it);
+    } else {
+      st.journal.retired.push_back(request);
+    }
+  }
   if (freed && !st.kinds.empty()) {
     ULA_CHECK(st.kinds.Free(request));  // it knows every request the directory does
     ReleaseFreeFrames(config_, st, Rank(0));
@@ -292,7 +375,11 @@ Status AddressSpace::Free(RequestId request) {
 
 Status AddressSpace::Truncate(RequestId request, std::uint32_t length) {
   State& st = *state_;
-  if (st.kinds.empty()) return Checked(*this, st.dir.Truncate(request, length, Releaser(config_, st)));
+  if (st.kinds.empty()) {
+    const RequestState* req = st.dir.Find(request);
+    const Rank rank = req != nullptr ? req->rank : Rank(0);
+    return Checked(*this, st.dir.Truncate(request, length, Releaser(config_, st, rank)));
+  }
   // length is in tokens: the directory keeps the C4 entries of the kept tokens.
   auto keep = st.kinds.CheckTruncate(request, length);
   if (!keep) return std::unexpected(keep.error());
@@ -304,6 +391,7 @@ Status AddressSpace::Truncate(RequestId request, std::uint32_t length) {
 
 Status AddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> addrs) {
   const State& st = *state_;
+  ULA_RETURN_IF_ERROR(RefuseSharing(st, "ShareInto"));
   if (!st.kinds.empty()) {
     return MakeError(ErrorCode::kUnsupported,
                      "ShareInto: a space with kinds adopts a prefix by SharePrefix: C4 entries alone would come "
@@ -324,6 +412,7 @@ Status AddressSpace::ShareInto(RequestId request, std::span<const LogicalAddr> a
 
 Result<PrefixShare> AddressSpace::SharePrefix(RequestId request, RequestId source, std::uint32_t tokens) {
   State& st = *state_;
+  ULA_RETURN_IF_ERROR(RefuseSharing(st, "SharePrefix"));
   if (st.kinds.empty()) {
     return MakeError(ErrorCode::kFailedPrecondition,
                      "SharePrefix: the space has no kinds (ShareInto adopts addresses)");
@@ -358,10 +447,12 @@ Result<PrefixShare> AddressSpace::SharePrefix(RequestId request, RequestId sourc
 }
 
 Status AddressSpace::Retain(std::span<const LogicalAddr> addrs) {
+  ULA_RETURN_IF_ERROR(RefuseSharing(*state_, "Retain"));
   return Checked(*this, state_->dir.Retain(addrs));
 }
 
 Status AddressSpace::Release(std::span<const LogicalAddr> addrs) {
+  ULA_RETURN_IF_ERROR(RefuseSharing(*state_, "Release"));
   return Checked(*this, state_->dir.Release(addrs, Releaser(config_, *state_)));
 }
 
@@ -390,6 +481,12 @@ Result<EntryRows> EntryBytes(const AddressSpace& space, const AddressSpace::Stat
                                  cfg.entry_bytes_of(group), cfg.layers_of(group), cfg.row(), size));
   }
   const Location loc = st.tables[group.value()].Get(addr);
+  if (loc.is_none() && st.device_placement && st.dir.IsLive(addr)) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("logical address {} is live but unplaced here: in device placement mode its entry "
+                                 "is where the device step put it (DeviceStep::StoreInto writes the locations)",
+                                 addr.value()));
+  }
   if (loc.is_none()) {
     return MakeError(ErrorCode::kNotFound, fmt::format("logical address {} is not live", addr.value()));
   }
@@ -440,6 +537,11 @@ Result<Location> AddressSpace::Lookup(LogicalAddr addr, GroupId group) const {
     return MakeError(ErrorCode::kOutOfRange, fmt::format("group {} is out of range", group.value()));
   }
   const Location loc = state_->tables[group.value()].Get(addr);
+  if (loc.is_none() && state_->device_placement && state_->dir.IsLive(addr)) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("logical address {} is live but unplaced here (device placement mode: "
+                                 "DeviceStep::StoreInto writes the locations)", addr.value()));
+  }
   if (loc.is_none()) return MakeError(ErrorCode::kNotFound, fmt::format("logical address {} is not live", addr.value()));
   return loc;
 }
@@ -476,7 +578,43 @@ Result<Rank> AddressSpace::RankOf(RequestId request) const {
   return req->rank;
 }
 
-bool AddressSpace::IsLive(LogicalAddr addr) const { return !state_->tables[0].Get(addr).is_none(); }
+bool AddressSpace::IsLive(LogicalAddr addr) const {
+  if (state_->device_placement) return state_->dir.IsLive(addr);  // live addresses may be unplaced
+  return !state_->tables[0].Get(addr).is_none();
+}
+
+bool PlacementJournal::empty() const {
+  auto none = [](const auto& per_rank) {
+    return std::all_of(per_rank.begin(), per_rank.end(), [](const auto& v) { return v.empty(); });
+  };
+  return new_requests.empty() && retired.empty() && none(seated) && none(released);
+}
+
+Result<PlacementJournal> AddressSpace::TakePlacement() {
+  State& st = *state_;
+  if (!st.device_placement) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     "TakePlacement: the space places its entries itself (AddressSpaceConfig.device_placement is off)");
+  }
+  PlacementJournal out;
+  out.seated.resize(config_.num_ranks);
+  out.released.resize(config_.num_ranks);
+  std::swap(out.released, st.journal.released);
+  std::swap(out.retired, st.journal.retired);
+  for (const PlacementJournal::NewRequest& r : st.journal.new_requests) {
+    if (r.tag != 0) out.new_requests.push_back(r);  // tag 0: freed before the take
+  }
+  for (std::uint32_t r = 0; r < config_.num_ranks; ++r) {
+    for (const PlacementJournal::Seat& seat : st.journal.seated[r]) {
+      if (seat.tag != 0) out.seated[r].push_back(seat);  // tag 0: released before the take
+    }
+    st.journal.seated[r].clear();
+  }
+  st.journal.new_requests.clear();
+  st.seat_pos.clear();
+  st.request_pos.clear();
+  return out;
+}
 
 void AddressSpace::AdvanceRound() {
   for (auto& rank : state_->pools) {
@@ -634,7 +772,8 @@ Status CheckTable(const AddressSpaceConfig& cfg, const AddressSpace::State& st, 
       return Fail(fmt::format("address {} group {}: dedup stamp from the future", a, g));
     }
     if (loc.is_none()) {
-      if (live) return Fail(fmt::format("live address {} has no location in group {}", a, g));
+      // Device placement: a live address is located only where a DeviceStep::StoreInto wrote it.
+      if (live && !st.device_placement) return Fail(fmt::format("live address {} has no location in group {}", a, g));
       continue;
     }
     if (!live) return Fail(fmt::format("free address {} has a location in group {}", a, g));

@@ -56,6 +56,15 @@ struct AddressSpace::State {
   bool host_shadows = false;        // config.host_shadows: fixed at Create
   AddressSpace::MoveExecutor move_executor;  // null: the backend runs Allocate's moves
   const void* move_executor_owner = nullptr;  // the StepPlanner that installed it, if one did
+  // Device placement mode (config.device_placement): the journal not yet taken, with the
+  // positions of its seats and new requests (a release or Free before the take cancels
+  // them: tombstoned with tag 0, dropped by TakePlacement), and each rank's live addresses
+  // (Allocate's room check: the host pools see no placements).
+  bool device_placement = false;
+  PlacementJournal journal;
+  std::unordered_map<std::uint32_t, std::size_t> seat_pos;     // address -> its seat in journal.seated[rank]
+  std::unordered_map<std::uint64_t, std::size_t> request_pos;  // request id -> journal.new_requests
+  std::vector<std::uint64_t> live_on_rank;                     // [num_ranks]
   std::uint64_t writes = 0;  // sanitizer trees: writes since the last full check (WriteCheckStride)
 
   GroupPools& at(Rank r, GroupId g) { return pools[r.value()][g.value()]; }

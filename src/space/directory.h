@@ -138,6 +138,8 @@ class Directory {
   Status CheckInvariants(std::string_view who, std::vector<std::uint16_t>* rank_of = nullptr) const;
   void AddToDigest(StateDigest& d) const;
   void set_next_tag_for_test(std::uint32_t tag) { next_tag_ = tag; }
+  // Whether the next AddRequest renumbers the live requests' tags (the tags wrapped).
+  bool TagsWrapNext() const { return next_tag_ == 0 || next_tag_ == refs::kSharedTag; }
 
  private:
   void ReleaseAddress(LogicalAddr a, const ReleaseFn& release);

@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <functional>
 #include <span>
@@ -45,6 +46,14 @@ Status RefuseWhilePending(bool pending, bool checked, const char* what) {
   return Ok();
 }
 
+
+// kFailedPrecondition while a Place awaits its CompletePlace: its seats past the free slots
+// are not published yet.
+Status RefuseWhilePlacing(bool placing, const char* what) {
+  if (!placing) return Ok();
+  return MakeError(ErrorCode::kFailedPrecondition,
+                   fmt::format("DeviceStep::{}: a place is pending: CompletePlace it first", what));
+}
 
 // A KernelError as a Status: kResourceExhausted (the arena, memory), kFailedPrecondition (no
 // device, an old driver), kIo (any other CUDA error or an exception the CUDA form caught).
@@ -86,6 +95,10 @@ Status DeviceStepConfig::Validate() const {
   if (max_requests > kMaxRequestIds) {
     return bad(fmt::format("max_requests = {}: request ids must be below 2^24", max_requests));
   }
+  for (auto [name, v] : {std::pair{"max_place_seats", max_place_seats}, std::pair{"max_place_releases", max_place_releases},
+                         std::pair{"max_place_requests", max_place_requests}}) {
+    if (v > (std::uint32_t{1} << 31)) return bad(fmt::format("{} = {}: at most 2^31", name, v));
+  }
 #if !defined(ULA_WITH_CUDA_KERNELS)
   if (cuda) return MakeError(ErrorCode::kFailedPrecondition, "DeviceStepConfig.cuda: this build has no CUDA (ULA_WITH_CUDA)");
 #endif
@@ -103,6 +116,8 @@ struct DeviceStep::Impl {
   std::uint32_t device_capacity = 0, host_words = 0, new_on_host_cap = 0;
   bool pending = false;
   bool checked = false;              // Check ran, Claim has not
+  bool device_placement = false;     // the space's AddressSpaceConfig::device_placement
+  bool placing = false;              // Place ran, CompletePlace has not
   // The space, shard and extent loaded (StoreInto and Reload check them).
   const void* space = nullptr;
   std::uint32_t rank = 0, group = 0;
@@ -213,7 +228,8 @@ DeviceStepCounters DeviceStepCounters::Since(const DeviceStepCounters& e) const 
     return DeviceStepCounts{.launches = a.launches - b.launches, .syncs = a.syncs - b.syncs};
   };
   return {.check = minus(check, e.check), .claim = minus(claim, e.claim), .complete = minus(complete, e.complete),
-          .advance_round = minus(advance_round, e.advance_round), .state = minus(state, e.state)};
+          .advance_round = minus(advance_round, e.advance_round), .state = minus(state, e.state),
+          .place = minus(place, e.place)};
 }
 
 DeviceStepCounters DeviceStep::counters() const {
@@ -221,7 +237,8 @@ DeviceStepCounters DeviceStep::counters() const {
     return DeviceStepCounts{.launches = impl_->counts[p].launches, .syncs = impl_->counts[p].syncs};
   };
   return {.check = at(kernels::kPhaseCheck), .claim = at(kernels::kPhaseClaim), .complete = at(kernels::kPhaseComplete),
-          .advance_round = at(kernels::kPhaseAdvanceRound), .state = at(kernels::kPhaseState)};
+          .advance_round = at(kernels::kPhaseAdvanceRound), .state = at(kernels::kPhaseState),
+          .place = at(kernels::kPhasePlace)};
 }
 
 // What the device step copies from one (rank, group) of either space, in host memory.
@@ -241,6 +258,7 @@ struct DeviceStep::ShardSource {
   const void* space = nullptr;               // the AddressSpace or TpAddressSpace read
   std::uint32_t rank = 0, group = 0, row_bytes = 0, num_layers = 1, num_ranks = 1;
   std::uint64_t entry_bytes = 0;
+  bool device_placement = false;             // the space's AddressSpaceConfig::device_placement
   // This source as Read would see the shard after StoreInto wrote `stored` into it (the
   // pools and the policy are read through their pointers; shadows were dropped).
   const ShardSource& Stored(DeviceShard&& stored);
@@ -323,6 +341,7 @@ Status DeviceStep::Read(const AddressSpace& space, Rank rank, GroupId group, Sha
   src.row_bytes = cfg.row();
   src.num_layers = gp.num_layers;
   src.entry_bytes = cfg.entry_bytes_of(group);
+  src.device_placement = cfg.device_placement;
   return Ok();
 }
 
@@ -467,6 +486,21 @@ Result<std::unique_ptr<DeviceStep>> DeviceStep::Build(const ShardSource& src, co
   need(a.take_counts = m.Zeroed<std::uint32_t>(blocks));
   need(a.take_offsets = m.Zeroed<std::uint32_t>(blocks));
   need(a.ctl = m.Upload(std::vector<kernels::DeviceStepControl>{kernels::DeviceStepControl{}}));
+  m.device_placement = src.device_placement;
+  if (src.device_placement) {  // Place's scratch and the round's new-on-host bitmap
+    kernels::PlaceArgs& p = a.place;
+    p.max_seats = config.max_place_seats;
+    need(p.slots = m.Zeroed<std::uint32_t>(p.max_seats));
+    need(p.hosts = m.Zeroed<std::uint32_t>(p.max_seats));
+    need(p.addrs = m.Zeroed<std::uint32_t>(p.max_seats));
+    const std::size_t place_blocks = std::max<std::size_t>(
+        {std::size_t{a.pb.recent + 1} * a.pb.num_summary, a.device_free.num_summary, a.host_free.num_summary});
+    need(p.take_counts = m.Zeroed<std::uint32_t>(place_blocks));
+    need(p.take_offsets = m.Zeroed<std::uint32_t>(place_blocks));
+    p.new_on_host_words = (m.owner_cap + 63) / 64;
+    need(p.new_on_host_bits = m.Zeroed<std::uint64_t>(p.new_on_host_words));
+    need(p.ctl = m.Upload(std::vector<kernels::PlaceControl>{kernels::PlaceControl{}}));
+  }
   // The scans' temporary storage (CUDA form): what CCCL says the largest step's scans need
   // (every step's are asked for again before its launches, and refused when they do not fit).
   // The OpenMP form's scans run on the host thread and take nothing: no arena.
@@ -523,6 +557,11 @@ Status DeviceStep::Load(const ShardSource& src, void* stream) {
   {
     const auto pinned = static_cast<std::uint32_t>(src.new_on_host.size());
     copy(&a.ctl->num_new_on_host, &pinned, sizeof(pinned));
+  }
+  if (a.place.new_on_host_bits != nullptr) {  // device placement: the same set as a bitmap
+    std::vector<std::uint64_t> bits(a.place.new_on_host_words, 0);
+    for (std::uint32_t x : src.new_on_host) bits[x >> 6] |= std::uint64_t{1} << (x & 63);
+    put(a.place.new_on_host_bits, std::move(bits), a.place.new_on_host_words);
   }
   auto flat = [&](const HierBitmap& b, const kernels::FlatBitmap& f, const std::vector<std::uint32_t>& also_free) {
     std::vector<std::uint64_t> words(b.words(), b.words() + b.num_words()), summary(f.num_summary, 0);
@@ -626,6 +665,7 @@ Status DeviceStep::CheckSameSpace(const void* space, const char* what) const {
   const Impl& m = *impl_;
   ULA_RETURN_IF_ERROR(m.RefuseIfFailed(what));
   ULA_RETURN_IF_ERROR(RefuseWhilePending(m.pending, m.checked, what));
+  ULA_RETURN_IF_ERROR(RefuseWhilePlacing(m.placing, what));
   if (space != m.space) {
     return MakeError(ErrorCode::kInvalidArgument,
                      fmt::format("DeviceStep::{}: not the space this step was created from (rank {} group {})", what,
@@ -636,6 +676,7 @@ Status DeviceStep::CheckSameSpace(const void* space, const char* what) const {
 
 struct DeviceStep::DeviceShard {
   std::vector<std::uint64_t> records, device_free, host_free, pb_words, pb_summary, pb_counts;
+  std::vector<std::uint64_t> new_on_host_bits;  // device placement: the round's new entries on host
   std::vector<std::uint32_t> device_owner, pb_stamps;
   kernels::PbLruClock clock;
   // The PB-LRU arrays over the vectors above (KernelPbLru::LoadFrom).
@@ -659,6 +700,7 @@ const DeviceStep::ShardSource& DeviceStep::ShardSource::Stored(DeviceShard&& sto
 
 Status DeviceStep::ReadBack(const ShardSource& now, DeviceShard& d, void* stream) const {
   const Impl& m = *impl_;
+  if (m.device_placement) return ReadBackPlaced(now, d, stream);
   if (Digest(now) != m.loaded_digest) {
     return MakeError(ErrorCode::kFailedPrecondition,
                      fmt::format("DeviceStep::StoreInto: rank {} group {} of the space changed since the step loaded "
@@ -681,6 +723,51 @@ Status DeviceStep::ReadBack(const ShardSource& now, DeviceShard& d, void* stream
   read(d.pb_summary, a.pb.summary, buckets * a.pb.num_summary);
   read(d.pb_counts, a.pb.counts, buckets);
   read(d.pb_stamps, a.pb.stamps, a.pb.capacity);
+  if (error == kernels::kKernelOk) error = m.Copy(stream, &d.clock, a.pb.clock, sizeof(d.clock));
+  if (error == kernels::kKernelOk) error = m.Sync(stream);
+  return m.Enqueued(error, "StoreInto");
+}
+
+// Device placement: the space's directory changed since the load by design (the engine
+// applied it with Place), so the check is that the device's owner tags and request tags are
+// the directory's: a journal not applied (or applied twice) shows there.
+Status DeviceStep::ReadBackPlaced(const ShardSource& now, DeviceShard& d, void* stream) const {
+  const Impl& m = *impl_;
+  const kernels::DeviceStepArgs& a = m.args;
+  kernels::KernelError error = m.Sync(stream);
+  auto read = [&](auto& v, const auto* src, std::size_t n) {
+    v.resize(n);
+    if (error == kernels::kKernelOk) error = m.Copy(stream, v.data(), src, n * sizeof(v[0]));
+  };
+  std::vector<std::uint32_t> owner, tags;
+  read(owner, a.owner, m.owner_cap);
+  read(tags, a.request_tags, m.request_cap);
+  if (error == kernels::kKernelOk) error = m.Sync(stream);
+  ULA_RETURN_IF_ERROR(m.Enqueued(error, "StoreInto"));
+  auto same = [](const std::vector<std::uint32_t>& dev, const std::vector<std::uint32_t>& host) {
+    for (std::size_t i = 0; i < std::max(dev.size(), host.size()); ++i) {
+      if ((i < dev.size() ? dev[i] : 0) != (i < host.size() ? host[i] : 0)) return false;
+    }
+    return true;
+  };
+  if (!same(owner, now.owner) || !same(tags, now.tags)) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     fmt::format("DeviceStep::StoreInto: rank {} group {}: the device's owner or request tags are not "
+                                 "the space's directory (device placement): a placement journal was not applied "
+                                 "(TakePlacement, then Place and CompletePlace on every step), nothing stored",
+                                 m.rank, m.group));
+  }
+  const std::size_t table = std::min<std::size_t>(now.records.size(), m.table_cap);
+  const std::size_t buckets = a.pb.recent + 2;
+  read(d.records, a.records, table);
+  read(d.device_owner, a.device_owner, m.device_capacity);
+  read(d.device_free, a.device_free.words, a.device_free.num_words);
+  read(d.host_free, a.host_free.words, a.host_free.num_words);
+  read(d.pb_words, a.pb.words, buckets * a.pb.num_words);
+  read(d.pb_summary, a.pb.summary, buckets * a.pb.num_summary);
+  read(d.pb_counts, a.pb.counts, buckets);
+  read(d.pb_stamps, a.pb.stamps, a.pb.capacity);
+  read(d.new_on_host_bits, a.place.new_on_host_bits, a.place.new_on_host_words);
   if (error == kernels::kKernelOk) error = m.Copy(stream, &d.clock, a.pb.clock, sizeof(d.clock));
   if (error == kernels::kKernelOk) error = m.Sync(stream);
   return m.Enqueued(error, "StoreInto");
@@ -714,6 +801,7 @@ Status DeviceStep::Store(const void* space, const std::function<Status(ShardSour
   DeviceShard d;
   ULA_RETURN_IF_ERROR(ReadBack(now, d, stream));
   write(d);  // nothing below fails: the space is written whole or not at all
+  if (m.device_placement) m.loaded_table = static_cast<std::uint32_t>(d.records.size());
   m.loaded_digest = Digest(now.Stored(std::move(d)));
   m.dirty = false;
   return Ok();
@@ -730,6 +818,14 @@ Status DeviceStep::StoreInto(AddressSpace& space, void* stream) {
         AddressRecords& table = st.tables[group.value()];
         for (std::uint32_t a = 0; a < d.records.size(); ++a) table.Set(LogicalAddr(a), Location::FromBits(d.records[a]));
         StoreShard(gp, gp.device_owner, d.device_owner, d.device_free, d.host_free, d.pb(impl_->args.pb));
+        if (impl_->device_placement) {  // the round's new entries on host, as the device marked them (sorted)
+          gp.new_on_host.clear();
+          for (std::size_t w = 0; w < d.new_on_host_bits.size(); ++w) {
+            for (std::uint64_t bits = d.new_on_host_bits[w]; bits != 0; bits &= bits - 1) {
+              gp.new_on_host.push_back(LogicalAddr(static_cast<std::uint32_t>(w * 64 + std::countr_zero(bits))));
+            }
+          }
+        }
       },
       stream);
 }
@@ -791,6 +887,7 @@ Status DeviceStep::Accept(const StepArrays& arrays, const char* what) {
   auto bad = [what](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, fmt::format("DeviceStep::{}: {}", what, msg)); };
   ULA_RETURN_IF_ERROR(m.RefuseIfFailed(what));
   ULA_RETURN_IF_ERROR(RefuseWhilePending(m.pending, m.checked, what));
+  ULA_RETURN_IF_ERROR(RefuseWhilePlacing(m.placing, what));
   if (arrays.selections == nullptr || arrays.requests == nullptr || arrays.indices == nullptr ||
       arrays.descriptors == nullptr || arrays.stats == nullptr) {
     return bad("selections, requests, indices, descriptors and stats must not be null");
@@ -877,8 +974,8 @@ Status DeviceStep::Complete(const std::uint8_t* status, void* stream) {
 Status DeviceStep::AdvanceRound(void* stream) {
   Impl& m = *impl_;
   ULA_RETURN_IF_ERROR(m.RefuseIfFailed("AdvanceRound"));
-  if (m.checked || m.pending) {
-    return MakeError(ErrorCode::kFailedPrecondition, "DeviceStep::AdvanceRound: a plan or a check is pending");
+  if (m.checked || m.pending || m.placing) {
+    return MakeError(ErrorCode::kFailedPrecondition, "DeviceStep::AdvanceRound: a plan, a check or a place is pending");
   }
   m.dirty = true;
   // The round's new entries on host are free to move from the next round on (the space's
@@ -887,6 +984,77 @@ Status DeviceStep::AdvanceRound(void* stream) {
   ULA_RETURN_IF_ERROR(m.Enqueued(ULA_DEVICE_STEP_RUN(m, stream, DeviceAdvanceRound, rebase), "AdvanceRound"));
   m.round = (rebase ? m.args.pb.recent + 2 : m.round) + 1;
   return Ok();
+}
+
+Status DeviceStep::Place(const PlacementArrays& p, void* stream) {
+  Impl& m = *impl_;
+  ULA_RETURN_IF_ERROR(m.RefuseIfFailed("Place"));
+  if (!m.device_placement) {
+    return MakeError(ErrorCode::kFailedPrecondition,
+                     "DeviceStep::Place: the step's space places its own entries (AddressSpaceConfig.device_placement "
+                     "is off)");
+  }
+  ULA_RETURN_IF_ERROR(RefuseWhilePending(m.pending, m.checked, "Place"));
+  ULA_RETURN_IF_ERROR(RefuseWhilePlacing(m.placing, "Place"));
+  auto bad = [](std::string msg) { return MakeError(ErrorCode::kInvalidArgument, "DeviceStep::Place: " + msg); };
+  const DeviceStepConfig& c = m.config;
+  struct Count {
+    const char* what;
+    std::uint32_t n, max;
+    const char* field;
+    const void* a;
+    const void* b;
+  };
+  for (const Count& k : {Count{"num_seated", p.num_seated, c.max_place_seats, "max_place_seats", p.seated, p.seated_tags},
+                         Count{"num_released", p.num_released, c.max_place_releases, "max_place_releases", p.released,
+                               p.released},
+                         Count{"num_new_requests", p.num_new_requests, c.max_place_requests, "max_place_requests",
+                               p.new_requests, p.new_tags},
+                         Count{"num_retired", p.num_retired, c.max_place_requests, "max_place_requests", p.retired,
+                               p.retired}}) {
+    if (k.n > k.max) return bad(fmt::format("{} = {}: past DeviceStepConfig::{} = {}", k.what, k.n, k.field, k.max));
+    if (k.n > 0 && (k.a == nullptr || k.b == nullptr)) return bad(fmt::format("{} = {} with a null array", k.what, k.n));
+  }
+  if (p.locations == nullptr || p.evictions == nullptr || p.num_evictions == nullptr) {
+    return bad("locations, evictions and num_evictions must not be null");
+  }
+  if (!c.cuda) {  // the OpenMP form's arrays are host memory: their contents are checked too
+    auto over = [&](const char* what, std::uint32_t v, std::uint32_t cap, const char* field) {
+      return MakeError(ErrorCode::kResourceExhausted,
+                       fmt::format("DeviceStep::Place: {} {} is past the step's extent {} (DeviceStepConfig::{}): "
+                                   "re-create the step with a larger one", what, v, cap, field));
+    };
+    for (std::uint32_t i = 0; i < p.num_seated; ++i) {
+      if (p.seated[i] >= m.owner_cap) return over("address", p.seated[i], m.owner_cap, "max_addresses");
+      if (p.seated_tags[i] == 0) return bad(fmt::format("seat {}: owner tag 0", i));
+    }
+    for (std::uint32_t i = 0; i < p.num_released; ++i) {
+      if (p.released[i] >= m.owner_cap) return over("address", p.released[i], m.owner_cap, "max_addresses");
+    }
+    for (std::uint32_t i = 0; i < p.num_new_requests; ++i) {
+      if (p.new_requests[i] >= m.request_cap) return over("request id", p.new_requests[i], m.request_cap, "max_requests");
+      if (p.new_tags[i] == 0) return bad(fmt::format("new request {}: owner tag 0", p.new_requests[i]));
+    }
+    for (std::uint32_t i = 0; i < p.num_retired; ++i) {
+      if (p.retired[i] >= m.request_cap) return over("request id", p.retired[i], m.request_cap, "max_requests");
+    }
+  }
+  m.args.place.io = p;
+  ULA_RETURN_IF_ERROR(m.Enqueued(ULA_DEVICE_STEP_RUN(m, stream, DevicePlace), "Place"));
+  m.placing = true;
+  m.dirty = true;
+  return Ok();
+}
+
+Status DeviceStep::CompletePlace(const std::uint8_t* status, void* stream) {
+  Impl& m = *impl_;
+  ULA_RETURN_IF_ERROR(m.RefuseIfFailed("CompletePlace"));
+  if (!m.placing) return MakeError(ErrorCode::kFailedPrecondition, "DeviceStep::CompletePlace: no place is pending");
+  if (status == nullptr && m.args.place.max_seats > 0) {
+    return MakeError(ErrorCode::kInvalidArgument, "DeviceStep::CompletePlace: status must not be null");
+  }
+  m.placing = false;
+  return m.Enqueued(ULA_DEVICE_STEP_RUN(m, stream, DevicePlaceComplete, status), "CompletePlace");
 }
 
 Result<DeviceStepState> DeviceStep::ReadState(void* stream) const {
@@ -899,16 +1067,21 @@ Result<DeviceStepState> DeviceStep::ReadState(void* stream) const {
     v.resize(n);
     if (error == kernels::kKernelOk) error = m.Copy(stream, v.data(), src, n * sizeof(v[0]));
   };
-  read(s.records, a.records, m.loaded_table);
+  // Device placement: Place seats addresses past the loaded extent, so the whole table.
+  read(s.records, a.records, m.device_placement ? m.table_cap : m.loaded_table);
   read(s.device_owner, a.device_owner, m.device_capacity);
   read(s.device_free, a.device_free.words, a.device_free.num_words);
   read(s.host_free, a.host_free.words, a.host_free.num_words);
   read(s.stamps, a.pb.stamps, a.pb.capacity);
+  read(s.owner, a.owner, m.owner_cap);
+  read(s.request_tags, a.request_tags, m.request_cap);
   read(s.bucket_words, a.pb.words, std::size_t{a.pb.recent + 2} * a.pb.num_words);
   kernels::PbLruClock clock;
   kernels::DeviceStepControl ctl;
+  kernels::PlaceControl place;
   if (error == kernels::kKernelOk) error = m.Copy(stream, &clock, a.pb.clock, sizeof(clock));
   if (error == kernels::kKernelOk) error = m.Copy(stream, &ctl, a.ctl, sizeof(ctl));
+  if (error == kernels::kKernelOk && a.place.ctl != nullptr) error = m.Copy(stream, &place, a.place.ctl, sizeof(place));
   if (error == kernels::kKernelOk) error = m.Sync(stream);
   ULA_RETURN_IF_ERROR(m.Enqueued(error, "ReadState"));
   s.round = clock.round;
@@ -917,6 +1090,8 @@ Result<DeviceStepState> DeviceStep::ReadState(void* stream) const {
   s.published = ctl.published;
   s.failed = ctl.failed;
   s.error = ctl.error;
+  s.place_published = place.published;
+  s.place_failed = place.failed;
   return s;
 }
 

@@ -11,6 +11,8 @@
 //     a victim with a clean host copy is published there, its slot filled by a plain copy;
 //     one plan for both, step/miss_fills.h). The device step refuses them: its descriptors
 //     move exclusive entries only.
+//   - device_placement (DP): Allocate leaves new addresses unplaced for the device step to
+//     place (DeviceStep::Place); the host step refuses such a space (RefuseDevicePlacement).
 #pragma once
 
 #include <string_view>
@@ -64,6 +66,20 @@ inline Status RefuseTpKinds(bool refused, std::string_view form) {
 // home only (the space's Create refuses the local buffer with kinds, so this holds there too).
 inline bool KindsWithoutHome(const TpConfig& config) {
   return !config.kinds.empty() && config.attention != TpAttention::kAtHome;
+}
+
+// Ok, or the refusal of a form that places new entries on the host (`form`, e.g.
+// "StepPlanner::Create") over a space whose entries the device places
+// (AddressSpaceConfig::device_placement): its Allocate leaves them unplaced, so only the
+// device step, which applies the space's placement journal (DeviceStep::Place), steps it.
+inline Status RefuseDevicePlacement(bool device_placement, std::string_view form) {
+  if (!device_placement) return Ok();
+  return MakeError(
+      ErrorCode::kUnsupported,
+      fmt::format("{}: AddressSpaceConfig.device_placement is on: Allocate hands out addresses that the device "
+                  "step places (DeviceStep::Place), so this form, which reads locations the host placed, cannot "
+                  "step the space; step it with DeviceStep or create the space with device_placement = false",
+                  form));
 }
 
 // The form that moves exclusive entries only (the device step): both modes above, shadows

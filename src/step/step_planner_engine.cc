@@ -49,6 +49,7 @@ Result<std::unique_ptr<StepPlanner>> StepPlanner::Create(AddressSpace& space, co
   ULA_RETURN_IF_ERROR(config.Validate());
   const AddressSpaceConfig& cfg = space.config();
   ULA_RETURN_IF_ERROR(RefuseUnstableNewEntries(cfg.stable_new_entries, "AddressSpaceConfig"));
+  ULA_RETURN_IF_ERROR(RefuseDevicePlacement(cfg.device_placement, "StepPlanner::Create"));
   const std::uint64_t max_sel = config.rows() * config.max_top_k;
   // Addresses come in pages (address_space.h "Pages"): a page is minted only when none is
   // free, i.e. when every handed-out page holds a live address; live addresses fit in the

@@ -30,6 +30,7 @@ void AddCounters(DeviceStepCounters& into, const DeviceStepCounters& d) {
   add(into.complete, d.complete);
   add(into.advance_round, d.advance_round);
   add(into.state, d.state);
+  add(into.place, d.place);
 }
 }  // namespace
 
