@@ -150,8 +150,10 @@ KernelError Step(const DeviceStepArgs& a, bool check, bool claim, F&& f) noexcep
 KernelError DevicePlan(void* exec, const DeviceStepArgs& args) {
   return Step(args, true, true, [&] { launch::DevicePlan(exec, args); });
 }
+// Check asks for Claim's scan too: a Claim refused by the arena would leave Check's first[]
+// and hit marks set (nothing enqueued resets them), so the refusal comes before the Check.
 KernelError DeviceCheck(void* exec, const DeviceStepArgs& args) {
-  return Step(args, true, false, [&] { launch::DeviceCheck(exec, args); });
+  return Step(args, true, true, [&] { launch::DeviceCheck(exec, args); });
 }
 KernelError DeviceClaim(void* exec, const DeviceStepArgs& args, const std::uint32_t* agreed) {
   return Step(args, false, true, [&] { launch::DeviceClaim(exec, args, agreed); });

@@ -275,7 +275,9 @@ struct DeviceStepArgs {
   // [max selections] per selection, from Check's scatter: a hit's slot, a miss's rank among the
   // distinct misses (its descriptor); what Claim's indices need without reading first[].
   std::uint32_t* pick = nullptr;
-  std::uint32_t* hits = nullptr;               // [max selections] distinct hits' slots
+  // [ceil(device capacity / 64)] this step's hits' slots, marked by Check's scatter, cleared
+  // by Claim's last pass (0 between steps).
+  std::uint64_t* hit_mark = nullptr;
   std::uint32_t* missed = nullptr;             // [max selections] distinct misses' addresses
   std::uint32_t* targets = nullptr;            // [max descriptors] device slot of each miss
   // [device_free.num_summary + (R + 1) * pb.num_summary] Claim's take: the exclusive scan of

@@ -488,14 +488,15 @@ struct DevDecide {
   }
 };
 
-// The compaction, with DevDecide in thread 0. Thread j writes its own hit's slot or miss's
-// address at its rank (the tally scan's prefix) when it is the address's first occurrence,
-// and pick[j] (a hit's slot, a miss's rank among the distinct misses: what Claim's indices
-// need, so that they do not read first[], which Claim resets). Why Decide may run in the
-// same launch: everything it reads was final before this launch started: the scan's last
+// The compaction, with DevDecide in thread 0. Thread j, its address's first occurrence,
+// writes its miss's address at its rank (the tally scan's prefix) or marks its hit's slot in
+// hit_mark (Claim's take touches the marked hits and takes no marked slot as a victim); every
+// thread writes pick[j] (a hit's slot, a miss's rank among the distinct misses: what Claim's
+// indices need, so that they do not read first[], which Claim resets). Why Decide may run in
+// the same launch: everything it reads was final before this launch started: the scan's last
 // prefix and the last selection's tally (TallyOf reads kind[], first[], records, stamps, the
 // clock, the pinned list), kind[first_bad], the free count and PB-LRU's counts; the other
-// threads write only hits[], missed[] and pick[], which Decide does not read, and read no
+// threads write only missed[], pick[] and hit_mark, which Decide does not read, and read no
 // field of the control block, which Decide writes.
 struct DevScatter {
   DeviceStepArgs a;
@@ -510,7 +511,9 @@ struct DevScatter {
     if (k == kDevHit) {
       const auto slot = static_cast<std::uint32_t>(a.records[e]);
       a.pick[j] = slot;
-      if (first == j) a.hits[a.tally[j].hits] = slot;
+      if (first == j) {
+        ::cuda::atomic_ref<std::uint64_t, kScope>(a.hit_mark[slot >> 6]).fetch_or(std::uint64_t{1} << (slot & 63), kRelaxed);
+      }
     } else {
       a.pick[j] = a.tally[first].misses;
       if (first == j) a.missed[a.tally[j].misses] = addr;
@@ -526,21 +529,12 @@ ULA_HD inline bool Go(const DeviceStepControl& c, const std::uint32_t* agreed) {
   return c.error == 0 && (agreed == nullptr || *agreed == 0);
 }
 
-// Claim, first: the hits into PB-LRU's current bucket (they stop being victims; the take's
-// popcounts after this launch must see them moved).
-struct DevTouchHits {
-  DeviceStepArgs a;
-  const std::uint32_t* agreed;
-  ULA_HD void operator()(std::uint32_t i) const {
-    if (i >= a.ctl->n_hit || !Go(*a.ctl, agreed)) return;
-    PbTouchOne(a.pb, a.hits[i]);
-  }
-};
-
 // The take's sources as one string of blocks: the free bitmap's [device_free.num_summary]
 // blocks first, then PB-LRU's victim buckets' [(R + 1) * pb.num_summary] in ClaimVictims'
-// order. Block b's popcount is the input of Claim's one scan (a pure function of the bitmaps
-// after the hits' touch).
+// order. Block b's popcount is the input of Claim's one scan, a pure function of the bitmaps
+// and the step's hit marks: a victim block counts its slots less this step's hits, which the
+// take moves to the current bucket before it takes (StepPlanner touches the hits before it
+// claims victims), so the scan needs no launch of its own for the hits' touch before it.
 struct ClaimPopcount {
   DeviceStepArgs a;
   ULA_HD std::uint32_t operator()(std::uint32_t b) const {
@@ -548,7 +542,15 @@ struct ClaimPopcount {
     if (b < free_blocks) {
       return BlockPopcount<FlatSource>{FlatSource{a.device_free}, a.device_free.num_words, free_blocks}(b);
     }
-    return BlockPopcount<PbVictimSources>{PbVictimSources{a.pb}, a.pb.num_words, a.pb.num_summary}(b - free_blocks);
+    const PbVictimSources src{a.pb};
+    const std::uint32_t v = b - free_blocks, j = v / a.pb.num_summary, k = v % a.pb.num_summary;
+    const std::uint64_t* w = src.words(j);
+    std::uint32_t n = 0;
+    for (std::uint64_t sum = src.summary(j)[k]; sum != 0; sum &= sum - 1) {
+      const std::uint32_t word = (k << 6) | Ctz64(sum);
+      if (word < a.pb.num_words) n += Popcount64(w[word] & ~a.hit_mark[word]);
+    }
+    return n;
   }
 };
 struct TakeFree {  // a free slot for descriptor `rank`, out of the free bitmap
@@ -568,12 +570,15 @@ struct TakeVictim {  // victim `rank`, for descriptor n_free + rank, into the cu
   }
 };
 // The take over the scan's ranks, one thread per block: a free block's ranks below n_free go
-// to targets[rank]; a victim block's ranks are counted from the first victim block's prefix
-// (the free bitmap's total), those below n_victims go to targets[n_free + rank]. Each taken
-// slot is emitted by exactly one thread, the one of its block, which also claims it: clears
-// its free bit, or touches the victim (its stamp names the bucket it is taken from, whose
-// words in this block only this thread reads; the current bucket it moves to is no source).
-// Free bitmap and PB-LRU are disjoint, and no thread reads the counts the claims change.
+// to targets[rank]; a victim block first touches this step's marked hits in it (into the
+// current bucket), then its ranks, counted from the first victim block's prefix (the free
+// bitmap's total), those below n_victims, go to targets[n_free + rank]. Each taken slot is
+// emitted by exactly one thread, the one of its block, which also claims it: clears its free
+// bit, or touches the victim. A touch clears the slot's bit in the bucket its stamp names, the
+// one the block belongs to, whose words in this block only this thread reads; the current
+// bucket it moves to is no source. Free bitmap and PB-LRU are disjoint, and no thread reads
+// the counts the claims change. A hit already in the current bucket is in no block: its
+// touch would change nothing.
 struct DevTake {
   DeviceStepArgs a;
   const std::uint32_t* agreed;
@@ -588,10 +593,18 @@ struct DevTake {
                TakeFree{a.device_free, a.targets});
       return;
     }
-    const std::uint32_t rank = a.take_offsets[b] - a.take_offsets[free_blocks];
-    if (rank >= c.n_victims) return;
     const PbVictimSources src{a.pb};
     const std::uint32_t v = b - free_blocks, j = v / a.pb.num_summary, k = v % a.pb.num_summary;
+    const std::uint64_t* w = src.words(j);
+    for (std::uint64_t sum = src.summary(j)[k]; sum != 0; sum &= sum - 1) {
+      const std::uint32_t word = (k << 6) | Ctz64(sum);
+      if (word >= a.pb.num_words) break;
+      for (std::uint64_t hit = w[word] & a.hit_mark[word]; hit != 0; hit &= hit - 1) {
+        PbTouchOne(a.pb, (word << 6) | Ctz64(hit));
+      }
+    }
+    const std::uint32_t rank = a.take_offsets[b] - a.take_offsets[free_blocks];
+    if (rank >= c.n_victims) return;
     TakeBits(src.words(j), src.summary(j)[k], k, a.pb.num_words, rank, c.n_victims,
              TakeVictim{a.pb, a.targets + c.n_free});
   }
@@ -611,14 +624,15 @@ struct DevDescribe {
   }
 };
 
-// Claim's last [n] pass: first[] back to kNoSelection for the next step (every step, refused
-// or not), then, in a step that goes ahead, descriptor j (j < n_miss: its target is final,
+// Claim's last [n] pass: first[] back to kNoSelection and the hit marks to 0 for the next
+// step (every step, refused or not; every hit of the word stores the same 0, and the marks
+// of a word are all this step's), then, in a step that goes ahead, descriptor j (j < n_miss: its target is final,
 // the take finished) and selection j's index in the attention kernel's layout: pads -1,
 // hits their slot, misses their target (valid once DeviceComplete published them). Every
 // selection of an address stores the same value into first[], so the stores are atomic
 // (relaxed): plain ones would be a data race (TSan found it once libgomp's fork and join were
-// annotated, tests/tsan_gomp_annotations.cc). Nothing in this launch reads first[]: the
-// indices read pick[] (DevScatter).
+// annotated, tests/tsan_gomp_annotations.cc). Nothing in this launch reads first[] or the
+// marks: the indices read pick[] (DevScatter).
 struct DevDescribeIndices {
   DeviceStepArgs a;
   const std::uint32_t* agreed;
@@ -628,6 +642,7 @@ struct DevDescribeIndices {
       ::cuda::atomic_ref<std::uint32_t, kScope>(a.first[EntryOf(a.num_ranks, static_cast<std::uint32_t>(SelectionAt(a.io, j)))])
           .store(kNoSelection, kRelaxed);
     }
+    if (k == kDevHit) ::cuda::atomic_ref<std::uint64_t, kScope>(a.hit_mark[a.pick[j] >> 6]).store(0, kRelaxed);
     if (!Go(*a.ctl, agreed)) return;  // a refused step writes no index and no descriptor
     if (j < a.ctl->n_miss) DevDescribe{a}(j);
     std::int32_t& out = a.io.indices[std::size_t{j / a.io.top_k} * a.io.index_stride + j % a.io.top_k];
@@ -848,17 +863,15 @@ inline void DeviceCheck(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
   l.ForEach(n, DevScatter{args, n});
 }
 
-// Claim: touch the hits | one scan over the free blocks' and victim blocks' popcounts (2) |
-// take and claim (free bits cleared, victims touched) | descriptors, indices, first[] reset |
-// record = 6 launches (the record alone for no selections). The boundaries: the popcounts
-// must see the hits moved out of the victim buckets; the take reads the scan's prefixes; a
-// descriptor or index reads targets[] another block's thread took; the record's fence must
-// follow every other write of the step.
+// Claim: one scan over the free blocks' and victim blocks' popcounts (2) | take and claim
+// (the hits touched, free bits cleared, victims touched) | descriptors, indices, first[] and
+// mark reset | record = 5 launches (the record alone for no selections). The boundaries: the
+// take reads the scan's prefixes; a descriptor or index reads targets[] another block's
+// thread took; the record's fence must follow every other write of the step.
 inline void DeviceClaim(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint32_t* agreed) {
   const std::uint32_t n = args.io.num_rows * args.io.top_k;
   const Launcher l{exec, args, kPhaseClaim};
   if (n > 0) {
-    l.ForEach(n, DevTouchHits{args, agreed});
     const std::uint32_t blocks = ClaimBlocks(args);
     l.Scan(ClaimScanInput(args), blocks, args.take_offsets, std::uint32_t{0}, SumU32{});
     l.ForEach(blocks, DevTake{args, agreed});

@@ -457,7 +457,7 @@ Result<std::unique_ptr<DeviceStep>> DeviceStep::Build(const ShardSource& src, co
   need(a.kind = m.Zeroed<std::uint8_t>(m.max_selections));
   need(a.tally = static_cast<kernels::StepTally*>(m.Alloc(std::size_t{m.max_selections} * sizeof(kernels::StepTally))));
   need(a.pick = m.Zeroed<std::uint32_t>(m.max_selections));
-  need(a.hits = m.Zeroed<std::uint32_t>(m.max_selections));
+  need(a.hit_mark = m.Zeroed<std::uint64_t>(a.pb.num_words));
   need(a.missed = m.Zeroed<std::uint32_t>(m.max_selections));
   need(a.targets = m.Zeroed<std::uint32_t>(m.max_descriptors));
   // Claim's one take over the free bitmap's blocks, then the victim buckets'.
