@@ -45,9 +45,10 @@
 //   1. classify [rows * top_k]: StepPlanner's checks in its order (value, live, the
 //      row's request, held, rank); each valid address's first selection by an atomic minimum;
 //   2. one exclusive scan of each selection's tally (first-occurrence hit and miss, newly used
-//      hit, selection, first bad, flags), then scatter (hits, misses in selection order);
-//   3. decide (thread 0 of the scatter, from the scan's total): the refusal (first bad selection; a miss that this round's
-//      Allocate placed on host, whose KV is written at that host slot this round; no room:
+//      hit, selection, first bad, flags), then scatter (misses in selection order, hits marked);
+//   3. decide (thread 0 of the scatter, from the scan's total): the refusal (first bad
+//      selection; a miss that this round's Allocate placed on host, whose KV is written at
+//      that host slot this round; no room:
 //      misses > free + evictable - hits new to this round; fewer descriptor rows than misses:
 //      both kResourceExhausted, as StepPlanner's engine path), the split;
 //   4. one summary-level scan over the free slots, then PB-LRU's victims (cold, oldest to

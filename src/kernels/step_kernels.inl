@@ -512,7 +512,8 @@ struct DevScatter {
       const auto slot = static_cast<std::uint32_t>(a.records[e]);
       a.pick[j] = slot;
       if (first == j) {
-        ::cuda::atomic_ref<std::uint64_t, kScope>(a.hit_mark[slot >> 6]).fetch_or(std::uint64_t{1} << (slot & 63), kRelaxed);
+        ::cuda::atomic_ref<std::uint64_t, kScope>(a.hit_mark[slot >> 6])
+            .fetch_or(std::uint64_t{1} << (slot & 63), kRelaxed);
       }
     } else {
       a.pick[j] = a.tally[first].misses;
