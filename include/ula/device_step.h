@@ -66,14 +66,17 @@
 // Phases of Plan (kernels in src/kernels/step_kernels.inl, each with its arrays and atomics):
 //   1. classify [rows * top_k]: StepPlanner's checks in its order (value, live, the
 //      row's request, held, rank); each valid address's first selection by an atomic minimum;
-//   2. first-occurrence flags, two exclusive scans (hits, misses in selection order), scatter;
-//   3. decide (one thread): the refusal (first bad selection; a miss that this round's
-//      Allocate placed on host, whose KV is written at that host slot this round; no room:
+//   2. one exclusive scan of each selection's tally (first-occurrence hit and miss, newly used
+//      hit, selection, first bad, flags), then scatter (misses in selection order, hits marked);
+//   3. decide (thread 0 of the scatter, from the scan's total): the refusal (first bad
+//      selection; a miss that this round's Allocate placed on host, whose KV is written at
+//      that host slot this round; no room:
 //      misses > free + evictable - hits new to this round; fewer descriptor rows than misses:
 //      both kResourceExhausted, as StepPlanner's engine path), the split;
-//   4. touch the hits; the lowest free slots (summary-level scan), then PB-LRU's victims (cold,
-//      oldest to newest, lowest slot first, never the current bucket), touched;
-//   5. descriptors [max_descriptors], copies into free slots first, then swaps;
+//   4. one summary-level scan over the free slots, then PB-LRU's victims (cold, oldest to
+//      newest, lowest slot first, never the current bucket, not this step's hits), and the
+//      take: the hits touched, the lowest free slots out of the free bitmap, the victims touched;
+//   5. descriptors [max_descriptors], copies into free slots first, then swaps, with
 //   6. indices (hits: their slot, misses: their target, pads -1); the StepRecord last, its
 //      `done` = the step's sequence number (>= 1) after a system-scope fence.
 // A refused step writes only the StepRecord (error = 1 + the ula::ErrorCode that

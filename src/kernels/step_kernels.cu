@@ -45,18 +45,21 @@ struct LaunchFailed {
 };
 struct ArenaShort {};  // a scan asked for more than its checked need (cannot happen after Fits)
 
-// The storage cub's exclusive sum of n uint32 needs (0 for n == 0).
-cudaError_t SumBytes(std::uint32_t n, std::size_t* bytes) {
+// The storage cub's exclusive scan of n values from `in` under op needs (0 for n == 0). The
+// types are the launch's own (launch::CheckScanInput, ClaimScanInput), so the bytes are too.
+template <class In, class T, class Op>
+cudaError_t ScanBytes(In in, std::uint32_t n, T init, Op op, std::size_t* bytes) {
   *bytes = 0;
   if (n == 0) return cudaSuccess;
-  return cub::DeviceScan::ExclusiveSum(nullptr, *bytes, static_cast<const std::uint32_t*>(nullptr),
-                                       static_cast<std::uint32_t*>(nullptr), n);
+  return cub::DeviceScan::ExclusiveScan(nullptr, *bytes, in, static_cast<T*>(nullptr), op, init, n);
 }
 
-// out[i] = in[0] + ... + in[i - 1] over [0, n), its storage taken from the arena and given back.
-void ArenaScan(void* exec, ScratchArena* arena, const std::uint32_t* in, std::uint32_t n, std::uint32_t* out) {
+// out[i] = init op in[0] op ... op in[i - 1] over [0, n), its storage taken from the arena and
+// given back.
+template <class In, class T, class Op>
+void ArenaScan(void* exec, ScratchArena* arena, In in, std::uint32_t n, T* out, T init, Op op) {
   std::size_t bytes = 0;
-  if (const cudaError_t e = SumBytes(n, &bytes); e != cudaSuccess) throw LaunchFailed{e};
+  if (const cudaError_t e = ScanBytes(in, n, init, op, &bytes); e != cudaSuccess) throw LaunchFailed{e};
   if (n == 0) return;
   char* storage = arena->Take(bytes);
   if (storage == nullptr) throw ArenaShort{};
@@ -66,40 +69,10 @@ void ArenaScan(void* exec, ScratchArena* arena, const std::uint32_t* in, std::ui
     std::size_t bytes;
     ~GiveBack() { arena->Give(p, bytes); }
   } give{arena, storage, bytes};
-  if (const cudaError_t e = cub::DeviceScan::ExclusiveSum(storage, bytes, in, out, n, Stream(exec)); e != cudaSuccess) {
+  if (const cudaError_t e = cub::DeviceScan::ExclusiveScan(storage, bytes, in, out, op, init, n, Stream(exec));
+      e != cudaSuccess) {
     throw LaunchFailed{e};
   }
-}
-
-// The arena bytes a step's scans need: the two sums over the selections (DeviceCheck), the
-// free take and the victim take over the summary words (DeviceClaim); each gives its storage
-// back before the next.
-cudaError_t StepNeed(const DeviceStepArgs& a, std::uint32_t n, bool check, bool claim, std::size_t* need) {
-  *need = 0;
-  std::size_t b = 0;
-  if (check) {
-    if (const cudaError_t e = SumBytes(n, &b); e != cudaSuccess) return e;
-    *need = b;
-  }
-  if (claim && n > 0) {
-    if (const cudaError_t e = SumBytes(a.device_free.num_summary, &b); e != cudaSuccess) return e;
-    if (b > *need) *need = b;
-    if (const cudaError_t e = SumBytes((a.pb.recent + 1) * a.pb.num_summary, &b); e != cudaSuccess) return e;
-    if (b > *need) *need = b;
-  }
-  return cudaSuccess;
-}
-
-// The arena bytes a Place's scans need (device placement): the free, victim and host takes
-// over the summary words, each giving its storage back before the next.
-cudaError_t PlaceNeed(const DeviceStepArgs& a, std::size_t* need) {
-  *need = 0;
-  std::size_t b = 0;
-  for (std::uint32_t n : {a.device_free.num_summary, (a.pb.recent + 1) * a.pb.num_summary, a.host_free.num_summary}) {
-    if (const cudaError_t e = SumBytes(n, &b); e != cudaSuccess) return e;
-    if (b > *need) *need = b;
-  }
-  return cudaSuccess;
 }
 
 // Runs f (launches that may throw) and turns what it threw into a KernelError.
@@ -124,6 +97,55 @@ KernelError Guarded(F&& f) noexcept {
   }
 }
 
+}  // namespace
+}  // namespace ula::kernels::gpu
+
+#define ULA_KERNELS_NS gpu
+#define ULA_KERNELS_EXEC void*
+#define ULA_KERNELS_POLICY(e) thrust::cuda::par_nosync.on(Stream(e))
+#define ULA_KERNELS_DEVICE_SCAN(e, arena, in, n, out, init, op) \
+  ArenaScan((e), (arena), (in), (n), (out), (init), (op))
+#include "kernels/step_kernels.inl"
+
+namespace ula::kernels::gpu {
+namespace {
+// The arena bytes a step's scans need: the tally scan over the selections (DeviceCheck), the
+// take's scan over the free and victim blocks (DeviceClaim); each gives its storage back
+// before the next.
+cudaError_t StepNeed(const DeviceStepArgs& a, std::uint32_t n, bool check, bool claim, std::size_t* need) {
+  *need = 0;
+  std::size_t b = 0;
+  if (check) {
+    if (const cudaError_t e = ScanBytes(launch::CheckScanInput(a), n, TallyZero(), TallyPlus{}, &b); e != cudaSuccess) {
+      return e;
+    }
+    *need = b;
+  }
+  if (claim && n > 0) {
+    if (const cudaError_t e = ScanBytes(launch::ClaimScanInput(a), launch::ClaimBlocks(a), std::uint32_t{0},
+                                        launch::SumU32{}, &b);
+        e != cudaSuccess) {
+      return e;
+    }
+    if (b > *need) *need = b;
+  }
+  return cudaSuccess;
+}
+
+// The arena bytes a Place's scans need (device placement): the free, victim and host takes
+// over the summary words, each giving its storage back before the next.
+cudaError_t PlaceNeed(const DeviceStepArgs& a, std::size_t* need) {
+  *need = 0;
+  std::size_t b = 0;
+  for (std::uint32_t n : {a.device_free.num_summary, (a.pb.recent + 1) * a.pb.num_summary, a.host_free.num_summary}) {
+    if (const cudaError_t e = ScanBytes(a.place.take_counts, n, std::uint32_t{0}, launch::SumU32{}, &b); e != cudaSuccess) {
+      return e;
+    }
+    if (b > *need) *need = b;
+  }
+  return cudaSuccess;
+}
+
 // Refuses (nothing enqueued) when the arena cannot hold the step's scans; else runs f guarded.
 template <class F>
 KernelError Step(const DeviceStepArgs& a, bool check, bool claim, F&& f) noexcept {
@@ -138,21 +160,14 @@ KernelError Step(const DeviceStepArgs& a, bool check, bool claim, F&& f) noexcep
   return Guarded(static_cast<F&&>(f));
 }
 }  // namespace
-}  // namespace ula::kernels::gpu
-
-#define ULA_KERNELS_NS gpu
-#define ULA_KERNELS_EXEC void*
-#define ULA_KERNELS_POLICY(e) thrust::cuda::par_nosync.on(Stream(e))
-#define ULA_KERNELS_DEVICE_SCAN(e, arena, in, n, out) ArenaScan((e), (arena), (in), (n), (out))
-#include "kernels/step_kernels.inl"
-
-namespace ula::kernels::gpu {
 
 KernelError DevicePlan(void* exec, const DeviceStepArgs& args) {
   return Step(args, true, true, [&] { launch::DevicePlan(exec, args); });
 }
+// Check asks for Claim's scan too: a Claim refused by the arena would leave Check's first[]
+// and hit marks set (nothing enqueued resets them), so the refusal comes before the Check.
 KernelError DeviceCheck(void* exec, const DeviceStepArgs& args) {
-  return Step(args, true, false, [&] { launch::DeviceCheck(exec, args); });
+  return Step(args, true, true, [&] { launch::DeviceCheck(exec, args); });
 }
 KernelError DeviceClaim(void* exec, const DeviceStepArgs& args, const std::uint32_t* agreed) {
   return Step(args, false, true, [&] { launch::DeviceClaim(exec, args, agreed); });

@@ -110,14 +110,31 @@ enum DeviceKind : std::uint8_t {
 struct DeviceErrorCodes {
   std::uint32_t invalid_argument = 0, not_found = 0, resource_exhausted = 0, failed_precondition = 0;
 };
+// What one selection adds to the step's counts (the device step's Check scans these, one
+// exclusive scan with TallyPlus): sums, a minimum and flags, so that the scan's last element
+// plus the last selection's own tally is the whole step's, and the per-selection prefixes of
+// `hits` and `misses` are the compaction positions. No default member initializers: CCCL keeps
+// the scan's values in shared memory, which takes trivially constructible types only.
+inline constexpr std::uint32_t kTallyBadValue = 1;       // a selection < -1
+inline constexpr std::uint32_t kTallyNewOnHostMiss = 2;  // a miss this round's Allocate pinned on host
+struct StepTally {
+  std::uint32_t hits, misses;   // first occurrences (distinct addresses) that hit, that miss
+  std::uint32_t newly_used;     // distinct hits not used in this round yet
+  std::uint32_t selections;     // non-padding selections
+  std::uint32_t first_bad;      // lowest selection that failed a check (kNoSelection: none)
+  std::uint32_t flags;          // kTallyBadValue | kTallyNewOnHostMiss
+};
+
 struct DeviceStepControl {
+  // Written whole by DeviceCheck's decide from the step's tally (nothing accumulates here, so
+  // no launch resets the block before a step):
   std::uint32_t first_bad = kNoSelection;  // lowest selection that failed a check
   std::uint32_t bad_value = 0;             // TP: 1 when any selection is < -1 (checked first)
   // 1 + the ErrorCode of a refused step, or 0. After DeviceCheck: this rank's verdict, which
   // a TP engine reduces with MAX over the ranks; DeviceClaim then sets the agreed refusal.
   std::uint32_t error = 0;
   std::uint32_t selections = 0;            // non-padding selections
-  std::uint32_t n_hit = 0, n_miss = 0, n_free = 0, n_victims = 0;
+  std::uint32_t n_hit = 0, n_miss = 0, n_free = 0, n_victims = 0;  // 0 in a refused step
   std::uint32_t newly_used = 0;            // distinct hits not yet used in this round
   // Entries this round's Allocate placed on host (DeviceStepArgs::new_on_host): their count,
   // set by the load and zeroed by the round's end (device memory, so that a captured graph
@@ -125,8 +142,12 @@ struct DeviceStepControl {
   // written at that host slot this round, so it cannot move).
   std::uint32_t num_new_on_host = 0;
   std::uint32_t new_on_host_miss = 0;
-  std::uint32_t pending = 0;               // descriptors awaiting DeviceComplete
-  std::uint32_t published = 0, failed = 0; // of the last DeviceComplete
+  std::uint32_t pending = 0;               // descriptors awaiting DeviceComplete (0: refused)
+  // The publish counts of the pending DeviceComplete (zeroed by DeviceClaim's record, counted
+  // by DeviceComplete's publish), and of the Complete before it (kept by that record: what
+  // ReadState reports while a plan is pending).
+  std::uint32_t published = 0, failed = 0;
+  std::uint32_t last_published = 0, last_failed = 0;
   std::uint64_t steps = 0;                 // planned so far: StepRecord::done of the last one
 };
 // What an entry point of the device step returns: kKernelOk, a CUDA runtime error of the
@@ -284,15 +305,18 @@ struct DeviceStepArgs {
   // Scratch, device memory, sized for the largest shape.
   std::uint32_t* first = nullptr;              // [table_size] kNoSelection between steps
   std::uint8_t* kind = nullptr;                // [max selections]
-  std::uint32_t* hit_flag = nullptr;           // [max selections]
-  std::uint32_t* miss_flag = nullptr;          // [max selections]
-  std::uint32_t* hit_pos = nullptr;            // [max selections]
-  std::uint32_t* miss_pos = nullptr;           // [max selections]
-  std::uint32_t* hits = nullptr;               // [max selections] distinct hits' slots
+  StepTally* tally = nullptr;                  // [max selections] the exclusive scan of the tallies
+  // [max selections] per selection, from Check's scatter: a hit's slot, a miss's rank among the
+  // distinct misses (its descriptor); what Claim's indices need without reading first[].
+  std::uint32_t* pick = nullptr;
+  // [ceil(device capacity / 64)] this step's hits' slots, marked by Check's scatter, cleared
+  // by Claim's last pass (0 between steps).
+  std::uint64_t* hit_mark = nullptr;
   std::uint32_t* missed = nullptr;             // [max selections] distinct misses' addresses
   std::uint32_t* targets = nullptr;            // [max descriptors] device slot of each miss
-  std::uint32_t* take_counts = nullptr;        // [(R + 1) * num_summary]
-  std::uint32_t* take_offsets = nullptr;       // [(R + 1) * num_summary]
+  // [device_free.num_summary + (R + 1) * pb.num_summary] Claim's take: the exclusive scan of
+  // the free bitmap's blocks' popcounts, then the victim buckets' (ClaimVictims' order).
+  std::uint32_t* take_offsets = nullptr;
   DeviceStepControl* ctl = nullptr;            // [1]
   ScratchArena* arena = nullptr;               // host object
   LaunchCounts* counts = nullptr;              // [kNumPhases] host objects; nullptr: not counted

@@ -4,7 +4,8 @@
 //   ULA_KERNELS_NS        the namespace of the form (omp, gpu)
 //   ULA_KERNELS_EXEC      the type of its execution context
 //   ULA_KERNELS_POLICY(e) the thrust execution policy of context e
-//   ULA_KERNELS_DEVICE_SCAN(e, arena, in, n, out)  the device step's exclusive sums of n uint32
+//   ULA_KERNELS_DEVICE_SCAN(e, arena, in, n, out, init, op)  the device step's exclusive scans:
+//                         n values from iterator `in` under `op` with identity `init` into out
 //                         (the CUDA form's take their storage from the arena)
 //   ULA_KERNELS_HOST_PLANNER  (OpenMP form only) compile the host-side entry points: TakeLowest
 //                         and the flat PB-LRU's (policy/kernel_pb_lru.h)
@@ -41,6 +42,7 @@
 #include <thrust/execution_policy.h>
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
 #include <thrust/scan.h>
 #include <thrust/transform.h>
 
@@ -145,6 +147,26 @@ struct BlockPopcount {
   }
 };
 
+// The set bits of block k (words [64 k, 64 k + 64) of w, named by summary word `sum`), lowest
+// first, from rank `rank` on while the rank is below `limit`: emit(rank, slot) for each. The
+// words are read into a local before their bits are emitted, so emit may clear them.
+template <class Emit>
+ULA_HD inline void TakeBits(const std::uint64_t* w, std::uint64_t sum, std::uint32_t k, std::uint32_t num_words,
+                            std::uint32_t rank, std::uint32_t limit, Emit emit) {
+  for (; sum != 0 && rank < limit; sum &= sum - 1) {
+    const std::uint32_t word = (k << 6) | Ctz64(sum);
+    if (word >= num_words) break;
+    for (std::uint64_t bits = w[word]; bits != 0 && rank < limit; bits &= bits - 1) {
+      emit(rank++, (word << 6) | Ctz64(bits));
+    }
+  }
+}
+
+struct StoreAt {  // TakeBits' emit: out[rank] = slot
+  std::uint32_t* out;
+  ULA_HD void operator()(std::uint32_t rank, std::uint32_t slot) const { out[rank] = slot; }
+};
+
 template <class Src>
 struct TakeBlock {
   Src src;
@@ -156,18 +178,11 @@ struct TakeBlock {
   const std::uint32_t* out_offset_dev = nullptr;  // when set, rank k goes to out[*out_offset_dev + k]
   ULA_HD void operator()(std::uint32_t b) const {
     const std::uint32_t limit = need_dev != nullptr ? *need_dev : need;
-    std::uint32_t rank = offsets[b];
+    const std::uint32_t rank = offsets[b];
     if (rank >= limit) return;
-    std::uint32_t* dst = out_offset_dev != nullptr ? out + *out_offset_dev : out;
     const std::uint32_t j = b / num_summary, k = b % num_summary;
-    const std::uint64_t* w = src.words(j);
-    for (std::uint64_t sum = src.summary(j)[k]; sum != 0 && rank < limit; sum &= sum - 1) {
-      const std::uint32_t word = (k << 6) | Ctz64(sum);
-      if (word >= num_words) break;
-      for (std::uint64_t bits = w[word]; bits != 0 && rank < limit; bits &= bits - 1) {
-        dst[rank++] = (word << 6) | Ctz64(bits);
-      }
-    }
+    TakeBits(src.words(j), src.summary(j)[k], k, num_words, rank, limit,
+             StoreAt{out_offset_dev != nullptr ? out + *out_offset_dev : out});
   }
 };
 
@@ -325,19 +340,6 @@ ULA_HD inline std::int32_t SelectionAt(const StepArrays& io, std::uint32_t j) {
   return io.selections[std::size_t{j / io.top_k} * io.selection_stride + j % io.top_k];
 }
 
-struct DevBegin {  // one thread: a fresh control block
-  DeviceStepArgs a;
-  ULA_HD void operator()(std::uint32_t) const {
-    DeviceStepControl& c = *a.ctl;
-    c.first_bad = kNoSelection;
-    c.bad_value = 0;
-    c.error = 0;
-    c.selections = c.n_hit = c.n_miss = c.n_free = c.n_victims = c.newly_used = 0;
-    c.pending = 0;
-    c.new_on_host_miss = 0;
-  }
-};
-
 // The request tag of selection j's row (0: unknown).
 ULA_HD inline std::uint32_t RowTag(const DeviceStepArgs& a, std::uint32_t j, std::int64_t& req) {
   const std::uint32_t r = j / a.io.top_k;
@@ -356,6 +358,8 @@ ULA_HD inline bool IsNewOnHost(const DeviceStepArgs& a, std::uint32_t pinned, st
 
 // Validate (StepPlanner's checks, in its order) and claim first[a] = the lowest
 // selection of each valid address (an atomic minimum: the order of the updates is irrelevant).
+// Nothing else: the step's counts come from the tally scan after it (TallyOf), so the
+// control block holds no sums that a launch before this one would have to reset.
 struct DevClassify {
   DeviceStepArgs a;
   // TP (TpStepPlanner / TpStepPlanner's checks): the directory (live, the row's request
@@ -395,65 +399,75 @@ struct DevClassify {
   ULA_HD void operator()(std::uint32_t j) const {
     const std::uint8_t k = Check(j);
     a.kind[j] = k;
-    if (k == kDevPad) return;
-    ::cuda::atomic_ref<std::uint32_t, kScope>(a.ctl->selections).fetch_add(1, kRelaxed);
-    if (k == kDevElsewhere) return;
-    if (k > kDevElsewhere) {
-      AtomicMin(a.ctl->first_bad, j);
-      if (k == kDevBadValue) ::cuda::atomic_ref<std::uint32_t, kScope>(a.ctl->bad_value).store(1, kRelaxed);
-      return;
-    }
+    if (k > kDevMiss) return;
     const auto addr = static_cast<std::uint32_t>(SelectionAt(a.io, j));
     AtomicMin(a.first[EntryOf(a.num_ranks, addr)], j);
+  }
+};
+
+ULA_HD inline StepTally TallyZero() { return StepTally{0, 0, 0, 0, kNoSelection, 0}; }
+// The tally scan's operator: sums, the lowest bad selection, the flags' union. Associative
+// with TallyZero as identity, so any grouping CCCL's scan picks gives the same prefixes.
+struct TallyPlus {
+  ULA_HD StepTally operator()(const StepTally& x, const StepTally& y) const {
+    return StepTally{x.hits + y.hits,
+                     x.misses + y.misses,
+                     x.newly_used + y.newly_used,
+                     x.selections + y.selections,
+                     x.first_bad < y.first_bad ? x.first_bad : y.first_bad,
+                     x.flags | y.flags};
+  }
+};
+// Selection j's own tally, the scan's input (a pure function of what DevClassify finished
+// writing, kind[] and first[], and of state no Check kernel writes): a first occurrence
+// counts as a hit or a miss, a distinct hit not used in this round yet counts towards the
+// room check (StepPlanner's newly_used), a refusal kind names its selection as the first bad.
+// It replaces the flag arrays and both the sums and the atomics on the control block: one
+// scan instead of two, and nothing to reset before the next step.
+struct TallyOf {
+  DeviceStepArgs a;
+  ULA_HD StepTally operator()(std::uint32_t j) const {
+    StepTally t = TallyZero();
+    const std::uint8_t k = a.kind[j];
+    if (k == kDevPad) return t;
+    t.selections = 1;
+    if (k == kDevElsewhere) return t;
+    if (k > kDevElsewhere) {
+      t.first_bad = j;
+      if (k == kDevBadValue) t.flags = kTallyBadValue;
+      return t;
+    }
+    const auto addr = static_cast<std::uint32_t>(SelectionAt(a.io, j));
+    const std::uint32_t e = EntryOf(a.num_ranks, addr);
+    if (a.first[e] == j) {
+      t.hits = k == kDevHit;
+      t.misses = k == kDevMiss;
+      if (t.hits != 0 && a.pb.stamps[static_cast<std::uint32_t>(a.records[e])] != a.pb.clock->round) t.newly_used = 1;
+    }
     const std::uint32_t pinned = a.ctl->num_new_on_host;
     if (k == kDevMiss && pinned != 0 && IsNewOnHost(a, pinned, addr)) {
-      ::cuda::atomic_ref<std::uint32_t, kScope>(a.ctl->new_on_host_miss).store(1, kRelaxed);
+      t.flags |= kTallyNewOnHostMiss;
     }
+    return t;
   }
 };
 
-// First occurrences: the flags the scans rank; a distinct hit not yet used in this round
-// counts towards the room check (StepPlanner's newly_used).
-struct DevFlag {
-  DeviceStepArgs a;
-  ULA_HD void operator()(std::uint32_t j) const {
-    const std::uint8_t k = a.kind[j];
-    std::uint32_t hit = 0, miss = 0;
-    if (k <= kDevMiss) {
-      const std::uint32_t e = EntryOf(a.num_ranks, static_cast<std::uint32_t>(SelectionAt(a.io, j)));
-      if (a.first[e] == j) {
-        hit = k == kDevHit;
-        miss = k == kDevMiss;
-        if (hit != 0 && a.pb.stamps[static_cast<std::uint32_t>(a.records[e])] != a.pb.clock->round) {
-          ::cuda::atomic_ref<std::uint32_t, kScope>(a.ctl->newly_used).fetch_add(1, kRelaxed);
-        }
-      }
-    }
-    a.hit_flag[j] = hit;
-    a.miss_flag[j] = miss;
-  }
-};
-
-struct DevScatter {
-  DeviceStepArgs a;
-  ULA_HD void operator()(std::uint32_t j) const {
-    if (a.hit_flag[j] != 0) {
-      a.hits[a.hit_pos[j]] =
-          static_cast<std::uint32_t>(a.records[EntryOf(a.num_ranks, static_cast<std::uint32_t>(SelectionAt(a.io, j)))]);
-    }
-    if (a.miss_flag[j] != 0) a.missed[a.miss_pos[j]] = static_cast<std::uint32_t>(SelectionAt(a.io, j));
-  }
-};
-
-// One thread: the counts, the refusal (first bad selection, too few descriptor rows, no
-// room: StepPlanner's order), the split into free slots and victims.
+// One thread: the step's tally (the scan's last prefix plus the last selection's own), the
+// refusal (first bad selection, too few descriptor rows, no room: StepPlanner's order), the
+// split into free slots and victims. It writes every field of the control block a step
+// decides, the counts 0 in a refused step.
 struct DevDecide {
   DeviceStepArgs a;
   std::uint32_t n;
   ULA_HD void operator()(std::uint32_t) const {
     DeviceStepControl& c = *a.ctl;
-    const std::uint32_t n_hit = n == 0 ? 0 : a.hit_pos[n - 1] + a.hit_flag[n - 1];
-    const std::uint32_t n_miss = n == 0 ? 0 : a.miss_pos[n - 1] + a.miss_flag[n - 1];
+    const StepTally t = n == 0 ? TallyZero() : TallyPlus{}(a.tally[n - 1], TallyOf{a}(n - 1));
+    const std::uint32_t n_hit = t.hits, n_miss = t.misses;
+    c.first_bad = t.first_bad;
+    c.bad_value = (t.flags & kTallyBadValue) != 0 ? 1 : 0;
+    c.selections = t.selections;
+    c.newly_used = t.newly_used;
+    c.new_on_host_miss = (t.flags & kTallyNewOnHostMiss) != 0 ? 1 : 0;
     std::uint32_t error = 0;
     const bool tp = a.num_ranks > 1;
     if (tp && c.bad_value != 0) {  // TpStepPlanner checks every value before any address
@@ -472,7 +486,10 @@ struct DevDecide {
       if (n_miss > free + evictable || n_miss > a.io.max_descriptors) error = a.codes.resource_exhausted;
     }
     c.error = error;
-    if (error != 0) return;  // every count stays 0: the kernels after this one do nothing
+    if (error != 0) {  // every count 0: Claim's kernels then only reset first[] and record
+      c.n_hit = c.n_miss = c.n_free = c.n_victims = c.pending = 0;
+      return;
+    }
     const std::uint64_t free = *a.device_free.count;
     c.n_hit = n_hit;
     c.n_miss = n_miss;
@@ -482,24 +499,126 @@ struct DevDecide {
   }
 };
 
-// One thread, after the engine reduced the ranks' verdicts (TP): a step another rank refused
-// is refused here too (kFailedPrecondition), and every count goes back to 0, so the claim
-// kernels after this one do nothing.
-struct DevAgree {
+// The compaction, with DevDecide in thread 0. Thread j, its address's first occurrence,
+// writes its miss's address at its rank (the tally scan's prefix) or marks its hit's slot in
+// hit_mark (Claim's take touches the marked hits and takes no marked slot as a victim); every
+// thread writes pick[j] (a hit's slot, a miss's rank among the distinct misses: what Claim's
+// indices need, so that they do not read first[], which Claim resets). Why Decide may run in
+// the same launch: everything it reads was final before this launch started: the scan's last
+// prefix and the last selection's tally (TallyOf reads kind[], first[], records, stamps, the
+// clock, the pinned list), kind[first_bad], the free count and PB-LRU's counts; the other
+// threads write only missed[], pick[] and hit_mark, which Decide does not read, and read no
+// field of the control block, which Decide writes.
+struct DevScatter {
   DeviceStepArgs a;
-  const std::uint32_t* agreed;
-  ULA_HD void operator()(std::uint32_t) const {
-    DeviceStepControl& c = *a.ctl;
-    if (c.error != 0 || agreed == nullptr || *agreed == 0) return;
-    c.error = a.codes.failed_precondition;
-    c.n_hit = c.n_miss = c.n_free = c.n_victims = c.pending = 0;
+  std::uint32_t n;
+  ULA_HD void operator()(std::uint32_t j) const {
+    if (j == 0) DevDecide{a, n}(0);
+    const std::uint8_t k = a.kind[j];
+    if (k > kDevMiss) return;
+    const auto addr = static_cast<std::uint32_t>(SelectionAt(a.io, j));
+    const std::uint32_t e = EntryOf(a.num_ranks, addr);
+    const std::uint32_t first = a.first[e];
+    if (k == kDevHit) {
+      const auto slot = static_cast<std::uint32_t>(a.records[e]);
+      a.pick[j] = slot;
+      if (first == j) {
+        ::cuda::atomic_ref<std::uint64_t, kScope>(a.hit_mark[slot >> 6])
+            .fetch_or(std::uint64_t{1} << (slot & 63), kRelaxed);
+      }
+    } else {
+      a.pick[j] = a.tally[first].misses;
+      if (first == j) a.missed[a.tally[j].misses] = addr;
+    }
   }
 };
 
-struct DevAllocate {  // the free slots taken: out of the free bitmap
+// Whether Claim goes ahead: this rank's verdict and (TP) the agreed one, the MAX over the
+// ranks, are both 0; a step another rank refused is refused here too. Every Claim kernel
+// asks it, and only DevRecord, the last, writes the agreed refusal into the control block, so
+// no kernel reads a field that another thread of its own launch writes.
+ULA_HD inline bool Go(const DeviceStepControl& c, const std::uint32_t* agreed) {
+  return c.error == 0 && (agreed == nullptr || *agreed == 0);
+}
+
+// The take's sources as one string of blocks: the free bitmap's [device_free.num_summary]
+// blocks first, then PB-LRU's victim buckets' [(R + 1) * pb.num_summary] in ClaimVictims'
+// order. Block b's popcount is the input of Claim's one scan, a pure function of the bitmaps
+// and the step's hit marks: a victim block counts its slots less this step's hits, which the
+// take moves to the current bucket before it takes (StepPlanner touches the hits before it
+// claims victims), so the scan needs no launch of its own for the hits' touch before it.
+struct ClaimPopcount {
   DeviceStepArgs a;
-  ULA_HD void operator()(std::uint32_t i) const {
-    if (i < a.ctl->n_free) FlatClear(a.device_free, a.targets[i]);
+  ULA_HD std::uint32_t operator()(std::uint32_t b) const {
+    const std::uint32_t free_blocks = a.device_free.num_summary;
+    if (b < free_blocks) {
+      return BlockPopcount<FlatSource>{FlatSource{a.device_free}, a.device_free.num_words, free_blocks}(b);
+    }
+    const PbVictimSources src{a.pb};
+    const std::uint32_t v = b - free_blocks, j = v / a.pb.num_summary, k = v % a.pb.num_summary;
+    const std::uint64_t* w = src.words(j);
+    std::uint32_t n = 0;
+    for (std::uint64_t sum = src.summary(j)[k]; sum != 0; sum &= sum - 1) {
+      const std::uint32_t word = (k << 6) | Ctz64(sum);
+      if (word < a.pb.num_words) n += Popcount64(w[word] & ~a.hit_mark[word]);
+    }
+    return n;
+  }
+};
+struct TakeFree {  // a free slot for descriptor `rank`, out of the free bitmap
+  FlatBitmap free;
+  std::uint32_t* targets;
+  ULA_HD void operator()(std::uint32_t rank, std::uint32_t slot) const {
+    targets[rank] = slot;
+    FlatClear(free, slot);
+  }
+};
+struct TakeVictim {  // victim `rank`, for descriptor n_free + rank, into the current bucket
+  PbLruArrays pb;
+  std::uint32_t* targets;  // targets + n_free
+  ULA_HD void operator()(std::uint32_t rank, std::uint32_t slot) const {
+    targets[rank] = slot;
+    PbTouchOne(pb, slot);
+  }
+};
+// The take over the scan's ranks, one thread per block: a free block's ranks below n_free go
+// to targets[rank]; a victim block first touches this step's marked hits in it (into the
+// current bucket), then its ranks, counted from the first victim block's prefix (the free
+// bitmap's total), those below n_victims, go to targets[n_free + rank]. Each taken slot is
+// emitted by exactly one thread, the one of its block, which also claims it: clears its free
+// bit, or touches the victim. A touch clears the slot's bit in the bucket its stamp names, the
+// one the block belongs to, whose words in this block only this thread reads; the current
+// bucket it moves to is no source. Free bitmap and PB-LRU are disjoint, and no thread reads
+// the counts the claims change. A hit already in the current bucket is in no block: its
+// touch would change nothing.
+struct DevTake {
+  DeviceStepArgs a;
+  const std::uint32_t* agreed;
+  ULA_HD void operator()(std::uint32_t b) const {
+    const DeviceStepControl& c = *a.ctl;
+    if (!Go(c, agreed)) return;
+    const std::uint32_t free_blocks = a.device_free.num_summary;
+    if (b < free_blocks) {
+      const std::uint32_t rank = a.take_offsets[b];
+      if (rank >= c.n_free) return;
+      TakeBits(a.device_free.words, a.device_free.summary[b], b, a.device_free.num_words, rank, c.n_free,
+               TakeFree{a.device_free, a.targets});
+      return;
+    }
+    const PbVictimSources src{a.pb};
+    const std::uint32_t v = b - free_blocks, j = v / a.pb.num_summary, k = v % a.pb.num_summary;
+    const std::uint64_t* w = src.words(j);
+    for (std::uint64_t sum = src.summary(j)[k]; sum != 0; sum &= sum - 1) {
+      const std::uint32_t word = (k << 6) | Ctz64(sum);
+      if (word >= a.pb.num_words) break;
+      for (std::uint64_t hit = w[word] & a.hit_mark[word]; hit != 0; hit &= hit - 1) {
+        PbTouchOne(a.pb, (word << 6) | Ctz64(hit));
+      }
+    }
+    const std::uint32_t rank = a.take_offsets[b] - a.take_offsets[free_blocks];
+    if (rank >= c.n_victims) return;
+    TakeBits(src.words(j), src.summary(j)[k], k, a.pb.num_words, rank, c.n_victims,
+             TakeVictim{a.pb, a.targets + c.n_free});
   }
 };
 
@@ -517,41 +636,52 @@ struct DevDescribe {
   }
 };
 
-// Indices in the attention kernel's layout: pads -1, hits their slot, misses their target
-// (valid once DeviceComplete published them). Nothing is written for a refused step.
-struct DevIndices {
+// Claim's last [n] pass: first[] back to kNoSelection and the hit marks to 0 for the next
+// step (every step, refused or not; every hit of the word stores the same 0, and the marks
+// of a word are all this step's), then, in a step that goes ahead, descriptor j (j < n_miss: its target is final,
+// the take finished) and selection j's index in the attention kernel's layout: pads -1,
+// hits their slot, misses their target (valid once DeviceComplete published them). Every
+// selection of an address stores the same value into first[], so the stores are atomic
+// (relaxed): plain ones would be a data race (TSan found it once libgomp's fork and join were
+// annotated, tests/tsan_gomp_annotations.cc). Nothing in this launch reads first[] or the
+// marks: the indices read pick[] (DevScatter).
+struct DevDescribeIndices {
   DeviceStepArgs a;
+  const std::uint32_t* agreed;
   ULA_HD void operator()(std::uint32_t j) const {
-    if (a.ctl->error != 0) return;
-    std::int32_t& out = a.io.indices[std::size_t{j / a.io.top_k} * a.io.index_stride + j % a.io.top_k];
     const std::uint8_t k = a.kind[j];
+    if (k <= kDevMiss) {
+      ::cuda::atomic_ref<std::uint32_t, kScope>(a.first[EntryOf(a.num_ranks, static_cast<std::uint32_t>(SelectionAt(a.io, j)))])
+          .store(kNoSelection, kRelaxed);
+    }
+    if (k == kDevHit) ::cuda::atomic_ref<std::uint64_t, kScope>(a.hit_mark[a.pick[j] >> 6]).store(0, kRelaxed);
+    if (!Go(*a.ctl, agreed)) return;  // a refused step writes no index and no descriptor
+    if (j < a.ctl->n_miss) DevDescribe{a}(j);
+    std::int32_t& out = a.io.indices[std::size_t{j / a.io.top_k} * a.io.index_stride + j % a.io.top_k];
     if (k == kDevPad || k == kDevElsewhere) {  // TP: another rank's partial covers it
       out = -1;
       return;
     }
-    const std::uint32_t e = EntryOf(a.num_ranks, static_cast<std::uint32_t>(SelectionAt(a.io, j)));
-    out = static_cast<std::int32_t>(k == kDevHit ? static_cast<std::uint32_t>(a.records[e])
-                                                 : a.targets[a.miss_pos[a.first[e]]]);
+    out = static_cast<std::int32_t>(k == kDevHit ? a.pick[j] : a.targets[a.pick[j]]);
   }
 };
 
-// first[] back to kNoSelection for the next step. Every selection of an address stores the
-// same value, so the stores are atomic (relaxed): plain ones would be a data race (TSan
-// found it once libgomp's fork and join were annotated, tests/tsan_gomp_annotations.cc).
-struct DevResetFirst {
-  DeviceStepArgs a;
-  ULA_HD void operator()(std::uint32_t j) const {
-    if (a.kind[j] > kDevMiss) return;
-    ::cuda::atomic_ref<std::uint32_t, kScope>(a.first[EntryOf(a.num_ranks, static_cast<std::uint32_t>(SelectionAt(a.io, j)))])
-        .store(kNoSelection, kRelaxed);
-  }
-};
-
-// One thread, last: the StepRecord, then `done` after a system-scope fence (pinned memory).
+// One thread, last of Claim: the agreed refusal (TP: another rank refused, kFailedPrecondition,
+// every count back to 0), the publish counts of the Complete to come zeroed (the last ones
+// kept for ReadState), the StepRecord, then `done` after a system-scope fence (pinned
+// memory): its own launch, so that the fence follows every other kernel's writes.
 struct DevRecord {
   DeviceStepArgs a;
+  const std::uint32_t* agreed;
   ULA_HD void operator()(std::uint32_t) const {
     DeviceStepControl& c = *a.ctl;
+    if (c.error == 0 && !Go(c, agreed)) {
+      c.error = a.codes.failed_precondition;
+      c.n_hit = c.n_miss = c.n_free = c.n_victims = c.pending = 0;
+    }
+    c.last_published = c.published;
+    c.last_failed = c.failed;
+    c.published = c.failed = 0;
     StepRecord& r = *a.io.stats;
     r.selections = c.selections;
     r.distinct = std::uint64_t{c.n_hit} + c.n_miss;
@@ -597,18 +727,14 @@ struct DevPublish {
     a.device_owner[dst] = addr;
   }
 };
-struct DevPublishBegin {
+// The round's end, one thread: this round's new entries on host may move from the next round
+// on, and PB-LRU's clock moves (PbClockFn; the fold after it reads the new clock).
+struct DevRoundClock {
   DeviceStepArgs a;
-  ULA_HD void operator()(std::uint32_t) const { a.ctl->published = a.ctl->failed = 0; }
-};
-struct DevPublishEnd {
-  DeviceStepArgs a;
-  ULA_HD void operator()(std::uint32_t) const { a.ctl->pending = 0; }
-};
-// The round's end: this round's new entries on host may move from the next round on.
-struct DevRoundEnd {
-  DeviceStepArgs a;
-  ULA_HD void operator()(std::uint32_t) const { a.ctl->num_new_on_host = 0; }
+  ULA_HD void operator()(std::uint32_t) const {
+    a.ctl->num_new_on_host = 0;
+    PbClockFn{a.pb}(0);
+  }
 };
 
 // ---- Device placement (DeviceStep::Place; docs/ARCHITECTURE.md, "The device step"): the
@@ -895,59 +1021,61 @@ struct Launcher {
     Count(1);
     thrust::transform(ULA_KERNELS_POLICY(exec), Index(0), Index(n), out, f);
   }
-  // The exclusive sum of n uint32: two kernels (cub's init and scan).
-  void Scan(const std::uint32_t* in, std::uint32_t n, std::uint32_t* out) const {
+  // The exclusive scan of n values of T (in: an iterator, here a transform over the index
+  // space) under op with identity init: two kernels (cub's init and scan).
+  template <class In, class T, class Op>
+  void Scan(In in, std::uint32_t n, T* out, T init, Op op) const {
     if (n == 0) return;
     Count(2);
-    ULA_KERNELS_DEVICE_SCAN(exec, args.arena, in, n, out);
+    ULA_KERNELS_DEVICE_SCAN(exec, args.arena, in, n, out, init, op);
   }
 };
 
+struct SumU32 {
+  ULA_HD std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const { return x + y; }
+};
+// The step's two scans, their inputs in one place: the launches below run them, and the CUDA
+// form asks CCCL for their storage with the same types (ScanScratchBytes), so that the bytes
+// it sizes the arena with are the bytes the launches take.
+inline auto CheckScanInput(const DeviceStepArgs& a) { return thrust::make_transform_iterator(Index(0), TallyOf{a}); }
+inline auto ClaimScanInput(const DeviceStepArgs& a) {
+  return thrust::make_transform_iterator(Index(0), ClaimPopcount{a});
+}
+inline std::uint32_t ClaimBlocks(const DeviceStepArgs& a) {
+  return a.device_free.num_summary + (a.pb.recent + 1) * a.pb.num_summary;
+}
+
+// Check: classify | tally scan (2) | scatter with decide = 4 launches (1, decide alone, for no
+// selections). Each boundary is a grid-wide dependence: the scan's input reads first[],
+// final only once every classify thread's atomic minimum is done; the scatter reads the
+// scan's prefixes, final only once the scan is.
 inline void DeviceCheck(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
   const std::uint32_t n = args.io.num_rows * args.io.top_k;
   const Launcher l{exec, args, kPhaseCheck};
-  l.ForEach(1, DevBegin{args});
-  if (n > 0) {
-    l.ForEach(n, DevClassify{args});
-    l.ForEach(n, DevFlag{args});
-    l.Scan(args.hit_flag, n, args.hit_pos);
-    l.Scan(args.miss_flag, n, args.miss_pos);
-    l.ForEach(n, DevScatter{args});
+  if (n == 0) {
+    l.ForEach(1, DevDecide{args, 0});
+    return;
   }
-  l.ForEach(1, DevDecide{args, n});
+  l.ForEach(n, DevClassify{args});
+  l.Scan(CheckScanInput(args), n, args.tally, TallyZero(), TallyPlus{});
+  l.ForEach(n, DevScatter{args, n});
 }
 
+// Claim: one scan over the free blocks' and victim blocks' popcounts (2) | take and claim
+// (the hits touched, free bits cleared, victims touched) | descriptors, indices, first[] and
+// mark reset | record = 5 launches (the record alone for no selections). The boundaries: the
+// take reads the scan's prefixes; a descriptor or index reads targets[] another block's
+// thread took; the record's fence must follow every other write of the step.
 inline void DeviceClaim(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint32_t* agreed) {
   const std::uint32_t n = args.io.num_rows * args.io.top_k;
-  const std::uint32_t n_desc = n < args.io.max_descriptors ? n : args.io.max_descriptors;
   const Launcher l{exec, args, kPhaseClaim};
-  if (agreed != nullptr) l.ForEach(1, DevAgree{args, agreed});
-  DeviceStepControl* c = args.ctl;
   if (n > 0) {
-    // Claim: touch the hits, take the lowest free slots, then the victims (PB-LRU's order)
-    // after them, and touch the victims.
-    l.ForEach(n, PbTouchFn{args.pb, args.hits, &c->n_hit});
-    const FlatSource free_src{args.device_free};
-    const std::uint32_t free_blocks = args.device_free.num_summary;
-    l.Transform(free_blocks, args.take_counts,
-                BlockPopcount<FlatSource>{free_src, args.device_free.num_words, free_blocks});
-    l.Scan(args.take_counts, free_blocks, args.take_offsets);
-    l.ForEach(free_blocks, TakeBlock<FlatSource>{free_src, args.device_free.num_words, free_blocks,
-                                                 args.take_offsets, 0, &c->n_free, args.targets});
-    l.ForEach(n_desc, DevAllocate{args});
-    const PbVictimSources vsrc{args.pb};
-    const std::uint32_t blocks = (args.pb.recent + 1) * args.pb.num_summary;
-    l.Transform(blocks, args.take_counts,
-                BlockPopcount<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary});
-    l.Scan(args.take_counts, blocks, args.take_offsets);
-    l.ForEach(blocks, TakeBlock<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary, args.take_offsets,
-                                                 0, &c->n_victims, args.targets, &c->n_free});
-    l.ForEach(n_desc, PbTouchFn{args.pb, args.targets, &c->n_victims, &c->n_free});
-    l.ForEach(n_desc, DevDescribe{args});
-    l.ForEach(n, DevIndices{args});
-    l.ForEach(n, DevResetFirst{args});
+    const std::uint32_t blocks = ClaimBlocks(args);
+    l.Scan(ClaimScanInput(args), blocks, args.take_offsets, std::uint32_t{0}, SumU32{});
+    l.ForEach(blocks, DevTake{args, agreed});
+    l.ForEach(n, DevDescribeIndices{args, agreed});
   }
-  l.ForEach(1, DevRecord{args});
+  l.ForEach(1, DevRecord{args, agreed});
 }
 
 inline void DevicePlan(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
@@ -955,20 +1083,20 @@ inline void DevicePlan(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
   DeviceClaim(exec, args, nullptr);
 }
 
+// Complete: one launch. Its counts were zeroed by the plan's record, and `pending` is
+// written by every Check's decide, so nothing runs before or after the publish.
 inline void DeviceComplete(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint8_t* status) {
-  const std::uint32_t n = args.io.max_descriptors;
   const Launcher l{exec, args, kPhaseComplete};
-  l.ForEach(1, DevPublishBegin{args});
-  l.ForEach(n, DevPublish{args, status});
-  l.ForEach(1, DevPublishEnd{args});
+  l.ForEach(args.io.max_descriptors, DevPublish{args, status});
 }
 
+// AdvanceRound: [rebase |] round end and clock | fold = 2 launches (3 in a rebase round): the
+// rebase reads the round the clock then moves, the fold reads the bucket the clock names.
 inline void DeviceAdvanceRound(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, bool rebase) {
   const Launcher l{exec, args, kPhaseAdvanceRound};
-  l.ForEach(1, DevRoundEnd{args});
   if (args.place.new_on_host_bits != nullptr) l.ForEach(args.place.new_on_host_words, DevClearNewOnHost{args});
   if (rebase) l.ForEach(args.pb.capacity, PbRebaseFn{args.pb});
-  l.ForEach(1, PbClockFn{args.pb});
+  l.ForEach(1, DevRoundClock{args});
   l.ForEach(args.pb.num_summary, PbFoldFn{args.pb});
 }
 
@@ -991,14 +1119,14 @@ inline void DevicePlace(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
     const std::uint32_t free_blocks = args.device_free.num_summary;
     l.Transform(free_blocks, args.place.take_counts,
                 BlockPopcount<FlatSource>{free_src, args.device_free.num_words, free_blocks});
-    l.Scan(args.place.take_counts, free_blocks, args.place.take_offsets);
+    l.Scan(args.place.take_counts, free_blocks, args.place.take_offsets, std::uint32_t{0}, SumU32{});
     l.ForEach(free_blocks, TakeBlock<FlatSource>{free_src, args.device_free.num_words, free_blocks,
                                                  args.place.take_offsets, 0, &c->n_free, args.place.slots});
     const PbVictimSources vsrc{args.pb};
     const std::uint32_t blocks = (args.pb.recent + 1) * args.pb.num_summary;
     l.Transform(blocks, args.place.take_counts,
                 BlockPopcount<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary});
-    l.Scan(args.place.take_counts, blocks, args.place.take_offsets);
+    l.Scan(args.place.take_counts, blocks, args.place.take_offsets, std::uint32_t{0}, SumU32{});
     l.ForEach(blocks, TakeBlock<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary, args.place.take_offsets,
                                                  0, &c->n_victims, args.place.slots, &c->n_free});
     // The victims are claimed (used this round) before the free seats enter the current
@@ -1009,7 +1137,7 @@ inline void DevicePlace(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
     const std::uint32_t host_blocks = args.host_free.num_summary;
     l.Transform(host_blocks, args.place.take_counts,
                 BlockPopcount<FlatSource>{host_src, args.host_free.num_words, host_blocks});
-    l.Scan(args.place.take_counts, host_blocks, args.place.take_offsets);
+    l.Scan(args.place.take_counts, host_blocks, args.place.take_offsets, std::uint32_t{0}, SumU32{});
     l.ForEach(host_blocks, TakeBlock<FlatSource>{host_src, args.host_free.num_words, host_blocks,
                                                  args.place.take_offsets, 0, &c->n_hosts, args.place.hosts});
     l.ForEach(n, DevSeatRest{args});

@@ -17,8 +17,8 @@
 #define ULA_KERNELS_EXEC int
 #define ULA_KERNELS_POLICY(e) thrust::omp::par
 #define ULA_KERNELS_READ(e, dst, src) std::memcpy((dst), (src), sizeof(*(dst)))
-#define ULA_KERNELS_DEVICE_SCAN(e, arena, in, n, out) \
-  thrust::exclusive_scan(thrust::omp::par, (in), (in) + (n), (out), std::uint32_t{0})
+#define ULA_KERNELS_DEVICE_SCAN(e, arena, in, n, out, init, op) \
+  thrust::exclusive_scan(thrust::omp::par, (in), (in) + (n), (out), (init), (op))
 #define ULA_KERNELS_HOST_PLANNER 1
 #include "kernels/step_kernels.inl"
 

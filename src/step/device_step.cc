@@ -474,17 +474,14 @@ Result<std::unique_ptr<DeviceStep>> DeviceStep::Build(const ShardSource& src, co
   // The scratch, for the largest shape.
   need(a.first = m.Zeroed<std::uint32_t>(m.table_cap));
   need(a.kind = m.Zeroed<std::uint8_t>(m.max_selections));
-  need(a.hit_flag = m.Zeroed<std::uint32_t>(m.max_selections));
-  need(a.miss_flag = m.Zeroed<std::uint32_t>(m.max_selections));
-  need(a.hit_pos = m.Zeroed<std::uint32_t>(m.max_selections));
-  need(a.miss_pos = m.Zeroed<std::uint32_t>(m.max_selections));
-  need(a.hits = m.Zeroed<std::uint32_t>(m.max_selections));
+  need(a.tally = static_cast<kernels::StepTally*>(m.Alloc(std::size_t{m.max_selections} * sizeof(kernels::StepTally))));
+  need(a.pick = m.Zeroed<std::uint32_t>(m.max_selections));
+  need(a.hit_mark = m.Zeroed<std::uint64_t>(a.pb.num_words));
   need(a.missed = m.Zeroed<std::uint32_t>(m.max_selections));
   need(a.targets = m.Zeroed<std::uint32_t>(m.max_descriptors));
-  const std::size_t blocks = std::max<std::size_t>(std::size_t{a.pb.recent + 1} * a.pb.num_summary,
-                                                   a.device_free.num_summary);
-  need(a.take_counts = m.Zeroed<std::uint32_t>(blocks));
-  need(a.take_offsets = m.Zeroed<std::uint32_t>(blocks));
+  // Claim's one take over the free bitmap's blocks, then the victim buckets'.
+  need(a.take_offsets = m.Zeroed<std::uint32_t>(std::size_t{a.pb.recent + 1} * a.pb.num_summary +
+                                                a.device_free.num_summary));
   need(a.ctl = m.Upload(std::vector<kernels::DeviceStepControl>{kernels::DeviceStepControl{}}));
   m.device_placement = src.device_placement;
   if (src.device_placement) {  // Place's scratch and the round's new-on-host bitmap
@@ -1087,8 +1084,10 @@ Result<DeviceStepState> DeviceStep::ReadState(void* stream) const {
   s.round = clock.round;
   s.cur = clock.cur;
   s.tracked = clock.tracked;
-  s.published = ctl.published;
-  s.failed = ctl.failed;
+  // While a plan is pending its record has zeroed the counts for its Complete and kept the
+  // last Complete's.
+  s.published = m.pending ? ctl.last_published : ctl.published;
+  s.failed = m.pending ? ctl.last_failed : ctl.failed;
   s.error = ctl.error;
   s.place_published = place.published;
   s.place_failed = place.failed;
