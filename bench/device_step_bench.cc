@@ -5,10 +5,20 @@
 //   BM_DeviceStepRound/<batch>/1: the same, then StoreInto, the space's AdvanceRound, Reload
 // (the bracket an engine runs around its host bookkeeping). The two side by side give the
 // bracket's cost as a multiple of the step's in the same run.
+// BM_DeviceStepDecode/<batch>/<mode>: a decode iteration, every request one new token, the
+// two ways a space places it (ula/device_step.h): mode 0, today's bracket (StoreInto, the
+// host's Allocate places the tokens, Reload, then Plan, Complete and the step's AdvanceRound);
+// mode 1, device placement (the host's Allocate hands out addresses, TakePlacement, Place and
+// CompletePlace seat them on the step, then the same Plan, Complete and AdvanceRound). Both
+// place by the same rule in the same order, so they make the same decisions (misses_per_round
+// equal); the counters give the host synchronisations and the launches per iteration
+// (DeviceStepCounters).
 #include <benchmark/benchmark.h>
 
 #include <random>
 #include <vector>
+
+#include "ula/step_arrays.h"
 
 #include "ula/address_space.h"
 #include "ula/device_step.h"
@@ -73,6 +83,120 @@ void BM_DeviceStepRound(benchmark::State& state) {
   state.counters["table_entries"] = static_cast<double>(std::uint64_t{batch} * history);
 }
 BENCHMARK(BM_DeviceStepRound)->ArgsProduct({{16, 64}, {0, 1}})->Unit(benchmark::kMicrosecond);
+
+void BM_DeviceStepDecode(benchmark::State& state) {
+  const auto batch = static_cast<std::uint32_t>(state.range(0));
+  const bool device_placement = state.range(1) != 0;
+  const std::uint32_t top_k = 2048, history = 8192, headroom = 512, entry = 656;
+  auto backend = MakeCountingBackend();
+  AddressSpaceConfig config;
+  config.entry_bytes = entry;
+  config.policy = PolicyKind::kKernelPbLru;
+  config.stable_new_entries = true;
+  config.device_placement = device_placement;
+  config.device_bytes_per_rank = std::uint64_t{batch} * top_k * 2 * entry;
+  config.host_bytes_per_rank = std::uint64_t{batch} * (history + headroom) * entry;
+  auto space = AddressSpace::Create(config, *backend).value();
+  std::vector<std::vector<LogicalAddr>> addrs(batch);
+  for (std::uint32_t r = 0; r < batch; ++r) {
+    (void)space->AddRequest(RequestId(r), Rank(0));
+    addrs[r] = space->Allocate(RequestId(r), history).value();
+  }
+  if (!device_placement) space->AdvanceRound();  // device placement: after the history's Place, below
+  const std::uint32_t max_addresses = batch * ((history + headroom + 63) / 64 * 64);
+  const std::uint32_t max_seats = batch * history;  // the first Place seats the whole history
+  DeviceStepConfig dc{.max_rows = batch, .max_batch = batch, .max_top_k = top_k, .max_addresses = max_addresses,
+                      .max_requests = batch};
+  if (device_placement) {
+    dc.max_place_seats = max_seats;
+    dc.max_place_releases = 1;
+    dc.max_place_requests = batch;
+  }
+  auto step = DeviceStep::Create(*space, Rank(0), GroupId(0), dc).value();
+  // The journal as the step's arrays (device placement), and its Place with every eviction landed.
+  std::vector<std::uint32_t> retired, admitted, tags, released, seated, seat_tags;
+  std::vector<std::uint64_t> locations(max_seats);
+  std::vector<CopyDescriptor> evictions(max_seats);
+  std::vector<std::uint8_t> place_status(max_seats, 0);
+  std::uint32_t num_evictions = 0;
+  auto place = [&]() -> bool {
+    auto journal = space->TakePlacement();
+    if (!journal) return false;
+    retired.clear(), admitted.clear(), tags.clear(), released.clear(), seated.clear(), seat_tags.clear();
+    for (RequestId r : journal->retired) retired.push_back(static_cast<std::uint32_t>(r.value()));
+    for (const auto& r : journal->new_requests) {
+      admitted.push_back(static_cast<std::uint32_t>(r.id.value()));
+      tags.push_back(r.tag);
+    }
+    for (LogicalAddr a : journal->released[0]) released.push_back(a.value());
+    for (const auto& seat : journal->seated[0]) {
+      seated.push_back(seat.addr.value());
+      seat_tags.push_back(seat.tag);
+    }
+    PlacementArrays p{.retired = retired.data(), .new_requests = admitted.data(), .new_tags = tags.data(),
+                      .released = released.data(), .seated = seated.data(), .seated_tags = seat_tags.data(),
+                      .num_retired = static_cast<std::uint32_t>(retired.size()),
+                      .num_new_requests = static_cast<std::uint32_t>(admitted.size()),
+                      .num_released = static_cast<std::uint32_t>(released.size()),
+                      .num_seated = static_cast<std::uint32_t>(seated.size()), .locations = locations.data(),
+                      .evictions = evictions.data(), .num_evictions = &num_evictions};
+    return step->Place(p, nullptr) && step->CompletePlace(place_status.data(), nullptr);
+  };
+  if (device_placement && (!place() || !step->AdvanceRound(nullptr))) {
+    state.SkipWithError("the history's Place refused");
+    return;
+  }
+  std::mt19937 rng(3);
+  std::vector<std::int32_t> sel(std::size_t{batch} * top_k), indices(sel.size());
+  for (std::size_t i = 0; i < sel.size(); ++i) sel[i] = static_cast<std::int32_t>(addrs[i / top_k][rng() % history].value());
+  std::vector<std::int64_t> requests(batch);
+  for (std::uint32_t r = 0; r < batch; ++r) requests[r] = r;
+  std::vector<CopyDescriptor> descriptors(step->max_descriptors());
+  std::vector<std::uint8_t> status(step->max_descriptors(), 0);
+  StepRecord record;
+  StepArrays arrays{.selections = sel.data(), .requests = requests.data(), .indices = indices.data(),
+                    .descriptors = descriptors.data(), .stats = &record, .num_rows = batch, .batch = batch,
+                    .top_k = top_k, .selection_stride = top_k, .index_stride = top_k,
+                    .max_descriptors = step->max_descriptors()};
+  const DeviceStepCounters before = step->counters();
+  std::uint64_t misses = 0, refused = 0, iterations = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (std::size_t i = 0; i < sel.size() / 10; ++i) {
+      const std::size_t j = rng() % sel.size();
+      sel[j] = static_cast<std::int32_t>(addrs[j / top_k][rng() % history].value());
+    }
+    state.ResumeTiming();
+    ++iterations;
+    if (device_placement) {
+      for (std::uint32_t r = 0; r < batch; ++r) {
+        if (!space->Allocate(RequestId(r), 1)) state.SkipWithError("Allocate refused");
+      }
+      if (!place()) state.SkipWithError("Place refused");
+      if (!step->Plan(arrays, nullptr) || !step->Complete(status.data(), nullptr)) state.SkipWithError("step refused");
+      if (!step->AdvanceRound(nullptr)) state.SkipWithError("AdvanceRound refused");
+    } else {  // the same order: the tokens placed, the step, the round's end
+      if (!step->StoreInto(*space, nullptr)) state.SkipWithError("StoreInto refused");
+      for (std::uint32_t r = 0; r < batch; ++r) {
+        if (!space->Allocate(RequestId(r), 1)) state.SkipWithError("Allocate refused");
+      }
+      if (!step->Reload(*space, nullptr)) state.SkipWithError("Reload refused");
+      if (!step->Plan(arrays, nullptr) || !step->Complete(status.data(), nullptr)) state.SkipWithError("step refused");
+      if (!step->AdvanceRound(nullptr)) state.SkipWithError("AdvanceRound refused");
+    }
+    misses += record.misses;
+    refused += record.error != 0;
+  }
+  const DeviceStepCounters used = step->counters().Since(before);
+  const double n = iterations == 0 ? 1.0 : static_cast<double>(iterations);
+  state.counters["misses_per_round"] = benchmark::Counter(static_cast<double>(misses), benchmark::Counter::kAvgIterations);
+  state.counters["refused"] = static_cast<double>(refused);
+  state.counters["host_syncs_per_iteration"] = static_cast<double>(used.Step().syncs + used.state.syncs + used.place.syncs) / n;
+  state.counters["launches_per_iteration"] =
+      static_cast<double>(used.Step().launches + used.place.launches) / n;
+}
+// A fixed count: every iteration adds a token per request, within the headroom.
+BENCHMARK(BM_DeviceStepDecode)->ArgsProduct({{16, 64}, {0, 1}})->Iterations(256)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace ula
