@@ -219,9 +219,10 @@ void BindAddressSpaceConfig(py::module_& m) {
       .def(py::init([](std::uint32_t num_ranks, std::uint32_t num_groups, std::uint32_t entry_bytes,
                        std::uint64_t device_bytes_per_rank, std::uint64_t host_bytes_per_rank, const std::string& policy,
                        std::uint32_t page_tokens, std::uint32_t row_bytes, const std::vector<std::uint32_t>& group_layers,
-                       bool stable_new_entries, bool host_shadows) {
+                       bool stable_new_entries, bool host_shadows, bool device_placement) {
              ula::AddressSpaceConfig c;
              c.stable_new_entries = stable_new_entries;
+             c.device_placement = device_placement;
              c.host_shadows = host_shadows;
              c.page_tokens = page_tokens;
              c.row_bytes = row_bytes;
@@ -237,7 +238,7 @@ void BindAddressSpaceConfig(py::module_& m) {
            py::arg("num_ranks") = 1, py::arg("num_groups") = 1, py::arg("entry_bytes") = 656,
            py::arg("device_bytes_per_rank") = 0, py::arg("host_bytes_per_rank") = 0, py::arg("policy") = "pb_lru",
            py::arg("page_tokens") = 64, py::arg("row_bytes") = 0, py::arg("group_layers") = std::vector<std::uint32_t>{},
-           py::arg("stable_new_entries") = false, py::arg("host_shadows") = false)
+           py::arg("stable_new_entries") = false, py::arg("host_shadows") = false, py::arg("device_placement") = false)
       .def_readwrite("num_ranks", &ula::AddressSpaceConfig::num_ranks)
       .def_readwrite("row_bytes", &ula::AddressSpaceConfig::row_bytes)
       .def_readwrite("group_layers", &ula::AddressSpaceConfig::group_layers)
@@ -260,6 +261,10 @@ void BindAddressSpaceConfig(py::module_& m) {
       .def_readwrite("host_shadows", &ula::AddressSpaceConfig::host_shadows,
                      "Fetched entries keep their host slot as a clean, reclaimable copy: evicting them "
                      "moves no bytes (src/space/host_shadows.h). Off by default; StepPlanner's engine path keeps them (its plans then hold EVICT descriptors); the device step refuses them.")
+      .def_readwrite("device_placement", &ula::AddressSpaceConfig::device_placement,
+                     "Addresses on the host, slots on the device: allocate hands out addresses without placing "
+                     "them and take_placement() returns what the device step's Place must apply (needs "
+                     "stable_new_entries; no host shadows, no kinds; the host step refuses the mode).")
       .def_readwrite("page_tokens", &ula::AddressSpaceConfig::page_tokens)
       .def_readwrite("num_groups", &ula::AddressSpaceConfig::num_groups)
       .def_readwrite("entry_bytes", &ula::AddressSpaceConfig::entry_bytes)
@@ -314,6 +319,33 @@ driven from different threads at once (the GIL is released while planning).)doc"
             return ToNumpy<std::uint32_t>(std::move(addrs));
           },
           py::arg("request"), py::arg("n_tokens"), "n_tokens new logical addresses (uint32 array, no copy).")
+      .def(
+          "take_placement",
+          [](DpSpace& s) {
+            const ula::PlacementJournal j = Unwrap(s.space->TakePlacement());
+            py::list admitted, retired, seated, released;
+            for (const auto& r : j.new_requests) admitted.append(py::make_tuple(r.id.value(), r.tag, r.rank.value()));
+            for (ula::RequestId r : j.retired) retired.append(r.value());
+            for (const auto& rank : j.seated) {
+              py::list seats;
+              for (const auto& seat : rank) seats.append(py::make_tuple(seat.addr.value(), seat.tag));
+              seated.append(seats);
+            }
+            for (const auto& rank : j.released) {
+              std::vector<std::uint32_t> addrs;
+              for (ula::LogicalAddr a : rank) addrs.push_back(a.value());
+              released.append(ToNumpy<std::uint32_t>(std::move(addrs)));
+            }
+            py::dict d;
+            d["new_requests"] = admitted;
+            d["retired"] = retired;
+            d["seated"] = seated;
+            d["released"] = released;
+            return d;
+          },
+          "device_placement only: what the device step's Place must apply since the last call, as a dict: "
+          "new_requests [(id, owner tag, rank)], retired [ids], seated [per rank: [(address, owner tag)] in "
+          "allocate order], released [per rank: uint32 addresses]. FailedPreconditionError outside the mode.")
       .def(
           "free", [](DpSpace& s, std::uint64_t request) { Unwrap(s.space->Free(ula::RequestId(request))); },
           py::arg("request"), "Frees every address of the request; NotFoundError the second time.")

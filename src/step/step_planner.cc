@@ -19,6 +19,7 @@
 #include "space/space_access.h"
 #include "step/miss_fills.h"
 #include "step/step_planner_impl.h"
+#include "step/engine_modes.h"
 #include "ula/check.h"
 
 namespace ula {
@@ -421,6 +422,8 @@ Status CheckStepInput(const AddressSpaceConfig& cfg, const StepInput& input, std
 }  // namespace
 
 Result<StepStats> StepPlanner::Step(const StepInput& input, std::span<SlotId> out_slots) {
+  // The library path has no Create: a space whose entries the device places is refused here.
+  ULA_RETURN_IF_ERROR(RefuseDevicePlacement(space_.config().device_placement, "StepPlanner::Step"));
   ULA_RETURN_IF_ERROR(CheckStepInput(space_.config(), input, out_slots.size()));
   ULA_RETURN_IF_ERROR(CheckSelectionRuns(input.runs, input.selections.size()));
   // One plan at a time over a space: an engine plan's claims must not be taken by this step.

@@ -443,6 +443,16 @@ TEST(DevicePlacement, RefusalsChangeNothing) {
   ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
   ASSERT_TRUE(space->AddRequest(RequestId(2), Rank(0)));
   const auto addrs = space->Allocate(RequestId(1), 4).value();
+  // The host step's library path (no Create) refuses at Step, before it reads a location.
+  {
+    StepPlanner library(*space);
+    const std::vector<SelectionRun> runs = {SelectionRun{RequestId(1), 2}};
+    std::vector<SlotId> out(2);
+    auto stepped = library.Step(StepInput{Rank(0), GroupId(0), std::span(addrs.data(), 2), runs}, out);
+    ASSERT_FALSE(stepped);
+    EXPECT_EQ(stepped.error().code(), ErrorCode::kUnsupported) << stepped.error().ToString();
+    EXPECT_NE(stepped.error().message().find("StepPlanner::Step"), std::string::npos);
+  }
   // Unplaced: live, no location; Read, Write and Lookup say so.
   EXPECT_TRUE(space->IsLive(addrs[0]));
   EXPECT_EQ(space->Lookup(addrs[0], GroupId(0)).error().code(), ErrorCode::kFailedPrecondition);
