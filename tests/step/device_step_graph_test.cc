@@ -22,6 +22,7 @@
 #include "step/device_step_fixture.h"
 #include "step/engine_pools.h"
 #include "step/space_fixture.h"
+#include "test_seed.h"
 #include "ula/device_step.h"
 #include "ula/location.h"
 
@@ -219,7 +220,8 @@ TEST(DeviceStepCudaGraph, ReplayedIterationsMatchTheOpenMpForm) {
   EXPECT_EQ(syncs, 0u) << "a synchronisation inside the capture";
   if (!gpu) EXPECT_EQ(step_launches, 0u) << "nothing ran yet";
 
-  std::mt19937_64 rng(20261206);
+  ULA_TEST_SEEDED(seed, 20261206);
+  std::mt19937_64 rng(seed);
   std::vector<double> ms;
   std::uint64_t misses = 0, evictions = 0, refused = 0, reads = 0;
   for (int it = 0; it < kReplays; ++it) {
