@@ -26,7 +26,7 @@ std::string KernelErrorText(int error) {
 
 namespace {
 // A KernelError of the CUDA form as a Status naming the call.
-Status IoStatus(kernels::KernelError e, const char* what) {
+[[maybe_unused]] Status IoStatus(kernels::KernelError e, const char* what) {  // unused without CUDA
   if (e == kernels::kKernelOk) return Ok();
   const std::string m = fmt::format("DeviceIo::{}: {}", what, KernelErrorText(e));
   switch (e) {
