@@ -204,6 +204,35 @@ Result<std::uint32_t> InsertSwa(PrefixCache& cache, HybridAllocator& a, const st
   return cache.Insert(tokens, b.pages, {}, b.window);
 }
 
+// Ours: window eviction takes a node's window pages together (SGLang evicts by node), so a
+// node with any window page locked protects all of them, and Metrics must count them so: a
+// match that ends inside a node whose window reaches back into its parent locks only the
+// parent's last pages, and the parent's other window pages are protected too. Window 5 on
+// 1-token pages: [1..12] is cut at its window, N0 = [0, 8) and N1 = [8, 12); a match of 10
+// splits N1 at 10 and locks pages 6-9 (N0's last two, and [8, 10)), so N0's eight pages and
+// [8, 10)'s two are protected and only [10, 12)'s two evictable, which Evict then frees.
+TEST(PrefixCacheSglang, AWindowLockProtectsEveryWindowPageOfItsNode) {
+  auto a = Buffer();
+  auto cache = SwaCache(*a, 5);
+  ASSERT_EQ(InsertSwa(*cache, *a, Range(1, 12)).value(), 0u);
+  const PrefixCacheMetrics before = cache->Metrics();
+  ASSERT_EQ(before.window.protected_bytes, 0u);
+  ASSERT_GT(before.window.evictable, 0u);
+  ASSERT_EQ(before.window.evictable % 12, 0u);
+  const std::uint64_t page = before.window.evictable / 12;  // one window page's bytes
+  PrefixMatch m = cache->Match(Range(1, 10), 10);
+  ASSERT_EQ(m.length, 10u);
+  ASSERT_TRUE(cache->Lock(m));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+  const PrefixCacheMetrics locked = cache->Metrics();
+  EXPECT_EQ(locked.window.protected_bytes, 10 * page) << "N0's eight window pages and [8, 10)'s two";
+  EXPECT_EQ(locked.window.evictable, 2 * page) << "only [10, 12)'s";
+  EXPECT_EQ(cache->Evict(0, 0, 1000).window_pages * page, locked.window.evictable)
+      << "what the counter calls evictable is what eviction frees";
+  ASSERT_TRUE(cache->Unlock(m));
+  EXPECT_TRUE(cache->CheckInvariants()) << cache->CheckInvariants().error().ToString();
+}
+
 // Item 7: without a recurrent kind a match ends at any node boundary whose window is there.
 // SGLang (test_swa_radix_cache_1's tree, window 4) matches [1..5] whole; with a state per
 // insert (the dummy blocks a pure SWA model needed before) nothing ends at 5.
