@@ -18,6 +18,7 @@
 #include <random>
 #include <vector>
 
+#include "step/placement_buffers.h"
 #include "ula/step_arrays.h"
 
 #include "ula/address_space.h"
@@ -25,6 +26,40 @@
 
 namespace ula {
 namespace {
+
+// One group step's arrays for a batch of requests selecting top_k of their history
+// (addrs[r]), and the round's change: about a tenth of the selections drawn again.
+struct RoundSelections {
+  RoundSelections(const std::vector<std::vector<LogicalAddr>>& addrs, std::uint32_t top_k, std::uint32_t history,
+                  std::uint32_t max_descriptors)
+      : addrs(addrs), top_k(top_k), history(history), sel(addrs.size() * top_k), indices(sel.size()),
+        requests(addrs.size()), descriptors(max_descriptors), status(max_descriptors, 0) {
+    for (std::size_t i = 0; i < sel.size(); ++i) sel[i] = Draw(i);
+    for (std::size_t r = 0; r < requests.size(); ++r) requests[r] = static_cast<std::int64_t>(r);
+    const auto batch = static_cast<std::uint32_t>(addrs.size());
+    arrays = StepArrays{.selections = sel.data(), .requests = requests.data(), .indices = indices.data(),
+                        .descriptors = descriptors.data(), .stats = &record, .num_rows = batch, .batch = batch,
+                        .top_k = top_k, .selection_stride = top_k, .index_stride = top_k,
+                        .max_descriptors = max_descriptors};
+  }
+  void NextRound() {
+    for (std::size_t i = 0; i < sel.size() / 10; ++i) {
+      const std::size_t j = rng() % sel.size();
+      sel[j] = Draw(j);
+    }
+  }
+  std::int32_t Draw(std::size_t i) { return static_cast<std::int32_t>(addrs[i / top_k][rng() % history].value()); }
+
+  const std::vector<std::vector<LogicalAddr>>& addrs;
+  std::uint32_t top_k, history;
+  std::mt19937 rng{3};
+  std::vector<std::int32_t> sel, indices;
+  std::vector<std::int64_t> requests;
+  std::vector<CopyDescriptor> descriptors;
+  std::vector<std::uint8_t> status;  // every copy landed
+  StepRecord record;
+  StepArrays arrays;
+};
 
 void BM_DeviceStepRound(benchmark::State& state) {
   const auto batch = static_cast<std::uint32_t>(state.range(0));
@@ -47,25 +82,14 @@ void BM_DeviceStepRound(benchmark::State& state) {
   auto step = DeviceStep::Create(*space, Rank(0), GroupId(0),
                                  DeviceStepConfig{.max_rows = batch, .max_batch = batch, .max_top_k = top_k})
                   .value();
-  std::mt19937 rng(3);
-  std::vector<std::int32_t> sel(std::size_t{batch} * top_k), indices(sel.size());
-  for (std::size_t i = 0; i < sel.size(); ++i) sel[i] = static_cast<std::int32_t>(addrs[i / top_k][rng() % history].value());
-  std::vector<std::int64_t> requests(batch);
-  for (std::uint32_t r = 0; r < batch; ++r) requests[r] = r;
-  std::vector<CopyDescriptor> descriptors(step->max_descriptors());
-  std::vector<std::uint8_t> status(step->max_descriptors(), 0);
-  StepRecord record;
-  StepArrays arrays{.selections = sel.data(), .requests = requests.data(), .indices = indices.data(),
-                    .descriptors = descriptors.data(), .stats = &record, .num_rows = batch, .batch = batch,
-                    .top_k = top_k, .selection_stride = top_k, .index_stride = top_k,
-                    .max_descriptors = step->max_descriptors()};
+  RoundSelections round(addrs, top_k, history, step->max_descriptors());
+  const StepArrays& arrays = round.arrays;
+  const StepRecord& record = round.record;
+  const std::vector<std::uint8_t>& status = round.status;
   std::uint64_t misses = 0, refused = 0;
   for (auto _ : state) {
     state.PauseTiming();
-    for (std::size_t i = 0; i < sel.size() / 10; ++i) {
-      const std::size_t j = rng() % sel.size();
-      sel[j] = static_cast<std::int32_t>(addrs[j / top_k][rng() % history].value());
-    }
+    round.NextRound();
     state.ResumeTiming();
     if (!step->Plan(arrays, nullptr) || !step->Complete(status.data(), nullptr)) state.SkipWithError("step refused");
     misses += record.misses;
@@ -114,58 +138,26 @@ void BM_DeviceStepDecode(benchmark::State& state) {
   }
   auto step = DeviceStep::Create(*space, Rank(0), GroupId(0), dc).value();
   // The journal as the step's arrays (device placement), and its Place with every eviction landed.
-  std::vector<std::uint32_t> retired, admitted, tags, released, seated, seat_tags;
-  std::vector<std::uint64_t> locations(max_seats);
-  std::vector<CopyDescriptor> evictions(max_seats);
-  std::vector<std::uint8_t> place_status(max_seats, 0);
-  std::uint32_t num_evictions = 0;
+  PlacementBuffers buffers(device_placement ? max_seats : 0);
   auto place = [&]() -> bool {
     auto journal = space->TakePlacement();
     if (!journal) return false;
-    retired.clear(), admitted.clear(), tags.clear(), released.clear(), seated.clear(), seat_tags.clear();
-    for (RequestId r : journal->retired) retired.push_back(static_cast<std::uint32_t>(r.value()));
-    for (const auto& r : journal->new_requests) {
-      admitted.push_back(static_cast<std::uint32_t>(r.id.value()));
-      tags.push_back(r.tag);
-    }
-    for (LogicalAddr a : journal->released[0]) released.push_back(a.value());
-    for (const auto& seat : journal->seated[0]) {
-      seated.push_back(seat.addr.value());
-      seat_tags.push_back(seat.tag);
-    }
-    PlacementArrays p{.retired = retired.data(), .new_requests = admitted.data(), .new_tags = tags.data(),
-                      .released = released.data(), .seated = seated.data(), .seated_tags = seat_tags.data(),
-                      .num_retired = static_cast<std::uint32_t>(retired.size()),
-                      .num_new_requests = static_cast<std::uint32_t>(admitted.size()),
-                      .num_released = static_cast<std::uint32_t>(released.size()),
-                      .num_seated = static_cast<std::uint32_t>(seated.size()), .locations = locations.data(),
-                      .evictions = evictions.data(), .num_evictions = &num_evictions};
-    return step->Place(p, nullptr) && step->CompletePlace(place_status.data(), nullptr);
+    buffers.Fill(*journal);
+    return step->Place(buffers.arrays(), nullptr) && step->CompletePlace(buffers.status.data(), nullptr);
   };
   if (device_placement && (!place() || !step->AdvanceRound(nullptr))) {
     state.SkipWithError("the history's Place refused");
     return;
   }
-  std::mt19937 rng(3);
-  std::vector<std::int32_t> sel(std::size_t{batch} * top_k), indices(sel.size());
-  for (std::size_t i = 0; i < sel.size(); ++i) sel[i] = static_cast<std::int32_t>(addrs[i / top_k][rng() % history].value());
-  std::vector<std::int64_t> requests(batch);
-  for (std::uint32_t r = 0; r < batch; ++r) requests[r] = r;
-  std::vector<CopyDescriptor> descriptors(step->max_descriptors());
-  std::vector<std::uint8_t> status(step->max_descriptors(), 0);
-  StepRecord record;
-  StepArrays arrays{.selections = sel.data(), .requests = requests.data(), .indices = indices.data(),
-                    .descriptors = descriptors.data(), .stats = &record, .num_rows = batch, .batch = batch,
-                    .top_k = top_k, .selection_stride = top_k, .index_stride = top_k,
-                    .max_descriptors = step->max_descriptors()};
+  RoundSelections round(addrs, top_k, history, step->max_descriptors());
+  const StepArrays& arrays = round.arrays;
+  const StepRecord& record = round.record;
+  const std::vector<std::uint8_t>& status = round.status;
   const DeviceStepCounters before = step->counters();
   std::uint64_t misses = 0, refused = 0, iterations = 0;
   for (auto _ : state) {
     state.PauseTiming();
-    for (std::size_t i = 0; i < sel.size() / 10; ++i) {
-      const std::size_t j = rng() % sel.size();
-      sel[j] = static_cast<std::int32_t>(addrs[j / top_k][rng() % history].value());
-    }
+    round.NextRound();
     state.ResumeTiming();
     ++iterations;
     if (device_placement) {

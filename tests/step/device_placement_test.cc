@@ -16,6 +16,7 @@
 #include "space/address_space_state.h"
 #include "space/space_access.h"
 #include "step/device_step_fixture.h"
+#include "step/placement_buffers.h"
 #include "step/space_fixture.h"
 #include "test_seed.h"
 #include "ula/address_space.h"
@@ -207,56 +208,31 @@ class Loop {
   }
 
   void Place(const std::vector<LogicalAddr>& fresh) {
-    PlacementJournal j = space_->TakePlacement().value();
-    std::vector<std::uint32_t> retired, admitted, tags, released, seated, seat_tags;
-    for (RequestId r : j.retired) retired.push_back(static_cast<std::uint32_t>(r.value()));
-    for (const auto& r : j.new_requests) {
-      admitted.push_back(static_cast<std::uint32_t>(r.id.value()));
-      tags.push_back(r.tag);
-    }
-    for (LogicalAddr a : j.released[0]) released.push_back(a.value());
-    for (const auto& s : j.seated[0]) {
-      seated.push_back(s.addr.value());
-      seat_tags.push_back(s.tag);
-    }
-    ASSERT_EQ(seated.size(), fresh.size());  // every new address of the iteration, in Allocate order
-    for (std::size_t i = 0; i < fresh.size(); ++i) ASSERT_EQ(seated[i], fresh[i].value());
+    PlacementBuffers b(kMaxSeats);
+    b.Fill(space_->TakePlacement().value());
+    ASSERT_EQ(b.seated.size(), fresh.size());  // every new address of the iteration, in Allocate order
+    for (std::size_t i = 0; i < fresh.size(); ++i) ASSERT_EQ(b.seated[i], fresh[i].value());
     for (std::uint32_t g = 0; g < kGroups; ++g) {
-      std::vector<std::uint64_t> locations(kMaxSeats, 0);
-      std::vector<CopyDescriptor> evictions(kMaxSeats);
-      std::vector<std::uint8_t> status(kMaxSeats, 0);
-      std::uint32_t num_evictions = 0;
-      PlacementArrays p;
-      p.retired = retired.data();
-      p.num_retired = static_cast<std::uint32_t>(retired.size());
-      p.new_requests = admitted.data();
-      p.new_tags = tags.data();
-      p.num_new_requests = static_cast<std::uint32_t>(admitted.size());
-      p.released = released.data();
-      p.num_released = static_cast<std::uint32_t>(released.size());
-      p.seated = seated.data();
-      p.seated_tags = seat_tags.data();
-      p.num_seated = static_cast<std::uint32_t>(seated.size());
-      p.locations = locations.data();
-      p.evictions = evictions.data();
-      p.num_evictions = &num_evictions;
-      ASSERT_TRUE(steps_[g]->Place(p, nullptr));
+      std::fill(b.locations.begin(), b.locations.end(), 0);
+      std::fill(b.status.begin(), b.status.end(), 0);
+      ASSERT_TRUE(steps_[g]->Place(b.arrays(), nullptr));
       // The engine's copies (the OpenMP form's "device" memory is host memory: the count is
       // read where a GPU copy kernel would read it on the device).
-      for (std::uint32_t k = 0; k < num_evictions; ++k) {
+      for (std::uint32_t k = 0; k < b.num_evictions; ++k) {
         ++evictions_run_;
         if (opt_.fail_every != 0 && evictions_run_ % opt_.fail_every == 1) {
-          status[k] = 1;  // its bytes never arrive
+          b.status[k] = 1;  // its bytes never arrive
           ++evictions_failed_;
           continue;
         }
-        shadow_[g].Run(evictions[k]);
+        shadow_[g].Run(b.evictions[k]);
       }
-      ASSERT_TRUE(steps_[g]->CompletePlace(status.data(), nullptr));
-      for (std::size_t i = 0; i < seated.size(); ++i) {
-        ASSERT_NE(locations[i], 0u) << "seat " << i << " has no location";
-        WriteToken(g, LogicalAddr(seated[i]), location_bits::OnDevice(locations[i]) ? Tier::kDevice : Tier::kHost,
-                   location_bits::SlotOf(locations[i]));
+      ASSERT_TRUE(steps_[g]->CompletePlace(b.status.data(), nullptr));
+      for (std::size_t i = 0; i < b.seated.size(); ++i) {
+        const std::uint64_t loc = b.locations[i];
+        ASSERT_NE(loc, 0u) << "seat " << i << " has no location";
+        WriteToken(g, LogicalAddr(b.seated[i]), location_bits::OnDevice(loc) ? Tier::kDevice : Tier::kHost,
+                   location_bits::SlotOf(loc));
       }
     }
   }
@@ -474,29 +450,13 @@ TEST(DevicePlacement, RefusalsChangeNothing) {
   PlacementJournal j = space->TakePlacement().value();
   ASSERT_EQ(j.seated[0].size(), 4u);
   ASSERT_EQ(j.new_requests.size(), 2u);
-  std::vector<std::uint32_t> seated, tags, req_ids, req_tags;
-  for (const auto& s : j.seated[0]) {
-    seated.push_back(s.addr.value());
-    tags.push_back(s.tag);
-  }
-  for (const auto& r : j.new_requests) {
-    req_ids.push_back(static_cast<std::uint32_t>(r.id.value()));
-    req_tags.push_back(r.tag);
-  }
-  std::vector<std::uint64_t> locations(kMaxSeats);
-  std::vector<CopyDescriptor> evictions(kMaxSeats);
-  std::vector<std::uint8_t> status(kMaxSeats, 0);
-  std::uint32_t num_evictions = 0;
-  PlacementArrays p;
-  p.new_requests = req_ids.data();
-  p.new_tags = req_tags.data();
-  p.num_new_requests = static_cast<std::uint32_t>(req_ids.size());
-  p.seated = seated.data();
-  p.seated_tags = tags.data();
-  p.num_seated = static_cast<std::uint32_t>(seated.size());
-  p.locations = locations.data();
-  p.evictions = evictions.data();
-  p.num_evictions = &num_evictions;
+  PlacementBuffers b(kMaxSeats);
+  b.Fill(j);
+  const std::vector<std::uint32_t>&seated = b.seated, &tags = b.seated_tags, &req_ids = b.new_requests;
+  const std::vector<std::uint64_t>& locations = b.locations;
+  const std::vector<std::uint8_t>& status = b.status;
+  const std::uint32_t& num_evictions = b.num_evictions;
+  const PlacementArrays p = b.arrays();
 
   const DeviceStepState before = step->ReadState(nullptr).value();
   auto expect_unchanged = [&](const char* what) {
@@ -577,27 +537,13 @@ TEST(DevicePlacement, NewOnHostForOneRound) {
   auto step = DeviceStep::Create(*space, Rank(0), GroupId(0), StepConfig()).value();
   ASSERT_TRUE(space->AddRequest(RequestId(1), Rank(0)));
   const auto addrs = space->Allocate(RequestId(1), kDev + 4).value();  // a prefill chunk past the pool
-  PlacementJournal j = space->TakePlacement().value();
-  std::vector<std::uint32_t> seated, tags;
-  for (const auto& s : j.seated[0]) {
-    seated.push_back(s.addr.value());
-    tags.push_back(s.tag);
-  }
-  const std::uint32_t req = 1, req_tag = j.new_requests.at(0).tag;
-  std::vector<std::uint64_t> locations(kMaxSeats);
-  std::vector<CopyDescriptor> evictions(kMaxSeats);
-  std::vector<std::uint8_t> status(kMaxSeats, 0);
-  std::uint32_t num_evictions = 0;
-  PlacementArrays p;
-  p.new_requests = &req;
-  p.new_tags = &req_tag;
-  p.num_new_requests = 1;
-  p.seated = seated.data();
-  p.seated_tags = tags.data();
-  p.num_seated = static_cast<std::uint32_t>(seated.size());
-  p.locations = locations.data();
-  p.evictions = evictions.data();
-  p.num_evictions = &num_evictions;
+  PlacementBuffers b(kMaxSeats);
+  b.Fill(space->TakePlacement().value());
+  ASSERT_EQ(b.new_requests, std::vector<std::uint32_t>{1});
+  const std::vector<std::uint64_t>& locations = b.locations;
+  const std::vector<std::uint8_t>& status = b.status;
+  const std::uint32_t& num_evictions = b.num_evictions;
+  const PlacementArrays p = b.arrays();
   ASSERT_TRUE(step->Place(p, nullptr));
   ASSERT_TRUE(step->CompletePlace(status.data(), nullptr));
   EXPECT_EQ(num_evictions, 0u);  // every device entry is this round's: no victim
