@@ -6,7 +6,8 @@
 //     device memory; each kernel reads it there and runs over a fixed index space (the
 //     selections, the descriptor rows, the bitmaps' summary words);
 //   - no allocation after Create: the state and every scratch array are sized once for the
-//     largest shape (DeviceStepConfig), CCCL's scan storage comes from an arena of Create's;
+//     largest shape (DeviceStepConfig), the scans' per-block partials come from an arena of
+//     Create's;
 //   - fixed shapes: for the same StepArrays (pointers and shape) the launches are the same, so
 //     Plan, the engine's copies and Complete can be captured in one CUDA graph and replayed.
 //
@@ -63,7 +64,9 @@
 // checkpoints: in this mode StoreInto checks that the device's owner and request tags are
 // the space's (every journal applied) instead of comparing the space with what was loaded.
 //
-// Phases of Plan (kernels in src/kernels/step_kernels.inl, each with its arrays and atomics):
+// Phases of Plan (kernels in src/kernels/step_kernels.inl, each with its arrays and atomics;
+// Check is 1-3 and Claim 4-6, each one cooperative launch whose grid barriers stand between
+// the kernels below):
 //   1. classify [rows * top_k]: StepPlanner's checks in its order (value, live, the
 //      row's request, held, rank); each valid address's first selection by an atomic minimum;
 //   2. one exclusive scan of each selection's tally (first-occurrence hit and miss, newly used
@@ -104,8 +107,9 @@
 // Errors are values: every call returns a Status (no exception crosses this API; the CUDA
 // form catches thrust's and CCCL's at its entry points, and checks every CUDA call). Besides
 // each call's own refusals, the CUDA form can return:
-//   - kResourceExhausted: a step's scans need more scratch than the arena holds (sized at
-//     Create for the largest shape, so this is a sizing bug): refused before anything is
+//   - kResourceExhausted: the scans' per-block partials of the largest grid the device holds
+//     resident do not fit the arena (sized at Create for them, so this is a sizing bug, or
+//     another device than Create's is current): refused before anything is
 //     enqueued, nothing changes, no StepRecord is written (a refused Claim uses up its Check);
 //   - kIo (a CUDA call failed or a launch threw; the message has CUDA's) or kResourceExhausted
 //     (device memory) after work was enqueued: the device state is then unknown, so the step
@@ -203,10 +207,11 @@ struct DeviceStepCounts {
 };
 // What the step has enqueued since Create, by phase, cumulative: take a snapshot before a
 // step and subtract (Since). Counted where every launch goes through (the kernels' one
-// launch helper, src/kernels/step_kernels.inl: a thrust for_each or transform is one kernel, a
-// CCCL scan two) and where every synchronisation goes through (the step's Sync and Copy).
-// Both forms count the CUDA form's kernels. Plan counts into check and claim. docs/ARCHITECTURE.md
-// ("The device step") gives the count of one step.
+// launch helper, src/kernels/step_kernels.inl: a cooperative launch, whatever its grid
+// barriers, or a thrust for_each is one kernel) and where every synchronisation goes through
+// (the step's Sync and Copy). Both forms count the CUDA form's kernels. Plan counts into check
+// and claim. docs/ARCHITECTURE.md ("The device step") gives the count of one step: one launch
+// per phase.
 struct DeviceStepCounters {
   DeviceStepCounts check, claim, complete, advance_round;
   DeviceStepCounts state;    // Create, Reload, StoreInto, ReadState: outside a step
@@ -304,9 +309,9 @@ class DeviceStep {
   // Synchronises `stream` and copies the state back (records: the loaded address extent).
   // The errors of "Errors are values" above.
   Result<DeviceStepState> ReadState(void* stream) const;
-  // Bytes of temporary storage CCCL's scans have taken from the arena at most, and the
-  // steps refused because their scans did not fit (CUDA form; the OpenMP form's scans take
-  // none: both stay 0 there).
+  // Bytes the cooperative launches' scan partials have taken from the arena at most, and the
+  // calls refused because they would not fit (CUDA form; the OpenMP form's partials live on
+  // the launching thread's stack: both stay 0 there).
   std::uint64_t arena_high_water() const;
   std::uint64_t arena_overflows() const;
   // Launches and host synchronisations since Create, by phase (cumulative).

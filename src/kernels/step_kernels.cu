@@ -3,18 +3,23 @@
 // points only (the host-side kernels read counts back and exist in the OpenMP form). The
 // context is the caller's stream (a cudaStream_t passed as void*: no CUDA type crosses
 // step_kernels.h). Every thrust call runs on that stream with thrust::cuda::par_nosync, so
-// kernels are ordered by the stream alone and nothing here synchronises but Sync.
+// kernels are ordered by the stream alone and nothing here synchronises but Sync. The
+// device step's phases are cooperative launches (cudaLaunchCooperativeKernel of
+// CooperativeKernel<Program>): a grid no larger than what the device holds resident at once
+// (the occupancy of that kernel times the SMs), whose barriers are grid.sync().
 //
 // Errors: every CUDA runtime call's result is checked (scripts/check_cuda_calls.py) and
 // returned as a KernelError. thrust reports a failed launch by throwing thrust::system_error
-// (and CCCL's allocations std::bad_alloc): the entry points catch every exception, so none
-// crosses into the host side. A step's scans take their temporary storage from the arena
-// (sized at Create, ScanScratchBytes); before launching anything, an entry point asks cub for
-// the bytes its scans need and refuses the step with kKernelArenaOverflow when they do not fit,
-// so that refusal leaves nothing enqueued.
+// (and CCCL's allocations std::bad_alloc), a cooperative launch by LaunchFailed: the entry
+// points catch every exception, so none crosses into the host side. A cooperative scan's
+// per-block partials come from the arena (sized at Create, ScanScratchBytes: the most blocks
+// the device can hold resident); before launching anything, an entry point checks that the
+// arena holds them and refuses the step with kKernelArenaOverflow when it does not, so that
+// refusal leaves nothing enqueued.
 #include "kernels/step_kernels.h"
 
-#include <cub/device/device_scan.cuh>
+#include <cooperative_groups.h>
+#include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 #include <thrust/system/cuda/error.h>
 #include <thrust/system/cuda/execution_policy.h>
@@ -45,22 +50,112 @@ struct LaunchFailed {
 };
 struct ArenaShort {};  // a scan asked for more than its checked need (cannot happen after Fits)
 
-// The storage cub's exclusive scan of n values from `in` under op needs (0 for n == 0). The
-// types are the launch's own (launch::CheckScanInput, ClaimScanInput), so the bytes are too.
-template <class In, class T, class Op>
-cudaError_t ScanBytes(In in, std::uint32_t n, T init, Op op, std::size_t* bytes) {
-  *bytes = 0;
-  if (n == 0) return cudaSuccess;
-  return cub::DeviceScan::ExclusiveScan(nullptr, *bytes, in, static_cast<T*>(nullptr), op, init, n);
+// The grid of a cooperative launch, kCoopBlock threads a block. ForEach: a grid-stride loop;
+// Sync: grid.sync(). Scan: each thread folds a contiguous chunk of [0, n) (threads in grid
+// order), a block scan ranks the threads' sums and thread 0 stores the block's total to
+// partials[block]; after a grid barrier each block folds the totals of the blocks before it
+// (a second block scan over them, in order), each thread writes its chunk's prefixes, and a
+// last barrier makes them visible.
+constexpr unsigned kCoopBlock = 256;
+constexpr std::size_t kCoopValueBytes = 32;  // the largest scan value (StepTally)
+
+struct CudaGrid {
+  void* partials;  // [gridDim.x] values of the scan's type
+
+  template <class F>
+  __device__ void ForEach(std::uint32_t n, F f) const {
+    const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+    for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+      f(static_cast<std::uint32_t>(i));
+    }
+  }
+  __device__ void Sync() const { cooperative_groups::this_grid().sync(); }
+
+  template <class In, class T, class Op>
+  __device__ void Scan(In in, std::uint32_t n, T* out, T init, Op op) const {
+    static_assert(sizeof(T) <= kCoopValueBytes);
+    using BlockScan = cub::BlockScan<T, kCoopBlock>;
+    __shared__ typename BlockScan::TempStorage temp;
+    __shared__ T block_prefix;
+    const std::uint64_t threads = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+    const std::uint64_t t = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const std::uint64_t per = (n + threads - 1) / threads;
+    const std::uint64_t begin = t * per < n ? t * per : n;
+    const std::uint64_t end = begin + per < n ? begin + per : n;
+    T sum = init;
+    for (std::uint64_t i = begin; i < end; ++i) sum = op(sum, in[i]);
+    T before = init, total = init;
+    BlockScan(temp).ExclusiveScan(sum, before, init, op, total);
+    T* part = static_cast<T*>(partials);
+    if (threadIdx.x == 0) part[blockIdx.x] = total;
+    Sync();
+    // This block's prefix: the totals of the blocks before it, kCoopBlock at a time in order.
+    T carry = init;
+    for (unsigned base = 0; base < blockIdx.x; base += kCoopBlock) {
+      const unsigned k = base + threadIdx.x;
+      const T x = k < blockIdx.x ? part[k] : init;
+      T unused = init, chunk = init;
+      __syncthreads();  // temp is reused
+      BlockScan(temp).ExclusiveScan(x, unused, init, op, chunk);
+      carry = op(carry, chunk);
+    }
+    if (threadIdx.x == 0) block_prefix = carry;
+    __syncthreads();
+    T run = op(block_prefix, before);
+    for (std::uint64_t i = begin; i < end; ++i) {
+      const T x = in[i];
+      out[i] = run;
+      run = op(run, x);
+    }
+    Sync();
+  }
+};
+
+template <class P>
+__global__ void __launch_bounds__(kCoopBlock) CooperativeKernel(P program, void* partials) {
+  const CudaGrid g{partials};
+  program(g);
 }
 
-// out[i] = init op in[0] op ... op in[i - 1] over [0, n), its storage taken from the arena and
-// given back.
-template <class In, class T, class Op>
-void ArenaScan(void* exec, ScratchArena* arena, In in, std::uint32_t n, T* out, T init, Op op) {
-  std::size_t bytes = 0;
-  if (const cudaError_t e = ScanBytes(in, n, init, op, &bytes); e != cudaSuccess) throw LaunchFailed{e};
-  if (n == 0) return;
+// The most blocks of kCoopBlock threads the current device holds resident (the arena's
+// bound for the partials of any cooperative launch: a launch never uses more).
+cudaError_t MaxResidentBlocks(std::uint32_t* blocks) {
+  *blocks = 0;
+  int dev = 0, sms = 0, threads = 0;
+  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev); e != cudaSuccess) {
+    return e;
+  }
+  if (const cudaError_t e = cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, dev);
+      e != cudaSuccess) {
+    return e;
+  }
+  *blocks = static_cast<std::uint32_t>(sms) * static_cast<std::uint32_t>(threads / static_cast<int>(kCoopBlock));
+  return cudaSuccess;
+}
+std::size_t PartialsBytes(std::uint32_t blocks) { return static_cast<std::size_t>(blocks) * kCoopValueBytes; }
+
+// One cooperative launch of program on the stream: blocks = min(resident, width / kCoopBlock
+// rounded up), its partials taken from the arena and given back once enqueued (the next
+// launch on the stream reuses them after this one).
+template <class P>
+void RunCooperative(void* exec, ScratchArena* arena, std::uint32_t width, const P& program) {
+  int dev = 0, sms = 0, per_sm = 0;
+  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) throw LaunchFailed{e};
+  if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev); e != cudaSuccess) {
+    throw LaunchFailed{e};
+  }
+  if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, CooperativeKernel<P>,
+                                                                          static_cast<int>(kCoopBlock), 0);
+      e != cudaSuccess) {
+    throw LaunchFailed{e};
+  }
+  if (per_sm < 1) throw LaunchFailed{cudaErrorCooperativeLaunchTooLarge};
+  const std::uint32_t resident = static_cast<std::uint32_t>(sms) * static_cast<std::uint32_t>(per_sm);
+  const std::uint32_t wanted = (width + kCoopBlock - 1) / kCoopBlock;
+  const std::uint32_t blocks = wanted < resident ? (wanted < 1 ? 1 : wanted) : resident;
+  if (arena == nullptr) throw ArenaShort{};
+  const std::size_t bytes = PartialsBytes(blocks);
   char* storage = arena->Take(bytes);
   if (storage == nullptr) throw ArenaShort{};
   struct GiveBack {
@@ -69,7 +164,11 @@ void ArenaScan(void* exec, ScratchArena* arena, In in, std::uint32_t n, T* out, 
     std::size_t bytes;
     ~GiveBack() { arena->Give(p, bytes); }
   } give{arena, storage, bytes};
-  if (const cudaError_t e = cub::DeviceScan::ExclusiveScan(storage, bytes, in, out, op, init, n, Stream(exec));
+  void* partials = storage;
+  P copy = program;
+  void* params[] = {&copy, &partials};
+  if (const cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&CooperativeKernel<P>),
+                                                        dim3(blocks), dim3(kCoopBlock), params, 0, Stream(exec));
       e != cudaSuccess) {
     throw LaunchFailed{e};
   }
@@ -103,57 +202,19 @@ KernelError Guarded(F&& f) noexcept {
 #define ULA_KERNELS_NS gpu
 #define ULA_KERNELS_EXEC void*
 #define ULA_KERNELS_POLICY(e) thrust::cuda::par_nosync.on(Stream(e))
-#define ULA_KERNELS_DEVICE_SCAN(e, arena, in, n, out, init, op) \
-  ArenaScan((e), (arena), (in), (n), (out), (init), (op))
+#define ULA_KERNELS_COOPERATIVE(e, arena, width, program) RunCooperative((e), (arena), (width), (program))
+#define ULA_KERNELS_PROGRAM __device__
 #include "kernels/step_kernels.inl"
 
 namespace ula::kernels::gpu {
 namespace {
-// The arena bytes a step's scans need: the tally scan over the selections (DeviceCheck), the
-// take's scan over the free and victim blocks (DeviceClaim); each gives its storage back
-// before the next.
-cudaError_t StepNeed(const DeviceStepArgs& a, std::uint32_t n, bool check, bool claim, std::size_t* need) {
-  *need = 0;
-  std::size_t b = 0;
-  if (check) {
-    if (const cudaError_t e = ScanBytes(launch::CheckScanInput(a), n, TallyZero(), TallyPlus{}, &b); e != cudaSuccess) {
-      return e;
-    }
-    *need = b;
-  }
-  if (claim && n > 0) {
-    if (const cudaError_t e = ScanBytes(launch::ClaimScanInput(a), launch::ClaimBlocks(a), std::uint32_t{0},
-                                        launch::SumU32{}, &b);
-        e != cudaSuccess) {
-      return e;
-    }
-    if (b > *need) *need = b;
-  }
-  return cudaSuccess;
-}
-
-// The arena bytes a Place's scans need (device placement): the free, victim and host takes
-// over the summary words, each giving its storage back before the next.
-cudaError_t PlaceNeed(const DeviceStepArgs& a, std::size_t* need) {
-  *need = 0;
-  std::size_t b = 0;
-  for (std::uint32_t n : {a.device_free.num_summary, (a.pb.recent + 1) * a.pb.num_summary, a.host_free.num_summary}) {
-    if (const cudaError_t e = ScanBytes(a.place.take_counts, n, std::uint32_t{0}, launch::SumU32{}, &b); e != cudaSuccess) {
-      return e;
-    }
-    if (b > *need) *need = b;
-  }
-  return cudaSuccess;
-}
-
-// Refuses (nothing enqueued) when the arena cannot hold the step's scans; else runs f guarded.
+// Refuses (nothing enqueued) when the arena cannot hold the partials of the largest grid;
+// else runs f guarded.
 template <class F>
-KernelError Step(const DeviceStepArgs& a, bool check, bool claim, F&& f) noexcept {
-  std::size_t need = 0;
-  if (const cudaError_t e = StepNeed(a, a.io.num_rows * a.io.top_k, check, claim, &need); e != cudaSuccess) {
-    return Code(e);
-  }
-  if (need > 0 && (a.arena == nullptr || !a.arena->Fits(need))) {
+KernelError Step(const DeviceStepArgs& a, F&& f) noexcept {
+  std::uint32_t blocks = 0;
+  if (const cudaError_t e = MaxResidentBlocks(&blocks); e != cudaSuccess) return Code(e);
+  if (a.arena == nullptr || !a.arena->Fits(PartialsBytes(blocks))) {
     if (a.arena != nullptr) ++a.arena->overflows;
     return kKernelArenaOverflow;
   }
@@ -161,37 +222,30 @@ KernelError Step(const DeviceStepArgs& a, bool check, bool claim, F&& f) noexcep
 }
 }  // namespace
 
+// Every entry point that makes a cooperative launch first checks the arena (Step): a refusal
+// enqueues nothing. Check is refused before it runs when Claim would be (the same bound), so
+// that no Check leaves first[] and the hit marks set for a Claim that never comes.
 KernelError DevicePlan(void* exec, const DeviceStepArgs& args) {
-  return Step(args, true, true, [&] { launch::DevicePlan(exec, args); });
+  return Step(args, [&] { launch::DevicePlan(exec, args); });
 }
-// Check asks for Claim's scan too: a Claim refused by the arena would leave Check's first[]
-// and hit marks set (nothing enqueued resets them), so the refusal comes before the Check.
 KernelError DeviceCheck(void* exec, const DeviceStepArgs& args) {
-  return Step(args, true, true, [&] { launch::DeviceCheck(exec, args); });
+  return Step(args, [&] { launch::DeviceCheck(exec, args); });
 }
 KernelError DeviceClaim(void* exec, const DeviceStepArgs& args, const std::uint32_t* agreed) {
-  return Step(args, false, true, [&] { launch::DeviceClaim(exec, args, agreed); });
+  return Step(args, [&] { launch::DeviceClaim(exec, args, agreed); });
 }
 KernelError DeviceComplete(void* exec, const DeviceStepArgs& args, const std::uint8_t* status) {
   return Guarded([&] { launch::DeviceComplete(exec, args, status); });
 }
 KernelError DeviceAdvanceRound(void* exec, const DeviceStepArgs& args, bool rebase) {
-  return Guarded([&] { launch::DeviceAdvanceRound(exec, args, rebase); });
+  return Step(args, [&] { launch::DeviceAdvanceRound(exec, args, rebase); });
 }
 
 KernelError DevicePlace(void* exec, const DeviceStepArgs& args) {
-  std::size_t need = 0;
-  if (args.place.io.num_seated > 0) {
-    if (const cudaError_t e = PlaceNeed(args, &need); e != cudaSuccess) return Code(e);
-  }
-  if (need > 0 && (args.arena == nullptr || !args.arena->Fits(need))) {
-    if (args.arena != nullptr) ++args.arena->overflows;
-    return kKernelArenaOverflow;
-  }
-  return Guarded([&] { launch::DevicePlace(exec, args); });
+  return Step(args, [&] { launch::DevicePlace(exec, args); });
 }
 KernelError DevicePlaceComplete(void* exec, const DeviceStepArgs& args, const std::uint8_t* status) {
-  return Guarded([&] { launch::DevicePlaceComplete(exec, args, status); });
+  return Step(args, [&] { launch::DevicePlaceComplete(exec, args, status); });
 }
 
 KernelError MemAlloc(std::size_t bytes, void** out) {
@@ -224,22 +278,14 @@ KernelError CheckDevice() {
   return count > 0 ? kKernelOk : kKernelNoDevice;
 }
 
-std::size_t ScanScratchBytes(const DeviceStepArgs& args, std::uint32_t n, KernelError* error) {
-  std::size_t need = 0;
-  if (const cudaError_t e = StepNeed(args, n, true, true, &need); e != cudaSuccess) {
+std::size_t ScanScratchBytes(const DeviceStepArgs&, std::uint32_t, KernelError* error) {
+  std::uint32_t blocks = 0;
+  if (const cudaError_t e = MaxResidentBlocks(&blocks); e != cudaSuccess) {
     *error = Code(e);
     return 0;
   }
-  std::size_t place = 0;  // device placement's takes (DevicePlace)
-  if (args.place.ctl != nullptr) {
-    if (const cudaError_t e = PlaceNeed(args, &place); e != cudaSuccess) {
-      *error = Code(e);
-      return 0;
-    }
-  }
-  if (place > need) need = place;
   *error = kKernelOk;
-  return need;
+  return PartialsBytes(blocks);
 }
 
 KernelError StreamCreate(void** stream) {

@@ -199,10 +199,10 @@ constexpr KernelError FromCudaError(int cuda_error, int driver_version) {
   }
 }
 
-// A bump arena of device memory for the temporary storage of CCCL's scans (CUDA form): sized
-// once at Create for the largest shape, never grown. The CUDA form asks CCCL for a step's scan
-// storage before it launches anything and refuses the step (kKernelArenaOverflow) when Fits
-// says no; Take refuses a request past the capacity (nullptr, `overflows` + 1, nothing else
+// A bump arena of device memory for the per-block partials of the cooperative launches' scans
+// (CUDA form): sized once at Create for the most blocks the device holds resident, never
+// grown. The CUDA form checks that bound before it launches anything and refuses the call
+// (kKernelArenaOverflow) when Fits says no; Take refuses a request past the capacity (nullptr, `overflows` + 1, nothing else
 // changes). Host-side bookkeeping, device-side bytes. Thread-safety: the step's driver thread.
 struct ScratchArena {
   static constexpr std::size_t kAlign = 256;
@@ -368,9 +368,10 @@ namespace ula::kernels::gpu {
 // no driver); kKernelOldDriver when the driver is older than the runtime; another CUDA error
 // otherwise.
 [[nodiscard]] KernelError CheckDevice();
-// Bytes of arena the CUDA form's scans need for a step of n selections with args' pools
-// (what every step asks before its launches; Create sizes the arena with it); 0 with *error
-// set when CCCL cannot say.
+// Bytes of arena the CUDA form's cooperative scans need at most (their per-block partials
+// for the most blocks the current device holds resident, whatever the step's shape: what
+// every launch checks before it is enqueued; Create sizes the arena with it); 0 with *error
+// set when CUDA cannot say.
 std::size_t ScanScratchBytes(const DeviceStepArgs& args, std::uint32_t n, KernelError* error);
 // CUDA's name and message for a positive code, KernelErrorName for the others.
 const char* ErrorText(KernelError e);

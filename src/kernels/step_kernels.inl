@@ -4,9 +4,17 @@
 //   ULA_KERNELS_NS        the namespace of the form (omp, gpu)
 //   ULA_KERNELS_EXEC      the type of its execution context
 //   ULA_KERNELS_POLICY(e) the thrust execution policy of context e
-//   ULA_KERNELS_DEVICE_SCAN(e, arena, in, n, out, init, op)  the device step's exclusive scans:
-//                         n values from iterator `in` under `op` with identity `init` into out
-//                         (the CUDA form's take their storage from the arena)
+//   ULA_KERNELS_COOPERATIVE(e, arena, width, program)  one cooperative launch of the device
+//                         step: every member of one grid runs program(g) with the form's grid g:
+//                         g.ForEach(n, f) (f(i) for the member's share of [0, n), no barrier),
+//                         g.Sync() (a grid-wide barrier: every member's writes before it are
+//                         visible to every member after it), g.Scan(in, n, out, init, op) (an
+//                         exclusive scan of n values of `in` under op, init its identity,
+//                         ending with a barrier); width: the largest n of its loops. The
+//                         OpenMP form runs one parallel region with barriers, the CUDA form one
+//                         cooperative kernel (grid.sync(); its scans' per-block partials come
+//                         from the arena)
+//   ULA_KERNELS_PROGRAM   what a program's operator() is (__device__ in the CUDA form)
 //   ULA_KERNELS_HOST_PLANNER  (OpenMP form only) compile the host-side entry points: TakeLowest
 //                         and the flat PB-LRU's (policy/kernel_pb_lru.h)
 // and then wraps the device step's launches (namespace launch below, which may throw in the
@@ -995,8 +1003,9 @@ void PbTakeVictims(ULA_KERNELS_EXEC exec, const PbLruArrays& pb, std::uint32_t n
 #endif  // ULA_KERNELS_HOST_PLANNER
 
 // The device step's launches, in stream order. The OpenMP form runs them to completion; the
-// CUDA form enqueues them and throws (thrust::system_error, std::bad_alloc) where a launch
-// fails: its entry points (step_kernels.cu) catch that.
+// CUDA form enqueues them and throws (thrust::system_error, std::bad_alloc, or its own
+// LaunchFailed for a cooperative launch) where a launch fails: its entry points
+// (step_kernels.cu) catch that.
 namespace launch {
 
 // The one place every launch of the device step goes through: it counts the kernels it
@@ -1015,67 +1024,200 @@ struct Launcher {
     Count(1);
     thrust::for_each(ULA_KERNELS_POLICY(exec), Index(0), Index(n), f);
   }
-  template <class F>
-  void Transform(std::uint32_t n, std::uint32_t* out, F f) const {
-    if (n == 0) return;
+  // One cooperative launch (ULA_KERNELS_COOPERATIVE): every member of one grid runs
+  // program(g), whose g.Sync() is a grid-wide barrier; `width` is the largest index space of
+  // its loops (the CUDA form sizes the grid by it, never past what is co-resident).
+  template <class P>
+  void Cooperative(std::uint32_t width, const P& program) const {
     Count(1);
-    thrust::transform(ULA_KERNELS_POLICY(exec), Index(0), Index(n), out, f);
-  }
-  // The exclusive scan of n values of T (in: an iterator, here a transform over the index
-  // space) under op with identity init: two kernels (cub's init and scan).
-  template <class In, class T, class Op>
-  void Scan(In in, std::uint32_t n, T* out, T init, Op op) const {
-    if (n == 0) return;
-    Count(2);
-    ULA_KERNELS_DEVICE_SCAN(exec, args.arena, in, n, out, init, op);
+    ULA_KERNELS_COOPERATIVE(exec, args.arena, width < 1 ? 1 : width, program);
   }
 };
 
 struct SumU32 {
   ULA_HD std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const { return x + y; }
 };
-// The step's two scans, their inputs in one place: the launches below run them, and the CUDA
-// form asks CCCL for their storage with the same types (ScanScratchBytes), so that the bytes
-// it sizes the arena with are the bytes the launches take.
-inline auto CheckScanInput(const DeviceStepArgs& a) { return thrust::make_transform_iterator(Index(0), TallyOf{a}); }
-inline auto ClaimScanInput(const DeviceStepArgs& a) {
+// The step's two scans, their inputs in one place.
+ULA_HD inline auto CheckScanInput(const DeviceStepArgs& a) {
+  return thrust::make_transform_iterator(Index(0), TallyOf{a});
+}
+ULA_HD inline auto ClaimScanInput(const DeviceStepArgs& a) {
   return thrust::make_transform_iterator(Index(0), ClaimPopcount{a});
 }
-inline std::uint32_t ClaimBlocks(const DeviceStepArgs& a) {
+ULA_HD inline std::uint32_t ClaimBlocks(const DeviceStepArgs& a) {
   return a.device_free.num_summary + (a.pb.recent + 1) * a.pb.num_summary;
 }
+ULA_HD inline std::uint32_t Max(std::uint32_t x, std::uint32_t y) { return x < y ? y : x; }
 
-// Check: classify | tally scan (2) | scatter with decide = 4 launches (1, decide alone, for no
-// selections). Each boundary is a grid-wide dependence: the scan's input reads first[],
-// final only once every classify thread's atomic minimum is done; the scatter reads the
-// scan's prefixes, final only once the scan is.
+// out[i] = f(i) over [0, n): a Transform inside a cooperative program.
+template <class F>
+struct WriteEach {
+  std::uint32_t* out;
+  F f;
+  ULA_HD void operator()(std::uint32_t i) const { out[i] = f(i); }
+};
+
+// The programs below are the device step's phases, each one cooperative launch. Every
+// g.Sync() stands where a kernel boundary stood: each is a grid-wide dependence (a value some
+// thread needs that any other thread may have written before the barrier), so the kernels
+// between two barriers keep the reasons their definitions give for why the order of their
+// threads does not matter. g.Scan(in, n, out, init, op) is an exclusive scan over the grid
+// (init is op's identity) that ends with every out[i] written and visible to every member.
+
+// Check: classify | tally scan | scatter with decide (decide alone for no selections). The
+// barriers: the scan's input reads first[a], final only once every classify thread's atomic
+// minimum is in; the scatter reads the scan's prefixes.
+struct CheckProgram {
+  DeviceStepArgs a;
+  std::uint32_t n;
+  template <class G>
+  ULA_KERNELS_PROGRAM void operator()(const G& g) const {
+    if (n == 0) {
+      g.ForEach(1, DevDecide{a, 0});
+      return;
+    }
+    g.ForEach(n, DevClassify{a});
+    g.Sync();
+    g.Scan(CheckScanInput(a), n, a.tally, TallyZero(), TallyPlus{});
+    g.ForEach(n, DevScatter{a, n});
+  }
+};
+
+// Claim: one scan over the free blocks' and victim blocks' popcounts | take and claim (the
+// hits touched, free bits cleared, victims touched) | descriptors, indices, first[] and mark
+// reset | record (the record alone for no selections). The barriers: the take reads the
+// scan's prefixes; a descriptor or index reads targets[] another block's thread took; the
+// record's system-scope fence follows every other write of the step.
+struct ClaimProgram {
+  DeviceStepArgs a;
+  const std::uint32_t* agreed;
+  std::uint32_t n;
+  template <class G>
+  ULA_KERNELS_PROGRAM void operator()(const G& g) const {
+    if (n > 0) {
+      const std::uint32_t blocks = ClaimBlocks(a);
+      g.Scan(ClaimScanInput(a), blocks, a.take_offsets, std::uint32_t{0}, SumU32{});
+      g.ForEach(blocks, DevTake{a, agreed});
+      g.Sync();
+      g.ForEach(n, DevDescribeIndices{a, agreed});
+      g.Sync();
+    }
+    g.ForEach(1, DevRecord{a, agreed});
+  }
+};
+
+// AdvanceRound: [the new-on-host bits cleared, rebase] | round end and clock | fold. The
+// barriers: the clock moves the round the rebase read; the fold reads the bucket the clock
+// names. The bits' clear touches nothing else.
+struct AdvanceProgram {
+  DeviceStepArgs a;
+  bool rebase;
+  template <class G>
+  ULA_KERNELS_PROGRAM void operator()(const G& g) const {
+    if (a.place.new_on_host_bits != nullptr) g.ForEach(a.place.new_on_host_words, DevClearNewOnHost{a});
+    if (rebase) g.ForEach(a.pb.capacity, PbRebaseFn{a.pb});
+    g.Sync();
+    g.ForEach(1, DevRoundClock{a});
+    g.Sync();
+    g.ForEach(a.pb.num_summary, PbFoldFn{a.pb});
+  }
+};
+
+// Place: the journal's tags, releases and seats, then the takes of the split (free device
+// slots, victims, host slots: each a popcount, a scan and a take over the bitmap's summary
+// words, as Claim's), the claims and the seats. A barrier stands between any two kernels
+// (each reads what the one before wrote: the split reads the releases' frees, a take the
+// split's counts and its scan, the touch and the seats the takes' slots).
+struct PlaceProgram {
+  DeviceStepArgs a;
+  template <class G>
+  ULA_KERNELS_PROGRAM void operator()(const G& g) const {
+    const PlacementArrays& io = a.place.io;
+    const std::uint32_t n = io.num_seated;
+    PlaceControl* c = a.place.ctl;
+    g.ForEach(1, DevPlaceBegin{a});
+    g.Sync();
+    g.ForEach(io.num_retired, DevRetire{a});
+    g.Sync();
+    g.ForEach(io.num_new_requests, DevAdmit{a});
+    g.Sync();
+    g.ForEach(io.num_released, DevRelease{a});
+    g.Sync();
+    g.ForEach(n, DevSeatOwner{a});
+    g.Sync();
+    g.ForEach(1, DevPlaceSplit{a, n});
+    g.Sync();
+    if (n == 0) return;
+    const FlatSource free_src{a.device_free};
+    const std::uint32_t free_blocks = a.device_free.num_summary;
+    g.ForEach(free_blocks, WriteEach<BlockPopcount<FlatSource>>{
+                               a.place.take_counts,
+                               BlockPopcount<FlatSource>{free_src, a.device_free.num_words, free_blocks}});
+    g.Sync();
+    g.Scan(a.place.take_counts, free_blocks, a.place.take_offsets, std::uint32_t{0}, SumU32{});
+    g.ForEach(free_blocks, TakeBlock<FlatSource>{free_src, a.device_free.num_words, free_blocks,
+                                                 a.place.take_offsets, 0, &c->n_free, a.place.slots});
+    g.Sync();
+    const PbVictimSources vsrc{a.pb};
+    const std::uint32_t blocks = (a.pb.recent + 1) * a.pb.num_summary;
+    g.ForEach(blocks, WriteEach<BlockPopcount<PbVictimSources>>{
+                          a.place.take_counts,
+                          BlockPopcount<PbVictimSources>{vsrc, a.pb.num_words, a.pb.num_summary}});
+    g.Sync();
+    g.Scan(a.place.take_counts, blocks, a.place.take_offsets, std::uint32_t{0}, SumU32{});
+    g.ForEach(blocks, TakeBlock<PbVictimSources>{vsrc, a.pb.num_words, a.pb.num_summary, a.place.take_offsets, 0,
+                                                 &c->n_victims, a.place.slots, &c->n_free});
+    g.Sync();
+    // The victims are claimed (used this round) before the free seats enter the current
+    // bucket; neither changes the other's slots.
+    g.ForEach(n, PbTouchFn{a.pb, a.place.slots, &c->n_victims, &c->n_free});
+    g.Sync();
+    g.ForEach(n, DevSeatFree{a});
+    g.Sync();
+    const FlatSource host_src{a.host_free};
+    const std::uint32_t host_blocks = a.host_free.num_summary;
+    g.ForEach(host_blocks, WriteEach<BlockPopcount<FlatSource>>{
+                               a.place.take_counts,
+                               BlockPopcount<FlatSource>{host_src, a.host_free.num_words, host_blocks}});
+    g.Sync();
+    g.Scan(a.place.take_counts, host_blocks, a.place.take_offsets, std::uint32_t{0}, SumU32{});
+    g.ForEach(host_blocks, TakeBlock<FlatSource>{host_src, a.host_free.num_words, host_blocks,
+                                                 a.place.take_offsets, 0, &c->n_hosts, a.place.hosts});
+    g.Sync();
+    g.ForEach(n, DevSeatRest{a});
+  }
+  ULA_HD std::uint32_t Width() const {
+    const PlacementArrays& io = a.place.io;
+    std::uint32_t w = Max(Max(io.num_retired, io.num_new_requests), Max(io.num_released, io.num_seated));
+    w = Max(w, Max(a.device_free.num_summary, a.host_free.num_summary));
+    return Max(w, (a.pb.recent + 1) * a.pb.num_summary);
+  }
+};
+
+// CompletePlace: reset the publish counts | publish the evictions | the seats' end.
+struct PlaceCompleteProgram {
+  DeviceStepArgs a;
+  const std::uint8_t* status;
+  template <class G>
+  ULA_KERNELS_PROGRAM void operator()(const G& g) const {
+    g.ForEach(1, DevPlaceCompleteBegin{a});
+    g.Sync();
+    g.ForEach(a.place.max_seats, DevEvictPublish{a, status});
+    g.Sync();
+    g.ForEach(1, DevPlaceCompleteEnd{a});
+  }
+};
+
+// Check: one launch.
 inline void DeviceCheck(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
   const std::uint32_t n = args.io.num_rows * args.io.top_k;
-  const Launcher l{exec, args, kPhaseCheck};
-  if (n == 0) {
-    l.ForEach(1, DevDecide{args, 0});
-    return;
-  }
-  l.ForEach(n, DevClassify{args});
-  l.Scan(CheckScanInput(args), n, args.tally, TallyZero(), TallyPlus{});
-  l.ForEach(n, DevScatter{args, n});
+  Launcher{exec, args, kPhaseCheck}.Cooperative(n, CheckProgram{args, n});
 }
 
-// Claim: one scan over the free blocks' and victim blocks' popcounts (2) | take and claim
-// (the hits touched, free bits cleared, victims touched) | descriptors, indices, first[] and
-// mark reset | record = 5 launches (the record alone for no selections). The boundaries: the
-// take reads the scan's prefixes; a descriptor or index reads targets[] another block's
-// thread took; the record's fence must follow every other write of the step.
+// Claim: one launch.
 inline void DeviceClaim(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint32_t* agreed) {
   const std::uint32_t n = args.io.num_rows * args.io.top_k;
-  const Launcher l{exec, args, kPhaseClaim};
-  if (n > 0) {
-    const std::uint32_t blocks = ClaimBlocks(args);
-    l.Scan(ClaimScanInput(args), blocks, args.take_offsets, std::uint32_t{0}, SumU32{});
-    l.ForEach(blocks, DevTake{args, agreed});
-    l.ForEach(n, DevDescribeIndices{args, agreed});
-  }
-  l.ForEach(1, DevRecord{args, agreed});
+  Launcher{exec, args, kPhaseClaim}.Cooperative(Max(n, n > 0 ? ClaimBlocks(args) : 1), ClaimProgram{args, agreed, n});
 }
 
 inline void DevicePlan(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
@@ -1090,65 +1232,22 @@ inline void DeviceComplete(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, co
   l.ForEach(args.io.max_descriptors, DevPublish{args, status});
 }
 
-// AdvanceRound: [rebase |] round end and clock | fold = 2 launches (3 in a rebase round): the
-// rebase reads the round the clock then moves, the fold reads the bucket the clock names.
+// AdvanceRound: one launch (a rebase round's too).
 inline void DeviceAdvanceRound(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, bool rebase) {
-  const Launcher l{exec, args, kPhaseAdvanceRound};
-  if (args.place.new_on_host_bits != nullptr) l.ForEach(args.place.new_on_host_words, DevClearNewOnHost{args});
-  if (rebase) l.ForEach(args.pb.capacity, PbRebaseFn{args.pb});
-  l.ForEach(1, DevRoundClock{args});
-  l.ForEach(args.pb.num_summary, PbFoldFn{args.pb});
+  const std::uint32_t width =
+      Max(Max(args.place.new_on_host_bits != nullptr ? args.place.new_on_host_words : 0u, rebase ? args.pb.capacity : 0u),
+          args.pb.num_summary);
+  Launcher{exec, args, kPhaseAdvanceRound}.Cooperative(width, AdvanceProgram{args, rebase});
 }
 
-// Device placement (DeviceStep::Place): the journal's tags, releases and seats, then the
-// takes of the split (free device slots, victims, host slots: each a popcount, a scan and a
-// take over the bitmap's summary words, as DeviceClaim's), the claims and the seats.
+// Device placement (DeviceStep::Place): one launch; its CompletePlace: one launch.
 inline void DevicePlace(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
-  const PlacementArrays& io = args.place.io;
-  const std::uint32_t n = io.num_seated;
-  const Launcher l{exec, args, kPhasePlace};
-  PlaceControl* c = args.place.ctl;
-  l.ForEach(1, DevPlaceBegin{args});
-  l.ForEach(io.num_retired, DevRetire{args});
-  l.ForEach(io.num_new_requests, DevAdmit{args});
-  l.ForEach(io.num_released, DevRelease{args});
-  l.ForEach(n, DevSeatOwner{args});
-  l.ForEach(1, DevPlaceSplit{args, n});
-  if (n > 0) {
-    const FlatSource free_src{args.device_free};
-    const std::uint32_t free_blocks = args.device_free.num_summary;
-    l.Transform(free_blocks, args.place.take_counts,
-                BlockPopcount<FlatSource>{free_src, args.device_free.num_words, free_blocks});
-    l.Scan(args.place.take_counts, free_blocks, args.place.take_offsets, std::uint32_t{0}, SumU32{});
-    l.ForEach(free_blocks, TakeBlock<FlatSource>{free_src, args.device_free.num_words, free_blocks,
-                                                 args.place.take_offsets, 0, &c->n_free, args.place.slots});
-    const PbVictimSources vsrc{args.pb};
-    const std::uint32_t blocks = (args.pb.recent + 1) * args.pb.num_summary;
-    l.Transform(blocks, args.place.take_counts,
-                BlockPopcount<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary});
-    l.Scan(args.place.take_counts, blocks, args.place.take_offsets, std::uint32_t{0}, SumU32{});
-    l.ForEach(blocks, TakeBlock<PbVictimSources>{vsrc, args.pb.num_words, args.pb.num_summary, args.place.take_offsets,
-                                                 0, &c->n_victims, args.place.slots, &c->n_free});
-    // The victims are claimed (used this round) before the free seats enter the current
-    // bucket; neither changes the other's slots.
-    l.ForEach(n, PbTouchFn{args.pb, args.place.slots, &c->n_victims, &c->n_free});
-    l.ForEach(n, DevSeatFree{args});
-    const FlatSource host_src{args.host_free};
-    const std::uint32_t host_blocks = args.host_free.num_summary;
-    l.Transform(host_blocks, args.place.take_counts,
-                BlockPopcount<FlatSource>{host_src, args.host_free.num_words, host_blocks});
-    l.Scan(args.place.take_counts, host_blocks, args.place.take_offsets, std::uint32_t{0}, SumU32{});
-    l.ForEach(host_blocks, TakeBlock<FlatSource>{host_src, args.host_free.num_words, host_blocks,
-                                                 args.place.take_offsets, 0, &c->n_hosts, args.place.hosts});
-    l.ForEach(n, DevSeatRest{args});
-  }
+  const PlaceProgram p{args};
+  Launcher{exec, args, kPhasePlace}.Cooperative(p.Width(), p);
 }
 
 inline void DevicePlaceComplete(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint8_t* status) {
-  const Launcher l{exec, args, kPhasePlace};
-  l.ForEach(1, DevPlaceCompleteBegin{args});
-  l.ForEach(args.place.max_seats, DevEvictPublish{args, status});
-  l.ForEach(1, DevPlaceCompleteEnd{args});
+  Launcher{exec, args, kPhasePlace}.Cooperative(args.place.max_seats, PlaceCompleteProgram{args, status});
 }
 
 }  // namespace launch

@@ -498,9 +498,10 @@ Result<std::unique_ptr<DeviceStep>> DeviceStep::Build(const ShardSource& src, co
     need(p.new_on_host_bits = m.Zeroed<std::uint64_t>(p.new_on_host_words));
     need(p.ctl = m.Upload(std::vector<kernels::PlaceControl>{kernels::PlaceControl{}}));
   }
-  // The scans' temporary storage (CUDA form): what CCCL says the largest step's scans need
-  // (every step's are asked for again before its launches, and refused when they do not fit).
-  // The OpenMP form's scans run on the host thread and take nothing: no arena.
+  // The cooperative scans' per-block partials (CUDA form): for the most blocks the device
+  // holds resident, the bound of any launch's grid (checked again before each launch, which is
+  // refused when they do not fit). The OpenMP form's live on the launching thread's stack: no
+  // arena.
 #if defined(ULA_WITH_CUDA_KERNELS)
   if (config.cuda) {
     kernels::KernelError e = kernels::kKernelOk;

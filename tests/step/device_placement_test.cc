@@ -505,11 +505,11 @@ TEST(DevicePlacement, RefusalsChangeNothing) {
   EXPECT_EQ(step->AdvanceRound(nullptr).error().code(), ErrorCode::kFailedPrecondition);
   EXPECT_EQ(step->Place(p, nullptr).error().code(), ErrorCode::kFailedPrecondition);
   ASSERT_TRUE(step->CompletePlace(status.data(), nullptr));
-  // docs/ARCHITECTURE.md ("The device step"): 21 launches for a Place with every list
-  // non-empty, none for an empty list (here no retired request, no release: 19), 3 for
-  // CompletePlace; no synchronisation and nothing outside the place phase.
+  // docs/ARCHITECTURE.md ("The device step"): one cooperative launch for a Place (whatever
+  // its lists hold), one for CompletePlace; no synchronisation and nothing outside the place
+  // phase.
   const DeviceStepCounters placed = step->counters().Since(counted);
-  EXPECT_EQ(placed.place, (DeviceStepCounts{.launches = 19 + 3, .syncs = 0}));
+  EXPECT_EQ(placed.place, (DeviceStepCounts{.launches = 1 + 1, .syncs = 0}));
   EXPECT_EQ(placed.Step(), DeviceStepCounts{});
   EXPECT_EQ(placed.state, DeviceStepCounts{});
   EXPECT_EQ(num_evictions, 0u);

@@ -23,16 +23,18 @@ namespace {
 
 using testing::DeviceIo;
 
-// Today's counts of one (rank, group) step. Check: classify, the tally scan (2), scatter with
-// decide. Claim: one scan over the free and victim blocks' popcounts (2), take (the hits
-// touched, free bits cleared, victims touched), descriptors with indices and the resets,
-// record (TP: the agreement is read by each of them, no launch of its own). Complete:
-// publish. AdvanceRound: round end with the clock, fold.
-constexpr DeviceStepCounts kCheck{.launches = 4, .syncs = 0};
-constexpr DeviceStepCounts kClaimDp{.launches = 5, .syncs = 0};
-constexpr DeviceStepCounts kClaimTp{.launches = 5, .syncs = 0};
+// Today's counts of one (rank, group) step: one cooperative launch per phase, its grid
+// barriers where the kernel boundaries were (docs/ARCHITECTURE.md, "The device step"). Check:
+// classify | tally scan | scatter with decide. Claim: one scan over the free and victim
+// blocks' popcounts | take (the hits touched, free bits cleared, victims touched) |
+// descriptors with indices and the resets | record (TP: the agreement is read by each of
+// them, no launch of its own). Complete: publish. AdvanceRound: [rebase] | round end with the
+// clock | fold (one launch in a rebase round too).
+constexpr DeviceStepCounts kCheck{.launches = 1, .syncs = 0};
+constexpr DeviceStepCounts kClaimDp{.launches = 1, .syncs = 0};
+constexpr DeviceStepCounts kClaimTp{.launches = 1, .syncs = 0};
 constexpr DeviceStepCounts kComplete{.launches = 1, .syncs = 0};
-constexpr DeviceStepCounts kAdvance{.launches = 2, .syncs = 0};
+constexpr DeviceStepCounts kAdvance{.launches = 1, .syncs = 0};
 constexpr DeviceStepCounts kNone{};
 
 void ExpectCounts(const DeviceStepCounters& got, const DeviceStepCounts& claim, const char* what) {
@@ -76,7 +78,7 @@ TEST(DeviceStepCounters, DpIterationHasTodaysLaunchesAndNoSync) {
     ASSERT_TRUE(step->AdvanceRound(nullptr));
     const DeviceStepCounters got = step->counters().Since(before);
     ExpectCounts(got, kClaimDp, "DP");
-    EXPECT_EQ(got.Step().launches, 12u);
+    EXPECT_EQ(got.Step().launches, 4u);
     if (iteration == 0) EXPECT_GT(io.record.misses, 0u) << "the step moves entries (descriptors written)";
   }
   // Reading the state back is a host synchronisation, counted outside the step's phases.
@@ -122,7 +124,7 @@ TEST(DeviceStepCounters, TpIterationHasTodaysLaunchesAndNoSync) {
     ASSERT_TRUE(steps[r]->AdvanceRound(nullptr));
     const DeviceStepCounters got = steps[r]->counters().Since(before[r]);
     ExpectCounts(got, kClaimTp, r == 0 ? "TP rank 0" : "TP rank 1");
-    EXPECT_EQ(got.Step().launches, 12u);
+    EXPECT_EQ(got.Step().launches, 4u);
   }
 }
 

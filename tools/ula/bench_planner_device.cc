@@ -437,7 +437,7 @@ void PrintDeviceRows(const PlannerOptions& o, const std::vector<DeviceRow>& rows
                d.host_ns_per_distinct > 0 ? d.ns_per_distinct / d.host_ns_per_distinct : -1.0, PerStep(d.misses, d),
                PerStep(d.evictions, d));
   }
-  fmt::print("per (rank, group) step (Check, Claim, Complete, AdvanceRound; a CCCL scan counts two kernels):\n");
+  fmt::print("per (rank, group) step (Check, Claim, Complete, AdvanceRound; one cooperative launch each):\n");
   for (const DeviceRow& d : rows) {
     const DeviceStepCounters& c = d.counts;
     fmt::print("{:<15} {:>6} {:>3} launches {:.0f} = {:.0f} + {:.0f} + {:.0f} + {:.0f}, syncs {:.0f} = {:.0f} + {:.0f} + "
