@@ -274,11 +274,15 @@ class DeviceStep {
   // stable new entries, each seat's location in arrays.locations, the evictions'
   // descriptors in arrays.evictions and their count in *arrays.num_evictions. Nothing is
   // read back. Host checks only, nothing enqueued on a refusal: kFailedPrecondition (not
-  // such a step; a plan, check or place pending), kInvalidArgument (a count past its
-  // DeviceStepConfig maximum, a null array, a zero tag), kResourceExhausted (OpenMP form,
-  // which reads the host arrays: an address past max_addresses or a request id past
-  // max_requests; the CUDA form's kernels skip those). REQUIRES: the arrays stay as they
-  // are until CompletePlace.
+  // such a step; a plan, check or place pending), kInvalidArgument (a count or capacity past
+  // its DeviceStepConfig maximum, a null array, a zero tag, `counts` without `error`),
+  // kResourceExhausted (OpenMP form, which reads the host arrays: an address past
+  // max_addresses or a request id past max_requests; the CUDA form's kernels skip those).
+  // With arrays.counts the counts are read on the device when the kernel runs (one launch,
+  // the same arguments every iteration: capturable once), and a count past its capacity is
+  // the device's refusal: nothing changes, *arrays.error = 1 + kInvalidArgument (the
+  // journal is then not applied: StoreInto refuses until it is). REQUIRES: the arrays stay
+  // as they are until CompletePlace.
   Status Place(const PlacementArrays& arrays, void* stream);
   // Enqueues the evictions' publish after the engine ran them: status[k] == 0 (device
   // memory, [max_place_seats]) publishes eviction k (victim -> its host slot, the new

@@ -148,8 +148,9 @@ struct StepArrays {
 // One DeviceStep::Place's arrays (device placement, AddressSpaceConfig::device_placement):
 // one (rank, group)'s share of a PlacementJournal (ula/address_space.h) as flat arrays, and
 // the outputs. Pointers are device memory for the CUDA form and host memory for the OpenMP
-// form; the counts are host values, each at most its DeviceStepConfig maximum. The arrays
-// stay as they are until DeviceStep::CompletePlace.
+// form; the counts are host values, each at most its DeviceStepConfig maximum, or (with
+// `counts`) read on the device when Place runs. The arrays stay as they are until
+// DeviceStep::CompletePlace.
 struct PlacementArrays {
   const std::uint32_t* retired = nullptr;       // [num_retired] request ids whose tags clear
   const std::uint32_t* new_requests = nullptr;  // [num_new_requests] request ids
@@ -170,6 +171,18 @@ struct PlacementArrays {
   // CompletePlace (status[k] == 0: copy k's bytes arrived).
   CopyDescriptor* evictions = nullptr;
   std::uint32_t* num_evictions = nullptr;  // [1]
+  // Optional, [4] in the step's memory: num_retired, num_new_requests, num_released and
+  // num_seated, read by Place's kernel when it runs, so that the same PlacementArrays (and so
+  // the same launch) serves every iteration and a captured graph replays Place with the
+  // counts an engine wrote before the replay. With it the num_* fields above are the arrays'
+  // capacities (each at most its DeviceStepConfig maximum) and each count must be at most
+  // its capacity: a count past it refuses that place on the device (nothing changes,
+  // *num_evictions = 0, *error = 1 + ErrorCode::kInvalidArgument). nullptr: the num_* fields
+  // are the counts.
+  const std::uint32_t* counts = nullptr;
+  // Out, [1], required with `counts` (optional without): 0 when the place was applied, else
+  // 1 + the ErrorCode of the device's refusal.
+  std::uint32_t* error = nullptr;
 };
 
 }  // namespace ula

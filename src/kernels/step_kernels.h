@@ -262,6 +262,10 @@ struct PlaceControl {
   std::uint32_t pending = 0;    // evictions awaiting DevicePlaceComplete
   std::uint32_t published = 0, failed = 0;  // of the last DevicePlaceComplete
   std::uint32_t short_host = 0;  // 1: fewer free host slots than seats past the device (clamped)
+  // This place's counts (PlacementArrays' num_* fields, or what its `counts` held when it
+  // ran; all 0 in a refused place), what every kernel after the first bounds its loop by.
+  std::uint32_t num_retired = 0, num_new_requests = 0, num_released = 0, num_seated = 0;
+  std::uint32_t refused = 0;     // 1: a count from PlacementArrays::counts past its capacity
 };
 // Device placement's arrays (all null in a step without it).
 struct PlaceArgs {

@@ -767,9 +767,33 @@ ULA_HD inline void PbRemoveOne(const PbLruArrays& pb, std::uint32_t s) {
   ::cuda::atomic_ref<std::uint64_t, kScope>(pb.clock->tracked).fetch_sub(1, kRelaxed);
 }
 
-struct DevPlaceBegin {  // one thread: a fresh split
+// One thread: a fresh split and this place's counts: the arrays' num_* fields, or (with
+// PlacementArrays::counts) the counts in memory, each at most its capacity (the num_*
+// field): a count past it refuses the place (every count 0, so no kernel after this one
+// does anything, no eviction, error = 1 + kInvalidArgument).
+struct DevPlaceBegin {
   DeviceStepArgs a;
-  ULA_HD void operator()(std::uint32_t) const { *a.place.ctl = PlaceControl{}; }
+  ULA_HD void operator()(std::uint32_t) const {
+    const PlacementArrays& io = a.place.io;
+    PlaceControl c{};
+    std::uint32_t n[4] = {io.num_retired, io.num_new_requests, io.num_released, io.num_seated};
+    if (io.counts != nullptr) {
+      for (std::uint32_t k = 0; k < 4; ++k) {
+        if (io.counts[k] > n[k]) c.refused = 1;
+        n[k] = io.counts[k];
+      }
+    }
+    if (c.refused == 0) {
+      c.num_retired = n[0];
+      c.num_new_requests = n[1];
+      c.num_released = n[2];
+      c.num_seated = n[3];
+    } else {
+      *io.num_evictions = 0;
+    }
+    if (io.error != nullptr) *io.error = c.refused != 0 ? a.codes.invalid_argument : 0;
+    *a.place.ctl = c;
+  }
 };
 // [num_retired]: a freed request's tag is cleared (ids past the table are skipped: the host
 // checks them in the OpenMP form).
@@ -1123,7 +1147,8 @@ struct AdvanceProgram {
   }
 };
 
-// Place: the journal's tags, releases and seats, then the takes of the split (free device
+// Place: its counts (DevPlaceBegin: the arrays' or, with PlacementArrays::counts, what the
+// device holds when it runs), the journal's tags, releases and seats, then the takes of the split (free device
 // slots, victims, host slots: each a popcount, a scan and a take over the bitmap's summary
 // words, as Claim's), the claims and the seats. A barrier stands between any two kernels
 // (each reads what the one before wrote: the split reads the releases' frees, a take the
@@ -1132,16 +1157,17 @@ struct PlaceProgram {
   DeviceStepArgs a;
   template <class G>
   ULA_KERNELS_PROGRAM void operator()(const G& g) const {
-    const PlacementArrays& io = a.place.io;
-    const std::uint32_t n = io.num_seated;
     PlaceControl* c = a.place.ctl;
     g.ForEach(1, DevPlaceBegin{a});
     g.Sync();
-    g.ForEach(io.num_retired, DevRetire{a});
+    // The counts as DevPlaceBegin wrote them (every member reads the same values after the
+    // barrier, so every branch below is taken by the whole grid).
+    const std::uint32_t n = c->num_seated;
+    g.ForEach(c->num_retired, DevRetire{a});
     g.Sync();
-    g.ForEach(io.num_new_requests, DevAdmit{a});
+    g.ForEach(c->num_new_requests, DevAdmit{a});
     g.Sync();
-    g.ForEach(io.num_released, DevRelease{a});
+    g.ForEach(c->num_released, DevRelease{a});
     g.Sync();
     g.ForEach(n, DevSeatOwner{a});
     g.Sync();

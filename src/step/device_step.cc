@@ -1016,24 +1016,39 @@ Status DeviceStep::Place(const PlacementArrays& p, void* stream) {
   if (p.locations == nullptr || p.evictions == nullptr || p.num_evictions == nullptr) {
     return bad("locations, evictions and num_evictions must not be null");
   }
+  if (p.counts != nullptr && p.error == nullptr) {
+    return bad("error must not be null with counts (the device's refusal of a count past its capacity is written there)");
+  }
   if (!c.cuda) {  // the OpenMP form's arrays are host memory: their contents are checked too
+    // With counts in memory, the entries the kernel will read; a count past its capacity is
+    // the kernel's refusal of the whole place (the same in both forms): nothing to check.
+    PlacementArrays q = p;
+    if (p.counts != nullptr) {
+      const std::uint32_t caps[4] = {p.num_retired, p.num_new_requests, p.num_released, p.num_seated};
+      bool refused = false;
+      for (int k = 0; k < 4; ++k) refused = refused || p.counts[k] > caps[k];
+      q.num_retired = refused ? 0 : p.counts[0];
+      q.num_new_requests = refused ? 0 : p.counts[1];
+      q.num_released = refused ? 0 : p.counts[2];
+      q.num_seated = refused ? 0 : p.counts[3];
+    }
     auto over = [&](const char* what, std::uint32_t v, std::uint32_t cap, const char* field) {
       return MakeError(ErrorCode::kResourceExhausted,
                        fmt::format("DeviceStep::Place: {} {} is past the step's extent {} (DeviceStepConfig::{}): "
                                    "re-create the step with a larger one", what, v, cap, field));
     };
-    for (std::uint32_t i = 0; i < p.num_seated; ++i) {
+    for (std::uint32_t i = 0; i < q.num_seated; ++i) {
       if (p.seated[i] >= m.owner_cap) return over("address", p.seated[i], m.owner_cap, "max_addresses");
       if (p.seated_tags[i] == 0) return bad(fmt::format("seat {}: owner tag 0", i));
     }
-    for (std::uint32_t i = 0; i < p.num_released; ++i) {
+    for (std::uint32_t i = 0; i < q.num_released; ++i) {
       if (p.released[i] >= m.owner_cap) return over("address", p.released[i], m.owner_cap, "max_addresses");
     }
-    for (std::uint32_t i = 0; i < p.num_new_requests; ++i) {
+    for (std::uint32_t i = 0; i < q.num_new_requests; ++i) {
       if (p.new_requests[i] >= m.request_cap) return over("request id", p.new_requests[i], m.request_cap, "max_requests");
       if (p.new_tags[i] == 0) return bad(fmt::format("new request {}: owner tag 0", p.new_requests[i]));
     }
-    for (std::uint32_t i = 0; i < p.num_retired; ++i) {
+    for (std::uint32_t i = 0; i < q.num_retired; ++i) {
       if (p.retired[i] >= m.request_cap) return over("request id", p.retired[i], m.request_cap, "max_requests");
     }
   }

@@ -22,9 +22,18 @@ struct PlacementBuffers {
   std::vector<CopyDescriptor> evictions; // [max_seats] Place's output
   std::vector<std::uint8_t> status;      // [max_seats] CompletePlace's input: 0, every copy landed
   std::uint32_t num_evictions = 0;
+  // The counts in memory (arrays_with_counts): retired, new requests, released, seated, as
+  // the last Fill wrote them; the error Place's kernel writes.
+  std::uint32_t counts[4] = {0, 0, 0, 0};
+  std::uint32_t error = 0;
 
-  explicit PlacementBuffers(std::uint32_t max_seats)
-      : locations(max_seats), evictions(max_seats), status(max_seats, 0) {}
+  // max_releases / max_requests: the lists' capacities for arrays_with_counts (reserved
+  // here, so their buffers never move while a Fill stays within them).
+  explicit PlacementBuffers(std::uint32_t max_seats, std::uint32_t max_releases = 0, std::uint32_t max_requests = 0)
+      : locations(max_seats), evictions(max_seats), status(max_seats, 0) {
+    retired.reserve(max_requests), new_requests.reserve(max_requests), new_tags.reserve(max_requests);
+    released.reserve(max_releases), seated.reserve(max_seats), seated_tags.reserve(max_seats);
+  }
 
   // Replaces the lists with `journal`'s for `rank` (the requests' changes are every rank's)
   // and sets every status back to 0.
@@ -41,6 +50,10 @@ struct PlacementBuffers {
       seated_tags.push_back(s.tag);
     }
     std::fill(status.begin(), status.end(), std::uint8_t{0});
+    counts[0] = static_cast<std::uint32_t>(retired.size());
+    counts[1] = static_cast<std::uint32_t>(new_requests.size());
+    counts[2] = static_cast<std::uint32_t>(released.size());
+    counts[3] = static_cast<std::uint32_t>(seated.size());
   }
 
   // The arrays over these buffers (valid until the next Fill).
@@ -52,6 +65,20 @@ struct PlacementBuffers {
                            .num_released = static_cast<std::uint32_t>(released.size()),
                            .num_seated = static_cast<std::uint32_t>(seated.size()), .locations = locations.data(),
                            .evictions = evictions.data(), .num_evictions = &num_evictions};
+  }
+  // The arrays with the counts in memory (PlacementArrays::counts): the num_* fields are the
+  // lists' reserved capacities, so the value is the same after every Fill that stays within
+  // them (what one captured Place replays); a list past its capacity moves its buffer, and
+  // the caller sees a different value.
+  PlacementArrays arrays_with_counts() {
+    PlacementArrays a = arrays();
+    a.num_retired = static_cast<std::uint32_t>(retired.capacity());
+    a.num_new_requests = static_cast<std::uint32_t>(new_requests.capacity());
+    a.num_released = static_cast<std::uint32_t>(released.capacity());
+    a.num_seated = static_cast<std::uint32_t>(seated.capacity());
+    a.counts = counts;
+    a.error = &error;
+    return a;
   }
 };
 

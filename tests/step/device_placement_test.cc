@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -98,6 +99,9 @@ struct Options {
   bool checkpoints = true;
   std::uint32_t fail_every = 0;  // device mode: eviction copy k with (k % fail_every == 1) fails
   std::uint32_t threads = 1;     // the OpenMP form's team
+  // Device mode: Place reads its counts from memory (PlacementArrays::counts) through one
+  // PlacementArrays value for the whole run, as a captured graph replays it.
+  bool counts_in_memory = false;
 };
 
 class Loop {
@@ -208,14 +212,26 @@ class Loop {
   }
 
   void Place(const std::vector<LogicalAddr>& fresh) {
-    PlacementBuffers b(kMaxSeats);
+    PlacementBuffers fresh_buffers(kMaxSeats);
+    PlacementBuffers& b = opt_.counts_in_memory ? fixed_ : fresh_buffers;
     b.Fill(space_->TakePlacement().value());
+    PlacementArrays arrays = b.arrays();
+    if (opt_.counts_in_memory) {
+      arrays = b.arrays_with_counts();
+      if (!first_fixed_) first_fixed_ = arrays;
+      // The launch's arguments never change: one captured Place would replay every iteration.
+      ASSERT_EQ(std::memcmp(&arrays, &*first_fixed_, sizeof(arrays)), 0) << "the arrays moved";
+    }
     ASSERT_EQ(b.seated.size(), fresh.size());  // every new address of the iteration, in Allocate order
     for (std::size_t i = 0; i < fresh.size(); ++i) ASSERT_EQ(b.seated[i], fresh[i].value());
     for (std::uint32_t g = 0; g < kGroups; ++g) {
       std::fill(b.locations.begin(), b.locations.end(), 0);
       std::fill(b.status.begin(), b.status.end(), 0);
-      ASSERT_TRUE(steps_[g]->Place(b.arrays(), nullptr));
+      b.error = 7;  // the kernel writes 0
+      ASSERT_TRUE(steps_[g]->Place(arrays, nullptr));
+      if (opt_.counts_in_memory) {
+        ASSERT_EQ(b.error, 0u) << "the device refused a place";
+      }
       // The engine's copies (the OpenMP form's "device" memory is host memory: the count is
       // read where a GPU copy kernel would read it on the device).
       for (std::uint32_t k = 0; k < b.num_evictions; ++k) {
@@ -325,6 +341,8 @@ class Loop {
   Trace trace_;
   std::uint64_t syncs_after_create_ = 0;
   std::uint32_t evictions_failed_ = 0, evictions_run_ = 0;
+  PlacementBuffers fixed_{kMaxSeats, kMaxReleases, kMaxRequestChanges};
+  std::optional<PlacementArrays> first_fixed_;
 };
 
 // (a) The engine loop in device placement: no host synchronisation after Create, no
@@ -364,6 +382,24 @@ TEST(DevicePlacement, SameAsHostPlacement) {
     EXPECT_EQ(device.trace().checkpoints[c], host.trace().checkpoints[c]) << "checkpoint " << c;
   }
   EXPECT_GT(device.evictions_run(), 0u);
+}
+
+// The counts in memory (PlacementArrays::counts): one PlacementArrays value, and so one
+// launch, for the whole run, each iteration's counts written into memory before Place; the
+// same steps, indices and checkpointed locations as counts passed by value, failed
+// evictions included.
+TEST(DevicePlacement, CountsInMemoryServeEveryIteration) {
+  ULA_TEST_SEEDED(seed, 20261210);
+  Loop by_value(seed, {.mode = Mode::kDevice, .fail_every = 5});
+  by_value.Run(kIterations / 2);
+  Loop in_memory(seed, {.mode = Mode::kDevice, .fail_every = 5, .counts_in_memory = true});
+  in_memory.Run(kIterations / 2);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  EXPECT_EQ(in_memory.trace().steps, by_value.trace().steps);
+  EXPECT_EQ(in_memory.trace().indices, by_value.trace().indices);
+  EXPECT_EQ(in_memory.trace().checkpoints, by_value.trace().checkpoints);
+  EXPECT_GT(in_memory.evictions_run(), 0u);
+  EXPECT_GT(in_memory.evictions_failed(), 0u);
 }
 
 // (d) Failed eviction copies lose nothing: the victim stays on device, the new address takes
@@ -498,10 +534,45 @@ TEST(DevicePlacement, RefusalsChangeNothing) {
     EXPECT_EQ(step->Place(q, nullptr).error().code(), ErrorCode::kInvalidArgument);
     expect_unchanged("bad request id, zero tag");
   }
-  // The step's calls around a pending place, then the place itself.
+  {  // counts in memory: without an error to write the device's refusal to, refused on the host
+    std::uint32_t counts[4] = {0, 2, 0, 4};
+    PlacementArrays q = p;
+    q.counts = counts;
+    auto st = step->Place(q, nullptr);
+    ASSERT_FALSE(st);
+    EXPECT_EQ(st.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(st.error().message().find("error must not be null"), std::string::npos);
+    expect_unchanged("counts without error");
+    // A count one past its capacity (the seats': capacity 4, count 5) is the device's refusal
+    // of the whole place: the call is enqueued, the kernel applies nothing, writes no eviction
+    // and says why; its CompletePlace publishes nothing. A count at its capacity is not refused
+    // (the place below takes all four).
+    std::uint32_t error = 0, evictions = 9;
+    counts[3] = 5;
+    q.error = &error;
+    q.num_evictions = &evictions;
+    ASSERT_TRUE(step->Place(q, nullptr));
+    EXPECT_EQ(error, 1u + static_cast<std::uint32_t>(ErrorCode::kInvalidArgument));
+    EXPECT_EQ(evictions, 0u);
+    ASSERT_TRUE(step->CompletePlace(status.data(), nullptr));
+    expect_unchanged("a count past its capacity");
+    counts[3] = 4;
+    counts[1] = 3;  // the new requests' (capacity 2)
+    ASSERT_TRUE(step->Place(q, nullptr));
+    EXPECT_EQ(error, 1u + static_cast<std::uint32_t>(ErrorCode::kInvalidArgument));
+    ASSERT_TRUE(step->CompletePlace(status.data(), nullptr));
+    expect_unchanged("the new requests' count past its capacity");
+  }
+  // The step's calls around a pending place, then the place itself, its counts in memory,
+  // each at its capacity (every list full: not a refusal).
+  std::uint32_t at_capacity[4] = {0, 2, 0, 4}, place_error = 9;
+  PlacementArrays full = p;
+  full.counts = at_capacity;
+  full.error = &place_error;
   EXPECT_EQ(step->CompletePlace(status.data(), nullptr).error().code(), ErrorCode::kFailedPrecondition);
   const DeviceStepCounters counted = step->counters();
-  ASSERT_TRUE(step->Place(p, nullptr));
+  ASSERT_TRUE(step->Place(full, nullptr));
+  EXPECT_EQ(place_error, 0u);
   EXPECT_EQ(step->AdvanceRound(nullptr).error().code(), ErrorCode::kFailedPrecondition);
   EXPECT_EQ(step->Place(p, nullptr).error().code(), ErrorCode::kFailedPrecondition);
   ASSERT_TRUE(step->CompletePlace(status.data(), nullptr));
