@@ -11,7 +11,7 @@
 #   --plan   prints each step's limit, their sum and the budget; runs nothing
 #
 # Steps and their limits (s): correctness first, then measurements; the limits sum to less
-# than the budget (465 < 470 s, --plan; the script refuses to start otherwise), so the whole check
+# than the budget (467 < 470 s, --plan; the script refuses to start otherwise), so the whole check
 # ends within 8 minutes.
 #   load            each binary once cheaply (test lists, --help): the folder loads here
 #   gpu             nvidia-smi -L: a GPU is seen
@@ -23,6 +23,9 @@
 #   graph_replay    device_step_test's DeviceStepCudaGraph printed its "graph:" line: a
 #                   decode iteration (every group's Check, Claim, reference copies, Complete,
 #                   then AdvanceRound) captured once and replayed against the OpenMP form
+#   graph_replay_place  its "graph place:" line: device placement's iteration (Place with its
+#                   counts in memory, the eviction copies, CompletePlace, AdvanceRound)
+#                   captured once and replayed while requests arrive and finish
 #   conformance_cuda, conformance_cuda_tp
 #                   the conformance suites' CUDA cells (step_conformance_test,
 #                   tp_step_conformance_test, --gtest_filter='*Cuda*'): no skip, no failure
@@ -70,7 +73,7 @@ BINARIES=(ula ula_bench "${TESTS[@]}" "${CELLS[@]}")
 # The steps in order, with their limits in seconds.
 STEPS=(load:20 gpu:10 probe:20
   cuda_backend_test:45 device_step_test:45 tp_device_step_test:30 policy_test:30
-  graph_replay:2 conformance_cuda:15 conformance_cuda_tp:12
+  graph_replay:2 graph_replay_place:2 conformance_cuda:15 conformance_cuda_tp:12
   verify_device:10 verify_device_no_mismatch:3 verify_device_faults:10 verify_device_faults_nothing_lost:3
   bench_planner_host:40 bench_planner_device:30 bench_gather_cuda:20 bench_gather_cpu:10 bench_device_step_round:25
   verify_device_cuda:15 verify_device_cuda_tp:15 bench_planner_device_cuda:25 bench_planner_device_cuda_tp:20
@@ -333,6 +336,7 @@ done
 # (device_step_test's DeviceStepCudaGraph): its line says the graph ran, with the step's
 # launches per iteration and the replay's time by CUDA events.
 run_step graph_replay grep -m1 '^graph: ' "$OUTDIR/device_step_test.log"
+run_step graph_replay_place grep -m1 '^graph place: ' "$OUTDIR/device_step_test.log"
 # The step's conformance suite in its CUDA cells: the device step's CUDA form makes the host
 # step's decisions in every scenario (DP; TP at home).
 run_step conformance_cuda "$BIN/step_conformance_test" --gtest_filter='*Cuda*'

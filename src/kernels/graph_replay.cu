@@ -6,9 +6,10 @@
 //
 // ReferenceCopyKernel: one block per descriptor row of the fixed index space
 // [max_descriptors] (the same launch for every step, so it captures once), each block's
-// threads over one layer's row at a time. Block i does nothing unless i < the StepRecord's
-// num_descriptors, which the step's last Claim kernel wrote earlier on the stream: the count
-// is read on the device at run time, not by the host at capture time. Distinct descriptors
+// threads over one layer's row at a time. Block i does nothing unless i < *count (the
+// StepRecord's num_descriptors, which the step's last Claim kernel wrote earlier on the
+// stream, or Place's *num_evictions): the count is read on the device at run time, not by the
+// host at capture time. Distinct descriptors
 // name distinct slots (the step's claim), so the blocks' writes are disjoint; a swap's block
 // reads both rows before its threads' writes land (each thread exchanges its own bytes).
 #include <cuda_runtime.h>
@@ -26,10 +27,10 @@ __device__ unsigned char* RowOf(const CopyPools& p, std::uint8_t tier, std::uint
   return base + (std::uint64_t{layer} * slots + slot) * p.row_bytes;
 }
 
-__global__ void ReferenceCopyKernel(const CopyDescriptor* __restrict__ descriptors, const StepRecord* record,
+__global__ void ReferenceCopyKernel(const CopyDescriptor* __restrict__ descriptors, const std::uint32_t* count,
                                     CopyPools pools, std::uint8_t* __restrict__ status) {
   const std::uint32_t i = blockIdx.x;
-  if (std::uint64_t{i} >= record->num_descriptors) return;
+  if (i >= *count) return;
   const CopyDescriptor d = descriptors[i];
   for (std::uint32_t l = 0; l < d.num_layers; ++l) {
     unsigned char* src = RowOf(pools, d.src_tier, d.src_slot, l);
@@ -49,10 +50,10 @@ __global__ void ReferenceCopyKernel(const CopyDescriptor* __restrict__ descripto
 }
 }  // namespace
 
-KernelError ReferenceCopy(void* stream, const CopyDescriptor* descriptors, const StepRecord* record,
+KernelError ReferenceCopy(void* stream, const CopyDescriptor* descriptors, const std::uint32_t* count,
                           std::uint32_t max_descriptors, const CopyPools& pools, std::uint8_t* status) {
   if (max_descriptors == 0) return kKernelOk;
-  ReferenceCopyKernel<<<max_descriptors, kCopyThreads, 0, static_cast<cudaStream_t>(stream)>>>(descriptors, record,
+  ReferenceCopyKernel<<<max_descriptors, kCopyThreads, 0, static_cast<cudaStream_t>(stream)>>>(descriptors, count,
                                                                                                pools, status);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return FromCudaError(static_cast<int>(e), 0);
   return kKernelOk;

@@ -393,13 +393,14 @@ const char* ErrorText(KernelError e);
 [[nodiscard]] KernelError EventElapsedMs(void* start, void* end, float* ms);
 
 // Graphs (graph_replay.cu): what an engine adds around the step inside one CUDA graph, and
-// the capture and replay of it. ReferenceCopy enqueues the engine's copies of one step:
-// descriptor i in [0, record->num_descriptors) — the count the step's Claim wrote to the
-// StepRecord earlier on the stream, read by the kernel, so the launch is the same for every
-// step and a captured graph copies what each replay's plan wrote — moves num_layers rows
-// between `pools` (CopyOp's semantics, as an engine's copy kernel) and sets status[i] = 0.
-// One launch of max_descriptors blocks (none for 0). The pointers are device-visible memory.
-[[nodiscard]] KernelError ReferenceCopy(void* stream, const CopyDescriptor* descriptors, const StepRecord* record,
+// the capture and replay of it. ReferenceCopy enqueues the engine's copies of one step or one
+// Place: descriptor i in [0, *count) — the count the step's Claim wrote to the StepRecord
+// (num_descriptors) or Place to *num_evictions earlier on the stream, read by the kernel, so
+// the launch is the same for every step and a captured graph copies what each replay's plan
+// wrote — moves num_layers rows between `pools` (CopyOp's semantics, as an engine's copy
+// kernel) and sets status[i] = 0. One launch of max_descriptors blocks (none for 0). The
+// pointers are device-visible memory.
+[[nodiscard]] KernelError ReferenceCopy(void* stream, const CopyDescriptor* descriptors, const std::uint32_t* count,
                                         std::uint32_t max_descriptors, const CopyPools& pools, std::uint8_t* status);
 // Stream capture (thread-local mode) into one instantiated graph; GraphCaptureEnd ends the
 // capture whatever happened inside it (a capture left open would refuse the stream's next

@@ -244,7 +244,24 @@ Status EnqueueReferenceCopies(void* stream, const StepArrays& step, const kernel
   (void)stream;
   return MakeError(ErrorCode::kFailedPrecondition, "EnqueueReferenceCopies: this build has no CUDA (ULA_WITH_CUDA)");
 #else
-  return IoStatus(kernels::gpu::ReferenceCopy(stream, step.descriptors, step.stats, step.max_descriptors, pools, status),
+  return IoStatus(kernels::gpu::ReferenceCopy(stream, step.descriptors, &step.stats->num_descriptors,
+                                              step.max_descriptors, pools, status),
+                  "EnqueueReferenceCopies");
+#endif
+}
+
+Status EnqueueReferenceCopies(void* stream, const PlacementArrays& place, std::uint32_t max_seats,
+                              const kernels::CopyPools& pools, std::uint8_t* status) {
+  if (place.evictions == nullptr || place.num_evictions == nullptr || status == nullptr || pools.device == nullptr ||
+      pools.host == nullptr) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "EnqueueReferenceCopies: evictions, num_evictions, status and both pools must not be null");
+  }
+#if !defined(ULA_WITH_CUDA_KERNELS)
+  (void)stream, (void)max_seats;
+  return MakeError(ErrorCode::kFailedPrecondition, "EnqueueReferenceCopies: this build has no CUDA (ULA_WITH_CUDA)");
+#else
+  return IoStatus(kernels::gpu::ReferenceCopy(stream, place.evictions, place.num_evictions, max_seats, pools, status),
                   "EnqueueReferenceCopies");
 #endif
 }

@@ -114,9 +114,12 @@ class StreamGraph {
 // `step`'s descriptors [0, its StepRecord's num_descriptors), the count read on the device, over
 // one group's `pools`, each status set to 0. One launch of step.max_descriptors blocks on
 // `stream`. CUDA form only (kFailedPrecondition in a build without CUDA); kInvalidArgument for
-// null arrays.
+// null arrays. The second form runs one Place's evictions: [0, *place.num_evictions), one
+// launch of max_seats blocks (DeviceStepConfig::max_place_seats).
 Status EnqueueReferenceCopies(void* stream, const StepArrays& step, const kernels::CopyPools& pools,
                               std::uint8_t* status);
+Status EnqueueReferenceCopies(void* stream, const PlacementArrays& place, std::uint32_t max_seats,
+                              const kernels::CopyPools& pools, std::uint8_t* status);
 
 // The random-read reference of the GPU check (kernels::gpu::RandomRead): `reads` independent
 // 8-byte reads at random indices of a device table of table_bytes (its contents unset), one

@@ -21,10 +21,12 @@
 #include "step/device_io.h"
 #include "step/device_step_fixture.h"
 #include "step/engine_pools.h"
+#include "step/placement_buffers.h"
 #include "step/space_fixture.h"
 #include "test_seed.h"
 #include "ula/device_step.h"
 #include "ula/location.h"
+#include "ula/location_bits.h"
 
 namespace ula {
 namespace {
@@ -312,6 +314,234 @@ TEST(DeviceStepCudaGraph, ReplayedIterationsMatchTheOpenMpForm) {
               gpu ? "graph" : "no device, the OpenMP form uncaptured", kGroups, static_cast<unsigned>(step_launches), kGroups, kReplays, ms[ms.size() / 2], (*io)->timing_source(),
               static_cast<unsigned long long>(misses), static_cast<unsigned long long>(evictions),
               static_cast<unsigned long long>(refused), static_cast<unsigned long long>(reads));
+  if (gpu) ASSERT_TRUE((*cuda)->DestroyArena(arena.id));
+}
+
+// Device placement inside the graph: an iteration of Place (its counts in memory,
+// PlacementArrays::counts), the engine's eviction copies (the reference copy kernel, the count
+// read from *num_evictions on the device), CompletePlace and AdvanceRound, captured once and
+// replayed while requests arrive, decode and finish on the host (their journal copied into the
+// same pinned buffers before each replay), against the OpenMP form given each journal's
+// counts by value. After every replay: the same error (0), evictions, locations, state and
+// pool bytes, and every live address's bytes at its location. Without a device, the same
+// harness with an OpenMP-form step in place of the graph.
+void CopyOnHost(const CopyDescriptor* descriptors, std::uint32_t count, const kernels::CopyPools& p, std::uint8_t* status) {
+  StepRecord record;
+  record.num_descriptors = count;
+  StepArrays step;
+  step.descriptors = const_cast<CopyDescriptor*>(descriptors);
+  step.stats = &record;
+  ReferenceCopyOnHost(step, p, status);
+}
+
+TEST(DeviceStepCudaGraph, PlaceReplaysWithCountsInMemory) {
+  constexpr std::uint32_t kDev = 48, kHost = 1024, kSeats = 64, kReleases = 512, kRequestChanges = 16;
+  constexpr std::uint32_t kLive = 6;  // requests at once
+  auto cuda = MakeCudaBackend();
+  const bool gpu = cuda.has_value();
+  auto backend = MakeCountingBackend();
+  AddressSpaceConfig cfg = testing::EngineModes(testing::SmallConfig(kDev, kHost, 1, 1, kRow));
+  cfg.policy = PolicyKind::kKernelPbLru;
+  cfg.policy_options.recent_buckets = 2;
+  cfg.device_placement = true;
+  auto space = AddressSpace::Create(cfg, *backend).value();
+  DeviceStepConfig dc{.max_rows = 1, .max_batch = 1, .max_top_k = 1, .max_addresses = 4096, .max_requests = 64,
+                      .max_place_seats = kSeats, .max_place_releases = kReleases,
+                      .max_place_requests = kRequestChanges};
+  auto ref = DeviceStep::Create(*space, Rank(0), GroupId(0), dc).value();
+  DeviceStepConfig cc = dc;
+  cc.cuda = gpu;
+  auto made = DeviceStep::Create(*space, Rank(0), GroupId(0), cc);
+  ASSERT_TRUE(made) << made.error().ToString();
+  std::unique_ptr<DeviceStep> dev = std::move(*made);
+  auto io = DeviceIo::Create(gpu, DeviceIoShape{});
+  ASSERT_TRUE(io) << io.error().ToString();
+  void* stream = (*io)->stream();
+
+  // The CUDA form's arrays and pools in pinned mapped memory (host memory without a device).
+  const std::size_t bytes = 4096 + std::size_t{kRequestChanges} * 12 + std::size_t{kReleases} * 4 + std::size_t{kSeats} * 8 +
+                            16 + std::size_t{kSeats} * (8 + sizeof(CopyDescriptor) + 1) + 64 +
+                            std::size_t{kDev + kHost} * kRow + 20 * 64;
+  Arena arena;
+  std::vector<std::byte> host_bytes;
+  if (gpu) {
+    arena = (*cuda)->CreateArena(Tier::kHost, Rank(0), bytes).value();
+  } else {
+    host_bytes.assign(bytes, std::byte{0});
+    arena.data = host_bytes.data();
+  }
+  std::byte* next = arena.data;
+  auto carve = [&](std::size_t n) {
+    std::byte* at = next;
+    next += (n + 63) / 64 * 64;
+    return at;
+  };
+  auto u32 = [&](std::size_t n) { return reinterpret_cast<std::uint32_t*>(carve(n * 4)); };
+  std::uint32_t *retired = u32(kRequestChanges), *new_requests = u32(kRequestChanges), *new_tags = u32(kRequestChanges);
+  std::uint32_t *released = u32(kReleases), *seated = u32(kSeats), *seated_tags = u32(kSeats);
+  std::uint32_t *counts = u32(4), *error = u32(1), *num_evictions = u32(1);
+  auto* locations = reinterpret_cast<std::uint64_t*>(carve(std::size_t{kSeats} * 8));
+  auto* evictions = reinterpret_cast<CopyDescriptor*>(carve(std::size_t{kSeats} * sizeof(CopyDescriptor)));
+  auto* status = reinterpret_cast<std::uint8_t*>(carve(kSeats));
+  kernels::CopyPools pools;
+  pools.device = reinterpret_cast<unsigned char*>(carve(std::size_t{kDev} * kRow));
+  pools.host = reinterpret_cast<unsigned char*>(carve(std::size_t{kHost} * kRow));
+  pools.device_slots = kDev;
+  pools.host_slots = kHost;
+  pools.row_bytes = kRow;
+  ASSERT_LE(next, arena.data + bytes);
+  const PlacementArrays fixed{.retired = retired, .new_requests = new_requests, .new_tags = new_tags,
+                              .released = released, .seated = seated, .seated_tags = seated_tags,
+                              .num_retired = kRequestChanges, .num_new_requests = kRequestChanges,
+                              .num_released = kReleases, .num_seated = kSeats, .locations = locations,
+                              .evictions = evictions, .num_evictions = num_evictions, .counts = counts,
+                              .error = error};
+  // The OpenMP form's pools (the reference).
+  std::vector<unsigned char> ref_dev(std::size_t{kDev} * kRow), ref_host(std::size_t{kHost} * kRow);
+  const kernels::CopyPools ref_pools{.device = ref_dev.data(), .host = ref_host.data(), .device_slots = kDev,
+                                     .host_slots = kHost, .row_bytes = kRow};
+
+  const std::function<Status()> iteration = [&]() -> Status {
+    ULA_RETURN_IF_ERROR(dev->Place(fixed, stream));
+    if (gpu) {
+      ULA_RETURN_IF_ERROR(EnqueueReferenceCopies(stream, fixed, kSeats, pools, status));
+    } else {
+      CopyOnHost(evictions, *num_evictions, pools, status);
+    }
+    ULA_RETURN_IF_ERROR(dev->CompletePlace(status, stream));
+    return dev->AdvanceRound(stream);
+  };
+  std::unique_ptr<StreamGraph> graph;
+  DeviceStepCounters before = dev->counters();
+  if (gpu) {
+    auto captured = StreamGraph::Capture(stream, iteration);
+    ASSERT_TRUE(captured) << captured.error().ToString();
+    graph = std::move(*captured);
+  }
+  // Counted once at capture on a GPU (the replays enqueue nothing through the step), per
+  // iteration as they ran without one.
+  const DeviceStepCounters captured = dev->counters().Since(before);
+  before = dev->counters();
+
+  ULA_TEST_SEEDED(seed, 20261211);
+  std::mt19937_64 rng(seed);
+  struct Live {
+    RequestId id;
+    std::uint32_t left;
+  };
+  std::vector<Live> live;
+  std::uint32_t next_id = 0;
+  std::vector<std::uint32_t> stamp(4096, 0);  // the replay that wrote each address's bytes
+  auto byte_of = [](std::uint32_t addr, std::uint32_t version, std::uint32_t b) {
+    return static_cast<unsigned char>(addr * 29 + version * 13 + b);
+  };
+  std::vector<double> ms;
+  std::uint64_t seats = 0, evicted = 0, releases = 0, reads = 0;
+  for (int it = 1; it <= kReplays; ++it) {
+    // The host: finished requests leave, new ones arrive with a prefill chunk, the others
+    // decode one token.
+    for (std::size_t i = 0; i < live.size();) {
+      if (live[i].left == 0) {
+        releases += space->AddressesOf(live[i].id).value().size();
+        ASSERT_TRUE(space->Free(live[i].id));
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+    std::vector<std::uint32_t> chunk(live.size(), 1);
+    while (live.size() < kLive && rng() % 2 == 0) {
+      const RequestId id(next_id++ % 64);
+      ASSERT_TRUE(space->AddRequest(id, Rank(0)));
+      live.push_back({id, static_cast<std::uint32_t>(3 + rng() % 12)});
+      chunk.push_back(static_cast<std::uint32_t>(1 + rng() % 12));
+    }
+    for (std::size_t i = 0; i < live.size(); ++i) {
+      ASSERT_TRUE(space->Allocate(live[i].id, chunk[i]));
+      --live[i].left;
+    }
+    PlacementBuffers b(kSeats);
+    b.Fill(space->TakePlacement().value());
+    ASSERT_LE(b.retired.size(), kRequestChanges);
+    ASSERT_LE(b.new_requests.size(), kRequestChanges);
+    ASSERT_LE(b.released.size(), kReleases);
+    ASSERT_LE(b.seated.size(), kSeats);
+    auto put = [](std::uint32_t* to, const std::vector<std::uint32_t>& from) {
+      std::copy(from.begin(), from.end(), to);
+    };
+    put(retired, b.retired), put(new_requests, b.new_requests), put(new_tags, b.new_tags);
+    put(released, b.released), put(seated, b.seated), put(seated_tags, b.seated_tags);
+    std::copy(b.counts, b.counts + 4, counts);
+    *error = 7;
+    // The OpenMP form, counts by value.
+    ASSERT_TRUE(ref->Place(b.arrays(), nullptr));
+    CopyOnHost(b.evictions.data(), b.num_evictions, ref_pools, b.status.data());
+    ASSERT_TRUE(ref->CompletePlace(b.status.data(), nullptr));
+    ASSERT_TRUE(ref->AdvanceRound(nullptr));
+    // The CUDA form: one replay.
+    ASSERT_TRUE((*io)->Start());
+    if (gpu) {
+      ASSERT_TRUE(graph->Launch(stream));
+    } else {
+      ASSERT_TRUE(iteration());
+    }
+    auto t = (*io)->StopMs();
+    ASSERT_TRUE(t) << t.error().ToString();
+    ms.push_back(*t);
+    const std::string at = "replay " + std::to_string(it);
+    ASSERT_EQ(*error, 0u) << at;
+    ASSERT_EQ(*num_evictions, b.num_evictions) << at;
+    ASSERT_EQ(std::memcmp(locations, b.locations.data(), b.seated.size() * 8), 0) << at << ": locations";
+    ASSERT_EQ(std::memcmp(evictions, b.evictions.data(), std::size_t{b.num_evictions} * sizeof(CopyDescriptor)), 0)
+        << at << ": evictions";
+    const DeviceStepState want = ref->ReadState(nullptr).value(), got = dev->ReadState(stream).value();
+    testing::ExpectSameState(want, got, at);
+    ASSERT_EQ(want.owner, got.owner) << at;
+    ASSERT_EQ(want.request_tags, got.request_tags) << at;
+    ASSERT_EQ(std::memcmp(pools.device, ref_dev.data(), ref_dev.size()), 0) << at << ": device pool bytes";
+    ASSERT_EQ(std::memcmp(pools.host, ref_host.data(), ref_host.size()), 0) << at << ": host pool bytes";
+    seats += b.seated.size();
+    evicted += b.num_evictions;
+    // The engine writes the new tokens' KV at their locations (both forms' pools).
+    for (std::size_t i = 0; i < b.seated.size(); ++i) {
+      const std::uint64_t loc = b.locations[i];
+      ASSERT_NE(loc, 0u) << at << ": seat " << i;
+      const bool on_device = location_bits::OnDevice(loc);
+      const std::size_t off = std::size_t{location_bits::SlotOf(loc)} * kRow;
+      stamp[b.seated[i]] = static_cast<std::uint32_t>(it);
+      for (std::uint32_t x = 0; x < kRow; ++x) {
+        const unsigned char v = byte_of(b.seated[i], static_cast<std::uint32_t>(it), x);
+        (on_device ? pools.device : pools.host)[off + x] = v;
+        (on_device ? ref_dev.data() : ref_host.data())[off + x] = v;
+      }
+    }
+    // Every live address's bytes at its location (the evictions moved real bytes).
+    for (std::uint32_t a = 0; a < got.records.size(); ++a) {
+      if (got.records[a] == 0 || got.owner[a] == 0) continue;
+      const std::uint64_t loc = location_bits::Of(got.records[a]);
+      const bool on_device = location_bits::OnDevice(loc);
+      const unsigned char* row = (on_device ? pools.device : pools.host) + std::size_t{location_bits::SlotOf(loc)} * kRow;
+      for (std::uint32_t x = 0; x < kRow; ++x) ASSERT_EQ(row[x], byte_of(a, stamp[a], x)) << at << ": address " << a;
+      ++reads;
+    }
+  }
+  EXPECT_GT(evicted, 0u) << "the replays evicted nothing: the count read on the device was never tested";
+  EXPECT_GT(releases, 0u) << "no request finished";
+  const DeviceStepCounters used = dev->counters().Since(before);
+  EXPECT_EQ(used.place.syncs + used.Step().syncs + captured.place.syncs + captured.Step().syncs, 0u);
+  const std::uint64_t place_launches = gpu ? captured.place.launches : used.place.launches / kReplays;
+  const std::uint64_t step_launches = gpu ? captured.Step().launches : used.Step().launches / kReplays;
+  EXPECT_EQ(place_launches, 2u) << "Place and CompletePlace: one cooperative launch each";
+  EXPECT_EQ(step_launches, 1u) << "AdvanceRound";
+  std::sort(ms.begin(), ms.end());
+  std::printf("%s: %llu place launches (Place, CompletePlace) + %llu step launch (AdvanceRound) + 1 copy launch per "
+              "iteration, %d replays, median %.3f ms per replay (%s); %llu seats, %llu evictions, %llu releases, %llu live "
+              "entries read equal\n",
+              gpu ? "graph place" : "no device, the OpenMP form uncaptured (place)",
+              static_cast<unsigned long long>(place_launches), static_cast<unsigned long long>(step_launches), kReplays,
+              ms[ms.size() / 2], (*io)->timing_source(), static_cast<unsigned long long>(seats),
+              static_cast<unsigned long long>(evicted), static_cast<unsigned long long>(releases),
+              static_cast<unsigned long long>(reads));
   if (gpu) ASSERT_TRUE((*cuda)->DestroyArena(arena.id));
 }
 
