@@ -73,6 +73,42 @@ struct PinnedGroup {
   StepArrays arrays;
 };
 
+// The CUDA form's arrays and pools: one pinned, mapped host arena of the cuda backend (the
+// kernels read and write it directly), or host memory where there is no device; carved in
+// 64-byte pieces, zeroed, the arena destroyed with this.
+class PinnedBytes {
+ public:
+  PinnedBytes(Backend* cuda, std::uint64_t bytes) : cuda_(cuda), bytes_(bytes) {
+    if (cuda_ != nullptr) {
+      arena_ = cuda_->CreateArena(Tier::kHost, Rank(0), bytes).value();
+      std::memset(arena_.data, 0, bytes);
+    } else {
+      host_.assign(bytes, std::byte{0});
+      arena_.data = host_.data();
+    }
+    next_ = arena_.data;
+  }
+  ~PinnedBytes() {
+    if (cuda_ != nullptr) EXPECT_TRUE(cuda_->DestroyArena(arena_.id));
+  }
+  PinnedBytes(const PinnedBytes&) = delete;
+  PinnedBytes& operator=(const PinnedBytes&) = delete;
+  template <class T>
+  T* Carve(std::size_t n) {
+    std::byte* at = next_;
+    next_ += (n * sizeof(T) + 63) / 64 * 64;
+    EXPECT_LE(next_, arena_.data + bytes_) << "the arena is too small";
+    return reinterpret_cast<T*>(at);
+  }
+
+ private:
+  Backend* cuda_;
+  std::uint64_t bytes_;
+  Arena arena_;
+  std::vector<std::byte> host_;
+  std::byte* next_ = nullptr;
+};
+
 // The reference copy kernel's rule on the host (kernels::gpu::ReferenceCopy): the stand-in
 // for the graph's copies where no device is, so that the harness below runs everywhere.
 void ReferenceCopyOnHost(const StepArrays& step, const kernels::CopyPools& p, std::uint8_t* status) {
@@ -129,32 +165,19 @@ TEST(DeviceStepCudaGraph, ReplayedIterationsMatchTheOpenMpForm) {
   for (std::uint32_t r = 0; r < kBatch; ++r) reqs.push_back(RequestId(r));
   const std::uint64_t per_group = 4096 + std::uint64_t{kBatch} * kTopK * 8 + kBatch * 8 + nd * (sizeof(CopyDescriptor) + 1) +
                                   sizeof(StepRecord) + std::uint64_t{kDeviceSlots + kHostSlots} * 2 * kRow + 8 * 64;
-  Arena arena;
-  std::vector<std::byte> host_bytes;
-  if (gpu) {
-    arena = (*cuda)->CreateArena(Tier::kHost, Rank(0), per_group * kGroups).value();
-  } else {
-    host_bytes.assign(per_group * kGroups, std::byte{0});
-    arena.data = host_bytes.data();
-  }
-  std::byte* next = arena.data;
-  auto carve = [&](std::size_t bytes) {
-    std::byte* at = next;
-    next += (bytes + 63) / 64 * 64;
-    return at;
-  };
+  PinnedBytes pinned(gpu ? cuda->get() : nullptr, per_group * kGroups);
   std::vector<PinnedGroup> pin(kGroups);
   const std::vector<std::int32_t> no_selections(std::size_t{kBatch} * kTopK, -1);
   for (std::uint32_t g = 0; g < kGroups; ++g) {
     PinnedGroup& p = pin[g];
-    p.selections = reinterpret_cast<std::int32_t*>(carve(std::size_t{kBatch} * kTopK * 4));
-    p.requests = reinterpret_cast<std::int64_t*>(carve(kBatch * 8));
-    p.indices = reinterpret_cast<std::int32_t*>(carve(std::size_t{kBatch} * kTopK * 4));
-    p.descriptors = reinterpret_cast<CopyDescriptor*>(carve(std::size_t{nd} * sizeof(CopyDescriptor)));
-    p.status = reinterpret_cast<std::uint8_t*>(carve(nd));
-    p.record = reinterpret_cast<StepRecord*>(carve(sizeof(StepRecord)));
-    p.pools.device = reinterpret_cast<unsigned char*>(carve(std::size_t{kDeviceSlots} * kLayers[g] * kRow));
-    p.pools.host = reinterpret_cast<unsigned char*>(carve(std::size_t{kHostSlots} * kLayers[g] * kRow));
+    p.selections = pinned.Carve<std::int32_t>(std::size_t{kBatch} * kTopK);
+    p.requests = pinned.Carve<std::int64_t>(kBatch);
+    p.indices = pinned.Carve<std::int32_t>(std::size_t{kBatch} * kTopK);
+    p.descriptors = pinned.Carve<CopyDescriptor>(nd);
+    p.status = pinned.Carve<std::uint8_t>(nd);
+    p.record = pinned.Carve<StepRecord>(1);
+    p.pools.device = pinned.Carve<unsigned char>(std::size_t{kDeviceSlots} * kLayers[g] * kRow);
+    p.pools.host = pinned.Carve<unsigned char>(std::size_t{kHostSlots} * kLayers[g] * kRow);
     p.pools.device_slots = kDeviceSlots;
     p.pools.host_slots = kHostSlots;
     p.pools.row_bytes = kRow;
@@ -168,7 +191,6 @@ TEST(DeviceStepCudaGraph, ReplayedIterationsMatchTheOpenMpForm) {
     for (std::uint32_t b = 0; b < kBatch; ++b) p.requests[b] = b;
     *p.record = StepRecord{};
   }
-  ASSERT_LE(next, arena.data + per_group * kGroups);
 
   // Every live entry's bytes at its location, in both forms' pools.
   for (std::uint32_t g = 0; g < kGroups; ++g) {
@@ -314,7 +336,6 @@ TEST(DeviceStepCudaGraph, ReplayedIterationsMatchTheOpenMpForm) {
               gpu ? "graph" : "no device, the OpenMP form uncaptured", kGroups, static_cast<unsigned>(step_launches), kGroups, kReplays, ms[ms.size() / 2], (*io)->timing_source(),
               static_cast<unsigned long long>(misses), static_cast<unsigned long long>(evictions),
               static_cast<unsigned long long>(refused), static_cast<unsigned long long>(reads));
-  if (gpu) ASSERT_TRUE((*cuda)->DestroyArena(arena.id));
 }
 
 // Device placement inside the graph: an iteration of Place (its counts in memory,
@@ -362,34 +383,20 @@ TEST(DeviceStepCudaGraph, PlaceReplaysWithCountsInMemory) {
   const std::size_t bytes = 4096 + std::size_t{kRequestChanges} * 12 + std::size_t{kReleases} * 4 + std::size_t{kSeats} * 8 +
                             16 + std::size_t{kSeats} * (8 + sizeof(CopyDescriptor) + 1) + 64 +
                             std::size_t{kDev + kHost} * kRow + 20 * 64;
-  Arena arena;
-  std::vector<std::byte> host_bytes;
-  if (gpu) {
-    arena = (*cuda)->CreateArena(Tier::kHost, Rank(0), bytes).value();
-  } else {
-    host_bytes.assign(bytes, std::byte{0});
-    arena.data = host_bytes.data();
-  }
-  std::byte* next = arena.data;
-  auto carve = [&](std::size_t n) {
-    std::byte* at = next;
-    next += (n + 63) / 64 * 64;
-    return at;
-  };
-  auto u32 = [&](std::size_t n) { return reinterpret_cast<std::uint32_t*>(carve(n * 4)); };
+  PinnedBytes pinned(gpu ? cuda->get() : nullptr, bytes);
+  auto u32 = [&](std::size_t n) { return pinned.Carve<std::uint32_t>(n); };
   std::uint32_t *retired = u32(kRequestChanges), *new_requests = u32(kRequestChanges), *new_tags = u32(kRequestChanges);
   std::uint32_t *released = u32(kReleases), *seated = u32(kSeats), *seated_tags = u32(kSeats);
   std::uint32_t *counts = u32(4), *error = u32(1), *num_evictions = u32(1);
-  auto* locations = reinterpret_cast<std::uint64_t*>(carve(std::size_t{kSeats} * 8));
-  auto* evictions = reinterpret_cast<CopyDescriptor*>(carve(std::size_t{kSeats} * sizeof(CopyDescriptor)));
-  auto* status = reinterpret_cast<std::uint8_t*>(carve(kSeats));
+  auto* locations = pinned.Carve<std::uint64_t>(kSeats);
+  auto* evictions = pinned.Carve<CopyDescriptor>(kSeats);
+  auto* status = pinned.Carve<std::uint8_t>(kSeats);
   kernels::CopyPools pools;
-  pools.device = reinterpret_cast<unsigned char*>(carve(std::size_t{kDev} * kRow));
-  pools.host = reinterpret_cast<unsigned char*>(carve(std::size_t{kHost} * kRow));
+  pools.device = pinned.Carve<unsigned char>(std::size_t{kDev} * kRow);
+  pools.host = pinned.Carve<unsigned char>(std::size_t{kHost} * kRow);
   pools.device_slots = kDev;
   pools.host_slots = kHost;
   pools.row_bytes = kRow;
-  ASSERT_LE(next, arena.data + bytes);
   const PlacementArrays fixed{.retired = retired, .new_requests = new_requests, .new_tags = new_tags,
                               .released = released, .seated = seated, .seated_tags = seated_tags,
                               .num_retired = kRequestChanges, .num_new_requests = kRequestChanges,
@@ -542,7 +549,6 @@ TEST(DeviceStepCudaGraph, PlaceReplaysWithCountsInMemory) {
               ms[ms.size() / 2], (*io)->timing_source(), static_cast<unsigned long long>(seats),
               static_cast<unsigned long long>(evicted), static_cast<unsigned long long>(releases),
               static_cast<unsigned long long>(reads));
-  if (gpu) ASSERT_TRUE((*cuda)->DestroyArena(arena.id));
 }
 
 // A capture whose enqueue fails returns that error and leaves the stream out of capture mode
