@@ -66,7 +66,7 @@
 //
 // Phases of Plan (kernels in src/kernels/step_kernels.inl, each with its arrays and atomics;
 // Check is 1-3 and Claim 4-6, each one cooperative launch whose grid barriers stand between
-// the kernels below):
+// the kernels below, and Plan both in one launch):
 //   1. classify [rows * top_k]: StepPlanner's checks in its order (value, live, the
 //      row's request, held, rank); each valid address's first selection by an atomic minimum;
 //   2. one exclusive scan of each selection's tally (first-occurrence hit and miss, newly used
@@ -209,9 +209,9 @@ struct DeviceStepCounts {
 // step and subtract (Since). Counted where every launch goes through (the kernels' one
 // launch helper, src/kernels/step_kernels.inl: a cooperative launch, whatever its grid
 // barriers, or a thrust for_each is one kernel) and where every synchronisation goes through
-// (the step's Sync and Copy). Both forms count the CUDA form's kernels. Plan counts into check
-// and claim. docs/ARCHITECTURE.md ("The device step") gives the count of one step: one launch
-// per phase.
+// (the step's Sync and Copy). Both forms count the CUDA form's kernels. Plan is one launch for
+// Check and Claim, counted into check. docs/ARCHITECTURE.md ("The device step") gives the
+// count of one step: one launch per phase, DP's plan one for two.
 struct DeviceStepCounters {
   DeviceStepCounts check, claim, complete, advance_round;
   DeviceStepCounts state;    // Create, Reload, StoreInto, ReadState: outside a step

@@ -1091,19 +1091,23 @@ struct WriteEach {
 // Check: classify | tally scan | scatter with decide (decide alone for no selections). The
 // barriers: the scan's input reads first[a], final only once every classify thread's atomic
 // minimum is in; the scatter reads the scan's prefixes.
+template <class G>
+ULA_KERNELS_PROGRAM void CheckBody(const G& g, const DeviceStepArgs& a, std::uint32_t n) {
+  if (n == 0) {
+    g.ForEach(1, DevDecide{a, 0});
+    return;
+  }
+  g.ForEach(n, DevClassify{a});
+  g.Sync();
+  g.Scan(CheckScanInput(a), n, a.tally, TallyZero(), TallyPlus{});
+  g.ForEach(n, DevScatter{a, n});
+}
 struct CheckProgram {
   DeviceStepArgs a;
   std::uint32_t n;
   template <class G>
   ULA_KERNELS_PROGRAM void operator()(const G& g) const {
-    if (n == 0) {
-      g.ForEach(1, DevDecide{a, 0});
-      return;
-    }
-    g.ForEach(n, DevClassify{a});
-    g.Sync();
-    g.Scan(CheckScanInput(a), n, a.tally, TallyZero(), TallyPlus{});
-    g.ForEach(n, DevScatter{a, n});
+    CheckBody(g, a, n);
   }
 };
 
@@ -1112,21 +1116,39 @@ struct CheckProgram {
 // reset | record (the record alone for no selections). The barriers: the take reads the
 // scan's prefixes; a descriptor or index reads targets[] another block's thread took; the
 // record's system-scope fence follows every other write of the step.
+template <class G>
+ULA_KERNELS_PROGRAM void ClaimBody(const G& g, const DeviceStepArgs& a, const std::uint32_t* agreed, std::uint32_t n) {
+  if (n > 0) {
+    const std::uint32_t blocks = ClaimBlocks(a);
+    g.Scan(ClaimScanInput(a), blocks, a.take_offsets, std::uint32_t{0}, SumU32{});
+    g.ForEach(blocks, DevTake{a, agreed});
+    g.Sync();
+    g.ForEach(n, DevDescribeIndices{a, agreed});
+    g.Sync();
+  }
+  g.ForEach(1, DevRecord{a, agreed});
+}
 struct ClaimProgram {
   DeviceStepArgs a;
   const std::uint32_t* agreed;
   std::uint32_t n;
   template <class G>
   ULA_KERNELS_PROGRAM void operator()(const G& g) const {
-    if (n > 0) {
-      const std::uint32_t blocks = ClaimBlocks(a);
-      g.Scan(ClaimScanInput(a), blocks, a.take_offsets, std::uint32_t{0}, SumU32{});
-      g.ForEach(blocks, DevTake{a, agreed});
-      g.Sync();
-      g.ForEach(n, DevDescribeIndices{a, agreed});
-      g.Sync();
-    }
-    g.ForEach(1, DevRecord{a, agreed});
+    ClaimBody(g, a, agreed, n);
+  }
+};
+
+// Plan (DP): Check | Claim in one launch, this rank's own verdict. The barrier: the take's
+// scan reads the hits every scatter thread marked, the claim's kernels the verdict decide
+// wrote.
+struct PlanProgram {
+  DeviceStepArgs a;
+  std::uint32_t n;
+  template <class G>
+  ULA_KERNELS_PROGRAM void operator()(const G& g) const {
+    CheckBody(g, a, n);
+    g.Sync();
+    ClaimBody(g, a, nullptr, n);
   }
 };
 
@@ -1234,21 +1256,24 @@ struct PlaceCompleteProgram {
   }
 };
 
-// Check: one launch.
+// Check: one launch. Claim: one launch. Plan (DP, no agreement between them): one launch,
+// counted under check.
+inline std::uint32_t ClaimWidth(const DeviceStepArgs& args, std::uint32_t n) {
+  return Max(n, n > 0 ? ClaimBlocks(args) : 1);
+}
 inline void DeviceCheck(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
   const std::uint32_t n = args.io.num_rows * args.io.top_k;
   Launcher{exec, args, kPhaseCheck}.Cooperative(n, CheckProgram{args, n});
 }
 
-// Claim: one launch.
 inline void DeviceClaim(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args, const std::uint32_t* agreed) {
   const std::uint32_t n = args.io.num_rows * args.io.top_k;
-  Launcher{exec, args, kPhaseClaim}.Cooperative(Max(n, n > 0 ? ClaimBlocks(args) : 1), ClaimProgram{args, agreed, n});
+  Launcher{exec, args, kPhaseClaim}.Cooperative(ClaimWidth(args, n), ClaimProgram{args, agreed, n});
 }
 
 inline void DevicePlan(ULA_KERNELS_EXEC exec, const DeviceStepArgs& args) {
-  DeviceCheck(exec, args);
-  DeviceClaim(exec, args, nullptr);
+  const std::uint32_t n = args.io.num_rows * args.io.top_k;
+  Launcher{exec, args, kPhaseCheck}.Cooperative(ClaimWidth(args, n), PlanProgram{args, n});
 }
 
 // Complete: one launch. Its counts were zeroed by the plan's record, and `pending` is
