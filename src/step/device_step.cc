@@ -250,10 +250,6 @@ struct DeviceStep::ShardSource {
   const SlotPool* host = nullptr;
   const policy::KernelPbLru* pb = nullptr;
   std::vector<std::uint32_t> device_owner;
-  // Host slots the pool counts allocated that the device step counts free: DP's host shadows
-  // (sparse/host_shadows.h). The device step keeps no shadows (Create refuses a space with
-  // them on; this covers a state read otherwise): a shadow is free capacity, so it is dropped.
-  std::vector<std::uint32_t> host_slots_freed;
   std::vector<std::uint32_t> new_on_host;    // sorted: this round's Allocate placed them on host
   const void* space = nullptr;               // the AddressSpace or TpAddressSpace read
   std::uint32_t rank = 0, group = 0, row_bytes = 0, num_layers = 1, num_ranks = 1;
@@ -330,8 +326,6 @@ Status DeviceStep::Read(const AddressSpace& space, Rank rank, GroupId group, Sha
   src.owner.resize(src.records.size(), 0);
   src.device = &gp.device;
   src.host = &gp.host;
-  src.host_slots_freed.clear();
-  if (gp.shadows.enabled()) gp.shadows.ForEach([&](SlotId, SlotId h) { src.host_slots_freed.push_back(h.value()); });
   src.pb = dynamic_cast<const policy::KernelPbLru*>(gp.policy.get());
   src.device_owner.resize(gp.device_owner.size());
   for (std::size_t s = 0; s < src.device_owner.size(); ++s) src.device_owner[s] = gp.device_owner[s].value();
@@ -371,8 +365,6 @@ Status DeviceStep::Read(const TpAddressSpace& space, Rank rank, GroupId group, S
   src.owner.assign(st.dir.owner().begin(), st.dir.owner().end());
   src.device = &sh.device;
   src.host = &sh.host;
-  src.host_slots_freed.clear();
-  if (sh.shadows.enabled()) sh.shadows.ForEach([&](SlotId, SlotId h) { src.host_slots_freed.push_back(h.value()); });
   src.pb = dynamic_cast<const policy::KernelPbLru*>(sh.policy.get());
   src.device_owner.resize(sh.device_owner.size());
   for (std::size_t s = 0; s < src.device_owner.size(); ++s) src.device_owner[s] = sh.device_owner[s].value();
@@ -561,18 +553,17 @@ Status DeviceStep::Load(const ShardSource& src, void* stream) {
     for (std::uint32_t x : src.new_on_host) bits[x >> 6] |= std::uint64_t{1} << (x & 63);
     put(a.place.new_on_host_bits, std::move(bits), a.place.new_on_host_words);
   }
-  auto flat = [&](const HierBitmap& b, const kernels::FlatBitmap& f, const std::vector<std::uint32_t>& also_free) {
+  auto flat = [&](const HierBitmap& b, const kernels::FlatBitmap& f) {
     std::vector<std::uint64_t> words(b.words(), b.words() + b.num_words()), summary(f.num_summary, 0);
-    for (std::uint32_t slot : also_free) words[slot >> 6] |= std::uint64_t{1} << (slot & 63);
     for (std::uint32_t w = 0; w < f.num_words; ++w) {
       if (words[w] != 0) summary[w >> 6] |= std::uint64_t{1} << (w & 63);
     }
     put(f.words, std::move(words), f.num_words);
     put(f.summary, std::move(summary), f.num_summary);
-    put(f.count, std::vector<std::uint64_t>{b.Count() + also_free.size()}, 1);
+    put(f.count, std::vector<std::uint64_t>{b.Count()}, 1);
   };
-  flat(src.device->free_bitmap(), a.device_free, {});
-  flat(src.host->free_bitmap(), a.host_free, src.host_slots_freed);
+  flat(src.device->free_bitmap(), a.device_free);
+  flat(src.host->free_bitmap(), a.host_free);
   const kernels::PbLruArrays pb = src.pb->arrays();
   const std::size_t buckets = pb.recent + 2;
   put(a.pb.words, std::vector<std::uint64_t>(pb.words, pb.words + buckets * pb.num_words), buckets * pb.num_words);
@@ -647,7 +638,6 @@ std::uint64_t DeviceStep::Digest(const ShardSource& src) {
     const HierBitmap& b = pool->free_bitmap();
     d.Add(std::span<const std::uint64_t>(b.words(), b.num_words()));
   }
-  d.Add(std::span<const std::uint32_t>(src.host_slots_freed));
   d.Add(std::span<const std::uint32_t>(src.new_on_host));
   const kernels::PbLruArrays pb = src.pb->arrays();
   const std::size_t buckets = pb.recent + 2;
@@ -692,7 +682,6 @@ struct DeviceStep::DeviceShard {
 const DeviceStep::ShardSource& DeviceStep::ShardSource::Stored(DeviceShard&& stored) {
   records = std::move(stored.records);
   device_owner = std::move(stored.device_owner);
-  host_slots_freed.clear();
   return *this;
 }
 
