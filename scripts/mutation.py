@@ -3,11 +3,7 @@
 
 Reads tests/mutations.json. For each mutation alone: replace one exact source line, rebuild
 only the listed targets in a tree of its own (build-mutation/, ccache when present), run
-the listed ctests, restore the source. The tree has no CUDA (the kernels' OpenMP form
-catches their mutations); a mutation marked "cuda": true guards code that only a build with
-CUDA compiles (the CUDA form's host side) and runs in a second tree with CUDA
-(build-mutation-cuda/, configured only when the list has one); without nvcc such a mutation
-is reported NEEDS CUDA and not counted as caught. A mutation is caught when a test fails; one that
+the listed ctests, restore the source. A mutation is caught when a test fails; one that
 does not compile is reported as such and not counted as caught. Prints `caught N of M` and
 exits 0 only when every mutation is caught.
 
@@ -45,12 +41,11 @@ def sh(cmd, log=None, timeout=None):
             return 124
 
 
-def configure(build, log, cuda=False):
+def configure(build, log):
     # CUDA off: the mutations are caught by the kernels' OpenMP form; an nvcc rebuild of
     # step_kernels.cu per kernel mutation would add minutes each and test nothing more here.
-    # The "cuda" tree is for the few lines only a CUDA build compiles.
     args = ["cmake", "-S", ".", "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DULA_BUILD_BENCH=OFF",
-            "-DULA_WITH_CUDA=" + ("ON" if cuda else "OFF")]
+            "-DULA_WITH_CUDA=OFF"]
     if shutil.which("ccache"):
         args.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
     if sh(args, log) != 0:
@@ -111,22 +106,15 @@ def main():
 
     log = build / "mutation.log"
     log.write_text("")
-    trees = {False: build}
-    if any(m.get("cuda") for m in mutations) and shutil.which("nvcc") is not None:
-        trees[True] = build.parent / (build.name + "-cuda")
-        trees[True].mkdir(parents=True, exist_ok=True)
+    configure(build, log)
+    all_targets = sorted({t for m in mutations for t in m["targets"]})
+    all_tests = "|".join(f"({m['tests']})" for m in mutations)
     t0 = time.time()
-    for cuda, tree in trees.items():
-        mine = [m for m in mutations if bool(m.get("cuda")) == cuda]
-        if not mine:
-            continue
-        configure(tree, log, cuda)
-        targets = sorted({t for m in mine for t in m["targets"]})
-        print(f"baseline: building {len(targets)} targets in {tree.name}/ ...", flush=True)
-        if not build_targets(tree, targets, a.jobs, log):
-            sys.exit(f"mutation: the unmutated tree {tree.name}/ does not build (see {log})")
-        if run_tests(tree, "|".join(f"({m['tests']})" for m in mine), log) != 0:
-            sys.exit(f"mutation: the unmutated tests fail in {tree.name}/ (see {log}); nothing to measure")
+    print(f"baseline: building {len(all_targets)} targets in {build.name}/ ...", flush=True)
+    if not build_targets(build, all_targets, a.jobs, log):
+        sys.exit(f"mutation: the unmutated tree does not build (see {log})")
+    if run_tests(build, all_tests, log) != 0:
+        sys.exit(f"mutation: the unmutated tests fail (see {log}); nothing to measure")
     print(f"baseline: the unmutated tests pass ({time.time() - t0:.0f} s)", flush=True)
 
     caught, results = 0, []
@@ -145,13 +133,10 @@ def main():
             t = time.time()
             with open(log, "a") as f:
                 f.write(f"\n===== mutation {m['name']}\n")
-            tree = trees.get(bool(m.get("cuda")))
-            if tree is None:
-                verdict = "NEEDS CUDA"
-            elif not build_targets(tree, m["targets"], a.jobs, log):
+            if not build_targets(build, m["targets"], a.jobs, log):
                 verdict = "DID NOT COMPILE"
             else:
-                rc = run_tests(tree, m["tests"], log)
+                rc = run_tests(build, m["tests"], log)
                 verdict = "caught" if rc != 0 else "NOT CAUGHT"
         finally:
             path.write_text(original)
@@ -159,9 +144,8 @@ def main():
         caught += verdict == "caught"
         results.append((m["name"], verdict))
         print(f"[{i:2}/{len(mutations)}] {verdict:16} {m['name']} ({time.time() - t:.0f} s)", flush=True)
-    # Leave the trees built from the restored source.
-    for cuda, tree in trees.items():
-        build_targets(tree, sorted({t for m in mutations if bool(m.get("cuda")) == cuda for t in m["targets"]}), a.jobs, log)
+    # Leave the tree built from the restored source.
+    build_targets(build, all_targets, a.jobs, log)
     print(f"caught {caught} of {len(mutations)}")
     missed = [n for n, v in results if v != "caught"]
     if missed:
