@@ -294,8 +294,8 @@ class DeviceStep {
   // Synchronises `stream` and writes the step's state (locations, device owners, both pools'
   // free sets, PB-LRU; device placement: the round's new entries on host) into `space`, the
   // one it was created from, for its (rank, group):
-  // the space then equals the device state (the space's host shadows of that group are
-  // dropped: the step counted their slots free). kInvalidArgument (another space),
+  // the space then equals the device state (Create refuses a space with host shadows, so
+  // there are none to reconcile). kInvalidArgument (another space),
   // kFailedPrecondition (a plan or check is pending; the space changed since the step
   // loaded or stored it; device placement: the device's owner tags or request tags differ
   // from the space's directory, i.e. a journal was not applied): nothing changes then.

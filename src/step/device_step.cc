@@ -761,8 +761,9 @@ Status DeviceStep::ReadBackPlaced(const ShardSource& now, DeviceShard& d, void* 
 }
 
 namespace {
-// The space's side of StoreInto for one shard of either kind: shadows dropped (the step
-// counted their host slots free), owners, both pools' free sets and the PB-LRU.
+// The space's side of StoreInto for one shard of either kind: owners, both pools' free sets
+// and the PB-LRU. A shard with host shadows is never stored (Create refuses its space), so
+// the drop below never runs; it keeps the space's invariants if that refusal ever goes.
 template <class Shard>
 void StoreShard(Shard& sh, std::vector<LogicalAddr>& device_owner, const std::vector<std::uint32_t>& owners,
                 const std::vector<std::uint64_t>& device_free, const std::vector<std::uint64_t>& host_free,
