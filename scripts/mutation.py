@@ -4,8 +4,10 @@
 Reads tests/mutations.json. For each mutation alone: replace one exact source line, rebuild
 only the listed targets in a tree of its own (build-mutation/, ccache when present), run
 the listed ctests, restore the source. A mutation is caught when a test fails; one that
-does not compile is reported as such and not counted as caught. Prints `caught N of M` and
-exits 0 only when every mutation is caught.
+does not compile is reported as such and not counted as caught. A mutated run still going
+after MUTATED_RUN_LIMIT_S is killed and counted as caught, printed "caught (timed out)": a
+test that can only fail by hanging should get a watchdog of its own. Prints `caught N of M`
+and exits 0 only when every mutation is caught.
 
 Before anything changes, every `find` line must occur exactly once in its file (else the
 code moved on: update the list), and the unmutated tests must pass. The source is restored
@@ -34,10 +36,19 @@ LIST = ROOT / "tests" / "mutations.json"
 
 
 def sh(cmd, log=None, timeout=None):
+    """Runs cmd; past timeout seconds its whole process group (ctest and the test it runs) is
+    killed and 124 returned."""
     with open(log, "a") if log else open(os.devnull, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            return subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            return proc.wait(timeout=timeout)
+        except KeyboardInterrupt:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            out.write(f"\nmutation: killed after {timeout} s\n")
             return 124
 
 
@@ -56,9 +67,17 @@ def build_targets(build, targets, jobs, log):
     return sh(["cmake", "--build", str(build), "-j", str(jobs), "--target", *targets], log) == 0
 
 
-def run_tests(build, regex, log):
-    # A mutation may make a test loop: each test gets a bounded time.
-    return sh(["ctest", "--test-dir", str(build), "-R", regex, "--timeout", "180", "--output-on-failure"], log)
+# A mutation may make a test hang. ctest's --timeout bounds only the tests without a TIMEOUT
+# property of their own (every ula_add_test has one, 600 s by default), so a mutated run is
+# bounded here: past MUTATED_RUN_LIMIT_S its ctest and tests are killed, and the hang counts
+# as caught (the listed tests did not pass), printed as "caught (timed out)" so that a test
+# which only fails by hanging shows. The unmutated baseline runs without this bound.
+MUTATED_RUN_LIMIT_S = 300
+
+
+def run_tests(build, regex, log, timeout=None):
+    return sh(["ctest", "--test-dir", str(build), "-R", regex, "--timeout", "180", "--output-on-failure"], log,
+              timeout=timeout)
 
 
 def main():
@@ -136,18 +155,20 @@ def main():
             if not build_targets(build, m["targets"], a.jobs, log):
                 verdict = "DID NOT COMPILE"
             else:
-                rc = run_tests(build, m["tests"], log)
-                verdict = "caught" if rc != 0 else "NOT CAUGHT"
+                rc = run_tests(build, m["tests"], log, timeout=MUTATED_RUN_LIMIT_S)
+                verdict = "caught (timed out)" if rc == 124 else "caught" if rc != 0 else "NOT CAUGHT"
         finally:
             path.write_text(original)
             backup.unlink()
-        caught += verdict == "caught"
+        caught += verdict.startswith("caught")
         results.append((m["name"], verdict))
         print(f"[{i:2}/{len(mutations)}] {verdict:16} {m['name']} ({time.time() - t:.0f} s)", flush=True)
     # Leave the tree built from the restored source.
     build_targets(build, all_targets, a.jobs, log)
-    print(f"caught {caught} of {len(mutations)}")
-    missed = [n for n, v in results if v != "caught"]
+    timed_out = [n for n, v in results if v == "caught (timed out)"]
+    print(f"caught {caught} of {len(mutations)}" + (f" ({len(timed_out)} by the time limit only: "
+                                                      + ", ".join(timed_out) + ")" if timed_out else ""))
+    missed = [n for n, v in results if not v.startswith("caught")]
     if missed:
         print("not caught: " + ", ".join(missed) + f" (log: {log.relative_to(ROOT)})")
     return 0 if caught == len(mutations) else 1

@@ -1,7 +1,9 @@
 // RankThreads (src/step/rank_threads.h): every call of a Run runs at the same time as the
 // others (they meet at a barrier), only indices below the Run's n take part, and the worker
 // threads are started once and kept across Runs. Under TSan (THREADED) the hand-off of fn and
-// the results between the caller and the workers is checked for races.
+// the results between the caller and the workers is checked for races. A broken hand-off
+// shows as a Run that never returns, so every test runs under a HangGuard that fails it in
+// seconds rather than leaving it to ctest's timeout.
 #include "step/rank_threads.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +11,10 @@
 #include <atomic>
 #include <barrier>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -16,7 +22,39 @@
 namespace ula {
 namespace {
 
+// Aborts the test binary, naming the test, when the guarded scope has not ended within
+// kHangLimit: a Run waiting for a worker that never reports back fails here.
+class HangGuard {
+ public:
+  static constexpr std::chrono::seconds kHangLimit{30};
+  HangGuard()
+      : watcher_([this] {
+          std::unique_lock lock(mu_);
+          if (!ended_cv_.wait_for(lock, kHangLimit, [this] { return ended_; })) {
+            std::fprintf(stderr, "RankThreads hung: %s did not end within %lld s\n",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                         static_cast<long long>(kHangLimit.count()));
+            std::abort();
+          }
+        }) {}
+  ~HangGuard() {
+    {
+      std::lock_guard lock(mu_);
+      ended_ = true;
+    }
+    ended_cv_.notify_one();
+    watcher_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable ended_cv_;
+  bool ended_ = false;
+  std::thread watcher_;
+};
+
 TEST(RankThreads, EveryCallRunsAtOnceAndWorkersAreKept) {
+  HangGuard guard;
   RankThreads threads;
   constexpr std::size_t kRanks = 4;
   for (int run = 0; run < 50; ++run) {
@@ -36,6 +74,7 @@ TEST(RankThreads, EveryCallRunsAtOnceAndWorkersAreKept) {
 }
 
 TEST(RankThreads, RunReturnsOnlyAfterEveryCallHasReturned) {
+  HangGuard guard;
   RankThreads threads;
   for (int run = 0; run < 3; ++run) {
     std::vector<std::atomic<int>> done(3);
@@ -48,6 +87,7 @@ TEST(RankThreads, RunReturnsOnlyAfterEveryCallHasReturned) {
 }
 
 TEST(RankThreads, OnlyIndicesBelowNTakePart) {
+  HangGuard guard;
   RankThreads threads;
   std::vector<std::atomic<int>> calls(4);
   threads.Run(4, [&](std::size_t i) { ++calls[i]; });
