@@ -762,17 +762,13 @@ Status DeviceStep::ReadBackPlaced(const ShardSource& now, DeviceShard& d, void* 
 
 namespace {
 // The space's side of StoreInto for one shard of either kind: owners, both pools' free sets
-// and the PB-LRU. A shard with host shadows is never stored (Create refuses its space), so
-// the drop below never runs; it keeps the space's invariants if that refusal ever goes.
+// and the PB-LRU. A shard with host shadows is never stored: Create refuses its space, and the
+// step keeps no shadow links, so storing into one would leave links to slots it reassigned.
 template <class Shard>
 void StoreShard(Shard& sh, std::vector<LogicalAddr>& device_owner, const std::vector<std::uint32_t>& owners,
                 const std::vector<std::uint64_t>& device_free, const std::vector<std::uint64_t>& host_free,
                 const kernels::PbLruArrays& pb) {
-  if (sh.shadows.enabled()) {
-    std::vector<SlotId> shadowed;
-    sh.shadows.ForEach([&](SlotId d, SlotId) { shadowed.push_back(d); });
-    for (SlotId d : shadowed) sh.shadows.Drop(sh.host, d);
-  }
+  ULA_CHECK(!sh.shadows.enabled());
   for (std::size_t s = 0; s < device_owner.size(); ++s) device_owner[s] = LogicalAddr(owners[s]);
   sh.device.AssignFreeWords(device_free.data());
   sh.host.AssignFreeWords(host_free.data());

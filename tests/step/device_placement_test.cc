@@ -165,7 +165,9 @@ class Loop {
     // its next token takes the same address again.
     for (const Active& a : active_) {
       const std::size_t held = space_->AddressesOf(a.id).value().size();
-      if (held >= 2 && rng_() % 8 == 0) ASSERT_TRUE(space_->Truncate(a.id, static_cast<std::uint32_t>(held - 1)));
+      if (held >= 2 && rng_() % 8 == 0) {
+        ASSERT_TRUE(space_->Truncate(a.id, static_cast<std::uint32_t>(held - 1)));
+      }
     }
     while (active_.size() < kMaxBatch && rng_() % 3 != 0) {
       const RequestId id(next_id_++ % kMaxRequests);

@@ -365,7 +365,9 @@ TEST(HostShadows, RandomStepsAndFaultsLoseNothing) {
     }
     EXPECT_GT(shadow_evictions, 20u) << "fail " << fail;
     EXPECT_GT(evict_copies, 20u) << "fail " << fail;
-    if (fail > 0) EXPECT_GT(failed, 5u);
+    if (fail > 0) {
+      EXPECT_GT(failed, 5u);
+    }
   }
 }
 

@@ -369,7 +369,9 @@ TEST(KindSpaceFrames, CompactionReturnsFramesToTheC4Share) {
     s.AdvanceRound();
   }
   for (std::uint32_t r = 1; r <= 16; ++r) {
-    if (r % 4 != 0) ASSERT_TRUE(s.Free(RequestId(r)));
+    if (r % 4 != 0) {
+      ASSERT_TRUE(s.Free(RequestId(r)));
+    }
   }
   const KindBudget before = *s.KindBudgetOf();
   std::uint32_t returned = 0;

@@ -281,7 +281,9 @@ TEST(TpKindSpace, ARequestsWindowStaysWholeOnOneRank) {
     ASSERT_TRUE(s.Allocate(r, n));
     tokens += n;
     most = std::max(most, tokens);
-    if (round >= 4) ASSERT_TRUE(s.Truncate(r, tokens -= round % (kDrafts + 1)));
+    if (round >= 4) {
+      ASSERT_TRUE(s.Truncate(r, tokens -= round % (kDrafts + 1)));
+    }
     s.AdvanceRound();
     std::uint32_t holders = 0;
     for (std::uint32_t rank = 0; rank < kP; ++rank) {
