@@ -46,7 +46,7 @@ def sh(cmd, log=None, timeout=None):
             os.killpg(proc.pid, signal.SIGKILL)
             raise
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)  # ctest and every test it started
             proc.wait()
             out.write(f"\nmutation: killed after {timeout} s\n")
             return 124
@@ -88,7 +88,10 @@ def main():
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--check", action="store_true", help="only check that the list matches the code")
     ap.add_argument("--mutations", default=str(LIST), help="the list (default tests/mutations.json)")
+    ap.add_argument("--self-test", action="store_true", help="check that a hung run is killed whole, then exit")
     a = ap.parse_args()
+    if a.self_test:
+        return self_test()
     mutations = json.loads(Path(a.mutations).read_text())["mutations"]
     if a.only:
         unknown = set(a.only) - {m["name"] for m in mutations}
@@ -172,6 +175,46 @@ def main():
     if missed:
         print("not caught: " + ", ".join(missed) + f" (log: {log.relative_to(ROOT)})")
     return 0 if caught == len(mutations) else 1
+
+
+def running(pid):
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def self_test():
+    """A run past its limit is killed with everything it started: here a shell whose child
+    would sleep on (what a hung test under ctest is), which must be gone when sh returns."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        pid_file = Path(tmp) / "child.pid"
+        t = time.time()
+        rc = sh(["bash", "-c", f"sleep 300 & echo $! > {pid_file}; wait"], timeout=2)
+        took = time.time() - t
+        child = int(pid_file.read_text())
+        alive = True
+        for _ in range(50):  # killed, it may stay a zombie until its new parent reaps it
+            alive = running(child)
+            if not alive:
+                break
+            time.sleep(0.1)
+        if alive:
+            os.kill(child, signal.SIGKILL)
+    problems = []
+    if rc != 124:
+        problems.append(f"a hung run returned {rc}, want 124")
+    if alive:
+        problems.append("the hung run's child outlived the kill")
+    if took > 30:
+        problems.append(f"the kill took {took:.0f} s for a 2 s limit")
+    if problems:
+        print("mutation self-test: " + "; ".join(problems))
+        return 1
+    print(f"mutation self-test: a hung run killed whole after {took:.1f} s (limit 2 s), rc 124")
+    return 0
 
 
 def restore_leftovers(backup_dir):
