@@ -58,7 +58,7 @@ TEST(PolicyReplay, HitRatesMatchAnIndependentLruModel) {
 
   std::vector<ReplayConfig> configs;
   for (PolicyKind k : {PolicyKind::kExactLruList, PolicyKind::kExactLruScan, PolicyKind::kPbLru}) {
-    configs.push_back(ReplayConfig{.policy = k, .pool_fraction = 0.25, .warmup_steps = warmup});
+    configs.push_back(ReplayConfig{.policy = k, .options = {}, .pool_fraction = 0.25, .warmup_steps = warmup});
   }
   auto results = ReplayTrace(trace, configs);
   ASSERT_TRUE(results) << results.error().ToString();

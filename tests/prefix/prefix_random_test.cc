@@ -238,7 +238,9 @@ class PrefixRandom {
       std::printf("  host KV: %llu pages loaded back, %llu on the host at the end, %llu host states dropped by inserts\n",
                   static_cast<unsigned long long>(m.host_page_hits), static_cast<unsigned long long>(m.host_pages),
                   static_cast<unsigned long long>(host_dropped_by_insert_));
-      if (!faulty_) EXPECT_GT(m.host_page_hits, 0u);  // KV pages did go to the host and came back
+      if (!faulty_) {
+        EXPECT_GT(m.host_page_hits, 0u);  // KV pages did go to the host and came back
+      }
     }
   }
 
@@ -803,7 +805,7 @@ class PrefixRandom {
       if (states_.contains(key) && !states_.at(key).on_host) {
         EXPECT_FALSE(buffer_->KindOf(c.checkpoint.state)) << "a duplicate checkpoint was not freed at step " << step_;
       } else {
-        states_[key] = ShadowState{c.checkpoint, false, 0, 0, {}};  // new, or replaces a host copy
+        states_[key] = ShadowState{c.checkpoint, false, false, 0, false, 0, {}};  // new, or replaces a host copy
       }
     }
     // The first state below each point where t leaves a cached path: its node may be the
@@ -919,7 +921,9 @@ class PrefixRandom {
     for (auto& [key, st] : states_) {
       ASSERT_EQ(cache_->HoldsOnHost(key), st.on_host) << "step " << step_;
       st.kv_on_host = cache_->KvOnHost(key);
-      if (st.kv_on_host) ASSERT_TRUE(st.on_host) << "a host node with its checkpoint on the device at step " << step_;
+      if (st.kv_on_host) {
+        ASSERT_TRUE(st.on_host) << "a host node with its checkpoint on the device at step " << step_;
+      }
       if (st.on_host) continue;
       Lost(StateBytesOk(st.checkpoint, key, key.size()) && cache_->Holds(key), "a cached state");
       if (broken_) return;
@@ -981,7 +985,9 @@ class PrefixRandom {
         if (e.kv()) stored_hash_[e.block] = e.hash;
       } else {
         ASSERT_EQ(set.erase(e.block), 1u) << "removed without being stored at step " << step_;
-        if (e.kv()) ASSERT_EQ(e.hash, stored_hash_.at(e.block)) << "a removal's hash is not its store's at step " << step_;
+        if (e.kv()) {
+          ASSERT_EQ(e.hash, stored_hash_.at(e.block)) << "a removal's hash is not its store's at step " << step_;
+        }
       }
     }
     ASSERT_EQ(event_pages_.size() * 64, m.kv.evictable + m.kv.protected_bytes);

@@ -387,7 +387,9 @@ TEST(Engines, TheComparisonRunsEveryEngineOnTheSameTracesAndBudgets) {
       EXPECT_GT(s.fill, 0);
       EXPECT_LE(s.fill, 1.0 + 1e-9);
       EXPECT_GT(s.hit_b1, 0);
-      if (IsContextParallel(s.system) || s.system == SystemKind::kAllGpu) EXPECT_DOUBLE_EQ(s.hit_b1, 1);
+      if (IsContextParallel(s.system) || s.system == SystemKind::kAllGpu) {
+        EXPECT_DOUBLE_EQ(s.hit_b1, 1);
+      }
     }
     if (tp) {
       // DCP stripes what all-GPU copies: it admits more; SGLang's replicated keys admit no more than vLLM's.

@@ -52,7 +52,9 @@ TEST(ServingSim, EverySystemRunsUpToItsAdmissionLimit) {
     ASSERT_EQ(c.systems.size(), c.entry.mode == ParallelMode::kTp ? 9u : 5u);
     std::size_t next = 0;
     for (SystemKind k : kAllSystems) {
-      if (SystemRunsIn(k, c.entry.mode)) EXPECT_EQ(c.systems[next++].system, k);
+      if (SystemRunsIn(k, c.entry.mode)) {
+        EXPECT_EQ(c.systems[next++].system, k);
+      }
     }
     EXPECT_GT(c.budget.device_kv_bytes, 0);
     for (const SystemResult& s : c.systems) {

@@ -80,7 +80,9 @@ TEST(DeviceStepCounters, DpIterationHasTodaysLaunchesAndNoSync) {
     const DeviceStepCounters got = step->counters().Since(before);
     ExpectCounts(got, kClaimDp, "DP");
     EXPECT_EQ(got.Step().launches, 3u);
-    if (iteration == 0) EXPECT_GT(io.record.misses, 0u) << "the step moves entries (descriptors written)";
+    if (iteration == 0) {
+      EXPECT_GT(io.record.misses, 0u) << "the step moves entries (descriptors written)";
+    }
   }
   // Reading the state back is a host synchronisation, counted outside the step's phases.
   const DeviceStepCounters before = step->counters();

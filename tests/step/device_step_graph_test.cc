@@ -89,7 +89,9 @@ class PinnedBytes {
     next_ = arena_.data;
   }
   ~PinnedBytes() {
-    if (cuda_ != nullptr) EXPECT_TRUE(cuda_->DestroyArena(arena_.id));
+    if (cuda_ != nullptr) {
+      EXPECT_TRUE(cuda_->DestroyArena(arena_.id));
+    }
   }
   PinnedBytes(const PinnedBytes&) = delete;
   PinnedBytes& operator=(const PinnedBytes&) = delete;
@@ -242,7 +244,9 @@ TEST(DeviceStepCudaGraph, ReplayedIterationsMatchTheOpenMpForm) {
     syncs += c.Step().syncs + c.state.syncs;
   }
   EXPECT_EQ(syncs, 0u) << "a synchronisation inside the capture";
-  if (!gpu) EXPECT_EQ(step_launches, 0u) << "nothing ran yet";
+  if (!gpu) {
+    EXPECT_EQ(step_launches, 0u) << "nothing ran yet";
+  }
 
   ULA_TEST_SEEDED(seed, 20261206);
   std::mt19937_64 rng(seed);

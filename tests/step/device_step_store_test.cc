@@ -108,7 +108,9 @@ TEST(DeviceStepStore, ServesAnEngineLoopWithHostBookkeepingBetweenRounds) {
         auto a = ref->Allocate(id, 1);
         auto b = twin->Allocate(id, 1);
         ASSERT_EQ(a.has_value(), b.has_value());
-        if (a) ASSERT_EQ(*a, *b);
+        if (a) {
+          ASSERT_EQ(*a, *b);
+        }
       }
       if (rng() % 4 == 0 || live.size() < 2) add_request(4 + static_cast<std::uint32_t>(rng() % 12));
       if (rng() % 5 == 0 && live.size() > 2) {

@@ -350,7 +350,9 @@ TEST(DeviceStep, AllocatesNothingAfterCreate) {
   for (int s = 0; s < 12; ++s) {
     ASSERT_TRUE(step->Plan(ios[s].arrays, nullptr));
     ASSERT_TRUE(step->Complete(status.data(), nullptr));
-    if (s % 3 == 2) ASSERT_TRUE(step->AdvanceRound(nullptr));
+    if (s % 3 == 2) {
+      ASSERT_TRUE(step->AdvanceRound(nullptr));
+    }
     misses += ios[s].record.misses;
   }
   EXPECT_EQ(g_allocations.load() - before, 0u) << "Plan, Complete and AdvanceRound allocate nothing";

@@ -133,7 +133,9 @@ TEST(KindFrames, CompactionReturnsSparseFramesAroundPinnedRequests) {
   EXPECT_EQ(f.frames_of(c128), 3u);
   // ... and most of them go: 30 stay, 10 in each frame.
   for (std::uint32_t r = 1; r <= 300; ++r) {
-    if (r % 10 != 0) ASSERT_TRUE(e.Free(RequestId(r)));
+    if (r % 10 != 0) {
+      ASSERT_TRUE(e.Free(RequestId(r)));
+    }
   }
   EXPECT_EQ(f.frames_of(c128), 3u);
   const std::uint32_t free_before = f.free_frames();

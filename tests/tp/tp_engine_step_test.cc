@@ -338,7 +338,9 @@ TEST_P(TpEnginePlanTest, PlanAndCompleteAreStepAndFailuresLoseNothing) {
       ASSERT_TRUE(engine->has_pending());
       std::vector<std::uint8_t> status(planned->num_descriptors, 9);
       const std::span<const CopyDescriptor> run(descriptors.data(), planned->num_descriptors);
-      if (at_home) EXPECT_EQ(planned->first_phase, 0u);
+      if (at_home) {
+        EXPECT_EQ(planned->first_phase, 0u);
+      }
       for (std::size_t i = 0; i < run.size(); ++i) {
         const CopyDescriptor& d = run[i];
         EXPECT_EQ(d.group, group.value());

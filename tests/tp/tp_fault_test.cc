@@ -67,7 +67,9 @@ void FetchFailureRank(testing::ThreadFabricHub& hub, Rank me, bool partial) {
       EXPECT_NE(first.error().message().find("fetch of 10 entries from rank 1"), std::string::npos) << first.error().message();
     }
     EXPECT_EQ(faulty->stats().fetches_failed, 1u);
-    if (partial) EXPECT_GT(faulty->stats().moves_landed_before_failure, 0u);
+    if (partial) {
+      EXPECT_GT(faulty->stats().moves_landed_before_failure, 0u);
+    }
     for (LogicalAddr a : remote) {
       EXPECT_FALSE(space->BufferSlot(me, a, GroupId(0)).value().has_value())
           << "address " << a.value() << " is buffered though its fetch failed";
@@ -76,7 +78,9 @@ void FetchFailureRank(testing::ThreadFabricHub& hub, Rank me, bool partial) {
     EXPECT_EQ(space->NumFree(me, GroupId(0), Tier::kDevice) + space->NumUsed(me, GroupId(0), Tier::kDevice), 16u);
   } else {
     EXPECT_TRUE(first) << first.error().ToString();
-    if (first) EXPECT_EQ(PlanMismatches(*space, *first, GroupId(0), addrs), 0);
+    if (first) {
+      EXPECT_EQ(PlanMismatches(*space, *first, GroupId(0), addrs), 0);
+    }
   }
   EXPECT_TRUE(space->CheckInvariants());
 
@@ -174,7 +178,9 @@ void RandomInProcess(TpAttention attention, std::uint64_t seed) {
               (unsigned long long)s.partial, (unsigned long long)s.waits_failed);
   EXPECT_GT(failed, 10);
   EXPECT_GT(ok, 10);
-  if (attention == TpAttention::kLocalBuffer) EXPECT_GT(s.partial, 0u);
+  if (attention == TpAttention::kLocalBuffer) {
+    EXPECT_GT(s.partial, 0u);
+  }
   EXPECT_GT(s.swaps_failed, 0u);
 }
 

@@ -101,11 +101,11 @@ TEST(TpPrefetcher, LayersThatDoNotDivideTheEntryAreRefused) {
 }
 
 TEST(TpPrefetcher, OverlapIsTheHiddenFractionOfFetchTime) {
-  EXPECT_DOUBLE_EQ((TpPipelineStats{.wall_s = 1.5, .fetch_s = 1.0, .compute_s = 1.0}).overlap(), 0.5);
-  EXPECT_DOUBLE_EQ((TpPipelineStats{.wall_s = 1.0, .fetch_s = 0.5, .compute_s = 1.0}).overlap(), 1.0);
-  EXPECT_DOUBLE_EQ((TpPipelineStats{.wall_s = 2.0, .fetch_s = 1.0, .compute_s = 1.0}).overlap(), 0.0);
-  EXPECT_DOUBLE_EQ((TpPipelineStats{.wall_s = 2.5, .fetch_s = 1.0, .compute_s = 1.0}).overlap(), 0.0);  // clamped
-  EXPECT_DOUBLE_EQ((TpPipelineStats{.wall_s = 1.0, .fetch_s = 0.0, .compute_s = 1.0}).overlap(), 0.0);
+  EXPECT_DOUBLE_EQ((TpPipelineStats{.wall_s = 1.5, .fetch_s = 1.0, .compute_s = 1.0, .totals = {}}).overlap(), 0.5);
+  EXPECT_DOUBLE_EQ((TpPipelineStats{.wall_s = 1.0, .fetch_s = 0.5, .compute_s = 1.0, .totals = {}}).overlap(), 1.0);
+  EXPECT_DOUBLE_EQ((TpPipelineStats{.wall_s = 2.0, .fetch_s = 1.0, .compute_s = 1.0, .totals = {}}).overlap(), 0.0);
+  EXPECT_DOUBLE_EQ((TpPipelineStats{.wall_s = 2.5, .fetch_s = 1.0, .compute_s = 1.0, .totals = {}}).overlap(), 0.0);  // clamped
+  EXPECT_DOUBLE_EQ((TpPipelineStats{.wall_s = 1.0, .fetch_s = 0.0, .compute_s = 1.0, .totals = {}}).overlap(), 0.0);
 }
 
 // A refusal in a later group changes nothing, in any group, and runs no compute.

@@ -90,12 +90,22 @@ struct Scenario {
     if (reserve_rounds) c.device_slots_per_group = c.top_k * c.queries_per_request;  // rounds that do not always fit
   }
   void ExpectExercised(const TpVerifierReport& r) const {
-    if (fault_rate > 0) EXPECT_GT(r.failed_calls, 0u) << name;
-    if (share_percent > 0) EXPECT_GT(r.shares, 0u) << name;
-    if (draft_reject_percent > 0) EXPECT_GT(r.draft_rollbacks, 0u) << name;
-    if (reserve_rounds) EXPECT_GT(r.reservations, 0u) << name;
+    if (fault_rate > 0) {
+      EXPECT_GT(r.failed_calls, 0u) << name;
+    }
+    if (share_percent > 0) {
+      EXPECT_GT(r.shares, 0u) << name;
+    }
+    if (draft_reject_percent > 0) {
+      EXPECT_GT(r.draft_rollbacks, 0u) << name;
+    }
+    if (reserve_rounds) {
+      EXPECT_GT(r.reservations, 0u) << name;
+    }
     // The short sanitizer runs may defer none.
-    if (reserve_rounds && kOps >= kFullOps) EXPECT_GT(r.reservations_refused, 0u) << name;
+    if (reserve_rounds && kOps >= kFullOps) {
+      EXPECT_GT(r.reservations_refused, 0u) << name;
+    }
   }
 };
 // No multi-layer scenario here: a TP group has no layer count (TpConfig::entry_bytes is one

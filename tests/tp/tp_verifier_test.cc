@@ -194,7 +194,9 @@ TEST(TpVerifier, HostShadowsKeepEveryByteWithFaultsOrNone) {
       EXPECT_EQ(report->entries_lost, 0u);
       EXPECT_EQ(report->early_publishes, 0u);
       EXPECT_GT(report->home_shadow_evictions, 0u);
-      if (fault_rate > 0) EXPECT_GT(report->failed_calls, 0u);
+      if (fault_rate > 0) {
+        EXPECT_GT(report->failed_calls, 0u);
+      }
       EXPECT_TRUE(report->ok());
     }
   }

@@ -137,7 +137,9 @@ void RunFaulty(CompactionMode mode, std::uint32_t seed) {
       auto bytes = buffer->Bytes(BlockId(id)).value();
       ASSERT_EQ(std::memcmp(bytes.data(), s.bytes.data(), bytes.size()), 0) << "step " << step << ": block " << id
                                                                             << " lost its bytes";
-      if (s.pins > 0) ASSERT_EQ(buffer->Offset(BlockId(id)).value(), s.pinned_offset) << "pinned block moved";
+      if (s.pins > 0) {
+        ASSERT_EQ(buffer->Offset(BlockId(id)).value(), s.pinned_offset) << "pinned block moved";
+      }
     }
   }
   const FaultStats f = fb->stats();

@@ -91,7 +91,9 @@ void RunRandom(CompactionMode mode, std::uint32_t default_seed, int steps) {
       auto status = buffer->Free(BlockId(id));
       ASSERT_EQ(status.has_value(), shadow[id].pins == 0);
       if (status) shadow.erase(id);
-      if (!status) ASSERT_EQ(buffer->DebugDigest(), digest) << "a refused free changed the state at step " << step;
+      if (!status) {
+        ASSERT_EQ(buffer->DebugDigest(), digest) << "a refused free changed the state at step " << step;
+      }
     } else if (op < 80) {
       const auto id = pick();
       if (shadow[id].pins == 0) shadow[id].pinned_offset = buffer->Offset(BlockId(id)).value();
@@ -103,7 +105,9 @@ void RunRandom(CompactionMode mode, std::uint32_t default_seed, int steps) {
       auto status = buffer->Unpin(BlockId(id));
       ASSERT_EQ(status.has_value(), shadow[id].pins > 0);
       if (status) --shadow[id].pins;
-      if (!status) ASSERT_EQ(buffer->DebugDigest(), digest) << "a refused unpin changed the state at step " << step;
+      if (!status) {
+        ASSERT_EQ(buffer->DebugDigest(), digest) << "a refused unpin changed the state at step " << step;
+      }
     } else if (op < 97) {
       buffer->Compact();
     } else {
