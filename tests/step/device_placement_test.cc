@@ -87,6 +87,19 @@ struct Trace {
   std::vector<std::vector<std::uint64_t>> checkpoints;  // every live address's location per group
 };
 
+// Two runs made the same decisions: totals, every step, every index and every checkpoint.
+void ExpectSameTrace(const Trace& got, const Trace& want) {
+  EXPECT_EQ(got.hits, want.hits);
+  EXPECT_EQ(got.misses, want.misses);
+  EXPECT_EQ(got.evictions, want.evictions);
+  EXPECT_EQ(got.steps, want.steps);
+  EXPECT_EQ(got.indices, want.indices);
+  ASSERT_EQ(got.checkpoints.size(), want.checkpoints.size());
+  for (std::size_t c = 0; c < want.checkpoints.size(); ++c) {
+    EXPECT_EQ(got.checkpoints[c], want.checkpoints[c]) << "checkpoint " << c;
+  }
+}
+
 struct Active {
   RequestId id;
   std::uint32_t left = 0;  // tokens still to decode
@@ -374,15 +387,7 @@ TEST(DevicePlacement, SameAsHostPlacement) {
   Loop device(seed, {.mode = Mode::kDevice});
   device.Run(kIterations);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
-  EXPECT_EQ(device.trace().hits, host.trace().hits);
-  EXPECT_EQ(device.trace().misses, host.trace().misses);
-  EXPECT_EQ(device.trace().evictions, host.trace().evictions);
-  EXPECT_EQ(device.trace().steps, host.trace().steps);
-  EXPECT_EQ(device.trace().indices, host.trace().indices);
-  ASSERT_EQ(device.trace().checkpoints.size(), host.trace().checkpoints.size());
-  for (std::size_t c = 0; c < host.trace().checkpoints.size(); ++c) {
-    EXPECT_EQ(device.trace().checkpoints[c], host.trace().checkpoints[c]) << "checkpoint " << c;
-  }
+  ExpectSameTrace(device.trace(), host.trace());
   EXPECT_GT(device.evictions_run(), 0u);
 }
 
@@ -397,9 +402,7 @@ TEST(DevicePlacement, CountsInMemoryServeEveryIteration) {
   Loop in_memory(seed, {.mode = Mode::kDevice, .fail_every = 5, .counts_in_memory = true});
   in_memory.Run(kIterations / 2);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
-  EXPECT_EQ(in_memory.trace().steps, by_value.trace().steps);
-  EXPECT_EQ(in_memory.trace().indices, by_value.trace().indices);
-  EXPECT_EQ(in_memory.trace().checkpoints, by_value.trace().checkpoints);
+  ExpectSameTrace(in_memory.trace(), by_value.trace());
   EXPECT_GT(in_memory.evictions_run(), 0u);
   EXPECT_GT(in_memory.evictions_failed(), 0u);
 }
@@ -423,9 +426,7 @@ TEST(DevicePlacement, SameForAnyTeam) {
   Loop three(seed, {.mode = Mode::kDevice, .fail_every = 4, .threads = 3});
   three.Run(kIterations / 4);
   ASSERT_FALSE(::testing::Test::HasFatalFailure());
-  EXPECT_EQ(three.trace().steps, one.trace().steps);
-  EXPECT_EQ(three.trace().indices, one.trace().indices);
-  EXPECT_EQ(three.trace().checkpoints, one.trace().checkpoints);
+  ExpectSameTrace(three.trace(), one.trace());
   EXPECT_GT(one.evictions_run(), 0u);
 }
 
