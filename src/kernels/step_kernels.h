@@ -267,6 +267,23 @@ struct PlaceControl {
   std::uint32_t num_retired = 0, num_new_requests = 0, num_released = 0, num_seated = 0;
   std::uint32_t refused = 0;     // 1: a count from PlacementArrays::counts past its capacity
 };
+
+// The counts a Place applies, into n[4] (retired, new requests, released, seated): the
+// arrays' num_* fields, or with PlacementArrays::counts the counts in memory, each at most
+// its capacity (the num_* field). Returns false, with every count 0, when one is past it: the
+// whole place is refused. Place's first kernel and the OpenMP form's host check share it.
+ULA_HD inline bool PlaceCounts(const PlacementArrays& io, std::uint32_t n[4]) {
+  const std::uint32_t caps[4] = {io.num_retired, io.num_new_requests, io.num_released, io.num_seated};
+  bool within = true;
+  for (std::uint32_t k = 0; k < 4; ++k) {
+    n[k] = io.counts != nullptr ? io.counts[k] : caps[k];
+    if (n[k] > caps[k]) within = false;
+  }
+  if (!within) {
+    for (std::uint32_t k = 0; k < 4; ++k) n[k] = 0;
+  }
+  return within;
+}
 // Device placement's arrays (all null in a step without it).
 struct PlaceArgs {
   PlacementArrays io;                        // the engine's, for one Place and its CompletePlace

@@ -776,21 +776,13 @@ struct DevPlaceBegin {
   ULA_HD void operator()(std::uint32_t) const {
     const PlacementArrays& io = a.place.io;
     PlaceControl c{};
-    std::uint32_t n[4] = {io.num_retired, io.num_new_requests, io.num_released, io.num_seated};
-    if (io.counts != nullptr) {
-      for (std::uint32_t k = 0; k < 4; ++k) {
-        if (io.counts[k] > n[k]) c.refused = 1;
-        n[k] = io.counts[k];
-      }
-    }
-    if (c.refused == 0) {
-      c.num_retired = n[0];
-      c.num_new_requests = n[1];
-      c.num_released = n[2];
-      c.num_seated = n[3];
-    } else {
-      *io.num_evictions = 0;
-    }
+    std::uint32_t n[4];
+    c.refused = PlaceCounts(io, n) ? 0 : 1;
+    c.num_retired = n[0];
+    c.num_new_requests = n[1];
+    c.num_released = n[2];
+    c.num_seated = n[3];
+    if (c.refused != 0) *io.num_evictions = 0;
     if (io.error != nullptr) *io.error = c.refused != 0 ? a.codes.invalid_argument : 0;
     *a.place.ctl = c;
   }

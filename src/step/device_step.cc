@@ -1008,16 +1008,10 @@ Status DeviceStep::Place(const PlacementArrays& p, void* stream) {
   if (!c.cuda) {  // the OpenMP form's arrays are host memory: their contents are checked too
     // With counts in memory, the entries the kernel will read; a count past its capacity is
     // the kernel's refusal of the whole place (the same in both forms): nothing to check.
+    std::uint32_t n[4];
+    kernels::PlaceCounts(p, n);
     PlacementArrays q = p;
-    if (p.counts != nullptr) {
-      const std::uint32_t caps[4] = {p.num_retired, p.num_new_requests, p.num_released, p.num_seated};
-      bool refused = false;
-      for (int k = 0; k < 4; ++k) refused = refused || p.counts[k] > caps[k];
-      q.num_retired = refused ? 0 : p.counts[0];
-      q.num_new_requests = refused ? 0 : p.counts[1];
-      q.num_released = refused ? 0 : p.counts[2];
-      q.num_seated = refused ? 0 : p.counts[3];
-    }
+    q.num_retired = n[0], q.num_new_requests = n[1], q.num_released = n[2], q.num_seated = n[3];
     auto over = [&](const char* what, std::uint32_t v, std::uint32_t cap, const char* field) {
       return MakeError(ErrorCode::kResourceExhausted,
                        fmt::format("DeviceStep::Place: {} {} is past the step's extent {} (DeviceStepConfig::{}): "
